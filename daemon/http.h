@@ -1,0 +1,45 @@
+#ifndef FORESHOCK_HTTP_H
+#define FORESHOCK_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stats.h"
+
+/* The HTTP API: JSON under /api/v1/, /healthz, /readyz.
+ *
+ * Threads: libmicrohttpd runs its own pool of `threads` threads. Each request
+ * reads SQLite through one of `threads` read-only connections (WAL lets them
+ * run beside the writer); no request ever writes. http_start() and
+ * http_stop() are called from the main thread only. */
+
+#define HTTP_MAX_THREADS 64
+#define HTTP_MAX_CONNECTIONS 1024
+#define HTTP_DEFAULT_LIMIT 1000   /* points/series/runs per page when ?limit= is absent */
+#define HTTP_MAX_LIMIT 10000      /* largest ?limit= accepted; above it: 400 */
+#define HTTP_MAX_POINTS_BUCKETS 5000 /* largest ?max_points= (downsampling) */
+
+struct http_opts {
+    const char *host;     /* bind address, e.g. "127.0.0.1" */
+    uint16_t port;        /* 0: pick an ephemeral port */
+    const char *db_path;  /* the daemon's database, opened read-only */
+    unsigned threads;     /* 1..HTTP_MAX_THREADS */
+    struct fs_stats *stats; /* shared counters; http reads `ready` for /readyz */
+};
+
+struct http;
+
+/* Binds and starts serving. On success returns 0 and *out; on failure
+ * returns a negative errno-style code, writes a message into err (errlen
+ * bytes) and starts nothing. The database must exist with its schema
+ * applied (the writer opens it first). */
+int http_start(const struct http_opts *opts, struct http **out, char *err, size_t errlen);
+
+/* The port actually bound (useful when opts.port was 0). */
+uint16_t http_port(const struct http *h);
+
+/* Stops accepting, finishes in-flight requests, closes the read-only
+ * connections and frees h. NULL is a no-op. */
+void http_stop(struct http *h);
+
+#endif

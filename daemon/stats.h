@@ -1,0 +1,50 @@
+#ifndef FORESHOCK_STATS_H
+#define FORESHOCK_STATS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* Process-wide counters and gauges. One instance is created by main() and
+ * handed by pointer to every module; any thread may update or read it.
+ * Relaxed atomics: these are observability numbers, not synchronisation. */
+
+/* Commit latency histogram buckets, seconds (upper bounds, +Inf implied). */
+#define STATS_COMMIT_BUCKETS 10
+extern const double stats_commit_bucket_le[STATS_COMMIT_BUCKETS];
+
+struct fs_stats {
+    /* ingest (loop thread writes) */
+    atomic_uint_fast64_t connections_current;
+    atomic_uint_fast64_t connections_total;
+    atomic_uint_fast64_t connections_rejected; /* over max_connections */
+    atomic_uint_fast64_t frames_in;
+    atomic_uint_fast64_t bytes_in;
+    atomic_uint_fast64_t decode_errors;
+    atomic_uint_fast64_t protocol_errors; /* Error frames sent, any code */
+    atomic_uint_fast64_t reports_in;
+    atomic_uint_fast64_t acks_out;
+    atomic_uint_fast64_t backpressure_pauses; /* times ingest stopped reading */
+
+    /* writer thread writes */
+    atomic_uint_fast64_t reports_committed;
+    atomic_uint_fast64_t reports_duplicate; /* resent, already committed */
+    atomic_uint_fast64_t points_committed;
+    atomic_uint_fast64_t commits;
+    atomic_uint_fast64_t commit_errors;
+    atomic_uint_fast64_t writer_queue_items; /* gauge */
+    atomic_uint_fast64_t writer_queue_bytes; /* gauge */
+    atomic_uint_fast64_t spool_bytes;        /* gauge: bytes in the spool table */
+    atomic_uint_fast64_t commit_seconds_bucket[STATS_COMMIT_BUCKETS + 1];
+    atomic_uint_fast64_t commit_seconds_sum_us;
+
+    /* http threads write */
+    atomic_uint_fast64_t http_requests;
+    atomic_uint_fast64_t http_errors; /* responses with status >= 400 */
+
+    /* lifecycle: 1 once storage is open and both listeners are bound,
+     * 0 again when shutdown starts or the writer cannot commit. */
+    atomic_int ready;
+    atomic_int storage_failing; /* 1 while commits fail (disk full, I/O) */
+};
+
+#endif

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian package Foreshock needs to build, run and test.
+# Idempotent and quiet: packages already present are left alone.
+# Usage: deploy/install-deps.sh            (build + runtime + test packages)
+set -euo pipefail
+
+PKGS=(
+  # build
+  build-essential cmake pkg-config clang
+  # daemon and client libraries
+  libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev
+  libopenblas-dev liblapacke-dev libmicrohttpd-dev libcurl4-openssl-dev
+  libjansson-dev
+  # tests: Criterion, sanitizer/fuzzer runtimes, sqlite3 shell, curl
+  libcriterion-dev libclang-rt-14-dev sqlite3 curl procps
+  # Python side: protobuf runtime + protoc for the generated module, numpy
+  python3 python3-numpy python3-protobuf protobuf-compiler
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+echo "install-deps: installing ${#missing[@]} package(s): ${missing[*]}"
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"
