@@ -1,0 +1,241 @@
+"""Shared helpers for Foreshock integration tests.
+
+Every test starts the real daemon (build/foreshockd) on loopback with
+ephemeral ports and a database in a fresh temporary directory, talks to it
+over real sockets, and stops only the processes it started, by PID.
+
+Run a test directly:  /usr/bin/python3 tests/integration/test_x.py --build-dir build
+"""
+import argparse
+import importlib
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+READY_RE = re.compile(r"foreshockd ready ingest=(\S+):(\d+) http=(\S+):(\d+)")
+STARTUP_TIMEOUT_S = 30.0
+
+
+def parse_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build-dir", required=True)
+    p.add_argument("--source-dir", default=os.path.join(os.path.dirname(__file__), "..", ".."))
+    return p.parse_args()
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, msg):
+    """Assertion that survives python -O and says what failed."""
+    if not cond:
+        raise Failure(msg)
+
+
+def proto_module(source_dir, workdir):
+    """Generates foreshock_pb2 from proto/foreshock.proto with protoc into
+    workdir and imports it (generated code never enters git)."""
+    out = os.path.join(workdir, "pb")
+    os.makedirs(out, exist_ok=True)
+    proto_dir = os.path.join(source_dir, "proto")
+    subprocess.run(["protoc", f"--proto_path={proto_dir}", f"--python_out={out}",
+                    os.path.join(proto_dir, "foreshock.proto")], check=True)
+    sys.path.insert(0, out)
+    return importlib.import_module("foreshock_pb2")
+
+
+class Daemon:
+    """A foreshockd process on loopback. Start with ports 0 (pick) or given
+    ports (for a restart on the same address)."""
+
+    def __init__(self, build_dir, workdir, ingest_port=0, http_port=0, extra=(), db=None,
+                 config=None):
+        self.build_dir = build_dir
+        self.workdir = workdir
+        self.db = db or os.path.join(workdir, "foreshock.db")
+        self.log_path = os.path.join(workdir, f"foreshockd.{int(time.time()*1000)}.log")
+        args = [os.path.join(build_dir, "foreshockd"),
+                "--listen", f"127.0.0.1:{ingest_port}",
+                "--http", f"127.0.0.1:{http_port}",
+                "--db", self.db]
+        if config:
+            args += ["--config", config]
+        args += list(extra)
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.ingest_port, self.http_port = self._wait_ready()
+
+    def _wait_ready(self):
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise Failure(f"foreshockd exited with {self.proc.returncode}:\n{self.log_text()}")
+            m = READY_RE.search(self.log_text())
+            if m:
+                return int(m.group(2)), int(m.group(4))
+            time.sleep(0.05)
+        raise Failure("foreshockd did not log its ready line:\n" + self.log_text())
+
+    def log_text(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    @property
+    def endpoint(self):
+        return f"127.0.0.1:{self.ingest_port}"
+
+    @property
+    def http(self):
+        return f"127.0.0.1:{self.http_port}"
+
+    def url(self, path):
+        return f"http://127.0.0.1:{self.http_port}{path}"
+
+    def get(self, path, expect=200):
+        """GET a JSON document; checks the status code."""
+        try:
+            with urllib.request.urlopen(self.url(path), timeout=30) as r:
+                status, body = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, body = e.code, e.read()
+        check(status == expect, f"GET {path}: status {status}, expected {expect}: {body[:500]!r}")
+        return json.loads(body)
+
+    def kill(self):
+        """SIGKILL: the crash case."""
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+    def stop(self, timeout=60):
+        """SIGTERM and wait; returns the exit code."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                raise Failure("foreshockd did not stop within %ss of SIGTERM" % timeout)
+        self.log.close()
+        return self.proc.returncode
+
+
+def run_all_pages(daemon, path, key):
+    """Follows keyset pagination ("next") and returns every item."""
+    items, after = [], None
+    while True:
+        sep = "&" if "?" in path else "?"
+        doc = daemon.get(path + (f"{sep}after={after}" if after else ""))
+        items += doc[key]
+        after = doc.get("next")
+        if not after:
+            return items
+
+
+def run_main(fn):
+    """Runs fn(args, workdir) in a temporary directory; prints a closing line
+    that ctest logs show, and exits non-zero on failure."""
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="foreshock-it-") as workdir:
+        try:
+            fn(args, workdir)
+        except Failure as e:
+            print(f"FAIL: {e}", flush=True)
+            sys.exit(1)
+    print("PASS", flush=True)
+
+
+SIMULATE_SUMMARY_RE = re.compile(
+    r"simulate: run=(\S+) ranks=(\d+) steps=(\d+) submitted=(\d+) acked=(\d+) dropped=(\d+) reconnects=(\d+)")
+
+
+def parse_simulate_summary(text):
+    m = SIMULATE_SUMMARY_RE.search(text)
+    check(m is not None, "no simulate summary line in:\n" + text[-3000:])
+    keys = ["run", "ranks", "steps", "submitted", "acked", "dropped", "reconnects"]
+    vals = [m.group(1)] + [int(m.group(i)) for i in range(2, 8)]
+    return dict(zip(keys, vals))
+
+
+# --- raw protocol client, for tests that must send bad frames -----------------
+
+def frame_bytes(pb, frame):
+    body = frame.SerializeToString()
+    return struct.pack(">I", len(body)) + body
+
+
+class RawConn:
+    """A plain socket speaking the length-prefixed protocol."""
+
+    def __init__(self, pb, port, timeout=30):
+        self.pb = pb
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+
+    def send_raw(self, data):
+        self.sock.sendall(data)
+
+    def send(self, frame):
+        self.sock.sendall(frame_bytes(self.pb, frame))
+
+    def _read_exact(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    def recv(self):
+        """Next frame, or None when the daemon closed the connection."""
+        hdr = self._read_exact(4)
+        if hdr is None:
+            return None
+        (n,) = struct.unpack(">I", hdr)
+        body = self._read_exact(n)
+        if body is None:
+            return None
+        f = self.pb.Frame()
+        f.ParseFromString(body)
+        return f
+
+    def close(self):
+        self.sock.close()
+
+
+def hello(pb, run, rank=0, world=1, attempt=0, version=1, token=None):
+    f = pb.Frame()
+    h = f.hello
+    h.protocol_version = version
+    h.run_id = run
+    h.attempt = attempt
+    h.rank = rank
+    h.world_size = world
+    if token is not None:
+        h.token = token
+    return f
+
+
+def report(pb, seq, step, loss=None):
+    f = pb.Frame()
+    r = f.report
+    r.seq = seq
+    r.step = step
+    r.scalars.loss = 1.0 / (1 + step) if loss is None else loss
+    r.scalars.grad_norm = 1.0
+    return f
