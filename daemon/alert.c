@@ -1,0 +1,357 @@
+/* Alert lifecycle, identity and attribution. See alert.h. */
+#include "alert.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+void alert_state_init(struct alert_state *st)
+{
+    memset(st, 0, sizeof *st);
+    st->state = ALERT_INACTIVE;
+    st->first_breach_step = -1;
+    st->fired_step = -1;
+    st->resolved_step = -1;
+}
+
+bool alert_is_open(const struct alert_state *st)
+{
+    return st && (st->state == ALERT_PENDING || st->state == ALERT_FIRING);
+}
+
+uint32_t alert_family_mask(const struct alert_state *st, enum detect_family family)
+{
+    if (!alert_is_open(st) || (unsigned)family >= DETECT_FAMILY_COUNT)
+        return 0;
+    return ALERT_FAMILY_BIT(family) | (st->nonfinite ? ALERT_MASK_NONFINITE : 0);
+}
+
+static void enter(struct alert_state *st, enum alert_state_id to, double now)
+{
+    st->state = (uint8_t)to;
+    st->since = now;
+}
+
+/* Opens a new incident on a breaching sample. */
+static void open_incident(struct alert_state *st, const struct detect_rule *rule,
+                          const struct detect_verdict *v, int64_t step)
+{
+    st->breach_run = 0;
+    st->normal_run = 0;
+    st->first_breach_step = step;
+    st->fired_step = -1;
+    st->resolved_step = -1;
+    st->nonfinite = false;
+    st->severity = (uint8_t)rule->severity;
+    st->breach_kind = (uint8_t)v->breach_kind;
+}
+
+int alert_step(struct alert_state *st, const struct detect_rule *rule,
+               const struct alert_scope *scope, const struct detect_verdict *v, int64_t step,
+               double now, struct alert_transition *out)
+{
+    if (!st || !rule || !scope || !v || !out)
+        return -EINVAL;
+    memset(out, 0, sizeof *out);
+    enum alert_state_id from = (enum alert_state_id)st->state;
+    enum alert_state_id to = from;
+    enum alert_change change = ALERT_CHANGE_NONE;
+
+    if (v->present) {
+        if (v->breach) {
+            if (st->state == ALERT_INACTIVE || st->state == ALERT_RESOLVED)
+                open_incident(st, rule, v, step);
+            st->normal_run = 0;
+            st->breach_run++;
+            if (v->non_finite) {
+                st->nonfinite = true;
+                st->severity = DETECT_SEVERITY_CRITICAL;
+            }
+            if (st->state != ALERT_FIRING) {
+                /* A non-finite value cannot become "more" confirmed: page now. */
+                if (v->non_finite || st->breach_run >= rule->persistence)
+                    to = ALERT_FIRING;
+                else
+                    to = ALERT_PENDING;
+            }
+        } else if (st->state == ALERT_PENDING) {
+            /* A transient dip: forget it. */
+            st->breach_run = 0;
+            to = ALERT_INACTIVE;
+        } else if (st->state == ALERT_FIRING) {
+            st->breach_run = 0;
+            if (++st->normal_run >= rule->resolve_after)
+                to = ALERT_RESOLVED;
+        }
+    }
+
+    if (to != from) {
+        switch (to) {
+        case ALERT_PENDING:
+            change = ALERT_CHANGE_TO_PENDING;
+            break;
+        case ALERT_FIRING:
+            change = ALERT_CHANGE_TO_FIRING;
+            st->fired_step = step;
+            st->incidents++;
+            break;
+        case ALERT_RESOLVED:
+            change = ALERT_CHANGE_TO_RESOLVED;
+            st->resolved_step = step;
+            st->normal_run = 0;
+            break;
+        case ALERT_INACTIVE:
+            change = ALERT_CHANGE_TO_INACTIVE;
+            break;
+        }
+        enter(st, to, now);
+    }
+
+    out->change = change;
+    out->from = from;
+    out->to = (enum alert_state_id)st->state;
+    snprintf(out->rule, sizeof out->rule, "%s", rule->name);
+    out->family = rule->family;
+    out->severity = (enum detect_severity)st->severity;
+    out->breach_kind = v->present ? v->breach_kind : DETECT_BREACH_NONE;
+    out->scope = *scope;
+    out->step = step;
+    out->time = now;
+    out->value = v->value;
+    out->median = v->median;
+    out->mad = v->mad;
+    out->z = v->z;
+    out->non_finite = v->present && v->non_finite;
+    out->first_breach_step = st->first_breach_step;
+    out->fired_step = st->fired_step;
+    out->incident = st->incidents;
+    return 0;
+}
+
+enum alert_attribution alert_attribute(uint32_t mask)
+{
+    const uint32_t d2 = ALERT_FAMILY_BIT(DETECT_FAMILY_ATTENTION_D2);
+    const uint32_t optim =
+        ALERT_FAMILY_BIT(DETECT_FAMILY_ROUTER_WEIGHT) | ALERT_FAMILY_BIT(DETECT_FAMILY_WEIGHT_NORM);
+    const uint32_t balance = ALERT_FAMILY_BIT(DETECT_FAMILY_ROUTER_BALANCE);
+    const uint32_t loss = ALERT_FAMILY_BIT(DETECT_FAMILY_SCALAR_LOSS);
+
+    /* Order matters: a NaN explains everything else; mechanism families
+     * outrank their downstream symptoms (imbalance, loss spikes). */
+    if (mask & ALERT_MASK_NONFINITE)
+        return ALERT_ATTR_NON_FINITE;
+    if ((mask & d2) && (mask & optim))
+        return ALERT_ATTR_COMBINED;
+    if (mask & d2)
+        return ALERT_ATTR_ATTENTION_NUMERICS;
+    if (mask & optim)
+        return ALERT_ATTR_OPTIMIZER_HYPERPARAMETER;
+    if (mask & balance)
+        return ALERT_ATTR_ROUTER_BALANCE;
+    if (mask & loss)
+        return ALERT_ATTR_LOSS_SPIKE;
+    return ALERT_ATTR_NONE;
+}
+
+uint64_t alert_fnv1a64(const void *data, size_t n)
+{
+    const uint8_t *p = data;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* Appends s to key at *pos with %-escaping; false when it does not fit. */
+static bool append_escaped(char *key, size_t len, size_t *pos, const char *s)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        bool esc = *p == '%' || *p == ',' || *p == '=' || *p < 0x20 || *p == 0x7f;
+        size_t need = esc ? 3 : 1;
+        if (*pos + need >= len)
+            return false;
+        if (esc) {
+            key[(*pos)++] = '%';
+            key[(*pos)++] = hex[*p >> 4];
+            key[(*pos)++] = hex[*p & 0xf];
+        } else {
+            key[(*pos)++] = (char)*p;
+        }
+    }
+    key[*pos] = '\0';
+    return true;
+}
+
+static bool append_raw(char *key, size_t len, size_t *pos, const char *s)
+{
+    size_t n = strlen(s);
+    if (*pos + n >= len)
+        return false;
+    memcpy(key + *pos, s, n + 1);
+    *pos += n;
+    return true;
+}
+
+int alert_key(const char *run, const char *rule, const struct alert_scope *scope, char *key,
+              size_t len)
+{
+    if (!run || !rule || !scope || !key)
+        return -EINVAL;
+    if (strnlen(run, ALERT_RUN_MAX + 1) > ALERT_RUN_MAX ||
+        strnlen(rule, DETECT_NAME_MAX) >= DETECT_NAME_MAX)
+        return -EINVAL;
+    if (len == 0)
+        return -ENOSPC;
+    char labels[96];
+    snprintf(labels, sizeof labels, ",layer=%" PRId32 ",head=%" PRId32 ",window=%" PRId32
+             ",rank=%" PRId32, scope->layer, scope->head, scope->window, scope->rank);
+    size_t pos = 0;
+    key[0] = '\0';
+    if (!append_raw(key, len, &pos, "run=") || !append_escaped(key, len, &pos, run) ||
+        !append_raw(key, len, &pos, ",rule=") || !append_escaped(key, len, &pos, rule) ||
+        !append_raw(key, len, &pos, labels)) {
+        key[0] = '\0';
+        return -ENOSPC;
+    }
+    return (int)pos;
+}
+
+int alert_dedup_key(const char *key, char *out, size_t len)
+{
+    if (!key || !out)
+        return -EINVAL;
+    if (len < ALERT_DEDUP_MAX)
+        return -ENOSPC;
+    snprintf(out, len, "fs-%016" PRIx64, alert_fnv1a64(key, strlen(key)));
+    return 0;
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+int alert_state_encode(const struct alert_state *st, uint8_t *buf, size_t len)
+{
+    if (!st || !buf)
+        return -EINVAL;
+    if (len < ALERT_STATE_ENCODED_BYTES)
+        return -ENOSPC;
+    uint64_t since;
+    memcpy(&since, &st->since, sizeof since);
+    put_le(buf + 0, ALERT_STATE_MAGIC, 4);
+    put_le(buf + 4, ALERT_STATE_VERSION, 2);
+    buf[6] = st->state;
+    buf[7] = st->severity;
+    buf[8] = st->breach_kind;
+    buf[9] = st->nonfinite ? 1 : 0;
+    put_le(buf + 10, 0, 2);
+    put_le(buf + 12, st->breach_run, 4);
+    put_le(buf + 16, st->normal_run, 4);
+    put_le(buf + 20, (uint64_t)st->first_breach_step, 8);
+    put_le(buf + 28, (uint64_t)st->fired_step, 8);
+    put_le(buf + 36, (uint64_t)st->resolved_step, 8);
+    put_le(buf + 44, since, 8);
+    put_le(buf + 52, st->incidents, 8);
+    return ALERT_STATE_ENCODED_BYTES;
+}
+
+int alert_state_decode(struct alert_state *st, const uint8_t *buf, size_t len)
+{
+    if (!st || !buf || len != ALERT_STATE_ENCODED_BYTES)
+        return -EINVAL;
+    if (get_le(buf, 4) != ALERT_STATE_MAGIC)
+        return -EINVAL;
+    if (get_le(buf + 4, 2) != ALERT_STATE_VERSION)
+        return -ENOTSUP;
+    struct alert_state s;
+    alert_state_init(&s);
+    s.state = buf[6];
+    s.severity = buf[7];
+    s.breach_kind = buf[8];
+    if (s.state > ALERT_RESOLVED || s.severity > DETECT_SEVERITY_CRITICAL ||
+        s.breach_kind > DETECT_BREACH_SPIKE || buf[9] > 1 || get_le(buf + 10, 2) != 0)
+        return -EINVAL;
+    s.nonfinite = buf[9] != 0;
+    s.breach_run = (uint32_t)get_le(buf + 12, 4);
+    s.normal_run = (uint32_t)get_le(buf + 16, 4);
+    s.first_breach_step = (int64_t)get_le(buf + 20, 8);
+    s.fired_step = (int64_t)get_le(buf + 28, 8);
+    s.resolved_step = (int64_t)get_le(buf + 36, 8);
+    uint64_t since = get_le(buf + 44, 8);
+    memcpy(&s.since, &since, sizeof s.since);
+    s.incidents = get_le(buf + 52, 8);
+    /* An open incident always has a first breach; a fired one a fired step. */
+    if ((s.state == ALERT_PENDING && (s.breach_run == 0 || s.first_breach_step < 0)) ||
+        ((s.state == ALERT_FIRING || s.state == ALERT_RESOLVED) &&
+         (s.fired_step < 0 || s.incidents == 0)))
+        return -EINVAL;
+    *st = s;
+    return 0;
+}
+
+const char *alert_state_name(enum alert_state_id s)
+{
+    switch (s) {
+    case ALERT_INACTIVE:
+        return "inactive";
+    case ALERT_PENDING:
+        return "pending";
+    case ALERT_FIRING:
+        return "firing";
+    case ALERT_RESOLVED:
+        return "resolved";
+    }
+    return "unknown";
+}
+
+const char *alert_change_name(enum alert_change c)
+{
+    switch (c) {
+    case ALERT_CHANGE_NONE:
+        return "none";
+    case ALERT_CHANGE_TO_PENDING:
+        return "to_pending";
+    case ALERT_CHANGE_TO_FIRING:
+        return "to_firing";
+    case ALERT_CHANGE_TO_RESOLVED:
+        return "to_resolved";
+    case ALERT_CHANGE_TO_INACTIVE:
+        return "to_inactive";
+    }
+    return "unknown";
+}
+
+const char *alert_attribution_name(enum alert_attribution a)
+{
+    switch (a) {
+    case ALERT_ATTR_NONE:
+        return "none";
+    case ALERT_ATTR_ATTENTION_NUMERICS:
+        return "attention-numerics";
+    case ALERT_ATTR_OPTIMIZER_HYPERPARAMETER:
+        return "optimizer-hyperparameter";
+    case ALERT_ATTR_COMBINED:
+        return "combined";
+    case ALERT_ATTR_ROUTER_BALANCE:
+        return "router-balance";
+    case ALERT_ATTR_NON_FINITE:
+        return "non-finite";
+    case ALERT_ATTR_LOSS_SPIKE:
+        return "loss-spike";
+    }
+    return "unknown";
+}

@@ -1,0 +1,600 @@
+/* Per-series robust detection: rule table, config overrides, the scoring
+ * step and its persistent state. See detect.h and MONITORS.md section 4. */
+#include "detect.h"
+
+#include <errno.h>
+#include <fnmatch.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Shared defaults for every rule; each row below sets what differs. Rules
+ * that change persistence use RULE_COMMON (an initializer may not set a
+ * field twice under -Werror). */
+#define RULE_COMMON                                                                        \
+    .enabled = true, .severity = DETECT_SEVERITY_WARNING, .warmup = DETECT_DEFAULT_WARMUP, \
+    .window = DETECT_DEFAULT_WINDOW, .z = DETECT_DEFAULT_Z,                               \
+    .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER
+#define RULE_DEFAULTS RULE_COMMON, .persistence = DETECT_DEFAULT_PERSISTENCE
+
+/* Built-in rules, first match wins (detect_rules_match), so exact names come
+ * before any pattern. Directions from MONITORS.md section 4. */
+static const struct detect_rule default_rules[] = {
+    /* Delta2 family: the attention-numerics early signal. Absolute floors
+     * catch a collapse that happened during warm-up or too slowly for z. */
+    {RULE_DEFAULTS, .name = "qk.d2.erank", .family = DETECT_FAMILY_ATTENTION_D2,
+     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = 1.5},
+    {RULE_DEFAULTS, .name = "qk.d2.entropy", .family = DETECT_FAMILY_ATTENTION_D2,
+     .direction = DETECT_FALL_IS_BAD},
+    {RULE_DEFAULTS, .name = "qk.d2.srank", .family = DETECT_FAMILY_ATTENTION_D2,
+     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = 1.2},
+    /* c_qk rises when successive Q and K updates line up: the same fault. */
+    {RULE_DEFAULTS, .name = "qk.cqk", .family = DETECT_FAMILY_ATTENTION_D2,
+     .direction = DETECT_RISE_IS_BAD},
+    /* Router weight side: too large a learning rate. */
+    {RULE_DEFAULTS, .name = "router.similarity", .family = DETECT_FAMILY_ROUTER_WEIGHT,
+     .direction = DETECT_RISE_IS_BAD},
+    {RULE_DEFAULTS, .name = "router.centered_energy", .family = DETECT_FAMILY_ROUTER_WEIGHT,
+     .direction = DETECT_RISE_IS_BAD},
+    /* Growing logits (z-loss) are the decision-side face of router weights
+     * growing under too large a step, so they share that family. */
+    {RULE_DEFAULTS, .name = "router.zloss", .family = DETECT_FAMILY_ROUTER_WEIGHT,
+     .direction = DETECT_RISE_IS_BAD},
+    /* Router balance. */
+    {RULE_DEFAULTS, .name = "router.maxvio", .family = DETECT_FAMILY_ROUTER_BALANCE,
+     .direction = DETECT_RISE_IS_BAD},
+    {RULE_DEFAULTS, .name = "router.load_entropy", .family = DETECT_FAMILY_ROUTER_BALANCE,
+     .direction = DETECT_FALL_IS_BAD},
+    /* Weight norms (optional per-layer scalars, MONITORS.md section 2). */
+    {RULE_DEFAULTS, .name = "weight_norm", .family = DETECT_FAMILY_WEIGHT_NORM,
+     .direction = DETECT_RISE_IS_BAD},
+    {RULE_DEFAULTS, .name = "update_ratio", .family = DETECT_FAMILY_WEIGHT_NORM,
+     .direction = DETECT_RISE_IS_BAD},
+    /* The classic baselines. A loss spike is judged on a single step, as
+     * Megatron does, so they fire on the first breach (persistence 1). */
+    {RULE_COMMON, .name = "loss", .family = DETECT_FAMILY_SCALAR_LOSS,
+     .direction = DETECT_RISE_IS_BAD, .spike_ratio = DETECT_DEFAULT_SPIKE_RATIO,
+     .persistence = 1},
+    {RULE_COMMON, .name = "grad_norm", .family = DETECT_FAMILY_SCALAR_LOSS,
+     .direction = DETECT_RISE_IS_BAD, .spike_ratio = DETECT_DEFAULT_SPIKE_RATIO,
+     .persistence = 1},
+};
+
+_Static_assert(sizeof default_rules / sizeof default_rules[0] <= DETECT_MAX_RULES,
+               "default rule table exceeds DETECT_MAX_RULES");
+
+static void set_err(struct detect_error *err, int code, const char *fmt, ...)
+{
+    if (!err)
+        return;
+    err->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+}
+
+void detect_rules_default(struct detect_rules *out)
+{
+    memset(out, 0, sizeof *out);
+    out->n = sizeof default_rules / sizeof default_rules[0];
+    memcpy(out->rule, default_rules, sizeof default_rules);
+}
+
+const struct detect_rule *detect_rules_match(const struct detect_rules *rules,
+                                             const char *series_name)
+{
+    if (!rules || !series_name)
+        return NULL;
+    for (size_t i = 0; i < rules->n && i < DETECT_MAX_RULES; i++) {
+        if (fnmatch(rules->rule[i].name, series_name, 0) == 0)
+            return &rules->rule[i];
+    }
+    return NULL;
+}
+
+struct detect_rule *detect_rules_find(struct detect_rules *rules, const char *name)
+{
+    if (!rules || !name)
+        return NULL;
+    for (size_t i = 0; i < rules->n && i < DETECT_MAX_RULES; i++) {
+        if (strcmp(rules->rule[i].name, name) == 0)
+            return &rules->rule[i];
+    }
+    return NULL;
+}
+
+/* Value parsers: the whole string must be consumed (surrounding blanks are
+ * allowed), the result finite and in range. */
+static bool is_blank(const char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    return *s == '\0';
+}
+
+static int parse_double(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno != 0 || !is_blank(end) || !isfinite(v) || v < lo || v > hi)
+        return -EINVAL;
+    *out = v;
+    return 0;
+}
+
+static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    char *end;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    if (*s < '0' || *s > '9') /* no sign, no hex surprises */
+        return -EINVAL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || !is_blank(end) || v < lo || v > hi)
+        return -EINVAL;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static bool word_is(const char *s, const char *w)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(w);
+    return strncmp(s, w, n) == 0 && is_blank(s + n);
+}
+
+static int parse_bool(const char *s, bool *out)
+{
+    static const char *const yes[] = {"true", "yes", "on", "1"};
+    static const char *const no[] = {"false", "no", "off", "0"};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+        if (word_is(s, yes[i])) {
+            *out = true;
+            return 0;
+        }
+        if (word_is(s, no[i])) {
+            *out = false;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+/* floor/ceiling: a number, or "none" to remove the bound. */
+static int parse_bound(const char *s, bool *has, double *v)
+{
+    if (word_is(s, "none")) {
+        *has = false;
+        *v = 0;
+        return 0;
+    }
+    if (parse_double(s, -HUGE_VAL, HUGE_VAL, v) != 0)
+        return -EINVAL;
+    *has = true;
+    return 0;
+}
+
+int detect_rules_set(struct detect_rules *rules, const char *rule_name, const char *key,
+                     const char *value, struct detect_error *err)
+{
+    if (!rules || !rule_name || !key || !value) {
+        set_err(err, -EINVAL, "missing argument");
+        return -EINVAL;
+    }
+    struct detect_rule *target = detect_rules_find(rules, rule_name);
+    if (!target) {
+        set_err(err, -ENOENT, "detect \"%.64s\": no such rule", rule_name);
+        return -ENOENT;
+    }
+    if (strlen(value) >= DETECT_VALUE_MAX) {
+        set_err(err, -EINVAL, "detect \"%s\": %.32s: value too long", target->name, key);
+        return -EINVAL;
+    }
+    /* Work on a copy so a bad value leaves the rule as it was. */
+    struct detect_rule r = *target;
+    int rc = 0;
+    const char *expect = "";
+    if (strcmp(key, "warmup") == 0) {
+        rc = parse_u32(value, 0, DETECT_MAX_WARMUP, &r.warmup);
+        expect = "an integer 0..1000000";
+    } else if (strcmp(key, "window") == 0) {
+        rc = parse_u32(value, 1, DETECT_MAX_WINDOW, &r.window);
+        expect = "an integer 1..256";
+    } else if (strcmp(key, "z") == 0) {
+        rc = parse_double(value, 0, DETECT_MAX_Z, &r.z);
+        if (rc == 0 && r.z <= 0)
+            rc = -EINVAL;
+        expect = "a number > 0";
+    } else if (strcmp(key, "floor") == 0) {
+        rc = parse_bound(value, &r.has_floor, &r.floor);
+        expect = "a number or none";
+    } else if (strcmp(key, "ceiling") == 0) {
+        rc = parse_bound(value, &r.has_ceiling, &r.ceiling);
+        expect = "a number or none";
+    } else if (strcmp(key, "spike_ratio") == 0) {
+        if (word_is(value, "none")) {
+            r.spike_ratio = 0;
+        } else {
+            rc = parse_double(value, 0, DETECT_MAX_Z, &r.spike_ratio);
+            /* A ratio in (0, 1] would call every new maximum a spike. */
+            if (rc == 0 && r.spike_ratio != 0 && r.spike_ratio <= 1)
+                rc = -EINVAL;
+        }
+        expect = "a number > 1, or 0/none to disable";
+    } else if (strcmp(key, "persistence") == 0) {
+        rc = parse_u32(value, 1, DETECT_MAX_PERSISTENCE, &r.persistence);
+        expect = "an integer 1..10000";
+    } else if (strcmp(key, "resolve_after") == 0) {
+        rc = parse_u32(value, 1, DETECT_MAX_PERSISTENCE, &r.resolve_after);
+        expect = "an integer 1..10000";
+    } else if (strcmp(key, "severity") == 0) {
+        if (word_is(value, "warning"))
+            r.severity = DETECT_SEVERITY_WARNING;
+        else if (word_is(value, "critical"))
+            r.severity = DETECT_SEVERITY_CRITICAL;
+        else
+            rc = -EINVAL;
+        expect = "warning or critical";
+    } else if (strcmp(key, "enabled") == 0) {
+        rc = parse_bool(value, &r.enabled);
+        expect = "true or false";
+    } else {
+        set_err(err, -EINVAL, "detect \"%s\": unknown key \"%.32s\"", target->name, key);
+        return -EINVAL;
+    }
+    if (rc == 0 && r.has_floor && r.has_ceiling && r.floor >= r.ceiling) {
+        set_err(err, -EINVAL, "detect \"%s\": floor must be below ceiling", target->name);
+        return -EINVAL;
+    }
+    if (rc != 0) {
+        set_err(err, -EINVAL, "detect \"%s\": %s = \"%s\": expected %s", target->name, key,
+                value, expect);
+        return -EINVAL;
+    }
+    *target = r;
+    return 0;
+}
+
+void detect_state_init(struct detect_state *st)
+{
+    memset(st, 0, sizeof *st);
+    st->last_step = -1;
+}
+
+/* k-th smallest (0-based) of a[0..n), reordering a so that a[0..k) <= a[k]
+ * <= a(k..n). Wirth's selection (Algorithms + Data Structures = Programs,
+ * "find"); n <= DETECT_MAX_WINDOW, so the quadratic worst case is bounded.
+ * The value returned depends only on the multiset, so a decoded state
+ * scores exactly like the original. Inputs are finite (never NaN). */
+static double select_kth(double *a, uint32_t n, uint32_t k)
+{
+    int64_t l = 0, m = (int64_t)n - 1, kk = k;
+    while (l < m) {
+        double x = a[kk];
+        int64_t i = l, j = m;
+        do {
+            while (a[i] < x)
+                i++;
+            while (x < a[j])
+                j--;
+            if (i <= j) {
+                double t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                i++;
+                j--;
+            }
+        } while (i <= j);
+        if (j < kk)
+            l = i;
+        if (kk < i)
+            m = j;
+    }
+    return a[kk];
+}
+
+/* Median of a[0..n), n >= 1, reordering a. */
+static double median_of(double *a, uint32_t n)
+{
+    uint32_t k = n / 2;
+    double hi = select_kth(a, n, k);
+    if (n % 2)
+        return hi;
+    /* After selecting k, a[0..k) holds the k smallest: the lower middle is
+     * their maximum. */
+    double lo = a[0];
+    for (uint32_t i = 1; i < k; i++)
+        if (a[i] > lo)
+            lo = a[i];
+    return lo + (hi - lo) / 2;
+}
+
+/* Median and raw MAD of the last `window` accepted samples. */
+static uint32_t baseline_stats(const struct detect_state *st, uint32_t window, double *median,
+                               double *mad)
+{
+    double tmp[DETECT_MAX_WINDOW];
+    uint32_t n = st->ring_count < window ? st->ring_count : window;
+    if (n == 0) {
+        *median = NAN;
+        *mad = NAN;
+        return 0;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = (st->ring_head + DETECT_MAX_WINDOW - 1 - i) % DETECT_MAX_WINDOW;
+        tmp[i] = st->ring[idx];
+    }
+    double med = median_of(tmp, n);
+    for (uint32_t i = 0; i < n; i++)
+        tmp[i] = fabs(tmp[i] - med);
+    *median = med;
+    *mad = median_of(tmp, n);
+    return n;
+}
+
+static void ring_push(struct detect_state *st, double v)
+{
+    st->ring[st->ring_head] = v;
+    st->ring_head = (st->ring_head + 1) % DETECT_MAX_WINDOW;
+    if (st->ring_count < DETECT_MAX_WINDOW)
+        st->ring_count++;
+}
+
+int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step,
+                double value, bool is_present, int64_t detect_from_step,
+                struct detect_verdict *out)
+{
+    if (!st || !rule || !out)
+        return -EINVAL;
+    memset(out, 0, sizeof *out);
+    out->value = value;
+    out->median = NAN;
+    out->mad = NAN;
+    if (!is_present || !rule->enabled) {
+        /* Absent: no spectrum this step. Disabled: the rule is off. Neither
+         * breaches nor touches the baseline or the open-breach counters. */
+        out->present = is_present;
+        return 0;
+    }
+    out->present = true;
+    st->seen++;
+    st->last_step = step;
+
+    out->in_warmup = st->accepted < rule->warmup || step < detect_from_step;
+    out->baseline_n = baseline_stats(st, rule->window, &out->median, &out->mad);
+
+    if (!isfinite(value)) {
+        out->non_finite = true;
+        out->breach = true;
+        out->breach_kind = DETECT_BREACH_NONFINITE;
+    } else {
+        if (out->baseline_n > 0) {
+            double scale = DETECT_MAD_SCALE * out->mad;
+            double rel = DETECT_MAD_REL_FLOOR * fabs(out->median);
+            if (scale < rel)
+                scale = rel;
+            if (scale < DETECT_MAD_ABS_FLOOR)
+                scale = DETECT_MAD_ABS_FLOOR;
+            out->z = (value - out->median) / scale;
+            /* Keep z finite for the evidence even for absurd inputs. */
+            if (!isfinite(out->z))
+                out->z = out->z > 0 ? DETECT_MAX_Z : -DETECT_MAX_Z;
+        }
+        if (rule->spike_ratio > 0 && st->has_max && st->running_max > 0)
+            out->spike_ratio = value / st->running_max;
+        if (!out->in_warmup) {
+            bool low = rule->has_floor && value <= rule->floor;
+            bool high = rule->has_ceiling && value >= rule->ceiling;
+            bool zbad = out->baseline_n > 0 &&
+                        (rule->direction == DETECT_FALL_IS_BAD ? out->z <= -rule->z
+                                                               : out->z >= rule->z);
+            bool spike = rule->direction == DETECT_RISE_IS_BAD && out->spike_ratio > 0 &&
+                         out->spike_ratio > rule->spike_ratio;
+            /* Most specific reason first. */
+            if (low || high)
+                out->breach_kind = DETECT_BREACH_FLOOR;
+            else if (spike)
+                out->breach_kind = DETECT_BREACH_SPIKE;
+            else if (zbad)
+                out->breach_kind = DETECT_BREACH_Z;
+            out->breach = out->breach_kind != DETECT_BREACH_NONE;
+        }
+    }
+
+    if (out->breach) {
+        st->open = true;
+        st->normal_run = 0;
+        return 0;
+    }
+    /* A normal, finite sample. While a breach is open it stays out of the
+     * baseline (a collapsed level must not become the new normal) until
+     * resolve_after normal samples close it. Warm-up only builds the
+     * baseline, so there every finite sample is accepted. */
+    bool was_open = st->open;
+    if (st->open && ++st->normal_run >= rule->resolve_after) {
+        st->open = false;
+        st->normal_run = 0;
+    }
+    if (!was_open || out->in_warmup) {
+        ring_push(st, value);
+        st->accepted++;
+        if (!st->has_max || value > st->running_max) {
+            st->running_max = value;
+            st->has_max = true;
+        }
+        out->accepted_into_baseline = true;
+    }
+    return 0;
+}
+
+/* Little-endian fixed-width helpers; doubles travel as their IEEE-754 bits. */
+static void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_f64(uint8_t *p, double d)
+{
+    uint64_t v;
+    memcpy(&v, &d, sizeof v);
+    put_u64(p, v);
+}
+static uint16_t get_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+static double get_f64(const uint8_t *p)
+{
+    uint64_t v = get_u64(p);
+    double d;
+    memcpy(&d, &v, sizeof d);
+    return d;
+}
+
+#define FLAG_HAS_MAX 0x1u
+#define FLAG_OPEN 0x2u
+
+int detect_state_encode(const struct detect_state *st, uint8_t *buf, size_t len)
+{
+    if (!st || !buf)
+        return -EINVAL;
+    uint32_t n = st->ring_count > DETECT_MAX_WINDOW ? DETECT_MAX_WINDOW : st->ring_count;
+    size_t need = DETECT_STATE_HEADER_BYTES + 8 * (size_t)n;
+    if (len < need)
+        return -ENOSPC;
+    uint16_t flags = (uint16_t)((st->has_max ? FLAG_HAS_MAX : 0) | (st->open ? FLAG_OPEN : 0));
+    put_u32(buf + 0, DETECT_STATE_MAGIC);
+    put_u16(buf + 4, DETECT_STATE_VERSION);
+    put_u16(buf + 6, flags);
+    put_u32(buf + 8, st->normal_run);
+    put_u32(buf + 12, n);
+    put_u64(buf + 16, st->accepted);
+    put_u64(buf + 24, st->seen);
+    put_u64(buf + 32, (uint64_t)st->last_step);
+    put_f64(buf + 40, st->running_max);
+    /* Oldest first, so the blob is canonical whatever the ring position. */
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = (st->ring_head + DETECT_MAX_WINDOW - n + i) % DETECT_MAX_WINDOW;
+        put_f64(buf + DETECT_STATE_HEADER_BYTES + 8 * (size_t)i, st->ring[idx]);
+    }
+    return (int)need;
+}
+
+int detect_state_decode(struct detect_state *st, const uint8_t *buf, size_t len)
+{
+    if (!st || !buf || len < DETECT_STATE_HEADER_BYTES)
+        return -EINVAL;
+    if (get_u32(buf) != DETECT_STATE_MAGIC)
+        return -EINVAL;
+    if (get_u16(buf + 4) != DETECT_STATE_VERSION)
+        return -ENOTSUP;
+    uint16_t flags = get_u16(buf + 6);
+    uint32_t n = get_u32(buf + 12);
+    if ((flags & ~(FLAG_HAS_MAX | FLAG_OPEN)) != 0 || n > DETECT_MAX_WINDOW ||
+        len != DETECT_STATE_HEADER_BYTES + 8 * (size_t)n)
+        return -EINVAL;
+    struct detect_state s;
+    detect_state_init(&s);
+    s.has_max = (flags & FLAG_HAS_MAX) != 0;
+    s.open = (flags & FLAG_OPEN) != 0;
+    s.normal_run = get_u32(buf + 8);
+    s.ring_count = n;
+    s.ring_head = n % DETECT_MAX_WINDOW;
+    s.accepted = get_u64(buf + 16);
+    s.seen = get_u64(buf + 24);
+    s.last_step = (int64_t)get_u64(buf + 32);
+    s.running_max = get_f64(buf + 40);
+    for (uint32_t i = 0; i < n; i++) {
+        s.ring[i] = get_f64(buf + DETECT_STATE_HEADER_BYTES + 8 * (size_t)i);
+        /* Only finite samples are ever accepted. */
+        if (!isfinite(s.ring[i]))
+            return -EINVAL;
+    }
+    if (s.has_max && !isfinite(s.running_max))
+        return -EINVAL;
+    if (s.accepted < n)
+        return -EINVAL;
+    *st = s;
+    return 0;
+}
+
+const char *detect_family_name(enum detect_family f)
+{
+    static const char *const names[] = {
+        [DETECT_FAMILY_ATTENTION_D2] = "attention_d2",
+        [DETECT_FAMILY_ROUTER_WEIGHT] = "router_weight",
+        [DETECT_FAMILY_WEIGHT_NORM] = "weight_norm",
+        [DETECT_FAMILY_ROUTER_BALANCE] = "router_balance",
+        [DETECT_FAMILY_SCALAR_LOSS] = "scalar_loss",
+    };
+    return (unsigned)f < DETECT_FAMILY_COUNT ? names[f] : "unknown";
+}
+
+const char *detect_severity_name(enum detect_severity s)
+{
+    switch (s) {
+    case DETECT_SEVERITY_WARNING:
+        return "warning";
+    case DETECT_SEVERITY_CRITICAL:
+        return "critical";
+    }
+    return "unknown";
+}
+
+const char *detect_breach_kind_name(enum detect_breach_kind k)
+{
+    switch (k) {
+    case DETECT_BREACH_NONE:
+        return "none";
+    case DETECT_BREACH_Z:
+        return "z";
+    case DETECT_BREACH_FLOOR:
+        return "floor";
+    case DETECT_BREACH_NONFINITE:
+        return "nonfinite";
+    case DETECT_BREACH_SPIKE:
+        return "spike";
+    }
+    return "unknown";
+}
+
+const char *detect_direction_name(enum detect_direction d)
+{
+    switch (d) {
+    case DETECT_FALL_IS_BAD:
+        return "fall_is_bad";
+    case DETECT_RISE_IS_BAD:
+        return "rise_is_bad";
+    }
+    return "unknown";
+}

@@ -1,0 +1,197 @@
+#ifndef FORESHOCK_DETECT_H
+#define FORESHOCK_DETECT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Per-series robust detection (shared/MONITORS.md section 4). Pure: no I/O,
+ * no clocks, no threads, no allocation. Step and time are inputs.
+ *
+ * Two kinds of object:
+ *  - struct detect_rules: the rule table (defaults from detect_rules_default,
+ *    then per-monitor `key = value` overrides from the config). Built once by
+ *    the config code, read-only afterwards, so any thread may read it.
+ *  - struct detect_state: one per series, owned by the daemon's loop thread,
+ *    fed samples in step order by detect_step(), persisted through
+ *    detect_state_encode()/detect_state_decode() so a restart changes no
+ *    outcome.
+ *
+ * Scoring: z = (x - median) / scale over the last `window` samples accepted
+ * into the baseline, scale = max(1.4826 * MAD, DETECT_MAD_REL_FLOOR * |median|,
+ * DETECT_MAD_ABS_FLOOR). The floor defines the MAD == 0 case: a perfectly
+ * flat baseline does not divide by zero, and any move by more than
+ * z * 0.1 % of the median counts as a breach (a series that never moved and
+ * now moves is news). */
+
+#define DETECT_MAX_WINDOW 256       /* largest baseline window (samples) */
+#define DETECT_MAX_RULES 64         /* rules in one table */
+#define DETECT_NAME_MAX 64          /* rule name / pattern, including the NUL */
+#define DETECT_MAX_WARMUP 1000000   /* largest warmup override (samples) */
+#define DETECT_MAX_PERSISTENCE 10000 /* largest persistence / resolve_after */
+#define DETECT_MAX_Z 1e6            /* largest z override */
+#define DETECT_VALUE_MAX 64         /* longest override value text we parse */
+#define DETECT_MAD_SCALE 1.4826     /* MAD -> sigma for a normal distribution */
+#define DETECT_MAD_REL_FLOOR 1e-3   /* scale floor relative to |median| */
+#define DETECT_MAD_ABS_FLOOR 1e-12  /* scale floor when the median is ~0 */
+
+/* Defaults (MONITORS.md section 4); each one is overridable per rule. */
+#define DETECT_DEFAULT_WARMUP 20
+#define DETECT_DEFAULT_WINDOW 64
+#define DETECT_DEFAULT_Z 5.0
+#define DETECT_DEFAULT_PERSISTENCE 3
+#define DETECT_DEFAULT_RESOLVE_AFTER 5
+#define DETECT_DEFAULT_SPIKE_RATIO 10.0 /* Megatron: 10x the running max */
+
+/* Families, for attribution (alert_attribute). Values are pinned: they are
+ * bit positions in attribution masks and may be stored. */
+enum detect_family {
+    DETECT_FAMILY_ATTENTION_D2 = 0,   /* qk.d2.* spectra and qk.cqk */
+    DETECT_FAMILY_ROUTER_WEIGHT = 1,  /* router similarity, centered energy, z-loss */
+    DETECT_FAMILY_WEIGHT_NORM = 2,    /* per-layer |W|, update-to-weight ratio */
+    DETECT_FAMILY_ROUTER_BALANCE = 3, /* MaxVio, load entropy */
+    DETECT_FAMILY_SCALAR_LOSS = 4,    /* loss, grad_norm */
+    DETECT_FAMILY_COUNT
+};
+
+enum detect_direction {
+    DETECT_FALL_IS_BAD = 0,
+    DETECT_RISE_IS_BAD = 1,
+};
+
+enum detect_severity {
+    DETECT_SEVERITY_WARNING = 0,
+    DETECT_SEVERITY_CRITICAL = 1,
+};
+
+/* Why a sample breached. Pinned: stored in state blobs and alert rows. */
+enum detect_breach_kind {
+    DETECT_BREACH_NONE = 0,
+    DETECT_BREACH_Z = 1,         /* robust z beyond the threshold, bad direction */
+    DETECT_BREACH_FLOOR = 2,     /* absolute floor or ceiling crossed */
+    DETECT_BREACH_NONFINITE = 3, /* NaN or +-Inf: fires at once, critical */
+    DETECT_BREACH_SPIKE = 4,     /* value / running max beyond spike_ratio */
+};
+
+struct detect_rule {
+    char name[DETECT_NAME_MAX]; /* series name or fnmatch(3) pattern */
+    enum detect_family family;
+    enum detect_direction direction;
+    enum detect_severity severity;
+    bool enabled;
+    uint32_t warmup;        /* samples that only build the baseline */
+    uint32_t window;        /* baseline samples, 1..DETECT_MAX_WINDOW */
+    double z;               /* |z| threshold, > 0 */
+    bool has_floor;         /* breach when value <= floor */
+    double floor;
+    bool has_ceiling;       /* breach when value >= ceiling */
+    double ceiling;
+    double spike_ratio;     /* > 0: breach when value > ratio * running max (rise only) */
+    uint32_t persistence;   /* consecutive breaching samples to fire */
+    uint32_t resolve_after; /* consecutive normal samples to resolve */
+};
+
+struct detect_rules {
+    size_t n;
+    struct detect_rule rule[DETECT_MAX_RULES];
+};
+
+/* Error detail, owned by the caller. code is the negative return value. */
+struct detect_error {
+    int code;
+    char msg[160];
+};
+
+/* Per-series state. Treat as opaque; sized for DETECT_MAX_WINDOW so no
+ * sample allocates. */
+struct detect_state {
+    double ring[DETECT_MAX_WINDOW]; /* accepted samples, circular */
+    uint32_t ring_head;             /* next slot to write */
+    uint32_t ring_count;            /* valid samples, <= DETECT_MAX_WINDOW */
+    uint64_t accepted;              /* samples ever accepted into the baseline */
+    uint64_t seen;                  /* present samples ever seen */
+    bool has_max;                   /* running max of accepted samples valid */
+    double running_max;
+    bool open;                      /* a breach is open: baseline frozen */
+    uint32_t normal_run;            /* consecutive normal samples while open */
+    int64_t last_step;              /* step of the last present sample, or -1 */
+};
+
+/* What detect_step concluded about one sample. */
+struct detect_verdict {
+    bool present;          /* false: absent sample, nothing else is meaningful */
+    bool non_finite;
+    bool in_warmup;
+    bool breach;
+    enum detect_breach_kind breach_kind;
+    bool accepted_into_baseline;
+    double value;
+    double median;         /* baseline median (NAN when the baseline is empty) */
+    double mad;            /* raw MAD, before the 1.4826 scale and the floor */
+    double z;              /* signed robust z (0 when the baseline is empty) */
+    double spike_ratio;    /* value / running max (0 when not computed) */
+    uint32_t baseline_n;   /* samples the median/MAD were computed over */
+};
+
+/* Blob layout (little-endian), version 1:
+ *   u32 magic 'FSDS', u16 version, u16 flags (bit0 has_max, bit1 open),
+ *   u32 normal_run, u32 ring_count, u64 accepted, u64 seen, i64 last_step,
+ *   f64 running_max, f64 ring[ring_count] oldest first. */
+#define DETECT_STATE_MAGIC 0x53445346u /* "FSDS" little-endian */
+#define DETECT_STATE_VERSION 1
+#define DETECT_STATE_HEADER_BYTES 48
+#define DETECT_STATE_ENCODED_MAX (DETECT_STATE_HEADER_BYTES + 8 * DETECT_MAX_WINDOW)
+
+/* Fills *out with the built-in rule table (designated initializers in
+ * detect.c). The caller owns *out. Any thread. */
+void detect_rules_default(struct detect_rules *out);
+
+/* The first rule whose name matches series_name (exact or fnmatch pattern),
+ * or NULL. Returns a pointer into rules; read-only. Any thread. */
+const struct detect_rule *detect_rules_match(const struct detect_rules *rules,
+                                             const char *series_name);
+
+/* The rule whose name equals `name` exactly, or NULL. Any thread. */
+struct detect_rule *detect_rules_find(struct detect_rules *rules, const char *name);
+
+/* Applies one config override `key = value` to the rule named rule_name
+ * (exact match; the config's [detect "NAME"] section). Keys: warmup, window,
+ * z, floor, ceiling (a number or "none"), spike_ratio (0 or "none" disables),
+ * persistence, resolve_after, severity (warning|critical), enabled
+ * (true|false|yes|no|on|off|1|0). Returns 0; -ENOENT for an unknown rule,
+ * -EINVAL for an unknown key or a bad value (err says which). The rule is
+ * unchanged on error. Config thread, before the table is shared. */
+int detect_rules_set(struct detect_rules *rules, const char *rule_name, const char *key,
+                     const char *value, struct detect_error *err);
+
+/* Resets a series' state (empty baseline). Caller owns st. */
+void detect_state_init(struct detect_state *st);
+
+/* Scores one sample of the series and updates its state. is_present false
+ * (an absent point: no spectrum) changes nothing and never breaches. Steps
+ * before detect_from_step, and the first rule->warmup accepted samples, only
+ * build the baseline: then only non-finite values breach. A breaching
+ * sample, and every sample while a breach is open (from a breach until
+ * rule->resolve_after consecutive normal samples), stays out of the
+ * baseline. A disabled rule never breaches and leaves st unchanged.
+ * Returns 0, or -EINVAL for NULL arguments. Loop thread (owner of st). */
+int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step,
+                double value, bool is_present, int64_t detect_from_step,
+                struct detect_verdict *out);
+
+/* Encodes st into buf (len bytes). Returns the number of bytes written
+ * (<= DETECT_STATE_ENCODED_MAX), or -ENOSPC if len is too small. */
+int detect_state_encode(const struct detect_state *st, uint8_t *buf, size_t len);
+
+/* Decodes a blob written by detect_state_encode into *st. Returns 0, or
+ * -EINVAL for a malformed blob, -ENOTSUP for an unknown version; *st is
+ * untouched on error. */
+int detect_state_decode(struct detect_state *st, const uint8_t *buf, size_t len);
+
+/* Static names for logs, JSON and labels. Unknown values give "unknown". */
+const char *detect_family_name(enum detect_family f);
+const char *detect_severity_name(enum detect_severity s);
+const char *detect_breach_kind_name(enum detect_breach_kind k);
+const char *detect_direction_name(enum detect_direction d);
+
+#endif
