@@ -33,7 +33,7 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
     -DFORESHOCK_SANITIZE=ON -DFORESHOCK_WERROR=OFF >/dev/null
   cmake --build build-fuzz -j"$JOBS" --target fuzz_decode
   corpus=$(mktemp -d)
-  cp tests/fuzz/corpus/* "$corpus"/ 2>/dev/null || true
+  /usr/bin/python3 tests/fuzz/make_corpus.py . "$corpus"
   build-fuzz/fuzz_decode -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
   rm -rf "$corpus"
