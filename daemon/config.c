@@ -1,0 +1,545 @@
+/* Table-driven INI-style configuration parser. Pure except config_load_file. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http.h"
+#include "log.h"
+
+#define FIELD(type, f) .offset = offsetof(type, f), .size = sizeof(((type *)0)->f)
+#define CORE(f) FIELD(struct fs_config, f)
+
+static const char *const sync_names[] = {[CONFIG_SYNC_NORMAL] = "normal",
+                                         [CONFIG_SYNC_FULL] = "full", NULL};
+static const char *const level_names[] = {[LOG_LEVEL_DEBUG] = "debug", [LOG_LEVEL_INFO] = "info",
+                                          [LOG_LEVEL_WARN] = "warn", [LOG_LEVEL_ERROR] = "error",
+                                          NULL};
+
+
+static const struct config_key core_keys[] = {
+    /* Defaults are text in file syntax; test_config checks them against FS_DEF_*. */
+    {.name = "listen", .type = CONFIG_ENDPOINT, .def = FS_DEF_LISTEN, CORE(listen),
+     .help = "ingest address HOST:PORT for trainer ranks (port 0: pick one)"},
+    {.name = "http", .type = CONFIG_ENDPOINT, .def = FS_DEF_HTTP, CORE(http),
+     .help = "HTTP API address HOST:PORT (port 0: pick one)"},
+    {.name = "db", .type = CONFIG_STRING, .def = FS_DEF_DB, .min = 1,
+     .max = FS_CONFIG_MAX_PATH - 1, CORE(db), .help = "SQLite database file (created if absent)"},
+    {.name = "synchronous", .type = CONFIG_ENUM, .def = "normal", .choices = sync_names,
+     CORE(synchronous), .help = "SQLite synchronous mode: normal | full (fsync every commit)"},
+    {.name = "http_threads", .type = CONFIG_UINT, .def = "4",
+     .min = FS_MIN_HTTP_THREADS, .max = HTTP_MAX_THREADS, CORE(http_threads),
+     .help = "HTTP worker threads, each with a read-only database connection"},
+    {.name = "max_connections", .type = CONFIG_UINT, .def = "1024",
+     .min = FS_MIN_MAX_CONNECTIONS, .max = FS_CAP_MAX_CONNECTIONS, CORE(max_connections),
+     .help = "ingest connections; one more is refused with Error{ERROR_LIMIT}"},
+    {.name = "max_frame_bytes", .type = CONFIG_BYTES, .def = "64M",
+     .min = FS_MIN_MAX_FRAME_BYTES, .max = FS_CAP_MAX_FRAME_BYTES, CORE(max_frame_bytes),
+     .help = "largest frame accepted, refused from its length prefix"},
+    {.name = "max_runs", .type = CONFIG_UINT, .def = "10000",
+     .min = FS_MIN_MAX_RUNS, .max = FS_CAP_MAX_RUNS, CORE(max_runs),
+     .help = "runs kept in the database; a Hello for a new run past it gets ERROR_LIMIT"},
+    {.name = "max_conn_buffer_bytes", .type = CONFIG_BYTES, .def = "1M",
+     .min = FS_MIN_MAX_CONN_BUFFER_BYTES, .max = FS_CAP_MAX_CONN_BUFFER_BYTES,
+     CORE(max_conn_buffer_bytes),
+     .help = "unsent reply bytes per connection; a client that does not read is closed"},
+    {.name = "writer_queue_max_items", .type = CONFIG_UINT,
+     .def = "16384", .min = FS_MIN_WRITER_QUEUE_MAX_ITEMS,
+     .max = FS_CAP_WRITER_QUEUE_MAX_ITEMS, CORE(writer_queue_max_items),
+     .help = "writer queue high watermark, items (ingest pauses; resumes at half)"},
+    {.name = "writer_queue_max_bytes", .type = CONFIG_BYTES, .def = "256M",
+     .min = FS_MIN_WRITER_QUEUE_MAX_BYTES, .max = FS_CAP_WRITER_QUEUE_MAX_BYTES,
+     CORE(writer_queue_max_bytes),
+     .help = "writer queue high watermark, bytes (ingest pauses; resumes at half)"},
+    {.name = "writer_batch_max_items", .type = CONFIG_UINT,
+     .def = "1024", .min = FS_MIN_WRITER_BATCH_MAX_ITEMS,
+     .max = FS_CAP_WRITER_BATCH_MAX_ITEMS, CORE(writer_batch_max_items),
+     .help = "items per write transaction at most"},
+    {.name = "spool_max_bytes", .type = CONFIG_BYTES, .def = "1G", .min = FS_MIN_SPOOL_MAX_BYTES,
+     .max = FS_CAP_SPOOL_MAX_BYTES, CORE(spool_max_bytes),
+     .help = "raw sketches waiting for the monitors; past it ingest pauses"},
+    {.name = "log_level", .type = CONFIG_ENUM, .def = "info", .choices = level_names,
+     CORE(log_level), .help = "debug | info | warn | error"},
+    {.name = "token", .type = CONFIG_STRING, .def = "", .min = 0, .max = FS_MAX_TOKEN_LEN,
+     CORE(token), .help = "shared secret; when set, Hello.token must match (empty: none)"},
+};
+
+const struct config_key *config_keys(size_t *n)
+{
+    *n = sizeof(core_keys) / sizeof(core_keys[0]);
+    return core_keys;
+}
+
+static void fail(struct config_error *err, const char *origin, int line, const char *key,
+                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void fail(struct config_error *err, const char *origin, int line, const char *key,
+                 const char *fmt, ...)
+{
+    char *m = err->message;
+    size_t cap = sizeof(err->message), off = 0;
+    int k = line > 0 ? snprintf(m, cap, "config: %s:%d: ", origin, line)
+                     : snprintf(m, cap, "config: %s: ", origin);
+    off = k > 0 && (size_t)k < cap ? (size_t)k : cap - 1;
+    if (key) {
+        k = snprintf(m + off, cap - off, "key '%s': ", key);
+        off = k > 0 && (size_t)k < cap - off ? off + (size_t)k : cap - 1;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    k = vsnprintf(m + off, cap - off, fmt, ap);
+    va_end(ap);
+    (void)k;
+    err->line = line;
+}
+
+/* Unsigned decimal, whole string, no sign; with_suffix accepts K/M/G/T,
+ * optionally followed by "iB" or "B" (binary multiples). */
+static int parse_u64(const char *s, int with_suffix, uint64_t *out, char *why, size_t whylen)
+{
+    if (!isdigit((unsigned char)s[0])) {
+        snprintf(why, whylen, "'%s' is not an unsigned integer", s);
+        return -EINVAL;
+    }
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno == ERANGE) {
+        snprintf(why, whylen, "'%s' is too large", s);
+        return -EINVAL;
+    }
+    unsigned shift = 0;
+    if (with_suffix && *end) {
+        const char *units = "KMGT";
+        const char *u = strchr(units, toupper((unsigned char)*end));
+        if (u) {
+            shift = 10u * (unsigned)(u - units + 1);
+            end++;
+            if (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)
+                end += strlen(end);
+        } else if (strcmp(end, "B") == 0) {
+            end++;
+        }
+    }
+    if (*end) {
+        snprintf(why, whylen, "'%s' is not %s", s,
+                 with_suffix ? "a byte count (e.g. 4096, 64K, 16M, 1G)" : "an unsigned integer");
+        return -EINVAL;
+    }
+    if (shift && v > (UINT64_MAX >> shift)) {
+        snprintf(why, whylen, "'%s' is too large", s);
+        return -EINVAL;
+    }
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static int parse_endpoint(const char *s, struct config_endpoint *ep, char *why, size_t whylen)
+{
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon == s) {
+        snprintf(why, whylen, "'%s' is not HOST:PORT", s);
+        return -EINVAL;
+    }
+    const char *h = s;
+    size_t hlen = (size_t)(colon - s);
+    if (h[0] == '[') { /* [v6]:port */
+        if (hlen < 3 || h[hlen - 1] != ']') {
+            snprintf(why, whylen, "'%s' is not [IPv6]:PORT", s);
+            return -EINVAL;
+        }
+        h++;
+        hlen -= 2;
+    } else if (memchr(h, ':', hlen)) {
+        snprintf(why, whylen, "'%s': write an IPv6 address as [ADDR]:PORT", s);
+        return -EINVAL;
+    }
+    if (hlen >= sizeof(ep->host)) {
+        snprintf(why, whylen, "host is longer than %zu bytes", sizeof(ep->host) - 1);
+        return -EINVAL;
+    }
+    uint64_t port;
+    if (parse_u64(colon + 1, 0, &port, why, whylen) < 0 || port > 65535) {
+        snprintf(why, whylen, "'%s' is not a port number 0..65535", colon + 1);
+        return -EINVAL;
+    }
+    memcpy(ep->host, h, hlen);
+    ep->host[hlen] = '\0';
+    ep->port = (uint16_t)port;
+    return 0;
+}
+
+/* Sets one key of target from text; why gets the reason on -EINVAL. */
+static int key_set(const struct config_key *k, void *target, const char *v, char *why,
+                   size_t whylen)
+{
+    char *field = (char *)target + k->offset;
+    switch (k->type) {
+    case CONFIG_STRING: {
+        size_t n = strlen(v);
+        if (n < (size_t)k->min || n > (size_t)k->max || n >= k->size) {
+            snprintf(why, whylen, "length %zu is outside %.0f..%.0f bytes", n, k->min,
+                     fmin(k->max, (double)(k->size - 1)));
+            return -EINVAL;
+        }
+        memcpy(field, v, n + 1);
+        return 0;
+    }
+    case CONFIG_UINT:
+    case CONFIG_BYTES: {
+        uint64_t x;
+        if (parse_u64(v, k->type == CONFIG_BYTES, &x, why, whylen) < 0)
+            return -EINVAL;
+        if ((double)x < k->min || (double)x > k->max) {
+            snprintf(why, whylen, "%s is outside the range %.0f..%.0f", v, k->min, k->max);
+            return -EINVAL;
+        }
+        memcpy(field, &x, sizeof(x));
+        return 0;
+    }
+    case CONFIG_DOUBLE: {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (!*v || *end || errno == ERANGE || !isfinite(x)) {
+            snprintf(why, whylen, "'%s' is not a finite number", v);
+            return -EINVAL;
+        }
+        if (x < k->min || x > k->max) {
+            snprintf(why, whylen, "%s is outside the range %g..%g", v, k->min, k->max);
+            return -EINVAL;
+        }
+        memcpy(field, &x, sizeof(x));
+        return 0;
+    }
+    case CONFIG_ENUM:
+        for (int i = 0; k->choices[i]; i++) {
+            if (strcmp(v, k->choices[i]) == 0) {
+                memcpy(field, &i, sizeof(i));
+                return 0;
+            }
+        }
+        {
+            size_t off = (size_t)snprintf(why, whylen, "'%s' is not one of", v);
+            for (int i = 0; k->choices[i] && off < whylen; i++)
+                off += (size_t)snprintf(why + off, whylen - off, "%s %s", i ? " |" : "",
+                                        k->choices[i]);
+        }
+        return -EINVAL;
+    case CONFIG_ENDPOINT: {
+        struct config_endpoint ep;
+        if (parse_endpoint(v, &ep, why, whylen) < 0)
+            return -EINVAL;
+        memcpy(field, &ep, sizeof(ep));
+        return 0;
+    }
+    }
+    snprintf(why, whylen, "unknown key type");
+    return -EINVAL;
+}
+
+int config_apply_defaults(const struct config_key *keys, size_t nkeys, void *target,
+                          struct config_error *err)
+{
+    char why[256];
+    for (size_t i = 0; i < nkeys; i++) {
+        if (keys[i].def && key_set(&keys[i], target, keys[i].def, why, sizeof(why)) < 0) {
+            fail(err, "default", 0, keys[i].name, "%s", why);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+void config_defaults(struct fs_config *cfg)
+{
+    struct config_error err;
+    memset(cfg, 0, sizeof(*cfg));
+    /* Defaults are compile-time constants checked by the unit tests. */
+    (void)config_apply_defaults(core_keys, sizeof(core_keys) / sizeof(core_keys[0]), cfg, &err);
+}
+
+static const struct config_key *find_key(const struct config_section *sec, const char *name)
+{
+    for (size_t i = 0; i < sec->nkeys; i++)
+        if (strcmp(sec->keys[i].name, name) == 0)
+            return &sec->keys[i];
+    return NULL;
+}
+
+static int is_name_char(char c)
+{
+    return isalnum((unsigned char)c) || c == '_' || c == '-' || c == '.';
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r'))
+        s[--n] = '\0';
+    return s;
+}
+
+/* Reads a double-quoted string at *p (\" and \\ escapes) into out (in place
+ * is fine: out <= *p); leaves *p after the closing quote. */
+static int unquote(char **p, char *out)
+{
+    char *s = *p + 1;
+    while (*s && *s != '"') {
+        if (*s == '\\' && (s[1] == '"' || s[1] == '\\'))
+            s++;
+        *out++ = *s++;
+    }
+    if (*s != '"')
+        return -EINVAL;
+    *out = '\0';
+    *p = s + 1;
+    return 0;
+}
+
+/* After a value: only whitespace or a comment may follow. */
+static int only_comment(const char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    return *s == '\0' || *s == '#' || *s == ';';
+}
+
+/* Parses a `[name]` or `[name "sub"]` line; selects the section and target. */
+static int parse_header(char *s, const char *origin, int line,
+                        const struct config_section *sections, size_t nsections,
+                        const struct config_section **sec, void **target,
+                        struct config_error *err)
+{
+    char *p = s + 1;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    char *name = p;
+    while (is_name_char(*p))
+        p++;
+    char *name_end = p;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    char *sub = NULL;
+    if (*p == '"') {
+        sub = p;
+        if (unquote(&p, sub) < 0) {
+            fail(err, origin, line, NULL, "section header: unterminated quote");
+            return -EINVAL;
+        }
+        while (*p == ' ' || *p == '\t')
+            p++;
+    }
+    if (name_end == name || *p != ']' || !only_comment(p + 1)) {
+        fail(err, origin, line, NULL, "bad section header (expected [name] or [name \"sub\"])");
+        return -EINVAL;
+    }
+    *name_end = '\0';
+    for (size_t i = 0; i < nsections; i++) {
+        if (sections[i].name[0] && strcmp(sections[i].name, name) == 0) {
+            char why[256] = "not accepted";
+            void *t = sections[i].open ? sections[i].open(sections[i].ctx, sub, why, sizeof(why))
+                                       : sections[i].ctx;
+            if (!t) {
+                fail(err, origin, line, NULL, "section [%s%s%s%s]: %s", name, sub ? " \"" : "",
+                     sub ? sub : "", sub ? "\"" : "", why);
+                return -EINVAL;
+            }
+            *sec = &sections[i];
+            *target = t;
+            return 0;
+        }
+    }
+    fail(err, origin, line, NULL, "unknown section [%s]", name);
+    return -EINVAL;
+}
+
+/* Parses one `key = value` line into the current section. */
+static int parse_assignment(char *s, const char *origin, int line,
+                            const struct config_section *sec, void *target,
+                            struct config_error *err)
+{
+    char *p = s;
+    while (is_name_char(*p))
+        p++;
+    char *key_end = p;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (key_end == s || *p != '=') {
+        fail(err, origin, line, NULL, "expected 'key = value'");
+        return -EINVAL;
+    }
+    *key_end = '\0';
+    p++;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    char *value = p;
+    if (*p == '"') {
+        if (unquote(&p, value) < 0 || !only_comment(p)) {
+            fail(err, origin, line, s, "bad quoted value");
+            return -EINVAL;
+        }
+    } else {
+        /* An unquoted value ends at a comment that follows whitespace, so
+         * "a#b" keeps its '#'. */
+        for (char *c = value; *c; c++) {
+            if ((*c == '#' || *c == ';') && c > value && (c[-1] == ' ' || c[-1] == '\t')) {
+                *c = '\0';
+                break;
+            }
+        }
+        value = trim(value);
+    }
+    const struct config_key *k = find_key(sec, s);
+    if (!k) {
+        fail(err, origin, line, s, "unknown key%s%s%s", sec->name[0] ? " in section [" : "",
+             sec->name, sec->name[0] ? "]" : "");
+        return -EINVAL;
+    }
+    char why[FS_CONFIG_MAX_LINE];
+    if (key_set(k, target, value, why, sizeof(why)) < 0) {
+        fail(err, origin, line, s, "%s", why);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int config_parse_sections(const char *text, size_t len, const char *origin,
+                          const struct config_section *sections, size_t nsections,
+                          struct config_error *err)
+{
+    const struct config_section *sec = NULL;
+    for (size_t i = 0; i < nsections; i++)
+        if (sections[i].name[0] == '\0')
+            sec = &sections[i];
+    if (!sec) {
+        fail(err, origin, 0, NULL, "no top-level section registered");
+        return -EINVAL;
+    }
+    void *target = sec->ctx;
+    char buf[FS_CONFIG_MAX_LINE + 1];
+    int line = 0;
+    size_t pos = 0;
+    while (pos < len) {
+        line++;
+        const char *start = text + pos;
+        const char *nl = memchr(start, '\n', len - pos);
+        size_t n = nl ? (size_t)(nl - start) : len - pos;
+        pos += n + (nl ? 1 : 0);
+        if (n > FS_CONFIG_MAX_LINE) {
+            fail(err, origin, line, NULL, "line longer than %u bytes", FS_CONFIG_MAX_LINE);
+            return -EINVAL;
+        }
+        if (memchr(start, '\0', n)) {
+            fail(err, origin, line, NULL, "NUL byte in line");
+            return -EINVAL;
+        }
+        memcpy(buf, start, n);
+        buf[n] = '\0';
+        char *s = trim(buf);
+        if (*s == '\0' || *s == '#' || *s == ';')
+            continue;
+        int rc = *s == '[' ? parse_header(s, origin, line, sections, nsections, &sec, &target, err)
+                           : parse_assignment(s, origin, line, sec, target, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int config_parse(const char *text, size_t len, const char *origin, struct fs_config *cfg,
+                 const struct config_section *extra, size_t nextra, struct config_error *err)
+{
+    enum { MAX_SECTIONS = 32 };
+    struct config_section all[MAX_SECTIONS];
+    if (nextra >= MAX_SECTIONS) {
+        fail(err, origin, 0, NULL, "too many registered sections");
+        return -EINVAL;
+    }
+    all[0] = (struct config_section){
+        .name = "", .keys = core_keys, .nkeys = sizeof(core_keys) / sizeof(core_keys[0]),
+        .ctx = cfg};
+    for (size_t i = 0; i < nextra; i++)
+        all[i + 1] = extra[i];
+    return config_parse_sections(text, len, origin, all, nextra + 1, err);
+}
+
+int config_set(struct fs_config *cfg, const char *key, const char *value, const char *origin,
+               struct config_error *err)
+{
+    struct config_section top = {.name = "", .keys = core_keys,
+                                 .nkeys = sizeof(core_keys) / sizeof(core_keys[0])};
+    const struct config_key *k = find_key(&top, key);
+    if (!k) {
+        fail(err, origin, 0, key, "unknown key");
+        return -EINVAL;
+    }
+    char why[FS_CONFIG_MAX_LINE];
+    if (key_set(k, cfg, value, why, sizeof(why)) < 0) {
+        fail(err, origin, 0, key, "%s", why);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int config_check(const struct fs_config *cfg, const char *origin, struct config_error *err)
+{
+    if (cfg->writer_batch_max_items > cfg->writer_queue_max_items) {
+        fail(err, origin, 0, "writer_batch_max_items",
+             "%llu is larger than writer_queue_max_items (%llu)",
+             (unsigned long long)cfg->writer_batch_max_items,
+             (unsigned long long)cfg->writer_queue_max_items);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int config_load_file(const char *path, struct fs_config *cfg, const struct config_section *extra,
+                     size_t nextra, struct config_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        fail(err, path, 0, NULL, "cannot open: %s", strerror(e));
+        return -e;
+    }
+    int rc = 0;
+    char *text = malloc(FS_CONFIG_MAX_FILE_BYTES + 1);
+    if (!text) {
+        fail(err, path, 0, NULL, "out of memory");
+        rc = -ENOMEM;
+        goto out;
+    }
+    size_t n = fread(text, 1, FS_CONFIG_MAX_FILE_BYTES + 1, f);
+    if (ferror(f)) {
+        fail(err, path, 0, NULL, "read error");
+        rc = -EIO;
+        goto out;
+    }
+    if (n > FS_CONFIG_MAX_FILE_BYTES) {
+        fail(err, path, 0, NULL, "larger than %u bytes", FS_CONFIG_MAX_FILE_BYTES);
+        rc = -EFBIG;
+        goto out;
+    }
+    rc = config_parse(text, n, path, cfg, extra, nextra, err);
+out:
+    free(text);
+    fclose(f);
+    return rc;
+}
+
+void config_print_keys(FILE *f)
+{
+    for (size_t i = 0; i < sizeof(core_keys) / sizeof(core_keys[0]); i++) {
+        const struct config_key *k = &core_keys[i];
+        char def[64];
+        snprintf(def, sizeof(def), "%s", k->def && k->def[0] ? k->def : "(none)");
+        fprintf(f, "    %-24s default %-16s %s\n", k->name, def, k->help);
+    }
+}

@@ -1,0 +1,100 @@
+/* This file shadows the C library's <limits.h> for every target that has
+ * daemon/ on its include path (protobuf-c.h includes <limits.h>), so it
+ * pulls the system header in first. */
+#include_next <limits.h>
+
+#ifndef FORESHOCK_LIMITS_H
+#define FORESHOCK_LIMITS_H
+
+/* Every input the daemon accepts has a named bound, checked at the edge and
+ * before any allocation sized by it. Two kinds live here:
+ *  - FS_MAX_*: hard protocol limits (decode.c), not configurable; a frame
+ *    beyond them is ERROR_MALFORMED or ERROR_LIMIT.
+ *  - FS_DEF_* / FS_MIN_* / FS_CAP_*: the default and the accepted range of a
+ *    configuration key (config.c). */
+
+/* --- wire protocol, per frame ---------------------------------------------- */
+#define FS_MAX_RUN_ID_LEN 128u          /* Hello.run_id bytes, [A-Za-z0-9._:-] */
+#define FS_MAX_TOKEN_LEN 256u           /* Hello.token bytes */
+#define FS_MAX_CLIENT_NAME_LEN 256u     /* Hello.client_name bytes */
+#define FS_MAX_WORLD_SIZE (1u << 20)    /* Hello.world_size */
+#define FS_MAX_LAYERS 4096u             /* layer index < this */
+#define FS_MAX_HEADS 1024u              /* head / kv_head index < this */
+#define FS_MAX_DH 512u                  /* GramSketch.dh; Gram side n = 2*dh */
+#define FS_MAX_EXPERTS 1024u            /* RouterGram / RouterTokens n_experts */
+#define FS_MAX_WINDOW (1u << 20)        /* AttentionSketch.window, steps */
+#define FS_MAX_SHARDS 65536u            /* shard_count */
+#define FS_MAX_ATTENTION_PER_REPORT 65536u
+#define FS_MAX_ROUTER_PER_REPORT 4096u  /* router_gram and router_tokens, each */
+#define FS_MAX_SPECTRUM_LEN (2u * FS_MAX_DH)
+#define FS_MAX_MOE_LAYERS FS_MAX_LAYERS
+#define FS_MAX_ERROR_MESSAGE 256u       /* Error.message we send, bytes with NUL */
+
+/* Unpacking may allocate at most this much per frame: protobuf-c allocates
+ * sub-message structs far larger than their wire size (an 8-byte empty
+ * AttentionSketch becomes ~64 bytes plus a pointer), so the bound is on the
+ * allocator, not only on the frame length. */
+#define FS_DECODE_ALLOC_FACTOR 4u
+#define FS_DECODE_ALLOC_SLACK (64u * 1024u)
+
+/* --- configuration keys: default, minimum, maximum ------------------------- */
+#define FS_DEF_LISTEN "127.0.0.1:7781"
+#define FS_DEF_HTTP "127.0.0.1:7782"
+#define FS_DEF_DB "./foreshock.db"
+
+#define FS_DEF_HTTP_THREADS 4u
+#define FS_MIN_HTTP_THREADS 1u
+/* the maximum is HTTP_MAX_THREADS from http.h */
+
+#define FS_DEF_MAX_CONNECTIONS 1024u
+#define FS_MIN_MAX_CONNECTIONS 1u
+#define FS_CAP_MAX_CONNECTIONS 65536u
+
+#define FS_DEF_MAX_FRAME_BYTES (64u << 20)
+#define FS_MIN_MAX_FRAME_BYTES (4u << 10)
+#define FS_CAP_MAX_FRAME_BYTES (1u << 30) /* Welcome.max_frame_bytes is a u32 */
+
+#define FS_DEF_MAX_RUNS 10000u
+#define FS_MIN_MAX_RUNS 1u
+#define FS_CAP_MAX_RUNS 1000000u
+
+/* Outgoing bytes queued on one connection (Welcome, Acks, Error) that the
+ * client has not read yet; past it the client is closed. */
+#define FS_DEF_MAX_CONN_BUFFER_BYTES (1u << 20)
+#define FS_MIN_MAX_CONN_BUFFER_BYTES (4u << 10)
+#define FS_CAP_MAX_CONN_BUFFER_BYTES (1u << 30)
+
+#define FS_DEF_WRITER_QUEUE_MAX_ITEMS 16384u
+#define FS_MIN_WRITER_QUEUE_MAX_ITEMS 2u
+#define FS_CAP_WRITER_QUEUE_MAX_ITEMS (1u << 24)
+
+#define FS_DEF_WRITER_QUEUE_MAX_BYTES (256ull << 20)
+#define FS_MIN_WRITER_QUEUE_MAX_BYTES (64ull << 10)
+#define FS_CAP_WRITER_QUEUE_MAX_BYTES (64ull << 30)
+
+#define FS_DEF_WRITER_BATCH_MAX_ITEMS 1024u
+#define FS_MIN_WRITER_BATCH_MAX_ITEMS 1u
+#define FS_CAP_WRITER_BATCH_MAX_ITEMS (1u << 20)
+
+#define FS_DEF_SPOOL_MAX_BYTES (1ull << 30)
+#define FS_MIN_SPOOL_MAX_BYTES (1ull << 20)
+#define FS_CAP_SPOOL_MAX_BYTES (1ull << 40)
+
+/* --- configuration file ---------------------------------------------------- */
+#define FS_CONFIG_MAX_FILE_BYTES (1u << 20)
+#define FS_CONFIG_MAX_LINE 4096u
+#define FS_CONFIG_MAX_HOST 256u  /* bytes with NUL */
+#define FS_CONFIG_MAX_PATH 4096u /* bytes with NUL */
+
+/* --- writer ---------------------------------------------------------------- */
+#define FS_STORE_BUSY_TIMEOUT_MS 5000
+#define FS_STORE_RETRY_MIN_MS 100
+#define FS_STORE_RETRY_MAX_MS 5000
+#define FS_STORE_SERIES_CACHE_MAX (1u << 20) /* cached series ids; cleared when full */
+#define FS_STORE_MODEL_JSON_MAX (64u << 10)  /* Hello.model as JSON */
+
+/* --- logging --------------------------------------------------------------- */
+#define FS_LOG_LINE_MAX 2048u            /* longer messages are truncated */
+#define FS_LOG_RATE_INTERVAL_MS 10000    /* one line per kind per interval */
+
+#endif
