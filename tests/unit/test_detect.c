@@ -1,0 +1,694 @@
+/* Unit tests for daemon/detect.c: the per-series robust detector. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "detect.h"
+
+/* Deterministic noise: xorshift64*, uniform in [-1, 1). */
+static double uniform(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    uint64_t r = *s * 0x2545F4914F6CDD1Dull;
+    return (double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+static struct detect_rule rule_named(const char *name)
+{
+    struct detect_rules rules;
+    detect_rules_default(&rules);
+    const struct detect_rule *r = detect_rules_find(&rules, name);
+    cr_assert_not_null(r, "no default rule %s", name);
+    return *r;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Reference median by full sort, in double. */
+static double ref_median(const double *v, size_t n)
+{
+    double *t = malloc(n * sizeof *t);
+    cr_assert_not_null(t);
+    memcpy(t, v, n * sizeof *t);
+    qsort(t, n, sizeof *t, cmp_double);
+    double m = (n % 2) ? t[n / 2] : (t[n / 2 - 1] + (t[n / 2] - t[n / 2 - 1]) / 2);
+    free(t);
+    return m;
+}
+
+/* ---- rule table ---------------------------------------------------------- */
+
+Test(detect_rules, defaults_are_sane_and_unique)
+{
+    struct detect_rules rules;
+    detect_rules_default(&rules);
+    cr_assert_gt(rules.n, 10);
+    for (size_t i = 0; i < rules.n; i++) {
+        const struct detect_rule *r = &rules.rule[i];
+        cr_assert(r->enabled, "%s", r->name);
+        cr_assert_eq(r->warmup, DETECT_DEFAULT_WARMUP, "%s", r->name);
+        cr_assert_eq(r->window, DETECT_DEFAULT_WINDOW, "%s", r->name);
+        cr_assert_eq(r->z, DETECT_DEFAULT_Z, "%s", r->name);
+        cr_assert_eq(r->resolve_after, DETECT_DEFAULT_RESOLVE_AFTER, "%s", r->name);
+        cr_assert_geq(r->persistence, 1, "%s", r->name);
+        cr_assert_lt(r->family, DETECT_FAMILY_COUNT, "%s", r->name);
+        for (size_t j = 0; j < i; j++)
+            cr_assert_str_neq(r->name, rules.rule[j].name);
+    }
+}
+
+static const struct {
+    const char *name;
+    enum detect_family family;
+    enum detect_direction direction;
+    bool has_floor;
+    double floor;
+    uint32_t persistence;
+} expected_rules[] = {
+    {"qk.d2.erank", DETECT_FAMILY_ATTENTION_D2, DETECT_FALL_IS_BAD, true, 1.5, 3},
+    {"qk.d2.entropy", DETECT_FAMILY_ATTENTION_D2, DETECT_FALL_IS_BAD, false, 0, 3},
+    {"qk.d2.srank", DETECT_FAMILY_ATTENTION_D2, DETECT_FALL_IS_BAD, true, 1.2, 3},
+    {"qk.cqk", DETECT_FAMILY_ATTENTION_D2, DETECT_RISE_IS_BAD, false, 0, 3},
+    {"router.similarity", DETECT_FAMILY_ROUTER_WEIGHT, DETECT_RISE_IS_BAD, false, 0, 3},
+    {"router.centered_energy", DETECT_FAMILY_ROUTER_WEIGHT, DETECT_RISE_IS_BAD, false, 0, 3},
+    {"router.zloss", DETECT_FAMILY_ROUTER_WEIGHT, DETECT_RISE_IS_BAD, false, 0, 3},
+    {"router.maxvio", DETECT_FAMILY_ROUTER_BALANCE, DETECT_RISE_IS_BAD, false, 0, 3},
+    {"router.load_entropy", DETECT_FAMILY_ROUTER_BALANCE, DETECT_FALL_IS_BAD, false, 0, 3},
+    {"weight_norm", DETECT_FAMILY_WEIGHT_NORM, DETECT_RISE_IS_BAD, false, 0, 3},
+    {"loss", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 1},
+    {"grad_norm", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 1},
+};
+
+Test(detect_rules, default_table_matches_monitors_md)
+{
+    struct detect_rules rules;
+    detect_rules_default(&rules);
+    for (size_t i = 0; i < sizeof expected_rules / sizeof expected_rules[0]; i++) {
+        const struct detect_rule *r = detect_rules_match(&rules, expected_rules[i].name);
+        cr_assert_not_null(r, "%s", expected_rules[i].name);
+        cr_assert_str_eq(r->name, expected_rules[i].name);
+        cr_assert_eq(r->family, expected_rules[i].family, "%s", r->name);
+        cr_assert_eq(r->direction, expected_rules[i].direction, "%s", r->name);
+        cr_assert_eq(r->has_floor, expected_rules[i].has_floor, "%s", r->name);
+        if (r->has_floor)
+            cr_assert_eq(r->floor, expected_rules[i].floor, "%s", r->name);
+        cr_assert_eq(r->persistence, expected_rules[i].persistence, "%s", r->name);
+    }
+    cr_assert_eq(detect_rules_find(&rules, "loss")->spike_ratio, 10.0);
+    cr_assert_null(detect_rules_match(&rules, "qk.d3.erank"));
+    cr_assert_null(detect_rules_match(&rules, "lr"));
+}
+
+Test(detect_rules, patterns_match_first_rule)
+{
+    struct detect_rules rules;
+    detect_rules_default(&rules);
+    /* Add a pattern rule after the exact ones. */
+    struct detect_rule *p = &rules.rule[rules.n++];
+    *p = rules.rule[0];
+    snprintf(p->name, sizeof p->name, "qk.d1.*");
+    cr_assert_eq(detect_rules_match(&rules, "qk.d1.erank"), p);
+    cr_assert_eq(detect_rules_match(&rules, "qk.d1.entropy"), p);
+    cr_assert_str_eq(detect_rules_match(&rules, "qk.d2.erank")->name, "qk.d2.erank");
+    cr_assert_null(detect_rules_match(&rules, "qk.d3.erank"));
+    cr_assert_null(detect_rules_match(NULL, "x"));
+    cr_assert_null(detect_rules_match(&rules, NULL));
+}
+
+/* ---- overrides ----------------------------------------------------------- */
+
+enum field { F_NONE, F_WARMUP, F_WINDOW, F_Z, F_FLOOR, F_CEIL, F_SPIKE, F_PERSIST, F_RESOLVE,
+             F_SEVERITY, F_ENABLED };
+
+static const struct override_case {
+    const char *rule, *key, *value;
+    int rc;
+    enum field field;
+    double want; /* numeric value of the field after a successful set */
+    bool has;    /* for floor/ceiling: bound present after the set */
+} override_cases[] = {
+    {"qk.d2.erank", "warmup", "50", 0, F_WARMUP, 50, false},
+    {"qk.d2.erank", "warmup", "0", 0, F_WARMUP, 0, false},
+    {"qk.d2.erank", "window", "128", 0, F_WINDOW, 128, false},
+    {"qk.d2.erank", "window", " 256 ", 0, F_WINDOW, 256, false},
+    {"qk.d2.erank", "z", "3.5", 0, F_Z, 3.5, false},
+    {"qk.d2.erank", "floor", "2", 0, F_FLOOR, 2, true},
+    {"qk.d2.erank", "floor", "none", 0, F_FLOOR, 0, false},
+    {"qk.d2.erank", "ceiling", "100", 0, F_CEIL, 100, true},
+    {"loss", "spike_ratio", "20", 0, F_SPIKE, 20, false},
+    {"loss", "spike_ratio", "none", 0, F_SPIKE, 0, false},
+    {"loss", "spike_ratio", "0", 0, F_SPIKE, 0, false},
+    {"qk.d2.erank", "persistence", "1", 0, F_PERSIST, 1, false},
+    {"qk.d2.erank", "resolve_after", "10", 0, F_RESOLVE, 10, false},
+    {"qk.d2.erank", "severity", "critical", 0, F_SEVERITY, DETECT_SEVERITY_CRITICAL, false},
+    {"loss", "severity", "warning", 0, F_SEVERITY, DETECT_SEVERITY_WARNING, false},
+    {"qk.d2.erank", "enabled", "false", 0, F_ENABLED, 0, false},
+    {"qk.d2.erank", "enabled", "off", 0, F_ENABLED, 0, false},
+    {"qk.d2.erank", "enabled", "yes", 0, F_ENABLED, 1, false},
+    /* unknown rule / key */
+    {"no.such.series", "z", "3", -ENOENT, F_NONE, 0, false},
+    {"qk.d2.erank", "threshold", "3", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "", "3", -EINVAL, F_NONE, 0, false},
+    /* bad values */
+    {"qk.d2.erank", "warmup", "-1", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "warmup", "abc", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "warmup", "20x", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "warmup", "", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "warmup", "99999999999999999999999", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "window", "0", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "window", "257", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "z", "0", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "z", "-2", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "z", "nan", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "z", "inf", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "floor", "1e999", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "ceiling", "1.0", -EINVAL, F_NONE, 0, false}, /* below floor 1.5 */
+    {"loss", "spike_ratio", "0.5", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "persistence", "0", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "persistence", "10001", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "resolve_after", "0", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "severity", "page", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "enabled", "maybe", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "z", "12345678901234567890123456789012345678901234567890123456789012345",
+     -EINVAL, F_NONE, 0, false},
+};
+
+static double field_value(const struct detect_rule *r, enum field f, bool *has)
+{
+    *has = false;
+    switch (f) {
+    case F_WARMUP: return r->warmup;
+    case F_WINDOW: return r->window;
+    case F_Z: return r->z;
+    case F_FLOOR: *has = r->has_floor; return r->has_floor ? r->floor : 0;
+    case F_CEIL: *has = r->has_ceiling; return r->has_ceiling ? r->ceiling : 0;
+    case F_SPIKE: return r->spike_ratio;
+    case F_PERSIST: return r->persistence;
+    case F_RESOLVE: return r->resolve_after;
+    case F_SEVERITY: return r->severity;
+    case F_ENABLED: return r->enabled;
+    case F_NONE: break;
+    }
+    return 0;
+}
+
+Test(detect_rules, overrides_table)
+{
+    for (size_t i = 0; i < sizeof override_cases / sizeof override_cases[0]; i++) {
+        const struct override_case *c = &override_cases[i];
+        struct detect_rules rules, before;
+        detect_rules_default(&rules);
+        before = rules;
+        struct detect_error err = {0};
+        int rc = detect_rules_set(&rules, c->rule, c->key, c->value, &err);
+        cr_assert_eq(rc, c->rc, "case %zu %s.%s=%s: rc %d (%s)", i, c->rule, c->key, c->value,
+                     rc, err.msg);
+        if (rc != 0) {
+            cr_assert_eq(err.code, rc, "case %zu", i);
+            cr_assert_neq(err.msg[0], '\0', "case %zu: empty message", i);
+            cr_assert(memcmp(&rules, &before, sizeof rules) == 0, "case %zu changed table", i);
+            continue;
+        }
+        bool has;
+        double got = field_value(detect_rules_find(&rules, c->rule), c->field, &has);
+        cr_assert_eq(got, c->want, "case %zu: got %g want %g", i, got, c->want);
+        if (c->field == F_FLOOR || c->field == F_CEIL)
+            cr_assert_eq(has, c->has, "case %zu", i);
+    }
+}
+
+Test(detect_rules, overrides_message_names_the_key)
+{
+    struct detect_rules rules;
+    detect_rules_default(&rules);
+    struct detect_error err = {0};
+    cr_assert_eq(detect_rules_set(&rules, "qk.d2.erank", "bogus", "1", &err), -EINVAL);
+    cr_assert(strstr(err.msg, "bogus") != NULL, "%s", err.msg);
+    cr_assert_eq(detect_rules_set(&rules, "qk.d2.erank", "window", "9999", &err), -EINVAL);
+    cr_assert(strstr(err.msg, "window") != NULL, "%s", err.msg);
+    /* NULL err is allowed. */
+    cr_assert_eq(detect_rules_set(&rules, "qk.d2.erank", "window", "9999", NULL), -EINVAL);
+}
+
+/* ---- scoring ------------------------------------------------------------- */
+
+/* Feeds n samples of level +- amp uniform noise starting at step *step. */
+static void feed_noise(struct detect_state *st, const struct detect_rule *r, int64_t *step,
+                       int n, double level, double amp, uint64_t *seed)
+{
+    struct detect_verdict v;
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(detect_step(st, r, (*step)++, level + amp * uniform(seed), true, 0, &v), 0);
+        cr_assert_not(v.breach, "unexpected breach at step %lld z=%g",
+                      (long long)(*step - 1), v.z);
+    }
+}
+
+Test(detect_step, median_and_mad_match_reference)
+{
+    static const uint32_t windows[] = {1, 2, 3, 4, 5, 7, 63, 64, 65, 128, 255, 256};
+    for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++) {
+        struct detect_rule r = rule_named("qk.d2.erank");
+        r.window = windows[w];
+        r.warmup = 1000000; /* only build the baseline: never breach */
+        r.has_floor = false;
+        struct detect_state st;
+        detect_state_init(&st);
+        double hist[400];
+        uint64_t seed = 42 + w;
+        for (int i = 0; i < 400; i++) {
+            /* Many ties: small integers, plus some fractions. */
+            double x = (double)(int)(5 * uniform(&seed)) + ((i % 7 == 0) ? 0.25 : 0);
+            struct detect_verdict v;
+            cr_assert_eq(detect_step(&st, &r, i, x, true, 0, &v), 0);
+            size_t n = (size_t)i < windows[w] ? (size_t)i : windows[w];
+            cr_assert_eq(v.baseline_n, n);
+            if (n > 0) {
+                double med = ref_median(hist + i - n, n);
+                double dev[400];
+                for (size_t k = 0; k < n; k++)
+                    dev[k] = fabs(hist[i - n + k] - med);
+                double mad = ref_median(dev, n);
+                cr_assert_eq(v.median, med, "w=%u i=%d median %g vs %g", windows[w], i,
+                             v.median, med);
+                cr_assert_eq(v.mad, mad, "w=%u i=%d mad %g vs %g", windows[w], i, v.mad, mad);
+            } else {
+                cr_assert(isnan(v.median));
+            }
+            cr_assert(v.accepted_into_baseline);
+            hist[i] = x;
+        }
+    }
+}
+
+Test(detect_step, z_is_robust_score)
+{
+    struct detect_rule r = rule_named("qk.d2.entropy");
+    r.warmup = 5;
+    struct detect_state st;
+    detect_state_init(&st);
+    /* Baseline 1..5: median 3, MAD 1. */
+    struct detect_verdict v;
+    for (int i = 1; i <= 5; i++)
+        cr_assert_eq(detect_step(&st, &r, i, i, true, 0, &v), 0);
+    cr_assert_eq(detect_step(&st, &r, 6, 3.0 - 1.4826 * 2, true, 0, &v), 0);
+    cr_assert_eq(v.median, 3.0);
+    cr_assert_eq(v.mad, 1.0);
+    cr_assert_float_eq(v.z, -2.0, 1e-12);
+    cr_assert_not(v.breach);
+    cr_assert_not(v.in_warmup);
+    /* Exactly at -z: a breach (<=). Median now over 1..5 and 0.0348. */
+    struct detect_state st2;
+    detect_state_init(&st2);
+    for (int i = 1; i <= 5; i++)
+        detect_step(&st2, &r, i, i, true, 0, &v);
+    cr_assert_eq(detect_step(&st2, &r, 6, 3.0 - 1.4826 * 5.0001, true, 0, &v), 0);
+    cr_assert(v.breach);
+    cr_assert_eq(v.breach_kind, DETECT_BREACH_Z);
+    /* A rise on a fall-is-bad series is never a breach. */
+    cr_assert_eq(detect_step(&st2, &r, 7, 1000, true, 0, &v), 0);
+    cr_assert_not(v.breach);
+}
+
+Test(detect_step, warmup_suppresses_z_and_floor_but_not_nonfinite)
+{
+    struct detect_rule r = rule_named("qk.d2.erank");
+    struct detect_state st;
+    detect_state_init(&st);
+    uint64_t seed = 7;
+    struct detect_verdict v;
+    for (int64_t s = 0; s < 20; s++) {
+        double x = 20 + 0.5 * uniform(&seed);
+        if (s == 5)
+            x = NAN;
+        if (s == 6)
+            x = INFINITY;
+        if (s == 10)
+            x = 1.0; /* far below the floor and the baseline */
+        cr_assert_eq(detect_step(&st, &r, s, x, true, 0, &v), 0);
+        cr_assert(v.in_warmup, "step %lld", (long long)s);
+        if (s == 5 || s == 6) {
+            cr_assert(v.breach);
+            cr_assert(v.non_finite);
+            cr_assert_eq(v.breach_kind, DETECT_BREACH_NONFINITE);
+            cr_assert_not(v.accepted_into_baseline);
+        } else {
+            cr_assert_not(v.breach, "step %lld", (long long)s);
+            /* Warm-up only builds the baseline: even after a NaN. */
+            cr_assert(v.accepted_into_baseline, "step %lld", (long long)s);
+        }
+    }
+    /* 18 finite samples accepted: two more still in warm-up. */
+    cr_assert_eq(st.accepted, 18);
+    detect_step(&st, &r, 20, 20, true, 0, &v);
+    detect_step(&st, &r, 21, 20, true, 0, &v);
+    cr_assert(v.in_warmup);
+    detect_step(&st, &r, 22, 1.0, true, 0, &v);
+    cr_assert_not(v.in_warmup);
+    cr_assert(v.breach);
+    cr_assert_eq(v.breach_kind, DETECT_BREACH_FLOOR);
+}
+
+Test(detect_step, detect_from_step_is_respected)
+{
+    static const struct {
+        int64_t detect_from, dip_step;
+        bool breach;
+    } cases[] = {
+        {0, 60, true}, {100, 60, false}, {100, 99, false}, {100, 100, true}, {100, 150, true},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named("qk.d2.erank");
+        struct detect_state st;
+        detect_state_init(&st);
+        uint64_t seed = 99;
+        struct detect_verdict v = {0};
+        for (int64_t s = 0; s <= cases[c].dip_step; s++) {
+            double x = s == cases[c].dip_step ? 5.0 : 20 + 0.5 * uniform(&seed);
+            cr_assert_eq(detect_step(&st, &r, s, x, true, cases[c].detect_from, &v), 0);
+        }
+        cr_assert_eq(v.breach, cases[c].breach, "case %zu", c);
+        cr_assert_eq(v.in_warmup, !cases[c].breach, "case %zu", c);
+        cr_assert_lt(v.z, -5, "case %zu: z is reported even in warm-up", c);
+    }
+}
+
+Test(detect_step, breach_samples_stay_out_of_baseline)
+{
+    struct detect_rule r = rule_named("qk.d2.erank");
+    struct detect_state st;
+    detect_state_init(&st);
+    uint64_t seed = 3;
+    int64_t step = 0;
+    feed_noise(&st, &r, &step, 64, 20, 0.5, &seed);
+    struct detect_verdict v;
+    uint64_t acc0 = st.accepted;
+    /* 10 collapsed samples (z breach, above the floor). */
+    detect_step(&st, &r, step++, 8.0, true, 0, &v);
+    cr_assert(v.breach);
+    double med0 = v.median, mad0 = v.mad;
+    for (int i = 0; i < 9; i++) {
+        detect_step(&st, &r, step++, 8.0, true, 0, &v);
+        cr_assert(v.breach);
+        cr_assert_not(v.accepted_into_baseline);
+        /* The baseline did not move towards the collapsed level. */
+        cr_assert_eq(v.median, med0);
+        cr_assert_eq(v.mad, mad0);
+    }
+    cr_assert_eq(st.accepted, acc0);
+    /* Recovery: resolve_after (5) normal samples are still "while open"... */
+    for (int i = 0; i < 5; i++) {
+        detect_step(&st, &r, step++, 20, true, 0, &v);
+        cr_assert_not(v.breach);
+        cr_assert_not(v.accepted_into_baseline, "recovery sample %d", i);
+    }
+    /* ...then the breach is closed and samples are accepted again. */
+    detect_step(&st, &r, step++, 20, true, 0, &v);
+    cr_assert(v.accepted_into_baseline);
+    cr_assert_eq(st.accepted, acc0 + 1);
+    /* A new breach in the middle of a recovery restarts the count. */
+    detect_step(&st, &r, step++, 8.0, true, 0, &v);
+    cr_assert(v.breach);
+    for (int i = 0; i < 3; i++)
+        detect_step(&st, &r, step++, 20, true, 0, &v);
+    detect_step(&st, &r, step++, 8.0, true, 0, &v);
+    for (int i = 0; i < 5; i++) {
+        detect_step(&st, &r, step++, 20, true, 0, &v);
+        cr_assert_not(v.accepted_into_baseline);
+    }
+    detect_step(&st, &r, step++, 20, true, 0, &v);
+    cr_assert(v.accepted_into_baseline);
+}
+
+Test(detect_step, mad_zero_flat_baseline)
+{
+    static const struct {
+        double level, probe;
+        bool breach;
+    } cases[] = {
+        {4.0, 4.0, false},      /* no move: z = 0 */
+        {4.0, 3.99, false},     /* -0.25 % : z = -2.5 with the 0.1 % floor */
+        {4.0, 3.96, true},      /* -1 %: z = -10 */
+        {0.0, 0.0, false},      /* zero median: absolute floor, no 0/0 */
+        {0.0, -1e-6, true},     /* any real move off an exactly-zero line */
+        {-4.0, -4.1, true},     /* negative median: |median| floor */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named("qk.d2.entropy");
+        struct detect_state st;
+        detect_state_init(&st);
+        struct detect_verdict v;
+        for (int64_t s = 0; s < 30; s++)
+            detect_step(&st, &r, s, cases[c].level, true, 0, &v);
+        cr_assert_eq(detect_step(&st, &r, 30, cases[c].probe, true, 0, &v), 0);
+        cr_assert_eq(v.mad, 0.0, "case %zu", c);
+        cr_assert_eq(v.median, cases[c].level, "case %zu", c);
+        cr_assert(isfinite(v.z), "case %zu", c);
+        cr_assert_eq(v.breach, cases[c].breach, "case %zu z=%g", c, v.z);
+    }
+    /* The documented scale: 0.1 % of |median|. */
+    struct detect_rule r = rule_named("qk.d2.entropy");
+    struct detect_state st;
+    detect_state_init(&st);
+    struct detect_verdict v;
+    for (int64_t s = 0; s < 30; s++)
+        detect_step(&st, &r, s, 4.0, true, 0, &v);
+    detect_step(&st, &r, 30, 3.99, true, 0, &v);
+    cr_assert_float_eq(v.z, -0.01 / (DETECT_MAD_REL_FLOOR * 4.0), 1e-9);
+}
+
+Test(detect_step, absent_samples_are_inert)
+{
+    struct detect_rule r = rule_named("qk.d2.erank");
+    struct detect_state st, before;
+    detect_state_init(&st);
+    uint64_t seed = 5;
+    int64_t step = 0;
+    feed_noise(&st, &r, &step, 30, 20, 0.5, &seed);
+    before = st;
+    struct detect_verdict v;
+    cr_assert_eq(detect_step(&st, &r, step, NAN, false, 0, &v), 0);
+    cr_assert_not(v.present);
+    cr_assert_not(v.breach);
+    cr_assert_not(v.accepted_into_baseline);
+    cr_assert(memcmp(&st, &before, sizeof st) == 0);
+}
+
+Test(detect_step, disabled_rule_never_breaches)
+{
+    struct detect_rule r = rule_named("qk.d2.erank");
+    r.enabled = false;
+    struct detect_state st, before;
+    detect_state_init(&st);
+    before = st;
+    struct detect_verdict v;
+    detect_step(&st, &r, 1, NAN, true, 0, &v);
+    cr_assert_not(v.breach);
+    detect_step(&st, &r, 2, 0.1, true, 0, &v);
+    cr_assert_not(v.breach);
+    cr_assert(memcmp(&st, &before, sizeof st) == 0);
+}
+
+Test(detect_step, spike_ratio_to_running_max)
+{
+    static const struct {
+        double ratio, limit;
+        bool breach;
+    } cases[] = {
+        {9.5, 10, false}, {10.5, 10, true}, {10.5, 0, false}, {3.0, 2.5, true},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named("grad_norm");
+        r.z = 1e6; /* isolate the ratio test */
+        r.spike_ratio = cases[c].limit;
+        struct detect_state st;
+        detect_state_init(&st);
+        uint64_t seed = 11;
+        struct detect_verdict v;
+        int64_t s = 0;
+        for (; s < 30; s++)
+            detect_step(&st, &r, s, 1.0 + 0.1 * uniform(&seed), true, 0, &v);
+        double max = st.running_max;
+        cr_assert_leq(max, 1.1);
+        detect_step(&st, &r, s++, cases[c].ratio * max, true, 0, &v);
+        cr_assert_eq(v.breach, cases[c].breach, "case %zu", c);
+        if (cases[c].limit > 0)
+            cr_assert_float_eq(v.spike_ratio, cases[c].ratio, 1e-9, "case %zu", c);
+        if (v.breach) {
+            cr_assert_eq(v.breach_kind, DETECT_BREACH_SPIKE);
+            /* Spikes never raise the running max. */
+            cr_assert_eq(st.running_max, max);
+        } else {
+            cr_assert_eq(st.running_max, cases[c].ratio * max);
+        }
+    }
+}
+
+Test(detect_step, steady_trend_does_not_breach)
+{
+    /* Router centered energy growing steadily under Adam: the rolling
+     * baseline follows it. */
+    struct detect_rule r = rule_named("router.centered_energy");
+    struct detect_state st;
+    detect_state_init(&st);
+    uint64_t seed = 21;
+    struct detect_verdict v;
+    double zmax = 0;
+    for (int64_t s = 0; s < 2000; s++) {
+        cr_assert_eq(detect_step(&st, &r, s, 100 + 0.5 * s + uniform(&seed), true, 0, &v), 0);
+        cr_assert_not(v.breach, "step %lld z=%g", (long long)s, v.z);
+        if (!v.in_warmup && v.z > zmax)
+            zmax = v.z;
+    }
+    cr_assert_lt(zmax, 3.0, "zmax %g", zmax);
+    cr_assert_gt(zmax, 0.5, "the trend shows in z (zmax %g)", zmax);
+}
+
+Test(detect_step, window_override_uses_latest_samples)
+{
+    struct detect_rule r = rule_named("qk.d2.entropy");
+    r.window = 4;
+    struct detect_state st;
+    detect_state_init(&st);
+    struct detect_verdict v;
+    for (int64_t s = 0; s < 30; s++)
+        detect_step(&st, &r, s, (double)s, true, 0, &v);
+    detect_step(&st, &r, 30, 29.0, true, 0, &v);
+    /* Last four accepted: 26, 27, 28, 29. */
+    cr_assert_eq(v.baseline_n, 4);
+    cr_assert_eq(v.median, 27.5);
+    cr_assert_eq(v.mad, 1.0);
+}
+
+Test(detect_step, null_arguments)
+{
+    struct detect_rule r = rule_named("loss");
+    struct detect_state st;
+    detect_state_init(&st);
+    struct detect_verdict v;
+    cr_assert_eq(detect_step(NULL, &r, 0, 1, true, 0, &v), -EINVAL);
+    cr_assert_eq(detect_step(&st, NULL, 0, 1, true, 0, &v), -EINVAL);
+    cr_assert_eq(detect_step(&st, &r, 0, 1, true, 0, NULL), -EINVAL);
+}
+
+/* ---- state blobs --------------------------------------------------------- */
+
+static bool same_double(double a, double b)
+{
+    return memcmp(&a, &b, sizeof a) == 0; /* bitwise: NaN == NaN, -0 != 0 */
+}
+
+static bool verdict_eq(const struct detect_verdict *a, const struct detect_verdict *b)
+{
+    return a->present == b->present && a->non_finite == b->non_finite &&
+           a->in_warmup == b->in_warmup && a->breach == b->breach &&
+           a->breach_kind == b->breach_kind &&
+           a->accepted_into_baseline == b->accepted_into_baseline &&
+           same_double(a->value, b->value) && same_double(a->median, b->median) &&
+           same_double(a->mad, b->mad) && same_double(a->z, b->z) &&
+           same_double(a->spike_ratio, b->spike_ratio) && a->baseline_n == b->baseline_n;
+}
+
+Test(detect_state, roundtrip_midway_scores_identically)
+{
+    struct detect_rule r = rule_named("qk.d2.erank");
+    static const int cut[] = {0, 1, 19, 20, 63, 64, 65, 255, 256, 257, 300, 305, 318, 400, 510};
+    /* Full comparison: an uninterrupted run vs one restarted at each cut. */
+    for (size_t c = 0; c < sizeof cut / sizeof cut[0]; c++) {
+        struct detect_state plain, restarted;
+        detect_state_init(&plain);
+        detect_state_init(&restarted);
+        uint64_t seed = 77;
+        for (int64_t s = 0; s < 600; s++) {
+            double x = 20 + 0.5 * uniform(&seed);
+            if (s >= 300 && s < 320)
+                x = 8; /* open breach across some cuts */
+            if (s == 400)
+                x = NAN;
+            bool present = s % 37 != 0;
+            if (s == cut[c]) {
+                uint8_t blob[DETECT_STATE_ENCODED_MAX];
+                int n = detect_state_encode(&restarted, blob, sizeof blob);
+                cr_assert_gt(n, 0);
+                cr_assert_leq(n, DETECT_STATE_ENCODED_MAX);
+                detect_state_init(&restarted);
+                cr_assert_eq(detect_state_decode(&restarted, blob, (size_t)n), 0);
+                /* Re-encoding gives the same bytes: the blob is canonical. */
+                uint8_t blob2[DETECT_STATE_ENCODED_MAX];
+                cr_assert_eq(detect_state_encode(&restarted, blob2, sizeof blob2), n);
+                cr_assert(memcmp(blob, blob2, (size_t)n) == 0);
+            }
+            struct detect_verdict v1, v2;
+            detect_step(&plain, &r, s, x, present, 0, &v1);
+            detect_step(&restarted, &r, s, x, present, 0, &v2);
+            cr_assert(verdict_eq(&v1, &v2), "cut %d step %lld differs", cut[c],
+                      (long long)s);
+        }
+    }
+}
+
+Test(detect_state, decode_rejects_bad_blobs)
+{
+    struct detect_rule r = rule_named("loss");
+    struct detect_state st;
+    detect_state_init(&st);
+    struct detect_verdict v;
+    for (int64_t s = 0; s < 10; s++)
+        detect_step(&st, &r, s, 1.0 + s, true, 0, &v);
+    uint8_t blob[DETECT_STATE_ENCODED_MAX];
+    int n = detect_state_encode(&st, blob, sizeof blob);
+    cr_assert_eq(n, DETECT_STATE_HEADER_BYTES + 8 * 10);
+    cr_assert_eq(detect_state_encode(&st, blob, (size_t)n - 1), -ENOSPC);
+
+    struct detect_state out, sentinel;
+    memset(&sentinel, 0xAB, sizeof sentinel);
+    static const struct {
+        size_t offset;
+        uint8_t xor_mask;
+        int len_delta;
+        int rc;
+    } cases[] = {
+        {0, 0x01, 0, -EINVAL},   /* magic */
+        {4, 0x02, 0, -ENOTSUP},  /* version */
+        {6, 0x80, 0, -EINVAL},   /* unknown flag */
+        {12, 0x01, 0, -EINVAL},  /* ring_count disagrees with the length */
+        {0, 0x00, -1, -EINVAL},  /* truncated */
+        {0, 0x00, +8, -EINVAL},  /* trailing bytes */
+        {48 + 6, 0x7f, 0, -EINVAL}, /* a ring sample made non-finite: 0x7ff... */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        uint8_t bad[DETECT_STATE_ENCODED_MAX + 8] = {0};
+        memcpy(bad, blob, (size_t)n);
+        bad[cases[c].offset] ^= cases[c].xor_mask;
+        if (cases[c].offset == 48 + 6) {
+            bad[48 + 6] = 0xf0;
+            bad[48 + 7] = 0x7f;
+        }
+        out = sentinel;
+        int rc = detect_state_decode(&out, bad, (size_t)(n + cases[c].len_delta));
+        cr_assert_eq(rc, cases[c].rc, "case %zu: rc %d", c, rc);
+        cr_assert(memcmp(&out, &sentinel, sizeof out) == 0, "case %zu touched state", c);
+    }
+    cr_assert_eq(detect_state_decode(&out, blob, 3), -EINVAL);
+    cr_assert_eq(detect_state_decode(&out, blob, (size_t)n), 0);
+}
+
+Test(detect_names, names)
+{
+    cr_assert_str_eq(detect_family_name(DETECT_FAMILY_ATTENTION_D2), "attention_d2");
+    cr_assert_str_eq(detect_family_name(DETECT_FAMILY_SCALAR_LOSS), "scalar_loss");
+    cr_assert_str_eq(detect_family_name((enum detect_family)99), "unknown");
+    cr_assert_str_eq(detect_severity_name(DETECT_SEVERITY_CRITICAL), "critical");
+    cr_assert_str_eq(detect_breach_kind_name(DETECT_BREACH_NONFINITE), "nonfinite");
+    cr_assert_str_eq(detect_breach_kind_name(DETECT_BREACH_SPIKE), "spike");
+    cr_assert_str_eq(detect_direction_name(DETECT_RISE_IS_BAD), "rise_is_bad");
+}
