@@ -1,0 +1,1429 @@
+/* The HTTP API: libmicrohttpd in front of read-only SQLite connections.
+ *
+ * Shape of a request (all on one libmicrohttpd pool thread):
+ *   on_request (1st call: allocate per-request state only)
+ *   on_request (body chunks: read and discard, bounded)
+ *   on_request (last call) -> dispatch: route table -> params -> db checkout
+ *     -> BEGIN -> handler builds a jansson document -> COMMIT -> db return
+ *     -> JSON response queued.
+ *
+ * Routes live in routes[] below; adding one is a table row plus a handler.
+ * Handlers never write: the daemon core owns the only read-write
+ * connection. */
+
+#include "http.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <sqlite3.h>
+
+#include "log.h"
+
+/* --- limits ---------------------------------------------------------------- */
+#define HTTP_CONNECTION_TIMEOUT_S 30u        /* idle keep-alive connections closed after */
+#define HTTP_CONNECTION_MEMORY_BYTES (32u * 1024u) /* per connection: request line + headers */
+#define HTTP_MAX_BODY_BYTES 4096u            /* request bodies are read and discarded up to this; beyond: 413 */
+#define HTTP_MAX_PARAM_LEN 256u              /* bytes of one query value or path segment */
+#define HTTP_MAX_PARAMS 16u                  /* query parameters accepted by one route */
+#define HTTP_MAX_CAPTURES 2u                 /* '*' segments in one route pattern */
+#define HTTP_DB_BUSY_TIMEOUT_MS 5000         /* sqlite3_busy_timeout on read connections */
+#define HTTP_DB_CHECKOUT_TIMEOUT_MS 5000     /* waiting for a free read connection; then 503 */
+#define HTTP_MAX_MODEL_JSON_BYTES (64u * 1024u) /* runs.model_json larger than this is shown as null */
+#define HTTP_MAX_STREAMS_DETAIL 65536        /* streams listed in /runs/{run}; "streams" has the count */
+#define HTTP_MAX_URL_ECHO 128u               /* bytes of a path echoed in a 404 message */
+
+#define LOG_MOD "http"
+
+/* --- prepared statements, cached per read connection ---------------------------- */
+
+enum stmt_id {
+    STMT_BEGIN,
+    STMT_COMMIT,
+    STMT_ROLLBACK,
+    STMT_READY,
+    STMT_RUNS_PAGE,
+    STMT_RUN_BY_NAME,
+    STMT_RUN_STREAMS,
+    STMT_RUN_ID,
+    STMT_SERIES_BY_NAME,
+    STMT_SERIES_FILTER,
+    STMT_SERIES_ONE,
+    STMT_POINTS_PAGE,
+    STMT_POINTS_SPAN,
+    STMT_POINTS_BUCKETS,
+    STMT__COUNT
+};
+
+#define RUN_COLUMNS                                                                      \
+    "r.id, r.name, r.created_at, r.last_seen_at, r.world_size, r.detect_from_step, "     \
+    "r.last_step, r.reports, r.model_json, "                                             \
+    "(SELECT count(*) FROM streams s WHERE s.run_id = r.id), "                           \
+    "(SELECT count(*) FROM series x WHERE x.run_id = r.id)"
+
+#define SERIES_COLUMNS                                                                   \
+    "s.id, s.name, s.layer, s.head, s.\"window\", s.rank, s.points, s.first_step, "      \
+    "s.last_step"
+
+/* Column positions shared by every statement that selects RUN_COLUMNS or
+ * SERIES_COLUMNS first. */
+enum { RC_ID, RC_NAME, RC_CREATED, RC_SEEN, RC_WORLD, RC_DETECT, RC_LAST_STEP, RC_REPORTS,
+       RC_MODEL, RC_STREAMS, RC_SERIES };
+enum { SC_ID, SC_NAME, SC_LAYER, SC_HEAD, SC_WINDOW, SC_RANK, SC_POINTS, SC_FIRST, SC_LAST,
+       SC_RUN_NAME };
+
+static const char *const stmt_sql[STMT__COUNT] = {
+    [STMT_BEGIN] = "BEGIN",
+    [STMT_COMMIT] = "COMMIT",
+    [STMT_ROLLBACK] = "ROLLBACK",
+    [STMT_READY] = "SELECT 1 FROM runs LIMIT 1",
+    [STMT_RUNS_PAGE] = "SELECT " RUN_COLUMNS " FROM runs r WHERE r.id > ?1 ORDER BY r.id LIMIT ?2",
+    [STMT_RUN_BY_NAME] = "SELECT " RUN_COLUMNS " FROM runs r WHERE r.name = ?1",
+    [STMT_RUN_STREAMS] = "SELECT attempt, rank, last_seq, reports, created_at, last_seen_at "
+                         "FROM streams WHERE run_id = ?1 ORDER BY attempt, rank LIMIT ?2",
+    [STMT_RUN_ID] = "SELECT id FROM runs WHERE name = ?1",
+    /* name given: a range scan of series_by_name (run_id, name, rowid),
+     * already in id order. */
+    [STMT_SERIES_BY_NAME] = "SELECT " SERIES_COLUMNS " FROM series s "
+                            "WHERE s.run_id = ?1 AND s.name = ?2 AND s.id > ?3 "
+                            "AND (?4 IS NULL OR s.layer = ?4) AND (?5 IS NULL OR s.head = ?5) "
+                            "AND (?6 IS NULL OR s.\"window\" = ?6) "
+                            "AND (?7 IS NULL OR s.rank = ?7) "
+                            "ORDER BY s.id LIMIT ?8",
+    /* prefix as a name range [?2, ?2 || 0xFF): 0xFF never occurs in UTF-8, so
+     * the range holds exactly the names that start with ?2. */
+    [STMT_SERIES_FILTER] = "SELECT " SERIES_COLUMNS " FROM series s "
+                           "WHERE s.run_id = ?1 AND s.id > ?3 "
+                           "AND (?2 IS NULL OR (s.name >= ?2 AND s.name < ?9)) "
+                           "AND (?4 IS NULL OR s.layer = ?4) AND (?5 IS NULL OR s.head = ?5) "
+                           "AND (?6 IS NULL OR s.\"window\" = ?6) "
+                           "AND (?7 IS NULL OR s.rank = ?7) "
+                           "ORDER BY s.id LIMIT ?8",
+    [STMT_SERIES_ONE] = "SELECT " SERIES_COLUMNS ", r.name FROM series s "
+                        "JOIN runs r ON r.id = s.run_id WHERE s.id = ?1",
+    [STMT_POINTS_PAGE] = "SELECT step, value FROM points "
+                         "WHERE series_id = ?1 AND step BETWEEN ?2 AND ?3 "
+                         "ORDER BY step LIMIT ?4",
+    /* Two scalar subqueries: each is a single index probe (min/max
+     * optimisation), unlike min() and max() in one SELECT. */
+    [STMT_POINTS_SPAN] = "SELECT (SELECT min(step) FROM points WHERE series_id = ?1 "
+                         "AND step BETWEEN ?2 AND ?3), "
+                         "(SELECT max(step) FROM points WHERE series_id = ?1 "
+                         "AND step BETWEEN ?2 AND ?3)",
+    /* Bucket b holds steps lo + b*w .. lo + (b+1)*w - 1; min(.., n-1) keeps
+     * the count at n even where w was clamped. */
+    [STMT_POINTS_BUCKETS] = "SELECT min(step), avg(value), min(value), max(value) FROM points "
+                            "WHERE series_id = ?1 AND step BETWEEN ?2 AND ?3 "
+                            "GROUP BY min((step - ?2) / ?4, ?5) ORDER BY 1",
+};
+
+struct dbconn {
+    sqlite3 *db;
+    sqlite3_stmt *st[STMT__COUNT];
+};
+
+struct http {
+    struct MHD_Daemon *mhd;
+    uint16_t port;
+    struct fs_stats *stats;
+
+    /* Read-connection pool: free[0..nfree) are indices into conns. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned nconns;
+    unsigned nfree;
+    struct dbconn *conns;
+    unsigned *free_idx;
+    bool sync_init; /* mu and cv initialised */
+};
+
+/* --- per-request state -------------------------------------------------------- */
+
+struct request {
+    size_t body_bytes;
+    bool replied; /* a response was queued early (body too large) */
+};
+
+struct param {
+    const char *name;
+    const char *value; /* NULL: absent */
+};
+
+struct ctx {
+    struct http *h;
+    struct MHD_Connection *conn;
+    struct dbconn *dbc;
+    const char *url;
+
+    /* captured path segments, NUL-terminated copies */
+    char cap[HTTP_MAX_CAPTURES][HTTP_MAX_PARAM_LEN + 1];
+    unsigned ncap;
+
+    struct param params[HTTP_MAX_PARAMS];
+    unsigned nparams;
+
+    /* the reply */
+    unsigned status;
+    json_t *body;
+    const char *allow; /* Allow header (405) */
+};
+
+/* Sets the reply (status and body) in c; returns 0. */
+typedef int (*route_fn)(struct ctx *c);
+
+struct route {
+    const char *pattern;                  /* '*' matches one non-empty path segment */
+    route_fn fn;
+    bool db;                              /* needs a read connection (and a read txn) */
+    const char *params[HTTP_MAX_PARAMS];  /* accepted query parameters; others are 400 */
+};
+
+/* --- small helpers ------------------------------------------------------------------ */
+
+/* A JSON string of s; bytes that are not valid UTF-8 become '?' so that
+ * whatever the database or the URL holds, the document stays valid. */
+static json_t *jstr_n(const char *s, size_t n)
+{
+    json_t *v = json_stringn(s, n);
+    if (v != NULL)
+        return v;
+    char *copy = malloc(n + 1);
+    if (copy == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        copy[i] = (ch == 0 || ch >= 0x80) ? '?' : (char)ch;
+    }
+    v = json_stringn(copy, n);
+    free(copy);
+    return v;
+}
+
+static json_t *jstr(const char *s)
+{
+    return jstr_n(s, strlen(s));
+}
+
+/* json_object_set_new / json_array_append_new consume v even on failure; a
+ * NULL v (failed allocation) is reported the same way. */
+static int oset(json_t *o, const char *key, json_t *v)
+{
+    if (v == NULL)
+        return -ENOMEM;
+    return json_object_set_new(o, key, v) == 0 ? 0 : -ENOMEM;
+}
+
+static int aadd(json_t *a, json_t *v)
+{
+    if (v == NULL)
+        return -ENOMEM;
+    return json_array_append_new(a, v) == 0 ? 0 : -ENOMEM;
+}
+
+/* Doubles: NULL, NaN and +-Inf all become JSON null (JSON has no NaN). */
+static json_t *jreal_or_null(double x)
+{
+    return isfinite(x) ? json_real(x) : json_null();
+}
+
+static json_t *col_real(sqlite3_stmt *st, int i)
+{
+    if (sqlite3_column_type(st, i) == SQLITE_NULL)
+        return json_null();
+    return jreal_or_null(sqlite3_column_double(st, i));
+}
+
+static json_t *col_int(sqlite3_stmt *st, int i)
+{
+    if (sqlite3_column_type(st, i) == SQLITE_NULL)
+        return json_null();
+    return json_integer((json_int_t)sqlite3_column_int64(st, i));
+}
+
+static json_t *col_text(sqlite3_stmt *st, int i)
+{
+    const unsigned char *s = sqlite3_column_text(st, i);
+    if (s == NULL)
+        return sqlite3_column_type(st, i) == SQLITE_NULL ? json_null() : NULL;
+    return jstr_n((const char *)s, (size_t)sqlite3_column_bytes(st, i));
+}
+
+static json_t *cursor_json(int64_t id)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%" PRId64, id);
+    return json_string(buf);
+}
+
+static void stmt_done(sqlite3_stmt *st)
+{
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+}
+
+/* --- replies ------------------------------------------------------------------------ */
+
+static int reply_set(struct ctx *c, unsigned status, json_t *body)
+{
+    json_decref(c->body);
+    c->status = status;
+    c->body = body;
+    return 0;
+}
+
+/* Error documents: {"error":{"code":...,"message":...}}. If building it
+ * fails, body stays NULL and send_reply falls back to a static document. */
+static int reply_error(struct ctx *c, unsigned status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int reply_error(struct ctx *c, unsigned status, const char *code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+
+    json_t *err = json_object();
+    if (err != NULL &&
+        (oset(err, "code", json_string(code)) != 0 || oset(err, "message", jstr(msg)) != 0)) {
+        json_decref(err);
+        err = NULL;
+    }
+    json_t *doc = err != NULL ? json_object() : NULL;
+    if (doc == NULL)
+        json_decref(err);
+    else if (oset(doc, "error", err) != 0) { /* consumed err */
+        json_decref(doc);
+        doc = NULL;
+    }
+    return reply_set(c, status, doc);
+}
+
+static int reply_oom(struct ctx *c)
+{
+    return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", "out of memory");
+}
+
+/* SQLite failure: logged with detail, answered without it. */
+static int reply_db_error(struct ctx *c, const char *what, int rc)
+{
+    const char *detail = c->dbc != NULL ? sqlite3_errmsg(c->dbc->db) : sqlite3_errstr(rc);
+    log_error(LOG_MOD, "%s: sqlite error %d: %s", what, rc, detail);
+    if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED)
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", "database busy");
+    return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
+                       "database error (details in the daemon log)");
+}
+
+/* --- parameters --------------------------------------------------------------------- */
+
+static const char *param_get(const struct ctx *c, const char *name)
+{
+    for (unsigned i = 0; i < c->nparams; i++)
+        if (strcmp(c->params[i].name, name) == 0)
+            return c->params[i].value;
+    return NULL;
+}
+
+/* Strict integer: optional '-', then digits only, no blanks, no '+'. */
+static int parse_int64(const char *s, int64_t *out)
+{
+    if (s == NULL || *s == '\0')
+        return -EINVAL;
+    const char *p = s[0] == '-' ? s + 1 : s;
+    if (*p == '\0')
+        return -EINVAL;
+    for (const char *q = p; *q; q++)
+        if (*q < '0' || *q > '9')
+            return -EINVAL;
+    errno = 0;
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    if (errno == ERANGE)
+        return -ERANGE;
+    if (end == s || *end != '\0')
+        return -EINVAL;
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* Reads integer parameter `name` in [min, max]. Absent: *out = def and
+ * *present = false. Garbage: a 400 naming the parameter, returns -EINVAL. */
+static int param_int(struct ctx *c, const char *name, int64_t min, int64_t max, int64_t def,
+                     int64_t *out, bool *present)
+{
+    const char *s = param_get(c, name);
+    if (present != NULL)
+        *present = s != NULL;
+    if (s == NULL) {
+        *out = def;
+        return 0;
+    }
+    int64_t v = 0;
+    if (parse_int64(s, &v) != 0 || v < min || v > max) {
+        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                    "parameter '%s' must be an integer in %" PRId64 "..%" PRId64, name, min, max);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+static int param_limit(struct ctx *c, int64_t *out)
+{
+    return param_int(c, "limit", 1, HTTP_MAX_LIMIT, HTTP_DEFAULT_LIMIT, out, NULL);
+}
+
+/* Keyset cursor: the last id of the previous page, as a decimal string. */
+static int param_after(struct ctx *c, int64_t *out)
+{
+    const char *s = param_get(c, "after");
+    int64_t v = 0;
+    if (s == NULL) {
+        *out = 0;
+        return 0;
+    }
+    if (parse_int64(s, &v) != 0 || v < 0) {
+        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                    "parameter 'after' must be a cursor returned as 'next' by an earlier page");
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+/* A text parameter; empty is garbage (every text filter names something). */
+static int param_text(struct ctx *c, const char *name, bool required, const char **out)
+{
+    const char *s = param_get(c, name);
+    *out = s;
+    if (s == NULL && !required)
+        return 0;
+    if (s == NULL) {
+        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "parameter '%s' is required", name);
+        return -EINVAL;
+    }
+    if (*s == '\0') {
+        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "parameter '%s' must not be empty",
+                    name);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+struct collect {
+    struct ctx *c;
+    const struct route *r;
+    int err;
+};
+
+static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    struct collect *col = cls;
+    struct ctx *c = col->c;
+    (void)kind;
+
+    const char *name = NULL;
+    for (unsigned i = 0; i < HTTP_MAX_PARAMS && col->r->params[i] != NULL; i++)
+        if (strcmp(col->r->params[i], key) == 0)
+            name = col->r->params[i];
+    if (name == NULL) {
+        char echo[HTTP_MAX_PARAM_LEN + 1];
+        snprintf(echo, sizeof echo, "%s", key);
+        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "unknown parameter '%s'", echo);
+        col->err = -EINVAL;
+        return MHD_NO;
+    }
+    if (param_get(c, name) != NULL) {
+        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "parameter '%s' given more than once",
+                    name);
+        col->err = -EINVAL;
+        return MHD_NO;
+    }
+    if (value != NULL && strlen(value) > HTTP_MAX_PARAM_LEN) {
+        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                    "parameter '%s' is longer than %u bytes", name, HTTP_MAX_PARAM_LEN);
+        col->err = -EINVAL;
+        return MHD_NO;
+    }
+    /* nparams < HTTP_MAX_PARAMS: each accepted name is stored at most once
+     * and a route lists at most HTTP_MAX_PARAMS names. */
+    c->params[c->nparams].name = name;
+    c->params[c->nparams].value = value != NULL ? value : ""; /* "?limit": empty, garbage */
+    c->nparams++;
+    return MHD_YES;
+}
+
+static int params_collect(struct ctx *c, const struct route *r)
+{
+    struct collect col = {.c = c, .r = r, .err = 0};
+    MHD_get_connection_values(c->conn, MHD_GET_ARGUMENT_KIND, collect_param, &col);
+    return col.err;
+}
+
+/* --- JSON builders --------------------------------------------------------------- */
+
+static json_t *model_json(sqlite3_stmt *st, int i)
+{
+    if (sqlite3_column_type(st, i) == SQLITE_NULL)
+        return json_null();
+    const char *text = (const char *)sqlite3_column_text(st, i);
+    int n = sqlite3_column_bytes(st, i);
+    if (text == NULL || n <= 0 || (unsigned)n > HTTP_MAX_MODEL_JSON_BYTES)
+        return json_null();
+    json_error_t jerr;
+    json_t *v = json_loadb(text, (size_t)n, 0, &jerr);
+    if (v == NULL || !json_is_object(v)) {
+        json_decref(v);
+        return json_null();
+    }
+    return v;
+}
+
+/* RUN object from a row of RUN_COLUMNS. */
+static json_t *run_json(sqlite3_stmt *st)
+{
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    int rc = 0;
+    rc |= oset(o, "id", col_text(st, RC_NAME));
+    rc |= oset(o, "created_at", col_real(st, RC_CREATED));
+    rc |= oset(o, "last_seen_at", col_real(st, RC_SEEN));
+    rc |= oset(o, "world_size", col_int(st, RC_WORLD));
+    rc |= oset(o, "detect_from_step", col_int(st, RC_DETECT));
+    rc |= oset(o, "last_step", col_int(st, RC_LAST_STEP));
+    rc |= oset(o, "reports", col_int(st, RC_REPORTS));
+    rc |= oset(o, "streams", col_int(st, RC_STREAMS));
+    rc |= oset(o, "series", col_int(st, RC_SERIES));
+    rc |= oset(o, "model", model_json(st, RC_MODEL));
+    if (rc != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* Series object from a row of SERIES_COLUMNS; run is the run's name. Labels
+ * that do not apply (-1; window 0) are left out. */
+static json_t *series_json(sqlite3_stmt *st, json_t *run)
+{
+    json_t *o = json_object();
+    json_t *labels = json_object();
+    if (o == NULL || labels == NULL) {
+        json_decref(o);
+        json_decref(labels);
+        json_decref(run);
+        return NULL;
+    }
+    static const struct {
+        const char *name;
+        int col;
+        int64_t min; /* applies when >= min */
+    } label_cols[] = {
+        {.name = "layer", .col = SC_LAYER, .min = 0},
+        {.name = "head", .col = SC_HEAD, .min = 0},
+        {.name = "window", .col = SC_WINDOW, .min = 1},
+        {.name = "rank", .col = SC_RANK, .min = 0},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof label_cols / sizeof label_cols[0]; i++) {
+        int64_t v = sqlite3_column_int64(st, label_cols[i].col);
+        if (sqlite3_column_type(st, label_cols[i].col) != SQLITE_NULL && v >= label_cols[i].min)
+            rc |= oset(labels, label_cols[i].name, json_integer((json_int_t)v));
+    }
+    rc |= oset(o, "id", col_int(st, SC_ID));
+    rc |= oset(o, "run", run);
+    rc |= oset(o, "name", col_text(st, SC_NAME));
+    rc |= oset(o, "labels", labels);
+    rc |= oset(o, "points", col_int(st, SC_POINTS));
+    rc |= oset(o, "first_step", col_int(st, SC_FIRST));
+    rc |= oset(o, "last_step", col_int(st, SC_LAST));
+    if (rc != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* Document {"<key>": items, "next": next}; consumes items and next. */
+static json_t *page_doc(const char *key, json_t *items, json_t *next)
+{
+    json_t *doc = json_object();
+    if (doc == NULL) {
+        json_decref(items);
+        json_decref(next);
+        return NULL;
+    }
+    int rc = oset(doc, key, items);
+    rc |= oset(doc, "next", next);
+    if (rc != 0) {
+        json_decref(doc);
+        return NULL;
+    }
+    return doc;
+}
+
+/* --- handlers ----------------------------------------------------------------------- */
+
+static int h_healthz(struct ctx *c)
+{
+    json_t *doc = json_pack("{s:s}", "status", "ok");
+    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+}
+
+static int h_readyz(struct ctx *c)
+{
+    struct fs_stats *s = c->h->stats;
+    if (atomic_load_explicit(&s->ready, memory_order_relaxed) != 1)
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                           "daemon is not ready (starting or shutting down)");
+    if (atomic_load_explicit(&s->storage_failing, memory_order_relaxed) != 0)
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                           "storage is failing: commits do not succeed");
+    sqlite3_stmt *st = c->dbc->st[STMT_READY];
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        log_error(LOG_MOD, "readyz: sqlite error %d: %s", rc, sqlite3_errmsg(c->dbc->db));
+        stmt_done(st);
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                           "database is not readable");
+    }
+    stmt_done(st);
+    json_t *doc = json_pack("{s:s}", "status", "ready");
+    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+}
+
+/* Builds one JSON item from the current row; NULL on allocation failure. */
+typedef json_t *(*row_fn)(sqlite3_stmt *st, const void *arg);
+
+/* Steps st (bound with LIMIT limit + 1) into a keyset page: up to limit
+ * items, and "next" = the id (column id_col) of the last item when one more
+ * row exists. Resets st. On success sets the reply to {key: [...], "next": ...}. */
+static int reply_page(struct ctx *c, sqlite3_stmt *st, int64_t limit, int id_col, row_fn fn,
+                      const void *arg, const char *key, const char *what)
+{
+    json_t *items = json_array();
+    if (items == NULL) {
+        stmt_done(st);
+        return reply_oom(c);
+    }
+    int64_t n = 0, last_id = 0;
+    bool more = false;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (n == limit) { /* the extra row: a next page exists */
+            more = true;
+            break;
+        }
+        if (aadd(items, fn(st, arg)) != 0) {
+            stmt_done(st);
+            json_decref(items);
+            return reply_oom(c);
+        }
+        last_id = sqlite3_column_int64(st, id_col);
+        n++;
+    }
+    if (!more && rc != SQLITE_DONE) {
+        reply_db_error(c, what, rc);
+        stmt_done(st);
+        json_decref(items);
+        return 0;
+    }
+    stmt_done(st);
+    json_t *doc = page_doc(key, items, more ? cursor_json(last_id) : json_null());
+    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+}
+
+static json_t *run_row(sqlite3_stmt *st, const void *arg)
+{
+    (void)arg;
+    return run_json(st);
+}
+
+static json_t *series_row(sqlite3_stmt *st, const void *run_name)
+{
+    return series_json(st, jstr(run_name));
+}
+
+static int h_runs(struct ctx *c)
+{
+    int64_t limit, after;
+    if (param_limit(c, &limit) != 0 || param_after(c, &after) != 0)
+        return 0;
+    sqlite3_stmt *st = c->dbc->st[STMT_RUNS_PAGE];
+    sqlite3_bind_int64(st, 1, after);
+    sqlite3_bind_int64(st, 2, limit + 1);
+    return reply_page(c, st, limit, RC_ID, run_row, NULL, "runs", "runs");
+}
+
+static json_t *stream_row(sqlite3_stmt *st)
+{
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    int e = oset(o, "attempt", col_int(st, 0));
+    e |= oset(o, "rank", col_int(st, 1));
+    e |= oset(o, "last_seq", col_int(st, 2));
+    e |= oset(o, "reports", col_int(st, 3));
+    e |= oset(o, "created_at", col_real(st, 4));
+    e |= oset(o, "last_seen_at", col_real(st, 5));
+    if (e != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* streams_detail of one run, (attempt, rank) order. Returns 0 and *out, or
+ * a negative code with the reply set. */
+static int streams_detail(struct ctx *c, int64_t run_id, json_t **out)
+{
+    sqlite3_stmt *st = c->dbc->st[STMT_RUN_STREAMS];
+    json_t *arr = json_array();
+    if (arr == NULL) {
+        reply_oom(c);
+        return -ENOMEM;
+    }
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, HTTP_MAX_STREAMS_DETAIL);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (aadd(arr, stream_row(st)) != 0) {
+            stmt_done(st);
+            json_decref(arr);
+            reply_oom(c);
+            return -ENOMEM;
+        }
+    }
+    if (rc != SQLITE_DONE) {
+        reply_db_error(c, "run streams", rc);
+        stmt_done(st);
+        json_decref(arr);
+        return -EIO;
+    }
+    stmt_done(st);
+    *out = arr;
+    return 0;
+}
+
+static int h_run(struct ctx *c)
+{
+    const char *name = c->cap[0];
+    sqlite3_stmt *st = c->dbc->st[STMT_RUN_BY_NAME];
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        if (rc == SQLITE_DONE)
+            reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown run '%s'", name);
+        else
+            reply_db_error(c, "run", rc);
+        stmt_done(st);
+        return 0;
+    }
+    int64_t run_id = sqlite3_column_int64(st, RC_ID);
+    json_t *run = run_json(st);
+    stmt_done(st);
+    if (run == NULL)
+        return reply_oom(c);
+
+    json_t *streams = NULL;
+    if (streams_detail(c, run_id, &streams) != 0) {
+        json_decref(run);
+        return 0;
+    }
+    if (oset(run, "streams_detail", streams) != 0) { /* consumed streams */
+        json_decref(run);
+        return reply_oom(c);
+    }
+    json_t *doc = json_object();
+    if (doc == NULL) {
+        json_decref(run);
+        return reply_oom(c);
+    }
+    if (oset(doc, "run", run) != 0) { /* consumed run */
+        json_decref(doc);
+        return reply_oom(c);
+    }
+    return reply_set(c, MHD_HTTP_OK, doc);
+}
+
+/* Looks up a run id by name. Returns 0, or a negative code with the reply
+ * set (404 for an unknown run). */
+static int run_id_by_name(struct ctx *c, const char *name, int64_t *out)
+{
+    sqlite3_stmt *st = c->dbc->st[STMT_RUN_ID];
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *out = sqlite3_column_int64(st, 0);
+        stmt_done(st);
+        return 0;
+    }
+    if (rc == SQLITE_DONE)
+        reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown run '%s'", name);
+    else
+        reply_db_error(c, "run id", rc);
+    stmt_done(st);
+    return rc == SQLITE_DONE ? -ENOENT : -EIO;
+}
+
+static int h_series(struct ctx *c)
+{
+    const char *run, *name, *prefix;
+    int64_t layer, head, window, rank, limit, after;
+    bool has_layer, has_head, has_window, has_rank;
+    if (param_text(c, "run", true, &run) != 0 || param_text(c, "name", false, &name) != 0 ||
+        param_text(c, "prefix", false, &prefix) != 0 ||
+        param_int(c, "layer", 0, INT32_MAX, -1, &layer, &has_layer) != 0 ||
+        param_int(c, "head", 0, INT32_MAX, -1, &head, &has_head) != 0 ||
+        param_int(c, "window", 1, INT32_MAX, 0, &window, &has_window) != 0 ||
+        param_int(c, "rank", 0, INT32_MAX, -1, &rank, &has_rank) != 0 ||
+        param_limit(c, &limit) != 0 || param_after(c, &after) != 0)
+        return 0;
+    if (name != NULL && prefix != NULL)
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                           "parameters 'name' and 'prefix' cannot be combined");
+
+    int64_t run_id;
+    if (run_id_by_name(c, run, &run_id) != 0)
+        return 0;
+
+    /* prefix upper bound: prefix followed by byte 0xFF (see STMT_SERIES_FILTER);
+     * strlen(prefix) <= HTTP_MAX_PARAM_LEN was checked when collecting. */
+    char upper[HTTP_MAX_PARAM_LEN + 2];
+    sqlite3_stmt *st;
+    if (name != NULL) {
+        st = c->dbc->st[STMT_SERIES_BY_NAME];
+        sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    } else {
+        st = c->dbc->st[STMT_SERIES_FILTER];
+        if (prefix != NULL) {
+            size_t n = strlen(prefix);
+            memcpy(upper, prefix, n);
+            upper[n] = (char)0xFF;
+            sqlite3_bind_text(st, 2, prefix, -1, SQLITE_STATIC);
+            sqlite3_bind_text(st, 9, upper, (int)(n + 1), SQLITE_STATIC);
+        }
+    }
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 3, after);
+    if (has_layer)
+        sqlite3_bind_int64(st, 4, layer);
+    if (has_head)
+        sqlite3_bind_int64(st, 5, head);
+    if (has_window)
+        sqlite3_bind_int64(st, 6, window);
+    if (has_rank)
+        sqlite3_bind_int64(st, 7, rank);
+    sqlite3_bind_int64(st, 8, limit + 1);
+    return reply_page(c, st, limit, SC_ID, series_row, run, "series", "series");
+}
+
+/* Plain points: [step, value|null] from `from` on, at most limit; *next_from
+ * is the step of the first point not returned, or JSON null. Returns 0, or a
+ * negative code with the reply set. */
+static int points_page(struct ctx *c, int64_t id, int64_t from, int64_t to, int64_t limit,
+                       json_t *points, json_t **next_from)
+{
+    sqlite3_stmt *st = c->dbc->st[STMT_POINTS_PAGE];
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int64(st, 2, from);
+    sqlite3_bind_int64(st, 3, to);
+    sqlite3_bind_int64(st, 4, limit + 1);
+    int64_t n = 0, next = -1;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (n == limit) { /* the extra row: where the next page starts */
+            next = sqlite3_column_int64(st, 0);
+            break;
+        }
+        /* json_pack's "o" steals its references, also when it fails */
+        if (aadd(points, json_pack("[o,o]", col_int(st, 0), col_real(st, 1))) != 0) {
+            stmt_done(st);
+            reply_oom(c);
+            return -ENOMEM;
+        }
+        n++;
+    }
+    if (next < 0 && rc != SQLITE_DONE) {
+        reply_db_error(c, "points", rc);
+        stmt_done(st);
+        return -EIO;
+    }
+    stmt_done(st);
+    *next_from = next >= 0 ? json_integer((json_int_t)next) : json_null();
+    if (*next_from == NULL) {
+        reply_oom(c);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Downsampled points over the steps present in [from, to]: lo, hi = the
+ * first and last present step; nb buckets of w = ceil((hi - lo + 1) / nb)
+ * steps from lo; one [first step, mean, min, max] per non-empty bucket
+ * (SQL NULL and +-Inf do not become numbers: avg/min/max skip NULL, and a
+ * non-finite result is null). Returns 0, or a negative code with the reply
+ * set. */
+static int points_buckets(struct ctx *c, int64_t id, int64_t from, int64_t to, int64_t nb,
+                          json_t *points, int64_t *width)
+{
+    *width = 0;
+    sqlite3_stmt *st = c->dbc->st[STMT_POINTS_SPAN];
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int64(st, 2, from);
+    sqlite3_bind_int64(st, 3, to);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        reply_db_error(c, "points span", rc);
+        stmt_done(st);
+        return -EIO;
+    }
+    bool empty = sqlite3_column_type(st, 0) == SQLITE_NULL;
+    int64_t lo = sqlite3_column_int64(st, 0), hi = sqlite3_column_int64(st, 1);
+    stmt_done(st);
+    if (empty)
+        return 0;
+
+    /* lo, hi lie in [from, to] with from >= 0, so hi - lo cannot overflow.
+     * w > INT64_MAX only when nb == 1, where min(.., nb - 1) in the query
+     * makes one bucket anyway. */
+    uint64_t w = (uint64_t)(hi - lo) / (uint64_t)nb + 1u;
+    if (w > (uint64_t)INT64_MAX)
+        w = (uint64_t)INT64_MAX;
+    *width = (int64_t)w;
+
+    st = c->dbc->st[STMT_POINTS_BUCKETS];
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int64(st, 2, lo);
+    sqlite3_bind_int64(st, 3, hi);
+    sqlite3_bind_int64(st, 4, (int64_t)w);
+    sqlite3_bind_int64(st, 5, nb - 1);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        json_t *p = json_pack("[o,o,o,o]", col_int(st, 0), col_real(st, 1), col_real(st, 2),
+                              col_real(st, 3));
+        if (aadd(points, p) != 0) {
+            stmt_done(st);
+            reply_oom(c);
+            return -ENOMEM;
+        }
+    }
+    if (rc != SQLITE_DONE) {
+        reply_db_error(c, "points buckets", rc);
+        stmt_done(st);
+        return -EIO;
+    }
+    stmt_done(st);
+    return 0;
+}
+
+static int h_points(struct ctx *c)
+{
+    int64_t id, from, to, limit, nb;
+    bool has_limit, has_nb;
+    if (parse_int64(c->cap[0], &id) != 0 || id < 1)
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                           "series 'id' in the path must be an integer in 1..%" PRId64,
+                           (int64_t)INT64_MAX);
+    if (param_int(c, "from", 0, INT64_MAX, 0, &from, NULL) != 0 ||
+        param_int(c, "to", 0, INT64_MAX, INT64_MAX, &to, NULL) != 0 ||
+        param_int(c, "limit", 1, HTTP_MAX_LIMIT, HTTP_DEFAULT_LIMIT, &limit, &has_limit) != 0 ||
+        param_int(c, "max_points", 1, HTTP_MAX_POINTS_BUCKETS, 0, &nb, &has_nb) != 0)
+        return 0;
+    if (from > to)
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                           "parameter 'from' must not be greater than 'to'");
+    if (has_limit && has_nb)
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                           "parameters 'limit' and 'max_points' cannot be combined");
+
+    sqlite3_stmt *st = c->dbc->st[STMT_SERIES_ONE];
+    sqlite3_bind_int64(st, 1, id);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        if (rc == SQLITE_DONE)
+            reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown series %" PRId64, id);
+        else
+            reply_db_error(c, "series", rc);
+        stmt_done(st);
+        return 0;
+    }
+    json_t *series = series_json(st, col_text(st, SC_RUN_NAME));
+    stmt_done(st);
+    json_t *points = json_array();
+    if (series == NULL || points == NULL) {
+        json_decref(series);
+        json_decref(points);
+        return reply_oom(c);
+    }
+
+    json_t *next_from = NULL;
+    int64_t width = 0;
+    int e = has_nb ? points_buckets(c, id, from, to, nb, points, &width)
+                   : points_page(c, id, from, to, limit, points, &next_from);
+    if (e != 0) {
+        json_decref(series);
+        json_decref(points);
+        return 0;
+    }
+    json_t *doc;
+    if (has_nb)
+        doc = json_pack("{s:o,s:o,s:n,s:b,s:I}", "series", series, "points", points, "next_from",
+                        "downsampled", 1, "bucket_width", (json_int_t)width);
+    else
+        doc = json_pack("{s:o,s:o,s:o,s:b}", "series", series, "points", points, "next_from",
+                        next_from, "downsampled", 0);
+    /* json_pack's "o" steals its references even when it fails */
+    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+}
+
+/* --- route table ----------------------------------------------------------------------
+ * Method: every route is GET (and HEAD, which libmicrohttpd answers without
+ * the body); other methods get 405 with Allow. Later routes (alerts,
+ * silences, /metrics, the dashboard at /) are rows here. A route that is not
+ * JSON will need a content type in its row. */
+#define ROUTE_METHODS "GET, HEAD"
+
+static const struct route routes[] = {
+    {.pattern = "/healthz", .fn = h_healthz, .db = false},
+    {.pattern = "/readyz", .fn = h_readyz, .db = true},
+    {.pattern = "/api/v1/runs", .fn = h_runs, .db = true, .params = {"limit", "after"}},
+    {.pattern = "/api/v1/runs/*", .fn = h_run, .db = true},
+    {.pattern = "/api/v1/series",
+     .fn = h_series,
+     .db = true,
+     .params = {"run", "name", "prefix", "layer", "head", "window", "rank", "limit", "after"}},
+    {.pattern = "/api/v1/series/*/points",
+     .fn = h_points,
+     .db = true,
+     .params = {"from", "to", "limit", "max_points"}},
+};
+
+/* Matches path against pattern; copies '*' segments into c->cap. Returns
+ * 1 on a match, 0 if not, -E2BIG if a captured segment is too long. */
+static int route_match(const char *pattern, const char *path, struct ctx *c)
+{
+    const char *p = pattern, *u = path;
+    unsigned n = 0;
+    while (*p != '\0' && *u != '\0') {
+        if (*p == '*') {
+            size_t len = strcspn(u, "/");
+            if (len == 0 || n >= HTTP_MAX_CAPTURES)
+                return 0;
+            if (len > HTTP_MAX_PARAM_LEN)
+                return -E2BIG;
+            memcpy(c->cap[n], u, len);
+            c->cap[n][len] = '\0';
+            n++;
+            u += len;
+            p++;
+        } else if (*p == *u) {
+            p++;
+            u++;
+        } else {
+            return 0;
+        }
+    }
+    if (*p != '\0' || *u != '\0')
+        return 0;
+    c->ncap = n;
+    return 1;
+}
+
+/* --- read-connection pool ---------------------------------------------------------------- */
+
+static struct dbconn *db_checkout(struct http *h)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += HTTP_DB_CHECKOUT_TIMEOUT_MS / 1000;
+    deadline.tv_nsec += (long)(HTTP_DB_CHECKOUT_TIMEOUT_MS % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    struct dbconn *d = NULL;
+    pthread_mutex_lock(&h->mu);
+    while (h->nfree == 0)
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &deadline) == ETIMEDOUT)
+            break;
+    if (h->nfree > 0)
+        d = &h->conns[h->free_idx[--h->nfree]];
+    pthread_mutex_unlock(&h->mu);
+    return d;
+}
+
+static void db_return(struct http *h, struct dbconn *d)
+{
+    pthread_mutex_lock(&h->mu);
+    h->free_idx[h->nfree++] = (unsigned)(d - h->conns);
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void dbconn_close(struct dbconn *d)
+{
+    for (int i = 0; i < STMT__COUNT; i++) {
+        sqlite3_finalize(d->st[i]);
+        d->st[i] = NULL;
+    }
+    sqlite3_close(d->db); /* NULL is a no-op */
+    d->db = NULL;
+}
+
+/* Opens one read-only connection and prepares every statement (which also
+ * checks that the schema is there). */
+static int dbconn_open(struct dbconn *d, const char *path, char *err, size_t errlen)
+{
+    /* NOMUTEX: a connection is only ever used by the one thread that checked
+     * it out. */
+    int rc = sqlite3_open_v2(path, &d->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "open %s read-only: %s", path,
+                 d->db != NULL ? sqlite3_errmsg(d->db) : sqlite3_errstr(rc));
+        goto fail;
+    }
+    sqlite3_busy_timeout(d->db, HTTP_DB_BUSY_TIMEOUT_MS);
+    for (int i = 0; i < STMT__COUNT; i++) {
+        rc = sqlite3_prepare_v3(d->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &d->st[i],
+                                NULL);
+        if (rc != SQLITE_OK) {
+            snprintf(err, errlen, "%s: prepare failed (is the schema applied?): %s", path,
+                     sqlite3_errmsg(d->db));
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    dbconn_close(d);
+    return rc == SQLITE_NOMEM ? -ENOMEM : -EIO;
+}
+
+/* --- libmicrohttpd glue -------------------------------------------------------------------- */
+
+static void free_body(void *p)
+{
+    free(p);
+}
+
+static const char fallback_body[] =
+    "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
+
+static enum MHD_Result send_reply(struct ctx *c)
+{
+    struct http *h = c->h;
+    unsigned status = c->status;
+    char *text = c->body != NULL ? json_dumps(c->body, JSON_COMPACT) : NULL;
+    struct MHD_Response *resp;
+    if (text != NULL) {
+        resp = MHD_create_response_from_buffer_with_free_callback(strlen(text), text, free_body);
+        if (resp == NULL)
+            free(text);
+    } else {
+        status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+        resp = MHD_create_response_from_buffer(sizeof fallback_body - 1, (void *)fallback_body,
+                                               MHD_RESPMEM_PERSISTENT);
+    }
+    if (resp == NULL)
+        return MHD_NO; /* closes the connection */
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (c->allow != NULL)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, c->allow);
+
+    atomic_fetch_add_explicit(&h->stats->http_requests, 1, memory_order_relaxed);
+    if (status >= 400)
+        atomic_fetch_add_explicit(&h->stats->http_errors, 1, memory_order_relaxed);
+    enum MHD_Result r = MHD_queue_response(c->conn, status, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
+/* Routes, checks method and parameters, runs the handler inside a read
+ * transaction on a checked-out connection. Sets c->status and c->body;
+ * returns 0. */
+static int dispatch(struct ctx *c, const char *method)
+{
+    const struct route *r = NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && r == NULL; i++) {
+        int m = route_match(routes[i].pattern, c->url, c);
+        if (m < 0)
+            return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                               "a path segment is longer than %u bytes", HTTP_MAX_PARAM_LEN);
+        if (m > 0)
+            r = &routes[i];
+    }
+    if (r == NULL) {
+        char echo[HTTP_MAX_URL_ECHO + 1];
+        snprintf(echo, sizeof echo, "%s", c->url);
+        return reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such resource: %s", echo);
+    }
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+        c->allow = ROUTE_METHODS;
+        char echo[16];
+        snprintf(echo, sizeof echo, "%s", method);
+        return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
+                           "method %s is not allowed here; use GET", echo);
+    }
+    if (params_collect(c, r) != 0)
+        return 0;
+    if (!r->db)
+        return r->fn(c);
+
+    c->dbc = db_checkout(c->h);
+    if (c->dbc == NULL)
+        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                           "no database connection free; try again");
+    /* One read transaction per request: every statement of a handler sees
+     * the same committed snapshot. */
+    int rc = sqlite3_step(c->dbc->st[STMT_BEGIN]);
+    stmt_done(c->dbc->st[STMT_BEGIN]);
+    if (rc != SQLITE_DONE) {
+        reply_db_error(c, "begin", rc);
+    } else {
+        r->fn(c);
+        rc = sqlite3_step(c->dbc->st[STMT_COMMIT]);
+        stmt_done(c->dbc->st[STMT_COMMIT]);
+        if (rc != SQLITE_DONE) {
+            log_error(LOG_MOD, "commit of a read transaction: %s", sqlite3_errmsg(c->dbc->db));
+            sqlite3_step(c->dbc->st[STMT_ROLLBACK]);
+            stmt_done(c->dbc->st[STMT_ROLLBACK]);
+        }
+    }
+    db_return(c->h, c->dbc);
+    c->dbc = NULL;
+    return 0;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    struct http *h = cls;
+    struct request *rq = *con_cls;
+    (void)version;
+    (void)upload_data;
+
+    /* First call: headers only. Queuing a response now would make
+     * libmicrohttpd close the connection after it (no keep-alive, measured
+     * about 5x slower); answer on a later call. */
+    if (rq == NULL) {
+        rq = calloc(1, sizeof *rq);
+        if (rq == NULL)
+            return MHD_NO;
+        *con_cls = rq;
+        return MHD_YES;
+    }
+
+    struct ctx c = {.h = h, .conn = conn, .url = url};
+    if (*upload_data_size > 0) {
+        /* Body bytes: nothing here reads a body; discard up to a bound. */
+        rq->body_bytes += *upload_data_size;
+        *upload_data_size = 0;
+        if (rq->body_bytes > HTTP_MAX_BODY_BYTES && !rq->replied) {
+            rq->replied = true;
+            reply_error(&c, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large",
+                        "request body larger than %u bytes", HTTP_MAX_BODY_BYTES);
+            enum MHD_Result r = send_reply(&c);
+            json_decref(c.body);
+            return r;
+        }
+        return MHD_YES;
+    }
+    if (rq->replied)
+        return MHD_YES;
+
+    rq->replied = true;
+    dispatch(&c, method);
+    enum MHD_Result r = send_reply(&c);
+    json_decref(c.body);
+    return r;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)conn;
+    (void)toe;
+    free(*con_cls);
+    *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    log_warn(LOG_MOD, "libmicrohttpd: %s", msg);
+}
+
+/* --- public ---------------------------------------------------------------------------- */
+
+static void http_free(struct http *h)
+{
+    if (h == NULL)
+        return;
+    if (h->mhd != NULL)
+        MHD_stop_daemon(h->mhd);
+    if (h->conns != NULL)
+        for (unsigned i = 0; i < h->nconns; i++)
+            dbconn_close(&h->conns[i]);
+    free(h->conns);
+    free(h->free_idx);
+    if (h->sync_init) {
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
+    }
+    free(h);
+}
+
+/* Main thread. On success *out owns the daemon, its threads and the read
+ * connections until http_stop(). On failure nothing is left running. */
+int http_start(const struct http_opts *opts, struct http **out, char *err, size_t errlen)
+{
+    struct http *h = NULL;
+    struct addrinfo *ai = NULL;
+    int rc = 0;
+    *out = NULL;
+    if (errlen > 0)
+        err[0] = '\0';
+
+    if (opts == NULL || opts->host == NULL || opts->db_path == NULL || opts->stats == NULL) {
+        snprintf(err, errlen, "http: host, db_path and stats are required");
+        return -EINVAL;
+    }
+    if (opts->threads < 1 || opts->threads > HTTP_MAX_THREADS) {
+        snprintf(err, errlen, "http: threads must be in 1..%d, not %u", HTTP_MAX_THREADS,
+                 opts->threads);
+        return -EINVAL;
+    }
+    if (sqlite3_threadsafe() == 0) {
+        snprintf(err, errlen, "http: SQLite is built without thread support");
+        return -ENOTSUP;
+    }
+
+    h = calloc(1, sizeof *h);
+    if (h == NULL) {
+        rc = -ENOMEM;
+        snprintf(err, errlen, "http: out of memory");
+        goto fail;
+    }
+    h->stats = opts->stats;
+
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0) {
+        rc = -ENOMEM;
+        snprintf(err, errlen, "http: pthread_condattr_init failed");
+        goto fail;
+    }
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int e1 = pthread_mutex_init(&h->mu, NULL);
+    int e2 = e1 == 0 ? pthread_cond_init(&h->cv, &ca) : -1;
+    pthread_condattr_destroy(&ca);
+    if (e1 != 0 || e2 != 0) {
+        if (e1 == 0)
+            pthread_mutex_destroy(&h->mu);
+        rc = -ENOMEM;
+        snprintf(err, errlen, "http: mutex/cond init failed");
+        goto fail;
+    }
+    h->sync_init = true;
+
+    /* One read connection per server thread: a request never waits for one
+     * unless a handler is stuck. */
+    h->conns = calloc(opts->threads, sizeof *h->conns);
+    h->free_idx = calloc(opts->threads, sizeof *h->free_idx);
+    if (h->conns == NULL || h->free_idx == NULL) {
+        rc = -ENOMEM;
+        snprintf(err, errlen, "http: out of memory");
+        goto fail;
+    }
+    h->nconns = opts->threads;
+    for (unsigned i = 0; i < h->nconns; i++) {
+        rc = dbconn_open(&h->conns[i], opts->db_path, err, errlen);
+        if (rc != 0)
+            goto fail;
+        h->free_idx[h->nfree++] = i;
+    }
+
+    char port[8];
+    snprintf(port, sizeof port, "%u", (unsigned)opts->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    int gai = getaddrinfo(opts->host, port, &hints, &ai);
+    if (gai != 0) {
+        rc = -EINVAL;
+        snprintf(err, errlen, "http: bad bind address '%s': %s", opts->host, gai_strerror(gai));
+        goto fail;
+    }
+
+    json_object_seed(0); /* before any server thread builds a JSON object */
+
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    errno = 0;
+    h->mhd = MHD_start_daemon(
+        flags, opts->port, NULL, NULL, on_request, h,
+        MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opts->threads,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_CONNECTION_TIMEOUT_S,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_CONNECTION_MEMORY_BYTES,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
+        MHD_OPTION_END);
+    if (h->mhd == NULL) {
+        int e = errno;
+        rc = e != 0 ? -e : -EIO;
+        snprintf(err, errlen, "http: cannot listen on %s:%u%s%s", opts->host,
+                 (unsigned)opts->port, e != 0 ? ": " : "", e != 0 ? strerror(e) : "");
+        goto fail;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = info != NULL ? info->port : opts->port;
+    freeaddrinfo(ai);
+    *out = h;
+    return 0;
+
+fail:
+    if (ai != NULL)
+        freeaddrinfo(ai);
+    http_free(h);
+    return rc;
+}
+
+/* Any thread, while h is alive. */
+uint16_t http_port(const struct http *h)
+{
+    return h != NULL ? h->port : 0;
+}
+
+/* Main thread. Waits for in-flight requests (libmicrohttpd joins its
+ * threads), then closes the read connections. */
+void http_stop(struct http *h)
+{
+    http_free(h);
+}
