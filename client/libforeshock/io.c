@@ -1,0 +1,671 @@
+/* The client's I/O thread: connect with backoff, Hello -> Welcome, stream
+ * the replay buffer, apply Acks, handle Error frames, Bye on close.
+ *
+ * One thread per client, blocking only in poll() on two descriptors: the
+ * socket (non-blocking) and the self-pipe the caller threads write to when
+ * there is something new (a report, closing). The replay buffer and counters
+ * are shared with the caller threads under c->mu; the socket, read buffer
+ * and write cursor below belong to this thread alone.
+ *
+ * Poison reports: the daemon answers a report it cannot accept with
+ * Error{MALFORMED or TOO_LARGE} and closes, without saying which report it
+ * was. Resending everything would hit the same report forever, so after such
+ * an error the client sends one report at a time (waiting for its ack) until
+ * it is past the reports that were in flight; a report refused on its own is
+ * dropped and counted. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backoff.h"
+#include "client.h"
+#include "net.h"
+#include "wire.h"
+
+struct fsc_io {
+    struct fsc_client *c;
+    int fd;
+    uint64_t rng;
+    unsigned fail_streak; /* connect failures since the last handshake */
+    uint64_t sessions;    /* handshakes completed */
+    uint64_t max_sent;    /* highest client seq ever written: later writes are resends */
+
+    /* Per connection. */
+    int welcomed, bye_queued, bye_sent, progress;
+    uint32_t max_frame;   /* Welcome.max_frame_bytes, 0: no limit known */
+    int64_t deadline_ms;  /* handshake, or Bye wait; 0: none */
+    const uint8_t *ctrl;  /* Hello or Bye being written */
+    size_t ctrl_len, ctrl_off;
+    struct fsc_entry *cur; /* report being written */
+    uint8_t hdr[FSC_WIRE_REPORT_HDR_MAX];
+    size_t hdr_len, cur_off; /* cur_off counts hdr then body */
+    uint64_t taken_max;   /* highest client seq taken on this connection */
+
+    /* Across connections: probe mode (see the file comment). */
+    int probe;
+    uint64_t probe_until;
+
+    uint8_t *bye;
+    size_t bye_len;
+    struct fsc_wire_reader rd;
+};
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+static void io_log(struct fsc_io *io, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Reports an event: WARN and ERROR also become last_error. Takes mu. */
+static void io_log(struct fsc_io *io, int level, const char *fmt, ...)
+{
+    struct fsc_client *c = io->c;
+    char msg[FSC_ERROR_LEN];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (level >= FSC_LOG_WARN) {
+        pthread_mutex_lock(&c->mu);
+        memcpy(c->last_error, msg, sizeof(msg));
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (c->log)
+        c->log(c->log_ctx, level, msg);
+}
+
+void fsc_io_wake(struct fsc_client *c)
+{
+    /* One byte in the pipe is enough; the flag keeps a fast submitter from
+     * making a syscall per report. */
+    if (atomic_exchange(&c->wake_pending, 1) == 0) {
+        ssize_t n = write(c->wake_wr, "w", 1);
+        (void)n; /* EAGAIN: the pipe is full, so a wakeup is pending anyway */
+    }
+}
+
+static void drain_wake(struct fsc_client *c)
+{
+    char buf[64];
+
+    atomic_store(&c->wake_pending, 0);
+    while (read(c->wake_rd, buf, sizeof(buf)) > 0)
+        ;
+}
+
+static int closing(struct fsc_client *c)
+{
+    int v;
+
+    pthread_mutex_lock(&c->mu);
+    v = c->closing;
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
+/* Remaining milliseconds until deadline (>= 0), for poll. */
+static int remaining(int64_t deadline)
+{
+    int64_t left = deadline - fsc_now_ms();
+
+    if (left <= 0)
+        return 0;
+    return left > 600000 ? 600000 : (int)left;
+}
+
+/* Sleeps up to ms (< 0: forever) unless the client starts closing. Returns 1
+ * when closing. */
+static int wait_or_close(struct fsc_client *c, int ms)
+{
+    int64_t deadline = ms >= 0 ? fsc_now_ms() + ms : 0;
+
+    for (;;) {
+        struct pollfd p = {.fd = c->wake_rd, .events = POLLIN};
+        if (closing(c))
+            return 1;
+        if (ms >= 0 && fsc_now_ms() >= deadline)
+            return 0;
+        if (poll(&p, 1, ms >= 0 ? remaining(deadline) : -1) > 0)
+            drain_wake(c);
+    }
+}
+
+/* Under mu: the replay buffer emptied or the client failed. */
+static void signal_drained(struct fsc_client *c)
+{
+    if (c->replay.count == 0 || c->failed)
+        pthread_cond_broadcast(&c->drained);
+}
+
+/* ---- connecting --------------------------------------------------------------- */
+
+/* Waits for a non-blocking connect on fd. 0 connected, -ECANCELED closing,
+ * -ETIMEDOUT, or the connect error. */
+static int await_connect(struct fsc_client *c, int fd)
+{
+    int64_t deadline = fsc_now_ms() + c->connect_timeout_ms;
+
+    for (;;) {
+        struct pollfd p[2] = {{.fd = fd, .events = POLLOUT}, {.fd = c->wake_rd, .events = POLLIN}};
+        int n;
+
+        if (closing(c))
+            return -ECANCELED;
+        if (fsc_now_ms() >= deadline)
+            return -ETIMEDOUT;
+        n = poll(p, 2, remaining(deadline));
+        if (n < 0 && errno != EINTR)
+            return -errno;
+        if (n > 0 && (p[1].revents & POLLIN))
+            drain_wake(c);
+        if (n > 0 && p[0].revents)
+            return fsc_net_connect_finish(fd);
+    }
+}
+
+/* Tries every address of host:port in turn. 0 and io->fd, -ECANCELED, or
+ * the last error (text in err). */
+static int connect_any(struct fsc_io *io, char *err, size_t errlen)
+{
+    struct fsc_client *c = io->c;
+    struct addrinfo *ai, *a;
+    int rc, fd = -1;
+
+    if ((rc = fsc_net_resolve(c->host, c->port, &ai, err, errlen)) < 0)
+        return rc;
+    rc = -EHOSTUNREACH;
+    for (a = ai; a; a = a->ai_next) {
+        rc = fsc_net_connect_start(a, &fd);
+        if (rc == 0)
+            rc = await_connect(c, fd);
+        if (rc >= 0) {
+            io->fd = fd;
+            rc = 0;
+            break;
+        }
+        if (fd >= 0)
+            close(fd);
+        fd = -1;
+        if (rc == -ECANCELED)
+            break;
+    }
+    freeaddrinfo(ai);
+    if (rc < 0 && rc != -ECANCELED)
+        fsc_err(err, errlen, rc, "cannot connect to %s:%u: %s", c->host, (unsigned)c->port,
+                strerror(-rc));
+    return rc;
+}
+
+/* ---- frames from the daemon ------------------------------------------------------ */
+
+/* Client seq covered by a wire seq. */
+static uint64_t to_client_seq(struct fsc_client *c, uint64_t wire)
+{
+    uint64_t s = wire > c->seq_offset ? wire - c->seq_offset : 0;
+
+    return s > c->submitted ? c->submitted : s;
+}
+
+/* Under mu: everything up to client seq s is committed. */
+static void apply_ack(struct fsc_io *io, uint64_t s)
+{
+    struct fsc_client *c = io->c;
+    size_t n = fsc_replay_ack(&c->replay, s);
+
+    c->acked += n;
+    if (n)
+        io->progress = 1;
+    if (s > c->acked_seq)
+        c->acked_seq = s;
+    if (io->probe && c->acked_seq >= io->probe_until)
+        io->probe = 0;
+    signal_drained(c);
+}
+
+static int on_welcome(struct fsc_io *io, const Foreshock__Welcome *w)
+{
+    struct fsc_client *c = io->c;
+    uint64_t s, lost = 0;
+
+    if (io->welcomed)
+        return -EPROTO;
+    if (w->protocol_version != FORESHOCK__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT) {
+        pthread_mutex_lock(&c->mu);
+        c->failed = 1;
+        signal_drained(c);
+        pthread_mutex_unlock(&c->mu);
+        io_log(io, FSC_LOG_ERROR, "daemon speaks protocol version %u, this client %u: giving up",
+               w->protocol_version, FORESHOCK__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT);
+        return -EPROTO;
+    }
+    io->welcomed = 1;
+    io->deadline_ms = 0;
+    io->max_frame = w->max_frame_bytes;
+    pthread_mutex_lock(&c->mu);
+    if (!c->offset_known) {
+        /* First handshake of this client: whatever the stream already holds
+         * came from an earlier process, so our numbering continues after it. */
+        c->offset_known = 1;
+        c->seq_offset = w->last_seq;
+    }
+    s = to_client_seq(c, w->last_seq);
+    if (s < c->acked_seq)
+        lost = c->acked_seq - s;
+    apply_ack(io, s);
+    fsc_replay_rewind(&c->replay);
+    c->connected = 1;
+    if (io->sessions++ > 0)
+        c->reconnects++;
+    pthread_mutex_unlock(&c->mu);
+    io->fail_streak = 0;
+    io_log(io, FSC_LOG_INFO, "connected to %s:%u, resuming after seq %llu", c->host,
+           (unsigned)c->port, (unsigned long long)w->last_seq);
+    if (lost)
+        io_log(io, FSC_LOG_WARN,
+               "daemon's last_seq %llu is %llu below what it acknowledged before: it lost data",
+               (unsigned long long)w->last_seq, (unsigned long long)lost);
+    return 0;
+}
+
+static int on_error(struct fsc_io *io, const Foreshock__Error *e)
+{
+    struct fsc_client *c = io->c;
+    const char *msg = e->message ? e->message : "";
+
+    switch (e->code) {
+    case FORESHOCK__ERROR_CODE__ERROR_PROTOCOL_VERSION:
+    case FORESHOCK__ERROR_CODE__ERROR_AUTH:
+        break; /* fatal, below */
+    case FORESHOCK__ERROR_CODE__ERROR_MALFORMED:
+    case FORESHOCK__ERROR_CODE__ERROR_TOO_LARGE:
+        if (!io->welcomed)
+            break; /* our Hello was refused: retrying cannot help */
+        pthread_mutex_lock(&c->mu);
+        if (io->probe && c->replay.in_flight == 1) {
+            /* Sent alone: this report is the one the daemon refuses. */
+            uint64_t seq = c->replay.head->seq;
+            fsc_replay_sent(&c->replay);
+            fsc_replay_drop_head(&c->replay);
+            c->dropped++;
+            signal_drained(c);
+            pthread_mutex_unlock(&c->mu);
+            io_log(io, FSC_LOG_WARN, "daemon refused report seq %llu (%s): dropped",
+                   (unsigned long long)seq, msg);
+            return -EPROTO;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (!io->probe) {
+            io->probe = 1;
+            io->probe_until = io->taken_max;
+        }
+        io_log(io, FSC_LOG_WARN, "daemon refused a report (%s): resending one at a time", msg);
+        return -EPROTO;
+    default:
+        io_log(io, FSC_LOG_WARN, "daemon error %d: %s; reconnecting", (int)e->code, msg);
+        return -ECONNRESET;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->failed = 1;
+    signal_drained(c);
+    pthread_mutex_unlock(&c->mu);
+    io_log(io, FSC_LOG_ERROR, "daemon refused this client (error %d: %s): giving up",
+           (int)e->code, msg);
+    return -EPERM;
+}
+
+/* Handles one frame. 0 to go on, < 0 to end the connection. */
+static int on_frame(struct fsc_io *io, const Foreshock__Frame *f)
+{
+    struct fsc_client *c = io->c;
+
+    switch (f->body_case) {
+    case FORESHOCK__FRAME__BODY_WELCOME:
+        return on_welcome(io, f->welcome);
+    case FORESHOCK__FRAME__BODY_ACK:
+        if (!io->welcomed)
+            break;
+        pthread_mutex_lock(&c->mu);
+        apply_ack(io, to_client_seq(c, f->ack->seq));
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+    case FORESHOCK__FRAME__BODY_ERROR:
+        return on_error(io, f->error);
+    case FORESHOCK__FRAME__BODY_BYE:
+        io_log(io, FSC_LOG_INFO, "daemon said bye");
+        return -ECONNRESET;
+    default:
+        break;
+    }
+    io_log(io, FSC_LOG_WARN, "unexpected frame %d from daemon; reconnecting", (int)f->body_case);
+    return -EPROTO;
+}
+
+/* Reads what is available and handles complete frames. */
+static int do_read(struct fsc_io *io)
+{
+    struct fsc_wire_reader *rd = &io->rd;
+    Foreshock__Frame *f;
+    int rc;
+
+    for (;;) {
+        ssize_t n;
+
+        while ((rc = fsc_wire_next(rd, &f)) == 1) {
+            rc = on_frame(io, f);
+            foreshock__frame__free_unpacked(f, NULL);
+            if (rc < 0)
+                return rc;
+        }
+        if (rc < 0) {
+            io_log(io, FSC_LOG_WARN, "undecodable frame from daemon; reconnecting");
+            return rc;
+        }
+        /* fsc_wire_next consumed or refused any full buffer, so there is room. */
+        n = recv(io->fd, rd->buf + rd->len, sizeof(rd->buf) - rd->len, 0);
+        if (n == 0) {
+            if (!io->bye_sent)
+                io_log(io, FSC_LOG_WARN, "daemon closed the connection");
+            return -ECONNRESET;
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            io_log(io, FSC_LOG_WARN, "receive failed: %s", strerror(errno));
+            return -errno;
+        }
+        rd->len += (size_t)n;
+    }
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+/* Under mu: the next report to write, or NULL. Drops reports above the
+ * daemon's frame limit (it would refuse them forever). */
+static struct fsc_entry *next_report(struct fsc_io *io)
+{
+    struct fsc_client *c = io->c;
+    struct fsc_entry *e;
+
+    if (!io->welcomed || io->bye_queued || (io->probe && c->replay.in_flight > 0))
+        return NULL;
+    while ((e = c->replay.next_send) && io->max_frame &&
+           e->len + FSC_WIRE_REPORT_HDR_MAX - 4 > io->max_frame) {
+        fsc_err(c->last_error, sizeof(c->last_error), 0,
+                "report seq %llu (%zu bytes) exceeds the daemon's max_frame_bytes %u: dropped",
+                (unsigned long long)e->seq, e->len, io->max_frame);
+        fsc_replay_discard_next(&c->replay);
+        c->dropped++;
+        signal_drained(c);
+    }
+    return fsc_replay_take(&c->replay);
+}
+
+/* Picks the next thing to write. 1 when there is one, 0 when idle. */
+static int pick_write(struct fsc_io *io)
+{
+    struct fsc_client *c = io->c;
+    struct fsc_entry *e;
+
+    if (io->ctrl || io->cur)
+        return 1;
+    if (io->bye_queued) {
+        if (io->bye_sent)
+            return 0;
+        io->ctrl = io->bye;
+        io->ctrl_len = io->bye_len;
+        io->ctrl_off = 0;
+        return 1;
+    }
+    pthread_mutex_lock(&c->mu);
+    e = next_report(io);
+    pthread_mutex_unlock(&c->mu);
+    if (!e)
+        return 0;
+    io->cur = e;
+    io->cur_off = 0;
+    io->hdr_len = fsc_wire_report_header(e->seq + c->seq_offset, e->len, io->hdr);
+    if (e->seq > io->taken_max)
+        io->taken_max = e->seq;
+    return 1;
+}
+
+static void finish_report(struct fsc_io *io)
+{
+    struct fsc_client *c = io->c;
+    uint64_t seq = io->cur->seq;
+
+    pthread_mutex_lock(&c->mu);
+    fsc_replay_sent(&c->replay);
+    c->sent++;
+    if (seq <= io->max_sent)
+        c->resent++;
+    /* An ack may have covered it while it was being written. */
+    apply_ack(io, c->acked_seq);
+    pthread_mutex_unlock(&c->mu);
+    if (seq > io->max_sent)
+        io->max_sent = seq;
+    io->cur = NULL;
+}
+
+/* Writes until the socket would block or nothing is left. */
+static int do_write(struct fsc_io *io)
+{
+    while (pick_write(io)) {
+        ssize_t n;
+
+        if (io->ctrl) {
+            n = send(io->fd, io->ctrl + io->ctrl_off, io->ctrl_len - io->ctrl_off,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+        } else {
+            struct iovec iov[2];
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+            if (io->cur_off < io->hdr_len) {
+                iov[0] = (struct iovec){io->hdr + io->cur_off, io->hdr_len - io->cur_off};
+                iov[1] = (struct iovec){(void *)io->cur->body, io->cur->len};
+            } else {
+                size_t off = io->cur_off - io->hdr_len;
+                iov[0] = (struct iovec){(void *)(io->cur->body + off), io->cur->len - off};
+                mh.msg_iovlen = 1;
+            }
+            n = sendmsg(io->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            io_log(io, FSC_LOG_WARN, "send failed: %s", strerror(errno));
+            return -errno;
+        }
+        if (io->ctrl) {
+            io->ctrl_off += (size_t)n;
+            if (io->ctrl_off == io->ctrl_len) {
+                if (io->ctrl == io->bye) {
+                    io->bye_sent = 1;
+                    shutdown(io->fd, SHUT_WR);
+                }
+                io->ctrl = NULL;
+            }
+        } else {
+            io->cur_off += (size_t)n;
+            if (io->cur_off == io->hdr_len + io->cur->len)
+                finish_report(io);
+        }
+    }
+    return 0;
+}
+
+/* ---- one connection ------------------------------------------------------------- */
+
+/* Under mu: would pick_write find a report? */
+static int reports_ready(struct fsc_io *io)
+{
+    struct fsc_client *c = io->c;
+
+    return io->welcomed && !io->bye_queued && c->replay.next_send &&
+           !(io->probe && c->replay.in_flight > 0);
+}
+
+static void session(struct fsc_io *io)
+{
+    struct fsc_client *c = io->c;
+
+    io->welcomed = io->bye_queued = io->bye_sent = io->progress = 0;
+    io->max_frame = 0;
+    io->rd.len = 0;
+    io->cur = NULL;
+    io->taken_max = 0;
+    io->ctrl = c->hello;
+    io->ctrl_len = c->hello_len;
+    io->ctrl_off = 0;
+    io->deadline_ms = fsc_now_ms() + c->handshake_timeout_ms;
+
+    for (;;) {
+        struct pollfd p[2] = {{.fd = c->wake_rd, .events = POLLIN}, {.fd = io->fd, .events = POLLIN}};
+        int want_write, n, is_closing;
+
+        pthread_mutex_lock(&c->mu);
+        is_closing = c->closing;
+        want_write = io->ctrl || io->cur || reports_ready(io);
+        pthread_mutex_unlock(&c->mu);
+        if (is_closing && !io->bye_queued) {
+            if (!io->welcomed)
+                return;
+            /* Finish the frame in progress, then Bye, then wait briefly
+             * for the daemon's last acks and its close. */
+            io->bye_queued = 1;
+            io->deadline_ms = fsc_now_ms() + FSC_BYE_WAIT_MS;
+        }
+        if (io->bye_queued && !io->bye_sent)
+            want_write = 1;
+        if (want_write)
+            p[1].events |= POLLOUT;
+        if (io->deadline_ms && fsc_now_ms() >= io->deadline_ms) {
+            if (!io->welcomed)
+                io_log(io, FSC_LOG_WARN, "no Welcome from %s:%u within %u ms; reconnecting",
+                       c->host, (unsigned)c->port, c->handshake_timeout_ms);
+            return;
+        }
+        n = poll(p, 2, io->deadline_ms ? remaining(io->deadline_ms) : -1);
+        if (n < 0 && errno != EINTR) {
+            io_log(io, FSC_LOG_ERROR, "poll failed: %s", strerror(errno));
+            return;
+        }
+        if (n <= 0)
+            continue;
+        if (p[0].revents & POLLIN)
+            drain_wake(c);
+        if ((p[1].revents & (POLLIN | POLLHUP | POLLERR)) && do_read(io) < 0)
+            return;
+        if ((p[1].revents & POLLOUT) && do_write(io) < 0)
+            return;
+    }
+}
+
+/* Ends a connection: the buffer is resent from its head on the next one. */
+static void end_session(struct fsc_io *io)
+{
+    struct fsc_client *c = io->c;
+
+    close(io->fd);
+    io->fd = -1;
+    io->cur = NULL;
+    io->ctrl = NULL;
+    pthread_mutex_lock(&c->mu);
+    fsc_replay_sent(&c->replay);
+    c->connected = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void *fsc_io_main(void *arg)
+{
+    struct fsc_client *c = arg;
+    struct fsc_io *io = c->io;
+    unsigned attempt = 0;
+    char err[FSC_ERROR_LEN];
+
+    for (;;) {
+        int failed, rc;
+
+        pthread_mutex_lock(&c->mu);
+        failed = c->failed;
+        pthread_mutex_unlock(&c->mu);
+        if (failed) {
+            if (wait_or_close(c, -1))
+                break;
+            continue;
+        }
+        if (wait_or_close(c, (int)fsc_backoff_delay(attempt, c->backoff_min_ms,
+                                                    c->backoff_max_ms, &io->rng)))
+            break;
+        attempt++;
+        rc = connect_any(io, err, sizeof(err));
+        if (rc == -ECANCELED)
+            break;
+        if (rc < 0) {
+            pthread_mutex_lock(&c->mu);
+            c->connect_failures++;
+            memcpy(c->last_error, err, sizeof(err));
+            pthread_mutex_unlock(&c->mu);
+            /* The first failure of a streak is news; the rest is noise. */
+            if (c->log)
+                c->log(c->log_ctx, io->fail_streak++ ? FSC_LOG_DEBUG : FSC_LOG_WARN, err);
+            continue;
+        }
+        session(io);
+        end_session(io);
+        /* A connection that got reports committed resets the backoff; one
+         * that did not (refused at once, say) keeps growing it. */
+        if (io->progress)
+            attempt = 0;
+    }
+    return NULL;
+}
+
+/* ---- setup ----------------------------------------------------------------------- */
+
+int fsc_io_create(struct fsc_client *c, uint64_t seed)
+{
+    Foreshock__Frame f = FORESHOCK__FRAME__INIT;
+    Foreshock__Bye bye = FORESHOCK__BYE__INIT;
+    struct fsc_io *io = calloc(1, sizeof(*io));
+    struct timespec ts;
+    int rc;
+
+    if (!io)
+        return -ENOMEM;
+    io->c = c;
+    io->fd = -1;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    io->rng = seed ? seed
+                   : (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
+                         (uint64_t)(uintptr_t)io ^ ((uint64_t)c->rank << 40);
+    bye.reason = "client closing";
+    f.body_case = FORESHOCK__FRAME__BODY_BYE;
+    f.bye = &bye;
+    if ((rc = fsc_wire_pack(&f, &io->bye, &io->bye_len)) < 0) {
+        free(io);
+        return rc;
+    }
+    c->io = io;
+    return 0;
+}
+
+void fsc_io_destroy(struct fsc_client *c)
+{
+    if (!c->io)
+        return;
+    if (c->io->fd >= 0)
+        close(c->io->fd);
+    free(c->io->bye);
+    free(c->io);
+    c->io = NULL;
+}
