@@ -601,7 +601,8 @@ static bool verdict_eq(const struct detect_verdict *a, const struct detect_verdi
 Test(detect_state, roundtrip_midway_scores_identically)
 {
     struct detect_rule r = rule_named("qk.d2.erank");
-    static const int cut[] = {0, 1, 19, 20, 63, 64, 65, 255, 256, 257, 300, 305, 318, 400, 510};
+    static const int cut[] = {0,   1,   19,  20,  63,  64,  65,  255, 256, 257,
+                              300, 305, 318, 321, 323, 400, 401, 403, 510};
     /* Full comparison: an uninterrupted run vs one restarted at each cut. */
     for (size_t c = 0; c < sizeof cut / sizeof cut[0]; c++) {
         struct detect_state plain, restarted;
