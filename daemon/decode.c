@@ -340,6 +340,9 @@ int decode_check_report(const Foreshock__Report *r, const struct decode_limits *
 {
     if (r->seq < 1)
         return fail(err, E_MALFORMED, -EINVAL, "report seq must be >= 1");
+    /* SQLite integers are signed 64-bit. */
+    if (r->seq > INT64_MAX || r->step > INT64_MAX)
+        return fail(err, E_MALFORMED, -EINVAL, "report seq and step must be below 2^63");
     if (r->has_time_unix && !is_finite(r->time_unix))
         return fail(err, E_MALFORMED, -EINVAL, "report time_unix must be finite");
     if (r->n_attention > lim->max_attention_per_report)

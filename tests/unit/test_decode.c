@@ -127,6 +127,7 @@ enum mutation {
     M_SPECTRUM_NEG,     /* rejected */
     M_SPECTRUM_INF,     /* accepted, flagged */
     M_SEQ_ZERO,
+    M_STEP_HUGE,
     M_WINDOW_ZERO,
     M_LAYER_BIG,
     M_NO_KIND,
@@ -159,6 +160,7 @@ static const struct report_case report_cases[] = {
     {"negative spectrum value", M_SPECTRUM_NEG, -EINVAL, E(MALFORMED), -1, 0},
     {"Inf spectrum value flagged", M_SPECTRUM_INF, 0, 0, 1, 0},
     {"seq 0", M_SEQ_ZERO, -EINVAL, E(MALFORMED), -1, 0},
+    {"step >= 2^63", M_STEP_HUGE, -EINVAL, E(MALFORMED), -1, 0},
     {"window 0", M_WINDOW_ZERO, -EINVAL, E(MALFORMED), -1, 0},
     {"layer beyond limit", M_LAYER_BIG, -EINVAL, E(MALFORMED), -1, 0},
     {"attention without a kind", M_NO_KIND, -EINVAL, E(MALFORMED), -1, 0},
@@ -243,7 +245,7 @@ static struct bytes report_bytes(enum mutation m)
 
     Foreshock__Report rep = FORESHOCK__REPORT__INIT;
     rep.seq = m == M_SEQ_ZERO ? 0 : 7;
-    rep.step = 100;
+    rep.step = m == M_STEP_HUGE ? UINT64_MAX : 100;
     rep.has_time_unix = 1;
     rep.time_unix = m == M_TIME_NAN ? NAN : (m == M_TIME_INF ? INFINITY : 1.7e9);
     rep.scalars = &sc;

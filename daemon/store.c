@@ -1,0 +1,1148 @@
+/* The writer thread: bounded queue in, batched transactions, results out
+ * after COMMIT. See store.h for the contract. */
+#include "store.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "foreshock.pb-c.h"
+#include "log.h"
+#include "schema.h"
+
+/* Upper bounds of the commit latency histogram, seconds. Counters are
+ * cumulative (Prometheus style): bucket i counts commits <= le[i], and
+ * bucket STATS_COMMIT_BUCKETS counts all of them (+Inf). */
+const double stats_commit_bucket_le[STATS_COMMIT_BUCKETS] = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 5.0};
+
+enum stmt_id {
+    ST_BEGIN,
+    ST_COMMIT,
+    ST_ROLLBACK,
+    ST_RUN_FIND,
+    ST_RUN_COUNT,
+    ST_RUN_UPSERT,
+    ST_STREAM_UPSERT,
+    ST_REPORT_INSERT,
+    ST_SERIES_FIND,
+    ST_SERIES_INSERT,
+    ST_SERIES_BUMP,
+    ST_POINT_INSERT,
+    ST_POINT_UPDATE,
+    ST_SPOOL_INSERT,
+    ST_SPOOL_DELETE,
+    ST_STREAM_BUMP,
+    ST_RUN_BUMP,
+    ST_COUNT
+};
+
+static const char *const stmt_sql[ST_COUNT] = {
+    [ST_BEGIN] = "BEGIN IMMEDIATE",
+    [ST_COMMIT] = "COMMIT",
+    [ST_ROLLBACK] = "ROLLBACK",
+    [ST_RUN_FIND] = "SELECT id FROM runs WHERE name = ?1",
+    [ST_RUN_COUNT] = "SELECT count(*) FROM runs",
+    [ST_RUN_UPSERT] =
+        "INSERT INTO runs (name, created_at, last_seen_at, world_size, detect_from_step, "
+        "model_json) VALUES (?1, ?2, ?2, ?3, COALESCE(?4, 0), ?5) "
+        "ON CONFLICT (name) DO UPDATE SET last_seen_at = excluded.last_seen_at, "
+        "world_size = excluded.world_size, "
+        "detect_from_step = COALESCE(?4, runs.detect_from_step), "
+        "model_json = COALESCE(excluded.model_json, runs.model_json) RETURNING id",
+    [ST_STREAM_UPSERT] =
+        "INSERT INTO streams (run_id, attempt, rank, created_at, last_seen_at) "
+        "VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT (run_id, attempt, rank) DO UPDATE SET "
+        "last_seen_at = excluded.last_seen_at RETURNING id, last_seq",
+    [ST_REPORT_INSERT] = "INSERT OR IGNORE INTO reports (stream_id, seq, step, received_at, "
+                         "bytes) VALUES (?1, ?2, ?3, ?4, ?5)",
+    [ST_SERIES_FIND] = "SELECT id FROM series WHERE run_id = ?1 AND name = ?2 AND layer = ?3 "
+                       "AND head = ?4 AND window = ?5 AND rank = ?6",
+    [ST_SERIES_INSERT] = "INSERT INTO series (run_id, name, layer, head, window, rank) "
+                         "VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
+    [ST_SERIES_BUMP] = "UPDATE series SET points = points + ?2, "
+                       "first_step = MIN(COALESCE(first_step, ?3), ?3), "
+                       "last_step = MAX(COALESCE(last_step, ?4), ?4) WHERE id = ?1",
+    [ST_POINT_INSERT] =
+        "INSERT OR IGNORE INTO points (series_id, step, value, time) VALUES (?1, ?2, ?3, ?4)",
+    [ST_POINT_UPDATE] = "UPDATE points SET value = ?3, time = ?4 WHERE series_id = ?1 AND step = ?2",
+    [ST_SPOOL_INSERT] = "INSERT INTO spool (run_id, stream_id, seq, step, bytes, body) "
+                        "VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    [ST_SPOOL_DELETE] = "DELETE FROM spool WHERE run_id = ?1 AND step <= ?2 RETURNING bytes",
+    [ST_STREAM_BUMP] = "UPDATE streams SET last_seq = MAX(last_seq, ?2), reports = reports + 1, "
+                       "last_seen_at = ?3 WHERE id = ?1",
+    [ST_RUN_BUMP] = "UPDATE runs SET last_step = MAX(COALESCE(last_step, ?2), ?2), "
+                    "reports = reports + 1, last_seen_at = ?3 WHERE id = ?1",
+};
+
+static const char *const scalar_series[STORE_NSCALARS] = {
+    [STORE_LOSS] = "loss",       [STORE_GRAD_NORM] = "grad_norm", [STORE_LR] = "lr",
+    [STORE_LOSS_SCALE] = "loss_scale", [STORE_TOKENS] = "tokens", [STORE_STEP_TIME] = "step_time",
+};
+
+/* --- series id cache (writer thread only) --------------------------------------
+ * Entries live in a dense array (indices are stable while a batch runs);
+ * an open-addressing index maps keys to entry indices. Each entry also
+ * accumulates the batch's new points so that series.points/first_step/
+ * last_step are written once per series per transaction. */
+#define SERIES_NAME_MAX 48
+
+struct series_entry {
+    int64_t run_id, id;
+    int32_t layer, head, window, rank;
+    uint64_t hash;
+    char name[SERIES_NAME_MAX];
+    int64_t add_points, min_step, max_step;
+    int dirty;
+};
+
+struct series_cache {
+    struct series_entry *ents;
+    size_t n, cap;
+    uint32_t *slots; /* entry index + 1; 0 = empty */
+    size_t nslots;   /* power of two */
+    uint32_t *dirty; /* entry indices with add_points > 0 */
+    size_t ndirty, capdirty;
+};
+
+struct store {
+    sqlite3 *db;
+    sqlite3_stmt *st[ST_COUNT];
+    struct store_opts opts;
+    struct fs_stats *stats;
+    struct fs_stats own_stats; /* when opts.stats is NULL */
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu; /* guards everything down to `serving` */
+    pthread_cond_t cv;      /* writer waits for items / stop */
+    pthread_cond_t done_cv; /* store_flush waits for batches */
+    struct store_item *head, *tail;
+    uint64_t q_items, q_bytes, q_spool; /* queued + in the open transaction */
+    uint64_t submitted, settled;        /* item counts, for store_flush */
+    uint64_t spool_bytes;               /* committed */
+    int refusing, stopping;
+    struct store_result *res; /* announced, not yet taken */
+    size_t nres, capres;
+    void (*notify)(void *ctx);
+    void *notify_ctx;
+    atomic_int serving;
+
+    /* writer thread only */
+    struct series_cache cache;
+    struct store_item **batch;   /* batch_max_items */
+    unsigned char *refused;      /* batch_max_items flags */
+    struct store_result *wres; /* results of the batch being written */
+    size_t nwres, capwres;
+    struct log_ratelimit rl_fail;
+};
+
+static double now_unix(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Storage trouble that may pass (disk full, I/O, locks, memory): retry the
+ * whole batch. Anything else is a problem with one item: refuse that item. */
+static int transient(int rc)
+{
+    switch (rc & 0xff) {
+    case SQLITE_CONSTRAINT:
+    case SQLITE_MISMATCH:
+    case SQLITE_TOOBIG:
+    case SQLITE_RANGE:
+    case SQLITE_ERROR:
+        return 0;
+    default:
+        return 1;
+    }
+}
+
+/* Steps st once, reading ncols int64 columns of a row into cols; resets
+ * it and clears its bindings. Returns SQLITE_ROW, SQLITE_DONE or an error. */
+static int exec1(sqlite3_stmt *st, int64_t *cols, int ncols)
+{
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        for (int i = 0; i < ncols; i++)
+            cols[i] = sqlite3_column_int64(st, i);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc;
+}
+
+static int ok(int rc) { return rc == SQLITE_ROW || rc == SQLITE_DONE || rc == SQLITE_OK; }
+
+/* --- series cache ------------------------------------------------------------ */
+
+static uint64_t series_hash(int64_t run_id, const char *name, int32_t l, int32_t h, int32_t w,
+                            int32_t r)
+{
+    uint64_t x = 1469598103934665603ull;
+    int64_t nums[5] = {run_id, l, h, w, r};
+    const unsigned char *p = (const unsigned char *)nums;
+    for (size_t i = 0; i < sizeof(nums); i++)
+        x = (x ^ p[i]) * 1099511628211ull;
+    for (; *name; name++)
+        x = (x ^ (unsigned char)*name) * 1099511628211ull;
+    return x;
+}
+
+static void cache_clear(struct series_cache *c)
+{
+    c->n = 0;
+    c->ndirty = 0;
+    if (c->slots)
+        memset(c->slots, 0, c->nslots * sizeof(*c->slots));
+}
+
+static void cache_free(struct series_cache *c)
+{
+    free(c->ents);
+    free(c->slots);
+    free(c->dirty);
+    memset(c, 0, sizeof(*c));
+}
+
+static int cache_reindex(struct series_cache *c, size_t nslots)
+{
+    uint32_t *slots = calloc(nslots, sizeof(*slots));
+    if (!slots)
+        return -ENOMEM;
+    for (size_t i = 0; i < c->n; i++) {
+        size_t j = c->ents[i].hash & (nslots - 1);
+        while (slots[j])
+            j = (j + 1) & (nslots - 1);
+        slots[j] = (uint32_t)i + 1;
+    }
+    free(c->slots);
+    c->slots = slots;
+    c->nslots = nslots;
+    return 0;
+}
+
+/* Returns the index of the cached entry, or -1. */
+static long cache_find(const struct series_cache *c, uint64_t hash, int64_t run_id,
+                       const char *name, int32_t l, int32_t h, int32_t w, int32_t r)
+{
+    if (!c->nslots)
+        return -1;
+    for (size_t j = hash & (c->nslots - 1); c->slots[j]; j = (j + 1) & (c->nslots - 1)) {
+        const struct series_entry *e = &c->ents[c->slots[j] - 1];
+        if (e->hash == hash && e->run_id == run_id && e->layer == l && e->head == h &&
+            e->window == w && e->rank == r && strcmp(e->name, name) == 0)
+            return (long)(c->slots[j] - 1);
+    }
+    return -1;
+}
+
+static long cache_add(struct series_cache *c, const struct series_entry *e)
+{
+    if ((c->n + 1) * 10 > c->nslots * 7 &&
+        cache_reindex(c, c->nslots ? c->nslots * 2 : 1024) < 0)
+        return -1;
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 256;
+        struct series_entry *ents = realloc(c->ents, cap * sizeof(*ents));
+        if (!ents)
+            return -1;
+        c->ents = ents;
+        c->cap = cap;
+    }
+    c->ents[c->n] = *e;
+    size_t j = e->hash & (c->nslots - 1);
+    while (c->slots[j])
+        j = (j + 1) & (c->nslots - 1);
+    c->slots[j] = (uint32_t)c->n + 1;
+    return (long)c->n++;
+}
+
+static int bind_series_key(sqlite3_stmt *st, int64_t run_id, const char *name, int32_t l,
+                           int32_t h, int32_t w, int32_t r)
+{
+    int rc = sqlite3_bind_int64(st, 1, run_id);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(st, 3, l);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(st, 4, h);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(st, 5, w);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(st, 6, r);
+    return rc;
+}
+
+/* Finds or creates the series; *idx is its cache entry. SQLite rc. */
+static int series_get(struct store *s, int64_t run_id, const char *name, int32_t l, int32_t h,
+                      int32_t w, int32_t r, long *idx)
+{
+    uint64_t hash = series_hash(run_id, name, l, h, w, r);
+    *idx = cache_find(&s->cache, hash, run_id, name, l, h, w, r);
+    if (*idx >= 0)
+        return SQLITE_OK;
+    int64_t id = 0;
+    int rc = bind_series_key(s->st[ST_SERIES_FIND], run_id, name, l, h, w, r);
+    if (rc != SQLITE_OK)
+        return rc;
+    rc = exec1(s->st[ST_SERIES_FIND], &id, 1);
+    if (rc == SQLITE_DONE) {
+        rc = bind_series_key(s->st[ST_SERIES_INSERT], run_id, name, l, h, w, r);
+        if (rc != SQLITE_OK)
+            return rc;
+        rc = exec1(s->st[ST_SERIES_INSERT], &id, 1);
+        if (rc == SQLITE_DONE)
+            return SQLITE_ERROR; /* RETURNING gave no row */
+    }
+    if (rc != SQLITE_ROW)
+        return rc;
+    struct series_entry e = {.run_id = run_id, .id = id, .layer = l, .head = h, .window = w,
+                             .rank = r, .hash = hash};
+    snprintf(e.name, sizeof(e.name), "%s", name);
+    *idx = cache_add(&s->cache, &e);
+    return *idx < 0 ? SQLITE_NOMEM : SQLITE_OK;
+}
+
+static int bind_value(sqlite3_stmt *st, int i, double v)
+{
+    /* SQLite stores NaN as NULL anyway; say so explicitly. NULL in points
+     * means "absent", so a NaN loss is not distinguishable from no loss in
+     * the database; the live value still reaches the detectors. */
+    return isnan(v) ? sqlite3_bind_null(st, i) : sqlite3_bind_double(st, i, v);
+}
+
+/* Stores value at step in the series of cache entry idx; a re-done step
+ * replaces its value without adding a point. */
+static int point_put(struct store *s, long idx, uint64_t step, double value, double t,
+                     uint64_t *points)
+{
+    int64_t id = s->cache.ents[idx].id;
+    sqlite3_stmt *st = s->st[ST_POINT_INSERT];
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int64(st, 2, (int64_t)step);
+    bind_value(st, 3, value);
+    sqlite3_bind_double(st, 4, t);
+    int rc = exec1(st, NULL, 0);
+    if (!ok(rc))
+        return rc;
+    if (sqlite3_changes(s->db) == 0) {
+        st = s->st[ST_POINT_UPDATE];
+        sqlite3_bind_int64(st, 1, id);
+        sqlite3_bind_int64(st, 2, (int64_t)step);
+        bind_value(st, 3, value);
+        sqlite3_bind_double(st, 4, t);
+        rc = exec1(st, NULL, 0);
+        return ok(rc) ? SQLITE_OK : rc;
+    }
+    struct series_cache *c = &s->cache;
+    struct series_entry *e = &c->ents[idx];
+    if (!e->dirty) {
+        if (c->ndirty == c->capdirty) {
+            size_t cap = c->capdirty ? c->capdirty * 2 : 256;
+            uint32_t *d = realloc(c->dirty, cap * sizeof(*d));
+            if (!d)
+                return SQLITE_NOMEM;
+            c->dirty = d;
+            c->capdirty = cap;
+        }
+        c->dirty[c->ndirty++] = (uint32_t)idx;
+        e->dirty = 1;
+        e->add_points = 0;
+        e->min_step = e->max_step = (int64_t)step;
+    }
+    e->add_points++;
+    if ((int64_t)step < e->min_step)
+        e->min_step = (int64_t)step;
+    if ((int64_t)step > e->max_step)
+        e->max_step = (int64_t)step;
+    (*points)++;
+    return SQLITE_OK;
+}
+
+/* Writes the batch's point counts and step ranges into series rows. */
+static int series_flush(struct store *s)
+{
+    struct series_cache *c = &s->cache;
+    for (size_t i = 0; i < c->ndirty; i++) {
+        struct series_entry *e = &c->ents[c->dirty[i]];
+        sqlite3_stmt *st = s->st[ST_SERIES_BUMP];
+        sqlite3_bind_int64(st, 1, e->id);
+        sqlite3_bind_int64(st, 2, e->add_points);
+        sqlite3_bind_int64(st, 3, e->min_step);
+        sqlite3_bind_int64(st, 4, e->max_step);
+        int rc = exec1(st, NULL, 0);
+        if (!ok(rc))
+            return rc;
+    }
+    for (size_t i = 0; i < c->ndirty; i++)
+        c->ents[c->dirty[i]].dirty = 0;
+    c->ndirty = 0;
+    return SQLITE_OK;
+}
+
+/* --- results of the batch being written ----------------------------------------- */
+
+static struct store_result *wres_add(struct store *s)
+{
+    if (s->nwres == s->capwres) {
+        size_t cap = s->capwres ? s->capwres * 2 : 64;
+        struct store_result *r = realloc(s->wres, cap * sizeof(*r));
+        if (!r)
+            return NULL;
+        s->wres = r;
+        s->capwres = cap;
+    }
+    struct store_result *r = &s->wres[s->nwres++];
+    memset(r, 0, sizeof(*r));
+    return r;
+}
+
+/* One Ack per connection per batch: merges into that connection's latest
+ * result when it is an Ack, else appends. */
+static int wres_ack(struct store *s, const struct store_item *it)
+{
+    if (!it->conn_id)
+        return 0;
+    for (size_t i = s->nwres; i-- > 0;) {
+        struct store_result *r = &s->wres[i];
+        if (r->conn_id != it->conn_id)
+            continue;
+        if (r->kind == STORE_RESULT_ACK && !r->error_code) {
+            r->items++;
+            if (it->report.seq > r->seq)
+                r->seq = it->report.seq;
+            return 0;
+        }
+        break;
+    }
+    struct store_result *r = wres_add(s);
+    if (!r)
+        return -ENOMEM;
+    r->kind = STORE_RESULT_ACK;
+    r->conn_id = it->conn_id;
+    r->items = 1;
+    r->run_id = it->report.run_id;
+    r->stream_id = it->report.stream_id;
+    r->seq = it->report.seq;
+    return 0;
+}
+
+/* --- applying items (inside the open transaction) ------------------------------ */
+
+struct batch_counts {
+    uint64_t reports, duplicates, points;
+    int64_t spool_delta;
+};
+
+static int apply_hello(struct store *s, const struct store_item *it, double now,
+                       struct store_result *r)
+{
+    const struct store_hello *h = &it->hello;
+    r->kind = STORE_RESULT_HELLO;
+    r->conn_id = it->conn_id;
+    r->items = 1;
+    int64_t id = 0;
+    sqlite3_bind_text(s->st[ST_RUN_FIND], 1, h->run, -1, SQLITE_STATIC);
+    int rc = exec1(s->st[ST_RUN_FIND], &id, 1);
+    if (!ok(rc))
+        return rc;
+    if (rc == SQLITE_DONE) {
+        int64_t count = 0;
+        rc = exec1(s->st[ST_RUN_COUNT], &count, 1);
+        if (!ok(rc))
+            return rc;
+        if ((uint64_t)count >= s->opts.max_runs) {
+            r->error_code = FORESHOCK__ERROR_CODE__ERROR_LIMIT;
+            snprintf(r->message, sizeof(r->message),
+                     "run limit reached: the database holds max_runs = %llu runs",
+                     (unsigned long long)s->opts.max_runs);
+            return SQLITE_OK;
+        }
+    }
+    sqlite3_stmt *st = s->st[ST_RUN_UPSERT];
+    sqlite3_bind_text(st, 1, h->run, -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 2, now);
+    sqlite3_bind_int64(st, 3, h->world_size);
+    if (h->has_detect_from_step)
+        sqlite3_bind_int64(st, 4, (int64_t)h->detect_from_step);
+    if (h->model_json)
+        sqlite3_bind_text(st, 5, h->model_json, -1, SQLITE_STATIC);
+    rc = exec1(st, &r->run_id, 1);
+    if (rc != SQLITE_ROW)
+        return ok(rc) ? SQLITE_ERROR : rc;
+    st = s->st[ST_STREAM_UPSERT];
+    sqlite3_bind_int64(st, 1, r->run_id);
+    sqlite3_bind_int64(st, 2, h->attempt);
+    sqlite3_bind_int64(st, 3, h->rank);
+    sqlite3_bind_double(st, 4, now);
+    int64_t cols[2] = {0, 0};
+    rc = exec1(st, cols, 2);
+    if (rc != SQLITE_ROW)
+        return ok(rc) ? SQLITE_ERROR : rc;
+    r->stream_id = cols[0];
+    r->seq = (uint64_t)cols[1];
+    return SQLITE_OK;
+}
+
+static int apply_report(struct store *s, const struct store_item *it, struct batch_counts *bc)
+{
+    const struct store_report *rp = &it->report;
+    sqlite3_stmt *st = s->st[ST_REPORT_INSERT];
+    sqlite3_bind_int64(st, 1, rp->stream_id);
+    sqlite3_bind_int64(st, 2, (int64_t)rp->seq);
+    sqlite3_bind_int64(st, 3, (int64_t)rp->step);
+    sqlite3_bind_double(st, 4, rp->received_at);
+    sqlite3_bind_int64(st, 5, rp->frame_bytes);
+    int rc = exec1(st, NULL, 0);
+    if (!ok(rc))
+        return rc;
+    if (sqlite3_changes(s->db) == 0) {
+        /* (stream, seq) is already committed: a resend. Store nothing. */
+        bc->duplicates++;
+        return SQLITE_OK;
+    }
+    long idx;
+    int32_t rank = (int32_t)rp->rank;
+    for (int i = 0; i < STORE_NSCALARS; i++) {
+        if (!(rp->present & (1u << i)))
+            continue;
+        if ((rc = series_get(s, rp->run_id, scalar_series[i], -1, -1, 0, rank, &idx)) != SQLITE_OK ||
+            (rc = point_put(s, idx, rp->step, rp->scalars[i], rp->time, &bc->points)) != SQLITE_OK)
+            return rc;
+    }
+    const float *arr[2] = {rp->weight_norm, rp->update_ratio};
+    const uint32_t len[2] = {rp->n_weight_norm, rp->n_update_ratio};
+    const char *names[2] = {"weight_norm", "update_ratio"};
+    for (int k = 0; k < 2; k++) {
+        for (uint32_t l = 0; l < len[k]; l++) {
+            if ((rc = series_get(s, rp->run_id, names[k], (int32_t)l, -1, 0, rank, &idx)) != SQLITE_OK ||
+                (rc = point_put(s, idx, rp->step, arr[k][l], rp->time, &bc->points)) != SQLITE_OK)
+                return rc;
+        }
+    }
+    if (rp->sketch_body && rp->sketch_len) {
+        st = s->st[ST_SPOOL_INSERT];
+        sqlite3_bind_int64(st, 1, rp->run_id);
+        sqlite3_bind_int64(st, 2, rp->stream_id);
+        sqlite3_bind_int64(st, 3, (int64_t)rp->seq);
+        sqlite3_bind_int64(st, 4, (int64_t)rp->step);
+        sqlite3_bind_int64(st, 5, (int64_t)rp->sketch_len);
+        sqlite3_bind_blob(st, 6, rp->sketch_body, (int)rp->sketch_len, SQLITE_STATIC);
+        if (!ok(rc = exec1(st, NULL, 0)))
+            return rc;
+        bc->spool_delta += (int64_t)rp->sketch_len;
+    }
+    st = s->st[ST_STREAM_BUMP];
+    sqlite3_bind_int64(st, 1, rp->stream_id);
+    sqlite3_bind_int64(st, 2, (int64_t)rp->seq);
+    sqlite3_bind_double(st, 3, rp->received_at);
+    if (!ok(rc = exec1(st, NULL, 0)))
+        return rc;
+    st = s->st[ST_RUN_BUMP];
+    sqlite3_bind_int64(st, 1, rp->run_id);
+    sqlite3_bind_int64(st, 2, (int64_t)rp->step);
+    sqlite3_bind_double(st, 3, rp->received_at);
+    if (!ok(rc = exec1(st, NULL, 0)))
+        return rc;
+    bc->reports++;
+    return SQLITE_OK;
+}
+
+static int apply_spool_done(struct store *s, const struct store_item *it, struct batch_counts *bc)
+{
+    sqlite3_stmt *st = s->st[ST_SPOOL_DELETE];
+    sqlite3_bind_int64(st, 1, it->spool_done.run_id);
+    sqlite3_bind_int64(st, 2, (int64_t)it->spool_done.step);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        bc->spool_delta -= sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return ok(rc) ? SQLITE_OK : rc;
+}
+
+/* Applies one item; SQLite rc. A HELLO refused by a limit is not an error:
+ * its result carries the refusal. */
+static int apply_item(struct store *s, const struct store_item *it, double now,
+                      struct batch_counts *bc)
+{
+    switch (it->kind) {
+    case STORE_ITEM_HELLO: {
+        struct store_result *r = wres_add(s);
+        return r ? apply_hello(s, it, now, r) : SQLITE_NOMEM;
+    }
+    case STORE_ITEM_REPORT: {
+        int rc = apply_report(s, it, bc);
+        if (rc == SQLITE_OK && wres_ack(s, it) < 0)
+            rc = SQLITE_NOMEM;
+        return rc;
+    }
+    case STORE_ITEM_SPOOL_DONE:
+        return apply_spool_done(s, it, bc);
+    }
+    return SQLITE_MISUSE;
+}
+
+/* --- the writer thread ------------------------------------------------------------- */
+
+static void rollback(struct store *s)
+{
+    if (!sqlite3_get_autocommit(s->db))
+        exec1(s->st[ST_ROLLBACK], NULL, 0);
+    /* Cached ids may name rows that no longer exist, and the batch's point
+     * counts are void. */
+    cache_clear(&s->cache);
+    s->nwres = 0;
+}
+
+/* One attempt at the batch in one transaction. Returns SQLITE_OK, or the
+ * error with *bad set to the failing item's index (-1 for BEGIN/COMMIT). */
+static int write_once(struct store *s, struct store_item **batch, size_t n,
+                      const unsigned char *refused, struct batch_counts *bc, long *bad)
+{
+    *bad = -1;
+    memset(bc, 0, sizeof(*bc));
+    s->nwres = 0;
+    int rc = exec1(s->st[ST_BEGIN], NULL, 0);
+    if (!ok(rc))
+        return rc;
+    double now = now_unix();
+    for (size_t i = 0; i < n; i++) {
+        if (refused[i])
+            continue;
+        rc = apply_item(s, batch[i], now, bc);
+        if (rc != SQLITE_OK) {
+            *bad = (long)i;
+            return rc;
+        }
+    }
+    if ((rc = series_flush(s)) != SQLITE_OK)
+        return rc;
+    rc = exec1(s->st[ST_COMMIT], NULL, 0);
+    return ok(rc) ? SQLITE_OK : rc;
+}
+
+static void set_failing(struct store *s, int failing)
+{
+    atomic_store(&s->stats->storage_failing, failing);
+    if (failing)
+        atomic_store(&s->stats->ready, 0);
+    else if (atomic_load(&s->serving))
+        atomic_store(&s->stats->ready, 1);
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
+}
+
+static void record_commit(struct store *s, double seconds)
+{
+    struct fs_stats *st = s->stats;
+    atomic_fetch_add(&st->commits, 1);
+    atomic_fetch_add(&st->commit_seconds_sum_us, (uint64_t)(seconds * 1e6));
+    for (int i = 0; i < STATS_COMMIT_BUCKETS; i++)
+        if (seconds <= stats_commit_bucket_le[i])
+            atomic_fetch_add(&st->commit_seconds_bucket[i], 1);
+    atomic_fetch_add(&st->commit_seconds_bucket[STATS_COMMIT_BUCKETS], 1);
+}
+
+/* Writes the batch until it commits: transient failures are retried with
+ * backoff; an item that fails on its own (a constraint, a bug) is refused
+ * together with the later items of its connection in this batch, whose
+ * submitter gets one ERROR_INTERNAL result, and the rest is retried at once.
+ * Acks never cover a refused item. */
+static void write_batch(struct store *s, struct store_item **batch, size_t n,
+                        struct batch_counts *bc)
+{
+    unsigned char *refused = s->refused;
+    memset(refused, 0, n);
+    unsigned backoff = FS_STORE_RETRY_MIN_MS;
+    struct store_result *errs = NULL;
+    size_t nerrs = 0;
+    for (;;) {
+        long bad;
+        double t0 = now_mono();
+        int rc = write_once(s, batch, n, refused, bc, &bad);
+        if (rc == SQLITE_OK) {
+            record_commit(s, now_mono() - t0);
+            if (atomic_load(&s->stats->storage_failing)) {
+                log_info("store", "commits succeed again");
+                set_failing(s, 0);
+            }
+            break;
+        }
+        char msg[128];
+        snprintf(msg, sizeof(msg), "%s", sqlite3_errmsg(s->db));
+        atomic_fetch_add(&s->stats->commit_errors, 1);
+        rollback(s);
+        if (!transient(rc) && bad >= 0) {
+            struct store_item *it = batch[bad];
+            log_error("store", "refusing a %s item of conn %llu: %s",
+                      it->kind == STORE_ITEM_HELLO ? "hello" : "report",
+                      (unsigned long long)it->conn_id, msg);
+            struct store_result *e = realloc(errs, (nerrs + 1) * sizeof(*e));
+            if (!e) { /* cannot tell the submitter: retry as if transient */
+                sleep_ms(backoff);
+                continue;
+            }
+            errs = e;
+            e = &errs[nerrs++];
+            memset(e, 0, sizeof(*e));
+            e->kind = it->kind == STORE_ITEM_HELLO ? STORE_RESULT_HELLO : STORE_RESULT_ACK;
+            e->conn_id = it->conn_id;
+            e->error_code = FORESHOCK__ERROR_CODE__ERROR_INTERNAL;
+            snprintf(e->message, sizeof(e->message), "storage refused the frame: %s", msg);
+            for (size_t i = (size_t)bad; i < n; i++) {
+                if (!refused[i] && (i == (size_t)bad ||
+                                    (it->conn_id && batch[i]->conn_id == it->conn_id))) {
+                    refused[i] = 1;
+                    e->items++;
+                }
+            }
+            continue;
+        }
+        log_limited(&s->rl_fail, LOG_LEVEL_ERROR, "store",
+                    "commit of %zu items failed (%s); retrying in %u ms, nothing is acked until "
+                    "it succeeds",
+                    n, msg, backoff);
+        set_failing(s, 1);
+        sleep_ms(backoff);
+        backoff = backoff * 2 > FS_STORE_RETRY_MAX_MS ? FS_STORE_RETRY_MAX_MS : backoff * 2;
+    }
+    for (size_t i = 0; i < nerrs; i++) {
+        struct store_result *r = wres_add(s);
+        if (r)
+            *r = errs[i];
+    }
+    free(errs);
+}
+
+static void announce(struct store *s)
+{
+    if (s->nwres) {
+        if (s->nres + s->nwres > s->capres) {
+            size_t cap = s->capres ? s->capres : 64;
+            while (cap < s->nres + s->nwres)
+                cap *= 2;
+            struct store_result *r = realloc(s->res, cap * sizeof(*r));
+            if (!r) {
+                log_error("store", "out of memory announcing %zu results", s->nwres);
+                s->nwres = 0;
+                return;
+            }
+            s->res = r;
+            s->capres = cap;
+        }
+        memcpy(s->res + s->nres, s->wres, s->nwres * sizeof(*s->wres));
+        s->nres += s->nwres;
+        s->nwres = 0;
+    }
+}
+
+static void *writer_main(void *arg)
+{
+    struct store *s = arg;
+    uint64_t max = s->opts.batch_max_items;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->head && !s->stopping)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->head) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        size_t n = 0;
+        uint64_t bytes = 0, spool = 0;
+        while (s->head && n < max) {
+            struct store_item *it = s->head;
+            s->head = it->next;
+            it->next = NULL;
+            bytes += it->bytes;
+            if (it->kind == STORE_ITEM_REPORT)
+                spool += it->report.sketch_len;
+            s->batch[n++] = it;
+        }
+        if (!s->head)
+            s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+
+        if (s->cache.n > FS_STORE_SERIES_CACHE_MAX)
+            cache_clear(&s->cache);
+        struct batch_counts bc;
+        write_batch(s, s->batch, n, &bc);
+        atomic_fetch_add(&s->stats->reports_committed, bc.reports);
+        atomic_fetch_add(&s->stats->reports_duplicate, bc.duplicates);
+        atomic_fetch_add(&s->stats->points_committed, bc.points);
+
+        pthread_mutex_lock(&s->mu);
+        announce(s);
+        s->q_items -= n;
+        s->q_bytes -= bytes;
+        s->q_spool -= spool;
+        s->spool_bytes = (uint64_t)((int64_t)s->spool_bytes + bc.spool_delta);
+        s->settled += n;
+        atomic_store(&s->stats->writer_queue_items, s->q_items);
+        atomic_store(&s->stats->writer_queue_bytes, s->q_bytes);
+        atomic_store(&s->stats->spool_bytes, s->spool_bytes);
+        if (s->refusing && s->q_items <= s->opts.queue_max_items / 2 &&
+            s->q_bytes <= s->opts.queue_max_bytes / 2 &&
+            s->spool_bytes + s->q_spool < s->opts.spool_max_bytes) {
+            s->refusing = 0;
+            struct store_result *r = wres_add(s);
+            if (r) {
+                r->kind = STORE_RESULT_RESUME;
+                announce(s);
+            }
+        }
+        if (s->nres && s->notify)
+            s->notify(s->notify_ctx);
+        pthread_cond_broadcast(&s->done_cv);
+        pthread_mutex_unlock(&s->mu);
+
+        for (size_t i = 0; i < n; i++)
+            store_item_free(s->batch[i]);
+    }
+    return NULL;
+}
+
+/* --- public API ---------------------------------------------------------------------- */
+
+struct store_item *store_item_new(enum store_item_kind kind)
+{
+    struct store_item *it = calloc(1, sizeof(*it));
+    if (it)
+        it->kind = kind;
+    return it;
+}
+
+void store_item_free(struct store_item *it)
+{
+    if (!it)
+        return;
+    if (it->kind == STORE_ITEM_HELLO) {
+        free(it->hello.model_json);
+    } else if (it->kind == STORE_ITEM_REPORT) {
+        free(it->report.weight_norm);
+        free(it->report.update_ratio);
+        free(it->report.sketch_body);
+    }
+    free(it);
+}
+
+static size_t item_bytes(const struct store_item *it)
+{
+    size_t b = sizeof(*it);
+    if (it->kind == STORE_ITEM_HELLO && it->hello.model_json)
+        b += strlen(it->hello.model_json) + 1;
+    if (it->kind == STORE_ITEM_REPORT)
+        b += it->report.sketch_len +
+             sizeof(float) * ((size_t)it->report.n_weight_norm + it->report.n_update_ratio);
+    return b;
+}
+
+int store_submit(struct store *s, struct store_item *it)
+{
+    size_t b = item_bytes(it);
+    uint64_t spool = it->kind == STORE_ITEM_REPORT ? it->report.sketch_len : 0;
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        rc = -ESHUTDOWN;
+        goto out;
+    }
+    if (it->kind == STORE_ITEM_HELLO || it->kind == STORE_ITEM_REPORT) {
+        /* An item larger than the byte bound still goes into an empty
+         * queue: max_frame_bytes may exceed writer_queue_max_bytes. */
+        int full = s->q_items >= s->opts.queue_max_items ||
+                   (s->q_items > 0 && s->q_bytes + b > s->opts.queue_max_bytes) ||
+                   (spool && s->spool_bytes + s->q_spool >= s->opts.spool_max_bytes);
+        if (s->refusing || full) {
+            s->refusing = 1;
+            rc = -EAGAIN;
+            goto out;
+        }
+    }
+    it->bytes = b;
+    it->next = NULL;
+    if (s->tail)
+        s->tail->next = it;
+    else
+        s->head = it;
+    s->tail = it;
+    s->q_items++;
+    s->q_bytes += b;
+    s->q_spool += spool;
+    s->submitted++;
+    atomic_store(&s->stats->writer_queue_items, s->q_items);
+    atomic_store(&s->stats->writer_queue_bytes, s->q_bytes);
+    pthread_cond_signal(&s->cv);
+out:
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+size_t store_take_results(struct store *s, struct store_result **out)
+{
+    pthread_mutex_lock(&s->mu);
+    size_t n = s->nres;
+    *out = n ? s->res : NULL;
+    if (n) {
+        s->res = NULL;
+        s->nres = s->capres = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+void store_set_notify(struct store *s, void (*notify)(void *ctx), void *ctx)
+{
+    /* The writer calls notify under mu, so after this returns the old
+     * callback is neither running nor going to run. */
+    pthread_mutex_lock(&s->mu);
+    s->notify = notify;
+    s->notify_ctx = ctx;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void store_set_serving(struct store *s, int serving)
+{
+    atomic_store(&s->serving, serving);
+}
+
+void store_flush(struct store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t target = s->submitted;
+    while (s->settled < target)
+        pthread_cond_wait(&s->done_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+uint64_t store_spool_bytes(struct store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t b = s->spool_bytes;
+    pthread_mutex_unlock(&s->mu);
+    return b;
+}
+
+/* --- open, migrate, close -------------------------------------------------------------- */
+
+static int exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen, const char *what)
+{
+    char *msg = NULL;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
+    if (rc != SQLITE_OK)
+        snprintf(err, errlen, "%s: %s", what, msg ? msg : sqlite3_errstr(rc));
+    sqlite3_free(msg);
+    return rc;
+}
+
+static int pragma_int(sqlite3 *db, const char *sql, int64_t *out)
+{
+    sqlite3_stmt *st;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK)
+        return rc;
+    rc = exec1(st, out, 1);
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? SQLITE_OK : (ok(rc) ? SQLITE_ERROR : rc);
+}
+
+static int migrate(sqlite3 *db, const char *path, char *err, size_t errlen)
+{
+    int64_t version = 0;
+    if (pragma_int(db, "PRAGMA user_version", &version) != SQLITE_OK) {
+        snprintf(err, errlen, "%s: cannot read user_version: %s", path, sqlite3_errmsg(db));
+        return -EIO;
+    }
+    if (version > schema_migration_count) {
+        snprintf(err, errlen,
+                 "%s: database schema version %lld is newer than this foreshockd knows (%d); "
+                 "refusing to open it",
+                 path, (long long)version, schema_migration_count);
+        return -EPROTO;
+    }
+    for (int i = (int)version; i < schema_migration_count; i++) {
+        const struct schema_migration *m = &schema_migrations[i];
+        char what[256], sql[64];
+        snprintf(what, sizeof(what), "%s: migration %s", path, m->name);
+        snprintf(sql, sizeof(sql), "PRAGMA user_version = %d", m->version);
+        if (exec_sql(db, "BEGIN IMMEDIATE", err, errlen, what) != SQLITE_OK)
+            return -EIO;
+        if (exec_sql(db, m->sql, err, errlen, what) != SQLITE_OK ||
+            exec_sql(db, sql, err, errlen, what) != SQLITE_OK ||
+            exec_sql(db, "COMMIT", err, errlen, what) != SQLITE_OK) {
+            sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+            return -EIO;
+        }
+        log_info("store", "applied migration %s", m->name);
+    }
+    return 0;
+}
+
+static int configure(sqlite3 *db, const char *path, int full, char *err, size_t errlen)
+{
+    sqlite3_extended_result_codes(db, 1);
+    sqlite3_busy_timeout(db, FS_STORE_BUSY_TIMEOUT_MS);
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL) != SQLITE_OK) {
+        snprintf(err, errlen, "%s: %s", path, sqlite3_errmsg(db));
+        return -EIO;
+    }
+    int rc = sqlite3_step(st);
+    const char *mode = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
+    int wal = mode && (strcmp(mode, "wal") == 0 || strcmp(mode, "memory") == 0);
+    char got[32];
+    snprintf(got, sizeof(got), "%s", mode ? mode : "?");
+    sqlite3_finalize(st);
+    if (!wal) {
+        snprintf(err, errlen, "%s: cannot enable WAL (journal_mode is %s): %s", path, got,
+                 sqlite3_errmsg(db));
+        return -EIO;
+    }
+    if (exec_sql(db, full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL", err,
+                 errlen, path) != SQLITE_OK ||
+        exec_sql(db, "PRAGMA foreign_keys = ON", err, errlen, path) != SQLITE_OK)
+        return -EIO;
+    return 0;
+}
+
+int store_open(const char *path, const struct store_opts *opts, struct store **out, char *err,
+               size_t errlen)
+{
+    int rc = -ENOMEM;
+    struct store *s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    s->opts = *opts;
+    s->stats = opts->stats ? opts->stats : &s->own_stats;
+    s->notify = opts->notify;
+    s->notify_ctx = opts->notify_ctx;
+    int mu = 0, cv = 0, done = 0;
+    if (s->opts.batch_max_items < 1)
+        s->opts.batch_max_items = 1;
+    s->batch = calloc(s->opts.batch_max_items, sizeof(*s->batch));
+    s->refused = calloc(s->opts.batch_max_items, 1);
+    if (!s->batch || !s->refused) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+    if (sqlite3_open_v2(path, &s->db, flags, NULL) != SQLITE_OK) {
+        snprintf(err, errlen, "cannot open database %s: %s", path,
+                 s->db ? sqlite3_errmsg(s->db) : "out of memory");
+        rc = -EIO;
+        goto fail;
+    }
+    if ((rc = configure(s->db, path, opts->synchronous_full, err, errlen)) < 0 ||
+        (rc = migrate(s->db, path, err, errlen)) < 0)
+        goto fail;
+    for (int i = 0; i < ST_COUNT; i++) {
+        if (sqlite3_prepare_v3(s->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i],
+                               NULL) != SQLITE_OK) {
+            snprintf(err, errlen, "%s: preparing statement %d: %s", path, i, sqlite3_errmsg(s->db));
+            rc = -EIO;
+            goto fail;
+        }
+    }
+    int64_t spool = 0;
+    if (pragma_int(s->db, "SELECT COALESCE(SUM(bytes), 0) FROM spool", &spool) != SQLITE_OK) {
+        snprintf(err, errlen, "%s: reading spool size: %s", path, sqlite3_errmsg(s->db));
+        rc = -EIO;
+        goto fail;
+    }
+    s->spool_bytes = (uint64_t)spool;
+    atomic_store(&s->stats->spool_bytes, s->spool_bytes);
+    rc = -ENOMEM;
+    if (!(mu = !pthread_mutex_init(&s->mu, NULL)) || !(cv = !pthread_cond_init(&s->cv, NULL)) ||
+        !(done = !pthread_cond_init(&s->done_cv, NULL))) {
+        snprintf(err, errlen, "cannot create writer locks");
+        goto fail;
+    }
+    if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
+        snprintf(err, errlen, "cannot start the writer thread");
+        rc = -EAGAIN;
+        goto fail;
+    }
+    s->thread_started = 1;
+    *out = s;
+    return 0;
+fail:
+    if (done)
+        pthread_cond_destroy(&s->done_cv);
+    if (cv)
+        pthread_cond_destroy(&s->cv);
+    if (mu)
+        pthread_mutex_destroy(&s->mu);
+    for (int i = 0; i < ST_COUNT; i++)
+        sqlite3_finalize(s->st[i]);
+    sqlite3_close(s->db);
+    free(s->batch);
+    free(s->refused);
+    free(s);
+    return rc;
+}
+
+void store_close(struct store *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->thread_started)
+        pthread_join(s->thread, NULL);
+    for (int i = 0; i < ST_COUNT; i++)
+        sqlite3_finalize(s->st[i]);
+    /* Closing the last connection checkpoints the WAL into the database. */
+    if (sqlite3_close(s->db) != SQLITE_OK)
+        log_warn("store", "closing the database: %s", sqlite3_errmsg(s->db));
+    pthread_cond_destroy(&s->done_cv);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    cache_free(&s->cache);
+    free(s->batch);
+    free(s->refused);
+    free(s->res);
+    free(s->wres);
+    free(s);
+}
+
+int store_open_readonly(const char *path, sqlite3 **out, char *err, size_t errlen)
+{
+    sqlite3 *db = NULL;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        snprintf(err, errlen, "cannot open database %s read-only: %s", path,
+                 db ? sqlite3_errmsg(db) : "out of memory");
+        sqlite3_close(db);
+        return -EIO;
+    }
+    sqlite3_busy_timeout(db, FS_STORE_BUSY_TIMEOUT_MS);
+    if (exec_sql(db, "PRAGMA query_only = 1", err, errlen, path) != SQLITE_OK) {
+        sqlite3_close(db);
+        return -EIO;
+    }
+    *out = db;
+    return 0;
+}

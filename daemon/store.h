@@ -1,0 +1,181 @@
+#ifndef FORESHOCK_STORE_H
+#define FORESHOCK_STORE_H
+
+#include <sqlite3.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "limits.h"
+#include "stats.h"
+
+/* Storage: the writer thread and the only read-write SQLite connection.
+ *
+ * Other threads hand the writer owned items through a bounded FIFO queue
+ * (store_submit, never blocks). The writer takes everything queued, up to
+ * batch_max_items, into one transaction and only AFTER COMMIT announces the
+ * results (Welcome data, Acks) through a second queue that the owner of the
+ * connections drains with store_take_results(); opts.notify wakes it up
+ * (the ingest passes a uv_async_send wrapper). A failed commit (disk full,
+ * I/O error, busy) is rolled back and retried with backoff, keeping the
+ * items: nothing is announced until it is committed, and the queue filling
+ * up is what pushes back on the clients.
+ *
+ * Backpressure: store_submit refuses HELLO and REPORT items with -EAGAIN once
+ * the queue holds queue_max_items items or queue_max_bytes bytes (items in
+ * the transaction being written count until they commit), or once the spool
+ * holds spool_max_bytes; it keeps refusing until the writer has drained to
+ * half of both bounds and the spool is back under its bound, then announces
+ * STORE_RESULT_RESUME. Other item kinds are never refused (the stages that
+ * free space must not be blocked by the lack of it). */
+
+enum store_item_kind {
+    STORE_ITEM_HELLO = 1,
+    STORE_ITEM_REPORT = 2,
+    STORE_ITEM_SPOOL_DONE = 3, /* monitors are done with a run's steps <= step */
+};
+
+/* Scalars of a report, by index into store_report.scalars. */
+enum store_scalar {
+    STORE_LOSS,
+    STORE_GRAD_NORM,
+    STORE_LR,
+    STORE_LOSS_SCALE,
+    STORE_TOKENS,
+    STORE_STEP_TIME,
+    STORE_NSCALARS
+};
+
+struct store_hello {
+    char run[FS_MAX_RUN_ID_LEN + 1];
+    uint32_t attempt;
+    uint32_t rank;
+    uint32_t world_size;
+    int has_detect_from_step;
+    uint64_t detect_from_step;
+    char *model_json; /* owned (malloc), may be NULL */
+};
+
+struct store_report {
+    int64_t run_id;    /* from the HELLO result */
+    int64_t stream_id; /* from the HELLO result */
+    uint32_t rank;     /* label of the per-rank series */
+    uint64_t seq;      /* 1..INT64_MAX */
+    uint64_t step;     /* 0..INT64_MAX */
+    double time;        /* sample time, unix seconds (Report.time_unix or receipt) */
+    double received_at; /* unix seconds */
+    uint32_t frame_bytes; /* wire size of the frame, for reports.bytes */
+    unsigned present;     /* bit i set: scalars[i] is present */
+    double scalars[STORE_NSCALARS];
+    uint32_t n_weight_norm; /* per-layer, index = layer */
+    uint32_t n_update_ratio;
+    float *weight_norm;     /* owned (malloc), n_weight_norm values */
+    float *update_ratio;    /* owned (malloc) */
+    uint8_t *sketch_body;   /* owned: the Frame body as received, when it carries sketches */
+    size_t sketch_len;
+};
+
+struct store_spool_done {
+    int64_t run_id;
+    uint64_t step; /* delete spooled sketches of steps <= step */
+};
+
+struct store_item {
+    struct store_item *next; /* queue link: the store's while queued */
+    enum store_item_kind kind;
+    uint64_t conn_id; /* the submitter's tag, returned in the result; 0 = no result wanted */
+    size_t bytes;     /* accounted size, computed by store_submit */
+    union {
+        struct store_hello hello;
+        struct store_report report;
+        struct store_spool_done spool_done;
+    };
+};
+
+/* Allocates a zeroed item of the kind; NULL when out of memory. Any thread. */
+struct store_item *store_item_new(enum store_item_kind kind);
+/* Frees an item and what it owns. NULL is a no-op. Any thread. */
+void store_item_free(struct store_item *item);
+
+enum store_result_kind {
+    STORE_RESULT_HELLO = 1, /* run_id, stream_id, seq = last committed seq of the stream */
+    STORE_RESULT_ACK = 2,   /* seq = highest seq of this conn's reports in the commit */
+    STORE_RESULT_RESUME = 3, /* the queue drained below its low watermark */
+};
+
+struct store_result {
+    enum store_result_kind kind;
+    uint64_t conn_id;
+    uint64_t items;    /* submitted items of conn_id this result settles */
+    int64_t run_id;
+    int64_t stream_id;
+    uint64_t seq;
+    int error_code;    /* 0, or FORESHOCK__ERROR_CODE__* when the item was refused */
+    char message[160]; /* when error_code != 0 */
+};
+
+struct store_opts {
+    int synchronous_full;      /* 0: synchronous=NORMAL, 1: FULL */
+    uint64_t max_runs;
+    uint64_t queue_max_items;  /* high watermark; low = half */
+    uint64_t queue_max_bytes;
+    uint64_t batch_max_items;
+    uint64_t spool_max_bytes;
+    struct fs_stats *stats;    /* may be NULL (tests) */
+    /* Called on the writer thread, without blocking, after results were
+     * appended (and after RESUME). May be NULL; see store_set_notify. */
+    void (*notify)(void *ctx);
+    void *notify_ctx;
+};
+
+struct store;
+
+/* Opens (creating if needed) the database at path, sets WAL, synchronous,
+ * foreign keys and a busy timeout, applies the embedded migrations in order
+ * under PRAGMA user_version (each in its own transaction), prepares the
+ * statements and starts the writer thread. Refuses a database whose
+ * user_version is newer than the migrations we know. Returns 0 and *out, or
+ * a negative errno-style code with a message in err (errlen bytes); nothing
+ * is left open on failure. Main thread. */
+int store_open(const char *path, const struct store_opts *opts, struct store **out, char *err,
+               size_t errlen);
+
+/* Queues item; on 0 the store owns it. -EAGAIN: backpressure (HELLO and
+ * REPORT only; the caller keeps the item and retries after RESUME).
+ * -ESHUTDOWN: store_close has begun (caller keeps the item). Never blocks.
+ * Any thread; in the daemon, the loop thread. */
+int store_submit(struct store *s, struct store_item *item);
+
+/* Moves every announced result to the caller: returns the count and a
+ * malloc'd array in *out (NULL when 0) that the caller frees. Results of
+ * one connection are in submission order. Any thread; in the daemon, the
+ * loop thread. */
+size_t store_take_results(struct store *s, struct store_result **out);
+
+/* Replaces the notify callback (NULL detaches it; after this returns the
+ * old callback is not running and will not be called again). Any thread. */
+void store_set_notify(struct store *s, void (*notify)(void *ctx), void *ctx);
+
+/* While serving is 1, the writer restores stats->ready to 1 after a commit
+ * failure clears; main sets it once the daemon is ready and clears it when
+ * shutdown begins. Any thread. */
+void store_set_serving(struct store *s, int serving);
+
+/* Blocks until every item submitted before the call is committed (or
+ * refused) and announced. Tests and shutdown; not the loop thread. */
+void store_flush(struct store *s);
+
+/* Committed spool bytes (also stats->spool_bytes). Any thread. */
+uint64_t store_spool_bytes(struct store *s);
+
+/* Drains the queue (commits and announces everything submitted), stops and
+ * joins the writer thread, finalizes statements and closes the database.
+ * Undelivered results are discarded. NULL is a no-op. Main thread. */
+void store_close(struct store *s);
+
+/* A read-only connection to the daemon's database for another thread (the
+ * HTTP module): SQLITE_OPEN_READONLY, busy timeout, PRAGMA query_only. The
+ * caller owns *out (sqlite3_close). 0 or a negative errno-style code with a
+ * message in err. Any thread. */
+int store_open_readonly(const char *path, sqlite3 **out, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,563 @@
+/* store.c: migrations, the writer queue, commit-then-announce, dedup,
+ * re-done steps, backpressure, the spool. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "foreshock.pb-c.h"
+#include "schema.h"
+#include "store.h"
+
+struct fixture {
+    char dir[64];
+    char path[128];
+    struct fs_stats stats;
+    struct store *s;
+};
+
+static struct store_opts opts_for(struct fixture *f)
+{
+    return (struct store_opts){
+        .max_runs = 100,
+        .queue_max_items = 1000,
+        .queue_max_bytes = 1 << 24,
+        .batch_max_items = 64,
+        .spool_max_bytes = 1 << 24,
+        .stats = &f->stats,
+    };
+}
+
+static void fx_init(struct fixture *f)
+{
+    memset(f, 0, sizeof(*f));
+    snprintf(f->dir, sizeof(f->dir), "/tmp/fs-store-XXXXXX");
+    cr_assert_not_null(mkdtemp(f->dir));
+    snprintf(f->path, sizeof(f->path), "%s/t.db", f->dir);
+}
+
+static void fx_open(struct fixture *f, const struct store_opts *o)
+{
+    char err[512] = "";
+    int rc = store_open(f->path, o, &f->s, err, sizeof(err));
+    cr_assert_eq(rc, 0, "store_open: %d %s", rc, err);
+}
+
+static void fx_fini(struct fixture *f)
+{
+    store_close(f->s);
+    f->s = NULL;
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+static sqlite3 *ro(struct fixture *f)
+{
+    sqlite3 *db;
+    char err[256];
+    cr_assert_eq(store_open_readonly(f->path, &db, err, sizeof(err)), 0, "%s", err);
+    return db;
+}
+
+static int64_t q1(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st;
+    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s: %s", sql,
+                 sqlite3_errmsg(db));
+    int rc = sqlite3_step(st);
+    cr_assert_eq(rc, SQLITE_ROW, "%s: no row (%s)", sql, sqlite3_errmsg(db));
+    int64_t v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+static double qd(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st;
+    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s", sql);
+    cr_assert_eq(sqlite3_step(st), SQLITE_ROW, "%s: no row", sql);
+    double v = sqlite3_column_double(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+static void submit_ok(struct store *s, struct store_item *it)
+{
+    int rc = store_submit(s, it);
+    cr_assert_eq(rc, 0, "store_submit: %d", rc);
+}
+
+static struct store_item *hello(uint64_t conn, const char *run, uint32_t attempt, uint32_t rank)
+{
+    struct store_item *it = store_item_new(STORE_ITEM_HELLO);
+    cr_assert_not_null(it);
+    it->conn_id = conn;
+    snprintf(it->hello.run, sizeof(it->hello.run), "%s", run);
+    it->hello.attempt = attempt;
+    it->hello.rank = rank;
+    it->hello.world_size = rank + 1;
+    it->hello.model_json = strdup("{\"n_layers\":2}");
+    return it;
+}
+
+static struct store_item *report(uint64_t conn, const struct store_result *h, uint64_t seq,
+                                 uint64_t step, double loss)
+{
+    struct store_item *it = store_item_new(STORE_ITEM_REPORT);
+    cr_assert_not_null(it);
+    it->conn_id = conn;
+    it->report.run_id = h->run_id;
+    it->report.stream_id = h->stream_id;
+    it->report.rank = 0;
+    it->report.seq = seq;
+    it->report.step = step;
+    it->report.time = 1000.0 + (double)step;
+    it->report.received_at = 2000.0;
+    it->report.frame_bytes = 42;
+    it->report.present = 1u << STORE_LOSS | 1u << STORE_GRAD_NORM;
+    it->report.scalars[STORE_LOSS] = loss;
+    it->report.scalars[STORE_GRAD_NORM] = 1.0;
+    it->report.n_weight_norm = 2;
+    it->report.weight_norm = malloc(2 * sizeof(float));
+    it->report.weight_norm[0] = 3.0f;
+    it->report.weight_norm[1] = 4.0f;
+    return it;
+}
+
+/* Flushes and returns all results (caller frees). */
+static size_t results(struct store *s, struct store_result **out)
+{
+    store_flush(s);
+    return store_take_results(s, out);
+}
+
+static struct store_result hello_done(struct store *s, uint64_t conn)
+{
+    struct store_result *r;
+    size_t n = results(s, &r);
+    struct store_result h = {0};
+    int found = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].kind == STORE_RESULT_HELLO && r[i].conn_id == conn) {
+            h = r[i];
+            found = 1;
+        }
+    }
+    free(r);
+    cr_assert(found, "no HELLO result for conn %llu", (unsigned long long)conn);
+    return h;
+}
+
+/* Highest acked seq and number of settled items for conn in results. */
+static uint64_t acked(const struct store_result *r, size_t n, uint64_t conn, uint64_t *items)
+{
+    uint64_t seq = 0;
+    *items = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].kind == STORE_RESULT_ACK && r[i].conn_id == conn) {
+            cr_expect_eq(r[i].error_code, 0, "%s", r[i].message);
+            if (r[i].seq > seq)
+                seq = r[i].seq;
+            *items += r[i].items;
+        }
+    }
+    return seq;
+}
+
+Test(store, migrates_empty_db)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    sqlite3 *db = ro(&f);
+    cr_expect_eq(q1(db, "PRAGMA user_version"), schema_migration_count);
+    const char *tables[] = {"runs", "streams", "reports", "series", "points", "spool"};
+    for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
+        char sql[128];
+        snprintf(sql, sizeof(sql),
+                 "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '%s'",
+                 tables[i]);
+        cr_expect_eq(q1(db, sql), 1, "table %s missing", tables[i]);
+    }
+    cr_expect_eq(q1(db, "SELECT count(*) FROM runs"), 0);
+    char *mode = NULL;
+    sqlite3_stmt *st;
+    sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL);
+    cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+    mode = strdup((const char *)sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+    cr_expect_str_eq(mode, "wal");
+    free(mode);
+    /* Read-only really is read-only. */
+    cr_expect_neq(sqlite3_exec(db, "DELETE FROM runs", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    fx_fini(&f);
+}
+
+Test(store, reopen_is_a_noop)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "keep", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    cr_assert_eq(h.error_code, 0, "%s", h.message);
+    store_close(f.s);
+    fx_open(&f, &o);
+    sqlite3 *db = ro(&f);
+    cr_expect_eq(q1(db, "PRAGMA user_version"), schema_migration_count);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM runs WHERE name = 'keep'"), 1);
+    sqlite3_close(db);
+    /* The same stream comes back with the same ids. */
+    submit_ok(f.s, hello(2, "keep", 0, 0));
+    struct store_result h2 = hello_done(f.s, 2);
+    cr_expect_eq(h2.run_id, h.run_id);
+    cr_expect_eq(h2.stream_id, h.stream_id);
+    fx_fini(&f);
+}
+
+Test(store, refuses_newer_schema)
+{
+    struct fixture f;
+    fx_init(&f);
+    sqlite3 *db;
+    cr_assert_eq(sqlite3_open(f.path, &db), SQLITE_OK);
+    char sql[64];
+    snprintf(sql, sizeof(sql), "PRAGMA user_version = %d", schema_migration_count + 1);
+    cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    struct store_opts o = opts_for(&f);
+    char err[512] = "";
+    struct store *s = NULL;
+    int rc = store_open(f.path, &o, &s, err, sizeof(err));
+    cr_expect_lt(rc, 0);
+    cr_expect_null(s);
+    cr_expect(strstr(err, "newer") != NULL, "%s", err);
+    fx_fini(&f);
+}
+
+Test(store, report_commits_and_points_are_readable)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    sqlite3 *db = ro(&f); /* opened before anything is written */
+    submit_ok(f.s, hello(7, "r1", 0, 0));
+    struct store_result h = hello_done(f.s, 7);
+    cr_assert_eq(h.error_code, 0);
+    cr_expect_eq(h.seq, 0, "a new stream starts at last_seq 0");
+    cr_expect_gt(h.stream_id, 0);
+
+    submit_ok(f.s, report(7, &h, 1, 10, 2.5));
+    struct store_result *r;
+    size_t n = results(f.s, &r);
+    uint64_t items;
+    cr_expect_eq(acked(r, n, 7, &items), 1);
+    cr_expect_eq(items, 1);
+    free(r);
+    /* Announced means committed: the other connection sees it. */
+    cr_expect_eq(qd(db, "SELECT p.value FROM points p JOIN series s ON s.id = p.series_id "
+                        "WHERE s.name = 'loss' AND s.rank = 0 AND p.step = 10"),
+                 2.5);
+    cr_expect_eq(qd(db, "SELECT p.time FROM points p JOIN series s ON s.id = p.series_id "
+                        "WHERE s.name = 'loss'"),
+                 1010.0);
+    cr_expect_eq(qd(db, "SELECT p.value FROM points p JOIN series s ON s.id = p.series_id "
+                        "WHERE s.name = 'weight_norm' AND s.layer = 1"),
+                 4.0);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM series"), 4); /* loss, grad_norm, 2 layers */
+    cr_expect_eq(q1(db, "SELECT points FROM series WHERE name = 'loss'"), 1);
+    cr_expect_eq(q1(db, "SELECT first_step FROM series WHERE name = 'loss'"), 10);
+    cr_expect_eq(q1(db, "SELECT last_seq FROM streams"), 1);
+    cr_expect_eq(q1(db, "SELECT reports FROM streams"), 1);
+    cr_expect_eq(q1(db, "SELECT reports FROM runs"), 1);
+    cr_expect_eq(q1(db, "SELECT last_step FROM runs"), 10);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM reports"), 1);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM runs WHERE model_json = '{\"n_layers\":2}'"), 1);
+    cr_expect_eq(atomic_load(&f.stats.reports_committed), 1);
+    cr_expect_eq(atomic_load(&f.stats.points_committed), 4);
+    cr_expect_geq(atomic_load(&f.stats.commits), 2);
+    cr_expect_eq(atomic_load(&f.stats.commit_seconds_bucket[STATS_COMMIT_BUCKETS]),
+                 atomic_load(&f.stats.commits), "+Inf bucket counts every commit");
+    sqlite3_close(db);
+    fx_fini(&f);
+}
+
+Test(store, resent_report_is_a_noop_but_acked)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "dup", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    for (uint64_t seq = 1; seq <= 3; seq++)
+        submit_ok(f.s, report(1, &h, seq, seq, 1.0));
+    struct store_result *r;
+    size_t n = results(f.s, &r);
+    free(r);
+    sqlite3 *db = ro(&f);
+    int64_t points = q1(db, "SELECT count(*) FROM points");
+    /* Reconnect and resend seq 2..3 with different values: stored once. */
+    submit_ok(f.s, hello(2, "dup", 0, 0));
+    struct store_result h2 = hello_done(f.s, 2);
+    cr_expect_eq(h2.seq, 3);
+    submit_ok(f.s, report(2, &h2, 2, 2, 9.0));
+    submit_ok(f.s, report(2, &h2, 3, 3, 9.0));
+    n = results(f.s, &r);
+    uint64_t items;
+    cr_expect_eq(acked(r, n, 2, &items), 3, "duplicates are still acked");
+    cr_expect_eq(items, 2);
+    free(r);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM points"), points);
+    cr_expect_eq(q1(db, "SELECT reports FROM runs"), 3);
+    cr_expect_eq(q1(db, "SELECT reports FROM streams"), 3);
+    cr_expect_eq(qd(db, "SELECT p.value FROM points p JOIN series s ON s.id = p.series_id "
+                        "WHERE s.name = 'loss' AND p.step = 3"),
+                 1.0, "the resend did not overwrite");
+    cr_expect_eq(atomic_load(&f.stats.reports_duplicate), 2);
+    sqlite3_close(db);
+    fx_fini(&f);
+}
+
+Test(store, redone_step_replaces_its_value)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "redo", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    submit_ok(f.s, report(1, &h, 1, 5, 1.0));
+    submit_ok(f.s, report(1, &h, 2, 6, 2.0));
+    store_flush(f.s);
+    /* The trainer restarts from the checkpoint at step 5: new seqs, old steps. */
+    submit_ok(f.s, report(1, &h, 3, 5, 7.0));
+    submit_ok(f.s, report(1, &h, 4, 6, 8.0));
+    store_flush(f.s);
+    sqlite3 *db = ro(&f);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM points p JOIN series s ON s.id = p.series_id "
+                        "WHERE s.name = 'loss'"),
+                 2);
+    cr_expect_eq(qd(db, "SELECT p.value FROM points p JOIN series s ON s.id = p.series_id "
+                        "WHERE s.name = 'loss' AND p.step = 5"),
+                 7.0);
+    cr_expect_eq(q1(db, "SELECT points FROM series WHERE name = 'loss'"), 2);
+    cr_expect_eq(q1(db, "SELECT first_step FROM series WHERE name = 'loss'"), 5);
+    cr_expect_eq(q1(db, "SELECT last_step FROM series WHERE name = 'loss'"), 6);
+    cr_expect_eq(q1(db, "SELECT reports FROM runs"), 4);
+    sqlite3_close(db);
+    fx_fini(&f);
+}
+
+Test(store, welcome_seq_includes_earlier_queued_reports)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "fifo", 2, 0));
+    struct store_result h = hello_done(f.s, 1);
+    for (uint64_t seq = 1; seq <= 5; seq++)
+        submit_ok(f.s, report(1, &h, seq, seq, 1.0));
+    submit_ok(f.s, hello(2, "fifo", 2, 0)); /* queued behind the reports */
+    struct store_result *r;
+    size_t n = results(f.s, &r);
+    uint64_t items;
+    cr_expect_eq(acked(r, n, 1, &items), 5);
+    cr_expect_eq(items, 5);
+    int seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].kind == STORE_RESULT_HELLO && r[i].conn_id == 2) {
+            cr_expect_eq(r[i].seq, 5);
+            cr_expect_eq(r[i].stream_id, h.stream_id);
+            seen = 1;
+        }
+    }
+    cr_expect(seen);
+    free(r);
+    /* A different attempt is a different stream. */
+    submit_ok(f.s, hello(3, "fifo", 3, 0));
+    struct store_result h3 = hello_done(f.s, 3);
+    cr_expect_neq(h3.stream_id, h.stream_id);
+    cr_expect_eq(h3.seq, 0);
+    fx_fini(&f);
+}
+
+Test(store, max_runs_refuses_new_runs_only)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    o.max_runs = 1;
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "first", 0, 0));
+    cr_expect_eq(hello_done(f.s, 1).error_code, 0);
+    submit_ok(f.s, hello(2, "second", 0, 0));
+    struct store_result h = hello_done(f.s, 2);
+    cr_expect_eq(h.error_code, FORESHOCK__ERROR_CODE__ERROR_LIMIT);
+    cr_expect(strstr(h.message, "max_runs") != NULL, "%s", h.message);
+    submit_ok(f.s, hello(3, "first", 0, 1));
+    cr_expect_eq(hello_done(f.s, 3).error_code, 0, "an existing run is not a new one");
+    fx_fini(&f);
+}
+
+Test(store, spool_holds_sketches_until_done)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "spool", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    for (uint64_t seq = 1; seq <= 3; seq++) {
+        struct store_item *it = report(1, &h, seq, seq * 10, 1.0);
+        it->report.sketch_len = 100;
+        it->report.sketch_body = calloc(1, 100);
+        submit_ok(f.s, it);
+    }
+    store_flush(f.s);
+    cr_expect_eq(store_spool_bytes(f.s), 300);
+    cr_expect_eq(atomic_load(&f.stats.spool_bytes), 300);
+    struct store_item *done = store_item_new(STORE_ITEM_SPOOL_DONE);
+    done->spool_done.run_id = h.run_id;
+    done->spool_done.step = 20;
+    submit_ok(f.s, done);
+    store_flush(f.s);
+    cr_expect_eq(store_spool_bytes(f.s), 100);
+    sqlite3 *db = ro(&f);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM spool"), 1);
+    cr_expect_eq(q1(db, "SELECT step FROM spool"), 30);
+    sqlite3_close(db);
+    /* The spool size survives a restart. */
+    store_close(f.s);
+    fx_open(&f, &o);
+    cr_expect_eq(store_spool_bytes(f.s), 100);
+    fx_fini(&f);
+}
+
+static void count_notify(void *ctx)
+{
+    atomic_fetch_add((atomic_int *)ctx, 1);
+}
+
+/* Another connection holds the write lock: the writer cannot commit, so
+ * nothing is acked, the queue fills and submit pushes back; once the lock
+ * goes, everything commits, is acked, and RESUME is announced. */
+Test(store, backpressure_and_no_ack_before_commit, .timeout = 120)
+{
+    struct fixture f;
+    fx_init(&f);
+    atomic_int notified = 0;
+    struct store_opts o = opts_for(&f);
+    o.queue_max_items = 4;
+    o.batch_max_items = 4;
+    o.notify = count_notify;
+    o.notify_ctx = &notified;
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "bp", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    cr_expect_gt(atomic_load(&notified), 0);
+
+    sqlite3 *blocker;
+    cr_assert_eq(sqlite3_open(f.path, &blocker), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(blocker, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    for (uint64_t seq = 1; seq <= 4; seq++)
+        submit_ok(f.s, report(1, &h, seq, seq, 1.0));
+    struct store_item *extra = report(1, &h, 5, 5, 1.0);
+    cr_expect_eq(store_submit(f.s, extra), -EAGAIN);
+    struct store_result *r;
+    size_t n = store_take_results(f.s, &r);
+    uint64_t items;
+    cr_expect_eq(acked(r, n, 1, &items), 0, "acked before commit");
+    free(r);
+    cr_expect_eq(atomic_load(&f.stats.writer_queue_items), 4);
+
+    cr_assert_eq(sqlite3_exec(blocker, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(blocker);
+    n = results(f.s, &r);
+    cr_expect_eq(acked(r, n, 1, &items), 4);
+    int resumed = 0;
+    for (size_t i = 0; i < n; i++)
+        resumed |= r[i].kind == STORE_RESULT_RESUME;
+    cr_expect(resumed, "no RESUME after draining");
+    free(r);
+    submit_ok(f.s, extra);
+    n = results(f.s, &r);
+    cr_expect_eq(acked(r, n, 1, &items), 5);
+    free(r);
+    cr_expect_eq(atomic_load(&f.stats.storage_failing), 0);
+    fx_fini(&f);
+}
+
+Test(store, spool_bound_pushes_back)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    o.spool_max_bytes = 1000;
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "sp", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    struct store_item *it = report(1, &h, 1, 1, 1.0);
+    it->report.sketch_len = 1000;
+    it->report.sketch_body = calloc(1, 1000);
+    submit_ok(f.s, it);
+    store_flush(f.s);
+    it = report(1, &h, 2, 2, 1.0);
+    it->report.sketch_len = 10;
+    it->report.sketch_body = calloc(1, 10);
+    cr_expect_eq(store_submit(f.s, it), -EAGAIN);
+    /* The monitor stage frees the spool: ingest may resume. */
+    struct store_item *done = store_item_new(STORE_ITEM_SPOOL_DONE);
+    done->spool_done.run_id = h.run_id;
+    done->spool_done.step = 1;
+    submit_ok(f.s, done);
+    struct store_result *r;
+    size_t n = results(f.s, &r);
+    int resumed = 0;
+    for (size_t i = 0; i < n; i++)
+        resumed |= r[i].kind == STORE_RESULT_RESUME;
+    cr_expect(resumed);
+    free(r);
+    submit_ok(f.s, it);
+    store_flush(f.s);
+    cr_expect_eq(store_spool_bytes(f.s), 10);
+    fx_fini(&f);
+}
+
+Test(store, bad_item_is_refused_alone)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "ok", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    /* A stream id that does not exist violates a foreign key. */
+    struct store_result bogus = h;
+    bogus.stream_id = 999999;
+    submit_ok(f.s, report(1, &h, 1, 1, 1.0));
+    submit_ok(f.s, report(2, &bogus, 1, 1, 1.0));
+    submit_ok(f.s, report(1, &h, 2, 2, 1.0));
+    struct store_result *r;
+    size_t n = results(f.s, &r);
+    uint64_t items;
+    cr_expect_eq(acked(r, n, 1, &items), 2);
+    int refused = 0;
+    for (size_t i = 0; i < n; i++)
+        if (r[i].conn_id == 2 && r[i].error_code == FORESHOCK__ERROR_CODE__ERROR_INTERNAL)
+            refused++;
+    cr_expect_eq(refused, 1);
+    free(r);
+    sqlite3 *db = ro(&f);
+    cr_expect_eq(q1(db, "SELECT reports FROM runs"), 2);
+    sqlite3_close(db);
+    fx_fini(&f);
+}
