@@ -154,7 +154,7 @@ struct http {
 
 struct request {
     size_t body_bytes;
-    bool replied; /* a response was queued early (body too large) */
+    bool replied; /* a response was queued (early: announced body too large) */
 };
 
 struct param {
@@ -1221,23 +1221,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)version;
     (void)upload_data;
 
+    struct ctx c = {.h = h, .conn = conn, .url = url};
+
     /* First call: headers only. Queuing a response now would make
      * libmicrohttpd close the connection after it (no keep-alive, measured
-     * about 5x slower); answer on a later call. */
+     * about 5x slower); answer on a later call. The one exception is a body
+     * announced too large: refuse it before reading it (the connection
+     * closes, which suits that error). */
     if (rq == NULL) {
         rq = calloc(1, sizeof *rq);
         if (rq == NULL)
             return MHD_NO;
         *con_cls = rq;
-        return MHD_YES;
-    }
-
-    struct ctx c = {.h = h, .conn = conn, .url = url};
-    if (*upload_data_size > 0) {
-        /* Body bytes: nothing here reads a body; discard up to a bound. */
-        rq->body_bytes += *upload_data_size;
-        *upload_data_size = 0;
-        if (rq->body_bytes > HTTP_MAX_BODY_BYTES && !rq->replied) {
+        const char *cl =
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        int64_t announced = 0;
+        if (cl != NULL && (parse_int64(cl, &announced) != 0 || announced > HTTP_MAX_BODY_BYTES)) {
             rq->replied = true;
             reply_error(&c, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large",
                         "request body larger than %u bytes", HTTP_MAX_BODY_BYTES);
@@ -1246,6 +1245,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return r;
         }
         return MHD_YES;
+    }
+
+    if (*upload_data_size > 0) {
+        /* Body bytes: no route reads a body; discard up to the bound. A
+         * chunked body that grows past it closes the connection
+         * (libmicrohttpd takes no response while a body is arriving). */
+        rq->body_bytes += *upload_data_size;
+        *upload_data_size = 0;
+        return rq->body_bytes > HTTP_MAX_BODY_BYTES ? MHD_NO : MHD_YES;
     }
     if (rq->replied)
         return MHD_YES;
@@ -1384,16 +1392,23 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    /* The logger goes first so that libmicrohttpd reports nothing through its
+     * own. One thread is plain internal polling: libmicrohttpd complains
+     * about a pool size of 1, so the option is only given for more. */
+    struct MHD_OptionItem pool[] = {
+        {.option = MHD_OPTION_THREAD_POOL_SIZE, .value = (intptr_t)opts->threads},
+        {.option = MHD_OPTION_END},
+    };
     errno = 0;
     h->mhd = MHD_start_daemon(
         flags, opts->port, NULL, NULL, on_request, h,
+        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
         MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)opts->threads,
+        MHD_OPTION_ARRAY, opts->threads > 1 ? pool : &pool[1],
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_CONNECTION_TIMEOUT_S,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_CONNECTION_MEMORY_BYTES,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
         MHD_OPTION_END);
     if (h->mhd == NULL) {
         int e = errno;
