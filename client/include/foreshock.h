@@ -45,23 +45,25 @@ extern "C" {
 #define FSC_DEFAULT_CONNECT_TIMEOUT_MS 5000u
 #define FSC_DEFAULT_HANDSHAKE_TIMEOUT_MS 10000u
 
-/* Limits, checked before anything is allocated. The daemon enforces its own
- * (possibly tighter) limits; a report it rejects is dropped and counted. */
+/* Limits, checked before anything is allocated. The protocol limits mirror
+ * the daemon's (daemon/limits.h, FS_MAX_*): a report the daemon would refuse
+ * is refused here, at the setter, instead of being dropped later. */
 #define FSC_MAX_RUN_ID_LEN 128      /* Hello.run_id: 1..128 of [A-Za-z0-9._:-] */
-#define FSC_MAX_TOKEN_LEN 1024
+#define FSC_MAX_TOKEN_LEN 256
 #define FSC_MAX_HOST_LEN 255
-#define FSC_MAX_CLIENT_NAME_LEN 128
+#define FSC_MAX_CLIENT_NAME_LEN 256
+#define FSC_MAX_WORLD_SIZE (1u << 20)
 #define FSC_MAX_MOE_LAYERS 4096
 #define FSC_MIN_REPLAY_BYTES ((size_t)64 << 10)
 #define FSC_MAX_REPLAY_BYTES ((size_t)1 << 36)       /* 64 GiB */
 #define FSC_MAX_REPORT_BYTES_LIMIT ((size_t)1 << 30) /* largest max_report_bytes */
 #define FSC_MAX_BACKOFF_MS 600000u                    /* 10 minutes */
 #define FSC_MAX_TIMEOUT_MS 600000u
-#define FSC_MAX_DH 1024                  /* GramSketch.dh */
-#define FSC_MAX_EXPERTS 4096             /* router n_experts */
+#define FSC_MAX_DH 512                   /* GramSketch.dh */
+#define FSC_MAX_EXPERTS 1024             /* router n_experts */
 #define FSC_MAX_LAYERS 4096              /* layer index bound, per-layer value count */
-#define FSC_MAX_HEADS 4096               /* head / kv_head index bound */
-#define FSC_MAX_WINDOW 100000000u        /* window in steps, >= 1 */
+#define FSC_MAX_HEADS 1024               /* head / kv_head index bound */
+#define FSC_MAX_WINDOW (1u << 20)        /* window in steps, >= 1 */
 #define FSC_MAX_SHARDS 65536             /* shard_count */
 #define FSC_MAX_ATTENTION_PER_REPORT 65536
 #define FSC_MAX_ROUTER_PER_REPORT 4096   /* each of router grams, router tokens */
@@ -96,7 +98,7 @@ struct fsc_options {
     const char *run_id;   /* required */
     uint32_t attempt;     /* trainer restart counter; a restarted trainer should bump it */
     uint32_t rank;        /* < world_size */
-    uint32_t world_size;  /* >= 1 */
+    uint32_t world_size;  /* 1..FSC_MAX_WORLD_SIZE */
     const char *token;    /* shared secret, or NULL */
     uint64_t detect_from_step; /* sent in Hello when non-zero */
     size_t replay_max_bytes;   /* bound on buffered, unacknowledged reports; 0: default */
@@ -204,7 +206,7 @@ int fsc_report_set_step_time(fsc_report *r, double seconds);
 int fsc_report_set_time(fsc_report *r, double unix_seconds); /* default: daemon's clock */
 int fsc_report_set_tokens(fsc_report *r, uint64_t tokens);
 /* Per-layer ||W|| and update-to-weight ratio, index = layer; n <= FSC_MAX_LAYERS,
- * values finite. Replaces an earlier call. */
+ * values >= 0 or non-finite. Replaces an earlier call (n = 0 clears). */
 int fsc_report_set_layer_weight_norms(fsc_report *r, const float *v, size_t n);
 int fsc_report_set_layer_update_ratios(fsc_report *r, const float *v, size_t n);
 
@@ -222,8 +224,9 @@ int fsc_report_add_attention_gram(fsc_report *r, uint32_t layer, uint32_t head,
 
 /* Spectra a trainer computed itself (MONITORS.md 1.2, last paragraph). Each
  * array holds sigma^2 values (>= 0 or non-finite), any order. d2 (2*dh
- * values) and d3 (dh values) are required; d1 and w may be NULL/0. The
- * doubles are sent only when their FSC_SPECTRUM_HAS_* bit is set. */
+ * values) and d3 (dh values) are required, dh in 1..FSC_MAX_DH; d1 (2*dh)
+ * and w (dh) may be NULL/0. The doubles (>= 0 or non-finite; cqk <= 1) are
+ * sent only when their FSC_SPECTRUM_HAS_* bit is set. */
 #define FSC_SPECTRUM_HAS_Q_DELTA_SQ 1u
 #define FSC_SPECTRUM_HAS_Q_SQ 2u
 #define FSC_SPECTRUM_HAS_K_SQ 4u
@@ -249,7 +252,7 @@ int fsc_report_add_router_gram(fsc_report *r, uint32_t layer, uint32_t n_experts
 
 /* Router token statistics of one layer (MONITORS.md 3.2), summed over this
  * rank's micro-batches: load and sum_p hold n_experts values each. The sums
- * must be finite. */
+ * must be finite, sum_h2, sum_lse2 and sum_p >= 0. */
 int fsc_report_add_router_tokens(fsc_report *r, uint32_t layer, uint32_t n_experts,
                                  uint64_t n_tok, double sum_h, double sum_h2,
                                  double sum_lse2, const uint64_t *load,

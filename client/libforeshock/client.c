@@ -93,9 +93,9 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
     if (!run_id_ok(o->run_id))
         return fsc_err(err, errlen, -EINVAL,
                        "run_id must be 1..%d characters of [A-Za-z0-9._:-]", FSC_MAX_RUN_ID_LEN);
-    if (o->world_size < 1 || o->rank >= o->world_size)
-        return fsc_err(err, errlen, -EINVAL, "rank %u must be below world_size %u (>= 1)",
-                       o->rank, o->world_size);
+    if (o->world_size < 1 || o->world_size > FSC_MAX_WORLD_SIZE || o->rank >= o->world_size)
+        return fsc_err(err, errlen, -EINVAL, "rank %u must be below world_size %u (1..%u)",
+                       o->rank, o->world_size, FSC_MAX_WORLD_SIZE);
     if (!o->host[0] || strnlen(o->host, FSC_MAX_HOST_LEN + 1) > FSC_MAX_HOST_LEN)
         return fsc_err(err, errlen, -EINVAL, "host must be 1..%d bytes", FSC_MAX_HOST_LEN);
     if (o->token && strnlen(o->token, FSC_MAX_TOKEN_LEN + 1) > FSC_MAX_TOKEN_LEN)

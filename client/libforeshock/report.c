@@ -144,12 +144,19 @@ int fsc_report_set_tokens(fsc_report *r, uint64_t tokens)
     return 0;
 }
 
-static int all_finite_f(const float *v, size_t n)
+/* Values derived from weights (norms, sigma^2): >= 0, or non-finite (a
+ * non-finite weight must reach the daemon's detector). */
+static int nonneg_or_nonfinite(const float *v, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        if (!isfinite(v[i]))
+        if (isfinite(v[i]) && v[i] < 0)
             return 0;
     return 1;
+}
+
+static int nonneg_or_nonfinite_d(double x)
+{
+    return !isfinite(x) || x >= 0;
 }
 
 /* Replaces *owned with a copy of v[0..n). */
@@ -158,7 +165,7 @@ static int set_layer_values(fsc_report *r, float **owned, size_t *count, float *
 {
     float *copy = NULL;
 
-    if (!r || n > FSC_MAX_LAYERS || (n && !v) || !all_finite_f(v, n))
+    if (!r || n > FSC_MAX_LAYERS || (n && !v) || !nonneg_or_nonfinite(v, n))
         return -EINVAL;
     if (n) {
         copy = malloc(n * sizeof(*copy));
@@ -291,15 +298,6 @@ int fsc_report_add_attention_gram(fsc_report *r, uint32_t layer, uint32_t head,
     return rc;
 }
 
-/* sigma^2 values: non-negative, or non-finite (a non-finite weight). */
-static int spectrum_ok(const float *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (isfinite(v[i]) && v[i] < 0)
-            return 0;
-    return 1;
-}
-
 static int check_spectrum(const struct fsc_spectrum *s)
 {
     if (!s || !s->d2 || !s->d3 || s->n_d3 < 1 || s->n_d3 > FSC_MAX_DH ||
@@ -307,8 +305,15 @@ static int check_spectrum(const struct fsc_spectrum *s)
         return -EINVAL;
     if ((s->n_d1 && (!s->d1 || s->n_d1 != s->n_d2)) || (s->n_w && (!s->w || s->n_w != s->n_d3)))
         return -EINVAL;
-    if (!spectrum_ok(s->d2, s->n_d2) || !spectrum_ok(s->d3, s->n_d3) ||
-        !spectrum_ok(s->d1, s->n_d1) || !spectrum_ok(s->w, s->n_w))
+    if (!nonneg_or_nonfinite(s->d2, s->n_d2) || !nonneg_or_nonfinite(s->d3, s->n_d3) ||
+        !nonneg_or_nonfinite(s->d1, s->n_d1) || !nonneg_or_nonfinite(s->w, s->n_w))
+        return -EINVAL;
+    if (!nonneg_or_nonfinite_d(s->q_delta_sq) || !nonneg_or_nonfinite_d(s->q_sq) ||
+        !nonneg_or_nonfinite_d(s->k_sq) || !nonneg_or_nonfinite_d(s->k_delta_sq) ||
+        !nonneg_or_nonfinite_d(s->cqk))
+        return -EINVAL;
+    /* c_qk is a ratio in [0, 1] (MONITORS.md 1.2); allow rounding. */
+    if ((s->has & FSC_SPECTRUM_HAS_CQK) && isfinite(s->cqk) && s->cqk > 1.0 + 1e-6)
         return -EINVAL;
     return 0;
 }
@@ -406,10 +411,10 @@ int fsc_report_add_router_tokens(fsc_report *r, uint32_t layer, uint32_t n_exper
 
     if (!r || !load || !sum_p || layer >= FSC_MAX_LAYERS || n_experts < 1 ||
         n_experts > FSC_MAX_EXPERTS || !isfinite(sum_h) || !isfinite(sum_h2) ||
-        !isfinite(sum_lse2))
+        !isfinite(sum_lse2) || sum_h2 < 0 || sum_lse2 < 0)
         return -EINVAL;
     for (uint32_t i = 0; i < n_experts; i++)
-        if (!isfinite(sum_p[i]))
+        if (!isfinite(sum_p[i]) || sum_p[i] < 0)
             return -EINVAL;
     if ((rc = grow((void ***)&r->msg.router_tokens, r->msg.n_router_tokens,
                    &r->cap_router_tokens, FSC_MAX_ROUTER_PER_REPORT)) < 0)
