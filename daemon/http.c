@@ -15,7 +15,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <math.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -133,6 +132,9 @@ static const char *const stmt_sql[STMT__COUNT] = {
 struct dbconn {
     sqlite3 *db;
     sqlite3_stmt *st[STMT__COUNT];
+    /* complaints about this connection; used only by the thread that has
+     * it checked out (the pool mutex orders the hand-overs) */
+    struct log_ratelimit rl;
 };
 
 struct http {
@@ -147,7 +149,11 @@ struct http {
     unsigned nfree;
     struct dbconn *conns;
     unsigned *free_idx;
-    bool sync_init; /* mu and cv initialised */
+    bool sync_init; /* mu, cv and log_mu initialised */
+
+    /* libmicrohttpd's own messages arrive on any of its threads */
+    pthread_mutex_t log_mu;
+    struct log_ratelimit log_rl;
 };
 
 /* --- per-request state -------------------------------------------------------- */
@@ -321,8 +327,9 @@ static int reply_oom(struct ctx *c)
 /* SQLite failure: logged with detail, answered without it. */
 static int reply_db_error(struct ctx *c, const char *what, int rc)
 {
-    const char *detail = c->dbc != NULL ? sqlite3_errmsg(c->dbc->db) : sqlite3_errstr(rc);
-    log_error(LOG_MOD, "%s: sqlite error %d: %s", what, rc, detail);
+    /* handlers run with a checked-out connection: c->dbc is set */
+    log_limited(&c->dbc->rl, LOG_LEVEL_ERROR, LOG_MOD, "%s: sqlite error %d: %s", what, rc,
+                sqlite3_errmsg(c->dbc->db));
     if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED)
         return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", "database busy");
     return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
@@ -599,7 +606,8 @@ static int h_readyz(struct ctx *c)
     sqlite3_stmt *st = c->dbc->st[STMT_READY];
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-        log_error(LOG_MOD, "readyz: sqlite error %d: %s", rc, sqlite3_errmsg(c->dbc->db));
+        log_limited(&c->dbc->rl, LOG_LEVEL_ERROR, LOG_MOD, "readyz: sqlite error %d: %s", rc,
+                    sqlite3_errmsg(c->dbc->db));
         stmt_done(st);
         return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
                            "database is not readable");
@@ -1201,7 +1209,8 @@ static int dispatch(struct ctx *c, const char *method)
         rc = sqlite3_step(c->dbc->st[STMT_COMMIT]);
         stmt_done(c->dbc->st[STMT_COMMIT]);
         if (rc != SQLITE_DONE) {
-            log_error(LOG_MOD, "commit of a read transaction: %s", sqlite3_errmsg(c->dbc->db));
+            log_limited(&c->dbc->rl, LOG_LEVEL_ERROR, LOG_MOD, "end of a read transaction: %s",
+                        sqlite3_errmsg(c->dbc->db));
             sqlite3_step(c->dbc->st[STMT_ROLLBACK]);
             stmt_done(c->dbc->st[STMT_ROLLBACK]);
         }
@@ -1277,13 +1286,16 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
+    struct http *h = cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
         msg[--n] = '\0';
-    log_warn(LOG_MOD, "libmicrohttpd: %s", msg);
+    /* a misbehaving client can make libmicrohttpd complain per connection */
+    pthread_mutex_lock(&h->log_mu);
+    log_limited(&h->log_rl, LOG_LEVEL_WARN, LOG_MOD, "libmicrohttpd: %s", msg);
+    pthread_mutex_unlock(&h->log_mu);
 }
 
 /* --- public ---------------------------------------------------------------------------- */
@@ -1302,6 +1314,7 @@ static void http_free(struct http *h)
     if (h->sync_init) {
         pthread_cond_destroy(&h->cv);
         pthread_mutex_destroy(&h->mu);
+        pthread_mutex_destroy(&h->log_mu);
     }
     free(h);
 }
@@ -1348,8 +1361,11 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     int e1 = pthread_mutex_init(&h->mu, NULL);
     int e2 = e1 == 0 ? pthread_cond_init(&h->cv, &ca) : -1;
+    int e3 = e2 == 0 ? pthread_mutex_init(&h->log_mu, NULL) : -1;
     pthread_condattr_destroy(&ca);
-    if (e1 != 0 || e2 != 0) {
+    if (e1 != 0 || e2 != 0 || e3 != 0) {
+        if (e2 == 0)
+            pthread_cond_destroy(&h->cv);
         if (e1 == 0)
             pthread_mutex_destroy(&h->mu);
         rc = -ENOMEM;
