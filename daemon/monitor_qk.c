@@ -25,6 +25,7 @@ struct qk_workspace {
     lapack_int lwork;
     lapack_int *piv; /* 1-based, LAPACK's */
     lapack_int rank; /* of the last factor() */
+    double fscale;   /* the last factor() is of G1 / fscale */
 };
 
 int monitor_init(void)
@@ -163,11 +164,13 @@ static double block_trace(const double *g, size_t n, size_t h, int b)
     return s;
 }
 
-/* Copies an m x m submatrix with leading dimension ld into dst (ld m). */
-static void copy_sub(const double *src, size_t ld, size_t m, double *dst)
+/* dst (ld m) = a * the m x m submatrix src (leading dimension ld). */
+static void copy_scaled(const double *src, size_t ld, size_t m, double a,
+                        double *dst)
 {
     for (size_t j = 0; j < m; j++)
-        memcpy(dst + j * m, src + j * ld, m * sizeof(double));
+        for (size_t i = 0; i < m; i++)
+            dst[i + j * m] = a * src[i + j * ld];
 }
 
 /* Factors the m x m matrix g (leading dimension ld) into ws->f, ws->piv and
@@ -177,17 +180,20 @@ static int factor(struct qk_workspace *ws, const double *g, size_t ld,
                   size_t m)
 {
     double *f = ws->f;
-    copy_sub(g, ld, m, f);
     double dmax = 0.0;
     for (size_t i = 0; i < m; i++)
-        if (f[i + i * m] > dmax)
-            dmax = f[i + i * m];
+        if (g[i + i * ld] > dmax)
+            dmax = g[i + i * ld];
     ws->rank = 0;
+    ws->fscale = dmax;
     if (!(dmax > 0.0))
         return 0;
+    /* Factor G / max diag: entries are then <= 1 in magnitude, so the
+     * products below cannot overflow whatever the scale of the input. */
+    copy_scaled(g, ld, m, 1.0 / dmax, f);
     /* dpstrf's own default tolerance, also used to judge dpotrf's pivots:
      * a pivot below it is rounding noise, not a direction of G. */
-    double tol = (double)m * DBL_EPSILON * dmax;
+    double tol = (double)m * DBL_EPSILON;
     lapack_int info = LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'L',
                                           (lapack_int)m, f, (lapack_int)m);
     if (info < 0)
@@ -205,7 +211,7 @@ static int factor(struct qk_workspace *ws, const double *g, size_t ld,
     }
     /* Singular or nearly so: pivoted Cholesky finds the rank and leaves
      * the null directions out of L. */
-    copy_sub(g, ld, m, f);
+    copy_scaled(g, ld, m, 1.0 / dmax, f);
     lapack_int rank = 0;
     info = LAPACKE_dpstrf_work(LAPACK_COL_MAJOR, 'L', (lapack_int)m, f,
                                (lapack_int)m, ws->piv, &rank, tol, ws->work);
@@ -230,10 +236,18 @@ static int project(struct qk_workspace *ws, const double *g, size_t ld,
     if (r == 0)
         return 0;
     double *t = ws->t, *c = ws->c, *f = ws->f, *a;
+    double gmax = 0.0;
+    for (size_t i = 0; i < m; i++)
+        if (g[i + i * ld] > gmax)
+            gmax = g[i + i * ld];
+    if (!(gmax > 0.0))
+        return 0; /* G2 = 0 (or not PSD): the product has no spectrum */
+    /* t = P^T (G / gmax) P: (P^T G P)_ij = G(piv_i, piv_j). */
+    double inv = 1.0 / gmax;
     for (size_t j = 0; j < m; j++) {
         const double *col = g + (size_t)(ws->piv[j] - 1) * ld;
         for (size_t i = 0; i < m; i++)
-            t[i + j * m] = col[ws->piv[i] - 1];
+            t[i + j * m] = inv * col[ws->piv[i] - 1];
     }
     if (r == m) {
         /* C = L^T (G L), L square lower triangular: two dtrmm. */
@@ -256,8 +270,10 @@ static int project(struct qk_workspace *ws, const double *g, size_t ld,
                                          ws->eig, ws->work, ws->lwork);
     if (info != 0)
         return -EDOM;
+    /* Undo both normalisations; only this last product can overflow. */
+    double scale = ws->fscale * gmax;
     for (size_t i = 0; i < r; i++) {
-        double x = ws->eig[r - 1 - i];
+        double x = ws->eig[r - 1 - i] * scale;
         if (!isfinite(x))
             return -ERANGE;
         out[i] = x > 0.0 ? x : 0.0;
@@ -358,6 +374,10 @@ int qk_head_from_grams(struct qk_workspace *ws, unsigned dh, const double *ga,
 
     double qd = block_trace(g1, n, h, 0), qw = block_trace(g1, n, h, 1);
     double kw = block_trace(g2, n, h, 0), kd = block_trace(g2, n, h, 1);
+    if (!isfinite(qd) || !isfinite(qw) || !isfinite(kw) || !isfinite(kd)) {
+        out->nonfinite = true; /* finite entries, overflowing sums */
+        return 0;
+    }
     out->norms_present = true;
     out->q_delta_sq = qd;
     out->q_sq = qw;
@@ -368,13 +388,14 @@ int qk_head_from_grams(struct qk_workspace *ws, unsigned dh, const double *ga,
     int rc = 0, r;
     bool ran[QK_NSPECTRA] = {false};
     if (!frozen_q && !frozen_k) {
-        /* tr(Qdd Kdd) = sum_ij Qdd_ij Kdd_ij, both symmetric. */
+        /* tr(Qdd Kdd) = sum_ij Qdd_ij Kdd_ij, both symmetric; each factor
+         * divided by its trace first (|Qdd_ij| <= tr Qdd): no overflow. */
         const double *qdd = block(g1, n, h, 0, 0), *kdd = block(g2, n, h, 1, 1);
         double s = 0.0;
         for (size_t j = 0; j < h; j++)
             for (size_t i = 0; i < h; i++)
-                s += qdd[i + j * n] * kdd[i + j * n];
-        out->cqk = s / (qd * kd);
+                s += (qdd[i + j * n] / qd) * (kdd[i + j * n] / kd);
+        out->cqk = s;
         out->cqk_present = isfinite(out->cqk);
         r = pair_spectrum(ws, block(g1, n, h, 0, 0), block(g2, n, h, 1, 1),
                           n, h, QK_D3);

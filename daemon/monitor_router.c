@@ -103,6 +103,10 @@ int router_weight_compute(struct router_workspace *ws, unsigned n_experts,
             pairs++;
         }
     }
+    if (!isfinite(tr) || !isfinite(total) || !isfinite(sim)) {
+        out->nonfinite = true; /* finite entries, overflowing sums */
+        return 0;
+    }
     /* Each unordered pair stands for both ordered ones: same mean. */
     out->sim_present = pairs > 0;
     if (out->sim_present)
@@ -125,13 +129,21 @@ int router_weight_compute(struct router_workspace *ws, unsigned n_experts,
         out->kappa = sqrt(dmax / out->wbar_sq);
     }
 
+    /* lambda(GR / max diag), scaled back: no overflow inside dsyev. */
+    double gmax = 0.0;
+    for (size_t i = 0; i < e; i++)
+        gmax = fmax(gmax, g[i + i * e]);
+    if (!(gmax > 0.0))
+        return 0; /* WR = 0: no spectrum */
+    for (size_t k = 0; k < e * e; k++)
+        g[k] /= gmax;
     lapack_int info = LAPACKE_dsyev_work(LAPACK_COL_MAJOR, 'N', 'L',
                                          (lapack_int)e, g, (lapack_int)e,
                                          ws->eig, ws->work, ws->lwork);
     if (info != 0)
         return -EDOM;
     for (size_t i = 0; i < e; i++) {
-        double x = ws->eig[e - 1 - i];
+        double x = ws->eig[e - 1 - i] * gmax;
         if (!isfinite(x)) {
             out->nonfinite = true;
             return 0;
