@@ -93,6 +93,13 @@
 #define FS_STORE_SERIES_CACHE_MAX (1u << 20) /* cached series ids; cleared when full */
 #define FS_STORE_MODEL_JSON_MAX (64u << 10)  /* Hello.model as JSON */
 
+/* --- ingest ---------------------------------------------------------------- */
+#define FS_INGEST_RBUF_INITIAL (64u << 10) /* read buffer; grows to one frame, shrinks back */
+#define FS_INGEST_BACKLOG 511
+#define FS_INGEST_LINGER_MS 5000       /* a closing connection's writes/discard, at most */
+#define FS_INGEST_DISCARD_MAX (1u << 20) /* bytes read and dropped after an Error */
+#define FS_INGEST_SWEEP_MS 1000        /* how often lingering connections are checked */
+
 /* --- logging --------------------------------------------------------------- */
 #define FS_LOG_LINE_MAX 2048u            /* longer messages are truncated */
 #define FS_LOG_RATE_INTERVAL_MS 10000    /* one line per kind per interval */

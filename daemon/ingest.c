@@ -1,0 +1,929 @@
+/* Ingest: libuv TCP server, per-connection protocol state machine. */
+#include "ingest.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "limits.h"
+#include "log.h"
+
+#define E(x) FORESHOCK__ERROR_CODE__ERROR_##x
+#define CONN_HASH 1024u /* buckets of the conn_id -> conn table */
+
+enum conn_state { AWAIT_HELLO, AWAIT_WELCOME, STREAMING, CLOSING };
+
+struct conn {
+    uv_tcp_t tcp; /* first: handle->data is not needed to get back here */
+    struct ingest *ing;
+    uint64_t id;
+    struct conn *prev, *next; /* all connections, oldest first */
+    struct conn *hnext;       /* hash chain; unlinked when closing starts */
+    enum conn_state state;
+    int rejected;   /* over max_connections: not counted as a connection */
+    int reading;    /* uv_read_start is active */
+    int eof;        /* the client will send nothing more (EOF or Bye) */
+    int closing;    /* uv_close called */
+    int close_after_write;
+    uint64_t linger_deadline_ms; /* CLOSING: close by then whatever happens */
+    char peer[64];
+    uint8_t *rbuf;
+    size_t rlen, rcap;
+    size_t discarded;
+    struct store_item *pending; /* refused with -EAGAIN; resubmitted on RESUME */
+    uint64_t inflight;          /* items submitted, result not yet seen */
+    int64_t run_id, stream_id;
+    uint32_t rank;
+    uint64_t acked;
+    size_t wpending; /* bytes in uv_write requests not yet completed */
+};
+
+struct write_req {
+    uv_write_t req;
+    struct conn *c;
+    size_t len;
+    uint8_t *buf;
+};
+
+struct ingest {
+    uv_loop_t *loop;
+    struct ingest_opts opts;
+    char token[FS_MAX_TOKEN_LEN + 1];
+    char host[FS_CONFIG_MAX_HOST];
+    uv_tcp_t listener;
+    uv_async_t async;
+    uv_timer_t sweep;
+    uint16_t port;
+    uint64_t next_id;
+    uint64_t nactive; /* accepted, not rejected, not yet closed */
+    struct conn *head, *tail;
+    struct conn *hash[CONN_HASH];
+    int paused;   /* the writer refused an item: nobody reads until RESUME */
+    int stopping;
+    int handles_open; /* of listener, async, sweep */
+    int handles_closing; /* async and sweep are being closed */
+    void (*done)(void *ctx);
+    void *done_ctx;
+    uint8_t discard[16384]; /* read target for closing connections */
+    struct log_ratelimit rl_proto, rl_backpressure, rl_slow, rl_limit, rl_io;
+};
+
+static void process(struct conn *c);
+static void update_reading(struct conn *c);
+static void check_stop(struct ingest *ing);
+
+static double now_unix(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* --- connection table -------------------------------------------------------- */
+
+static struct conn *conn_find(struct ingest *ing, uint64_t id)
+{
+    for (struct conn *c = ing->hash[id % CONN_HASH]; c; c = c->hnext)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+static void hash_remove(struct conn *c)
+{
+    struct conn **p = &c->ing->hash[c->id % CONN_HASH];
+    while (*p && *p != c)
+        p = &(*p)->hnext;
+    if (*p)
+        *p = c->hnext;
+    c->hnext = NULL;
+}
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    struct conn *c = (struct conn *)h;
+    struct ingest *ing = c->ing;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        ing->head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        ing->tail = c->prev;
+    if (!c->rejected) {
+        ing->nactive--;
+        atomic_fetch_sub(&ing->opts.stats->connections_current, 1);
+    }
+    store_item_free(c->pending);
+    free(c->rbuf);
+    free(c);
+    check_stop(ing);
+}
+
+/* Closes now. Results still in flight for this id are ignored later. */
+static void conn_close(struct conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    c->reading = 0; /* uv_close stops reading */
+    c->state = CLOSING;
+    hash_remove(c);
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+}
+
+/* Closes once every queued write has completed (or the linger deadline). */
+static void conn_close_when_flushed(struct conn *c)
+{
+    if (c->wpending == 0) {
+        conn_close(c);
+        return;
+    }
+    c->close_after_write = 1;
+    if (!c->linger_deadline_ms)
+        c->linger_deadline_ms = uv_now(c->ing->loop) + FS_INGEST_LINGER_MS;
+}
+
+/* --- writing ------------------------------------------------------------------ */
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    free(req);
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+    struct write_req *w = (struct write_req *)req;
+    struct conn *c = w->c;
+    c->wpending -= w->len;
+    free(w->buf);
+    free(w);
+    if (c->closing)
+        return;
+    if (status < 0) {
+        log_debug("ingest", "conn %llu %s: write failed: %s", (unsigned long long)c->id, c->peer,
+                  uv_strerror(status));
+        conn_close(c);
+        return;
+    }
+    if (c->close_after_write && c->wpending == 0) {
+        if (c->state == CLOSING && !c->eof) {
+            /* After an Error: send FIN and drain what the client still
+             * sends, so that closing does not reset the connection before
+             * it read the Error. The sweep closes it at the deadline. */
+            c->close_after_write = 0;
+            uv_shutdown_t *sh = malloc(sizeof(*sh));
+            if (!sh || uv_shutdown(sh, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
+                free(sh);
+                conn_close(c);
+            }
+            return;
+        }
+        conn_close(c);
+    }
+}
+
+/* Queues an encoded frame; takes buf. Closes a client that does not read. */
+static int send_buf(struct conn *c, uint8_t *buf, size_t len)
+{
+    struct ingest *ing = c->ing;
+    if (c->closing) {
+        free(buf);
+        return -ECANCELED;
+    }
+    if (c->wpending + len > ing->opts.max_conn_buffer_bytes) {
+        log_limited(&ing->rl_slow, LOG_LEVEL_WARN, "ingest",
+                    "conn %llu %s: %zu reply bytes unread (max_conn_buffer_bytes %llu); closing",
+                    (unsigned long long)c->id, c->peer, c->wpending + len,
+                    (unsigned long long)ing->opts.max_conn_buffer_bytes);
+        free(buf);
+        conn_close(c);
+        return -ENOBUFS;
+    }
+    struct write_req *w = malloc(sizeof(*w));
+    if (!w) {
+        free(buf);
+        conn_close(c);
+        return -ENOMEM;
+    }
+    w->c = c;
+    w->len = len;
+    w->buf = buf;
+    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+    int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write);
+    if (rc < 0) {
+        free(buf);
+        free(w);
+        conn_close(c);
+        return rc;
+    }
+    c->wpending += len;
+    return 0;
+}
+
+static int send_frame(struct conn *c, const Foreshock__Frame *f)
+{
+    uint8_t *buf;
+    size_t len;
+    int rc = decode_encode(f, &buf, &len);
+    if (rc < 0) {
+        conn_close(c);
+        return rc;
+    }
+    return send_buf(c, buf, len);
+}
+
+/* Error{code, message}, then close after the write. */
+static void protocol_error(struct conn *c, int code, const char *message)
+{
+    struct ingest *ing = c->ing;
+    if (c->state == CLOSING)
+        return;
+    atomic_fetch_add(&ing->opts.stats->protocol_errors, 1);
+    log_limited(&ing->rl_proto, LOG_LEVEL_WARN, "ingest", "conn %llu %s: error %d: %s",
+                (unsigned long long)c->id, c->peer, code, message);
+    c->state = CLOSING;
+    store_item_free(c->pending);
+    c->pending = NULL;
+    c->rlen = 0;
+    uint8_t *buf;
+    size_t len;
+    if (decode_encode_error(code, message, &buf, &len) < 0 || send_buf(c, buf, len) < 0) {
+        conn_close(c);
+        return;
+    }
+    c->linger_deadline_ms = uv_now(ing->loop) + FS_INGEST_LINGER_MS;
+    conn_close_when_flushed(c);
+    update_reading(c);
+}
+
+/* --- frames ----------------------------------------------------------------------- */
+
+static char *model_json(const Foreshock__ModelShape *m)
+{
+    if (!m)
+        return NULL;
+    json_t *o = json_object();
+    if (!o)
+        return NULL;
+    const struct {
+        const char *key;
+        int has;
+        uint32_t v;
+    } f[] = {
+        {"n_layers", m->has_n_layers, m->n_layers},   {"n_heads", m->has_n_heads, m->n_heads},
+        {"n_kv_heads", m->has_n_kv_heads, m->n_kv_heads}, {"d_model", m->has_d_model, m->d_model},
+        {"d_head", m->has_d_head, m->d_head},       {"n_experts", m->has_n_experts, m->n_experts},
+        {"top_k", m->has_top_k, m->top_k},
+    };
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+        if (f[i].has)
+            json_object_set_new(o, f[i].key, json_integer(f[i].v));
+    if (m->n_moe_layers) {
+        json_t *a = json_array();
+        for (size_t i = 0; i < m->n_moe_layers; i++)
+            json_array_append_new(a, json_integer(m->moe_layers[i]));
+        json_object_set_new(o, "moe_layers", a);
+    }
+    char *s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(o);
+    if (s && strlen(s) > FS_STORE_MODEL_JSON_MAX) {
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
+
+/* Constant-time comparison: the token is a secret. */
+static int token_ok(const char *want, const char *got)
+{
+    if (!want[0])
+        return 1;
+    if (!got)
+        return 0;
+    size_t n = strlen(want), m = strlen(got);
+    unsigned char diff = (unsigned char)(n != m);
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)(want[i] ^ (i < m ? got[i] : 0));
+    return diff == 0;
+}
+
+static void pause_all(struct ingest *ing)
+{
+    if (!ing->paused) {
+        ing->paused = 1;
+        atomic_fetch_add(&ing->opts.stats->backpressure_pauses, 1);
+        log_limited(&ing->rl_backpressure, LOG_LEVEL_WARN, "ingest",
+                    "writer queue full: ingest paused until it drains");
+    }
+    for (struct conn *c = ing->head; c; c = c->next)
+        update_reading(c);
+}
+
+/* Submits or parks the item. Returns 0 when the connection may go on. */
+static int submit(struct conn *c, struct store_item *it)
+{
+    int rc = store_submit(c->ing->opts.store, it);
+    if (rc == 0) {
+        c->inflight++;
+        return 0;
+    }
+    if (rc == -EAGAIN) {
+        c->pending = it;
+        pause_all(c->ing);
+        return -EAGAIN;
+    }
+    store_item_free(it);
+    protocol_error(c, E(SHUTTING_DOWN), "daemon is stopping; reconnect later");
+    return rc;
+}
+
+static void on_hello(struct conn *c, const Foreshock__Hello *h)
+{
+    struct ingest *ing = c->ing;
+    if (c->state != AWAIT_HELLO) {
+        protocol_error(c, E(SEQUENCE), "second Hello on this connection");
+        return;
+    }
+    if (!token_ok(ing->token, h->token)) {
+        protocol_error(c, E(AUTH), "token missing or wrong");
+        return;
+    }
+    struct store_item *it = store_item_new(STORE_ITEM_HELLO);
+    if (!it) {
+        protocol_error(c, E(INTERNAL), "out of memory");
+        return;
+    }
+    it->conn_id = c->id;
+    snprintf(it->hello.run, sizeof(it->hello.run), "%s", h->run_id);
+    it->hello.attempt = h->has_attempt ? h->attempt : 0;
+    it->hello.rank = h->rank;
+    it->hello.world_size = h->world_size;
+    it->hello.has_detect_from_step = h->has_detect_from_step;
+    it->hello.detect_from_step = h->detect_from_step;
+    it->hello.model_json = model_json(h->model);
+    c->rank = h->rank;
+    c->state = AWAIT_WELCOME;
+    log_debug("ingest", "conn %llu %s: hello run=%s attempt=%u rank=%u/%u",
+              (unsigned long long)c->id, c->peer, h->run_id, it->hello.attempt, h->rank,
+              h->world_size);
+    submit(c, it);
+}
+
+static float *copy_floats(const float *v, size_t n)
+{
+    if (!n)
+        return NULL;
+    float *p = malloc(n * sizeof(*p));
+    if (p)
+        memcpy(p, v, n * sizeof(*p));
+    return p;
+}
+
+static void on_report(struct conn *c, const Foreshock__Report *r, const uint8_t *body,
+                      size_t len, const struct decode_info *info)
+{
+    if (c->state != STREAMING) {
+        protocol_error(c, E(SEQUENCE), "Report before Hello");
+        return;
+    }
+    atomic_fetch_add(&c->ing->opts.stats->reports_in, 1);
+    struct store_item *it = store_item_new(STORE_ITEM_REPORT);
+    if (!it) {
+        protocol_error(c, E(INTERNAL), "out of memory");
+        return;
+    }
+    struct store_report *rp = &it->report;
+    it->conn_id = c->id;
+    rp->run_id = c->run_id;
+    rp->stream_id = c->stream_id;
+    rp->rank = c->rank;
+    rp->seq = r->seq;
+    rp->step = r->step;
+    rp->received_at = now_unix();
+    rp->time = r->has_time_unix ? r->time_unix : rp->received_at;
+    rp->frame_bytes = (uint32_t)(len + DECODE_PREFIX_BYTES);
+    const Foreshock__Scalars *s = r->scalars;
+    int oom = 0;
+    if (s) {
+        const struct {
+            int has;
+            double v;
+        } sc[STORE_NSCALARS] = {
+            [STORE_LOSS] = {s->has_loss, s->loss},
+            [STORE_GRAD_NORM] = {s->has_grad_norm, s->grad_norm},
+            [STORE_LR] = {s->has_lr, s->lr},
+            [STORE_LOSS_SCALE] = {s->has_loss_scale, s->loss_scale},
+            [STORE_TOKENS] = {s->has_tokens, (double)s->tokens},
+            [STORE_STEP_TIME] = {s->has_step_time_s, s->step_time_s},
+        };
+        for (int i = 0; i < STORE_NSCALARS; i++) {
+            if (sc[i].has) {
+                rp->present |= 1u << i;
+                rp->scalars[i] = sc[i].v;
+            }
+        }
+        rp->n_weight_norm = (uint32_t)s->n_layer_weight_norm;
+        rp->n_update_ratio = (uint32_t)s->n_layer_update_ratio;
+        rp->weight_norm = copy_floats(s->layer_weight_norm, s->n_layer_weight_norm);
+        rp->update_ratio = copy_floats(s->layer_update_ratio, s->n_layer_update_ratio);
+        oom |= (rp->n_weight_norm && !rp->weight_norm) || (rp->n_update_ratio && !rp->update_ratio);
+    }
+    if (info->sketches) {
+        /* The spool keeps the frame as it arrived for the monitor stage. */
+        rp->sketch_body = malloc(len);
+        if (rp->sketch_body) {
+            memcpy(rp->sketch_body, body, len);
+            rp->sketch_len = len;
+        }
+        oom |= !rp->sketch_body;
+    }
+    if (oom) {
+        store_item_free(it);
+        protocol_error(c, E(INTERNAL), "out of memory");
+        return;
+    }
+    submit(c, it);
+}
+
+static void on_bye(struct conn *c)
+{
+    c->eof = 1;
+    update_reading(c);
+    if (c->inflight == 0 && !c->pending)
+        conn_close_when_flushed(c);
+}
+
+static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
+{
+    struct ingest *ing = c->ing;
+    atomic_fetch_add(&ing->opts.stats->frames_in, 1);
+    Foreshock__Frame *f;
+    struct decode_info info;
+    struct decode_error err;
+    if (decode_frame(body, len, &ing->opts.limits, &f, &info, &err) < 0) {
+        atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
+        protocol_error(c, err.code, err.message);
+        return;
+    }
+    switch (f->body_case) {
+    case FORESHOCK__FRAME__BODY_HELLO:
+        on_hello(c, f->hello);
+        break;
+    case FORESHOCK__FRAME__BODY_REPORT:
+        on_report(c, f->report, body, len, &info);
+        break;
+    case FORESHOCK__FRAME__BODY_BYE:
+        on_bye(c);
+        break;
+    default:
+        protocol_error(c, E(SEQUENCE), "Welcome, Ack and Error are daemon-to-client frames");
+        break;
+    }
+    decode_frame_free(f);
+}
+
+/* May this connection take another frame from its buffer now? */
+static int can_process(const struct conn *c)
+{
+    return !c->closing && !c->pending && !c->eof &&
+           (c->state == AWAIT_HELLO || c->state == STREAMING);
+}
+
+/* Handles every complete frame in the read buffer that the state allows. */
+static void process(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    size_t pos = 0;
+    while (can_process(c) && !ing->stopping && c->rlen - pos >= DECODE_PREFIX_BYTES) {
+        uint32_t len;
+        struct decode_error err;
+        if (decode_prefix(c->rbuf + pos, &ing->opts.limits, &len, &err) < 0) {
+            atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
+            protocol_error(c, err.code, err.message);
+            return;
+        }
+        size_t need = DECODE_PREFIX_BYTES + (size_t)len;
+        if (c->rlen - pos < need)
+            break;
+        handle_frame(c, c->rbuf + pos + DECODE_PREFIX_BYTES, len);
+        pos += need;
+        if (c->state == CLOSING)
+            return; /* protocol_error reset the buffer */
+    }
+    if (pos) {
+        memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
+        c->rlen -= pos;
+    }
+    /* A frame larger than the default buffer got its own; give it back. */
+    if (c->rcap > FS_INGEST_RBUF_INITIAL && c->rlen <= FS_INGEST_RBUF_INITIAL) {
+        uint8_t *p = realloc(c->rbuf, FS_INGEST_RBUF_INITIAL);
+        if (p) {
+            c->rbuf = p;
+            c->rcap = FS_INGEST_RBUF_INITIAL;
+        }
+    }
+}
+
+static int want_read(const struct conn *c)
+{
+    if (c->closing)
+        return 0;
+    if (c->state == CLOSING)
+        return !c->eof; /* discard until EOF after an Error */
+    return can_process(c) && !c->ing->paused && !c->ing->stopping;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    struct conn *c = (struct conn *)h;
+    struct ingest *ing = c->ing;
+    if (c->state == CLOSING) {
+        *buf = uv_buf_init((char *)ing->discard, sizeof(ing->discard));
+        return;
+    }
+    /* Size the buffer for the frame being read, whose length prefix was
+     * checked against max_frame_bytes before this allocation. */
+    size_t want = c->rcap ? c->rcap : FS_INGEST_RBUF_INITIAL;
+    if (c->rlen >= DECODE_PREFIX_BYTES) {
+        uint32_t len;
+        struct decode_error err;
+        if (decode_prefix(c->rbuf, &ing->opts.limits, &len, &err) == 0 &&
+            DECODE_PREFIX_BYTES + (size_t)len > want)
+            want = DECODE_PREFIX_BYTES + (size_t)len;
+    }
+    if (want != c->rcap) {
+        uint8_t *p = realloc(c->rbuf, want);
+        if (!p) {
+            *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+            return;
+        }
+        c->rbuf = p;
+        c->rcap = want;
+    }
+    *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    struct conn *c = (struct conn *)s;
+    struct ingest *ing = c->ing;
+    if (nread == 0)
+        return;
+    if (nread < 0) {
+        if (nread != UV_EOF) {
+            log_limited(&ing->rl_io, LOG_LEVEL_INFO, "ingest", "conn %llu %s: read: %s",
+                        (unsigned long long)c->id, c->peer, uv_strerror((int)nread));
+            conn_close(c);
+            return;
+        }
+        /* The client is done sending: answer what it sent, then close. */
+        c->eof = 1;
+        update_reading(c);
+        if (c->state == CLOSING || (c->inflight == 0 && !c->pending))
+            conn_close_when_flushed(c);
+        return;
+    }
+    atomic_fetch_add(&ing->opts.stats->bytes_in, (uint64_t)nread);
+    if (c->state == CLOSING) {
+        c->discarded += (size_t)nread;
+        if (c->discarded > FS_INGEST_DISCARD_MAX)
+            conn_close(c);
+        return;
+    }
+    c->rlen += (size_t)nread;
+    process(c);
+    update_reading(c);
+}
+
+static void update_reading(struct conn *c)
+{
+    int want = want_read(c);
+    if (want && !c->reading) {
+        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+            c->reading = 1;
+    } else if (!want && c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+    }
+}
+
+/* --- results from the writer ---------------------------------------------------- */
+
+static void on_hello_done(struct conn *c, const struct store_result *r)
+{
+    if (r->error_code) {
+        protocol_error(c, r->error_code, r->message);
+        return;
+    }
+    if (c->state != AWAIT_WELCOME)
+        return;
+    c->run_id = r->run_id;
+    c->stream_id = r->stream_id;
+    c->state = STREAMING;
+    Foreshock__Welcome w = FORESHOCK__WELCOME__INIT;
+    w.protocol_version = FORESHOCK__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
+    w.last_seq = r->seq;
+    w.server_version = FORESHOCK_VERSION;
+    w.max_frame_bytes = c->ing->opts.limits.max_frame_bytes;
+    w.has_stream_id = 1;
+    w.stream_id = (uint64_t)r->stream_id;
+    Foreshock__Frame f = FORESHOCK__FRAME__INIT;
+    f.body_case = FORESHOCK__FRAME__BODY_WELCOME;
+    f.welcome = &w;
+    send_frame(c, &f);
+}
+
+static void on_ack(struct conn *c, const struct store_result *r)
+{
+    if (r->error_code) {
+        protocol_error(c, r->error_code, r->message);
+        return;
+    }
+    if (c->state != STREAMING)
+        return;
+    if (r->seq > c->acked)
+        c->acked = r->seq;
+    Foreshock__Ack a = FORESHOCK__ACK__INIT;
+    a.seq = c->acked;
+    Foreshock__Frame f = FORESHOCK__FRAME__INIT;
+    f.body_case = FORESHOCK__FRAME__BODY_ACK;
+    f.ack = &a;
+    if (send_frame(c, &f) == 0)
+        atomic_fetch_add(&c->ing->opts.stats->acks_out, 1);
+}
+
+/* Resubmits parked items and reads again, oldest connection first. */
+static void resume(struct ingest *ing)
+{
+    ing->paused = 0;
+    for (struct conn *c = ing->head; c && !ing->paused; c = c->next) {
+        if (c->closing)
+            continue;
+        if (c->pending) {
+            struct store_item *it = c->pending;
+            c->pending = NULL;
+            if (submit(c, it) < 0)
+                break;
+        }
+        process(c);
+    }
+    for (struct conn *c = ing->head; c; c = c->next)
+        update_reading(c);
+}
+
+static void on_async(uv_async_t *a)
+{
+    struct ingest *ing = a->data;
+    struct store_result *res;
+    size_t n = store_take_results(ing->opts.store, &res);
+    int resumed = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct store_result *r = &res[i];
+        if (r->kind == STORE_RESULT_RESUME) {
+            resumed = 1;
+            continue;
+        }
+        struct conn *c = conn_find(ing, r->conn_id);
+        if (!c)
+            continue; /* closed meanwhile: the data is committed anyway */
+        c->inflight -= r->items <= c->inflight ? r->items : c->inflight;
+        if (r->kind == STORE_RESULT_HELLO)
+            on_hello_done(c, r);
+        else
+            on_ack(c, r);
+        if (c->closing)
+            continue;
+        if (c->state == STREAMING && !c->eof) {
+            process(c);
+            update_reading(c);
+        }
+        if ((c->eof || ing->stopping) && c->inflight == 0 && !c->pending)
+            conn_close_when_flushed(c);
+    }
+    free(res);
+    if (resumed && !ing->stopping)
+        resume(ing);
+    else if (resumed) {
+        /* Stopping: parked items were received in full; they still commit. */
+        ing->paused = 0;
+        for (struct conn *c = ing->head; c && !ing->paused; c = c->next) {
+            if (c->pending && !c->closing) {
+                struct store_item *it = c->pending;
+                c->pending = NULL;
+                submit(c, it);
+            }
+        }
+    }
+    check_stop(ing);
+}
+
+static void notify_loop(void *ctx)
+{
+    struct ingest *ing = ctx;
+    uv_async_send(&ing->async);
+}
+
+/* --- accepting ------------------------------------------------------------------ */
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    struct ingest *ing = server->data;
+    if (status < 0) {
+        log_limited(&ing->rl_io, LOG_LEVEL_WARN, "ingest", "accept: %s", uv_strerror(status));
+        return;
+    }
+    struct conn *c = calloc(1, sizeof(*c));
+    if (!c || uv_tcp_init(ing->loop, &c->tcp) < 0) {
+        free(c);
+        log_limited(&ing->rl_io, LOG_LEVEL_ERROR, "ingest", "accept: out of memory");
+        return;
+    }
+    c->ing = ing;
+    c->id = ++ing->next_id;
+    if (ing->tail)
+        ing->tail->next = c;
+    else
+        ing->head = c;
+    c->prev = ing->tail;
+    ing->tail = c;
+    c->hnext = ing->hash[c->id % CONN_HASH];
+    ing->hash[c->id % CONN_HASH] = c;
+    c->rejected = 1; /* until counted below */
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
+        conn_close(c);
+        return;
+    }
+    struct sockaddr_storage sa;
+    int salen = sizeof(sa);
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &salen) == 0) {
+        if (sa.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof(ip));
+            port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+        } else {
+            uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof(ip));
+            port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
+        }
+    }
+    snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
+    uv_tcp_nodelay(&c->tcp, 1);
+    atomic_fetch_add(&ing->opts.stats->connections_total, 1);
+    if (ing->stopping) {
+        protocol_error(c, E(SHUTTING_DOWN), "daemon is stopping; reconnect later");
+        return;
+    }
+    if (ing->nactive >= ing->opts.max_connections) {
+        atomic_fetch_add(&ing->opts.stats->connections_rejected, 1);
+        char msg[96];
+        snprintf(msg, sizeof(msg), "connection limit reached (max_connections %llu)",
+                 (unsigned long long)ing->opts.max_connections);
+        log_limited(&ing->rl_limit, LOG_LEVEL_WARN, "ingest", "%s: refusing %s", msg, c->peer);
+        protocol_error(c, E(LIMIT), msg);
+        return;
+    }
+    c->rejected = 0;
+    ing->nactive++;
+    atomic_fetch_add(&ing->opts.stats->connections_current, 1);
+    log_debug("ingest", "conn %llu %s: connected", (unsigned long long)c->id, c->peer);
+    update_reading(c);
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+    struct ingest *ing = t->data;
+    uint64_t now = uv_now(ing->loop);
+    for (struct conn *c = ing->head; c; c = c->next)
+        if (!c->closing && c->linger_deadline_ms && now >= c->linger_deadline_ms)
+            conn_close(c);
+}
+
+/* --- lifecycle ---------------------------------------------------------------------- */
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    struct ingest *ing = h->data;
+    if (--ing->handles_open == 0 && ing->done)
+        ing->done(ing->done_ctx);
+}
+
+static void check_stop(struct ingest *ing)
+{
+    if (!ing->stopping || ing->handles_closing)
+        return;
+    for (struct conn *c = ing->head; c; c = c->next)
+        if (!c->closing && c->inflight == 0 && !c->pending)
+            conn_close_when_flushed(c);
+    if (ing->head)
+        return;
+    /* Last connection gone: detach from the writer before closing the
+     * async handle it wakes. */
+    ing->handles_closing = 1;
+    store_set_notify(ing->opts.store, NULL, NULL);
+    uv_close((uv_handle_t *)&ing->async, on_handle_closed);
+    uv_close((uv_handle_t *)&ing->sweep, on_handle_closed);
+}
+
+void ingest_stop(struct ingest *ing, void (*done)(void *ctx), void *ctx)
+{
+    if (ing->stopping)
+        return;
+    ing->stopping = 1;
+    ing->done = done;
+    ing->done_ctx = ctx;
+    log_info("ingest", "stopping: no new connections; committing and acking what was received");
+    uv_close((uv_handle_t *)&ing->listener, on_handle_closed);
+    for (struct conn *c = ing->head; c; c = c->next) {
+        c->rlen = 0; /* partial or unread frames were never acked: the client resends */
+        update_reading(c);
+    }
+    check_stop(ing);
+}
+
+static int resolve(const char *host, uint16_t port, struct sockaddr_storage *sa, char *err,
+                   size_t errlen)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%u", port);
+    struct addrinfo *ai = NULL;
+    int rc = getaddrinfo(host, ps, &hints, &ai);
+    if (rc != 0 || !ai) {
+        snprintf(err, errlen, "cannot resolve listen address %s: %s", host, gai_strerror(rc));
+        return -EINVAL;
+    }
+    memcpy(sa, ai->ai_addr, ai->ai_addrlen);
+    freeaddrinfo(ai);
+    return 0;
+}
+
+int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest **out, char *err,
+                 size_t errlen)
+{
+    struct ingest *ing = calloc(1, sizeof(*ing));
+    if (!ing) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    ing->loop = loop;
+    ing->opts = *opts;
+    snprintf(ing->token, sizeof(ing->token), "%s", opts->token ? opts->token : "");
+    snprintf(ing->host, sizeof(ing->host), "%s", opts->host);
+    ing->opts.token = ing->token;
+    ing->opts.host = ing->host;
+    struct sockaddr_storage sa;
+    int rc = resolve(opts->host, opts->port, &sa, err, errlen);
+    if (rc < 0) {
+        free(ing);
+        return rc;
+    }
+    uv_tcp_init(loop, &ing->listener);
+    ing->listener.data = ing;
+    ing->handles_open = 1;
+    rc = uv_tcp_bind(&ing->listener, (struct sockaddr *)&sa, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&ing->listener, FS_INGEST_BACKLOG, on_connection);
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot listen on %s:%u: %s", opts->host, opts->port,
+                 uv_strerror(rc));
+        goto fail;
+    }
+    struct sockaddr_storage bound;
+    int len = sizeof(bound);
+    uv_tcp_getsockname(&ing->listener, (struct sockaddr *)&bound, &len);
+    ing->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                  : ((struct sockaddr_in *)&bound)->sin_port);
+    if ((rc = uv_async_init(loop, &ing->async, on_async)) < 0) {
+        snprintf(err, errlen, "uv_async_init: %s", uv_strerror(rc));
+        goto fail;
+    }
+    ing->async.data = ing;
+    ing->handles_open++;
+    uv_timer_init(loop, &ing->sweep);
+    ing->sweep.data = ing;
+    ing->handles_open++;
+    uv_timer_start(&ing->sweep, on_sweep, FS_INGEST_SWEEP_MS, FS_INGEST_SWEEP_MS);
+    store_set_notify(opts->store, notify_loop, ing);
+    *out = ing;
+    return 0;
+fail:
+    /* Let the loop finish closing the listener before freeing it. */
+    uv_close((uv_handle_t *)&ing->listener, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);
+    free(ing);
+    return rc < 0 ? rc : -EIO;
+}
+
+uint16_t ingest_port(const struct ingest *ing) { return ing->port; }
+
+void ingest_free(struct ingest *ing) { free(ing); }

@@ -1,0 +1,57 @@
+#ifndef FORESHOCK_INGEST_H
+#define FORESHOCK_INGEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "decode.h"
+#include "stats.h"
+#include "store.h"
+
+/* The ingest TCP server (libuv). Everything here runs on the loop thread,
+ * which owns the sockets and per-connection state; the writer thread talks
+ * back only through store results and a uv_async wakeup.
+ *
+ * Per connection: AWAIT_HELLO -> AWAIT_WELCOME (Hello queued to the writer;
+ * no further frame is read until the Welcome) -> STREAMING -> CLOSING.
+ * Reports become writer items; Acks go out only after their COMMIT. A
+ * protocol violation gets Error{code, message}, then a close once the write
+ * completed; other connections are unaffected. When the writer pushes back
+ * (-EAGAIN) the frame stays pending on its connection and every connection
+ * stops reading until the writer announces RESUME. */
+
+struct ingest_opts {
+    const char *host;        /* bind address */
+    uint16_t port;           /* 0: pick an ephemeral port */
+    uint64_t max_connections;
+    uint64_t max_conn_buffer_bytes; /* unsent reply bytes per connection */
+    struct decode_limits limits;    /* limits.max_frame_bytes bounds the read buffer */
+    const char *token;       /* NULL or "": no token required */
+    struct store *store;     /* results of its items come back to this ingest */
+    struct fs_stats *stats;
+};
+
+struct ingest;
+
+/* Binds and listens on loop, and takes over the store's notify callback.
+ * Returns 0 and *out, or a negative errno-style code with a message in err;
+ * nothing is left running on failure. Loop thread (before uv_run). */
+int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest **out, char *err,
+                 size_t errlen);
+
+/* The port actually bound. */
+uint16_t ingest_port(const struct ingest *ing);
+
+/* Begins the orderly shutdown: closes the listener, stops reading, lets
+ * frames already received commit and sends their Acks (and Welcomes), then
+ * closes every connection, detaches from the store and closes its own
+ * handles; done(ctx) is called on the loop thread when nothing of the
+ * ingest is left on the loop. A second call is a no-op. Loop thread. */
+void ingest_stop(struct ingest *ing, void (*done)(void *ctx), void *ctx);
+
+/* Frees the ingest after done was called (or after ingest_start failed to
+ * return one: NULL is a no-op). Loop thread, loop no longer running it. */
+void ingest_free(struct ingest *ing);
+
+#endif

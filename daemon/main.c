@@ -1,0 +1,291 @@
+/* foreshockd: configuration, startup, the loop, orderly shutdown. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "config.h"
+#include "http.h"
+#include "ingest.h"
+#include "log.h"
+#include "stats.h"
+#include "store.h"
+
+#define EXIT_OK 0
+#define EXIT_RUNTIME 1
+#define EXIT_USAGE 2
+#define MAX_OVERRIDES 64
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "NAME\n"
+        "    foreshockd - training-run instability monitor (sidecar daemon)\n"
+        "\n"
+        "SYNOPSIS\n"
+        "    foreshockd [--listen HOST:PORT] [--http HOST:PORT] [--db PATH]\n"
+        "               [--config FILE] [--log-level LEVEL] [--set KEY=VALUE ...]\n"
+        "    foreshockd --help | --version\n"
+        "\n"
+        "DESCRIPTION\n"
+        "    Receives sketches from trainer ranks over TCP (length-prefixed protobuf,\n"
+        "    proto/foreshock.proto), stores them in SQLite (WAL), acknowledges each\n"
+        "    report only after it is committed, and serves a JSON API over HTTP.\n"
+        "    Once both listeners are bound and the database is open it logs one line:\n"
+        "        foreshockd ready ingest=HOST:PORT http=HOST:PORT db=PATH pid=PID\n"
+        "    Logs go to stderr, one line each: TIME(UTC) LEVEL MODULE: MESSAGE.\n"
+        "\n"
+        "OPTIONS\n"
+        "    --listen HOST:PORT   ingest address (default " FS_DEF_LISTEN "); port 0 picks one\n"
+        "    --http HOST:PORT     HTTP API address (default " FS_DEF_HTTP "); port 0 picks one\n"
+        "    --db PATH            database file, created if absent (default " FS_DEF_DB ")\n"
+        "    --config FILE        read settings from FILE (INI style, see below)\n"
+        "    --log-level LEVEL    debug | info | warn | error (default info)\n"
+        "    --set KEY=VALUE      set any configuration key (repeatable)\n"
+        "    -h, --help           print this text and exit 0\n"
+        "    -V, --version        print the version and exit 0\n"
+        "    Command-line options override the configuration file.\n"
+        "\n"
+        "CONFIGURATION FILE\n"
+        "    Lines of `key = value`; `#` or `;` starts a comment; [section] headers\n"
+        "    hold per-module settings. Keys:\n");
+    config_print_keys(f);
+    fprintf(f,
+        "    Byte sizes accept K, M, G, T suffixes (binary multiples).\n"
+        "\n"
+        "SIGNALS\n"
+        "    SIGTERM, SIGINT  orderly stop: stop accepting, commit and ack what was\n"
+        "                     received, close connections, stop HTTP, close the database.\n"
+        "                     A second signal during the stop exits at once with status 1.\n"
+        "    SIGPIPE          ignored.\n"
+        "\n"
+        "EXIT STATUS\n"
+        "    0  clean stop after a signal\n"
+        "    1  runtime failure (cannot bind, cannot open the database, ...)\n"
+        "    2  bad usage or configuration (the message names the key and line)\n");
+}
+
+struct app {
+    uv_loop_t loop;
+    uv_signal_t sig_term, sig_int;
+    struct fs_config cfg;
+    struct fs_stats stats;
+    struct store *store;
+    struct ingest *ingest;
+    struct http *http;
+    int stopping;
+};
+
+static void on_ingest_done(void *ctx)
+{
+    struct app *app = ctx;
+    uv_close((uv_handle_t *)&app->sig_term, NULL);
+    uv_close((uv_handle_t *)&app->sig_int, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct app *app = h->data;
+    if (app->stopping) {
+        log_error("main", "%s during shutdown: exiting now", strsignal(signum));
+        _exit(EXIT_RUNTIME);
+    }
+    app->stopping = 1;
+    log_info("main", "%s: stopping", strsignal(signum));
+    store_set_serving(app->store, 0);
+    atomic_store(&app->stats.ready, 0);
+    ingest_stop(app->ingest, on_ingest_done, app);
+}
+
+/* Reads options into cfg (file first, then flags). Returns -1 to continue,
+ * or an exit status. */
+static int parse_args(int argc, char **argv, struct fs_config *cfg)
+{
+    static const struct option longopts[] = {
+        {"listen", required_argument, NULL, 'l'}, {"http", required_argument, NULL, 't'},
+        {"db", required_argument, NULL, 'd'},     {"config", required_argument, NULL, 'c'},
+        {"log-level", required_argument, NULL, 'L'}, {"set", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    struct {
+        const char *key;
+        const char *value;
+        char buf[FS_CONFIG_MAX_LINE];
+    } *ov = calloc(MAX_OVERRIDES, sizeof(*ov));
+    if (!ov)
+        return EXIT_RUNTIME;
+    int n = 0, status = -1;
+    const char *config_path = NULL;
+    int opt;
+    while (status < 0 && (opt = getopt_long(argc, argv, "hV", longopts, NULL)) != -1) {
+        const char *key = NULL;
+        switch (opt) {
+        case 'h':
+            usage(stdout);
+            status = EXIT_OK;
+            continue;
+        case 'V':
+            printf("foreshockd %s\n", FORESHOCK_VERSION);
+            status = EXIT_OK;
+            continue;
+        case 'c':
+            config_path = optarg;
+            continue;
+        case 'l': key = "listen"; break;
+        case 't': key = "http"; break;
+        case 'd': key = "db"; break;
+        case 'L': key = "log_level"; break;
+        case 's': break;
+        default:
+            fprintf(stderr, "foreshockd: try --help\n");
+            status = EXIT_USAGE;
+            continue;
+        }
+        if (n == MAX_OVERRIDES) {
+            fprintf(stderr, "foreshockd: more than %d options\n", MAX_OVERRIDES);
+            status = EXIT_USAGE;
+            continue;
+        }
+        snprintf(ov[n].buf, sizeof(ov[n].buf), "%s", optarg);
+        if (key) {
+            ov[n].key = key;
+            ov[n].value = ov[n].buf;
+        } else {
+            char *eq = strchr(ov[n].buf, '=');
+            if (!eq) {
+                fprintf(stderr, "foreshockd: --set needs KEY=VALUE, got '%s'\n", optarg);
+                status = EXIT_USAGE;
+                continue;
+            }
+            *eq = '\0';
+            ov[n].key = ov[n].buf;
+            ov[n].value = eq + 1;
+        }
+        n++;
+    }
+    if (status < 0 && optind < argc) {
+        fprintf(stderr, "foreshockd: unexpected argument '%s'; try --help\n", argv[optind]);
+        status = EXIT_USAGE;
+    }
+    struct config_error err;
+    config_defaults(cfg);
+    if (status < 0 && config_path && config_load_file(config_path, cfg, NULL, 0, &err) < 0) {
+        fprintf(stderr, "%s\n", err.message);
+        status = EXIT_USAGE;
+    }
+    for (int i = 0; status < 0 && i < n; i++) {
+        if (config_set(cfg, ov[i].key, ov[i].value, "command line", &err) < 0) {
+            fprintf(stderr, "%s\n", err.message);
+            status = EXIT_USAGE;
+        }
+    }
+    if (status < 0 && config_check(cfg, config_path ? config_path : "command line", &err) < 0) {
+        fprintf(stderr, "%s\n", err.message);
+        status = EXIT_USAGE;
+    }
+    free(ov);
+    return status;
+}
+
+static void endpoint_text(char *out, size_t len, const char *host, unsigned port)
+{
+    snprintf(out, len, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    struct app *app = calloc(1, sizeof(*app));
+    if (!app) {
+        fprintf(stderr, "foreshockd: out of memory\n");
+        return EXIT_RUNTIME;
+    }
+    int status = parse_args(argc, argv, &app->cfg);
+    if (status >= 0) {
+        free(app);
+        return status;
+    }
+    const struct fs_config *cfg = &app->cfg;
+    log_set_level((enum log_level)cfg->log_level);
+    status = EXIT_RUNTIME;
+    char err[512];
+    int loop_ok = uv_loop_init(&app->loop) == 0;
+    if (!loop_ok) {
+        log_error("main", "cannot create the event loop");
+        goto out;
+    }
+    struct store_opts so = {
+        .synchronous_full = cfg->synchronous == CONFIG_SYNC_FULL,
+        .max_runs = cfg->max_runs,
+        .queue_max_items = cfg->writer_queue_max_items,
+        .queue_max_bytes = cfg->writer_queue_max_bytes,
+        .batch_max_items = cfg->writer_batch_max_items,
+        .spool_max_bytes = cfg->spool_max_bytes,
+        .stats = &app->stats,
+    };
+    if (store_open(cfg->db, &so, &app->store, err, sizeof(err)) < 0) {
+        log_error("main", "%s", err);
+        goto out;
+    }
+    struct ingest_opts io = {
+        .host = cfg->listen.host,
+        .port = cfg->listen.port,
+        .max_connections = cfg->max_connections,
+        .max_conn_buffer_bytes = cfg->max_conn_buffer_bytes,
+        .token = cfg->token,
+        .store = app->store,
+        .stats = &app->stats,
+    };
+    decode_limits_default(&io.limits, (uint32_t)cfg->max_frame_bytes);
+    if (ingest_start(&app->loop, &io, &app->ingest, err, sizeof(err)) < 0) {
+        log_error("main", "%s", err);
+        goto out;
+    }
+    struct http_opts ho = {
+        .host = cfg->http.host,
+        .port = cfg->http.port,
+        .db_path = cfg->db,
+        .threads = (unsigned)cfg->http_threads,
+        .stats = &app->stats,
+    };
+    if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
+        log_error("main", "%s", err);
+        goto out;
+    }
+    uv_signal_init(&app->loop, &app->sig_term);
+    uv_signal_init(&app->loop, &app->sig_int);
+    app->sig_term.data = app->sig_int.data = app;
+    uv_signal_start(&app->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&app->sig_int, on_signal, SIGINT);
+
+    store_set_serving(app->store, 1);
+    atomic_store(&app->stats.ready, 1);
+    char ingest_ep[FS_CONFIG_MAX_HOST + 16], http_ep[FS_CONFIG_MAX_HOST + 16];
+    endpoint_text(ingest_ep, sizeof(ingest_ep), cfg->listen.host, ingest_port(app->ingest));
+    endpoint_text(http_ep, sizeof(http_ep), cfg->http.host, http_port(app->http));
+    log_info("main", "foreshockd ready ingest=%s http=%s db=%s pid=%ld", ingest_ep, http_ep,
+             cfg->db, (long)getpid());
+
+    uv_run(&app->loop, UV_RUN_DEFAULT); /* until ingest and signals are closed */
+    status = EXIT_OK;
+out:
+    http_stop(app->http);
+    if (app->ingest && status != EXIT_OK) {
+        /* Startup failed after ingest bound: close its handles properly. */
+        ingest_stop(app->ingest, NULL, NULL);
+        uv_run(&app->loop, UV_RUN_DEFAULT);
+    }
+    ingest_free(app->ingest);
+    store_close(app->store);
+    if (loop_ok && uv_loop_close(&app->loop) != 0)
+        log_warn("main", "event loop closed with handles still open");
+    if (status == EXIT_OK)
+        log_info("main", "stopped");
+    free(app);
+    return status;
+}
