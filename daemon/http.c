@@ -35,7 +35,10 @@
 /* --- limits ---------------------------------------------------------------- */
 #define HTTP_CONNECTION_TIMEOUT_S 30u        /* idle keep-alive connections closed after */
 #define HTTP_CONNECTION_MEMORY_BYTES (32u * 1024u) /* per connection: request line + headers */
-#define HTTP_MAX_BODY_BYTES 4096u            /* request bodies are read and discarded up to this; beyond: 413 */
+/* Request bodies are read and discarded up to this. A larger Content-Length
+ * gets 413 before the body is read; a chunked body that grows past it closes
+ * the connection. */
+#define HTTP_MAX_BODY_BYTES 4096u
 #define HTTP_MAX_PARAM_LEN 256u              /* bytes of one query value or path segment */
 #define HTTP_MAX_PARAMS 16u                  /* query parameters accepted by one route */
 #define HTTP_MAX_CAPTURES 2u                 /* '*' segments in one route pattern */
@@ -1002,10 +1005,29 @@ static int h_points(struct ctx *c)
 }
 
 /* --- route table ----------------------------------------------------------------------
- * Method: every route is GET (and HEAD, which libmicrohttpd answers without
- * the body); other methods get 405 with Allow. Later routes (alerts,
- * silences, /metrics, the dashboard at /) are rows here. A route that is not
- * JSON will need a content type in its row. */
+ * The API (all JSON, GET or HEAD; other methods 405 with Allow):
+ *   /healthz                 {"status":"ok"}
+ *   /readyz                  {"status":"ready"} | 503 (not ready, storage failing, db unreadable)
+ *   /api/v1/runs             ?limit=1..10000 (1000) &after=CURSOR
+ *                            {"runs":[RUN...],"next":CURSOR|null}
+ *   /api/v1/runs/{name}      {"run":RUN + "streams_detail":[...]} (attempt, rank order)
+ *   /api/v1/series           ?run=NAME (required) &name= | &prefix= &layer= &head= &window=
+ *                            &rank= &limit= &after=   {"series":[SERIES...],"next":...}
+ *   /api/v1/series/{id}/points ?from=&to= (inclusive steps) &limit= | &max_points=1..5000
+ *                            {"series":SERIES,"points":[[step,value|null]...],
+ *                             "next_from":step|null,"downsampled":false}
+ *     with max_points=N: the steps present in [from, to] (first lo, last hi)
+ *     are split into N buckets of w = ceil((hi - lo + 1) / N) steps from lo;
+ *     each non-empty bucket gives [first step, mean, min, max] (NULL and
+ *     +-Inf values give null), "downsampled":true, "bucket_width":w,
+ *     "next_from":null. limit and max_points exclude each other.
+ * Cursors are the last id of a page, as a string; "next" is null on the
+ * last page (a page is only followed by another if a row exists beyond it).
+ * Unknown, repeated, empty or malformed parameters are 400 naming the
+ * parameter; unknown paths, runs and series 404.
+ *
+ * Later routes (alerts, silences, /metrics, the dashboard at /) are rows
+ * here; one that is not JSON will need a content type in its row. */
 #define ROUTE_METHODS "GET, HEAD"
 
 static const struct route routes[] = {
