@@ -2,6 +2,9 @@
 -- state (so a restart neither re-fires nor forgets), alerts and their
 -- append-only history. State numbers are pinned in daemon/alert.h.
 
+-- Listing a run's series in id order (keyset pagination) without a sort.
+CREATE INDEX series_by_run ON series (run_id, id);
+
 -- A (run, step, group) whose shards or ranks did not all arrive before the
 -- timeout: recorded, never computed from part of the data.
 CREATE TABLE incomplete (
