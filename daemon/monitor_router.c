@@ -99,7 +99,8 @@ int router_weight_compute(struct router_workspace *ws, unsigned n_experts,
             double gjj = g[j + j * e];
             if (!(gii > 0.0 && gjj > 0.0))
                 continue;
-            sim += g[j + i * e] / sqrt(gii * gjj);
+            /* sqrt of each: gii * gjj may overflow where the cosine does not */
+            sim += g[j + i * e] / (sqrt(gii) * sqrt(gjj));
             pairs++;
         }
     }
