@@ -14,6 +14,7 @@
 
 struct qk_workspace {
     unsigned max_dh;
+    bool pivoted;       /* the last factor() permuted (dpstrf) */
     size_t nmax;        /* 2 * max_dh */
     double *g1, *g2;    /* the two Grams, unpacked (and balanced) */
     double *f;          /* Cholesky factor L */
@@ -173,8 +174,8 @@ static void copy_scaled(const double *src, size_t ld, size_t m, double a,
             dst[i + j * m] = a * src[i + j * ld];
 }
 
-/* Factors the m x m matrix g (leading dimension ld) into ws->f, ws->piv and
- * ws->rank: P^T G P = L L^T, L m x rank lower trapezoidal (upper part
+/* Factors the m x m matrix g (leading dimension ld) into ws->f, ws->rank
+ * and, when it had to pivot (ws->pivoted), ws->piv: P^T G P = L L^T, L m x rank lower trapezoidal (upper part
  * zeroed), rank 0 when G has no positive diagonal. Returns 0 or -EDOM. */
 static int factor(struct qk_workspace *ws, const double *g, size_t ld,
                   size_t m)
@@ -203,8 +204,7 @@ static int factor(struct qk_workspace *ws, const double *g, size_t ld,
         for (size_t i = 0; i < m && !deficient; i++)
             deficient = f[i + i * m] * f[i + i * m] < tol;
         if (!deficient) {
-            for (size_t i = 0; i < m; i++)
-                ws->piv[i] = (lapack_int)i + 1;
+            ws->pivoted = false;
             ws->rank = (lapack_int)m;
             return 0;
         }
@@ -220,6 +220,7 @@ static int factor(struct qk_workspace *ws, const double *g, size_t ld,
     for (lapack_int j = 0; j < rank; j++)
         for (lapack_int i = 0; i < j; i++)
             f[i + (size_t)j * m] = 0.0;
+    ws->pivoted = true;
     ws->rank = rank;
     return 0;
 }
@@ -242,16 +243,19 @@ static int project(struct qk_workspace *ws, const double *g, size_t ld,
             gmax = g[i + i * ld];
     if (!(gmax > 0.0))
         return 0; /* G2 = 0 (or not PSD): the product has no spectrum */
-    /* t = P^T (G / gmax) P: (P^T G P)_ij = G(piv_i, piv_j). */
-    double inv = 1.0 / gmax;
-    for (size_t j = 0; j < m; j++) {
-        const double *col = g + (size_t)(ws->piv[j] - 1) * ld;
-        for (size_t i = 0; i < m; i++)
-            t[i + j * m] = inv * col[ws->piv[i] - 1];
+    /* c (or t) = P^T (G / gmax) P: (P^T G P)_ij = G(piv_i, piv_j). */
+    double inv = 1.0 / gmax, *pg = r == m ? c : t;
+    if (!ws->pivoted) {
+        copy_scaled(g, ld, m, inv, pg);
+    } else {
+        for (size_t j = 0; j < m; j++) {
+            const double *col = g + (size_t)(ws->piv[j] - 1) * ld;
+            for (size_t i = 0; i < m; i++)
+                pg[i + j * m] = inv * col[ws->piv[i] - 1];
+        }
     }
     if (r == m) {
         /* C = L^T (G L), L square lower triangular: two dtrmm. */
-        memcpy(c, t, m * m * sizeof(double));
         cblas_dtrmm(CblasColMajor, CblasRight, CblasLower, CblasNoTrans,
                     CblasNonUnit, (int)m, (int)m, 1.0, f, (int)m, c, (int)m);
         cblas_dtrmm(CblasColMajor, CblasLeft, CblasLower, CblasTrans,
@@ -296,15 +300,16 @@ static int pair_spectrum(struct qk_workspace *ws, const double *g1,
 /* G <- D G D (sign +1) or D^-1 G D^-1 (sign -1), D = diag(I, s I). */
 static void balance(double *g, size_t n, size_t h, double s, int sign)
 {
-    double a = sign > 0 ? s : 1.0 / s;
-    for (size_t j = 0; j < n; j++)
-        for (size_t i = 0; i < n; i++) {
-            int hi = i >= h, hj = j >= h;
-            if (hi && hj)
-                g[i + j * n] *= a * a;
-            else if (hi || hj)
-                g[i + j * n] *= a;
-        }
+    double a = sign > 0 ? s : 1.0 / s, a2 = a * a;
+    for (size_t j = 0; j < h; j++)
+        for (size_t i = h; i < n; i++)
+            g[i + j * n] *= a;
+    for (size_t j = h; j < n; j++) {
+        for (size_t i = 0; i < h; i++)
+            g[i + j * n] *= a;
+        for (size_t i = h; i < n; i++)
+            g[i + j * n] *= a2;
+    }
 }
 
 /* GB' <- W' GB' W'^T, W' = [[I, sI], [0, I]] (the balanced W). With
