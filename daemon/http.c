@@ -30,6 +30,7 @@
 #include <microhttpd.h>
 #include <sqlite3.h>
 
+#include "alert.h" /* pinned state numbers only: fs_http does not link fs_monitor */
 #include "log.h"
 
 /* --- limits ---------------------------------------------------------------- */
@@ -47,6 +48,11 @@
 #define HTTP_MAX_MODEL_JSON_BYTES (64u * 1024u) /* runs.model_json larger than this is shown as null */
 #define HTTP_MAX_STREAMS_DETAIL 65536        /* streams listed in /runs/{run}; "streams" has the count */
 #define HTTP_MAX_URL_ECHO 128u               /* bytes of a path echoed in a 404 message */
+#define HTTP_MAX_QUERY_VALUES 32u            /* query values kept per request, repeats included */
+#define HTTP_MAX_REPEATABLE 2u               /* parameters of one route that may be repeated */
+#define HTTP_MAX_ALERT_HISTORY 1000          /* latest transitions shown in /alerts/{id} */
+#define HTTP_MAX_EVIDENCE_JSON_BYTES 4096u   /* alert_events.evidence_json larger: shown as null */
+#define HTTP_MAX_ALERT_STATE_ARMS 4          /* one index range per state in a state filter */
 
 #define LOG_MOD "http"
 
@@ -67,6 +73,15 @@ enum stmt_id {
     STMT_POINTS_PAGE,
     STMT_POINTS_SPAN,
     STMT_POINTS_BUCKETS,
+    STMT_RUN_COUNTS,
+    STMT_ALERTS_ALL,
+    STMT_ALERTS_RUN,
+    STMT_ALERTS_STATE,
+    STMT_ALERTS_RUN_STATE,
+    STMT_ALERT_ONE,
+    STMT_ALERT_HISTORY,
+    STMT_INCOMPLETE_FIRST,
+    STMT_INCOMPLETE_AFTER,
     STMT__COUNT
 };
 
@@ -86,6 +101,48 @@ enum { RC_ID, RC_NAME, RC_CREATED, RC_SEEN, RC_WORLD, RC_DETECT, RC_LAST_STEP, R
        RC_MODEL, RC_STREAMS, RC_SERIES };
 enum { SC_ID, SC_NAME, SC_LAYER, SC_HEAD, SC_WINDOW, SC_RANK, SC_POINTS, SC_FIRST, SC_LAST,
        SC_RUN_NAME };
+
+#define ALERT_COLUMNS                                                                    \
+    "a.id, r.name, a.rule, a.state, a.severity, a.family, a.attribution, a.layer, "      \
+    "a.head, a.\"window\", a.rank, a.dedup_key, a.alert_key, a.value, a.median, a.mad, " \
+    "a.z, a.first_breach_step, a.fired_step, a.resolved_step, a.last_step, a.incidents, " \
+    "a.created_at, a.updated_at, a.series_id"
+
+enum { AC_ID, AC_RUN, AC_RULE, AC_STATE, AC_SEVERITY, AC_FAMILY, AC_ATTRIBUTION, AC_LAYER,
+       AC_HEAD, AC_WINDOW, AC_RANK, AC_DEDUP, AC_KEY, AC_VALUE, AC_MEDIAN, AC_MAD, AC_Z,
+       AC_FIRST_BREACH, AC_FIRED, AC_RESOLVED, AC_LAST_STEP, AC_INCIDENTS, AC_CREATED,
+       AC_UPDATED, AC_SERIES };
+
+/* Alert listings share their parameters (bound by h_alerts):
+ *   ?1 run id, ?2 ids below this (keyset, newest first), ?3..?6 one state
+ *   per arm (NULL: arm unused), ?7 severity, ?8 attribution, ?9 rule,
+ *   ?10 layer, ?11 head, ?12 window, ?13 rank, ?14/?15 updated_at range,
+ *   ?16/?17 first_breach_step range, ?18 rows wanted (limit + 1).
+ * CROSS JOIN keeps alerts the outer loop, so the index order is the output
+ * order and no sort happens. */
+#define ALERTS_FROM " FROM alerts a CROSS JOIN runs r ON r.id = a.run_id "
+#define ALERTS_POST                                                                       \
+    "AND (?7 IS NULL OR a.severity = ?7) AND (?8 IS NULL OR a.attribution = ?8) "          \
+    "AND (?9 IS NULL OR a.rule = ?9) AND (?10 IS NULL OR a.layer = ?10) "                  \
+    "AND (?11 IS NULL OR a.head = ?11) AND (?12 IS NULL OR a.\"window\" = ?12) "           \
+    "AND (?13 IS NULL OR a.rank = ?13) "                                                  \
+    "AND (?14 IS NULL OR a.updated_at >= ?14) AND (?15 IS NULL OR a.updated_at <= ?15) "   \
+    "AND (?16 IS NULL OR a.first_breach_step >= ?16) "                                    \
+    "AND (?17 IS NULL OR a.first_breach_step <= ?17) "
+#define ALERTS_ORDER "ORDER BY a.id DESC LIMIT ?18"
+/* A state filter is a union of states: IN (...) on alerts_by_state would
+ * sort every matching row, so each state is its own index range, already
+ * in id order, at most ?18 rows, and the arms are merged (MERGE (UNION
+ * ALL): each arm sorts at most ?18 rows). */
+#define ALERTS_ARM(run, n)                                                                \
+    "SELECT * FROM (SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE " run "a.state = ?" n        \
+    " AND a.id < ?2 " ALERTS_POST ALERTS_ORDER ")"
+#define ALERTS_ARMS(run)                                                                  \
+    ALERTS_ARM(run, "3") " UNION ALL " ALERTS_ARM(run, "4") " UNION ALL "                   \
+    ALERTS_ARM(run, "5") " UNION ALL " ALERTS_ARM(run, "6") " ORDER BY 1 DESC LIMIT ?18"
+
+#define INCOMPLETE_COLUMNS "step, kind, layer, head, \"window\", have, want, recorded_at"
+enum { IC_STEP, IC_KIND, IC_LAYER, IC_HEAD, IC_WINDOW, IC_HAVE, IC_WANT, IC_RECORDED };
 
 static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_BEGIN] = "BEGIN",
@@ -130,6 +187,30 @@ static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_POINTS_BUCKETS] = "SELECT min(step), avg(value), min(value), max(value) FROM points "
                             "WHERE series_id = ?1 AND step BETWEEN ?2 AND ?3 "
                             "GROUP BY min((step - ?2) / ?4, ?5) ORDER BY 1",
+    /* Counts for /runs/{run}. The alert counts are covering-index counts
+     * with an index on alerts (run_id, state); without one they walk the
+     * open alerts of every run (alerts_by_state). */
+    [STMT_RUN_COUNTS] = "SELECT (SELECT count(*) FROM alerts WHERE run_id = ?1 AND state = ?2), "
+                        "(SELECT count(*) FROM alerts WHERE run_id = ?1 AND state = ?3), "
+                        "(SELECT count(*) FROM incomplete WHERE run_id = ?1)",
+    [STMT_ALERTS_ALL] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id < ?2 " ALERTS_POST
+                        ALERTS_ORDER,
+    [STMT_ALERTS_RUN] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.run_id = ?1 AND a.id < ?2 "
+                        ALERTS_POST ALERTS_ORDER,
+    [STMT_ALERTS_STATE] = ALERTS_ARMS(""),
+    [STMT_ALERTS_RUN_STATE] = ALERTS_ARMS("a.run_id = ?1 AND "),
+    [STMT_ALERT_ONE] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id = ?1",
+    /* newest first so that LIMIT keeps the latest; reversed in C */
+    [STMT_ALERT_HISTORY] = "SELECT id, change, from_state, to_state, step, at, attribution, "
+                           "evidence_json FROM alert_events WHERE alert_id = ?1 "
+                           "ORDER BY id DESC LIMIT ?2",
+    /* primary-key order; the cursor is the last key (row-value comparison,
+     * a range of the primary key) */
+    [STMT_INCOMPLETE_FIRST] = "SELECT " INCOMPLETE_COLUMNS " FROM incomplete WHERE run_id = ?1 "
+                              "ORDER BY step, kind, layer, head, \"window\" LIMIT ?7",
+    [STMT_INCOMPLETE_AFTER] = "SELECT " INCOMPLETE_COLUMNS " FROM incomplete WHERE run_id = ?1 "
+                              "AND (step, kind, layer, head, \"window\") > (?2, ?3, ?4, ?5, ?6) "
+                              "ORDER BY step, kind, layer, head, \"window\" LIMIT ?7",
 };
 
 struct dbconn {
@@ -181,7 +262,7 @@ struct ctx {
     char cap[HTTP_MAX_CAPTURES][HTTP_MAX_PARAM_LEN + 1];
     unsigned ncap;
 
-    struct param params[HTTP_MAX_PARAMS];
+    struct param params[HTTP_MAX_QUERY_VALUES]; /* a repeated parameter: one entry each */
     unsigned nparams;
 
     /* the reply */
@@ -198,6 +279,7 @@ struct route {
     route_fn fn;
     bool db;                              /* needs a read connection (and a read txn) */
     const char *params[HTTP_MAX_PARAMS];  /* accepted query parameters; others are 400 */
+    const char *repeat[HTTP_MAX_REPEATABLE]; /* of those, the ones that may repeat */
 };
 
 /* --- small helpers ------------------------------------------------------------------ */
@@ -435,6 +517,115 @@ static int param_text(struct ctx *c, const char *name, bool required, const char
     return 0;
 }
 
+/* Newest-first keyset cursor: absent -> INT64_MAX (no upper bound). */
+static int param_before(struct ctx *c, int64_t *out)
+{
+    if (param_get(c, "after") == NULL) {
+        *out = INT64_MAX;
+        return 0;
+    }
+    return param_after(c, out);
+}
+
+/* Writes "a, b, c" of names[0..n) into buf (for error messages). */
+static void join_names(const char *const *names, size_t n, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && used < len; i++) {
+        int w = snprintf(buf + used, len - used, "%s%s", i > 0 ? ", " : "", names[i]);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+}
+
+/* A text parameter that must be one of names[0..n). Absent: *out = NULL. */
+static int param_enum(struct ctx *c, const char *name, const char *const *names, size_t n,
+                      const char **out)
+{
+    const char *s = param_get(c, name);
+    *out = s;
+    if (s == NULL)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0)
+            return 0;
+    char list[256];
+    join_names(names, n, list, sizeof list);
+    reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "parameter '%s' must be one of: %s", name,
+                list);
+    return -EINVAL;
+}
+
+/* state=: names of alert states or "open" (pending or firing), repeated
+ * and/or comma-separated; their union as a bit mask (bit = state number).
+ * Absent: *mask = 0. Any empty or unknown item is a 400. */
+static int param_states(struct ctx *c, unsigned *mask)
+{
+    static const char *const names[] = {"inactive", "pending", "firing", "resolved", "open"};
+    static const unsigned bits[] = {
+        1u << ALERT_INACTIVE, 1u << ALERT_PENDING, 1u << ALERT_FIRING, 1u << ALERT_RESOLVED,
+        (1u << ALERT_PENDING) | (1u << ALERT_FIRING)};
+    _Static_assert(sizeof names / sizeof names[0] == sizeof bits / sizeof bits[0], "states");
+    *mask = 0;
+    for (unsigned i = 0; i < c->nparams; i++) {
+        if (strcmp(c->params[i].name, "state") != 0)
+            continue;
+        const char *p = c->params[i].value;
+        for (;;) {
+            size_t len = strcspn(p, ",");
+            size_t k = 0;
+            while (k < sizeof names / sizeof names[0] &&
+                   (strlen(names[k]) != len || strncmp(p, names[k], len) != 0))
+                k++;
+            if (k == sizeof names / sizeof names[0]) {
+                char list[128];
+                join_names(names, sizeof names / sizeof names[0], list, sizeof list);
+                reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                            "parameter 'state' must be one of: %s (repeated or comma-separated)",
+                            list);
+                return -EINVAL;
+            }
+            *mask |= bits[k];
+            if (p[len] == '\0')
+                break;
+            p += len + 1;
+        }
+    }
+    return 0;
+}
+
+/* A UNIX time in seconds: digits with an optional fraction (no sign, no
+ * exponent, no blanks). */
+static int param_time(struct ctx *c, const char *name, double *out, bool *present)
+{
+    const char *s = param_get(c, name);
+    *present = s != NULL;
+    if (s == NULL)
+        return 0;
+    size_t int_digits = strspn(s, "0123456789");
+    const char *p = s + int_digits;
+    size_t frac_digits = 0;
+    if (*p == '.') {
+        frac_digits = strspn(p + 1, "0123456789");
+        p += 1 + frac_digits;
+    }
+    char *end = NULL;
+    double v = 0;
+    if (int_digits > 0 && *p == '\0' && (p == s + int_digits || frac_digits > 0)) {
+        v = strtod(s, &end);
+    }
+    if (end == NULL || *end != '\0' || !isfinite(v)) {
+        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                    "parameter '%s' must be a UNIX time in seconds (digits, optional fraction)",
+                    name);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
 struct collect {
     struct ctx *c;
     const struct route *r;
@@ -459,8 +650,18 @@ static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const c
         col->err = -EINVAL;
         return MHD_NO;
     }
-    if (param_get(c, name) != NULL) {
+    bool repeatable = false;
+    for (unsigned i = 0; i < HTTP_MAX_REPEATABLE && col->r->repeat[i] != NULL; i++)
+        repeatable |= strcmp(col->r->repeat[i], name) == 0;
+    if (!repeatable && param_get(c, name) != NULL) {
         reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "parameter '%s' given more than once",
+                    name);
+        col->err = -EINVAL;
+        return MHD_NO;
+    }
+    if (c->nparams == HTTP_MAX_QUERY_VALUES) {
+        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                    "more than %u query parameters (parameter '%s')", HTTP_MAX_QUERY_VALUES,
                     name);
         col->err = -EINVAL;
         return MHD_NO;
@@ -471,8 +672,7 @@ static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const c
         col->err = -EINVAL;
         return MHD_NO;
     }
-    /* nparams < HTTP_MAX_PARAMS: each accepted name is stored at most once
-     * and a route lists at most HTTP_MAX_PARAMS names. */
+    /* nparams < HTTP_MAX_QUERY_VALUES was checked above */
     c->params[c->nparams].name = name;
     c->params[c->nparams].value = value != NULL ? value : ""; /* "?limit": empty, garbage */
     c->nparams++;
@@ -488,13 +688,16 @@ static int params_collect(struct ctx *c, const struct route *r)
 
 /* --- JSON builders --------------------------------------------------------------- */
 
-static json_t *model_json(sqlite3_stmt *st, int i)
+/* A column holding a JSON object (written by the daemon): the parsed object,
+ * or null when it is NULL, longer than max bytes, not JSON or not an object
+ * (a reader shows what it can rather than failing the request). */
+static json_t *col_json_object(sqlite3_stmt *st, int i, size_t max)
 {
     if (sqlite3_column_type(st, i) == SQLITE_NULL)
         return json_null();
     const char *text = (const char *)sqlite3_column_text(st, i);
     int n = sqlite3_column_bytes(st, i);
-    if (text == NULL || n <= 0 || (unsigned)n > HTTP_MAX_MODEL_JSON_BYTES)
+    if (text == NULL || n <= 0 || (size_t)n > max)
         return json_null();
     json_error_t jerr;
     json_t *v = json_loadb(text, (size_t)n, 0, &jerr);
@@ -521,7 +724,42 @@ static json_t *run_json(sqlite3_stmt *st)
     rc |= oset(o, "reports", col_int(st, RC_REPORTS));
     rc |= oset(o, "streams", col_int(st, RC_STREAMS));
     rc |= oset(o, "series", col_int(st, RC_SERIES));
-    rc |= oset(o, "model", model_json(st, RC_MODEL));
+    rc |= oset(o, "model", col_json_object(st, RC_MODEL, HTTP_MAX_MODEL_JSON_BYTES));
+    if (rc != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* Columns of the four labels in a row: layer, head, window, rank. */
+struct label_cols {
+    int layer, head, window, rank;
+};
+
+/* {"layer":..,"head":..,"window":..,"rank":..} with only the labels that
+ * apply (-1 and window 0 mean "none"); NULL on allocation failure. */
+static json_t *labels_json(sqlite3_stmt *st, const struct label_cols *lc)
+{
+    const struct {
+        const char *name;
+        int col;
+        int64_t min; /* applies when >= min */
+    } labels[] = {
+        {.name = "layer", .col = lc->layer, .min = 0},
+        {.name = "head", .col = lc->head, .min = 0},
+        {.name = "window", .col = lc->window, .min = 1},
+        {.name = "rank", .col = lc->rank, .min = 0},
+    };
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    int rc = 0;
+    for (size_t i = 0; i < sizeof labels / sizeof labels[0]; i++) {
+        int64_t v = sqlite3_column_int64(st, labels[i].col);
+        if (sqlite3_column_type(st, labels[i].col) != SQLITE_NULL && v >= labels[i].min)
+            rc |= oset(o, labels[i].name, json_integer((json_int_t)v));
+    }
     if (rc != 0) {
         json_decref(o);
         return NULL;
@@ -533,37 +771,134 @@ static json_t *run_json(sqlite3_stmt *st)
  * that do not apply (-1; window 0) are left out. */
 static json_t *series_json(sqlite3_stmt *st, json_t *run)
 {
+    static const struct label_cols lc = {
+        .layer = SC_LAYER, .head = SC_HEAD, .window = SC_WINDOW, .rank = SC_RANK};
     json_t *o = json_object();
-    json_t *labels = json_object();
-    if (o == NULL || labels == NULL) {
-        json_decref(o);
-        json_decref(labels);
+    if (o == NULL) {
         json_decref(run);
         return NULL;
     }
-    static const struct {
-        const char *name;
-        int col;
-        int64_t min; /* applies when >= min */
-    } label_cols[] = {
-        {.name = "layer", .col = SC_LAYER, .min = 0},
-        {.name = "head", .col = SC_HEAD, .min = 0},
-        {.name = "window", .col = SC_WINDOW, .min = 1},
-        {.name = "rank", .col = SC_RANK, .min = 0},
-    };
     int rc = 0;
-    for (size_t i = 0; i < sizeof label_cols / sizeof label_cols[0]; i++) {
-        int64_t v = sqlite3_column_int64(st, label_cols[i].col);
-        if (sqlite3_column_type(st, label_cols[i].col) != SQLITE_NULL && v >= label_cols[i].min)
-            rc |= oset(labels, label_cols[i].name, json_integer((json_int_t)v));
-    }
     rc |= oset(o, "id", col_int(st, SC_ID));
     rc |= oset(o, "run", run);
     rc |= oset(o, "name", col_text(st, SC_NAME));
-    rc |= oset(o, "labels", labels);
+    rc |= oset(o, "labels", labels_json(st, &lc));
     rc |= oset(o, "points", col_int(st, SC_POINTS));
     rc |= oset(o, "first_step", col_int(st, SC_FIRST));
     rc |= oset(o, "last_step", col_int(st, SC_LAST));
+    if (rc != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* Pinned state numbers (alert.h) and their names in the API. */
+static const char *const alert_state_names[] = {
+    [ALERT_INACTIVE] = "inactive",
+    [ALERT_PENDING] = "pending",
+    [ALERT_FIRING] = "firing",
+    [ALERT_RESOLVED] = "resolved",
+};
+#define ALERT_STATE_COUNT (sizeof alert_state_names / sizeof alert_state_names[0])
+
+static json_t *col_state(sqlite3_stmt *st, int i)
+{
+    if (sqlite3_column_type(st, i) == SQLITE_NULL)
+        return json_null();
+    int64_t v = sqlite3_column_int64(st, i);
+    return json_string(v >= 0 && (uint64_t)v < ALERT_STATE_COUNT ? alert_state_names[v]
+                                                                   : "unknown");
+}
+
+/* ALERT object from a row of ALERT_COLUMNS. */
+static json_t *alert_json(sqlite3_stmt *st)
+{
+    static const struct label_cols lc = {
+        .layer = AC_LAYER, .head = AC_HEAD, .window = AC_WINDOW, .rank = AC_RANK};
+    json_t *o = json_object();
+    json_t *ev = json_object();
+    if (o == NULL || ev == NULL) {
+        json_decref(o);
+        json_decref(ev);
+        return NULL;
+    }
+    int rc = 0;
+    rc |= oset(ev, "value", col_real(st, AC_VALUE));
+    rc |= oset(ev, "median", col_real(st, AC_MEDIAN));
+    rc |= oset(ev, "mad", col_real(st, AC_MAD));
+    rc |= oset(ev, "z", col_real(st, AC_Z));
+    rc |= oset(ev, "first_breach_step", col_int(st, AC_FIRST_BREACH));
+    rc |= oset(ev, "fired_step", col_int(st, AC_FIRED));
+    rc |= oset(ev, "resolved_step", col_int(st, AC_RESOLVED));
+    rc |= oset(ev, "last_step", col_int(st, AC_LAST_STEP));
+    rc |= oset(o, "evidence", ev); /* consumes ev, also on failure */
+    rc |= oset(o, "id", col_int(st, AC_ID));
+    rc |= oset(o, "run", col_text(st, AC_RUN));
+    rc |= oset(o, "rule", col_text(st, AC_RULE));
+    rc |= oset(o, "state", col_state(st, AC_STATE));
+    rc |= oset(o, "severity", col_text(st, AC_SEVERITY));
+    rc |= oset(o, "family", col_text(st, AC_FAMILY));
+    rc |= oset(o, "attribution", col_text(st, AC_ATTRIBUTION));
+    rc |= oset(o, "labels", labels_json(st, &lc));
+    rc |= oset(o, "dedup_key", col_text(st, AC_DEDUP));
+    rc |= oset(o, "alert_key", col_text(st, AC_KEY));
+    rc |= oset(o, "incidents", col_int(st, AC_INCIDENTS));
+    rc |= oset(o, "created_at", col_real(st, AC_CREATED));
+    rc |= oset(o, "updated_at", col_real(st, AC_UPDATED));
+    rc |= oset(o, "series_id", col_int(st, AC_SERIES));
+    if (rc != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* One alert_events row (STMT_ALERT_HISTORY). */
+static json_t *event_json(sqlite3_stmt *st)
+{
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    int rc = 0;
+    rc |= oset(o, "id", col_int(st, 0));
+    rc |= oset(o, "change", col_text(st, 1));
+    rc |= oset(o, "from", col_state(st, 2));
+    rc |= oset(o, "to", col_state(st, 3));
+    rc |= oset(o, "step", col_int(st, 4));
+    rc |= oset(o, "at", col_real(st, 5));
+    rc |= oset(o, "attribution", col_text(st, 6));
+    rc |= oset(o, "evidence", col_json_object(st, 7, HTTP_MAX_EVIDENCE_JSON_BYTES));
+    if (rc != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* A label column of incomplete as a value, null where it does not apply. */
+static json_t *col_label(sqlite3_stmt *st, int i, int64_t min)
+{
+    if (sqlite3_column_type(st, i) == SQLITE_NULL || sqlite3_column_int64(st, i) < min)
+        return json_null();
+    return col_int(st, i);
+}
+
+/* One incomplete row (INCOMPLETE_COLUMNS). */
+static json_t *incomplete_json(sqlite3_stmt *st)
+{
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    int rc = 0;
+    rc |= oset(o, "step", col_int(st, IC_STEP));
+    rc |= oset(o, "kind", col_text(st, IC_KIND));
+    rc |= oset(o, "layer", col_label(st, IC_LAYER, 0));
+    rc |= oset(o, "head", col_label(st, IC_HEAD, 0));
+    rc |= oset(o, "window", col_label(st, IC_WINDOW, 1));
+    rc |= oset(o, "have", col_int(st, IC_HAVE));
+    rc |= oset(o, "want", col_int(st, IC_WANT));
+    rc |= oset(o, "recorded_at", col_real(st, IC_RECORDED));
     if (rc != 0) {
         json_decref(o);
         return NULL;
@@ -733,6 +1068,31 @@ static int streams_detail(struct ctx *c, int64_t run_id, json_t **out)
     return 0;
 }
 
+/* Adds "incomplete": n and "alerts": {"firing": n, "pending": n} to run.
+ * Returns 0, or a negative code with the reply set. */
+static int run_counts(struct ctx *c, int64_t run_id, json_t *run)
+{
+    sqlite3_stmt *st = c->dbc->st[STMT_RUN_COUNTS];
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, ALERT_FIRING);
+    sqlite3_bind_int64(st, 3, ALERT_PENDING);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        reply_db_error(c, "run counts", rc);
+        stmt_done(st);
+        return -EIO;
+    }
+    json_t *alerts = json_pack("{s:o,s:o}", "firing", col_int(st, 0), "pending", col_int(st, 1));
+    int e = oset(run, "alerts", alerts);
+    e |= oset(run, "incomplete", col_int(st, 2));
+    stmt_done(st);
+    if (e != 0) {
+        reply_oom(c);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
 static int h_run(struct ctx *c)
 {
     const char *name = c->cap[0];
@@ -761,6 +1121,10 @@ static int h_run(struct ctx *c)
     if (oset(run, "streams_detail", streams) != 0) { /* consumed streams */
         json_decref(run);
         return reply_oom(c);
+    }
+    if (run_counts(c, run_id, run) != 0) {
+        json_decref(run);
+        return 0;
     }
     json_t *doc = json_object();
     if (doc == NULL) {
@@ -1004,6 +1368,283 @@ static int h_points(struct ctx *c)
     return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
 }
 
+static json_t *alert_row(sqlite3_stmt *st, const void *arg)
+{
+    (void)arg;
+    return alert_json(st);
+}
+
+/* Accepted values of severity= and label= (the attribution column; see
+ * alert_attribution_name and detect_severity_name). */
+static const char *const severity_names[] = {"warning", "critical"};
+static const char *const attribution_names[] = {
+    "attention-numerics", "optimizer-hyperparameter", "combined", "router-balance",
+    "non-finite",         "loss-spike",               "none"};
+
+static int h_alerts(struct ctx *c)
+{
+    const char *run, *severity, *label, *rule;
+    unsigned states;
+    int64_t layer, head, window, rank, from_step, to_step, limit, before;
+    bool has_layer, has_head, has_window, has_rank, has_from, has_to, has_since, has_until;
+    double since = 0, until = 0;
+    if (param_text(c, "run", false, &run) != 0 || param_states(c, &states) != 0 ||
+        param_enum(c, "severity", severity_names,
+                   sizeof severity_names / sizeof severity_names[0], &severity) != 0 ||
+        param_enum(c, "label", attribution_names,
+                   sizeof attribution_names / sizeof attribution_names[0], &label) != 0 ||
+        param_text(c, "rule", false, &rule) != 0 ||
+        param_int(c, "layer", 0, INT32_MAX, -1, &layer, &has_layer) != 0 ||
+        param_int(c, "head", 0, INT32_MAX, -1, &head, &has_head) != 0 ||
+        param_int(c, "window", 1, INT32_MAX, 0, &window, &has_window) != 0 ||
+        param_int(c, "rank", 0, INT32_MAX, -1, &rank, &has_rank) != 0 ||
+        param_time(c, "since", &since, &has_since) != 0 ||
+        param_time(c, "until", &until, &has_until) != 0 ||
+        param_int(c, "from_step", 0, INT64_MAX, 0, &from_step, &has_from) != 0 ||
+        param_int(c, "to_step", 0, INT64_MAX, INT64_MAX, &to_step, &has_to) != 0 ||
+        param_limit(c, &limit) != 0 || param_before(c, &before) != 0)
+        return 0;
+    if (has_since && has_until && since > until)
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                           "parameter 'since' must not be greater than 'until'");
+    if (from_step > to_step)
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                           "parameter 'from_step' must not be greater than 'to_step'");
+
+    int64_t run_id = 0;
+    if (run != NULL && run_id_by_name(c, run, &run_id) != 0)
+        return 0;
+
+    /* The index decides the statement: a state filter walks one range per
+     * state (alerts_by_state, or an index on (run_id, state) with run);
+     * otherwise alerts_by_run or the table itself, newest first. Other
+     * filters are checked on the rows walked. */
+    enum stmt_id sid = states != 0 ? (run != NULL ? STMT_ALERTS_RUN_STATE : STMT_ALERTS_STATE)
+                                   : (run != NULL ? STMT_ALERTS_RUN : STMT_ALERTS_ALL);
+    sqlite3_stmt *st = c->dbc->st[sid];
+    if (run != NULL)
+        sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, before);
+    int arm = 0;
+    for (unsigned k = 0; k < ALERT_STATE_COUNT && arm < HTTP_MAX_ALERT_STATE_ARMS; k++)
+        if (states & (1u << k))
+            sqlite3_bind_int64(st, 3 + arm++, (int64_t)k);
+    if (severity != NULL)
+        sqlite3_bind_text(st, 7, severity, -1, SQLITE_STATIC);
+    if (label != NULL)
+        sqlite3_bind_text(st, 8, label, -1, SQLITE_STATIC);
+    if (rule != NULL)
+        sqlite3_bind_text(st, 9, rule, -1, SQLITE_STATIC);
+    if (has_layer)
+        sqlite3_bind_int64(st, 10, layer);
+    if (has_head)
+        sqlite3_bind_int64(st, 11, head);
+    if (has_window)
+        sqlite3_bind_int64(st, 12, window);
+    if (has_rank)
+        sqlite3_bind_int64(st, 13, rank);
+    if (has_since)
+        sqlite3_bind_double(st, 14, since);
+    if (has_until)
+        sqlite3_bind_double(st, 15, until);
+    if (has_from)
+        sqlite3_bind_int64(st, 16, from_step);
+    if (has_to)
+        sqlite3_bind_int64(st, 17, to_step);
+    sqlite3_bind_int64(st, 18, limit + 1);
+    return reply_page(c, st, limit, AC_ID, alert_row, NULL, "alerts", "alerts");
+}
+
+/* The latest HTTP_MAX_ALERT_HISTORY transitions of alert id, oldest first,
+ * into *out; *truncated when older ones exist. Returns 0, or a negative
+ * code with the reply set. */
+static int alert_history(struct ctx *c, int64_t id, json_t **out, bool *truncated)
+{
+    sqlite3_stmt *st = c->dbc->st[STMT_ALERT_HISTORY];
+    json_t *newest_first = json_array();
+    json_t *hist = json_array();
+    if (newest_first == NULL || hist == NULL)
+        goto oom;
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int64(st, 2, HTTP_MAX_ALERT_HISTORY + 1);
+    *truncated = false;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (json_array_size(newest_first) == HTTP_MAX_ALERT_HISTORY) {
+            *truncated = true;
+            break;
+        }
+        if (aadd(newest_first, event_json(st)) != 0)
+            goto oom;
+    }
+    if (!*truncated && rc != SQLITE_DONE) {
+        reply_db_error(c, "alert history", rc);
+        stmt_done(st);
+        json_decref(newest_first);
+        json_decref(hist);
+        return -EIO;
+    }
+    stmt_done(st);
+    for (size_t i = json_array_size(newest_first); i-- > 0;)
+        if (json_array_append(hist, json_array_get(newest_first, i)) != 0)
+            goto oom;
+    json_decref(newest_first);
+    *out = hist;
+    return 0;
+oom:
+    stmt_done(st);
+    json_decref(newest_first);
+    json_decref(hist);
+    reply_oom(c);
+    return -ENOMEM;
+}
+
+static int h_alert(struct ctx *c)
+{
+    int64_t id;
+    if (parse_int64(c->cap[0], &id) != 0 || id < 1)
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                           "alert 'id' in the path must be an integer in 1..%" PRId64,
+                           (int64_t)INT64_MAX);
+    sqlite3_stmt *st = c->dbc->st[STMT_ALERT_ONE];
+    sqlite3_bind_int64(st, 1, id);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        if (rc == SQLITE_DONE)
+            reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown alert %" PRId64, id);
+        else
+            reply_db_error(c, "alert", rc);
+        stmt_done(st);
+        return 0;
+    }
+    json_t *alert = alert_json(st);
+    stmt_done(st);
+    if (alert == NULL)
+        return reply_oom(c);
+
+    json_t *hist = NULL;
+    bool truncated = false;
+    if (alert_history(c, id, &hist, &truncated) != 0) {
+        json_decref(alert);
+        return 0;
+    }
+    int e = oset(alert, "history", hist);
+    e |= oset(alert, "history_truncated", json_boolean(truncated));
+    json_t *doc = e == 0 ? json_pack("{s:o}", "alert", alert) : NULL;
+    if (e != 0)
+        json_decref(alert);
+    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+}
+
+/* Position in incomplete's primary-key order: the last row of a page. The
+ * cursor text is "step:layer:head:window:kind" (kind last: it is the only
+ * text part, so it may hold any byte). */
+struct incomplete_key {
+    int64_t step, layer, head, window;
+    char kind[HTTP_MAX_PARAM_LEN + 1];
+};
+
+static int incomplete_cursor_parse(const char *s, struct incomplete_key *k)
+{
+    char buf[HTTP_MAX_PARAM_LEN + 1];
+    int64_t *nums[] = {&k->step, &k->layer, &k->head, &k->window};
+    if (strlen(s) > HTTP_MAX_PARAM_LEN)
+        return -EINVAL;
+    snprintf(buf, sizeof buf, "%s", s);
+    char *p = buf;
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        char *colon = strchr(p, ':');
+        if (colon == NULL)
+            return -EINVAL;
+        *colon = '\0';
+        if (parse_int64(p, nums[i]) != 0)
+            return -EINVAL;
+        p = colon + 1;
+    }
+    if (*p == '\0')
+        return -EINVAL;
+    snprintf(k->kind, sizeof k->kind, "%s", p);
+    return 0;
+}
+
+static int h_incomplete(struct ctx *c)
+{
+    const char *name = c->cap[0];
+    const char *after = param_get(c, "after");
+    struct incomplete_key key;
+    int64_t limit;
+    if (param_limit(c, &limit) != 0)
+        return 0;
+    if (after != NULL && incomplete_cursor_parse(after, &key) != 0)
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                           "parameter 'after' must be a cursor returned as 'next' by an "
+                           "earlier page");
+    int64_t run_id;
+    if (run_id_by_name(c, name, &run_id) != 0)
+        return 0;
+
+    sqlite3_stmt *st = c->dbc->st[after != NULL ? STMT_INCOMPLETE_AFTER : STMT_INCOMPLETE_FIRST];
+    sqlite3_bind_int64(st, 1, run_id);
+    if (after != NULL) {
+        sqlite3_bind_int64(st, 2, key.step);
+        sqlite3_bind_text(st, 3, key.kind, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 4, key.layer);
+        sqlite3_bind_int64(st, 5, key.head);
+        sqlite3_bind_int64(st, 6, key.window);
+    }
+    sqlite3_bind_int64(st, 7, limit + 1);
+
+    json_t *items = json_array();
+    if (items == NULL) {
+        stmt_done(st);
+        return reply_oom(c);
+    }
+    /* cursor of the last row returned; built before the extra row is read */
+    char cursor[HTTP_MAX_PARAM_LEN + 1] = "";
+    int cursor_len = 0;
+    int64_t n = 0;
+    bool more = false;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (n == limit) {
+            more = true;
+            break;
+        }
+        if (aadd(items, incomplete_json(st)) != 0) {
+            stmt_done(st);
+            json_decref(items);
+            return reply_oom(c);
+        }
+        const unsigned char *kind = sqlite3_column_text(st, IC_KIND);
+        cursor_len = snprintf(cursor, sizeof cursor, "%" PRId64 ":%" PRId64 ":%" PRId64
+                              ":%" PRId64 ":%s",
+                              (int64_t)sqlite3_column_int64(st, IC_STEP),
+                              (int64_t)sqlite3_column_int64(st, IC_LAYER),
+                              (int64_t)sqlite3_column_int64(st, IC_HEAD),
+                              (int64_t)sqlite3_column_int64(st, IC_WINDOW),
+                              kind != NULL ? (const char *)kind : "");
+        n++;
+    }
+    if (!more && rc != SQLITE_DONE) {
+        reply_db_error(c, "incomplete", rc);
+        stmt_done(st);
+        json_decref(items);
+        return 0;
+    }
+    stmt_done(st);
+    if (more && (cursor_len < 0 || (size_t)cursor_len >= sizeof cursor)) {
+        /* a kind too long to be passed back as a parameter: the writer
+         * never stores one */
+        json_decref(items);
+        log_limited(&c->dbc->rl, LOG_LEVEL_ERROR, LOG_MOD,
+                    "incomplete: a cursor would exceed %u bytes", HTTP_MAX_PARAM_LEN);
+        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
+                           "cannot build a cursor for this page");
+    }
+    json_t *doc = page_doc("incomplete", items, more ? jstr(cursor) : json_null());
+    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+}
+
 /* --- route table ----------------------------------------------------------------------
  * The API (all JSON, GET or HEAD; other methods 405 with Allow):
  *   /healthz                 {"status":"ok"}
@@ -1021,12 +1662,33 @@ static int h_points(struct ctx *c)
  *     each non-empty bucket gives [first step, mean, min, max] (NULL and
  *     +-Inf values give null), "downsampled":true, "bucket_width":w,
  *     "next_from":null. limit and max_points exclude each other.
+ *   /api/v1/runs/{name}/incomplete ?limit= &after=CURSOR
+ *                            {"incomplete":[{"step","kind","layer","head","window","have",
+ *                             "want","recorded_at"}...],"next":CURSOR|null}
+ *     primary-key order (step, kind, layer, head, window); layer/head/window
+ *     are null where they do not apply; CURSOR is "step:layer:head:window:kind".
+ *   /api/v1/alerts           ?run= &state=inactive|pending|firing|resolved|open (repeated
+ *                            or comma-separated: a union; open = pending or firing)
+ *                            &severity=warning|critical &label=ATTRIBUTION &rule=
+ *                            &layer= &head= &window= &rank= &since=&until= (updated_at,
+ *                            inclusive, UNIX seconds) &from_step=&to_step= (first breach,
+ *                            inclusive; alerts without one never match) &limit= &after=
+ *                            {"alerts":[ALERT...],"next":CURSOR|null}, newest (highest id)
+ *                            first; the next page holds ids below CURSOR
+ *   /api/v1/alerts/{id}      {"alert":ALERT + "history":[{"id","change","from","to","step",
+ *                             "at","attribution","evidence":{...}|null}...] (oldest first,
+ *                             the latest 1000), "history_truncated":bool}
+ *     ALERT = {"id","run","rule","state","severity","family","attribution","labels",
+ *     "dedup_key","alert_key","evidence":{"value","median","mad","z",
+ *     "first_breach_step","fired_step","resolved_step","last_step"},"incidents",
+ *     "created_at","updated_at","series_id"}. /runs/{name} also carries
+ *     "incomplete":n and "alerts":{"firing":n,"pending":n}.
  * Cursors are the last id of a page, as a string; "next" is null on the
  * last page (a page is only followed by another if a row exists beyond it).
  * Unknown, repeated, empty or malformed parameters are 400 naming the
  * parameter; unknown paths, runs and series 404.
  *
- * Later routes (alerts, silences, /metrics, the dashboard at /) are rows
+ * Later routes (silences, /metrics, the dashboard at /) are rows
  * here; one that is not JSON will need a content type in its row. */
 #define ROUTE_METHODS "GET, HEAD"
 
@@ -1043,6 +1705,17 @@ static const struct route routes[] = {
      .fn = h_points,
      .db = true,
      .params = {"from", "to", "limit", "max_points"}},
+    {.pattern = "/api/v1/runs/*/incomplete",
+     .fn = h_incomplete,
+     .db = true,
+     .params = {"limit", "after"}},
+    {.pattern = "/api/v1/alerts",
+     .fn = h_alerts,
+     .db = true,
+     .params = {"run", "state", "severity", "label", "rule", "layer", "head", "window", "rank",
+                "since", "until", "from_step", "to_step", "limit", "after"},
+     .repeat = {"state"}},
+    {.pattern = "/api/v1/alerts/*", .fn = h_alert, .db = true},
 };
 
 /* Matches path against pattern; copies '*' segments into c->cap. Returns
