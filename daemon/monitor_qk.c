@@ -174,9 +174,10 @@ static void copy_scaled(const double *src, size_t ld, size_t m, double a,
             dst[i + j * m] = a * src[i + j * ld];
 }
 
-/* Factors the m x m matrix g (leading dimension ld) into ws->f, ws->rank
- * and, when it had to pivot (ws->pivoted), ws->piv: P^T G P = L L^T, L m x rank lower trapezoidal (upper part
- * zeroed), rank 0 when G has no positive diagonal. Returns 0 or -EDOM. */
+/* Factors the m x m matrix g (leading dimension ld): P^T G P = fscale L L^T
+ * with L (ws->f) m x rank lower trapezoidal, upper part zeroed, P = I
+ * unless ws->pivoted (then ws->piv). rank 0 when G has no positive
+ * diagonal. Returns 0 or -EDOM. */
 static int factor(struct qk_workspace *ws, const double *g, size_t ld,
                   size_t m)
 {

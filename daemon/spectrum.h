@@ -39,7 +39,7 @@ struct spectrum_scalars {
     double smax;
 };
 
-/* The drop floor of step 3: values below it do not count. */
+/* The drop floor of step 3: values below it do not count. Pure. */
 double spectrum_drop_floor(double s_max, size_t matrix_size);
 
 /* Scalars of `count` double values `s` (any order). `out` is always written
