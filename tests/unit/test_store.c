@@ -450,7 +450,7 @@ static void count_notify(void *ctx)
 /* Another connection holds the write lock: the writer cannot commit, so
  * nothing is acked, the queue fills and submit pushes back; once the lock
  * goes, everything commits, is acked, and RESUME is announced. */
-Test(store, backpressure_and_no_ack_before_commit, .timeout = 120)
+Test(store, backpressure_and_no_ack_before_commit)
 {
     struct fixture f;
     fx_init(&f);
