@@ -1425,6 +1425,8 @@ static int h_alerts(struct ctx *c)
     if (run != NULL)
         sqlite3_bind_int64(st, 1, run_id);
     sqlite3_bind_int64(st, 2, before);
+    /* ALERTS_ARMS has one arm per state: a new state needs a new arm */
+    _Static_assert(ALERT_STATE_COUNT == HTTP_MAX_ALERT_STATE_ARMS, "one SQL arm per state");
     int arm = 0;
     for (unsigned k = 0; k < ALERT_STATE_COUNT && arm < HTTP_MAX_ALERT_STATE_ARMS; k++)
         if (states & (1u << k))

@@ -35,7 +35,7 @@ static struct fs_stats stats;
 static struct http *srv;
 static unsigned short port;
 
-/* --- fixture ---------------------------------------------------------------------------- */
+/* --- fixture ---------------------------------------------------------------------------------- */
 
 #define FX_ALERTS 60
 #define FX_HISTORY_ALERT 1   /* fixture index whose alert has a small history */
@@ -316,7 +316,7 @@ static void teardown(void)
 
 TestSuite(http_alerts, .init = setup, .fini = teardown);
 
-/* --- HTTP client -------------------------------------------------------------------------- */
+/* --- HTTP client ------------------------------------------------------------------------------ */
 
 struct resp {
     long status;
@@ -597,7 +597,8 @@ Test(http_alerts, every_filter_every_page_size_newest_first)
             cr_assert_eq(ngot, nwant, "'%s' limit %d: %zu alerts, expected %zu",
                          filters[fi].query, limits[li], ngot, nwant);
             for (size_t k = 0; k < nwant; k++)
-                cr_assert_eq(got[k], want[k], "'%s' limit %d: #%zu is %" PRId64 ", expected %" PRId64,
+                cr_assert_eq(got[k], want[k],
+                             "'%s' limit %d: #%zu is %" PRId64 ", expected %" PRId64,
                              filters[fi].query, limits[li], k, got[k], want[k]);
         }
     }
@@ -630,7 +631,7 @@ Test(http_alerts, after_cursor_is_exclusive_upper_bound)
     resp_free(&r);
 }
 
-/* --- alert object shape -------------------------------------------------------------------------- */
+/* --- alert object shape ----------------------------------------------------------------------- */
 
 static json_t *find_alert(json_t *alerts, int64_t id)
 {
@@ -727,7 +728,7 @@ Test(http_alerts, listed_alert_objects_carry_every_field)
     resp_free(&r);
 }
 
-/* --- alert detail ------------------------------------------------------------------------------- */
+/* --- alert detail ----------------------------------------------------------------------------- */
 
 Test(http_alerts, detail_has_history_oldest_first_with_parsed_evidence)
 {
@@ -820,7 +821,7 @@ Test(http_alerts, unknown_state_number_is_named_unknown)
     resp_free(&r);
 }
 
-/* --- run detail counts -------------------------------------------------------------------------- */
+/* --- run detail counts ------------------------------------------------------------------------ */
 
 Test(http_alerts, run_detail_counts_alerts_and_incomplete)
 {
@@ -852,7 +853,7 @@ Test(http_alerts, run_detail_counts_alerts_and_incomplete)
     }
 }
 
-/* --- incomplete ---------------------------------------------------------------------------------- */
+/* --- incomplete ------------------------------------------------------------------------------- */
 
 Test(http_alerts, incomplete_pages_in_key_order_exactly_once)
 {
@@ -936,7 +937,7 @@ Test(http_alerts, incomplete_of_other_runs)
     resp_free(&r);
 }
 
-/* --- errors --------------------------------------------------------------------------------------- */
+/* --- errors ----------------------------------------------------------------------------------- */
 
 Test(http_alerts, garbage_parameters_are_400_naming_them)
 {
