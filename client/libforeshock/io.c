@@ -90,13 +90,21 @@ void fsc_io_wake(struct fsc_client *c)
     }
 }
 
+/* Empties the pipe, then clears the flag; callers look at the shared state
+ * afterwards. In this order a wake that finds the flag still set (and so
+ * writes nothing) always happens before that look. Clearing first would let
+ * this read swallow a byte written after the clear, leaving the flag set
+ * with an empty pipe: every later wake, fsc_close's included, would then
+ * write nothing and the thread would sleep in poll() for good. */
 static void drain_wake(struct fsc_client *c)
 {
     char buf[64];
 
-    atomic_store(&c->wake_pending, 0);
     while (read(c->wake_rd, buf, sizeof(buf)) > 0)
         ;
+    /* An exchange, not a store: it reads the waker's exchange, so the
+     * waker's earlier writes (the report it queued) are visible here. */
+    (void)atomic_exchange(&c->wake_pending, 0);
 }
 
 static int closing(struct fsc_client *c)

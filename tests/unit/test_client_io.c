@@ -527,3 +527,76 @@ Test(client_io, flush_times_out_without_a_daemon)
     cr_expect_eq(s.buffered_reports, 1);
     cr_expect_eq(fsc_close_timeout(c, 0), -ETIMEDOUT);
 }
+
+/* A fake daemon that acks every report at once until Bye or EOF. */
+struct acker {
+    struct fake *fk;
+    uint64_t reports;
+    int saw_bye;
+};
+
+static void *acker_main(void *arg)
+{
+    struct acker *a = arg;
+    int fd = accept_hello(a->fk);
+    Foreshock__Frame *f;
+
+    send_welcome(fd, 0, 1u << 20);
+    while ((f = read_frame(fd))) {
+        if (f->body_case == FORESHOCK__FRAME__BODY_REPORT) {
+            a->reports++;
+            send_ack(fd, f->report->seq);
+        } else if (f->body_case == FORESHOCK__FRAME__BODY_BYE) {
+            a->saw_bye = 1;
+        }
+        foreshock__frame__free_unpacked(f, NULL);
+        if (a->saw_bye)
+            break;
+    }
+    close(fd);
+    return NULL;
+}
+
+struct racer {
+    struct fake fk;
+    struct acker a;
+    pthread_t acker;
+    int close_rc;
+};
+
+static void *racer_main(void *arg)
+{
+    struct racer *r = arg;
+    fsc_client *c = open_client(&r->fk, 0, NULL);
+    for (uint64_t step = 0; step < 5000; step++)
+        if (submit_step(c, step, 0) != 0)
+            break;
+    r->close_rc = fsc_close_timeout(c, WAIT_MS);
+    return NULL;
+}
+
+/* Fast submits from several clients at once race the I/O threads' wakeups;
+ * a lost wakeup shows as a close that never returns (the test's timeout). */
+Test(client_io, close_after_fast_submits_never_hangs, .timeout = 120)
+{
+    enum { CLIENTS = 8, ROUNDS = 4 };
+    for (int round = 0; round < ROUNDS; round++) {
+        struct racer r[CLIENTS];
+        pthread_t th[CLIENTS];
+        memset(r, 0, sizeof(r));
+        for (int i = 0; i < CLIENTS; i++) {
+            fake_listen(&r[i].fk);
+            r[i].a.fk = &r[i].fk;
+            cr_assert_eq(pthread_create(&r[i].acker, NULL, acker_main, &r[i].a), 0);
+            cr_assert_eq(pthread_create(&th[i], NULL, racer_main, &r[i]), 0);
+        }
+        for (int i = 0; i < CLIENTS; i++) {
+            pthread_join(th[i], NULL);
+            pthread_join(r[i].acker, NULL);
+            cr_expect_eq(r[i].close_rc, 0, "round %d client %d", round, i);
+            cr_expect_eq(r[i].a.reports, 5000, "round %d client %d", round, i);
+            cr_expect(r[i].a.saw_bye, "round %d client %d", round, i);
+            close(r[i].fk.lfd);
+        }
+    }
+}

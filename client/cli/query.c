@@ -1,0 +1,471 @@
+/* Query commands: runs, series, points. Each follows the API's pagination,
+ * then prints an aligned table or (--json) the server's JSON with the pages
+ * joined. */
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+#define PAGE_LIMIT 1000         /* runs/series per request, default */
+#define PAGE_MAX 10000          /* the server's largest ?limit= */
+#define POINTS_PAGE_MAX 10000   /* the server's largest ?limit= */
+#define POINTS_DEFAULT 1000     /* --limit default for points */
+#define POINTS_MAX 100000000ull /* largest --limit */
+#define MAX_PAGES 1000000       /* a server that never ends pagination */
+#define UNSET32 UINT32_MAX
+#define UNSET64 UINT64_MAX
+
+/* ---- cells --------------------------------------------------------------------- */
+
+/* Unix seconds as UTC ISO-8601, to the second. */
+static void fmt_time(double t, char *out, size_t len)
+{
+    time_t s = (time_t)t;
+    struct tm tm;
+
+    if (!isfinite(t) || !gmtime_r(&s, &tm) || !strftime(out, len, "%Y-%m-%dT%H:%M:%SZ", &tm))
+        snprintf(out, len, "%.3f", t);
+}
+
+/* A JSON value as table text: null "-", numbers, strings, {k:v} as k=v,... */
+static void fmt_cell(const json_t *v, int is_time, char *out, size_t len)
+{
+    const char *k;
+    json_t *x;
+    size_t used = 0;
+
+    if (!v || json_is_null(v)) {
+        snprintf(out, len, "-");
+    } else if (json_is_integer(v)) {
+        if (is_time)
+            fmt_time((double)json_integer_value(v), out, len);
+        else
+            snprintf(out, len, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+    } else if (json_is_real(v)) {
+        if (is_time)
+            fmt_time(json_real_value(v), out, len);
+        else
+            snprintf(out, len, "%.9g", json_real_value(v));
+    } else if (json_is_string(v)) {
+        snprintf(out, len, "%s", json_string_value(v));
+    } else if (json_is_object(v)) {
+        out[0] = '\0';
+        json_object_foreach((json_t *)v, k, x) {
+            char val[64];
+            fmt_cell(x, 0, val, sizeof(val));
+            used += (size_t)snprintf(out + used, used < len ? len - used : 0, "%s%s=%s",
+                                     used ? "," : "", k, val);
+            if (used >= len)
+                break;
+        }
+        if (!used)
+            snprintf(out, len, "-");
+    } else {
+        snprintf(out, len, "?");
+    }
+}
+
+static void print_json(json_t *doc)
+{
+    json_dumpf(doc, stdout, JSON_COMPACT);
+    fputc('\n', stdout);
+}
+
+/* ---- pagination ------------------------------------------------------------------- */
+
+/* GETs path (which already has a '?'), then path&after=<next> until "next"
+ * is null; appends every item of array `key` to `all`. */
+static int fetch_all(struct api *a, const char *path, const char *key, json_t *all, char *err,
+                     size_t errlen)
+{
+    char *cursor = NULL, full[4096];
+    int rc = 0;
+
+    for (int page = 0;; page++) {
+        json_t *doc = NULL, *items, *next;
+        char *esc = NULL;
+        size_t n_items;
+
+        if (page >= MAX_PAGES) {
+            snprintf(err, errlen, "server pagination did not end after %d pages", MAX_PAGES);
+            rc = CLI_FAIL;
+            break;
+        }
+        if (cursor && !(esc = api_escape(a, cursor))) {
+            snprintf(err, errlen, "out of memory");
+            rc = CLI_FAIL;
+            break;
+        }
+        snprintf(full, sizeof(full), "%s%s%s", path, esc ? "&after=" : "", esc ? esc : "");
+        api_free_escaped(esc);
+        if ((rc = api_get(a, full, &doc, err, errlen)) != 0)
+            break;
+        items = json_object_get(doc, key);
+        if (!json_is_array(items)) {
+            snprintf(err, errlen, "server answer has no '%s' array", key);
+            json_decref(doc);
+            rc = CLI_FAIL;
+            break;
+        }
+        n_items = json_array_size(items);
+        json_array_extend(all, items);
+        next = json_object_get(doc, "next");
+        free(cursor);
+        cursor = NULL;
+        if (json_is_string(next)) {
+            cursor = strdup(json_string_value(next));
+        } else if (json_is_integer(next)) {
+            char num[32];
+            snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(next));
+            cursor = strdup(num);
+        }
+        json_decref(doc);
+        if (!cursor || n_items == 0)
+            break;
+    }
+    free(cursor);
+    return rc;
+}
+
+static int fail(const char *err)
+{
+    fprintf(stderr, "foreshock: %s\n", err);
+    return CLI_FAIL;
+}
+
+/* ---- runs ------------------------------------------------------------------------- */
+
+struct runs_settings {
+    const char *http;
+    uint32_t page_size;
+    int json;
+};
+
+static const struct opt runs_opts[] = {
+    {.name = "http", .kind = OPT_HOSTPORT, .offset = offsetof(struct runs_settings, http),
+     .arg = "HOST:PORT", .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
+    {.name = "json", .kind = OPT_FLAG, .offset = offsetof(struct runs_settings, json),
+     .help = "print the server's JSON (all pages joined)"},
+    {.name = "page-size", .kind = OPT_U32, .offset = offsetof(struct runs_settings, page_size),
+     .arg = "N", .help = "runs per request (default 1000)", .min = 1, .max = PAGE_MAX},
+};
+
+static const struct command_help runs_help = {
+    .usage = "foreshock [--http HOST:PORT] runs [--json] [--page-size N]",
+    .summary = "List the runs the daemon knows, oldest first.",
+};
+
+int cmd_runs(const char *http, int argc, char **argv)
+{
+    struct runs_settings s = {.http = http, .page_size = PAGE_LIMIT};
+    static const char *const hdr[] = {"RUN", "WORLD", "LAST_STEP", "REPORTS", "STREAMS",
+                                      "SERIES", "LAST_SEEN"};
+    static const int right[] = {0, 1, 1, 1, 1, 1, 0};
+    char err[CLI_ERR_LEN], path[64];
+    struct api *a = NULL;
+    json_t *all = json_array(), *run;
+    size_t i;
+    int rc = args_parse(runs_opts, sizeof(runs_opts) / sizeof(runs_opts[0]), argc, argv, &s,
+                        &runs_help, err, sizeof(err));
+
+    if (rc == 1) {
+        rc = CLI_OK;
+        goto out;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "foreshock runs: %s (see --help)\n", err);
+        goto out;
+    }
+    snprintf(path, sizeof(path), "/api/v1/runs?limit=%u", s.page_size);
+    if ((rc = api_open(s.http, &a, err, sizeof(err))) != 0 ||
+        (rc = fetch_all(a, path, "runs", all, err, sizeof(err))) != 0) {
+        rc = fail(err);
+        goto out;
+    }
+    if (s.json) {
+        json_t *doc = json_pack("{s:O,s:n}", "runs", all, "next");
+        print_json(doc);
+        json_decref(doc);
+        goto out;
+    }
+    struct table *t = table_new(7, hdr, right);
+    if (!t) {
+        rc = fail("out of memory");
+        goto out;
+    }
+    json_array_foreach(all, i, run) {
+        static const char *const keys[] = {"id", "world_size", "last_step", "reports", "streams",
+                                           "series", "last_seen_at"};
+        char cells[7][128];
+        const char *row[7];
+        for (int k = 0; k < 7; k++) {
+            fmt_cell(json_object_get(run, keys[k]), k == 6, cells[k], sizeof(cells[k]));
+            row[k] = cells[k];
+        }
+        table_add(t, row);
+    }
+    table_print(t, stdout);
+    table_free(t);
+out:
+    api_close(a);
+    json_decref(all);
+    return rc;
+}
+
+/* ---- series ------------------------------------------------------------------------ */
+
+struct series_settings {
+    const char *http, *run, *name, *prefix;
+    uint32_t layer, head, window, rank, page_size;
+    int json;
+};
+
+#define SERIES_LABEL(field, what)                                                         \
+    {.name = #field, .kind = OPT_U32, .offset = offsetof(struct series_settings, field), \
+     .arg = "N", .help = "only series with this " what " label", .min = 0, .max = UINT32_MAX - 1}
+
+static const struct opt series_opts[] = {
+    {.name = "http", .kind = OPT_HOSTPORT, .offset = offsetof(struct series_settings, http),
+     .arg = "HOST:PORT", .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
+    {.name = "run", .kind = OPT_STR, .offset = offsetof(struct series_settings, run), .arg = "ID",
+     .help = "the run", .required = 1},
+    {.name = "name", .kind = OPT_STR, .offset = offsetof(struct series_settings, name),
+     .arg = "NAME", .help = "only series with this name (e.g. loss, qk.d2.erank)"},
+    {.name = "prefix", .kind = OPT_STR, .offset = offsetof(struct series_settings, prefix),
+     .arg = "P", .help = "only series whose name starts with P (e.g. qk.)"},
+    SERIES_LABEL(layer, "layer"),
+    SERIES_LABEL(head, "head"),
+    SERIES_LABEL(window, "window"),
+    SERIES_LABEL(rank, "rank"),
+    {.name = "json", .kind = OPT_FLAG, .offset = offsetof(struct series_settings, json),
+     .help = "print the server's JSON (all pages joined)"},
+    {.name = "page-size", .kind = OPT_U32, .offset = offsetof(struct series_settings, page_size),
+     .arg = "N", .help = "series per request (default 1000)", .min = 1, .max = PAGE_MAX},
+};
+
+static const struct command_help series_help = {
+    .usage = "foreshock [--http HOST:PORT] series --run ID [--name N] [--prefix P] [--layer L] "
+             "[--head H] [--window W] [--rank R] [--json] [--page-size N]",
+    .summary = "List the series (a name plus labels) stored for a run, with point counts and "
+               "step ranges.",
+};
+
+/* Appends &key=escaped(value) to path. */
+static void add_param(struct api *a, char *path, size_t len, const char *key, const char *value)
+{
+    char *esc = api_escape(a, value);
+    size_t used = strlen(path);
+
+    if (esc)
+        snprintf(path + used, len - used, "&%s=%s", key, esc);
+    api_free_escaped(esc);
+}
+
+static void add_u32(struct api *a, char *path, size_t len, const char *key, uint32_t v)
+{
+    char buf[16];
+
+    if (v == UNSET32)
+        return;
+    snprintf(buf, sizeof(buf), "%u", v);
+    add_param(a, path, len, key, buf);
+}
+
+int cmd_series(const char *http, int argc, char **argv)
+{
+    struct series_settings s = {.http = http, .layer = UNSET32, .head = UNSET32,
+                                .window = UNSET32, .rank = UNSET32, .page_size = PAGE_LIMIT};
+    static const char *const hdr[] = {"ID", "NAME", "LABELS", "POINTS", "FIRST", "LAST"};
+    static const int right[] = {1, 0, 0, 1, 1, 1};
+    char err[CLI_ERR_LEN], path[2048];
+    struct api *a = NULL;
+    json_t *all = json_array(), *ser;
+    size_t i;
+    int rc = args_parse(series_opts, sizeof(series_opts) / sizeof(series_opts[0]), argc, argv, &s,
+                        &series_help, err, sizeof(err));
+
+    if (rc == 1) {
+        rc = CLI_OK;
+        goto out;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "foreshock series: %s (see --help)\n", err);
+        goto out;
+    }
+    if ((rc = api_open(s.http, &a, err, sizeof(err))) != 0) {
+        rc = fail(err);
+        goto out;
+    }
+    snprintf(path, sizeof(path), "/api/v1/series?limit=%u", s.page_size);
+    add_param(a, path, sizeof(path), "run", s.run);
+    if (s.name)
+        add_param(a, path, sizeof(path), "name", s.name);
+    if (s.prefix)
+        add_param(a, path, sizeof(path), "prefix", s.prefix);
+    add_u32(a, path, sizeof(path), "layer", s.layer);
+    add_u32(a, path, sizeof(path), "head", s.head);
+    add_u32(a, path, sizeof(path), "window", s.window);
+    add_u32(a, path, sizeof(path), "rank", s.rank);
+    if ((rc = fetch_all(a, path, "series", all, err, sizeof(err))) != 0) {
+        rc = fail(err);
+        goto out;
+    }
+    if (s.json) {
+        json_t *doc = json_pack("{s:O,s:n}", "series", all, "next");
+        print_json(doc);
+        json_decref(doc);
+        goto out;
+    }
+    struct table *t = table_new(6, hdr, right);
+    if (!t) {
+        rc = fail("out of memory");
+        goto out;
+    }
+    json_array_foreach(all, i, ser) {
+        static const char *const keys[] = {"id", "name", "labels", "points", "first_step",
+                                           "last_step"};
+        char cells[6][256];
+        const char *row[6];
+        for (int k = 0; k < 6; k++) {
+            fmt_cell(json_object_get(ser, keys[k]), 0, cells[k], sizeof(cells[k]));
+            row[k] = cells[k];
+        }
+        table_add(t, row);
+    }
+    table_print(t, stdout);
+    table_free(t);
+out:
+    api_close(a);
+    json_decref(all);
+    return rc;
+}
+
+/* ---- points -------------------------------------------------------------------------- */
+
+struct points_settings {
+    const char *http;
+    uint64_t series, from, to, limit;
+    uint32_t page_size;
+    int json;
+};
+
+static const struct opt points_opts[] = {
+    {.name = "http", .kind = OPT_HOSTPORT, .offset = offsetof(struct points_settings, http),
+     .arg = "HOST:PORT", .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
+    {.name = "series", .kind = OPT_U64, .offset = offsetof(struct points_settings, series),
+     .arg = "ID", .help = "series id (from `foreshock series`)", .min = 1, .max = INT64_MAX,
+     .required = 1},
+    {.name = "from", .kind = OPT_U64, .offset = offsetof(struct points_settings, from),
+     .arg = "STEP", .help = "first step, inclusive (default: the first)", .max = INT64_MAX},
+    {.name = "to", .kind = OPT_U64, .offset = offsetof(struct points_settings, to),
+     .arg = "STEP", .help = "last step, inclusive (default: the last)", .max = INT64_MAX},
+    {.name = "limit", .kind = OPT_U64, .offset = offsetof(struct points_settings, limit),
+     .arg = "N", .help = "at most N points in all (default 1000)", .min = 1, .max = POINTS_MAX},
+    {.name = "json", .kind = OPT_FLAG, .offset = offsetof(struct points_settings, json),
+     .help = "print the server's JSON (pages joined; next_from says where to go on)"},
+    {.name = "page-size", .kind = OPT_U32, .offset = offsetof(struct points_settings, page_size),
+     .arg = "N", .help = "points per request (default 10000)", .min = 1, .max = POINTS_PAGE_MAX},
+};
+
+static const struct command_help points_help = {
+    .usage = "foreshock [--http HOST:PORT] points --series ID [--from S] [--to S] [--limit N] "
+             "[--json] [--page-size N]",
+    .summary = "Print the points (step, value) of one series in step order. An absent value "
+               "(no spectrum that step) prints as '-' (null in JSON).",
+};
+
+int cmd_points(const char *http, int argc, char **argv)
+{
+    struct points_settings s = {.http = http, .from = UNSET64, .to = UNSET64,
+                                .limit = POINTS_DEFAULT, .page_size = POINTS_PAGE_MAX};
+    static const char *const hdr[] = {"STEP", "VALUE"};
+    static const int right[] = {1, 1};
+    char err[CLI_ERR_LEN], path[512];
+    struct api *a = NULL;
+    json_t *all = json_array(), *series = NULL, *next_from = json_null();
+    uint64_t from;
+    int rc = args_parse(points_opts, sizeof(points_opts) / sizeof(points_opts[0]), argc, argv, &s,
+                        &points_help, err, sizeof(err));
+
+    if (rc == 1) {
+        rc = CLI_OK;
+        goto out;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "foreshock points: %s (see --help)\n", err);
+        goto out;
+    }
+    if ((rc = api_open(s.http, &a, err, sizeof(err))) != 0) {
+        rc = fail(err);
+        goto out;
+    }
+    from = s.from;
+    for (int page = 0; json_array_size(all) < s.limit && page < MAX_PAGES; page++) {
+        uint64_t want = s.limit - json_array_size(all);
+        json_t *doc, *pts, *nf;
+        size_t n_pts;
+        int n = snprintf(path, sizeof(path), "/api/v1/series/%" PRIu64 "/points?limit=%" PRIu64,
+                         s.series, want < s.page_size ? want : (uint64_t)s.page_size);
+        if (from != UNSET64)
+            n += snprintf(path + n, sizeof(path) - (size_t)n, "&from=%" PRIu64, from);
+        if (s.to != UNSET64)
+            snprintf(path + n, sizeof(path) - (size_t)n, "&to=%" PRIu64, s.to);
+        if ((rc = api_get(a, path, &doc, err, sizeof(err))) != 0) {
+            rc = fail(err);
+            goto out;
+        }
+        pts = json_object_get(doc, "points");
+        if (!json_is_array(pts)) {
+            json_decref(doc);
+            rc = fail("server answer has no 'points' array");
+            goto out;
+        }
+        if (!series)
+            series = json_incref(json_object_get(doc, "series"));
+        n_pts = json_array_size(pts);
+        json_array_extend(all, pts);
+        nf = json_object_get(doc, "next_from");
+        json_decref(next_from);
+        next_from = json_incref(nf ? nf : json_null());
+        json_decref(doc);
+        if (!json_is_integer(next_from) || n_pts == 0)
+            break;
+        from = (uint64_t)json_integer_value(next_from);
+    }
+    while (json_array_size(all) > s.limit) /* a server that ignores ?limit= */
+        json_array_remove(all, json_array_size(all) - 1);
+    if (s.json) {
+        json_t *doc = json_pack("{s:O,s:O,s:O}", "series", series ? series : json_null(),
+                                "points", all, "next_from", next_from);
+        print_json(doc);
+        json_decref(doc);
+        goto out;
+    }
+    struct table *t = table_new(2, hdr, right);
+    if (!t) {
+        rc = fail("out of memory");
+        goto out;
+    }
+    size_t i;
+    json_t *p;
+    json_array_foreach(all, i, p) {
+        char step[32], value[64];
+        const char *row[2] = {step, value};
+        fmt_cell(json_array_get(p, 0), 0, step, sizeof(step));
+        fmt_cell(json_array_get(p, 1), 0, value, sizeof(value));
+        table_add(t, row);
+    }
+    table_print(t, stdout);
+    table_free(t);
+out:
+    api_close(a);
+    json_decref(all);
+    json_decref(series);
+    json_decref(next_from);
+    return rc;
+}
