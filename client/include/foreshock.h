@@ -174,10 +174,13 @@ int fsc_flush(fsc_client *c, int timeout_ms);
 void fsc_stats(fsc_client *c, struct fsc_stats *s);
 
 /* Waits up to timeout_ms (< 0: without bound) for outstanding reports to be
- * acknowledged, then sends Bye if connected, stops the I/O thread and frees
- * the client. Reports still unacknowledged are discarded. Returns what
- * fsc_flush returned. c may be NULL (returns 0). Call once, from the thread
- * that owns the client's lifetime. */
+ * acknowledged, then sends Bye if connected (and waits at most a second for
+ * the daemon's last acks), stops the I/O thread and frees the client.
+ * Reports still unacknowledged are discarded. Returns what fsc_flush
+ * returned. c may be NULL (returns 0). A host name lookup in progress is
+ * not interrupted: with a name instead of an address, closing can take as
+ * long as the resolver's timeout. Call once, from the thread that owns the
+ * client's lifetime. */
 int fsc_close_timeout(fsc_client *c, int timeout_ms);
 
 /* fsc_close_timeout(c, 0): does not wait for acknowledgements. */

@@ -395,6 +395,14 @@ static int do_read(struct fsc_io *io)
 
 /* ---- writing ------------------------------------------------------------------ */
 
+/* The length prefix's value for e on the wire (what max_frame_bytes bounds). */
+static uint64_t frame_len(const struct fsc_io *io, const struct fsc_entry *e)
+{
+    uint8_t hdr[FSC_WIRE_REPORT_HDR_MAX];
+
+    return fsc_wire_report_header(e->seq + io->c->seq_offset, e->len, hdr) - 4 + (uint64_t)e->len;
+}
+
 /* Under mu: the next report to write, or NULL. Drops reports above the
  * daemon's frame limit (it would refuse them forever). */
 static struct fsc_entry *next_report(struct fsc_io *io)
@@ -404,8 +412,7 @@ static struct fsc_entry *next_report(struct fsc_io *io)
 
     if (!io->welcomed || io->bye_queued || (io->probe && c->replay.in_flight > 0))
         return NULL;
-    while ((e = c->replay.next_send) && io->max_frame &&
-           e->len + FSC_WIRE_REPORT_HDR_MAX - 4 > io->max_frame) {
+    while ((e = c->replay.next_send) && io->max_frame && frame_len(io, e) > io->max_frame) {
         fsc_err(c->last_error, sizeof(c->last_error), 0,
                 "report seq %llu (%zu bytes) exceeds the daemon's max_frame_bytes %u: dropped",
                 (unsigned long long)e->seq, e->len, io->max_frame);

@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,5 +354,138 @@ Test(client_daemon, daemon_killed_and_restarted_mid_stream, .timeout = 180)
     cr_expect_eq(reports, 800, "lost or duplicated reports: %lld stored", (long long)reports);
     cr_expect_eq(last_seq, 800);
     fsc_close(c);
+    daemon_cleanup(&d);
+}
+
+/* ---- the foreshock CLI against the same daemon ------------------------------------ */
+
+/* Runs `foreshock ARGS` (the binary next to this test), returns its exit
+ * status and its stdout+stderr (caller frees). */
+static int cli(const struct daemon *d, char **out, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int cli(const struct daemon *d, char **out, const char *fmt, ...)
+{
+    char bin[PATH_LEN], args[1024], cmd[PATH_LEN + 1200], chunk[4096];
+    struct buf b = {0};
+    va_list ap;
+    FILE *p;
+    size_t n;
+    int status;
+
+    snprintf(bin, sizeof(bin), "%s", d->bin);
+    char *slash = strrchr(bin, '/');
+    cr_assert(slash);
+    snprintf(slash + 1, sizeof(bin) - (size_t)(slash + 1 - bin), "foreshock");
+    if (access(bin, X_OK) != 0)
+        cr_skip_test("no foreshock CLI next to foreshockd");
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof(args), fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof(cmd), "'%s' %s 2>&1", bin, args);
+    p = popen(cmd, "r");
+    cr_assert(p);
+    while ((n = fread(chunk, 1, sizeof(chunk), p)) > 0)
+        on_body(chunk, 1, n, &b);
+    status = pclose(p);
+    *out = b.p ? b.p : strdup("");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static json_t *cli_json(const struct daemon *d, const char *args)
+{
+    char *out;
+    json_error_t e;
+    int rc = cli(d, &out, "--http 127.0.0.1:%u %s --json", (unsigned)d->http, args);
+    cr_assert_eq(rc, 0, "foreshock %s: exit %d: %s", args, rc, out);
+    json_t *doc = json_loads(out, 0, &e);
+    cr_assert(doc, "foreshock %s: not JSON (%s): %s", args, e.text, out);
+    free(out);
+    return doc;
+}
+
+Test(client_daemon, cli_simulates_and_queries_with_pagination, .timeout = 180)
+{
+    struct daemon d;
+    char *out;
+    unsigned long long sub, ack, drop, rec;
+    daemon_init(&d);
+    daemon_start(&d, 0);
+
+    int rc = cli(&d, &out, "simulate --endpoint 127.0.0.1:%u --run cli-run --ranks 2 --steps 30 "
+                 "--layers 1 --heads 2 --dh 4 --d 8 --sketch-every 5 --window 7",
+                 (unsigned)d.ingest);
+    cr_assert_eq(rc, 0, "simulate exit %d: %s", rc, out);
+    char *sum = strstr(out, "simulate: run=cli-run ranks=2 steps=30 ");
+    cr_assert(sum, "no summary line: %s", out);
+    cr_assert_eq(sscanf(sum, "simulate: run=cli-run ranks=2 steps=30 submitted=%llu acked=%llu "
+                        "dropped=%llu reconnects=%llu", &sub, &ack, &drop, &rec), 4);
+    cr_expect(sub == 60 && ack == 60 && drop == 0, "%s", sum);
+    free(out);
+    rc = cli(&d, &out, "simulate --endpoint 127.0.0.1:%u --run cli-other --steps 3 --no-sketches",
+             (unsigned)d.ingest);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+
+    /* runs: two pages of one, joined. */
+    json_t *doc = cli_json(&d, "runs --page-size 1"), *runs = json_object_get(doc, "runs");
+    cr_assert_eq(json_array_size(runs), 2);
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(runs, 0), "id")), "cli-run");
+    cr_expect_eq(json_integer_value(json_object_get(json_array_get(runs, 0), "reports")), 60);
+    cr_expect(json_is_null(json_object_get(doc, "next")));
+    json_decref(doc);
+
+    /* series: 6 scalar series per rank, pages of 5. */
+    doc = cli_json(&d, "series --run cli-run --page-size 5");
+    json_t *series = json_object_get(doc, "series"), *s;
+    size_t i;
+    json_int_t loss_id = 0;
+    cr_expect_eq(json_array_size(series), 12);
+    json_array_foreach(series, i, s) {
+        json_t *rank = json_object_get(json_object_get(s, "labels"), "rank");
+        if (!strcmp(json_string_value(json_object_get(s, "name")), "loss") &&
+            json_integer_value(rank) == 1)
+            loss_id = json_integer_value(json_object_get(s, "id"));
+    }
+    cr_assert(loss_id > 0, "no loss series for rank 1");
+    json_decref(doc);
+
+    /* points: pages of 7 up to --limit 25, resumable from next_from. */
+    char args[128];
+    snprintf(args, sizeof(args), "points --series %lld --page-size 7 --limit 25", (long long)loss_id);
+    doc = cli_json(&d, args);
+    json_t *pts = json_object_get(doc, "points");
+    cr_assert_eq(json_array_size(pts), 25);
+    for (i = 0; i < 25; i++)
+        cr_expect_eq(json_integer_value(json_array_get(json_array_get(pts, i), 0)), (json_int_t)i);
+    cr_expect_eq(json_integer_value(json_object_get(doc, "next_from")), 25);
+    json_decref(doc);
+    snprintf(args, sizeof(args), "points --series %lld --from 25", (long long)loss_id);
+    doc = cli_json(&d, args);
+    cr_expect_eq(json_array_size(json_object_get(doc, "points")), 5);
+    cr_expect(json_is_null(json_object_get(doc, "next_from")));
+    json_decref(doc);
+
+    /* Tables: a header, then one line per item. */
+    rc = cli(&d, &out, "--http 127.0.0.1:%u runs", (unsigned)d.http);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(!strncmp(out, "RUN ", 4), "%s", out);
+    cr_expect(strstr(out, "\ncli-run ") && strstr(out, "\ncli-other "), "%s", out);
+    free(out);
+
+    /* Errors: the server's message and exit 1; bad usage exit 2. */
+    rc = cli(&d, &out, "--http 127.0.0.1:%u points --series 99999999", (unsigned)d.http);
+    cr_expect_eq(rc, 1, "%s", out);
+    cr_expect(strstr(out, "foreshock: ") && strstr(out, "404"), "%s", out);
+    free(out);
+    rc = cli(&d, &out, "--http 127.0.0.1:%u series --run no-such-run", (unsigned)d.http);
+    cr_expect_eq(rc, 1, "%s", out);
+    free(out);
+    rc = cli(&d, &out, "runs --bogus");
+    cr_expect_eq(rc, 2, "%s", out);
+    free(out);
+    rc = cli(&d, &out, "simulate --run x --ranks 2 --d 1");
+    cr_expect_eq(rc, 2, "%s", out);
+    free(out);
     daemon_cleanup(&d);
 }
