@@ -59,6 +59,7 @@ CREATE TABLE alerts (
 );
 CREATE INDEX alerts_by_run ON alerts (run_id, id);
 CREATE INDEX alerts_by_state ON alerts (state, id);
+CREATE INDEX alerts_by_run_state ON alerts (run_id, state, id);
 
 -- Append-only history of transitions, with the evidence at that moment.
 CREATE TABLE alert_events (
