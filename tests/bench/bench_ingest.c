@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -349,10 +350,14 @@ static int daemon_start(const char *exe, const char *db, struct daemon *d, char 
                     "foreshockd not found or not executable at %s (%s): build it, or pass "
                     "--daemon PATH",
                     exe, strerror(errno));
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0)
         return fail(err, errlen, -errno, "fork: %s", strerror(errno));
     if (pid == 0) {
+        /* If the bench dies (Ctrl-C, crash), do not leave the daemon behind. */
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent)
+            _exit(125);
         int fd = open(d->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0 || dup2(fd, STDERR_FILENO) < 0 || dup2(fd, STDOUT_FILENO) < 0)
             _exit(126);
@@ -832,9 +837,10 @@ static int bare_insert(const char *path, unsigned ranks, uint64_t steps, uint64_
                   db ? sqlite3_errmsg(db) : "out of memory");
         goto out;
     }
+    const unsigned char *mode = NULL;
     if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL) != SQLITE_OK ||
-        sqlite3_step(st) != SQLITE_ROW ||
-        strcmp((const char *)sqlite3_column_text(st, 0), "wal") != 0) {
+        sqlite3_step(st) != SQLITE_ROW || !(mode = sqlite3_column_text(st, 0)) ||
+        strcmp((const char *)mode, "wal") != 0) {
         rc = fail(err, errlen, -EIO, "bare sqlite: cannot enable WAL: %s", sqlite3_errmsg(db));
         goto out;
     }
