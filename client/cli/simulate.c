@@ -1,13 +1,8 @@
 /* `foreshock simulate`: N ranks (threads), each with its own libforeshock
- * client, stream one report per step with scalars and, every K steps,
- * partial attention Grams of simulated weights.
- *
- * Weights: every rank holds its own slice of the model dimension d
- * (FSDP-style shard_index = rank, shard_count = N) of every head's Wq and
- * Wk (dh x d_shard, PyTorch [out, in] layout). They are advanced lazily:
- * only at steps where a sketch or a window-base snapshot needs them, by the
- * accumulated update of the steps in between. A sketch at step t with window
- * W needs the weights at t - W; those are kept in a small ring of snapshots. */
+ * client, stream one report per step: scalars, and the sketches of a
+ * simulated model (simrank.c) whose weights, routers and loss follow a
+ * scenario (scenario.c). This file is the command: options, threads,
+ * clients, and a sink that turns a rank's output into reports. */
 #include <cblas.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -27,14 +22,20 @@
 #define SIM_MAX_SNAPSHOTS 64                     /* window / sketch_every + 2 */
 #define SIM_MAX_FLOATS_PER_RANK ((size_t)1 << 28) /* 1 GiB of simulated weights */
 #define SIM_MAX_REPORT_BYTES ((size_t)60 << 20)   /* below the daemon's 64 MiB frames */
-#define SIM_UPDATE_SCALE 0.002                   /* per-step update std, relative to init */
+#define SIM_MAX_TOKENS (1u << 20)                /* --tokens-per-step */
+#define SIM_MAX_MOE_SPEC 4096                    /* --moe-layers text */
+/* The daemon's detectors only build baselines over the first 20 samples of
+ * a series (MONITORS.md section 4, DETECT_DEFAULT_WARMUP); a fault before
+ * that many sketches cannot be scored against a healthy baseline. */
+#define SIM_DETECT_WARMUP_SAMPLES 20
 
 struct sim_settings {
-    const char *endpoint, *run, *scenario, *token;
-    uint64_t steps, seed;
+    const char *endpoint, *run, *scenario, *token, *moe_layers;
+    uint64_t steps, seed, fault_step, diverge_after;
     uint32_t ranks, attempt, layers, heads, dh, d, sketch_every, window, replay_mb;
+    uint32_t experts, top_k, tokens;
     double rate, flush_timeout;
-    int no_sketches, verbose;
+    int no_sketches, layer_norms, verbose;
 };
 
 static const struct opt sim_opts[] = {
@@ -50,17 +51,26 @@ static const struct opt sim_opts[] = {
     O("heads", OPT_U32, heads, "H", "heads per layer (default 4)", 1, FSC_MAX_HEADS),
     O("dh", OPT_U32, dh, "DH", "head dimension (default 32)", 1, FSC_MAX_DH),
     O("d", OPT_U32, d, "D", "model dimension, split across ranks (default 256)", 1, 1u << 20),
-    O("sketch-every", OPT_U32, sketch_every, "K", "attention sketches every K steps (default 10)", 1, 1u << 20),
-    O("window", OPT_U32, window, "W", "sketch window in steps (default K)", 1, FSC_MAX_WINDOW),
+    O("sketch-every", OPT_U32, sketch_every, "K", "attention and router Grams, layer norms every K steps (default 10)", 1, 1u << 20),
+    O("window", OPT_U32, window, "W", "attention sketch window in steps (default K)", 1, FSC_MAX_WINDOW),
     {.name = "no-sketches", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, no_sketches),
-     .help = "scalars only"},
+     .help = "scalars only: no weights, Grams, router tokens or layer norms"},
     O("seed", OPT_U64, seed, "S", "random seed (default 1)", 0, UINT64_MAX),
     {.name = "rate", .kind = OPT_DOUBLE, .offset = offsetof(struct sim_settings, rate), .arg = "R",
      .help = "reports per second per rank, 0 = as fast as possible (default 0)", .dmin = 0, .dmax = 1e9},
     {.name = "flush-timeout", .kind = OPT_DOUBLE, .offset = offsetof(struct sim_settings, flush_timeout),
      .arg = "S", .help = "seconds to wait for the last acks (default 120)", .dmin = 0, .dmax = 86400},
     {.name = "scenario", .kind = OPT_STR, .offset = offsetof(struct sim_settings, scenario),
-     .arg = "NAME", .help = "how the run evolves: healthy (default)"},
+     .arg = "NAME", .help = "healthy (default), attention-numerics, lr-spike or combined (below)"},
+    O("fault-step", OPT_U64, fault_step, "S", "faulty scenarios: first faulty step (default 40% of --steps)", 0, SIM_MAX_STEPS),
+    O("diverge-after", OPT_U64, diverge_after, "N", "faulty scenarios: steps from the fault to diverge_step (default max(30% of the steps after the fault, 6 K))", 1, SIM_MAX_STEPS),
+    O("experts", OPT_U32, experts, "E", "MoE experts per router, 0 = dense (default 0; 8 for lr-spike, combined)", 0, FSC_MAX_EXPERTS),
+    O("top-k", OPT_U32, top_k, "TOPK", "experts each token is routed to (default 2)", 1, FSC_MAX_EXPERTS),
+    {.name = "moe-layers", .kind = OPT_STR, .offset = offsetof(struct sim_settings, moe_layers),
+     .arg = "LIST", .help = "layers with a router, e.g. 1,3-5 (default: all)"},
+    O("tokens-per-step", OPT_U32, tokens, "T", "routed tokens per rank, MoE layer and step (default 256)", 1, SIM_MAX_TOKENS),
+    {.name = "layer-norms", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, layer_norms),
+     .help = "send per-layer |W| and update ratios (default: on except for scenario healthy)"},
     {.name = "token", .kind = OPT_STR, .offset = offsetof(struct sim_settings, token), .arg = "T",
      .help = "shared secret the daemon expects, if any"},
     O("replay-mb", OPT_U32, replay_mb, "MB", "per-rank replay buffer, MiB (default 64)", 1, 65536),
@@ -73,28 +83,35 @@ static const struct command_help sim_help = {
     .usage = "foreshock simulate --run ID [--endpoint HOST:PORT] [--ranks N] [--steps M] "
              "[--attempt A] [--layers L] [--heads H] [--dh DH] [--d D] [--sketch-every K] "
              "[--window W] [--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
-             "[--scenario NAME]",
-    .summary = "Simulate N trainer ranks streaming to foreshockd: per step loss, grad norm, lr, "
-               "loss scale, tokens and step time; every K steps partial attention Gram sketches "
-               "of L x H heads computed from evolving random weights, each rank holding 1/N of "
-               "the model dimension. Rides through daemon restarts. Prints one line per rank and\n"
-               "  simulate: run=ID ranks=N steps=M submitted=X acked=Y dropped=Z reconnects=R\n"
-               "Exit status 0 when every report was acknowledged, 1 otherwise, 2 on bad usage.",
+             "[--scenario NAME] [--fault-step S] [--diverge-after N] [--experts E] [--top-k K] "
+             "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms]",
+    .summary =
+        "Simulate N trainer ranks streaming to foreshockd. Per step: loss, grad norm, lr, loss\n"
+        "scale, tokens and step time, and per MoE layer the routing statistics of T simulated\n"
+        "tokens (x ~ N(0, I_d), z = WR x: entropy, logsumexp, top-k loads, sum of p). Every K\n"
+        "steps: partial attention Gram sketches of L x H heads (window W) and partial router\n"
+        "Grams, each rank holding 1/N of the model dimension, and per-layer |W| and update\n"
+        "ratios (of the rank's own shard). Weights evolve as the scenario says. Rides through\n"
+        "daemon restarts. First prints the ground truth\n"
+        "  simulate: scenario=NAME fault_step=S diverge_step=D\n"
+        "(S and D are 'none' without a fault; D is the first step whose loss exceeds 10x its\n"
+        "healthy value or is not finite, 'none' when that is past the last step), at the end one\n"
+        "line per rank and\n"
+        "  simulate: run=ID ranks=N steps=M submitted=X acked=Y dropped=Z reconnects=R\n"
+        "The daemon's detectors spend their first 20 samples of a series building a baseline:\n"
+        "put the fault after 20 K steps (a warning says so otherwise).\n"
+        "Exit status 0 when every report was acknowledged, 1 otherwise, 2 on bad usage.",
 };
 
 struct rank_ctx {
     const struct sim_settings *s;
     const struct scenario *sc;
-    struct sim_params p;
+    const struct sim_params *p;
     char host[CLI_MAX_HOSTPORT];
     uint16_t port;
-    uint32_t rank, nsnap;
-    size_t ds, block;       /* shard columns; floats per head block (dh x ds) */
-    float *wq, *wk;         /* layers*heads blocks each */
-    float *snap_q, *snap_k; /* nsnap copies of wq, wk */
-    float *ga, *gb;         /* one head's Gram triangles */
-    uint64_t w_step;        /* the step wq, wk correspond to */
-    struct sim_rng rng;
+    uint32_t rank;
+    const uint32_t *moe_list; /* for Hello */
+    size_t n_moe;
     struct fsc_stats st;
     int started, ok;
     char err[CLI_ERR_LEN];
@@ -110,86 +127,59 @@ static void on_log(void *ctx, int level, const char *msg)
                 names[level >= 0 && level <= 3 ? level : 3], msg);
 }
 
-/* Per-element std of the random walk's sum over steps [from, to): each
- * step moves a weight by SIM_UPDATE_SCALE of its initial std, times
- * lr / lr_ref. */
-static double walk_scale(const struct rank_ctx *r, uint64_t from, uint64_t to)
+/* ---- the sink: a rank's output into one report --------------------------------------- */
+
+static int put_scalars(void *ctx, uint64_t step, const struct sim_scalars *s)
 {
-    double sum = 0;
-
-    for (uint64_t t = from; t < to; t++) {
-        double x = r->sc->lr(&r->p, t) / r->sc->lr_ref;
-        sum += x * x;
-    }
-    return SIM_UPDATE_SCALE / sqrt((double)r->p.d) * sqrt(sum);
-}
-
-/* Brings the weights from w_step to `step`. */
-static void advance(struct rank_ctx *r, uint64_t step)
-{
-    double scale;
-
-    if (step <= r->w_step)
-        return;
-    scale = walk_scale(r, r->w_step, step);
-    for (uint32_t l = 0; l < r->p.layers; l++)
-        for (uint32_t h = 0; h < r->p.heads; h++) {
-            size_t off = ((size_t)l * r->p.heads + h) * r->block;
-            r->sc->update(&r->p, &r->rng, l, h, 0, r->w_step, step, scale, r->wq + off, r->p.dh, r->ds);
-            r->sc->update(&r->p, &r->rng, l, h, 1, r->w_step, step, scale, r->wk + off, r->p.dh, r->ds);
-        }
-    r->w_step = step;
-}
-
-static void fill_scalars(struct rank_ctx *r, fsc_report *rep, uint64_t step)
-{
-    double tau = r->p.steps > 5 ? (double)r->p.steps / 5.0 : 1.0;
+    fsc_report *rep = ctx;
     struct timespec now;
-
-    clock_gettime(CLOCK_REALTIME, &now);
-    fsc_report_set_loss(rep, r->sc->loss(&r->p, step) + 0.02 * sim_normal(&r->rng));
-    fsc_report_set_grad_norm(rep, 0.5 + 1.5 * exp(-(double)step / tau) +
-                                      0.05 * fabs(sim_normal(&r->rng)));
-    fsc_report_set_lr(rep, r->sc->lr(&r->p, step));
-    fsc_report_set_loss_scale(rep, 65536.0);
-    fsc_report_set_tokens(rep, 8 * 2048);
-    fsc_report_set_step_time(rep, 0.25 + 0.01 * fabs(sim_normal(&r->rng)));
-    fsc_report_set_time(rep, (double)now.tv_sec + (double)now.tv_nsec * 1e-9);
-}
-
-/* Sketch and snapshot duties of `step`. Returns 0 or a negative errno. */
-static int add_sketches(struct rank_ctx *r, fsc_report *rep, uint64_t step)
-{
-    uint64_t k = r->s->sketch_every, w = r->s->window;
-    int sketch = step % k == 0 && step >= w, snap = (step + w) % k == 0;
-    size_t all = (size_t)r->p.layers * r->p.heads * r->block;
     int rc;
 
-    if (!sketch && !snap)
-        return 0;
-    advance(r, step);
-    if (sketch) {
-        size_t slot = (size_t)((step / k) % r->nsnap) * all;
-        for (uint32_t l = 0; l < r->p.layers; l++)
-            for (uint32_t h = 0; h < r->p.heads; h++) {
-                size_t off = ((size_t)l * r->p.heads + h) * r->block;
-                rc = fsc_attention_grams(r->wq + off, r->wk + off, r->snap_q + slot + off,
-                                         r->snap_k + slot + off, r->p.dh, r->ds, r->ga, r->gb);
-                if (rc == 0)
-                    rc = fsc_report_add_attention_gram(rep, l, h, FSC_KV_HEAD_NONE, (uint32_t)w,
-                                                       r->p.dh, r->rank, r->p.ranks, r->ga, r->gb);
-                if (rc < 0)
-                    return rc;
-            }
-    }
-    if (snap) {
-        /* Needed at step + w; slots of pending snapshots never collide
-         * because nsnap > w / k + 1. */
-        size_t slot = (size_t)(((step + w) / k) % r->nsnap) * all;
-        memcpy(r->snap_q + slot, r->wq, all * sizeof(float));
-        memcpy(r->snap_k + slot, r->wk, all * sizeof(float));
-    }
-    return 0;
+    (void)step;
+    clock_gettime(CLOCK_REALTIME, &now);
+    if ((rc = fsc_report_set_loss(rep, s->loss)) < 0 ||
+        (rc = fsc_report_set_grad_norm(rep, s->grad_norm)) < 0 ||
+        (rc = fsc_report_set_lr(rep, s->lr)) < 0 ||
+        (rc = fsc_report_set_loss_scale(rep, s->loss_scale)) < 0 ||
+        (rc = fsc_report_set_tokens(rep, s->tokens)) < 0 ||
+        (rc = fsc_report_set_step_time(rep, s->step_time)) < 0)
+        return rc;
+    return fsc_report_set_time(rep, (double)now.tv_sec + (double)now.tv_nsec * 1e-9);
+}
+
+static int put_attention(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t window,
+                         uint32_t dh, uint32_t shard, uint32_t shards, const float *ga,
+                         const float *gb)
+{
+    (void)step;
+    return fsc_report_add_attention_gram(ctx, layer, head, FSC_KV_HEAD_NONE, window, dh, shard,
+                                         shards, ga, gb);
+}
+
+static int put_router_gram(void *ctx, uint64_t step, uint32_t layer, uint32_t experts,
+                           uint32_t shard, uint32_t shards, const float *gr)
+{
+    (void)step;
+    return fsc_report_add_router_gram(ctx, layer, experts, shard, shards, gr);
+}
+
+static int put_router_tokens(void *ctx, uint64_t step, uint32_t layer, uint32_t experts,
+                             const struct sim_tokens *t)
+{
+    (void)step;
+    return fsc_report_add_router_tokens(ctx, layer, experts, t->n_tok, t->sum_h, t->sum_h2,
+                                        t->sum_lse2, t->load, t->sum_p);
+}
+
+static int put_layer_norms(void *ctx, uint64_t step, const float *norm, const float *ratio,
+                           size_t layers)
+{
+    int rc;
+
+    (void)step;
+    if ((rc = fsc_report_set_layer_weight_norms(ctx, norm, layers)) < 0)
+        return rc;
+    return fsc_report_set_layer_update_ratios(ctx, ratio, layers);
 }
 
 static void sleep_until(const struct timespec *start, double seconds)
@@ -207,48 +197,21 @@ static void sleep_until(const struct timespec *start, double seconds)
         ;
 }
 
-static int alloc_weights(struct rank_ctx *r)
-{
-    size_t all = (size_t)r->p.layers * r->p.heads * r->block;
-    size_t tri = fsc_tri_len(2 * (size_t)r->p.dh);
-    double init = 1.0 / sqrt((double)r->p.d);
-
-    r->wq = malloc(all * sizeof(float));
-    r->wk = malloc(all * sizeof(float));
-    r->snap_q = malloc(all * r->nsnap * sizeof(float));
-    r->snap_k = malloc(all * r->nsnap * sizeof(float));
-    r->ga = malloc(tri * sizeof(float));
-    r->gb = malloc(tri * sizeof(float));
-    if (!r->wq || !r->wk || !r->snap_q || !r->snap_k || !r->ga || !r->gb)
-        return -ENOMEM;
-    for (size_t i = 0; i < all; i++) {
-        r->wq[i] = (float)(init * sim_normal(&r->rng));
-        r->wk[i] = (float)(init * sim_normal(&r->rng));
-    }
-    return 0;
-}
-
-static void free_weights(struct rank_ctx *r)
-{
-    free(r->wq);
-    free(r->wk);
-    free(r->snap_q);
-    free(r->snap_k);
-    free(r->ga);
-    free(r->gb);
-}
-
 static void *rank_main(void *arg)
 {
     struct rank_ctx *r = arg;
     const struct sim_settings *s = r->s;
+    struct sim_sink sink = {.scalars = put_scalars, .attention = put_attention,
+                            .router_gram = put_router_gram, .router_tokens = put_router_tokens,
+                            .layer_norms = put_layer_norms};
+    struct sim_rank *sim = NULL;
     struct fsc_options o;
     struct timespec start;
     fsc_client *c = NULL;
     int rc;
 
-    if (!s->no_sketches && alloc_weights(r) < 0) {
-        snprintf(r->err, sizeof(r->err), "out of memory for simulated weights");
+    if ((rc = sim_rank_create(r->sc, r->p, r->rank, &sim)) < 0) {
+        snprintf(r->err, sizeof(r->err), "cannot set up the simulated model: %s", strerror(-rc));
         return NULL;
     }
     fsc_options_init(&o);
@@ -262,13 +225,16 @@ static void *rank_main(void *arg)
     o.replay_max_bytes = (size_t)s->replay_mb << 20;
     o.max_report_bytes = SIM_MAX_REPORT_BYTES;
     o.model = (struct fsc_model_shape){.n_layers = s->layers, .n_heads = s->heads,
-                                       .d_model = s->d, .d_head = s->dh};
+                                       .d_model = s->d, .d_head = s->dh,
+                                       .n_experts = r->p->experts,
+                                       .top_k = r->p->experts ? r->p->top_k : 0,
+                                       .moe_layers = r->moe_list, .n_moe_layers = r->n_moe};
     o.client_name = "foreshock-simulate/" FSC_VERSION;
     o.log = on_log;
     o.log_ctx = r;
     o.seed = s->seed * 0x9e3779b97f4a7c15ull + r->rank + 1;
     if ((rc = fsc_open(&o, &c, r->err, sizeof(r->err))) < 0) {
-        free_weights(r);
+        sim_rank_destroy(sim);
         return NULL;
     }
     clock_gettime(CLOCK_MONOTONIC, &start);
@@ -277,13 +243,18 @@ static void *rank_main(void *arg)
         if (s->rate > 0)
             sleep_until(&start, (double)step / s->rate);
         rep = fsc_report_new(step);
+        sink.ctx = rep;
         if (!rep) {
-            fsc_submit(c, NULL); /* counted as dropped */
+            /* The model still has to take the step; the report is lost
+             * (counted as dropped). */
+            struct sim_sink none = {0};
+            fsc_submit(c, NULL);
+            if ((rc = sim_rank_step(sim, step, &none)) < 0)
+                break;
             continue;
         }
-        fill_scalars(r, rep, step);
-        if (!s->no_sketches && (rc = add_sketches(r, rep, step)) < 0) {
-            snprintf(r->err, sizeof(r->err), "step %" PRIu64 ": sketch: %s", step, strerror(-rc));
+        if ((rc = sim_rank_step(sim, step, &sink)) < 0) {
+            snprintf(r->err, sizeof(r->err), "step %" PRIu64 ": %s", step, strerror(-rc));
             fsc_report_free(rep);
             break;
         }
@@ -298,17 +269,56 @@ static void *rank_main(void *arg)
                  r->st.last_error[0] ? "; last error: " : "", r->st.last_error);
     r->ok = !r->err[0] && r->st.submitted == s->steps && r->st.acked == s->steps &&
             r->st.dropped == 0;
-    free_weights(r);
+    sim_rank_destroy(sim);
     return NULL;
 }
 
-/* Checks what the table cannot: cross-option constraints and sizes. */
-static int check_settings(struct sim_settings *s, char *err, size_t errlen)
+/* Parses "1,3-5" into flags[0..layers). Returns 0 or CLI_USAGE with err. */
+static int parse_moe_layers(const char *spec, uint32_t layers, uint8_t *flags, char *err,
+                            size_t errlen)
 {
-    size_t ds, tri, floats;
+    const char *c = spec;
 
-    if (!s->window)
-        s->window = s->sketch_every;
+    if (strlen(spec) > SIM_MAX_MOE_SPEC)
+        goto bad;
+    memset(flags, 0, layers);
+    while (*c) {
+        char *end;
+        unsigned long lo, hi;
+        if (*c < '0' || *c > '9')
+            goto bad;
+        lo = hi = strtoul(c, &end, 10);
+        c = end;
+        if (*c == '-') {
+            if (c[1] < '0' || c[1] > '9')
+                goto bad;
+            hi = strtoul(c + 1, &end, 10);
+            c = end;
+        }
+        if (lo > hi || hi >= layers) {
+            snprintf(err, errlen, "--moe-layers '%s': layers are 0..%u", spec, layers - 1);
+            return CLI_USAGE;
+        }
+        for (unsigned long l = lo; l <= hi; l++)
+            flags[l] = 1;
+        if (*c == ',' && c[1])
+            c++;
+        else if (*c)
+            goto bad;
+    }
+    return 0;
+bad:
+    snprintf(err, errlen, "--moe-layers '%.64s': expected a list like 1,3-5", spec);
+    return CLI_USAGE;
+}
+
+/* Checks what the table cannot: cross-option constraints and sizes. */
+static int check_settings(struct sim_settings *s, const struct sim_params *p, char *err,
+                          size_t errlen)
+{
+    size_t tri, bytes, floats;
+    uint32_t n_moe = 0;
+
     if (s->d < s->ranks) {
         snprintf(err, errlen, "--d %u must be at least --ranks %u (each rank holds a slice)", s->d,
                  s->ranks);
@@ -321,52 +331,113 @@ static int check_settings(struct sim_settings *s, char *err, size_t errlen)
                  SIM_MAX_SNAPSHOTS - 2);
         return CLI_USAGE;
     }
-    ds = (s->d + s->ranks - 1) / s->ranks;
-    floats = (size_t)s->layers * s->heads * s->dh * ds * 2 * (s->window / s->sketch_every + 3);
-    if (floats / ((size_t)s->layers * s->heads) != (size_t)s->dh * ds * 2 * (s->window / s->sketch_every + 3) ||
-        floats > SIM_MAX_FLOATS_PER_RANK) {
+    floats = sim_rank_floats(p);
+    if (!floats || floats > SIM_MAX_FLOATS_PER_RANK) {
         snprintf(err, errlen, "simulated weights would need more than %zu floats per rank",
                  SIM_MAX_FLOATS_PER_RANK);
         return CLI_USAGE;
     }
+    for (uint32_t l = 0; l < p->layers; l++)
+        n_moe += (uint32_t)sim_is_moe(p, l);
     tri = fsc_tri_len(2 * (size_t)s->dh);
-    if ((size_t)s->layers * s->heads * tri * 8 + 4096 > SIM_MAX_REPORT_BYTES ||
-        (size_t)s->layers * s->heads * tri * 8 + 4096 > ((size_t)s->replay_mb << 20)) {
-        snprintf(err, errlen, "a sketch report (%u x %u heads, dh %u) would not fit in a frame "
-                 "or the replay buffer", s->layers, s->heads, s->dh);
+    /* Attention Grams, router Grams and token statistics, plus headroom. */
+    bytes = (size_t)s->layers * s->heads * tri * 8 +
+            (size_t)n_moe * (fsc_tri_len(p->experts) * 4 + (size_t)p->experts * 16 + 64) + 4096;
+    if (bytes > SIM_MAX_REPORT_BYTES || bytes > ((size_t)s->replay_mb << 20)) {
+        snprintf(err, errlen, "a sketch report (%u x %u heads, dh %u, %u x %u experts) would not "
+                 "fit in a frame or the replay buffer", s->layers, s->heads, s->dh, n_moe,
+                 p->experts);
         return CLI_USAGE;
     }
     return 0;
+}
+
+static void print_truth(const struct scenario *sc, const struct sim_params *p)
+{
+    char f[32] = "none", d[32] = "none";
+
+    if (p->fault_step != SIM_NEVER)
+        snprintf(f, sizeof(f), "%" PRIu64, p->fault_step);
+    if (p->diverge_step != SIM_NEVER && p->diverge_step < p->steps)
+        snprintf(d, sizeof(d), "%" PRIu64, p->diverge_step);
+    printf("simulate: scenario=%s fault_step=%s diverge_step=%s\n", sc->name, f, d);
+    fflush(stdout);
 }
 
 int cmd_simulate(int argc, char **argv)
 {
     struct sim_settings s = {.endpoint = CLI_DEFAULT_ENDPOINT, .scenario = "healthy", .ranks = 1,
                              .steps = 100, .layers = 4, .heads = 4, .dh = 32, .d = 256,
-                             .sketch_every = 10, .seed = 1, .flush_timeout = 120, .replay_mb = 64};
+                             .sketch_every = 10, .seed = 1, .flush_timeout = 120, .replay_mb = 64,
+                             .fault_step = SIM_NEVER, .diverge_after = SIM_NEVER,
+                             .experts = SIM_UINT32_UNSET, .top_k = SIM_UINT32_UNSET,
+                             .tokens = SIM_UINT32_UNSET};
     char err[CLI_ERR_LEN], host[CLI_MAX_HOSTPORT];
-    struct rank_ctx *ranks;
-    pthread_t *th;
-    const struct scenario *sc;
+    struct rank_ctx *ranks = NULL;
+    pthread_t *th = NULL;
+    const struct scenario *sc = NULL;
+    struct sim_params p;
+    uint8_t *moe = NULL;
+    uint32_t *moe_list = NULL;
+    size_t n_moe = 0;
     uint64_t sub = 0, ack = 0, drop = 0, rec = 0;
     uint16_t port;
     int rc, all_ok = 1;
 
     rc = args_parse(sim_opts, sizeof(sim_opts) / sizeof(sim_opts[0]), argc, argv, &s, &sim_help,
                     err, sizeof(err));
-    if (rc == 1)
+    if (rc == 1) {
+        scenario_print_help(stdout);
         return CLI_OK;
+    }
     if (rc == 0 && !(sc = scenario_find(s.scenario))) {
         snprintf(err, sizeof(err), "--scenario '%s': known scenarios are %s", s.scenario,
                  scenario_names());
         rc = CLI_USAGE;
     }
+    if (rc == 0 && !s.window)
+        s.window = s.sketch_every;
+    if (rc == 0 && s.moe_layers) {
+        if (!(moe = malloc(s.layers)))
+            rc = CLI_FAIL;
+        else
+            rc = parse_moe_layers(s.moe_layers, s.layers, moe, err, sizeof(err));
+    }
+    p = (struct sim_params){.steps = s.steps, .seed = s.seed, .ranks = s.ranks,
+                            .layers = s.layers, .heads = s.heads, .dh = s.dh, .d = s.d,
+                            .sketch_every = s.sketch_every, .window = s.window,
+                            .sketches = !s.no_sketches, .experts = s.experts, .top_k = s.top_k,
+                            .tokens = s.tokens, .moe = moe};
+    if (rc == 0 && sim_params_resolve(sc, &p, s.fault_step, s.diverge_after, err, sizeof(err)) < 0)
+        rc = CLI_USAGE;
+    /* Layer norms add series per layer: opt-in for the healthy default, so
+     * its output stays what earlier versions sent; on for the faults. */
+    p.layer_norms = s.layer_norms || (sc && sc->faulty);
     if (rc == 0)
-        rc = check_settings(&s, err, sizeof(err));
+        rc = check_settings(&s, &p, err, sizeof(err));
     if (rc != 0) {
-        fprintf(stderr, "foreshock simulate: %s (see --help)\n", err);
+        fprintf(stderr, "foreshock simulate: %s (see --help)\n", rc == CLI_FAIL ? "out of memory" : err);
+        free(moe);
         return rc;
     }
+    if (p.experts && !s.no_sketches) {
+        moe_list = malloc(s.layers * sizeof(*moe_list));
+        if (!moe_list) {
+            fprintf(stderr, "foreshock simulate: out of memory\n");
+            free(moe);
+            return CLI_FAIL;
+        }
+        for (uint32_t l = 0; l < s.layers; l++)
+            if (sim_is_moe(&p, l))
+                moe_list[n_moe++] = l;
+    }
+    if (sc->faulty && !s.no_sketches &&
+        p.fault_step < (uint64_t)(SIM_DETECT_WARMUP_SAMPLES + 1) * s.sketch_every)
+        fprintf(stderr, "foreshock simulate: warning: the fault at step %" PRIu64 " comes before "
+                "%d sketches (step %" PRIu64 "): the daemon's detectors are still building their "
+                "baselines then\n", p.fault_step, SIM_DETECT_WARMUP_SAMPLES + 1,
+                (uint64_t)(SIM_DETECT_WARMUP_SAMPLES + 1) * s.sketch_every);
+    print_truth(sc, &p);
     args_hostport(s.endpoint, host, sizeof(host), &port);
     /* Parallelism comes from the rank threads; BLAS threads on top of them
      * would only oversubscribe the cores. */
@@ -377,21 +448,20 @@ int cmd_simulate(int argc, char **argv)
         fprintf(stderr, "foreshock simulate: out of memory\n");
         free(ranks);
         free(th);
+        free(moe);
+        free(moe_list);
         return CLI_FAIL;
     }
     for (uint32_t i = 0; i < s.ranks; i++) {
         struct rank_ctx *r = &ranks[i];
         r->s = &s;
         r->sc = sc;
-        r->p = (struct sim_params){.steps = s.steps, .ranks = s.ranks, .layers = s.layers,
-                                   .heads = s.heads, .dh = s.dh, .d = s.d};
+        r->p = &p;
         snprintf(r->host, sizeof(r->host), "%s", host);
         r->port = port;
         r->rank = i;
-        r->ds = s.d / s.ranks + (i < s.d % s.ranks ? 1 : 0);
-        r->block = (size_t)s.dh * r->ds;
-        r->nsnap = s.window / s.sketch_every + 2;
-        sim_rng_seed(&r->rng, s.seed * 0x2545f4914f6cdd1dull + i);
+        r->moe_list = moe_list;
+        r->n_moe = n_moe;
         if ((rc = pthread_create(&th[i], NULL, rank_main, r)) != 0)
             snprintf(r->err, sizeof(r->err), "cannot start thread: %s", strerror(rc));
         else
@@ -417,5 +487,7 @@ int cmd_simulate(int argc, char **argv)
     fflush(stdout);
     free(ranks);
     free(th);
+    free(moe);
+    free(moe_list);
     return all_ok ? CLI_OK : CLI_FAIL;
 }

@@ -1,15 +1,44 @@
 #ifndef FORESHOCK_CLI_SIMULATE_H
 #define FORESHOCK_CLI_SIMULATE_H
 
-/* `foreshock simulate`: pieces shared by the rank driver (simulate.c) and
- * the scenarios (scenario.c). A scenario is a small table entry of pure
- * functions that shape the loss curve, the learning rate and the weight
- * updates; adding one (attention-numerics, lr-spike, ...) is adding an entry. */
+/* `foreshock simulate` in three pieces:
+ *   scenario.c  the scenario table: pure functions that shape the learning
+ *               rate, the weight updates and the loss (plus the rng);
+ *   simrank.c   one simulated rank: its weights, router and tokens, turned
+ *               into scalars and sketches handed to a sink. No I/O, no
+ *               clock, no threads: tests/unit/test_scenario.c runs it
+ *               against the daemon's monitor code;
+ *   simulate.c  the command: options, one thread and one libforeshock
+ *               client per rank, a sink that fills reports.
+ * Adding a scenario is adding a table entry in scenario.c. */
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
-/* Per-rank random numbers (splitmix64 + Box-Muller); no shared state. */
+#define SIM_NEVER UINT64_MAX /* fault_step / diverge_step of a run without one */
+
+/* Per-step update of every weight element, relative to its initial std
+ * (1/sqrt(d)), at the scenario's reference learning rate. */
+#define SIM_UPDATE_SCALE 0.002
+#define SIM_DEFAULT_EXPERTS 8   /* MoE scenarios without --experts */
+#define SIM_DEFAULT_TOP_K 2
+#define SIM_DEFAULT_TOKENS 256  /* routed tokens per rank, MoE layer and step */
+#define SIM_FAULT_A_MAX 0.95    /* attention-numerics: final share of the coherent update */
+#define SIM_MAX_RAMP 50         /* longest fault ramp, steps */
+#define SIM_MAX_DH 512          /* largest head dim (FSC_MAX_DH) */
+/* The loss: from DIVERGE_STEP - SIM_DIVERGE_LEAD on it grows 10x every
+ * SIM_DIVERGE_TENFOLD steps, crossing 10x its healthy value exactly at the
+ * diverge step (the relative noise is below 1 %), and is NaN from
+ * DIVERGE_STEP + SIM_DIVERGE_NAN_AFTER on. */
+#define SIM_DIVERGE_LEAD 3
+#define SIM_DIVERGE_TENFOLD 3.0
+#define SIM_DIVERGE_NAN_AFTER 12
+#define SIM_ROUTER_JITTER 0.05  /* router rows as observed: +-5 % jitter per step (simrank.c) */
+#define SIM_LOSS_NOISE 0.01     /* bounded relative noise of loss (triangular) */
+#define SIM_GRAD_NOISE 0.03     /* same for grad norm */
+
+/* Per-rank random numbers (splitmix64 + polar Box-Muller); no shared state. */
 struct sim_rng {
     uint64_t s;
     int has_spare;
@@ -17,32 +46,52 @@ struct sim_rng {
 };
 
 void sim_rng_seed(struct sim_rng *r, uint64_t seed);
-double sim_uniform(struct sim_rng *r); /* [0, 1) */
-double sim_normal(struct sim_rng *r);  /* N(0, 1) */
+double sim_uniform(struct sim_rng *r);    /* [0, 1) */
+double sim_normal(struct sim_rng *r);     /* N(0, 1) */
+double sim_triangular(struct sim_rng *r); /* in (-1, 1), peak at 0: bounded noise */
+/* A seed for the stream named by (seed, a, b, c): the same on every rank. */
+uint64_t sim_seed_mix(uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
 
-/* What a scenario may look at. */
+/* Everything a simulated rank and a scenario may look at. Filled by the
+ * caller, then completed by sim_params_resolve. */
 struct sim_params {
-    uint64_t steps;
+    uint64_t steps, seed;
     uint32_t ranks, layers, heads, dh, d;
+    uint32_t sketch_every, window; /* attention Gram cadence and window, steps */
+    int sketches;                  /* 0: scalars only (no weights, router or tokens) */
+    int layer_norms;               /* send per-layer |W| and update ratio */
+    uint64_t fault_step;           /* first faulty step, SIM_NEVER for none */
+    uint64_t diverge_step;         /* first step with loss > 10x healthy or NaN (may be >= steps) */
+    uint32_t ramp;                 /* steps a fault takes to reach full strength */
+    uint32_t experts, top_k;       /* experts 0: dense model, no router */
+    uint32_t tokens;               /* routed tokens per rank, MoE layer and step */
+    const uint8_t *moe;            /* layers flags, 1 = MoE layer; NULL: all layers */
 };
 
 struct scenario {
     const char *name;
     const char *help;
-    /* Noise-free loss at `step`. */
-    double (*loss)(const struct sim_params *p, uint64_t step);
-    /* Learning rate at `step`, and the rate at which one step moves each
-     * weight by the simulator's nominal update size. */
+    int faulty;      /* has a fault step and a diverge step */
+    int moe_default; /* implies MoE (SIM_DEFAULT_EXPERTS) unless --experts says otherwise */
+    /* Learning rate at `step`; lr_ref is the rate at which one step moves
+     * each weight by SIM_UPDATE_SCALE of its initial std. */
     double (*lr)(const struct sim_params *p, uint64_t step);
     double lr_ref;
-    /* Adds the accumulated update of one weight block (a head's Wq or Wk
-     * shard, rows x cols, row-major) over steps [from, to) to w. `scale` is
-     * the standard deviation a random walk with this scenario's learning
-     * rates accumulates per element over the interval. `is_k`: 0 for Wq,
-     * 1 for Wk. The rng is the rank's own. */
-    void (*update)(const struct sim_params *p, struct sim_rng *rng, uint32_t layer, uint32_t head,
-                   int is_k, uint64_t from, uint64_t to, double scale, float *w, size_t rows,
-                   size_t cols);
+    /* Applies the updates of steps [from, to) to one attention weight block
+     * (a head's Wq or Wk shard, rows x cols, row-major, rows = dh). is_k: 0
+     * for Wq, 1 for Wk. rng is the rank's own. Returns 0 or -ENOMEM. */
+    int (*attn_update)(const struct scenario *sc, const struct sim_params *p, struct sim_rng *rng,
+                       uint32_t layer, uint32_t head, int is_k, uint64_t from, uint64_t to,
+                       float *w, size_t rows, size_t cols);
+    /* Applies the update of step `step` to the whole router weight WR of a
+     * MoE layer (experts x d, row-major). rng is the layer's, the same
+     * stream on every rank, so every rank holds the same WR. Returns 0 or
+     * -ENOMEM. */
+    int (*router_update)(const struct scenario *sc, const struct sim_params *p,
+                         struct sim_rng *rng, uint32_t layer, uint64_t step, float *wr,
+                         size_t experts, size_t d);
+    /* Factor on loss and grad norm at `step`: 1, growing, or NaN. NULL: 1. */
+    double (*divergence)(const struct sim_params *p, uint64_t step);
 };
 
 /* The scenario called `name`, or NULL. */
@@ -50,5 +99,93 @@ const struct scenario *scenario_find(const char *name);
 
 /* Comma-separated names, for help and errors. Static storage. */
 const char *scenario_names(void);
+
+/* Prints every scenario with its help text (wrapped) for --help. */
+void scenario_print_help(FILE *out);
+
+/* Completes p for scenario sc: fault_step (given, or SIM_NEVER to take the
+ * default, 40 % of steps), diverge_step = fault_step + diverge_after (given,
+ * or SIM_NEVER for the default max(30 % of the remaining steps, 6 sketch
+ * intervals)), the ramp (diverge_after / 2 in 1..SIM_MAX_RAMP) and the MoE
+ * defaults (experts: SIM_UINT32_UNSET takes the scenario's default). Returns 0
+ * or -EINVAL with the reason in err. Pure. */
+#define SIM_UINT32_UNSET UINT32_MAX
+int sim_params_resolve(const struct scenario *sc, struct sim_params *p, uint64_t fault_step,
+                       uint64_t diverge_after, char *err, size_t errlen);
+
+/* The healthy, noise-free loss and grad norm at `step`; faulty runs
+ * multiply both by the scenario's divergence factor. */
+double sim_healthy_loss(const struct sim_params *p, uint64_t step);
+double sim_healthy_grad_norm(const struct sim_params *p, uint64_t step);
+
+/* The scenario's factor on loss and grad norm at `step` (1 when none). */
+double sim_divergence(const struct scenario *sc, const struct sim_params *p, uint64_t step);
+
+/* Per-element standard deviation of one step's update at `step`:
+ * SIM_UPDATE_SCALE / sqrt(d) * lr(step) / lr_ref. Pure. */
+double sim_step_sd(const struct scenario *sc, const struct sim_params *p, uint64_t step);
+
+/* 1 when `layer` has a router (MoE layer): experts > 0 and the moe flags
+ * say so. */
+int sim_is_moe(const struct sim_params *p, uint32_t layer);
+
+/* ---- one simulated rank (simrank.c) ------------------------------------- */
+
+struct sim_scalars {
+    double loss, grad_norm, lr, loss_scale, step_time;
+    uint64_t tokens;
+};
+
+struct sim_tokens {
+    uint64_t n_tok;
+    double sum_h, sum_h2, sum_lse2;
+    const uint64_t *load; /* experts values */
+    const double *sum_p;  /* experts values */
+};
+
+/* Where a rank's output goes. Every callback returns 0 or a negative errno,
+ * which stops the step and is returned by sim_rank_step. Arrays are only
+ * valid during the call. NULL callbacks are skipped. */
+struct sim_sink {
+    void *ctx;
+    int (*scalars)(void *ctx, uint64_t step, const struct sim_scalars *s);
+    /* Partial Grams of one head over this rank's shard of d: upper
+     * triangles, fsc_tri_len(2 dh) floats each. */
+    int (*attention)(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t window,
+                     uint32_t dh, uint32_t shard_index, uint32_t shard_count, const float *ga,
+                     const float *gb);
+    /* Partial router Gram over this rank's shard: fsc_tri_len(experts) floats. */
+    int (*router_gram)(void *ctx, uint64_t step, uint32_t layer, uint32_t experts,
+                       uint32_t shard_index, uint32_t shard_count, const float *gr);
+    int (*router_tokens)(void *ctx, uint64_t step, uint32_t layer, uint32_t experts,
+                         const struct sim_tokens *t);
+    /* Per attention layer: |W| of this rank's Wq and Wk shards, and the
+     * update-to-weight ratio of this step (layers values each). */
+    int (*layer_norms)(void *ctx, uint64_t step, const float *norm, const float *ratio,
+                       size_t layers);
+};
+
+struct sim_rank;
+
+/* A rank of a run described by p (resolved, see sim_params_resolve; p and
+ * sc must outlive the rank). Its shard of d: rank * d / ranks, as evenly as
+ * possible. Returns 0 and *out, -EINVAL (rank >= ranks, d < ranks) or
+ * -ENOMEM. Any thread; the rank then belongs to that thread. */
+int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint32_t rank,
+                    struct sim_rank **out);
+
+/* Produces step `step`'s output into sink. Steps must come in order 0, 1,
+ * ..., each once. Per step: scalars; per MoE layer router tokens; every
+ * sketch_every steps router Grams and the layer norms; attention Grams
+ * every sketch_every steps from step `window` on. Returns 0, -EINVAL (out
+ * of order) or the first negative value a callback returned. Owner thread. */
+int sim_rank_step(struct sim_rank *r, uint64_t step, const struct sim_sink *sink);
+
+/* Frees the rank (NULL is fine). Owner thread. */
+void sim_rank_destroy(struct sim_rank *r);
+
+/* Floats a rank holds for weights, snapshots and routers, for limit checks
+ * before creating one (0 when the count would overflow size_t). */
+size_t sim_rank_floats(const struct sim_params *p);
 
 #endif

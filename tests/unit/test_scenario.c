@@ -1,0 +1,574 @@
+/* Verified signatures of `foreshock simulate --scenario ...`.
+ *
+ * Each case runs 2-4 simulated ranks in-process (client/cli/simrank.c and
+ * scenario.c, the code the CLI runs) and evaluates what they send the way
+ * the daemon will: attention Grams summed over the d-shards of (step,
+ * layer, head, window) -> qk_head_from_grams -> per (layer, window) the min
+ * over heads of qk.d2.erank / qk.d2.entropy / qk.d2.srank and the max of
+ * qk.cqk; router Grams summed over shards -> router.similarity and
+ * router.centered_energy; token statistics summed over ranks ->
+ * router.maxvio, router.load_entropy, router.zloss; loss, grad_norm and
+ * the per-layer weight_norm / update_ratio of rank 0. Every series goes
+ * through detect_step with the rule detect_rules_default() gives its name
+ * and then alert_step, as the loop thread does. The assertions are the
+ * task's contract: healthy fires nothing; attention-numerics fires the
+ * Delta2 family before diverge_step and no router or weight-norm rule;
+ * lr-spike fires a router-weight or weight-norm rule before diverge_step
+ * and no Delta2 rule; combined fires both; and the attribution of the open
+ * alerts one step before diverge_step names the fault.
+ *
+ * The generator sources are compiled into this test directly (below), so
+ * the test needs nothing from CMake beyond what every unit test gets. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alert.h"
+#include "detect.h"
+#include "monitor_qk.h"
+#include "monitor_router.h"
+
+/* The generators, exactly as foreshock_cli builds them. */
+#include "../../client/cli/scenario.c"
+#include "../../client/cli/simrank.c"
+
+#define T_MAX_LAYERS 4
+#define T_MAX_HEADS 4
+#define T_MAX_DH 16
+#define T_MAX_EXPERTS 8
+#define T_MAX_STEPS 512
+#define T_NO_STEP INT64_MAX
+
+/* ---- one tracked series: detector state + alert lifecycle ------------------------- */
+
+struct series {
+    const char *name;
+    const struct detect_rule *rule;
+    struct detect_state ds;
+    struct alert_state as;
+    struct alert_scope scope;
+    int64_t first_fire;
+    double fire_value, fire_median, fire_z;
+};
+
+static void series_init(struct series *s, const struct detect_rules *rules, const char *name,
+                        int32_t layer, int32_t window)
+{
+    memset(s, 0, sizeof(*s));
+    s->name = name;
+    s->rule = detect_rules_match(rules, name);
+    cr_assert(s->rule, "no default rule matches %s", name);
+    detect_state_init(&s->ds);
+    alert_state_init(&s->as);
+    s->scope = ALERT_SCOPE_NONE;
+    s->scope.layer = layer;
+    s->scope.window = window;
+    s->first_fire = T_NO_STEP;
+}
+
+static void series_feed(struct series *s, int64_t step, double v, bool present)
+{
+    struct detect_verdict dv;
+    struct alert_transition tr;
+
+    cr_assert_eq(detect_step(&s->ds, s->rule, step, v, present, 0, &dv), 0);
+    cr_assert_eq(alert_step(&s->as, s->rule, &s->scope, &dv, step, (double)step, &tr), 0);
+    if (tr.change == ALERT_CHANGE_TO_FIRING && s->first_fire == T_NO_STEP) {
+        s->first_fire = step;
+        s->fire_value = v;
+        s->fire_median = dv.median;
+        s->fire_z = dv.z;
+    }
+}
+
+/* ---- the daemon side ------------------------------------------------------------------ */
+
+enum { A_ERANK, A_ENTROPY, A_SRANK, A_CQK, A_N };
+enum { R_SIM, R_CENTRED, R_ZLOSS, R_MAXVIO, R_LOADENT, R_N };
+enum { W_NORM, W_RATIO, W_N };
+static const char *const a_names[A_N] = {"qk.d2.erank", "qk.d2.entropy", "qk.d2.srank", "qk.cqk"};
+static const char *const r_names[R_N] = {"router.similarity", "router.centered_energy",
+                                         "router.zloss", "router.maxvio", "router.load_entropy"};
+static const char *const w_names[W_N] = {"weight_norm", "update_ratio"};
+
+struct harness {
+    struct sim_params p;
+    const struct scenario *sc;
+    struct detect_rules rules;
+    struct qk_workspace *qk;
+    struct router_workspace *rw;
+    /* Per step, summed over ranks. */
+    double ga[T_MAX_LAYERS][T_MAX_HEADS][(2 * T_MAX_DH) * (2 * T_MAX_DH + 1) / 2];
+    double gb[T_MAX_LAYERS][T_MAX_HEADS][(2 * T_MAX_DH) * (2 * T_MAX_DH + 1) / 2];
+    unsigned att_shards[T_MAX_LAYERS][T_MAX_HEADS];
+    double gr[T_MAX_LAYERS][T_MAX_EXPERTS * (T_MAX_EXPERTS + 1) / 2];
+    unsigned gr_shards[T_MAX_LAYERS];
+    uint64_t n_tok[T_MAX_LAYERS], load[T_MAX_LAYERS][T_MAX_EXPERTS];
+    double sum_h[T_MAX_LAYERS], sum_h2[T_MAX_LAYERS], sum_lse2[T_MAX_LAYERS];
+    double sum_p[T_MAX_LAYERS][T_MAX_EXPERTS];
+    unsigned tok_ranks[T_MAX_LAYERS];
+    bool have_scalars, have_norms;
+    double loss, grad_norm;
+    float norm[T_MAX_LAYERS], ratio[T_MAX_LAYERS];
+    /* Detector series. */
+    struct series att[T_MAX_LAYERS][A_N], rt[T_MAX_LAYERS][R_N], wn[T_MAX_LAYERS][W_N];
+    struct series loss_s, grad_s;
+    /* Traces for the report: deepest layer's min erank, first MoE layer. */
+    double erank[T_MAX_STEPS], sim[T_MAX_STEPS], centred[T_MAX_STEPS], hbar[T_MAX_STEPS],
+        maxvio[T_MAX_STEPS], wnorm[T_MAX_STEPS], uratio[T_MAX_STEPS], loss_trace[T_MAX_STEPS];
+    uint32_t cur_rank;
+    bool attr_set; /* attr_before holds the label at diverge_step - 1 */
+    enum alert_attribution attr_before;
+};
+
+static int h_scalars(void *ctx, uint64_t step, const struct sim_scalars *s)
+{
+    struct harness *h = ctx;
+    (void)step;
+    if (h->cur_rank == 0) { /* the daemon reads loss and grad norm from rank 0 */
+        h->have_scalars = true;
+        h->loss = s->loss;
+        h->grad_norm = s->grad_norm;
+    }
+    return 0;
+}
+
+static int h_attention(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t window,
+                       uint32_t dh, uint32_t shard, uint32_t shards, const float *ga,
+                       const float *gb)
+{
+    struct harness *h = ctx;
+    size_t n = 2 * (size_t)dh, bytes = monitor_tri_len(n) * sizeof(float);
+    (void)step;
+    cr_assert(layer < h->p.layers && head < h->p.heads && dh == h->p.dh);
+    cr_assert(window == h->p.window && shard == h->cur_rank && shards == h->p.ranks);
+    /* As on the wire: float32 shards added into double. */
+    cr_assert_eq(monitor_tri_accumulate(h->ga[layer][head], n, ga, bytes), 0);
+    cr_assert_eq(monitor_tri_accumulate(h->gb[layer][head], n, gb, bytes), 0);
+    h->att_shards[layer][head]++;
+    return 0;
+}
+
+static int h_router_gram(void *ctx, uint64_t step, uint32_t layer, uint32_t e, uint32_t shard,
+                         uint32_t shards, const float *gr)
+{
+    struct harness *h = ctx;
+    (void)step;
+    cr_assert(layer < h->p.layers && e == h->p.experts && shard == h->cur_rank &&
+              shards == h->p.ranks);
+    cr_assert_eq(monitor_tri_accumulate(h->gr[layer], e, gr, monitor_tri_len(e) * sizeof(float)), 0);
+    h->gr_shards[layer]++;
+    return 0;
+}
+
+static int h_router_tokens(void *ctx, uint64_t step, uint32_t layer, uint32_t e,
+                           const struct sim_tokens *t)
+{
+    struct harness *h = ctx;
+    (void)step;
+    cr_assert(layer < h->p.layers && e == h->p.experts);
+    h->n_tok[layer] += t->n_tok;
+    h->sum_h[layer] += t->sum_h;
+    h->sum_h2[layer] += t->sum_h2;
+    h->sum_lse2[layer] += t->sum_lse2;
+    for (uint32_t i = 0; i < e; i++) {
+        h->load[layer][i] += t->load[i];
+        h->sum_p[layer][i] += t->sum_p[i];
+    }
+    h->tok_ranks[layer]++;
+    return 0;
+}
+
+static int h_layer_norms(void *ctx, uint64_t step, const float *norm, const float *ratio,
+                         size_t layers)
+{
+    struct harness *h = ctx;
+    (void)step;
+    cr_assert_eq(layers, h->p.layers);
+    if (h->cur_rank == 0) { /* weight_norm / update_ratio from rank 0 */
+        h->have_norms = true;
+        memcpy(h->norm, norm, layers * sizeof(float));
+        memcpy(h->ratio, ratio, layers * sizeof(float));
+    }
+    return 0;
+}
+
+static void harness_begin_step(struct harness *h)
+{
+    memset(h->ga, 0, sizeof(h->ga));
+    memset(h->gb, 0, sizeof(h->gb));
+    memset(h->att_shards, 0, sizeof(h->att_shards));
+    memset(h->gr, 0, sizeof(h->gr));
+    memset(h->gr_shards, 0, sizeof(h->gr_shards));
+    memset(h->n_tok, 0, sizeof(h->n_tok));
+    memset(h->load, 0, sizeof(h->load));
+    memset(h->sum_h, 0, sizeof(h->sum_h));
+    memset(h->sum_h2, 0, sizeof(h->sum_h2));
+    memset(h->sum_lse2, 0, sizeof(h->sum_lse2));
+    memset(h->sum_p, 0, sizeof(h->sum_p));
+    memset(h->tok_ranks, 0, sizeof(h->tok_ranks));
+    h->have_scalars = h->have_norms = false;
+}
+
+/* Everything the daemon derives from one complete step. */
+static void harness_evaluate(struct harness *h, uint64_t step)
+{
+    const struct sim_params *p = &h->p;
+    int64_t t = (int64_t)step;
+
+    cr_assert(h->have_scalars, "step %llu: no scalars from rank 0", (unsigned long long)step);
+    series_feed(&h->loss_s, t, h->loss, true);
+    series_feed(&h->grad_s, t, h->grad_norm, true);
+    h->loss_trace[step] = h->loss;
+    for (uint32_t l = 0; l < p->layers; l++) {
+        struct qk_head heads[T_MAX_HEADS];
+        struct qk_agg agg[QK_NSERIES];
+        unsigned got = h->att_shards[l][0];
+
+        for (uint32_t hd = 0; hd < p->heads; hd++)
+            cr_assert_eq(h->att_shards[l][hd], got, "incomplete attention reduction");
+        if (got) {
+            cr_assert_eq(got, p->ranks, "layer %u: %u of %u shards", l, got, p->ranks);
+            for (uint32_t hd = 0; hd < p->heads; hd++) {
+                int rc = qk_head_from_grams(h->qk, p->dh, h->ga[l][hd], h->gb[l][hd], &heads[hd]);
+                cr_assert_eq(rc, 0, "qk_head_from_grams: %d", rc);
+                cr_assert(!heads[hd].nonfinite);
+            }
+            cr_assert_eq(qk_layer_aggregate(heads, p->heads, agg), 0);
+            const struct qk_agg *e2 = &agg[QK_SERIES(QK_D2, QK_ERANK2)],
+                                *h2 = &agg[QK_SERIES(QK_D2, QK_ENTROPY2)],
+                                *sr = &agg[QK_SERIES(QK_D2, QK_SRANK)], *cq = &agg[QK_SERIES_CQK];
+            series_feed(&h->att[l][A_ERANK], t, e2->min, e2->present);
+            series_feed(&h->att[l][A_ENTROPY], t, h2->min, h2->present);
+            series_feed(&h->att[l][A_SRANK], t, sr->min, sr->present);
+            series_feed(&h->att[l][A_CQK], t, cq->max, cq->present);
+            if (l == p->layers - 1)
+                h->erank[step] = e2->present ? e2->min : NAN;
+        }
+        if (sim_is_moe(p, l)) {
+            struct router_weight w;
+            struct router_decision dd;
+            uint32_t first = 0;
+            while (!sim_is_moe(p, first))
+                first++;
+            cr_assert_eq(h->tok_ranks[l], p->ranks, "router tokens incomplete");
+            struct router_tokens in = {.n_experts = p->experts, .n_tok = h->n_tok[l],
+                                       .sum_h = h->sum_h[l], .sum_h2 = h->sum_h2[l],
+                                       .sum_lse2 = h->sum_lse2[l], .load = h->load[l],
+                                       .sum_p = h->sum_p[l]};
+            cr_assert_eq(router_decision_compute(&in, &dd), 0);
+            cr_assert(dd.present && dd.load_present && !dd.nonfinite);
+            series_feed(&h->rt[l][R_ZLOSS], t, dd.zloss, true);
+            series_feed(&h->rt[l][R_MAXVIO], t, dd.maxvio, true);
+            series_feed(&h->rt[l][R_LOADENT], t, dd.load_entropy, true);
+            if (l == first) {
+                h->hbar[step] = dd.entropy_mean;
+                h->maxvio[step] = dd.maxvio;
+            }
+            if (h->gr_shards[l]) {
+                cr_assert_eq(h->gr_shards[l], p->ranks);
+                cr_assert_eq(router_weight_compute(h->rw, p->experts, h->gr[l], &w), 0);
+                cr_assert(w.present && w.sim_present && !w.nonfinite);
+                series_feed(&h->rt[l][R_SIM], t, w.sim, true);
+                series_feed(&h->rt[l][R_CENTRED], t, w.centered_energy, true);
+                if (l == first) {
+                    h->sim[step] = w.sim;
+                    h->centred[step] = w.centered_energy;
+                }
+            }
+        }
+        if (h->have_norms) {
+            series_feed(&h->wn[l][W_NORM], t, h->norm[l], true);
+            series_feed(&h->wn[l][W_RATIO], t, h->ratio[l], true);
+            if (l == p->layers - 1) {
+                h->wnorm[step] = h->norm[l];
+                h->uratio[step] = h->ratio[l];
+            }
+        }
+    }
+}
+
+/* First firing step per family (T_NO_STEP: never). */
+static void family_first(const struct harness *h, int64_t first[DETECT_FAMILY_COUNT],
+                         const char *names[DETECT_FAMILY_COUNT])
+{
+    for (int f = 0; f < DETECT_FAMILY_COUNT; f++) {
+        first[f] = T_NO_STEP;
+        names[f] = "-";
+    }
+    const struct series *all = &h->att[0][0];
+    size_t n_att = sizeof(h->att) / sizeof(h->att[0][0]);
+    for (size_t i = 0; i < n_att; i++)
+        if (all[i].rule && all[i].first_fire < first[all[i].rule->family]) {
+            first[all[i].rule->family] = all[i].first_fire;
+            names[all[i].rule->family] = all[i].name;
+        }
+    all = &h->rt[0][0];
+    for (size_t i = 0; i < sizeof(h->rt) / sizeof(h->rt[0][0]); i++)
+        if (all[i].rule && all[i].first_fire < first[all[i].rule->family]) {
+            first[all[i].rule->family] = all[i].first_fire;
+            names[all[i].rule->family] = all[i].name;
+        }
+    all = &h->wn[0][0];
+    for (size_t i = 0; i < sizeof(h->wn) / sizeof(h->wn[0][0]); i++)
+        if (all[i].rule && all[i].first_fire < first[all[i].rule->family]) {
+            first[all[i].rule->family] = all[i].first_fire;
+            names[all[i].rule->family] = all[i].name;
+        }
+    const struct series *sc[2] = {&h->loss_s, &h->grad_s};
+    for (int i = 0; i < 2; i++)
+        if (sc[i]->first_fire < first[sc[i]->rule->family]) {
+            first[sc[i]->rule->family] = sc[i]->first_fire;
+            names[sc[i]->rule->family] = sc[i]->name;
+        }
+}
+
+/* The attribution label of every open alert, as the daemon computes it. */
+static enum alert_attribution harness_attribution(const struct harness *h)
+{
+    uint32_t mask = 0;
+    const struct series *groups[3] = {&h->att[0][0], &h->rt[0][0], &h->wn[0][0]};
+    const size_t counts[3] = {sizeof(h->att) / sizeof(h->att[0][0]),
+                              sizeof(h->rt) / sizeof(h->rt[0][0]),
+                              sizeof(h->wn) / sizeof(h->wn[0][0])};
+    for (int g = 0; g < 3; g++)
+        for (size_t i = 0; i < counts[g]; i++)
+            if (groups[g][i].rule)
+                mask |= alert_family_mask(&groups[g][i].as, groups[g][i].rule->family);
+    mask |= alert_family_mask(&h->loss_s.as, h->loss_s.rule->family);
+    mask |= alert_family_mask(&h->grad_s.as, h->grad_s.rule->family);
+    return alert_attribute(mask);
+}
+
+/* Median of the finite trace values in [from, to). */
+static double trace_median(const double *v, uint64_t from, uint64_t to)
+{
+    double tmp[T_MAX_STEPS];
+    size_t n = 0;
+    for (uint64_t i = from; i < to && i < T_MAX_STEPS; i++)
+        if (isfinite(v[i]))
+            tmp[n++] = v[i];
+    if (!n)
+        return NAN;
+    for (size_t i = 1; i < n; i++) /* insertion sort: n is small */
+        for (size_t j = i; j > 0 && tmp[j - 1] > tmp[j]; j--) {
+            double x = tmp[j];
+            tmp[j] = tmp[j - 1];
+            tmp[j - 1] = x;
+        }
+    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+}
+
+/* The last finite trace value before `before`. */
+static double trace_last(const double *v, uint64_t before)
+{
+    for (uint64_t i = before; i-- > 0;)
+        if (i < T_MAX_STEPS && isfinite(v[i]))
+            return v[i];
+    return NAN;
+}
+
+/* ---- the cases -------------------------------------------------------------------------- */
+
+enum expect {
+    EXPECT_QUIET,     /* nothing fires, ever */
+    EXPECT_NUMERICS,  /* Delta2 before diverge; no router / weight-norm rule */
+    EXPECT_OPTIMIZER, /* router weight or weight norm before diverge; no Delta2 rule */
+    EXPECT_COMBINED,  /* both before diverge */
+};
+
+/* Criterion copies parameters into a fresh process image: no pointers. */
+struct sc_case {
+    char label[32];
+    char scenario[24];
+    uint32_t ranks, layers, heads, dh, d, sketch_every, experts, tokens;
+    uint64_t steps, seed;
+    enum expect expect;
+    enum alert_attribution attribution; /* of the open alerts at diverge_step - 1 */
+};
+
+static struct sc_case cases[] = {
+    {"healthy-moe", "healthy", 3, 2, 4, 16, 96, 5, 8, 128, 400, 1, EXPECT_QUIET, ALERT_ATTR_NONE},
+    /* Sketch series leave warm-up (20 samples) at step 40, exactly where the
+     * lr warm-up turns into the cosine decay. */
+    {"healthy-k2", "healthy", 2, 2, 4, 16, 64, 2, 8, 128, 400, 2, EXPECT_QUIET, ALERT_ATTR_NONE},
+    {"healthy-dense", "healthy", 4, 3, 4, 16, 128, 5, 0, 0, 400, 3, EXPECT_QUIET, ALERT_ATTR_NONE},
+    {"attention-numerics", "attention-numerics", 3, 2, 4, 16, 96, 5, 8, 128, 400, 4,
+     EXPECT_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS},
+    {"attention-numerics-dense", "attention-numerics", 2, 3, 4, 16, 64, 5, 0, 0, 400, 5,
+     EXPECT_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS},
+    {"lr-spike", "lr-spike", 3, 2, 4, 16, 96, 5, 8, 128, 400, 6, EXPECT_OPTIMIZER,
+     ALERT_ATTR_OPTIMIZER_HYPERPARAMETER},
+    {"combined", "combined", 4, 2, 4, 16, 128, 5, 8, 128, 400, 7, EXPECT_COMBINED,
+     ALERT_ATTR_COMBINED},
+};
+
+static void run_case(const struct sc_case *c, struct harness *h)
+{
+    struct sim_rank *ranks[4] = {0};
+    struct sim_sink sink = {.ctx = h, .scalars = h_scalars, .attention = h_attention,
+                            .router_gram = h_router_gram, .router_tokens = h_router_tokens,
+                            .layer_norms = h_layer_norms};
+    char err[256];
+
+    cr_assert(c->ranks <= 4 && c->layers <= T_MAX_LAYERS && c->heads <= T_MAX_HEADS &&
+              c->dh <= T_MAX_DH && c->experts <= T_MAX_EXPERTS && c->steps <= T_MAX_STEPS);
+    h->sc = scenario_find(c->scenario);
+    cr_assert(h->sc, "%s: no scenario", c->scenario);
+    h->p = (struct sim_params){.steps = c->steps, .seed = c->seed, .ranks = c->ranks,
+                               .layers = c->layers, .heads = c->heads, .dh = c->dh, .d = c->d,
+                               .sketch_every = c->sketch_every, .window = c->sketch_every,
+                               .sketches = 1, .layer_norms = 1, .experts = c->experts,
+                               .top_k = SIM_UINT32_UNSET,
+                               .tokens = c->tokens ? c->tokens : SIM_UINT32_UNSET};
+    cr_assert_eq(sim_params_resolve(h->sc, &h->p, SIM_NEVER, SIM_NEVER, err, sizeof(err)), 0,
+                 "%s", err);
+    detect_rules_default(&h->rules);
+    cr_assert_eq(qk_workspace_create(c->dh, &h->qk), 0);
+    cr_assert_eq(router_workspace_create(T_MAX_EXPERTS, &h->rw), 0);
+    for (uint32_t l = 0; l < c->layers; l++) {
+        int32_t win = (int32_t)h->p.window;
+        for (int i = 0; i < A_N; i++)
+            series_init(&h->att[l][i], &h->rules, a_names[i], (int32_t)l, win);
+        if (sim_is_moe(&h->p, l))
+            for (int i = 0; i < R_N; i++)
+                series_init(&h->rt[l][i], &h->rules, r_names[i], (int32_t)l, 0);
+        for (int i = 0; i < W_N; i++)
+            series_init(&h->wn[l][i], &h->rules, w_names[i], (int32_t)l, 0);
+    }
+    series_init(&h->loss_s, &h->rules, "loss", -1, 0);
+    series_init(&h->grad_s, &h->rules, "grad_norm", -1, 0);
+    for (size_t i = 0; i < T_MAX_STEPS; i++)
+        h->erank[i] = h->sim[i] = h->centred[i] = h->hbar[i] = h->maxvio[i] = h->wnorm[i] =
+            h->uratio[i] = h->loss_trace[i] = NAN;
+
+    for (uint32_t r = 0; r < c->ranks; r++)
+        cr_assert_eq(sim_rank_create(h->sc, &h->p, r, &ranks[r]), 0);
+    for (uint64_t step = 0; step < c->steps; step++) {
+        harness_begin_step(h);
+        for (uint32_t r = 0; r < c->ranks; r++) {
+            h->cur_rank = r;
+            int rc = sim_rank_step(ranks[r], step, &sink);
+            cr_assert_eq(rc, 0, "rank %u step %llu: %d", r, (unsigned long long)step, rc);
+        }
+        harness_evaluate(h, step);
+        if (step + 1 == h->p.diverge_step) {
+            h->attr_before = harness_attribution(h);
+            h->attr_set = true;
+        }
+    }
+    for (uint32_t r = 0; r < c->ranks; r++)
+        sim_rank_destroy(ranks[r]);
+    qk_workspace_destroy(h->qk);
+    router_workspace_destroy(h->rw);
+}
+
+ParameterizedTestParameters(scenario, signatures)
+{
+    return cr_make_param_array(struct sc_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct sc_case *c, scenario, signatures, .timeout = 240)
+{
+    struct harness *h = calloc(1, sizeof(*h));
+    int64_t first[DETECT_FAMILY_COUNT];
+    const char *who[DETECT_FAMILY_COUNT];
+
+    cr_assert(h);
+    run_case(c, h);
+    family_first(h, first, who);
+    const struct sim_params *p = &h->p;
+    int64_t fault = p->fault_step == SIM_NEVER ? -1 : (int64_t)p->fault_step;
+    int64_t diverge = p->diverge_step == SIM_NEVER ? -1 : (int64_t)p->diverge_step;
+
+    /* diverge_step is what the ground-truth line says: the first step whose
+     * loss exceeds 10x the healthy loss or is not finite. */
+    int64_t seen = -1;
+    for (uint64_t s = 0; s < p->steps; s++)
+        if (!isfinite(h->loss_trace[s]) || h->loss_trace[s] > 10.0 * sim_healthy_loss(p, s)) {
+            seen = (int64_t)s;
+            break;
+        }
+    cr_expect_eq(seen, diverge < (int64_t)p->steps ? diverge : -1,
+                 "%s: loss first exceeds 10x healthy at %lld, diverge_step %lld", c->label,
+                 (long long)seen, (long long)diverge);
+
+    fprintf(stderr,
+            "%-25s fault=%lld diverge=%lld | erank2 min/heads (layer %u) %.2f -> %.2f | "
+            "sim %.3f -> %.3f | centred %.3f -> %.3f | Hbar %.3f -> %.3f | maxvio %.3f -> %.3f | "
+            "|W| %.4f -> %.4f | ratio %.2e -> %.2e | first fire: d2 %lld (%s) router-w %lld (%s) "
+            "wnorm %lld (%s) balance %lld (%s) loss %lld (%s)\n",
+            c->label, (long long)fault, (long long)diverge, p->layers - 1,
+            trace_median(h->erank, 0, fault < 0 ? p->steps : (uint64_t)fault),
+            trace_last(h->erank, diverge < 0 ? p->steps : (uint64_t)diverge),
+            trace_median(h->sim, 0, fault < 0 ? p->steps : (uint64_t)fault),
+            trace_last(h->sim, diverge < 0 ? p->steps : (uint64_t)diverge),
+            trace_median(h->centred, 0, fault < 0 ? p->steps : (uint64_t)fault),
+            trace_last(h->centred, diverge < 0 ? p->steps : (uint64_t)diverge),
+            trace_median(h->hbar, 0, fault < 0 ? p->steps : (uint64_t)fault),
+            trace_last(h->hbar, diverge < 0 ? p->steps : (uint64_t)diverge),
+            trace_median(h->maxvio, 0, fault < 0 ? p->steps : (uint64_t)fault),
+            trace_last(h->maxvio, diverge < 0 ? p->steps : (uint64_t)diverge),
+            trace_median(h->wnorm, 0, fault < 0 ? p->steps : (uint64_t)fault),
+            trace_last(h->wnorm, diverge < 0 ? p->steps : (uint64_t)diverge),
+            trace_median(h->uratio, 0, fault < 0 ? p->steps : (uint64_t)fault),
+            trace_last(h->uratio, diverge < 0 ? p->steps : (uint64_t)diverge),
+            (long long)(first[0] == T_NO_STEP ? -1 : first[0]), who[0],
+            (long long)(first[1] == T_NO_STEP ? -1 : first[1]), who[1],
+            (long long)(first[2] == T_NO_STEP ? -1 : first[2]), who[2],
+            (long long)(first[3] == T_NO_STEP ? -1 : first[3]), who[3],
+            (long long)(first[4] == T_NO_STEP ? -1 : first[4]), who[4]);
+
+    int64_t d2 = first[DETECT_FAMILY_ATTENTION_D2];
+    int64_t optim = first[DETECT_FAMILY_ROUTER_WEIGHT] < first[DETECT_FAMILY_WEIGHT_NORM]
+                        ? first[DETECT_FAMILY_ROUTER_WEIGHT]
+                        : first[DETECT_FAMILY_WEIGHT_NORM];
+    switch (c->expect) {
+    case EXPECT_QUIET:
+        for (int f = 0; f < DETECT_FAMILY_COUNT; f++)
+            cr_expect_eq(first[f], T_NO_STEP, "%s: %s fired at step %lld", c->label, who[f],
+                         (long long)first[f]);
+        break;
+    case EXPECT_NUMERICS:
+        cr_expect(d2 > fault && d2 < diverge, "%s: Delta2 first fired at %lld, fault %lld, "
+                  "diverge %lld", c->label, (long long)d2, (long long)fault, (long long)diverge);
+        cr_expect_eq(optim, T_NO_STEP, "%s: an optimizer rule fired at %lld", c->label,
+                     (long long)optim);
+        cr_expect_eq(first[DETECT_FAMILY_ROUTER_BALANCE], T_NO_STEP, "%s: %s fired", c->label,
+                     who[DETECT_FAMILY_ROUTER_BALANCE]);
+        break;
+    case EXPECT_OPTIMIZER:
+        cr_expect(optim > fault && optim < diverge, "%s: optimizer family first fired at %lld, "
+                  "fault %lld, diverge %lld", c->label, (long long)optim, (long long)fault,
+                  (long long)diverge);
+        cr_expect_eq(d2, T_NO_STEP, "%s: %s fired at %lld", c->label,
+                     who[DETECT_FAMILY_ATTENTION_D2], (long long)d2);
+        break;
+    case EXPECT_COMBINED:
+        cr_expect(d2 > fault && d2 < diverge, "%s: Delta2 first fired at %lld", c->label,
+                  (long long)d2);
+        cr_expect(optim > fault && optim < diverge, "%s: optimizer family first fired at %lld",
+                  c->label, (long long)optim);
+        break;
+    }
+    if (c->expect != EXPECT_QUIET) {
+        /* Loss and grad norm look normal until the loss starts to diverge. */
+        cr_expect(first[DETECT_FAMILY_SCALAR_LOSS] >= diverge - SIM_DIVERGE_LEAD,
+                  "%s: %s fired at %lld, before the divergence (%lld)", c->label,
+                  who[DETECT_FAMILY_SCALAR_LOSS], (long long)first[DETECT_FAMILY_SCALAR_LOSS],
+                  (long long)diverge);
+        /* The label the daemon would put on the page one step before the
+         * loss diverges. */
+        cr_expect(h->attr_set, "%s: the run ended before diverge_step", c->label);
+        cr_expect_eq(h->attr_before, c->attribution, "%s: attribution %s, expected %s", c->label,
+                     alert_attribution_name(h->attr_before),
+                     alert_attribution_name(c->attribution));
+    }
+    free(h);
+}
