@@ -374,6 +374,12 @@ static double trace_last(const double *v, uint64_t before)
     return NAN;
 }
 
+/* A step for messages: -1 for never. */
+static long long shown(int64_t step)
+{
+    return step == T_NO_STEP ? -1 : (long long)step;
+}
+
 /* ---- the cases -------------------------------------------------------------------------- */
 
 enum expect {
@@ -519,11 +525,8 @@ ParameterizedTest(struct sc_case *c, scenario, signatures, .timeout = 240)
             trace_last(h->wnorm, diverge < 0 ? p->steps : (uint64_t)diverge),
             trace_median(h->uratio, 0, fault < 0 ? p->steps : (uint64_t)fault),
             trace_last(h->uratio, diverge < 0 ? p->steps : (uint64_t)diverge),
-            (long long)(first[0] == T_NO_STEP ? -1 : first[0]), who[0],
-            (long long)(first[1] == T_NO_STEP ? -1 : first[1]), who[1],
-            (long long)(first[2] == T_NO_STEP ? -1 : first[2]), who[2],
-            (long long)(first[3] == T_NO_STEP ? -1 : first[3]), who[3],
-            (long long)(first[4] == T_NO_STEP ? -1 : first[4]), who[4]);
+            shown(first[0]), who[0], shown(first[1]), who[1], shown(first[2]), who[2],
+            shown(first[3]), who[3], shown(first[4]), who[4]);
 
     int64_t d2 = first[DETECT_FAMILY_ATTENTION_D2];
     int64_t optim = first[DETECT_FAMILY_ROUTER_WEIGHT] < first[DETECT_FAMILY_WEIGHT_NORM]
@@ -536,25 +539,26 @@ ParameterizedTest(struct sc_case *c, scenario, signatures, .timeout = 240)
                          (long long)first[f]);
         break;
     case EXPECT_NUMERICS:
-        cr_expect(d2 > fault && d2 < diverge, "%s: Delta2 first fired at %lld, fault %lld, "
-                  "diverge %lld", c->label, (long long)d2, (long long)fault, (long long)diverge);
+        cr_expect(d2 > fault && d2 < diverge, "%s: Delta2 first fired at %lld (-1: never), "
+                  "fault %lld, diverge %lld", c->label, shown(d2), (long long)fault,
+                  (long long)diverge);
         cr_expect_eq(optim, T_NO_STEP, "%s: an optimizer rule fired at %lld", c->label,
-                     (long long)optim);
+                     shown(optim));
         cr_expect_eq(first[DETECT_FAMILY_ROUTER_BALANCE], T_NO_STEP, "%s: %s fired", c->label,
                      who[DETECT_FAMILY_ROUTER_BALANCE]);
         break;
     case EXPECT_OPTIMIZER:
-        cr_expect(optim > fault && optim < diverge, "%s: optimizer family first fired at %lld, "
-                  "fault %lld, diverge %lld", c->label, (long long)optim, (long long)fault,
-                  (long long)diverge);
+        cr_expect(optim > fault && optim < diverge, "%s: optimizer family first fired at %lld "
+                  "(-1: never), fault %lld, diverge %lld", c->label, shown(optim),
+                  (long long)fault, (long long)diverge);
         cr_expect_eq(d2, T_NO_STEP, "%s: %s fired at %lld", c->label,
                      who[DETECT_FAMILY_ATTENTION_D2], (long long)d2);
         break;
     case EXPECT_COMBINED:
-        cr_expect(d2 > fault && d2 < diverge, "%s: Delta2 first fired at %lld", c->label,
-                  (long long)d2);
-        cr_expect(optim > fault && optim < diverge, "%s: optimizer family first fired at %lld",
-                  c->label, (long long)optim);
+        cr_expect(d2 > fault && d2 < diverge, "%s: Delta2 first fired at %lld (-1: never)",
+                  c->label, shown(d2));
+        cr_expect(optim > fault && optim < diverge,
+                  "%s: optimizer family first fired at %lld (-1: never)", c->label, shown(optim));
         break;
     }
     if (c->expect != EXPECT_QUIET) {
@@ -571,4 +575,153 @@ ParameterizedTest(struct sc_case *c, scenario, signatures, .timeout = 240)
                      alert_attribution_name(c->attribution));
     }
     free(h);
+}
+
+/* ---- defaults and refusals of sim_params_resolve ------------------------------------------ */
+
+struct resolve_case {
+    char label[40];
+    char scenario[24];
+    uint64_t steps;
+    uint32_t sketch_every, experts, top_k;
+    uint64_t fault, diverge_after; /* SIM_NEVER: not given */
+    int rc;                        /* expected return */
+    uint64_t want_fault, want_diverge;
+    uint32_t want_ramp, want_experts, want_top_k;
+};
+
+static struct resolve_case resolve_cases[] = {
+    /* 40 % of the steps; max(30 % of the 240 left = 72, 6 K = 30); ramp 72 / 2. */
+    {"defaults", "attention-numerics", 400, 5, SIM_UINT32_UNSET, SIM_UINT32_UNSET, SIM_NEVER,
+     SIM_NEVER, 0, 160, 232, 36, 0, 0},
+    /* 30 % of 60 = 18 < 6 K = 60: diverge_step past the run. */
+    {"short run", "lr-spike", 100, 10, SIM_UINT32_UNSET, SIM_UINT32_UNSET, SIM_NEVER, SIM_NEVER,
+     0, 40, 100, 30, 8, 2},
+    {"given", "combined", 1000, 10, 16, 4, 300, 40, 0, 300, 340, 20, 16, 4},
+    {"ramp cap", "combined", 10000, 10, SIM_UINT32_UNSET, SIM_UINT32_UNSET, 5000, 900, 0, 5000,
+     5900, SIM_MAX_RAMP, 8, 2},
+    {"ramp floor", "attention-numerics", 100, 10, 0, SIM_UINT32_UNSET, 50, 1, 0, 50, 51, 1, 0, 0},
+    {"dense lr-spike", "lr-spike", 100, 10, 0, SIM_UINT32_UNSET, SIM_NEVER, SIM_NEVER, 0, 40, 100,
+     30, 0, 0},
+    {"healthy", "healthy", 100, 10, SIM_UINT32_UNSET, SIM_UINT32_UNSET, SIM_NEVER, SIM_NEVER, 0,
+     SIM_NEVER, SIM_NEVER, 0, 0, 0},
+    {"healthy + fault", "healthy", 100, 10, 0, 1, 10, SIM_NEVER, -EINVAL, 0, 0, 0, 0, 0},
+    {"healthy + diverge", "healthy", 100, 10, 0, 1, SIM_NEVER, 10, -EINVAL, 0, 0, 0, 0, 0},
+    {"fault past the end", "lr-spike", 100, 10, 8, 2, 100, SIM_NEVER, -EINVAL, 0, 0, 0, 0, 0},
+    {"one expert", "lr-spike", 100, 10, 1, 1, SIM_NEVER, SIM_NEVER, -EINVAL, 0, 0, 0, 0, 0},
+    {"top-k above experts", "healthy", 100, 10, 4, 5, SIM_NEVER, SIM_NEVER, -EINVAL, 0, 0, 0, 0, 0},
+};
+
+ParameterizedTestParameters(scenario, resolve)
+{
+    return cr_make_param_array(struct resolve_case, resolve_cases,
+                               sizeof(resolve_cases) / sizeof(resolve_cases[0]));
+}
+
+ParameterizedTest(struct resolve_case *c, scenario, resolve)
+{
+    const struct scenario *sc = scenario_find(c->scenario);
+    struct sim_params p = {.steps = c->steps, .ranks = 1, .layers = 2, .heads = 2, .dh = 4,
+                           .d = 8, .sketch_every = c->sketch_every, .window = c->sketch_every,
+                           .experts = c->experts, .top_k = c->top_k, .tokens = SIM_UINT32_UNSET};
+    char err[256] = "";
+
+    cr_assert(sc);
+    int rc = sim_params_resolve(sc, &p, c->fault, c->diverge_after, err, sizeof(err));
+    cr_assert_eq(rc, c->rc, "%s: rc %d (%s)", c->label, rc, err);
+    if (rc < 0) {
+        cr_expect(err[0], "%s: no reason given", c->label);
+        return;
+    }
+    cr_expect_eq(p.fault_step, c->want_fault, "%s: fault %llu", c->label,
+                 (unsigned long long)p.fault_step);
+    cr_expect_eq(p.diverge_step, c->want_diverge, "%s: diverge %llu", c->label,
+                 (unsigned long long)p.diverge_step);
+    cr_expect_eq(p.ramp, c->want_ramp, "%s: ramp %u", c->label, p.ramp);
+    cr_expect_eq(p.experts, c->want_experts, "%s: experts %u", c->label, p.experts);
+    if (p.experts)
+        cr_expect_eq(p.top_k, c->want_top_k, "%s: top_k %u", c->label, p.top_k);
+    cr_expect_eq(p.tokens, SIM_DEFAULT_TOKENS);
+}
+
+/* The loss crosses 10x its healthy value exactly at diverge_step for any
+ * noise the simulator can draw (|noise| < SIM_LOSS_NOISE), and is NaN once
+ * the run has overflowed. */
+Test(scenario, divergence_crosses_tenfold_at_diverge_step)
+{
+    const struct scenario *sc = scenario_find("lr-spike");
+    struct sim_params p = {.steps = 1000, .fault_step = 300, .diverge_step = 400};
+    const double hi = 1 + SIM_LOSS_NOISE, lo = 1 - SIM_LOSS_NOISE;
+
+    cr_assert(sc);
+    for (uint64_t t = 0; t < p.diverge_step; t++)
+        cr_expect(sim_divergence(sc, &p, t) * hi < 10.0, "step %llu: factor %g",
+                  (unsigned long long)t, sim_divergence(sc, &p, t));
+    for (uint64_t t = 0; t + SIM_DIVERGE_LEAD < p.diverge_step; t++)
+        cr_expect_eq(sim_divergence(sc, &p, t), 1.0, "step %llu", (unsigned long long)t);
+    for (uint64_t t = p.diverge_step; t < p.diverge_step + SIM_DIVERGE_NAN_AFTER; t++)
+        cr_expect(sim_divergence(sc, &p, t) * lo > 10.0, "step %llu: factor %g",
+                  (unsigned long long)t, sim_divergence(sc, &p, t));
+    for (uint64_t t = p.diverge_step + SIM_DIVERGE_NAN_AFTER; t < p.steps; t++)
+        cr_expect(isnan(sim_divergence(sc, &p, t)), "step %llu", (unsigned long long)t);
+    cr_expect_eq(sim_divergence(scenario_find("healthy"), &p, 500), 1.0);
+}
+
+/* Every rank holds the same router (the layer's stream), its shard Gram
+ * covers its own columns, and the shards add up to the whole Gram. Uneven
+ * shards: d = 10 over 3 ranks is 4 + 3 + 3 columns. */
+Test(scenario, router_replicas_and_shards)
+{
+    const struct scenario *sc = scenario_find("lr-spike");
+    struct sim_params p = {.steps = 50, .seed = 9, .ranks = 3, .layers = 2, .heads = 1, .dh = 2,
+                           .d = 10, .sketch_every = 5, .window = 5, .sketches = 1,
+                           .experts = SIM_UINT32_UNSET, .top_k = SIM_UINT32_UNSET,
+                           .tokens = 16};
+    struct sim_rank *r[3];
+    struct sim_sink none = {0};
+    char err[128];
+    size_t cols = 0;
+
+    cr_assert(sc);
+    cr_assert_eq(sim_params_resolve(sc, &p, 20, 10, err, sizeof(err)), 0, "%s", err);
+    for (uint32_t i = 0; i < 3; i++)
+        cr_assert_eq(sim_rank_create(sc, &p, i, &r[i]), 0);
+    for (uint64_t t = 0; t < 25; t++) /* through the fault: overshoot updates too */
+        for (uint32_t i = 0; i < 3; i++)
+            cr_assert_eq(sim_rank_step(r[i], t, &none), 0);
+    cr_expect_eq(sim_rank_step(r[0], 30, &none), -EINVAL, "a skipped step must be refused");
+    for (uint32_t i = 0; i < 3; i++) {
+        cr_expect_eq(r[i]->c0, cols, "rank %u starts at column %zu", i, r[i]->c0);
+        cols += r[i]->ds;
+        cr_assert_eq(r[i]->n_moe, 2);
+        for (uint32_t m = 0; m < 2; m++)
+            cr_expect(!memcmp(r[i]->rt[m].obs, r[0]->rt[m].obs,
+                              (size_t)p.experts * p.d * sizeof(float)),
+                      "rank %u holds a different router %u", i, m);
+    }
+    cr_expect_eq(cols, p.d);
+    /* Shard Grams (float, as sent) sum to the Gram of the whole router. */
+    size_t e = p.experts, tri = fsc_tri_len(e);
+    double sum[SIM_DEFAULT_EXPERTS * (SIM_DEFAULT_EXPERTS + 1) / 2] = {0};
+    float part[SIM_DEFAULT_EXPERTS * (SIM_DEFAULT_EXPERTS + 1) / 2];
+    for (uint32_t i = 0; i < 3; i++) {
+        struct sim_router *t = &r[i]->rt[1];
+        for (size_t x = 0; x < e; x++)
+            memcpy(t->shard + x * r[i]->ds, t->obs + x * p.d + r[i]->c0,
+                   r[i]->ds * sizeof(float));
+        cr_assert_eq(fsc_router_gram(t->shard, e, r[i]->ds, part), 0);
+        for (size_t k = 0; k < tri; k++)
+            sum[k] += part[k];
+    }
+    const float *w = r[0]->rt[1].obs;
+    for (size_t i = 0, k = 0; i < e; i++)
+        for (size_t j = i; j < e; j++, k++) {
+            double g = 0;
+            for (size_t c = 0; c < p.d; c++)
+                g += (double)w[i * p.d + c] * w[j * p.d + c];
+            cr_expect(fabs(sum[k] - g) <= 1e-5 * (1 + fabs(g)), "GR[%zu][%zu] %g vs %g", i, j,
+                      sum[k], g);
+        }
+    for (uint32_t i = 0; i < 3; i++)
+        sim_rank_destroy(r[i]);
 }
