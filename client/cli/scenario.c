@@ -236,8 +236,12 @@ static void numerics_dirs(const struct sim_params *p, uint32_t layer, uint32_t h
  * Each coherent step is projected orthogonal to the current block (a
  * rotation), so |W| grows exactly as under healthy updates and the
  * weight-norm detectors stay quiet; this is what keeps the attribution
- * "attention-numerics". Random and coherent parts of [from, to) are applied
- * one after the other; the coherent one step by step (it depends on W). */
+ * "attention-numerics". Under a too large learning rate (combined) only
+ * the healthy step's share is projected out and the rest grows |W|: a full
+ * rotation by 10x steps would turn W itself within tens of steps and mix
+ * W^T W terms back into Delta2. Random and coherent parts of [from, to) are
+ * applied one after the other; the coherent one step by step (it depends
+ * on W). */
 static int attn_numerics(const struct scenario *sc, const struct sim_params *p,
                          struct sim_rng *rng, uint32_t layer, uint32_t head, int is_k,
                          uint64_t from, uint64_t to, float *w, size_t rows, size_t cols)
@@ -279,7 +283,8 @@ static int attn_numerics(const struct scenario *sc, const struct sim_params *p,
             }
         for (size_t j = 0; j < cols; j++)
             sw += v[j] * xw[j]; /* <x v^T, W> */
-        proj = ww > 0 ? sw / ww : 0;
+        /* Norm-neutral up to a healthy step (see above). */
+        proj = ww > 0 ? sw / ww * fmin(1.0, healthy_lr(p, t) / sc->lr(p, t)) : 0;
         for (size_t i = 0; i < rows; i++)
             for (size_t j = 0; j < cols; j++)
                 w[i * cols + j] += (float)(c * (x[i] * v[j] - proj * w[i * cols + j]));
@@ -349,8 +354,8 @@ static const struct scenario scenarios[] = {
      .router_update = router_walk},
     {.name = "attention-numerics",
      .help = "from the fault step Q/K updates line up along fixed directions (deepest layer and "
-             "lowest heads first), the Delta2 spectrum collapses to rank 1 while |W|, lr, loss "
-             "and grad norm stay normal; the loss diverges diverge-after steps later",
+             "lowest heads first): the Delta2 spectrum collapses to rank 1 while |W|, update "
+             "ratios, lr, loss and grad norm stay normal. Dense unless --experts",
      .faulty = 1,
      .lr = healthy_lr,
      .lr_ref = LR_PEAK,
@@ -360,8 +365,8 @@ static const struct scenario scenarios[] = {
     {.name = "lr-spike",
      .help = "from the fault step lr x10: larger random updates (Delta2 spectrum stays spread), "
              "weight norms and update ratios grow, router rows align and grow (similarity, "
-             "centred energy and z-loss rise, routing entropy falls, MaxVio rises); MoE by "
-             "default; the loss diverges diverge-after steps later",
+             "centred energy and z-loss rise, routing entropy falls, MaxVio rises). MoE "
+             "(8 experts) unless --experts",
      .faulty = 1,
      .moe_default = 1,
      .lr = spike_lr,
@@ -370,7 +375,8 @@ static const struct scenario scenarios[] = {
      .router_update = router_overshoot,
      .divergence = diverging},
     {.name = "combined",
-     .help = "attention-numerics and lr-spike from the same fault step; MoE by default",
+     .help = "attention-numerics and lr-spike from the same fault step. MoE (8 experts) unless "
+             "--experts",
      .faulty = 1,
      .moe_default = 1,
      .lr = spike_lr,
@@ -419,6 +425,11 @@ void scenario_print_help(FILE *out)
         }
         fputc('\n', out);
     }
+    fprintf(out, "\nIn the faulty scenarios loss and grad norm look healthy until %d steps before\n"
+                 "diverge_step = fault step + --diverge-after, then grow 10x every %g steps\n"
+                 "(past 10x at diverge_step) and are NaN from diverge_step + %d on. A fault ramps\n"
+                 "up over --diverge-after / 2 steps (at most %d).\n",
+            SIM_DIVERGE_LEAD, SIM_DIVERGE_TENFOLD, SIM_DIVERGE_NAN_AFTER, SIM_MAX_RAMP);
 }
 
 int sim_is_moe(const struct sim_params *p, uint32_t layer)

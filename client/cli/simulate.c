@@ -83,7 +83,7 @@ static const struct command_help sim_help = {
     .usage = "foreshock simulate --run ID [--endpoint HOST:PORT] [--ranks N] [--steps M] "
              "[--attempt A] [--layers L] [--heads H] [--dh DH] [--d D] [--sketch-every K] "
              "[--window W] [--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
-             "[--scenario NAME] [--fault-step S] [--diverge-after N] [--experts E] [--top-k K] "
+             "[--scenario NAME] [--fault-step S] [--diverge-after N] [--experts E] [--top-k TOPK] "
              "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms]",
     .summary =
         "Simulate N trainer ranks streaming to foreshockd. Per step: loss, grad norm, lr, loss\n"
@@ -226,8 +226,8 @@ static void *rank_main(void *arg)
     o.max_report_bytes = SIM_MAX_REPORT_BYTES;
     o.model = (struct fsc_model_shape){.n_layers = s->layers, .n_heads = s->heads,
                                        .d_model = s->d, .d_head = s->dh,
-                                       .n_experts = r->p->experts,
-                                       .top_k = r->p->experts ? r->p->top_k : 0,
+                                       .n_experts = r->n_moe ? r->p->experts : 0,
+                                       .top_k = r->n_moe ? r->p->top_k : 0,
                                        .moe_layers = r->moe_list, .n_moe_layers = r->n_moe};
     o.client_name = "foreshock-simulate/" FSC_VERSION;
     o.log = on_log;
