@@ -107,8 +107,10 @@ void scenario_print_help(FILE *out);
  * default, 40 % of steps), diverge_step = fault_step + diverge_after (given,
  * or SIM_NEVER for the default max(30 % of the remaining steps, 6 sketch
  * intervals)), the ramp (diverge_after / 2 in 1..SIM_MAX_RAMP) and the MoE
- * defaults (experts: SIM_UINT32_UNSET takes the scenario's default). Returns 0
- * or -EINVAL with the reason in err. Pure. */
+ * fields left at SIM_UINT32_UNSET: experts (the scenario's default: 0, or
+ * SIM_DEFAULT_EXPERTS), top_k (SIM_DEFAULT_TOP_K, at most experts), tokens
+ * (SIM_DEFAULT_TOKENS). A healthy scenario takes no fault options. Returns 0
+ * or -EINVAL with the reason in err. Pure, any thread. */
 #define SIM_UINT32_UNSET UINT32_MAX
 int sim_params_resolve(const struct scenario *sc, struct sim_params *p, uint64_t fault_step,
                        uint64_t diverge_after, char *err, size_t errlen);
@@ -175,10 +177,12 @@ int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint3
                     struct sim_rank **out);
 
 /* Produces step `step`'s output into sink. Steps must come in order 0, 1,
- * ..., each once. Per step: scalars; per MoE layer router tokens; every
- * sketch_every steps router Grams and the layer norms; attention Grams
- * every sketch_every steps from step `window` on. Returns 0, -EINVAL (out
- * of order) or the first negative value a callback returned. Owner thread. */
+ * ..., each once. Per step: scalars and, unless p->sketches is 0, per MoE
+ * layer router tokens; every sketch_every steps (step % sketch_every == 0)
+ * router Grams and, with p->layer_norms, the layer norms; attention Grams
+ * on those steps from step `window` on. Returns 0, -EINVAL (out of order,
+ * or past p->steps) or the first negative value a callback returned.
+ * Owner thread. */
 int sim_rank_step(struct sim_rank *r, uint64_t step, const struct sim_sink *sink);
 
 /* Frees the rank (NULL is fine). Owner thread. */
