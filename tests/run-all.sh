@@ -23,9 +23,23 @@ echo "== build (ASan + UBSan) =="
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFORESHOCK_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$JOBS"
 echo "== tests under ASan + UBSan =="
-ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
-UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+# Criterion runs each test in a forked worker and does not turn a sanitizer
+# report at worker exit (a leak, say) into a failure, so every report goes
+# to a log file and any such file fails the run.
+sanlogs=$(mktemp -d)
+set +e
+ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$sanlogs/asan" \
+UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$sanlogs/ubsan" \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS"
+rc=$?
+set -e
+if compgen -G "$sanlogs/*" >/dev/null; then
+  echo "sanitizer reports:"
+  cat "$sanlogs"/*
+  rc=1
+fi
+rm -rf "$sanlogs"
+[ "$rc" -eq 0 ] || { echo "run-all: sanitizer tests failed"; exit "$rc"; }
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
   echo "== fuzz the frame decoder for ${FUZZ_SECONDS}s =="
