@@ -15,6 +15,8 @@ PKGS=(
   libcriterion-dev libclang-rt-14-dev sqlite3 curl procps
   # Python side: protobuf runtime + protoc for the generated module, numpy
   python3 python3-numpy python3-protobuf protobuf-compiler
+  # PyTorch client tests and the fault-injection experiments (plots)
+  python3-torch python3-matplotlib
 )
 
 missing=()
