@@ -66,6 +66,15 @@ static const struct config_key core_keys[] = {
      CORE(log_level), .help = "debug | info | warn | error"},
     {.name = "token", .type = CONFIG_STRING, .def = "", .min = 0, .max = FS_MAX_TOKEN_LEN,
      CORE(token), .help = "shared secret; when set, Hello.token must match (empty: none)"},
+    {.name = "reduce_timeout_s", .type = CONFIG_DOUBLE, .def = "120",
+     .min = FS_MIN_REDUCE_TIMEOUT_S, .max = FS_CAP_REDUCE_TIMEOUT_S, CORE(reduce_timeout_s),
+     .help = "seconds a step's shards/ranks may take before it is recorded incomplete"},
+    {.name = "reduce_max_bytes", .type = CONFIG_BYTES, .def = "1G",
+     .min = FS_MIN_REDUCE_MAX_BYTES, .max = FS_CAP_REDUCE_MAX_BYTES, CORE(reduce_max_bytes),
+     .help = "memory for partial shard/rank sums; past it ingest pauses"},
+    {.name = "detect_from_step", .type = CONFIG_UINT, .def = "0", .min = 0,
+     .max = FS_CAP_DETECT_FROM_STEP, CORE(detect_from_step),
+     .help = "steps before this only build baselines (a run's Hello overrides it)"},
 };
 
 const struct config_key *config_keys(size_t *n)
@@ -396,13 +405,20 @@ static int parse_assignment(char *s, const char *origin, int line,
         }
         value = trim(value);
     }
+    char why[FS_CONFIG_MAX_LINE];
+    if (sec->set) {
+        if (sec->set(sec->ctx, target, s, value, why, sizeof(why)) < 0) {
+            fail(err, origin, line, s, "%s", why);
+            return -EINVAL;
+        }
+        return 0;
+    }
     const struct config_key *k = find_key(sec, s);
     if (!k) {
         fail(err, origin, line, s, "unknown key%s%s%s", sec->name[0] ? " in section [" : "",
              sec->name, sec->name[0] ? "]" : "");
         return -EINVAL;
     }
-    char why[FS_CONFIG_MAX_LINE];
     if (key_set(k, target, value, why, sizeof(why)) < 0) {
         fail(err, origin, line, s, "%s", why);
         return -EINVAL;

@@ -53,6 +53,12 @@ struct config_section {
     size_t nkeys;
     void *(*open)(void *ctx, const char *sub, char *why, size_t whylen);
     void *ctx;
+    /* Optional: a section whose keys are not a table (e.g. [detect "RULE"],
+     * whose keys the detector parses). When set, keys/nkeys are ignored and
+     * every `key = value` of the section goes here with the target open()
+     * returned; returns 0, or -EINVAL after writing a reason into why. */
+    int (*set)(void *ctx, void *target, const char *key, const char *value, char *why,
+               size_t whylen);
 };
 
 /* Error detail. message is complete and ready to print, e.g.
@@ -81,6 +87,9 @@ struct fs_config {
     uint64_t spool_max_bytes;
     int log_level; /* enum log_level */
     char token[FS_MAX_TOKEN_LEN + 1]; /* "" = no token required */
+    double reduce_timeout_s;   /* monitor stage: incomplete reductions after this */
+    uint64_t reduce_max_bytes; /* monitor stage: reduction memory bound */
+    uint64_t detect_from_step; /* runs whose Hello does not say */
 };
 
 /* The table of the daemon's keys (for --help and tests). */

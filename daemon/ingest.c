@@ -35,6 +35,9 @@ struct conn {
     size_t rlen, rcap;
     size_t discarded;
     struct store_item *pending; /* refused with -EAGAIN; resubmitted on RESUME */
+    Foreshock__Frame *pending_frame; /* the decoded report of `pending`, for the stage */
+    char run_name[FS_MAX_RUN_ID_LEN + 1]; /* from the Hello, for the stage */
+    struct run_hello hello;     /* from the Hello until the Welcome; moe_layers owned */
     uint64_t inflight;          /* items submitted, result not yet seen */
     int64_t run_id, stream_id;
     uint32_t rank;
@@ -63,6 +66,7 @@ struct ingest {
     struct conn *head, *tail;
     struct conn *hash[CONN_HASH];
     int paused;   /* the writer refused an item: nobody reads until RESUME */
+    int stage_full; /* the monitor stage's reduction memory is full */
     int stopping;
     int handles_open; /* of listener, async, sweep */
     int handles_closing; /* async and sweep are being closed */
@@ -120,6 +124,8 @@ static void on_conn_closed(uv_handle_t *h)
         atomic_fetch_sub(&ing->opts.stats->connections_current, 1);
     }
     store_item_free(c->pending);
+    decode_frame_free(c->pending_frame);
+    free((void *)c->hello.moe_layers);
     free(c->rbuf);
     free(c);
     check_stop(ing);
@@ -251,6 +257,8 @@ static void protocol_error(struct conn *c, int code, const char *message)
     c->state = CLOSING;
     store_item_free(c->pending);
     c->pending = NULL;
+    decode_frame_free(c->pending_frame);
+    c->pending_frame = NULL;
     c->rlen = 0;
     uint8_t *buf;
     size_t len;
@@ -326,19 +334,39 @@ static void pause_all(struct ingest *ing)
         update_reading(c);
 }
 
-/* Submits or parks the item. Returns 0 when the connection may go on. */
-static int submit(struct conn *c, struct store_item *it)
+/* Hands a report the store accepted to the monitor stage: only after
+ * store_submit, so that its spool insert is queued before anything the
+ * stage queues about the step. Takes f. */
+static void feed_stage(struct conn *c, Foreshock__Frame *f, double time)
 {
+    struct ingest *ing = c->ing;
+    if (ing->opts.stage && f && f->body_case == FORESHOCK__FRAME__BODY_REPORT) {
+        struct stage_report in = {.run_id = c->run_id, .stream_id = c->stream_id, .rank = c->rank,
+                                  .seq = f->report->seq, .step = f->report->step, .time = time,
+                                  .report = f->report};
+        stage_feed(ing->opts.stage, &in);
+    }
+    decode_frame_free(f);
+}
+
+/* Submits or parks the item (with its decoded frame f for the stage, which
+ * submit takes; NULL for a Hello). Returns 0 when the connection may go on. */
+static int submit(struct conn *c, struct store_item *it, Foreshock__Frame *f)
+{
+    double time = it->kind == STORE_ITEM_REPORT ? it->report.time : 0;
     int rc = store_submit(c->ing->opts.store, it);
     if (rc == 0) {
         c->inflight++;
+        feed_stage(c, f, time);
         return 0;
     }
     if (rc == -EAGAIN) {
         c->pending = it;
+        c->pending_frame = f;
         pause_all(c->ing);
         return -EAGAIN;
     }
+    decode_frame_free(f);
     store_item_free(it);
     protocol_error(c, E(SHUTTING_DOWN), "daemon is stopping; reconnect later");
     return rc;
@@ -369,11 +397,29 @@ static void on_hello(struct conn *c, const Foreshock__Hello *h)
     it->hello.detect_from_step = h->detect_from_step;
     it->hello.model_json = model_json(h->model);
     c->rank = h->rank;
+    snprintf(c->run_name, sizeof(c->run_name), "%s", h->run_id);
+    c->hello = (struct run_hello){.rank = h->rank, .world_size = h->world_size,
+                                  .has_detect_from_step = h->has_detect_from_step,
+                                  .detect_from_step = h->detect_from_step};
+    if (h->model) {
+        c->hello.has_n_layers = h->model->has_n_layers;
+        c->hello.n_layers = h->model->n_layers;
+        c->hello.has_n_heads = h->model->has_n_heads;
+        c->hello.n_heads = h->model->n_heads;
+        if (h->model->n_moe_layers) {
+            uint32_t *moe = malloc(h->model->n_moe_layers * sizeof(*moe));
+            if (moe) { /* without it the stage waits for world_size ranks */
+                memcpy(moe, h->model->moe_layers, h->model->n_moe_layers * sizeof(*moe));
+                c->hello.moe_layers = moe;
+                c->hello.n_moe_layers = h->model->n_moe_layers;
+            }
+        }
+    }
     c->state = AWAIT_WELCOME;
     log_debug("ingest", "conn %llu %s: hello run=%s attempt=%u rank=%u/%u",
               (unsigned long long)c->id, c->peer, h->run_id, it->hello.attempt, h->rank,
               h->world_size);
-    submit(c, it);
+    submit(c, it, NULL);
 }
 
 static float *copy_floats(const float *v, size_t n)
@@ -386,9 +432,11 @@ static float *copy_floats(const float *v, size_t n)
     return p;
 }
 
-static void on_report(struct conn *c, const Foreshock__Report *r, const uint8_t *body,
-                      size_t len, const struct decode_info *info)
+/* Takes *fp (the decoded frame) for the stage; sets it NULL. */
+static void on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body, size_t len,
+                      const struct decode_info *info)
 {
+    const Foreshock__Report *r = (*fp)->report;
     if (c->state != STREAMING) {
         protocol_error(c, E(SEQUENCE), "Report before Hello");
         return;
@@ -449,7 +497,9 @@ static void on_report(struct conn *c, const Foreshock__Report *r, const uint8_t 
         protocol_error(c, E(INTERNAL), "out of memory");
         return;
     }
-    submit(c, it);
+    Foreshock__Frame *f = *fp;
+    *fp = NULL;
+    submit(c, it, f);
 }
 
 static void on_bye(struct conn *c)
@@ -477,7 +527,7 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
         on_hello(c, f->hello);
         break;
     case FORESHOCK__FRAME__BODY_REPORT:
-        on_report(c, f->report, body, len, &info);
+        on_report(c, &f, body, len, &info);
         break;
     case FORESHOCK__FRAME__BODY_BYE:
         on_bye(c);
@@ -537,7 +587,7 @@ static int want_read(const struct conn *c)
         return 0;
     if (c->state == CLOSING)
         return !c->eof; /* discard until EOF after an Error */
-    return can_process(c) && !c->ing->paused && !c->ing->stopping;
+    return can_process(c) && !c->ing->paused && !c->ing->stage_full && !c->ing->stopping;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -629,6 +679,15 @@ static void on_hello_done(struct conn *c, const struct store_result *r)
     c->run_id = r->run_id;
     c->stream_id = r->stream_id;
     c->state = STREAMING;
+    if (c->ing->opts.stage &&
+        stage_hello(c->ing->opts.stage, r->run_id, c->run_name, r->stream_id, r->seq,
+                    &c->hello) < 0)
+        log_limited(&c->ing->rl_limit, LOG_LEVEL_ERROR, "ingest",
+                    "conn %llu: out of memory registering run %s with the monitors",
+                    (unsigned long long)c->id, c->run_name);
+    free((void *)c->hello.moe_layers);
+    c->hello.moe_layers = NULL;
+    c->hello.n_moe_layers = 0;
     Foreshock__Welcome w = FORESHOCK__WELCOME__INIT;
     w.protocol_version = FORESHOCK__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
     w.last_seq = r->seq;
@@ -670,8 +729,10 @@ static void resume(struct ingest *ing)
             continue;
         if (c->pending) {
             struct store_item *it = c->pending;
+            Foreshock__Frame *f = c->pending_frame;
             c->pending = NULL;
-            if (submit(c, it) < 0)
+            c->pending_frame = NULL;
+            if (submit(c, it, f) < 0)
                 break;
         }
         process(c);
@@ -718,12 +779,26 @@ static void on_async(uv_async_t *a)
         for (struct conn *c = ing->head; c && !ing->paused; c = c->next) {
             if (c->pending && !c->closing) {
                 struct store_item *it = c->pending;
+                Foreshock__Frame *f = c->pending_frame;
                 c->pending = NULL;
-                submit(c, it);
+                c->pending_frame = NULL;
+                submit(c, it, f);
             }
         }
     }
     check_stop(ing);
+}
+
+/* The stage's reduction memory filled (stop reading) or drained (go on). */
+static void on_stage_pressure(void *ctx, int full)
+{
+    struct ingest *ing = ctx;
+    ing->stage_full = full;
+    for (struct conn *c = ing->head; c; c = c->next) {
+        if (!full && !c->closing && c->state == STREAMING)
+            process(c);
+        update_reading(c);
+    }
 }
 
 static void notify_loop(void *ctx)
@@ -829,6 +904,8 @@ static void check_stop(struct ingest *ing)
      * async handle it wakes. */
     ing->handles_closing = 1;
     store_set_notify(ing->opts.store, NULL, NULL);
+    if (ing->opts.stage)
+        stage_set_pressure(ing->opts.stage, NULL, NULL);
     uv_close((uv_handle_t *)&ing->async, on_handle_closed);
     uv_close((uv_handle_t *)&ing->sweep, on_handle_closed);
 }
@@ -914,6 +991,10 @@ int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest 
     ing->handles_open++;
     uv_timer_start(&ing->sweep, on_sweep, FS_INGEST_SWEEP_MS, FS_INGEST_SWEEP_MS);
     store_set_notify(opts->store, notify_loop, ing);
+    if (opts->stage) {
+        stage_set_pressure(opts->stage, on_stage_pressure, ing);
+        ing->stage_full = stage_full(opts->stage);
+    }
     *out = ing;
     return 0;
 fail:

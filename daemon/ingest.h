@@ -6,6 +6,7 @@
 #include <uv.h>
 
 #include "decode.h"
+#include "stage.h"
 #include "stats.h"
 #include "store.h"
 
@@ -30,6 +31,10 @@ struct ingest_opts {
     const char *token;       /* NULL or "": no token required */
     struct store *store;     /* results of its items come back to this ingest */
     struct fs_stats *stats;
+    /* The monitor stage, or NULL (no monitors). Each report is fed to it
+     * right after store_submit accepted it; Welcomes register the stream.
+     * While stage_full() holds, nobody reads (like writer backpressure). */
+    struct stage *stage;
 };
 
 struct ingest;

@@ -80,6 +80,19 @@
 #define FS_MIN_SPOOL_MAX_BYTES (1ull << 20)
 #define FS_CAP_SPOOL_MAX_BYTES (1ull << 40)
 
+/* Monitor stage: a reduction (shards / ranks of one group) not complete
+ * this long after its first piece is recorded as incomplete. */
+#define FS_DEF_REDUCE_TIMEOUT_S 120.0
+#define FS_MIN_REDUCE_TIMEOUT_S 0.01
+#define FS_CAP_REDUCE_TIMEOUT_S 86400.0
+
+/* Reduction memory (partial Gram sums, token sums); past it ingest pauses. */
+#define FS_DEF_REDUCE_MAX_BYTES (1ull << 30)
+#define FS_MIN_REDUCE_MAX_BYTES (1ull << 20)
+#define FS_CAP_REDUCE_MAX_BYTES (1ull << 40)
+
+#define FS_CAP_DETECT_FROM_STEP ((double)(1ull << 53)) /* exact in the range check */
+
 /* --- configuration file ---------------------------------------------------- */
 #define FS_CONFIG_MAX_FILE_BYTES (1u << 20)
 #define FS_CONFIG_MAX_LINE 4096u

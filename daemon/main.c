@@ -9,9 +9,12 @@
 #include <uv.h>
 
 #include "config.h"
+#include "detect.h"
 #include "http.h"
 #include "ingest.h"
 #include "log.h"
+#include "monitor_qk.h"
+#include "stage.h"
 #include "stats.h"
 #include "store.h"
 
@@ -77,14 +80,25 @@ struct app {
     struct store *store;
     struct ingest *ingest;
     struct http *http;
+    struct stage *stage;
+    struct detect_rules rules; /* defaults + [detect "RULE"] overrides; read-only once running */
     int stopping;
 };
 
-static void on_ingest_done(void *ctx)
+static void on_stage_done(void *ctx)
 {
     struct app *app = ctx;
     uv_close((uv_handle_t *)&app->sig_term, NULL);
     uv_close((uv_handle_t *)&app->sig_int, NULL);
+}
+
+/* Ingest has committed and acked what it received: let the monitor jobs
+ * already on the workers finish and queue their rows before the loop ends
+ * (the store drains after it). */
+static void on_ingest_done(void *ctx)
+{
+    struct app *app = ctx;
+    stage_stop(app->stage, on_stage_done, app);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -103,7 +117,7 @@ static void on_signal(uv_signal_t *h, int signum)
 
 /* Reads options into cfg (file first, then flags). Returns -1 to continue,
  * or an exit status. */
-static int parse_args(int argc, char **argv, struct fs_config *cfg)
+static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'}, {"http", required_argument, NULL, 't'},
@@ -174,7 +188,10 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg)
     }
     struct config_error err;
     config_defaults(cfg);
-    if (status < 0 && config_path && config_load_file(config_path, cfg, NULL, 0, &err) < 0) {
+    detect_rules_default(rules);
+    struct config_section detect;
+    stage_detect_section(rules, &detect);
+    if (status < 0 && config_path && config_load_file(config_path, cfg, &detect, 1, &err) < 0) {
         fprintf(stderr, "%s\n", err.message);
         status = EXIT_USAGE;
     }
@@ -205,7 +222,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "foreshockd: out of memory\n");
         return EXIT_RUNTIME;
     }
-    int status = parse_args(argc, argv, &app->cfg);
+    int status = parse_args(argc, argv, &app->cfg, &app->rules);
     if (status >= 0) {
         free(app);
         return status;
@@ -232,6 +249,23 @@ int main(int argc, char **argv)
         log_error("main", "%s", err);
         goto out;
     }
+    monitor_init(); /* one OpenBLAS thread: parallelism comes from the workers */
+    struct stage_opts sto = {
+        .loop = &app->loop,
+        .store = app->store,
+        .stats = &app->stats,
+        .rules = &app->rules,
+        .reduce_timeout_s = cfg->reduce_timeout_s,
+        .reduce_max_bytes = cfg->reduce_max_bytes,
+        .detect_from_step = cfg->detect_from_step,
+    };
+    /* Persisted detector/alert state and the spool re-feed come before
+     * ingest accepts a connection. */
+    if (stage_create(&sto, &app->stage, err, sizeof(err)) < 0 ||
+        stage_load(app->stage, cfg->db, err, sizeof(err)) < 0) {
+        log_error("main", "%s", err);
+        goto out;
+    }
     struct ingest_opts io = {
         .host = cfg->listen.host,
         .port = cfg->listen.port,
@@ -240,6 +274,7 @@ int main(int argc, char **argv)
         .token = cfg->token,
         .store = app->store,
         .stats = &app->stats,
+        .stage = app->stage,
     };
     decode_limits_default(&io.limits, (uint32_t)cfg->max_frame_bytes);
     if (ingest_start(&app->loop, &io, &app->ingest, err, sizeof(err)) < 0) {
@@ -280,7 +315,12 @@ out:
         ingest_stop(app->ingest, NULL, NULL);
         uv_run(&app->loop, UV_RUN_DEFAULT);
     }
+    if (app->stage && status != EXIT_OK) {
+        stage_stop(app->stage, NULL, NULL);
+        uv_run(&app->loop, UV_RUN_DEFAULT);
+    }
     ingest_free(app->ingest);
+    stage_free(app->stage);
     store_close(app->store);
     if (loop_ok && uv_loop_close(&app->loop) != 0)
         log_warn("main", "event loop closed with handles still open");

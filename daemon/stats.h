@@ -37,6 +37,18 @@ struct fs_stats {
     atomic_uint_fast64_t commit_seconds_bucket[STATS_COMMIT_BUCKETS + 1];
     atomic_uint_fast64_t commit_seconds_sum_us;
 
+    /* monitor stage (loop thread writes) */
+    atomic_uint_fast64_t buckets_evaluated;   /* (run, step) buckets whose monitors ran */
+    atomic_uint_fast64_t heads_computed;      /* attention heads through the QK math */
+    atomic_uint_fast64_t monitor_seconds_sum_us; /* worker time in the monitor math */
+    atomic_uint_fast64_t incomplete_total;    /* reductions recorded as incomplete */
+    atomic_uint_fast64_t alerts_fired;        /* transitions to firing */
+    atomic_uint_fast64_t sketches_late;       /* sketches for a step already evaluated */
+    atomic_uint_fast64_t sketches_duplicate;  /* shard index / rank already summed */
+    atomic_uint_fast64_t reports_resent;      /* seq already fed: not fed again */
+    atomic_uint_fast64_t reduce_bytes;        /* gauge: reduction memory held */
+    atomic_uint_fast64_t reduce_pauses;       /* times ingest stopped for reduce_max_bytes */
+
     /* http threads write */
     atomic_uint_fast64_t http_requests;
     atomic_uint_fast64_t http_errors; /* responses with status >= 400 */

@@ -38,6 +38,10 @@ enum stmt_id {
     ST_SPOOL_DELETE,
     ST_STREAM_BUMP,
     ST_RUN_BUMP,
+    ST_STATE_PUT,
+    ST_ALERT_UPSERT,
+    ST_EVENT_INSERT,
+    ST_INCOMPLETE_PUT,
     ST_COUNT
 };
 
@@ -77,6 +81,27 @@ static const char *const stmt_sql[ST_COUNT] = {
                        "last_seen_at = ?3 WHERE id = ?1",
     [ST_RUN_BUMP] = "UPDATE runs SET last_step = MAX(COALESCE(last_step, ?2), ?2), "
                     "reports = reports + 1, last_seen_at = ?3 WHERE id = ?1",
+    [ST_STATE_PUT] = "INSERT INTO detector_state (series_id, step, state) VALUES (?1, ?2, ?3) "
+                     "ON CONFLICT (series_id) DO UPDATE SET step = excluded.step, "
+                     "state = excluded.state",
+    [ST_ALERT_UPSERT] =
+        "INSERT INTO alerts (run_id, rule, alert_key, dedup_key, layer, head, \"window\", rank, "
+        "series_id, state, severity, family, attribution, value, median, mad, z, "
+        "first_breach_step, fired_step, resolved_step, last_step, incidents, created_at, "
+        "updated_at, state_blob) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, "
+        "?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?23, ?24) "
+        "ON CONFLICT (alert_key) DO UPDATE SET series_id = excluded.series_id, "
+        "state = excluded.state, severity = excluded.severity, family = excluded.family, "
+        "attribution = excluded.attribution, value = excluded.value, median = excluded.median, "
+        "mad = excluded.mad, z = excluded.z, first_breach_step = excluded.first_breach_step, "
+        "fired_step = excluded.fired_step, resolved_step = excluded.resolved_step, "
+        "last_step = excluded.last_step, incidents = excluded.incidents, "
+        "updated_at = excluded.updated_at, state_blob = excluded.state_blob RETURNING id",
+    [ST_EVENT_INSERT] = "INSERT INTO alert_events (alert_id, change, from_state, to_state, step, "
+                        "at, attribution, evidence_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    [ST_INCOMPLETE_PUT] = "INSERT OR REPLACE INTO incomplete (run_id, step, kind, layer, head, "
+                          "\"window\", have, want, recorded_at) "
+                          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
 };
 
 static const char *const scalar_series[STORE_NSCALARS] = {
@@ -575,6 +600,118 @@ static int apply_spool_done(struct store *s, const struct store_item *it, struct
     return ok(rc) ? SQLITE_OK : rc;
 }
 
+static int series_of(struct store *s, int64_t run_id, const struct store_series_key *k, long *idx)
+{
+    return series_get(s, run_id, k->name, k->layer, k->head, k->window, k->rank, idx);
+}
+
+static int bind_opt_step(sqlite3_stmt *st, int i, int64_t v)
+{
+    return v < 0 ? sqlite3_bind_null(st, i) : sqlite3_bind_int64(st, i, v);
+}
+
+static int apply_alert(struct store *s, int64_t run_id, const struct store_alert_row *a,
+                       double now)
+{
+    long idx;
+    int rc = series_of(s, run_id, &a->series, &idx);
+    if (rc != SQLITE_OK)
+        return rc;
+    sqlite3_stmt *st = s->st[ST_ALERT_UPSERT];
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_text(st, 2, a->rule, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, a->alert_key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, a->dedup_key, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 5, a->series.layer);
+    sqlite3_bind_int(st, 6, a->series.head);
+    sqlite3_bind_int(st, 7, a->series.window);
+    sqlite3_bind_int(st, 8, a->series.rank);
+    sqlite3_bind_int64(st, 9, s->cache.ents[idx].id);
+    sqlite3_bind_int(st, 10, a->state);
+    sqlite3_bind_text(st, 11, a->severity, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 12, a->family, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 13, a->attribution, -1, SQLITE_STATIC);
+    bind_value(st, 14, a->value);
+    bind_value(st, 15, a->median);
+    bind_value(st, 16, a->mad);
+    bind_value(st, 17, a->z);
+    bind_opt_step(st, 18, a->first_breach_step);
+    bind_opt_step(st, 19, a->fired_step);
+    bind_opt_step(st, 20, a->resolved_step);
+    sqlite3_bind_int64(st, 21, a->last_step);
+    sqlite3_bind_int64(st, 22, (int64_t)a->incidents);
+    sqlite3_bind_double(st, 23, now);
+    sqlite3_bind_blob(st, 24, a->blob, (int)a->blob_len, SQLITE_STATIC);
+    int64_t alert_id = 0;
+    rc = exec1(st, &alert_id, 1);
+    if (rc != SQLITE_ROW)
+        return ok(rc) ? SQLITE_ERROR : rc;
+    if (!a->has_event)
+        return SQLITE_OK;
+    st = s->st[ST_EVENT_INSERT];
+    sqlite3_bind_int64(st, 1, alert_id);
+    sqlite3_bind_text(st, 2, a->change, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, a->from_state);
+    sqlite3_bind_int(st, 4, a->to_state);
+    sqlite3_bind_int64(st, 5, a->event_step);
+    sqlite3_bind_double(st, 6, now);
+    sqlite3_bind_text(st, 7, a->attribution, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 8, a->evidence_json ? a->evidence_json : "{}", -1, SQLITE_STATIC);
+    rc = exec1(st, NULL, 0);
+    return ok(rc) ? SQLITE_OK : rc;
+}
+
+/* The monitor stage's output for one run, inside the batch's transaction. */
+static int apply_monitor(struct store *s, const struct store_item *it, double now,
+                         struct batch_counts *bc)
+{
+    const struct store_monitor *m = &it->monitor;
+    long idx;
+    int rc;
+    for (size_t i = 0; i < m->n_points; i++) {
+        const struct store_point *p = &m->points[i];
+        if ((rc = series_of(s, m->run_id, &p->key, &idx)) != SQLITE_OK ||
+            (rc = point_put(s, idx, p->step, p->value, m->time, &bc->points)) != SQLITE_OK)
+            return rc;
+    }
+    for (size_t i = 0; i < m->n_states; i++) {
+        const struct store_detector_row *d = &m->states[i];
+        if ((rc = series_of(s, m->run_id, &d->key, &idx)) != SQLITE_OK)
+            return rc;
+        sqlite3_stmt *st = s->st[ST_STATE_PUT];
+        sqlite3_bind_int64(st, 1, s->cache.ents[idx].id);
+        sqlite3_bind_int64(st, 2, (int64_t)d->step);
+        sqlite3_bind_blob(st, 3, d->blob, (int)d->len, SQLITE_STATIC);
+        if (!ok(rc = exec1(st, NULL, 0)))
+            return rc;
+    }
+    for (size_t i = 0; i < m->n_alerts; i++)
+        if ((rc = apply_alert(s, m->run_id, &m->alerts[i], now)) != SQLITE_OK)
+            return rc;
+    for (size_t i = 0; i < m->n_incomplete; i++) {
+        const struct store_incomplete_row *r = &m->incomplete[i];
+        sqlite3_stmt *st = s->st[ST_INCOMPLETE_PUT];
+        sqlite3_bind_int64(st, 1, m->run_id);
+        sqlite3_bind_int64(st, 2, (int64_t)r->step);
+        sqlite3_bind_text(st, 3, r->kind, -1, SQLITE_STATIC);
+        sqlite3_bind_int(st, 4, r->layer);
+        sqlite3_bind_int(st, 5, r->head);
+        sqlite3_bind_int(st, 6, r->window);
+        sqlite3_bind_int64(st, 7, r->have);
+        sqlite3_bind_int64(st, 8, r->want);
+        sqlite3_bind_double(st, 9, now);
+        if (!ok(rc = exec1(st, NULL, 0)))
+            return rc;
+    }
+    if (m->has_spool_done) {
+        struct store_item done = {.kind = STORE_ITEM_SPOOL_DONE,
+                                  .spool_done = {.run_id = m->run_id, .step = m->spool_done_step}};
+        if ((rc = apply_spool_done(s, &done, bc)) != SQLITE_OK)
+            return rc;
+    }
+    return SQLITE_OK;
+}
+
 /* Applies one item; SQLite rc. A HELLO refused by a limit is not an error:
  * its result carries the refusal. */
 static int apply_item(struct store *s, const struct store_item *it, double now,
@@ -593,6 +730,8 @@ static int apply_item(struct store *s, const struct store_item *it, double now,
     }
     case STORE_ITEM_SPOOL_DONE:
         return apply_spool_done(s, it, bc);
+    case STORE_ITEM_MONITOR:
+        return apply_monitor(s, it, now, bc);
     }
     return SQLITE_MISUSE;
 }
@@ -695,7 +834,9 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
         if (!transient(rc) && bad >= 0) {
             struct store_item *it = batch[bad];
             log_error("store", "refusing a %s item of conn %llu: %s",
-                      it->kind == STORE_ITEM_HELLO ? "hello" : "report",
+                      it->kind == STORE_ITEM_HELLO    ? "hello"
+                      : it->kind == STORE_ITEM_REPORT ? "report"
+                                                      : "monitor",
                       (unsigned long long)it->conn_id, msg);
             struct store_result *e = realloc(errs, (nerrs + 1) * sizeof(*e));
             if (!e) { /* cannot tell the submitter: retry as if transient */
@@ -842,6 +983,15 @@ void store_item_free(struct store_item *it)
         free(it->report.weight_norm);
         free(it->report.update_ratio);
         free(it->report.sketch_body);
+    } else if (it->kind == STORE_ITEM_MONITOR) {
+        struct store_monitor *m = &it->monitor;
+        for (size_t i = 0; i < m->n_alerts; i++)
+            free(m->alerts[i].evidence_json);
+        free(m->points);
+        free(m->states);
+        free(m->blobs);
+        free(m->alerts);
+        free(m->incomplete);
     }
     free(it);
 }
@@ -854,6 +1004,13 @@ static size_t item_bytes(const struct store_item *it)
     if (it->kind == STORE_ITEM_REPORT)
         b += it->report.sketch_len +
              sizeof(float) * ((size_t)it->report.n_weight_norm + it->report.n_update_ratio);
+    if (it->kind == STORE_ITEM_MONITOR) {
+        const struct store_monitor *m = &it->monitor;
+        b += m->n_points * sizeof(*m->points) + m->n_states * sizeof(*m->states) +
+             m->n_alerts * sizeof(*m->alerts) + m->n_incomplete * sizeof(*m->incomplete);
+        for (size_t i = 0; i < m->n_states; i++)
+            b += m->states[i].len;
+    }
     return b;
 }
 

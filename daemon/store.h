@@ -32,6 +32,7 @@ enum store_item_kind {
     STORE_ITEM_HELLO = 1,
     STORE_ITEM_REPORT = 2,
     STORE_ITEM_SPOOL_DONE = 3, /* monitors are done with a run's steps <= step */
+    STORE_ITEM_MONITOR = 4,    /* the monitor stage's output for one run (below) */
 };
 
 /* Scalars of a report, by index into store_report.scalars. */
@@ -79,6 +80,82 @@ struct store_spool_done {
     uint64_t step; /* delete spooled sketches of steps <= step */
 };
 
+/* --- STORE_ITEM_MONITOR: what the monitor stage derived, in ONE transaction:
+ * monitor points, detector states, alert rows with their transitions,
+ * incomplete reductions and the deletion of the run's spooled sketches of
+ * steps <= spool_done_step. Series are named by (name, labels) and created
+ * as needed; the writer resolves series ids. */
+#define STORE_SERIES_NAME_MAX 48   /* series names, bytes with NUL */
+#define STORE_RULE_MAX 64          /* = DETECT_NAME_MAX */
+#define STORE_ALERT_KEY_MAX 1120   /* >= ALERT_KEY_MAX */
+#define STORE_DEDUP_KEY_MAX 24     /* >= ALERT_DEDUP_MAX */
+#define STORE_STATE_BLOB_MAX 2560  /* >= DETECT_STATE_ENCODED_MAX */
+#define STORE_ALERT_BLOB_MAX 64    /* >= ALERT_STATE_ENCODED_BYTES */
+
+struct store_series_key {
+    char name[STORE_SERIES_NAME_MAX];
+    int32_t layer, head, window, rank; /* -1 (window: 0) = not applicable */
+};
+
+struct store_point {
+    struct store_series_key key;
+    uint64_t step;
+    double value; /* NaN: absent (stored as NULL) */
+};
+
+struct store_detector_row {
+    struct store_series_key key;
+    uint64_t step;     /* last step fed to the detector */
+    uint32_t len;
+    uint8_t *blob;     /* into store_monitor.blobs */
+};
+
+struct store_alert_row {
+    struct store_series_key series; /* alerts.series_id */
+    char rule[STORE_RULE_MAX];
+    char alert_key[STORE_ALERT_KEY_MAX];
+    char dedup_key[STORE_DEDUP_KEY_MAX];
+    int state;                /* enum alert_state_id */
+    const char *severity;     /* static strings */
+    const char *family;
+    const char *attribution;
+    double value, median, mad, z; /* NaN: NULL */
+    int64_t first_breach_step, fired_step, resolved_step; /* -1: NULL */
+    int64_t last_step;
+    uint64_t incidents;
+    uint32_t blob_len;
+    uint8_t blob[STORE_ALERT_BLOB_MAX]; /* alerts.state_blob */
+    /* The transition, when this row changes because of one. */
+    int has_event;
+    const char *change; /* static: "to_pending", ... */
+    int from_state, to_state;
+    int64_t event_step;
+    char *evidence_json; /* owned (malloc) */
+};
+
+struct store_incomplete_row {
+    const char *kind; /* static: "attention" | "router_gram" | "router_tokens" */
+    uint64_t step;
+    int32_t layer, head, window;
+    uint32_t have, want;
+};
+
+struct store_monitor {
+    int64_t run_id;
+    double time; /* point time, unix seconds */
+    size_t n_points;
+    struct store_point *points;             /* owned */
+    size_t n_states;
+    struct store_detector_row *states;      /* owned */
+    uint8_t *blobs;                         /* owned: the states' blobs */
+    size_t n_alerts;
+    struct store_alert_row *alerts;         /* owned */
+    size_t n_incomplete;
+    struct store_incomplete_row *incomplete; /* owned */
+    int has_spool_done;
+    uint64_t spool_done_step;
+};
+
 struct store_item {
     struct store_item *next; /* queue link: the store's while queued */
     enum store_item_kind kind;
@@ -88,6 +165,7 @@ struct store_item {
         struct store_hello hello;
         struct store_report report;
         struct store_spool_done spool_done;
+        struct store_monitor monitor;
     };
 };
 

@@ -1,0 +1,1604 @@
+/* The monitor stage: reduction -> worker math -> detection -> writer. See
+ * stage.h for the data path and threads. */
+#include "stage.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "alert.h"
+#include "decode.h"
+#include "log.h"
+#include "monitor_qk.h"
+#include "monitor_router.h"
+
+_Static_assert(STORE_ALERT_KEY_MAX >= ALERT_KEY_MAX, "alert key buffer");
+_Static_assert(STORE_DEDUP_KEY_MAX >= ALERT_DEDUP_MAX, "dedup key buffer");
+_Static_assert(STORE_STATE_BLOB_MAX >= DETECT_STATE_ENCODED_MAX, "detector blob buffer");
+_Static_assert(STORE_ALERT_BLOB_MAX >= ALERT_STATE_ENCODED_BYTES, "alert blob buffer");
+_Static_assert(STORE_RULE_MAX >= DETECT_NAME_MAX, "rule name buffer");
+
+#define STAGE_DEFAULT_CHUNKS 8u      /* work requests per bucket */
+#define STAGE_SWEEP_MIN_MS 50u       /* timeout sweep period bounds */
+#define STAGE_SWEEP_MAX_MS 1000u
+#define STAGE_WS_MIN_DH 16u          /* smallest workspace made (rounded up to powers of 2) */
+#define STAGE_WS_MIN_EXPERTS 8u
+#define STAGE_LOAD_MAX_BODY (1u << 30) /* spooled frames re-fed at most this large */
+#define STAGE_MAX_SCALAR_QUEUE 65536u  /* per run; past it scalars are detected at once */
+
+/* Per head: the series MONITORS.md 1.3 names (spectrum, scalar). */
+static const unsigned head_series[] = {
+    QK_SERIES(QK_D2, QK_ENTROPY2), QK_SERIES(QK_D2, QK_ERANK2), QK_SERIES(QK_D2, QK_SRANK),
+    QK_SERIES(QK_D2, QK_FRO),      QK_SERIES(QK_D1, QK_ENTROPY2), QK_SERIES(QK_D1, QK_ERANK2),
+    QK_SERIES(QK_D1, QK_SRANK),    QK_SERIES(QK_D1, QK_FRO),      QK_SERIES(QK_D3, QK_ENTROPY2),
+    QK_SERIES(QK_D3, QK_ERANK2),   QK_SERIES(QK_D3, QK_SRANK),    QK_SERIES(QK_D3, QK_FRO),
+    QK_SERIES(QK_W, QK_ENTROPY2),  QK_SERIES_CQK,
+};
+#define N_HEAD_SERIES (sizeof(head_series) / sizeof(head_series[0]))
+
+/* Detected per (layer, window): the rule, the aggregate series and whether
+ * the max (rise is bad) rather than the min over heads is the signal. */
+static const struct {
+    const char *rule;
+    unsigned series;
+    bool use_max;
+} qk_detected[] = {
+    {"qk.d2.erank", QK_SERIES(QK_D2, QK_ERANK2), false},
+    {"qk.d2.entropy", QK_SERIES(QK_D2, QK_ENTROPY2), false},
+    {"qk.d2.srank", QK_SERIES(QK_D2, QK_SRANK), false},
+    {"qk.cqk", QK_SERIES_CQK, true},
+};
+
+/* Router series per layer. */
+enum {
+    RS_SIMILARITY,
+    RS_CENTERED,
+    RS_KAPPA,
+    RS_ERANK,
+    RS_SRANK,
+    RS_ENTROPY,
+    RS_ENTROPY_NORM,
+    RS_ENTROPY_SPREAD,
+    RS_MAXVIO,
+    RS_LOAD_ENTROPY,
+    RS_DEAD,
+    RS_BALANCE,
+    RS_ZLOSS,
+    RS_COUNT
+};
+static const char *const router_names[RS_COUNT] = {
+    [RS_SIMILARITY] = "router.similarity",   [RS_CENTERED] = "router.centered_energy",
+    [RS_KAPPA] = "router.kappa",             [RS_ERANK] = "router.erank",
+    [RS_SRANK] = "router.srank",             [RS_ENTROPY] = "router.entropy",
+    [RS_ENTROPY_NORM] = "router.entropy_norm", [RS_ENTROPY_SPREAD] = "router.entropy_spread",
+    [RS_MAXVIO] = "router.maxvio",           [RS_LOAD_ENTROPY] = "router.load_entropy",
+    [RS_DEAD] = "router.dead_experts",       [RS_BALANCE] = "router.balance",
+    [RS_ZLOSS] = "router.zloss",
+};
+
+static const char *const agg_suffix[4] = {"min", "mean", "max", "argmin"};
+
+/* --- worker pool: workspaces checked out under a mutex -------------------------------- */
+
+struct ws_entry {
+    void *ws;
+    unsigned cap;
+};
+
+struct ws_pool {
+    pthread_mutex_t mu;
+    struct ws_entry *qk, *rt; /* free workspaces */
+    size_t n_qk, cap_qk, n_rt, cap_rt;
+};
+
+static unsigned round_pow2(unsigned x, unsigned min)
+{
+    unsigned c = min;
+    while (c < x)
+        c *= 2;
+    return c;
+}
+
+static void *pool_take(struct ws_pool *p, int router, unsigned need)
+{
+    pthread_mutex_lock(&p->mu);
+    struct ws_entry *arr = router ? p->rt : p->qk;
+    size_t n = router ? p->n_rt : p->n_qk, best = n;
+    for (size_t i = 0; i < n; i++)
+        if (arr[i].cap >= need && (best == n || arr[i].cap < arr[best].cap))
+            best = i;
+    void *ws = NULL;
+    if (best < n) {
+        ws = arr[best].ws;
+        arr[best] = arr[n - 1];
+        if (router)
+            p->n_rt--;
+        else
+            p->n_qk--;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (ws)
+        return ws;
+    if (router) {
+        unsigned cap = round_pow2(need, STAGE_WS_MIN_EXPERTS);
+        if (cap > ROUTER_MAX_EXPERTS)
+            cap = ROUTER_MAX_EXPERTS;
+        struct router_workspace *w;
+        return router_workspace_create(cap, &w) == 0 ? (void *)w : NULL;
+    }
+    unsigned cap = round_pow2(need, STAGE_WS_MIN_DH);
+    if (cap > QK_MAX_DH)
+        cap = QK_MAX_DH;
+    struct qk_workspace *w;
+    return qk_workspace_create(cap, &w) == 0 ? (void *)w : NULL;
+}
+
+/* Returns ws (capacity cap) to the pool; destroys it if the pool cannot grow. */
+static void pool_give(struct ws_pool *p, int router, void *ws, unsigned cap)
+{
+    if (!ws)
+        return;
+    pthread_mutex_lock(&p->mu);
+    struct ws_entry **arr = router ? &p->rt : &p->qk;
+    size_t *n = router ? &p->n_rt : &p->n_qk, *capn = router ? &p->cap_rt : &p->cap_qk;
+    int kept = 0;
+    if (*n == *capn) {
+        size_t c = *capn ? *capn * 2 : 8;
+        struct ws_entry *a = realloc(*arr, c * sizeof(*a));
+        if (a) {
+            *arr = a;
+            *capn = c;
+        }
+    }
+    if (*n < *capn) {
+        (*arr)[(*n)++] = (struct ws_entry){.ws = ws, .cap = cap};
+        kept = 1;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (!kept) {
+        if (router)
+            router_workspace_destroy(ws);
+        else
+            qk_workspace_destroy(ws);
+    }
+}
+
+static void pool_destroy(struct ws_pool *p)
+{
+    for (size_t i = 0; i < p->n_qk; i++)
+        qk_workspace_destroy(p->qk[i].ws);
+    for (size_t i = 0; i < p->n_rt; i++)
+        router_workspace_destroy(p->rt[i].ws);
+    free(p->qk);
+    free(p->rt);
+    pthread_mutex_destroy(&p->mu);
+}
+
+/* --- tracked series: detector + alert state per (run, series) --------------------------- */
+
+struct track {
+    struct store_series_key key;
+    char rule_name[DETECT_NAME_MAX];
+    const struct detect_rule *rule;
+    struct detect_state ds;
+    struct alert_state as;
+    int64_t last_step;      /* last step fed (-1: none) */
+    uint8_t row_blob[ALERT_STATE_ENCODED_BYTES]; /* alert blob as last written */
+    /* evidence of the latest transition (the alerts row) */
+    double ev_value, ev_median, ev_mad, ev_z;
+    enum alert_attribution ev_attr;
+    uint64_t hash;
+};
+
+/* A batch of detector and alert rows being built for one item. */
+struct pend_alert {
+    struct track *t;
+    bool has_event;
+    struct alert_transition tr;
+    int32_t argmin_head;
+};
+
+/* Scalars of a rank-0 report waiting for the earlier steps' buckets, so that
+ * every detector of a run sees its steps in order and attribution at a
+ * step reflects only what was known up to that step. */
+struct scalar_sample {
+    uint64_t step;
+    double time;
+    bool has_loss, has_grad;
+    double loss, grad;
+    uint32_t n_wn, n_ur;
+    float *wn, *ur; /* owned */
+    struct scalar_sample *next;
+};
+
+struct stage_run {
+    struct scalar_sample *sc_head, *sc_tail;
+    size_t n_sc;
+    struct track **tracks;
+    size_t n_tracks, cap_tracks;
+    uint32_t *slots;
+    size_t nslots;
+    struct job *jobs_head, *jobs_tail; /* buckets on workers or waiting to be evaluated */
+};
+
+/* --- jobs: one bucket on the workers ----------------------------------------------------- */
+
+struct chunk {
+    uv_work_t req;
+    struct job *job;
+    size_t lo, hi; /* units[lo..hi) */
+    double seconds;
+    uint64_t heads;
+};
+
+struct job {
+    struct stage *st;
+    int64_t run_id;
+    struct run_bucket *b;
+    struct run_group **units; /* groups that need the workers */
+    size_t n_units;
+    struct chunk *chunks;
+    size_t n_chunks, pending;
+    bool computed;
+    struct job *next;
+};
+
+struct stage {
+    struct stage_opts opts;
+    struct fs_stats *stats;
+    struct fs_stats own_stats;
+    struct run_registry *reg;
+    struct ws_pool pool;
+    uv_timer_t sweep;
+    int timer_open;
+    size_t inflight; /* chunks on workers */
+    size_t jobs;     /* jobs not yet evaluated */
+    int stopping;
+    int full;
+    void (*pressure)(void *ctx, int full);
+    void *pressure_ctx;
+    void (*done)(void *ctx);
+    void *done_ctx;
+    struct log_ratelimit rl_incomplete, rl_late, rl_dup, rl_err;
+};
+
+static double now_mono(void) { return (double)uv_hrtime() * 1e-9; }
+
+static double now_unix(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int64_t detect_from(const struct stage *st, const struct run *run)
+{
+    return (int64_t)(run->has_detect_from_step ? run->detect_from_step : st->opts.detect_from_step);
+}
+
+/* --- track table ---------------------------------------------------------------------------- */
+
+static uint64_t key_hash(const struct store_series_key *k)
+{
+    uint64_t x = 1469598103934665603ull;
+    int32_t nums[4] = {k->layer, k->head, k->window, k->rank};
+    const unsigned char *p = (const unsigned char *)nums;
+    for (size_t i = 0; i < sizeof(nums); i++)
+        x = (x ^ p[i]) * 1099511628211ull;
+    for (const char *s = k->name; *s; s++)
+        x = (x ^ (unsigned char)*s) * 1099511628211ull;
+    return x;
+}
+
+static bool key_eq(const struct store_series_key *a, const struct store_series_key *b)
+{
+    return a->layer == b->layer && a->head == b->head && a->window == b->window &&
+           a->rank == b->rank && strcmp(a->name, b->name) == 0;
+}
+
+static int tracks_reindex(struct stage_run *sr, size_t nslots)
+{
+    uint32_t *slots = calloc(nslots, sizeof(*slots));
+    if (!slots)
+        return -ENOMEM;
+    for (size_t i = 0; i < sr->n_tracks; i++) {
+        size_t j = sr->tracks[i]->hash & (nslots - 1);
+        while (slots[j])
+            j = (j + 1) & (nslots - 1);
+        slots[j] = (uint32_t)i + 1;
+    }
+    free(sr->slots);
+    sr->slots = slots;
+    sr->nslots = nslots;
+    return 0;
+}
+
+static struct track *track_find(struct stage_run *sr, const struct store_series_key *k,
+                                uint64_t hash)
+{
+    if (!sr->nslots)
+        return NULL;
+    for (size_t j = hash & (sr->nslots - 1); sr->slots[j]; j = (j + 1) & (sr->nslots - 1)) {
+        struct track *t = sr->tracks[sr->slots[j] - 1];
+        if (t->hash == hash && key_eq(&t->key, k))
+            return t;
+    }
+    return NULL;
+}
+
+/* The track of series k detected by rule rule_name; created on first use.
+ * NULL when no rule matches or out of memory. */
+static struct track *track_get(struct stage *st, struct stage_run *sr,
+                               const struct store_series_key *k, const char *rule_name)
+{
+    uint64_t hash = key_hash(k);
+    struct track *t = track_find(sr, k, hash);
+    if (t)
+        return t;
+    const struct detect_rule *rule = detect_rules_match(st->opts.rules, rule_name);
+    if (!rule)
+        return NULL;
+    if ((sr->n_tracks + 1) * 10 > sr->nslots * 7 &&
+        tracks_reindex(sr, sr->nslots ? sr->nslots * 2 : 64) < 0)
+        return NULL;
+    if (sr->n_tracks == sr->cap_tracks) {
+        size_t cap = sr->cap_tracks ? sr->cap_tracks * 2 : 64;
+        struct track **p = realloc(sr->tracks, cap * sizeof(*p));
+        if (!p)
+            return NULL;
+        sr->tracks = p;
+        sr->cap_tracks = cap;
+    }
+    t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->key = *k;
+    t->hash = hash;
+    snprintf(t->rule_name, sizeof(t->rule_name), "%s", rule_name);
+    t->rule = rule;
+    detect_state_init(&t->ds);
+    alert_state_init(&t->as);
+    alert_state_encode(&t->as, t->row_blob, sizeof(t->row_blob));
+    t->last_step = -1;
+    t->ev_value = t->ev_median = t->ev_mad = t->ev_z = NAN;
+    sr->tracks[sr->n_tracks] = t;
+    size_t j = hash & (sr->nslots - 1);
+    while (sr->slots[j])
+        j = (j + 1) & (sr->nslots - 1);
+    sr->slots[j] = (uint32_t)sr->n_tracks + 1;
+    sr->n_tracks++;
+    return t;
+}
+
+static struct stage_run *stage_run_of(struct run *run)
+{
+    if (!run->user)
+        run->user = calloc(1, sizeof(struct stage_run));
+    return run->user;
+}
+
+static void sample_free(struct scalar_sample *s)
+{
+    if (!s)
+        return;
+    free(s->wn);
+    free(s->ur);
+    free(s);
+}
+
+static void stage_run_free(struct stage_run *sr)
+{
+    if (!sr)
+        return;
+    while (sr->sc_head) {
+        struct scalar_sample *x = sr->sc_head;
+        sr->sc_head = x->next;
+        sample_free(x);
+    }
+    for (size_t i = 0; i < sr->n_tracks; i++)
+        free(sr->tracks[i]);
+    free(sr->tracks);
+    free(sr->slots);
+    free(sr);
+}
+
+/* --- building one STORE_ITEM_MONITOR -------------------------------------------------------- */
+
+struct build {
+    struct store_item *it;
+    size_t cap_points, cap_states, cap_alerts, cap_incomplete;
+    size_t *blob_off; /* per state: offset into blobs */
+    size_t blob_len, blob_cap;
+    struct pend_alert *pend;
+    size_t n_pend, cap_pend;
+    int oom;
+};
+
+static int build_begin(struct build *bd, int64_t run_id, double time)
+{
+    memset(bd, 0, sizeof(*bd));
+    bd->it = store_item_new(STORE_ITEM_MONITOR);
+    if (!bd->it)
+        return -ENOMEM;
+    bd->it->monitor.run_id = run_id;
+    bd->it->monitor.time = time;
+    return 0;
+}
+
+static void *grow(void *p, size_t *cap, size_t n, size_t size, int *oom)
+{
+    if (n < *cap)
+        return p;
+    size_t c = *cap ? *cap * 2 : 64;
+    void *q = realloc(p, c * size);
+    if (!q) {
+        *oom = 1;
+        return NULL;
+    }
+    *cap = c;
+    return q;
+}
+
+static void set_key(struct store_series_key *k, const char *name, int32_t layer, int32_t head,
+                    int32_t window, int32_t rank)
+{
+    snprintf(k->name, sizeof(k->name), "%s", name);
+    k->layer = layer;
+    k->head = head;
+    k->window = window;
+    k->rank = rank;
+}
+
+static void add_point(struct build *bd, const struct store_series_key *k, uint64_t step,
+                      double value)
+{
+    struct store_monitor *m = &bd->it->monitor;
+    struct store_point *p = grow(m->points, &bd->cap_points, m->n_points, sizeof(*p), &bd->oom);
+    if (!p)
+        return;
+    m->points = p;
+    p[m->n_points++] = (struct store_point){.key = *k, .step = step, .value = value};
+}
+
+static void add_state(struct build *bd, const struct track *t)
+{
+    struct store_monitor *m = &bd->it->monitor;
+    uint8_t buf[DETECT_STATE_ENCODED_MAX];
+    int len = detect_state_encode(&t->ds, buf, sizeof(buf));
+    if (len < 0) {
+        bd->oom = 1;
+        return;
+    }
+    size_t cap = bd->cap_states;
+    struct store_detector_row *d = grow(m->states, &cap, m->n_states, sizeof(*d), &bd->oom);
+    if (!d)
+        return;
+    m->states = d;
+    if (cap != bd->cap_states) {
+        size_t *off = realloc(bd->blob_off, cap * sizeof(*off));
+        if (!off) {
+            bd->oom = 1;
+            return;
+        }
+        bd->blob_off = off;
+        bd->cap_states = cap;
+    }
+    if (bd->blob_len + (size_t)len > bd->blob_cap) {
+        size_t c = bd->blob_cap ? bd->blob_cap * 2 : 8192;
+        while (c < bd->blob_len + (size_t)len)
+            c *= 2;
+        uint8_t *b = realloc(m->blobs, c);
+        if (!b) {
+            bd->oom = 1;
+            return;
+        }
+        m->blobs = b;
+        bd->blob_cap = c;
+    }
+    memcpy(m->blobs + bd->blob_len, buf, (size_t)len);
+    bd->blob_off[m->n_states] = bd->blob_len;
+    d[m->n_states++] = (struct store_detector_row){
+        .key = t->key, .step = (uint64_t)t->last_step, .len = (uint32_t)len};
+    bd->blob_len += (size_t)len;
+}
+
+static void add_incomplete(struct build *bd, uint64_t step, const struct run_incomplete *r)
+{
+    struct store_monitor *m = &bd->it->monitor;
+    struct store_incomplete_row *p =
+        grow(m->incomplete, &bd->cap_incomplete, m->n_incomplete, sizeof(*p), &bd->oom);
+    if (!p)
+        return;
+    m->incomplete = p;
+    p[m->n_incomplete++] = (struct store_incomplete_row){
+        .kind = run_group_kind_name(r->kind), .step = step, .layer = (int32_t)r->layer,
+        .head = r->head, .window = (int32_t)r->window, .have = r->have, .want = r->want};
+}
+
+/* One sample into a tracked series: detector, alert lifecycle, and the rows
+ * it changes (attribution is filled in by build_finish). */
+static void feed_track(struct stage *st, struct stage_run *sr, struct run *run, struct build *bd,
+                       const struct store_series_key *k, const char *rule_name, uint64_t step,
+                       double value, bool present, int32_t argmin_head)
+{
+    struct track *t = track_get(st, sr, k, rule_name);
+    if (!t)
+        return;
+    /* A replay (spool re-feed after a restart) of a step this series has
+     * already seen changes nothing: that is what keeps restarts exact. */
+    if ((int64_t)step <= t->last_step)
+        return;
+    struct detect_verdict v;
+    struct alert_transition tr;
+    struct alert_scope scope = {.layer = k->layer, .head = k->head, .window = k->window,
+                                .rank = k->rank};
+    if (detect_step(&t->ds, t->rule, (int64_t)step, value, present, detect_from(st, run), &v) < 0 ||
+        alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now_unix(), &tr) < 0)
+        return;
+    t->last_step = (int64_t)step;
+    add_state(bd, t);
+    uint8_t blob[ALERT_STATE_ENCODED_BYTES];
+    alert_state_encode(&t->as, blob, sizeof(blob));
+    bool event = tr.change != ALERT_CHANGE_NONE;
+    if (!event && memcmp(blob, t->row_blob, sizeof(blob)) == 0)
+        return;
+    struct pend_alert *p = grow(bd->pend, &bd->cap_pend, bd->n_pend, sizeof(*p), &bd->oom);
+    if (!p)
+        return;
+    bd->pend = p;
+    p[bd->n_pend++] = (struct pend_alert){.t = t, .has_event = event, .tr = tr,
+                                          .argmin_head = argmin_head};
+    if (tr.change == ALERT_CHANGE_TO_FIRING)
+        atomic_fetch_add(&st->stats->alerts_fired, 1);
+}
+
+static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static json_t *jstep(int64_t v) { return v >= 0 ? json_integer(v) : json_null(); }
+
+static json_t *jlabel(int32_t v, int32_t none) { return v == none ? json_null() : json_integer(v); }
+
+static char *evidence_json(const struct pend_alert *p, enum alert_attribution attr)
+{
+    const struct alert_transition *tr = &p->tr;
+    json_t *o = json_object();
+    if (!o)
+        return NULL;
+    json_object_set_new(o, "value", jnum(tr->value));
+    json_object_set_new(o, "median", jnum(tr->median));
+    json_object_set_new(o, "mad", jnum(tr->mad));
+    json_object_set_new(o, "z", jnum(tr->z));
+    json_object_set_new(o, "first_breach_step", jstep(tr->first_breach_step));
+    json_object_set_new(o, "fired_step", jstep(tr->fired_step));
+    json_object_set_new(o, "step", json_integer(tr->step));
+    json_object_set_new(o, "layer", jlabel(tr->scope.layer, -1));
+    json_object_set_new(o, "head", jlabel(tr->scope.head, -1));
+    json_object_set_new(o, "window", jlabel(tr->scope.window, 0));
+    json_object_set_new(o, "rank", jlabel(tr->scope.rank, -1));
+    json_object_set_new(o, "argmin_head", jlabel(p->argmin_head, -1));
+    json_object_set_new(o, "breach_kind", json_string(detect_breach_kind_name(tr->breach_kind)));
+    json_object_set_new(o, "attribution", json_string(alert_attribution_name(attr)));
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+/* The attribution label from the run's open alerts (MONITORS.md 4). */
+static enum alert_attribution run_attribution(const struct stage_run *sr)
+{
+    uint32_t mask = 0;
+    for (size_t i = 0; i < sr->n_tracks; i++)
+        mask |= alert_family_mask(&sr->tracks[i]->as, sr->tracks[i]->rule->family);
+    return alert_attribute(mask);
+}
+
+/* Turns pending alert changes into rows and fixes the blob pointers. */
+static void build_finish(struct stage *st, struct stage_run *sr, const struct run *run,
+                         struct build *bd)
+{
+    struct store_monitor *m = &bd->it->monitor;
+    for (size_t i = 0; i < m->n_states; i++)
+        m->states[i].blob = m->blobs + bd->blob_off[i];
+    if (bd->n_pend) {
+        enum alert_attribution attr = run_attribution(sr);
+        m->alerts = calloc(bd->n_pend, sizeof(*m->alerts));
+        if (!m->alerts)
+            bd->oom = 1;
+        for (size_t i = 0; m->alerts && i < bd->n_pend; i++) {
+            const struct pend_alert *p = &bd->pend[i];
+            struct track *t = p->t;
+            struct store_alert_row *a = &m->alerts[m->n_alerts];
+            struct alert_scope scope = {.layer = t->key.layer, .head = t->key.head,
+                                        .window = t->key.window, .rank = t->key.rank};
+            if (alert_key(run->name, t->rule_name, &scope, a->alert_key, sizeof(a->alert_key)) < 0 ||
+                alert_dedup_key(a->alert_key, a->dedup_key, sizeof(a->dedup_key)) < 0)
+                continue;
+            if (p->has_event) {
+                t->ev_value = p->tr.value;
+                t->ev_median = p->tr.median;
+                t->ev_mad = p->tr.mad;
+                t->ev_z = p->tr.z;
+                t->ev_attr = attr;
+                a->has_event = 1;
+                a->change = alert_change_name(p->tr.change);
+                a->from_state = (int)p->tr.from;
+                a->to_state = (int)p->tr.to;
+                a->event_step = p->tr.step;
+                a->evidence_json = evidence_json(p, attr);
+                if (!a->evidence_json)
+                    bd->oom = 1;
+                log_info("stage", "alert %s %s run=%s layer=%d head=%d window=%d rank=%d step=%lld "
+                         "value=%g attribution=%s",
+                         t->rule_name, a->change, run->name, scope.layer, scope.head,
+                         scope.window, scope.rank, (long long)p->tr.step, p->tr.value,
+                         alert_attribution_name(attr));
+            }
+            a->series = t->key;
+            snprintf(a->rule, sizeof(a->rule), "%s", t->rule_name);
+            a->state = t->as.state;
+            a->severity = detect_severity_name((enum detect_severity)t->as.severity);
+            a->family = detect_family_name(t->rule->family);
+            a->attribution = alert_attribution_name(t->ev_attr);
+            a->value = t->ev_value;
+            a->median = t->ev_median;
+            a->mad = t->ev_mad;
+            a->z = t->ev_z;
+            a->first_breach_step = t->as.first_breach_step;
+            a->fired_step = t->as.fired_step;
+            a->resolved_step = t->as.resolved_step;
+            a->last_step = t->last_step;
+            a->incidents = t->as.incidents;
+            int len = alert_state_encode(&t->as, a->blob, sizeof(a->blob));
+            a->blob_len = len > 0 ? (uint32_t)len : 0;
+            if (len > 0)
+                memcpy(t->row_blob, a->blob, sizeof(t->row_blob));
+            m->n_alerts++;
+        }
+    }
+    free(bd->pend);
+    free(bd->blob_off);
+    bd->pend = NULL;
+    bd->blob_off = NULL;
+}
+
+/* Submits the item (or drops an empty one). */
+static void build_submit(struct stage *st, struct build *bd)
+{
+    struct store_item *it = bd->it;
+    const struct store_monitor *m = &it->monitor;
+    bd->it = NULL;
+    if (bd->oom)
+        log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
+                    "out of memory building monitor rows of run %lld: some are lost",
+                    (long long)m->run_id);
+    if (!m->n_points && !m->n_states && !m->n_alerts && !m->n_incomplete && !m->has_spool_done) {
+        store_item_free(it);
+        return;
+    }
+    int rc = store_submit(st->opts.store, it);
+    if (rc < 0) {
+        log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
+                    "cannot queue monitor rows of run %lld: %s", (long long)m->run_id,
+                    strerror(-rc));
+        store_item_free(it);
+    }
+}
+
+/* --- scalars (at feed time, no math) -------------------------------------------------------- */
+
+static void detect_scalars(struct stage *st, struct run *run, const struct scalar_sample *x)
+{
+    struct stage_run *sr = stage_run_of(run);
+    struct build bd;
+    if (!sr || build_begin(&bd, run->run_id, x->time) < 0)
+        return;
+    struct store_series_key k;
+    if (x->has_loss) {
+        set_key(&k, "loss", -1, -1, 0, 0);
+        feed_track(st, sr, run, &bd, &k, "loss", x->step, x->loss, true, -1);
+    }
+    if (x->has_grad) {
+        set_key(&k, "grad_norm", -1, -1, 0, 0);
+        feed_track(st, sr, run, &bd, &k, "grad_norm", x->step, x->grad, true, -1);
+    }
+    for (uint32_t l = 0; l < x->n_wn; l++) {
+        set_key(&k, "weight_norm", (int32_t)l, -1, 0, 0);
+        feed_track(st, sr, run, &bd, &k, "weight_norm", x->step, x->wn[l], true, -1);
+    }
+    for (uint32_t l = 0; l < x->n_ur; l++) {
+        set_key(&k, "update_ratio", (int32_t)l, -1, 0, 0);
+        feed_track(st, sr, run, &bd, &k, "update_ratio", x->step, x->ur[l], true, -1);
+    }
+    build_finish(st, sr, run, &bd);
+    build_submit(st, &bd);
+}
+
+/* Lowest step of the run still reducing or on the workers (UINT64_MAX: none). */
+static uint64_t pending_step(const struct run *run)
+{
+    const struct stage_run *sr = run->user;
+    if (sr && sr->jobs_head)
+        return sr->jobs_head->b->step; /* jobs are taken before the buckets left */
+    return run->buckets ? run->buckets->step : UINT64_MAX;
+}
+
+/* Detects queued scalars of steps below every pending bucket (all of them
+ * when `all`, at shutdown). */
+static void flush_scalars(struct stage *st, struct run *run, bool all)
+{
+    struct stage_run *sr = run->user;
+    if (!sr)
+        return;
+    uint64_t limit = all ? UINT64_MAX : pending_step(run);
+    while (sr->sc_head && (all || sr->sc_head->step < limit)) {
+        struct scalar_sample *x = sr->sc_head;
+        sr->sc_head = x->next;
+        if (!sr->sc_head)
+            sr->sc_tail = NULL;
+        sr->n_sc--;
+        detect_scalars(st, run, x);
+        sample_free(x);
+    }
+}
+
+/* Queues the detected scalars of a report (loss and grad norm of rank 0
+ * only: the other ranks' are stored by the REPORT item, but one detector
+ * per run is what attribution and lead time are measured against). */
+static void queue_scalars(struct stage *st, struct run *run, const struct stage_report *in)
+{
+    const Foreshock__Scalars *s = in->report->scalars;
+    if (!s || in->rank != 0)
+        return;
+    struct stage_run *sr = stage_run_of(run);
+    struct scalar_sample *x = calloc(1, sizeof(*x));
+    if (!sr || !x) {
+        free(x);
+        log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
+                    "out of memory: scalars of run %s step %llu not detected", run->name,
+                    (unsigned long long)in->step);
+        return;
+    }
+    x->step = in->step;
+    x->time = in->time;
+    x->has_loss = s->has_loss;
+    x->loss = s->loss;
+    x->has_grad = s->has_grad_norm;
+    x->grad = s->grad_norm;
+    if (s->n_layer_weight_norm && (x->wn = malloc(s->n_layer_weight_norm * sizeof(float)))) {
+        memcpy(x->wn, s->layer_weight_norm, s->n_layer_weight_norm * sizeof(float));
+        x->n_wn = (uint32_t)s->n_layer_weight_norm;
+    }
+    if (s->n_layer_update_ratio && (x->ur = malloc(s->n_layer_update_ratio * sizeof(float)))) {
+        memcpy(x->ur, s->layer_update_ratio, s->n_layer_update_ratio * sizeof(float));
+        x->n_ur = (uint32_t)s->n_layer_update_ratio;
+    }
+    if (sr->n_sc >= STAGE_MAX_SCALAR_QUEUE) {
+        flush_scalars(st, run, true);
+    }
+    if (sr->sc_tail)
+        sr->sc_tail->next = x;
+    else
+        sr->sc_head = x;
+    sr->sc_tail = x;
+    sr->n_sc++;
+}
+
+/* --- evaluation of a computed bucket (loop thread, step order) --------------------------------- */
+
+static int cmp_attention(const void *a, const void *b)
+{
+    const struct run_group *x = *(const struct run_group *const *)a;
+    const struct run_group *y = *(const struct run_group *const *)b;
+    if (x->window != y->window)
+        return x->window < y->window ? -1 : 1;
+    if (x->layer != y->layer)
+        return x->layer < y->layer ? -1 : 1;
+    return (x->head > y->head) - (x->head < y->head);
+}
+
+static bool layer_incomplete(const struct run_bucket *b, uint32_t layer, uint32_t window)
+{
+    for (size_t i = 0; i < b->n_incomplete; i++) {
+        const struct run_incomplete *r = &b->incomplete[i];
+        if (r->kind == RUN_GROUP_ATTENTION && r->layer == layer && r->window == window)
+            return true;
+    }
+    return false;
+}
+
+/* Per-head points, then per (layer, window) aggregates and detection. */
+static void evaluate_attention(struct stage *st, struct stage_run *sr, struct run *run,
+                               struct run_bucket *b, struct build *bd)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < b->n; i++)
+        n += b->groups[i]->kind == RUN_GROUP_ATTENTION;
+    if (!n)
+        return;
+    struct run_group **g = malloc(n * sizeof(*g));
+    struct qk_head *heads = malloc(n * sizeof(*heads));
+    if (!g || !heads) {
+        bd->oom = 1;
+        free(g);
+        free(heads);
+        return;
+    }
+    n = 0;
+    for (size_t i = 0; i < b->n; i++)
+        if (b->groups[i]->kind == RUN_GROUP_ATTENTION)
+            g[n++] = b->groups[i];
+    qsort(g, n, sizeof(*g), cmp_attention);
+    struct store_series_key k;
+    for (size_t lo = 0; lo < n;) {
+        size_t hi = lo;
+        while (hi < n && g[hi]->layer == g[lo]->layer && g[hi]->window == g[lo]->window)
+            hi++;
+        uint32_t layer = g[lo]->layer, window = g[lo]->window;
+        bool nonfinite = false;
+        for (size_t i = lo; i < hi; i++) {
+            const struct qk_head *h = &g[i]->res.qk;
+            heads[i - lo] = *h;
+            if (!g[i]->res.done || g[i]->res.rc == -EINVAL)
+                heads[i - lo].nonfinite = true; /* never computed: absent everywhere */
+            else if (h->nonfinite)
+                nonfinite = true;
+            for (size_t s = 0; s < N_HEAD_SERIES; s++) {
+                double v;
+                if (qk_head_value(&heads[i - lo], head_series[s], &v) < 0)
+                    v = NAN;
+                set_key(&k, qk_series_name(head_series[s]), (int32_t)layer, (int32_t)g[i]->head,
+                        (int32_t)window, -1);
+                add_point(bd, &k, b->step, v);
+            }
+        }
+        /* Aggregates only over a whole layer: never from part of the heads. */
+        size_t nh = hi - lo;
+        bool whole = run->n_heads ? nh == run->n_heads : !layer_incomplete(b, layer, window);
+        struct qk_agg agg[QK_NSERIES];
+        if (whole && qk_layer_aggregate(heads, nh, agg) == 0) {
+            for (size_t s = 0; s < N_HEAD_SERIES; s++) {
+                const struct qk_agg *a = &agg[head_series[s]];
+                double vals[4] = {a->min, a->mean, a->max,
+                                  a->present ? (double)g[lo + a->argmin]->head : NAN};
+                for (int q = 0; q < 4; q++) {
+                    char name[STORE_SERIES_NAME_MAX];
+                    snprintf(name, sizeof(name), "%s.%s", qk_series_name(head_series[s]),
+                             agg_suffix[q]);
+                    set_key(&k, name, (int32_t)layer, -1, (int32_t)window, -1);
+                    add_point(bd, &k, b->step, a->present ? vals[q] : NAN);
+                }
+            }
+            for (size_t d = 0; d < sizeof(qk_detected) / sizeof(qk_detected[0]); d++) {
+                const struct qk_agg *a = &agg[qk_detected[d].series];
+                double v = qk_detected[d].use_max ? a->max : a->min;
+                int32_t at = -1;
+                if (a->present && !qk_detected[d].use_max) {
+                    at = (int32_t)g[lo + a->argmin]->head;
+                } else if (a->present) {
+                    for (size_t i = 0; i < nh; i++) {
+                        double x;
+                        if (qk_head_value(&heads[i], qk_detected[d].series, &x) == 0 && x == a->max) {
+                            at = (int32_t)g[lo + i]->head;
+                            break;
+                        }
+                    }
+                }
+                bool present = a->present;
+                if (nonfinite) { /* NaN fires at once, whatever the other heads say */
+                    v = NAN;
+                    present = true;
+                }
+                char name[STORE_SERIES_NAME_MAX];
+                snprintf(name, sizeof(name), "%s.%s", qk_series_name(qk_detected[d].series),
+                         qk_detected[d].use_max ? "max" : "min");
+                set_key(&k, name, (int32_t)layer, -1, (int32_t)window, -1);
+                feed_track(st, sr, run, bd, &k, qk_detected[d].rule, b->step, v, present, at);
+            }
+        }
+        lo = hi;
+    }
+    free(g);
+    free(heads);
+}
+
+static void router_point(struct stage *st, struct stage_run *sr, struct run *run,
+                         struct build *bd, uint64_t step, uint32_t layer, int which, bool present,
+                         double v, bool nonfinite)
+{
+    struct store_series_key k;
+    set_key(&k, router_names[which], (int32_t)layer, -1, 0, -1);
+    if (nonfinite) {
+        v = NAN;
+        present = true;
+    }
+    add_point(bd, &k, step, present ? v : NAN);
+    /* Detection where a rule exists (similarity, centered energy, z-loss,
+     * MaxVio, load entropy by default). */
+    if (detect_rules_match(st->opts.rules, router_names[which]))
+        feed_track(st, sr, run, bd, &k, router_names[which], step, v, present, -1);
+}
+
+static void evaluate_router(struct stage *st, struct stage_run *sr, struct run *run,
+                            struct run_bucket *b, struct build *bd)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        const struct run_group *g = b->groups[i];
+        if (!g->res.done)
+            continue;
+        uint64_t step = b->step;
+        if (g->kind == RUN_GROUP_ROUTER_GRAM) {
+            const struct router_weight *w = &g->res.rw;
+            bool nf = w->nonfinite;
+            router_point(st, sr, run, bd, step, g->layer, RS_SIMILARITY, w->sim_present, w->sim, nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_CENTERED, w->present,
+                         w->centered_energy, nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_KAPPA, w->kappa_present, w->kappa, nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_ERANK, w->spec.present, w->spec.erank2,
+                         nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_SRANK, w->spec.present, w->spec.srank,
+                         nf);
+        } else if (g->kind == RUN_GROUP_ROUTER_TOKENS) {
+            const struct router_decision *d = &g->res.rd;
+            bool nf = d->nonfinite;
+            router_point(st, sr, run, bd, step, g->layer, RS_ENTROPY, d->present, d->entropy_mean,
+                         nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_ENTROPY_NORM,
+                         d->present && d->norm_present, d->entropy_norm, nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_ENTROPY_SPREAD, d->present,
+                         d->entropy_spread, nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_MAXVIO, d->load_present, d->maxvio, nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_LOAD_ENTROPY, d->load_present,
+                         d->load_entropy, nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_DEAD, d->present,
+                         (double)d->dead_experts, nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_BALANCE, d->load_present, d->balance,
+                         nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_ZLOSS, d->present, d->zloss, nf);
+        }
+    }
+}
+
+static void evaluate(struct stage *st, struct run *run, struct run_bucket *b)
+{
+    struct stage_run *sr = stage_run_of(run);
+    struct build bd;
+    if (!sr || build_begin(&bd, run->run_id, b->time) < 0) {
+        log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
+                    "out of memory evaluating run %s step %llu", run->name,
+                    (unsigned long long)b->step);
+        return;
+    }
+    evaluate_attention(st, sr, run, b, &bd);
+    evaluate_router(st, sr, run, b, &bd);
+    for (size_t i = 0; i < b->n_incomplete; i++)
+        add_incomplete(&bd, b->step, &b->incomplete[i]);
+    if (b->n_incomplete) {
+        atomic_fetch_add(&st->stats->incomplete_total, b->n_incomplete);
+        const struct run_incomplete *r = &b->incomplete[0];
+        log_limited(&st->rl_incomplete, LOG_LEVEL_WARN, "stage",
+                    "run %s step %llu: %zu reductions incomplete after %.3g s (first: %s layer %u "
+                    "head %d window %u, %u of %u); recorded, not computed",
+                    run->name, (unsigned long long)b->step, b->n_incomplete,
+                    st->opts.reduce_timeout_s, run_group_kind_name(r->kind), r->layer, r->head,
+                    r->window, r->have, r->want);
+    }
+    /* Every step <= this one is evaluated (buckets go in step order): their
+     * spooled sketches go in the same transaction as the derived rows. */
+    bd.it->monitor.has_spool_done = 1;
+    bd.it->monitor.spool_done_step = b->step;
+    build_finish(st, sr, run, &bd);
+    build_submit(st, &bd);
+    atomic_fetch_add(&st->stats->buckets_evaluated, 1);
+}
+
+/* --- workers ------------------------------------------------------------------------------ */
+
+static void compute_group(struct stage *st, struct run_group *g, void **qk_ws, unsigned *qk_cap,
+                          void **rt_ws, unsigned *rt_cap)
+{
+    struct run_result *r = &g->res;
+    if (g->kind == RUN_GROUP_ATTENTION) {
+        if (*qk_ws && *qk_cap < g->size) {
+            pool_give(&st->pool, 0, *qk_ws, *qk_cap);
+            *qk_ws = NULL;
+        }
+        if (!*qk_ws) {
+            *qk_ws = pool_take(&st->pool, 0, g->size);
+            *qk_cap = round_pow2(g->size, STAGE_WS_MIN_DH);
+        }
+        r->rc = *qk_ws ? qk_head_from_grams(*qk_ws, g->size, g->a, g->b, &r->qk) : -ENOMEM;
+        r->done = r->rc != -ENOMEM;
+    } else if (g->kind == RUN_GROUP_ROUTER_GRAM) {
+        if (*rt_ws && *rt_cap < g->size) {
+            pool_give(&st->pool, 1, *rt_ws, *rt_cap);
+            *rt_ws = NULL;
+        }
+        if (!*rt_ws) {
+            *rt_ws = pool_take(&st->pool, 1, g->size);
+            *rt_cap = round_pow2(g->size, STAGE_WS_MIN_EXPERTS);
+        }
+        r->rc = *rt_ws ? router_weight_compute(*rt_ws, g->size, g->a, &r->rw) : -ENOMEM;
+        r->done = r->rc != -ENOMEM;
+    } else {
+        struct router_tokens in = {.n_experts = g->size, .n_tok = g->n_tok, .sum_h = g->sum_h,
+                                   .sum_h2 = g->sum_h2, .sum_lse2 = g->sum_lse2, .load = g->load,
+                                   .sum_p = g->sum_p};
+        r->rc = router_decision_compute(&in, &r->rd);
+        r->done = true;
+    }
+}
+
+/* Threadpool thread: the math of units[lo..hi) of one bucket. */
+static void work_cb(uv_work_t *req)
+{
+    struct chunk *c = req->data;
+    struct job *j = c->job;
+    struct stage *st = j->st;
+    double t0 = now_mono();
+    void *qk = NULL, *rt = NULL;
+    unsigned qk_cap = 0, rt_cap = 0;
+    for (size_t i = c->lo; i < c->hi; i++) {
+        compute_group(st, j->units[i], &qk, &qk_cap, &rt, &rt_cap);
+        c->heads += j->units[i]->kind == RUN_GROUP_ATTENTION;
+    }
+    pool_give(&st->pool, 0, qk, qk_cap);
+    pool_give(&st->pool, 1, rt, rt_cap);
+    c->seconds = now_mono() - t0;
+}
+
+static void job_free(struct job *j)
+{
+    run_bucket_free(j->b);
+    free(j->units);
+    free(j->chunks);
+    free(j);
+}
+
+static void check_pressure(struct stage *st)
+{
+    uint64_t bytes = run_registry_bytes(st->reg);
+    atomic_store(&st->stats->reduce_bytes, bytes);
+    if (!st->full && run_registry_full(st->reg)) {
+        st->full = 1;
+        atomic_fetch_add(&st->stats->reduce_pauses, 1);
+        log_warn("stage", "reduction memory %llu bytes reached reduce_max_bytes %llu: ingest "
+                 "paused until steps complete or time out",
+                 (unsigned long long)bytes, (unsigned long long)st->opts.reduce_max_bytes);
+        if (st->pressure)
+            st->pressure(st->pressure_ctx, 1);
+    } else if (st->full && bytes < st->opts.reduce_max_bytes / 4 * 3) {
+        st->full = 0;
+        if (st->pressure)
+            st->pressure(st->pressure_ctx, 0);
+    }
+}
+
+static void maybe_done(struct stage *st);
+
+/* Evaluates the run's computed jobs from the front, in step order. */
+static void drain(struct stage *st, struct run *run)
+{
+    struct stage_run *sr = run->user;
+    while (sr && sr->jobs_head && sr->jobs_head->computed) {
+        struct job *j = sr->jobs_head;
+        sr->jobs_head = j->next;
+        if (!sr->jobs_head)
+            sr->jobs_tail = NULL;
+        evaluate(st, run, j->b);
+        st->jobs--;
+        job_free(j);
+    }
+    flush_scalars(st, run, false);
+    check_pressure(st);
+}
+
+static void after_work_cb(uv_work_t *req, int status)
+{
+    struct chunk *c = req->data;
+    struct job *j = c->job;
+    struct stage *st = j->st;
+    (void)status; /* uv_cancel is never called: every chunk ran */
+    st->inflight--;
+    atomic_fetch_add(&st->stats->heads_computed, c->heads);
+    atomic_fetch_add(&st->stats->monitor_seconds_sum_us, (uint64_t)(c->seconds * 1e6));
+    if (--j->pending == 0) {
+        j->computed = true;
+        struct run *run = run_find(st->reg, j->run_id);
+        if (run)
+            drain(st, run);
+    }
+    maybe_done(st);
+}
+
+/* Hands a taken bucket to the workers (or straight to evaluation when it
+ * holds nothing to compute). */
+static void dispatch(struct stage *st, struct run *run, struct run_bucket *b)
+{
+    struct stage_run *sr = stage_run_of(run);
+    struct job *j = calloc(1, sizeof(*j));
+    if (!sr || !j) {
+        log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
+                    "out of memory: run %s step %llu not evaluated (its sketches stay spooled)",
+                    run->name, (unsigned long long)b->step);
+        free(j);
+        run_bucket_free(b);
+        return;
+    }
+    j->st = st;
+    j->run_id = run->run_id;
+    j->b = b;
+    size_t n = 0;
+    for (size_t i = 0; i < b->n; i++)
+        n += !b->groups[i]->res.done;
+    unsigned maxc = st->opts.max_chunks ? st->opts.max_chunks : STAGE_DEFAULT_CHUNKS;
+    size_t nc = n < maxc ? n : maxc;
+    if (n) {
+        j->units = malloc(n * sizeof(*j->units));
+        j->chunks = calloc(nc, sizeof(*j->chunks));
+        if (!j->units || !j->chunks) {
+            nc = 0; /* evaluate without the math: the groups read as not computed */
+            n = 0;
+        }
+    }
+    n = 0;
+    for (size_t i = 0; j->units && i < b->n; i++)
+        if (!b->groups[i]->res.done)
+            j->units[n++] = b->groups[i];
+    if (sr->jobs_tail)
+        sr->jobs_tail->next = j;
+    else
+        sr->jobs_head = j;
+    sr->jobs_tail = j;
+    st->jobs++;
+    j->n_units = n;
+    j->n_chunks = nc;
+    for (size_t c = 0; c < nc; c++) {
+        struct chunk *ch = &j->chunks[c];
+        ch->job = j;
+        ch->lo = n * c / nc;
+        ch->hi = n * (c + 1) / nc;
+        ch->req.data = ch;
+        if (uv_queue_work(st->opts.loop, &ch->req, work_cb, after_work_cb) == 0) {
+            j->pending++;
+            st->inflight++;
+        }
+    }
+    if (j->pending == 0) {
+        j->computed = true;
+        drain(st, run);
+    }
+}
+
+/* Starts every ready bucket of the run, earliest first. */
+static void pump(struct stage *st, struct run *run, double now)
+{
+    if (st->stopping)
+        return;
+    struct run_bucket *b;
+    while ((b = run_take_ready(st->reg, run, now)) != NULL)
+        dispatch(st, run, b);
+}
+
+void stage_poll(struct stage *st)
+{
+    double now = now_mono();
+    for (size_t i = 0; i < run_count(st->reg); i++)
+        pump(st, run_at(st->reg, i), now);
+    check_pressure(st);
+}
+
+static void on_sweep(uv_timer_t *t) { stage_poll(t->data); }
+
+/* --- public API ------------------------------------------------------------------------------ */
+
+static void *detect_open(void *ctx, const char *sub, char *why, size_t whylen)
+{
+    if (!sub || !sub[0]) {
+        snprintf(why, whylen, "needs a rule name: [detect \"RULE\"]");
+        return NULL;
+    }
+    struct detect_rule *rule = detect_rules_find(ctx, sub);
+    if (!rule)
+        snprintf(why, whylen, "unknown detector rule '%s'", sub);
+    return rule;
+}
+
+static int detect_set(void *ctx, void *target, const char *key, const char *value, char *why,
+                      size_t whylen)
+{
+    const struct detect_rule *rule = target;
+    struct detect_error e = {0};
+    if (detect_rules_set(ctx, rule->name, key, value, &e) < 0) {
+        snprintf(why, whylen, "%s", e.msg);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+void stage_detect_section(struct detect_rules *rules, struct config_section *out)
+{
+    *out = (struct config_section){.name = "detect", .open = detect_open, .set = detect_set,
+                                   .ctx = rules};
+}
+
+int stage_create(const struct stage_opts *opts, struct stage **out, char *err, size_t errlen)
+{
+    struct stage *st = calloc(1, sizeof(*st));
+    if (!st) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    st->opts = *opts;
+    st->stats = opts->stats ? opts->stats : &st->own_stats;
+    struct run_limits lim = {.timeout_s = opts->reduce_timeout_s, .max_bytes = opts->reduce_max_bytes};
+    int rc = run_registry_create(&lim, &st->reg);
+    if (rc < 0) {
+        snprintf(err, errlen, "reduce_timeout_s %g is below %g s", opts->reduce_timeout_s,
+                 RUN_TIMEOUT_MIN_S);
+        free(st);
+        return rc;
+    }
+    if (pthread_mutex_init(&st->pool.mu, NULL) != 0) {
+        run_registry_destroy(st->reg);
+        free(st);
+        snprintf(err, errlen, "cannot create the workspace pool lock");
+        return -ENOMEM;
+    }
+    uv_timer_init(opts->loop, &st->sweep);
+    st->sweep.data = st;
+    st->timer_open = 1;
+    double ms = opts->reduce_timeout_s * 1000.0 / 4;
+    uint64_t period = ms < STAGE_SWEEP_MIN_MS ? STAGE_SWEEP_MIN_MS
+                      : ms > STAGE_SWEEP_MAX_MS ? STAGE_SWEEP_MAX_MS
+                                                : (uint64_t)ms;
+    uv_timer_start(&st->sweep, on_sweep, period, period);
+    *out = st;
+    return 0;
+}
+
+void stage_set_pressure(struct stage *st, void (*cb)(void *ctx, int full), void *ctx)
+{
+    st->pressure = cb;
+    st->pressure_ctx = ctx;
+}
+
+bool stage_full(const struct stage *st) { return st->full; }
+
+size_t stage_inflight(const struct stage *st) { return st->inflight; }
+
+int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t stream_id,
+                uint64_t last_seq, const struct run_hello *h)
+{
+    struct run *run;
+    int rc = run_open(st->reg, run_id, run_name, &run);
+    if (rc < 0)
+        return rc;
+    run_set_name(run, run_name);
+    if (h && (rc = run_hello(run, h)) < 0)
+        return rc;
+    rc = run_stream_seen(run, stream_id, last_seq);
+    /* An announcement may complete waiting token groups. */
+    pump(st, run, now_mono());
+    return rc == -ENOSPC ? 0 : rc;
+}
+
+int stage_feed(struct stage *st, const struct stage_report *in)
+{
+    struct run *run;
+    int rc = run_open(st->reg, in->run_id, NULL, &run);
+    if (rc < 0)
+        return rc;
+    if (!run_stream_fresh(run, in->stream_id, in->seq)) {
+        atomic_fetch_add(&st->stats->reports_resent, 1);
+        return 0;
+    }
+    if (!in->report)
+        return 0;
+    struct run_add_stats as;
+    double now = now_mono();
+    rc = run_add(st->reg, run, in->step, in->time, in->rank, in->report, now, &as);
+    queue_scalars(st, run, in);
+    flush_scalars(st, run, false);
+    if (as.late) {
+        atomic_fetch_add(&st->stats->sketches_late, as.late);
+        log_limited(&st->rl_late, LOG_LEVEL_WARN, "stage",
+                    "run %s step %llu: %u sketches arrived after the step was evaluated; ignored",
+                    run->name, (unsigned long long)in->step, as.late);
+    }
+    if (as.duplicates || as.mismatched || as.limit) {
+        atomic_fetch_add(&st->stats->sketches_duplicate, as.duplicates);
+        log_limited(&st->rl_dup, LOG_LEVEL_WARN, "stage",
+                    "run %s step %llu rank %u: %u duplicate, %u inconsistent, %u over-limit "
+                    "sketches ignored",
+                    run->name, (unsigned long long)in->step, in->rank, as.duplicates,
+                    as.mismatched, as.limit);
+    }
+    if (rc < 0)
+        log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
+                    "out of memory reducing run %s step %llu", run->name,
+                    (unsigned long long)in->step);
+    pump(st, run, now);
+    check_pressure(st);
+    return rc;
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    struct stage *st = h->data;
+    st->timer_open = 0;
+    if (st->done)
+        st->done(st->done_ctx);
+}
+
+static void maybe_done(struct stage *st)
+{
+    if (!st->stopping || st->inflight || st->timer_open != 1)
+        return;
+    /* Scalars behind steps that stay spooled: detect them now so that
+     * their state persists (a step arriving later is then out of order
+     * for these detectors, which only costs a skipped sample). */
+    for (size_t i = 0; i < run_count(st->reg); i++)
+        flush_scalars(st, run_at(st->reg, i), true);
+    st->timer_open = 2; /* closing */
+    uv_close((uv_handle_t *)&st->sweep, on_timer_closed);
+}
+
+void stage_stop(struct stage *st, void (*done)(void *ctx), void *ctx)
+{
+    if (st->stopping)
+        return;
+    st->stopping = 1;
+    st->done = done;
+    st->done_ctx = ctx;
+    uv_timer_stop(&st->sweep);
+    log_info("stage", "stopping: %zu steps on the workers finish; steps still reducing stay "
+             "spooled", st->jobs);
+    maybe_done(st);
+}
+
+void stage_free(struct stage *st)
+{
+    if (!st)
+        return;
+    for (size_t i = 0; i < run_count(st->reg); i++) {
+        struct run *run = run_at(st->reg, i);
+        struct stage_run *sr = run->user;
+        while (sr && sr->jobs_head) { /* computed but behind an unevaluated step */
+            struct job *j = sr->jobs_head;
+            sr->jobs_head = j->next;
+            job_free(j);
+        }
+        stage_run_free(sr);
+        run->user = NULL;
+    }
+    run_registry_destroy(st->reg);
+    pool_destroy(&st->pool);
+    free(st);
+}
+
+/* --- restart: persisted state and the spool ---------------------------------------------------- */
+
+static int load_fail(sqlite3 *db, char *err, size_t errlen, const char *what)
+{
+    snprintf(err, errlen, "loading monitor state (%s): %s", what, sqlite3_errmsg(db));
+    return -EIO;
+}
+
+/* Rule of a tracked series: aggregates ("qk.d2.erank.min") drop the suffix. */
+static void rule_of_series(const char *series, char *rule, size_t len)
+{
+    snprintf(rule, len, "%s", series);
+    size_t n = strlen(rule);
+    if (strncmp(rule, "qk.", 3) == 0 && n > 4 &&
+        (strcmp(rule + n - 4, ".min") == 0 || strcmp(rule + n - 4, ".max") == 0))
+        rule[n - 4] = '\0';
+}
+
+static void model_from_json(struct run *run, const char *text)
+{
+    if (!text)
+        return;
+    json_t *o = json_loads(text, 0, NULL);
+    if (!o)
+        return;
+    json_int_t l = json_integer_value(json_object_get(o, "n_layers"));
+    json_int_t h = json_integer_value(json_object_get(o, "n_heads"));
+    if (l > 0 && l <= FS_MAX_LAYERS)
+        run->n_layers = (uint32_t)l;
+    if (h > 0 && h <= FS_MAX_HEADS)
+        run->n_heads = (uint32_t)h;
+    json_decref(o);
+}
+
+static struct track *load_track(struct stage *st, struct run *run, sqlite3_stmt *q, int col)
+{
+    struct store_series_key k;
+    const char *name = (const char *)sqlite3_column_text(q, col);
+    if (!name)
+        return NULL;
+    set_key(&k, name, sqlite3_column_int(q, col + 1), sqlite3_column_int(q, col + 2),
+            sqlite3_column_int(q, col + 3), sqlite3_column_int(q, col + 4));
+    char rule[DETECT_NAME_MAX];
+    rule_of_series(name, rule, sizeof(rule));
+    struct stage_run *sr = stage_run_of(run);
+    return sr ? track_get(st, sr, &k, rule) : NULL;
+}
+
+static enum alert_attribution attribution_of(const char *s)
+{
+    for (int a = ALERT_ATTR_NONE; s && a <= ALERT_ATTR_LOSS_SPIKE; a++)
+        if (strcmp(alert_attribution_name((enum alert_attribution)a), s) == 0)
+            return (enum alert_attribution)a;
+    return ALERT_ATTR_NONE;
+}
+
+static double col_real(sqlite3_stmt *q, int i)
+{
+    return sqlite3_column_type(q, i) == SQLITE_NULL ? NAN : sqlite3_column_double(q, i);
+}
+
+static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
+{
+    sqlite3_stmt *q = NULL;
+    /* Runs: shape and detect_from_step; done_step from the spool or history. */
+    if (sqlite3_prepare_v2(db,
+                           "SELECT id, name, world_size, detect_from_step, model_json, "
+                           "(SELECT min(step) FROM spool WHERE run_id = runs.id) FROM runs",
+                           -1, &q, NULL) != SQLITE_OK)
+        return load_fail(db, err, errlen, "runs");
+    int rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        struct run *run;
+        if (run_open(st->reg, sqlite3_column_int64(q, 0), (const char *)sqlite3_column_text(q, 1),
+                     &run) < 0)
+            break;
+        run->world_size = (uint32_t)sqlite3_column_int64(q, 2);
+        if (sqlite3_column_int64(q, 3) > 0) {
+            run->has_detect_from_step = true;
+            run->detect_from_step = (uint64_t)sqlite3_column_int64(q, 3);
+        }
+        model_from_json(run, (const char *)sqlite3_column_text(q, 4));
+        /* Steps below the first spooled one were evaluated (their spool rows
+         * are deleted with their monitor rows); without a spool, see below. */
+        run->done_step = sqlite3_column_type(q, 5) == SQLITE_NULL ? -2
+                                                                 : sqlite3_column_int64(q, 5) - 1;
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE)
+        return load_fail(db, err, errlen, "runs");
+    /* No spool: the last step any (non-scalar) monitor was detected at. */
+    if (sqlite3_prepare_v2(db,
+                           "SELECT s.run_id, max(d.step) FROM detector_state d "
+                           "JOIN series s ON s.id = d.series_id WHERE s.rank = -1 "
+                           "GROUP BY s.run_id",
+                           -1, &q, NULL) != SQLITE_OK)
+        return load_fail(db, err, errlen, "evaluated steps");
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        struct run *run = run_find(st->reg, sqlite3_column_int64(q, 0));
+        if (run && run->done_step == -2)
+            run->done_step = sqlite3_column_int64(q, 1);
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE)
+        return load_fail(db, err, errlen, "evaluated steps");
+    for (size_t i = 0; i < run_count(st->reg); i++)
+        if (run_at(st->reg, i)->done_step == -2)
+            run_at(st->reg, i)->done_step = -1;
+
+    if (sqlite3_prepare_v2(db,
+                           "SELECT s.run_id, d.step, d.state, s.name, s.layer, s.head, "
+                           "s.\"window\", s.rank FROM detector_state d "
+                           "JOIN series s ON s.id = d.series_id",
+                           -1, &q, NULL) != SQLITE_OK)
+        return load_fail(db, err, errlen, "detector_state");
+    size_t n_det = 0;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        struct run *run = run_find(st->reg, sqlite3_column_int64(q, 0));
+        struct track *t = run ? load_track(st, run, q, 3) : NULL;
+        if (!t)
+            continue;
+        const void *blob = sqlite3_column_blob(q, 2);
+        int len = sqlite3_column_bytes(q, 2);
+        if (detect_state_decode(&t->ds, blob, (size_t)len) < 0) {
+            log_warn("stage", "run %s series %s: unreadable detector state; starting afresh",
+                     run->name, t->key.name);
+            continue;
+        }
+        t->last_step = sqlite3_column_int64(q, 1);
+        n_det++;
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE)
+        return load_fail(db, err, errlen, "detector_state");
+
+    if (sqlite3_prepare_v2(db,
+                           "SELECT a.run_id, a.state_blob, a.attribution, a.value, a.median, "
+                           "a.mad, a.z, s.name, s.layer, s.head, s.\"window\", s.rank "
+                           "FROM alerts a JOIN series s ON s.id = a.series_id",
+                           -1, &q, NULL) != SQLITE_OK)
+        return load_fail(db, err, errlen, "alerts");
+    size_t n_alerts = 0;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        struct run *run = run_find(st->reg, sqlite3_column_int64(q, 0));
+        struct track *t = run ? load_track(st, run, q, 7) : NULL;
+        if (!t)
+            continue;
+        const void *blob = sqlite3_column_blob(q, 1);
+        int len = sqlite3_column_bytes(q, 1);
+        if (!blob || alert_state_decode(&t->as, blob, (size_t)len) < 0)
+            continue;
+        memcpy(t->row_blob, blob, sizeof(t->row_blob));
+        t->ev_attr = attribution_of((const char *)sqlite3_column_text(q, 2));
+        t->ev_value = col_real(q, 3);
+        t->ev_median = col_real(q, 4);
+        t->ev_mad = col_real(q, 5);
+        t->ev_z = col_real(q, 6);
+        n_alerts++;
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE)
+        return load_fail(db, err, errlen, "alerts");
+    if (n_det || n_alerts)
+        log_info("stage", "restored %zu detector states and %zu alerts of %zu runs", n_det,
+                 n_alerts, run_count(st->reg));
+    return 0;
+}
+
+static int load_spool(struct stage *st, sqlite3 *db, char *err, size_t errlen)
+{
+    sqlite3_stmt *q = NULL;
+    if (sqlite3_prepare_v2(db,
+                           "SELECT sp.run_id, sp.stream_id, sp.seq, sp.step, sp.body, st.rank "
+                           "FROM spool sp JOIN streams st ON st.id = sp.stream_id ORDER BY sp.id",
+                           -1, &q, NULL) != SQLITE_OK)
+        return load_fail(db, err, errlen, "spool");
+    struct decode_limits lim;
+    decode_limits_default(&lim, STAGE_LOAD_MAX_BODY);
+    size_t n = 0, bad = 0;
+    int rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        const uint8_t *body = sqlite3_column_blob(q, 4);
+        size_t len = (size_t)sqlite3_column_bytes(q, 4);
+        Foreshock__Frame *f = NULL;
+        struct decode_error derr;
+        if (!body || decode_frame(body, len, &lim, &f, NULL, &derr) < 0 ||
+            f->body_case != FORESHOCK__FRAME__BODY_REPORT) {
+            bad++;
+            decode_frame_free(f);
+            continue;
+        }
+        const Foreshock__Report *r = f->report;
+        struct stage_report in = {
+            .run_id = sqlite3_column_int64(q, 0), .stream_id = sqlite3_column_int64(q, 1),
+            .seq = (uint64_t)sqlite3_column_int64(q, 2), .step = (uint64_t)sqlite3_column_int64(q, 3),
+            .rank = (uint32_t)sqlite3_column_int64(q, 5),
+            .time = r->has_time_unix ? r->time_unix : now_unix(), .report = r};
+        stage_feed(st, &in);
+        decode_frame_free(f);
+        n++;
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE)
+        return load_fail(db, err, errlen, "spool");
+    if (n || bad)
+        log_info("stage", "re-fed %zu spooled reports (%zu unreadable, skipped)", n, bad);
+    return 0;
+}
+
+int stage_load(struct stage *st, const char *db_path, char *err, size_t errlen)
+{
+    sqlite3 *db;
+    int rc = store_open_readonly(db_path, &db, err, errlen);
+    if (rc < 0)
+        return rc;
+    rc = load_state(st, db, err, errlen);
+    if (rc == 0)
+        rc = load_spool(st, db, err, errlen);
+    sqlite3_close(db);
+    return rc;
+}

@@ -1,0 +1,119 @@
+#ifndef FORESHOCK_STAGE_H
+#define FORESHOCK_STAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+#include "detect.h"
+#include "foreshock.pb-c.h"
+#include "run.h"
+#include "stats.h"
+#include "store.h"
+
+/* The monitor stage: glue on the loop thread between ingest, the run
+ * registry (run.h), the worker pool and the writer.
+ *
+ *   ingest --stage_feed--> run registry (shard/rank reduction, per step)
+ *     a ready bucket (step order per run) --uv_queue_work, chunks of heads-->
+ *     workers: qk_head_from_grams / router_weight_compute / router_decision
+ *     --after_work (loop thread), in step order per run--> series points,
+ *     detect_step + alert_step on the per-layer aggregates, attribution,
+ *     evidence --> one STORE_ITEM_MONITOR (points, detector states, alert
+ *     rows and events, incomplete rows, spool deletion of steps <= step).
+ *   Scalars (loss, grad_norm, per-layer weight_norm / update_ratio of rank
+ *   0) need no math: they are detected in stage_feed and their detector
+ *   and alert rows are queued right after the REPORT item.
+ *
+ * Feeding order is the contract: ingest calls stage_feed only after
+ * store_submit accepted the report, so the spool insert is queued before
+ * anything the stage queues about that step. A report whose seq was
+ * already fed on its stream (a resend) is not fed again.
+ *
+ * Restart: stage_load (before ingest accepts connections) reads the
+ * persisted detector and alert state and re-feeds the spool in id order;
+ * detection is idempotent per series (a step at or below the series' last
+ * detected step is skipped), so a replay neither re-fires nor forgets.
+ *
+ * Threads: every function here runs on the loop thread (stage_load on the
+ * main thread before uv_run, which is the same thread). Workers only touch
+ * the groups of the bucket they were given and a workspace checked out of
+ * a mutex-guarded pool. */
+
+struct stage_opts {
+    uv_loop_t *loop;
+    struct store *store;
+    struct fs_stats *stats;
+    const struct detect_rules *rules; /* read-only, outlives the stage */
+    double reduce_timeout_s;
+    uint64_t reduce_max_bytes;
+    uint64_t detect_from_step;        /* for runs whose Hello does not set it */
+    unsigned max_chunks;              /* work requests per bucket (0: default) */
+};
+
+/* One decoded report, as ingest (or the spool replay) hands it over. */
+struct stage_report {
+    int64_t run_id;
+    int64_t stream_id;
+    uint32_t rank;
+    uint64_t seq;
+    uint64_t step;
+    double time;                      /* sample time, unix seconds */
+    const Foreshock__Report *report;  /* read during the call only */
+};
+
+struct stage;
+
+/* The config section `[detect "RULE"]` (keys of detect_rules_set: warmup,
+ * window, z, floor, ceiling, spike_ratio, persistence, resolve_after,
+ * severity, enabled) over rules, for config_load_file's extra sections.
+ * An unknown rule or key is a config error naming file and line. */
+void stage_detect_section(struct detect_rules *rules, struct config_section *out);
+
+/* Creates the stage on loop (a sweep timer for timeouts). Returns 0 and
+ * *out or a negative errno-style code with err. Loop thread, before uv_run. */
+int stage_create(const struct stage_opts *opts, struct stage **out, char *err, size_t errlen);
+
+/* Restart: reads runs, detector_state and alerts through a read-only
+ * connection to db_path, then re-feeds the spool in id order. 0 or a
+ * negative code with err. Main (= loop) thread, before ingest starts. */
+int stage_load(struct stage *st, const char *db_path, char *err, size_t errlen);
+
+/* Ingest backpressure: cb(ctx, 1) when the reduction memory reached
+ * reduce_max_bytes (stop reading), cb(ctx, 0) when it drained below 3/4 of
+ * it. NULL detaches. Loop thread. */
+void stage_set_pressure(struct stage *st, void (*cb)(void *ctx, int full), void *ctx);
+
+/* True while reading should stay stopped for the stage. */
+bool stage_full(const struct stage *st);
+
+/* A stream's Welcome went out: registers the run (name, world size, shape,
+ * MoE announcement, detect_from_step) and that seqs <= last_seq of the
+ * stream are committed. 0 or -ENOMEM. Loop thread. */
+int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t stream_id,
+                uint64_t last_seq, const struct run_hello *h);
+
+/* Feeds one accepted report. 0, or -ENOMEM (the report's sketches are
+ * partly lost; they stay in the spool and are re-fed at the next start).
+ * Loop thread. */
+int stage_feed(struct stage *st, const struct stage_report *in);
+
+/* Evaluates ready buckets now (the sweep timer does this too). Loop thread. */
+void stage_poll(struct stage *st);
+
+/* Work requests in flight. */
+size_t stage_inflight(const struct stage *st);
+
+/* Orderly stop: no new buckets start; buckets already on workers finish,
+ * are evaluated in order and their items submitted; then done(ctx) is
+ * called on the loop thread. Buckets still reducing stay in the spool. A
+ * second call is a no-op. Loop thread. */
+void stage_stop(struct stage *st, void (*done)(void *ctx), void *ctx);
+
+/* Frees the stage after done was called (or if stage_stop was never called
+ * and the loop no longer runs; NULL is a no-op). Loop thread. */
+void stage_free(struct stage *st);
+
+#endif
