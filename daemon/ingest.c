@@ -483,7 +483,8 @@ static void on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body
         rp->update_ratio = copy_floats(s->layer_update_ratio, s->n_layer_update_ratio);
         oom |= (rp->n_weight_norm && !rp->weight_norm) || (rp->n_update_ratio && !rp->update_ratio);
     }
-    if (info->sketches) {
+    if (info->sketches ||
+        (c->ing->opts.stage && stage_wants_spool(c->ing->opts.stage, c->rank, r))) {
         /* The spool keeps the frame as it arrived for the monitor stage. */
         rp->sketch_body = malloc(len);
         if (rp->sketch_body) {

@@ -195,10 +195,7 @@ int run_hello(struct run *run, const struct run_hello *h)
         if (run->ann[i].rank == h->rank)
             a = &run->ann[i];
     if (!a) {
-        if (!n) {
-            free(layers);
-            return 0;
-        }
+        /* Every rank heard from is kept, announcing or not: see run_tokens_want. */
         struct run_announce *p = realloc(run->ann, (run->n_ann + 1) * sizeof(*p));
         if (!p) {
             free(layers);
@@ -222,9 +219,22 @@ int run_hello(struct run *run, const struct run_hello *h)
 
 uint32_t run_tokens_want(const struct run *run, uint32_t layer)
 {
-    if (layer < run->n_moe_want && run->moe_want[layer] > 0)
-        return run->moe_want[layer];
-    return run->world_size ? run->world_size : 1;
+    uint32_t world = run->world_size ? run->world_size : 1;
+    size_t heard = 0, announcing = 0;
+    for (size_t i = 0; i < run->n_ann; i++) {
+        if (run->ann[i].rank < world) {
+            heard++;
+            announcing += run->ann[i].n > 0;
+        }
+    }
+    if (!announcing)
+        return world;
+    /* A rank not heard from yet (after a restart, or still connecting) may
+     * announce the layer too: until it says hello it counts as expected,
+     * otherwise the first rank's hello would complete groups alone. */
+    uint32_t want = layer < run->n_moe_want ? run->moe_want[layer] : 0;
+    want += heard < world ? world - (uint32_t)heard : 0;
+    return want ? want : world;
 }
 
 /* --- resend dedup ------------------------------------------------------------------ */

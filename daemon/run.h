@@ -25,8 +25,9 @@
  *  - router_gram (layer): GR shards summed likewise.
  *  - router_tokens (layer): n_tok, sums, load[], sum_p[] summed over
  *    ranks; complete when every rank that announced the layer in its Hello
- *    (ModelShape.moe_layers) has reported it, or world_size ranks when no
- *    rank announced the layer.
+ *    (ModelShape.moe_layers) has reported it, plus one per rank of the
+ *    world not heard from yet (it may announce the layer too), or
+ *    world_size ranks when no rank announced anything (run_tokens_want).
  * A group is never computed from part of its data: one still incomplete
  * reduce_timeout_s after its first piece is dropped and becomes a
  * struct run_incomplete record of its bucket.
@@ -112,10 +113,10 @@ struct run_bucket {
     struct run_bucket *next; /* the run's list, step order */
 };
 
-struct run_announce {
+struct run_announce { /* one per rank heard from (a Hello), announcing or not */
     uint32_t rank;
     uint32_t n;
-    uint32_t *layers; /* sorted, distinct */
+    uint32_t *layers; /* sorted, distinct MoE layers; NULL when n == 0 */
 };
 
 struct run_stream {
@@ -133,7 +134,7 @@ struct run {
     int64_t done_step; /* last step taken (-1: none); later data at or below it is late */
     struct run_bucket *buckets; /* pending, ascending step */
     size_t n_buckets;
-    struct run_announce *ann; /* per announcing rank */
+    struct run_announce *ann; /* per rank heard from */
     size_t n_ann;
     uint32_t *moe_want; /* per layer: announcing ranks */
     size_t n_moe_want;

@@ -691,31 +691,34 @@ static void build_submit(struct stage *st, struct build *bd)
 
 /* --- scalars (at feed time, no math) -------------------------------------------------------- */
 
-static void detect_scalars(struct stage *st, struct run *run, const struct scalar_sample *x)
+static void detect_scalars(struct stage *st, struct stage_run *sr, struct run *run,
+                           struct build *bd, const struct scalar_sample *x)
 {
-    struct stage_run *sr = stage_run_of(run);
-    struct build bd;
-    if (!sr || build_begin(&bd, run->run_id, x->time) < 0)
-        return;
     struct store_series_key k;
     if (x->has_loss) {
         set_key(&k, "loss", -1, -1, 0, 0);
-        feed_track(st, sr, run, &bd, &k, "loss", x->step, x->loss, true, -1);
+        feed_track(st, sr, run, bd, &k, "loss", x->step, x->loss, true, -1);
     }
     if (x->has_grad) {
         set_key(&k, "grad_norm", -1, -1, 0, 0);
-        feed_track(st, sr, run, &bd, &k, "grad_norm", x->step, x->grad, true, -1);
+        feed_track(st, sr, run, bd, &k, "grad_norm", x->step, x->grad, true, -1);
     }
     for (uint32_t l = 0; l < x->n_wn; l++) {
         set_key(&k, "weight_norm", (int32_t)l, -1, 0, 0);
-        feed_track(st, sr, run, &bd, &k, "weight_norm", x->step, x->wn[l], true, -1);
+        feed_track(st, sr, run, bd, &k, "weight_norm", x->step, x->wn[l], true, -1);
     }
     for (uint32_t l = 0; l < x->n_ur; l++) {
         set_key(&k, "update_ratio", (int32_t)l, -1, 0, 0);
-        feed_track(st, sr, run, &bd, &k, "update_ratio", x->step, x->ur[l], true, -1);
+        feed_track(st, sr, run, bd, &k, "update_ratio", x->step, x->ur[l], true, -1);
     }
-    build_finish(st, sr, run, &bd);
-    build_submit(st, &bd);
+    /* The report was spooled (stage_wants_spool): its row goes with the
+     * rows derived from it. Every bucket at or below this step is
+     * evaluated, so nothing else at or below it is still needed. */
+    struct store_monitor *m = &bd->it->monitor;
+    if (!m->has_spool_done || m->spool_done_step < x->step) {
+        m->has_spool_done = 1;
+        m->spool_done_step = x->step;
+    }
 }
 
 /* Lowest step of the run still reducing or on the workers (UINT64_MAX: none). */
@@ -728,21 +731,34 @@ static uint64_t pending_step(const struct run *run)
 }
 
 /* Detects queued scalars of steps below every pending bucket (all of them
- * when `all`, at shutdown). */
-static void flush_scalars(struct stage *st, struct run *run, bool all)
+ * when `all`, at shutdown), into bd (an item being built for the run) or,
+ * when bd is NULL, into one item of their own. */
+static void flush_scalars(struct stage *st, struct run *run, struct build *bd, bool all)
 {
     struct stage_run *sr = run->user;
-    if (!sr)
+    if (!sr || !sr->sc_head)
         return;
     uint64_t limit = all ? UINT64_MAX : pending_step(run);
+    if (!all && sr->sc_head->step >= limit)
+        return;
+    struct build own;
+    if (!bd) {
+        if (build_begin(&own, run->run_id, sr->sc_head->time) < 0)
+            return;
+        bd = &own;
+    }
     while (sr->sc_head && (all || sr->sc_head->step < limit)) {
         struct scalar_sample *x = sr->sc_head;
         sr->sc_head = x->next;
         if (!sr->sc_head)
             sr->sc_tail = NULL;
         sr->n_sc--;
-        detect_scalars(st, run, x);
+        detect_scalars(st, sr, run, bd, x);
         sample_free(x);
+    }
+    if (bd == &own) {
+        build_finish(st, sr, run, bd);
+        build_submit(st, bd);
     }
 }
 
@@ -777,9 +793,8 @@ static void queue_scalars(struct stage *st, struct run *run, const struct stage_
         memcpy(x->ur, s->layer_update_ratio, s->n_layer_update_ratio * sizeof(float));
         x->n_ur = (uint32_t)s->n_layer_update_ratio;
     }
-    if (sr->n_sc >= STAGE_MAX_SCALAR_QUEUE) {
-        flush_scalars(st, run, true);
-    }
+    if (sr->n_sc >= STAGE_MAX_SCALAR_QUEUE)
+        flush_scalars(st, run, NULL, true);
     if (sr->sc_tail)
         sr->sc_tail->next = x;
     else
@@ -988,9 +1003,12 @@ static void evaluate(struct stage *st, struct run *run, struct run_bucket *b)
                     r->window, r->have, r->want);
     }
     /* Every step <= this one is evaluated (buckets go in step order): their
-     * spooled sketches go in the same transaction as the derived rows. */
+     * spooled sketches go in the same transaction as the derived rows, and
+     * so do the scalars of the steps up to the next pending bucket (the
+     * caller popped this one). */
     bd.it->monitor.has_spool_done = 1;
     bd.it->monitor.spool_done_step = b->step;
+    flush_scalars(st, run, &bd, false);
     build_finish(st, sr, run, &bd);
     build_submit(st, &bd);
     atomic_fetch_add(&st->stats->buckets_evaluated, 1);
@@ -1093,7 +1111,6 @@ static void drain(struct stage *st, struct run *run)
         st->jobs--;
         job_free(j);
     }
-    flush_scalars(st, run, false);
     check_pressure(st);
 }
 
@@ -1193,6 +1210,16 @@ void stage_poll(struct stage *st)
 }
 
 static void on_sweep(uv_timer_t *t) { stage_poll(t->data); }
+
+bool stage_wants_spool(const struct stage *st, uint32_t rank, const Foreshock__Report *r)
+{
+    (void)st;
+    const Foreshock__Scalars *s = r->scalars;
+    if (r->n_attention || r->n_router_gram || r->n_router_tokens)
+        return true;
+    return rank == 0 && s &&
+           (s->has_loss || s->has_grad_norm || s->n_layer_weight_norm || s->n_layer_update_ratio);
+}
 
 /* --- public API ------------------------------------------------------------------------------ */
 
@@ -1303,7 +1330,7 @@ int stage_feed(struct stage *st, const struct stage_report *in)
     double now = now_mono();
     rc = run_add(st->reg, run, in->step, in->time, in->rank, in->report, now, &as);
     queue_scalars(st, run, in);
-    flush_scalars(st, run, false);
+    flush_scalars(st, run, NULL, false);
     if (as.late) {
         atomic_fetch_add(&st->stats->sketches_late, as.late);
         log_limited(&st->rl_late, LOG_LEVEL_WARN, "stage",
@@ -1339,11 +1366,8 @@ static void maybe_done(struct stage *st)
 {
     if (!st->stopping || st->inflight || st->timer_open != 1)
         return;
-    /* Scalars behind steps that stay spooled: detect them now so that
-     * their state persists (a step arriving later is then out of order
-     * for these detectors, which only costs a skipped sample). */
-    for (size_t i = 0; i < run_count(st->reg); i++)
-        flush_scalars(st, run_at(st->reg, i), true);
+    /* Scalars still queued behind steps that stay spooled are spooled too
+     * (stage_wants_spool): the next start re-feeds them in order. */
     st->timer_open = 2; /* closing */
     uv_close((uv_handle_t *)&st->sweep, on_timer_closed);
 }

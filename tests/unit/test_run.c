@@ -284,15 +284,19 @@ struct tokens_case {
     const char *what;
     uint32_t world;
     uint32_t announce_ranks; /* ranks 0..k-1 announce `layer` */
+    uint32_t silent_ranks;   /* ranks k..k+s-1 say hello announcing another layer */
     uint32_t layer;
     uint32_t want;
 };
 
 static const struct tokens_case tokens_cases[] = {
-    {"nothing announced: world size", 4, 0, 1, 4},
-    {"two ranks announced the layer", 4, 2, 1, 2},
-    {"all announced", 3, 3, 0, 3},
-    {"single rank", 1, 0, 0, 1},
+    {"nothing announced: world size", 4, 0, 0, 1, 4},
+    {"two of four announced, the others without the layer", 4, 2, 2, 1, 2},
+    {"all announced", 3, 3, 0, 0, 3},
+    {"single rank", 1, 0, 0, 0, 1},
+    /* the first hello of a restart: the unheard rank may hold the layer */
+    {"one of two heard so far", 2, 1, 0, 1, 2},
+    {"two heard, one unheard", 4, 1, 1, 2, 3},
 };
 
 Test(run, router_tokens_complete_by_announced_ranks_or_world_size)
@@ -309,7 +313,14 @@ Test(run, router_tokens_complete_by_announced_ranks_or_world_size)
             /* saying hello again does not count twice */
             cr_assert_eq(run_hello(fx.run, &h), 0);
         }
-        cr_assert_eq(run_tokens_want(fx.run, tc->layer), tc->want, "%s", tc->what);
+        for (uint32_t r = tc->announce_ranks; r < tc->announce_ranks + tc->silent_ranks; r++) {
+            uint32_t layers[1] = {tc->layer + 100};
+            struct run_hello h = {.rank = r, .world_size = tc->world, .moe_layers = layers,
+                                  .n_moe_layers = 1};
+            cr_assert_eq(run_hello(fx.run, &h), 0);
+        }
+        cr_assert_eq(run_tokens_want(fx.run, tc->layer), tc->want, "%s: want %u", tc->what,
+                     run_tokens_want(fx.run, tc->layer));
         struct t_report *t = malloc(sizeof(*t));
         for (uint32_t r = 0; r < tc->want; r++) {
             report_init(t, 1, 5);
