@@ -59,6 +59,12 @@ static void usage(FILE *f)
     config_print_keys(f);
     fprintf(f,
         "    Byte sizes accept K, M, G, T suffixes (binary multiples).\n"
+        "    Detector rules (shared/MONITORS.md section 4) are tuned per rule in\n"
+        "    sections [detect \"RULE\"], RULE one of qk.d2.erank, qk.d2.entropy,\n"
+        "    qk.d2.srank, qk.cqk, router.similarity, router.centered_energy,\n"
+        "    router.zloss, router.maxvio, router.load_entropy, weight_norm,\n"
+        "    update_ratio, loss, grad_norm; keys: warmup, window, z, floor,\n"
+        "    ceiling, spike_ratio, persistence, resolve_after, severity, enabled.\n"
         "\n"
         "SIGNALS\n"
         "    SIGTERM, SIGINT  orderly stop: stop accepting, commit and ack what was\n"

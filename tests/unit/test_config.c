@@ -30,6 +30,9 @@ Test(config, defaults)
     cr_expect_eq(c.spool_max_bytes, FS_DEF_SPOOL_MAX_BYTES);
     cr_expect_eq(c.log_level, LOG_LEVEL_INFO);
     cr_expect_str_eq(c.token, "");
+    cr_expect_eq(c.reduce_timeout_s, FS_DEF_REDUCE_TIMEOUT_S);
+    cr_expect_eq(c.reduce_max_bytes, FS_DEF_REDUCE_MAX_BYTES);
+    cr_expect_eq(c.detect_from_step, 0);
     struct config_error err;
     cr_expect_eq(config_check(&c, "defaults", &err), 0, "%s", err.message);
     /* Every default in the table parses (config_defaults ignores errors). */
@@ -43,7 +46,7 @@ Test(config, defaults)
 struct ok_case {
     const char *text;
     size_t offset; /* field to check */
-    int kind;      /* 0: uint64, 1: int, 2: string, 3: endpoint */
+    int kind;      /* 0: uint64, 1: int, 2: string, 3: endpoint, 4: double (u / 1000) */
     uint64_t u;
     const char *s;
 };
@@ -74,6 +77,10 @@ static const struct ok_case ok_cases[] = {
     {"token = s3cr#t", OFF(token), 2, 0, "s3cr#t"},
     {"token = abc # trailing comment", OFF(token), 2, 0, "abc"},
     {"  \t token\t=\tx  \r", OFF(token), 2, 0, "x"},
+    {"reduce_timeout_s = 2.5", OFF(reduce_timeout_s), 4, 2500, NULL},
+    {"reduce_timeout_s = 600", OFF(reduce_timeout_s), 4, 600000, NULL},
+    {"reduce_max_bytes = 2G", OFF(reduce_max_bytes), 0, 2ull << 30, NULL},
+    {"detect_from_step = 1000", OFF(detect_from_step), 0, 1000, NULL},
 };
 
 Test(config, every_key_table)
@@ -102,6 +109,9 @@ Test(config, every_key_table)
             cr_expect_eq(ep->port, c->u, "'%s'", c->text);
             break;
         }
+        case 4:
+            cr_expect_eq(*(const double *)field, (double)c->u / 1000, "'%s'", c->text);
+            break;
         }
     }
 }
@@ -136,6 +146,10 @@ static const struct bad_case bad_cases[] = {
     {"just words", "config: t.conf:1: expected 'key = value'"},
     {"[nosuch]\nx = 1", "config: t.conf:1: unknown section [nosuch]"},
     {"[broken", "config: t.conf:1: bad section header"},
+    {"reduce_timeout_s = 0", "key 'reduce_timeout_s': 0 is outside the range"},
+    {"reduce_timeout_s = soon", "key 'reduce_timeout_s': 'soon' is not a finite number"},
+    {"reduce_max_bytes = 1K", "key 'reduce_max_bytes': 1K is outside"},
+    {"detect_from_step = -5", "key 'detect_from_step': '-5' is not an unsigned integer"},
 };
 
 Test(config, errors_table)

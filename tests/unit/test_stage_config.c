@@ -1,0 +1,65 @@
+/* foreshockd's [detect "RULE"] configuration sections (stage_detect_section
+ * through config_section.set): overrides reach the rule table, errors name
+ * the file, line and key. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <string.h>
+
+#include "config.h"
+#include "detect.h"
+#include "stage.h"
+
+struct bad_case {
+    const char *text;
+    const char *want; /* substring of the message */
+};
+
+/* Sections whose keys another module parses (config_section.set): the
+ * detector rules, as foreshockd registers them. */
+Test(stage_config, detect_rule_sections)
+{
+    struct detect_rules rules;
+    detect_rules_default(&rules);
+    struct config_section sec;
+    stage_detect_section(&rules, &sec);
+    const char *text = "detect_from_step = 50\n"
+                       "[detect \"qk.d2.erank\"]\n"
+                       "z = 4.5\n"
+                       "persistence = 2\n"
+                       "floor = none\n"
+                       "[detect \"loss\"]\n"
+                       "enabled = false\n"
+                       "severity = critical\n";
+    struct fs_config cfg;
+    config_defaults(&cfg);
+    struct config_error err;
+    cr_assert_eq(config_parse(text, strlen(text), "t", &cfg, &sec, 1, &err), 0, "%s",
+                 err.message);
+    cr_expect_eq(cfg.detect_from_step, 50);
+    const struct detect_rule *r = detect_rules_find(&rules, "qk.d2.erank");
+    cr_expect_eq(r->z, 4.5);
+    cr_expect_eq(r->persistence, 2);
+    cr_expect(!r->has_floor);
+    r = detect_rules_find(&rules, "loss");
+    cr_expect(!r->enabled);
+    cr_expect_eq(r->severity, DETECT_SEVERITY_CRITICAL);
+    r = detect_rules_find(&rules, "grad_norm");
+    cr_expect(r->enabled, "an untouched rule changed");
+
+    const struct bad_case bad[] = {
+        {"[detect \"nope\"]\nz = 1", "config: t:1: section [detect \"nope\"]: unknown detector rule"},
+        {"[detect]\nz = 1", "config: t:1: section [detect]: needs a rule name"},
+        {"[detect \"loss\"]\n\nbogus = 1", "config: t:3: key 'bogus': "},
+        {"[detect \"loss\"]\nz = -2", "config: t:2: key 'z': "},
+        {"[detect \"loss\"]\nwindow = 100000", "config: t:2: key 'window': "},
+        {"[detect \"loss\"]\nmax_runs = 3", "config: t:2: key 'max_runs': "},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        detect_rules_default(&rules);
+        int rc = config_parse(bad[i].text, strlen(bad[i].text), "t", &cfg, &sec, 1, &err);
+        cr_expect_eq(rc, -EINVAL, "'%s'", bad[i].text);
+        cr_expect(strstr(err.message, bad[i].want) != NULL, "'%s': got '%s'", bad[i].text,
+                  err.message);
+    }
+}
+
