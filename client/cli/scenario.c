@@ -23,6 +23,7 @@
  * routing entropy falls; the big rows win more tokens: MaxVio rises). Row
  * norms start near 1. */
 #define SIM_ROUTER_ALIGN 0.02
+#define SIM_ROUTER_WALK 0.25 /* the router's random walk, relative to attention's */
 #define SIM_ROUTER_GROW 0.006
 #define SIM_ROUTER_GROW_RICH 0.02
 
@@ -295,11 +296,18 @@ static int attn_numerics(const struct scenario *sc, const struct sim_params *p,
 
 /* ---- router updates ------------------------------------------------------------------- */
 
-/* Healthy router: a random walk at the scenario's learning rate. */
+/* Healthy router: a random walk at the scenario's learning rate, at
+ * SIM_ROUTER_WALK of the attention weights' pace. What a rank observes of
+ * WR adds a per-step jitter (SIM_ROUTER_JITTER, simrank.c); the walk's
+ * drift over a 64-sample detector window must stay well below that jitter
+ * (0.3x is enough, measured on random walks against the robust z of
+ * detect.c), else a healthy walk reads as a trend break. Per row, the walk
+ * moves SIM_UPDATE_SCALE * SIM_ROUTER_WALK * sqrt(64 K) = 0.004 sqrt(K)
+ * over 64 sketches of K steps at peak lr: 0.3x margin up to K ~ 1700. */
 static int router_walk(const struct scenario *sc, const struct sim_params *p, struct sim_rng *rng,
                        uint32_t layer, uint64_t step, float *wr, size_t experts, size_t d)
 {
-    double sd = sim_step_sd(sc, p, step);
+    double sd = SIM_ROUTER_WALK * sim_step_sd(sc, p, step);
 
     (void)layer;
     for (size_t i = 0; i < experts * d; i++)
