@@ -26,6 +26,7 @@
 #define SIM_ROUTER_WALK 0.25 /* the router's random walk, relative to attention's */
 #define SIM_ROUTER_GROW 0.006
 #define SIM_ROUTER_GROW_RICH 0.02
+#define SIM_ROUTER_MAX_CENTRED 30.0 /* centred rows stop growing at this norm */
 
 /* Stream tags for sim_seed_mix. */
 #define TAG_QK_DIRS 0x51u
@@ -340,7 +341,14 @@ static int router_overshoot(const struct scenario *sc, const struct sim_params *
         for (size_t j = 0; j < d; j++)
             mean[j] += wr[i * d + j] / (double)experts;
     for (size_t i = 0; i < experts; i++) {
-        double g = i < rich ? SIM_ROUTER_GROW_RICH : SIM_ROUTER_GROW;
+        double g = i < rich ? SIM_ROUTER_GROW_RICH : SIM_ROUTER_GROW, cc = 0;
+        for (size_t j = 0; j < d; j++) {
+            double c = wr[i * d + j] - mean[j];
+            cc += c * c;
+        }
+        /* Exponential growth, but bounded: a long run must not overflow. */
+        if (cc > SIM_ROUTER_MAX_CENTRED * SIM_ROUTER_MAX_CENTRED)
+            g = 0;
         for (size_t j = 0; j < d; j++) {
             double c = wr[i * d + j] - mean[j];
             wr[i * d + j] += (float)(g * c + SIM_ROUTER_ALIGN * dir[j]);
