@@ -10,7 +10,11 @@
  *               against the daemon's monitor code;
  *   simulate.c  the command: options, one thread and one libforeshock
  *               client per rank, a sink that fills reports.
- * Adding a scenario is adding a table entry in scenario.c. */
+ * Adding a scenario is adding a table entry in scenario.c.
+ *
+ * Threads: nothing here has global state. The scenario functions and
+ * sim_params_resolve are pure and may run on any thread; an rng, a
+ * sim_params being resolved and a sim_rank each belong to one thread. */
 
 #include <stddef.h>
 #include <stdint.h>
