@@ -588,7 +588,11 @@ static int want_read(const struct conn *c)
         return 0;
     if (c->state == CLOSING)
         return !c->eof; /* discard until EOF after an Error */
-    return can_process(c) && !c->ing->paused && !c->ing->stage_full && !c->ing->stopping;
+    /* Reduction memory full: only streams whose next reports can complete
+     * the oldest reducing step are read. */
+    int stage_ok = !c->ing->stage_full || c->state != STREAMING ||
+                   stage_may_read(c->ing->opts.stage, c->run_id, c->stream_id);
+    return can_process(c) && !c->ing->paused && stage_ok && !c->ing->stopping;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)

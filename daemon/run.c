@@ -271,6 +271,25 @@ bool run_stream_fresh(struct run *run, int64_t stream_id, uint64_t seq)
     return true;
 }
 
+void run_stream_fed_step(struct run *run, int64_t stream_id, uint64_t step)
+{
+    struct run_stream *s = stream_get(run, stream_id, 1);
+    if (s) {
+        s->has_step = true;
+        s->fed_step = step;
+    }
+}
+
+bool run_stream_needed(const struct run *run, int64_t stream_id)
+{
+    if (!run->buckets)
+        return false;
+    for (size_t i = 0; i < run->n_streams; i++)
+        if (run->streams[i].stream_id == stream_id)
+            return !run->streams[i].has_step || run->streams[i].fed_step < run->buckets->step;
+    return true;
+}
+
 int run_stream_seen(struct run *run, int64_t stream_id, uint64_t seq)
 {
     struct run_stream *s = stream_get(run, stream_id, 1);

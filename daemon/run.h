@@ -122,6 +122,8 @@ struct run_announce { /* one per rank heard from (a Hello), announcing or not */
 struct run_stream {
     int64_t stream_id;
     uint64_t fed_seq; /* highest seq fed (or committed before a restart) */
+    bool has_step;
+    uint64_t fed_step; /* step of the last report fed */
 };
 
 struct run {
@@ -207,6 +209,14 @@ uint32_t run_tokens_want(const struct run *run, uint32_t layer);
 /* Resend dedup: returns true (and records seq) when seq is above every seq
  * fed on this stream, false for a resend. */
 bool run_stream_fresh(struct run *run, int64_t stream_id, uint64_t seq);
+
+/* Records the step of the report just fed on the stream. */
+void run_stream_fed_step(struct run *run, int64_t stream_id, uint64_t step);
+
+/* Under memory pressure, whether the stream should still be read: the run
+ * has a bucket still reducing and the stream has fed nothing at or beyond
+ * its step (its next reports may complete it). Others wait. */
+bool run_stream_needed(const struct run *run, int64_t stream_id);
 
 /* Raises the stream's fed seq to at least seq (a Welcome's last_seq, or a
  * spooled report at restart). 0 or -ENOMEM / -ENOSPC. */

@@ -1093,6 +1093,8 @@ static void check_pressure(struct stage *st)
         st->full = 0;
         if (st->pressure)
             st->pressure(st->pressure_ctx, 0);
+    } else if (st->full && st->pressure) {
+        st->pressure(st->pressure_ctx, 1); /* which streams are needed may have changed */
     }
 }
 
@@ -1296,6 +1298,14 @@ void stage_set_pressure(struct stage *st, void (*cb)(void *ctx, int full), void 
 
 bool stage_full(const struct stage *st) { return st->full; }
 
+bool stage_may_read(struct stage *st, int64_t run_id, int64_t stream_id)
+{
+    if (!st->full)
+        return true;
+    const struct run *run = run_find(st->reg, run_id);
+    return run && run_stream_needed(run, stream_id);
+}
+
 size_t stage_inflight(const struct stage *st) { return st->inflight; }
 
 int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t stream_id,
@@ -1324,6 +1334,7 @@ int stage_feed(struct stage *st, const struct stage_report *in)
         atomic_fetch_add(&st->stats->reports_resent, 1);
         return 0;
     }
+    run_stream_fed_step(run, in->stream_id, in->step);
     if (!in->report)
         return 0;
     struct run_add_stats as;

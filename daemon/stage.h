@@ -89,6 +89,12 @@ void stage_set_pressure(struct stage *st, void (*cb)(void *ctx, int full), void 
 /* True while reading should stay stopped for the stage. */
 bool stage_full(const struct stage *st);
 
+/* While stage_full: whether this stream's connection may still be read
+ * because its next reports can complete the run's oldest reducing step
+ * (pausing every connection would leave such a step to time out). True
+ * when not full. Loop thread. */
+bool stage_may_read(struct stage *st, int64_t run_id, int64_t stream_id);
+
 /* A stream's Welcome went out: registers the run (name, world size, shape,
  * MoE announcement, detect_from_step) and that seqs <= last_seq of the
  * stream are committed. 0 or -ENOMEM. Loop thread. */

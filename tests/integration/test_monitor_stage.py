@@ -124,7 +124,30 @@ def test_nonfinite(pb, d):
     c.close()
 
 
+def test_pressure(args, workdir):
+    """reduce_max_bytes below one step's Grams: ingest keeps reading only the
+    streams that can complete the oldest step, so nothing times out."""
+    sub = os.path.join(workdir, "pressure")
+    os.makedirs(sub)
+    d = Daemon(args.build_dir, sub, extra=["--set", "reduce_max_bytes=1M",
+                                           "--set", "reduce_timeout_s=60"])
+    try:
+        p = subprocess.run([os.path.join(args.build_dir, "foreshock"), "simulate",
+                            "--endpoint", d.endpoint, "--run", "press", "--ranks", "2",
+                            "--steps", "40", "--dh", "64", "--d", "256", "--sketch-every", "2",
+                            "--rate", "40"], capture_output=True, text=True, timeout=300)
+        check(p.returncode == 0, f"simulate: {p.stdout[-2000:]}")
+        wait_for(lambda: [s for s in series(d, "press", "qk.d2.erank.min")
+                          if s["last_step"] == 38], "step 38 evaluated")
+        run = d.get("/api/v1/runs/press")["run"]
+        check(run["incomplete"] == 0, f"incomplete reductions under pressure: {run}")
+        check("reached reduce_max_bytes" in d.log_text(), "the bound was never reached")
+    finally:
+        d.stop()
+
+
 def test(args, workdir):
+    test_pressure(args, workdir)
     pb = proto_module(args.source_dir, workdir)
     conf = os.path.join(workdir, "detect.conf")
     with open(conf, "w") as f:

@@ -562,6 +562,34 @@ Test(run, stream_resend_dedup)
     run_registry_destroy(fx.reg);
 }
 
+/* Under memory pressure only streams that can complete the oldest reducing
+ * step are read (pausing all would leave it to time out). */
+Test(run, streams_needed_by_the_oldest_bucket)
+{
+    struct fixture fx;
+    fx_init(&fx, 2, 1ull << 30);
+    cr_assert(!run_stream_needed(fx.run, 1), "needed with nothing reducing");
+    struct t_report *t = malloc(sizeof(*t));
+    report_init(t, 1, 5);
+    add_ones(t, 0, 0, 2, 0, 2);
+    fx_add(&fx, t, 0, 0.0, NULL);
+    run_stream_fed_step(fx.run, 1, 5); /* rank 0 sent its shard of step 5 */
+    run_stream_fed_step(fx.run, 2, 4); /* rank 1 is at step 4 */
+    cr_assert(!run_stream_needed(fx.run, 1), "the stream that is ahead is read");
+    cr_assert(run_stream_needed(fx.run, 2), "the lagging stream is paused");
+    cr_assert(run_stream_needed(fx.run, 3), "a stream that fed nothing yet is paused");
+    report_init(t, 2, 5);
+    add_ones(t, 0, 0, 2, 1, 2);
+    fx_add(&fx, t, 1, 0.0, NULL);
+    run_stream_fed_step(fx.run, 2, 5);
+    struct run_bucket *b = run_take_ready(fx.reg, fx.run, 0.0);
+    cr_assert_not_null(b);
+    cr_assert(!run_stream_needed(fx.run, 2));
+    run_bucket_free(b);
+    free(t);
+    run_registry_destroy(fx.reg);
+}
+
 Test(run, spectrum_sketch_is_complete_at_once)
 {
     struct fixture fx;
