@@ -75,6 +75,9 @@ static const struct config_key core_keys[] = {
     {.name = "detect_from_step", .type = CONFIG_UINT, .def = "0", .min = 0,
      .max = FS_CAP_DETECT_FROM_STEP, CORE(detect_from_step),
      .help = "steps before this only build baselines (a run's Hello overrides it)"},
+    {.name = "monitor_threads", .type = CONFIG_UINT, .def = "0", .min = 0,
+     .max = FS_CAP_MONITOR_THREADS, CORE(monitor_threads),
+     .help = "worker threads for the monitor math (0: one per online CPU)"},
 };
 
 const struct config_key *config_keys(size_t *n)

@@ -90,6 +90,7 @@ struct fs_config {
     double reduce_timeout_s;   /* monitor stage: incomplete reductions after this */
     uint64_t reduce_max_bytes; /* monitor stage: reduction memory bound */
     uint64_t detect_from_step; /* runs whose Hello does not say */
+    uint64_t monitor_threads;  /* worker threads for the monitor math; 0 = CPUs */
 };
 
 /* The table of the daemon's keys (for --help and tests). */

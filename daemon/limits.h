@@ -91,6 +91,9 @@
 #define FS_MIN_REDUCE_MAX_BYTES (1ull << 20)
 #define FS_CAP_REDUCE_MAX_BYTES (1ull << 40)
 
+/* Monitor worker threads (the libuv threadpool); 0 = one per online CPU. */
+#define FS_CAP_MONITOR_THREADS 1024u /* libuv's own cap */
+
 #define FS_CAP_DETECT_FROM_STEP ((double)(1ull << 53)) /* exact in the range check */
 
 /* --- configuration file ---------------------------------------------------- */

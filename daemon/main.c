@@ -256,6 +256,17 @@ int main(int argc, char **argv)
         goto out;
     }
     monitor_init(); /* one OpenBLAS thread: parallelism comes from the workers */
+    /* The workers are libuv's threadpool, sized once by the environment
+     * before its first use (the stage's first job). */
+    long threads = cfg->monitor_threads ? (long)cfg->monitor_threads : sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1)
+        threads = 1;
+    if (threads > (long)FS_CAP_MONITOR_THREADS)
+        threads = FS_CAP_MONITOR_THREADS;
+    char nthreads[16];
+    snprintf(nthreads, sizeof(nthreads), "%ld", threads);
+    if (cfg->monitor_threads || !getenv("UV_THREADPOOL_SIZE"))
+        setenv("UV_THREADPOOL_SIZE", nthreads, 1);
     struct stage_opts sto = {
         .loop = &app->loop,
         .store = app->store,
@@ -264,6 +275,7 @@ int main(int argc, char **argv)
         .reduce_timeout_s = cfg->reduce_timeout_s,
         .reduce_max_bytes = cfg->reduce_max_bytes,
         .detect_from_step = cfg->detect_from_step,
+        .max_chunks = (unsigned)(2 * threads), /* two per thread evens out uneven heads */
     };
     /* Persisted detector/alert state and the spool re-feed come before
      * ingest accepts a connection. */

@@ -632,7 +632,13 @@ static void build_finish(struct stage *st, struct stage_run *sr, const struct ru
                 a->evidence_json = evidence_json(p, attr);
                 if (!a->evidence_json)
                     bd->oom = 1;
-                log_info("stage", "alert %s %s run=%s layer=%d head=%d window=%d rank=%d step=%lld "
+                /* pending <-> inactive flips are routine: debug; firing and
+                 * resolved are news. */
+                log_msg(p->tr.change == ALERT_CHANGE_TO_FIRING ||
+                                  p->tr.change == ALERT_CHANGE_TO_RESOLVED
+                              ? LOG_LEVEL_INFO
+                              : LOG_LEVEL_DEBUG,
+                          "stage", "alert %s %s run=%s layer=%d head=%d window=%d rank=%d step=%lld "
                          "value=%g attribution=%s",
                          t->rule_name, a->change, run->name, scope.layer, scope.head,
                          scope.window, scope.rank, (long long)p->tr.step, p->tr.value,
@@ -1392,7 +1398,13 @@ void stage_stop(struct stage *st, void (*done)(void *ctx), void *ctx)
     st->done_ctx = ctx;
     uv_timer_stop(&st->sweep);
     log_info("stage", "stopping: %zu steps on the workers finish; steps still reducing stay "
-             "spooled", st->jobs);
+             "spooled (so far %llu steps evaluated, %llu heads in %.3f s of worker time, "
+             "%llu incomplete, %llu alerts fired)",
+             st->jobs, (unsigned long long)atomic_load(&st->stats->buckets_evaluated),
+             (unsigned long long)atomic_load(&st->stats->heads_computed),
+             (double)atomic_load(&st->stats->monitor_seconds_sum_us) * 1e-6,
+             (unsigned long long)atomic_load(&st->stats->incomplete_total),
+             (unsigned long long)atomic_load(&st->stats->alerts_fired));
     maybe_done(st);
 }
 
