@@ -93,6 +93,7 @@ void table_free(struct table *t);
 int cmd_runs(const char *http, int argc, char **argv);
 int cmd_series(const char *http, int argc, char **argv);
 int cmd_points(const char *http, int argc, char **argv);
+int cmd_alerts(const char *http, int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 
 #endif

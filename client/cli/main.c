@@ -20,6 +20,8 @@ static const struct command commands[] = {
     {.name = "series", .summary = "list the series of a run", .uses_http = 1, .run_http = cmd_series},
     {.name = "points", .summary = "print the points of a series", .uses_http = 1,
      .run_http = cmd_points},
+    {.name = "alerts", .summary = "list alerts, or show one with its history", .uses_http = 1,
+     .run_http = cmd_alerts},
     {.name = "simulate", .summary = "simulate trainer ranks streaming to the daemon",
      .run = cmd_simulate},
 };

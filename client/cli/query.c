@@ -469,3 +469,172 @@ out:
     json_decref(next_from);
     return rc;
 }
+
+/* ---- alerts ---------------------------------------------------------------------------- */
+
+struct alerts_settings {
+    const char *http, *run, *state, *severity, *label, *rule;
+    uint64_t id;
+    uint32_t layer, page_size;
+    int json;
+};
+
+static const struct opt alerts_opts[] = {
+    {.name = "http", .kind = OPT_HOSTPORT, .offset = offsetof(struct alerts_settings, http),
+     .arg = "HOST:PORT", .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
+    {.name = "run", .kind = OPT_STR, .offset = offsetof(struct alerts_settings, run), .arg = "ID",
+     .help = "only alerts of this run"},
+    {.name = "state", .kind = OPT_STR, .offset = offsetof(struct alerts_settings, state),
+     .arg = "S", .help = "pending, firing, resolved, inactive or open (comma-separated list)"},
+    {.name = "severity", .kind = OPT_STR, .offset = offsetof(struct alerts_settings, severity),
+     .arg = "S", .help = "warning or critical"},
+    {.name = "label", .kind = OPT_STR, .offset = offsetof(struct alerts_settings, label),
+     .arg = "L", .help = "attribution, e.g. attention-numerics, optimizer-hyperparameter"},
+    {.name = "rule", .kind = OPT_STR, .offset = offsetof(struct alerts_settings, rule),
+     .arg = "NAME", .help = "detector rule, e.g. qk.d2.erank"},
+    {.name = "layer", .kind = OPT_U32, .offset = offsetof(struct alerts_settings, layer),
+     .arg = "N", .help = "only alerts of this layer", .min = 0, .max = UINT32_MAX - 1},
+    {.name = "id", .kind = OPT_U64, .offset = offsetof(struct alerts_settings, id), .arg = "ID",
+     .help = "show one alert: its evidence and the history of its transitions", .min = 1,
+     .max = INT64_MAX},
+    {.name = "json", .kind = OPT_FLAG, .offset = offsetof(struct alerts_settings, json),
+     .help = "print the server's JSON (all pages joined)"},
+    {.name = "page-size", .kind = OPT_U32, .offset = offsetof(struct alerts_settings, page_size),
+     .arg = "N", .help = "alerts per request (default 1000)", .min = 1, .max = PAGE_MAX},
+};
+
+static const struct command_help alerts_help = {
+    .usage = "foreshock [--http HOST:PORT] alerts [--run ID] [--state S] [--severity S] "
+             "[--label L] [--rule NAME] [--layer N] [--json] [--page-size N]\n"
+             "       foreshock [--http HOST:PORT] alerts --id ID [--json]",
+    .summary = "List alerts, newest first, with their attribution and evidence (value, robust z, "
+               "the step the breach began and the step the alert fired); or show one alert "
+               "with the history of its transitions.",
+};
+
+/* Prints a table of the given columns of `items` (keys may be "a.b" for a
+ * member of an object member). */
+static int print_rows(json_t *items, size_t ncols, const char *const *hdr, const int *right,
+                      const char *const *keys, const int *is_time)
+{
+    struct table *t = table_new(ncols, hdr, right);
+    json_t *it;
+    size_t i;
+
+    if (!t)
+        return fail("out of memory");
+    json_array_foreach(items, i, it) {
+        char cells[16][160];
+        const char *row[16];
+        for (size_t k = 0; k < ncols && k < 16; k++) {
+            const char *dot = strchr(keys[k], '.');
+            json_t *v;
+            if (dot) {
+                char outer[64];
+                snprintf(outer, sizeof(outer), "%.*s", (int)(dot - keys[k]), keys[k]);
+                v = json_object_get(json_object_get(it, outer), dot + 1);
+            } else {
+                v = json_object_get(it, keys[k]);
+            }
+            fmt_cell(v, is_time[k], cells[k], sizeof(cells[k]));
+            row[k] = cells[k];
+        }
+        table_add(t, row);
+    }
+    table_print(t, stdout);
+    table_free(t);
+    return CLI_OK;
+}
+
+static int show_alert(struct api *a, uint64_t id, int json)
+{
+    static const char *const hdr[] = {"STEP", "CHANGE", "FROM", "TO", "ATTRIBUTION", "AT"};
+    static const int right[] = {1, 0, 0, 0, 0, 0};
+    static const char *const keys[] = {"step", "change", "from", "to", "attribution", "at"};
+    static const int is_time[] = {0, 0, 0, 0, 0, 1};
+    char err[CLI_ERR_LEN], path[64], cell[256];
+    json_t *doc = NULL, *al;
+    int rc;
+
+    snprintf(path, sizeof(path), "/api/v1/alerts/%" PRIu64, id);
+    if ((rc = api_get(a, path, &doc, err, sizeof(err))) != 0)
+        return fail(err);
+    if (json) {
+        print_json(doc);
+        json_decref(doc);
+        return CLI_OK;
+    }
+    al = json_object_get(doc, "alert");
+    static const char *const fields[] = {"id", "run", "rule", "state", "severity", "attribution",
+                                         "family", "labels", "dedup_key", "incidents"};
+    for (size_t k = 0; k < sizeof(fields) / sizeof(fields[0]); k++) {
+        fmt_cell(json_object_get(al, fields[k]), 0, cell, sizeof(cell));
+        printf("%-12s %s\n", fields[k], cell);
+    }
+    fmt_cell(json_object_get(al, "evidence"), 0, cell, sizeof(cell));
+    printf("%-12s %s\n\n", "evidence", cell);
+    rc = print_rows(json_object_get(al, "history"), 6, hdr, right, keys, is_time);
+    json_decref(doc);
+    return rc;
+}
+
+int cmd_alerts(const char *http, int argc, char **argv)
+{
+    struct alerts_settings s = {.http = http, .layer = UNSET32, .page_size = PAGE_LIMIT};
+    static const char *const hdr[] = {"ID", "RUN", "RULE", "STATE", "SEVERITY", "ATTRIBUTION",
+                                      "LABELS", "BREACH", "FIRED", "VALUE", "Z"};
+    static const int right[] = {1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1};
+    static const char *const keys[] = {"id", "run", "rule", "state", "severity", "attribution",
+                                       "labels", "evidence.first_breach_step",
+                                       "evidence.fired_step", "evidence.value", "evidence.z"};
+    static const int is_time[11] = {0};
+    char err[CLI_ERR_LEN], path[2048];
+    struct api *a = NULL;
+    json_t *all = json_array();
+    int rc = args_parse(alerts_opts, sizeof(alerts_opts) / sizeof(alerts_opts[0]), argc, argv, &s,
+                        &alerts_help, err, sizeof(err));
+
+    if (rc == 1) {
+        rc = CLI_OK;
+        goto out;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "foreshock alerts: %s (see --help)\n", err);
+        goto out;
+    }
+    if ((rc = api_open(s.http, &a, err, sizeof(err))) != 0) {
+        rc = fail(err);
+        goto out;
+    }
+    if (s.id) {
+        rc = show_alert(a, s.id, s.json);
+        goto out;
+    }
+    snprintf(path, sizeof(path), "/api/v1/alerts?limit=%u", s.page_size);
+    if (s.run)
+        add_param(a, path, sizeof(path), "run", s.run);
+    if (s.state)
+        add_param(a, path, sizeof(path), "state", s.state);
+    if (s.severity)
+        add_param(a, path, sizeof(path), "severity", s.severity);
+    if (s.label)
+        add_param(a, path, sizeof(path), "label", s.label);
+    if (s.rule)
+        add_param(a, path, sizeof(path), "rule", s.rule);
+    add_u32(a, path, sizeof(path), "layer", s.layer);
+    if ((rc = fetch_all(a, path, "alerts", all, err, sizeof(err))) != 0) {
+        rc = fail(err);
+        goto out;
+    }
+    if (s.json) {
+        json_t *doc = json_pack("{s:O,s:n}", "alerts", all, "next");
+        print_json(doc);
+        json_decref(doc);
+        goto out;
+    }
+    rc = print_rows(all, 11, hdr, right, keys, is_time);
+out:
+    api_close(a);
+    json_decref(all);
+    return rc;
+}
