@@ -5,7 +5,9 @@
 #
 # Environment: FORESHOCK_DEMO_INGEST (default 127.0.0.1:7781),
 #              FORESHOCK_DEMO_HTTP   (default 127.0.0.1:7782),
-#              FORESHOCK_DEMO_ONCE=1 (stop the daemon after the simulation).
+#              FORESHOCK_DEMO_ONCE=1 (stop the daemon after the simulation),
+#              FORESHOCK_DEMO_SCENARIO (default attention-numerics; also healthy,
+#              lr-spike, combined).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,8 +32,20 @@ for _ in $(seq 100); do
 done
 grep "foreshockd ready" "$log"
 
-echo "demo: simulating run '$RUN' (4 ranks, 400 steps) into $INGEST"
-build/foreshock simulate --endpoint "$INGEST" --run "$RUN" --ranks 4 --steps 400 --rate 200
+SCENARIO=${FORESHOCK_DEMO_SCENARIO:-attention-numerics}
+echo "demo: simulating run '$RUN' (4 ranks, 320 steps, scenario $SCENARIO) into $INGEST"
+build/foreshock simulate --endpoint "$INGEST" --run "$RUN" --ranks 4 --steps 320 \
+  --layers 2 --heads 4 --dh 16 --d 128 --sketch-every 5 --fault-step 160 \
+  --scenario "$SCENARIO" --rate 200 | tee build/demo/simulate.out
+
+# The monitors of the last steps are computed just after their reports are
+# acknowledged; give the stage a moment, then show what fired.
+sleep 2
+echo
+echo "demo: alerts of run $RUN (newest first):"
+build/foreshock --http "$HTTP" alerts --run "$RUN"
+build/foreshock --http "$HTTP" alerts --run "$RUN" --json |
+  /usr/bin/python3 deploy/demo_summary.py build/demo/simulate.out
 
 cat <<MSG
 
@@ -39,8 +53,10 @@ Foreshock is running (daemon pid $pid, log $log, database build/demo/foreshock.d
   Runs:      curl http://$HTTP/api/v1/runs
   The run:   curl http://$HTTP/api/v1/runs/$RUN
   Series:    curl 'http://$HTTP/api/v1/series?run=$RUN'
+  Alerts:    curl 'http://$HTTP/api/v1/alerts?run=$RUN'
   CLI:       build/foreshock --http $HTTP runs
              build/foreshock --http $HTTP series --run $RUN
+             build/foreshock --http $HTTP alerts --run $RUN
   Health:    curl http://$HTTP/readyz
 MSG
 if [ "${FORESHOCK_DEMO_ONCE:-0}" = 1 ]; then
