@@ -94,7 +94,10 @@ def interrupted(args, workdir, sig, run):
         for line in restarted.log_text().splitlines():
             if " warn " in line or " error " in line or "re-fed" in line or "restored" in line:
                 print("  daemon:", line)
-        return outcome(restarted, run)
+        got = outcome(restarted, run)
+        rc, restarted = restarted.stop(), None
+        check(rc == 0, f"restarted daemon exited {rc}")
+        return got
     finally:
         if sim.poll() is None:
             sim.kill()
@@ -112,7 +115,8 @@ def test(args, workdir):
         wait_evaluated(d, "mon-run")
         want = outcome(d, "mon-run")
     finally:
-        d.stop()
+        rc = d.stop()
+    check(rc == 0, f"daemon exited {rc}")
     fired = [k for k, v in want.items() if v[2] is not None]
     check(len(fired) >= 4, f"the reference run fired too little to compare: {want}")
     labels = {v[5] for k, v in want.items() if v[2] is not None}

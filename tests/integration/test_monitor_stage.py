@@ -143,7 +143,8 @@ def test_pressure(args, workdir):
         check(run["incomplete"] == 0, f"incomplete reductions under pressure: {run}")
         check("reached reduce_max_bytes" in d.log_text(), "the bound was never reached")
     finally:
-        d.stop()
+        rc = d.stop()
+    check(rc == 0, f"daemon exited {rc}: {d.log_text()[-3000:]}")
 
 
 def test(args, workdir):
@@ -158,7 +159,8 @@ def test(args, workdir):
         test_reduction(pb, d)
         test_nonfinite(pb, d)
     finally:
-        d.stop()
+        rc = d.stop()
+    check(rc == 0, f"daemon exited {rc}: {d.log_text()[-3000:]}")
     bad_cases = [
         ("[detect \"no.such.rule\"]\nz = 3\n", ":1:", "no.such.rule"),
         ("\n[detect \"loss\"]\nbogus = 3\n", ":3:", "bogus"),
