@@ -2,6 +2,7 @@
  * re-done steps, backpressure, the spool. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -439,6 +440,124 @@ Test(store, spool_holds_sketches_until_done)
     store_close(f.s);
     fx_open(&f, &o);
     cr_expect_eq(store_spool_bytes(f.s), 100);
+    fx_fini(&f);
+}
+
+/* STORE_ITEM_MONITOR: points, detector state, alert upsert + event,
+ * incomplete rows and the spool deletion in one item; a later item updates
+ * the same alert row (identity by alert_key) and keeps the history. */
+static struct store_item *monitor_item(int64_t run_id, int state, int with_event, uint64_t step)
+{
+    struct store_item *it = store_item_new(STORE_ITEM_MONITOR);
+    struct store_monitor *m = &it->monitor;
+    m->run_id = run_id;
+    m->time = 5000.0;
+    m->n_points = 2;
+    m->points = calloc(2, sizeof(*m->points));
+    m->points[0].key = (struct store_series_key){.name = "qk.d2.erank.min", .layer = 1,
+                                                 .head = -1, .window = 10, .rank = -1};
+    m->points[0].step = step;
+    m->points[0].value = 1.25;
+    m->points[1].key = m->points[0].key;
+    snprintf(m->points[1].key.name, sizeof(m->points[1].key.name), "qk.d2.fro.max");
+    m->points[1].step = step;
+    m->points[1].value = NAN; /* absent */
+    m->n_states = 1;
+    m->states = calloc(1, sizeof(*m->states));
+    m->blobs = malloc(3);
+    memcpy(m->blobs, "abc", 3);
+    m->states[0] = (struct store_detector_row){.key = m->points[0].key, .step = step,
+                                               .len = 3, .blob = m->blobs};
+    m->n_alerts = 1;
+    m->alerts = calloc(1, sizeof(*m->alerts));
+    struct store_alert_row *a = &m->alerts[0];
+    a->series = m->points[0].key;
+    snprintf(a->rule, sizeof(a->rule), "qk.d2.erank");
+    snprintf(a->alert_key, sizeof(a->alert_key), "run=x,rule=qk.d2.erank,layer=1");
+    snprintf(a->dedup_key, sizeof(a->dedup_key), "fs-0123456789abcdef");
+    a->state = state;
+    a->severity = "warning";
+    a->family = "attention_d2";
+    a->attribution = "attention-numerics";
+    a->value = 1.25;
+    a->median = 7.5;
+    a->mad = 0.5;
+    a->z = NAN;
+    a->first_breach_step = 30;
+    a->fired_step = state == 2 ? 32 : -1;
+    a->resolved_step = -1;
+    a->last_step = (int64_t)step;
+    a->incidents = state == 2;
+    a->blob_len = 4;
+    memcpy(a->blob, "FSAS", 4);
+    a->has_event = with_event;
+    a->change = "to_firing";
+    a->from_state = 1;
+    a->to_state = 2;
+    a->event_step = (int64_t)step;
+    a->evidence_json = strdup("{\"value\":1.25}");
+    m->n_incomplete = 1;
+    m->incomplete = calloc(1, sizeof(*m->incomplete));
+    m->incomplete[0] = (struct store_incomplete_row){.kind = "router_tokens", .step = step,
+                                                     .layer = 2, .head = -1, .window = 0,
+                                                     .have = 3, .want = 4};
+    m->has_spool_done = 1;
+    m->spool_done_step = 20;
+    return it;
+}
+
+Test(store, monitor_item_commits_rows_and_deletes_the_spool)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "mon", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    for (uint64_t seq = 1; seq <= 3; seq++) {
+        struct store_item *it = report(1, &h, seq, seq * 10, 1.0);
+        it->report.sketch_len = 100;
+        it->report.sketch_body = calloc(1, 100);
+        submit_ok(f.s, it);
+    }
+    submit_ok(f.s, monitor_item(h.run_id, 1, 1, 32));
+    store_flush(f.s);
+    sqlite3 *db = ro(&f);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM spool"), 1, "steps <= 20 deleted");
+    cr_expect_eq(store_spool_bytes(f.s), 100);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM points p JOIN series s ON s.id = p.series_id "
+                        "WHERE s.name = 'qk.d2.erank.min' AND s.layer = 1 AND s.head = -1 "
+                        "AND s.\"window\" = 10 AND s.rank = -1 AND p.step = 32"),
+                 1);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM points p JOIN series s ON s.id = p.series_id "
+                        "WHERE s.name = 'qk.d2.fro.max' AND p.value IS NULL"),
+                 1, "NaN is stored as an absent point");
+    cr_expect_eq(q1(db, "SELECT d.step FROM detector_state d JOIN series s ON s.id = "
+                        "d.series_id WHERE s.name = 'qk.d2.erank.min'"),
+                 32);
+    cr_expect_eq(q1(db, "SELECT length(state) FROM detector_state"), 3);
+    cr_expect_eq(q1(db, "SELECT state FROM alerts"), 1);
+    cr_expect_eq(q1(db, "SELECT a.series_id = s.id FROM alerts a JOIN series s ON "
+                        "s.name = 'qk.d2.erank.min'"),
+                 1);
+    cr_expect_eq(q1(db, "SELECT z IS NULL AND fired_step IS NULL AND first_breach_step = 30 "
+                        "FROM alerts"),
+                 1);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM alert_events WHERE change = 'to_firing' AND "
+                        "attribution = 'attention-numerics' AND evidence_json = '{\"value\":1.25}'"),
+                 1);
+    cr_expect_eq(q1(db, "SELECT have * 10 + want FROM incomplete WHERE kind = 'router_tokens' "
+                        "AND layer = 2 AND step = 32"),
+                 34);
+    /* The same identity again, firing, without a transition: one row, one event. */
+    submit_ok(f.s, monitor_item(h.run_id, 2, 0, 33));
+    store_flush(f.s);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM alerts"), 1);
+    cr_expect_eq(q1(db, "SELECT state * 100 + fired_step FROM alerts"), 232);
+    cr_expect_eq(q1(db, "SELECT last_step FROM alerts"), 33);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM alert_events"), 1);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM incomplete"), 2);
+    sqlite3_close(db);
     fx_fini(&f);
 }
 
