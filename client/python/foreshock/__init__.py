@@ -1,0 +1,16 @@
+"""Foreshock's PyTorch client: streams sketches of a model's attention Q/K
+and MoE router weights, router token statistics and training scalars to
+foreshockd. See client/python/README.md.
+
+    import foreshock
+    mon = foreshock.Monitor(model, endpoint="127.0.0.1:7781", run="exp-1")
+    ...
+    mon.step(step, loss=loss, grad_norm=gn, lr=lr)   # once per optimizer step
+"""
+from .layouts import AttentionSpec, RouterSpec, find_attention, find_routers
+from .monitor import Monitor, parse_endpoint
+from .report import AttentionGram, Report, RouterGram, RouterTokens
+
+__version__ = "0.1.0"
+__all__ = ["Monitor", "AttentionSpec", "RouterSpec", "find_attention", "find_routers",
+           "Report", "AttentionGram", "RouterGram", "RouterTokens", "parse_endpoint"]

@@ -1,0 +1,279 @@
+"""ctypes binding to libforeshock (client/include/foreshock.h).
+
+Why ctypes and not a Python protocol implementation: libforeshock already
+owns the hard parts (background I/O thread, bounded replay buffer,
+reconnect with backoff, resume from Welcome, acks only after the daemon's
+commit) and they are tested against the real daemon. Python only builds
+reports from numpy arrays and hands them over; fsc_submit copies and never
+blocks on the network.
+
+The library is found, in order: the `path` argument, $FORESHOCK_LIB, the
+build tree of the repository this package sits in (build/libforeshock.so),
+then the system loader (libforeshock.so.0 / libforeshock.so).
+"""
+import ctypes
+import ctypes.util
+import errno
+import os
+import threading
+
+import numpy as np
+
+# Mirrors of client/include/foreshock.h. The library checks options.size
+# against its own sizeof, so a layout mismatch is refused, not misread.
+KV_HEAD_NONE = 0xFFFFFFFF
+MAX_DH = 512
+MAX_EXPERTS = 1024
+MAX_LAYERS = 4096
+MAX_HEADS = 1024
+MAX_WINDOW = 1 << 20
+MAX_SHARDS = 65536
+MAX_RUN_ID_LEN = 128
+MIN_REPLAY_BYTES = 64 << 10
+ERROR_LEN = 256
+
+
+class _ModelShape(ctypes.Structure):
+    _fields_ = [("n_layers", ctypes.c_uint32), ("n_heads", ctypes.c_uint32),
+                ("n_kv_heads", ctypes.c_uint32), ("d_model", ctypes.c_uint32),
+                ("d_head", ctypes.c_uint32), ("n_experts", ctypes.c_uint32),
+                ("top_k", ctypes.c_uint32), ("moe_layers", ctypes.POINTER(ctypes.c_uint32)),
+                ("n_moe_layers", ctypes.c_size_t)]
+
+
+_LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("host", ctypes.c_char_p), ("port", ctypes.c_uint16),
+                ("run_id", ctypes.c_char_p), ("attempt", ctypes.c_uint32),
+                ("rank", ctypes.c_uint32), ("world_size", ctypes.c_uint32),
+                ("token", ctypes.c_char_p), ("detect_from_step", ctypes.c_uint64),
+                ("replay_max_bytes", ctypes.c_size_t), ("max_report_bytes", ctypes.c_size_t),
+                ("backoff_min_ms", ctypes.c_uint), ("backoff_max_ms", ctypes.c_uint),
+                ("connect_timeout_ms", ctypes.c_uint), ("handshake_timeout_ms", ctypes.c_uint),
+                ("model", _ModelShape), ("client_name", ctypes.c_char_p),
+                ("log", _LOG_FN), ("log_ctx", ctypes.c_void_p), ("seed", ctypes.c_uint64)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("submitted", ctypes.c_uint64),
+                ("acked", ctypes.c_uint64), ("dropped", ctypes.c_uint64),
+                ("sent", ctypes.c_uint64), ("resent", ctypes.c_uint64),
+                ("reconnects", ctypes.c_uint64), ("connect_failures", ctypes.c_uint64),
+                ("buffered_reports", ctypes.c_uint64), ("buffered_bytes", ctypes.c_uint64),
+                ("seq_offset", ctypes.c_uint64), ("connected", ctypes.c_int),
+                ("failed", ctypes.c_int), ("last_error", ctypes.c_char * ERROR_LEN)]
+
+
+_F32P = ctypes.POINTER(ctypes.c_float)
+_F64P = ctypes.POINTER(ctypes.c_double)
+_U64P = ctypes.POINTER(ctypes.c_uint64)
+_u32, _u64, _dbl, _vp, _sz = (ctypes.c_uint32, ctypes.c_uint64, ctypes.c_double,
+                              ctypes.c_void_p, ctypes.c_size_t)
+
+_SIGNATURES = {
+    "fsc_version": (ctypes.c_char_p, []),
+    "fsc_open": (ctypes.c_int, [ctypes.POINTER(_Options), ctypes.POINTER(_vp),
+                                ctypes.c_char_p, _sz]),
+    "fsc_submit": (ctypes.c_int, [_vp, _vp]),
+    "fsc_flush": (ctypes.c_int, [_vp, ctypes.c_int]),
+    "fsc_stats": (None, [_vp, ctypes.POINTER(_Stats)]),
+    "fsc_close_timeout": (ctypes.c_int, [_vp, ctypes.c_int]),
+    "fsc_report_new": (_vp, [_u64]),
+    "fsc_report_free": (None, [_vp]),
+    "fsc_report_set_loss": (ctypes.c_int, [_vp, _dbl]),
+    "fsc_report_set_grad_norm": (ctypes.c_int, [_vp, _dbl]),
+    "fsc_report_set_lr": (ctypes.c_int, [_vp, _dbl]),
+    "fsc_report_set_loss_scale": (ctypes.c_int, [_vp, _dbl]),
+    "fsc_report_set_step_time": (ctypes.c_int, [_vp, _dbl]),
+    "fsc_report_set_time": (ctypes.c_int, [_vp, _dbl]),
+    "fsc_report_set_tokens": (ctypes.c_int, [_vp, _u64]),
+    "fsc_report_set_layer_weight_norms": (ctypes.c_int, [_vp, _F32P, _sz]),
+    "fsc_report_set_layer_update_ratios": (ctypes.c_int, [_vp, _F32P, _sz]),
+    "fsc_report_add_attention_gram": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32, _u32, _u32,
+                                                     _u32, _F32P, _F32P]),
+    "fsc_report_add_router_gram": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32, _F32P]),
+    "fsc_report_add_router_tokens": (ctypes.c_int, [_vp, _u32, _u32, _u64, _dbl, _dbl, _dbl,
+                                                    _U64P, _F64P]),
+}
+
+_lib_lock = threading.Lock()
+_lib_cache = {}
+
+
+def _candidates(path):
+    if path:
+        yield path
+        return
+    env = os.environ.get("FORESHOCK_LIB")
+    if env:
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
+    yield os.path.join(repo, "build", "libforeshock.so")
+    found = ctypes.util.find_library("foreshock")
+    if found:
+        yield found
+    yield "libforeshock.so.0"
+
+
+def load(path=None):
+    """Loads libforeshock once per path and declares every function's
+    signature. Raises OSError naming what was tried when nothing loads."""
+    with _lib_lock:
+        if path in _lib_cache:
+            return _lib_cache[path]
+        tried = []
+        for cand in _candidates(path):
+            if os.sep in cand and not os.path.exists(cand):
+                tried.append(cand + " (missing)")
+                continue
+            try:
+                lib = ctypes.CDLL(cand)
+            except OSError as e:
+                tried.append(f"{cand} ({e})")
+                continue
+            for name, (res, args) in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = res, args
+            _lib_cache[path] = lib
+            return lib
+        raise OSError("libforeshock not found; build it (make foreshock) or set "
+                      "FORESHOCK_LIB. Tried: " + "; ".join(tried))
+
+
+def _f32(a):
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    return a, a.ctypes.data_as(_F32P)
+
+
+def _check(rc, what):
+    if rc != 0:
+        raise ValueError(f"{what}: {os.strerror(-rc) if rc < 0 else rc} ({rc})")
+
+
+def build_report(lib, rep):
+    """Turns a foreshock.report.Report into an fsc_report handle (owned by
+    the caller until submitted). Raises ValueError when the library refuses
+    a value (the handle is freed)."""
+    r = lib.fsc_report_new(rep.step)
+    if not r:
+        raise MemoryError("fsc_report_new")
+    try:
+        s = rep.scalars
+        for key, fn in (("loss", lib.fsc_report_set_loss),
+                        ("grad_norm", lib.fsc_report_set_grad_norm),
+                        ("lr", lib.fsc_report_set_lr),
+                        ("loss_scale", lib.fsc_report_set_loss_scale),
+                        ("step_time", lib.fsc_report_set_step_time)):
+            if s.get(key) is not None:
+                _check(fn(r, float(s[key])), key)
+        if s.get("tokens") is not None:
+            _check(lib.fsc_report_set_tokens(r, int(s["tokens"])), "tokens")
+        if rep.time_unix is not None:
+            _check(lib.fsc_report_set_time(r, float(rep.time_unix)), "time")
+        if rep.layer_weight_norm is not None:
+            a, p = _f32(rep.layer_weight_norm)
+            _check(lib.fsc_report_set_layer_weight_norms(r, p, a.size), "layer_weight_norm")
+        if rep.layer_update_ratio is not None:
+            a, p = _f32(rep.layer_update_ratio)
+            _check(lib.fsc_report_set_layer_update_ratios(r, p, a.size), "layer_update_ratio")
+        for g in rep.attention:
+            ga, pga = _f32(g.ga)
+            gb, pgb = _f32(g.gb)
+            kv = KV_HEAD_NONE if g.kv_head is None else g.kv_head
+            _check(lib.fsc_report_add_attention_gram(r, g.layer, g.head, kv, g.window, g.dh,
+                                                     g.shard_index, g.shard_count, pga, pgb),
+                   f"attention gram layer {g.layer} head {g.head}")
+        for g in rep.router_grams:
+            a, p = _f32(g.gram)
+            _check(lib.fsc_report_add_router_gram(r, g.layer, g.n_experts, g.shard_index,
+                                                  g.shard_count, p),
+                   f"router gram layer {g.layer}")
+        for t in rep.router_tokens:
+            load = np.ascontiguousarray(t.load, dtype=np.uint64)
+            sp = np.ascontiguousarray(t.sum_p, dtype=np.float64)
+            _check(lib.fsc_report_add_router_tokens(r, t.layer, t.n_experts, t.n_tok, t.sum_h,
+                                                    t.sum_h2, t.sum_lse2,
+                                                    load.ctypes.data_as(_U64P),
+                                                    sp.ctypes.data_as(_F64P)),
+                   f"router tokens layer {t.layer}")
+    except BaseException:
+        lib.fsc_report_free(r)
+        raise
+    return r
+
+
+class Client:
+    """One libforeshock client: one (run, attempt, rank) stream. submit()
+    never blocks on the network. Thread-safe as the C library is: submit,
+    flush and stats from any thread; close once."""
+
+    def __init__(self, host, port, run_id, rank=0, world_size=1, attempt=0, token=None,
+                 detect_from_step=0, replay_max_bytes=0, model=None, client_name=None,
+                 backoff_max_ms=0, lib_path=None):
+        self.lib = load(lib_path)
+        o = _Options()
+        o.size = ctypes.sizeof(_Options)
+        # Keep every buffer the struct points at alive until fsc_open returns
+        # (it copies them).
+        self._keep = [host.encode(), run_id.encode(),
+                      (token or "").encode(), (client_name or "").encode()]
+        o.host = self._keep[0]
+        o.port = port
+        o.run_id = self._keep[1]
+        o.attempt, o.rank, o.world_size = attempt, rank, world_size
+        o.token = self._keep[2] if token else None
+        o.detect_from_step = detect_from_step or 0
+        o.replay_max_bytes = replay_max_bytes or 0
+        o.backoff_max_ms = backoff_max_ms or 0
+        o.client_name = self._keep[3] if client_name else None
+        if model:
+            moe = model.get("moe_layers") or []
+            arr = (ctypes.c_uint32 * max(1, len(moe)))(*moe)
+            self._keep.append(arr)
+            m = o.model
+            for k in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head",
+                      "n_experts", "top_k"):
+                setattr(m, k, int(model.get(k) or 0))
+            if moe:
+                m.moe_layers = ctypes.cast(arr, ctypes.POINTER(ctypes.c_uint32))
+                m.n_moe_layers = len(moe)
+        handle = _vp()
+        err = ctypes.create_string_buffer(ERROR_LEN)
+        rc = self.lib.fsc_open(ctypes.byref(o), ctypes.byref(handle), err, ERROR_LEN)
+        if rc != 0:
+            raise ValueError(f"fsc_open: {err.value.decode(errors='replace')} ({rc})")
+        self._h = handle
+        self._closed = False
+
+    def submit(self, rep):
+        """Builds and queues one report. Returns 0, or the negative errno the
+        library gave (-ENOBUFS: the replay buffer is full; the report is
+        dropped and counted by the library)."""
+        r = build_report(self.lib, rep)
+        return self.lib.fsc_submit(self._h, r)
+
+    def flush(self, timeout_s):
+        ms = -1 if timeout_s is None else int(timeout_s * 1000)
+        return self.lib.fsc_flush(self._h, ms)
+
+    def stats(self):
+        s = _Stats()
+        s.size = ctypes.sizeof(_Stats)
+        self.lib.fsc_stats(self._h, ctypes.byref(s))
+        out = {k: getattr(s, k) for k, _ in _Stats._fields_ if k not in ("size", "last_error")}
+        out["last_error"] = s.last_error.decode(errors="replace")
+        return out
+
+    def close(self, timeout_s=0):
+        if self._closed:
+            return 0
+        self._closed = True
+        ms = -1 if timeout_s is None else int(timeout_s * 1000)
+        return self.lib.fsc_close_timeout(self._h, ms)
+
+
+ENOBUFS = errno.ENOBUFS

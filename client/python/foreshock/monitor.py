@@ -1,0 +1,556 @@
+"""foreshock.Monitor: two lines in a training loop.
+
+    mon = foreshock.Monitor(model, endpoint="127.0.0.1:7781", run="exp-42")
+    for step in ...:
+        ... loss.backward(); optimizer.step()
+        mon.step(step, loss=loss, grad_norm=gn, lr=lr)
+    mon.close()
+
+What step() does on the training thread (the measured overhead):
+  - every `every` steps, for each window delta whose base snapshot exists,
+    the Gram sketches of every attention head from W(t) and the snapshot
+    W(t - delta), batched over heads, on the weights' device;
+  - the router Grams and the per-layer |W| / update ratio at those steps;
+  - a copy (a clone on the device) of the Q/K/router weights at the steps
+    that a later sketch will use as its base;
+  - with a sharded model, one async all_reduce of all partial Grams over
+    the trainer's `shard_group` (or each rank sends its partial Grams and
+    the daemon sums them: shard_reduce="daemon");
+  - hands the device tensors to a background thread and returns. On CUDA
+    the device-to-host copies are queued on the current stream into
+    pinned memory and the thread waits on an event, so step() never
+    synchronises with the GPU; loss/grad_norm may be passed as tensors
+    for the same reason.
+The background thread turns the tensors into a report and gives it to
+libforeshock, whose own I/O thread sends it. When the daemon is down,
+reports wait in libforeshock's bounded replay buffer (replay_bytes); past
+that bound a report is dropped, counted (stats()["dropped"]) and logged.
+When the hand-off queue itself is full (the background thread cannot keep
+up), the report is dropped and counted as "dropped_queue". Training never
+waits for either.
+
+Router token statistics are gathered by forward hooks on the routers into
+device tensors (no host sync per layer) and sent, summed since the last
+sketch step, with each sketch.
+"""
+import logging
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+import torch
+
+from . import sketch as sk
+from .layouts import AttentionSpec, RouterSpec, find_attention, find_routers
+from .report import AttentionGram, Report, RouterGram, RouterTokens
+
+log = logging.getLogger("foreshock")
+
+DEFAULT_PORT = 7781
+DEFAULT_QUEUE_REPORTS = 1024       # hand-off queue between step() and the sender thread
+DEFAULT_REPLAY_BYTES = 64 << 20    # libforeshock's replay buffer
+LOG_INTERVAL_S = 10.0              # at most one drop/connection complaint per interval
+_SCALARS = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "step_time")
+
+
+def parse_endpoint(endpoint):
+    """'host:port', 'host' or ':port' -> (host, port)."""
+    if endpoint is None:
+        return "127.0.0.1", DEFAULT_PORT
+    host, sep, port = endpoint.rpartition(":")
+    if not sep:
+        return endpoint, DEFAULT_PORT
+    return (host or "127.0.0.1"), int(port)
+
+
+class _RateLimited:
+    def __init__(self, interval):
+        self.interval, self.last, self.suppressed = interval, -1e18, 0
+
+    def __call__(self, level, msg, *args):
+        now = time.monotonic()
+        if now - self.last < self.interval:
+            self.suppressed += 1
+            return
+        if self.suppressed:
+            msg += " (%d similar messages suppressed)"
+            args = args + (self.suppressed,)
+        self.last, self.suppressed = now, 0
+        log.log(level, msg, *args)
+
+
+class _Job:
+    """What step() hands to the sender thread."""
+    __slots__ = ("step", "time", "scalars", "attn", "routers", "tokens", "norms", "flat",
+                 "layout", "work", "event")
+
+    def __init__(self, step, t, scalars):
+        self.step, self.time, self.scalars = step, t, scalars
+        self.attn, self.routers, self.tokens = [], [], []
+        self.norms = None
+        self.flat, self.layout, self.work, self.event = None, None, None, None
+
+
+class Monitor:
+    """Streams one rank's sketches of `model` to foreshockd.
+
+    endpoint     "host:port" of the daemon's ingest listener
+    run          run id (1..128 of [A-Za-z0-9._:-]); default $FORESHOCK_RUN
+    rank, world_size  stream identity; default from torch.distributed
+    attempt      bump it when a crashed trainer restarts the same run
+    windows      window lengths delta in steps (each a sketch of W(t) vs W(t-delta))
+    every        sketch cadence in steps (default: the smallest window)
+    attention    list of AttentionSpec instead of discovery (layouts.py)
+    routers      list of RouterSpec instead of discovery; [] for none
+    layers       only these layer indices (default: all found)
+    n_heads, n_kv_heads, head_dim, top_k   fallbacks when modules do not say
+    shard_group  torch.distributed group over which the model dimension d of
+                 the monitored weights is split (each rank's accessor returns
+                 its slice of columns)
+    shard        (index, count) of this rank's slice when not using a group
+    shard_reduce "trainer": all_reduce partial Grams over shard_group and
+                 send them once (from the group's rank 0); "daemon": every
+                 rank sends its partial Grams with (shard_index, shard_count)
+    send_sketches  whether this rank sends Grams (default: rank 0 when the
+                 weights are replicated; the reducing rank or every shard
+                 otherwise). Data-parallel replicas of a sharded group should
+                 pass False on all but one replica.
+    send_tokens  whether this rank sends router token statistics (default
+                 True: every data-parallel rank sees its own tokens)
+    layer_norms  send per-layer |W| and update ratio of the monitored
+                 weights (Q, K and router of the layer) at sketch steps
+    detect_from_step  steps before this only build the daemon's baselines
+    replay_bytes libforeshock's bound on buffered, unacknowledged reports
+    queue_reports  bound of the hand-off queue to the sender thread
+    gram_dtype   torch.float32 (default) or torch.float64
+    transport    object with submit(Report) -> int, stats() -> dict,
+                 flush(timeout_s) -> int, close(timeout_s) (tests); default
+                 a libforeshock client (ctypes)
+    lib          path of libforeshock.so (default: see _lib.load)
+    """
+
+    def __init__(self, model, endpoint=None, run=None, rank=None, world_size=None, attempt=0,
+                 windows=(10,), every=None, attention=None, routers=None, layers=None,
+                 n_heads=None, n_kv_heads=None, head_dim=None, top_k=None, shard_group=None,
+                 shard=None, shard_reduce="trainer", send_sketches=None, send_tokens=True,
+                 layer_norms=True, token=None, detect_from_step=None,
+                 replay_bytes=DEFAULT_REPLAY_BYTES, queue_reports=DEFAULT_QUEUE_REPORTS,
+                 gram_dtype=torch.float32, transport=None, lib=None, client_name=None):
+        dist = torch.distributed
+        ddp = dist.is_available() and dist.is_initialized()
+        self.rank = rank if rank is not None else (dist.get_rank() if ddp else 0)
+        self.world_size = world_size if world_size is not None else (
+            dist.get_world_size() if ddp else 1)
+        self.run = run or os.environ.get("FORESHOCK_RUN")
+        if not self.run:
+            raise ValueError("foreshock.Monitor: run= (or $FORESHOCK_RUN) is required")
+        self.windows = sorted({int(w) for w in windows})
+        if not self.windows or self.windows[0] < 1:
+            raise ValueError("windows must be positive step counts")
+        self.every = int(every or self.windows[0])
+        if self.every < 1:
+            raise ValueError("every must be >= 1")
+        self.gram_dtype = gram_dtype
+        self.layer_norms = layer_norms
+        self.send_tokens = send_tokens
+        if shard_reduce not in ("trainer", "daemon"):
+            raise ValueError("shard_reduce is 'trainer' or 'daemon'")
+        self.shard_group = shard_group
+        if shard_group is not None:
+            self.shard = (dist.get_rank(shard_group), dist.get_world_size(shard_group))
+        else:
+            self.shard = tuple(shard) if shard is not None else (0, 1)
+        self.reduce_in_trainer = shard_group is not None and shard_reduce == "trainer"
+        if self.reduce_in_trainer:
+            default_send = self.shard[0] == 0
+        elif self.shard[1] > 1:
+            default_send = True
+        else:
+            default_send = self.rank == 0
+        self.send_sketches = default_send if send_sketches is None else bool(send_sketches)
+        # Ranks of a reducing group compute their partial Grams even when they
+        # do not send: the all_reduce is a collective.
+        self.compute_sketches = self.send_sketches or self.reduce_in_trainer
+
+        att = find_attention(model, n_heads, n_kv_heads, head_dim) if attention is None \
+            else list(attention)
+        rts = find_routers(model, top_k) if routers is None else list(routers)
+        if layers is not None:
+            keep = set(layers)
+            att = [a for a in att if a.layer in keep]
+            rts = [r for r in rts if r.layer in keep]
+        self.attention = att
+        self.routers = rts
+        if not att and not rts:
+            log.warning("foreshock: no attention or router weights found in %s; sending "
+                        "scalars only (pass attention=[AttentionSpec(...)])",
+                        type(model).__name__)
+        self.n_layers = 1 + max([a.layer for a in att] + [r.layer for r in rts] + [-1])
+        try:
+            p = next(model.parameters())
+            self.device = p.device
+        except StopIteration:
+            self.device = torch.device("cpu")
+
+        self._snaps = {}            # step -> {("a", i): (wq, wk), ("r", i): wr}
+        self._tok = {}              # router index -> TokenStats being filled
+        self._hooks = []
+        self._tok_lock = threading.Lock()
+        if self.send_tokens:
+            for i, r in enumerate(self.routers):
+                if r.module is not None:
+                    self._hooks.append(r.module.register_forward_hook(self._router_hook(i, r)))
+        self._last_call = None
+        self._closed = False
+        self._queue = queue.Queue(maxsize=queue_reports)
+        self._counts = {"reports": 0, "dropped_queue": 0, "refused": 0, "dropped_submit": 0}
+        self._overhead = {"steps": 0, "seconds": 0.0, "sketch_steps": 0, "sketch_seconds": 0.0}
+        self._complain = _RateLimited(LOG_INTERVAL_S)
+        self._conn_state = None
+
+        if transport is None:
+            from ._lib import Client
+            host, port = parse_endpoint(endpoint)
+            a0 = att[0] if att else None
+            all_heads = bool(att) and layers is None and len(att) == self.n_layers and \
+                all(a.head_offset == 0 for a in att) and \
+                len({a.n_heads for a in att}) == 1 and self.send_sketches
+            model_shape = {
+                # n_layers/n_heads tell the daemon which heads to expect in a
+                # step; only claimed when this stream sends all of them.
+                "n_layers": self.n_layers if all_heads else 0,
+                "n_heads": a0.n_heads if all_heads else 0,
+                "n_kv_heads": a0.n_kv_heads if a0 else 0,
+                "d_head": a0.head_dim if a0 else 0,
+                "n_experts": self.routers[0].n_experts if self.routers else 0,
+                "top_k": self.routers[0].top_k if self.routers else 0,
+                "moe_layers": sorted({r.layer for r in self.routers}) if self.send_tokens
+                else [],
+            }
+            transport = Client(host, port, self.run, rank=self.rank, world_size=self.world_size,
+                               attempt=attempt, token=token, detect_from_step=detect_from_step,
+                               replay_max_bytes=replay_bytes, model=model_shape,
+                               client_name=client_name or "foreshock-python/0.1.0",
+                               lib_path=lib)
+        self.transport = transport
+        self._sender = threading.Thread(target=self._send_loop, name="foreshock-sender",
+                                        daemon=True)
+        self._sender.start()
+
+    # ---- hooks -------------------------------------------------------------------------
+
+    def _router_hook(self, i, spec):
+        def hook(module, inputs, output):
+            if not module.training:
+                return
+            z = output if isinstance(output, torch.Tensor) else None
+            if z is None or z.shape[-1] != spec.n_experts:
+                x = inputs[0] if inputs else None
+                if not isinstance(x, torch.Tensor):
+                    return
+                b = spec.bias() if spec.bias else None
+                with torch.no_grad():
+                    z = torch.nn.functional.linear(x.detach(), spec.get().detach(), b)
+            with self._tok_lock:
+                acc = self._tok.get(i)
+                if acc is None:
+                    acc = self._tok[i] = sk.TokenStats(spec.n_experts, z.device)
+                acc.add(z, spec.top_k)
+        return hook
+
+    # ---- the training-thread part --------------------------------------------------------
+
+    def _weights(self):
+        """Current monitored weights (views): {key: tensor or (wq, wk)}."""
+        out = {}
+        for i, a in enumerate(self.attention):
+            out[("a", i)] = a.get()
+        for i, r in enumerate(self.routers):
+            out[("r", i)] = r.get()
+        return out
+
+    def _need_snapshot(self, step):
+        return self.compute_sketches and any((step + w) % self.every == 0 for w in self.windows)
+
+    @torch.no_grad()
+    def step(self, step, loss=None, grad_norm=None, lr=None, loss_scale=None, tokens=None,
+             step_time=None):
+        """Call once per optimizer step, after optimizer.step(), with the step
+        number (the weights now are W(step)). loss and grad_norm may be
+        floats or tensors (tensors are read on the background thread, so
+        no GPU sync happens here). Never blocks on the network."""
+        t0 = time.perf_counter()
+        if self._closed:
+            raise RuntimeError("foreshock.Monitor.step after close()")
+        step = int(step)
+        if step_time is None and self._last_call is not None:
+            step_time = t0 - self._last_call
+        self._last_call = t0
+        scalars = {}
+        for k, v in (("loss", loss), ("grad_norm", grad_norm), ("lr", lr),
+                     ("loss_scale", loss_scale), ("tokens", tokens), ("step_time", step_time)):
+            if v is None:
+                continue
+            scalars[k] = v.detach() if isinstance(v, torch.Tensor) else v
+        job = _Job(step, time.time(), scalars)
+        sketch_step = step % self.every == 0
+        now = None
+        if sketch_step and self.compute_sketches:
+            now = self._weights()
+            self._sketch(job, step, now)
+        if sketch_step and self.send_tokens and self.routers:
+            with self._tok_lock:
+                taken, self._tok = self._tok, {}
+            for i, acc in sorted(taken.items()):
+                job.tokens.append((self.routers[i], acc))
+        if self._need_snapshot(step):
+            now = now if now is not None else self._weights()
+            self._snaps[step] = {k: (tuple(t.detach().clone() for t in v) if isinstance(v, tuple)
+                                     else v.detach().clone()) for k, v in now.items()}
+        oldest = step - self.windows[-1]
+        for s in [s for s in self._snaps if s < oldest]:
+            del self._snaps[s]
+        self._stage_to_host(job)
+        self._enqueue(job)
+        dt = time.perf_counter() - t0
+        o = self._overhead
+        o["steps"] += 1
+        o["seconds"] += dt
+        if sketch_step and (job.attn or job.routers):
+            o["sketch_steps"] += 1
+            o["sketch_seconds"] += dt
+
+    def _sketch(self, job, step, now):
+        first = None  # smallest window with a base: layer norms use it
+        for w in self.windows:
+            base = self._snaps.get(step - w)
+            if base is None:
+                continue
+            first = first if first is not None else base
+            for i, a in enumerate(self.attention):
+                wq, wk = now[("a", i)]
+                wq0, wk0 = base[("a", i)]
+                ga, gb = sk.attention_grams(wq, wk, wq0, wk0, a.n_heads, a.n_kv_heads,
+                                            a.head_dim, self.gram_dtype)
+                job.attn.append((a, w, ga, gb))
+        for i, r in enumerate(self.routers):
+            job.routers.append((r, sk.router_gram(now[("r", i)], self.gram_dtype)))
+        if self.layer_norms and first is not None:
+            job.norms = self._norms(now, first)
+
+    def _norms(self, now, base):
+        """[n_layers, 3]: squared |W(t)|, |W(t)-W(t0)|, |W(t0)| per layer, summed
+        over the layer's monitored tensors (additive over d-shards)."""
+        rows = torch.zeros(self.n_layers, 3, dtype=torch.float64, device=self.device)
+        for key, cur in now.items():
+            layer = (self.attention if key[0] == "a" else self.routers)[key[1]].layer
+            cur = cur if isinstance(cur, tuple) else (cur,)
+            old = base[key] if isinstance(base[key], tuple) else (base[key],)
+            for c, o in zip(cur, old):
+                c64, o64 = c.detach().double(), o.detach().double()
+                rows[layer] += torch.stack([(c64 * c64).sum(), ((c64 - o64) ** 2).sum(),
+                                            (o64 * o64).sum()]).to(rows.device)
+        return rows
+
+    def _stage_to_host(self, job):
+        """Reduces (sharded trainer mode) and starts device-to-host copies."""
+        tensors = [g for _, _, ga, gb in job.attn for g in (ga, gb)]
+        tensors += [g for _, g in job.routers]
+        if job.norms is not None:
+            tensors.append(job.norms)
+        if not tensors:
+            return
+        # One buffer: one collective, one copy. float64 so that summing shards
+        # adds no rounding of its own.
+        flat = torch.cat([t.reshape(-1).double() for t in tensors])
+        job.layout = [t.shape for t in tensors]
+        if self.reduce_in_trainer:
+            job.work = torch.distributed.all_reduce(flat, group=self.shard_group, async_op=True)
+        if flat.device.type == "cuda":
+            if job.work is not None:
+                job.work.wait()  # orders the copy after the reduction on the stream
+                job.work = None
+            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            host.copy_(flat, non_blocking=True)
+            job.event = torch.cuda.Event()
+            job.event.record()
+            flat = host
+        job.flat = flat
+
+    def _enqueue(self, job):
+        self._counts["reports"] += 1
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self._counts["dropped_queue"] += 1
+            self._complain(logging.WARNING, "foreshock: report of step %d dropped: the sender "
+                           "queue is full (%d dropped so far)", job.step,
+                           self._counts["dropped_queue"])
+
+    # ---- the background part ---------------------------------------------------------------
+
+    def _materialize(self, job):
+        rep = Report(step=job.step, time_unix=job.time)
+        for k, v in job.scalars.items():
+            rep.scalars[k] = v.item() if isinstance(v, torch.Tensor) else v
+        if job.flat is not None:
+            if job.work is not None:
+                job.work.wait()
+            if job.event is not None:
+                job.event.synchronize()
+            flat = job.flat.cpu().numpy()
+            parts, off = [], 0
+            for shape in job.layout:
+                n = int(np.prod(shape))
+                parts.append(flat[off:off + n].reshape(shape))
+                off += n
+            parts = iter(parts)
+            if self.send_sketches:
+                shard_i, shard_n = (0, 1) if self.reduce_in_trainer else self.shard
+                for a, w, _, _ in job.attn:
+                    ga, gb = next(parts), next(parts)
+                    group = a.n_heads // a.n_kv_heads
+                    grouped = a.n_kv_heads != a.n_heads
+                    for h in range(a.n_heads):
+                        kv = h // group
+                        rep.attention.append(AttentionGram(
+                            a.layer, a.head_offset + h,
+                            (a.kv_offset + kv) if grouped else None, w, a.head_dim,
+                            ga[h].astype(np.float32), gb[kv].astype(np.float32),
+                            shard_i, shard_n))
+                for r, _ in job.routers:
+                    rep.router_grams.append(RouterGram(r.layer, r.n_experts,
+                                                       next(parts).astype(np.float32),
+                                                       shard_i, shard_n))
+                if job.norms is not None:
+                    n = next(parts)
+                    w2, d2, o2 = n[:, 0], n[:, 1], n[:, 2]
+                    rep.layer_weight_norm = np.sqrt(w2).astype(np.float32)
+                    ratio = np.where(o2 > 0, np.sqrt(d2 / np.where(o2 > 0, o2, 1.0)), 0.0)
+                    rep.layer_update_ratio = ratio.astype(np.float32)
+        for r, acc in job.tokens:
+            if acc.n_tok == 0:
+                continue
+            sums = acc.sums.cpu().numpy()
+            rep.router_tokens.append(RouterTokens(
+                r.layer, r.n_experts, acc.n_tok, float(sums[0]), float(sums[1]),
+                float(sums[2]), acc.load.cpu().numpy().astype(np.uint64),
+                acc.sum_p.cpu().numpy().astype(np.float64)))
+        return rep
+
+    def _send_loop(self):
+        while True:
+            job = self._queue.get()
+            if job is None:
+                self._queue.task_done()
+                return
+            try:
+                self._send(job)
+            finally:
+                self._queue.task_done()
+
+    def _send(self, job):
+        try:
+            rep = self._materialize(job)
+            rc = self.transport.submit(rep)
+        except Exception as e:  # a bad value must not kill the thread
+            self._counts["refused"] += 1
+            self._complain(logging.ERROR, "foreshock: report of step %d refused: %s",
+                           job.step, e)
+            return
+        if rc != 0:
+            self._counts["dropped_submit"] += 1
+            self._complain(logging.WARNING,
+                           "foreshock: report of step %d dropped by libforeshock (%s); the "
+                           "daemon is unreachable or slow and the replay buffer is full "
+                           "(%d dropped so far)", job.step, os.strerror(-rc),
+                           self._counts["dropped_submit"])
+        self._watch_connection()
+
+    def _watch_connection(self):
+        try:
+            st = self.transport.stats()
+        except Exception:
+            return
+        state = bool(st.get("connected"))
+        if state != self._conn_state:
+            if state:
+                log.info("foreshock: connected to the daemon (run %s rank %d)", self.run,
+                         self.rank)
+            elif self._conn_state is not None or st.get("connect_failures"):
+                self._complain(logging.WARNING, "foreshock: daemon not connected: %s; "
+                               "buffering reports", st.get("last_error") or "connecting")
+            self._conn_state = state
+
+    # ---- control -----------------------------------------------------------------------------
+
+    def stats(self):
+        """Counters: the transport's (submitted, acked, dropped, buffered_*,
+        reconnects, connected, ...) plus reports (made by step()),
+        dropped_queue, refused, and the measured step() overhead."""
+        out = dict(self.transport.stats())
+        out.update(self._counts)
+        o = self._overhead
+        out["step_calls"] = o["steps"]
+        out["step_overhead_s"] = o["seconds"] / o["steps"] if o["steps"] else 0.0
+        out["sketch_steps"] = o["sketch_steps"]
+        out["sketch_step_overhead_s"] = (o["sketch_seconds"] / o["sketch_steps"]
+                                         if o["sketch_steps"] else 0.0)
+        plain = o["steps"] - o["sketch_steps"]
+        out["plain_step_overhead_s"] = ((o["seconds"] - o["sketch_seconds"]) / plain
+                                        if plain else 0.0)
+        return out
+
+    def _drain(self, deadline):
+        """Waits until the sender thread has handed over every queued job."""
+        while self._queue.unfinished_tasks > 0:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def flush(self, timeout_s=None):
+        """Waits until everything step() made so far is handed over and
+        acknowledged by the daemon (or dropped). Returns the transport's
+        flush result (0, or a negative errno such as -ETIMEDOUT). Blocks
+        the caller: for the end of training or a checkpoint, not per step."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._drain(deadline)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self.transport.flush(left)
+
+    def close(self, timeout_s=30.0):
+        """Removes the hooks, lets the sender hand over what is queued, waits
+        up to timeout_s for the daemon's acks, closes the connection and logs
+        the final counts. Returns the final stats dict. Idempotent."""
+        if self._closed:
+            return self._final
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._queue.put(None)
+        self._sender.join()
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        rc = self.transport.flush(left)
+        final = self.stats()
+        self.transport.close(0)
+        dropped = final.get("dropped", 0) + self._counts["dropped_queue"]
+        unacked = final.get("buffered_reports", 0)
+        level = logging.WARNING if dropped or unacked else logging.INFO
+        log.log(level, "foreshock: closed run %s rank %d: %d reports, %d acked, %d dropped "
+                "(%d by the replay bound, %d by the sender queue), %d unacknowledged%s",
+                self.run, self.rank, self._counts["reports"], final.get("acked", 0), dropped,
+                final.get("dropped", 0), self._counts["dropped_queue"], unacked,
+                "" if rc == 0 else f" (flush: {os.strerror(-rc)})")
+        self._final = final
+        return final
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
