@@ -623,7 +623,13 @@ static void build_finish(struct stage *st, struct stage_run *sr, const struct ru
                 t->ev_median = p->tr.median;
                 t->ev_mad = p->tr.mad;
                 t->ev_z = p->tr.z;
-                t->ev_attr = attr;
+                /* An incident keeps the diagnosis it was raised with: a
+                 * resolve (or a pending that lapses) records the label of
+                 * its own step in the event, not over the alert's. */
+                if (p->tr.change == ALERT_CHANGE_TO_PENDING ||
+                    p->tr.change == ALERT_CHANGE_TO_FIRING)
+                    t->ev_attr = attr;
+                a->event_attribution = alert_attribution_name(attr);
                 a->has_event = 1;
                 a->change = alert_change_name(p->tr.change);
                 a->from_state = (int)p->tr.from;

@@ -655,7 +655,8 @@ static int apply_alert(struct store *s, int64_t run_id, const struct store_alert
     sqlite3_bind_int(st, 4, a->to_state);
     sqlite3_bind_int64(st, 5, a->event_step);
     sqlite3_bind_double(st, 6, now);
-    sqlite3_bind_text(st, 7, a->attribution, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 7, a->event_attribution ? a->event_attribution : a->attribution, -1,
+                      SQLITE_STATIC);
     sqlite3_bind_text(st, 8, a->evidence_json ? a->evidence_json : "{}", -1, SQLITE_STATIC);
     rc = exec1(st, NULL, 0);
     return ok(rc) ? SQLITE_OK : rc;

@@ -119,6 +119,7 @@ struct store_alert_row {
     const char *severity;     /* static strings */
     const char *family;
     const char *attribution;
+    const char *event_attribution; /* label at this event's step (has_event) */
     double value, median, mad, z; /* NaN: NULL */
     int64_t first_breach_step, fired_step, resolved_step; /* -1: NULL */
     int64_t last_step;
