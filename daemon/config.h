@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "limits.h"
+#include "fs_limits.h"
 
 /* Configuration: an INI-style file of `key = value` lines, `#` or `;`
  * comments (whole line, or after whitespace), `[section]` and

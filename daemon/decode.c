@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "limits.h"
+#include "fs_limits.h"
 
 #define E_VERSION FORESHOCK__ERROR_CODE__ERROR_PROTOCOL_VERSION
 #define E_MALFORMED FORESHOCK__ERROR_CODE__ERROR_MALFORMED

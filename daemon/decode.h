@@ -29,7 +29,7 @@ struct decode_limits {
     uint32_t max_token_len;
 };
 
-/* Fills lim with the FS_MAX_* values of limits.h and the given frame size. */
+/* Fills lim with the FS_MAX_* values of fs_limits.h and the given frame size. */
 void decode_limits_default(struct decode_limits *lim, uint32_t max_frame_bytes);
 
 /* Error detail, owned by the caller. code is a FORESHOCK__ERROR_CODE__*

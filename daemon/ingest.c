@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "limits.h"
+#include "fs_limits.h"
 #include "log.h"
 
 #define E(x) FORESHOCK__ERROR_CODE__ERROR_##x

@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "limits.h"
+#include "fs_limits.h"
 
 static atomic_int min_level = LOG_LEVEL_INFO;
 

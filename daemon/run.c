@@ -302,7 +302,7 @@ int run_stream_seen(struct run *run, int64_t stream_id, uint64_t seq)
 
 /* --- buckets and groups -------------------------------------------------------------- */
 
-/* layer < 2^12, head < 2^10, window <= 2^20 (limits.h): disjoint bit ranges. */
+/* layer < 2^12, head < 2^10, window <= 2^20 (fs_limits.h): disjoint bit ranges. */
 static uint64_t group_key(enum run_group_kind kind, uint32_t layer, uint32_t head,
                           uint32_t window)
 {

@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "foreshock.pb-c.h"
-#include "limits.h"
+#include "fs_limits.h"
 #include "monitor_qk.h"
 #include "monitor_router.h"
 

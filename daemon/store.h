@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "limits.h"
+#include "fs_limits.h"
 #include "stats.h"
 
 /* Storage: the writer thread and the only read-write SQLite connection.

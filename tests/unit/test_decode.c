@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "decode.h"
-#include "limits.h"
+#include "fs_limits.h"
 
 #define E(x) FORESHOCK__ERROR_CODE__ERROR_##x
 

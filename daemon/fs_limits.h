@@ -1,8 +1,3 @@
-/* This file shadows the C library's <limits.h> for every target that has
- * daemon/ on its include path (protobuf-c.h includes <limits.h>), so it
- * pulls the system header in first. */
-#include_next <limits.h>
-
 #ifndef FORESHOCK_LIMITS_H
 #define FORESHOCK_LIMITS_H
 
