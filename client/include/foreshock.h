@@ -46,7 +46,7 @@ extern "C" {
 #define FSC_DEFAULT_HANDSHAKE_TIMEOUT_MS 10000u
 
 /* Limits, checked before anything is allocated. The protocol limits mirror
- * the daemon's (daemon/limits.h, FS_MAX_*): a report the daemon would refuse
+ * the daemon's (daemon/fs_limits.h, FS_MAX_*): a report the daemon would refuse
  * is refused here, at the setter, instead of being dropped later. */
 #define FSC_MAX_RUN_ID_LEN 128      /* Hello.run_id: 1..128 of [A-Za-z0-9._:-] */
 #define FSC_MAX_TOKEN_LEN 256
