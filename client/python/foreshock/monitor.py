@@ -129,6 +129,7 @@ class Monitor:
                  flush(timeout_s) -> int, close(timeout_s) (tests); default
                  a libforeshock client (ctypes)
     lib          path of libforeshock.so (default: see _lib.load)
+    backoff_max_s  longest wait between reconnect attempts (default 5 s)
     """
 
     def __init__(self, model, endpoint=None, run=None, rank=None, world_size=None, attempt=0,
@@ -137,7 +138,8 @@ class Monitor:
                  shard=None, shard_reduce="trainer", send_sketches=None, send_tokens=True,
                  layer_norms=True, token=None, detect_from_step=None,
                  replay_bytes=DEFAULT_REPLAY_BYTES, queue_reports=DEFAULT_QUEUE_REPORTS,
-                 gram_dtype=torch.float32, transport=None, lib=None, client_name=None):
+                 gram_dtype=torch.float32, transport=None, lib=None, client_name=None,
+                 backoff_max_s=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if ddp else 0)
@@ -207,7 +209,12 @@ class Monitor:
         self._queue = queue.Queue(maxsize=queue_reports)
         self._counts = {"reports": 0, "dropped_queue": 0, "refused": 0, "dropped_submit": 0}
         self._overhead = {"steps": 0, "seconds": 0.0, "sketch_steps": 0, "sketch_seconds": 0.0}
-        self._complain = _RateLimited(LOG_INTERVAL_S)
+        # One limiter per kind of complaint, so that a flood of one kind
+        # (connection refused) never hides the first of another (a drop).
+        self._complain_queue = _RateLimited(LOG_INTERVAL_S)
+        self._complain_drop = _RateLimited(LOG_INTERVAL_S)
+        self._complain_refused = _RateLimited(LOG_INTERVAL_S)
+        self._complain_conn = _RateLimited(LOG_INTERVAL_S)
         self._conn_state = None
 
         if transport is None:
@@ -233,6 +240,7 @@ class Monitor:
                                attempt=attempt, token=token, detect_from_step=detect_from_step,
                                replay_max_bytes=replay_bytes, model=model_shape,
                                client_name=client_name or "foreshock-python/0.1.0",
+                               backoff_max_ms=int(backoff_max_s * 1000) if backoff_max_s else 0,
                                lib_path=lib)
         self.transport = transport
         self._sender = threading.Thread(target=self._send_loop, name="foreshock-sender",
@@ -385,7 +393,7 @@ class Monitor:
             self._queue.put_nowait(job)
         except queue.Full:
             self._counts["dropped_queue"] += 1
-            self._complain(logging.WARNING, "foreshock: report of step %d dropped: the sender "
+            self._complain_queue(logging.WARNING, "foreshock: report of step %d dropped: the sender "
                            "queue is full (%d dropped so far)", job.step,
                            self._counts["dropped_queue"])
 
@@ -457,12 +465,12 @@ class Monitor:
             rc = self.transport.submit(rep)
         except Exception as e:  # a bad value must not kill the thread
             self._counts["refused"] += 1
-            self._complain(logging.ERROR, "foreshock: report of step %d refused: %s",
+            self._complain_refused(logging.ERROR, "foreshock: report of step %d refused: %s",
                            job.step, e)
             return
         if rc != 0:
             self._counts["dropped_submit"] += 1
-            self._complain(logging.WARNING,
+            self._complain_drop(logging.WARNING,
                            "foreshock: report of step %d dropped by libforeshock (%s); the "
                            "daemon is unreachable or slow and the replay buffer is full "
                            "(%d dropped so far)", job.step, os.strerror(-rc),
@@ -480,7 +488,7 @@ class Monitor:
                 log.info("foreshock: connected to the daemon (run %s rank %d)", self.run,
                          self.rank)
             elif self._conn_state is not None or st.get("connect_failures"):
-                self._complain(logging.WARNING, "foreshock: daemon not connected: %s; "
+                self._complain_conn(logging.WARNING, "foreshock: daemon not connected: %s; "
                                "buffering reports", st.get("last_error") or "connecting")
             self._conn_state = state
 

@@ -1,0 +1,157 @@
+"""One training run of the tiny MoE GPT, with foreshock.Monitor wired in
+(the two lines marked MONITOR), and optionally a fault.
+
+Scenarios (the fault starts at --fault-step; before it every scenario of a
+seed trains identically: same initial weights, same batches):
+  healthy             no fault
+  attention-numerics  the attention backward truncates the low --bits bits
+                      of the BF16 pattern of O and dO before D = rowsum(O*dO)
+                      (tinygpt.FlashLikeAttention), in every layer
+  lr                  too large a learning rate: from the fault step the
+                      rate ramps linearly to --lr-mult times its value over
+                      --lr-ramp steps (a schedule set for a 10x larger peak),
+                      then stays there
+  combined            both
+
+Writes one JSON line per step to --out (step, loss, grad_norm, lr,
+train_s: forward+backward+optimizer, monitor_s: monitor.step()) and a last
+line {"summary": ...} with the client's counters.
+
+    /usr/bin/python3 client/python/experiments/train.py --endpoint 127.0.0.1:7781 \
+        --run demo-attn --scenario attention-numerics --seed 1 --out /tmp/demo.jsonl
+"""
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import torch  # noqa: E402
+
+import foreshock  # noqa: E402
+import tinygpt  # noqa: E402
+
+SCENARIOS = ("healthy", "attention-numerics", "lr", "combined")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--endpoint", help="daemon ingest HOST:PORT (omit: no monitor)")
+    p.add_argument("--run", default=None, help="run id (default: SCENARIO-sSEED)")
+    p.add_argument("--scenario", choices=SCENARIOS, default="healthy")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--fault-step", type=int, default=200)
+    p.add_argument("--bits", type=int, default=7, help="BF16 low bits truncated (1..16)")
+    p.add_argument("--fault-on", choices=("o", "do", "both"), default="both")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--lr-mult", type=float, default=10.0)
+    p.add_argument("--lr-ramp", type=int, default=200)
+    p.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: off)")
+    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ctx", type=int, default=64)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--experts", type=int, default=4, help="0: dense MLP")
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--aux", type=float, default=0.01, help="load-balancing loss weight")
+    p.add_argument("--windows", default="5", help="sketch windows, comma separated")
+    p.add_argument("--every", type=int, default=5)
+    p.add_argument("--detect-from", type=int, default=100,
+                   help="Hello.detect_from_step: earlier steps only build baselines")
+    p.add_argument("--corpus", default=None, help="text file (default: Python's stdlib)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--out", default=None, help="per-step JSON lines")
+    p.add_argument("--stop-after-alert", default=None,
+                   help="HOST:PORT of the daemon's HTTP API: stop once an alert with this "
+                        "run's attention-numerics label fires (CI smoke)")
+    return p.parse_args(argv)
+
+
+def lr_at(a, step):
+    base = a.lr * min(1.0, (step + 1) / a.warmup)
+    if a.scenario in ("lr", "combined") and step >= a.fault_step:
+        ramp = min(1.0, (step - a.fault_step + 1) / a.lr_ramp)
+        base *= 1.0 + (a.lr_mult - 1.0) * ramp
+    return base
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    torch.set_num_threads(a.threads)
+    run = a.run or f"{a.scenario}-s{a.seed}"
+    torch.manual_seed(a.seed)
+    data, vocab = tinygpt.load_corpus(a.corpus)
+    moe = (a.experts, a.top_k) if a.experts else None
+    model = tinygpt.TinyGPT(vocab, d=a.d, n_layer=a.layers, n_head=a.heads, t=a.ctx, moe=moe)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    batches = tinygpt.Batches(data, a.batch, a.ctx, a.seed)
+
+    mon = None
+    if a.endpoint:  # MONITOR (1 of 2)
+        mon = foreshock.Monitor(model, endpoint=a.endpoint, run=run,
+                                windows=[int(w) for w in a.windows.split(",")], every=a.every,
+                                detect_from_step=a.detect_from)
+    watcher = None
+    if a.stop_after_alert:
+        from fsapi import Api
+        watcher = Api(a.stop_after_alert)
+
+    out = open(a.out, "w") if a.out else None
+    t_run = time.perf_counter()
+    stopped_at = None
+    for step in range(1, a.steps + 1):
+        if a.scenario in ("attention-numerics", "combined") and step == a.fault_step:
+            model.fault.bits, model.fault.on = a.bits, a.fault_on
+        lr = lr_at(a, step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        t0 = time.perf_counter()
+        x, y = batches.get(step)
+        loss, aux = model(x, y)
+        total = loss + a.aux * aux if aux is not None else loss
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                            a.clip if a.clip > 0 else float("inf"))
+        opt.step()
+        t1 = time.perf_counter()
+        if mon is not None:  # MONITOR (2 of 2)
+            mon.step(step, loss=loss, grad_norm=gn, lr=lr)
+        t2 = time.perf_counter()
+        rec = {"step": step, "loss": loss.item(), "grad_norm": gn.item(), "lr": lr,
+               "train_s": t1 - t0, "monitor_s": t2 - t1}
+        if out:
+            out.write(json.dumps(rec) + "\n")
+        if watcher is not None and step % 25 == 0:
+            if watcher.alerts(run, label="attention-numerics"):
+                stopped_at = step
+                break
+        if not math.isfinite(rec["loss"]):
+            logging.warning("loss is not finite at step %d; stopping", step)
+            break
+    wall = time.perf_counter() - t_run
+    summary = {"run": run, "scenario": a.scenario, "seed": a.seed, "steps": step,
+               "fault_step": a.fault_step if a.scenario != "healthy" else None,
+               "wall_s": wall, "stopped_after_alert": stopped_at}
+    if mon is not None:
+        st = mon.close(120)
+        summary["client"] = {k: v for k, v in st.items() if k != "last_error"}
+    if out:
+        out.write(json.dumps({"summary": summary}) + "\n")
+        out.close()
+    print(json.dumps({"summary": summary}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
