@@ -158,7 +158,7 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(d)
         self.attn = CausalSelfAttention(d, n_head, layer, fault)
         self.ln_2 = nn.LayerNorm(d)
-        self.mlp = MoE(d, 2 * d, moe[0], moe[1]) if moe else MLP(d, 4 * d)
+        self.mlp = MoE(d, d, moe[0], moe[1]) if moe else MLP(d, 4 * d)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
