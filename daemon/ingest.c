@@ -30,6 +30,7 @@ struct conn {
     int closing;    /* uv_close called */
     int close_after_write;
     uint64_t linger_deadline_ms; /* CLOSING: close by then whatever happens */
+    int fin_sent;                /* uv_shutdown issued (conn_finish) */
     char peer[64];
     uint8_t *rbuf;
     size_t rlen, rcap;
@@ -78,6 +79,7 @@ struct ingest {
 
 static void process(struct conn *c);
 static void update_reading(struct conn *c);
+static void on_shutdown(uv_shutdown_t *req, int status);
 static void check_stop(struct ingest *ing);
 
 static double now_unix(void)
@@ -143,16 +145,51 @@ static void conn_close(struct conn *c)
     uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
 }
 
-/* Closes once every queued write has completed (or the linger deadline). */
+/* The writes of c have completed. A CLOSING peer that has not sent EOF gets
+ * a FIN and is drained (on_read discards) until its EOF or the linger
+ * deadline (on_sweep): closing a socket with unread input sends RST, which
+ * can destroy replies the peer has not read yet (an Error, the last Acks
+ * before a stop). Anything else closes now. */
+static void conn_finish(struct conn *c)
+{
+    if (c->state == CLOSING && !c->eof) {
+        if (c->fin_sent)
+            return;
+        c->fin_sent = 1;
+        uv_shutdown_t *sh = malloc(sizeof(*sh));
+        if (!sh || uv_shutdown(sh, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
+            free(sh);
+            conn_close(c);
+        }
+        return;
+    }
+    conn_close(c);
+}
+
+/* Finishes once every queued write has completed (or the linger deadline). */
 static void conn_close_when_flushed(struct conn *c)
 {
+    if (!c->linger_deadline_ms)
+        c->linger_deadline_ms = uv_now(c->ing->loop) + FS_INGEST_LINGER_MS;
     if (c->wpending == 0) {
-        conn_close(c);
+        c->close_after_write = 0;
+        conn_finish(c);
         return;
     }
     c->close_after_write = 1;
-    if (!c->linger_deadline_ms)
-        c->linger_deadline_ms = uv_now(c->ing->loop) + FS_INGEST_LINGER_MS;
+}
+
+/* Stops serving a connection that did nothing wrong (the daemon is
+ * stopping): unread input is dropped (never acked, so the client resends
+ * it), replies flush, then conn_finish's FIN and drain. */
+static void conn_linger(struct conn *c)
+{
+    if (c->state != CLOSING) {
+        c->state = CLOSING;
+        c->rlen = 0;
+    }
+    conn_close_when_flushed(c);
+    update_reading(c);
 }
 
 /* --- writing ------------------------------------------------------------------ */
@@ -179,19 +216,8 @@ static void on_write(uv_write_t *req, int status)
         return;
     }
     if (c->close_after_write && c->wpending == 0) {
-        if (c->state == CLOSING && !c->eof) {
-            /* After an Error: send FIN and drain what the client still
-             * sends, so that closing does not reset the connection before
-             * it read the Error. The sweep closes it at the deadline. */
-            c->close_after_write = 0;
-            uv_shutdown_t *sh = malloc(sizeof(*sh));
-            if (!sh || uv_shutdown(sh, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
-                free(sh);
-                conn_close(c);
-            }
-            return;
-        }
-        conn_close(c);
+        c->close_after_write = 0;
+        conn_finish(c);
     }
 }
 
@@ -772,8 +798,10 @@ static void on_async(uv_async_t *a)
             process(c);
             update_reading(c);
         }
-        if ((c->eof || ing->stopping) && c->inflight == 0 && !c->pending)
+        if (c->eof && c->inflight == 0 && !c->pending)
             conn_close_when_flushed(c);
+        else if (ing->stopping && c->inflight == 0 && !c->pending)
+            conn_linger(c);
     }
     free(res);
     if (resumed && !ing->stopping)
@@ -902,7 +930,7 @@ static void check_stop(struct ingest *ing)
         return;
     for (struct conn *c = ing->head; c; c = c->next)
         if (!c->closing && c->inflight == 0 && !c->pending)
-            conn_close_when_flushed(c);
+            conn_linger(c);
     if (ing->head)
         return;
     /* Last connection gone: detach from the writer before closing the
