@@ -506,7 +506,9 @@ out:
     return rc;
 }
 
-/* Points stored for run `run` in the database at path (read-only). */
+/* Scalar points (series with a rank label) stored for run `run` in the
+ * database at path (read-only); the monitor series the daemon derives from
+ * Gram reports carry no rank and are not counted. */
 static int db_count_points(const char *path, const char *run, int64_t *count, char *err,
                            size_t errlen)
 {
@@ -516,7 +518,8 @@ static int db_count_points(const char *path, const char *run, int64_t *count, ch
     if (rc == SQLITE_OK)
         rc = sqlite3_prepare_v2(db,
                                 "SELECT count(*) FROM points WHERE series_id IN (SELECT s.id FROM "
-                                "series s JOIN runs r ON r.id = s.run_id WHERE r.name = ?1)",
+                                "series s JOIN runs r ON r.id = s.run_id WHERE r.name = ?1 AND "
+                                "s.rank >= 0)",
                                 -1, &st, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
