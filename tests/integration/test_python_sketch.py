@@ -371,7 +371,7 @@ def check_routers(torch, nn, foreshock):
             check(abs(got - want) <= 1e-4 * max(1.0, abs(want)), f"router {layer}: {what} {got} "
                   f"vs {want}")
         check(np.allclose(t.sum_p, p.sum(0), rtol=1e-4, atol=1e-5), f"router {layer}: sum_p")
-    print(f"  routers (Mixtral gate, DeepSeek MoEGate): Grams and token statistics match", flush=True)
+    print("  routers (Mixtral gate, DeepSeek MoEGate): Grams and token statistics match", flush=True)
 
 
 def check_daemon(args, workdir, torch, nn, foreshock):

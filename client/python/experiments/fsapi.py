@@ -58,6 +58,28 @@ class Api:
     def alerts(self, run, **filters):
         return self.pages("/api/v1/alerts", "alerts", run=run, **filters)
 
+    def alert(self, alert_id):
+        """One alert with its transition history (oldest first)."""
+        return self.get(f"/api/v1/alerts/{alert_id}")
+
+    def firings(self, run):
+        """Every transition to firing of the run's alerts, oldest first:
+        [{"step", "attribution", "rule", "family", "labels", "alert_id"}].
+        An alert that fired, resolved and fired again appears twice (the
+        alert row itself only shows its latest incident)."""
+        out = []
+        for a in self.alerts(run):
+            doc = self.alert(a["id"])
+            doc = doc.get("alert", doc)  # {"alert": {..., "history": [...]}}
+            for ev in doc.get("history") or []:
+                if ev.get("to") == "firing" and ev.get("step") is not None:
+                    out.append({"step": int(ev["step"]),
+                                "attribution": ev.get("attribution") or a["attribution"],
+                                "rule": a["rule"], "family": a["family"],
+                                "labels": a.get("labels"), "alert_id": a["id"]})
+        out.sort(key=lambda f: (f["step"], f["alert_id"]))
+        return out
+
     def run_info(self, run):
         try:
             return self.get("/api/v1/runs/" + urllib.parse.quote(run, safe=""))

@@ -155,24 +155,20 @@ def wait_monitors(api, runs, steps, every, timeout=300):
 def analyse(api, a, sc, seed):
     name = f"{sc}-s{seed}"
     recs, summary = read_jsonl(os.path.join(a.out, "runs", name + ".jsonl"))
-    alerts = api.alerts(name)
+    alerts = api.firings(name)
     first = {}
-    for al in alerts:
-        ev = al.get("evidence") or {}
-        fired = ev.get("fired_step")
-        if fired is None:
-            continue  # pending, never fired
-        fam = al["family"]
-        if fam not in first or fired < first[fam]["step"]:
-            first[fam] = {"step": fired, "label": al["attribution"], "rule": al["rule"],
-                          "labels": al.get("labels")}
+    for f in alerts:
+        if f["family"] not in first:
+            first[f["family"]] = {"step": f["step"], "label": f["attribution"],
+                                  "rule": f["rule"], "labels": f["labels"]}
     mech = [v for f, v in first.items() if f in MECHANISM]
     m0 = min(mech, key=lambda v: v["step"]) if mech else None
     loss_det = first.get("scalar_loss")
     div = divergence_step(recs)
     fault = a.fault_step if sc != "healthy" else None
     row = {"run": name, "scenario": sc, "seed": seed, "fault_step": fault,
-           "steps": recs[-1]["step"] if recs else 0, "alerts": len(alerts)}
+           "steps": recs[-1]["step"] if recs else 0, "alerts": len(alerts),
+           "alerted_rules": sorted({f["rule"] for f in alerts})}
     for f in FAMILIES:
         row[f] = first[f]["step"] if f in first else None
         row[f + "_label"] = first[f]["label"] if f in first else None
@@ -212,10 +208,6 @@ def fmt(v):
 
 
 def write_tables(a, rows):
-    cols = ["run", "fault_step", "first_mechanism_step", "first_mechanism_label",
-            "first_mechanism_rule", "attention_d2", "router_weight", "weight_norm",
-            "router_balance", "loss_detector_step", "diverge_step", "lead_vs_loss_detector",
-            "lead_vs_divergence", "alerts", "pass"]
     with open(os.path.join(a.out, "results.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
@@ -224,7 +216,7 @@ def write_tables(a, rows):
         json.dump(rows, f, indent=1)
     head = ["run", "fault", "first alert (step, label, rule)", "Δ2 family", "router",
             "weight norm", "balance", "loss detector", "diverged", "lead vs loss det.",
-            "lead vs divergence", "alerts", "ok"]
+            "lead vs divergence", "firings", "ok"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         first = ("–" if r["first_mechanism_step"] is None else
@@ -257,7 +249,12 @@ def plot(a, api, row, recs, alerts):
     name = row["run"]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     steps = [r["step"] for r in recs]
-    ax1.plot(steps, [r["loss"] for r in recs], lw=0.6, color="0.3", label="loss")
+    losses = [r["loss"] for r in recs]
+    ax1.plot(steps, losses, lw=0.5, color="0.6", label="loss")
+    w = DIVERGE_WINDOW
+    if len(losses) >= w:
+        ax1.plot(steps[w - 1:], [sum(losses[i - w + 1:i + 1]) / w for i in range(w - 1, len(losses))],
+                 lw=1.2, color="0.1", label=f"{w}-step mean")
     ax1.set_ylabel("loss (nats)")
     ax1.set_title(f"{name}")
     ent = {}
@@ -272,23 +269,22 @@ def plot(a, api, row, recs, alerts):
     colors = {"attention_d2": "tab:red", "router_weight": "tab:purple", "weight_norm": "tab:orange",
               "router_balance": "tab:brown", "scalar_loss": "tab:blue"}
     seen = set()
-    for al in alerts:
-        fired = (al.get("evidence") or {}).get("fired_step")
-        if fired is None:
+    for f in alerts:  # the first firing of each family
+        fam = f["family"]
+        if fam in seen:
             continue
-        fam = al["family"]
-        lab = None if fam in seen else f"alert: {fam} ({al['attribution']})"
         seen.add(fam)
         for ax in (ax1, ax2):
-            ax.axvline(fired, color=colors.get(fam, "k"), lw=0.8, ls="--",
-                       label=lab if ax is ax1 else None)
+            ax.axvline(f["step"], color=colors.get(fam, "k"), lw=1.0, ls="--",
+                       label=(f"first {fam} alert, step {f['step']} ({f['attribution']})"
+                              if ax is ax1 else None))
     for ax in (ax1, ax2):
         if row["fault_step"]:
             ax.axvline(row["fault_step"], color="k", lw=1.0, ls=":",
                        label="fault" if ax is ax1 else None)
         if row["diverge_step"]:
             ax.axvline(row["diverge_step"], color="k", lw=1.5,
-                       label="loss diverged" if ax is ax1 else None)
+                       label=f"loss diverged, step {row['diverge_step']}" if ax is ax1 else None)
     ax1.legend(fontsize=7, loc="upper right")
     ax2.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
@@ -307,7 +303,8 @@ def main(argv=None):
     p.add_argument("--fault-step", type=int, default=200)
     p.add_argument("--every", type=int, default=5, help="must match train.py --every")
     p.add_argument("--jobs", type=int, default=2, help="trainers at once")
-    p.add_argument("--config", default=None, help="foreshockd config file")
+    p.add_argument("--config", default=os.path.join(HERE, "foreshockd-experiment.conf"),
+                   help="foreshockd config file (default: foreshockd-experiment.conf here)")
     p.add_argument("--analyse-only", action="store_true",
                    help="reuse --out's runs and database (restarts the daemon on it)")
     a, rest = p.parse_known_args(argv)

@@ -9,7 +9,7 @@ seed trains identically: same initial weights, same batches):
                       (tinygpt.FlashLikeAttention), in every layer
   lr                  too large a learning rate: from the fault step the
                       rate ramps linearly to --lr-mult times its value over
-                      --lr-ramp steps (a schedule set for a 10x larger peak),
+                      --lr-ramp steps (a peak learning rate mistyped by 100x),
                       then stays there
   combined            both
 
@@ -52,7 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--fault-on", choices=("o", "do", "both"), default="both")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--lr-mult", type=float, default=10.0)
+    p.add_argument("--lr-mult", type=float, default=100.0)
     p.add_argument("--lr-ramp", type=int, default=200)
     p.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: off)")
     p.add_argument("--d", type=int, default=64)

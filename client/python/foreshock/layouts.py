@@ -30,7 +30,6 @@ Layer index: the first integer in the module's qualified name
 share it; discovery order when names carry no distinct integers.
 """
 import logging
-import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 

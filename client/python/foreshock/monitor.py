@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from . import sketch as sk
-from .layouts import AttentionSpec, RouterSpec, find_attention, find_routers
+from .layouts import find_attention, find_routers
 from .report import AttentionGram, Report, RouterGram, RouterTokens
 
 log = logging.getLogger("foreshock")
