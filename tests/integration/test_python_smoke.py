@@ -20,7 +20,7 @@ sys.path.insert(0, HERE)
 import fstest  # noqa: E402
 from fstest import check  # noqa: E402
 
-MAX_STEPS = 450
+MAX_STEPS = 600
 FAULT_STEP = 200
 
 
@@ -37,7 +37,7 @@ def main(args, workdir):
         env = dict(os.environ, FORESHOCK_LIB=os.path.join(os.path.abspath(args.build_dir),
                                                           "libforeshock.so"))
         cmd = [sys.executable, os.path.join(exp, "train.py"), "--endpoint", daemon.endpoint,
-               "--run", "smoke", "--scenario", "attention-numerics", "--seed", "1",
+               "--run", "smoke", "--scenario", "attention-numerics", "--seed", "2",
                "--steps", str(MAX_STEPS), "--fault-step", str(FAULT_STEP), "--out", out,
                "--stop-after-alert", daemon.http]
         t0 = time.monotonic()
@@ -72,5 +72,15 @@ def main(args, workdir):
         daemon.stop()
 
 
+def preload_sanitizers():
+    """Under the ASan build tree, re-exec with the sanitizer runtimes
+    preloaded (foreshock.testing.preload_sanitizers says why)."""
+    args = fstest.parse_args()
+    sys.path.insert(0, os.path.join(args.source_dir, "client", "python"))
+    from foreshock.testing import preload_sanitizers as preload
+    preload(os.path.join(args.build_dir, "libforeshock.so"))
+
+
 if __name__ == "__main__":
+    preload_sanitizers()
     fstest.run_main(main)

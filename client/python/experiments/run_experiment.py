@@ -299,7 +299,7 @@ def main(argv=None):
     p.add_argument("--out", default="experiment-out")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
-    p.add_argument("--steps", type=int, default=700)
+    p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--fault-step", type=int, default=200)
     p.add_argument("--every", type=int, default=5, help="must match train.py --every")
     p.add_argument("--jobs", type=int, default=2, help="trainers at once")
