@@ -57,7 +57,7 @@ def main(args, workdir):
         check(first > FAULT_STEP, f"attention-numerics alert at {first}, before the fault")
         check(div is None or first < div, f"alert at {first}, loss diverged at {div}")
         check(not loss_det or first < loss_det[0],
-              f"alert at {first}, loss-based detector at {loss_det[0]}")
+              f"alert at {first}, loss-based detector at {loss_det[:1]}")
         client = summary.get("client", {})
         check(client.get("dropped", 1) == 0 and client.get("acked") == client.get("reports"),
               f"client counters: {client}")

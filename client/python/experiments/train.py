@@ -71,8 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--out", default=None, help="per-step JSON lines")
     p.add_argument("--stop-after-alert", default=None,
-                   help="HOST:PORT of the daemon's HTTP API: stop once an alert with this "
-                        "run's attention-numerics label fires (CI smoke)")
+                   help="HOST:PORT of the daemon's HTTP API: stop once an alert labelled "
+                        "attention-numerics has fired for this run (CI smoke)")
     return p.parse_args(argv)
 
 
@@ -133,7 +133,8 @@ def main(argv=None):
         if out:
             out.write(json.dumps(rec) + "\n")
         if watcher is not None and step % 25 == 0:
-            if watcher.alerts(run, label="attention-numerics"):
+            # Fired, not merely pending: the alert list also holds pending ones.
+            if any(f["attribution"] == "attention-numerics" for f in watcher.firings(run)):
                 stopped_at = step
                 break
         if not math.isfinite(rec["loss"]):

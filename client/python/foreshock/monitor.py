@@ -216,6 +216,7 @@ class Monitor:
         self._complain_refused = _RateLimited(LOG_INTERVAL_S)
         self._complain_conn = _RateLimited(LOG_INTERVAL_S)
         self._conn_state = None
+        self._sender_cpu_s = 0.0    # CPU time of the sender thread (off the training thread)
 
         if transport is None:
             from ._lib import Client
@@ -393,9 +394,9 @@ class Monitor:
             self._queue.put_nowait(job)
         except queue.Full:
             self._counts["dropped_queue"] += 1
-            self._complain_queue(logging.WARNING, "foreshock: report of step %d dropped: the sender "
-                           "queue is full (%d dropped so far)", job.step,
-                           self._counts["dropped_queue"])
+            self._complain_queue(logging.WARNING, "foreshock: report of step %d dropped: the "
+                                 "sender queue is full (%d dropped so far)", job.step,
+                                 self._counts["dropped_queue"])
 
     # ---- the background part ---------------------------------------------------------------
 
@@ -454,9 +455,11 @@ class Monitor:
             if job is None:
                 self._queue.task_done()
                 return
+            c0 = time.thread_time()
             try:
                 self._send(job)
             finally:
+                self._sender_cpu_s += time.thread_time() - c0
                 self._queue.task_done()
 
     def _send(self, job):
@@ -497,7 +500,10 @@ class Monitor:
     def stats(self):
         """Counters: the transport's (submitted, acked, dropped, buffered_*,
         reconnects, connected, ...) plus reports (made by step()),
-        dropped_queue, refused, and the measured step() overhead."""
+        dropped_queue, refused, the measured step() overhead on the training
+        thread (step_overhead_s, sketch_step_overhead_s, plain_step_overhead_s:
+        means, seconds) and the sender thread's CPU time (sender_cpu_s,
+        sender_cpu_per_report_s)."""
         out = dict(self.transport.stats())
         out.update(self._counts)
         o = self._overhead
@@ -509,6 +515,9 @@ class Monitor:
         plain = o["steps"] - o["sketch_steps"]
         out["plain_step_overhead_s"] = ((o["seconds"] - o["sketch_seconds"]) / plain
                                         if plain else 0.0)
+        out["sender_cpu_s"] = self._sender_cpu_s
+        out["sender_cpu_per_report_s"] = (self._sender_cpu_s / self._counts["reports"]
+                                          if self._counts["reports"] else 0.0)
         return out
 
     def _drain(self, deadline):
