@@ -8,6 +8,20 @@
  * handed by pointer to every module; any thread may update or read it.
  * Relaxed atomics: these are observability numbers, not synchronisation. */
 
+/* Paging targets (pager thread writes the counters; main() names the
+ * targets before any thread starts, so name/kind are then read-only). */
+#define STATS_MAX_TARGETS 16
+#define STATS_TARGET_NAME_MAX 64
+
+struct fs_target_stats {
+    char name[STATS_TARGET_NAME_MAX]; /* "" = slot unused */
+    char kind[16];                    /* "alertmanager" | "pagerduty" | "webhook" */
+    atomic_uint_fast64_t sent;        /* deliveries the target accepted */
+    atomic_uint_fast64_t failed;      /* attempts that failed and will be retried */
+    atomic_uint_fast64_t dropped;     /* deliveries given up (permanent error) */
+    atomic_uint_fast64_t silenced;    /* deliveries not made: a silence matched */
+};
+
 /* Commit latency histogram buckets, seconds (upper bounds, +Inf implied). */
 #define STATS_COMMIT_BUCKETS 10
 extern const double stats_commit_bucket_le[STATS_COMMIT_BUCKETS];
@@ -48,6 +62,11 @@ struct fs_stats {
     atomic_uint_fast64_t reports_resent;      /* seq already fed: not fed again */
     atomic_uint_fast64_t reduce_bytes;        /* gauge: reduction memory held */
     atomic_uint_fast64_t reduce_pauses;       /* times ingest stopped for reduce_max_bytes */
+
+    /* pager thread writes */
+    atomic_uint_fast64_t outbox_pending;   /* gauge: deliveries not yet done */
+    unsigned ntargets;                     /* set before threads start */
+    struct fs_target_stats targets[STATS_MAX_TARGETS];
 
     /* http threads write */
     atomic_uint_fast64_t http_requests;
