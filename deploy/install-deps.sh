@@ -15,6 +15,14 @@ PKGS=(
   libcriterion-dev libclang-rt-14-dev sqlite3 curl procps
   # Python side: protobuf runtime + protoc for the generated module, numpy
   python3 python3-numpy python3-protobuf protobuf-compiler
+  # paging: HMAC-SHA256 for signed webhooks (OpenSSL libcrypto, already
+  # pulled in by libcurl4-openssl-dev)
+  libssl-dev
+  # dashboard: the plotting library, served by the daemon from its binary
+  libjs-dygraphs
+  # real peers for the integration tests: Alertmanager (+ amtool), promtool,
+  # headless Chromium for the dashboard
+  prometheus-alertmanager prometheus chromium
   # PyTorch client tests and the fault-injection experiments (plots)
   python3-torch python3-matplotlib
 )
