@@ -25,8 +25,9 @@
 #define SILENCE_MAX_JSON 8192u        /* matchers_json bytes */
 
 /* Label names an alert carries (the same set the pager sends to
- * Alertmanager): alertname (the rule), run, severity, family, attribution,
- * and layer, head, window, rank where the alert has that scope. */
+ * Alertmanager): alertname (the rule), run, severity, family, signature
+ * (the alert's attribution, e.g. attention-numerics), and layer, head,
+ * window, rank where the alert has that scope. */
 struct silence_label {
     const char *name;
     const char *value;
