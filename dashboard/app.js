@@ -259,6 +259,7 @@
     }
     p.graph = new Dygraph(p.div, data, Object.assign(options, {
       customBars: !!opts.bars,
+      logscale: !!opts.log,
       connectSeparatedPoints: true,
       xlabel: 'step',
       legend: 'onmouseover',
@@ -307,7 +308,8 @@
         return;
       }
       drawPlot(p, [{ series: s, label: m.name }],
-        { bars: true, note: 'rank ' + (s.labels.rank ?? 0) + ', band: min–max per bucket' });
+        { bars: true, log: true,
+          note: 'rank ' + (s.labels.rank ?? 0) + ', log scale, band: min–max per bucket' });
     });
   }
 
@@ -316,7 +318,15 @@
     const aggs = await seriesList('&name=' + q(QK_MONITORS[1].name + '.min'));
     const layers = [...new Set(aggs.map((s) => s.labels.layer))].sort((a, b) => a - b);
     const windows = [...new Set(aggs.map((s) => s.labels.window))].sort((a, b) => a - b);
-    if (!layers.includes(state.layer)) state.layer = layers.length ? layers[0] : null;
+    if (!layers.includes(state.layer)) {
+      // start where the trouble started: the earliest fired attention alert
+      const first = state.alerts
+        .filter((a) => a.rule.startsWith('qk.') && a.evidence.fired_step !== null &&
+                       layers.includes(a.labels.layer))
+        .sort((a, b) => a.evidence.fired_step - b.evidence.fired_step)[0];
+      state.layer = first ? first.labels.layer : (layers.length ? layers[0] : null);
+      if (first && windows.includes(first.labels.window)) state.window = first.labels.window;
+    }
     if (!windows.includes(state.window)) state.window = windows.length ? windows[0] : null;
     const key = JSON.stringify([layers, windows, state.layer, state.window]);
     if (key !== state.selectKey) {
