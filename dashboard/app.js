@@ -264,6 +264,7 @@
       xlabel: 'step',
       legend: 'onmouseover',
       labelsSeparateLines: true,
+      labelsKMB: true,
       animatedZooms: false,
       drawCallback: (g) => placeMarkers(p, g),
     }));

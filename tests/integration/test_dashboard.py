@@ -9,6 +9,9 @@ headless Chromium on loopback.
   (same rules and steps), and alert markers at the fired steps. A screenshot
   is kept as a test artifact (BUILD/test-artifacts/dashboard.png).
 - Empty states: a run without sketches says so; an unknown run says so.
+- Through a stub in front of the daemon (assets relayed, the API refused):
+  a 401 makes the page ask for a read token; an API that drops connections
+  shows the "daemon unreachable" banner.
 
 Chromium runs once per page load in its own process group with a timeout;
 the group (which this test started) is killed if anything is left of it."""
@@ -20,7 +23,9 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fstest import Daemon, Failure, check, run_all_pages, run_main
 
@@ -346,6 +351,67 @@ def check_empty_states(workdir, d):
     print("  empty states: scalars-only run and unknown run ok")
 
 
+class Stub(BaseHTTPRequestHandler):
+    """Relays the page's assets from the daemon; answers the API per mode:
+    "auth" 401 (a read token is configured), "down" a dropped connection."""
+    daemon_port = 0
+    mode = "auth"
+
+    def do_GET(self):
+        if self.path.startswith("/api/"):
+            if self.mode == "down":
+                self.close_connection = True
+                return  # no response at all: fetch() fails
+            body = b'{"error":{"code":"unauthorized","message":"a read token is required"}}'
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("WWW-Authenticate", "Bearer")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        conn = http.client.HTTPConnection("127.0.0.1", self.daemon_port, timeout=30)
+        conn.request("GET", self.path)
+        r = conn.getresponse()
+        body = r.read()
+        conn.close()
+        self.send_response(r.status)
+        self.send_header("Content-Type", r.getheader("Content-Type"))
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt, *a):
+        pass
+
+
+def check_stub_states(workdir, d):
+    for mode in ("auth", "down"):
+        handler = type("StubMode", (Stub,), {"daemon_port": d.http_port, "mode": mode})
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        t = threading.Thread(target=srv.serve_forever, daemon=True)
+        t.start()
+        try:
+            url = f"http://127.0.0.1:{srv.server_address[1]}/#run={RUN}"
+            dom, body = load_dom(workdir, url)
+        finally:
+            srv.shutdown()
+            srv.server_close()
+            t.join()
+        state = body.attrs.get("data-state")
+        if mode == "auth":
+            form = dom.find_all("form", id="auth")
+            check(state == "auth" and form and not hidden(form[0]),
+                  f"401: page state {state!r}, token form shown: {form and not hidden(form[0])}")
+            check(dom.find_all("input", id="token"), "401: no token input")
+        else:
+            banner = dom.find_all(id="banner")
+            text = banner[0].all_text() if banner else ""
+            check(state == "error" and not hidden(banner[0]) and "unreachable" in text,
+                  f"API down: state {state!r}, banner {text!r}")
+    print("  stub: 401 asks for a token; a dropped API shows 'unreachable'")
+
+
 def main(args, workdir):
     check(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} is missing (deploy/install-deps.sh)")
     d = Daemon(args.build_dir, workdir)
@@ -364,6 +430,7 @@ def main(args, workdir):
         alerts = run_all_pages(d, f"/api/v1/alerts?run={RUN}", "alerts")
         check_run_page(args, workdir, d, alerts)
         check_empty_states(workdir, d)
+        check_stub_states(workdir, d)
     except Exception:
         print(d.log_text()[-3000:])
         raise
