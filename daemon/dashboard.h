@@ -9,8 +9,8 @@
  * Everything here is pure and read-only: any thread may call it. */
 
 #define DASHBOARD_STATIC_PREFIX "/static/"
-#define DASHBOARD_INDEX "index.html"   /* the asset served at "/" */
-#define DASHBOARD_MAX_NAME 64u         /* bytes of an asset name; longer is "no such asset" */
+#define DASHBOARD_INDEX "index.html"      /* the asset served at "/" */
+#define DASHBOARD_MAX_NAME 64u            /* bytes of an asset name; longer is "no such asset" */
 #define DASHBOARD_MAX_IF_NONE_MATCH 1024u /* bytes of If-None-Match examined; past it: no match */
 
 /* Revalidate every time: asset names carry no version, so a daemon upgrade
@@ -18,11 +18,17 @@
  * (304, no body). */
 #define DASHBOARD_CACHE_CONTROL "no-cache"
 
+/* Content-Security-Policy of every dashboard file: the page loads nothing
+ * from anywhere but this daemon (dygraphs sets inline styles). */
+#define DASHBOARD_CSP                                                                              \
+    "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "                 \
+    "frame-ancestors 'none'"
+
 struct dashboard_asset {
     const char *name;          /* file name, served as /static/NAME */
     const unsigned char *data; /* static storage, never freed */
     size_t len;
-    const char *etag;          /* strong ETag, quoted: "\"0123...\"" */
+    const char *etag; /* strong ETag, quoted: "\"0123...\"" */
 };
 
 /* Generated table (build tree: dashboard_assets.c). */

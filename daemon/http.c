@@ -1694,8 +1694,9 @@ static int h_incomplete(struct ctx *c)
  * Unknown, repeated, empty or malformed parameters are 400 naming the
  * parameter; unknown paths, runs and series 404.
  *
- * Later routes (silences, /metrics, the dashboard at /) are rows
- * here; one that is not JSON will need a content type in its row. */
+ * Later routes (silences, /metrics) are rows here. The dashboard (/ and
+ * /static/NAME) is the one non-JSON reply: its handler sets c->raw, which
+ * send_reply sends with the file's content type and ETag. */
 #define ROUTE_METHODS "GET, HEAD"
 
 /* The dashboard's embedded files; 304 when If-None-Match has the ETag. */
@@ -1864,10 +1865,7 @@ static struct MHD_Response *raw_response(const struct ctx *c)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, f->etag);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, f->cache_control);
     MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
-    /* the page loads nothing from anywhere but this daemon */
-    MHD_add_response_header(resp, "Content-Security-Policy",
-                            "default-src 'self'; style-src 'self' 'unsafe-inline'; "
-                            "img-src 'self' data:; frame-ancestors 'none'");
+    MHD_add_response_header(resp, "Content-Security-Policy", DASHBOARD_CSP);
     return resp;
 }
 

@@ -98,12 +98,12 @@ struct etag_case {
 static const struct etag_case etag_cases[] = {
     {NULL, "\"abc\"", false},
     {"\"abc\"", "\"abc\"", true},
-    {"W/\"abc\"", "\"abc\"", true},          /* weak comparison */
+    {"W/\"abc\"", "\"abc\"", true}, /* weak comparison */
     {"\"abc\"", "W/\"abc\"", true},
     {"\"abd\"", "\"abc\"", false},
     {"\"ab\"", "\"abc\"", false},
     {"\"abcd\"", "\"abc\"", false},
-    {"abc", "\"abc\"", false},               /* unquoted: malformed */
+    {"abc", "\"abc\"", false}, /* unquoted: malformed */
     {"\"x\", \"abc\"", "\"abc\"", true},
     {"\"x\",\"abc\"", "\"abc\"", true},
     {" \"x\" ,  W/\"abc\" ", "\"abc\"", true},
@@ -125,8 +125,8 @@ Test(dashboard, etag_match_table)
 {
     for (size_t i = 0; i < sizeof etag_cases / sizeof etag_cases[0]; i++) {
         const struct etag_case *c = &etag_cases[i];
-        cr_expect_eq(dashboard_etag_match(c->header, c->etag), c->match, "case %zu: '%s' vs %s",
-                     i, c->header ? c->header : "NULL", c->etag ? c->etag : "NULL");
+        cr_expect_eq(dashboard_etag_match(c->header, c->etag), c->match, "case %zu: '%s' vs %s", i,
+                     c->header ? c->header : "NULL", c->etag ? c->etag : "NULL");
     }
 }
 
@@ -182,8 +182,8 @@ Test(dashboard, embedded_table)
     /* the page loads its code from the daemon itself, nothing from elsewhere */
     const char *needles[] = {"/static/app.js", "/static/dygraph.min.js", "/static/app.css"};
     for (size_t k = 0; k < 3; k++)
-        cr_expect(contains(idx.data, idx.len, needles[k]),
-                  "index.html does not load %s", needles[k]);
+        cr_expect(contains(idx.data, idx.len, needles[k]), "index.html does not load %s",
+                  needles[k]);
     cr_expect(!contains(idx.data, idx.len, "http://"), "index.html names a remote URL");
     cr_expect(!contains(idx.data, idx.len, "https://"), "index.html names a remote URL");
 }
