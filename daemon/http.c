@@ -31,6 +31,7 @@
 #include <sqlite3.h>
 
 #include "alert.h" /* pinned state numbers only: fs_http does not link fs_monitor */
+#include "dashboard.h"
 #include "log.h"
 
 /* --- limits ---------------------------------------------------------------- */
@@ -269,6 +270,9 @@ struct ctx {
     unsigned status;
     json_t *body;
     const char *allow; /* Allow header (405) */
+    /* a non-JSON reply (dashboard files): sent instead of body when set */
+    const struct dashboard_file *raw;
+    struct dashboard_file raw_file;
 };
 
 /* Sets the reply (status and body) in c; returns 0. */
@@ -1690,11 +1694,29 @@ static int h_incomplete(struct ctx *c)
  * Unknown, repeated, empty or malformed parameters are 400 naming the
  * parameter; unknown paths, runs and series 404.
  *
- * Later routes (silences, /metrics, the dashboard at /) are rows
- * here; one that is not JSON will need a content type in its row. */
+ * Later routes (silences, /metrics) are rows here. The dashboard (/ and
+ * /static/NAME) is the one non-JSON reply: its handler sets c->raw, which
+ * send_reply sends with the file's content type and ETag. */
 #define ROUTE_METHODS "GET, HEAD"
 
+/* The dashboard's embedded files; 304 when If-None-Match has the ETag. */
+static int h_dashboard(struct ctx *c)
+{
+    if (dashboard_lookup(c->url, &c->raw_file) != 0) {
+        char echo[HTTP_MAX_URL_ECHO + 1];
+        snprintf(echo, sizeof echo, "%s", c->url);
+        return reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such asset: %s", echo);
+    }
+    const char *inm =
+        MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
+    c->raw = &c->raw_file;
+    c->status = dashboard_etag_match(inm, c->raw_file.etag) ? MHD_HTTP_NOT_MODIFIED : MHD_HTTP_OK;
+    return 0;
+}
+
 static const struct route routes[] = {
+    {.pattern = "/", .fn = h_dashboard, .db = false},
+    {.pattern = "/static/*", .fn = h_dashboard, .db = false},
     {.pattern = "/healthz", .fn = h_healthz, .db = false},
     {.pattern = "/readyz", .fn = h_readyz, .db = true},
     {.pattern = "/api/v1/runs", .fn = h_runs, .db = true, .params = {"limit", "after"}},
@@ -1830,10 +1852,36 @@ static void free_body(void *p)
 static const char fallback_body[] =
     "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
 
+/* A dashboard file: static bytes, never copied; a 304 has no body. */
+static struct MHD_Response *raw_response(const struct ctx *c)
+{
+    const struct dashboard_file *f = c->raw;
+    bool body = c->status != MHD_HTTP_NOT_MODIFIED;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        body ? f->len : 0, body ? (void *)f->data : NULL, MHD_RESPMEM_PERSISTENT);
+    if (resp == NULL)
+        return NULL;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, f->content_type);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, f->etag);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, f->cache_control);
+    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(resp, "Content-Security-Policy", DASHBOARD_CSP);
+    return resp;
+}
+
 static enum MHD_Result send_reply(struct ctx *c)
 {
     struct http *h = c->h;
     unsigned status = c->status;
+    if (c->raw != NULL) {
+        struct MHD_Response *raw = raw_response(c);
+        if (raw == NULL)
+            return MHD_NO;
+        atomic_fetch_add_explicit(&h->stats->http_requests, 1, memory_order_relaxed);
+        enum MHD_Result rr = MHD_queue_response(c->conn, status, raw);
+        MHD_destroy_response(raw);
+        return rr;
+    }
     char *text = c->body != NULL ? json_dumps(c->body, JSON_COMPACT) : NULL;
     struct MHD_Response *resp;
     if (text != NULL) {

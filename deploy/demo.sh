@@ -31,6 +31,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 grep "foreshockd ready" "$log"
+echo "demo: dashboard at http://$HTTP/#run=$RUN (open it to watch the run arrive)"
 
 SCENARIO=${FORESHOCK_DEMO_SCENARIO:-attention-numerics}
 echo "demo: simulating run '$RUN' (4 ranks, 320 steps, scenario $SCENARIO) into $INGEST"
@@ -50,6 +51,7 @@ build/foreshock --http "$HTTP" alerts --run "$RUN" --json |
 cat <<MSG
 
 Foreshock is running (daemon pid $pid, log $log, database build/demo/foreshock.db).
+  Dashboard: http://$HTTP/#run=$RUN
   Runs:      curl http://$HTTP/api/v1/runs
   The run:   curl http://$HTTP/api/v1/runs/$RUN
   Series:    curl 'http://$HTTP/api/v1/series?run=$RUN'

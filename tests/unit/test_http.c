@@ -811,7 +811,7 @@ Test(http, not_found)
         const char *path;
         const char *mention;
     } cases[] = {
-        {"/", NULL},
+        {"/static/nope.js", "/static/nope.js"}, /* "/" is the dashboard (test_dashboard.py) */
         {"/nope", "/nope"},
         {"/api/v1", NULL},
         {"/api/v1/runs/", NULL},
