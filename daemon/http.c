@@ -423,11 +423,38 @@ static void stmt_done(sqlite3_stmt *st)
 
 /* --- replies ------------------------------------------------------------------------ */
 
+/* Drops a raw reply set earlier (a later error replaces it). */
+static void raw_drop(struct ctx *c)
+{
+    if (c->raw != NULL && c->raw_owned)
+        free((void *)c->raw);
+    c->raw = NULL;
+    c->content_type = NULL;
+}
+
 static int reply_set(struct ctx *c, unsigned status, json_t *body)
 {
+    raw_drop(c);
     json_decref(c->body);
     c->status = status;
     c->body = body;
+    return 0;
+}
+
+/* Raw bytes with a content type (a reply that is not JSON: /metrics, the
+ * dashboard's files). owned: data is malloc'd and freed with the
+ * response; otherwise it must outlive the response (static). */
+static int reply_raw(struct ctx *c, unsigned status, const char *content_type, const void *data,
+                     size_t len, bool owned)
+{
+    raw_drop(c);
+    json_decref(c->body);
+    c->body = NULL;
+    c->status = status;
+    c->raw = data;
+    c->raw_len = len;
+    c->raw_owned = owned;
+    c->content_type = content_type;
     return 0;
 }
 
@@ -2096,21 +2123,6 @@ static int h_silence_expire(struct ctx *c)
 }
 
 /* --- /metrics ------------------------------------------------------------------------------ */
-
-/* Raw bytes with a content type. owned: data is malloc'd and freed with
- * the response; otherwise it must outlive the response (static). */
-static int reply_raw(struct ctx *c, unsigned status, const char *content_type, const void *data,
-                     size_t len, bool owned)
-{
-    json_decref(c->body);
-    c->body = NULL;
-    c->status = status;
-    c->raw = data;
-    c->raw_len = len;
-    c->raw_owned = owned;
-    c->content_type = content_type;
-    return 0;
-}
 
 static int h_metrics(struct ctx *c)
 {
