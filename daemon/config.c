@@ -10,6 +10,7 @@
 
 #include "http.h"
 #include "log.h"
+#include "metrics.h"
 
 #define FIELD(type, f) .offset = offsetof(type, f), .size = sizeof(((type *)0)->f)
 #define CORE(f) FIELD(struct fs_config, f)
@@ -78,6 +79,19 @@ static const struct config_key core_keys[] = {
     {.name = "monitor_threads", .type = CONFIG_UINT, .def = "0", .min = 0,
      .max = FS_CAP_MONITOR_THREADS, CORE(monitor_threads),
      .help = "worker threads for the monitor math (0: one per online CPU)"},
+    /* HTTP auth and /metrics (http.c, metrics.c) */
+    {.name = "http_write_token", .type = CONFIG_STRING, .def = "", .min = 0,
+     .max = FS_MAX_TOKEN_LEN, CORE(http_write_token),
+     .help = "bearer token for HTTP writes (silences); empty: writes answer 403"},
+    {.name = "http_read_token", .type = CONFIG_STRING, .def = "", .min = 0,
+     .max = FS_MAX_TOKEN_LEN, CORE(http_read_token),
+     .help = "bearer token (or the write token) every route but /healthz, /readyz needs"},
+    {.name = "metrics_max_runs", .type = CONFIG_UINT, .def = "8", .min = 0,
+     .max = METRICS_MAX_RUNS, CORE(metrics_max_runs),
+     .help = "/metrics: per-run gauges for at most this many most recently active runs"},
+    {.name = "metrics_run_max_age", .type = CONFIG_DOUBLE, .def = "3600", .min = 1,
+     .max = 31536000, CORE(metrics_run_max_age),
+     .help = "/metrics: ... that had a report in the last this many seconds"},
 };
 
 const struct config_key *config_keys(size_t *n)

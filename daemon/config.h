@@ -91,6 +91,11 @@ struct fs_config {
     uint64_t reduce_max_bytes; /* monitor stage: reduction memory bound */
     uint64_t detect_from_step; /* runs whose Hello does not say */
     uint64_t monitor_threads;  /* worker threads for the monitor math; 0 = CPUs */
+    /* HTTP auth and /metrics */
+    char http_write_token[FS_MAX_TOKEN_LEN + 1]; /* "" = HTTP writes disabled */
+    char http_read_token[FS_MAX_TOKEN_LEN + 1];  /* "" = reads need no token */
+    uint64_t metrics_max_runs;
+    double metrics_run_max_age; /* seconds */
 };
 
 /* The table of the daemon's keys (for --help and tests). */

@@ -32,15 +32,23 @@
 
 #include "alert.h" /* pinned state numbers only: fs_http does not link fs_monitor */
 #include "dashboard.h"
+#include "http_parse.h"
 #include "log.h"
+#include "metrics.h"
+#include "silence.h"
+#include "store.h"
 
 /* --- limits ---------------------------------------------------------------- */
 #define HTTP_CONNECTION_TIMEOUT_S 30u        /* idle keep-alive connections closed after */
 #define HTTP_CONNECTION_MEMORY_BYTES (32u * 1024u) /* per connection: request line + headers */
-/* Request bodies are read and discarded up to this. A larger Content-Length
- * gets 413 before the body is read; a chunked body that grows past it closes
- * the connection. */
-#define HTTP_MAX_BODY_BYTES 4096u
+/* Request bodies: POST bodies are kept up to this (routes that take one
+ * parse them as JSON), others are read and discarded up to it. A larger
+ * Content-Length gets 413 before the body is read; a chunked body that grows
+ * past it closes the connection. */
+#define HTTP_MAX_BODY_BYTES (16u * 1024u)
+#define HTTP_WRITE_WAIT_MS 10000u            /* waiting for the writer to commit; then 503 */
+#define HTTP_MAX_ACTIVE_SILENCES 256         /* active silences matched against alerts */
+#define HTTP_MAX_AUTH_HEADER 1024u           /* Authorization header bytes looked at */
 #define HTTP_MAX_PARAM_LEN 256u              /* bytes of one query value or path segment */
 #define HTTP_MAX_PARAMS 16u                  /* query parameters accepted by one route */
 #define HTTP_MAX_CAPTURES 2u                 /* '*' segments in one route pattern */
@@ -83,6 +91,9 @@ enum stmt_id {
     STMT_ALERT_HISTORY,
     STMT_INCOMPLETE_FIRST,
     STMT_INCOMPLETE_AFTER,
+    STMT_SILENCE_ONE,
+    STMT_SILENCES_PAGE,
+    STMT_SILENCES_ACTIVE,
     STMT__COUNT
 };
 
@@ -141,6 +152,11 @@ enum { AC_ID, AC_RUN, AC_RULE, AC_STATE, AC_SEVERITY, AC_FAMILY, AC_ATTRIBUTION,
 #define ALERTS_ARMS(run)                                                                  \
     ALERTS_ARM(run, "3") " UNION ALL " ALERTS_ARM(run, "4") " UNION ALL "                   \
     ALERTS_ARM(run, "5") " UNION ALL " ALERTS_ARM(run, "6") " ORDER BY 1 DESC LIMIT ?18"
+
+#define SILENCE_COLUMNS                                                                  \
+    "id, matchers_json, starts_at, ends_at, created_by, comment, created_at, updated_at"
+enum { SLC_ID, SLC_MATCHERS, SLC_STARTS, SLC_ENDS, SLC_BY, SLC_COMMENT, SLC_CREATED,
+       SLC_UPDATED };
 
 #define INCOMPLETE_COLUMNS "step, kind, layer, head, \"window\", have, want, recorded_at"
 enum { IC_STEP, IC_KIND, IC_LAYER, IC_HEAD, IC_WINDOW, IC_HAVE, IC_WANT, IC_RECORDED };
@@ -212,6 +228,16 @@ static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_INCOMPLETE_AFTER] = "SELECT " INCOMPLETE_COLUMNS " FROM incomplete WHERE run_id = ?1 "
                               "AND (step, kind, layer, head, \"window\") > (?2, ?3, ?4, ?5, ?6) "
                               "ORDER BY step, kind, layer, head, \"window\" LIMIT ?7",
+    [STMT_SILENCE_ONE] = "SELECT " SILENCE_COLUMNS " FROM silences WHERE id = ?1",
+    /* newest first; ?2..?4: states wanted (1/0) at time ?5; the state
+     * filter is checked on the rows walked (the table stays small) */
+    [STMT_SILENCES_PAGE] = "SELECT " SILENCE_COLUMNS " FROM silences WHERE id < ?1 AND ("
+                           "(?2 AND starts_at <= ?5 AND ends_at > ?5) OR "
+                           "(?3 AND starts_at > ?5 AND ends_at > ?5) OR (?4 AND ends_at <= ?5)) "
+                           "ORDER BY id DESC LIMIT ?6",
+    /* silences_by_end: only those not yet ended are walked */
+    [STMT_SILENCES_ACTIVE] = "SELECT id, matchers_json, starts_at, ends_at FROM silences "
+                             "WHERE ends_at > ?1 AND starts_at <= ?1 ORDER BY id LIMIT ?2",
 };
 
 struct dbconn {
@@ -239,12 +265,19 @@ struct http {
     /* libmicrohttpd's own messages arrive on any of its threads */
     pthread_mutex_t log_mu;
     struct log_ratelimit log_rl;
+
+    /* writes and auth (read-only once started) */
+    struct store *store;
+    char *read_token;  /* "" = reads need no token */
+    char *write_token; /* "" = writes disabled */
+    struct metrics_opts mopts;
 };
 
 /* --- per-request state -------------------------------------------------------- */
 
 struct request {
     size_t body_bytes;
+    char *body;   /* POST: the body so far (malloc'd, NUL-terminated), else NULL */
     bool replied; /* a response was queued (early: announced body too large) */
 };
 
@@ -266,25 +299,48 @@ struct ctx {
     struct param params[HTTP_MAX_QUERY_VALUES]; /* a repeated parameter: one entry each */
     unsigned nparams;
 
-    /* the reply */
+    /* the request body (POST), NUL-terminated; NULL when none */
+    const char *req_body;
+    size_t req_len;
+
+    /* the reply: a JSON body, or raw bytes with their content type */
     unsigned status;
     json_t *body;
-    const char *allow; /* Allow header (405) */
-    /* a non-JSON reply (dashboard files): sent instead of body when set */
-    const struct dashboard_file *raw;
-    struct dashboard_file raw_file;
+    char allow[64];            /* Allow header (405); "" = none */
+    bool www_auth;             /* WWW-Authenticate: Bearer (401) */
+    const void *raw;           /* raw reply bytes, when set */
+    size_t raw_len;
+    bool raw_owned;            /* raw is malloc'd and freed with the response */
+    const char *content_type;  /* of raw (a static string) */
+
+    /* a write's outcome, for the read that answers it */
+    int64_t wid;
+    unsigned wstatus;
+    /* a dashboard file (/, /static/NAME): sent with its ETag instead of body */
+    const struct dashboard_file *dash;
+    struct dashboard_file dash_file;
 };
 
 /* Sets the reply (status and body) in c; returns 0. */
 typedef int (*route_fn)(struct ctx *c);
 
+/* Methods a route row answers (0 in a row: GET and HEAD). */
+enum { M_GET = 1, M_HEAD = 2, M_POST = 4, M_DELETE = 8 };
+
 struct route {
     const char *pattern;                  /* '*' matches one non-empty path segment */
     route_fn fn;
+    unsigned methods;                     /* M_*; 0 = M_GET | M_HEAD */
     bool db;                              /* needs a read connection (and a read txn) */
+    bool write;                           /* needs the write token; fn runs without a
+                                             connection and takes one with db_read() */
+    bool body;                            /* takes a JSON body (req_body) */
+    bool open;                            /* no token needed, even with http_read_token */
     const char *params[HTTP_MAX_PARAMS];  /* accepted query parameters; others are 400 */
     const char *repeat[HTTP_MAX_REPEATABLE]; /* of those, the ones that may repeat */
 };
+
+static int db_read(struct ctx *c, route_fn fn);
 
 /* --- small helpers ------------------------------------------------------------------ */
 
@@ -371,11 +427,38 @@ static void stmt_done(sqlite3_stmt *st)
 
 /* --- replies ------------------------------------------------------------------------ */
 
+/* Drops a raw reply set earlier (a later error replaces it). */
+static void raw_drop(struct ctx *c)
+{
+    if (c->raw != NULL && c->raw_owned)
+        free((void *)c->raw);
+    c->raw = NULL;
+    c->content_type = NULL;
+}
+
 static int reply_set(struct ctx *c, unsigned status, json_t *body)
 {
+    raw_drop(c);
     json_decref(c->body);
     c->status = status;
     c->body = body;
+    return 0;
+}
+
+/* Raw bytes with a content type (a reply that is not JSON: /metrics, the
+ * dashboard's files). owned: data is malloc'd and freed with the
+ * response; otherwise it must outlive the response (static). */
+static int reply_raw(struct ctx *c, unsigned status, const char *content_type, const void *data,
+                     size_t len, bool owned)
+{
+    raw_drop(c);
+    json_decref(c->body);
+    c->body = NULL;
+    c->status = status;
+    c->raw = data;
+    c->raw_len = len;
+    c->raw_owned = owned;
+    c->content_type = content_type;
     return 0;
 }
 
@@ -1372,10 +1455,134 @@ static int h_points(struct ctx *c)
     return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
 }
 
+/* --- silences of alerts ------------------------------------------------------------
+ * "silenced_by" in ALERT documents: the ids of the active silences whose
+ * matchers match the alert's label set (the one the pager sends):
+ * alertname (the rule), run, severity, family, signature (the
+ * attribution), and layer, head, window, rank where the alert has that
+ * scope. */
+struct silence_set {
+    size_t n;
+    struct silence *v; /* n parsed silences (regexes compiled) */
+    double now;
+};
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void silences_release(struct silence_set *ss)
+{
+    for (size_t i = 0; i < ss->n; i++)
+        silence_free(&ss->v[i]);
+    free(ss->v);
+    ss->v = NULL;
+    ss->n = 0;
+}
+
+/* Loads the active silences (at most HTTP_MAX_ACTIVE_SILENCES, oldest
+ * first). Returns 0, or -1 after setting the reply. A row that does not
+ * parse (written by another version?) is skipped with a complaint. */
+static int silences_load(struct ctx *c, struct silence_set *ss)
+{
+    ss->n = 0;
+    ss->v = NULL;
+    ss->now = wall_now();
+    sqlite3_stmt *st = c->dbc->st[STMT_SILENCES_ACTIVE];
+    sqlite3_bind_double(st, 1, ss->now);
+    sqlite3_bind_int(st, 2, HTTP_MAX_ACTIVE_SILENCES);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (ss->v == NULL) {
+            ss->v = calloc(HTTP_MAX_ACTIVE_SILENCES, sizeof *ss->v);
+            if (ss->v == NULL) {
+                stmt_done(st);
+                reply_oom(c);
+                return -1;
+            }
+        }
+        struct silence *x = &ss->v[ss->n];
+        const char *m = (const char *)sqlite3_column_text(st, 1);
+        char why[160];
+        if (m == NULL ||
+            silence_parse(m, (size_t)sqlite3_column_bytes(st, 1), x, why, sizeof why) != 0) {
+            log_limited(&c->dbc->rl, LOG_LEVEL_WARN, LOG_MOD, "silence %lld: %s",
+                        (long long)sqlite3_column_int64(st, 0), m == NULL ? "no matchers" : why);
+            continue;
+        }
+        x->id = sqlite3_column_int64(st, 0);
+        x->starts_at = sqlite3_column_double(st, 2);
+        x->ends_at = sqlite3_column_double(st, 3);
+        ss->n++;
+    }
+    stmt_done(st);
+    if (rc != SQLITE_DONE) {
+        silences_release(ss);
+        reply_db_error(c, "active silences", rc);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *col_cstr(sqlite3_stmt *st, int i)
+{
+    const char *s = (const char *)sqlite3_column_text(st, i);
+    return s != NULL ? s : "";
+}
+
+/* The ids of the silences of ss that match the alert in the current row
+ * (ALERT_COLUMNS). */
+static json_t *silenced_by_json(sqlite3_stmt *st, const struct silence_set *ss)
+{
+    json_t *a = json_array();
+    if (a == NULL || ss == NULL || ss->n == 0)
+        return a;
+    static const struct {
+        const char *name;
+        int col;
+        int64_t min;
+    } scopes[] = {{"layer", AC_LAYER, 0}, {"head", AC_HEAD, 0}, {"window", AC_WINDOW, 1},
+                  {"rank", AC_RANK, 0}};
+    char num[4][24];
+    struct silence_label l[9];
+    size_t n = 0;
+    l[n++] = (struct silence_label){"alertname", col_cstr(st, AC_RULE)};
+    l[n++] = (struct silence_label){"run", col_cstr(st, AC_RUN)};
+    l[n++] = (struct silence_label){"severity", col_cstr(st, AC_SEVERITY)};
+    l[n++] = (struct silence_label){"family", col_cstr(st, AC_FAMILY)};
+    l[n++] = (struct silence_label){"signature", col_cstr(st, AC_ATTRIBUTION)};
+    for (size_t i = 0; i < sizeof scopes / sizeof scopes[0]; i++) {
+        int64_t v = sqlite3_column_int64(st, scopes[i].col);
+        if (sqlite3_column_type(st, scopes[i].col) == SQLITE_NULL || v < scopes[i].min)
+            continue;
+        snprintf(num[i], sizeof num[i], "%" PRId64, v);
+        l[n++] = (struct silence_label){scopes[i].name, num[i]};
+    }
+    for (size_t i = 0; i < ss->n; i++)
+        if (silence_matches(&ss->v[i], l, n, ss->now) && aadd(a, json_integer(ss->v[i].id)) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+/* ALERT with "silenced_by". */
+static json_t *alert_json_silenced(sqlite3_stmt *st, const struct silence_set *ss)
+{
+    json_t *o = alert_json(st);
+    if (o != NULL && oset(o, "silenced_by", silenced_by_json(st, ss)) != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
 static json_t *alert_row(sqlite3_stmt *st, const void *arg)
 {
-    (void)arg;
-    return alert_json(st);
+    return alert_json_silenced(st, arg);
 }
 
 /* Accepted values of severity= and label= (the attribution column; see
@@ -1458,7 +1665,14 @@ static int h_alerts(struct ctx *c)
     if (has_to)
         sqlite3_bind_int64(st, 17, to_step);
     sqlite3_bind_int64(st, 18, limit + 1);
-    return reply_page(c, st, limit, AC_ID, alert_row, NULL, "alerts", "alerts");
+    struct silence_set ss;
+    if (silences_load(c, &ss) != 0) {
+        stmt_done(st);
+        return 0;
+    }
+    reply_page(c, st, limit, AC_ID, alert_row, &ss, "alerts", "alerts");
+    silences_release(&ss);
+    return 0;
 }
 
 /* The latest HTTP_MAX_ALERT_HISTORY transitions of alert id, oldest first,
@@ -1523,7 +1737,13 @@ static int h_alert(struct ctx *c)
         stmt_done(st);
         return 0;
     }
-    json_t *alert = alert_json(st);
+    struct silence_set ss;
+    if (silences_load(c, &ss) != 0) {
+        stmt_done(st);
+        return 0;
+    }
+    json_t *alert = alert_json_silenced(st, &ss);
+    silences_release(&ss);
     stmt_done(st);
     if (alert == NULL)
         return reply_oom(c);
@@ -1651,6 +1871,280 @@ static int h_incomplete(struct ctx *c)
     return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
 }
 
+/* --- silences --------------------------------------------------------------------------- */
+
+static const char *const silence_state_names[] = {"active", "pending", "expired"};
+
+static const char *silence_state(double starts, double ends, double now)
+{
+    if (ends <= now)
+        return "expired";
+    return starts <= now ? "active" : "pending";
+}
+
+/* An RFC 3339 UTC time; null where the value cannot be shown. */
+static json_t *col_time(sqlite3_stmt *st, int i)
+{
+    char buf[48];
+    if (sqlite3_column_type(st, i) == SQLITE_NULL ||
+        http_time_format(sqlite3_column_double(st, i), buf, sizeof buf) != 0)
+        return json_null();
+    return json_string(buf);
+}
+
+/* SILENCE from a row of SILENCE_COLUMNS. */
+static json_t *silence_json(sqlite3_stmt *st, double now)
+{
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    json_error_t jerr;
+    const char *m = (const char *)sqlite3_column_text(st, SLC_MATCHERS);
+    json_t *matchers = m != NULL ? json_loadb(m, (size_t)sqlite3_column_bytes(st, SLC_MATCHERS),
+                                              0, &jerr)
+                                 : NULL;
+    int rc = 0;
+    rc |= oset(o, "id", col_int(st, SLC_ID));
+    rc |= oset(o, "matchers", matchers != NULL ? matchers : json_array());
+    rc |= oset(o, "startsAt", col_time(st, SLC_STARTS));
+    rc |= oset(o, "endsAt", col_time(st, SLC_ENDS));
+    rc |= oset(o, "createdBy", col_text(st, SLC_BY));
+    rc |= oset(o, "comment", col_text(st, SLC_COMMENT));
+    rc |= oset(o, "status",
+               json_pack("{s:s}", "state",
+                         silence_state(sqlite3_column_double(st, SLC_STARTS),
+                                       sqlite3_column_double(st, SLC_ENDS), now)));
+    rc |= oset(o, "createdAt", col_time(st, SLC_CREATED));
+    rc |= oset(o, "updatedAt", col_time(st, SLC_UPDATED));
+    if (rc != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static json_t *silence_row(sqlite3_stmt *st, const void *arg)
+{
+    return silence_json(st, *(const double *)arg);
+}
+
+static int silence_id_param(struct ctx *c, int64_t *id)
+{
+    if (parse_int64(c->cap[0], id) != 0 || *id < 1) {
+        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                    "silence 'id' in the path must be an integer in 1..%" PRId64,
+                    (int64_t)INT64_MAX);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* {"silence": SILENCE} of c->wid with status c->wstatus (or 200). */
+static int reply_silence(struct ctx *c)
+{
+    sqlite3_stmt *st = c->dbc->st[STMT_SILENCE_ONE];
+    sqlite3_bind_int64(st, 1, c->wid);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        if (rc == SQLITE_DONE)
+            reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown silence %" PRId64, c->wid);
+        else
+            reply_db_error(c, "silence", rc);
+        stmt_done(st);
+        return 0;
+    }
+    json_t *sil = silence_json(st, wall_now());
+    stmt_done(st);
+    json_t *doc = sil != NULL ? json_pack("{s:o}", "silence", sil) : NULL;
+    return doc != NULL ? reply_set(c, c->wstatus ? c->wstatus : MHD_HTTP_OK, doc) : reply_oom(c);
+}
+
+static int h_silence(struct ctx *c)
+{
+    if (silence_id_param(c, &c->wid) != 0)
+        return 0;
+    return reply_silence(c);
+}
+
+/* state=active|pending|expired, repeated or comma-separated; absent: all. */
+static int param_silence_states(struct ctx *c, bool want[3])
+{
+    bool any = false;
+    want[0] = want[1] = want[2] = false;
+    for (unsigned i = 0; i < c->nparams; i++) {
+        if (strcmp(c->params[i].name, "state") != 0)
+            continue;
+        const char *p = c->params[i].value;
+        for (;;) {
+            size_t len = strcspn(p, ",");
+            size_t k = 0;
+            while (k < 3 && (strlen(silence_state_names[k]) != len ||
+                             strncmp(p, silence_state_names[k], len) != 0))
+                k++;
+            if (k == 3)
+                return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                   "parameter 'state' must be one of: active, pending, expired "
+                                   "(repeated or comma-separated)"),
+                       -EINVAL;
+            want[k] = any = true;
+            if (p[len] == '\0')
+                break;
+            p += len + 1;
+        }
+    }
+    if (!any)
+        want[0] = want[1] = want[2] = true;
+    return 0;
+}
+
+static int h_silences(struct ctx *c)
+{
+    bool want[3];
+    int64_t limit, before;
+    if (param_silence_states(c, want) != 0 || param_limit(c, &limit) != 0 ||
+        param_before(c, &before) != 0)
+        return 0;
+    double now = wall_now();
+    sqlite3_stmt *st = c->dbc->st[STMT_SILENCES_PAGE];
+    sqlite3_bind_int64(st, 1, before);
+    for (int k = 0; k < 3; k++)
+        sqlite3_bind_int(st, 2 + k, want[k]);
+    sqlite3_bind_double(st, 5, now);
+    sqlite3_bind_int64(st, 6, limit + 1);
+    return reply_page(c, st, limit, SLC_ID, silence_row, &now, "silences", "silences");
+}
+
+/* Hands a silence item to the writer and waits for the commit. Returns 0
+ * with *id, -ENOENT / -EALREADY for the caller to answer, or another
+ * negative code after setting the reply. Consumes it. */
+static int silence_write(struct ctx *c, struct store_item *it, int64_t *id)
+{
+    struct store_waiter *w = store_waiter_new();
+    if (w == NULL) {
+        store_item_free(it);
+        reply_oom(c);
+        return -ENOMEM;
+    }
+    it->silence.waiter = store_waiter_ref(w);
+    int rc = store_submit(c->h->store, it);
+    if (rc != 0) {
+        store_item_free(it); /* settles w with -ECANCELED, drops its reference */
+        store_waiter_put(w);
+        reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                    "storage is not accepting writes (shutting down)");
+        return rc;
+    }
+    /* The writer holds the item's reference; if we give up first it still
+     * settles and frees the waiter safely. */
+    rc = store_waiter_wait(w, HTTP_WRITE_WAIT_MS, id);
+    store_waiter_put(w);
+    switch (rc) {
+    case 0:
+    case -ENOENT:
+    case -EALREADY:
+        return rc;
+    case -ETIMEDOUT:
+        reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                    "storage did not commit within %u s (it may still); check before retrying",
+                    HTTP_WRITE_WAIT_MS / 1000);
+        return rc;
+    case -ECANCELED:
+        reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                    "the daemon is shutting down; nothing was written");
+        return rc;
+    default:
+        reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
+                    "storage refused the write (details in the daemon log)");
+        return rc;
+    }
+}
+
+/* POST body -> an INSERT item; run: maintenance silence of that run. */
+static int silence_create(struct ctx *c, const char *run)
+{
+    struct silence_req *req = malloc(sizeof *req);
+    if (req == NULL)
+        return reply_oom(c);
+    char why[512];
+    if (http_silence_req_parse(c->req_body, c->req_len, run, wall_now(), req, why, sizeof why) !=
+        0) {
+        free(req);
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "%s", why);
+    }
+    struct store_item *it = store_item_new(STORE_ITEM_SILENCE);
+    if (it == NULL) {
+        free(req);
+        return reply_oom(c);
+    }
+    it->silence.op = STORE_SILENCE_INSERT;
+    it->silence.starts_at = req->starts_at;
+    it->silence.ends_at = req->ends_at;
+    it->silence.matchers_json = strdup(req->matchers_json);
+    it->silence.created_by = strdup(req->created_by);
+    it->silence.comment = strdup(req->comment);
+    free(req);
+    if (it->silence.matchers_json == NULL || it->silence.created_by == NULL ||
+        it->silence.comment == NULL) {
+        store_item_free(it);
+        return reply_oom(c);
+    }
+    if (silence_write(c, it, &c->wid) != 0)
+        return 0;
+    c->wstatus = MHD_HTTP_CREATED;
+    return db_read(c, reply_silence);
+}
+
+static int h_silence_create(struct ctx *c)
+{
+    return silence_create(c, NULL);
+}
+
+static int h_maintenance(struct ctx *c)
+{
+    return silence_create(c, c->cap[0]);
+}
+
+static int h_silence_expire(struct ctx *c)
+{
+    int64_t id;
+    if (silence_id_param(c, &id) != 0)
+        return 0;
+    struct store_item *it = store_item_new(STORE_ITEM_SILENCE);
+    if (it == NULL)
+        return reply_oom(c);
+    it->silence.op = STORE_SILENCE_EXPIRE;
+    it->silence.id = id;
+    int rc = silence_write(c, it, &c->wid);
+    if (rc == -ENOENT)
+        return reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown silence %" PRId64, id);
+    if (rc == -EALREADY)
+        return reply_error(c, MHD_HTTP_CONFLICT, "conflict",
+                           "silence %" PRId64 " has already expired", id);
+    if (rc != 0)
+        return 0;
+    c->wstatus = MHD_HTTP_OK;
+    return db_read(c, reply_silence);
+}
+
+/* --- /metrics ------------------------------------------------------------------------------ */
+
+static int h_metrics(struct ctx *c)
+{
+    struct metrics_buf b = {0};
+    char err[256] = "";
+    int rc = metrics_write_stats(&b, c->h->stats, FORESHOCK_VERSION);
+    if (rc == 0)
+        rc = metrics_write_db(&b, c->dbc->db, &c->h->mopts, wall_now(), err, sizeof err);
+    if (rc != 0) {
+        metrics_buf_free(&b);
+        if (rc > 0)
+            return reply_db_error(c, "metrics", rc);
+        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
+                           "cannot render metrics (%s)", rc == -E2BIG ? "too large" : "no memory");
+    }
+    return reply_raw(c, MHD_HTTP_OK, METRICS_CONTENT_TYPE, b.p, b.len, true);
+}
+
 /* --- route table ----------------------------------------------------------------------
  * The API (all JSON, GET or HEAD; other methods 405 with Allow):
  *   /healthz                 {"status":"ok"}
@@ -1694,31 +2188,49 @@ static int h_incomplete(struct ctx *c)
  * Unknown, repeated, empty or malformed parameters are 400 naming the
  * parameter; unknown paths, runs and series 404.
  *
- * Later routes (silences, /metrics) are rows here. The dashboard (/ and
- * /static/NAME) is the one non-JSON reply: its handler sets c->raw, which
- * send_reply sends with the file's content type and ETag. */
-#define ROUTE_METHODS "GET, HEAD"
+ *     ALERT also carries "silenced_by":[ids of the active silences matching it].
+ *   GET /api/v1/silences     ?state=active|pending|expired (repeated or comma-separated)
+ *                            &limit= &after=  {"silences":[SILENCE...],"next":CURSOR|null},
+ *                            newest first
+ *   GET /api/v1/silences/{id}      {"silence":SILENCE}
+ *   POST /api/v1/silences          body (http_parse.h) -> 201 {"silence":SILENCE}
+ *   DELETE /api/v1/silences/{id}   expire now -> 200 {"silence":SILENCE}; 404, 409 expired
+ *   POST /api/v1/runs/{run}/maintenance {"duration","createdBy","comment"?,"startsAt"?}
+ *                            -> 201 {"silence":SILENCE} with the one matcher run=<run>
+ *     SILENCE = {"id","matchers":[{"name","value","isRegex","isEqual"}...],"startsAt",
+ *     "endsAt","createdBy","comment","status":{"state"},"createdAt","updatedAt"}, times
+ *     RFC 3339 UTC.
+ *   GET /metrics             Prometheus text format 0.0.4 (metrics.c)
+ * Auth: with http_read_token set, every route but /healthz and /readyz
+ * needs "Authorization: Bearer <read or write token>"; writes need the
+ * write token, and answer 403 while http_write_token is empty. 401 carries
+ * WWW-Authenticate: Bearer. Writes go through the writer thread.
+ *
+ * A row without .methods answers GET and HEAD; a reply that is not JSON
+ * uses reply_raw() (bytes + content type). The dashboard (/ and
+ * /static/NAME, no token: the files hold no data) sets c->dash instead,
+ * which send_reply sends with the file's content type and ETag. */
 
 /* The dashboard's embedded files; 304 when If-None-Match has the ETag. */
 static int h_dashboard(struct ctx *c)
 {
-    if (dashboard_lookup(c->url, &c->raw_file) != 0) {
+    if (dashboard_lookup(c->url, &c->dash_file) != 0) {
         char echo[HTTP_MAX_URL_ECHO + 1];
         snprintf(echo, sizeof echo, "%s", c->url);
         return reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such asset: %s", echo);
     }
     const char *inm =
         MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
-    c->raw = &c->raw_file;
-    c->status = dashboard_etag_match(inm, c->raw_file.etag) ? MHD_HTTP_NOT_MODIFIED : MHD_HTTP_OK;
+    c->dash = &c->dash_file;
+    c->status = dashboard_etag_match(inm, c->dash_file.etag) ? MHD_HTTP_NOT_MODIFIED : MHD_HTTP_OK;
     return 0;
 }
 
 static const struct route routes[] = {
-    {.pattern = "/", .fn = h_dashboard, .db = false},
-    {.pattern = "/static/*", .fn = h_dashboard, .db = false},
-    {.pattern = "/healthz", .fn = h_healthz, .db = false},
-    {.pattern = "/readyz", .fn = h_readyz, .db = true},
+    {.pattern = "/", .fn = h_dashboard, .db = false, .open = true},
+    {.pattern = "/static/*", .fn = h_dashboard, .db = false, .open = true},
+    {.pattern = "/healthz", .fn = h_healthz, .db = false, .open = true},
+    {.pattern = "/readyz", .fn = h_readyz, .db = true, .open = true},
     {.pattern = "/api/v1/runs", .fn = h_runs, .db = true, .params = {"limit", "after"}},
     {.pattern = "/api/v1/runs/*", .fn = h_run, .db = true},
     {.pattern = "/api/v1/series",
@@ -1740,6 +2252,18 @@ static const struct route routes[] = {
                 "since", "until", "from_step", "to_step", "limit", "after"},
      .repeat = {"state"}},
     {.pattern = "/api/v1/alerts/*", .fn = h_alert, .db = true},
+    {.pattern = "/api/v1/silences",
+     .fn = h_silences,
+     .db = true,
+     .params = {"state", "limit", "after"},
+     .repeat = {"state"}},
+    {.pattern = "/api/v1/silences", .fn = h_silence_create, .methods = M_POST, .write = true,
+     .body = true},
+    {.pattern = "/api/v1/silences/*", .fn = h_silence, .db = true},
+    {.pattern = "/api/v1/silences/*", .fn = h_silence_expire, .methods = M_DELETE, .write = true},
+    {.pattern = "/api/v1/runs/*/maintenance", .fn = h_maintenance, .methods = M_POST,
+     .write = true, .body = true},
+    {.pattern = "/metrics", .fn = h_metrics, .db = true},
 };
 
 /* Matches path against pattern; copies '*' segments into c->cap. Returns
@@ -1853,9 +2377,9 @@ static const char fallback_body[] =
     "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
 
 /* A dashboard file: static bytes, never copied; a 304 has no body. */
-static struct MHD_Response *raw_response(const struct ctx *c)
+static struct MHD_Response *dash_response(const struct ctx *c)
 {
-    const struct dashboard_file *f = c->raw;
+    const struct dashboard_file *f = c->dash;
     bool body = c->status != MHD_HTTP_NOT_MODIFIED;
     struct MHD_Response *resp = MHD_create_response_from_buffer(
         body ? f->len : 0, body ? (void *)f->data : NULL, MHD_RESPMEM_PERSISTENT);
@@ -1873,8 +2397,8 @@ static enum MHD_Result send_reply(struct ctx *c)
 {
     struct http *h = c->h;
     unsigned status = c->status;
-    if (c->raw != NULL) {
-        struct MHD_Response *raw = raw_response(c);
+    if (c->dash != NULL) {
+        struct MHD_Response *raw = dash_response(c);
         if (raw == NULL)
             return MHD_NO;
         atomic_fetch_add_explicit(&h->stats->http_requests, 1, memory_order_relaxed);
@@ -1882,9 +2406,20 @@ static enum MHD_Result send_reply(struct ctx *c)
         MHD_destroy_response(raw);
         return rr;
     }
-    char *text = c->body != NULL ? json_dumps(c->body, JSON_COMPACT) : NULL;
+    char *text = c->raw == NULL && c->body != NULL ? json_dumps(c->body, JSON_COMPACT) : NULL;
     struct MHD_Response *resp;
-    if (text != NULL) {
+    if (c->raw != NULL) {
+        if (c->raw_owned) {
+            resp = MHD_create_response_from_buffer_with_free_callback(
+                c->raw_len, (void *)c->raw, free_body);
+            if (resp == NULL)
+                free((void *)c->raw);
+        } else {
+            resp = MHD_create_response_from_buffer(c->raw_len, (void *)c->raw,
+                                                   MHD_RESPMEM_PERSISTENT);
+        }
+        c->raw = NULL; /* the response owns it now (or it is freed) */
+    } else if (text != NULL) {
         resp = MHD_create_response_from_buffer_with_free_callback(strlen(text), text, free_body);
         if (resp == NULL)
             free(text);
@@ -1895,10 +2430,14 @@ static enum MHD_Result send_reply(struct ctx *c)
     }
     if (resp == NULL)
         return MHD_NO; /* closes the connection */
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            c->content_type != NULL ? c->content_type : "application/json");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-    if (c->allow != NULL)
+    if (c->allow[0] != '\0')
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, c->allow);
+    if (c->www_auth)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                                "Bearer realm=\"foreshock\"");
 
     atomic_fetch_add_explicit(&h->stats->http_requests, 1, memory_order_relaxed);
     if (status >= 400)
@@ -1908,49 +2447,73 @@ static enum MHD_Result send_reply(struct ctx *c)
     return r;
 }
 
-/* Routes, checks method and parameters, runs the handler inside a read
- * transaction on a checked-out connection. Sets c->status and c->body;
- * returns 0. */
-static int dispatch(struct ctx *c, const char *method)
+static unsigned method_bit(const char *method)
 {
-    const struct route *r = NULL;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && r == NULL; i++) {
-        int m = route_match(routes[i].pattern, c->url, c);
-        if (m < 0)
-            return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                               "a path segment is longer than %u bytes", HTTP_MAX_PARAM_LEN);
-        if (m > 0)
-            r = &routes[i];
-    }
-    if (r == NULL) {
-        char echo[HTTP_MAX_URL_ECHO + 1];
-        snprintf(echo, sizeof echo, "%s", c->url);
-        return reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such resource: %s", echo);
-    }
-    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
-        c->allow = ROUTE_METHODS;
-        char echo[16];
-        snprintf(echo, sizeof echo, "%s", method);
-        return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
-                           "method %s is not allowed here; use GET", echo);
-    }
-    if (params_collect(c, r) != 0)
-        return 0;
-    if (!r->db)
-        return r->fn(c);
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } m[] = {{MHD_HTTP_METHOD_GET, M_GET},
+             {MHD_HTTP_METHOD_HEAD, M_HEAD},
+             {MHD_HTTP_METHOD_POST, M_POST},
+             {MHD_HTTP_METHOD_DELETE, M_DELETE}};
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+        if (strcmp(method, m[i].name) == 0)
+            return m[i].bit;
+    return 0;
+}
 
+static void allow_text(unsigned bits, char *out, size_t len)
+{
+    static const char *const names[] = {"GET", "HEAD", "POST", "DELETE"};
+    const char *list[4];
+    size_t n = 0;
+    for (unsigned i = 0; i < 4; i++)
+        if (bits & (1u << i))
+            list[n++] = names[i];
+    join_names(list, n, out, len);
+}
+
+/* 401 unless the request carries "Authorization: Bearer <token>" with one
+ * of the tokens given (NULL or "" entries are skipped). Returns 0 when
+ * allowed, -EACCES after setting the reply. The token is never logged. */
+static int auth_check(struct ctx *c, const char *t1, const char *t2)
+{
+    const char *hdr =
+        MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *tok = NULL;
+    size_t len = 0;
+    bool okay = false;
+    if (hdr != NULL && strlen(hdr) <= HTTP_MAX_AUTH_HEADER &&
+        http_bearer_parse(hdr, &tok, &len) == 0) {
+        /* both compared, whichever matches: the time says nothing */
+        bool a = t1 != NULL && t1[0] != '\0' && http_token_equal(tok, len, t1);
+        bool b = t2 != NULL && t2[0] != '\0' && http_token_equal(tok, len, t2);
+        okay = a || b;
+    }
+    if (okay)
+        return 0;
+    c->www_auth = true;
+    reply_error(c, MHD_HTTP_UNAUTHORIZED, "unauthorized",
+                hdr == NULL ? "this endpoint needs Authorization: Bearer <token>"
+                            : "the bearer token is missing, malformed or wrong");
+    return -EACCES;
+}
+
+/* Checks out a read connection and runs fn inside one read transaction
+ * (every statement sees the same committed snapshot). Sets the reply;
+ * returns 0. */
+static int db_read(struct ctx *c, route_fn fn)
+{
     c->dbc = db_checkout(c->h);
     if (c->dbc == NULL)
         return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
                            "no database connection free; try again");
-    /* One read transaction per request: every statement of a handler sees
-     * the same committed snapshot. */
     int rc = sqlite3_step(c->dbc->st[STMT_BEGIN]);
     stmt_done(c->dbc->st[STMT_BEGIN]);
     if (rc != SQLITE_DONE) {
         reply_db_error(c, "begin", rc);
     } else {
-        r->fn(c);
+        fn(c);
         rc = sqlite3_step(c->dbc->st[STMT_COMMIT]);
         stmt_done(c->dbc->st[STMT_COMMIT]);
         if (rc != SQLITE_DONE) {
@@ -1965,6 +2528,71 @@ static int dispatch(struct ctx *c, const char *method)
     return 0;
 }
 
+/* Routes, checks method, auth and parameters, runs the handler (inside a
+ * read transaction on a checked-out connection when the route reads).
+ * Sets c->status and c->body (or c->raw); returns 0. */
+static int dispatch(struct ctx *c, const char *method)
+{
+    const struct route *r = NULL;
+    unsigned bit = method_bit(method), allowed = 0;
+    bool path_known = false;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && r == NULL; i++) {
+        int m = route_match(routes[i].pattern, c->url, c);
+        if (m < 0)
+            return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                               "a path segment is longer than %u bytes", HTTP_MAX_PARAM_LEN);
+        if (m == 0)
+            continue;
+        path_known = true;
+        unsigned rm = routes[i].methods != 0 ? routes[i].methods : (M_GET | M_HEAD);
+        allowed |= rm;
+        if (bit & rm)
+            r = &routes[i];
+    }
+    if (!path_known) {
+        char echo[HTTP_MAX_URL_ECHO + 1];
+        snprintf(echo, sizeof echo, "%s", c->url);
+        return reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such resource: %s", echo);
+    }
+    if (r == NULL) {
+        /* the rest of the table may list other methods for this path */
+        for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+            if (route_match(routes[i].pattern, c->url, c) > 0)
+                allowed |= routes[i].methods != 0 ? routes[i].methods : (M_GET | M_HEAD);
+        allow_text(allowed, c->allow, sizeof c->allow);
+        char echo[16];
+        snprintf(echo, sizeof echo, "%s", method);
+        return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
+                           "method %s is not allowed here; use %s", echo, c->allow);
+    }
+    /* the matching row's captures (a later non-matching row may have
+     * overwritten them above) */
+    route_match(r->pattern, c->url, c);
+
+    struct http *h = c->h;
+    if (!r->open && h->read_token[0] != '\0' &&
+        auth_check(c, h->read_token, h->write_token) != 0)
+        return 0;
+    if (r->write) {
+        if (h->write_token[0] == '\0')
+            return reply_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
+                               "writes disabled: set http_write_token");
+        if (auth_check(c, h->write_token, NULL) != 0)
+            return 0;
+        if (h->store == NULL)
+            return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                               "writes are not available in this process");
+    }
+    if (params_collect(c, r) != 0)
+        return 0;
+    if (r->body && (c->req_body == NULL || c->req_len == 0))
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                           "body: a JSON object is required");
+    if (!r->db)
+        return r->fn(c);
+    return db_read(c, r->fn);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -1973,7 +2601,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     struct http *h = cls;
     struct request *rq = *con_cls;
     (void)version;
-    (void)upload_data;
 
     struct ctx c = {.h = h, .conn = conn, .url = url};
 
@@ -2002,17 +2629,31 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
 
     if (*upload_data_size > 0) {
-        /* Body bytes: no route reads a body; discard up to the bound. A
-         * chunked body that grows past it closes the connection
-         * (libmicrohttpd takes no response while a body is arriving). */
-        rq->body_bytes += *upload_data_size;
+        /* Body bytes, up to the bound: kept for POST (the routes that take
+         * a body), discarded otherwise. A chunked body that grows past it
+         * closes the connection (libmicrohttpd takes no response while a
+         * body is arriving). */
+        size_t n = *upload_data_size;
         *upload_data_size = 0;
-        return rq->body_bytes > HTTP_MAX_BODY_BYTES ? MHD_NO : MHD_YES;
+        if (n > HTTP_MAX_BODY_BYTES - rq->body_bytes)
+            return MHD_NO;
+        if (strcmp(method, MHD_HTTP_METHOD_POST) == 0) {
+            char *b = realloc(rq->body, rq->body_bytes + n + 1);
+            if (b == NULL)
+                return MHD_NO;
+            memcpy(b + rq->body_bytes, upload_data, n);
+            b[rq->body_bytes + n] = '\0';
+            rq->body = b;
+        }
+        rq->body_bytes += n;
+        return MHD_YES;
     }
     if (rq->replied)
         return MHD_YES;
 
     rq->replied = true;
+    c.req_body = rq->body;
+    c.req_len = rq->body != NULL ? rq->body_bytes : 0;
     dispatch(&c, method);
     enum MHD_Result r = send_reply(&c);
     json_decref(c.body);
@@ -2025,7 +2666,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     (void)cls;
     (void)conn;
     (void)toe;
-    free(*con_cls);
+    struct request *rq = *con_cls;
+    if (rq != NULL)
+        free(rq->body);
+    free(rq);
     *con_cls = NULL;
 }
 
@@ -2056,6 +2700,8 @@ static void http_free(struct http *h)
             dbconn_close(&h->conns[i]);
     free(h->conns);
     free(h->free_idx);
+    free(h->read_token);
+    free(h->write_token);
     if (h->sync_init) {
         pthread_cond_destroy(&h->cv);
         pthread_mutex_destroy(&h->mu);
@@ -2096,6 +2742,17 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
         goto fail;
     }
     h->stats = opts->stats;
+    h->store = opts->store;
+    h->read_token = strdup(opts->read_token != NULL ? opts->read_token : "");
+    h->write_token = strdup(opts->write_token != NULL ? opts->write_token : "");
+    if (h->read_token == NULL || h->write_token == NULL) {
+        rc = -ENOMEM;
+        snprintf(err, errlen, "http: out of memory");
+        goto fail;
+    }
+    h->mopts.max_runs = opts->metrics_max_runs;
+    h->mopts.run_max_age = opts->metrics_run_max_age > 0 ? opts->metrics_run_max_age
+                                                          : HTTP_DEFAULT_METRICS_RUN_MAX_AGE;
 
     pthread_condattr_t ca;
     if (pthread_condattr_init(&ca) != 0) {

@@ -6,18 +6,24 @@
 
 #include "stats.h"
 
-/* The HTTP API: JSON under /api/v1/, /healthz, /readyz.
+/* The HTTP API: JSON under /api/v1/, /healthz, /readyz, /metrics.
  *
  * Threads: libmicrohttpd runs its own pool of `threads` threads. Each request
  * reads SQLite through one of `threads` read-only connections (WAL lets them
- * run beside the writer); no request ever writes. http_start() and
- * http_stop() are called from the main thread only. */
+ * run beside the writer); writes (silences) are store items that the writer
+ * thread commits while the request waits for the outcome. http_start() and
+ * http_stop() are called from the main thread only; http_stop() must come
+ * before store_close(). */
 
 #define HTTP_MAX_THREADS 64
 #define HTTP_MAX_CONNECTIONS 1024
 #define HTTP_DEFAULT_LIMIT 1000   /* points/series/runs per page when ?limit= is absent */
 #define HTTP_MAX_LIMIT 10000      /* largest ?limit= accepted; above it: 400 */
 #define HTTP_MAX_POINTS_BUCKETS 5000 /* largest ?max_points= (downsampling) */
+#define HTTP_DEFAULT_METRICS_MAX_RUNS 8          /* metrics_max_runs */
+#define HTTP_DEFAULT_METRICS_RUN_MAX_AGE 3600.0  /* metrics_run_max_age, seconds */
+
+struct store;
 
 struct http_opts {
     const char *host;     /* bind address, e.g. "127.0.0.1" */
@@ -25,7 +31,13 @@ struct http_opts {
     const char *db_path;  /* the daemon's database, opened read-only */
     unsigned threads;     /* 1..HTTP_MAX_THREADS */
     struct fs_stats *stats; /* shared counters; http reads `ready` for /readyz */
+    struct store *store;    /* the writer, for silences; NULL: writes answer 503 */
+    const char *read_token;  /* NULL or "": reads need no token (copied) */
+    const char *write_token; /* NULL or "": write endpoints answer 403 (copied) */
+    unsigned metrics_max_runs;  /* per-run gauges of /metrics for this many runs (0: none) */
+    double metrics_run_max_age; /* ... active in the last this many seconds (0: default) */
 };
+
 
 struct http;
 

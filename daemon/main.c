@@ -305,6 +305,12 @@ int main(int argc, char **argv)
         .db_path = cfg->db,
         .threads = (unsigned)cfg->http_threads,
         .stats = &app->stats,
+        /* silences API, auth, /metrics */
+        .store = app->store,
+        .read_token = cfg->http_read_token,
+        .write_token = cfg->http_write_token,
+        .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
+        .metrics_run_max_age = cfg->metrics_run_max_age,
     };
     if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
         log_error("main", "%s", err);

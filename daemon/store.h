@@ -33,6 +33,7 @@ enum store_item_kind {
     STORE_ITEM_REPORT = 2,
     STORE_ITEM_SPOOL_DONE = 3, /* monitors are done with a run's steps <= step */
     STORE_ITEM_MONITOR = 4,    /* the monitor stage's output for one run (below) */
+    STORE_ITEM_SILENCE = 5,    /* create or expire a silence (HTTP API, below) */
 };
 
 /* Scalars of a report, by index into store_report.scalars. */
@@ -157,6 +158,43 @@ struct store_monitor {
     uint64_t spool_done_step;
 };
 
+/* --- STORE_ITEM_SILENCE: the HTTP API's writes. The HTTP thread waits on a
+ * store_waiter for the outcome, which is set only after COMMIT (or when the
+ * item is refused or freed unwritten). The waiter is reference counted so
+ * that a waiter that gave up (timeout) and the writer can release it in
+ * either order. */
+enum store_silence_op { STORE_SILENCE_INSERT = 1, STORE_SILENCE_EXPIRE = 2 };
+
+struct store_waiter;
+
+struct store_silence {
+    enum store_silence_op op;
+    int64_t id;            /* EXPIRE: the silence to expire */
+    char *matchers_json;   /* INSERT: owned (malloc), validated canonical JSON */
+    char *created_by;      /* INSERT: owned */
+    char *comment;         /* INSERT: owned */
+    double starts_at, ends_at; /* INSERT: UNIX seconds */
+    struct store_waiter *waiter; /* one reference, owned; released by store_item_free */
+    /* writer thread: outcome of the latest attempt, published after COMMIT */
+    int status;
+    int64_t out_id;
+};
+
+/* A new waiter holding one reference (the caller's); NULL when out of
+ * memory. Any thread. */
+struct store_waiter *store_waiter_new(void);
+/* Adds a reference and returns w. Any thread. */
+struct store_waiter *store_waiter_ref(struct store_waiter *w);
+/* Drops a reference; the last one frees w. NULL is a no-op. Any thread. */
+void store_waiter_put(struct store_waiter *w);
+/* Waits up to timeout_ms for the outcome: 0 (committed; *id = the
+ * silence's id), -ENOENT (EXPIRE: no such silence), -EALREADY (EXPIRE:
+ * already expired), -EIO (storage refused it), -ECANCELED (freed unwritten,
+ * e.g. at shutdown) or -ETIMEDOUT (no outcome yet; the write may still
+ * happen). Does not drop the caller's reference. Any thread but the
+ * writer's. */
+int store_waiter_wait(struct store_waiter *w, unsigned timeout_ms, int64_t *id);
+
 struct store_item {
     struct store_item *next; /* queue link: the store's while queued */
     enum store_item_kind kind;
@@ -167,6 +205,7 @@ struct store_item {
         struct store_report report;
         struct store_spool_done spool_done;
         struct store_monitor monitor;
+        struct store_silence silence;
     };
 };
 

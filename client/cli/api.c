@@ -15,6 +15,7 @@
 struct api {
     CURL *curl;
     char base[CLI_MAX_HOSTPORT + 16]; /* "http://HOST:PORT" */
+    char auth[CLI_MAX_TOKEN + 32];    /* "Authorization: Bearer T", or "" */
 };
 
 struct body {
@@ -66,8 +67,17 @@ int api_open(const char *http, struct api **out, char *err, size_t errlen)
         return CLI_FAIL;
     }
     snprintf(a->base, sizeof(a->base), "http://%s:%u", host, (unsigned)port);
+    api_set_token(a, getenv("FORESHOCK_TOKEN"));
     *out = a;
     return 0;
+}
+
+void api_set_token(struct api *a, const char *token)
+{
+    if (token && *token && strlen(token) <= CLI_MAX_TOKEN)
+        snprintf(a->auth, sizeof(a->auth), "Authorization: Bearer %s", token);
+    else
+        a->auth[0] = '\0';
 }
 
 void api_close(struct api *a)
@@ -105,6 +115,13 @@ static void error_text(const struct body *b, long status, char *err, size_t errl
 
 int api_get(struct api *a, const char *path, json_t **out, char *err, size_t errlen)
 {
+    return api_request(a, "GET", path, NULL, out, err, errlen);
+}
+
+int api_request(struct api *a, const char *method, const char *path, const char *body,
+                json_t **out, char *err, size_t errlen)
+{
+    struct curl_slist *hdr = NULL;
     struct body b = {0};
     char url[8192];
     long status = 0;
@@ -123,6 +140,17 @@ int api_get(struct api *a, const char *path, json_t **out, char *err, size_t err
     curl_easy_setopt(a->curl, CURLOPT_CONNECTTIMEOUT, API_CONNECT_TIMEOUT_S);
     curl_easy_setopt(a->curl, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(a->curl, CURLOPT_WRITEDATA, &b);
+    if (strcmp(method, "GET") != 0)
+        curl_easy_setopt(a->curl, CURLOPT_CUSTOMREQUEST, method);
+    if (body) {
+        hdr = curl_slist_append(hdr, "Content-Type: application/json");
+        curl_easy_setopt(a->curl, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(a->curl, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    }
+    if (a->auth[0])
+        hdr = curl_slist_append(hdr, a->auth);
+    if (hdr)
+        curl_easy_setopt(a->curl, CURLOPT_HTTPHEADER, hdr);
     cc = curl_easy_perform(a->curl);
     if (cc != CURLE_OK) {
         if (b.too_big)
@@ -143,6 +171,7 @@ int api_get(struct api *a, const char *path, json_t **out, char *err, size_t err
     }
     rc = 0;
 out:
+    curl_slist_free_all(hdr);
     free(b.data);
     return rc;
 }

@@ -73,6 +73,16 @@ void api_close(struct api *a);
  * reference), or CLI_FAIL. */
 int api_get(struct api *a, const char *path, struct json_t **out, char *err, size_t errlen);
 
+/* Sends method (GET, POST, DELETE) to base + path with an optional JSON
+ * body; otherwise like api_get. */
+int api_request(struct api *a, const char *method, const char *path, const char *body,
+                struct json_t **out, char *err, size_t errlen);
+
+/* Sends "Authorization: Bearer token" from now on (NULL or "": none).
+ * api_open starts with $FORESHOCK_TOKEN. */
+#define CLI_MAX_TOKEN 256
+void api_set_token(struct api *a, const char *token);
+
 /* URL-escapes s into a new string (caller frees with api_free_escaped). */
 char *api_escape(struct api *a, const char *s);
 void api_free_escaped(char *s);
@@ -94,6 +104,8 @@ int cmd_runs(const char *http, int argc, char **argv);
 int cmd_series(const char *http, int argc, char **argv);
 int cmd_points(const char *http, int argc, char **argv);
 int cmd_alerts(const char *http, int argc, char **argv);
+int cmd_silence(const char *http, int argc, char **argv);
+int cmd_maintenance(const char *http, int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 
 #endif

@@ -22,6 +22,10 @@ static const struct command commands[] = {
      .run_http = cmd_points},
     {.name = "alerts", .summary = "list alerts, or show one with its history", .uses_http = 1,
      .run_http = cmd_alerts},
+    {.name = "silence", .summary = "add, list or expire silences (add|list|expire)",
+     .uses_http = 1, .run_http = cmd_silence},
+    {.name = "maintenance", .summary = "silence a run's alerts for a planned restart",
+     .uses_http = 1, .run_http = cmd_maintenance},
     {.name = "simulate", .summary = "simulate trainer ranks streaming to the daemon",
      .run = cmd_simulate},
 };

@@ -1,0 +1,436 @@
+/* GET /metrics: Prometheus text exposition (format 0.0.4). See metrics.h. */
+
+#include "metrics.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A label value, escaped: run names are at most 128 bytes and monitor
+ * names 48, so twice that plus slack always fits. */
+#define METRICS_LABEL_MAX 1024u
+#define METRICS_BUF_INITIAL 16384u
+
+/* --- buffer ------------------------------------------------------------------------- */
+
+void metrics_printf(struct metrics_buf *b, const char *fmt, ...)
+{
+    if (b->err)
+        return;
+    for (;;) {
+        size_t room = b->cap - b->len;
+        int n = 0;
+        if (b->p != NULL) {
+            va_list ap;
+            va_start(ap, fmt);
+            n = vsnprintf(b->p + b->len, room, fmt, ap);
+            va_end(ap);
+            if (n < 0) {
+                b->err = -EINVAL;
+                return;
+            }
+            if ((size_t)n < room) {
+                b->len += (size_t)n;
+                return;
+            }
+        }
+        size_t need = b->len + (size_t)n + 1;
+        if (need > METRICS_MAX_BYTES) {
+            b->err = -E2BIG;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : METRICS_BUF_INITIAL;
+        while (cap < need)
+            cap *= 2;
+        if (cap > METRICS_MAX_BYTES)
+            cap = METRICS_MAX_BYTES;
+        char *p = realloc(b->p, cap);
+        if (p == NULL) {
+            b->err = -ENOMEM;
+            return;
+        }
+        if (b->p == NULL)
+            p[0] = '\0';
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+void metrics_buf_free(struct metrics_buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+int metrics_escape_label(const char *in, char *out, size_t outlen)
+{
+    size_t o = 0;
+    for (const char *p = in; *p != '\0'; p++) {
+        const char *rep = NULL;
+        char one[2] = {*p, '\0'};
+        switch (*p) {
+        case '\\': rep = "\\\\"; break;
+        case '"': rep = "\\\""; break;
+        case '\n': rep = "\\n"; break;
+        default: rep = one; break;
+        }
+        size_t n = strlen(rep);
+        if (o + n + 1 > outlen)
+            return -ENOSPC;
+        memcpy(out + o, rep, n);
+        o += n;
+    }
+    if (o + 1 > outlen)
+        return -ENOSPC;
+    out[o] = '\0';
+    return 0;
+}
+
+/* --- families ------------------------------------------------------------------------ */
+
+static void family(struct metrics_buf *b, const char *name, const char *type, const char *help)
+{
+    metrics_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static uint64_t ld(const atomic_uint_fast64_t *a)
+{
+    return (uint64_t)atomic_load_explicit((atomic_uint_fast64_t *)a, memory_order_relaxed);
+}
+
+/* A float sample value: Prometheus spells the specials NaN, +Inf, -Inf. */
+static void value(struct metrics_buf *b, double v)
+{
+    if (isnan(v))
+        metrics_printf(b, "NaN\n");
+    else if (isinf(v))
+        metrics_printf(b, "%sInf\n", v > 0 ? "+" : "-");
+    else
+        metrics_printf(b, "%.17g\n", v);
+}
+
+struct counter_def {
+    const char *name;
+    const char *type; /* "counter" | "gauge" */
+    size_t offset;    /* of an atomic_uint_fast64_t in struct fs_stats */
+    const char *help;
+};
+
+#define STAT(f) offsetof(struct fs_stats, f)
+
+static const struct counter_def counters[] = {
+    {"foreshock_connections", "gauge", STAT(connections_current), "Open ingest connections."},
+    {"foreshock_connections_total", "counter", STAT(connections_total),
+     "Ingest connections accepted."},
+    {"foreshock_connections_rejected_total", "counter", STAT(connections_rejected),
+     "Ingest connections refused over max_connections."},
+    {"foreshock_frames_received_total", "counter", STAT(frames_in), "Frames received."},
+    {"foreshock_received_bytes_total", "counter", STAT(bytes_in), "Ingest bytes received."},
+    {"foreshock_decode_errors_total", "counter", STAT(decode_errors),
+     "Frames that did not decode."},
+    {"foreshock_protocol_errors_total", "counter", STAT(protocol_errors),
+     "Error frames sent to clients, any code."},
+    {"foreshock_reports_received_total", "counter", STAT(reports_in), "Reports received."},
+    {"foreshock_reports_committed_total", "counter", STAT(reports_committed),
+     "Reports committed to the database (resends not counted)."},
+    {"foreshock_reports_duplicate_total", "counter", STAT(reports_duplicate),
+     "Resent reports that were already committed."},
+    {"foreshock_points_committed_total", "counter", STAT(points_committed),
+     "Series points committed."},
+    {"foreshock_acks_sent_total", "counter", STAT(acks_out), "Ack frames sent."},
+    {"foreshock_backpressure_pauses_total", "counter", STAT(backpressure_pauses),
+     "Times ingest stopped reading because the writer queue or spool was full."},
+    {"foreshock_commits_total", "counter", STAT(commits), "Write transactions committed."},
+    {"foreshock_commit_errors_total", "counter", STAT(commit_errors),
+     "Write transactions that failed (rolled back and retried or refused)."},
+    {"foreshock_writer_queue_items", "gauge", STAT(writer_queue_items),
+     "Items queued for the writer or in its open transaction."},
+    {"foreshock_writer_queue_bytes", "gauge", STAT(writer_queue_bytes),
+     "Bytes queued for the writer or in its open transaction."},
+    {"foreshock_spool_bytes", "gauge", STAT(spool_bytes),
+     "Raw sketch bytes spooled until their monitors are computed."},
+    {"foreshock_monitor_buckets_total", "counter", STAT(buckets_evaluated),
+     "(run, step) buckets whose monitors ran."},
+    {"foreshock_monitor_heads_total", "counter", STAT(heads_computed),
+     "Attention heads through the QK monitor math."},
+    {"foreshock_incomplete_steps_total", "counter", STAT(incomplete_total),
+     "Reductions recorded as incomplete (a shard or rank never arrived)."},
+    {"foreshock_sketches_late_total", "counter", STAT(sketches_late),
+     "Sketches for a step already evaluated."},
+    {"foreshock_reduce_bytes", "gauge", STAT(reduce_bytes),
+     "Memory held by partial shard/rank reductions."},
+    {"foreshock_reduce_pauses_total", "counter", STAT(reduce_pauses),
+     "Times ingest stopped for reduce_max_bytes."},
+    {"foreshock_alerts_fired_total", "counter", STAT(alerts_fired), "Alert transitions to firing."},
+    {"foreshock_outbox_pending", "gauge", STAT(outbox_pending), "Page deliveries not yet done."},
+    {"foreshock_http_requests_total", "counter", STAT(http_requests), "HTTP responses sent."},
+    {"foreshock_http_errors_total", "counter", STAT(http_errors),
+     "HTTP responses with a status of 400 or more."},
+};
+
+static void target_family(struct metrics_buf *b, const struct fs_stats *st, const char *name,
+                          const char *help, size_t offset)
+{
+    family(b, name, "counter", help);
+    unsigned n = st->ntargets < STATS_MAX_TARGETS ? st->ntargets : STATS_MAX_TARGETS;
+    for (unsigned i = 0; i < n; i++) {
+        const struct fs_target_stats *t = &st->targets[i];
+        char tn[STATS_TARGET_NAME_MAX], kn[sizeof t->kind];
+        snprintf(tn, sizeof tn, "%s", t->name); /* NUL-terminated even if the writer was not */
+        snprintf(kn, sizeof kn, "%s", t->kind);
+        if (tn[0] == '\0')
+            continue;
+        char te[2 * STATS_TARGET_NAME_MAX + 1], ke[2 * sizeof t->kind + 1];
+        if (metrics_escape_label(tn, te, sizeof te) != 0 ||
+            metrics_escape_label(kn, ke, sizeof ke) != 0)
+            continue;
+        const atomic_uint_fast64_t *c =
+            (const atomic_uint_fast64_t *)((const char *)t + offset);
+        metrics_printf(b, "%s{target=\"%s\",kind=\"%s\"} %" PRIu64 "\n", name, te, ke, ld(c));
+    }
+}
+
+int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const char *version)
+{
+    char ve[256];
+    if (metrics_escape_label(version, ve, sizeof ve) != 0)
+        snprintf(ve, sizeof ve, "unknown");
+    family(b, "foreshock_build_info", "gauge", "Build information; the value is always 1.");
+    metrics_printf(b, "foreshock_build_info{version=\"%s\"} 1\n", ve);
+    family(b, "foreshock_ready", "gauge",
+           "1 when storage is open and committing and both listeners are bound.");
+    metrics_printf(b, "foreshock_ready %d\n",
+                   atomic_load_explicit((atomic_int *)&st->ready, memory_order_relaxed) == 1);
+    family(b, "foreshock_storage_failing", "gauge", "1 while commits fail (disk full, I/O).");
+    metrics_printf(b, "foreshock_storage_failing %d\n",
+                   atomic_load_explicit((atomic_int *)&st->storage_failing,
+                                        memory_order_relaxed) != 0);
+
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
+        const struct counter_def *d = &counters[i];
+        family(b, d->name, d->type, d->help);
+        const atomic_uint_fast64_t *a =
+            (const atomic_uint_fast64_t *)((const char *)st + d->offset);
+        metrics_printf(b, "%s %" PRIu64 "\n", d->name, ld(a));
+    }
+
+    family(b, "foreshock_monitor_seconds_total", "counter",
+           "Worker time spent in the monitor math, seconds.");
+    metrics_printf(b, "foreshock_monitor_seconds_total ");
+    value(b, (double)ld(&st->monitor_seconds_sum_us) / 1e6);
+
+    /* The buckets are cumulative already (store.c). Read +Inf first so
+     * that no finite bucket is read larger than the count. */
+    const char *h = "foreshock_commit_duration_seconds";
+    family(b, h, "histogram", "Write transaction duration, seconds.");
+    uint64_t count = ld(&st->commit_seconds_bucket[STATS_COMMIT_BUCKETS]);
+    uint64_t sum_us = ld(&st->commit_seconds_sum_us);
+    for (int i = 0; i < STATS_COMMIT_BUCKETS; i++) {
+        uint64_t v = ld(&st->commit_seconds_bucket[i]);
+        metrics_printf(b, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", h, stats_commit_bucket_le[i],
+                       v < count ? v : count);
+    }
+    metrics_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", h, count);
+    metrics_printf(b, "%s_sum ", h);
+    value(b, (double)sum_us / 1e6);
+    metrics_printf(b, "%s_count %" PRIu64 "\n", h, count);
+
+    target_family(b, st, "foreshock_pages_sent_total", "Page deliveries a target accepted.",
+                  offsetof(struct fs_target_stats, sent));
+    target_family(b, st, "foreshock_pages_failed_total",
+                  "Page delivery attempts that failed and will be retried.",
+                  offsetof(struct fs_target_stats, failed));
+    target_family(b, st, "foreshock_pages_dropped_total",
+                  "Page deliveries given up (permanent error).",
+                  offsetof(struct fs_target_stats, dropped));
+    target_family(b, st, "foreshock_pages_silenced_total",
+                  "Page deliveries not made because a silence matched.",
+                  offsetof(struct fs_target_stats, silenced));
+    return b->err;
+}
+
+/* --- from the database ------------------------------------------------------------------ */
+
+static int prep(sqlite3 *db, const char *sql, sqlite3_stmt **st, char *err, size_t errlen)
+{
+    int rc = sqlite3_prepare_v2(db, sql, -1, st, NULL);
+    if (rc != SQLITE_OK)
+        snprintf(err, errlen, "metrics: prepare: %s", sqlite3_errmsg(db));
+    return rc;
+}
+
+static int fail_step(sqlite3 *db, int rc, const char *what, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "metrics: %s: %s", what, sqlite3_errmsg(db));
+    return rc;
+}
+
+static int alerts_family(struct metrics_buf *b, sqlite3 *db, char *err, size_t errlen)
+{
+    /* state numbers pinned in alert.h: 1 pending, 2 firing */
+    static const char *const states[] = {"pending", "firing"};
+    static const char *const sev[] = {"warning", "critical"};
+    uint64_t n[2][2] = {{0}};
+    sqlite3_stmt *st = NULL;
+    int rc = prep(db,
+                  "SELECT state, severity, count(*) FROM alerts WHERE state IN (1, 2) "
+                  "GROUP BY state, severity",
+                  &st, err, errlen);
+    if (rc != SQLITE_OK)
+        return rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        int s = sqlite3_column_int(st, 0) - 1;
+        const char *v = (const char *)sqlite3_column_text(st, 1);
+        for (int k = 0; k < 2 && v != NULL && s >= 0 && s < 2; k++)
+            if (strcmp(v, sev[k]) == 0)
+                n[s][k] = (uint64_t)sqlite3_column_int64(st, 2);
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE)
+        return fail_step(db, rc, "alerts", err, errlen);
+    family(b, "foreshock_alerts", "gauge", "Open alerts by state and severity.");
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < 2; k++)
+            metrics_printf(b, "foreshock_alerts{state=\"%s\",severity=\"%s\"} %" PRIu64 "\n",
+                           states[s], sev[k], n[s][k]);
+    return SQLITE_OK;
+}
+
+static int silences_family(struct metrics_buf *b, sqlite3 *db, double now, char *err,
+                           size_t errlen)
+{
+    sqlite3_stmt *st = NULL;
+    /* silences_by_end: only silences that have not ended are walked */
+    int rc = prep(db, "SELECT count(*) FROM silences WHERE ends_at > ?1 AND starts_at <= ?1", &st,
+                  err, errlen);
+    if (rc != SQLITE_OK)
+        return rc;
+    sqlite3_bind_double(st, 1, now);
+    rc = sqlite3_step(st);
+    int64_t n = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW)
+        return fail_step(db, rc, "silences", err, errlen);
+    family(b, "foreshock_silences_active", "gauge", "Silences in effect now.");
+    metrics_printf(b, "foreshock_silences_active %" PRId64 "\n", n);
+    return SQLITE_OK;
+}
+
+struct run_row {
+    int64_t id;
+    char label[2 * 128 + 8]; /* escaped name (run names are <= 128 bytes) */
+    int has_step;
+    int64_t last_step;
+};
+
+int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_opts *o, double now,
+                     char *err, size_t errlen)
+{
+    struct run_row runs[METRICS_MAX_RUNS];
+    size_t nruns = 0;
+    sqlite3_stmt *st = NULL;
+    int rc;
+    if ((rc = alerts_family(b, db, err, errlen)) != SQLITE_OK ||
+        (rc = silences_family(b, db, now, err, errlen)) != SQLITE_OK)
+        return rc;
+
+    /* The most recently active runs: a scan of runs (at most max_runs rows,
+     * the daemon's bound) sorted by last report, LIMIT max_runs. */
+    unsigned max = o->max_runs < METRICS_MAX_RUNS ? o->max_runs : METRICS_MAX_RUNS;
+    if ((rc = prep(db,
+                   "SELECT id, name, last_step FROM runs WHERE last_seen_at >= ?1 "
+                   "AND reports > 0 ORDER BY last_seen_at DESC, id DESC LIMIT ?2",
+                   &st, err, errlen)) != SQLITE_OK)
+        return rc;
+    sqlite3_bind_double(st, 1, now - o->run_max_age);
+    sqlite3_bind_int(st, 2, (int)max);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW && nruns < max) {
+        struct run_row *r = &runs[nruns];
+        const char *name = (const char *)sqlite3_column_text(st, 1);
+        if (name == NULL || metrics_escape_label(name, r->label, sizeof r->label) != 0)
+            continue;
+        r->id = sqlite3_column_int64(st, 0);
+        r->has_step = sqlite3_column_type(st, 2) != SQLITE_NULL;
+        r->last_step = sqlite3_column_int64(st, 2);
+        nruns++;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+        return fail_step(db, rc, "runs", err, errlen);
+
+    family(b, "foreshock_run_last_step", "gauge",
+           "Highest step committed for a recently active run.");
+    for (size_t i = 0; i < nruns; i++)
+        if (runs[i].has_step)
+            metrics_printf(b, "foreshock_run_last_step{run=\"%s\"} %" PRId64 "\n", runs[i].label,
+                           runs[i].last_step);
+
+    /* Latest loss: the lowest rank's loss series, its last point. */
+    family(b, "foreshock_run_loss", "gauge", "Latest loss of a recently active run (lowest rank).");
+    if ((rc = prep(db,
+                   "SELECT p.value FROM series s JOIN points p ON p.series_id = s.id "
+                   "AND p.step = s.last_step WHERE s.run_id = ?1 AND s.name = 'loss' "
+                   "ORDER BY s.rank LIMIT 1",
+                   &st, err, errlen)) != SQLITE_OK)
+        return rc;
+    for (size_t i = 0; i < nruns; i++) {
+        sqlite3_bind_int64(st, 1, runs[i].id);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+            metrics_printf(b, "foreshock_run_loss{run=\"%s\"} ", runs[i].label);
+            value(b, sqlite3_column_type(st, 0) == SQLITE_NULL ? NAN
+                                                               : sqlite3_column_double(st, 0));
+        } else if (rc != SQLITE_DONE) {
+            sqlite3_finalize(st);
+            return fail_step(db, rc, "loss", err, errlen);
+        }
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+
+    /* Per-layer aggregates: layer set, no head, no rank. The inner LIMIT
+     * bounds the rows walked per run (series_by_run order). */
+    family(b, "foreshock_monitor_value", "gauge",
+           "Latest value of each per-layer monitor series of a recently active run.");
+    if ((rc = prep(db,
+                   "SELECT s.name, s.layer, s.\"window\", p.value FROM "
+                   "(SELECT id, name, layer, head, \"window\", rank, last_step FROM series "
+                   "WHERE run_id = ?1 ORDER BY id LIMIT ?2) s "
+                   "JOIN points p ON p.series_id = s.id AND p.step = s.last_step "
+                   "WHERE s.layer >= 0 AND s.head = -1 AND s.rank = -1 LIMIT ?3",
+                   &st, err, errlen)) != SQLITE_OK)
+        return rc;
+    for (size_t i = 0; i < nruns; i++) {
+        sqlite3_bind_int64(st, 1, runs[i].id);
+        sqlite3_bind_int(st, 2, METRICS_MAX_SERIES_SCAN);
+        sqlite3_bind_int(st, 3, METRICS_MAX_MONITOR_VALUES);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+            const char *name = (const char *)sqlite3_column_text(st, 0);
+            char ne[METRICS_LABEL_MAX];
+            if (name == NULL || metrics_escape_label(name, ne, sizeof ne) != 0)
+                continue;
+            int64_t window = sqlite3_column_int64(st, 2);
+            /* QK aggregates exist per attention window: it is a label
+             * where it applies, so that samples stay distinct. */
+            char wl[40] = "";
+            if (window > 0)
+                snprintf(wl, sizeof wl, ",window=\"%" PRId64 "\"", window);
+            metrics_printf(b, "foreshock_monitor_value{run=\"%s\",layer=\"%" PRId64
+                              "\",monitor=\"%s\"%s} ",
+                           runs[i].label, (int64_t)sqlite3_column_int64(st, 1), ne, wl);
+            value(b, sqlite3_column_type(st, 3) == SQLITE_NULL ? NAN
+                                                               : sqlite3_column_double(st, 3));
+        }
+        if (rc != SQLITE_DONE) {
+            sqlite3_finalize(st);
+            return fail_step(db, rc, "monitor values", err, errlen);
+        }
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    return b->err;
+}

@@ -1,0 +1,299 @@
+"""Silences API through the real daemon: auth (401/403), create, list
+(state filters, pagination), get, expire (404/409), per-run maintenance,
+a table of bad bodies (400 naming the field), a body over the bound (413),
+persistence across a restart, "silenced_by" on alerts, and the CLI."""
+import json
+import os
+import sqlite3
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+from fstest import Daemon, check, run_main
+
+READ = "read-t0ken"
+WRITE = "write-t0ken"
+
+
+def req(d, method, path, body=None, token=None, raw=None):
+    """(status, headers, parsed JSON or text) of one request."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    r = urllib.request.Request(d.url(path), data=data, method=method)
+    if data is not None:
+        r.add_header("Content-Type", "application/json")
+    if token is not None:
+        r.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(r, timeout=30) as resp:
+            status, headers, text = resp.status, resp.headers, resp.read()
+    except urllib.error.HTTPError as e:
+        status, headers, text = e.code, e.headers, e.read()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = text.decode(errors="replace")
+    return status, headers, doc
+
+
+def expect(d, method, path, status, body=None, token=READ, mention=None, raw=None):
+    s, h, doc = req(d, method, path, body, token, raw)
+    check(s == status, f"{method} {path} {body!r}: status {s}, expected {status}: {doc}")
+    if mention is not None:
+        msg = doc["error"]["message"]
+        check(mention in msg, f"{method} {path} {body!r}: message {msg!r} lacks {mention!r}")
+    return h, doc
+
+
+def ids(doc):
+    return [s["id"] for s in doc["silences"]]
+
+
+def auth_cases(d):
+    # open routes
+    expect(d, "GET", "/healthz", 200, token=None)
+    expect(d, "GET", "/readyz", 200, token=None)
+    # reads need the read (or write) token
+    for path in ["/api/v1/silences", "/api/v1/runs", "/api/v1/alerts", "/metrics"]:
+        h, _ = expect(d, "GET", path, 401, token=None)
+        check((h.get("WWW-Authenticate") or "").startswith("Bearer"),
+              f"{path}: 401 without WWW-Authenticate: {dict(h)}")
+        expect(d, "GET", path, 401, token="wrong")
+        expect(d, "GET", path, 401, token=READ + "x")
+        expect(d, "GET", path, 401, token=READ[:-1])
+        expect(d, "GET", path, 200, token=READ)
+        expect(d, "GET", path, 200, token=WRITE)
+    s, _, _ = req(d, "GET", "/api/v1/silences", raw=None, token=None)
+    # a malformed header is a 401 too
+    r = urllib.request.Request(d.url("/api/v1/silences"))
+    r.add_header("Authorization", f"Basic {READ}")
+    try:
+        urllib.request.urlopen(r, timeout=30)
+        check(False, "Basic auth accepted")
+    except urllib.error.HTTPError as e:
+        check(e.code == 401, f"Basic auth: {e.code}")
+    # writes need the write token
+    body = {"matchers": [{"name": "run", "value": "x"}], "duration": "1h", "createdBy": "t"}
+    expect(d, "POST", "/api/v1/silences", 401, body, token=None)
+    expect(d, "POST", "/api/v1/silences", 401, body, token=READ)
+    expect(d, "DELETE", "/api/v1/silences/1", 401, token=READ)
+    expect(d, "POST", "/api/v1/runs/x/maintenance", 401, {"duration": 60, "createdBy": "t"},
+           token=READ)
+    # methods
+    h, _ = expect(d, "PUT", "/api/v1/silences", 405, token=WRITE)
+    check(h.get("Allow") == "GET, HEAD, POST", f"Allow: {h.get('Allow')}")
+    h, _ = expect(d, "POST", "/api/v1/silences/1", 405, body, token=WRITE)
+    check(h.get("Allow") == "GET, HEAD, DELETE", f"Allow: {h.get('Allow')}")
+
+
+M_RUN = [{"name": "run", "value": "r-sil"}]
+
+BAD_BODIES = [
+    # (raw body, field the message names)
+    (b"not json", "body"),
+    (b"[]", "body"),
+    (b"", "body"),
+    (json.dumps({"duration": "1h", "createdBy": "t"}), "matchers"),
+    (json.dumps({"matchers": [], "duration": "1h", "createdBy": "t"}), "matchers"),
+    (json.dumps({"matchers": "run=x", "duration": "1h", "createdBy": "t"}), "matchers"),
+    (json.dumps({"matchers": [{"name": "run", "value": ".*", "isRegex": True}],
+                 "duration": "1h", "createdBy": "t"}), "matchers"),
+    (json.dumps({"matchers": [{"name": "run", "value": "("  , "isRegex": True}],
+                 "duration": "1h", "createdBy": "t"}), "matchers"),
+    (json.dumps({"matchers": [{"name": "9x", "value": "a"}], "duration": "1h",
+                 "createdBy": "t"}), "matchers"),
+    (json.dumps({"matchers": M_RUN, "createdBy": "t"}), "endsAt"),
+    (json.dumps({"matchers": M_RUN, "duration": "2 hours", "createdBy": "t"}), "duration"),
+    (json.dumps({"matchers": M_RUN, "duration": 0, "createdBy": "t"}), "duration"),
+    (json.dumps({"matchers": M_RUN, "duration": "100d", "createdBy": "t"}), "duration"),
+    (json.dumps({"matchers": M_RUN, "duration": "1h", "endsAt": "2099-01-01T00:00:00Z",
+                 "createdBy": "t"}), "duration"),
+    (json.dumps({"matchers": M_RUN, "endsAt": "2001-01-01T00:00:00Z", "createdBy": "t"}),
+     "endsAt"),
+    (json.dumps({"matchers": M_RUN, "endsAt": "next week", "createdBy": "t"}), "endsAt"),
+    (json.dumps({"matchers": M_RUN, "startsAt": "2099-01-02T00:00:00Z",
+                 "endsAt": "2099-01-01T00:00:00Z", "createdBy": "t"}), "endsAt"),
+    (json.dumps({"matchers": M_RUN, "startsAt": "soon", "duration": 60, "createdBy": "t"}),
+     "startsAt"),
+    (json.dumps({"matchers": M_RUN, "duration": "1h"}), "createdBy"),
+    (json.dumps({"matchers": M_RUN, "duration": "1h", "createdBy": ""}), "createdBy"),
+    (json.dumps({"matchers": M_RUN, "duration": "1h", "createdBy": "x" * 300}), "createdBy"),
+    (json.dumps({"matchers": M_RUN, "duration": "1h", "createdBy": "t", "comment": 5}),
+     "comment"),
+    (json.dumps({"matchers": M_RUN, "duration": "1h", "createdBy": "t", "owner": "me"}),
+     "owner"),
+]
+
+
+def bad_bodies(d):
+    for raw, field in BAD_BODIES:
+        raw = raw if isinstance(raw, bytes) else raw.encode()
+        _, doc = expect(d, "POST", "/api/v1/silences", 400, token=WRITE, raw=raw)
+        msg = doc["error"]["message"]
+        check(field in msg, f"body {raw[:80]!r}: message {msg!r} does not name {field!r}")
+    # maintenance: no matchers, a duration
+    expect(d, "POST", "/api/v1/runs/r-x/maintenance", 400,
+           {"matchers": M_RUN, "duration": 60, "createdBy": "t"}, token=WRITE, mention="matchers")
+    expect(d, "POST", "/api/v1/runs/r-x/maintenance", 400, {"createdBy": "t"}, token=WRITE,
+           mention="endsAt")
+    # a body over the 16 KiB bound
+    big = json.dumps({"matchers": M_RUN, "duration": 60, "createdBy": "t",
+                      "comment": "x" * 20000}).encode()
+    expect(d, "POST", "/api/v1/silences", 413, token=WRITE, raw=big)
+    # nothing was created by any of them
+    _, doc = expect(d, "GET", "/api/v1/silences", 200)
+    check(doc["silences"] == [], f"bad bodies created silences: {doc}")
+
+
+def create_and_list(d):
+    now = time.time()
+    _, a = expect(d, "POST", "/api/v1/silences", 201,
+                  {"matchers": [{"name": "run", "value": "r-sil"},
+                                {"name": "alertname", "value": r"qk\..*", "isRegex": True}],
+                   "duration": "2h", "createdBy": "alice", "comment": "attention work"},
+                  token=WRITE)
+    a = a["silence"]
+    check(a["status"]["state"] == "active" and a["createdBy"] == "alice"
+          and a["comment"] == "attention work", f"silence A: {a}")
+    check(a["matchers"][1] == {"name": "alertname", "value": r"qk\..*", "isRegex": True,
+                               "isEqual": True}, f"canonical matchers: {a['matchers']}")
+    check(a["startsAt"].endswith("Z") and a["endsAt"].endswith("Z"), f"times: {a}")
+    _, b = expect(d, "POST", "/api/v1/runs/r-other/maintenance", 201,
+                  {"duration": 3600, "createdBy": "ops", "comment": "restart"}, token=WRITE)
+    b = b["silence"]
+    check(b["matchers"] == [{"name": "run", "value": "r-other", "isRegex": False,
+                             "isEqual": True}], f"maintenance matchers: {b}")
+    starts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 3600))
+    _, c = expect(d, "POST", "/api/v1/silences", 201,
+                  {"matchers": [{"name": "severity", "value": "critical"}], "startsAt": starts,
+                   "duration": "1h", "createdBy": "bob"}, token=WRITE)
+    c = c["silence"]
+    check(c["status"]["state"] == "pending" and c["startsAt"] == starts, f"silence C: {c}")
+    _, e = expect(d, "POST", "/api/v1/silences", 201,
+                  {"matchers": [{"name": "family", "value": "router"}],
+                   "endsAt": int(now) + 600, "createdBy": "carol"}, token=WRITE)
+    e = e["silence"]
+    _, e2 = expect(d, "DELETE", f"/api/v1/silences/{e['id']}", 200, token=WRITE)
+    check(e2["silence"]["status"]["state"] == "expired", f"expired: {e2}")
+    expect(d, "DELETE", f"/api/v1/silences/{e['id']}", 409, token=WRITE, mention="expired")
+    expect(d, "DELETE", "/api/v1/silences/999", 404, token=WRITE, mention="999")
+    expect(d, "DELETE", "/api/v1/silences/abc", 400, token=WRITE, mention="id")
+    expect(d, "GET", "/api/v1/silences/999", 404)
+    expect(d, "GET", "/api/v1/silences/0", 400)
+    _, one = expect(d, "GET", f"/api/v1/silences/{a['id']}", 200)
+    check(one["silence"] == a or one["silence"]["id"] == a["id"], f"get: {one}")
+
+    ia, ib, ic, ie = a["id"], b["id"], c["id"], e["id"]
+    for q, want in [("", [ie, ic, ib, ia]), ("?state=active", [ib, ia]),
+                    ("?state=pending", [ic]), ("?state=expired", [ie]),
+                    ("?state=active,pending", [ic, ib, ia]),
+                    ("?state=active&state=expired", [ie, ib, ia])]:
+        _, doc = expect(d, "GET", "/api/v1/silences" + q, 200)
+        check(ids(doc) == want, f"list{q}: {ids(doc)}, expected {want}")
+    expect(d, "GET", "/api/v1/silences?state=gone", 400, mention="state")
+    expect(d, "GET", "/api/v1/silences?limit=0", 400, mention="limit")
+    # keyset pagination, one per page
+    got, after = [], None
+    for _ in range(10):
+        _, doc = expect(d, "GET", "/api/v1/silences?limit=1" + (f"&after={after}" if after else ""),
+                        200)
+        got += ids(doc)
+        after = doc["next"]
+        if after is None:
+            break
+    check(got == [ie, ic, ib, ia], f"pages: {got}")
+    return ia, ib, ic, ie
+
+
+def insert_alerts(db):
+    """Alerts written straight into the stopped daemon's database (no
+    series: the stage does not restore them)."""
+    c = sqlite3.connect(db)
+    c.execute("INSERT INTO runs(id, name, created_at, last_seen_at, world_size) VALUES "
+              "(101, 'r-sil', 0, 0, 1), (102, 'r-other', 0, 0, 1)")
+    cols = ("id, run_id, rule, alert_key, dedup_key, layer, head, \"window\", rank, state, "
+            "severity, family, attribution, last_step, created_at, updated_at")
+    c.execute(f"INSERT INTO alerts({cols}) VALUES "
+              "(1, 101, 'qk.d2.erank', 'k1', 'd1', 2, -1, 8, -1, 2, 'critical', 'attention', "
+              "'attention-numerics', 5, 1, 1), "
+              "(2, 101, 'loss', 'k2', 'd2', -1, -1, 0, -1, 1, 'warning', 'loss', 'loss-spike', "
+              "5, 1, 1), "
+              "(3, 102, 'loss', 'k3', 'd3', -1, -1, 0, -1, 2, 'critical', 'loss', 'loss-spike', "
+              "5, 1, 1)")
+    c.commit()
+    c.close()
+
+
+def silenced_by(d):
+    _, doc = expect(d, "GET", "/api/v1/alerts", 200)
+    return {x["id"]: x["silenced_by"] for x in doc["alerts"]}
+
+
+def cli(args, d, *argv, token=WRITE):
+    env = dict(os.environ, FORESHOCK_TOKEN=token)
+    p = subprocess.run([os.path.join(args.build_dir, "foreshock"), "--http", d.http, *argv],
+                       capture_output=True, text=True, timeout=60, env=env)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test(args, workdir):
+    tokens = ["--set", f"http_read_token={READ}", "--set", f"http_write_token={WRITE}"]
+    db = os.path.join(workdir, "foreshock.db")
+    d = Daemon(args.build_dir, workdir, extra=tokens, db=db)
+    try:
+        auth_cases(d)
+        bad_bodies(d)
+        ia, ib, ic, ie = create_and_list(d)
+        _, before = expect(d, "GET", "/api/v1/silences", 200)
+        check(d.stop() == 0, "daemon did not exit 0")
+        log = d.log_text()
+        check(READ not in log and WRITE not in log, "a token appears in the daemon log")
+
+        insert_alerts(db)
+        d = Daemon(args.build_dir, workdir, extra=tokens, db=db)
+        _, after = expect(d, "GET", "/api/v1/silences", 200)
+        check(after == before, f"silences changed across the restart:\n{before}\n{after}")
+        sb = silenced_by(d)
+        check(sb == {1: [ia], 2: [], 3: [ib]}, f"silenced_by: {sb}")
+        _, one = expect(d, "GET", "/api/v1/alerts/1", 200)
+        check(one["alert"]["silenced_by"] == [ia], f"alert 1: {one['alert']}")
+        expect(d, "DELETE", f"/api/v1/silences/{ia}", 200, token=WRITE)
+        sb = silenced_by(d)
+        check(sb == {1: [], 2: [], 3: [ib]}, f"silenced_by after expiring {ia}: {sb}")
+
+        # the CLI
+        rc, out = cli(args, d, "silence", "add", "--match", "run=r-sil,severity!=warning",
+                      "--duration", "30m", "--comment", "from the cli")
+        check(rc == 0 and "active" in out, f"silence add: {rc} {out}")
+        rc, out = cli(args, d, "maintenance", "r-sil", "--duration", "1h", "--json")
+        check(rc == 0, f"maintenance: {rc} {out}")
+        mid = json.loads(out)["silence"]["id"]
+        rc, out = cli(args, d, "silence", "list", "--state", "active", token=READ)
+        check(rc == 0 and "from the cli" in out and "r-sil" in out, f"silence list: {rc} {out}")
+        rc, out = cli(args, d, "silence", "expire", "--id", str(mid), token=READ)
+        check(rc == 1 and "401" in out, f"expire with the read token: {rc} {out}")
+        rc, out = cli(args, d, "silence", "expire", "--id", str(mid))
+        check(rc == 0 and "expired" in out, f"silence expire: {rc} {out}")
+        sb = silenced_by(d)
+        check(len(sb[1]) == 1 and sb[2] == [] and sb[3] == [ib],
+              f"silenced_by after the CLI's silence: {sb}")
+        check(d.stop() == 0, "daemon did not exit 0")
+
+        # without http_write_token, writes are disabled; without
+        # http_read_token, reads need no token
+        d = Daemon(args.build_dir, workdir, db=db)
+        expect(d, "POST", "/api/v1/silences", 403,
+               {"matchers": M_RUN, "duration": 60, "createdBy": "t"}, token=None,
+               mention="writes disabled: set http_write_token")
+        expect(d, "DELETE", f"/api/v1/silences/{ib}", 403, token=WRITE,
+               mention="writes disabled")
+        _, doc = expect(d, "GET", "/api/v1/silences?state=active", 200, token=None)
+        check(ib in ids(doc), f"list without tokens: {doc}")
+        check(d.stop() == 0, "daemon did not exit 0")
+    finally:
+        if d.proc.poll() is None:
+            d.kill()
+
+
+if __name__ == "__main__":
+    run_main(test)
