@@ -108,8 +108,12 @@ class DaemonInfo:
         check(m is not None, "foreshockd --help does not describe [detect \"RULE\"]")
         self.detect_rules = [w for w in re.split(r"[\s,]+", m.group(1)) if w]
         self.detect_keys = [w for w in re.split(r"[\s,]+", m.group(2)) if w]
-        # The pager's sections, once merged, are described in --help.
-        self.has_targets = "[target" in self.help
+        # The pager's sections, once merged, are described in --help:
+        # `... sections [target "NAME"] with keys type (a | b), url, ...;`
+        m = re.search(r"\[target \"NAME\"\] with keys (.*?);", self.help, re.S)
+        self.has_targets = m is not None
+        self.target_keys = [w for w in re.split(r"[\s,]+", re.sub(r"\([^)]*\)", "", m.group(1)))
+                            if w] if m else []
 
     def port(self, key):
         return int(self.defaults[key].rsplit(":", 1)[1])
@@ -206,6 +210,9 @@ def check_conf_reference(args, workdir, info):
             check(name in info.detect_rules, f"[detect \"{name}\"]: no such rule in --help")
             for k in kv:
                 check(k in info.detect_keys, f"[detect \"{name}\"]: key '{k}' not in --help")
+    for key in info.target_keys:
+        check(re.search(rf"^#\s+{re.escape(key)}\s", text, re.M),
+              f"foreshockd.conf.example: [target] key '{key}' missing from the key list")
     types = {kv.get("type") for kind, _, kv in sections if kind == "target"}
     check(types == {"alertmanager", "pagerduty", "webhook"},
           f"foreshockd.conf.example: [target] examples cover {types}, want every type")
