@@ -537,9 +537,10 @@ def check_k8s(args, workdir, info):
     check(side["args"][0] == "--config", f"sidecar args {side['args']}")
     config_path = side["args"][1]
     mounts = {m["mountPath"]: m["name"] for m in side["volumeMounts"]}
-    check(mounts.get(os.path.dirname(config_path)) ==
-          {m["mountPath"]: m["name"] for m in inits["render-config"]["volumeMounts"]}
-          .get(os.path.dirname(config_path)), "the sidecar does not read what render-config wrote")
+    render_mounts = {m["mountPath"]: m["name"] for m in inits["render-config"]["volumeMounts"]}
+    config_vol = mounts.get(os.path.dirname(config_path))
+    check(config_vol is not None and config_vol == render_mounts.get(os.path.dirname(config_path)),
+          "the sidecar does not read the volume render-config writes its config to")
     render = inits["render-config"]
     secret_env = {e["name"]: secret["stringData"][e["valueFrom"]["secretKeyRef"]["key"]]
                   for e in render["env"]}
