@@ -23,6 +23,8 @@ PKGS=(
   # real peers for the integration tests: Alertmanager (+ amtool), promtool,
   # headless Chromium for the dashboard
   prometheus-alertmanager prometheus chromium
+  # the deploy-file checks parse the Kubernetes example
+  python3-yaml
   # PyTorch client tests and the fault-injection experiments (plots)
   python3-torch python3-matplotlib
 )
