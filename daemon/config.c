@@ -78,6 +78,10 @@ static const struct config_key core_keys[] = {
     {.name = "monitor_threads", .type = CONFIG_UINT, .def = "0", .min = 0,
      .max = FS_CAP_MONITOR_THREADS, CORE(monitor_threads),
      .help = "worker threads for the monitor math (0: one per online CPU)"},
+    /* pager */
+    {.name = "public_url", .type = CONFIG_STRING, .def = "", .min = 0,
+     .max = FS_CONFIG_MAX_URL - 1, CORE(public_url),
+     .help = "base URL of links in pages (empty: http://<http address>)"},
 };
 
 const struct config_key *config_keys(size_t *n)

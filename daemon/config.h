@@ -68,6 +68,8 @@ struct config_error {
     char message[FS_CONFIG_MAX_LINE + 256];
 };
 
+#define FS_CONFIG_MAX_URL 1024u /* public_url bytes with NUL */
+
 enum config_sync { CONFIG_SYNC_NORMAL = 0, CONFIG_SYNC_FULL = 1 };
 
 /* The daemon's own keys (the top-level section). */
@@ -91,6 +93,8 @@ struct fs_config {
     uint64_t reduce_max_bytes; /* monitor stage: reduction memory bound */
     uint64_t detect_from_step; /* runs whose Hello does not say */
     uint64_t monitor_threads;  /* worker threads for the monitor math; 0 = CPUs */
+    /* pager: base of generatorURL and links in pages ("" = http://<http address>) */
+    char public_url[FS_CONFIG_MAX_URL];
 };
 
 /* The table of the daemon's keys (for --help and tests). */
