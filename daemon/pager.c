@@ -172,6 +172,7 @@ struct prow {
     int target;          /* index into cfg.t, -1 = no longer configured */
     int state;           /* STORE_OUTBOX_PENDING or _SILENCED while held here */
     int done;            /* reached a final state; removed at the next compaction */
+    int blocked;         /* waits for an earlier row of its alert and target */
     uint32_t attempts;
     double next_at;      /* unix seconds */
     double created_at;
@@ -214,6 +215,7 @@ struct pager {
     size_t nopen, capopen;
     int64_t watermark;   /* highest outbox id loaded */
     int backlog;         /* the last load filled memory: more rows wait in the table */
+    int load_error;      /* the last load failed (retried at the next wake, not at once) */
     struct silence *sils;
     size_t nsils;
     double sil_next;     /* monotonic seconds of the next reload */
@@ -433,6 +435,7 @@ static void load_rows(struct pager *p)
 {
     size_t room = PAGER_MAX_ROWS - p->nrows;
     p->backlog = 0;
+    p->load_error = 0;
     if (room == 0) {
         p->backlog = 1;
         return;
@@ -442,7 +445,7 @@ static void load_rows(struct pager *p)
         "SELECT " PAGE_COLUMNS "WHERE o.id > ?1 AND o.state IN (0, 3) ORDER BY o.id LIMIT ?2";
     if (sqlite3_prepare_v2(p->db, sql, -1, &q, NULL) != SQLITE_OK) {
         db_complaint(p, "outbox");
-        p->backlog = 1;
+        p->backlog = p->load_error = 1;
         return;
     }
     sqlite3_bind_int64(q, 1, p->watermark);
@@ -474,7 +477,7 @@ static void load_rows(struct pager *p)
     }
     if (rc != SQLITE_DONE) {
         db_complaint(p, "outbox");
-        p->backlog = 1;
+        p->backlog = p->load_error = 1;
     } else if (got == room) {
         p->backlog = 1;
     }
@@ -763,6 +766,7 @@ static void handle(struct pager *p, struct prow *r, double now)
         return;
     }
     struct prow *b = blocker(p, r);
+    r->blocked = b != NULL;
     if (b) {
         /* A resolve behind a trigger held by a silence: the incident ended
          * silenced, so nothing of it is sent. */
@@ -868,7 +872,8 @@ static double next_wake(struct pager *p, double now)
 {
     double w = now + PAGER_SILENCE_RELOAD_S;
     for (size_t i = 0; i < p->nrows; i++)
-        if (p->rows[i].state == STORE_OUTBOX_PENDING && p->rows[i].next_at < w)
+        if (p->rows[i].state == STORE_OUTBOX_PENDING && !p->rows[i].blocked &&
+            p->rows[i].next_at < w)
             w = p->rows[i].next_at;
     for (size_t i = 0; i < p->nopen; i++)
         if (!p->open[i].resolving && p->cfg.t[p->open[i].target].type == PAGER_ALERTMANAGER &&
@@ -901,7 +906,7 @@ static void *pager_main(void *arg)
                 handle(p, &p->rows[i], now_unix());
         resend_due(p, now_unix());
         compact(p);
-        if (p->backlog && p->nrows < PAGER_MAX_ROWS)
+        if (p->backlog && !p->load_error && p->nrows < PAGER_MAX_ROWS)
             continue;
         double wait = next_wake(p, now_unix()) - now_unix();
         if (wait <= 0)
