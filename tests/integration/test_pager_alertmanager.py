@@ -142,8 +142,10 @@ def test(args, workdir):
             alerts = d.get(f"/api/v1/alerts?run={RUN}")["alerts"]
             check(any(x["rule"] == name and x["state"] == "resolved" for x in alerts),
                   "alert not resolved in the daemon")
-            rows = db_rows(d.db, "SELECT kind, state FROM outbox")
-            check(rows and all(s == 1 for _, s in rows), f"outbox rows {rows}")
+            rows = wait_until(lambda: [r for r in [db_rows(d.db, "SELECT kind, state FROM outbox")]
+                                       if r and all(s != 0 for _, s in r)],
+                              what="every outbox row done")[0]
+            check(all(s == 1 for _, s in rows), f"outbox rows {rows}")
             check(d.stop() == 0, "daemon did not stop cleanly")
         finally:
             if sim is not None and sim.poll() is None:
