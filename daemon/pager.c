@@ -219,6 +219,7 @@ struct pager {
     struct silence *sils;
     size_t nsils;
     double sil_next;     /* monotonic seconds of the next reload */
+    int sil_fresh;       /* silences were read during this pass of the loop */
     uint64_t rng;
     struct log_ratelimit rl_fail, rl_giveup, rl_resend, rl_db, rl_store, rl_sil;
 };
@@ -785,6 +786,12 @@ static void handle(struct pager *p, struct prow *r, double now)
         return;
     }
     if (r->a.kind == PAGE_TRIGGER) {
+        /* A silence committed before the transition always holds its
+         * trigger: read them afresh (triggers are rare; one query a pass). */
+        if (!p->sil_fresh) {
+            load_silences(p, now);
+            p->sil_fresh = 1;
+        }
         if (page_silenced(p->sils, p->nsils, &r->a, now)) {
             r->state = STORE_OUTBOX_SILENCED;
             atomic_fetch_add(&tstats(p, r->target)->silenced, 1);
@@ -896,6 +903,7 @@ static void *pager_main(void *arg)
             load_rows(p);
         }
         double now = now_unix();
+        p->sil_fresh = 0;
         if (now_mono() >= p->sil_next) {
             load_silences(p, now);
             p->sil_next = now_mono() + PAGER_SILENCE_RELOAD_S;
