@@ -92,6 +92,10 @@ static const struct config_key core_keys[] = {
     {.name = "metrics_run_max_age", .type = CONFIG_DOUBLE, .def = "3600", .min = 1,
      .max = 31536000, CORE(metrics_run_max_age),
      .help = "/metrics: ... that had a report in the last this many seconds"},
+    /* pager */
+    {.name = "public_url", .type = CONFIG_STRING, .def = "", .min = 0,
+     .max = FS_CONFIG_MAX_URL - 1, CORE(public_url),
+     .help = "base URL of links in pages (empty: http://<http address>)"},
 };
 
 const struct config_key *config_keys(size_t *n)

@@ -68,6 +68,8 @@ struct config_error {
     char message[FS_CONFIG_MAX_LINE + 256];
 };
 
+#define FS_CONFIG_MAX_URL 1024u /* public_url bytes with NUL */
+
 enum config_sync { CONFIG_SYNC_NORMAL = 0, CONFIG_SYNC_FULL = 1 };
 
 /* The daemon's own keys (the top-level section). */
@@ -96,6 +98,8 @@ struct fs_config {
     char http_read_token[FS_MAX_TOKEN_LEN + 1];  /* "" = reads need no token */
     uint64_t metrics_max_runs;
     double metrics_run_max_age; /* seconds */
+    /* pager: base of generatorURL and links in pages ("" = http://<http address>) */
+    char public_url[FS_CONFIG_MAX_URL];
 };
 
 /* The table of the daemon's keys (for --help and tests). */

@@ -14,6 +14,7 @@
 #include "ingest.h"
 #include "log.h"
 #include "monitor_qk.h"
+#include "pager.h"
 #include "stage.h"
 #include "stats.h"
 #include "store.h"
@@ -65,6 +66,10 @@ static void usage(FILE *f)
         "    router.zloss, router.maxvio, router.load_entropy, weight_norm,\n"
         "    update_ratio, loss, grad_norm; keys: warmup, window, z, floor,\n"
         "    ceiling, spike_ratio, persistence, resolve_after, severity, enabled.\n"
+        "    Paging targets (up to 16) are sections [target \"NAME\"] with keys type\n"
+        "    (alertmanager | pagerduty | webhook), url, routing_key, secret,\n"
+        "    min_severity, match, timeout, connect_timeout, backoff_initial,\n"
+        "    backoff_max, give_up_after, resend_interval (seconds); README \"Paging\".\n"
         "\n"
         "SIGNALS\n"
         "    SIGTERM, SIGINT  orderly stop: stop accepting, commit and ack what was\n"
@@ -88,6 +93,8 @@ struct app {
     struct http *http;
     struct stage *stage;
     struct detect_rules rules; /* defaults + [detect "RULE"] overrides; read-only once running */
+    struct pager_config pager_cfg; /* [target "NAME"] sections */
+    struct pager *pager;
     int stopping;
 };
 
@@ -123,7 +130,8 @@ static void on_signal(uv_signal_t *h, int signum)
 
 /* Reads options into cfg (file first, then flags). Returns -1 to continue,
  * or an exit status. */
-static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules)
+static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
+                      struct pager_config *pager_cfg)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'}, {"http", required_argument, NULL, 't'},
@@ -195,9 +203,12 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     struct config_error err;
     config_defaults(cfg);
     detect_rules_default(rules);
-    struct config_section detect;
-    stage_detect_section(rules, &detect);
-    if (status < 0 && config_path && config_load_file(config_path, cfg, &detect, 1, &err) < 0) {
+    struct config_section sections[2];
+    stage_detect_section(rules, &sections[0]);
+    pager_target_section(pager_cfg, &sections[1]);
+    if (config_path)
+        snprintf(pager_cfg->origin, sizeof(pager_cfg->origin), "%s", config_path);
+    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 2, &err) < 0) {
         fprintf(stderr, "%s\n", err.message);
         status = EXIT_USAGE;
     }
@@ -209,6 +220,16 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     }
     if (status < 0 && config_check(cfg, config_path ? config_path : "command line", &err) < 0) {
         fprintf(stderr, "%s\n", err.message);
+        status = EXIT_USAGE;
+    }
+    if (status < 0 && pager_config_check(pager_cfg, err.message, sizeof(err.message)) < 0) {
+        fprintf(stderr, "%s\n", err.message);
+        status = EXIT_USAGE;
+    }
+    if (status < 0 && cfg->public_url[0] && strncmp(cfg->public_url, "http://", 7) != 0 &&
+        strncmp(cfg->public_url, "https://", 8) != 0) {
+        fprintf(stderr, "config: %s: key 'public_url': must start with http:// or https://\n",
+                config_path ? config_path : "command line");
         status = EXIT_USAGE;
     }
     free(ov);
@@ -228,7 +249,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "foreshockd: out of memory\n");
         return EXIT_RUNTIME;
     }
-    int status = parse_args(argc, argv, &app->cfg, &app->rules);
+    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg);
     if (status >= 0) {
         free(app);
         return status;
@@ -255,6 +276,10 @@ int main(int argc, char **argv)
         log_error("main", "%s", err);
         goto out;
     }
+    /* Outbox rows for the targets from the first transition on (the spool
+     * re-feed below included); the pager thread starts once HTTP is bound. */
+    pager_name_stats(&app->pager_cfg, &app->stats);
+    pager_register(&app->pager_cfg, app->store);
     monitor_init(); /* one OpenBLAS thread: parallelism comes from the workers */
     /* The workers are libuv's threadpool, sized once by the environment
      * before its first use (the stage's first job). */
@@ -316,6 +341,20 @@ int main(int argc, char **argv)
         log_error("main", "%s", err);
         goto out;
     }
+    char public_url[FS_CONFIG_MAX_URL + FS_CONFIG_MAX_HOST + 16];
+    if (cfg->public_url[0]) {
+        snprintf(public_url, sizeof(public_url), "%s", cfg->public_url);
+    } else {
+        char ep[FS_CONFIG_MAX_HOST + 16];
+        endpoint_text(ep, sizeof(ep), cfg->http.host, http_port(app->http));
+        snprintf(public_url, sizeof(public_url), "http://%s", ep);
+    }
+    struct pager_opts po = {.cfg = &app->pager_cfg, .public_url = public_url, .db_path = cfg->db,
+                            .store = app->store, .stats = &app->stats};
+    if (pager_start(&po, &app->pager, err, sizeof(err)) < 0) {
+        log_error("main", "%s", err);
+        goto out;
+    }
     uv_signal_init(&app->loop, &app->sig_term);
     uv_signal_init(&app->loop, &app->sig_int);
     app->sig_term.data = app->sig_int.data = app;
@@ -345,6 +384,8 @@ out:
     }
     ingest_free(app->ingest);
     stage_free(app->stage);
+    /* The pager's last outcomes go through the writer: stop it first. */
+    pager_stop(app->pager);
     store_close(app->store);
     if (loop_ok && uv_loop_close(&app->loop) != 0)
         log_warn("main", "event loop closed with handles still open");

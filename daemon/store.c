@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "alert.h" /* pinned state numbers only */
 #include "foreshock.pb-c.h"
 #include "log.h"
 #include "schema.h"
@@ -42,6 +43,8 @@ enum stmt_id {
     ST_ALERT_UPSERT,
     ST_EVENT_INSERT,
     ST_INCOMPLETE_PUT,
+    ST_OUTBOX_INSERT,
+    ST_OUTBOX_OUTCOME,
     ST_COUNT
 };
 
@@ -102,6 +105,13 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_INCOMPLETE_PUT] = "INSERT OR REPLACE INTO incomplete (run_id, step, kind, layer, head, "
                           "\"window\", have, want, recorded_at) "
                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    [ST_OUTBOX_INSERT] = "INSERT INTO outbox (alert_id, event_id, target, kind, severity, "
+                         "attribution, created_at, updated_at) "
+                         "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+    [ST_OUTBOX_OUTCOME] =
+        "UPDATE outbox SET state = ?2, attempts = ?3, next_attempt_at = ?4, last_status = ?5, "
+        "last_error = ?6, updated_at = ?7, "
+        "done_at = CASE WHEN ?2 IN (1, 2, 4) THEN ?7 ELSE NULL END WHERE id = ?1",
 };
 
 static const char *const scalar_series[STORE_NSCALARS] = {
@@ -156,6 +166,11 @@ struct store {
     void (*notify)(void *ctx);
     void *notify_ctx;
     atomic_int serving;
+    /* outbox targets and the pager's announce hook (store_set_pager) */
+    char pager_targets[STATS_MAX_TARGETS][STATS_TARGET_NAME_MAX];
+    size_t n_pager_targets;
+    void (*announce)(void *ctx, int64_t max_id);
+    void *announce_ctx;
 
     /* writer thread only */
     struct series_cache cache;
@@ -163,6 +178,9 @@ struct store {
     unsigned char *refused;      /* batch_max_items flags */
     struct store_result *wres; /* results of the batch being written */
     size_t nwres, capwres;
+    int64_t w_outbox_max;      /* highest outbox id inserted by the open transaction */
+    char w_targets[STATS_MAX_TARGETS][STATS_TARGET_NAME_MAX]; /* copy taken per batch */
+    size_t w_ntargets;
     struct log_ratelimit rl_fail;
     sqlite3_stmt *sil_st[3]; /* silence statements, prepared on first use (writer thread) */
 };
@@ -611,6 +629,31 @@ static int bind_opt_step(sqlite3_stmt *st, int i, int64_t v)
     return v < 0 ? sqlite3_bind_null(st, i) : sqlite3_bind_int64(st, i, v);
 }
 
+/* The pages of a firing or resolving transition: one outbox row per
+ * target, in the transaction that commits the transition. */
+static int outbox_rows(struct store *s, int64_t alert_id, int64_t event_id,
+                       const struct store_alert_row *a, double now)
+{
+    int kind = a->to_state == ALERT_FIRING     ? STORE_OUTBOX_TRIGGER
+               : a->to_state == ALERT_RESOLVED ? STORE_OUTBOX_RESOLVE
+                                                            : 0;
+    for (size_t i = 0; kind && i < s->w_ntargets; i++) {
+        sqlite3_stmt *st = s->st[ST_OUTBOX_INSERT];
+        sqlite3_bind_int64(st, 1, alert_id);
+        sqlite3_bind_int64(st, 2, event_id);
+        sqlite3_bind_text(st, 3, s->w_targets[i], -1, SQLITE_STATIC);
+        sqlite3_bind_int(st, 4, kind);
+        sqlite3_bind_text(st, 5, a->severity ? a->severity : "warning", -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 6, a->attribution ? a->attribution : "none", -1, SQLITE_STATIC);
+        sqlite3_bind_double(st, 7, now);
+        int rc = exec1(st, NULL, 0);
+        if (!ok(rc))
+            return rc;
+        s->w_outbox_max = sqlite3_last_insert_rowid(s->db);
+    }
+    return SQLITE_OK;
+}
+
 static int apply_alert(struct store *s, int64_t run_id, const struct store_alert_row *a,
                        double now)
 {
@@ -660,7 +703,9 @@ static int apply_alert(struct store *s, int64_t run_id, const struct store_alert
                       SQLITE_STATIC);
     sqlite3_bind_text(st, 8, a->evidence_json ? a->evidence_json : "{}", -1, SQLITE_STATIC);
     rc = exec1(st, NULL, 0);
-    return ok(rc) ? SQLITE_OK : rc;
+    if (!ok(rc))
+        return rc;
+    return outbox_rows(s, alert_id, sqlite3_last_insert_rowid(s->db), a, now);
 }
 
 /* The monitor stage's output for one run, inside the batch's transaction. */
@@ -879,6 +924,23 @@ int store_waiter_wait(struct store_waiter *w, unsigned timeout_ms, int64_t *id)
     return rc;
 }
 
+/* The pager's outcome of one delivery. */
+static int apply_outbox(struct store *s, const struct store_outbox_outcome *o, double now)
+{
+    sqlite3_stmt *st = s->st[ST_OUTBOX_OUTCOME];
+    sqlite3_bind_int64(st, 1, o->outbox_id);
+    sqlite3_bind_int(st, 2, o->state);
+    sqlite3_bind_int64(st, 3, o->attempts);
+    bind_value(st, 4, o->next_attempt_at);
+    if (o->http_status)
+        sqlite3_bind_int(st, 5, o->http_status);
+    if (o->last_error[0])
+        sqlite3_bind_text(st, 6, o->last_error, -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 7, now);
+    int rc = exec1(st, NULL, 0);
+    return ok(rc) ? SQLITE_OK : rc;
+}
+
 /* Applies one item; SQLite rc. A HELLO refused by a limit is not an error:
  * its result carries the refusal. */
 static int apply_item(struct store *s, const struct store_item *it, double now,
@@ -901,6 +963,8 @@ static int apply_item(struct store *s, const struct store_item *it, double now,
         return apply_monitor(s, it, now, bc);
     case STORE_ITEM_SILENCE:
         return apply_silence(s, (struct store_item *)it, now);
+    case STORE_ITEM_OUTBOX:
+        return apply_outbox(s, &it->outbox, now);
     }
     return SQLITE_MISUSE;
 }
@@ -915,6 +979,7 @@ static void rollback(struct store *s)
      * counts are void. */
     cache_clear(&s->cache);
     s->nwres = 0;
+    s->w_outbox_max = 0;
 }
 
 /* One attempt at the batch in one transaction. Returns SQLITE_OK, or the
@@ -925,6 +990,7 @@ static int write_once(struct store *s, struct store_item **batch, size_t n,
     *bad = -1;
     memset(bc, 0, sizeof(*bc));
     s->nwres = 0;
+    s->w_outbox_max = 0;
     int rc = exec1(s->st[ST_BEGIN], NULL, 0);
     if (!ok(rc))
         return rc;
@@ -1005,6 +1071,7 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
             log_error("store", "refusing a %s item of conn %llu: %s",
                       it->kind == STORE_ITEM_HELLO    ? "hello"
                       : it->kind == STORE_ITEM_REPORT ? "report"
+                      : it->kind == STORE_ITEM_OUTBOX ? "outbox"
                                                       : "monitor",
                       (unsigned long long)it->conn_id, msg);
             struct store_result *e = realloc(errs, (nerrs + 1) * sizeof(*e));
@@ -1091,6 +1158,8 @@ static void *writer_main(void *arg)
         }
         if (!s->head)
             s->tail = NULL;
+        s->w_ntargets = s->n_pager_targets;
+        memcpy(s->w_targets, s->pager_targets, sizeof(s->w_targets));
         pthread_mutex_unlock(&s->mu);
 
         if (s->cache.n > FS_STORE_SERIES_CACHE_MAX)
@@ -1124,6 +1193,9 @@ static void *writer_main(void *arg)
         }
         if (s->nres && s->notify)
             s->notify(s->notify_ctx);
+        /* Persist first, then announce: the pager sees committed rows only. */
+        if (s->w_outbox_max > 0 && s->announce)
+            s->announce(s->announce_ctx, s->w_outbox_max);
         pthread_cond_broadcast(&s->done_cv);
         pthread_mutex_unlock(&s->mu);
 
@@ -1254,6 +1326,21 @@ void store_set_notify(struct store *s, void (*notify)(void *ctx), void *ctx)
     pthread_mutex_lock(&s->mu);
     s->notify = notify;
     s->notify_ctx = ctx;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void store_set_pager(struct store *s, const char *const *targets, size_t n,
+                     void (*announce_fn)(void *ctx, int64_t max_id), void *ctx)
+{
+    pthread_mutex_lock(&s->mu);
+    if (n > STATS_MAX_TARGETS)
+        n = STATS_MAX_TARGETS;
+    memset(s->pager_targets, 0, sizeof(s->pager_targets));
+    for (size_t i = 0; i < n; i++)
+        snprintf(s->pager_targets[i], sizeof(s->pager_targets[i]), "%s", targets[i]);
+    s->n_pager_targets = n;
+    s->announce = announce_fn;
+    s->announce_ctx = ctx;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -34,6 +34,7 @@ enum store_item_kind {
     STORE_ITEM_SPOOL_DONE = 3, /* monitors are done with a run's steps <= step */
     STORE_ITEM_MONITOR = 4,    /* the monitor stage's output for one run (below) */
     STORE_ITEM_SILENCE = 5,    /* create or expire a silence (HTTP API, below) */
+    STORE_ITEM_OUTBOX = 6,     /* the pager's outcome of one outbox row (below) */
 };
 
 /* Scalars of a report, by index into store_report.scalars. */
@@ -195,6 +196,32 @@ void store_waiter_put(struct store_waiter *w);
  * writer's. */
 int store_waiter_wait(struct store_waiter *w, unsigned timeout_ms, int64_t *id);
 
+/* --- Outbox (schema/004_outbox.sql). For every to_firing / to_resolved
+ * transition of a STORE_ITEM_MONITOR, the writer inserts one outbox row per
+ * target named with store_set_pager, in the same transaction; after COMMIT
+ * it calls announce_fn(ctx, max_id) with the highest outbox id committed. The
+ * pager records each delivery outcome with a STORE_ITEM_OUTBOX item. States
+ * are pinned numbers (outbox.state). */
+enum store_outbox_state {
+    STORE_OUTBOX_PENDING = 0,
+    STORE_OUTBOX_DELIVERED = 1,
+    STORE_OUTBOX_GIVEN_UP = 2,
+    STORE_OUTBOX_SILENCED = 3, /* held: a silence matched; may become pending again */
+    STORE_OUTBOX_SKIPPED = 4,  /* closed without sending (route, resolved while silenced) */
+};
+#define STORE_OUTBOX_TRIGGER 1 /* outbox.kind */
+#define STORE_OUTBOX_RESOLVE 2
+#define STORE_OUTBOX_ERROR_MAX 256
+
+struct store_outbox_outcome {
+    int64_t outbox_id;
+    int state;               /* enum store_outbox_state */
+    uint32_t attempts;       /* failed attempts so far */
+    double next_attempt_at;  /* unix seconds; NaN: NULL */
+    int http_status;         /* of the last attempt; 0: NULL */
+    char last_error[STORE_OUTBOX_ERROR_MAX]; /* "" : NULL */
+};
+
 struct store_item {
     struct store_item *next; /* queue link: the store's while queued */
     enum store_item_kind kind;
@@ -206,6 +233,7 @@ struct store_item {
         struct store_spool_done spool_done;
         struct store_monitor monitor;
         struct store_silence silence;
+        struct store_outbox_outcome outbox;
     };
 };
 
@@ -272,6 +300,14 @@ size_t store_take_results(struct store *s, struct store_result **out);
 /* Replaces the notify callback (NULL detaches it; after this returns the
  * old callback is not running and will not be called again). Any thread. */
 void store_set_notify(struct store *s, void (*notify)(void *ctx), void *ctx);
+
+/* Outbox: names (n <= STATS_MAX_TARGETS, copied) of the targets that get
+ * a row per to_firing / to_resolved transition from now on, and
+ * announce(ctx, max_id), called on the writer thread without blocking after
+ * a COMMIT that inserted outbox rows (announce_fn NULL: none). Call before the monitor
+ * stage submits anything (main thread, at startup). */
+void store_set_pager(struct store *s, const char *const *targets, size_t n,
+                     void (*announce_fn)(void *ctx, int64_t max_id), void *ctx);
 
 /* While serving is 1, the writer restores stats->ready to 1 after a commit
  * failure clears; main sets it once the daemon is ready and clears it when

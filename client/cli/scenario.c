@@ -126,7 +126,8 @@ static double healthy_lr(const struct sim_params *p, uint64_t step)
 /* The healthy schedule, x LR_SPIKE from the fault step on. */
 static double spike_lr(const struct sim_params *p, uint64_t step)
 {
-    return healthy_lr(p, step) * (step >= p->fault_step ? LR_SPIKE : 1.0);
+    int on = step >= p->fault_step && (!p->fault_until || step < p->fault_until);
+    return healthy_lr(p, step) * (on ? LR_SPIKE : 1.0);
 }
 
 double sim_step_sd(const struct scenario *sc, const struct sim_params *p, uint64_t step)
@@ -144,7 +145,7 @@ static double diverging(const struct sim_params *p, uint64_t step)
 {
     uint64_t d = p->diverge_step;
 
-    if (d == SIM_NEVER || step + SIM_DIVERGE_LEAD < d)
+    if (d == SIM_NEVER || step + SIM_DIVERGE_LEAD < d || (p->fault_until && step >= p->fault_until))
         return 1.0;
     if (step >= d + SIM_DIVERGE_NAN_AFTER)
         return NAN;
@@ -190,7 +191,7 @@ static double numerics_share(const struct sim_params *p, uint64_t onset, uint64_
 {
     double x;
 
-    if (t < onset)
+    if (t < onset || (p->fault_until && t >= p->fault_until))
         return 0;
     x = (double)(t - onset + 1) / (double)(p->ramp ? p->ramp : 1);
     return SIM_FAULT_A_MAX * (x < 1 ? x : 1);
@@ -328,7 +329,7 @@ static int router_overshoot(const struct scenario *sc, const struct sim_params *
     double *mean, *dir, scale = 1.0 / sqrt((double)d);
     int rc = router_walk(sc, p, rng, layer, step, wr, experts, d);
 
-    if (rc < 0 || step < p->fault_step)
+    if (rc < 0 || step < p->fault_step || (p->fault_until && step >= p->fault_until))
         return rc;
     mean = calloc(2 * d, sizeof(*mean));
     if (!mean)

@@ -31,7 +31,7 @@
 
 struct sim_settings {
     const char *endpoint, *run, *scenario, *token, *moe_layers;
-    uint64_t steps, seed, fault_step, diverge_after;
+    uint64_t steps, seed, fault_step, diverge_after, fault_until;
     uint32_t ranks, attempt, layers, heads, dh, d, sketch_every, window, replay_mb;
     uint32_t experts, top_k, tokens;
     double rate, flush_timeout;
@@ -63,6 +63,7 @@ static const struct opt sim_opts[] = {
     {.name = "scenario", .kind = OPT_STR, .offset = offsetof(struct sim_settings, scenario),
      .arg = "NAME", .help = "healthy (default), attention-numerics, lr-spike or combined (below)"},
     O("fault-step", OPT_U64, fault_step, "S", "faulty scenarios: first faulty step (default 40% of --steps)", 0, SIM_MAX_STEPS),
+    O("fault-until", OPT_U64, fault_until, "S", "faulty scenarios: the fault stops at step S (healthy again; alerts resolve; default never)", 1, SIM_MAX_STEPS),
     O("diverge-after", OPT_U64, diverge_after, "N", "faulty scenarios: steps from the fault to diverge_step (default max(30% of the steps after the fault, 6 K))", 1, SIM_MAX_STEPS),
     O("experts", OPT_U32, experts, "E", "MoE experts per router, 0 = dense (default 0; 8 for lr-spike, combined)", 0, FSC_MAX_EXPERTS),
     O("top-k", OPT_U32, top_k, "TOPK", "experts each token is routed to (default 2)", 1, FSC_MAX_EXPERTS),
@@ -83,7 +84,7 @@ static const struct command_help sim_help = {
     .usage = "foreshock simulate --run ID [--endpoint HOST:PORT] [--ranks N] [--steps M] "
              "[--attempt A] [--layers L] [--heads H] [--dh DH] [--d D] [--sketch-every K] "
              "[--window W] [--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
-             "[--scenario NAME] [--fault-step S] [--diverge-after N] [--experts E] [--top-k TOPK] "
+             "[--scenario NAME] [--fault-step S] [--fault-until S] [--diverge-after N] [--experts E] [--top-k TOPK] "
              "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms]",
     .summary =
         "Simulate N trainer ranks streaming to foreshockd. Per step: loss, grad norm, lr, loss\n"
@@ -410,6 +411,14 @@ int cmd_simulate(int argc, char **argv)
                             .tokens = s.tokens, .moe = moe};
     if (rc == 0 && sim_params_resolve(sc, &p, s.fault_step, s.diverge_after, err, sizeof(err)) < 0)
         rc = CLI_USAGE;
+    if (rc == 0 && s.fault_until) {
+        if (!sc->faulty || s.fault_until <= p.fault_step) {
+            snprintf(err, sizeof(err), "--fault-until needs a faulty scenario and a step after "
+                     "the fault step %" PRIu64, p.fault_step);
+            rc = CLI_USAGE;
+        }
+        p.fault_until = s.fault_until;
+    }
     /* Layer norms add series per layer: opt-in for the healthy default, so
      * its output stays what earlier versions sent; on for the faults. */
     p.layer_norms = s.layer_norms || (sc && sc->faulty);

@@ -66,6 +66,7 @@ struct sim_params {
     int layer_norms;               /* send per-layer |W| and update ratio */
     uint64_t fault_step;           /* first faulty step, SIM_NEVER for none */
     uint64_t diverge_step;         /* first step with loss > 10x healthy or NaN (may be >= steps) */
+    uint64_t fault_until;          /* first healthy step after the fault; 0: it never stops */
     uint32_t ramp;                 /* steps a fault takes to reach full strength */
     uint32_t experts, top_k;       /* experts 0: dense model, no router */
     uint32_t tokens;               /* routed tokens per rank, MoE layer and step */

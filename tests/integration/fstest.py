@@ -239,3 +239,134 @@ def report(pb, seq, step, loss=None):
     r.scalars.loss = 1.0 / (1 + step) if loss is None else loss
     r.scalars.grad_norm = 1.0
     return f
+
+
+# --- paging: an HTTP receiver in this process, scalar alerts, the database -----
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 (ephemeral port) in a thread of the test
+    process that records every request. `respond(req)` returns the status
+    for a request (a dict with method, path, headers, body, json); the
+    default answers 200. Stop it with close() (also on failure: use it in a
+    `with` block)."""
+
+    def __init__(self, respond=None):
+        import http.server
+        import threading
+        self.requests = []
+        self.lock = threading.Lock()
+        self.respond = respond or (lambda req: 200)
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n)
+                try:
+                    doc = json.loads(body)
+                except ValueError:
+                    doc = None
+                req = {"method": "POST", "path": self.path, "headers": dict(self.headers),
+                       "body": body, "json": doc, "time": time.time()}
+                status = outer.respond(req)
+                req["status"] = status
+                with outer.lock:
+                    outer.requests.append(req)
+                out = b'{"status":"ok"}' if status < 400 else b'{"error":"test says no"}'
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.requests)
+
+    def wait_for(self, pred, timeout=60, what="requests"):
+        """Polls until pred(list of requests) is true; returns the list."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            reqs = self.snapshot()
+            if pred(reqs):
+                return reqs
+            time.sleep(0.05)
+        raise Failure(f"receiver: timed out waiting for {what}; got {len(self.snapshot())}: "
+                      + repr([(r['path'], r['status'], r['body'][:300]) for r in self.snapshot()][-5:]))
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def send_losses(pb, port, run, losses, first_step=0):
+    """Streams rank-0 reports of run `run` with the given loss values (one
+    per step from first_step; NaN fires the non-finite loss rule at once,
+    five normal ones after it resolve it) and waits for the last Ack.
+    Resumes the stream's seq from Welcome. Returns the next step."""
+    c = RawConn(pb, port)
+    try:
+        c.send(hello(pb, run))
+        w = c.recv()
+        check(w is not None and w.HasField("welcome"), f"no Welcome: {w}")
+        seq = w.welcome.last_seq
+        step = first_step
+        for loss in losses:
+            seq += 1
+            c.send(report(pb, seq, step, loss=loss))
+            step += 1
+        while True:
+            f = c.recv()
+            check(f is not None, "connection closed before the last Ack")
+            if f.HasField("ack") and f.ack.seq >= seq:
+                return step
+    finally:
+        c.close()
+
+
+def db_rows(db, sql, args=()):
+    """Rows of a read-only query on the daemon's database (WAL: beside it)."""
+    import sqlite3
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        return con.execute(sql, args).fetchall()
+    finally:
+        con.close()
+
+
+def db_exec(db, sql, args=()):
+    """One write on the daemon's database beside it (tests only: silences)."""
+    import sqlite3
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        with con:
+            con.execute(sql, args)
+    finally:
+        con.close()
+
+
+def wait_until(pred, timeout=60, what="condition", interval=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise Failure(f"timed out waiting for {what}")

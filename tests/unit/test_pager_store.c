@@ -1,0 +1,246 @@
+/* The outbox side of the writer (store.c): rows inserted in the
+ * transition's transaction, one per target, announced after COMMIT; no rows
+ * without a paging transition; STORE_ITEM_OUTBOX outcomes update them. And
+ * the [target "NAME"] config section (pager.c). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pager.h"
+#include "store.h"
+
+struct fixture {
+    char dir[64];
+    char path[128];
+    struct fs_stats stats;
+    struct store *s;
+};
+
+static void fx_open(struct fixture *f)
+{
+    memset(f, 0, sizeof(*f));
+    snprintf(f->dir, sizeof(f->dir), "/tmp/fs-pager-XXXXXX");
+    cr_assert_not_null(mkdtemp(f->dir));
+    snprintf(f->path, sizeof(f->path), "%s/t.db", f->dir);
+    struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 24,
+                           .batch_max_items = 16, .spool_max_bytes = 1 << 24,
+                           .stats = &f->stats};
+    char err[512] = "";
+    cr_assert_eq(store_open(f->path, &o, &f->s, err, sizeof(err)), 0, "%s", err);
+}
+
+static void fx_fini(struct fixture *f)
+{
+    store_close(f->s);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+static int64_t q1(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st;
+    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s: %s", sql,
+                 sqlite3_errmsg(db));
+    cr_assert_eq(sqlite3_step(st), SQLITE_ROW, "%s: no row", sql);
+    int64_t v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+static int64_t run_id(struct fixture *f)
+{
+    struct store_item *it = store_item_new(STORE_ITEM_HELLO);
+    it->conn_id = 1;
+    snprintf(it->hello.run, sizeof(it->hello.run), "r1");
+    it->hello.world_size = 1;
+    cr_assert_eq(store_submit(f->s, it), 0);
+    store_flush(f->s);
+    struct store_result *r;
+    size_t n = store_take_results(f->s, &r);
+    cr_assert_eq(n, 1);
+    int64_t id = r[0].run_id;
+    free(r);
+    return id;
+}
+
+/* One alert row; change NULL = no transition. */
+static struct store_item *alert_item(int64_t run, int to_state, const char *change)
+{
+    struct store_item *it = store_item_new(STORE_ITEM_MONITOR);
+    struct store_monitor *m = &it->monitor;
+    m->run_id = run;
+    m->time = 100;
+    m->n_alerts = 1;
+    m->alerts = calloc(1, sizeof(*m->alerts));
+    struct store_alert_row *a = &m->alerts[0];
+    a->series = (struct store_series_key){.name = "loss", .layer = -1, .head = -1, .window = 0,
+                                          .rank = 0};
+    snprintf(a->rule, sizeof(a->rule), "loss");
+    snprintf(a->alert_key, sizeof(a->alert_key), "run=r1,rule=loss,rank=0");
+    snprintf(a->dedup_key, sizeof(a->dedup_key), "fs-00000000000000aa");
+    a->state = to_state;
+    a->severity = "critical";
+    a->family = "scalar_loss";
+    a->attribution = "non-finite";
+    a->value = a->median = a->mad = a->z = NAN;
+    a->first_breach_step = a->fired_step = a->resolved_step = -1;
+    a->last_step = 5;
+    a->blob_len = 1;
+    a->has_event = change != NULL;
+    a->change = change;
+    a->from_state = 1;
+    a->to_state = to_state;
+    a->event_step = 5;
+    a->evidence_json = strdup("{}");
+    return it;
+}
+
+struct announced {
+    atomic_llong max;
+    atomic_int calls;
+};
+
+static void on_announce(void *ctx, int64_t max_id)
+{
+    struct announced *a = ctx;
+    atomic_store(&a->max, max_id);
+    atomic_fetch_add(&a->calls, 1);
+}
+
+Test(pager_store, outbox_rows_per_target_with_the_transition)
+{
+    struct fixture f;
+    fx_open(&f);
+    struct announced an = {0};
+    const char *names[] = {"am", "pd"};
+    store_set_pager(f.s, names, 2, on_announce, &an);
+    int64_t run = run_id(&f);
+    struct {
+        int to_state;
+        const char *change;
+        int64_t rows_after; /* outbox rows in total */
+    } steps[] = {
+        {1, "to_pending", 0},  /* not paged */
+        {2, "to_firing", 2},   /* a trigger per target */
+        {2, NULL, 2},          /* no transition */
+        {3, "to_resolved", 4}, /* a resolve per target */
+        {0, "to_inactive", 4},
+    };
+    sqlite3 *db;
+    char err[256];
+    cr_assert_eq(store_open_readonly(f.path, &db, err, sizeof(err)), 0, "%s", err);
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        int calls = atomic_load(&an.calls);
+        cr_assert_eq(store_submit(f.s, alert_item(run, steps[i].to_state, steps[i].change)), 0);
+        store_flush(f.s);
+        cr_expect_eq(q1(db, "SELECT count(*) FROM outbox"), steps[i].rows_after, "step %zu", i);
+        int grew = i > 0 && steps[i].rows_after > steps[i - 1].rows_after;
+        cr_expect_eq(atomic_load(&an.calls), calls + grew, "step %zu: announce calls", i);
+        if (grew)
+            cr_expect_eq(atomic_load(&an.max), q1(db, "SELECT max(id) FROM outbox"));
+    }
+    cr_expect_eq(q1(db, "SELECT count(*) FROM outbox o JOIN alert_events e ON e.id = o.event_id "
+                        "WHERE (o.kind = 1 AND e.change = 'to_firing') OR "
+                        "(o.kind = 2 AND e.change = 'to_resolved')"),
+                 4, "rows name their transition");
+    cr_expect_eq(q1(db, "SELECT count(*) FROM outbox WHERE state = 0 AND attempts = 0 AND "
+                        "severity = 'critical' AND attribution = 'non-finite' AND "
+                        "target IN ('am', 'pd')"),
+                 4);
+
+    /* Outcomes through the writer. */
+    struct store_item *it = store_item_new(STORE_ITEM_OUTBOX);
+    it->outbox = (struct store_outbox_outcome){.outbox_id = 1, .state = STORE_OUTBOX_PENDING,
+                                               .attempts = 2, .next_attempt_at = 12345.5,
+                                               .http_status = 503};
+    snprintf(it->outbox.last_error, sizeof(it->outbox.last_error), "HTTP 503: busy");
+    cr_assert_eq(store_submit(f.s, it), 0);
+    it = store_item_new(STORE_ITEM_OUTBOX);
+    it->outbox = (struct store_outbox_outcome){.outbox_id = 2, .state = STORE_OUTBOX_DELIVERED,
+                                               .next_attempt_at = NAN, .http_status = 202};
+    cr_assert_eq(store_submit(f.s, it), 0);
+    store_flush(f.s);
+    cr_expect_eq(q1(db, "SELECT state = 0 AND attempts = 2 AND next_attempt_at = 12345.5 AND "
+                        "last_status = 503 AND last_error = 'HTTP 503: busy' AND done_at IS NULL "
+                        "FROM outbox WHERE id = 1"),
+                 1);
+    cr_expect_eq(q1(db, "SELECT state = 1 AND next_attempt_at IS NULL AND last_error IS NULL AND "
+                        "done_at IS NOT NULL FROM outbox WHERE id = 2"),
+                 1);
+    sqlite3_close(db);
+    fx_fini(&f);
+}
+
+Test(pager_store, no_targets_no_rows)
+{
+    struct fixture f;
+    fx_open(&f);
+    int64_t run = run_id(&f);
+    cr_assert_eq(store_submit(f.s, alert_item(run, 2, "to_firing")), 0);
+    store_flush(f.s);
+    sqlite3 *db;
+    char err[256];
+    cr_assert_eq(store_open_readonly(f.path, &db, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM outbox"), 0);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM alert_events"), 1);
+    sqlite3_close(db);
+    fx_fini(&f);
+}
+
+/* [target "NAME"] sections: accepted and refused configurations. */
+Test(pager_store, target_config_table)
+{
+    static const struct {
+        const char *text;
+        int ok;
+        const char *has; /* in the message */
+    } cases[] = {
+        {"[target \"a\"]\ntype = alertmanager\nurl = http://am:9093\n", 1, NULL},
+        {"[target \"p\"]\ntype = pagerduty\nrouting_key = k\n", 1, NULL},
+        {"[target \"w\"]\ntype = webhook\nurl = https://h/x\nsecret = s\nmatch = run=~gpt-.*\n"
+         "min_severity = critical\ntimeout = 3\n",
+         1, NULL},
+        {"[target \"w\"]\nurl = http://h/\n", 0, "'type' is required"},
+        {"[target \"w\"]\ntype = webhook\n", 0, "'url' is required"},
+        {"[target \"w\"]\ntype = webhook\nurl = ftp://h/\n", 0, "http://"},
+        {"[target \"p\"]\ntype = pagerduty\n", 0, "routing_key"},
+        {"[target \"a\"]\ntype = alertmanager\nurl = http://h\nsecret = x\n", 0, "webhook targets"},
+        {"[target \"w\"]\ntype = webhook\nurl = http://h\nmatch = run=~(\n", 0, "match:"},
+        {"[target \"w\"]\ntype = webhook\nurl = http://h\nbackoff_initial = 10\nbackoff_max = 1\n",
+         0, "backoff_initial"},
+        {"[target \"w\"]\ntype = teams\n", 0, "not one of"},
+        {"[target \"w\"]\ntype = webhook\nurl = http://h\nbogus = 1\n", 0, "unknown key"},
+        {"[target]\ntype = webhook\n", 0, "needs a name"},
+        {"[target \"a b\"]\ntype = webhook\n", 0, "letters"},
+        {"[target \"a\"]\ntype = webhook\nurl = http://h\n[target \"a\"]\n", 0, "twice"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct fs_config cfg;
+        config_defaults(&cfg);
+        static struct pager_config pc;
+        memset(&pc, 0, sizeof(pc));
+        struct config_section sec;
+        pager_target_section(&pc, &sec);
+        struct config_error err = {0};
+        int rc = config_parse(cases[i].text, strlen(cases[i].text), "t.conf", &cfg, &sec, 1, &err);
+        char msg[sizeof(err.message)] = "";
+        if (rc == 0)
+            rc = pager_config_check(&pc, msg, sizeof(msg));
+        else
+            snprintf(msg, sizeof(msg), "%s", err.message);
+        if (cases[i].ok) {
+            cr_expect_eq(rc, 0, "case %zu: %s", i, msg);
+            cr_expect_eq(pc.n, 1u, "case %zu", i);
+        } else {
+            cr_expect_eq(rc, -EINVAL, "case %zu accepted", i);
+            cr_expect(strstr(msg, cases[i].has) != NULL, "case %zu: '%s' lacks '%s'", i, msg,
+                      cases[i].has);
+        }
+    }
+}
