@@ -115,6 +115,25 @@ class Daemon:
         check(status == expect, f"GET {path}: status {status}, expected {expect}: {body[:500]!r}")
         return json.loads(body)
 
+    def request(self, method, path, body=None, token=None, expect=200):
+        """An HTTP request with an optional JSON body and bearer token;
+        checks the status code and returns the JSON document (None if the
+        reply has no body)."""
+        data = json.dumps(body).encode() if body is not None else None
+        r = urllib.request.Request(self.url(path), data=data, method=method)
+        if data is not None:
+            r.add_header("Content-Type", "application/json")
+        if token is not None:
+            r.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(r, timeout=30) as resp:
+                status, out = resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            status, out = e.code, e.read()
+        check(status == expect,
+              f"{method} {path}: status {status}, expected {expect}: {out[:500]!r}")
+        return json.loads(out) if out else None
+
     def kill(self):
         """SIGKILL: the crash case."""
         os.kill(self.proc.pid, signal.SIGKILL)

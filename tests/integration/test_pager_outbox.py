@@ -6,28 +6,33 @@
    accepting, the daemon restarts on the same database: the page is
    delivered (outbox state 1) and its X-Foreshock-Signature verifies with
    Python's hmac over the body; the resolve follows.
-2. Silences (rows inserted into the silences table beside the running
-   daemon, WAL): a matching trigger is held (outbox state 3, nothing sent);
-   expiring the silence (ends_at moved to the past) while the alert still
-   fires sends it; an alert that resolves while silenced sends nothing at
-   all (both rows state 4).
+2. Silences, created and expired through the HTTP API (POST
+   /api/v1/silences, the per-run maintenance silence, DELETE): a matching
+   trigger is held (outbox state 3, nothing sent, the alert is stored and
+   lists the silence in silenced_by, /metrics counts it); expiring the
+   silence while the alert still fires sends it; an alert that resolves
+   while silenced sends nothing at all (both rows state 4).
 Alerts come from the non-finite loss rule: a NaN loss fires at once, five
 normal samples resolve it."""
 import hashlib
 import hmac
 import json
 import os
+import re
 import time
 
-from fstest import (Daemon, Receiver, check, db_exec, db_rows, proto_module, run_main,
+from fstest import (Daemon, Receiver, check, db_rows, proto_module, run_main,
                     send_losses, wait_until)
 
 SECRET = "s3cr3t-key"
+TOKEN = "write-token-for-tests"
 NAN = float("nan")
 NORMAL = [0.5] * 5
 RESOLVE = [0.5] * 8
 
 CONFIG = """
+http_write_token = {token}
+
 [target "hook"]
 type = webhook
 url = {url}/hook
@@ -50,6 +55,12 @@ def of_run(reqs, run, status=None):
             and (status is None or r["json"]["status"] == status)]
 
 
+def urllib_get(url):
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read().decode()
+
+
 def verify_signature(req):
     h = {k.lower(): v for k, v in req["headers"].items()}
     sig = h.get("x-foreshock-signature", "")
@@ -65,7 +76,7 @@ def test(args, workdir):
     with Receiver(lambda req: 200 if accepting["on"] else 503) as rx:
         conf = os.path.join(workdir, "foreshockd.conf")
         with open(conf, "w") as f:
-            f.write(CONFIG.format(url=rx.url, secret=SECRET))
+            f.write(CONFIG.format(url=rx.url, secret=SECRET, token=TOKEN))
         try:
             d = Daemon(args.build_dir, workdir, config=conf)
             daemons.append(d)
@@ -114,13 +125,15 @@ def test(args, workdir):
                        what="both rows delivered")
 
             # --- 2. silences ---------------------------------------------------------
-            now = time.time()
-            for run in ("quiet", "brief"):
-                db_exec(db, "INSERT INTO silences (matchers_json, starts_at, ends_at, created_by, "
-                            "comment, created_at, updated_at) VALUES (?, ?, ?, 'test', 'test', ?, ?)",
-                        (json.dumps([{"name": "run", "value": run},
-                                     {"name": "signature", "value": "non-.*", "isRegex": True}]),
-                         now - 1, now + 3600, now, now))
+            quiet = d.request("POST", "/api/v1/silences", token=TOKEN, expect=201, body={
+                "matchers": [{"name": "run", "value": "quiet"},
+                             {"name": "signature", "value": "non-.*", "isRegex": True}],
+                "duration": "1h", "createdBy": "test", "comment": "held"})["silence"]
+            brief = d.request("POST", "/api/v1/runs/brief/maintenance", token=TOKEN,
+                              expect=201, body={"duration": "1h", "createdBy": "test",
+                                                "comment": "planned restart"})["silence"]
+            check(quiet["status"]["state"] == "active" and brief["status"]["state"] == "active",
+                  f"silences not active: {quiet} {brief}")
             # Committed before the alerts fire: the pager reads silences
             # afresh before a trigger, so they hold these.
             step_q = send_losses(pb, d.ingest_port, "quiet", NORMAL + [NAN])
@@ -133,9 +146,15 @@ def test(args, workdir):
             send_losses(pb, d.ingest_port, "brief", RESOLVE, first_step=step_b)
             wait_until(lambda: [r[2] for r in outbox(db, "brief")] == [4, 4],
                        what="brief's rows skipped")
+            # Stored, not paged: the alert is there and names its silence.
+            al = d.get("/api/v1/alerts?run=quiet")["alerts"]
+            check(len(al) == 1 and al[0]["state"] == "firing"
+                  and al[0]["silenced_by"] == [quiet["id"]], f"quiet's alert: {al}")
+            m = re.search(r'^foreshock_pages_silenced_total\{[^}]*target="hook"[^}]*\} (\d+)',
+                          urllib_get(d.url("/metrics")), re.M)
+            check(m is not None and int(m.group(1)) >= 2, f"pages_silenced_total: {m}")
             # Expire "quiet"'s silence while it still fires: its trigger goes out.
-            db_exec(db, "UPDATE silences SET ends_at = ?, updated_at = ? WHERE matchers_json "
-                        "LIKE '%quiet%'", (time.time() - 0.1, time.time()))
+            d.request("DELETE", f"/api/v1/silences/{quiet['id']}", token=TOKEN)
             reqs = rx.wait_for(lambda rs: of_run(rs, "quiet", "firing"),
                                what="the trigger after the silence expired")
             verify_signature(of_run(reqs, "quiet", "firing")[0])
