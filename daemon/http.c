@@ -35,6 +35,7 @@
 #include "http_parse.h"
 #include "log.h"
 #include "metrics.h"
+#include "page_format.h" /* PAGE_MAX_LABELS: the pager's label set */
 #include "silence.h"
 #include "store.h"
 
@@ -1458,9 +1459,9 @@ static int h_points(struct ctx *c)
 /* --- silences of alerts ------------------------------------------------------------
  * "silenced_by" in ALERT documents: the ids of the active silences whose
  * matchers match the alert's label set (the one the pager sends):
- * alertname (the rule), run, severity, family, signature (the
- * attribution), and layer, head, window, rank where the alert has that
- * scope. */
+ * alertname (the rule), run, severity, family, signature and attribution
+ * (both the attribution), and layer, head, window, rank where the alert
+ * has that scope (page_format.h, page_labels). */
 struct silence_set {
     size_t n;
     struct silence *v; /* n parsed silences (regexes compiled) */
@@ -1547,13 +1548,14 @@ static json_t *silenced_by_json(sqlite3_stmt *st, const struct silence_set *ss)
     } scopes[] = {{"layer", AC_LAYER, 0}, {"head", AC_HEAD, 0}, {"window", AC_WINDOW, 1},
                   {"rank", AC_RANK, 0}};
     char num[4][24];
-    struct silence_label l[9];
+    struct silence_label l[PAGE_MAX_LABELS];
     size_t n = 0;
     l[n++] = (struct silence_label){"alertname", col_cstr(st, AC_RULE)};
     l[n++] = (struct silence_label){"run", col_cstr(st, AC_RUN)};
     l[n++] = (struct silence_label){"severity", col_cstr(st, AC_SEVERITY)};
     l[n++] = (struct silence_label){"family", col_cstr(st, AC_FAMILY)};
     l[n++] = (struct silence_label){"signature", col_cstr(st, AC_ATTRIBUTION)};
+    l[n++] = (struct silence_label){"attribution", col_cstr(st, AC_ATTRIBUTION)};
     for (size_t i = 0; i < sizeof scopes / sizeof scopes[0]; i++) {
         int64_t v = sqlite3_column_int64(st, scopes[i].col);
         if (sqlite3_column_type(st, scopes[i].col) == SQLITE_NULL || v < scopes[i].min)

@@ -26,8 +26,9 @@
 
 /* Label names an alert carries (the same set the pager sends to
  * Alertmanager): alertname (the rule), run, severity, family, signature
- * (the alert's attribution, e.g. attention-numerics), and layer, head,
- * window, rank where the alert has that scope. */
+ * and attribution (both the alert's attribution, e.g. attention-numerics),
+ * and layer, head, window, rank where the alert has that scope
+ * (page_format.c, page_labels, builds it). */
 struct silence_label {
     const char *name;
     const char *value;
