@@ -60,6 +60,7 @@ Foreshock is running (daemon pid $pid, log $log, database build/demo/foreshock.d
              build/foreshock --http $HTTP series --run $RUN
              build/foreshock --http $HTTP alerts --run $RUN
   Health:    curl http://$HTTP/readyz
+  Metrics:   curl http://$HTTP/metrics
 MSG
 if [ "${FORESHOCK_DEMO_ONCE:-0}" = 1 ]; then
   exit 0
