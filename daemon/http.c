@@ -1,4 +1,9 @@
 /* The HTTP API: libmicrohttpd in front of read-only SQLite connections.
+ * This file: server lifecycle, the read-connection pool, the request state
+ * machine, dispatch (route table, methods, auth, parameters) and the small
+ * routes (/healthz, /readyz, /metrics, the dashboard); the other routes'
+ * handlers are in http_runs.c, http_alerts.c and http_silences.c
+ * (http_internal.h lists the files).
  *
  * Shape of a request (all on one libmicrohttpd pool thread):
  *   on_request (1st call: allocate per-request state only)
@@ -13,266 +18,16 @@
 
 #include "http.h"
 
-#include <errno.h>
-#include <inttypes.h>
-#include <math.h>
 #include <netdb.h>
-#include <pthread.h>
 #include <stdarg.h>
-#include <stdbool.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 
-#include <jansson.h>
-#include <microhttpd.h>
-#include <sqlite3.h>
-
-#include "alert.h" /* pinned state numbers only: fs_http does not link fs_monitor */
-#include "dashboard.h"
+#include "http_internal.h"
 #include "http_parse.h"
-#include "log.h"
-#include "metrics.h"
+#include "store.h"
+#include "alert.h" /* pinned state numbers only: fs_http does not link fs_monitor */
 #include "page_format.h" /* PAGE_MAX_LABELS: the pager's label set */
 #include "silence.h"
-#include "store.h"
-
-/* --- limits ---------------------------------------------------------------- */
-#define HTTP_CONNECTION_TIMEOUT_S 30u        /* idle keep-alive connections closed after */
-#define HTTP_CONNECTION_MEMORY_BYTES (32u * 1024u) /* per connection: request line + headers */
-/* Request bodies: POST bodies are kept up to this (routes that take one
- * parse them as JSON), others are read and discarded up to it. A larger
- * Content-Length gets 413 before the body is read; a chunked body that grows
- * past it closes the connection. */
-#define HTTP_MAX_BODY_BYTES (16u * 1024u)
-#define HTTP_WRITE_WAIT_MS 10000u            /* waiting for the writer to commit; then 503 */
-#define HTTP_MAX_ACTIVE_SILENCES 256         /* active silences matched against alerts */
-#define HTTP_MAX_AUTH_HEADER 1024u           /* Authorization header bytes looked at */
-#define HTTP_MAX_PARAM_LEN 256u              /* bytes of one query value or path segment */
-#define HTTP_MAX_PARAMS 16u                  /* query parameters accepted by one route */
-#define HTTP_MAX_CAPTURES 2u                 /* '*' segments in one route pattern */
-#define HTTP_DB_BUSY_TIMEOUT_MS 5000         /* sqlite3_busy_timeout on read connections */
-#define HTTP_DB_CHECKOUT_TIMEOUT_MS 5000     /* waiting for a free read connection; then 503 */
-#define HTTP_MAX_MODEL_JSON_BYTES (64u * 1024u) /* runs.model_json larger than this is shown as null */
-#define HTTP_MAX_STREAMS_DETAIL 65536        /* streams listed in /runs/{run}; "streams" has the count */
-#define HTTP_MAX_URL_ECHO 128u               /* bytes of a path echoed in a 404 message */
-#define HTTP_MAX_QUERY_VALUES 32u            /* query values kept per request, repeats included */
-#define HTTP_MAX_REPEATABLE 2u               /* parameters of one route that may be repeated */
-#define HTTP_MAX_ALERT_HISTORY 1000          /* latest transitions shown in /alerts/{id} */
-#define HTTP_MAX_EVIDENCE_JSON_BYTES 4096u   /* alert_events.evidence_json larger: shown as null */
-#define HTTP_MAX_ALERT_STATE_ARMS 4          /* one index range per state in a state filter */
-
-#define LOG_MOD "http"
-
-/* --- prepared statements, cached per read connection ---------------------------- */
-
-enum stmt_id {
-    STMT_BEGIN,
-    STMT_COMMIT,
-    STMT_ROLLBACK,
-    STMT_READY,
-    STMT_RUNS_PAGE,
-    STMT_RUN_BY_NAME,
-    STMT_RUN_STREAMS,
-    STMT_RUN_ID,
-    STMT_SERIES_BY_NAME,
-    STMT_SERIES_FILTER,
-    STMT_SERIES_ONE,
-    STMT_POINTS_PAGE,
-    STMT_POINTS_SPAN,
-    STMT_POINTS_BUCKETS,
-    STMT_RUN_COUNTS,
-    STMT_ALERTS_ALL,
-    STMT_ALERTS_RUN,
-    STMT_ALERTS_STATE,
-    STMT_ALERTS_RUN_STATE,
-    STMT_ALERT_ONE,
-    STMT_ALERT_HISTORY,
-    STMT_INCOMPLETE_FIRST,
-    STMT_INCOMPLETE_AFTER,
-    STMT_SILENCE_ONE,
-    STMT_SILENCES_PAGE,
-    STMT_SILENCES_ACTIVE,
-    STMT__COUNT
-};
-
-#define RUN_COLUMNS                                                                      \
-    "r.id, r.name, r.created_at, r.last_seen_at, r.world_size, r.detect_from_step, "     \
-    "r.last_step, r.reports, r.model_json, "                                             \
-    "(SELECT count(*) FROM streams s WHERE s.run_id = r.id), "                           \
-    "(SELECT count(*) FROM series x WHERE x.run_id = r.id)"
-
-#define SERIES_COLUMNS                                                                   \
-    "s.id, s.name, s.layer, s.head, s.\"window\", s.rank, s.points, s.first_step, "      \
-    "s.last_step"
-
-/* Column positions shared by every statement that selects RUN_COLUMNS or
- * SERIES_COLUMNS first. */
-enum { RC_ID, RC_NAME, RC_CREATED, RC_SEEN, RC_WORLD, RC_DETECT, RC_LAST_STEP, RC_REPORTS,
-       RC_MODEL, RC_STREAMS, RC_SERIES };
-enum { SC_ID, SC_NAME, SC_LAYER, SC_HEAD, SC_WINDOW, SC_RANK, SC_POINTS, SC_FIRST, SC_LAST,
-       SC_RUN_NAME };
-
-#define ALERT_COLUMNS                                                                    \
-    "a.id, r.name, a.rule, a.state, a.severity, a.family, a.attribution, a.layer, "      \
-    "a.head, a.\"window\", a.rank, a.dedup_key, a.alert_key, a.value, a.median, a.mad, " \
-    "a.z, a.first_breach_step, a.fired_step, a.resolved_step, a.last_step, a.incidents, " \
-    "a.created_at, a.updated_at, a.series_id"
-
-enum { AC_ID, AC_RUN, AC_RULE, AC_STATE, AC_SEVERITY, AC_FAMILY, AC_ATTRIBUTION, AC_LAYER,
-       AC_HEAD, AC_WINDOW, AC_RANK, AC_DEDUP, AC_KEY, AC_VALUE, AC_MEDIAN, AC_MAD, AC_Z,
-       AC_FIRST_BREACH, AC_FIRED, AC_RESOLVED, AC_LAST_STEP, AC_INCIDENTS, AC_CREATED,
-       AC_UPDATED, AC_SERIES };
-
-/* Alert listings share their parameters (bound by h_alerts):
- *   ?1 run id, ?2 ids below this (keyset, newest first), ?3..?6 one state
- *   per arm (NULL: arm unused), ?7 severity, ?8 attribution, ?9 rule,
- *   ?10 layer, ?11 head, ?12 window, ?13 rank, ?14/?15 updated_at range,
- *   ?16/?17 first_breach_step range, ?18 rows wanted (limit + 1).
- * CROSS JOIN keeps alerts the outer loop, so the index order is the output
- * order and no sort happens. */
-#define ALERTS_FROM " FROM alerts a CROSS JOIN runs r ON r.id = a.run_id "
-#define ALERTS_POST                                                                       \
-    "AND (?7 IS NULL OR a.severity = ?7) AND (?8 IS NULL OR a.attribution = ?8) "          \
-    "AND (?9 IS NULL OR a.rule = ?9) AND (?10 IS NULL OR a.layer = ?10) "                  \
-    "AND (?11 IS NULL OR a.head = ?11) AND (?12 IS NULL OR a.\"window\" = ?12) "           \
-    "AND (?13 IS NULL OR a.rank = ?13) "                                                  \
-    "AND (?14 IS NULL OR a.updated_at >= ?14) AND (?15 IS NULL OR a.updated_at <= ?15) "   \
-    "AND (?16 IS NULL OR a.first_breach_step >= ?16) "                                    \
-    "AND (?17 IS NULL OR a.first_breach_step <= ?17) "
-#define ALERTS_ORDER "ORDER BY a.id DESC LIMIT ?18"
-/* A state filter is a union of states: IN (...) on alerts_by_state would
- * sort every matching row, so each state is its own index range, already
- * in id order, at most ?18 rows, and the arms are merged (MERGE (UNION
- * ALL): each arm sorts at most ?18 rows). */
-#define ALERTS_ARM(run, n)                                                                \
-    "SELECT * FROM (SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE " run "a.state = ?" n        \
-    " AND a.id < ?2 " ALERTS_POST ALERTS_ORDER ")"
-#define ALERTS_ARMS(run)                                                                  \
-    ALERTS_ARM(run, "3") " UNION ALL " ALERTS_ARM(run, "4") " UNION ALL "                   \
-    ALERTS_ARM(run, "5") " UNION ALL " ALERTS_ARM(run, "6") " ORDER BY 1 DESC LIMIT ?18"
-
-#define SILENCE_COLUMNS                                                                  \
-    "id, matchers_json, starts_at, ends_at, created_by, comment, created_at, updated_at"
-enum { SLC_ID, SLC_MATCHERS, SLC_STARTS, SLC_ENDS, SLC_BY, SLC_COMMENT, SLC_CREATED,
-       SLC_UPDATED };
-
-#define INCOMPLETE_COLUMNS "step, kind, layer, head, \"window\", have, want, recorded_at"
-enum { IC_STEP, IC_KIND, IC_LAYER, IC_HEAD, IC_WINDOW, IC_HAVE, IC_WANT, IC_RECORDED };
-
-static const char *const stmt_sql[STMT__COUNT] = {
-    [STMT_BEGIN] = "BEGIN",
-    [STMT_COMMIT] = "COMMIT",
-    [STMT_ROLLBACK] = "ROLLBACK",
-    [STMT_READY] = "SELECT 1 FROM runs LIMIT 1",
-    [STMT_RUNS_PAGE] = "SELECT " RUN_COLUMNS " FROM runs r WHERE r.id > ?1 ORDER BY r.id LIMIT ?2",
-    [STMT_RUN_BY_NAME] = "SELECT " RUN_COLUMNS " FROM runs r WHERE r.name = ?1",
-    [STMT_RUN_STREAMS] = "SELECT attempt, rank, last_seq, reports, created_at, last_seen_at "
-                         "FROM streams WHERE run_id = ?1 ORDER BY attempt, rank LIMIT ?2",
-    [STMT_RUN_ID] = "SELECT id FROM runs WHERE name = ?1",
-    /* name given: a range scan of series_by_name (run_id, name, rowid),
-     * already in id order. */
-    [STMT_SERIES_BY_NAME] = "SELECT " SERIES_COLUMNS " FROM series s "
-                            "WHERE s.run_id = ?1 AND s.name = ?2 AND s.id > ?3 "
-                            "AND (?4 IS NULL OR s.layer = ?4) AND (?5 IS NULL OR s.head = ?5) "
-                            "AND (?6 IS NULL OR s.\"window\" = ?6) "
-                            "AND (?7 IS NULL OR s.rank = ?7) "
-                            "ORDER BY s.id LIMIT ?8",
-    /* prefix as a name range [?2, ?2 || 0xFF): 0xFF never occurs in UTF-8, so
-     * the range holds exactly the names that start with ?2. */
-    [STMT_SERIES_FILTER] = "SELECT " SERIES_COLUMNS " FROM series s "
-                           "WHERE s.run_id = ?1 AND s.id > ?3 "
-                           "AND (?2 IS NULL OR (s.name >= ?2 AND s.name < ?9)) "
-                           "AND (?4 IS NULL OR s.layer = ?4) AND (?5 IS NULL OR s.head = ?5) "
-                           "AND (?6 IS NULL OR s.\"window\" = ?6) "
-                           "AND (?7 IS NULL OR s.rank = ?7) "
-                           "ORDER BY s.id LIMIT ?8",
-    [STMT_SERIES_ONE] = "SELECT " SERIES_COLUMNS ", r.name FROM series s "
-                        "JOIN runs r ON r.id = s.run_id WHERE s.id = ?1",
-    [STMT_POINTS_PAGE] = "SELECT step, value FROM points "
-                         "WHERE series_id = ?1 AND step BETWEEN ?2 AND ?3 "
-                         "ORDER BY step LIMIT ?4",
-    /* Two scalar subqueries: each is a single index probe (min/max
-     * optimisation), unlike min() and max() in one SELECT. */
-    [STMT_POINTS_SPAN] = "SELECT (SELECT min(step) FROM points WHERE series_id = ?1 "
-                         "AND step BETWEEN ?2 AND ?3), "
-                         "(SELECT max(step) FROM points WHERE series_id = ?1 "
-                         "AND step BETWEEN ?2 AND ?3)",
-    /* Bucket b holds steps lo + b*w .. lo + (b+1)*w - 1; min(.., n-1) keeps
-     * the count at n even where w was clamped. */
-    [STMT_POINTS_BUCKETS] = "SELECT min(step), avg(value), min(value), max(value) FROM points "
-                            "WHERE series_id = ?1 AND step BETWEEN ?2 AND ?3 "
-                            "GROUP BY min((step - ?2) / ?4, ?5) ORDER BY 1",
-    /* Counts for /runs/{run}. The alert counts are covering-index counts
-     * with an index on alerts (run_id, state); without one they walk the
-     * open alerts of every run (alerts_by_state). */
-    [STMT_RUN_COUNTS] = "SELECT (SELECT count(*) FROM alerts WHERE run_id = ?1 AND state = ?2), "
-                        "(SELECT count(*) FROM alerts WHERE run_id = ?1 AND state = ?3), "
-                        "(SELECT count(*) FROM incomplete WHERE run_id = ?1)",
-    [STMT_ALERTS_ALL] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id < ?2 " ALERTS_POST
-                        ALERTS_ORDER,
-    [STMT_ALERTS_RUN] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.run_id = ?1 AND a.id < ?2 "
-                        ALERTS_POST ALERTS_ORDER,
-    [STMT_ALERTS_STATE] = ALERTS_ARMS(""),
-    [STMT_ALERTS_RUN_STATE] = ALERTS_ARMS("a.run_id = ?1 AND "),
-    [STMT_ALERT_ONE] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id = ?1",
-    /* newest first so that LIMIT keeps the latest; reversed in C */
-    [STMT_ALERT_HISTORY] = "SELECT id, change, from_state, to_state, step, at, attribution, "
-                           "evidence_json FROM alert_events WHERE alert_id = ?1 "
-                           "ORDER BY id DESC LIMIT ?2",
-    /* primary-key order; the cursor is the last key (row-value comparison,
-     * a range of the primary key) */
-    [STMT_INCOMPLETE_FIRST] = "SELECT " INCOMPLETE_COLUMNS " FROM incomplete WHERE run_id = ?1 "
-                              "ORDER BY step, kind, layer, head, \"window\" LIMIT ?7",
-    [STMT_INCOMPLETE_AFTER] = "SELECT " INCOMPLETE_COLUMNS " FROM incomplete WHERE run_id = ?1 "
-                              "AND (step, kind, layer, head, \"window\") > (?2, ?3, ?4, ?5, ?6) "
-                              "ORDER BY step, kind, layer, head, \"window\" LIMIT ?7",
-    [STMT_SILENCE_ONE] = "SELECT " SILENCE_COLUMNS " FROM silences WHERE id = ?1",
-    /* newest first; ?2..?4: states wanted (1/0) at time ?5; the state
-     * filter is checked on the rows walked (the table stays small) */
-    [STMT_SILENCES_PAGE] = "SELECT " SILENCE_COLUMNS " FROM silences WHERE id < ?1 AND ("
-                           "(?2 AND starts_at <= ?5 AND ends_at > ?5) OR "
-                           "(?3 AND starts_at > ?5 AND ends_at > ?5) OR (?4 AND ends_at <= ?5)) "
-                           "ORDER BY id DESC LIMIT ?6",
-    /* silences_by_end: only those not yet ended are walked */
-    [STMT_SILENCES_ACTIVE] = "SELECT id, matchers_json, starts_at, ends_at FROM silences "
-                             "WHERE ends_at > ?1 AND starts_at <= ?1 ORDER BY id LIMIT ?2",
-};
-
-struct dbconn {
-    sqlite3 *db;
-    sqlite3_stmt *st[STMT__COUNT];
-    /* complaints about this connection; used only by the thread that has
-     * it checked out (the pool mutex orders the hand-overs) */
-    struct log_ratelimit rl;
-};
-
-struct http {
-    struct MHD_Daemon *mhd;
-    uint16_t port;
-    struct fs_stats *stats;
-
-    /* Read-connection pool: free[0..nfree) are indices into conns. */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    unsigned nconns;
-    unsigned nfree;
-    struct dbconn *conns;
-    unsigned *free_idx;
-    bool sync_init; /* mu, cv and log_mu initialised */
-
-    /* libmicrohttpd's own messages arrive on any of its threads */
-    pthread_mutex_t log_mu;
-    struct log_ratelimit log_rl;
-
-    /* writes and auth (read-only once started) */
-    struct store *store;
-    char *read_token;  /* "" = reads need no token */
-    char *write_token; /* "" = writes disabled */
-    struct metrics_opts mopts;
-};
 
 /* --- per-request state -------------------------------------------------------- */
 
@@ -281,49 +36,6 @@ struct request {
     char *body;   /* POST: the body so far (malloc'd, NUL-terminated), else NULL */
     bool replied; /* a response was queued (early: announced body too large) */
 };
-
-struct param {
-    const char *name;
-    const char *value; /* NULL: absent */
-};
-
-struct ctx {
-    struct http *h;
-    struct MHD_Connection *conn;
-    struct dbconn *dbc;
-    const char *url;
-
-    /* captured path segments, NUL-terminated copies */
-    char cap[HTTP_MAX_CAPTURES][HTTP_MAX_PARAM_LEN + 1];
-    unsigned ncap;
-
-    struct param params[HTTP_MAX_QUERY_VALUES]; /* a repeated parameter: one entry each */
-    unsigned nparams;
-
-    /* the request body (POST), NUL-terminated; NULL when none */
-    const char *req_body;
-    size_t req_len;
-
-    /* the reply: a JSON body, or raw bytes with their content type */
-    unsigned status;
-    json_t *body;
-    char allow[64];            /* Allow header (405); "" = none */
-    bool www_auth;             /* WWW-Authenticate: Bearer (401) */
-    const void *raw;           /* raw reply bytes, when set */
-    size_t raw_len;
-    bool raw_owned;            /* raw is malloc'd and freed with the response */
-    const char *content_type;  /* of raw (a static string) */
-
-    /* a write's outcome, for the read that answers it */
-    int64_t wid;
-    unsigned wstatus;
-    /* a dashboard file (/, /static/NAME): sent with its ETag instead of body */
-    const struct dashboard_file *dash;
-    struct dashboard_file dash_file;
-};
-
-/* Sets the reply (status and body) in c; returns 0. */
-typedef int (*route_fn)(struct ctx *c);
 
 /* Methods a route row answers (0 in a row: GET and HEAD). */
 enum { M_GET = 1, M_HEAD = 2, M_POST = 4, M_DELETE = 8 };
@@ -334,316 +46,71 @@ struct route {
     unsigned methods;                     /* M_*; 0 = M_GET | M_HEAD */
     bool db;                              /* needs a read connection (and a read txn) */
     bool write;                           /* needs the write token; fn runs without a
-                                             connection and takes one with db_read() */
+                                             connection and takes one with http_db_read() */
     bool body;                            /* takes a JSON body (req_body) */
     bool open;                            /* no token needed, even with http_read_token */
     const char *params[HTTP_MAX_PARAMS];  /* accepted query parameters; others are 400 */
     const char *repeat[HTTP_MAX_REPEATABLE]; /* of those, the ones that may repeat */
 };
 
-static int db_read(struct ctx *c, route_fn fn);
+struct collect {
+    struct ctx *c;
+    const struct route *r;
+    int err;
+};
 
-/* --- small helpers ------------------------------------------------------------------ */
-
-/* A JSON string of s; bytes that are not valid UTF-8 become '?' so that
- * whatever the database or the URL holds, the document stays valid. */
-static json_t *jstr_n(const char *s, size_t n)
+static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
 {
-    json_t *v = json_stringn(s, n);
-    if (v != NULL)
-        return v;
-    char *copy = malloc(n + 1);
-    if (copy == NULL)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        copy[i] = (ch == 0 || ch >= 0x80) ? '?' : (char)ch;
+    struct collect *col = cls;
+    struct ctx *c = col->c;
+    (void)kind;
+
+    const char *name = NULL;
+    for (unsigned i = 0; i < HTTP_MAX_PARAMS && col->r->params[i] != NULL; i++)
+        if (strcmp(col->r->params[i], key) == 0)
+            name = col->r->params[i];
+    if (name == NULL) {
+        char echo[HTTP_MAX_PARAM_LEN + 1];
+        snprintf(echo, sizeof echo, "%s", key);
+        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "unknown parameter '%s'", echo);
+        col->err = -EINVAL;
+        return MHD_NO;
     }
-    v = json_stringn(copy, n);
-    free(copy);
-    return v;
-}
-
-static json_t *jstr(const char *s)
-{
-    return jstr_n(s, strlen(s));
-}
-
-/* json_object_set_new / json_array_append_new consume v even on failure; a
- * NULL v (failed allocation) is reported the same way. */
-static int oset(json_t *o, const char *key, json_t *v)
-{
-    if (v == NULL)
-        return -ENOMEM;
-    return json_object_set_new(o, key, v) == 0 ? 0 : -ENOMEM;
-}
-
-static int aadd(json_t *a, json_t *v)
-{
-    if (v == NULL)
-        return -ENOMEM;
-    return json_array_append_new(a, v) == 0 ? 0 : -ENOMEM;
-}
-
-/* Doubles: NULL, NaN and +-Inf all become JSON null (JSON has no NaN). */
-static json_t *jreal_or_null(double x)
-{
-    return isfinite(x) ? json_real(x) : json_null();
-}
-
-static json_t *col_real(sqlite3_stmt *st, int i)
-{
-    if (sqlite3_column_type(st, i) == SQLITE_NULL)
-        return json_null();
-    return jreal_or_null(sqlite3_column_double(st, i));
-}
-
-static json_t *col_int(sqlite3_stmt *st, int i)
-{
-    if (sqlite3_column_type(st, i) == SQLITE_NULL)
-        return json_null();
-    return json_integer((json_int_t)sqlite3_column_int64(st, i));
-}
-
-static json_t *col_text(sqlite3_stmt *st, int i)
-{
-    const unsigned char *s = sqlite3_column_text(st, i);
-    if (s == NULL)
-        return sqlite3_column_type(st, i) == SQLITE_NULL ? json_null() : NULL;
-    return jstr_n((const char *)s, (size_t)sqlite3_column_bytes(st, i));
-}
-
-static json_t *cursor_json(int64_t id)
-{
-    char buf[32];
-    snprintf(buf, sizeof buf, "%" PRId64, id);
-    return json_string(buf);
-}
-
-static void stmt_done(sqlite3_stmt *st)
-{
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-}
-
-/* --- replies ------------------------------------------------------------------------ */
-
-/* Drops a raw reply set earlier (a later error replaces it). */
-static void raw_drop(struct ctx *c)
-{
-    if (c->raw != NULL && c->raw_owned)
-        free((void *)c->raw);
-    c->raw = NULL;
-    c->content_type = NULL;
-}
-
-static int reply_set(struct ctx *c, unsigned status, json_t *body)
-{
-    raw_drop(c);
-    json_decref(c->body);
-    c->status = status;
-    c->body = body;
-    return 0;
-}
-
-/* Raw bytes with a content type (a reply that is not JSON: /metrics, the
- * dashboard's files). owned: data is malloc'd and freed with the
- * response; otherwise it must outlive the response (static). */
-static int reply_raw(struct ctx *c, unsigned status, const char *content_type, const void *data,
-                     size_t len, bool owned)
-{
-    raw_drop(c);
-    json_decref(c->body);
-    c->body = NULL;
-    c->status = status;
-    c->raw = data;
-    c->raw_len = len;
-    c->raw_owned = owned;
-    c->content_type = content_type;
-    return 0;
-}
-
-/* Error documents: {"error":{"code":...,"message":...}}. If building it
- * fails, body stays NULL and send_reply falls back to a static document. */
-static int reply_error(struct ctx *c, unsigned status, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int reply_error(struct ctx *c, unsigned status, const char *code, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-
-    json_t *err = json_object();
-    if (err != NULL &&
-        (oset(err, "code", json_string(code)) != 0 || oset(err, "message", jstr(msg)) != 0)) {
-        json_decref(err);
-        err = NULL;
+    bool repeatable = false;
+    for (unsigned i = 0; i < HTTP_MAX_REPEATABLE && col->r->repeat[i] != NULL; i++)
+        repeatable |= strcmp(col->r->repeat[i], name) == 0;
+    if (!repeatable && http_param_get(c, name) != NULL) {
+        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                         "parameter '%s' given more than once", name);
+        col->err = -EINVAL;
+        return MHD_NO;
     }
-    json_t *doc = err != NULL ? json_object() : NULL;
-    if (doc == NULL)
-        json_decref(err);
-    else if (oset(doc, "error", err) != 0) { /* consumed err */
-        json_decref(doc);
-        doc = NULL;
+    if (c->nparams == HTTP_MAX_QUERY_VALUES) {
+        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                         "more than %u query parameters (parameter '%s')", HTTP_MAX_QUERY_VALUES,
+                         name);
+        col->err = -EINVAL;
+        return MHD_NO;
     }
-    return reply_set(c, status, doc);
-}
-
-static int reply_oom(struct ctx *c)
-{
-    return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", "out of memory");
-}
-
-/* SQLite failure: logged with detail, answered without it. */
-static int reply_db_error(struct ctx *c, const char *what, int rc)
-{
-    /* handlers run with a checked-out connection: c->dbc is set */
-    log_limited(&c->dbc->rl, LOG_LEVEL_ERROR, LOG_MOD, "%s: sqlite error %d: %s", what, rc,
-                sqlite3_errmsg(c->dbc->db));
-    if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED)
-        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", "database busy");
-    return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
-                       "database error (details in the daemon log)");
-}
-
-/* --- parameters --------------------------------------------------------------------- */
-
-static const char *param_get(const struct ctx *c, const char *name)
-{
-    for (unsigned i = 0; i < c->nparams; i++)
-        if (strcmp(c->params[i].name, name) == 0)
-            return c->params[i].value;
-    return NULL;
-}
-
-/* Strict integer: optional '-', then digits only, no blanks, no '+'. */
-static int parse_int64(const char *s, int64_t *out)
-{
-    if (s == NULL || *s == '\0')
-        return -EINVAL;
-    const char *p = s[0] == '-' ? s + 1 : s;
-    if (*p == '\0')
-        return -EINVAL;
-    for (const char *q = p; *q; q++)
-        if (*q < '0' || *q > '9')
-            return -EINVAL;
-    errno = 0;
-    char *end = NULL;
-    long long v = strtoll(s, &end, 10);
-    if (errno == ERANGE)
-        return -ERANGE;
-    if (end == s || *end != '\0')
-        return -EINVAL;
-    *out = (int64_t)v;
-    return 0;
-}
-
-/* Reads integer parameter `name` in [min, max]. Absent: *out = def and
- * *present = false. Garbage: a 400 naming the parameter, returns -EINVAL. */
-static int param_int(struct ctx *c, const char *name, int64_t min, int64_t max, int64_t def,
-                     int64_t *out, bool *present)
-{
-    const char *s = param_get(c, name);
-    if (present != NULL)
-        *present = s != NULL;
-    if (s == NULL) {
-        *out = def;
-        return 0;
+    if (value != NULL && strlen(value) > HTTP_MAX_PARAM_LEN) {
+        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                         "parameter '%s' is longer than %u bytes", name, HTTP_MAX_PARAM_LEN);
+        col->err = -EINVAL;
+        return MHD_NO;
     }
-    int64_t v = 0;
-    if (parse_int64(s, &v) != 0 || v < min || v > max) {
-        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                    "parameter '%s' must be an integer in %" PRId64 "..%" PRId64, name, min, max);
-        return -EINVAL;
-    }
-    *out = v;
-    return 0;
+    /* nparams < HTTP_MAX_QUERY_VALUES was checked above */
+    c->params[c->nparams].name = name;
+    c->params[c->nparams].value = value != NULL ? value : ""; /* "?limit": empty, garbage */
+    c->nparams++;
+    return MHD_YES;
 }
 
-static int param_limit(struct ctx *c, int64_t *out)
+static int params_collect(struct ctx *c, const struct route *r)
 {
-    return param_int(c, "limit", 1, HTTP_MAX_LIMIT, HTTP_DEFAULT_LIMIT, out, NULL);
-}
-
-/* Keyset cursor: the last id of the previous page, as a decimal string. */
-static int param_after(struct ctx *c, int64_t *out)
-{
-    const char *s = param_get(c, "after");
-    int64_t v = 0;
-    if (s == NULL) {
-        *out = 0;
-        return 0;
-    }
-    if (parse_int64(s, &v) != 0 || v < 0) {
-        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                    "parameter 'after' must be a cursor returned as 'next' by an earlier page");
-        return -EINVAL;
-    }
-    *out = v;
-    return 0;
-}
-
-/* A text parameter; empty is garbage (every text filter names something). */
-static int param_text(struct ctx *c, const char *name, bool required, const char **out)
-{
-    const char *s = param_get(c, name);
-    *out = s;
-    if (s == NULL && !required)
-        return 0;
-    if (s == NULL) {
-        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "parameter '%s' is required", name);
-        return -EINVAL;
-    }
-    if (*s == '\0') {
-        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "parameter '%s' must not be empty",
-                    name);
-        return -EINVAL;
-    }
-    return 0;
-}
-
-/* Newest-first keyset cursor: absent -> INT64_MAX (no upper bound). */
-static int param_before(struct ctx *c, int64_t *out)
-{
-    if (param_get(c, "after") == NULL) {
-        *out = INT64_MAX;
-        return 0;
-    }
-    return param_after(c, out);
-}
-
-/* Writes "a, b, c" of names[0..n) into buf (for error messages). */
-static void join_names(const char *const *names, size_t n, char *buf, size_t len)
-{
-    size_t used = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < n && used < len; i++) {
-        int w = snprintf(buf + used, len - used, "%s%s", i > 0 ? ", " : "", names[i]);
-        if (w < 0)
-            break;
-        used += (size_t)w;
-    }
-}
-
-/* A text parameter that must be one of names[0..n). Absent: *out = NULL. */
-static int param_enum(struct ctx *c, const char *name, const char *const *names, size_t n,
-                      const char **out)
-{
-    const char *s = param_get(c, name);
-    *out = s;
-    if (s == NULL)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(s, names[i]) == 0)
-            return 0;
-    char list[256];
-    join_names(names, n, list, sizeof list);
-    reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "parameter '%s' must be one of: %s", name,
-                list);
-    return -EINVAL;
+    struct collect col = {.c = c, .r = r, .err = 0};
+    MHD_get_connection_values(c->conn, MHD_GET_ARGUMENT_KIND, collect_param, &col);
+    return col.err;
 }
 
 /* state=: names of alert states or "open" (pending or firing), repeated
@@ -669,10 +136,11 @@ static int param_states(struct ctx *c, unsigned *mask)
                 k++;
             if (k == sizeof names / sizeof names[0]) {
                 char list[128];
-                join_names(names, sizeof names / sizeof names[0], list, sizeof list);
-                reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                            "parameter 'state' must be one of: %s (repeated or comma-separated)",
-                            list);
+                http_join_names(names, sizeof names / sizeof names[0], list, sizeof list);
+                http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                 "parameter 'state' must be one of: %s "
+                                 "(repeated or comma-separated)",
+                                 list);
                 return -EINVAL;
             }
             *mask |= bits[k];
@@ -688,7 +156,7 @@ static int param_states(struct ctx *c, unsigned *mask)
  * exponent, no blanks). */
 static int param_time(struct ctx *c, const char *name, double *out, bool *present)
 {
-    const char *s = param_get(c, name);
+    const char *s = http_param_get(c, name);
     *present = s != NULL;
     if (s == NULL)
         return 0;
@@ -705,95 +173,14 @@ static int param_time(struct ctx *c, const char *name, double *out, bool *presen
         v = strtod(s, &end);
     }
     if (end == NULL || *end != '\0' || !isfinite(v)) {
-        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                    "parameter '%s' must be a UNIX time in seconds (digits, optional fraction)",
-                    name);
+        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                         "parameter '%s' must be a UNIX time in seconds "
+                         "(digits, optional fraction)",
+                         name);
         return -EINVAL;
     }
     *out = v;
     return 0;
-}
-
-struct collect {
-    struct ctx *c;
-    const struct route *r;
-    int err;
-};
-
-static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const char *key,
-                                     const char *value)
-{
-    struct collect *col = cls;
-    struct ctx *c = col->c;
-    (void)kind;
-
-    const char *name = NULL;
-    for (unsigned i = 0; i < HTTP_MAX_PARAMS && col->r->params[i] != NULL; i++)
-        if (strcmp(col->r->params[i], key) == 0)
-            name = col->r->params[i];
-    if (name == NULL) {
-        char echo[HTTP_MAX_PARAM_LEN + 1];
-        snprintf(echo, sizeof echo, "%s", key);
-        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "unknown parameter '%s'", echo);
-        col->err = -EINVAL;
-        return MHD_NO;
-    }
-    bool repeatable = false;
-    for (unsigned i = 0; i < HTTP_MAX_REPEATABLE && col->r->repeat[i] != NULL; i++)
-        repeatable |= strcmp(col->r->repeat[i], name) == 0;
-    if (!repeatable && param_get(c, name) != NULL) {
-        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "parameter '%s' given more than once",
-                    name);
-        col->err = -EINVAL;
-        return MHD_NO;
-    }
-    if (c->nparams == HTTP_MAX_QUERY_VALUES) {
-        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                    "more than %u query parameters (parameter '%s')", HTTP_MAX_QUERY_VALUES,
-                    name);
-        col->err = -EINVAL;
-        return MHD_NO;
-    }
-    if (value != NULL && strlen(value) > HTTP_MAX_PARAM_LEN) {
-        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                    "parameter '%s' is longer than %u bytes", name, HTTP_MAX_PARAM_LEN);
-        col->err = -EINVAL;
-        return MHD_NO;
-    }
-    /* nparams < HTTP_MAX_QUERY_VALUES was checked above */
-    c->params[c->nparams].name = name;
-    c->params[c->nparams].value = value != NULL ? value : ""; /* "?limit": empty, garbage */
-    c->nparams++;
-    return MHD_YES;
-}
-
-static int params_collect(struct ctx *c, const struct route *r)
-{
-    struct collect col = {.c = c, .r = r, .err = 0};
-    MHD_get_connection_values(c->conn, MHD_GET_ARGUMENT_KIND, collect_param, &col);
-    return col.err;
-}
-
-/* --- JSON builders --------------------------------------------------------------- */
-
-/* A column holding a JSON object (written by the daemon): the parsed object,
- * or null when it is NULL, longer than max bytes, not JSON or not an object
- * (a reader shows what it can rather than failing the request). */
-static json_t *col_json_object(sqlite3_stmt *st, int i, size_t max)
-{
-    if (sqlite3_column_type(st, i) == SQLITE_NULL)
-        return json_null();
-    const char *text = (const char *)sqlite3_column_text(st, i);
-    int n = sqlite3_column_bytes(st, i);
-    if (text == NULL || n <= 0 || (size_t)n > max)
-        return json_null();
-    json_error_t jerr;
-    json_t *v = json_loadb(text, (size_t)n, 0, &jerr);
-    if (v == NULL || !json_is_object(v)) {
-        json_decref(v);
-        return json_null();
-    }
-    return v;
 }
 
 /* RUN object from a row of RUN_COLUMNS. */
@@ -812,42 +199,7 @@ static json_t *run_json(sqlite3_stmt *st)
     rc |= oset(o, "reports", col_int(st, RC_REPORTS));
     rc |= oset(o, "streams", col_int(st, RC_STREAMS));
     rc |= oset(o, "series", col_int(st, RC_SERIES));
-    rc |= oset(o, "model", col_json_object(st, RC_MODEL, HTTP_MAX_MODEL_JSON_BYTES));
-    if (rc != 0) {
-        json_decref(o);
-        return NULL;
-    }
-    return o;
-}
-
-/* Columns of the four labels in a row: layer, head, window, rank. */
-struct label_cols {
-    int layer, head, window, rank;
-};
-
-/* {"layer":..,"head":..,"window":..,"rank":..} with only the labels that
- * apply (-1 and window 0 mean "none"); NULL on allocation failure. */
-static json_t *labels_json(sqlite3_stmt *st, const struct label_cols *lc)
-{
-    const struct {
-        const char *name;
-        int col;
-        int64_t min; /* applies when >= min */
-    } labels[] = {
-        {.name = "layer", .col = lc->layer, .min = 0},
-        {.name = "head", .col = lc->head, .min = 0},
-        {.name = "window", .col = lc->window, .min = 1},
-        {.name = "rank", .col = lc->rank, .min = 0},
-    };
-    json_t *o = json_object();
-    if (o == NULL)
-        return NULL;
-    int rc = 0;
-    for (size_t i = 0; i < sizeof labels / sizeof labels[0]; i++) {
-        int64_t v = sqlite3_column_int64(st, labels[i].col);
-        if (sqlite3_column_type(st, labels[i].col) != SQLITE_NULL && v >= labels[i].min)
-            rc |= oset(o, labels[i].name, json_integer((json_int_t)v));
-    }
+    rc |= oset(o, "model", http_col_json_object(st, RC_MODEL, HTTP_MAX_MODEL_JSON_BYTES));
     if (rc != 0) {
         json_decref(o);
         return NULL;
@@ -870,7 +222,7 @@ static json_t *series_json(sqlite3_stmt *st, json_t *run)
     rc |= oset(o, "id", col_int(st, SC_ID));
     rc |= oset(o, "run", run);
     rc |= oset(o, "name", col_text(st, SC_NAME));
-    rc |= oset(o, "labels", labels_json(st, &lc));
+    rc |= oset(o, "labels", http_labels_json(st, &lc));
     rc |= oset(o, "points", col_int(st, SC_POINTS));
     rc |= oset(o, "first_step", col_int(st, SC_FIRST));
     rc |= oset(o, "last_step", col_int(st, SC_LAST));
@@ -928,7 +280,7 @@ static json_t *alert_json(sqlite3_stmt *st)
     rc |= oset(o, "severity", col_text(st, AC_SEVERITY));
     rc |= oset(o, "family", col_text(st, AC_FAMILY));
     rc |= oset(o, "attribution", col_text(st, AC_ATTRIBUTION));
-    rc |= oset(o, "labels", labels_json(st, &lc));
+    rc |= oset(o, "labels", http_labels_json(st, &lc));
     rc |= oset(o, "dedup_key", col_text(st, AC_DEDUP));
     rc |= oset(o, "alert_key", col_text(st, AC_KEY));
     rc |= oset(o, "incidents", col_int(st, AC_INCIDENTS));
@@ -956,7 +308,7 @@ static json_t *event_json(sqlite3_stmt *st)
     rc |= oset(o, "step", col_int(st, 4));
     rc |= oset(o, "at", col_real(st, 5));
     rc |= oset(o, "attribution", col_text(st, 6));
-    rc |= oset(o, "evidence", col_json_object(st, 7, HTTP_MAX_EVIDENCE_JSON_BYTES));
+    rc |= oset(o, "evidence", http_col_json_object(st, 7, HTTP_MAX_EVIDENCE_JSON_BYTES));
     if (rc != 0) {
         json_decref(o);
         return NULL;
@@ -994,94 +346,35 @@ static json_t *incomplete_json(sqlite3_stmt *st)
     return o;
 }
 
-/* Document {"<key>": items, "next": next}; consumes items and next. */
-static json_t *page_doc(const char *key, json_t *items, json_t *next)
-{
-    json_t *doc = json_object();
-    if (doc == NULL) {
-        json_decref(items);
-        json_decref(next);
-        return NULL;
-    }
-    int rc = oset(doc, key, items);
-    rc |= oset(doc, "next", next);
-    if (rc != 0) {
-        json_decref(doc);
-        return NULL;
-    }
-    return doc;
-}
-
 /* --- handlers ----------------------------------------------------------------------- */
 
 static int h_healthz(struct ctx *c)
 {
     json_t *doc = json_pack("{s:s}", "status", "ok");
-    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+    return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
 }
 
 static int h_readyz(struct ctx *c)
 {
     struct fs_stats *s = c->h->stats;
     if (atomic_load_explicit(&s->ready, memory_order_relaxed) != 1)
-        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                           "daemon is not ready (starting or shutting down)");
+        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                                "daemon is not ready (starting or shutting down)");
     if (atomic_load_explicit(&s->storage_failing, memory_order_relaxed) != 0)
-        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                           "storage is failing: commits do not succeed");
+        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                                "storage is failing: commits do not succeed");
     sqlite3_stmt *st = c->dbc->st[STMT_READY];
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
         log_limited(&c->dbc->rl, LOG_LEVEL_ERROR, LOG_MOD, "readyz: sqlite error %d: %s", rc,
                     sqlite3_errmsg(c->dbc->db));
         stmt_done(st);
-        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                           "database is not readable");
+        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                                "database is not readable");
     }
     stmt_done(st);
     json_t *doc = json_pack("{s:s}", "status", "ready");
-    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
-}
-
-/* Builds one JSON item from the current row; NULL on allocation failure. */
-typedef json_t *(*row_fn)(sqlite3_stmt *st, const void *arg);
-
-/* Steps st (bound with LIMIT limit + 1) into a keyset page: up to limit
- * items, and "next" = the id (column id_col) of the last item when one more
- * row exists. Resets st. On success sets the reply to {key: [...], "next": ...}. */
-static int reply_page(struct ctx *c, sqlite3_stmt *st, int64_t limit, int id_col, row_fn fn,
-                      const void *arg, const char *key, const char *what)
-{
-    json_t *items = json_array();
-    if (items == NULL) {
-        stmt_done(st);
-        return reply_oom(c);
-    }
-    int64_t n = 0, last_id = 0;
-    bool more = false;
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (n == limit) { /* the extra row: a next page exists */
-            more = true;
-            break;
-        }
-        if (aadd(items, fn(st, arg)) != 0) {
-            stmt_done(st);
-            json_decref(items);
-            return reply_oom(c);
-        }
-        last_id = sqlite3_column_int64(st, id_col);
-        n++;
-    }
-    if (!more && rc != SQLITE_DONE) {
-        reply_db_error(c, what, rc);
-        stmt_done(st);
-        json_decref(items);
-        return 0;
-    }
-    stmt_done(st);
-    json_t *doc = page_doc(key, items, more ? cursor_json(last_id) : json_null());
-    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+    return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
 }
 
 static json_t *run_row(sqlite3_stmt *st, const void *arg)
@@ -1095,15 +388,15 @@ static json_t *series_row(sqlite3_stmt *st, const void *run_name)
     return series_json(st, jstr(run_name));
 }
 
-static int h_runs(struct ctx *c)
+int http_runs_list(struct ctx *c)
 {
     int64_t limit, after;
-    if (param_limit(c, &limit) != 0 || param_after(c, &after) != 0)
+    if (http_param_limit(c, &limit) != 0 || http_param_after(c, &after) != 0)
         return 0;
     sqlite3_stmt *st = c->dbc->st[STMT_RUNS_PAGE];
     sqlite3_bind_int64(st, 1, after);
     sqlite3_bind_int64(st, 2, limit + 1);
-    return reply_page(c, st, limit, RC_ID, run_row, NULL, "runs", "runs");
+    return http_reply_page(c, st, limit, RC_ID, run_row, NULL, "runs", "runs");
 }
 
 static json_t *stream_row(sqlite3_stmt *st)
@@ -1131,7 +424,7 @@ static int streams_detail(struct ctx *c, int64_t run_id, json_t **out)
     sqlite3_stmt *st = c->dbc->st[STMT_RUN_STREAMS];
     json_t *arr = json_array();
     if (arr == NULL) {
-        reply_oom(c);
+        http_reply_oom(c);
         return -ENOMEM;
     }
     sqlite3_bind_int64(st, 1, run_id);
@@ -1141,12 +434,12 @@ static int streams_detail(struct ctx *c, int64_t run_id, json_t **out)
         if (aadd(arr, stream_row(st)) != 0) {
             stmt_done(st);
             json_decref(arr);
-            reply_oom(c);
+            http_reply_oom(c);
             return -ENOMEM;
         }
     }
     if (rc != SQLITE_DONE) {
-        reply_db_error(c, "run streams", rc);
+        http_reply_db_error(c, "run streams", rc);
         stmt_done(st);
         json_decref(arr);
         return -EIO;
@@ -1166,7 +459,7 @@ static int run_counts(struct ctx *c, int64_t run_id, json_t *run)
     sqlite3_bind_int64(st, 3, ALERT_PENDING);
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW) {
-        reply_db_error(c, "run counts", rc);
+        http_reply_db_error(c, "run counts", rc);
         stmt_done(st);
         return -EIO;
     }
@@ -1175,13 +468,13 @@ static int run_counts(struct ctx *c, int64_t run_id, json_t *run)
     e |= oset(run, "incomplete", col_int(st, 2));
     stmt_done(st);
     if (e != 0) {
-        reply_oom(c);
+        http_reply_oom(c);
         return -ENOMEM;
     }
     return 0;
 }
 
-static int h_run(struct ctx *c)
+int http_runs_get(struct ctx *c)
 {
     const char *name = c->cap[0];
     sqlite3_stmt *st = c->dbc->st[STMT_RUN_BY_NAME];
@@ -1189,9 +482,9 @@ static int h_run(struct ctx *c)
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW) {
         if (rc == SQLITE_DONE)
-            reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown run '%s'", name);
+            http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown run '%s'", name);
         else
-            reply_db_error(c, "run", rc);
+            http_reply_db_error(c, "run", rc);
         stmt_done(st);
         return 0;
     }
@@ -1199,7 +492,7 @@ static int h_run(struct ctx *c)
     json_t *run = run_json(st);
     stmt_done(st);
     if (run == NULL)
-        return reply_oom(c);
+        return http_reply_oom(c);
 
     json_t *streams = NULL;
     if (streams_detail(c, run_id, &streams) != 0) {
@@ -1208,7 +501,7 @@ static int h_run(struct ctx *c)
     }
     if (oset(run, "streams_detail", streams) != 0) { /* consumed streams */
         json_decref(run);
-        return reply_oom(c);
+        return http_reply_oom(c);
     }
     if (run_counts(c, run_id, run) != 0) {
         json_decref(run);
@@ -1217,18 +510,18 @@ static int h_run(struct ctx *c)
     json_t *doc = json_object();
     if (doc == NULL) {
         json_decref(run);
-        return reply_oom(c);
+        return http_reply_oom(c);
     }
     if (oset(doc, "run", run) != 0) { /* consumed run */
         json_decref(doc);
-        return reply_oom(c);
+        return http_reply_oom(c);
     }
-    return reply_set(c, MHD_HTTP_OK, doc);
+    return http_reply_set(c, MHD_HTTP_OK, doc);
 }
 
 /* Looks up a run id by name. Returns 0, or a negative code with the reply
  * set (404 for an unknown run). */
-static int run_id_by_name(struct ctx *c, const char *name, int64_t *out)
+int http_runs_id_by_name(struct ctx *c, const char *name, int64_t *out)
 {
     sqlite3_stmt *st = c->dbc->st[STMT_RUN_ID];
     sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
@@ -1239,32 +532,33 @@ static int run_id_by_name(struct ctx *c, const char *name, int64_t *out)
         return 0;
     }
     if (rc == SQLITE_DONE)
-        reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown run '%s'", name);
+        http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown run '%s'", name);
     else
-        reply_db_error(c, "run id", rc);
+        http_reply_db_error(c, "run id", rc);
     stmt_done(st);
     return rc == SQLITE_DONE ? -ENOENT : -EIO;
 }
 
-static int h_series(struct ctx *c)
+int http_runs_series(struct ctx *c)
 {
     const char *run, *name, *prefix;
     int64_t layer, head, window, rank, limit, after;
     bool has_layer, has_head, has_window, has_rank;
-    if (param_text(c, "run", true, &run) != 0 || param_text(c, "name", false, &name) != 0 ||
-        param_text(c, "prefix", false, &prefix) != 0 ||
-        param_int(c, "layer", 0, INT32_MAX, -1, &layer, &has_layer) != 0 ||
-        param_int(c, "head", 0, INT32_MAX, -1, &head, &has_head) != 0 ||
-        param_int(c, "window", 1, INT32_MAX, 0, &window, &has_window) != 0 ||
-        param_int(c, "rank", 0, INT32_MAX, -1, &rank, &has_rank) != 0 ||
-        param_limit(c, &limit) != 0 || param_after(c, &after) != 0)
+    if (http_param_text(c, "run", true, &run) != 0 ||
+        http_param_text(c, "name", false, &name) != 0 ||
+        http_param_text(c, "prefix", false, &prefix) != 0 ||
+        http_param_int(c, "layer", 0, INT32_MAX, -1, &layer, &has_layer) != 0 ||
+        http_param_int(c, "head", 0, INT32_MAX, -1, &head, &has_head) != 0 ||
+        http_param_int(c, "window", 1, INT32_MAX, 0, &window, &has_window) != 0 ||
+        http_param_int(c, "rank", 0, INT32_MAX, -1, &rank, &has_rank) != 0 ||
+        http_param_limit(c, &limit) != 0 || http_param_after(c, &after) != 0)
         return 0;
     if (name != NULL && prefix != NULL)
-        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                           "parameters 'name' and 'prefix' cannot be combined");
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "parameters 'name' and 'prefix' cannot be combined");
 
     int64_t run_id;
-    if (run_id_by_name(c, run, &run_id) != 0)
+    if (http_runs_id_by_name(c, run, &run_id) != 0)
         return 0;
 
     /* prefix upper bound: prefix followed by byte 0xFF (see STMT_SERIES_FILTER);
@@ -1295,7 +589,7 @@ static int h_series(struct ctx *c)
     if (has_rank)
         sqlite3_bind_int64(st, 7, rank);
     sqlite3_bind_int64(st, 8, limit + 1);
-    return reply_page(c, st, limit, SC_ID, series_row, run, "series", "series");
+    return http_reply_page(c, st, limit, SC_ID, series_row, run, "series", "series");
 }
 
 /* Plain points: [step, value|null] from `from` on, at most limit; *next_from
@@ -1319,20 +613,20 @@ static int points_page(struct ctx *c, int64_t id, int64_t from, int64_t to, int6
         /* json_pack's "o" steals its references, also when it fails */
         if (aadd(points, json_pack("[o,o]", col_int(st, 0), col_real(st, 1))) != 0) {
             stmt_done(st);
-            reply_oom(c);
+            http_reply_oom(c);
             return -ENOMEM;
         }
         n++;
     }
     if (next < 0 && rc != SQLITE_DONE) {
-        reply_db_error(c, "points", rc);
+        http_reply_db_error(c, "points", rc);
         stmt_done(st);
         return -EIO;
     }
     stmt_done(st);
     *next_from = next >= 0 ? json_integer((json_int_t)next) : json_null();
     if (*next_from == NULL) {
-        reply_oom(c);
+        http_reply_oom(c);
         return -ENOMEM;
     }
     return 0;
@@ -1354,7 +648,7 @@ static int points_buckets(struct ctx *c, int64_t id, int64_t from, int64_t to, i
     sqlite3_bind_int64(st, 3, to);
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW) {
-        reply_db_error(c, "points span", rc);
+        http_reply_db_error(c, "points span", rc);
         stmt_done(st);
         return -EIO;
     }
@@ -1383,12 +677,12 @@ static int points_buckets(struct ctx *c, int64_t id, int64_t from, int64_t to, i
                               col_real(st, 3));
         if (aadd(points, p) != 0) {
             stmt_done(st);
-            reply_oom(c);
+            http_reply_oom(c);
             return -ENOMEM;
         }
     }
     if (rc != SQLITE_DONE) {
-        reply_db_error(c, "points buckets", rc);
+        http_reply_db_error(c, "points buckets", rc);
         stmt_done(st);
         return -EIO;
     }
@@ -1396,34 +690,35 @@ static int points_buckets(struct ctx *c, int64_t id, int64_t from, int64_t to, i
     return 0;
 }
 
-static int h_points(struct ctx *c)
+int http_runs_points(struct ctx *c)
 {
     int64_t id, from, to, limit, nb;
     bool has_limit, has_nb;
-    if (parse_int64(c->cap[0], &id) != 0 || id < 1)
-        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                           "series 'id' in the path must be an integer in 1..%" PRId64,
-                           (int64_t)INT64_MAX);
-    if (param_int(c, "from", 0, INT64_MAX, 0, &from, NULL) != 0 ||
-        param_int(c, "to", 0, INT64_MAX, INT64_MAX, &to, NULL) != 0 ||
-        param_int(c, "limit", 1, HTTP_MAX_LIMIT, HTTP_DEFAULT_LIMIT, &limit, &has_limit) != 0 ||
-        param_int(c, "max_points", 1, HTTP_MAX_POINTS_BUCKETS, 0, &nb, &has_nb) != 0)
+    if (http_parse_int64(c->cap[0], &id) != 0 || id < 1)
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "series 'id' in the path must be an integer in 1..%" PRId64,
+                                (int64_t)INT64_MAX);
+    if (http_param_int(c, "from", 0, INT64_MAX, 0, &from, NULL) != 0 ||
+        http_param_int(c, "to", 0, INT64_MAX, INT64_MAX, &to, NULL) != 0 ||
+        http_param_int(c, "limit", 1, HTTP_MAX_LIMIT, HTTP_DEFAULT_LIMIT, &limit,
+                       &has_limit) != 0 ||
+        http_param_int(c, "max_points", 1, HTTP_MAX_POINTS_BUCKETS, 0, &nb, &has_nb) != 0)
         return 0;
     if (from > to)
-        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                           "parameter 'from' must not be greater than 'to'");
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "parameter 'from' must not be greater than 'to'");
     if (has_limit && has_nb)
-        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                           "parameters 'limit' and 'max_points' cannot be combined");
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "parameters 'limit' and 'max_points' cannot be combined");
 
     sqlite3_stmt *st = c->dbc->st[STMT_SERIES_ONE];
     sqlite3_bind_int64(st, 1, id);
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW) {
         if (rc == SQLITE_DONE)
-            reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown series %" PRId64, id);
+            http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown series %" PRId64, id);
         else
-            reply_db_error(c, "series", rc);
+            http_reply_db_error(c, "series", rc);
         stmt_done(st);
         return 0;
     }
@@ -1433,7 +728,7 @@ static int h_points(struct ctx *c)
     if (series == NULL || points == NULL) {
         json_decref(series);
         json_decref(points);
-        return reply_oom(c);
+        return http_reply_oom(c);
     }
 
     json_t *next_from = NULL;
@@ -1453,7 +748,7 @@ static int h_points(struct ctx *c)
         doc = json_pack("{s:o,s:o,s:o,s:b}", "series", series, "points", points, "next_from",
                         next_from, "downsampled", 0);
     /* json_pack's "o" steals its references even when it fails */
-    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+    return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
 }
 
 /* --- silences of alerts ------------------------------------------------------------
@@ -1468,12 +763,6 @@ struct silence_set {
     double now;
 };
 
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void silences_release(struct silence_set *ss)
 {
@@ -1501,7 +790,7 @@ static int silences_load(struct ctx *c, struct silence_set *ss)
             ss->v = calloc(HTTP_MAX_ACTIVE_SILENCES, sizeof *ss->v);
             if (ss->v == NULL) {
                 stmt_done(st);
-                reply_oom(c);
+                http_reply_oom(c);
                 return -1;
             }
         }
@@ -1522,7 +811,7 @@ static int silences_load(struct ctx *c, struct silence_set *ss)
     stmt_done(st);
     if (rc != SQLITE_DONE) {
         silences_release(ss);
-        reply_db_error(c, "active silences", rc);
+        http_reply_db_error(c, "active silences", rc);
         return -1;
     }
     return 0;
@@ -1594,38 +883,38 @@ static const char *const attribution_names[] = {
     "attention-numerics", "optimizer-hyperparameter", "combined", "router-balance",
     "non-finite",         "loss-spike",               "none"};
 
-static int h_alerts(struct ctx *c)
+int http_alerts_list(struct ctx *c)
 {
     const char *run, *severity, *label, *rule;
     unsigned states;
     int64_t layer, head, window, rank, from_step, to_step, limit, before;
     bool has_layer, has_head, has_window, has_rank, has_from, has_to, has_since, has_until;
     double since = 0, until = 0;
-    if (param_text(c, "run", false, &run) != 0 || param_states(c, &states) != 0 ||
-        param_enum(c, "severity", severity_names,
-                   sizeof severity_names / sizeof severity_names[0], &severity) != 0 ||
-        param_enum(c, "label", attribution_names,
-                   sizeof attribution_names / sizeof attribution_names[0], &label) != 0 ||
-        param_text(c, "rule", false, &rule) != 0 ||
-        param_int(c, "layer", 0, INT32_MAX, -1, &layer, &has_layer) != 0 ||
-        param_int(c, "head", 0, INT32_MAX, -1, &head, &has_head) != 0 ||
-        param_int(c, "window", 1, INT32_MAX, 0, &window, &has_window) != 0 ||
-        param_int(c, "rank", 0, INT32_MAX, -1, &rank, &has_rank) != 0 ||
+    if (http_param_text(c, "run", false, &run) != 0 || param_states(c, &states) != 0 ||
+        http_param_enum(c, "severity", severity_names,
+                        sizeof severity_names / sizeof severity_names[0], &severity) != 0 ||
+        http_param_enum(c, "label", attribution_names,
+                        sizeof attribution_names / sizeof attribution_names[0], &label) != 0 ||
+        http_param_text(c, "rule", false, &rule) != 0 ||
+        http_param_int(c, "layer", 0, INT32_MAX, -1, &layer, &has_layer) != 0 ||
+        http_param_int(c, "head", 0, INT32_MAX, -1, &head, &has_head) != 0 ||
+        http_param_int(c, "window", 1, INT32_MAX, 0, &window, &has_window) != 0 ||
+        http_param_int(c, "rank", 0, INT32_MAX, -1, &rank, &has_rank) != 0 ||
         param_time(c, "since", &since, &has_since) != 0 ||
         param_time(c, "until", &until, &has_until) != 0 ||
-        param_int(c, "from_step", 0, INT64_MAX, 0, &from_step, &has_from) != 0 ||
-        param_int(c, "to_step", 0, INT64_MAX, INT64_MAX, &to_step, &has_to) != 0 ||
-        param_limit(c, &limit) != 0 || param_before(c, &before) != 0)
+        http_param_int(c, "from_step", 0, INT64_MAX, 0, &from_step, &has_from) != 0 ||
+        http_param_int(c, "to_step", 0, INT64_MAX, INT64_MAX, &to_step, &has_to) != 0 ||
+        http_param_limit(c, &limit) != 0 || http_param_before(c, &before) != 0)
         return 0;
     if (has_since && has_until && since > until)
-        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                           "parameter 'since' must not be greater than 'until'");
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "parameter 'since' must not be greater than 'until'");
     if (from_step > to_step)
-        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                           "parameter 'from_step' must not be greater than 'to_step'");
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "parameter 'from_step' must not be greater than 'to_step'");
 
     int64_t run_id = 0;
-    if (run != NULL && run_id_by_name(c, run, &run_id) != 0)
+    if (run != NULL && http_runs_id_by_name(c, run, &run_id) != 0)
         return 0;
 
     /* The index decides the statement: a state filter walks one range per
@@ -1672,7 +961,7 @@ static int h_alerts(struct ctx *c)
         stmt_done(st);
         return 0;
     }
-    reply_page(c, st, limit, AC_ID, alert_row, &ss, "alerts", "alerts");
+    http_reply_page(c, st, limit, AC_ID, alert_row, &ss, "alerts", "alerts");
     silences_release(&ss);
     return 0;
 }
@@ -1700,7 +989,7 @@ static int alert_history(struct ctx *c, int64_t id, json_t **out, bool *truncate
             goto oom;
     }
     if (!*truncated && rc != SQLITE_DONE) {
-        reply_db_error(c, "alert history", rc);
+        http_reply_db_error(c, "alert history", rc);
         stmt_done(st);
         json_decref(newest_first);
         json_decref(hist);
@@ -1717,25 +1006,25 @@ oom:
     stmt_done(st);
     json_decref(newest_first);
     json_decref(hist);
-    reply_oom(c);
+    http_reply_oom(c);
     return -ENOMEM;
 }
 
-static int h_alert(struct ctx *c)
+int http_alerts_get(struct ctx *c)
 {
     int64_t id;
-    if (parse_int64(c->cap[0], &id) != 0 || id < 1)
-        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                           "alert 'id' in the path must be an integer in 1..%" PRId64,
-                           (int64_t)INT64_MAX);
+    if (http_parse_int64(c->cap[0], &id) != 0 || id < 1)
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "alert 'id' in the path must be an integer in 1..%" PRId64,
+                                (int64_t)INT64_MAX);
     sqlite3_stmt *st = c->dbc->st[STMT_ALERT_ONE];
     sqlite3_bind_int64(st, 1, id);
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW) {
         if (rc == SQLITE_DONE)
-            reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown alert %" PRId64, id);
+            http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown alert %" PRId64, id);
         else
-            reply_db_error(c, "alert", rc);
+            http_reply_db_error(c, "alert", rc);
         stmt_done(st);
         return 0;
     }
@@ -1748,7 +1037,7 @@ static int h_alert(struct ctx *c)
     silences_release(&ss);
     stmt_done(st);
     if (alert == NULL)
-        return reply_oom(c);
+        return http_reply_oom(c);
 
     json_t *hist = NULL;
     bool truncated = false;
@@ -1761,7 +1050,7 @@ static int h_alert(struct ctx *c)
     json_t *doc = e == 0 ? json_pack("{s:o}", "alert", alert) : NULL;
     if (e != 0)
         json_decref(alert);
-    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+    return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
 }
 
 /* Position in incomplete's primary-key order: the last row of a page. The
@@ -1785,7 +1074,7 @@ static int incomplete_cursor_parse(const char *s, struct incomplete_key *k)
         if (colon == NULL)
             return -EINVAL;
         *colon = '\0';
-        if (parse_int64(p, nums[i]) != 0)
+        if (http_parse_int64(p, nums[i]) != 0)
             return -EINVAL;
         p = colon + 1;
     }
@@ -1795,20 +1084,20 @@ static int incomplete_cursor_parse(const char *s, struct incomplete_key *k)
     return 0;
 }
 
-static int h_incomplete(struct ctx *c)
+int http_runs_incomplete(struct ctx *c)
 {
     const char *name = c->cap[0];
-    const char *after = param_get(c, "after");
+    const char *after = http_param_get(c, "after");
     struct incomplete_key key;
     int64_t limit;
-    if (param_limit(c, &limit) != 0)
+    if (http_param_limit(c, &limit) != 0)
         return 0;
     if (after != NULL && incomplete_cursor_parse(after, &key) != 0)
-        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                           "parameter 'after' must be a cursor returned as 'next' by an "
-                           "earlier page");
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "parameter 'after' must be a cursor returned as 'next' by an "
+                                "earlier page");
     int64_t run_id;
-    if (run_id_by_name(c, name, &run_id) != 0)
+    if (http_runs_id_by_name(c, name, &run_id) != 0)
         return 0;
 
     sqlite3_stmt *st = c->dbc->st[after != NULL ? STMT_INCOMPLETE_AFTER : STMT_INCOMPLETE_FIRST];
@@ -1825,7 +1114,7 @@ static int h_incomplete(struct ctx *c)
     json_t *items = json_array();
     if (items == NULL) {
         stmt_done(st);
-        return reply_oom(c);
+        return http_reply_oom(c);
     }
     /* cursor of the last row returned; built before the extra row is read */
     char cursor[HTTP_MAX_PARAM_LEN + 1] = "";
@@ -1841,7 +1130,7 @@ static int h_incomplete(struct ctx *c)
         if (aadd(items, incomplete_json(st)) != 0) {
             stmt_done(st);
             json_decref(items);
-            return reply_oom(c);
+            return http_reply_oom(c);
         }
         const unsigned char *kind = sqlite3_column_text(st, IC_KIND);
         cursor_len = snprintf(cursor, sizeof cursor, "%" PRId64 ":%" PRId64 ":%" PRId64
@@ -1854,7 +1143,7 @@ static int h_incomplete(struct ctx *c)
         n++;
     }
     if (!more && rc != SQLITE_DONE) {
-        reply_db_error(c, "incomplete", rc);
+        http_reply_db_error(c, "incomplete", rc);
         stmt_done(st);
         json_decref(items);
         return 0;
@@ -1866,11 +1155,11 @@ static int h_incomplete(struct ctx *c)
         json_decref(items);
         log_limited(&c->dbc->rl, LOG_LEVEL_ERROR, LOG_MOD,
                     "incomplete: a cursor would exceed %u bytes", HTTP_MAX_PARAM_LEN);
-        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
-                           "cannot build a cursor for this page");
+        return http_reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
+                                "cannot build a cursor for this page");
     }
-    json_t *doc = page_doc("incomplete", items, more ? jstr(cursor) : json_null());
-    return doc != NULL ? reply_set(c, MHD_HTTP_OK, doc) : reply_oom(c);
+    json_t *doc = http_page_doc("incomplete", items, more ? jstr(cursor) : json_null());
+    return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
 }
 
 /* --- silences --------------------------------------------------------------------------- */
@@ -1932,10 +1221,10 @@ static json_t *silence_row(sqlite3_stmt *st, const void *arg)
 
 static int silence_id_param(struct ctx *c, int64_t *id)
 {
-    if (parse_int64(c->cap[0], id) != 0 || *id < 1) {
-        reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                    "silence 'id' in the path must be an integer in 1..%" PRId64,
-                    (int64_t)INT64_MAX);
+    if (http_parse_int64(c->cap[0], id) != 0 || *id < 1) {
+        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                         "silence 'id' in the path must be an integer in 1..%" PRId64,
+                         (int64_t)INT64_MAX);
         return -EINVAL;
     }
     return 0;
@@ -1949,19 +1238,21 @@ static int reply_silence(struct ctx *c)
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW) {
         if (rc == SQLITE_DONE)
-            reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown silence %" PRId64, c->wid);
+            http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown silence %" PRId64,
+                             c->wid);
         else
-            reply_db_error(c, "silence", rc);
+            http_reply_db_error(c, "silence", rc);
         stmt_done(st);
         return 0;
     }
     json_t *sil = silence_json(st, wall_now());
     stmt_done(st);
     json_t *doc = sil != NULL ? json_pack("{s:o}", "silence", sil) : NULL;
-    return doc != NULL ? reply_set(c, c->wstatus ? c->wstatus : MHD_HTTP_OK, doc) : reply_oom(c);
+    return doc != NULL ? http_reply_set(c, c->wstatus ? c->wstatus : MHD_HTTP_OK, doc)
+                       : http_reply_oom(c);
 }
 
-static int h_silence(struct ctx *c)
+int http_silences_get(struct ctx *c)
 {
     if (silence_id_param(c, &c->wid) != 0)
         return 0;
@@ -1984,9 +1275,9 @@ static int param_silence_states(struct ctx *c, bool want[3])
                              strncmp(p, silence_state_names[k], len) != 0))
                 k++;
             if (k == 3)
-                return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                                   "parameter 'state' must be one of: active, pending, expired "
-                                   "(repeated or comma-separated)"),
+                return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                        "parameter 'state' must be one of: active, pending, "
+                                        "expired (repeated or comma-separated)"),
                        -EINVAL;
             want[k] = any = true;
             if (p[len] == '\0')
@@ -1999,12 +1290,12 @@ static int param_silence_states(struct ctx *c, bool want[3])
     return 0;
 }
 
-static int h_silences(struct ctx *c)
+int http_silences_list(struct ctx *c)
 {
     bool want[3];
     int64_t limit, before;
-    if (param_silence_states(c, want) != 0 || param_limit(c, &limit) != 0 ||
-        param_before(c, &before) != 0)
+    if (param_silence_states(c, want) != 0 || http_param_limit(c, &limit) != 0 ||
+        http_param_before(c, &before) != 0)
         return 0;
     double now = wall_now();
     sqlite3_stmt *st = c->dbc->st[STMT_SILENCES_PAGE];
@@ -2013,7 +1304,7 @@ static int h_silences(struct ctx *c)
         sqlite3_bind_int(st, 2 + k, want[k]);
     sqlite3_bind_double(st, 5, now);
     sqlite3_bind_int64(st, 6, limit + 1);
-    return reply_page(c, st, limit, SLC_ID, silence_row, &now, "silences", "silences");
+    return http_reply_page(c, st, limit, SLC_ID, silence_row, &now, "silences", "silences");
 }
 
 /* Hands a silence item to the writer and waits for the commit. Returns 0
@@ -2024,7 +1315,7 @@ static int silence_write(struct ctx *c, struct store_item *it, int64_t *id)
     struct store_waiter *w = store_waiter_new();
     if (w == NULL) {
         store_item_free(it);
-        reply_oom(c);
+        http_reply_oom(c);
         return -ENOMEM;
     }
     it->silence.waiter = store_waiter_ref(w);
@@ -2032,8 +1323,8 @@ static int silence_write(struct ctx *c, struct store_item *it, int64_t *id)
     if (rc != 0) {
         store_item_free(it); /* settles w with -ECANCELED, drops its reference */
         store_waiter_put(w);
-        reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                    "storage is not accepting writes (shutting down)");
+        http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                         "storage is not accepting writes (shutting down)");
         return rc;
     }
     /* The writer holds the item's reference; if we give up first it still
@@ -2046,17 +1337,17 @@ static int silence_write(struct ctx *c, struct store_item *it, int64_t *id)
     case -EALREADY:
         return rc;
     case -ETIMEDOUT:
-        reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                    "storage did not commit within %u s (it may still); check before retrying",
-                    HTTP_WRITE_WAIT_MS / 1000);
+        http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                         "storage did not commit within %u s (it may still); check before retrying",
+                         HTTP_WRITE_WAIT_MS / 1000);
         return rc;
     case -ECANCELED:
-        reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                    "the daemon is shutting down; nothing was written");
+        http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                         "the daemon is shutting down; nothing was written");
         return rc;
     default:
-        reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
-                    "storage refused the write (details in the daemon log)");
+        http_reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
+                         "storage refused the write (details in the daemon log)");
         return rc;
     }
 }
@@ -2066,17 +1357,17 @@ static int silence_create(struct ctx *c, const char *run)
 {
     struct silence_req *req = malloc(sizeof *req);
     if (req == NULL)
-        return reply_oom(c);
+        return http_reply_oom(c);
     char why[512];
     if (http_silence_req_parse(c->req_body, c->req_len, run, wall_now(), req, why, sizeof why) !=
         0) {
         free(req);
-        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "%s", why);
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "%s", why);
     }
     struct store_item *it = store_item_new(STORE_ITEM_SILENCE);
     if (it == NULL) {
         free(req);
-        return reply_oom(c);
+        return http_reply_oom(c);
     }
     it->silence.op = STORE_SILENCE_INSERT;
     it->silence.starts_at = req->starts_at;
@@ -2088,44 +1379,44 @@ static int silence_create(struct ctx *c, const char *run)
     if (it->silence.matchers_json == NULL || it->silence.created_by == NULL ||
         it->silence.comment == NULL) {
         store_item_free(it);
-        return reply_oom(c);
+        return http_reply_oom(c);
     }
     if (silence_write(c, it, &c->wid) != 0)
         return 0;
     c->wstatus = MHD_HTTP_CREATED;
-    return db_read(c, reply_silence);
+    return http_db_read(c, reply_silence);
 }
 
-static int h_silence_create(struct ctx *c)
+int http_silences_create(struct ctx *c)
 {
     return silence_create(c, NULL);
 }
 
-static int h_maintenance(struct ctx *c)
+int http_silences_maintenance(struct ctx *c)
 {
     return silence_create(c, c->cap[0]);
 }
 
-static int h_silence_expire(struct ctx *c)
+int http_silences_expire(struct ctx *c)
 {
     int64_t id;
     if (silence_id_param(c, &id) != 0)
         return 0;
     struct store_item *it = store_item_new(STORE_ITEM_SILENCE);
     if (it == NULL)
-        return reply_oom(c);
+        return http_reply_oom(c);
     it->silence.op = STORE_SILENCE_EXPIRE;
     it->silence.id = id;
     int rc = silence_write(c, it, &c->wid);
     if (rc == -ENOENT)
-        return reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown silence %" PRId64, id);
+        return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown silence %" PRId64, id);
     if (rc == -EALREADY)
-        return reply_error(c, MHD_HTTP_CONFLICT, "conflict",
-                           "silence %" PRId64 " has already expired", id);
+        return http_reply_error(c, MHD_HTTP_CONFLICT, "conflict",
+                                "silence %" PRId64 " has already expired", id);
     if (rc != 0)
         return 0;
     c->wstatus = MHD_HTTP_OK;
-    return db_read(c, reply_silence);
+    return http_db_read(c, reply_silence);
 }
 
 /* --- /metrics ------------------------------------------------------------------------------ */
@@ -2140,11 +1431,12 @@ static int h_metrics(struct ctx *c)
     if (rc != 0) {
         metrics_buf_free(&b);
         if (rc > 0)
-            return reply_db_error(c, "metrics", rc);
-        return reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
-                           "cannot render metrics (%s)", rc == -E2BIG ? "too large" : "no memory");
+            return http_reply_db_error(c, "metrics", rc);
+        return http_reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
+                                "cannot render metrics (%s)",
+                                rc == -E2BIG ? "too large" : "no memory");
     }
-    return reply_raw(c, MHD_HTTP_OK, METRICS_CONTENT_TYPE, b.p, b.len, true);
+    return http_reply_raw(c, MHD_HTTP_OK, METRICS_CONTENT_TYPE, b.p, b.len, true);
 }
 
 /* --- route table ----------------------------------------------------------------------
@@ -2209,7 +1501,7 @@ static int h_metrics(struct ctx *c)
  * WWW-Authenticate: Bearer. Writes go through the writer thread.
  *
  * A row without .methods answers GET and HEAD; a reply that is not JSON
- * uses reply_raw() (bytes + content type). The dashboard (/ and
+ * uses http_reply_raw() (bytes + content type). The dashboard (/ and
  * /static/NAME, no token: the files hold no data) sets c->dash instead,
  * which send_reply sends with the file's content type and ETag. */
 
@@ -2219,7 +1511,7 @@ static int h_dashboard(struct ctx *c)
     if (dashboard_lookup(c->url, &c->dash_file) != 0) {
         char echo[HTTP_MAX_URL_ECHO + 1];
         snprintf(echo, sizeof echo, "%s", c->url);
-        return reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such asset: %s", echo);
+        return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such asset: %s", echo);
     }
     const char *inm =
         MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
@@ -2233,37 +1525,38 @@ static const struct route routes[] = {
     {.pattern = "/static/*", .fn = h_dashboard, .db = false, .open = true},
     {.pattern = "/healthz", .fn = h_healthz, .db = false, .open = true},
     {.pattern = "/readyz", .fn = h_readyz, .db = true, .open = true},
-    {.pattern = "/api/v1/runs", .fn = h_runs, .db = true, .params = {"limit", "after"}},
-    {.pattern = "/api/v1/runs/*", .fn = h_run, .db = true},
+    {.pattern = "/api/v1/runs", .fn = http_runs_list, .db = true, .params = {"limit", "after"}},
+    {.pattern = "/api/v1/runs/*", .fn = http_runs_get, .db = true},
     {.pattern = "/api/v1/series",
-     .fn = h_series,
+     .fn = http_runs_series,
      .db = true,
      .params = {"run", "name", "prefix", "layer", "head", "window", "rank", "limit", "after"}},
     {.pattern = "/api/v1/series/*/points",
-     .fn = h_points,
+     .fn = http_runs_points,
      .db = true,
      .params = {"from", "to", "limit", "max_points"}},
     {.pattern = "/api/v1/runs/*/incomplete",
-     .fn = h_incomplete,
+     .fn = http_runs_incomplete,
      .db = true,
      .params = {"limit", "after"}},
     {.pattern = "/api/v1/alerts",
-     .fn = h_alerts,
+     .fn = http_alerts_list,
      .db = true,
      .params = {"run", "state", "severity", "label", "rule", "layer", "head", "window", "rank",
                 "since", "until", "from_step", "to_step", "limit", "after"},
      .repeat = {"state"}},
-    {.pattern = "/api/v1/alerts/*", .fn = h_alert, .db = true},
+    {.pattern = "/api/v1/alerts/*", .fn = http_alerts_get, .db = true},
     {.pattern = "/api/v1/silences",
-     .fn = h_silences,
+     .fn = http_silences_list,
      .db = true,
      .params = {"state", "limit", "after"},
      .repeat = {"state"}},
-    {.pattern = "/api/v1/silences", .fn = h_silence_create, .methods = M_POST, .write = true,
+    {.pattern = "/api/v1/silences", .fn = http_silences_create, .methods = M_POST, .write = true,
      .body = true},
-    {.pattern = "/api/v1/silences/*", .fn = h_silence, .db = true},
-    {.pattern = "/api/v1/silences/*", .fn = h_silence_expire, .methods = M_DELETE, .write = true},
-    {.pattern = "/api/v1/runs/*/maintenance", .fn = h_maintenance, .methods = M_POST,
+    {.pattern = "/api/v1/silences/*", .fn = http_silences_get, .db = true},
+    {.pattern = "/api/v1/silences/*", .fn = http_silences_expire, .methods = M_DELETE,
+     .write = true},
+    {.pattern = "/api/v1/runs/*/maintenance", .fn = http_silences_maintenance, .methods = M_POST,
      .write = true, .body = true},
     {.pattern = "/metrics", .fn = h_metrics, .db = true},
 };
@@ -2354,8 +1647,8 @@ static int dbconn_open(struct dbconn *d, const char *path, char *err, size_t err
     }
     sqlite3_busy_timeout(d->db, HTTP_DB_BUSY_TIMEOUT_MS);
     for (int i = 0; i < STMT__COUNT; i++) {
-        rc = sqlite3_prepare_v3(d->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &d->st[i],
-                                NULL);
+        rc = sqlite3_prepare_v3(d->db, http_stmt_sql((enum stmt_id)i), -1,
+                                SQLITE_PREPARE_PERSISTENT, &d->st[i], NULL);
         if (rc != SQLITE_OK) {
             snprintf(err, errlen, "%s: prepare failed (is the schema applied?): %s", path,
                      sqlite3_errmsg(d->db));
@@ -2472,7 +1765,7 @@ static void allow_text(unsigned bits, char *out, size_t len)
     for (unsigned i = 0; i < 4; i++)
         if (bits & (1u << i))
             list[n++] = names[i];
-    join_names(list, n, out, len);
+    http_join_names(list, n, out, len);
 }
 
 /* 401 unless the request carries "Authorization: Bearer <token>" with one
@@ -2495,25 +1788,25 @@ static int auth_check(struct ctx *c, const char *t1, const char *t2)
     if (okay)
         return 0;
     c->www_auth = true;
-    reply_error(c, MHD_HTTP_UNAUTHORIZED, "unauthorized",
-                hdr == NULL ? "this endpoint needs Authorization: Bearer <token>"
-                            : "the bearer token is missing, malformed or wrong");
+    http_reply_error(c, MHD_HTTP_UNAUTHORIZED, "unauthorized",
+                     hdr == NULL ? "this endpoint needs Authorization: Bearer <token>"
+                                 : "the bearer token is missing, malformed or wrong");
     return -EACCES;
 }
 
 /* Checks out a read connection and runs fn inside one read transaction
  * (every statement sees the same committed snapshot). Sets the reply;
  * returns 0. */
-static int db_read(struct ctx *c, route_fn fn)
+int http_db_read(struct ctx *c, route_fn fn)
 {
     c->dbc = db_checkout(c->h);
     if (c->dbc == NULL)
-        return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                           "no database connection free; try again");
+        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                                "no database connection free; try again");
     int rc = sqlite3_step(c->dbc->st[STMT_BEGIN]);
     stmt_done(c->dbc->st[STMT_BEGIN]);
     if (rc != SQLITE_DONE) {
-        reply_db_error(c, "begin", rc);
+        http_reply_db_error(c, "begin", rc);
     } else {
         fn(c);
         rc = sqlite3_step(c->dbc->st[STMT_COMMIT]);
@@ -2541,8 +1834,8 @@ static int dispatch(struct ctx *c, const char *method)
     for (size_t i = 0; i < sizeof routes / sizeof routes[0] && r == NULL; i++) {
         int m = route_match(routes[i].pattern, c->url, c);
         if (m < 0)
-            return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                               "a path segment is longer than %u bytes", HTTP_MAX_PARAM_LEN);
+            return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                    "a path segment is longer than %u bytes", HTTP_MAX_PARAM_LEN);
         if (m == 0)
             continue;
         path_known = true;
@@ -2554,7 +1847,7 @@ static int dispatch(struct ctx *c, const char *method)
     if (!path_known) {
         char echo[HTTP_MAX_URL_ECHO + 1];
         snprintf(echo, sizeof echo, "%s", c->url);
-        return reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such resource: %s", echo);
+        return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such resource: %s", echo);
     }
     if (r == NULL) {
         /* the rest of the table may list other methods for this path */
@@ -2564,8 +1857,8 @@ static int dispatch(struct ctx *c, const char *method)
         allow_text(allowed, c->allow, sizeof c->allow);
         char echo[16];
         snprintf(echo, sizeof echo, "%s", method);
-        return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
-                           "method %s is not allowed here; use %s", echo, c->allow);
+        return http_reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
+                                "method %s is not allowed here; use %s", echo, c->allow);
     }
     /* the matching row's captures (a later non-matching row may have
      * overwritten them above) */
@@ -2577,22 +1870,22 @@ static int dispatch(struct ctx *c, const char *method)
         return 0;
     if (r->write) {
         if (h->write_token[0] == '\0')
-            return reply_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
-                               "writes disabled: set http_write_token");
+            return http_reply_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
+                                    "writes disabled: set http_write_token");
         if (auth_check(c, h->write_token, NULL) != 0)
             return 0;
         if (h->store == NULL)
-            return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                               "writes are not available in this process");
+            return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                                    "writes are not available in this process");
     }
     if (params_collect(c, r) != 0)
         return 0;
     if (r->body && (c->req_body == NULL || c->req_len == 0))
-        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                           "body: a JSON object is required");
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "body: a JSON object is required");
     if (!r->db)
         return r->fn(c);
-    return db_read(c, r->fn);
+    return http_db_read(c, r->fn);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -2619,10 +1912,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         int64_t announced = 0;
-        if (cl != NULL && (parse_int64(cl, &announced) != 0 || announced > HTTP_MAX_BODY_BYTES)) {
+        if (cl != NULL &&
+            (http_parse_int64(cl, &announced) != 0 || announced > HTTP_MAX_BODY_BYTES)) {
             rq->replied = true;
-            reply_error(&c, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large",
-                        "request body larger than %u bytes", HTTP_MAX_BODY_BYTES);
+            http_reply_error(&c, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large",
+                             "request body larger than %u bytes", HTTP_MAX_BODY_BYTES);
             enum MHD_Result r = send_reply(&c);
             json_decref(c.body);
             return r;

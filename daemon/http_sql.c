@@ -1,0 +1,119 @@
+/* The SQL of the HTTP API's prepared statements: every read connection
+ * prepares all of them when it opens (http.c, dbconn_open), which also
+ * checks that the schema is there. Ids and the shared column lists with
+ * their positions are in http_internal.h. */
+
+#include "http_internal.h"
+
+/* Alert listings share their parameters (bound by http_alerts_list):
+ *   ?1 run id, ?2 ids below this (keyset, newest first), ?3..?6 one state
+ *   per arm (NULL: arm unused), ?7 severity, ?8 attribution, ?9 rule,
+ *   ?10 layer, ?11 head, ?12 window, ?13 rank, ?14/?15 updated_at range,
+ *   ?16/?17 first_breach_step range, ?18 rows wanted (limit + 1).
+ * CROSS JOIN keeps alerts the outer loop, so the index order is the output
+ * order and no sort happens. */
+#define ALERTS_FROM " FROM alerts a CROSS JOIN runs r ON r.id = a.run_id "
+#define ALERTS_POST                                                                       \
+    "AND (?7 IS NULL OR a.severity = ?7) AND (?8 IS NULL OR a.attribution = ?8) "          \
+    "AND (?9 IS NULL OR a.rule = ?9) AND (?10 IS NULL OR a.layer = ?10) "                  \
+    "AND (?11 IS NULL OR a.head = ?11) AND (?12 IS NULL OR a.\"window\" = ?12) "           \
+    "AND (?13 IS NULL OR a.rank = ?13) "                                                  \
+    "AND (?14 IS NULL OR a.updated_at >= ?14) AND (?15 IS NULL OR a.updated_at <= ?15) "   \
+    "AND (?16 IS NULL OR a.first_breach_step >= ?16) "                                    \
+    "AND (?17 IS NULL OR a.first_breach_step <= ?17) "
+#define ALERTS_ORDER "ORDER BY a.id DESC LIMIT ?18"
+/* A state filter is a union of states: IN (...) on alerts_by_state would
+ * sort every matching row, so each state is its own index range, already
+ * in id order, at most ?18 rows, and the arms are merged (MERGE (UNION
+ * ALL): each arm sorts at most ?18 rows). */
+#define ALERTS_ARM(run, n)                                                                \
+    "SELECT * FROM (SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE " run "a.state = ?" n        \
+    " AND a.id < ?2 " ALERTS_POST ALERTS_ORDER ")"
+#define ALERTS_ARMS(run)                                                                  \
+    ALERTS_ARM(run, "3") " UNION ALL " ALERTS_ARM(run, "4") " UNION ALL "                   \
+    ALERTS_ARM(run, "5") " UNION ALL " ALERTS_ARM(run, "6") " ORDER BY 1 DESC LIMIT ?18"
+
+static const char *const stmt_sql[STMT__COUNT] = {
+    [STMT_BEGIN] = "BEGIN",
+    [STMT_COMMIT] = "COMMIT",
+    [STMT_ROLLBACK] = "ROLLBACK",
+    [STMT_READY] = "SELECT 1 FROM runs LIMIT 1",
+    [STMT_RUNS_PAGE] = "SELECT " RUN_COLUMNS " FROM runs r WHERE r.id > ?1 ORDER BY r.id LIMIT ?2",
+    [STMT_RUN_BY_NAME] = "SELECT " RUN_COLUMNS " FROM runs r WHERE r.name = ?1",
+    [STMT_RUN_STREAMS] = "SELECT attempt, rank, last_seq, reports, created_at, last_seen_at "
+                         "FROM streams WHERE run_id = ?1 ORDER BY attempt, rank LIMIT ?2",
+    [STMT_RUN_ID] = "SELECT id FROM runs WHERE name = ?1",
+    /* name given: a range scan of series_by_name (run_id, name, rowid),
+     * already in id order. */
+    [STMT_SERIES_BY_NAME] = "SELECT " SERIES_COLUMNS " FROM series s "
+                            "WHERE s.run_id = ?1 AND s.name = ?2 AND s.id > ?3 "
+                            "AND (?4 IS NULL OR s.layer = ?4) AND (?5 IS NULL OR s.head = ?5) "
+                            "AND (?6 IS NULL OR s.\"window\" = ?6) "
+                            "AND (?7 IS NULL OR s.rank = ?7) "
+                            "ORDER BY s.id LIMIT ?8",
+    /* prefix as a name range [?2, ?2 || 0xFF): 0xFF never occurs in UTF-8, so
+     * the range holds exactly the names that start with ?2. */
+    [STMT_SERIES_FILTER] = "SELECT " SERIES_COLUMNS " FROM series s "
+                           "WHERE s.run_id = ?1 AND s.id > ?3 "
+                           "AND (?2 IS NULL OR (s.name >= ?2 AND s.name < ?9)) "
+                           "AND (?4 IS NULL OR s.layer = ?4) AND (?5 IS NULL OR s.head = ?5) "
+                           "AND (?6 IS NULL OR s.\"window\" = ?6) "
+                           "AND (?7 IS NULL OR s.rank = ?7) "
+                           "ORDER BY s.id LIMIT ?8",
+    [STMT_SERIES_ONE] = "SELECT " SERIES_COLUMNS ", r.name FROM series s "
+                        "JOIN runs r ON r.id = s.run_id WHERE s.id = ?1",
+    [STMT_POINTS_PAGE] = "SELECT step, value FROM points "
+                         "WHERE series_id = ?1 AND step BETWEEN ?2 AND ?3 "
+                         "ORDER BY step LIMIT ?4",
+    /* Two scalar subqueries: each is a single index probe (min/max
+     * optimisation), unlike min() and max() in one SELECT. */
+    [STMT_POINTS_SPAN] = "SELECT (SELECT min(step) FROM points WHERE series_id = ?1 "
+                         "AND step BETWEEN ?2 AND ?3), "
+                         "(SELECT max(step) FROM points WHERE series_id = ?1 "
+                         "AND step BETWEEN ?2 AND ?3)",
+    /* Bucket b holds steps lo + b*w .. lo + (b+1)*w - 1; min(.., n-1) keeps
+     * the count at n even where w was clamped. */
+    [STMT_POINTS_BUCKETS] = "SELECT min(step), avg(value), min(value), max(value) FROM points "
+                            "WHERE series_id = ?1 AND step BETWEEN ?2 AND ?3 "
+                            "GROUP BY min((step - ?2) / ?4, ?5) ORDER BY 1",
+    /* Counts for /runs/{run}. The alert counts are covering-index counts
+     * with an index on alerts (run_id, state); without one they walk the
+     * open alerts of every run (alerts_by_state). */
+    [STMT_RUN_COUNTS] = "SELECT (SELECT count(*) FROM alerts WHERE run_id = ?1 AND state = ?2), "
+                        "(SELECT count(*) FROM alerts WHERE run_id = ?1 AND state = ?3), "
+                        "(SELECT count(*) FROM incomplete WHERE run_id = ?1)",
+    [STMT_ALERTS_ALL] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id < ?2 " ALERTS_POST
+                        ALERTS_ORDER,
+    [STMT_ALERTS_RUN] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.run_id = ?1 AND a.id < ?2 "
+                        ALERTS_POST ALERTS_ORDER,
+    [STMT_ALERTS_STATE] = ALERTS_ARMS(""),
+    [STMT_ALERTS_RUN_STATE] = ALERTS_ARMS("a.run_id = ?1 AND "),
+    [STMT_ALERT_ONE] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id = ?1",
+    /* newest first so that LIMIT keeps the latest; reversed in C */
+    [STMT_ALERT_HISTORY] = "SELECT id, change, from_state, to_state, step, at, attribution, "
+                           "evidence_json FROM alert_events WHERE alert_id = ?1 "
+                           "ORDER BY id DESC LIMIT ?2",
+    /* primary-key order; the cursor is the last key (row-value comparison,
+     * a range of the primary key) */
+    [STMT_INCOMPLETE_FIRST] = "SELECT " INCOMPLETE_COLUMNS " FROM incomplete WHERE run_id = ?1 "
+                              "ORDER BY step, kind, layer, head, \"window\" LIMIT ?7",
+    [STMT_INCOMPLETE_AFTER] = "SELECT " INCOMPLETE_COLUMNS " FROM incomplete WHERE run_id = ?1 "
+                              "AND (step, kind, layer, head, \"window\") > (?2, ?3, ?4, ?5, ?6) "
+                              "ORDER BY step, kind, layer, head, \"window\" LIMIT ?7",
+    [STMT_SILENCE_ONE] = "SELECT " SILENCE_COLUMNS " FROM silences WHERE id = ?1",
+    /* newest first; ?2..?4: states wanted (1/0) at time ?5; the state
+     * filter is checked on the rows walked (the table stays small) */
+    [STMT_SILENCES_PAGE] = "SELECT " SILENCE_COLUMNS " FROM silences WHERE id < ?1 AND ("
+                           "(?2 AND starts_at <= ?5 AND ends_at > ?5) OR "
+                           "(?3 AND starts_at > ?5 AND ends_at > ?5) OR (?4 AND ends_at <= ?5)) "
+                           "ORDER BY id DESC LIMIT ?6",
+    /* silences_by_end: only those not yet ended are walked */
+    [STMT_SILENCES_ACTIVE] = "SELECT id, matchers_json, starts_at, ends_at FROM silences "
+                             "WHERE ends_at > ?1 AND starts_at <= ?1 ORDER BY id LIMIT ?2",
+};
+
+/* Any thread: the table is constant. */
+const char *http_stmt_sql(enum stmt_id id)
+{
+    return stmt_sql[id];
+}
