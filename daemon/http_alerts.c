@@ -1,0 +1,465 @@
+/* Alerts: the read-only handlers of /api/v1/alerts and /api/v1/alerts/{id}
+ * (with the alert's history), the ALERT document, and its "silenced_by":
+ * the active silences matched against the alert's label set. Every handler
+ * runs inside the request's read transaction (c->dbc). */
+
+#include "http_internal.h"
+
+#include "alert.h" /* pinned state numbers only: fs_http does not link fs_monitor */
+#include "page_format.h" /* PAGE_MAX_LABELS: the pager's label set */
+#include "silence.h"
+
+/* state=: names of alert states or "open" (pending or firing), repeated
+ * and/or comma-separated; their union as a bit mask (bit = state number).
+ * Absent: *mask = 0. Any empty or unknown item is a 400. */
+static int param_states(struct ctx *c, unsigned *mask)
+{
+    static const char *const names[] = {"inactive", "pending", "firing", "resolved", "open"};
+    static const unsigned bits[] = {
+        1u << ALERT_INACTIVE, 1u << ALERT_PENDING, 1u << ALERT_FIRING, 1u << ALERT_RESOLVED,
+        (1u << ALERT_PENDING) | (1u << ALERT_FIRING)};
+    _Static_assert(sizeof names / sizeof names[0] == sizeof bits / sizeof bits[0], "states");
+    *mask = 0;
+    for (unsigned i = 0; i < c->nparams; i++) {
+        if (strcmp(c->params[i].name, "state") != 0)
+            continue;
+        const char *p = c->params[i].value;
+        for (;;) {
+            size_t len = strcspn(p, ",");
+            size_t k = 0;
+            while (k < sizeof names / sizeof names[0] &&
+                   (strlen(names[k]) != len || strncmp(p, names[k], len) != 0))
+                k++;
+            if (k == sizeof names / sizeof names[0]) {
+                char list[128];
+                http_join_names(names, sizeof names / sizeof names[0], list, sizeof list);
+                http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                 "parameter 'state' must be one of: %s "
+                                 "(repeated or comma-separated)",
+                                 list);
+                return -EINVAL;
+            }
+            *mask |= bits[k];
+            if (p[len] == '\0')
+                break;
+            p += len + 1;
+        }
+    }
+    return 0;
+}
+
+/* A UNIX time in seconds: digits with an optional fraction (no sign, no
+ * exponent, no blanks). */
+static int param_time(struct ctx *c, const char *name, double *out, bool *present)
+{
+    const char *s = http_param_get(c, name);
+    *present = s != NULL;
+    if (s == NULL)
+        return 0;
+    size_t int_digits = strspn(s, "0123456789");
+    const char *p = s + int_digits;
+    size_t frac_digits = 0;
+    if (*p == '.') {
+        frac_digits = strspn(p + 1, "0123456789");
+        p += 1 + frac_digits;
+    }
+    char *end = NULL;
+    double v = 0;
+    if (int_digits > 0 && *p == '\0' && (p == s + int_digits || frac_digits > 0)) {
+        v = strtod(s, &end);
+    }
+    if (end == NULL || *end != '\0' || !isfinite(v)) {
+        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                         "parameter '%s' must be a UNIX time in seconds "
+                         "(digits, optional fraction)",
+                         name);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Pinned state numbers (alert.h) and their names in the API. */
+static const char *const alert_state_names[] = {
+    [ALERT_INACTIVE] = "inactive",
+    [ALERT_PENDING] = "pending",
+    [ALERT_FIRING] = "firing",
+    [ALERT_RESOLVED] = "resolved",
+};
+#define ALERT_STATE_COUNT (sizeof alert_state_names / sizeof alert_state_names[0])
+
+static json_t *col_state(sqlite3_stmt *st, int i)
+{
+    if (sqlite3_column_type(st, i) == SQLITE_NULL)
+        return json_null();
+    int64_t v = sqlite3_column_int64(st, i);
+    return json_string(v >= 0 && (uint64_t)v < ALERT_STATE_COUNT ? alert_state_names[v]
+                                                                   : "unknown");
+}
+
+/* ALERT object from a row of ALERT_COLUMNS. */
+static json_t *alert_json(sqlite3_stmt *st)
+{
+    static const struct label_cols lc = {
+        .layer = AC_LAYER, .head = AC_HEAD, .window = AC_WINDOW, .rank = AC_RANK};
+    json_t *o = json_object();
+    json_t *ev = json_object();
+    if (o == NULL || ev == NULL) {
+        json_decref(o);
+        json_decref(ev);
+        return NULL;
+    }
+    int rc = 0;
+    rc |= oset(ev, "value", col_real(st, AC_VALUE));
+    rc |= oset(ev, "median", col_real(st, AC_MEDIAN));
+    rc |= oset(ev, "mad", col_real(st, AC_MAD));
+    rc |= oset(ev, "z", col_real(st, AC_Z));
+    rc |= oset(ev, "first_breach_step", col_int(st, AC_FIRST_BREACH));
+    rc |= oset(ev, "fired_step", col_int(st, AC_FIRED));
+    rc |= oset(ev, "resolved_step", col_int(st, AC_RESOLVED));
+    rc |= oset(ev, "last_step", col_int(st, AC_LAST_STEP));
+    rc |= oset(o, "evidence", ev); /* consumes ev, also on failure */
+    rc |= oset(o, "id", col_int(st, AC_ID));
+    rc |= oset(o, "run", col_text(st, AC_RUN));
+    rc |= oset(o, "rule", col_text(st, AC_RULE));
+    rc |= oset(o, "state", col_state(st, AC_STATE));
+    rc |= oset(o, "severity", col_text(st, AC_SEVERITY));
+    rc |= oset(o, "family", col_text(st, AC_FAMILY));
+    rc |= oset(o, "attribution", col_text(st, AC_ATTRIBUTION));
+    rc |= oset(o, "labels", http_labels_json(st, &lc));
+    rc |= oset(o, "dedup_key", col_text(st, AC_DEDUP));
+    rc |= oset(o, "alert_key", col_text(st, AC_KEY));
+    rc |= oset(o, "incidents", col_int(st, AC_INCIDENTS));
+    rc |= oset(o, "created_at", col_real(st, AC_CREATED));
+    rc |= oset(o, "updated_at", col_real(st, AC_UPDATED));
+    rc |= oset(o, "series_id", col_int(st, AC_SERIES));
+    if (rc != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* One alert_events row (STMT_ALERT_HISTORY). */
+static json_t *event_json(sqlite3_stmt *st)
+{
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    int rc = 0;
+    rc |= oset(o, "id", col_int(st, 0));
+    rc |= oset(o, "change", col_text(st, 1));
+    rc |= oset(o, "from", col_state(st, 2));
+    rc |= oset(o, "to", col_state(st, 3));
+    rc |= oset(o, "step", col_int(st, 4));
+    rc |= oset(o, "at", col_real(st, 5));
+    rc |= oset(o, "attribution", col_text(st, 6));
+    rc |= oset(o, "evidence", http_col_json_object(st, 7, HTTP_MAX_EVIDENCE_JSON_BYTES));
+    if (rc != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* --- silences of alerts ------------------------------------------------------------
+ * "silenced_by" in ALERT documents: the ids of the active silences whose
+ * matchers match the alert's label set (the one the pager sends):
+ * alertname (the rule), run, severity, family, signature and attribution
+ * (both the attribution), and layer, head, window, rank where the alert
+ * has that scope (page_format.h, page_labels). */
+struct silence_set {
+    size_t n;
+    struct silence *v; /* n parsed silences (regexes compiled) */
+    double now;
+};
+
+
+static void silences_release(struct silence_set *ss)
+{
+    for (size_t i = 0; i < ss->n; i++)
+        silence_free(&ss->v[i]);
+    free(ss->v);
+    ss->v = NULL;
+    ss->n = 0;
+}
+
+/* Loads the active silences (at most HTTP_MAX_ACTIVE_SILENCES, oldest
+ * first). Returns 0, or -1 after setting the reply. A row that does not
+ * parse (written by another version?) is skipped with a complaint. */
+static int silences_load(struct ctx *c, struct silence_set *ss)
+{
+    ss->n = 0;
+    ss->v = NULL;
+    ss->now = wall_now();
+    sqlite3_stmt *st = c->dbc->st[STMT_SILENCES_ACTIVE];
+    sqlite3_bind_double(st, 1, ss->now);
+    sqlite3_bind_int(st, 2, HTTP_MAX_ACTIVE_SILENCES);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (ss->v == NULL) {
+            ss->v = calloc(HTTP_MAX_ACTIVE_SILENCES, sizeof *ss->v);
+            if (ss->v == NULL) {
+                stmt_done(st);
+                http_reply_oom(c);
+                return -1;
+            }
+        }
+        struct silence *x = &ss->v[ss->n];
+        const char *m = (const char *)sqlite3_column_text(st, 1);
+        char why[160];
+        if (m == NULL ||
+            silence_parse(m, (size_t)sqlite3_column_bytes(st, 1), x, why, sizeof why) != 0) {
+            log_limited(&c->dbc->rl, LOG_LEVEL_WARN, LOG_MOD, "silence %lld: %s",
+                        (long long)sqlite3_column_int64(st, 0), m == NULL ? "no matchers" : why);
+            continue;
+        }
+        x->id = sqlite3_column_int64(st, 0);
+        x->starts_at = sqlite3_column_double(st, 2);
+        x->ends_at = sqlite3_column_double(st, 3);
+        ss->n++;
+    }
+    stmt_done(st);
+    if (rc != SQLITE_DONE) {
+        silences_release(ss);
+        http_reply_db_error(c, "active silences", rc);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *col_cstr(sqlite3_stmt *st, int i)
+{
+    const char *s = (const char *)sqlite3_column_text(st, i);
+    return s != NULL ? s : "";
+}
+
+/* The ids of the silences of ss that match the alert in the current row
+ * (ALERT_COLUMNS). */
+static json_t *silenced_by_json(sqlite3_stmt *st, const struct silence_set *ss)
+{
+    json_t *a = json_array();
+    if (a == NULL || ss == NULL || ss->n == 0)
+        return a;
+    static const struct {
+        const char *name;
+        int col;
+        int64_t min;
+    } scopes[] = {{"layer", AC_LAYER, 0}, {"head", AC_HEAD, 0}, {"window", AC_WINDOW, 1},
+                  {"rank", AC_RANK, 0}};
+    char num[4][24];
+    struct silence_label l[PAGE_MAX_LABELS];
+    size_t n = 0;
+    l[n++] = (struct silence_label){"alertname", col_cstr(st, AC_RULE)};
+    l[n++] = (struct silence_label){"run", col_cstr(st, AC_RUN)};
+    l[n++] = (struct silence_label){"severity", col_cstr(st, AC_SEVERITY)};
+    l[n++] = (struct silence_label){"family", col_cstr(st, AC_FAMILY)};
+    l[n++] = (struct silence_label){"signature", col_cstr(st, AC_ATTRIBUTION)};
+    l[n++] = (struct silence_label){"attribution", col_cstr(st, AC_ATTRIBUTION)};
+    for (size_t i = 0; i < sizeof scopes / sizeof scopes[0]; i++) {
+        int64_t v = sqlite3_column_int64(st, scopes[i].col);
+        if (sqlite3_column_type(st, scopes[i].col) == SQLITE_NULL || v < scopes[i].min)
+            continue;
+        snprintf(num[i], sizeof num[i], "%" PRId64, v);
+        l[n++] = (struct silence_label){scopes[i].name, num[i]};
+    }
+    for (size_t i = 0; i < ss->n; i++)
+        if (silence_matches(&ss->v[i], l, n, ss->now) && aadd(a, json_integer(ss->v[i].id)) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+/* ALERT with "silenced_by". */
+static json_t *alert_json_silenced(sqlite3_stmt *st, const struct silence_set *ss)
+{
+    json_t *o = alert_json(st);
+    if (o != NULL && oset(o, "silenced_by", silenced_by_json(st, ss)) != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static json_t *alert_row(sqlite3_stmt *st, const void *arg)
+{
+    return alert_json_silenced(st, arg);
+}
+
+/* Accepted values of severity= and label= (the attribution column; see
+ * alert_attribution_name and detect_severity_name). */
+static const char *const severity_names[] = {"warning", "critical"};
+static const char *const attribution_names[] = {
+    "attention-numerics", "optimizer-hyperparameter", "combined", "router-balance",
+    "non-finite",         "loss-spike",               "none"};
+
+int http_alerts_list(struct ctx *c)
+{
+    const char *run, *severity, *label, *rule;
+    unsigned states;
+    int64_t layer, head, window, rank, from_step, to_step, limit, before;
+    bool has_layer, has_head, has_window, has_rank, has_from, has_to, has_since, has_until;
+    double since = 0, until = 0;
+    if (http_param_text(c, "run", false, &run) != 0 || param_states(c, &states) != 0 ||
+        http_param_enum(c, "severity", severity_names,
+                        sizeof severity_names / sizeof severity_names[0], &severity) != 0 ||
+        http_param_enum(c, "label", attribution_names,
+                        sizeof attribution_names / sizeof attribution_names[0], &label) != 0 ||
+        http_param_text(c, "rule", false, &rule) != 0 ||
+        http_param_int(c, "layer", 0, INT32_MAX, -1, &layer, &has_layer) != 0 ||
+        http_param_int(c, "head", 0, INT32_MAX, -1, &head, &has_head) != 0 ||
+        http_param_int(c, "window", 1, INT32_MAX, 0, &window, &has_window) != 0 ||
+        http_param_int(c, "rank", 0, INT32_MAX, -1, &rank, &has_rank) != 0 ||
+        param_time(c, "since", &since, &has_since) != 0 ||
+        param_time(c, "until", &until, &has_until) != 0 ||
+        http_param_int(c, "from_step", 0, INT64_MAX, 0, &from_step, &has_from) != 0 ||
+        http_param_int(c, "to_step", 0, INT64_MAX, INT64_MAX, &to_step, &has_to) != 0 ||
+        http_param_limit(c, &limit) != 0 || http_param_before(c, &before) != 0)
+        return 0;
+    if (has_since && has_until && since > until)
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "parameter 'since' must not be greater than 'until'");
+    if (from_step > to_step)
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "parameter 'from_step' must not be greater than 'to_step'");
+
+    int64_t run_id = 0;
+    if (run != NULL && http_runs_id_by_name(c, run, &run_id) != 0)
+        return 0;
+
+    /* The index decides the statement: a state filter walks one range per
+     * state (alerts_by_state, or an index on (run_id, state) with run);
+     * otherwise alerts_by_run or the table itself, newest first. Other
+     * filters are checked on the rows walked. */
+    enum stmt_id sid = states != 0 ? (run != NULL ? STMT_ALERTS_RUN_STATE : STMT_ALERTS_STATE)
+                                   : (run != NULL ? STMT_ALERTS_RUN : STMT_ALERTS_ALL);
+    sqlite3_stmt *st = c->dbc->st[sid];
+    if (run != NULL)
+        sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, before);
+    /* ALERTS_ARMS has one arm per state: a new state needs a new arm */
+    _Static_assert(ALERT_STATE_COUNT == HTTP_MAX_ALERT_STATE_ARMS, "one SQL arm per state");
+    int arm = 0;
+    for (unsigned k = 0; k < ALERT_STATE_COUNT && arm < HTTP_MAX_ALERT_STATE_ARMS; k++)
+        if (states & (1u << k))
+            sqlite3_bind_int64(st, 3 + arm++, (int64_t)k);
+    if (severity != NULL)
+        sqlite3_bind_text(st, 7, severity, -1, SQLITE_STATIC);
+    if (label != NULL)
+        sqlite3_bind_text(st, 8, label, -1, SQLITE_STATIC);
+    if (rule != NULL)
+        sqlite3_bind_text(st, 9, rule, -1, SQLITE_STATIC);
+    if (has_layer)
+        sqlite3_bind_int64(st, 10, layer);
+    if (has_head)
+        sqlite3_bind_int64(st, 11, head);
+    if (has_window)
+        sqlite3_bind_int64(st, 12, window);
+    if (has_rank)
+        sqlite3_bind_int64(st, 13, rank);
+    if (has_since)
+        sqlite3_bind_double(st, 14, since);
+    if (has_until)
+        sqlite3_bind_double(st, 15, until);
+    if (has_from)
+        sqlite3_bind_int64(st, 16, from_step);
+    if (has_to)
+        sqlite3_bind_int64(st, 17, to_step);
+    sqlite3_bind_int64(st, 18, limit + 1);
+    struct silence_set ss;
+    if (silences_load(c, &ss) != 0) {
+        stmt_done(st);
+        return 0;
+    }
+    http_reply_page(c, st, limit, AC_ID, alert_row, &ss, "alerts", "alerts");
+    silences_release(&ss);
+    return 0;
+}
+
+/* The latest HTTP_MAX_ALERT_HISTORY transitions of alert id, oldest first,
+ * into *out; *truncated when older ones exist. Returns 0, or a negative
+ * code with the reply set. */
+static int alert_history(struct ctx *c, int64_t id, json_t **out, bool *truncated)
+{
+    sqlite3_stmt *st = c->dbc->st[STMT_ALERT_HISTORY];
+    json_t *newest_first = json_array();
+    json_t *hist = json_array();
+    if (newest_first == NULL || hist == NULL)
+        goto oom;
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int64(st, 2, HTTP_MAX_ALERT_HISTORY + 1);
+    *truncated = false;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (json_array_size(newest_first) == HTTP_MAX_ALERT_HISTORY) {
+            *truncated = true;
+            break;
+        }
+        if (aadd(newest_first, event_json(st)) != 0)
+            goto oom;
+    }
+    if (!*truncated && rc != SQLITE_DONE) {
+        http_reply_db_error(c, "alert history", rc);
+        stmt_done(st);
+        json_decref(newest_first);
+        json_decref(hist);
+        return -EIO;
+    }
+    stmt_done(st);
+    for (size_t i = json_array_size(newest_first); i-- > 0;)
+        if (json_array_append(hist, json_array_get(newest_first, i)) != 0)
+            goto oom;
+    json_decref(newest_first);
+    *out = hist;
+    return 0;
+oom:
+    stmt_done(st);
+    json_decref(newest_first);
+    json_decref(hist);
+    http_reply_oom(c);
+    return -ENOMEM;
+}
+
+int http_alerts_get(struct ctx *c)
+{
+    int64_t id;
+    if (http_parse_int64(c->cap[0], &id) != 0 || id < 1)
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                "alert 'id' in the path must be an integer in 1..%" PRId64,
+                                (int64_t)INT64_MAX);
+    sqlite3_stmt *st = c->dbc->st[STMT_ALERT_ONE];
+    sqlite3_bind_int64(st, 1, id);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        if (rc == SQLITE_DONE)
+            http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown alert %" PRId64, id);
+        else
+            http_reply_db_error(c, "alert", rc);
+        stmt_done(st);
+        return 0;
+    }
+    struct silence_set ss;
+    if (silences_load(c, &ss) != 0) {
+        stmt_done(st);
+        return 0;
+    }
+    json_t *alert = alert_json_silenced(st, &ss);
+    silences_release(&ss);
+    stmt_done(st);
+    if (alert == NULL)
+        return http_reply_oom(c);
+
+    json_t *hist = NULL;
+    bool truncated = false;
+    if (alert_history(c, id, &hist, &truncated) != 0) {
+        json_decref(alert);
+        return 0;
+    }
+    int e = oset(alert, "history", hist);
+    e |= oset(alert, "history_truncated", json_boolean(truncated));
+    json_t *doc = e == 0 ? json_pack("{s:o}", "alert", alert) : NULL;
+    if (e != 0)
+        json_decref(alert);
+    return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
+}
