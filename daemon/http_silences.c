@@ -1,0 +1,267 @@
+/* Silences: GET /api/v1/silences and /api/v1/silences/{id} (read
+ * transaction on c->dbc), and the write path: POST /api/v1/silences, DELETE
+ * /api/v1/silences/{id} and POST /api/v1/runs/{run}/maintenance hand a
+ * silence item to the writer thread (store.h), wait for its commit, then
+ * read the result back through http_db_read. */
+
+#include "http_internal.h"
+
+#include "http_parse.h"
+#include "store.h"
+
+/* --- silences --------------------------------------------------------------------------- */
+
+static const char *const silence_state_names[] = {"active", "pending", "expired"};
+
+static const char *silence_state(double starts, double ends, double now)
+{
+    if (ends <= now)
+        return "expired";
+    return starts <= now ? "active" : "pending";
+}
+
+/* An RFC 3339 UTC time; null where the value cannot be shown. */
+static json_t *col_time(sqlite3_stmt *st, int i)
+{
+    char buf[48];
+    if (sqlite3_column_type(st, i) == SQLITE_NULL ||
+        http_time_format(sqlite3_column_double(st, i), buf, sizeof buf) != 0)
+        return json_null();
+    return json_string(buf);
+}
+
+/* SILENCE from a row of SILENCE_COLUMNS. */
+static json_t *silence_json(sqlite3_stmt *st, double now)
+{
+    json_t *o = json_object();
+    if (o == NULL)
+        return NULL;
+    json_error_t jerr;
+    const char *m = (const char *)sqlite3_column_text(st, SLC_MATCHERS);
+    json_t *matchers = m != NULL ? json_loadb(m, (size_t)sqlite3_column_bytes(st, SLC_MATCHERS),
+                                              0, &jerr)
+                                 : NULL;
+    int rc = 0;
+    rc |= oset(o, "id", col_int(st, SLC_ID));
+    rc |= oset(o, "matchers", matchers != NULL ? matchers : json_array());
+    rc |= oset(o, "startsAt", col_time(st, SLC_STARTS));
+    rc |= oset(o, "endsAt", col_time(st, SLC_ENDS));
+    rc |= oset(o, "createdBy", col_text(st, SLC_BY));
+    rc |= oset(o, "comment", col_text(st, SLC_COMMENT));
+    rc |= oset(o, "status",
+               json_pack("{s:s}", "state",
+                         silence_state(sqlite3_column_double(st, SLC_STARTS),
+                                       sqlite3_column_double(st, SLC_ENDS), now)));
+    rc |= oset(o, "createdAt", col_time(st, SLC_CREATED));
+    rc |= oset(o, "updatedAt", col_time(st, SLC_UPDATED));
+    if (rc != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static json_t *silence_row(sqlite3_stmt *st, const void *arg)
+{
+    return silence_json(st, *(const double *)arg);
+}
+
+static int silence_id_param(struct ctx *c, int64_t *id)
+{
+    if (http_parse_int64(c->cap[0], id) != 0 || *id < 1) {
+        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                         "silence 'id' in the path must be an integer in 1..%" PRId64,
+                         (int64_t)INT64_MAX);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* {"silence": SILENCE} of c->wid with status c->wstatus (or 200). */
+static int reply_silence(struct ctx *c)
+{
+    sqlite3_stmt *st = c->dbc->st[STMT_SILENCE_ONE];
+    sqlite3_bind_int64(st, 1, c->wid);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        if (rc == SQLITE_DONE)
+            http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown silence %" PRId64,
+                             c->wid);
+        else
+            http_reply_db_error(c, "silence", rc);
+        stmt_done(st);
+        return 0;
+    }
+    json_t *sil = silence_json(st, wall_now());
+    stmt_done(st);
+    json_t *doc = sil != NULL ? json_pack("{s:o}", "silence", sil) : NULL;
+    return doc != NULL ? http_reply_set(c, c->wstatus ? c->wstatus : MHD_HTTP_OK, doc)
+                       : http_reply_oom(c);
+}
+
+int http_silences_get(struct ctx *c)
+{
+    if (silence_id_param(c, &c->wid) != 0)
+        return 0;
+    return reply_silence(c);
+}
+
+/* state=active|pending|expired, repeated or comma-separated; absent: all. */
+static int param_silence_states(struct ctx *c, bool want[3])
+{
+    bool any = false;
+    want[0] = want[1] = want[2] = false;
+    for (unsigned i = 0; i < c->nparams; i++) {
+        if (strcmp(c->params[i].name, "state") != 0)
+            continue;
+        const char *p = c->params[i].value;
+        for (;;) {
+            size_t len = strcspn(p, ",");
+            size_t k = 0;
+            while (k < 3 && (strlen(silence_state_names[k]) != len ||
+                             strncmp(p, silence_state_names[k], len) != 0))
+                k++;
+            if (k == 3)
+                return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                        "parameter 'state' must be one of: active, pending, "
+                                        "expired (repeated or comma-separated)"),
+                       -EINVAL;
+            want[k] = any = true;
+            if (p[len] == '\0')
+                break;
+            p += len + 1;
+        }
+    }
+    if (!any)
+        want[0] = want[1] = want[2] = true;
+    return 0;
+}
+
+int http_silences_list(struct ctx *c)
+{
+    bool want[3];
+    int64_t limit, before;
+    if (param_silence_states(c, want) != 0 || http_param_limit(c, &limit) != 0 ||
+        http_param_before(c, &before) != 0)
+        return 0;
+    double now = wall_now();
+    sqlite3_stmt *st = c->dbc->st[STMT_SILENCES_PAGE];
+    sqlite3_bind_int64(st, 1, before);
+    for (int k = 0; k < 3; k++)
+        sqlite3_bind_int(st, 2 + k, want[k]);
+    sqlite3_bind_double(st, 5, now);
+    sqlite3_bind_int64(st, 6, limit + 1);
+    return http_reply_page(c, st, limit, SLC_ID, silence_row, &now, "silences", "silences");
+}
+
+/* Hands a silence item to the writer and waits for the commit. Returns 0
+ * with *id, -ENOENT / -EALREADY for the caller to answer, or another
+ * negative code after setting the reply. Consumes it. */
+static int silence_write(struct ctx *c, struct store_item *it, int64_t *id)
+{
+    struct store_waiter *w = store_waiter_new();
+    if (w == NULL) {
+        store_item_free(it);
+        http_reply_oom(c);
+        return -ENOMEM;
+    }
+    it->silence.waiter = store_waiter_ref(w);
+    int rc = store_submit(c->h->store, it);
+    if (rc != 0) {
+        store_item_free(it); /* settles w with -ECANCELED, drops its reference */
+        store_waiter_put(w);
+        http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                         "storage is not accepting writes (shutting down)");
+        return rc;
+    }
+    /* The writer holds the item's reference; if we give up first it still
+     * settles and frees the waiter safely. */
+    rc = store_waiter_wait(w, HTTP_WRITE_WAIT_MS, id);
+    store_waiter_put(w);
+    switch (rc) {
+    case 0:
+    case -ENOENT:
+    case -EALREADY:
+        return rc;
+    case -ETIMEDOUT:
+        http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                         "storage did not commit within %u s (it may still); check before retrying",
+                         HTTP_WRITE_WAIT_MS / 1000);
+        return rc;
+    case -ECANCELED:
+        http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                         "the daemon is shutting down; nothing was written");
+        return rc;
+    default:
+        http_reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
+                         "storage refused the write (details in the daemon log)");
+        return rc;
+    }
+}
+
+/* POST body -> an INSERT item; run: maintenance silence of that run. */
+static int silence_create(struct ctx *c, const char *run)
+{
+    struct silence_req *req = malloc(sizeof *req);
+    if (req == NULL)
+        return http_reply_oom(c);
+    char why[512];
+    if (http_silence_req_parse(c->req_body, c->req_len, run, wall_now(), req, why, sizeof why) !=
+        0) {
+        free(req);
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "%s", why);
+    }
+    struct store_item *it = store_item_new(STORE_ITEM_SILENCE);
+    if (it == NULL) {
+        free(req);
+        return http_reply_oom(c);
+    }
+    it->silence.op = STORE_SILENCE_INSERT;
+    it->silence.starts_at = req->starts_at;
+    it->silence.ends_at = req->ends_at;
+    it->silence.matchers_json = strdup(req->matchers_json);
+    it->silence.created_by = strdup(req->created_by);
+    it->silence.comment = strdup(req->comment);
+    free(req);
+    if (it->silence.matchers_json == NULL || it->silence.created_by == NULL ||
+        it->silence.comment == NULL) {
+        store_item_free(it);
+        return http_reply_oom(c);
+    }
+    if (silence_write(c, it, &c->wid) != 0)
+        return 0;
+    c->wstatus = MHD_HTTP_CREATED;
+    return http_db_read(c, reply_silence);
+}
+
+int http_silences_create(struct ctx *c)
+{
+    return silence_create(c, NULL);
+}
+
+int http_silences_maintenance(struct ctx *c)
+{
+    return silence_create(c, c->cap[0]);
+}
+
+int http_silences_expire(struct ctx *c)
+{
+    int64_t id;
+    if (silence_id_param(c, &id) != 0)
+        return 0;
+    struct store_item *it = store_item_new(STORE_ITEM_SILENCE);
+    if (it == NULL)
+        return http_reply_oom(c);
+    it->silence.op = STORE_SILENCE_EXPIRE;
+    it->silence.id = id;
+    int rc = silence_write(c, it, &c->wid);
+    if (rc == -ENOENT)
+        return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown silence %" PRId64, id);
+    if (rc == -EALREADY)
+        return http_reply_error(c, MHD_HTTP_CONFLICT, "conflict",
+                                "silence %" PRId64 " has already expired", id);
+    if (rc != 0)
+        return 0;
+    c->wstatus = MHD_HTTP_OK;
+    return http_db_read(c, reply_silence);
+}
