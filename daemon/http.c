@@ -109,7 +109,7 @@ static int params_collect(struct ctx *c, const struct route *r)
     return col.err;
 }
 
-/* --- handlers ----------------------------------------------------------------------- */
+/* --- the small routes ---------------------------------------------------------------- */
 
 static int h_healthz(struct ctx *c)
 {

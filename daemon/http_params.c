@@ -37,7 +37,7 @@ int http_parse_int64(const char *s, int64_t *out)
 /* Reads integer parameter `name` in [min, max]. Absent: *out = def and
  * *present = false. Garbage: a 400 naming the parameter, returns -EINVAL. */
 int http_param_int(struct ctx *c, const char *name, int64_t min, int64_t max, int64_t def,
-                          int64_t *out, bool *present)
+                   int64_t *out, bool *present)
 {
     const char *s = http_param_get(c, name);
     if (present != NULL)
@@ -126,7 +126,7 @@ void http_join_names(const char *const *names, size_t n, char *buf, size_t len)
 
 /* A text parameter that must be one of names[0..n). Absent: *out = NULL. */
 int http_param_enum(struct ctx *c, const char *name, const char *const *names, size_t n,
-                           const char **out)
+                    const char **out)
 {
     const char *s = http_param_get(c, name);
     *out = s;

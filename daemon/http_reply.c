@@ -7,13 +7,6 @@
 
 #include <stdarg.h>
 
-static json_t *cursor_json(int64_t id)
-{
-    char buf[32];
-    snprintf(buf, sizeof buf, "%" PRId64, id);
-    return json_string(buf);
-}
-
 /* --- replies ------------------------------------------------------------------------ */
 
 /* Drops a raw reply set earlier (a later error replaces it). */
@@ -38,7 +31,7 @@ int http_reply_set(struct ctx *c, unsigned status, json_t *body)
  * dashboard's files). owned: data is malloc'd and freed with the
  * response; otherwise it must outlive the response (static). */
 int http_reply_raw(struct ctx *c, unsigned status, const char *content_type, const void *data,
-                          size_t len, bool owned)
+                   size_t len, bool owned)
 {
     raw_drop(c);
     json_decref(c->body);
@@ -112,11 +105,19 @@ json_t *http_page_doc(const char *key, json_t *items, json_t *next)
     return doc;
 }
 
+/* A keyset cursor: the id as a decimal string. */
+static json_t *cursor_json(int64_t id)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%" PRId64, id);
+    return json_string(buf);
+}
+
 /* Steps st (bound with LIMIT limit + 1) into a keyset page: up to limit
  * items, and "next" = the id (column id_col) of the last item when one more
  * row exists. Resets st. On success sets the reply to {key: [...], "next": ...}. */
 int http_reply_page(struct ctx *c, sqlite3_stmt *st, int64_t limit, int id_col, row_fn fn,
-                           const void *arg, const char *key, const char *what)
+                    const void *arg, const char *key, const char *what)
 {
     json_t *items = json_array();
     if (items == NULL) {

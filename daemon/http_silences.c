@@ -9,8 +9,6 @@
 #include "http_parse.h"
 #include "store.h"
 
-/* --- silences --------------------------------------------------------------------------- */
-
 static const char *const silence_state_names[] = {"active", "pending", "expired"};
 
 static const char *silence_state(double starts, double ends, double now)
