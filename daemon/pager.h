@@ -33,7 +33,7 @@
 
 #define PAGER_MAX_ROWS 1024u        /* undone outbox rows held in memory; more wait in the table */
 #define PAGER_MAX_OPEN 8192u        /* paged, unresolved incidents tracked (resolves, re-sends) */
-#define PAGER_MAX_SILENCES 1024u    /* active or future silences loaded */
+#define PAGER_MAX_SILENCES FS_STORE_MAX_LIVE_SILENCES /* active or future silences loaded */
 #define PAGER_SILENCE_RELOAD_S 1.0  /* silences are re-read this often */
 #define PAGER_RESPONSE_KEEP 200u    /* response body bytes kept for the error message */
 #define PAGER_MATCH_MAX 1024u       /* `match` value bytes */
