@@ -1,0 +1,93 @@
+"""The pager's memory bound never starves a target, and retry times from
+the table are bounded (a database written beside the daemon, then a start).
+
+The outbox holds 1100 undone rows for a target that answers 503 (more than
+the pager keeps in memory, PAGER_MAX_ROWS = 1024), then rows for a target
+that works: one due now, one whose stored retry time is a day ahead (what a
+wall clock stepped back leaves behind), and one for a target that is no
+longer configured. The working target gets both its pages within seconds
+(each target has its own share of memory, and no retry waits longer than
+backoff_max), and the row of the removed target is given up."""
+import os
+import sqlite3
+import time
+
+from fstest import Daemon, Receiver, check, db_rows, proto_module, run_main, send_losses, wait_until
+
+NAN = float("nan")
+DEAD_ROWS = 1100
+
+CONFIG = """
+[target "dead"]
+type = webhook
+url = {url}/dead
+backoff_initial = 3600
+backoff_max = 3600
+
+[target "live"]
+type = webhook
+url = {url}/live
+backoff_initial = 0.2
+backoff_max = 1
+"""
+
+
+def test(args, workdir):
+    pb = proto_module(args.source_dir, workdir)
+    # Two firing alerts, stored by a daemon without targets (no outbox rows).
+    d = Daemon(args.build_dir, workdir)
+    try:
+        send_losses(pb, d.ingest_port, "r1", [0.5] * 5 + [NAN])
+        send_losses(pb, d.ingest_port, "r2", [0.5] * 5 + [NAN])
+        alerts = wait_until(lambda: db_rows(
+            d.db, "SELECT a.id, e.id FROM alerts a JOIN alert_events e ON e.alert_id = a.id "
+                  "AND e.change = 'to_firing' ORDER BY a.id"), what="two firing alerts")
+        alerts = [tuple(a) for a in alerts]
+        check(len(alerts) == 2, f"alerts {alerts}")
+        check(d.stop() == 0, "first daemon did not stop cleanly")
+    finally:
+        if d.proc.poll() is None:
+            d.kill()
+    check(db_rows(d.db, "SELECT count(*) FROM outbox")[0][0] == 0, "outbox not empty")
+    now = time.time()
+    con = sqlite3.connect(d.db, timeout=30)
+    with con:
+        ins = ("INSERT INTO outbox (alert_id, event_id, target, kind, severity, attribution, "
+               "created_at, updated_at, attempts, next_attempt_at) "
+               "VALUES (?, ?, ?, 1, 'critical', 'non-finite', ?, ?, ?, ?)")
+        for i in range(DEAD_ROWS):
+            a = alerts[i % 2]
+            con.execute(ins, (a[0], a[1], "dead", now, now, 0, None))
+        con.execute(ins, (alerts[0][0], alerts[0][1], "live", now, now, 0, None))
+        con.execute(ins, (alerts[1][0], alerts[1][1], "live", now, now, 1, now + 86400))
+        con.execute(ins, (alerts[0][0], alerts[0][1], "gone", now, now, 0, None))
+    con.close()
+    ids = {t: [r[0] for r in db_rows(d.db, "SELECT id FROM outbox WHERE target = ? ORDER BY id",
+                                     (t,))] for t in ("dead", "live", "gone")}
+    check(min(ids["live"]) > 1024, f"live rows must lie past the memory bound: {ids['live']}")
+
+    with Receiver(lambda req: 200 if req["path"] == "/live" else 503) as rx:
+        conf = os.path.join(workdir, "foreshockd.conf")
+        with open(conf, "w") as f:
+            f.write(CONFIG.format(url=rx.url))
+        d = Daemon(args.build_dir, workdir, db=d.db, config=conf)
+        try:
+            reqs = rx.wait_for(lambda rs: {r["json"]["alert"]["run"] for r in rs
+                                           if r["path"] == "/live"} == {"r1", "r2"},
+                               timeout=30, what="both pages at the working target")
+            check(any(r["path"] == "/dead" for r in reqs), "the dead target was never tried")
+            state = dict(wait_until(lambda: (lambda rows: rows if all(
+                s != 0 for _, s in rows) else None)(db_rows(
+                    d.db, "SELECT id, state FROM outbox WHERE target IN ('live', 'gone')")),
+                timeout=30, what="live and gone rows done"))
+            check(all(state[i] == 1 for i in ids["live"]), f"live rows {state}")
+            gone = db_rows(d.db, "SELECT state, last_error FROM outbox WHERE target = 'gone'")
+            check(gone == [(2, "target no longer configured")], f"gone row {gone}")
+            check(d.stop() == 0, "daemon did not stop cleanly")
+        finally:
+            if d.proc.poll() is None:
+                d.kill()
+
+
+if __name__ == "__main__":
+    run_main(test)
