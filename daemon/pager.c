@@ -255,6 +255,11 @@ struct pager {
     double sil_next;     /* monotonic seconds of the next reload */
     int sil_fresh;       /* silences were read during this pass of the loop */
     int sil_ok;          /* the last silence read succeeded: triggers may be sent */
+    /* Targets that failed a retryable attempt during this pass, and when
+     * that row retries: their other due rows wait until then instead of
+     * each waiting out a timeout (one thread sends for every target). */
+    int down[STATS_MAX_TARGETS];
+    double down_until[STATS_MAX_TARGETS];
     uint64_t rng;
     struct log_ratelimit rl_fail, rl_giveup, rl_resend, rl_db, rl_store, rl_sil;
 };
@@ -864,6 +869,8 @@ static void attempt(struct pager *p, struct prow *r)
         atomic_fetch_add(&ts->failed, 1);
         double wait = page_backoff(t->backoff_initial, t->backoff_max, r->attempts, rand01(p));
         r->next_at = now + wait;
+        p->down[r->target] = 1;
+        p->down_until[r->target] = r->next_at;
         if (!r->logged) {
             r->logged = 1;
             log_limited(&p->rl_fail, LOG_LEVEL_WARN, "pager",
@@ -929,6 +936,10 @@ static void handle(struct pager *p, struct prow *r, double now)
         r->next_at = now + t->backoff_max;
     if (r->state == STORE_OUTBOX_SILENCED || r->next_at > now)
         return;
+    if (p->down[r->target]) { /* failed a moment ago: not an attempt, no record */
+        r->next_at = p->down_until[r->target];
+        return;
+    }
     if (!page_route_matches(&p->routes[r->target], &r->a)) {
         finish(p, r, STORE_OUTBOX_SKIPPED, 0, "not routed to this target (min_severity, match)");
         return;
@@ -993,6 +1004,8 @@ static void resend_due(struct pager *p, double now, double wall)
         if (t->type != PAGER_ALERTMANAGER || o->resolving || o->next_resend > now)
             continue;
         o->next_resend = now + t->resend_interval;
+        if (p->down[o->target])
+            continue; /* failed during this pass: one timeout per pass is enough */
         if (!p->sil_ok)
             continue; /* silences unreadable: send nothing they might hold */
         if (page_silenced(p->sils, p->nsils, &o->a, wall)) {
@@ -1011,6 +1024,7 @@ static void resend_due(struct pager *p, double now, double wall)
         }
         if (atomic_load(&p->stopping))
             break;
+        p->down[o->target] = 1;
         atomic_fetch_add(&tstats(p, o->target)->failed, 1);
         if (!o->failing)
             log_limited(&p->rl_resend, LOG_LEVEL_WARN, "pager",
@@ -1066,6 +1080,7 @@ static void *pager_main(void *arg)
         }
         double now = now_unix();
         p->sil_fresh = 0;
+        memset(p->down, 0, sizeof(p->down));
         if (now_mono() >= p->sil_next) {
             load_silences(p, now);
             p->sil_next = now_mono() + PAGER_SILENCE_RELOAD_S;
