@@ -92,6 +92,13 @@ static const struct config_key core_keys[] = {
     {.name = "metrics_run_max_age", .type = CONFIG_DOUBLE, .def = "3600", .min = 1,
      .max = 31536000, CORE(metrics_run_max_age),
      .help = "/metrics: ... that had a report in the last this many seconds"},
+    /* retention (store.c store_prune) */
+    {.name = "outbox_retention", .type = CONFIG_DOUBLE, .def = "604800", .min = 1,
+     .max = 315360000, CORE(outbox_retention),
+     .help = "seconds finished pages (delivered, given up, skipped) stay in the outbox"},
+    {.name = "silence_retention", .type = CONFIG_DOUBLE, .def = "2592000", .min = 1,
+     .max = 315360000, CORE(silence_retention),
+     .help = "seconds expired silences are kept"},
     /* pager */
     {.name = "public_url", .type = CONFIG_STRING, .def = "", .min = 0,
      .max = FS_CONFIG_MAX_URL - 1, CORE(public_url),

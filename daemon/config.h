@@ -98,6 +98,9 @@ struct fs_config {
     char http_read_token[FS_MAX_TOKEN_LEN + 1];  /* "" = reads need no token */
     uint64_t metrics_max_runs;
     double metrics_run_max_age; /* seconds */
+    /* retention, seconds: finished outbox rows, expired silences */
+    double outbox_retention;
+    double silence_retention;
     /* pager: base of generatorURL and links in pages ("" = http://<http address>) */
     char public_url[FS_CONFIG_MAX_URL];
 };

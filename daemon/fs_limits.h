@@ -103,6 +103,9 @@
 #define FS_STORE_RETRY_MAX_MS 5000
 #define FS_STORE_SERIES_CACHE_MAX (1u << 20) /* cached series ids; cleared when full */
 #define FS_STORE_MODEL_JSON_MAX (64u << 10)  /* Hello.model as JSON */
+#define FS_STORE_PRUNE_INTERVAL_S 60.0       /* retention runs this often */
+#define FS_STORE_PRUNE_BATCH 512u            /* rows of each kind per retention transaction */
+#define FS_STORE_MAX_LIVE_SILENCES 1024u     /* active or future silences; more are refused */
 
 /* --- ingest ---------------------------------------------------------------- */
 #define FS_INGEST_RBUF_INITIAL (64u << 10) /* read buffer; grows to one frame, shrinks back */

@@ -271,6 +271,8 @@ int main(int argc, char **argv)
         .batch_max_items = cfg->writer_batch_max_items,
         .spool_max_bytes = cfg->spool_max_bytes,
         .stats = &app->stats,
+        .outbox_retention_s = cfg->outbox_retention,
+        .silence_retention_s = cfg->silence_retention,
     };
     if (store_open(cfg->db, &so, &app->store, err, sizeof(err)) < 0) {
         log_error("main", "%s", err);

@@ -394,7 +394,8 @@ double page_backoff(double initial_s, double max_s, uint32_t attempts, double u0
     if (attempts < 1)
         attempts = 1;
     double d = initial_s;
-    for (uint32_t i = 1; i < attempts && d < max_s; i++)
+    /* d > 0: a zero (or NaN) initial would otherwise loop `attempts` times */
+    for (uint32_t i = 1; i < attempts && d > 0 && d < max_s; i++)
         d *= 2;
     if (d > max_s)
         d = max_s;

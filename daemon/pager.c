@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "log.h"
 
 /* --- configuration: [target "NAME"] ------------------------------------------------------ */
@@ -110,6 +112,30 @@ void pager_target_section(struct pager_config *pc, struct config_section *out)
                                    .ctx = pc};
 }
 
+/* NULL when url parses with a host (and, for Alertmanager, a base URL
+ * that "/api/v2/alerts" can follow: no query or fragment), else why not. */
+static const char *url_problem(const char *url, int type)
+{
+    CURLU *u = curl_url();
+    if (!u)
+        return "out of memory checking 'url'";
+    const char *why = NULL;
+    char *host = NULL, *query = NULL, *frag = NULL;
+    if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK)
+        why = "key 'url' is not a valid URL";
+    else if (curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK || !host || !host[0])
+        why = "key 'url' has no host";
+    else if (type == PAGER_ALERTMANAGER &&
+             (curl_url_get(u, CURLUPART_QUERY, &query, 0) == CURLUE_OK ||
+              curl_url_get(u, CURLUPART_FRAGMENT, &frag, 0) == CURLUE_OK))
+        why = "key 'url': an Alertmanager base URL has no query or fragment";
+    curl_free(host);
+    curl_free(query);
+    curl_free(frag);
+    curl_url_cleanup(u);
+    return why;
+}
+
 int pager_config_check(const struct pager_config *pc, char *err, size_t errlen)
 {
     const char *origin = pc->origin[0] ? pc->origin : "config";
@@ -125,6 +151,8 @@ int pager_config_check(const struct pager_config *pc, char *err, size_t errlen)
         else if (t->url[0] && strncmp(t->url, "http://", 7) != 0 &&
                  strncmp(t->url, "https://", 8) != 0)
             why = "key 'url' must start with http:// or https://";
+        else if (t->url[0] && (why = url_problem(t->url, t->type)) != NULL)
+            ;
         else if (t->type == PAGER_PAGERDUTY && !t->routing_key[0])
             why = "key 'routing_key' is required for pagerduty";
         else if (t->type != PAGER_PAGERDUTY && t->routing_key[0])
@@ -187,7 +215,8 @@ struct popen {
     int resolving;       /* its resolve row is queued: no more re-sends */
     int silenced;        /* the last re-send was held by a silence */
     int failing;         /* the last re-send failed (logged once) */
-    double next_resend;  /* unix seconds */
+    double next_resend;  /* monotonic seconds: a wall clock step back must not stall re-sends
+                          * (Alertmanager would end the alert after endsAt) */
     struct page_alert a;
 };
 
@@ -213,13 +242,24 @@ struct pager {
     size_t nrows;
     struct popen *open;
     size_t nopen, capopen;
-    int64_t watermark;   /* highest outbox id loaded */
-    int backlog;         /* the last load filled memory: more rows wait in the table */
+    /* Per target: rows are loaded per target into a share of the memory
+     * (quota rows each), so a target that is down, or a silence holding
+     * many triggers, never keeps another target's pages in the table. */
+    size_t quota;                          /* PAGER_MAX_ROWS / targets */
+    size_t count[STATS_MAX_TARGETS];       /* undone rows in memory */
+    int64_t watermark[STATS_MAX_TARGETS];  /* highest outbox id loaded */
+    int backlog[STATS_MAX_TARGETS];        /* the last load filled the share */
     int load_error;      /* the last load failed (retried at the next wake, not at once) */
     struct silence *sils;
     size_t nsils;
     double sil_next;     /* monotonic seconds of the next reload */
     int sil_fresh;       /* silences were read during this pass of the loop */
+    int sil_ok;          /* the last silence read succeeded: triggers may be sent */
+    /* Targets that failed a retryable attempt during this pass, and when
+     * that row retries: their other due rows wait until then instead of
+     * each waiting out a timeout (one thread sends for every target). */
+    int down[STATS_MAX_TARGETS];
+    double down_until[STATS_MAX_TARGETS];
     uint64_t rng;
     struct log_ratelimit rl_fail, rl_giveup, rl_resend, rl_db, rl_store, rl_sil;
 };
@@ -389,6 +429,14 @@ static int open_add(struct pager *p, const struct page_alert *a, int target, dou
     o->target = target;
     o->next_resend = next_resend;
     o->a = *a;
+    /* A resolve loaded while its trigger was still retrying: the alert no
+     * longer fires, so no re-send may follow the trigger. */
+    for (size_t i = 0; i < p->nrows; i++) {
+        const struct prow *r = &p->rows[i];
+        if (!r->done && r->target == target && r->a.alert_id == a->alert_id &&
+            r->a.kind == PAGE_RESOLVE)
+            o->resolving = 1;
+    }
     return 0;
 }
 
@@ -412,7 +460,7 @@ static void load_open(struct pager *p)
         return;
     }
     sqlite3_bind_int64(q, 1, PAGER_MAX_OPEN);
-    double now = now_unix();
+    double now = now_mono();
     int rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         char name[STATS_TARGET_NAME_MAX];
@@ -431,58 +479,134 @@ static void load_open(struct pager *p)
         log_info("pager", "%zu paged incidents still open", p->nopen);
 }
 
-/* Loads undone rows above the watermark into free memory. */
-static void load_rows(struct pager *p)
+/* Loads undone rows of target t above its watermark into its share of
+ * memory. 0, or -EIO (logged). */
+static int load_target_rows(struct pager *p, int t)
 {
-    size_t room = PAGER_MAX_ROWS - p->nrows;
-    p->backlog = 0;
-    p->load_error = 0;
-    if (room == 0) {
-        p->backlog = 1;
-        return;
+    size_t room = p->quota - p->count[t];
+    p->backlog[t] = 0;
+    if (room == 0 || p->nrows >= PAGER_MAX_ROWS) {
+        p->backlog[t] = 1;
+        return 0;
     }
     sqlite3_stmt *q = NULL;
-    const char *sql =
-        "SELECT " PAGE_COLUMNS "WHERE o.id > ?1 AND o.state IN (0, 3) ORDER BY o.id LIMIT ?2";
+    const char *sql = "SELECT " PAGE_COLUMNS
+                      "WHERE o.id > ?1 AND o.state IN (0, 3) AND o.target = ?3 "
+                      "ORDER BY o.id LIMIT ?2";
     if (sqlite3_prepare_v2(p->db, sql, -1, &q, NULL) != SQLITE_OK) {
         db_complaint(p, "outbox");
-        p->backlog = p->load_error = 1;
-        return;
+        p->backlog[t] = 1;
+        return -EIO;
     }
-    sqlite3_bind_int64(q, 1, p->watermark);
+    sqlite3_bind_int64(q, 1, p->watermark[t]);
     sqlite3_bind_int64(q, 2, (int64_t)room);
+    sqlite3_bind_text(q, 3, p->cfg.t[t].name, -1, SQLITE_STATIC);
     size_t got = 0;
-    int rc;
+    int rc = SQLITE_DONE;
     double now = now_unix();
-    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    while (p->nrows < PAGER_MAX_ROWS && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct prow *r = &p->rows[p->nrows];
         memset(r, 0, sizeof(*r));
         r->id = sqlite3_column_int64(q, PC_ID);
         r->event_id = sqlite3_column_int64(q, PC_EVENT);
-        char name[STATS_TARGET_NAME_MAX];
-        col_text(q, PC_TARGET, name, sizeof(name));
-        r->target = target_index(p, name);
+        r->target = t;
         r->state = sqlite3_column_int(q, PC_STATE);
         r->attempts = (uint32_t)sqlite3_column_int64(q, PC_ATTEMPTS);
         r->next_at = col_real(q, PC_NEXT, now);
         r->created_at = col_real(q, PC_CREATED, now);
         page_from_row(q, &r->a);
-        if (r->a.kind == PAGE_RESOLVE && r->target >= 0) {
+        if (r->a.kind == PAGE_RESOLVE) {
             struct popen *o = open_find(p, r->a.alert_id, r->target);
             if (o)
                 o->resolving = 1;
         }
-        p->watermark = r->id;
+        p->watermark[t] = r->id;
         p->nrows++;
+        p->count[t]++;
         got++;
     }
-    if (rc != SQLITE_DONE) {
+    int err = 0;
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) {
         db_complaint(p, "outbox");
-        p->backlog = p->load_error = 1;
-    } else if (got == room) {
-        p->backlog = 1;
+        p->backlog[t] = 1;
+        err = -EIO;
+    } else if (got == room || rc == SQLITE_ROW) {
+        p->backlog[t] = 1;
     }
     sqlite3_finalize(q);
+    return err;
+}
+
+/* Loads every target's rows (see load_target_rows). */
+static void load_rows(struct pager *p)
+{
+    p->load_error = 0;
+    for (size_t t = 0; t < p->cfg.n; t++)
+        if (load_target_rows(p, (int)t) < 0)
+            p->load_error = 1;
+}
+
+/* Whether a target has rows waiting in the table and room for them now. */
+static int more_to_load(const struct pager *p)
+{
+    if (p->load_error)
+        return 0;
+    for (size_t t = 0; t < p->cfg.n; t++)
+        if (p->backlog[t] && p->count[t] < p->quota)
+            return 1;
+    return 0;
+}
+
+/* Undone rows of targets no longer configured are closed once, at start
+ * (rows are only ever inserted for configured targets). Bounded: chunks of
+ * PAGER_MAX_ROWS, each committed before the next is read. */
+static void close_unconfigured(struct pager *p)
+{
+    json_t *names = json_array();
+    for (size_t t = 0; names && t < p->cfg.n; t++)
+        json_array_append_new(names, json_string(p->cfg.t[t].name));
+    char *js = names ? json_dumps(names, JSON_COMPACT) : NULL;
+    json_decref(names);
+    sqlite3_stmt *q = NULL;
+    if (!js || sqlite3_prepare_v2(p->db,
+                                  "SELECT id, attempts FROM outbox WHERE id > ?1 AND "
+                                  "state IN (0, 3) AND target NOT IN (SELECT value FROM "
+                                  "json_each(?2)) ORDER BY id LIMIT ?3",
+                                  -1, &q, NULL) != SQLITE_OK) {
+        if (js)
+            db_complaint(p, "outbox rows of removed targets");
+        free(js);
+        return;
+    }
+    int64_t after = 0;
+    size_t total = 0, got;
+    do {
+        got = 0;
+        sqlite3_bind_int64(q, 1, after);
+        sqlite3_bind_text(q, 2, js, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(q, 3, PAGER_MAX_ROWS);
+        int rc;
+        while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+            struct prow r = {.id = sqlite3_column_int64(q, 0),
+                             .attempts = (uint32_t)sqlite3_column_int64(q, 1)};
+            record(p, &r, STORE_OUTBOX_GIVEN_UP, 0, "target no longer configured");
+            after = r.id;
+            got++;
+        }
+        if (rc != SQLITE_DONE) {
+            db_complaint(p, "outbox rows of removed targets");
+            got = 0;
+        }
+        sqlite3_reset(q);
+        total += got;
+        if (got)
+            store_flush(p->store); /* bounded queue use: one chunk at a time */
+    } while (got == PAGER_MAX_ROWS && !atomic_load(&p->stopping));
+    sqlite3_finalize(q);
+    free(js);
+    if (total)
+        log_warn("pager", "%zu undone outbox rows name targets no longer configured: given up",
+                 total);
 }
 
 static void free_silences(struct pager *p)
@@ -492,16 +616,20 @@ static void free_silences(struct pager *p)
     p->nsils = 0;
 }
 
-/* Re-reads the silences that are active now or start later. */
+/* Re-reads the silences that are active now or start later. p->sil_ok
+ * says whether the read was whole: a partial list must not let a silenced
+ * trigger through, so until a read succeeds nothing a silence could hold is
+ * sent. */
 static void load_silences(struct pager *p, double now)
 {
     sqlite3_stmt *q = NULL;
+    p->sil_ok = 0;
     if (sqlite3_prepare_v2(p->db,
                            "SELECT id, matchers_json, starts_at, ends_at FROM silences "
                            "WHERE ends_at > ?1 ORDER BY id LIMIT ?2",
                            -1, &q, NULL) != SQLITE_OK) {
         db_complaint(p, "silences");
-        return; /* keep the ones we have */
+        return;
     }
     free_silences(p);
     sqlite3_bind_double(q, 1, now);
@@ -524,6 +652,8 @@ static void load_silences(struct pager *p, double now)
     }
     if (rc != SQLITE_DONE)
         db_complaint(p, "silences");
+    else
+        p->sil_ok = 1;
     sqlite3_finalize(q);
 }
 
@@ -567,6 +697,17 @@ static size_t on_body(char *data, size_t size, size_t n, void *ctx)
     r->len += keep;
     r->body[r->len] = '\0';
     return b;
+}
+
+/* libcurl's progress hook (at least once a second, also while waiting for
+ * an answer): pager_stop ends a request in flight instead of waiting out
+ * its timeout. */
+static int on_progress(void *ctx, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow)
+{
+    (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+    struct pager *p = ctx;
+    return atomic_load(&p->stopping) ? 1 : 0;
 }
 
 /* Printable one-line copy of a response body for messages. */
@@ -624,6 +765,9 @@ static void post(struct pager *p, const struct pager_target_cfg *t, const char *
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &resp);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, p);
     CURLcode rc = curl_easy_perform(c);
     curl_slist_free_all(h);
     if (rc != CURLE_OK) {
@@ -700,6 +844,10 @@ static void attempt(struct pager *p, struct prow *r)
     char err[PAGE_ERROR_MAX];
     enum page_verdict v = send_page(p, t, &r->a, &status, err, sizeof(err));
     double now = now_unix();
+    /* Cut short by pager_stop: not a failure of the target; the row stays
+     * as it is in the outbox for the next start. */
+    if (v != PAGE_DELIVERED && atomic_load(&p->stopping))
+        return;
     if (v == PAGE_DELIVERED) {
         atomic_fetch_add(&ts->sent, 1);
         if (r->attempts)
@@ -708,7 +856,7 @@ static void attempt(struct pager *p, struct prow *r)
                      (long long)r->a.alert_id, r->attempts);
         finish(p, r, STORE_OUTBOX_DELIVERED, (int)status, NULL);
         if (r->a.kind == PAGE_TRIGGER)
-            open_add(p, &r->a, r->target, now + t->resend_interval);
+            open_add(p, &r->a, r->target, now_mono() + t->resend_interval);
         else {
             struct popen *o = open_find(p, r->a.alert_id, r->target);
             if (o)
@@ -721,6 +869,8 @@ static void attempt(struct pager *p, struct prow *r)
         atomic_fetch_add(&ts->failed, 1);
         double wait = page_backoff(t->backoff_initial, t->backoff_max, r->attempts, rand01(p));
         r->next_at = now + wait;
+        p->down[r->target] = 1;
+        p->down_until[r->target] = r->next_at;
         if (!r->logged) {
             r->logged = 1;
             log_limited(&p->rl_fail, LOG_LEVEL_WARN, "pager",
@@ -778,9 +928,18 @@ static void handle(struct pager *p, struct prow *r, double now)
         }
         return; /* wait for it */
     }
+    const struct pager_target_cfg *t = &p->cfg.t[r->target];
+    /* Retry times are unix time (they outlive the process): one further
+     * ahead than any backoff means the clock stepped back (or the row came
+     * from elsewhere); wait no longer than backoff_max for it. */
+    if (r->next_at > now + t->backoff_max)
+        r->next_at = now + t->backoff_max;
     if (r->state == STORE_OUTBOX_SILENCED || r->next_at > now)
         return;
-    const struct pager_target_cfg *t = &p->cfg.t[r->target];
+    if (p->down[r->target]) { /* failed a moment ago: not an attempt, no record */
+        r->next_at = p->down_until[r->target];
+        return;
+    }
     if (!page_route_matches(&p->routes[r->target], &r->a)) {
         finish(p, r, STORE_OUTBOX_SKIPPED, 0, "not routed to this target (min_severity, match)");
         return;
@@ -791,6 +950,10 @@ static void handle(struct pager *p, struct prow *r, double now)
         if (!p->sil_fresh) {
             load_silences(p, now);
             p->sil_fresh = 1;
+        }
+        if (!p->sil_ok) { /* cannot tell whether a silence holds it: later */
+            r->next_at = now + PAGER_SILENCE_RELOAD_S;
+            return;
         }
         if (page_silenced(p->sils, p->nsils, &r->a, now)) {
             r->state = STORE_OUTBOX_SILENCED;
@@ -831,8 +994,9 @@ static void release_held(struct pager *p, double now)
     }
 }
 
-/* Alertmanager re-sends of open incidents. */
-static void resend_due(struct pager *p, double now)
+/* Alertmanager re-sends of open incidents; now is monotonic, wall the
+ * unix time (silences). */
+static void resend_due(struct pager *p, double now, double wall)
 {
     for (size_t i = 0; i < p->nopen && !atomic_load(&p->stopping); i++) {
         struct popen *o = &p->open[i];
@@ -840,7 +1004,11 @@ static void resend_due(struct pager *p, double now)
         if (t->type != PAGER_ALERTMANAGER || o->resolving || o->next_resend > now)
             continue;
         o->next_resend = now + t->resend_interval;
-        if (page_silenced(p->sils, p->nsils, &o->a, now)) {
+        if (p->down[o->target])
+            continue; /* failed during this pass: one timeout per pass is enough */
+        if (!p->sil_ok)
+            continue; /* silences unreadable: send nothing they might hold */
+        if (page_silenced(p->sils, p->nsils, &o->a, wall)) {
             if (!o->silenced)
                 atomic_fetch_add(&tstats(p, o->target)->silenced, 1);
             o->silenced = 1;
@@ -854,6 +1022,9 @@ static void resend_due(struct pager *p, double now)
             o->failing = 0;
             continue;
         }
+        if (atomic_load(&p->stopping))
+            break;
+        p->down[o->target] = 1;
         atomic_fetch_add(&tstats(p, o->target)->failed, 1);
         if (!o->failing)
             log_limited(&p->rl_resend, LOG_LEVEL_WARN, "pager",
@@ -867,56 +1038,63 @@ static void resend_due(struct pager *p, double now)
 static void compact(struct pager *p)
 {
     size_t j = 0;
-    for (size_t i = 0; i < p->nrows; i++)
+    for (size_t i = 0; i < p->nrows; i++) {
         if (!p->rows[i].done)
             p->rows[j++] = p->rows[i];
+        else if (p->rows[i].target >= 0)
+            p->count[p->rows[i].target]--;
+    }
     p->nrows = j;
     atomic_store(&p->stats->outbox_pending, (uint64_t)p->nrows);
 }
 
-/* Unix seconds of the next timer: a retry, a re-send or a silence reload. */
-static double next_wake(struct pager *p, double now)
+/* Seconds until the next timer: a retry (unix time), a re-send
+ * (monotonic) or a silence reload. */
+static double next_wait(struct pager *p)
 {
-    double w = now + PAGER_SILENCE_RELOAD_S;
+    double now = now_unix(), mono = now_mono(), w = PAGER_SILENCE_RELOAD_S;
     for (size_t i = 0; i < p->nrows; i++)
         if (p->rows[i].state == STORE_OUTBOX_PENDING && !p->rows[i].blocked &&
-            p->rows[i].next_at < w)
-            w = p->rows[i].next_at;
+            p->rows[i].next_at - now < w)
+            w = p->rows[i].next_at - now;
     for (size_t i = 0; i < p->nopen; i++)
         if (!p->open[i].resolving && p->cfg.t[p->open[i].target].type == PAGER_ALERTMANAGER &&
-            p->open[i].next_resend < w)
-            w = p->open[i].next_resend;
+            p->open[i].next_resend - mono < w)
+            w = p->open[i].next_resend - mono;
     return w;
 }
 
 static void *pager_main(void *arg)
 {
     struct pager *p = arg;
+    close_unconfigured(p);
     load_open(p);
     int64_t seen = -1;
     while (!atomic_load(&p->stopping)) {
         pthread_mutex_lock(&p->mu);
         int64_t ann = p->announced;
         pthread_mutex_unlock(&p->mu);
-        if (ann != seen || p->backlog) {
+        if (ann != seen || p->load_error || more_to_load(p)) {
             seen = ann;
             load_rows(p);
         }
         double now = now_unix();
         p->sil_fresh = 0;
+        memset(p->down, 0, sizeof(p->down));
         if (now_mono() >= p->sil_next) {
             load_silences(p, now);
             p->sil_next = now_mono() + PAGER_SILENCE_RELOAD_S;
-            release_held(p, now);
+            if (p->sil_ok)
+                release_held(p, now);
         }
         for (size_t i = 0; i < p->nrows && !atomic_load(&p->stopping); i++)
             if (!p->rows[i].done)
                 handle(p, &p->rows[i], now_unix());
-        resend_due(p, now_unix());
+        resend_due(p, now_mono(), now_unix());
         compact(p);
-        if (p->backlog && !p->load_error && p->nrows < PAGER_MAX_ROWS)
+        if (more_to_load(p))
             continue;
-        double wait = next_wake(p, now_unix()) - now_unix();
+        double wait = next_wait(p);
         if (wait <= 0)
             continue;
         struct timespec ts;
@@ -977,6 +1155,7 @@ int pager_start(const struct pager_opts *opts, struct pager **out, char *err, si
     p->store = opts->store;
     p->stats = opts->stats;
     p->rng = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() ^ 1;
+    p->quota = PAGER_MAX_ROWS / p->cfg.n;
     p->rows = calloc(PAGER_MAX_ROWS, sizeof(*p->rows));
     p->sils = calloc(PAGER_MAX_SILENCES, sizeof(*p->sils));
     if (!p->rows || !p->sils) {

@@ -31,9 +31,10 @@
  * pager_announce on any thread (the writer); everything else on the pager
  * thread. */
 
-#define PAGER_MAX_ROWS 1024u        /* undone outbox rows held in memory; more wait in the table */
+#define PAGER_MAX_ROWS 1024u        /* undone outbox rows held in memory, shared equally by the
+                                     * targets; more wait in the table */
 #define PAGER_MAX_OPEN 8192u        /* paged, unresolved incidents tracked (resolves, re-sends) */
-#define PAGER_MAX_SILENCES 1024u    /* active or future silences loaded */
+#define PAGER_MAX_SILENCES FS_STORE_MAX_LIVE_SILENCES /* active or future silences loaded */
 #define PAGER_SILENCE_RELOAD_S 1.0  /* silences are re-read this often */
 #define PAGER_RESPONSE_KEEP 200u    /* response body bytes kept for the error message */
 #define PAGER_MATCH_MAX 1024u       /* `match` value bytes */
@@ -108,7 +109,8 @@ int pager_start(const struct pager_opts *opts, struct pager **out, char *err, si
  * blocks for long (one mutex). Any thread. */
 void pager_announce(void *ctx, int64_t max_id);
 
-/* Stops the thread (a request in flight finishes, bounded by its timeout),
+/* Stops the thread (a request in flight is abandoned within about a
+ * second, its row left as it was),
  * after submitting the outcomes it has to the store, which must still be
  * open; then frees everything. Rows not delivered stay in the outbox for
  * the next start. NULL is a no-op. Main thread. */

@@ -182,7 +182,7 @@ struct store {
     char w_targets[STATS_MAX_TARGETS][STATS_TARGET_NAME_MAX]; /* copy taken per batch */
     size_t w_ntargets;
     struct log_ratelimit rl_fail;
-    sqlite3_stmt *sil_st[3]; /* silence statements, prepared on first use (writer thread) */
+    sqlite3_stmt *sil_st[4]; /* silence statements, prepared on first use (writer thread) */
 };
 
 static double now_unix(void)
@@ -763,8 +763,8 @@ static int apply_monitor(struct store *s, const struct store_item *it, double no
  * The HTTP API's writes. The outcome is kept in the item and published to
  * its waiter by silence_settle() once the batch has committed, so an
  * answer never reflects a rolled-back attempt. */
-enum { SIL_INSERT, SIL_EXPIRE, SIL_EXISTS };
-static const char *const sil_sql[3] = {
+enum { SIL_INSERT, SIL_EXPIRE, SIL_EXISTS, SIL_LIVE, SIL_COUNT };
+static const char *const sil_sql[SIL_COUNT] = {
     [SIL_INSERT] = "INSERT INTO silences (matchers_json, starts_at, ends_at, created_by, "
                    "comment, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) "
                    "RETURNING id",
@@ -772,7 +772,11 @@ static const char *const sil_sql[3] = {
     [SIL_EXPIRE] = "UPDATE silences SET starts_at = MIN(starts_at, ?2), ends_at = ?2, "
                    "updated_at = ?2 WHERE id = ?1 AND ends_at > ?2",
     [SIL_EXISTS] = "SELECT 1 FROM silences WHERE id = ?1",
+    /* what the pager loads (PAGER_MAX_SILENCES): active or future */
+    [SIL_LIVE] = "SELECT count(*) FROM silences WHERE ends_at > ?1",
 };
+_Static_assert(SIL_COUNT == sizeof(((struct store *)0)->sil_st) / sizeof(sqlite3_stmt *),
+               "one prepared statement slot per silence statement");
 
 struct store_waiter {
     pthread_mutex_t mu;
@@ -801,6 +805,23 @@ static int apply_silence(struct store *s, struct store_item *it, double now)
     if (!st)
         return sqlite3_errcode(s->db) != SQLITE_OK ? sqlite3_errcode(s->db) : SQLITE_ERROR;
     if (q->op == STORE_SILENCE_INSERT) {
+        /* The pager matches at most FS_STORE_MAX_LIVE_SILENCES: one more
+         * would be stored and listed but hold nothing. Refuse it. */
+        sqlite3_stmt *live = sil_stmt(s, SIL_LIVE);
+        int64_t n = 0;
+        if (!live)
+            return sqlite3_errcode(s->db) != SQLITE_OK ? sqlite3_errcode(s->db) : SQLITE_ERROR;
+        sqlite3_bind_double(live, 1, now);
+        if ((rc = exec1(live, &n, 1)) != SQLITE_ROW)
+            return ok(rc) ? SQLITE_ERROR : rc;
+        if (q->ends_at > now && n >= (int64_t)FS_STORE_MAX_LIVE_SILENCES) {
+            log_limited(&s->rl_fail, LOG_LEVEL_WARN, "store",
+                        "refusing a silence: %lld are active or pending (at most %u)",
+                        (long long)n, FS_STORE_MAX_LIVE_SILENCES);
+            q->status = -ENOSPC;
+            q->out_id = 0;
+            return SQLITE_OK;
+        }
         sqlite3_bind_text(st, 1, q->matchers_json ? q->matchers_json : "", -1, SQLITE_STATIC);
         sqlite3_bind_double(st, 2, q->starts_at);
         sqlite3_bind_double(st, 3, q->ends_at);
@@ -1071,8 +1092,9 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
             log_error("store", "refusing a %s item of conn %llu: %s",
                       it->kind == STORE_ITEM_HELLO    ? "hello"
                       : it->kind == STORE_ITEM_REPORT ? "report"
-                      : it->kind == STORE_ITEM_OUTBOX ? "outbox"
-                                                      : "monitor",
+                      : it->kind == STORE_ITEM_OUTBOX  ? "outbox"
+                      : it->kind == STORE_ITEM_SILENCE ? "silence"
+                                                       : "monitor",
                       (unsigned long long)it->conn_id, msg);
             struct store_result *e = realloc(errs, (nerrs + 1) * sizeof(*e));
             if (!e) { /* cannot tell the submitter: retry as if transient */
@@ -1133,17 +1155,116 @@ static void announce(struct store *s)
     }
 }
 
+/* --- retention ------------------------------------------------------------------------- */
+
+static const char prune_outbox_sql[] =
+    "DELETE FROM outbox WHERE id IN (SELECT o.id FROM outbox o "
+    "WHERE o.state IN (1, 2, 4) AND o.done_at < ?1 "
+    "AND o.id < (SELECT max(id) FROM outbox) "
+    /* the trigger of an incident still open at its target stays (pager.c load_open) */
+    "AND NOT (o.kind = 1 AND o.state IN (1, 2) AND NOT EXISTS (SELECT 1 FROM outbox x "
+    "WHERE x.alert_id = o.alert_id AND x.target = o.target AND x.id > o.id "
+    "AND x.state IN (1, 2, 4))) "
+    "ORDER BY o.id LIMIT ?2)";
+static const char prune_silences_sql[] =
+    "DELETE FROM silences WHERE id IN (SELECT id FROM silences WHERE ends_at < ?1 "
+    "ORDER BY ends_at, id LIMIT ?2)";
+
+static int prune_one(sqlite3 *db, const char *sql, double cutoff, unsigned max_rows,
+                     uint64_t *count)
+{
+    sqlite3_stmt *st;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK)
+        return rc;
+    sqlite3_bind_double(st, 1, cutoff);
+    sqlite3_bind_int64(st, 2, max_rows);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE)
+        *count = (uint64_t)sqlite3_changes(db);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+int store_prune(sqlite3 *db, double now, double outbox_retention_s, double silence_retention_s,
+                unsigned max_rows, struct store_prune_counts *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!(outbox_retention_s > 0) && !(silence_retention_s > 0))
+        return 0;
+    int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc == SQLITE_OK && outbox_retention_s > 0)
+        rc = prune_one(db, prune_outbox_sql, now - outbox_retention_s, max_rows, &out->outbox);
+    if (rc == SQLITE_OK && silence_retention_s > 0)
+        rc = prune_one(db, prune_silences_sql, now - silence_retention_s, max_rows,
+                       &out->silences);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        if (!sqlite3_get_autocommit(db))
+            sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        memset(out, 0, sizeof(*out));
+        return -EIO;
+    }
+    return 0;
+}
+
+/* Runs one retention transaction when it is due; a full batch makes the
+ * next one due at once (between the item batches, so retention never holds
+ * the queue for longer than one bounded transaction). Writer thread. */
+static void prune_if_due(struct store *s, double *next)
+{
+    double now = now_mono();
+    if (now < *next)
+        return;
+    *next = now + s->opts.prune_interval_s;
+    struct store_prune_counts c;
+    if (store_prune(s->db, now_unix(), s->opts.outbox_retention_s, s->opts.silence_retention_s,
+                    FS_STORE_PRUNE_BATCH, &c) < 0) {
+        log_limited(&s->rl_fail, LOG_LEVEL_WARN, "store",
+                    "retention: %s; retrying in %.0f s", sqlite3_errmsg(s->db),
+                    s->opts.prune_interval_s);
+        return;
+    }
+    if (c.outbox || c.silences)
+        log_debug("store", "retention: deleted %llu outbox rows, %llu silences",
+                  (unsigned long long)c.outbox, (unsigned long long)c.silences);
+    if (c.outbox >= FS_STORE_PRUNE_BATCH || c.silences >= FS_STORE_PRUNE_BATCH)
+        *next = now;
+}
+
 static void *writer_main(void *arg)
 {
     struct store *s = arg;
     uint64_t max = s->opts.batch_max_items;
+    int prune = s->opts.outbox_retention_s > 0 || s->opts.silence_retention_s > 0;
+    double next_prune = now_mono(); /* once at start, then every prune_interval_s */
     for (;;) {
+        if (prune)
+            prune_if_due(s, &next_prune);
         pthread_mutex_lock(&s->mu);
-        while (!s->head && !s->stopping)
-            pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->head && !s->stopping) {
+            if (!prune) {
+                pthread_cond_wait(&s->cv, &s->mu);
+                continue;
+            }
+            double wait = next_prune - now_mono();
+            if (wait <= 0)
+                break;
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            double until = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + wait;
+            ts.tv_sec = (time_t)until;
+            ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT)
+                break;
+        }
         if (!s->head) {
+            int stop = s->stopping;
             pthread_mutex_unlock(&s->mu);
-            break;
+            if (stop)
+                break;
+            continue; /* retention is due */
         }
         size_t n = 0;
         uint64_t bytes = 0, spool = 0;
@@ -1497,8 +1618,20 @@ int store_open(const char *path, const struct store_opts *opts, struct store **o
     s->spool_bytes = (uint64_t)spool;
     atomic_store(&s->stats->spool_bytes, s->spool_bytes);
     rc = -ENOMEM;
-    if (!(mu = !pthread_mutex_init(&s->mu, NULL)) || !(cv = !pthread_cond_init(&s->cv, NULL)) ||
-        !(done = !pthread_cond_init(&s->done_cv, NULL))) {
+    if (!(s->opts.prune_interval_s > 0))
+        s->opts.prune_interval_s = FS_STORE_PRUNE_INTERVAL_S;
+    /* The writer's timed wait (retention) is on the monotonic clock. */
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0) {
+        snprintf(err, errlen, "cannot create writer locks");
+        goto fail;
+    }
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    mu = !pthread_mutex_init(&s->mu, NULL);
+    cv = mu && !pthread_cond_init(&s->cv, &ca);
+    done = cv && !pthread_cond_init(&s->done_cv, NULL);
+    pthread_condattr_destroy(&ca);
+    if (!done) {
         snprintf(err, errlen, "cannot create writer locks");
         goto fail;
     }
@@ -1538,7 +1671,7 @@ void store_close(struct store *s)
         pthread_join(s->thread, NULL);
     for (int i = 0; i < ST_COUNT; i++)
         sqlite3_finalize(s->st[i]);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < SIL_COUNT; i++)
         sqlite3_finalize(s->sil_st[i]);
     /* Closing the last connection checkpoints the WAL into the database. */
     if (sqlite3_close(s->db) != SQLITE_OK)

@@ -190,7 +190,8 @@ struct store_waiter *store_waiter_ref(struct store_waiter *w);
 void store_waiter_put(struct store_waiter *w);
 /* Waits up to timeout_ms for the outcome: 0 (committed; *id = the
  * silence's id), -ENOENT (EXPIRE: no such silence), -EALREADY (EXPIRE:
- * already expired), -EIO (storage refused it), -ECANCELED (freed unwritten,
+ * already expired), -ENOSPC (INSERT: FS_STORE_MAX_LIVE_SILENCES silences
+ * are active or pending already), -EIO (storage refused it), -ECANCELED (freed unwritten,
  * e.g. at shutdown) or -ETIMEDOUT (no outcome yet; the write may still
  * happen). Does not drop the caller's reference. Any thread but the
  * writer's. */
@@ -271,6 +272,12 @@ struct store_opts {
      * appended (and after RESUME). May be NULL; see store_set_notify. */
     void (*notify)(void *ctx);
     void *notify_ctx;
+    /* Retention (store_prune, run by the writer every prune_interval_s,
+     * default FS_STORE_PRUNE_INTERVAL_S): finished outbox rows and expired
+     * silences older than these many seconds are deleted. 0: kept forever. */
+    double outbox_retention_s;
+    double silence_retention_s;
+    double prune_interval_s;
 };
 
 struct store;
@@ -325,6 +332,23 @@ uint64_t store_spool_bytes(struct store *s);
  * joins the writer thread, finalizes statements and closes the database.
  * Undelivered results are discarded. NULL is a no-op. Main thread. */
 void store_close(struct store *s);
+
+/* Retention, one bounded transaction on db (the writer's connection; tests
+ * may pass their own): deletes at most max_rows outbox rows that finished
+ * (delivered, given up, skipped) before now - outbox_retention_s, and at
+ * most max_rows silences that ended before now - silence_retention_s (a
+ * retention of 0 deletes nothing of that kind). Never deletes the outbox
+ * row with the highest id (SQLite would hand its id out again, below the
+ * pager's watermark) nor the trigger of an incident still open at its
+ * target (no later row of that alert and target finished: the pager needs
+ * it to send the resolve and, for Alertmanager, the re-sends). Oldest ids
+ * first, so a trigger never outlives its resolve. Returns 0 with the counts
+ * deleted, or a negative errno-style code (rolled back). Writer thread. */
+struct store_prune_counts {
+    uint64_t outbox, silences;
+};
+int store_prune(sqlite3 *db, double now, double outbox_retention_s, double silence_retention_s,
+                unsigned max_rows, struct store_prune_counts *out);
 
 /* A read-only connection to the daemon's database for another thread (the
  * HTTP module): SQLITE_OPEN_READONLY, busy timeout, PRAGMA query_only. The

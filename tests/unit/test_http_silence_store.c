@@ -120,3 +120,24 @@ Test(silence_store, waiter_gone_first, .init = setup, .fini = teardown)
     cr_expect_eq(run(insert_item(), &id), 0);
     cr_expect_eq(id, 51);
 }
+
+/* The pager matches at most FS_STORE_MAX_LIVE_SILENCES active or future
+ * silences: the writer refuses one more (-ENOSPC) rather than store a
+ * silence that would hold nothing; an expired one does not count. */
+Test(silence_store, live_silences_bounded, .init = setup, .fini = teardown)
+{
+    for (unsigned i = 0; i + 1 < FS_STORE_MAX_LIVE_SILENCES; i++)
+        cr_assert_eq(store_submit(s, insert_item()), 0);
+    store_flush(s);
+    int64_t id = 0;
+    cr_expect_eq(run(insert_item(), &id), 0, "the last one that fits");
+    cr_expect_eq(id, (int64_t)FS_STORE_MAX_LIVE_SILENCES);
+    cr_expect_eq(run(insert_item(), &id), -ENOSPC, "one more than the pager loads");
+    struct store_item *past = insert_item();
+    past->silence.starts_at = 100;
+    past->silence.ends_at = 200; /* already over: holds nothing, costs the pager nothing */
+    cr_expect_eq(run(past, &id), 0);
+    cr_expect_eq(run(expire_item(7), &id), 0);
+    cr_expect_eq(run(insert_item(), &id), 0, "room again after an expiry");
+    cr_expect_eq(run(insert_item(), &id), -ENOSPC);
+}
