@@ -37,6 +37,7 @@
 #include <sqlite3.h>
 
 #include "dashboard.h"
+#include "fs_limits.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
@@ -50,7 +51,8 @@
  * past it closes the connection. */
 #define HTTP_MAX_BODY_BYTES (16u * 1024u)
 #define HTTP_WRITE_WAIT_MS 10000u            /* waiting for the writer to commit; then 503 */
-#define HTTP_MAX_ACTIVE_SILENCES 256         /* active silences matched against alerts */
+/* active silences matched against alerts: as many as the pager holds */
+#define HTTP_MAX_ACTIVE_SILENCES FS_STORE_MAX_LIVE_SILENCES
 #define HTTP_MAX_AUTH_HEADER 1024u           /* Authorization header bytes looked at */
 #define HTTP_MAX_PARAM_LEN 256u              /* bytes of one query value or path segment */
 #define HTTP_MAX_PARAMS 16u                  /* query parameters accepted by one route */

@@ -190,6 +190,11 @@ static int silence_write(struct ctx *c, struct store_item *it, int64_t *id)
         http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
                          "the daemon is shutting down; nothing was written");
         return rc;
+    case -ENOSPC:
+        http_reply_error(c, MHD_HTTP_CONFLICT, "limit",
+                         "at most %u silences may be active or pending; expire one first",
+                         FS_STORE_MAX_LIVE_SILENCES);
+        return rc;
     default:
         http_reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
                          "storage refused the write (details in the daemon log)");

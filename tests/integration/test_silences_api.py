@@ -16,6 +16,9 @@ READ = "read-t0ken"
 WRITE = "write-t0ken"
 
 
+LIVE_SILENCES_MAX = 1024  # daemon/fs_limits.h FS_STORE_MAX_LIVE_SILENCES
+
+
 def req(d, method, path, body=None, token=None, raw=None):
     """(status, headers, parsed JSON or text) of one request."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
@@ -277,6 +280,24 @@ def test(args, workdir):
         sb = silenced_by(d)
         check(len(sb[1]) == 1 and sb[2] == [] and sb[3] == [ib],
               f"silenced_by after the CLI's silence: {sb}")
+
+        # The live-silence bound (FS_STORE_MAX_LIVE_SILENCES, what the pager
+        # loads): past it a create is 409, not stored; expiring one frees a slot.
+        _, doc = expect(d, "GET", "/api/v1/silences?state=active&state=pending&limit=10000", 200)
+        live = len(doc["silences"])
+        last = None
+        for i in range(LIVE_SILENCES_MAX - live):
+            _, b = expect(d, "POST", "/api/v1/silences", 201,
+                          {"matchers": [{"name": "run", "value": f"bulk-{i}"}], "duration": 600,
+                           "createdBy": "t"}, token=WRITE)
+            last = b["silence"]["id"]
+        expect(d, "POST", "/api/v1/silences", 409,
+               {"matchers": [{"name": "run", "value": "one-too-many"}], "duration": 600,
+                "createdBy": "t"}, token=WRITE, mention=f"at most {LIVE_SILENCES_MAX}")
+        expect(d, "DELETE", f"/api/v1/silences/{last}", 200, token=WRITE)
+        expect(d, "POST", "/api/v1/silences", 201,
+               {"matchers": [{"name": "run", "value": "fits-again"}], "duration": 600,
+                "createdBy": "t"}, token=WRITE)
         check(d.stop() == 0, "daemon did not exit 0")
 
         # without http_write_token, writes are disabled; without
@@ -287,7 +308,7 @@ def test(args, workdir):
                mention="writes disabled: set http_write_token")
         expect(d, "DELETE", f"/api/v1/silences/{ib}", 403, token=WRITE,
                mention="writes disabled")
-        _, doc = expect(d, "GET", "/api/v1/silences?state=active", 200, token=None)
+        _, doc = expect(d, "GET", "/api/v1/silences?state=active&limit=10000", 200, token=None)
         check(ib in ids(doc), f"list without tokens: {doc}")
         check(d.stop() == 0, "daemon did not exit 0")
     finally:
