@@ -37,6 +37,7 @@
 #include <sqlite3.h>
 
 #include "dashboard.h"
+#include "fs_clock.h"
 #include "fs_limits.h"
 #include "http.h"
 #include "log.h"
@@ -299,9 +300,7 @@ static inline void stmt_done(sqlite3_stmt *st)
 /* Wall-clock time, UNIX seconds. Any thread. */
 static inline double wall_now(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return fs_clock_unix();
 }
 
 /* --- http_sql.c ---------------------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* Ingest: libuv TCP server, per-connection protocol state machine. */
 #include "ingest.h"
+#include "fs_clock.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -81,13 +82,6 @@ static void process(struct conn *c);
 static void update_reading(struct conn *c);
 static void on_shutdown(uv_shutdown_t *req, int status);
 static void check_stop(struct ingest *ing);
-
-static double now_unix(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* --- connection table -------------------------------------------------------- */
 
@@ -480,7 +474,7 @@ static void on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body
     rp->rank = c->rank;
     rp->seq = r->seq;
     rp->step = r->step;
-    rp->received_at = now_unix();
+    rp->received_at = fs_clock_unix();
     rp->time = r->has_time_unix ? r->time_unix : rp->received_at;
     rp->frame_bytes = (uint32_t)(len + DECODE_PREFIX_BYTES);
     const Foreshock__Scalars *s = r->scalars;

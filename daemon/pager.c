@@ -1,6 +1,7 @@
 /* The pager thread: outbox -> route -> silences -> libcurl -> outcome
  * through the writer. See pager.h for the contract. */
 #include "pager.h"
+#include "fs_clock.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -264,20 +265,6 @@ struct pager {
     struct log_ratelimit rl_fail, rl_giveup, rl_resend, rl_db, rl_store, rl_sil;
 };
 
-static double now_unix(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* xorshift64*: jitter only. */
 static double rand01(struct pager *p)
 {
@@ -460,7 +447,7 @@ static void load_open(struct pager *p)
         return;
     }
     sqlite3_bind_int64(q, 1, PAGER_MAX_OPEN);
-    double now = now_mono();
+    double now = fs_clock_mono();
     int rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         char name[STATS_TARGET_NAME_MAX];
@@ -503,7 +490,7 @@ static int load_target_rows(struct pager *p, int t)
     sqlite3_bind_text(q, 3, p->cfg.t[t].name, -1, SQLITE_STATIC);
     size_t got = 0;
     int rc = SQLITE_DONE;
-    double now = now_unix();
+    double now = fs_clock_unix();
     while (p->nrows < PAGER_MAX_ROWS && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct prow *r = &p->rows[p->nrows];
         memset(r, 0, sizeof(*r));
@@ -747,7 +734,7 @@ static void post(struct pager *p, const struct pager_target_cfg *t, const char *
             return;
         }
         snprintf(sig, sizeof(sig), "X-Foreshock-Signature: sha256=%s", hex);
-        snprintf(ts, sizeof(ts), "X-Foreshock-Timestamp: %lld", (long long)now_unix());
+        snprintf(ts, sizeof(ts), "X-Foreshock-Timestamp: %lld", (long long)fs_clock_unix());
         if ((h2 = curl_slist_append(h, sig)))
             h = h2;
         if ((h2 = curl_slist_append(h, ts)))
@@ -790,7 +777,7 @@ static enum page_verdict send_page(struct pager *p, const struct pager_target_cf
 {
     char url[PAGE_URL_MAX + 32];
     char *body = NULL;
-    double now = now_unix();
+    double now = fs_clock_unix();
     switch (t->type) {
     case PAGER_ALERTMANAGER: {
         size_t n = strlen(t->url);
@@ -843,7 +830,7 @@ static void attempt(struct pager *p, struct prow *r)
     long status = 0;
     char err[PAGE_ERROR_MAX];
     enum page_verdict v = send_page(p, t, &r->a, &status, err, sizeof(err));
-    double now = now_unix();
+    double now = fs_clock_unix();
     /* Cut short by pager_stop: not a failure of the target; the row stays
      * as it is in the outbox for the next start. */
     if (v != PAGE_DELIVERED && atomic_load(&p->stopping))
@@ -856,7 +843,7 @@ static void attempt(struct pager *p, struct prow *r)
                      (long long)r->a.alert_id, r->attempts);
         finish(p, r, STORE_OUTBOX_DELIVERED, (int)status, NULL);
         if (r->a.kind == PAGE_TRIGGER)
-            open_add(p, &r->a, r->target, now_mono() + t->resend_interval);
+            open_add(p, &r->a, r->target, fs_clock_mono() + t->resend_interval);
         else {
             struct popen *o = open_find(p, r->a.alert_id, r->target);
             if (o)
@@ -1052,7 +1039,7 @@ static void compact(struct pager *p)
  * (monotonic) or a silence reload. */
 static double next_wait(struct pager *p)
 {
-    double now = now_unix(), mono = now_mono(), w = PAGER_SILENCE_RELOAD_S;
+    double now = fs_clock_unix(), mono = fs_clock_mono(), w = PAGER_SILENCE_RELOAD_S;
     for (size_t i = 0; i < p->nrows; i++)
         if (p->rows[i].state == STORE_OUTBOX_PENDING && !p->rows[i].blocked &&
             p->rows[i].next_at - now < w)
@@ -1078,19 +1065,19 @@ static void *pager_main(void *arg)
             seen = ann;
             load_rows(p);
         }
-        double now = now_unix();
+        double now = fs_clock_unix();
         p->sil_fresh = 0;
         memset(p->down, 0, sizeof(p->down));
-        if (now_mono() >= p->sil_next) {
+        if (fs_clock_mono() >= p->sil_next) {
             load_silences(p, now);
-            p->sil_next = now_mono() + PAGER_SILENCE_RELOAD_S;
+            p->sil_next = fs_clock_mono() + PAGER_SILENCE_RELOAD_S;
             if (p->sil_ok)
                 release_held(p, now);
         }
         for (size_t i = 0; i < p->nrows && !atomic_load(&p->stopping); i++)
             if (!p->rows[i].done)
-                handle(p, &p->rows[i], now_unix());
-        resend_due(p, now_mono(), now_unix());
+                handle(p, &p->rows[i], fs_clock_unix());
+        resend_due(p, fs_clock_mono(), fs_clock_unix());
         compact(p);
         if (more_to_load(p))
             continue;

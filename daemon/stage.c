@@ -1,6 +1,7 @@
 /* The monitor stage: reduction -> worker math -> detection -> writer. See
  * stage.h for the data path and threads. */
 #include "stage.h"
+#include "fs_clock.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -269,13 +270,6 @@ struct stage {
 
 static double now_mono(void) { return (double)uv_hrtime() * 1e-9; }
 
-static double now_unix(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int64_t detect_from(const struct stage *st, const struct run *run)
 {
     return (int64_t)(run->has_detect_from_step ? run->detect_from_step : st->opts.detect_from_step);
@@ -538,7 +532,7 @@ static void feed_track(struct stage *st, struct stage_run *sr, struct run *run, 
     struct alert_scope scope = {.layer = k->layer, .head = k->head, .window = k->window,
                                 .rank = k->rank};
     if (detect_step(&t->ds, t->rule, (int64_t)step, value, present, detect_from(st, run), &v) < 0 ||
-        alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now_unix(), &tr) < 0)
+        alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, fs_clock_unix(), &tr) < 0)
         return;
     t->last_step = (int64_t)step;
     add_state(bd, t);
@@ -1630,7 +1624,7 @@ static int load_spool(struct stage *st, sqlite3 *db, char *err, size_t errlen)
             .run_id = sqlite3_column_int64(q, 0), .stream_id = sqlite3_column_int64(q, 1),
             .seq = (uint64_t)sqlite3_column_int64(q, 2), .step = (uint64_t)sqlite3_column_int64(q, 3),
             .rank = (uint32_t)sqlite3_column_int64(q, 5),
-            .time = r->has_time_unix ? r->time_unix : now_unix(), .report = r};
+            .time = r->has_time_unix ? r->time_unix : fs_clock_unix(), .report = r};
         stage_feed(st, &in);
         decode_frame_free(f);
         n++;

@@ -1,6 +1,7 @@
 /* The writer thread: bounded queue in, batched transactions, results out
  * after COMMIT. See store.h for the contract. */
 #include "store.h"
+#include "fs_clock.h"
 
 #include <errno.h>
 #include <math.h>
@@ -184,20 +185,6 @@ struct store {
     struct log_ratelimit rl_fail;
     sqlite3_stmt *sil_st[4]; /* silence statements, prepared on first use (writer thread) */
 };
-
-static double now_unix(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Storage trouble that may pass (disk full, I/O, locks, memory): retry the
  * whole batch. Anything else is a problem with one item: refuse that item. */
@@ -1015,7 +1002,7 @@ static int write_once(struct store *s, struct store_item **batch, size_t n,
     int rc = exec1(s->st[ST_BEGIN], NULL, 0);
     if (!ok(rc))
         return rc;
-    double now = now_unix();
+    double now = fs_clock_unix();
     for (size_t i = 0; i < n; i++) {
         if (refused[i])
             continue;
@@ -1073,10 +1060,10 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
     size_t nerrs = 0;
     for (;;) {
         long bad;
-        double t0 = now_mono();
+        double t0 = fs_clock_mono();
         int rc = write_once(s, batch, n, refused, bc, &bad);
         if (rc == SQLITE_OK) {
-            record_commit(s, now_mono() - t0);
+            record_commit(s, fs_clock_mono() - t0);
             if (atomic_load(&s->stats->storage_failing)) {
                 log_info("store", "commits succeed again");
                 set_failing(s, 0);
@@ -1214,12 +1201,12 @@ int store_prune(sqlite3 *db, double now, double outbox_retention_s, double silen
  * the queue for longer than one bounded transaction). Writer thread. */
 static void prune_if_due(struct store *s, double *next)
 {
-    double now = now_mono();
+    double now = fs_clock_mono();
     if (now < *next)
         return;
     *next = now + s->opts.prune_interval_s;
     struct store_prune_counts c;
-    if (store_prune(s->db, now_unix(), s->opts.outbox_retention_s, s->opts.silence_retention_s,
+    if (store_prune(s->db, fs_clock_unix(), s->opts.outbox_retention_s, s->opts.silence_retention_s,
                     FS_STORE_PRUNE_BATCH, &c) < 0) {
         log_limited(&s->rl_fail, LOG_LEVEL_WARN, "store",
                     "retention: %s; retrying in %.0f s", sqlite3_errmsg(s->db),
@@ -1238,7 +1225,7 @@ static void *writer_main(void *arg)
     struct store *s = arg;
     uint64_t max = s->opts.batch_max_items;
     int prune = s->opts.outbox_retention_s > 0 || s->opts.silence_retention_s > 0;
-    double next_prune = now_mono(); /* once at start, then every prune_interval_s */
+    double next_prune = fs_clock_mono(); /* once at start, then every prune_interval_s */
     for (;;) {
         if (prune)
             prune_if_due(s, &next_prune);
@@ -1248,7 +1235,7 @@ static void *writer_main(void *arg)
                 pthread_cond_wait(&s->cv, &s->mu);
                 continue;
             }
-            double wait = next_prune - now_mono();
+            double wait = next_prune - fs_clock_mono();
             if (wait <= 0)
                 break;
             struct timespec ts;
