@@ -139,17 +139,29 @@ def run_all(a, daemon, runs):
                     raise SystemExit(f"{name} failed: see runs/{name}.log")
 
 
-def wait_monitors(api, runs, steps, every, timeout=300):
+def wait_evaluated(api, run, step, deadline):
+    """Polls until the daemon's monitor stage has evaluated `run` up to
+    sketch step `step` (acks come after the raw report's commit; monitors,
+    detectors and alerts follow asynchronously). True when it has, False
+    at the deadline (time.monotonic())."""
+    while True:
+        s = api.series(run, name="qk.d2.entropy.min", layer=0)
+        if s and max(x["last_step"] for x in s) >= step:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
+def wait_monitors(api, a, runs, timeout=600):
     """Waits until the daemon has evaluated each run's last sketch step."""
-    last = steps - steps % every
     deadline = time.monotonic() + timeout
     for sc, seed in runs:
-        name = f"{sc}-s{seed}"
-        while time.monotonic() < deadline:
-            s = api.series(name, name="qk.d2.entropy.min", layer=0)
-            if s and max(x["last_step"] for x in s) >= last:
-                break
-            time.sleep(0.5)
+        recs, _ = read_jsonl(os.path.join(a.out, "runs", f"{sc}-s{seed}.jsonl"))
+        last = recs[-1]["step"] if recs else 0
+        if not wait_evaluated(api, f"{sc}-s{seed}", last - last % a.every, deadline):
+            print(f"warning: {sc}-s{seed} not evaluated up to step {last} in {timeout}s",
+                  flush=True)
 
 
 def analyse(api, a, sc, seed):
@@ -197,6 +209,10 @@ def analyse(api, a, sc, seed):
     row["monitor_sketch_s"] = sum(sk) / max(1, len(sk))
     row["monitor_plain_s"] = sum(pl) / max(1, len(pl))
     client = (summary or {}).get("client", {})
+    # The sender thread's CPU (building reports, ctypes hand-off), off the
+    # training thread but on the same cores: per training step.
+    row["sender_cpu_s"] = (client["sender_cpu_s"] / max(1, len(recs))
+                           if "sender_cpu_s" in client else None)
     row["reports"] = client.get("reports")
     row["acked"] = client.get("acked")
     row["dropped"] = (client.get("dropped") or 0) + (client.get("dropped_queue") or 0)
@@ -205,6 +221,19 @@ def analyse(api, a, sc, seed):
 
 def fmt(v):
     return "–" if v is None else str(v)
+
+
+def overhead_mean(rows):
+    """The overhead columns averaged over runs (each run weighted equally),
+    the counters summed."""
+    out = {"run": "**mean of all runs**"}
+    for k in ("train_s", "monitor_s", "monitor_sketch_s", "monitor_plain_s", "sender_cpu_s"):
+        v = [r[k] for r in rows if r[k] is not None]
+        out[k] = sum(v) / len(v) if v else None
+    for k in ("reports", "acked", "dropped"):
+        v = [r[k] for r in rows if r[k] is not None]
+        out[k] = sum(v) if v else None
+    return out
 
 
 def write_tables(a, rows):
@@ -230,13 +259,15 @@ def write_tables(a, rows):
             fmt(r["lead_vs_divergence"]), str(r["alerts"]), "yes" if r["pass"] else "NO"]) + " |")
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    ov = ["| run | train step (s) | monitor.step() mean (s) | on sketch steps (s) | "
-          "other steps (s) | overhead | reports | acked | dropped |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        ov.append(f"| {r['run']} | {r['train_s']:.4f} | {r['monitor_s']:.5f} | "
-                  f"{r['monitor_sketch_s']:.5f} | {r['monitor_plain_s']:.5f} | "
-                  f"{100 * r['monitor_s'] / r['train_s']:.1f}% | {fmt(r['reports'])} | "
-                  f"{fmt(r['acked'])} | {fmt(r['dropped'])} |")
+    ms = lambda v: "–" if v is None else f"{1000 * v:.2f}"  # noqa: E731
+    ov = ["| run | train step (ms) | monitor.step() mean (ms) | on sketch steps (ms) | "
+          "other steps (ms) | step() / train step | sender thread CPU per step (ms) | "
+          "reports | acked | dropped |", "|" + "---|" * 10]
+    for r in rows + [overhead_mean(rows)]:
+        ov.append(f"| {r['run']} | {ms(r['train_s'])} | {ms(r['monitor_s'])} | "
+                  f"{ms(r['monitor_sketch_s'])} | {ms(r['monitor_plain_s'])} | "
+                  f"{100 * r['monitor_s'] / r['train_s']:.1f}% | {ms(r['sender_cpu_s'])} | "
+                  f"{fmt(r['reports'])} | {fmt(r['acked'])} | {fmt(r['dropped'])} |")
     with open(os.path.join(a.out, "overhead.md"), "w") as f:
         f.write("\n".join(ov) + "\n")
     return "\n".join(lines)
@@ -316,7 +347,7 @@ def main(argv=None):
         api = Api(daemon.http)
         if not a.analyse_only:
             run_all(a, daemon, runs)
-        wait_monitors(api, runs, a.steps, a.every)
+        wait_monitors(api, a, runs)
         rows = []
         for sc, seed in runs:
             row, recs, alerts = analyse(api, a, sc, seed)
