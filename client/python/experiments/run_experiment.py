@@ -273,7 +273,19 @@ def write_tables(a, rows):
     return "\n".join(lines)
 
 
-def plot(a, api, row, recs, alerts):
+def mean_line(recs):
+    """(steps, DIVERGE_WINDOW-step trailing mean loss)."""
+    w, losses = DIVERGE_WINDOW, [r["loss"] for r in recs]
+    if len(losses) < w:
+        return [], []
+    return ([r["step"] for r in recs[w - 1:]],
+            [sum(losses[i - w + 1:i + 1]) / w for i in range(w - 1, len(losses))])
+
+
+def plot(a, api, row, recs, alerts, healthy_recs=None):
+    """Loss (with the paired healthy run's, when given) and the per-layer
+    min over heads of the Delta2 spectral entropy at window a.plot_window,
+    with the fault, the first alert of each family and divergence marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -282,20 +294,23 @@ def plot(a, api, row, recs, alerts):
     steps = [r["step"] for r in recs]
     losses = [r["loss"] for r in recs]
     ax1.plot(steps, losses, lw=0.5, color="0.6", label="loss")
-    w = DIVERGE_WINDOW
-    if len(losses) >= w:
-        ax1.plot(steps[w - 1:], [sum(losses[i - w + 1:i + 1]) / w for i in range(w - 1, len(losses))],
-                 lw=1.2, color="0.1", label=f"{w}-step mean")
+    ax1.plot(*mean_line(recs), lw=1.2, color="0.1", label=f"{DIVERGE_WINDOW}-step mean")
+    if healthy_recs and row["scenario"] != "healthy":
+        ax1.plot(*mean_line(healthy_recs), lw=1.0, color="tab:green",
+                 label=f"paired healthy run, {DIVERGE_WINDOW}-step mean")
+    finite = [v for v in losses if v == v and abs(v) != float("inf")]
+    if finite:  # keep the interesting range visible when the loss explodes
+        ax1.set_ylim(min(finite) * 0.95, min(max(finite), 3 * min(finite)) * 1.05)
     ax1.set_ylabel("loss (nats)")
     ax1.set_title(f"{name}")
     ent = {}
-    for s in api.series(name, name="qk.d2.entropy.min"):
+    for s in api.series(name, name="qk.d2.entropy.min", window=a.plot_window):
         lab = s.get("labels") or {}
         ent[lab.get("layer")] = [(p, v) for p, v in api.points(s["id"]) if v is not None]
     for layer in sorted(k for k in ent if k is not None):
         pts = ent[layer]
         ax2.plot([p for p, _ in pts], [v for _, v in pts], lw=0.9, label=f"layer {layer}")
-    ax2.set_ylabel("Δ2 entropy, min over heads")
+    ax2.set_ylabel(f"Δ2 entropy (nats), {a.plot_window}-step window,\nmin over heads")
     ax2.set_xlabel("step")
     colors = {"attention_d2": "tab:red", "router_weight": "tab:purple", "weight_norm": "tab:orange",
               "router_balance": "tab:brown", "scalar_loss": "tab:blue"}
@@ -334,6 +349,8 @@ def main(argv=None):
     p.add_argument("--fault-step", type=int, default=200)
     p.add_argument("--every", type=int, default=5, help="must match train.py --every")
     p.add_argument("--jobs", type=int, default=2, help="trainers at once")
+    p.add_argument("--plot-window", type=int, default=5,
+                   help="the Delta2 window (one of train.py --windows) the plots show")
     p.add_argument("--config", default=os.path.join(HERE, "foreshockd-experiment.conf"),
                    help="foreshockd config file (default: foreshockd-experiment.conf here)")
     p.add_argument("--analyse-only", action="store_true",
@@ -348,11 +365,14 @@ def main(argv=None):
         if not a.analyse_only:
             run_all(a, daemon, runs)
         wait_monitors(api, a, runs)
-        rows = []
+        rows, done = [], {}
         for sc, seed in runs:
             row, recs, alerts = analyse(api, a, sc, seed)
             rows.append(row)
-            plot(a, api, row, recs, alerts)
+            done[(sc, seed)] = (row, recs, alerts)
+        for (sc, seed), (row, recs, alerts) in done.items():
+            healthy = done.get(("healthy", seed))
+            plot(a, api, row, recs, alerts, healthy[1] if healthy else None)
         table = write_tables(a, rows)
     finally:
         daemon.stop()
