@@ -6,6 +6,14 @@ loss diverges (run_experiment.divergence_step) and before the loss-based
 detector (the daemon's loss/grad_norm rules) fires. Training stops once
 the alert is visible over HTTP (train.py --stop-after-alert).
 
+Seed 2, fault at step 200: the alert fires at step 450 (qk.d2.srank,
+layer 2), the same step in every run (one torch thread: deterministic
+training; the daemon's math is deterministic too). It takes 250 steps
+because the 5-bit fault's Delta2 collapse builds up over hundreds of steps
+while a 5-step window is dominated by minibatch noise (client/python/
+README.md, "Windows"); MAX_STEPS leaves 150 steps of margin, and neither
+the loss detector nor divergence comes before step 850 in this run.
+
 The full experiment (three seeds, four scenarios, plots) is the documented
 command in client/python/README.md, not part of CI.
 """
