@@ -139,17 +139,29 @@ def run_all(a, daemon, runs):
                     raise SystemExit(f"{name} failed: see runs/{name}.log")
 
 
-def wait_monitors(api, runs, steps, every, timeout=300):
+def wait_evaluated(api, run, step, deadline):
+    """Polls until the daemon's monitor stage has evaluated `run` up to
+    sketch step `step` (acks come after the raw report's commit; monitors,
+    detectors and alerts follow asynchronously). True when it has, False
+    at the deadline (time.monotonic())."""
+    while True:
+        s = api.series(run, name="qk.d2.entropy.min", layer=0)
+        if s and max(x["last_step"] for x in s) >= step:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
+def wait_monitors(api, a, runs, timeout=600):
     """Waits until the daemon has evaluated each run's last sketch step."""
-    last = steps - steps % every
     deadline = time.monotonic() + timeout
     for sc, seed in runs:
-        name = f"{sc}-s{seed}"
-        while time.monotonic() < deadline:
-            s = api.series(name, name="qk.d2.entropy.min", layer=0)
-            if s and max(x["last_step"] for x in s) >= last:
-                break
-            time.sleep(0.5)
+        recs, _ = read_jsonl(os.path.join(a.out, "runs", f"{sc}-s{seed}.jsonl"))
+        last = recs[-1]["step"] if recs else 0
+        if not wait_evaluated(api, f"{sc}-s{seed}", last - last % a.every, deadline):
+            print(f"warning: {sc}-s{seed} not evaluated up to step {last} in {timeout}s",
+                  flush=True)
 
 
 def analyse(api, a, sc, seed):
@@ -197,6 +209,10 @@ def analyse(api, a, sc, seed):
     row["monitor_sketch_s"] = sum(sk) / max(1, len(sk))
     row["monitor_plain_s"] = sum(pl) / max(1, len(pl))
     client = (summary or {}).get("client", {})
+    # The sender thread's CPU (building reports, ctypes hand-off), off the
+    # training thread but on the same cores: per training step.
+    row["sender_cpu_s"] = (client["sender_cpu_s"] / max(1, len(recs))
+                           if "sender_cpu_s" in client else None)
     row["reports"] = client.get("reports")
     row["acked"] = client.get("acked")
     row["dropped"] = (client.get("dropped") or 0) + (client.get("dropped_queue") or 0)
@@ -205,6 +221,19 @@ def analyse(api, a, sc, seed):
 
 def fmt(v):
     return "–" if v is None else str(v)
+
+
+def overhead_mean(rows):
+    """The overhead columns averaged over runs (each run weighted equally),
+    the counters summed."""
+    out = {"run": "**mean of all runs**"}
+    for k in ("train_s", "monitor_s", "monitor_sketch_s", "monitor_plain_s", "sender_cpu_s"):
+        v = [r[k] for r in rows if r[k] is not None]
+        out[k] = sum(v) / len(v) if v else None
+    for k in ("reports", "acked", "dropped"):
+        v = [r[k] for r in rows if r[k] is not None]
+        out[k] = sum(v) if v else None
+    return out
 
 
 def write_tables(a, rows):
@@ -230,19 +259,33 @@ def write_tables(a, rows):
             fmt(r["lead_vs_divergence"]), str(r["alerts"]), "yes" if r["pass"] else "NO"]) + " |")
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    ov = ["| run | train step (s) | monitor.step() mean (s) | on sketch steps (s) | "
-          "other steps (s) | overhead | reports | acked | dropped |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        ov.append(f"| {r['run']} | {r['train_s']:.4f} | {r['monitor_s']:.5f} | "
-                  f"{r['monitor_sketch_s']:.5f} | {r['monitor_plain_s']:.5f} | "
-                  f"{100 * r['monitor_s'] / r['train_s']:.1f}% | {fmt(r['reports'])} | "
-                  f"{fmt(r['acked'])} | {fmt(r['dropped'])} |")
+    ms = lambda v: "–" if v is None else f"{1000 * v:.2f}"  # noqa: E731
+    ov = ["| run | train step (ms) | monitor.step() mean (ms) | on sketch steps (ms) | "
+          "other steps (ms) | step() / train step | sender thread CPU per step (ms) | "
+          "reports | acked | dropped |", "|" + "---|" * 10]
+    for r in rows + [overhead_mean(rows)]:
+        ov.append(f"| {r['run']} | {ms(r['train_s'])} | {ms(r['monitor_s'])} | "
+                  f"{ms(r['monitor_sketch_s'])} | {ms(r['monitor_plain_s'])} | "
+                  f"{100 * r['monitor_s'] / r['train_s']:.1f}% | {ms(r['sender_cpu_s'])} | "
+                  f"{fmt(r['reports'])} | {fmt(r['acked'])} | {fmt(r['dropped'])} |")
     with open(os.path.join(a.out, "overhead.md"), "w") as f:
         f.write("\n".join(ov) + "\n")
     return "\n".join(lines)
 
 
-def plot(a, api, row, recs, alerts):
+def mean_line(recs):
+    """(steps, DIVERGE_WINDOW-step trailing mean loss)."""
+    w, losses = DIVERGE_WINDOW, [r["loss"] for r in recs]
+    if len(losses) < w:
+        return [], []
+    return ([r["step"] for r in recs[w - 1:]],
+            [sum(losses[i - w + 1:i + 1]) / w for i in range(w - 1, len(losses))])
+
+
+def plot(a, api, row, recs, alerts, healthy_recs=None):
+    """Loss (with the paired healthy run's, when given) and the per-layer
+    min over heads of the Delta2 spectral entropy at window a.plot_window,
+    with the fault, the first alert of each family and divergence marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -251,20 +294,23 @@ def plot(a, api, row, recs, alerts):
     steps = [r["step"] for r in recs]
     losses = [r["loss"] for r in recs]
     ax1.plot(steps, losses, lw=0.5, color="0.6", label="loss")
-    w = DIVERGE_WINDOW
-    if len(losses) >= w:
-        ax1.plot(steps[w - 1:], [sum(losses[i - w + 1:i + 1]) / w for i in range(w - 1, len(losses))],
-                 lw=1.2, color="0.1", label=f"{w}-step mean")
+    ax1.plot(*mean_line(recs), lw=1.2, color="0.1", label=f"{DIVERGE_WINDOW}-step mean")
+    if healthy_recs and row["scenario"] != "healthy":
+        ax1.plot(*mean_line(healthy_recs), lw=1.0, color="tab:green",
+                 label=f"paired healthy run, {DIVERGE_WINDOW}-step mean")
+    finite = [v for v in losses if v == v and abs(v) != float("inf")]
+    if finite:  # keep the interesting range visible when the loss explodes
+        ax1.set_ylim(min(finite) * 0.95, min(max(finite), 3 * min(finite)) * 1.05)
     ax1.set_ylabel("loss (nats)")
     ax1.set_title(f"{name}")
     ent = {}
-    for s in api.series(name, name="qk.d2.entropy.min"):
+    for s in api.series(name, name="qk.d2.entropy.min", window=a.plot_window):
         lab = s.get("labels") or {}
         ent[lab.get("layer")] = [(p, v) for p, v in api.points(s["id"]) if v is not None]
     for layer in sorted(k for k in ent if k is not None):
         pts = ent[layer]
         ax2.plot([p for p, _ in pts], [v for _, v in pts], lw=0.9, label=f"layer {layer}")
-    ax2.set_ylabel("Δ2 entropy, min over heads")
+    ax2.set_ylabel(f"Δ2 entropy (nats), {a.plot_window}-step window,\nmin over heads")
     ax2.set_xlabel("step")
     colors = {"attention_d2": "tab:red", "router_weight": "tab:purple", "weight_norm": "tab:orange",
               "router_balance": "tab:brown", "scalar_loss": "tab:blue"}
@@ -303,6 +349,8 @@ def main(argv=None):
     p.add_argument("--fault-step", type=int, default=200)
     p.add_argument("--every", type=int, default=5, help="must match train.py --every")
     p.add_argument("--jobs", type=int, default=2, help="trainers at once")
+    p.add_argument("--plot-window", type=int, default=5,
+                   help="the Delta2 window (one of train.py --windows) the plots show")
     p.add_argument("--config", default=os.path.join(HERE, "foreshockd-experiment.conf"),
                    help="foreshockd config file (default: foreshockd-experiment.conf here)")
     p.add_argument("--analyse-only", action="store_true",
@@ -316,12 +364,15 @@ def main(argv=None):
         api = Api(daemon.http)
         if not a.analyse_only:
             run_all(a, daemon, runs)
-        wait_monitors(api, runs, a.steps, a.every)
-        rows = []
+        wait_monitors(api, a, runs)
+        rows, done = [], {}
         for sc, seed in runs:
             row, recs, alerts = analyse(api, a, sc, seed)
             rows.append(row)
-            plot(a, api, row, recs, alerts)
+            done[(sc, seed)] = (row, recs, alerts)
+        for (sc, seed), (row, recs, alerts) in done.items():
+            healthy = done.get(("healthy", seed))
+            plot(a, api, row, recs, alerts, healthy[1] if healthy else None)
         table = write_tables(a, rows)
     finally:
         daemon.stop()

@@ -63,6 +63,11 @@ def parse_args(argv=None):
     p.add_argument("--experts", type=int, default=4, help="0: dense MLP")
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--aux", type=float, default=0.01, help="load-balancing loss weight")
+    # One 5-step window sketched every 5 steps, so the detectors' 3-sample
+    # persistence spans 3 disjoint windows. Longer windows sketched every 5
+    # steps overlap: 3 samples of a 25-step window cover 35 steps, and a
+    # healthy run's transient low-rank phase (seed 2, layer 1, steps
+    # 1020-1045) fired qk.d2.entropy/erank there; README, "Windows".
     p.add_argument("--windows", default="5", help="sketch windows, comma separated")
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--detect-from", type=int, default=100,
