@@ -19,33 +19,13 @@ static int param_states(struct ctx *c, unsigned *mask)
         1u << ALERT_INACTIVE, 1u << ALERT_PENDING, 1u << ALERT_FIRING, 1u << ALERT_RESOLVED,
         (1u << ALERT_PENDING) | (1u << ALERT_FIRING)};
     _Static_assert(sizeof names / sizeof names[0] == sizeof bits / sizeof bits[0], "states");
+    uint32_t given;
+    int rc = http_param_enum_set(c, "state", names, sizeof names / sizeof names[0], &given);
     *mask = 0;
-    for (unsigned i = 0; i < c->nparams; i++) {
-        if (strcmp(c->params[i].name, "state") != 0)
-            continue;
-        const char *p = c->params[i].value;
-        for (;;) {
-            size_t len = strcspn(p, ",");
-            size_t k = 0;
-            while (k < sizeof names / sizeof names[0] &&
-                   (strlen(names[k]) != len || strncmp(p, names[k], len) != 0))
-                k++;
-            if (k == sizeof names / sizeof names[0]) {
-                char list[128];
-                http_join_names(names, sizeof names / sizeof names[0], list, sizeof list);
-                http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                                 "parameter 'state' must be one of: %s "
-                                 "(repeated or comma-separated)",
-                                 list);
-                return -EINVAL;
-            }
+    for (size_t k = 0; rc == 0 && k < sizeof names / sizeof names[0]; k++)
+        if (given & (1u << k))
             *mask |= bits[k];
-            if (p[len] == '\0')
-                break;
-            p += len + 1;
-        }
-    }
-    return 0;
+    return rc;
 }
 
 /* A UNIX time in seconds: digits with an optional fraction (no sign, no

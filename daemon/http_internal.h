@@ -400,6 +400,12 @@ int http_param_text(struct ctx *c, const char *name, bool required, const char *
 int http_param_enum(struct ctx *c, const char *name, const char *const *names, size_t n,
                     const char **out);
 
+/* A parameter that may repeat and hold comma-separated values, each one of
+ * names[0..n) (n <= 32): sets bit i of *set for each names[i] given; 0 when
+ * the parameter is absent. Anything else is a 400 naming the choices. */
+int http_param_enum_set(struct ctx *c, const char *name, const char *const *names, size_t n,
+                        uint32_t *set);
+
 /* Writes "a, b, c" of names[0..n) into buf (len bytes, truncated), for
  * messages. Any thread. */
 void http_join_names(const char *const *names, size_t n, char *buf, size_t len);

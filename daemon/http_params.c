@@ -141,3 +141,34 @@ int http_param_enum(struct ctx *c, const char *name, const char *const *names, s
                      name, list);
     return -EINVAL;
 }
+
+int http_param_enum_set(struct ctx *c, const char *name, const char *const *names, size_t n,
+                        uint32_t *set)
+{
+    *set = 0;
+    for (unsigned i = 0; i < c->nparams; i++) {
+        if (strcmp(c->params[i].name, name) != 0)
+            continue;
+        const char *p = c->params[i].value;
+        for (;;) {
+            size_t len = strcspn(p, ",");
+            size_t k = 0;
+            while (k < n && (strlen(names[k]) != len || strncmp(p, names[k], len) != 0))
+                k++;
+            if (k == n || k >= 32) {
+                char list[256];
+                http_join_names(names, n, list, sizeof list);
+                http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                                 "parameter '%s' must be one of: %s (repeated or "
+                                 "comma-separated)",
+                                 name, list);
+                return -EINVAL;
+            }
+            *set |= 1u << k;
+            if (p[len] == '\0')
+                break;
+            p += len + 1;
+        }
+    }
+    return 0;
+}

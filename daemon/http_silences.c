@@ -107,32 +107,13 @@ int http_silences_get(struct ctx *c)
 /* state=active|pending|expired, repeated or comma-separated; absent: all. */
 static int param_silence_states(struct ctx *c, bool want[3])
 {
-    bool any = false;
-    want[0] = want[1] = want[2] = false;
-    for (unsigned i = 0; i < c->nparams; i++) {
-        if (strcmp(c->params[i].name, "state") != 0)
-            continue;
-        const char *p = c->params[i].value;
-        for (;;) {
-            size_t len = strcspn(p, ",");
-            size_t k = 0;
-            while (k < 3 && (strlen(silence_state_names[k]) != len ||
-                             strncmp(p, silence_state_names[k], len) != 0))
-                k++;
-            if (k == 3)
-                return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                                        "parameter 'state' must be one of: active, pending, "
-                                        "expired (repeated or comma-separated)"),
-                       -EINVAL;
-            want[k] = any = true;
-            if (p[len] == '\0')
-                break;
-            p += len + 1;
-        }
-    }
-    if (!any)
-        want[0] = want[1] = want[2] = true;
-    return 0;
+    uint32_t given;
+    int rc = http_param_enum_set(c, "state", silence_state_names, 3, &given);
+    if (given == 0)
+        given = 7u; /* absent: every state */
+    for (unsigned k = 0; k < 3; k++)
+        want[k] = (given & (1u << k)) != 0;
+    return rc;
 }
 
 int http_silences_list(struct ctx *c)
