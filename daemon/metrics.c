@@ -392,8 +392,9 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
     }
     sqlite3_finalize(st);
 
-    /* Per-layer aggregates: layer set, no head, no rank. The inner LIMIT
-     * bounds the rows walked per run (series_by_run order). */
+    /* Per-layer aggregates: layer set, no head, no rank; not the argmin
+     * series (a head index, not a value to graph or alert on). The inner
+     * LIMIT bounds the rows walked per run (series_by_run order). */
     family(b, "foreshock_monitor_value", "gauge",
            "Latest value of each per-layer monitor series of a recently active run.");
     if ((rc = prep(db,
@@ -401,7 +402,8 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
                    "(SELECT id, name, layer, head, \"window\", rank, last_step FROM series "
                    "WHERE run_id = ?1 ORDER BY id LIMIT ?2) s "
                    "JOIN points p ON p.series_id = s.id AND p.step = s.last_step "
-                   "WHERE s.layer >= 0 AND s.head = -1 AND s.rank = -1 LIMIT ?3",
+                   "WHERE s.layer >= 0 AND s.head = -1 AND s.rank = -1 "
+                   "AND s.name NOT LIKE '%.argmin' LIMIT ?3",
                    &st, err, errlen)) != SQLITE_OK)
         return rc;
     for (size_t i = 0; i < nruns; i++) {

@@ -163,10 +163,11 @@ Test(metrics, db_families)
              " (4, 3, 'qk.d2.erank', 2, 5, 8, -1, 70),"       /* per head: not */
              " (5, 3, 'router.maxvio', 1, -1, 0, -1, 70),"    /* per layer, no window */
              " (6, 3, 'weight_norm', 0, -1, 0, 0, 70),"       /* per rank: not */
-             " (7, 2, 'loss', -1, -1, 0, 0, 50)");
+             " (7, 2, 'loss', -1, -1, 0, 0, 50),"
+             " (8, 3, 'qk.d2.erank.argmin', 2, -1, 8, -1, 70)"); /* a head index: not */
     exec(db, "INSERT INTO points(series_id, step, value, time) VALUES (1, 70, 9.5, 0),"
              " (2, 69, 2.25, 0), (3, 70, 3.5, 0), (4, 70, 1, 0), (5, 70, NULL, 0), (6, 70, 1, 0),"
-             " (7, 50, 4, 0)");
+             " (7, 50, 4, 0), (8, 70, 3, 0)");
     exec(db, "INSERT INTO alerts(id, run_id, rule, alert_key, dedup_key, state, severity, family,"
              " attribution, last_step, created_at, updated_at) VALUES"
              " (1, 3, 'loss', 'k1', 'd1', 2, 'critical', 'f', 'loss-spike', 1, 0, 0),"
@@ -201,6 +202,7 @@ Test(metrics, db_families)
     cr_expect(strstr(t, "r-none") == NULL, "a run without reports is shown");
     cr_expect(strstr(t, "monitor=\"qk.d2.erank\"") == NULL, "a per-head series is shown");
     cr_expect(strstr(t, "weight_norm") == NULL, "a per-rank series is shown");
+    cr_expect(strstr(t, "argmin") == NULL, "an argmin (head index) series is shown");
     metrics_buf_free(&b);
 
     /* max_runs bounds the runs: only the most recent */
