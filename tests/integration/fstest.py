@@ -32,6 +32,16 @@ def parse_args():
     return p.parse_args()
 
 
+def preload_sanitizers():
+    """For tests that load libforeshock.so into Python: under the ASan build
+    tree, re-exec with the sanitizer runtimes preloaded
+    (foreshock.testing.preload_sanitizers says why); otherwise returns."""
+    args = parse_args()
+    sys.path.insert(0, os.path.join(args.source_dir, "client", "python"))
+    from foreshock.testing import preload_sanitizers as preload
+    preload(os.path.join(args.build_dir, "libforeshock.so"))
+
+
 class Failure(Exception):
     pass
 

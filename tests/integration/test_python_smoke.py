@@ -88,15 +88,6 @@ def main(args, workdir):
         daemon.stop()
 
 
-def preload_sanitizers():
-    """Under the ASan build tree, re-exec with the sanitizer runtimes
-    preloaded (foreshock.testing.preload_sanitizers says why)."""
-    args = fstest.parse_args()
-    sys.path.insert(0, os.path.join(args.source_dir, "client", "python"))
-    from foreshock.testing import preload_sanitizers as preload
-    preload(os.path.join(args.build_dir, "libforeshock.so"))
-
-
 if __name__ == "__main__":
-    preload_sanitizers()
+    fstest.preload_sanitizers()
     fstest.run_main(main)
