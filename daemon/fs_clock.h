@@ -20,4 +20,26 @@ static inline double fs_clock_mono(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The CLOCK_MONOTONIC time `seconds` from now, as the absolute deadline
+ * pthread_cond_timedwait takes on a condition variable set to that clock.
+ * seconds <= 0 (or NaN) is now; more than FS_CLOCK_MAX_WAIT_S is capped. */
+#define FS_CLOCK_MAX_WAIT_S 1e9
+static inline struct timespec fs_clock_mono_after(double seconds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    if (!(seconds > 0))
+        return ts;
+    if (seconds > FS_CLOCK_MAX_WAIT_S)
+        seconds = FS_CLOCK_MAX_WAIT_S;
+    time_t whole = (time_t)seconds;
+    ts.tv_sec += whole;
+    ts.tv_nsec += (long)((seconds - (double)whole) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 #endif

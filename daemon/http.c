@@ -317,14 +317,7 @@ static int route_match(const char *pattern, const char *path, struct ctx *c)
 
 static struct dbconn *db_checkout(struct http *h)
 {
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += HTTP_DB_CHECKOUT_TIMEOUT_MS / 1000;
-    deadline.tv_nsec += (long)(HTTP_DB_CHECKOUT_TIMEOUT_MS % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    struct timespec deadline = fs_clock_mono_after(HTTP_DB_CHECKOUT_TIMEOUT_MS / 1000.0);
     struct dbconn *d = NULL;
     pthread_mutex_lock(&h->mu);
     while (h->nfree == 0)

@@ -1084,11 +1084,7 @@ static void *pager_main(void *arg)
         double wait = next_wait(p);
         if (wait <= 0)
             continue;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double until = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + wait;
-        ts.tv_sec = (time_t)until;
-        ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+        struct timespec ts = fs_clock_mono_after(wait);
         pthread_mutex_lock(&p->mu);
         while (!atomic_load(&p->stopping) && p->announced == seen &&
                pthread_cond_timedwait(&p->cv, &p->mu, &ts) == 0) {

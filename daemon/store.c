@@ -913,14 +913,7 @@ void store_waiter_put(struct store_waiter *w)
 
 int store_waiter_wait(struct store_waiter *w, unsigned timeout_ms, int64_t *id)
 {
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = fs_clock_mono_after(timeout_ms / 1000.0);
     pthread_mutex_lock(&w->mu);
     while (!w->done)
         if (pthread_cond_timedwait(&w->cv, &w->mu, &dl) == ETIMEDOUT)
@@ -1238,11 +1231,7 @@ static void *writer_main(void *arg)
             double wait = next_prune - fs_clock_mono();
             if (wait <= 0)
                 break;
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            double until = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + wait;
-            ts.tv_sec = (time_t)until;
-            ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+            struct timespec ts = fs_clock_mono_after(wait);
             if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT)
                 break;
         }
