@@ -28,6 +28,8 @@ static const struct command commands[] = {
      .uses_http = 1, .run_http = cmd_maintenance},
     {.name = "simulate", .summary = "simulate trainer ranks streaming to the daemon",
      .run = cmd_simulate},
+    {.name = "replay", .summary = "stream recordings of trainer reports into the daemon",
+     .run = cmd_replay},
 };
 
 static void usage(FILE *out)

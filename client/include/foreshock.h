@@ -111,7 +111,15 @@ struct fsc_options {
     fsc_log_fn log;          /* optional */
     void *log_ctx;
     uint64_t seed;           /* backoff jitter seed; 0: derived from time and address */
+    /* Fields below were added in 0.2; a caller built against 0.1 passes a
+     * smaller size and gets them as zero. */
+    const char *record_path; /* also write every submitted report to this file (see
+                                "Recordings" below); NULL: no recording */
+    int record_only;         /* with record_path: no daemon at all, nothing is sent */
 };
+
+/* The smallest options struct fsc_open accepts (the 0.1 layout). */
+#define FSC_OPTIONS_MIN_SIZE offsetof(struct fsc_options, record_path)
 
 struct fsc_stats {
     size_t size;              /* caller sets sizeof(struct fsc_stats) before the call */
@@ -128,6 +136,8 @@ struct fsc_stats {
     int connected;            /* 1 while a connection has completed its handshake */
     int failed;               /* 1 after a fatal error: the client stopped trying */
     char last_error[FSC_ERROR_LEN]; /* most recent error text, "" if none */
+    uint64_t recorded;        /* reports written to record_path */
+    int record_failed;        /* 1 after a write to record_path failed: recording stopped */
 };
 
 /* Library version string, e.g. "0.1.0". Static storage, any thread. */
@@ -163,6 +173,14 @@ int fsc_open(const struct fsc_options *o, fsc_client **out, char *err, size_t er
  * `dropped`, and no seq is consumed, so seqs stay dense. Any thread. */
 int fsc_submit(fsc_client *c, fsc_report *r);
 
+/* Like fsc_submit, for a Report message already serialized with protobuf
+ * (len bytes at report; a frame of a recording, say). Its seq field is
+ * ignored: the client numbers it like any other. The message is decoded
+ * (and so validated) before it is queued; len above max_report_bytes is
+ * refused before decoding. Returns what fsc_submit returns, or -EBADMSG for
+ * bytes that are not a Report. Any thread. */
+int fsc_submit_packed(fsc_client *c, const void *report, size_t len);
+
 /* Waits until every report submitted so far has been acknowledged (or
  * dropped). timeout_ms < 0 waits without bound. Returns 0, -ETIMEDOUT, or
  * -EPIPE when the client failed fatally with reports still unacknowledged.
@@ -177,7 +195,7 @@ void fsc_stats(fsc_client *c, struct fsc_stats *s);
  * acknowledged, then sends Bye if connected (and waits at most a second for
  * the daemon's last acks), stops the I/O thread and frees the client.
  * Reports still unacknowledged are discarded. Returns what fsc_flush
- * returned. c may be NULL (returns 0). A host name lookup in progress is
+ * returned, else the -errno of closing the recording (record_path). c may be NULL (returns 0). A host name lookup in progress is
  * not interrupted: with a name instead of an address, closing can take as
  * long as the resolver's timeout. Call once, from the thread that owns the
  * client's lifetime. */
@@ -288,6 +306,21 @@ int fsc_attention_grams(const float *wq, const float *wk, const float *wq0,
 /* Router Gram GR = WR WR^T (MONITORS.md 3.1): wr is n_experts x d row-major;
  * writes fsc_tri_len(n_experts) floats. n_experts in 1..FSC_MAX_EXPERTS. */
 int fsc_router_gram(const float *wr, size_t n_experts, size_t d, float *gram_out);
+
+/* ---- Recordings --------------------------------------------------------------
+ * With options.record_path set, the client writes what it submits to that
+ * file whether or not a daemon is reachable (with record_only, there is no
+ * daemon at all). `foreshock replay FILE` streams a recording into a daemon.
+ *
+ * Format: the 8 bytes FSC_RECORD_MAGIC, then frames exactly as on the wire
+ * (a 4-byte big-endian length, then one serialized foreshock.Frame): first
+ * the Hello (without its token: a recording may travel with a bug report),
+ * then one Report frame per submitted report, seq 1, 2, ... in submission
+ * order. Reports that the replay buffer refused are recorded too: the file is
+ * what the trainer produced, not what reached a daemon. A recording cut short
+ * (a crash, a full disk) ends with a partial frame; readers stop there. */
+#define FSC_RECORD_MAGIC "FSREC01\n"
+#define FSC_RECORD_MAGIC_LEN 8
 
 #ifdef __cplusplus
 }

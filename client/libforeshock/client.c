@@ -9,6 +9,7 @@
 #include "client.h"
 #include "foreshock.pb-c.h"
 #include "net.h"
+#include "record.h"
 #include "report_pack.h"
 #include "wire.h"
 
@@ -42,16 +43,18 @@ static int copy_options(const struct fsc_options *in, struct fsc_options *o, cha
 {
     if (!in)
         return fsc_err(err, errlen, -EINVAL, "options are NULL");
-    if (in->size < sizeof(*o)) /* version 1 is the smallest there is */
+    if (in->size < FSC_OPTIONS_MIN_SIZE) /* the 0.1 layout is the smallest there is */
         return fsc_err(err, errlen, -EINVAL, "options.size %zu is below %zu", in->size,
-                       sizeof(*o));
+                       (size_t)FSC_OPTIONS_MIN_SIZE);
     /* A newer caller may pass a larger struct; that is fine as long as it
      * asks for nothing this library does not know about. */
     for (size_t i = sizeof(*o); i < in->size; i++)
         if (((const unsigned char *)in)[i])
             return fsc_err(err, errlen, -E2BIG, "options.size %zu: unknown non-zero fields",
                            in->size);
-    memcpy(o, in, sizeof(*o));
+    /* An older caller's struct is shorter: the fields it lacks are zero. */
+    memset(o, 0, sizeof(*o));
+    memcpy(o, in, in->size < sizeof(*o) ? in->size : sizeof(*o));
     if (!o->host)
         o->host = FSC_DEFAULT_HOST;
     if (!o->port)
@@ -118,6 +121,8 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
     if (o->model.n_moe_layers > FSC_MAX_MOE_LAYERS || (o->model.n_moe_layers && !o->model.moe_layers))
         return fsc_err(err, errlen, -EINVAL, "model.moe_layers: at most %d values, non-NULL",
                        FSC_MAX_MOE_LAYERS);
+    if (o->record_only && !(o->record_path && o->record_path[0]))
+        return fsc_err(err, errlen, -EINVAL, "record_only needs record_path");
     return 0;
 }
 
@@ -127,8 +132,9 @@ static int model_given(const struct fsc_model_shape *m)
            m->n_experts || m->top_k || m->n_moe_layers;
 }
 
-/* The Hello frame never changes for a client: packed once here. */
-static int pack_hello(const struct fsc_options *o, uint8_t **out, size_t *len)
+/* The Hello frame never changes for a client: packed once here (and once
+ * more without the token for a recording). */
+static int pack_hello(const struct fsc_options *o, int with_token, uint8_t **out, size_t *len)
 {
     Foreshock__Hello h = FORESHOCK__HELLO__INIT;
     Foreshock__ModelShape m = FORESHOCK__MODEL_SHAPE__INIT;
@@ -141,7 +147,7 @@ static int pack_hello(const struct fsc_options *o, uint8_t **out, size_t *len)
     h.attempt = o->attempt;
     h.rank = o->rank;
     h.world_size = o->world_size;
-    if (o->token && o->token[0])
+    if (with_token && o->token && o->token[0])
         h.token = (char *)o->token;
     if (o->detect_from_step) {
         h.has_detect_from_step = 1;
@@ -173,6 +179,7 @@ static void release(fsc_client *c, int sync)
 {
     fsc_replay_clear(&c->replay);
     fsc_io_destroy(c);
+    fsc_record_close(&c->rec);
     if (sync) {
         pthread_cond_destroy(&c->drained);
         pthread_mutex_destroy(&c->mu);
@@ -240,8 +247,21 @@ int fsc_open(const struct fsc_options *in, fsc_client **out, char *err, size_t e
     c->handshake_timeout_ms = o.handshake_timeout_ms;
     c->log = o.log;
     c->log_ctx = o.log_ctx;
-    if ((rc = pack_hello(&o, &c->hello, &c->hello_len)) < 0)
+    if ((rc = pack_hello(&o, 1, &c->hello, &c->hello_len)) < 0)
         goto fail;
+    if (o.record_path && o.record_path[0]) {
+        uint8_t *h;
+        size_t hlen;
+        if ((rc = pack_hello(&o, 0, &h, &hlen)) < 0)
+            goto fail;
+        rc = fsc_record_open(&c->rec, o.record_path, h, hlen, err, errlen);
+        free(h);
+        if (rc < 0) {
+            release(c, sync);
+            return rc;
+        }
+    }
+    c->record_only = o.record_only;
     if (pipe(fds) < 0) {
         rc = -errno;
         goto fail;
@@ -254,6 +274,10 @@ int fsc_open(const struct fsc_options *in, fsc_client **out, char *err, size_t e
     if ((rc = init_sync(c)) < 0)
         goto fail;
     sync = 1;
+    if (c->record_only) { /* nothing to send: no I/O thread */
+        *out = c;
+        return 0;
+    }
     if ((rc = fsc_io_create(c, o.seed)) < 0)
         goto fail;
     if ((rc = pthread_create(&c->thread, NULL, fsc_io_main, c)) != 0) {
@@ -267,22 +291,26 @@ fail:
     return fsc_err(err, errlen, rc, "cannot start client: %s", strerror(-rc));
 }
 
-int fsc_submit(fsc_client *c, fsc_report *r)
+/* Queues a packed entry (rc: the packing's result) under the client's
+ * mutex: recorded first (the recording is what the trainer produced, even
+ * what the replay buffer then refuses), then pushed unless record-only. */
+static int submit_entry(fsc_client *c, int rc, struct fsc_entry *e)
 {
-    struct fsc_entry *e = NULL;
-    int rc;
-
-    if (!c) {
-        fsc_report_free(r);
-        return -EINVAL;
-    }
-    /* Serialize outside the lock: it copies the whole report. */
-    rc = r ? fsc_report_pack(r, 0, c->max_report_bytes, &e) : -EINVAL;
-    fsc_report_free(r);
     pthread_mutex_lock(&c->mu);
     if (rc == 0 && c->failed)
         rc = -EPIPE;
-    if (rc == 0) {
+    if (rc == 0 && c->rec.f) {
+        int wr = fsc_record_report(&c->rec, e);
+        if (wr < 0) {
+            fsc_err(c->last_error, sizeof(c->last_error), 0,
+                    "recording stopped: write failed: %s", strerror(-wr));
+            if (c->log)
+                c->log(c->log_ctx, FSC_LOG_ERROR, c->last_error);
+        }
+    }
+    if (rc == 0 && c->record_only) {
+        c->submitted++;
+    } else if (rc == 0) {
         e->seq = c->submitted + 1;
         rc = fsc_replay_push(&c->replay, e);
         if (rc == 0) {
@@ -301,9 +329,44 @@ int fsc_submit(fsc_client *c, fsc_report *r)
     }
     pthread_mutex_unlock(&c->mu);
     free(e);
-    if (rc == 0)
+    if (rc == 0 && !c->record_only)
         fsc_io_wake(c);
     return rc;
+}
+
+int fsc_submit(fsc_client *c, fsc_report *r)
+{
+    struct fsc_entry *e = NULL;
+    int rc;
+
+    if (!c) {
+        fsc_report_free(r);
+        return -EINVAL;
+    }
+    /* Serialize outside the lock: it copies the whole report. */
+    rc = r ? fsc_report_pack(r, 0, c->max_report_bytes, &e) : -EINVAL;
+    fsc_report_free(r);
+    return submit_entry(c, rc, e);
+}
+
+int fsc_submit_packed(fsc_client *c, const void *report, size_t len)
+{
+    struct fsc_entry *e = NULL;
+    Foreshock__Report *m = NULL;
+    int rc = 0;
+
+    if (!c)
+        return -EINVAL;
+    /* The seq field (at most 11 bytes) is replaced, so allow for it. */
+    if (!report || len > c->max_report_bytes + 11)
+        rc = report ? -EMSGSIZE : -EINVAL;
+    else if (!(m = foreshock__report__unpack(NULL, len, report)))
+        rc = -EBADMSG;
+    else
+        rc = fsc_report_pack_msg(m, c->max_report_bytes, &e);
+    if (m)
+        foreshock__report__free_unpacked(m, NULL);
+    return submit_entry(c, rc, e);
 }
 
 int fsc_flush(fsc_client *c, int timeout_ms)
@@ -359,6 +422,8 @@ void fsc_stats(fsc_client *c, struct fsc_stats *s)
     t.seq_offset = c->seq_offset;
     t.connected = c->connected;
     t.failed = c->failed;
+    t.recorded = c->rec.written;
+    t.record_failed = c->rec.failed;
     memcpy(t.last_error, c->last_error, sizeof(t.last_error));
     pthread_mutex_unlock(&c->mu);
     t.size = n;
@@ -367,7 +432,7 @@ void fsc_stats(fsc_client *c, struct fsc_stats *s)
 
 int fsc_close_timeout(fsc_client *c, int timeout_ms)
 {
-    int rc;
+    int rc, rec_rc;
 
     if (!c)
         return 0;
@@ -375,8 +440,13 @@ int fsc_close_timeout(fsc_client *c, int timeout_ms)
     pthread_mutex_lock(&c->mu);
     c->closing = 1;
     pthread_mutex_unlock(&c->mu);
-    fsc_io_wake(c);
-    pthread_join(c->thread, NULL);
+    if (!c->record_only) {
+        fsc_io_wake(c);
+        pthread_join(c->thread, NULL);
+    }
+    rec_rc = fsc_record_close(&c->rec);
+    if (rc == 0)
+        rc = rec_rc;
     release(c, 1);
     return rc;
 }

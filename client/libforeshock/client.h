@@ -15,6 +15,7 @@
 
 #include "foreshock.h"
 #include "internal.h"
+#include "record.h"
 #include "replay.h"
 
 /* After Bye: how long the I/O thread waits for the daemon's last acks and
@@ -38,6 +39,7 @@ struct fsc_client {
     size_t hello_len;
     int wake_rd, wake_wr; /* self-pipe: caller threads -> I/O thread */
     atomic_int wake_pending; /* a byte is in the pipe, or the I/O thread is about to look */
+    int record_only; /* no I/O thread: reports only go to rec */
     pthread_t thread;
     struct fsc_io *io;
 
@@ -51,6 +53,7 @@ struct fsc_client {
     int offset_known;    /* set by the first Welcome */
     int connected, failed, closing;
     char last_error[FSC_ERROR_LEN];
+    struct fsc_recorder rec; /* record_path's writer (rec.f NULL: not recording) */
 };
 
 /* I/O thread: allocates its private state (called by fsc_open before the

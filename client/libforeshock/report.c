@@ -442,9 +442,9 @@ int fsc_report_add_router_tokens(fsc_report *r, uint32_t layer, uint32_t n_exper
 
 /* ---- serialization ------------------------------------------------------------- */
 
-int fsc_report_pack(const fsc_report *r, uint64_t seq, size_t max_bytes, struct fsc_entry **out)
+int fsc_report_pack_msg(const Foreshock__Report *msg, size_t max_bytes, struct fsc_entry **out)
 {
-    Foreshock__Report m = r->msg;
+    Foreshock__Report m = *msg;
     struct fsc_entry *e;
     size_t n;
 
@@ -462,9 +462,18 @@ int fsc_report_pack(const fsc_report *r, uint64_t seq, size_t max_bytes, struct 
         return -EPROTO;
     }
     e->next = NULL;
-    e->seq = seq;
+    e->seq = 0;
     e->body = e->data + 2;
     e->len = n - 2;
     *out = e;
     return 0;
+}
+
+int fsc_report_pack(const fsc_report *r, uint64_t seq, size_t max_bytes, struct fsc_entry **out)
+{
+    int rc = fsc_report_pack_msg(&r->msg, max_bytes, out);
+
+    if (rc == 0)
+        (*out)->seq = seq;
+    return rc;
 }

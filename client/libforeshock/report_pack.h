@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "foreshock.h"
+#include "foreshock.pb-c.h"
 #include "internal.h"
 #include "replay.h"
 
@@ -17,5 +18,10 @@
  * seq field first (never expected). r is not modified. Any thread that owns r. */
 FSC_HIDDEN int fsc_report_pack(const fsc_report *r, uint64_t seq, size_t max_bytes,
                                struct fsc_entry **out);
+
+/* The same for a Report message built elsewhere (fsc_submit_packed, a
+ * recording): its seq field is ignored; the entry's seq is 0. */
+FSC_HIDDEN int fsc_report_pack_msg(const Foreshock__Report *msg, size_t max_bytes,
+                                   struct fsc_entry **out);
 
 #endif

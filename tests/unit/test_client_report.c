@@ -453,7 +453,8 @@ Test(client_wire, reader_refuses_bad_lengths_and_garbage)
 
 enum opt_case { OK, NULL_OPTS, SMALL_SIZE, BIG_SIZE_NONZERO, NO_RUN, EMPTY_RUN, BAD_CHARS, LONG_RUN,
                 WORLD_0, RANK_EQ_WORLD, BACKOFF_ORDER, BACKOFF_MAX, REPLAY_SMALL, REPLAY_BIG,
-                TOKEN_LONG, HOST_EMPTY, MOE_NULL, REPORT_BIG };
+                TOKEN_LONG, HOST_EMPTY, MOE_NULL, REPORT_BIG, OLD_SIZE, RECORD_ONLY_NO_PATH,
+                RECORD_BAD_DIR };
 
 Test(client_options, open_validates)
 {
@@ -464,6 +465,7 @@ Test(client_options, open_validates)
         {BACKOFF_ORDER, -EINVAL}, {BACKOFF_MAX, -EINVAL},  {REPLAY_SMALL, -EINVAL},
         {REPLAY_BIG, -EINVAL},    {TOKEN_LONG, -EINVAL},   {HOST_EMPTY, -EINVAL},
         {MOE_NULL, -EINVAL},      {REPORT_BIG, -EINVAL},   {OK, 0},
+        {OLD_SIZE, 0},            {RECORD_ONLY_NO_PATH, -EINVAL}, {RECORD_BAD_DIR, -ENOENT},
     };
     static char long_run[FSC_MAX_RUN_ID_LEN + 2], long_token[FSC_MAX_TOKEN_LEN + 2];
     memset(long_run, 'a', FSC_MAX_RUN_ID_LEN + 1);
@@ -480,7 +482,12 @@ Test(client_options, open_validates)
         switch (cases[i].c) {
         case OK: break;
         case NULL_OPTS: o = NULL; break;
-        case SMALL_SIZE: o->size = sizeof(*o) - 8; break;
+        case SMALL_SIZE: o->size = FSC_OPTIONS_MIN_SIZE - 8; break;
+        /* A caller built against 0.1 (no record_* fields): accepted, the
+         * missing fields read as zero even when the bytes beyond hold junk. */
+        case OLD_SIZE: o->size = FSC_OPTIONS_MIN_SIZE; o->record_only = 1; break;
+        case RECORD_ONLY_NO_PATH: o->record_only = 1; break;
+        case RECORD_BAD_DIR: o->record_path = "/nonexistent-dir/run.fsrec"; break;
         case BIG_SIZE_NONZERO: o->size = sizeof(big); big.extra[3] = 1; break;
         case NO_RUN: o->run_id = NULL; break;
         case EMPTY_RUN: o->run_id = ""; break;

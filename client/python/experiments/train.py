@@ -42,7 +42,10 @@ SCENARIOS = ("healthy", "attention-numerics", "lr", "combined")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--endpoint", help="daemon ingest HOST:PORT (omit: no monitor)")
+    p.add_argument("--endpoint", help="daemon ingest HOST:PORT (omit: no monitor, unless --record)")
+    p.add_argument("--record", default=None,
+                   help="also record the report stream to this file (Monitor(record=...)); "
+                        "without --endpoint the run is only recorded")
     p.add_argument("--run", default=None, help="run id (default: SCENARIO-sSEED)")
     p.add_argument("--scenario", choices=SCENARIOS, default="healthy")
     p.add_argument("--seed", type=int, default=1)
@@ -102,10 +105,10 @@ def main(argv=None):
     batches = tinygpt.Batches(data, a.batch, a.ctx, a.seed)
 
     mon = None
-    if a.endpoint:  # MONITOR (1 of 2)
+    if a.endpoint or a.record:  # MONITOR (1 of 2)
         mon = foreshock.Monitor(model, endpoint=a.endpoint, run=run,
                                 windows=[int(w) for w in a.windows.split(",")], every=a.every,
-                                detect_from_step=a.detect_from)
+                                detect_from_step=a.detect_from, record=a.record)
     watcher = None
     if a.stop_after_alert:
         from fsapi import Api

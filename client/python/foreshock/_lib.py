@@ -53,7 +53,8 @@ class _Options(ctypes.Structure):
                 ("backoff_min_ms", ctypes.c_uint), ("backoff_max_ms", ctypes.c_uint),
                 ("connect_timeout_ms", ctypes.c_uint), ("handshake_timeout_ms", ctypes.c_uint),
                 ("model", _ModelShape), ("client_name", ctypes.c_char_p),
-                ("log", _LOG_FN), ("log_ctx", ctypes.c_void_p), ("seed", ctypes.c_uint64)]
+                ("log", _LOG_FN), ("log_ctx", ctypes.c_void_p), ("seed", ctypes.c_uint64),
+                ("record_path", ctypes.c_char_p), ("record_only", ctypes.c_int)]
 
 
 class _Stats(ctypes.Structure):
@@ -63,7 +64,8 @@ class _Stats(ctypes.Structure):
                 ("reconnects", ctypes.c_uint64), ("connect_failures", ctypes.c_uint64),
                 ("buffered_reports", ctypes.c_uint64), ("buffered_bytes", ctypes.c_uint64),
                 ("seq_offset", ctypes.c_uint64), ("connected", ctypes.c_int),
-                ("failed", ctypes.c_int), ("last_error", ctypes.c_char * ERROR_LEN)]
+                ("failed", ctypes.c_int), ("last_error", ctypes.c_char * ERROR_LEN),
+                ("recorded", ctypes.c_uint64), ("record_failed", ctypes.c_int)]
 
 
 _F32P = ctypes.POINTER(ctypes.c_float)
@@ -213,7 +215,7 @@ class Client:
 
     def __init__(self, host, port, run_id, rank=0, world_size=1, attempt=0, token=None,
                  detect_from_step=0, replay_max_bytes=0, model=None, client_name=None,
-                 backoff_max_ms=0, lib_path=None):
+                 backoff_max_ms=0, lib_path=None, record_path=None, record_only=False):
         self.lib = load(lib_path)
         o = _Options()
         o.size = ctypes.sizeof(_Options)
@@ -230,6 +232,10 @@ class Client:
         o.replay_max_bytes = replay_max_bytes or 0
         o.backoff_max_ms = backoff_max_ms or 0
         o.client_name = self._keep[3] if client_name else None
+        if record_path:
+            self._keep.append(os.fsencode(record_path))
+            o.record_path = self._keep[-1]
+            o.record_only = 1 if record_only else 0
         if model:
             moe = model.get("moe_layers") or []
             arr = (ctypes.c_uint32 * max(1, len(moe)))(*moe)

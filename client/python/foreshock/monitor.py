@@ -96,7 +96,15 @@ class _Job:
 class Monitor:
     """Streams one rank's sketches of `model` to foreshockd.
 
-    endpoint     "host:port" of the daemon's ingest listener
+    endpoint     "host:port" of the daemon's ingest listener (default
+                 $FORESHOCK_ENDPOINT, else 127.0.0.1:7781; with record= and
+                 neither, nothing is sent: the run is only recorded)
+    record       also write every report this rank produces to this file,
+                 whether or not a daemon is reachable (default
+                 $FORESHOCK_RECORD); `foreshock replay FILE` streams it into a
+                 daemon later. With world_size > 1, "{rank}" in the path is
+                 replaced by the rank, else ".rankR" is appended. The file
+                 holds no token.
     run          run id (1..128 of [A-Za-z0-9._:-]); default $FORESHOCK_RUN
     rank, world_size  stream identity; default from torch.distributed
     attempt      bump it when a crashed trainer restarts the same run
@@ -139,7 +147,7 @@ class Monitor:
                  layer_norms=True, token=None, detect_from_step=None,
                  replay_bytes=DEFAULT_REPLAY_BYTES, queue_reports=DEFAULT_QUEUE_REPORTS,
                  gram_dtype=torch.float32, transport=None, lib=None, client_name=None,
-                 backoff_max_s=None):
+                 backoff_max_s=None, record=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if ddp else 0)
@@ -218,6 +226,16 @@ class Monitor:
         self._conn_state = None
         self._sender_cpu_s = 0.0    # CPU time of the sender thread (off the training thread)
 
+        endpoint = endpoint or os.environ.get("FORESHOCK_ENDPOINT") or None
+        record = record or os.environ.get("FORESHOCK_RECORD") or None
+        self.record_path = None
+        if record:
+            record = os.fspath(record)
+            if "{rank}" in record:
+                record = record.replace("{rank}", str(self.rank))
+            elif self.world_size > 1:
+                record = f"{record}.rank{self.rank}"
+            self.record_path = record
         if transport is None:
             from ._lib import Client
             host, port = parse_endpoint(endpoint)
@@ -242,7 +260,11 @@ class Monitor:
                                replay_max_bytes=replay_bytes, model=model_shape,
                                client_name=client_name or "foreshock-python/0.1.0",
                                backoff_max_ms=int(backoff_max_s * 1000) if backoff_max_s else 0,
-                               lib_path=lib)
+                               lib_path=lib, record_path=self.record_path,
+                               record_only=bool(self.record_path) and endpoint is None)
+            if self.record_path:
+                log.info("foreshock: recording run %s rank %d to %s%s", self.run, self.rank,
+                         self.record_path, "" if endpoint else " (no endpoint: record only)")
         self.transport = transport
         self._sender = threading.Thread(target=self._send_loop, name="foreshock-sender",
                                         daemon=True)
