@@ -20,11 +20,25 @@ bool alert_is_open(const struct alert_state *st)
     return st && (st->state == ALERT_PENDING || st->state == ALERT_FIRING);
 }
 
-uint32_t alert_family_mask(const struct alert_state *st, enum detect_family family)
+void alert_evidence_init(struct alert_evidence *e)
+{
+    for (size_t i = 0; i < DETECT_FAMILY_COUNT; i++)
+        e->first[i] = -1;
+    e->nonfinite = false;
+}
+
+bool alert_evidence_add(struct alert_evidence *e, const struct alert_state *st,
+                        enum detect_family family)
 {
     if (!alert_is_open(st) || (unsigned)family >= DETECT_FAMILY_COUNT)
-        return 0;
-    return ALERT_FAMILY_BIT(family) | (st->nonfinite ? ALERT_MASK_NONFINITE : 0);
+        return false;
+    e->nonfinite = e->nonfinite || st->nonfinite;
+    /* An open incident always has a first breach; be safe with old blobs. */
+    int64_t first = st->first_breach_step >= 0 ? st->first_breach_step : INT64_MAX;
+    if (e->first[family] >= 0 && e->first[family] <= first)
+        return false;
+    e->first[family] = first;
+    return true;
 }
 
 static void enter(struct alert_state *st, enum alert_state_id to, double now)
@@ -129,27 +143,33 @@ int alert_step(struct alert_state *st, const struct detect_rule *rule,
     return 0;
 }
 
-enum alert_attribution alert_attribute(uint32_t mask)
+/* Earliest of two first-breach steps (-1: none). */
+static int64_t earliest(int64_t a, int64_t b)
 {
-    const uint32_t d2 = ALERT_FAMILY_BIT(DETECT_FAMILY_ATTENTION_D2);
-    const uint32_t optim =
-        ALERT_FAMILY_BIT(DETECT_FAMILY_ROUTER_WEIGHT) | ALERT_FAMILY_BIT(DETECT_FAMILY_WEIGHT_NORM);
-    const uint32_t balance = ALERT_FAMILY_BIT(DETECT_FAMILY_ROUTER_BALANCE);
-    const uint32_t loss = ALERT_FAMILY_BIT(DETECT_FAMILY_SCALAR_LOSS);
+    if (a < 0)
+        return b;
+    if (b < 0)
+        return a;
+    return a < b ? a : b;
+}
 
-    /* Order matters: a NaN explains everything else; mechanism families
-     * outrank their downstream symptoms (imbalance, loss spikes). */
-    if (mask & ALERT_MASK_NONFINITE)
+enum alert_attribution alert_attribute(const struct alert_evidence *e)
+{
+    int64_t attention = e->first[DETECT_FAMILY_ATTENTION_D2];
+    int64_t step_size =
+        earliest(e->first[DETECT_FAMILY_ROUTER_WEIGHT], e->first[DETECT_FAMILY_UPDATE_RATIO]);
+
+    if (e->nonfinite)
         return ALERT_ATTR_NON_FINITE;
-    if ((mask & d2) && (mask & optim))
-        return ALERT_ATTR_COMBINED;
-    if (mask & d2)
+    if (attention >= 0 && step_size >= 0)
+        return step_size <= attention ? ALERT_ATTR_COMBINED : ALERT_ATTR_ATTENTION_NUMERICS;
+    if (attention >= 0)
         return ALERT_ATTR_ATTENTION_NUMERICS;
-    if (mask & optim)
+    if (step_size >= 0)
         return ALERT_ATTR_OPTIMIZER_HYPERPARAMETER;
-    if (mask & balance)
+    if (e->first[DETECT_FAMILY_ROUTER_BALANCE] >= 0)
         return ALERT_ATTR_ROUTER_BALANCE;
-    if (mask & loss)
+    if (e->first[DETECT_FAMILY_SCALAR_LOSS] >= 0)
         return ALERT_ATTR_LOSS_SPIKE;
     return ALERT_ATTR_NONE;
 }

@@ -51,11 +51,6 @@ enum alert_attribution {
     ALERT_ATTR_LOSS_SPIKE = 6,
 };
 
-/* Attribution masks: bit f for each enum detect_family in breach, plus
- * ALERT_MASK_NONFINITE when any of them saw a non-finite value. */
-#define ALERT_FAMILY_BIT(f) (1u << (unsigned)(f))
-#define ALERT_MASK_NONFINITE (1u << 31)
-
 /* Series labels, as in the series table: -1 (window: 0) means "none". */
 struct alert_scope {
     int32_t layer;
@@ -123,17 +118,39 @@ int alert_step(struct alert_state *st, const struct detect_rule *rule,
 /* True while an incident is open (PENDING or FIRING). */
 bool alert_is_open(const struct alert_state *st);
 
-/* This alert's contribution to the run's attribution mask: its family bit
- * (plus ALERT_MASK_NONFINITE) while open, else 0. OR these over a run's
- * alerts at a step and pass the result to alert_attribute(). */
-uint32_t alert_family_mask(const struct alert_state *st, enum detect_family family);
+/* Evidence for attribution (MONITORS.md section 4): for each family, the
+ * first-breach step of the earliest open incident (-1: none open), and
+ * whether an open incident saw a non-finite value. Caller-owned; fill with
+ * alert_evidence_init and alert_evidence_add over a run's alerts. */
+struct alert_evidence {
+    int64_t first[DETECT_FAMILY_COUNT];
+    bool nonfinite;
+};
 
-/* The attribution label for the families in breach (MONITORS.md section 4):
- * non-finite wins; Delta2 with router-weight or weight-norm -> combined;
- * Delta2 otherwise -> attention-numerics; router-weight or weight-norm ->
- * optimizer-hyperparameter; router balance -> router-balance; loss/grad
- * norm alone -> loss-spike; nothing -> none. Pure. */
-enum alert_attribution alert_attribute(uint32_t mask);
+void alert_evidence_init(struct alert_evidence *e);
+
+/* Adds st's incident when it is open (PENDING or FIRING). Returns true when
+ * it is now the earliest open incident of its family. */
+bool alert_evidence_add(struct alert_evidence *e, const struct alert_state *st,
+                        enum detect_family family);
+
+/* The label the evidence gives, from the mechanisms and which came first:
+ *  - a non-finite value explains everything else: non-finite;
+ *  - Delta2 collapse (attention_d2) is attention-numerics evidence; router
+ *    weight growth (router_weight) and the update-to-weight ratio
+ *    (update_ratio) are too-large-step evidence;
+ *  - both: combined when the step-size evidence opened no later than the
+ *    Delta2 collapse (a Delta2 collapse is not what a large step does, so
+ *    it is independent evidence); when Delta2 came first, the later
+ *    step-size signals are what the fault does next (a biased Q/K push grows
+ *    the Q/K update ratio, a degrading model grows router logits):
+ *    attention-numerics;
+ *  - one of them alone: attention-numerics or optimizer-hyperparameter;
+ *  - symptoms alone: router balance -> router-balance, loss or grad norm ->
+ *    loss-spike; weight-norm growth names no mechanism (both faults grow
+ *    weights): none.
+ * Pure. */
+enum alert_attribution alert_attribute(const struct alert_evidence *e);
 
 /* Stable identity. Writes "run=R,rule=N,layer=L,head=H,window=W,rank=K"
  * into key (len bytes), with '%', ',', '=' and control bytes of R and N

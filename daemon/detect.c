@@ -50,7 +50,7 @@ static const struct detect_rule default_rules[] = {
     /* Weight norms (optional per-layer scalars, MONITORS.md section 2). */
     {RULE_DEFAULTS, .name = "weight_norm", .family = DETECT_FAMILY_WEIGHT_NORM,
      .direction = DETECT_RISE_IS_BAD},
-    {RULE_DEFAULTS, .name = "update_ratio", .family = DETECT_FAMILY_WEIGHT_NORM,
+    {RULE_DEFAULTS, .name = "update_ratio", .family = DETECT_FAMILY_UPDATE_RATIO,
      .direction = DETECT_RISE_IS_BAD},
     /* The classic baselines. A loss spike is judged on a single step, as
      * Megatron does, so they fire on the first breach (persistence 1). */
@@ -556,6 +556,7 @@ const char *detect_family_name(enum detect_family f)
         [DETECT_FAMILY_WEIGHT_NORM] = "weight_norm",
         [DETECT_FAMILY_ROUTER_BALANCE] = "router_balance",
         [DETECT_FAMILY_SCALAR_LOSS] = "scalar_loss",
+        [DETECT_FAMILY_UPDATE_RATIO] = "update_ratio",
     };
     return (unsigned)f < DETECT_FAMILY_COUNT ? names[f] : "unknown";
 }

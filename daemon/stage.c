@@ -14,6 +14,7 @@
 
 #include "alert.h"
 #include "decode.h"
+#include "evaluate.h"
 #include "log.h"
 #include "monitor_qk.h"
 #include "monitor_router.h"
@@ -180,29 +181,7 @@ static void pool_destroy(struct ws_pool *p)
     pthread_mutex_destroy(&p->mu);
 }
 
-/* --- tracked series: detector + alert state per (run, series) --------------------------- */
-
-struct track {
-    struct store_series_key key;
-    char rule_name[DETECT_NAME_MAX];
-    const struct detect_rule *rule;
-    struct detect_state ds;
-    struct alert_state as;
-    int64_t last_step;      /* last step fed (-1: none) */
-    uint8_t row_blob[ALERT_STATE_ENCODED_BYTES]; /* alert blob as last written */
-    /* evidence of the latest transition (the alerts row) */
-    double ev_value, ev_median, ev_mad, ev_z;
-    enum alert_attribution ev_attr;
-    uint64_t hash;
-};
-
-/* A batch of detector and alert rows being built for one item. */
-struct pend_alert {
-    struct track *t;
-    bool has_event;
-    struct alert_transition tr;
-    int32_t argmin_head;
-};
+/* --- detected series: the evaluator (evaluate.h) per run ---------------------------------- */
 
 /* Scalars of a rank-0 report waiting for the earlier steps' buckets, so that
  * every detector of a run sees its steps in order and attribution at a
@@ -220,10 +199,7 @@ struct scalar_sample {
 struct stage_run {
     struct scalar_sample *sc_head, *sc_tail;
     size_t n_sc;
-    struct track **tracks;
-    size_t n_tracks, cap_tracks;
-    uint32_t *slots;
-    size_t nslots;
+    struct eval_run ev; /* detector and alert state of the run's detected series */
     struct job *jobs_head, *jobs_tail; /* buckets on workers or waiting to be evaluated */
 };
 
@@ -275,104 +251,15 @@ static int64_t detect_from(const struct stage *st, const struct run *run)
     return (int64_t)(run->has_detect_from_step ? run->detect_from_step : st->opts.detect_from_step);
 }
 
-/* --- track table ---------------------------------------------------------------------------- */
-
-static uint64_t key_hash(const struct store_series_key *k)
+static struct stage_run *stage_run_of(const struct stage *st, struct run *run)
 {
-    uint64_t x = 1469598103934665603ull;
-    int32_t nums[4] = {k->layer, k->head, k->window, k->rank};
-    const unsigned char *p = (const unsigned char *)nums;
-    for (size_t i = 0; i < sizeof(nums); i++)
-        x = (x ^ p[i]) * 1099511628211ull;
-    for (const char *s = k->name; *s; s++)
-        x = (x ^ (unsigned char)*s) * 1099511628211ull;
-    return x;
-}
-
-static bool key_eq(const struct store_series_key *a, const struct store_series_key *b)
-{
-    return a->layer == b->layer && a->head == b->head && a->window == b->window &&
-           a->rank == b->rank && strcmp(a->name, b->name) == 0;
-}
-
-static int tracks_reindex(struct stage_run *sr, size_t nslots)
-{
-    uint32_t *slots = calloc(nslots, sizeof(*slots));
-    if (!slots)
-        return -ENOMEM;
-    for (size_t i = 0; i < sr->n_tracks; i++) {
-        size_t j = sr->tracks[i]->hash & (nslots - 1);
-        while (slots[j])
-            j = (j + 1) & (nslots - 1);
-        slots[j] = (uint32_t)i + 1;
-    }
-    free(sr->slots);
-    sr->slots = slots;
-    sr->nslots = nslots;
-    return 0;
-}
-
-static struct track *track_find(struct stage_run *sr, const struct store_series_key *k,
-                                uint64_t hash)
-{
-    if (!sr->nslots)
-        return NULL;
-    for (size_t j = hash & (sr->nslots - 1); sr->slots[j]; j = (j + 1) & (sr->nslots - 1)) {
-        struct track *t = sr->tracks[sr->slots[j] - 1];
-        if (t->hash == hash && key_eq(&t->key, k))
-            return t;
-    }
-    return NULL;
-}
-
-/* The track of series k detected by rule rule_name; created on first use.
- * NULL when no rule matches or out of memory. */
-static struct track *track_get(struct stage *st, struct stage_run *sr,
-                               const struct store_series_key *k, const char *rule_name)
-{
-    uint64_t hash = key_hash(k);
-    struct track *t = track_find(sr, k, hash);
-    if (t)
-        return t;
-    const struct detect_rule *rule = detect_rules_match(st->opts.rules, rule_name);
-    if (!rule)
-        return NULL;
-    if ((sr->n_tracks + 1) * 10 > sr->nslots * 7 &&
-        tracks_reindex(sr, sr->nslots ? sr->nslots * 2 : 64) < 0)
-        return NULL;
-    if (sr->n_tracks == sr->cap_tracks) {
-        size_t cap = sr->cap_tracks ? sr->cap_tracks * 2 : 64;
-        struct track **p = realloc(sr->tracks, cap * sizeof(*p));
-        if (!p)
+    if (!run->user) {
+        struct stage_run *sr = calloc(1, sizeof(*sr));
+        if (!sr)
             return NULL;
-        sr->tracks = p;
-        sr->cap_tracks = cap;
+        eval_run_init(&sr->ev, st->opts.rules);
+        run->user = sr;
     }
-    t = calloc(1, sizeof(*t));
-    if (!t)
-        return NULL;
-    t->key = *k;
-    t->hash = hash;
-    snprintf(t->rule_name, sizeof(t->rule_name), "%s", rule_name);
-    t->rule = rule;
-    detect_state_init(&t->ds);
-    alert_state_init(&t->as);
-    alert_state_encode(&t->as, t->row_blob, sizeof(t->row_blob));
-    t->last_step = -1;
-    t->ev_value = t->ev_median = t->ev_mad = t->ev_z = NAN;
-    sr->tracks[sr->n_tracks] = t;
-    size_t j = hash & (sr->nslots - 1);
-    while (sr->slots[j])
-        j = (j + 1) & (sr->nslots - 1);
-    sr->slots[j] = (uint32_t)sr->n_tracks + 1;
-    sr->n_tracks++;
-    return t;
-}
-
-static struct stage_run *stage_run_of(struct run *run)
-{
-    if (!run->user)
-        run->user = calloc(1, sizeof(struct stage_run));
     return run->user;
 }
 
@@ -394,10 +281,7 @@ static void stage_run_free(struct stage_run *sr)
         sr->sc_head = x->next;
         sample_free(x);
     }
-    for (size_t i = 0; i < sr->n_tracks; i++)
-        free(sr->tracks[i]);
-    free(sr->tracks);
-    free(sr->slots);
+    eval_run_clear(&sr->ev);
     free(sr);
 }
 
@@ -408,8 +292,7 @@ struct build {
     size_t cap_points, cap_states, cap_alerts, cap_incomplete;
     size_t *blob_off; /* per state: offset into blobs */
     size_t blob_len, blob_cap;
-    struct pend_alert *pend;
-    size_t n_pend, cap_pend;
+    struct eval_batch batch; /* alert rows changed by this item */
     int oom;
 };
 
@@ -459,7 +342,7 @@ static void add_point(struct build *bd, const struct store_series_key *k, uint64
     p[m->n_points++] = (struct store_point){.key = *k, .step = step, .value = value};
 }
 
-static void add_state(struct build *bd, const struct track *t)
+static void add_state(struct build *bd, const struct eval_track *t)
 {
     struct store_monitor *m = &bd->it->monitor;
     uint8_t buf[DETECT_STATE_ENCODED_MAX];
@@ -514,40 +397,27 @@ static void add_incomplete(struct build *bd, uint64_t step, const struct run_inc
         .head = r->head, .window = (int32_t)r->window, .have = r->have, .want = r->want};
 }
 
-/* One sample into a tracked series: detector, alert lifecycle, and the rows
- * it changes (attribution is filled in by build_finish). */
+/* One sample into a detected series: detector, alert lifecycle (evaluate.h),
+ * the detector-state row, and the alert row when it changed (labels and
+ * rows are filled in by build_finish). */
 static void feed_track(struct stage *st, struct stage_run *sr, struct run *run, struct build *bd,
                        const struct store_series_key *k, const char *rule_name, uint64_t step,
                        double value, bool present, int32_t argmin_head)
 {
-    struct track *t = track_get(st, sr, k, rule_name);
+    struct eval_track *t = eval_track_get(&sr->ev, k, rule_name);
     if (!t)
         return;
-    /* A replay (spool re-feed after a restart) of a step this series has
-     * already seen changes nothing: that is what keeps restarts exact. */
-    if ((int64_t)step <= t->last_step)
+    size_t before = bd->batch.n;
+    int rc = eval_feed(&sr->ev, &bd->batch, t, step, value, present, argmin_head,
+                       detect_from(st, run), fs_clock_unix());
+    if (rc < 0) {
+        bd->oom |= rc == -ENOMEM;
         return;
-    struct detect_verdict v;
-    struct alert_transition tr;
-    struct alert_scope scope = {.layer = k->layer, .head = k->head, .window = k->window,
-                                .rank = k->rank};
-    if (detect_step(&t->ds, t->rule, (int64_t)step, value, present, detect_from(st, run), &v) < 0 ||
-        alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, fs_clock_unix(), &tr) < 0)
+    }
+    if (rc == 0)
         return;
-    t->last_step = (int64_t)step;
     add_state(bd, t);
-    uint8_t blob[ALERT_STATE_ENCODED_BYTES];
-    alert_state_encode(&t->as, blob, sizeof(blob));
-    bool event = tr.change != ALERT_CHANGE_NONE;
-    if (!event && memcmp(blob, t->row_blob, sizeof(blob)) == 0)
-        return;
-    struct pend_alert *p = grow(bd->pend, &bd->cap_pend, bd->n_pend, sizeof(*p), &bd->oom);
-    if (!p)
-        return;
-    bd->pend = p;
-    p[bd->n_pend++] = (struct pend_alert){.t = t, .has_event = event, .tr = tr,
-                                          .argmin_head = argmin_head};
-    if (tr.change == ALERT_CHANGE_TO_FIRING)
+    if (bd->batch.n > before && bd->batch.ev[before].tr.change == ALERT_CHANGE_TO_FIRING)
         atomic_fetch_add(&st->stats->alerts_fired, 1);
 }
 
@@ -557,7 +427,7 @@ static json_t *jstep(int64_t v) { return v >= 0 ? json_integer(v) : json_null();
 
 static json_t *jlabel(int32_t v, int32_t none) { return v == none ? json_null() : json_integer(v); }
 
-static char *evidence_json(const struct pend_alert *p, enum alert_attribution attr)
+static char *evidence_json(const struct eval_event *p)
 {
     const struct alert_transition *tr = &p->tr;
     json_t *o = json_object();
@@ -576,36 +446,34 @@ static char *evidence_json(const struct pend_alert *p, enum alert_attribution at
     json_object_set_new(o, "rank", jlabel(tr->scope.rank, -1));
     json_object_set_new(o, "argmin_head", jlabel(p->argmin_head, -1));
     json_object_set_new(o, "breach_kind", json_string(detect_breach_kind_name(tr->breach_kind)));
-    json_object_set_new(o, "attribution", json_string(alert_attribution_name(attr)));
+    json_object_set_new(o, "attribution", json_string(alert_attribution_name(p->attr)));
+    /* The series the label rests on (evaluate.h): what a person checks first. */
+    json_object_set_new(o, "label_series", json_string(p->why));
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
 }
 
-/* The attribution label from the run's open alerts (MONITORS.md 4). */
-static enum alert_attribution run_attribution(const struct stage_run *sr)
-{
-    uint32_t mask = 0;
-    for (size_t i = 0; i < sr->n_tracks; i++)
-        mask |= alert_family_mask(&sr->tracks[i]->as, sr->tracks[i]->rule->family);
-    return alert_attribute(mask);
-}
-
-/* Turns pending alert changes into rows and fixes the blob pointers. */
+/* Labels the changed alert rows (every sample of their steps is in) and
+ * turns them into rows; fixes the blob pointers. */
 static void build_finish(struct stage *st, struct stage_run *sr, const struct run *run,
                          struct build *bd)
 {
+    (void)st;
     struct store_monitor *m = &bd->it->monitor;
+    struct eval_batch *b = &bd->batch;
     for (size_t i = 0; i < m->n_states; i++)
         m->states[i].blob = m->blobs + bd->blob_off[i];
-    if (bd->n_pend) {
-        enum alert_attribution attr = run_attribution(sr);
-        m->alerts = calloc(bd->n_pend, sizeof(*m->alerts));
+    if (b->oom)
+        bd->oom = 1;
+    if (b->n) {
+        eval_label_all(&sr->ev, b);
+        m->alerts = calloc(b->n, sizeof(*m->alerts));
         if (!m->alerts)
             bd->oom = 1;
-        for (size_t i = 0; m->alerts && i < bd->n_pend; i++) {
-            const struct pend_alert *p = &bd->pend[i];
-            struct track *t = p->t;
+        for (size_t i = 0; m->alerts && i < b->n; i++) {
+            const struct eval_event *p = &b->ev[i];
+            struct eval_track *t = p->t;
             struct store_alert_row *a = &m->alerts[m->n_alerts];
             struct alert_scope scope = {.layer = t->key.layer, .head = t->key.head,
                                         .window = t->key.window, .rank = t->key.rank};
@@ -613,23 +481,13 @@ static void build_finish(struct stage *st, struct stage_run *sr, const struct ru
                 alert_dedup_key(a->alert_key, a->dedup_key, sizeof(a->dedup_key)) < 0)
                 continue;
             if (p->has_event) {
-                t->ev_value = p->tr.value;
-                t->ev_median = p->tr.median;
-                t->ev_mad = p->tr.mad;
-                t->ev_z = p->tr.z;
-                /* An incident keeps the diagnosis it was raised with: a
-                 * resolve (or a pending that lapses) records the label of
-                 * its own step in the event, not over the alert's. */
-                if (p->tr.change == ALERT_CHANGE_TO_PENDING ||
-                    p->tr.change == ALERT_CHANGE_TO_FIRING)
-                    t->ev_attr = attr;
-                a->event_attribution = alert_attribution_name(attr);
+                a->event_attribution = alert_attribution_name(p->attr);
                 a->has_event = 1;
                 a->change = alert_change_name(p->tr.change);
                 a->from_state = (int)p->tr.from;
                 a->to_state = (int)p->tr.to;
                 a->event_step = p->tr.step;
-                a->evidence_json = evidence_json(p, attr);
+                a->evidence_json = evidence_json(p);
                 if (!a->evidence_json)
                     bd->oom = 1;
                 /* pending <-> inactive flips are routine: debug; firing and
@@ -639,10 +497,10 @@ static void build_finish(struct stage *st, struct stage_run *sr, const struct ru
                               ? LOG_LEVEL_INFO
                               : LOG_LEVEL_DEBUG,
                           "stage", "alert %s %s run=%s layer=%d head=%d window=%d rank=%d step=%lld "
-                         "value=%g attribution=%s",
+                         "value=%g attribution=%s (%s)",
                          t->rule_name, a->change, run->name, scope.layer, scope.head,
                          scope.window, scope.rank, (long long)p->tr.step, p->tr.value,
-                         alert_attribution_name(attr));
+                         alert_attribution_name(p->attr), p->why);
             }
             a->series = t->key;
             snprintf(a->rule, sizeof(a->rule), "%s", t->rule_name);
@@ -666,9 +524,8 @@ static void build_finish(struct stage *st, struct stage_run *sr, const struct ru
             m->n_alerts++;
         }
     }
-    free(bd->pend);
+    eval_batch_free(b);
     free(bd->blob_off);
-    bd->pend = NULL;
     bd->blob_off = NULL;
 }
 
@@ -776,7 +633,7 @@ static void queue_scalars(struct stage *st, struct run *run, const struct stage_
     const Foreshock__Scalars *s = in->report->scalars;
     if (!s || in->rank != 0)
         return;
-    struct stage_run *sr = stage_run_of(run);
+    struct stage_run *sr = stage_run_of(st, run);
     struct scalar_sample *x = calloc(1, sizeof(*x));
     if (!sr || !x) {
         free(x);
@@ -986,7 +843,7 @@ static void evaluate_router(struct stage *st, struct stage_run *sr, struct run *
 
 static void evaluate(struct stage *st, struct run *run, struct run_bucket *b)
 {
-    struct stage_run *sr = stage_run_of(run);
+    struct stage_run *sr = stage_run_of(st, run);
     struct build bd;
     if (!sr || build_begin(&bd, run->run_id, b->time) < 0) {
         log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
@@ -1144,7 +1001,7 @@ static void after_work_cb(uv_work_t *req, int status)
  * holds nothing to compute). */
 static void dispatch(struct stage *st, struct run *run, struct run_bucket *b)
 {
-    struct stage_run *sr = stage_run_of(run);
+    struct stage_run *sr = stage_run_of(st, run);
     struct job *j = calloc(1, sizeof(*j));
     if (!sr || !j) {
         log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
@@ -1436,16 +1293,6 @@ static int load_fail(sqlite3 *db, char *err, size_t errlen, const char *what)
     return -EIO;
 }
 
-/* Rule of a tracked series: aggregates ("qk.d2.erank.min") drop the suffix. */
-static void rule_of_series(const char *series, char *rule, size_t len)
-{
-    snprintf(rule, len, "%s", series);
-    size_t n = strlen(rule);
-    if (strncmp(rule, "qk.", 3) == 0 && n > 4 &&
-        (strcmp(rule + n - 4, ".min") == 0 || strcmp(rule + n - 4, ".max") == 0))
-        rule[n - 4] = '\0';
-}
-
 static void model_from_json(struct run *run, const char *text)
 {
     if (!text)
@@ -1462,7 +1309,7 @@ static void model_from_json(struct run *run, const char *text)
     json_decref(o);
 }
 
-static struct track *load_track(struct stage *st, struct run *run, sqlite3_stmt *q, int col)
+static struct eval_track *load_track(struct stage *st, struct run *run, sqlite3_stmt *q, int col)
 {
     struct store_series_key k;
     const char *name = (const char *)sqlite3_column_text(q, col);
@@ -1471,9 +1318,9 @@ static struct track *load_track(struct stage *st, struct run *run, sqlite3_stmt 
     set_key(&k, name, sqlite3_column_int(q, col + 1), sqlite3_column_int(q, col + 2),
             sqlite3_column_int(q, col + 3), sqlite3_column_int(q, col + 4));
     char rule[DETECT_NAME_MAX];
-    rule_of_series(name, rule, sizeof(rule));
-    struct stage_run *sr = stage_run_of(run);
-    return sr ? track_get(st, sr, &k, rule) : NULL;
+    eval_rule_of_series(name, rule, sizeof(rule));
+    struct stage_run *sr = stage_run_of(st, run);
+    return sr ? eval_track_get(&sr->ev, &k, rule) : NULL;
 }
 
 static enum alert_attribution attribution_of(const char *s)
@@ -1546,7 +1393,7 @@ static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
     size_t n_det = 0;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct run *run = run_find(st->reg, sqlite3_column_int64(q, 0));
-        struct track *t = run ? load_track(st, run, q, 3) : NULL;
+        struct eval_track *t = run ? load_track(st, run, q, 3) : NULL;
         if (!t)
             continue;
         const void *blob = sqlite3_column_blob(q, 2);
@@ -1572,7 +1419,7 @@ static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
     size_t n_alerts = 0;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct run *run = run_find(st->reg, sqlite3_column_int64(q, 0));
-        struct track *t = run ? load_track(st, run, q, 7) : NULL;
+        struct eval_track *t = run ? load_track(st, run, q, 7) : NULL;
         if (!t)
             continue;
         const void *blob = sqlite3_column_blob(q, 1);

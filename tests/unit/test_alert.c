@@ -190,18 +190,26 @@ Test(alert_lifecycle, nonfinite_is_critical_even_for_warning_rules)
     cr_assert_eq(tr.severity, DETECT_SEVERITY_CRITICAL);
     cr_assert(tr.non_finite);
     cr_assert_eq(tr.breach_kind, DETECT_BREACH_NONFINITE);
-    cr_assert_eq(alert_family_mask(&st, r.family),
-                 ALERT_FAMILY_BIT(DETECT_FAMILY_SCALAR_LOSS) | ALERT_MASK_NONFINITE);
+    struct alert_evidence e;
+    alert_evidence_init(&e);
+    cr_assert(alert_evidence_add(&e, &st, r.family));
+    cr_assert(e.nonfinite);
+    cr_assert_eq(e.first[DETECT_FAMILY_SCALAR_LOSS], 42);
     /* The next incident, from a plain breach, is back to the rule's severity. */
     struct detect_verdict n = verdict_for('N', 1), b = verdict_for('B', 9);
     for (int i = 0; i < 5; i++)
         alert_step(&st, &r, &scope, &n, 43 + i, 0, &tr);
     cr_assert_eq(tr.change, ALERT_CHANGE_TO_RESOLVED);
-    cr_assert_eq(alert_family_mask(&st, r.family), 0);
+    alert_evidence_init(&e);
+    cr_assert_not(alert_evidence_add(&e, &st, r.family), "a resolved alert is no evidence");
+    cr_assert_eq(e.first[DETECT_FAMILY_SCALAR_LOSS], -1);
     alert_step(&st, &r, &scope, &b, 60, 0, &tr);
     cr_assert_eq(tr.change, ALERT_CHANGE_TO_FIRING); /* persistence 1 */
     cr_assert_eq(tr.severity, DETECT_SEVERITY_WARNING);
-    cr_assert_eq(alert_family_mask(&st, r.family), ALERT_FAMILY_BIT(DETECT_FAMILY_SCALAR_LOSS));
+    alert_evidence_init(&e);
+    cr_assert(alert_evidence_add(&e, &st, r.family));
+    cr_assert_not(e.nonfinite);
+    cr_assert_eq(e.first[DETECT_FAMILY_SCALAR_LOSS], 60);
 }
 
 Test(alert_lifecycle, null_arguments)
@@ -222,69 +230,113 @@ Test(alert_lifecycle, null_arguments)
 
 /* ---- attribution ----------------------------------------------------------- */
 
-#define D2 ALERT_FAMILY_BIT(DETECT_FAMILY_ATTENTION_D2)
-#define RW ALERT_FAMILY_BIT(DETECT_FAMILY_ROUTER_WEIGHT)
-#define WN ALERT_FAMILY_BIT(DETECT_FAMILY_WEIGHT_NORM)
-#define RB ALERT_FAMILY_BIT(DETECT_FAMILY_ROUTER_BALANCE)
-#define LS ALERT_FAMILY_BIT(DETECT_FAMILY_SCALAR_LOSS)
-#define NF ALERT_MASK_NONFINITE
-
+/* Evidence as first-breach steps per family (-1: none open), in the
+ * order attention_d2, router_weight, weight_norm, router_balance,
+ * scalar_loss, update_ratio (enum detect_family). */
+#define _ -1
 static const struct {
-    uint32_t mask;
+    int64_t first[DETECT_FAMILY_COUNT];
+    bool nonfinite;
     enum alert_attribution want;
-    const char *name;
+    const char *why;
 } attribution_cases[] = {
-    {0, ALERT_ATTR_NONE, "none"},
-    {D2, ALERT_ATTR_ATTENTION_NUMERICS, "attention-numerics"},
-    {D2 | RB, ALERT_ATTR_ATTENTION_NUMERICS, "attention-numerics"},
-    {D2 | LS, ALERT_ATTR_ATTENTION_NUMERICS, "attention-numerics"},
-    {D2 | RB | LS, ALERT_ATTR_ATTENTION_NUMERICS, "attention-numerics"},
-    {RW, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "optimizer-hyperparameter"},
-    {WN, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "optimizer-hyperparameter"},
-    {RW | WN, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "optimizer-hyperparameter"},
-    {RW | RB, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "optimizer-hyperparameter"},
-    {RW | LS, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "optimizer-hyperparameter"},
-    {WN | RB | LS, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "optimizer-hyperparameter"},
-    {D2 | RW, ALERT_ATTR_COMBINED, "combined"},
-    {D2 | WN, ALERT_ATTR_COMBINED, "combined"},
-    {D2 | RW | WN | RB | LS, ALERT_ATTR_COMBINED, "combined"},
-    {RB, ALERT_ATTR_ROUTER_BALANCE, "router-balance"},
-    {RB | LS, ALERT_ATTR_ROUTER_BALANCE, "router-balance"},
-    {LS, ALERT_ATTR_LOSS_SPIKE, "loss-spike"},
-    {NF, ALERT_ATTR_NON_FINITE, "non-finite"},
-    {NF | LS, ALERT_ATTR_NON_FINITE, "non-finite"},
-    {NF | D2, ALERT_ATTR_NON_FINITE, "non-finite"},
-    {NF | D2 | RW | WN | RB | LS, ALERT_ATTR_NON_FINITE, "non-finite"},
+    {{_, _, _, _, _, _}, false, ALERT_ATTR_NONE, "nothing open"},
+    {{100, _, _, _, _, _}, false, ALERT_ATTR_ATTENTION_NUMERICS, "Delta2 alone"},
+    {{100, _, 90, _, _, _}, false, ALERT_ATTR_ATTENTION_NUMERICS,
+     "weight norms grow under the attention fault: no optimizer evidence"},
+    {{100, _, 90, 95, 120, _}, false, ALERT_ATTR_ATTENTION_NUMERICS, "symptoms follow"},
+    {{100, _, _, _, _, 130}, false, ALERT_ATTR_ATTENTION_NUMERICS,
+     "update ratio after the Delta2 collapse: the biased Q/K push"},
+    {{100, 140, _, _, _, _}, false, ALERT_ATTR_ATTENTION_NUMERICS,
+     "router growth after the Delta2 collapse: the model degrading"},
+    {{100, _, _, _, _, 60}, false, ALERT_ATTR_COMBINED, "too large a step first, then Delta2"},
+    {{100, 100, _, _, _, _}, false, ALERT_ATTR_COMBINED, "both at once"},
+    {{100, 80, _, _, _, 130}, false, ALERT_ATTR_COMBINED, "router first"},
+    {{_, 50, _, _, _, _}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "router weights"},
+    {{_, _, _, _, _, 50}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "update ratio"},
+    {{_, 70, 40, 60, 80, 50}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "with symptoms"},
+    {{_, _, 40, _, _, _}, false, ALERT_ATTR_NONE, "weight growth alone names no mechanism"},
+    {{_, _, 40, 60, _, _}, false, ALERT_ATTR_ROUTER_BALANCE, "balance"},
+    {{_, _, _, 60, 30, _}, false, ALERT_ATTR_ROUTER_BALANCE, "balance before loss"},
+    {{_, _, _, _, 30, _}, false, ALERT_ATTR_LOSS_SPIKE, "loss alone"},
+    {{_, _, _, _, 30, _}, true, ALERT_ATTR_NON_FINITE, "NaN loss"},
+    {{100, 80, 90, 95, 120, 60}, true, ALERT_ATTR_NON_FINITE, "NaN explains everything"},
 };
+#undef _
 
 Test(alert_attribution, table)
 {
     for (size_t i = 0; i < sizeof attribution_cases / sizeof attribution_cases[0]; i++) {
-        enum alert_attribution got = alert_attribute(attribution_cases[i].mask);
-        cr_assert_eq(got, attribution_cases[i].want, "case %zu mask %#x: got %s", i,
-                     attribution_cases[i].mask, alert_attribution_name(got));
-        cr_assert_str_eq(alert_attribution_name(got), attribution_cases[i].name);
+        struct alert_evidence e;
+        alert_evidence_init(&e);
+        memcpy(e.first, attribution_cases[i].first, sizeof e.first);
+        e.nonfinite = attribution_cases[i].nonfinite;
+        enum alert_attribution got = alert_attribute(&e);
+        cr_assert_eq(got, attribution_cases[i].want, "case %zu (%s): got %s", i,
+                     attribution_cases[i].why, alert_attribution_name(got));
     }
 }
 
-Test(alert_attribution, every_mask_is_labelled_consistently)
+/* alert_evidence_add keeps the earliest open incident of each family and
+ * ignores closed ones, whatever order alerts are added in. */
+Test(alert_attribution, evidence_keeps_the_earliest_open_incident)
 {
-    /* All 2^5 family sets, with and without the non-finite bit: invariants
-     * stated independently of the implementation's if-chain. */
+    struct alert_state a, b, closed;
+    alert_state_init(&a);
+    alert_state_init(&b);
+    alert_state_init(&closed);
+    a.state = ALERT_FIRING;
+    a.first_breach_step = 120;
+    b.state = ALERT_PENDING;
+    b.first_breach_step = 90;
+    closed.state = ALERT_RESOLVED;
+    closed.first_breach_step = 10;
+    const struct alert_state *orders[2][3] = {{&a, &b, &closed}, {&closed, &b, &a}};
+    for (int o = 0; o < 2; o++) {
+        struct alert_evidence e;
+        alert_evidence_init(&e);
+        for (int i = 0; i < 3; i++)
+            alert_evidence_add(&e, orders[o][i], DETECT_FAMILY_ATTENTION_D2);
+        cr_assert_eq(e.first[DETECT_FAMILY_ATTENTION_D2], 90, "order %d", o);
+        cr_assert_eq(e.first[DETECT_FAMILY_ROUTER_WEIGHT], -1);
+    }
+}
+
+Test(alert_attribution, every_evidence_set_is_labelled_consistently)
+{
+    /* Every family set, each open family at step 10 or 20, with and without
+     * a non-finite value: invariants stated independently of the
+     * implementation's if-chain. */
     for (uint32_t m = 0; m < (1u << DETECT_FAMILY_COUNT); m++) {
-        for (int nf = 0; nf < 2; nf++) {
-            uint32_t mask = m | (nf ? NF : 0);
-            enum alert_attribution a = alert_attribute(mask);
-            bool d2 = m & D2, opt = m & (RW | WN), rb = m & RB, ls = m & LS;
-            enum alert_attribution want = nf          ? ALERT_ATTR_NON_FINITE
-                                          : d2 && opt ? ALERT_ATTR_COMBINED
-                                          : d2        ? ALERT_ATTR_ATTENTION_NUMERICS
-                                          : opt       ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
-                                          : rb        ? ALERT_ATTR_ROUTER_BALANCE
-                                          : ls        ? ALERT_ATTR_LOSS_SPIKE
-                                                      : ALERT_ATTR_NONE;
-            cr_assert_eq(a, want, "mask %#x", mask);
-            cr_assert_str_neq(alert_attribution_name(a), "unknown");
+        for (uint32_t late = 0; late < (1u << DETECT_FAMILY_COUNT); late++) {
+            if (late & ~m)
+                continue;
+            for (int nf = 0; nf < 2; nf++) {
+                struct alert_evidence e;
+                alert_evidence_init(&e);
+                for (unsigned f = 0; f < DETECT_FAMILY_COUNT; f++)
+                    if (m & (1u << f))
+                        e.first[f] = (late & (1u << f)) ? 20 : 10;
+                e.nonfinite = nf;
+                int64_t d2 = e.first[DETECT_FAMILY_ATTENTION_D2];
+                int64_t rw = e.first[DETECT_FAMILY_ROUTER_WEIGHT];
+                int64_t ur = e.first[DETECT_FAMILY_UPDATE_RATIO];
+                int64_t opt = rw < 0 ? ur : ur < 0 ? rw : (rw < ur ? rw : ur);
+                bool rb = e.first[DETECT_FAMILY_ROUTER_BALANCE] >= 0;
+                bool ls = e.first[DETECT_FAMILY_SCALAR_LOSS] >= 0;
+                enum alert_attribution want =
+                    nf                       ? ALERT_ATTR_NON_FINITE
+                    : d2 >= 0 && opt >= 0    ? (opt <= d2 ? ALERT_ATTR_COMBINED
+                                                          : ALERT_ATTR_ATTENTION_NUMERICS)
+                    : d2 >= 0                ? ALERT_ATTR_ATTENTION_NUMERICS
+                    : opt >= 0               ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
+                    : rb                     ? ALERT_ATTR_ROUTER_BALANCE
+                    : ls                     ? ALERT_ATTR_LOSS_SPIKE
+                                             : ALERT_ATTR_NONE;
+                enum alert_attribution a = alert_attribute(&e);
+                cr_assert_eq(a, want, "families %#x late %#x nf %d", m, late, nf);
+                cr_assert_str_neq(alert_attribution_name(a), "unknown");
+            }
         }
     }
     cr_assert_str_eq(alert_attribution_name((enum alert_attribution)77), "unknown");
@@ -690,12 +742,13 @@ static int run_scenario(const struct scenario *sc, int64_t cut, struct logged *l
             }
         }
         /* Attribution over the run once the step's samples are all in. */
-        uint32_t mask = 0;
+        struct alert_evidence ev;
+        alert_evidence_init(&ev);
         for (int i = 0; i < sc->nseries; i++)
-            mask |= alert_family_mask(&al[i], rules[i].family);
+            alert_evidence_add(&ev, &al[i], rules[i].family);
         for (int k = first; k < n; k++)
             if (log[k].tr.change == ALERT_CHANGE_TO_FIRING)
-                log[k].attr = alert_attribute(mask);
+                log[k].attr = alert_attribute(&ev);
     }
     return n;
 }

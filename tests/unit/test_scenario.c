@@ -332,7 +332,8 @@ static void family_first(const struct harness *h, int64_t first[DETECT_FAMILY_CO
 /* The attribution label of every open alert, as the daemon computes it. */
 static enum alert_attribution harness_attribution(const struct harness *h)
 {
-    uint32_t mask = 0;
+    struct alert_evidence e;
+    alert_evidence_init(&e);
     const struct series *groups[3] = {&h->att[0][0], &h->rt[0][0], &h->wn[0][0]};
     const size_t counts[3] = {sizeof(h->att) / sizeof(h->att[0][0]),
                               sizeof(h->rt) / sizeof(h->rt[0][0]),
@@ -340,10 +341,10 @@ static enum alert_attribution harness_attribution(const struct harness *h)
     for (int g = 0; g < 3; g++)
         for (size_t i = 0; i < counts[g]; i++)
             if (groups[g][i].rule)
-                mask |= alert_family_mask(&groups[g][i].as, groups[g][i].rule->family);
-    mask |= alert_family_mask(&h->loss_s.as, h->loss_s.rule->family);
-    mask |= alert_family_mask(&h->grad_s.as, h->grad_s.rule->family);
-    return alert_attribute(mask);
+                alert_evidence_add(&e, &groups[g][i].as, groups[g][i].rule->family);
+    alert_evidence_add(&e, &h->loss_s.as, h->loss_s.rule->family);
+    alert_evidence_add(&e, &h->grad_s.as, h->grad_s.rule->family);
+    return alert_attribute(&e);
 }
 
 /* Median of the finite trace values in [from, to). */

@@ -1,0 +1,307 @@
+/* Detection and alert lifecycle of a run's detected series (see evaluate.h):
+ * the track table, feeding one sample, and per-incident labels. */
+#include "evaluate.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --- track table: open addressing on an FNV-1a hash of the series key ----------------- */
+
+static uint64_t key_hash(const struct store_series_key *k)
+{
+    uint64_t x = 1469598103934665603ull;
+    int32_t nums[4] = {k->layer, k->head, k->window, k->rank};
+    const unsigned char *p = (const unsigned char *)nums;
+    for (size_t i = 0; i < sizeof(nums); i++)
+        x = (x ^ p[i]) * 1099511628211ull;
+    for (const char *s = k->name; *s; s++)
+        x = (x ^ (unsigned char)*s) * 1099511628211ull;
+    return x;
+}
+
+static bool key_eq(const struct store_series_key *a, const struct store_series_key *b)
+{
+    return a->layer == b->layer && a->head == b->head && a->window == b->window &&
+           a->rank == b->rank && strcmp(a->name, b->name) == 0;
+}
+
+static int reindex(struct eval_run *er, size_t nslots)
+{
+    uint32_t *slots = calloc(nslots, sizeof(*slots));
+    if (!slots)
+        return -ENOMEM;
+    for (size_t i = 0; i < er->n_tracks; i++) {
+        size_t j = er->tracks[i]->hash & (nslots - 1);
+        while (slots[j])
+            j = (j + 1) & (nslots - 1);
+        slots[j] = (uint32_t)i + 1;
+    }
+    free(er->slots);
+    er->slots = slots;
+    er->nslots = nslots;
+    return 0;
+}
+
+static struct eval_track *find(const struct eval_run *er, const struct store_series_key *k,
+                               uint64_t hash)
+{
+    if (!er->nslots)
+        return NULL;
+    for (size_t j = hash & (er->nslots - 1); er->slots[j]; j = (j + 1) & (er->nslots - 1)) {
+        struct eval_track *t = er->tracks[er->slots[j] - 1];
+        if (t->hash == hash && key_eq(&t->key, k))
+            return t;
+    }
+    return NULL;
+}
+
+void eval_run_init(struct eval_run *er, const struct detect_rules *rules)
+{
+    memset(er, 0, sizeof(*er));
+    er->rules = rules;
+}
+
+void eval_run_clear(struct eval_run *er)
+{
+    for (size_t i = 0; i < er->n_tracks; i++)
+        free(er->tracks[i]);
+    free(er->tracks);
+    free(er->slots);
+    eval_run_init(er, er->rules);
+}
+
+struct eval_track *eval_track_get(struct eval_run *er, const struct store_series_key *k,
+                                  const char *rule_name)
+{
+    uint64_t hash = key_hash(k);
+    struct eval_track *t = find(er, k, hash);
+    if (t)
+        return t;
+    const struct detect_rule *rule = detect_rules_match(er->rules, rule_name);
+    if (!rule)
+        return NULL;
+    /* Load factor at most 0.7. */
+    if ((er->n_tracks + 1) * 10 > er->nslots * 7 &&
+        reindex(er, er->nslots ? er->nslots * 2 : 64) < 0)
+        return NULL;
+    if (er->n_tracks == er->cap_tracks) {
+        size_t cap = er->cap_tracks ? er->cap_tracks * 2 : 64;
+        struct eval_track **p = realloc(er->tracks, cap * sizeof(*p));
+        if (!p)
+            return NULL;
+        er->tracks = p;
+        er->cap_tracks = cap;
+    }
+    t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->key = *k;
+    t->hash = hash;
+    snprintf(t->rule_name, sizeof(t->rule_name), "%s", rule_name);
+    t->rule = rule;
+    detect_state_init(&t->ds);
+    alert_state_init(&t->as);
+    alert_state_encode(&t->as, t->row_blob, sizeof(t->row_blob));
+    t->last_step = -1;
+    t->ev_value = t->ev_median = t->ev_mad = t->ev_z = NAN;
+    er->tracks[er->n_tracks] = t;
+    size_t j = hash & (er->nslots - 1);
+    while (er->slots[j])
+        j = (j + 1) & (er->nslots - 1);
+    er->slots[j] = (uint32_t)er->n_tracks + 1;
+    er->n_tracks++;
+    return t;
+}
+
+void eval_rule_of_series(const char *series, char *rule, size_t len)
+{
+    snprintf(rule, len, "%s", series);
+    size_t n = strlen(rule);
+    if (strncmp(rule, "qk.", 3) == 0 && n > 4 &&
+        (strcmp(rule + n - 4, ".min") == 0 || strcmp(rule + n - 4, ".max") == 0))
+        rule[n - 4] = '\0';
+}
+
+/* --- labels ------------------------------------------------------------------------------ */
+
+/* "name layer=L head=H window=W" with only the labels the series has. */
+static void describe(const struct store_series_key *k, char *out, size_t len)
+{
+    int n = snprintf(out, len, "%s", k->name);
+    if (k->layer >= 0 && n >= 0 && (size_t)n < len)
+        n += snprintf(out + n, len - (size_t)n, " layer=%d", k->layer);
+    if (k->head >= 0 && n >= 0 && (size_t)n < len)
+        n += snprintf(out + n, len - (size_t)n, " head=%d", k->head);
+    if (k->window > 0 && n >= 0 && (size_t)n < len)
+        snprintf(out + n, len - (size_t)n, " window=%d", k->window);
+}
+
+/* Total order on series keys, so that which of several series opened at
+ * the same step is named does not depend on the order tracks were made (a
+ * restart makes them in another order). */
+static int key_cmp(const struct store_series_key *a, const struct store_series_key *b)
+{
+    int c = strcmp(a->name, b->name);
+    if (c)
+        return c;
+    if (a->layer != b->layer)
+        return a->layer < b->layer ? -1 : 1;
+    if (a->window != b->window)
+        return a->window < b->window ? -1 : 1;
+    if (a->head != b->head)
+        return a->head < b->head ? -1 : 1;
+    return (a->rank > b->rank) - (a->rank < b->rank);
+}
+
+enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size_t whylen)
+{
+    struct alert_evidence e;
+    const struct eval_track *first[DETECT_FAMILY_COUNT] = {0};
+    alert_evidence_init(&e);
+    for (size_t i = 0; i < er->n_tracks; i++) {
+        const struct eval_track *t = er->tracks[i];
+        enum detect_family f = t->rule->family;
+        if (alert_evidence_add(&e, &t->as, f))
+            first[f] = t;
+        else if (alert_is_open(&t->as) && first[f] &&
+                 t->as.first_breach_step == first[f]->as.first_breach_step &&
+                 key_cmp(&t->key, &first[f]->key) < 0)
+            first[f] = t;
+    }
+    enum alert_attribution attr = alert_attribute(&e);
+    if (why && whylen) {
+        /* The series behind the label: the earliest open one of each
+         * family the label rests on. */
+        static const enum detect_family order[] = {
+            DETECT_FAMILY_ATTENTION_D2, DETECT_FAMILY_ROUTER_WEIGHT, DETECT_FAMILY_UPDATE_RATIO,
+            DETECT_FAMILY_ROUTER_BALANCE, DETECT_FAMILY_SCALAR_LOSS, DETECT_FAMILY_WEIGHT_NORM};
+        bool uses[DETECT_FAMILY_COUNT] = {false};
+        switch (attr) {
+        case ALERT_ATTR_COMBINED:
+            uses[DETECT_FAMILY_ATTENTION_D2] = true;
+            /* fall through */
+        case ALERT_ATTR_OPTIMIZER_HYPERPARAMETER:
+            uses[DETECT_FAMILY_ROUTER_WEIGHT] = uses[DETECT_FAMILY_UPDATE_RATIO] = true;
+            break;
+        case ALERT_ATTR_ATTENTION_NUMERICS:
+            uses[DETECT_FAMILY_ATTENTION_D2] = true;
+            break;
+        case ALERT_ATTR_ROUTER_BALANCE:
+            uses[DETECT_FAMILY_ROUTER_BALANCE] = true;
+            break;
+        case ALERT_ATTR_LOSS_SPIKE:
+            uses[DETECT_FAMILY_SCALAR_LOSS] = true;
+            break;
+        case ALERT_ATTR_NON_FINITE:
+        case ALERT_ATTR_NONE:
+            for (size_t f = 0; f < DETECT_FAMILY_COUNT; f++)
+                uses[f] = true;
+            break;
+        }
+        size_t n = 0;
+        why[0] = '\0';
+        for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+            const struct eval_track *t = first[order[i]];
+            if (!t || !uses[order[i]] || n + 2 >= whylen)
+                continue;
+            if (attr == ALERT_ATTR_NON_FINITE && !t->as.nonfinite)
+                continue;
+            if (n) {
+                snprintf(why + n, whylen - n, "; ");
+                n += 2;
+            }
+            describe(&t->key, why + n, whylen - n);
+            n += strlen(why + n);
+        }
+    }
+    return attr;
+}
+
+/* Labels the events of b raised before `step` (every sample of their step
+ * is in). An incident takes its label when it opens and again when it
+ * fires (what was known then); a resolve or a lapse records the label of
+ * its own step in the event only. */
+static void label_before(struct eval_run *er, struct eval_batch *b, uint64_t step)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        struct eval_event *ev = &b->ev[i];
+        if (ev->labeled || (uint64_t)ev->tr.step >= step)
+            continue;
+        ev->labeled = true;
+        if (!ev->has_event)
+            continue;
+        ev->attr = eval_attribute(er, ev->why, sizeof(ev->why));
+        if (ev->tr.change == ALERT_CHANGE_TO_PENDING || ev->tr.change == ALERT_CHANGE_TO_FIRING) {
+            ev->t->ev_attr = ev->attr;
+            memcpy(ev->t->ev_why, ev->why, sizeof(ev->t->ev_why));
+        }
+    }
+}
+
+void eval_label_all(struct eval_run *er, struct eval_batch *b)
+{
+    label_before(er, b, UINT64_MAX);
+}
+
+/* --- feeding ------------------------------------------------------------------------------- */
+
+int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, uint64_t step,
+              double value, bool present, int32_t argmin_head, int64_t detect_from_step,
+              double now)
+{
+    if (!er || !b || !t)
+        return -EINVAL;
+    label_before(er, b, step);
+    /* A replay (spool re-feed after a restart) of a step this series has
+     * already seen changes nothing: that is what keeps restarts exact. */
+    if ((int64_t)step <= t->last_step)
+        return 0;
+    struct detect_verdict v;
+    struct alert_transition tr;
+    struct alert_scope scope = {.layer = t->key.layer, .head = t->key.head,
+                                .window = t->key.window, .rank = t->key.rank};
+    if (detect_step(&t->ds, t->rule, (int64_t)step, value, present, detect_from_step, &v) < 0 ||
+        alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now, &tr) < 0)
+        return -EINVAL;
+    t->last_step = (int64_t)step;
+    uint8_t blob[ALERT_STATE_ENCODED_BYTES];
+    alert_state_encode(&t->as, blob, sizeof(blob));
+    bool event = tr.change != ALERT_CHANGE_NONE;
+    if (!event && memcmp(blob, t->row_blob, sizeof(blob)) == 0)
+        return 1;
+    if (event) {
+        t->ev_value = tr.value;
+        t->ev_median = tr.median;
+        t->ev_mad = tr.mad;
+        t->ev_z = tr.z;
+    }
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 16;
+        struct eval_event *p = realloc(b->ev, cap * sizeof(*p));
+        if (!p) {
+            b->oom = 1;
+            return -ENOMEM;
+        }
+        b->ev = p;
+        b->cap = cap;
+    }
+    b->ev[b->n++] = (struct eval_event){.t = t, .has_event = event, .tr = tr,
+                                        .argmin_head = argmin_head, .attr = t->ev_attr};
+    memcpy(b->ev[b->n - 1].why, t->ev_why, sizeof(t->ev_why));
+    return 1;
+}
+
+void eval_batch_reset(struct eval_batch *b)
+{
+    b->n = 0;
+    b->oom = 0;
+}
+
+void eval_batch_free(struct eval_batch *b)
+{
+    free(b->ev);
+    memset(b, 0, sizeof(*b));
+}

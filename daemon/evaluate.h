@@ -1,0 +1,115 @@
+#ifndef FORESHOCK_EVALUATE_H
+#define FORESHOCK_EVALUATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "alert.h"
+#include "detect.h"
+#include "store.h"
+
+/* Detection and alert lifecycle of one run's detected series: the one
+ * implementation behind the live monitor stage (stage.c) and `foreshock
+ * backtest` (client/cli/backtest.c), so that a backtest with the live
+ * settings raises exactly the live alerts.
+ *
+ * Pure: no I/O, no clocks (time is an argument), no threads; it allocates
+ * its track table and batches. Everything here belongs to one thread: the
+ * loop thread in the daemon.
+ *
+ *  - struct eval_run: the tracks of a run, one per detected series (a
+ *    detector state, an alert state, the evidence of its last transition).
+ *  - eval_feed: one sample of one series, in step order per run. Within a
+ *    run, samples must be fed in the order the daemon feeds them: by step;
+ *    within a step, the sketch-derived series (attention aggregates, router)
+ *    and then the scalars (loss, grad_norm, weight_norm, update_ratio).
+ *  - struct eval_batch: the alert rows that changed since the caller last
+ *    took them. Every changed row carries its label: an incident's label is
+ *    decided from the run's open evidence once every sample of the step it
+ *    was raised at has been fed (alert_attribute), so it does not depend on
+ *    how samples are grouped into batches, nor on their order within a step.
+ */
+
+#define EVAL_WHY_MAX 192 /* "qk.d2.srank.min layer=2 window=25; update_ratio layer=1" */
+
+struct eval_track {
+    struct store_series_key key;
+    char rule_name[DETECT_NAME_MAX];
+    const struct detect_rule *rule;
+    struct detect_state ds;
+    struct alert_state as;
+    int64_t last_step;                           /* last step fed (-1: none) */
+    uint8_t row_blob[ALERT_STATE_ENCODED_BYTES]; /* alert blob as last taken */
+    /* Evidence of the latest transition, and the label of the incident
+     * with the series that decided it. */
+    double ev_value, ev_median, ev_mad, ev_z;
+    enum alert_attribution ev_attr;
+    char ev_why[EVAL_WHY_MAX];
+    uint64_t hash;
+};
+
+struct eval_run {
+    const struct detect_rules *rules; /* read-only, outlives the run */
+    struct eval_track **tracks;
+    size_t n_tracks, cap_tracks;
+    uint32_t *slots; /* open addressing over tracks, 1-based; 0 = empty */
+    size_t nslots;
+};
+
+/* One alert row that changed, with the transition that changed it (if any). */
+struct eval_event {
+    struct eval_track *t;
+    bool has_event;           /* tr holds a lifecycle change */
+    struct alert_transition tr;
+    int32_t argmin_head;      /* head that held the min (-1: none) */
+    bool labeled;             /* attr/why final (the step's samples are all in) */
+    enum alert_attribution attr;
+    char why[EVAL_WHY_MAX];
+};
+
+struct eval_batch {
+    struct eval_event *ev;
+    size_t n, cap;
+    int oom; /* an event could not be recorded */
+};
+
+void eval_run_init(struct eval_run *er, const struct detect_rules *rules);
+
+/* Frees every track; er is then empty and may be reused. */
+void eval_run_clear(struct eval_run *er);
+
+/* The track of series k detected by rule rule_name, created on first use
+ * (rule_name is matched against er->rules). NULL when no rule matches or out
+ * of memory. */
+struct eval_track *eval_track_get(struct eval_run *er, const struct store_series_key *k,
+                                  const char *rule_name);
+
+/* The rule name of a stored detected series: attention aggregates drop
+ * their aggregate ("qk.d2.erank.min" -> "qk.d2.erank"); others are their
+ * own rule. */
+void eval_rule_of_series(const char *series, char *rule, size_t len);
+
+/* Feeds one sample of track t (a track of er) for step: labels the events
+ * of b raised at earlier steps, runs detect_step and alert_step, and
+ * appends an event to b when the alert row changed. A step at or below the
+ * track's last one is skipped (a replay after a restart changes nothing).
+ * Returns 1 when fed, 0 when skipped, -ENOMEM (b->oom set) when the event
+ * could not be recorded, -EINVAL for bad arguments. */
+int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, uint64_t step,
+              double value, bool present, int32_t argmin_head, int64_t detect_from_step,
+              double now);
+
+/* Labels every event of b not yet labeled (the caller has fed every sample
+ * of their steps). */
+void eval_label_all(struct eval_run *er, struct eval_batch *b);
+
+/* The label the run's open evidence gives now, and into why the series that
+ * decided it. */
+enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size_t whylen);
+
+/* Forgets b's events (keeps its memory). */
+void eval_batch_reset(struct eval_batch *b);
+void eval_batch_free(struct eval_batch *b);
+
+#endif
