@@ -1,35 +1,84 @@
 """Where the attention Q/K weights and the MoE routers live in a model.
 
-find_attention() recognises, per attention module:
+discover() walks the model once and returns what it will monitor, what it
+skipped and why (Discovery.summary(), logged once by the Monitor).
+find_attention() / find_routers() are its two halves.
+
+ATTENTION. A module is an attention module when it is an
+nn.MultiheadAttention or has one of these children (2-D weights):
 
   fused, contiguous rows [q; k; v]     nanoGPT/GPT-2 `c_attn` (also HF's
                                        transposed Conv1D), timm `qkv`,
-                                       Phi-3 `qkv_proj`, MPT `Wqkv`,
-                                       nn.MultiheadAttention `in_proj_weight`
-                                       (GQA allowed: [q: H*dh; k: Hkv*dh; v])
-  fused, grouped rows                  Megatron-core `linear_qkv` and
-    [q_g (H/G heads); k_g; v_g] per G  GPT-NeoX/Bloom `query_key_value`
-                                       (G = H: [q_h; k_h; v_h] per head)
-  separate projections                 LLaMA/Qwen/Mistral `q_proj`/`k_proj`
-                                       (GQA), Meta's `wq`/`wk`, BERT
-                                       `query`/`key`, diffusers `to_q`/`to_k`,
-                                       T5 `q`/`k`
+                                       Phi-3 `qkv_proj`, MPT/DBRX `Wqkv`,
+                                       lucidrains `to_qkv`, Baichuan
+                                       `W_pack`, `in_proj`, nn.MultiheadAttention
+                                       `in_proj_weight` (GQA allowed:
+                                       [q: H*dh; k: Hkv*dh; v: Hkv*dh])
+  fused, grouped rows                  Megatron-core `linear_qkv`,
+    [q_g (H/G heads); k_g; v_g] per G  GPT-NeoX/Bloom/Falcon `query_key_value`,
+                                       InternLM2 `wqkv` (G = H: [q_h; k_h; v_h])
+  separate projections                 LLaMA/Qwen/Mistral `q_proj`/`k_proj`,
+                                       Meta `wq`/`wk`, BERT `query`/`key`,
+                                       diffusers `to_q`/`to_k`, T5 `q`/`k`,
+                                       DistilBERT `q_lin`/`k_lin`, `linear_q`/
+                                       `linear_k`, `q_linear`/`k_linear`,
+                                       `query_proj`/`key_proj`, `w_q`/`w_k`,
+                                       `Wq`/`Wk`
+A module with an `A_log` parameter or `x_proj`/`dt_proj`/`conv1d` children
+is a state-space layer (Mamba's `in_proj`), never attention.
 
-Head counts come from the module's attributes (n_head, num_heads,
-num_attention_heads, num_key_value_heads, head_dim, ... or its `config`),
-else from the Monitor's n_heads/n_kv_heads/head_dim. Anything else: pass
-your own AttentionSpec list (`get` returns the current Wq [H*dh, d] and
-Wk [Hkv*dh, d], PyTorch [out, in] layout, d possibly this rank's shard).
+Head counts: H, Hkv and dh are each taken from the first of these that
+says (positive int attributes; names in _H_ATTRS, _KV_ATTRS, _DH_ATTRS):
+the module itself, its `config` (also `cfg`, `args`, `params`, `hparams`;
+objects or dicts), then each parent module outwards (and its config), then
+the Monitor's n_heads / n_kv_heads / head_dim. A flag `multi_query` (True)
+means Hkv = 1; `num_key_value_groups` / `n_rep` (query heads per KV head)
+gives Hkv = H / groups. What is missing is inferred from the weights:
+  separate q/k   dh = q rows / H, or H = q rows / dh, or dh = k rows / Hkv;
+                 Hkv = k rows / dh
+  fused          rows = (H + 2 Hkv) dh. The input size of the output
+                 projection (o_proj, out_proj, c_proj, proj, dense, wo, o,
+                 linear_proj, to_out, ...) is the query part H*dh, so with
+                 one of H or dh it gives the other and Hkv. Without it and
+                 without a KV attribute the layer is taken as plain
+                 multi-head (Hkv = H) -- a GQA model names its KV heads.
+If no head count and no head dim can be established (only d_model and the
+rows), the module is skipped with the reason, never guessed; so is one
+whose numbers contradict each other or its rows. Fix: Monitor(n_heads=,
+n_kv_heads=, head_dim=) or attention=[AttentionSpec(...)]: `get` returns
+the current Wq [H*dh, d] and Wk [Hkv*dh, d], PyTorch [out, in] layout,
+d possibly this rank's shard.
 
-find_routers() recognises a router beside an `experts` container: a child
-named gate/router/wg/w_gate (or gate.wg, DeepSpeed) with a [E, d] weight,
-as in Mixtral, Qwen-MoE, DeepSeek-MoE, Megatron-core and DeepSpeed-MoE.
+ROUTERS. A router is a child module or a 2-D nn.Parameter [E, d] of a
+module, named router, gate, wg, w_gate, gating, switch, moe_gate,
+router_gate, gate_network, gating_network, routing or expert_gate; a
+router-named child without a weight of its own may hold it one level down
+(DeepSpeed `gate.wg`, Switch `router.classifier`, or its only Linear).
+E = the weight's rows. It is taken
+  - when the module also has experts: an `experts` attribute, a child
+    module whose name contains "expert", or a 3-D (stacked experts)
+    parameter. A num_experts / num_local_experts / n_routed_experts / ...
+    attribute on the module or its config that disagrees with E skips it;
+  - without experts beside it, only when 2 <= E <= d/2 and no sibling
+    projection has the same shape (the `up` of a GLU) or reads E inputs
+    (the `down` of an MLP): a SwiGLU gate Linear(d, ffn) is not a router.
+Never routers: gate_proj, up_proj, w1, w3, fc1, c_fc (MLP projections,
+whatever their size), anything with fewer than 2 outputs (a mixture-of-
+depths or shared-expert gate), anything inside an attention module.
+top_k is the first of top_k, num_experts_per_tok, moe_top_k,
+n_experts_per_token, ... (_TOPK_ATTRS; a bare `k` only on the router or
+its MoE module) on the router, its module, the module's config, then the
+parents outwards and their configs, then the Monitor's top_k; else
+DEFAULT_TOP_K (2, Mixtral/GShard), said in the summary. Fix:
+Monitor(top_k=) or routers=[RouterSpec(...)].
 
 Layer index: the first integer in the module's qualified name
 ("model.layers.5.self_attn" -> 5), so attention and router of one block
 share it; discovery order when names carry no distinct integers.
 """
 import logging
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
@@ -38,17 +87,45 @@ import torch.nn as nn
 
 log = logging.getLogger("foreshock")
 
-_H_ATTRS = ("n_head", "n_heads", "num_heads", "num_attention_heads",
-            "num_attention_heads_per_partition", "n_local_heads")
-_KV_ATTRS = ("n_kv_heads", "n_kv_head", "num_key_value_heads", "num_kv_heads",
-             "num_query_groups_per_partition", "num_query_groups", "n_local_kv_heads")
-_DH_ATTRS = ("head_dim", "head_size", "hidden_size_per_attention_head", "d_head", "dim_head",
-             "attention_head_size")
-_FUSED_CONTIGUOUS = ("c_attn", "qkv", "qkv_proj", "Wqkv", "in_proj")
-_FUSED_GROUPED = ("linear_qkv", "query_key_value")
-_SEPARATE = (("q_proj", "k_proj"), ("wq", "wk"), ("query", "key"), ("to_q", "to_k"), ("q", "k"))
-_ROUTER_NAMES = ("gate", "router", "wg", "w_gate", "gating")
-_TOPK_ATTRS = ("top_k", "num_experts_per_tok", "topk", "moe_top_k", "router_topk", "k")
+_H_ATTRS = ("num_heads", "n_heads", "n_head", "num_attention_heads", "nheads", "heads",
+            "num_q_heads", "num_query_heads", "n_q_heads", "n_local_heads",
+            "num_attention_heads_per_partition")
+_KV_ATTRS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head", "n_head_kv",
+             "num_kv", "kv_heads", "n_kv", "num_query_groups_per_partition", "num_query_groups",
+             "n_local_kv_heads", "multi_query_group_num")
+_GROUP_ATTRS = ("num_key_value_groups", "num_queries_per_kv", "n_rep")  # H / Hkv
+_MQA_FLAGS = ("multi_query", "multi_query_attention")                 # True: Hkv = 1
+_DH_ATTRS = ("head_dim", "d_head", "hd", "head_size", "dim_head", "attention_head_size",
+             "hidden_size_per_attention_head", "key_value_proj_dim", "kv_channels", "d_kv", "d_k")
+_CONFIG_ATTRS = ("config", "cfg", "args", "params", "hparams")
+
+_FUSED_CONTIGUOUS = ("c_attn", "qkv", "qkv_proj", "Wqkv", "to_qkv", "W_pack", "qkv_linear",
+                     "in_proj")
+_FUSED_GROUPED = ("linear_qkv", "query_key_value", "wqkv")
+_SEPARATE = (("q_proj", "k_proj"), ("wq", "wk"), ("query", "key"), ("to_q", "to_k"),
+             ("q", "k"), ("q_lin", "k_lin"), ("linear_q", "linear_k"),
+             ("q_linear", "k_linear"), ("query_proj", "key_proj"), ("w_q", "w_k"),
+             ("Wq", "Wk"))
+_OUT_PROJ = ("o_proj", "out_proj", "c_proj", "proj", "dense", "wo", "o", "linear_proj",
+             "to_out", "out", "out_lin", "proj_out", "o_linear", "linear_out", "Wo", "w_o")
+_SSM_MARKS = ("A_log", "x_proj", "dt_proj", "conv1d")
+
+_ROUTER_NAMES = ("router", "gate", "wg", "w_gate", "gating", "switch", "moe_gate",
+                 "router_gate", "gate_network", "gating_network", "routing", "expert_gate")
+_ROUTER_INNER = ("wg", "classifier", "linear", "proj", "layer", "gate", "router")
+_EXPERTS_ATTRS = ("num_experts", "num_local_experts", "n_routed_experts", "n_experts",
+                  "moe_num_experts", "num_moe_experts")
+_TOPK_ATTRS = ("top_k", "num_experts_per_tok", "moe_top_k", "n_experts_per_token",
+               "num_experts_per_token", "experts_per_token", "topk", "router_topk",
+               "moe_router_topk", "num_selected_experts", "n_activated_experts",
+               "top_k_experts", "moe_k")
+_TOPK_LOCAL = ("k",)  # too generic for parents and configs
+DEFAULT_TOP_K = 2
+
+ATTENTION_FIX = ("pass n_heads=/n_kv_heads=/head_dim= to Monitor, or "
+                 "attention=[foreshock.AttentionSpec(...)]")
+ROUTER_FIX = "pass routers=[foreshock.RouterSpec(...)] to Monitor"
+TOPK_FIX = "pass top_k= to Monitor"
 
 
 @dataclass
@@ -82,26 +159,235 @@ class RouterSpec:
     name: str = ""
 
 
-def _attr(objs, names):
-    for o in objs:
-        if o is None:
+class _Skip(Exception):
+    """A candidate that cannot be monitored: str(e) is the reason."""
+
+
+class Discovery:
+    """What discover() found. attention / routers: the specs to monitor.
+    skipped: (kind, name, reason, fix) of candidates that look like
+    attention or routers but could not be used (the summary warns).
+    not_routers: (name, reason) of router-named weights judged not to be
+    routers (said in the summary, no warning). notes: (name, text, fix) of
+    guesses made (a default top-k). how: spec name -> where its numbers
+    came from."""
+
+    def __init__(self):
+        self.attention, self.routers = [], []
+        self.skipped, self.not_routers, self.notes = [], [], []
+        self.how = {}
+        self.attention_given = self.routers_given = False
+        self.layers = None
+        self.before_filter = (0, 0)
+
+    @property
+    def level(self):
+        if self.skipped or self.notes:
+            return logging.WARNING
+        if not self.attention and not self.routers and not (
+                self.attention_given and self.routers_given):
+            return logging.WARNING
+        return logging.INFO
+
+    def summary(self, model_name="model"):
+        """The one multi-line summary the Monitor logs at start."""
+        lines = []
+        if self.attention or self.routers:
+            parts = []
+            if self.attention:
+                parts.append(_attention_headline(self.attention))
+            if self.routers:
+                parts.append(_router_headline(self.routers))
+            lines.append(f"foreshock: monitoring {model_name}: " + "; ".join(parts))
+        elif self.attention_given and self.routers_given:
+            lines.append(f"foreshock: monitoring {model_name}: scalars only (attention=[] and "
+                         "routers=[] given)")
+        else:
+            lines.append(
+                f"foreshock: found NOTHING to monitor in {model_name}: no attention Q/K weights "
+                "and no MoE routers in a layout discovery knows; only scalars (loss, grad_norm, "
+                "lr, ...) will be sent. Fix: pass attention=[foreshock.AttentionSpec(...)] "
+                "and/or routers=[foreshock.RouterSpec(...)] to Monitor (client/python/README.md, "
+                "\"What it finds\")")
+        for what, specs, given, arg in (("attention", self.attention, self.attention_given,
+                                         "attention="),
+                                        ("routers", self.routers, self.routers_given,
+                                         "routers=")):
+            if given:
+                lines.append(f"  {what}: {len(specs)} given by {arg}")
+            elif specs:
+                for head, names in _groups(specs, what):
+                    how = self.how.get(names[0])
+                    lines.append(f"  {what}: {head}: {_names(names)}"
+                                 + (f" [{how}]" if how else ""))
+            else:
+                lines.append(f"  {what}: none found")
+        if self.layers is not None:
+            lines.append(f"  layers={sorted(self.layers)} kept {len(self.attention)} of "
+                         f"{self.before_filter[0]} attention layers, {len(self.routers)} of "
+                         f"{self.before_filter[1]} routers")
+        grouped = {}
+        for kind, name, reason, fix in self.skipped:
+            grouped.setdefault((kind, reason, fix), []).append(name)
+        for (kind, reason, fix), names in grouped.items():
+            lines.append(f"  SKIPPED {kind} {_names(names)}: {reason}; fix: {fix}")
+        grouped = {}
+        for name, text, fix in self.notes:
+            grouped.setdefault((text, fix), []).append(name)
+        for (text, fix), names in grouped.items():
+            lines.append(f"  note: {_names(names)}: {text}; fix: {fix}")
+        grouped = {}
+        for name, reason in self.not_routers:
+            grouped.setdefault(reason, []).append(name)
+        for reason, names in grouped.items():
+            lines.append(f"  not routers: {_names(names)}: {reason}")
+        return "\n".join(lines)
+
+    def log(self, model_name="model"):
+        log.log(self.level, "%s", self.summary(model_name))
+
+
+def _names(names, limit=3):
+    s = ", ".join(n or "(model)" for n in names[:limit])
+    if len(names) > limit:
+        s += f" (+{len(names) - limit} more)"
+    return s
+
+
+def _n(count, noun):
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _join(name, child):
+    return f"{name}.{child}" if name else child
+
+
+def _layers_text(layers):
+    layers = sorted(set(layers))
+    out, i = [], 0
+    while i < len(layers):
+        j = i
+        while j + 1 < len(layers) and layers[j + 1] == layers[j] + 1:
+            j += 1
+        out.append(str(layers[i]) if i == j else f"{layers[i]}-{layers[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _attention_headline(specs):
+    shapes = {}
+    for s in specs:
+        shapes.setdefault((s.n_heads, s.n_kv_heads, s.head_dim), []).append(s)
+    parts = []
+    for (h, kv, dh), ss in shapes.items():
+        gqa = (f", GQA {kv} KV heads ({h // kv} query heads per KV head)" if kv != h else "")
+        parts.append(f"{_n(len(ss), 'attention layer')} x {h} heads (head_dim {dh}{gqa})")
+    return " + ".join(parts)
+
+
+def _router_headline(specs):
+    shapes = {}
+    for s in specs:
+        shapes.setdefault((s.n_experts, s.top_k), []).append(s)
+    return " + ".join(f"{_n(len(ss), 'MoE router')} ({e} experts, top-{k})"
+                      for (e, k), ss in shapes.items())
+
+
+def _groups(specs, what):
+    shapes = {}
+    for s in specs:
+        key = ((s.n_heads, s.n_kv_heads, s.head_dim) if what == "attention"
+               else (s.n_experts, s.top_k))
+        shapes.setdefault(key, []).append(s)
+    for key, ss in shapes.items():
+        nums = [s.layer for s in ss]
+        layers = ("layer " if len(set(nums)) == 1 else "layers ") + _layers_text(nums)
+        if what == "attention":
+            head = f"{layers}: H={key[0]} Hkv={key[1]} dh={key[2]}"
+        else:
+            head = f"{layers}: E={key[0]} top-{key[1]}"
+        yield head, [s.name for s in ss]
+
+
+# ---- attribute lookup -----------------------------------------------------------------------
+
+def _int(v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        return None
+    return int(v) if v > 0 else None
+
+
+def _get(obj, name):
+    try:
+        if isinstance(obj, Mapping):
+            return obj.get(name)
+        return getattr(obj, name, None)
+    except Exception:  # a property that raises
+        return None
+
+
+def _configs(obj):
+    for c in _CONFIG_ATTRS:
+        v = _get(obj, c)
+        if v is not None and not isinstance(v, (nn.Module, torch.Tensor)) and not callable(v):
+            yield c, v
+
+
+def _sources(name, module, modules, near=None):
+    """(label, object) to read attributes from, nearest first: `near`
+    objects, the module, its configs, then each parent and its configs."""
+    out = list(near or [])
+    out.append((name, module))
+    parts = name.split(".") if name else []
+    chain = [(name, module)] + [(".".join(parts[:i]), modules.get(".".join(parts[:i])))
+                                for i in range(len(parts) - 1, -1, -1)]
+    for i, (n, m) in enumerate(chain):
+        if m is None:
             continue
+        if i:
+            out.append((n, m))
+        for c, v in _configs(m):
+            out.append((_join(n, c), v))
+    return out
+
+
+def _lookup(sources, names):
+    """(value, 'where.attr') of the first positive int attribute, or (None, None)."""
+    for label, obj in sources:
         for n in names:
-            v = getattr(o, n, None)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                return v
-    return None
+            v = _int(_get(obj, n))
+            if v is not None:
+                return v, (f"{label}.{n}" if label else n)
+    return None, None
 
 
-def _weight_getter(mod):
-    """[out, in] weight of a projection: nn.Linear (and subclasses such as
-    Megatron's ColumnParallelLinear), or HF's Conv1D, which stores [in, out]."""
+def _flag(sources, names):
+    for label, obj in sources:
+        for n in names:
+            v = _get(obj, n)
+            if isinstance(v, bool):
+                return v, (f"{label}.{n}" if label else n)
+    return None, None
+
+
+def _proj_shape(mod):
+    """(out, in, getter of the [out, in] weight) of a projection: nn.Linear
+    and subclasses (Megatron's ColumnParallelLinear), HF's Conv1D (stored
+    [in, out]); a ModuleList/Sequential (diffusers' to_out) gives its first
+    projection. None when it has no floating 2-D weight."""
     w = getattr(mod, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() != 2:
-        return None, None
-    if type(mod).__name__ == "Conv1D" and getattr(mod, "nf", None) == w.shape[1]:
-        return (lambda m=mod: m.weight.t()), w.shape[1]
-    return (lambda m=mod: m.weight), w.shape[0]
+    if isinstance(w, torch.Tensor):
+        if w.dim() != 2 or not w.is_floating_point():
+            return None
+        if type(mod).__name__ == "Conv1D" and getattr(mod, "nf", None) == w.shape[1]:
+            return w.shape[1], w.shape[0], (lambda m=mod: m.weight.t())
+        return w.shape[0], w.shape[1], (lambda m=mod: m.weight)
+    if isinstance(mod, (nn.ModuleList, nn.Sequential)):
+        for c in mod.children():
+            p = _proj_shape(c)
+            if p is not None:
+                return p
+    return None
 
 
 def _layer_number(name):
@@ -111,30 +397,134 @@ def _layer_number(name):
     return None
 
 
-def _heads(module, out_rows, kind, n_heads, n_kv_heads, head_dim, name):
-    """(H, Hkv, dh) for a fused projection with out_rows = (H + 2 Hkv) dh."""
-    cfg = getattr(module, "config", None)
-    h = _attr((module, cfg), _H_ATTRS) or n_heads
-    kv = _attr((module, cfg), _KV_ATTRS) or n_kv_heads
-    dh = _attr((module, cfg), _DH_ATTRS) or head_dim
-    if not h:
-        log.warning("foreshock: %s (%s): head count unknown, skipped (pass n_heads=)", name, kind)
-        return None
-    if kv is None and dh:
-        if out_rows % dh == 0 and (out_rows // dh - h) % 2 == 0:
-            kv = (out_rows // dh - h) // 2
-    kv = kv or h
-    if dh is None:
-        if out_rows % (h + 2 * kv):
-            log.warning("foreshock: %s: %d rows do not split into %d+2x%d heads, skipped",
-                        name, out_rows, h, kv)
-            return None
-        dh = out_rows // (h + 2 * kv)
-    if (h + 2 * kv) * dh != out_rows or h % kv:
-        log.warning("foreshock: %s: rows %d != (%d + 2*%d) * %d or heads not grouped, skipped",
-                    name, out_rows, h, kv, dh)
-        return None
-    return h, kv, dh
+def _number(specs):
+    """Assigns layer indices: integers in names when distinct, else order."""
+    nums = [_layer_number(s.name) for s in specs]
+    if all(n is not None for n in nums) and len(set(nums)) == len(nums):
+        for s, n in zip(specs, nums):
+            s.layer = n
+    else:
+        for i, s in enumerate(specs):
+            s.layer = i
+    return specs
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+class _Heads:
+    """The head numbers an attention module's surroundings state, with where."""
+
+    def __init__(self, sources, fallback):
+        self.h, self.h_at = _lookup(sources, _H_ATTRS)
+        self.kv, self.kv_at = _lookup(sources, _KV_ATTRS)
+        self.dh, self.dh_at = _lookup(sources, _DH_ATTRS)
+        groups, groups_at = _lookup(sources, _GROUP_ATTRS)
+        mqa, mqa_at = _flag(sources, _MQA_FLAGS)
+        n_heads, n_kv_heads, head_dim = fallback
+        if self.h is None and n_heads:
+            self.h, self.h_at = n_heads, "Monitor(n_heads=)"
+        if self.dh is None and head_dim:
+            self.dh, self.dh_at = head_dim, "Monitor(head_dim=)"
+        if self.kv is None and mqa:
+            self.kv, self.kv_at = 1, mqa_at
+        if self.kv is None and groups and self.h and self.h % groups == 0:
+            self.kv, self.kv_at = self.h // groups, f"{self.h_at} / {groups_at}"
+        if self.kv is None and n_kv_heads:
+            self.kv, self.kv_at = n_kv_heads, "Monitor(n_kv_heads=)"
+
+    def said(self):
+        s = [f"{k}={v} ({at})" for k, v, at in (("H", self.h, self.h_at),
+                                                 ("Hkv", self.kv, self.kv_at),
+                                                 ("dh", self.dh, self.dh_at)) if v]
+        return ", ".join(s) if s else "no head attributes"
+
+    def check(self, h, kv, dh):
+        for k, want, at, got in (("H", self.h, self.h_at, h), ("Hkv", self.kv, self.kv_at, kv),
+                                 ("dh", self.dh, self.dh_at, dh)):
+            if want is not None and want != got:
+                raise _Skip(f"{k}={want} ({at}) contradicts the weights ({k}={got})")
+        if kv < 1 or h < 1 or dh < 1 or h % kv:
+            raise _Skip(f"H={h}, Hkv={kv}, dh={dh} do not form query groups")
+
+
+_UNKNOWN = ("head count unknown: no head-count or head-dim attribute on the module, its "
+            "config or its parents")
+
+
+def _fused_heads(rows, o_in, hd):
+    """(H, Hkv, dh, how) for a fused projection with rows = (H + 2 Hkv) dh."""
+    o_ok = o_in is not None and 0 < o_in < rows
+    if hd.dh:
+        dh = hd.dh
+        if rows % dh:
+            raise _Skip(f"{rows} rows are not a multiple of dh={dh} ({hd.dh_at})")
+        total = rows // dh
+        if hd.h:
+            h, how = hd.h, f"H: {hd.h_at}; dh: {hd.dh_at}"
+        elif o_ok and o_in % dh == 0:
+            h, how = o_in // dh, f"H: output projection input {o_in} / dh ({hd.dh_at})"
+        elif hd.kv:
+            h, how = total - 2 * hd.kv, f"H: rows / dh - 2 Hkv ({hd.kv_at}, {hd.dh_at})"
+        elif total % 3 == 0:
+            h, how = total // 3, f"H: rows / (3 dh) ({hd.dh_at}, no KV attribute: MHA)"
+        else:
+            raise _Skip(f"{rows} rows / dh={dh} = {total} heads do not split into q, k, v")
+        if (total - h) % 2 or total <= h:
+            raise _Skip(f"{rows} rows do not hold H={h} query heads of {dh} plus equal k, v")
+        kv = hd.kv or (total - h) // 2
+        hd.check(h, kv, dh)
+        if (h + 2 * kv) * dh != rows:
+            raise _Skip(f"{rows} rows != (H={h} + 2 Hkv={kv}) * dh={dh}")
+        return h, kv, dh, how
+    if hd.h:
+        h = hd.h
+        if o_ok and o_in % h == 0 and (rows - o_in) % (2 * (o_in // h)) == 0:
+            dh = o_in // h
+            kv = (rows - o_in) // (2 * dh)
+            how = f"H: {hd.h_at}; dh, Hkv: output projection input {o_in}"
+        elif hd.kv:
+            if rows % (h + 2 * hd.kv):
+                raise _Skip(f"{rows} rows do not split into (H={h} + 2 Hkv={hd.kv}) heads")
+            kv, dh = hd.kv, rows // (h + 2 * hd.kv)
+            how = f"H: {hd.h_at}; Hkv: {hd.kv_at}; dh: rows"
+        else:
+            if rows % (3 * h):
+                raise _Skip(f"{rows} rows do not split into 3 x H={h} heads ({hd.h_at}; no KV "
+                            "attribute and no output projection to tell GQA)")
+            kv, dh = h, rows // (3 * h)
+            how = f"H: {hd.h_at}; dh: rows / 3H (no KV attribute: MHA)"
+        hd.check(h, kv, dh)
+        return h, kv, dh, how
+    if hd.kv and o_ok and (rows - o_in) % (2 * hd.kv) == 0:
+        dh = (rows - o_in) // (2 * hd.kv)
+        if dh and o_in % dh == 0:
+            h = o_in // dh
+            hd.check(h, hd.kv, dh)
+            return h, hd.kv, dh, f"Hkv: {hd.kv_at}; H, dh: output projection input {o_in}"
+    raise _Skip(f"{_UNKNOWN}, and {rows} fused rows do not determine it")
+
+
+def _separate_heads(q_rows, k_rows, hd):
+    if hd.dh:
+        dh, how = hd.dh, f"dh: {hd.dh_at}"
+        if q_rows % dh or k_rows % dh:
+            raise _Skip(f"q rows {q_rows} / k rows {k_rows} are not multiples of dh={dh} "
+                        f"({hd.dh_at})")
+    elif hd.h:
+        if q_rows % hd.h:
+            raise _Skip(f"q rows {q_rows} are not a multiple of H={hd.h} ({hd.h_at})")
+        dh, how = q_rows // hd.h, f"H: {hd.h_at}; dh: q rows / H"
+    elif hd.kv:
+        if k_rows % hd.kv:
+            raise _Skip(f"k rows {k_rows} are not a multiple of Hkv={hd.kv} ({hd.kv_at})")
+        dh, how = k_rows // hd.kv, f"Hkv: {hd.kv_at}; dh: k rows / Hkv"
+    else:
+        raise _Skip(f"{_UNKNOWN}, and q rows {q_rows}, k rows {k_rows} do not determine it")
+    if k_rows % dh or q_rows % dh:
+        raise _Skip(f"q rows {q_rows}, k rows {k_rows} do not hold heads of dh={dh}")
+    h, kv = q_rows // dh, k_rows // dh
+    hd.check(h, kv, dh)
+    return h, kv, dh, how
 
 
 def _contiguous(get, h, kv, dh):
@@ -155,111 +545,229 @@ def _grouped(get, h, kv, dh):
     return f
 
 
-def _match_attention(name, m, n_heads, n_kv_heads, head_dim):
-    """An AttentionSpec (layer unset) for module m, or None."""
+def _is_ssm(m, children):
+    return any(n in children for n in _SSM_MARKS) or isinstance(getattr(m, "A_log", None),
+                                                                torch.Tensor)
+
+
+def _match_attention(name, m, modules, fallback):
+    """(AttentionSpec with layer unset, how) for module m, None when m is not
+    attention; raises _Skip when it is but cannot be used."""
     if isinstance(m, nn.MultiheadAttention):
         h, dh = m.num_heads, m.head_dim
         if m.in_proj_weight is not None:
             return AttentionSpec(-1, h, h, dh, _contiguous(lambda: m.in_proj_weight, h, h, dh),
-                                 name + ".in_proj_weight")
+                                 _join(name, "in_proj_weight")), "nn.MultiheadAttention.num_heads"
         return AttentionSpec(-1, h, h, dh, lambda: (m.q_proj_weight, m.k_proj_weight),
-                             name + ".q/k_proj_weight")
+                             _join(name, "q/k_proj_weight")), "nn.MultiheadAttention.num_heads"
     children = dict(m.named_children())
+    if not children or _is_ssm(m, children):
+        return None
     for cname in _FUSED_GROUPED + _FUSED_CONTIGUOUS:
-        if cname in children:
-            get, rows = _weight_getter(children[cname])
-            if get is None:
-                continue
-            kind = "grouped" if cname in _FUSED_GROUPED else "contiguous"
-            hkd = _heads(m, rows, kind, n_heads, n_kv_heads, head_dim, f"{name}.{cname}")
-            if hkd is None:
-                return None
-            h, kv, dh = hkd
-            make = _grouped if kind == "grouped" else _contiguous
-            return AttentionSpec(-1, h, kv, dh, make(get, h, kv, dh), f"{name}.{cname}")
+        if cname not in children:
+            continue
+        p = _proj_shape(children[cname])
+        if p is None:
+            continue
+        rows, _, get = p
+        o = next((_proj_shape(children[n]) for n in _OUT_PROJ if n in children
+                  and _proj_shape(children[n]) is not None), None)
+        hd = _Heads(_sources(name, m, modules), fallback)
+        try:
+            h, kv, dh, how = _fused_heads(rows, o[1] if o else None, hd)
+        except _Skip as e:
+            raise _Skip(f"fused {cname} ({rows} rows): {e}") from None
+        kind = _grouped if cname in _FUSED_GROUPED else _contiguous
+        return AttentionSpec(-1, h, kv, dh, kind(get, h, kv, dh), _join(name, cname)), how
     for qn, kn in _SEPARATE:
-        if qn in children and kn in children:
-            gq, q_rows = _weight_getter(children[qn])
-            gk, k_rows = _weight_getter(children[kn])
-            if gq is None or gk is None:
-                continue
-            cfg = getattr(m, "config", None)
-            h = _attr((m, cfg), _H_ATTRS) or n_heads
-            dh = _attr((m, cfg), _DH_ATTRS) or head_dim
-            if not h and not dh:
-                log.warning("foreshock: %s: head count unknown, skipped (pass n_heads=)", name)
-                return None
-            dh = dh or q_rows // h
-            h = h or q_rows // dh
-            if h * dh != q_rows or k_rows % dh or h % (k_rows // dh):
-                log.warning("foreshock: %s: q rows %d, k rows %d do not fit %d heads of %d",
-                            name, q_rows, k_rows, h, dh)
-                return None
-            kv = k_rows // dh
-            return AttentionSpec(-1, h, kv, dh, lambda a=gq, b=gk: (a(), b()),
-                                 f"{name}.{qn}/{kn}")
+        if qn not in children or kn not in children:
+            continue
+        pq, pk = _proj_shape(children[qn]), _proj_shape(children[kn])
+        if pq is None or pk is None:
+            continue
+        if pq[1] != pk[1]:
+            raise _Skip(f"{qn} reads {pq[1]} inputs but {kn} reads {pk[1]}")
+        hd = _Heads(_sources(name, m, modules), fallback)
+        try:
+            h, kv, dh, how = _separate_heads(pq[0], pk[0], hd)
+        except _Skip as e:
+            raise _Skip(f"{qn}/{kn}: {e}") from None
+        return AttentionSpec(-1, h, kv, dh, lambda a=pq[2], b=pk[2]: (a(), b()),
+                             _join(name, f"{qn}/{kn}")), how
     return None
 
 
-def _number(specs):
-    """Assigns layer indices: integers in names when distinct, else order."""
-    nums = [_layer_number(s.name) for s in specs]
-    if all(n is not None for n in nums) and len(set(nums)) == len(nums):
-        for s, n in zip(specs, nums):
-            s.layer = n
-    else:
-        for i, s in enumerate(specs):
-            s.layer = i
-    return specs
+def _find_attention(model, fallback, found):
+    modules = dict(model.named_modules())
+    specs, claimed = [], []
+    for name, m in modules.items():
+        if any(name.startswith(c + ".") or c == "" for c in claimed):
+            continue
+        try:
+            r = _match_attention(name, m, modules, fallback)
+        except _Skip as e:
+            found.skipped.append(("attention", name, str(e), ATTENTION_FIX))
+            claimed.append(name)
+            continue
+        if r is not None:
+            spec, how = r
+            specs.append(spec)
+            found.how[spec.name] = how
+            claimed.append(name)
+    return _number(specs), claimed
 
 
 def find_attention(model, n_heads=None, n_kv_heads=None, head_dim=None):
     """AttentionSpecs for every attention module of `model` in a known
-    layout (module docstring), in module order."""
-    specs, claimed = [], set()
-    for name, m in model.named_modules():
-        if any(name.startswith(c + ".") for c in claimed):
+    layout (module docstring), in module order. Skipped modules: see
+    discover()."""
+    return _find_attention(model, (n_heads, n_kv_heads, head_dim), Discovery())[0]
+
+
+# ---- routers --------------------------------------------------------------------------------
+
+def _router_weight(c):
+    """(holder module, [E, d] weight getter, E, d, inner name) of a
+    router-named child module, or None."""
+    p = _proj_shape(c) if not isinstance(c, (nn.ModuleList, nn.Sequential)) else None
+    if p is not None:
+        return c, p[2], p[0], p[1], ""
+    kids = [(n, k) for n, k in c.named_children() if _proj_shape(k) is not None
+            and not isinstance(k, (nn.ModuleList, nn.Sequential))]
+    pick = next(((n, k) for n, k in kids if n in _ROUTER_INNER), None)
+    if pick is None and len(kids) == 1:
+        pick = kids[0]
+    if pick is None:
+        return None
+    n, k = pick
+    p = _proj_shape(k)
+    return k, p[2], p[0], p[1], "." + n
+
+
+def _has_experts(m, router_name):
+    if getattr(m, "experts", None) is not None:
+        return True
+    for n, c in m.named_children():
+        if n != router_name and "expert" in n.lower():
+            return True
+    return any(p.dim() == 3 for n, p in m.named_parameters(recurse=False) if n != router_name)
+
+
+def _mlp_sibling(m, router_name, e, d):
+    """Name of a sibling projection that makes the gate an MLP/GLU hidden
+    layer: one with its shape (GLU up) or one reading e inputs (down)."""
+    for n, c in m.named_children():
+        if n == router_name:
             continue
-        s = _match_attention(name, m, n_heads, n_kv_heads, head_dim)
-        if s is not None:
-            specs.append(s)
-            claimed.add(name)
+        p = _proj_shape(c)
+        if p is None:
+            continue
+        if (p[0], p[1]) == (e, d):
+            return f"{n} has the same shape [{e}, {d}] (a GLU)"
+        if p[1] == e:
+            return f"{n} reads its {e} outputs (an MLP)"
+    return None
+
+
+def _router_candidates(m):
+    for n, c in m.named_children():
+        if n.lower() in _ROUTER_NAMES:
+            r = _router_weight(c)
+            if r is not None:
+                yield n, r
+    for n, p in m.named_parameters(recurse=False):
+        if n.lower() in _ROUTER_NAMES and p.dim() == 2 and p.is_floating_point():
+            yield n, (None, (lambda m=m, n=n: getattr(m, n)), p.shape[0], p.shape[1], "")
+
+
+def _find_routers(model, top_k, found, claimed):
+    modules = dict(model.named_modules())
+    specs, done = [], []
+    for name, m in modules.items():
+        if any(name == c or name.startswith(c + ".") or c == "" for c in claimed + done):
+            continue
+        for cname, (holder, get, e, d, inner) in _router_candidates(m):
+            rname = _join(name, cname + inner)
+            experts = _has_experts(m, cname)
+            if e < 2:
+                found.not_routers.append((rname, f"{e} output (a scalar gate)"))
+                continue
+            cfgs = [(_join(name, c), v) for c, v in _configs(m)]
+            n_exp, n_exp_at = _lookup([(rname, holder)] + [(name, m)] + cfgs, _EXPERTS_ATTRS)
+            if n_exp is not None and n_exp != e:
+                done.append(name)
+                found.skipped.append(("router", rname, f"{e} rows but {n_exp} experts "
+                                      f"({n_exp_at})", ROUTER_FIX))
+                break
+            if not experts:
+                why = _mlp_sibling(m, cname, e, d)
+                if why:
+                    found.not_routers.append((rname, f"[{e}, {d}] weight where {why}"))
+                    continue
+                if e > d // 2:
+                    found.not_routers.append((
+                        rname, f"[{e}, {d}] weight with no experts beside it and more than d/2 "
+                        f"outputs: a gating projection (if it is a router: {ROUTER_FIX})"))
+                    continue
+            near = [(rname, holder)] if holder is not None else []
+            if holder is not None and inner:
+                near.append((_join(name, cname), getattr(m, cname)))
+            srcs = _sources(name, m, modules, near=near)
+            k, k_at = _lookup(srcs[:len(near) + 1], _TOPK_LOCAL + _TOPK_ATTRS)
+            if k is None:
+                k, k_at = _lookup(srcs, _TOPK_ATTRS)
+            if k is None and top_k:
+                k, k_at = top_k, "Monitor(top_k=)"
+            if k is None:
+                k, k_at = DEFAULT_TOP_K, "default"
+                found.notes.append((rname, f"top-k assumed {DEFAULT_TOP_K} (no top_k / "
+                                    "num_experts_per_tok / moe_top_k attribute on the router, "
+                                    "its module, their configs or parents)", TOPK_FIX))
+            hook = holder if holder is not None else m
+            if holder is None and e == d:
+                hook = None  # its output [.., d] would read as logits
+                found.notes.append((rname, "no token statistics: a parameter router whose "
+                                    "module's output width equals E", ROUTER_FIX))
+            bias = getattr(holder, "bias", None) if holder is not None else None
+            bias = bias if isinstance(bias, torch.Tensor) else None
+            specs.append(RouterSpec(-1, e, min(k, e), get, module=hook,
+                                    bias=(lambda r=holder: r.bias) if bias is not None else None,
+                                    name=rname))
+            found.how[rname] = (f"E: weight rows; top-k: {k_at}; "
+                                + ("experts beside it" if experts else "no experts container"))
+            done.append(name)
+            break
     return _number(specs)
 
 
 def find_routers(model, top_k=None):
-    """RouterSpecs for MoE routers beside an `experts` container."""
-    specs = []
-    for name, m in model.named_modules():
-        if not hasattr(m, "experts"):
-            continue
-        children = dict(m.named_children())
-        router, rname = None, None
-        for cname in _ROUTER_NAMES:
-            c = children.get(cname)
-            if c is None:
-                continue
-            if isinstance(getattr(c, "weight", None), torch.Tensor) and c.weight.dim() == 2:
-                router, rname = c, f"{name}.{cname}"
-            elif hasattr(c, "wg"):  # DeepSpeed TopKGate
-                router, rname = c.wg, f"{name}.{cname}.wg"
-            if router is not None:
-                break
-        if router is None:
-            continue
-        e = router.weight.shape[0]
-        n_exp = _attr((m, getattr(m, "config", None)), ("num_experts", "num_local_experts",
-                                                         "n_routed_experts"))
-        if n_exp is not None and n_exp != e:
-            log.warning("foreshock: %s: weight has %d rows but %d experts, skipped", rname, e,
-                        n_exp)
-            continue
-        k = (_attr((m, router, getattr(m, "config", None)), _TOPK_ATTRS) or top_k)
-        if not k:
-            log.warning("foreshock: %s: top-k unknown, assuming 2 (pass top_k=)", rname)
-            k = 2
-        bias = getattr(router, "bias", None)
-        specs.append(RouterSpec(-1, e, min(k, e), lambda r=router: r.weight, module=router,
-                                bias=(lambda r=router: r.bias) if bias is not None else None,
-                                name=rname))
-    return _number(specs)
+    """RouterSpecs for the MoE routers of `model` (module docstring)."""
+    found = Discovery()
+    _, claimed = _find_attention(model, (None, None, None), found)
+    return _find_routers(model, top_k, found, claimed)
+
+
+def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_kv_heads=None,
+             head_dim=None, top_k=None):
+    """Discovery of `model`: attention / routers given (lists of specs) are
+    kept as they are; None discovers them. `layers` keeps only those layer
+    indices. .summary() says what, what not and why; .log() logs it once."""
+    found = Discovery()
+    att, claimed = _find_attention(model, (n_heads, n_kv_heads, head_dim), found)
+    if attention is not None:
+        att = list(attention)
+        found.attention_given = True
+        found.skipped = [s for s in found.skipped if s[0] != "attention"]
+    if routers is not None:
+        rts = list(routers)
+        found.routers_given = True
+    else:
+        rts = _find_routers(model, top_k, found, claimed)
+    if layers is not None:
+        keep = set(layers)
+        found.layers = keep
+        found.before_filter = (len(att), len(rts))
+        att = [a for a in att if a.layer in keep]
+        rts = [r for r in rts if r.layer in keep]
+    found.attention, found.routers = att, rts
+    return found

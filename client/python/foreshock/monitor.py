@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from . import sketch as sk
-from .layouts import find_attention, find_routers
+from .layouts import discover
 from .report import AttentionGram, Report, RouterGram, RouterTokens
 
 log = logging.getLogger("foreshock")
@@ -184,19 +184,15 @@ class Monitor:
         # do not send: the all_reduce is a collective.
         self.compute_sketches = self.send_sketches or self.reduce_in_trainer
 
-        att = find_attention(model, n_heads, n_kv_heads, head_dim) if attention is None \
-            else list(attention)
-        rts = find_routers(model, top_k) if routers is None else list(routers)
-        if layers is not None:
-            keep = set(layers)
-            att = [a for a in att if a.layer in keep]
-            rts = [r for r in rts if r.layer in keep]
+        # Discovery (layouts.py): one summary record of what is monitored,
+        # what was skipped and why, and the argument that fixes it.
+        found = discover(model, attention=attention, routers=routers, layers=layers,
+                         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, top_k=top_k)
+        found.log(type(model).__name__)
+        self.discovery = found
+        att, rts = found.attention, found.routers
         self.attention = att
         self.routers = rts
-        if not att and not rts:
-            log.warning("foreshock: no attention or router weights found in %s; sending "
-                        "scalars only (pass attention=[AttentionSpec(...)])",
-                        type(model).__name__)
         self.n_layers = 1 + max([a.layer for a in att] + [r.layer for r in rts] + [-1])
         try:
             p = next(model.parameters())
