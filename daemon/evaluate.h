@@ -90,6 +90,16 @@ struct eval_track *eval_track_get(struct eval_run *er, const struct store_series
  * own rule. */
 void eval_rule_of_series(const char *series, char *rule, size_t len);
 
+/* Is stored series k an input of detection under rules, and with which
+ * rule? The attention aggregates the daemon detects on
+ * (qk.d2.{erank,entropy,srank}.min, qk.cqk.max per layer and window),
+ * router series with a matching rule, and rank 0's loss, grad_norm,
+ * weight_norm and update_ratio. Writes the rule name into rule. The live
+ * stage asks the same question of the series it builds, so a backtest
+ * reads back exactly what was detected live. */
+bool eval_input_rule(const struct detect_rules *rules, const struct store_series_key *k,
+                     char *rule, size_t len);
+
 /* Feeds one sample of track t (a track of er) for step: labels the events
  * of b raised at earlier steps, runs detect_step and alert_step, and
  * appends an event to b when the alert row changed. A step at or below the

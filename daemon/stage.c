@@ -43,17 +43,18 @@ static const unsigned head_series[] = {
 };
 #define N_HEAD_SERIES (sizeof(head_series) / sizeof(head_series[0]))
 
-/* Detected per (layer, window): the rule, the aggregate series and whether
- * the max (rise is bad) rather than the min over heads is the signal. */
+/* Detected per (layer, window): the aggregate series and whether the max
+ * (rise is bad) rather than the min over heads is the signal. Which of them
+ * a rule watches is eval_input_rule's answer (evaluate.c), shared with the
+ * backtest. */
 static const struct {
-    const char *rule;
     unsigned series;
     bool use_max;
 } qk_detected[] = {
-    {"qk.d2.erank", QK_SERIES(QK_D2, QK_ERANK2), false},
-    {"qk.d2.entropy", QK_SERIES(QK_D2, QK_ENTROPY2), false},
-    {"qk.d2.srank", QK_SERIES(QK_D2, QK_SRANK), false},
-    {"qk.cqk", QK_SERIES_CQK, true},
+    {QK_SERIES(QK_D2, QK_ERANK2), false},
+    {QK_SERIES(QK_D2, QK_ENTROPY2), false},
+    {QK_SERIES(QK_D2, QK_SRANK), false},
+    {QK_SERIES_CQK, true},
 };
 
 /* Router series per layer. */
@@ -771,11 +772,12 @@ static void evaluate_attention(struct stage *st, struct stage_run *sr, struct ru
                     v = NAN;
                     present = true;
                 }
-                char name[STORE_SERIES_NAME_MAX];
+                char name[STORE_SERIES_NAME_MAX], rule[DETECT_NAME_MAX];
                 snprintf(name, sizeof(name), "%s.%s", qk_series_name(qk_detected[d].series),
                          qk_detected[d].use_max ? "max" : "min");
                 set_key(&k, name, (int32_t)layer, -1, (int32_t)window, -1);
-                feed_track(st, sr, run, bd, &k, qk_detected[d].rule, b->step, v, present, at);
+                if (eval_input_rule(st->opts.rules, &k, rule, sizeof(rule)))
+                    feed_track(st, sr, run, bd, &k, rule, b->step, v, present, at);
             }
         }
         lo = hi;
@@ -797,8 +799,9 @@ static void router_point(struct stage *st, struct stage_run *sr, struct run *run
     add_point(bd, &k, step, present ? v : NAN);
     /* Detection where a rule exists (similarity, centered energy, z-loss,
      * MaxVio, load entropy by default). */
-    if (detect_rules_match(st->opts.rules, router_names[which]))
-        feed_track(st, sr, run, bd, &k, router_names[which], step, v, present, -1);
+    char rule[DETECT_NAME_MAX];
+    if (eval_input_rule(st->opts.rules, &k, rule, sizeof(rule)))
+        feed_track(st, sr, run, bd, &k, rule, step, v, present, -1);
 }
 
 static void evaluate_router(struct stage *st, struct stage_run *sr, struct run *run,

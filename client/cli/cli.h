@@ -108,5 +108,6 @@ int cmd_silence(const char *http, int argc, char **argv);
 int cmd_maintenance(const char *http, int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
+int cmd_backtest(int argc, char **argv);
 
 #endif

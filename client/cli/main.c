@@ -30,6 +30,8 @@ static const struct command commands[] = {
      .run = cmd_simulate},
     {.name = "replay", .summary = "stream recordings of trainer reports into the daemon",
      .run = cmd_replay},
+    {.name = "backtest", .summary = "re-evaluate stored runs or recordings under any settings",
+     .run = cmd_backtest},
 };
 
 static void usage(FILE *out)

@@ -1,0 +1,587 @@
+/* `foreshock backtest`: re-evaluates stored runs with the daemon's own
+ * detection and alert code (daemon/evaluate.c, the engine the live monitor
+ * stage runs) under any settings, and prints the alerts they would have
+ * raised. The input is a Foreshock database (read-only, safe beside a
+ * running daemon) or recordings, which are first streamed into a throwaway
+ * daemon (foreshockd beside this binary, or on PATH) that computes their
+ * monitors.
+ *
+ * Settings: the rule table starts from the built-in defaults; --config
+ * reads a daemon configuration file ([detect "RULE"] sections and
+ * detect_from_step count, everything else is accepted and ignored) and
+ * --set RULE.KEY=VALUE overrides one rule key, as a [detect] line would.
+ * Single-threaded. */
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "config.h"
+#include "detect.h"
+#include "evaluate.h"
+#include "pager.h"
+#include "stage.h"
+#include "store_read.h"
+
+#define BACKTEST_MAX_SETS 256      /* --set options */
+#define BACKTEST_MAX_RUNS 4096     /* --run options */
+#define BACKTEST_MAX_RECORDINGS 1024
+#define BACKTEST_DAEMON_WAIT_S 30  /* for the throwaway daemon's ready line */
+
+struct backtest_settings {
+    const char *db, *config, *detect_from_text;
+    int json, all_events;
+};
+
+struct incident {
+    const struct eval_track *t;
+    struct alert_transition fired;
+    enum alert_attribution attr;
+    char why[EVAL_WHY_MAX];
+    int64_t resolved_step; /* -1: still firing at the end */
+};
+
+struct run_ctx {
+    struct eval_run er;
+    struct eval_batch batch;
+    int64_t detect_from;
+    uint64_t points;
+};
+
+/* ---- settings ---------------------------------------------------------------- */
+
+/* RULE.KEY=VALUE -> rule (up to the last '.' before '='), key, value. */
+static int apply_set(struct detect_rules *rules, struct fs_config *cfg, const char *arg,
+                     char *err, size_t errlen)
+{
+    char buf[DETECT_NAME_MAX + DETECT_VALUE_MAX + 64];
+    if (strlen(arg) >= sizeof(buf)) {
+        snprintf(err, errlen, "--set '%.40s...': too long", arg);
+        return -EINVAL;
+    }
+    snprintf(buf, sizeof(buf), "%s", arg);
+    char *eq = strchr(buf, '=');
+    if (!eq) {
+        snprintf(err, errlen, "--set '%s': want RULE.KEY=VALUE or detect_from_step=N", arg);
+        return -EINVAL;
+    }
+    *eq = '\0';
+    char *dot = strrchr(buf, '.');
+    if (!dot) { /* a top-level daemon key (detect_from_step) */
+        struct config_error ce;
+        if (config_set(cfg, buf, eq + 1, "--set", &ce) < 0) {
+            snprintf(err, errlen, "%.500s", ce.message);
+            return -EINVAL;
+        }
+        return 0;
+    }
+    *dot = '\0';
+    struct detect_error de = {0};
+    int rc = detect_rules_set(rules, buf, dot + 1, eq + 1, &de);
+    if (rc == -ENOENT)
+        snprintf(err, errlen, "--set '%s': no rule '%s' (rules: foreshockd --help)", arg, buf);
+    else if (rc < 0)
+        snprintf(err, errlen, "--set '%s': %s", arg, de.msg);
+    return rc;
+}
+
+/* ---- evaluation of one run ------------------------------------------------------- */
+
+static bool want_series(void *ctx, const struct store_series_key *k)
+{
+    struct run_ctx *rc = ctx;
+    char rule[DETECT_NAME_MAX];
+    return eval_input_rule(rc->er.rules, k, rule, sizeof(rule));
+}
+
+static int feed_point(void *ctx, const struct store_series_key *k, uint64_t step, double value,
+                      bool present)
+{
+    struct run_ctx *rc = ctx;
+    char rule[DETECT_NAME_MAX];
+    if (!eval_input_rule(rc->er.rules, k, rule, sizeof(rule)))
+        return 0;
+    struct eval_track *t = eval_track_get(&rc->er, k, rule);
+    if (!t)
+        return -ENOMEM;
+    rc->points++;
+    /* Time is not part of any decision: alert_step only stores it. */
+    int r = eval_feed(&rc->er, &rc->batch, t, step, value, present, -1, rc->detect_from, 0);
+    return r < 0 ? r : 0;
+}
+
+static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static json_t *jopt(int32_t v, int32_t none) { return v == none ? json_null() : json_integer(v); }
+
+static void scope_text(const struct store_series_key *k, char *out, size_t len)
+{
+    int n = 0;
+    out[0] = '\0';
+    if (k->layer >= 0)
+        n += snprintf(out + n, len - (size_t)n, "layer=%d ", k->layer);
+    if (k->head >= 0 && (size_t)n < len)
+        n += snprintf(out + n, len - (size_t)n, "head=%d ", k->head);
+    if (k->window > 0 && (size_t)n < len)
+        n += snprintf(out + n, len - (size_t)n, "window=%d ", k->window);
+    if (n > 0)
+        out[n - 1] = '\0';
+    else
+        snprintf(out, len, "-");
+}
+
+/* Evaluates one run and prints (or appends to arr) its incidents. Returns 0
+ * or a negative errno with err. */
+static int backtest_run(struct store_reader *rd, const struct store_run_info *run,
+                        const struct detect_rules *rules, int64_t detect_from,
+                        const struct backtest_settings *st, json_t *arr, struct table *tab,
+                        char *err, size_t errlen)
+{
+    struct run_ctx rc = {.detect_from = detect_from};
+    struct incident *inc = NULL;
+    size_t n_inc = 0;
+    int r;
+
+    eval_run_init(&rc.er, rules);
+    r = store_reader_points(rd, run->id, want_series, feed_point, &rc, err, errlen);
+    if (r == -ENOMEM && !err[0])
+        snprintf(err, errlen, "out of memory");
+    if (r < 0)
+        goto out;
+    eval_label_all(&rc.er, &rc.batch);
+    if (rc.batch.oom) {
+        snprintf(err, errlen, "run %s: out of memory recording alert events", run->name);
+        r = -ENOMEM;
+        goto out;
+    }
+    inc = calloc(rc.batch.n ? rc.batch.n : 1, sizeof(*inc));
+    if (!inc) {
+        snprintf(err, errlen, "out of memory");
+        r = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < rc.batch.n; i++) {
+        const struct eval_event *e = &rc.batch.ev[i];
+        if (!e->has_event)
+            continue;
+        if (e->tr.change == ALERT_CHANGE_TO_FIRING) {
+            inc[n_inc++] = (struct incident){.t = e->t, .fired = e->tr, .attr = e->attr,
+                                             .resolved_step = -1};
+            memcpy(inc[n_inc - 1].why, e->why, sizeof(e->why));
+        } else if (e->tr.change == ALERT_CHANGE_TO_RESOLVED) {
+            for (size_t j = n_inc; j-- > 0;)
+                if (inc[j].t == e->t && inc[j].resolved_step < 0) {
+                    inc[j].resolved_step = e->tr.step;
+                    break;
+                }
+        }
+        if (st->all_events && !st->json) {
+            char scope[96];
+            scope_text(&e->t->key, scope, sizeof(scope));
+            printf("event %s %s %s %s step=%lld value=%g z=%.3g label=%s\n", run->name,
+                   e->t->rule_name, scope, alert_change_name(e->tr.change),
+                   (long long)e->tr.step, e->tr.value, e->tr.z, alert_attribution_name(e->attr));
+        }
+    }
+    for (size_t i = 0; i < n_inc; i++) {
+        const struct incident *x = &inc[i];
+        const struct store_series_key *k = &x->t->key;
+        if (arr) {
+            json_t *o = json_pack(
+                "{s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:I, s:I, s:o, s:s, s:s, s:o, s:o, "
+                "s:o, s:o, s:s}",
+                "run", run->name, "rule", x->t->rule_name, "series", k->name, "severity",
+                detect_severity_name(x->fired.severity), "layer", jopt(k->layer, -1), "head",
+                jopt(k->head, -1), "window", jopt(k->window, 0), "rank", jopt(k->rank, -1),
+                "first_breach_step", (json_int_t)x->fired.first_breach_step, "fired_step",
+                (json_int_t)x->fired.step, "resolved_step",
+                x->resolved_step >= 0 ? json_integer(x->resolved_step) : json_null(), "label",
+                alert_attribution_name(x->attr), "label_series", x->why, "value",
+                jnum(x->fired.value), "median", jnum(x->fired.median), "mad",
+                jnum(x->fired.mad), "z", jnum(x->fired.z), "breach_kind",
+                detect_breach_kind_name(x->fired.breach_kind));
+            if (!o || json_array_append_new(arr, o) != 0) {
+                snprintf(err, errlen, "out of memory");
+                r = -ENOMEM;
+                goto out;
+            }
+        } else {
+            char scope[96], first[24], fired[24], res[24], z[32];
+            scope_text(k, scope, sizeof(scope));
+            snprintf(first, sizeof(first), "%lld", (long long)x->fired.first_breach_step);
+            snprintf(fired, sizeof(fired), "%lld", (long long)x->fired.step);
+            if (x->resolved_step >= 0)
+                snprintf(res, sizeof(res), "%lld", (long long)x->resolved_step);
+            else
+                snprintf(res, sizeof(res), "-");
+            snprintf(z, sizeof(z), "%.3g", x->fired.z);
+            const char *cells[] = {run->name, x->t->rule_name, scope, first, fired, res,
+                                   alert_attribution_name(x->attr), z, x->why};
+            if (table_add(tab, cells) < 0) {
+                snprintf(err, errlen, "out of memory");
+                r = -ENOMEM;
+                goto out;
+            }
+        }
+    }
+    r = 0;
+out:
+    free(inc);
+    eval_batch_free(&rc.batch);
+    eval_run_clear(&rc.er);
+    return r;
+}
+
+/* ---- recordings: a throwaway daemon computes their monitors ------------------- */
+
+/* foreshockd beside this executable, else the name for execvp's PATH search. */
+static void daemon_path(char *out, size_t len)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(out, len, "%s/foreshockd", self);
+            if (access(out, X_OK) == 0)
+                return;
+        }
+    }
+    snprintf(out, len, "foreshockd");
+}
+
+struct throwaway {
+    char dir[PATH_MAX], db[PATH_MAX + 32], log[PATH_MAX + 32];
+    char ingest[CLI_MAX_HOSTPORT], http[CLI_MAX_HOSTPORT];
+    pid_t pid;
+};
+
+/* Reads "ingest=HOST:PORT http=HOST:PORT" from the daemon's ready line. */
+static int read_ready(const char *log, char *ingest, char *http)
+{
+    FILE *f = fopen(log, "r");
+    char line[1024];
+    int found = 0;
+    if (!f)
+        return 0;
+    while (!found && fgets(line, sizeof(line), f)) {
+        const char *a = strstr(line, "ready ingest="), *b = strstr(line, " http=");
+        if (a && b && sscanf(a, "ready ingest=%299s", ingest) == 1 &&
+            sscanf(b, " http=%299s", http) == 1)
+            found = 1;
+    }
+    fclose(f);
+    return found;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int throwaway_start(struct throwaway *d, char *err, size_t errlen)
+{
+    char bin[PATH_MAX + 16];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(d->dir, sizeof(d->dir), "%s/foreshock-backtest-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(d->dir)) {
+        snprintf(err, errlen, "cannot make a temporary directory: %s", strerror(errno));
+        return -errno;
+    }
+    snprintf(d->db, sizeof(d->db), "%s/backtest.db", d->dir);
+    snprintf(d->log, sizeof(d->log), "%s/foreshockd.log", d->dir);
+    daemon_path(bin, sizeof(bin));
+    d->pid = fork();
+    if (d->pid < 0) {
+        snprintf(err, errlen, "fork: %s", strerror(errno));
+        return -errno;
+    }
+    if (d->pid == 0) {
+        FILE *f = freopen(d->log, "w", stderr);
+        (void)f;
+        execlp(bin, bin, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--db", d->db,
+               "--log-level", "info", (char *)NULL);
+        fprintf(stderr, "cannot run %s: %s\n", bin, strerror(errno));
+        _exit(127);
+    }
+    for (int i = 0; i < BACKTEST_DAEMON_WAIT_S * 20; i++) {
+        int status;
+        if (read_ready(d->log, d->ingest, d->http))
+            return 0;
+        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+            d->pid = 0;
+            snprintf(err, errlen, "%.200s exited before it was ready (log: %.200s)", bin, d->log);
+            return -ECHILD;
+        }
+        sleep_ms(50);
+    }
+    snprintf(err, errlen, "%.200s not ready after %d s (log: %.200s)", bin, BACKTEST_DAEMON_WAIT_S, d->log);
+    return -ETIMEDOUT;
+}
+
+/* Stops the daemon (SIGTERM, then waits: it finishes the math of what it
+ * was sent before it exits). */
+static void throwaway_stop(struct throwaway *d)
+{
+    if (d->pid > 0) {
+        int status;
+        kill(d->pid, SIGTERM);
+        waitpid(d->pid, &status, 0);
+        d->pid = 0;
+    }
+}
+
+static void throwaway_remove(struct throwaway *d)
+{
+    const char *files[] = {d->db, d->log};
+    char extra[PATH_MAX + 40];
+    for (size_t i = 0; i < 2; i++)
+        unlink(files[i]);
+    snprintf(extra, sizeof(extra), "%s-wal", d->db);
+    unlink(extra);
+    snprintf(extra, sizeof(extra), "%s-shm", d->db);
+    unlink(extra);
+    rmdir(d->dir);
+}
+
+/* Every run of the database, for --run checks and ordering. */
+struct run_list {
+    struct store_run_info *v;
+    size_t n, cap;
+};
+
+static int collect(void *ctx, const struct store_run_info *run)
+{
+    struct run_list *all = ctx;
+    if (all->n == all->cap) {
+        size_t c = all->cap ? all->cap * 2 : 16;
+        struct store_run_info *p = realloc(all->v, c * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        all->v = p;
+        all->cap = c;
+    }
+    all->v[all->n++] = *run;
+    return 0;
+}
+
+/* ---- the command -------------------------------------------------------------------- */
+
+static const struct command_help backtest_help = {
+    .usage = "foreshock backtest (--db PATH | RECORDING...) [options]",
+    .summary =
+        "Re-evaluate stored runs (a foreshockd database, read-only; safe while the daemon\n"
+        "runs) or recordings (streamed first into a throwaway foreshockd that computes their\n"
+        "monitors) with the daemon's own detection and alert code under the given settings,\n"
+        "and print the alerts that would have fired: rule, scope, first breach, fired and\n"
+        "resolved step, label, z, and the series the label rests on.\n\n"
+        "Settings start from the built-in defaults. --config reads a foreshockd configuration\n"
+        "file ([detect \"RULE\"] sections, detect_from_step; other keys are ignored); --set\n"
+        "RULE.KEY=VALUE (repeatable) sets one rule key, e.g. --set qk.d2.srank.z=4 or\n"
+        "--set grad_norm.enabled=false; --set detect_from_step=N applies to runs whose\n"
+        "trainer did not set it. Exit 0 on success, 1 on an error, 2 on bad usage.",
+};
+
+int cmd_backtest(int argc, char **argv)
+{
+    struct backtest_settings st = {0};
+    const char *sets[BACKTEST_MAX_SETS], *runs[BACKTEST_MAX_RUNS], *recs[BACKTEST_MAX_RECORDINGS];
+    size_t n_sets = 0, n_runs = 0, n_recs = 0;
+    char err[CLI_ERR_LEN] = "";
+    int rc = CLI_FAIL;
+
+    /* Repeatable options and positional recordings are taken here; the
+     * table-driven parser has neither. */
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: %s\n\n%s\n\noptions:\n", backtest_help.usage, backtest_help.summary);
+            printf("  --db PATH                a foreshockd database to read\n"
+                   "  --run NAME               only this run (repeatable; default: all)\n"
+                   "  --config FILE            foreshockd configuration file\n"
+                   "  --set RULE.KEY=VALUE     rule override (repeatable)\n"
+                   "  --json                   print a JSON array of incidents\n"
+                   "  --events                 also print every alert transition (text mode)\n"
+                   "  --help                   show this help\n");
+            return CLI_OK;
+        }
+        if ((!strcmp(a, "--db") || !strcmp(a, "--config") || !strcmp(a, "--run") ||
+             !strcmp(a, "--set")) && !v) {
+            fprintf(stderr, "foreshock backtest: %s needs a value\n", a);
+            return CLI_USAGE;
+        }
+        if (!strcmp(a, "--db")) {
+            st.db = argv[++i];
+        } else if (!strcmp(a, "--config")) {
+            st.config = argv[++i];
+        } else if (!strcmp(a, "--run")) {
+            if (n_runs == BACKTEST_MAX_RUNS) {
+                fprintf(stderr, "foreshock backtest: at most %d --run\n", BACKTEST_MAX_RUNS);
+                return CLI_USAGE;
+            }
+            runs[n_runs++] = argv[++i];
+        } else if (!strcmp(a, "--set")) {
+            if (n_sets == BACKTEST_MAX_SETS) {
+                fprintf(stderr, "foreshock backtest: at most %d --set\n", BACKTEST_MAX_SETS);
+                return CLI_USAGE;
+            }
+            sets[n_sets++] = argv[++i];
+        } else if (!strcmp(a, "--json")) {
+            st.json = 1;
+        } else if (!strcmp(a, "--events")) {
+            st.all_events = 1;
+        } else if (!strncmp(a, "--", 2)) {
+            fprintf(stderr, "foreshock backtest: unknown option '%s' (see --help)\n", a);
+            return CLI_USAGE;
+        } else {
+            if (n_recs == BACKTEST_MAX_RECORDINGS) {
+                fprintf(stderr, "foreshock backtest: at most %d recordings\n",
+                        BACKTEST_MAX_RECORDINGS);
+                return CLI_USAGE;
+            }
+            recs[n_recs++] = a;
+        }
+    }
+    if (!!st.db == !!n_recs) {
+        fprintf(stderr, "foreshock backtest: give --db PATH or recording files (see --help)\n");
+        return CLI_USAGE;
+    }
+
+    /* The rule table and detect_from_step, as the daemon would build them. */
+    static struct detect_rules rules;
+    static struct fs_config cfg;
+    static struct pager_config pager_cfg;
+    struct config_section sections[2];
+    struct config_error ce;
+    config_defaults(&cfg);
+    detect_rules_default(&rules);
+    stage_detect_section(&rules, &sections[0]);
+    pager_target_section(&pager_cfg, &sections[1]);
+    if (st.config && config_load_file(st.config, &cfg, sections, 2, &ce) < 0) {
+        fprintf(stderr, "foreshock backtest: %s\n", ce.message);
+        return CLI_USAGE;
+    }
+    for (size_t i = 0; i < n_sets; i++)
+        if (apply_set(&rules, &cfg, sets[i], err, sizeof(err)) < 0) {
+            fprintf(stderr, "foreshock backtest: %s\n", err);
+            return CLI_USAGE;
+        }
+
+    struct throwaway d = {0};
+    const char *db = st.db;
+    if (n_recs) {
+        if (throwaway_start(&d, err, sizeof(err)) < 0) {
+            fprintf(stderr, "foreshock backtest: %s\n", err);
+            goto cleanup;
+        }
+        /* Every recording in one replay: ranks of a run go together. */
+        char **rargv = calloc(n_recs + 3, sizeof(*rargv));
+        if (!rargv)
+            goto cleanup;
+        for (size_t i = 0; i < n_recs; i++)
+            rargv[i] = (char *)recs[i];
+        rargv[n_recs] = "--endpoint";
+        rargv[n_recs + 1] = d.ingest;
+        /* replay prints one line per file to stdout: keep it off JSON output. */
+        fflush(stdout);
+        int saved = dup(STDOUT_FILENO);
+        if (saved >= 0)
+            dup2(STDERR_FILENO, STDOUT_FILENO);
+        int rrc = cmd_replay((int)n_recs + 2, rargv);
+        fflush(stdout);
+        if (saved >= 0) {
+            dup2(saved, STDOUT_FILENO);
+            close(saved);
+        }
+        free(rargv);
+        if (rrc != CLI_OK) {
+            fprintf(stderr, "foreshock backtest: replay into the throwaway daemon failed\n");
+            goto cleanup;
+        }
+        /* Every report is acknowledged, so every one was fed to the monitor
+         * stage; a SIGTERM lets it finish the math of every complete step
+         * and commit it before the daemon exits. */
+        throwaway_stop(&d);
+        db = d.db;
+    }
+
+    struct store_reader *rd = NULL;
+    if (store_reader_open(db, &rd, err, sizeof(err)) < 0) {
+        fprintf(stderr, "foreshock backtest: %s\n", err);
+        goto cleanup;
+    }
+    struct run_list all = {0};
+    if (store_reader_runs(rd, collect, &all, err, sizeof(err)) < 0) {
+        fprintf(stderr, "foreshock backtest: %s\n", err);
+        goto close_reader;
+    }
+    for (size_t i = 0; i < n_runs; i++) {
+        bool found = false;
+        for (size_t j = 0; j < all.n && !found; j++)
+            found = strcmp(all.v[j].name, runs[i]) == 0;
+        if (!found) {
+            fprintf(stderr, "foreshock backtest: no run '%s' in %s\n", runs[i], db);
+            goto close_reader;
+        }
+    }
+    static const char *const headers[] = {"RUN",   "RULE",  "SCOPE", "FIRST_BREACH", "FIRED",
+                                          "RESOLVED", "LABEL", "Z",     "LABEL_SERIES"};
+    static const int right[] = {0, 0, 0, 1, 1, 1, 0, 1, 0};
+    struct table *tab = st.json ? NULL : table_new(9, headers, right);
+    json_t *arr = st.json ? json_array() : NULL;
+    if ((st.json && !arr) || (!st.json && !tab)) {
+        fprintf(stderr, "foreshock backtest: out of memory\n");
+        goto free_out;
+    }
+    for (size_t j = 0; j < all.n; j++) {
+        const struct store_run_info *run = &all.v[j];
+        bool selected = n_runs == 0;
+        for (size_t i = 0; i < n_runs && !selected; i++)
+            selected = strcmp(run->name, runs[i]) == 0;
+        if (!selected)
+            continue;
+        int64_t from = (int64_t)(run->detect_from_step ? run->detect_from_step
+                                                       : cfg.detect_from_step);
+        err[0] = '\0';
+        if (backtest_run(rd, run, &rules, from, &st, arr, tab, err, sizeof(err)) < 0) {
+            fprintf(stderr, "foreshock backtest: run %s: %s\n", run->name, err);
+            goto free_out;
+        }
+    }
+    if (arr) {
+        char *text = json_dumps(arr, JSON_INDENT(2));
+        if (!text) {
+            fprintf(stderr, "foreshock backtest: out of memory\n");
+            goto free_out;
+        }
+        printf("%s\n", text);
+        free(text);
+    } else {
+        table_print(tab, stdout);
+    }
+    rc = CLI_OK;
+free_out:
+    json_decref(arr);
+    table_free(tab);
+close_reader:
+    free(all.v);
+    store_reader_close(rd);
+cleanup:
+    throwaway_stop(&d);
+    if (d.dir[0])
+        throwaway_remove(&d);
+    return rc;
+}
+

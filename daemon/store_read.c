@@ -1,0 +1,199 @@
+/* Read-only queries over a Foreshock database for offline tools (see
+ * store_read.h). The daemon's own reads live in store.c (writer) and
+ * http_sql.c (HTTP); this file is the one place offline tools read from. */
+#include "store_read.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sqlite3.h>
+
+#include "schema.h"
+
+/* A backtest reads while a daemon may be writing: wait this long for a
+ * lock (only a checkpoint can hold one against a reader) before failing. */
+#define STORE_READ_BUSY_MS 5000
+
+struct store_reader {
+    sqlite3 *db;
+    char path[FS_CONFIG_MAX_PATH];
+};
+
+static int fail(struct store_reader *r, int rc, char *err, size_t errlen, const char *what)
+{
+    snprintf(err, errlen, "%s: %s: %s", r->path, what, sqlite3_errmsg(r->db));
+    return rc;
+}
+
+int store_reader_open(const char *path, struct store_reader **out, char *err, size_t errlen)
+{
+    struct store_reader *r = calloc(1, sizeof(*r));
+    sqlite3_stmt *q = NULL;
+    int rc = -EIO;
+
+    *out = NULL;
+    if (!r) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    snprintf(r->path, sizeof(r->path), "%s", path);
+    if (sqlite3_open_v2(path, &r->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        rc = fail(r, -ENOENT, err, errlen, "cannot open");
+        goto out;
+    }
+    sqlite3_busy_timeout(r->db, STORE_READ_BUSY_MS);
+    if (sqlite3_prepare_v2(r->db, "PRAGMA user_version", -1, &q, NULL) != SQLITE_OK ||
+        sqlite3_step(q) != SQLITE_ROW) {
+        rc = fail(r, -EIO, err, errlen, "not a readable SQLite database");
+        goto out;
+    }
+    int version = sqlite3_column_int(q, 0);
+    if (version < 1 || version > schema_migration_count) {
+        snprintf(err, errlen, "%s: schema version %d: not a Foreshock database this build reads "
+                              "(1..%d)",
+                 path, version, schema_migration_count);
+        rc = -EPROTO;
+        goto out;
+    }
+    rc = 0;
+out:
+    sqlite3_finalize(q);
+    if (rc < 0) {
+        store_reader_close(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+void store_reader_close(struct store_reader *r)
+{
+    if (!r)
+        return;
+    sqlite3_close(r->db);
+    free(r);
+}
+
+int store_reader_runs(struct store_reader *r,
+                      int (*cb)(void *ctx, const struct store_run_info *run), void *ctx,
+                      char *err, size_t errlen)
+{
+    sqlite3_stmt *q = NULL;
+    int rc, out = 0;
+
+    if (sqlite3_prepare_v2(r->db,
+                           "SELECT id, name, detect_from_step, last_step FROM runs ORDER BY id",
+                           -1, &q, NULL) != SQLITE_OK)
+        return fail(r, -EIO, err, errlen, "reading runs");
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        struct store_run_info run = {.id = sqlite3_column_int64(q, 0)};
+        const char *name = (const char *)sqlite3_column_text(q, 1);
+        snprintf(run.name, sizeof(run.name), "%s", name ? name : "");
+        int64_t from = sqlite3_column_int64(q, 2);
+        run.detect_from_step = from > 0 ? (uint64_t)from : 0;
+        run.last_step = sqlite3_column_type(q, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(q, 3);
+        if ((out = cb(ctx, &run)) != 0)
+            break;
+    }
+    if (out == 0 && rc != SQLITE_DONE)
+        out = fail(r, -EIO, err, errlen, "reading runs");
+    sqlite3_finalize(q);
+    return out;
+}
+
+int store_reader_points(struct store_reader *r, int64_t run_id,
+                        bool (*want)(void *ctx, const struct store_series_key *k),
+                        int (*cb)(void *ctx, const struct store_series_key *k, uint64_t step,
+                                  double value, bool present),
+                        void *ctx, char *err, size_t errlen)
+{
+    sqlite3_stmt *s = NULL, *q = NULL;
+    struct store_series_key *keys = NULL;
+    int64_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    int rc, out = 0;
+
+    /* The run's series first: the caller picks which it wants, and only
+     * their points are read. */
+    if (sqlite3_prepare_v2(r->db,
+                           "SELECT id, name, layer, head, \"window\", rank FROM series "
+                           "WHERE run_id = ?1 ORDER BY id",
+                           -1, &s, NULL) != SQLITE_OK)
+        return fail(r, -EIO, err, errlen, "reading series");
+    sqlite3_bind_int64(s, 1, run_id);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct store_series_key k = {0};
+        const char *name = (const char *)sqlite3_column_text(s, 1);
+        snprintf(k.name, sizeof(k.name), "%s", name ? name : "");
+        k.layer = sqlite3_column_int(s, 2);
+        k.head = sqlite3_column_int(s, 3);
+        k.window = sqlite3_column_int(s, 4);
+        k.rank = sqlite3_column_int(s, 5);
+        if (want && !want(ctx, &k))
+            continue;
+        if (n == cap) {
+            size_t c = cap ? cap * 2 : 64;
+            struct store_series_key *nk = realloc(keys, c * sizeof(*nk));
+            int64_t *ni = nk ? realloc(ids, c * sizeof(*ni)) : NULL;
+            if (nk)
+                keys = nk;
+            if (!ni) {
+                snprintf(err, errlen, "out of memory reading series");
+                out = -ENOMEM;
+                goto done;
+            }
+            ids = ni;
+            cap = c;
+        }
+        keys[n] = k;
+        ids[n++] = sqlite3_column_int64(s, 0);
+    }
+    if (rc != SQLITE_DONE) {
+        out = fail(r, -EIO, err, errlen, "reading series");
+        goto done;
+    }
+    if (n == 0)
+        goto done;
+    /* Points of the run in (step, series id) order. The wanted series are
+     * looked up by id in the sorted ids[] (series ids ascend). */
+    if (sqlite3_prepare_v2(r->db,
+                           "SELECT p.series_id, p.step, p.value FROM points p "
+                           "JOIN series s ON s.id = p.series_id WHERE s.run_id = ?1 "
+                           "ORDER BY p.step, p.series_id",
+                           -1, &q, NULL) != SQLITE_OK) {
+        out = fail(r, -EIO, err, errlen, "reading points");
+        goto done;
+    }
+    sqlite3_bind_int64(q, 1, run_id);
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        int64_t id = sqlite3_column_int64(q, 0);
+        size_t lo = 0, hi = n;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (ids[mid] < id)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == n || ids[lo] != id)
+            continue;
+        int64_t step = sqlite3_column_int64(q, 1);
+        bool present = sqlite3_column_type(q, 2) != SQLITE_NULL;
+        double v = present ? sqlite3_column_double(q, 2) : NAN;
+        if (step < 0)
+            continue;
+        if ((out = cb(ctx, &keys[lo], (uint64_t)step, v, present)) != 0)
+            goto done;
+    }
+    if (rc != SQLITE_DONE)
+        out = fail(r, -EIO, err, errlen, "reading points");
+done:
+    sqlite3_finalize(q);
+    sqlite3_finalize(s);
+    free(keys);
+    free(ids);
+    return out;
+}

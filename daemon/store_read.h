@@ -1,0 +1,45 @@
+#ifndef FORESHOCK_STORE_READ_H
+#define FORESHOCK_STORE_READ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store.h"
+
+/* Read-only access to a Foreshock database for offline tools (`foreshock
+ * backtest`): the runs and the stored points of their series, in step order.
+ * Opens its own read-only connection, so it is safe beside a running daemon
+ * (WAL readers never block the writer). Single-threaded: the caller's. */
+
+struct store_reader;
+
+struct store_run_info {
+    int64_t id;
+    char name[FS_MAX_RUN_ID_LEN + 1];
+    uint64_t detect_from_step; /* 0: not set by the run's Hello */
+    int64_t last_step;         /* -1: none */
+};
+
+/* Opens path read-only. Returns 0 and *out, or a negative errno with a
+ * reason in err (missing file, not a Foreshock database, newer schema). */
+int store_reader_open(const char *path, struct store_reader **out, char *err, size_t errlen);
+void store_reader_close(struct store_reader *r);
+
+/* Calls cb for every run, by id. cb returns 0 to go on, anything else to
+ * stop (returned). Returns 0, a negative errno with err, or cb's value. */
+int store_reader_runs(struct store_reader *r,
+                      int (*cb)(void *ctx, const struct store_run_info *run), void *ctx,
+                      char *err, size_t errlen);
+
+/* Calls cb for every stored point of run_id's series that `want` accepts
+ * (want may be NULL: all), ordered by step, then by series id. present is
+ * false for a NULL value (an absent point: no spectrum, or a non-finite
+ * value, which SQLite cannot hold). Returns like store_reader_runs. */
+int store_reader_points(struct store_reader *r, int64_t run_id,
+                        bool (*want)(void *ctx, const struct store_series_key *k),
+                        int (*cb)(void *ctx, const struct store_series_key *k, uint64_t step,
+                                  double value, bool present),
+                        void *ctx, char *err, size_t errlen);
+
+#endif
