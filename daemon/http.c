@@ -716,6 +716,7 @@ static void http_free(struct http *h)
         pthread_cond_destroy(&h->cv);
         pthread_mutex_destroy(&h->mu);
         pthread_mutex_destroy(&h->log_mu);
+        silence_cache_destroy(&h->silences); /* after MHD_stop_daemon: no handler left */
     }
     free(h);
 }
@@ -774,8 +775,11 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     int e1 = pthread_mutex_init(&h->mu, NULL);
     int e2 = e1 == 0 ? pthread_cond_init(&h->cv, &ca) : -1;
     int e3 = e2 == 0 ? pthread_mutex_init(&h->log_mu, NULL) : -1;
+    int e4 = e3 == 0 ? silence_cache_init(&h->silences) : -1;
     pthread_condattr_destroy(&ca);
-    if (e1 != 0 || e2 != 0 || e3 != 0) {
+    if (e1 != 0 || e2 != 0 || e3 != 0 || e4 != 0) {
+        if (e3 == 0)
+            pthread_mutex_destroy(&h->log_mu);
         if (e2 == 0)
             pthread_cond_destroy(&h->cv);
         if (e1 == 0)

@@ -147,62 +147,68 @@ static json_t *event_json(sqlite3_stmt *st)
  * matchers match the alert's label set (the one the pager sends):
  * alertname (the rule), run, severity, family, signature and attribution
  * (both the attribution), and layer, head, window, rank where the alert
- * has that scope (page_format.h, page_labels). */
-struct silence_set {
-    size_t n;
-    struct silence *v; /* n parsed silences (regexes compiled) */
+ * has that scope (page_format.h, page_labels).
+ *
+ * The active silences are compiled once, not per request: each request
+ * reads the active rows and compares them with the set in h->silences; a
+ * set equal to its rows is used as it is, otherwise the request builds the
+ * next one (compiling only the silences new to it) and leaves it there. */
+struct active_silences {
+    struct silence_set *set; /* a reference; NULL: none active */
     double now;
 };
 
-
-static void silences_release(struct silence_set *ss)
+static void silences_release(struct active_silences *as)
 {
-    for (size_t i = 0; i < ss->n; i++)
-        silence_free(&ss->v[i]);
-    free(ss->v);
-    ss->v = NULL;
-    ss->n = 0;
+    silence_set_unref(as->set);
+    as->set = NULL;
 }
 
 /* Loads the active silences (at most HTTP_MAX_ACTIVE_SILENCES, oldest
  * first). Returns 0, or -1 after setting the reply. A row that does not
- * parse (written by another version?) is skipped with a complaint. */
-static int silences_load(struct ctx *c, struct silence_set *ss)
+ * parse (written by another version, or over today's regex bounds) matches
+ * nothing, with a complaint when it is compiled, not on every request. */
+static int silences_load(struct ctx *c, struct active_silences *as)
 {
-    ss->n = 0;
-    ss->v = NULL;
-    ss->now = wall_now();
+    as->now = wall_now();
+    struct silence_set *prev = silence_cache_get(&c->h->silences);
+    struct silence_build b;
+    silence_build_start(&b, prev, HTTP_MAX_ACTIVE_SILENCES);
     sqlite3_stmt *st = c->dbc->st[STMT_SILENCES_ACTIVE];
-    sqlite3_bind_double(st, 1, ss->now);
+    sqlite3_bind_double(st, 1, as->now);
     sqlite3_bind_int(st, 2, HTTP_MAX_ACTIVE_SILENCES);
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (ss->v == NULL) {
-            ss->v = calloc(HTTP_MAX_ACTIVE_SILENCES, sizeof *ss->v);
-            if (ss->v == NULL) {
-                stmt_done(st);
-                http_reply_oom(c);
-                return -1;
-            }
-        }
-        struct silence *x = &ss->v[ss->n];
+    int rc = SQLITE_DONE, brc = 0;
+    while (brc >= 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         const char *m = (const char *)sqlite3_column_text(st, 1);
+        struct silence_row row = {
+            .id = sqlite3_column_int64(st, 0),
+            .starts_at = sqlite3_column_double(st, 2),
+            .ends_at = sqlite3_column_double(st, 3),
+            .json = m != NULL ? m : "",
+            .len = m != NULL ? (size_t)sqlite3_column_bytes(st, 1) : 0,
+        };
         char why[160];
-        if (m == NULL ||
-            silence_parse(m, (size_t)sqlite3_column_bytes(st, 1), x, why, sizeof why) != 0) {
-            log_limited(&c->dbc->rl, LOG_LEVEL_WARN, LOG_MOD, "silence %lld: %s",
-                        (long long)sqlite3_column_int64(st, 0), m == NULL ? "no matchers" : why);
-            continue;
-        }
-        x->id = sqlite3_column_int64(st, 0);
-        x->starts_at = sqlite3_column_double(st, 2);
-        x->ends_at = sqlite3_column_double(st, 3);
-        ss->n++;
+        brc = silence_build_row(&b, &row, why, sizeof why);
+        if (brc == 1)
+            log_limited(&c->dbc->rl, LOG_LEVEL_WARN, LOG_MOD,
+                        "silence %lld matches nothing: %s", (long long)row.id, why);
     }
     stmt_done(st);
-    if (rc != SQLITE_DONE) {
-        silences_release(ss);
+    unsigned parsed = b.parsed;
+    as->set = silence_build_finish(&b);
+    if (parsed > 0)
+        atomic_fetch_add_explicit(&c->h->stats->silence_compiles_http, parsed,
+                                  memory_order_relaxed);
+    if (as->set != NULL && as->set != prev)
+        silence_cache_put(&c->h->silences, as->set);
+    silence_set_unref(prev);
+    if (brc >= 0 && rc != SQLITE_DONE) {
+        silences_release(as);
         http_reply_db_error(c, "active silences", rc);
+        return -1;
+    }
+    if (as->set == NULL) {
+        http_reply_oom(c);
         return -1;
     }
     return 0;
@@ -216,11 +222,12 @@ static const char *col_cstr(sqlite3_stmt *st, int i)
 
 /* The ids of the silences of ss that match the alert in the current row
  * (ALERT_COLUMNS). */
-static json_t *silenced_by_json(sqlite3_stmt *st, const struct silence_set *ss)
+static json_t *silenced_by_json(sqlite3_stmt *st, const struct active_silences *as)
 {
     json_t *a = json_array();
-    if (a == NULL || ss == NULL || ss->n == 0)
+    if (a == NULL || as == NULL || as->set == NULL || as->set->n == 0)
         return a;
+    const struct silence_set *ss = as->set;
     static const struct {
         const char *name;
         int col;
@@ -244,7 +251,7 @@ static json_t *silenced_by_json(sqlite3_stmt *st, const struct silence_set *ss)
         l[n++] = (struct silence_label){scopes[i].name, num[i]};
     }
     for (size_t i = 0; i < ss->n; i++)
-        if (silence_matches(&ss->v[i], l, n, ss->now) && aadd(a, json_integer(ss->v[i].id)) != 0) {
+        if (silence_matches(&ss->v[i], l, n, as->now) && aadd(a, json_integer(ss->v[i].id)) != 0) {
             json_decref(a);
             return NULL;
         }
@@ -252,10 +259,10 @@ static json_t *silenced_by_json(sqlite3_stmt *st, const struct silence_set *ss)
 }
 
 /* ALERT with "silenced_by". */
-static json_t *alert_json_silenced(sqlite3_stmt *st, const struct silence_set *ss)
+static json_t *alert_json_silenced(sqlite3_stmt *st, const struct active_silences *as)
 {
     json_t *o = alert_json(st);
-    if (o != NULL && oset(o, "silenced_by", silenced_by_json(st, ss)) != 0) {
+    if (o != NULL && oset(o, "silenced_by", silenced_by_json(st, as)) != 0) {
         json_decref(o);
         return NULL;
     }
@@ -347,7 +354,7 @@ int http_alerts_list(struct ctx *c)
     if (has_to)
         sqlite3_bind_int64(st, 17, to_step);
     sqlite3_bind_int64(st, 18, limit + 1);
-    struct silence_set ss;
+    struct active_silences ss;
     if (silences_load(c, &ss) != 0) {
         stmt_done(st);
         return 0;
@@ -419,7 +426,7 @@ int http_alerts_get(struct ctx *c)
         stmt_done(st);
         return 0;
     }
-    struct silence_set ss;
+    struct active_silences ss;
     if (silences_load(c, &ss) != 0) {
         stmt_done(st);
         return 0;

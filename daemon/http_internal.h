@@ -42,6 +42,7 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "silence_set.h"
 
 /* --- limits ---------------------------------------------------------------- */
 #define HTTP_CONNECTION_TIMEOUT_S 30u        /* idle keep-alive connections closed after */
@@ -168,6 +169,11 @@ struct http {
     /* libmicrohttpd's own messages arrive on any of its threads */
     pthread_mutex_t log_mu;
     struct log_ratelimit log_rl;
+
+    /* The active silences, compiled, as the last handler that read them
+     * left them (http_alerts.c): its own mutex, any handler thread. Set up
+     * with mu (sync_init). */
+    struct silence_cache silences;
 
     /* writes and auth (read-only once started) */
     struct store *store;

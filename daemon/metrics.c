@@ -239,6 +239,16 @@ int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const 
     value(b, (double)sum_us / 1e6);
     metrics_printf(b, "%s_count %" PRIu64 "\n", h, count);
 
+    /* One owner per counter: the HTTP handlers (silenced_by) and the
+     * pager thread each keep their own compiled set (silence_set.h). */
+    family(b, "foreshock_silence_compiles_total", "counter",
+           "Silences parsed and their regular expressions compiled for matching; an unchanged "
+           "silence is reused, not compiled again.");
+    metrics_printf(b, "foreshock_silence_compiles_total{by=\"http\"} %" PRIu64 "\n",
+                   ld(&st->silence_compiles_http));
+    metrics_printf(b, "foreshock_silence_compiles_total{by=\"pager\"} %" PRIu64 "\n",
+                   ld(&st->silence_compiles_pager));
+
     target_family(b, st, "foreshock_pages_sent_total", "Page deliveries a target accepted.",
                   offsetof(struct fs_target_stats, sent));
     target_family(b, st, "foreshock_pages_failed_total",

@@ -407,6 +407,7 @@ double page_backoff(double initial_s, double max_s, uint32_t attempts, double u0
 int page_parse_match(const char *text, struct silence *out, char *why, size_t whylen)
 {
     out->n = 0;
+    out->limits = NULL; /* silence_free frees it: set even when nothing is parsed */
     out->starts_at = -INFINITY;
     out->ends_at = INFINITY;
     if (text == NULL || text[0] == '\0')

@@ -18,6 +18,7 @@
 #include <jansson.h>
 
 #include "log.h"
+#include "silence_set.h"
 
 /* --- configuration: [target "NAME"] ------------------------------------------------------ */
 
@@ -251,8 +252,7 @@ struct pager {
     int64_t watermark[STATS_MAX_TARGETS];  /* highest outbox id loaded */
     int backlog[STATS_MAX_TARGETS];        /* the last load filled the share */
     int load_error;      /* the last load failed (retried at the next wake, not at once) */
-    struct silence *sils;
-    size_t nsils;
+    struct silence_set *sils; /* compiled once per silence (silence_set.h); NULL: none read */
     double sil_next;     /* monotonic seconds of the next reload */
     int sil_fresh;       /* silences were read during this pass of the loop */
     int sil_ok;          /* the last silence read succeeded: triggers may be sent */
@@ -596,17 +596,16 @@ static void close_unconfigured(struct pager *p)
                  total);
 }
 
-static void free_silences(struct pager *p)
+/* Whether an active silence of the last read holds a. */
+static int silenced(const struct pager *p, const struct page_alert *a, double now)
 {
-    for (size_t i = 0; i < p->nsils; i++)
-        silence_free(&p->sils[i]);
-    p->nsils = 0;
+    return p->sils != NULL && page_silenced(p->sils->v, p->sils->n, a, now);
 }
 
 /* Re-reads the silences that are active now or start later. p->sil_ok
  * says whether the read was whole: a partial list must not let a silenced
  * trigger through, so until a read succeeds nothing a silence could hold is
- * sent. */
+ * sent. A silence read before is not compiled again (silence_set.h). */
 static void load_silences(struct pager *p, double now)
 {
     sqlite3_stmt *q = NULL;
@@ -618,29 +617,40 @@ static void load_silences(struct pager *p, double now)
         db_complaint(p, "silences");
         return;
     }
-    free_silences(p);
     sqlite3_bind_double(q, 1, now);
     sqlite3_bind_int64(q, 2, PAGER_MAX_SILENCES);
-    int rc;
-    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
-        struct silence *s = &p->sils[p->nsils];
+    struct silence_build b;
+    silence_build_start(&b, p->sils, PAGER_MAX_SILENCES);
+    int rc = SQLITE_DONE, brc = 0;
+    while (brc >= 0 && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         const char *json = (const char *)sqlite3_column_text(q, 1);
+        struct silence_row row = {
+            .id = sqlite3_column_int64(q, 0),
+            .starts_at = sqlite3_column_double(q, 2),
+            .ends_at = sqlite3_column_double(q, 3),
+            .json = json ? json : "",
+            .len = json ? (size_t)sqlite3_column_bytes(q, 1) : 0,
+        };
         char why[256];
-        if (!json || silence_parse(json, (size_t)sqlite3_column_bytes(q, 1), s, why,
-                                   sizeof(why)) < 0) {
+        brc = silence_build_row(&b, &row, why, sizeof(why));
+        if (brc == 1)
             log_limited(&p->rl_sil, LOG_LEVEL_WARN, "pager", "silence %lld ignored: %s",
-                        (long long)sqlite3_column_int64(q, 0), json ? why : "no matchers");
-            continue;
-        }
-        s->id = sqlite3_column_int64(q, 0);
-        s->starts_at = sqlite3_column_double(q, 2);
-        s->ends_at = sqlite3_column_double(q, 3);
-        p->nsils++;
+                        (long long)row.id, why);
     }
-    if (rc != SQLITE_DONE)
-        db_complaint(p, "silences");
-    else
+    atomic_fetch_add(&p->stats->silence_compiles_pager, b.parsed);
+    struct silence_set *next = silence_build_finish(&b);
+    if (brc < 0 || rc != SQLITE_DONE || next == NULL) {
+        if (brc < 0 || next == NULL)
+            log_limited(&p->rl_sil, LOG_LEVEL_WARN, "pager", "silences: %s",
+                        brc == -ENOSPC ? "too many" : "out of memory");
+        else
+            db_complaint(p, "silences");
+        silence_set_unref(next); /* keep the last whole read; sil_ok stays 0 */
+    } else {
+        silence_set_unref(p->sils);
+        p->sils = next;
         p->sil_ok = 1;
+    }
     sqlite3_finalize(q);
 }
 
@@ -942,7 +952,7 @@ static void handle(struct pager *p, struct prow *r, double now)
             r->next_at = now + PAGER_SILENCE_RELOAD_S;
             return;
         }
-        if (page_silenced(p->sils, p->nsils, &r->a, now)) {
+        if (silenced(p, &r->a, now)) {
             r->state = STORE_OUTBOX_SILENCED;
             atomic_fetch_add(&tstats(p, r->target)->silenced, 1);
             log_info("pager", "target %s: trigger of %s (run %s, alert %lld) silenced; held "
@@ -964,7 +974,7 @@ static void release_held(struct pager *p, double now)
 {
     for (size_t i = 0; i < p->nrows; i++) {
         struct prow *r = &p->rows[i];
-        if (r->done || r->state != STORE_OUTBOX_SILENCED || page_silenced(p->sils, p->nsils, &r->a, now))
+        if (r->done || r->state != STORE_OUTBOX_SILENCED || silenced(p, &r->a, now))
             continue;
         int f = still_firing(p, r->a.alert_id, r->event_id);
         if (f < 0)
@@ -995,7 +1005,7 @@ static void resend_due(struct pager *p, double now, double wall)
             continue; /* failed during this pass: one timeout per pass is enough */
         if (!p->sil_ok)
             continue; /* silences unreadable: send nothing they might hold */
-        if (page_silenced(p->sils, p->nsils, &o->a, wall)) {
+        if (silenced(p, &o->a, wall)) {
             if (!o->silenced)
                 atomic_fetch_add(&tstats(p, o->target)->silenced, 1);
             o->silenced = 1;
@@ -1110,8 +1120,7 @@ static void pager_free(struct pager *p)
 {
     for (size_t i = 0; i < p->cfg.n; i++)
         silence_free(&p->routes[i].match);
-    free_silences(p);
-    free(p->sils);
+    silence_set_unref(p->sils);
     free(p->rows);
     free(p->open);
     if (p->curl)
@@ -1140,8 +1149,7 @@ int pager_start(const struct pager_opts *opts, struct pager **out, char *err, si
     p->rng = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() ^ 1;
     p->quota = PAGER_MAX_ROWS / p->cfg.n;
     p->rows = calloc(PAGER_MAX_ROWS, sizeof(*p->rows));
-    p->sils = calloc(PAGER_MAX_SILENCES, sizeof(*p->sils));
-    if (!p->rows || !p->sils) {
+    if (!p->rows) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }

@@ -65,12 +65,14 @@ struct fs_stats {
 
     /* pager thread writes */
     atomic_uint_fast64_t outbox_pending;   /* gauge: deliveries not yet done */
+    atomic_uint_fast64_t silence_compiles_pager; /* silences parsed for matching */
     unsigned ntargets;                     /* set before threads start */
     struct fs_target_stats targets[STATS_MAX_TARGETS];
 
     /* http threads write */
     atomic_uint_fast64_t http_requests;
     atomic_uint_fast64_t http_errors; /* responses with status >= 400 */
+    atomic_uint_fast64_t silence_compiles_http; /* silences parsed for silenced_by */
 
     /* lifecycle: 1 once storage is open and both listeners are bound,
      * 0 again when shutdown starts or the writer cannot commit. */

@@ -11,6 +11,9 @@ PKGS=(
   libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev
   libopenblas-dev liblapacke-dev libmicrohttpd-dev libcurl4-openssl-dev
   libjansson-dev
+  # silence regexes: PCRE2, whose compile, match, depth and heap limits
+  # bound what a hostile matcher costs (glibc regcomp took 8 GB for one)
+  libpcre2-dev
   # tests: Criterion, sanitizer/fuzzer runtimes, sqlite3 shell, curl
   libcriterion-dev libclang-rt-14-dev sqlite3 curl procps
   # Python side: protobuf runtime + protoc for the generated module, numpy

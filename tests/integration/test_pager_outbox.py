@@ -11,7 +11,8 @@
    trigger is held (outbox state 3, nothing sent, the alert is stored and
    lists the silence in silenced_by, /metrics counts it); expiring the
    silence while the alert still fires sends it; an alert that resolves
-   while silenced sends nothing at all (both rows state 4).
+   while silenced sends nothing at all (both rows state 4); the pager
+   compiles each silence once, however often it re-reads them.
 Alerts come from the non-finite loss rule: a NaN loss fires at once, five
 normal samples resolve it."""
 import hashlib
@@ -163,6 +164,12 @@ def test(args, workdir):
             check(not of_run(rx.snapshot(), "brief"), "brief was paged")
             send_losses(pb, d.ingest_port, "quiet", RESOLVE, first_step=step_q)
             rx.wait_for(lambda rs: of_run(rs, "quiet", "resolved"), what="quiet resolved")
+            # The pager read the silences before the held triggers and again
+            # (its periodic re-read) before sending quiet's: each of the two
+            # was compiled once all the same.
+            m = re.search(r'^foreshock_silence_compiles_total\{by="pager"\} (\d+)',
+                          urllib_get(d.url("/metrics")), re.M)
+            check(m is not None and int(m.group(1)) == 2, f"pager silence compiles: {m}")
             check(d.stop() == 0, "daemon did not stop cleanly")
             log = d.log_text()
             check("silenced; held until the silence ends" in log, "no silence log line")
