@@ -61,6 +61,24 @@ static void open_incident(struct alert_state *st, const struct detect_rule *rule
     st->breach_kind = (uint8_t)v->breach_kind;
 }
 
+/* Has the open breach persisted long enough to fire? persistence counts
+ * consecutive breaching samples; for a windowed series (a Delta over
+ * `window` steps) they must also span (persistence - 1) windows, because
+ * samples of overlapping windows (a 25-step window sketched every 5 steps)
+ * share most of their updates and are not independent evidence: three
+ * such samples of one 25-step transient would otherwise confirm it 10 steps
+ * after it began. Needs no state beyond the first breach step. */
+static bool persisted(const struct alert_state *st, const struct detect_rule *rule,
+                      const struct alert_scope *scope, int64_t step)
+{
+    if (st->breach_run < rule->persistence)
+        return false;
+    if (scope->window <= 0 || rule->persistence <= 1)
+        return true;
+    int64_t span = (int64_t)(rule->persistence - 1) * (int64_t)scope->window;
+    return step - st->first_breach_step >= span;
+}
+
 int alert_step(struct alert_state *st, const struct detect_rule *rule,
                const struct alert_scope *scope, const struct detect_verdict *v, int64_t step,
                double now, struct alert_transition *out)
@@ -84,7 +102,7 @@ int alert_step(struct alert_state *st, const struct detect_rule *rule,
             }
             if (st->state != ALERT_FIRING) {
                 /* A non-finite value cannot become "more" confirmed: page now. */
-                if (v->non_finite || st->breach_run >= rule->persistence)
+                if (v->non_finite || persisted(st, rule, scope, step))
                     to = ALERT_FIRING;
                 else
                     to = ALERT_PENDING;

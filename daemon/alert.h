@@ -13,6 +13,9 @@
  * it returns go to the writer, and are announced only after they commit.
  *
  *   INACTIVE --breach--> PENDING --persistence consecutive breaches--> FIRING
+ *     (for a windowed series, scope.window > 0, the breaches must also span
+ *     (persistence - 1) * window steps: overlapping windows are not
+ *     independent samples)
  *   PENDING  --normal sample--> INACTIVE
  *   FIRING   --resolve_after consecutive normal samples--> RESOLVED
  *   RESOLVED --breach--> PENDING (a new incident)

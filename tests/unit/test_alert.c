@@ -98,7 +98,9 @@ Test(alert_lifecycle, table)
         r.resolve_after = c->resolve_after;
         struct alert_state st;
         alert_state_init(&st);
-        struct alert_scope scope = {.layer = 3, .head = 1, .window = 100, .rank = -1};
+        /* Window 1: every sample is an independent window (the windowed
+         * persistence has its own table below). */
+        struct alert_scope scope = {.layer = 3, .head = 1, .window = 1, .rank = -1};
         char got[64] = {0};
         size_t n = strlen(c->in);
         cr_assert_lt(n, sizeof got);
@@ -117,12 +119,56 @@ Test(alert_lifecycle, table)
     }
 }
 
+/* Persistence over overlapping windows: samples `spacing` steps apart of a
+ * Delta over `window` steps must span (persistence - 1) windows, so three
+ * samples of one transient a window long never confirm it. Letters as
+ * above; scalars (window 0) count samples only. */
+static const struct {
+    const char *in, *out;
+    int32_t window;
+    int64_t spacing;
+    uint32_t persistence;
+} windowed_cases[] = {
+    {"BBB", "P.F", 25, 25, 3},                  /* disjoint windows: samples suffice */
+    {"BBBBBBBBBBB", "P.........F", 25, 5, 3},   /* 50 steps after the first breach */
+    {"BBBBBBNBBBBBBBBBBB", "P.....IP.........F", 25, 5, 3}, /* a normal sample restarts */
+    {"BBBBBB", "P.....", 25, 5, 3},             /* a 25-step transient: never confirmed */
+    {"BBBBBB", "P....F", 50, 10, 2},            /* one more window */
+    {"BBB", "P.F", 0, 5, 3},                    /* a scalar: samples only */
+    {"BBB", "P.F", 5, 10, 3},                   /* gaps between windows */
+    {"BX", "PF", 25, 5, 3},                     /* non-finite pages at once */
+};
+
+Test(alert_lifecycle, windowed_persistence)
+{
+    for (size_t i = 0; i < sizeof windowed_cases / sizeof windowed_cases[0]; i++) {
+        struct detect_rule r = rule_named("qk.d2.erank");
+        r.persistence = windowed_cases[i].persistence;
+        struct alert_state st;
+        alert_state_init(&st);
+        struct alert_scope scope = {.layer = 0, .head = -1, .window = windowed_cases[i].window,
+                                    .rank = -1};
+        char got[64] = {0};
+        size_t n = strlen(windowed_cases[i].in);
+        for (size_t k = 0; k < n; k++) {
+            struct detect_verdict v = verdict_for(windowed_cases[i].in[k], (double)k);
+            struct alert_transition tr;
+            int64_t step = 100 + (int64_t)k * windowed_cases[i].spacing;
+            cr_assert_eq(alert_step(&st, &r, &scope, &v, step, 0, &tr), 0);
+            got[k] = change_letter(tr.change);
+        }
+        cr_assert_str_eq(got, windowed_cases[i].out, "case %zu (%s, window %d every %lld)", i,
+                         windowed_cases[i].in, windowed_cases[i].window,
+                         (long long)windowed_cases[i].spacing);
+    }
+}
+
 Test(alert_lifecycle, evidence_on_firing_and_resolve)
 {
     struct detect_rule r = rule_named("qk.d2.erank");
     struct alert_state st;
     alert_state_init(&st);
-    struct alert_scope scope = {.layer = 7, .head = 2, .window = 10, .rank = -1};
+    struct alert_scope scope = {.layer = 7, .head = 2, .window = 1, .rank = -1};
     struct alert_transition tr;
     struct detect_verdict b = verdict_for('B', 1.25), n = verdict_for('N', 20);
     b.median = 19.5;
@@ -144,7 +190,7 @@ Test(alert_lifecycle, evidence_on_firing_and_resolve)
     cr_assert_eq(tr.breach_kind, DETECT_BREACH_Z);
     cr_assert_eq(tr.scope.layer, 7);
     cr_assert_eq(tr.scope.head, 2);
-    cr_assert_eq(tr.scope.window, 10);
+    cr_assert_eq(tr.scope.window, 1);
     cr_assert_eq(tr.scope.rank, -1);
     cr_assert_eq(tr.step, 502);
     cr_assert_eq(tr.time, 3.0);
@@ -730,7 +776,7 @@ static int run_scenario(const struct scenario *sc, int64_t cut, struct logged *l
             double x = sc->series[i].gen(s, uniform(&seed[i]), &present);
             struct detect_verdict v;
             struct alert_transition tr;
-            struct alert_scope scope = {.layer = i, .head = -1, .window = 100, .rank = -1};
+            struct alert_scope scope = {.layer = i, .head = -1, .window = 1, .rank = -1};
             cr_assert_eq(detect_step(&det[i], &rules[i], s, x, present, sc->detect_from, &v), 0);
             cr_assert_eq(alert_step(&al[i], &rules[i], &scope, &v, s, 1e9 + (double)s, &tr), 0);
             if (tr.change != ALERT_CHANGE_NONE) {
@@ -799,7 +845,7 @@ Test(alert_scenarios, fired_evidence_is_complete)
     cr_assert_eq(f->first_breach_step, 120);
     cr_assert_eq(f->fired_step, 122);
     cr_assert_eq(f->scope.layer, 0);
-    cr_assert_eq(f->scope.window, 100);
+    cr_assert_eq(f->scope.window, 1);
     cr_assert_str_eq(f->rule, "qk.d2.erank");
 }
 
