@@ -52,14 +52,16 @@ static const struct detect_rule default_rules[] = {
      .direction = DETECT_RISE_IS_BAD},
     {RULE_DEFAULTS, .name = "update_ratio", .family = DETECT_FAMILY_UPDATE_RATIO,
      .direction = DETECT_RISE_IS_BAD},
-    /* The classic baselines. A loss spike is judged on a single step, as
-     * Megatron does, so they fire on the first breach (persistence 1). */
-    {RULE_COMMON, .name = "loss", .family = DETECT_FAMILY_SCALAR_LOSS,
-     .direction = DETECT_RISE_IS_BAD, .spike_ratio = DETECT_DEFAULT_SPIKE_RATIO,
-     .persistence = 1},
-    {RULE_COMMON, .name = "grad_norm", .family = DETECT_FAMILY_SCALAR_LOSS,
-     .direction = DETECT_RISE_IS_BAD, .spike_ratio = DETECT_DEFAULT_SPIKE_RATIO,
-     .persistence = 1},
+    /* The classic baselines. Per-step minibatch loss and gradient norm are
+     * heavy-tailed: judged on a single step (Megatron's rule) they paged
+     * every healthy run tried (single-step grad-norm spikes at z 6-15), so
+     * they need three consecutive breaching steps like every other rule,
+     * which delays a real spike by two steps. A non-finite value still
+     * fires at once (alert.c). */
+    {RULE_DEFAULTS, .name = "loss", .family = DETECT_FAMILY_SCALAR_LOSS,
+     .direction = DETECT_RISE_IS_BAD, .spike_ratio = DETECT_DEFAULT_SPIKE_RATIO},
+    {RULE_DEFAULTS, .name = "grad_norm", .family = DETECT_FAMILY_SCALAR_LOSS,
+     .direction = DETECT_RISE_IS_BAD, .spike_ratio = DETECT_DEFAULT_SPIKE_RATIO},
 };
 
 _Static_assert(sizeof default_rules / sizeof default_rules[0] <= DETECT_MAX_RULES,

@@ -250,7 +250,10 @@ Test(alert_lifecycle, nonfinite_is_critical_even_for_warning_rules)
     cr_assert_not(alert_evidence_add(&e, &st, r.family), "a resolved alert is no evidence");
     cr_assert_eq(e.first[DETECT_FAMILY_SCALAR_LOSS], -1);
     alert_step(&st, &r, &scope, &b, 60, 0, &tr);
-    cr_assert_eq(tr.change, ALERT_CHANGE_TO_FIRING); /* persistence 1 */
+    cr_assert_eq(tr.change, ALERT_CHANGE_TO_PENDING); /* persistence 3 */
+    alert_step(&st, &r, &scope, &b, 61, 0, &tr);
+    alert_step(&st, &r, &scope, &b, 62, 0, &tr);
+    cr_assert_eq(tr.change, ALERT_CHANGE_TO_FIRING);
     cr_assert_eq(tr.severity, DETECT_SEVERITY_WARNING);
     alert_evidence_init(&e);
     cr_assert(alert_evidence_add(&e, &st, r.family));
@@ -638,6 +641,11 @@ static double loss_spike(int64_t s, double u, bool *p)
     (void)p;
     return s == 80 ? 50.0 : 2.0 + 0.01 * u;
 }
+static double loss_rise(int64_t s, double u, bool *p)
+{
+    (void)p;
+    return s >= 80 ? 50.0 + u : 2.0 + 0.01 * u;
+}
 static double maxvio_jump(int64_t s, double u, bool *p)
 {
     (void)p;
@@ -712,12 +720,14 @@ static const struct scenario scenarios[] = {
     {"Delta2 collapse with healthy router: attention-numerics", 130, 0, 2,
      {{"qk.d2.erank", erank_collapse_from_100}, {"router.similarity", erank_healthy}}, 2,
      {{0, 100, TP, 0, W}, {0, 102, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}}},
-    {"loss spike fires on the spike step", 120, 0, 1, {{"loss", loss_spike}}, 2,
-     {{0, 80, TF, ALERT_ATTR_LOSS_SPIKE, W}, {0, 85, TR, 0, W}}},
+    {"a one-step loss spike does not page", 120, 0, 1, {{"loss", loss_spike}}, 2,
+     {{0, 80, TP, 0, W}, {0, 81, TI, 0, W}}},
+    {"a sustained loss rise fires on its third step", 120, 0, 1, {{"loss", loss_rise}}, 2,
+     {{0, 80, TP, 0, W}, {0, 82, TF, ALERT_ATTR_LOSS_SPIKE, W}}},
     {"MaxVio jump alone: router-balance", 130, 0, 2,
      {{"router.maxvio", maxvio_jump}, {"loss", loss_spike}}, 4,
-     {{1, 80, TF, ALERT_ATTR_LOSS_SPIKE, W},
-      {1, 85, TR, 0, W},
+     {{1, 80, TP, 0, W},
+      {1, 81, TI, 0, W},
       {0, 100, TP, 0, W},
       {0, 102, TF, ALERT_ATTR_ROUTER_BALANCE, W}}},
 };

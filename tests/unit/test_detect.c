@@ -84,8 +84,8 @@ static const struct {
     {"router.maxvio", DETECT_FAMILY_ROUTER_BALANCE, DETECT_RISE_IS_BAD, false, 0, 3},
     {"router.load_entropy", DETECT_FAMILY_ROUTER_BALANCE, DETECT_FALL_IS_BAD, false, 0, 3},
     {"weight_norm", DETECT_FAMILY_WEIGHT_NORM, DETECT_RISE_IS_BAD, false, 0, 3},
-    {"loss", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 1},
-    {"grad_norm", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 1},
+    {"loss", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3},
+    {"grad_norm", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3},
 };
 
 Test(detect_rules, default_table_matches_monitors_md)
