@@ -390,9 +390,16 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
         }
         if (rule->spike_ratio > 0 && st->has_max && st->running_max > 0)
             out->spike_ratio = value / st->running_max;
-        if (!out->in_warmup) {
-            bool low = rule->has_floor && value <= rule->floor;
-            bool high = rule->has_ceiling && value >= rule->ceiling;
+        /* Absolute floors and ceilings need no baseline: they hold from the
+         * start of detection, through the rule's warm-up, so a collapse that
+         * is already there when detection starts is still caught. */
+        bool started = step >= detect_from_step;
+        bool low = started && rule->has_floor && value <= rule->floor;
+        bool high = started && rule->has_ceiling && value >= rule->ceiling;
+        if (out->in_warmup && (low || high)) {
+            out->breach_kind = DETECT_BREACH_FLOOR;
+            out->breach = true;
+        } else if (!out->in_warmup) {
             bool zbad = out->baseline_n > 0 &&
                         (rule->direction == DETECT_FALL_IS_BAD ? out->z <= -rule->z
                                                                : out->z >= rule->z);
@@ -414,6 +421,11 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
         st->normal_run = 0;
         return 0;
     }
+    /* Before detection starts (early training: LR warm-up, the fast early
+     * transitions) a finite sample does not even build the baseline: a
+     * baseline that holds them is too wide for what follows. */
+    if (step < detect_from_step)
+        return 0;
     /* A normal, finite sample. While a breach is open it stays out of the
      * baseline (a collapsed level must not become the new normal) until
      * resolve_after normal samples close it. Warm-up only builds the

@@ -170,8 +170,9 @@ void detect_state_init(struct detect_state *st);
 
 /* Scores one sample of the series and updates its state. is_present false
  * (an absent point: no spectrum) changes nothing and never breaches. Steps
- * before detect_from_step, and the first rule->warmup accepted samples, only
- * build the baseline: then only non-finite values breach. A breaching
+ * before detect_from_step are ignored (only a non-finite value breaches
+ * there); after it, the first rule->warmup accepted samples only build the
+ * baseline, and then too only non-finite values breach. A breaching
  * sample, and every sample while a breach is open (from a breach until
  * rule->resolve_after consecutive normal samples), stays out of the
  * baseline. A disabled rule never breaches and leaves st unchanged.

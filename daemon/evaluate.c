@@ -62,6 +62,8 @@ void eval_run_init(struct eval_run *er, const struct detect_rules *rules)
 {
     memset(er, 0, sizeof(*er));
     er->rules = rules;
+    er->progress.warmup_end = -1;
+    er->progress.lr_last_step = -1;
 }
 
 void eval_run_clear(struct eval_run *er)
@@ -284,6 +286,38 @@ void eval_label_all(struct eval_run *er, struct eval_batch *b)
     label_before(er, b, UINT64_MAX);
 }
 
+/* --- progress ------------------------------------------------------------------------------ */
+
+void eval_progress_lr(struct eval_run *er, uint64_t step, double lr)
+{
+    struct eval_progress *p = &er->progress;
+    if (!isfinite(lr) || (int64_t)step <= p->lr_last_step)
+        return;
+    if (p->lr_seen && p->warmup_end < 0 && lr <= p->lr_last)
+        p->warmup_end = (int64_t)step; /* the first step it did not rise */
+    if (!p->lr_seen)
+        p->lr_first_step = (int64_t)step;
+    p->lr_seen = true;
+    p->lr_last = lr;
+    p->lr_last_step = (int64_t)step;
+}
+
+int64_t eval_start_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step)
+{
+    const struct eval_progress *p = &er->progress;
+    if (detect_from_step > 0)
+        return detect_from_step;
+    /* Only what earlier steps said: warmup_end == step was learnt from this
+     * step's own LR, which may be fed after this sample. */
+    if (p->warmup_end >= 0 && p->warmup_end < (int64_t)step) {
+        int64_t start = EVAL_START_WARMUPS * p->warmup_end;
+        return start > EVAL_START_MIN ? start : EVAL_START_MIN;
+    }
+    if (!p->lr_seen || p->lr_first_step >= (int64_t)step)
+        return EVAL_START_NO_LR;
+    return INT64_MAX; /* still warming up */
+}
+
 /* --- feeding ------------------------------------------------------------------------------- */
 
 int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, uint64_t step,
@@ -301,7 +335,12 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
     struct alert_transition tr;
     struct alert_scope scope = {.layer = t->key.layer, .head = t->key.head,
                                 .window = t->key.window, .rank = t->key.rank};
-    if (detect_step(&t->ds, t->rule, (int64_t)step, value, present, detect_from_step, &v) < 0 ||
+    /* A series that has started (it holds baseline samples, maybe restored
+     * after a restart) is past its start whatever progress says now. */
+    int64_t from = t->ds.accepted > 0 && detect_from_step <= 0
+                       ? 0
+                       : eval_start_step(er, step, detect_from_step);
+    if (detect_step(&t->ds, t->rule, (int64_t)step, value, present, from, &v) < 0 ||
         alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now, &tr) < 0)
         return -EINVAL;
     t->last_step = (int64_t)step;

@@ -33,6 +33,30 @@
 
 #define EVAL_WHY_MAX 192 /* "qk.d2.srank.min layer=2 window=25; update_ratio layer=1" */
 
+/* When detection starts, by training progress (MONITORS.md section 4: early
+ * training legitimately passes through sharp low-rank phases and fast
+ * drifts; a baseline that holds them is too wide, one that fires on them is
+ * wrong). The learning rate tells where training is: its warm-up ends at
+ * the first step it stops rising, and the fast early phase lasts a few
+ * warm-ups more. Detection of a series starts at
+ *   detect_from_step, when the run (Hello) or the configuration sets one;
+ *   else EVAL_START_WARMUPS x the LR warm-up end, at least EVAL_START_MIN;
+ *   else, for a trainer that reports no learning rate, EVAL_START_NO_LR.
+ * Samples before the start neither fire (a non-finite value aside) nor
+ * enter the baseline; after it, each rule's `warmup` samples build the
+ * baseline. A series already started (restored after a restart) goes on. */
+#define EVAL_START_WARMUPS 3
+#define EVAL_START_MIN 100
+#define EVAL_START_NO_LR 150
+
+struct eval_progress {
+    bool lr_seen;
+    int64_t lr_first_step; /* step of the first LR seen */
+    double lr_last;
+    int64_t lr_last_step;
+    int64_t warmup_end; /* first step the LR did not rise (-1: still rising, or none seen) */
+};
+
 struct eval_track {
     struct store_series_key key;
     char rule_name[DETECT_NAME_MAX];
@@ -55,6 +79,7 @@ struct eval_run {
     size_t n_tracks, cap_tracks;
     uint32_t *slots; /* open addressing over tracks, 1-based; 0 = empty */
     size_t nslots;
+    struct eval_progress progress;
 };
 
 /* One alert row that changed, with the transition that changed it (if any). */
@@ -100,10 +125,22 @@ void eval_rule_of_series(const char *series, char *rule, size_t len);
 bool eval_input_rule(const struct detect_rules *rules, const struct store_series_key *k,
                      char *rule, size_t len);
 
+/* Rank 0's learning rate at step (in step order). Progress is judged from
+ * the learning rates of earlier steps only, so the order in which a step's
+ * series and its LR are fed does not matter. */
+void eval_progress_lr(struct eval_run *er, uint64_t step, double lr);
+
+/* The step detection of a not yet started series starts at, for a sample at
+ * `step` (INT64_MAX while the LR is still warming up); detect_from_step > 0
+ * (the run's or the configuration's) wins. */
+int64_t eval_start_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step);
+
 /* Feeds one sample of track t (a track of er) for step: labels the events
  * of b raised at earlier steps, runs detect_step and alert_step, and
  * appends an event to b when the alert row changed. A step at or below the
  * track's last one is skipped (a replay after a restart changes nothing).
+ * detect_from_step: the run's or the configuration's (0: by progress, see
+ * EVAL_START_WARMUPS).
  * Returns 1 when fed, 0 when skipped, -ENOMEM (b->oom set) when the event
  * could not be recorded, -EINVAL for bad arguments. */
 int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, uint64_t step,

@@ -190,8 +190,8 @@ static void pool_destroy(struct ws_pool *p)
 struct scalar_sample {
     uint64_t step;
     double time;
-    bool has_loss, has_grad;
-    double loss, grad;
+    bool has_loss, has_grad, has_lr;
+    double loss, grad, lr;
     uint32_t n_wn, n_ur;
     float *wn, *ur; /* owned */
     struct scalar_sample *next;
@@ -559,6 +559,8 @@ static void detect_scalars(struct stage *st, struct stage_run *sr, struct run *r
                            struct build *bd, const struct scalar_sample *x)
 {
     struct store_series_key k;
+    if (x->has_lr) /* training progress: when detection starts (evaluate.h) */
+        eval_progress_lr(&sr->ev, x->step, x->lr);
     if (x->has_loss) {
         set_key(&k, "loss", -1, -1, 0, 0);
         feed_track(st, sr, run, bd, &k, "loss", x->step, x->loss, true, -1);
@@ -649,6 +651,8 @@ static void queue_scalars(struct stage *st, struct run *run, const struct stage_
     x->loss = s->loss;
     x->has_grad = s->has_grad_norm;
     x->grad = s->grad_norm;
+    x->has_lr = s->has_lr;
+    x->lr = s->lr;
     if (s->n_layer_weight_norm && (x->wn = malloc(s->n_layer_weight_norm * sizeof(float)))) {
         memcpy(x->wn, s->layer_weight_norm, s->n_layer_weight_norm * sizeof(float));
         x->n_wn = (uint32_t)s->n_layer_weight_norm;

@@ -95,11 +95,17 @@ static int apply_set(struct detect_rules *rules, struct fs_config *cfg, const ch
 
 /* ---- evaluation of one run ------------------------------------------------------- */
 
+/* Rank 0's learning rate: training progress, as the live stage sees it. */
+static bool is_lr(const struct store_series_key *k)
+{
+    return strcmp(k->name, "lr") == 0 && k->rank == 0 && k->layer == -1;
+}
+
 static bool want_series(void *ctx, const struct store_series_key *k)
 {
     struct run_ctx *rc = ctx;
     char rule[DETECT_NAME_MAX];
-    return eval_input_rule(rc->er.rules, k, rule, sizeof(rule));
+    return is_lr(k) || eval_input_rule(rc->er.rules, k, rule, sizeof(rule));
 }
 
 static int feed_point(void *ctx, const struct store_series_key *k, uint64_t step, double value,
@@ -107,6 +113,11 @@ static int feed_point(void *ctx, const struct store_series_key *k, uint64_t step
 {
     struct run_ctx *rc = ctx;
     char rule[DETECT_NAME_MAX];
+    if (is_lr(k)) {
+        if (present)
+            eval_progress_lr(&rc->er, step, value);
+        return 0;
+    }
     if (!eval_input_rule(rc->er.rules, k, rule, sizeof(rule)))
         return 0;
     struct eval_track *t = eval_track_get(&rc->er, k, rule);

@@ -12,9 +12,9 @@ import time
 from fstest import Daemon, check, run_all_pages, run_main
 
 RANKS = 4
-STEPS = 320
+STEPS = 600
 SKETCH_EVERY = 5
-FAULT_STEP = 160
+FAULT_STEP = 300
 TRUTH_RE = re.compile(r"simulate: scenario=(\S+) fault_step=(\S+) diverge_step=(\S+)")
 
 # scenario -> (labels of which at least one must fire, labels none may carry)

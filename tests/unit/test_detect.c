@@ -319,7 +319,9 @@ Test(detect_step, z_is_robust_score)
     cr_assert_not(v.breach);
 }
 
-Test(detect_step, warmup_suppresses_z_and_floor_but_not_nonfinite)
+/* The rule's warm-up suppresses z (no baseline yet) but neither an
+ * absolute floor (it needs no baseline) nor a non-finite value. */
+Test(detect_step, warmup_suppresses_z_but_not_floor_nor_nonfinite)
 {
     struct detect_rule r = rule_named("qk.d2.erank");
     struct detect_state st;
@@ -334,6 +336,8 @@ Test(detect_step, warmup_suppresses_z_and_floor_but_not_nonfinite)
             x = INFINITY;
         if (s == 10)
             x = 1.0; /* far below the floor and the baseline */
+        if (s == 12)
+            x = 3.0; /* far below the baseline, above the floor: z only */
         cr_assert_eq(detect_step(&st, &r, s, x, true, 0, &v), 0);
         cr_assert(v.in_warmup, "step %lld", (long long)s);
         if (s == 5 || s == 6) {
@@ -341,44 +345,62 @@ Test(detect_step, warmup_suppresses_z_and_floor_but_not_nonfinite)
             cr_assert(v.non_finite);
             cr_assert_eq(v.breach_kind, DETECT_BREACH_NONFINITE);
             cr_assert_not(v.accepted_into_baseline);
+        } else if (s == 10) {
+            cr_assert(v.breach);
+            cr_assert_eq(v.breach_kind, DETECT_BREACH_FLOOR);
+            cr_assert_not(v.accepted_into_baseline);
         } else {
             cr_assert_not(v.breach, "step %lld", (long long)s);
-            /* Warm-up only builds the baseline: even after a NaN. */
+            /* Warm-up builds the baseline, even after a breach. */
             cr_assert(v.accepted_into_baseline, "step %lld", (long long)s);
         }
     }
-    /* 18 finite samples accepted: two more still in warm-up. */
-    cr_assert_eq(st.accepted, 18);
-    detect_step(&st, &r, 20, 20, true, 0, &v);
-    detect_step(&st, &r, 21, 20, true, 0, &v);
-    cr_assert(v.in_warmup);
-    detect_step(&st, &r, 22, 1.0, true, 0, &v);
+    /* 17 samples accepted: three more still in warm-up. */
+    cr_assert_eq(st.accepted, 17);
+    for (int64_t s = 20; s < 23; s++) {
+        detect_step(&st, &r, s, 20, true, 0, &v);
+        cr_assert(v.in_warmup);
+    }
+    detect_step(&st, &r, 23, 3.0, true, 0, &v);
     cr_assert_not(v.in_warmup);
     cr_assert(v.breach);
-    cr_assert_eq(v.breach_kind, DETECT_BREACH_FLOOR);
+    cr_assert_eq(v.breach_kind, DETECT_BREACH_Z);
 }
 
+/* Samples before detect_from_step are ignored: they neither breach nor
+ * build the baseline, so the rule's warm-up counts from the start. A dip
+ * z-breaches only once warmup samples after the start are in; an absolute
+ * floor holds from the start itself. */
 Test(detect_step, detect_from_step_is_respected)
 {
     static const struct {
         int64_t detect_from, dip_step;
+        double dip;
         bool breach;
+        uint64_t accepted; /* baseline samples before the dip */
     } cases[] = {
-        {0, 60, true}, {100, 60, false}, {100, 99, false}, {100, 100, true}, {100, 150, true},
+        {0, 60, 5.0, true, 60},     {100, 60, 5.0, false, 0},  {100, 99, 5.0, false, 0},
+        {100, 100, 5.0, false, 0},  {100, 119, 5.0, false, 19}, {100, 120, 5.0, true, 20},
+        {100, 150, 5.0, true, 50},  {100, 100, 1.0, true, 0},   {100, 99, 1.0, false, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named("qk.d2.erank");
+        cr_assert_eq(r.warmup, 20);
         struct detect_state st;
         detect_state_init(&st);
         uint64_t seed = 99;
         struct detect_verdict v = {0};
         for (int64_t s = 0; s <= cases[c].dip_step; s++) {
-            double x = s == cases[c].dip_step ? 5.0 : 20 + 0.5 * uniform(&seed);
+            double x = s == cases[c].dip_step ? cases[c].dip : 20 + 0.5 * uniform(&seed);
+            if (s == cases[c].dip_step)
+                cr_assert_eq(st.accepted, cases[c].accepted, "case %zu", c);
             cr_assert_eq(detect_step(&st, &r, s, x, true, cases[c].detect_from, &v), 0);
         }
         cr_assert_eq(v.breach, cases[c].breach, "case %zu", c);
-        cr_assert_eq(v.in_warmup, !cases[c].breach, "case %zu", c);
-        cr_assert_lt(v.z, -5, "case %zu: z is reported even in warm-up", c);
+        if (v.breach)
+            cr_assert_eq(v.breach_kind, cases[c].dip < r.floor ? DETECT_BREACH_FLOOR
+                                                               : DETECT_BREACH_Z,
+                         "case %zu", c);
     }
 }
 

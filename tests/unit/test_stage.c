@@ -58,7 +58,10 @@ static void h_open(struct harness *h, const char *path)
     detect_rules_default(&h->rules);
     struct stage_opts sto = {.loop = &h->loop, .store = h->store, .stats = &h->stats,
                              .rules = &h->rules, .reduce_timeout_s = 60,
-                             .reduce_max_bytes = 1ull << 30, .max_chunks = 2};
+                             .reduce_max_bytes = 1ull << 30, .max_chunks = 2,
+                             /* These tables test detection itself, not when
+                              * training progress starts it (evaluate.h). */
+                             .detect_from_step = 1};
     cr_assert_eq(stage_create(&sto, &h->stage, err, sizeof(err)), 0, "%s", err);
     cr_assert_eq(stage_load(h->stage, path, err, sizeof(err)), 0, "%s", err);
     /* the Hello: run and stream rows, then the Welcome's registration */
