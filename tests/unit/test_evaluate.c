@@ -1,0 +1,187 @@
+/* evaluate.c: when detection starts (training progress), which stored
+ * series are detection inputs, and per-incident labels that depend neither
+ * on the order of a step's samples nor on how they are batched. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "evaluate.h"
+
+/* ---- start of detection ------------------------------------------------------- */
+
+/* LR schedules, one value per step from step 1; start asked for at `at`. */
+static double warm50_const(int64_t s) { return s < 50 ? 1e-3 * (double)(s + 1) / 50 : 1e-3; }
+static double warm10_cosine(int64_t s)
+{
+    return s < 10 ? 1e-3 * (double)(s + 1) / 10 : 1e-3 * (0.55 + 0.45 * cos((double)s / 500));
+}
+static double constant(int64_t s) { (void)s; return 3e-4; }
+static double warm2000(int64_t s) { return 1e-3 * (double)(s + 1) / 2000; }
+
+static const struct {
+    const char *name;
+    double (*lr)(int64_t);
+    int64_t feed_until; /* LR fed for steps 1..feed_until (0: none) */
+    int64_t detect_from;
+    uint64_t at;
+    int64_t want;
+} start_cases[] = {
+    {"50-step warm-up, then constant: 3 x 50", warm50_const, 400, 0, 300, 150},
+    {"10-step warm-up, cosine: at least step 100", warm10_cosine, 400, 0, 300, 100},
+    {"constant from step 1", constant, 400, 0, 300, 100},
+    {"still warming up: not yet", warm2000, 400, 0, 300, INT64_MAX},
+    {"no LR reported", NULL, 0, 0, 300, 150},
+    {"detect_from_step wins", warm50_const, 400, 40, 300, 40},
+    {"detect_from_step wins without LR", NULL, 0, 500, 300, 500},
+    /* The LR of step 50 is the first that does not rise: the warm-up ends
+     * there; a sample of step 50 itself does not know yet (its LR may be
+     * fed after it). */
+    {"warm-up end seen at its own step: not yet", warm50_const, 50, 0, 50, INT64_MAX},
+    {"warm-up end seen a step later", warm50_const, 50, 0, 51, 150},
+};
+
+Test(evaluate, start_of_detection_by_progress)
+{
+    for (size_t i = 0; i < sizeof(start_cases) / sizeof(start_cases[0]); i++) {
+        struct detect_rules rules;
+        struct eval_run er;
+        detect_rules_default(&rules);
+        eval_run_init(&er, &rules);
+        for (int64_t s = 1; start_cases[i].lr && s <= start_cases[i].feed_until; s++)
+            eval_progress_lr(&er, (uint64_t)s, start_cases[i].lr(s));
+        int64_t got = eval_start_step(&er, start_cases[i].at, start_cases[i].detect_from);
+        cr_expect_eq(got, start_cases[i].want, "%s: got %lld", start_cases[i].name,
+                     (long long)got);
+        eval_run_clear(&er);
+    }
+}
+
+/* ---- detection inputs ------------------------------------------------------------ */
+
+static const struct {
+    struct store_series_key k;
+    bool input;
+    const char *rule;
+} input_cases[] = {
+    {{"qk.d2.erank.min", 2, -1, 25, -1}, true, "qk.d2.erank"},
+    {{"qk.d2.srank.min", 0, -1, 5, -1}, true, "qk.d2.srank"},
+    {{"qk.cqk.max", 1, -1, 10, -1}, true, "qk.cqk"},
+    {{"qk.d2.erank.mean", 2, -1, 25, -1}, false, NULL},   /* not what is detected */
+    {{"qk.d2.erank", 2, 3, 25, -1}, false, NULL},         /* a head, not the layer */
+    {{"qk.d1.erank.min", 2, -1, 25, -1}, false, NULL},    /* Delta1: no rule */
+    {{"router.zloss", 0, -1, 0, -1}, true, "router.zloss"},
+    {{"router.kappa", 0, -1, 0, -1}, false, NULL},        /* stored, no default rule */
+    {{"loss", -1, -1, 0, 0}, true, "loss"},
+    {{"loss", -1, -1, 0, 1}, false, NULL},                /* rank 1's loss: not detected */
+    {{"grad_norm", -1, -1, 0, 0}, true, "grad_norm"},
+    {{"update_ratio", 3, -1, 0, 0}, true, "update_ratio"},
+    {{"weight_norm", 3, -1, 0, 0}, true, "weight_norm"},
+    {{"lr", -1, -1, 0, 0}, false, NULL},
+};
+
+Test(evaluate, detection_inputs)
+{
+    struct detect_rules rules;
+    detect_rules_default(&rules);
+    for (size_t i = 0; i < sizeof(input_cases) / sizeof(input_cases[0]); i++) {
+        char rule[DETECT_NAME_MAX] = "";
+        bool got = eval_input_rule(&rules, &input_cases[i].k, rule, sizeof(rule));
+        cr_expect_eq(got, input_cases[i].input, "case %zu (%s)", i, input_cases[i].k.name);
+        if (got)
+            cr_expect_str_eq(rule, input_cases[i].rule, "case %zu", i);
+    }
+}
+
+/* ---- labels ------------------------------------------------------------------------ */
+
+/* A Delta2 series collapsing from step 400 and an update-ratio series
+ * jumping at step `ur_from` (0: never), fed step by step from 200 (after
+ * the start, detect_from_step 200) with the two series of a step in either
+ * order and the events taken in batches of `batch` steps. Returns the label
+ * of the first firing of each series. */
+struct labels {
+    enum alert_attribution d2, ur;
+    int64_t d2_step, ur_step;
+};
+
+static struct labels run_pair(int64_t ur_from, bool ur_first, int batch)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    struct labels out = {ALERT_ATTR_NONE, ALERT_ATTR_NONE, -1, -1};
+    struct store_series_key kd = {"qk.d2.srank.min", 1, -1, 5, -1};
+    struct store_series_key ku = {"update_ratio", 1, -1, 0, 0};
+    detect_rules_default(&rules);
+    eval_run_init(&er, &rules);
+    struct eval_track *td = eval_track_get(&er, &kd, "qk.d2.srank");
+    struct eval_track *tu = eval_track_get(&er, &ku, "update_ratio");
+    cr_assert(td && tu);
+    uint64_t seed = 12345;
+    for (int64_t s = 200; s < 700; s += 5) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(seed >> 11) / 9007199254740992.0;
+        double d2 = s >= 400 ? 1.8 - 0.01 * (double)(s - 400) / 5 : 3.0 + 0.05 * u;
+        /* A too-large step: the update ratio jumps tenfold at once. */
+        double ur = ur_from && s >= ur_from ? 0.1 + 0.001 * u : 0.01 + 0.001 * u;
+        for (int k = 0; k < 2; k++) {
+            bool do_ur = (k == 0) == ur_first;
+            cr_assert_geq(eval_feed(&er, &b, do_ur ? tu : td, (uint64_t)s, do_ur ? ur : d2, true,
+                                    -1, 200, 0),
+                          0);
+        }
+        if ((s / 5) % batch == 0 || s + 5 >= 700) {
+            eval_label_all(&er, &b);
+            for (size_t i = 0; i < b.n; i++) {
+                const struct eval_event *e = &b.ev[i];
+                if (!e->has_event || e->tr.change != ALERT_CHANGE_TO_FIRING)
+                    continue;
+                if (e->t == td && out.d2_step < 0) {
+                    out.d2 = e->attr;
+                    out.d2_step = e->tr.step;
+                }
+                if (e->t == tu && out.ur_step < 0) {
+                    out.ur = e->attr;
+                    out.ur_step = e->tr.step;
+                }
+            }
+            eval_batch_reset(&b);
+        }
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return out;
+}
+
+Test(evaluate, labels_by_mechanism_and_order_of_onset)
+{
+    static const struct {
+        int64_t ur_from;
+        enum alert_attribution d2, ur;
+        const char *why;
+    } cases[] = {
+        {0, ALERT_ATTR_ATTENTION_NUMERICS, ALERT_ATTR_NONE, "Delta2 collapse alone"},
+        {350, ALERT_ATTR_COMBINED, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER,
+         "a too-large step first, then the collapse"},
+        {500, ALERT_ATTR_ATTENTION_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS,
+         "the collapse first: the later update-ratio rise is its consequence"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct labels ref = run_pair(cases[i].ur_from, false, 1);
+        cr_expect_eq(ref.d2, cases[i].d2, "%s: Delta2 alert labelled %s", cases[i].why,
+                     alert_attribution_name(ref.d2));
+        cr_expect_eq(ref.ur, cases[i].ur, "%s: update-ratio alert labelled %s", cases[i].why,
+                     alert_attribution_name(ref.ur));
+        /* The same labels and steps whatever the order within a step and
+         * however the events are batched (the live stage batches by commit). */
+        const struct { bool ur_first; int batch; } variants[] = {{true, 1}, {false, 7}, {true, 13}};
+        for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
+            struct labels got = run_pair(cases[i].ur_from, variants[v].ur_first,
+                                         variants[v].batch);
+            cr_expect(got.d2 == ref.d2 && got.ur == ref.ur && got.d2_step == ref.d2_step &&
+                          got.ur_step == ref.ur_step,
+                      "%s: variant %zu differs", cases[i].why, v);
+        }
+    }
+}
