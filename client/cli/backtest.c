@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "foreshock.h"
 #include "config.h"
 #include "detect.h"
 #include "evaluate.h"
@@ -36,9 +37,18 @@
 #define BACKTEST_MAX_RECORDINGS 1024
 #define BACKTEST_DAEMON_WAIT_S 30  /* for the throwaway daemon's ready line */
 
+#define BACKTEST_MAX_WINDOWS 16
+
 struct backtest_settings {
-    const char *db, *config, *detect_from_text;
+    const char *db, *config;
     int json, all_events;
+    /* What a trainer with other Monitor settings would have sent: only these
+     * windows (n_windows 0: all) and sketch steps that are multiples of
+     * every (0: all). Recordings made rich (several windows, a short
+     * cadence) can so be replayed as any subset. */
+    int32_t windows[BACKTEST_MAX_WINDOWS];
+    size_t n_windows;
+    uint64_t every;
 };
 
 struct incident {
@@ -50,6 +60,7 @@ struct incident {
 };
 
 struct run_ctx {
+    const struct backtest_settings *st;
     struct eval_run er;
     struct eval_batch batch;
     int64_t detect_from;
@@ -105,7 +116,25 @@ static bool want_series(void *ctx, const struct store_series_key *k)
 {
     struct run_ctx *rc = ctx;
     char rule[DETECT_NAME_MAX];
-    return is_lr(k) || eval_input_rule(rc->er.rules, k, rule, sizeof(rule));
+    if (is_lr(k))
+        return true;
+    if (!eval_input_rule(rc->er.rules, k, rule, sizeof(rule)))
+        return false;
+    if (k->window > 0 && rc->st->n_windows) {
+        bool kept = false;
+        for (size_t i = 0; i < rc->st->n_windows && !kept; i++)
+            kept = rc->st->windows[i] == k->window;
+        return kept;
+    }
+    return true;
+}
+
+/* Sent only at sketch steps: attention aggregates, router series, and the
+ * per-layer norms the Monitor sends with each sketch. */
+static bool sketch_series(const struct store_series_key *k)
+{
+    return k->window > 0 || strncmp(k->name, "router.", 7) == 0 ||
+           strcmp(k->name, "weight_norm") == 0 || strcmp(k->name, "update_ratio") == 0;
 }
 
 static int feed_point(void *ctx, const struct store_series_key *k, uint64_t step, double value,
@@ -119,6 +148,8 @@ static int feed_point(void *ctx, const struct store_series_key *k, uint64_t step
         return 0;
     }
     if (!eval_input_rule(rc->er.rules, k, rule, sizeof(rule)))
+        return 0;
+    if (rc->st->every && sketch_series(k) && step % rc->st->every != 0)
         return 0;
     struct eval_track *t = eval_track_get(&rc->er, k, rule);
     if (!t)
@@ -156,7 +187,7 @@ static int backtest_run(struct store_reader *rd, const struct store_run_info *ru
                         const struct backtest_settings *st, json_t *arr, struct table *tab,
                         char *err, size_t errlen)
 {
-    struct run_ctx rc = {.detect_from = detect_from};
+    struct run_ctx rc = {.st = st, .detect_from = detect_from};
     struct incident *inc = NULL;
     size_t n_inc = 0;
     int r;
@@ -387,6 +418,24 @@ static int collect(void *ctx, const struct store_run_info *run)
     return 0;
 }
 
+/* "5,25" -> st->windows. 0 or -EINVAL. */
+static int parse_windows(const char *text, struct backtest_settings *st)
+{
+    const char *p = text;
+    st->n_windows = 0;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long w = strtol(p, &end, 10);
+        if (errno || end == p || w < 1 || w > (long)FSC_MAX_WINDOW ||
+            st->n_windows == BACKTEST_MAX_WINDOWS || (*end && *end != ','))
+            return -EINVAL;
+        st->windows[st->n_windows++] = (int32_t)w;
+        p = *end ? end + 1 : end;
+    }
+    return st->n_windows ? 0 : -EINVAL;
+}
+
 /* ---- the command -------------------------------------------------------------------- */
 
 static const struct command_help backtest_help = {
@@ -423,13 +472,15 @@ int cmd_backtest(int argc, char **argv)
                    "  --run NAME               only this run (repeatable; default: all)\n"
                    "  --config FILE            foreshockd configuration file\n"
                    "  --set RULE.KEY=VALUE     rule override (repeatable)\n"
+                   "  --windows LIST           only these sketch windows, e.g. 5,25\n"
+                   "  --every N                only sketch steps that are multiples of N\n"
                    "  --json                   print a JSON array of incidents\n"
                    "  --events                 also print every alert transition (text mode)\n"
                    "  --help                   show this help\n");
             return CLI_OK;
         }
         if ((!strcmp(a, "--db") || !strcmp(a, "--config") || !strcmp(a, "--run") ||
-             !strcmp(a, "--set")) && !v) {
+             !strcmp(a, "--set") || !strcmp(a, "--windows") || !strcmp(a, "--every")) && !v) {
             fprintf(stderr, "foreshock backtest: %s needs a value\n", a);
             return CLI_USAGE;
         }
@@ -449,6 +500,21 @@ int cmd_backtest(int argc, char **argv)
                 return CLI_USAGE;
             }
             sets[n_sets++] = argv[++i];
+        } else if (!strcmp(a, "--windows")) {
+            if (parse_windows(argv[++i], &st) < 0) {
+                fprintf(stderr, "foreshock backtest: --windows wants up to %d window lengths "
+                                "like 5,25\n", BACKTEST_MAX_WINDOWS);
+                return CLI_USAGE;
+            }
+        } else if (!strcmp(a, "--every")) {
+            char *end;
+            errno = 0;
+            unsigned long long e = strtoull(argv[++i], &end, 10);
+            if (errno || *end || e < 1 || e > FSC_MAX_WINDOW) {
+                fprintf(stderr, "foreshock backtest: --every wants a step count\n");
+                return CLI_USAGE;
+            }
+            st.every = e;
         } else if (!strcmp(a, "--json")) {
             st.json = 1;
         } else if (!strcmp(a, "--events")) {
