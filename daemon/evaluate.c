@@ -266,10 +266,12 @@ enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size
  * its own step in the event only. */
 static void label_before(struct eval_run *er, struct eval_batch *b, uint64_t step)
 {
-    for (size_t i = 0; i < b->n; i++) {
-        struct eval_event *ev = &b->ev[i];
-        if (ev->labeled || (uint64_t)ev->tr.step >= step)
-            continue;
+    /* Events are appended in feeding order, which is step order: the
+     * unlabeled ones are a suffix, and those before `step` its head. */
+    for (; b->next_label < b->n; b->next_label++) {
+        struct eval_event *ev = &b->ev[b->next_label];
+        if ((uint64_t)ev->tr.step >= step)
+            break;
         ev->labeled = true;
         if (!ev->has_event)
             continue;
@@ -374,6 +376,7 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
 void eval_batch_reset(struct eval_batch *b)
 {
     b->n = 0;
+    b->next_label = 0;
     b->oom = 0;
 }
 

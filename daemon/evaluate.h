@@ -94,9 +94,10 @@ struct eval_event {
 };
 
 struct eval_batch {
-    struct eval_event *ev;
+    struct eval_event *ev; /* in feeding order, so by step */
     size_t n, cap;
-    int oom; /* an event could not be recorded */
+    size_t next_label;     /* ev[0..next_label) are labeled */
+    int oom;               /* an event could not be recorded */
 };
 
 void eval_run_init(struct eval_run *er, const struct detect_rules *rules);
