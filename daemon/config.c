@@ -75,7 +75,8 @@ static const struct config_key core_keys[] = {
      .help = "memory for partial shard/rank sums; past it ingest pauses"},
     {.name = "detect_from_step", .type = CONFIG_UINT, .def = "0", .min = 0,
      .max = FS_CAP_DETECT_FROM_STEP, CORE(detect_from_step),
-     .help = "steps before this only build baselines (a run's Hello overrides it)"},
+     .help = "detection starts at this step (0: by training progress, from the LR "
+             "warm-up; a run's Hello overrides it)"},
     {.name = "monitor_threads", .type = CONFIG_UINT, .def = "0", .min = 0,
      .max = FS_CAP_MONITOR_THREADS, CORE(monitor_threads),
      .help = "worker threads for the monitor math (0: one per online CPU)"},
