@@ -44,6 +44,9 @@ struct conn {
     int64_t run_id, stream_id;
     uint32_t rank;
     uint64_t acked;
+    /* Sequence numbers of this stream on this connection: seq_base is the
+     * Welcome's last committed seq, seq_last the highest accepted since. */
+    uint64_t seq_base, seq_last;
     size_t wpending; /* bytes in uv_write requests not yet completed */
 };
 
@@ -461,6 +464,21 @@ static void on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body
         protocol_error(c, E(SEQUENCE), "Report before Hello");
         return;
     }
+    /* A stream's seqs increase by one (proto/foreshock.proto). At or below
+     * the Welcome's last_seq a report is a resend of a committed one
+     * (acknowledged, not stored again); above it each must be the next:
+     * after a gap (1, 2, 5) an Ack of 5 would cover reports never stored,
+     * and a step back would be acknowledged by an earlier Ack. */
+    if (r->seq > c->seq_base) {
+        if (r->seq != c->seq_last + 1) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "report seq %llu after %llu: seqs must increase by one",
+                     (unsigned long long)r->seq, (unsigned long long)c->seq_last);
+            protocol_error(c, E(SEQUENCE), msg);
+            return;
+        }
+        c->seq_last = r->seq;
+    }
     atomic_fetch_add(&c->ing->opts.stats->reports_in, 1);
     struct store_item *it = store_item_new(STORE_ITEM_REPORT);
     if (!it) {
@@ -703,6 +721,7 @@ static void on_hello_done(struct conn *c, const struct store_result *r)
         return;
     c->run_id = r->run_id;
     c->stream_id = r->stream_id;
+    c->seq_base = c->seq_last = r->seq;
     c->state = STREAMING;
     if (c->ing->opts.stage &&
         stage_hello(c->ing->opts.stage, r->run_id, c->run_name, r->stream_id, r->seq,

@@ -35,11 +35,19 @@ def cases(pb):
         ("rank >= world size", [hello(pb, "bad-run", rank=4, world=4)], {E.ERROR_MALFORMED}),
         ("bad run id", [hello(pb, "no spaces/allowed")], {E.ERROR_MALFORMED}),
         ("daemon frame from a client", [ack], {E.ERROR_SEQUENCE, E.ERROR_MALFORMED}),
+        # Seqs increase by one: a gap or a step back above the committed
+        # resume point is refused, never acknowledged.
+        ("seq gap", [hello(pb, "gap-run"), report(pb, 1, 0), report(pb, 2, 1),
+                     report(pb, 5, 4)], {E.ERROR_SEQUENCE}),
+        ("seq step back", [hello(pb, "back-run"), report(pb, 1, 0), report(pb, 2, 1),
+                           report(pb, 2, 1)], {E.ERROR_SEQUENCE}),
+        ("first seq not 1", [hello(pb, "late-run"), report(pb, 3, 0)], {E.ERROR_SEQUENCE}),
     ]
 
 
 def expect_error_then_close(conn, codes, name):
     welcome_seen = False
+    acked_beyond = []  # acks seen; no case here stores more than seq 2
     while True:
         f = conn.recv()
         check(f is not None, f"{name}: connection closed without an Error frame")
@@ -48,9 +56,12 @@ def expect_error_then_close(conn, codes, name):
             welcome_seen = True
             continue
         if kind == "ack":
+            acked_beyond.append(f.ack.seq)
             continue
         check(kind == "error", f"{name}: expected Error, got {kind}")
         check(f.error.code in codes, f"{name}: error code {f.error.code}, expected {codes}")
+        check(not acked_beyond or max(acked_beyond) <= 2,
+              f"{name}: acknowledged seq {max(acked_beyond or [0])} never stored")
         check(f.error.message != "", f"{name}: empty error message")
         break
     check(conn.recv() is None, f"{name}: connection not closed after Error")
