@@ -109,6 +109,12 @@
 
 /* --- ingest ---------------------------------------------------------------- */
 #define FS_INGEST_RBUF_INITIAL (64u << 10) /* read buffer; grows to one frame, shrinks back */
+/* Largest frame a connection may announce before its Hello is accepted: a
+ * Hello with every field at its limit (4096 MoE layers, run id, token,
+ * client name) is under 16 KiB. Unauthenticated peers so never grow a read
+ * buffer past FS_INGEST_RBUF_INITIAL. */
+#define FS_MAX_HELLO_FRAME_BYTES (32u << 10)
+_Static_assert(FS_MAX_HELLO_FRAME_BYTES + 4 <= FS_INGEST_RBUF_INITIAL, "pre-Hello frames fit");
 #define FS_INGEST_BACKLOG 511
 #define FS_INGEST_LINGER_MS 5000       /* a closing connection's writes/discard, at most */
 #define FS_INGEST_DISCARD_MAX (1u << 20) /* bytes read and dropped after an Error */

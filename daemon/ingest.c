@@ -598,6 +598,16 @@ static void process(struct conn *c)
             protocol_error(c, err.code, err.message);
             return;
         }
+        /* Before the Hello is accepted a peer is unauthenticated: it may not
+         * make the daemon hold a large frame for it. */
+        if (c->state == AWAIT_HELLO && len > FS_MAX_HELLO_FRAME_BYTES) {
+            atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
+            char msg[128];
+            snprintf(msg, sizeof(msg), "frame of %u bytes before Hello (at most %u)", len,
+                     FS_MAX_HELLO_FRAME_BYTES);
+            protocol_error(c, E(TOO_LARGE), msg);
+            return;
+        }
         size_t need = DECODE_PREFIX_BYTES + (size_t)len;
         if (c->rlen - pos < need)
             break;
@@ -645,7 +655,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     /* Size the buffer for the frame being read, whose length prefix was
      * checked against max_frame_bytes before this allocation. */
     size_t want = c->rcap ? c->rcap : FS_INGEST_RBUF_INITIAL;
-    if (c->rlen >= DECODE_PREFIX_BYTES) {
+    /* Only an accepted stream grows its buffer (FS_MAX_HELLO_FRAME_BYTES). */
+    if (c->rlen >= DECODE_PREFIX_BYTES && c->state == STREAMING) {
         uint32_t len;
         struct decode_error err;
         if (decode_prefix(c->rbuf, &ing->opts.limits, &len, &err) == 0 &&

@@ -42,6 +42,10 @@ def cases(pb):
         ("seq step back", [hello(pb, "back-run"), report(pb, 1, 0), report(pb, 2, 1),
                            report(pb, 2, 1)], {E.ERROR_SEQUENCE}),
         ("first seq not 1", [hello(pb, "late-run"), report(pb, 3, 0)], {E.ERROR_SEQUENCE}),
+        # An unauthenticated peer announcing a 60 MB frame: refused at the
+        # length prefix, no 60 MB buffer (hardening item 2).
+        ("large frame before hello", [struct.pack(">I", 60 << 20) + b"\x0a" * 100],
+         {E.ERROR_TOO_LARGE}),
     ]
 
 
