@@ -90,6 +90,8 @@ struct fs_config {
     int log_level; /* enum log_level */
     char token[FS_MAX_TOKEN_LEN + 1]; /* "" = no token required */
     double reduce_timeout_s;   /* monitor stage: incomplete reductions after this */
+    double hello_timeout_s;    /* ingest: a connection's Hello within this (0: none) */
+    double frame_timeout_s;    /* ingest: a begun frame complete within this (0: none) */
     uint64_t reduce_max_bytes; /* monitor stage: reduction memory bound */
     uint64_t detect_from_step; /* runs whose Hello does not say */
     uint64_t monitor_threads;  /* worker threads for the monitor math; 0 = CPUs */

@@ -80,6 +80,11 @@
 #define FS_DEF_REDUCE_TIMEOUT_S 120.0
 #define FS_MIN_REDUCE_TIMEOUT_S 0.01
 #define FS_CAP_REDUCE_TIMEOUT_S 86400.0
+/* Ingest deadlines (ingest_opts): a Hello after accept, the rest of a begun
+ * frame. 0 disables; a 64 MiB frame at 1 MB/s takes about 64 s. */
+#define FS_DEF_HELLO_TIMEOUT_S 10.0
+#define FS_DEF_FRAME_TIMEOUT_S 120.0
+#define FS_CAP_INGEST_TIMEOUT_S 86400.0
 
 /* Reduction memory (partial Gram sums, token sums); past it ingest pauses. */
 #define FS_DEF_REDUCE_MAX_BYTES (1ull << 30)

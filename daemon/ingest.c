@@ -48,6 +48,8 @@ struct conn {
      * Welcome's last committed seq, seq_last the highest accepted since. */
     uint64_t seq_base, seq_last;
     size_t wpending; /* bytes in uv_write requests not yet completed */
+    uint64_t accepted_ms;      /* loop time the connection was accepted */
+    uint64_t frame_started_ms; /* loop time an unfinished frame began (0: none) */
 };
 
 struct write_req {
@@ -619,6 +621,8 @@ static void process(struct conn *c)
     if (pos) {
         memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
         c->rlen -= pos;
+        /* What is left is the start of the next frame. */
+        c->frame_started_ms = c->rlen ? uv_now(ing->loop) : 0;
     }
     /* A frame larger than the default buffer got its own; give it back. */
     if (c->rcap > FS_INGEST_RBUF_INITIAL && c->rlen <= FS_INGEST_RBUF_INITIAL) {
@@ -704,6 +708,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     c->rlen += (size_t)nread;
+    if (!c->frame_started_ms)
+        c->frame_started_ms = uv_now(ing->loop);
     process(c);
     update_reading(c);
 }
@@ -714,6 +720,9 @@ static void update_reading(struct conn *c)
     if (want && !c->reading) {
         if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
             c->reading = 1;
+        /* While the daemon did not read, a stalled frame was its doing. */
+        if (c->frame_started_ms)
+            c->frame_started_ms = uv_now(c->ing->loop);
     } else if (!want && c->reading) {
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->reading = 0;
@@ -881,6 +890,7 @@ static void on_connection(uv_stream_t *server, int status)
     }
     c->ing = ing;
     c->id = ++ing->next_id;
+    c->accepted_ms = uv_now(ing->loop);
     if (ing->tail)
         ing->tail->next = c;
     else
@@ -930,13 +940,43 @@ static void on_connection(uv_stream_t *server, int status)
     update_reading(c);
 }
 
+/* Has the connection overstayed a deadline (ingest_opts)? Writes the
+ * reason into why. */
+static int overdue(const struct conn *c, uint64_t now, char *why, size_t len)
+{
+    const struct ingest_opts *o = &c->ing->opts;
+    if (c->state == AWAIT_HELLO && o->hello_timeout_s > 0 &&
+        (double)(now - c->accepted_ms) >= o->hello_timeout_s * 1000) {
+        snprintf(why, len, "no Hello within %g s (hello_timeout)", o->hello_timeout_s);
+        return 1;
+    }
+    if ((c->state == AWAIT_HELLO || c->state == STREAMING) && c->reading &&
+        c->frame_started_ms && o->frame_timeout_s > 0 &&
+        (double)(now - c->frame_started_ms) >= o->frame_timeout_s * 1000) {
+        snprintf(why, len, "frame unfinished after %g s (frame_timeout)", o->frame_timeout_s);
+        return 1;
+    }
+    return 0;
+}
+
 static void on_sweep(uv_timer_t *t)
 {
     struct ingest *ing = t->data;
     uint64_t now = uv_now(ing->loop);
-    for (struct conn *c = ing->head; c; c = c->next)
-        if (!c->closing && c->linger_deadline_ms && now >= c->linger_deadline_ms)
+    char why[96];
+    for (struct conn *c = ing->head; c; c = c->next) {
+        if (c->closing)
+            continue;
+        if (c->linger_deadline_ms && now >= c->linger_deadline_ms) {
             conn_close(c);
+        } else if (overdue(c, now, why, sizeof(why))) {
+            /* Idle and trickling sockets would otherwise hold every slot
+             * (max_connections) and lock real trainers out. */
+            log_limited(&ing->rl_io, LOG_LEVEL_WARN, "ingest", "conn %llu %s: %s; closing",
+                        (unsigned long long)c->id, c->peer, why);
+            protocol_error(c, E(LIMIT), why);
+        }
+    }
 }
 
 /* --- lifecycle ---------------------------------------------------------------------- */

@@ -35,6 +35,12 @@ struct ingest_opts {
      * right after store_submit accepted it; Welcomes register the stream.
      * While stage_full() holds, nobody reads (like writer backpressure). */
     struct stage *stage;
+    /* Deadlines (seconds; 0: none): for a Hello after the connection is
+     * accepted, and for the rest of a frame whose first bytes arrived
+     * (counted only while the daemon reads from the connection). An idle
+     * stream between frames has none: training steps can be long. */
+    double hello_timeout_s;
+    double frame_timeout_s;
 };
 
 struct ingest;

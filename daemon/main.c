@@ -320,6 +320,8 @@ int main(int argc, char **argv)
         .store = app->store,
         .stats = &app->stats,
         .stage = app->stage,
+        .hello_timeout_s = cfg->hello_timeout_s,
+        .frame_timeout_s = cfg->frame_timeout_s,
     };
     decode_limits_default(&io.limits, (uint32_t)cfg->max_frame_bytes);
     if (ingest_start(&app->loop, &io, &app->ingest, err, sizeof(err)) < 0) {
