@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "dblock.h"
 #include "detect.h"
 #include "http.h"
 #include "ingest.h"
@@ -95,6 +96,7 @@ struct app {
     struct detect_rules rules; /* defaults + [detect "RULE"] overrides; read-only once running */
     struct pager_config pager_cfg; /* [target "NAME"] sections */
     struct pager *pager;
+    int dblock; /* descriptor of the database lock, -1: not held */
     int stopping;
 };
 
@@ -257,6 +259,7 @@ int main(int argc, char **argv)
     const struct fs_config *cfg = &app->cfg;
     log_set_level((enum log_level)cfg->log_level);
     status = EXIT_RUNTIME;
+    app->dblock = -1;
     char err[512];
     int loop_ok = uv_loop_init(&app->loop) == 0;
     if (!loop_ok) {
@@ -274,6 +277,11 @@ int main(int argc, char **argv)
         .outbox_retention_s = cfg->outbox_retention,
         .silence_retention_s = cfg->silence_retention,
     };
+    /* One daemon per database: the second would split streams and page twice. */
+    if ((app->dblock = dblock_acquire(cfg->db, err, sizeof(err))) < 0) {
+        log_error("main", "%s", err);
+        goto out;
+    }
     if (store_open(cfg->db, &so, &app->store, err, sizeof(err)) < 0) {
         log_error("main", "%s", err);
         goto out;
@@ -391,6 +399,7 @@ out:
     /* The pager's last outcomes go through the writer: stop it first. */
     pager_stop(app->pager);
     store_close(app->store);
+    dblock_release(app->dblock);
     if (loop_ok && uv_loop_close(&app->loop) != 0)
         log_warn("main", "event loop closed with handles still open");
     if (status == EXIT_OK)
