@@ -393,7 +393,15 @@ int decode_frame(const uint8_t *body, size_t len, const struct decode_limits *li
     int rc = 0;
     switch (f->body_case) {
     case FORESHOCK__FRAME__BODY_HELLO:
-        rc = decode_check_hello(f->hello, lim, err);
+        /* protobuf-c hands strings over NUL-terminated: "run\0/../x" would
+         * read as "run" and a token "secret\0junk" as "secret". Packed again,
+         * such a Hello comes out shorter than it arrived, so a size
+         * mismatch refuses it (and any non-canonical Hello with it). */
+        if (foreshock__frame__get_packed_size(f) != len)
+            rc = fail(err, E_MALFORMED, -EINVAL,
+                      "Hello holds a string with a NUL byte (or is not canonically encoded)");
+        else
+            rc = decode_check_hello(f->hello, lim, err);
         break;
     case FORESHOCK__FRAME__BODY_REPORT:
         rc = decode_check_report(f->report, lim, info, err);

@@ -302,6 +302,12 @@ struct raw_case {
 static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
 static const uint8_t no_body[] = {0x32, 0x00}; /* field 6 (Bye) empty: valid */
 static const uint8_t bad_wire_type[] = {0x0f};
+/* Hello{version 1, run_id "nul\0x", rank 0, world 1}: a NUL inside a string. */
+static const uint8_t nul_run_id[] = {0x0a, 0x0d, 0x08, 0x01, 0x12, 0x05, 'n', 'u', 'l', 0x00,
+                                     'x', 0x20, 0x00, 0x28, 0x01};
+/* The same Hello with run_id "nulrun" and token "s\0j". */
+static const uint8_t nul_token[] = {0x0a, 0x13, 0x08, 0x01, 0x12, 0x06, 'n', 'u', 'l', 'r', 'u',
+                                    'n', 0x20, 0x00, 0x28, 0x01, 0x32, 0x03, 's', 0x00, 'j'};
 
 Test(decode, raw_bytes_table)
 {
@@ -311,6 +317,8 @@ Test(decode, raw_bytes_table)
         {"bad wire type", bad_wire_type, sizeof(bad_wire_type), E(MALFORMED)},
         {"zero length", garbage, 0, E(TOO_LARGE)},
         {"over max_frame_bytes", garbage, (size_t)l.max_frame_bytes + 1, E(TOO_LARGE)},
+        {"NUL inside run_id", nul_run_id, sizeof(nul_run_id), E(MALFORMED)},
+        {"NUL inside token", nul_token, sizeof(nul_token), E(MALFORMED)},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         Foreshock__Frame *f = NULL;
