@@ -723,6 +723,21 @@ static void http_free(struct http *h)
 
 /* Main thread. On success *out owns the daemon, its threads and the read
  * connections until http_stop(). On failure nothing is left running. */
+/* Percent-decoding of paths and query values (MHD_OPTION_UNESCAPE_CALLBACK).
+ * Decoded in place, a %00 would cut the C string short: /api/v1/runs/a%00b
+ * answered for run "a". A text holding %00 stays undecoded instead, so it
+ * names nothing that exists and fails every check of a name or a number.
+ * Any MHD thread; touches only s. */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    for (const char *p = s; (p = strchr(p, '%')) != NULL; p++)
+        if (p[1] == '0' && p[2] == '0')
+            return strlen(s);
+    return MHD_http_unescape(s);
+}
+
 int http_start(const struct http_opts *opts, struct http **out, char *err, size_t errlen)
 {
     struct http *h = NULL;
@@ -841,6 +856,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_CONNECTION_TIMEOUT_S,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_CONNECTION_MEMORY_BYTES,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
         MHD_OPTION_END);
     if (h->mhd == NULL) {
         int e = errno;

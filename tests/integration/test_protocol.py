@@ -128,6 +128,10 @@ def test(args, workdir):
         while f.ack.seq != seq:
             f = again.recv()
         again.close()
+        # A %00 in a path or parameter names nothing: not the run before it
+        # (hardening item 9).
+        d.get("/api/v1/runs/good-run%00x", expect=404)
+        d.get("/api/v1/series?run=good-run%00x", expect=404)
         run = d.get("/api/v1/runs/good-run")["run"]
         check(run["reports"] == seq, f"good-run has {run['reports']} reports, expected {seq}")
         check(d.stop() == 0, "daemon did not exit 0 on SIGTERM")
