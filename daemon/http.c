@@ -853,6 +853,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
         MHD_OPTION_SOCK_ADDR, ai->ai_addr,
         MHD_OPTION_ARRAY, opts->threads > 1 ? pool : &pool[1],
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS_PER_IP,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_CONNECTION_TIMEOUT_S,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_CONNECTION_MEMORY_BYTES,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,

@@ -17,6 +17,11 @@
 
 #define HTTP_MAX_THREADS 64
 #define HTTP_MAX_CONNECTIONS 1024
+/* Connections one client address may hold: far below HTTP_MAX_CONNECTIONS,
+ * so silent connections from one address cannot take every slot from the
+ * dashboards, scrapers and health probes elsewhere (1,100 silent
+ * connections delayed /healthz by 29 s). */
+#define HTTP_MAX_CONNECTIONS_PER_IP 64
 #define HTTP_DEFAULT_LIMIT 1000   /* points/series/runs per page when ?limit= is absent */
 #define HTTP_MAX_LIMIT 10000      /* largest ?limit= accepted; above it: 400 */
 #define HTTP_MAX_POINTS_BUCKETS 5000 /* largest ?max_points= (downsampling) */

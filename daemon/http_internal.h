@@ -45,7 +45,7 @@
 #include "silence_set.h"
 
 /* --- limits ---------------------------------------------------------------- */
-#define HTTP_CONNECTION_TIMEOUT_S 30u        /* idle keep-alive connections closed after */
+#define HTTP_CONNECTION_TIMEOUT_S 10u        /* idle connections (silent or keep-alive) closed after */
 #define HTTP_CONNECTION_MEMORY_BYTES (32u * 1024u) /* per connection: request line + headers */
 /* Request bodies: POST bodies are kept up to this (routes that take one
  * parse them as JSON), others are read and discarded up to it. A larger
