@@ -379,7 +379,11 @@ int decode_frame(const uint8_t *body, size_t len, const struct decode_limits *li
     if (len == 0 || len > lim->max_frame_bytes)
         return fail(err, E_TOO_LARGE, -EMSGSIZE, "frame length %zu outside 1..%u", len,
                     lim->max_frame_bytes);
-    struct cap_state st = {.cap = (size_t)FS_DECODE_ALLOC_FACTOR * len + FS_DECODE_ALLOC_SLACK};
+    size_t sketches = (size_t)lim->max_attention_per_report + 2u * lim->max_router_per_report;
+    if (sketches > len / FS_DECODE_MIN_SKETCH_WIRE)
+        sketches = len / FS_DECODE_MIN_SKETCH_WIRE;
+    struct cap_state st = {.cap = (size_t)FS_DECODE_ALLOC_FACTOR * len + FS_DECODE_ALLOC_SLACK +
+                                  sketches * FS_DECODE_SKETCH_STRUCT_BYTES};
     ProtobufCAllocator alloc = {.alloc = cap_alloc, .free = cap_free, .allocator_data = &st};
     Foreshock__Frame *f = foreshock__frame__unpack(&alloc, len, body);
     info->alloc_bytes = st.used;

@@ -31,6 +31,15 @@
  * allocator, not only on the frame length. */
 #define FS_DECODE_ALLOC_FACTOR 4u
 #define FS_DECODE_ALLOC_SLACK (64u * 1024u)
+/* ... plus, for each sketch the limits allow (max_attention_per_report and
+ * twice max_router_per_report, at most one per FS_DECODE_MIN_SKETCH_WIRE
+ * bytes of frame), the structs protobuf-c makes for it: an AttentionSketch
+ * with its SpectrumSketch or GramSketch and the pointer to it take under
+ * 512 bytes. A report of 4,000 tiny spectrum sketches (155 KB, 39 bytes a
+ * sketch) needs about 7x its size, above the flat factor: it was refused
+ * though every count was within the documented limits. */
+#define FS_DECODE_SKETCH_STRUCT_BYTES 512u
+#define FS_DECODE_MIN_SKETCH_WIRE 8u
 
 /* --- configuration keys: default, minimum, maximum ------------------------- */
 #define FS_DEF_LISTEN "127.0.0.1:7781"

@@ -456,58 +456,113 @@ Test(decode, error_frame_encodes)
     free(buf);
 }
 
-/* Thousands of minimal AttentionSketch sub-messages: 8 wire bytes each
- * (tag, length, three required varints) but ~70 bytes each once unpacked.
- * The capped allocator must refuse the frame rather than allocate it. */
-Test(decode, allocation_cap_refuses_expanding_frame)
+/* Appends a varint. */
+static size_t put_varint(uint8_t *b, uint64_t v)
 {
-    struct decode_limits l = lim();
-    enum { COUNT = 50000 };
-    static const uint8_t one[] = {0x2a, 0x06, 0x08, 0x00, 0x10, 0x00, 0x18, 0x01};
-    size_t inner = 4 + COUNT * sizeof(one); /* seq=1, step=0, then sketches */
-    uint8_t *b = malloc(inner + 16);
     size_t n = 0;
-    b[n++] = 0x1a; /* Frame.report, length-delimited */
-    size_t v = inner;
     while (v >= 0x80) {
         b[n++] = (uint8_t)(v | 0x80);
         v >>= 7;
     }
     b[n++] = (uint8_t)v;
+    return n;
+}
+
+/* A Report frame (seq 1, step 0) whose body after seq/step is `count` copies
+ * of `one`. Returns the frame length; *out is malloc'd. */
+static size_t report_of_copies(const uint8_t *one, size_t one_len, size_t count, uint8_t **out)
+{
+    size_t inner = 4 + count * one_len;
+    uint8_t *b = malloc(inner + 16);
+    size_t n = 0;
+    b[n++] = 0x1a; /* Frame.report, length-delimited */
+    n += put_varint(b + n, inner);
     b[n++] = 0x08; b[n++] = 0x01; /* seq = 1 */
     b[n++] = 0x10; b[n++] = 0x00; /* step = 0 */
-    for (int i = 0; i < COUNT; i++) {
-        memcpy(b + n, one, sizeof(one));
-        n += sizeof(one);
+    for (size_t i = 0; i < count; i++) {
+        memcpy(b + n, one, one_len);
+        n += one_len;
     }
-    cr_assert_leq(n, l.max_frame_bytes);
+    *out = b;
+    return n;
+}
+
+/* The allocation cap: protobuf-c makes sub-message structs far larger than
+ * their wire size, so the allocator is capped, at 4x the frame plus, for
+ * each sketch the count limits allow, the structs of one sketch. A valid
+ * report of 4,000 tiny spectrum sketches (7x its size once unpacked)
+ * decodes; minimal sketches up to the count limit unpack within the cap
+ * (and are then refused for carrying no sketch); what expands without a
+ * count limit (1-byte packed varints, 8 bytes each unpacked) is refused. */
+Test(decode, allocation_cap_matches_the_documented_limits)
+{
+    struct decode_limits l = lim();
+    uint8_t *b;
     Foreshock__Frame *f = NULL;
     struct decode_info info;
     struct decode_error err;
-    int rc = decode_frame(b, n, &l, &f, &info, &err);
-    cr_expect_eq(rc, -E2BIG, "rc %d: %s", rc, err.message);
-    cr_expect_null(f);
-    cr_expect_eq(err.code, E(LIMIT));
-    cr_expect_leq(info.alloc_bytes, FS_DECODE_ALLOC_FACTOR * n + FS_DECODE_ALLOC_SLACK);
 
-    /* The same shape, few enough to fit under the cap, decodes (so the
-     * refusal above is the cap, not the shape). */
-    size_t small = 100;
-    size_t inner2 = 4 + small * sizeof(one);
-    n = 0;
-    b[n++] = 0x1a;
-    b[n++] = (uint8_t)(inner2 | 0x80);
-    b[n++] = (uint8_t)(inner2 >> 7);
-    b[n++] = 0x08; b[n++] = 0x01;
-    b[n++] = 0x10; b[n++] = 0x00;
-    for (size_t i = 0; i < small; i++) {
-        memcpy(b + n, one, sizeof(one));
-        n += sizeof(one);
-    }
+    /* AttentionSketch{layer 0, head 0, window 1, spectrum{d2: [1, 1]}}. */
+    static const uint8_t spectrum[] = {0x2a, 0x12, 0x08, 0x00, 0x10, 0x00, 0x18, 0x01, 0x32,
+                                       0x0a, 0x0a, 0x08, 0, 0, 0x80, 0x3f, 0, 0, 0x80, 0x3f};
+    size_t n = report_of_copies(spectrum, sizeof(spectrum), 4000, &b);
+    int rc = decode_frame(b, n, &l, &f, &info, &err);
+    cr_expect(rc == 0 || err.code != E(LIMIT), "4,000 spectrum sketches refused: %s",
+              err.message);
+    cr_expect_gt(info.alloc_bytes, FS_DECODE_ALLOC_FACTOR * n,
+                 "the case no longer needs more than the flat factor (%zu for %zu bytes)",
+                 info.alloc_bytes, n);
+    decode_frame_free(f);
+    free(b);
+
+    /* 50,000 minimal sketches (8 wire bytes each): within the count limit,
+     * unpacked within the cap, refused by validation. */
+    static const uint8_t minimal[] = {0x2a, 0x06, 0x08, 0x00, 0x10, 0x00, 0x18, 0x01};
+    n = report_of_copies(minimal, sizeof(minimal), 50000, &b);
+    cr_assert_leq(n, l.max_frame_bytes);
     rc = decode_frame(b, n, &l, &f, &info, &err);
-    /* Unpacks within the cap, then fails validation (no gram/spectrum). */
     cr_expect_eq(rc, -EINVAL, "rc %d: %s", rc, err.message);
     cr_expect_eq(err.code, E(MALFORMED), "%s", err.message);
+    cr_expect_null(f);
+    size_t sketches = (size_t)l.max_attention_per_report + 2u * l.max_router_per_report;
+    if (sketches > n / FS_DECODE_MIN_SKETCH_WIRE)
+        sketches = n / FS_DECODE_MIN_SKETCH_WIRE;
+    cr_expect_leq(info.alloc_bytes, FS_DECODE_ALLOC_FACTOR * n + FS_DECODE_ALLOC_SLACK +
+                                        sketches * FS_DECODE_SKETCH_STRUCT_BYTES);
+    free(b);
+
+    /* RouterTokens.load of 12 million one-byte varints: 96 MB once unpacked
+     * from a 12 MB frame, beyond 4x the frame plus the sketch allowance. */
+    struct decode_limits big;
+    decode_limits_default(&big, 16u << 20);
+    enum { VALUES = 12000000 };
+    uint8_t *t = malloc(VALUES + 64);
+    size_t m = 0;
+    t[m++] = 0x08; t[m++] = 0x00;               /* layer 0 */
+    t[m++] = 0x10; t[m++] = 0x04;               /* n_experts 4 */
+    t[m++] = 0x18; t[m++] = 0x01;               /* n_tok 1 */
+    t[m++] = 0x21; memset(t + m, 0, 8); m += 8; /* sum_h */
+    t[m++] = 0x29; memset(t + m, 0, 8); m += 8; /* sum_h2 */
+    t[m++] = 0x31; memset(t + m, 0, 8); m += 8; /* sum_lse2 */
+    t[m++] = 0x3a;                              /* load, packed */
+    m += put_varint(t + m, VALUES);
+    memset(t + m, 0x01, VALUES);
+    m += VALUES;
+    uint8_t hdr[16];
+    size_t h = 0;
+    hdr[h++] = 0x3a; /* Report.router_tokens (field 7) */
+    h += put_varint(hdr + h, m);
+    uint8_t *one = malloc(h + m);
+    memcpy(one, hdr, h);
+    memcpy(one + h, t, m);
+    n = report_of_copies(one, h + m, 1, &b);
+    cr_assert_leq(n, big.max_frame_bytes);
+    rc = decode_frame(b, n, &big, &f, &info, &err);
+    cr_expect_eq(rc, -E2BIG, "rc %d: %s", rc, err.message);
+    cr_expect_eq(err.code, E(LIMIT));
+    cr_expect_null(f);
+    free(one);
+    free(t);
     free(b);
 }
 
