@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs every dependency, builds, and runs the whole test suite twice:
 # a normal build and an AddressSanitizer + UndefinedBehaviorSanitizer build,
-# then runs the frame-decoder fuzzer for a bounded time.
+# then runs the libFuzzer targets (frame decoder, HTTP parameters, silences,
+# configuration) for a bounded time each.
 #
 #   tests/run-all.sh            everything (what CI runs)
-#   FUZZ_SECONDS=0 tests/run-all.sh    skip the fuzzer
+#   FUZZ_SECONDS=0 tests/run-all.sh    skip the fuzzers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,14 +43,29 @@ rm -rf "$sanlogs"
 [ "$rc" -eq 0 ] || { echo "run-all: sanitizer tests failed"; exit "$rc"; }
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
-  echo "== fuzz the frame decoder for ${FUZZ_SECONDS}s =="
+  echo "== fuzz every parser: the frame decoder ${FUZZ_SECONDS}s, the others $((FUZZ_SECONDS / 2))s each =="
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFORESHOCK_FUZZ=ON \
     -DFORESHOCK_SANITIZE=ON -DFORESHOCK_WERROR=OFF >/dev/null
-  cmake --build build-fuzz -j"$JOBS" --target fuzz_decode
-  corpus=$(mktemp -d)
-  /usr/bin/python3 tests/fuzz/make_corpus.py . "$corpus"
-  build-fuzz/fuzz_decode -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
-  rm -rf "$corpus"
+  cmake --build build-fuzz -j"$JOBS" --target fuzz_decode fuzz_http_params fuzz_silence fuzz_config
+  seeds=$(mktemp -d)
+  mkdir -p "$seeds"/decode "$seeds"/http "$seeds"/silence "$seeds"/config
+  /usr/bin/python3 tests/fuzz/make_corpus.py . "$seeds"/decode
+  printf '\001%s' '1h30m' > "$seeds"/http/duration
+  printf '\002%s' '2026-01-02T03:04:05.25+02:00' > "$seeds"/http/time
+  printf '\000%s' 'Bearer abc' > "$seeds"/http/bearer
+  printf '\004%s' '{"matchers":[{"name":"run","value":"r.*","isRegex":true}],"duration":"2h","createdBy":"ci"}' \
+    > "$seeds"/http/silence
+  printf '%s' '[{"name":"alertname","value":"qk\\..*","isRegex":true},{"name":"run","value":"a"}]' \
+    > "$seeds"/silence/one
+  cp deploy/foreshockd.conf.example "$seeds"/config/example
+  for t in decode http_params silence config; do
+    secs=$((FUZZ_SECONDS / 2)); dir="$seeds/$t"
+    [ "$t" = decode ] && secs=$FUZZ_SECONDS
+    [ "$t" = http_params ] && dir="$seeds/http"
+    echo "-- fuzz_$t ${secs}s"
+    build-fuzz/fuzz_$t -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 "$dir" 2>&1 | tail -n 6
+  done
+  rm -rf "$seeds"
 fi
 echo "run-all: every test passed"

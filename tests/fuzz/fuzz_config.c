@@ -1,0 +1,33 @@
+/* libFuzzer target: the configuration file parser on arbitrary text, with
+ * the daemon's own extra sections ([detect "RULE"], [target "NAME"]).
+ * Crashes, leaks and sanitizer reports are the failures; a text that parses
+ * must also pass or fail config_check without crashing. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "config.h"
+#include "detect.h"
+#include "pager.h"
+#include "stage.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static struct fs_config cfg;
+    static struct detect_rules rules;
+    static struct pager_config pc;
+    struct config_section sections[2];
+    struct config_error err;
+
+    if (size > FS_CONFIG_MAX_FILE_BYTES)
+        return 0;
+    config_defaults(&cfg);
+    detect_rules_default(&rules);
+    pc = (struct pager_config){0};
+    stage_detect_section(&rules, &sections[0]);
+    pager_target_section(&pc, &sections[1]);
+    if (config_parse((const char *)data, size, "fuzz", &cfg, sections, 2, &err) == 0) {
+        (void)config_check(&cfg, "fuzz", &err);
+        (void)pager_config_check(&pc, err.message, sizeof(err.message));
+    }
+    return 0;
+}
