@@ -36,8 +36,12 @@ static const struct detect_rule default_rules[] = {
     /* Router weight side: too large a learning rate. */
     {RULE_DEFAULTS, .name = "router.similarity", .family = DETECT_FAMILY_ROUTER_WEIGHT,
      .direction = DETECT_RISE_IS_BAD},
+    /* Centered energy grows steadily under AdamW, faster or slower as the
+     * schedule moves: scored against its local trend (detect.h), since a
+     * level baseline false-alarms as soon as the growth starts or speeds
+     * up. A too large step still breaks the line within a few samples. */
     {RULE_DEFAULTS, .name = "router.centered_energy", .family = DETECT_FAMILY_ROUTER_WEIGHT,
-     .direction = DETECT_RISE_IS_BAD},
+     .direction = DETECT_RISE_IS_BAD, .trend = true},
     /* Growing logits (z-loss) are the decision-side face of router weights
      * growing under too large a step, so they share that family. */
     {RULE_DEFAULTS, .name = "router.zloss", .family = DETECT_FAMILY_ROUTER_WEIGHT,
@@ -47,9 +51,11 @@ static const struct detect_rule default_rules[] = {
      .direction = DETECT_RISE_IS_BAD},
     {RULE_DEFAULTS, .name = "router.load_entropy", .family = DETECT_FAMILY_ROUTER_BALANCE,
      .direction = DETECT_FALL_IS_BAD},
-    /* Weight norms (optional per-layer scalars, MONITORS.md section 2). */
+    /* Weight norms (optional per-layer scalars, MONITORS.md section 2). They
+     * grow during healthy training too (sqrt- or log-like under AdamW), so
+     * the rule follows their trend, like centered energy. */
     {RULE_DEFAULTS, .name = "weight_norm", .family = DETECT_FAMILY_WEIGHT_NORM,
-     .direction = DETECT_RISE_IS_BAD},
+     .direction = DETECT_RISE_IS_BAD, .trend = true},
     {RULE_DEFAULTS, .name = "update_ratio", .family = DETECT_FAMILY_UPDATE_RATIO,
      .direction = DETECT_RISE_IS_BAD},
     /* The classic baselines. Per-step minibatch loss and gradient norm are
@@ -246,6 +252,9 @@ int detect_rules_set(struct detect_rules *rules, const char *rule_name, const ch
     } else if (strcmp(key, "enabled") == 0) {
         rc = parse_bool(value, &r.enabled);
         expect = "true or false";
+    } else if (strcmp(key, "trend") == 0) {
+        rc = parse_bool(value, &r.trend);
+        expect = "true or false";
     } else {
         set_err(err, -EINVAL, "detect \"%s\": unknown key \"%.32s\"", target->name, key);
         return -EINVAL;
@@ -340,9 +349,91 @@ static uint32_t baseline_stats(const struct detect_state *st, uint32_t window, d
     return n;
 }
 
-static void ring_push(struct detect_state *st, double v)
+/* Robust local line over the newest baseline samples with known steps (at
+ * most `window`), evaluated at `step`: Theil-Sen slope (median of pairwise
+ * slopes), then *pred = median of x_i + slope * (step - step_i), the value
+ * each sample's line predicts now, and *mad = median |residual|. Steps are
+ * taken relative to `step`, so large step numbers cost no precision.
+ *
+ * Cost per scored sample: the slope comes from m = min(n, 64) samples
+ * evenly spaced over the n baseline samples, i.e. m(m-1)/2 <= 2016
+ * divisions and one selection over them (expected linear, Wirth's worst
+ * case quadratic); the prediction and the MAD are two selections over n <=
+ * 256. About 20 KiB of stack, no allocation. With the default window of 64
+ * every pair is used: the plain Theil-Sen estimator. The result depends
+ * only on the baseline in order, so a decoded state scores identically.
+ *
+ * With fewer than two distinct steps, or a slope towards the good side,
+ * the slope is 0 and this is the level baseline (median, MAD). A slope
+ * that overflows the residuals (values near DBL_MAX) also falls back to 0,
+ * so the prediction is always finite. */
+static uint32_t trend_stats(const struct detect_state *st, uint32_t window,
+                            enum detect_direction dir, int64_t step, double *pred, double *mad,
+                            double *slope)
+{
+    double y[DETECT_MAX_WINDOW], dx[DETECT_MAX_WINDOW], tmp[DETECT_MAX_WINDOW];
+    double pair[DETECT_TREND_MAX_PAIRS];
+    uint32_t avail = st->ring_count < window ? st->ring_count : window;
+    uint32_t n = 0;
+    /* Newest first; stop at the first sample restored without its step. */
+    for (uint32_t i = 0; i < avail; i++) {
+        uint32_t idx = (st->ring_head + DETECT_MAX_WINDOW - 1 - i) % DETECT_MAX_WINDOW;
+        if (st->ring_step[idx] == DETECT_STEP_UNKNOWN)
+            break;
+        y[n] = st->ring[idx];
+        dx[n] = (double)st->ring_step[idx] - (double)step;
+        n++;
+    }
+    *slope = 0;
+    if (n == 0) {
+        *pred = NAN;
+        *mad = NAN;
+        return 0;
+    }
+    uint32_t m = n < DETECT_TREND_MAX_POINTS ? n : DETECT_TREND_MAX_POINTS;
+    uint32_t np = 0;
+    for (uint32_t a = 0; m > 1 && a < m; a++) {
+        uint32_t i = (uint32_t)((uint64_t)a * (n - 1) / (m - 1));
+        for (uint32_t c = a + 1; c < m; c++) {
+            uint32_t j = (uint32_t)((uint64_t)c * (n - 1) / (m - 1));
+            double d = dx[j] - dx[i];
+            if (d != 0)
+                pair[np++] = (y[j] - y[i]) / d;
+        }
+    }
+    double b = np > 0 ? median_of(pair, np) : 0;
+    /* Follow drift towards the bad side only. A line that extrapolates a
+     * healthy move the other way (a weight norm shrinking under weight
+     * decay) turns every stall or reversal into a breach that the frozen
+     * line never resolves; the level baseline already judges such a series
+     * conservatively, and slope 0 is exactly that baseline. */
+    if (dir == DETECT_RISE_IS_BAD ? b < 0 : b > 0)
+        b = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        bool finite = isfinite(b);
+        for (uint32_t i = 0; finite && i < n; i++) {
+            tmp[i] = y[i] - b * dx[i];
+            finite = isfinite(tmp[i]);
+        }
+        if (finite)
+            break;
+        b = 0; /* the level baseline: y[i] are finite */
+    }
+    /* tmp holds x_i + b * (step - step_i); keep a copy, median_of reorders. */
+    memcpy(y, tmp, n * sizeof tmp[0]);
+    double p = median_of(tmp, n);
+    for (uint32_t i = 0; i < n; i++)
+        tmp[i] = fabs(y[i] - p);
+    *pred = p;
+    *mad = median_of(tmp, n);
+    *slope = b;
+    return n;
+}
+
+static void ring_push(struct detect_state *st, int64_t step, double v)
 {
     st->ring[st->ring_head] = v;
+    st->ring_step[st->ring_head] = step;
     st->ring_head = (st->ring_head + 1) % DETECT_MAX_WINDOW;
     if (st->ring_count < DETECT_MAX_WINDOW)
         st->ring_count++;
@@ -368,8 +459,19 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
     st->seen++;
     st->last_step = step;
 
+    if (rule->trend)
+        out->baseline_n = trend_stats(st, rule->window, rule->direction, step, &out->median,
+                                      &out->mad, &out->slope);
+    else
+        out->baseline_n = baseline_stats(st, rule->window, &out->median, &out->mad);
     out->in_warmup = st->accepted < rule->warmup || step < detect_from_step;
-    out->baseline_n = baseline_stats(st, rule->window, &out->median, &out->mad);
+    /* A trend rule re-warms after a version-1 blob, whose samples have no
+     * steps: a line through one or two samples would breach on anything.
+     * Without such a blob baseline_n already reaches this bound when
+     * warm-up ends, so this changes nothing. */
+    uint32_t need = rule->warmup < rule->window ? rule->warmup : rule->window;
+    if (rule->trend && out->baseline_n < need)
+        out->in_warmup = true;
 
     if (!isfinite(value)) {
         out->non_finite = true;
@@ -436,7 +538,7 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
         st->normal_run = 0;
     }
     if (!was_open || out->in_warmup) {
-        ring_push(st, value);
+        ring_push(st, step, value);
         st->accepted++;
         if (!st->has_max || value > st->running_max) {
             st->running_max = value;
@@ -503,7 +605,7 @@ int detect_state_encode(const struct detect_state *st, uint8_t *buf, size_t len)
     if (!st || !buf)
         return -EINVAL;
     uint32_t n = st->ring_count > DETECT_MAX_WINDOW ? DETECT_MAX_WINDOW : st->ring_count;
-    size_t need = DETECT_STATE_HEADER_BYTES + 8 * (size_t)n;
+    size_t need = DETECT_STATE_HEADER_BYTES + 16 * (size_t)n;
     if (len < need)
         return -ENOSPC;
     uint16_t flags = (uint16_t)((st->has_max ? FLAG_HAS_MAX : 0) | (st->open ? FLAG_OPEN : 0));
@@ -516,10 +618,13 @@ int detect_state_encode(const struct detect_state *st, uint8_t *buf, size_t len)
     put_u64(buf + 24, st->seen);
     put_u64(buf + 32, (uint64_t)st->last_step);
     put_f64(buf + 40, st->running_max);
-    /* Oldest first, so the blob is canonical whatever the ring position. */
+    /* Oldest first, so the blob is canonical whatever the ring position:
+     * all the values, then all their steps. */
+    uint8_t *steps = buf + DETECT_STATE_HEADER_BYTES + 8 * (size_t)n;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t idx = (st->ring_head + DETECT_MAX_WINDOW - n + i) % DETECT_MAX_WINDOW;
         put_f64(buf + DETECT_STATE_HEADER_BYTES + 8 * (size_t)i, st->ring[idx]);
+        put_u64(steps + 8 * (size_t)i, (uint64_t)st->ring_step[idx]);
     }
     return (int)need;
 }
@@ -530,12 +635,14 @@ int detect_state_decode(struct detect_state *st, const uint8_t *buf, size_t len)
         return -EINVAL;
     if (get_u32(buf) != DETECT_STATE_MAGIC)
         return -EINVAL;
-    if (get_u16(buf + 4) != DETECT_STATE_VERSION)
+    uint16_t version = get_u16(buf + 4);
+    if (version != DETECT_STATE_VERSION && version != DETECT_STATE_VERSION_NO_STEPS)
         return -ENOTSUP;
+    bool has_steps = version == DETECT_STATE_VERSION;
     uint16_t flags = get_u16(buf + 6);
     uint32_t n = get_u32(buf + 12);
     if ((flags & ~(FLAG_HAS_MAX | FLAG_OPEN)) != 0 || n > DETECT_MAX_WINDOW ||
-        len != DETECT_STATE_HEADER_BYTES + 8 * (size_t)n)
+        len != DETECT_STATE_HEADER_BYTES + (has_steps ? 16 : 8) * (size_t)n)
         return -EINVAL;
     struct detect_state s;
     detect_state_init(&s);
@@ -548,11 +655,14 @@ int detect_state_decode(struct detect_state *st, const uint8_t *buf, size_t len)
     s.seen = get_u64(buf + 24);
     s.last_step = (int64_t)get_u64(buf + 32);
     s.running_max = get_f64(buf + 40);
+    const uint8_t *steps = buf + DETECT_STATE_HEADER_BYTES + 8 * (size_t)n;
     for (uint32_t i = 0; i < n; i++) {
         s.ring[i] = get_f64(buf + DETECT_STATE_HEADER_BYTES + 8 * (size_t)i);
         /* Only finite samples are ever accepted. */
         if (!isfinite(s.ring[i]))
             return -EINVAL;
+        /* Version 1 kept no steps: see the layout in detect.h. */
+        s.ring_step[i] = has_steps ? (int64_t)get_u64(steps + 8 * (size_t)i) : DETECT_STEP_UNKNOWN;
     }
     if (s.has_max && !isfinite(s.running_max))
         return -EINVAL;

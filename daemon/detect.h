@@ -22,7 +22,32 @@
  * DETECT_MAD_ABS_FLOOR). The floor defines the MAD == 0 case: a perfectly
  * flat baseline does not divide by zero, and any move by more than
  * z * 0.1 % of the median counts as a breach (a series that never moved and
- * now moves is news). */
+ * now moves is news).
+ *
+ * Trend rules (rule->trend): some series grow during healthy training
+ * (router centered energy, weight norms under AdamW). A level baseline lags
+ * such a series by half a window, and its MAD is tiny while the series is
+ * still nearly flat: when the growth starts or speeds up the level z
+ * breaches, the breach freezes the baseline and the series walks away from
+ * it for good. A trend rule scores against a robust line instead. Over the
+ * baseline samples (value and step), the slope b is the Theil-Sen estimate
+ * (median of the pairwise slopes), set to 0 when it points to the good side
+ * (falling, for a rise-is-bad rule: extrapolating a healthy decline would
+ * call every stall or reversal a breach; slope 0 is the level baseline,
+ * which judges such a series conservatively). The expected value at the
+ * current step is
+ *     predicted = median_i(x_i + b * (step - step_i)),
+ * and z = (x - predicted) / scale, where scale is as above with the MAD of
+ * the residuals around the line, floored on |predicted|. The verdict's
+ * `median` field carries `predicted` (what the alert's evidence shows as
+ * the baseline), `mad` the raw residual MAD and `slope` b. While a breach
+ * is open the frozen line is extrapolated: a trend that resumes resolves,
+ * a fault (a level jump, a slope several times steeper) stays open. The
+ * line is straight, so growth that curves up sharply within one window
+ * looks like that fault too; and a breach while the growth accelerates
+ * (noise on top of an LR warm-up's onset) stays open, because the frozen
+ * line cannot bend. A rule without trend scores exactly as described
+ * above. */
 
 #define DETECT_MAX_WINDOW 256       /* largest baseline window (samples) */
 #define DETECT_MAX_RULES 64         /* rules in one table */
@@ -34,6 +59,15 @@
 #define DETECT_MAD_SCALE 1.4826     /* MAD -> sigma for a normal distribution */
 #define DETECT_MAD_REL_FLOOR 1e-3   /* scale floor relative to |median| */
 #define DETECT_MAD_ABS_FLOOR 1e-12  /* scale floor when the median is ~0 */
+/* Trend fit: the slope is fitted over at most this many baseline samples
+ * (evenly spaced over a longer window), so at most 64 * 63 / 2 = 2016
+ * pairwise slopes per scored sample whatever the window. */
+#define DETECT_TREND_MAX_POINTS 64
+#define DETECT_TREND_MAX_PAIRS (DETECT_TREND_MAX_POINTS * (DETECT_TREND_MAX_POINTS - 1) / 2)
+/* Step of a baseline sample restored from a version-1 blob, which did not
+ * store steps. A trend fit uses only the newest run of samples with known
+ * steps. */
+#define DETECT_STEP_UNKNOWN INT64_MIN
 
 /* Defaults (MONITORS.md section 4); each one is overridable per rule. */
 #define DETECT_DEFAULT_WARMUP 20
@@ -80,6 +114,7 @@ struct detect_rule {
     enum detect_direction direction;
     enum detect_severity severity;
     bool enabled;
+    bool trend;             /* score against a robust local line, not the level */
     uint32_t warmup;        /* samples that only build the baseline */
     uint32_t window;        /* baseline samples, 1..DETECT_MAX_WINDOW */
     double z;               /* |z| threshold, > 0 */
@@ -107,6 +142,7 @@ struct detect_error {
  * sample allocates. */
 struct detect_state {
     double ring[DETECT_MAX_WINDOW]; /* accepted samples, circular */
+    int64_t ring_step[DETECT_MAX_WINDOW]; /* their steps (or DETECT_STEP_UNKNOWN) */
     uint32_t ring_head;             /* next slot to write */
     uint32_t ring_count;            /* valid samples, <= DETECT_MAX_WINDOW */
     uint64_t accepted;              /* samples ever accepted into the baseline */
@@ -127,21 +163,36 @@ struct detect_verdict {
     enum detect_breach_kind breach_kind;
     bool accepted_into_baseline;
     double value;
-    double median;         /* baseline median (NAN when the baseline is empty) */
-    double mad;            /* raw MAD, before the 1.4826 scale and the floor */
+    double median;         /* baseline median; trend rules: the value the line
+                              predicts at this step (NAN when the baseline is empty) */
+    double mad;            /* raw MAD (trend: of the residuals around the line),
+                              before the 1.4826 scale and the floor */
+    double slope;          /* trend rules: slope per step of the line (0 when it
+                              would point to the good side); 0 otherwise */
     double z;              /* signed robust z (0 when the baseline is empty) */
     double spike_ratio;    /* value / running max (0 when not computed) */
     uint32_t baseline_n;   /* samples the median/MAD were computed over */
 };
 
-/* Blob layout (little-endian), version 1:
+/* Blob layout (little-endian), version 2:
  *   u32 magic 'FSDS', u16 version, u16 flags (bit0 has_max, bit1 open),
  *   u32 normal_run, u32 ring_count, u64 accepted, u64 seen, i64 last_step,
- *   f64 running_max, f64 ring[ring_count] oldest first. */
+ *   f64 running_max, f64 ring[ring_count] oldest first,
+ *   i64 ring_step[ring_count] oldest first (INT64_MIN: unknown).
+ * Version 1 is the same without ring_step. It still decodes: the values
+ * are kept (a level rule scores exactly as before the upgrade) and their
+ * steps are DETECT_STEP_UNKNOWN, because a v1 blob cannot tell how far
+ * apart its samples were (monitors may come every k steps, and breaches and
+ * absent samples leave gaps); guessing consecutive steps would give a
+ * trend rule a line k times too steep until the baseline turned over. A
+ * trend rule fits only samples with known steps, and counts as in warm-up
+ * until it has min(warmup, window) of them; then its baseline grows back
+ * to `window` samples as they come. */
 #define DETECT_STATE_MAGIC 0x53445346u /* "FSDS" little-endian */
-#define DETECT_STATE_VERSION 1
+#define DETECT_STATE_VERSION 2
+#define DETECT_STATE_VERSION_NO_STEPS 1
 #define DETECT_STATE_HEADER_BYTES 48
-#define DETECT_STATE_ENCODED_MAX (DETECT_STATE_HEADER_BYTES + 8 * DETECT_MAX_WINDOW)
+#define DETECT_STATE_ENCODED_MAX (DETECT_STATE_HEADER_BYTES + 16 * DETECT_MAX_WINDOW)
 
 /* Fills *out with the built-in rule table (designated initializers in
  * detect.c). The caller owns *out. Any thread. */
@@ -158,8 +209,8 @@ struct detect_rule *detect_rules_find(struct detect_rules *rules, const char *na
 /* Applies one config override `key = value` to the rule named rule_name
  * (exact match; the config's [detect "NAME"] section). Keys: warmup, window,
  * z, floor, ceiling (a number or "none"), spike_ratio (0 or "none" disables),
- * persistence, resolve_after, severity (warning|critical), enabled
- * (true|false|yes|no|on|off|1|0). Returns 0; -ENOENT for an unknown rule,
+ * persistence, resolve_after, severity (warning|critical), enabled and
+ * trend (true|false|yes|no|on|off|1|0). Returns 0; -ENOENT for an unknown rule,
  * -EINVAL for an unknown key or a bad value (err says which). The rule is
  * unchanged on error. Config thread, before the table is shared. */
 int detect_rules_set(struct detect_rules *rules, const char *rule_name, const char *key,
@@ -175,7 +226,11 @@ void detect_state_init(struct detect_state *st);
  * baseline, and then too only non-finite values breach. A breaching
  * sample, and every sample while a breach is open (from a breach until
  * rule->resolve_after consecutive normal samples), stays out of the
- * baseline. A disabled rule never breaches and leaves st unchanged.
+ * baseline. A trend rule is also in warm-up while fewer than
+ * min(rule->warmup, rule->window) baseline samples have known steps (only
+ * after decoding a version-1 blob). A disabled rule never breaches and
+ * leaves st unchanged. Trend rules cost O(DETECT_TREND_MAX_PAIRS +
+ * window) per sample (see detect.c); level rules O(window).
  * Returns 0, or -EINVAL for NULL arguments. Loop thread (owner of st). */
 int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step,
                 double value, bool is_present, int64_t detect_from_step,
@@ -185,7 +240,8 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
  * (<= DETECT_STATE_ENCODED_MAX), or -ENOSPC if len is too small. */
 int detect_state_encode(const struct detect_state *st, uint8_t *buf, size_t len);
 
-/* Decodes a blob written by detect_state_encode into *st. Returns 0, or
+/* Decodes a blob written by detect_state_encode (version 2) or by an older
+ * daemon (version 1: steps unknown, see the layout above) into *st. Returns 0, or
  * -EINVAL for a malformed blob, -ENOTSUP for an unknown version; *st is
  * untouched on error. */
 int detect_state_decode(struct detect_state *st, const uint8_t *buf, size_t len);

@@ -68,7 +68,7 @@ struct stage;
 
 /* The config section `[detect "RULE"]` (keys of detect_rules_set: warmup,
  * window, z, floor, ceiling, spike_ratio, persistence, resolve_after,
- * severity, enabled) over rules, for config_load_file's extra sections.
+ * severity, enabled, trend) over rules, for config_load_file's extra sections.
  * An unknown rule or key is a config error naming file and line. */
 void stage_detect_section(struct detect_rules *rules, struct config_section *out);
 

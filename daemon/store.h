@@ -91,7 +91,7 @@ struct store_spool_done {
 #define STORE_RULE_MAX 64          /* = DETECT_NAME_MAX */
 #define STORE_ALERT_KEY_MAX 1120   /* >= ALERT_KEY_MAX */
 #define STORE_DEDUP_KEY_MAX 24     /* >= ALERT_DEDUP_MAX */
-#define STORE_STATE_BLOB_MAX 2560  /* >= DETECT_STATE_ENCODED_MAX */
+#define STORE_STATE_BLOB_MAX 4160  /* >= DETECT_STATE_ENCODED_MAX (4144) */
 #define STORE_ALERT_BLOB_MAX 64    /* >= ALERT_STATE_ENCODED_BYTES */
 
 struct store_series_key {

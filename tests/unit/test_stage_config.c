@@ -29,7 +29,11 @@ Test(stage_config, detect_rule_sections)
                        "floor = none\n"
                        "[detect \"loss\"]\n"
                        "enabled = false\n"
-                       "severity = critical\n";
+                       "severity = critical\n"
+                       "[detect \"weight_norm\"]\n"
+                       "trend = false\n"
+                       "[detect \"router.zloss\"]\n"
+                       "trend = yes\n";
     struct fs_config cfg;
     config_defaults(&cfg);
     struct config_error err;
@@ -45,6 +49,9 @@ Test(stage_config, detect_rule_sections)
     cr_expect_eq(r->severity, DETECT_SEVERITY_CRITICAL);
     r = detect_rules_find(&rules, "grad_norm");
     cr_expect(r->enabled, "an untouched rule changed");
+    cr_expect(!detect_rules_find(&rules, "weight_norm")->trend);
+    cr_expect(detect_rules_find(&rules, "router.zloss")->trend);
+    cr_expect(detect_rules_find(&rules, "router.centered_energy")->trend, "untouched default");
 
     const struct bad_case bad[] = {
         {"[detect \"nope\"]\nz = 1", "config: t:1: section [detect \"nope\"]: unknown detector rule"},
@@ -53,6 +60,7 @@ Test(stage_config, detect_rule_sections)
         {"[detect \"loss\"]\nz = -2", "config: t:2: key 'z': "},
         {"[detect \"loss\"]\nwindow = 100000", "config: t:2: key 'window': "},
         {"[detect \"loss\"]\nmax_runs = 3", "config: t:2: key 'max_runs': "},
+        {"[detect \"loss\"]\ntrend = sometimes", "config: t:2: key 'trend': "},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         detect_rules_default(&rules);
