@@ -1,5 +1,10 @@
-"""One training run of the tiny MoE GPT, with foreshock.Monitor wired in
-(the two lines marked MONITOR), and optionally a fault.
+"""One training run of a tiny model (--arch gpt: tinygpt's nanoGPT layout,
+MoE unless --experts 0; --arch llama: llama.py's LLaMA layout with GQA),
+with foreshock.Monitor wired in (the two lines marked MONITOR), and
+optionally a fault.
+
+Learning rate (--schedule): linear warm-up over --warmup steps, then
+constant, or cosine decay to 10% of --lr at the last step (--steps).
 
 Scenarios (the fault starts at --fault-step; before it every scenario of a
 seed trains identically: same initial weights, same batches):
@@ -10,7 +15,7 @@ seed trains identically: same initial weights, same batches):
   lr                  too large a learning rate: from the fault step the
                       rate ramps linearly to --lr-mult times its value over
                       --lr-ramp steps (a peak learning rate mistyped by 100x),
-                      then stays there
+                      then stays there (a multiplier on the scheduled rate)
   combined            both
 
 Writes one JSON line per step to --out (step, loss, grad_norm, lr,
@@ -35,9 +40,11 @@ sys.path.insert(0, os.path.dirname(HERE))
 import torch  # noqa: E402
 
 import foreshock  # noqa: E402
+import llama  # noqa: E402
 import tinygpt  # noqa: E402
 
 SCENARIOS = ("healthy", "attention-numerics", "lr", "combined")
+DIVERGE_WINDOW, DIVERGE_RATIO = 25, 1.2  # as run_experiment.divergence_step
 
 
 def parse_args(argv=None):
@@ -53,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--fault-step", type=int, default=200)
     p.add_argument("--bits", type=int, default=5, help="BF16 low bits truncated (1..16)")
     p.add_argument("--fault-on", choices=("o", "do", "both"), default="both")
+    p.add_argument("--arch", choices=("gpt", "llama"), default="gpt")
+    p.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
+                   help="after warm-up: constant, or cosine decay to 10%% at --steps")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--lr-mult", type=float, default=100.0)
@@ -61,6 +71,7 @@ def parse_args(argv=None):
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2, help="llama: key/value heads (GQA)")
     p.add_argument("--ctx", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--experts", type=int, default=4, help="0: dense MLP")
@@ -78,6 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--corpus", default=None, help="text file (default: Python's stdlib)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--out", default=None, help="per-step JSON lines")
+    p.add_argument("--stop-after-diverge", type=int, default=-1,
+                   help="stop this many steps after the loss diverged by "
+                        "run_experiment.divergence_step's criterion (-1: never)")
     p.add_argument("--stop-after-alert", default=None,
                    help="HOST:PORT of the daemon's HTTP API: stop once an alert labelled "
                         "attention-numerics has fired for this run (CI smoke)")
@@ -86,6 +100,9 @@ def parse_args(argv=None):
 
 def lr_at(a, step):
     base = a.lr * min(1.0, (step + 1) / a.warmup)
+    if a.schedule == "cosine" and step > a.warmup:
+        frac = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
+        base *= 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac))
     if a.scenario in ("lr", "combined") and step >= a.fault_step:
         ramp = min(1.0, (step - a.fault_step + 1) / a.lr_ramp)
         base *= 1.0 + (a.lr_mult - 1.0) * ramp
@@ -99,8 +116,12 @@ def main(argv=None):
     run = a.run or f"{a.scenario}-s{a.seed}"
     torch.manual_seed(a.seed)
     data, vocab = tinygpt.load_corpus(a.corpus)
-    moe = (a.experts, a.top_k) if a.experts else None
-    model = tinygpt.TinyGPT(vocab, d=a.d, n_layer=a.layers, n_head=a.heads, t=a.ctx, moe=moe)
+    if a.arch == "llama":
+        model = llama.TinyLlama(vocab, d=a.d, n_layer=a.layers, n_head=a.heads,
+                                n_kv_head=a.kv_heads, t=a.ctx)
+    else:
+        moe = (a.experts, a.top_k) if a.experts else None
+        model = tinygpt.TinyGPT(vocab, d=a.d, n_layer=a.layers, n_head=a.heads, t=a.ctx, moe=moe)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
     batches = tinygpt.Batches(data, a.batch, a.ctx, a.seed)
 
@@ -117,6 +138,7 @@ def main(argv=None):
     out = open(a.out, "w") if a.out else None
     t_run = time.perf_counter()
     stopped_at = None
+    diverged, tail, best = None, [], math.inf  # run_experiment.divergence_step, online
     for step in range(1, a.steps + 1):
         if a.scenario in ("attention-numerics", "combined") and step == a.fault_step:
             model.fault.bits, model.fault.on = a.bits, a.fault_on
@@ -147,11 +169,22 @@ def main(argv=None):
                 break
         if not math.isfinite(rec["loss"]):
             logging.warning("loss is not finite at step %d; stopping", step)
+            diverged = diverged or step
+            break
+        if diverged is None:
+            tail = (tail + [rec["loss"]])[-DIVERGE_WINDOW:]
+            if len(tail) == DIVERGE_WINDOW:
+                best = min(best, sum(tail) / DIVERGE_WINDOW)
+                if sum(tail) / DIVERGE_WINDOW >= DIVERGE_RATIO * best:
+                    diverged = step
+        if diverged is not None and 0 <= a.stop_after_diverge <= step - diverged:
+            logging.info("loss diverged at step %d; stopping at %d", diverged, step)
             break
     wall = time.perf_counter() - t_run
-    summary = {"run": run, "scenario": a.scenario, "seed": a.seed, "steps": step,
+    summary = {"run": run, "arch": a.arch, "schedule": a.schedule,
+               "scenario": a.scenario, "seed": a.seed, "steps": step,
                "fault_step": a.fault_step if a.scenario != "healthy" else None,
-               "wall_s": wall, "stopped_after_alert": stopped_at}
+               "wall_s": wall, "stopped_after_alert": stopped_at, "diverged": diverged}
     if mon is not None:
         st = mon.close(120)
         summary["client"] = {k: v for k, v in st.items() if k != "last_error"}
