@@ -351,8 +351,8 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=2, help="trainers at once")
     p.add_argument("--plot-window", type=int, default=5,
                    help="the Delta2 window (one of train.py --windows) the plots show")
-    p.add_argument("--config", default=os.path.join(HERE, "foreshockd-experiment.conf"),
-                   help="foreshockd config file (default: foreshockd-experiment.conf here)")
+    p.add_argument("--config", default=None,
+                   help="foreshockd config file (default: none, the daemon's defaults)")
     p.add_argument("--analyse-only", action="store_true",
                    help="reuse --out's runs and database (restarts the daemon on it)")
     a, rest = p.parse_known_args(argv)
