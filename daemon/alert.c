@@ -175,7 +175,7 @@ enum alert_attribution alert_attribute(const struct alert_evidence *e)
 {
     int64_t attention = e->first[DETECT_FAMILY_ATTENTION_D2];
     int64_t step_size =
-        earliest(e->first[DETECT_FAMILY_ROUTER_WEIGHT], e->first[DETECT_FAMILY_UPDATE_RATIO]);
+        earliest(e->first[DETECT_FAMILY_ROUTER_WEIGHT], e->first[DETECT_FAMILY_STEP_SIZE]);
 
     if (e->nonfinite)
         return ALERT_ATTR_NON_FINITE;

@@ -56,7 +56,17 @@ static const struct detect_rule default_rules[] = {
      * the rule follows their trend, like centered energy. */
     {RULE_DEFAULTS, .name = "weight_norm", .family = DETECT_FAMILY_WEIGHT_NORM,
      .direction = DETECT_RISE_IS_BAD, .trend = true},
-    {RULE_DEFAULTS, .name = "update_ratio", .family = DETECT_FAMILY_UPDATE_RATIO,
+    /* The update-to-weight ratio of a layer's monitored weights (Q, K,
+     * router) rises at once under a too-large step, but also under the
+     * attention fault, which pushes Q and K harder (measured on the corpus:
+     * it fired 15 steps after either fault). A symptom, like weight norms. */
+    {RULE_DEFAULTS, .name = "update_ratio", .family = DETECT_FAMILY_WEIGHT_NORM,
+     .direction = DETECT_RISE_IS_BAD},
+    /* The learning rate itself (rank 0's). After the start of detection
+     * (past the warm-up) a healthy schedule holds or decays it; a rise is a
+     * step-size fault at its source (a mistyped peak, a schedule or resume
+     * bug). Cyclical schedules should turn it off. Falls are fine. */
+    {RULE_DEFAULTS, .name = "lr", .family = DETECT_FAMILY_STEP_SIZE,
      .direction = DETECT_RISE_IS_BAD},
     /* The classic baselines. Per-step minibatch loss and gradient norm are
      * heavy-tailed: judged on a single step (Megatron's rule) they paged
@@ -680,7 +690,7 @@ const char *detect_family_name(enum detect_family f)
         [DETECT_FAMILY_WEIGHT_NORM] = "weight_norm",
         [DETECT_FAMILY_ROUTER_BALANCE] = "router_balance",
         [DETECT_FAMILY_SCALAR_LOSS] = "scalar_loss",
-        [DETECT_FAMILY_UPDATE_RATIO] = "update_ratio",
+        [DETECT_FAMILY_STEP_SIZE] = "step_size",
     };
     return (unsigned)f < DETECT_FAMILY_COUNT ? names[f] : "unknown";
 }

@@ -82,10 +82,10 @@
 enum detect_family {
     DETECT_FAMILY_ATTENTION_D2 = 0,   /* qk.d2.* spectra and qk.cqk */
     DETECT_FAMILY_ROUTER_WEIGHT = 1,  /* router similarity, centered energy, z-loss */
-    DETECT_FAMILY_WEIGHT_NORM = 2,    /* per-layer |W|: a symptom, grows under either fault */
+    DETECT_FAMILY_WEIGHT_NORM = 2,    /* per-layer |W| and |dW|/|W|: symptoms, grow under either fault */
     DETECT_FAMILY_ROUTER_BALANCE = 3, /* MaxVio, load entropy */
     DETECT_FAMILY_SCALAR_LOSS = 4,    /* loss, grad_norm */
-    DETECT_FAMILY_UPDATE_RATIO = 5,   /* per-layer |dW|/|W|: too large a step */
+    DETECT_FAMILY_STEP_SIZE = 5,      /* the learning rate rising after warm-up */
     DETECT_FAMILY_COUNT
 };
 

@@ -135,7 +135,7 @@ bool eval_input_rule(const struct detect_rules *rules, const struct store_series
      * minority of heads. */
     static const char *const qk_inputs[] = {"qk.d2.erank.min", "qk.d2.entropy.min",
                                             "qk.d2.srank.min", "qk.cqk.max"};
-    static const char *const rank0_scalars[] = {"loss", "grad_norm"};
+    static const char *const rank0_scalars[] = {"loss", "grad_norm", "lr"};
     static const char *const rank0_layered[] = {"weight_norm", "update_ratio"};
 
     if (strncmp(k->name, "qk.", 3) == 0) {
@@ -216,7 +216,7 @@ enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size
         /* The series behind the label: the earliest open one of each
          * family the label rests on. */
         static const enum detect_family order[] = {
-            DETECT_FAMILY_ATTENTION_D2, DETECT_FAMILY_ROUTER_WEIGHT, DETECT_FAMILY_UPDATE_RATIO,
+            DETECT_FAMILY_ATTENTION_D2, DETECT_FAMILY_ROUTER_WEIGHT, DETECT_FAMILY_STEP_SIZE,
             DETECT_FAMILY_ROUTER_BALANCE, DETECT_FAMILY_SCALAR_LOSS, DETECT_FAMILY_WEIGHT_NORM};
         bool uses[DETECT_FAMILY_COUNT] = {false};
         switch (attr) {
@@ -224,7 +224,7 @@ enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size
             uses[DETECT_FAMILY_ATTENTION_D2] = true;
             /* fall through */
         case ALERT_ATTR_OPTIMIZER_HYPERPARAMETER:
-            uses[DETECT_FAMILY_ROUTER_WEIGHT] = uses[DETECT_FAMILY_UPDATE_RATIO] = true;
+            uses[DETECT_FAMILY_ROUTER_WEIGHT] = uses[DETECT_FAMILY_STEP_SIZE] = true;
             break;
         case ALERT_ATTR_ATTENTION_NUMERICS:
             uses[DETECT_FAMILY_ATTENTION_D2] = true;

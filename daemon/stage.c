@@ -559,8 +559,11 @@ static void detect_scalars(struct stage *st, struct stage_run *sr, struct run *r
                            struct build *bd, const struct scalar_sample *x)
 {
     struct store_series_key k;
-    if (x->has_lr) /* training progress: when detection starts (evaluate.h) */
+    if (x->has_lr) { /* training progress (evaluate.h), and the lr rule */
         eval_progress_lr(&sr->ev, x->step, x->lr);
+        set_key(&k, "lr", -1, -1, 0, 0);
+        feed_track(st, sr, run, bd, &k, "lr", x->step, x->lr, true, -1);
+    }
     if (x->has_loss) {
         set_key(&k, "loss", -1, -1, 0, 0);
         feed_track(st, sr, run, bd, &k, "loss", x->step, x->loss, true, -1);
@@ -1090,7 +1093,8 @@ bool stage_wants_spool(const struct stage *st, uint32_t rank, const Foreshock__R
     if (r->n_attention || r->n_router_gram || r->n_router_tokens)
         return true;
     return rank == 0 && s &&
-           (s->has_loss || s->has_grad_norm || s->n_layer_weight_norm || s->n_layer_update_ratio);
+           (s->has_loss || s->has_grad_norm || s->has_lr || s->n_layer_weight_norm ||
+            s->n_layer_update_ratio);
 }
 
 /* --- public API ------------------------------------------------------------------------------ */

@@ -142,11 +142,8 @@ static int feed_point(void *ctx, const struct store_series_key *k, uint64_t step
 {
     struct run_ctx *rc = ctx;
     char rule[DETECT_NAME_MAX];
-    if (is_lr(k)) {
-        if (present)
-            eval_progress_lr(&rc->er, step, value);
-        return 0;
-    }
+    if (is_lr(k) && present)
+        eval_progress_lr(&rc->er, step, value);
     if (!eval_input_rule(rc->er.rules, k, rule, sizeof(rule)))
         return 0;
     if (rc->st->every && sketch_series(k) && step % rc->st->every != 0)

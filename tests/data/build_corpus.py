@@ -40,7 +40,7 @@ KEEP_SQL = """
     OR name IN ('loss', 'grad_norm', 'lr', 'weight_norm', 'update_ratio') AND rank = 0
 """
 META_KEYS = ("name", "arch", "schedule", "scenario", "seed", "split", "fault_step",
-             "divergence_step", "steps")
+             "divergence_step", "steps", "bits", "lr_mult")
 
 
 def start_daemon(build_dir, workdir):
@@ -77,6 +77,9 @@ def main():
     with open(os.path.join(a.corpus, "manifest.json")) as f:
         manifest = json.load(f)
     runs = manifest["runs"] if isinstance(manifest, dict) else manifest
+    runs = [r for r in runs if r.get("complete", True)]
+    for r in runs:  # the steps actually run (a faulted run stops after divergence)
+        r["steps"] = r.get("steps_recorded") or r["steps"]
     cli = os.path.join(a.build_dir, "foreshock")
     with tempfile.TemporaryDirectory(prefix="foreshock-corpus-") as tmp:
         proc, db, port = start_daemon(a.build_dir, tmp)

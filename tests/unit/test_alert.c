@@ -281,7 +281,7 @@ Test(alert_lifecycle, null_arguments)
 
 /* Evidence as first-breach steps per family (-1: none open), in the
  * order attention_d2, router_weight, weight_norm, router_balance,
- * scalar_loss, update_ratio (enum detect_family). */
+ * scalar_loss, step_size (enum detect_family). */
 #define _ -1
 static const struct {
     int64_t first[DETECT_FAMILY_COUNT];
@@ -369,7 +369,7 @@ Test(alert_attribution, every_evidence_set_is_labelled_consistently)
                 e.nonfinite = nf;
                 int64_t d2 = e.first[DETECT_FAMILY_ATTENTION_D2];
                 int64_t rw = e.first[DETECT_FAMILY_ROUTER_WEIGHT];
-                int64_t ur = e.first[DETECT_FAMILY_UPDATE_RATIO];
+                int64_t ur = e.first[DETECT_FAMILY_STEP_SIZE];
                 int64_t opt = rw < 0 ? ur : ur < 0 ? rw : (rw < ur ? rw : ur);
                 bool rb = e.first[DETECT_FAMILY_ROUTER_BALANCE] >= 0;
                 bool ls = e.first[DETECT_FAMILY_SCALAR_LOSS] >= 0;

@@ -84,6 +84,8 @@ static const struct {
     {"router.maxvio", DETECT_FAMILY_ROUTER_BALANCE, DETECT_RISE_IS_BAD, false, 0, 3},
     {"router.load_entropy", DETECT_FAMILY_ROUTER_BALANCE, DETECT_FALL_IS_BAD, false, 0, 3},
     {"weight_norm", DETECT_FAMILY_WEIGHT_NORM, DETECT_RISE_IS_BAD, false, 0, 3},
+    {"update_ratio", DETECT_FAMILY_WEIGHT_NORM, DETECT_RISE_IS_BAD, false, 0, 3},
+    {"lr", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 3},
     {"loss", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3},
     {"grad_norm", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3},
 };
@@ -105,7 +107,7 @@ Test(detect_rules, default_table_matches_monitors_md)
     }
     cr_assert_eq(detect_rules_find(&rules, "loss")->spike_ratio, 10.0);
     cr_assert_null(detect_rules_match(&rules, "qk.d3.erank"));
-    cr_assert_null(detect_rules_match(&rules, "lr"));
+    cr_assert_null(detect_rules_match(&rules, "loss_scale"));
 }
 
 Test(detect_rules, patterns_match_first_rule)

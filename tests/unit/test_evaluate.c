@@ -77,7 +77,7 @@ static const struct {
     {{"grad_norm", -1, -1, 0, 0}, true, "grad_norm"},
     {{"update_ratio", 3, -1, 0, 0}, true, "update_ratio"},
     {{"weight_norm", 3, -1, 0, 0}, true, "weight_norm"},
-    {{"lr", -1, -1, 0, 0}, false, NULL},
+    {{"lr", -1, -1, 0, 0}, true, "lr"},
 };
 
 Test(evaluate, detection_inputs)
@@ -95,8 +95,8 @@ Test(evaluate, detection_inputs)
 
 /* ---- labels ------------------------------------------------------------------------ */
 
-/* A Delta2 series collapsing from step 400 and an update-ratio series
- * jumping at step `ur_from` (0: never), fed step by step from 200 (after
+/* A Delta2 series collapsing from step 400 and the learning rate jumping
+ * at step `ur_from` (0: never), fed step by step from 200 (after
  * the start, detect_from_step 200) with the two series of a step in either
  * order and the events taken in batches of `batch` steps. Returns the label
  * of the first firing of each series. */
@@ -112,18 +112,18 @@ static struct labels run_pair(int64_t ur_from, bool ur_first, int batch)
     struct eval_batch b = {0};
     struct labels out = {ALERT_ATTR_NONE, ALERT_ATTR_NONE, -1, -1};
     struct store_series_key kd = {"qk.d2.srank.min", 1, -1, 5, -1};
-    struct store_series_key ku = {"update_ratio", 1, -1, 0, 0};
+    struct store_series_key ku = {"lr", -1, -1, 0, 0};
     detect_rules_default(&rules);
     eval_run_init(&er, &rules);
     struct eval_track *td = eval_track_get(&er, &kd, "qk.d2.srank");
-    struct eval_track *tu = eval_track_get(&er, &ku, "update_ratio");
+    struct eval_track *tu = eval_track_get(&er, &ku, "lr");
     cr_assert(td && tu);
     uint64_t seed = 12345;
     for (int64_t s = 200; s < 700; s += 5) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         double u = (double)(seed >> 11) / 9007199254740992.0;
         double d2 = s >= 400 ? 1.8 - 0.01 * (double)(s - 400) / 5 : 3.0 + 0.05 * u;
-        /* A too-large step: the update ratio jumps tenfold at once. */
+        /* A too-large step: the learning rate jumps tenfold at once. */
         double ur = ur_from && s >= ur_from ? 0.1 + 0.001 * u : 0.01 + 0.001 * u;
         for (int k = 0; k < 2; k++) {
             bool do_ur = (k == 0) == ur_first;
@@ -165,13 +165,13 @@ Test(evaluate, labels_by_mechanism_and_order_of_onset)
         {350, ALERT_ATTR_COMBINED, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER,
          "a too-large step first, then the collapse"},
         {500, ALERT_ATTR_ATTENTION_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS,
-         "the collapse first: the later update-ratio rise is its consequence"},
+         "the collapse first: the later step-size evidence is not independent"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct labels ref = run_pair(cases[i].ur_from, false, 1);
         cr_expect_eq(ref.d2, cases[i].d2, "%s: Delta2 alert labelled %s", cases[i].why,
                      alert_attribution_name(ref.d2));
-        cr_expect_eq(ref.ur, cases[i].ur, "%s: update-ratio alert labelled %s", cases[i].why,
+        cr_expect_eq(ref.ur, cases[i].ur, "%s: LR alert labelled %s", cases[i].why,
                      alert_attribution_name(ref.ur));
         /* The same labels and steps whatever the order within a step and
          * however the events are batched (the live stage batches by commit). */
