@@ -40,8 +40,14 @@ static const struct detect_rule default_rules[] = {
      * schedule moves: scored against its local trend (detect.h), since a
      * level baseline false-alarms as soon as the growth starts or speeds
      * up. A too large step still breaks the line within a few samples. */
-    {RULE_DEFAULTS, .name = "router.centered_energy", .family = DETECT_FAMILY_ROUTER_WEIGHT,
-     .direction = DETECT_RISE_IS_BAD, .trend = true},
+    /* z 8, not 5: even around its trend a healthy MoE router's energy
+     * wanders (a healthy run of the corpus breached z 5-8.3 in three
+     * layers); a too-large step moves it far beyond that. Spelled out: the
+     * shared macros already set z. */
+    {.enabled = true, .severity = DETECT_SEVERITY_WARNING, .warmup = DETECT_DEFAULT_WARMUP,
+     .window = DETECT_DEFAULT_WINDOW, .z = 8.0, .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
+     .persistence = DETECT_DEFAULT_PERSISTENCE, .name = "router.centered_energy",
+     .family = DETECT_FAMILY_ROUTER_WEIGHT, .direction = DETECT_RISE_IS_BAD, .trend = true},
     /* Growing logits (z-loss) are the decision-side face of router weights
      * growing under too large a step, so they share that family. */
     {RULE_DEFAULTS, .name = "router.zloss", .family = DETECT_FAMILY_ROUTER_WEIGHT,

@@ -57,7 +57,9 @@ Test(detect_rules, defaults_are_sane_and_unique)
         cr_assert(r->enabled, "%s", r->name);
         cr_assert_eq(r->warmup, DETECT_DEFAULT_WARMUP, "%s", r->name);
         cr_assert_eq(r->window, DETECT_DEFAULT_WINDOW, "%s", r->name);
-        cr_assert_eq(r->z, DETECT_DEFAULT_Z, "%s", r->name);
+        /* Router energy wanders around its trend in healthy runs: z 8. */
+        cr_assert_eq(r->z, strcmp(r->name, "router.centered_energy") == 0 ? 8.0 : DETECT_DEFAULT_Z,
+                     "%s", r->name);
         cr_assert_eq(r->resolve_after, DETECT_DEFAULT_RESOLVE_AFTER, "%s", r->name);
         cr_assert_geq(r->persistence, 1, "%s", r->name);
         cr_assert_lt(r->family, DETECT_FAMILY_COUNT, "%s", r->name);

@@ -108,7 +108,11 @@ class Monitor:
     run          run id (1..128 of [A-Za-z0-9._:-]); default $FORESHOCK_RUN
     rank, world_size  stream identity; default from torch.distributed
     attempt      bump it when a crashed trainer restarts the same run
-    windows      window lengths delta in steps (each a sketch of W(t) vs W(t-delta))
+    windows      window lengths delta in steps (each a sketch of W(t) vs W(t-delta));
+                 default a short and a long one, (10, 50): a biased fault
+                 grows like the window, minibatch noise like its root, so
+                 the long window sees a slow fault sooner; the daemon counts
+                 persistence in disjoint windows, so overlap fakes nothing
     every        sketch cadence in steps (default: the smallest window)
     attention    list of AttentionSpec instead of discovery (layouts.py)
     routers      list of RouterSpec instead of discovery; [] for none
@@ -141,7 +145,7 @@ class Monitor:
     """
 
     def __init__(self, model, endpoint=None, run=None, rank=None, world_size=None, attempt=0,
-                 windows=(10,), every=None, attention=None, routers=None, layers=None,
+                 windows=(10, 50), every=None, attention=None, routers=None, layers=None,
                  n_heads=None, n_kv_heads=None, head_dim=None, top_k=None, shard_group=None,
                  shard=None, shard_reduce="trainer", send_sketches=None, send_tokens=True,
                  layer_norms=True, token=None, detect_from_step=None,
