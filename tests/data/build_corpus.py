@@ -61,6 +61,59 @@ def start_daemon(build_dir, workdir):
     sys.exit("foreshockd not ready")
 
 
+def load_pb(workdir):
+    """foreshock_pb2, generated from proto/foreshock.proto into workdir."""
+    src = os.path.dirname(os.path.dirname(HERE))
+    out = os.path.join(workdir, "pb")
+    os.makedirs(out, exist_ok=True)
+    subprocess.run(["protoc", f"--proto_path={os.path.join(src, 'proto')}", f"--python_out={out}",
+                    os.path.join(src, "proto", "foreshock.proto")], check=True)
+    sys.path.insert(0, out)
+    import foreshock_pb2
+    return foreshock_pb2
+
+
+def read_frames(path):
+    """(magic, [frame bytes]) of a recording (foreshock.h, "Recordings")."""
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, pos, frames = data[:8], 8, []
+    while pos + 4 <= len(data):
+        n = int.from_bytes(data[pos:pos + 4], "big")
+        if pos + 4 + n > len(data):
+            break
+        frames.append(data[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    return magic, frames
+
+
+def filter_recording(pb, src, dst, windows, every):
+    """Writes src as a default Monitor would have sent it: attention sketches
+    of `windows` only, and sketches (attention, router, per-layer norms) only
+    at steps that are multiples of `every`; scalars every step. Router token
+    sums of the dropped sketch steps are dropped with them."""
+    magic, frames = read_frames(src)
+    with open(dst, "wb") as g:
+        g.write(magic)
+        for raw in frames:
+            f = pb.Frame()
+            f.ParseFromString(raw)
+            if f.WhichOneof("body") == "report":
+                r = f.report
+                keep = [a for a in r.attention if a.window in windows]
+                del r.attention[:]
+                if r.step % every == 0:
+                    r.attention.extend(keep)
+                else:
+                    del r.router_gram[:]
+                    del r.router_tokens[:]
+                    if r.HasField("scalars"):
+                        del r.scalars.layer_weight_norm[:]
+                        del r.scalars.layer_update_ratio[:]
+            out = f.SerializeToString()
+            g.write(len(out).to_bytes(4, "big") + out)
+
+
 def xz(src, dst):
     with open(src, "rb") as f, lzma.open(dst, "wb", preset=9 | lzma.PRESET_EXTREME) as g:
         shutil.copyfileobj(f, g)
@@ -72,7 +125,10 @@ def main():
     ap.add_argument("--build-dir", required=True)
     ap.add_argument("--out", default=HERE, help="tests/data (default: this directory)")
     ap.add_argument("--replay-runs", default="",
-                    help="runs whose raw recordings CI replays end to end (comma separated)")
+                    help="runs whose recordings CI replays end to end (comma separated), kept "
+                         "as a default Monitor would have sent them (--windows, --every)")
+    ap.add_argument("--windows", default="10,50", help="windows kept in those recordings")
+    ap.add_argument("--every", type=int, default=10, help="sketch cadence kept in them")
     a = ap.parse_args()
     with open(os.path.join(a.corpus, "manifest.json")) as f:
         manifest = json.load(f)
@@ -128,8 +184,13 @@ def main():
             rec = r["recording"] if os.path.isabs(r["recording"]) else os.path.join(
                 a.corpus, r["recording"])
             name = r["name"] + ".fsrec.xz"
-            xz(rec, os.path.join(rec_dir, name))
-            every = int(r.get("every") or 5)
+            with tempfile.TemporaryDirectory(prefix="foreshock-rec-") as tmp:
+                pb = load_pb(tmp)
+                small = os.path.join(tmp, "rec.fsrec")
+                filter_recording(pb, rec, small, {int(w) for w in a.windows.split(",")},
+                                 a.every)
+                xz(small, os.path.join(rec_dir, name))
+            every = a.every
             last = int(r["steps"]) - int(r["steps"]) % every
             entries.append(dict({k: r.get(k) for k in META_KEYS}, file=name, run=r["name"],
                                 last_sketch_step=last))
