@@ -65,7 +65,7 @@ static void usage(FILE *f)
         "    sections [detect \"RULE\"], RULE one of qk.d2.erank, qk.d2.entropy,\n"
         "    qk.d2.srank, qk.cqk, router.similarity, router.centered_energy,\n"
         "    router.zloss, router.maxvio, router.load_entropy, weight_norm,\n"
-        "    update_ratio, loss, grad_norm; keys: warmup, window, z, floor,\n"
+        "    update_ratio, lr, loss, grad_norm; keys: warmup, window, z, floor,\n"
         "    ceiling, spike_ratio, persistence, resolve_after, severity, enabled,\n"
         "    trend.\n"
         "    Paging targets (up to 16) are sections [target \"NAME\"] with keys type\n"
