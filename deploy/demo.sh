@@ -34,9 +34,9 @@ grep "foreshockd ready" "$log"
 echo "demo: dashboard at http://$HTTP/#run=$RUN (open it to watch the run arrive)"
 
 SCENARIO=${FORESHOCK_DEMO_SCENARIO:-attention-numerics}
-echo "demo: simulating run '$RUN' (4 ranks, 320 steps, scenario $SCENARIO) into $INGEST"
-build/foreshock simulate --endpoint "$INGEST" --run "$RUN" --ranks 4 --steps 320 \
-  --layers 2 --heads 4 --dh 16 --d 128 --sketch-every 5 --fault-step 160 \
+echo "demo: simulating run '$RUN' (4 ranks, 600 steps, scenario $SCENARIO) into $INGEST"
+build/foreshock simulate --endpoint "$INGEST" --run "$RUN" --ranks 4 --steps 600 \
+  --layers 2 --heads 4 --dh 16 --d 128 --sketch-every 5 --fault-step 300 \
   --scenario "$SCENARIO" --rate 200 | tee build/demo/simulate.out
 
 # The monitors of the last steps are computed just after their reports are
