@@ -133,7 +133,8 @@ class Monitor:
                  True: every data-parallel rank sees its own tokens)
     layer_norms  send per-layer |W| and update ratio of the monitored
                  weights (Q, K and router of the layer) at sketch steps
-    detect_from_step  steps before this only build the daemon's baselines
+    detect_from_step  detection starts at this step; default: the daemon judges by
+                 training progress (3x the end of the LR warm-up, so pass lr=)
     replay_bytes libforeshock's bound on buffered, unacknowledged reports
     queue_reports  bound of the hand-off queue to the sender thread
     gram_dtype   torch.float32 (default) or torch.float64
