@@ -161,19 +161,19 @@ static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null();
 
 static json_t *jopt(int32_t v, int32_t none) { return v == none ? json_null() : json_integer(v); }
 
+/* "layer=L head=H window=W" with the labels the series has, or "-". Three
+ * labels of at most 18 bytes each always fit the callers' 96 bytes. */
 static void scope_text(const struct store_series_key *k, char *out, size_t len)
 {
-    int n = 0;
-    out[0] = '\0';
+    char layer[24] = "", head[24] = "", window[24] = "";
     if (k->layer >= 0)
-        n += snprintf(out + n, len - (size_t)n, "layer=%d ", k->layer);
-    if (k->head >= 0 && (size_t)n < len)
-        n += snprintf(out + n, len - (size_t)n, "head=%d ", k->head);
-    if (k->window > 0 && (size_t)n < len)
-        n += snprintf(out + n, len - (size_t)n, "window=%d ", k->window);
-    if (n > 0)
-        out[n - 1] = '\0';
-    else
+        snprintf(layer, sizeof(layer), "layer=%d", k->layer);
+    if (k->head >= 0)
+        snprintf(head, sizeof(head), "%shead=%d", layer[0] ? " " : "", k->head);
+    if (k->window > 0)
+        snprintf(window, sizeof(window), "%swindow=%d", layer[0] || head[0] ? " " : "", k->window);
+    snprintf(out, len, "%s%s%s", layer, head, window);
+    if (!out[0])
         snprintf(out, len, "-");
 }
 
