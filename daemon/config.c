@@ -76,6 +76,10 @@ static const struct config_key core_keys[] = {
     {.name = "frame_timeout_s", .type = CONFIG_DOUBLE, .def = "120", .min = 0,
      .max = FS_CAP_INGEST_TIMEOUT_S, CORE(frame_timeout_s),
      .help = "seconds a begun frame may take to arrive whole (0: no limit)"},
+    {.name = "shutdown_timeout_s", .type = CONFIG_DOUBLE, .def = "30", .min = 0,
+     .max = FS_CAP_INGEST_TIMEOUT_S, CORE(shutdown_timeout_s),
+     .help = "on SIGTERM, monitor math not started by then stays spooled for the next start "
+             "(0: finish it all)"},
     {.name = "reduce_max_bytes", .type = CONFIG_BYTES, .def = "1G",
      .min = FS_MIN_REDUCE_MAX_BYTES, .max = FS_CAP_REDUCE_MAX_BYTES, CORE(reduce_max_bytes),
      .help = "memory for partial shard/rank sums; past it ingest pauses"},

@@ -92,6 +92,7 @@ struct fs_config {
     double reduce_timeout_s;   /* monitor stage: incomplete reductions after this */
     double hello_timeout_s;    /* ingest: a connection's Hello within this (0: none) */
     double frame_timeout_s;    /* ingest: a begun frame complete within this (0: none) */
+    double shutdown_timeout_s; /* monitor math not started by then is left spooled (0: none) */
     uint64_t reduce_max_bytes; /* monitor stage: reduction memory bound */
     uint64_t detect_from_step; /* runs whose Hello does not say */
     uint64_t monitor_threads;  /* worker threads for the monitor math; 0 = CPUs */

@@ -312,6 +312,7 @@ int main(int argc, char **argv)
         .reduce_max_bytes = cfg->reduce_max_bytes,
         .detect_from_step = cfg->detect_from_step,
         .max_chunks = (unsigned)(2 * threads), /* two per thread evens out uneven heads */
+        .stop_timeout_s = cfg->shutdown_timeout_s,
     };
     /* Persisted detector/alert state and the spool re-feed come before
      * ingest accepts a connection. */

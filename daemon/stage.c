@@ -201,6 +201,7 @@ struct stage_run {
     struct scalar_sample *sc_head, *sc_tail;
     size_t n_sc;
     struct eval_run ev; /* detector and alert state of the run's detected series */
+    bool dropping; /* a step was abandoned at shutdown: later ones are not evaluated either */
     struct job *jobs_head, *jobs_tail; /* buckets on workers or waiting to be evaluated */
 };
 
@@ -223,6 +224,7 @@ struct job {
     struct chunk *chunks;
     size_t n_chunks, pending;
     bool computed;
+    bool cancelled; /* a chunk never ran (shutdown deadline): not to be evaluated */
     struct job *next;
 };
 
@@ -237,6 +239,7 @@ struct stage {
     size_t inflight; /* chunks on workers */
     size_t jobs;     /* jobs not yet evaluated */
     int stopping;
+    size_t abandoned; /* steps left unevaluated (spooled) by the deadline */
     int full;
     void (*pressure)(void *ctx, int full);
     void *pressure_ctx;
@@ -982,7 +985,15 @@ static void drain(struct stage *st, struct run *run)
         sr->jobs_head = j->next;
         if (!sr->jobs_head)
             sr->jobs_tail = NULL;
-        evaluate(st, run, j->b);
+        /* A step whose math was cancelled at the shutdown deadline is not
+         * evaluated, nor any later step of the run (steps go in order): their
+         * sketches stay spooled and the next start evaluates them. */
+        if (j->cancelled)
+            sr->dropping = true;
+        if (sr->dropping)
+            st->abandoned++;
+        else
+            evaluate(st, run, j->b);
         st->jobs--;
         job_free(j);
     }
@@ -994,7 +1005,8 @@ static void after_work_cb(uv_work_t *req, int status)
     struct chunk *c = req->data;
     struct job *j = c->job;
     struct stage *st = j->st;
-    (void)status; /* uv_cancel is never called: every chunk ran */
+    if (status == UV_ECANCELED) /* cancelled by the shutdown deadline */
+        j->cancelled = true;
     st->inflight--;
     atomic_fetch_add(&st->stats->heads_computed, c->heads);
     atomic_fetch_add(&st->stats->monitor_seconds_sum_us, (uint64_t)(c->seconds * 1e6));
@@ -1251,10 +1263,27 @@ static void maybe_done(struct stage *st)
 {
     if (!st->stopping || st->inflight || st->timer_open != 1)
         return;
+    if (st->abandoned)
+        log_warn("stage", "stopped at the shutdown deadline (%.3g s): %zu steps left unevaluated; "
+                 "their sketches stay spooled and are evaluated at the next start",
+                 st->opts.stop_timeout_s, st->abandoned);
     /* Scalars still queued behind steps that stay spooled are spooled too
      * (stage_wants_spool): the next start re-feeds them in order. */
     st->timer_open = 2; /* closing */
     uv_close((uv_handle_t *)&st->sweep, on_timer_closed);
+}
+
+/* The shutdown deadline: cancels every chunk not yet started. Running
+ * chunks finish (each is bounded: part of one step's heads). */
+static void on_stop_deadline(uv_timer_t *t)
+{
+    struct stage *st = t->data;
+    for (size_t i = 0; i < run_count(st->reg); i++) {
+        struct stage_run *sr = run_at(st->reg, i)->user;
+        for (struct job *j = sr ? sr->jobs_head : NULL; j; j = j->next)
+            for (size_t c = 0; c < j->n_chunks && !j->computed; c++)
+                (void)uv_cancel((uv_req_t *)&j->chunks[c].req); /* UV_EBUSY when running */
+    }
 }
 
 void stage_stop(struct stage *st, void (*done)(void *ctx), void *ctx)
@@ -1264,7 +1293,13 @@ void stage_stop(struct stage *st, void (*done)(void *ctx), void *ctx)
     st->stopping = 1;
     st->done = done;
     st->done_ctx = ctx;
+    /* The sweep timer becomes the shutdown deadline: past it, math not yet
+     * started is cancelled (a flood of large router Grams once held SIGTERM
+     * for 149 s). */
     uv_timer_stop(&st->sweep);
+    if (st->opts.stop_timeout_s > 0)
+        uv_timer_start(&st->sweep, on_stop_deadline,
+                       (uint64_t)(st->opts.stop_timeout_s * 1000.0), 0);
     log_info("stage", "stopping: %zu steps on the workers finish; steps still reducing stay "
              "spooled (so far %llu steps evaluated, %llu heads in %.3f s of worker time, "
              "%llu incomplete, %llu alerts fired)",

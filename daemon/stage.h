@@ -51,6 +51,7 @@ struct stage_opts {
     uint64_t reduce_max_bytes;
     uint64_t detect_from_step;        /* for runs whose Hello does not set it */
     unsigned max_chunks;              /* work requests per bucket (0: default) */
+    double stop_timeout_s;            /* stage_stop: cancel math not started after this (0: none) */
 };
 
 /* One decoded report, as ingest (or the spool replay) hands it over. */
