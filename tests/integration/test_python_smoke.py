@@ -65,6 +65,11 @@ def main(args, workdir):
             check(time.monotonic() < deadline,
                   f"the daemon did not evaluate the monitors up to step {last}")
             time.sleep(0.5)
+        # api.values reads one series after the other, so a snapshot taken
+        # while steps were still committing can hold older points for the
+        # series read first. The last step commits all its series in one
+        # transaction: read again now that it is in.
+        live = api.values("smoke")
         layers = sorted({k[1] for k in d2})
         check(layers == list(range(LAYERS)), f"Delta2 aggregates for layers {layers}")
         routers = sorted({k[1] for k in live if k[0] == "router.entropy"})
@@ -85,6 +90,7 @@ def main(args, workdir):
                 break
             check(time.monotonic() < deadline, "the replayed run was not evaluated")
             time.sleep(0.5)
+        again = api.values("smoke-replayed")  # a complete snapshot, as above
         check(set(again) == set(live), f"series differ: {sorted(set(again) ^ set(live))[:5]}")
         for k in live:
             check(again[k] == live[k], f"series {k} differs after replay")
