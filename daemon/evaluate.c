@@ -272,7 +272,6 @@ static void label_before(struct eval_run *er, struct eval_batch *b, uint64_t ste
         struct eval_event *ev = &b->ev[b->next_label];
         if ((uint64_t)ev->tr.step >= step)
             break;
-        ev->labeled = true;
         if (!ev->has_event)
             continue;
         ev->attr = eval_attribute(er, ev->why, sizeof(ev->why));

@@ -88,7 +88,6 @@ struct eval_event {
     bool has_event;           /* tr holds a lifecycle change */
     struct alert_transition tr;
     int32_t argmin_head;      /* head that held the min (-1: none) */
-    bool labeled;             /* attr/why final (the step's samples are all in) */
     enum alert_attribution attr;
     char why[EVAL_WHY_MAX];
 };

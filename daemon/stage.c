@@ -460,10 +460,8 @@ static char *evidence_json(const struct eval_event *p)
 
 /* Labels the changed alert rows (every sample of their steps is in) and
  * turns them into rows; fixes the blob pointers. */
-static void build_finish(struct stage *st, struct stage_run *sr, const struct run *run,
-                         struct build *bd)
+static void build_finish(struct stage_run *sr, const struct run *run, struct build *bd)
 {
-    (void)st;
     struct store_monitor *m = &bd->it->monitor;
     struct eval_batch *b = &bd->batch;
     for (size_t i = 0; i < m->n_states; i++)
@@ -629,7 +627,7 @@ static void flush_scalars(struct stage *st, struct run *run, struct build *bd, b
         sample_free(x);
     }
     if (bd == &own) {
-        build_finish(st, sr, run, bd);
+        build_finish(sr, run, bd);
         build_submit(st, bd);
     }
 }
@@ -885,7 +883,7 @@ static void evaluate(struct stage *st, struct run *run, struct run_bucket *b)
     bd.it->monitor.has_spool_done = 1;
     bd.it->monitor.spool_done_step = b->step;
     flush_scalars(st, run, &bd, false);
-    build_finish(st, sr, run, &bd);
+    build_finish(sr, run, &bd);
     build_submit(st, &bd);
     atomic_fetch_add(&st->stats->buckets_evaluated, 1);
 }

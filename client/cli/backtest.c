@@ -18,7 +18,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -64,7 +63,6 @@ struct run_ctx {
     struct eval_run er;
     struct eval_batch batch;
     int64_t detect_from;
-    uint64_t points;
 };
 
 /* ---- settings ---------------------------------------------------------------- */
@@ -151,7 +149,6 @@ static int feed_point(void *ctx, const struct store_series_key *k, uint64_t step
     struct eval_track *t = eval_track_get(&rc->er, k, rule);
     if (!t)
         return -ENOMEM;
-    rc->points++;
     /* Time is not part of any decision: alert_step only stores it. */
     int r = eval_feed(&rc->er, &rc->batch, t, step, value, present, -1, rc->detect_from, 0);
     return r < 0 ? r : 0;

@@ -195,9 +195,10 @@ void fsc_stats(fsc_client *c, struct fsc_stats *s);
  * acknowledged, then sends Bye if connected (and waits at most a second for
  * the daemon's last acks), stops the I/O thread and frees the client.
  * Reports still unacknowledged are discarded. Returns what fsc_flush
- * returned, else the -errno of closing the recording (record_path). c may be NULL (returns 0). A host name lookup in progress is
- * not interrupted: with a name instead of an address, closing can take as
- * long as the resolver's timeout. Call once, from the thread that owns the
+ * returned, else the -errno of closing the recording (record_path). c may
+ * be NULL (returns 0). A host name lookup in progress is not interrupted:
+ * with a name instead of an address, closing can take as long as the
+ * resolver's timeout. Call once, from the thread that owns the
  * client's lifetime. */
 int fsc_close_timeout(fsc_client *c, int timeout_ms);
 

@@ -32,6 +32,7 @@ int fsc_record_open(struct fsc_recorder *r, const char *path, const uint8_t *hel
         return fsc_err(err, errlen, -errno, "cannot create recording '%s': %s", path,
                        strerror(errno));
     setvbuf(r->f, NULL, _IOFBF, RECORD_BUFFER_BYTES);
+    errno = 0;
     if (fwrite(FSC_RECORD_MAGIC, 1, FSC_RECORD_MAGIC_LEN, r->f) != FSC_RECORD_MAGIC_LEN ||
         fwrite(hello, 1, hello_len, r->f) != hello_len || fflush(r->f) != 0) {
         int rc = errno ? -errno : -EIO;
@@ -48,11 +49,10 @@ int fsc_record_report(struct fsc_recorder *r, const struct fsc_entry *e)
 
     if (!r->f)
         return -EBADF;
-    h = fsc_wire_report_header(r->seq + 1, e->len, hdr);
+    h = fsc_wire_report_header(r->written + 1, e->len, hdr);
     errno = 0;
     if (fwrite(hdr, 1, h, r->f) != h || fwrite(e->body, 1, e->len, r->f) != e->len)
         return fail(r, errno ? -errno : -EIO);
-    r->seq++;
     r->written++;
     return 0;
 }

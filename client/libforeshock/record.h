@@ -17,8 +17,7 @@
 
 struct fsc_recorder {
     FILE *f;          /* NULL: not recording (never opened, or stopped by an error) */
-    uint64_t seq;     /* seq of the last report written (1, 2, ... in file order) */
-    uint64_t written; /* reports written */
+    uint64_t written; /* reports written; also the seq of the last (1, 2, ... in file order) */
     int failed;       /* a write failed: recording stopped, the file ends early */
 };
 

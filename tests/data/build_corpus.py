@@ -175,6 +175,8 @@ def main():
 
     keep = [n for n in a.replay_runs.split(",") if n]
     if keep:
+        pb_dir = tempfile.TemporaryDirectory(prefix="foreshock-pb-")
+        pb = load_pb(pb_dir.name)
         rec_dir = os.path.join(a.out, "recordings")
         os.makedirs(rec_dir, exist_ok=True)
         entries = []
@@ -185,7 +187,6 @@ def main():
                 a.corpus, r["recording"])
             name = r["name"] + ".fsrec.xz"
             with tempfile.TemporaryDirectory(prefix="foreshock-rec-") as tmp:
-                pb = load_pb(tmp)
                 small = os.path.join(tmp, "rec.fsrec")
                 filter_recording(pb, rec, small, {int(w) for w in a.windows.split(",")},
                                  a.every)
@@ -197,6 +198,7 @@ def main():
         with open(os.path.join(rec_dir, "manifest.json"), "w") as f:
             json.dump({"runs": entries}, f, indent=1)
             f.write("\n")
+        pb_dir.cleanup()
     size = os.path.getsize(os.path.join(a.out, "corpus", "corpus.db.xz"))
     print(f"corpus: {len(runs)} runs, corpus.db.xz {size / 1e6:.1f} MB")
 
