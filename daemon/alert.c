@@ -171,16 +171,34 @@ static int64_t earliest(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
+/* Which mechanism the open evidence of a run points at. Delta2 collapse is
+ * attention evidence; router weight growth and the trainer's learning rate
+ * rising after warm-up are step-size evidence. Order decides what a pair
+ * means, because each mechanism can produce the other's symptom:
+ *   - a Delta2 collapse that opens after step-size evidence may be its
+ *     consequence (on the corpus, every LR ramp collapsed Delta2 30-130
+ *     steps later): optimizer-hyperparameter;
+ *   - both opening at the same step: neither followed the other, combined;
+ *   - a collapse first, then router growth: a degrading model grows router
+ *     logits after the fact, attention-numerics;
+ *   - a collapse first, then the learning rate rising: the trainer's own
+ *     step size is an input no attention fault can move, so it is
+ *     independent evidence of a second fault, combined. */
 enum alert_attribution alert_attribute(const struct alert_evidence *e)
 {
     int64_t attention = e->first[DETECT_FAMILY_ATTENTION_D2];
-    int64_t step_size =
-        earliest(e->first[DETECT_FAMILY_ROUTER_WEIGHT], e->first[DETECT_FAMILY_STEP_SIZE]);
+    int64_t lr = e->first[DETECT_FAMILY_STEP_SIZE];
+    int64_t step_size = earliest(e->first[DETECT_FAMILY_ROUTER_WEIGHT], lr);
 
     if (e->nonfinite)
         return ALERT_ATTR_NON_FINITE;
-    if (attention >= 0 && step_size >= 0)
-        return step_size <= attention ? ALERT_ATTR_COMBINED : ALERT_ATTR_ATTENTION_NUMERICS;
+    if (attention >= 0 && step_size >= 0) {
+        if (step_size < attention)
+            return ALERT_ATTR_OPTIMIZER_HYPERPARAMETER;
+        if (step_size == attention || lr >= 0)
+            return ALERT_ATTR_COMBINED;
+        return ALERT_ATTR_ATTENTION_NUMERICS;
+    }
     if (attention >= 0)
         return ALERT_ATTR_ATTENTION_NUMERICS;
     if (step_size >= 0)

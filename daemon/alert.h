@@ -140,18 +140,18 @@ bool alert_evidence_add(struct alert_evidence *e, const struct alert_state *st,
 /* The label the evidence gives, from the mechanisms and which came first:
  *  - a non-finite value explains everything else: non-finite;
  *  - Delta2 collapse (attention_d2) is attention-numerics evidence; router
- *    weight growth (router_weight) and the update-to-weight ratio
- *    (update_ratio) are too-large-step evidence;
- *  - both: combined when the step-size evidence opened no later than the
- *    Delta2 collapse (a Delta2 collapse is not what a large step does, so
- *    it is independent evidence); when Delta2 came first, the later
- *    step-size signals are what the fault does next (a biased Q/K push grows
- *    the Q/K update ratio, a degrading model grows router logits):
- *    attention-numerics;
+ *    weight growth (router_weight) and the learning rate rising after
+ *    warm-up (step_size: the `lr` rule) are too-large-step evidence;
+ *  - both open: step-size evidence first -> optimizer-hyperparameter (a
+ *    collapse that follows large steps may be their consequence; nothing
+ *    tells it apart); both at the same step -> combined; Delta2 first, then
+ *    the learning rate rising -> combined (the trainer's own rate is an
+ *    input no attention fault moves); Delta2 first, then router growth
+ *    only -> attention-numerics (a degrading model grows router logits);
  *  - one of them alone: attention-numerics or optimizer-hyperparameter;
  *  - symptoms alone: router balance -> router-balance, loss or grad norm ->
- *    loss-spike; weight-norm growth names no mechanism (both faults grow
- *    weights): none.
+ *    loss-spike; weight norms and update ratios name no mechanism (both
+ *    faults grow them): none.
  * Pure. */
 enum alert_attribution alert_attribute(const struct alert_evidence *e);
 

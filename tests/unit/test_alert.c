@@ -294,13 +294,16 @@ static const struct {
     {{100, _, 90, _, _, _}, false, ALERT_ATTR_ATTENTION_NUMERICS,
      "weight norms grow under the attention fault: no optimizer evidence"},
     {{100, _, 90, 95, 120, _}, false, ALERT_ATTR_ATTENTION_NUMERICS, "symptoms follow"},
-    {{100, _, _, _, _, 130}, false, ALERT_ATTR_ATTENTION_NUMERICS,
-     "update ratio after the Delta2 collapse: the biased Q/K push"},
+    {{100, _, _, _, _, 130}, false, ALERT_ATTR_COMBINED,
+     "the learning rate rises after the Delta2 collapse: a second, independent fault"},
     {{100, 140, _, _, _, _}, false, ALERT_ATTR_ATTENTION_NUMERICS,
      "router growth after the Delta2 collapse: the model degrading"},
-    {{100, _, _, _, _, 60}, false, ALERT_ATTR_COMBINED, "too large a step first, then Delta2"},
+    {{100, 140, _, _, _, 160}, false, ALERT_ATTR_COMBINED, "router growth, then the rate rises"},
+    {{100, _, _, _, _, 60}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER,
+     "too large a step first, then Delta2: the collapse may be its consequence"},
     {{100, 100, _, _, _, _}, false, ALERT_ATTR_COMBINED, "both at once"},
-    {{100, 80, _, _, _, 130}, false, ALERT_ATTR_COMBINED, "router first"},
+    {{100, _, _, _, _, 100}, false, ALERT_ATTR_COMBINED, "rate and collapse at once"},
+    {{100, 80, _, _, _, 130}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "router first"},
     {{_, 50, _, _, _, _}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "router weights"},
     {{_, _, _, _, _, 50}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "update ratio"},
     {{_, 70, 40, 60, 80, 50}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "with symptoms"},
@@ -369,14 +372,15 @@ Test(alert_attribution, every_evidence_set_is_labelled_consistently)
                 e.nonfinite = nf;
                 int64_t d2 = e.first[DETECT_FAMILY_ATTENTION_D2];
                 int64_t rw = e.first[DETECT_FAMILY_ROUTER_WEIGHT];
-                int64_t ur = e.first[DETECT_FAMILY_STEP_SIZE];
-                int64_t opt = rw < 0 ? ur : ur < 0 ? rw : (rw < ur ? rw : ur);
+                int64_t lr = e.first[DETECT_FAMILY_STEP_SIZE];
+                int64_t opt = rw < 0 ? lr : lr < 0 ? rw : (rw < lr ? rw : lr);
                 bool rb = e.first[DETECT_FAMILY_ROUTER_BALANCE] >= 0;
                 bool ls = e.first[DETECT_FAMILY_SCALAR_LOSS] >= 0;
                 enum alert_attribution want =
                     nf                       ? ALERT_ATTR_NON_FINITE
-                    : d2 >= 0 && opt >= 0    ? (opt <= d2 ? ALERT_ATTR_COMBINED
-                                                          : ALERT_ATTR_ATTENTION_NUMERICS)
+                    : d2 >= 0 && opt >= 0    ? (opt < d2                ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
+                                                : opt == d2 || lr >= 0 ? ALERT_ATTR_COMBINED
+                                                                       : ALERT_ATTR_ATTENTION_NUMERICS)
                     : d2 >= 0                ? ALERT_ATTR_ATTENTION_NUMERICS
                     : opt >= 0               ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
                     : rb                     ? ALERT_ATTR_ROUTER_BALANCE

@@ -162,10 +162,10 @@ Test(evaluate, labels_by_mechanism_and_order_of_onset)
         const char *why;
     } cases[] = {
         {0, ALERT_ATTR_ATTENTION_NUMERICS, ALERT_ATTR_NONE, "Delta2 collapse alone"},
-        {350, ALERT_ATTR_COMBINED, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER,
-         "a too-large step first, then the collapse"},
-        {500, ALERT_ATTR_ATTENTION_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS,
-         "the collapse first: the later step-size evidence is not independent"},
+        {350, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER,
+         "a too-large step first, then the collapse: it may be the step's consequence"},
+        {500, ALERT_ATTR_ATTENTION_NUMERICS, ALERT_ATTR_COMBINED,
+         "the collapse first, then the rate rises: a second fault, combined"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct labels ref = run_pair(cases[i].ur_from, false, 1);
