@@ -126,7 +126,7 @@ static double healthy_lr(const struct sim_params *p, uint64_t step)
 /* The healthy schedule, x LR_SPIKE from the fault step on. */
 static double spike_lr(const struct sim_params *p, uint64_t step)
 {
-    int on = step >= p->fault_step && (!p->fault_until || step < p->fault_until);
+    int on = step >= p->step_size_step && (!p->fault_until || step < p->fault_until);
     return healthy_lr(p, step) * (on ? LR_SPIKE : 1.0);
 }
 
@@ -329,7 +329,7 @@ static int router_overshoot(const struct scenario *sc, const struct sim_params *
     double *mean, *dir, scale = 1.0 / sqrt((double)d);
     int rc = router_walk(sc, p, rng, layer, step, wr, experts, d);
 
-    if (rc < 0 || step < p->fault_step || (p->fault_until && step >= p->fault_until))
+    if (rc < 0 || step < p->step_size_step || (p->fault_until && step >= p->fault_until))
         return rc;
     mean = calloc(2 * d, sizeof(*mean));
     if (!mean)
@@ -392,10 +392,12 @@ static const struct scenario scenarios[] = {
      .router_update = router_overshoot,
      .divergence = diverging},
     {.name = "combined",
-     .help = "attention-numerics and lr-spike from the same fault step. MoE (8 experts) unless "
-             "--experts",
+     .help = "attention-numerics from the fault step, then lr-spike once it is at full strength "
+             "(fault step + ramp): each fault shows its own evidence before the run diverges. MoE "
+             "(8 experts) unless --experts",
      .faulty = 1,
      .moe_default = 1,
+     .step_size_late = 1,
      .lr = spike_lr,
      .lr_ref = LR_PEAK,
      .attn_update = attn_numerics,
@@ -474,7 +476,7 @@ int sim_params_resolve(const struct scenario *sc, struct sim_params *p, uint64_t
                      "do not apply", sc->name);
             return -EINVAL;
         }
-        p->fault_step = p->diverge_step = SIM_NEVER;
+        p->fault_step = p->diverge_step = p->step_size_step = SIM_NEVER;
         p->ramp = 0;
         return 0;
     }
@@ -500,5 +502,6 @@ int sim_params_resolve(const struct scenario *sc, struct sim_params *p, uint64_t
     p->ramp = (uint32_t)(diverge_after / 2 < 1 ? 1
                          : diverge_after / 2 > SIM_MAX_RAMP ? SIM_MAX_RAMP
                                                             : diverge_after / 2);
+    p->step_size_step = sc->step_size_late ? fault_step + p->ramp : fault_step;
     return 0;
 }

@@ -67,6 +67,7 @@ struct sim_params {
     uint64_t fault_step;           /* first faulty step, SIM_NEVER for none */
     uint64_t diverge_step;         /* first step with loss > 10x healthy or NaN (may be >= steps) */
     uint64_t fault_until;          /* first healthy step after the fault; 0: it never stops */
+    uint64_t step_size_step;       /* first step of a too-large-step fault (SIM_NEVER: none) */
     uint32_t ramp;                 /* steps a fault takes to reach full strength */
     uint32_t experts, top_k;       /* experts 0: dense model, no router */
     uint32_t tokens;               /* routed tokens per rank, MoE layer and step */
@@ -78,6 +79,9 @@ struct scenario {
     const char *help;
     int faulty;      /* has a fault step and a diverge step */
     int moe_default; /* implies MoE (SIM_DEFAULT_EXPERTS) unless --experts says otherwise */
+    /* The too-large-step part of the fault starts once the attention part
+     * is at full strength (fault_step + ramp), not at the fault step. */
+    int step_size_late;
     /* Learning rate at `step`; lr_ref is the rate at which one step moves
      * each weight by SIM_UPDATE_SCALE of its initial std. */
     double (*lr)(const struct sim_params *p, uint64_t step);
@@ -112,6 +116,8 @@ void scenario_print_help(FILE *out);
  * default, 40 % of steps), diverge_step = fault_step + diverge_after (given,
  * or SIM_NEVER for the default max(30 % of the remaining steps, 6 sketch
  * intervals)), the ramp (diverge_after / 2 in 1..SIM_MAX_RAMP) and the MoE
+ * step where a too-large step starts (the fault step; fault_step + ramp
+ * for a scenario with step_size_late), the MoE
  * fields left at SIM_UINT32_UNSET: experts (the scenario's default: 0, or
  * SIM_DEFAULT_EXPERTS), top_k (SIM_DEFAULT_TOP_K, at most experts), tokens
  * (SIM_DEFAULT_TOKENS). A healthy scenario takes no fault options. Returns 0

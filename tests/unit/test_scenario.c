@@ -31,6 +31,7 @@
 
 #include "alert.h"
 #include "detect.h"
+#include "evaluate.h"
 #include "monitor_qk.h"
 #include "monitor_router.h"
 
@@ -114,11 +115,12 @@ struct harness {
     double sum_p[T_MAX_LAYERS][T_MAX_EXPERTS];
     unsigned tok_ranks[T_MAX_LAYERS];
     bool have_scalars, have_norms;
-    double loss, grad_norm;
+    double loss, grad_norm, lr;
     float norm[T_MAX_LAYERS], ratio[T_MAX_LAYERS];
     /* Detector series. */
     struct series att[T_MAX_LAYERS][A_N], rt[T_MAX_LAYERS][R_N], wn[T_MAX_LAYERS][W_N];
-    struct series loss_s, grad_s;
+    struct series loss_s, grad_s, lr_s;
+    uint64_t lr_start; /* the lr series is fed from the daemon's progress start on */
     /* Traces for the report: deepest layer's min erank, first MoE layer. */
     double erank[T_MAX_STEPS], sim[T_MAX_STEPS], centred[T_MAX_STEPS], hbar[T_MAX_STEPS],
         maxvio[T_MAX_STEPS], wnorm[T_MAX_STEPS], uratio[T_MAX_STEPS], loss_trace[T_MAX_STEPS];
@@ -135,6 +137,7 @@ static int h_scalars(void *ctx, uint64_t step, const struct sim_scalars *s)
         h->have_scalars = true;
         h->loss = s->loss;
         h->grad_norm = s->grad_norm;
+        h->lr = s->lr;
     }
     return 0;
 }
@@ -225,6 +228,8 @@ static void harness_evaluate(struct harness *h, uint64_t step)
     cr_assert(h->have_scalars, "step %llu: no scalars from rank 0", (unsigned long long)step);
     series_feed(&h->loss_s, t, h->loss, true);
     series_feed(&h->grad_s, t, h->grad_norm, true);
+    if (step >= h->lr_start)
+        series_feed(&h->lr_s, t, h->lr, true);
     h->loss_trace[step] = h->loss;
     for (uint32_t l = 0; l < p->layers; l++) {
         struct qk_head heads[T_MAX_HEADS];
@@ -321,8 +326,8 @@ static void family_first(const struct harness *h, int64_t first[DETECT_FAMILY_CO
             first[all[i].rule->family] = all[i].first_fire;
             names[all[i].rule->family] = all[i].name;
         }
-    const struct series *sc[2] = {&h->loss_s, &h->grad_s};
-    for (int i = 0; i < 2; i++)
+    const struct series *sc[3] = {&h->loss_s, &h->grad_s, &h->lr_s};
+    for (int i = 0; i < 3; i++)
         if (sc[i]->first_fire < first[sc[i]->rule->family]) {
             first[sc[i]->rule->family] = sc[i]->first_fire;
             names[sc[i]->rule->family] = sc[i]->name;
@@ -344,6 +349,7 @@ static enum alert_attribution harness_attribution(const struct harness *h)
                 alert_evidence_add(&e, &groups[g][i].as, groups[g][i].rule->family);
     alert_evidence_add(&e, &h->loss_s.as, h->loss_s.rule->family);
     alert_evidence_add(&e, &h->grad_s.as, h->grad_s.rule->family);
+    alert_evidence_add(&e, &h->lr_s.as, h->lr_s.rule->family);
     return alert_attribute(&e);
 }
 
@@ -451,6 +457,13 @@ static void run_case(const struct sc_case *c, struct harness *h)
     }
     series_init(&h->loss_s, &h->rules, "loss", -1, 0);
     series_init(&h->grad_s, &h->rules, "grad_norm", -1, 0);
+    series_init(&h->lr_s, &h->rules, "lr", -1, 0);
+    /* The daemon starts detection at EVAL_START_WARMUPS x the end of the LR
+     * warm-up (the simulator's: 10% of the steps), at least EVAL_START_MIN;
+     * the learning rate rising during warm-up is not a fault. */
+    h->lr_start = EVAL_START_WARMUPS * (c->steps / 10);
+    if (h->lr_start < EVAL_START_MIN)
+        h->lr_start = EVAL_START_MIN;
     for (size_t i = 0; i < T_MAX_STEPS; i++)
         h->erank[i] = h->sim[i] = h->centred[i] = h->hbar[i] = h->maxvio[i] = h->wnorm[i] =
             h->uratio[i] = h->loss_trace[i] = NAN;
