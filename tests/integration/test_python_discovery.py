@@ -459,6 +459,36 @@ def check_member(torch, nn, F, foreshock, cap, name, build, exp):
     return text
 
 
+def check_optimizer_lr(torch, nn, foreshock):
+    """Monitor(optimizer=) sends the rate a scheduler set when step() gets no
+    lr=; an explicit lr= wins. The daemon's warm-up and `lr` rule need it."""
+    from foreshock.testing import RecordingTransport
+    model = nn.Sequential(nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / 4)
+    rec = RecordingTransport()
+    mon = foreshock.Monitor(model, run="lr", attention=[], routers=[], transport=rec,
+                            optimizer=opt)
+    want = {}
+    for step in range(1, 4):
+        opt.step()
+        sched.step()
+        want[step] = opt.param_groups[0]["lr"]
+        mon.step(step, loss=1.0)
+    mon.step(4, loss=1.0, lr=0.01)
+    want[4] = 0.01
+    mon.close(10)
+    got = {s: r.scalars.get("lr") for s, r in rec.by_step().items()}
+    check(got == want, f"lr sent per step {got}, want {want}")
+    try:
+        foreshock.Monitor(model, run="lr", attention=[], routers=[], transport=RecordingTransport(),
+                          optimizer=object())
+        check(False, "optimizer= without param_groups accepted")
+    except ValueError:
+        pass
+    print(f"  optimizer=: the scheduler's rate is sent when step() has no lr= ({got})", flush=True)
+
+
 def main(args, workdir):
     sys.path.insert(0, os.path.join(args.source_dir, "client", "python"))
     import torch
@@ -470,6 +500,7 @@ def main(args, workdir):
     logger = logging.getLogger("foreshock")
     logger.addHandler(cap)
     logger.setLevel(logging.DEBUG)
+    check_optimizer_lr(torch, nn, foreshock)
     members = zoo(torch, nn, F)
     check(len(members) >= 8, "zoo too small")
     shown = {}

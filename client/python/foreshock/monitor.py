@@ -134,7 +134,12 @@ class Monitor:
     layer_norms  send per-layer |W| and update ratio of the monitored
                  weights (Q, K and router of the layer) at sketch steps
     detect_from_step  detection starts at this step; default: the daemon judges by
-                 training progress (3x the end of the LR warm-up, so pass lr=)
+                 training progress (3x the end of the LR warm-up, so pass lr=
+                 or optimizer=)
+    optimizer    the training optimizer: when step() gets no lr=, the learning
+                 rate of its first param group is sent (what a scheduler set).
+                 The daemon needs it to find the end of warm-up and for its
+                 `lr` rule (a rate rising after warm-up)
     replay_bytes libforeshock's bound on buffered, unacknowledged reports
     queue_reports  bound of the hand-off queue to the sender thread
     gram_dtype   torch.float32 (default) or torch.float64
@@ -152,7 +157,7 @@ class Monitor:
                  layer_norms=True, token=None, detect_from_step=None,
                  replay_bytes=DEFAULT_REPLAY_BYTES, queue_reports=DEFAULT_QUEUE_REPORTS,
                  gram_dtype=torch.float32, transport=None, lib=None, client_name=None,
-                 backoff_max_s=None, record=None):
+                 backoff_max_s=None, record=None, optimizer=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if ddp else 0)
@@ -168,6 +173,9 @@ class Monitor:
         if self.every < 1:
             raise ValueError("every must be >= 1")
         self.gram_dtype = gram_dtype
+        if optimizer is not None and not getattr(optimizer, "param_groups", None):
+            raise ValueError("optimizer= must be a torch optimizer (it has no param_groups)")
+        self.optimizer = optimizer
         self.layer_norms = layer_norms
         self.send_tokens = send_tokens
         if shard_reduce not in ("trainer", "daemon"):
@@ -321,6 +329,8 @@ class Monitor:
             step_time = t0 - self._last_call
         self._last_call = t0
         scalars = {}
+        if lr is None and self.optimizer is not None:
+            lr = self.optimizer.param_groups[0].get("lr")
         for k, v in (("loss", loss), ("grad_norm", grad_norm), ("lr", lr),
                      ("loss_scale", loss_scale), ("tokens", tokens), ("step_time", step_time)):
             if v is None:
