@@ -11,11 +11,18 @@ first mechanism alert (step, label, rule: loss, grad-norm, weight-norm and
 update-ratio alerts page too but name no mechanism), lead of the mechanism alert as a
 fraction of the time from fault to divergence ((divergence - alert) /
 (divergence - fault)), and whether its label is right:
-  attention-numerics runs: the first alert reads attention-numerics;
-  lr runs: optimizer-hyperparameter;
-  combined runs: the first alert reads optimizer-hyperparameter or combined
-  (it names the fault that shows first); whether some alert before
-  divergence reads combined is reported beside it (column "both").
+  attention-numerics runs: every mechanism alert before divergence reads
+  attention-numerics;
+  lr runs: every one reads optimizer-hyperparameter (a Delta2 collapse that
+  follows the LR ramp is its consequence, not a second fault);
+  combined-late runs (attention fault, then the LR ramp 100 steps later):
+  the first reads attention-numerics, and some alert before divergence reads
+  combined (column "both");
+  combined runs (both faults at once): optimizer-hyperparameter or combined
+  (the run diverges before an attention fault alone could show, so nothing
+  tells its Delta2 collapse from the LR ramp's consequence).
+Column "wrong": mechanism alerts before divergence with a label outside the
+run's set; a run with any is not ok.
 Per split: faulted runs caught before divergence, label accuracy, median
 lead, healthy runs with any alert and false alerts per 1,000 healthy steps
 (after the start of detection: every healthy alert is false).
@@ -41,10 +48,19 @@ MIN_MEDIAN_LEAD = 0.40
 MONITOR_WINDOWS = "10,50"
 MONITOR_EVERY = 10
 
+# Per fault family: the labels the first mechanism alert may read, and the
+# labels any mechanism alert before divergence may read.
 ACCEPT_FIRST = {
     "attention-numerics": {"attention-numerics"},
     "lr": {"optimizer-hyperparameter"},
     "combined": {"optimizer-hyperparameter", "combined"},
+    "combined-late": {"attention-numerics", "combined"},
+}
+ACCEPT_ANY = {
+    "attention-numerics": {"attention-numerics"},
+    "lr": {"optimizer-hyperparameter"},
+    "combined": {"optimizer-hyperparameter", "combined"},
+    "combined-late": {"attention-numerics", "combined"},
 }
 
 
@@ -54,6 +70,8 @@ def family(scenario):
         return "attention-numerics"
     if scenario.startswith("lr"):
         return "lr"
+    if scenario.startswith("combined-late"):
+        return "combined-late"
     if scenario.startswith("comb"):
         return "combined"
     return "healthy"
@@ -110,10 +128,12 @@ def score_run(meta, incidents):
     div, fault = row["div"], row["fault"]
     before = first is not None and first["fired_step"] > fault and (
         div is None or first["fired_step"] < div)
-    label_ok = first is not None and first["label"] in ACCEPT_FIRST[fam]
-    if fam == "combined":
-        row["both"] = any(x["label"] == "combined" and (div is None or x["fired_step"] < div)
-                          for x in mech)
+    in_time = [x for x in mech if div is None or x["fired_step"] < div]
+    row["wrong"] = sum(1 for x in in_time if x["label"] not in ACCEPT_ANY[fam])
+    label_ok = first is not None and first["label"] in ACCEPT_FIRST[fam] and row["wrong"] == 0
+    if fam == "combined-late":
+        row["both"] = any(x["label"] == "combined" for x in in_time)
+        label_ok = label_ok and row["both"]
     row["caught"] = before
     row["label_ok"] = label_ok
     row["lead"] = ((div - first["fired_step"]) / (div - fault)
@@ -147,15 +167,15 @@ def fmt(v, pct=False):
 
 def print_table(rows, summaries):
     print("| run | split | fault | diverged | first alert (any rule) | first mechanism alert | "
-          "label | rule | lead | both | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "label | rule | lead | both | wrong | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         anyf = f"{r['any_first']} {r['any_rule']}" if r["any_first"] is not None else "-"
         print(f"| {r['run']} | {r['split']} | {fmt(r['fault'])} | {fmt(r['div'])} | {anyf} | "
               f"{fmt(r['first'])} | {fmt(r['label'])} | {fmt(r['rule'])} | "
               f"{fmt(r.get('lead'), True)} | "
               f"{'-' if 'both' not in r else ('yes' if r['both'] else 'no')} | "
-              f"{'yes' if r['ok'] else 'NO'} |")
+              f"{fmt(r.get('wrong'))} | {'yes' if r['ok'] else 'NO'} |")
     print()
     print("| split | faulted caught before divergence | right label | median lead | "
           "healthy runs alerting | false alerts / 1,000 healthy steps |")

@@ -40,7 +40,7 @@ KEEP_SQL = """
     OR name IN ('loss', 'grad_norm', 'lr', 'weight_norm', 'update_ratio') AND rank = 0
 """
 META_KEYS = ("name", "arch", "schedule", "scenario", "seed", "split", "fault_step",
-             "divergence_step", "steps", "bits", "lr_mult")
+             "divergence_step", "steps", "bits", "lr_mult", "lr_fault_step")
 
 
 def start_daemon(build_dir, workdir):

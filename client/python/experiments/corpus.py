@@ -1,5 +1,5 @@
 """Records a corpus of small training runs for backtesting Foreshock's
-detection defaults (CORPUS.md): 3 architectures x 5 scenarios x 5 seeds,
+detection defaults (CORPUS.md): 3 architectures x 6 scenarios x 5 seeds,
 each run recorded by foreshock.Monitor(record=...) with no daemon.
 
     /usr/bin/python3 client/python/experiments/corpus.py /work/corpus-out
@@ -69,7 +69,14 @@ ARCHS = {
               "attn_strong_bits": 7, "attn_weak_bits": 6, "combined_bits": 7,
               "lr_mult": 100.0, "lr_ramp": 200},
 }
-SCENARIOS = ("healthy", "attn-strong", "attn-weak", "lr", "combined")
+SCENARIOS = ("healthy", "attn-strong", "attn-weak", "lr", "combined", "combined-late")
+# combined-late: the attention fault from the fault step, the learning-rate
+# ramp from this step. With both at once the LR ramp diverges the run 22-36
+# steps after the fault, before any attention evidence can exist (the
+# attention fault alone takes 40+ steps to show in Delta2), so nothing can
+# tell that Delta2 collapse from a consequence of the large steps; staggered,
+# each fault has its own evidence before the run diverges.
+LATE_LR_STEP = 300
 SEEDS = (1, 2, 3, 4, 5)
 TUNING_SEEDS = (1, 2, 3)
 
@@ -94,17 +101,22 @@ def plan(archs=None, scenarios=None, seeds=None):
                      "lr_ramp": None}
                 args = ["--steps", str(c["steps"]), "--seed", str(seed),
                         "--schedule", r["schedule"]]
-                if sc in ("attn-strong", "attn-weak", "combined"):
+                r["lr_fault_step"] = None
+                if sc in ("attn-strong", "attn-weak", "combined", "combined-late"):
                     r["bits"] = c[{"attn-strong": "attn_strong_bits", "attn-weak": "attn_weak_bits",
-                                   "combined": "combined_bits"}[sc]]
+                                   "combined": "combined_bits",
+                                   "combined-late": "combined_bits"}[sc]]
                     r["fault_on"] = "both"
                     args += ["--bits", str(r["bits"]), "--fault-on", "both"]
-                if sc in ("lr", "combined"):
+                if sc in ("lr", "combined", "combined-late"):
                     r["lr_mult"], r["lr_ramp"] = c["lr_mult"], c["lr_ramp"]
                     args += ["--lr-mult", str(c["lr_mult"]), "--lr-ramp", str(c["lr_ramp"])]
+                if sc == "combined-late":
+                    r["lr_fault_step"] = LATE_LR_STEP
+                    args += ["--lr-fault-step", str(LATE_LR_STEP)]
                 train_sc = {"healthy": "healthy", "attn-strong": "attention-numerics",
                             "attn-weak": "attention-numerics", "lr": "lr",
-                            "combined": "combined"}[sc]
+                            "combined": "combined", "combined-late": "combined"}[sc]
                 args += ["--scenario", train_sc, "--fault-step", str(c["fault_step"]),
                          "--stop-after-diverge", str(POST_DIVERGE)]
                 r["train_scenario"] = train_sc
@@ -148,7 +160,8 @@ def entry(out, r):
     """The manifest entry of run r (complete or not)."""
     p = paths(out, r["name"])
     e = {k: r[k] for k in ("name", "arch", "schedule", "scenario", "seed", "split",
-                           "fault_step", "steps", "lr", "bits", "fault_on", "lr_mult", "lr_ramp")}
+                           "fault_step", "steps", "lr", "bits", "fault_on", "lr_mult", "lr_ramp",
+                           "lr_fault_step")}
     e["train_scenario"] = r["train_scenario"]
     e["complete"] = complete(out, r)
     e["recording"] = os.path.relpath(p["recording"], out)

@@ -16,7 +16,8 @@ seed trains identically: same initial weights, same batches):
                       rate ramps linearly to --lr-mult times its value over
                       --lr-ramp steps (a peak learning rate mistyped by 100x),
                       then stays there (a multiplier on the scheduled rate)
-  combined            both
+  combined            both; the learning-rate ramp starts at --lr-fault-step
+                      (default: --fault-step, both faults at once)
 
 Writes one JSON line per step to --out (step, loss, grad_norm, lr,
 train_s: forward+backward+optimizer, monitor_s: monitor.step()) and a last
@@ -67,6 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--lr-mult", type=float, default=100.0)
     p.add_argument("--lr-ramp", type=int, default=200)
+    p.add_argument("--lr-fault-step", type=int, default=None,
+                   help="combined: step the learning-rate ramp starts (default: --fault-step)")
     p.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: off)")
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)
@@ -103,8 +106,9 @@ def lr_at(a, step):
     if a.schedule == "cosine" and step > a.warmup:
         frac = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
         base *= 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac))
-    if a.scenario in ("lr", "combined") and step >= a.fault_step:
-        ramp = min(1.0, (step - a.fault_step + 1) / a.lr_ramp)
+    lr_fault = a.fault_step if a.lr_fault_step is None else a.lr_fault_step
+    if a.scenario in ("lr", "combined") and step >= lr_fault:
+        ramp = min(1.0, (step - lr_fault + 1) / a.lr_ramp)
         base *= 1.0 + (a.lr_mult - 1.0) * ramp
     return base
 
