@@ -34,6 +34,13 @@
 
 enum fault { F_NONE = 0, F_DIP = 1, F_COLLAPSE = 2, F_RECOVER = 4, F_NAN = 8, F_RAMP = 16 };
 
+/* The detection tables run T_STEPS steps with detection from step 1; the
+ * progress test runs longer, with an LR warm-up and detection starting by
+ * training progress (evaluate.h). Set before a run, per test process. */
+static uint64_t g_steps = T_STEPS, g_fault = T_FAULT;
+static bool g_progress;
+#define T_LR_WARMUP 40 /* progress runs: the LR rises for 40 steps, then stays */
+
 struct harness {
     uv_loop_t loop;
     struct store *store;
@@ -59,9 +66,9 @@ static void h_open(struct harness *h, const char *path)
     struct stage_opts sto = {.loop = &h->loop, .store = h->store, .stats = &h->stats,
                              .rules = &h->rules, .reduce_timeout_s = 60,
                              .reduce_max_bytes = 1ull << 30, .max_chunks = 2,
-                             /* These tables test detection itself, not when
+                             /* The tables test detection itself, not when
                               * training progress starts it (evaluate.h). */
-                             .detect_from_step = 1};
+                             .detect_from_step = g_progress ? 0 : 1};
     cr_assert_eq(stage_create(&sto, &h->stage, err, sizeof(err)), 0, "%s", err);
     cr_assert_eq(stage_load(h->stage, path, err, sizeof(err)), 0, "%s", err);
     /* the Hello: run and stream rows, then the Welcome's registration */
@@ -120,10 +127,10 @@ static double noise(uint64_t step, unsigned k)
 static bool collapsed(int faults, uint64_t step)
 {
     if (faults & F_DIP)
-        return step == T_FAULT;
+        return step == g_fault;
     if (faults & F_RECOVER)
-        return step >= T_FAULT && step < T_FAULT + 5;
-    return (faults & F_COLLAPSE) && step >= T_FAULT;
+        return step >= g_fault && step < g_fault + 5;
+    return (faults & F_COLLAPSE) && step >= g_fault;
 }
 
 /* Feeds the report of `step` as ingest does: the REPORT item (with the
@@ -141,7 +148,11 @@ static void h_step(struct harness *h, int faults, uint64_t step)
     r.time_unix = 1.7e9 + (double)step;
     r.scalars = &sc;
     sc.has_loss = 1;
-    sc.loss = ((faults & F_NAN) && step == T_FAULT) ? NAN : 3.0 + 0.01 * noise(step, 99);
+    sc.loss = ((faults & F_NAN) && step == g_fault) ? NAN : 3.0 + 0.01 * noise(step, 99);
+    if (g_progress) {
+        sc.has_lr = 1;
+        sc.lr = 1e-3 * (step < T_LR_WARMUP ? (double)(step + 1) / T_LR_WARMUP : 1.0);
+    }
     for (int hd = 0; hd < 2; hd++) {
         foreshock__attention_sketch__init(&att[hd]);
         foreshock__spectrum_sketch__init(&spec[hd]);
@@ -166,7 +177,7 @@ static void h_step(struct harness *h, int faults, uint64_t step)
     Foreshock__RouterGram rg = FORESHOCK__ROUTER_GRAM__INIT, *rgp = &rg;
     float gr[T_E * (T_E + 1) / 2];
     double w[T_E][T_D];
-    double a = (faults & F_RAMP) && step >= T_FAULT ? 0.04 * (double)(step - T_FAULT + 1) : 0.0;
+    double a = (faults & F_RAMP) && step >= g_fault ? 0.04 * (double)(step - g_fault + 1) : 0.0;
     if (a > 0.9)
         a = 0.9;
     for (int e = 0; e < T_E; e++)
@@ -201,6 +212,10 @@ static void h_step(struct harness *h, int faults, uint64_t step)
     rp->time = rp->received_at = r.time_unix;
     rp->present = 1u << STORE_LOSS;
     rp->scalars[STORE_LOSS] = sc.loss;
+    if (sc.has_lr) {
+        rp->present |= 1u << STORE_LR;
+        rp->scalars[STORE_LR] = sc.lr;
+    }
     rp->sketch_len = foreshock__frame__get_packed_size(&f);
     rp->sketch_body = malloc(rp->sketch_len);
     foreshock__frame__pack(&f, rp->sketch_body);
@@ -297,7 +312,7 @@ static void run_plain(const char *path, int faults)
 {
     struct harness h;
     h_open(&h, path);
-    for (uint64_t s = 0; s < T_STEPS; s++) {
+    for (uint64_t s = 0; s < g_steps; s++) {
         h_step(&h, faults, s);
         if (s % 7 == 0)
             h_settle(&h);
@@ -315,7 +330,7 @@ static void run_restart(const char *path, int faults, uint64_t at)
         h_step(&h, faults, s);
     h_close(&h); /* SIGTERM-like: in-flight steps finish, the rest stays spooled */
     h_open(&h, path);
-    for (uint64_t s = at; s < T_STEPS; s++)
+    for (uint64_t s = at; s < g_steps; s++)
         h_step(&h, faults, s);
     h_settle(&h);
     h_close(&h);
@@ -345,7 +360,7 @@ static void run_crash(const char *path, int faults, uint64_t settled, uint64_t a
     struct harness h;
     h_open(&h, path);
     h.seq = at; /* the Welcome's last_seq: the client resends from there */
-    for (uint64_t s = at; s < T_STEPS; s++)
+    for (uint64_t s = at; s < g_steps; s++)
         h_step(&h, faults, s);
     h_settle(&h);
     h_close(&h);
@@ -444,4 +459,35 @@ Test(stage, detection_table_and_restarts, .timeout = 240)
         rm_db(term);
         rm_db(kill);
     }
+}
+
+/* Detection started by training progress survives a crash that left most
+ * of the run unevaluated: the LR warm-up ends at step 40, so detection
+ * starts at step 120 (EVAL_START_WARMUPS x 40). The crashed daemon
+ * evaluated steps up to 50 only (no series had started) and had acked up
+ * to 150; the restart re-feeds 50-149 from the spool. It must start them at
+ * 120, as the uninterrupted run did, from the learning rates it stored, not
+ * from the re-fed steps' constant rate (which would put the warm-up end at
+ * 51 and the start at 153: other baselines, other evidence). */
+Test(stage, restart_keeps_training_progress, .timeout = 120)
+{
+    char plain[256], kill[256];
+    g_progress = true;
+    g_steps = 200;
+    g_fault = 170;
+    tmp_db(plain, sizeof(plain), "progress-plain");
+    tmp_db(kill, sizeof(kill), "progress-kill");
+    run_plain(plain, F_COLLAPSE);
+    struct event *ev, *ev2;
+    size_t n = read_events(plain, &ev);
+    const struct event *e = find(ev, n, "qk.d2.erank|0|-1|1|-1|", "to_firing");
+    cr_assert_not_null(e, "the collapse never fired (%zu events)", n);
+    cr_expect_eq(event_step(e), (long)g_fault + 2, "%s", e->line);
+    run_crash(kill, F_COLLAPSE, 50, 150);
+    size_t n2 = read_events(kill, &ev2);
+    expect_same("progress across a crash", ev, n, ev2, n2);
+    free(ev);
+    free(ev2);
+    rm_db(plain);
+    rm_db(kill);
 }
