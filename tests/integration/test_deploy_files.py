@@ -17,8 +17,9 @@ against the real daemon, so they cannot drift from it:
 - foreshockd.conf.example: every key `foreshockd --help` lists is there with
   the same default, every detector rule and key too, and the real daemon
   starts with every example uncommented;
-- systemd/: `systemd-analyze verify` on the unit, `systemd-sysusers` on the
-  user file, and the settings the deployment relies on.
+- systemd/: the unit and user file as `cmake --install` writes them for the
+  packages' prefix /usr (ExecStart filled in): `systemd-analyze verify`,
+  `systemd-sysusers`, and the settings the deployment relies on.
 
 All checks run; the test fails at the end listing every failed one.
 """
@@ -38,7 +39,7 @@ try:
 except ImportError:
     yaml = None
 
-from fstest import Daemon, Failure, check, run_main
+from fstest import Daemon, Failure, check, cmake_install, run_main
 
 TOOL_TIMEOUT_S = 60
 METRICS_DEADLINE_S = 120
@@ -257,7 +258,11 @@ def parse_unit(path):
 
 
 def check_systemd(args, workdir, info):
-    src = os.path.join(args.source_dir, "deploy", "systemd", "foreshockd.service")
+    # The unit and user file as installed for the packages' prefix (/usr):
+    # the template's paths filled in at install time (deploy/install.cmake).
+    root = os.path.join(workdir, "root")
+    cmake_install(args.build_dir, "/usr", destdir=root, component="foreshockd")
+    src = os.path.join(root, "usr", "lib", "systemd", "system", "foreshockd.service")
     unit = parse_unit(src)
     svc = unit.get("Service", {})
 
@@ -266,8 +271,10 @@ def check_systemd(args, workdir, info):
         return svc[key][-1]
 
     exec_start = one("ExecStart").split()
-    check(exec_start[1:] == ["--config", "/etc/foreshock/foreshockd.conf"],
-          f"ExecStart: {exec_start}")
+    check(exec_start == ["/usr/bin/foreshockd", "--config", "/etc/foreshock/foreshockd.conf"],
+          f"ExecStart for prefix /usr: {exec_start}")
+    for path in (exec_start[0], exec_start[2]):
+        check(os.path.isfile(root + path), f"ExecStart names {path}, which is not installed")
     check(one("ProtectSystem") == "strict", "ProtectSystem must be strict")
     check(one("NoNewPrivileges") == "yes", "NoNewPrivileges must be yes")
     check(one("Restart") == "on-failure", "Restart must be on-failure")
@@ -278,16 +285,19 @@ def check_systemd(args, workdir, info):
     check(one("WorkingDirectory") == f"/var/lib/{state}",
           "WorkingDirectory must be the StateDirectory, so the default db lands there")
     check("User" in svc or svc.get("DynamicUser", ["no"])[-1] == "yes", "no User= nor DynamicUser=")
+    left = re.findall(r"@[A-Z_]+@", open(src).read())
+    check(not left, f"template placeholders left in the installed unit: {left}")
 
-    # The user file, applied to an empty root.
-    root = os.path.join(workdir, "sysroot")
-    os.makedirs(os.path.join(root, "etc"))
+    # The installed user file, applied to an empty root.
+    sysroot = os.path.join(workdir, "sysroot")
+    os.makedirs(os.path.join(sysroot, "etc"))
     for f in ("passwd", "group", "shadow", "gshadow"):
-        open(os.path.join(root, "etc", f), "w").close()
-    sysusers = os.path.join(args.source_dir, "deploy", "systemd", "foreshock.sysusers.conf")
+        open(os.path.join(sysroot, "etc", f), "w").close()
+    sysusers = os.path.join(root, "usr", "lib", "sysusers.d", "foreshock.conf")
+    check(os.path.isfile(sysusers), "the sysusers file is not installed to lib/sysusers.d")
     if shutil.which("systemd-sysusers"):
-        tool_ok(["systemd-sysusers", f"--root={root}", os.path.abspath(sysusers)])
-        passwd = open(os.path.join(root, "etc", "passwd")).read()
+        tool_ok(["systemd-sysusers", f"--root={sysroot}", sysusers])
+        passwd = open(os.path.join(sysroot, "etc", "passwd")).read()
         check(re.search(rf"^{re.escape(one('User'))}:", passwd, re.M),
               f"sysusers file does not create User={one('User')}: {passwd!r}")
     else:
@@ -296,8 +306,8 @@ def check_systemd(args, workdir, info):
     if not shutil.which("systemd-analyze"):
         print("note: systemd-analyze not installed: unit checked by the parser above only")
         return
-    # verify needs ExecStart's binary to exist: point it at this build's.
-    text = open(src).read().replace(exec_start[0], os.path.abspath(info.binary))
+    # verify needs ExecStart's binary to exist: point it at the installed one.
+    text = open(src).read().replace(exec_start[0], root + exec_start[0])
     dst = os.path.join(workdir, "foreshockd.service")
     with open(dst, "w") as f:
         f.write(text)
