@@ -28,6 +28,12 @@ PKGS=(
   prometheus-alertmanager prometheus chromium
   # the deploy-file checks parse the Kubernetes example
   python3-yaml
+  # the unit and sysusers checks (systemd-analyze, systemd-sysusers; the
+  # package, not a running systemd)
+  systemd
+  # the Debian packages: cpack's DEB generator takes dependencies from
+  # dpkg-shlibdeps (dpkg-dev), which it runs only where file(1) is
+  dpkg-dev file
   # PyTorch client tests and the fault-injection experiments (plots)
   python3-torch python3-matplotlib
 )

@@ -187,6 +187,14 @@ class Skip(Exception):
     SKIP_EXIT, which ctest reports as skipped, with the reason."""
 
 
+def project_version(source_dir):
+    """The version in CMakeLists.txt's project() (what packages carry)."""
+    m = re.search(r"project\(foreshock VERSION (\S+)",
+                  open(os.path.join(source_dir, "CMakeLists.txt")).read())
+    check(m is not None, "no project VERSION in CMakeLists.txt")
+    return m.group(1)
+
+
 def cmake_install(build_dir, prefix, destdir=None, component=None, timeout=300):
     """`cmake --install build_dir --prefix prefix` (into DESTDIR destdir,
     one component if given); returns its output, raises Failure."""

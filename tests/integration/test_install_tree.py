@@ -24,7 +24,8 @@ import shutil
 import subprocess
 import urllib.request
 
-from fstest import Daemon, check, cmake_install, run_main, simulate_and_read_back
+from fstest import (Daemon, check, cmake_install, project_version, run_main,
+                    simulate_and_read_back)
 
 TOOL_TIMEOUT_S = 120
 
@@ -33,13 +34,6 @@ C_PROGRAM = r"""
 #include <stdio.h>
 int main(void) { puts(fsc_version()); return 0; }
 """
-
-
-def project_version(source_dir):
-    text = open(os.path.join(source_dir, "CMakeLists.txt")).read()
-    m = re.search(r"project\(foreshock VERSION (\S+)", text)
-    check(m is not None, "no project VERSION in CMakeLists.txt")
-    return m.group(1)
 
 
 def run(cmd, **kw):
