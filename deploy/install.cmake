@@ -60,4 +60,12 @@ if(TARGET foreshock)
     fs_install_configured(\"${CMAKE_SOURCE_DIR}/deploy/foreshock.pc.in\" \"\${pcdir}\" foreshock.pc)"
     COMPONENT libforeshock-dev)
 
+  # The Python wheel, carrying the installed library (client/python/setup.py):
+  # build/dist/foreshock-VERSION-py3-none-PLATFORM.whl
+  add_custom_target(python-wheel
+    COMMAND ${FORESHOCK_PYTHON} ${CMAKE_SOURCE_DIR}/client/python/build_wheel.py
+            --build-dir ${CMAKE_BINARY_DIR} --out ${CMAKE_BINARY_DIR}/dist
+    DEPENDS foreshock
+    COMMENT "python wheel with libforeshock"
+    VERBATIM)
 endif()
