@@ -14,7 +14,6 @@
   point per step, attention sketches of both layers) and read back over
   HTTP.
 """
-import glob
 import json
 import os
 import subprocess
