@@ -37,7 +37,7 @@ if(TARGET foreshockd)
           DESTINATION lib/sysusers.d RENAME foreshock.conf COMPONENT foreshockd)
   install(CODE "${FS_INSTALL_PREFIXED_INIT}
     fs_install_configured(\"${CMAKE_SOURCE_DIR}/deploy/systemd/foreshockd.service.in\"
-                          \"\${CMAKE_INSTALL_PREFIX}/lib/systemd/system\" foreshockd.service)
+                          \"\${FORESHOCK_PREFIX}/lib/systemd/system\" foreshockd.service)
     fs_install_config()" COMPONENT foreshockd)
 endif()
 

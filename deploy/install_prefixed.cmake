@@ -10,15 +10,18 @@
 # FS_VERSION and the GNUInstallDirs directories FS_BINDIR, FS_LIBDIR,
 # FS_INCLUDEDIR, FS_SYSCONFDIR (relative to the prefix, or absolute).
 
+# A relative --prefix is relative to where `cmake --install` runs; the
+# unit and pkg-config file need it absolute.
+get_filename_component(FORESHOCK_PREFIX "${CMAKE_INSTALL_PREFIX}" ABSOLUTE)
+
 function(fs_prefixed out dir)
   if(IS_ABSOLUTE "${dir}")
     set(${out} "${dir}" PARENT_SCOPE)
   else()
-    set(${out} "${CMAKE_INSTALL_PREFIX}/${dir}" PARENT_SCOPE)
+    set(${out} "${FORESHOCK_PREFIX}/${dir}" PARENT_SCOPE)
   endif()
 endfunction()
 
-set(FORESHOCK_PREFIX "${CMAKE_INSTALL_PREFIX}")
 set(FORESHOCK_VERSION "${FS_VERSION}")
 fs_prefixed(FORESHOCK_BINDIR "${FS_BINDIR}")
 if(NOT IS_ABSOLUTE "${FS_SYSCONFDIR}" AND FORESHOCK_PREFIX MATCHES "^/(usr/?)?$")
@@ -40,7 +43,7 @@ endforeach()
 # as DIR/NAME (DIR absolute, DESTDIR is prepended by file(INSTALL)).
 function(fs_install_configured template dir name)
   # Staged per prefix: a cpack and a `cmake --install --prefix P` may run at once.
-  set(staged "${FS_BINARY_DIR}/install-prefixed${CMAKE_INSTALL_PREFIX}/${name}")
+  set(staged "${FS_BINARY_DIR}/install-prefixed${FORESHOCK_PREFIX}/${name}")
   configure_file("${template}" "${staged}" @ONLY)
   file(INSTALL "${staged}" DESTINATION "${dir}"
        PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)

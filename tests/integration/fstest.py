@@ -195,9 +195,9 @@ def project_version(source_dir):
     return m.group(1)
 
 
-def cmake_install(build_dir, prefix, destdir=None, component=None, timeout=300):
+def cmake_install(build_dir, prefix, destdir=None, component=None, timeout=300, cwd=None):
     """`cmake --install build_dir --prefix prefix` (into DESTDIR destdir,
-    one component if given); returns its output, raises Failure."""
+    one component if given, run in cwd); returns its output, raises Failure."""
     cmd = ["cmake", "--install", build_dir, "--prefix", prefix]
     if component:
         cmd += ["--component", component]
@@ -206,7 +206,7 @@ def cmake_install(build_dir, prefix, destdir=None, component=None, timeout=300):
     if destdir:
         env["DESTDIR"] = destdir
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=env, timeout=timeout)
+                       env=env, timeout=timeout, cwd=cwd)
     check(p.returncode == 0, f"{' '.join(cmd)}: exit {p.returncode}:\n{p.stdout[-3000:]}")
     return p.stdout
 

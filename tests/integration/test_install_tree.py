@@ -15,6 +15,7 @@ nothing of the build tree or the checkout in use (deploy/install.cmake):
   assets are embedded in the binary, nothing is installed for them);
 - a C program compiled with `pkg-config --cflags --libs foreshock` against
   P links P's libforeshock and runs (fsc_version is the project's);
+- a relative --prefix gives the same absolute ExecStart;
 - installing again keeps a configuration the operator edited.
 """
 import glob
@@ -128,6 +129,11 @@ def test(args, workdir):
     finally:
         if d.proc.poll() is None:
             d.kill()
+
+    # A relative prefix is where `cmake --install` runs; the unit names it
+    # absolutely all the same.
+    cmake_install(os.path.abspath(args.build_dir), "rel", component="foreshockd", cwd=workdir)
+    check_unit(os.path.join(workdir, "rel"), workdir)
 
     # Installing again must not undo the operator's edits.
     with open(conf, "a") as f:
