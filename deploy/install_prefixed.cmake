@@ -39,14 +39,17 @@ foreach(d LIBDIR INCLUDEDIR)
   endif()
 endforeach()
 
-# Writes TEMPLATE with the paths above into the build tree and installs it
-# as DIR/NAME (DIR absolute, DESTDIR is prepended by file(INSTALL)).
+# Writes TEMPLATE with the paths above into the build tree, installs it as
+# DIR/NAME (DIR absolute, DESTDIR is prepended by file(INSTALL)), and
+# removes the staged copy.
 function(fs_install_configured template dir name)
   # Staged per prefix: a cpack and a `cmake --install --prefix P` may run at once.
-  set(staged "${FS_BINARY_DIR}/install-prefixed${FORESHOCK_PREFIX}/${name}")
+  string(MD5 key "${FORESHOCK_PREFIX}")
+  set(staged "${FS_BINARY_DIR}/install-prefixed/${name}.${key}")
   configure_file("${template}" "${staged}" @ONLY)
-  file(INSTALL "${staged}" DESTINATION "${dir}"
+  file(INSTALL "${staged}" DESTINATION "${dir}" RENAME "${name}"
        PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+  file(REMOVE "${staged}")
 endfunction()
 
 # The configuration: the reference (every key commented, so the defaults)
