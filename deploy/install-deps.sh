@@ -28,6 +28,15 @@ PKGS=(
   prometheus-alertmanager prometheus chromium
   # the deploy-file checks parse the Kubernetes example
   python3-yaml
+  # the unit and sysusers checks (systemd-analyze, systemd-sysusers; the
+  # package, not a running systemd)
+  systemd
+  # the Debian packages: cpack's DEB generator takes dependencies from
+  # dpkg-shlibdeps (dpkg-dev), which it runs only where file(1) is
+  dpkg-dev file
+  # the Python wheel, built and installed into a venv without an index:
+  # setuptools and bdist_wheel from Debian, venv with its bundled pip
+  python3-setuptools python3-wheel python3-venv python3-pip
   # PyTorch client tests and the fault-injection experiments (plots)
   python3-torch python3-matplotlib
 )

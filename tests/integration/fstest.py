@@ -69,12 +69,15 @@ class Daemon:
     ports (for a restart on the same address)."""
 
     def __init__(self, build_dir, workdir, ingest_port=0, http_port=0, extra=(), db=None,
-                 config=None):
+                 config=None, binary=None, wrapper=()):
+        """binary: an installed foreshockd instead of build_dir's; wrapper:
+        a command that execs it (setpriv to another user), so that the
+        PID is still the daemon's."""
         self.build_dir = build_dir
         self.workdir = workdir
         self.db = db or os.path.join(workdir, "foreshock.db")
         self.log_path = os.path.join(workdir, f"foreshockd.{int(time.time()*1000)}.log")
-        args = [os.path.join(build_dir, "foreshockd"),
+        args = list(wrapper) + [binary or os.path.join(build_dir, "foreshockd"),
                 "--listen", f"127.0.0.1:{ingest_port}",
                 "--http", f"127.0.0.1:{http_port}",
                 "--db", self.db]
@@ -176,6 +179,38 @@ def run_all_pages(daemon, path, key):
             return items
 
 
+SKIP_EXIT = 77  # ctest's SKIP_RETURN_CODE for these tests (tests/CMakeLists.txt)
+
+
+class Skip(Exception):
+    """The test cannot run here (not root, a tool missing): run_main exits
+    SKIP_EXIT, which ctest reports as skipped, with the reason."""
+
+
+def project_version(source_dir):
+    """The version in CMakeLists.txt's project() (what packages carry)."""
+    m = re.search(r"project\(foreshock VERSION (\S+)",
+                  open(os.path.join(source_dir, "CMakeLists.txt")).read())
+    check(m is not None, "no project VERSION in CMakeLists.txt")
+    return m.group(1)
+
+
+def cmake_install(build_dir, prefix, destdir=None, component=None, timeout=300, cwd=None):
+    """`cmake --install build_dir --prefix prefix` (into DESTDIR destdir,
+    one component if given, run in cwd); returns its output, raises Failure."""
+    cmd = ["cmake", "--install", build_dir, "--prefix", prefix]
+    if component:
+        cmd += ["--component", component]
+    env = dict(os.environ)
+    env.pop("DESTDIR", None)
+    if destdir:
+        env["DESTDIR"] = destdir
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=env, timeout=timeout, cwd=cwd)
+    check(p.returncode == 0, f"{' '.join(cmd)}: exit {p.returncode}:\n{p.stdout[-3000:]}")
+    return p.stdout
+
+
 def run_main(fn):
     """Runs fn(args, workdir) in a temporary directory; prints a closing line
     that ctest logs show, and exits non-zero on failure."""
@@ -186,6 +221,9 @@ def run_main(fn):
         except Failure as e:
             print(f"FAIL: {e}", flush=True)
             sys.exit(1)
+        except Skip as e:
+            print(f"SKIP: {e}", flush=True)
+            sys.exit(SKIP_EXIT)
     print("PASS", flush=True)
 
 
@@ -199,6 +237,33 @@ def parse_simulate_summary(text):
     keys = ["run", "ranks", "steps", "submitted", "acked", "dropped", "reconnects"]
     vals = [m.group(1)] + [int(m.group(i)) for i in range(2, 8)]
     return dict(zip(keys, vals))
+
+
+def simulate_and_read_back(cli, daemon, run, ranks=2, steps=40, cwd=None):
+    """Streams a small simulated run into daemon with the CLI at path cli
+    (`foreshock simulate`), then reads it back over HTTP: every report
+    acknowledged and stored, one loss point per rank and step. Raises
+    Failure."""
+    sim = subprocess.run(
+        [cli, "simulate", "--endpoint", daemon.endpoint, "--run", run, "--ranks", str(ranks),
+         "--steps", str(steps), "--layers", "2", "--heads", "2", "--dh", "8", "--d", "32",
+         "--sketch-every", "5", "--flush-timeout", "120"],
+        capture_output=True, text=True, timeout=300, cwd=cwd)
+    check(sim.returncode == 0, f"{cli} simulate exited {sim.returncode}:\n"
+                               f"{(sim.stdout + sim.stderr)[-2000:]}")
+    s = parse_simulate_summary(sim.stdout + sim.stderr)
+    check(s["submitted"] == s["acked"] == ranks * steps and s["dropped"] == 0,
+          f"simulate summary: {s}")
+    runs = run_all_pages(daemon, "/api/v1/runs", "runs")
+    mine = [r for r in runs if r["id"] == run]
+    check(mine and mine[0]["reports"] == ranks * steps, f"runs: {runs}")
+    loss = run_all_pages(daemon, f"/api/v1/series?run={run}&name=loss", "series")
+    check(sorted(x["labels"]["rank"] for x in loss) == list(range(ranks)),
+          f"loss series: {loss}")
+    for ser in loss:
+        doc = daemon.get(f"/api/v1/series/{ser['id']}/points?from=0&limit={steps + 1}")
+        check([p[0] for p in doc["points"]] == list(range(steps)),
+              f"loss points of rank {ser['labels']['rank']}: {doc['points']}")
 
 
 # --- raw protocol client, for tests that must send bad frames -----------------

@@ -17,8 +17,9 @@ against the real daemon, so they cannot drift from it:
 - foreshockd.conf.example: every key `foreshockd --help` lists is there with
   the same default, every detector rule and key too, and the real daemon
   starts with every example uncommented;
-- systemd/: `systemd-analyze verify` on the unit, `systemd-sysusers` on the
-  user file, and the settings the deployment relies on.
+- systemd/: the unit and user file as `cmake --install` writes them for the
+  packages' prefix /usr (ExecStart filled in): `systemd-analyze verify`,
+  `systemd-sysusers`, and the settings the deployment relies on.
 
 All checks run; the test fails at the end listing every failed one.
 """
@@ -38,7 +39,7 @@ try:
 except ImportError:
     yaml = None
 
-from fstest import Daemon, Failure, check, run_main
+from fstest import Daemon, Failure, check, cmake_install, project_version, run_main
 
 TOOL_TIMEOUT_S = 60
 METRICS_DEADLINE_S = 120
@@ -54,6 +55,8 @@ HEADER_RE = re.compile(r'^#\[([a-z]+) "([^"]+)"\]$')
 METRIC_RE = re.compile(r"\b(foreshock_[a-z0-9_]+)\b")
 HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 # `kubernetes_sd_configs:` and its one `- role: pod` entry, indentation kept.
+# Sanitizer runtimes a -DFORESHOCK_SANITIZE=ON build links.
+SANITIZER_RT_RE = re.compile(r"lib(asan|ubsan|lsan|tsan)\.so")
 K8S_SD_RE = re.compile(r"^(\s*)kubernetes_sd_configs:\n(\s*)- role: pod\n", re.M)
 
 
@@ -257,7 +260,11 @@ def parse_unit(path):
 
 
 def check_systemd(args, workdir, info):
-    src = os.path.join(args.source_dir, "deploy", "systemd", "foreshockd.service")
+    # The unit and user file as installed for the packages' prefix (/usr):
+    # the template's paths filled in at install time (deploy/install.cmake).
+    root = os.path.join(workdir, "root")
+    cmake_install(args.build_dir, "/usr", destdir=root, component="foreshockd")
+    src = os.path.join(root, "usr", "lib", "systemd", "system", "foreshockd.service")
     unit = parse_unit(src)
     svc = unit.get("Service", {})
 
@@ -266,8 +273,10 @@ def check_systemd(args, workdir, info):
         return svc[key][-1]
 
     exec_start = one("ExecStart").split()
-    check(exec_start[1:] == ["--config", "/etc/foreshock/foreshockd.conf"],
-          f"ExecStart: {exec_start}")
+    check(exec_start == ["/usr/bin/foreshockd", "--config", "/etc/foreshock/foreshockd.conf"],
+          f"ExecStart for prefix /usr: {exec_start}")
+    for path in (exec_start[0], exec_start[2]):
+        check(os.path.isfile(root + path), f"ExecStart names {path}, which is not installed")
     check(one("ProtectSystem") == "strict", "ProtectSystem must be strict")
     check(one("NoNewPrivileges") == "yes", "NoNewPrivileges must be yes")
     check(one("Restart") == "on-failure", "Restart must be on-failure")
@@ -278,16 +287,19 @@ def check_systemd(args, workdir, info):
     check(one("WorkingDirectory") == f"/var/lib/{state}",
           "WorkingDirectory must be the StateDirectory, so the default db lands there")
     check("User" in svc or svc.get("DynamicUser", ["no"])[-1] == "yes", "no User= nor DynamicUser=")
+    left = re.findall(r"@[A-Z_]+@", open(src).read())
+    check(not left, f"template placeholders left in the installed unit: {left}")
 
-    # The user file, applied to an empty root.
-    root = os.path.join(workdir, "sysroot")
-    os.makedirs(os.path.join(root, "etc"))
+    # The installed user file, applied to an empty root.
+    sysroot = os.path.join(workdir, "sysroot")
+    os.makedirs(os.path.join(sysroot, "etc"))
     for f in ("passwd", "group", "shadow", "gshadow"):
-        open(os.path.join(root, "etc", f), "w").close()
-    sysusers = os.path.join(args.source_dir, "deploy", "systemd", "foreshock.sysusers.conf")
+        open(os.path.join(sysroot, "etc", f), "w").close()
+    sysusers = os.path.join(root, "usr", "lib", "sysusers.d", "foreshock.conf")
+    check(os.path.isfile(sysusers), "the sysusers file is not installed to lib/sysusers.d")
     if shutil.which("systemd-sysusers"):
-        tool_ok(["systemd-sysusers", f"--root={root}", os.path.abspath(sysusers)])
-        passwd = open(os.path.join(root, "etc", "passwd")).read()
+        tool_ok(["systemd-sysusers", f"--root={sysroot}", sysusers])
+        passwd = open(os.path.join(sysroot, "etc", "passwd")).read()
         check(re.search(rf"^{re.escape(one('User'))}:", passwd, re.M),
               f"sysusers file does not create User={one('User')}: {passwd!r}")
     else:
@@ -296,8 +308,8 @@ def check_systemd(args, workdir, info):
     if not shutil.which("systemd-analyze"):
         print("note: systemd-analyze not installed: unit checked by the parser above only")
         return
-    # verify needs ExecStart's binary to exist: point it at this build's.
-    text = open(src).read().replace(exec_start[0], os.path.abspath(info.binary))
+    # verify needs ExecStart's binary to exist: point it at the installed one.
+    text = open(src).read().replace(exec_start[0], root + exec_start[0])
     dst = os.path.join(workdir, "foreshockd.service")
     with open(dst, "w") as f:
         f.write(text)
@@ -579,6 +591,245 @@ def check_k8s(args, workdir, info):
     start_with_config(args, workdir, info, "\n".join(kept) + "\n", "k8s-rendered.conf")
 
 
+# --- the container image -------------------------------------------------------------------
+
+
+def parse_dockerfile(path):
+    """-> [stage {"image", "alias", "ins": [(KEYWORD, args)]}]. Comment lines
+    go, continuation lines are joined (as the builder does)."""
+    lines, cur = [], ""
+    for raw in open(path).read().splitlines():
+        if raw.lstrip().startswith("#"):
+            continue
+        if raw.endswith("\\"):
+            cur += raw[:-1] + " "
+            continue
+        cur += raw
+        if cur.strip():
+            lines.append(cur.strip())
+        cur = ""
+    check(not cur.strip(), f"{path}: ends inside a continued line")
+    stages = []
+    for line in lines:
+        kw, _, rest = line.partition(" ")
+        kw = kw.upper()
+        if kw == "FROM":
+            m = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", rest.strip(), re.I)
+            check(m is not None, f"{path}: FROM {rest}")
+            stages.append({"image": m.group(1), "alias": m.group(2), "ins": []})
+            continue
+        check(stages, f"{path}: {kw} before the first FROM")
+        stages[-1]["ins"].append((kw, rest.strip()))
+    return stages
+
+
+def exec_form(args):
+    """A JSON-array argument (CMD, ENTRYPOINT, HEALTHCHECK's CMD) as a list."""
+    check(args.startswith("["), f"not in exec form: {args}")
+    return json.loads(args)
+
+
+def os_codename():
+    for line in open("/etc/os-release"):
+        if line.startswith("VERSION_CODENAME="):
+            return line.split("=", 1)[1].strip().strip('"')
+    raise Failure("/etc/os-release has no VERSION_CODENAME")
+
+
+def owning_package(lib_path):
+    """The Debian package that ships a library (its real file; merged /usr
+    registers /lib paths)."""
+    real = os.path.realpath(lib_path)
+    for cand in (real, re.sub(r"^/usr(?=/lib)", "", real)):
+        rc, out = run_tool(["dpkg-query", "-S", cand])
+        if rc == 0:
+            return out.split(":", 1)[0].strip()
+    raise Failure(f"no Debian package ships {real}")
+
+
+def base_packages():
+    """What every Debian image has: the Essential packages and what they
+    depend on (closure over this machine's dpkg database)."""
+    out = tool_ok(["dpkg-query", "-W", "-f=${Package}\t${Essential}\t${Pre-Depends}, ${Depends}\n"])
+    deps, todo = {}, []
+    for line in out.splitlines():
+        name, essential, rel = line.split("\t")
+        deps[name] = rel
+        if essential == "yes":
+            todo.append(name)
+    have = set()
+    while todo:
+        pkg = todo.pop()
+        if pkg in have or pkg not in deps:
+            continue
+        have.add(pkg)
+        for group in deps[pkg].split(","):
+            alts = [re.split(r"[\s(:]", a.strip(), 1)[0] for a in group.split("|") if a.strip()]
+            installed = [a for a in alts if a in deps]
+            if installed:
+                todo.append(installed[0])
+    return have
+
+
+def needed_packages(binary):
+    """Packages of the libraries binary links directly (readelf NEEDED,
+    resolved by ldd)."""
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]",
+                        tool_ok(["readelf", "-d", binary]))
+    resolved = dict(re.findall(r"^\s*(\S+) => (/\S+)", tool_ok(["ldd", binary]), re.M))
+    pkgs = {}
+    for lib in needed:
+        check(lib in resolved, f"{binary}: ldd does not resolve {lib}")
+        pkgs[lib] = owning_package(resolved[lib])
+    return pkgs
+
+
+def check_image(args, workdir, info):
+    path = os.path.join(args.source_dir, "deploy", "image", "Dockerfile")
+    text = open(path).read()
+    stages = parse_dockerfile(path)
+    check(len(stages) >= 2, f"{path}: {len(stages)} stage(s), want a build and a runtime stage")
+    codename = os_codename()
+    for st in stages:
+        check(re.fullmatch(rf"debian:{codename}(-slim)?", st["image"]),
+              f"base image {st['image']}: want debian:{codename}[-slim] (the release whose "
+              "package names this check and the build use)")
+    build, final = stages[0], stages[-1]
+    check(build["alias"], "the build stage has no name for COPY --from")
+
+    # The build stage's commands, run here on this build tree: its build
+    # targets exist, its `cmake --install` lines give the staging tree.
+    runs = " && ".join(a for k, a in build["ins"] if k == "RUN")
+    m = re.search(r"cmake --build \S+ [^&]*--target ((?:[\w-]+ ?)+)", runs)
+    check(m is not None, "the build stage does not build named targets")
+    targets = tool_ok(["cmake", "--build", args.build_dir, "--target", "help"])
+    for t in m.group(1).split():
+        check(re.search(rf"\b{re.escape(t)}\b", targets), f"build target {t} does not exist")
+    for opt in re.findall(r"-D(FORESHOCK_\w+)=", runs):
+        check(opt in open(os.path.join(args.source_dir, "CMakeLists.txt")).read(),
+              f"the build stage sets -D{opt}, which CMakeLists.txt does not define")
+    installs = re.findall(r"DESTDIR=(\S+) cmake --install \S+ ([^&]*)", runs)
+    check(installs, "the build stage has no `DESTDIR=... cmake --install ...`")
+    stage_root = os.path.join(workdir, "image-build")
+    for destdir, opts in installs:
+        words, kv = opts.split(), {}
+        while words:
+            w = words.pop(0)
+            if w in ("--prefix", "--component"):
+                check(words, f"cmake --install {opts}: {w} without a value")
+                kv[w] = words.pop(0)
+            else:
+                check(w == "--strip", f"cmake --install {opts}: option {w} not understood here")
+        check("--prefix" in kv, f"cmake --install {opts}: no --prefix")
+        cmake_install(args.build_dir, kv["--prefix"], destdir=stage_root + destdir,
+                      component=kv.get("--component"))
+
+    # The runtime stage copies only what that install gave.
+    copied = {}  # image path -> staging path here
+    for kw, a in final["ins"]:
+        if kw != "COPY":
+            continue
+        words = a.split()
+        flags = [w for w in words if w.startswith("--")]
+        paths = [w for w in words if not w.startswith("--")]
+        check(f"--from={build['alias']}" in flags, f"COPY {a}: not from the build stage")
+        *srcs, dst = paths
+        for src in srcs:
+            here = stage_root + src
+            check(os.path.exists(here), f"COPY {src}: not in the `cmake --install` output "
+                                        f"(staged under {stage_root})")
+            target = os.path.join(dst, os.path.basename(src)) if dst.endswith("/") else dst
+            copied[target] = here
+    entry = [exec_form(a) for k, a in final["ins"] if k == "ENTRYPOINT"]
+    check(entry and entry[-1][0] in copied, f"ENTRYPOINT {entry} is not a copied binary")
+    binaries = {p: h for p, h in copied.items() if os.access(h, os.X_OK) and "/bin/" in p}
+    check(entry[-1][0] in binaries, "the entrypoint is not executable")
+
+    # Every library the copied binaries link comes from a package the
+    # runtime stage installs, or from one every Debian image has.
+    apt = " ".join(a for k, a in final["ins"] if k == "RUN" and "apt-get install" in a)
+    m = re.search(r"apt-get install ((?:-\S+ )*)(.*?)(?:&&|$)", apt)
+    check(m is not None, "the runtime stage installs no packages")
+    wanted = set(m.group(2).split())
+    check(not [p for p in wanted if p.endswith("-dev") or p in ("build-essential", "cmake")],
+          f"the runtime stage installs build packages: {sorted(wanted)}")
+    base = base_packages()
+    for image_path, here in binaries.items():
+        for lib, pkg in needed_packages(here).items():
+            if SANITIZER_RT_RE.match(lib):
+                continue  # this build is sanitized; the image's own build is not
+            check(pkg in wanted or pkg in base,
+                  f"{image_path} links {lib} from {pkg}, which the runtime stage does not install")
+
+    # A non-root user; the one the Kubernetes example runs as.
+    users = [a for k, a in final["ins"] if k == "USER"]
+    check(users, "the runtime stage has no USER: it would run as root")
+    user = users[-1].split(":")
+    check(user[0] not in ("root", "0"), f"USER {users[-1]}: root")
+    m_uid = re.search(r"useradd [^&]*--uid (\d+)",
+                      " ".join(a for k, a in final["ins"] if k == "RUN"))
+    check(m_uid and user[0] == m_uid.group(1),
+          f"USER {users[-1]}: want the numeric uid the image creates (useradd --uid), so "
+          "that Kubernetes' runAsNonRoot can verify it")
+    uid = int(m_uid.group(1))
+
+    # Health check on /healthz at the HTTP port; the ports exposed.
+    hc = [a for k, a in final["ins"] if k == "HEALTHCHECK"]
+    check(hc, "no HEALTHCHECK")
+    hc_cmd = exec_form(hc[-1][hc[-1].index("CMD") + 3:].strip())
+    url = [w for w in hc_cmd if w.startswith("http://")]
+    check(url and url[0].endswith(f":{info.port('http')}/healthz"),
+          f"HEALTHCHECK {hc_cmd}: want /healthz on the HTTP port {info.port('http')}")
+    exposed = {int(p.split("/")[0]) for k, a in final["ins"] if k == "EXPOSE" for p in a.split()}
+    check(exposed == {info.port("listen"), info.port("http")},
+          f"EXPOSE {sorted(exposed)}: want the ingest and HTTP ports")
+
+    # The staged daemon starts with the image's configuration, and its
+    # health check answers.
+    conf = copied.get("/etc/foreshock/foreshockd.conf")
+    check(conf is not None, "the image has no /etc/foreshock/foreshockd.conf")
+    cmd = [exec_form(a) for k, a in final["ins"] if k == "CMD"][-1]
+    check(cmd[:2] == ["--config", "/etc/foreshock/foreshockd.conf"], f"CMD {cmd}")
+    sub = os.path.join(workdir, "image-run")
+    os.makedirs(sub)
+    d = Daemon(None, sub, binary=copied[entry[-1][0]], config=conf)
+    try:
+        status, body = http_get(d.url("/healthz"))
+        check(status == 200, f"GET /healthz from the staged daemon: {status} {body[:200]!r}")
+    finally:
+        rc = d.stop()
+    check(rc == 0, f"staged foreshockd exited {rc}")
+
+    # The Kubernetes example runs this image: its tag, its user, its binary.
+    tag = re.search(r"docker build -f deploy/image/Dockerfile -t (\S+) \.", text)
+    check(tag is not None, "the Dockerfile does not say how it is built and tagged")
+    version = project_version(args.source_dir)
+    check(tag.group(1).endswith(f":{version}"), f"image tag {tag.group(1)}: want :{version}")
+    if not have_yaml("the image the Kubernetes example runs"):
+        return
+    k8s = os.path.join(args.source_dir, "deploy", "k8s", "trainer-with-foreshock.yaml")
+    job = [d for d in yaml.safe_load_all(open(k8s)) if d and d["kind"] == "Job"][0]
+    pod = job["spec"]["template"]["spec"]
+    ours = [c for c in pod["initContainers"] if "foreshock" in c["image"]]
+    check({c["name"] for c in ours} == {"render-config", "foreshockd"},
+          f"containers on the foreshockd image: {[c['name'] for c in ours]}")
+    for c in ours:
+        check(c["image"] == tag.group(1), f"{c['name']} runs {c['image']}, the Dockerfile "
+                                          f"builds {tag.group(1)}")
+    side = [c for c in ours if c["name"] == "foreshockd"][0]
+    check(side["command"][0] in binaries, f"the sidecar runs {side['command'][0]}, "
+                                          f"not in the image ({sorted(binaries)})")
+    sc = pod["securityContext"]
+    check(sc.get("runAsUser") == uid and sc.get("runAsGroup") == int(user[-1]),
+          f"the pod runs as {sc.get('runAsUser')}:{sc.get('runAsGroup')}, the image's user is "
+          f"{uid}:{user[-1]}")
+
+    if shutil.which("hadolint"):
+        tool_ok(["hadolint", path])
+    else:
+        print("note: hadolint is not in Debian 12: the Dockerfile is checked by the parse above")
+
+
 # --- Grafana ----------------------------------------------------------------------------------
 
 
@@ -701,6 +952,7 @@ CHECKS = [
     ("prometheus config and rules", check_prometheus),
     ("alertmanager config", check_alertmanager),
     ("kubernetes manifest", check_k8s),
+    ("container image", check_image),
     ("grafana dashboard", check_grafana),
     ("metric names vs /metrics", check_metrics),
 ]

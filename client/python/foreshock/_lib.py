@@ -7,9 +7,12 @@ commit) and they are tested against the real daemon. Python only builds
 reports from numpy arrays and hands them over; fsc_submit copies and never
 blocks on the network.
 
-The library is found, in order: the `path` argument, $FORESHOCK_LIB, the
+The library is found, in order: the `path` argument, $FORESHOCK_LIB (each
+an explicit choice, so either is the only candidate), the copy a wheel
+carries (foreshock/_native/libforeshock.so.0, put there by setup.py), the
 build tree of the repository this package sits in (build/libforeshock.so),
-then the system loader (libforeshock.so.0 / libforeshock.so).
+then the system loader (libforeshock.so.0 / libforeshock.so: the
+libforeshock0 package).
 """
 import ctypes
 import ctypes.util
@@ -31,6 +34,9 @@ MAX_SHARDS = 65536
 MAX_RUN_ID_LEN = 128
 MIN_REPLAY_BYTES = 64 << 10
 ERROR_LEN = 256
+
+# Where a wheel carries the library, relative to this package (setup.py).
+BUNDLED_LIB = os.path.join("_native", "libforeshock.so.0")
 
 
 class _ModelShape(ctypes.Structure):
@@ -113,6 +119,7 @@ def _candidates(path):
         yield env
         return
     here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, BUNDLED_LIB)
     repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
     yield os.path.join(repo, "build", "libforeshock.so")
     found = ctypes.util.find_library("foreshock")
@@ -142,8 +149,9 @@ def load(path=None):
                 fn.restype, fn.argtypes = res, args
             _lib_cache[path] = lib
             return lib
-        raise OSError("libforeshock not found; build it (make foreshock) or set "
-                      "FORESHOCK_LIB. Tried: " + "; ".join(tried))
+        raise OSError("libforeshock not found; install the foreshock wheel (it carries "
+                      "the library) or the libforeshock0 package, build it (make "
+                      "foreshock), or set FORESHOCK_LIB. Tried: " + "; ".join(tried))
 
 
 def _f32(a):
