@@ -332,6 +332,8 @@ int decode_check_hello(const Foreshock__Hello *h, const struct decode_limits *li
                 return fail(err, E_MALFORMED, -EINVAL, "model.moe_layers[%zu] = %u >= %u", i,
                             m->moe_layers[i], lim->max_layers);
     }
+    if (h->has_resume_step && h->resume_step > INT64_MAX) /* SQLite integers */
+        return fail(err, E_MALFORMED, -EINVAL, "resume_step must be below 2^63");
     return 0;
 }
 
@@ -410,10 +412,16 @@ int decode_frame(const uint8_t *body, size_t len, const struct decode_limits *li
     case FORESHOCK__FRAME__BODY_REPORT:
         rc = decode_check_report(f->report, lim, info, err);
         break;
+    case FORESHOCK__FRAME__BODY_ADVICE_ACK:
+        if (f->advice_ack->n_advice_id > FS_MAX_ADVICE_ACK_IDS)
+            rc = fail(err, E_LIMIT, -EINVAL, "AdviceAck holds %zu ids, limit %u",
+                      f->advice_ack->n_advice_id, FS_MAX_ADVICE_ACK_IDS);
+        break;
     case FORESHOCK__FRAME__BODY_WELCOME:
     case FORESHOCK__FRAME__BODY_ACK:
     case FORESHOCK__FRAME__BODY_ERROR:
     case FORESHOCK__FRAME__BODY_BYE:
+    case FORESHOCK__FRAME__BODY_ADVICE:
         break;
     default:
         rc = fail(err, E_MALFORMED, -EINVAL, "frame has no body");

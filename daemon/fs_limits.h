@@ -24,6 +24,7 @@
 #define FS_MAX_SPECTRUM_LEN (2u * FS_MAX_DH)
 #define FS_MAX_MOE_LAYERS FS_MAX_LAYERS
 #define FS_MAX_ERROR_MESSAGE 256u       /* Error.message we send, bytes with NUL */
+#define FS_MAX_ADVICE_ACK_IDS 1024u     /* AdviceAck.advice_id per frame */
 
 /* Unpacking may allocate at most this much per frame: protobuf-c allocates
  * sub-message structs far larger than their wire size (an 8-byte empty

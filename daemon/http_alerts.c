@@ -443,8 +443,17 @@ int http_alerts_get(struct ctx *c)
         json_decref(alert);
         return 0;
     }
+    json_t *advice = NULL;
+    bool advice_truncated = false;
+    if (http_alert_advice(c, id, &advice, &advice_truncated) != 0) {
+        json_decref(alert);
+        json_decref(hist);
+        return 0;
+    }
     int e = oset(alert, "history", hist);
     e |= oset(alert, "history_truncated", json_boolean(truncated));
+    e |= oset(alert, "advice", advice);
+    e |= oset(alert, "advice_truncated", json_boolean(advice_truncated));
     json_t *doc = e == 0 ? json_pack("{s:o}", "alert", alert) : NULL;
     if (e != 0)
         json_decref(alert);

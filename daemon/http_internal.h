@@ -67,6 +67,7 @@
 #define HTTP_MAX_QUERY_VALUES 32u            /* query values kept per request, repeats included */
 #define HTTP_MAX_REPEATABLE 2u               /* parameters of one route that may be repeated */
 #define HTTP_MAX_ALERT_HISTORY 1000          /* latest transitions shown in /alerts/{id} */
+#define HTTP_MAX_ALERT_ADVICE 4096           /* advice deliveries shown in /alerts/{id}, latest */
 #define HTTP_MAX_EVIDENCE_JSON_BYTES 4096u   /* alert_events.evidence_json larger: shown as null */
 #define HTTP_MAX_ALERT_STATE_ARMS 4          /* one index range per state in a state filter */
 
@@ -96,6 +97,7 @@ enum stmt_id {
     STMT_ALERTS_RUN_STATE,
     STMT_ALERT_ONE,
     STMT_ALERT_HISTORY,
+    STMT_ALERT_ADVICE,
     STMT_INCOMPLETE_FIRST,
     STMT_INCOMPLETE_AFTER,
     STMT_SILENCE_ONE,
@@ -442,6 +444,12 @@ int http_runs_id_by_name(struct ctx *c, const char *name, int64_t *out);
 /* http_alerts.c */
 int http_alerts_list(struct ctx *c); /* /api/v1/alerts */
 int http_alerts_get(struct ctx *c);  /* /api/v1/alerts/{id} */
+
+/* http_advice.c: the advices of alert id with their deliveries (per
+ * stream: attempt, rank, sent, acknowledged), oldest first, into *out;
+ * *truncated when older deliveries were left out. Returns 0, or a negative
+ * code with the reply set. */
+int http_alert_advice(struct ctx *c, int64_t id, json_t **out, bool *truncated);
 
 /* http_silences.c */
 int http_silences_list(struct ctx *c);        /* GET /api/v1/silences */

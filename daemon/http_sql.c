@@ -93,6 +93,14 @@ static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_ALERT_HISTORY] = "SELECT id, change, from_state, to_state, step, at, attribution, "
                            "evidence_json FROM alert_events WHERE alert_id = ?1 "
                            "ORDER BY id DESC LIMIT ?2",
+    /* newest first so that LIMIT keeps the latest; regrouped in C */
+    [STMT_ALERT_ADVICE] = "SELECT a.id, a.action, a.step, a.rule, a.label, a.severity, "
+                          "a.first_breach_step, a.fired_step, a.rollback_step, a.created_at, "
+                          "a.closed_at, s.attempt, s.rank, d.first_sent_at, d.last_sent_at, "
+                          "d.sends, d.acked_at FROM advice a "
+                          "LEFT JOIN advice_deliveries d ON d.advice_id = a.id "
+                          "LEFT JOIN streams s ON s.id = d.stream_id WHERE a.alert_id = ?1 "
+                          "ORDER BY a.id DESC, s.attempt DESC, s.rank DESC LIMIT ?2",
     /* primary-key order; the cursor is the last key (row-value comparison,
      * a range of the primary key) */
     [STMT_INCOMPLETE_FIRST] = "SELECT " INCOMPLETE_COLUMNS " FROM incomplete WHERE run_id = ?1 "

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "advice.h"
 #include "fs_limits.h"
 #include "log.h"
 
@@ -50,6 +51,7 @@ struct conn {
     size_t wpending; /* bytes in uv_write requests not yet completed */
     uint64_t accepted_ms;      /* loop time the connection was accepted */
     uint64_t frame_started_ms; /* loop time an unfinished frame began (0: none) */
+    struct advice_conn advice; /* capability and advices awaiting this stream's ack */
 };
 
 struct write_req {
@@ -80,7 +82,7 @@ struct ingest {
     void (*done)(void *ctx);
     void *done_ctx;
     uint8_t discard[16384]; /* read target for closing connections */
-    struct log_ratelimit rl_proto, rl_backpressure, rl_slow, rl_limit, rl_io;
+    struct log_ratelimit rl_proto, rl_backpressure, rl_slow, rl_limit, rl_io, rl_advice;
 };
 
 static void process(struct conn *c);
@@ -127,6 +129,7 @@ static void on_conn_closed(uv_handle_t *h)
     store_item_free(c->pending);
     decode_frame_free(c->pending_frame);
     free((void *)c->hello.moe_layers);
+    advice_conn_free(&c->advice);
     free(c->rbuf);
     free(c);
     check_stop(ing);
@@ -421,6 +424,10 @@ static void on_hello(struct conn *c, const Foreshock__Hello *h)
     it->hello.has_detect_from_step = h->has_detect_from_step;
     it->hello.detect_from_step = h->detect_from_step;
     it->hello.model_json = model_json(h->model);
+    /* Only a client that says it knows Advice gets one (proto: capabilities). */
+    c->advice.enabled = h->has_capabilities &&
+                        (h->capabilities & FORESHOCK__CAPABILITY__CAPABILITY_ADVICE);
+    it->hello.advice = c->advice.enabled;
     c->rank = h->rank;
     snprintf(c->run_name, sizeof(c->run_name), "%s", h->run_id);
     c->hello = (struct run_hello){.rank = h->rank, .world_size = h->world_size,
@@ -543,6 +550,46 @@ static void on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body
     submit(c, it, f);
 }
 
+/* Records one advice on the stream (sent or acknowledged) with the writer. */
+static void advice_record(struct conn *c, int64_t advice_id, int acked)
+{
+    struct store_item *it = store_item_new(STORE_ITEM_ADVICE);
+    if (it) {
+        it->advice = (struct store_advice_delivery){
+            .advice_id = advice_id, .stream_id = c->stream_id, .acked = acked};
+        if (store_submit(c->ing->opts.store, it) == 0)
+            return;
+        store_item_free(it);
+    }
+    log_limited(&c->ing->rl_advice, LOG_LEVEL_WARN, "ingest",
+                "conn %llu: advice %lld %s on stream %lld not recorded (%s); it stays owed",
+                (unsigned long long)c->id, (long long)advice_id, acked ? "acknowledged" : "sent",
+                (long long)c->stream_id, it ? "daemon stopping" : "out of memory");
+}
+
+/* The trainer took these advices. Ids this connection was not sent (or
+ * acknowledged already) are ignored: each sent advice is acknowledged once. */
+static void on_advice_ack(struct conn *c, const Foreshock__AdviceAck *a)
+{
+    if (c->state != STREAMING) {
+        protocol_error(c, E(SEQUENCE), "AdviceAck before Welcome");
+        return;
+    }
+    size_t ignored = 0;
+    for (size_t i = 0; i < a->n_advice_id; i++) {
+        int64_t id = a->advice_id[i] > INT64_MAX ? -1 : (int64_t)a->advice_id[i];
+        if (!advice_conn_take(&c->advice, id)) {
+            ignored++;
+            continue;
+        }
+        atomic_fetch_add(&c->ing->opts.stats->advice_acked, 1);
+        advice_record(c, id, 1);
+    }
+    if (ignored)
+        log_debug("ingest", "conn %llu: %zu advice acks for nothing outstanding ignored",
+                  (unsigned long long)c->id, ignored);
+}
+
 static void on_bye(struct conn *c)
 {
     c->eof = 1;
@@ -572,6 +619,9 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
         break;
     case FORESHOCK__FRAME__BODY_BYE:
         on_bye(c);
+        break;
+    case FORESHOCK__FRAME__BODY_ADVICE_ACK:
+        on_advice_ack(c, f->advice_ack);
         break;
     default:
         protocol_error(c, E(SEQUENCE), "Welcome, Ack and Error are daemon-to-client frames");
@@ -784,6 +834,54 @@ static void on_ack(struct conn *c, const struct store_result *r)
         atomic_fetch_add(&c->ing->opts.stats->acks_out, 1);
 }
 
+/* Sends one committed advice on c and records the send. */
+static void send_advice(struct conn *c, const struct advice_msg *m)
+{
+    struct ingest *ing = c->ing;
+    int rc = advice_conn_sent(&c->advice, m->id);
+    if (rc < 0) {
+        log_limited(&ing->rl_advice, LOG_LEVEL_WARN, "ingest",
+                    "conn %llu: advice %lld not sent: %s (%u unacknowledged at most); it stays "
+                    "owed to the stream",
+                    (unsigned long long)c->id, (long long)m->id,
+                    rc == -ENOSPC ? "too many unacknowledged" : "out of memory",
+                    ADVICE_MAX_UNACKED_PER_CONN);
+        return;
+    }
+    uint8_t *buf;
+    size_t len;
+    if (advice_encode(m, &buf, &len) < 0) {
+        log_limited(&ing->rl_advice, LOG_LEVEL_ERROR, "ingest",
+                    "conn %llu: out of memory encoding advice %lld", (unsigned long long)c->id,
+                    (long long)m->id);
+        return;
+    }
+    if (send_buf(c, buf, len) < 0)
+        return; /* closed: the advice stays owed to the stream */
+    atomic_fetch_add(&ing->opts.stats->advice_out, 1);
+    log_debug("ingest", "conn %llu: advice %lld %s alert %lld step %lld",
+              (unsigned long long)c->id, (long long)m->id, advice_action_name(m->action),
+              (long long)m->alert_id, (long long)m->step);
+    advice_record(c, m->id, 0);
+}
+
+/* A committed advice: owed to one connection's stream (conn_id, right
+ * after its Welcome), or new, for every connection of its run that takes
+ * advice. */
+static void deliver_advice(struct ingest *ing, const struct store_result *r)
+{
+    if (r->conn_id) {
+        struct conn *c = conn_find(ing, r->conn_id);
+        if (c && !c->closing && c->state == STREAMING && c->advice.enabled)
+            send_advice(c, &r->advice);
+        return;
+    }
+    for (struct conn *c = ing->head; c; c = c->next)
+        if (!c->closing && c->state == STREAMING && c->advice.enabled &&
+            c->run_id == r->run_id)
+            send_advice(c, &r->advice);
+}
+
 /* Resubmits parked items and reads again, oldest connection first. */
 static void resume(struct ingest *ing)
 {
@@ -815,6 +913,10 @@ static void on_async(uv_async_t *a)
         const struct store_result *r = &res[i];
         if (r->kind == STORE_RESULT_RESUME) {
             resumed = 1;
+            continue;
+        }
+        if (r->kind == STORE_RESULT_ADVICE) {
+            deliver_advice(ing, r);
             continue;
         }
         struct conn *c = conn_find(ing, r->conn_id);

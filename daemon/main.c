@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "advice.h"
 #include "config.h"
 #include "dblock.h"
 #include "detect.h"
@@ -72,6 +73,11 @@ static void usage(FILE *f)
         "    (alertmanager | pagerduty | webhook), url, routing_key, secret,\n"
         "    min_severity, match, timeout, connect_timeout, backoff_initial,\n"
         "    backoff_max, give_up_after, resend_interval (seconds); README \"Paging\".\n"
+        "    Advice to trainers (README \"Advice\") is section [advice] with keys\n"
+        "    enabled (true | false) and LABEL or LABEL.SEVERITY = checkpoint |\n"
+        "    checkpoint_and_stop | none, LABEL an attribution (attention-numerics,\n"
+        "    optimizer-hyperparameter, combined, router-balance, non-finite,\n"
+        "    loss-spike, none), SEVERITY warning or critical.\n"
         "\n"
         "SIGNALS\n"
         "    SIGTERM, SIGINT  orderly stop: stop accepting, commit and ack what was\n"
@@ -96,6 +102,7 @@ struct app {
     struct stage *stage;
     struct detect_rules rules; /* defaults + [detect "RULE"] overrides; read-only once running */
     struct pager_config pager_cfg; /* [target "NAME"] sections */
+    struct advice_policy advice;   /* [advice]; read-only once running */
     struct pager *pager;
     int dblock; /* descriptor of the database lock, -1: not held */
     int stopping;
@@ -134,7 +141,7 @@ static void on_signal(uv_signal_t *h, int signum)
 /* Reads options into cfg (file first, then flags). Returns -1 to continue,
  * or an exit status. */
 static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
-                      struct pager_config *pager_cfg)
+                      struct pager_config *pager_cfg, struct advice_policy *advice)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'}, {"http", required_argument, NULL, 't'},
@@ -206,12 +213,14 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     struct config_error err;
     config_defaults(cfg);
     detect_rules_default(rules);
-    struct config_section sections[2];
+    advice_policy_default(advice);
+    struct config_section sections[3];
     stage_detect_section(rules, &sections[0]);
     pager_target_section(pager_cfg, &sections[1]);
+    advice_section(advice, &sections[2]);
     if (config_path)
         snprintf(pager_cfg->origin, sizeof(pager_cfg->origin), "%s", config_path);
-    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 2, &err) < 0) {
+    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 3, &err) < 0) {
         fprintf(stderr, "%s\n", err.message);
         status = EXIT_USAGE;
     }
@@ -252,7 +261,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "foreshockd: out of memory\n");
         return EXIT_RUNTIME;
     }
-    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg);
+    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->advice);
     if (status >= 0) {
         free(app);
         return status;
@@ -291,6 +300,8 @@ int main(int argc, char **argv)
      * re-feed below included); the pager thread starts once HTTP is bound. */
     pager_name_stats(&app->pager_cfg, &app->stats);
     pager_register(&app->pager_cfg, app->store);
+    /* Advice rows for the transitions from the first one on, likewise. */
+    store_set_advice(app->store, &app->advice);
     monitor_init(); /* one OpenBLAS thread: parallelism comes from the workers */
     /* The workers are libuv's threadpool, sized once by the environment
      * before its first use (the stage's first job). */

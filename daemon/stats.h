@@ -38,6 +38,8 @@ struct fs_stats {
     atomic_uint_fast64_t reports_in;
     atomic_uint_fast64_t acks_out;
     atomic_uint_fast64_t backpressure_pauses; /* times ingest stopped reading */
+    atomic_uint_fast64_t advice_out;          /* Advice frames sent (resends included) */
+    atomic_uint_fast64_t advice_acked;        /* advices acknowledged by a stream */
 
     /* writer thread writes */
     atomic_uint_fast64_t reports_committed;

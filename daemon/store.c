@@ -184,6 +184,11 @@ struct store {
     size_t w_ntargets;
     struct log_ratelimit rl_fail;
     sqlite3_stmt *sil_st[4]; /* silence statements, prepared on first use (writer thread) */
+    /* advice (advice.h): the policy (read-only; NULL: none) and the writer's
+     * statements */
+    const struct advice_policy *advice_policy; /* under mu */
+    const struct advice_policy *w_advice_policy; /* copy taken per batch */
+    struct advice_store *advice;
 };
 
 /* Storage trouble that may pass (disk full, I/O, locks, memory): retry the
@@ -479,6 +484,40 @@ struct batch_counts {
     int64_t spool_delta;
 };
 
+struct owed_ctx {
+    struct store *s;
+    uint64_t conn_id;
+};
+
+static int owed_one(void *ctx, const struct advice_msg *m)
+{
+    struct owed_ctx *o = ctx;
+    struct store_result *r = wres_add(o->s);
+    if (!r)
+        return SQLITE_NOMEM;
+    r->kind = STORE_RESULT_ADVICE;
+    r->conn_id = o->conn_id;
+    r->run_id = m->run_id;
+    r->advice = *m;
+    return 0;
+}
+
+/* The advices a stream is owed (advice.h), as results that follow its
+ * HELLO result: the Welcome goes out first. */
+static int owed_advice(struct store *s, uint64_t conn_id, int64_t run_id, int64_t stream_id)
+{
+    struct owed_ctx o = {.s = s, .conn_id = conn_id};
+    bool more = false;
+    int rc = advice_store_owed(s->advice, run_id, stream_id, ADVICE_MAX_OWED_PER_HELLO, owed_one,
+                               &o, &more);
+    if (rc == SQLITE_OK && more)
+        log_limited(&s->rl_fail, LOG_LEVEL_WARN, "store",
+                    "stream %lld is owed more than %u advices: the rest follow at its next "
+                    "connection",
+                    (long long)stream_id, ADVICE_MAX_OWED_PER_HELLO);
+    return rc;
+}
+
 static int apply_hello(struct store *s, const struct store_item *it, double now,
                        struct store_result *r)
 {
@@ -526,7 +565,10 @@ static int apply_hello(struct store *s, const struct store_item *it, double now,
         return ok(rc) ? SQLITE_ERROR : rc;
     r->stream_id = cols[0];
     r->seq = (uint64_t)cols[1];
-    return SQLITE_OK;
+    if (!h->advice || !s->advice)
+        return SQLITE_OK;
+    /* r is not touched below: owed advices append results (wres may move). */
+    return owed_advice(s, it->conn_id, r->run_id, r->stream_id);
 }
 
 static int apply_report(struct store *s, const struct store_item *it, struct batch_counts *bc)
@@ -641,6 +683,33 @@ static int outbox_rows(struct store *s, int64_t alert_id, int64_t event_id,
     return SQLITE_OK;
 }
 
+/* The advice of a transition (advice.h), in its transaction; announced as a
+ * result for every connection of the run once committed. */
+static int advice_row(struct store *s, int64_t run_id, int64_t alert_id, int64_t event_id,
+                      const struct store_alert_row *a, double now)
+{
+    if (!s->advice || !s->w_advice_policy)
+        return SQLITE_OK;
+    struct advice_event ev = {
+        .run_id = run_id, .alert_id = alert_id, .event_id = event_id, .to_state = a->to_state,
+        .rule = a->rule, .label = a->attribution, .severity = a->severity,
+        .step = a->event_step, .first_breach_step = a->first_breach_step,
+        .fired_step = a->fired_step, .layer = a->series.layer, .head = a->series.head,
+        .window = a->series.window, .rank = a->series.rank};
+    struct advice_msg m;
+    bool made = false;
+    int rc = advice_store_event(s->advice, s->w_advice_policy, &ev, now, &m, &made);
+    if (rc != SQLITE_OK || !made)
+        return rc;
+    struct store_result *r = wres_add(s);
+    if (!r)
+        return SQLITE_NOMEM;
+    r->kind = STORE_RESULT_ADVICE;
+    r->run_id = run_id;
+    r->advice = m;
+    return SQLITE_OK;
+}
+
 static int apply_alert(struct store *s, int64_t run_id, const struct store_alert_row *a,
                        double now)
 {
@@ -692,7 +761,10 @@ static int apply_alert(struct store *s, int64_t run_id, const struct store_alert
     rc = exec1(st, NULL, 0);
     if (!ok(rc))
         return rc;
-    return outbox_rows(s, alert_id, sqlite3_last_insert_rowid(s->db), a, now);
+    int64_t event_id = sqlite3_last_insert_rowid(s->db);
+    if ((rc = outbox_rows(s, alert_id, event_id, a, now)) != SQLITE_OK)
+        return rc;
+    return advice_row(s, run_id, alert_id, event_id, a, now);
 }
 
 /* The monitor stage's output for one run, inside the batch's transaction. */
@@ -966,6 +1038,10 @@ static int apply_item(struct store *s, const struct store_item *it, double now,
         return apply_silence(s, (struct store_item *)it, now);
     case STORE_ITEM_OUTBOX:
         return apply_outbox(s, &it->outbox, now);
+    case STORE_ITEM_ADVICE:
+        return s->advice ? advice_store_delivery(s->advice, it->advice.advice_id,
+                                                 it->advice.stream_id, it->advice.acked, now)
+                         : SQLITE_OK;
     }
     return SQLITE_MISUSE;
 }
@@ -1074,6 +1150,7 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
                       : it->kind == STORE_ITEM_REPORT ? "report"
                       : it->kind == STORE_ITEM_OUTBOX  ? "outbox"
                       : it->kind == STORE_ITEM_SILENCE ? "silence"
+                      : it->kind == STORE_ITEM_ADVICE  ? "advice"
                                                        : "monitor",
                       (unsigned long long)it->conn_id, msg);
             struct store_result *e = realloc(errs, (nerrs + 1) * sizeof(*e));
@@ -1257,6 +1334,7 @@ static void *writer_main(void *arg)
             s->tail = NULL;
         s->w_ntargets = s->n_pager_targets;
         memcpy(s->w_targets, s->pager_targets, sizeof(s->w_targets));
+        s->w_advice_policy = s->advice_policy;
         pthread_mutex_unlock(&s->mu);
 
         if (s->cache.n > FS_STORE_SERIES_CACHE_MAX)
@@ -1441,6 +1519,13 @@ void store_set_pager(struct store *s, const char *const *targets, size_t n,
     pthread_mutex_unlock(&s->mu);
 }
 
+void store_set_advice(struct store *s, const struct advice_policy *p)
+{
+    pthread_mutex_lock(&s->mu);
+    s->advice_policy = p;
+    pthread_mutex_unlock(&s->mu);
+}
+
 void store_set_serving(struct store *s, int serving)
 {
     atomic_store(&s->serving, serving);
@@ -1593,6 +1678,11 @@ int store_open(const char *path, const struct store_opts *opts, struct store **o
     }
     s->spool_bytes = (uint64_t)spool;
     atomic_store(&s->stats->spool_bytes, s->spool_bytes);
+    if ((rc = advice_store_open(s->db, &s->advice)) < 0) {
+        snprintf(err, errlen, "%s: preparing the advice statements: %s", path,
+                 sqlite3_errmsg(s->db));
+        goto fail;
+    }
     rc = -ENOMEM;
     if (!(s->opts.prune_interval_s > 0))
         s->opts.prune_interval_s = FS_STORE_PRUNE_INTERVAL_S;
@@ -1628,6 +1718,7 @@ fail:
         pthread_mutex_destroy(&s->mu);
     for (int i = 0; i < ST_COUNT; i++)
         sqlite3_finalize(s->st[i]);
+    advice_store_close(s->advice);
     sqlite3_close(s->db);
     free(s->batch);
     free(s->refused);
@@ -1649,6 +1740,7 @@ void store_close(struct store *s)
         sqlite3_finalize(s->st[i]);
     for (int i = 0; i < SIL_COUNT; i++)
         sqlite3_finalize(s->sil_st[i]);
+    advice_store_close(s->advice);
     /* Closing the last connection checkpoints the WAL into the database. */
     if (sqlite3_close(s->db) != SQLITE_OK)
         log_warn("store", "closing the database: %s", sqlite3_errmsg(s->db));

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "advice.h"
 #include "fs_limits.h"
 #include "stats.h"
 
@@ -35,6 +36,7 @@ enum store_item_kind {
     STORE_ITEM_MONITOR = 4,    /* the monitor stage's output for one run (below) */
     STORE_ITEM_SILENCE = 5,    /* create or expire a silence (HTTP API, below) */
     STORE_ITEM_OUTBOX = 6,     /* the pager's outcome of one outbox row (below) */
+    STORE_ITEM_ADVICE = 7,     /* an advice sent to or acknowledged by a stream (below) */
 };
 
 /* Scalars of a report, by index into store_report.scalars. */
@@ -56,6 +58,7 @@ struct store_hello {
     int has_detect_from_step;
     uint64_t detect_from_step;
     char *model_json; /* owned (malloc), may be NULL */
+    int advice;       /* the client takes Advice: its owed advices follow the result */
 };
 
 struct store_report {
@@ -223,6 +226,15 @@ struct store_outbox_outcome {
     char last_error[STORE_OUTBOX_ERROR_MAX]; /* "" : NULL */
 };
 
+/* --- STORE_ITEM_ADVICE: ingest's record of one advice on one stream
+ * (advice.h, advice_store_delivery). Never refused: the connections it
+ * comes from are bounded by ADVICE_MAX_UNACKED_PER_CONN. */
+struct store_advice_delivery {
+    int64_t advice_id;
+    int64_t stream_id;
+    int acked; /* 0: sent, 1: acknowledged */
+};
+
 struct store_item {
     struct store_item *next; /* queue link: the store's while queued */
     enum store_item_kind kind;
@@ -235,6 +247,7 @@ struct store_item {
         struct store_monitor monitor;
         struct store_silence silence;
         struct store_outbox_outcome outbox;
+        struct store_advice_delivery advice;
     };
 };
 
@@ -247,6 +260,10 @@ enum store_result_kind {
     STORE_RESULT_HELLO = 1, /* run_id, stream_id, seq = last committed seq of the stream */
     STORE_RESULT_ACK = 2,   /* seq = highest seq of this conn's reports in the commit */
     STORE_RESULT_RESUME = 3, /* the queue drained below its low watermark */
+    /* advice: committed. conn_id 0: new, for every connection of run_id
+     * that takes advice; else owed to that connection's stream (after its
+     * HELLO result, items 0). */
+    STORE_RESULT_ADVICE = 4,
 };
 
 struct store_result {
@@ -258,6 +275,7 @@ struct store_result {
     uint64_t seq;
     int error_code;    /* 0, or FORESHOCK__ERROR_CODE__* when the item was refused */
     char message[160]; /* when error_code != 0 */
+    struct advice_msg advice; /* STORE_RESULT_ADVICE */
 };
 
 struct store_opts {
@@ -315,6 +333,12 @@ void store_set_notify(struct store *s, void (*notify)(void *ctx), void *ctx);
  * stage submits anything (main thread, at startup). */
 void store_set_pager(struct store *s, const char *const *targets, size_t n,
                      void (*announce_fn)(void *ctx, int64_t max_id), void *ctx);
+
+/* Advice (advice.h): the policy that decides which committed firing and
+ * resolving transitions get an advice row (NULL: none). p must outlive the
+ * store. Call before the monitor stage submits anything (main thread, at
+ * startup). */
+void store_set_advice(struct store *s, const struct advice_policy *p);
 
 /* While serving is 1, the writer restores stats->ready to 1 after a commit
  * failure clears; main sets it once the daemon is ready and clears it when

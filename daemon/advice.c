@@ -1,0 +1,449 @@
+/* Advice: the [advice] policy, the Advice frame, and the writer's advice
+ * rows. See advice.h. */
+#include "advice.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alert.h"
+#include "decode.h"
+#include "detect.h"
+#include "foreshock.pb-c.h"
+
+_Static_assert(ADVICE_RULE_MAX == DETECT_NAME_MAX, "rule names fit");
+_Static_assert(ADVICE_LABELS == ALERT_ATTR_LOSS_SPIKE + 1, "one policy row per label");
+_Static_assert(ADVICE_SEVERITIES == DETECT_SEVERITY_CRITICAL + 1, "one column per severity");
+_Static_assert((int)ADVICE_CHECKPOINT == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_CHECKPOINT &&
+                   (int)ADVICE_CHECKPOINT_AND_STOP ==
+                       (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_CHECKPOINT_AND_STOP &&
+                   (int)ADVICE_RESOLVED == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_RESOLVED &&
+                   (int)ADVICE_SUPERSEDED == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_SUPERSEDED,
+               "pinned actions are the wire's");
+
+/* --- policy ------------------------------------------------------------------------ */
+
+/* Names of the alert_attribution values, by number (alert.h pins them). */
+static const char *const label_names[ADVICE_LABELS] = {
+    [ALERT_ATTR_NONE] = "none",
+    [ALERT_ATTR_ATTENTION_NUMERICS] = "attention-numerics",
+    [ALERT_ATTR_OPTIMIZER_HYPERPARAMETER] = "optimizer-hyperparameter",
+    [ALERT_ATTR_COMBINED] = "combined",
+    [ALERT_ATTR_ROUTER_BALANCE] = "router-balance",
+    [ALERT_ATTR_NON_FINITE] = "non-finite",
+    [ALERT_ATTR_LOSS_SPIKE] = "loss-spike",
+};
+
+static const char *const severity_names[ADVICE_SEVERITIES] = {
+    [DETECT_SEVERITY_WARNING] = "warning",
+    [DETECT_SEVERITY_CRITICAL] = "critical",
+};
+
+static const struct {
+    const char *label;
+    enum advice_action action;
+} default_actions[] = {
+    {"attention-numerics", ADVICE_CHECKPOINT},
+    {"optimizer-hyperparameter", ADVICE_CHECKPOINT},
+    {"combined", ADVICE_CHECKPOINT},
+    {"router-balance", ADVICE_CHECKPOINT},
+    {"non-finite", ADVICE_CHECKPOINT_AND_STOP},
+};
+
+static int index_of(const char *const *names, size_t n, const char *s, size_t len)
+{
+    for (size_t i = 0; s && i < n; i++)
+        if (strlen(names[i]) == len && strncmp(names[i], s, len) == 0)
+            return (int)i;
+    return -1;
+}
+
+void advice_policy_default(struct advice_policy *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->enabled = true;
+    for (size_t i = 0; i < sizeof(default_actions) / sizeof(default_actions[0]); i++) {
+        int l = index_of(label_names, ADVICE_LABELS, default_actions[i].label,
+                         strlen(default_actions[i].label));
+        for (int s = 0; l >= 0 && s < ADVICE_SEVERITIES; s++)
+            p->action[l][s] = (uint8_t)default_actions[i].action;
+    }
+}
+
+int advice_policy_set(struct advice_policy *p, const char *key, const char *value, char *why,
+                      size_t whylen)
+{
+    if (strcmp(key, "enabled") == 0) {
+        if (strcmp(value, "true") == 0 || strcmp(value, "false") == 0) {
+            p->enabled = value[0] == 't';
+            return 0;
+        }
+        snprintf(why, whylen, "key 'enabled': '%s' is not true or false", value);
+        return -EINVAL;
+    }
+    static const char *const actions[] = {"none", "checkpoint", "checkpoint_and_stop"};
+    int a = index_of(actions, sizeof(actions) / sizeof(actions[0]), value, strlen(value));
+    const char *dot = strchr(key, '.');
+    int l = index_of(label_names, ADVICE_LABELS, key, dot ? (size_t)(dot - key) : strlen(key));
+    int s = dot ? index_of(severity_names, ADVICE_SEVERITIES, dot + 1, strlen(dot + 1)) : -1;
+    if (l < 0 || (dot && s < 0)) {
+        snprintf(why, whylen,
+                 "unknown key '%s': keys are enabled, LABEL or LABEL.SEVERITY (labels: "
+                 "attention-numerics, optimizer-hyperparameter, combined, router-balance, "
+                 "non-finite, loss-spike, none; severities: warning, critical)",
+                 key);
+        return -EINVAL;
+    }
+    if (a < 0) {
+        snprintf(why, whylen, "key '%s': '%s' is not checkpoint, checkpoint_and_stop or none",
+                 key, value);
+        return -EINVAL;
+    }
+    for (int i = 0; i < ADVICE_SEVERITIES; i++)
+        if (s < 0 || s == i)
+            p->action[l][i] = (uint8_t)a;
+    return 0;
+}
+
+static void *section_open(void *ctx, const char *sub, char *why, size_t whylen)
+{
+    if (sub) {
+        snprintf(why, whylen, "[advice] takes no name");
+        return NULL;
+    }
+    return ctx;
+}
+
+static int section_set(void *ctx, void *target, const char *key, const char *value, char *why,
+                       size_t whylen)
+{
+    (void)ctx;
+    return advice_policy_set(target, key, value, why, whylen);
+}
+
+void advice_section(struct advice_policy *p, struct config_section *out)
+{
+    *out = (struct config_section){.name = "advice", .open = section_open, .set = section_set,
+                                   .ctx = p};
+}
+
+enum advice_action advice_decide(const struct advice_policy *p, const char *label,
+                                 const char *severity)
+{
+    if (!p || !p->enabled || !label || !severity)
+        return ADVICE_NONE;
+    int l = index_of(label_names, ADVICE_LABELS, label, strlen(label));
+    int s = index_of(severity_names, ADVICE_SEVERITIES, severity, strlen(severity));
+    return l < 0 || s < 0 ? ADVICE_NONE : (enum advice_action)p->action[l][s];
+}
+
+const char *advice_action_name(int action)
+{
+    switch (action) {
+    case ADVICE_NONE:
+        return "none";
+    case ADVICE_CHECKPOINT:
+        return "checkpoint";
+    case ADVICE_CHECKPOINT_AND_STOP:
+        return "checkpoint_and_stop";
+    case ADVICE_RESOLVED:
+        return "resolved";
+    case ADVICE_SUPERSEDED:
+        return "superseded";
+    }
+    return "unknown";
+}
+
+int64_t advice_rollback_step(int64_t first_breach_step, int32_t window)
+{
+    if (first_breach_step < 0)
+        return -1;
+    /* A windowed sample measures W(t) against W(t - window): the fault may
+     * have begun anywhere after t - window. */
+    int64_t back = window > 0 ? window : 1;
+    return first_breach_step >= back ? first_breach_step - back : -1;
+}
+
+/* --- the frame ------------------------------------------------------------------------ */
+
+int advice_encode(const struct advice_msg *m, uint8_t **out, size_t *len)
+{
+    Foreshock__Advice a = FORESHOCK__ADVICE__INIT;
+    a.advice_id = (uint64_t)m->id;
+    a.action = (Foreshock__AdviceAction)m->action;
+    a.alert_id = (uint64_t)m->alert_id;
+    a.rule = (char *)m->rule;
+    if (m->label[0])
+        a.label = (char *)m->label;
+    if (m->severity[0])
+        a.severity = (char *)m->severity;
+#define STEP(f)                       \
+    if (m->f >= 0) {                  \
+        a.has_##f = 1;                \
+        a.f = (uint64_t)m->f;         \
+    }
+    STEP(step) STEP(first_breach_step) STEP(fired_step) STEP(rollback_step)
+#undef STEP
+#define LABEL(f, none)                \
+    if (m->f != (none)) {             \
+        a.has_##f = 1;                \
+        a.f = m->f;                   \
+    }
+    LABEL(layer, -1) LABEL(head, -1) LABEL(window, 0) LABEL(rank, -1)
+#undef LABEL
+    Foreshock__Frame f = FORESHOCK__FRAME__INIT;
+    f.body_case = FORESHOCK__FRAME__BODY_ADVICE;
+    f.advice = &a;
+    return decode_encode(&f, out, len);
+}
+
+/* --- one connection ----------------------------------------------------------------- */
+
+int advice_conn_sent(struct advice_conn *ac, int64_t id)
+{
+    for (size_t i = 0; i < ac->n; i++)
+        if (ac->ids[i] == id)
+            return 0;
+    if (ac->n >= ADVICE_MAX_UNACKED_PER_CONN)
+        return -ENOSPC;
+    if (ac->n == ac->cap) {
+        size_t cap = ac->cap ? ac->cap * 2 : 16;
+        int64_t *p = realloc(ac->ids, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        ac->ids = p;
+        ac->cap = cap;
+    }
+    ac->ids[ac->n++] = id;
+    return 0;
+}
+
+bool advice_conn_take(struct advice_conn *ac, int64_t id)
+{
+    for (size_t i = 0; i < ac->n; i++) {
+        if (ac->ids[i] == id) {
+            ac->ids[i] = ac->ids[--ac->n];
+            return true;
+        }
+    }
+    return false;
+}
+
+void advice_conn_free(struct advice_conn *ac)
+{
+    free(ac->ids);
+    ac->ids = NULL;
+    ac->n = ac->cap = 0;
+}
+
+/* --- storage ------------------------------------------------------------------------- */
+
+enum {
+    AS_CLOSE_ALERT,
+    AS_OPEN_FIRE,
+    AS_INSERT,
+    AS_OWED,
+    AS_SENT,
+    AS_ACKED,
+    AS_COUNT
+};
+
+/* A delivery is recorded only for a stream of the advice's own run. */
+#define DELIVERY_OF_RUN                                                                     \
+    " WHERE EXISTS (SELECT 1 FROM advice a JOIN streams s ON s.run_id = a.run_id "        \
+    "WHERE a.id = ?1 AND s.id = ?2) "
+
+static const char *const as_sql[AS_COUNT] = {
+    [AS_CLOSE_ALERT] = "UPDATE advice SET closed_at = ?2 WHERE alert_id = ?1 AND closed_at IS NULL",
+    [AS_OPEN_FIRE] = "SELECT id FROM advice WHERE alert_id = ?1 AND closed_at IS NULL "
+                     "AND action IN (1, 2) ORDER BY id DESC LIMIT 1",
+    [AS_INSERT] = "INSERT INTO advice (run_id, alert_id, event_id, action, fire_id, rule, label, "
+                  "severity, step, first_breach_step, fired_step, rollback_step, created_at) "
+                  "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) RETURNING id",
+    /* Open advices of the run this stream has not acknowledged; an answer
+     * (resolved, superseded) only to streams that were sent its question. */
+    [AS_OWED] = "SELECT a.id, a.alert_id, a.action, a.rule, a.label, a.severity, a.step, "
+                "a.first_breach_step, a.fired_step, a.rollback_step, al.layer, al.head, "
+                "al.\"window\", al.rank FROM advice a JOIN alerts al ON al.id = a.alert_id "
+                "WHERE a.run_id = ?1 AND a.closed_at IS NULL AND (a.fire_id IS NULL OR EXISTS "
+                "(SELECT 1 FROM advice_deliveries d WHERE d.advice_id = a.fire_id "
+                "AND d.stream_id = ?2 AND d.sends > 0)) AND NOT EXISTS (SELECT 1 FROM "
+                "advice_deliveries d WHERE d.advice_id = a.id AND d.stream_id = ?2 "
+                "AND d.acked_at IS NOT NULL) ORDER BY a.id LIMIT ?3",
+    [AS_SENT] = "INSERT INTO advice_deliveries (advice_id, stream_id, first_sent_at, "
+                "last_sent_at, sends) SELECT ?1, ?2, ?3, ?3, 1" DELIVERY_OF_RUN
+                "ON CONFLICT (advice_id, stream_id) DO UPDATE SET "
+                "first_sent_at = COALESCE(first_sent_at, excluded.first_sent_at), "
+                "last_sent_at = excluded.last_sent_at, sends = sends + 1",
+    [AS_ACKED] = "INSERT INTO advice_deliveries (advice_id, stream_id, acked_at) "
+                 "SELECT ?1, ?2, ?3" DELIVERY_OF_RUN
+                 "ON CONFLICT (advice_id, stream_id) DO UPDATE SET "
+                 "acked_at = COALESCE(acked_at, excluded.acked_at)",
+};
+
+struct advice_store {
+    sqlite3 *db;
+    sqlite3_stmt *st[AS_COUNT];
+};
+
+int advice_store_open(sqlite3 *db, struct advice_store **out)
+{
+    struct advice_store *as = calloc(1, sizeof(*as));
+    if (!as)
+        return -ENOMEM;
+    as->db = db;
+    for (int i = 0; i < AS_COUNT; i++) {
+        if (sqlite3_prepare_v3(db, as_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &as->st[i], NULL) !=
+            SQLITE_OK) {
+            advice_store_close(as);
+            return -EIO;
+        }
+    }
+    *out = as;
+    return 0;
+}
+
+void advice_store_close(struct advice_store *as)
+{
+    if (!as)
+        return;
+    for (int i = 0; i < AS_COUNT; i++)
+        sqlite3_finalize(as->st[i]);
+    free(as);
+}
+
+/* Steps st once; reads column 0 as int64 into *v when there is a row.
+ * Resets st and clears its bindings. */
+static int step1(sqlite3_stmt *st, int64_t *v)
+{
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW && v)
+        *v = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc;
+}
+
+static int bind_step(sqlite3_stmt *st, int i, int64_t v)
+{
+    return v < 0 ? sqlite3_bind_null(st, i) : sqlite3_bind_int64(st, i, v);
+}
+
+static void copy_text(char *dst, size_t len, const char *src)
+{
+    snprintf(dst, len, "%s", src ? src : "");
+}
+
+int advice_store_event(struct advice_store *as, const struct advice_policy *p,
+                       const struct advice_event *ev, double now, struct advice_msg *out,
+                       bool *made)
+{
+    *made = false;
+    int action = ADVICE_NONE;
+    int64_t fire_id = -1;
+    int rc;
+    if (ev->to_state == ALERT_FIRING) {
+        action = advice_decide(p, ev->label, ev->severity);
+    } else if (ev->to_state == ALERT_RESOLVED) {
+        /* Only a firing that was advised gets its answer. */
+        rc = sqlite3_bind_int64(as->st[AS_OPEN_FIRE], 1, ev->alert_id);
+        if (rc != SQLITE_OK)
+            return rc;
+        rc = step1(as->st[AS_OPEN_FIRE], &fire_id);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+            return rc;
+        if (rc == SQLITE_ROW)
+            action = ADVICE_RESOLVED;
+    }
+    if (action == ADVICE_NONE)
+        return SQLITE_OK;
+    /* One open advice per alert: the new one replaces what was owed. */
+    sqlite3_stmt *st = as->st[AS_CLOSE_ALERT];
+    sqlite3_bind_int64(st, 1, ev->alert_id);
+    sqlite3_bind_double(st, 2, now);
+    if ((rc = step1(st, NULL)) != SQLITE_DONE)
+        return rc;
+    int64_t rollback = advice_rollback_step(ev->first_breach_step, ev->window);
+    st = as->st[AS_INSERT];
+    sqlite3_bind_int64(st, 1, ev->run_id);
+    sqlite3_bind_int64(st, 2, ev->alert_id);
+    sqlite3_bind_int64(st, 3, ev->event_id);
+    sqlite3_bind_int(st, 4, action);
+    bind_step(st, 5, fire_id);
+    sqlite3_bind_text(st, 6, ev->rule ? ev->rule : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 7, ev->label ? ev->label : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 8, ev->severity ? ev->severity : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 9, ev->step);
+    bind_step(st, 10, ev->first_breach_step);
+    bind_step(st, 11, ev->fired_step);
+    bind_step(st, 12, rollback);
+    sqlite3_bind_double(st, 13, now);
+    int64_t id = 0;
+    if ((rc = step1(st, &id)) != SQLITE_ROW)
+        return rc == SQLITE_DONE ? SQLITE_ERROR : rc;
+    *out = (struct advice_msg){.id = id, .run_id = ev->run_id, .alert_id = ev->alert_id,
+                               .action = action, .step = ev->step,
+                               .first_breach_step = ev->first_breach_step,
+                               .fired_step = ev->fired_step, .rollback_step = rollback,
+                               .layer = ev->layer, .head = ev->head, .window = ev->window,
+                               .rank = ev->rank};
+    copy_text(out->rule, sizeof(out->rule), ev->rule);
+    copy_text(out->label, sizeof(out->label), ev->label);
+    copy_text(out->severity, sizeof(out->severity), ev->severity);
+    *made = true;
+    return SQLITE_OK;
+}
+
+static int64_t col_step(sqlite3_stmt *st, int i)
+{
+    return sqlite3_column_type(st, i) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, i);
+}
+
+int advice_store_owed(struct advice_store *as, int64_t run_id, int64_t stream_id, size_t max,
+                      int (*cb)(void *ctx, const struct advice_msg *m), void *ctx, bool *more)
+{
+    sqlite3_stmt *st = as->st[AS_OWED];
+    *more = false;
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, stream_id);
+    sqlite3_bind_int64(st, 3, (int64_t)max + 1);
+    size_t n = 0;
+    int rc, stop = 0;
+    while (!stop && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (n == max) {
+            *more = true;
+            break;
+        }
+        struct advice_msg m = {.id = sqlite3_column_int64(st, 0), .run_id = run_id,
+                               .alert_id = sqlite3_column_int64(st, 1),
+                               .action = sqlite3_column_int(st, 2), .step = col_step(st, 6),
+                               .first_breach_step = col_step(st, 7),
+                               .fired_step = col_step(st, 8), .rollback_step = col_step(st, 9),
+                               .layer = sqlite3_column_int(st, 10),
+                               .head = sqlite3_column_int(st, 11),
+                               .window = sqlite3_column_int(st, 12),
+                               .rank = sqlite3_column_int(st, 13)};
+        copy_text(m.rule, sizeof(m.rule), (const char *)sqlite3_column_text(st, 3));
+        copy_text(m.label, sizeof(m.label), (const char *)sqlite3_column_text(st, 4));
+        copy_text(m.severity, sizeof(m.severity), (const char *)sqlite3_column_text(st, 5));
+        n++;
+        stop = cb(ctx, &m);
+    }
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (stop)
+        return stop;
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+int advice_store_delivery(struct advice_store *as, int64_t advice_id, int64_t stream_id,
+                          int acked, double now)
+{
+    sqlite3_stmt *st = as->st[acked ? AS_ACKED : AS_SENT];
+    sqlite3_bind_int64(st, 1, advice_id);
+    sqlite3_bind_int64(st, 2, stream_id);
+    sqlite3_bind_double(st, 3, now);
+    int rc = step1(st, NULL);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
