@@ -34,8 +34,8 @@ struct sim_settings {
     uint64_t steps, seed, fault_step, diverge_after, fault_until;
     uint32_t ranks, attempt, layers, heads, dh, d, sketch_every, window, replay_mb;
     uint32_t experts, top_k, tokens;
-    double rate, flush_timeout;
-    int no_sketches, layer_norms, verbose;
+    double rate, flush_timeout, advice_wait;
+    int no_sketches, layer_norms, verbose, stop_on_advice;
 };
 
 static const struct opt sim_opts[] = {
@@ -77,6 +77,11 @@ static const struct opt sim_opts[] = {
     O("replay-mb", OPT_U32, replay_mb, "MB", "per-rank replay buffer, MiB (default 64)", 1, 65536),
     {.name = "verbose", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, verbose),
      .help = "print every client event (default: warnings and errors)"},
+    {.name = "advice-wait", .kind = OPT_DOUBLE, .offset = offsetof(struct sim_settings, advice_wait),
+     .arg = "S", .help = "after the last ack, wait up to S seconds for advice (default 0); a rank "
+     "stops waiting once told checkpoint_and_stop", .dmin = 0, .dmax = 86400},
+    {.name = "stop-on-advice", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, stop_on_advice),
+     .help = "a rank told checkpoint_and_stop stops there, as a trainer would"},
 #undef O
 };
 
@@ -85,7 +90,8 @@ static const struct command_help sim_help = {
              "[--attempt A] [--layers L] [--heads H] [--dh DH] [--d D] [--sketch-every K] "
              "[--window W] [--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
              "[--scenario NAME] [--fault-step S] [--fault-until S] [--diverge-after N] [--experts E] [--top-k TOPK] "
-             "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms]",
+             "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms] [--advice-wait S] "
+             "[--stop-on-advice]",
     .summary =
         "Simulate N trainer ranks streaming to foreshockd. Per step: loss, grad norm, lr, loss\n"
         "scale, tokens and step time, and per MoE layer the routing statistics of T simulated\n"
@@ -99,6 +105,11 @@ static const struct command_help sim_help = {
         "healthy value or is not finite, 'none' when that is past the last step), at the end one\n"
         "line per rank and\n"
         "  simulate: run=ID ranks=N steps=M submitted=X acked=Y dropped=Z reconnects=R\n"
+        "Each rank takes the daemon's advice (README \"Advice\") and prints one line per advice\n"
+        "  simulate: advice rank=R step=S action=A alert=ID rule=RULE label=L rollback=B at=T\n"
+        "(S: the alert's transition step, B: the suggested rollback step or 'none', T: the\n"
+        "rank's step when it took the advice). With --stop-on-advice a rank told\n"
+        "checkpoint_and_stop stops, printing 'simulate: rank=R stopped at step T by advice'.\n"
         "The daemon's detectors spend their first 20 samples of a series building a baseline:\n"
         "put the fault after 20 K steps (a warning says so otherwise).\n"
         "Exit status 0 when every report was acknowledged, 1 otherwise, 2 on bad usage.",
@@ -115,6 +126,8 @@ struct rank_ctx {
     size_t n_moe;
     struct fsc_stats st;
     int started, ok;
+    int stopped;          /* told checkpoint_and_stop */
+    uint64_t stopped_at;  /* the step it stopped after (with --stop-on-advice) */
     char err[CLI_ERR_LEN];
 };
 
@@ -183,6 +196,53 @@ static int put_layer_norms(void *ctx, uint64_t step, const float *norm, const fl
     return fsc_report_set_layer_update_ratios(ctx, ratio, layers);
 }
 
+/* Takes every pending advice of the rank's client, printing one line each.
+ * `at` is the rank's current step. Returns 1 once told checkpoint_and_stop. */
+static int take_advice(struct rank_ctx *r, fsc_client *c, uint64_t at)
+{
+    struct fsc_advice a = {.size = sizeof(a)};
+    int stop = 0;
+
+    while (fsc_poll_advice(c, &a) == 1) {
+        char rb[24] = "none";
+        if (a.rollback_step >= 0)
+            snprintf(rb, sizeof(rb), "%" PRId64, a.rollback_step);
+        /* One printf per line: stdio locks the stream per call. */
+        printf("simulate: advice rank=%u step=%" PRId64 " action=%s alert=%" PRIu64
+               " rule=%s label=%s rollback=%s at=%" PRIu64 "\n",
+               r->rank, a.step, fsc_advice_action_name(a.action), a.alert_id, a.rule,
+               a.label[0] ? a.label : "none", rb, at);
+        fflush(stdout);
+        if (a.action == FSC_ADVICE_CHECKPOINT_AND_STOP) {
+            if (!r->stopped)
+                r->stopped_at = at;
+            r->stopped = 1;
+            stop = 1;
+        }
+        a.size = sizeof(a);
+    }
+    return stop;
+}
+
+/* After the last ack: takes advice for up to s->advice_wait seconds, less
+ * once told to stop. */
+static void wait_advice(struct rank_ctx *r, fsc_client *c, uint64_t at)
+{
+    struct timespec t0, now;
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (take_advice(r, c, at) || r->stopped)
+            return;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) * 1e-9 >=
+            r->s->advice_wait)
+            return;
+        struct timespec nap = {.tv_sec = 0, .tv_nsec = 20 * 1000000L};
+        nanosleep(&nap, NULL);
+    }
+}
+
 static void sleep_until(const struct timespec *start, double seconds)
 {
     struct timespec t = *start;
@@ -234,13 +294,21 @@ static void *rank_main(void *arg)
     o.log = on_log;
     o.log_ctx = r;
     o.seed = s->seed * 0x9e3779b97f4a7c15ull + r->rank + 1;
+    o.advice = 1;
     if ((rc = fsc_open(&o, &c, r->err, sizeof(r->err))) < 0) {
         sim_rank_destroy(sim);
         return NULL;
     }
     clock_gettime(CLOCK_MONOTONIC, &start);
+    uint64_t last = 0;
     for (uint64_t step = 0; step < s->steps; step++) {
         fsc_report *rep;
+        last = step;
+        if (take_advice(r, c, step) && s->stop_on_advice) {
+            printf("simulate: rank=%u stopped at step %" PRIu64 " by advice\n", r->rank, step);
+            fflush(stdout);
+            break;
+        }
         if (s->rate > 0)
             sleep_until(&start, (double)step / s->rate);
         rep = fsc_report_new(step);
@@ -262,14 +330,19 @@ static void *rank_main(void *arg)
         fsc_submit(c, rep); /* -ENOBUFS etc. are counted in the stats */
     }
     rc = fsc_flush(c, (int)(s->flush_timeout * 1000.0));
+    if (s->advice_wait > 0)
+        wait_advice(r, c, last);
+    else
+        take_advice(r, c, last);
     r->st.size = sizeof(r->st);
     fsc_stats(c, &r->st);
     fsc_close(c);
     if (rc < 0 && !r->err[0])
         snprintf(r->err, sizeof(r->err), "flush: %s%s%s", strerror(-rc),
                  r->st.last_error[0] ? "; last error: " : "", r->st.last_error);
-    r->ok = !r->err[0] && r->st.submitted == s->steps && r->st.acked == s->steps &&
-            r->st.dropped == 0;
+    /* A rank that stopped on advice did what a trainer does: not a failure. */
+    r->ok = !r->err[0] && (r->st.submitted == s->steps || (r->stopped && s->stop_on_advice)) &&
+            r->st.acked == r->st.submitted && r->st.dropped == 0;
     sim_rank_destroy(sim);
     return NULL;
 }

@@ -20,8 +20,8 @@
  * Return values: 0 on success or a negative errno value (-EINVAL, -ENOMEM,
  * -ENOBUFS, ...). Nothing here sets errno for the caller or prints.
  *
- * Threads: fsc_submit, fsc_flush and fsc_stats may be called concurrently
- * from any threads on the same client. fsc_close must be called exactly once,
+ * Threads: fsc_submit, fsc_flush, fsc_stats and fsc_poll_advice may be called
+ * concurrently from any threads on the same client. fsc_close must be called exactly once,
  * after every other call on that client has returned. A report (fsc_report)
  * belongs to one thread until it is submitted or freed. The Gram helpers are
  * pure functions and may run on any thread. */
@@ -116,6 +116,13 @@ struct fsc_options {
     const char *record_path; /* also write every submitted report to this file (see
                                 "Recordings" below); NULL: no recording */
     int record_only;         /* with record_path: no daemon at all, nothing is sent */
+    /* Fields below were added in 0.3. */
+    int advice;              /* non-zero: take Advice from the daemon (see "Advice" below) */
+    int resume;              /* non-zero: this attempt restarts from a checkpoint taken at
+                                resume_step (bump `attempt` too); the daemon evaluates the
+                                steps after it as this attempt's, from the run's state at
+                                resume_step ("Rewind" in README) */
+    uint64_t resume_step;
 };
 
 /* The smallest options struct fsc_open accepts (the 0.1 layout). */
@@ -138,6 +145,12 @@ struct fsc_stats {
     char last_error[FSC_ERROR_LEN]; /* most recent error text, "" if none */
     uint64_t recorded;        /* reports written to record_path */
     int record_failed;        /* 1 after a write to record_path failed: recording stopped */
+    /* 0.3 */
+    uint64_t advice_received; /* Advice frames received, resends included */
+    uint64_t advice_pending;  /* received, not yet taken with fsc_poll_advice */
+    uint64_t advice_taken;    /* taken with fsc_poll_advice (and acknowledged) */
+    uint64_t advice_dropped;  /* not kept: FSC_MAX_PENDING_ADVICE were pending (the daemon
+                                 sends them again after the next reconnect) */
 };
 
 /* Library version string, e.g. "0.1.0". Static storage, any thread. */
@@ -204,6 +217,54 @@ int fsc_close_timeout(fsc_client *c, int timeout_ms);
 
 /* fsc_close_timeout(c, 0): does not wait for acknowledgements. */
 void fsc_close(fsc_client *c);
+
+/* ---- Advice -----------------------------------------------------------------
+ * With options.advice set, the client tells the daemon (Hello capability)
+ * that it takes Advice: when an alert of the run fires (or an advised one
+ * resolves), the daemon sends an advice on every stream of the run. The I/O
+ * thread keeps what arrives (at most FSC_MAX_PENDING_ADVICE, oldest first,
+ * an advice_id once even when the daemon sends it again); the trainer takes
+ * them with fsc_poll_advice on its own thread, never by a callback from the
+ * I/O thread, so it may act on its training state right there. Taking an
+ * advice acknowledges it to the daemon (alert history: acked_at); one the
+ * trainer never took is sent again after a reconnect and to the next
+ * attempt. */
+#define FSC_MAX_PENDING_ADVICE 1024
+#define FSC_ADVICE_RULE_LEN 64
+#define FSC_ADVICE_LABEL_LEN 32
+#define FSC_ADVICE_SEVERITY_LEN 16
+
+enum fsc_advice_action {
+    FSC_ADVICE_CHECKPOINT = 1,          /* save a checkpoint now, go on training */
+    FSC_ADVICE_CHECKPOINT_AND_STOP = 2, /* save a checkpoint, then stop cleanly */
+    FSC_ADVICE_RESOLVED = 3,            /* the alert of an earlier advice resolved */
+    FSC_ADVICE_SUPERSEDED = 4,          /* ... or was superseded by a rewind */
+};
+
+struct fsc_advice {
+    size_t size;          /* caller sets sizeof(struct fsc_advice) before the call */
+    uint64_t advice_id;
+    int action;           /* enum fsc_advice_action */
+    uint64_t alert_id;    /* /api/v1/alerts/{alert_id} */
+    char rule[FSC_ADVICE_RULE_LEN];         /* detector rule, e.g. "qk.d2.erank" */
+    char label[FSC_ADVICE_LABEL_LEN];       /* attribution, e.g. "attention-numerics" */
+    char severity[FSC_ADVICE_SEVERITY_LEN]; /* "warning" | "critical" */
+    /* Steps; -1 when the daemon did not say. rollback_step: the last step
+     * before the span of the first breaching sample (a checkpoint at or
+     * before it predates the evidence). */
+    int64_t step, first_breach_step, fired_step, rollback_step;
+    int32_t layer, head, window, rank; /* the alert's scope; -1 (window 0): none */
+};
+
+/* Takes the oldest pending advice into *out (up to out->size bytes; 0 is
+ * taken as sizeof(struct fsc_advice)) and queues its acknowledgement.
+ * Returns 1 when one was taken, 0 when none is pending, -EINVAL. Never
+ * blocks on the network. Any thread. */
+int fsc_poll_advice(fsc_client *c, struct fsc_advice *out);
+
+/* "checkpoint", "checkpoint_and_stop", "resolved", "superseded", or
+ * "unknown". Static storage, any thread. */
+const char *fsc_advice_action_name(int action);
 
 /* ---- Reports ---------------------------------------------------------------
  * A report is one training step of one rank. Build it, then fsc_submit it.

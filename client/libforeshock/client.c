@@ -123,6 +123,8 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
                        FSC_MAX_MOE_LAYERS);
     if (o->record_only && !(o->record_path && o->record_path[0]))
         return fsc_err(err, errlen, -EINVAL, "record_only needs record_path");
+    if (o->resume && o->resume_step > INT64_MAX)
+        return fsc_err(err, errlen, -EINVAL, "resume_step must be below 2^63");
     return 0;
 }
 
@@ -154,6 +156,14 @@ static int pack_hello(const struct fsc_options *o, int with_token, uint8_t **out
         h.detect_from_step = o->detect_from_step;
     }
     h.client_name = (char *)(o->client_name ? o->client_name : "libforeshock/" FSC_VERSION);
+    if (o->advice) {
+        h.has_capabilities = 1;
+        h.capabilities = FORESHOCK__CAPABILITY__CAPABILITY_ADVICE;
+    }
+    if (o->resume) {
+        h.has_resume_step = 1;
+        h.resume_step = o->resume_step;
+    }
     if (model_given(ms)) {
 #define SET(field)                      \
     if (ms->field) {                    \
@@ -178,6 +188,7 @@ static int pack_hello(const struct fsc_options *o, int with_token, uint8_t **out
 static void release(fsc_client *c, int sync)
 {
     fsc_replay_clear(&c->replay);
+    fsc_advice_box_free(&c->advice);
     fsc_io_destroy(c);
     fsc_record_close(&c->rec);
     if (sync) {
@@ -247,6 +258,9 @@ int fsc_open(const struct fsc_options *in, fsc_client **out, char *err, size_t e
     c->handshake_timeout_ms = o.handshake_timeout_ms;
     c->log = o.log;
     c->log_ctx = o.log_ctx;
+    c->advice_on = o.advice && !o.record_only;
+    if (c->advice_on && (rc = fsc_advice_box_init(&c->advice)) < 0)
+        goto fail;
     if ((rc = pack_hello(&o, 1, &c->hello, &c->hello_len)) < 0)
         goto fail;
     if (o.record_path && o.record_path[0]) {
@@ -424,6 +438,10 @@ void fsc_stats(fsc_client *c, struct fsc_stats *s)
     t.failed = c->failed;
     t.recorded = c->rec.written;
     t.record_failed = c->rec.failed;
+    t.advice_received = c->advice.received;
+    t.advice_pending = c->advice.n;
+    t.advice_taken = c->advice.taken;
+    t.advice_dropped = c->advice.dropped;
     memcpy(t.last_error, c->last_error, sizeof(t.last_error));
     pthread_mutex_unlock(&c->mu);
     t.size = n;

@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "advice.h"
 #include "foreshock.h"
 #include "internal.h"
 #include "record.h"
@@ -40,6 +41,7 @@ struct fsc_client {
     int wake_rd, wake_wr; /* self-pipe: caller threads -> I/O thread */
     atomic_int wake_pending; /* a byte is in the pipe, or the I/O thread is about to look */
     int record_only; /* no I/O thread: reports only go to rec */
+    int advice_on;   /* options.advice: the Hello declared CAPABILITY_ADVICE */
     pthread_t thread;
     struct fsc_io *io;
 
@@ -54,6 +56,7 @@ struct fsc_client {
     int connected, failed, closing;
     char last_error[FSC_ERROR_LEN];
     struct fsc_recorder rec; /* record_path's writer (rec.f NULL: not recording) */
+    struct fsc_advice_box advice; /* allocated only with advice_on */
 };
 
 /* I/O thread: allocates its private state (called by fsc_open before the

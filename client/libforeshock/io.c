@@ -53,6 +53,8 @@ struct fsc_io {
 
     uint8_t *bye;
     size_t bye_len;
+    uint8_t *ackbuf;      /* AdviceAck frame being written (ctrl), owned */
+    size_t ack_n;         /* acks it holds */
     struct fsc_wire_reader rd;
 };
 
@@ -327,6 +329,29 @@ static int on_error(struct fsc_io *io, const Foreshock__Error *e)
     return -EPERM;
 }
 
+/* Keeps an advice for fsc_poll_advice (never a callback from here). */
+static int on_advice(struct fsc_io *io, const Foreshock__Advice *a)
+{
+    struct fsc_client *c = io->c;
+    int rc;
+
+    pthread_mutex_lock(&c->mu);
+    rc = fsc_advice_box_put(&c->advice, a);
+    pthread_mutex_unlock(&c->mu);
+    if (rc == -ENOBUFS)
+        io_log(io, FSC_LOG_WARN,
+               "advice %llu (%s, alert %llu) not kept: %d advices are pending untaken; the "
+               "daemon sends it again after a reconnect",
+               (unsigned long long)a->advice_id, fsc_advice_action_name((int)a->action),
+               (unsigned long long)a->alert_id, FSC_MAX_PENDING_ADVICE);
+    else if (rc == 1)
+        io_log(io, FSC_LOG_INFO, "advice %llu: %s (alert %llu, %s, step %lld)",
+               (unsigned long long)a->advice_id, fsc_advice_action_name((int)a->action),
+               (unsigned long long)a->alert_id, a->rule,
+               a->has_step ? (long long)a->step : -1LL);
+    return 0;
+}
+
 /* Handles one frame. 0 to go on, < 0 to end the connection. */
 static int on_frame(struct fsc_io *io, const Foreshock__Frame *f)
 {
@@ -347,6 +372,10 @@ static int on_frame(struct fsc_io *io, const Foreshock__Frame *f)
     case FORESHOCK__FRAME__BODY_BYE:
         io_log(io, FSC_LOG_INFO, "daemon said bye");
         return -ECONNRESET;
+    case FORESHOCK__FRAME__BODY_ADVICE:
+        if (!io->welcomed || !c->advice_on)
+            break;
+        return on_advice(io, f->advice);
     default:
         break;
     }
@@ -423,6 +452,33 @@ static struct fsc_entry *next_report(struct fsc_io *io)
     return fsc_replay_take(&c->replay);
 }
 
+/* Under mu: acknowledgements of taken advices wait to be written. */
+static int acks_ready(struct fsc_io *io)
+{
+    struct fsc_client *c = io->c;
+
+    return c->advice_on && io->welcomed && !io->bye_sent && c->advice.n_acks > 0;
+}
+
+/* Makes the AdviceAck frame of the queued acks the control frame to write.
+ * 1 when there is one. */
+static int pick_acks(struct fsc_io *io)
+{
+    struct fsc_client *c = io->c;
+    int rc = 0;
+
+    pthread_mutex_lock(&c->mu);
+    if (acks_ready(io) &&
+        fsc_advice_box_pack_acks(&c->advice, &io->ackbuf, &io->ctrl_len, &io->ack_n) == 0 &&
+        io->ackbuf) {
+        io->ctrl = io->ackbuf;
+        io->ctrl_off = 0;
+        rc = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 /* Picks the next thing to write. 1 when there is one, 0 when idle. */
 static int pick_write(struct fsc_io *io)
 {
@@ -430,6 +486,10 @@ static int pick_write(struct fsc_io *io)
     struct fsc_entry *e;
 
     if (io->ctrl || io->cur)
+        return 1;
+    /* Acks first: they are small, and before a Bye they are the trainer's
+     * last word on its advice. */
+    if (pick_acks(io))
         return 1;
     if (io->bye_queued) {
         if (io->bye_sent)
@@ -470,6 +530,13 @@ static void finish_report(struct fsc_io *io)
     io->cur = NULL;
 }
 
+static void drop_ackbuf(struct fsc_io *io)
+{
+    free(io->ackbuf);
+    io->ackbuf = NULL;
+    io->ack_n = 0;
+}
+
 /* Writes until the socket would block or nothing is left. */
 static int do_write(struct fsc_io *io)
 {
@@ -506,6 +573,11 @@ static int do_write(struct fsc_io *io)
                 if (io->ctrl == io->bye) {
                     io->bye_sent = 1;
                     shutdown(io->fd, SHUT_WR);
+                } else if (io->ctrl == io->ackbuf) {
+                    pthread_mutex_lock(&io->c->mu);
+                    fsc_advice_box_acks_sent(&io->c->advice, io->ack_n);
+                    pthread_mutex_unlock(&io->c->mu);
+                    drop_ackbuf(io);
                 }
                 io->ctrl = NULL;
             }
@@ -549,7 +621,7 @@ static void session(struct fsc_io *io)
 
         pthread_mutex_lock(&c->mu);
         is_closing = c->closing;
-        want_write = io->ctrl || io->cur || reports_ready(io);
+        want_write = io->ctrl || io->cur || reports_ready(io) || acks_ready(io);
         pthread_mutex_unlock(&c->mu);
         if (is_closing && !io->bye_queued) {
             if (!io->welcomed)
@@ -594,6 +666,7 @@ static void end_session(struct fsc_io *io)
     io->fd = -1;
     io->cur = NULL;
     io->ctrl = NULL;
+    drop_ackbuf(io); /* its acks stay queued: written on the next connection */
     pthread_mutex_lock(&c->mu);
     fsc_replay_sent(&c->replay);
     c->connected = 0;
@@ -681,6 +754,7 @@ void fsc_io_destroy(struct fsc_client *c)
     if (c->io->fd >= 0)
         close(c->io->fd);
     free(c->io->bye);
+    free(c->io->ackbuf);
     free(c->io);
     c->io = NULL;
 }

@@ -7,11 +7,12 @@ foreshockd. See client/python/README.md.
     ...
     mon.step(step, loss=loss, grad_norm=gn, lr=lr)   # once per optimizer step
 """
+from .advice import Advice, Rescue
 from .layouts import AttentionSpec, Discovery, RouterSpec, discover, find_attention, find_routers
 from .monitor import Monitor, parse_endpoint
 from .report import AttentionGram, Report, RouterGram, RouterTokens
 
 __version__ = "0.1.0"
-__all__ = ["Monitor", "AttentionSpec", "RouterSpec", "find_attention", "find_routers",
+__all__ = ["Monitor", "Advice", "Rescue", "AttentionSpec", "RouterSpec", "find_attention", "find_routers",
            "discover", "Discovery",
            "Report", "AttentionGram", "RouterGram", "RouterTokens", "parse_endpoint"]

@@ -60,7 +60,9 @@ class _Options(ctypes.Structure):
                 ("connect_timeout_ms", ctypes.c_uint), ("handshake_timeout_ms", ctypes.c_uint),
                 ("model", _ModelShape), ("client_name", ctypes.c_char_p),
                 ("log", _LOG_FN), ("log_ctx", ctypes.c_void_p), ("seed", ctypes.c_uint64),
-                ("record_path", ctypes.c_char_p), ("record_only", ctypes.c_int)]
+                ("record_path", ctypes.c_char_p), ("record_only", ctypes.c_int),
+                ("advice", ctypes.c_int), ("resume", ctypes.c_int),
+                ("resume_step", ctypes.c_uint64)]
 
 
 class _Stats(ctypes.Structure):
@@ -71,7 +73,25 @@ class _Stats(ctypes.Structure):
                 ("buffered_reports", ctypes.c_uint64), ("buffered_bytes", ctypes.c_uint64),
                 ("seq_offset", ctypes.c_uint64), ("connected", ctypes.c_int),
                 ("failed", ctypes.c_int), ("last_error", ctypes.c_char * ERROR_LEN),
-                ("recorded", ctypes.c_uint64), ("record_failed", ctypes.c_int)]
+                ("recorded", ctypes.c_uint64), ("record_failed", ctypes.c_int),
+                ("advice_received", ctypes.c_uint64), ("advice_pending", ctypes.c_uint64),
+                ("advice_taken", ctypes.c_uint64), ("advice_dropped", ctypes.c_uint64)]
+
+
+ADVICE_RULE_LEN, ADVICE_LABEL_LEN, ADVICE_SEVERITY_LEN = 64, 32, 16
+ADVICE_ACTIONS = {1: "checkpoint", 2: "checkpoint_and_stop", 3: "resolved", 4: "superseded"}
+
+
+class _Advice(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("advice_id", ctypes.c_uint64),
+                ("action", ctypes.c_int), ("alert_id", ctypes.c_uint64),
+                ("rule", ctypes.c_char * ADVICE_RULE_LEN),
+                ("label", ctypes.c_char * ADVICE_LABEL_LEN),
+                ("severity", ctypes.c_char * ADVICE_SEVERITY_LEN),
+                ("step", ctypes.c_int64), ("first_breach_step", ctypes.c_int64),
+                ("fired_step", ctypes.c_int64), ("rollback_step", ctypes.c_int64),
+                ("layer", ctypes.c_int32), ("head", ctypes.c_int32),
+                ("window", ctypes.c_int32), ("rank", ctypes.c_int32)]
 
 
 _F32P = ctypes.POINTER(ctypes.c_float)
@@ -104,6 +124,7 @@ _SIGNATURES = {
     "fsc_report_add_router_gram": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32, _F32P]),
     "fsc_report_add_router_tokens": (ctypes.c_int, [_vp, _u32, _u32, _u64, _dbl, _dbl, _dbl,
                                                     _U64P, _F64P]),
+    "fsc_poll_advice": (ctypes.c_int, [_vp, ctypes.POINTER(_Advice)]),
 }
 
 _lib_lock = threading.Lock()
@@ -223,7 +244,8 @@ class Client:
 
     def __init__(self, host, port, run_id, rank=0, world_size=1, attempt=0, token=None,
                  detect_from_step=0, replay_max_bytes=0, model=None, client_name=None,
-                 backoff_max_ms=0, lib_path=None, record_path=None, record_only=False):
+                 backoff_max_ms=0, lib_path=None, record_path=None, record_only=False,
+                 advice=False, resume_step=None):
         self.lib = load(lib_path)
         o = _Options()
         o.size = ctypes.sizeof(_Options)
@@ -240,6 +262,9 @@ class Client:
         o.replay_max_bytes = replay_max_bytes or 0
         o.backoff_max_ms = backoff_max_ms or 0
         o.client_name = self._keep[3] if client_name else None
+        o.advice = 1 if advice else 0
+        if resume_step is not None:
+            o.resume, o.resume_step = 1, int(resume_step)
         if record_path:
             self._keep.append(os.fsencode(record_path))
             o.record_path = self._keep[-1]
@@ -269,6 +294,31 @@ class Client:
         dropped and counted by the library)."""
         r = build_report(self.lib, rep)
         return self.lib.fsc_submit(self._h, r)
+
+    def poll_advice(self):
+        """Takes every advice the daemon sent and this client has not handed
+        over yet (each is then acknowledged to the daemon), oldest first:
+        a list of dicts. Never blocks on the network."""
+        out = []
+        a = _Advice()
+        while True:
+            a.size = ctypes.sizeof(_Advice)
+            rc = self.lib.fsc_poll_advice(self._h, ctypes.byref(a))
+            if rc <= 0:
+                return out
+            out.append({
+                "advice_id": a.advice_id, "action": ADVICE_ACTIONS.get(a.action, "unknown"),
+                "alert_id": a.alert_id, "rule": a.rule.decode(errors="replace"),
+                "label": a.label.decode(errors="replace") or None,
+                "severity": a.severity.decode(errors="replace") or None,
+                "step": a.step if a.step >= 0 else None,
+                "first_breach_step": a.first_breach_step if a.first_breach_step >= 0 else None,
+                "fired_step": a.fired_step if a.fired_step >= 0 else None,
+                "rollback_step": a.rollback_step if a.rollback_step >= 0 else None,
+                "layer": a.layer if a.layer >= 0 else None,
+                "head": a.head if a.head >= 0 else None,
+                "window": a.window if a.window > 0 else None,
+                "rank": a.rank if a.rank >= 0 else None})
 
     def flush(self, timeout_s):
         ms = -1 if timeout_s is None else int(timeout_s * 1000)

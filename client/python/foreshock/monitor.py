@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from . import sketch as sk
+from .advice import AdviceInbox
 from .layouts import discover
 from .report import AttentionGram, Report, RouterGram, RouterTokens
 
@@ -108,6 +109,15 @@ class Monitor:
     run          run id (1..128 of [A-Za-z0-9._:-]); default $FORESHOCK_RUN
     rank, world_size  stream identity; default from torch.distributed
     attempt      bump it when a crashed trainer restarts the same run
+    resume_step  with attempt bumped: this attempt restarts from a checkpoint
+                 taken at this step (the steps after it are re-done); the
+                 daemon evaluates them as this attempt's, from the run's
+                 state at that step (README "Rewind")
+    on_advice    fn(advice) called on the training thread, inside step(),
+                 for each advice the daemon sends (foreshock.advice; the
+                 common handler is foreshock.Rescue(save))
+    advice       take advice from the daemon (default True); without
+                 on_advice it collects in Monitor.advice
     windows      window lengths delta in steps (each a sketch of W(t) vs W(t-delta));
                  default a short and a long one, (10, 50): a biased fault
                  grows like the window, minibatch noise like its root, so
@@ -157,7 +167,8 @@ class Monitor:
                  layer_norms=True, token=None, detect_from_step=None,
                  replay_bytes=DEFAULT_REPLAY_BYTES, queue_reports=DEFAULT_QUEUE_REPORTS,
                  gram_dtype=torch.float32, transport=None, lib=None, client_name=None,
-                 backoff_max_s=None, record=None, optimizer=None):
+                 backoff_max_s=None, record=None, optimizer=None, on_advice=None, advice=True,
+                 resume_step=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if ddp else 0)
@@ -270,11 +281,15 @@ class Monitor:
                                client_name=client_name or "foreshock-python/0.1.0",
                                backoff_max_ms=int(backoff_max_s * 1000) if backoff_max_s else 0,
                                lib_path=lib, record_path=self.record_path,
-                               record_only=bool(self.record_path) and endpoint is None)
+                               record_only=bool(self.record_path) and endpoint is None,
+                               advice=bool(advice or on_advice), resume_step=resume_step)
             if self.record_path:
                 log.info("foreshock: recording run %s rank %d to %s%s", self.run, self.rank,
                          self.record_path, "" if endpoint else " (no endpoint: record only)")
         self.transport = transport
+        if on_advice is not None and not callable(on_advice):
+            raise ValueError("on_advice must be callable: fn(advice)")
+        self._inbox = AdviceInbox(transport, on_advice)
         self._sender = threading.Thread(target=self._send_loop, name="foreshock-sender",
                                         daemon=True)
         self._sender.start()
@@ -320,7 +335,9 @@ class Monitor:
         """Call once per optimizer step, after optimizer.step(), with the step
         number (the weights now are W(step)). loss and grad_norm may be
         floats or tensors (tensors are read on the background thread, so
-        no GPU sync happens here). Never blocks on the network."""
+        no GPU sync happens here). Never blocks on the network. Advice the
+        daemon sent is handed to on_advice at the end of the call, on this
+        thread (under torch.no_grad(), as the rest of step())."""
         t0 = time.perf_counter()
         if self._closed:
             raise RuntimeError("foreshock.Monitor.step after close()")
@@ -357,6 +374,9 @@ class Monitor:
         self._stage_to_host(job)
         self._enqueue(job)
         dt = time.perf_counter() - t0
+        # Advice is handed over here, on the training thread (never from the
+        # sender or libforeshock's thread); the handler's time is its own.
+        self._inbox.poll(step)
         o = self._overhead
         o["steps"] += 1
         o["seconds"] += dt
@@ -529,6 +549,12 @@ class Monitor:
             self._conn_state = state
 
     # ---- control -----------------------------------------------------------------------------
+
+    @property
+    def advice(self):
+        """Advices received and not handled by on_advice (a list the caller
+        may act on and clear), oldest first."""
+        return self._inbox.pending
 
     def stats(self):
         """Counters: the transport's (submitted, acked, dropped, buffered_*,
