@@ -246,6 +246,8 @@ enum {
     AS_OWED,
     AS_SENT,
     AS_ACKED,
+    AS_REWOUND,
+    AS_FIRE_STREAMS,
     AS_COUNT
 };
 
@@ -265,7 +267,7 @@ static const char *const as_sql[AS_COUNT] = {
      * (resolved, superseded) only to streams that were sent its question. */
     [AS_OWED] = "SELECT a.id, a.alert_id, a.action, a.rule, a.label, a.severity, a.step, "
                 "a.first_breach_step, a.fired_step, a.rollback_step, al.layer, al.head, "
-                "al.\"window\", al.rank FROM advice a JOIN alerts al ON al.id = a.alert_id "
+                "al.\"window\", al.rank, a.fire_id FROM advice a JOIN alerts al ON al.id = a.alert_id "
                 "WHERE a.run_id = ?1 AND a.closed_at IS NULL AND (a.fire_id IS NULL OR EXISTS "
                 "(SELECT 1 FROM advice_deliveries d WHERE d.advice_id = a.fire_id "
                 "AND d.stream_id = ?2 AND d.sends > 0)) AND NOT EXISTS (SELECT 1 FROM "
@@ -280,6 +282,14 @@ static const char *const as_sql[AS_COUNT] = {
                  "SELECT ?1, ?2, ?3" DELIVERY_OF_RUN
                  "ON CONFLICT (advice_id, stream_id) DO UPDATE SET "
                  "acked_at = COALESCE(acked_at, excluded.acked_at)",
+    [AS_FIRE_STREAMS] = "SELECT stream_id FROM advice_deliveries WHERE advice_id = ?1 "
+                        "AND sends > 0 ORDER BY stream_id",
+    /* Open firing advices of incidents that opened after a rewind's step. */
+    [AS_REWOUND] = "SELECT a.id, a.alert_id, a.event_id, a.action, a.rule, a.label, a.severity, "
+                   "a.first_breach_step, a.fired_step, a.rollback_step, al.layer, al.head, "
+                   "al.\"window\", al.rank FROM advice a JOIN alerts al ON al.id = a.alert_id "
+                   "WHERE a.run_id = ?1 AND a.closed_at IS NULL AND a.action IN (1, 2) "
+                   "AND a.first_breach_step > ?2 ORDER BY a.id",
 };
 
 struct advice_store {
@@ -345,7 +355,7 @@ int advice_store_event(struct advice_store *as, const struct advice_policy *p,
     int rc;
     if (ev->to_state == ALERT_FIRING) {
         action = advice_decide(p, ev->label, ev->severity);
-    } else if (ev->to_state == ALERT_RESOLVED) {
+    } else if (ev->to_state == ALERT_RESOLVED || ev->to_state == ALERT_SUPERSEDED) {
         /* Only a firing that was advised gets its answer. */
         rc = sqlite3_bind_int64(as->st[AS_OPEN_FIRE], 1, ev->alert_id);
         if (rc != SQLITE_OK)
@@ -354,7 +364,7 @@ int advice_store_event(struct advice_store *as, const struct advice_policy *p,
         if (rc != SQLITE_ROW && rc != SQLITE_DONE)
             return rc;
         if (rc == SQLITE_ROW)
-            action = ADVICE_RESOLVED;
+            action = ev->to_state == ALERT_RESOLVED ? ADVICE_RESOLVED : ADVICE_SUPERSEDED;
     }
     if (action == ADVICE_NONE)
         return SQLITE_OK;
@@ -387,7 +397,7 @@ int advice_store_event(struct advice_store *as, const struct advice_policy *p,
                                .first_breach_step = ev->first_breach_step,
                                .fired_step = ev->fired_step, .rollback_step = rollback,
                                .layer = ev->layer, .head = ev->head, .window = ev->window,
-                               .rank = ev->rank};
+                               .rank = ev->rank, .fire_id = fire_id > 0 ? fire_id : 0};
     copy_text(out->rule, sizeof(out->rule), ev->rule);
     copy_text(out->label, sizeof(out->label), ev->label);
     copy_text(out->severity, sizeof(out->severity), ev->severity);
@@ -398,6 +408,86 @@ int advice_store_event(struct advice_store *as, const struct advice_policy *p,
 static int64_t col_step(sqlite3_stmt *st, int i)
 {
     return sqlite3_column_type(st, i) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, i);
+}
+
+int advice_store_rewind(struct advice_store *as, int64_t run_id, uint64_t resume_step, double now,
+                        int (*cb)(void *ctx, const struct advice_msg *m), void *ctx)
+{
+    /* Read first, then write: the answers go into the table being read. */
+    struct rewound {
+        struct advice_msg m;
+        int64_t event_id;
+    } *v = NULL;
+    size_t n = 0, cap = 0;
+    sqlite3_stmt *st = as->st[AS_REWOUND];
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, (int64_t)resume_step);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (n == cap) {
+            size_t c = cap ? cap * 2 : 16;
+            struct rewound *p = realloc(v, c * sizeof(*p));
+            if (!p) {
+                rc = SQLITE_NOMEM;
+                break;
+            }
+            v = p;
+            cap = c;
+        }
+        struct rewound *r = &v[n++];
+        r->event_id = sqlite3_column_int64(st, 2);
+        r->m = (struct advice_msg){.id = sqlite3_column_int64(st, 0), .run_id = run_id,
+                                   .alert_id = sqlite3_column_int64(st, 1),
+                                   .action = ADVICE_SUPERSEDED, .step = (int64_t)resume_step,
+                                   .first_breach_step = col_step(st, 7),
+                                   .fired_step = col_step(st, 8),
+                                   .rollback_step = col_step(st, 9),
+                                   .layer = sqlite3_column_int(st, 10),
+                                   .head = sqlite3_column_int(st, 11),
+                                   .window = sqlite3_column_int(st, 12),
+                                   .rank = sqlite3_column_int(st, 13)};
+        copy_text(r->m.rule, sizeof(r->m.rule), (const char *)sqlite3_column_text(st, 4));
+        copy_text(r->m.label, sizeof(r->m.label), (const char *)sqlite3_column_text(st, 5));
+        copy_text(r->m.severity, sizeof(r->m.severity), (const char *)sqlite3_column_text(st, 6));
+    }
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (rc != SQLITE_DONE) {
+        free(v);
+        return rc == SQLITE_ROW ? SQLITE_ERROR : rc;
+    }
+    rc = SQLITE_OK;
+    for (size_t i = 0; i < n && rc == SQLITE_OK; i++) {
+        struct advice_msg *m = &v[i].m;
+        int64_t fire_id = m->id;
+        m->fire_id = fire_id;
+        st = as->st[AS_CLOSE_ALERT];
+        sqlite3_bind_int64(st, 1, m->alert_id);
+        sqlite3_bind_double(st, 2, now);
+        if ((rc = step1(st, NULL)) != SQLITE_DONE)
+            break;
+        st = as->st[AS_INSERT];
+        sqlite3_bind_int64(st, 1, run_id);
+        sqlite3_bind_int64(st, 2, m->alert_id);
+        sqlite3_bind_int64(st, 3, v[i].event_id);
+        sqlite3_bind_int(st, 4, ADVICE_SUPERSEDED);
+        sqlite3_bind_int64(st, 5, fire_id);
+        sqlite3_bind_text(st, 6, m->rule, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 7, m->label, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 8, m->severity, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 9, m->step);
+        bind_step(st, 10, m->first_breach_step);
+        bind_step(st, 11, m->fired_step);
+        bind_step(st, 12, m->rollback_step);
+        sqlite3_bind_double(st, 13, now);
+        if ((rc = step1(st, &m->id)) != SQLITE_ROW) {
+            rc = rc == SQLITE_DONE ? SQLITE_ERROR : rc;
+            break;
+        }
+        rc = cb ? cb(ctx, m) : SQLITE_OK;
+    }
+    free(v);
+    return rc;
 }
 
 int advice_store_owed(struct advice_store *as, int64_t run_id, int64_t stream_id, size_t max,
@@ -423,7 +513,8 @@ int advice_store_owed(struct advice_store *as, int64_t run_id, int64_t stream_id
                                .layer = sqlite3_column_int(st, 10),
                                .head = sqlite3_column_int(st, 11),
                                .window = sqlite3_column_int(st, 12),
-                               .rank = sqlite3_column_int(st, 13)};
+                               .rank = sqlite3_column_int(st, 13),
+                               .fire_id = sqlite3_column_int64(st, 14)};
         copy_text(m.rule, sizeof(m.rule), (const char *)sqlite3_column_text(st, 3));
         copy_text(m.label, sizeof(m.label), (const char *)sqlite3_column_text(st, 4));
         copy_text(m.severity, sizeof(m.severity), (const char *)sqlite3_column_text(st, 5));
@@ -435,6 +526,21 @@ int advice_store_owed(struct advice_store *as, int64_t run_id, int64_t stream_id
     if (stop)
         return stop;
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+int advice_store_fire_streams(struct advice_store *as, int64_t fire_id,
+                              int (*cb)(void *ctx, int64_t stream_id), void *ctx)
+{
+    sqlite3_stmt *st = as->st[AS_FIRE_STREAMS];
+    sqlite3_bind_int64(st, 1, fire_id);
+    int rc, stop = 0;
+    while (!stop && (rc = sqlite3_step(st)) == SQLITE_ROW)
+        stop = cb(ctx, sqlite3_column_int64(st, 0));
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (stop)
+        return stop;
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
 int advice_store_delivery(struct advice_store *as, int64_t advice_id, int64_t stream_id,

@@ -95,6 +95,7 @@ struct advice_msg {
     char severity[ADVICE_SEVERITY_MAX];
     int64_t step, first_breach_step, fired_step, rollback_step; /* -1: none */
     int32_t layer, head, window, rank; /* -1 (window: 0): not applicable */
+    int64_t fire_id; /* an answer (resolved, superseded): the firing advice it answers; 0: none */
 };
 
 /* The last step before the span of the first breaching sample: first_breach
@@ -139,7 +140,8 @@ void advice_store_close(struct advice_store *as);
  * A firing transition the policy advises on closes the alert's earlier
  * advices and inserts a firing advice; a resolving one closes the open
  * firing advice of the alert and inserts the resolving advice that answers
- * it (none when the firing was not advised). *made is set and *out filled
+ * it (none when the firing was not advised); a superseding one (a rewind)
+ * likewise, with a superseded answer. *made is set and *out filled
  * when a row was inserted. SQLite rc. */
 struct advice_event {
     int64_t run_id, alert_id, event_id;
@@ -151,6 +153,20 @@ struct advice_event {
 int advice_store_event(struct advice_store *as, const struct advice_policy *p,
                        const struct advice_event *ev, double now, struct advice_msg *out,
                        bool *made);
+
+/* A rewind of run_id to resume_step (attempts.h): every open firing advice
+ * whose incident's first breach is after resume_step is closed and answered
+ * with a superseded advice (owed to the streams that had it), in the
+ * Hello's transaction, before the new attempt's owed advice is looked up.
+ * cb gets each answer. SQLite rc (or cb's non-zero value). */
+int advice_store_rewind(struct advice_store *as, int64_t run_id, uint64_t resume_step, double now,
+                        int (*cb)(void *ctx, const struct advice_msg *m), void *ctx);
+
+/* The streams that were sent the firing advice fire_id (an answer is owed
+ * to those only): cb(ctx, stream_id) for each; cb returns 0 to go on.
+ * SQLite rc (or cb's non-zero value). */
+int advice_store_fire_streams(struct advice_store *as, int64_t fire_id,
+                              int (*cb)(void *ctx, int64_t stream_id), void *ctx);
 
 /* What stream_id (of run_id) is owed, oldest first: calls cb for at most
  * max advices; cb returns 0 to go on. *more is set when more were owed.

@@ -136,6 +136,8 @@ int alert_step(struct alert_state *st, const struct detect_rule *rule,
         case ALERT_INACTIVE:
             change = ALERT_CHANGE_TO_INACTIVE;
             break;
+        case ALERT_SUPERSEDED: /* never a lifecycle target: rows only */
+            break;
         }
         enter(st, to, now);
     }
@@ -370,6 +372,8 @@ const char *alert_state_name(enum alert_state_id s)
         return "firing";
     case ALERT_RESOLVED:
         return "resolved";
+    case ALERT_SUPERSEDED:
+        return "superseded";
     }
     return "unknown";
 }
@@ -387,6 +391,8 @@ const char *alert_change_name(enum alert_change c)
         return "to_resolved";
     case ALERT_CHANGE_TO_INACTIVE:
         return "to_inactive";
+    case ALERT_CHANGE_TO_SUPERSEDED:
+        return "to_superseded";
     }
     return "unknown";
 }

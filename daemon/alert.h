@@ -20,6 +20,10 @@
  *   FIRING   --resolve_after consecutive normal samples--> RESOLVED
  *   RESOLVED --breach--> PENDING (a new incident)
  *
+ * A rewind (a trainer restarted from a checkpoint at step s, stage.h) ends
+ * an incident that opened after s as SUPERSEDED: a state of the stored row
+ * and its event only; the lifecycle state is then rebuilt as it was at s.
+ *
  * A non-finite value, or a rule with persistence 1, goes straight to FIRING
  * from INACTIVE, RESOLVED or PENDING; a non-finite incident is critical.
  * Absent samples change nothing (they neither extend nor break a run of
@@ -32,6 +36,7 @@ enum alert_state_id {
     ALERT_PENDING = 1,
     ALERT_FIRING = 2,
     ALERT_RESOLVED = 3,
+    ALERT_SUPERSEDED = 4, /* stored rows only: ended by a rewind (never in a blob) */
 };
 
 /* What one alert_step did. Pinned too (alert_events rows). */
@@ -41,6 +46,7 @@ enum alert_change {
     ALERT_CHANGE_TO_FIRING = 2,
     ALERT_CHANGE_TO_RESOLVED = 3,
     ALERT_CHANGE_TO_INACTIVE = 4,
+    ALERT_CHANGE_TO_SUPERSEDED = 5, /* a rewind ended the incident (stage.h) */
 };
 
 /* Attribution labels. Pinned. */
@@ -179,7 +185,8 @@ uint64_t alert_fnv1a64(const void *data, size_t n);
 int alert_state_encode(const struct alert_state *st, uint8_t *buf, size_t len);
 int alert_state_decode(struct alert_state *st, const uint8_t *buf, size_t len);
 
-/* Static names: "inactive".., "to_pending".., "attention-numerics"..;
+/* Static names: "inactive".., "superseded", "to_pending".., "to_superseded",
+ * "attention-numerics"..;
  * "unknown" for values out of range. */
 const char *alert_state_name(enum alert_state_id s);
 const char *alert_change_name(enum alert_change c);

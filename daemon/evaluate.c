@@ -372,6 +372,21 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
     return 1;
 }
 
+int eval_feed_stored(struct eval_run *er, struct eval_batch *b, const struct store_series_key *k,
+                     uint64_t step, double value, bool present, int64_t detect_from_step)
+{
+    char rule[DETECT_NAME_MAX];
+    if (strcmp(k->name, "lr") == 0 && k->rank == 0 && k->layer == -1 && present)
+        eval_progress_lr(er, step, value);
+    if (!eval_input_rule(er->rules, k, rule, sizeof(rule)))
+        return 0;
+    struct eval_track *t = eval_track_get(er, k, rule);
+    if (!t)
+        return -ENOMEM;
+    /* Time is not part of any decision: alert_step only stores it. */
+    return eval_feed(er, b, t, step, value, present, -1, detect_from_step, 0);
+}
+
 void eval_batch_reset(struct eval_batch *b)
 {
     b->n = 0;

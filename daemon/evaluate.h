@@ -147,6 +147,15 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
               double value, bool present, int32_t argmin_head, int64_t detect_from_step,
               double now);
 
+/* One stored point (store_read.h's order: by step), fed as the live stage
+ * fed it: rank 0's learning rate to training progress, a detected series
+ * (eval_input_rule) to its track (eval_feed, no argmin head, time 0). The
+ * one path of `foreshock backtest` and of a rewind's rebuild (stage.h).
+ * Returns 1 when fed, 0 when k is no input or the step was seen, or
+ * -ENOMEM / -EINVAL. */
+int eval_feed_stored(struct eval_run *er, struct eval_batch *b, const struct store_series_key *k,
+                     uint64_t step, double value, bool present, int64_t detect_from_step);
+
 /* Labels every event of b not yet labeled (the caller has fed every sample
  * of their steps). */
 void eval_label_all(struct eval_run *er, struct eval_batch *b);

@@ -264,7 +264,7 @@ static const struct route routes[] = {
      .fn = http_alerts_list,
      .db = true,
      .params = {"run", "state", "severity", "label", "rule", "layer", "head", "window", "rank",
-                "since", "until", "from_step", "to_step", "limit", "after"},
+                "since", "until", "from_step", "to_step", "limit", "after", "attempt"},
      .repeat = {"state"}},
     {.pattern = "/api/v1/alerts/*", .fn = http_alerts_get, .db = true},
     {.pattern = "/api/v1/silences",

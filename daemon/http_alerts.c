@@ -14,10 +14,11 @@
  * Absent: *mask = 0. Any empty or unknown item is a 400. */
 static int param_states(struct ctx *c, unsigned *mask)
 {
-    static const char *const names[] = {"inactive", "pending", "firing", "resolved", "open"};
+    static const char *const names[] = {"inactive", "pending", "firing", "resolved",
+                                        "superseded", "open"};
     static const unsigned bits[] = {
         1u << ALERT_INACTIVE, 1u << ALERT_PENDING, 1u << ALERT_FIRING, 1u << ALERT_RESOLVED,
-        (1u << ALERT_PENDING) | (1u << ALERT_FIRING)};
+        1u << ALERT_SUPERSEDED, (1u << ALERT_PENDING) | (1u << ALERT_FIRING)};
     _Static_assert(sizeof names / sizeof names[0] == sizeof bits / sizeof bits[0], "states");
     uint32_t given;
     int rc = http_param_enum_set(c, "state", names, sizeof names / sizeof names[0], &given);
@@ -65,6 +66,7 @@ static const char *const alert_state_names[] = {
     [ALERT_PENDING] = "pending",
     [ALERT_FIRING] = "firing",
     [ALERT_RESOLVED] = "resolved",
+    [ALERT_SUPERSEDED] = "superseded",
 };
 #define ALERT_STATE_COUNT (sizeof alert_state_names / sizeof alert_state_names[0])
 
@@ -135,6 +137,7 @@ static json_t *event_json(sqlite3_stmt *st)
     rc |= oset(o, "at", col_real(st, 5));
     rc |= oset(o, "attribution", col_text(st, 6));
     rc |= oset(o, "evidence", http_col_json_object(st, 7, HTTP_MAX_EVIDENCE_JSON_BYTES));
+    rc |= oset(o, "attempt", col_int(st, 8));
     if (rc != 0) {
         json_decref(o);
         return NULL;
@@ -285,8 +288,9 @@ int http_alerts_list(struct ctx *c)
 {
     const char *run, *severity, *label, *rule;
     unsigned states;
-    int64_t layer, head, window, rank, from_step, to_step, limit, before;
-    bool has_layer, has_head, has_window, has_rank, has_from, has_to, has_since, has_until;
+    int64_t layer, head, window, rank, from_step, to_step, limit, before, attempt;
+    bool has_layer, has_head, has_window, has_rank, has_from, has_to, has_since, has_until,
+        has_attempt;
     double since = 0, until = 0;
     if (http_param_text(c, "run", false, &run) != 0 || param_states(c, &states) != 0 ||
         http_param_enum(c, "severity", severity_names,
@@ -302,6 +306,7 @@ int http_alerts_list(struct ctx *c)
         param_time(c, "until", &until, &has_until) != 0 ||
         http_param_int(c, "from_step", 0, INT64_MAX, 0, &from_step, &has_from) != 0 ||
         http_param_int(c, "to_step", 0, INT64_MAX, INT64_MAX, &to_step, &has_to) != 0 ||
+        http_param_int(c, "attempt", 0, UINT32_MAX, 0, &attempt, &has_attempt) != 0 ||
         http_param_limit(c, &limit) != 0 || http_param_before(c, &before) != 0)
         return 0;
     if (has_since && has_until && since > until)
@@ -327,10 +332,11 @@ int http_alerts_list(struct ctx *c)
     sqlite3_bind_int64(st, 2, before);
     /* ALERTS_ARMS has one arm per state: a new state needs a new arm */
     _Static_assert(ALERT_STATE_COUNT == HTTP_MAX_ALERT_STATE_ARMS, "one SQL arm per state");
+    static const int arm_param[HTTP_MAX_ALERT_STATE_ARMS] = {3, 4, 5, 6, 20};
     int arm = 0;
     for (unsigned k = 0; k < ALERT_STATE_COUNT && arm < HTTP_MAX_ALERT_STATE_ARMS; k++)
         if (states & (1u << k))
-            sqlite3_bind_int64(st, 3 + arm++, (int64_t)k);
+            sqlite3_bind_int64(st, arm_param[arm++], (int64_t)k);
     if (severity != NULL)
         sqlite3_bind_text(st, 7, severity, -1, SQLITE_STATIC);
     if (label != NULL)
@@ -354,6 +360,8 @@ int http_alerts_list(struct ctx *c)
     if (has_to)
         sqlite3_bind_int64(st, 17, to_step);
     sqlite3_bind_int64(st, 18, limit + 1);
+    if (has_attempt)
+        sqlite3_bind_int64(st, 19, attempt);
     struct active_silences ss;
     if (silences_load(c, &ss) != 0) {
         stmt_done(st);

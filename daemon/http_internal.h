@@ -69,7 +69,8 @@
 #define HTTP_MAX_ALERT_HISTORY 1000          /* latest transitions shown in /alerts/{id} */
 #define HTTP_MAX_ALERT_ADVICE 4096           /* advice deliveries shown in /alerts/{id}, latest */
 #define HTTP_MAX_EVIDENCE_JSON_BYTES 4096u   /* alert_events.evidence_json larger: shown as null */
-#define HTTP_MAX_ALERT_STATE_ARMS 4          /* one index range per state in a state filter */
+#define HTTP_MAX_ALERT_STATE_ARMS 5          /* one index range per state in a state filter */
+#define HTTP_MAX_ATTEMPTS 65536              /* attempts listed in /runs/{run} */
 
 #define LOG_MOD "http"
 
@@ -84,6 +85,7 @@ enum stmt_id {
     STMT_RUN_BY_NAME,
     STMT_RUN_STREAMS,
     STMT_RUN_ID,
+    STMT_RUN_ATTEMPTS,
     STMT_SERIES_BY_NAME,
     STMT_SERIES_FILTER,
     STMT_SERIES_ONE,

@@ -159,6 +159,50 @@ static int streams_detail(struct ctx *c, int64_t run_id, json_t **out)
     return 0;
 }
 
+/* "attempts" of one run in attempt order: {attempt, resume_step (null: a
+ * plain restart), started_at, rebuilt_at (a rewind's state rebuilt; null:
+ * not a rewind, or not yet)}. Returns 0 and *out, or a negative code with
+ * the reply set. */
+static int run_attempts(struct ctx *c, int64_t run_id, json_t **out)
+{
+    sqlite3_stmt *st = c->dbc->st[STMT_RUN_ATTEMPTS];
+    json_t *arr = json_array();
+    if (arr == NULL) {
+        http_reply_oom(c);
+        return -ENOMEM;
+    }
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, HTTP_MAX_ATTEMPTS);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        json_t *o = json_object();
+        int e = o == NULL;
+        if (o != NULL) {
+            e |= oset(o, "attempt", col_int(st, 0));
+            e |= oset(o, "resume_step", col_int(st, 1));
+            e |= oset(o, "started_at", col_real(st, 2));
+            e |= oset(o, "rebuilt_at", col_real(st, 3));
+        }
+        if (e != 0 || aadd(arr, o) != 0) {
+            if (e != 0)
+                json_decref(o);
+            stmt_done(st);
+            json_decref(arr);
+            http_reply_oom(c);
+            return -ENOMEM;
+        }
+    }
+    if (rc != SQLITE_DONE) {
+        http_reply_db_error(c, "run attempts", rc);
+        stmt_done(st);
+        json_decref(arr);
+        return -EIO;
+    }
+    stmt_done(st);
+    *out = arr;
+    return 0;
+}
+
 /* Adds "incomplete": n and "alerts": {"firing": n, "pending": n} to run.
  * Returns 0, or a negative code with the reply set. */
 static int run_counts(struct ctx *c, int64_t run_id, json_t *run)
@@ -210,6 +254,15 @@ int http_runs_get(struct ctx *c)
         return 0;
     }
     if (oset(run, "streams_detail", streams) != 0) { /* consumed streams */
+        json_decref(run);
+        return http_reply_oom(c);
+    }
+    json_t *attempts = NULL;
+    if (run_attempts(c, run_id, &attempts) != 0) {
+        json_decref(run);
+        return 0;
+    }
+    if (oset(run, "attempts", attempts) != 0) { /* consumed attempts */
         json_decref(run);
         return http_reply_oom(c);
     }

@@ -9,7 +9,8 @@
  *   ?1 run id, ?2 ids below this (keyset, newest first), ?3..?6 one state
  *   per arm (NULL: arm unused), ?7 severity, ?8 attribution, ?9 rule,
  *   ?10 layer, ?11 head, ?12 window, ?13 rank, ?14/?15 updated_at range,
- *   ?16/?17 first_breach_step range, ?18 rows wanted (limit + 1).
+ *   ?16/?17 first_breach_step range, ?18 rows wanted (limit + 1), ?19 an
+ *   attempt the alert has a transition in, ?20 the fifth state arm.
  * CROSS JOIN keeps alerts the outer loop, so the index order is the output
  * order and no sort happens. */
 #define ALERTS_FROM " FROM alerts a CROSS JOIN runs r ON r.id = a.run_id "
@@ -20,7 +21,9 @@
     "AND (?13 IS NULL OR a.rank = ?13) "                                                  \
     "AND (?14 IS NULL OR a.updated_at >= ?14) AND (?15 IS NULL OR a.updated_at <= ?15) "   \
     "AND (?16 IS NULL OR a.first_breach_step >= ?16) "                                    \
-    "AND (?17 IS NULL OR a.first_breach_step <= ?17) "
+    "AND (?17 IS NULL OR a.first_breach_step <= ?17) "                                    \
+    "AND (?19 IS NULL OR EXISTS (SELECT 1 FROM alert_events e WHERE e.alert_id = a.id "     \
+    "AND e.attempt = ?19)) "
 #define ALERTS_ORDER "ORDER BY a.id DESC LIMIT ?18"
 /* A state filter is a union of states: IN (...) on alerts_by_state would
  * sort every matching row, so each state is its own index range, already
@@ -31,7 +34,8 @@
     " AND a.id < ?2 " ALERTS_POST ALERTS_ORDER ")"
 #define ALERTS_ARMS(run)                                                                  \
     ALERTS_ARM(run, "3") " UNION ALL " ALERTS_ARM(run, "4") " UNION ALL "                   \
-    ALERTS_ARM(run, "5") " UNION ALL " ALERTS_ARM(run, "6") " ORDER BY 1 DESC LIMIT ?18"
+    ALERTS_ARM(run, "5") " UNION ALL " ALERTS_ARM(run, "6") " UNION ALL "                   \
+    ALERTS_ARM(run, "20") " ORDER BY 1 DESC LIMIT ?18"
 
 static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_BEGIN] = "BEGIN",
@@ -43,6 +47,8 @@ static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_RUN_STREAMS] = "SELECT attempt, rank, last_seq, reports, created_at, last_seen_at "
                          "FROM streams WHERE run_id = ?1 ORDER BY attempt, rank LIMIT ?2",
     [STMT_RUN_ID] = "SELECT id FROM runs WHERE name = ?1",
+    [STMT_RUN_ATTEMPTS] = "SELECT attempt, resume_step, started_at, rebuilt_at FROM attempts "
+                          "WHERE run_id = ?1 ORDER BY attempt LIMIT ?2",
     /* name given: a range scan of series_by_name (run_id, name, rowid),
      * already in id order. */
     [STMT_SERIES_BY_NAME] = "SELECT " SERIES_COLUMNS " FROM series s "
@@ -91,7 +97,7 @@ static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_ALERT_ONE] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id = ?1",
     /* newest first so that LIMIT keeps the latest; reversed in C */
     [STMT_ALERT_HISTORY] = "SELECT id, change, from_state, to_state, step, at, attribution, "
-                           "evidence_json FROM alert_events WHERE alert_id = ?1 "
+                           "evidence_json, attempt FROM alert_events WHERE alert_id = ?1 "
                            "ORDER BY id DESC LIMIT ?2",
     /* newest first so that LIMIT keeps the latest; regrouped in C */
     [STMT_ALERT_ADVICE] = "SELECT a.id, a.action, a.step, a.rule, a.label, a.severity, "

@@ -428,6 +428,8 @@ static void on_hello(struct conn *c, const Foreshock__Hello *h)
     c->advice.enabled = h->has_capabilities &&
                         (h->capabilities & FORESHOCK__CAPABILITY__CAPABILITY_ADVICE);
     it->hello.advice = c->advice.enabled;
+    it->hello.has_resume_step = h->has_resume_step;
+    it->hello.resume_step = h->resume_step;
     c->rank = h->rank;
     snprintf(c->run_name, sizeof(c->run_name), "%s", h->run_id);
     c->hello = (struct run_hello){.rank = h->rank, .world_size = h->world_size,
@@ -799,6 +801,12 @@ static void on_hello_done(struct conn *c, const struct store_result *r)
         log_limited(&c->ing->rl_limit, LOG_LEVEL_ERROR, "ingest",
                     "conn %llu: out of memory registering run %s with the monitors",
                     (unsigned long long)c->id, c->run_name);
+    else if (c->ing->opts.stage &&
+             stage_attempt(c->ing->opts.stage, r->run_id, r->stream_id, r->attempt,
+                           &r->run_attempt) < 0)
+        log_limited(&c->ing->rl_limit, LOG_LEVEL_ERROR, "ingest",
+                    "conn %llu: out of memory registering the attempt of run %s",
+                    (unsigned long long)c->id, c->run_name);
     free((void *)c->hello.moe_layers);
     c->hello.moe_layers = NULL;
     c->hello.n_moe_layers = 0;
@@ -866,8 +874,8 @@ static void send_advice(struct conn *c, const struct advice_msg *m)
 }
 
 /* A committed advice: owed to one connection's stream (conn_id, right
- * after its Welcome), or new, for every connection of its run that takes
- * advice. */
+ * after its Welcome), or new, for the connections of its run that take
+ * advice (all, or those of one stream: an answer to a firing advice). */
 static void deliver_advice(struct ingest *ing, const struct store_result *r)
 {
     if (r->conn_id) {
@@ -878,7 +886,7 @@ static void deliver_advice(struct ingest *ing, const struct store_result *r)
     }
     for (struct conn *c = ing->head; c; c = c->next)
         if (!c->closing && c->state == STREAMING && c->advice.enabled &&
-            c->run_id == r->run_id)
+            c->run_id == r->run_id && (!r->stream_id || r->stream_id == c->stream_id))
             send_advice(c, &r->advice);
 }
 

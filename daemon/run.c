@@ -767,6 +767,24 @@ struct run_bucket *run_take_front(struct run_registry *reg, struct run *run)
     return run->buckets ? take_front(reg, run) : NULL;
 }
 
+size_t run_drop_after(struct run *run, uint64_t step)
+{
+    size_t n = 0;
+    struct run_bucket **p = &run->buckets;
+    while (*p && (*p)->step <= step)
+        p = &(*p)->next;
+    while (*p) { /* ascending: everything from here on is after step */
+        struct run_bucket *b = *p;
+        *p = b->next;
+        run->n_buckets--;
+        bucket_free(b);
+        n++;
+    }
+    if (run->done_step > (int64_t)step)
+        run->done_step = (int64_t)step;
+    return n;
+}
+
 const char *run_group_kind_name(enum run_group_kind k)
 {
     switch (k) {

@@ -245,6 +245,11 @@ struct run_bucket *run_take_front(struct run_registry *reg, struct run *run);
  * data at or below it counts as late. */
 void run_set_done_step(struct run *run, int64_t step);
 
+/* A rewind to step (rewind.h): frees the run's pending buckets of steps
+ * after step and lowers the last taken step to step when it was above, so
+ * that re-done steps are not late. Returns the buckets dropped. */
+size_t run_drop_after(struct run *run, uint64_t step);
+
 /* Frees a taken bucket and returns its bytes to the registry. NULL is a
  * no-op. Owner thread. */
 void run_bucket_free(struct run_bucket *b);

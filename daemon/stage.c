@@ -18,6 +18,7 @@
 #include "log.h"
 #include "monitor_qk.h"
 #include "monitor_router.h"
+#include "rewind.h"
 
 _Static_assert(STORE_ALERT_KEY_MAX >= ALERT_KEY_MAX, "alert key buffer");
 _Static_assert(STORE_DEDUP_KEY_MAX >= ALERT_DEDUP_MAX, "dedup key buffer");
@@ -197,12 +198,37 @@ struct scalar_sample {
     struct scalar_sample *next;
 };
 
+/* A stream's attempt (stage_attempt, or the streams table at a restart). */
+struct stream_attempt {
+    int64_t stream_id;
+    uint32_t attempt;
+};
+
+enum rewind_phase {
+    REWIND_IDLE = 0,
+    REWIND_DRAINING = 1,   /* the old attempt's jobs of steps <= the rewind step finish */
+    REWIND_REBUILDING = 2, /* rewind_rebuild on a worker */
+};
+
 struct stage_run {
     struct scalar_sample *sc_head, *sc_tail;
     size_t n_sc;
     struct eval_run ev; /* detector and alert state of the run's detected series */
     bool dropping; /* a step was abandoned at shutdown: later ones are not evaluated either */
     struct job *jobs_head, *jobs_tail; /* buckets on workers or waiting to be evaluated */
+    /* Attempts (stage.h): the run's latest and its rewind step, and each
+     * stream's. Reports of an older attempt after resume_step are ignored. */
+    uint32_t attempt;
+    bool has_resume;
+    uint64_t resume_step;
+    struct stream_attempt *streams;
+    size_t n_streams, cap_streams;
+    /* A rewind in progress: nothing of the run is dispatched or detected. */
+    enum rewind_phase rewind;
+    uint64_t rewind_step;
+    uint32_t rewind_from;  /* the attempt being abandoned */
+    unsigned rewind_gen;   /* a newer rewind makes a rebuild in flight stale */
+    bool rebuild_busy;     /* a rewind_work of this run is on a worker */
 };
 
 /* --- jobs: one bucket on the workers ----------------------------------------------------- */
@@ -225,6 +251,7 @@ struct job {
     size_t n_chunks, pending;
     bool computed;
     bool cancelled; /* a chunk never ran (shutdown deadline): not to be evaluated */
+    bool superseded; /* a step a rewind abandoned: not to be evaluated */
     struct job *next;
 };
 
@@ -245,7 +272,8 @@ struct stage {
     void *pressure_ctx;
     void (*done)(void *ctx);
     void *done_ctx;
-    struct log_ratelimit rl_incomplete, rl_late, rl_dup, rl_err;
+    char *db_path; /* for rewinds (opts.db_path or stage_load's), owned */
+    struct log_ratelimit rl_incomplete, rl_late, rl_dup, rl_err, rl_superseded;
 };
 
 static double now_mono(void) { return (double)uv_hrtime() * 1e-9; }
@@ -286,6 +314,7 @@ static void stage_run_free(struct stage_run *sr)
         sample_free(x);
     }
     eval_run_clear(&sr->ev);
+    free(sr->streams);
     free(sr);
 }
 
@@ -519,6 +548,7 @@ static void build_finish(struct stage_run *sr, const struct run *run, struct bui
             a->resolved_step = t->as.resolved_step;
             a->last_step = t->last_step;
             a->incidents = t->as.incidents;
+            a->attempt = sr->attempt;
             int len = alert_state_encode(&t->as, a->blob, sizeof(a->blob));
             a->blob_len = len > 0 ? (uint32_t)len : 0;
             if (len > 0)
@@ -606,8 +636,8 @@ static uint64_t pending_step(const struct run *run)
 static void flush_scalars(struct stage *st, struct run *run, struct build *bd, bool all)
 {
     struct stage_run *sr = run->user;
-    if (!sr || !sr->sc_head)
-        return;
+    if (!sr || !sr->sc_head || (sr->rewind && !all))
+        return; /* a rewind detects them once the state at its step is rebuilt */
     uint64_t limit = all ? UINT64_MAX : pending_step(run);
     if (!all && sr->sc_head->step >= limit)
         return;
@@ -973,6 +1003,8 @@ static void check_pressure(struct stage *st)
 }
 
 static void maybe_done(struct stage *st);
+static void rewind_rebuild_start(struct stage *st, struct run *run);
+static void pump(struct stage *st, struct run *run, double now);
 
 /* Evaluates the run's computed jobs from the front, in step order. */
 static void drain(struct stage *st, struct run *run)
@@ -990,12 +1022,291 @@ static void drain(struct stage *st, struct run *run)
             sr->dropping = true;
         if (sr->dropping)
             st->abandoned++;
-        else
+        else if (!j->superseded)
             evaluate(st, run, j->b);
         st->jobs--;
         job_free(j);
     }
+    if (sr && sr->rewind == REWIND_DRAINING && !sr->jobs_head)
+        rewind_rebuild_start(st, run);
     check_pressure(st);
+}
+
+/* --- rewinds (stage.h, rewind.h) ------------------------------------------------------ */
+
+struct rewind_work {
+    uv_work_t req;
+    struct stage *st;
+    int64_t run_id;
+    uint64_t step;
+    unsigned gen;
+    int64_t detect_from;
+    struct eval_run er; /* the rebuilt state; moved into the run when applied */
+    int rc;
+    char err[256];
+};
+
+/* Threadpool thread: the state at the rewind step from the stored points. */
+static void rewind_work_cb(uv_work_t *req)
+{
+    struct rewind_work *w = req->data;
+    /* Every monitor row of steps <= step was submitted before this started
+     * (the old attempt's jobs up to it were evaluated): committed once the
+     * flush returns, so the replay reads what live detection saw. */
+    if (w->st->opts.store)
+        store_flush(w->st->opts.store);
+    w->rc = rewind_rebuild(w->st->db_path, w->run_id, w->step, w->detect_from, &w->er, w->err,
+                           sizeof(w->err));
+}
+
+/* A row the rewind changes, to set what build_finish cannot know. */
+struct rewind_fix {
+    const struct eval_track *t;
+    int row_state;
+    bool superseded;
+    int64_t first_breach_step, fired_step; /* of the superseded incident */
+};
+
+/* Applies a rebuilt state to the run: alert fates (rewind_fate), one item
+ * with every detector state and changed alert row, then the swap. */
+static void rewind_apply(struct stage *st, struct run *run, struct stage_run *sr,
+                         struct rewind_work *w)
+{
+    int64_t step = (int64_t)w->step;
+    struct build bd;
+    if (build_begin(&bd, run->run_id, fs_clock_unix()) < 0) {
+        log_error("stage", "run %s: out of memory storing the rewind to step %lld; the next "
+                  "start rebuilds it", run->name, (long long)step);
+        return;
+    }
+    size_t n_rebuilt = w->er.n_tracks, n_fix = 0, superseded = 0;
+    bool *matched = calloc(n_rebuilt ? n_rebuilt : 1, sizeof(*matched));
+    struct rewind_fix *fix = calloc(sr->ev.n_tracks ? sr->ev.n_tracks : 1, sizeof(*fix));
+    if (!matched || !fix)
+        bd.oom = 1;
+    for (size_t i = 0; matched && fix && i < sr->ev.n_tracks; i++) {
+        const struct eval_track *old = sr->ev.tracks[i];
+        struct eval_track *t = eval_track_get(&w->er, &old->key, old->rule_name);
+        if (!t) {
+            bd.oom = 1;
+            continue;
+        }
+        for (size_t k = 0; k < n_rebuilt; k++)
+            if (w->er.tracks[k] == t)
+                matched[k] = true;
+        memcpy(t->row_blob, old->row_blob, sizeof(t->row_blob)); /* what the row holds */
+        enum rewind_fate f = rewind_fate(&old->as, &t->as, step);
+        if (f != REWIND_ROW) { /* the row goes on showing the old incident's evidence */
+            t->ev_value = old->ev_value;
+            t->ev_median = old->ev_median;
+            t->ev_mad = old->ev_mad;
+            t->ev_z = old->ev_z;
+            t->ev_attr = old->ev_attr;
+            memcpy(t->ev_why, old->ev_why, sizeof(t->ev_why));
+        }
+        if (f == REWIND_CONTINUE)
+            t->as = old->as;
+        if (t->last_step < 0)
+            t->last_step = step; /* never fed at or before step: starts after it */
+        add_state(&bd, t);
+        if (f == REWIND_KEEP)
+            continue;
+        struct eval_batch *b = &bd.batch;
+        struct eval_event *e = grow(b->ev, &b->cap, b->n, sizeof(*e), &bd.oom);
+        if (!e)
+            continue;
+        b->ev = e;
+        struct alert_transition tr = {
+            .change = ALERT_CHANGE_TO_SUPERSEDED, .from = (enum alert_state_id)old->as.state,
+            .to = ALERT_SUPERSEDED, .family = t->rule->family,
+            .severity = (enum detect_severity)old->as.severity, .breach_kind = DETECT_BREACH_NONE,
+            .scope = {.layer = t->key.layer, .head = t->key.head, .window = t->key.window,
+                      .rank = t->key.rank},
+            .step = step, .value = NAN, .median = NAN, .mad = NAN, .z = NAN,
+            .first_breach_step = old->as.first_breach_step, .fired_step = old->as.fired_step,
+            .incident = old->as.incidents};
+        snprintf(tr.rule, sizeof(tr.rule), "%s", t->rule_name);
+        e[b->n] = (struct eval_event){.t = t, .has_event = f == REWIND_SUPERSEDE, .tr = tr,
+                                      .argmin_head = -1, .attr = old->ev_attr};
+        memcpy(e[b->n].why, old->ev_why, sizeof(e[b->n].why));
+        b->n++;
+        fix[n_fix++] = (struct rewind_fix){
+            .t = t, .row_state = rewind_row_state(f, &old->as, &t->as),
+            .superseded = f == REWIND_SUPERSEDE, .first_breach_step = old->as.first_breach_step,
+            .fired_step = old->as.fired_step};
+        superseded += f == REWIND_SUPERSEDE;
+    }
+    /* Series seen only up to the step... and not since: their state too. */
+    for (size_t k = 0; matched && k < n_rebuilt; k++)
+        if (!matched[k])
+            add_state(&bd, w->er.tracks[k]);
+    /* The events carry their labels (the old incidents'): none to decide. */
+    bd.batch.next_label = bd.batch.n;
+    build_finish(sr, run, &bd);
+    struct store_monitor *m = &bd.it->monitor;
+    for (size_t i = 0; i < m->n_alerts; i++) {
+        struct store_alert_row *a = &m->alerts[i];
+        for (size_t k = 0; k < n_fix; k++) {
+            const struct rewind_fix *x = &fix[k];
+            if (strcmp(x->t->rule_name, a->rule) != 0 ||
+                memcmp(&x->t->key, &a->series, sizeof(a->series)) != 0)
+                continue;
+            a->state = x->row_state;
+            if (x->superseded) {
+                /* The row keeps showing the incident it ended; its blob is the
+                 * rebuilt state the next transition starts from. */
+                a->first_breach_step = x->first_breach_step;
+                a->fired_step = x->fired_step;
+                a->attempt = sr->rewind_from;
+            }
+            break;
+        }
+    }
+    m->has_rebuilt = 1;
+    m->rebuilt_attempt = sr->attempt;
+    build_submit(st, &bd);
+    free(matched);
+    free(fix);
+    eval_run_clear(&sr->ev);
+    sr->ev = w->er; /* moved */
+    memset(&w->er, 0, sizeof(w->er));
+    atomic_fetch_add(&st->stats->rewinds, 1);
+    log_info("stage", "run %s: attempt %u goes on from step %lld: detection state rebuilt from the "
+             "stored points (%zu series), %zu incidents of attempt %u superseded",
+             run->name, sr->attempt, (long long)step, sr->ev.n_tracks, superseded, sr->rewind_from);
+}
+
+static void rewind_after_cb(uv_work_t *req, int status)
+{
+    struct rewind_work *w = req->data;
+    struct stage *st = w->st;
+    st->inflight--;
+    struct run *run = run_find(st->reg, w->run_id);
+    struct stage_run *sr = run ? run->user : NULL;
+    if (sr)
+        sr->rebuild_busy = false;
+    if (sr && sr->rewind == REWIND_REBUILDING && sr->rewind_gen == w->gen) {
+        if (status == 0 && w->rc == 0)
+            rewind_apply(st, run, sr, w);
+        else
+            log_error("stage", "run %s: rebuilding detection at step %llu failed (%s); the new "
+                      "attempt goes on from the live state, and the next start rebuilds it",
+                      run->name, (unsigned long long)w->step,
+                      status ? uv_strerror(status) : w->err);
+        sr->rewind = REWIND_IDLE;
+        pump(st, run, now_mono());
+        flush_scalars(st, run, NULL, false);
+    } else if (sr && sr->rewind == REWIND_DRAINING && !sr->jobs_head) {
+        rewind_rebuild_start(st, run); /* a newer rewind came while this one rebuilt */
+    }
+    eval_run_clear(&w->er);
+    free(w);
+    check_pressure(st);
+    maybe_done(st);
+}
+
+static void rewind_rebuild_start(struct stage *st, struct run *run)
+{
+    struct stage_run *sr = run->user;
+    if (!sr || sr->rewind != REWIND_DRAINING || sr->rebuild_busy || st->stopping)
+        return;
+    /* The old attempt's history up to the step first (lagging ranks). */
+    if (run->buckets && run->buckets->step <= sr->rewind_step)
+        return;
+    struct rewind_work *w = st->db_path ? calloc(1, sizeof(*w)) : NULL;
+    if (w) {
+        w->st = st;
+        w->run_id = run->run_id;
+        w->step = sr->rewind_step;
+        w->gen = sr->rewind_gen;
+        w->detect_from = detect_from(st, run);
+        w->req.data = w;
+        eval_run_init(&w->er, st->opts.rules);
+        if (uv_queue_work(st->opts.loop, &w->req, rewind_work_cb, rewind_after_cb) == 0) {
+            st->inflight++;
+            sr->rebuild_busy = true;
+            sr->rewind = REWIND_REBUILDING;
+            return;
+        }
+        free(w);
+    }
+    log_error("stage", "run %s: cannot rebuild detection at step %llu (%s); the new attempt "
+              "goes on from the live state", run->name, (unsigned long long)sr->rewind_step,
+              st->db_path ? "out of memory" : "no database");
+    sr->rewind = REWIND_IDLE;
+    pump(st, run, now_mono());
+}
+
+/* A Hello started an attempt that rewinds the run to step (abandoning
+ * attempt `from`): what the old attempt left after step goes, the rest is
+ * evaluated, then the state at step is rebuilt (rewind_rebuild_start). */
+static void rewind_start(struct stage *st, struct run *run, struct stage_run *sr, uint64_t step,
+                         uint32_t from)
+{
+    size_t buckets = run_drop_after(run, step), jobs = 0, scalars = 0;
+    for (struct job *j = sr->jobs_head; j; j = j->next) {
+        if (j->b->step > step && !j->superseded) {
+            j->superseded = true;
+            jobs++;
+        }
+    }
+    struct scalar_sample **pp = &sr->sc_head;
+    sr->sc_tail = NULL;
+    while (*pp) {
+        struct scalar_sample *x = *pp;
+        if (x->step > step) {
+            *pp = x->next;
+            sample_free(x);
+            sr->n_sc--;
+            scalars++;
+        } else {
+            sr->sc_tail = x;
+            pp = &x->next;
+        }
+    }
+    sr->rewind = REWIND_DRAINING;
+    sr->rewind_step = step;
+    sr->rewind_from = from;
+    sr->rewind_gen++;
+    log_info("stage", "run %s: attempt %u restarts from step %llu: attempt %u's steps after it "
+             "are dropped (%zu reducing, %zu on the workers, %zu scalar samples)",
+             run->name, sr->attempt, (unsigned long long)step, from, buckets, jobs, scalars);
+    check_pressure(st);
+    if (!sr->jobs_head)
+        rewind_rebuild_start(st, run);
+}
+
+static int set_stream_attempt(struct stage_run *sr, int64_t stream_id, uint32_t attempt)
+{
+    for (size_t i = 0; i < sr->n_streams; i++) {
+        if (sr->streams[i].stream_id == stream_id) {
+            sr->streams[i].attempt = attempt;
+            return 0;
+        }
+    }
+    if (sr->n_streams >= RUN_MAX_STREAMS_PER_RUN)
+        return -ENOSPC;
+    if (sr->n_streams == sr->cap_streams) {
+        size_t cap = sr->cap_streams ? sr->cap_streams * 2 : 8;
+        struct stream_attempt *p = realloc(sr->streams, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        sr->streams = p;
+        sr->cap_streams = cap;
+    }
+    sr->streams[sr->n_streams++] = (struct stream_attempt){.stream_id = stream_id,
+                                                           .attempt = attempt};
+    return 0;
+}
+
+/* The run's latest attempt (and its rewind step) as the writer knows it. */
+static void set_run_attempt(struct stage_run *sr, const struct attempt_info *a)
+{
+    if (a->attempt < sr->attempt)
+        return;
+    sr->attempt = a->attempt;
+    sr->has_resume = a->has_resume;
+    sr->resume_step = a->resume_step;
 }
 
 static void after_work_cb(uv_work_t *req, int status)
@@ -1079,11 +1390,17 @@ static void dispatch(struct stage *st, struct run *run, struct run_bucket *b)
 /* Starts every ready bucket of the run, earliest first. */
 static void pump(struct stage *st, struct run *run, double now)
 {
-    if (st->stopping)
+    const struct stage_run *sr = run->user;
+    if (st->stopping || (sr && sr->rewind == REWIND_REBUILDING))
         return;
     struct run_bucket *b;
-    while ((b = run_take_ready(st->reg, run, now)) != NULL)
+    /* While a rewind drains, only the old attempt's history up to its step
+     * goes on: the new attempt's steps wait for the rebuilt state. */
+    while ((!sr || !sr->rewind || (run->buckets && run->buckets->step <= sr->rewind_step)) &&
+           (b = run_take_ready(st->reg, run, now)) != NULL)
         dispatch(st, run, b);
+    if (sr && sr->rewind == REWIND_DRAINING && !sr->jobs_head)
+        rewind_rebuild_start(st, run);
 }
 
 void stage_poll(struct stage *st)
@@ -1148,16 +1465,23 @@ int stage_create(const struct stage_opts *opts, struct stage **out, char *err, s
     }
     st->opts = *opts;
     st->stats = opts->stats ? opts->stats : &st->own_stats;
+    if (opts->db_path && !(st->db_path = strdup(opts->db_path))) {
+        free(st);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
     struct run_limits lim = {.timeout_s = opts->reduce_timeout_s, .max_bytes = opts->reduce_max_bytes};
     int rc = run_registry_create(&lim, &st->reg);
     if (rc < 0) {
         snprintf(err, errlen, "reduce_timeout_s %g is below %g s", opts->reduce_timeout_s,
                  RUN_TIMEOUT_MIN_S);
+        free(st->db_path);
         free(st);
         return rc;
     }
     if (pthread_mutex_init(&st->pool.mu, NULL) != 0) {
         run_registry_destroy(st->reg);
+        free(st->db_path);
         free(st);
         snprintf(err, errlen, "cannot create the workspace pool lock");
         return -ENOMEM;
@@ -1208,6 +1532,46 @@ int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t 
     return rc == -ENOSPC ? 0 : rc;
 }
 
+static uint32_t stream_attempt_of(const struct stage_run *sr, int64_t stream_id, bool *known)
+{
+    for (size_t i = 0; sr && i < sr->n_streams; i++) {
+        if (sr->streams[i].stream_id == stream_id) {
+            *known = true;
+            return sr->streams[i].attempt;
+        }
+    }
+    *known = false;
+    return 0;
+}
+
+/* A report of an attempt older than the run's latest rewind, for a step
+ * that rewind re-does: not the run's history any more. */
+static bool abandoned(const struct run *run, int64_t stream_id, uint64_t step)
+{
+    const struct stage_run *sr = run->user;
+    bool known;
+    if (!sr || !sr->has_resume || step <= sr->resume_step)
+        return false;
+    uint32_t a = stream_attempt_of(sr, stream_id, &known);
+    return known && a < sr->attempt;
+}
+
+int stage_attempt(struct stage *st, int64_t run_id, int64_t stream_id, uint32_t attempt,
+                  const struct attempt_info *a)
+{
+    struct run *run;
+    int rc = run_open(st->reg, run_id, NULL, &run);
+    struct stage_run *sr = rc == 0 ? stage_run_of(st, run) : NULL;
+    if (!sr)
+        return -ENOMEM;
+    rc = set_stream_attempt(sr, stream_id, attempt);
+    uint32_t prev = sr->attempt;
+    set_run_attempt(sr, a);
+    if (a->rewind && a->started)
+        rewind_start(st, run, sr, a->resume_step, prev);
+    return rc == -ENOSPC ? 0 : rc;
+}
+
 int stage_feed(struct stage *st, const struct stage_report *in)
 {
     struct run *run;
@@ -1221,6 +1585,15 @@ int stage_feed(struct stage *st, const struct stage_report *in)
     run_stream_fed_step(run, in->stream_id, in->step);
     if (!in->report)
         return 0;
+    if (abandoned(run, in->stream_id, in->step)) {
+        atomic_fetch_add(&st->stats->reports_superseded, 1);
+        log_limited(&st->rl_superseded, LOG_LEVEL_WARN, "stage",
+                    "run %s step %llu: a report of an abandoned attempt (the run was rewound "
+                    "to step %llu); ignored",
+                    run->name, (unsigned long long)in->step,
+                    (unsigned long long)((struct stage_run *)run->user)->resume_step);
+        return 0;
+    }
     struct run_add_stats as;
     double now = now_mono();
     rc = run_add(st->reg, run, in->step, in->time, in->rank, in->report, now, &as);
@@ -1326,6 +1699,7 @@ void stage_free(struct stage *st)
     }
     run_registry_destroy(st->reg);
     pool_destroy(&st->pool);
+    free(st->db_path);
     free(st);
 }
 
@@ -1378,6 +1752,51 @@ static enum alert_attribution attribution_of(const char *s)
 static double col_real(sqlite3_stmt *q, int i)
 {
     return sqlite3_column_type(q, i) == SQLITE_NULL ? NAN : sqlite3_column_double(q, i);
+}
+
+/* Attempts (stage.h): each stream's, each run's latest, and the rewinds
+ * a stop left unrebuilt, which start again here (before the spool). */
+static int load_attempts(struct stage *st, sqlite3 *db, char *err, size_t errlen)
+{
+    sqlite3_stmt *q = NULL;
+    int rc;
+    if (sqlite3_prepare_v2(db, "SELECT id, run_id, attempt FROM streams", -1, &q, NULL) !=
+        SQLITE_OK)
+        return load_fail(db, err, errlen, "streams");
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        struct run *run = run_find(st->reg, sqlite3_column_int64(q, 1));
+        struct stage_run *sr = run ? stage_run_of(st, run) : NULL;
+        if (sr)
+            set_stream_attempt(sr, sqlite3_column_int64(q, 0),
+                               (uint32_t)sqlite3_column_int64(q, 2));
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE)
+        return load_fail(db, err, errlen, "streams");
+    if (sqlite3_prepare_v2(db,
+                           "SELECT a.run_id, a.attempt, a.resume_step, a.rebuilt_at, "
+                           "(SELECT max(b.attempt) FROM attempts b WHERE b.run_id = a.run_id "
+                           "AND b.attempt < a.attempt) FROM attempts a WHERE a.attempt = "
+                           "(SELECT max(c.attempt) FROM attempts c WHERE c.run_id = a.run_id)",
+                           -1, &q, NULL) != SQLITE_OK)
+        return load_fail(db, err, errlen, "attempts");
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        struct run *run = run_find(st->reg, sqlite3_column_int64(q, 0));
+        struct stage_run *sr = run ? stage_run_of(st, run) : NULL;
+        if (!sr)
+            continue;
+        struct attempt_info a = {.attempt = (uint32_t)sqlite3_column_int64(q, 1),
+                                 .has_resume = sqlite3_column_type(q, 2) != SQLITE_NULL};
+        a.resume_step = a.has_resume ? (uint64_t)sqlite3_column_int64(q, 2) : 0;
+        set_run_attempt(sr, &a);
+        if (a.has_resume && sqlite3_column_type(q, 3) == SQLITE_NULL &&
+            sqlite3_column_type(q, 4) != SQLITE_NULL)
+            rewind_start(st, run, sr, a.resume_step, (uint32_t)sqlite3_column_int64(q, 4));
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE)
+        return load_fail(db, err, errlen, "attempts");
+    return 0;
 }
 
 static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
@@ -1508,7 +1927,7 @@ static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
     if (n_det || n_alerts)
         log_info("stage", "restored %zu detector states and %zu alerts of %zu runs", n_det,
                  n_alerts, run_count(st->reg));
-    return 0;
+    return load_attempts(st, db, err, errlen);
 }
 
 static int load_spool(struct stage *st, sqlite3 *db, char *err, size_t errlen)
@@ -1554,6 +1973,10 @@ static int load_spool(struct stage *st, sqlite3 *db, char *err, size_t errlen)
 
 int stage_load(struct stage *st, const char *db_path, char *err, size_t errlen)
 {
+    if (!st->db_path && !(st->db_path = strdup(db_path))) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
     sqlite3 *db;
     int rc = store_open_readonly(db_path, &db, err, errlen);
     if (rc < 0)

@@ -37,6 +37,18 @@
  * detection is idempotent per series (a step at or below the series' last
  * detected step is skipped), so a replay neither re-fires nor forgets.
  *
+ * Attempts and rewinds (attempts.h, rewind.h): each stream's attempt comes
+ * with its Welcome (stage_attempt). When a Hello starts an attempt that
+ * rewinds the run to step s, the stage drops the old attempt's steps after s
+ * still reducing or queued, lets its computed steps <= s be evaluated,
+ * rebuilds the run's detection state at s from the stored points on a
+ * worker (the backtest's code), supersedes the incidents that opened after
+ * s, and stores the rebuilt state in one transaction (attempts.rebuilt_at);
+ * the new attempt's steps wait meanwhile and are then evaluated as its own.
+ * Reports of older attempts for steps after s are ignored from then on (a
+ * restart re-reads which attempt each stream belongs to; a rewind not yet
+ * stored is rebuilt by stage_load).
+ *
  * Threads: every function here runs on the loop thread (stage_load on the
  * main thread before uv_run, which is the same thread). Workers only touch
  * the groups of the bucket they were given and a workspace checked out of
@@ -52,6 +64,7 @@ struct stage_opts {
     uint64_t detect_from_step;        /* for runs whose Hello does not set it */
     unsigned max_chunks;              /* work requests per bucket (0: default) */
     double stop_timeout_s;            /* stage_stop: cancel math not started after this (0: none) */
+    const char *db_path;              /* rewinds read stored points here (NULL: stage_load's) */
 };
 
 /* One decoded report, as ingest (or the spool replay) hands it over. */
@@ -101,6 +114,12 @@ bool stage_may_read(struct stage *st, int64_t run_id, int64_t stream_id);
  * stream are committed. 0 or -ENOMEM. Loop thread. */
 int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t stream_id,
                 uint64_t last_seq, const struct run_hello *h);
+
+/* A stream's Welcome went out (after stage_hello): its attempt, and the
+ * run's latest (STORE_RESULT_HELLO). Starts a rewind when run->rewind says
+ * this Hello started one. 0 or -ENOMEM. Loop thread. */
+int stage_attempt(struct stage *st, int64_t run_id, int64_t stream_id, uint32_t attempt,
+                  const struct attempt_info *run);
 
 /* Feeds one accepted report. 0, or -ENOMEM (the report's sketches are
  * partly lost; they stay in the spool and are re-fed at the next start).

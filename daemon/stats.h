@@ -60,6 +60,8 @@ struct fs_stats {
     atomic_uint_fast64_t incomplete_total;    /* reductions recorded as incomplete */
     atomic_uint_fast64_t alerts_fired;        /* transitions to firing */
     atomic_uint_fast64_t sketches_late;       /* sketches for a step already evaluated */
+    atomic_uint_fast64_t reports_superseded;  /* reports of an attempt a rewind abandoned */
+    atomic_uint_fast64_t rewinds;             /* rewinds whose state was rebuilt */
     atomic_uint_fast64_t sketches_duplicate;  /* shard index / rank already summed */
     atomic_uint_fast64_t reports_resent;      /* seq already fed: not fed again */
     atomic_uint_fast64_t reduce_bytes;        /* gauge: reduction memory held */

@@ -95,14 +95,19 @@ static const char *const stmt_sql[ST_COUNT] = {
         "updated_at, state_blob) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, "
         "?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?23, ?24) "
         "ON CONFLICT (alert_key) DO UPDATE SET series_id = excluded.series_id, "
-        "state = excluded.state, severity = excluded.severity, family = excluded.family, "
+        /* A superseded incident (a rewind) stays the row's state until the
+         * alert opens a new one: samples that only move its counters do not
+         * turn it into inactive or an older resolve. */
+        "state = CASE WHEN alerts.state = 4 AND excluded.state IN (0, 3) THEN 4 "
+        "ELSE excluded.state END, severity = excluded.severity, family = excluded.family, "
         "attribution = excluded.attribution, value = excluded.value, median = excluded.median, "
         "mad = excluded.mad, z = excluded.z, first_breach_step = excluded.first_breach_step, "
         "fired_step = excluded.fired_step, resolved_step = excluded.resolved_step, "
         "last_step = excluded.last_step, incidents = excluded.incidents, "
         "updated_at = excluded.updated_at, state_blob = excluded.state_blob RETURNING id",
     [ST_EVENT_INSERT] = "INSERT INTO alert_events (alert_id, change, from_state, to_state, step, "
-                        "at, attribution, evidence_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                        "at, attribution, evidence_json, attempt) "
+                        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     [ST_INCOMPLETE_PUT] = "INSERT OR REPLACE INTO incomplete (run_id, step, kind, layer, head, "
                           "\"window\", have, want, recorded_at) "
                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -189,6 +194,7 @@ struct store {
     const struct advice_policy *advice_policy; /* under mu */
     const struct advice_policy *w_advice_policy; /* copy taken per batch */
     struct advice_store *advice;
+    struct attempts_store *attempts;
 };
 
 /* Storage trouble that may pass (disk full, I/O, locks, memory): retry the
@@ -518,6 +524,40 @@ static int owed_advice(struct store *s, uint64_t conn_id, int64_t run_id, int64_
     return rc;
 }
 
+/* A committed advice for the connections of its run: a firing one for
+ * every stream of the run, an answer only for the streams that were sent
+ * the firing it answers (advice.h). */
+struct announce_ctx {
+    struct store *s;
+    const struct advice_msg *m;
+};
+
+static int announce_to(void *ctx, int64_t stream_id)
+{
+    struct announce_ctx *a = ctx;
+    struct store_result *r = wres_add(a->s);
+    if (!r)
+        return SQLITE_NOMEM;
+    r->kind = STORE_RESULT_ADVICE;
+    r->run_id = a->m->run_id;
+    r->stream_id = stream_id;
+    r->advice = *a->m;
+    return 0;
+}
+
+static int announce_advice(void *ctx, const struct advice_msg *m)
+{
+    struct announce_ctx a = {.s = ctx, .m = m};
+    if (m->fire_id <= 0)
+        return announce_to(&a, 0);
+    return advice_store_fire_streams(a.s->advice, m->fire_id, announce_to, &a);
+}
+
+static int rewind_advice(struct store *s, int64_t run_id, uint64_t resume_step, double now)
+{
+    return advice_store_rewind(s->advice, run_id, resume_step, now, announce_advice, s);
+}
+
 static int apply_hello(struct store *s, const struct store_item *it, double now,
                        struct store_result *r)
 {
@@ -565,10 +605,22 @@ static int apply_hello(struct store *s, const struct store_item *it, double now,
         return ok(rc) ? SQLITE_ERROR : rc;
     r->stream_id = cols[0];
     r->seq = (uint64_t)cols[1];
+    r->attempt = h->attempt;
+    rc = attempts_store_hello(s->attempts, r->run_id, h->attempt, h->has_resume_step,
+                              h->resume_step, now, &r->run_attempt);
+    if (rc != SQLITE_OK)
+        return rc;
+    int64_t run_id = r->run_id, stream_id = r->stream_id;
+    /* A rewind supersedes the advice about incidents that opened after its
+     * step before this stream's owed advice is looked up: the new attempt
+     * is never told to act on what it is re-doing. */
+    if (r->run_attempt.rewind && s->advice &&
+        (rc = rewind_advice(s, run_id, r->run_attempt.resume_step, now)) != SQLITE_OK)
+        return rc;
     if (!h->advice || !s->advice)
         return SQLITE_OK;
     /* r is not touched below: owed advices append results (wres may move). */
-    return owed_advice(s, it->conn_id, r->run_id, r->stream_id);
+    return owed_advice(s, it->conn_id, run_id, stream_id);
 }
 
 static int apply_report(struct store *s, const struct store_item *it, struct batch_counts *bc)
@@ -664,7 +716,8 @@ static int outbox_rows(struct store *s, int64_t alert_id, int64_t event_id,
                        const struct store_alert_row *a, double now)
 {
     int kind = a->to_state == ALERT_FIRING     ? STORE_OUTBOX_TRIGGER
-               : a->to_state == ALERT_RESOLVED ? STORE_OUTBOX_RESOLVE
+               : a->to_state == ALERT_RESOLVED || a->to_state == ALERT_SUPERSEDED
+                   ? STORE_OUTBOX_RESOLVE /* a superseded incident ends at the target too */
                                                             : 0;
     for (size_t i = 0; kind && i < s->w_ntargets; i++) {
         sqlite3_stmt *st = s->st[ST_OUTBOX_INSERT];
@@ -701,13 +754,7 @@ static int advice_row(struct store *s, int64_t run_id, int64_t alert_id, int64_t
     int rc = advice_store_event(s->advice, s->w_advice_policy, &ev, now, &m, &made);
     if (rc != SQLITE_OK || !made)
         return rc;
-    struct store_result *r = wres_add(s);
-    if (!r)
-        return SQLITE_NOMEM;
-    r->kind = STORE_RESULT_ADVICE;
-    r->run_id = run_id;
-    r->advice = m;
-    return SQLITE_OK;
+    return announce_advice(s, &m);
 }
 
 static int apply_alert(struct store *s, int64_t run_id, const struct store_alert_row *a,
@@ -758,6 +805,7 @@ static int apply_alert(struct store *s, int64_t run_id, const struct store_alert
     sqlite3_bind_text(st, 7, a->event_attribution ? a->event_attribution : a->attribution, -1,
                       SQLITE_STATIC);
     sqlite3_bind_text(st, 8, a->evidence_json ? a->evidence_json : "{}", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 9, a->attempt);
     rc = exec1(st, NULL, 0);
     if (!ok(rc))
         return rc;
@@ -809,6 +857,9 @@ static int apply_monitor(struct store *s, const struct store_item *it, double no
         if (!ok(rc = exec1(st, NULL, 0)))
             return rc;
     }
+    if (m->has_rebuilt &&
+        (rc = attempts_store_rebuilt(s->attempts, m->run_id, m->rebuilt_attempt, now)) != SQLITE_OK)
+        return rc;
     if (m->has_spool_done) {
         struct store_item done = {.kind = STORE_ITEM_SPOOL_DONE,
                                   .spool_done = {.run_id = m->run_id, .step = m->spool_done_step}};
@@ -1678,8 +1729,9 @@ int store_open(const char *path, const struct store_opts *opts, struct store **o
     }
     s->spool_bytes = (uint64_t)spool;
     atomic_store(&s->stats->spool_bytes, s->spool_bytes);
-    if ((rc = advice_store_open(s->db, &s->advice)) < 0) {
-        snprintf(err, errlen, "%s: preparing the advice statements: %s", path,
+    if ((rc = advice_store_open(s->db, &s->advice)) < 0 ||
+        (rc = attempts_store_open(s->db, &s->attempts)) < 0) {
+        snprintf(err, errlen, "%s: preparing the advice and attempt statements: %s", path,
                  sqlite3_errmsg(s->db));
         goto fail;
     }
@@ -1719,6 +1771,7 @@ fail:
     for (int i = 0; i < ST_COUNT; i++)
         sqlite3_finalize(s->st[i]);
     advice_store_close(s->advice);
+    attempts_store_close(s->attempts);
     sqlite3_close(s->db);
     free(s->batch);
     free(s->refused);
@@ -1741,6 +1794,7 @@ void store_close(struct store *s)
     for (int i = 0; i < SIL_COUNT; i++)
         sqlite3_finalize(s->sil_st[i]);
     advice_store_close(s->advice);
+    attempts_store_close(s->attempts);
     /* Closing the last connection checkpoints the WAL into the database. */
     if (sqlite3_close(s->db) != SQLITE_OK)
         log_warn("store", "closing the database: %s", sqlite3_errmsg(s->db));

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "advice.h"
+#include "attempts.h"
 #include "fs_limits.h"
 #include "stats.h"
 
@@ -59,6 +60,8 @@ struct store_hello {
     uint64_t detect_from_step;
     char *model_json; /* owned (malloc), may be NULL */
     int advice;       /* the client takes Advice: its owed advices follow the result */
+    int has_resume_step; /* Hello.resume_step: the attempt restarts from a checkpoint */
+    uint64_t resume_step;
 };
 
 struct store_report {
@@ -129,6 +132,7 @@ struct store_alert_row {
     int64_t first_breach_step, fired_step, resolved_step; /* -1: NULL */
     int64_t last_step;
     uint64_t incidents;
+    uint32_t attempt; /* of the transition (alert_events.attempt), when has_event */
     uint32_t blob_len;
     uint8_t blob[STORE_ALERT_BLOB_MAX]; /* alerts.state_blob */
     /* The transition, when this row changes because of one. */
@@ -160,6 +164,10 @@ struct store_monitor {
     struct store_incomplete_row *incomplete; /* owned */
     int has_spool_done;
     uint64_t spool_done_step;
+    /* A rewind's rebuilt state (stage.h): attempts.rebuilt_at of the run's
+     * attempt `rebuilt_attempt` is set in the same transaction. */
+    int has_rebuilt;
+    uint32_t rebuilt_attempt;
 };
 
 /* --- STORE_ITEM_SILENCE: the HTTP API's writes. The HTTP thread waits on a
@@ -260,9 +268,9 @@ enum store_result_kind {
     STORE_RESULT_HELLO = 1, /* run_id, stream_id, seq = last committed seq of the stream */
     STORE_RESULT_ACK = 2,   /* seq = highest seq of this conn's reports in the commit */
     STORE_RESULT_RESUME = 3, /* the queue drained below its low watermark */
-    /* advice: committed. conn_id 0: new, for every connection of run_id
-     * that takes advice; else owed to that connection's stream (after its
-     * HELLO result, items 0). */
+    /* advice: committed. conn_id 0: new, for the connections of run_id
+     * that take advice (stream_id 0: all; else that stream's only); else
+     * owed to that connection's stream (after its HELLO result, items 0). */
     STORE_RESULT_ADVICE = 4,
 };
 
@@ -276,6 +284,9 @@ struct store_result {
     int error_code;    /* 0, or FORESHOCK__ERROR_CODE__* when the item was refused */
     char message[160]; /* when error_code != 0 */
     struct advice_msg advice; /* STORE_RESULT_ADVICE */
+    /* STORE_RESULT_HELLO: the stream's attempt, and the run's latest one */
+    uint32_t attempt;
+    struct attempt_info run_attempt;
 };
 
 struct store_opts {

@@ -110,6 +110,15 @@ int store_reader_points(struct store_reader *r, int64_t run_id,
                                   double value, bool present),
                         void *ctx, char *err, size_t errlen)
 {
+    return store_reader_points_upto(r, run_id, INT64_MAX, want, cb, ctx, err, errlen);
+}
+
+int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max_step,
+                             bool (*want)(void *ctx, const struct store_series_key *k),
+                             int (*cb)(void *ctx, const struct store_series_key *k,
+                                       uint64_t step, double value, bool present),
+                             void *ctx, char *err, size_t errlen)
+{
     sqlite3_stmt *s = NULL, *q = NULL;
     struct store_series_key *keys = NULL;
     int64_t *ids = NULL;
@@ -162,12 +171,13 @@ int store_reader_points(struct store_reader *r, int64_t run_id,
     if (sqlite3_prepare_v2(r->db,
                            "SELECT p.series_id, p.step, p.value FROM points p "
                            "JOIN series s ON s.id = p.series_id WHERE s.run_id = ?1 "
-                           "ORDER BY p.step, p.series_id",
+                           "AND p.step <= ?2 ORDER BY p.step, p.series_id",
                            -1, &q, NULL) != SQLITE_OK) {
         out = fail(r, -EIO, err, errlen, "reading points");
         goto done;
     }
     sqlite3_bind_int64(q, 1, run_id);
+    sqlite3_bind_int64(q, 2, max_step);
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         int64_t id = sqlite3_column_int64(q, 0);
         size_t lo = 0, hi = n;

@@ -42,4 +42,11 @@ int store_reader_points(struct store_reader *r, int64_t run_id,
                                   double value, bool present),
                         void *ctx, char *err, size_t errlen);
 
+/* store_reader_points for the points at or below max_step only. */
+int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max_step,
+                             bool (*want)(void *ctx, const struct store_series_key *k),
+                             int (*cb)(void *ctx, const struct store_series_key *k,
+                                       uint64_t step, double value, bool present),
+                             void *ctx, char *err, size_t errlen);
+
 #endif

@@ -139,18 +139,10 @@ static int feed_point(void *ctx, const struct store_series_key *k, uint64_t step
                       bool present)
 {
     struct run_ctx *rc = ctx;
-    char rule[DETECT_NAME_MAX];
-    if (is_lr(k) && present)
-        eval_progress_lr(&rc->er, step, value);
-    if (!eval_input_rule(rc->er.rules, k, rule, sizeof(rule)))
-        return 0;
     if (rc->st->every && sketch_series(k) && step % rc->st->every != 0)
         return 0;
-    struct eval_track *t = eval_track_get(&rc->er, k, rule);
-    if (!t)
-        return -ENOMEM;
-    /* Time is not part of any decision: alert_step only stores it. */
-    int r = eval_feed(&rc->er, &rc->batch, t, step, value, present, -1, rc->detect_from, 0);
+    /* The daemon's own path (a rewind rebuilds its state with it too). */
+    int r = eval_feed_stored(&rc->er, &rc->batch, k, step, value, present, rc->detect_from);
     return r < 0 ? r : 0;
 }
 

@@ -31,11 +31,11 @@
 
 struct sim_settings {
     const char *endpoint, *run, *scenario, *token, *moe_layers;
-    uint64_t steps, seed, fault_step, diverge_after, fault_until;
+    uint64_t steps, seed, fault_step, diverge_after, fault_until, resume_step;
     uint32_t ranks, attempt, layers, heads, dh, d, sketch_every, window, replay_mb;
     uint32_t experts, top_k, tokens;
     double rate, flush_timeout, advice_wait;
-    int no_sketches, layer_norms, verbose, stop_on_advice;
+    int no_sketches, layer_norms, verbose, stop_on_advice, resume;
 };
 
 static const struct opt sim_opts[] = {
@@ -47,6 +47,7 @@ static const struct opt sim_opts[] = {
     O("ranks", OPT_U32, ranks, "N", "simulated ranks, one client each (default 1)", 1, SIM_MAX_RANKS),
     O("steps", OPT_U64, steps, "M", "reports per rank, steps 0..M-1 (default 100)", 1, SIM_MAX_STEPS),
     O("attempt", OPT_U32, attempt, "A", "trainer restart counter (default 0)", 0, UINT32_MAX),
+    O("resume-step", OPT_U64, resume_step, "S", "restart from a checkpoint at step S: the ranks replay steps 0..S without sending and send S+1.. as a new attempt (give --attempt)", 0, SIM_MAX_STEPS),
     O("layers", OPT_U32, layers, "L", "attention layers (default 4)", 1, FSC_MAX_LAYERS),
     O("heads", OPT_U32, heads, "H", "heads per layer (default 4)", 1, FSC_MAX_HEADS),
     O("dh", OPT_U32, dh, "DH", "head dimension (default 32)", 1, FSC_MAX_DH),
@@ -87,7 +88,7 @@ static const struct opt sim_opts[] = {
 
 static const struct command_help sim_help = {
     .usage = "foreshock simulate --run ID [--endpoint HOST:PORT] [--ranks N] [--steps M] "
-             "[--attempt A] [--layers L] [--heads H] [--dh DH] [--d D] [--sketch-every K] "
+             "[--attempt A] [--resume-step S] [--layers L] [--heads H] [--dh DH] [--d D] [--sketch-every K] "
              "[--window W] [--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
              "[--scenario NAME] [--fault-step S] [--fault-until S] [--diverge-after N] [--experts E] [--top-k TOPK] "
              "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms] [--advice-wait S] "
@@ -295,13 +296,24 @@ static void *rank_main(void *arg)
     o.log_ctx = r;
     o.seed = s->seed * 0x9e3779b97f4a7c15ull + r->rank + 1;
     o.advice = 1;
+    o.resume = s->resume;
+    o.resume_step = s->resume_step;
     if ((rc = fsc_open(&o, &c, r->err, sizeof(r->err))) < 0) {
         sim_rank_destroy(sim);
         return NULL;
     }
     clock_gettime(CLOCK_MONOTONIC, &start);
-    uint64_t last = 0;
-    for (uint64_t step = 0; step < s->steps; step++) {
+    uint64_t last = 0, first = s->resume ? s->resume_step + 1 : 0;
+    /* A restart from a checkpoint: the simulated model takes the steps up
+     * to it again (the checkpoint's state), nothing is sent. */
+    for (uint64_t step = 0; step < first && step < s->steps; step++) {
+        struct sim_sink none = {0};
+        if ((rc = sim_rank_step(sim, step, &none)) < 0) {
+            snprintf(r->err, sizeof(r->err), "step %" PRIu64 ": %s", step, strerror(-rc));
+            break;
+        }
+    }
+    for (uint64_t step = first; step < s->steps && !r->err[0]; step++) {
         fsc_report *rep;
         last = step;
         if (take_advice(r, c, step) && s->stop_on_advice) {
@@ -341,7 +353,7 @@ static void *rank_main(void *arg)
         snprintf(r->err, sizeof(r->err), "flush: %s%s%s", strerror(-rc),
                  r->st.last_error[0] ? "; last error: " : "", r->st.last_error);
     /* A rank that stopped on advice did what a trainer does: not a failure. */
-    r->ok = !r->err[0] && (r->st.submitted == s->steps || (r->stopped && s->stop_on_advice)) &&
+    r->ok = !r->err[0] && (r->st.submitted == s->steps - first || (r->stopped && s->stop_on_advice)) &&
             r->st.acked == r->st.submitted && r->st.dropped == 0;
     sim_rank_destroy(sim);
     return NULL;
@@ -444,6 +456,7 @@ int cmd_simulate(int argc, char **argv)
                              .steps = 100, .layers = 4, .heads = 4, .dh = 32, .d = 256,
                              .sketch_every = 10, .seed = 1, .flush_timeout = 120, .replay_mb = 64,
                              .fault_step = SIM_NEVER, .diverge_after = SIM_NEVER,
+                             .resume_step = UINT64_MAX,
                              .experts = SIM_UINT32_UNSET, .top_k = SIM_UINT32_UNSET,
                              .tokens = SIM_UINT32_UNSET};
     char err[CLI_ERR_LEN], host[CLI_MAX_HOSTPORT];
@@ -484,6 +497,12 @@ int cmd_simulate(int argc, char **argv)
                             .tokens = s.tokens, .moe = moe};
     if (rc == 0 && sim_params_resolve(sc, &p, s.fault_step, s.diverge_after, err, sizeof(err)) < 0)
         rc = CLI_USAGE;
+    s.resume = s.resume_step != UINT64_MAX; /* the option's maximum is below it */
+    if (rc == 0 && s.resume && s.resume_step + 1 >= s.steps) {
+        snprintf(err, sizeof(err), "--resume-step %" PRIu64 " leaves no step below --steps %" PRIu64,
+                 s.resume_step, s.steps);
+        rc = CLI_USAGE;
+    }
     if (rc == 0 && s.fault_until) {
         if (!sc->faulty || s.fault_until <= p.fault_step) {
             snprintf(err, sizeof(err), "--fault-until needs a faulty scenario and a step after "

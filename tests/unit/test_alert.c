@@ -85,6 +85,7 @@ static char change_letter(enum alert_change c)
     case ALERT_CHANGE_TO_FIRING: return 'F';
     case ALERT_CHANGE_TO_RESOLVED: return 'R';
     case ALERT_CHANGE_TO_INACTIVE: return 'I';
+    case ALERT_CHANGE_TO_SUPERSEDED: return 'S'; /* never from alert_step */
     }
     return '?';
 }

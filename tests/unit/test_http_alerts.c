@@ -821,6 +821,71 @@ Test(http_alerts, unknown_state_number_is_named_unknown)
     resp_free(&r);
 }
 
+/* --- attempts (rewinds): superseded, the attempt filter, a run's attempts ------------------- */
+
+Test(http_alerts, superseded_and_attempts)
+{
+    int64_t a8 = fx(8).id, a9 = fx(9).id;
+    char sql[256];
+    snprintf(sql, sizeof sql, "UPDATE alerts SET state = %d WHERE id = %lld", ALERT_SUPERSEDED,
+             (long long)a8);
+    exec(sql);
+    snprintf(sql, sizeof sql,
+             "INSERT INTO alert_events(alert_id, change, from_state, to_state, step, at, "
+             "attribution, evidence_json, attempt) VALUES (%lld, 'to_superseded', 2, 4, 300, 1, "
+             "'combined', '{}', 0), (%lld, 'to_firing', 1, 2, 320, 2, 'combined', '{}', 1)",
+             (long long)a8, (long long)a9);
+    exec(sql);
+    exec("INSERT INTO attempts(run_id, attempt, resume_step, started_at, rebuilt_at) VALUES "
+         "(1, 1, 300, 10, 11)");
+    struct resp r;
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/alerts/%lld", (long long)a8);
+    json_t *doc = get_json(path, 200, &r);
+    json_t *alert = json_object_get(doc, "alert");
+    cr_assert_str_eq(jstr(alert, "state"), "superseded");
+    json_t *hist = json_object_get(alert, "history");
+    json_t *last = json_array_get(hist, json_array_size(hist) - 1);
+    cr_expect_str_eq(jstr(last, "change"), "to_superseded");
+    cr_expect_str_eq(jstr(last, "to"), "superseded");
+    cr_expect_eq(json_integer_value(json_object_get(last, "attempt")), 0);
+    resp_free(&r);
+    /* the fifth state arm */
+    doc = get_json("/api/v1/alerts?state=superseded", 200, &r);
+    json_t *list = json_object_get(doc, "alerts");
+    cr_assert_eq(json_array_size(list), 1);
+    cr_expect_eq(json_integer_value(json_object_get(json_array_get(list, 0), "id")), a8);
+    resp_free(&r);
+    doc = get_json("/api/v1/alerts?state=superseded,firing", 200, &r);
+    cr_expect_gt(json_array_size(json_object_get(doc, "alerts")), 1);
+    resp_free(&r);
+    /* attempt: alerts with a transition in that attempt */
+    doc = get_json("/api/v1/alerts?attempt=1", 200, &r);
+    list = json_object_get(doc, "alerts");
+    cr_assert_eq(json_array_size(list), 1);
+    cr_expect_eq(json_integer_value(json_object_get(json_array_get(list, 0), "id")), a9);
+    resp_free(&r);
+    doc = get_json("/api/v1/alerts?attempt=0&state=superseded", 200, &r);
+    cr_expect_eq(json_array_size(json_object_get(doc, "alerts")), 1);
+    resp_free(&r);
+    doc = get_json("/api/v1/alerts?attempt=7", 200, &r);
+    cr_expect_eq(json_array_size(json_object_get(doc, "alerts")), 0);
+    resp_free(&r);
+    expect_error("GET", "/api/v1/alerts?attempt=-1", 400, "bad_request", "attempt");
+    /* the run's attempts */
+    doc = get_json("/api/v1/runs/run-a", 200, &r);
+    json_t *att = json_object_get(json_object_get(doc, "run"), "attempts");
+    cr_assert(json_is_array(att));
+    json_t *one = NULL;
+    for (size_t i = 0; i < json_array_size(att); i++)
+        if (json_integer_value(json_object_get(json_array_get(att, i), "attempt")) == 1)
+            one = json_array_get(att, i);
+    cr_assert_not_null(one, "no attempt 1 in %s", r.body);
+    cr_expect_eq(json_integer_value(json_object_get(one, "resume_step")), 300);
+    cr_expect(json_is_number(json_object_get(one, "rebuilt_at")));
+    resp_free(&r);
+}
+
 /* --- run detail counts ------------------------------------------------------------------------ */
 
 Test(http_alerts, run_detail_counts_alerts_and_incomplete)
@@ -946,7 +1011,7 @@ Test(http_alerts, garbage_parameters_are_400_naming_them)
         const char *mention;
     } cases[] = {
         {"/api/v1/alerts?state=bogus", "'state'"},
-        {"/api/v1/alerts?state=bogus", "inactive, pending, firing, resolved, open"},
+        {"/api/v1/alerts?state=bogus", "inactive, pending, firing, resolved, superseded, open"},
         {"/api/v1/alerts?state=", "'state'"},
         {"/api/v1/alerts?state", "'state'"},
         {"/api/v1/alerts?state=firing,", "'state'"},

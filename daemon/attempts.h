@@ -1,0 +1,40 @@
+#ifndef FORESHOCK_ATTEMPTS_H
+#define FORESHOCK_ATTEMPTS_H
+
+#include <sqlite3.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Attempts of a run (schema/006_attempts.sql), kept by the writer thread
+ * inside its open transaction. A Hello whose attempt is above every earlier
+ * attempt of its run starts that attempt; with a resume step it is a
+ * rewind to that step (stage.h says what the monitor stage does then). */
+
+struct attempts_store;
+
+/* Prepares the statements on db (the writer's, migrated). 0 or a negative
+ * errno-style code. Main thread at store_open. */
+int attempts_store_open(sqlite3 *db, struct attempts_store **out);
+void attempts_store_close(struct attempts_store *as);
+
+/* The run's current attempt after a Hello of `attempt`. */
+struct attempt_info {
+    uint32_t attempt;      /* the run's latest attempt */
+    bool has_resume;       /* ... is a rewind to resume_step */
+    uint64_t resume_step;
+    bool started;          /* this Hello started the latest attempt */
+    bool rewind;           /* ... and it rewinds an earlier attempt */
+};
+
+/* Records the Hello of (run_id, attempt[, resume_step]) at now and fills
+ * *out. A Hello of an attempt already started, or of an older one, changes
+ * nothing. SQLite rc. */
+int attempts_store_hello(struct attempts_store *as, int64_t run_id, uint32_t attempt,
+                         bool has_resume, uint64_t resume_step, double now,
+                         struct attempt_info *out);
+
+/* The rewind of (run_id, attempt) was rebuilt at now. SQLite rc. */
+int attempts_store_rebuilt(struct attempts_store *as, int64_t run_id, uint32_t attempt,
+                           double now);
+
+#endif
