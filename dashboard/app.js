@@ -47,6 +47,7 @@
     runsKey: '', alertsKey: '', metaKey: '', selectKey: '',
     runExists: true,
     alerts: [],            // the chosen run's alerts, newest first
+    attempts: [],          // the chosen run's attempts (rewinds: resume_step)
     points: new Map(),     // series id -> {stamp, rows: [[step, mean, min, max]]}
     plots: new Map(),      // plot key -> {card, div, markers, graph, filter}
     timer: null, busy: false, again: false, cycles: 0,
@@ -271,11 +272,23 @@
   }
 
   // Vertical markers at each fired alert's step (DOM elements over the
-  // canvas, so they carry a tooltip and a link).
+  // canvas, so they carry a tooltip and a link), and a dashed one at each
+  // rewind: the step an attempt restarted from (a checkpoint).
   function placeMarkers(p, g) {
     const area = g.getArea();
     const [x0, x1] = g.xAxisRange();
     const marks = [];
+    for (const t of state.attempts) {
+      const step = t.resume_step;
+      if (step === null || step < x0 || step > x1) continue;
+      marks.push(el('span', {
+        class: 'rewind-marker', 'data-attempt': t.attempt, 'data-step': step,
+        title: 'attempt ' + t.attempt + ' restarted from a checkpoint at step ' + step +
+          ': the steps after it are its own',
+        style: 'left:' + g.toDomXCoord(step) + 'px;top:' + area.y + 'px;height:' +
+          area.h + 'px',
+      }));
+    }
     for (const a of state.alerts) {
       const step = a.evidence.fired_step;
       if (step === null || step < x0 || step > x1 || !p.filter(a)) continue;
@@ -447,7 +460,18 @@
     $('run-empty').hidden = true;
     $('run-view').hidden = false;
     $('run-title').textContent = r.id;
-    $('run-meta').textContent = 'last step ' + fmt(r.last_step) + ' · ' + fmt(r.world_size) +
+    state.attempts = r.attempts || [];
+    const rewinds = state.attempts.filter((t) => t.resume_step !== null);
+    $('run-attempts').hidden = state.attempts.length < 2;
+    const attemptText = (t) => 'attempt ' + t.attempt + (t.resume_step === null
+      ? (t.attempt === state.attempts[0].attempt ? ' (start)' : ' (restart, same steps)')
+      : ' from step ' + fmt(t.resume_step) + (t.rebuilt_at === null ? ' (rebuilding…)' : ''));
+    $('run-attempts').replaceChildren(...state.attempts.map((t) =>
+      el('span', { class: 'attempt', 'data-attempt': t.attempt }, attemptText(t))));
+    $('run-meta').textContent = (state.attempts.length > 1 ? 'attempt ' +
+      state.attempts[state.attempts.length - 1].attempt + ' · ' + rewinds.length +
+      ' rewind' + (rewinds.length === 1 ? '' : 's') + ' · ' : '') +
+      'last step ' + fmt(r.last_step) + ' · ' + fmt(r.world_size) +
       ' ranks · ' + fmt(r.reports) + ' reports · ' + fmt(r.series) + ' series · ' +
       r.alerts.firing + ' firing, ' + r.alerts.pending + ' pending' +
       (r.incomplete ? ' · ' + r.incomplete + ' incomplete reductions' : '');
@@ -463,6 +487,7 @@
       dropPlots('');
       state.points.clear();
       state.alerts = [];
+      state.attempts = [];
       state.alertsKey = '';
       state.selectKey = '';
       state.runsKey = '';

@@ -9,6 +9,8 @@ headless Chromium on loopback.
   (same rules and steps), and alert markers at the fired steps. A screenshot
   is kept as a test artifact (BUILD/test-artifacts/dashboard.png).
 - Empty states: a run without sketches says so; an unknown run says so.
+- A run restarted from a checkpoint (a rewind): its attempts are listed and
+  each plot has a dashed marker at the step the attempt restarted from.
 - Through a stub in front of the daemon (assets relayed, the API refused):
   a 401 makes the page ask for a read token; an API that drops connections
   shows the "daemon unreachable" banner.
@@ -36,6 +38,8 @@ DYGRAPHS_DIR = "/usr/share/javascript/dygraphs"
 
 RUN = "dash-attn"
 RUN_SCALARS = "dash-scalars"
+RUN_REWIND = "dash-rewind"
+REWIND_STEP = 40
 STEPS = 240
 SKETCH_EVERY = 4
 FAULT_STEP = 130
@@ -332,6 +336,32 @@ def check_run_page(args, workdir, d, alerts):
     print(f"  screenshot: {png}")
 
 
+def check_rewind_page(args, workdir, d):
+    common = ["--ranks", "1", "--steps", "80", "--layers", "1", "--heads", "2", "--dh", "8",
+              "--d", "32", "--sketch-every", "4"]
+    simulate(args, d, RUN_REWIND, common)
+    simulate(args, d, RUN_REWIND, common + ["--attempt", "1", "--resume-step", str(REWIND_STEP)])
+    deadline = time.monotonic() + 120
+    while not d.get(f"/api/v1/runs/{RUN_REWIND}")["run"]["attempts"][-1]["rebuilt_at"]:
+        check(time.monotonic() < deadline, "the rewind was never rebuilt")
+        time.sleep(0.2)
+    dom, body = load_dom(workdir, d.url(f"/#run={RUN_REWIND}"))
+    check(body.attrs.get("data-state") == "ready", "rewind run: page not ready")
+    box = dom.find_all(id="run-attempts")
+    check(box and not hidden(box[0]), "the attempts of a rewound run are not shown")
+    spans = box[0].find_all("span", data_attempt=True)
+    check([s.attrs["data-attempt"] for s in spans] == ["0", "1"] and
+          f"from step {REWIND_STEP}" in spans[1].all_text(), f"attempts shown: "
+          f"{[s.all_text() for s in spans]}")
+    plots = {n.attrs["data-plot"]: n for n in dom.find_all(data_plot=True)}
+    marks = plots["scalar:loss"].find_all("span", **{"class": "rewind-marker"})
+    check(len(marks) == 1 and marks[0].attrs.get("data-step") == str(REWIND_STEP) and
+          marks[0].attrs.get("data-attempt") == "1" and
+          re.search(r"left:\s*[0-9.]+px", marks[0].attrs.get("style", "")) is not None,
+          f"rewind markers on the loss plot: {[m.attrs for m in marks]}")
+    print(f"  rewind: attempts listed, marker at step {REWIND_STEP}")
+
+
 def check_empty_states(workdir, d):
     dom, body = load_dom(workdir, d.url(f"/#run={RUN_SCALARS}"))
     check(body.attrs.get("data-state") == "ready", "scalars-only run: page not ready")
@@ -431,6 +461,7 @@ def main(args, workdir):
         check_run_page(args, workdir, d, alerts)
         check_empty_states(workdir, d)
         check_stub_states(workdir, d)
+        check_rewind_page(args, workdir, d)
     except Exception:
         print(d.log_text()[-3000:])
         raise
