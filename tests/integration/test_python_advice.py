@@ -9,6 +9,12 @@ progress (the step that delivered it is advice.trainer_step), save once,
 and set rescue.stop, after which the loop stops. Rank 1 passes no handler:
 the same advice collects in monitor.advice. The advice carries the alert's
 fields; the alert's history shows both ranks advised and acknowledged.
+Then the rollback: rank 0's trainer restarts from its periodic checkpoint of
+step 5 (at or before the advice's rollback_step) as attempt 1
+(Monitor(attempt=1, resume_step=5)) and trains on with finite losses: the
+alert ends superseded, the run lists the attempt with its rebuilt state, the
+new attempt is not advised about the superseded alert, and the loss points
+after step 5 are the new attempt's.
 The loop's length is bounded (it keeps stepping until the advice arrives);
 no verdict depends on timing."""
 import os
@@ -23,6 +29,7 @@ from fstest import check  # noqa: E402
 
 RUN = "py-advice"
 NAN_STEP = 10
+CHECKPOINT_STEP = 5  # the trainer's periodic checkpoint before the damage
 MAX_STEPS = 4000  # bound on the loop waiting for the advice (20 ms a step)
 
 
@@ -53,6 +60,7 @@ def main(args, workdir):
                                  attention=[], routers=[])
         x = torch.randn(16, 8)
         step = 0
+        periodic = None
         while not rescue.stop and step < MAX_STEPS:
             loss = ((model(x) - 1.0) ** 2).mean()
             opt.zero_grad()
@@ -63,6 +71,8 @@ def main(args, workdir):
             mon0.step(step, loss=value, lr=1e-2)
             mon1.step(step, loss=value, lr=1e-2)
             state["in_step"] = None
+            if step == CHECKPOINT_STEP:
+                periodic = {k: v.clone() for k, v in model.state_dict().items()}
             if not rescue.stop:
                 time.sleep(0.02)
                 step += 1
@@ -103,6 +113,45 @@ def main(args, workdir):
             dl = [d for a in doc["advice"] if a["id"] == adv.advice_id for d in a["deliveries"]]
             return {d["rank"] for d in dl if d["acked_at"] is not None} == {0, 1}
         fstest.wait_until(acked, what="both ranks' acks in the alert history")
+
+        # The rollback: attempt 1 from the checkpoint of step 5 <= rollback_step.
+        check(CHECKPOINT_STEP <= adv.rollback_step, f"rollback step {adv.rollback_step}")
+        model.load_state_dict(periodic)
+        seen = []
+        mon = foreshock.Monitor(model, endpoint=daemon.endpoint, run=RUN, rank=0, world_size=2,
+                                attention=[], routers=[], attempt=1,
+                                resume_step=CHECKPOINT_STEP, on_advice=seen.append)
+        redone = {}
+        for step in range(CHECKPOINT_STEP + 1, CHECKPOINT_STEP + 21):
+            loss = ((model(x) - 1.0) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            redone[step] = float(loss)
+            mon.step(step, loss=redone[step], lr=1e-2)
+        st = mon.close(30)
+        check(st["acked"] == len(redone), f"attempt 1 counters {st}")
+
+        def superseded():
+            return daemon.get(f"/api/v1/alerts/{adv.alert_id}")["alert"]["state"] == "superseded"
+        fstest.wait_until(superseded, what="the NaN alert superseded")
+        doc = daemon.get(f"/api/v1/alerts/{adv.alert_id}")["alert"]
+        sup = [e for e in doc["history"] if e["change"] == "to_superseded"]
+        check(len(sup) == 1 and sup[0]["attempt"] == 0 and sup[0]["step"] == CHECKPOINT_STEP,
+              f"history {doc['history']}")
+        att = daemon.get(f"/api/v1/runs/{RUN}")["run"]["attempts"]
+        check([(a["attempt"], a["resume_step"]) for a in att] == [(0, None), (1, CHECKPOINT_STEP)]
+              and att[1]["rebuilt_at"] is not None, f"attempts {att}")
+        check(not [a for a in seen if a.alert_id == adv.alert_id],
+              f"attempt 1 was advised about the superseded alert: {seen}")
+        loss_series = [s for s in fstest.run_all_pages(daemon, f"/api/v1/series?run={RUN}&name=loss",
+                                                       "series") if s["labels"].get("rank") == 0]
+        pts = dict(daemon.get(f"/api/v1/series/{loss_series[0]['id']}/points?from="
+                              f"{CHECKPOINT_STEP + 1}&to={max(redone)}")["points"])
+        check(all(abs(pts[s] - v) <= 1e-12 * max(1.0, abs(v)) for s, v in redone.items()),
+              f"re-done loss points are not attempt 1's: {pts} vs {redone}")
+        print(f"  attempt 1 from step {CHECKPOINT_STEP}: alert {adv.alert_id} superseded, "
+              f"{len(redone)} re-done steps stored as attempt 1's", flush=True)
     finally:
         daemon.stop()
 

@@ -51,6 +51,14 @@ def simulate(args, d, run, extra=()):
     return p.stdout
 
 
+def last_common_sketch(out):
+    """The last sketch step every rank of a simulate run sent (ranks told to
+    stop stop where the advice found them)."""
+    sub = [int(m.group(1)) for m in re.finditer(r"simulate: rank=\d+ submitted=(\d+)", out)]
+    check(len(sub) == RANKS, f"rank summaries: {sub}")
+    return (min(sub) - 1) // 5 * 5
+
+
 def evaluated(d, run, step):
     ser = run_all_pages(d, f"/api/v1/series?run={run}&name=qk.d2.erank.min", "series")
     return ser and all((s["last_step"] or 0) >= step for s in ser)
@@ -152,7 +160,8 @@ def test(args, workdir):
         check(rollbacks, "attempt 0 got no attention-numerics advice with a rollback step")
         r = min(rollbacks)
         check(FAULT_STEP < r < STEPS - 1, f"rollback step {r}")
-        wait_until(lambda: evaluated(d, "rw", LAST_SKETCH), timeout=300, what="rw evaluated")
+        last0 = last_common_sketch(out0)
+        wait_until(lambda: evaluated(d, "rw", last0), timeout=300, what="rw evaluated")
         out1 = simulate(args, d, "rw", ["--attempt", "1", "--resume-step", str(r),
                                         "--fault-until", str(r + 1), "--advice-wait", "2"])
         simulate(args, d, "ref", ["--fault-until", str(r + 1)])
@@ -165,8 +174,9 @@ def test(args, workdir):
         check(metric(d, "foreshock_rewinds_total") == 1, "rewinds counted")
 
         # Variant: a crash right after attempt 1's Hello, the rebuild undone.
-        simulate(args, d, "rw2", ["--advice-wait", "600", "--stop-on-advice"])
-        wait_until(lambda: evaluated(d, "rw2", LAST_SKETCH), timeout=300, what="rw2 evaluated")
+        out0 = simulate(args, d, "rw2", ["--advice-wait", "600", "--stop-on-advice"])
+        last0 = last_common_sketch(out0)
+        wait_until(lambda: evaluated(d, "rw2", last0), timeout=300, what="rw2 evaluated")
         c = RawConn(pb, d.ingest_port)
         h = hello(pb, "rw2", attempt=1, world=RANKS)
         h.hello.resume_step = r
