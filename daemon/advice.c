@@ -19,7 +19,8 @@ _Static_assert((int)ADVICE_CHECKPOINT == (int)FORESHOCK__ADVICE_ACTION__ADVICE_A
                    (int)ADVICE_CHECKPOINT_AND_STOP ==
                        (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_CHECKPOINT_AND_STOP &&
                    (int)ADVICE_RESOLVED == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_RESOLVED &&
-                   (int)ADVICE_SUPERSEDED == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_SUPERSEDED,
+                   (int)ADVICE_SUPERSEDED ==
+                       (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_SUPERSEDED,
                "pinned actions are the wire's");
 
 /* --- policy ------------------------------------------------------------------------ */
@@ -96,8 +97,8 @@ int advice_policy_set(struct advice_policy *p, const char *key, const char *valu
         return -EINVAL;
     }
     if (a < 0) {
-        snprintf(why, whylen, "key '%s': '%s' is not checkpoint, checkpoint_and_stop or none",
-                 key, value);
+        snprintf(why, whylen, "key '%s': '%s' is not checkpoint, checkpoint_and_stop or none", key,
+                 value);
         return -EINVAL;
     }
     for (int i = 0; i < ADVICE_SEVERITIES; i++)
@@ -124,8 +125,8 @@ static int section_set(void *ctx, void *target, const char *key, const char *val
 
 void advice_section(struct advice_policy *p, struct config_section *out)
 {
-    *out = (struct config_section){.name = "advice", .open = section_open, .set = section_set,
-                                   .ctx = p};
+    *out = (struct config_section){
+        .name = "advice", .open = section_open, .set = section_set, .ctx = p};
 }
 
 enum advice_action advice_decide(const struct advice_policy *p, const char *label,
@@ -178,21 +179,22 @@ int advice_encode(const struct advice_msg *m, uint8_t **out, size_t *len)
         a.label = (char *)m->label;
     if (m->severity[0])
         a.severity = (char *)m->severity;
-#define STEP(f)                       \
-    if (m->f >= 0) {                  \
-        a.has_##f = 1;                \
-        a.f = (uint64_t)m->f;         \
+#define STEP(f)                                                                                    \
+    if (m->f >= 0) {                                                                               \
+        a.has_##f = 1;                                                                             \
+        a.f = (uint64_t)m->f;                                                                      \
     }
-    STEP(step) STEP(first_breach_step) STEP(fired_step) STEP(rollback_step)
+    STEP(step)
+    STEP(first_breach_step) STEP(fired_step) STEP(rollback_step)
 #undef STEP
-#define LABEL(f, none)                \
-    if (m->f != (none)) {             \
-        a.has_##f = 1;                \
-        a.f = m->f;                   \
+#define LABEL(f, none)                                                                             \
+    if (m->f != (none)) {                                                                          \
+        a.has_##f = 1;                                                                             \
+        a.f = m->f;                                                                                \
     }
-    LABEL(layer, -1) LABEL(head, -1) LABEL(window, 0) LABEL(rank, -1)
+        LABEL(layer, -1) LABEL(head, -1) LABEL(window, 0) LABEL(rank, -1)
 #undef LABEL
-    Foreshock__Frame f = FORESHOCK__FRAME__INIT;
+            Foreshock__Frame f = FORESHOCK__FRAME__INIT;
     f.body_case = FORESHOCK__FRAME__BODY_ADVICE;
     f.advice = &a;
     return decode_encode(&f, out, len);
@@ -252,8 +254,8 @@ enum {
 };
 
 /* A delivery is recorded only for a stream of the advice's own run. */
-#define DELIVERY_OF_RUN                                                                     \
-    " WHERE EXISTS (SELECT 1 FROM advice a JOIN streams s ON s.run_id = a.run_id "        \
+#define DELIVERY_OF_RUN                                                                            \
+    " WHERE EXISTS (SELECT 1 FROM advice a JOIN streams s ON s.run_id = a.run_id "                 \
     "WHERE a.id = ?1 AND s.id = ?2) "
 
 static const char *const as_sql[AS_COUNT] = {
@@ -265,23 +267,24 @@ static const char *const as_sql[AS_COUNT] = {
                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) RETURNING id",
     /* Open advices of the run this stream has not acknowledged; an answer
      * (resolved, superseded) only to streams that were sent its question. */
-    [AS_OWED] = "SELECT a.id, a.alert_id, a.action, a.rule, a.label, a.severity, a.step, "
-                "a.first_breach_step, a.fired_step, a.rollback_step, al.layer, al.head, "
-                "al.\"window\", al.rank, a.fire_id FROM advice a JOIN alerts al ON al.id = a.alert_id "
-                "WHERE a.run_id = ?1 AND a.closed_at IS NULL AND (a.fire_id IS NULL OR EXISTS "
-                "(SELECT 1 FROM advice_deliveries d WHERE d.advice_id = a.fire_id "
-                "AND d.stream_id = ?2 AND d.sends > 0)) AND NOT EXISTS (SELECT 1 FROM "
-                "advice_deliveries d WHERE d.advice_id = a.id AND d.stream_id = ?2 "
-                "AND d.acked_at IS NOT NULL) ORDER BY a.id LIMIT ?3",
+    [AS_OWED] =
+        "SELECT a.id, a.alert_id, a.action, a.rule, a.label, a.severity, a.step, "
+        "a.first_breach_step, a.fired_step, a.rollback_step, al.layer, al.head, "
+        "al.\"window\", al.rank, a.fire_id FROM advice a JOIN alerts al ON al.id = a.alert_id "
+        "WHERE a.run_id = ?1 AND a.closed_at IS NULL AND (a.fire_id IS NULL OR EXISTS "
+        "(SELECT 1 FROM advice_deliveries d WHERE d.advice_id = a.fire_id "
+        "AND d.stream_id = ?2 AND d.sends > 0)) AND NOT EXISTS (SELECT 1 FROM "
+        "advice_deliveries d WHERE d.advice_id = a.id AND d.stream_id = ?2 "
+        "AND d.acked_at IS NOT NULL) ORDER BY a.id LIMIT ?3",
     [AS_SENT] = "INSERT INTO advice_deliveries (advice_id, stream_id, first_sent_at, "
                 "last_sent_at, sends) SELECT ?1, ?2, ?3, ?3, 1" DELIVERY_OF_RUN
                 "ON CONFLICT (advice_id, stream_id) DO UPDATE SET "
                 "first_sent_at = COALESCE(first_sent_at, excluded.first_sent_at), "
                 "last_sent_at = excluded.last_sent_at, sends = sends + 1",
-    [AS_ACKED] = "INSERT INTO advice_deliveries (advice_id, stream_id, acked_at) "
-                 "SELECT ?1, ?2, ?3" DELIVERY_OF_RUN
-                 "ON CONFLICT (advice_id, stream_id) DO UPDATE SET "
-                 "acked_at = COALESCE(acked_at, excluded.acked_at)",
+    [AS_ACKED] =
+        "INSERT INTO advice_deliveries (advice_id, stream_id, acked_at) "
+        "SELECT ?1, ?2, ?3" DELIVERY_OF_RUN "ON CONFLICT (advice_id, stream_id) DO UPDATE SET "
+        "acked_at = COALESCE(acked_at, excluded.acked_at)",
     [AS_FIRE_STREAMS] = "SELECT stream_id FROM advice_deliveries WHERE advice_id = ?1 "
                         "AND sends > 0 ORDER BY stream_id",
     /* Open firing advices of incidents that opened after a rewind's step. */
@@ -392,12 +395,19 @@ int advice_store_event(struct advice_store *as, const struct advice_policy *p,
     int64_t id = 0;
     if ((rc = step1(st, &id)) != SQLITE_ROW)
         return rc == SQLITE_DONE ? SQLITE_ERROR : rc;
-    *out = (struct advice_msg){.id = id, .run_id = ev->run_id, .alert_id = ev->alert_id,
-                               .action = action, .step = ev->step,
+    *out = (struct advice_msg){.id = id,
+                               .run_id = ev->run_id,
+                               .alert_id = ev->alert_id,
+                               .action = action,
+                               .step = ev->step,
                                .first_breach_step = ev->first_breach_step,
-                               .fired_step = ev->fired_step, .rollback_step = rollback,
-                               .layer = ev->layer, .head = ev->head, .window = ev->window,
-                               .rank = ev->rank, .fire_id = fire_id > 0 ? fire_id : 0};
+                               .fired_step = ev->fired_step,
+                               .rollback_step = rollback,
+                               .layer = ev->layer,
+                               .head = ev->head,
+                               .window = ev->window,
+                               .rank = ev->rank,
+                               .fire_id = fire_id > 0 ? fire_id : 0};
     copy_text(out->rule, sizeof(out->rule), ev->rule);
     copy_text(out->label, sizeof(out->label), ev->label);
     copy_text(out->severity, sizeof(out->severity), ev->severity);
@@ -436,9 +446,11 @@ int advice_store_rewind(struct advice_store *as, int64_t run_id, uint64_t resume
         }
         struct rewound *r = &v[n++];
         r->event_id = sqlite3_column_int64(st, 2);
-        r->m = (struct advice_msg){.id = sqlite3_column_int64(st, 0), .run_id = run_id,
+        r->m = (struct advice_msg){.id = sqlite3_column_int64(st, 0),
+                                   .run_id = run_id,
                                    .alert_id = sqlite3_column_int64(st, 1),
-                                   .action = ADVICE_SUPERSEDED, .step = (int64_t)resume_step,
+                                   .action = ADVICE_SUPERSEDED,
+                                   .step = (int64_t)resume_step,
                                    .first_breach_step = col_step(st, 7),
                                    .fired_step = col_step(st, 8),
                                    .rollback_step = col_step(st, 9),
@@ -505,11 +517,14 @@ int advice_store_owed(struct advice_store *as, int64_t run_id, int64_t stream_id
             *more = true;
             break;
         }
-        struct advice_msg m = {.id = sqlite3_column_int64(st, 0), .run_id = run_id,
+        struct advice_msg m = {.id = sqlite3_column_int64(st, 0),
+                               .run_id = run_id,
                                .alert_id = sqlite3_column_int64(st, 1),
-                               .action = sqlite3_column_int(st, 2), .step = col_step(st, 6),
+                               .action = sqlite3_column_int(st, 2),
+                               .step = col_step(st, 6),
                                .first_breach_step = col_step(st, 7),
-                               .fired_step = col_step(st, 8), .rollback_step = col_step(st, 9),
+                               .fired_step = col_step(st, 8),
+                               .rollback_step = col_step(st, 9),
                                .layer = sqlite3_column_int(st, 10),
                                .head = sqlite3_column_int(st, 11),
                                .window = sqlite3_column_int(st, 12),
@@ -543,8 +558,8 @@ int advice_store_fire_streams(struct advice_store *as, int64_t fire_id,
     return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
-int advice_store_delivery(struct advice_store *as, int64_t advice_id, int64_t stream_id,
-                          int acked, double now)
+int advice_store_delivery(struct advice_store *as, int64_t advice_id, int64_t stream_id, int acked,
+                          double now)
 {
     sqlite3_stmt *st = as->st[acked ? AS_ACKED : AS_SENT];
     sqlite3_bind_int64(st, 1, advice_id);

@@ -73,7 +73,7 @@ enum advice_action advice_decide(const struct advice_policy *p, const char *labe
  * ADVICE_NONE and "unknown" out of range. Static strings. */
 const char *advice_action_name(int action);
 
-#define ADVICE_RULE_MAX 64     /* = DETECT_NAME_MAX */
+#define ADVICE_RULE_MAX 64 /* = DETECT_NAME_MAX */
 #define ADVICE_LABEL_MAX 32
 #define ADVICE_SEVERITY_MAX 16
 /* Advices sent on one connection and not yet acknowledged that its acks
@@ -94,7 +94,7 @@ struct advice_msg {
     char label[ADVICE_LABEL_MAX];
     char severity[ADVICE_SEVERITY_MAX];
     int64_t step, first_breach_step, fired_step, rollback_step; /* -1: none */
-    int32_t layer, head, window, rank; /* -1 (window: 0): not applicable */
+    int32_t layer, head, window, rank;                          /* -1 (window: 0): not applicable */
     int64_t fire_id; /* an answer (resolved, superseded): the firing advice it answers; 0: none */
 };
 
@@ -177,7 +177,7 @@ int advice_store_owed(struct advice_store *as, int64_t run_id, int64_t stream_id
 /* Records that advice_id was sent to stream_id (acked 0) or acknowledged by
  * it (acked 1) at now. An advice of another run, or an unknown id, is
  * ignored. SQLite rc. */
-int advice_store_delivery(struct advice_store *as, int64_t advice_id, int64_t stream_id,
-                          int acked, double now);
+int advice_store_delivery(struct advice_store *as, int64_t advice_id, int64_t stream_id, int acked,
+                          double now);
 
 #endif

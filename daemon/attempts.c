@@ -54,8 +54,8 @@ int attempts_store_hello(struct attempts_store *as, int64_t run_id, uint32_t att
                          bool has_resume, uint64_t resume_step, double now,
                          struct attempt_info *out)
 {
-    *out = (struct attempt_info){.attempt = attempt, .has_resume = has_resume,
-                                 .resume_step = resume_step};
+    *out = (struct attempt_info){
+        .attempt = attempt, .has_resume = has_resume, .resume_step = resume_step};
     sqlite3_stmt *st = as->st[AT_LATEST];
     sqlite3_bind_int64(st, 1, run_id);
     int rc = sqlite3_step(st);
@@ -84,8 +84,7 @@ int attempts_store_hello(struct attempts_store *as, int64_t run_id, uint32_t att
     return SQLITE_OK;
 }
 
-int attempts_store_rebuilt(struct attempts_store *as, int64_t run_id, uint32_t attempt,
-                           double now)
+int attempts_store_rebuilt(struct attempts_store *as, int64_t run_id, uint32_t attempt, double now)
 {
     sqlite3_stmt *st = as->st[AT_REBUILT];
     sqlite3_bind_int64(st, 1, run_id);

@@ -19,11 +19,11 @@ void attempts_store_close(struct attempts_store *as);
 
 /* The run's current attempt after a Hello of `attempt`. */
 struct attempt_info {
-    uint32_t attempt;      /* the run's latest attempt */
-    bool has_resume;       /* ... is a rewind to resume_step */
+    uint32_t attempt; /* the run's latest attempt */
+    bool has_resume;  /* ... is a rewind to resume_step */
     uint64_t resume_step;
-    bool started;          /* this Hello started the latest attempt */
-    bool rewind;           /* ... and it rewinds an earlier attempt */
+    bool started; /* this Hello started the latest attempt */
+    bool rewind;  /* ... and it rewinds an earlier attempt */
 };
 
 /* Records the Hello of (run_id, attempt[, resume_step]) at now and fills
@@ -34,7 +34,6 @@ int attempts_store_hello(struct attempts_store *as, int64_t run_id, uint32_t att
                          struct attempt_info *out);
 
 /* The rewind of (run_id, attempt) was rebuilt at now. SQLite rc. */
-int attempts_store_rebuilt(struct attempts_store *as, int64_t run_id, uint32_t attempt,
-                           double now);
+int attempts_store_rebuilt(struct attempts_store *as, int64_t run_id, uint32_t attempt, double now);
 
 #endif

@@ -8,12 +8,13 @@
 #include "client.h"
 #include "wire.h"
 
-_Static_assert((int)FSC_ADVICE_CHECKPOINT == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_CHECKPOINT &&
-                   (int)FSC_ADVICE_CHECKPOINT_AND_STOP ==
-                       (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_CHECKPOINT_AND_STOP &&
-                   (int)FSC_ADVICE_RESOLVED == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_RESOLVED &&
-                   (int)FSC_ADVICE_SUPERSEDED == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_SUPERSEDED,
-               "actions are the wire's numbers");
+_Static_assert(
+    (int)FSC_ADVICE_CHECKPOINT == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_CHECKPOINT &&
+        (int)FSC_ADVICE_CHECKPOINT_AND_STOP ==
+            (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_CHECKPOINT_AND_STOP &&
+        (int)FSC_ADVICE_RESOLVED == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_RESOLVED &&
+        (int)FSC_ADVICE_SUPERSEDED == (int)FORESHOCK__ADVICE_ACTION__ADVICE_ACTION_SUPERSEDED,
+    "actions are the wire's numbers");
 
 int fsc_advice_box_init(struct fsc_advice_box *b)
 {
