@@ -385,6 +385,17 @@ static int submit(struct conn *c, struct store_item *it, Foreshock__Frame *f)
         feed_stage(c, f, time);
         return 0;
     }
+    int failing = atomic_load(&c->ing->opts.stats->storage_failing);
+    if (rc == -EAGAIN && it->kind == STORE_ITEM_HELLO && failing) {
+        /* The queue is full because commits fail: parked, this Hello would
+         * get no answer for as long as the disk is full. */
+        char msg[160];
+        snprintf(msg, sizeof(msg), "storage is failing (%s); retry later",
+                 store_failure_text(failing));
+        store_item_free(it);
+        protocol_error(c, E(INTERNAL), msg);
+        return -EIO;
+    }
     if (rc == -EAGAIN) {
         c->pending = it;
         c->pending_frame = f;
@@ -644,7 +655,11 @@ static int want_read(const struct conn *c)
      * the oldest reducing step are read. */
     int stage_ok = !c->ing->stage_full || c->state != STREAMING ||
                    stage_may_read(c->ing->opts.stage, c->run_id, c->stream_id);
-    return can_process(c) && !c->ing->paused && stage_ok && !c->ing->stopping;
+    /* While the writer pushes back a Hello is still read: it costs at most
+     * FS_MAX_HELLO_FRAME_BYTES, and it must be answered (parked until
+     * RESUME, or refused at once while storage fails). */
+    int paused_ok = !c->ing->paused || c->state == AWAIT_HELLO;
+    return can_process(c) && paused_ok && stage_ok && !c->ing->stopping;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -796,8 +811,8 @@ static void resume(struct ingest *ing)
             Foreshock__Frame *f = c->pending_frame;
             c->pending = NULL;
             c->pending_frame = NULL;
-            if (submit(c, it, f) < 0)
-                break;
+            if (submit(c, it, f) == -EAGAIN)
+                break; /* pushed back again: the rest stays parked */
         }
         process(c);
     }

@@ -77,7 +77,9 @@ struct fs_stats {
     /* lifecycle: 1 once storage is open and both listeners are bound,
      * 0 again when shutdown starts or the writer cannot commit. */
     atomic_int ready;
-    atomic_int storage_failing; /* 1 while commits fail (disk full, I/O) */
+    /* 0, or while commits fail (disk full, I/O) the SQLite primary result
+     * code they fail with (store_failure_text names it). */
+    atomic_int storage_failing;
 };
 
 #endif
