@@ -329,6 +329,7 @@ int main(int argc, char **argv)
         .port = cfg->listen.port,
         .max_connections = cfg->max_connections,
         .max_conn_buffer_bytes = cfg->max_conn_buffer_bytes,
+        .frame_buffer_max_bytes = cfg->frame_buffer_max_bytes,
         .token = cfg->token,
         .store = app->store,
         .stats = &app->stats,

@@ -38,6 +38,8 @@ struct fs_stats {
     atomic_uint_fast64_t reports_in;
     atomic_uint_fast64_t acks_out;
     atomic_uint_fast64_t backpressure_pauses; /* times ingest stopped reading */
+    atomic_uint_fast64_t frame_buffer_bytes; /* gauge: lengths of large frames being read */
+    atomic_uint_fast64_t frame_buffer_waits; /* a connection waited for frame_buffer_max_bytes */
 
     /* writer thread writes */
     atomic_uint_fast64_t reports_committed;
