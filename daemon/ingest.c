@@ -277,8 +277,8 @@ static int send_frame(struct conn *c, const Foreshock__Frame *f)
     return send_buf(c, buf, len);
 }
 
-/* Error{code, message}, then close after the write. */
-static void protocol_error(struct conn *c, int code, const char *message)
+/* Error{code, message, seq} (seq 0: none), then close after the write. */
+static void refuse(struct conn *c, int code, const char *message, uint64_t seq)
 {
     struct ingest *ing = c->ing;
     if (c->state == CLOSING)
@@ -294,13 +294,19 @@ static void protocol_error(struct conn *c, int code, const char *message)
     rbuf_drop(c);
     uint8_t *buf;
     size_t len;
-    if (decode_encode_error(code, message, &buf, &len) < 0 || send_buf(c, buf, len) < 0) {
+    if (decode_encode_error(code, message, seq, &buf, &len) < 0 || send_buf(c, buf, len) < 0) {
         conn_close(c);
         return;
     }
     c->linger_deadline_ms = uv_now(ing->loop) + FS_INGEST_LINGER_MS;
     conn_close_when_flushed(c);
     update_reading(c);
+}
+
+/* Error{code, message} about the connection, then close after the write. */
+static void protocol_error(struct conn *c, int code, const char *message)
+{
+    refuse(c, code, message, 0);
 }
 
 /* --- frames ----------------------------------------------------------------------- */
@@ -578,7 +584,12 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
     struct decode_error err;
     if (decode_frame(body, len, &ing->opts.limits, &f, &info, &err) < 0) {
         atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
-        protocol_error(c, err.code, err.message);
+        /* A report refused for what it holds is named, so that the client
+         * drops it instead of resending it forever. */
+        uint64_t seq = 0;
+        if (c->state == STREAMING && decode_peek_report_seq(body, len, &seq) < 0)
+            seq = 0;
+        refuse(c, err.code, err.message, seq);
         return;
     }
     switch (f->body_case) {
