@@ -250,6 +250,8 @@ def test(args, workdir):
         check(d.proc.returncode == 1,
               f"exit status {d.proc.returncode} after giving up unwritten data, expected 1")
         check("not written" in log, "the log does not say what was given up:\n" + log[-3000:])
+        check("Sanitizer" not in log and "runtime error" not in log,
+              "sanitizer report (exit status 1 is also ASan's):\n" + log[-5000:])
         print("\n".join(line for line in log.splitlines()[-12:]))
         a.poll_acks(0.5, stopping=True)  # acks sent before the close
         a.conn.close()
