@@ -162,9 +162,9 @@ struct store {
     uint64_t submitted, settled;        /* item counts, for store_flush */
     uint64_t spool_bytes;               /* committed */
     int refusing, stopping;
-    uint64_t q_hellos;       /* HELLO items queued (not yet in a batch) */
-    double stop_deadline;    /* monotonic; > 0: failing writes are given up past it */
-    uint64_t abandoned;      /* items given up at the stop deadline */
+    uint64_t q_hellos;        /* HELLO items queued (not yet in a batch) */
+    double stop_deadline;     /* monotonic; > 0: failing writes are given up past it */
+    uint64_t abandoned;       /* items given up at the stop deadline */
     struct store_result *res; /* announced, not yet taken */
     size_t nres, capres;
     void (*notify)(void *ctx);

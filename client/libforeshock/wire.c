@@ -52,8 +52,8 @@ size_t fsc_wire_report_header(uint64_t seq, size_t body_len,
     return n;
 }
 
-#define TAG_REPORT_STEP ((2u << 3) | 0u)      /* Report.step, varint */
-#define TAG_REPORT_TIME ((3u << 3) | 1u)      /* Report.time_unix, 64-bit */
+#define TAG_REPORT_STEP ((2u << 3) | 0u) /* Report.step, varint */
+#define TAG_REPORT_TIME ((3u << 3) | 1u) /* Report.time_unix, 64-bit */
 
 size_t fsc_wire_report_placeholder(const uint8_t *body, size_t len,
                                    uint8_t out[FSC_WIRE_PLACEHOLDER_MAX])
