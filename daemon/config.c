@@ -48,6 +48,11 @@ static const struct config_key core_keys[] = {
      .min = FS_MIN_MAX_CONN_BUFFER_BYTES, .max = FS_CAP_MAX_CONN_BUFFER_BYTES,
      CORE(max_conn_buffer_bytes),
      .help = "unsent reply bytes per connection; a client that does not read is closed"},
+    {.name = "frame_buffer_max_bytes", .type = CONFIG_BYTES, .def = "256M",
+     .min = FS_MIN_FRAME_BUFFER_MAX_BYTES, .max = FS_CAP_FRAME_BUFFER_MAX_BYTES,
+     CORE(frame_buffer_max_bytes),
+     .help = "frames above 64K being read, total over all connections (>= max_frame_bytes); "
+             "past it a connection waits for others to finish theirs"},
     {.name = "writer_queue_max_items", .type = CONFIG_UINT,
      .def = "16384", .min = FS_MIN_WRITER_QUEUE_MAX_ITEMS,
      .max = FS_CAP_WRITER_QUEUE_MAX_ITEMS, CORE(writer_queue_max_items),
@@ -550,6 +555,13 @@ int config_check(const struct fs_config *cfg, const char *origin, struct config_
              "%llu is larger than writer_queue_max_items (%llu)",
              (unsigned long long)cfg->writer_batch_max_items,
              (unsigned long long)cfg->writer_queue_max_items);
+        return -EINVAL;
+    }
+    if (cfg->frame_buffer_max_bytes < cfg->max_frame_bytes) {
+        fail(err, origin, 0, "frame_buffer_max_bytes",
+             "%llu is below max_frame_bytes (%llu): one frame of the largest size must fit",
+             (unsigned long long)cfg->frame_buffer_max_bytes,
+             (unsigned long long)cfg->max_frame_bytes);
         return -EINVAL;
     }
     return 0;

@@ -83,6 +83,7 @@ struct fs_config {
     uint64_t max_frame_bytes;
     uint64_t max_runs;
     uint64_t max_conn_buffer_bytes;
+    uint64_t frame_buffer_max_bytes; /* ingest: large frames being read, all connections */
     uint64_t writer_queue_max_items;
     uint64_t writer_queue_max_bytes;
     uint64_t writer_batch_max_items;

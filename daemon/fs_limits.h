@@ -62,6 +62,15 @@
 #define FS_MIN_MAX_RUNS 1u
 #define FS_CAP_MAX_RUNS 1000000u
 
+/* Frames larger than the initial read buffer (FS_INGEST_RBUF_INITIAL) get a
+ * buffer of their own while they are read; the total of their lengths over
+ * all connections is bounded (a connection whose frame would pass it waits,
+ * not reading, until others finish theirs). At least max_frame_bytes, so a
+ * lone connection can always read a frame of the largest size. */
+#define FS_DEF_FRAME_BUFFER_MAX_BYTES (256ull << 20)
+#define FS_MIN_FRAME_BUFFER_MAX_BYTES FS_MIN_MAX_FRAME_BYTES
+#define FS_CAP_FRAME_BUFFER_MAX_BYTES (64ull << 30)
+
 /* Outgoing bytes queued on one connection (Welcome, Acks, Error) that the
  * client has not read yet; past it the client is closed. */
 #define FS_DEF_MAX_CONN_BUFFER_BYTES (1u << 20)

@@ -24,6 +24,7 @@
 
 #include "http_internal.h"
 #include "http_parse.h"
+#include "store.h"
 
 /* --- per-request state -------------------------------------------------------- */
 
@@ -120,12 +121,16 @@ static int h_healthz(struct ctx *c)
 static int h_readyz(struct ctx *c)
 {
     struct fs_stats *s = c->h->stats;
+    /* The storage failure first: the writer clears `ready` while it lasts,
+     * and "starting or shutting down" would hide the reason. */
+    int failing = atomic_load_explicit(&s->storage_failing, memory_order_relaxed);
+    if (failing != 0)
+        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                                "storage: %s (commits fail; nothing new is acknowledged)",
+                                store_failure_text(failing));
     if (atomic_load_explicit(&s->ready, memory_order_relaxed) != 1)
         return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
                                 "daemon is not ready (starting or shutting down)");
-    if (atomic_load_explicit(&s->storage_failing, memory_order_relaxed) != 0)
-        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                                "storage is failing: commits do not succeed");
     sqlite3_stmt *st = c->dbc->st[STMT_READY];
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {

@@ -35,6 +35,9 @@ struct conn {
     char peer[64];
     uint8_t *rbuf;
     size_t rlen, rcap;
+    uint64_t fbuf;       /* length of the large frame rbuf was grown for (0: none) */
+    struct conn *wnext;  /* waiting for frame buffer room (ingest.wait_head) */
+    int waiting;
     size_t discarded;
     struct store_item *pending; /* refused with -EAGAIN; resubmitted on RESUME */
     Foreshock__Frame *pending_frame; /* the decoded report of `pending`, for the stage */
@@ -76,6 +79,8 @@ struct ingest {
     int stage_full; /* the monitor stage's reduction memory is full */
     int stopping;
     int handles_open; /* of listener, async, sweep */
+    uint64_t fbuf_total; /* sum of conn.fbuf: at most opts.frame_buffer_max_bytes */
+    struct conn *wait_head, *wait_tail; /* connections waiting for frame buffer room, FIFO */
     int handles_closing; /* async and sweep are being closed */
     void (*done)(void *ctx);
     void *done_ctx;
@@ -85,6 +90,7 @@ struct ingest {
 
 static void process(struct conn *c);
 static void update_reading(struct conn *c);
+static void rbuf_drop(struct conn *c);
 static void on_shutdown(uv_shutdown_t *req, int status);
 static void check_stop(struct ingest *ing);
 
@@ -127,6 +133,7 @@ static void on_conn_closed(uv_handle_t *h)
     store_item_free(c->pending);
     decode_frame_free(c->pending_frame);
     free((void *)c->hello.moe_layers);
+    rbuf_drop(c);
     free(c->rbuf);
     free(c);
     check_stop(ing);
@@ -185,7 +192,7 @@ static void conn_linger(struct conn *c)
 {
     if (c->state != CLOSING) {
         c->state = CLOSING;
-        c->rlen = 0;
+        rbuf_drop(c);
     }
     conn_close_when_flushed(c);
     update_reading(c);
@@ -270,8 +277,8 @@ static int send_frame(struct conn *c, const Foreshock__Frame *f)
     return send_buf(c, buf, len);
 }
 
-/* Error{code, message}, then close after the write. */
-static void protocol_error(struct conn *c, int code, const char *message)
+/* Error{code, message, seq} (seq 0: none), then close after the write. */
+static void refuse(struct conn *c, int code, const char *message, uint64_t seq)
 {
     struct ingest *ing = c->ing;
     if (c->state == CLOSING)
@@ -284,16 +291,22 @@ static void protocol_error(struct conn *c, int code, const char *message)
     c->pending = NULL;
     decode_frame_free(c->pending_frame);
     c->pending_frame = NULL;
-    c->rlen = 0;
+    rbuf_drop(c);
     uint8_t *buf;
     size_t len;
-    if (decode_encode_error(code, message, &buf, &len) < 0 || send_buf(c, buf, len) < 0) {
+    if (decode_encode_error(code, message, seq, &buf, &len) < 0 || send_buf(c, buf, len) < 0) {
         conn_close(c);
         return;
     }
     c->linger_deadline_ms = uv_now(ing->loop) + FS_INGEST_LINGER_MS;
     conn_close_when_flushed(c);
     update_reading(c);
+}
+
+/* Error{code, message} about the connection, then close after the write. */
+static void protocol_error(struct conn *c, int code, const char *message)
+{
+    refuse(c, code, message, 0);
 }
 
 /* --- frames ----------------------------------------------------------------------- */
@@ -384,6 +397,17 @@ static int submit(struct conn *c, struct store_item *it, Foreshock__Frame *f)
         c->inflight++;
         feed_stage(c, f, time);
         return 0;
+    }
+    int failing = atomic_load(&c->ing->opts.stats->storage_failing);
+    if (rc == -EAGAIN && it->kind == STORE_ITEM_HELLO && failing) {
+        /* The queue is full because commits fail: parked, this Hello would
+         * get no answer for as long as the disk is full. */
+        char msg[160];
+        snprintf(msg, sizeof(msg), "storage is failing (%s); retry later",
+                 store_failure_text(failing));
+        store_item_free(it);
+        protocol_error(c, E(INTERNAL), msg);
+        return -EIO;
     }
     if (rc == -EAGAIN) {
         c->pending = it;
@@ -560,7 +584,12 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
     struct decode_error err;
     if (decode_frame(body, len, &ing->opts.limits, &f, &info, &err) < 0) {
         atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
-        protocol_error(c, err.code, err.message);
+        /* A report refused for what it holds is named, so that the client
+         * drops it instead of resending it forever. */
+        uint64_t seq = 0;
+        if (c->state == STREAMING && decode_peek_report_seq(body, len, &seq) < 0)
+            seq = 0;
+        refuse(c, err.code, err.message, seq);
         return;
     }
     switch (f->body_case) {
@@ -578,6 +607,167 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
         break;
     }
     decode_frame_free(f);
+}
+
+/* --- frame buffers ---------------------------------------------------------------
+ *
+ * Every connection reads into a buffer of FS_INGEST_RBUF_INITIAL bytes
+ * (max_connections of them at most). A larger frame needs a buffer of its
+ * own, for as long as it is being read: those are what an authenticated
+ * peer could multiply (24 connections announcing 63 MB each took 1.5 GB),
+ * so the lengths of the frames they hold count against one daemon-wide
+ * bound, frame_buffer_max_bytes. A stream whose next frame does not fit
+ * stops reading and waits in line; room is handed out oldest waiter first,
+ * and nobody passes a waiter (a large frame is not starved by small ones).
+ * A holder always finishes: it reads its frame whole even while ingest is
+ * paused (writer or stage backpressure; deadline: frame_timeout_s), and
+ * gives the room back once the frame has left the connection: handed to
+ * the writer (a frame parked by writer backpressure keeps its room until
+ * it is resubmitted, so parked frames are within the bound too), or
+ * dropped. The bound is at least max_frame_bytes, so a lone frame always
+ * fits. Nothing is refused: waiting loses no data, and cannot deadlock, as
+ * no holder waits for anything but the writer, which needs no ingest. */
+
+static void fbuf_set(struct conn *c, uint64_t len)
+{
+    struct ingest *ing = c->ing;
+    ing->fbuf_total = ing->fbuf_total - c->fbuf + len;
+    c->fbuf = len;
+    atomic_store(&ing->opts.stats->frame_buffer_bytes, ing->fbuf_total);
+}
+
+/* Length of the frame whose prefix starts the buffer, for a stream whose
+ * buffer cannot hold it whole; 0 when nothing needs to grow. */
+static uint32_t large_frame(const struct conn *c)
+{
+    uint32_t len;
+    struct decode_error err;
+    if (c->closing || c->state != STREAMING || c->rlen < DECODE_PREFIX_BYTES ||
+        decode_prefix(c->rbuf, &c->ing->opts.limits, &len, &err) < 0 ||
+        DECODE_PREFIX_BYTES + (size_t)len <= c->rcap)
+        return 0;
+    return len;
+}
+
+static void wait_remove(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    if (!c->waiting)
+        return;
+    struct conn **p = &ing->wait_head, *prev = NULL;
+    while (*p && *p != c) {
+        prev = *p;
+        p = &(*p)->wnext;
+    }
+    if (*p)
+        *p = c->wnext;
+    if (ing->wait_tail == c)
+        ing->wait_tail = prev;
+    c->wnext = NULL;
+    c->waiting = 0;
+}
+
+/* Gives c's frame of len bytes a buffer of its own. 0, or -ENOMEM (the
+ * connection is then refused: never acked, the client resends). */
+static int rbuf_grow(struct conn *c, uint32_t len)
+{
+    uint8_t *p = realloc(c->rbuf, DECODE_PREFIX_BYTES + (size_t)len);
+    if (!p) {
+        protocol_error(c, E(INTERNAL), "out of memory for a frame buffer");
+        return -ENOMEM;
+    }
+    c->rbuf = p;
+    c->rcap = DECODE_PREFIX_BYTES + (size_t)len;
+    fbuf_set(c, len);
+    return 0;
+}
+
+/* Hands freed room to the waiters, oldest first, while their frames fit. */
+static void grant_waiting(struct ingest *ing)
+{
+    struct conn *c;
+    while ((c = ing->wait_head) != NULL) {
+        uint32_t len = large_frame(c);
+        if (len && ing->fbuf_total - c->fbuf + len > ing->opts.frame_buffer_max_bytes)
+            return;
+        wait_remove(c);
+        if (len && rbuf_grow(c, len) < 0)
+            continue;
+        update_reading(c);
+    }
+}
+
+/* A frame larger than the buffer starts it: grow the buffer if the bound
+ * allows (and nobody waits already), else wait in line, not reading. */
+static void rbuf_room(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    uint32_t len = large_frame(c);
+    if (!len || c->waiting)
+        return;
+    if (!ing->wait_head && ing->fbuf_total - c->fbuf + len <= ing->opts.frame_buffer_max_bytes) {
+        rbuf_grow(c, len);
+        return;
+    }
+    c->waiting = 1;
+    if (ing->wait_tail)
+        ing->wait_tail->wnext = c;
+    else
+        ing->wait_head = c;
+    ing->wait_tail = c;
+    atomic_fetch_add(&ing->opts.stats->frame_buffer_waits, 1);
+    log_limited(&ing->rl_backpressure, LOG_LEVEL_INFO, "ingest",
+                "conn %llu %s: a %u-byte frame waits for frame buffer room "
+                "(%llu of frame_buffer_max_bytes %llu in use)",
+                (unsigned long long)c->id, c->peer, len, (unsigned long long)ing->fbuf_total,
+                (unsigned long long)ing->opts.frame_buffer_max_bytes);
+    update_reading(c);
+}
+
+/* Bytes the frame that starts the buffer takes (0: its prefix is not in). */
+static size_t head_need(const struct conn *c)
+{
+    if (c->rlen < DECODE_PREFIX_BYTES)
+        return 0;
+    const uint8_t *p = c->rbuf;
+    return DECODE_PREFIX_BYTES +
+           ((size_t)p[0] << 24 | (size_t)p[1] << 16 | (size_t)p[2] << 8 | (size_t)p[3]);
+}
+
+/* After frames were handled: once the large frame is out of the buffer,
+ * back to the initial buffer; once it has also left the connection (not
+ * parked), its room goes to the waiters. */
+static void rbuf_settle(struct conn *c)
+{
+    if (c->rcap > FS_INGEST_RBUF_INITIAL && c->rlen <= FS_INGEST_RBUF_INITIAL &&
+        head_need(c) <= FS_INGEST_RBUF_INITIAL) {
+        uint8_t *p = realloc(c->rbuf, FS_INGEST_RBUF_INITIAL);
+        if (!p)
+            return; /* still held, still counted; tried again next time */
+        c->rbuf = p;
+        c->rcap = FS_INGEST_RBUF_INITIAL;
+    }
+    if (c->fbuf && c->rcap <= FS_INGEST_RBUF_INITIAL && !c->pending) {
+        fbuf_set(c, 0);
+        grant_waiting(c->ing);
+    }
+}
+
+/* The buffered input is dropped (an error, a stop, a close): nothing of it
+ * was acked; the client resends it. */
+static void rbuf_drop(struct conn *c)
+{
+    c->rlen = 0;
+    wait_remove(c);
+    if (c->rcap > FS_INGEST_RBUF_INITIAL) {
+        free(c->rbuf); /* on_alloc makes a new initial one if needed */
+        c->rbuf = NULL;
+        c->rcap = 0;
+    }
+    if (c->fbuf) {
+        fbuf_set(c, 0);
+        grant_waiting(c->ing);
+    }
 }
 
 /* May this connection take another frame from its buffer now? */
@@ -624,14 +814,8 @@ static void process(struct conn *c)
         /* What is left is the start of the next frame. */
         c->frame_started_ms = c->rlen ? uv_now(ing->loop) : 0;
     }
-    /* A frame larger than the default buffer got its own; give it back. */
-    if (c->rcap > FS_INGEST_RBUF_INITIAL && c->rlen <= FS_INGEST_RBUF_INITIAL) {
-        uint8_t *p = realloc(c->rbuf, FS_INGEST_RBUF_INITIAL);
-        if (p) {
-            c->rbuf = p;
-            c->rcap = FS_INGEST_RBUF_INITIAL;
-        }
-    }
+    rbuf_settle(c);
+    rbuf_room(c);
 }
 
 static int want_read(const struct conn *c)
@@ -644,7 +828,16 @@ static int want_read(const struct conn *c)
      * the oldest reducing step are read. */
     int stage_ok = !c->ing->stage_full || c->state != STREAMING ||
                    stage_may_read(c->ing->opts.stage, c->run_id, c->stream_id);
-    return can_process(c) && !c->ing->paused && stage_ok && !c->ing->stopping;
+    /* A large frame's buffer is read to its end whatever pauses: its room
+     * must come back (see "frame buffers"). */
+    if (can_process(c) && !c->waiting && !c->ing->stopping && c->fbuf &&
+        c->rcap > FS_INGEST_RBUF_INITIAL && c->rlen < c->rcap)
+        return 1;
+    /* While the writer pushes back a Hello is still read: it costs at most
+     * FS_MAX_HELLO_FRAME_BYTES, and it must be answered (parked until
+     * RESUME, or refused at once while storage fails). */
+    int paused_ok = !c->ing->paused || c->state == AWAIT_HELLO;
+    return can_process(c) && paused_ok && stage_ok && !c->waiting && !c->ing->stopping;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -656,25 +849,16 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         *buf = uv_buf_init((char *)ing->discard, sizeof(ing->discard));
         return;
     }
-    /* Size the buffer for the frame being read, whose length prefix was
-     * checked against max_frame_bytes before this allocation. */
-    size_t want = c->rcap ? c->rcap : FS_INGEST_RBUF_INITIAL;
-    /* Only an accepted stream grows its buffer (FS_MAX_HELLO_FRAME_BYTES). */
-    if (c->rlen >= DECODE_PREFIX_BYTES && c->state == STREAMING) {
-        uint32_t len;
-        struct decode_error err;
-        if (decode_prefix(c->rbuf, &ing->opts.limits, &len, &err) == 0 &&
-            DECODE_PREFIX_BYTES + (size_t)len > want)
-            want = DECODE_PREFIX_BYTES + (size_t)len;
-    }
-    if (want != c->rcap) {
-        uint8_t *p = realloc(c->rbuf, want);
+    /* The initial buffer; a large frame's own is made by rbuf_room, within
+     * frame_buffer_max_bytes, before reading goes on. */
+    if (!c->rcap) {
+        uint8_t *p = malloc(FS_INGEST_RBUF_INITIAL);
         if (!p) {
             *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
             return;
         }
         c->rbuf = p;
-        c->rcap = want;
+        c->rcap = FS_INGEST_RBUF_INITIAL;
     }
     *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
 }
@@ -796,8 +980,8 @@ static void resume(struct ingest *ing)
             Foreshock__Frame *f = c->pending_frame;
             c->pending = NULL;
             c->pending_frame = NULL;
-            if (submit(c, it, f) < 0)
-                break;
+            if (submit(c, it, f) == -EAGAIN)
+                break; /* pushed back again: the rest stays parked */
         }
         process(c);
     }
@@ -1017,7 +1201,7 @@ void ingest_stop(struct ingest *ing, void (*done)(void *ctx), void *ctx)
     log_info("ingest", "stopping: no new connections; committing and acking what was received");
     uv_close((uv_handle_t *)&ing->listener, on_handle_closed);
     for (struct conn *c = ing->head; c; c = c->next) {
-        c->rlen = 0; /* partial or unread frames were never acked: the client resends */
+        rbuf_drop(c); /* partial or unread frames were never acked: the client resends */
         update_reading(c);
     }
     check_stop(ing);
@@ -1055,6 +1239,10 @@ int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest 
     snprintf(ing->host, sizeof(ing->host), "%s", opts->host);
     ing->opts.token = ing->token;
     ing->opts.host = ing->host;
+    if (!ing->opts.frame_buffer_max_bytes)
+        ing->opts.frame_buffer_max_bytes = FS_DEF_FRAME_BUFFER_MAX_BYTES;
+    if (ing->opts.frame_buffer_max_bytes < ing->opts.limits.max_frame_bytes)
+        ing->opts.frame_buffer_max_bytes = ing->opts.limits.max_frame_bytes;
     struct sockaddr_storage sa;
     int rc = resolve(opts->host, opts->port, &sa, err, errlen);
     if (rc < 0) {

@@ -127,6 +127,9 @@ static void on_signal(uv_signal_t *h, int signum)
     app->stopping = 1;
     log_info("main", "%s: stopping", strsignal(signum));
     store_set_serving(app->store, 0);
+    /* A full disk must not hold the stop forever: past the bound, what
+     * cannot be committed is given up (never acked: clients resend it). */
+    store_set_stop_deadline(app->store, app->cfg.shutdown_timeout_s);
     atomic_store(&app->stats.ready, 0);
     ingest_stop(app->ingest, on_ingest_done, app);
 }
@@ -326,6 +329,7 @@ int main(int argc, char **argv)
         .port = cfg->listen.port,
         .max_connections = cfg->max_connections,
         .max_conn_buffer_bytes = cfg->max_conn_buffer_bytes,
+        .frame_buffer_max_bytes = cfg->frame_buffer_max_bytes,
         .token = cfg->token,
         .store = app->store,
         .stats = &app->stats,
@@ -400,7 +404,11 @@ out:
     stage_free(app->stage);
     /* The pager's last outcomes go through the writer: stop it first. */
     pager_stop(app->pager);
-    store_close(app->store);
+    if (store_close(app->store) < 0 && status == EXIT_OK) {
+        log_error("main", "stopped, but storage failed: what was received after the last "
+                          "commit was not written (never acknowledged; clients resend it)");
+        status = EXIT_RUNTIME;
+    }
     dblock_release(app->dblock);
     if (loop_ok && uv_loop_close(&app->loop) != 0)
         log_warn("main", "event loop closed with handles still open");

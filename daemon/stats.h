@@ -38,6 +38,8 @@ struct fs_stats {
     atomic_uint_fast64_t reports_in;
     atomic_uint_fast64_t acks_out;
     atomic_uint_fast64_t backpressure_pauses; /* times ingest stopped reading */
+    atomic_uint_fast64_t frame_buffer_bytes; /* gauge: lengths of large frames being read */
+    atomic_uint_fast64_t frame_buffer_waits; /* a connection waited for frame_buffer_max_bytes */
 
     /* writer thread writes */
     atomic_uint_fast64_t reports_committed;
@@ -77,7 +79,9 @@ struct fs_stats {
     /* lifecycle: 1 once storage is open and both listeners are bound,
      * 0 again when shutdown starts or the writer cannot commit. */
     atomic_int ready;
-    atomic_int storage_failing; /* 1 while commits fail (disk full, I/O) */
+    /* 0, or while commits fail (disk full, I/O) the SQLite primary result
+     * code they fail with (store_failure_text names it). */
+    atomic_int storage_failing;
 };
 
 #endif

@@ -125,7 +125,7 @@ struct fsc_stats {
     size_t size;              /* caller sets sizeof(struct fsc_stats) before the call */
     uint64_t submitted;       /* reports accepted by fsc_submit (= last assigned seq) */
     uint64_t acked;           /* reports the daemon acknowledged as committed */
-    uint64_t dropped;         /* refused by fsc_submit, or rejected by the daemon */
+    uint64_t dropped;         /* refused by fsc_submit, or by the daemon (daemon_refused) */
     uint64_t sent;            /* report frames written to a socket, resends included */
     uint64_t resent;          /* of which resends after a reconnect */
     uint64_t reconnects;      /* successful handshakes after the first */
@@ -138,6 +138,13 @@ struct fsc_stats {
     char last_error[FSC_ERROR_LEN]; /* most recent error text, "" if none */
     uint64_t recorded;        /* reports written to record_path */
     int record_failed;        /* 1 after a write to record_path failed: recording stopped */
+    /* Added after the fields above: a caller built against an older header passes a
+     * smaller size and does not get it. */
+    uint64_t daemon_refused;  /* of `dropped`: reports the daemon will never take (over
+                                 its limits, undecodable, above its max_frame_bytes).
+                                 Not resent; each is logged once with the daemon's
+                                 reason, and its seq goes as an empty report (step and
+                                 time only), so later reports still flow. */
 };
 
 /* Library version string, e.g. "0.1.0". Static storage, any thread. */

@@ -417,13 +417,14 @@ void fsc_stats(fsc_client *c, struct fsc_stats *s)
     t.resent = c->resent;
     t.reconnects = c->reconnects;
     t.connect_failures = c->connect_failures;
-    t.buffered_reports = c->replay.count;
+    t.buffered_reports = c->replay.count - c->replay.placeholders;
     t.buffered_bytes = c->replay.bytes;
     t.seq_offset = c->seq_offset;
     t.connected = c->connected;
     t.failed = c->failed;
     t.recorded = c->rec.written;
     t.record_failed = c->rec.failed;
+    t.daemon_refused = c->daemon_refused;
     memcpy(t.last_error, c->last_error, sizeof(t.last_error));
     pthread_mutex_unlock(&c->mu);
     t.size = n;

@@ -48,6 +48,7 @@ struct fsc_client {
     pthread_cond_t drained; /* broadcast when the replay buffer empties or the client fails */
     struct fsc_replay replay;
     uint64_t submitted, acked, dropped, sent, resent, reconnects, connect_failures;
+    uint64_t daemon_refused; /* of dropped: refused by the daemon (io.c, refuse_entry) */
     uint64_t acked_seq;  /* highest client seq the daemon acknowledged */
     uint64_t seq_offset; /* wire seq = client seq + seq_offset */
     int offset_known;    /* set by the first Welcome */

@@ -7,12 +7,18 @@
  * are shared with the caller threads under c->mu; the socket, read buffer
  * and write cursor below belong to this thread alone.
  *
- * Poison reports: the daemon answers a report it cannot accept with
- * Error{MALFORMED or TOO_LARGE} and closes, without saying which report it
- * was. Resending everything would hit the same report forever, so after such
- * an error the client sends one report at a time (waiting for its ack) until
- * it is past the reports that were in flight; a report refused on its own is
- * dropped and counted. */
+ * Poison reports: the daemon answers a report it will never take (over its
+ * limits, undecodable) with Error{MALFORMED, LIMIT or TOO_LARGE} and closes.
+ * Resending it would hit the same wall forever, so it is dropped, counted
+ * (dropped, daemon_refused) and logged, and replaced by a placeholder that
+ * keeps its seq: a Report with its step (and time) only. The daemon takes a
+ * stream's seqs only in order, so without it every later report would be
+ * refused too. The daemon names the report (Error.seq); a daemon that does
+ * not (or an error it could not tie to a report) leaves only MALFORMED and
+ * TOO_LARGE to go on: then the client sends one report at a time (waiting
+ * for its ack) until it is past the reports that were in flight, and a
+ * report refused on its own is the one. A report above the daemon's
+ * max_frame_bytes (Welcome) is replaced before it is sent. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -50,6 +56,7 @@ struct fsc_io {
     /* Across connections: probe mode (see the file comment). */
     int probe;
     uint64_t probe_until;
+    char refused_note[FSC_ERROR_LEN]; /* set under mu, logged once mu is released */
 
     uint8_t *bye;
     size_t bye_len;
@@ -224,9 +231,11 @@ static uint64_t to_client_seq(struct fsc_client *c, uint64_t wire)
 static void apply_ack(struct fsc_io *io, uint64_t s)
 {
     struct fsc_client *c = io->c;
+    size_t placeholders = c->replay.placeholders;
     size_t n = fsc_replay_ack(&c->replay, s);
 
-    c->acked += n;
+    /* A placeholder's ack commits a seq, not a report. */
+    c->acked += n - (placeholders - c->replay.placeholders);
     if (n)
         io->progress = 1;
     if (s > c->acked_seq)
@@ -281,6 +290,61 @@ static int on_welcome(struct fsc_io *io, const Foreshock__Welcome *w)
     return 0;
 }
 
+/* Under mu: the daemon will never take report e. Replaces it by its
+ * placeholder (see the file comment) and counts it. 0, or < 0 when it
+ * stays as it is (-ENOMEM, -EBUSY: it is being written; -EPROTO). */
+static int refuse_entry(struct fsc_client *c, struct fsc_entry *e)
+{
+    uint8_t body[FSC_WIRE_PLACEHOLDER_MAX];
+    size_t n = fsc_wire_report_placeholder(e->body, e->len, body);
+    struct fsc_entry *p;
+    int rc;
+
+    if (!n)
+        return -EPROTO;
+    if (!(p = malloc(sizeof(*p) + n)))
+        return -ENOMEM;
+    memcpy(p->data, body, n);
+    p->next = NULL;
+    p->seq = e->seq;
+    p->placeholder = 1;
+    p->len = n;
+    p->body = p->data;
+    if ((rc = fsc_replay_replace(&c->replay, e, p)) < 0) {
+        free(p);
+        return rc;
+    }
+    c->dropped++;
+    c->daemon_refused++;
+    return 0;
+}
+
+/* Error{seq}: the daemon names the report it refuses. 0 when that report
+ * was replaced by its placeholder, -ENOENT when it is not one we hold. */
+static int refuse_named(struct fsc_io *io, uint64_t wire_seq, const char *msg)
+{
+    struct fsc_client *c = io->c;
+    struct fsc_entry *e = NULL;
+    uint64_t s = 0;
+    int rc = -ENOENT;
+
+    pthread_mutex_lock(&c->mu);
+    if (wire_seq > c->seq_offset && wire_seq - c->seq_offset <= c->submitted) {
+        s = wire_seq - c->seq_offset;
+        e = fsc_replay_find(&c->replay, s);
+    }
+    /* The connection ends: nothing is being written any more. */
+    fsc_replay_sent(&c->replay);
+    if (e && !e->placeholder)
+        rc = refuse_entry(c, e);
+    pthread_mutex_unlock(&c->mu);
+    if (rc == 0)
+        io_log(io, FSC_LOG_WARN,
+               "daemon refused report seq %llu (%s): dropped; an empty report keeps its seq",
+               (unsigned long long)s, msg);
+    return rc == 0 ? 0 : -ENOENT;
+}
+
 static int on_error(struct fsc_io *io, const Foreshock__Error *e)
 {
     struct fsc_client *c = io->c;
@@ -292,6 +356,15 @@ static int on_error(struct fsc_io *io, const Foreshock__Error *e)
         break; /* fatal, below */
     case FORESHOCK__ERROR_CODE__ERROR_MALFORMED:
     case FORESHOCK__ERROR_CODE__ERROR_TOO_LARGE:
+    case FORESHOCK__ERROR_CODE__ERROR_LIMIT:
+        if (io->welcomed && e->has_seq && refuse_named(io, e->seq, msg) == 0)
+            return -EPROTO; /* the rest is resent on the next connection */
+        if (e->code == FORESHOCK__ERROR_CODE__ERROR_LIMIT) {
+            /* About the connection (max_connections, max_runs, deadlines):
+             * later it may pass. */
+            io_log(io, FSC_LOG_WARN, "daemon error %d: %s; reconnecting", (int)e->code, msg);
+            return -ECONNRESET;
+        }
         if (!io->welcomed)
             break; /* our Hello was refused: retrying cannot help */
         pthread_mutex_lock(&c->mu);
@@ -299,12 +372,13 @@ static int on_error(struct fsc_io *io, const Foreshock__Error *e)
             /* Sent alone: this report is the one the daemon refuses. */
             uint64_t seq = c->replay.head->seq;
             fsc_replay_sent(&c->replay);
-            fsc_replay_drop_head(&c->replay);
-            c->dropped++;
-            signal_drained(c);
+            int rc = refuse_entry(c, c->replay.head);
             pthread_mutex_unlock(&c->mu);
-            io_log(io, FSC_LOG_WARN, "daemon refused report seq %llu (%s): dropped",
-                   (unsigned long long)seq, msg);
+            if (rc == 0)
+                io_log(io, FSC_LOG_WARN,
+                       "daemon refused report seq %llu (%s): dropped; an empty report keeps its "
+                       "seq",
+                       (unsigned long long)seq, msg);
             return -EPROTO;
         }
         pthread_mutex_unlock(&c->mu);
@@ -403,8 +477,9 @@ static uint64_t frame_len(const struct fsc_io *io, const struct fsc_entry *e)
     return fsc_wire_report_header(e->seq + io->c->seq_offset, e->len, hdr) - 4 + (uint64_t)e->len;
 }
 
-/* Under mu: the next report to write, or NULL. Drops reports above the
- * daemon's frame limit (it would refuse them forever). */
+/* Under mu: the next report to write, or NULL. A report above the
+ * daemon's frame limit (it would refuse it forever) goes as its
+ * placeholder; io->refused_note says so for the caller to log. */
 static struct fsc_entry *next_report(struct fsc_io *io)
 {
     struct fsc_client *c = io->c;
@@ -412,13 +487,16 @@ static struct fsc_entry *next_report(struct fsc_io *io)
 
     if (!io->welcomed || io->bye_queued || (io->probe && c->replay.in_flight > 0))
         return NULL;
-    while ((e = c->replay.next_send) && io->max_frame && frame_len(io, e) > io->max_frame) {
-        fsc_err(c->last_error, sizeof(c->last_error), 0,
-                "report seq %llu (%zu bytes) exceeds the daemon's max_frame_bytes %u: dropped",
-                (unsigned long long)e->seq, e->len, io->max_frame);
-        fsc_replay_discard_next(&c->replay);
-        c->dropped++;
-        signal_drained(c);
+    e = c->replay.next_send;
+    if (e && io->max_frame && !e->placeholder && frame_len(io, e) > io->max_frame) {
+        uint64_t seq = e->seq;
+        size_t len = e->len;
+        if (refuse_entry(c, e) == 0) {
+            snprintf(io->refused_note, sizeof(io->refused_note),
+                     "report seq %llu (%zu bytes) exceeds the daemon's max_frame_bytes %u: "
+                     "dropped; an empty report keeps its seq",
+                     (unsigned long long)seq, len, io->max_frame);
+        }
     }
     return fsc_replay_take(&c->replay);
 }
@@ -442,6 +520,10 @@ static int pick_write(struct fsc_io *io)
     pthread_mutex_lock(&c->mu);
     e = next_report(io);
     pthread_mutex_unlock(&c->mu);
+    if (io->refused_note[0]) {
+        io_log(io, FSC_LOG_WARN, "%s", io->refused_note);
+        io->refused_note[0] = '\0';
+    }
     if (!e)
         return 0;
     io->cur = e;

@@ -24,6 +24,7 @@ Test(config, defaults)
     cr_expect_eq(c.max_frame_bytes, FS_DEF_MAX_FRAME_BYTES);
     cr_expect_eq(c.max_runs, FS_DEF_MAX_RUNS);
     cr_expect_eq(c.max_conn_buffer_bytes, FS_DEF_MAX_CONN_BUFFER_BYTES);
+    cr_expect_eq(c.frame_buffer_max_bytes, FS_DEF_FRAME_BUFFER_MAX_BYTES);
     cr_expect_eq(c.writer_queue_max_items, FS_DEF_WRITER_QUEUE_MAX_ITEMS);
     cr_expect_eq(c.writer_queue_max_bytes, FS_DEF_WRITER_QUEUE_MAX_BYTES);
     cr_expect_eq(c.writer_batch_max_items, FS_DEF_WRITER_BATCH_MAX_ITEMS);
@@ -299,6 +300,15 @@ Test(config, set_from_command_line_and_check)
     cr_expect_eq(config_check(&cfg, "f.conf", &err), -EINVAL);
     cr_expect(strstr(err.message, "config: f.conf: key 'writer_batch_max_items'") != NULL, "%s",
               err.message);
+
+    config_defaults(&cfg);
+    cr_expect_eq(config_set(&cfg, "frame_buffer_max_bytes", "16M", "command line", &err), 0);
+    cr_expect_eq(config_check(&cfg, "f.conf", &err), -EINVAL); /* below max_frame_bytes 64M */
+    cr_expect(strstr(err.message, "key 'frame_buffer_max_bytes'") != NULL &&
+                  strstr(err.message, "below max_frame_bytes") != NULL,
+              "%s", err.message);
+    cr_expect_eq(config_set(&cfg, "max_frame_bytes", "16M", "command line", &err), 0);
+    cr_expect_eq(config_check(&cfg, "f.conf", &err), 0, "%s", err.message);
 }
 
 Test(config, load_file)

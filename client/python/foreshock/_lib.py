@@ -71,7 +71,8 @@ class _Stats(ctypes.Structure):
                 ("buffered_reports", ctypes.c_uint64), ("buffered_bytes", ctypes.c_uint64),
                 ("seq_offset", ctypes.c_uint64), ("connected", ctypes.c_int),
                 ("failed", ctypes.c_int), ("last_error", ctypes.c_char * ERROR_LEN),
-                ("recorded", ctypes.c_uint64), ("record_failed", ctypes.c_int)]
+                ("recorded", ctypes.c_uint64), ("record_failed", ctypes.c_int),
+                ("daemon_refused", ctypes.c_uint64)]
 
 
 _F32P = ctypes.POINTER(ctypes.c_float)

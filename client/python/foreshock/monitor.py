@@ -232,7 +232,9 @@ class Monitor:
         self._complain_drop = _RateLimited(LOG_INTERVAL_S)
         self._complain_refused = _RateLimited(LOG_INTERVAL_S)
         self._complain_conn = _RateLimited(LOG_INTERVAL_S)
+        self._complain_daemon = _RateLimited(LOG_INTERVAL_S)
         self._conn_state = None
+        self._daemon_refused = 0    # libforeshock's daemon_refused already logged
         self._sender_cpu_s = 0.0    # CPU time of the sender thread (off the training thread)
 
         endpoint = endpoint or os.environ.get("FORESHOCK_ENDPOINT") or None
@@ -518,6 +520,12 @@ class Monitor:
             st = self.transport.stats()
         except Exception:
             return
+        refused = st.get("daemon_refused", 0)
+        if refused > self._daemon_refused:
+            self._complain_daemon(logging.ERROR, "foreshock: the daemon refused %d report(s) "
+                                  "for good, dropped (%d so far): %s", refused -
+                                  self._daemon_refused, refused, st.get("last_error") or "")
+            self._daemon_refused = refused
         state = bool(st.get("connected"))
         if state != self._conn_state:
             if state:
