@@ -132,6 +132,21 @@ def _pair(g1, g2, run, m):
     return out
 
 
+def _apply_w(g2, s, h, right):
+    """d1's Gram: with W' = D^-1 W D = [[I, s I], [0, I]] (W of MONITORS.md
+    1.2, balanced), d1 = lambda(GA' W' GB' W'^T). G2 = [[P, Q], [Q^T, R]]
+    becomes W'^T G2 W' where G2 is GA' (`right`), W' G2 W'^T where it is
+    GB'; blockwise, O(dh^2) per head, as monitor_qk.c's w_right / w_left."""
+    p, q, qt, r = g2[:, :h, :h], g2[:, :h, h:], g2[:, h:, :h], g2[:, h:, h:]
+    s = s[:, None, None]
+    sym = q + qt
+    left_out = torch.cat([torch.cat([p + s * sym + s * s * r, q + s * r], dim=2),
+                          torch.cat([qt + s * r, r], dim=2)], dim=1)
+    right_out = torch.cat([torch.cat([p, q + s * p], dim=2),
+                           torch.cat([qt + s * p, r + s * s * p + s * sym], dim=2)], dim=1)
+    return torch.where(right[:, None, None], right_out, left_out)
+
+
 def qk_spectra(ga, gb, dh):
     """Per head, from full float64 Grams ga, gb [N, 2dh, 2dh] (gb already
     the key head each query head reads): a float64 tensor [N, 6 dh + 6] on
@@ -183,12 +198,7 @@ def qk_spectra(ga, gb, dh):
     factor_b = (~live_k | ~(kw > 0.0)) & live_q & (qw > 0.0)
     g1 = torch.where(factor_b[:, None, None], gb_b, ga_b)
     g2 = torch.where(factor_b[:, None, None], ga_b, gb_b)
-    # W' = D^-1 W D = [[I, s I], [0, I]]; d1 = lambda(GA' W' GB' W'^T):
-    # G2 <- W'^T G2 W' when G2 is GA', W' G2 W'^T when it is GB'.
-    wmat = torch.eye(n, dtype=torch.float64, device=dev).repeat(nh, 1, 1)
-    wmat[:, :h, h:] = s[:, None, None] * torch.eye(h, dtype=torch.float64, device=dev)
-    wt = wmat.transpose(-1, -2)
-    g2_w = torch.where(factor_b[:, None, None], wt @ g2 @ wmat, wmat @ g2 @ wt)
+    g2_w = _apply_w(g2, s, h, factor_b)
     run = run & (_diag(g1).amax(-1) > 0.0)
     idx = run.nonzero().reshape(-1)
     if idx.numel():
