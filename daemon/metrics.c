@@ -223,7 +223,7 @@ int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const 
     }
 
     family(b, "foreshock_monitor_seconds_total", "counter",
-           "Worker time spent in the monitor math, seconds.");
+           "CPU time the worker threads spent in the monitor math (thread CPU clock), seconds.");
     metrics_printf(b, "foreshock_monitor_seconds_total ");
     value(b, (double)ld(&st->monitor_seconds_sum_us) / 1e6);
 

@@ -56,7 +56,7 @@ struct fs_stats {
     /* monitor stage (loop thread writes) */
     atomic_uint_fast64_t buckets_evaluated;   /* (run, step) buckets whose monitors ran */
     atomic_uint_fast64_t heads_computed;      /* attention heads through the QK math */
-    atomic_uint_fast64_t monitor_seconds_sum_us; /* worker time in the monitor math */
+    atomic_uint_fast64_t monitor_seconds_sum_us; /* worker CPU time in the monitor math */
     atomic_uint_fast64_t incomplete_total;    /* reductions recorded as incomplete */
     atomic_uint_fast64_t alerts_fired;        /* transitions to firing */
     atomic_uint_fast64_t sketches_late;       /* sketches for a step already evaluated */

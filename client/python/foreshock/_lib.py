@@ -76,6 +76,19 @@ class _Stats(ctypes.Structure):
 
 
 _F32P = ctypes.POINTER(ctypes.c_float)
+
+
+class _Spectrum(ctypes.Structure):
+    _fields_ = [("d2", _F32P), ("n_d2", ctypes.c_size_t), ("d3", _F32P),
+                ("n_d3", ctypes.c_size_t), ("d1", _F32P), ("n_d1", ctypes.c_size_t),
+                ("w", _F32P), ("n_w", ctypes.c_size_t), ("q_delta_sq", ctypes.c_double),
+                ("q_sq", ctypes.c_double), ("k_sq", ctypes.c_double),
+                ("k_delta_sq", ctypes.c_double), ("cqk", ctypes.c_double),
+                ("has", ctypes.c_uint)]
+
+
+SPECTRUM_HAS_NORMS = 1 | 2 | 4 | 8   # FSC_SPECTRUM_HAS_Q_DELTA_SQ .. K_DELTA_SQ
+SPECTRUM_HAS_CQK = 16
 _F64P = ctypes.POINTER(ctypes.c_double)
 _U64P = ctypes.POINTER(ctypes.c_uint64)
 _u32, _u64, _dbl, _vp, _sz = (ctypes.c_uint32, ctypes.c_uint64, ctypes.c_double,
@@ -102,6 +115,8 @@ _SIGNATURES = {
     "fsc_report_set_layer_update_ratios": (ctypes.c_int, [_vp, _F32P, _sz]),
     "fsc_report_add_attention_gram": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32, _u32, _u32,
                                                      _u32, _F32P, _F32P]),
+    "fsc_report_add_attention_spectrum": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32,
+                                                         ctypes.POINTER(_Spectrum)]),
     "fsc_report_add_router_gram": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32, _F32P]),
     "fsc_report_add_router_tokens": (ctypes.c_int, [_vp, _u32, _u32, _u64, _dbl, _dbl, _dbl,
                                                     _U64P, _F64P]),
@@ -165,6 +180,27 @@ def _check(rc, what):
         raise ValueError(f"{what}: {os.strerror(-rc) if rc < 0 else rc} ({rc})")
 
 
+def _add_spectrum(lib, r, g):
+    """One foreshock.report.AttentionSpectrum into the report handle r."""
+    s = _Spectrum()
+    keep = []
+    for name in ("d2", "d3", "d1", "w"):
+        a, p = _f32(getattr(g, name))
+        keep.append(a)
+        setattr(s, name, p)
+        setattr(s, "n_" + name, a.size)
+    s.q_delta_sq, s.q_sq = float(g.q_delta_sq), float(g.q_sq)
+    s.k_sq, s.k_delta_sq = float(g.k_sq), float(g.k_delta_sq)
+    s.has = SPECTRUM_HAS_NORMS
+    if g.cqk is not None:
+        s.cqk = float(g.cqk)
+        s.has |= SPECTRUM_HAS_CQK
+    kv = KV_HEAD_NONE if g.kv_head is None else g.kv_head
+    _check(lib.fsc_report_add_attention_spectrum(r, g.layer, g.head, kv, g.window,
+                                                 ctypes.byref(s)),
+           f"attention spectrum layer {g.layer} head {g.head}")
+
+
 def build_report(lib, rep):
     """Turns a foreshock.report.Report into an fsc_report handle (owned by
     the caller until submitted). Raises ValueError when the library refuses
@@ -192,6 +228,9 @@ def build_report(lib, rep):
             a, p = _f32(rep.layer_update_ratio)
             _check(lib.fsc_report_set_layer_update_ratios(r, p, a.size), "layer_update_ratio")
         for g in rep.attention:
+            if hasattr(g, "d2"):
+                _add_spectrum(lib, r, g)
+                continue
             ga, pga = _f32(g.ga)
             gb, pgb = _f32(g.gb)
             kv = KV_HEAD_NONE if g.kv_head is None else g.kv_head
