@@ -11,7 +11,8 @@ at the last step one query head of layer 0 turns NaN (a non-finite head:
 absent in every series). Windows 2 and 4, a sketch every 2 steps, three runs
 into one real daemon:
   gram      route="gram": float32 Grams on the wire, the daemon solves
-  spectrum  the default route, from the same float32 Grams
+  spectrum  route="spectrum" (the default on a GPU; this model is on the
+            CPU, whose default is gram), from the same float32 Grams
   exact     the spectrum route with gram_dtype=float64
 Checked:
   - the spectrum runs sent spectrum sketches (one per head, 6 dh floats,
@@ -268,8 +269,13 @@ def main(args, workdir):
         mon, tee = stream(torch, foreshock, model, traj, daemon.endpoint, "gram", route="gram")
         check(mon.route == "gram", f"route {mon.route}")
         check_kinds("gram", tee, "AttentionGram")
-        mon, tee = stream(torch, foreshock, model, traj, daemon.endpoint, "spectrum")
-        check(mon.route == "spectrum", f"default route {mon.route}, expected spectrum")
+        mon, tee = stream(torch, foreshock, model, traj, daemon.endpoint, "spectrum",
+                          route="spectrum")
+        check(mon.route == "spectrum", f"route {mon.route}, expected spectrum")
+        from foreshock.testing import RecordingTransport
+        cpu = foreshock.Monitor(model, run="default", routers=[], transport=RecordingTransport())
+        check(cpu.route == "gram", f"a model on the CPU got route {cpu.route} by default")
+        cpu.close(10)
         check_kinds("spectrum", tee, "AttentionSpectrum")
         mon, tee = stream(torch, foreshock, model, traj, daemon.endpoint, "exact",
                           gram_dtype=torch.float64)
