@@ -278,7 +278,7 @@ def main(args, workdir):
         cpu.close(10)
         check_kinds("spectrum", tee, "AttentionSpectrum")
         mon, tee = stream(torch, foreshock, model, traj, daemon.endpoint, "exact",
-                          gram_dtype=torch.float64)
+                          gram_dtype=torch.float64, route="spectrum")
         check_kinds("exact", tee, "AttentionSpectrum")
         print(f"  sent: {len(tee.kinds)} sketches per run; a spectrum sketch is {6 * DH} "
               f"floats, a Gram pair {(2 * DH) * (2 * DH + 1)}", flush=True)
