@@ -23,6 +23,7 @@
 #define FS_MAX_ROUTER_PER_REPORT 4096u  /* router_gram and router_tokens, each */
 #define FS_MAX_SPECTRUM_LEN (2u * FS_MAX_DH)
 #define FS_MAX_MOE_LAYERS FS_MAX_LAYERS
+#define FS_MAX_LOCAL_RANKS 4096u        /* Hello.local_ranks values (a node's group) */
 #define FS_MAX_ERROR_MESSAGE 256u       /* Error.message we send, bytes with NUL */
 
 /* Unpacking may allocate at most this much per frame: protobuf-c allocates

@@ -12,6 +12,7 @@
 
 #include "fs_limits.h"
 #include "log.h"
+#include "ranks.h"
 
 #define E(x) FORESHOCK__ERROR_CODE__ERROR_##x
 #define CONN_HASH 1024u /* buckets of the conn_id -> conn table */
@@ -108,6 +109,17 @@ static void hash_remove(struct conn *c)
     c->hnext = NULL;
 }
 
+
+/* The arrays a connection's Hello carried for the stage (run_hello copies
+ * what it keeps). */
+static void hello_release(struct run_hello *h)
+{
+    free((void *)h->moe_layers);
+    free((void *)h->local_ranks);
+    h->moe_layers = h->local_ranks = NULL;
+    h->n_moe_layers = h->n_local_ranks = 0;
+}
+
 static void on_conn_closed(uv_handle_t *h)
 {
     struct conn *c = (struct conn *)h;
@@ -126,7 +138,7 @@ static void on_conn_closed(uv_handle_t *h)
     }
     store_item_free(c->pending);
     decode_frame_free(c->pending_frame);
-    free((void *)c->hello.moe_layers);
+    hello_release(&c->hello);
     free(c->rbuf);
     free(c);
     check_stop(ing);
@@ -421,11 +433,27 @@ static void on_hello(struct conn *c, const Foreshock__Hello *h)
     it->hello.has_detect_from_step = h->has_detect_from_step;
     it->hello.detect_from_step = h->detect_from_step;
     it->hello.model_json = model_json(h->model);
+    if (h->n_local_ranks) {
+        /* Normalised once here, for the store (text) and the stage. */
+        uint32_t *local = malloc(h->n_local_ranks * sizeof(*local));
+        if (local) {
+            memcpy(local, h->local_ranks, h->n_local_ranks * sizeof(*local));
+            c->hello.n_local_ranks = ranks_normalize(local, h->n_local_ranks);
+            c->hello.local_ranks = local;
+            it->hello.local_ranks = ranks_format(local, c->hello.n_local_ranks);
+        }
+        if (!local || !it->hello.local_ranks) {
+            store_item_free(it);
+            protocol_error(c, E(INTERNAL), "out of memory");
+            return;
+        }
+    }
     c->rank = h->rank;
     snprintf(c->run_name, sizeof(c->run_name), "%s", h->run_id);
-    c->hello = (struct run_hello){.rank = h->rank, .world_size = h->world_size,
-                                  .has_detect_from_step = h->has_detect_from_step,
-                                  .detect_from_step = h->detect_from_step};
+    c->hello.rank = h->rank;
+    c->hello.world_size = h->world_size;
+    c->hello.has_detect_from_step = h->has_detect_from_step;
+    c->hello.detect_from_step = h->detect_from_step;
     if (h->model) {
         c->hello.has_n_layers = h->model->has_n_layers;
         c->hello.n_layers = h->model->n_layers;
@@ -524,7 +552,7 @@ static void on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body
         oom |= (rp->n_weight_norm && !rp->weight_norm) || (rp->n_update_ratio && !rp->update_ratio);
     }
     if (info->sketches ||
-        (c->ing->opts.stage && stage_wants_spool(c->ing->opts.stage, c->rank, r))) {
+        (c->ing->opts.stage && stage_wants_spool(c->ing->opts.stage, c->run_id, c->rank, r))) {
         /* The spool keeps the frame as it arrived for the monitor stage. */
         rp->sketch_body = malloc(len);
         if (rp->sketch_body) {
@@ -743,15 +771,22 @@ static void on_hello_done(struct conn *c, const struct store_result *r)
     c->stream_id = r->stream_id;
     c->seq_base = c->seq_last = r->seq;
     c->state = STREAMING;
-    if (c->ing->opts.stage &&
-        stage_hello(c->ing->opts.stage, r->run_id, c->run_name, r->stream_id, r->seq,
-                    &c->hello) < 0)
+    int rc = c->ing->opts.stage ? stage_hello(c->ing->opts.stage, r->run_id, c->run_name,
+                                              r->stream_id, r->seq, &c->hello)
+                                : 0;
+    hello_release(&c->hello);
+    if (rc == -ENOSPC) {
+        char msg[FS_MAX_ERROR_MESSAGE];
+        snprintf(msg, sizeof(msg), "run %s: more than %u distinct local groups declared to this "
+                 "daemon; ranks of one daemon declare the same local_ranks",
+                 c->run_name, RUN_MAX_LOCAL_GROUPS);
+        protocol_error(c, E(LIMIT), msg);
+        return;
+    }
+    if (rc < 0)
         log_limited(&c->ing->rl_limit, LOG_LEVEL_ERROR, "ingest",
                     "conn %llu: out of memory registering run %s with the monitors",
                     (unsigned long long)c->id, c->run_name);
-    free((void *)c->hello.moe_layers);
-    c->hello.moe_layers = NULL;
-    c->hello.n_moe_layers = 0;
     Foreshock__Welcome w = FORESHOCK__WELCOME__INIT;
     w.protocol_version = FORESHOCK__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
     w.last_seq = r->seq;

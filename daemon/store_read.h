@@ -19,6 +19,8 @@ struct store_run_info {
     char name[FS_MAX_RUN_ID_LEN + 1];
     uint64_t detect_from_step; /* 0: not set by the run's Hello */
     int64_t last_step;         /* -1: none */
+    uint32_t lead_rank;        /* whose loss/grad_norm/lr were detected: the lowest rank of
+                                  the local group its daemon heard, else 0 */
 };
 
 /* Opens path read-only. Returns 0 and *out, or a negative errno with a

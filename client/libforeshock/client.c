@@ -121,6 +121,21 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
     if (o->model.n_moe_layers > FSC_MAX_MOE_LAYERS || (o->model.n_moe_layers && !o->model.moe_layers))
         return fsc_err(err, errlen, -EINVAL, "model.moe_layers: at most %d values, non-NULL",
                        FSC_MAX_MOE_LAYERS);
+    if (o->n_local_ranks > FSC_MAX_LOCAL_RANKS || (o->n_local_ranks && !o->local_ranks))
+        return fsc_err(err, errlen, -EINVAL, "local_ranks: at most %d values, non-NULL",
+                       FSC_MAX_LOCAL_RANKS);
+    if (o->n_local_ranks) {
+        int self = 0;
+        for (size_t i = 0; i < o->n_local_ranks; i++) {
+            if (o->local_ranks[i] >= o->world_size)
+                return fsc_err(err, errlen, -EINVAL, "local_ranks[%zu] = %u is not below "
+                               "world_size %u", i, o->local_ranks[i], o->world_size);
+            self |= o->local_ranks[i] == o->rank;
+        }
+        if (!self)
+            return fsc_err(err, errlen, -EINVAL, "local_ranks does not include rank %u itself",
+                           o->rank);
+    }
     if (o->record_only && !(o->record_path && o->record_path[0]))
         return fsc_err(err, errlen, -EINVAL, "record_only needs record_path");
     return 0;
@@ -154,6 +169,8 @@ static int pack_hello(const struct fsc_options *o, int with_token, uint8_t **out
         h.detect_from_step = o->detect_from_step;
     }
     h.client_name = (char *)(o->client_name ? o->client_name : "libforeshock/" FSC_VERSION);
+    h.n_local_ranks = o->n_local_ranks;
+    h.local_ranks = (uint32_t *)o->local_ranks;
     if (model_given(ms)) {
 #define SET(field)                      \
     if (ms->field) {                    \
