@@ -583,6 +583,11 @@ static int dispatch(struct ctx *c, const char *method)
         auth_check(c, h->read_token, h->write_token) != 0)
         return 0;
     if (r->write) {
+        /* Before the token: no token makes an archive writable. */
+        if (h->read_only)
+            return http_reply_error(c, MHD_HTTP_FORBIDDEN, "read_only",
+                                    "this daemon serves a read-only archive (foreshockd "
+                                    "--read-only): silences are written on the live daemon");
         if (h->write_token[0] == '\0')
             return http_reply_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
                                     "writes disabled: set http_write_token");
@@ -769,6 +774,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     }
     h->stats = opts->stats;
     h->store = opts->store;
+    h->read_only = opts->read_only;
     h->read_token = strdup(opts->read_token != NULL ? opts->read_token : "");
     h->write_token = strdup(opts->write_token != NULL ? opts->write_token : "");
     if (h->read_token == NULL || h->write_token == NULL) {

@@ -180,6 +180,7 @@ struct http {
 
     /* writes and auth (read-only once started) */
     struct store *store;
+    bool read_only; /* serving an archive: write routes answer 403 read_only */
     char *read_token;  /* "" = reads need no token */
     char *write_token; /* "" = writes disabled */
     struct metrics_opts mopts;

@@ -17,8 +17,10 @@
 #include "monitor_qk.h"
 #include "pager.h"
 #include "stage.h"
+#include "schema.h"
 #include "stats.h"
 #include "store.h"
+#include "store_read.h"
 
 #define EXIT_OK 0
 #define EXIT_RUNTIME 1
@@ -34,6 +36,7 @@ static void usage(FILE *f)
         "SYNOPSIS\n"
         "    foreshockd [--listen HOST:PORT] [--http HOST:PORT] [--db PATH]\n"
         "               [--config FILE] [--log-level LEVEL] [--set KEY=VALUE ...]\n"
+        "    foreshockd --read-only --db ARCHIVE [--http HOST:PORT] [--config FILE] ...\n"
         "    foreshockd --help | --version\n"
         "\n"
         "DESCRIPTION\n"
@@ -51,6 +54,10 @@ static void usage(FILE *f)
         "    --config FILE        read settings from FILE (INI style, see below)\n"
         "    --log-level LEVEL    debug | info | warn | error (default info)\n"
         "    --set KEY=VALUE      set any configuration key (repeatable)\n"
+        "    --read-only          serve the database (an archive: foreshock archive) over\n"
+        "                         HTTP only: API, dashboard, /metrics. No ingest, no writer,\n"
+        "                         no monitors, no pager, no lock; write routes answer 403.\n"
+        "                         The ready line reads `foreshockd ready read-only http=...`\n"
         "    -h, --help           print this text and exit 0\n"
         "    -V, --version        print the version and exit 0\n"
         "    Command-line options override the configuration file.\n"
@@ -99,6 +106,7 @@ struct app {
     struct pager *pager;
     int dblock; /* descriptor of the database lock, -1: not held */
     int stopping;
+    int read_only; /* --read-only: HTTP over an archive, nothing else */
 };
 
 static void on_stage_done(void *ctx)
@@ -126,6 +134,11 @@ static void on_signal(uv_signal_t *h, int signum)
     }
     app->stopping = 1;
     log_info("main", "%s: stopping", strsignal(signum));
+    if (app->read_only) { /* nothing to drain: the loop ends with the signals */
+        atomic_store(&app->stats.ready, 0);
+        on_stage_done(app);
+        return;
+    }
     store_set_serving(app->store, 0);
     atomic_store(&app->stats.ready, 0);
     ingest_stop(app->ingest, on_ingest_done, app);
@@ -134,13 +147,14 @@ static void on_signal(uv_signal_t *h, int signum)
 /* Reads options into cfg (file first, then flags). Returns -1 to continue,
  * or an exit status. */
 static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
-                      struct pager_config *pager_cfg)
+                      struct pager_config *pager_cfg, int *read_only)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'}, {"http", required_argument, NULL, 't'},
         {"db", required_argument, NULL, 'd'},     {"config", required_argument, NULL, 'c'},
         {"log-level", required_argument, NULL, 'L'}, {"set", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+        {"read-only", no_argument, NULL, 'R'},
         {NULL, 0, NULL, 0},
     };
     struct {
@@ -166,6 +180,9 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
             continue;
         case 'c':
             config_path = optarg;
+            continue;
+        case 'R':
+            *read_only = 1;
             continue;
         case 'l': key = "listen"; break;
         case 't': key = "http"; break;
@@ -244,6 +261,61 @@ static void endpoint_text(char *out, size_t len, const char *host, unsigned port
     snprintf(out, len, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
 }
 
+/* --read-only: the HTTP threads over an archive, until a signal. The
+ * database is never written (opened read-only, not migrated, not locked:
+ * many such daemons may serve one archive, beside a live daemon too).
+ * Returns an exit status. */
+static int serve_read_only(struct app *app)
+{
+    const struct fs_config *cfg = &app->cfg;
+    char err[512];
+    struct store_reader *rd;
+    if (store_reader_open(cfg->db, &rd, err, sizeof(err)) < 0) {
+        log_error("main", "--read-only: %s", err);
+        return EXIT_RUNTIME;
+    }
+    int version = store_reader_version(rd);
+    store_reader_close(rd);
+    /* The HTTP queries name this build's columns; an older archive is
+     * migrated by a read-write daemon on a copy, never here. */
+    if (version != schema_migration_count) {
+        log_error("main", "--read-only: %s has schema version %d, this foreshockd reads %d: "
+                  "migrate a copy first (foreshockd --db COPY, then stop it)", cfg->db, version,
+                  schema_migration_count);
+        return EXIT_RUNTIME;
+    }
+    struct http_opts ho = {
+        .host = cfg->http.host,
+        .port = cfg->http.port,
+        .db_path = cfg->db,
+        .threads = (unsigned)cfg->http_threads,
+        .stats = &app->stats,
+        .read_token = cfg->http_read_token,
+        .write_token = cfg->http_write_token,
+        .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
+        .metrics_run_max_age = cfg->metrics_run_max_age,
+        .read_only = true,
+    };
+    if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
+        log_error("main", "%s", err);
+        return EXIT_RUNTIME;
+    }
+    uv_signal_init(&app->loop, &app->sig_term);
+    uv_signal_init(&app->loop, &app->sig_int);
+    app->sig_term.data = app->sig_int.data = app;
+    uv_signal_start(&app->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&app->sig_int, on_signal, SIGINT);
+    atomic_store(&app->stats.ready, 1);
+    char http_ep[FS_CONFIG_MAX_HOST + 16];
+    endpoint_text(http_ep, sizeof(http_ep), cfg->http.host, http_port(app->http));
+    log_info("main", "read-only: serving %s over HTTP (API, dashboard, metrics); no ingest, "
+             "writer, monitors or pager; write routes answer 403", cfg->db);
+    log_info("main", "foreshockd ready read-only http=%s db=%s pid=%ld", http_ep, cfg->db,
+             (long)getpid());
+    uv_run(&app->loop, UV_RUN_DEFAULT);
+    return EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -252,7 +324,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "foreshockd: out of memory\n");
         return EXIT_RUNTIME;
     }
-    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg);
+    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->read_only);
     if (status >= 0) {
         free(app);
         return status;
@@ -265,6 +337,10 @@ int main(int argc, char **argv)
     int loop_ok = uv_loop_init(&app->loop) == 0;
     if (!loop_ok) {
         log_error("main", "cannot create the event loop");
+        goto out;
+    }
+    if (app->read_only) {
+        status = serve_read_only(app);
         goto out;
     }
     struct store_opts so = {

@@ -70,6 +70,8 @@ out:
     return 0;
 }
 
+int store_reader_version(const struct store_reader *r) { return r->version; }
+
 void store_reader_close(struct store_reader *r)
 {
     if (!r)

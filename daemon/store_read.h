@@ -28,6 +28,9 @@ struct store_run_info {
 int store_reader_open(const char *path, struct store_reader **out, char *err, size_t errlen);
 void store_reader_close(struct store_reader *r);
 
+/* The database's schema version (PRAGMA user_version, 1..this build's). */
+int store_reader_version(const struct store_reader *r);
+
 /* Calls cb for every run, by id. cb returns 0 to go on, anything else to
  * stop (returned). Returns 0, a negative errno with err, or cb's value. */
 int store_reader_runs(struct store_reader *r,

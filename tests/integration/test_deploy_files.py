@@ -470,7 +470,9 @@ def check_k8s(args, workdir, info):
         return
     docs = [d for d in yaml.safe_load_all(open(path)) if d]
     by_kind = {d["kind"]: d for d in docs}
-    check(set(by_kind) == {"ConfigMap", "Secret", "Job"}, f"kinds: {sorted(by_kind)}")
+    check(set(by_kind) == {"ConfigMap", "Secret", "Job", "PersistentVolumeClaim"},
+          f"kinds: {sorted(by_kind)}")
+    claim = by_kind["PersistentVolumeClaim"]["metadata"]["name"]
     cm, secret, job = by_kind["ConfigMap"], by_kind["Secret"], by_kind["Job"]
     tmpl_meta = job["spec"]["template"]["metadata"]
     pod = job["spec"]["template"]["spec"]
@@ -553,9 +555,11 @@ def check_k8s(args, workdir, info):
     hhost, _, hport = top["http"].rpartition(":")
     check(hhost == "0.0.0.0" and int(hport) == ports["foreshock-http"],
           f"config http {top['http']}: must listen on all addresses on the HTTP port")
-    data_mount = [p for p, n in mounts.items() if n in vols and "emptyDir" in vols[n]
+    # History outlives the pod: the database is on the file's claim.
+    data_mount = [p for p, n in mounts.items() if n in vols and
+                  vols[n].get("persistentVolumeClaim", {}).get("claimName") == claim
                   and top["db"].startswith(p + "/")]
-    check(data_mount, f"db {top['db']} is not on a mounted data volume")
+    check(data_mount, f"db {top['db']} is not on the PersistentVolumeClaim {claim}")
     check(top.get("token") == secret_env["FORESHOCK_TOKEN"] and
           any(e["name"] == "FORESHOCK_TOKEN" for e in trainer["env"]),
           "the trainer and the daemon must share the ingest token")
