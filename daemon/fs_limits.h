@@ -111,6 +111,7 @@
 #define FS_CONFIG_MAX_LINE 4096u
 #define FS_CONFIG_MAX_HOST 256u  /* bytes with NUL */
 #define FS_CONFIG_MAX_PATH 4096u /* bytes with NUL */
+#define FS_TLS_MAX_PEM_BYTES (1u << 20) /* a certificate chain or key file, read whole */
 
 /* --- writer ---------------------------------------------------------------- */
 #define FS_STORE_BUSY_TIMEOUT_MS 5000
@@ -131,6 +132,7 @@
 #define FS_MAX_HELLO_FRAME_BYTES (32u << 10)
 _Static_assert(FS_MAX_HELLO_FRAME_BYTES + 4 <= FS_INGEST_RBUF_INITIAL, "pre-Hello frames fit");
 #define FS_INGEST_BACKLOG 511
+#define FS_INGEST_TLS_READ_BYTES (16u << 10) /* ciphertext per read; one TLS record */
 #define FS_INGEST_LINGER_MS 5000       /* a closing connection's writes/discard, at most */
 #define FS_INGEST_DISCARD_MAX (1u << 20) /* bytes read and dropped after an Error */
 #define FS_INGEST_SWEEP_MS 1000        /* how often lingering connections are checked */

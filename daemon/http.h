@@ -44,6 +44,8 @@ struct http_opts {
     double metrics_run_max_age; /* ... active in the last this many seconds (0: default) */
     bool read_only;             /* foreshockd --read-only: an archive, no writer; write
                                    routes answer 403 read_only whatever the token */
+    const char *tls_cert_file;  /* HTTPS (PEM; both or neither); NULL or "": plain HTTP */
+    const char *tls_key_file;
 };
 
 

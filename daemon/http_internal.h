@@ -183,6 +183,7 @@ struct http {
     bool read_only; /* serving an archive: write routes answer 403 read_only */
     char *read_token;  /* "" = reads need no token */
     char *write_token; /* "" = writes disabled */
+    char *tls_cert, *tls_key; /* HTTPS: PEM text libmicrohttpd reads until it stops */
     struct metrics_opts mopts;
 };
 

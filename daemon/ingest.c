@@ -13,6 +13,8 @@
 #include "fs_limits.h"
 #include "log.h"
 #include "ranks.h"
+#include "run_auth.h"
+#include "tls.h"
 
 #define E(x) FORESHOCK__ERROR_CODE__ERROR_##x
 #define CONN_HASH 1024u /* buckets of the conn_id -> conn table */
@@ -49,6 +51,8 @@ struct conn {
      * Welcome's last committed seq, seq_last the highest accepted since. */
     uint64_t seq_base, seq_last;
     size_t wpending; /* bytes in uv_write requests not yet completed */
+    struct tls_conn *tls;      /* NULL: plain TCP */
+    uint8_t *tbuf;             /* TLS: ciphertext read buffer, FS_INGEST_TLS_READ_BYTES */
     uint64_t accepted_ms;      /* loop time the connection was accepted */
     uint64_t frame_started_ms; /* loop time an unfinished frame began (0: none) */
 };
@@ -85,6 +89,7 @@ struct ingest {
 };
 
 static void process(struct conn *c);
+static int tls_flush(struct conn *c);
 static void update_reading(struct conn *c);
 static void on_shutdown(uv_shutdown_t *req, int status);
 static void check_stop(struct ingest *ing);
@@ -139,6 +144,8 @@ static void on_conn_closed(uv_handle_t *h)
     store_item_free(c->pending);
     decode_frame_free(c->pending_frame);
     hello_release(&c->hello);
+    tls_conn_free(c->tls);
+    free(c->tbuf);
     free(c->rbuf);
     free(c);
     check_stop(ing);
@@ -167,6 +174,11 @@ static void conn_finish(struct conn *c)
         if (c->fin_sent)
             return;
         c->fin_sent = 1;
+        if (c->tls && tls_conn_ready(c->tls)) { /* close_notify goes before the FIN */
+            tls_conn_shutdown(c->tls);
+            if (tls_flush(c) < 0)
+                return;
+        }
         uv_shutdown_t *sh = malloc(sizeof(*sh));
         if (!sh || uv_shutdown(sh, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
             free(sh);
@@ -232,8 +244,8 @@ static void on_write(uv_write_t *req, int status)
     }
 }
 
-/* Queues an encoded frame; takes buf. Closes a client that does not read. */
-static int send_buf(struct conn *c, uint8_t *buf, size_t len)
+/* Queues bytes for the socket; takes buf. Closes a client that does not read. */
+static int send_raw(struct conn *c, uint8_t *buf, size_t len)
 {
     struct ingest *ing = c->ing;
     if (c->closing) {
@@ -268,6 +280,39 @@ static int send_buf(struct conn *c, uint8_t *buf, size_t len)
     }
     c->wpending += len;
     return 0;
+}
+
+/* TLS: sends the records waiting (handshake messages, encrypted frames,
+ * alerts). 0, or a negative errno after closing the connection. */
+static int tls_flush(struct conn *c)
+{
+    uint8_t *out;
+    size_t n;
+    if (tls_conn_take_output(c->tls, &out, &n) < 0) {
+        conn_close(c);
+        return -ENOMEM;
+    }
+    return n ? send_raw(c, out, n) : 0;
+}
+
+/* Queues an encoded frame (encrypted first on a TLS connection); takes buf.
+ * A TLS connection still in its handshake has no way to carry a frame (an
+ * Error to a peer that never finished it): it is closed instead. */
+static int send_buf(struct conn *c, uint8_t *buf, size_t len)
+{
+    if (!c->tls)
+        return send_raw(c, buf, len);
+    if (c->closing) {
+        free(buf);
+        return -ECANCELED;
+    }
+    int rc = tls_conn_ready(c->tls) ? tls_conn_write(c->tls, buf, len) : -ENOTCONN;
+    free(buf);
+    if (rc < 0) {
+        conn_close(c);
+        return rc;
+    }
+    return tls_flush(c);
 }
 
 static int send_frame(struct conn *c, const Foreshock__Frame *f)
@@ -416,7 +461,7 @@ static void on_hello(struct conn *c, const Foreshock__Hello *h)
         protocol_error(c, E(SEQUENCE), "second Hello on this connection");
         return;
     }
-    if (!token_ok(ing->token, h->token)) {
+    if (!token_ok(run_auth_token(ing->opts.run_auth, h->run_id, ing->token), h->token)) {
         protocol_error(c, E(AUTH), "token missing or wrong");
         return;
     }
@@ -615,8 +660,9 @@ static int can_process(const struct conn *c)
            (c->state == AWAIT_HELLO || c->state == STREAMING);
 }
 
-/* Handles every complete frame in the read buffer that the state allows. */
-static void process(struct conn *c)
+/* Handles every complete frame in the read buffer that the state allows.
+ * Returns whether it took any. */
+static int process_frames(struct conn *c)
 {
     struct ingest *ing = c->ing;
     size_t pos = 0;
@@ -626,7 +672,7 @@ static void process(struct conn *c)
         if (decode_prefix(c->rbuf + pos, &ing->opts.limits, &len, &err) < 0) {
             atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
             protocol_error(c, err.code, err.message);
-            return;
+            return 1;
         }
         /* Before the Hello is accepted a peer is unauthenticated: it may not
          * make the daemon hold a large frame for it. */
@@ -636,7 +682,7 @@ static void process(struct conn *c)
             snprintf(msg, sizeof(msg), "frame of %u bytes before Hello (at most %u)", len,
                      FS_MAX_HELLO_FRAME_BYTES);
             protocol_error(c, E(TOO_LARGE), msg);
-            return;
+            return 1;
         }
         size_t need = DECODE_PREFIX_BYTES + (size_t)len;
         if (c->rlen - pos < need)
@@ -644,7 +690,7 @@ static void process(struct conn *c)
         handle_frame(c, c->rbuf + pos + DECODE_PREFIX_BYTES, len);
         pos += need;
         if (c->state == CLOSING)
-            return; /* protocol_error reset the buffer */
+            return 1; /* protocol_error reset the buffer */
     }
     if (pos) {
         memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
@@ -659,6 +705,116 @@ static void process(struct conn *c)
             c->rbuf = p;
             c->rcap = FS_INGEST_RBUF_INITIAL;
         }
+    }
+    return pos > 0;
+}
+
+/* Sizes the read buffer for the frame being read, whose length prefix was
+ * checked against max_frame_bytes before this allocation. 0 or -ENOMEM. */
+static int rbuf_reserve(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    size_t want = c->rcap ? c->rcap : FS_INGEST_RBUF_INITIAL;
+    /* Only an accepted stream grows its buffer (FS_MAX_HELLO_FRAME_BYTES). */
+    if (c->rlen >= DECODE_PREFIX_BYTES && c->state == STREAMING) {
+        uint32_t len;
+        struct decode_error err;
+        if (decode_prefix(c->rbuf, &ing->opts.limits, &len, &err) == 0 &&
+            DECODE_PREFIX_BYTES + (size_t)len > want)
+            want = DECODE_PREFIX_BYTES + (size_t)len;
+    }
+    if (want != c->rcap) {
+        uint8_t *p = realloc(c->rbuf, want);
+        if (!p)
+            return -ENOMEM;
+        c->rbuf = p;
+        c->rcap = want;
+    }
+    return 0;
+}
+
+/* The peer will send nothing more (EOF, or TLS close_notify): answer what
+ * it sent, then close. */
+static void peer_eof(struct conn *c)
+{
+    c->eof = 1;
+    update_reading(c);
+    if (c->state == CLOSING || (c->inflight == 0 && !c->pending))
+        conn_close_when_flushed(c);
+}
+
+/* TLS failed (a handshake without a trusted certificate, not TLS at all):
+ * the alert OpenSSL queued goes out, then the connection closes. No Error
+ * frame: there is no channel to carry one. */
+static void tls_failed(struct conn *c, const char *why)
+{
+    struct ingest *ing = c->ing;
+    atomic_fetch_add(&ing->opts.stats->tls_failures, 1);
+    log_limited(&ing->rl_proto, LOG_LEVEL_WARN, "ingest", "conn %llu %s: %s; closing",
+                (unsigned long long)c->id, c->peer, why);
+    c->state = CLOSING;
+    c->rlen = 0;
+    if (tls_flush(c) < 0)
+        return;
+    if (!c->linger_deadline_ms)
+        c->linger_deadline_ms = uv_now(ing->loop) + FS_INGEST_LINGER_MS;
+    conn_close_when_flushed(c);
+    update_reading(c);
+}
+
+/* TLS: moves decrypted bytes into the read buffer, as many as it has room
+ * for (sized per frame as for a plain read), and sends what the handshake
+ * wants sent. Returns 1 when bytes came, 0 when none, -1 when the
+ * connection ended (closed, closing or at EOF). The rest stays decrypted
+ * or encrypted inside OpenSSL, bounded by what was fed: one read. */
+static int tls_pull(struct conn *c)
+{
+    int got = 0;
+    while (!c->closing && c->state != CLOSING) {
+        if (rbuf_reserve(c) < 0) {
+            conn_close(c);
+            return -1;
+        }
+        char why[256];
+        ssize_t n = c->rcap > c->rlen
+                        ? tls_conn_read(c->tls, c->rbuf + c->rlen, c->rcap - c->rlen, why,
+                                        sizeof(why))
+                        : 0;
+        if (n == -EPROTO) {
+            tls_failed(c, why);
+            return -1;
+        }
+        if (tls_flush(c) < 0)
+            return -1;
+        if (n == TLS_CLOSED) {
+            peer_eof(c);
+            return -1;
+        }
+        if (n <= 0)
+            return got;
+        c->rlen += (size_t)n;
+        if (!c->frame_started_ms)
+            c->frame_started_ms = uv_now(c->ing->loop);
+        got = 1;
+    }
+    return -1;
+}
+
+/* Handles what the connection's buffer (and, with TLS, its decrypted
+ * input) holds, as far as its state allows. */
+static void process(struct conn *c)
+{
+    if (!c->tls) {
+        (void)process_frames(c);
+        return;
+    }
+    for (;;) {
+        int pulled = tls_pull(c);
+        if (pulled < 0)
+            return;
+        int used = process_frames(c);
+        if ((!pulled && !used) || !can_process(c))
+            return;
     }
 }
 
@@ -684,25 +840,13 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         *buf = uv_buf_init((char *)ing->discard, sizeof(ing->discard));
         return;
     }
-    /* Size the buffer for the frame being read, whose length prefix was
-     * checked against max_frame_bytes before this allocation. */
-    size_t want = c->rcap ? c->rcap : FS_INGEST_RBUF_INITIAL;
-    /* Only an accepted stream grows its buffer (FS_MAX_HELLO_FRAME_BYTES). */
-    if (c->rlen >= DECODE_PREFIX_BYTES && c->state == STREAMING) {
-        uint32_t len;
-        struct decode_error err;
-        if (decode_prefix(c->rbuf, &ing->opts.limits, &len, &err) == 0 &&
-            DECODE_PREFIX_BYTES + (size_t)len > want)
-            want = DECODE_PREFIX_BYTES + (size_t)len;
+    if (c->tls) { /* ciphertext; tls_pull sizes the plaintext buffer */
+        *buf = uv_buf_init((char *)c->tbuf, FS_INGEST_TLS_READ_BYTES);
+        return;
     }
-    if (want != c->rcap) {
-        uint8_t *p = realloc(c->rbuf, want);
-        if (!p) {
-            *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
-            return;
-        }
-        c->rbuf = p;
-        c->rcap = want;
+    if (rbuf_reserve(c) < 0) {
+        *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+        return;
     }
     *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
 }
@@ -722,10 +866,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         /* The client is done sending: answer what it sent, then close. */
-        c->eof = 1;
-        update_reading(c);
-        if (c->state == CLOSING || (c->inflight == 0 && !c->pending))
-            conn_close_when_flushed(c);
+        peer_eof(c);
         return;
     }
     atomic_fetch_add(&ing->opts.stats->bytes_in, (uint64_t)nread);
@@ -735,9 +876,16 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             conn_close(c);
         return;
     }
-    c->rlen += (size_t)nread;
-    if (!c->frame_started_ms)
-        c->frame_started_ms = uv_now(ing->loop);
+    if (c->tls) {
+        if (tls_conn_feed(c->tls, (const uint8_t *)buf->base, (size_t)nread) < 0) {
+            conn_close(c);
+            return;
+        }
+    } else {
+        c->rlen += (size_t)nread;
+        if (!c->frame_started_ms)
+            c->frame_started_ms = uv_now(ing->loop);
+    }
     process(c);
     update_reading(c);
 }
@@ -954,6 +1102,12 @@ static void on_connection(uv_stream_t *server, int status)
     }
     snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
     uv_tcp_nodelay(&c->tcp, 1);
+    if (ing->opts.tls && (!(c->tls = tls_conn_new(ing->opts.tls)) ||
+                          !(c->tbuf = malloc(FS_INGEST_TLS_READ_BYTES)))) {
+        log_limited(&ing->rl_io, LOG_LEVEL_ERROR, "ingest", "accept: out of memory");
+        conn_close(c);
+        return;
+    }
     atomic_fetch_add(&ing->opts.stats->connections_total, 1);
     if (ing->stopping) {
         protocol_error(c, E(SHUTTING_DOWN), "daemon is stopping; reconnect later");

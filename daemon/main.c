@@ -16,11 +16,13 @@
 #include "log.h"
 #include "monitor_qk.h"
 #include "pager.h"
-#include "stage.h"
+#include "run_auth.h"
 #include "schema.h"
+#include "stage.h"
 #include "stats.h"
 #include "store.h"
 #include "store_read.h"
+#include "tls.h"
 
 #define EXIT_OK 0
 #define EXIT_RUNTIME 1
@@ -104,6 +106,8 @@ struct app {
     struct detect_rules rules; /* defaults + [detect "RULE"] overrides; read-only once running */
     struct pager_config pager_cfg; /* [target "NAME"] sections */
     struct pager *pager;
+    struct run_auth run_auth; /* [run "PATTERN"] tokens; read-only once running */
+    struct tls_server *tls;   /* ingest TLS, NULL: plain TCP */
     int dblock; /* descriptor of the database lock, -1: not held */
     int stopping;
     int read_only; /* --read-only: HTTP over an archive, nothing else */
@@ -147,7 +151,7 @@ static void on_signal(uv_signal_t *h, int signum)
 /* Reads options into cfg (file first, then flags). Returns -1 to continue,
  * or an exit status. */
 static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
-                      struct pager_config *pager_cfg, int *read_only)
+                      struct pager_config *pager_cfg, struct run_auth *run_auth, int *read_only)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'}, {"http", required_argument, NULL, 't'},
@@ -223,12 +227,13 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     struct config_error err;
     config_defaults(cfg);
     detect_rules_default(rules);
-    struct config_section sections[2];
+    struct config_section sections[3];
     stage_detect_section(rules, &sections[0]);
     pager_target_section(pager_cfg, &sections[1]);
+    run_auth_section(run_auth, &sections[2]);
     if (config_path)
         snprintf(pager_cfg->origin, sizeof(pager_cfg->origin), "%s", config_path);
-    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 2, &err) < 0) {
+    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 3, &err) < 0) {
         fprintf(stderr, "%s\n", err.message);
         status = EXIT_USAGE;
     }
@@ -239,6 +244,10 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         }
     }
     if (status < 0 && config_check(cfg, config_path ? config_path : "command line", &err) < 0) {
+        fprintf(stderr, "%s\n", err.message);
+        status = EXIT_USAGE;
+    }
+    if (status < 0 && run_auth_check(run_auth, err.message, sizeof(err.message)) < 0) {
         fprintf(stderr, "%s\n", err.message);
         status = EXIT_USAGE;
     }
@@ -295,6 +304,8 @@ static int serve_read_only(struct app *app)
         .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
         .metrics_run_max_age = cfg->metrics_run_max_age,
         .read_only = true,
+        .tls_cert_file = cfg->http_tls_cert,
+        .tls_key_file = cfg->http_tls_key,
     };
     if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
         log_error("main", "%s", err);
@@ -324,7 +335,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "foreshockd: out of memory\n");
         return EXIT_RUNTIME;
     }
-    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->read_only);
+    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->run_auth,
+                            &app->read_only);
     if (status >= 0) {
         free(app);
         return status;
@@ -343,6 +355,19 @@ int main(int argc, char **argv)
         status = serve_read_only(app);
         goto out;
     }
+    if (cfg->tls_cert[0]) {
+        struct tls_server_opts to = {.cert_file = cfg->tls_cert, .key_file = cfg->tls_key,
+                                     .ca_file = cfg->tls_client_ca};
+        if (tls_server_new(&to, &app->tls, err, sizeof(err)) < 0) {
+            log_error("main", "%s", err);
+            goto out;
+        }
+        log_info("main", "ingest: TLS (%s)%s", cfg->tls_cert,
+                 cfg->tls_client_ca[0] ? "; client certificates required (tls_client_ca)" : "");
+    }
+    if (app->run_auth.n)
+        log_info("main", "ingest: %zu [run] token sections; other runs %s", app->run_auth.n,
+                 cfg->token[0] ? "need the global token" : "need no token (token is empty)");
     struct store_opts so = {
         .synchronous_full = cfg->synchronous == CONFIG_SYNC_FULL,
         .max_runs = cfg->max_runs,
@@ -408,6 +433,8 @@ int main(int argc, char **argv)
         .stage = app->stage,
         .hello_timeout_s = cfg->hello_timeout_s,
         .frame_timeout_s = cfg->frame_timeout_s,
+        .tls = app->tls,
+        .run_auth = &app->run_auth,
     };
     decode_limits_default(&io.limits, (uint32_t)cfg->max_frame_bytes);
     if (ingest_start(&app->loop, &io, &app->ingest, err, sizeof(err)) < 0) {
@@ -426,6 +453,8 @@ int main(int argc, char **argv)
         .write_token = cfg->http_write_token,
         .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
         .metrics_run_max_age = cfg->metrics_run_max_age,
+        .tls_cert_file = cfg->http_tls_cert,
+        .tls_key_file = cfg->http_tls_key,
     };
     if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
         log_error("main", "%s", err);
@@ -437,7 +466,8 @@ int main(int argc, char **argv)
     } else {
         char ep[FS_CONFIG_MAX_HOST + 16];
         endpoint_text(ep, sizeof(ep), cfg->http.host, http_port(app->http));
-        snprintf(public_url, sizeof(public_url), "http://%s", ep);
+        snprintf(public_url, sizeof(public_url), "%s://%s", cfg->http_tls_cert[0] ? "https" : "http",
+                 ep);
     }
     struct pager_opts po = {.cfg = &app->pager_cfg, .public_url = public_url, .db_path = cfg->db,
                             .store = app->store, .stats = &app->stats};
@@ -477,6 +507,7 @@ out:
     /* The pager's last outcomes go through the writer: stop it first. */
     pager_stop(app->pager);
     store_close(app->store);
+    tls_server_free(app->tls);
     dblock_release(app->dblock);
     if (loop_ok && uv_loop_close(&app->loop) != 0)
         log_warn("main", "event loop closed with handles still open");

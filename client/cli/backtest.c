@@ -28,6 +28,7 @@
 #include "detect.h"
 #include "evaluate.h"
 #include "pager.h"
+#include "run_auth.h"
 #include "stage.h"
 #include "store_read.h"
 
@@ -535,13 +536,15 @@ int cmd_backtest(int argc, char **argv)
     static struct detect_rules rules;
     static struct fs_config cfg;
     static struct pager_config pager_cfg;
-    struct config_section sections[2];
+    static struct run_auth run_auth; /* parsed so that [run] sections are accepted; unused */
+    struct config_section sections[3];
     struct config_error ce;
     config_defaults(&cfg);
     detect_rules_default(&rules);
     stage_detect_section(&rules, &sections[0]);
     pager_target_section(&pager_cfg, &sections[1]);
-    if (st.config && config_load_file(st.config, &cfg, sections, 2, &ce) < 0) {
+    run_auth_section(&run_auth, &sections[2]);
+    if (st.config && config_load_file(st.config, &cfg, sections, 3, &ce) < 0) {
         fprintf(stderr, "foreshock backtest: %s\n", ce.message);
         return CLI_USAGE;
     }

@@ -31,12 +31,13 @@
 
 struct sim_settings {
     const char *endpoint, *run, *scenario, *token, *moe_layers;
+    const char *tls_ca, *tls_cert, *tls_key, *tls_name;
     uint64_t steps, seed, fault_step, diverge_after, fault_until;
     uint32_t ranks, attempt, layers, heads, dh, d, sketch_every, window, replay_mb;
     uint32_t experts, top_k, tokens;
     uint32_t world_size, first_rank;
     double rate, flush_timeout;
-    int no_sketches, layer_norms, verbose, local_group;
+    int no_sketches, layer_norms, verbose, local_group, tls;
 };
 
 static const struct opt sim_opts[] = {
@@ -79,6 +80,16 @@ static const struct opt sim_opts[] = {
      .help = "send per-layer |W| and update ratios (default: on except for scenario healthy)"},
     {.name = "token", .kind = OPT_STR, .offset = offsetof(struct sim_settings, token), .arg = "T",
      .help = "shared secret the daemon expects, if any"},
+    {.name = "tls", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, tls),
+     .help = "TLS to the daemon (implied by the --tls-* options); its certificate is verified"},
+    {.name = "tls-ca", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_ca),
+     .arg = "FILE", .help = "PEM CA the daemon's certificate must chain to (default: the system's)"},
+    {.name = "tls-cert", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_cert),
+     .arg = "FILE", .help = "PEM client certificate, for a daemon with tls_client_ca"},
+    {.name = "tls-key", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_key),
+     .arg = "FILE", .help = "PEM private key of --tls-cert"},
+    {.name = "tls-server-name", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_name),
+     .arg = "NAME", .help = "name the daemon's certificate must carry (default: the endpoint host)"},
     O("replay-mb", OPT_U32, replay_mb, "MB", "per-rank replay buffer, MiB (default 64)", 1, 65536),
     {.name = "verbose", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, verbose),
      .help = "print every client event (default: warnings and errors)"},
@@ -87,7 +98,7 @@ static const struct opt sim_opts[] = {
 
 static const struct command_help sim_help = {
     .usage = "foreshock simulate --run ID [--endpoint HOST:PORT] [--ranks N] [--steps M] "
-             "[--world-size W] [--first-rank R] [--local-group] [--attempt A] [--layers L] [--heads H] [--dh DH] [--d D] [--sketch-every K] "
+             "[--world-size W] [--first-rank R] [--local-group] [--tls] [--tls-ca F] [--tls-cert F --tls-key F] [--attempt A] [--layers L] [--heads H] [--dh DH] [--d D] [--sketch-every K] "
              "[--window W] [--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
              "[--scenario NAME] [--fault-step S] [--fault-until S] [--diverge-after N] [--experts E] [--top-k TOPK] "
              "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms]",
@@ -232,6 +243,11 @@ static void *rank_main(void *arg)
     o.world_size = s->world_size;
     o.local_ranks = r->local;
     o.n_local_ranks = r->n_local;
+    o.tls = s->tls || s->tls_ca || s->tls_cert || s->tls_key || s->tls_name;
+    o.tls_ca_file = s->tls_ca;
+    o.tls_cert_file = s->tls_cert;
+    o.tls_key_file = s->tls_key;
+    o.tls_server_name = s->tls_name;
     o.token = s->token;
     o.replay_max_bytes = (size_t)s->replay_mb << 20;
     o.max_report_bytes = SIM_MAX_REPORT_BYTES;

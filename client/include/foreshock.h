@@ -125,6 +125,20 @@ struct fsc_options {
      * daemon hears the whole job. At most FSC_MAX_LOCAL_RANKS values. */
     const uint32_t *local_ranks;
     size_t n_local_ranks;
+    /* TLS to a daemon whose ingest has tls_cert (added with local_ranks;
+     * older callers get plain TCP). The daemon's certificate is always
+     * verified, against tls_ca_file (PEM) or the system's CA store, for the
+     * name tls_server_name (NULL: host; an IP address is checked as one).
+     * tls_cert_file + tls_key_file (PEM): this rank's client certificate,
+     * for a daemon with tls_client_ca. Files are read by fsc_open (a bad one
+     * is -EINVAL, named in err). A handshake that fails (untrusted daemon,
+     * refused certificate) is logged and retried with backoff like any
+     * failed connection. */
+    int tls;
+    const char *tls_ca_file;
+    const char *tls_cert_file;
+    const char *tls_key_file;
+    const char *tls_server_name;
 };
 
 /* The smallest options struct fsc_open accepts (the 0.1 layout). */

@@ -136,6 +136,8 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
             return fsc_err(err, errlen, -EINVAL, "local_ranks does not include rank %u itself",
                            o->rank);
     }
+    if (!o->tls && (o->tls_ca_file || o->tls_cert_file || o->tls_key_file || o->tls_server_name))
+        return fsc_err(err, errlen, -EINVAL, "tls_* files or name given without tls = 1");
     if (o->record_only && !(o->record_path && o->record_path[0]))
         return fsc_err(err, errlen, -EINVAL, "record_only needs record_path");
     return 0;
@@ -197,6 +199,7 @@ static void release(fsc_client *c, int sync)
     fsc_replay_clear(&c->replay);
     fsc_io_destroy(c);
     fsc_record_close(&c->rec);
+    fsc_tls_free(&c->tls);
     if (sync) {
         pthread_cond_destroy(&c->drained);
         pthread_mutex_destroy(&c->mu);
@@ -264,6 +267,10 @@ int fsc_open(const struct fsc_options *in, fsc_client **out, char *err, size_t e
     c->handshake_timeout_ms = o.handshake_timeout_ms;
     c->log = o.log;
     c->log_ctx = o.log_ctx;
+    if (!o.record_only && (rc = fsc_tls_init(&c->tls, &o, err, errlen)) < 0) {
+        release(c, sync);
+        return rc;
+    }
     if ((rc = pack_hello(&o, 1, &c->hello, &c->hello_len)) < 0)
         goto fail;
     if (o.record_path && o.record_path[0]) {

@@ -57,7 +57,9 @@ class _Options(ctypes.Structure):
                 ("log", _LOG_FN), ("log_ctx", ctypes.c_void_p), ("seed", ctypes.c_uint64),
                 ("record_path", ctypes.c_char_p), ("record_only", ctypes.c_int),
                 ("local_ranks", ctypes.POINTER(ctypes.c_uint32)),
-                ("n_local_ranks", ctypes.c_size_t)]
+                ("n_local_ranks", ctypes.c_size_t), ("tls", ctypes.c_int),
+                ("tls_ca_file", ctypes.c_char_p), ("tls_cert_file", ctypes.c_char_p),
+                ("tls_key_file", ctypes.c_char_p), ("tls_server_name", ctypes.c_char_p)]
 
 
 class _Stats(ctypes.Structure):
@@ -219,7 +221,8 @@ class Client:
     def __init__(self, host, port, run_id, rank=0, world_size=1, attempt=0, token=None,
                  detect_from_step=0, replay_max_bytes=0, model=None, client_name=None,
                  backoff_max_ms=0, lib_path=None, record_path=None, record_only=False,
-                 local_ranks=None):
+                 local_ranks=None, tls=False, tls_ca=None, tls_cert=None, tls_key=None,
+                 tls_server_name=None):
         self.lib = load(lib_path)
         o = _Options()
         o.size = ctypes.sizeof(_Options)
@@ -240,6 +243,13 @@ class Client:
             self._keep.append(os.fsencode(record_path))
             o.record_path = self._keep[-1]
             o.record_only = 1 if record_only else 0
+        if tls or tls_ca or tls_cert or tls_key or tls_server_name:
+            o.tls = 1
+            for field, value in (("tls_ca_file", tls_ca), ("tls_cert_file", tls_cert),
+                                 ("tls_key_file", tls_key), ("tls_server_name", tls_server_name)):
+                if value:
+                    self._keep.append(os.fsencode(value))
+                    setattr(o, field, self._keep[-1])
         if local_ranks:
             loc = [int(r) for r in local_ranks]
             arr = (ctypes.c_uint32 * len(loc))(*loc)

@@ -145,6 +145,19 @@ def resolve_local_ranks(arg, endpoint, rank, world_size):
     return group
 
 
+def _tls_args(tls, ca, cert, key, name):
+    """The Client's TLS keywords from the arguments, else the environment."""
+    env = os.environ.get
+    ca = ca or env("FORESHOCK_TLS_CA") or None
+    cert = cert or env("FORESHOCK_TLS_CERT") or None
+    key = key or env("FORESHOCK_TLS_KEY") or None
+    if tls is None:
+        tls = env("FORESHOCK_TLS", "").lower() in ("1", "true", "yes")
+    on = bool(tls or ca or cert or key or name)
+    return {"tls": on, "tls_ca": ca, "tls_cert": cert, "tls_key": key,
+            "tls_server_name": name} if on else {}
+
+
 class _RateLimited:
     def __init__(self, interval):
         self.interval, self.last, self.suppressed = interval, -1e18, 0
@@ -230,6 +243,15 @@ class Monitor:
                  rate of its first param group is sent (what a scheduler set).
                  The daemon needs it to find the end of warm-up and for its
                  `lr` rule (a rate rising after warm-up)
+    tls, tls_ca, tls_cert, tls_key, tls_server_name
+                 TLS to a daemon whose ingest has tls_cert (a daemon for the whole
+                 job, reached over the network): tls_ca is the PEM CA its
+                 certificate must chain to (default $FORESHOCK_TLS_CA, else the
+                 system's store), tls_cert/tls_key this rank's client
+                 certificate for a daemon with tls_client_ca (default
+                 $FORESHOCK_TLS_CERT / $FORESHOCK_TLS_KEY), tls_server_name the
+                 name to verify (default the endpoint's host). Any of them, or
+                 tls=True, or $FORESHOCK_TLS=1, turns TLS on
     replay_bytes libforeshock's bound on buffered, unacknowledged reports
     queue_reports  bound of the hand-off queue to the sender thread
     gram_dtype   torch.float32 (default) or torch.float64
@@ -247,7 +269,8 @@ class Monitor:
                  layer_norms=True, token=None, detect_from_step=None,
                  replay_bytes=DEFAULT_REPLAY_BYTES, queue_reports=DEFAULT_QUEUE_REPORTS,
                  gram_dtype=torch.float32, transport=None, lib=None, client_name=None,
-                 backoff_max_s=None, record=None, optimizer=None, local_ranks=None):
+                 backoff_max_s=None, record=None, optimizer=None, local_ranks=None,
+                 tls=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if ddp else 0)
@@ -381,7 +404,8 @@ class Monitor:
                                backoff_max_ms=int(backoff_max_s * 1000) if backoff_max_s else 0,
                                lib_path=lib, record_path=self.record_path,
                                record_only=bool(self.record_path) and endpoint is None,
-                               local_ranks=self.local_ranks)
+                               local_ranks=self.local_ranks, **_tls_args(
+                                   tls, tls_ca, tls_cert, tls_key, tls_server_name))
             if self.local_ranks:
                 log.info("foreshock: run %s rank %d: the daemon at %s hears local group %s of "
                          "%d ranks: its router token statistics are this group's, its "
