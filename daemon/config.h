@@ -107,6 +107,12 @@ struct fs_config {
     double silence_retention;
     /* pager: base of generatorURL and links in pages ("" = http://<http address>) */
     char public_url[FS_CONFIG_MAX_URL];
+    /* TLS (PEM files; "" = off): ingest, its client CA (mutual TLS), HTTPS */
+    char tls_cert[FS_CONFIG_MAX_PATH];
+    char tls_key[FS_CONFIG_MAX_PATH];
+    char tls_client_ca[FS_CONFIG_MAX_PATH];
+    char http_tls_cert[FS_CONFIG_MAX_PATH];
+    char http_tls_key[FS_CONFIG_MAX_PATH];
 };
 
 /* The table of the daemon's keys (for --help and tests). */

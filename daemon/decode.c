@@ -318,6 +318,21 @@ int decode_check_hello(const Foreshock__Hello *h, const struct decode_limits *li
     if (h->client_name && strlen(h->client_name) > FS_MAX_CLIENT_NAME_LEN)
         return fail(err, E_MALFORMED, -EINVAL, "client_name longer than %u bytes",
                     FS_MAX_CLIENT_NAME_LEN);
+    /* A local group names ranks of this job, this one among them: a
+     * group without it is a global/local rank mix-up, not a topology. */
+    if (h->n_local_ranks > FS_MAX_LOCAL_RANKS)
+        return fail(err, E_MALFORMED, -EINVAL, "local_ranks: more than %u values",
+                    FS_MAX_LOCAL_RANKS);
+    int self = h->n_local_ranks == 0;
+    for (size_t i = 0; i < h->n_local_ranks; i++) {
+        if (h->local_ranks[i] >= h->world_size)
+            return fail(err, E_MALFORMED, -EINVAL, "local_ranks[%zu] = %u is not below world_size %u",
+                        i, h->local_ranks[i], h->world_size);
+        self |= h->local_ranks[i] == h->rank;
+    }
+    if (!self)
+        return fail(err, E_MALFORMED, -EINVAL, "local_ranks does not include rank %u itself",
+                    h->rank);
     const Foreshock__ModelShape *m = h->model;
     if (m) {
         if ((m->has_n_layers && m->n_layers > lim->max_layers) ||

@@ -118,12 +118,13 @@ void eval_rule_of_series(const char *series, char *rule, size_t len);
 /* Is stored series k an input of detection under rules, and with which
  * rule? The attention aggregates the daemon detects on
  * (qk.d2.{erank,entropy,srank}.min, qk.cqk.max per layer and window),
- * router series with a matching rule, and rank 0's loss, grad_norm,
- * weight_norm and update_ratio. Writes the rule name into rule. The live
- * stage asks the same question of the series it builds, so a backtest
- * reads back exactly what was detected live. */
+ * router series with a matching rule, and the lead rank's loss,
+ * grad_norm, lr, weight_norm and update_ratio (lead_rank: 0, or the lowest
+ * rank of the local group a per-node daemon hears). Writes the rule name
+ * into rule. The live stage asks the same question of the series it
+ * builds, so a backtest reads back exactly what was detected live. */
 bool eval_input_rule(const struct detect_rules *rules, const struct store_series_key *k,
-                     char *rule, size_t len);
+                     uint32_t lead_rank, char *rule, size_t len);
 
 /* Rank 0's learning rate at step (in step order). Progress is judged from
  * the learning rates of earlier steps only, so the order in which a step's

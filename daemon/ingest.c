@@ -12,6 +12,9 @@
 
 #include "fs_limits.h"
 #include "log.h"
+#include "ranks.h"
+#include "run_auth.h"
+#include "tls.h"
 
 #define E(x) FORESHOCK__ERROR_CODE__ERROR_##x
 #define CONN_HASH 1024u /* buckets of the conn_id -> conn table */
@@ -38,6 +41,7 @@ struct conn {
     uint64_t fbuf;       /* length of the large frame rbuf was grown for (0: none) */
     struct conn *wnext;  /* waiting for frame buffer room (ingest.wait_head) */
     int waiting;
+    int tls_kick; /* granted frame buffer room: pull from TLS on the next on_async */
     size_t discarded;
     struct store_item *pending; /* refused with -EAGAIN; resubmitted on RESUME */
     Foreshock__Frame *pending_frame; /* the decoded report of `pending`, for the stage */
@@ -51,6 +55,8 @@ struct conn {
      * Welcome's last committed seq, seq_last the highest accepted since. */
     uint64_t seq_base, seq_last;
     size_t wpending; /* bytes in uv_write requests not yet completed */
+    struct tls_conn *tls;      /* NULL: plain TCP */
+    uint8_t *tbuf;             /* TLS: ciphertext read buffer, FS_INGEST_TLS_READ_BYTES */
     uint64_t accepted_ms;      /* loop time the connection was accepted */
     uint64_t frame_started_ms; /* loop time an unfinished frame began (0: none) */
 };
@@ -89,6 +95,7 @@ struct ingest {
 };
 
 static void process(struct conn *c);
+static int tls_flush(struct conn *c);
 static void update_reading(struct conn *c);
 static void rbuf_drop(struct conn *c);
 static void on_shutdown(uv_shutdown_t *req, int status);
@@ -114,6 +121,17 @@ static void hash_remove(struct conn *c)
     c->hnext = NULL;
 }
 
+
+/* The arrays a connection's Hello carried for the stage (run_hello copies
+ * what it keeps). */
+static void hello_release(struct run_hello *h)
+{
+    free((void *)h->moe_layers);
+    free((void *)h->local_ranks);
+    h->moe_layers = h->local_ranks = NULL;
+    h->n_moe_layers = h->n_local_ranks = 0;
+}
+
 static void on_conn_closed(uv_handle_t *h)
 {
     struct conn *c = (struct conn *)h;
@@ -132,8 +150,10 @@ static void on_conn_closed(uv_handle_t *h)
     }
     store_item_free(c->pending);
     decode_frame_free(c->pending_frame);
-    free((void *)c->hello.moe_layers);
+    hello_release(&c->hello);
     rbuf_drop(c);
+    tls_conn_free(c->tls);
+    free(c->tbuf);
     free(c->rbuf);
     free(c);
     check_stop(ing);
@@ -162,6 +182,11 @@ static void conn_finish(struct conn *c)
         if (c->fin_sent)
             return;
         c->fin_sent = 1;
+        if (c->tls && tls_conn_ready(c->tls)) { /* close_notify goes before the FIN */
+            tls_conn_shutdown(c->tls);
+            if (tls_flush(c) < 0)
+                return;
+        }
         uv_shutdown_t *sh = malloc(sizeof(*sh));
         if (!sh || uv_shutdown(sh, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
             free(sh);
@@ -227,8 +252,8 @@ static void on_write(uv_write_t *req, int status)
     }
 }
 
-/* Queues an encoded frame; takes buf. Closes a client that does not read. */
-static int send_buf(struct conn *c, uint8_t *buf, size_t len)
+/* Queues bytes for the socket; takes buf. Closes a client that does not read. */
+static int send_raw(struct conn *c, uint8_t *buf, size_t len)
 {
     struct ingest *ing = c->ing;
     if (c->closing) {
@@ -263,6 +288,39 @@ static int send_buf(struct conn *c, uint8_t *buf, size_t len)
     }
     c->wpending += len;
     return 0;
+}
+
+/* TLS: sends the records waiting (handshake messages, encrypted frames,
+ * alerts). 0, or a negative errno after closing the connection. */
+static int tls_flush(struct conn *c)
+{
+    uint8_t *out;
+    size_t n;
+    if (tls_conn_take_output(c->tls, &out, &n) < 0) {
+        conn_close(c);
+        return -ENOMEM;
+    }
+    return n ? send_raw(c, out, n) : 0;
+}
+
+/* Queues an encoded frame (encrypted first on a TLS connection); takes buf.
+ * A TLS connection still in its handshake has no way to carry a frame (an
+ * Error to a peer that never finished it): it is closed instead. */
+static int send_buf(struct conn *c, uint8_t *buf, size_t len)
+{
+    if (!c->tls)
+        return send_raw(c, buf, len);
+    if (c->closing) {
+        free(buf);
+        return -ECANCELED;
+    }
+    int rc = tls_conn_ready(c->tls) ? tls_conn_write(c->tls, buf, len) : -ENOTCONN;
+    free(buf);
+    if (rc < 0) {
+        conn_close(c);
+        return rc;
+    }
+    return tls_flush(c);
 }
 
 static int send_frame(struct conn *c, const Foreshock__Frame *f)
@@ -428,7 +486,7 @@ static void on_hello(struct conn *c, const Foreshock__Hello *h)
         protocol_error(c, E(SEQUENCE), "second Hello on this connection");
         return;
     }
-    if (!token_ok(ing->token, h->token)) {
+    if (!token_ok(run_auth_token(ing->opts.run_auth, h->run_id, ing->token), h->token)) {
         protocol_error(c, E(AUTH), "token missing or wrong");
         return;
     }
@@ -445,11 +503,27 @@ static void on_hello(struct conn *c, const Foreshock__Hello *h)
     it->hello.has_detect_from_step = h->has_detect_from_step;
     it->hello.detect_from_step = h->detect_from_step;
     it->hello.model_json = model_json(h->model);
+    if (h->n_local_ranks) {
+        /* Normalised once here, for the store (text) and the stage. */
+        uint32_t *local = malloc(h->n_local_ranks * sizeof(*local));
+        if (local) {
+            memcpy(local, h->local_ranks, h->n_local_ranks * sizeof(*local));
+            c->hello.n_local_ranks = ranks_normalize(local, h->n_local_ranks);
+            c->hello.local_ranks = local;
+            it->hello.local_ranks = ranks_format(local, c->hello.n_local_ranks);
+        }
+        if (!local || !it->hello.local_ranks) {
+            store_item_free(it);
+            protocol_error(c, E(INTERNAL), "out of memory");
+            return;
+        }
+    }
     c->rank = h->rank;
     snprintf(c->run_name, sizeof(c->run_name), "%s", h->run_id);
-    c->hello = (struct run_hello){.rank = h->rank, .world_size = h->world_size,
-                                  .has_detect_from_step = h->has_detect_from_step,
-                                  .detect_from_step = h->detect_from_step};
+    c->hello.rank = h->rank;
+    c->hello.world_size = h->world_size;
+    c->hello.has_detect_from_step = h->has_detect_from_step;
+    c->hello.detect_from_step = h->detect_from_step;
     if (h->model) {
         c->hello.has_n_layers = h->model->has_n_layers;
         c->hello.n_layers = h->model->n_layers;
@@ -548,7 +622,7 @@ static void on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body
         oom |= (rp->n_weight_norm && !rp->weight_norm) || (rp->n_update_ratio && !rp->update_ratio);
     }
     if (info->sketches ||
-        (c->ing->opts.stage && stage_wants_spool(c->ing->opts.stage, c->rank, r))) {
+        (c->ing->opts.stage && stage_wants_spool(c->ing->opts.stage, c->run_id, c->rank, r))) {
         /* The spool keeps the frame as it arrived for the monitor stage. */
         rp->sketch_body = malloc(len);
         if (rp->sketch_body) {
@@ -694,21 +768,28 @@ static void grant_waiting(struct ingest *ing)
         if (len && rbuf_grow(c, len) < 0)
             continue;
         update_reading(c);
+        if (c->tls) {
+            /* Its frame may already sit decrypted or encrypted inside
+             * OpenSSL, with no socket read to come: pull it on the next
+             * loop turn (on_async), not from inside another connection's
+             * processing. */
+            c->tls_kick = 1;
+            uv_async_send(&ing->async);
+        }
     }
 }
 
 /* A frame larger than the buffer starts it: grow the buffer if the bound
- * allows (and nobody waits already), else wait in line, not reading. */
-static void rbuf_room(struct conn *c)
+ * allows (and nobody waits already), else wait in line, not reading.
+ * Returns 1 when the buffer grew (there is room to read into). */
+static int rbuf_room(struct conn *c)
 {
     struct ingest *ing = c->ing;
     uint32_t len = large_frame(c);
     if (!len || c->waiting)
-        return;
-    if (!ing->wait_head && ing->fbuf_total - c->fbuf + len <= ing->opts.frame_buffer_max_bytes) {
-        rbuf_grow(c, len);
-        return;
-    }
+        return 0;
+    if (!ing->wait_head && ing->fbuf_total - c->fbuf + len <= ing->opts.frame_buffer_max_bytes)
+        return rbuf_grow(c, len) == 0;
     c->waiting = 1;
     if (ing->wait_tail)
         ing->wait_tail->wnext = c;
@@ -722,6 +803,7 @@ static void rbuf_room(struct conn *c)
                 (unsigned long long)c->id, c->peer, len, (unsigned long long)ing->fbuf_total,
                 (unsigned long long)ing->opts.frame_buffer_max_bytes);
     update_reading(c);
+    return 0;
 }
 
 /* Bytes the frame that starts the buffer takes (0: its prefix is not in). */
@@ -777,8 +859,9 @@ static int can_process(const struct conn *c)
            (c->state == AWAIT_HELLO || c->state == STREAMING);
 }
 
-/* Handles every complete frame in the read buffer that the state allows. */
-static void process(struct conn *c)
+/* Handles every complete frame in the read buffer that the state allows.
+ * Returns whether it took any. */
+static int process_frames(struct conn *c)
 {
     struct ingest *ing = c->ing;
     size_t pos = 0;
@@ -788,7 +871,7 @@ static void process(struct conn *c)
         if (decode_prefix(c->rbuf + pos, &ing->opts.limits, &len, &err) < 0) {
             atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
             protocol_error(c, err.code, err.message);
-            return;
+            return 1;
         }
         /* Before the Hello is accepted a peer is unauthenticated: it may not
          * make the daemon hold a large frame for it. */
@@ -798,7 +881,7 @@ static void process(struct conn *c)
             snprintf(msg, sizeof(msg), "frame of %u bytes before Hello (at most %u)", len,
                      FS_MAX_HELLO_FRAME_BYTES);
             protocol_error(c, E(TOO_LARGE), msg);
-            return;
+            return 1;
         }
         size_t need = DECODE_PREFIX_BYTES + (size_t)len;
         if (c->rlen - pos < need)
@@ -806,7 +889,7 @@ static void process(struct conn *c)
         handle_frame(c, c->rbuf + pos + DECODE_PREFIX_BYTES, len);
         pos += need;
         if (c->state == CLOSING)
-            return; /* protocol_error reset the buffer */
+            return 1; /* protocol_error reset the buffer */
     }
     if (pos) {
         memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
@@ -815,7 +898,108 @@ static void process(struct conn *c)
         c->frame_started_ms = c->rlen ? uv_now(ing->loop) : 0;
     }
     rbuf_settle(c);
-    rbuf_room(c);
+    return rbuf_room(c) || pos > 0;
+}
+
+
+/* The initial read buffer, when the connection has none; a large frame's
+ * own is made by rbuf_room, within frame_buffer_max_bytes. 0 or -ENOMEM. */
+static int rbuf_initial(struct conn *c)
+{
+    if (c->rcap)
+        return 0;
+    uint8_t *p = malloc(FS_INGEST_RBUF_INITIAL);
+    if (!p)
+        return -ENOMEM;
+    c->rbuf = p;
+    c->rcap = FS_INGEST_RBUF_INITIAL;
+    return 0;
+}
+
+/* The peer will send nothing more (EOF, or TLS close_notify): answer what
+ * it sent, then close. */
+static void peer_eof(struct conn *c)
+{
+    c->eof = 1;
+    update_reading(c);
+    if (c->state == CLOSING || (c->inflight == 0 && !c->pending))
+        conn_close_when_flushed(c);
+}
+
+/* TLS failed (a handshake without a trusted certificate, not TLS at all):
+ * the alert OpenSSL queued goes out, then the connection closes. No Error
+ * frame: there is no channel to carry one. */
+static void tls_failed(struct conn *c, const char *why)
+{
+    struct ingest *ing = c->ing;
+    atomic_fetch_add(&ing->opts.stats->tls_failures, 1);
+    log_limited(&ing->rl_proto, LOG_LEVEL_WARN, "ingest", "conn %llu %s: %s; closing",
+                (unsigned long long)c->id, c->peer, why);
+    c->state = CLOSING;
+    c->rlen = 0;
+    if (tls_flush(c) < 0)
+        return;
+    if (!c->linger_deadline_ms)
+        c->linger_deadline_ms = uv_now(ing->loop) + FS_INGEST_LINGER_MS;
+    conn_close_when_flushed(c);
+    update_reading(c);
+}
+
+/* TLS: moves decrypted bytes into the read buffer, as many as it has room
+ * for (a large frame's room comes from rbuf_room, as for a plain read; a
+ * full buffer stops the pull until then), and sends what the handshake
+ * wants sent. Returns 1 when bytes came, 0 when none, -1 when the
+ * connection ended (closed, closing or at EOF). The rest stays decrypted
+ * or encrypted inside OpenSSL, bounded by what was fed: one read. */
+static int tls_pull(struct conn *c)
+{
+    int got = 0;
+    while (!c->closing && c->state != CLOSING) {
+        if (rbuf_initial(c) < 0) {
+            conn_close(c);
+            return -1;
+        }
+        char why[256];
+        ssize_t n = c->rcap > c->rlen
+                        ? tls_conn_read(c->tls, c->rbuf + c->rlen, c->rcap - c->rlen, why,
+                                        sizeof(why))
+                        : 0;
+        if (n == -EPROTO) {
+            tls_failed(c, why);
+            return -1;
+        }
+        if (tls_flush(c) < 0)
+            return -1;
+        if (n == TLS_CLOSED) {
+            peer_eof(c);
+            return -1;
+        }
+        if (n <= 0)
+            return got;
+        c->rlen += (size_t)n;
+        if (!c->frame_started_ms)
+            c->frame_started_ms = uv_now(c->ing->loop);
+        got = 1;
+    }
+    return -1;
+}
+
+/* Handles what the connection's buffer (and, with TLS, its decrypted
+ * input) holds, as far as its state allows. */
+static void process(struct conn *c)
+{
+    if (!c->tls) {
+        (void)process_frames(c);
+        return;
+    }
+    for (;;) {
+        int pulled = tls_pull(c);
+        if (pulled < 0)
+            return;
+        int used = process_frames(c);
+        if ((!pulled && !used) || !can_process(c))
+            return;
+    }
 }
 
 static int want_read(const struct conn *c)
@@ -849,16 +1033,13 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         *buf = uv_buf_init((char *)ing->discard, sizeof(ing->discard));
         return;
     }
-    /* The initial buffer; a large frame's own is made by rbuf_room, within
-     * frame_buffer_max_bytes, before reading goes on. */
-    if (!c->rcap) {
-        uint8_t *p = malloc(FS_INGEST_RBUF_INITIAL);
-        if (!p) {
-            *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
-            return;
-        }
-        c->rbuf = p;
-        c->rcap = FS_INGEST_RBUF_INITIAL;
+    if (c->tls) { /* ciphertext; tls_pull fills the plaintext buffer */
+        *buf = uv_buf_init((char *)c->tbuf, FS_INGEST_TLS_READ_BYTES);
+        return;
+    }
+    if (rbuf_initial(c) < 0) {
+        *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+        return;
     }
     *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
 }
@@ -878,10 +1059,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         /* The client is done sending: answer what it sent, then close. */
-        c->eof = 1;
-        update_reading(c);
-        if (c->state == CLOSING || (c->inflight == 0 && !c->pending))
-            conn_close_when_flushed(c);
+        peer_eof(c);
         return;
     }
     atomic_fetch_add(&ing->opts.stats->bytes_in, (uint64_t)nread);
@@ -891,9 +1069,16 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             conn_close(c);
         return;
     }
-    c->rlen += (size_t)nread;
-    if (!c->frame_started_ms)
-        c->frame_started_ms = uv_now(ing->loop);
+    if (c->tls) {
+        if (tls_conn_feed(c->tls, (const uint8_t *)buf->base, (size_t)nread) < 0) {
+            conn_close(c);
+            return;
+        }
+    } else {
+        c->rlen += (size_t)nread;
+        if (!c->frame_started_ms)
+            c->frame_started_ms = uv_now(ing->loop);
+    }
     process(c);
     update_reading(c);
 }
@@ -927,15 +1112,22 @@ static void on_hello_done(struct conn *c, const struct store_result *r)
     c->stream_id = r->stream_id;
     c->seq_base = c->seq_last = r->seq;
     c->state = STREAMING;
-    if (c->ing->opts.stage &&
-        stage_hello(c->ing->opts.stage, r->run_id, c->run_name, r->stream_id, r->seq,
-                    &c->hello) < 0)
+    int rc = c->ing->opts.stage ? stage_hello(c->ing->opts.stage, r->run_id, c->run_name,
+                                              r->stream_id, r->seq, &c->hello)
+                                : 0;
+    hello_release(&c->hello);
+    if (rc == -ENOSPC) {
+        char msg[FS_MAX_ERROR_MESSAGE];
+        snprintf(msg, sizeof(msg), "run %s: more than %u distinct local groups declared to this "
+                 "daemon; ranks of one daemon declare the same local_ranks",
+                 c->run_name, RUN_MAX_LOCAL_GROUPS);
+        protocol_error(c, E(LIMIT), msg);
+        return;
+    }
+    if (rc < 0)
         log_limited(&c->ing->rl_limit, LOG_LEVEL_ERROR, "ingest",
                     "conn %llu: out of memory registering run %s with the monitors",
                     (unsigned long long)c->id, c->run_name);
-    free((void *)c->hello.moe_layers);
-    c->hello.moe_layers = NULL;
-    c->hello.n_moe_layers = 0;
     Foreshock__Welcome w = FORESHOCK__WELCOME__INIT;
     w.protocol_version = FORESHOCK__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
     w.last_seq = r->seq;
@@ -1021,6 +1213,17 @@ static void on_async(uv_async_t *a)
             conn_linger(c);
     }
     free(res);
+    /* Connections granted frame buffer room (grant_waiting) while their
+     * frame is inside OpenSSL. */
+    for (struct conn *c = ing->head; c; c = c->next) {
+        if (!c->tls_kick)
+            continue;
+        c->tls_kick = 0;
+        if (!c->closing && c->state == STREAMING) {
+            process(c);
+            update_reading(c);
+        }
+    }
     if (resumed && !ing->stopping)
         resume(ing);
     else if (resumed) {
@@ -1103,6 +1306,12 @@ static void on_connection(uv_stream_t *server, int status)
     }
     snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
     uv_tcp_nodelay(&c->tcp, 1);
+    if (ing->opts.tls && (!(c->tls = tls_conn_new(ing->opts.tls)) ||
+                          !(c->tbuf = malloc(FS_INGEST_TLS_READ_BYTES)))) {
+        log_limited(&ing->rl_io, LOG_LEVEL_ERROR, "ingest", "accept: out of memory");
+        conn_close(c);
+        return;
+    }
     atomic_fetch_add(&ing->opts.stats->connections_total, 1);
     if (ing->stopping) {
         protocol_error(c, E(SHUTTING_DOWN), "daemon is stopping; reconnect later");

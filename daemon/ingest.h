@@ -48,6 +48,11 @@ struct ingest_opts {
      * stream between frames has none: training steps can be long. */
     double hello_timeout_s;
     double frame_timeout_s;
+    /* TLS (tls.h), or NULL: plain TCP. Owned by the caller, read-only. The
+     * handshake counts against hello_timeout_s. */
+    struct tls_server *tls;
+    /* Per-run tokens ([run "PATTERN"] sections), or NULL: `token` for all. */
+    const struct run_auth *run_auth;
 };
 
 struct ingest;

@@ -16,9 +16,13 @@
 #include "log.h"
 #include "monitor_qk.h"
 #include "pager.h"
+#include "run_auth.h"
+#include "schema.h"
 #include "stage.h"
 #include "stats.h"
 #include "store.h"
+#include "store_read.h"
+#include "tls.h"
 
 #define EXIT_OK 0
 #define EXIT_RUNTIME 1
@@ -34,6 +38,7 @@ static void usage(FILE *f)
         "SYNOPSIS\n"
         "    foreshockd [--listen HOST:PORT] [--http HOST:PORT] [--db PATH]\n"
         "               [--config FILE] [--log-level LEVEL] [--set KEY=VALUE ...]\n"
+        "    foreshockd --read-only --db ARCHIVE [--http HOST:PORT] [--config FILE] ...\n"
         "    foreshockd --help | --version\n"
         "\n"
         "DESCRIPTION\n"
@@ -51,6 +56,10 @@ static void usage(FILE *f)
         "    --config FILE        read settings from FILE (INI style, see below)\n"
         "    --log-level LEVEL    debug | info | warn | error (default info)\n"
         "    --set KEY=VALUE      set any configuration key (repeatable)\n"
+        "    --read-only          serve the database (an archive: foreshock archive) over\n"
+        "                         HTTP only: API, dashboard, /metrics. No ingest, no writer,\n"
+        "                         no monitors, no pager, no lock; write routes answer 403.\n"
+        "                         The ready line reads `foreshockd ready read-only http=...`\n"
         "    -h, --help           print this text and exit 0\n"
         "    -V, --version        print the version and exit 0\n"
         "    Command-line options override the configuration file.\n"
@@ -97,8 +106,11 @@ struct app {
     struct detect_rules rules; /* defaults + [detect "RULE"] overrides; read-only once running */
     struct pager_config pager_cfg; /* [target "NAME"] sections */
     struct pager *pager;
+    struct run_auth run_auth; /* [run "PATTERN"] tokens; read-only once running */
+    struct tls_server *tls;   /* ingest TLS, NULL: plain TCP */
     int dblock; /* descriptor of the database lock, -1: not held */
     int stopping;
+    int read_only; /* --read-only: HTTP over an archive, nothing else */
 };
 
 static void on_stage_done(void *ctx)
@@ -126,6 +138,11 @@ static void on_signal(uv_signal_t *h, int signum)
     }
     app->stopping = 1;
     log_info("main", "%s: stopping", strsignal(signum));
+    if (app->read_only) { /* nothing to drain: the loop ends with the signals */
+        atomic_store(&app->stats.ready, 0);
+        on_stage_done(app);
+        return;
+    }
     store_set_serving(app->store, 0);
     /* A full disk must not hold the stop forever: past the bound, what
      * cannot be committed is given up (never acked: clients resend it). */
@@ -137,13 +154,14 @@ static void on_signal(uv_signal_t *h, int signum)
 /* Reads options into cfg (file first, then flags). Returns -1 to continue,
  * or an exit status. */
 static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
-                      struct pager_config *pager_cfg)
+                      struct pager_config *pager_cfg, struct run_auth *run_auth, int *read_only)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'}, {"http", required_argument, NULL, 't'},
         {"db", required_argument, NULL, 'd'},     {"config", required_argument, NULL, 'c'},
         {"log-level", required_argument, NULL, 'L'}, {"set", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+        {"read-only", no_argument, NULL, 'R'},
         {NULL, 0, NULL, 0},
     };
     struct {
@@ -169,6 +187,9 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
             continue;
         case 'c':
             config_path = optarg;
+            continue;
+        case 'R':
+            *read_only = 1;
             continue;
         case 'l': key = "listen"; break;
         case 't': key = "http"; break;
@@ -209,12 +230,13 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     struct config_error err;
     config_defaults(cfg);
     detect_rules_default(rules);
-    struct config_section sections[2];
+    struct config_section sections[3];
     stage_detect_section(rules, &sections[0]);
     pager_target_section(pager_cfg, &sections[1]);
+    run_auth_section(run_auth, &sections[2]);
     if (config_path)
         snprintf(pager_cfg->origin, sizeof(pager_cfg->origin), "%s", config_path);
-    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 2, &err) < 0) {
+    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 3, &err) < 0) {
         fprintf(stderr, "%s\n", err.message);
         status = EXIT_USAGE;
     }
@@ -225,6 +247,10 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         }
     }
     if (status < 0 && config_check(cfg, config_path ? config_path : "command line", &err) < 0) {
+        fprintf(stderr, "%s\n", err.message);
+        status = EXIT_USAGE;
+    }
+    if (status < 0 && run_auth_check(run_auth, err.message, sizeof(err.message)) < 0) {
         fprintf(stderr, "%s\n", err.message);
         status = EXIT_USAGE;
     }
@@ -247,6 +273,63 @@ static void endpoint_text(char *out, size_t len, const char *host, unsigned port
     snprintf(out, len, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
 }
 
+/* --read-only: the HTTP threads over an archive, until a signal. The
+ * database is never written (opened read-only, not migrated, not locked:
+ * many such daemons may serve one archive, beside a live daemon too).
+ * Returns an exit status. */
+static int serve_read_only(struct app *app)
+{
+    const struct fs_config *cfg = &app->cfg;
+    char err[512];
+    struct store_reader *rd;
+    if (store_reader_open(cfg->db, &rd, err, sizeof(err)) < 0) {
+        log_error("main", "--read-only: %s", err);
+        return EXIT_RUNTIME;
+    }
+    int version = store_reader_version(rd);
+    store_reader_close(rd);
+    /* The HTTP queries name this build's columns; an older archive is
+     * migrated by a read-write daemon on a copy, never here. */
+    if (version != schema_migration_count) {
+        log_error("main", "--read-only: %s has schema version %d, this foreshockd reads %d: "
+                  "migrate a copy first (foreshockd --db COPY, then stop it)", cfg->db, version,
+                  schema_migration_count);
+        return EXIT_RUNTIME;
+    }
+    struct http_opts ho = {
+        .host = cfg->http.host,
+        .port = cfg->http.port,
+        .db_path = cfg->db,
+        .threads = (unsigned)cfg->http_threads,
+        .stats = &app->stats,
+        .read_token = cfg->http_read_token,
+        .write_token = cfg->http_write_token,
+        .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
+        .metrics_run_max_age = cfg->metrics_run_max_age,
+        .read_only = true,
+        .tls_cert_file = cfg->http_tls_cert,
+        .tls_key_file = cfg->http_tls_key,
+    };
+    if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
+        log_error("main", "%s", err);
+        return EXIT_RUNTIME;
+    }
+    uv_signal_init(&app->loop, &app->sig_term);
+    uv_signal_init(&app->loop, &app->sig_int);
+    app->sig_term.data = app->sig_int.data = app;
+    uv_signal_start(&app->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&app->sig_int, on_signal, SIGINT);
+    atomic_store(&app->stats.ready, 1);
+    char http_ep[FS_CONFIG_MAX_HOST + 16];
+    endpoint_text(http_ep, sizeof(http_ep), cfg->http.host, http_port(app->http));
+    log_info("main", "read-only: serving %s over HTTP (API, dashboard, metrics); no ingest, "
+             "writer, monitors or pager; write routes answer 403", cfg->db);
+    log_info("main", "foreshockd ready read-only http=%s db=%s pid=%ld", http_ep, cfg->db,
+             (long)getpid());
+    uv_run(&app->loop, UV_RUN_DEFAULT);
+    return EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -255,7 +338,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "foreshockd: out of memory\n");
         return EXIT_RUNTIME;
     }
-    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg);
+    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->run_auth,
+                            &app->read_only);
     if (status >= 0) {
         free(app);
         return status;
@@ -270,6 +354,23 @@ int main(int argc, char **argv)
         log_error("main", "cannot create the event loop");
         goto out;
     }
+    if (app->read_only) {
+        status = serve_read_only(app);
+        goto out;
+    }
+    if (cfg->tls_cert[0]) {
+        struct tls_server_opts to = {.cert_file = cfg->tls_cert, .key_file = cfg->tls_key,
+                                     .ca_file = cfg->tls_client_ca};
+        if (tls_server_new(&to, &app->tls, err, sizeof(err)) < 0) {
+            log_error("main", "%s", err);
+            goto out;
+        }
+        log_info("main", "ingest: TLS (%s)%s", cfg->tls_cert,
+                 cfg->tls_client_ca[0] ? "; client certificates required (tls_client_ca)" : "");
+    }
+    if (app->run_auth.n)
+        log_info("main", "ingest: %zu [run] token sections; other runs %s", app->run_auth.n,
+                 cfg->token[0] ? "need the global token" : "need no token (token is empty)");
     struct store_opts so = {
         .synchronous_full = cfg->synchronous == CONFIG_SYNC_FULL,
         .max_runs = cfg->max_runs,
@@ -336,6 +437,8 @@ int main(int argc, char **argv)
         .stage = app->stage,
         .hello_timeout_s = cfg->hello_timeout_s,
         .frame_timeout_s = cfg->frame_timeout_s,
+        .tls = app->tls,
+        .run_auth = &app->run_auth,
     };
     decode_limits_default(&io.limits, (uint32_t)cfg->max_frame_bytes);
     if (ingest_start(&app->loop, &io, &app->ingest, err, sizeof(err)) < 0) {
@@ -354,6 +457,8 @@ int main(int argc, char **argv)
         .write_token = cfg->http_write_token,
         .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
         .metrics_run_max_age = cfg->metrics_run_max_age,
+        .tls_cert_file = cfg->http_tls_cert,
+        .tls_key_file = cfg->http_tls_key,
     };
     if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
         log_error("main", "%s", err);
@@ -365,7 +470,8 @@ int main(int argc, char **argv)
     } else {
         char ep[FS_CONFIG_MAX_HOST + 16];
         endpoint_text(ep, sizeof(ep), cfg->http.host, http_port(app->http));
-        snprintf(public_url, sizeof(public_url), "http://%s", ep);
+        snprintf(public_url, sizeof(public_url), "%s://%s", cfg->http_tls_cert[0] ? "https" : "http",
+                 ep);
     }
     struct pager_opts po = {.cfg = &app->pager_cfg, .public_url = public_url, .db_path = cfg->db,
                             .store = app->store, .stats = &app->stats};
@@ -409,6 +515,7 @@ out:
                           "commit was not written (never acknowledged; clients resend it)");
         status = EXIT_RUNTIME;
     }
+    tls_server_free(app->tls);
     dblock_release(app->dblock);
     if (loop_ok && uv_loop_close(&app->loop) != 0)
         log_warn("main", "event loop closed with handles still open");

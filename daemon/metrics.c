@@ -134,6 +134,8 @@ static const struct counter_def counters[] = {
      "Frames that did not decode."},
     {"foreshock_protocol_errors_total", "counter", STAT(protocol_errors),
      "Error frames sent to clients, any code."},
+    {"foreshock_tls_failures_total", "counter", STAT(tls_failures),
+     "Ingest connections whose TLS handshake failed (no or an untrusted certificate)."},
     {"foreshock_reports_received_total", "counter", STAT(reports_in), "Reports received."},
     {"foreshock_reports_committed_total", "counter", STAT(reports_committed),
      "Reports committed to the database (resends not counted)."},

@@ -35,6 +35,7 @@ struct fs_stats {
     atomic_uint_fast64_t bytes_in;
     atomic_uint_fast64_t decode_errors;
     atomic_uint_fast64_t protocol_errors; /* Error frames sent, any code */
+    atomic_uint_fast64_t tls_failures;    /* ingest TLS handshakes that failed */
     atomic_uint_fast64_t reports_in;
     atomic_uint_fast64_t acks_out;
     atomic_uint_fast64_t backpressure_pauses; /* times ingest stopped reading */

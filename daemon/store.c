@@ -63,9 +63,10 @@ static const char *const stmt_sql[ST_COUNT] = {
         "detect_from_step = COALESCE(?4, runs.detect_from_step), "
         "model_json = COALESCE(excluded.model_json, runs.model_json) RETURNING id",
     [ST_STREAM_UPSERT] =
-        "INSERT INTO streams (run_id, attempt, rank, created_at, last_seen_at) "
-        "VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT (run_id, attempt, rank) DO UPDATE SET "
-        "last_seen_at = excluded.last_seen_at RETURNING id, last_seq",
+        "INSERT INTO streams (run_id, attempt, rank, created_at, last_seen_at, local_ranks) "
+        "VALUES (?1, ?2, ?3, ?4, ?4, ?5) ON CONFLICT (run_id, attempt, rank) DO UPDATE SET "
+        "last_seen_at = excluded.last_seen_at, local_ranks = excluded.local_ranks "
+        "RETURNING id, last_seq",
     [ST_REPORT_INSERT] = "INSERT OR IGNORE INTO reports (stream_id, seq, step, received_at, "
                          "bytes) VALUES (?1, ?2, ?3, ?4, ?5)",
     [ST_SERIES_FIND] = "SELECT id FROM series WHERE run_id = ?1 AND name = ?2 AND layer = ?3 "
@@ -523,6 +524,8 @@ static int apply_hello(struct store *s, const struct store_item *it, double now,
     sqlite3_bind_int64(st, 2, h->attempt);
     sqlite3_bind_int64(st, 3, h->rank);
     sqlite3_bind_double(st, 4, now);
+    if (h->local_ranks)
+        sqlite3_bind_text(st, 5, h->local_ranks, -1, SQLITE_STATIC);
     int64_t cols[2] = {0, 0};
     rc = exec1(st, cols, 2);
     if (rc != SQLITE_ROW)
@@ -1490,6 +1493,7 @@ void store_item_free(struct store_item *it)
         return;
     if (it->kind == STORE_ITEM_HELLO) {
         free(it->hello.model_json);
+        free(it->hello.local_ranks);
     } else if (it->kind == STORE_ITEM_REPORT) {
         free(it->report.weight_norm);
         free(it->report.update_ratio);
@@ -1521,6 +1525,8 @@ static size_t item_bytes(const struct store_item *it)
     size_t b = sizeof(*it);
     if (it->kind == STORE_ITEM_HELLO && it->hello.model_json)
         b += strlen(it->hello.model_json) + 1;
+    if (it->kind == STORE_ITEM_HELLO && it->hello.local_ranks)
+        b += strlen(it->hello.local_ranks) + 1;
     if (it->kind == STORE_ITEM_REPORT)
         b += it->report.sketch_len +
              sizeof(float) * ((size_t)it->report.n_weight_norm + it->report.n_update_ratio);

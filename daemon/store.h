@@ -63,6 +63,7 @@ struct store_hello {
     int has_detect_from_step;
     uint64_t detect_from_step;
     char *model_json; /* owned (malloc), may be NULL */
+    char *local_ranks; /* Hello.local_ranks as ranges ("4-7"), owned; NULL: none */
 };
 
 struct store_report {

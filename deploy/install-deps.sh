@@ -21,8 +21,9 @@ PKGS=(
   # bench_monitor's numpy reference calls BLAS dtrmm, as the C module does
   python3-scipy
   # paging: HMAC-SHA256 for signed webhooks (OpenSSL libcrypto, already
-  # pulled in by libcurl4-openssl-dev)
-  libssl-dev
+  # pulled in by libcurl4-openssl-dev); TLS on ingest and in libforeshock
+  # (libssl); the openssl CLI makes the TLS tests' throwaway CA
+  libssl-dev openssl
   # dashboard: the plotting library, served by the daemon from its binary
   libjs-dygraphs
   # real peers for the integration tests: Alertmanager (+ amtool), promtool,

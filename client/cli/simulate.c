@@ -28,11 +28,13 @@
 
 struct sim_settings {
     const char *endpoint, *run, *scenario, *token, *moe_layers, *route;
+    const char *tls_ca, *tls_cert, *tls_key, *tls_name;
     uint64_t steps, seed, fault_step, diverge_after, fault_until;
     uint32_t ranks, attempt, layers, heads, kv_heads, dh, d, sketch_every, window, replay_mb;
     uint32_t experts, top_k, tokens;
+    uint32_t world_size, first_rank;
     double rate, flush_timeout;
-    int no_sketches, layer_norms, verbose;
+    int no_sketches, layer_norms, verbose, local_group, tls;
 };
 
 static const struct opt sim_opts[] = {
@@ -42,6 +44,10 @@ static const struct opt sim_opts[] = {
     {.name = "run", .kind = OPT_STR, .offset = offsetof(struct sim_settings, run), .arg = "ID",
      .help = "run id, 1..128 of [A-Za-z0-9._:-]", .required = 1},
     O("ranks", OPT_U32, ranks, "N", "simulated ranks, one client each (default 1)", 1, SIM_MAX_RANKS),
+    O("world-size", OPT_U32, world_size, "W", "ranks of the whole job (default N): these N are ranks R..R+N-1 of W, the model sharded over them (a node's tensor-parallel group)", 1, FSC_MAX_WORLD_SIZE),
+    O("first-rank", OPT_U32, first_rank, "R", "rank of the first simulated rank (default 0)", 0, FSC_MAX_WORLD_SIZE - 1),
+    {.name = "local-group", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, local_group),
+     .help = "declare ranks R..R+N-1 as the daemon's local group (Hello.local_ranks): a daemon per node"},
     O("steps", OPT_U64, steps, "M", "reports per rank, steps 0..M-1 (default 100)", 1, SIM_MAX_STEPS),
     O("attempt", OPT_U32, attempt, "A", "trainer restart counter (default 0)", 0, UINT32_MAX),
     O("layers", OPT_U32, layers, "L", "attention layers (default 4)", 1, FSC_MAX_LAYERS),
@@ -75,6 +81,16 @@ static const struct opt sim_opts[] = {
      .help = "send per-layer |W| and update ratios (default: on except for scenario healthy)"},
     {.name = "token", .kind = OPT_STR, .offset = offsetof(struct sim_settings, token), .arg = "T",
      .help = "shared secret the daemon expects, if any"},
+    {.name = "tls", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, tls),
+     .help = "TLS to the daemon (implied by the --tls-* options); its certificate is verified"},
+    {.name = "tls-ca", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_ca),
+     .arg = "FILE", .help = "PEM CA the daemon's certificate must chain to (default: the system's)"},
+    {.name = "tls-cert", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_cert),
+     .arg = "FILE", .help = "PEM client certificate, for a daemon with tls_client_ca"},
+    {.name = "tls-key", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_key),
+     .arg = "FILE", .help = "PEM private key of --tls-cert"},
+    {.name = "tls-server-name", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_name),
+     .arg = "NAME", .help = "name the daemon's certificate must carry (default: the endpoint host)"},
     O("replay-mb", OPT_U32, replay_mb, "MB", "per-rank replay buffer, MiB (default 64)", 1, 65536),
     {.name = "verbose", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, verbose),
      .help = "print every client event (default: warnings and errors)"},
@@ -83,9 +99,10 @@ static const struct opt sim_opts[] = {
 
 static const struct command_help sim_help = {
     .usage = "foreshock simulate --run ID [--endpoint HOST:PORT] [--ranks N] [--steps M] "
-             "[--attempt A] [--layers L] [--heads H] [--kv-heads G] [--dh DH] [--d D] "
-             "[--sketch-every K] [--window W] [--route gram|spectrum] [--no-sketches] [--seed S] "
-             "[--rate R] [--flush-timeout S] "
+             "[--world-size W] [--first-rank R] [--local-group] [--tls] [--tls-ca F] "
+             "[--tls-cert F --tls-key F] [--attempt A] [--layers L] [--heads H] [--kv-heads G] "
+             "[--dh DH] [--d D] [--sketch-every K] [--window W] [--route gram|spectrum] "
+             "[--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
              "[--scenario NAME] [--fault-step S] [--fault-until S] [--diverge-after N] [--experts E] [--top-k TOPK] "
              "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms]",
     .summary =
@@ -119,6 +136,8 @@ struct rank_ctx {
     uint32_t rank;
     const uint32_t *moe_list; /* for Hello */
     size_t n_moe;
+    const uint32_t *local; /* Hello.local_ranks, NULL: none */
+    size_t n_local;
     struct fsc_stats st;
     int started, ok;
     char err[CLI_ERR_LEN];
@@ -224,7 +243,8 @@ static void *rank_main(void *arg)
     fsc_client *c = NULL;
     int rc;
 
-    if ((rc = sim_rank_create(r->sc, r->p, r->rank, &sim)) < 0) {
+    /* The model is sharded over the simulated ranks: local index. */
+    if ((rc = sim_rank_create(r->sc, r->p, r->rank - s->first_rank, &sim)) < 0) {
         snprintf(r->err, sizeof(r->err), "cannot set up the simulated model: %s", strerror(-rc));
         return NULL;
     }
@@ -234,7 +254,14 @@ static void *rank_main(void *arg)
     o.run_id = s->run;
     o.attempt = s->attempt;
     o.rank = r->rank;
-    o.world_size = s->ranks;
+    o.world_size = s->world_size;
+    o.local_ranks = r->local;
+    o.n_local_ranks = r->n_local;
+    o.tls = s->tls || s->tls_ca || s->tls_cert || s->tls_key || s->tls_name;
+    o.tls_ca_file = s->tls_ca;
+    o.tls_cert_file = s->tls_cert;
+    o.tls_key_file = s->tls_key;
+    o.tls_server_name = s->tls_name;
     o.token = s->token;
     o.replay_max_bytes = (size_t)s->replay_mb << 20;
     o.max_report_bytes = SIM_MAX_REPORT_BYTES;
@@ -361,7 +388,7 @@ int cmd_simulate(int argc, char **argv)
     const struct scenario *sc = NULL;
     struct sim_params p;
     uint8_t *moe = NULL;
-    uint32_t *moe_list = NULL;
+    uint32_t *moe_list = NULL, *local = NULL;
     size_t n_moe = 0;
     uint64_t sub = 0, ack = 0, drop = 0, rec = 0;
     enum sim_route route = SIM_ROUTE_GRAM;
@@ -383,6 +410,13 @@ int cmd_simulate(int argc, char **argv)
         s.window = s.sketch_every;
     if (rc == 0 && s.route && sim_route_parse(s.route, &route) < 0) {
         snprintf(err, sizeof(err), "--route '%s': gram or spectrum", s.route);
+        rc = CLI_USAGE;
+    }
+    if (rc == 0 && !s.world_size)
+        s.world_size = s.ranks;
+    if (rc == 0 && (uint64_t)s.first_rank + s.ranks > s.world_size) {
+        snprintf(err, sizeof(err), "--first-rank %u + --ranks %u is more than --world-size %u",
+                 s.first_rank, s.ranks, s.world_size);
         rc = CLI_USAGE;
     }
     if (rc == 0 && s.moe_layers) {
@@ -441,14 +475,18 @@ int cmd_simulate(int argc, char **argv)
     openblas_set_num_threads(1);
     ranks = calloc(s.ranks, sizeof(*ranks));
     th = calloc(s.ranks, sizeof(*th));
-    if (!ranks || !th) {
+    local = s.local_group ? calloc(s.ranks, sizeof(*local)) : NULL;
+    if (!ranks || !th || (s.local_group && !local)) {
         fprintf(stderr, "foreshock simulate: out of memory\n");
         free(ranks);
         free(th);
+        free(local);
         free(moe);
         free(moe_list);
         return CLI_FAIL;
     }
+    for (uint32_t i = 0; local && i < s.ranks; i++)
+        local[i] = s.first_rank + i;
     for (uint32_t i = 0; i < s.ranks; i++) {
         struct rank_ctx *r = &ranks[i];
         r->s = &s;
@@ -456,7 +494,9 @@ int cmd_simulate(int argc, char **argv)
         r->p = &p;
         snprintf(r->host, sizeof(r->host), "%s", host);
         r->port = port;
-        r->rank = i;
+        r->rank = s.first_rank + i;
+        r->local = local;
+        r->n_local = local ? s.ranks : 0;
         r->moe_list = moe_list;
         r->n_moe = n_moe;
         if ((rc = pthread_create(&th[i], NULL, rank_main, r)) != 0)
@@ -470,7 +510,7 @@ int cmd_simulate(int argc, char **argv)
             pthread_join(th[i], NULL);
         printf("simulate: rank=%u submitted=%" PRIu64 " acked=%" PRIu64 " dropped=%" PRIu64
                " reconnects=%" PRIu64 " resent=%" PRIu64 "%s%s\n",
-               i, r->st.submitted, r->st.acked, r->st.dropped, r->st.reconnects, r->st.resent,
+               r->rank, r->st.submitted, r->st.acked, r->st.dropped, r->st.reconnects, r->st.resent,
                r->err[0] ? " error: " : "", r->err);
         sub += r->st.submitted;
         ack += r->st.acked;
@@ -486,5 +526,6 @@ int cmd_simulate(int argc, char **argv)
     free(th);
     free(moe);
     free(moe_list);
+    free(local);
     return all_ok ? CLI_OK : CLI_FAIL;
 }

@@ -54,6 +54,7 @@ extern "C" {
 #define FSC_MAX_CLIENT_NAME_LEN 256
 #define FSC_MAX_WORLD_SIZE (1u << 20)
 #define FSC_MAX_MOE_LAYERS 4096
+#define FSC_MAX_LOCAL_RANKS 4096         /* Hello.local_ranks values */
 #define FSC_MIN_REPLAY_BYTES ((size_t)64 << 10)
 #define FSC_MAX_REPLAY_BYTES ((size_t)1 << 36)       /* 64 GiB */
 #define FSC_MAX_REPORT_BYTES_LIMIT ((size_t)1 << 30) /* largest max_report_bytes */
@@ -116,6 +117,28 @@ struct fsc_options {
     const char *record_path; /* also write every submitted report to this file (see
                                 "Recordings" below); NULL: no recording */
     int record_only;         /* with record_path: no daemon at all, nothing is sent */
+    /* Added after record_only (older callers get them as zero). A daemon
+     * per node hears only its node's ranks: name them
+     * (this rank included, each below world_size; copied by fsc_open) and
+     * it reduces router token statistics over exactly these ranks and
+     * detects loss/grad_norm/lr from the lowest of them. NULL / 0: the
+     * daemon hears the whole job. At most FSC_MAX_LOCAL_RANKS values. */
+    const uint32_t *local_ranks;
+    size_t n_local_ranks;
+    /* TLS to a daemon whose ingest has tls_cert (added with local_ranks;
+     * older callers get plain TCP). The daemon's certificate is always
+     * verified, against tls_ca_file (PEM) or the system's CA store, for the
+     * name tls_server_name (NULL: host; an IP address is checked as one).
+     * tls_cert_file + tls_key_file (PEM): this rank's client certificate,
+     * for a daemon with tls_client_ca. Files are read by fsc_open (a bad one
+     * is -EINVAL, named in err). A handshake that fails (untrusted daemon,
+     * refused certificate) is logged and retried with backoff like any
+     * failed connection. */
+    int tls;
+    const char *tls_ca_file;
+    const char *tls_cert_file;
+    const char *tls_key_file;
+    const char *tls_server_name;
 };
 
 /* The smallest options struct fsc_open accepts (the 0.1 layout). */

@@ -17,6 +17,7 @@
 #include "internal.h"
 #include "record.h"
 #include "replay.h"
+#include "tls.h"
 
 /* After Bye: how long the I/O thread waits for the daemon's last acks and
  * its close before giving up. */
@@ -40,6 +41,7 @@ struct fsc_client {
     int wake_rd, wake_wr; /* self-pipe: caller threads -> I/O thread */
     atomic_int wake_pending; /* a byte is in the pipe, or the I/O thread is about to look */
     int record_only; /* no I/O thread: reports only go to rec */
+    struct fsc_tls tls; /* ctx NULL: plain TCP */
     pthread_t thread;
     struct fsc_io *io;
 

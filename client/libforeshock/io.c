@@ -32,11 +32,16 @@
 #include "backoff.h"
 #include "client.h"
 #include "net.h"
+#include "tls.h"
 #include "wire.h"
+
+#include <openssl/ssl.h>
 
 struct fsc_io {
     struct fsc_client *c;
     int fd;
+    SSL *ssl;             /* TLS on fd, or NULL */
+    int tls_read_wants_write; /* a TLS read waits for the socket to be writable */
     uint64_t rng;
     unsigned fail_streak; /* connect failures since the last handshake */
     uint64_t sessions;    /* handshakes completed */
@@ -184,13 +189,52 @@ static int await_connect(struct fsc_client *c, int fd)
     }
 }
 
+/* TLS handshake on the connected io->fd within the handshake timeout. 0
+ * and io->ssl, or -ECANCELED, -ETIMEDOUT, -ENOMEM, -EPROTO (text in err). */
+static int tls_connect(struct fsc_io *io, char *err, size_t errlen)
+{
+    struct fsc_client *c = io->c;
+    int64_t deadline = fsc_now_ms() + c->handshake_timeout_ms;
+    int rc;
+
+    if (!(io->ssl = fsc_tls_new(&c->tls, io->fd)))
+        return fsc_err(err, errlen, -ENOMEM, "TLS: out of memory");
+    while ((rc = fsc_tls_handshake(io->ssl, err, errlen)) > 0) {
+        struct pollfd p[2] = {{.fd = io->fd, .events = rc == FSC_TLS_WANT_WRITE ? POLLOUT : POLLIN},
+                              {.fd = c->wake_rd, .events = POLLIN}};
+        int n;
+
+        if (closing(c)) {
+            rc = -ECANCELED;
+            break;
+        }
+        if (fsc_now_ms() >= deadline) {
+            rc = fsc_err(err, errlen, -ETIMEDOUT, "TLS handshake with %s:%u: no answer within "
+                         "%u ms", c->host, (unsigned)c->port, c->handshake_timeout_ms);
+            break;
+        }
+        n = poll(p, 2, remaining(deadline));
+        if (n < 0 && errno != EINTR) {
+            rc = fsc_err(err, errlen, -errno, "poll: %s", strerror(errno));
+            break;
+        }
+        if (n > 0 && (p[1].revents & POLLIN))
+            drain_wake(c);
+    }
+    if (rc == 0)
+        return 0;
+    fsc_tls_close(io->ssl);
+    io->ssl = NULL;
+    return rc;
+}
+
 /* Tries every address of host:port in turn. 0 and io->fd, -ECANCELED, or
  * the last error (text in err). */
 static int connect_any(struct fsc_io *io, char *err, size_t errlen)
 {
     struct fsc_client *c = io->c;
     struct addrinfo *ai, *a;
-    int rc, fd = -1;
+    int rc, fd = -1, tls_failed = 0;
 
     if ((rc = fsc_net_resolve(c->host, c->port, &ai, err, errlen)) < 0)
         return rc;
@@ -201,8 +245,15 @@ static int connect_any(struct fsc_io *io, char *err, size_t errlen)
             rc = await_connect(c, fd);
         if (rc >= 0) {
             io->fd = fd;
-            rc = 0;
-            break;
+            if (!c->tls.ctx || (rc = tls_connect(io, err, errlen)) == 0)
+                break;
+            io->fd = -1;
+            close(fd);
+            fd = -1;
+            if (rc == -ECANCELED)
+                break;
+            tls_failed = 1; /* err says why; a later address may still do */
+            continue;
         }
         if (fd >= 0)
             close(fd);
@@ -211,7 +262,7 @@ static int connect_any(struct fsc_io *io, char *err, size_t errlen)
             break;
     }
     freeaddrinfo(ai);
-    if (rc < 0 && rc != -ECANCELED)
+    if (rc < 0 && rc != -ECANCELED && !tls_failed)
         fsc_err(err, errlen, rc, "cannot connect to %s:%u: %s", c->host, (unsigned)c->port,
                 strerror(-rc));
     return rc;
@@ -449,7 +500,23 @@ static int do_read(struct fsc_io *io)
             return rc;
         }
         /* fsc_wire_next consumed or refused any full buffer, so there is room. */
-        n = recv(io->fd, rd->buf + rd->len, sizeof(rd->buf) - rd->len, 0);
+        if (io->ssl) {
+            char why[FSC_ERROR_LEN];
+            int want = 0;
+            n = fsc_tls_recv(io->ssl, rd->buf + rd->len, sizeof(rd->buf) - rd->len, &want, why,
+                             sizeof(why));
+            io->tls_read_wants_write = n == -EAGAIN && want == FSC_TLS_WANT_WRITE;
+            if (n == -EAGAIN)
+                return 0;
+            if (n < 0) {
+                /* The daemon refusing our certificate shows here, at the
+                 * first read after a TLS 1.3 handshake. */
+                io_log(io, FSC_LOG_WARN, "%s", why);
+                return (int)n;
+            }
+        } else {
+            n = recv(io->fd, rd->buf + rd->len, sizeof(rd->buf) - rd->len, 0);
+        }
         if (n == 0) {
             if (!io->bye_sent)
                 io_log(io, FSC_LOG_WARN, "daemon closed the connection");
@@ -558,7 +625,30 @@ static int do_write(struct fsc_io *io)
     while (pick_write(io)) {
         ssize_t n;
 
-        if (io->ctrl) {
+        if (io->ssl) {
+            /* One buffer per write: header, then body (each may be partial). */
+            const void *p;
+            size_t len;
+            char why[FSC_ERROR_LEN];
+            int want = 0;
+            if (io->ctrl) {
+                p = io->ctrl + io->ctrl_off;
+                len = io->ctrl_len - io->ctrl_off;
+            } else if (io->cur_off < io->hdr_len) {
+                p = io->hdr + io->cur_off;
+                len = io->hdr_len - io->cur_off;
+            } else {
+                p = io->cur->body + (io->cur_off - io->hdr_len);
+                len = io->cur->len - (io->cur_off - io->hdr_len);
+            }
+            n = fsc_tls_send(io->ssl, p, len, &want, why, sizeof(why));
+            if (n == -EAGAIN)
+                return 0;
+            if (n < 0) {
+                io_log(io, FSC_LOG_WARN, "%s", why);
+                return (int)n;
+            }
+        } else if (io->ctrl) {
             n = send(io->fd, io->ctrl + io->ctrl_off, io->ctrl_len - io->ctrl_off,
                      MSG_NOSIGNAL | MSG_DONTWAIT);
         } else {
@@ -574,7 +664,7 @@ static int do_write(struct fsc_io *io)
             }
             n = sendmsg(io->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         }
-        if (n < 0) {
+        if (n < 0 && !io->ssl) {
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -587,6 +677,8 @@ static int do_write(struct fsc_io *io)
             if (io->ctrl_off == io->ctrl_len) {
                 if (io->ctrl == io->bye) {
                     io->bye_sent = 1;
+                    if (io->ssl)
+                        (void)SSL_shutdown(io->ssl); /* close_notify; best effort */
                     shutdown(io->fd, SHUT_WR);
                 }
                 io->ctrl = NULL;
@@ -643,6 +735,8 @@ static void session(struct fsc_io *io)
         }
         if (io->bye_queued && !io->bye_sent)
             want_write = 1;
+        if (io->ssl && io->tls_read_wants_write)
+            want_write = 1;
         if (want_write)
             p[1].events |= POLLOUT;
         if (io->deadline_ms && fsc_now_ms() >= io->deadline_ms) {
@@ -662,6 +756,8 @@ static void session(struct fsc_io *io)
             drain_wake(c);
         if ((p[1].revents & (POLLIN | POLLHUP | POLLERR)) && do_read(io) < 0)
             return;
+        if (io->tls_read_wants_write && (p[1].revents & POLLOUT) && do_read(io) < 0)
+            return;
         if ((p[1].revents & POLLOUT) && do_write(io) < 0)
             return;
     }
@@ -672,6 +768,10 @@ static void end_session(struct fsc_io *io)
 {
     struct fsc_client *c = io->c;
 
+    if (io->ssl)
+        fsc_tls_close(io->ssl);
+    io->ssl = NULL;
+    io->tls_read_wants_write = 0;
     close(io->fd);
     io->fd = -1;
     io->cur = NULL;
@@ -760,6 +860,8 @@ void fsc_io_destroy(struct fsc_client *c)
 {
     if (!c->io)
         return;
+    if (c->io->ssl)
+        fsc_tls_close(c->io->ssl);
     if (c->io->fd >= 0)
         close(c->io->fd);
     free(c->io->bye);

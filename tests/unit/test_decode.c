@@ -41,6 +41,8 @@ struct hello_case {
     uint32_t rank, world;
     int want_rc;   /* 0 or negative */
     int want_code; /* when want_rc < 0 */
+    uint32_t local[4]; /* Hello.local_ranks, n_local values */
+    size_t n_local;
 };
 
 static struct bytes hello_bytes(const struct hello_case *c)
@@ -50,6 +52,8 @@ static struct bytes hello_bytes(const struct hello_case *c)
     h.run_id = (char *)c->run_id;
     h.rank = c->rank;
     h.world_size = c->world;
+    h.local_ranks = (uint32_t *)c->local;
+    h.n_local_ranks = c->n_local;
     Foreshock__Frame f = FORESHOCK__FRAME__INIT;
     f.body_case = FORESHOCK__FRAME__BODY_HELLO;
     f.hello = &h;
@@ -57,17 +61,21 @@ static struct bytes hello_bytes(const struct hello_case *c)
 }
 
 static const struct hello_case hello_cases[] = {
-    {"valid", 1, "run-1.a:b_c", 3, 4, 0, 0},
-    {"wrong protocol version", 2, "run", 0, 1, -EINVAL, E(PROTOCOL_VERSION)},
-    {"version 0", 0, "run", 0, 1, -EINVAL, E(PROTOCOL_VERSION)},
-    {"rank >= world_size", 1, "run", 4, 4, -EINVAL, E(MALFORMED)},
-    {"world_size 0", 1, "run", 0, 0, -EINVAL, E(MALFORMED)},
-    {"bad run_id chars", 1, "no spaces/allowed", 0, 1, -EINVAL, E(MALFORMED)},
-    {"empty run_id", 1, "", 0, 1, -EINVAL, E(MALFORMED)},
+    {"valid", 1, "run-1.a:b_c", 3, 4, 0, 0, {0}, 0},
+    {"wrong protocol version", 2, "run", 0, 1, -EINVAL, E(PROTOCOL_VERSION), {0}, 0},
+    {"version 0", 0, "run", 0, 1, -EINVAL, E(PROTOCOL_VERSION), {0}, 0},
+    {"rank >= world_size", 1, "run", 4, 4, -EINVAL, E(MALFORMED), {0}, 0},
+    {"world_size 0", 1, "run", 0, 0, -EINVAL, E(MALFORMED), {0}, 0},
+    {"bad run_id chars", 1, "no spaces/allowed", 0, 1, -EINVAL, E(MALFORMED), {0}, 0},
+    {"empty run_id", 1, "", 0, 1, -EINVAL, E(MALFORMED), {0}, 0},
     {"run_id too long", 1,
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-     0, 1, -EINVAL, E(MALFORMED)},
+     0, 1, -EINVAL, E(MALFORMED), {0}, 0},
+    {"local group with itself", 1, "run", 3, 8, 0, 0, {2, 3}, 2},
+    {"local group out of order, repeated", 1, "run", 3, 8, 0, 0, {3, 2, 3}, 3},
+    {"local group without itself", 1, "run", 3, 8, -EINVAL, E(MALFORMED), {4, 5}, 2},
+    {"local rank >= world_size", 1, "run", 3, 4, -EINVAL, E(MALFORMED), {3, 4}, 2},
 };
 
 Test(decode, hello_table)
@@ -98,7 +106,7 @@ Test(decode, hello_table)
 Test(decode, version_error_names_both_versions)
 {
     struct decode_limits l = lim();
-    struct hello_case c = {"v7", 7, "run", 0, 1, 0, 0};
+    struct hello_case c = {"v7", 7, "run", 0, 1, 0, 0, {0}, 0};
     struct bytes b = hello_bytes(&c);
     Foreshock__Frame *f;
     struct decode_error err;

@@ -220,7 +220,7 @@ static void h_step(struct harness *h, int faults, uint64_t step)
     rp->sketch_body = malloc(rp->sketch_len);
     foreshock__frame__pack(&f, rp->sketch_body);
     rp->frame_bytes = (uint32_t)rp->sketch_len + 4;
-    cr_assert(stage_wants_spool(h->stage, 0, &r));
+    cr_assert(stage_wants_spool(h->stage, h->run_id, 0, &r));
     cr_assert_eq(store_submit(h->store, it), 0);
     struct stage_report in = {.run_id = h->run_id, .stream_id = h->stream_id, .rank = 0,
                               .seq = r.seq, .step = step, .time = r.time_unix, .report = &r};

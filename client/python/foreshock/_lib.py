@@ -33,6 +33,7 @@ MAX_WINDOW = 1 << 20
 MAX_SHARDS = 65536
 MAX_RUN_ID_LEN = 128
 MIN_REPLAY_BYTES = 64 << 10
+MAX_LOCAL_RANKS = 4096
 ERROR_LEN = 256
 
 # Where a wheel carries the library, relative to this package (setup.py).
@@ -60,7 +61,11 @@ class _Options(ctypes.Structure):
                 ("connect_timeout_ms", ctypes.c_uint), ("handshake_timeout_ms", ctypes.c_uint),
                 ("model", _ModelShape), ("client_name", ctypes.c_char_p),
                 ("log", _LOG_FN), ("log_ctx", ctypes.c_void_p), ("seed", ctypes.c_uint64),
-                ("record_path", ctypes.c_char_p), ("record_only", ctypes.c_int)]
+                ("record_path", ctypes.c_char_p), ("record_only", ctypes.c_int),
+                ("local_ranks", ctypes.POINTER(ctypes.c_uint32)),
+                ("n_local_ranks", ctypes.c_size_t), ("tls", ctypes.c_int),
+                ("tls_ca_file", ctypes.c_char_p), ("tls_cert_file", ctypes.c_char_p),
+                ("tls_key_file", ctypes.c_char_p), ("tls_server_name", ctypes.c_char_p)]
 
 
 class _Stats(ctypes.Structure):
@@ -263,7 +268,9 @@ class Client:
 
     def __init__(self, host, port, run_id, rank=0, world_size=1, attempt=0, token=None,
                  detect_from_step=0, replay_max_bytes=0, model=None, client_name=None,
-                 backoff_max_ms=0, lib_path=None, record_path=None, record_only=False):
+                 backoff_max_ms=0, lib_path=None, record_path=None, record_only=False,
+                 local_ranks=None, tls=False, tls_ca=None, tls_cert=None, tls_key=None,
+                 tls_server_name=None):
         self.lib = load(lib_path)
         o = _Options()
         o.size = ctypes.sizeof(_Options)
@@ -284,6 +291,19 @@ class Client:
             self._keep.append(os.fsencode(record_path))
             o.record_path = self._keep[-1]
             o.record_only = 1 if record_only else 0
+        if tls or tls_ca or tls_cert or tls_key or tls_server_name:
+            o.tls = 1
+            for field, value in (("tls_ca_file", tls_ca), ("tls_cert_file", tls_cert),
+                                 ("tls_key_file", tls_key), ("tls_server_name", tls_server_name)):
+                if value:
+                    self._keep.append(os.fsencode(value))
+                    setattr(o, field, self._keep[-1])
+        if local_ranks:
+            loc = [int(r) for r in local_ranks]
+            arr = (ctypes.c_uint32 * len(loc))(*loc)
+            self._keep.append(arr)
+            o.local_ranks = ctypes.cast(arr, ctypes.POINTER(ctypes.c_uint32))
+            o.n_local_ranks = len(loc)
         if model:
             moe = model.get("moe_layers") or []
             arr = (ctypes.c_uint32 * max(1, len(moe)))(*moe)

@@ -77,6 +77,99 @@ def parse_endpoint(endpoint):
     return (host or "127.0.0.1"), int(port)
 
 
+_LOOPBACK = ("localhost", "::1", "[::1]")
+
+
+def _is_loopback(host):
+    return host in _LOOPBACK or host.startswith("127.")
+
+
+def parse_ranks(text, world_size):
+    """'4-7,9' -> [4, 5, 6, 7, 9] (sorted, distinct, each below world_size)."""
+    out = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        lo = int(lo)
+        hi = int(hi) if sep else lo
+        if lo > hi or hi >= world_size:
+            raise ValueError(f"local ranks '{text}': {part} is not within 0..{world_size - 1}")
+        out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+def format_ranks(ranks):
+    """[4, 5, 6, 7, 9] -> '4-7,9'."""
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _torchrun_group(rank, world_size):
+    """This node's ranks from torchrun's environment, or None."""
+    try:
+        local_rank = int(os.environ["LOCAL_RANK"])
+        local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    first = rank - local_rank
+    if local_world < 1 or first < 0 or first + local_world > world_size:
+        return None
+    return list(range(first, first + local_world))
+
+
+def resolve_local_ranks(arg, endpoint, rank, world_size):
+    """The local group to declare (a sorted list), or None. See Monitor."""
+    if arg is None:
+        env = os.environ.get("FORESHOCK_LOCAL_RANKS")
+        if env:
+            arg = False if env.strip().lower() == "none" else env
+    if arg is None:
+        if endpoint is None or world_size <= 1 or not _is_loopback(parse_endpoint(endpoint)[0]):
+            return None
+        group = _torchrun_group(rank, world_size)
+        if group is None:
+            log.warning("foreshock: rank %d of %d streams to a daemon on this node (%s) but "
+                        "LOCAL_RANK/LOCAL_WORLD_SIZE are not set: pass local_ranks= (or set "
+                        "FORESHOCK_LOCAL_RANKS), else router token statistics wait for ranks "
+                        "this daemon never hears", rank, world_size, endpoint)
+            return None
+        return group if len(group) < world_size else None
+    if arg is False or (not isinstance(arg, str) and not arg):
+        return None
+    if arg == "node":
+        group = _torchrun_group(rank, world_size)
+        if group is None:
+            raise ValueError("local_ranks='node' needs torchrun's LOCAL_RANK and "
+                             "LOCAL_WORLD_SIZE")
+    elif isinstance(arg, str):
+        group = parse_ranks(arg, world_size)
+    else:
+        group = sorted({int(r) for r in arg})
+        if group[0] < 0 or group[-1] >= world_size:
+            raise ValueError(f"local_ranks must be within 0..{world_size - 1}")
+    if rank not in group:
+        raise ValueError(f"local_ranks {format_ranks(group)} does not include this rank {rank}")
+    return group
+
+
+def _tls_args(tls, ca, cert, key, name):
+    """The Client's TLS keywords from the arguments, else the environment."""
+    env = os.environ.get
+    ca = ca or env("FORESHOCK_TLS_CA") or None
+    cert = cert or env("FORESHOCK_TLS_CERT") or None
+    key = key or env("FORESHOCK_TLS_KEY") or None
+    if tls is None:
+        tls = env("FORESHOCK_TLS", "").lower() in ("1", "true", "yes")
+    on = bool(tls or ca or cert or key or name)
+    return {"tls": on, "tls_ca": ca, "tls_cert": cert, "tls_key": key,
+            "tls_server_name": name} if on else {}
+
+
 class _RateLimited:
     def __init__(self, interval):
         self.interval, self.last, self.suppressed = interval, -1e18, 0
@@ -120,6 +213,16 @@ class Monitor:
                  holds no token.
     run          run id (1..128 of [A-Za-z0-9._:-]); default $FORESHOCK_RUN
     rank, world_size  stream identity; default from torch.distributed
+    local_ranks  the ranks of the job that this daemon hears (its local group,
+                 this rank included): a daemon per node reduces router token
+                 statistics over exactly these and detects loss/grad_norm/lr
+                 from the lowest of them (which also sends the attention and
+                 router sketches by default). Default $FORESHOCK_LOCAL_RANKS
+                 ("4-7" or "none"), else: with a loopback endpoint (a daemon on
+                 this node can only hear this node) and world_size > 1, the
+                 node's ranks from torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE;
+                 otherwise none (the daemon hears every rank). "node" asks for
+                 the torchrun group whatever the endpoint; False or () for none
     attempt      bump it when a crashed trainer restarts the same run
     windows      window lengths delta in steps (each a sketch of W(t) vs W(t-delta));
                  default a short and a long one, (10, 50): a biased fault
@@ -166,6 +269,15 @@ class Monitor:
                  rate of its first param group is sent (what a scheduler set).
                  The daemon needs it to find the end of warm-up and for its
                  `lr` rule (a rate rising after warm-up)
+    tls, tls_ca, tls_cert, tls_key, tls_server_name
+                 TLS to a daemon whose ingest has tls_cert (a daemon for the whole
+                 job, reached over the network): tls_ca is the PEM CA its
+                 certificate must chain to (default $FORESHOCK_TLS_CA, else the
+                 system's store), tls_cert/tls_key this rank's client
+                 certificate for a daemon with tls_client_ca (default
+                 $FORESHOCK_TLS_CERT / $FORESHOCK_TLS_KEY), tls_server_name the
+                 name to verify (default the endpoint's host). Any of them, or
+                 tls=True, or $FORESHOCK_TLS=1, turns TLS on
     replay_bytes libforeshock's bound on buffered, unacknowledged reports
     queue_reports  bound of the hand-off queue to the sender thread
     gram_dtype   torch.float32 (default) or torch.float64
@@ -184,7 +296,8 @@ class Monitor:
                  replay_bytes=DEFAULT_REPLAY_BYTES, queue_reports=DEFAULT_QUEUE_REPORTS,
                  gram_dtype=torch.float32, transport=None, lib=None, client_name=None,
                  backoff_max_s=None, record=None, optimizer=None, route=None,
-                 device_sketches=DEFAULT_DEVICE_SKETCHES):
+                 device_sketches=DEFAULT_DEVICE_SKETCHES, local_ranks=None, tls=None,
+                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if ddp else 0)
@@ -231,12 +344,33 @@ class Monitor:
         self._device_jobs = 0       # jobs whose flat waits on the device (under _dev_lock)
         self._dev_lock = threading.Lock()
         self._side_stream = None    # the sender's CUDA stream, made on first use
+        endpoint = endpoint or os.environ.get("FORESHOCK_ENDPOINT") or None
+        # Without an endpoint the daemon is the default one on this node,
+        # unless the run is only recorded.
+        recording_only = endpoint is None and bool(record or os.environ.get("FORESHOCK_RECORD"))
+        self.local_ranks = resolve_local_ranks(
+            local_ranks, endpoint or (None if recording_only else "127.0.0.1"), self.rank,
+            self.world_size)
+        if self.local_ranks and shard_group is not None and not self.reduce_in_trainer:
+            # Partial Grams summed by a per-node daemon never complete when
+            # the shard group reaches ranks of other nodes.
+            try:
+                group_ranks = dist.get_process_group_ranks(shard_group)
+            except (AttributeError, RuntimeError, ValueError):
+                group_ranks = None
+            if group_ranks is not None and not set(group_ranks) <= set(self.local_ranks):
+                raise ValueError("shard_reduce='daemon' with a shard_group spanning ranks "
+                                 "outside local_ranks: this daemon would wait for shards it "
+                                 "never hears; use shard_reduce='trainer'")
+        lead = self.local_ranks[0] if self.local_ranks else 0
         if self.reduce_in_trainer:
             default_send = self.shard[0] == 0
         elif self.shard[1] > 1:
             default_send = True
         else:
-            default_send = self.rank == 0
+            # Replicated weights: one rank per daemon sends them, the lead
+            # rank of its group (rank 0 for a daemon that hears the job).
+            default_send = self.rank == lead
         self.send_sketches = default_send if send_sketches is None else bool(send_sketches)
         # Ranks of a reducing group compute their partial Grams even when they
         # do not send: the all_reduce is a collective.
@@ -283,7 +417,6 @@ class Monitor:
         self._daemon_refused = 0    # libforeshock's daemon_refused already logged
         self._sender_cpu_s = 0.0    # CPU time of the sender thread (off the training thread)
 
-        endpoint = endpoint or os.environ.get("FORESHOCK_ENDPOINT") or None
         record = record or os.environ.get("FORESHOCK_RECORD") or None
         self.record_path = None
         if record:
@@ -318,7 +451,14 @@ class Monitor:
                                client_name=client_name or "foreshock-python/0.1.0",
                                backoff_max_ms=int(backoff_max_s * 1000) if backoff_max_s else 0,
                                lib_path=lib, record_path=self.record_path,
-                               record_only=bool(self.record_path) and endpoint is None)
+                               record_only=bool(self.record_path) and endpoint is None,
+                               local_ranks=self.local_ranks, **_tls_args(
+                                   tls, tls_ca, tls_cert, tls_key, tls_server_name))
+            if self.local_ranks:
+                log.info("foreshock: run %s rank %d: the daemon at %s hears local group %s of "
+                         "%d ranks: its router token statistics are this group's, its "
+                         "loss/grad_norm/lr rank %d's", self.run, self.rank, endpoint or
+                         "127.0.0.1", format_ranks(self.local_ranks), self.world_size, lead)
             if self.record_path:
                 log.info("foreshock: recording run %s rank %d to %s%s", self.run, self.rank,
                          self.record_path, "" if endpoint else " (no endpoint: record only)")
