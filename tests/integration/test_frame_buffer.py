@@ -9,9 +9,14 @@ stays at most 8M. Then every stream sends the rest: the waiting ones get
 room as the first ones finish, every report is acked and stored, and the
 gauge ends at 0. Before the bound, eight 3.7 MB buffers were allocated at
 once (24 x 63 MB took RSS to 1.5 GB).
+
+The same again over TLS on ingest: a waiting stream's frame may sit inside
+OpenSSL when it is granted room, with no socket read to come; it must be
+pulled from there.
 """
 import os
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -71,16 +76,32 @@ def test(args, workdir):
     frame = big_report(pb)
     check(BOUND // 3 < len(frame) - 4 <= MAX_FRAME,
           f"frame of {len(frame)} bytes: two must fit the bound, three not")
+    plain = os.path.join(workdir, "plain")
+    os.makedirs(plain)
+    bounded(args, plain, pb, frame, None, ())
+    from test_tls import make_pki
+    pki_dir = os.path.join(workdir, "pki")
+    os.makedirs(pki_dir)
+    pki = make_pki(pki_dir)
+    ctx = ssl.create_default_context(cafile=pki["ca.pem"])
+    tls = os.path.join(workdir, "tls")
+    os.makedirs(tls)
+    print("-- over TLS", flush=True)
+    bounded(args, tls, pb, frame, ctx, ("--set", f"tls_cert={pki['server.pem']}",
+                                        "--set", f"tls_key={pki['server.key']}"))
+
+
+def bounded(args, workdir, pb, frame, ctx, extra):
     d = Daemon(args.build_dir, workdir,
                extra=("--set", f"max_frame_bytes={MAX_FRAME}",
-                      "--set", f"frame_buffer_max_bytes={BOUND}"))
+                      "--set", f"frame_buffer_max_bytes={BOUND}") + extra)
     try:
         rss0 = rss_kb(d.pid)
         go = threading.Event()
         results = [None] * STREAMS
         conns = []
         for i in range(STREAMS):
-            c = RawConn(pb, d.ingest_port, timeout=WAIT_S)
+            c = RawConn(pb, d.ingest_port, timeout=WAIT_S, ssl_context=ctx)
             c.send(hello(pb, f"fb-{i}"))
             w = c.recv()
             check(w is not None and w.WhichOneof("body") == "welcome", f"stream {i}: {w}")
