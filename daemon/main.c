@@ -273,6 +273,24 @@ static void endpoint_text(char *out, size_t len, const char *host, unsigned port
     snprintf(out, len, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
 }
 
+/* What the HTTP server takes from the configuration, in both modes. */
+static struct http_opts http_opts_of(const struct fs_config *cfg, struct app *app)
+{
+    return (struct http_opts){
+        .host = cfg->http.host,
+        .port = cfg->http.port,
+        .db_path = cfg->db,
+        .threads = (unsigned)cfg->http_threads,
+        .stats = &app->stats,
+        .read_token = cfg->http_read_token,
+        .write_token = cfg->http_write_token,
+        .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
+        .metrics_run_max_age = cfg->metrics_run_max_age,
+        .tls_cert_file = cfg->http_tls_cert,
+        .tls_key_file = cfg->http_tls_key,
+    };
+}
+
 /* --read-only: the HTTP threads over an archive, until a signal. The
  * database is never written (opened read-only, not migrated, not locked:
  * many such daemons may serve one archive, beside a live daemon too).
@@ -296,20 +314,8 @@ static int serve_read_only(struct app *app)
                   schema_migration_count);
         return EXIT_RUNTIME;
     }
-    struct http_opts ho = {
-        .host = cfg->http.host,
-        .port = cfg->http.port,
-        .db_path = cfg->db,
-        .threads = (unsigned)cfg->http_threads,
-        .stats = &app->stats,
-        .read_token = cfg->http_read_token,
-        .write_token = cfg->http_write_token,
-        .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
-        .metrics_run_max_age = cfg->metrics_run_max_age,
-        .read_only = true,
-        .tls_cert_file = cfg->http_tls_cert,
-        .tls_key_file = cfg->http_tls_key,
-    };
+    struct http_opts ho = http_opts_of(cfg, app);
+    ho.read_only = true;
     if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
         log_error("main", "%s", err);
         return EXIT_RUNTIME;
@@ -445,21 +451,8 @@ int main(int argc, char **argv)
         log_error("main", "%s", err);
         goto out;
     }
-    struct http_opts ho = {
-        .host = cfg->http.host,
-        .port = cfg->http.port,
-        .db_path = cfg->db,
-        .threads = (unsigned)cfg->http_threads,
-        .stats = &app->stats,
-        /* silences API, auth, /metrics */
-        .store = app->store,
-        .read_token = cfg->http_read_token,
-        .write_token = cfg->http_write_token,
-        .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
-        .metrics_run_max_age = cfg->metrics_run_max_age,
-        .tls_cert_file = cfg->http_tls_cert,
-        .tls_key_file = cfg->http_tls_key,
-    };
+    struct http_opts ho = http_opts_of(cfg, app);
+    ho.store = app->store; /* silences API, auth, /metrics */
     if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
         log_error("main", "%s", err);
         goto out;
