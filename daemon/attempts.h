@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Attempts of a run (schema/006_attempts.sql), kept by the writer thread
+/* Attempts of a run (schema/007_attempts.sql), kept by the writer thread
  * inside its open transaction. A Hello whose attempt is above every earlier
  * attempt of its run starts that attempt; with a resume step it is a
  * rewind to that step (stage.h says what the monitor stage does then). */

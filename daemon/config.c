@@ -48,6 +48,11 @@ static const struct config_key core_keys[] = {
      .min = FS_MIN_MAX_CONN_BUFFER_BYTES, .max = FS_CAP_MAX_CONN_BUFFER_BYTES,
      CORE(max_conn_buffer_bytes),
      .help = "unsent reply bytes per connection; a client that does not read is closed"},
+    {.name = "frame_buffer_max_bytes", .type = CONFIG_BYTES, .def = "256M",
+     .min = FS_MIN_FRAME_BUFFER_MAX_BYTES, .max = FS_CAP_FRAME_BUFFER_MAX_BYTES,
+     CORE(frame_buffer_max_bytes),
+     .help = "frames above 64K being read, total over all connections (>= max_frame_bytes); "
+             "past it a connection waits for others to finish theirs"},
     {.name = "writer_queue_max_items", .type = CONFIG_UINT,
      .def = "16384", .min = FS_MIN_WRITER_QUEUE_MAX_ITEMS,
      .max = FS_CAP_WRITER_QUEUE_MAX_ITEMS, CORE(writer_queue_max_items),
@@ -67,6 +72,19 @@ static const struct config_key core_keys[] = {
      CORE(log_level), .help = "debug | info | warn | error"},
     {.name = "token", .type = CONFIG_STRING, .def = "", .min = 0, .max = FS_MAX_TOKEN_LEN,
      CORE(token), .help = "shared secret; when set, Hello.token must match (empty: none)"},
+    {.name = "tls_cert", .type = CONFIG_STRING, .def = "", .min = 0,
+     .max = FS_CONFIG_MAX_PATH - 1, CORE(tls_cert),
+     .help = "PEM certificate (chain) of ingest; set with tls_key: ingest speaks only TLS"},
+    {.name = "tls_key", .type = CONFIG_STRING, .def = "", .min = 0,
+     .max = FS_CONFIG_MAX_PATH - 1, CORE(tls_key), .help = "PEM private key of tls_cert"},
+    {.name = "tls_client_ca", .type = CONFIG_STRING, .def = "", .min = 0,
+     .max = FS_CONFIG_MAX_PATH - 1, CORE(tls_client_ca),
+     .help = "PEM CA bundle; set: every rank needs a client certificate it signed (mutual TLS)"},
+    {.name = "http_tls_cert", .type = CONFIG_STRING, .def = "", .min = 0,
+     .max = FS_CONFIG_MAX_PATH - 1, CORE(http_tls_cert),
+     .help = "PEM certificate of the HTTP API; set with http_tls_key: HTTPS only"},
+    {.name = "http_tls_key", .type = CONFIG_STRING, .def = "", .min = 0,
+     .max = FS_CONFIG_MAX_PATH - 1, CORE(http_tls_key), .help = "PEM private key of http_tls_cert"},
     {.name = "reduce_timeout_s", .type = CONFIG_DOUBLE, .def = "120",
      .min = FS_MIN_REDUCE_TIMEOUT_S, .max = FS_CAP_REDUCE_TIMEOUT_S, CORE(reduce_timeout_s),
      .help = "seconds a step's shards/ranks may take before it is recorded incomplete"},
@@ -550,6 +568,36 @@ int config_check(const struct fs_config *cfg, const char *origin, struct config_
              "%llu is larger than writer_queue_max_items (%llu)",
              (unsigned long long)cfg->writer_batch_max_items,
              (unsigned long long)cfg->writer_queue_max_items);
+        return -EINVAL;
+    }
+    if (cfg->frame_buffer_max_bytes < cfg->max_frame_bytes) {
+        fail(err, origin, 0, "frame_buffer_max_bytes",
+             "%llu is below max_frame_bytes (%llu): one frame of the largest size must fit",
+             (unsigned long long)cfg->frame_buffer_max_bytes,
+             (unsigned long long)cfg->max_frame_bytes);
+        return -EINVAL;
+    }
+    /* A certificate without its key (or the other way round) is a typo,
+     * not a wish for plaintext. */
+    static const struct {
+        const char *a, *b;
+        size_t oa, ob;
+    } pairs[] = {
+        {"tls_cert", "tls_key", offsetof(struct fs_config, tls_cert),
+         offsetof(struct fs_config, tls_key)},
+        {"http_tls_cert", "http_tls_key", offsetof(struct fs_config, http_tls_cert),
+         offsetof(struct fs_config, http_tls_key)},
+    };
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        const char *a = (const char *)cfg + pairs[i].oa, *b = (const char *)cfg + pairs[i].ob;
+        if (!a[0] != !b[0]) {
+            fail(err, origin, 0, a[0] ? pairs[i].b : pairs[i].a, "is needed with '%s'",
+                 a[0] ? pairs[i].a : pairs[i].b);
+            return -EINVAL;
+        }
+    }
+    if (cfg->tls_client_ca[0] && !cfg->tls_cert[0]) {
+        fail(err, origin, 0, "tls_client_ca", "needs tls_cert and tls_key (ingest TLS)");
         return -EINVAL;
     }
     return 0;

@@ -83,6 +83,7 @@ struct fs_config {
     uint64_t max_frame_bytes;
     uint64_t max_runs;
     uint64_t max_conn_buffer_bytes;
+    uint64_t frame_buffer_max_bytes; /* ingest: large frames being read, all connections */
     uint64_t writer_queue_max_items;
     uint64_t writer_queue_max_bytes;
     uint64_t writer_batch_max_items;
@@ -106,6 +107,12 @@ struct fs_config {
     double silence_retention;
     /* pager: base of generatorURL and links in pages ("" = http://<http address>) */
     char public_url[FS_CONFIG_MAX_URL];
+    /* TLS (PEM files; "" = off): ingest, its client CA (mutual TLS), HTTPS */
+    char tls_cert[FS_CONFIG_MAX_PATH];
+    char tls_key[FS_CONFIG_MAX_PATH];
+    char tls_client_ca[FS_CONFIG_MAX_PATH];
+    char http_tls_cert[FS_CONFIG_MAX_PATH];
+    char http_tls_key[FS_CONFIG_MAX_PATH];
 };
 
 /* The table of the daemon's keys (for --help and tests). */

@@ -318,6 +318,21 @@ int decode_check_hello(const Foreshock__Hello *h, const struct decode_limits *li
     if (h->client_name && strlen(h->client_name) > FS_MAX_CLIENT_NAME_LEN)
         return fail(err, E_MALFORMED, -EINVAL, "client_name longer than %u bytes",
                     FS_MAX_CLIENT_NAME_LEN);
+    /* A local group names ranks of this job, this one among them: a
+     * group without it is a global/local rank mix-up, not a topology. */
+    if (h->n_local_ranks > FS_MAX_LOCAL_RANKS)
+        return fail(err, E_MALFORMED, -EINVAL, "local_ranks: more than %u values",
+                    FS_MAX_LOCAL_RANKS);
+    int self = h->n_local_ranks == 0;
+    for (size_t i = 0; i < h->n_local_ranks; i++) {
+        if (h->local_ranks[i] >= h->world_size)
+            return fail(err, E_MALFORMED, -EINVAL, "local_ranks[%zu] = %u is not below world_size %u",
+                        i, h->local_ranks[i], h->world_size);
+        self |= h->local_ranks[i] == h->rank;
+    }
+    if (!self)
+        return fail(err, E_MALFORMED, -EINVAL, "local_ranks does not include rank %u itself",
+                    h->rank);
     const Foreshock__ModelShape *m = h->model;
     if (m) {
         if ((m->has_n_layers && m->n_layers > lim->max_layers) ||
@@ -459,13 +474,95 @@ int decode_encode(const Foreshock__Frame *f, uint8_t **out, size_t *outlen)
     return 0;
 }
 
-int decode_encode_error(int code, const char *message, uint8_t **out, size_t *outlen)
+int decode_encode_error(int code, const char *message, uint64_t seq, uint8_t **out,
+                        size_t *outlen)
 {
     Foreshock__Error e = FORESHOCK__ERROR__INIT;
     e.code = (Foreshock__ErrorCode)code;
     e.message = (char *)message;
+    e.has_seq = seq > 0;
+    e.seq = seq;
     Foreshock__Frame f = FORESHOCK__FRAME__INIT;
     f.body_case = FORESHOCK__FRAME__BODY_ERROR;
     f.error = &e;
     return decode_encode(&f, out, outlen);
+}
+
+/* --- reading a seq from bytes that do not decode ------------------------------ */
+
+/* Reads a varint at *p (< end); advances *p. 0 or -1 (truncated or longer
+ * than 10 bytes). */
+static int wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (unsigned shift = 0; shift < 70 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        x |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Skips the value of a field of this wire type. 0 or -1. */
+static int wire_skip(const uint8_t **p, const uint8_t *end, unsigned type)
+{
+    uint64_t n;
+    switch (type) {
+    case 0: /* varint */
+        return wire_varint(p, end, &n);
+    case 1: /* 64-bit */
+        n = 8;
+        break;
+    case 2: /* length-delimited */
+        if (wire_varint(p, end, &n) < 0)
+            return -1;
+        break;
+    case 5: /* 32-bit */
+        n = 4;
+        break;
+    default:
+        return -1; /* groups are not in our protocol */
+    }
+    if (n > (uint64_t)(end - *p))
+        return -1;
+    *p += n;
+    return 0;
+}
+
+/* Finds the first field `want` of wire type `type` in [p, end): *at is its
+ * value (for type 2, the bytes; *n their count; for type 0 *n the value). */
+static int wire_find(const uint8_t *p, const uint8_t *end, unsigned want, unsigned type,
+                     const uint8_t **at, uint64_t *n)
+{
+    while (p < end) {
+        uint64_t key;
+        if (wire_varint(&p, end, &key) < 0)
+            return -1;
+        unsigned ftype = (unsigned)(key & 7);
+        if (key >> 3 == want && ftype == type) {
+            if (type == 0)
+                return wire_varint(&p, end, n);
+            if (type != 2 || wire_varint(&p, end, n) < 0 || *n > (uint64_t)(end - p))
+                return -1;
+            *at = p;
+            return 0;
+        }
+        if (wire_skip(&p, end, ftype) < 0)
+            return -1;
+    }
+    return -1;
+}
+
+int decode_peek_report_seq(const uint8_t *body, size_t len, uint64_t *seq)
+{
+    const uint8_t *rep;
+    uint64_t n, s;
+    if (wire_find(body, body + len, FORESHOCK__FRAME__BODY_REPORT, 2, &rep, &n) < 0 ||
+        wire_find(rep, rep + n, 1, 0, NULL, &s) < 0 || s < 1)
+        return -ENOENT;
+    *seq = s;
+    return 0;
 }

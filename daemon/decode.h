@@ -76,8 +76,18 @@ int decode_check_report(const Foreshock__Report *r, const struct decode_limits *
  * UINT32_MAX. */
 int decode_encode(const Foreshock__Frame *f, uint8_t **out, size_t *outlen);
 
-/* Convenience: an Error frame (code, message) encoded with its prefix. */
-int decode_encode_error(int code, const char *message, uint8_t **out, size_t *outlen);
+/* Convenience: an Error frame (code, message, and Error.seq when seq > 0)
+ * encoded with its prefix. */
+int decode_encode_error(int code, const char *message, uint64_t seq, uint8_t **out,
+                        size_t *outlen);
+
+/* The seq of the Report in a frame body that decode_frame refused, read
+ * straight from the wire (the first Frame.report field and, in it, the
+ * first Report.seq), so that the Error can name the report even when it
+ * does not unpack (the decode allocation cap, a bad field after the seq).
+ * Returns 0 and *seq >= 1, or -ENOENT (no report, no seq, or bytes that do
+ * not parse that far). Bounded by len; no allocation. */
+int decode_peek_report_seq(const uint8_t *body, size_t len, uint64_t *seq);
 
 /* A run id is 1..max_len bytes of [A-Za-z0-9._:-]. Returns 1 if valid. */
 int decode_run_id_valid(const char *s, size_t max_len);

@@ -128,15 +128,15 @@ void eval_rule_of_series(const char *series, char *rule, size_t len)
 }
 
 bool eval_input_rule(const struct detect_rules *rules, const struct store_series_key *k,
-                     char *rule, size_t len)
+                     uint32_t lead_rank, char *rule, size_t len)
 {
     /* The per-layer aggregate each attention rule watches: the min over
      * heads, or the max for c_qk (rise is bad): a collapse shows first in a
      * minority of heads. */
     static const char *const qk_inputs[] = {"qk.d2.erank.min", "qk.d2.entropy.min",
                                             "qk.d2.srank.min", "qk.cqk.max"};
-    static const char *const rank0_scalars[] = {"loss", "grad_norm", "lr"};
-    static const char *const rank0_layered[] = {"weight_norm", "update_ratio"};
+    static const char *const lead_scalars[] = {"loss", "grad_norm", "lr"};
+    static const char *const lead_layered[] = {"weight_norm", "update_ratio"};
 
     if (strncmp(k->name, "qk.", 3) == 0) {
         if (k->head != -1 || k->window <= 0 || k->layer < 0)
@@ -152,13 +152,15 @@ bool eval_input_rule(const struct detect_rules *rules, const struct store_series
         snprintf(rule, len, "%s", k->name);
         return k->layer >= 0 && detect_rules_match(rules, rule) != NULL;
     }
-    for (size_t i = 0; i < sizeof(rank0_scalars) / sizeof(rank0_scalars[0]); i++)
-        if (strcmp(k->name, rank0_scalars[i]) == 0 && k->rank == 0 && k->layer == -1) {
+    for (size_t i = 0; i < sizeof(lead_scalars) / sizeof(lead_scalars[0]); i++)
+        if (strcmp(k->name, lead_scalars[i]) == 0 && k->rank == (int32_t)lead_rank &&
+            k->layer == -1) {
             snprintf(rule, len, "%s", k->name);
             return detect_rules_match(rules, rule) != NULL;
         }
-    for (size_t i = 0; i < sizeof(rank0_layered) / sizeof(rank0_layered[0]); i++)
-        if (strcmp(k->name, rank0_layered[i]) == 0 && k->rank == 0 && k->layer >= 0) {
+    for (size_t i = 0; i < sizeof(lead_layered) / sizeof(lead_layered[0]); i++)
+        if (strcmp(k->name, lead_layered[i]) == 0 && k->rank == (int32_t)lead_rank &&
+            k->layer >= 0) {
             snprintf(rule, len, "%s", k->name);
             return detect_rules_match(rules, rule) != NULL;
         }
@@ -373,12 +375,13 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
 }
 
 int eval_feed_stored(struct eval_run *er, struct eval_batch *b, const struct store_series_key *k,
-                     uint64_t step, double value, bool present, int64_t detect_from_step)
+                     uint64_t step, double value, bool present, uint32_t lead_rank,
+                     int64_t detect_from_step)
 {
     char rule[DETECT_NAME_MAX];
-    if (strcmp(k->name, "lr") == 0 && k->rank == 0 && k->layer == -1 && present)
+    if (strcmp(k->name, "lr") == 0 && k->rank == (int32_t)lead_rank && k->layer == -1 && present)
         eval_progress_lr(er, step, value);
-    if (!eval_input_rule(er->rules, k, rule, sizeof(rule)))
+    if (!eval_input_rule(er->rules, k, lead_rank, rule, sizeof(rule)))
         return 0;
     struct eval_track *t = eval_track_get(er, k, rule);
     if (!t)

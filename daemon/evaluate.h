@@ -118,12 +118,13 @@ void eval_rule_of_series(const char *series, char *rule, size_t len);
 /* Is stored series k an input of detection under rules, and with which
  * rule? The attention aggregates the daemon detects on
  * (qk.d2.{erank,entropy,srank}.min, qk.cqk.max per layer and window),
- * router series with a matching rule, and rank 0's loss, grad_norm,
- * weight_norm and update_ratio. Writes the rule name into rule. The live
- * stage asks the same question of the series it builds, so a backtest
- * reads back exactly what was detected live. */
+ * router series with a matching rule, and the lead rank's loss,
+ * grad_norm, lr, weight_norm and update_ratio (lead_rank: 0, or the lowest
+ * rank of the local group a per-node daemon hears). Writes the rule name
+ * into rule. The live stage asks the same question of the series it
+ * builds, so a backtest reads back exactly what was detected live. */
 bool eval_input_rule(const struct detect_rules *rules, const struct store_series_key *k,
-                     char *rule, size_t len);
+                     uint32_t lead_rank, char *rule, size_t len);
 
 /* Rank 0's learning rate at step (in step order). Progress is judged from
  * the learning rates of earlier steps only, so the order in which a step's
@@ -148,13 +149,14 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
               double now);
 
 /* One stored point (store_read.h's order: by step), fed as the live stage
- * fed it: rank 0's learning rate to training progress, a detected series
+ * fed it: the lead rank's learning rate to training progress, a detected series
  * (eval_input_rule) to its track (eval_feed, no argmin head, time 0). The
  * one path of `foreshock backtest` and of a rewind's rebuild (stage.h).
  * Returns 1 when fed, 0 when k is no input or the step was seen, or
  * -ENOMEM / -EINVAL. */
 int eval_feed_stored(struct eval_run *er, struct eval_batch *b, const struct store_series_key *k,
-                     uint64_t step, double value, bool present, int64_t detect_from_step);
+                     uint64_t step, double value, bool present, uint32_t lead_rank,
+                     int64_t detect_from_step);
 
 /* Labels every event of b not yet labeled (the caller has fed every sample
  * of their steps). */

@@ -23,6 +23,7 @@
 #define FS_MAX_ROUTER_PER_REPORT 4096u  /* router_gram and router_tokens, each */
 #define FS_MAX_SPECTRUM_LEN (2u * FS_MAX_DH)
 #define FS_MAX_MOE_LAYERS FS_MAX_LAYERS
+#define FS_MAX_LOCAL_RANKS 4096u        /* Hello.local_ranks values (a node's group) */
 #define FS_MAX_ERROR_MESSAGE 256u       /* Error.message we send, bytes with NUL */
 #define FS_MAX_ADVICE_ACK_IDS 1024u     /* AdviceAck.advice_id per frame */
 
@@ -62,6 +63,15 @@
 #define FS_DEF_MAX_RUNS 10000u
 #define FS_MIN_MAX_RUNS 1u
 #define FS_CAP_MAX_RUNS 1000000u
+
+/* Frames larger than the initial read buffer (FS_INGEST_RBUF_INITIAL) get a
+ * buffer of their own while they are read; the total of their lengths over
+ * all connections is bounded (a connection whose frame would pass it waits,
+ * not reading, until others finish theirs). At least max_frame_bytes, so a
+ * lone connection can always read a frame of the largest size. */
+#define FS_DEF_FRAME_BUFFER_MAX_BYTES (256ull << 20)
+#define FS_MIN_FRAME_BUFFER_MAX_BYTES FS_MIN_MAX_FRAME_BYTES
+#define FS_CAP_FRAME_BUFFER_MAX_BYTES (64ull << 30)
 
 /* Outgoing bytes queued on one connection (Welcome, Acks, Error) that the
  * client has not read yet; past it the client is closed. */
@@ -111,6 +121,7 @@
 #define FS_CONFIG_MAX_LINE 4096u
 #define FS_CONFIG_MAX_HOST 256u  /* bytes with NUL */
 #define FS_CONFIG_MAX_PATH 4096u /* bytes with NUL */
+#define FS_TLS_MAX_PEM_BYTES (1u << 20) /* a certificate chain or key file, read whole */
 
 /* --- writer ---------------------------------------------------------------- */
 #define FS_STORE_BUSY_TIMEOUT_MS 5000
@@ -131,6 +142,7 @@
 #define FS_MAX_HELLO_FRAME_BYTES (32u << 10)
 _Static_assert(FS_MAX_HELLO_FRAME_BYTES + 4 <= FS_INGEST_RBUF_INITIAL, "pre-Hello frames fit");
 #define FS_INGEST_BACKLOG 511
+#define FS_INGEST_TLS_READ_BYTES (16u << 10) /* ciphertext per read; one TLS record */
 #define FS_INGEST_LINGER_MS 5000       /* a closing connection's writes/discard, at most */
 #define FS_INGEST_DISCARD_MAX (1u << 20) /* bytes read and dropped after an Error */
 #define FS_INGEST_SWEEP_MS 1000        /* how often lingering connections are checked */

@@ -24,6 +24,7 @@
 
 #include "http_internal.h"
 #include "http_parse.h"
+#include "store.h"
 
 /* --- per-request state -------------------------------------------------------- */
 
@@ -120,12 +121,16 @@ static int h_healthz(struct ctx *c)
 static int h_readyz(struct ctx *c)
 {
     struct fs_stats *s = c->h->stats;
+    /* The storage failure first: the writer clears `ready` while it lasts,
+     * and "starting or shutting down" would hide the reason. */
+    int failing = atomic_load_explicit(&s->storage_failing, memory_order_relaxed);
+    if (failing != 0)
+        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                                "storage: %s (commits fail; nothing new is acknowledged)",
+                                store_failure_text(failing));
     if (atomic_load_explicit(&s->ready, memory_order_relaxed) != 1)
         return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
                                 "daemon is not ready (starting or shutting down)");
-    if (atomic_load_explicit(&s->storage_failing, memory_order_relaxed) != 0)
-        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                                "storage is failing: commits do not succeed");
     sqlite3_stmt *st = c->dbc->st[STMT_READY];
     int rc = sqlite3_step(st);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
@@ -583,6 +588,11 @@ static int dispatch(struct ctx *c, const char *method)
         auth_check(c, h->read_token, h->write_token) != 0)
         return 0;
     if (r->write) {
+        /* Before the token: no token makes an archive writable. */
+        if (h->read_only)
+            return http_reply_error(c, MHD_HTTP_FORBIDDEN, "read_only",
+                                    "this daemon serves a read-only archive (foreshockd "
+                                    "--read-only): silences are written on the live daemon");
         if (h->write_token[0] == '\0')
             return http_reply_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
                                     "writes disabled: set http_write_token");
@@ -712,6 +722,8 @@ static void http_free(struct http *h)
     free(h->free_idx);
     free(h->read_token);
     free(h->write_token);
+    free(h->tls_cert);
+    free(h->tls_key);
     if (h->sync_init) {
         pthread_cond_destroy(&h->cv);
         pthread_mutex_destroy(&h->mu);
@@ -719,6 +731,37 @@ static void http_free(struct http *h)
         silence_cache_destroy(&h->silences); /* after MHD_stop_daemon: no handler left */
     }
     free(h);
+}
+
+/* A PEM file for libmicrohttpd, whole (at most FS_TLS_MAX_PEM_BYTES), as a
+ * NUL-terminated string the caller frees. 0 or a negative errno with err. */
+static int read_pem(const char *path, char **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!path || !path[0]) {
+        snprintf(err, errlen, "http: http_tls_cert and http_tls_key are both needed");
+        return -EINVAL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        snprintf(err, errlen, "http: %s: %s", path, strerror(e));
+        return -e;
+    }
+    char *buf = malloc(FS_TLS_MAX_PEM_BYTES + 1);
+    size_t n = buf ? fread(buf, 1, FS_TLS_MAX_PEM_BYTES + 1, f) : 0;
+    int bad = !buf || ferror(f) || n > FS_TLS_MAX_PEM_BYTES || n == 0;
+    fclose(f);
+    if (bad) {
+        snprintf(err, errlen, "http: %s: %s", path,
+                 !buf ? "out of memory" : n == 0 ? "empty or unreadable"
+                                                 : "larger than 1 MiB: not a PEM file");
+        free(buf);
+        return -EINVAL;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    return 0;
 }
 
 /* Main thread. On success *out owns the daemon, its threads and the read
@@ -769,6 +812,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     }
     h->stats = opts->stats;
     h->store = opts->store;
+    h->read_only = opts->read_only;
     h->read_token = strdup(opts->read_token != NULL ? opts->read_token : "");
     h->write_token = strdup(opts->write_token != NULL ? opts->write_token : "");
     if (h->read_token == NULL || h->write_token == NULL) {
@@ -837,6 +881,27 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     json_object_seed(0); /* before any server thread builds a JSON object */
 
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    /* HTTPS: libmicrohttpd's own TLS (GnuTLS in Debian's build), with the
+     * PEM files read here so that a bad path fails the start, named. */
+    struct MHD_OptionItem tls[] = {
+        {.option = MHD_OPTION_HTTPS_MEM_KEY},
+        {.option = MHD_OPTION_HTTPS_MEM_CERT},
+        {.option = MHD_OPTION_END},
+    };
+    bool https = opts->tls_cert_file && opts->tls_cert_file[0];
+    if (https) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+            rc = -ENOTSUP;
+            snprintf(err, errlen, "http: http_tls_cert is set but this libmicrohttpd has no TLS");
+            goto fail;
+        }
+        if ((rc = read_pem(opts->tls_key_file, &h->tls_key, err, errlen)) < 0 ||
+            (rc = read_pem(opts->tls_cert_file, &h->tls_cert, err, errlen)) < 0)
+            goto fail;
+        tls[0].ptr_value = h->tls_key;
+        tls[1].ptr_value = h->tls_cert;
+        flags |= MHD_USE_TLS;
+    }
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     /* The logger goes first so that libmicrohttpd reports nothing through its
@@ -858,6 +923,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_CONNECTION_MEMORY_BYTES,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
         MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+        MHD_OPTION_ARRAY, https ? tls : &tls[2],
         MHD_OPTION_END);
     if (h->mhd == NULL) {
         int e = errno;

@@ -2,6 +2,7 @@
 #define FORESHOCK_HTTP_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "stats.h"
@@ -41,6 +42,10 @@ struct http_opts {
     const char *write_token; /* NULL or "": write endpoints answer 403 (copied) */
     unsigned metrics_max_runs;  /* per-run gauges of /metrics for this many runs (0: none) */
     double metrics_run_max_age; /* ... active in the last this many seconds (0: default) */
+    bool read_only;             /* foreshockd --read-only: an archive, no writer; write
+                                   routes answer 403 read_only whatever the token */
+    const char *tls_cert_file;  /* HTTPS (PEM; both or neither); NULL or "": plain HTTP */
+    const char *tls_key_file;
 };
 
 

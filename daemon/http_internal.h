@@ -42,6 +42,8 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "ranks.h"
+#include "schema.h"
 #include "silence_set.h"
 
 /* --- limits ---------------------------------------------------------------- */
@@ -114,7 +116,8 @@ enum stmt_id {
     "r.id, r.name, r.created_at, r.last_seen_at, r.world_size, r.detect_from_step, "     \
     "r.last_step, r.reports, r.model_json, "                                             \
     "(SELECT count(*) FROM streams s WHERE s.run_id = r.id), "                           \
-    "(SELECT count(*) FROM series x WHERE x.run_id = r.id)"
+    "(SELECT count(*) FROM series x WHERE x.run_id = r.id), "                           \
+    SCHEMA_RUN_LOCAL_RANKS_SQL("r.id")
 
 #define SERIES_COLUMNS                                                                   \
     "s.id, s.name, s.layer, s.head, s.\"window\", s.rank, s.points, s.first_step, "      \
@@ -123,7 +126,7 @@ enum stmt_id {
 /* Column positions shared by every statement that selects RUN_COLUMNS or
  * SERIES_COLUMNS first. */
 enum { RC_ID, RC_NAME, RC_CREATED, RC_SEEN, RC_WORLD, RC_DETECT, RC_LAST_STEP, RC_REPORTS,
-       RC_MODEL, RC_STREAMS, RC_SERIES };
+       RC_MODEL, RC_STREAMS, RC_SERIES, RC_LOCAL };
 enum { SC_ID, SC_NAME, SC_LAYER, SC_HEAD, SC_WINDOW, SC_RANK, SC_POINTS, SC_FIRST, SC_LAST,
        SC_RUN_NAME };
 
@@ -181,8 +184,10 @@ struct http {
 
     /* writes and auth (read-only once started) */
     struct store *store;
+    bool read_only; /* serving an archive: write routes answer 403 read_only */
     char *read_token;  /* "" = reads need no token */
     char *write_token; /* "" = writes disabled */
+    char *tls_cert, *tls_key; /* HTTPS: PEM text libmicrohttpd reads until it stops */
     struct metrics_opts mopts;
 };
 

@@ -7,6 +7,45 @@
 
 #include "alert.h" /* pinned state numbers only: fs_http does not link fs_monitor */
 
+/* What a run's monitors cover, from its stored local group (RC_LOCAL):
+ * null when its daemon heard the whole job; else the group, the rank whose
+ * loss/grad_norm/lr were detected, and the series computed over the group
+ * only (router token statistics: a node's tokens, not the job's). */
+static json_t *topology_json(sqlite3_stmt *st, int64_t world)
+{
+    static const char *const node_local[] = {
+        "router.entropy", "router.entropy_norm", "router.entropy_spread", "router.maxvio",
+        "router.load_entropy", "router.dead_experts", "router.balance", "router.zloss"};
+    const char *text = (const char *)sqlite3_column_text(st, RC_LOCAL);
+    uint32_t *v = NULL;
+    size_t n = 0;
+    if (!text || world < 1 || world > FS_MAX_WORLD_SIZE ||
+        ranks_parse(text, (uint32_t)world, (size_t)FS_MAX_WORLD_SIZE, &v, &n) < 0 || !n) {
+        free(v);
+        return json_null();
+    }
+    char *ranks = ranks_format(v, n);
+    json_t *o = json_object(), *series = json_array();
+    int rc = !ranks || !o || !series;
+    if (!rc) {
+        rc |= oset(o, "local_ranks", json_string(ranks));
+        rc |= oset(o, "ranks", json_integer((json_int_t)n));
+        rc |= oset(o, "lead_rank", json_integer(v[0]));
+        for (size_t i = 0; i < sizeof(node_local) / sizeof(node_local[0]); i++)
+            rc |= aadd(series, json_string(node_local[i]));
+        rc |= oset(o, "group_only_series", series);
+        series = NULL;
+    }
+    free(ranks);
+    free(v);
+    json_decref(series);
+    if (rc) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
 /* RUN object from a row of RUN_COLUMNS. */
 static json_t *run_json(sqlite3_stmt *st)
 {
@@ -24,6 +63,7 @@ static json_t *run_json(sqlite3_stmt *st)
     rc |= oset(o, "streams", col_int(st, RC_STREAMS));
     rc |= oset(o, "series", col_int(st, RC_SERIES));
     rc |= oset(o, "model", http_col_json_object(st, RC_MODEL, HTTP_MAX_MODEL_JSON_BYTES));
+    rc |= oset(o, "topology", topology_json(st, sqlite3_column_int64(st, RC_WORLD)));
     if (rc != 0) {
         json_decref(o);
         return NULL;

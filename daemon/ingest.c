@@ -13,6 +13,9 @@
 #include "advice.h"
 #include "fs_limits.h"
 #include "log.h"
+#include "ranks.h"
+#include "run_auth.h"
+#include "tls.h"
 
 #define E(x) FORESHOCK__ERROR_CODE__ERROR_##x
 #define CONN_HASH 1024u /* buckets of the conn_id -> conn table */
@@ -36,6 +39,10 @@ struct conn {
     char peer[64];
     uint8_t *rbuf;
     size_t rlen, rcap;
+    uint64_t fbuf;       /* length of the large frame rbuf was grown for (0: none) */
+    struct conn *wnext;  /* waiting for frame buffer room (ingest.wait_head) */
+    int waiting;
+    int tls_kick; /* granted frame buffer room: pull from TLS on the next on_async */
     size_t discarded;
     struct store_item *pending; /* refused with -EAGAIN; resubmitted on RESUME */
     Foreshock__Frame *pending_frame; /* the decoded report of `pending`, for the stage */
@@ -49,6 +56,8 @@ struct conn {
      * Welcome's last committed seq, seq_last the highest accepted since. */
     uint64_t seq_base, seq_last;
     size_t wpending; /* bytes in uv_write requests not yet completed */
+    struct tls_conn *tls;      /* NULL: plain TCP */
+    uint8_t *tbuf;             /* TLS: ciphertext read buffer, FS_INGEST_TLS_READ_BYTES */
     uint64_t accepted_ms;      /* loop time the connection was accepted */
     uint64_t frame_started_ms; /* loop time an unfinished frame began (0: none) */
     struct advice_conn advice; /* capability and advices awaiting this stream's ack */
@@ -78,6 +87,8 @@ struct ingest {
     int stage_full; /* the monitor stage's reduction memory is full */
     int stopping;
     int handles_open; /* of listener, async, sweep */
+    uint64_t fbuf_total; /* sum of conn.fbuf: at most opts.frame_buffer_max_bytes */
+    struct conn *wait_head, *wait_tail; /* connections waiting for frame buffer room, FIFO */
     int handles_closing; /* async and sweep are being closed */
     void (*done)(void *ctx);
     void *done_ctx;
@@ -86,7 +97,9 @@ struct ingest {
 };
 
 static void process(struct conn *c);
+static int tls_flush(struct conn *c);
 static void update_reading(struct conn *c);
+static void rbuf_drop(struct conn *c);
 static void on_shutdown(uv_shutdown_t *req, int status);
 static void check_stop(struct ingest *ing);
 
@@ -110,6 +123,17 @@ static void hash_remove(struct conn *c)
     c->hnext = NULL;
 }
 
+
+/* The arrays a connection's Hello carried for the stage (run_hello copies
+ * what it keeps). */
+static void hello_release(struct run_hello *h)
+{
+    free((void *)h->moe_layers);
+    free((void *)h->local_ranks);
+    h->moe_layers = h->local_ranks = NULL;
+    h->n_moe_layers = h->n_local_ranks = 0;
+}
+
 static void on_conn_closed(uv_handle_t *h)
 {
     struct conn *c = (struct conn *)h;
@@ -128,7 +152,10 @@ static void on_conn_closed(uv_handle_t *h)
     }
     store_item_free(c->pending);
     decode_frame_free(c->pending_frame);
-    free((void *)c->hello.moe_layers);
+    hello_release(&c->hello);
+    rbuf_drop(c);
+    tls_conn_free(c->tls);
+    free(c->tbuf);
     advice_conn_free(&c->advice);
     free(c->rbuf);
     free(c);
@@ -158,6 +185,11 @@ static void conn_finish(struct conn *c)
         if (c->fin_sent)
             return;
         c->fin_sent = 1;
+        if (c->tls && tls_conn_ready(c->tls)) { /* close_notify goes before the FIN */
+            tls_conn_shutdown(c->tls);
+            if (tls_flush(c) < 0)
+                return;
+        }
         uv_shutdown_t *sh = malloc(sizeof(*sh));
         if (!sh || uv_shutdown(sh, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
             free(sh);
@@ -188,7 +220,7 @@ static void conn_linger(struct conn *c)
 {
     if (c->state != CLOSING) {
         c->state = CLOSING;
-        c->rlen = 0;
+        rbuf_drop(c);
     }
     conn_close_when_flushed(c);
     update_reading(c);
@@ -223,8 +255,8 @@ static void on_write(uv_write_t *req, int status)
     }
 }
 
-/* Queues an encoded frame; takes buf. Closes a client that does not read. */
-static int send_buf(struct conn *c, uint8_t *buf, size_t len)
+/* Queues bytes for the socket; takes buf. Closes a client that does not read. */
+static int send_raw(struct conn *c, uint8_t *buf, size_t len)
 {
     struct ingest *ing = c->ing;
     if (c->closing) {
@@ -261,6 +293,39 @@ static int send_buf(struct conn *c, uint8_t *buf, size_t len)
     return 0;
 }
 
+/* TLS: sends the records waiting (handshake messages, encrypted frames,
+ * alerts). 0, or a negative errno after closing the connection. */
+static int tls_flush(struct conn *c)
+{
+    uint8_t *out;
+    size_t n;
+    if (tls_conn_take_output(c->tls, &out, &n) < 0) {
+        conn_close(c);
+        return -ENOMEM;
+    }
+    return n ? send_raw(c, out, n) : 0;
+}
+
+/* Queues an encoded frame (encrypted first on a TLS connection); takes buf.
+ * A TLS connection still in its handshake has no way to carry a frame (an
+ * Error to a peer that never finished it): it is closed instead. */
+static int send_buf(struct conn *c, uint8_t *buf, size_t len)
+{
+    if (!c->tls)
+        return send_raw(c, buf, len);
+    if (c->closing) {
+        free(buf);
+        return -ECANCELED;
+    }
+    int rc = tls_conn_ready(c->tls) ? tls_conn_write(c->tls, buf, len) : -ENOTCONN;
+    free(buf);
+    if (rc < 0) {
+        conn_close(c);
+        return rc;
+    }
+    return tls_flush(c);
+}
+
 static int send_frame(struct conn *c, const Foreshock__Frame *f)
 {
     uint8_t *buf;
@@ -273,8 +338,8 @@ static int send_frame(struct conn *c, const Foreshock__Frame *f)
     return send_buf(c, buf, len);
 }
 
-/* Error{code, message}, then close after the write. */
-static void protocol_error(struct conn *c, int code, const char *message)
+/* Error{code, message, seq} (seq 0: none), then close after the write. */
+static void refuse(struct conn *c, int code, const char *message, uint64_t seq)
 {
     struct ingest *ing = c->ing;
     if (c->state == CLOSING)
@@ -287,16 +352,22 @@ static void protocol_error(struct conn *c, int code, const char *message)
     c->pending = NULL;
     decode_frame_free(c->pending_frame);
     c->pending_frame = NULL;
-    c->rlen = 0;
+    rbuf_drop(c);
     uint8_t *buf;
     size_t len;
-    if (decode_encode_error(code, message, &buf, &len) < 0 || send_buf(c, buf, len) < 0) {
+    if (decode_encode_error(code, message, seq, &buf, &len) < 0 || send_buf(c, buf, len) < 0) {
         conn_close(c);
         return;
     }
     c->linger_deadline_ms = uv_now(ing->loop) + FS_INGEST_LINGER_MS;
     conn_close_when_flushed(c);
     update_reading(c);
+}
+
+/* Error{code, message} about the connection, then close after the write. */
+static void protocol_error(struct conn *c, int code, const char *message)
+{
+    refuse(c, code, message, 0);
 }
 
 /* --- frames ----------------------------------------------------------------------- */
@@ -388,6 +459,17 @@ static int submit(struct conn *c, struct store_item *it, Foreshock__Frame *f)
         feed_stage(c, f, time);
         return 0;
     }
+    int failing = atomic_load(&c->ing->opts.stats->storage_failing);
+    if (rc == -EAGAIN && it->kind == STORE_ITEM_HELLO && failing) {
+        /* The queue is full because commits fail: parked, this Hello would
+         * get no answer for as long as the disk is full. */
+        char msg[160];
+        snprintf(msg, sizeof(msg), "storage is failing (%s); retry later",
+                 store_failure_text(failing));
+        store_item_free(it);
+        protocol_error(c, E(INTERNAL), msg);
+        return -EIO;
+    }
     if (rc == -EAGAIN) {
         c->pending = it;
         c->pending_frame = f;
@@ -407,7 +489,7 @@ static void on_hello(struct conn *c, const Foreshock__Hello *h)
         protocol_error(c, E(SEQUENCE), "second Hello on this connection");
         return;
     }
-    if (!token_ok(ing->token, h->token)) {
+    if (!token_ok(run_auth_token(ing->opts.run_auth, h->run_id, ing->token), h->token)) {
         protocol_error(c, E(AUTH), "token missing or wrong");
         return;
     }
@@ -430,11 +512,27 @@ static void on_hello(struct conn *c, const Foreshock__Hello *h)
     it->hello.advice = c->advice.enabled;
     it->hello.has_resume_step = h->has_resume_step;
     it->hello.resume_step = h->resume_step;
+    if (h->n_local_ranks) {
+        /* Normalised once here, for the store (text) and the stage. */
+        uint32_t *local = malloc(h->n_local_ranks * sizeof(*local));
+        if (local) {
+            memcpy(local, h->local_ranks, h->n_local_ranks * sizeof(*local));
+            c->hello.n_local_ranks = ranks_normalize(local, h->n_local_ranks);
+            c->hello.local_ranks = local;
+            it->hello.local_ranks = ranks_format(local, c->hello.n_local_ranks);
+        }
+        if (!local || !it->hello.local_ranks) {
+            store_item_free(it);
+            protocol_error(c, E(INTERNAL), "out of memory");
+            return;
+        }
+    }
     c->rank = h->rank;
     snprintf(c->run_name, sizeof(c->run_name), "%s", h->run_id);
-    c->hello = (struct run_hello){.rank = h->rank, .world_size = h->world_size,
-                                  .has_detect_from_step = h->has_detect_from_step,
-                                  .detect_from_step = h->detect_from_step};
+    c->hello.rank = h->rank;
+    c->hello.world_size = h->world_size;
+    c->hello.has_detect_from_step = h->has_detect_from_step;
+    c->hello.detect_from_step = h->detect_from_step;
     if (h->model) {
         c->hello.has_n_layers = h->model->has_n_layers;
         c->hello.n_layers = h->model->n_layers;
@@ -533,7 +631,7 @@ static void on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body
         oom |= (rp->n_weight_norm && !rp->weight_norm) || (rp->n_update_ratio && !rp->update_ratio);
     }
     if (info->sketches ||
-        (c->ing->opts.stage && stage_wants_spool(c->ing->opts.stage, c->rank, r))) {
+        (c->ing->opts.stage && stage_wants_spool(c->ing->opts.stage, c->run_id, c->rank, r))) {
         /* The spool keeps the frame as it arrived for the monitor stage. */
         rp->sketch_body = malloc(len);
         if (rp->sketch_body) {
@@ -609,7 +707,12 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
     struct decode_error err;
     if (decode_frame(body, len, &ing->opts.limits, &f, &info, &err) < 0) {
         atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
-        protocol_error(c, err.code, err.message);
+        /* A report refused for what it holds is named, so that the client
+         * drops it instead of resending it forever. */
+        uint64_t seq = 0;
+        if (c->state == STREAMING && decode_peek_report_seq(body, len, &seq) < 0)
+            seq = 0;
+        refuse(c, err.code, err.message, seq);
         return;
     }
     switch (f->body_case) {
@@ -632,6 +735,175 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
     decode_frame_free(f);
 }
 
+/* --- frame buffers ---------------------------------------------------------------
+ *
+ * Every connection reads into a buffer of FS_INGEST_RBUF_INITIAL bytes
+ * (max_connections of them at most). A larger frame needs a buffer of its
+ * own, for as long as it is being read: those are what an authenticated
+ * peer could multiply (24 connections announcing 63 MB each took 1.5 GB),
+ * so the lengths of the frames they hold count against one daemon-wide
+ * bound, frame_buffer_max_bytes. A stream whose next frame does not fit
+ * stops reading and waits in line; room is handed out oldest waiter first,
+ * and nobody passes a waiter (a large frame is not starved by small ones).
+ * A holder always finishes: it reads its frame whole even while ingest is
+ * paused (writer or stage backpressure; deadline: frame_timeout_s), and
+ * gives the room back once the frame has left the connection: handed to
+ * the writer (a frame parked by writer backpressure keeps its room until
+ * it is resubmitted, so parked frames are within the bound too), or
+ * dropped. The bound is at least max_frame_bytes, so a lone frame always
+ * fits. Nothing is refused: waiting loses no data, and cannot deadlock, as
+ * no holder waits for anything but the writer, which needs no ingest. */
+
+static void fbuf_set(struct conn *c, uint64_t len)
+{
+    struct ingest *ing = c->ing;
+    ing->fbuf_total = ing->fbuf_total - c->fbuf + len;
+    c->fbuf = len;
+    atomic_store(&ing->opts.stats->frame_buffer_bytes, ing->fbuf_total);
+}
+
+/* Length of the frame whose prefix starts the buffer, for a stream whose
+ * buffer cannot hold it whole; 0 when nothing needs to grow. */
+static uint32_t large_frame(const struct conn *c)
+{
+    uint32_t len;
+    struct decode_error err;
+    if (c->closing || c->state != STREAMING || c->rlen < DECODE_PREFIX_BYTES ||
+        decode_prefix(c->rbuf, &c->ing->opts.limits, &len, &err) < 0 ||
+        DECODE_PREFIX_BYTES + (size_t)len <= c->rcap)
+        return 0;
+    return len;
+}
+
+static void wait_remove(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    if (!c->waiting)
+        return;
+    struct conn **p = &ing->wait_head, *prev = NULL;
+    while (*p && *p != c) {
+        prev = *p;
+        p = &(*p)->wnext;
+    }
+    if (*p)
+        *p = c->wnext;
+    if (ing->wait_tail == c)
+        ing->wait_tail = prev;
+    c->wnext = NULL;
+    c->waiting = 0;
+}
+
+/* Gives c's frame of len bytes a buffer of its own. 0, or -ENOMEM (the
+ * connection is then refused: never acked, the client resends). */
+static int rbuf_grow(struct conn *c, uint32_t len)
+{
+    uint8_t *p = realloc(c->rbuf, DECODE_PREFIX_BYTES + (size_t)len);
+    if (!p) {
+        protocol_error(c, E(INTERNAL), "out of memory for a frame buffer");
+        return -ENOMEM;
+    }
+    c->rbuf = p;
+    c->rcap = DECODE_PREFIX_BYTES + (size_t)len;
+    fbuf_set(c, len);
+    return 0;
+}
+
+/* Hands freed room to the waiters, oldest first, while their frames fit. */
+static void grant_waiting(struct ingest *ing)
+{
+    struct conn *c;
+    while ((c = ing->wait_head) != NULL) {
+        uint32_t len = large_frame(c);
+        if (len && ing->fbuf_total - c->fbuf + len > ing->opts.frame_buffer_max_bytes)
+            return;
+        wait_remove(c);
+        if (len && rbuf_grow(c, len) < 0)
+            continue;
+        update_reading(c);
+        if (c->tls) {
+            /* Its frame may already sit decrypted or encrypted inside
+             * OpenSSL, with no socket read to come: pull it on the next
+             * loop turn (on_async), not from inside another connection's
+             * processing. */
+            c->tls_kick = 1;
+            uv_async_send(&ing->async);
+        }
+    }
+}
+
+/* A frame larger than the buffer starts it: grow the buffer if the bound
+ * allows (and nobody waits already), else wait in line, not reading.
+ * Returns 1 when the buffer grew (there is room to read into). */
+static int rbuf_room(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    uint32_t len = large_frame(c);
+    if (!len || c->waiting)
+        return 0;
+    if (!ing->wait_head && ing->fbuf_total - c->fbuf + len <= ing->opts.frame_buffer_max_bytes)
+        return rbuf_grow(c, len) == 0;
+    c->waiting = 1;
+    if (ing->wait_tail)
+        ing->wait_tail->wnext = c;
+    else
+        ing->wait_head = c;
+    ing->wait_tail = c;
+    atomic_fetch_add(&ing->opts.stats->frame_buffer_waits, 1);
+    log_limited(&ing->rl_backpressure, LOG_LEVEL_INFO, "ingest",
+                "conn %llu %s: a %u-byte frame waits for frame buffer room "
+                "(%llu of frame_buffer_max_bytes %llu in use)",
+                (unsigned long long)c->id, c->peer, len, (unsigned long long)ing->fbuf_total,
+                (unsigned long long)ing->opts.frame_buffer_max_bytes);
+    update_reading(c);
+    return 0;
+}
+
+/* Bytes the frame that starts the buffer takes (0: its prefix is not in). */
+static size_t head_need(const struct conn *c)
+{
+    if (c->rlen < DECODE_PREFIX_BYTES)
+        return 0;
+    const uint8_t *p = c->rbuf;
+    return DECODE_PREFIX_BYTES +
+           ((size_t)p[0] << 24 | (size_t)p[1] << 16 | (size_t)p[2] << 8 | (size_t)p[3]);
+}
+
+/* After frames were handled: once the large frame is out of the buffer,
+ * back to the initial buffer; once it has also left the connection (not
+ * parked), its room goes to the waiters. */
+static void rbuf_settle(struct conn *c)
+{
+    if (c->rcap > FS_INGEST_RBUF_INITIAL && c->rlen <= FS_INGEST_RBUF_INITIAL &&
+        head_need(c) <= FS_INGEST_RBUF_INITIAL) {
+        uint8_t *p = realloc(c->rbuf, FS_INGEST_RBUF_INITIAL);
+        if (!p)
+            return; /* still held, still counted; tried again next time */
+        c->rbuf = p;
+        c->rcap = FS_INGEST_RBUF_INITIAL;
+    }
+    if (c->fbuf && c->rcap <= FS_INGEST_RBUF_INITIAL && !c->pending) {
+        fbuf_set(c, 0);
+        grant_waiting(c->ing);
+    }
+}
+
+/* The buffered input is dropped (an error, a stop, a close): nothing of it
+ * was acked; the client resends it. */
+static void rbuf_drop(struct conn *c)
+{
+    c->rlen = 0;
+    wait_remove(c);
+    if (c->rcap > FS_INGEST_RBUF_INITIAL) {
+        free(c->rbuf); /* on_alloc makes a new initial one if needed */
+        c->rbuf = NULL;
+        c->rcap = 0;
+    }
+    if (c->fbuf) {
+        fbuf_set(c, 0);
+        grant_waiting(c->ing);
+    }
+}
+
 /* May this connection take another frame from its buffer now? */
 static int can_process(const struct conn *c)
 {
@@ -639,8 +911,9 @@ static int can_process(const struct conn *c)
            (c->state == AWAIT_HELLO || c->state == STREAMING);
 }
 
-/* Handles every complete frame in the read buffer that the state allows. */
-static void process(struct conn *c)
+/* Handles every complete frame in the read buffer that the state allows.
+ * Returns whether it took any. */
+static int process_frames(struct conn *c)
 {
     struct ingest *ing = c->ing;
     size_t pos = 0;
@@ -650,7 +923,7 @@ static void process(struct conn *c)
         if (decode_prefix(c->rbuf + pos, &ing->opts.limits, &len, &err) < 0) {
             atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
             protocol_error(c, err.code, err.message);
-            return;
+            return 1;
         }
         /* Before the Hello is accepted a peer is unauthenticated: it may not
          * make the daemon hold a large frame for it. */
@@ -660,7 +933,7 @@ static void process(struct conn *c)
             snprintf(msg, sizeof(msg), "frame of %u bytes before Hello (at most %u)", len,
                      FS_MAX_HELLO_FRAME_BYTES);
             protocol_error(c, E(TOO_LARGE), msg);
-            return;
+            return 1;
         }
         size_t need = DECODE_PREFIX_BYTES + (size_t)len;
         if (c->rlen - pos < need)
@@ -668,7 +941,7 @@ static void process(struct conn *c)
         handle_frame(c, c->rbuf + pos + DECODE_PREFIX_BYTES, len);
         pos += need;
         if (c->state == CLOSING)
-            return; /* protocol_error reset the buffer */
+            return 1; /* protocol_error reset the buffer */
     }
     if (pos) {
         memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
@@ -676,13 +949,108 @@ static void process(struct conn *c)
         /* What is left is the start of the next frame. */
         c->frame_started_ms = c->rlen ? uv_now(ing->loop) : 0;
     }
-    /* A frame larger than the default buffer got its own; give it back. */
-    if (c->rcap > FS_INGEST_RBUF_INITIAL && c->rlen <= FS_INGEST_RBUF_INITIAL) {
-        uint8_t *p = realloc(c->rbuf, FS_INGEST_RBUF_INITIAL);
-        if (p) {
-            c->rbuf = p;
-            c->rcap = FS_INGEST_RBUF_INITIAL;
+    rbuf_settle(c);
+    return rbuf_room(c) || pos > 0;
+}
+
+
+/* The initial read buffer, when the connection has none; a large frame's
+ * own is made by rbuf_room, within frame_buffer_max_bytes. 0 or -ENOMEM. */
+static int rbuf_initial(struct conn *c)
+{
+    if (c->rcap)
+        return 0;
+    uint8_t *p = malloc(FS_INGEST_RBUF_INITIAL);
+    if (!p)
+        return -ENOMEM;
+    c->rbuf = p;
+    c->rcap = FS_INGEST_RBUF_INITIAL;
+    return 0;
+}
+
+/* The peer will send nothing more (EOF, or TLS close_notify): answer what
+ * it sent, then close. */
+static void peer_eof(struct conn *c)
+{
+    c->eof = 1;
+    update_reading(c);
+    if (c->state == CLOSING || (c->inflight == 0 && !c->pending))
+        conn_close_when_flushed(c);
+}
+
+/* TLS failed (a handshake without a trusted certificate, not TLS at all):
+ * the alert OpenSSL queued goes out, then the connection closes. No Error
+ * frame: there is no channel to carry one. */
+static void tls_failed(struct conn *c, const char *why)
+{
+    struct ingest *ing = c->ing;
+    atomic_fetch_add(&ing->opts.stats->tls_failures, 1);
+    log_limited(&ing->rl_proto, LOG_LEVEL_WARN, "ingest", "conn %llu %s: %s; closing",
+                (unsigned long long)c->id, c->peer, why);
+    c->state = CLOSING;
+    c->rlen = 0;
+    if (tls_flush(c) < 0)
+        return;
+    if (!c->linger_deadline_ms)
+        c->linger_deadline_ms = uv_now(ing->loop) + FS_INGEST_LINGER_MS;
+    conn_close_when_flushed(c);
+    update_reading(c);
+}
+
+/* TLS: moves decrypted bytes into the read buffer, as many as it has room
+ * for (a large frame's room comes from rbuf_room, as for a plain read; a
+ * full buffer stops the pull until then), and sends what the handshake
+ * wants sent. Returns 1 when bytes came, 0 when none, -1 when the
+ * connection ended (closed, closing or at EOF). The rest stays decrypted
+ * or encrypted inside OpenSSL, bounded by what was fed: one read. */
+static int tls_pull(struct conn *c)
+{
+    int got = 0;
+    while (!c->closing && c->state != CLOSING) {
+        if (rbuf_initial(c) < 0) {
+            conn_close(c);
+            return -1;
         }
+        char why[256];
+        ssize_t n = c->rcap > c->rlen
+                        ? tls_conn_read(c->tls, c->rbuf + c->rlen, c->rcap - c->rlen, why,
+                                        sizeof(why))
+                        : 0;
+        if (n == -EPROTO) {
+            tls_failed(c, why);
+            return -1;
+        }
+        if (tls_flush(c) < 0)
+            return -1;
+        if (n == TLS_CLOSED) {
+            peer_eof(c);
+            return -1;
+        }
+        if (n <= 0)
+            return got;
+        c->rlen += (size_t)n;
+        if (!c->frame_started_ms)
+            c->frame_started_ms = uv_now(c->ing->loop);
+        got = 1;
+    }
+    return -1;
+}
+
+/* Handles what the connection's buffer (and, with TLS, its decrypted
+ * input) holds, as far as its state allows. */
+static void process(struct conn *c)
+{
+    if (!c->tls) {
+        (void)process_frames(c);
+        return;
+    }
+    for (;;) {
+        int pulled = tls_pull(c);
+        if (pulled < 0)
+            return;
+        int used = process_frames(c);
+        if ((!pulled && !used) || !can_process(c))
+            return;
     }
 }
 
@@ -696,7 +1064,16 @@ static int want_read(const struct conn *c)
      * the oldest reducing step are read. */
     int stage_ok = !c->ing->stage_full || c->state != STREAMING ||
                    stage_may_read(c->ing->opts.stage, c->run_id, c->stream_id);
-    return can_process(c) && !c->ing->paused && stage_ok && !c->ing->stopping;
+    /* A large frame's buffer is read to its end whatever pauses: its room
+     * must come back (see "frame buffers"). */
+    if (can_process(c) && !c->waiting && !c->ing->stopping && c->fbuf &&
+        c->rcap > FS_INGEST_RBUF_INITIAL && c->rlen < c->rcap)
+        return 1;
+    /* While the writer pushes back a Hello is still read: it costs at most
+     * FS_MAX_HELLO_FRAME_BYTES, and it must be answered (parked until
+     * RESUME, or refused at once while storage fails). */
+    int paused_ok = !c->ing->paused || c->state == AWAIT_HELLO;
+    return can_process(c) && paused_ok && stage_ok && !c->waiting && !c->ing->stopping;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -708,25 +1085,13 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         *buf = uv_buf_init((char *)ing->discard, sizeof(ing->discard));
         return;
     }
-    /* Size the buffer for the frame being read, whose length prefix was
-     * checked against max_frame_bytes before this allocation. */
-    size_t want = c->rcap ? c->rcap : FS_INGEST_RBUF_INITIAL;
-    /* Only an accepted stream grows its buffer (FS_MAX_HELLO_FRAME_BYTES). */
-    if (c->rlen >= DECODE_PREFIX_BYTES && c->state == STREAMING) {
-        uint32_t len;
-        struct decode_error err;
-        if (decode_prefix(c->rbuf, &ing->opts.limits, &len, &err) == 0 &&
-            DECODE_PREFIX_BYTES + (size_t)len > want)
-            want = DECODE_PREFIX_BYTES + (size_t)len;
+    if (c->tls) { /* ciphertext; tls_pull fills the plaintext buffer */
+        *buf = uv_buf_init((char *)c->tbuf, FS_INGEST_TLS_READ_BYTES);
+        return;
     }
-    if (want != c->rcap) {
-        uint8_t *p = realloc(c->rbuf, want);
-        if (!p) {
-            *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
-            return;
-        }
-        c->rbuf = p;
-        c->rcap = want;
+    if (rbuf_initial(c) < 0) {
+        *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+        return;
     }
     *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
 }
@@ -746,10 +1111,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         /* The client is done sending: answer what it sent, then close. */
-        c->eof = 1;
-        update_reading(c);
-        if (c->state == CLOSING || (c->inflight == 0 && !c->pending))
-            conn_close_when_flushed(c);
+        peer_eof(c);
         return;
     }
     atomic_fetch_add(&ing->opts.stats->bytes_in, (uint64_t)nread);
@@ -759,9 +1121,16 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             conn_close(c);
         return;
     }
-    c->rlen += (size_t)nread;
-    if (!c->frame_started_ms)
-        c->frame_started_ms = uv_now(ing->loop);
+    if (c->tls) {
+        if (tls_conn_feed(c->tls, (const uint8_t *)buf->base, (size_t)nread) < 0) {
+            conn_close(c);
+            return;
+        }
+    } else {
+        c->rlen += (size_t)nread;
+        if (!c->frame_started_ms)
+            c->frame_started_ms = uv_now(ing->loop);
+    }
     process(c);
     update_reading(c);
 }
@@ -795,9 +1164,19 @@ static void on_hello_done(struct conn *c, const struct store_result *r)
     c->stream_id = r->stream_id;
     c->seq_base = c->seq_last = r->seq;
     c->state = STREAMING;
-    if (c->ing->opts.stage &&
-        stage_hello(c->ing->opts.stage, r->run_id, c->run_name, r->stream_id, r->seq,
-                    &c->hello) < 0)
+    int rc = c->ing->opts.stage ? stage_hello(c->ing->opts.stage, r->run_id, c->run_name,
+                                              r->stream_id, r->seq, &c->hello)
+                                : 0;
+    hello_release(&c->hello);
+    if (rc == -ENOSPC) {
+        char msg[FS_MAX_ERROR_MESSAGE];
+        snprintf(msg, sizeof(msg), "run %s: more than %u distinct local groups declared to this "
+                 "daemon; ranks of one daemon declare the same local_ranks",
+                 c->run_name, RUN_MAX_LOCAL_GROUPS);
+        protocol_error(c, E(LIMIT), msg);
+        return;
+    }
+    if (rc < 0)
         log_limited(&c->ing->rl_limit, LOG_LEVEL_ERROR, "ingest",
                     "conn %llu: out of memory registering run %s with the monitors",
                     (unsigned long long)c->id, c->run_name);
@@ -807,9 +1186,6 @@ static void on_hello_done(struct conn *c, const struct store_result *r)
         log_limited(&c->ing->rl_limit, LOG_LEVEL_ERROR, "ingest",
                     "conn %llu: out of memory registering the attempt of run %s",
                     (unsigned long long)c->id, c->run_name);
-    free((void *)c->hello.moe_layers);
-    c->hello.moe_layers = NULL;
-    c->hello.n_moe_layers = 0;
     Foreshock__Welcome w = FORESHOCK__WELCOME__INIT;
     w.protocol_version = FORESHOCK__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
     w.last_seq = r->seq;
@@ -902,8 +1278,8 @@ static void resume(struct ingest *ing)
             Foreshock__Frame *f = c->pending_frame;
             c->pending = NULL;
             c->pending_frame = NULL;
-            if (submit(c, it, f) < 0)
-                break;
+            if (submit(c, it, f) == -EAGAIN)
+                break; /* pushed back again: the rest stays parked */
         }
         process(c);
     }
@@ -947,6 +1323,17 @@ static void on_async(uv_async_t *a)
             conn_linger(c);
     }
     free(res);
+    /* Connections granted frame buffer room (grant_waiting) while their
+     * frame is inside OpenSSL. */
+    for (struct conn *c = ing->head; c; c = c->next) {
+        if (!c->tls_kick)
+            continue;
+        c->tls_kick = 0;
+        if (!c->closing && c->state == STREAMING) {
+            process(c);
+            update_reading(c);
+        }
+    }
     if (resumed && !ing->stopping)
         resume(ing);
     else if (resumed) {
@@ -1029,6 +1416,12 @@ static void on_connection(uv_stream_t *server, int status)
     }
     snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
     uv_tcp_nodelay(&c->tcp, 1);
+    if (ing->opts.tls && (!(c->tls = tls_conn_new(ing->opts.tls)) ||
+                          !(c->tbuf = malloc(FS_INGEST_TLS_READ_BYTES)))) {
+        log_limited(&ing->rl_io, LOG_LEVEL_ERROR, "ingest", "accept: out of memory");
+        conn_close(c);
+        return;
+    }
     atomic_fetch_add(&ing->opts.stats->connections_total, 1);
     if (ing->stopping) {
         protocol_error(c, E(SHUTTING_DOWN), "daemon is stopping; reconnect later");
@@ -1127,7 +1520,7 @@ void ingest_stop(struct ingest *ing, void (*done)(void *ctx), void *ctx)
     log_info("ingest", "stopping: no new connections; committing and acking what was received");
     uv_close((uv_handle_t *)&ing->listener, on_handle_closed);
     for (struct conn *c = ing->head; c; c = c->next) {
-        c->rlen = 0; /* partial or unread frames were never acked: the client resends */
+        rbuf_drop(c); /* partial or unread frames were never acked: the client resends */
         update_reading(c);
     }
     check_stop(ing);
@@ -1165,6 +1558,10 @@ int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest 
     snprintf(ing->host, sizeof(ing->host), "%s", opts->host);
     ing->opts.token = ing->token;
     ing->opts.host = ing->host;
+    if (!ing->opts.frame_buffer_max_bytes)
+        ing->opts.frame_buffer_max_bytes = FS_DEF_FRAME_BUFFER_MAX_BYTES;
+    if (ing->opts.frame_buffer_max_bytes < ing->opts.limits.max_frame_bytes)
+        ing->opts.frame_buffer_max_bytes = ing->opts.limits.max_frame_bytes;
     struct sockaddr_storage sa;
     int rc = resolve(opts->host, opts->port, &sa, err, errlen);
     if (rc < 0) {

@@ -27,6 +27,13 @@ struct ingest_opts {
     uint16_t port;           /* 0: pick an ephemeral port */
     uint64_t max_connections;
     uint64_t max_conn_buffer_bytes; /* unsent reply bytes per connection */
+    /* Frames larger than FS_INGEST_RBUF_INITIAL are read into a buffer of
+     * their own; the sum of their lengths over all connections stays at
+     * most this. A stream whose next frame would pass it stops reading and
+     * waits in line (oldest first) until others have finished theirs.
+     * 0: FS_DEF_FRAME_BUFFER_MAX_BYTES; raised to limits.max_frame_bytes
+     * when below, so that any one frame can always be read. */
+    uint64_t frame_buffer_max_bytes;
     struct decode_limits limits;    /* limits.max_frame_bytes bounds the read buffer */
     const char *token;       /* NULL or "": no token required */
     struct store *store;     /* results of its items come back to this ingest */
@@ -41,6 +48,11 @@ struct ingest_opts {
      * stream between frames has none: training steps can be long. */
     double hello_timeout_s;
     double frame_timeout_s;
+    /* TLS (tls.h), or NULL: plain TCP. Owned by the caller, read-only. The
+     * handshake counts against hello_timeout_s. */
+    struct tls_server *tls;
+    /* Per-run tokens ([run "PATTERN"] sections), or NULL: `token` for all. */
+    const struct run_auth *run_auth;
 };
 
 struct ingest;

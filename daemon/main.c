@@ -17,9 +17,13 @@
 #include "log.h"
 #include "monitor_qk.h"
 #include "pager.h"
+#include "run_auth.h"
+#include "schema.h"
 #include "stage.h"
 #include "stats.h"
 #include "store.h"
+#include "store_read.h"
+#include "tls.h"
 
 #define EXIT_OK 0
 #define EXIT_RUNTIME 1
@@ -35,6 +39,7 @@ static void usage(FILE *f)
         "SYNOPSIS\n"
         "    foreshockd [--listen HOST:PORT] [--http HOST:PORT] [--db PATH]\n"
         "               [--config FILE] [--log-level LEVEL] [--set KEY=VALUE ...]\n"
+        "    foreshockd --read-only --db ARCHIVE [--http HOST:PORT] [--config FILE] ...\n"
         "    foreshockd --help | --version\n"
         "\n"
         "DESCRIPTION\n"
@@ -52,6 +57,10 @@ static void usage(FILE *f)
         "    --config FILE        read settings from FILE (INI style, see below)\n"
         "    --log-level LEVEL    debug | info | warn | error (default info)\n"
         "    --set KEY=VALUE      set any configuration key (repeatable)\n"
+        "    --read-only          serve the database (an archive: foreshock archive) over\n"
+        "                         HTTP only: API, dashboard, /metrics. No ingest, no writer,\n"
+        "                         no monitors, no pager, no lock; write routes answer 403.\n"
+        "                         The ready line reads `foreshockd ready read-only http=...`\n"
         "    -h, --help           print this text and exit 0\n"
         "    -V, --version        print the version and exit 0\n"
         "    Command-line options override the configuration file.\n"
@@ -104,8 +113,11 @@ struct app {
     struct pager_config pager_cfg; /* [target "NAME"] sections */
     struct advice_policy advice;   /* [advice]; read-only once running */
     struct pager *pager;
+    struct run_auth run_auth; /* [run "PATTERN"] tokens; read-only once running */
+    struct tls_server *tls;   /* ingest TLS, NULL: plain TCP */
     int dblock; /* descriptor of the database lock, -1: not held */
     int stopping;
+    int read_only; /* --read-only: HTTP over an archive, nothing else */
 };
 
 static void on_stage_done(void *ctx)
@@ -133,7 +145,15 @@ static void on_signal(uv_signal_t *h, int signum)
     }
     app->stopping = 1;
     log_info("main", "%s: stopping", strsignal(signum));
+    if (app->read_only) { /* nothing to drain: the loop ends with the signals */
+        atomic_store(&app->stats.ready, 0);
+        on_stage_done(app);
+        return;
+    }
     store_set_serving(app->store, 0);
+    /* A full disk must not hold the stop forever: past the bound, what
+     * cannot be committed is given up (never acked: clients resend it). */
+    store_set_stop_deadline(app->store, app->cfg.shutdown_timeout_s);
     atomic_store(&app->stats.ready, 0);
     ingest_stop(app->ingest, on_ingest_done, app);
 }
@@ -141,13 +161,15 @@ static void on_signal(uv_signal_t *h, int signum)
 /* Reads options into cfg (file first, then flags). Returns -1 to continue,
  * or an exit status. */
 static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
-                      struct pager_config *pager_cfg, struct advice_policy *advice)
+                      struct pager_config *pager_cfg, struct run_auth *run_auth, int *read_only,
+                      struct advice_policy *advice)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'}, {"http", required_argument, NULL, 't'},
         {"db", required_argument, NULL, 'd'},     {"config", required_argument, NULL, 'c'},
         {"log-level", required_argument, NULL, 'L'}, {"set", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+        {"read-only", no_argument, NULL, 'R'},
         {NULL, 0, NULL, 0},
     };
     struct {
@@ -173,6 +195,9 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
             continue;
         case 'c':
             config_path = optarg;
+            continue;
+        case 'R':
+            *read_only = 1;
             continue;
         case 'l': key = "listen"; break;
         case 't': key = "http"; break;
@@ -214,13 +239,14 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     config_defaults(cfg);
     detect_rules_default(rules);
     advice_policy_default(advice);
-    struct config_section sections[3];
+    struct config_section sections[4];
     stage_detect_section(rules, &sections[0]);
     pager_target_section(pager_cfg, &sections[1]);
-    advice_section(advice, &sections[2]);
+    run_auth_section(run_auth, &sections[2]);
+    advice_section(advice, &sections[3]);
     if (config_path)
         snprintf(pager_cfg->origin, sizeof(pager_cfg->origin), "%s", config_path);
-    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 3, &err) < 0) {
+    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 4, &err) < 0) {
         fprintf(stderr, "%s\n", err.message);
         status = EXIT_USAGE;
     }
@@ -231,6 +257,10 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         }
     }
     if (status < 0 && config_check(cfg, config_path ? config_path : "command line", &err) < 0) {
+        fprintf(stderr, "%s\n", err.message);
+        status = EXIT_USAGE;
+    }
+    if (status < 0 && run_auth_check(run_auth, err.message, sizeof(err.message)) < 0) {
         fprintf(stderr, "%s\n", err.message);
         status = EXIT_USAGE;
     }
@@ -253,6 +283,69 @@ static void endpoint_text(char *out, size_t len, const char *host, unsigned port
     snprintf(out, len, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
 }
 
+/* What the HTTP server takes from the configuration, in both modes. */
+static struct http_opts http_opts_of(const struct fs_config *cfg, struct app *app)
+{
+    return (struct http_opts){
+        .host = cfg->http.host,
+        .port = cfg->http.port,
+        .db_path = cfg->db,
+        .threads = (unsigned)cfg->http_threads,
+        .stats = &app->stats,
+        .read_token = cfg->http_read_token,
+        .write_token = cfg->http_write_token,
+        .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
+        .metrics_run_max_age = cfg->metrics_run_max_age,
+        .tls_cert_file = cfg->http_tls_cert,
+        .tls_key_file = cfg->http_tls_key,
+    };
+}
+
+/* --read-only: the HTTP threads over an archive, until a signal. The
+ * database is never written (opened read-only, not migrated, not locked:
+ * many such daemons may serve one archive, beside a live daemon too).
+ * Returns an exit status. */
+static int serve_read_only(struct app *app)
+{
+    const struct fs_config *cfg = &app->cfg;
+    char err[512];
+    struct store_reader *rd;
+    if (store_reader_open(cfg->db, &rd, err, sizeof(err)) < 0) {
+        log_error("main", "--read-only: %s", err);
+        return EXIT_RUNTIME;
+    }
+    int version = store_reader_version(rd);
+    store_reader_close(rd);
+    /* The HTTP queries name this build's columns; an older archive is
+     * migrated by a read-write daemon on a copy, never here. */
+    if (version != schema_migration_count) {
+        log_error("main", "--read-only: %s has schema version %d, this foreshockd reads %d: "
+                  "migrate a copy first (foreshockd --db COPY, then stop it)", cfg->db, version,
+                  schema_migration_count);
+        return EXIT_RUNTIME;
+    }
+    struct http_opts ho = http_opts_of(cfg, app);
+    ho.read_only = true;
+    if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
+        log_error("main", "%s", err);
+        return EXIT_RUNTIME;
+    }
+    uv_signal_init(&app->loop, &app->sig_term);
+    uv_signal_init(&app->loop, &app->sig_int);
+    app->sig_term.data = app->sig_int.data = app;
+    uv_signal_start(&app->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&app->sig_int, on_signal, SIGINT);
+    atomic_store(&app->stats.ready, 1);
+    char http_ep[FS_CONFIG_MAX_HOST + 16];
+    endpoint_text(http_ep, sizeof(http_ep), cfg->http.host, http_port(app->http));
+    log_info("main", "read-only: serving %s over HTTP (API, dashboard, metrics); no ingest, "
+             "writer, monitors or pager; write routes answer 403", cfg->db);
+    log_info("main", "foreshockd ready read-only http=%s db=%s pid=%ld", http_ep, cfg->db,
+             (long)getpid());
+    uv_run(&app->loop, UV_RUN_DEFAULT);
+    return EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -261,7 +354,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "foreshockd: out of memory\n");
         return EXIT_RUNTIME;
     }
-    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->advice);
+    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->run_auth,
+                            &app->read_only, &app->advice);
     if (status >= 0) {
         free(app);
         return status;
@@ -276,6 +370,23 @@ int main(int argc, char **argv)
         log_error("main", "cannot create the event loop");
         goto out;
     }
+    if (app->read_only) {
+        status = serve_read_only(app);
+        goto out;
+    }
+    if (cfg->tls_cert[0]) {
+        struct tls_server_opts to = {.cert_file = cfg->tls_cert, .key_file = cfg->tls_key,
+                                     .ca_file = cfg->tls_client_ca};
+        if (tls_server_new(&to, &app->tls, err, sizeof(err)) < 0) {
+            log_error("main", "%s", err);
+            goto out;
+        }
+        log_info("main", "ingest: TLS (%s)%s", cfg->tls_cert,
+                 cfg->tls_client_ca[0] ? "; client certificates required (tls_client_ca)" : "");
+    }
+    if (app->run_auth.n)
+        log_info("main", "ingest: %zu [run] token sections; other runs %s", app->run_auth.n,
+                 cfg->token[0] ? "need the global token" : "need no token (token is empty)");
     struct store_opts so = {
         .synchronous_full = cfg->synchronous == CONFIG_SYNC_FULL,
         .max_runs = cfg->max_runs,
@@ -337,31 +448,23 @@ int main(int argc, char **argv)
         .port = cfg->listen.port,
         .max_connections = cfg->max_connections,
         .max_conn_buffer_bytes = cfg->max_conn_buffer_bytes,
+        .frame_buffer_max_bytes = cfg->frame_buffer_max_bytes,
         .token = cfg->token,
         .store = app->store,
         .stats = &app->stats,
         .stage = app->stage,
         .hello_timeout_s = cfg->hello_timeout_s,
         .frame_timeout_s = cfg->frame_timeout_s,
+        .tls = app->tls,
+        .run_auth = &app->run_auth,
     };
     decode_limits_default(&io.limits, (uint32_t)cfg->max_frame_bytes);
     if (ingest_start(&app->loop, &io, &app->ingest, err, sizeof(err)) < 0) {
         log_error("main", "%s", err);
         goto out;
     }
-    struct http_opts ho = {
-        .host = cfg->http.host,
-        .port = cfg->http.port,
-        .db_path = cfg->db,
-        .threads = (unsigned)cfg->http_threads,
-        .stats = &app->stats,
-        /* silences API, auth, /metrics */
-        .store = app->store,
-        .read_token = cfg->http_read_token,
-        .write_token = cfg->http_write_token,
-        .metrics_max_runs = (unsigned)cfg->metrics_max_runs,
-        .metrics_run_max_age = cfg->metrics_run_max_age,
-    };
+    struct http_opts ho = http_opts_of(cfg, app);
+    ho.store = app->store; /* silences API, auth, /metrics */
     if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
         log_error("main", "%s", err);
         goto out;
@@ -372,7 +475,8 @@ int main(int argc, char **argv)
     } else {
         char ep[FS_CONFIG_MAX_HOST + 16];
         endpoint_text(ep, sizeof(ep), cfg->http.host, http_port(app->http));
-        snprintf(public_url, sizeof(public_url), "http://%s", ep);
+        snprintf(public_url, sizeof(public_url), "%s://%s", cfg->http_tls_cert[0] ? "https" : "http",
+                 ep);
     }
     struct pager_opts po = {.cfg = &app->pager_cfg, .public_url = public_url, .db_path = cfg->db,
                             .store = app->store, .stats = &app->stats};
@@ -411,7 +515,12 @@ out:
     stage_free(app->stage);
     /* The pager's last outcomes go through the writer: stop it first. */
     pager_stop(app->pager);
-    store_close(app->store);
+    if (store_close(app->store) < 0 && status == EXIT_OK) {
+        log_error("main", "stopped, but storage failed: what was received after the last "
+                          "commit was not written (never acknowledged; clients resend it)");
+        status = EXIT_RUNTIME;
+    }
+    tls_server_free(app->tls);
     dblock_release(app->dblock);
     if (loop_ok && uv_loop_close(&app->loop) != 0)
         log_warn("main", "event loop closed with handles still open");

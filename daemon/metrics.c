@@ -134,6 +134,8 @@ static const struct counter_def counters[] = {
      "Frames that did not decode."},
     {"foreshock_protocol_errors_total", "counter", STAT(protocol_errors),
      "Error frames sent to clients, any code."},
+    {"foreshock_tls_failures_total", "counter", STAT(tls_failures),
+     "Ingest connections whose TLS handshake failed (no or an untrusted certificate)."},
     {"foreshock_reports_received_total", "counter", STAT(reports_in), "Reports received."},
     {"foreshock_reports_committed_total", "counter", STAT(reports_committed),
      "Reports committed to the database (resends not counted)."},
@@ -148,6 +150,10 @@ static const struct counter_def counters[] = {
      "Advices trainers acknowledged (once per stream and advice)."},
     {"foreshock_backpressure_pauses_total", "counter", STAT(backpressure_pauses),
      "Times ingest stopped reading because the writer queue or spool was full."},
+    {"foreshock_frame_buffer_bytes", "gauge", STAT(frame_buffer_bytes),
+     "Bytes of frames above 64 KiB being read into their own buffers (frame_buffer_max_bytes)."},
+    {"foreshock_frame_buffer_waits_total", "counter", STAT(frame_buffer_waits),
+     "Times a connection stopped reading until frame_buffer_max_bytes had room."},
     {"foreshock_commits_total", "counter", STAT(commits), "Write transactions committed."},
     {"foreshock_commit_errors_total", "counter", STAT(commit_errors),
      "Write transactions that failed (rolled back and retried or refused)."},
@@ -227,7 +233,7 @@ int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const 
     }
 
     family(b, "foreshock_monitor_seconds_total", "counter",
-           "Worker time spent in the monitor math, seconds.");
+           "CPU time the worker threads spent in the monitor math (thread CPU clock), seconds.");
     metrics_printf(b, "foreshock_monitor_seconds_total ");
     value(b, (double)ld(&st->monitor_seconds_sum_us) / 1e6);
 

@@ -12,6 +12,7 @@ struct rebuild {
     struct eval_run *er;
     struct eval_batch batch; /* the replay's own transitions: history, not kept */
     int64_t detect_from;
+    uint32_t lead_rank;
     size_t fed;
 };
 
@@ -19,7 +20,8 @@ static int feed(void *ctx, const struct store_series_key *k, uint64_t step, doub
                 bool present)
 {
     struct rebuild *rb = ctx;
-    int r = eval_feed_stored(rb->er, &rb->batch, k, step, value, present, rb->detect_from);
+    int r = eval_feed_stored(rb->er, &rb->batch, k, step, value, present, rb->lead_rank,
+                             rb->detect_from);
     if (r < 0)
         return r;
     rb->fed += (size_t)r;
@@ -30,14 +32,14 @@ static int feed(void *ctx, const struct store_series_key *k, uint64_t step, doub
     return 0;
 }
 
-int rewind_rebuild(const char *db_path, int64_t run_id, uint64_t step, int64_t detect_from_step,
-                   struct eval_run *er, char *err, size_t errlen)
+int rewind_rebuild(const char *db_path, int64_t run_id, uint64_t step, uint32_t lead_rank,
+                   int64_t detect_from_step, struct eval_run *er, char *err, size_t errlen)
 {
     struct store_reader *rd;
     int rc = store_reader_open(db_path, &rd, err, errlen);
     if (rc < 0)
         return rc;
-    struct rebuild rb = {.er = er, .detect_from = detect_from_step};
+    struct rebuild rb = {.er = er, .detect_from = detect_from_step, .lead_rank = lead_rank};
     rc = store_reader_points_upto(rd, run_id, step > INT64_MAX ? INT64_MAX : (int64_t)step, NULL,
                                   feed, &rb, err, errlen);
     if (rc == -ENOMEM && !err[0])

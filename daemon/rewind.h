@@ -20,12 +20,12 @@
 
 /* The run's detection state at step (detector and alert states, training
  * progress) from its stored points of steps <= step, into er (initialised
- * by the caller with the live rules). detect_from_step: the run's or the
- * configuration's. Opens its own read-only connection to db_path: any
+ * by the caller with the live rules). lead_rank: the rank whose scalars the
+ * run detects (run.h); detect_from_step: the run's or the configuration's. Opens its own read-only connection to db_path: any
  * thread (the stage runs it on a worker). 0, or a negative errno with err.
  * The caller must have had every point of steps <= step committed. */
-int rewind_rebuild(const char *db_path, int64_t run_id, uint64_t step, int64_t detect_from_step,
-                   struct eval_run *er, char *err, size_t errlen);
+int rewind_rebuild(const char *db_path, int64_t run_id, uint64_t step, uint32_t lead_rank,
+                   int64_t detect_from_step, struct eval_run *er, char *err, size_t errlen);
 
 /* What a rewind to `step` does to one alert, from its live state (old; all
  * zero for a series the live run never had) and the rebuilt one. Pure. */

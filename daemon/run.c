@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ranks.h"
+
 struct run_registry {
     struct run_limits lim;
     struct run **runs;
@@ -70,6 +72,10 @@ static void run_free(struct run *run)
         free(run->ann[i].layers);
     free(run->ann);
     free(run->moe_want);
+    for (size_t i = 0; i < run->n_decls; i++)
+        free(run->decls[i].ranks);
+    free(run->decls);
+    free(run->local);
     free(run->streams);
     free(run);
 }
@@ -142,48 +148,168 @@ struct run *run_at(struct run_registry *reg, size_t i) { return i < reg->n ? reg
 
 void run_set_done_step(struct run *run, int64_t step) { run->done_step = step; }
 
-/* --- hello: shape and MoE announcements ------------------------------------------- */
+/* --- local groups ---------------------------------------------------------------------- */
 
-static int cmp_u32(const void *a, const void *b)
+/* The index of the declared group equal to v[0..n) (sorted, distinct),
+ * added when new: -1 on out of memory, -2 when the run has
+ * RUN_MAX_LOCAL_GROUPS already. Takes v on success (when added). */
+static int32_t decl_find_or_add(struct run *run, uint32_t *v, uint32_t n, bool *taken)
 {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
+    *taken = false;
+    int32_t free_slot = -1;
+    for (size_t i = 0; i < run->n_decls; i++) {
+        struct run_local_decl *d = &run->decls[i];
+        if (d->n == n && memcmp(d->ranks, v, n * sizeof(*v)) == 0)
+            return (int32_t)i;
+        if (free_slot < 0 && d->refs == 0 && !d->restored)
+            free_slot = (int32_t)i;
+    }
+    if (free_slot < 0) {
+        if (run->n_decls >= RUN_MAX_LOCAL_GROUPS)
+            return -2;
+        struct run_local_decl *p = realloc(run->decls, (run->n_decls + 1) * sizeof(*p));
+        if (!p)
+            return -1;
+        run->decls = p;
+        free_slot = (int32_t)run->n_decls++;
+    } else {
+        free(run->decls[free_slot].ranks);
+    }
+    run->decls[free_slot] = (struct run_local_decl){.ranks = v, .n = n};
+    *taken = true;
+    return free_slot;
 }
+
+/* Rebuilds run->local from the groups in use. 1 when it changed, 0 when
+ * not, -ENOMEM (run->local is left as it was). */
+static int local_rebuild(struct run *run)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < run->n_decls; i++)
+        if (run->decls[i].refs || run->decls[i].restored)
+            total += run->decls[i].n;
+    uint32_t *u = NULL;
+    size_t n = 0;
+    if (total) {
+        if (!(u = malloc(total * sizeof(*u))))
+            return -ENOMEM;
+        for (size_t i = 0; i < run->n_decls; i++)
+            if (run->decls[i].refs || run->decls[i].restored) {
+                memcpy(u + n, run->decls[i].ranks, run->decls[i].n * sizeof(*u));
+                n += run->decls[i].n;
+            }
+        n = ranks_normalize(u, n);
+    }
+    int changed = n != run->n_local || (n && memcmp(u, run->local, n * sizeof(*u)) != 0);
+    free(run->local);
+    run->local = u;
+    run->n_local = n;
+    run->lead_rank = n ? u[0] : 0;
+    return changed;
+}
+
+/* Counts kept for run_tokens_want: ranks heard, of them in the union of
+ * local groups, and announcing; all below the world size. */
+static void recount(struct run *run)
+{
+    uint32_t world = run->world_size ? run->world_size : 1;
+    run->local_world = run->heard = run->heard_local = run->announcing = 0;
+    for (size_t i = 0; i < run->n_local && run->local[i] < world; i++)
+        run->local_world++;
+    for (size_t i = 0; i < run->n_ann; i++) {
+        const struct run_announce *a = &run->ann[i];
+        if (a->rank >= world)
+            continue;
+        run->heard++;
+        run->announcing += a->n > 0;
+        run->heard_local += (uint32_t)ranks_contains(run->local, run->n_local, a->rank);
+    }
+}
+
+/* The rank's declaration v[0..n) (normalised; n 0: none) in place of its
+ * previous one, whose slot is free for it when no other rank shares it.
+ * Takes v. 1 / 0 (union changed or not), -ENOMEM, -ENOSPC. */
+static int declare(struct run *run, struct run_announce *a, uint32_t *v, uint32_t n)
+{
+    int32_t old = a->decl, idx = -1;
+    if (old >= 0)
+        run->decls[old].refs--;
+    if (n) {
+        bool taken;
+        idx = decl_find_or_add(run, v, n, &taken);
+        if (idx < 0) {
+            if (old >= 0)
+                run->decls[old].refs++;
+            free(v);
+            return idx == -2 ? -ENOSPC : -ENOMEM;
+        }
+        if (!taken)
+            free(v);
+        run->decls[idx].refs++;
+    } else {
+        free(v);
+    }
+    a->decl = idx;
+    return local_rebuild(run);
+}
+
+int run_restore_local(struct run *run, const uint32_t *ranks, size_t n)
+{
+    if (!n)
+        return 0;
+    uint32_t *v = malloc(n * sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    memcpy(v, ranks, n * sizeof(*v));
+    n = ranks_normalize(v, n);
+    bool taken;
+    int32_t idx = decl_find_or_add(run, v, (uint32_t)n, &taken);
+    if (idx < 0) {
+        free(v);
+        return idx == -2 ? -ENOSPC : -ENOMEM;
+    }
+    if (!taken)
+        free(v);
+    run->decls[idx].restored = true;
+    int rc = local_rebuild(run);
+    recount(run);
+    return rc < 0 ? rc : 0;
+}
+
+/* --- hello: shape and MoE announcements ------------------------------------------- */
 
 int run_hello(struct run *run, const struct run_hello *h)
 {
-    if (h->world_size)
-        run->world_size = h->world_size;
-    if (h->has_n_layers)
-        run->n_layers = h->n_layers;
-    if (h->has_n_heads)
-        run->n_heads = h->n_heads;
-    if (h->has_detect_from_step) {
-        run->has_detect_from_step = true;
-        run->detect_from_step = h->detect_from_step;
+    /* The local group first: it is the one part that can be refused, and
+     * a refused Hello changes nothing. */
+    uint32_t *group = NULL;
+    size_t n_group = 0;
+    if (h->n_local_ranks) {
+        if (!(group = malloc(h->n_local_ranks * sizeof(*group))))
+            return -ENOMEM;
+        memcpy(group, h->local_ranks, h->n_local_ranks * sizeof(*group));
+        n_group = ranks_normalize(group, h->n_local_ranks);
     }
     /* Normalise the announcement: sorted, distinct, below FS_MAX_LAYERS. */
     uint32_t *layers = NULL;
     size_t n = 0;
     if (h->n_moe_layers) {
         layers = malloc(h->n_moe_layers * sizeof(*layers));
-        if (!layers)
+        if (!layers) {
+            free(group);
             return -ENOMEM;
+        }
         for (size_t i = 0; i < h->n_moe_layers; i++)
             if (h->moe_layers[i] < FS_MAX_LAYERS)
                 layers[n++] = h->moe_layers[i];
-        qsort(layers, n, sizeof(*layers), cmp_u32);
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++)
-            if (k == 0 || layers[k - 1] != layers[i])
-                layers[k++] = layers[i];
-        n = k;
+        n = ranks_normalize(layers, n);
     }
     if (n && layers[n - 1] + 1 > run->n_moe_want) {
         size_t want = layers[n - 1] + 1;
         uint32_t *p = realloc(run->moe_want, want * sizeof(*p));
         if (!p) {
             free(layers);
+            free(group);
             return -ENOMEM;
         }
         memset(p + run->n_moe_want, 0, (want - run->n_moe_want) * sizeof(*p));
@@ -199,12 +325,30 @@ int run_hello(struct run *run, const struct run_hello *h)
         struct run_announce *p = realloc(run->ann, (run->n_ann + 1) * sizeof(*p));
         if (!p) {
             free(layers);
+            free(group);
             return -ENOMEM;
         }
         run->ann = p;
         a = &run->ann[run->n_ann++];
         memset(a, 0, sizeof(*a));
         a->rank = h->rank;
+        a->decl = -1;
+    }
+    int changed = declare(run, a, group, (uint32_t)n_group);
+    if (changed < 0) {
+        free(layers);
+        recount(run);
+        return changed;
+    }
+    if (h->world_size)
+        run->world_size = h->world_size;
+    if (h->has_n_layers)
+        run->n_layers = h->n_layers;
+    if (h->has_n_heads)
+        run->n_heads = h->n_heads;
+    if (h->has_detect_from_step) {
+        run->has_detect_from_step = true;
+        run->detect_from_step = h->detect_from_step;
     }
     /* A rank that says hello again replaces its announcement. */
     for (uint32_t i = 0; i < a->n; i++)
@@ -214,27 +358,28 @@ int run_hello(struct run *run, const struct run_hello *h)
     a->n = (uint32_t)n;
     for (uint32_t i = 0; i < a->n; i++)
         run->moe_want[a->layers[i]]++;
-    return 0;
+    recount(run);
+    return changed;
 }
 
 uint32_t run_tokens_want(const struct run *run, uint32_t layer)
 {
     uint32_t world = run->world_size ? run->world_size : 1;
-    size_t heard = 0, announcing = 0;
-    for (size_t i = 0; i < run->n_ann; i++) {
-        if (run->ann[i].rank < world) {
-            heard++;
-            announcing += run->ann[i].n > 0;
-        }
+    /* The ranks this daemon will hear: the declared local groups plus any
+     * rank heard outside them, else the whole world. */
+    uint32_t expected = world, unheard = world - run->heard;
+    if (run->n_local) {
+        expected = run->local_world + (run->heard - run->heard_local);
+        unheard = run->local_world - run->heard_local;
     }
-    if (!announcing)
-        return world;
+    if (!run->announcing)
+        return expected;
     /* A rank not heard from yet (after a restart, or still connecting) may
      * announce the layer too: until it says hello it counts as expected,
      * otherwise the first rank's hello would complete groups alone. */
     uint32_t want = layer < run->n_moe_want ? run->moe_want[layer] : 0;
-    want += heard < world ? world - (uint32_t)heard : 0;
-    return want ? want : world;
+    want += unheard;
+    return want ? want : expected;
 }
 
 /* --- resend dedup ------------------------------------------------------------------ */

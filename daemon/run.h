@@ -28,6 +28,9 @@
  *    (ModelShape.moe_layers) has reported it, plus one per rank of the
  *    world not heard from yet (it may announce the layer too), or
  *    world_size ranks when no rank announced anything (run_tokens_want).
+ *    When ranks declare a local group (Hello.local_ranks: a daemon per
+ *    node hears only its node's ranks), "the world" is the union of the
+ *    declared groups and the ranks heard, not world_size.
  * A group is never computed from part of its data: one still incomplete
  * reduce_timeout_s after its first piece is dropped and becomes a
  * struct run_incomplete record of its bucket.
@@ -43,6 +46,7 @@
 #define RUN_MAX_STREAMS_PER_RUN 65536u  /* resend-dedup entries per run */
 #define RUN_MAX_BUCKETS_PER_RUN 65536u  /* steps in reduction at once, per run */
 #define RUN_MAX_MISSING_RECORDS 4096u   /* incomplete rows for absent groups per bucket */
+#define RUN_MAX_LOCAL_GROUPS 64u        /* distinct local groups declared per run */
 
 enum run_group_kind {
     RUN_GROUP_ATTENTION = 0,
@@ -117,6 +121,16 @@ struct run_announce { /* one per rank heard from (a Hello), announcing or not */
     uint32_t rank;
     uint32_t n;
     uint32_t *layers; /* sorted, distinct MoE layers; NULL when n == 0 */
+    int32_t decl;     /* its local group: index in run->decls, -1 for none */
+};
+
+/* A distinct local group some ranks declared (or the one restored from the
+ * database at start, held by no rank: refs 0, restored). */
+struct run_local_decl {
+    uint32_t *ranks; /* sorted, distinct */
+    uint32_t n;
+    uint32_t refs;   /* ranks whose latest Hello declared it */
+    bool restored;
 };
 
 struct run_stream {
@@ -140,6 +154,14 @@ struct run {
     size_t n_ann;
     uint32_t *moe_want; /* per layer: announcing ranks */
     size_t n_moe_want;
+    struct run_local_decl *decls; /* distinct declared local groups, <= RUN_MAX_LOCAL_GROUPS */
+    size_t n_decls;
+    uint32_t *local;    /* union of decls, sorted; NULL: none declared (the whole world) */
+    size_t n_local;
+    uint32_t lead_rank; /* rank whose loss, grad_norm, lr are detected: local[0], else 0 */
+    /* Kept by run_hello, of ranks below world_size: in local, heard (a
+     * Hello), heard and in local, heard and announcing MoE layers. */
+    uint32_t local_world, heard, heard_local, announcing;
     struct run_stream *streams;
     size_t n_streams, cap_streams;
     void *user; /* the stage's per-run state */
@@ -170,6 +192,8 @@ struct run_hello {
     size_t n_moe_layers;
     bool has_detect_from_step;
     uint64_t detect_from_step;
+    const uint32_t *local_ranks; /* Hello.local_ranks (validated); NULL/0: none */
+    size_t n_local_ranks;
 };
 
 /* Creates an empty registry. 0, -EINVAL (timeout below RUN_TIMEOUT_MIN_S)
@@ -199,9 +223,17 @@ size_t run_count(const struct run_registry *reg);
 struct run *run_at(struct run_registry *reg, size_t i);
 
 /* Applies a Hello: world size, declared shape (latest wins), the rank's
- * announced MoE layers (replacing what that rank announced before) and
- * detect_from_step. 0 or -ENOMEM. */
+ * announced MoE layers and local group (each replacing what that rank said
+ * before) and detect_from_step. Returns 1 when the union of local groups
+ * changed, 0 when not, -ENOMEM, or -ENOSPC when the group would be the
+ * run's RUN_MAX_LOCAL_GROUPS + 1st distinct one (nothing applied). */
 int run_hello(struct run *run, const struct run_hello *h);
+
+/* At start, the local group stored for the run (ranks need not be sorted;
+ * copied): held until the daemon stops, whatever ranks declare later, so
+ * that spooled token statistics re-fed before the ranks reconnect reduce
+ * over the group they were sent for. 0, -ENOMEM or -ENOSPC. */
+int run_restore_local(struct run *run, const uint32_t *ranks, size_t n);
 
 /* Ranks expected to report router tokens of `layer`. */
 uint32_t run_tokens_want(const struct run *run, uint32_t layer);

@@ -18,7 +18,9 @@
 #include "log.h"
 #include "monitor_qk.h"
 #include "monitor_router.h"
+#include "ranks.h"
 #include "rewind.h"
+#include "schema.h"
 
 _Static_assert(STORE_ALERT_KEY_MAX >= ALERT_KEY_MAX, "alert key buffer");
 _Static_assert(STORE_DEDUP_KEY_MAX >= ALERT_DEDUP_MAX, "dedup key buffer");
@@ -191,6 +193,7 @@ static void pool_destroy(struct ws_pool *p)
 struct scalar_sample {
     uint64_t step;
     double time;
+    uint32_t rank; /* the run's lead rank when queued */
     bool has_loss, has_grad, has_lr;
     double loss, grad, lr;
     uint32_t n_wn, n_ur;
@@ -237,7 +240,7 @@ struct chunk {
     uv_work_t req;
     struct job *job;
     size_t lo, hi; /* units[lo..hi) */
-    double seconds;
+    double seconds; /* CPU time of the worker thread (fs_clock_thread_cpu) */
     uint64_t heads;
 };
 
@@ -592,23 +595,23 @@ static void detect_scalars(struct stage *st, struct stage_run *sr, struct run *r
     struct store_series_key k;
     if (x->has_lr) { /* training progress (evaluate.h), and the lr rule */
         eval_progress_lr(&sr->ev, x->step, x->lr);
-        set_key(&k, "lr", -1, -1, 0, 0);
+        set_key(&k, "lr", -1, -1, 0, (int32_t)x->rank);
         feed_track(st, sr, run, bd, &k, "lr", x->step, x->lr, true, -1);
     }
     if (x->has_loss) {
-        set_key(&k, "loss", -1, -1, 0, 0);
+        set_key(&k, "loss", -1, -1, 0, (int32_t)x->rank);
         feed_track(st, sr, run, bd, &k, "loss", x->step, x->loss, true, -1);
     }
     if (x->has_grad) {
-        set_key(&k, "grad_norm", -1, -1, 0, 0);
+        set_key(&k, "grad_norm", -1, -1, 0, (int32_t)x->rank);
         feed_track(st, sr, run, bd, &k, "grad_norm", x->step, x->grad, true, -1);
     }
     for (uint32_t l = 0; l < x->n_wn; l++) {
-        set_key(&k, "weight_norm", (int32_t)l, -1, 0, 0);
+        set_key(&k, "weight_norm", (int32_t)l, -1, 0, (int32_t)x->rank);
         feed_track(st, sr, run, bd, &k, "weight_norm", x->step, x->wn[l], true, -1);
     }
     for (uint32_t l = 0; l < x->n_ur; l++) {
-        set_key(&k, "update_ratio", (int32_t)l, -1, 0, 0);
+        set_key(&k, "update_ratio", (int32_t)l, -1, 0, (int32_t)x->rank);
         feed_track(st, sr, run, bd, &k, "update_ratio", x->step, x->ur[l], true, -1);
     }
     /* The report was spooled (stage_wants_spool): its row goes with the
@@ -662,13 +665,14 @@ static void flush_scalars(struct stage *st, struct run *run, struct build *bd, b
     }
 }
 
-/* Queues the detected scalars of a report (loss and grad norm of rank 0
- * only: the other ranks' are stored by the REPORT item, but one detector
- * per run is what attribution and lead time are measured against). */
+/* Queues the detected scalars of a report (loss and grad norm of the
+ * run's lead rank only, rank 0 unless a local group says otherwise: the
+ * other ranks' are stored by the REPORT item, but one detector per run is
+ * what attribution and lead time are measured against). */
 static void queue_scalars(struct stage *st, struct run *run, const struct stage_report *in)
 {
     const Foreshock__Scalars *s = in->report->scalars;
-    if (!s || in->rank != 0)
+    if (!s || in->rank != run->lead_rank)
         return;
     struct stage_run *sr = stage_run_of(st, run);
     struct scalar_sample *x = calloc(1, sizeof(*x));
@@ -681,6 +685,7 @@ static void queue_scalars(struct stage *st, struct run *run, const struct stage_
     }
     x->step = in->step;
     x->time = in->time;
+    x->rank = in->rank;
     x->has_loss = s->has_loss;
     x->loss = s->loss;
     x->has_grad = s->has_grad_norm;
@@ -814,7 +819,7 @@ static void evaluate_attention(struct stage *st, struct stage_run *sr, struct ru
                 snprintf(name, sizeof(name), "%s.%s", qk_series_name(qk_detected[d].series),
                          qk_detected[d].use_max ? "max" : "min");
                 set_key(&k, name, (int32_t)layer, -1, (int32_t)window, -1);
-                if (eval_input_rule(st->opts.rules, &k, rule, sizeof(rule)))
+                if (eval_input_rule(st->opts.rules, &k, run->lead_rank, rule, sizeof(rule)))
                     feed_track(st, sr, run, bd, &k, rule, b->step, v, present, at);
             }
         }
@@ -838,7 +843,7 @@ static void router_point(struct stage *st, struct stage_run *sr, struct run *run
     /* Detection where a rule exists (similarity, centered energy, z-loss,
      * MaxVio, load entropy by default). */
     char rule[DETECT_NAME_MAX];
-    if (eval_input_rule(st->opts.rules, &k, rule, sizeof(rule)))
+    if (eval_input_rule(st->opts.rules, &k, run->lead_rank, rule, sizeof(rule)))
         feed_track(st, sr, run, bd, &k, rule, step, v, present, -1);
 }
 
@@ -961,7 +966,10 @@ static void work_cb(uv_work_t *req)
     struct chunk *c = req->data;
     struct job *j = c->job;
     struct stage *st = j->st;
-    double t0 = now_mono();
+    /* CPU time of this thread, not wall time: on a loaded host the chunk
+     * also waits for a core, and foreshock_monitor_seconds_total would
+     * count the wait (measured up to 16x the CPU actually used). */
+    double t0 = fs_clock_thread_cpu();
     void *qk = NULL, *rt = NULL;
     unsigned qk_cap = 0, rt_cap = 0;
     for (size_t i = c->lo; i < c->hi; i++) {
@@ -970,7 +978,7 @@ static void work_cb(uv_work_t *req)
     }
     pool_give(&st->pool, 0, qk, qk_cap);
     pool_give(&st->pool, 1, rt, rt_cap);
-    c->seconds = now_mono() - t0;
+    c->seconds = fs_clock_thread_cpu() - t0;
 }
 
 static void job_free(struct job *j)
@@ -1041,6 +1049,7 @@ struct rewind_work {
     uint64_t step;
     unsigned gen;
     int64_t detect_from;
+    uint32_t lead_rank;
     struct eval_run er; /* the rebuilt state; moved into the run when applied */
     int rc;
     char err[256];
@@ -1055,8 +1064,8 @@ static void rewind_work_cb(uv_work_t *req)
      * flush returns, so the replay reads what live detection saw. */
     if (w->st->opts.store)
         store_flush(w->st->opts.store);
-    w->rc = rewind_rebuild(w->st->db_path, w->run_id, w->step, w->detect_from, &w->er, w->err,
-                           sizeof(w->err));
+    w->rc = rewind_rebuild(w->st->db_path, w->run_id, w->step, w->lead_rank, w->detect_from,
+                           &w->er, w->err, sizeof(w->err));
 }
 
 /* A row the rewind changes, to set what build_finish cannot know. */
@@ -1220,6 +1229,7 @@ static void rewind_rebuild_start(struct stage *st, struct run *run)
         w->step = sr->rewind_step;
         w->gen = sr->rewind_gen;
         w->detect_from = detect_from(st, run);
+        w->lead_rank = run->lead_rank;
         w->req.data = w;
         eval_run_init(&w->er, st->opts.rules);
         if (uv_queue_work(st->opts.loop, &w->req, rewind_work_cb, rewind_after_cb) == 0) {
@@ -1413,13 +1423,14 @@ void stage_poll(struct stage *st)
 
 static void on_sweep(uv_timer_t *t) { stage_poll(t->data); }
 
-bool stage_wants_spool(const struct stage *st, uint32_t rank, const Foreshock__Report *r)
+bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank,
+                       const Foreshock__Report *r)
 {
-    (void)st;
     const Foreshock__Scalars *s = r->scalars;
     if (r->n_attention || r->n_router_gram || r->n_router_tokens)
         return true;
-    return rank == 0 && s &&
+    const struct run *run = run_find(st->reg, run_id);
+    return rank == (run ? run->lead_rank : 0) && s &&
            (s->has_loss || s->has_grad_norm || s->has_lr || s->n_layer_weight_norm ||
             s->n_layer_update_ratio);
 }
@@ -1516,6 +1527,25 @@ bool stage_may_read(struct stage *st, int64_t run_id, int64_t stream_id)
 
 size_t stage_inflight(const struct stage *st) { return st->inflight; }
 
+/* Says once per change what a declared local group means for the run's
+ * monitors: which statistics are the group's and not the job's. */
+static void log_local_group(const struct run *run)
+{
+    char *text = ranks_format(run->local, run->n_local);
+    if (!run->n_local)
+        log_info("stage", "run %s: no local group declared any more: router token statistics "
+                 "reduce over all %u ranks, loss/grad_norm/lr are rank 0's", run->name,
+                 run->world_size);
+    else
+        log_info("stage", "run %s: this daemon hears local group %s (%zu of %u ranks): router "
+                 "token statistics (routing entropy, MaxVio, load entropy, balance, dead "
+                 "experts, z-loss) reduce over these ranks only, not the whole job; "
+                 "loss/grad_norm/lr are rank %u's; attention and router-weight monitors are "
+                 "whole-model only if these ranks send every head",
+                 run->name, text ? text : "?", run->n_local, run->world_size, run->lead_rank);
+    free(text);
+}
+
 int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t stream_id,
                 uint64_t last_seq, const struct run_hello *h)
 {
@@ -1524,8 +1554,15 @@ int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t 
     if (rc < 0)
         return rc;
     run_set_name(run, run_name);
-    if (h && (rc = run_hello(run, h)) < 0)
+    if (h && (rc = run_hello(run, h)) < 0) {
+        if (rc == -ENOSPC)
+            log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
+                        "run %s rank %u: refused: more than %u distinct local groups", run->name,
+                        h->rank, RUN_MAX_LOCAL_GROUPS);
         return rc;
+    }
+    if (rc == 1)
+        log_local_group(run);
     rc = run_stream_seen(run, stream_id, last_seq);
     /* An announcement may complete waiting token groups. */
     pump(st, run, now_mono());
@@ -1672,7 +1709,7 @@ void stage_stop(struct stage *st, void (*done)(void *ctx), void *ctx)
         uv_timer_start(&st->sweep, on_stop_deadline,
                        (uint64_t)(st->opts.stop_timeout_s * 1000.0), 0);
     log_info("stage", "stopping: %zu steps on the workers finish; steps still reducing stay "
-             "spooled (so far %llu steps evaluated, %llu heads in %.3f s of worker time, "
+             "spooled (so far %llu steps evaluated, %llu heads in %.3f s of worker CPU time, "
              "%llu incomplete, %llu alerts fired)",
              st->jobs, (unsigned long long)atomic_load(&st->stats->buckets_evaluated),
              (unsigned long long)atomic_load(&st->stats->heads_computed),
@@ -1725,6 +1762,26 @@ static void model_from_json(struct run *run, const char *text)
     if (h > 0 && h <= FS_MAX_HEADS)
         run->n_heads = (uint32_t)h;
     json_decref(o);
+}
+
+/* The run's stored local group (SCHEMA_RUN_LOCAL_RANKS_SQL), held for the
+ * spool re-fed before its ranks reconnect. */
+static void local_from_text(struct run *run, const char *text)
+{
+    uint32_t *v;
+    size_t n;
+    if (!text)
+        return;
+    int rc = ranks_parse(text, run->world_size ? run->world_size : 1,
+                         (size_t)RUN_MAX_LOCAL_GROUPS * FS_MAX_LOCAL_RANKS, &v, &n);
+    if (rc == 0 && n)
+        rc = run_restore_local(run, v, n);
+    free(v);
+    if (rc < 0)
+        log_warn("stage", "run %s: stored local group '%.64s' not restored (%s): spooled router "
+                 "tokens wait for the ranks' Hellos", run->name, text, strerror(-rc));
+    else if (n)
+        log_local_group(run);
 }
 
 static struct eval_track *load_track(struct stage *st, struct run *run, sqlite3_stmt *q, int col)
@@ -1805,7 +1862,8 @@ static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
     /* Runs: shape and detect_from_step; done_step from the spool or history. */
     if (sqlite3_prepare_v2(db,
                            "SELECT id, name, world_size, detect_from_step, model_json, "
-                           "(SELECT min(step) FROM spool WHERE run_id = runs.id) FROM runs",
+                           "(SELECT min(step) FROM spool WHERE run_id = runs.id), "
+                           SCHEMA_RUN_LOCAL_RANKS_SQL("runs.id") " FROM runs",
                            -1, &q, NULL) != SQLITE_OK)
         return load_fail(db, err, errlen, "runs");
     int rc;
@@ -1820,6 +1878,7 @@ static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
             run->detect_from_step = (uint64_t)sqlite3_column_int64(q, 3);
         }
         model_from_json(run, (const char *)sqlite3_column_text(q, 4));
+        local_from_text(run, (const char *)sqlite3_column_text(q, 6));
         /* Steps below the first spooled one were evaluated (their spool rows
          * are deleted with their monitor rows); without a spool, see below. */
         run->done_step = sqlite3_column_type(q, 5) == SQLITE_NULL ? -2

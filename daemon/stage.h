@@ -128,9 +128,11 @@ int stage_feed(struct stage *st, const struct stage_report *in);
 
 /* Whether ingest should spool this report (keep its frame until the stage
  * deletes it with the rows derived from it): every report with sketches,
- * and rank 0's reports with detected scalars, whose detection waits for
- * earlier steps and must survive a crash. Any thread (reads r only). */
-bool stage_wants_spool(const struct stage *st, uint32_t rank, const Foreshock__Report *r);
+ * and the lead rank's (rank 0, or the lowest of a declared local group)
+ * reports with detected scalars, whose detection waits for earlier steps
+ * and must survive a crash. Loop thread (reads the run registry). */
+bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank,
+                       const Foreshock__Report *r);
 
 /* Evaluates ready buckets now (the sweep timer does this too). Loop thread. */
 void stage_poll(struct stage *st);

@@ -35,9 +35,12 @@ struct fs_stats {
     atomic_uint_fast64_t bytes_in;
     atomic_uint_fast64_t decode_errors;
     atomic_uint_fast64_t protocol_errors; /* Error frames sent, any code */
+    atomic_uint_fast64_t tls_failures;    /* ingest TLS handshakes that failed */
     atomic_uint_fast64_t reports_in;
     atomic_uint_fast64_t acks_out;
     atomic_uint_fast64_t backpressure_pauses; /* times ingest stopped reading */
+    atomic_uint_fast64_t frame_buffer_bytes; /* gauge: lengths of large frames being read */
+    atomic_uint_fast64_t frame_buffer_waits; /* a connection waited for frame_buffer_max_bytes */
     atomic_uint_fast64_t advice_out;          /* Advice frames sent (resends included) */
     atomic_uint_fast64_t advice_acked;        /* advices acknowledged by a stream */
 
@@ -56,7 +59,7 @@ struct fs_stats {
     /* monitor stage (loop thread writes) */
     atomic_uint_fast64_t buckets_evaluated;   /* (run, step) buckets whose monitors ran */
     atomic_uint_fast64_t heads_computed;      /* attention heads through the QK math */
-    atomic_uint_fast64_t monitor_seconds_sum_us; /* worker time in the monitor math */
+    atomic_uint_fast64_t monitor_seconds_sum_us; /* worker CPU time in the monitor math */
     atomic_uint_fast64_t incomplete_total;    /* reductions recorded as incomplete */
     atomic_uint_fast64_t alerts_fired;        /* transitions to firing */
     atomic_uint_fast64_t sketches_late;       /* sketches for a step already evaluated */
@@ -81,7 +84,9 @@ struct fs_stats {
     /* lifecycle: 1 once storage is open and both listeners are bound,
      * 0 again when shutdown starts or the writer cannot commit. */
     atomic_int ready;
-    atomic_int storage_failing; /* 1 while commits fail (disk full, I/O) */
+    /* 0, or while commits fail (disk full, I/O) the SQLite primary result
+     * code they fail with (store_failure_text names it). */
+    atomic_int storage_failing;
 };
 
 #endif

@@ -63,9 +63,10 @@ static const char *const stmt_sql[ST_COUNT] = {
         "detect_from_step = COALESCE(?4, runs.detect_from_step), "
         "model_json = COALESCE(excluded.model_json, runs.model_json) RETURNING id",
     [ST_STREAM_UPSERT] =
-        "INSERT INTO streams (run_id, attempt, rank, created_at, last_seen_at) "
-        "VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT (run_id, attempt, rank) DO UPDATE SET "
-        "last_seen_at = excluded.last_seen_at RETURNING id, last_seq",
+        "INSERT INTO streams (run_id, attempt, rank, created_at, last_seen_at, local_ranks) "
+        "VALUES (?1, ?2, ?3, ?4, ?4, ?5) ON CONFLICT (run_id, attempt, rank) DO UPDATE SET "
+        "last_seen_at = excluded.last_seen_at, local_ranks = excluded.local_ranks "
+        "RETURNING id, last_seq",
     [ST_REPORT_INSERT] = "INSERT OR IGNORE INTO reports (stream_id, seq, step, received_at, "
                          "bytes) VALUES (?1, ?2, ?3, ?4, ?5)",
     [ST_SERIES_FIND] = "SELECT id FROM series WHERE run_id = ?1 AND name = ?2 AND layer = ?3 "
@@ -167,6 +168,9 @@ struct store {
     uint64_t submitted, settled;        /* item counts, for store_flush */
     uint64_t spool_bytes;               /* committed */
     int refusing, stopping;
+    uint64_t q_hellos;        /* HELLO items queued (not yet in a batch) */
+    double stop_deadline;     /* monotonic; > 0: failing writes are given up past it */
+    uint64_t abandoned;       /* items given up at the stop deadline */
     struct store_result *res; /* announced, not yet taken */
     size_t nres, capres;
     void (*notify)(void *ctx);
@@ -187,7 +191,7 @@ struct store {
     int64_t w_outbox_max;      /* highest outbox id inserted by the open transaction */
     char w_targets[STATS_MAX_TARGETS][STATS_TARGET_NAME_MAX]; /* copy taken per batch */
     size_t w_ntargets;
-    struct log_ratelimit rl_fail;
+    struct log_ratelimit rl_fail, rl_hello;
     sqlite3_stmt *sil_st[4]; /* silence statements, prepared on first use (writer thread) */
     /* advice (advice.h): the policy (read-only; NULL: none) and the writer's
      * statements */
@@ -599,6 +603,8 @@ static int apply_hello(struct store *s, const struct store_item *it, double now,
     sqlite3_bind_int64(st, 2, h->attempt);
     sqlite3_bind_int64(st, 3, h->rank);
     sqlite3_bind_double(st, 4, now);
+    if (h->local_ranks)
+        sqlite3_bind_text(st, 5, h->local_ranks, -1, SQLITE_STATIC);
     int64_t cols[2] = {0, 0};
     rc = exec1(st, cols, 2);
     if (rc != SQLITE_ROW)
@@ -1138,6 +1144,7 @@ static int write_once(struct store *s, struct store_item **batch, size_t n,
     return ok(rc) ? SQLITE_OK : rc;
 }
 
+/* failing: 0, or the SQLite primary result code the commits fail with. */
 static void set_failing(struct store *s, int failing)
 {
     atomic_store(&s->stats->storage_failing, failing);
@@ -1145,6 +1152,118 @@ static void set_failing(struct store *s, int failing)
         atomic_store(&s->stats->ready, 0);
     else if (atomic_load(&s->serving))
         atomic_store(&s->stats->ready, 1);
+}
+
+/* Under mu: appends an announced result (not tied to the open transaction). */
+static int res_push(struct store *s, const struct store_result *r)
+{
+    if (s->nres == s->capres) {
+        size_t cap = s->capres ? s->capres * 2 : 64;
+        struct store_result *p = realloc(s->res, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        s->res = p;
+        s->capres = cap;
+    }
+    s->res[s->nres++] = *r;
+    return 0;
+}
+
+/* While commits fail nothing can be written for a Hello (its Welcome names
+ * a stream row), and a Hello queued behind the failing batch would wait as
+ * long as the failure lasts: the trainer would get no answer at all. Every
+ * Hello of the batch and of the queue is answered now with ERROR_INTERNAL
+ * naming the failure; the trainer retries later, and the next Hello that
+ * commits is the first to be welcomed again. Writer thread. */
+static void refuse_hellos(struct store *s, struct store_item **batch, size_t n,
+                          unsigned char *refused, int code)
+{
+    struct store_result r = {.kind = STORE_RESULT_HELLO,
+                             .items = 1,
+                             .error_code = FORESHOCK__ERROR_CODE__ERROR_INTERNAL};
+    snprintf(r.message, sizeof(r.message), "storage is failing (%s); retry later",
+             store_failure_text(code));
+    struct store_item *gone = NULL;
+    size_t answered = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < n; i++) {
+        if (refused[i] || batch[i]->kind != STORE_ITEM_HELLO)
+            continue;
+        refused[i] = 1; /* freed with the batch */
+        r.conn_id = batch[i]->conn_id;
+        if (r.conn_id && res_push(s, &r) == 0)
+            answered++;
+    }
+    for (struct store_item *prev = NULL, *it = s->head, *next; it && s->q_hellos; it = next) {
+        next = it->next;
+        if (it->kind != STORE_ITEM_HELLO) {
+            prev = it;
+            continue;
+        }
+        if (prev)
+            prev->next = next;
+        else
+            s->head = next;
+        if (s->tail == it)
+            s->tail = prev;
+        s->q_hellos--;
+        s->q_items--;
+        s->q_bytes -= it->bytes;
+        s->settled++;
+        r.conn_id = it->conn_id;
+        if (r.conn_id && res_push(s, &r) == 0)
+            answered++;
+        it->next = gone;
+        gone = it;
+    }
+    atomic_store(&s->stats->writer_queue_items, s->q_items);
+    atomic_store(&s->stats->writer_queue_bytes, s->q_bytes);
+    if (answered && s->notify)
+        s->notify(s->notify_ctx);
+    pthread_cond_broadcast(&s->done_cv);
+    pthread_mutex_unlock(&s->mu);
+    while (gone) {
+        struct store_item *it = gone;
+        gone = it->next;
+        store_item_free(it);
+    }
+    if (answered)
+        log_limited(&s->rl_hello, LOG_LEVEL_WARN, "store",
+                    "storage is failing (%s): %zu Hello(s) answered with an error",
+                    store_failure_text(code), answered);
+}
+
+/* Has the stop deadline (store_set_stop_deadline) passed? Any thread. */
+static int past_stop_deadline(struct store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    double d = s->stop_deadline;
+    pthread_mutex_unlock(&s->mu);
+    return d > 0 && fs_clock_mono() >= d;
+}
+
+/* Waits ms between attempts at a failing batch, answering Hellos queued
+ * meanwhile (refuse_hellos) and returning early at the stop deadline. */
+static void failing_wait(struct store *s, unsigned ms, struct store_item **batch, size_t n,
+                         unsigned char *refused, int code)
+{
+    double until = fs_clock_mono() + ms / 1000.0;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        double end = s->stop_deadline > 0 && s->stop_deadline < until ? s->stop_deadline : until;
+        double now = fs_clock_mono();
+        if (now >= end)
+            break;
+        if (s->q_hellos) {
+            pthread_mutex_unlock(&s->mu);
+            refuse_hellos(s, batch, n, refused, code);
+            pthread_mutex_lock(&s->mu);
+            continue;
+        }
+        struct timespec ts = fs_clock_mono_after(end - now);
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 static void sleep_ms(unsigned ms)
@@ -1165,6 +1284,40 @@ static void record_commit(struct store *s, double seconds)
     atomic_fetch_add(&st->commit_seconds_bucket[STATS_COMMIT_BUCKETS], 1);
 }
 
+/* Marks every item of the batch not yet refused as given up, with one
+ * ERROR_SHUTTING_DOWN result per item that has a submitter (so that ingest
+ * can close the connection instead of waiting for an Ack). Returns the
+ * count. Writer thread. */
+static size_t give_up(struct store *s, struct store_item **batch, size_t n,
+                      unsigned char *refused, struct store_result **errs, size_t *nerrs, int code)
+{
+    size_t lost = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (refused[i])
+            continue;
+        refused[i] = 1;
+        lost++;
+        struct store_item *it = batch[i];
+        if (!it->conn_id)
+            continue;
+        struct store_result *e = realloc(*errs, (*nerrs + 1) * sizeof(*e));
+        if (!e)
+            continue; /* the connection closes at ingest's own stop anyway */
+        *errs = e;
+        e = &e[(*nerrs)++];
+        memset(e, 0, sizeof(*e));
+        e->kind = it->kind == STORE_ITEM_HELLO ? STORE_RESULT_HELLO : STORE_RESULT_ACK;
+        e->conn_id = it->conn_id;
+        e->items = 1;
+        e->error_code = FORESHOCK__ERROR_CODE__ERROR_SHUTTING_DOWN;
+        snprintf(e->message, sizeof(e->message),
+                 "daemon is stopping and storage is failing (%s): not stored; resend later",
+                 store_failure_text(code));
+    }
+    s->abandoned += lost;
+    return lost;
+}
+
 /* Writes the batch until it commits: transient failures are retried with
  * backoff; an item that fails on its own (a constraint, a bug) is refused
  * together with the later items of its connection in this batch, whose
@@ -1180,6 +1333,13 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
     size_t nerrs = 0;
     for (;;) {
         long bad;
+        size_t left = 0;
+        for (size_t i = 0; i < n; i++)
+            left += !refused[i];
+        if (!left) { /* every item answered already: a commit of nothing proves nothing */
+            memset(bc, 0, sizeof(*bc));
+            break;
+        }
         double t0 = fs_clock_mono();
         int rc = write_once(s, batch, n, refused, bc, &bad);
         if (rc == SQLITE_OK) {
@@ -1225,12 +1385,25 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
             }
             continue;
         }
+        int code = rc & 0xff ? rc & 0xff : SQLITE_ERROR;
+        set_failing(s, code);
+        refuse_hellos(s, batch, n, refused, code);
+        if (past_stop_deadline(s)) {
+            /* Stopping, and the disk does not take the batch: give it up,
+             * as a crash at this point would. Nothing of it was acked;
+             * clients resend it to the next start. */
+            size_t lost = give_up(s, batch, n, refused, &errs, &nerrs, code);
+            log_error("store",
+                      "stopping: commit failed (%s) past the shutdown deadline; %zu items not "
+                      "written (none was acknowledged; clients resend them)",
+                      msg, lost);
+            break;
+        }
         log_limited(&s->rl_fail, LOG_LEVEL_ERROR, "store",
                     "commit of %zu items failed (%s); retrying in %u ms, nothing is acked until "
                     "it succeeds",
                     n, msg, backoff);
-        set_failing(s, 1);
-        sleep_ms(backoff);
+        failing_wait(s, backoff, batch, n, refused, code);
         backoff = backoff * 2 > FS_STORE_RETRY_MAX_MS ? FS_STORE_RETRY_MAX_MS : backoff * 2;
     }
     for (size_t i = 0; i < nerrs; i++) {
@@ -1379,6 +1552,8 @@ static void *writer_main(void *arg)
             bytes += it->bytes;
             if (it->kind == STORE_ITEM_REPORT)
                 spool += it->report.sketch_len;
+            if (it->kind == STORE_ITEM_HELLO)
+                s->q_hellos--;
             s->batch[n++] = it;
         }
         if (!s->head)
@@ -1447,6 +1622,7 @@ void store_item_free(struct store_item *it)
         return;
     if (it->kind == STORE_ITEM_HELLO) {
         free(it->hello.model_json);
+        free(it->hello.local_ranks);
     } else if (it->kind == STORE_ITEM_REPORT) {
         free(it->report.weight_norm);
         free(it->report.update_ratio);
@@ -1478,6 +1654,8 @@ static size_t item_bytes(const struct store_item *it)
     size_t b = sizeof(*it);
     if (it->kind == STORE_ITEM_HELLO && it->hello.model_json)
         b += strlen(it->hello.model_json) + 1;
+    if (it->kind == STORE_ITEM_HELLO && it->hello.local_ranks)
+        b += strlen(it->hello.local_ranks) + 1;
     if (it->kind == STORE_ITEM_REPORT)
         b += it->report.sketch_len +
              sizeof(float) * ((size_t)it->report.n_weight_norm + it->report.n_update_ratio);
@@ -1523,6 +1701,7 @@ int store_submit(struct store *s, struct store_item *it)
     s->q_items++;
     s->q_bytes += b;
     s->q_spool += spool;
+    s->q_hellos += it->kind == STORE_ITEM_HELLO;
     s->submitted++;
     atomic_store(&s->stats->writer_queue_items, s->q_items);
     atomic_store(&s->stats->writer_queue_bytes, s->q_bytes);
@@ -1580,6 +1759,19 @@ void store_set_advice(struct store *s, const struct advice_policy *p)
 void store_set_serving(struct store *s, int serving)
 {
     atomic_store(&s->serving, serving);
+}
+
+void store_set_stop_deadline(struct store *s, double timeout_s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stop_deadline = timeout_s > 0 ? fs_clock_mono() + timeout_s : 0;
+    pthread_cond_signal(&s->cv); /* a failing_wait ends at the deadline */
+    pthread_mutex_unlock(&s->mu);
+}
+
+const char *store_failure_text(int code)
+{
+    return sqlite3_errstr(code);
 }
 
 void store_flush(struct store *s)
@@ -1779,10 +1971,10 @@ fail:
     return rc;
 }
 
-void store_close(struct store *s)
+int store_close(struct store *s)
 {
     if (!s)
-        return;
+        return 0;
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     pthread_cond_signal(&s->cv);
@@ -1806,7 +1998,9 @@ void store_close(struct store *s)
     free(s->refused);
     free(s->res);
     free(s->wres);
+    int rc = s->abandoned ? -EIO : 0;
     free(s);
+    return rc;
 }
 
 int store_open_readonly(const char *path, sqlite3 **out, char *err, size_t errlen)

@@ -20,7 +20,14 @@
  * (the ingest passes a uv_async_send wrapper). A failed commit (disk full,
  * I/O error, busy) is rolled back and retried with backoff, keeping the
  * items: nothing is announced until it is committed, and the queue filling
- * up is what pushes back on the clients.
+ * up is what pushes back on the clients. While commits fail, stats->
+ * storage_failing holds the SQLite result code (SQLITE_FULL: disk full) and
+ * every HELLO, of the failing batch or queued, is answered at once with
+ * ERROR_INTERNAL naming the failure (a Welcome needs a written stream row;
+ * a Hello left queued would get no answer for as long as the disk is full).
+ * The first commit that succeeds clears it. Past the stop deadline
+ * (store_set_stop_deadline) a batch that fails is given up instead of
+ * retried, as a crash at that point would lose it: none of it was acked.
  *
  * Backpressure: store_submit refuses HELLO and REPORT items with -EAGAIN once
  * the queue holds queue_max_items items or queue_max_bytes bytes (items in
@@ -59,6 +66,7 @@ struct store_hello {
     int has_detect_from_step;
     uint64_t detect_from_step;
     char *model_json; /* owned (malloc), may be NULL */
+    char *local_ranks; /* Hello.local_ranks as ranges ("4-7"), owned; NULL: none */
     int advice;       /* the client takes Advice: its owed advices follow the result */
     int has_resume_step; /* Hello.resume_step: the attempt restarts from a checkpoint */
     uint64_t resume_step;
@@ -356,6 +364,17 @@ void store_set_advice(struct store *s, const struct advice_policy *p);
  * shutdown begins. Any thread. */
 void store_set_serving(struct store *s, int serving);
 
+/* Shutdown has begun: from timeout_s seconds from now on, a batch whose
+ * commit fails is given up (its submitters get ERROR_SHUTTING_DOWN results,
+ * store_close returns -EIO) instead of retried until the storage recovers,
+ * so that a full disk cannot hold the stop forever. timeout_s <= 0: retry
+ * without bound. Any thread. */
+void store_set_stop_deadline(struct store *s, double timeout_s);
+
+/* The text of a stats->storage_failing code, e.g. "database or disk is
+ * full". Static storage. Any thread. */
+const char *store_failure_text(int code);
+
 /* Blocks until every item submitted before the call is committed (or
  * refused) and announced. Tests and shutdown; not the loop thread. */
 void store_flush(struct store *s);
@@ -365,8 +384,10 @@ uint64_t store_spool_bytes(struct store *s);
 
 /* Drains the queue (commits and announces everything submitted), stops and
  * joins the writer thread, finalizes statements and closes the database.
- * Undelivered results are discarded. NULL is a no-op. Main thread. */
-void store_close(struct store *s);
+ * Undelivered results are discarded. Returns 0, or -EIO when items were
+ * given up at the stop deadline (store_set_stop_deadline). NULL is a no-op
+ * (0). Main thread. */
+int store_close(struct store *s);
 
 /* Retention, one bounded transaction on db (the writer's connection; tests
  * may pass their own): deletes at most max_rows outbox rows that finished

@@ -19,6 +19,7 @@
 
 struct store_reader {
     sqlite3 *db;
+    int version; /* PRAGMA user_version */
     char path[FS_CONFIG_MAX_PATH];
 };
 
@@ -50,7 +51,7 @@ int store_reader_open(const char *path, struct store_reader **out, char *err, si
         rc = fail(r, -EIO, err, errlen, "not a readable SQLite database");
         goto out;
     }
-    int version = sqlite3_column_int(q, 0);
+    int version = r->version = sqlite3_column_int(q, 0);
     if (version < 1 || version > schema_migration_count) {
         snprintf(err, errlen, "%s: schema version %d: not a Foreshock database this build reads "
                               "(1..%d)",
@@ -69,12 +70,31 @@ out:
     return 0;
 }
 
+int store_reader_version(const struct store_reader *r) { return r->version; }
+
 void store_reader_close(struct store_reader *r)
 {
     if (!r)
         return;
     sqlite3_close(r->db);
     free(r);
+}
+
+/* The lowest rank named in a range list ("4-7,0-3" -> 0); 0 for NULL. */
+static uint32_t lowest_rank(const char *ranges)
+{
+    uint64_t low = UINT64_MAX;
+    for (const char *c = ranges; c && *c;) {
+        char *end;
+        unsigned long long v = strtoull(c, &end, 10);
+        if (end == c)
+            break;
+        if (v < low)
+            low = v;
+        c = strchr(end, ',');
+        c = c ? c + 1 : NULL;
+    }
+    return low <= UINT32_MAX ? (uint32_t)low : 0;
 }
 
 int store_reader_runs(struct store_reader *r,
@@ -84,9 +104,15 @@ int store_reader_runs(struct store_reader *r,
     sqlite3_stmt *q = NULL;
     int rc, out = 0;
 
-    if (sqlite3_prepare_v2(r->db,
-                           "SELECT id, name, detect_from_step, last_step FROM runs ORDER BY id",
-                           -1, &q, NULL) != SQLITE_OK)
+    /* The lowest rank of a declared local group, without parsing it: the
+     * first number of the comma-joined ranges is not always the lowest
+     * ("4-7,0-3"), so every range's start is compared below. */
+    const char *sql = r->version >= SCHEMA_LOCAL_GROUP_VERSION
+                          ? "SELECT id, name, detect_from_step, last_step, "
+                            SCHEMA_RUN_LOCAL_RANKS_SQL("runs.id") " FROM runs ORDER BY id"
+                          : "SELECT id, name, detect_from_step, last_step, NULL FROM runs "
+                            "ORDER BY id";
+    if (sqlite3_prepare_v2(r->db, sql, -1, &q, NULL) != SQLITE_OK)
         return fail(r, -EIO, err, errlen, "reading runs");
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct store_run_info run = {.id = sqlite3_column_int64(q, 0)};
@@ -95,6 +121,7 @@ int store_reader_runs(struct store_reader *r,
         int64_t from = sqlite3_column_int64(q, 2);
         run.detect_from_step = from > 0 ? (uint64_t)from : 0;
         run.last_step = sqlite3_column_type(q, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(q, 3);
+        run.lead_rank = lowest_rank((const char *)sqlite3_column_text(q, 4));
         if ((out = cb(ctx, &run)) != 0)
             break;
     }

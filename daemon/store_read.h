@@ -19,12 +19,17 @@ struct store_run_info {
     char name[FS_MAX_RUN_ID_LEN + 1];
     uint64_t detect_from_step; /* 0: not set by the run's Hello */
     int64_t last_step;         /* -1: none */
+    uint32_t lead_rank;        /* whose loss/grad_norm/lr were detected: the lowest rank of
+                                  the local group its daemon heard, else 0 */
 };
 
 /* Opens path read-only. Returns 0 and *out, or a negative errno with a
  * reason in err (missing file, not a Foreshock database, newer schema). */
 int store_reader_open(const char *path, struct store_reader **out, char *err, size_t errlen);
 void store_reader_close(struct store_reader *r);
+
+/* The database's schema version (PRAGMA user_version, 1..this build's). */
+int store_reader_version(const struct store_reader *r);
 
 /* Calls cb for every run, by id. cb returns 0 to go on, anything else to
  * stop (returned). Returns 0, a negative errno with err, or cb's value. */

@@ -166,6 +166,7 @@
     }
     runs.sort((a, b) => (b.created_at || 0) - (a.created_at || 0) || (a.id < b.id ? 1 : -1));
     const rows = runs.map((r) => ({ id: r.id, step: r.last_step, world: r.world_size,
+      local: r.topology ? r.topology.local_ranks : null,
       reports: r.reports, ...(counts.get(r.id) || { firing: 0, pending: 0 }) }));
     state.runExists = state.run === null || runs.some((r) => r.id === state.run);
     const key = JSON.stringify([rows, state.run]);
@@ -178,8 +179,8 @@
       el('span', { class: 'meta' },
         r.firing ? el('span', { class: 'badge firing' }, r.firing + ' firing') : '',
         r.pending ? el('span', { class: 'badge pending' }, r.pending + ' pending') : '',
-        'step ' + fmt(r.step) + ' · ' + fmt(r.world) + ' ranks · ' + fmt(r.reports) +
-        ' reports'))));
+        'step ' + fmt(r.step) + ' · ' + (r.local ? 'ranks ' + r.local + ' of ' : '') +
+        fmt(r.world) + ' ranks · ' + fmt(r.reports) + ' reports'))));
   }
 
   // --- plots --------------------------------------------------------------------------
@@ -474,7 +475,11 @@
       'last step ' + fmt(r.last_step) + ' · ' + fmt(r.world_size) +
       ' ranks · ' + fmt(r.reports) + ' reports · ' + fmt(r.series) + ' series · ' +
       r.alerts.firing + ' firing, ' + r.alerts.pending + ' pending' +
-      (r.incomplete ? ' · ' + r.incomplete + ' incomplete reductions' : '');
+      (r.incomplete ? ' · ' + r.incomplete + ' incomplete reductions' : '') +
+      // A per-node daemon: say which statistics are the node's, not the job's.
+      (r.topology ? ' · local group ' + r.topology.local_ranks + ' (' + r.topology.ranks +
+        ' of ' + fmt(r.world_size) + ' ranks; router token statistics are this group\'s; ' +
+        'loss/grad norm/lr of rank ' + r.topology.lead_rank + ')' : '');
     // alerts first: the plots draw their markers from them
     await refreshAlerts();
     await Promise.all([refreshScalars(), refreshQk(), refreshRouter()]);

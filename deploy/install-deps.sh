@@ -18,9 +18,12 @@ PKGS=(
   libcriterion-dev libclang-rt-14-dev sqlite3 curl procps
   # Python side: protobuf runtime + protoc for the generated module, numpy
   python3 python3-numpy python3-protobuf protobuf-compiler
+  # bench_monitor's numpy reference calls BLAS dtrmm, as the C module does
+  python3-scipy
   # paging: HMAC-SHA256 for signed webhooks (OpenSSL libcrypto, already
-  # pulled in by libcurl4-openssl-dev)
-  libssl-dev
+  # pulled in by libcurl4-openssl-dev); TLS on ingest and in libforeshock
+  # (libssl); the openssl CLI makes the TLS tests' throwaway CA
+  libssl-dev openssl
   # dashboard: the plotting library, served by the daemon from its binary
   libjs-dygraphs
   # real peers for the integration tests: Alertmanager (+ amtool), promtool,

@@ -28,6 +28,7 @@
 #include "detect.h"
 #include "evaluate.h"
 #include "pager.h"
+#include "run_auth.h"
 #include "stage.h"
 #include "store_read.h"
 
@@ -63,6 +64,7 @@ struct run_ctx {
     struct eval_run er;
     struct eval_batch batch;
     int64_t detect_from;
+    uint32_t lead_rank; /* whose scalars the daemon detected (store_run_info) */
 };
 
 /* ---- settings ---------------------------------------------------------------- */
@@ -104,19 +106,19 @@ static int apply_set(struct detect_rules *rules, struct fs_config *cfg, const ch
 
 /* ---- evaluation of one run ------------------------------------------------------- */
 
-/* Rank 0's learning rate: training progress, as the live stage sees it. */
-static bool is_lr(const struct store_series_key *k)
+/* The lead rank's learning rate: training progress, as the live stage sees it. */
+static bool is_lr(const struct run_ctx *rc, const struct store_series_key *k)
 {
-    return strcmp(k->name, "lr") == 0 && k->rank == 0 && k->layer == -1;
+    return strcmp(k->name, "lr") == 0 && k->rank == (int32_t)rc->lead_rank && k->layer == -1;
 }
 
 static bool want_series(void *ctx, const struct store_series_key *k)
 {
     struct run_ctx *rc = ctx;
     char rule[DETECT_NAME_MAX];
-    if (is_lr(k))
+    if (is_lr(rc, k))
         return true;
-    if (!eval_input_rule(rc->er.rules, k, rule, sizeof(rule)))
+    if (!eval_input_rule(rc->er.rules, k, rc->lead_rank, rule, sizeof(rule)))
         return false;
     if (k->window > 0 && rc->st->n_windows) {
         bool kept = false;
@@ -142,7 +144,8 @@ static int feed_point(void *ctx, const struct store_series_key *k, uint64_t step
     if (rc->st->every && sketch_series(k) && step % rc->st->every != 0)
         return 0;
     /* The daemon's own path (a rewind rebuilds its state with it too). */
-    int r = eval_feed_stored(&rc->er, &rc->batch, k, step, value, present, rc->detect_from);
+    int r = eval_feed_stored(&rc->er, &rc->batch, k, step, value, present, rc->lead_rank,
+                             rc->detect_from);
     return r < 0 ? r : 0;
 }
 
@@ -173,7 +176,7 @@ static int backtest_run(struct store_reader *rd, const struct store_run_info *ru
                         const struct backtest_settings *st, json_t *arr, struct table *tab,
                         char *err, size_t errlen)
 {
-    struct run_ctx rc = {.st = st, .detect_from = detect_from};
+    struct run_ctx rc = {.st = st, .detect_from = detect_from, .lead_rank = run->lead_rank};
     struct incident *inc = NULL;
     size_t n_inc = 0;
     int r;
@@ -526,13 +529,15 @@ int cmd_backtest(int argc, char **argv)
     static struct detect_rules rules;
     static struct fs_config cfg;
     static struct pager_config pager_cfg;
-    struct config_section sections[2];
+    static struct run_auth run_auth; /* parsed so that [run] sections are accepted; unused */
+    struct config_section sections[3];
     struct config_error ce;
     config_defaults(&cfg);
     detect_rules_default(&rules);
     stage_detect_section(&rules, &sections[0]);
     pager_target_section(&pager_cfg, &sections[1]);
-    if (st.config && config_load_file(st.config, &cfg, sections, 2, &ce) < 0) {
+    run_auth_section(&run_auth, &sections[2]);
+    if (st.config && config_load_file(st.config, &cfg, sections, 3, &ce) < 0) {
         fprintf(stderr, "foreshock backtest: %s\n", ce.message);
         return CLI_USAGE;
     }

@@ -109,5 +109,6 @@ int cmd_maintenance(const char *http, int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
 int cmd_backtest(int argc, char **argv);
+int cmd_archive(int argc, char **argv);
 
 #endif

@@ -32,6 +32,8 @@ static const struct command commands[] = {
      .run = cmd_replay},
     {.name = "backtest", .summary = "re-evaluate stored runs or recordings under any settings",
      .run = cmd_backtest},
+    {.name = "archive", .summary = "copy a database (or one run) consistently while it is in use",
+     .run = cmd_archive},
 };
 
 static void usage(FILE *out)

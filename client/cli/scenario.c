@@ -95,6 +95,27 @@ uint64_t sim_seed_mix(uint64_t seed, uint64_t a, uint64_t b, uint64_t c)
 
 /* ---- shared shapes ------------------------------------------------------------------ */
 
+int sim_route_parse(const char *name, enum sim_route *out)
+{
+    if (!strcmp(name, "gram"))
+        *out = SIM_ROUTE_GRAM;
+    else if (!strcmp(name, "spectrum"))
+        *out = SIM_ROUTE_SPECTRUM;
+    else
+        return -EINVAL;
+    return 0;
+}
+
+const char *sim_route_name(enum sim_route r)
+{
+    return r == SIM_ROUTE_SPECTRUM ? "spectrum" : "gram";
+}
+
+uint32_t sim_group(const struct sim_params *p)
+{
+    return p->kv_heads && p->kv_heads < p->heads ? p->heads / p->kv_heads : 1;
+}
+
 /* Loss decays from ~10 towards 2 over the run. */
 double sim_healthy_loss(const struct sim_params *p, uint64_t step)
 {
@@ -197,8 +218,17 @@ static double numerics_share(const struct sim_params *p, uint64_t onset, uint64_
     return SIM_FAULT_A_MAX * (x < 1 ? x : 1);
 }
 
-/* The head's fixed fault directions in R^dh: unit u_q, and unit u_k
- * orthogonal to it. The same on every rank. */
+/* The coherent share of head (layer, head) at step t (scenario.coherent). */
+static double numerics_coherent(const struct sim_params *p, uint32_t layer, uint32_t head,
+                                uint64_t t)
+{
+    return numerics_share(p, numerics_onset(p, layer, head), t);
+}
+
+/* The fault directions in R^dh of the key group that query head `head`
+ * reads (the head itself without GQA): unit u_q, and unit u_k orthogonal to
+ * it; the group's query heads and its key head share them, so that the
+ * collapse is one direction per head. The same on every rank. */
 static void numerics_dirs(const struct sim_params *p, uint32_t layer, uint32_t head, double *uq,
                           double *uk)
 {
@@ -206,7 +236,7 @@ static void numerics_dirs(const struct sim_params *p, uint32_t layer, uint32_t h
     double nq = 0, dot = 0, nk = 0;
     size_t dh = p->dh;
 
-    sim_rng_seed(&r, sim_seed_mix(p->seed, TAG_QK_DIRS, layer, head));
+    sim_rng_seed(&r, sim_seed_mix(p->seed, TAG_QK_DIRS, layer, head / sim_group(p)));
     for (size_t i = 0; i < dh; i++) {
         uq[i] = sim_normal(&r);
         uk[i] = sim_normal(&r);
@@ -378,7 +408,8 @@ static const struct scenario scenarios[] = {
      .lr_ref = LR_PEAK,
      .attn_update = attn_numerics,
      .router_update = router_walk,
-     .divergence = diverging},
+     .divergence = diverging,
+     .coherent = numerics_coherent},
     {.name = "lr-spike",
      .help = "from the fault step lr x10: larger random updates (Delta2 spectrum stays spread), "
              "weight norms and update ratios grow, router rows align and grow (similarity, "
@@ -402,7 +433,8 @@ static const struct scenario scenarios[] = {
      .lr_ref = LR_PEAK,
      .attn_update = attn_numerics,
      .router_update = router_overshoot,
-     .divergence = diverging},
+     .divergence = diverging,
+     .coherent = numerics_coherent},
 };
 
 #define NSCENARIOS (sizeof(scenarios) / sizeof(scenarios[0]))

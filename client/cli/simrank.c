@@ -2,13 +2,23 @@
  * scenario says, and each step becomes scalars and sketches handed to a
  * sink (simulate.h). Pure: no I/O, no clock, no threads.
  *
- * Attention: the rank holds its slice of the model dimension d (FSDP-style
- * shard_index = rank, shard_count = ranks) of every head's Wq and Wk (dh x
- * d_shard, PyTorch [out, in] layout). They are advanced lazily, only at
- * steps where a sketch, a window-base snapshot or a layer norm needs them,
- * by the accumulated update of the steps in between. A sketch at step t
- * with window W needs the weights at t - W; those are kept in a small ring
- * of snapshots.
+ * Attention, Gram route: the rank holds its slice of the model dimension d
+ * (FSDP-style shard_index = rank, shard_count = ranks) of every query
+ * head's Wq and every key head's Wk (dh x d_shard, PyTorch [out, in]
+ * layout; with GQA query head h reads key head h / (heads / kv_heads)).
+ * They are advanced lazily, only at steps where a sketch, a window-base
+ * snapshot or a layer norm needs them, by the accumulated update of the
+ * steps in between. A sketch at step t with window W needs the weights at
+ * t - W; those are kept in a small ring of snapshots.
+ *
+ * Attention, spectrum route: the rank holds whole query heads
+ * (sim_rank_heads) and sends, per head, the spectra a trainer would have
+ * solved from its Grams. A 70B model's Q/K weights are 1.3e10 floats and
+ * its per-sketch eigenvalue work is minutes of CPU, so they are synthesised
+ * from what the scenario's updates make of them (for d >> dh, rows of
+ * random matrices are nearly orthogonal, and the spectra are Marchenko-
+ * Pastur-like bulks around their mean plus, under attention-numerics, one
+ * coherent value), at O(dh) per head. spectrum_head says how.
  *
  * Routers: an FSDP trainer gathers the whole router weight WR (E x d) for
  * the forward pass, so every rank holds all of it, advanced every step from
@@ -26,6 +36,7 @@
  * reads a walk that speeds up (the end of the lr warm-up) as a breach. */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +47,7 @@
 #define SIM_TRAIN_TOKENS (8 * 2048) /* the tokens scalar: 8 sequences of 2048 */
 #define CHOL_JITTER_TRIES 8
 #define TAG_ROUTER_INIT 0x7257u /* sim_seed_mix stream of a layer's router */
+#define TAG_W_SHAPE 0x5753u     /* spectrum route: a head's K(t0) spectrum shape */
 
 struct sim_router {
     uint32_t layer;
@@ -55,9 +67,14 @@ struct sim_rank {
     const struct scenario *sc;
     const struct sim_params *p;
     uint32_t rank, nsnap, n_moe;
+    uint32_t kv, group;         /* key heads per layer, query heads per key head */
+    uint32_t h0, h1;            /* spectrum route: the query heads held, per layer */
     size_t ds, c0, block;       /* shard columns, first column, floats per head block */
-    float *wq, *wk;             /* layers*heads blocks each */
+    size_t all_q, all_k;        /* floats of wq (layers*heads blocks), wk (layers*kv blocks) */
+    float *wq, *wk;
     float *snap_q, *snap_k;     /* nsnap copies of wq, wk */
+    float *spec;                /* spectrum route: 6 dh floats, one head's spectra */
+    double acc;                 /* sum of sim_step_sd(s)^2 over s < next */
     float *ga, *gb;             /* one head's Gram triangles */
     float *norm, *ratio;        /* per layer */
     uint64_t w_step;            /* the step wq, wk correspond to */
@@ -76,6 +93,11 @@ static size_t mul_add(size_t a, size_t b, size_t c, int *overflow)
     return a * b + c;
 }
 
+static uint32_t kv_heads(const struct sim_params *p)
+{
+    return p->heads / sim_group(p);
+}
+
 size_t sim_rank_floats(const struct sim_params *p)
 {
     int of = 0;
@@ -87,13 +109,96 @@ size_t sim_rank_floats(const struct sim_params *p)
     nsnap = (size_t)p->window / p->sketch_every + 2;
     for (uint32_t l = 0; l < p->layers; l++)
         moe += (size_t)sim_is_moe(p, l);
-    /* wq, wk and their nsnap snapshots. */
-    n = mul_add((size_t)p->layers * p->heads, p->dh, 0, &of);
-    n = mul_add(n, ds, 0, &of);
-    n = mul_add(n, 2 * (nsnap + 1), 0, &of);
+    if (p->route == SIM_ROUTE_SPECTRUM) {
+        n = 6 * (size_t)p->dh; /* one head's spectra */
+    } else {
+        /* wq (heads), wk (kv heads) and their nsnap snapshots. */
+        n = mul_add((size_t)p->layers * ((size_t)p->heads + kv_heads(p)), p->dh, 0, &of);
+        n = mul_add(n, ds, 0, &of);
+        n = mul_add(n, nsnap + 1, 0, &of);
+    }
     /* Per MoE layer: WR and its observation (E x d each), a shard (E x ds). */
     n = mul_add(mul_add(moe, p->experts, 0, &of), 2 * (size_t)p->d + ds, n, &of);
     return of ? 0 : n;
+}
+
+void sim_rank_heads(const struct sim_params *p, uint32_t rank, uint32_t *h0, uint32_t *h1)
+{
+    uint64_t h = p->heads, n = p->ranks ? p->ranks : 1;
+
+    /* ceil(rank h / n): block boundaries rounded up, so rank 0 starts at 0
+     * and ends at ceil(h / n) >= 1. */
+    *h0 = (uint32_t)(((uint64_t)rank * h + n - 1) / n);
+    *h1 = (uint32_t)(((uint64_t)(rank + 1) * h + n - 1) / n);
+    if (*h0 > p->heads)
+        *h0 = p->heads;
+    if (*h1 > p->heads)
+        *h1 = p->heads;
+}
+
+size_t sim_report_bytes(const struct sim_params *p)
+{
+    int of = 0;
+    size_t n_moe = 0, per_head, heads, n;
+
+    for (uint32_t l = 0; l < p->layers; l++)
+        n_moe += (size_t)sim_is_moe(p, l);
+    if (p->route == SIM_ROUTE_SPECTRUM) {
+        uint32_t h0, h1;
+        sim_rank_heads(p, 0, &h0, &h1); /* rank 0 holds the largest block */
+        heads = h1 - h0;
+        per_head = 6 * (size_t)p->dh * 4 + 128; /* spectra, five doubles, framing */
+    } else {
+        heads = p->heads;
+        per_head = fsc_tri_len(2 * (size_t)p->dh) * 8 + 64; /* two float triangles */
+    }
+    n = mul_add(mul_add(p->layers, heads, 0, &of), per_head, 4096, &of);
+    n = mul_add(n_moe, fsc_tri_len(p->experts) * 4 + (size_t)p->experts * 16 + 64, n, &of);
+    return of ? 0 : n;
+}
+
+int sim_params_check(const struct sim_params *p, size_t replay_bytes, char *err, size_t errlen)
+{
+    size_t floats, bytes;
+    int sharded = p->route == SIM_ROUTE_GRAM || p->experts;
+
+    if (p->kv_heads && (p->kv_heads > p->heads || p->heads % p->kv_heads)) {
+        snprintf(err, errlen, "--kv-heads %u must divide --heads %u (each key head serves the "
+                 "same number of query heads)", p->kv_heads, p->heads);
+        return -EINVAL;
+    }
+    if (!p->sketches) {
+        if (p->d < p->ranks) /* as before: the scalars-only run keeps the check */
+            goto few_columns;
+        return 0;
+    }
+    if (sharded && p->d < p->ranks)
+        goto few_columns;
+    if (p->window / p->sketch_every + 2 > SIM_MAX_SNAPSHOTS) {
+        snprintf(err, errlen, "--window %u is more than %d x --sketch-every", p->window,
+                 SIM_MAX_SNAPSHOTS - 2);
+        return -EINVAL;
+    }
+    floats = sim_rank_floats(p);
+    if (!floats || floats > SIM_MAX_FLOATS_PER_RANK) {
+        snprintf(err, errlen, "simulated weights would need more than %zu floats per rank%s",
+                 SIM_MAX_FLOATS_PER_RANK, p->route == SIM_ROUTE_GRAM
+                     ? " (the spectrum route, --route spectrum, holds no attention weights)"
+                     : "");
+        return -EINVAL;
+    }
+    bytes = sim_report_bytes(p);
+    if (!bytes || bytes > SIM_MAX_REPORT_BYTES || bytes > replay_bytes) {
+        snprintf(err, errlen, "a sketch report (%u x %u heads, dh %u, route %s, experts %u) "
+                 "would not fit in a frame or the replay buffer", p->layers, p->heads, p->dh,
+                 sim_route_name(p->route), p->experts);
+        return -EINVAL;
+    }
+    return 0;
+few_columns:
+    snprintf(err, errlen, "--d %u must be at least --ranks %u (each rank holds a slice)", p->d,
+             p->ranks);
+    return -EINVAL;
 }
 
 static void router_free(struct sim_router *t)
@@ -119,6 +224,7 @@ void sim_rank_destroy(struct sim_rank *r)
     free(r->snap_k);
     free(r->ga);
     free(r->gb);
+    free(r->spec);
     free(r->norm);
     free(r->ratio);
     for (uint32_t i = 0; r->rt && i < r->n_moe; i++)
@@ -156,13 +262,18 @@ int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint3
                     struct sim_rank **out)
 {
     struct sim_rank *r;
-    size_t all, tri;
+    size_t tri;
     double init = 1.0 / sqrt((double)p->d);
     int rc = -ENOMEM;
 
     *out = NULL;
-    if (!sc || !p || rank >= p->ranks || p->d < p->ranks || !p->sketch_every || !p->window ||
-        p->dh > SIM_MAX_DH || (p->sketches && !sim_rank_floats(p)))
+    if (!sc || !p || rank >= p->ranks || !p->sketch_every || !p->window ||
+        p->dh > SIM_MAX_DH || (p->sketches && !sim_rank_floats(p)) ||
+        (p->kv_heads && (p->kv_heads > p->heads || p->heads % p->kv_heads)))
+        return -EINVAL;
+    /* d is split over the ranks wherever it is: the Gram route's attention
+     * weights, and the routers' Grams on both routes. */
+    if (p->d < p->ranks && (p->route == SIM_ROUTE_GRAM || p->experts))
         return -EINVAL;
     r = calloc(1, sizeof(*r));
     if (!r)
@@ -174,26 +285,45 @@ int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint3
     r->c0 = (size_t)rank * (p->d / p->ranks) + (rank < p->d % p->ranks ? rank : p->d % p->ranks);
     r->block = (size_t)p->dh * r->ds;
     r->nsnap = p->window / p->sketch_every + 2;
+    r->group = sim_group(p);
+    r->kv = p->heads / r->group;
+    sim_rank_heads(p, rank, &r->h0, &r->h1);
     sim_rng_seed(&r->rng, p->seed * 0x2545f4914f6cdd1dull + rank);
     if (!p->sketches) {
         *out = r;
         return 0;
     }
-    all = (size_t)p->layers * p->heads * r->block;
-    tri = fsc_tri_len(2 * (size_t)p->dh);
-    r->wq = malloc(all * sizeof(float));
-    r->wk = malloc(all * sizeof(float));
-    r->snap_q = malloc(all * r->nsnap * sizeof(float));
-    r->snap_k = malloc(all * r->nsnap * sizeof(float));
-    r->ga = malloc(tri * sizeof(float));
-    r->gb = malloc(tri * sizeof(float));
     r->norm = malloc(p->layers * sizeof(float));
     r->ratio = malloc(p->layers * sizeof(float));
-    if (!r->wq || !r->wk || !r->snap_q || !r->snap_k || !r->ga || !r->gb || !r->norm || !r->ratio)
+    if (!r->norm || !r->ratio)
         goto fail;
-    for (size_t i = 0; i < all; i++) {
-        r->wq[i] = (float)(init * sim_normal(&r->rng));
-        r->wk[i] = (float)(init * sim_normal(&r->rng));
+    if (p->route == SIM_ROUTE_SPECTRUM) {
+        if (!(r->spec = malloc(6 * (size_t)p->dh * sizeof(float))))
+            goto fail;
+    } else {
+        r->all_q = (size_t)p->layers * p->heads * r->block;
+        r->all_k = (size_t)p->layers * r->kv * r->block;
+        tri = fsc_tri_len(2 * (size_t)p->dh);
+        r->wq = malloc(r->all_q * sizeof(float));
+        r->wk = malloc(r->all_k * sizeof(float));
+        r->snap_q = malloc(r->all_q * r->nsnap * sizeof(float));
+        r->snap_k = malloc(r->all_k * r->nsnap * sizeof(float));
+        r->ga = malloc(tri * sizeof(float));
+        r->gb = malloc(tri * sizeof(float));
+        if (!r->wq || !r->wk || !r->snap_q || !r->snap_k || !r->ga || !r->gb)
+            goto fail;
+        /* Draw order as before GQA existed: element by element, Wq's then
+         * Wk's (the group's first query head draws its key head's). */
+        for (size_t i = 0; i < (size_t)p->layers * p->heads; i++) {
+            size_t kb = (i / p->heads) * r->kv + (i % p->heads) / r->group;
+            for (size_t j = 0; j < r->block; j++) {
+                r->wq[i * r->block + j] = (float)(init * sim_normal(&r->rng));
+                if ((i % p->heads) % r->group == 0)
+                    r->wk[kb * r->block + j] = (float)(init * sim_normal(&r->rng));
+                else
+                    (void)sim_normal(&r->rng); /* Wq as in the MHA run of the seed */
+            }
+        }
     }
     for (uint32_t l = 0; l < p->layers; l++)
         r->n_moe += (uint32_t)sim_is_moe(p, l);
@@ -221,18 +351,137 @@ static int advance(struct sim_rank *r, uint64_t step)
     const struct sim_params *p = r->p;
     int rc;
 
-    if (step <= r->w_step)
+    if (step <= r->w_step || p->route == SIM_ROUTE_SPECTRUM)
         return 0;
     for (uint32_t l = 0; l < p->layers; l++)
         for (uint32_t h = 0; h < p->heads; h++) {
             size_t off = ((size_t)l * p->heads + h) * r->block;
+            size_t koff = ((size_t)l * r->kv + h / r->group) * r->block;
             if ((rc = r->sc->attn_update(r->sc, p, &r->rng, l, h, 0, r->w_step, step, r->wq + off,
-                                         p->dh, r->ds)) < 0 ||
-                (rc = r->sc->attn_update(r->sc, p, &r->rng, l, h, 1, r->w_step, step, r->wk + off,
                                          p->dh, r->ds)) < 0)
+                return rc;
+            /* A key head moves once, with its group's first query head. */
+            if (h % r->group == 0 &&
+                (rc = r->sc->attn_update(r->sc, p, &r->rng, l, h, 1, r->w_step, step,
+                                         r->wk + koff, p->dh, r->ds)) < 0)
                 return rc;
         }
     r->w_step = step;
+    return 0;
+}
+
+/* ---- spectrum route ---------------------------------------------------------------- */
+
+/* n values s_i = m (1 + sqrt(lambda) g_i)^2 / (1 + lambda), g_i ~ N(0, 1):
+ * a bulk of mean m whose spread is a Marchenko-Pastur law's at aspect
+ * ratio lambda (support (1 +- sqrt(lambda))^2 m). Returns their sum. */
+static double bulk(struct sim_rng *rng, double lambda, double m, size_t n, float *out)
+{
+    double sl = sqrt(lambda), scale = m / (1.0 + lambda), sum = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        double g = 1.0 + sl * sim_normal(rng), v = scale * g * g;
+        out[i] = (float)v;
+        sum += (double)out[i];
+    }
+    return sum;
+}
+
+/* Update statistics of one side (Q or K) of a head over the window [t0, t):
+ * the random part's per-element variance and the coherent amplitude. */
+struct win_stats {
+    double vr;  /* sum (1 - a^2) sd^2 */
+    double amp; /* sum a sd */
+    double v;   /* sum sd^2 */
+};
+
+static struct win_stats window_stats(const struct sim_rank *r, uint32_t layer, uint32_t head,
+                                     uint64_t t0, uint64_t t)
+{
+    struct win_stats w = {0};
+
+    for (uint64_t s = t0; s < t; s++) {
+        double sd = sim_step_sd(r->sc, r->p, s);
+        double a = r->sc->coherent ? r->sc->coherent(r->p, layer, head, s) : 0.0;
+        w.vr += (1.0 - a * a) * sd * sd;
+        w.amp += a * sd;
+        w.v += sd * sd;
+    }
+    return w;
+}
+
+/* One query head's spectra at sketch step t (window w = p->window), as the
+ * trainer would solve them from its Grams (MONITORS.md 1.2), for the
+ * weights attn_walk / attn_numerics make. With d >> dh the rows of W are
+ * nearly orthogonal with squared norm c = 1 + d sum_{s < t0} sd^2 (|W|
+ * grows like the healthy walk: the coherent part is norm-neutral), dW's
+ * random part has per-element variance vr, and its coherent part is
+ * A c_n u (u'^T W), c_n = sqrt(dh d) (scenario.c). Then
+ *   Delta2:  2dh values, a bulk of mean d (vq ck + vk cq) / 2 at aspect
+ *            2dh / d, plus the coherent rank-one value (Aq + Ak)^2 dh d cq ck
+ *            (both sides push along the same x y^T);
+ *   Delta1 = Delta2 + Delta3: the same with the bulk's mean raised by
+ *            Delta3's energy;
+ *   Delta3:  dh values, a bulk of mean d^2 vq vk at aspect dh / d (the
+ *            coherent parts are orthogonal, u_q _|_ u_k);
+ *   K(t0):   dh values, a bulk of mean cq ck, its shape fixed per head;
+ *   norms:   |dWq|^2 = dh d (vq + Aq^2 cq), |Wq|^2 = dh cq, likewise K;
+ *   c_qk   = sum sigma^2(Delta3) / (|dWq|^2 |dWk|^2), about 1/dh.
+ * Random numbers: the rank's stream, and for K(t0) a per-head one. */
+static void spectrum_head(struct sim_rank *r, uint32_t layer, uint32_t head, uint64_t t,
+                          struct fsc_spectrum *out)
+{
+    const struct sim_params *p = r->p;
+    size_t dh = p->dh;
+    double d = p->d, ddh = (double)dh;
+    uint64_t t0 = t - p->window;
+    uint32_t first = head - head % r->group; /* the key side's head (scenario.h) */
+    struct win_stats q = window_stats(r, layer, head, t0, t);
+    struct win_stats k = window_stats(r, layer, first, t0, t);
+    /* r->acc is the sum over s < t; the window's part is q.v. */
+    double c = 1.0 + d * (r->acc - q.v);
+    double l2 = fmin(1.0, 2.0 * ddh / d), l1 = fmin(1.0, ddh / d);
+    double m2 = d * (q.vr * c + k.vr * c) / 2.0, m3 = d * d * q.vr * k.vr;
+    double coh = (q.amp + k.amp) * (q.amp + k.amp) * ddh * d * c * c;
+    float *d2 = r->spec, *d1 = d2 + 2 * dh, *d3 = d1 + 2 * dh, *w = d3 + dh;
+    struct sim_rng hr;
+    double sum3;
+
+    bulk(&r->rng, l2, m2, 2 * dh, d2);
+    d2[0] = (float)((double)d2[0] + coh);
+    bulk(&r->rng, l2, m2 + m3 / 2.0, 2 * dh, d1);
+    d1[0] = (float)((double)d1[0] + coh);
+    sum3 = bulk(&r->rng, l1, m3, dh, d3);
+    sim_rng_seed(&hr, sim_seed_mix(p->seed, TAG_W_SHAPE, layer, head));
+    bulk(&hr, l1, c * c, dh, w);
+    *out = (struct fsc_spectrum){.d2 = d2, .n_d2 = 2 * dh, .d3 = d3, .n_d3 = dh, .d1 = d1,
+                                 .n_d1 = 2 * dh, .w = w, .n_w = dh,
+                                 .q_delta_sq = ddh * d * (q.vr + q.amp * q.amp * c),
+                                 .q_sq = ddh * c, .k_sq = ddh * c,
+                                 .k_delta_sq = ddh * d * (k.vr + k.amp * k.amp * c),
+                                 .has = FSC_SPECTRUM_HAS_Q_DELTA_SQ | FSC_SPECTRUM_HAS_Q_SQ |
+                                        FSC_SPECTRUM_HAS_K_SQ | FSC_SPECTRUM_HAS_K_DELTA_SQ};
+    if (out->q_delta_sq > 0 && out->k_delta_sq > 0) {
+        out->cqk = fmin(1.0, sum3 / (out->q_delta_sq * out->k_delta_sq));
+        out->has |= FSC_SPECTRUM_HAS_CQK;
+    }
+}
+
+static int spectrum_step(struct sim_rank *r, uint64_t step, const struct sim_sink *sink)
+{
+    const struct sim_params *p = r->p;
+    struct fsc_spectrum s;
+    int rc;
+
+    for (uint32_t l = 0; l < p->layers; l++)
+        for (uint32_t h = r->h0; h < r->h1; h++) {
+            spectrum_head(r, l, h, step, &s);
+            if (sink->spectrum &&
+                (rc = sink->spectrum(sink->ctx, step, l, h,
+                                     r->group > 1 ? h / r->group : FSC_KV_HEAD_NONE,
+                                     p->window, &s)) < 0)
+                return rc;
+        }
     return 0;
 }
 
@@ -242,23 +491,27 @@ static int attention_step(struct sim_rank *r, uint64_t step, const struct sim_si
     const struct sim_params *p = r->p;
     uint64_t k = p->sketch_every, w = p->window;
     int sketch = step % k == 0 && step >= w, snap = (step + w) % k == 0;
-    size_t all = (size_t)p->layers * p->heads * r->block;
     int rc;
 
+    if (p->route == SIM_ROUTE_SPECTRUM)
+        return sketch ? spectrum_step(r, step, sink) : 0;
     if (!sketch && !snap)
         return 0;
     if ((rc = advance(r, step)) < 0)
         return rc;
     if (sketch) {
-        size_t slot = (size_t)((step / k) % r->nsnap) * all;
+        size_t qslot = (size_t)((step / k) % r->nsnap) * r->all_q;
+        size_t kslot = (size_t)((step / k) % r->nsnap) * r->all_k;
         for (uint32_t l = 0; l < p->layers; l++)
             for (uint32_t h = 0; h < p->heads; h++) {
                 size_t off = ((size_t)l * p->heads + h) * r->block;
-                rc = fsc_attention_grams(r->wq + off, r->wk + off, r->snap_q + slot + off,
-                                         r->snap_k + slot + off, p->dh, r->ds, r->ga, r->gb);
+                size_t koff = ((size_t)l * r->kv + h / r->group) * r->block;
+                rc = fsc_attention_grams(r->wq + off, r->wk + koff, r->snap_q + qslot + off,
+                                         r->snap_k + kslot + koff, p->dh, r->ds, r->ga, r->gb);
                 if (rc == 0 && sink->attention)
-                    rc = sink->attention(sink->ctx, step, l, h, (uint32_t)w, p->dh, r->rank,
-                                         p->ranks, r->ga, r->gb);
+                    rc = sink->attention(sink->ctx, step, l, h,
+                                         r->group > 1 ? h / r->group : FSC_KV_HEAD_NONE,
+                                         (uint32_t)w, p->dh, r->rank, p->ranks, r->ga, r->gb);
                 if (rc < 0)
                     return rc;
             }
@@ -266,30 +519,46 @@ static int attention_step(struct sim_rank *r, uint64_t step, const struct sim_si
     if (snap) {
         /* Needed at step + w; slots of pending snapshots never collide
          * because nsnap > w / k + 1. */
-        size_t slot = (size_t)(((step + w) / k) % r->nsnap) * all;
-        memcpy(r->snap_q + slot, r->wq, all * sizeof(float));
-        memcpy(r->snap_k + slot, r->wk, all * sizeof(float));
+        size_t slot = (size_t)(((step + w) / k) % r->nsnap);
+        memcpy(r->snap_q + slot * r->all_q, r->wq, r->all_q * sizeof(float));
+        memcpy(r->snap_k + slot * r->all_k, r->wk, r->all_k * sizeof(float));
     }
     return 0;
 }
 
-/* Per layer |W| of this rank's Wq and Wk shards, and the update-to-weight
- * ratio of this step: the norm of the step's update (every scenario gives
- * a step the norm of sim_step_sd per element) over |W|. */
+/* Per layer |W| of this rank's Wq and Wk (shards, or whole heads on the
+ * spectrum route), and the update-to-weight ratio of this step: the norm of
+ * the step's update (every scenario gives a step the norm of sim_step_sd
+ * per element) over |W|. The spectrum route holds no weights: |W|^2 is its
+ * expectation, elements x (1/d + sum_{s < step} sd^2). */
 static int norms_step(struct sim_rank *r, uint64_t step, const struct sim_sink *sink)
 {
     const struct sim_params *p = r->p;
-    size_t per_layer = (size_t)p->heads * r->block;
-    double upd = sim_step_sd(r->sc, p, step) * sqrt(2.0 * (double)per_layer);
+    size_t per_q = (size_t)p->heads * r->block, per_k = (size_t)r->kv * r->block;
+    double sd = sim_step_sd(r->sc, p, step);
     int rc;
 
+    if (p->route == SIM_ROUTE_SPECTRUM) {
+        uint32_t nq = r->h1 - r->h0, nk = nq ? (r->h1 - 1) / r->group - r->h0 / r->group + 1 : 0;
+        double n = (double)(nq + nk) * p->dh * p->d, s = n * (1.0 / p->d + r->acc);
+        for (uint32_t l = 0; l < p->layers; l++) {
+            r->norm[l] = (float)sqrt(s);
+            r->ratio[l] = s > 0 ? (float)(sd * sqrt(n) / sqrt(s)) : 0.0f;
+        }
+        return sink->layer_norms ? sink->layer_norms(sink->ctx, step, r->norm, r->ratio,
+                                                     p->layers)
+                                 : 0;
+    }
+    double upd = sd * sqrt((double)(per_q + per_k));
     if ((rc = advance(r, step)) < 0)
         return rc;
     for (uint32_t l = 0; l < p->layers; l++) {
-        const float *q = r->wq + l * per_layer, *kk = r->wk + l * per_layer;
+        const float *q = r->wq + l * per_q, *kk = r->wk + l * per_k;
         double s = 0;
-        for (size_t i = 0; i < per_layer; i++)
-            s += (double)q[i] * q[i] + (double)kk[i] * kk[i];
+        for (size_t i = 0; i < per_q; i++)
+            s += (double)q[i] * q[i];
+        for (size_t i = 0; i < per_k; i++)
+            s += (double)kk[i] * kk[i];
         r->norm[l] = (float)sqrt(s);
         r->ratio[l] = s > 0 ? (float)(upd / sqrt(s)) : 0.0f;
     }
@@ -461,5 +730,6 @@ int sim_rank_step(struct sim_rank *r, uint64_t step, const struct sim_sink *sink
         return rc;
     if (p->layer_norms && step % p->sketch_every == 0 && (rc = norms_step(r, step, sink)) < 0)
         return rc;
+    r->acc += sim_step_sd(r->sc, p, step) * sim_step_sd(r->sc, p, step);
     return 0;
 }

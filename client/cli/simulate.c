@@ -19,9 +19,6 @@
 
 #define SIM_MAX_RANKS 1024
 #define SIM_MAX_STEPS 1000000000000ull
-#define SIM_MAX_SNAPSHOTS 64                     /* window / sketch_every + 2 */
-#define SIM_MAX_FLOATS_PER_RANK ((size_t)1 << 28) /* 1 GiB of simulated weights */
-#define SIM_MAX_REPORT_BYTES ((size_t)60 << 20)   /* below the daemon's 64 MiB frames */
 #define SIM_MAX_TOKENS (1u << 20)                /* --tokens-per-step */
 #define SIM_MAX_MOE_SPEC 4096                    /* --moe-layers text */
 /* The daemon's detectors only build baselines over the first 20 samples of
@@ -30,12 +27,14 @@
 #define SIM_DETECT_WARMUP_SAMPLES 20
 
 struct sim_settings {
-    const char *endpoint, *run, *scenario, *token, *moe_layers;
+    const char *endpoint, *run, *scenario, *token, *moe_layers, *route;
+    const char *tls_ca, *tls_cert, *tls_key, *tls_name;
     uint64_t steps, seed, fault_step, diverge_after, fault_until, resume_step;
-    uint32_t ranks, attempt, layers, heads, dh, d, sketch_every, window, replay_mb;
+    uint32_t ranks, attempt, layers, heads, kv_heads, dh, d, sketch_every, window, replay_mb;
     uint32_t experts, top_k, tokens;
+    uint32_t world_size, first_rank;
     double rate, flush_timeout, advice_wait;
-    int no_sketches, layer_norms, verbose, stop_on_advice, resume;
+    int no_sketches, layer_norms, verbose, local_group, tls, stop_on_advice, resume;
 };
 
 static const struct opt sim_opts[] = {
@@ -45,15 +44,23 @@ static const struct opt sim_opts[] = {
     {.name = "run", .kind = OPT_STR, .offset = offsetof(struct sim_settings, run), .arg = "ID",
      .help = "run id, 1..128 of [A-Za-z0-9._:-]", .required = 1},
     O("ranks", OPT_U32, ranks, "N", "simulated ranks, one client each (default 1)", 1, SIM_MAX_RANKS),
+    O("world-size", OPT_U32, world_size, "W", "ranks of the whole job (default N): these N are ranks R..R+N-1 of W, the model sharded over them (a node's tensor-parallel group)", 1, FSC_MAX_WORLD_SIZE),
+    O("first-rank", OPT_U32, first_rank, "R", "rank of the first simulated rank (default 0)", 0, FSC_MAX_WORLD_SIZE - 1),
+    {.name = "local-group", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, local_group),
+     .help = "declare ranks R..R+N-1 as the daemon's local group (Hello.local_ranks): a daemon per node"},
     O("steps", OPT_U64, steps, "M", "reports per rank, steps 0..M-1 (default 100)", 1, SIM_MAX_STEPS),
     O("attempt", OPT_U32, attempt, "A", "trainer restart counter (default 0)", 0, UINT32_MAX),
     O("resume-step", OPT_U64, resume_step, "S", "restart from a checkpoint at step S: the ranks replay steps 0..S without sending and send S+1.. as a new attempt (give --attempt)", 0, SIM_MAX_STEPS),
     O("layers", OPT_U32, layers, "L", "attention layers (default 4)", 1, FSC_MAX_LAYERS),
-    O("heads", OPT_U32, heads, "H", "heads per layer (default 4)", 1, FSC_MAX_HEADS),
+    O("heads", OPT_U32, heads, "H", "query heads per layer (default 4)", 1, FSC_MAX_HEADS),
+    O("kv-heads", OPT_U32, kv_heads, "G", "key/value heads per layer, dividing H (grouped-query attention; default H)", 1, FSC_MAX_HEADS),
     O("dh", OPT_U32, dh, "DH", "head dimension (default 32)", 1, FSC_MAX_DH),
     O("d", OPT_U32, d, "D", "model dimension, split across ranks (default 256)", 1, 1u << 20),
     O("sketch-every", OPT_U32, sketch_every, "K", "attention and router Grams, layer norms every K steps (default 10)", 1, 1u << 20),
     O("window", OPT_U32, window, "W", "attention sketch window in steps (default K)", 1, FSC_MAX_WINDOW),
+    {.name = "route", .kind = OPT_STR, .offset = offsetof(struct sim_settings, route),
+     .arg = "R", .help = "gram (default): every rank sends partial Grams of its slice of d of every head; "
+     "spectrum: every rank holds whole heads and sends their spectra (synthesised; fits 7B/70B shapes)"},
     {.name = "no-sketches", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, no_sketches),
      .help = "scalars only: no weights, Grams, router tokens or layer norms"},
     O("seed", OPT_U64, seed, "S", "random seed (default 1)", 0, UINT64_MAX),
@@ -75,6 +82,16 @@ static const struct opt sim_opts[] = {
      .help = "send per-layer |W| and update ratios (default: on except for scenario healthy)"},
     {.name = "token", .kind = OPT_STR, .offset = offsetof(struct sim_settings, token), .arg = "T",
      .help = "shared secret the daemon expects, if any"},
+    {.name = "tls", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, tls),
+     .help = "TLS to the daemon (implied by the --tls-* options); its certificate is verified"},
+    {.name = "tls-ca", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_ca),
+     .arg = "FILE", .help = "PEM CA the daemon's certificate must chain to (default: the system's)"},
+    {.name = "tls-cert", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_cert),
+     .arg = "FILE", .help = "PEM client certificate, for a daemon with tls_client_ca"},
+    {.name = "tls-key", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_key),
+     .arg = "FILE", .help = "PEM private key of --tls-cert"},
+    {.name = "tls-server-name", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_name),
+     .arg = "NAME", .help = "name the daemon's certificate must carry (default: the endpoint host)"},
     O("replay-mb", OPT_U32, replay_mb, "MB", "per-rank replay buffer, MiB (default 64)", 1, 65536),
     {.name = "verbose", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, verbose),
      .help = "print every client event (default: warnings and errors)"},
@@ -88,8 +105,11 @@ static const struct opt sim_opts[] = {
 
 static const struct command_help sim_help = {
     .usage = "foreshock simulate --run ID [--endpoint HOST:PORT] [--ranks N] [--steps M] "
-             "[--attempt A] [--resume-step S] [--layers L] [--heads H] [--dh DH] [--d D] [--sketch-every K] "
-             "[--window W] [--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
+             "[--world-size W] [--first-rank R] [--local-group] [--tls] [--tls-ca F] "
+             "[--tls-cert F --tls-key F] [--attempt A] [--resume-step S] [--layers L] "
+             "[--heads H] [--kv-heads G] "
+             "[--dh DH] [--d D] [--sketch-every K] [--window W] [--route gram|spectrum] "
+             "[--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
              "[--scenario NAME] [--fault-step S] [--fault-until S] [--diverge-after N] [--experts E] [--top-k TOPK] "
              "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms] [--advice-wait S] "
              "[--stop-on-advice]",
@@ -99,8 +119,12 @@ static const struct command_help sim_help = {
         "tokens (x ~ N(0, I_d), z = WR x: entropy, logsumexp, top-k loads, sum of p). Every K\n"
         "steps: partial attention Gram sketches of L x H heads (window W) and partial router\n"
         "Grams, each rank holding 1/N of the model dimension, and per-layer |W| and update\n"
-        "ratios (of the rank's own shard). Weights evolve as the scenario says. Rides through\n"
-        "daemon restarts. First prints the ground truth\n"
+        "ratios (of the rank's own shard). Weights evolve as the scenario says. With --route\n"
+        "spectrum each rank holds whole heads instead (the H query heads of every layer split\n"
+        "into N blocks) and sends their spectrum sketches, synthesised from the scenario's\n"
+        "update statistics rather than from weights: full 7B (32 x 32 heads, --kv-heads 8,\n"
+        "dh 128, d 4096) and 70B (80 x 64, 8, 128, 8192) shapes fit. Rides through daemon\n"
+        "restarts. First prints the ground truth\n"
         "  simulate: scenario=NAME fault_step=S diverge_step=D\n"
         "(S and D are 'none' without a fault; D is the first step whose loss exceeds 10x its\n"
         "healthy value or is not finite, 'none' when that is past the last step), at the end one\n"
@@ -125,6 +149,8 @@ struct rank_ctx {
     uint32_t rank;
     const uint32_t *moe_list; /* for Hello */
     size_t n_moe;
+    const uint32_t *local; /* Hello.local_ranks, NULL: none */
+    size_t n_local;
     struct fsc_stats st;
     int started, ok;
     int stopped;          /* told checkpoint_and_stop */
@@ -162,13 +188,20 @@ static int put_scalars(void *ctx, uint64_t step, const struct sim_scalars *s)
     return fsc_report_set_time(rep, (double)now.tv_sec + (double)now.tv_nsec * 1e-9);
 }
 
-static int put_attention(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t window,
-                         uint32_t dh, uint32_t shard, uint32_t shards, const float *ga,
-                         const float *gb)
+static int put_attention(void *ctx, uint64_t step, uint32_t layer, uint32_t head,
+                         uint32_t kv_head, uint32_t window, uint32_t dh, uint32_t shard,
+                         uint32_t shards, const float *ga, const float *gb)
 {
     (void)step;
-    return fsc_report_add_attention_gram(ctx, layer, head, FSC_KV_HEAD_NONE, window, dh, shard,
-                                         shards, ga, gb);
+    return fsc_report_add_attention_gram(ctx, layer, head, kv_head, window, dh, shard, shards, ga,
+                                         gb);
+}
+
+static int put_spectrum(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t kv_head,
+                        uint32_t window, const struct fsc_spectrum *sp)
+{
+    (void)step;
+    return fsc_report_add_attention_spectrum(ctx, layer, head, kv_head, window, sp);
 }
 
 static int put_router_gram(void *ctx, uint64_t step, uint32_t layer, uint32_t experts,
@@ -264,15 +297,16 @@ static void *rank_main(void *arg)
     struct rank_ctx *r = arg;
     const struct sim_settings *s = r->s;
     struct sim_sink sink = {.scalars = put_scalars, .attention = put_attention,
-                            .router_gram = put_router_gram, .router_tokens = put_router_tokens,
-                            .layer_norms = put_layer_norms};
+                            .spectrum = put_spectrum, .router_gram = put_router_gram,
+                            .router_tokens = put_router_tokens, .layer_norms = put_layer_norms};
     struct sim_rank *sim = NULL;
     struct fsc_options o;
     struct timespec start;
     fsc_client *c = NULL;
     int rc;
 
-    if ((rc = sim_rank_create(r->sc, r->p, r->rank, &sim)) < 0) {
+    /* The model is sharded over the simulated ranks: local index. */
+    if ((rc = sim_rank_create(r->sc, r->p, r->rank - s->first_rank, &sim)) < 0) {
         snprintf(r->err, sizeof(r->err), "cannot set up the simulated model: %s", strerror(-rc));
         return NULL;
     }
@@ -282,11 +316,19 @@ static void *rank_main(void *arg)
     o.run_id = s->run;
     o.attempt = s->attempt;
     o.rank = r->rank;
-    o.world_size = s->ranks;
+    o.world_size = s->world_size;
+    o.local_ranks = r->local;
+    o.n_local_ranks = r->n_local;
+    o.tls = s->tls || s->tls_ca || s->tls_cert || s->tls_key || s->tls_name;
+    o.tls_ca_file = s->tls_ca;
+    o.tls_cert_file = s->tls_cert;
+    o.tls_key_file = s->tls_key;
+    o.tls_server_name = s->tls_name;
     o.token = s->token;
     o.replay_max_bytes = (size_t)s->replay_mb << 20;
     o.max_report_bytes = SIM_MAX_REPORT_BYTES;
     o.model = (struct fsc_model_shape){.n_layers = s->layers, .n_heads = s->heads,
+                                       .n_kv_heads = r->p->heads / sim_group(r->p),
                                        .d_model = s->d, .d_head = s->dh,
                                        .n_experts = r->n_moe ? r->p->experts : 0,
                                        .top_k = r->n_moe ? r->p->top_k : 0,
@@ -398,44 +440,12 @@ bad:
     return CLI_USAGE;
 }
 
-/* Checks what the table cannot: cross-option constraints and sizes. */
-static int check_settings(struct sim_settings *s, const struct sim_params *p, char *err,
+/* Checks what the table cannot: cross-option constraints and sizes
+ * (sim_params_check, unit-tested in test_scenario.c). */
+static int check_settings(const struct sim_settings *s, const struct sim_params *p, char *err,
                           size_t errlen)
 {
-    size_t tri, bytes, floats;
-    uint32_t n_moe = 0;
-
-    if (s->d < s->ranks) {
-        snprintf(err, errlen, "--d %u must be at least --ranks %u (each rank holds a slice)", s->d,
-                 s->ranks);
-        return CLI_USAGE;
-    }
-    if (s->no_sketches)
-        return 0;
-    if (s->window / s->sketch_every + 2 > SIM_MAX_SNAPSHOTS) {
-        snprintf(err, errlen, "--window %u is more than %d x --sketch-every", s->window,
-                 SIM_MAX_SNAPSHOTS - 2);
-        return CLI_USAGE;
-    }
-    floats = sim_rank_floats(p);
-    if (!floats || floats > SIM_MAX_FLOATS_PER_RANK) {
-        snprintf(err, errlen, "simulated weights would need more than %zu floats per rank",
-                 SIM_MAX_FLOATS_PER_RANK);
-        return CLI_USAGE;
-    }
-    for (uint32_t l = 0; l < p->layers; l++)
-        n_moe += (uint32_t)sim_is_moe(p, l);
-    tri = fsc_tri_len(2 * (size_t)s->dh);
-    /* Attention Grams, router Grams and token statistics, plus headroom. */
-    bytes = (size_t)s->layers * s->heads * tri * 8 +
-            (size_t)n_moe * (fsc_tri_len(p->experts) * 4 + (size_t)p->experts * 16 + 64) + 4096;
-    if (bytes > SIM_MAX_REPORT_BYTES || bytes > ((size_t)s->replay_mb << 20)) {
-        snprintf(err, errlen, "a sketch report (%u x %u heads, dh %u, %u x %u experts) would not "
-                 "fit in a frame or the replay buffer", s->layers, s->heads, s->dh, n_moe,
-                 p->experts);
-        return CLI_USAGE;
-    }
-    return 0;
+    return sim_params_check(p, (size_t)s->replay_mb << 20, err, errlen) < 0 ? CLI_USAGE : 0;
 }
 
 static void print_truth(const struct scenario *sc, const struct sim_params *p)
@@ -465,9 +475,10 @@ int cmd_simulate(int argc, char **argv)
     const struct scenario *sc = NULL;
     struct sim_params p;
     uint8_t *moe = NULL;
-    uint32_t *moe_list = NULL;
+    uint32_t *moe_list = NULL, *local = NULL;
     size_t n_moe = 0;
     uint64_t sub = 0, ack = 0, drop = 0, rec = 0;
+    enum sim_route route = SIM_ROUTE_GRAM;
     uint16_t port;
     int rc, all_ok = 1;
 
@@ -484,6 +495,17 @@ int cmd_simulate(int argc, char **argv)
     }
     if (rc == 0 && !s.window)
         s.window = s.sketch_every;
+    if (rc == 0 && s.route && sim_route_parse(s.route, &route) < 0) {
+        snprintf(err, sizeof(err), "--route '%s': gram or spectrum", s.route);
+        rc = CLI_USAGE;
+    }
+    if (rc == 0 && !s.world_size)
+        s.world_size = s.ranks;
+    if (rc == 0 && (uint64_t)s.first_rank + s.ranks > s.world_size) {
+        snprintf(err, sizeof(err), "--first-rank %u + --ranks %u is more than --world-size %u",
+                 s.first_rank, s.ranks, s.world_size);
+        rc = CLI_USAGE;
+    }
     if (rc == 0 && s.moe_layers) {
         if (!(moe = malloc(s.layers)))
             rc = CLI_FAIL;
@@ -491,7 +513,8 @@ int cmd_simulate(int argc, char **argv)
             rc = parse_moe_layers(s.moe_layers, s.layers, moe, err, sizeof(err));
     }
     p = (struct sim_params){.steps = s.steps, .seed = s.seed, .ranks = s.ranks,
-                            .layers = s.layers, .heads = s.heads, .dh = s.dh, .d = s.d,
+                            .layers = s.layers, .heads = s.heads, .kv_heads = s.kv_heads,
+                            .route = route, .dh = s.dh, .d = s.d,
                             .sketch_every = s.sketch_every, .window = s.window,
                             .sketches = !s.no_sketches, .experts = s.experts, .top_k = s.top_k,
                             .tokens = s.tokens, .moe = moe};
@@ -545,14 +568,18 @@ int cmd_simulate(int argc, char **argv)
     openblas_set_num_threads(1);
     ranks = calloc(s.ranks, sizeof(*ranks));
     th = calloc(s.ranks, sizeof(*th));
-    if (!ranks || !th) {
+    local = s.local_group ? calloc(s.ranks, sizeof(*local)) : NULL;
+    if (!ranks || !th || (s.local_group && !local)) {
         fprintf(stderr, "foreshock simulate: out of memory\n");
         free(ranks);
         free(th);
+        free(local);
         free(moe);
         free(moe_list);
         return CLI_FAIL;
     }
+    for (uint32_t i = 0; local && i < s.ranks; i++)
+        local[i] = s.first_rank + i;
     for (uint32_t i = 0; i < s.ranks; i++) {
         struct rank_ctx *r = &ranks[i];
         r->s = &s;
@@ -560,7 +587,9 @@ int cmd_simulate(int argc, char **argv)
         r->p = &p;
         snprintf(r->host, sizeof(r->host), "%s", host);
         r->port = port;
-        r->rank = i;
+        r->rank = s.first_rank + i;
+        r->local = local;
+        r->n_local = local ? s.ranks : 0;
         r->moe_list = moe_list;
         r->n_moe = n_moe;
         if ((rc = pthread_create(&th[i], NULL, rank_main, r)) != 0)
@@ -574,7 +603,7 @@ int cmd_simulate(int argc, char **argv)
             pthread_join(th[i], NULL);
         printf("simulate: rank=%u submitted=%" PRIu64 " acked=%" PRIu64 " dropped=%" PRIu64
                " reconnects=%" PRIu64 " resent=%" PRIu64 "%s%s\n",
-               i, r->st.submitted, r->st.acked, r->st.dropped, r->st.reconnects, r->st.resent,
+               r->rank, r->st.submitted, r->st.acked, r->st.dropped, r->st.reconnects, r->st.resent,
                r->err[0] ? " error: " : "", r->err);
         sub += r->st.submitted;
         ack += r->st.acked;
@@ -590,5 +619,6 @@ int cmd_simulate(int argc, char **argv)
     free(th);
     free(moe);
     free(moe_list);
+    free(local);
     return all_ok ? CLI_OK : CLI_FAIL;
 }

@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "foreshock.h"
+
 #define SIM_NEVER UINT64_MAX /* fault_step / diverge_step of a run without one */
 
 /* Per-step update of every weight element, relative to its initial std
@@ -31,6 +33,9 @@
 #define SIM_FAULT_A_MAX 0.95    /* attention-numerics: final share of the coherent update */
 #define SIM_MAX_RAMP 50         /* longest fault ramp, steps */
 #define SIM_MAX_DH 512          /* largest head dim (FSC_MAX_DH) */
+#define SIM_MAX_SNAPSHOTS 64    /* window / sketch_every + 2 */
+#define SIM_MAX_FLOATS_PER_RANK ((size_t)1 << 28) /* 1 GiB of simulated weights per rank */
+#define SIM_MAX_REPORT_BYTES ((size_t)60 << 20)   /* below the daemon's 64 MiB frames */
 /* The loss: from DIVERGE_STEP - SIM_DIVERGE_LEAD on it grows 10x every
  * SIM_DIVERGE_TENFOLD steps, crossing 10x its healthy value exactly at the
  * diverge step (the relative noise is below 1 %), and is NaN from
@@ -56,11 +61,30 @@ double sim_triangular(struct sim_rng *r); /* in (-1, 1), peak at 0: bounded nois
 /* A seed for the stream named by (seed, a, b, c): the same on every rank. */
 uint64_t sim_seed_mix(uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
 
+/* What a rank sends per attention head (MONITORS.md 1.1 and 1.2).
+ *   SIM_ROUTE_GRAM      FSDP-style: every rank holds its slice of d of every
+ *                       head's Wq and Wk (as floats that really evolve) and
+ *                       sends partial Grams; the daemon sums and solves.
+ *   SIM_ROUTE_SPECTRUM  tensor-parallel style: every rank holds whole heads
+ *                       (query heads split over the ranks in contiguous
+ *                       blocks per layer) and sends the spectra a trainer
+ *                       would have solved. They are synthesised from the
+ *                       scenario's update statistics, not from weights, so
+ *                       that full 7B and 70B shapes fit in memory and in
+ *                       CPU time (simrank.c says how). */
+enum sim_route { SIM_ROUTE_GRAM = 0, SIM_ROUTE_SPECTRUM = 1 };
+
+/* "gram" / "spectrum" <-> enum sim_route. parse returns 0 or -EINVAL. */
+int sim_route_parse(const char *name, enum sim_route *out);
+const char *sim_route_name(enum sim_route r);
+
 /* Everything a simulated rank and a scenario may look at. Filled by the
  * caller, then completed by sim_params_resolve. */
 struct sim_params {
     uint64_t steps, seed;
     uint32_t ranks, layers, heads, dh, d;
+    uint32_t kv_heads;             /* key/value heads (GQA); 0 or heads: plain multi-head */
+    enum sim_route route;
     uint32_t sketch_every, window; /* attention Gram cadence and window, steps */
     int sketches;                  /* 0: scalars only (no weights, router or tokens) */
     int layer_norms;               /* send per-layer |W| and update ratio */
@@ -88,7 +112,8 @@ struct scenario {
     double lr_ref;
     /* Applies the updates of steps [from, to) to one attention weight block
      * (a head's Wq or Wk shard, rows x cols, row-major, rows = dh). is_k: 0
-     * for Wq, 1 for Wk. rng is the rank's own. Returns 0 or -ENOMEM. */
+     * for Wq, 1 for Wk; `head` is the query head, for Wk the first query
+     * head of its key group. rng is the rank's own. Returns 0 or -ENOMEM. */
     int (*attn_update)(const struct scenario *sc, const struct sim_params *p, struct sim_rng *rng,
                        uint32_t layer, uint32_t head, int is_k, uint64_t from, uint64_t to,
                        float *w, size_t rows, size_t cols);
@@ -101,6 +126,11 @@ struct scenario {
                          size_t experts, size_t d);
     /* Factor on loss and grad norm at `step`: 1, growing, or NaN. NULL: 1. */
     double (*divergence)(const struct sim_params *p, uint64_t step);
+    /* The share a(t) in [0, 1) of the update of step t that attn_update
+     * makes coherent in head (layer, head) (the key side of a group uses
+     * its first query head); NULL: none. What the spectrum route
+     * synthesises from. Pure. */
+    double (*coherent)(const struct sim_params *p, uint32_t layer, uint32_t head, uint64_t t);
 };
 
 /* The scenario called `name`, or NULL. */
@@ -111,6 +141,9 @@ const char *scenario_names(void);
 
 /* Prints every scenario with its help text (wrapped) for --help. */
 void scenario_print_help(FILE *out);
+
+/* Query heads per key head: heads / kv_heads (1 without GQA). */
+uint32_t sim_group(const struct sim_params *p);
 
 /* Completes p for scenario sc: fault_step (given, or SIM_NEVER to take the
  * default, 40 % of steps), diverge_step = fault_step + diverge_after (given,
@@ -162,11 +195,17 @@ struct sim_tokens {
 struct sim_sink {
     void *ctx;
     int (*scalars)(void *ctx, uint64_t step, const struct sim_scalars *s);
-    /* Partial Grams of one head over this rank's shard of d: upper
-     * triangles, fsc_tri_len(2 dh) floats each. */
-    int (*attention)(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t window,
-                     uint32_t dh, uint32_t shard_index, uint32_t shard_count, const float *ga,
-                     const float *gb);
+    /* Gram route: partial Grams of one query head over this rank's shard
+     * of d: upper triangles, fsc_tri_len(2 dh) floats each; kv_head is the
+     * key head it reads (FSC_KV_HEAD_NONE without GQA). */
+    int (*attention)(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t kv_head,
+                     uint32_t window, uint32_t dh, uint32_t shard_index, uint32_t shard_count,
+                     const float *ga, const float *gb);
+    /* Spectrum route: one whole query head's spectra (2dh, dh, 2dh, dh
+     * values), four norms and c_qk, as fsc_report_add_attention_spectrum
+     * takes them. */
+    int (*spectrum)(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t kv_head,
+                    uint32_t window, const struct fsc_spectrum *s);
     /* Partial router Gram over this rank's shard: fsc_tri_len(experts) floats. */
     int (*router_gram)(void *ctx, uint64_t step, uint32_t layer, uint32_t experts,
                        uint32_t shard_index, uint32_t shard_count, const float *gr);
@@ -182,8 +221,11 @@ struct sim_rank;
 
 /* A rank of a run described by p (resolved, see sim_params_resolve; p and
  * sc must outlive the rank). Its shard of d: rank * d / ranks, as evenly as
- * possible. Returns 0 and *out, -EINVAL (rank >= ranks, d < ranks) or
- * -ENOMEM. Any thread; the rank then belongs to that thread. */
+ * possible (the Gram route's attention weights, and every route's router
+ * Grams); on the spectrum route its query heads are sim_rank_heads'. Returns
+ * 0 and *out, -EINVAL (rank >= ranks, d < ranks where d is sharded,
+ * kv_heads not dividing heads) or -ENOMEM. Any thread; the rank then
+ * belongs to that thread. */
 int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint32_t rank,
                     struct sim_rank **out);
 
@@ -200,7 +242,28 @@ int sim_rank_step(struct sim_rank *r, uint64_t step, const struct sim_sink *sink
 void sim_rank_destroy(struct sim_rank *r);
 
 /* Floats a rank holds for weights, snapshots and routers, for limit checks
- * before creating one (0 when the count would overflow size_t). */
+ * before creating one (0 when the count would overflow size_t). The
+ * spectrum route holds no attention weights. */
 size_t sim_rank_floats(const struct sim_params *p);
+
+/* Spectrum route: the query heads [*h0, *h1) of every layer that `rank`
+ * holds: contiguous blocks, as even as possible, rank 0's never empty;
+ * with more ranks than heads the extra ranks hold none (they send
+ * scalars and router statistics only). Pure. */
+void sim_rank_heads(const struct sim_params *p, uint32_t rank, uint32_t *h0, uint32_t *h1);
+
+/* Bytes of the largest report a rank sends (attention sketches, router
+ * Grams and token statistics, plus headroom), for the frame and replay
+ * checks; 0 when the count would overflow. Pure. */
+size_t sim_report_bytes(const struct sim_params *p);
+
+/* Whether a resolved p can run: kv_heads divides heads; d >= ranks where d
+ * is split (the Gram route, routers); the window's snapshots, the floats a
+ * rank holds (SIM_MAX_FLOATS_PER_RANK) and its largest report (below
+ * SIM_MAX_REPORT_BYTES and replay_bytes) within their limits. The spectrum
+ * route holds no attention weights, so full 7B and 70B shapes pass where
+ * the Gram route's do not. Returns 0 or -EINVAL with the reason in err.
+ * Pure, any thread. */
+int sim_params_check(const struct sim_params *p, size_t replay_bytes, char *err, size_t errlen);
 
 #endif

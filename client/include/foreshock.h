@@ -54,6 +54,7 @@ extern "C" {
 #define FSC_MAX_CLIENT_NAME_LEN 256
 #define FSC_MAX_WORLD_SIZE (1u << 20)
 #define FSC_MAX_MOE_LAYERS 4096
+#define FSC_MAX_LOCAL_RANKS 4096         /* Hello.local_ranks values */
 #define FSC_MIN_REPLAY_BYTES ((size_t)64 << 10)
 #define FSC_MAX_REPLAY_BYTES ((size_t)1 << 36)       /* 64 GiB */
 #define FSC_MAX_REPORT_BYTES_LIMIT ((size_t)1 << 30) /* largest max_report_bytes */
@@ -116,12 +117,34 @@ struct fsc_options {
     const char *record_path; /* also write every submitted report to this file (see
                                 "Recordings" below); NULL: no recording */
     int record_only;         /* with record_path: no daemon at all, nothing is sent */
-    /* Fields below were added in 0.3. */
+    /* Added after record_only (older callers get them as zero). A daemon
+     * per node hears only its node's ranks: name them
+     * (this rank included, each below world_size; copied by fsc_open) and
+     * it reduces router token statistics over exactly these ranks and
+     * detects loss/grad_norm/lr from the lowest of them. NULL / 0: the
+     * daemon hears the whole job. At most FSC_MAX_LOCAL_RANKS values. */
+    const uint32_t *local_ranks;
+    size_t n_local_ranks;
+    /* TLS to a daemon whose ingest has tls_cert (added with local_ranks;
+     * older callers get plain TCP). The daemon's certificate is always
+     * verified, against tls_ca_file (PEM) or the system's CA store, for the
+     * name tls_server_name (NULL: host; an IP address is checked as one).
+     * tls_cert_file + tls_key_file (PEM): this rank's client certificate,
+     * for a daemon with tls_client_ca. Files are read by fsc_open (a bad one
+     * is -EINVAL, named in err). A handshake that fails (untrusted daemon,
+     * refused certificate) is logged and retried with backoff like any
+     * failed connection. */
+    int tls;
+    const char *tls_ca_file;
+    const char *tls_cert_file;
+    const char *tls_key_file;
+    const char *tls_server_name;
+    /* Added after tls_server_name (older callers get them as zero). */
     int advice;              /* non-zero: take Advice from the daemon (see "Advice" below) */
     int resume;              /* non-zero: this attempt restarts from a checkpoint taken at
                                 resume_step (bump `attempt` too); the daemon evaluates the
                                 steps after it as this attempt's, from the run's state at
-                                resume_step ("Rewind" in README) */
+                                resume_step (README "Rewind") */
     uint64_t resume_step;
 };
 
@@ -132,7 +155,7 @@ struct fsc_stats {
     size_t size;              /* caller sets sizeof(struct fsc_stats) before the call */
     uint64_t submitted;       /* reports accepted by fsc_submit (= last assigned seq) */
     uint64_t acked;           /* reports the daemon acknowledged as committed */
-    uint64_t dropped;         /* refused by fsc_submit, or rejected by the daemon */
+    uint64_t dropped;         /* refused by fsc_submit, or by the daemon (daemon_refused) */
     uint64_t sent;            /* report frames written to a socket, resends included */
     uint64_t resent;          /* of which resends after a reconnect */
     uint64_t reconnects;      /* successful handshakes after the first */
@@ -145,7 +168,14 @@ struct fsc_stats {
     char last_error[FSC_ERROR_LEN]; /* most recent error text, "" if none */
     uint64_t recorded;        /* reports written to record_path */
     int record_failed;        /* 1 after a write to record_path failed: recording stopped */
-    /* 0.3 */
+    /* Added after the fields above: a caller built against an older header passes a
+     * smaller size and does not get it. */
+    uint64_t daemon_refused;  /* of `dropped`: reports the daemon will never take (over
+                                 its limits, undecodable, above its max_frame_bytes).
+                                 Not resent; each is logged once with the daemon's
+                                 reason, and its seq goes as an empty report (step and
+                                 time only), so later reports still flow. */
+    /* Added after daemon_refused. */
     uint64_t advice_received; /* Advice frames received, resends included */
     uint64_t advice_pending;  /* received, not yet taken with fsc_poll_advice */
     uint64_t advice_taken;    /* taken with fsc_poll_advice (and acknowledged) */

@@ -121,6 +121,23 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
     if (o->model.n_moe_layers > FSC_MAX_MOE_LAYERS || (o->model.n_moe_layers && !o->model.moe_layers))
         return fsc_err(err, errlen, -EINVAL, "model.moe_layers: at most %d values, non-NULL",
                        FSC_MAX_MOE_LAYERS);
+    if (o->n_local_ranks > FSC_MAX_LOCAL_RANKS || (o->n_local_ranks && !o->local_ranks))
+        return fsc_err(err, errlen, -EINVAL, "local_ranks: at most %d values, non-NULL",
+                       FSC_MAX_LOCAL_RANKS);
+    if (o->n_local_ranks) {
+        int self = 0;
+        for (size_t i = 0; i < o->n_local_ranks; i++) {
+            if (o->local_ranks[i] >= o->world_size)
+                return fsc_err(err, errlen, -EINVAL, "local_ranks[%zu] = %u is not below "
+                               "world_size %u", i, o->local_ranks[i], o->world_size);
+            self |= o->local_ranks[i] == o->rank;
+        }
+        if (!self)
+            return fsc_err(err, errlen, -EINVAL, "local_ranks does not include rank %u itself",
+                           o->rank);
+    }
+    if (!o->tls && (o->tls_ca_file || o->tls_cert_file || o->tls_key_file || o->tls_server_name))
+        return fsc_err(err, errlen, -EINVAL, "tls_* files or name given without tls = 1");
     if (o->record_only && !(o->record_path && o->record_path[0]))
         return fsc_err(err, errlen, -EINVAL, "record_only needs record_path");
     if (o->resume && o->resume_step > INT64_MAX)
@@ -156,6 +173,8 @@ static int pack_hello(const struct fsc_options *o, int with_token, uint8_t **out
         h.detect_from_step = o->detect_from_step;
     }
     h.client_name = (char *)(o->client_name ? o->client_name : "libforeshock/" FSC_VERSION);
+    h.n_local_ranks = o->n_local_ranks;
+    h.local_ranks = (uint32_t *)o->local_ranks;
     if (o->advice) {
         h.has_capabilities = 1;
         h.capabilities = FORESHOCK__CAPABILITY__CAPABILITY_ADVICE;
@@ -191,6 +210,7 @@ static void release(fsc_client *c, int sync)
     fsc_advice_box_free(&c->advice);
     fsc_io_destroy(c);
     fsc_record_close(&c->rec);
+    fsc_tls_free(&c->tls);
     if (sync) {
         pthread_cond_destroy(&c->drained);
         pthread_mutex_destroy(&c->mu);
@@ -258,6 +278,10 @@ int fsc_open(const struct fsc_options *in, fsc_client **out, char *err, size_t e
     c->handshake_timeout_ms = o.handshake_timeout_ms;
     c->log = o.log;
     c->log_ctx = o.log_ctx;
+    if (!o.record_only && (rc = fsc_tls_init(&c->tls, &o, err, errlen)) < 0) {
+        release(c, sync);
+        return rc;
+    }
     c->advice_on = o.advice && !o.record_only;
     if (c->advice_on && (rc = fsc_advice_box_init(&c->advice)) < 0)
         goto fail;
@@ -431,13 +455,14 @@ void fsc_stats(fsc_client *c, struct fsc_stats *s)
     t.resent = c->resent;
     t.reconnects = c->reconnects;
     t.connect_failures = c->connect_failures;
-    t.buffered_reports = c->replay.count;
+    t.buffered_reports = c->replay.count - c->replay.placeholders;
     t.buffered_bytes = c->replay.bytes;
     t.seq_offset = c->seq_offset;
     t.connected = c->connected;
     t.failed = c->failed;
     t.recorded = c->rec.written;
     t.record_failed = c->rec.failed;
+    t.daemon_refused = c->daemon_refused;
     t.advice_received = c->advice.received;
     t.advice_pending = c->advice.n;
     t.advice_taken = c->advice.taken;

@@ -18,6 +18,7 @@
 #include "internal.h"
 #include "record.h"
 #include "replay.h"
+#include "tls.h"
 
 /* After Bye: how long the I/O thread waits for the daemon's last acks and
  * its close before giving up. */
@@ -41,6 +42,7 @@ struct fsc_client {
     int wake_rd, wake_wr; /* self-pipe: caller threads -> I/O thread */
     atomic_int wake_pending; /* a byte is in the pipe, or the I/O thread is about to look */
     int record_only; /* no I/O thread: reports only go to rec */
+    struct fsc_tls tls; /* ctx NULL: plain TCP */
     int advice_on;   /* options.advice: the Hello declared CAPABILITY_ADVICE */
     pthread_t thread;
     struct fsc_io *io;
@@ -50,6 +52,7 @@ struct fsc_client {
     pthread_cond_t drained; /* broadcast when the replay buffer empties or the client fails */
     struct fsc_replay replay;
     uint64_t submitted, acked, dropped, sent, resent, reconnects, connect_failures;
+    uint64_t daemon_refused; /* of dropped: refused by the daemon (io.c, refuse_entry) */
     uint64_t acked_seq;  /* highest client seq the daemon acknowledged */
     uint64_t seq_offset; /* wire seq = client seq + seq_offset */
     int offset_known;    /* set by the first Welcome */

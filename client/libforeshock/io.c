@@ -7,12 +7,18 @@
  * are shared with the caller threads under c->mu; the socket, read buffer
  * and write cursor below belong to this thread alone.
  *
- * Poison reports: the daemon answers a report it cannot accept with
- * Error{MALFORMED or TOO_LARGE} and closes, without saying which report it
- * was. Resending everything would hit the same report forever, so after such
- * an error the client sends one report at a time (waiting for its ack) until
- * it is past the reports that were in flight; a report refused on its own is
- * dropped and counted. */
+ * Poison reports: the daemon answers a report it will never take (over its
+ * limits, undecodable) with Error{MALFORMED, LIMIT or TOO_LARGE} and closes.
+ * Resending it would hit the same wall forever, so it is dropped, counted
+ * (dropped, daemon_refused) and logged, and replaced by a placeholder that
+ * keeps its seq: a Report with its step (and time) only. The daemon takes a
+ * stream's seqs only in order, so without it every later report would be
+ * refused too. The daemon names the report (Error.seq); a daemon that does
+ * not (or an error it could not tie to a report) leaves only MALFORMED and
+ * TOO_LARGE to go on: then the client sends one report at a time (waiting
+ * for its ack) until it is past the reports that were in flight, and a
+ * report refused on its own is the one. A report above the daemon's
+ * max_frame_bytes (Welcome) is replaced before it is sent. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -26,11 +32,16 @@
 #include "backoff.h"
 #include "client.h"
 #include "net.h"
+#include "tls.h"
 #include "wire.h"
+
+#include <openssl/ssl.h>
 
 struct fsc_io {
     struct fsc_client *c;
     int fd;
+    SSL *ssl;             /* TLS on fd, or NULL */
+    int tls_read_wants_write; /* a TLS read waits for the socket to be writable */
     uint64_t rng;
     unsigned fail_streak; /* connect failures since the last handshake */
     uint64_t sessions;    /* handshakes completed */
@@ -50,6 +61,7 @@ struct fsc_io {
     /* Across connections: probe mode (see the file comment). */
     int probe;
     uint64_t probe_until;
+    char refused_note[FSC_ERROR_LEN]; /* set under mu, logged once mu is released */
 
     uint8_t *bye;
     size_t bye_len;
@@ -179,13 +191,52 @@ static int await_connect(struct fsc_client *c, int fd)
     }
 }
 
+/* TLS handshake on the connected io->fd within the handshake timeout. 0
+ * and io->ssl, or -ECANCELED, -ETIMEDOUT, -ENOMEM, -EPROTO (text in err). */
+static int tls_connect(struct fsc_io *io, char *err, size_t errlen)
+{
+    struct fsc_client *c = io->c;
+    int64_t deadline = fsc_now_ms() + c->handshake_timeout_ms;
+    int rc;
+
+    if (!(io->ssl = fsc_tls_new(&c->tls, io->fd)))
+        return fsc_err(err, errlen, -ENOMEM, "TLS: out of memory");
+    while ((rc = fsc_tls_handshake(io->ssl, err, errlen)) > 0) {
+        struct pollfd p[2] = {{.fd = io->fd, .events = rc == FSC_TLS_WANT_WRITE ? POLLOUT : POLLIN},
+                              {.fd = c->wake_rd, .events = POLLIN}};
+        int n;
+
+        if (closing(c)) {
+            rc = -ECANCELED;
+            break;
+        }
+        if (fsc_now_ms() >= deadline) {
+            rc = fsc_err(err, errlen, -ETIMEDOUT, "TLS handshake with %s:%u: no answer within "
+                         "%u ms", c->host, (unsigned)c->port, c->handshake_timeout_ms);
+            break;
+        }
+        n = poll(p, 2, remaining(deadline));
+        if (n < 0 && errno != EINTR) {
+            rc = fsc_err(err, errlen, -errno, "poll: %s", strerror(errno));
+            break;
+        }
+        if (n > 0 && (p[1].revents & POLLIN))
+            drain_wake(c);
+    }
+    if (rc == 0)
+        return 0;
+    fsc_tls_close(io->ssl);
+    io->ssl = NULL;
+    return rc;
+}
+
 /* Tries every address of host:port in turn. 0 and io->fd, -ECANCELED, or
  * the last error (text in err). */
 static int connect_any(struct fsc_io *io, char *err, size_t errlen)
 {
     struct fsc_client *c = io->c;
     struct addrinfo *ai, *a;
-    int rc, fd = -1;
+    int rc, fd = -1, tls_failed = 0;
 
     if ((rc = fsc_net_resolve(c->host, c->port, &ai, err, errlen)) < 0)
         return rc;
@@ -196,8 +247,15 @@ static int connect_any(struct fsc_io *io, char *err, size_t errlen)
             rc = await_connect(c, fd);
         if (rc >= 0) {
             io->fd = fd;
-            rc = 0;
-            break;
+            if (!c->tls.ctx || (rc = tls_connect(io, err, errlen)) == 0)
+                break;
+            io->fd = -1;
+            close(fd);
+            fd = -1;
+            if (rc == -ECANCELED)
+                break;
+            tls_failed = 1; /* err says why; a later address may still do */
+            continue;
         }
         if (fd >= 0)
             close(fd);
@@ -206,7 +264,7 @@ static int connect_any(struct fsc_io *io, char *err, size_t errlen)
             break;
     }
     freeaddrinfo(ai);
-    if (rc < 0 && rc != -ECANCELED)
+    if (rc < 0 && rc != -ECANCELED && !tls_failed)
         fsc_err(err, errlen, rc, "cannot connect to %s:%u: %s", c->host, (unsigned)c->port,
                 strerror(-rc));
     return rc;
@@ -226,9 +284,11 @@ static uint64_t to_client_seq(struct fsc_client *c, uint64_t wire)
 static void apply_ack(struct fsc_io *io, uint64_t s)
 {
     struct fsc_client *c = io->c;
+    size_t placeholders = c->replay.placeholders;
     size_t n = fsc_replay_ack(&c->replay, s);
 
-    c->acked += n;
+    /* A placeholder's ack commits a seq, not a report. */
+    c->acked += n - (placeholders - c->replay.placeholders);
     if (n)
         io->progress = 1;
     if (s > c->acked_seq)
@@ -283,6 +343,61 @@ static int on_welcome(struct fsc_io *io, const Foreshock__Welcome *w)
     return 0;
 }
 
+/* Under mu: the daemon will never take report e. Replaces it by its
+ * placeholder (see the file comment) and counts it. 0, or < 0 when it
+ * stays as it is (-ENOMEM, -EBUSY: it is being written; -EPROTO). */
+static int refuse_entry(struct fsc_client *c, struct fsc_entry *e)
+{
+    uint8_t body[FSC_WIRE_PLACEHOLDER_MAX];
+    size_t n = fsc_wire_report_placeholder(e->body, e->len, body);
+    struct fsc_entry *p;
+    int rc;
+
+    if (!n)
+        return -EPROTO;
+    if (!(p = malloc(sizeof(*p) + n)))
+        return -ENOMEM;
+    memcpy(p->data, body, n);
+    p->next = NULL;
+    p->seq = e->seq;
+    p->placeholder = 1;
+    p->len = n;
+    p->body = p->data;
+    if ((rc = fsc_replay_replace(&c->replay, e, p)) < 0) {
+        free(p);
+        return rc;
+    }
+    c->dropped++;
+    c->daemon_refused++;
+    return 0;
+}
+
+/* Error{seq}: the daemon names the report it refuses. 0 when that report
+ * was replaced by its placeholder, -ENOENT when it is not one we hold. */
+static int refuse_named(struct fsc_io *io, uint64_t wire_seq, const char *msg)
+{
+    struct fsc_client *c = io->c;
+    struct fsc_entry *e = NULL;
+    uint64_t s = 0;
+    int rc = -ENOENT;
+
+    pthread_mutex_lock(&c->mu);
+    if (wire_seq > c->seq_offset && wire_seq - c->seq_offset <= c->submitted) {
+        s = wire_seq - c->seq_offset;
+        e = fsc_replay_find(&c->replay, s);
+    }
+    /* The connection ends: nothing is being written any more. */
+    fsc_replay_sent(&c->replay);
+    if (e && !e->placeholder)
+        rc = refuse_entry(c, e);
+    pthread_mutex_unlock(&c->mu);
+    if (rc == 0)
+        io_log(io, FSC_LOG_WARN,
+               "daemon refused report seq %llu (%s): dropped; an empty report keeps its seq",
+               (unsigned long long)s, msg);
+    return rc == 0 ? 0 : -ENOENT;
+}
+
 static int on_error(struct fsc_io *io, const Foreshock__Error *e)
 {
     struct fsc_client *c = io->c;
@@ -294,6 +409,15 @@ static int on_error(struct fsc_io *io, const Foreshock__Error *e)
         break; /* fatal, below */
     case FORESHOCK__ERROR_CODE__ERROR_MALFORMED:
     case FORESHOCK__ERROR_CODE__ERROR_TOO_LARGE:
+    case FORESHOCK__ERROR_CODE__ERROR_LIMIT:
+        if (io->welcomed && e->has_seq && refuse_named(io, e->seq, msg) == 0)
+            return -EPROTO; /* the rest is resent on the next connection */
+        if (e->code == FORESHOCK__ERROR_CODE__ERROR_LIMIT) {
+            /* About the connection (max_connections, max_runs, deadlines):
+             * later it may pass. */
+            io_log(io, FSC_LOG_WARN, "daemon error %d: %s; reconnecting", (int)e->code, msg);
+            return -ECONNRESET;
+        }
         if (!io->welcomed)
             break; /* our Hello was refused: retrying cannot help */
         pthread_mutex_lock(&c->mu);
@@ -301,12 +425,13 @@ static int on_error(struct fsc_io *io, const Foreshock__Error *e)
             /* Sent alone: this report is the one the daemon refuses. */
             uint64_t seq = c->replay.head->seq;
             fsc_replay_sent(&c->replay);
-            fsc_replay_drop_head(&c->replay);
-            c->dropped++;
-            signal_drained(c);
+            int rc = refuse_entry(c, c->replay.head);
             pthread_mutex_unlock(&c->mu);
-            io_log(io, FSC_LOG_WARN, "daemon refused report seq %llu (%s): dropped",
-                   (unsigned long long)seq, msg);
+            if (rc == 0)
+                io_log(io, FSC_LOG_WARN,
+                       "daemon refused report seq %llu (%s): dropped; an empty report keeps its "
+                       "seq",
+                       (unsigned long long)seq, msg);
             return -EPROTO;
         }
         pthread_mutex_unlock(&c->mu);
@@ -404,7 +529,23 @@ static int do_read(struct fsc_io *io)
             return rc;
         }
         /* fsc_wire_next consumed or refused any full buffer, so there is room. */
-        n = recv(io->fd, rd->buf + rd->len, sizeof(rd->buf) - rd->len, 0);
+        if (io->ssl) {
+            char why[FSC_ERROR_LEN];
+            int want = 0;
+            n = fsc_tls_recv(io->ssl, rd->buf + rd->len, sizeof(rd->buf) - rd->len, &want, why,
+                             sizeof(why));
+            io->tls_read_wants_write = n == -EAGAIN && want == FSC_TLS_WANT_WRITE;
+            if (n == -EAGAIN)
+                return 0;
+            if (n < 0) {
+                /* The daemon refusing our certificate shows here, at the
+                 * first read after a TLS 1.3 handshake. */
+                io_log(io, FSC_LOG_WARN, "%s", why);
+                return (int)n;
+            }
+        } else {
+            n = recv(io->fd, rd->buf + rd->len, sizeof(rd->buf) - rd->len, 0);
+        }
         if (n == 0) {
             if (!io->bye_sent)
                 io_log(io, FSC_LOG_WARN, "daemon closed the connection");
@@ -432,8 +573,9 @@ static uint64_t frame_len(const struct fsc_io *io, const struct fsc_entry *e)
     return fsc_wire_report_header(e->seq + io->c->seq_offset, e->len, hdr) - 4 + (uint64_t)e->len;
 }
 
-/* Under mu: the next report to write, or NULL. Drops reports above the
- * daemon's frame limit (it would refuse them forever). */
+/* Under mu: the next report to write, or NULL. A report above the
+ * daemon's frame limit (it would refuse it forever) goes as its
+ * placeholder; io->refused_note says so for the caller to log. */
 static struct fsc_entry *next_report(struct fsc_io *io)
 {
     struct fsc_client *c = io->c;
@@ -441,13 +583,16 @@ static struct fsc_entry *next_report(struct fsc_io *io)
 
     if (!io->welcomed || io->bye_queued || (io->probe && c->replay.in_flight > 0))
         return NULL;
-    while ((e = c->replay.next_send) && io->max_frame && frame_len(io, e) > io->max_frame) {
-        fsc_err(c->last_error, sizeof(c->last_error), 0,
-                "report seq %llu (%zu bytes) exceeds the daemon's max_frame_bytes %u: dropped",
-                (unsigned long long)e->seq, e->len, io->max_frame);
-        fsc_replay_discard_next(&c->replay);
-        c->dropped++;
-        signal_drained(c);
+    e = c->replay.next_send;
+    if (e && io->max_frame && !e->placeholder && frame_len(io, e) > io->max_frame) {
+        uint64_t seq = e->seq;
+        size_t len = e->len;
+        if (refuse_entry(c, e) == 0) {
+            snprintf(io->refused_note, sizeof(io->refused_note),
+                     "report seq %llu (%zu bytes) exceeds the daemon's max_frame_bytes %u: "
+                     "dropped; an empty report keeps its seq",
+                     (unsigned long long)seq, len, io->max_frame);
+        }
     }
     return fsc_replay_take(&c->replay);
 }
@@ -502,6 +647,10 @@ static int pick_write(struct fsc_io *io)
     pthread_mutex_lock(&c->mu);
     e = next_report(io);
     pthread_mutex_unlock(&c->mu);
+    if (io->refused_note[0]) {
+        io_log(io, FSC_LOG_WARN, "%s", io->refused_note);
+        io->refused_note[0] = '\0';
+    }
     if (!e)
         return 0;
     io->cur = e;
@@ -543,7 +692,30 @@ static int do_write(struct fsc_io *io)
     while (pick_write(io)) {
         ssize_t n;
 
-        if (io->ctrl) {
+        if (io->ssl) {
+            /* One buffer per write: header, then body (each may be partial). */
+            const void *p;
+            size_t len;
+            char why[FSC_ERROR_LEN];
+            int want = 0;
+            if (io->ctrl) {
+                p = io->ctrl + io->ctrl_off;
+                len = io->ctrl_len - io->ctrl_off;
+            } else if (io->cur_off < io->hdr_len) {
+                p = io->hdr + io->cur_off;
+                len = io->hdr_len - io->cur_off;
+            } else {
+                p = io->cur->body + (io->cur_off - io->hdr_len);
+                len = io->cur->len - (io->cur_off - io->hdr_len);
+            }
+            n = fsc_tls_send(io->ssl, p, len, &want, why, sizeof(why));
+            if (n == -EAGAIN)
+                return 0;
+            if (n < 0) {
+                io_log(io, FSC_LOG_WARN, "%s", why);
+                return (int)n;
+            }
+        } else if (io->ctrl) {
             n = send(io->fd, io->ctrl + io->ctrl_off, io->ctrl_len - io->ctrl_off,
                      MSG_NOSIGNAL | MSG_DONTWAIT);
         } else {
@@ -559,7 +731,7 @@ static int do_write(struct fsc_io *io)
             }
             n = sendmsg(io->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         }
-        if (n < 0) {
+        if (n < 0 && !io->ssl) {
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -572,6 +744,8 @@ static int do_write(struct fsc_io *io)
             if (io->ctrl_off == io->ctrl_len) {
                 if (io->ctrl == io->bye) {
                     io->bye_sent = 1;
+                    if (io->ssl)
+                        (void)SSL_shutdown(io->ssl); /* close_notify; best effort */
                     shutdown(io->fd, SHUT_WR);
                 } else if (io->ctrl == io->ackbuf) {
                     pthread_mutex_lock(&io->c->mu);
@@ -633,6 +807,8 @@ static void session(struct fsc_io *io)
         }
         if (io->bye_queued && !io->bye_sent)
             want_write = 1;
+        if (io->ssl && io->tls_read_wants_write)
+            want_write = 1;
         if (want_write)
             p[1].events |= POLLOUT;
         if (io->deadline_ms && fsc_now_ms() >= io->deadline_ms) {
@@ -652,6 +828,8 @@ static void session(struct fsc_io *io)
             drain_wake(c);
         if ((p[1].revents & (POLLIN | POLLHUP | POLLERR)) && do_read(io) < 0)
             return;
+        if (io->tls_read_wants_write && (p[1].revents & POLLOUT) && do_read(io) < 0)
+            return;
         if ((p[1].revents & POLLOUT) && do_write(io) < 0)
             return;
     }
@@ -662,6 +840,10 @@ static void end_session(struct fsc_io *io)
 {
     struct fsc_client *c = io->c;
 
+    if (io->ssl)
+        fsc_tls_close(io->ssl);
+    io->ssl = NULL;
+    io->tls_read_wants_write = 0;
     close(io->fd);
     io->fd = -1;
     io->cur = NULL;
@@ -751,6 +933,8 @@ void fsc_io_destroy(struct fsc_client *c)
 {
     if (!c->io)
         return;
+    if (c->io->ssl)
+        fsc_tls_close(c->io->ssl);
     if (c->io->fd >= 0)
         close(c->io->fd);
     free(c->io->bye);

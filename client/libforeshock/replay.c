@@ -51,6 +51,7 @@ static void free_head(struct fsc_replay *r)
         r->tail = NULL;
     r->count--;
     r->bytes -= fsc_replay_cost(e);
+    r->placeholders -= e->placeholder != 0;
     free(e);
 }
 
@@ -65,29 +66,39 @@ size_t fsc_replay_ack(struct fsc_replay *r, uint64_t seq)
     return n;
 }
 
-int fsc_replay_drop_head(struct fsc_replay *r)
+struct fsc_entry *fsc_replay_find(const struct fsc_replay *r, uint64_t seq)
 {
-    if (!r->head || r->head == r->sending)
-        return -ENOENT;
-    free_head(r);
-    return 0;
+    struct fsc_entry *e;
+
+    for (e = r->head; e && e->seq <= seq; e = e->next)
+        if (e->seq == seq)
+            return e;
+    return NULL;
 }
 
-int fsc_replay_discard_next(struct fsc_replay *r)
+int fsc_replay_replace(struct fsc_replay *r, struct fsc_entry *e, struct fsc_entry *n)
 {
-    struct fsc_entry *e = r->next_send;
+    struct fsc_entry *prev = NULL, *p;
 
-    if (!e)
+    if (e == r->sending)
+        return -EBUSY;
+    for (p = r->head; p && p != e; p = p->next)
+        prev = p;
+    if (!p)
         return -ENOENT;
-    if (r->last_taken)
-        r->last_taken->next = e->next;
+    n->next = e->next;
+    if (prev)
+        prev->next = n;
     else
-        r->head = e->next;
+        r->head = n;
     if (r->tail == e)
-        r->tail = r->last_taken;
-    r->next_send = e->next;
-    r->count--;
-    r->bytes -= fsc_replay_cost(e);
+        r->tail = n;
+    if (r->next_send == e)
+        r->next_send = n;
+    if (r->last_taken == e)
+        r->last_taken = n;
+    r->bytes = r->bytes - fsc_replay_cost(e) + fsc_replay_cost(n);
+    r->placeholders += (n->placeholder != 0) - (e->placeholder != 0);
     free(e);
     return 0;
 }

@@ -15,6 +15,7 @@
 struct fsc_entry {
     struct fsc_entry *next;
     uint64_t seq;        /* client seq (1, 2, ...) */
+    int placeholder;     /* stands for a report the daemon refused (fsc_replay_replace) */
     size_t len;          /* bytes at body */
     const uint8_t *body; /* Report message bytes without its seq field (see wire.h) */
     uint8_t data[];      /* storage that body points into */
@@ -27,6 +28,7 @@ struct fsc_replay {
     struct fsc_entry *sending;    /* taken, write in progress: must not be freed */
     size_t count, bytes, max_bytes;
     size_t in_flight;             /* entries before next_send: sent, not yet acked */
+    size_t placeholders;          /* entries with placeholder set */
 };
 
 /* Memory an entry is charged against max_bytes. */
@@ -42,13 +44,15 @@ FSC_HIDDEN int fsc_replay_push(struct fsc_replay *r, struct fsc_entry *e);
  * being written. Returns how many were freed. */
 FSC_HIDDEN size_t fsc_replay_ack(struct fsc_replay *r, uint64_t seq);
 
-/* Frees the head entry (a report the daemon rejected). Returns 0 or -ENOENT
- * when empty or the head is being written. */
-FSC_HIDDEN int fsc_replay_drop_head(struct fsc_replay *r);
+/* The entry with this seq, or NULL. */
+FSC_HIDDEN struct fsc_entry *fsc_replay_find(const struct fsc_replay *r, uint64_t seq);
 
-/* Frees next_send without sending it (too large for the daemon). Returns 0
- * or -ENOENT. */
-FSC_HIDDEN int fsc_replay_discard_next(struct fsc_replay *r);
+/* Puts n (same seq; ownership taken on success) where e is, keeping the
+ * send cursor and in-flight count as they were, and frees e: a refused
+ * report becomes its placeholder. Charged n's cost instead of e's, even
+ * past max_bytes (n is never the larger in use). Returns 0, -ENOENT (e not
+ * in r) or -EBUSY (e is being written; caller keeps n). */
+FSC_HIDDEN int fsc_replay_replace(struct fsc_replay *r, struct fsc_entry *e, struct fsc_entry *n);
 
 /* A new connection: everything unacknowledged is to be sent again. */
 FSC_HIDDEN void fsc_replay_rewind(struct fsc_replay *r);

@@ -463,6 +463,7 @@ int fsc_report_pack_msg(const Foreshock__Report *msg, size_t max_bytes, struct f
     }
     e->next = NULL;
     e->seq = 0;
+    e->placeholder = 0;
     e->body = e->data + 2;
     e->len = n - 2;
     *out = e;

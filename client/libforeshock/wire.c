@@ -52,6 +52,36 @@ size_t fsc_wire_report_header(uint64_t seq, size_t body_len,
     return n;
 }
 
+#define TAG_REPORT_STEP ((2u << 3) | 0u) /* Report.step, varint */
+#define TAG_REPORT_TIME ((3u << 3) | 1u) /* Report.time_unix, 64-bit */
+
+size_t fsc_wire_report_placeholder(const uint8_t *body, size_t len,
+                                   uint8_t out[FSC_WIRE_PLACEHOLDER_MAX])
+{
+    size_t i = 0, n = 0;
+    int step = 0;
+
+    /* Fields in number order (protobuf-c), so step and time come first. */
+    while (i < len && (body[i] == TAG_REPORT_STEP || body[i] == TAG_REPORT_TIME)) {
+        size_t start = i++;
+        if (body[start] == TAG_REPORT_TIME) {
+            if (len - i < 8 || n + 9 > FSC_WIRE_PLACEHOLDER_MAX)
+                return 0;
+            i += 8;
+        } else {
+            while (i < len && (body[i] & 0x80) && i - start < 10)
+                i++;
+            if (i >= len || (body[i] & 0x80) || n + (i + 1 - start) > FSC_WIRE_PLACEHOLDER_MAX)
+                return 0;
+            i++;
+            step = 1;
+        }
+        memcpy(out + n, body + start, i - start);
+        n += i - start;
+    }
+    return step ? n : 0;
+}
+
 int fsc_wire_pack(const Foreshock__Frame *f, uint8_t **out, size_t *len)
 {
     size_t n = foreshock__frame__get_packed_size(f);

@@ -35,6 +35,16 @@ FSC_HIDDEN uint32_t fsc_wire_get_be32(const uint8_t *p);
 FSC_HIDDEN size_t fsc_wire_report_header(uint64_t seq, size_t body_len,
                                          uint8_t hdr[FSC_WIRE_REPORT_HDR_MAX]);
 
+/* The body of a placeholder for a refused report whose body (the Report
+ * without its seq field) is body/len: its step and, when set, time_unix,
+ * and nothing else, so that its seq still reaches the daemon (seqs must
+ * stay dense) while what the daemon refused does not. Writes at most
+ * FSC_WIRE_PLACEHOLDER_MAX bytes to out; returns the length, or 0 when body
+ * holds no step (not a body this library packed). */
+#define FSC_WIRE_PLACEHOLDER_MAX (1 + 10 + 1 + 8)
+FSC_HIDDEN size_t fsc_wire_report_placeholder(const uint8_t *body, size_t len,
+                                              uint8_t out[FSC_WIRE_PLACEHOLDER_MAX]);
+
 /* Packs f behind a length prefix into a new malloc'd buffer (*out, *len).
  * Returns 0, -ENOMEM or -EMSGSIZE. Caller frees *out. */
 FSC_HIDDEN int fsc_wire_pack(const Foreshock__Frame *f, uint8_t **out, size_t *len);

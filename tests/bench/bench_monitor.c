@@ -10,9 +10,21 @@
  *   eig      the bare calls of MONITORS.md's eigen route, for comparison:
  *            dsyevd('V') of G1, C = L^1/2 V^T G2 V L^1/2 (2 dgemm), dsyev('N');
  *   numpy    tests/bench/monitor_numpy.py on the same Grams (written to a
- *            temporary file), the same math, both routes, in heads/s.
- * Each figure is the best of 3 rounds of --seconds each (the machine is
- * shared; the best round is the least disturbed one).
+ *            temporary file), the same math, both routes, in heads/s. The
+ *            baseline does the same work as the C code, call for call:
+ *            its Cholesky route is dpotrf, two dtrmm (scipy's BLAS wrapper)
+ *            and dsyevd without vectors, as the module's is dpotrf, two
+ *            dtrmm and dsyev('N') (the same tridiagonal reduction and
+ *            dsterf); its eigen route is the eig column's dsyevd('V') and
+ *            two dgemm. So mod/numpy is what C saves over Python driving
+ *            the same LAPACK, not a cheaper algorithm. (Before 2026-12-03
+ *            the numpy route formed C with two dense GEMMs, twice the
+ *            flops of the triangular products, and the ratio was ~2x.)
+ * Each figure is heads per CPU second of the measuring thread (C:
+ * CLOCK_THREAD_CPUTIME_ID; numpy: time.thread_time), the best of 3 rounds
+ * of --seconds of CPU each: on a shared machine wall time would count the
+ * other processes' turns too (measured: ratios swinging 0.5x-1.8x between
+ * runs at load 4 on 2 cores).
  *
  * usage: bench_monitor [--dh 64,128] [--heads 8] [--seconds 0.5]
  *                      [--numpy PATH|none] [--python /usr/bin/python3] */
@@ -34,10 +46,14 @@
 #define BENCH_MAX_DHS 8
 #define BENCH_PATH_MAX 4096
 
+/* CPU time of this thread: every figure is heads per CPU second (OpenBLAS
+ * runs on this one thread). The machine is shared; wall time would also
+ * count the turns other processes take on the core, differently for each
+ * column, and the ratios would measure the neighbours. */
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -376,8 +392,8 @@ int main(int argc, char **argv)
     }
     monitor_init();
     const char *core = getenv("OPENBLAS_CORETYPE");
-    printf("bench_monitor: Gram kind, d = 4 dh, %zu distinct heads, best of %d rounds of %.2f s, "
-           "OpenBLAS 1 thread%s%s\n",
+    printf("bench_monitor: Gram kind, d = 4 dh, %zu distinct heads, best of %d rounds of %.2f "
+           "CPU s, heads per CPU second, OpenBLAS 1 thread%s%s\n",
            heads, BENCH_ROUNDS, seconds, core ? ", OPENBLAS_CORETYPE=" : "", core ? core : "");
     printf("%5s %12s %12s %12s %12s %12s %10s %10s\n", "dh", "module/s", "floor/s", "eig/s",
            "numpy/s", "numpy-eig/s", "floor/mod", "mod/numpy");

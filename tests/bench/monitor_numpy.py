@@ -5,14 +5,22 @@ Reads the Grams bench_monitor wrote ("FSGRAMS1", u32 dh, u32 heads, then per
 head the GA and GB upper triangles, row-major, float64) and computes per head
 exactly what qk_head_from_grams does: unpack, the four squared norms, c_qk,
 the spectra d2, d1, d3, w, and the section 1.3 scalars. Two routes for
-lambda(G1 G2):
-  chol  G1 = L L^T (np.linalg.cholesky), C = L^T G2 L, eigvalsh(C)
-        (the module's route; numpy has no pivoted Cholesky, the bench's
-        Grams are full rank);
-  eig   G1 = V diag(w) V^T (eigh), C = (V w^1/2)^T G2 (V w^1/2), eigvalsh(C)
-        (MONITORS.md's wording).
+lambda(G1 G2), each with the same LAPACK/BLAS calls as its C counterpart in
+bench_monitor, so that the ratio measures the language and its overheads,
+not a different algorithm:
+  chol  the module's route: G1 = L L^T (np.linalg.cholesky: dpotrf),
+        C = L^T G2 L by two triangular products (scipy.linalg.blas.dtrmm,
+        as monitor_qk.c does; two general products would do twice the
+        flops), eigvalsh(C) (dsyevd without vectors: the same tridiagonal
+        reduction and dsterf as the module's dsyev('N')). numpy has no
+        pivoted Cholesky; the bench's Grams are full rank.
+  eig   MONITORS.md's wording: G1 = V diag(w) V^T (eigh: dsyevd('V')),
+        C = (V w^1/2)^T G2 (V w^1/2) by two dgemm, eigvalsh(C), as
+        bench_monitor's eig column.
 Prints one line per route:
   route=<chol|eig> heads_per_s=<best of --rounds> checksum=<sum of erank2>
+heads_per_s is per CPU second of this thread (time.thread_time), as
+bench_monitor measures its own columns.
 The checksum (sum over heads and spectra of erank_2) must match the C
 module's; bench_monitor checks it. Run with OPENBLAS_NUM_THREADS=1 for a
 one-thread comparison (bench_monitor does).
@@ -27,6 +35,7 @@ import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402  (after the thread setting)
+from scipy.linalg.blas import dtrmm  # noqa: E402  (Debian python3-scipy)
 
 EPS = np.finfo(np.float64).eps
 
@@ -65,10 +74,16 @@ def scalars(s, m):
 
 def make_pair_chol():
     def factor(g1):
-        return np.linalg.cholesky(g1)
+        # Column-major, as LAPACK/BLAS want it: dtrmm then copies nothing.
+        return np.asfortranarray(np.linalg.cholesky(g1))
 
     def project(f, g2):
-        return np.linalg.eigvalsh(f.T @ g2 @ f)
+        # X = G2 L (dtrmm, right side; G2 symmetric, so its transpose, a
+        # column-major view, is G2; the copy into X is the one the module
+        # makes too), then C = L^T X in place (dtrmm, left, transposed).
+        x = dtrmm(1.0, f, g2.T, side=1, lower=1)
+        c = dtrmm(1.0, f, x, side=0, lower=1, trans_a=1, overwrite_b=1)
+        return np.linalg.eigvalsh(c)
     return factor, project
 
 
@@ -143,12 +158,12 @@ def main():
         best = 0.0
         for _ in range(args.rounds):
             done = 0
-            t0 = time.perf_counter()
+            t0 = time.thread_time()  # CPU time, as bench_monitor measures
             while True:
                 for ga, gb in heads:
                     head(ga, gb, dh, iu, factor, project)
                     done += 1
-                t = time.perf_counter() - t0
+                t = time.thread_time() - t0
                 if t >= args.seconds:
                     break
             best = max(best, done / t)

@@ -276,9 +276,11 @@ def frame_bytes(pb, frame):
 class RawConn:
     """A plain socket speaking the length-prefixed protocol."""
 
-    def __init__(self, pb, port, timeout=30):
+    def __init__(self, pb, port, timeout=30, ssl_context=None):
         self.pb = pb
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        if ssl_context is not None:  # TLS on ingest (tls_cert/tls_key)
+            self.sock = ssl_context.wrap_socket(self.sock, server_hostname="localhost")
 
     def send_raw(self, data):
         self.sock.sendall(data)

@@ -9,7 +9,9 @@ against the real daemon, so they cannot drift from it:
 - k8s/: the YAML parses, the sidecar is native (an initContainer with
   restartPolicy Always), ports and probes match the daemon's defaults and
   its config, the config template renders with the init container's own
-  command and the real daemon starts with the result;
+  command and the real daemon starts with the result; the per-job manifest
+  (StatefulSet, volume claim, Service, mutual TLS, per-run token) agrees
+  with itself and the daemon starts with its config and test certificates;
 - grafana/: the JSON parses into a dashboard with a $run variable and the
   three rows;
 - every metric name the rules and the dashboard use exists in the real
@@ -143,10 +145,11 @@ def config_keys(lines):
     return keys
 
 
-def start_with_config(args, workdir, info, text, name):
+def start_with_config(args, workdir, info, text, name, https_ca=None):
     """Starts the real daemon with config text (its listen/http/db replaced
-    by ephemeral loopback ones on the command line), checks /readyz, stops
-    it; returns nothing, raises Failure."""
+    by ephemeral loopback ones on the command line), checks /readyz (over
+    HTTPS, trusting https_ca, when given), stops it; returns nothing,
+    raises Failure."""
     path = os.path.join(workdir, name)
     with open(path, "w") as f:
         f.write(text)
@@ -154,7 +157,14 @@ def start_with_config(args, workdir, info, text, name):
     os.makedirs(sub, exist_ok=True)
     d = Daemon(args.build_dir, sub, config=path)
     try:
-        status, body = http_get(d.url("/readyz"))
+        if https_ca:
+            import ssl
+            ctx = ssl.create_default_context(cafile=https_ca)
+            with urllib.request.urlopen(f"https://localhost:{d.http_port}/readyz", timeout=10,
+                                        context=ctx) as r:
+                status, body = r.status, r.read()
+        else:
+            status, body = http_get(d.url("/readyz"))
         check(status == 200, f"{name}: GET /readyz: {status} {body[:200]!r}")
     finally:
         rc = d.stop()
@@ -204,7 +214,10 @@ def check_conf_reference(args, workdir, info):
         check(re.search(rf"^#\s+{re.escape(key)} = \S", text, re.M),
               f"foreshockd.conf.example: [detect] key '{key}' missing from the key list")
     for kind, name, kv in sections:
-        check(kind in ("detect", "target"), f"foreshockd.conf.example: unknown section [{kind}]")
+        check(kind in ("detect", "target", "run"),
+              f"foreshockd.conf.example: unknown section [{kind}]")
+        if kind == "run":
+            check(set(kv) == {"token"}, f"[run \"{name}\"]: keys {sorted(kv)}, want token")
         if kind == "detect":
             check(name in info.detect_rules, f"[detect \"{name}\"]: no such rule in --help")
             for k in kv:
@@ -482,7 +495,9 @@ def check_k8s(args, workdir, info):
         return
     docs = [d for d in yaml.safe_load_all(open(path)) if d]
     by_kind = {d["kind"]: d for d in docs}
-    check(set(by_kind) == {"ConfigMap", "Secret", "Job"}, f"kinds: {sorted(by_kind)}")
+    check(set(by_kind) == {"ConfigMap", "Secret", "Job", "PersistentVolumeClaim"},
+          f"kinds: {sorted(by_kind)}")
+    claim = by_kind["PersistentVolumeClaim"]["metadata"]["name"]
     cm, secret, job = by_kind["ConfigMap"], by_kind["Secret"], by_kind["Job"]
     tmpl_meta = job["spec"]["template"]["metadata"]
     pod = job["spec"]["template"]["spec"]
@@ -565,9 +580,11 @@ def check_k8s(args, workdir, info):
     hhost, _, hport = top["http"].rpartition(":")
     check(hhost == "0.0.0.0" and int(hport) == ports["foreshock-http"],
           f"config http {top['http']}: must listen on all addresses on the HTTP port")
-    data_mount = [p for p, n in mounts.items() if n in vols and "emptyDir" in vols[n]
+    # History outlives the pod: the database is on the file's claim.
+    data_mount = [p for p, n in mounts.items() if n in vols and
+                  vols[n].get("persistentVolumeClaim", {}).get("claimName") == claim
                   and top["db"].startswith(p + "/")]
-    check(data_mount, f"db {top['db']} is not on a mounted data volume")
+    check(data_mount, f"db {top['db']} is not on the PersistentVolumeClaim {claim}")
     check(top.get("token") == secret_env["FORESHOCK_TOKEN"] and
           any(e["name"] == "FORESHOCK_TOKEN" for e in trainer["env"]),
           "the trainer and the daemon must share the ingest token")
@@ -830,6 +847,83 @@ def check_image(args, workdir, info):
         print("note: hadolint is not in Debian 12: the Dockerfile is checked by the parse above")
 
 
+def check_k8s_per_job(args, workdir, info):
+    """The per-job daemon: a StatefulSet with its database on a volume claim,
+    a Service, mutual TLS on ingest and HTTPS, a per-run token the Job's
+    ranks carry; the real daemon starts with its config (TLS files made
+    with openssl where the Secrets would be mounted)."""
+    path = os.path.join(args.source_dir, "deploy", "k8s", "foreshock-per-job.yaml")
+    if not have_yaml("the per-job Kubernetes manifest"):
+        return
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    kinds = sorted(d["kind"] for d in docs)
+    check(kinds == ["Job", "Secret", "Secret", "Service", "StatefulSet"], f"kinds: {kinds}")
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    svc = next(d for d in docs if d["kind"] == "Service")
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    job = next(d for d in docs if d["kind"] == "Job")
+    pod = sts["spec"]["template"]["spec"]
+    (side,) = pod["containers"]
+    ports = {p["name"]: p["containerPort"] for p in side["ports"]}
+    check(ports.get("foreshock-ingest") == info.port("listen") and
+          ports.get("foreshock-http") == info.port("http"), f"container ports {ports}")
+    for p in svc["spec"]["ports"]:
+        check(p["targetPort"] in ports, f"service port {p['name']} targets no container port")
+    check(svc["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items(),
+          "the Service does not select the StatefulSet's pod")
+    check(sts["spec"]["replicas"] == 1, "one daemon per database")
+    for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+        check(side[kind]["httpGet"].get("scheme") == "HTTPS", f"{kind} is not over HTTPS")
+
+    vols = {v["name"]: v for v in pod["volumes"]}
+    claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
+    mounts = {m["mountPath"]: m["name"] for m in side["volumeMounts"]}
+    for m in side["volumeMounts"]:
+        check(m["name"] in vols or m["name"] in claims, f"mount of unknown volume {m['name']}")
+    config_path = side["args"][side["args"].index("--config") + 1]
+    cvol = vols[mounts[os.path.dirname(config_path)]]
+    conf_secret = secrets[cvol["secret"]["secretName"]]
+    text = conf_secret["stringData"][os.path.basename(config_path)]
+    sections = split_sections(text)
+    top = config_keys(sections[0][1])
+    check(top["listen"] == f"0.0.0.0:{ports['foreshock-ingest']}",
+          f"listen {top['listen']}: the Service needs ingest on every address")
+    # History outlives the pod: the database is on the claim.
+    check(any(top["db"].startswith(p + "/") and n in claims for p, n in mounts.items()),
+          f"db {top['db']} is not on a volume claim")
+    tls_dir = [p for p, n in mounts.items() if n in vols and "secret" in vols[n]
+               and p != os.path.dirname(config_path)]
+    check(len(tls_dir) == 1, f"TLS mount: {tls_dir}")
+    for k in ("tls_cert", "tls_key", "tls_client_ca", "http_tls_cert", "http_tls_key"):
+        check(top.get(k, "").startswith(tls_dir[0] + "/"), f"{k} = {top.get(k)}: not in the TLS mount")
+
+    # The Job's ranks: the Service's name and port, TLS, the per-run token.
+    (trainer,) = job["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in trainer["env"]}
+    host, _, port = env["FORESHOCK_ENDPOINT"]["value"].rpartition(":")
+    check(host.split(".")[0] == svc["metadata"]["name"] and int(port) == 7781,
+          f"endpoint {env['FORESHOCK_ENDPOINT']['value']}: not the Service")
+    for k in ("FORESHOCK_TLS_CA", "FORESHOCK_TLS_CERT", "FORESHOCK_TLS_KEY"):
+        check(k in env, f"the trainer lacks {k}")
+    ref = env["FORESHOCK_TOKEN"]["valueFrom"]["secretKeyRef"]
+    token = secrets[ref["name"]]["stringData"][ref["key"]]
+    run = env["FORESHOCK_RUN"]["value"]
+    runs = [(h, config_keys(lines)) for h, lines in sections[1:] if h.startswith("[run ")]
+    check(any(kv.get("token") == token and re.fullmatch(
+              h[len('[run "'):-2].replace(".", r"\.").replace("*", ".*").replace("?", "."), run)
+              for h, kv in runs), f"run {run}: no [run] section with the Job's token")
+
+    # The real daemon with this config: test certificates where the Secret goes.
+    from test_tls import make_pki
+    pki_dir = os.path.join(workdir, "pki")
+    os.makedirs(pki_dir)
+    pki = make_pki(pki_dir)
+    files = {"tls.crt": pki["server.pem"], "tls.key": pki["server.key"], "ca.crt": pki["ca.pem"]}
+    for name, real in files.items():
+        text = text.replace(f"{tls_dir[0]}/{name}", real)
+    start_with_config(args, workdir, info, text, "k8s-per-job.conf", https_ca=pki["ca.pem"])
+
+
 # --- Grafana ----------------------------------------------------------------------------------
 
 
@@ -953,6 +1047,7 @@ CHECKS = [
     ("alertmanager config", check_alertmanager),
     ("kubernetes manifest", check_k8s),
     ("container image", check_image),
+    ("kubernetes per-job manifest", check_k8s_per_job),
     ("grafana dashboard", check_grafana),
     ("metric names vs /metrics", check_metrics),
 ]

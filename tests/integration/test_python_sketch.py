@@ -258,7 +258,7 @@ def check_layouts(torch, nn, foreshock):
             check([(s.layer, s.n_heads, s.n_kv_heads, s.head_dim) for s in found] ==
                   [(i, h, kv, dh) for i in range(2)],
                   f"{name}: found {[(s.name, s.n_heads, s.n_kv_heads, s.head_dim) for s in found]}")
-        rec = sketch_once(torch, foreshock, model, set_t, specs)
+        rec = sketch_once(torch, foreshock, model, set_t, specs, route="gram")
         rep = rec.by_step().get(1)
         check(rep is not None and len(rep.attention) == 2 * h,
               f"{name}: expected {2 * h} head sketches at step 1")

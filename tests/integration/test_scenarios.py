@@ -1,9 +1,11 @@
 """Each simulator scenario against a real daemon gives the expected alerts
 over HTTP: none for healthy; an attention-numerics alert that fires before
 the simulated loss diverges; optimizer-hyperparameter (or combined) for a
-too-large learning rate; combined when both faults are injected. The last
-case restarts the daemon in the middle of the run: the outcome must not
-change (no re-fired alert, no forgotten one)."""
+too-large learning rate; combined when both faults are injected. Healthy and
+attention-numerics also run on the spectrum route with grouped-query
+attention (8 query heads, 2 key heads; each rank sends whole heads' spectrum
+sketches). The last case restarts the daemon in the middle of the run: the
+outcome must not change (no re-fired alert, no forgotten one)."""
 import os
 import re
 import subprocess
@@ -24,6 +26,9 @@ EXPECT = {
     "lr-spike": ({"optimizer-hyperparameter", "combined"}, {"attention-numerics"}),
     "combined": ({"combined"}, set()),
 }
+
+
+SPECTRUM_GQA = ("--route", "spectrum", "--heads", "8", "--kv-heads", "2")
 
 
 def simulate(args, endpoint, run, scenario, extra=()):
@@ -90,12 +95,22 @@ def test(args, workdir):
     d = Daemon(args.build_dir, workdir)
     restarted = None
     try:
-        procs = {s: simulate(args, d.endpoint, f"sc-{s}", s)
+        procs = {(s, f"sc-{s}"): simulate(args, d.endpoint, f"sc-{s}", s)
                  for s in ("healthy", "attention-numerics", "lr-spike")}
-        for s, p in procs.items():
+        procs.update({(s, f"sc-{s}-spectrum"): simulate(args, d.endpoint, f"sc-{s}-spectrum", s,
+                                                        extra=SPECTRUM_GQA)
+                      for s in ("healthy", "attention-numerics")})
+        for (s, run), p in procs.items():
             div = finish(p)
-            wait_evaluated(d, f"sc-{s}", STEPS - SKETCH_EVERY)
-            check_outcome(d, f"sc-{s}", s, div)
+            wait_evaluated(d, run, STEPS - SKETCH_EVERY)
+            check_outcome(d, run, s, div)
+        # The spectrum runs sent each head once, as a spectrum sketch: 8
+        # heads' series per layer, and no incomplete reduction.
+        heads = run_all_pages(d, "/api/v1/series?run=sc-attention-numerics-spectrum"
+                              "&name=qk.d2.erank", "series")
+        check(sorted({(x["labels"]["layer"], x["labels"]["head"]) for x in heads}) ==
+              [(layer, h) for layer in range(2) for h in range(8)],
+              f"spectrum run heads: {[x['labels'] for x in heads][:20]}")
 
         # combined, with a daemon restart (SIGTERM) in the middle of the run.
         p = simulate(args, d.endpoint, "sc-combined", "combined", extra=("--rate", "100"))

@@ -112,15 +112,23 @@ static void send_ack(int fd, uint64_t seq)
     send_frame(fd, &f);
 }
 
-static void send_error(int fd, Foreshock__ErrorCode code, const char *msg)
+/* Error{code, msg}, and Error.seq when seq > 0. */
+static void send_error_seq(int fd, Foreshock__ErrorCode code, const char *msg, uint64_t seq)
 {
     Foreshock__Error e = FORESHOCK__ERROR__INIT;
     Foreshock__Frame f = FORESHOCK__FRAME__INIT;
     e.code = code;
     e.message = (char *)msg;
+    e.has_seq = seq > 0;
+    e.seq = seq;
     f.body_case = FORESHOCK__FRAME__BODY_ERROR;
     f.error = &e;
     send_frame(fd, &f);
+}
+
+static void send_error(int fd, Foreshock__ErrorCode code, const char *msg)
+{
+    send_error_seq(fd, code, msg, 0);
 }
 
 /* Accepts a connection and checks its Hello; returns the socket. */
@@ -142,6 +150,22 @@ static uint64_t read_report(int fd, uint64_t *step)
     uint64_t seq = f->report->seq;
     if (step)
         *step = f->report->step;
+    foreshock__frame__free_unpacked(f, NULL);
+    return seq;
+}
+
+/* Reads the placeholder of a refused report: its seq and step, nothing
+ * else. Returns the seq. */
+static uint64_t read_placeholder(int fd, uint64_t want_step)
+{
+    Foreshock__Frame *f = read_frame(fd);
+    cr_assert(f, "EOF, expected a placeholder Report");
+    cr_assert_eq(f->body_case, FORESHOCK__FRAME__BODY_REPORT);
+    const Foreshock__Report *r = f->report;
+    cr_expect_eq(r->step, want_step);
+    cr_expect(!r->scalars && !r->n_attention && !r->n_router_gram && !r->n_router_tokens,
+              "a placeholder carries nothing but its step");
+    uint64_t seq = r->seq;
     foreshock__frame__free_unpacked(f, NULL);
     return seq;
 }
@@ -414,9 +438,11 @@ Test(client_io, internal_error_reconnects)
     close(fk.lfd);
 }
 
-/* A report the daemon refuses is found by sending one at a time after the
- * error, dropped and counted; the stream then goes on at full speed. */
-Test(client_io, refused_report_is_isolated_and_dropped)
+/* A report the daemon refuses without naming it is found by sending one at
+ * a time after the error, dropped and counted; its seq goes as a
+ * placeholder (the daemon takes seqs only in order); the stream then goes
+ * on at full speed. */
+Test(client_io, refused_report_is_isolated_and_replaced)
 {
     struct fake fk;
     fake_listen(&fk);
@@ -442,6 +468,8 @@ Test(client_io, refused_report_is_isolated_and_dropped)
 
     fd = accept_hello(&fk);
     send_welcome(fd, 1, 1u << 20);
+    cr_expect_eq(read_placeholder(fd, 1), 2);
+    send_ack(fd, 2);
     cr_expect_eq(read_report(fd, NULL), 3);
     send_ack(fd, 3);
     cr_assert_eq(fsc_flush(c, WAIT_MS), 0);
@@ -454,7 +482,8 @@ Test(client_io, refused_report_is_isolated_and_dropped)
     cr_assert_eq(fsc_flush(c, WAIT_MS), 0);
     struct fsc_stats s = stats(c);
     cr_expect_eq(s.dropped, 1);
-    cr_expect_eq(s.acked, 4);
+    cr_expect_eq(s.daemon_refused, 1);
+    cr_expect_eq(s.acked, 4, "a placeholder's ack is not a report's");
     cr_expect_eq(s.submitted, 5);
     cr_expect(strstr(s.last_error, "seq 2"), "last_error: %s", s.last_error);
     close(fd);
@@ -462,21 +491,93 @@ Test(client_io, refused_report_is_isolated_and_dropped)
     close(fk.lfd);
 }
 
-/* A report above Welcome.max_frame_bytes is never sent. */
-Test(client_io, report_above_daemon_frame_limit_is_dropped)
+/* A report above Welcome.max_frame_bytes is never sent: its placeholder is. */
+Test(client_io, report_above_daemon_frame_limit_goes_as_placeholder)
 {
     struct fake fk;
+    struct logs logs = {0};
     fake_listen(&fk);
-    fsc_client *c = open_client(&fk, 0, NULL);
+    fsc_client *c = open_client(&fk, 0, &logs);
     cr_assert_eq(submit_step(c, 0, 16), 0); /* ~4 KiB */
     cr_assert_eq(submit_step(c, 1, 0), 0);  /* a few bytes */
     int fd = accept_hello(&fk);
     send_welcome(fd, 0, 1024);
+    cr_expect_eq(read_placeholder(fd, 0), 1);
     cr_expect_eq(read_report(fd, NULL), 2);
     send_ack(fd, 2);
     cr_assert_eq(fsc_flush(c, WAIT_MS), 0);
     struct fsc_stats s = stats(c);
     cr_expect_eq(s.dropped, 1);
+    cr_expect_eq(s.daemon_refused, 1);
+    cr_expect_eq(s.acked, 1);
+    cr_expect_eq(s.reconnects, 0);
+    cr_expect(strstr(s.last_error, "max_frame_bytes 1024"), "last_error: %s", s.last_error);
+    cr_expect_eq(atomic_load(&logs.warnings), 1, "logged once");
+    close(fd);
+    fsc_close(c);
+    close(fk.lfd);
+}
+
+/* Error{LIMIT, seq}: the daemon names the report it will never take. It is
+ * replaced at once (no probing), the rest streams on; counted and logged
+ * once. */
+Test(client_io, named_refusal_is_replaced_without_probing)
+{
+    struct fake fk;
+    struct logs logs = {0};
+    fake_listen(&fk);
+    fsc_client *c = open_client(&fk, 0, &logs);
+    for (uint64_t step = 0; step < 3; step++)
+        cr_assert_eq(submit_step(c, step, 0), 0);
+    int fd = accept_hello(&fk);
+    send_welcome(fd, 0, 1u << 20);
+    for (uint64_t seq = 1; seq <= 3; seq++)
+        cr_assert_eq(read_report(fd, NULL), seq);
+    send_ack(fd, 1);
+    send_error_seq(fd, FORESHOCK__ERROR_CODE__ERROR_LIMIT, "report has too many sketches", 2);
+    close(fd);
+
+    fd = accept_hello(&fk);
+    send_welcome(fd, 1, 1u << 20);
+    cr_expect_eq(read_placeholder(fd, 1), 2);
+    cr_expect_eq(read_report(fd, NULL), 3, "no probing: 3 follows without an ack");
+    send_ack(fd, 3);
+    cr_assert_eq(fsc_flush(c, WAIT_MS), 0);
+    struct fsc_stats s = stats(c);
+    cr_expect_eq(s.dropped, 1);
+    cr_expect_eq(s.daemon_refused, 1);
+    cr_expect_eq(s.acked, 2);
+    cr_expect_eq(s.buffered_reports, 0);
+    cr_expect_eq(s.reconnects, 1);
+    cr_expect(strstr(s.last_error, "seq 2") && strstr(s.last_error, "too many sketches"),
+              "last_error: %s", s.last_error);
+    cr_expect_eq(atomic_load(&logs.warnings), 1, "logged once");
+    close(fd);
+    fsc_close(c);
+    close(fk.lfd);
+}
+
+/* ERROR_LIMIT without a seq is about the connection (a deadline, the
+ * connection limit): reconnect and resend, drop nothing. */
+Test(client_io, limit_without_seq_reconnects_and_resends)
+{
+    struct fake fk;
+    fake_listen(&fk);
+    fsc_client *c = open_client(&fk, 0, NULL);
+    cr_assert_eq(submit_step(c, 0, 0), 0);
+    int fd = accept_hello(&fk);
+    send_welcome(fd, 0, 1u << 20);
+    cr_expect_eq(read_report(fd, NULL), 1);
+    send_error(fd, FORESHOCK__ERROR_CODE__ERROR_LIMIT, "frame unfinished after 120 s");
+    close(fd);
+    fd = accept_hello(&fk);
+    send_welcome(fd, 0, 1u << 20);
+    cr_expect_eq(read_report(fd, NULL), 1);
+    send_ack(fd, 1);
+    cr_assert_eq(fsc_flush(c, WAIT_MS), 0);
+    struct fsc_stats s = stats(c);
+    cr_expect_eq(s.dropped, 0);
+    cr_expect_eq(s.daemon_refused, 0);
     cr_expect_eq(s.acked, 1);
     close(fd);
     fsc_close(c);

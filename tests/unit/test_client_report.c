@@ -323,41 +323,112 @@ Test(client_replay, entry_being_written_is_not_freed)
     cr_assert_eq(fsc_replay_push(&r, entry(2, 10)), 0);
     struct fsc_entry *e = fsc_replay_take(&r);
     cr_expect_eq(fsc_replay_ack(&r, 2), 0, "must stop at the entry being written");
-    cr_expect_eq(fsc_replay_drop_head(&r), -ENOENT);
+    struct fsc_entry *p = entry(1, 2);
+    cr_expect_eq(fsc_replay_replace(&r, e, p), -EBUSY);
     cr_expect_eq(e->seq, 1);
     fsc_replay_sent(&r);
+    cr_expect_eq(fsc_replay_replace(&r, e, p), 0);
     cr_expect_eq(fsc_replay_ack(&r, 2), 2);
     fsc_replay_clear(&r);
 }
 
-Test(client_replay, discard_next_and_drop_head)
+/* A placeholder for entry seq: 2 bytes, marked. */
+static struct fsc_entry *placeholder(uint64_t seq)
+{
+    struct fsc_entry *e = entry(seq, 2);
+    e->placeholder = 1;
+    return e;
+}
+
+Test(client_replay, replace_keeps_order_cursor_and_counts)
 {
     struct fsc_replay r;
     fsc_replay_init(&r, 1 << 20);
     for (uint64_t s = 1; s <= 4; s++)
         cr_assert_eq(fsc_replay_push(&r, entry(s, 10)), 0);
-    fsc_replay_take(&r);
-    fsc_replay_sent(&r);
-    /* 2 is too large for the daemon: gone, 3 is next. */
-    cr_expect_eq(fsc_replay_discard_next(&r), 0);
-    cr_expect_eq(r.count, 3);
-    cr_expect_eq(fsc_replay_take(&r)->seq, 3);
-    fsc_replay_sent(&r);
-    /* The tail can be discarded too, and pushing still links correctly. */
-    cr_expect_eq(fsc_replay_discard_next(&r), 0);
-    cr_expect_eq(r.tail->seq, 3);
-    cr_expect_eq(fsc_replay_discard_next(&r), -ENOENT);
-    cr_assert_eq(fsc_replay_push(&r, entry(5, 10)), 0);
-    cr_expect_eq(fsc_replay_take(&r)->seq, 5);
-    fsc_replay_sent(&r);
-    /* The daemon refused the head. */
-    cr_expect_eq(fsc_replay_drop_head(&r), 0);
-    cr_expect_eq(r.head->seq, 3);
+    size_t cost10 = r.bytes / 4, cost2 = cost10 - 8;
+    for (int i = 0; i < 2; i++) {
+        fsc_replay_take(&r);
+        fsc_replay_sent(&r);
+    }
+    cr_expect_eq(fsc_replay_find(&r, 3)->seq, 3);
+    cr_expect_null(fsc_replay_find(&r, 9));
+    /* 2, in flight, was refused by the daemon. */
+    cr_expect_eq(fsc_replay_replace(&r, fsc_replay_find(&r, 2), placeholder(2)), 0);
+    cr_expect_eq(r.head->next->seq, 2);
+    cr_expect(r.head->next->placeholder);
     cr_expect_eq(r.in_flight, 2);
-    cr_expect_eq(fsc_replay_ack(&r, 5), 2);
+    cr_expect_eq(r.placeholders, 1);
+    cr_expect_eq(r.bytes, 3 * cost10 + cost2);
+    /* 3, next to send, is above the daemon's frame limit. */
+    cr_expect_eq(fsc_replay_replace(&r, r.next_send, placeholder(3)), 0);
+    struct fsc_entry *t = fsc_replay_take(&r);
+    cr_expect(t->seq == 3 && t->placeholder, "the placeholder goes out in its place");
+    fsc_replay_sent(&r);
+    /* The tail, then a push links after the new tail. */
+    cr_expect_eq(fsc_replay_replace(&r, r.tail, placeholder(4)), 0);
+    cr_assert_eq(fsc_replay_push(&r, entry(5, 10)), 0);
+    cr_expect_eq(r.tail->seq, 5);
+    struct fsc_entry *stray = entry(7, 10), *p = placeholder(7);
+    cr_expect_eq(fsc_replay_replace(&r, stray, p), -ENOENT);
+    free(stray);
+    free(p);
+    /* Rewind resends the placeholders in order. */
+    fsc_replay_rewind(&r);
+    for (uint64_t s = 1; s <= 5; s++) {
+        struct fsc_entry *e = fsc_replay_take(&r);
+        cr_assert(e);
+        cr_expect_eq(e->seq, s);
+        cr_expect_eq(e->placeholder, s >= 2 && s <= 4);
+        fsc_replay_sent(&r);
+    }
+    cr_expect_eq(fsc_replay_ack(&r, 5), 5);
     cr_expect_eq(r.count, 0);
     cr_expect_eq(r.bytes, 0);
+    cr_expect_eq(r.placeholders, 0);
     fsc_replay_clear(&r);
+}
+
+/* Placeholders: a packed report's body cut to its step (and time). */
+Test(client_wire, placeholder_keeps_step_and_time_only)
+{
+    static const uint8_t no_step[] = {0x22, 0x00};
+    static const uint8_t long_varint[] = {0x10, 0x80, 0x80, 0x80, 0x80, 0x80,
+                                          0x80, 0x80, 0x80, 0x80, 0x80, 0x01};
+    static const uint8_t short_time[] = {0x10, 0x01, 0x19, 0, 0, 0};
+    uint8_t out[FSC_WIRE_PLACEHOLDER_MAX];
+    cr_expect_eq(fsc_wire_report_placeholder(no_step, sizeof(no_step), out), 0);
+    cr_expect_eq(fsc_wire_report_placeholder(long_varint, sizeof(long_varint), out), 0);
+    cr_expect_eq(fsc_wire_report_placeholder(short_time, sizeof(short_time), out), 0);
+    cr_expect_eq(fsc_wire_report_placeholder(no_step, 0, out), 0);
+
+    for (int with_time = 0; with_time < 2; with_time++) {
+        fsc_report *r = fsc_report_new(123456789);
+        float norms[3] = {1, 2, 3};
+        cr_assert_eq(fsc_report_set_loss(r, 2.5), 0);
+        cr_assert_eq(fsc_report_set_layer_weight_norms(r, norms, 3), 0);
+        if (with_time)
+            cr_assert_eq(fsc_report_set_time(r, 1700000000.25), 0);
+        struct fsc_entry *e;
+        cr_assert_eq(fsc_report_pack(r, 7, 1u << 20, &e), 0);
+        size_t n = fsc_wire_report_placeholder(e->body, e->len, out);
+        cr_assert_gt(n, 0);
+        /* The placeholder with a seq in front is a Report of that step only. */
+        uint8_t msg[2 + FSC_WIRE_PLACEHOLDER_MAX] = {0x08, 0x07};
+        memcpy(msg + 2, out, n);
+        Foreshock__Report *m = foreshock__report__unpack(NULL, 2 + n, msg);
+        cr_assert_not_null(m);
+        cr_expect_eq(m->seq, 7);
+        cr_expect_eq(m->step, 123456789);
+        cr_expect_eq(m->has_time_unix, with_time);
+        if (with_time)
+            cr_expect_eq(m->time_unix, 1700000000.25);
+        cr_expect_null(m->scalars);
+        cr_expect_eq(m->n_attention + m->n_router_gram + m->n_router_tokens, 0);
+        foreshock__report__free_unpacked(m, NULL);
+        free(e);
+        fsc_report_free(r);
+    }
 }
 
 /* ---- backoff ------------------------------------------------------------------- */

@@ -24,6 +24,7 @@ Test(config, defaults)
     cr_expect_eq(c.max_frame_bytes, FS_DEF_MAX_FRAME_BYTES);
     cr_expect_eq(c.max_runs, FS_DEF_MAX_RUNS);
     cr_expect_eq(c.max_conn_buffer_bytes, FS_DEF_MAX_CONN_BUFFER_BYTES);
+    cr_expect_eq(c.frame_buffer_max_bytes, FS_DEF_FRAME_BUFFER_MAX_BYTES);
     cr_expect_eq(c.writer_queue_max_items, FS_DEF_WRITER_QUEUE_MAX_ITEMS);
     cr_expect_eq(c.writer_queue_max_bytes, FS_DEF_WRITER_QUEUE_MAX_BYTES);
     cr_expect_eq(c.writer_batch_max_items, FS_DEF_WRITER_BATCH_MAX_ITEMS);
@@ -299,6 +300,15 @@ Test(config, set_from_command_line_and_check)
     cr_expect_eq(config_check(&cfg, "f.conf", &err), -EINVAL);
     cr_expect(strstr(err.message, "config: f.conf: key 'writer_batch_max_items'") != NULL, "%s",
               err.message);
+
+    config_defaults(&cfg);
+    cr_expect_eq(config_set(&cfg, "frame_buffer_max_bytes", "16M", "command line", &err), 0);
+    cr_expect_eq(config_check(&cfg, "f.conf", &err), -EINVAL); /* below max_frame_bytes 64M */
+    cr_expect(strstr(err.message, "key 'frame_buffer_max_bytes'") != NULL &&
+                  strstr(err.message, "below max_frame_bytes") != NULL,
+              "%s", err.message);
+    cr_expect_eq(config_set(&cfg, "max_frame_bytes", "16M", "command line", &err), 0);
+    cr_expect_eq(config_check(&cfg, "f.conf", &err), 0, "%s", err.message);
 }
 
 Test(config, load_file)
@@ -320,4 +330,37 @@ Test(config, load_file)
     unlink(path);
     cr_expect_eq(config_load_file(path, &cfg, NULL, 0, &err), -ENOENT);
     cr_expect(strstr(err.message, "cannot open") != NULL, "%s", err.message);
+}
+
+/* TLS keys come in pairs; a client CA needs ingest TLS. */
+static const struct {
+    const char *keys[3][2];
+    const char *says; /* NULL: accepted */
+} tls_cases[] = {
+    {{{"tls_cert", "c.pem"}, {"tls_key", "k.pem"}, {NULL, NULL}}, NULL},
+    {{{"tls_cert", "c.pem"}, {NULL, NULL}, {NULL, NULL}}, "key 'tls_key': is needed with 'tls_cert'"},
+    {{{"tls_key", "k.pem"}, {NULL, NULL}, {NULL, NULL}}, "key 'tls_cert': is needed with 'tls_key'"},
+    {{{"http_tls_cert", "c.pem"}, {NULL, NULL}, {NULL, NULL}}, "key 'http_tls_key'"},
+    {{{"tls_client_ca", "ca.pem"}, {NULL, NULL}, {NULL, NULL}}, "key 'tls_client_ca'"},
+    {{{"tls_cert", "c.pem"}, {"tls_key", "k.pem"}, {"tls_client_ca", "ca.pem"}}, NULL},
+};
+
+Test(config, tls_keys_checked_together)
+{
+    for (size_t i = 0; i < sizeof(tls_cases) / sizeof(tls_cases[0]); i++) {
+        struct fs_config cfg;
+        struct config_error err = {0};
+        config_defaults(&cfg);
+        for (int k = 0; k < 3 && tls_cases[i].keys[k][0]; k++)
+            cr_assert_eq(config_set(&cfg, tls_cases[i].keys[k][0], tls_cases[i].keys[k][1],
+                                    "command line", &err),
+                         0, "%s", err.message);
+        int rc = config_check(&cfg, "f.conf", &err);
+        if (!tls_cases[i].says) {
+            cr_expect_eq(rc, 0, "case %zu: %s", i, err.message);
+            continue;
+        }
+        cr_expect_eq(rc, -EINVAL, "case %zu accepted", i);
+        cr_expect(strstr(err.message, tls_cases[i].says) != NULL, "case %zu: %s", i, err.message);
+    }
 }

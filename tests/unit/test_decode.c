@@ -41,6 +41,8 @@ struct hello_case {
     uint32_t rank, world;
     int want_rc;   /* 0 or negative */
     int want_code; /* when want_rc < 0 */
+    uint32_t local[4]; /* Hello.local_ranks, n_local values */
+    size_t n_local;
 };
 
 static struct bytes hello_bytes(const struct hello_case *c)
@@ -50,6 +52,8 @@ static struct bytes hello_bytes(const struct hello_case *c)
     h.run_id = (char *)c->run_id;
     h.rank = c->rank;
     h.world_size = c->world;
+    h.local_ranks = (uint32_t *)c->local;
+    h.n_local_ranks = c->n_local;
     Foreshock__Frame f = FORESHOCK__FRAME__INIT;
     f.body_case = FORESHOCK__FRAME__BODY_HELLO;
     f.hello = &h;
@@ -57,17 +61,21 @@ static struct bytes hello_bytes(const struct hello_case *c)
 }
 
 static const struct hello_case hello_cases[] = {
-    {"valid", 1, "run-1.a:b_c", 3, 4, 0, 0},
-    {"wrong protocol version", 2, "run", 0, 1, -EINVAL, E(PROTOCOL_VERSION)},
-    {"version 0", 0, "run", 0, 1, -EINVAL, E(PROTOCOL_VERSION)},
-    {"rank >= world_size", 1, "run", 4, 4, -EINVAL, E(MALFORMED)},
-    {"world_size 0", 1, "run", 0, 0, -EINVAL, E(MALFORMED)},
-    {"bad run_id chars", 1, "no spaces/allowed", 0, 1, -EINVAL, E(MALFORMED)},
-    {"empty run_id", 1, "", 0, 1, -EINVAL, E(MALFORMED)},
+    {"valid", 1, "run-1.a:b_c", 3, 4, 0, 0, {0}, 0},
+    {"wrong protocol version", 2, "run", 0, 1, -EINVAL, E(PROTOCOL_VERSION), {0}, 0},
+    {"version 0", 0, "run", 0, 1, -EINVAL, E(PROTOCOL_VERSION), {0}, 0},
+    {"rank >= world_size", 1, "run", 4, 4, -EINVAL, E(MALFORMED), {0}, 0},
+    {"world_size 0", 1, "run", 0, 0, -EINVAL, E(MALFORMED), {0}, 0},
+    {"bad run_id chars", 1, "no spaces/allowed", 0, 1, -EINVAL, E(MALFORMED), {0}, 0},
+    {"empty run_id", 1, "", 0, 1, -EINVAL, E(MALFORMED), {0}, 0},
     {"run_id too long", 1,
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-     0, 1, -EINVAL, E(MALFORMED)},
+     0, 1, -EINVAL, E(MALFORMED), {0}, 0},
+    {"local group with itself", 1, "run", 3, 8, 0, 0, {2, 3}, 2},
+    {"local group out of order, repeated", 1, "run", 3, 8, 0, 0, {3, 2, 3}, 3},
+    {"local group without itself", 1, "run", 3, 8, -EINVAL, E(MALFORMED), {4, 5}, 2},
+    {"local rank >= world_size", 1, "run", 3, 4, -EINVAL, E(MALFORMED), {3, 4}, 2},
 };
 
 Test(decode, hello_table)
@@ -98,7 +106,7 @@ Test(decode, hello_table)
 Test(decode, version_error_names_both_versions)
 {
     struct decode_limits l = lim();
-    struct hello_case c = {"v7", 7, "run", 0, 1, 0, 0};
+    struct hello_case c = {"v7", 7, "run", 0, 1, 0, 0, {0}, 0};
     struct bytes b = hello_bytes(&c);
     Foreshock__Frame *f;
     struct decode_error err;
@@ -444,7 +452,7 @@ Test(decode, error_frame_encodes)
 {
     uint8_t *buf;
     size_t n;
-    cr_assert_eq(decode_encode_error(E(LIMIT), "too many", &buf, &n), 0);
+    cr_assert_eq(decode_encode_error(E(LIMIT), "too many", 0, &buf, &n), 0);
     struct decode_limits l = lim();
     Foreshock__Frame *f;
     struct decode_error err;
@@ -452,8 +460,72 @@ Test(decode, error_frame_encodes)
     cr_expect_eq(f->body_case, FORESHOCK__FRAME__BODY_ERROR);
     cr_expect_eq(f->error->code, E(LIMIT));
     cr_expect_str_eq(f->error->message, "too many");
+    cr_expect(!f->error->has_seq, "seq 0 means no Error.seq");
     decode_frame_free(f);
     free(buf);
+
+    cr_assert_eq(decode_encode_error(E(LIMIT), "too many sketches", 9, &buf, &n), 0);
+    cr_assert_eq(decode_frame(buf + 4, n - 4, &l, &f, NULL, &err), 0);
+    cr_expect(f->error->has_seq && f->error->seq == 9, "Error.seq names the report");
+    decode_frame_free(f);
+    free(buf);
+}
+
+/* decode_peek_report_seq: the seq of a report that does not decode. */
+static const uint8_t peek_step_first[] = {0x1a, 0x04, 0x10, 0x03, 0x08, 0x07};
+static const uint8_t peek_bad_after_seq[] = {0x1a, 0x03, 0x08, 0x05, 0x0f};
+static const uint8_t peek_hello[] = {0x0a, 0x02, 0x08, 0x01};
+static const uint8_t peek_seq_zero[] = {0x1a, 0x02, 0x08, 0x00};
+static const uint8_t peek_truncated[] = {0x1a, 0x05, 0x08};
+static const uint8_t peek_no_seq[] = {0x1a, 0x02, 0x10, 0x01};
+static const uint8_t peek_seq_wrong_type[] = {0x1a, 0x02, 0x0a, 0x00};
+static const uint8_t peek_overlong_varint[] = {0x1a, 0x0c, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                               0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+static const uint8_t peek_after_other_field[] = {0x32, 0x00, 0x1a, 0x02, 0x08, 0x2a};
+
+Test(decode, peek_report_seq_table)
+{
+    static const struct {
+        const char *name;
+        const uint8_t *p;
+        size_t n;
+        int rc;
+        uint64_t seq;
+    } cases[] = {
+        {"step before seq", peek_step_first, sizeof(peek_step_first), 0, 7},
+        {"bad wire type after the seq", peek_bad_after_seq, sizeof(peek_bad_after_seq), 0, 5},
+        {"a Hello", peek_hello, sizeof(peek_hello), -ENOENT, 0},
+        {"seq 0", peek_seq_zero, sizeof(peek_seq_zero), -ENOENT, 0},
+        {"truncated", peek_truncated, sizeof(peek_truncated), -ENOENT, 0},
+        {"no seq", peek_no_seq, sizeof(peek_no_seq), -ENOENT, 0},
+        {"field 1 not a varint", peek_seq_wrong_type, sizeof(peek_seq_wrong_type), -ENOENT, 0},
+        {"varint longer than 10 bytes", peek_overlong_varint, sizeof(peek_overlong_varint),
+         -ENOENT, 0},
+        {"report after another field", peek_after_other_field, sizeof(peek_after_other_field), 0,
+         42},
+        {"garbage", garbage, sizeof(garbage), -ENOENT, 0},
+        {"empty", garbage, 0, -ENOENT, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint64_t seq = 0;
+        int rc = decode_peek_report_seq(cases[i].p, cases[i].n, &seq);
+        cr_expect_eq(rc, cases[i].rc, "%s: rc %d", cases[i].name, rc);
+        if (rc == 0)
+            cr_expect_eq(seq, cases[i].seq, "%s: seq %llu", cases[i].name,
+                         (unsigned long long)seq);
+    }
+    /* A packed report, and one the limits refuse: named either way. */
+    Foreshock__Report r = FORESHOCK__REPORT__INIT;
+    r.seq = 1234567;
+    r.step = 9;
+    Foreshock__Frame f = FORESHOCK__FRAME__INIT;
+    f.body_case = FORESHOCK__FRAME__BODY_REPORT;
+    f.report = &r;
+    struct bytes b = pack(&f);
+    uint64_t seq = 0;
+    cr_expect_eq(decode_peek_report_seq(b.p, b.n, &seq), 0);
+    cr_expect_eq(seq, 1234567);
+    free(b.p);
 }
 
 /* Appends a varint. */

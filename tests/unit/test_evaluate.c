@@ -63,21 +63,28 @@ static const struct {
     struct store_series_key k;
     bool input;
     const char *rule;
+    uint32_t lead; /* the run's lead rank (a local group's lowest) */
 } input_cases[] = {
-    {{"qk.d2.erank.min", 2, -1, 25, -1}, true, "qk.d2.erank"},
-    {{"qk.d2.srank.min", 0, -1, 5, -1}, true, "qk.d2.srank"},
-    {{"qk.cqk.max", 1, -1, 10, -1}, true, "qk.cqk"},
-    {{"qk.d2.erank.mean", 2, -1, 25, -1}, false, NULL},   /* not what is detected */
-    {{"qk.d2.erank", 2, 3, 25, -1}, false, NULL},         /* a head, not the layer */
-    {{"qk.d1.erank.min", 2, -1, 25, -1}, false, NULL},    /* Delta1: no rule */
-    {{"router.zloss", 0, -1, 0, -1}, true, "router.zloss"},
-    {{"router.kappa", 0, -1, 0, -1}, false, NULL},        /* stored, no default rule */
-    {{"loss", -1, -1, 0, 0}, true, "loss"},
-    {{"loss", -1, -1, 0, 1}, false, NULL},                /* rank 1's loss: not detected */
-    {{"grad_norm", -1, -1, 0, 0}, true, "grad_norm"},
-    {{"update_ratio", 3, -1, 0, 0}, true, "update_ratio"},
-    {{"weight_norm", 3, -1, 0, 0}, true, "weight_norm"},
-    {{"lr", -1, -1, 0, 0}, true, "lr"},
+    {{"qk.d2.erank.min", 2, -1, 25, -1}, true, "qk.d2.erank", 0},
+    {{"qk.d2.srank.min", 0, -1, 5, -1}, true, "qk.d2.srank", 0},
+    {{"qk.cqk.max", 1, -1, 10, -1}, true, "qk.cqk", 0},
+    {{"qk.d2.erank.mean", 2, -1, 25, -1}, false, NULL, 0},   /* not what is detected */
+    {{"qk.d2.erank", 2, 3, 25, -1}, false, NULL, 0},         /* a head, not the layer */
+    {{"qk.d1.erank.min", 2, -1, 25, -1}, false, NULL, 0},    /* Delta1: no rule */
+    {{"router.zloss", 0, -1, 0, -1}, true, "router.zloss", 0},
+    {{"router.kappa", 0, -1, 0, -1}, false, NULL, 0},        /* stored, no default rule */
+    {{"loss", -1, -1, 0, 0}, true, "loss", 0},
+    {{"loss", -1, -1, 0, 1}, false, NULL, 0},                /* rank 1's loss: not detected */
+    {{"grad_norm", -1, -1, 0, 0}, true, "grad_norm", 0},
+    {{"update_ratio", 3, -1, 0, 0}, true, "update_ratio", 0},
+    {{"weight_norm", 3, -1, 0, 0}, true, "weight_norm", 0},
+    {{"lr", -1, -1, 0, 0}, true, "lr", 0},
+    /* A per-node daemon hearing ranks 4-7 detects rank 4's scalars. */
+    {{"loss", -1, -1, 0, 4}, true, "loss", 4},
+    {{"lr", -1, -1, 0, 4}, true, "lr", 4},
+    {{"weight_norm", 3, -1, 0, 4}, true, "weight_norm", 4},
+    {{"loss", -1, -1, 0, 0}, false, NULL, 4},             /* rank 0 is another node's */
+    {{"router.zloss", 0, -1, 0, -1}, true, "router.zloss", 4},
 };
 
 Test(evaluate, detection_inputs)
@@ -86,7 +93,8 @@ Test(evaluate, detection_inputs)
     detect_rules_default(&rules);
     for (size_t i = 0; i < sizeof(input_cases) / sizeof(input_cases[0]); i++) {
         char rule[DETECT_NAME_MAX] = "";
-        bool got = eval_input_rule(&rules, &input_cases[i].k, rule, sizeof(rule));
+        bool got = eval_input_rule(&rules, &input_cases[i].k, input_cases[i].lead, rule,
+                                   sizeof(rule));
         cr_expect_eq(got, input_cases[i].input, "case %zu (%s)", i, input_cases[i].k.name);
         if (got)
             cr_expect_str_eq(rule, input_cases[i].rule, "case %zu", i);

@@ -306,8 +306,10 @@ Test(http, readyz_follows_stats)
     } cases[] = {
         {.ready = 1, .failing = 0, .status = 200},
         {.ready = 0, .failing = 0, .status = 503, .mention = "not ready"},
-        {.ready = 1, .failing = 1, .status = 503, .mention = "storage"},
-        {.ready = 0, .failing = 1, .status = 503, .mention = "not ready"},
+        {.ready = 1, .failing = SQLITE_IOERR, .status = 503, .mention = "storage: disk I/O error"},
+        /* The writer clears ready while commits fail: the reason still shows. */
+        {.ready = 0, .failing = SQLITE_FULL, .status = 503,
+         .mention = "storage: database or disk is full"},
     };
     for (size_t i = 0; i < N(cases); i++) {
         atomic_store(&stats.ready, cases[i].ready);

@@ -2,10 +2,13 @@
  * duplicates, timeouts into incomplete records, step order, memory
  * accounting, resend dedup. Pure: reports are built in memory. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ranks.h"
 #include "run.h"
 
 #define T_TIMEOUT 10.0
@@ -357,6 +360,151 @@ Test(run, router_tokens_rank_counted_once)
     cr_assert_eq(st.duplicates, 1);
     cr_assert_null(run_take_ready(fx.reg, fx.run, 0.0));
     free(t);
+    run_registry_destroy(fx.reg);
+}
+
+/* --- router tokens: a daemon per node hears its local group ------------------------------ */
+
+struct t_hello {
+    uint32_t rank;
+    const char *local; /* Hello.local_ranks as ranges, NULL: none */
+    int layer;         /* announced MoE layer, -1: none */
+};
+
+struct local_case {
+    const char *what;
+    uint32_t world;
+    const char *restored;   /* group reloaded from the database at start, NULL: none */
+    struct t_hello hello[6]; /* until rank UINT32_MAX */
+    uint32_t want;           /* of layer 1 */
+    uint32_t lead;
+    const char *local;       /* the union, as ranges */
+};
+
+#define END {UINT32_MAX, NULL, -1}
+
+static const struct local_case local_cases[] = {
+    {"ranks 2-3 of 4 declare their node", 4, NULL,
+     {{2, "2-3", 1}, {3, "2-3", 1}, END}, 2, 2, "2-3"},
+    {"one of the node's ranks still connecting", 4, NULL,
+     {{2, "2-3", 1}, END}, 2, 2, "2-3"},
+    {"declared, nothing announced", 4, NULL,
+     {{2, "2-3", -1}, {3, "2-3", -1}, END}, 2, 2, "2-3"},
+    {"two nodes' groups on one daemon", 8, NULL,
+     {{4, "4-5", 1}, {5, "4-5", 1}, {6, "6-7", 1}, {7, "6-7", 1}, END}, 4, 4, "4-7"},
+    {"a rank heard outside the declared group counts", 4, NULL,
+     {{2, "2-3", 1}, {3, "2-3", 1}, {0, NULL, 1}, END}, 3, 2, "2-3"},
+    {"latest declaration of a rank wins", 4, NULL,
+     {{2, "2-3", 1}, {2, "2", 1}, END}, 1, 2, "2"},
+    {"restored at start, no rank back yet", 4, "2-3", {END}, 2, 2, "2-3"},
+    {"restored, then the ranks say hello", 4, "2-3",
+     {{2, "2-3", 1}, {3, "2-3", 1}, END}, 2, 2, "2-3"},
+    /* without a declaration nothing changes: the world is waited for */
+    {"undeclared: ranks 2-3 of 4", 4, NULL,
+     {{2, NULL, 1}, {3, NULL, 1}, END}, 4, 0, ""},
+};
+
+static void hello_of(struct run *run, uint32_t world, const struct t_hello *th, int expect)
+{
+    uint32_t *local = NULL;
+    size_t n = 0;
+    uint32_t layer = (uint32_t)th->layer;
+    if (th->local)
+        cr_assert_eq(ranks_parse(th->local, world, 4096, &local, &n), 0);
+    struct run_hello h = {.rank = th->rank, .world_size = world,
+                          .moe_layers = th->layer >= 0 ? &layer : NULL,
+                          .n_moe_layers = th->layer >= 0, .local_ranks = local,
+                          .n_local_ranks = n};
+    int rc = run_hello(run, &h);
+    if (expect < 0)
+        cr_assert_eq(rc, expect);
+    else
+        cr_assert_geq(rc, 0);
+    free(local);
+}
+
+Test(run, router_tokens_reduce_over_the_declared_local_group)
+{
+    for (size_t c = 0; c < sizeof(local_cases) / sizeof(local_cases[0]); c++) {
+        const struct local_case *tc = &local_cases[c];
+        struct run_limits lim = {.timeout_s = T_TIMEOUT, .max_bytes = 1ull << 30};
+        struct fixture fx;
+        cr_assert_eq(run_registry_create(&lim, &fx.reg), 0);
+        cr_assert_eq(run_open(fx.reg, 7, "r", &fx.run), 0);
+        fx.run->world_size = tc->world;
+        if (tc->restored) {
+            uint32_t *v;
+            size_t n;
+            cr_assert_eq(ranks_parse(tc->restored, tc->world, 4096, &v, &n), 0);
+            cr_assert_eq(run_restore_local(fx.run, v, n), 0);
+            free(v);
+        }
+        const struct t_hello *heard = tc->hello;
+        for (; heard->rank != UINT32_MAX; heard++)
+            hello_of(fx.run, tc->world, heard, 0);
+        cr_assert_eq(run_tokens_want(fx.run, 1), tc->want, "%s: want %u", tc->what,
+                     run_tokens_want(fx.run, 1));
+        cr_assert_eq(fx.run->lead_rank, tc->lead, "%s: lead %u", tc->what, fx.run->lead_rank);
+        char *text = ranks_format(fx.run->local, fx.run->n_local);
+        cr_assert_str_eq(text, tc->local, "%s", tc->what);
+        free(text);
+        /* The group completes with exactly `want` ranks' tokens: the
+         * union's, then those heard outside it, then the rest of the world. */
+        uint32_t feed[16], n_feed = 0;
+        for (size_t i = 0; i < fx.run->n_local; i++)
+            feed[n_feed++] = fx.run->local[i];
+        for (heard = tc->hello; heard->rank != UINT32_MAX; heard++)
+            if (!ranks_contains(fx.run->local, fx.run->n_local, heard->rank))
+                feed[n_feed++] = heard->rank;
+        for (uint32_t r = 0; r < tc->world; r++) {
+            bool in = false;
+            for (uint32_t i = 0; i < n_feed; i++)
+                in |= feed[i] == r;
+            if (!in)
+                feed[n_feed++] = r;
+        }
+        struct t_report *t = malloc(sizeof(*t));
+        for (uint32_t i = 0; i < tc->want; i++) {
+            uint32_t rank = feed[i];
+            report_init(t, 1, 5);
+            add_tokens(t, 1, 4, 100);
+            fx_add(&fx, t, rank, 0.0, NULL);
+            struct run_bucket *b = run_take_ready(fx.reg, fx.run, 0.0);
+            if (i + 1 < tc->want) {
+                cr_assert_null(b, "%s: ready after %u ranks", tc->what, i + 1);
+                continue;
+            }
+            cr_assert_not_null(b, "%s: not ready", tc->what);
+            cr_assert_eq(b->n, 1);
+            cr_assert_eq(b->n_incomplete, 0);
+            cr_assert_eq(b->groups[0]->n_tok, 100u * tc->want);
+            run_bucket_free(b);
+        }
+        free(t);
+        run_registry_destroy(fx.reg);
+    }
+}
+
+Test(run, distinct_local_groups_are_bounded)
+{
+    struct run_limits lim = {.timeout_s = T_TIMEOUT, .max_bytes = 1ull << 30};
+    struct fixture fx;
+    cr_assert_eq(run_registry_create(&lim, &fx.reg), 0);
+    cr_assert_eq(run_open(fx.reg, 7, "r", &fx.run), 0);
+    char text[32];
+    uint32_t world = 2 * (RUN_MAX_LOCAL_GROUPS + 1);
+    for (uint32_t g = 0; g <= RUN_MAX_LOCAL_GROUPS; g++) {
+        snprintf(text, sizeof(text), "%u-%u", 2 * g, 2 * g + 1);
+        struct t_hello th = {2 * g, text, 1};
+        hello_of(fx.run, world, &th, g < RUN_MAX_LOCAL_GROUPS ? 0 : -ENOSPC);
+    }
+    /* The refused Hello changed nothing; a rank that alone held a group
+     * frees its slot when it declares another. */
+    cr_assert_eq(fx.run->n_local, 2 * RUN_MAX_LOCAL_GROUPS);
+    struct t_hello again = {0, "0-1,128-129", 1};
+    hello_of(fx.run, world, &again, 0);
+    cr_assert(ranks_contains(fx.run->local, fx.run->n_local, 129));
+    cr_assert_eq(fx.run->n_local, 2 * RUN_MAX_LOCAL_GROUPS + 2);
     run_registry_destroy(fx.reg);
 }
 

@@ -3,7 +3,9 @@
  * Each case runs 2-4 simulated ranks in-process (client/cli/simrank.c and
  * scenario.c, the code the CLI runs) and evaluates what they send the way
  * the daemon will: attention Grams summed over the d-shards of (step,
- * layer, head, window) -> qk_head_from_grams -> per (layer, window) the min
+ * layer, head, window) -> qk_head_from_grams (Gram route), or each head's
+ * spectrum sketch -> qk_head_from_spectra (spectrum route: synthesised
+ * spectra, whole heads per rank) -> per (layer, window) the min
  * over heads of qk.d2.erank / qk.d2.entropy / qk.d2.srank and the max of
  * qk.cqk; router Grams summed over shards -> router.similarity and
  * router.centered_energy; token statistics summed over ranks ->
@@ -40,7 +42,7 @@
 #include "../../client/cli/simrank.c"
 
 #define T_MAX_LAYERS 4
-#define T_MAX_HEADS 4
+#define T_MAX_HEADS 8
 #define T_MAX_DH 16
 #define T_MAX_EXPERTS 8
 #define T_MAX_STEPS 512
@@ -108,6 +110,7 @@ struct harness {
     double ga[T_MAX_LAYERS][T_MAX_HEADS][(2 * T_MAX_DH) * (2 * T_MAX_DH + 1) / 2];
     double gb[T_MAX_LAYERS][T_MAX_HEADS][(2 * T_MAX_DH) * (2 * T_MAX_DH + 1) / 2];
     unsigned att_shards[T_MAX_LAYERS][T_MAX_HEADS];
+    struct qk_head spec[T_MAX_LAYERS][T_MAX_HEADS]; /* spectrum route: the daemon's result */
     double gr[T_MAX_LAYERS][T_MAX_EXPERTS * (T_MAX_EXPERTS + 1) / 2];
     unsigned gr_shards[T_MAX_LAYERS];
     uint64_t n_tok[T_MAX_LAYERS], load[T_MAX_LAYERS][T_MAX_EXPERTS];
@@ -142,18 +145,47 @@ static int h_scalars(void *ctx, uint64_t step, const struct sim_scalars *s)
     return 0;
 }
 
-static int h_attention(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t window,
-                       uint32_t dh, uint32_t shard, uint32_t shards, const float *ga,
-                       const float *gb)
+static int h_attention(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t kv_head,
+                       uint32_t window, uint32_t dh, uint32_t shard, uint32_t shards,
+                       const float *ga, const float *gb)
 {
     struct harness *h = ctx;
     size_t n = 2 * (size_t)dh, bytes = monitor_tri_len(n) * sizeof(float);
     (void)step;
+    cr_assert(h->p.route == SIM_ROUTE_GRAM);
     cr_assert(layer < h->p.layers && head < h->p.heads && dh == h->p.dh);
+    cr_assert_eq(kv_head, sim_group(&h->p) > 1 ? head / sim_group(&h->p) : FSC_KV_HEAD_NONE);
     cr_assert(window == h->p.window && shard == h->cur_rank && shards == h->p.ranks);
     /* As on the wire: float32 shards added into double. */
     cr_assert_eq(monitor_tri_accumulate(h->ga[layer][head], n, ga, bytes), 0);
     cr_assert_eq(monitor_tri_accumulate(h->gb[layer][head], n, gb, bytes), 0);
+    h->att_shards[layer][head]++;
+    return 0;
+}
+
+/* As the daemon does with a SpectrumSketch (run.c add_attention). */
+static int h_spectrum(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t kv_head,
+                      uint32_t window, const struct fsc_spectrum *s)
+{
+    struct harness *h = ctx;
+    uint32_t h0, h1;
+    (void)step;
+    cr_assert(h->p.route == SIM_ROUTE_SPECTRUM);
+    cr_assert(layer < h->p.layers && head < h->p.heads && window == h->p.window);
+    sim_rank_heads(&h->p, h->cur_rank, &h0, &h1);
+    cr_assert(head >= h0 && head < h1, "rank %u sent head %u outside its block [%u, %u)",
+              h->cur_rank, head, h0, h1);
+    cr_assert_eq(kv_head, sim_group(&h->p) > 1 ? head / sim_group(&h->p) : FSC_KV_HEAD_NONE);
+    cr_assert(s->n_d2 == 2 * (size_t)h->p.dh && s->n_d1 == s->n_d2 && s->n_d3 == h->p.dh &&
+              s->n_w == h->p.dh);
+    struct qk_spectra_in in = {
+        .dh = h->p.dh, .d2 = s->d2, .n_d2 = s->n_d2, .d1 = s->d1, .n_d1 = s->n_d1, .d3 = s->d3,
+        .n_d3 = s->n_d3, .w = s->w, .n_w = s->n_w,
+        .has_norms = (s->has & 15u) == 15u, .q_delta_sq = s->q_delta_sq, .q_sq = s->q_sq,
+        .k_sq = s->k_sq, .k_delta_sq = s->k_delta_sq,
+        .has_cqk = (s->has & FSC_SPECTRUM_HAS_CQK) != 0, .cqk = s->cqk};
+    cr_assert(in.has_norms && in.has_cqk && s->cqk >= 0 && s->cqk <= 1);
+    cr_assert_eq(qk_head_from_spectra(&in, &h->spec[layer][head]), 0);
     h->att_shards[layer][head]++;
     return 0;
 }
@@ -239,10 +271,18 @@ static void harness_evaluate(struct harness *h, uint64_t step)
         for (uint32_t hd = 0; hd < p->heads; hd++)
             cr_assert_eq(h->att_shards[l][hd], got, "incomplete attention reduction");
         if (got) {
-            cr_assert_eq(got, p->ranks, "layer %u: %u of %u shards", l, got, p->ranks);
+            /* Gram route: every rank a shard of every head; spectrum route:
+             * each head from exactly one rank. */
+            unsigned want = p->route == SIM_ROUTE_SPECTRUM ? 1 : p->ranks;
+            cr_assert_eq(got, want, "layer %u: %u of %u shards", l, got, want);
             for (uint32_t hd = 0; hd < p->heads; hd++) {
-                int rc = qk_head_from_grams(h->qk, p->dh, h->ga[l][hd], h->gb[l][hd], &heads[hd]);
-                cr_assert_eq(rc, 0, "qk_head_from_grams: %d", rc);
+                if (p->route == SIM_ROUTE_SPECTRUM) {
+                    heads[hd] = h->spec[l][hd];
+                } else {
+                    int rc = qk_head_from_grams(h->qk, p->dh, h->ga[l][hd], h->gb[l][hd],
+                                                &heads[hd]);
+                    cr_assert_eq(rc, 0, "qk_head_from_grams: %d", rc);
+                }
                 cr_assert(!heads[hd].nonfinite);
             }
             cr_assert_eq(qk_layer_aggregate(heads, p->heads, agg), 0);
@@ -404,30 +444,51 @@ struct sc_case {
     uint64_t steps, seed;
     enum expect expect;
     enum alert_attribution attribution; /* of the open alerts at diverge_step - 1 */
+    uint32_t kv_heads;                  /* 0: plain multi-head */
+    enum sim_route route;
 };
 
 static struct sc_case cases[] = {
-    {"healthy-moe", "healthy", 3, 2, 4, 16, 96, 5, 8, 128, 400, 1, EXPECT_QUIET, ALERT_ATTR_NONE},
+    {"healthy-moe", "healthy", 3, 2, 4, 16, 96, 5, 8, 128, 400, 1, EXPECT_QUIET, ALERT_ATTR_NONE,
+     0, SIM_ROUTE_GRAM},
     /* Sketch series leave warm-up (20 samples) at step 40, exactly where the
      * lr warm-up turns into the cosine decay. */
-    {"healthy-k2", "healthy", 2, 2, 4, 16, 64, 2, 8, 128, 400, 2, EXPECT_QUIET, ALERT_ATTR_NONE},
-    {"healthy-dense", "healthy", 4, 3, 4, 16, 128, 5, 0, 0, 400, 3, EXPECT_QUIET, ALERT_ATTR_NONE},
+    {"healthy-k2", "healthy", 2, 2, 4, 16, 64, 2, 8, 128, 400, 2, EXPECT_QUIET, ALERT_ATTR_NONE,
+     0, SIM_ROUTE_GRAM},
+    {"healthy-dense", "healthy", 4, 3, 4, 16, 128, 5, 0, 0, 400, 3, EXPECT_QUIET, ALERT_ATTR_NONE,
+     0, SIM_ROUTE_GRAM},
     {"attention-numerics", "attention-numerics", 3, 2, 4, 16, 96, 5, 8, 128, 400, 4,
-     EXPECT_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS},
+     EXPECT_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS, 0, SIM_ROUTE_GRAM},
     {"attention-numerics-dense", "attention-numerics", 2, 3, 4, 16, 64, 5, 0, 0, 400, 5,
-     EXPECT_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS},
+     EXPECT_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS, 0, SIM_ROUTE_GRAM},
     {"lr-spike", "lr-spike", 3, 2, 4, 16, 96, 5, 8, 128, 400, 6, EXPECT_OPTIMIZER,
-     ALERT_ATTR_OPTIMIZER_HYPERPARAMETER},
+     ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, 0, SIM_ROUTE_GRAM},
     {"combined", "combined", 4, 2, 4, 16, 128, 5, 8, 128, 400, 7, EXPECT_COMBINED,
-     ALERT_ATTR_COMBINED},
+     ALERT_ATTR_COMBINED, 0, SIM_ROUTE_GRAM},
+    /* Grouped-query attention: 8 query heads read 2 key heads. */
+    {"healthy-gqa", "healthy", 3, 2, 8, 16, 96, 5, 8, 128, 400, 8, EXPECT_QUIET, ALERT_ATTR_NONE,
+     2, SIM_ROUTE_GRAM},
+    {"attention-numerics-gqa", "attention-numerics", 2, 3, 8, 16, 64, 5, 0, 0, 400, 9,
+     EXPECT_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS, 2, SIM_ROUTE_GRAM},
+    /* The spectrum route: the same signatures from synthesised spectra. */
+    {"healthy-spectrum", "healthy", 3, 2, 8, 16, 96, 5, 8, 128, 400, 10, EXPECT_QUIET,
+     ALERT_ATTR_NONE, 2, SIM_ROUTE_SPECTRUM},
+    {"healthy-spectrum-dense", "healthy", 4, 3, 4, 16, 128, 5, 0, 0, 400, 11, EXPECT_QUIET,
+     ALERT_ATTR_NONE, 0, SIM_ROUTE_SPECTRUM},
+    {"attention-numerics-spectrum", "attention-numerics", 3, 3, 8, 16, 96, 5, 0, 0, 400, 12,
+     EXPECT_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS, 2, SIM_ROUTE_SPECTRUM},
+    {"lr-spike-spectrum", "lr-spike", 3, 2, 8, 16, 96, 5, 8, 128, 400, 13, EXPECT_OPTIMIZER,
+     ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, 2, SIM_ROUTE_SPECTRUM},
+    {"combined-spectrum", "combined", 4, 2, 8, 16, 128, 5, 8, 128, 400, 14, EXPECT_COMBINED,
+     ALERT_ATTR_COMBINED, 4, SIM_ROUTE_SPECTRUM},
 };
 
 static void run_case(const struct sc_case *c, struct harness *h)
 {
     struct sim_rank *ranks[4] = {0};
     struct sim_sink sink = {.ctx = h, .scalars = h_scalars, .attention = h_attention,
-                            .router_gram = h_router_gram, .router_tokens = h_router_tokens,
-                            .layer_norms = h_layer_norms};
+                            .spectrum = h_spectrum, .router_gram = h_router_gram,
+                            .router_tokens = h_router_tokens, .layer_norms = h_layer_norms};
     char err[256];
 
     cr_assert(c->ranks <= 4 && c->layers <= T_MAX_LAYERS && c->heads <= T_MAX_HEADS &&
@@ -435,7 +496,8 @@ static void run_case(const struct sc_case *c, struct harness *h)
     h->sc = scenario_find(c->scenario);
     cr_assert(h->sc, "%s: no scenario", c->scenario);
     h->p = (struct sim_params){.steps = c->steps, .seed = c->seed, .ranks = c->ranks,
-                               .layers = c->layers, .heads = c->heads, .dh = c->dh, .d = c->d,
+                               .layers = c->layers, .heads = c->heads,
+                               .kv_heads = c->kv_heads, .route = c->route, .dh = c->dh, .d = c->d,
                                .sketch_every = c->sketch_every, .window = c->sketch_every,
                                .sketches = 1, .layer_norms = 1, .experts = c->experts,
                                .top_k = SIM_UINT32_UNSET,
@@ -738,4 +800,184 @@ Test(scenario, router_replicas_and_shards)
         }
     for (uint32_t i = 0; i < 3; i++)
         sim_rank_destroy(r[i]);
+}
+
+/* ---- the shapes simulate accepts (sim_params_check) ------------------------------------------ */
+
+struct shape_case {
+    char label[48];
+    uint32_t ranks, layers, heads, kv_heads, dh, d, window, experts;
+    enum sim_route route;
+    uint32_t replay_mb;
+    int rc;           /* expected return */
+    char reason[40];  /* a word the refusal must contain */
+};
+
+static struct shape_case shape_cases[] = {
+    /* Full shapes on the spectrum route: no attention weights are held. */
+    {"7B spectrum, 8 ranks", 8, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, ""},
+    {"7B spectrum, 1 rank", 1, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, ""},
+    {"70B spectrum, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, ""},
+    {"70B spectrum, 1 rank", 1, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, ""},
+    {"70B spectrum, 1024 ranks", 1024, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0,
+     ""},
+    {"70B spectrum MoE, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 8, SIM_ROUTE_SPECTRUM, 64, 0, ""},
+    /* 16 MB per report: not with an 8 MiB replay buffer. */
+    {"70B spectrum, 1 rank, small replay", 1, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 8,
+     -EINVAL, "replay"},
+    /* The Gram route holds the weights: the full shapes are refused, as is a
+     * report over a frame; the largest 7B-like shape that fits still runs. */
+    {"7B gram, 8 ranks", 8, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "floats"},
+    {"70B gram, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "floats"},
+    {"7B gram, 32 ranks (frame)", 32, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL,
+     "frame"},
+    {"7B-like gram, 32 x 7 heads", 8, 32, 7, 0, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, 0, ""},
+    {"GQA gram, 2 of 8 key heads", 4, 2, 8, 2, 16, 128, 10, 0, SIM_ROUTE_GRAM, 64, 0, ""},
+    /* Key heads must divide the query heads. */
+    {"kv-heads 7 of 32", 8, 32, 32, 7, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, -EINVAL,
+     "divide"},
+    {"kv-heads above heads", 1, 2, 4, 8, 16, 64, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "divide"},
+    /* d is split over the ranks only where it is sharded. */
+    {"gram, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "--d"},
+    {"spectrum dense, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0,
+     ""},
+    {"spectrum MoE, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 8, SIM_ROUTE_SPECTRUM, 64,
+     -EINVAL, "--d"},
+    {"window of 63 sketches", 1, 2, 4, 0, 16, 64, 630, 0, SIM_ROUTE_SPECTRUM, 64, -EINVAL,
+     "--window"},
+};
+
+ParameterizedTestParameters(scenario, shapes)
+{
+    return cr_make_param_array(struct shape_case, shape_cases,
+                               sizeof(shape_cases) / sizeof(shape_cases[0]));
+}
+
+ParameterizedTest(struct shape_case *c, scenario, shapes)
+{
+    const struct scenario *sc = scenario_find(c->experts ? "lr-spike" : "healthy");
+    struct sim_params p = {.steps = 1000, .seed = 1, .ranks = c->ranks, .layers = c->layers,
+                           .heads = c->heads, .kv_heads = c->kv_heads, .route = c->route,
+                           .dh = c->dh, .d = c->d, .sketch_every = 10, .window = c->window,
+                           .sketches = 1, .layer_norms = 1, .experts = c->experts,
+                           .top_k = SIM_UINT32_UNSET, .tokens = SIM_UINT32_UNSET};
+    char err[256] = "";
+
+    cr_assert(sc);
+    cr_assert_eq(sim_params_resolve(sc, &p, SIM_NEVER, SIM_NEVER, err, sizeof(err)), 0, "%s",
+                 err);
+    int rc = sim_params_check(&p, (size_t)c->replay_mb << 20, err, sizeof(err));
+    cr_expect_eq(rc, c->rc, "%s: rc %d (%s)", c->label, rc, err);
+    if (c->rc < 0)
+        cr_expect(strstr(err, c->reason), "%s: the refusal '%s' does not say '%s'", c->label,
+                  err, c->reason);
+    if (rc == 0 && c->route == SIM_ROUTE_SPECTRUM) {
+        /* What the check let through must also be creatable, cheaply: one
+         * head's spectra, no weights (routers aside). */
+        struct sim_rank *r = NULL;
+        cr_assert_eq(sim_rank_create(sc, &p, c->ranks - 1, &r), 0, "%s", c->label);
+        cr_expect(!r->wq && !r->wk && !r->snap_q && !r->snap_k);
+        sim_rank_destroy(r);
+    }
+}
+
+/* Spectrum route: every query head of a layer is held by exactly one rank,
+ * in contiguous blocks, rank 0's never empty. */
+struct heads_case {
+    uint32_t heads, ranks, rank, h0, h1;
+};
+
+static struct heads_case heads_cases[] = {
+    {32, 8, 0, 0, 4}, {32, 8, 7, 28, 32}, {64, 8, 3, 24, 32}, {5, 2, 0, 0, 3}, {5, 2, 1, 3, 5},
+    {4, 8, 0, 0, 1},  {4, 8, 1, 1, 1},    {4, 8, 2, 1, 2},    {1, 1024, 0, 0, 1},
+    {1, 1024, 1023, 1, 1},
+};
+
+ParameterizedTestParameters(scenario, rank_heads)
+{
+    return cr_make_param_array(struct heads_case, heads_cases,
+                               sizeof(heads_cases) / sizeof(heads_cases[0]));
+}
+
+ParameterizedTest(struct heads_case *c, scenario, rank_heads)
+{
+    struct sim_params p = {.heads = c->heads, .ranks = c->ranks};
+    uint32_t h0, h1, next = 0;
+
+    sim_rank_heads(&p, c->rank, &h0, &h1);
+    cr_expect(h0 == c->h0 && h1 == c->h1, "%u heads over %u ranks, rank %u: [%u, %u), want "
+              "[%u, %u)", c->heads, c->ranks, c->rank, h0, h1, c->h0, c->h1);
+    for (uint32_t r = 0; r < c->ranks; r++) {
+        sim_rank_heads(&p, r, &h0, &h1);
+        cr_assert(h0 == next && h1 >= h0, "rank %u: [%u, %u) after %u", r, h0, h1, next);
+        next = h1;
+    }
+    cr_expect_eq(next, c->heads, "the blocks cover %u of %u heads", next, c->heads);
+}
+
+struct route_case {
+    char name[16];
+    int rc;
+    enum sim_route route;
+};
+
+static struct route_case route_cases[] = {
+    {"gram", 0, SIM_ROUTE_GRAM},        {"spectrum", 0, SIM_ROUTE_SPECTRUM},
+    {"Spectrum", -EINVAL, SIM_ROUTE_GRAM}, {"", -EINVAL, SIM_ROUTE_GRAM},
+    {"spectra", -EINVAL, SIM_ROUTE_GRAM},
+};
+
+ParameterizedTestParameters(scenario, route_names)
+{
+    return cr_make_param_array(struct route_case, route_cases,
+                               sizeof(route_cases) / sizeof(route_cases[0]));
+}
+
+ParameterizedTest(struct route_case *c, scenario, route_names)
+{
+    enum sim_route r = SIM_ROUTE_GRAM;
+    cr_expect_eq(sim_route_parse(c->name, &r), c->rc, "'%s'", c->name);
+    if (c->rc == 0) {
+        cr_expect_eq(r, c->route, "'%s'", c->name);
+        cr_expect_str_eq(sim_route_name(r), c->name);
+    }
+}
+
+/* With GQA the Gram route pairs each query head with its key head: the GB
+ * a query head sends is its group's, identical across the group, and the
+ * spectrum route names the same key head. */
+Test(scenario, gqa_pairs_query_heads_with_their_key_head)
+{
+    const struct scenario *sc = scenario_find("healthy");
+    struct sim_params p = {.steps = 20, .seed = 3, .ranks = 1, .layers = 1, .heads = 6,
+                           .kv_heads = 2, .dh = 4, .d = 24, .sketch_every = 5, .window = 5,
+                           .sketches = 1, .experts = 0, .top_k = SIM_UINT32_UNSET,
+                           .tokens = SIM_UINT32_UNSET};
+    struct sim_rank *r = NULL;
+    char err[128];
+    size_t tri = fsc_tri_len(8);
+    float gb[6][36], ga[36];
+
+    cr_assert(sc);
+    cr_assert_eq(sim_params_resolve(sc, &p, SIM_NEVER, SIM_NEVER, err, sizeof(err)), 0);
+    cr_assert_eq(sim_params_check(&p, 64u << 20, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(sim_rank_create(sc, &p, 0, &r), 0);
+    cr_expect_eq(r->all_k * 3, r->all_q, "2 key heads for 6 query heads");
+    struct sim_sink none = {0};
+    for (uint64_t t = 0; t < 10; t++)
+        cr_assert_eq(sim_rank_step(r, t, &none), 0);
+    for (uint32_t h = 0; h < 6; h++) {
+        size_t off = (size_t)h * r->block, koff = (size_t)(h / 3) * r->block;
+        size_t slot = (size_t)((10 / 5) % r->nsnap);
+        cr_assert_eq(advance(r, 10), 0);
+        cr_assert_eq(fsc_attention_grams(r->wq + off, r->wk + koff,
+                                         r->snap_q + slot * r->all_q + off,
+                                         r->snap_k + slot * r->all_k + koff, 4, r->ds, ga, gb[h]),
+                     0);
+    }
+    for (uint32_t h = 0; h < 6; h++)
+        cr_expect(!memcmp(gb[h], gb[h - h % 3], tri * sizeof(float)),
+                  "query head %u sends another GB than its group's first head", h);
+    cr_expect(memcmp(gb[0], gb[3], tri * sizeof(float)), "the two key heads are the same");
+    sim_rank_destroy(r);
 }

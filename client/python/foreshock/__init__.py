@@ -10,9 +10,10 @@ foreshockd. See client/python/README.md.
 from .advice import Advice, Rescue
 from .layouts import AttentionSpec, Discovery, RouterSpec, discover, find_attention, find_routers
 from .monitor import Monitor, parse_endpoint
-from .report import AttentionGram, Report, RouterGram, RouterTokens
+from .report import AttentionGram, AttentionSpectrum, Report, RouterGram, RouterTokens
 
 __version__ = "0.1.0"
 __all__ = ["Monitor", "Advice", "Rescue", "AttentionSpec", "RouterSpec", "find_attention", "find_routers",
            "discover", "Discovery",
-           "Report", "AttentionGram", "RouterGram", "RouterTokens", "parse_endpoint"]
+           "Report", "AttentionGram", "AttentionSpectrum", "RouterGram", "RouterTokens",
+           "parse_endpoint"]

@@ -33,6 +33,7 @@ MAX_WINDOW = 1 << 20
 MAX_SHARDS = 65536
 MAX_RUN_ID_LEN = 128
 MIN_REPLAY_BYTES = 64 << 10
+MAX_LOCAL_RANKS = 4096
 ERROR_LEN = 256
 
 # Where a wheel carries the library, relative to this package (setup.py).
@@ -61,6 +62,10 @@ class _Options(ctypes.Structure):
                 ("model", _ModelShape), ("client_name", ctypes.c_char_p),
                 ("log", _LOG_FN), ("log_ctx", ctypes.c_void_p), ("seed", ctypes.c_uint64),
                 ("record_path", ctypes.c_char_p), ("record_only", ctypes.c_int),
+                ("local_ranks", ctypes.POINTER(ctypes.c_uint32)),
+                ("n_local_ranks", ctypes.c_size_t), ("tls", ctypes.c_int),
+                ("tls_ca_file", ctypes.c_char_p), ("tls_cert_file", ctypes.c_char_p),
+                ("tls_key_file", ctypes.c_char_p), ("tls_server_name", ctypes.c_char_p),
                 ("advice", ctypes.c_int), ("resume", ctypes.c_int),
                 ("resume_step", ctypes.c_uint64)]
 
@@ -74,6 +79,7 @@ class _Stats(ctypes.Structure):
                 ("seq_offset", ctypes.c_uint64), ("connected", ctypes.c_int),
                 ("failed", ctypes.c_int), ("last_error", ctypes.c_char * ERROR_LEN),
                 ("recorded", ctypes.c_uint64), ("record_failed", ctypes.c_int),
+                ("daemon_refused", ctypes.c_uint64),
                 ("advice_received", ctypes.c_uint64), ("advice_pending", ctypes.c_uint64),
                 ("advice_taken", ctypes.c_uint64), ("advice_dropped", ctypes.c_uint64)]
 
@@ -95,6 +101,19 @@ class _Advice(ctypes.Structure):
 
 
 _F32P = ctypes.POINTER(ctypes.c_float)
+
+
+class _Spectrum(ctypes.Structure):
+    _fields_ = [("d2", _F32P), ("n_d2", ctypes.c_size_t), ("d3", _F32P),
+                ("n_d3", ctypes.c_size_t), ("d1", _F32P), ("n_d1", ctypes.c_size_t),
+                ("w", _F32P), ("n_w", ctypes.c_size_t), ("q_delta_sq", ctypes.c_double),
+                ("q_sq", ctypes.c_double), ("k_sq", ctypes.c_double),
+                ("k_delta_sq", ctypes.c_double), ("cqk", ctypes.c_double),
+                ("has", ctypes.c_uint)]
+
+
+SPECTRUM_HAS_NORMS = 1 | 2 | 4 | 8   # FSC_SPECTRUM_HAS_Q_DELTA_SQ .. K_DELTA_SQ
+SPECTRUM_HAS_CQK = 16
 _F64P = ctypes.POINTER(ctypes.c_double)
 _U64P = ctypes.POINTER(ctypes.c_uint64)
 _u32, _u64, _dbl, _vp, _sz = (ctypes.c_uint32, ctypes.c_uint64, ctypes.c_double,
@@ -121,6 +140,8 @@ _SIGNATURES = {
     "fsc_report_set_layer_update_ratios": (ctypes.c_int, [_vp, _F32P, _sz]),
     "fsc_report_add_attention_gram": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32, _u32, _u32,
                                                      _u32, _F32P, _F32P]),
+    "fsc_report_add_attention_spectrum": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32,
+                                                         ctypes.POINTER(_Spectrum)]),
     "fsc_report_add_router_gram": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32, _F32P]),
     "fsc_report_add_router_tokens": (ctypes.c_int, [_vp, _u32, _u32, _u64, _dbl, _dbl, _dbl,
                                                     _U64P, _F64P]),
@@ -185,6 +206,27 @@ def _check(rc, what):
         raise ValueError(f"{what}: {os.strerror(-rc) if rc < 0 else rc} ({rc})")
 
 
+def _add_spectrum(lib, r, g):
+    """One foreshock.report.AttentionSpectrum into the report handle r."""
+    s = _Spectrum()
+    keep = []
+    for name in ("d2", "d3", "d1", "w"):
+        a, p = _f32(getattr(g, name))
+        keep.append(a)
+        setattr(s, name, p)
+        setattr(s, "n_" + name, a.size)
+    s.q_delta_sq, s.q_sq = float(g.q_delta_sq), float(g.q_sq)
+    s.k_sq, s.k_delta_sq = float(g.k_sq), float(g.k_delta_sq)
+    s.has = SPECTRUM_HAS_NORMS
+    if g.cqk is not None:
+        s.cqk = float(g.cqk)
+        s.has |= SPECTRUM_HAS_CQK
+    kv = KV_HEAD_NONE if g.kv_head is None else g.kv_head
+    _check(lib.fsc_report_add_attention_spectrum(r, g.layer, g.head, kv, g.window,
+                                                 ctypes.byref(s)),
+           f"attention spectrum layer {g.layer} head {g.head}")
+
+
 def build_report(lib, rep):
     """Turns a foreshock.report.Report into an fsc_report handle (owned by
     the caller until submitted). Raises ValueError when the library refuses
@@ -212,6 +254,9 @@ def build_report(lib, rep):
             a, p = _f32(rep.layer_update_ratio)
             _check(lib.fsc_report_set_layer_update_ratios(r, p, a.size), "layer_update_ratio")
         for g in rep.attention:
+            if hasattr(g, "d2"):
+                _add_spectrum(lib, r, g)
+                continue
             ga, pga = _f32(g.ga)
             gb, pgb = _f32(g.gb)
             kv = KV_HEAD_NONE if g.kv_head is None else g.kv_head
@@ -245,7 +290,8 @@ class Client:
     def __init__(self, host, port, run_id, rank=0, world_size=1, attempt=0, token=None,
                  detect_from_step=0, replay_max_bytes=0, model=None, client_name=None,
                  backoff_max_ms=0, lib_path=None, record_path=None, record_only=False,
-                 advice=False, resume_step=None):
+                 local_ranks=None, tls=False, tls_ca=None, tls_cert=None, tls_key=None,
+                 tls_server_name=None, advice=False, resume_step=None):
         self.lib = load(lib_path)
         o = _Options()
         o.size = ctypes.sizeof(_Options)
@@ -269,6 +315,19 @@ class Client:
             self._keep.append(os.fsencode(record_path))
             o.record_path = self._keep[-1]
             o.record_only = 1 if record_only else 0
+        if tls or tls_ca or tls_cert or tls_key or tls_server_name:
+            o.tls = 1
+            for field, value in (("tls_ca_file", tls_ca), ("tls_cert_file", tls_cert),
+                                 ("tls_key_file", tls_key), ("tls_server_name", tls_server_name)):
+                if value:
+                    self._keep.append(os.fsencode(value))
+                    setattr(o, field, self._keep[-1])
+        if local_ranks:
+            loc = [int(r) for r in local_ranks]
+            arr = (ctypes.c_uint32 * len(loc))(*loc)
+            self._keep.append(arr)
+            o.local_ranks = ctypes.cast(arr, ctypes.POINTER(ctypes.c_uint32))
+            o.n_local_ranks = len(loc)
         if model:
             moe = model.get("moe_layers") or []
             arr = (ctypes.c_uint32 * max(1, len(moe)))(*moe)

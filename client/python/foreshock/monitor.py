@@ -22,7 +22,16 @@ What step() does on the training thread (the measured overhead):
     synchronises with the GPU; loss/grad_norm may be passed as tensors
     for the same reason.
 The background thread turns the tensors into a report and gives it to
-libforeshock, whose own I/O thread sends it. When the daemon is down,
+libforeshock. On the spectrum route (the default wherever a rank holds
+whole heads, or sums the d-shards of its Grams itself) it first computes
+each head's spectra from its Grams on the weights' device (foreshock.spectra;
+on CUDA on a stream of its own, ordered after the Grams by an event), so
+that a report carries a few KB per head instead of two Gram triangles; the
+eigenvalue solves synchronise only that thread with the GPU. At most
+`device_sketches` sketch steps wait on the device for it; past that bound a
+sketch step's Grams go to pinned host memory and its spectra are computed
+on the CPU (counted: stats()["spectra_on_host"]). The background thread
+hands the report to libforeshock, whose own I/O thread sends it. When the daemon is down,
 reports wait in libforeshock's bounded replay buffer (replay_bytes); past
 that bound a report is dropped, counted (stats()["dropped"]) and logged.
 When the hand-off queue itself is full (the background thread cannot keep
@@ -45,13 +54,16 @@ import torch
 from . import sketch as sk
 from .advice import AdviceInbox
 from .layouts import discover
-from .report import AttentionGram, Report, RouterGram, RouterTokens
+from . import spectra as spx
+from .report import AttentionGram, AttentionSpectrum, Report, RouterGram, RouterTokens
 
 log = logging.getLogger("foreshock")
 
 DEFAULT_PORT = 7781
 DEFAULT_QUEUE_REPORTS = 1024       # hand-off queue between step() and the sender thread
 DEFAULT_REPLAY_BYTES = 64 << 20    # libforeshock's replay buffer
+DEFAULT_DEVICE_SKETCHES = 2        # sketch steps whose Grams may wait on the device for spectra
+ROUTES = ("spectrum", "gram")
 LOG_INTERVAL_S = 10.0              # at most one drop/connection complaint per interval
 _SCALARS = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "step_time")
 
@@ -64,6 +76,99 @@ def parse_endpoint(endpoint):
     if not sep:
         return endpoint, DEFAULT_PORT
     return (host or "127.0.0.1"), int(port)
+
+
+_LOOPBACK = ("localhost", "::1", "[::1]")
+
+
+def _is_loopback(host):
+    return host in _LOOPBACK or host.startswith("127.")
+
+
+def parse_ranks(text, world_size):
+    """'4-7,9' -> [4, 5, 6, 7, 9] (sorted, distinct, each below world_size)."""
+    out = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        lo = int(lo)
+        hi = int(hi) if sep else lo
+        if lo > hi or hi >= world_size:
+            raise ValueError(f"local ranks '{text}': {part} is not within 0..{world_size - 1}")
+        out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+def format_ranks(ranks):
+    """[4, 5, 6, 7, 9] -> '4-7,9'."""
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _torchrun_group(rank, world_size):
+    """This node's ranks from torchrun's environment, or None."""
+    try:
+        local_rank = int(os.environ["LOCAL_RANK"])
+        local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    first = rank - local_rank
+    if local_world < 1 or first < 0 or first + local_world > world_size:
+        return None
+    return list(range(first, first + local_world))
+
+
+def resolve_local_ranks(arg, endpoint, rank, world_size):
+    """The local group to declare (a sorted list), or None. See Monitor."""
+    if arg is None:
+        env = os.environ.get("FORESHOCK_LOCAL_RANKS")
+        if env:
+            arg = False if env.strip().lower() == "none" else env
+    if arg is None:
+        if endpoint is None or world_size <= 1 or not _is_loopback(parse_endpoint(endpoint)[0]):
+            return None
+        group = _torchrun_group(rank, world_size)
+        if group is None:
+            log.warning("foreshock: rank %d of %d streams to a daemon on this node (%s) but "
+                        "LOCAL_RANK/LOCAL_WORLD_SIZE are not set: pass local_ranks= (or set "
+                        "FORESHOCK_LOCAL_RANKS), else router token statistics wait for ranks "
+                        "this daemon never hears", rank, world_size, endpoint)
+            return None
+        return group if len(group) < world_size else None
+    if arg is False or (not isinstance(arg, str) and not arg):
+        return None
+    if arg == "node":
+        group = _torchrun_group(rank, world_size)
+        if group is None:
+            raise ValueError("local_ranks='node' needs torchrun's LOCAL_RANK and "
+                             "LOCAL_WORLD_SIZE")
+    elif isinstance(arg, str):
+        group = parse_ranks(arg, world_size)
+    else:
+        group = sorted({int(r) for r in arg})
+        if group[0] < 0 or group[-1] >= world_size:
+            raise ValueError(f"local_ranks must be within 0..{world_size - 1}")
+    if rank not in group:
+        raise ValueError(f"local_ranks {format_ranks(group)} does not include this rank {rank}")
+    return group
+
+
+def _tls_args(tls, ca, cert, key, name):
+    """The Client's TLS keywords from the arguments, else the environment."""
+    env = os.environ.get
+    ca = ca or env("FORESHOCK_TLS_CA") or None
+    cert = cert or env("FORESHOCK_TLS_CERT") or None
+    key = key or env("FORESHOCK_TLS_KEY") or None
+    if tls is None:
+        tls = env("FORESHOCK_TLS", "").lower() in ("1", "true", "yes")
+    on = bool(tls or ca or cert or key or name)
+    return {"tls": on, "tls_ca": ca, "tls_cert": cert, "tls_key": key,
+            "tls_server_name": name} if on else {}
 
 
 class _RateLimited:
@@ -85,13 +190,14 @@ class _RateLimited:
 class _Job:
     """What step() hands to the sender thread."""
     __slots__ = ("step", "time", "scalars", "attn", "routers", "tokens", "norms", "flat",
-                 "layout", "work", "event")
+                 "layout", "work", "event", "on_device")
 
     def __init__(self, step, t, scalars):
         self.step, self.time, self.scalars = step, t, scalars
         self.attn, self.routers, self.tokens = [], [], []
         self.norms = None
         self.flat, self.layout, self.work, self.event = None, None, None, None
+        self.on_device = False  # flat stays on the device for the sender's spectra
 
 
 class Monitor:
@@ -108,6 +214,16 @@ class Monitor:
                  holds no token.
     run          run id (1..128 of [A-Za-z0-9._:-]); default $FORESHOCK_RUN
     rank, world_size  stream identity; default from torch.distributed
+    local_ranks  the ranks of the job that this daemon hears (its local group,
+                 this rank included): a daemon per node reduces router token
+                 statistics over exactly these and detects loss/grad_norm/lr
+                 from the lowest of them (which also sends the attention and
+                 router sketches by default). Default $FORESHOCK_LOCAL_RANKS
+                 ("4-7" or "none"), else: with a loopback endpoint (a daemon on
+                 this node can only hear this node) and world_size > 1, the
+                 node's ranks from torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE;
+                 otherwise none (the daemon hears every rank). "node" asks for
+                 the torchrun group whatever the endpoint; False or () for none
     attempt      bump it when a crashed trainer restarts the same run
     resume_step  with attempt bumped: this attempt restarts from a checkpoint
                  taken at this step (the steps after it are re-done); the
@@ -135,6 +251,19 @@ class Monitor:
     shard_reduce "trainer": all_reduce partial Grams over shard_group and
                  send them once (from the group's rank 0); "daemon": every
                  rank sends its partial Grams with (shard_index, shard_count)
+    route        "spectrum": the sender computes each head's Delta1/Delta2/
+                 Delta3/K spectra, norms and c_qk from the Grams on the
+                 weights' device (foreshock.spectra) and sends spectrum
+                 sketches, a few KB per head; "gram": sends the Grams and the
+                 daemon solves. Both give the same series. Default: spectrum
+                 when the model is on an accelerator (GPU) and this rank holds
+                 whole heads or reduces its shards itself; gram for a model on
+                 the CPU (the solves would take the trainer's own cores: about
+                 35 ms a head at dh 128 there, 15-20 ms in the daemon) and when
+                 the daemon sums the d-shards (the only choice then).
+    device_sketches  sketch steps whose Grams may wait on the device for the
+                 sender's spectra (default 2); beyond it they wait in pinned
+                 host memory and the spectra are computed on the CPU
     send_sketches  whether this rank sends Grams (default: rank 0 when the
                  weights are replicated; the reducing rank or every shard
                  otherwise). Data-parallel replicas of a sharded group should
@@ -150,6 +279,15 @@ class Monitor:
                  rate of its first param group is sent (what a scheduler set).
                  The daemon needs it to find the end of warm-up and for its
                  `lr` rule (a rate rising after warm-up)
+    tls, tls_ca, tls_cert, tls_key, tls_server_name
+                 TLS to a daemon whose ingest has tls_cert (a daemon for the whole
+                 job, reached over the network): tls_ca is the PEM CA its
+                 certificate must chain to (default $FORESHOCK_TLS_CA, else the
+                 system's store), tls_cert/tls_key this rank's client
+                 certificate for a daemon with tls_client_ca (default
+                 $FORESHOCK_TLS_CERT / $FORESHOCK_TLS_KEY), tls_server_name the
+                 name to verify (default the endpoint's host). Any of them, or
+                 tls=True, or $FORESHOCK_TLS=1, turns TLS on
     replay_bytes libforeshock's bound on buffered, unacknowledged reports
     queue_reports  bound of the hand-off queue to the sender thread
     gram_dtype   torch.float32 (default) or torch.float64
@@ -167,8 +305,10 @@ class Monitor:
                  layer_norms=True, token=None, detect_from_step=None,
                  replay_bytes=DEFAULT_REPLAY_BYTES, queue_reports=DEFAULT_QUEUE_REPORTS,
                  gram_dtype=torch.float32, transport=None, lib=None, client_name=None,
-                 backoff_max_s=None, record=None, optimizer=None, on_advice=None, advice=True,
-                 resume_step=None):
+                 backoff_max_s=None, record=None, optimizer=None, route=None,
+                 device_sketches=DEFAULT_DEVICE_SKETCHES, local_ranks=None, tls=None,
+                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
+                 on_advice=None, advice=True, resume_step=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if ddp else 0)
@@ -197,12 +337,51 @@ class Monitor:
         else:
             self.shard = tuple(shard) if shard is not None else (0, 1)
         self.reduce_in_trainer = shard_group is not None and shard_reduce == "trainer"
+        daemon_sums = self.shard[1] > 1 and not self.reduce_in_trainer
+        if route is None:
+            dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+            route = "gram" if daemon_sums or dev.type == "cpu" else "spectrum"
+        if route not in ROUTES:
+            raise ValueError(f"route is one of {ROUTES}, not {route!r}")
+        if route == "spectrum" and daemon_sums:
+            raise ValueError("route='spectrum' needs each head's whole Grams on one rank; with "
+                             "shard_reduce='daemon' (or shard= without shard_group) the daemon "
+                             "sums partial Grams: use route='gram', or shard_group= with "
+                             "shard_reduce='trainer'")
+        self.route = route
+        if int(device_sketches) < 0:
+            raise ValueError("device_sketches must be >= 0")
+        self.device_sketches = int(device_sketches)
+        self._device_jobs = 0       # jobs whose flat waits on the device (under _dev_lock)
+        self._dev_lock = threading.Lock()
+        self._side_stream = None    # the sender's CUDA stream, made on first use
+        endpoint = endpoint or os.environ.get("FORESHOCK_ENDPOINT") or None
+        # Without an endpoint the daemon is the default one on this node,
+        # unless the run is only recorded.
+        recording_only = endpoint is None and bool(record or os.environ.get("FORESHOCK_RECORD"))
+        self.local_ranks = resolve_local_ranks(
+            local_ranks, endpoint or (None if recording_only else "127.0.0.1"), self.rank,
+            self.world_size)
+        if self.local_ranks and shard_group is not None and not self.reduce_in_trainer:
+            # Partial Grams summed by a per-node daemon never complete when
+            # the shard group reaches ranks of other nodes.
+            try:
+                group_ranks = dist.get_process_group_ranks(shard_group)
+            except (AttributeError, RuntimeError, ValueError):
+                group_ranks = None
+            if group_ranks is not None and not set(group_ranks) <= set(self.local_ranks):
+                raise ValueError("shard_reduce='daemon' with a shard_group spanning ranks "
+                                 "outside local_ranks: this daemon would wait for shards it "
+                                 "never hears; use shard_reduce='trainer'")
+        lead = self.local_ranks[0] if self.local_ranks else 0
         if self.reduce_in_trainer:
             default_send = self.shard[0] == 0
         elif self.shard[1] > 1:
             default_send = True
         else:
-            default_send = self.rank == 0
+            # Replicated weights: one rank per daemon sends them, the lead
+            # rank of its group (rank 0 for a daemon that hears the job).
+            default_send = self.rank == lead
         self.send_sketches = default_send if send_sketches is None else bool(send_sketches)
         # Ranks of a reducing group compute their partial Grams even when they
         # do not send: the all_reduce is a collective.
@@ -235,7 +414,8 @@ class Monitor:
         self._last_call = None
         self._closed = False
         self._queue = queue.Queue(maxsize=queue_reports)
-        self._counts = {"reports": 0, "dropped_queue": 0, "refused": 0, "dropped_submit": 0}
+        self._counts = {"reports": 0, "dropped_queue": 0, "refused": 0, "dropped_submit": 0,
+                        "spectra_on_host": 0}
         self._overhead = {"steps": 0, "seconds": 0.0, "sketch_steps": 0, "sketch_seconds": 0.0}
         # One limiter per kind of complaint, so that a flood of one kind
         # (connection refused) never hides the first of another (a drop).
@@ -243,10 +423,11 @@ class Monitor:
         self._complain_drop = _RateLimited(LOG_INTERVAL_S)
         self._complain_refused = _RateLimited(LOG_INTERVAL_S)
         self._complain_conn = _RateLimited(LOG_INTERVAL_S)
+        self._complain_daemon = _RateLimited(LOG_INTERVAL_S)
         self._conn_state = None
+        self._daemon_refused = 0    # libforeshock's daemon_refused already logged
         self._sender_cpu_s = 0.0    # CPU time of the sender thread (off the training thread)
 
-        endpoint = endpoint or os.environ.get("FORESHOCK_ENDPOINT") or None
         record = record or os.environ.get("FORESHOCK_RECORD") or None
         self.record_path = None
         if record:
@@ -282,7 +463,14 @@ class Monitor:
                                backoff_max_ms=int(backoff_max_s * 1000) if backoff_max_s else 0,
                                lib_path=lib, record_path=self.record_path,
                                record_only=bool(self.record_path) and endpoint is None,
-                               advice=bool(advice or on_advice), resume_step=resume_step)
+                               local_ranks=self.local_ranks,
+                               advice=bool(advice or on_advice), resume_step=resume_step,
+                               **_tls_args(tls, tls_ca, tls_cert, tls_key, tls_server_name))
+            if self.local_ranks:
+                log.info("foreshock: run %s rank %d: the daemon at %s hears local group %s of "
+                         "%d ranks: its router token statistics are this group's, its "
+                         "loss/grad_norm/lr rank %d's", self.run, self.rank, endpoint or
+                         "127.0.0.1", format_ranks(self.local_ranks), self.world_size, lead)
             if self.record_path:
                 log.info("foreshock: recording run %s rank %d to %s%s", self.run, self.rank,
                          self.record_path, "" if endpoint else " (no endpoint: record only)")
@@ -430,10 +618,23 @@ class Monitor:
         job.layout = [t.shape for t in tensors]
         if self.reduce_in_trainer:
             job.work = torch.distributed.all_reduce(flat, group=self.shard_group, async_op=True)
+        spectra_here = self.route == "spectrum" and self.send_sketches and bool(job.attn)
         if flat.device.type == "cuda":
             if job.work is not None:
-                job.work.wait()  # orders the copy after the reduction on the stream
+                job.work.wait()  # orders what follows after the reduction on the stream
                 job.work = None
+            if spectra_here:
+                with self._dev_lock:
+                    keep = self._device_jobs < self.device_sketches
+                    if keep:
+                        self._device_jobs += 1
+                if keep:
+                    job.event = torch.cuda.Event()
+                    job.event.record()
+                    job.on_device = True
+                    job.flat = flat
+                    return
+                self._counts["spectra_on_host"] += 1
             host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
             host.copy_(flat, non_blocking=True)
             job.event = torch.cuda.Event()
@@ -446,6 +647,7 @@ class Monitor:
         try:
             self._queue.put_nowait(job)
         except queue.Full:
+            self._release_device(job)
             self._counts["dropped_queue"] += 1
             self._complain_queue(logging.WARNING, "foreshock: report of step %d dropped: the "
                                  "sender queue is full (%d dropped so far)", job.step,
@@ -453,28 +655,80 @@ class Monitor:
 
     # ---- the background part ---------------------------------------------------------------
 
+    def _host_parts(self, job):
+        """The job's reduced tensors as host numpy arrays, in layout order,
+        with the attention Grams replaced by their spectra on the spectrum
+        route: [(ga, gb) or packed spectra per (spec, window)] + the rest."""
+        if job.work is not None:
+            job.work.wait()
+        spectra_route = self.route == "spectrum" and self.send_sketches
+        if job.on_device:
+            try:
+                if self._side_stream is None:
+                    self._side_stream = torch.cuda.Stream(device=job.flat.device)
+                stream = self._side_stream
+                with torch.cuda.stream(stream):
+                    stream.wait_event(job.event)
+                    job.flat.record_stream(stream)
+                    return self._split(job, job.flat, spectra_route)
+            finally:
+                self._release_device(job)
+        if job.event is not None:
+            job.event.synchronize()
+        return self._split(job, job.flat.cpu(), spectra_route)
+
+    def _release_device(self, job):
+        """Drops a job's device buffer and its place under device_sketches
+        (once; any thread)."""
+        if job.on_device:
+            job.on_device = False
+            job.flat = None
+            with self._dev_lock:
+                self._device_jobs -= 1
+
+    def _split(self, job, flat, spectra_route):
+        parts, off = [], 0
+        for shape in job.layout:
+            n = int(np.prod(shape))
+            parts.append(flat[off:off + n].reshape(shape))
+            off += n
+        out, k = [], 0
+        for a, _, _, _ in job.attn:
+            ga, gb = parts[k], parts[k + 1]
+            k += 2
+            if spectra_route:
+                out.append(self._head_spectra(a, ga, gb).cpu().numpy())
+            else:
+                out.append((ga.cpu().numpy(), gb.cpu().numpy()))
+        out += [p.cpu().numpy() for p in parts[k:]]
+        return out
+
+    @staticmethod
+    def _head_spectra(a, ga, gb):
+        """[H, 6 dh + 6] packed spectra (foreshock.spectra.qk_spectra) of one
+        attention spec's heads from its Gram triangles ga [H, T], gb [Hkv, T]."""
+        n = 2 * a.head_dim
+        kv = torch.arange(a.n_heads, device=ga.device) // (a.n_heads // a.n_kv_heads)
+        full_a = spx.unpack(ga, n)
+        full_b = spx.unpack(gb, n).index_select(0, kv)
+        return spx.qk_spectra(full_a, full_b, a.head_dim)
+
     def _materialize(self, job):
         rep = Report(step=job.step, time_unix=job.time)
         for k, v in job.scalars.items():
             rep.scalars[k] = v.item() if isinstance(v, torch.Tensor) else v
         if job.flat is not None:
-            if job.work is not None:
-                job.work.wait()
-            if job.event is not None:
-                job.event.synchronize()
-            flat = job.flat.cpu().numpy()
-            parts, off = [], 0
-            for shape in job.layout:
-                n = int(np.prod(shape))
-                parts.append(flat[off:off + n].reshape(shape))
-                off += n
-            parts = iter(parts)
+            parts = iter(self._host_parts(job))
             if self.send_sketches:
                 shard_i, shard_n = (0, 1) if self.reduce_in_trainer else self.shard
                 for a, w, _, _ in job.attn:
-                    ga, gb = next(parts), next(parts)
+                    part = next(parts)
                     group = a.n_heads // a.n_kv_heads
                     grouped = a.n_kv_heads != a.n_heads
+                    if self.route == "spectrum":
+                        rep.attention += self._spectrum_sketches(a, w, part)
+                        continue
+                    ga, gb = part
                     for h in range(a.n_heads):
                         kv = h // group
                         rep.attention.append(AttentionGram(
@@ -502,6 +756,28 @@ class Monitor:
                 acc.sum_p.cpu().numpy().astype(np.float64)))
         return rep
 
+    @staticmethod
+    def _spectrum_sketches(a, window, packed):
+        """AttentionSpectrum per head from qk_spectra's packed host rows."""
+        dh = a.head_dim
+        group = a.n_heads // a.n_kv_heads
+        grouped = a.n_kv_heads != a.n_heads
+        vals = packed[:, :6 * dh].astype(np.float32)
+        nonfinite = packed[:, 6 * dh + 5] != 0.0
+        # A non-finite head travels as NaN spectra: the daemon flags it.
+        vals[nonfinite] = np.nan
+        out = []
+        for h in range(a.n_heads):
+            row, v = packed[h], vals[h]
+            cqk = row[6 * dh + 4]
+            out.append(AttentionSpectrum(
+                a.layer, a.head_offset + h,
+                (a.kv_offset + h // group) if grouped else None, window, dh,
+                v[0:2 * dh], v[2 * dh:4 * dh], v[4 * dh:5 * dh], v[5 * dh:6 * dh],
+                float(row[6 * dh]), float(row[6 * dh + 1]), float(row[6 * dh + 2]),
+                float(row[6 * dh + 3]), None if np.isnan(cqk) else float(cqk)))
+        return out
+
     def _send_loop(self):
         while True:
             job = self._queue.get()
@@ -512,6 +788,7 @@ class Monitor:
             try:
                 self._send(job)
             finally:
+                self._release_device(job)  # when _materialize failed before it
                 self._sender_cpu_s += time.thread_time() - c0
                 self._queue.task_done()
 
@@ -538,6 +815,12 @@ class Monitor:
             st = self.transport.stats()
         except Exception:
             return
+        refused = st.get("daemon_refused", 0)
+        if refused > self._daemon_refused:
+            self._complain_daemon(logging.ERROR, "foreshock: the daemon refused %d report(s) "
+                                  "for good, dropped (%d so far): %s", refused -
+                                  self._daemon_refused, refused, st.get("last_error") or "")
+            self._daemon_refused = refused
         state = bool(st.get("connected"))
         if state != self._conn_state:
             if state:
@@ -559,10 +842,11 @@ class Monitor:
     def stats(self):
         """Counters: the transport's (submitted, acked, dropped, buffered_*,
         reconnects, connected, ...) plus reports (made by step()),
-        dropped_queue, refused, the measured step() overhead on the training
-        thread (step_overhead_s, sketch_step_overhead_s, plain_step_overhead_s:
-        means, seconds) and the sender thread's CPU time (sender_cpu_s,
-        sender_cpu_per_report_s)."""
+        dropped_queue, refused, spectra_on_host (sketch steps whose spectra
+        were solved on the CPU because device_sketches were waiting), the
+        measured step() overhead on the training thread (step_overhead_s,
+        sketch_step_overhead_s, plain_step_overhead_s: means, seconds) and
+        the sender thread's CPU time (sender_cpu_s, sender_cpu_per_report_s)."""
         out = dict(self.transport.stats())
         out.update(self._counts)
         o = self._overhead

@@ -23,7 +23,8 @@ class RecordingTransport:
     def stats(self):
         with self._lock:
             n = len(self.reports)
-        return {"submitted": n, "acked": n, "dropped": 0, "buffered_reports": 0,
+        return {"submitted": n, "acked": n, "dropped": 0, "daemon_refused": 0,
+                "buffered_reports": 0,
                 "connected": 1, "last_error": ""}
 
     def flush(self, timeout_s=None):

@@ -1,4 +1,4 @@
--- 005: advice to trainers (daemon/advice.h). The writer inserts an advice
+-- 006: advice to trainers (daemon/advice.h). The writer inserts an advice
 -- row for an alert transition the [advice] policy advises on, in the
 -- transaction that commits the transition; what each stream is owed is
 -- derived from these rows and its deliveries, so it survives reconnects and

@@ -1,4 +1,4 @@
--- 006: attempts of a run (a trainer restarted, maybe from a checkpoint).
+-- 007: attempts of a run (a trainer restarted, maybe from a checkpoint).
 -- A Hello of an attempt above every earlier one of its run starts it; with
 -- Hello.resume_step it is a rewind: the steps after resume_step are
 -- re-done, detection continues from the run's state at resume_step, and

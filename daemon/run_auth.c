@@ -1,0 +1,104 @@
+/* Per-run ingest tokens (see run_auth.h). */
+#include "run_auth.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static const struct config_key run_keys[] = {
+    {.name = "token", .type = CONFIG_STRING, .def = "", .min = 1, .max = FS_MAX_TOKEN_LEN,
+     .offset = offsetof(struct run_auth_entry, token),
+     .size = sizeof(((struct run_auth_entry *)0)->token),
+     .help = "the token a Hello for a run matching the section's pattern must carry"},
+};
+
+static bool pattern_char(char c)
+{
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == ':' || c == '-' || c == '*' || c == '?';
+}
+
+static void *run_open(void *ctx, const char *sub, char *why, size_t whylen)
+{
+    struct run_auth *ra = ctx;
+    if (!sub || !sub[0]) {
+        snprintf(why, whylen, "needs a run id pattern: [run \"PATTERN\"]");
+        return NULL;
+    }
+    if (strlen(sub) > FS_MAX_RUN_ID_LEN) {
+        snprintf(why, whylen, "pattern longer than %u bytes", FS_MAX_RUN_ID_LEN);
+        return NULL;
+    }
+    for (const char *c = sub; *c; c++) {
+        if (!pattern_char(*c)) {
+            snprintf(why, whylen, "a pattern holds run id characters [A-Za-z0-9._:-], '*' "
+                     "and '?' only");
+            return NULL;
+        }
+    }
+    for (size_t i = 0; i < ra->n; i++) {
+        if (strcmp(ra->e[i].pattern, sub) == 0) {
+            snprintf(why, whylen, "pattern defined twice");
+            return NULL;
+        }
+    }
+    if (ra->n >= RUN_AUTH_MAX) {
+        snprintf(why, whylen, "more than %u [run] sections", RUN_AUTH_MAX);
+        return NULL;
+    }
+    struct run_auth_entry *e = &ra->e[ra->n++];
+    memset(e, 0, sizeof(*e));
+    snprintf(e->pattern, sizeof(e->pattern), "%s", sub);
+    return e;
+}
+
+void run_auth_section(struct run_auth *ra, struct config_section *out)
+{
+    *out = (struct config_section){.name = "run", .keys = run_keys,
+                                   .nkeys = sizeof(run_keys) / sizeof(run_keys[0]),
+                                   .open = run_open, .ctx = ra};
+}
+
+int run_auth_check(const struct run_auth *ra, char *why, size_t whylen)
+{
+    for (size_t i = 0; i < ra->n; i++) {
+        if (!ra->e[i].token[0]) {
+            snprintf(why, whylen, "config: [run \"%s\"]: key 'token' is required",
+                     ra->e[i].pattern);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+bool run_auth_match(const char *p, const char *s)
+{
+    /* Greedy with one backtrack point (the last '*'): each character of s
+     * is retried against at most the part of p after that star. */
+    const char *star = NULL, *resume = NULL;
+    while (*s) {
+        if (*p == '*') {
+            star = p++;
+            resume = s;
+        } else if (*p && (*p == '?' || *p == *s)) {
+            p++;
+            s++;
+        } else if (star) {
+            p = star + 1;
+            s = ++resume;
+        } else {
+            return false;
+        }
+    }
+    while (*p == '*')
+        p++;
+    return *p == '\0';
+}
+
+const char *run_auth_token(const struct run_auth *ra, const char *run, const char *global)
+{
+    for (size_t i = 0; ra && i < ra->n; i++)
+        if (run_auth_match(ra->e[i].pattern, run))
+            return ra->e[i].token;
+    return global ? global : "";
+}
