@@ -254,17 +254,19 @@ def plot(path, fault, healthy, unres, resc, row):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    for recs, color, label in ((healthy, "tab:green", "healthy"),
-                               (unres, "tab:red", "faulted, advice ignored"),
-                               (resc, "tab:blue", "faulted, rescued (attempt 1 from the "
-                                                  "rollback step)")):
-        ax.plot([r["step"] for r in recs], [r["loss"] for r in recs], lw=0.4, color=color,
-                alpha=0.35)
-        ax.plot(*mean_line(recs), lw=1.5, color=color, label=f"{label}, "
-                f"{DIVERGE_WINDOW}-step mean")
-    finite = [r["loss"] for r in healthy + unres + resc if math.isfinite(r["loss"])]
-    lo = min(finite)
-    ax.set_ylim(lo * 0.95, min(max(finite), 2.2 * lo))
+    # Until the rollback the rescued run is the unrescued one (same fault,
+    # same batches): its curve starts at the checkpoint it restored; the
+    # healthy run is drawn last, on top of the shared steps before the fault.
+    rs, rm = mean_line(resc)
+    keep = [i for i, s in enumerate(rs) if s >= row["resume_step"]]
+    for (xs, ys), color, label in (
+            (mean_line(unres), "tab:red", "faulted, advice ignored"),
+            (([rs[i] for i in keep], [rm[i] for i in keep]), "tab:blue",
+             "faulted, rescued: attempt 1 from the checkpoint"),
+            (mean_line(healthy), "tab:green", "healthy")):
+        ax.plot(xs, ys, lw=1.5, color=color, label=f"{label} ({DIVERGE_WINDOW}-step mean)")
+    lo = min(mean_line(healthy)[1])
+    ax.set_ylim(lo * 0.95, lo * 1.6)
     ax.axvline(row["fault_step"], color="k", ls=":", lw=1, label=f"fault, step {row['fault_step']}")
     ax.axvline(row["advice_step"], color="tab:orange", ls="--", lw=1.2,
                label=f"advice taken, step {row['advice_step']} ({row['rule']}, "
@@ -296,7 +298,8 @@ def main(argv=None):
     p.add_argument("--plots", default=None, help="directory of the plots (default: --out)")
     p.add_argument("--faults", default=",".join(FAULTS))
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--steps", type=int, default=600, help="healthy and rescued runs' last step")
+    p.add_argument("--steps", type=int, default=1000,
+                   help="healthy and rescued runs' last step (the corpus's run length)")
     p.add_argument("--post", type=int, default=50,
                    help="steps the unrescued run trains after its loss diverged")
     p.add_argument("--every-ckpt", type=int, default=10, help="in-memory checkpoint cadence")
