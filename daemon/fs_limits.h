@@ -112,6 +112,10 @@
 #define FS_CONFIG_MAX_PATH 4096u /* bytes with NUL */
 
 /* --- writer ---------------------------------------------------------------- */
+/* Bytes of REPORT items one transaction takes (at least one item): a
+ * commit, and so a Hello's wait behind it (store.c), stays short however
+ * large the frames. */
+#define FS_STORE_BATCH_MAX_BYTES (64u << 20)
 #define FS_STORE_BUSY_TIMEOUT_MS 5000
 #define FS_STORE_RETRY_MIN_MS 100
 #define FS_STORE_RETRY_MAX_MS 5000
@@ -120,6 +124,10 @@
 #define FS_STORE_PRUNE_INTERVAL_S 60.0       /* retention runs this often */
 #define FS_STORE_PRUNE_BATCH 512u            /* rows of each kind per retention transaction */
 #define FS_STORE_MAX_LIVE_SILENCES 1024u     /* active or future silences; more are refused */
+
+/* --- sketch spool (spool.h) ------------------------------------------------- */
+#define FS_SPOOL_SEGMENT_BYTES (64ull << 20)              /* a new segment starts past this */
+#define FS_SPOOL_MAX_RECORD_BYTES FS_CAP_MAX_FRAME_BYTES  /* one frame body */
 
 /* --- ingest ---------------------------------------------------------------- */
 #define FS_INGEST_RBUF_INITIAL (64u << 10) /* read buffer; grows to one frame, shrinks back */
@@ -133,6 +141,9 @@ _Static_assert(FS_MAX_HELLO_FRAME_BYTES + 4 <= FS_INGEST_RBUF_INITIAL, "pre-Hell
 #define FS_INGEST_LINGER_MS 5000       /* a closing connection's writes/discard, at most */
 #define FS_INGEST_DISCARD_MAX (1u << 20) /* bytes read and dropped after an Error */
 #define FS_INGEST_SWEEP_MS 1000        /* how often lingering connections are checked */
+/* Report frame bytes one loop iteration handles (at least one frame): the
+ * loop gets back to accepts, Hellos and Welcomes between large frames. */
+#define FS_INGEST_LOOP_FRAME_BYTES (8u << 20)
 
 /* --- logging --------------------------------------------------------------- */
 #define FS_LOG_LINE_MAX 2048u            /* longer messages are truncated */
