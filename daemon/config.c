@@ -62,7 +62,8 @@ static const struct config_key core_keys[] = {
      .help = "items per write transaction at most"},
     {.name = "spool_max_bytes", .type = CONFIG_BYTES, .def = "1G", .min = FS_MIN_SPOOL_MAX_BYTES,
      .max = FS_CAP_SPOOL_MAX_BYTES, CORE(spool_max_bytes),
-     .help = "raw sketches waiting for the monitors; past it ingest pauses"},
+     .help = "spooled frames of steps not yet evaluated (in <db>.spool/); past it only ranks "
+             "that complete the oldest step are read"},
     {.name = "log_level", .type = CONFIG_ENUM, .def = "info", .choices = level_names,
      CORE(log_level), .help = "debug | info | warn | error"},
     {.name = "token", .type = CONFIG_STRING, .def = "", .min = 0, .max = FS_MAX_TOKEN_LEN,

@@ -52,13 +52,14 @@ static void h_open(struct harness *h, const char *path)
     cr_assert_eq(uv_loop_init(&h->loop), 0);
     struct store_opts so = {.max_runs = 10, .queue_max_items = 100000,
                             .queue_max_bytes = 1ull << 30, .batch_max_items = 64,
-                            .spool_max_bytes = 1ull << 30, .stats = &h->stats};
+                            .stats = &h->stats};
     char err[512];
     cr_assert_eq(store_open(path, &so, &h->store, err, sizeof(err)), 0, "%s", err);
     detect_rules_default(&h->rules);
     struct stage_opts sto = {.loop = &h->loop, .store = h->store, .stats = &h->stats,
                              .rules = &h->rules, .reduce_timeout_s = 60,
-                             .reduce_max_bytes = 1ull << 30, .max_chunks = 2,
+                             .reduce_max_bytes = 1ull << 30, .spool_max_bytes = 1ull << 30,
+                             .max_chunks = 2,
                              /* These tables test detection itself, not when
                               * training progress starts it (evaluate.h). */
                              .detect_from_step = 1};
@@ -208,7 +209,8 @@ static void h_step(struct harness *h, int faults, uint64_t step)
     cr_assert(stage_wants_spool(h->stage, 0, &r));
     cr_assert_eq(store_submit(h->store, it), 0);
     struct stage_report in = {.run_id = h->run_id, .stream_id = h->stream_id, .rank = 0,
-                              .seq = r.seq, .step = step, .time = r.time_unix, .report = &r};
+                              .seq = r.seq, .step = step, .time = r.time_unix, .report = &r,
+                              .spool_bytes = rp->sketch_len};
     cr_assert_eq(stage_feed(h->stage, &in), 0);
 }
 
@@ -271,17 +273,6 @@ static long event_step(const struct event *e)
     return strtol(p, NULL, 10);
 }
 
-static void tmp_db(char *path, size_t len, const char *tag)
-{
-    snprintf(path, len, "/tmp/test_stage_%d_%s.db", (int)getpid(), tag);
-    char x[300];
-    unlink(path);
-    snprintf(x, sizeof(x), "%s-wal", path);
-    unlink(x);
-    snprintf(x, sizeof(x), "%s-shm", path);
-    unlink(x);
-}
-
 static void rm_db(const char *path)
 {
     char x[300];
@@ -290,6 +281,14 @@ static void rm_db(const char *path)
     unlink(x);
     snprintf(x, sizeof(x), "%s-shm", path);
     unlink(x);
+    snprintf(x, sizeof(x), "rm -rf %s.spool", path); /* the spool log beside it */
+    cr_expect_eq(system(x), 0);
+}
+
+static void tmp_db(char *path, size_t len, const char *tag)
+{
+    snprintf(path, len, "/tmp/test_stage_%d_%s.db", (int)getpid(), tag);
+    rm_db(path);
 }
 
 /* Uninterrupted run of the scenario into path. */
