@@ -105,6 +105,10 @@
 
 #define FS_CAP_DETECT_FROM_STEP ((double)(1ull << 53)) /* exact in the range check */
 
+/* Per-head monitor points are most of a large run's database (README
+ * "Storage budget"): they may be kept at every N-th step only. */
+#define FS_CAP_HEAD_POINTS_EVERY 1000000u
+
 /* --- configuration file ---------------------------------------------------- */
 #define FS_CONFIG_MAX_FILE_BYTES (1u << 20)
 #define FS_CONFIG_MAX_LINE 4096u

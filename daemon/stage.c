@@ -779,6 +779,10 @@ static void evaluate_attention(struct stage *st, struct stage_run *sr, struct ru
             hi++;
         uint32_t layer = g[lo]->layer, window = g[lo]->window;
         bool nonfinite = false;
+        /* Per-head points are for drill-down and most of a large run's
+         * database; the aggregates below (and detection) see every step. */
+        uint64_t every = st->opts.head_points_every;
+        bool head_points = every <= 1 || b->step % every == 0;
         for (size_t i = lo; i < hi; i++) {
             const struct qk_head *h = &g[i]->res.qk;
             heads[i - lo] = *h;
@@ -786,7 +790,7 @@ static void evaluate_attention(struct stage *st, struct stage_run *sr, struct ru
                 heads[i - lo].nonfinite = true; /* never computed: absent everywhere */
             else if (h->nonfinite)
                 nonfinite = true;
-            for (size_t s = 0; s < N_HEAD_SERIES; s++) {
+            for (size_t s = 0; head_points && s < N_HEAD_SERIES; s++) {
                 double v;
                 if (qk_head_value(&heads[i - lo], head_series[s], &v) < 0)
                     v = NAN;

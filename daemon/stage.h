@@ -52,6 +52,7 @@ struct stage_opts {
     double reduce_timeout_s;
     uint64_t reduce_max_bytes;
     uint64_t spool_max_bytes;         /* spooled frame bytes of steps not yet evaluated (0: none) */
+    uint64_t head_points_every;       /* per-head points at multiples of this step (0, 1: all) */
     uint64_t detect_from_step;        /* for runs whose Hello does not set it */
     unsigned max_chunks;              /* work requests per bucket (0: default) */
     double stop_timeout_s;            /* stage_stop: cancel math not started after this (0: none) */
