@@ -143,7 +143,7 @@ static const struct counter_def counters[] = {
      "Series points committed."},
     {"foreshock_acks_sent_total", "counter", STAT(acks_out), "Ack frames sent."},
     {"foreshock_backpressure_pauses_total", "counter", STAT(backpressure_pauses),
-     "Times ingest stopped reading because the writer queue or spool was full."},
+     "Times ingest stopped reading because the writer queue was full."},
     {"foreshock_commits_total", "counter", STAT(commits), "Write transactions committed."},
     {"foreshock_commit_errors_total", "counter", STAT(commit_errors),
      "Write transactions that failed (rolled back and retried or refused)."},
@@ -152,7 +152,8 @@ static const struct counter_def counters[] = {
     {"foreshock_writer_queue_bytes", "gauge", STAT(writer_queue_bytes),
      "Bytes queued for the writer or in its open transaction."},
     {"foreshock_spool_bytes", "gauge", STAT(spool_bytes),
-     "Raw sketch bytes spooled until their monitors are computed."},
+     "Bytes in the sketch spool log (DB.spool/): report frames kept until their steps are "
+     "evaluated."},
     {"foreshock_monitor_buckets_total", "counter", STAT(buckets_evaluated),
      "(run, step) buckets whose monitors ran."},
     {"foreshock_monitor_heads_total", "counter", STAT(heads_computed),
@@ -164,7 +165,8 @@ static const struct counter_def counters[] = {
     {"foreshock_reduce_bytes", "gauge", STAT(reduce_bytes),
      "Memory held by partial shard/rank reductions."},
     {"foreshock_reduce_pauses_total", "counter", STAT(reduce_pauses),
-     "Times ingest stopped for reduce_max_bytes."},
+     "Times ingest read only the ranks that complete the oldest step (reduce_max_bytes or "
+     "spool_max_bytes reached)."},
     {"foreshock_alerts_fired_total", "counter", STAT(alerts_fired), "Alert transitions to firing."},
     {"foreshock_outbox_pending", "gauge", STAT(outbox_pending), "Page deliveries not yet done."},
     {"foreshock_http_requests_total", "counter", STAT(http_requests), "HTTP responses sent."},
