@@ -67,7 +67,8 @@ static const struct config_key core_keys[] = {
      .help = "items per write transaction at most"},
     {.name = "spool_max_bytes", .type = CONFIG_BYTES, .def = "1G", .min = FS_MIN_SPOOL_MAX_BYTES,
      .max = FS_CAP_SPOOL_MAX_BYTES, CORE(spool_max_bytes),
-     .help = "raw sketches waiting for the monitors; past it ingest pauses"},
+     .help = "spooled frames of steps not yet evaluated (in <db>.spool/); past it only ranks "
+             "that complete the oldest step are read"},
     {.name = "log_level", .type = CONFIG_ENUM, .def = "info", .choices = level_names,
      CORE(log_level), .help = "debug | info | warn | error"},
     {.name = "token", .type = CONFIG_STRING, .def = "", .min = 0, .max = FS_MAX_TOKEN_LEN,
@@ -108,6 +109,10 @@ static const struct config_key core_keys[] = {
     {.name = "monitor_threads", .type = CONFIG_UINT, .def = "0", .min = 0,
      .max = FS_CAP_MONITOR_THREADS, CORE(monitor_threads),
      .help = "worker threads for the monitor math (0: one per online CPU)"},
+    {.name = "head_points_every", .type = CONFIG_UINT, .def = "1", .min = 1,
+     .max = FS_CAP_HEAD_POINTS_EVERY, CORE(head_points_every),
+     .help = "store per-head monitor points only at steps that are multiples of this (1: "
+             "every sketch step); per-layer aggregates and detection always see every step"},
     /* HTTP auth and /metrics (http.c, metrics.c) */
     {.name = "http_write_token", .type = CONFIG_STRING, .def = "", .min = 0,
      .max = FS_MAX_TOKEN_LEN, CORE(http_write_token),

@@ -97,6 +97,7 @@ struct fs_config {
     uint64_t reduce_max_bytes; /* monitor stage: reduction memory bound */
     uint64_t detect_from_step; /* runs whose Hello does not say */
     uint64_t monitor_threads;  /* worker threads for the monitor math; 0 = CPUs */
+    uint64_t head_points_every; /* per-head points at multiples of this step only */
     /* HTTP auth and /metrics */
     char http_write_token[FS_MAX_TOKEN_LEN + 1]; /* "" = HTTP writes disabled */
     char http_read_token[FS_MAX_TOKEN_LEN + 1];  /* "" = reads need no token */

@@ -116,6 +116,10 @@
 
 #define FS_CAP_DETECT_FROM_STEP ((double)(1ull << 53)) /* exact in the range check */
 
+/* Per-head monitor points are most of a large run's database (README
+ * "Storage budget"): they may be kept at every N-th step only. */
+#define FS_CAP_HEAD_POINTS_EVERY 1000000u
+
 /* --- configuration file ---------------------------------------------------- */
 #define FS_CONFIG_MAX_FILE_BYTES (1u << 20)
 #define FS_CONFIG_MAX_LINE 4096u
@@ -124,6 +128,10 @@
 #define FS_TLS_MAX_PEM_BYTES (1u << 20) /* a certificate chain or key file, read whole */
 
 /* --- writer ---------------------------------------------------------------- */
+/* Bytes of REPORT items one transaction takes (at least one item): a
+ * commit, and so a Hello's wait behind it (store.c), stays short however
+ * large the frames. */
+#define FS_STORE_BATCH_MAX_BYTES (64u << 20)
 #define FS_STORE_BUSY_TIMEOUT_MS 5000
 #define FS_STORE_RETRY_MIN_MS 100
 #define FS_STORE_RETRY_MAX_MS 5000
@@ -132,6 +140,10 @@
 #define FS_STORE_PRUNE_INTERVAL_S 60.0       /* retention runs this often */
 #define FS_STORE_PRUNE_BATCH 512u            /* rows of each kind per retention transaction */
 #define FS_STORE_MAX_LIVE_SILENCES 1024u     /* active or future silences; more are refused */
+
+/* --- sketch spool (spool.h) ------------------------------------------------- */
+#define FS_SPOOL_SEGMENT_BYTES (64ull << 20)              /* a new segment starts past this */
+#define FS_SPOOL_MAX_RECORD_BYTES FS_CAP_MAX_FRAME_BYTES  /* one frame body */
 
 /* --- ingest ---------------------------------------------------------------- */
 #define FS_INGEST_RBUF_INITIAL (64u << 10) /* read buffer; grows to one frame, shrinks back */
@@ -146,6 +158,9 @@ _Static_assert(FS_MAX_HELLO_FRAME_BYTES + 4 <= FS_INGEST_RBUF_INITIAL, "pre-Hell
 #define FS_INGEST_LINGER_MS 5000       /* a closing connection's writes/discard, at most */
 #define FS_INGEST_DISCARD_MAX (1u << 20) /* bytes read and dropped after an Error */
 #define FS_INGEST_SWEEP_MS 1000        /* how often lingering connections are checked */
+/* Report frame bytes one loop iteration handles (at least one frame): the
+ * loop gets back to accepts, Hellos and Welcomes between large frames. */
+#define FS_INGEST_LOOP_FRAME_BYTES (8u << 20)
 
 /* --- logging --------------------------------------------------------------- */
 #define FS_LOG_LINE_MAX 2048u            /* longer messages are truncated */

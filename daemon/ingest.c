@@ -28,6 +28,8 @@ struct conn {
     uint64_t id;
     struct conn *prev, *next; /* all connections, oldest first */
     struct conn *hnext;       /* hash chain; unlinked when closing starts */
+    struct conn *dprev, *dnext; /* the deferred list, while deferred */
+    int deferred;   /* a complete frame waits for the next loop iteration's budget */
     enum conn_state state;
     int rejected;   /* over max_connections: not counted as a connection */
     int reading;    /* uv_read_start is active */
@@ -50,6 +52,7 @@ struct conn {
     struct run_hello hello;     /* from the Hello until the Welcome; moe_layers owned */
     uint64_t inflight;          /* items submitted, result not yet seen */
     int64_t run_id, stream_id;
+    uint64_t stream_key; /* store_stream_key of the Hello's (run, attempt, rank) */
     uint32_t rank;
     uint64_t acked;
     /* Sequence numbers of this stream on this connection: seq_base is the
@@ -78,6 +81,10 @@ struct ingest {
     uv_tcp_t listener;
     uv_async_t async;
     uv_timer_t sweep;
+    uv_prepare_t prepare; /* each loop iteration: a fresh frame budget, deferred frames first */
+    uv_idle_t idle;       /* active while frames are deferred: the poll must not block */
+    uint64_t budget;      /* frame bytes this loop iteration may still handle */
+    struct conn *def_head, *def_tail; /* deferred connections, oldest first */
     uint16_t port;
     uint64_t next_id;
     uint64_t nactive; /* accepted, not rejected, not yet closed */
@@ -86,10 +93,10 @@ struct ingest {
     int paused;   /* the writer refused an item: nobody reads until RESUME */
     int stage_full; /* the monitor stage's reduction memory is full */
     int stopping;
-    int handles_open; /* of listener, async, sweep */
+    int handles_open; /* of listener, async, sweep, prepare, idle */
     uint64_t fbuf_total; /* sum of conn.fbuf: at most opts.frame_buffer_max_bytes */
     struct conn *wait_head, *wait_tail; /* connections waiting for frame buffer room, FIFO */
-    int handles_closing; /* async and sweep are being closed */
+    int handles_closing; /* async, sweep, prepare and idle are being closed */
     void (*done)(void *ctx);
     void *done_ctx;
     uint8_t discard[16384]; /* read target for closing connections */
@@ -162,11 +169,79 @@ static void on_conn_closed(uv_handle_t *h)
     check_stop(ing);
 }
 
+/* --- fair reading: a frame budget per loop iteration ---------------------------
+ * Decoding and reducing a 59 MB Gram report takes the loop thread a good
+ * fraction of a second; handling every complete frame of every readable
+ * connection in one iteration left accepts, Hellos and the writer's
+ * results (Welcomes, Acks) waiting for all of them: a new trainer got no
+ * Welcome within 10 s while ingest was saturated. Each iteration now
+ * handles report frames up to FS_INGEST_LOOP_FRAME_BYTES (at least one);
+ * a connection whose complete frame did not fit stops reading and waits in
+ * the deferred list, oldest first, for the next iteration (whose prepare
+ * callback serves it before new reads). Hellos are exempt: they are small,
+ * bounded (FS_MAX_HELLO_FRAME_BYTES) and what fairness is for. */
+
+static void defer_remove(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    if (!c->deferred)
+        return;
+    if (c->dprev)
+        c->dprev->dnext = c->dnext;
+    else
+        ing->def_head = c->dnext;
+    if (c->dnext)
+        c->dnext->dprev = c->dprev;
+    else
+        ing->def_tail = c->dprev;
+    c->dprev = c->dnext = NULL;
+    c->deferred = 0;
+    if (!ing->def_head && !ing->handles_closing)
+        uv_idle_stop(&ing->idle);
+}
+
+static void on_idle(uv_idle_t *h) { (void)h; }
+
+static void defer_add(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    if (c->deferred)
+        return;
+    c->deferred = 1;
+    c->dnext = NULL;
+    c->dprev = ing->def_tail;
+    if (ing->def_tail)
+        ing->def_tail->dnext = c;
+    else
+        ing->def_head = c;
+    ing->def_tail = c;
+    uv_idle_start(&ing->idle, on_idle);
+}
+
+static void on_prepare(uv_prepare_t *h)
+{
+    struct ingest *ing = h->data;
+    ing->budget = FS_INGEST_LOOP_FRAME_BYTES;
+    /* Served in order; one that runs out of budget again goes to the back. */
+    struct conn *last = ing->def_tail;
+    while (ing->def_head && ing->budget > 0) {
+        struct conn *c = ing->def_head;
+        defer_remove(c);
+        if (!c->closing) {
+            process(c);
+            update_reading(c);
+        }
+        if (c == last)
+            break;
+    }
+}
+
 /* Closes now. Results still in flight for this id are ignored later. */
 static void conn_close(struct conn *c)
 {
     if (c->closing)
         return;
+    defer_remove(c);
     c->closing = 1;
     c->reading = 0; /* uv_close stops reading */
     c->state = CLOSING;
@@ -434,15 +509,15 @@ static void pause_all(struct ingest *ing)
 }
 
 /* Hands a report the store accepted to the monitor stage: only after
- * store_submit, so that its spool insert is queued before anything the
+ * store_submit, so that its spool append is queued before anything the
  * stage queues about the step. Takes f. */
-static void feed_stage(struct conn *c, Foreshock__Frame *f, double time)
+static void feed_stage(struct conn *c, Foreshock__Frame *f, double time, size_t spooled)
 {
     struct ingest *ing = c->ing;
     if (ing->opts.stage && f && f->body_case == FORESHOCK__FRAME__BODY_REPORT) {
         struct stage_report in = {.run_id = c->run_id, .stream_id = c->stream_id, .rank = c->rank,
                                   .seq = f->report->seq, .step = f->report->step, .time = time,
-                                  .report = f->report};
+                                  .report = f->report, .spool_bytes = spooled};
         stage_feed(ing->opts.stage, &in);
     }
     decode_frame_free(f);
@@ -453,10 +528,11 @@ static void feed_stage(struct conn *c, Foreshock__Frame *f, double time)
 static int submit(struct conn *c, struct store_item *it, Foreshock__Frame *f)
 {
     double time = it->kind == STORE_ITEM_REPORT ? it->report.time : 0;
+    size_t spooled = it->kind == STORE_ITEM_REPORT ? it->report.sketch_len : 0;
     int rc = store_submit(c->ing->opts.store, it);
     if (rc == 0) {
         c->inflight++;
-        feed_stage(c, f, time);
+        feed_stage(c, f, time, spooled);
         return 0;
     }
     int failing = atomic_load(&c->ing->opts.stats->storage_failing);
@@ -527,6 +603,8 @@ static void on_hello(struct conn *c, const Foreshock__Hello *h)
             return;
         }
     }
+    it->hello.stream_key = store_stream_key(h->run_id, it->hello.attempt, h->rank);
+    c->stream_key = it->hello.stream_key;
     c->rank = h->rank;
     snprintf(c->run_name, sizeof(c->run_name), "%s", h->run_id);
     c->hello.rank = h->rank;
@@ -598,6 +676,7 @@ static void on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body
     it->conn_id = c->id;
     rp->run_id = c->run_id;
     rp->stream_id = c->stream_id;
+    rp->stream_key = c->stream_key;
     rp->rank = c->rank;
     rp->seq = r->seq;
     rp->step = r->step;
@@ -632,9 +711,18 @@ static void on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body
     }
     if (info->sketches ||
         (c->ing->opts.stage && stage_wants_spool(c->ing->opts.stage, c->run_id, c->rank, r))) {
-        /* The spool keeps the frame as it arrived for the monitor stage. */
-        rp->sketch_body = malloc(len);
-        if (rp->sketch_body) {
+        /* The spool keeps the frame as it arrived for the monitor stage. A
+         * large frame that is all the read buffer holds (on_alloc sized the
+         * buffer to it) is handed over whole: copying 59 MB cost the loop
+         * thread as much as decoding it. process() sees rbuf gone. */
+        if (len >= FS_INGEST_RBUF_INITIAL && body == c->rbuf + DECODE_PREFIX_BYTES &&
+            c->rlen == len + DECODE_PREFIX_BYTES) {
+            rp->sketch_alloc = c->rbuf;
+            rp->sketch_body = c->rbuf + DECODE_PREFIX_BYTES;
+            rp->sketch_len = len;
+            c->rbuf = NULL;
+            c->rcap = c->rlen = 0;
+        } else if ((rp->sketch_body = malloc(len)) != NULL) {
             memcpy(rp->sketch_body, body, len);
             rp->sketch_len = len;
         }
@@ -938,10 +1026,21 @@ static int process_frames(struct conn *c)
         size_t need = DECODE_PREFIX_BYTES + (size_t)len;
         if (c->rlen - pos < need)
             break;
+        if (c->state == STREAMING && ing->budget == 0) {
+            defer_add(c); /* the next loop iteration, before new reads */
+            break;
+        }
         handle_frame(c, c->rbuf + pos + DECODE_PREFIX_BYTES, len);
-        pos += need;
+        if (c->state == STREAMING)
+            ing->budget -= need < ing->budget ? need : ing->budget;
         if (c->state == CLOSING)
             return 1; /* protocol_error reset the buffer */
+        if (!c->rbuf) { /* the store item took the buffer (on_report): it held this frame only */
+            pos = 0;
+            c->frame_started_ms = 0;
+            break;
+        }
+        pos += need;
     }
     if (pos) {
         memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
@@ -1066,14 +1165,16 @@ static int want_read(const struct conn *c)
                    stage_may_read(c->ing->opts.stage, c->run_id, c->stream_id);
     /* A large frame's buffer is read to its end whatever pauses: its room
      * must come back (see "frame buffers"). */
-    if (can_process(c) && !c->waiting && !c->ing->stopping && c->fbuf &&
+    if (can_process(c) && !c->waiting && !c->deferred && !c->ing->stopping && c->fbuf &&
         c->rcap > FS_INGEST_RBUF_INITIAL && c->rlen < c->rcap)
         return 1;
-    /* While the writer pushes back a Hello is still read: it costs at most
-     * FS_MAX_HELLO_FRAME_BYTES, and it must be answered (parked until
-     * RESUME, or refused at once while storage fails). */
-    int paused_ok = !c->ing->paused || c->state == AWAIT_HELLO;
-    return can_process(c) && paused_ok && stage_ok && !c->waiting && !c->ing->stopping;
+    /* A new connection's Hello is read while the writer pushes back: it is
+     * small and bounded (FS_MAX_HELLO_FRAME_BYTES), never parked, and written
+     * first (store.h), so a trainer is answered while ingest is saturated,
+     * or refused at once while storage fails. */
+    int writer_ok = !c->ing->paused || c->state == AWAIT_HELLO;
+    return can_process(c) && !c->deferred && writer_ok && stage_ok && !c->waiting &&
+           !c->ing->stopping;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -1508,6 +1609,8 @@ static void check_stop(struct ingest *ing)
         stage_set_pressure(ing->opts.stage, NULL, NULL);
     uv_close((uv_handle_t *)&ing->async, on_handle_closed);
     uv_close((uv_handle_t *)&ing->sweep, on_handle_closed);
+    uv_close((uv_handle_t *)&ing->prepare, on_handle_closed);
+    uv_close((uv_handle_t *)&ing->idle, on_handle_closed);
 }
 
 void ingest_stop(struct ingest *ing, void (*done)(void *ctx), void *ctx)
@@ -1521,6 +1624,7 @@ void ingest_stop(struct ingest *ing, void (*done)(void *ctx), void *ctx)
     uv_close((uv_handle_t *)&ing->listener, on_handle_closed);
     for (struct conn *c = ing->head; c; c = c->next) {
         rbuf_drop(c); /* partial or unread frames were never acked: the client resends */
+        defer_remove(c);
         update_reading(c);
     }
     check_stop(ing);
@@ -1594,6 +1698,14 @@ int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest 
     ing->sweep.data = ing;
     ing->handles_open++;
     uv_timer_start(&ing->sweep, on_sweep, FS_INGEST_SWEEP_MS, FS_INGEST_SWEEP_MS);
+    uv_prepare_init(loop, &ing->prepare);
+    ing->prepare.data = ing;
+    ing->handles_open++;
+    uv_prepare_start(&ing->prepare, on_prepare);
+    uv_idle_init(loop, &ing->idle);
+    ing->idle.data = ing;
+    ing->handles_open++;
+    ing->budget = FS_INGEST_LOOP_FRAME_BYTES;
     store_set_notify(opts->store, notify_loop, ing);
     if (opts->stage) {
         stage_set_pressure(opts->stage, on_stage_pressure, ing);

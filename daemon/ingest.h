@@ -19,8 +19,14 @@
  * Reports become writer items; Acks go out only after their COMMIT. A
  * protocol violation gets Error{code, message}, then a close once the write
  * completed; other connections are unaffected. When the writer pushes back
- * (-EAGAIN) the frame stays pending on its connection and every connection
- * stops reading until the writer announces RESUME. */
+ * (-EAGAIN) the frame stays pending on its connection and every streaming
+ * connection stops reading until the writer announces RESUME; connections
+ * awaiting their Hello are still read (the store never refuses a Hello and
+ * writes it first), so a new trainer is answered while ingest is
+ * saturated. Each loop iteration handles report frames up to
+ * FS_INGEST_LOOP_FRAME_BYTES (at least one); a connection whose complete
+ * frame did not fit waits, reading stopped, for the next iteration, oldest
+ * first. */
 
 struct ingest_opts {
     const char *host;        /* bind address */
@@ -40,7 +46,8 @@ struct ingest_opts {
     struct fs_stats *stats;
     /* The monitor stage, or NULL (no monitors). Each report is fed to it
      * right after store_submit accepted it; Welcomes register the stream.
-     * While stage_full() holds, nobody reads (like writer backpressure). */
+     * While stage_full() holds, only streams stage_may_read() names are
+     * read (those that can complete a run's oldest step). */
     struct stage *stage;
     /* Deadlines (seconds; 0: none): for a Hello after the connection is
      * accepted, and for the rest of a frame whose first bytes arrived

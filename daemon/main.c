@@ -393,7 +393,6 @@ int main(int argc, char **argv)
         .queue_max_items = cfg->writer_queue_max_items,
         .queue_max_bytes = cfg->writer_queue_max_bytes,
         .batch_max_items = cfg->writer_batch_max_items,
-        .spool_max_bytes = cfg->spool_max_bytes,
         .stats = &app->stats,
         .outbox_retention_s = cfg->outbox_retention,
         .silence_retention_s = cfg->silence_retention,
@@ -432,6 +431,8 @@ int main(int argc, char **argv)
         .rules = &app->rules,
         .reduce_timeout_s = cfg->reduce_timeout_s,
         .reduce_max_bytes = cfg->reduce_max_bytes,
+        .spool_max_bytes = cfg->spool_max_bytes,
+        .head_points_every = cfg->head_points_every,
         .detect_from_step = cfg->detect_from_step,
         .max_chunks = (unsigned)(2 * threads), /* two per thread evens out uneven heads */
         .stop_timeout_s = cfg->shutdown_timeout_s,

@@ -149,7 +149,7 @@ static const struct counter_def counters[] = {
     {"foreshock_advice_acked_total", "counter", STAT(advice_acked),
      "Advices trainers acknowledged (once per stream and advice)."},
     {"foreshock_backpressure_pauses_total", "counter", STAT(backpressure_pauses),
-     "Times ingest stopped reading because the writer queue or spool was full."},
+     "Times ingest stopped reading because the writer queue was full."},
     {"foreshock_frame_buffer_bytes", "gauge", STAT(frame_buffer_bytes),
      "Bytes of frames above 64 KiB being read into their own buffers (frame_buffer_max_bytes)."},
     {"foreshock_frame_buffer_waits_total", "counter", STAT(frame_buffer_waits),
@@ -162,7 +162,8 @@ static const struct counter_def counters[] = {
     {"foreshock_writer_queue_bytes", "gauge", STAT(writer_queue_bytes),
      "Bytes queued for the writer or in its open transaction."},
     {"foreshock_spool_bytes", "gauge", STAT(spool_bytes),
-     "Raw sketch bytes spooled until their monitors are computed."},
+     "Bytes in the sketch spool log (DB.spool/): report frames kept until their steps are "
+     "evaluated."},
     {"foreshock_monitor_buckets_total", "counter", STAT(buckets_evaluated),
      "(run, step) buckets whose monitors ran."},
     {"foreshock_monitor_heads_total", "counter", STAT(heads_computed),
@@ -178,7 +179,8 @@ static const struct counter_def counters[] = {
     {"foreshock_reduce_bytes", "gauge", STAT(reduce_bytes),
      "Memory held by partial shard/rank reductions."},
     {"foreshock_reduce_pauses_total", "counter", STAT(reduce_pauses),
-     "Times ingest stopped for reduce_max_bytes."},
+     "Times ingest read only the ranks that complete the oldest step (reduce_max_bytes or "
+     "spool_max_bytes reached)."},
     {"foreshock_alerts_fired_total", "counter", STAT(alerts_fired), "Alert transitions to firing."},
     {"foreshock_outbox_pending", "gauge", STAT(outbox_pending), "Page deliveries not yet done."},
     {"foreshock_http_requests_total", "counter", STAT(http_requests), "HTTP responses sent."},

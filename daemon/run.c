@@ -400,8 +400,10 @@ static struct run_stream *stream_get(struct run *run, int64_t stream_id, int cre
         run->cap_streams = cap;
     }
     struct run_stream *s = &run->streams[run->n_streams++];
-    s->stream_id = stream_id;
-    s->fed_seq = 0;
+    /* Every field: has_step left to realloc's garbage once made a stream
+     * that had fed nothing look "ahead", so under memory or spool pressure
+     * it was not read and the oldest step waited for the reduce timeout. */
+    *s = (struct run_stream){.stream_id = stream_id};
     return s;
 }
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "alert.h"
@@ -21,6 +22,7 @@
 #include "ranks.h"
 #include "rewind.h"
 #include "schema.h"
+#include "spool.h"
 
 _Static_assert(STORE_ALERT_KEY_MAX >= ALERT_KEY_MAX, "alert key buffer");
 _Static_assert(STORE_DEDUP_KEY_MAX >= ALERT_DEDUP_MAX, "dedup key buffer");
@@ -35,6 +37,7 @@ _Static_assert(STORE_RULE_MAX >= DETECT_NAME_MAX, "rule name buffer");
 #define STAGE_WS_MIN_EXPERTS 8u
 #define STAGE_LOAD_MAX_BODY (1u << 30) /* spooled frames re-fed at most this large */
 #define STAGE_MAX_SCALAR_QUEUE 65536u  /* per run; past it scalars are detected at once */
+#define STAGE_WORKER_NICE 5            /* workers' nice value above the daemon's */
 
 /* Per head: the series MONITORS.md 1.3 names (spectrum, scalar). */
 static const unsigned head_series[] = {
@@ -213,9 +216,17 @@ enum rewind_phase {
     REWIND_REBUILDING = 2, /* rewind_rebuild on a worker */
 };
 
+/* Spooled frame bytes of one step not yet evaluated (spool_max_bytes). */
+struct spool_step {
+    uint64_t step;
+    uint64_t bytes;
+};
+
 struct stage_run {
     struct scalar_sample *sc_head, *sc_tail;
     size_t n_sc;
+    struct spool_step *spooled; /* ascending step */
+    size_t n_spooled, cap_spooled;
     struct eval_run ev; /* detector and alert state of the run's detected series */
     bool dropping; /* a step was abandoned at shutdown: later ones are not evaluated either */
     struct job *jobs_head, *jobs_tail; /* buckets on workers or waiting to be evaluated */
@@ -270,6 +281,7 @@ struct stage {
     size_t jobs;     /* jobs not yet evaluated */
     int stopping;
     size_t abandoned; /* steps left unevaluated (spooled) by the deadline */
+    uint64_t spool_pending; /* spooled frame bytes of steps not yet evaluated, all runs */
     int full;
     void (*pressure)(void *ctx, int full);
     void *pressure_ctx;
@@ -318,7 +330,46 @@ static void stage_run_free(struct stage_run *sr)
     }
     eval_run_clear(&sr->ev);
     free(sr->streams);
+    free(sr->spooled);
     free(sr);
+}
+
+/* --- the spool bound: frame bytes waiting for their step's evaluation ----------------- */
+
+/* A fed report's spooled frame (bytes) waits for step's evaluation. */
+static void spool_note(struct stage *st, struct stage_run *sr, uint64_t step, uint64_t bytes)
+{
+    size_t i = sr->n_spooled;
+    while (i > 0 && sr->spooled[i - 1].step > step)
+        i--;
+    if (i > 0 && sr->spooled[i - 1].step == step) {
+        sr->spooled[i - 1].bytes += bytes;
+    } else {
+        if (sr->n_spooled == sr->cap_spooled) {
+            size_t cap = sr->cap_spooled ? sr->cap_spooled * 2 : 16;
+            struct spool_step *p = realloc(sr->spooled, cap * sizeof(*p));
+            if (!p)
+                return; /* not counted: the bound is a little looser */
+            sr->spooled = p;
+            sr->cap_spooled = cap;
+        }
+        memmove(&sr->spooled[i + 1], &sr->spooled[i], (sr->n_spooled - i) * sizeof(*sr->spooled));
+        sr->spooled[i] = (struct spool_step){.step = step, .bytes = bytes};
+        sr->n_spooled++;
+    }
+    st->spool_pending += bytes;
+}
+
+/* Every step <= step of the run is evaluated: its frames no longer count. */
+static void spool_evaluated(struct stage *st, struct stage_run *sr, uint64_t step)
+{
+    size_t k = 0;
+    while (k < sr->n_spooled && sr->spooled[k].step <= step)
+        st->spool_pending -= sr->spooled[k++].bytes;
+    if (k) {
+        memmove(sr->spooled, sr->spooled + k, (sr->n_spooled - k) * sizeof(*sr->spooled));
+        sr->n_spooled -= k;
+    }
 }
 
 /* --- building one STORE_ITEM_MONITOR -------------------------------------------------------- */
@@ -622,6 +673,7 @@ static void detect_scalars(struct stage *st, struct stage_run *sr, struct run *r
         m->has_spool_done = 1;
         m->spool_done_step = x->step;
     }
+    spool_evaluated(st, sr, x->step);
 }
 
 /* Lowest step of the run still reducing or on the workers (UINT64_MAX: none). */
@@ -762,6 +814,10 @@ static void evaluate_attention(struct stage *st, struct stage_run *sr, struct ru
             hi++;
         uint32_t layer = g[lo]->layer, window = g[lo]->window;
         bool nonfinite = false;
+        /* Per-head points are for drill-down and most of a large run's
+         * database; the aggregates below (and detection) see every step. */
+        uint64_t every = st->opts.head_points_every;
+        bool head_points = every <= 1 || b->step % every == 0;
         for (size_t i = lo; i < hi; i++) {
             const struct qk_head *h = &g[i]->res.qk;
             heads[i - lo] = *h;
@@ -769,7 +825,7 @@ static void evaluate_attention(struct stage *st, struct stage_run *sr, struct ru
                 heads[i - lo].nonfinite = true; /* never computed: absent everywhere */
             else if (h->nonfinite)
                 nonfinite = true;
-            for (size_t s = 0; s < N_HEAD_SERIES; s++) {
+            for (size_t s = 0; head_points && s < N_HEAD_SERIES; s++) {
                 double v;
                 if (qk_head_value(&heads[i - lo], head_series[s], &v) < 0)
                     v = NAN;
@@ -917,6 +973,7 @@ static void evaluate(struct stage *st, struct run *run, struct run_bucket *b)
      * caller popped this one). */
     bd.it->monitor.has_spool_done = 1;
     bd.it->monitor.spool_done_step = b->step;
+    spool_evaluated(st, sr, b->step);
     flush_scalars(st, run, &bd, false);
     build_finish(sr, run, &bd);
     build_submit(st, &bd);
@@ -960,9 +1017,29 @@ static void compute_group(struct stage *st, struct run_group *g, void **qk_ws, u
     }
 }
 
+/* Monitor math is throughput work; reading sockets, answering Hellos and
+ * committing are latency work. A worker lowers its own priority once (on
+ * Linux the nice value is per thread): with every core busy with math, the
+ * loop and writer threads otherwise got a third of a core, and a new
+ * trainer's Welcome took seconds. The math still gets every cycle the
+ * latency work leaves. Threadpool thread. */
+static void worker_nice_once(void)
+{
+    static _Thread_local int done;
+    if (done)
+        return;
+    done = 1;
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, 0);
+    if (cur == -1 && errno)
+        return;
+    (void)setpriority(PRIO_PROCESS, 0, cur + STAGE_WORKER_NICE); /* best effort */
+}
+
 /* Threadpool thread: the math of units[lo..hi) of one bucket. */
 static void work_cb(uv_work_t *req)
 {
+    worker_nice_once();
     struct chunk *c = req->data;
     struct job *j = c->job;
     struct stage *st = j->st;
@@ -989,19 +1066,36 @@ static void job_free(struct job *j)
     free(j);
 }
 
+/* Ingest reads only the streams that can complete a run's oldest step
+ * (stage_may_read) while reduction memory or the spooled frames of steps
+ * not yet evaluated are at their bound: ranks that ran ahead wait, and the
+ * lagging ranks' shards, which are what frees both, always get in. (The
+ * writer used to refuse every report at the spool bound instead: with
+ * 1,024 ranks the ranks ahead filled it and the oldest step waited for the
+ * reduce timeout.) */
 static void check_pressure(struct stage *st)
 {
     uint64_t bytes = run_registry_bytes(st->reg);
+    uint64_t spool_max = st->opts.spool_max_bytes;
     atomic_store(&st->stats->reduce_bytes, bytes);
-    if (!st->full && run_registry_full(st->reg)) {
+    bool spool_full = spool_max && st->spool_pending >= spool_max;
+    if (!st->full && (run_registry_full(st->reg) || spool_full)) {
         st->full = 1;
         atomic_fetch_add(&st->stats->reduce_pauses, 1);
-        log_warn("stage", "reduction memory %llu bytes reached reduce_max_bytes %llu: ingest "
-                 "paused until steps complete or time out",
-                 (unsigned long long)bytes, (unsigned long long)st->opts.reduce_max_bytes);
+        if (spool_full)
+            log_warn("stage", "spooled frames of steps not yet evaluated reached spool_max_bytes "
+                     "%llu (%llu bytes): only ranks that complete the oldest step are read until "
+                     "steps are evaluated",
+                     (unsigned long long)spool_max, (unsigned long long)st->spool_pending);
+        else
+            log_warn("stage", "reduction memory %llu bytes reached reduce_max_bytes %llu: only "
+                     "ranks that complete the oldest step are read until steps complete or time "
+                     "out",
+                     (unsigned long long)bytes, (unsigned long long)st->opts.reduce_max_bytes);
         if (st->pressure)
             st->pressure(st->pressure_ctx, 1);
-    } else if (st->full && bytes < st->opts.reduce_max_bytes / 4 * 3) {
+    } else if (st->full && bytes < st->opts.reduce_max_bytes / 4 * 3 &&
+               (!spool_max || st->spool_pending < spool_max / 4 * 3)) {
         st->full = 0;
         if (st->pressure)
             st->pressure(st->pressure_ctx, 0);
@@ -1631,6 +1725,11 @@ int stage_feed(struct stage *st, const struct stage_report *in)
                     (unsigned long long)((struct stage_run *)run->user)->resume_step);
         return 0;
     }
+    /* Frames of a step already taken are late (ignored below) and their
+     * records go with that step's evaluation. */
+    struct stage_run *sr = in->spool_bytes ? stage_run_of(st, run) : NULL;
+    if (sr && (int64_t)in->step > run->done_step)
+        spool_note(st, sr, in->step, in->spool_bytes);
     struct run_add_stats as;
     double now = now_mono();
     rc = run_add(st->reg, run, in->step, in->time, in->rank, in->report, now, &as);
@@ -1859,10 +1958,11 @@ static int load_attempts(struct stage *st, sqlite3 *db, char *err, size_t errlen
 static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
 {
     sqlite3_stmt *q = NULL;
-    /* Runs: shape and detect_from_step; done_step from the spool or history. */
+    /* Runs: shape and detect_from_step; done_step as recorded with the
+     * monitor rows, or from history. */
     if (sqlite3_prepare_v2(db,
                            "SELECT id, name, world_size, detect_from_step, model_json, "
-                           "(SELECT min(step) FROM spool WHERE run_id = runs.id), "
+                           "spool_done_step, "
                            SCHEMA_RUN_LOCAL_RANKS_SQL("runs.id") " FROM runs",
                            -1, &q, NULL) != SQLITE_OK)
         return load_fail(db, err, errlen, "runs");
@@ -1879,15 +1979,15 @@ static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
         }
         model_from_json(run, (const char *)sqlite3_column_text(q, 4));
         local_from_text(run, (const char *)sqlite3_column_text(q, 6));
-        /* Steps below the first spooled one were evaluated (their spool rows
-         * are deleted with their monitor rows); without a spool, see below. */
+        /* Raised in the transaction that stored the monitor rows of those
+         * steps; NULL (a database of an older version), see below. */
         run->done_step = sqlite3_column_type(q, 5) == SQLITE_NULL ? -2
-                                                                 : sqlite3_column_int64(q, 5) - 1;
+                                                                 : sqlite3_column_int64(q, 5);
     }
     sqlite3_finalize(q);
     if (rc != SQLITE_DONE)
         return load_fail(db, err, errlen, "runs");
-    /* No spool: the last step any (non-scalar) monitor was detected at. */
+    /* Not recorded: the last step any (non-scalar) monitor was detected at. */
     if (sqlite3_prepare_v2(db,
                            "SELECT s.run_id, max(d.step) FROM detector_state d "
                            "JOIN series s ON s.id = d.series_id WHERE s.rank = -1 "
@@ -1989,44 +2089,79 @@ static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
     return load_attempts(st, db, err, errlen);
 }
 
-static int load_spool(struct stage *st, sqlite3 *db, char *err, size_t errlen)
+/* The replay of the spool log: frames of steps a run has evaluated are
+ * skipped unread; the others are decoded and fed as ingest feeds them. */
+struct replay {
+    struct stage *st;
+    struct decode_limits lim;
+    size_t bad, unknown;
+};
+
+static int replay_want(void *ctx, const struct spool_rec *rec)
+{
+    struct replay *rp = ctx;
+    struct run *run = run_find(rp->st->reg, rec->run_id);
+    if (!run) {
+        rp->unknown++;
+        return 0;
+    }
+    return (int64_t)rec->step > run->done_step;
+}
+
+static int replay_feed(void *ctx, const struct spool_rec *rec, const uint8_t *body)
+{
+    struct replay *rp = ctx;
+    Foreshock__Frame *f = NULL;
+    struct decode_error derr;
+    if (decode_frame(body, rec->len, &rp->lim, &f, NULL, &derr) < 0 ||
+        f->body_case != FORESHOCK__FRAME__BODY_REPORT || f->report->seq != rec->seq ||
+        f->report->step != rec->step) {
+        rp->bad++;
+        decode_frame_free(f);
+        return 0;
+    }
+    const Foreshock__Report *r = f->report;
+    struct stage_report in = {
+        .run_id = rec->run_id, .stream_id = rec->stream_id, .seq = rec->seq, .step = rec->step,
+        .rank = rec->rank, .time = r->has_time_unix ? r->time_unix : fs_clock_unix(),
+        .report = r, .spool_bytes = rec->len};
+    stage_feed(rp->st, &in);
+    decode_frame_free(f);
+    return 0;
+}
+
+static int load_spool(struct stage *st, sqlite3 *db, const char *db_path, char *err,
+                      size_t errlen)
 {
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(db,
-                           "SELECT sp.run_id, sp.stream_id, sp.seq, sp.step, sp.body, st.rank "
-                           "FROM spool sp JOIN streams st ON st.id = sp.stream_id ORDER BY sp.id",
-                           -1, &q, NULL) != SQLITE_OK)
-        return load_fail(db, err, errlen, "spool");
-    struct decode_limits lim;
-    decode_limits_default(&lim, STAGE_LOAD_MAX_BODY);
-    size_t n = 0, bad = 0;
-    int rc;
-    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
-        const uint8_t *body = sqlite3_column_blob(q, 4);
-        size_t len = (size_t)sqlite3_column_bytes(q, 4);
-        Foreshock__Frame *f = NULL;
-        struct decode_error derr;
-        if (!body || decode_frame(body, len, &lim, &f, NULL, &derr) < 0 ||
-            f->body_case != FORESHOCK__FRAME__BODY_REPORT) {
-            bad++;
-            decode_frame_free(f);
-            continue;
-        }
-        const Foreshock__Report *r = f->report;
-        struct stage_report in = {
-            .run_id = sqlite3_column_int64(q, 0), .stream_id = sqlite3_column_int64(q, 1),
-            .seq = (uint64_t)sqlite3_column_int64(q, 2), .step = (uint64_t)sqlite3_column_int64(q, 3),
-            .rank = (uint32_t)sqlite3_column_int64(q, 5),
-            .time = r->has_time_unix ? r->time_unix : fs_clock_unix(), .report = r};
-        stage_feed(st, &in);
-        decode_frame_free(f);
-        n++;
-    }
+    if (sqlite3_prepare_v2(db, "SELECT segment, byte_offset FROM spool_log WHERE id = 1", -1, &q,
+                           NULL) != SQLITE_OK)
+        return load_fail(db, err, errlen, "spool_log");
+    struct spool_pos head = {0, 0};
+    int rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW)
+        head = (struct spool_pos){.seg = (uint64_t)sqlite3_column_int64(q, 0),
+                                  .off = (uint64_t)sqlite3_column_int64(q, 1)};
     sqlite3_finalize(q);
-    if (rc != SQLITE_DONE)
-        return load_fail(db, err, errlen, "spool");
-    if (n || bad)
-        log_info("stage", "re-fed %zu spooled reports (%zu unreadable, skipped)", n, bad);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return load_fail(db, err, errlen, "spool_log");
+    char dir[SPOOL_PATH_MAX];
+    if (spool_dir_of(db_path, dir, sizeof(dir)) < 0) {
+        snprintf(err, errlen, "%s: path too long for its spool directory", db_path);
+        return -ENAMETOOLONG;
+    }
+    struct replay rp = {.st = st};
+    decode_limits_default(&rp.lim, STAGE_LOAD_MAX_BODY);
+    struct spool_replay_ops ops = {.want = replay_want, .feed = replay_feed, .ctx = &rp};
+    struct spool_replay_stats rs;
+    if ((rc = spool_replay(dir, &head, &ops, &rs, err, errlen)) < 0)
+        return rc;
+    if (rs.fed || rs.unreadable || rp.bad || rp.unknown)
+        log_info("stage", "re-fed %llu spooled reports (%.1f MB) of steps not yet evaluated; "
+                 "%llu of evaluated steps skipped, %llu unreadable, %zu of unknown runs",
+                 (unsigned long long)(rs.fed - rp.bad), (double)rs.bytes_fed / 1e6,
+                 (unsigned long long)(rs.records - rs.fed - rp.unknown),
+                 (unsigned long long)(rs.unreadable + rp.bad), rp.unknown);
     return 0;
 }
 
@@ -2042,7 +2177,7 @@ int stage_load(struct stage *st, const char *db_path, char *err, size_t errlen)
         return rc;
     rc = load_state(st, db, err, errlen);
     if (rc == 0)
-        rc = load_spool(st, db, err, errlen);
+        rc = load_spool(st, db, db_path, err, errlen);
     sqlite3_close(db);
     return rc;
 }

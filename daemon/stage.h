@@ -33,9 +33,11 @@
  * already fed on its stream (a resend) is not fed again.
  *
  * Restart: stage_load (before ingest accepts connections) reads the
- * persisted detector and alert state and re-feeds the spool in id order;
- * detection is idempotent per series (a step at or below the series' last
- * detected step is skipped), so a replay neither re-fires nor forgets.
+ * persisted detector and alert state and each run's evaluated step
+ * (runs.spool_done_step), then re-feeds the spool log (spool.h) oldest
+ * first, skipping frames of evaluated steps; detection is idempotent per
+ * series (a step at or below the series' last detected step is skipped),
+ * so a replay neither re-fires nor forgets.
  *
  * Attempts and rewinds (attempts.h, rewind.h): each stream's attempt comes
  * with its Welcome (stage_attempt). When a Hello starts an attempt that
@@ -61,6 +63,8 @@ struct stage_opts {
     const struct detect_rules *rules; /* read-only, outlives the stage */
     double reduce_timeout_s;
     uint64_t reduce_max_bytes;
+    uint64_t spool_max_bytes;         /* spooled frame bytes of steps not yet evaluated (0: none) */
+    uint64_t head_points_every;       /* per-head points at multiples of this step (0, 1: all) */
     uint64_t detect_from_step;        /* for runs whose Hello does not set it */
     unsigned max_chunks;              /* work requests per bucket (0: default) */
     double stop_timeout_s;            /* stage_stop: cancel math not started after this (0: none) */
@@ -76,6 +80,7 @@ struct stage_report {
     uint64_t step;
     double time;                      /* sample time, unix seconds */
     const Foreshock__Report *report;  /* read during the call only */
+    size_t spool_bytes;               /* frame bytes spooled for it (0: not spooled) */
 };
 
 struct stage;
@@ -91,13 +96,16 @@ void stage_detect_section(struct detect_rules *rules, struct config_section *out
 int stage_create(const struct stage_opts *opts, struct stage **out, char *err, size_t errlen);
 
 /* Restart: reads runs, detector_state and alerts through a read-only
- * connection to db_path, then re-feeds the spool in id order. 0 or a
- * negative code with err. Main (= loop) thread, before ingest starts. */
+ * connection to db_path, then re-feeds the spool log "<db_path>.spool" up
+ * to the end the database recorded, oldest first. 0 or a negative code
+ * with err. Main (= loop) thread, after store_open and before ingest
+ * starts. */
 int stage_load(struct stage *st, const char *db_path, char *err, size_t errlen);
 
 /* Ingest backpressure: cb(ctx, 1) when the reduction memory reached
- * reduce_max_bytes (stop reading), cb(ctx, 0) when it drained below 3/4 of
- * it. NULL detaches. Loop thread. */
+ * reduce_max_bytes or the spooled frames of steps not yet evaluated reached
+ * spool_max_bytes (read only stage_may_read streams), cb(ctx, 0) when both
+ * drained below 3/4 of their bound. NULL detaches. Loop thread. */
 void stage_set_pressure(struct stage *st, void (*cb)(void *ctx, int full), void *ctx);
 
 /* True while reading should stay stopped for the stage. */

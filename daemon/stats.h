@@ -52,7 +52,7 @@ struct fs_stats {
     atomic_uint_fast64_t commit_errors;
     atomic_uint_fast64_t writer_queue_items; /* gauge */
     atomic_uint_fast64_t writer_queue_bytes; /* gauge */
-    atomic_uint_fast64_t spool_bytes;        /* gauge: bytes in the spool table */
+    atomic_uint_fast64_t spool_bytes;        /* gauge: bytes in the spool log's segments */
     atomic_uint_fast64_t commit_seconds_bucket[STATS_COMMIT_BUCKETS + 1];
     atomic_uint_fast64_t commit_seconds_sum_us;
 
@@ -68,7 +68,7 @@ struct fs_stats {
     atomic_uint_fast64_t sketches_duplicate;  /* shard index / rank already summed */
     atomic_uint_fast64_t reports_resent;      /* seq already fed: not fed again */
     atomic_uint_fast64_t reduce_bytes;        /* gauge: reduction memory held */
-    atomic_uint_fast64_t reduce_pauses;       /* times ingest stopped for reduce_max_bytes */
+    atomic_uint_fast64_t reduce_pauses;       /* times reduce_max_bytes or spool_max_bytes held */
 
     /* pager thread writes */
     atomic_uint_fast64_t outbox_pending;   /* gauge: deliveries not yet done */

@@ -15,6 +15,7 @@
 #include "foreshock.pb-c.h"
 #include "log.h"
 #include "schema.h"
+#include "spool.h"
 
 /* Upper bounds of the commit latency histogram, seconds. Counters are
  * cumulative (Prometheus style): bucket i counts commits <= le[i], and
@@ -36,8 +37,8 @@ enum stmt_id {
     ST_SERIES_BUMP,
     ST_POINT_INSERT,
     ST_POINT_UPDATE,
-    ST_SPOOL_INSERT,
-    ST_SPOOL_DELETE,
+    ST_SPOOL_HEAD,
+    ST_RUN_DONE,
     ST_STREAM_BUMP,
     ST_RUN_BUMP,
     ST_STATE_PUT,
@@ -79,9 +80,11 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_POINT_INSERT] =
         "INSERT OR IGNORE INTO points (series_id, step, value, time) VALUES (?1, ?2, ?3, ?4)",
     [ST_POINT_UPDATE] = "UPDATE points SET value = ?3, time = ?4 WHERE series_id = ?1 AND step = ?2",
-    [ST_SPOOL_INSERT] = "INSERT INTO spool (run_id, stream_id, seq, step, bytes, body) "
-                        "VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    [ST_SPOOL_DELETE] = "DELETE FROM spool WHERE run_id = ?1 AND step <= ?2 RETURNING bytes",
+    [ST_SPOOL_HEAD] = "INSERT INTO spool_log (id, segment, byte_offset) VALUES (1, ?1, ?2) "
+                      "ON CONFLICT (id) DO UPDATE SET segment = excluded.segment, "
+                      "byte_offset = excluded.byte_offset",
+    [ST_RUN_DONE] = "UPDATE runs SET spool_done_step = MAX(COALESCE(spool_done_step, -1), ?2) "
+                    "WHERE id = ?1",
     [ST_STREAM_BUMP] = "UPDATE streams SET last_seq = MAX(last_seq, ?2), reports = reports + 1, "
                        "last_seen_at = ?3 WHERE id = ?1",
     [ST_RUN_BUMP] = "UPDATE runs SET last_step = MAX(COALESCE(last_step, ?2), ?2), "
@@ -126,6 +129,10 @@ static const char *const scalar_series[STORE_NSCALARS] = {
     [STORE_LOSS_SCALE] = "loss_scale", [STORE_TOKENS] = "tokens", [STORE_STEP_TIME] = "step_time",
 };
 
+/* Stream keys of queued reports, as bits (take_hellos). A false positive
+ * only leaves a Hello in its place. */
+#define STORE_HELLO_FILTER_BITS 65536u
+
 /* --- series id cache (writer thread only) --------------------------------------
  * Entries live in a dense array (indices are stable while a batch runs);
  * an open-addressing index maps keys to entry indices. Each entry also
@@ -164,11 +171,12 @@ struct store {
     pthread_cond_t cv;      /* writer waits for items / stop */
     pthread_cond_t done_cv; /* store_flush waits for batches */
     struct store_item *head, *tail;
-    uint64_t q_items, q_bytes, q_spool; /* queued + in the open transaction */
-    uint64_t submitted, settled;        /* item counts, for store_flush */
-    uint64_t spool_bytes;               /* committed */
+    uint64_t q_items, q_bytes;   /* queued + in the open transaction */
+    uint64_t q_hellos;           /* HELLO items queued (not yet taken) */
+    uint8_t w_reported[STORE_HELLO_FILTER_BITS / 8]; /* writer: take_hellos' scratch */
+    uint64_t submitted, settled; /* item counts, for store_flush */
+    uint64_t spool_bytes;        /* bytes in the spool's segment files */
     int refusing, stopping;
-    uint64_t q_hellos;        /* HELLO items queued (not yet in a batch) */
     double stop_deadline;     /* monotonic; > 0: failing writes are given up past it */
     uint64_t abandoned;       /* items given up at the stop deadline */
     struct store_result *res; /* announced, not yet taken */
@@ -182,7 +190,14 @@ struct store {
     void (*announce)(void *ctx, int64_t max_id);
     void *announce_ctx;
 
-    /* writer thread only */
+    /* writer thread only (the main thread at open and close) */
+    struct spool *spool;
+    struct spool_pos committed; /* the spool's end as the database records it */
+    struct spool_done_step {
+        int64_t run_id, step;
+    } *w_done;                  /* runs.spool_done_step raised by the open transaction */
+    size_t nw_done, capw_done;
+    char w_spool_err[160];      /* why the open transaction's spool work failed ("": it did not) */
     struct series_cache cache;
     struct store_item **batch;   /* batch_max_items */
     unsigned char *refused;      /* batch_max_items flags */
@@ -491,7 +506,6 @@ static int wres_ack(struct store *s, const struct store_item *it)
 
 struct batch_counts {
     uint64_t reports, duplicates, points;
-    int64_t spool_delta;
 };
 
 struct owed_ctx {
@@ -560,6 +574,15 @@ static int announce_advice(void *ctx, const struct advice_msg *m)
 static int rewind_advice(struct store *s, int64_t run_id, uint64_t resume_step, double now)
 {
     return advice_store_rewind(s->advice, run_id, resume_step, now, announce_advice, s);
+}
+
+/* A spool failure inside the transaction: SQLite's code for it (I/O and
+ * disk full are transient: the batch is retried with backoff) and the
+ * reason for the log. */
+static int spool_failed(struct store *s, const char *what, int err)
+{
+    snprintf(s->w_spool_err, sizeof(s->w_spool_err), "spool: %s: %s", what, strerror(-err));
+    return err == -ENOSPC ? SQLITE_FULL : err == -ENOMEM ? SQLITE_NOMEM : SQLITE_IOERR;
 }
 
 static int apply_hello(struct store *s, const struct store_item *it, double now,
@@ -666,16 +689,18 @@ static int apply_report(struct store *s, const struct store_item *it, struct bat
         }
     }
     if (rp->sketch_body && rp->sketch_len) {
-        st = s->st[ST_SPOOL_INSERT];
-        sqlite3_bind_int64(st, 1, rp->run_id);
-        sqlite3_bind_int64(st, 2, rp->stream_id);
-        sqlite3_bind_int64(st, 3, (int64_t)rp->seq);
-        sqlite3_bind_int64(st, 4, (int64_t)rp->step);
-        sqlite3_bind_int64(st, 5, (int64_t)rp->sketch_len);
-        sqlite3_bind_blob(st, 6, rp->sketch_body, (int)rp->sketch_len, SQLITE_STATIC);
-        if (!ok(rc = exec1(st, NULL, 0)))
-            return rc;
-        bc->spool_delta += (int64_t)rp->sketch_len;
+        /* The frame goes to the spool log, not into the database: the
+         * transaction records only where the log ends (write_once). */
+        struct spool_rec rec = {.run_id = rp->run_id, .stream_id = rp->stream_id,
+                                .rank = rp->rank, .seq = rp->seq, .step = rp->step,
+                                .len = (uint32_t)rp->sketch_len};
+        int e = rp->sketch_len > FS_SPOOL_MAX_RECORD_BYTES
+                    ? -EINVAL
+                    : spool_append(s->spool, &rec, rp->sketch_body);
+        if (e == -EINVAL)
+            return SQLITE_TOOBIG; /* this item's problem: refused, not retried */
+        if (e < 0)
+            return spool_failed(s, "appending a report", e);
     }
     st = s->st[ST_STREAM_BUMP];
     sqlite3_bind_int64(st, 1, rp->stream_id);
@@ -693,17 +718,27 @@ static int apply_report(struct store *s, const struct store_item *it, struct bat
     return SQLITE_OK;
 }
 
-static int apply_spool_done(struct store *s, const struct store_item *it, struct batch_counts *bc)
+/* The monitors of the run's steps <= step are stored (in this same
+ * transaction): the spool may let those steps' records go once it commits
+ * (writer_main calls spool_release after COMMIT, never before). */
+static int apply_spool_done(struct store *s, int64_t run_id, uint64_t step)
 {
-    sqlite3_stmt *st = s->st[ST_SPOOL_DELETE];
-    sqlite3_bind_int64(st, 1, it->spool_done.run_id);
-    sqlite3_bind_int64(st, 2, (int64_t)it->spool_done.step);
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-        bc->spool_delta -= sqlite3_column_int64(st, 0);
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-    return ok(rc) ? SQLITE_OK : rc;
+    sqlite3_stmt *st = s->st[ST_RUN_DONE];
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, (int64_t)step);
+    int rc = exec1(st, NULL, 0);
+    if (!ok(rc))
+        return rc;
+    if (s->nw_done == s->capw_done) {
+        size_t cap = s->capw_done ? s->capw_done * 2 : 16;
+        struct spool_done_step *d = realloc(s->w_done, cap * sizeof(*d));
+        if (!d)
+            return SQLITE_NOMEM;
+        s->w_done = d;
+        s->capw_done = cap;
+    }
+    s->w_done[s->nw_done++] = (struct spool_done_step){.run_id = run_id, .step = (int64_t)step};
+    return SQLITE_OK;
 }
 
 static int series_of(struct store *s, int64_t run_id, const struct store_series_key *k, long *idx)
@@ -866,12 +901,8 @@ static int apply_monitor(struct store *s, const struct store_item *it, double no
     if (m->has_rebuilt &&
         (rc = attempts_store_rebuilt(s->attempts, m->run_id, m->rebuilt_attempt, now)) != SQLITE_OK)
         return rc;
-    if (m->has_spool_done) {
-        struct store_item done = {.kind = STORE_ITEM_SPOOL_DONE,
-                                  .spool_done = {.run_id = m->run_id, .step = m->spool_done_step}};
-        if ((rc = apply_spool_done(s, &done, bc)) != SQLITE_OK)
-            return rc;
-    }
+    if (m->has_spool_done && (rc = apply_spool_done(s, m->run_id, m->spool_done_step)) != SQLITE_OK)
+        return rc;
     return SQLITE_OK;
 }
 
@@ -1088,7 +1119,7 @@ static int apply_item(struct store *s, const struct store_item *it, double now,
         return rc;
     }
     case STORE_ITEM_SPOOL_DONE:
-        return apply_spool_done(s, it, bc);
+        return apply_spool_done(s, it->spool_done.run_id, it->spool_done.step);
     case STORE_ITEM_MONITOR:
         return apply_monitor(s, it, now, bc);
     case STORE_ITEM_SILENCE:
@@ -1114,6 +1145,14 @@ static void rollback(struct store *s)
     cache_clear(&s->cache);
     s->nwres = 0;
     s->w_outbox_max = 0;
+    s->nw_done = 0;
+    /* Records appended for the rolled-back reports must not stay in the
+     * log (a retry appends them again). A failure here is logged; the next
+     * attempt rewinds again before it appends. */
+    int e = spool_rewind(s->spool, &s->committed);
+    if (e < 0)
+        log_limited(&s->rl_fail, LOG_LEVEL_ERROR, "store", "spool: cutting back a failed batch: %s",
+                    strerror(-e));
 }
 
 /* One attempt at the batch in one transaction. Returns SQLITE_OK, or the
@@ -1125,6 +1164,14 @@ static int write_once(struct store *s, struct store_item **batch, size_t n,
     memset(bc, 0, sizeof(*bc));
     s->nwres = 0;
     s->w_outbox_max = 0;
+    s->nw_done = 0;
+    s->w_spool_err[0] = '\0';
+    struct spool_pos at = spool_head(s->spool);
+    if (at.seg != s->committed.seg || at.off != s->committed.off) {
+        int e = spool_rewind(s->spool, &s->committed);
+        if (e < 0)
+            return spool_failed(s, "cutting back a failed batch", e);
+    }
     int rc = exec1(s->st[ST_BEGIN], NULL, 0);
     if (!ok(rc))
         return rc;
@@ -1140,8 +1187,38 @@ static int write_once(struct store *s, struct store_item **batch, size_t n,
     }
     if ((rc = series_flush(s)) != SQLITE_OK)
         return rc;
+    /* Spooled frames are durable (by the database's own sync policy)
+     * before the commit that acks their reports records where they end. */
+    struct spool_pos head = spool_head(s->spool);
+    if (head.seg != s->committed.seg || head.off != s->committed.off) {
+        int e = spool_sync(s->spool);
+        if (e < 0)
+            return spool_failed(s, "syncing", e);
+        sqlite3_stmt *st = s->st[ST_SPOOL_HEAD];
+        sqlite3_bind_int64(st, 1, (int64_t)head.seg);
+        sqlite3_bind_int64(st, 2, (int64_t)head.off);
+        if (!ok(rc = exec1(st, NULL, 0)))
+            return rc;
+    }
     rc = exec1(s->st[ST_COMMIT], NULL, 0);
-    return ok(rc) ? SQLITE_OK : rc;
+    if (!ok(rc))
+        return rc;
+    s->committed = head;
+    return SQLITE_OK;
+}
+
+/* After COMMIT: the evaluated steps the batch recorded let the spool drop
+ * what they cover. Writer thread. */
+static void spool_after_commit(struct store *s)
+{
+    int oom = 0;
+    for (size_t i = 0; i < s->nw_done; i++)
+        oom |= spool_set_done(s->spool, s->w_done[i].run_id, s->w_done[i].step) < 0;
+    s->nw_done = 0;
+    if (oom) /* the segments stay until the next release that remembers them, or a restart */
+        log_limited(&s->rl_fail, LOG_LEVEL_ERROR, "store",
+                    "spool: out of memory noting evaluated steps; their records stay on disk");
+    spool_release(s->spool, &s->committed);
 }
 
 /* failing: 0, or the SQLite primary result code the commits fail with. */
@@ -1344,14 +1421,15 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
         int rc = write_once(s, batch, n, refused, bc, &bad);
         if (rc == SQLITE_OK) {
             record_commit(s, fs_clock_mono() - t0);
+            spool_after_commit(s);
             if (atomic_load(&s->stats->storage_failing)) {
                 log_info("store", "commits succeed again");
                 set_failing(s, 0);
             }
             break;
         }
-        char msg[128];
-        snprintf(msg, sizeof(msg), "%s", sqlite3_errmsg(s->db));
+        char msg[192];
+        snprintf(msg, sizeof(msg), "%s", s->w_spool_err[0] ? s->w_spool_err : sqlite3_errmsg(s->db));
         atomic_fetch_add(&s->stats->commit_errors, 1);
         rollback(s);
         if (!transient(rc) && bad >= 0) {
@@ -1375,7 +1453,7 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
             e->kind = it->kind == STORE_ITEM_HELLO ? STORE_RESULT_HELLO : STORE_RESULT_ACK;
             e->conn_id = it->conn_id;
             e->error_code = FORESHOCK__ERROR_CODE__ERROR_INTERNAL;
-            snprintf(e->message, sizeof(e->message), "storage refused the frame: %s", msg);
+            snprintf(e->message, sizeof(e->message), "storage refused the frame: %.130s", msg);
             for (size_t i = (size_t)bad; i < n; i++) {
                 if (!refused[i] && (i == (size_t)bad ||
                                     (it->conn_id && batch[i]->conn_id == it->conn_id))) {
@@ -1514,6 +1592,51 @@ static void prune_if_due(struct store *s, double *next)
         *next = now;
 }
 
+uint64_t store_stream_key(const char *run, uint32_t attempt, uint32_t rank)
+{
+    uint64_t x = 1469598103934665603ull;
+    for (; *run; run++)
+        x = (x ^ (unsigned char)*run) * 1099511628211ull;
+    uint32_t nums[2] = {attempt, rank};
+    const unsigned char *p = (const unsigned char *)nums;
+    for (size_t i = 0; i < sizeof(nums); i++)
+        x = (x ^ p[i]) * 1099511628211ull;
+    return x | 1;
+}
+
+/* Moves the queued HELLO items that may go first into batch (see store.h:
+ * not one whose stream has a REPORT queued ahead of it). Returns how many;
+ * adds their bytes. Writer thread, under mu. */
+static size_t take_hellos(struct store *s, size_t max, uint64_t *bytes)
+{
+    size_t n = 0;
+    memset(s->w_reported, 0, sizeof(s->w_reported));
+    struct store_item **pp = &s->head, *prev = NULL;
+    while (*pp && n < max) {
+        struct store_item *it = *pp;
+        uint64_t bit;
+        if (it->kind == STORE_ITEM_REPORT) {
+            bit = it->report.stream_key % STORE_HELLO_FILTER_BITS;
+            s->w_reported[bit / 8] |= (uint8_t)(1u << (bit % 8));
+        } else if (it->kind == STORE_ITEM_HELLO && it->hello.stream_key) {
+            bit = it->hello.stream_key % STORE_HELLO_FILTER_BITS;
+            if (!(s->w_reported[bit / 8] & (1u << (bit % 8)))) {
+                *pp = it->next;
+                if (s->tail == it)
+                    s->tail = prev;
+                it->next = NULL;
+                *bytes += it->bytes;
+                s->q_hellos--;
+                s->batch[n++] = it;
+                continue;
+            }
+        }
+        prev = it;
+        pp = &it->next;
+    }
+    return n;
+}
+
 static void *writer_main(void *arg)
 {
     struct store *s = arg;
@@ -1544,16 +1667,25 @@ static void *writer_main(void *arg)
             continue; /* retention is due */
         }
         size_t n = 0;
-        uint64_t bytes = 0, spool = 0;
-        while (s->head && n < max) {
+        uint64_t bytes = 0;
+        /* Hellos first, in a transaction of their own: a new trainer's
+         * Welcome waits for at most the commit in progress, not for
+         * everything queued ahead of it (with 59 MB reports that was many
+         * seconds). Safe to reorder: a connection sends reports only after
+         * its Welcome, and a Hello whose stream has reports queued keeps its
+         * place (take_hellos). */
+        if (s->q_hellos)
+            n = take_hellos(s, max, &bytes);
+        /* Otherwise the queue in order (a Hello at its head alone).
+         * FS_STORE_BATCH_MAX_BYTES keeps each commit, and so the wait of a
+         * Hello behind it, short whatever the frame sizes. */
+        while (s->head && n < max && (n == 0 || (bytes < FS_STORE_BATCH_MAX_BYTES &&
+                                                 s->batch[0]->kind != STORE_ITEM_HELLO))) {
             struct store_item *it = s->head;
             s->head = it->next;
             it->next = NULL;
             bytes += it->bytes;
-            if (it->kind == STORE_ITEM_REPORT)
-                spool += it->report.sketch_len;
-            if (it->kind == STORE_ITEM_HELLO)
-                s->q_hellos--;
+            s->q_hellos -= it->kind == STORE_ITEM_HELLO;
             s->batch[n++] = it;
         }
         if (!s->head)
@@ -1576,15 +1708,13 @@ static void *writer_main(void *arg)
         announce(s);
         s->q_items -= n;
         s->q_bytes -= bytes;
-        s->q_spool -= spool;
-        s->spool_bytes = (uint64_t)((int64_t)s->spool_bytes + bc.spool_delta);
+        s->spool_bytes = spool_bytes(s->spool);
         s->settled += n;
         atomic_store(&s->stats->writer_queue_items, s->q_items);
         atomic_store(&s->stats->writer_queue_bytes, s->q_bytes);
         atomic_store(&s->stats->spool_bytes, s->spool_bytes);
         if (s->refusing && s->q_items <= s->opts.queue_max_items / 2 &&
-            s->q_bytes <= s->opts.queue_max_bytes / 2 &&
-            s->spool_bytes + s->q_spool < s->opts.spool_max_bytes) {
+            s->q_bytes <= s->opts.queue_max_bytes / 2) {
             s->refusing = 0;
             struct store_result *r = wres_add(s);
             if (r) {
@@ -1626,7 +1756,7 @@ void store_item_free(struct store_item *it)
     } else if (it->kind == STORE_ITEM_REPORT) {
         free(it->report.weight_norm);
         free(it->report.update_ratio);
-        free(it->report.sketch_body);
+        free(it->report.sketch_alloc ? it->report.sketch_alloc : it->report.sketch_body);
     } else if (it->kind == STORE_ITEM_MONITOR) {
         struct store_monitor *m = &it->monitor;
         for (size_t i = 0; i < m->n_alerts; i++)
@@ -1672,19 +1802,21 @@ static size_t item_bytes(const struct store_item *it)
 int store_submit(struct store *s, struct store_item *it)
 {
     size_t b = item_bytes(it);
-    uint64_t spool = it->kind == STORE_ITEM_REPORT ? it->report.sketch_len : 0;
     int rc = 0;
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         rc = -ESHUTDOWN;
         goto out;
     }
-    if (it->kind == STORE_ITEM_HELLO || it->kind == STORE_ITEM_REPORT) {
+    /* A Hello is never refused: a new trainer must be answered while the
+     * queue is full (ingest reads Hellos of paused connections too). It is
+     * bounded: one per connection (max_connections), each at most
+     * FS_MAX_HELLO_FRAME_BYTES on the wire. */
+    if (it->kind == STORE_ITEM_REPORT) {
         /* An item larger than the byte bound still goes into an empty
          * queue: max_frame_bytes may exceed writer_queue_max_bytes. */
         int full = s->q_items >= s->opts.queue_max_items ||
-                   (s->q_items > 0 && s->q_bytes + b > s->opts.queue_max_bytes) ||
-                   (spool && s->spool_bytes + s->q_spool >= s->opts.spool_max_bytes);
+                   (s->q_items > 0 && s->q_bytes + b > s->opts.queue_max_bytes);
         if (s->refusing || full) {
             s->refusing = 1;
             rc = -EAGAIN;
@@ -1700,7 +1832,6 @@ int store_submit(struct store *s, struct store_item *it)
     s->tail = it;
     s->q_items++;
     s->q_bytes += b;
-    s->q_spool += spool;
     s->q_hellos += it->kind == STORE_ITEM_HELLO;
     s->submitted++;
     atomic_store(&s->stats->writer_queue_items, s->q_items);
@@ -1846,6 +1977,133 @@ static int migrate(sqlite3 *db, const char *path, char *err, size_t errlen)
     return 0;
 }
 
+/* The spool log beside the database (spool.h): opened at the end the
+ * database recorded, told how far each run is evaluated, cleared of what
+ * that covers. Rows an older foreshockd left in the spool table are moved
+ * into the log first. Main thread, before the writer starts. */
+static int read_spool_head(sqlite3 *db, struct spool_pos *head)
+{
+    sqlite3_stmt *q;
+    int rc = sqlite3_prepare_v2(db, "SELECT segment, byte_offset FROM spool_log WHERE id = 1", -1,
+                                &q, NULL);
+    if (rc != SQLITE_OK)
+        return rc;
+    *head = (struct spool_pos){0, 0};
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW)
+        *head = (struct spool_pos){.seg = (uint64_t)sqlite3_column_int64(q, 0),
+                                   .off = (uint64_t)sqlite3_column_int64(q, 1)};
+    sqlite3_finalize(q);
+    return ok(rc) ? SQLITE_OK : rc;
+}
+
+static int import_legacy_spool(struct store *s, const char *path, char *err, size_t errlen)
+{
+    int64_t rows = 0;
+    if (pragma_int(s->db, "SELECT count(*) FROM spool", &rows) != SQLITE_OK) {
+        snprintf(err, errlen, "%s: reading the spool table: %s", path, sqlite3_errmsg(s->db));
+        return -EIO;
+    }
+    if (rows == 0)
+        return 0;
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT sp.run_id, sp.stream_id, st.rank, sp.seq, sp.step, sp.body "
+                           "FROM spool sp JOIN streams st ON st.id = sp.stream_id ORDER BY sp.id",
+                           -1, &q, NULL) != SQLITE_OK) {
+        snprintf(err, errlen, "%s: reading the spool table: %s", path, sqlite3_errmsg(s->db));
+        return -EIO;
+    }
+    int rc, e = 0;
+    uint64_t moved = 0, bytes = 0;
+    while (e == 0 && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+        int len = sqlite3_column_bytes(q, 5);
+        const uint8_t *body = sqlite3_column_blob(q, 5);
+        if (!body || len <= 0)
+            continue;
+        struct spool_rec rec = {.run_id = sqlite3_column_int64(q, 0),
+                                .stream_id = sqlite3_column_int64(q, 1),
+                                .rank = (uint32_t)sqlite3_column_int64(q, 2),
+                                .seq = (uint64_t)sqlite3_column_int64(q, 3),
+                                .step = (uint64_t)sqlite3_column_int64(q, 4),
+                                .len = (uint32_t)len};
+        e = spool_append(s->spool, &rec, body);
+        moved++;
+        bytes += (uint64_t)len;
+    }
+    sqlite3_finalize(q);
+    if (e == 0 && rc != SQLITE_DONE)
+        e = -EIO;
+    struct spool_pos head = spool_head(s->spool);
+    /* Durable before the rows go, whatever the synchronous setting. */
+    if (e == 0)
+        e = spool_sync(s->spool);
+    if (e == 0 && (exec_sql(s->db, "BEGIN IMMEDIATE", err, errlen, path) != SQLITE_OK ||
+                   exec_sql(s->db, "DELETE FROM spool", err, errlen, path) != SQLITE_OK))
+        e = -EIO;
+    if (e == 0) {
+        sqlite3_stmt *st = s->st[ST_SPOOL_HEAD];
+        sqlite3_bind_int64(st, 1, (int64_t)head.seg);
+        sqlite3_bind_int64(st, 2, (int64_t)head.off);
+        if (!ok(exec1(st, NULL, 0)) || exec_sql(s->db, "COMMIT", err, errlen, path) != SQLITE_OK)
+            e = -EIO;
+    }
+    if (e < 0) {
+        if (!sqlite3_get_autocommit(s->db))
+            sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        spool_rewind(s->spool, &s->committed);
+        if (e != -EIO || !err[0])
+            snprintf(err, errlen, "%s: moving the spool table into the spool log: %s", path,
+                     e == -EIO ? sqlite3_errmsg(s->db) : strerror(-e));
+        return e;
+    }
+    s->committed = head;
+    log_info("store", "moved %llu spooled reports (%llu bytes) from the database into the spool "
+             "log; the database keeps their free pages until a VACUUM",
+             (unsigned long long)moved, (unsigned long long)bytes);
+    return 0;
+}
+
+static int open_spool(struct store *s, const char *path, char *err, size_t errlen)
+{
+    char dir[SPOOL_PATH_MAX];
+    if (spool_dir_of(path, dir, sizeof(dir)) < 0) {
+        snprintf(err, errlen, "%s: path too long for its spool directory", path);
+        return -ENAMETOOLONG;
+    }
+    if (read_spool_head(s->db, &s->committed) != SQLITE_OK) {
+        snprintf(err, errlen, "%s: reading spool_log: %s", path, sqlite3_errmsg(s->db));
+        return -EIO;
+    }
+    struct spool_opts so = {.sync_full = s->opts.synchronous_full};
+    int rc = spool_open(dir, &s->committed, &so, &s->spool, err, errlen);
+    if (rc < 0)
+        return rc;
+    err[0] = '\0';
+    if ((rc = import_legacy_spool(s, path, err, errlen)) < 0)
+        return rc;
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT id, spool_done_step FROM runs WHERE spool_done_step IS NOT NULL",
+                           -1, &q, NULL) != SQLITE_OK) {
+        snprintf(err, errlen, "%s: reading evaluated steps: %s", path, sqlite3_errmsg(s->db));
+        return -EIO;
+    }
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW)
+        if (spool_set_done(s->spool, sqlite3_column_int64(q, 0), sqlite3_column_int64(q, 1)) < 0)
+            break;
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE) {
+        snprintf(err, errlen, "%s: reading evaluated steps: %s", path,
+                 rc == SQLITE_ROW ? "out of memory" : sqlite3_errmsg(s->db));
+        return -EIO;
+    }
+    size_t freed = spool_release(s->spool, &s->committed);
+    if (freed)
+        log_info("store", "spool: deleted %zu segments of evaluated steps", freed);
+    return 0;
+}
+
 static int configure(sqlite3 *db, const char *path, int full, char *err, size_t errlen)
 {
     sqlite3_extended_result_codes(db, 1);
@@ -1913,13 +2171,9 @@ int store_open(const char *path, const struct store_opts *opts, struct store **o
             goto fail;
         }
     }
-    int64_t spool = 0;
-    if (pragma_int(s->db, "SELECT COALESCE(SUM(bytes), 0) FROM spool", &spool) != SQLITE_OK) {
-        snprintf(err, errlen, "%s: reading spool size: %s", path, sqlite3_errmsg(s->db));
-        rc = -EIO;
+    if ((rc = open_spool(s, path, err, errlen)) < 0)
         goto fail;
-    }
-    s->spool_bytes = (uint64_t)spool;
+    s->spool_bytes = spool_bytes(s->spool);
     atomic_store(&s->stats->spool_bytes, s->spool_bytes);
     if ((rc = advice_store_open(s->db, &s->advice)) < 0 ||
         (rc = attempts_store_open(s->db, &s->attempts)) < 0) {
@@ -1965,6 +2219,8 @@ fail:
     advice_store_close(s->advice);
     attempts_store_close(s->attempts);
     sqlite3_close(s->db);
+    spool_close(s->spool);
+    free(s->w_done);
     free(s->batch);
     free(s->refused);
     free(s);
@@ -1994,6 +2250,8 @@ int store_close(struct store *s)
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     cache_free(&s->cache);
+    spool_close(s->spool);
+    free(s->w_done);
     free(s->batch);
     free(s->refused);
     free(s->res);

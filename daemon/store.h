@@ -29,18 +29,34 @@
  * (store_set_stop_deadline) a batch that fails is given up instead of
  * retried, as a crash at that point would lose it: none of it was acked.
  *
- * Backpressure: store_submit refuses HELLO and REPORT items with -EAGAIN once
- * the queue holds queue_max_items items or queue_max_bytes bytes (items in
- * the transaction being written count until they commit), or once the spool
- * holds spool_max_bytes; it keeps refusing until the writer has drained to
- * half of both bounds and the spool is back under its bound, then announces
- * STORE_RESULT_RESUME. Other item kinds are never refused (the stages that
- * free space must not be blocked by the lack of it). */
+ * Backpressure: store_submit refuses REPORT items with -EAGAIN once the
+ * queue holds queue_max_items items or queue_max_bytes bytes (items in the
+ * transaction being written count until they commit); it keeps refusing
+ * until the writer has drained to half of both bounds, then announces
+ * STORE_RESULT_RESUME. Other item kinds are never refused: the stages that
+ * free space must not be blocked by the lack of it, and a Hello must be
+ * answered while ingest is saturated (one per connection, bounded).
+ *
+ * Fair admission: queued HELLO items are written first, in a transaction of
+ * their own, so a Welcome waits for at most the commit in progress; a
+ * transaction takes at most FS_STORE_BATCH_MAX_BYTES of items (at least
+ * one), so that commit is short. A Hello whose stream still has REPORT
+ * items queued ahead of it (a trainer reconnecting; same stream_key, or a
+ * key of 0) keeps its place: its Welcome's last_seq then covers them, as
+ * it always did, and the trainer does not resend them.
+ *
+ * The sketch spool: a REPORT's sketch_body goes to the spool log beside the
+ * database (spool.h), not into it; the transaction that commits the
+ * report's rows also records where the log ends, after the log was synced
+ * by the synchronous policy. Evaluated steps (spool_done, below) are
+ * recorded per run in the same transaction as the monitor rows, and only
+ * after that COMMIT are the spool segments they free deleted. The database
+ * file so holds no raw sketches. */
 
 enum store_item_kind {
     STORE_ITEM_HELLO = 1,
     STORE_ITEM_REPORT = 2,
-    STORE_ITEM_SPOOL_DONE = 3, /* monitors are done with a run's steps <= step */
+    STORE_ITEM_SPOOL_DONE = 3, /* monitors are done with a run's steps <= step (runs.spool_done_step) */
     STORE_ITEM_MONITOR = 4,    /* the monitor stage's output for one run (below) */
     STORE_ITEM_SILENCE = 5,    /* create or expire a silence (HTTP API, below) */
     STORE_ITEM_OUTBOX = 6,     /* the pager's outcome of one outbox row (below) */
@@ -70,11 +86,13 @@ struct store_hello {
     int advice;       /* the client takes Advice: its owed advices follow the result */
     int has_resume_step; /* Hello.resume_step: the attempt restarts from a checkpoint */
     uint64_t resume_step;
+    uint64_t stream_key; /* store_stream_key of (run, attempt, rank); 0: unknown */
 };
 
 struct store_report {
     int64_t run_id;    /* from the HELLO result */
     int64_t stream_id; /* from the HELLO result */
+    uint64_t stream_key; /* the stream's store_stream_key (0: unknown) */
     uint32_t rank;     /* label of the per-rank series */
     uint64_t seq;      /* 1..INT64_MAX */
     uint64_t step;     /* 0..INT64_MAX */
@@ -87,20 +105,23 @@ struct store_report {
     uint32_t n_update_ratio;
     float *weight_norm;     /* owned (malloc), n_weight_norm values */
     float *update_ratio;    /* owned (malloc) */
-    uint8_t *sketch_body;   /* owned: the Frame body as received, when it carries sketches */
+    uint8_t *sketch_body;   /* the Frame body as received, when the stage needs it spooled
+                               (stage_wants_spool); appended to the spool log. Owned, unless
+                               sketch_alloc is set: then it points into that allocation */
     size_t sketch_len;
+    uint8_t *sketch_alloc;  /* owned: the buffer sketch_body lies in, or NULL */
 };
 
 struct store_spool_done {
     int64_t run_id;
-    uint64_t step; /* delete spooled sketches of steps <= step */
+    uint64_t step; /* spooled frames of steps <= step are no longer needed */
 };
 
 /* --- STORE_ITEM_MONITOR: what the monitor stage derived, in ONE transaction:
  * monitor points, detector states, alert rows with their transitions,
- * incomplete reductions and the deletion of the run's spooled sketches of
- * steps <= spool_done_step. Series are named by (name, labels) and created
- * as needed; the writer resolves series ids. */
+ * incomplete reductions and the run's evaluated step (spool_done_step: the
+ * spool may then drop the frames of steps <= it). Series are named by
+ * (name, labels) and created as needed; the writer resolves series ids. */
 #define STORE_SERIES_NAME_MAX 48   /* series names, bytes with NUL */
 #define STORE_RULE_MAX 64          /* = DETECT_NAME_MAX */
 #define STORE_ALERT_KEY_MAX 1120   /* >= ALERT_KEY_MAX */
@@ -267,6 +288,11 @@ struct store_item {
     };
 };
 
+/* The stream key of (run, attempt, rank): a nonzero hash that HELLO and
+ * REPORT items of one stream carry (collisions only cost a Hello its
+ * place ahead). Pure; any thread. */
+uint64_t store_stream_key(const char *run, uint32_t attempt, uint32_t rank);
+
 /* Allocates a zeroed item of the kind; NULL when out of memory. Any thread. */
 struct store_item *store_item_new(enum store_item_kind kind);
 /* Frees an item and what it owns. NULL is a no-op. Any thread. */
@@ -303,7 +329,6 @@ struct store_opts {
     uint64_t queue_max_items;  /* high watermark; low = half */
     uint64_t queue_max_bytes;
     uint64_t batch_max_items;
-    uint64_t spool_max_bytes;
     struct fs_stats *stats;    /* may be NULL (tests) */
     /* Called on the writer thread, without blocking, after results were
      * appended (and after RESUME). May be NULL; see store_set_notify. */
@@ -322,7 +347,10 @@ struct store;
 /* Opens (creating if needed) the database at path, sets WAL, synchronous,
  * foreign keys and a busy timeout, applies the embedded migrations in order
  * under PRAGMA user_version (each in its own transaction), prepares the
- * statements and starts the writer thread. Refuses a database whose
+ * statements, opens the spool log "<path>.spool" (spool_open at the end the
+ * database recorded; frames an older version kept in the spool table are
+ * moved into it; segments of evaluated steps are deleted) and starts the
+ * writer thread. Refuses a database whose
  * user_version is newer than the migrations we know. Returns 0 and *out, or
  * a negative errno-style code with a message in err (errlen bytes); nothing
  * is left open on failure. Main thread. */
@@ -379,7 +407,8 @@ const char *store_failure_text(int code);
  * refused) and announced. Tests and shutdown; not the loop thread. */
 void store_flush(struct store *s);
 
-/* Committed spool bytes (also stats->spool_bytes). Any thread. */
+/* Bytes in the spool log's segment files, as of the last commit (also
+ * stats->spool_bytes). Any thread. */
 uint64_t store_spool_bytes(struct store *s);
 
 /* Drains the queue (commits and announces everything submitted), stops and

@@ -693,7 +693,12 @@ def needed_packages(binary):
     resolved by ldd)."""
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]",
                         tool_ok(["readelf", "-d", binary]))
-    resolved = dict(re.findall(r"^\s*(\S+) => (/\S+)", tool_ok(["ldd", binary]), re.M))
+    out = tool_ok(["ldd", binary])
+    resolved = dict(re.findall(r"^\s*(\S+) => (/\S+)", out, re.M))
+    # The dynamic loader is listed by its path alone ("/lib64/ld-linux-x86-64.so.2
+    # (0x...)"); a binary that uses dynamic TLS (__tls_get_addr) NEEDs it.
+    for path in re.findall(r"^\s*(/\S+)\s+\(0x", out, re.M):
+        resolved.setdefault(os.path.basename(path), path)
     pkgs = {}
     for lib in needed:
         check(lib in resolved, f"{binary}: ldd does not resolve {lib}")

@@ -35,6 +35,7 @@ Test(config, defaults)
     cr_expect_eq(c.reduce_max_bytes, FS_DEF_REDUCE_MAX_BYTES);
     cr_expect_eq(c.detect_from_step, 0);
     cr_expect_eq(c.monitor_threads, 0);
+    cr_expect_eq(c.head_points_every, 1);
     struct config_error err;
     cr_expect_eq(config_check(&c, "defaults", &err), 0, "%s", err.message);
     /* Every default in the table parses (config_defaults ignores errors). */
@@ -84,6 +85,7 @@ static const struct ok_case ok_cases[] = {
     {"reduce_max_bytes = 2G", OFF(reduce_max_bytes), 0, 2ull << 30, NULL},
     {"detect_from_step = 1000", OFF(detect_from_step), 0, 1000, NULL},
     {"monitor_threads = 16", OFF(monitor_threads), 0, 16, NULL},
+    {"head_points_every = 100", OFF(head_points_every), 0, 100, NULL},
 };
 
 Test(config, every_key_table)
@@ -154,6 +156,7 @@ static const struct bad_case bad_cases[] = {
     {"reduce_max_bytes = 1K", "key 'reduce_max_bytes': 1K is outside"},
     {"detect_from_step = -5", "key 'detect_from_step': '-5' is not an unsigned integer"},
     {"monitor_threads = 1025", "key 'monitor_threads': 1025 is outside"},
+    {"head_points_every = 0", "key 'head_points_every': 0 is outside"},
 };
 
 Test(config, errors_table)

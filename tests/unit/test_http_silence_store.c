@@ -22,7 +22,7 @@ static void setup(void)
     cr_assert_not_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/t.db", dir);
     struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 20,
-                           .batch_max_items = 16, .spool_max_bytes = 1 << 20, .stats = &stats};
+                           .batch_max_items = 16, .stats = &stats};
     char err[256] = "";
     cr_assert_eq(store_open(path, &o, &s, err, sizeof err), 0, "%s", err);
 }

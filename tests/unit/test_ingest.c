@@ -82,7 +82,7 @@ static void server_start(struct server *sv, uint64_t queue_items, uint64_t batch
     snprintf(sv->path, sizeof(sv->path), "%s/t.db", sv->dir);
     struct store_opts so = {.max_runs = 10, .queue_max_items = queue_items,
                             .queue_max_bytes = 1 << 24, .batch_max_items = batch,
-                            .spool_max_bytes = 1 << 24, .stats = &sv->stats};
+                            .stats = &sv->stats};
     char err[256];
     cr_assert_eq(store_open(sv->path, &so, &sv->store, err, sizeof(err)), 0, "%s", err);
     sv->io = (struct ingest_opts){.host = "127.0.0.1", .port = 0, .max_connections = max_conns,

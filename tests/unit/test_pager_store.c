@@ -28,7 +28,7 @@ static void fx_open(struct fixture *f)
     cr_assert_not_null(mkdtemp(f->dir));
     snprintf(f->path, sizeof(f->path), "%s/t.db", f->dir);
     struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 24,
-                           .batch_max_items = 16, .spool_max_bytes = 1 << 24,
+                           .batch_max_items = 16,
                            .stats = &f->stats};
     char err[512] = "";
     cr_assert_eq(store_open(f->path, &o, &f->s, err, sizeof(err)), 0, "%s", err);
@@ -402,7 +402,7 @@ Test(pager_store, writer_prunes_periodically)
     cr_assert_not_null(mkdtemp(f.dir));
     snprintf(f.path, sizeof(f.path), "%s/t.db", f.dir);
     struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 24,
-                           .batch_max_items = 16, .spool_max_bytes = 1 << 24,
+                           .batch_max_items = 16,
                            .stats = &f.stats, .outbox_retention_s = 0.2,
                            .silence_retention_s = 0.2, .prune_interval_s = 0.05};
     char err[512] = "";

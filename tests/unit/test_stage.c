@@ -53,19 +53,22 @@ struct harness {
 
 /* --- the daemon side --------------------------------------------------------------- */
 
+static uint64_t t_head_points_every; /* stage_opts.head_points_every of the next h_open */
+
 static void h_open(struct harness *h, const char *path)
 {
     memset(h, 0, sizeof(*h));
     cr_assert_eq(uv_loop_init(&h->loop), 0);
     struct store_opts so = {.max_runs = 10, .queue_max_items = 100000,
                             .queue_max_bytes = 1ull << 30, .batch_max_items = 64,
-                            .spool_max_bytes = 1ull << 30, .stats = &h->stats};
+                            .stats = &h->stats};
     char err[512];
     cr_assert_eq(store_open(path, &so, &h->store, err, sizeof(err)), 0, "%s", err);
     detect_rules_default(&h->rules);
     struct stage_opts sto = {.loop = &h->loop, .store = h->store, .stats = &h->stats,
                              .rules = &h->rules, .reduce_timeout_s = 60,
-                             .reduce_max_bytes = 1ull << 30, .max_chunks = 2,
+                             .reduce_max_bytes = 1ull << 30, .spool_max_bytes = 1ull << 30,
+                             .max_chunks = 2, .head_points_every = t_head_points_every,
                              /* The tables test detection itself, not when
                               * training progress starts it (evaluate.h). */
                              .detect_from_step = g_progress ? 0 : 1};
@@ -221,9 +224,11 @@ static void h_step(struct harness *h, int faults, uint64_t step)
     foreshock__frame__pack(&f, rp->sketch_body);
     rp->frame_bytes = (uint32_t)rp->sketch_len + 4;
     cr_assert(stage_wants_spool(h->stage, h->run_id, 0, &r));
+    size_t spooled = rp->sketch_len; /* the store owns the item once submitted */
     cr_assert_eq(store_submit(h->store, it), 0);
     struct stage_report in = {.run_id = h->run_id, .stream_id = h->stream_id, .rank = 0,
-                              .seq = r.seq, .step = step, .time = r.time_unix, .report = &r};
+                              .seq = r.seq, .step = step, .time = r.time_unix, .report = &r,
+                              .spool_bytes = spooled};
     cr_assert_eq(stage_feed(h->stage, &in), 0);
 }
 
@@ -286,17 +291,6 @@ static long event_step(const struct event *e)
     return strtol(p, NULL, 10);
 }
 
-static void tmp_db(char *path, size_t len, const char *tag)
-{
-    snprintf(path, len, "/tmp/test_stage_%d_%s.db", (int)getpid(), tag);
-    char x[300];
-    unlink(path);
-    snprintf(x, sizeof(x), "%s-wal", path);
-    unlink(x);
-    snprintf(x, sizeof(x), "%s-shm", path);
-    unlink(x);
-}
-
 static void rm_db(const char *path)
 {
     char x[300];
@@ -305,6 +299,14 @@ static void rm_db(const char *path)
     unlink(x);
     snprintf(x, sizeof(x), "%s-shm", path);
     unlink(x);
+    snprintf(x, sizeof(x), "rm -rf %s.spool", path); /* the spool log beside it */
+    cr_expect_eq(system(x), 0);
+}
+
+static void tmp_db(char *path, size_t len, const char *tag)
+{
+    snprintf(path, len, "/tmp/test_stage_%d_%s.db", (int)getpid(), tag);
+    rm_db(path);
 }
 
 /* Uninterrupted run of the scenario into path. */
@@ -407,6 +409,51 @@ static const struct stage_case cases[] = {
     {"both", F_COLLAPSE | F_RAMP, "qk.d2.erank|0|-1|1|-1|", T_FAULT + 2, "combined", NULL, NULL,
      0, NULL},
 };
+
+static int64_t q1(const char *path, const char *sql)
+{
+    sqlite3 *db;
+    cr_assert_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *q;
+    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &q, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+    cr_assert_eq(sqlite3_step(q), SQLITE_ROW, "%s", sql);
+    int64_t v = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return v;
+}
+
+/* head_points_every thins the per-head series only: the per-layer
+ * aggregates keep every step and detection (what fires, when, why) is the
+ * same as with every point stored. */
+Test(stage, head_points_every_thins_per_head_series_only)
+{
+    char all[256], thin[256];
+    tmp_db(all, sizeof(all), "allpoints");
+    tmp_db(thin, sizeof(thin), "thinpoints");
+    run_plain(all, F_COLLAPSE);
+    t_head_points_every = 10;
+    run_plain(thin, F_COLLAPSE);
+    t_head_points_every = 0;
+    static const char heads[] = "SELECT count(*) FROM points p JOIN series s ON s.id = p.series_id "
+                                "WHERE s.head >= 0";
+    static const char off_grid[] = "SELECT count(*) FROM points p JOIN series s ON "
+                                   "s.id = p.series_id WHERE s.head >= 0 AND p.step % 10 != 0";
+    static const char layers[] = "SELECT count(*) FROM points p JOIN series s ON s.id = p.series_id "
+                                 "WHERE s.head = -1 AND s.layer >= 0 AND s.rank = -1";
+    cr_expect_gt(q1(all, heads), 0);
+    cr_expect_eq(q1(thin, off_grid), 0, "per-head points off the grid");
+    cr_expect_eq(q1(thin, heads) * 10, q1(all, heads), "one step in ten");
+    cr_expect_eq(q1(thin, layers), q1(all, layers), "aggregates at every step");
+    struct event *a, *b;
+    size_t na = read_events(all, &a), nb = read_events(thin, &b);
+    cr_expect_gt(na, 0);
+    expect_same("head_points_every", a, na, b, nb);
+    free(a);
+    free(b);
+    rm_db(all);
+    rm_db(thin);
+}
 
 Test(stage, detection_table_and_restarts, .timeout = 240)
 {

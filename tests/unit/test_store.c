@@ -1,5 +1,5 @@
 /* store.c: migrations, the writer queue, commit-then-announce, dedup,
- * re-done steps, backpressure, the spool. */
+ * re-done steps, backpressure, Hellos first, the spool log. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -10,6 +10,7 @@
 
 #include "foreshock.pb-c.h"
 #include "schema.h"
+#include "spool.h"
 #include "store.h"
 
 struct fixture {
@@ -26,7 +27,6 @@ static struct store_opts opts_for(struct fixture *f)
         .queue_max_items = 1000,
         .queue_max_bytes = 1 << 24,
         .batch_max_items = 64,
-        .spool_max_bytes = 1 << 24,
         .stats = &f->stats,
     };
 }
@@ -176,7 +176,7 @@ Test(store, migrates_empty_db)
     fx_open(&f, &o);
     sqlite3 *db = ro(&f);
     cr_expect_eq(q1(db, "PRAGMA user_version"), schema_migration_count);
-    const char *tables[] = {"runs", "streams", "reports", "series", "points", "spool"};
+    const char *tables[] = {"runs", "streams", "reports", "series", "points", "spool_log"};
     for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
         char sql[128];
         snprintf(sql, sizeof(sql),
@@ -365,9 +365,17 @@ Test(store, welcome_seq_includes_earlier_queued_reports)
     fx_open(&f, &o);
     submit_ok(f.s, hello(1, "fifo", 2, 0));
     struct store_result h = hello_done(f.s, 1);
-    for (uint64_t seq = 1; seq <= 5; seq++)
-        submit_ok(f.s, report(1, &h, seq, seq, 1.0));
-    submit_ok(f.s, hello(2, "fifo", 2, 0)); /* queued behind the reports */
+    /* A reconnecting stream's Hello keeps its place behind the stream's
+     * queued reports (store.h): its Welcome covers them. */
+    uint64_t key = store_stream_key("fifo", 2, 0);
+    for (uint64_t seq = 1; seq <= 5; seq++) {
+        struct store_item *it = report(1, &h, seq, seq, 1.0);
+        it->report.stream_key = key;
+        submit_ok(f.s, it);
+    }
+    struct store_item *again = hello(2, "fifo", 2, 0); /* queued behind the reports */
+    again->hello.stream_key = key;
+    submit_ok(f.s, again);
     struct store_result *r;
     size_t n = results(f.s, &r);
     uint64_t items;
@@ -409,7 +417,59 @@ Test(store, max_runs_refuses_new_runs_only)
     fx_fini(&f);
 }
 
-Test(store, spool_holds_sketches_until_done)
+/* Replays the spool log the way stage_load does: the end the database
+ * recorded, records of steps > skip_to only. Returns the steps fed. */
+struct replayed {
+    uint64_t steps[16];
+    size_t n;
+    int64_t skip_to;
+};
+
+static int want_after(void *ctx, const struct spool_rec *r)
+{
+    return (int64_t)r->step > ((struct replayed *)ctx)->skip_to;
+}
+
+static int note_step(void *ctx, const struct spool_rec *r, const uint8_t *body)
+{
+    struct replayed *rp = ctx;
+    cr_assert_lt(rp->n, 16);
+    cr_expect_eq(body[0], (uint8_t)r->seq, "body of seq %llu", (unsigned long long)r->seq);
+    rp->steps[rp->n++] = r->step;
+    return 0;
+}
+
+static struct replayed replay(struct fixture *f, int64_t skip_to)
+{
+    sqlite3 *db = ro(f);
+    struct spool_pos head = {(uint64_t)q1(db, "SELECT segment FROM spool_log"),
+                             (uint64_t)q1(db, "SELECT byte_offset FROM spool_log")};
+    sqlite3_close(db);
+    char dir[256], err[256];
+    spool_dir_of(f->path, dir, sizeof(dir));
+    struct replayed rp = {.skip_to = skip_to};
+    struct spool_replay_ops ops = {.want = want_after, .feed = note_step, .ctx = &rp};
+    struct spool_replay_stats st;
+    cr_assert_eq(spool_replay(dir, &head, &ops, &st, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(st.unreadable, 0);
+    return rp;
+}
+
+static struct store_item *sketch_report(uint64_t conn, const struct store_result *h, uint64_t seq,
+                                        uint64_t step, size_t len)
+{
+    struct store_item *it = report(conn, h, seq, step, 1.0);
+    it->report.sketch_len = len;
+    it->report.sketch_body = calloc(1, len);
+    it->report.sketch_body[0] = (uint8_t)seq;
+    return it;
+}
+
+/* Frames go to the spool log beside the database, not into it; the
+ * database records where the log ends and how far the run is evaluated; a
+ * segment goes once all its steps are evaluated; a restart replays what is
+ * left up to the recorded end. */
+Test(store, spool_log_holds_frames_until_evaluated)
 {
     struct fixture f;
     fx_init(&f);
@@ -417,29 +477,86 @@ Test(store, spool_holds_sketches_until_done)
     fx_open(&f, &o);
     submit_ok(f.s, hello(1, "spool", 0, 0));
     struct store_result h = hello_done(f.s, 1);
-    for (uint64_t seq = 1; seq <= 3; seq++) {
-        struct store_item *it = report(1, &h, seq, seq * 10, 1.0);
-        it->report.sketch_len = 100;
-        it->report.sketch_body = calloc(1, 100);
-        submit_ok(f.s, it);
-    }
+    for (uint64_t seq = 1; seq <= 3; seq++)
+        submit_ok(f.s, sketch_report(1, &h, seq, seq * 10, 100));
     store_flush(f.s);
-    cr_expect_eq(store_spool_bytes(f.s), 300);
-    cr_expect_eq(atomic_load(&f.stats.spool_bytes), 300);
+    const uint64_t rec = SPOOL_HEADER_BYTES + 100;
+    cr_expect_eq(store_spool_bytes(f.s), 3 * rec);
+    cr_expect_eq(atomic_load(&f.stats.spool_bytes), 3 * rec);
+    sqlite3 *db = ro(&f);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM spool"), 0, "no frames in the database");
+    cr_expect_eq(q1(db, "SELECT byte_offset FROM spool_log"), (int64_t)(3 * rec));
+    sqlite3_close(db);
+    struct replayed rp = replay(&f, -1);
+    cr_expect_eq(rp.n, 3);
+    cr_expect_eq(rp.steps[0] * 100 + rp.steps[2], 10 * 100 + 30, "oldest first");
+
+    /* Steps <= 20 evaluated: recorded; the one segment still holds step 30. */
     struct store_item *done = store_item_new(STORE_ITEM_SPOOL_DONE);
     done->spool_done.run_id = h.run_id;
     done->spool_done.step = 20;
     submit_ok(f.s, done);
     store_flush(f.s);
-    cr_expect_eq(store_spool_bytes(f.s), 100);
-    sqlite3 *db = ro(&f);
-    cr_expect_eq(q1(db, "SELECT count(*) FROM spool"), 1);
-    cr_expect_eq(q1(db, "SELECT step FROM spool"), 30);
+    db = ro(&f);
+    cr_expect_eq(q1(db, "SELECT spool_done_step FROM runs"), 20);
     sqlite3_close(db);
-    /* The spool size survives a restart. */
+    cr_expect_eq(store_spool_bytes(f.s), 3 * rec);
+
+    /* A restart keeps it, and replays only the step not evaluated. */
     store_close(f.s);
     fx_open(&f, &o);
-    cr_expect_eq(store_spool_bytes(f.s), 100);
+    cr_expect_eq(store_spool_bytes(f.s), 3 * rec);
+    rp = replay(&f, 20);
+    cr_expect_eq(rp.n, 1);
+    cr_expect_eq(rp.steps[0], 30);
+
+    /* Everything evaluated: the segment is deleted. */
+    done = store_item_new(STORE_ITEM_SPOOL_DONE);
+    done->spool_done.run_id = h.run_id;
+    done->spool_done.step = 30;
+    submit_ok(f.s, done);
+    store_flush(f.s);
+    cr_expect_eq(store_spool_bytes(f.s), 0);
+    cr_expect_eq(replay(&f, -1).n, 0);
+    fx_fini(&f);
+}
+
+/* A database written by an older foreshockd keeps frames in the spool
+ * table: the first open moves them into the log, in order, and the
+ * evaluated step says which of them a replay skips. */
+Test(store, legacy_spool_rows_move_into_the_log)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "old", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    store_close(f.s);
+    sqlite3 *db;
+    cr_assert_eq(sqlite3_open(f.path, &db), SQLITE_OK);
+    for (int seq = 1; seq <= 3; seq++) {
+        char sql[256];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO spool (run_id, stream_id, seq, step, bytes, body) VALUES "
+                 "(%lld, %lld, %d, %d, 8, x'%02x00000000000000')",
+                 (long long)h.run_id, (long long)h.stream_id, seq, seq * 10, seq);
+        cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+    }
+    /* ... as schema version 7 (before the spool log) had them. */
+    cr_assert_eq(sqlite3_exec(db, "DROP TABLE spool_log; ALTER TABLE runs DROP COLUMN "
+                                  "spool_done_step; PRAGMA user_version = 7",
+                              NULL, NULL, NULL),
+                 SQLITE_OK, "%s", sqlite3_errmsg(db));
+    sqlite3_close(db);
+    fx_open(&f, &o);
+    db = ro(&f);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM spool"), 0);
+    cr_expect_eq(q1(db, "SELECT spool_done_step FROM runs"), 9, "evaluated below the first row");
+    sqlite3_close(db);
+    struct replayed rp = replay(&f, 9);
+    cr_expect_eq(rp.n, 3);
+    cr_expect_eq(rp.steps[0] * 10000 + rp.steps[1] * 100 + rp.steps[2], 102030);
     fx_fini(&f);
 }
 
@@ -506,7 +623,7 @@ static struct store_item *monitor_item(int64_t run_id, int state, int with_event
     return it;
 }
 
-Test(store, monitor_item_commits_rows_and_deletes_the_spool)
+Test(store, monitor_item_commits_rows_and_the_evaluated_step)
 {
     struct fixture f;
     fx_init(&f);
@@ -514,17 +631,13 @@ Test(store, monitor_item_commits_rows_and_deletes_the_spool)
     fx_open(&f, &o);
     submit_ok(f.s, hello(1, "mon", 0, 0));
     struct store_result h = hello_done(f.s, 1);
-    for (uint64_t seq = 1; seq <= 3; seq++) {
-        struct store_item *it = report(1, &h, seq, seq * 10, 1.0);
-        it->report.sketch_len = 100;
-        it->report.sketch_body = calloc(1, 100);
-        submit_ok(f.s, it);
-    }
+    for (uint64_t seq = 1; seq <= 3; seq++)
+        submit_ok(f.s, sketch_report(1, &h, seq, seq * 10, 100));
     submit_ok(f.s, monitor_item(h.run_id, 1, 1, 32));
     store_flush(f.s);
     sqlite3 *db = ro(&f);
-    cr_expect_eq(q1(db, "SELECT count(*) FROM spool"), 1, "steps <= 20 deleted");
-    cr_expect_eq(store_spool_bytes(f.s), 100);
+    cr_expect_eq(q1(db, "SELECT spool_done_step FROM runs"), 20, "steps <= 20 evaluated");
+    cr_expect_eq(replay(&f, 20).n, 1, "step 30 still to replay");
     cr_expect_eq(q1(db, "SELECT count(*) FROM points p JOIN series s ON s.id = p.series_id "
                         "WHERE s.name = 'qk.d2.erank.min' AND s.layer = 1 AND s.head = -1 "
                         "AND s.\"window\" = 10 AND s.rank = -1 AND p.step = 32"),
@@ -615,39 +728,46 @@ Test(store, backpressure_and_no_ack_before_commit)
     fx_fini(&f);
 }
 
-Test(store, spool_bound_pushes_back)
+/* Fair admission: while the queue is full and the writer busy, a Hello is
+ * still accepted, and it is written before the reports queued ahead of it
+ * (its result comes before the Ack of the last of them). */
+Test(store, hello_is_accepted_when_full_and_written_first)
 {
     struct fixture f;
     fx_init(&f);
     struct store_opts o = opts_for(&f);
-    o.spool_max_bytes = 1000;
+    o.queue_max_items = 6;
+    o.batch_max_items = 2;
     fx_open(&f, &o);
-    submit_ok(f.s, hello(1, "sp", 0, 0));
+    submit_ok(f.s, hello(1, "fair", 0, 0));
     struct store_result h = hello_done(f.s, 1);
-    struct store_item *it = report(1, &h, 1, 1, 1.0);
-    it->report.sketch_len = 1000;
-    it->report.sketch_body = calloc(1, 1000);
-    submit_ok(f.s, it);
-    store_flush(f.s);
-    it = report(1, &h, 2, 2, 1.0);
-    it->report.sketch_len = 10;
-    it->report.sketch_body = calloc(1, 10);
-    cr_expect_eq(store_submit(f.s, it), -EAGAIN);
-    /* The monitor stage frees the spool: ingest may resume. */
-    struct store_item *done = store_item_new(STORE_ITEM_SPOOL_DONE);
-    done->spool_done.run_id = h.run_id;
-    done->spool_done.step = 1;
-    submit_ok(f.s, done);
+    sqlite3 *blocker;
+    cr_assert_eq(sqlite3_open(f.path, &blocker), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(blocker, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    for (uint64_t seq = 1; seq <= 6; seq++)
+        submit_ok(f.s, report(1, &h, seq, seq, 1.0));
+    struct store_item *extra = report(1, &h, 7, 7, 1.0);
+    cr_expect_eq(store_submit(f.s, extra), -EAGAIN, "reports are refused");
+    store_item_free(extra);
+    struct store_item *newcomer = hello(2, "newcomer", 0, 0);
+    newcomer->hello.stream_key = store_stream_key("newcomer", 0, 0);
+    submit_ok(f.s, newcomer);
+    cr_assert_eq(sqlite3_exec(blocker, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(blocker);
     struct store_result *r;
     size_t n = results(f.s, &r);
-    int resumed = 0;
-    for (size_t i = 0; i < n; i++)
-        resumed |= r[i].kind == STORE_RESULT_RESUME;
-    cr_expect(resumed);
+    long hello_at = -1, last_ack_at = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].kind == STORE_RESULT_HELLO && r[i].conn_id == 2)
+            hello_at = (long)i;
+        if (r[i].kind == STORE_RESULT_ACK && r[i].conn_id == 1 && r[i].seq == 6)
+            last_ack_at = (long)i;
+    }
+    cr_assert_geq(hello_at, 0, "no Welcome result");
+    cr_assert_geq(last_ack_at, 0, "report 6 not acked");
+    cr_expect_eq(r[hello_at].error_code, 0);
+    cr_expect_lt(hello_at, last_ack_at, "the Hello waited for the queued reports");
     free(r);
-    submit_ok(f.s, it);
-    store_flush(f.s);
-    cr_expect_eq(store_spool_bytes(f.s), 10);
     fx_fini(&f);
 }
 

@@ -1,0 +1,122 @@
+"""The sketch spool across a crash: 2 ranks stream Gram sketches every step
+faster than the monitors evaluate them; the daemon is SIGKILLed while acked
+steps wait in the spool log, and restarted on the same ports. Every sketch
+step must end up evaluated, once: the acked ones from the log (the restart
+re-feeds them), the rest as the clients resend them. And the database holds
+live rows only: no raw frame ever entered it, and the spool directory is
+emptied as steps are evaluated."""
+import os
+import re
+import subprocess
+import time
+
+from fstest import Daemon, check, db_rows, parse_simulate_summary, run_main
+
+RANKS = 2
+STEPS = 300
+RUN = "spool-crash"
+LAYERS, HEADS, DH, D = 4, 8, 64, 512
+# Gram shards per report: LAYERS x HEADS heads, two triangles of 2 DH.
+SKETCH_BYTES = LAYERS * HEADS * 2 * (2 * DH) * (2 * DH + 1) // 2 * 4
+LAG_STEPS = 5  # acked sketch steps not yet evaluated when the kill lands, at least
+
+
+def metrics(d):
+    import urllib.request
+    with urllib.request.urlopen(d.url("/metrics"), timeout=30) as r:
+        text = r.read().decode()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^(foreshock_[a-z_]+) (\S+)$", text, re.M)}
+
+
+def test(args, workdir):
+    d = Daemon(args.build_dir, workdir)
+    ingest_port, http_port, db = d.ingest_port, d.http_port, d.db
+    # --rate: ingest outruns the math (32 heads at dh 64 per step), so
+    # evaluation lags and acked steps sit in the spool when the kill lands.
+    sim = subprocess.Popen(
+        [os.path.join(args.build_dir, "foreshock"), "simulate", "--endpoint", d.endpoint,
+         "--run", RUN, "--ranks", str(RANKS), "--steps", str(STEPS), "--layers", str(LAYERS),
+         "--heads", str(HEADS), "--dh", str(DH), "--d", str(D), "--sketch-every", "1",
+         "--rate", "40", "--replay-mb", "1024", "--flush-timeout", "300"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    restarted = None
+    try:
+        deadline = time.monotonic() + 300
+        m = {}
+        while time.monotonic() < deadline:
+            try:
+                m = metrics(d)
+            except OSError:
+                m = {}
+            committed = m.get("foreshock_reports_committed_total", 0) // RANKS
+            evaluated = m.get("foreshock_monitor_buckets_total", 0)
+            if committed >= STEPS // 3 and committed - evaluated >= LAG_STEPS:
+                break
+            time.sleep(0.05)
+        committed = m.get("foreshock_reports_committed_total", 0) // RANKS
+        evaluated = m.get("foreshock_monitor_buckets_total", 0)
+        check(committed - evaluated >= LAG_STEPS and committed < STEPS,
+              f"no crash window: {committed} steps committed, {evaluated} evaluated")
+        spooled = m.get("foreshock_spool_bytes", 0)
+        d.kill()
+        time.sleep(0.5)
+        restarted = Daemon(args.build_dir, workdir, ingest_port=ingest_port,
+                           http_port=http_port, db=db)
+        out, _ = sim.communicate(timeout=600)
+        check(sim.returncode == 0, f"simulate exited {sim.returncode}: {out[-2000:]}")
+        s = parse_simulate_summary(out)
+        check(s["acked"] == RANKS * STEPS and s["dropped"] == 0, f"summary {s}")
+        check(s["reconnects"] >= 1, "clients never reconnected")
+        refed = re.search(r"re-fed (\d+) spooled reports", restarted.log_text())
+        check(refed and int(refed.group(1)) > 0,
+              "the restart re-fed nothing from the spool:\n" + restarted.log_text()[-3000:])
+        print(f"SIGKILL with {committed} steps committed, {evaluated:.0f} evaluated, "
+              f"{spooled / 1e6:.1f} MB spooled; restart: {refed.group(0)}")
+
+        # Every sketch step evaluated exactly once, none incomplete.
+        deadline = time.monotonic() + 600
+        series = []
+        while time.monotonic() < deadline:
+            series = restarted.get(f"/api/v1/series?run={RUN}&name=qk.d2.erank.min")["series"]
+            if len(series) == LAYERS and all(x["last_step"] == STEPS - 1 for x in series):
+                break
+            time.sleep(0.2)
+        check(len(series) == LAYERS, f"series {series}")
+        for x in series:
+            want = x["last_step"] - x["first_step"] + 1
+            check(x["last_step"] == STEPS - 1 and x["first_step"] <= 2 and x["points"] == want,
+                  f"steps lost or never evaluated: {x}")
+        heads = restarted.get(f"/api/v1/series?run={RUN}&name=qk.d2.erank&limit=1000")["series"]
+        check(len(heads) == LAYERS * HEADS and
+              all(h["points"] == series[0]["points"] for h in heads),
+              f"per-head series: {[(h['labels'], h['points']) for h in heads]}")
+        check(metrics(restarted)["foreshock_incomplete_steps_total"] == 0, "incomplete steps")
+        check(db_rows(db, "SELECT count(*) FROM incomplete")[0][0] == 0, "incomplete rows")
+
+        # Live data only: no frame in the database, the spool emptied.
+        check(db_rows(db, "SELECT count(*) FROM spool")[0][0] == 0, "frames in the spool table")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and metrics(restarted)["foreshock_spool_bytes"] > 0:
+            time.sleep(0.1)
+        check(os.path.isdir(db + ".spool"), "no spool directory beside the database")
+        left = sum(os.path.getsize(os.path.join(db + ".spool", f))
+                   for f in os.listdir(db + ".spool"))
+        check(left == 0, f"{left} bytes left in the spool directory after every step was evaluated")
+        rc, restarted = restarted.stop(), None
+        check(rc == 0, f"restarted daemon exited {rc}")
+        size = sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))
+        sent = RANKS * STEPS * SKETCH_BYTES
+        print(f"database {size / 1e6:.2f} MB for {sent / 1e6:.0f} MB of sketches received")
+        check(size < sent // 20, f"database {size} bytes: it holds more than live rows")
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait()
+        for x in (d, restarted):
+            if x is not None and x.proc.poll() is None:
+                x.kill()
+
+
+if __name__ == "__main__":
+    run_main(test)
