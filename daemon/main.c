@@ -503,13 +503,16 @@ int main(int argc, char **argv)
     status = EXIT_OK;
 out:
     http_stop(app->http);
-    if (app->ingest && status != EXIT_OK) {
-        /* Startup failed after ingest bound: close its handles properly. */
-        ingest_stop(app->ingest, NULL, NULL);
-        uv_run(&app->loop, UV_RUN_DEFAULT);
-    }
-    if (app->stage && status != EXIT_OK) {
-        stage_stop(app->stage, NULL, NULL);
+    if (status != EXIT_OK && (app->ingest || app->stage)) {
+        /* Startup failed after ingest bound or the stage started: close
+         * their handles, then let the loop finish. Both before the one
+         * uv_run: the stage's repeating sweep timer kept a loop run for
+         * ingest alone going for ever (an HTTP port in use hung the start
+         * instead of exiting 1). */
+        if (app->ingest)
+            ingest_stop(app->ingest, NULL, NULL);
+        if (app->stage)
+            stage_stop(app->stage, NULL, NULL);
         uv_run(&app->loop, UV_RUN_DEFAULT);
     }
     ingest_free(app->ingest);
