@@ -1000,11 +1000,12 @@ static int can_process(const struct conn *c)
 }
 
 /* Handles every complete frame in the read buffer that the state allows.
- * Returns whether it took any. */
+ * Returns whether it took any frame or made room for one. */
 static int process_frames(struct conn *c)
 {
     struct ingest *ing = c->ing;
     size_t pos = 0;
+    int took = 0;
     while (can_process(c) && !ing->stopping && c->rlen - pos >= DECODE_PREFIX_BYTES) {
         uint32_t len;
         struct decode_error err;
@@ -1031,6 +1032,7 @@ static int process_frames(struct conn *c)
             break;
         }
         handle_frame(c, c->rbuf + pos + DECODE_PREFIX_BYTES, len);
+        took = 1;
         if (c->state == STREAMING)
             ing->budget -= need < ing->budget ? need : ing->budget;
         if (c->state == CLOSING)
@@ -1049,7 +1051,8 @@ static int process_frames(struct conn *c)
         c->frame_started_ms = c->rlen ? uv_now(ing->loop) : 0;
     }
     rbuf_settle(c);
-    return rbuf_room(c) || pos > 0;
+    /* A frame handed over with its buffer (pos back at 0) was taken too. */
+    return rbuf_room(c) || took;
 }
 
 
