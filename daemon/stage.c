@@ -2006,22 +2006,25 @@ static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
         if (run_at(st->reg, i)->done_step == -2)
             run_at(st->reg, i)->done_step = -1;
 
-    /* Training progress (evaluate.h) from rank 0's stored learning rates.
+    /* Training progress (evaluate.h) from the lead rank's stored learning
+     * rates (rank 0, or a local group's first: run.h).
      * Every acked report's scalars are points, so the restart knows the
      * warm-up end the stopped daemon knew, however much it left
      * unevaluated; learnt only from the re-fed sketch steps, it came out
      * later (their LR is constant from the first one on), and re-fed steps
      * started detection where the uninterrupted run had not. */
     if (sqlite3_prepare_v2(db,
-                           "SELECT s.run_id, p.step, p.value FROM points p "
+                           "SELECT s.run_id, p.step, p.value, s.rank FROM points p "
                            "JOIN series s ON s.id = p.series_id WHERE s.name = 'lr' "
-                           "AND s.rank = 0 AND s.layer = -1 AND s.head = -1 "
+                           "AND s.layer = -1 AND s.head = -1 "
                            "ORDER BY s.run_id, p.step",
                            -1, &q, NULL) != SQLITE_OK)
         return load_fail(db, err, errlen, "learning rates");
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct run *run = run_find(st->reg, sqlite3_column_int64(q, 0));
-        struct stage_run *sr = run ? stage_run_of(st, run) : NULL;
+        struct stage_run *sr = run && sqlite3_column_int64(q, 3) == (int64_t)run->lead_rank
+                                   ? stage_run_of(st, run)
+                                   : NULL;
         if (sr && sqlite3_column_type(q, 2) != SQLITE_NULL && sqlite3_column_int64(q, 1) >= 0)
             eval_progress_lr(&sr->ev, (uint64_t)sqlite3_column_int64(q, 1),
                              sqlite3_column_double(q, 2));
