@@ -348,6 +348,37 @@ static void copy_text(char *dst, size_t len, const char *src)
     snprintf(dst, len, "%s", src ? src : "");
 }
 
+/* Stores m as its alert's one open advice, made by alert event event_id:
+ * what the alert owed before is closed (the new one replaces it). m->id
+ * becomes the new row's id. */
+static int put_advice(struct advice_store *as, struct advice_msg *m, int64_t event_id,
+                      double now)
+{
+    sqlite3_stmt *st = as->st[AS_CLOSE_ALERT];
+    sqlite3_bind_int64(st, 1, m->alert_id);
+    sqlite3_bind_double(st, 2, now);
+    int rc = step1(st, NULL);
+    if (rc != SQLITE_DONE)
+        return rc;
+    st = as->st[AS_INSERT];
+    sqlite3_bind_int64(st, 1, m->run_id);
+    sqlite3_bind_int64(st, 2, m->alert_id);
+    sqlite3_bind_int64(st, 3, event_id);
+    sqlite3_bind_int(st, 4, m->action);
+    bind_step(st, 5, m->fire_id > 0 ? m->fire_id : -1);
+    sqlite3_bind_text(st, 6, m->rule, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 7, m->label, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 8, m->severity, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 9, m->step);
+    bind_step(st, 10, m->first_breach_step);
+    bind_step(st, 11, m->fired_step);
+    bind_step(st, 12, m->rollback_step);
+    sqlite3_bind_double(st, 13, now);
+    if ((rc = step1(st, &m->id)) != SQLITE_ROW)
+        return rc == SQLITE_DONE ? SQLITE_ERROR : rc;
+    return SQLITE_OK;
+}
+
 int advice_store_event(struct advice_store *as, const struct advice_policy *p,
                        const struct advice_event *ev, double now, struct advice_msg *out,
                        bool *made)
@@ -371,38 +402,14 @@ int advice_store_event(struct advice_store *as, const struct advice_policy *p,
     }
     if (action == ADVICE_NONE)
         return SQLITE_OK;
-    /* One open advice per alert: the new one replaces what was owed. */
-    sqlite3_stmt *st = as->st[AS_CLOSE_ALERT];
-    sqlite3_bind_int64(st, 1, ev->alert_id);
-    sqlite3_bind_double(st, 2, now);
-    if ((rc = step1(st, NULL)) != SQLITE_DONE)
-        return rc;
-    int64_t rollback = advice_rollback_step(ev->first_breach_step, ev->window);
-    st = as->st[AS_INSERT];
-    sqlite3_bind_int64(st, 1, ev->run_id);
-    sqlite3_bind_int64(st, 2, ev->alert_id);
-    sqlite3_bind_int64(st, 3, ev->event_id);
-    sqlite3_bind_int(st, 4, action);
-    bind_step(st, 5, fire_id);
-    sqlite3_bind_text(st, 6, ev->rule ? ev->rule : "", -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 7, ev->label ? ev->label : "", -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 8, ev->severity ? ev->severity : "", -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 9, ev->step);
-    bind_step(st, 10, ev->first_breach_step);
-    bind_step(st, 11, ev->fired_step);
-    bind_step(st, 12, rollback);
-    sqlite3_bind_double(st, 13, now);
-    int64_t id = 0;
-    if ((rc = step1(st, &id)) != SQLITE_ROW)
-        return rc == SQLITE_DONE ? SQLITE_ERROR : rc;
-    *out = (struct advice_msg){.id = id,
-                               .run_id = ev->run_id,
+    *out = (struct advice_msg){.run_id = ev->run_id,
                                .alert_id = ev->alert_id,
                                .action = action,
                                .step = ev->step,
                                .first_breach_step = ev->first_breach_step,
                                .fired_step = ev->fired_step,
-                               .rollback_step = rollback,
+                               .rollback_step =
+                                   advice_rollback_step(ev->first_breach_step, ev->window),
                                .layer = ev->layer,
                                .head = ev->head,
                                .window = ev->window,
@@ -411,6 +418,8 @@ int advice_store_event(struct advice_store *as, const struct advice_policy *p,
     copy_text(out->rule, sizeof(out->rule), ev->rule);
     copy_text(out->label, sizeof(out->label), ev->label);
     copy_text(out->severity, sizeof(out->severity), ev->severity);
+    if ((rc = put_advice(as, out, ev->event_id, now)) != SQLITE_OK)
+        return rc;
     *made = true;
     return SQLITE_OK;
 }
@@ -471,31 +480,9 @@ int advice_store_rewind(struct advice_store *as, int64_t run_id, uint64_t resume
     rc = SQLITE_OK;
     for (size_t i = 0; i < n && rc == SQLITE_OK; i++) {
         struct advice_msg *m = &v[i].m;
-        int64_t fire_id = m->id;
-        m->fire_id = fire_id;
-        st = as->st[AS_CLOSE_ALERT];
-        sqlite3_bind_int64(st, 1, m->alert_id);
-        sqlite3_bind_double(st, 2, now);
-        if ((rc = step1(st, NULL)) != SQLITE_DONE)
+        m->fire_id = m->id; /* the answer to the firing advice just read */
+        if ((rc = put_advice(as, m, v[i].event_id, now)) != SQLITE_OK)
             break;
-        st = as->st[AS_INSERT];
-        sqlite3_bind_int64(st, 1, run_id);
-        sqlite3_bind_int64(st, 2, m->alert_id);
-        sqlite3_bind_int64(st, 3, v[i].event_id);
-        sqlite3_bind_int(st, 4, ADVICE_SUPERSEDED);
-        sqlite3_bind_int64(st, 5, fire_id);
-        sqlite3_bind_text(st, 6, m->rule, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 7, m->label, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 8, m->severity, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 9, m->step);
-        bind_step(st, 10, m->first_breach_step);
-        bind_step(st, 11, m->fired_step);
-        bind_step(st, 12, m->rollback_step);
-        sqlite3_bind_double(st, 13, now);
-        if ((rc = step1(st, &m->id)) != SQLITE_ROW) {
-            rc = rc == SQLITE_DONE ? SQLITE_ERROR : rc;
-            break;
-        }
         rc = cb ? cb(ctx, m) : SQLITE_OK;
     }
     free(v);
