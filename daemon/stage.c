@@ -2012,22 +2012,29 @@ static int load_state(struct stage *st, sqlite3 *db, char *err, size_t errlen)
      * warm-up end the stopped daemon knew, however much it left
      * unevaluated; learnt only from the re-fed sketch steps, it came out
      * later (their LR is constant from the first one on), and re-fed steps
-     * started detection where the uninterrupted run had not. */
+     * started detection where the uninterrupted run had not. One run at a
+     * time, its lead rank's series only: a 1,024-rank job stores 1,024
+     * learning-rate series and only one of them counts. */
     if (sqlite3_prepare_v2(db,
-                           "SELECT s.run_id, p.step, p.value, s.rank FROM points p "
-                           "JOIN series s ON s.id = p.series_id WHERE s.name = 'lr' "
-                           "AND s.layer = -1 AND s.head = -1 "
-                           "ORDER BY s.run_id, p.step",
+                           "SELECT p.step, p.value FROM points p "
+                           "JOIN series s ON s.id = p.series_id WHERE s.run_id = ?1 "
+                           "AND s.name = 'lr' AND s.rank = ?2 AND s.layer = -1 AND s.head = -1 "
+                           "ORDER BY p.step",
                            -1, &q, NULL) != SQLITE_OK)
         return load_fail(db, err, errlen, "learning rates");
-    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
-        struct run *run = run_find(st->reg, sqlite3_column_int64(q, 0));
-        struct stage_run *sr = run && sqlite3_column_int64(q, 3) == (int64_t)run->lead_rank
-                                   ? stage_run_of(st, run)
-                                   : NULL;
-        if (sr && sqlite3_column_type(q, 2) != SQLITE_NULL && sqlite3_column_int64(q, 1) >= 0)
-            eval_progress_lr(&sr->ev, (uint64_t)sqlite3_column_int64(q, 1),
-                             sqlite3_column_double(q, 2));
+    rc = SQLITE_DONE;
+    for (size_t i = 0; i < run_count(st->reg) && rc == SQLITE_DONE; i++) {
+        struct run *run = run_at(st->reg, i);
+        struct stage_run *sr = stage_run_of(st, run);
+        if (!sr)
+            continue;
+        sqlite3_bind_int64(q, 1, run->run_id);
+        sqlite3_bind_int64(q, 2, (int64_t)run->lead_rank);
+        while ((rc = sqlite3_step(q)) == SQLITE_ROW)
+            if (sqlite3_column_type(q, 1) != SQLITE_NULL && sqlite3_column_int64(q, 0) >= 0)
+                eval_progress_lr(&sr->ev, (uint64_t)sqlite3_column_int64(q, 0),
+                                 sqlite3_column_double(q, 1));
+        sqlite3_reset(q);
     }
     sqlite3_finalize(q);
     if (rc != SQLITE_DONE)
