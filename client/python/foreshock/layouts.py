@@ -262,14 +262,15 @@ def _join(name, child):
     return f"{name}.{child}" if name else child
 
 
-def _layers_text(layers):
-    layers = sorted(set(layers))
+def ranges_text(values):
+    """Integers as sorted ranges, duplicates dropped: [9, 4, 5, 6, 7, 5] -> '4-7,9'."""
+    values = sorted(set(values))
     out, i = [], 0
-    while i < len(layers):
+    while i < len(values):
         j = i
-        while j + 1 < len(layers) and layers[j + 1] == layers[j] + 1:
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
             j += 1
-        out.append(str(layers[i]) if i == j else f"{layers[i]}-{layers[j]}")
+        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
         i = j + 1
     return ",".join(out)
 
@@ -301,7 +302,7 @@ def _groups(specs, what):
         shapes.setdefault(key, []).append(s)
     for key, ss in shapes.items():
         nums = [s.layer for s in ss]
-        layers = ("layer " if len(set(nums)) == 1 else "layers ") + _layers_text(nums)
+        layers = ("layer " if len(set(nums)) == 1 else "layers ") + ranges_text(nums)
         if what == "attention":
             head = f"{layers}: H={key[0]} Hkv={key[1]} dh={key[2]}"
         else:

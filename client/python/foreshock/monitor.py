@@ -53,7 +53,7 @@ import torch
 
 from . import sketch as sk
 from .advice import AdviceInbox
-from .layouts import discover
+from .layouts import discover, ranges_text
 from . import spectra as spx
 from .report import AttentionGram, AttentionSpectrum, Report, RouterGram, RouterTokens
 
@@ -96,18 +96,6 @@ def parse_ranks(text, world_size):
             raise ValueError(f"local ranks '{text}': {part} is not within 0..{world_size - 1}")
         out.update(range(lo, hi + 1))
     return sorted(out)
-
-
-def format_ranks(ranks):
-    """[4, 5, 6, 7, 9] -> '4-7,9'."""
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def _torchrun_group(rank, world_size):
@@ -154,7 +142,7 @@ def resolve_local_ranks(arg, endpoint, rank, world_size):
         if group[0] < 0 or group[-1] >= world_size:
             raise ValueError(f"local_ranks must be within 0..{world_size - 1}")
     if rank not in group:
-        raise ValueError(f"local_ranks {format_ranks(group)} does not include this rank {rank}")
+        raise ValueError(f"local_ranks {ranges_text(group)} does not include this rank {rank}")
     return group
 
 
@@ -470,7 +458,7 @@ class Monitor:
                 log.info("foreshock: run %s rank %d: the daemon at %s hears local group %s of "
                          "%d ranks: its router token statistics are this group's, its "
                          "loss/grad_norm/lr rank %d's", self.run, self.rank, endpoint or
-                         "127.0.0.1", format_ranks(self.local_ranks), self.world_size, lead)
+                         "127.0.0.1", ranges_text(self.local_ranks), self.world_size, lead)
             if self.record_path:
                 log.info("foreshock: recording run %s rank %d to %s%s", self.run, self.rank,
                          self.record_path, "" if endpoint else " (no endpoint: record only)")
