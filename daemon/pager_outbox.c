@@ -175,9 +175,11 @@ void pager_load_open(struct pager *p)
 {
     sqlite3_stmt *q = NULL;
     const char *sql = "SELECT " PAGE_COLUMNS
-                      "WHERE o.kind = 1 AND o.state IN (1, 2) AND NOT EXISTS (SELECT 1 FROM "
+                      "WHERE o.kind = " STORE_OUTBOX_SQL_TRIGGER " AND o.state IN "
+                      STORE_OUTBOX_SQL_SENT " AND NOT EXISTS (SELECT 1 FROM "
                       "outbox x WHERE x.alert_id = o.alert_id AND x.target = o.target AND "
-                      "x.id > o.id AND x.state IN (1, 2, 4)) ORDER BY o.id LIMIT ?1";
+                      "x.id > o.id AND x.state IN " STORE_OUTBOX_SQL_FINISHED
+                      ") ORDER BY o.id LIMIT ?1";
     if (sqlite3_prepare_v2(p->db, sql, -1, &q, NULL) != SQLITE_OK) {
         db_complaint(p, "open incidents");
         return;
@@ -214,8 +216,8 @@ static int load_target_rows(struct pager *p, int t)
     }
     sqlite3_stmt *q = NULL;
     const char *sql = "SELECT " PAGE_COLUMNS
-                      "WHERE o.id > ?1 AND o.state IN (0, 3) AND o.target = ?3 "
-                      "ORDER BY o.id LIMIT ?2";
+                      "WHERE o.id > ?1 AND o.state IN " STORE_OUTBOX_SQL_UNDONE
+                      " AND o.target = ?3 ORDER BY o.id LIMIT ?2";
     if (sqlite3_prepare_v2(p->db, sql, -1, &q, NULL) != SQLITE_OK) {
         db_complaint(p, "outbox");
         p->backlog[t] = 1;
@@ -293,7 +295,8 @@ void pager_close_unconfigured(struct pager *p)
     sqlite3_stmt *q = NULL;
     if (!js || sqlite3_prepare_v2(p->db,
                                   "SELECT id, attempts FROM outbox WHERE id > ?1 AND "
-                                  "state IN (0, 3) AND target NOT IN (SELECT value FROM "
+                                  "state IN " STORE_OUTBOX_SQL_UNDONE " AND target NOT IN "
+                                  "(SELECT value FROM "
                                   "json_each(?2)) ORDER BY id LIMIT ?3",
                                   -1, &q, NULL) != SQLITE_OK) {
         if (js)

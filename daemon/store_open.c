@@ -87,7 +87,8 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_OUTBOX_OUTCOME] =
         "UPDATE outbox SET state = ?2, attempts = ?3, next_attempt_at = ?4, last_status = ?5, "
         "last_error = ?6, updated_at = ?7, "
-        "done_at = CASE WHEN ?2 IN (1, 2, 4) THEN ?7 ELSE NULL END WHERE id = ?1",
+        "done_at = CASE WHEN ?2 IN " STORE_OUTBOX_SQL_FINISHED " THEN ?7 ELSE NULL END "
+        "WHERE id = ?1",
 };
 
 /* --- open, migrate, close -------------------------------------------------------------- */

@@ -10,12 +10,13 @@
 
 static const char prune_outbox_sql[] =
     "DELETE FROM outbox WHERE id IN (SELECT o.id FROM outbox o "
-    "WHERE o.state IN (1, 2, 4) AND o.done_at < ?1 "
+    "WHERE o.state IN " STORE_OUTBOX_SQL_FINISHED " AND o.done_at < ?1 "
     "AND o.id < (SELECT max(id) FROM outbox) "
-    /* the trigger of an incident still open at its target stays (pager.c load_open) */
-    "AND NOT (o.kind = 1 AND o.state IN (1, 2) AND NOT EXISTS (SELECT 1 FROM outbox x "
+    /* the trigger of an incident still open at its target stays (pager_load_open) */
+    "AND NOT (o.kind = " STORE_OUTBOX_SQL_TRIGGER " AND o.state IN " STORE_OUTBOX_SQL_SENT
+    " AND NOT EXISTS (SELECT 1 FROM outbox x "
     "WHERE x.alert_id = o.alert_id AND x.target = o.target AND x.id > o.id "
-    "AND x.state IN (1, 2, 4))) "
+    "AND x.state IN " STORE_OUTBOX_SQL_FINISHED ")) "
     "ORDER BY o.id LIMIT ?2)";
 static const char prune_silences_sql[] =
     "DELETE FROM silences WHERE id IN (SELECT id FROM silences WHERE ends_at < ?1 "
