@@ -243,15 +243,39 @@ int store_waiter_wait(struct store_waiter *w, unsigned timeout_ms, int64_t *id);
  * it calls announce_fn(ctx, max_id) with the highest outbox id committed. The
  * pager records each delivery outcome with a STORE_ITEM_OUTBOX item. States
  * are pinned numbers (outbox.state). */
+#define STORE_OUTBOX_PENDING_N 0 /* the numbers, for SQL text (STORE_OUTBOX_SQL_* below) */
+#define STORE_OUTBOX_DELIVERED_N 1
+#define STORE_OUTBOX_GIVEN_UP_N 2
+#define STORE_OUTBOX_SILENCED_N 3
+#define STORE_OUTBOX_SKIPPED_N 4
 enum store_outbox_state {
-    STORE_OUTBOX_PENDING = 0,
-    STORE_OUTBOX_DELIVERED = 1,
-    STORE_OUTBOX_GIVEN_UP = 2,
-    STORE_OUTBOX_SILENCED = 3, /* held: a silence matched; may become pending again */
-    STORE_OUTBOX_SKIPPED = 4,  /* closed without sending (route, resolved while silenced) */
+    STORE_OUTBOX_PENDING = STORE_OUTBOX_PENDING_N,
+    STORE_OUTBOX_DELIVERED = STORE_OUTBOX_DELIVERED_N,
+    STORE_OUTBOX_GIVEN_UP = STORE_OUTBOX_GIVEN_UP_N,
+    /* held: a silence matched; may become pending again */
+    STORE_OUTBOX_SILENCED = STORE_OUTBOX_SILENCED_N,
+    /* closed without sending (route, resolved while silenced) */
+    STORE_OUTBOX_SKIPPED = STORE_OUTBOX_SKIPPED_N,
 };
 #define STORE_OUTBOX_TRIGGER 1 /* outbox.kind */
 #define STORE_OUTBOX_RESOLVE 2
+
+/* Sets of outbox states as SQL text ("(1, 2, 4)"), built from the numbers
+ * the enum is built from, so that the queries (store_open.c, store_prune.c,
+ * pager_outbox.c) cannot drift from it. */
+#define STORE_SQL_NUM_(n) #n
+#define STORE_SQL_NUM(n) STORE_SQL_NUM_(n) /* a macro's number as a string literal */
+/* finished: delivered, given up or skipped (done_at set; retention may delete it) */
+#define STORE_OUTBOX_SQL_FINISHED                                                                 \
+    "(" STORE_SQL_NUM(STORE_OUTBOX_DELIVERED_N) ", " STORE_SQL_NUM(STORE_OUTBOX_GIVEN_UP_N) ", " \
+        STORE_SQL_NUM(STORE_OUTBOX_SKIPPED_N) ")"
+/* sent to the end: delivered or given up (a trigger so opened an incident at its target) */
+#define STORE_OUTBOX_SQL_SENT                                                                     \
+    "(" STORE_SQL_NUM(STORE_OUTBOX_DELIVERED_N) ", " STORE_SQL_NUM(STORE_OUTBOX_GIVEN_UP_N) ")"
+/* undone: pending or silenced (the pager holds the row) */
+#define STORE_OUTBOX_SQL_UNDONE                                                                   \
+    "(" STORE_SQL_NUM(STORE_OUTBOX_PENDING_N) ", " STORE_SQL_NUM(STORE_OUTBOX_SILENCED_N) ")"
+#define STORE_OUTBOX_SQL_TRIGGER STORE_SQL_NUM(STORE_OUTBOX_TRIGGER) /* outbox.kind of a trigger */
 #define STORE_OUTBOX_ERROR_MAX 256
 
 struct store_outbox_outcome {
