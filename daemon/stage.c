@@ -289,9 +289,14 @@ static void dispatch(struct stage *st, struct run *run, struct run_bucket *b)
     j->st = st;
     j->run_id = run->run_id;
     j->b = b;
-    size_t n = 0;
-    for (size_t i = 0; i < b->n; i++)
+    size_t n = 0, spectra = 0;
+    for (size_t i = 0; i < b->n; i++) {
         n += !b->groups[i]->res.done;
+        /* Heads sent as spectrum sketches went through the QK math when
+         * they arrived (run.c) and never reach a worker: counted here. */
+        spectra += b->groups[i]->kind == RUN_GROUP_ATTENTION && b->groups[i]->spectrum;
+    }
+    atomic_fetch_add(&st->stats->heads_computed, spectra);
     unsigned maxc = st->opts.max_chunks ? st->opts.max_chunks : STAGE_DEFAULT_CHUNKS;
     size_t nc = n < maxc ? n : maxc;
     if (n) {
