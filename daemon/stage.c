@@ -423,8 +423,13 @@ int stage_create(const struct stage_opts *opts, struct stage **out, char *err, s
     struct run_limits lim = {.timeout_s = opts->reduce_timeout_s, .max_bytes = opts->reduce_max_bytes};
     int rc = run_registry_create(&lim, &st->reg);
     if (rc < 0) {
-        snprintf(err, errlen, "reduce_timeout_s %g is below %g s", opts->reduce_timeout_s,
-                 RUN_TIMEOUT_MIN_S);
+        /* -EINVAL is the one limit run_registry_create checks; anything else
+         * (-ENOMEM) is no fault of the configuration. */
+        if (rc == -EINVAL)
+            snprintf(err, errlen, "reduce_timeout_s %g is below %g s", opts->reduce_timeout_s,
+                     RUN_TIMEOUT_MIN_S);
+        else
+            snprintf(err, errlen, "cannot create the run registry: %s", strerror(-rc));
         free(st->db_path);
         free(st);
         return rc;
