@@ -1,4 +1,5 @@
 #include "monitor_qk.h"
+#include "monitor_ws.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -19,11 +20,9 @@ struct qk_workspace {
     double *g1, *g2;    /* the two Grams, unpacked (and balanced) */
     double *f;          /* Cholesky factor L */
     double *c, *t;      /* C and scratch */
-    double *eig;        /* dsyev output, ascending */
     double *spec[QK_NSPECTRA];
     size_t spec_len[QK_NSPECTRA];
-    double *work;
-    lapack_int lwork;
+    struct monitor_eig eig; /* dsyev output and work; dpstrf's work too */
     lapack_int *piv; /* 1-based, LAPACK's */
     lapack_int rank; /* of the last factor() */
     double fscale;   /* the last factor() is of G1 / fscale */
@@ -71,9 +70,8 @@ void qk_workspace_destroy(struct qk_workspace *ws)
     free(ws->f);
     free(ws->c);
     free(ws->t);
-    free(ws->eig);
     free(ws->spec[0]);
-    free(ws->work);
+    monitor_eig_free(&ws->eig);
     free(ws->piv);
     free(ws);
 }
@@ -96,29 +94,16 @@ int qk_workspace_create(unsigned max_dh, struct qk_workspace **out)
     ws->f = malloc(nn * sizeof(double));
     ws->c = malloc(nn * sizeof(double));
     ws->t = malloc(nn * sizeof(double));
-    ws->eig = malloc(n * sizeof(double));
     ws->spec[0] = malloc(4 * n * sizeof(double));
     ws->piv = malloc(n * sizeof(lapack_int));
-    if (!ws->g1 || !ws->g2 || !ws->f || !ws->c || !ws->t || !ws->eig ||
+    if (!ws->g1 || !ws->g2 || !ws->f || !ws->c || !ws->t ||
         !ws->spec[0] || !ws->piv)
         goto fail;
     for (int k = 1; k < QK_NSPECTRA; k++)
         ws->spec[k] = ws->spec[0] + (size_t)k * n;
 
-    /* dsyev wants the most work at the largest size; dpstrf wants 2n. */
-    double query = 0.0;
-    lapack_int info = LAPACKE_dsyev_work(LAPACK_COL_MAJOR, 'N', 'L',
-                                         (lapack_int)n, ws->c, (lapack_int)n,
-                                         ws->eig, &query, -1);
-    if (info != 0)
+    if (monitor_eig_init(&ws->eig, n, ws->c) < 0)
         goto fail;
-    size_t lwork = (size_t)query;
-    if (lwork < 3 * n)
-        lwork = 3 * n;
-    ws->work = malloc(lwork * sizeof(double));
-    if (!ws->work)
-        goto fail;
-    ws->lwork = (lapack_int)lwork;
     *out = ws;
     return 0;
 fail:
@@ -215,7 +200,7 @@ static int factor(struct qk_workspace *ws, const double *g, size_t ld,
     copy_scaled(g, ld, m, 1.0 / dmax, f);
     lapack_int rank = 0;
     info = LAPACKE_dpstrf_work(LAPACK_COL_MAJOR, 'L', (lapack_int)m, f,
-                               (lapack_int)m, ws->piv, &rank, tol, ws->work);
+                               (lapack_int)m, ws->piv, &rank, tol, ws->eig.work);
     if (info < 0)
         return -EDOM;
     for (lapack_int j = 0; j < rank; j++)
@@ -270,15 +255,12 @@ static int project(struct qk_workspace *ws, const double *g, size_t ld,
                     (int)m, 1.0, f, (int)m, c, (int)m, 0.0, t, (int)r);
         a = t;
     }
-    lapack_int info = LAPACKE_dsyev_work(LAPACK_COL_MAJOR, 'N', 'L',
-                                         (lapack_int)r, a, (lapack_int)r,
-                                         ws->eig, ws->work, ws->lwork);
-    if (info != 0)
+    if (monitor_eig_solve(&ws->eig, r, a) < 0)
         return -EDOM;
     /* Undo both normalisations; only this last product can overflow. */
     double scale = ws->fscale * gmax;
     for (size_t i = 0; i < r; i++) {
-        double x = ws->eig[r - 1 - i] * scale;
+        double x = ws->eig.w[r - 1 - i] * scale;
         if (!isfinite(x))
             return -ERANGE;
         out[i] = x > 0.0 ? x : 0.0;

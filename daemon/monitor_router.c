@@ -1,7 +1,7 @@
 #include "monitor_router.h"
+#include "monitor_ws.h"
 
 #include <errno.h>
-#include <lapacke.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,11 +9,9 @@
 struct router_workspace {
     unsigned max_experts;
     double *g;    /* GR, full, column-major */
-    double *eig;  /* dsyev output, ascending */
     double *spec; /* descending, clamped */
     size_t spec_len;
-    double *work;
-    lapack_int lwork;
+    struct monitor_eig eig; /* dsyev output and work */
 };
 
 void router_workspace_destroy(struct router_workspace *ws)
@@ -21,9 +19,8 @@ void router_workspace_destroy(struct router_workspace *ws)
     if (!ws)
         return;
     free(ws->g);
-    free(ws->eig);
     free(ws->spec);
-    free(ws->work);
+    monitor_eig_free(&ws->eig);
     free(ws);
 }
 
@@ -40,21 +37,11 @@ int router_workspace_create(unsigned max_experts, struct router_workspace **out)
     size_t e = max_experts;
     ws->max_experts = max_experts;
     ws->g = malloc(e * e * sizeof(double));
-    ws->eig = malloc(e * sizeof(double));
     ws->spec = malloc(e * sizeof(double));
-    if (!ws->g || !ws->eig || !ws->spec)
+    if (!ws->g || !ws->spec)
         goto fail;
-    double query = 0.0;
-    if (LAPACKE_dsyev_work(LAPACK_COL_MAJOR, 'N', 'L', (lapack_int)e, ws->g,
-                           (lapack_int)e, ws->eig, &query, -1) != 0)
+    if (monitor_eig_init(&ws->eig, e, ws->g) < 0)
         goto fail;
-    size_t lwork = (size_t)query;
-    if (lwork < 3 * e)
-        lwork = 3 * e;
-    ws->work = malloc(lwork * sizeof(double));
-    if (!ws->work)
-        goto fail;
-    ws->lwork = (lapack_int)lwork;
     *out = ws;
     return 0;
 fail:
@@ -138,13 +125,10 @@ int router_weight_compute(struct router_workspace *ws, unsigned n_experts,
         return 0; /* WR = 0: no spectrum */
     for (size_t k = 0; k < e * e; k++)
         g[k] /= gmax;
-    lapack_int info = LAPACKE_dsyev_work(LAPACK_COL_MAJOR, 'N', 'L',
-                                         (lapack_int)e, g, (lapack_int)e,
-                                         ws->eig, ws->work, ws->lwork);
-    if (info != 0)
+    if (monitor_eig_solve(&ws->eig, e, g) < 0)
         return -EDOM;
     for (size_t i = 0; i < e; i++) {
-        double x = ws->eig[e - 1 - i] * gmax;
+        double x = ws->eig.w[e - 1 - i] * gmax;
         if (!isfinite(x)) {
             out->nonfinite = true;
             return 0;

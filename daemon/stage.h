@@ -54,7 +54,12 @@
  * Threads: every function here runs on the loop thread (stage_load on the
  * main thread before uv_run, which is the same thread). Workers only touch
  * the groups of the bucket they were given and a workspace checked out of
- * a mutex-guarded pool. */
+ * a mutex-guarded pool (monitor_ws.h).
+ *
+ * Files: stage.c (feed, dispatch, drain, stop), stage_eval.c (the workers'
+ * math and evaluation), stage_rows.c (the monitor item), stage_rewind.c
+ * (attempts and rewinds), stage_load.c (restart, reading through
+ * store_restart.h); stage_internal.h is what they share. */
 
 struct stage_opts {
     uv_loop_t *loop;

@@ -455,6 +455,25 @@ Test(stage, head_points_every_thins_per_head_series_only)
     rm_db(thin);
 }
 
+/* foreshock_monitor_heads_total counts the heads sent as spectrum sketches
+ * too: their QK math runs when they arrive, not on a worker, and the
+ * counter once saw only the workers' heads (0 for a spectrum-only run). */
+Test(stage, spectrum_heads_are_counted)
+{
+    char path[256];
+    tmp_db(path, sizeof(path), "heads");
+    struct harness h;
+    h_open(&h, path);
+    for (uint64_t s = 0; s < 10; s++)
+        h_step(&h, F_NONE, s);
+    h_settle(&h);
+    h_close(&h);
+    uint64_t buckets = atomic_load(&h.stats.buckets_evaluated);
+    cr_expect_gt(buckets, 0);
+    cr_expect_eq(atomic_load(&h.stats.heads_computed), 2 * buckets, "2 heads a step");
+    rm_db(path);
+}
+
 Test(stage, detection_table_and_restarts, .timeout = 240)
 {
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
