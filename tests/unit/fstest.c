@@ -60,11 +60,18 @@ void db_step_done(sqlite3 *db, sqlite3_stmt *st)
     sqlite3_clear_bindings(st);
 }
 
-int64_t q1(sqlite3 *db, const char *sql)
+/* sql prepared and stepped to its first row (asserted); the caller finalizes. */
+static sqlite3_stmt *first_row(sqlite3 *db, const char *sql)
 {
     sqlite3_stmt *st = db_prep(db, sql);
     int rc = sqlite3_step(st);
     cr_assert_eq(rc, SQLITE_ROW, "%s: no row (%s)", sql, sqlite3_errmsg(db));
+    return st;
+}
+
+int64_t q1(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st = first_row(db, sql);
     int64_t v = sqlite3_column_int64(st, 0);
     sqlite3_finalize(st);
     return v;
@@ -72,9 +79,7 @@ int64_t q1(sqlite3 *db, const char *sql)
 
 double qd(sqlite3 *db, const char *sql)
 {
-    sqlite3_stmt *st = db_prep(db, sql);
-    int rc = sqlite3_step(st);
-    cr_assert_eq(rc, SQLITE_ROW, "%s: no row (%s)", sql, sqlite3_errmsg(db));
+    sqlite3_stmt *st = first_row(db, sql);
     double v = sqlite3_column_double(st, 0);
     sqlite3_finalize(st);
     return v;
