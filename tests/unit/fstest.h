@@ -6,13 +6,14 @@
  *
  *   tmpdb_*          a temporary directory with a database path in it, removed
  *                    with everything the test left there (-wal, -shm, spool)
- *   db_*             SQL on a connection of the test's own: exec, prepare,
+ *   db_*, q1, qd     SQL on a connection of the test's own: exec, prepare,
  *                    one-value queries, the daemon's migrations
  *   rng_next ...     seeded random numbers (the same seed, the same numbers)
  *   gram_tri_add     random SPD matrices: packed upper triangles of M M^T,
- *                    whole or per column shard, as a trainer sends them
+ *                    whole or per column shard, as a trainer sends them;
+ *                    tri_to_f32le, their float32 wire bytes
  *   ref_scalars      the spectrum scalars of MONITORS.md 1.3, computed directly
- *   rule_named       a default detector rule by name
+ *   rule_named       a default detector rule by name; same_double
  *   request ...      HTTP requests through libcurl, answers parsed by jansson
  *   http_fixture_*   the HTTP API server on 127.0.0.1:0 over a temporary
  *                    database with every migration applied
