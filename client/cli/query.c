@@ -138,6 +138,93 @@ static int fail(const char *err)
     return CLI_FAIL;
 }
 
+/* ---- what every command shares -------------------------------------------------------- */
+
+#define GO_ON (-1) /* begin(): the command goes on */
+
+/* Parses argv into settings, then opens the API at *http (a member of
+ * settings, so read after parsing). Returns GO_ON with *a open, or the
+ * command's exit status: CLI_OK after --help, CLI_USAGE or CLI_FAIL with
+ * the reason on stderr. */
+static int begin(const char *cmd, const struct opt *opts, size_t n, int argc, char **argv,
+                 void *settings, const struct command_help *help, const char *const *http,
+                 struct api **a)
+{
+    char err[CLI_ERR_LEN];
+    int rc = args_parse(opts, n, argc, argv, settings, help, err, sizeof(err));
+
+    if (rc == 1)
+        return CLI_OK;
+    if (rc != 0) {
+        fprintf(stderr, "foreshock %s: %s (see --help)\n", cmd, err);
+        return rc;
+    }
+    if (api_open(*http, a, err, sizeof(err)) != 0)
+        return fail(err);
+    return GO_ON;
+}
+
+/* Prints a table of the given columns of `items` (keys may be "a.b" for a
+ * member of an object member). */
+static int print_rows(json_t *items, size_t ncols, const char *const *hdr, const int *right,
+                      const char *const *keys, const int *is_time)
+{
+    struct table *t = table_new(ncols, hdr, right);
+    json_t *it;
+    size_t i;
+
+    if (!t)
+        return fail("out of memory");
+    json_array_foreach(items, i, it) {
+        char cells[16][256];
+        const char *row[16];
+        for (size_t k = 0; k < ncols && k < 16; k++) {
+            const char *dot = strchr(keys[k], '.');
+            json_t *v;
+            if (dot) {
+                char outer[64];
+                snprintf(outer, sizeof(outer), "%.*s", (int)(dot - keys[k]), keys[k]);
+                v = json_object_get(json_object_get(it, outer), dot + 1);
+            } else {
+                v = json_object_get(it, keys[k]);
+            }
+            fmt_cell(v, is_time[k], cells[k], sizeof(cells[k]));
+            row[k] = cells[k];
+        }
+        table_add(t, row);
+    }
+    table_print(t, stdout);
+    table_free(t);
+    return CLI_OK;
+}
+
+/* Every page of path's array `key`; then with json the server's document
+ * with the pages joined ({key: [...], "next": null}), else a table of the
+ * given columns. Returns the command's exit status. */
+static int list_all(struct api *a, const char *path, const char *key, int json, size_t ncols,
+                    const char *const *hdr, const int *right, const char *const *keys,
+                    const int *is_time)
+{
+    char err[CLI_ERR_LEN];
+    json_t *all = json_array();
+    int rc;
+
+    if (!all)
+        return fail("out of memory");
+    if (fetch_all(a, path, key, all, err, sizeof(err)) != 0) {
+        rc = fail(err);
+    } else if (json) {
+        json_t *doc = json_pack("{s:O,s:n}", key, all, "next");
+        print_json(doc);
+        json_decref(doc);
+        rc = CLI_OK;
+    } else {
+        rc = print_rows(all, ncols, hdr, right, keys, is_time);
+    }
+    json_decref(all);
+    return rc;
+}
+
 /* ---- runs ------------------------------------------------------------------------- */
 
 struct runs_settings {
@@ -166,54 +253,19 @@ int cmd_runs(const char *http, int argc, char **argv)
     static const char *const hdr[] = {"RUN", "WORLD", "LAST_STEP", "REPORTS", "STREAMS",
                                       "SERIES", "LAST_SEEN"};
     static const int right[] = {0, 1, 1, 1, 1, 1, 0};
-    char err[CLI_ERR_LEN], path[64];
+    static const char *const keys[] = {"id", "world_size", "last_step", "reports", "streams",
+                                       "series", "last_seen_at"};
+    static const int is_time[] = {0, 0, 0, 0, 0, 0, 1};
+    char path[64];
     struct api *a = NULL;
-    json_t *all = json_array(), *run;
-    size_t i;
-    int rc = args_parse(runs_opts, sizeof(runs_opts) / sizeof(runs_opts[0]), argc, argv, &s,
-                        &runs_help, err, sizeof(err));
+    int rc = begin("runs", runs_opts, sizeof(runs_opts) / sizeof(runs_opts[0]), argc, argv, &s,
+                   &runs_help, &s.http, &a);
 
-    if (rc == 1) {
-        rc = CLI_OK;
-        goto out;
+    if (rc == GO_ON) {
+        snprintf(path, sizeof(path), "/api/v1/runs?limit=%u", s.page_size);
+        rc = list_all(a, path, "runs", s.json, 7, hdr, right, keys, is_time);
     }
-    if (rc != 0) {
-        fprintf(stderr, "foreshock runs: %s (see --help)\n", err);
-        goto out;
-    }
-    snprintf(path, sizeof(path), "/api/v1/runs?limit=%u", s.page_size);
-    if ((rc = api_open(s.http, &a, err, sizeof(err))) != 0 ||
-        (rc = fetch_all(a, path, "runs", all, err, sizeof(err))) != 0) {
-        rc = fail(err);
-        goto out;
-    }
-    if (s.json) {
-        json_t *doc = json_pack("{s:O,s:n}", "runs", all, "next");
-        print_json(doc);
-        json_decref(doc);
-        goto out;
-    }
-    struct table *t = table_new(7, hdr, right);
-    if (!t) {
-        rc = fail("out of memory");
-        goto out;
-    }
-    json_array_foreach(all, i, run) {
-        static const char *const keys[] = {"id", "world_size", "last_step", "reports", "streams",
-                                           "series", "last_seen_at"};
-        char cells[7][128];
-        const char *row[7];
-        for (int k = 0; k < 7; k++) {
-            fmt_cell(json_object_get(run, keys[k]), k == 6, cells[k], sizeof(cells[k]));
-            row[k] = cells[k];
-        }
-        table_add(t, row);
-    }
-    table_print(t, stdout);
-    table_free(t);
-out:
     api_close(a);
-    json_decref(all);
     return rc;
 }
 
@@ -282,25 +334,16 @@ int cmd_series(const char *http, int argc, char **argv)
                                 .window = UNSET32, .rank = UNSET32, .page_size = PAGE_LIMIT};
     static const char *const hdr[] = {"ID", "NAME", "LABELS", "POINTS", "FIRST", "LAST"};
     static const int right[] = {1, 0, 0, 1, 1, 1};
-    char err[CLI_ERR_LEN], path[2048];
+    static const char *const keys[] = {"id", "name", "labels", "points", "first_step",
+                                       "last_step"};
+    static const int is_time[6] = {0};
+    char path[2048];
     struct api *a = NULL;
-    json_t *all = json_array(), *ser;
-    size_t i;
-    int rc = args_parse(series_opts, sizeof(series_opts) / sizeof(series_opts[0]), argc, argv, &s,
-                        &series_help, err, sizeof(err));
+    int rc = begin("series", series_opts, sizeof(series_opts) / sizeof(series_opts[0]), argc,
+                   argv, &s, &series_help, &s.http, &a);
 
-    if (rc == 1) {
-        rc = CLI_OK;
+    if (rc != GO_ON)
         goto out;
-    }
-    if (rc != 0) {
-        fprintf(stderr, "foreshock series: %s (see --help)\n", err);
-        goto out;
-    }
-    if ((rc = api_open(s.http, &a, err, sizeof(err))) != 0) {
-        rc = fail(err);
-        goto out;
-    }
     snprintf(path, sizeof(path), "/api/v1/series?limit=%u", s.page_size);
     add_param(a, path, sizeof(path), "run", s.run);
     if (s.name)
@@ -311,37 +354,9 @@ int cmd_series(const char *http, int argc, char **argv)
     add_u32(a, path, sizeof(path), "head", s.head);
     add_u32(a, path, sizeof(path), "window", s.window);
     add_u32(a, path, sizeof(path), "rank", s.rank);
-    if ((rc = fetch_all(a, path, "series", all, err, sizeof(err))) != 0) {
-        rc = fail(err);
-        goto out;
-    }
-    if (s.json) {
-        json_t *doc = json_pack("{s:O,s:n}", "series", all, "next");
-        print_json(doc);
-        json_decref(doc);
-        goto out;
-    }
-    struct table *t = table_new(6, hdr, right);
-    if (!t) {
-        rc = fail("out of memory");
-        goto out;
-    }
-    json_array_foreach(all, i, ser) {
-        static const char *const keys[] = {"id", "name", "labels", "points", "first_step",
-                                           "last_step"};
-        char cells[6][256];
-        const char *row[6];
-        for (int k = 0; k < 6; k++) {
-            fmt_cell(json_object_get(ser, keys[k]), 0, cells[k], sizeof(cells[k]));
-            row[k] = cells[k];
-        }
-        table_add(t, row);
-    }
-    table_print(t, stdout);
-    table_free(t);
+    rc = list_all(a, path, "series", s.json, 6, hdr, right, keys, is_time);
 out:
     api_close(a);
-    json_decref(all);
     return rc;
 }
 
@@ -389,21 +404,11 @@ int cmd_points(const char *http, int argc, char **argv)
     struct api *a = NULL;
     json_t *all = json_array(), *series = NULL, *next_from = json_null();
     uint64_t from;
-    int rc = args_parse(points_opts, sizeof(points_opts) / sizeof(points_opts[0]), argc, argv, &s,
-                        &points_help, err, sizeof(err));
+    int rc = begin("points", points_opts, sizeof(points_opts) / sizeof(points_opts[0]), argc,
+                   argv, &s, &points_help, &s.http, &a);
 
-    if (rc == 1) {
-        rc = CLI_OK;
+    if (rc != GO_ON)
         goto out;
-    }
-    if (rc != 0) {
-        fprintf(stderr, "foreshock points: %s (see --help)\n", err);
-        goto out;
-    }
-    if ((rc = api_open(s.http, &a, err, sizeof(err))) != 0) {
-        rc = fail(err);
-        goto out;
-    }
     from = s.from;
     for (int page = 0; json_array_size(all) < s.limit && page < MAX_PAGES; page++) {
         uint64_t want = s.limit - json_array_size(all);
@@ -512,40 +517,6 @@ static const struct command_help alerts_help = {
                "with the history of its transitions.",
 };
 
-/* Prints a table of the given columns of `items` (keys may be "a.b" for a
- * member of an object member). */
-static int print_rows(json_t *items, size_t ncols, const char *const *hdr, const int *right,
-                      const char *const *keys, const int *is_time)
-{
-    struct table *t = table_new(ncols, hdr, right);
-    json_t *it;
-    size_t i;
-
-    if (!t)
-        return fail("out of memory");
-    json_array_foreach(items, i, it) {
-        char cells[16][160];
-        const char *row[16];
-        for (size_t k = 0; k < ncols && k < 16; k++) {
-            const char *dot = strchr(keys[k], '.');
-            json_t *v;
-            if (dot) {
-                char outer[64];
-                snprintf(outer, sizeof(outer), "%.*s", (int)(dot - keys[k]), keys[k]);
-                v = json_object_get(json_object_get(it, outer), dot + 1);
-            } else {
-                v = json_object_get(it, keys[k]);
-            }
-            fmt_cell(v, is_time[k], cells[k], sizeof(cells[k]));
-            row[k] = cells[k];
-        }
-        table_add(t, row);
-    }
-    table_print(t, stdout);
-    table_free(t);
-    return CLI_OK;
-}
-
 static int show_alert(struct api *a, uint64_t id, int json)
 {
     static const char *const hdr[] = {"STEP", "CHANGE", "FROM", "TO", "ATTRIBUTION", "AT"};
@@ -588,24 +559,13 @@ int cmd_alerts(const char *http, int argc, char **argv)
                                        "labels", "evidence.first_breach_step",
                                        "evidence.fired_step", "evidence.value", "evidence.z"};
     static const int is_time[11] = {0};
-    char err[CLI_ERR_LEN], path[2048];
+    char path[2048];
     struct api *a = NULL;
-    json_t *all = json_array();
-    int rc = args_parse(alerts_opts, sizeof(alerts_opts) / sizeof(alerts_opts[0]), argc, argv, &s,
-                        &alerts_help, err, sizeof(err));
+    int rc = begin("alerts", alerts_opts, sizeof(alerts_opts) / sizeof(alerts_opts[0]), argc,
+                   argv, &s, &alerts_help, &s.http, &a);
 
-    if (rc == 1) {
-        rc = CLI_OK;
+    if (rc != GO_ON)
         goto out;
-    }
-    if (rc != 0) {
-        fprintf(stderr, "foreshock alerts: %s (see --help)\n", err);
-        goto out;
-    }
-    if ((rc = api_open(s.http, &a, err, sizeof(err))) != 0) {
-        rc = fail(err);
-        goto out;
-    }
     if (s.id) {
         rc = show_alert(a, s.id, s.json);
         goto out;
@@ -622,19 +582,8 @@ int cmd_alerts(const char *http, int argc, char **argv)
     if (s.rule)
         add_param(a, path, sizeof(path), "rule", s.rule);
     add_u32(a, path, sizeof(path), "layer", s.layer);
-    if ((rc = fetch_all(a, path, "alerts", all, err, sizeof(err))) != 0) {
-        rc = fail(err);
-        goto out;
-    }
-    if (s.json) {
-        json_t *doc = json_pack("{s:O,s:n}", "alerts", all, "next");
-        print_json(doc);
-        json_decref(doc);
-        goto out;
-    }
-    rc = print_rows(all, 11, hdr, right, keys, is_time);
+    rc = list_all(a, path, "alerts", s.json, 11, hdr, right, keys, is_time);
 out:
     api_close(a);
-    json_decref(all);
     return rc;
 }

@@ -64,6 +64,24 @@ def proto_module(source_dir, workdir):
     return importlib.import_module("foreshock_pb2")
 
 
+def http_call(url, method=None, data=None, json_body=None, token=None, timeout=30):
+    """One HTTP request whatever its status: (status, headers, body bytes).
+    data: raw request bytes; json_body: an object sent as JSON instead;
+    token: sent as a bearer token."""
+    if json_body is not None:
+        data = json.dumps(json_body).encode()
+    r = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        r.add_header("Content-Type", "application/json")
+    if token is not None:
+        r.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(r, timeout=timeout) as resp:
+            return resp.status, resp.headers, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
 class Daemon:
     """A foreshockd process on loopback. Start with ports 0 (pick) or given
     ports (for a restart on the same address)."""
@@ -120,11 +138,7 @@ class Daemon:
 
     def get(self, path, expect=200):
         """GET a JSON document; checks the status code."""
-        try:
-            with urllib.request.urlopen(self.url(path), timeout=30) as r:
-                status, body = r.status, r.read()
-        except urllib.error.HTTPError as e:
-            status, body = e.code, e.read()
+        status, _, body = http_call(self.url(path))
         check(status == expect, f"GET {path}: status {status}, expected {expect}: {body[:500]!r}")
         return json.loads(body)
 
@@ -132,17 +146,7 @@ class Daemon:
         """An HTTP request with an optional JSON body and bearer token;
         checks the status code and returns the JSON document (None if the
         reply has no body)."""
-        data = json.dumps(body).encode() if body is not None else None
-        r = urllib.request.Request(self.url(path), data=data, method=method)
-        if data is not None:
-            r.add_header("Content-Type", "application/json")
-        if token is not None:
-            r.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(r, timeout=30) as resp:
-                status, out = resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            status, out = e.code, e.read()
+        status, _, out = http_call(self.url(path), method, json_body=body, token=token)
         check(status == expect,
               f"{method} {path}: status {status}, expected {expect}: {out[:500]!r}")
         return json.loads(out) if out else None
@@ -177,6 +181,34 @@ def run_all_pages(daemon, path, key):
         after = doc.get("next")
         if not after:
             return items
+
+
+def metrics(daemon):
+    """The daemon's /metrics samples: {"name" or "name{labels}": value}."""
+    with urllib.request.urlopen(daemon.url("/metrics"), timeout=30) as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+
+def kill_started(*procs):
+    """Teardown for a finally: block. SIGKILLs, by its own PID, each of procs
+    that still runs and reaps it: Daemon objects and subprocess.Popen this
+    test started (None is skipped, so a process not started yet is fine).
+    A process that already stopped (a check passed on its exit code) is left
+    as it is; nothing the test did not start is touched."""
+    for p in procs:
+        if p is None:
+            continue
+        if isinstance(p, Daemon):
+            if p.proc.poll() is None:
+                p.kill()
+        elif p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 SKIP_EXIT = 77  # ctest's SKIP_RETURN_CODE for these tests (tests/CMakeLists.txt)

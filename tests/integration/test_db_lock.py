@@ -5,7 +5,7 @@ pid, instead of splitting streams and paging twice; once the first is gone
 import subprocess
 import os
 
-from fstest import Daemon, check, run_main
+from fstest import Daemon, check, kill_started, run_main
 
 
 def test(args, workdir):
@@ -22,8 +22,7 @@ def test(args, workdir):
         again = Daemon(args.build_dir, workdir, db=first.db)
         check(again.stop() == 0, "the daemon after the first did not stop cleanly")
     finally:
-        if first.proc.poll() is None:
-            first.kill()
+        kill_started(first)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fstest  # noqa: E402
-from fstest import Daemon, RawConn, check, hello, proto_module  # noqa: E402
+from fstest import Daemon, RawConn, check, hello, kill_started, proto_module  # noqa: E402
 
 SKIP = 77
 FS_SIZE = "4m"
@@ -75,11 +73,8 @@ def fill(path):
 
 
 def http_status(d, path):
-    try:
-        with urllib.request.urlopen(d.url(path), timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    status, _, body = fstest.http_call(d.url(path))
+    return status, body
 
 
 def metric(d, name):
@@ -296,9 +291,7 @@ def test(args, workdir):
         print(f"space back: all {a.sent} reports stored; queued-run welcomed")
         check(d2.stop() == 0, "restarted daemon did not exit 0")
     finally:
-        for x in (d, d2):
-            if x is not None and x.proc.poll() is None:
-                x.kill()
+        kill_started(d, d2)
         umount(mnt)
 
 

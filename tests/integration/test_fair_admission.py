@@ -11,24 +11,15 @@ and can commit nothing, or it is not read at all. The latency itself is
 measured by tests/bench/bench_datapath.py (Welcome median / max). The order
 in which the writer then commits (queued Hellos first) is checked exactly in
 tests/unit/test_store.c (hello_is_accepted_when_full_and_written_first)."""
-import re
 import sqlite3
 import threading
-import urllib.request
 
-from fstest import (Daemon, Failure, RawConn, check, hello, proto_module, report, run_main,
-                    wait_until)
+from fstest import (Daemon, Failure, RawConn, check, hello, kill_started, metrics, proto_module,
+                    report, run_main, wait_until)
 
 QUEUE = 64
 BATCH = 4
 REPORTS = 400
-
-
-def metrics(d):
-    with urllib.request.urlopen(d.url("/metrics"), timeout=30) as r:
-        text = r.read().decode()
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^(foreshock_[a-z_]+) (\S+)$", text, re.M)}
 
 
 def test(args, workdir):
@@ -92,8 +83,7 @@ def test(args, workdir):
     finally:
         if lock is not None:
             lock.close()
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":

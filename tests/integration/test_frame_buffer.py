@@ -21,12 +21,11 @@ import struct
 import sys
 import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fstest  # noqa: E402
-from fstest import Daemon, RawConn, check, hello, proto_module  # noqa: E402
+from fstest import Daemon, RawConn, check, hello, kill_started, metrics, proto_module  # noqa: E402
 
 STREAMS = 8
 BOUND = 8 << 20
@@ -34,16 +33,6 @@ MAX_FRAME = 4 << 20
 SKETCHES = 300  # spectrum sketches of dh 512: 12 KB each
 FIRST = 64 << 10
 WAIT_S = 120
-
-
-def metrics(d):
-    with urllib.request.urlopen(d.url("/metrics"), timeout=30) as r:
-        out = {}
-        for line in r.read().decode().splitlines():
-            if line and not line.startswith("#"):
-                k, v = line.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
 
 
 def rss_kb(pid):
@@ -167,8 +156,7 @@ def bounded(args, workdir, pb, frame, ctx, extra):
             c.close()
         check(d.stop() == 0, "daemon did not exit 0")
     finally:
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import http.client
 import resource
 import socket
 
-from fstest import Daemon, check, run_main
+from fstest import Daemon, check, kill_started, run_main
 
 SILENT = 1100  # past the global limit (1024): without a per-address cap the API stalls
 
@@ -61,8 +61,7 @@ def test(args, workdir):
     finally:
         for s in silent:
             s.close()
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":

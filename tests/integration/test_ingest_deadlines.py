@@ -8,7 +8,8 @@ import re
 import struct
 import urllib.request
 
-from fstest import Daemon, RawConn, check, hello, proto_module, report, run_main, wait_until
+from fstest import (Daemon, RawConn, check, hello, kill_started, proto_module, report, run_main,
+                    wait_until)
 
 SLOTS = 4
 
@@ -71,8 +72,7 @@ def test(args, workdir):
               f"idle trainer lost its connection: {f}")
         check(d.stop() == 0, "daemon did not exit 0 on SIGTERM")
     finally:
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":

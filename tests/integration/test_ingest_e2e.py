@@ -5,7 +5,7 @@ and none may be stored twice."""
 import os
 import subprocess
 
-from fstest import Daemon, check, run_all_pages, run_main, parse_simulate_summary
+from fstest import Daemon, check, kill_started, parse_simulate_summary, run_all_pages, run_main
 
 RANKS = 8
 STEPS = 5000
@@ -56,8 +56,7 @@ def test(args, workdir):
         check(steps == list(range(STEPS)), "points of loss series are not exactly steps 0..N-1")
         check(d.stop() == 0, "daemon did not exit 0 on SIGTERM")
     finally:
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import urllib.request
 
-from fstest import (Daemon, check, cmake_install, project_version, run_main,
+from fstest import (Daemon, check, cmake_install, kill_started, project_version, run_main,
                     simulate_and_read_back)
 
 TOOL_TIMEOUT_S = 120
@@ -127,8 +127,7 @@ def test(args, workdir):
         rc = d.stop()
         check(rc == 0, f"installed foreshockd exited {rc}:\n{d.log_text()[-2000:]}")
     finally:
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
     # A relative prefix is where `cmake --install` runs; the unit names it
     # absolutely all the same.

@@ -5,7 +5,7 @@ import os
 import subprocess
 import time
 
-from fstest import Daemon, check, run_all_pages, run_main, parse_simulate_summary
+from fstest import Daemon, check, kill_started, parse_simulate_summary, run_all_pages, run_main
 
 RANKS = 8
 STEPS = 5000
@@ -60,12 +60,7 @@ def test(args, workdir):
         print(f"crash at {before} committed reports; lost 0, duplicated 0")
         check(restarted.stop() == 0, "restarted daemon did not exit 0")
     finally:
-        if sim.poll() is None:
-            sim.kill()
-            sim.wait()
-        for x in (d, restarted):
-            if x is not None and x.proc.poll() is None:
-                x.kill()
+        kill_started(sim, d, restarted)
 
 
 if __name__ == "__main__":

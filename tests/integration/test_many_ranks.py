@@ -10,7 +10,7 @@ import re
 import subprocess
 import time
 
-from fstest import Daemon, check, db_rows, parse_simulate_summary, run_main
+from fstest import Daemon, check, db_rows, kill_started, parse_simulate_summary, run_main
 
 RANKS = 1024
 STEPS = 12
@@ -60,8 +60,7 @@ def test(args, workdir):
               f"0 dropped, in {took:.1f} s")
         check(d.stop() == 0, "daemon did not exit 0")
     finally:
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import subprocess
 import time
 import urllib.request
 
-from fstest import Daemon, check, parse_simulate_summary, run_main
+from fstest import Daemon, check, kill_started, parse_simulate_summary, run_main
 
 RANKS = 2
 STEPS = 600
@@ -162,11 +162,7 @@ def test(args, workdir):
               "per-run samples with metrics_max_runs=0")
         check(d.stop() == 0, "daemon did not exit 0")
     finally:
-        if sim is not None and sim.poll() is None:
-            sim.kill()
-            sim.wait()
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(sim, d)
 
 
 if __name__ == "__main__":

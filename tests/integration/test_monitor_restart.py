@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from fstest import Daemon, check, run_all_pages, run_main, parse_simulate_summary
+from fstest import Daemon, check, kill_started, parse_simulate_summary, run_all_pages, run_main
 
 RANKS = 2
 STEPS = 600
@@ -105,9 +105,7 @@ def interrupted(args, workdir, sig, run, extra=()):
         check(rc == 0, f"restarted daemon exited {rc}")
         return got
     finally:
-        if sim.poll() is None:
-            sim.kill()
-            sim.wait()
+        kill_started(sim)
         if restarted:
             restarted.stop()
 

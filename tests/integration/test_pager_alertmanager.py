@@ -14,7 +14,7 @@ import subprocess
 import time
 import urllib.request
 
-from fstest import Daemon, Failure, Receiver, check, db_rows, run_main, wait_until
+from fstest import Daemon, Failure, Receiver, check, db_rows, kill_started, run_main, wait_until
 
 AM = "/usr/bin/prometheus-alertmanager"
 AMTOOL = "/usr/bin/amtool"
@@ -148,11 +148,7 @@ def test(args, workdir):
             check(all(s == 1 for _, s in rows), f"outbox rows {rows}")
             check(d.stop() == 0, "daemon did not stop cleanly")
         finally:
-            if sim is not None and sim.poll() is None:
-                sim.kill()
-                sim.wait()
-            if d is not None and d.proc.poll() is None:
-                d.kill()
+            kill_started(sim, d)
             am.send_signal(signal.SIGTERM)
             try:
                 am.wait(timeout=30)

@@ -19,7 +19,8 @@ import sqlite3
 import threading
 import time
 
-from fstest import Daemon, Receiver, check, db_rows, proto_module, run_main, send_losses, wait_until
+from fstest import (Daemon, Receiver, check, db_rows, kill_started, proto_module, run_main,
+                    send_losses, wait_until)
 
 NAN = float("nan")
 DEAD_ROWS = 1100
@@ -71,8 +72,7 @@ def firing_alerts(args, workdir, pb):
                   "AND e.change = 'to_firing' ORDER BY a.id")), what="the firing alerts")
         check(d.stop() == 0, "first daemon did not stop cleanly")
     finally:
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
     check(db_rows(d.db, "SELECT count(*) FROM outbox")[0][0] == 0, "outbox not empty")
     return d.db, [tuple(a) for a in alerts]
 
@@ -126,8 +126,7 @@ def starvation(args, workdir, db, alerts):
             check(gone == [(2, "target no longer configured")], f"gone row {gone}")
             check(d.stop() == 0, "daemon did not stop cleanly")
         finally:
-            if d.proc.poll() is None:
-                d.kill()
+            kill_started(d)
 
 
 
@@ -166,8 +165,7 @@ def hanging(args, workdir, db, alerts):
             check(d.stop() == 0, "daemon did not stop cleanly")
         finally:
             release.set()
-            if d.proc.poll() is None:
-                d.kill()
+            kill_started(d)
 
 
 if __name__ == "__main__":

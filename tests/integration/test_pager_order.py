@@ -13,7 +13,8 @@ import datetime
 import os
 import threading
 
-from fstest import Daemon, Receiver, check, db_rows, proto_module, run_main, send_losses, wait_until
+from fstest import (Daemon, Receiver, check, db_rows, kill_started, proto_module, run_main,
+                    send_losses, wait_until)
 
 NAN = float("nan")
 
@@ -83,8 +84,7 @@ def no_resend_after_resolve(args, workdir, pb):
                        what="both rows delivered")
             check(d.stop() == 0, "daemon did not stop cleanly")
         finally:
-            if d.proc.poll() is None:
-                d.kill()
+            kill_started(d)
 
 
 def stop_while_in_flight(args, workdir, pb):
@@ -108,8 +108,7 @@ def stop_while_in_flight(args, workdir, pb):
             check(rows == [(1, 0, 0)], f"the abandoned page must stay pending, unfailed: {rows}")
         finally:
             release.set()
-            if d.proc.poll() is None:
-                d.kill()
+            kill_started(d)
 
 
 def test(args, workdir):

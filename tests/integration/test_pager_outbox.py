@@ -22,7 +22,7 @@ import os
 import re
 import time
 
-from fstest import (Daemon, Receiver, check, db_rows, proto_module, run_main,
+from fstest import (Daemon, Receiver, check, db_rows, kill_started, proto_module, run_main,
                     send_losses, wait_until)
 
 SECRET = "s3cr3t-key"
@@ -174,9 +174,7 @@ def test(args, workdir):
             log = d.log_text()
             check("silenced; held until the silence ends" in log, "no silence log line")
         finally:
-            for x in daemons:
-                if x.proc.poll() is None:
-                    x.kill()
+            kill_started(*daemons)
 
 
 if __name__ == "__main__":

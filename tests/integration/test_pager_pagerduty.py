@@ -9,7 +9,8 @@ and a bad target section stops the daemon at startup with status 2."""
 import os
 import subprocess
 
-from fstest import Daemon, Receiver, check, db_rows, proto_module, run_main, send_losses, wait_until
+from fstest import (Daemon, Receiver, check, db_rows, kill_started, proto_module, run_main,
+                    send_losses, wait_until)
 
 NAN = float("nan")
 KEY = "R0UT1NGKEY0123456789abcdef012345"
@@ -128,9 +129,7 @@ def test(args, workdir):
             check([r[2] for r in rows if r[0] == "pd-other"] == [4, 4, 4, 4],
                   f"pd-other rows not skipped: {rows}")
         finally:
-            for x in daemons:
-                if x.proc.poll() is None:
-                    x.kill()
+            kill_started(*daemons)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 serving other clients, and nothing acknowledged is lost."""
 import struct
 
-from fstest import Daemon, RawConn, check, hello, proto_module, report, run_main
+from fstest import Daemon, RawConn, check, hello, kill_started, proto_module, report, run_main
 
 
 def gram_report(pb, seq, ga_floats):
@@ -136,8 +136,7 @@ def test(args, workdir):
         check(run["reports"] == seq, f"good-run has {run['reports']} reports, expected {seq}")
         check(d.stop() == 0, "daemon did not exit 0 on SIGTERM")
     finally:
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import json
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fstest  # noqa: E402
-from fstest import check  # noqa: E402
+from fstest import check, kill_started  # noqa: E402
 
 STEPS = 10
 LIMIT_STEP, LARGE_STEP, MALFORMED_STEP = 3, 6, 8
@@ -105,8 +105,7 @@ def main(args, workdir):
         print("\n".join(line for line in log.splitlines() if "error" in line)[-2000:])
         check(d.stop() == 0, "daemon did not exit 0")
     finally:
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":

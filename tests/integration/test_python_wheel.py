@@ -21,7 +21,7 @@ import sys
 import time
 import zipfile
 
-from fstest import Daemon, check, run_all_pages, run_main
+from fstest import Daemon, check, kill_started, run_all_pages, run_main
 
 STEPS = 12
 TOOL_TIMEOUT_S = 600
@@ -147,8 +147,7 @@ def test(args, workdir):
         rc = d.stop()
         check(rc == 0, f"foreshockd exited {rc}")
     finally:
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import re
 import subprocess
 import time
 
-from fstest import Daemon, check, run_all_pages, run_main
+from fstest import Daemon, check, kill_started, run_all_pages, run_main
 
 RANKS = 4
 STEPS = 600
@@ -137,9 +137,7 @@ def test(args, workdir):
             check(len(fires) <= a["incidents"], f"{a['alert_key']} fired more than its incidents")
         check(restarted.stop() == 0, "restarted daemon did not stop cleanly")
     finally:
-        for x in (d, restarted):
-            if x is not None and x.proc.poll() is None:
-                x.kill()
+        kill_started(d, restarted)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
-from fstest import Daemon, check, run_main
+from fstest import Daemon, check, http_call, kill_started, run_main
 
 READ = "read-t0ken"
 WRITE = "write-t0ken"
@@ -23,17 +23,8 @@ LIVE_SILENCES_MAX = 1024  # daemon/fs_limits.h FS_STORE_MAX_LIVE_SILENCES
 
 def req(d, method, path, body=None, token=None, raw=None):
     """(status, headers, parsed JSON or text) of one request."""
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    r = urllib.request.Request(d.url(path), data=data, method=method)
-    if data is not None:
-        r.add_header("Content-Type", "application/json")
-    if token is not None:
-        r.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(r, timeout=30) as resp:
-            status, headers, text = resp.status, resp.headers, resp.read()
-    except urllib.error.HTTPError as e:
-        status, headers, text = e.code, e.headers, e.read()
+    status, headers, text = http_call(d.url(path), method, data=raw,
+                                      json_body=body if raw is None else None, token=token)
     try:
         doc = json.loads(text)
     except ValueError:
@@ -379,8 +370,7 @@ def test(args, workdir):
         check(ib in ids(doc), f"list without tokens: {doc}")
         check(d.stop() == 0, "daemon did not exit 0")
     finally:
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import re
 import subprocess
 import time
 
-from fstest import Daemon, check, db_rows, parse_simulate_summary, run_main
+from fstest import Daemon, check, db_rows, kill_started, metrics, parse_simulate_summary, run_main
 
 RANKS = 2
 STEPS = 300
@@ -19,14 +19,6 @@ LAYERS, HEADS, DH, D = 4, 8, 64, 512
 # Gram shards per report: LAYERS x HEADS heads, two triangles of 2 DH.
 SKETCH_BYTES = LAYERS * HEADS * 2 * (2 * DH) * (2 * DH + 1) // 2 * 4
 LAG_STEPS = 5  # acked sketch steps not yet evaluated when the kill lands, at least
-
-
-def metrics(d):
-    import urllib.request
-    with urllib.request.urlopen(d.url("/metrics"), timeout=30) as r:
-        text = r.read().decode()
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^(foreshock_[a-z_]+) (\S+)$", text, re.M)}
 
 
 def test(args, workdir):
@@ -110,12 +102,7 @@ def test(args, workdir):
         print(f"database {size / 1e6:.2f} MB for {sent / 1e6:.0f} MB of sketches received")
         check(size < sent // 20, f"database {size} bytes: it holds more than live rows")
     finally:
-        if sim.poll() is None:
-            sim.kill()
-            sim.wait()
-        for x in (d, restarted):
-            if x is not None and x.proc.poll() is None:
-                x.kill()
+        kill_started(sim, d, restarted)
 
 
 if __name__ == "__main__":

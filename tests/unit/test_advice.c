@@ -11,7 +11,7 @@
 #include "advice.h"
 #include "alert.h"
 #include "decode.h"
-#include "schema.h"
+#include "fstest.h"
 
 /* ---- policy ------------------------------------------------------------------ */
 
@@ -249,34 +249,27 @@ static sqlite3 *db;
 static struct advice_store *as;
 static struct advice_policy policy;
 
-static void exec(const char *sql)
-{
-    char *msg = NULL;
-    int rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
-    cr_assert_eq(rc, SQLITE_OK, "%s: %s", sql, msg ? msg : "");
-}
-
 static void setup_db(void)
 {
     cr_assert_eq(sqlite3_open(":memory:", &db), SQLITE_OK);
-    exec("PRAGMA foreign_keys = ON");
-    for (int i = 0; i < schema_migration_count; i++)
-        exec(schema_migrations[i].sql);
+    db_exec(db, "PRAGMA foreign_keys = ON");
+    db_apply_schema(db, false, false);
     /* Two runs; run 1 has streams 1, 2 (attempt 0, ranks 0-1) and 3
      * (attempt 1, rank 0); run 2 has stream 4. Alerts 1, 2 of run 1. */
-    exec("INSERT INTO runs (id, name, created_at, last_seen_at, world_size) VALUES "
-         "(1, 'a', 0, 0, 2), (2, 'b', 0, 0, 1)");
-    exec("INSERT INTO streams (id, run_id, attempt, rank, created_at, last_seen_at) VALUES "
-         "(1, 1, 0, 0, 0, 0), (2, 1, 0, 1, 0, 0), (3, 1, 1, 0, 0, 0), (4, 2, 0, 0, 0, 0)");
-    exec("INSERT INTO alerts (id, run_id, rule, alert_key, dedup_key, state, severity, family, "
-         "attribution, last_step, created_at, updated_at, \"window\") VALUES "
-         "(1, 1, 'qk.d2.erank', 'k1', 'd1', 2, 'warning', 'attention_d2', "
-         "'attention-numerics', 0, 0, 0, 10), "
-         "(2, 1, 'loss', 'k2', 'd2', 2, 'critical', 'loss', 'non-finite', 0, 0, 0, 0)");
-    exec("INSERT INTO alert_events (id, alert_id, change, from_state, to_state, step, at, "
-         "attribution, evidence_json) VALUES (1, 1, 'to_firing', 1, 2, 0, 0, '', '{}'), "
-         "(2, 2, 'to_firing', 0, 2, 0, 0, '', '{}'), (3, 1, 'to_resolved', 2, 3, 0, 0, '', '{}'), "
-         "(4, 1, 'to_firing', 3, 2, 0, 0, '', '{}')");
+    db_exec(db, "INSERT INTO runs (id, name, created_at, last_seen_at, world_size) VALUES "
+                "(1, 'a', 0, 0, 2), (2, 'b', 0, 0, 1)");
+    db_exec(db, "INSERT INTO streams (id, run_id, attempt, rank, created_at, last_seen_at) VALUES "
+                "(1, 1, 0, 0, 0, 0), (2, 1, 0, 1, 0, 0), (3, 1, 1, 0, 0, 0), (4, 2, 0, 0, 0, 0)");
+    db_exec(db, "INSERT INTO alerts (id, run_id, rule, alert_key, dedup_key, state, severity, "
+                "family, attribution, last_step, created_at, updated_at, \"window\") VALUES "
+                "(1, 1, 'qk.d2.erank', 'k1', 'd1', 2, 'warning', 'attention_d2', "
+                "'attention-numerics', 0, 0, 0, 10), "
+                "(2, 1, 'loss', 'k2', 'd2', 2, 'critical', 'loss', 'non-finite', 0, 0, 0, 0)");
+    db_exec(db, "INSERT INTO alert_events (id, alert_id, change, from_state, to_state, step, at, "
+                "attribution, evidence_json) VALUES (1, 1, 'to_firing', 1, 2, 0, 0, '', '{}'), "
+                "(2, 2, 'to_firing', 0, 2, 0, 0, '', '{}'), "
+                "(3, 1, 'to_resolved', 2, 3, 0, 0, '', '{}'), "
+                "(4, 1, 'to_firing', 3, 2, 0, 0, '', '{}')");
     cr_assert_eq(advice_store_open(db, &as), 0);
     advice_policy_default(&policy);
 }

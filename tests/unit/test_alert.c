@@ -9,20 +9,7 @@
 
 #include "alert.h"
 #include "detect.h"
-
-static struct detect_rule rule_named(const char *name)
-{
-    struct detect_rules rules;
-    detect_rules_default(&rules);
-    const struct detect_rule *r = detect_rules_find(&rules, name);
-    cr_assert_not_null(r, "no default rule %s", name);
-    return *r;
-}
-
-static bool same_double(double a, double b)
-{
-    return memcmp(&a, &b, sizeof a) == 0;
-}
+#include "fstest.h"
 
 /* ---- lifecycle on synthetic verdicts ---------------------------------------
  * Input letters: B breach (z), X non-finite, N normal, A absent.
@@ -582,15 +569,6 @@ Test(alert_names, names)
 
 /* ---- scenarios: detector + lifecycle + attribution, with restarts ---------------
  * Every series is deterministic: uniform noise from a per-series xorshift. */
-
-static double uniform(uint64_t *s)
-{
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    uint64_t r = *s * 0x2545F4914F6CDD1Dull;
-    return (double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
 
 typedef double (*gen_fn)(int64_t step, double noise, bool *present);
 

@@ -5,7 +5,6 @@
  * nothing stored twice. Skipped when the daemon binary does not exist. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
-#include <curl/curl.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +24,7 @@
 #include <unistd.h>
 
 #include "foreshock.h"
+#include "fstest.h"
 
 #define WAIT_MS 60000 /* bound on any wait for the daemon or the client */
 #define PATH_LEN 4096
@@ -185,44 +185,12 @@ static void daemon_cleanup(struct daemon *d)
     rmdir(d->dir);
 }
 
-struct buf {
-    char *p;
-    size_t n;
-};
-
-static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
-{
-    struct buf *b = ud;
-    char *p = realloc(b->p, b->n + size * nmemb + 1);
-    if (!p)
-        return 0;
-    memcpy(p + b->n, data, size * nmemb);
-    b->n += size * nmemb;
-    p[b->n] = '\0';
-    b->p = p;
-    return size * nmemb;
-}
-
+/* GET path from the daemon's HTTP API: a JSON document (status 200). */
 static json_t *http_get(const struct daemon *d, const char *path)
 {
-    char url[512];
-    struct buf b = {0};
-    long status = 0;
-    CURL *c = curl_easy_init();
-    json_t *doc;
-
-    snprintf(url, sizeof(url), "http://127.0.0.1:%u%s", (unsigned)d->http, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
-    cr_assert_eq(curl_easy_perform(c), CURLE_OK, "GET %s", url);
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(c);
-    cr_assert_eq(status, 200, "GET %s: %ld %s", url, status, b.p ? b.p : "");
-    doc = json_loads(b.p ? b.p : "", 0, NULL);
-    free(b.p);
-    cr_assert(doc, "GET %s: not JSON", url);
+    struct resp r;
+    json_t *doc = json_incref(get_json_at(d->http, path, 200, &r));
+    resp_free(&r);
     return doc;
 }
 
@@ -367,7 +335,7 @@ static int cli(const struct daemon *d, char **out, const char *fmt, ...)
 static int cli(const struct daemon *d, char **out, const char *fmt, ...)
 {
     char bin[PATH_LEN], args[1024], cmd[PATH_LEN + 1200], chunk[4096];
-    struct buf b = {0};
+    struct resp b = {0};
     va_list ap;
     FILE *p;
     size_t n;
@@ -386,9 +354,9 @@ static int cli(const struct daemon *d, char **out, const char *fmt, ...)
     p = popen(cmd, "r");
     cr_assert(p);
     while ((n = fread(chunk, 1, sizeof(chunk), p)) > 0)
-        on_body(chunk, 1, n, &b);
+        cr_assert_eq(on_body(chunk, 1, n, &b), n, "output over %u bytes", RESP_MAX_BODY);
     status = pclose(p);
-    *out = b.p ? b.p : strdup("");
+    *out = b.body ? b.body : strdup("");
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 

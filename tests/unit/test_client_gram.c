@@ -8,13 +8,13 @@
 #include <string.h>
 
 #include "foreshock.h"
+#include "fstest.h"
 
 static uint64_t rng_state;
 
 static float urand(void)
 {
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+    return (float)(uniform01(&rng_state) * 2.0 - 1.0);
 }
 
 static float *random_matrix(size_t rows, size_t cols)
@@ -29,16 +29,12 @@ static float *random_matrix(size_t rows, size_t cols)
 /* Upper triangle of X X^T in double, packed like fsc_gram_upper. */
 static double *naive_gram(const float *x, size_t rows, size_t cols)
 {
-    double *t = malloc(fsc_tri_len(rows) * sizeof(*t));
-    size_t k = 0;
-    cr_assert(t);
-    for (size_t i = 0; i < rows; i++)
-        for (size_t j = i; j < rows; j++) {
-            double s = 0;
-            for (size_t c = 0; c < cols; c++)
-                s += (double)x[i * cols + c] * (double)x[j * cols + c];
-            t[k++] = s;
-        }
+    double *t = calloc(fsc_tri_len(rows), sizeof(*t)), *xd = malloc(rows * cols * sizeof(*xd));
+    cr_assert(t && xd);
+    for (size_t i = 0; i < rows * cols; i++)
+        xd[i] = (double)x[i];
+    gram_tri_add(xd, rows, cols, 0, cols, t);
+    free(xd);
     return t;
 }
 

@@ -236,6 +236,40 @@ static struct fsc_stats stats(fsc_client *c)
     return s;
 }
 
+/* Accepts the client's connection, reads its Hello and answers Welcome. */
+static int accept_welcome(struct fake *fk, uint64_t last_seq, uint32_t max_frame)
+{
+    int fd = accept_hello(fk);
+    send_welcome(fd, last_seq, max_frame);
+    return fd;
+}
+
+/* An Error that is neither fatal nor about one report (no seq): the client
+ * reconnects and resends; nothing is dropped, refused or failed. */
+static void error_reconnects_and_resends(Foreshock__ErrorCode code, const char *msg)
+{
+    struct fake fk;
+    fake_listen(&fk);
+    fsc_client *c = open_client(&fk, 0, NULL);
+    cr_assert_eq(submit_step(c, 0, 0), 0);
+    int fd = accept_welcome(&fk, 0, 1u << 20);
+    cr_expect_eq(read_report(fd, NULL), 1);
+    send_error(fd, code, msg);
+    close(fd);
+    fd = accept_welcome(&fk, 0, 1u << 20);
+    cr_expect_eq(read_report(fd, NULL), 1);
+    send_ack(fd, 1);
+    cr_assert_eq(fsc_flush(c, WAIT_MS), 0);
+    struct fsc_stats s = stats(c);
+    cr_expect_eq(s.failed, 0);
+    cr_expect_eq(s.dropped, 0);
+    cr_expect_eq(s.daemon_refused, 0);
+    cr_expect_eq(s.acked, 1);
+    close(fd);
+    fsc_close(c);
+    close(fk.lfd);
+}
+
 Test(client_io, hello_carries_the_stream_identity)
 {
     struct fake fk;
@@ -304,8 +338,7 @@ Test(client_io, replay_bound_drops_and_keeps_seqs_dense)
     cr_expect(s.buffered_bytes <= FSC_MIN_REPLAY_BYTES);
     cr_expect_str_eq(s.last_error, "replay buffer full (65536 bytes): report dropped");
 
-    int fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1u << 20);
+    int fd = accept_welcome(&fk, 0, 1u << 20);
     for (uint64_t seq = 1; seq <= accepted; seq++)
         cr_assert_eq(read_report(fd, NULL), seq, "seqs must be dense");
     send_ack(fd, accepted);
@@ -333,15 +366,13 @@ Test(client_io, reconnect_resumes_from_welcome)
     for (uint64_t step = 0; step < 5; step++)
         cr_assert_eq(submit_step(c, step, 0), 0);
 
-    int fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1u << 20);
+    int fd = accept_welcome(&fk, 0, 1u << 20);
     for (uint64_t seq = 1; seq <= 5; seq++)
         cr_assert_eq(read_report(fd, NULL), seq);
     send_ack(fd, 2);
     close(fd); /* the "daemon" crashes; it had committed 3 without acking */
 
-    fd = accept_hello(&fk);
-    send_welcome(fd, 3, 1u << 20);
+    fd = accept_welcome(&fk, 3, 1u << 20);
     uint64_t step;
     cr_expect_eq(read_report(fd, &step), 4);
     cr_expect_eq(step, 3);
@@ -372,15 +403,13 @@ Test(client_io, first_welcome_sets_the_seq_offset)
     cr_assert_eq(submit_step(c, 0, 0), 0);
     cr_assert_eq(submit_step(c, 1, 0), 0);
 
-    int fd = accept_hello(&fk);
-    send_welcome(fd, 100, 1u << 20);
+    int fd = accept_welcome(&fk, 100, 1u << 20);
     cr_expect_eq(read_report(fd, NULL), 101);
     cr_expect_eq(read_report(fd, NULL), 102);
     send_ack(fd, 101);
     close(fd);
     /* A later Welcome does not move the offset again. */
-    fd = accept_hello(&fk);
-    send_welcome(fd, 101, 1u << 20);
+    fd = accept_welcome(&fk, 101, 1u << 20);
     cr_expect_eq(read_report(fd, NULL), 102);
     send_ack(fd, 102);
     cr_assert_eq(fsc_flush(c, WAIT_MS), 0);
@@ -418,24 +447,7 @@ Test(client_io, auth_error_is_fatal)
 /* Other errors reconnect. */
 Test(client_io, internal_error_reconnects)
 {
-    struct fake fk;
-    fake_listen(&fk);
-    fsc_client *c = open_client(&fk, 0, NULL);
-    cr_assert_eq(submit_step(c, 0, 0), 0);
-    int fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1u << 20);
-    cr_expect_eq(read_report(fd, NULL), 1);
-    send_error(fd, FORESHOCK__ERROR_CODE__ERROR_INTERNAL, "disk full");
-    close(fd);
-    fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1u << 20);
-    cr_expect_eq(read_report(fd, NULL), 1);
-    send_ack(fd, 1);
-    cr_assert_eq(fsc_flush(c, WAIT_MS), 0);
-    cr_expect_eq(stats(c).failed, 0);
-    close(fd);
-    fsc_close(c);
-    close(fk.lfd);
+    error_reconnects_and_resends(FORESHOCK__ERROR_CODE__ERROR_INTERNAL, "disk full");
 }
 
 /* A report the daemon refuses without naming it is found by sending one at
@@ -450,15 +462,13 @@ Test(client_io, refused_report_is_isolated_and_replaced)
     for (uint64_t step = 0; step < 3; step++)
         cr_assert_eq(submit_step(c, step, 0), 0);
 
-    int fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1u << 20);
+    int fd = accept_welcome(&fk, 0, 1u << 20);
     for (uint64_t seq = 1; seq <= 3; seq++)
         cr_assert_eq(read_report(fd, NULL), seq);
     send_error(fd, FORESHOCK__ERROR_CODE__ERROR_MALFORMED, "report 2 is bad");
     close(fd);
 
-    fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1u << 20);
+    fd = accept_welcome(&fk, 0, 1u << 20);
     cr_expect_eq(read_report(fd, NULL), 1);
     cr_expect(quiet(fd), "probing: only one report may be in flight");
     send_ack(fd, 1);
@@ -466,8 +476,7 @@ Test(client_io, refused_report_is_isolated_and_replaced)
     send_error(fd, FORESHOCK__ERROR_CODE__ERROR_MALFORMED, "report 2 is bad");
     close(fd);
 
-    fd = accept_hello(&fk);
-    send_welcome(fd, 1, 1u << 20);
+    fd = accept_welcome(&fk, 1, 1u << 20);
     cr_expect_eq(read_placeholder(fd, 1), 2);
     send_ack(fd, 2);
     cr_expect_eq(read_report(fd, NULL), 3);
@@ -500,8 +509,7 @@ Test(client_io, report_above_daemon_frame_limit_goes_as_placeholder)
     fsc_client *c = open_client(&fk, 0, &logs);
     cr_assert_eq(submit_step(c, 0, 16), 0); /* ~4 KiB */
     cr_assert_eq(submit_step(c, 1, 0), 0);  /* a few bytes */
-    int fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1024);
+    int fd = accept_welcome(&fk, 0, 1024);
     cr_expect_eq(read_placeholder(fd, 0), 1);
     cr_expect_eq(read_report(fd, NULL), 2);
     send_ack(fd, 2);
@@ -529,16 +537,14 @@ Test(client_io, named_refusal_is_replaced_without_probing)
     fsc_client *c = open_client(&fk, 0, &logs);
     for (uint64_t step = 0; step < 3; step++)
         cr_assert_eq(submit_step(c, step, 0), 0);
-    int fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1u << 20);
+    int fd = accept_welcome(&fk, 0, 1u << 20);
     for (uint64_t seq = 1; seq <= 3; seq++)
         cr_assert_eq(read_report(fd, NULL), seq);
     send_ack(fd, 1);
     send_error_seq(fd, FORESHOCK__ERROR_CODE__ERROR_LIMIT, "report has too many sketches", 2);
     close(fd);
 
-    fd = accept_hello(&fk);
-    send_welcome(fd, 1, 1u << 20);
+    fd = accept_welcome(&fk, 1, 1u << 20);
     cr_expect_eq(read_placeholder(fd, 1), 2);
     cr_expect_eq(read_report(fd, NULL), 3, "no probing: 3 follows without an ack");
     send_ack(fd, 3);
@@ -561,27 +567,8 @@ Test(client_io, named_refusal_is_replaced_without_probing)
  * connection limit): reconnect and resend, drop nothing. */
 Test(client_io, limit_without_seq_reconnects_and_resends)
 {
-    struct fake fk;
-    fake_listen(&fk);
-    fsc_client *c = open_client(&fk, 0, NULL);
-    cr_assert_eq(submit_step(c, 0, 0), 0);
-    int fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1u << 20);
-    cr_expect_eq(read_report(fd, NULL), 1);
-    send_error(fd, FORESHOCK__ERROR_CODE__ERROR_LIMIT, "frame unfinished after 120 s");
-    close(fd);
-    fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1u << 20);
-    cr_expect_eq(read_report(fd, NULL), 1);
-    send_ack(fd, 1);
-    cr_assert_eq(fsc_flush(c, WAIT_MS), 0);
-    struct fsc_stats s = stats(c);
-    cr_expect_eq(s.dropped, 0);
-    cr_expect_eq(s.daemon_refused, 0);
-    cr_expect_eq(s.acked, 1);
-    close(fd);
-    fsc_close(c);
-    close(fk.lfd);
+    error_reconnects_and_resends(FORESHOCK__ERROR_CODE__ERROR_LIMIT,
+                                 "frame unfinished after 120 s");
 }
 
 static void *closer(void *c)
@@ -597,8 +584,7 @@ Test(client_io, close_flushes_then_says_bye)
     fake_listen(&fk);
     fsc_client *c = open_client(&fk, 0, NULL);
     cr_assert_eq(submit_step(c, 0, 0), 0);
-    int fd = accept_hello(&fk);
-    send_welcome(fd, 0, 1u << 20);
+    int fd = accept_welcome(&fk, 0, 1u << 20);
     cr_assert_eq(pthread_create(&th, NULL, closer, c), 0);
     cr_expect_eq(read_report(fd, NULL), 1);
     send_ack(fd, 1); /* the close's flush completes, then Bye */
@@ -639,10 +625,9 @@ struct acker {
 static void *acker_main(void *arg)
 {
     struct acker *a = arg;
-    int fd = accept_hello(a->fk);
+    int fd = accept_welcome(a->fk, 0, 1u << 20);
     Foreshock__Frame *f;
 
-    send_welcome(fd, 0, 1u << 20);
     while ((f = read_frame(fd))) {
         if (f->body_case == FORESHOCK__FRAME__BODY_REPORT) {
             a->reports++;

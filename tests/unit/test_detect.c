@@ -7,25 +7,7 @@
 #include <string.h>
 
 #include "detect.h"
-
-/* Deterministic noise: xorshift64*, uniform in [-1, 1). */
-static double uniform(uint64_t *s)
-{
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    uint64_t r = *s * 0x2545F4914F6CDD1Dull;
-    return (double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
-
-static struct detect_rule rule_named(const char *name)
-{
-    struct detect_rules rules;
-    detect_rules_default(&rules);
-    const struct detect_rule *r = detect_rules_find(&rules, name);
-    cr_assert_not_null(r, "no default rule %s", name);
-    return *r;
-}
+#include "fstest.h"
 
 /* weight_norm, the trend rule the tests below exercise, is off by default
  * (a symptom: detect.c says why); these tests turn it on. */
@@ -625,11 +607,6 @@ Test(detect_step, null_arguments)
 }
 
 /* ---- state blobs --------------------------------------------------------- */
-
-static bool same_double(double a, double b)
-{
-    return memcmp(&a, &b, sizeof a) == 0; /* bitwise: NaN == NaN, -0 != 0 */
-}
 
 static bool verdict_eq(const struct detect_verdict *a, const struct detect_verdict *b)
 {

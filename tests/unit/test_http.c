@@ -18,52 +18,28 @@
 #include <jansson.h>
 #include <sqlite3.h>
 
+#include "fstest.h"
 #include "http.h"
-#include "schema.h"
 
-#define N(a) (sizeof(a) / sizeof((a)[0]))
-#define MAX_BODY (8u << 20)
-
-/* Criterion runs each test in its own process: this state is per test. */
-static char dir[64];
-static char db_path[128];
-static sqlite3 *rw;
-static struct fs_stats stats;
-static struct http *srv;
-static unsigned short port;
-
-/* --- database fixture ----------------------------------------------------------------- */
+/* --- database fixture (fstest.h: http_fx) ------------------------------------------------ */
 
 static void exec(const char *sql)
 {
-    char *msg = NULL;
-    int rc = sqlite3_exec(rw, sql, NULL, NULL, &msg);
-    cr_assert_eq(rc, SQLITE_OK, "sql failed: %s: %s", sql, msg ? msg : "?");
-}
-
-static void apply_schema(void)
-{
-    exec("PRAGMA journal_mode=WAL");
-    for (int i = 0; i < schema_migration_count; i++) {
-        exec(schema_migrations[i].sql);
-        char pragma[64];
-        snprintf(pragma, sizeof pragma, "PRAGMA user_version=%d", schema_migrations[i].version);
-        exec(pragma);
-    }
+    db_exec(http_fx.rw, sql);
 }
 
 static void insert_point(int64_t series, int64_t step, const double *value)
 {
     sqlite3_stmt *st;
-    cr_assert_eq(sqlite3_prepare_v2(rw, "INSERT INTO points(series_id, step, value, time) "
-                                        "VALUES (?1, ?2, ?3, 0)",
+    cr_assert_eq(sqlite3_prepare_v2(http_fx.rw, "INSERT INTO points(series_id, step, value, time) "
+                                                "VALUES (?1, ?2, ?3, 0)",
                                     -1, &st, NULL),
                  SQLITE_OK);
     sqlite3_bind_int64(st, 1, series);
     sqlite3_bind_int64(st, 2, step);
     if (value != NULL)
         sqlite3_bind_double(st, 3, *value);
-    cr_assert_eq(sqlite3_step(st), SQLITE_DONE, "%s", sqlite3_errmsg(rw));
+    cr_assert_eq(sqlite3_step(st), SQLITE_DONE, "%s", sqlite3_errmsg(http_fx.rw));
     sqlite3_finalize(st);
 }
 
@@ -105,187 +81,14 @@ static void insert_base_data(void)
     exec("COMMIT");
 }
 
-static void start_server(unsigned threads)
-{
-    struct http_opts o = {
-        .host = "127.0.0.1", .port = 0, .db_path = db_path, .threads = threads, .stats = &stats};
-    char err[256] = "";
-    int rc = http_start(&o, &srv, err, sizeof err);
-    cr_assert_eq(rc, 0, "http_start: %d %s", rc, err);
-    port = http_port(srv);
-    cr_assert_neq(port, 0);
-}
-
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/fs-http-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(db_path, sizeof db_path, "%s/t.db", dir);
-    cr_assert_eq(sqlite3_open(db_path, &rw), SQLITE_OK);
-    apply_schema();
+    http_fixture_open("http");
     insert_base_data();
-    memset(&stats, 0, sizeof stats);
-    atomic_store(&stats.ready, 1);
-    cr_assert_eq(curl_global_init(CURL_GLOBAL_DEFAULT), 0);
-    start_server(2);
+    http_fixture_start(2);
 }
 
-static void teardown(void)
-{
-    http_stop(srv);
-    srv = NULL;
-    sqlite3_close(rw);
-    static const char *const suffix[] = {"", "-wal", "-shm"};
-    for (size_t i = 0; i < N(suffix); i++) {
-        char p[160];
-        snprintf(p, sizeof p, "%s%s", db_path, suffix[i]);
-        unlink(p);
-    }
-    rmdir(dir);
-    curl_global_cleanup();
-}
-
-TestSuite(http, .init = setup, .fini = teardown);
-
-/* --- HTTP client ------------------------------------------------------------------------- */
-
-struct resp {
-    long status;
-    json_t *json; /* NULL if the body is not JSON (or empty) */
-    char *body;
-    size_t len;
-    char allow[64];
-    char ctype[64];
-    long new_conns; /* CURLINFO_NUM_CONNECTS */
-};
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
-{
-    struct resp *r = ud;
-    size_t add = sz * n;
-    if (r->len + add > MAX_BODY)
-        return 0;
-    char *b = realloc(r->body, r->len + add + 1);
-    if (b == NULL)
-        return 0;
-    memcpy(b + r->len, p, add);
-    r->len += add;
-    b[r->len] = '\0';
-    r->body = b;
-    return add;
-}
-
-static void header_value(const char *line, size_t len, const char *name, char *out, size_t cap)
-{
-    size_t nl = strlen(name);
-    if (len <= nl || strncasecmp(line, name, nl) != 0)
-        return;
-    const char *v = line + nl;
-    size_t vl = len - nl;
-    while (vl > 0 && (*v == ' '))
-        v++, vl--;
-    while (vl > 0 && (v[vl - 1] == '\r' || v[vl - 1] == '\n'))
-        vl--;
-    if (vl >= cap)
-        vl = cap - 1;
-    memcpy(out, v, vl);
-    out[vl] = '\0';
-}
-
-static size_t on_header(char *p, size_t sz, size_t n, void *ud)
-{
-    struct resp *r = ud;
-    header_value(p, sz * n, "Allow:", r->allow, sizeof r->allow);
-    header_value(p, sz * n, "Content-Type:", r->ctype, sizeof r->ctype);
-    return sz * n;
-}
-
-static void resp_free(struct resp *r)
-{
-    json_decref(r->json);
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
-
-/* One request on handle h (NULL: a fresh handle). method NULL: GET. */
-static void request(CURL *h, const char *method, const char *path, const char *body,
-                    struct resp *r)
-{
-    memset(r, 0, sizeof *r);
-    CURL *c = h != NULL ? h : curl_easy_init();
-    cr_assert_not_null(c);
-    char url[1024];
-    snprintf(url, sizeof url, "http://127.0.0.1:%u%s", port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    if (body != NULL) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    } else {
-        curl_easy_setopt(c, CURLOPT_HTTPGET, 1L); /* also resets NOBODY: set below */
-    }
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_NOBODY, method != NULL && strcmp(method, "HEAD") == 0 ? 1L : 0L);
-    CURLcode rc = curl_easy_perform(c);
-    cr_assert_eq(rc, CURLE_OK, "%s: %s", path, curl_easy_strerror(rc));
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
-    curl_easy_getinfo(c, CURLINFO_NUM_CONNECTS, &r->new_conns);
-    if (h == NULL)
-        curl_easy_cleanup(c);
-    if (r->body != NULL) {
-        json_error_t e;
-        r->json = json_loads(r->body, 0, &e);
-    }
-}
-
-/* GET path; asserts the status and that the body is JSON. */
-static json_t *get_json(const char *path, long status, struct resp *r)
-{
-    request(NULL, NULL, path, NULL, r);
-    cr_assert_eq(r->status, status, "GET %s: status %ld, expected %ld: %s", path, r->status,
-                 status, r->body ? r->body : "");
-    cr_assert_not_null(r->json, "GET %s: body is not JSON: %s", path, r->body ? r->body : "");
-    cr_assert_str_eq(r->ctype, "application/json", "GET %s: content type %s", path, r->ctype);
-    return r->json;
-}
-
-static int64_t jint(json_t *o, const char *key)
-{
-    json_t *v = json_object_get(o, key);
-    cr_assert(json_is_integer(v), "'%s' is not an integer", key);
-    return (int64_t)json_integer_value(v);
-}
-
-static double jnum(json_t *o, const char *key)
-{
-    json_t *v = json_object_get(o, key);
-    cr_assert(json_is_number(v), "'%s' is not a number", key);
-    return json_number_value(v);
-}
-
-static void expect_error(const char *method, const char *path, long status, const char *code,
-                         const char *mention)
-{
-    struct resp r;
-    request(NULL, method, path, NULL, &r);
-    cr_assert_eq(r.status, status, "%s %s: status %ld, expected %ld: %s", method ? method : "GET",
-                 path, r.status, status, r.body ? r.body : "");
-    cr_assert_not_null(r.json, "%s: error body is not JSON: %s", path, r.body ? r.body : "");
-    json_t *err = json_object_get(r.json, "error");
-    cr_assert(json_is_object(err), "%s: no error object", path);
-    cr_assert_str_eq(json_string_value(json_object_get(err, "code")), code, "%s", path);
-    const char *msg = json_string_value(json_object_get(err, "message"));
-    cr_assert_not_null(msg, "%s: no message", path);
-    if (mention != NULL)
-        cr_assert(strstr(msg, mention) != NULL, "%s: message '%s' does not mention %s", path, msg,
-                  mention);
-    resp_free(&r);
-}
+TestSuite(http, .init = setup, .fini = http_fixture_close);
 
 /* --- simple routes ------------------------------------------------------------------------- */
 
@@ -312,8 +115,8 @@ Test(http, readyz_follows_stats)
          .mention = "storage: database or disk is full"},
     };
     for (size_t i = 0; i < N(cases); i++) {
-        atomic_store(&stats.ready, cases[i].ready);
-        atomic_store(&stats.storage_failing, cases[i].failing);
+        atomic_store(&http_fx.stats.ready, cases[i].ready);
+        atomic_store(&http_fx.stats.storage_failing, cases[i].failing);
         if (cases[i].status == 200) {
             struct resp r;
             json_t *doc = get_json("/readyz", 200, &r);
@@ -859,7 +662,7 @@ Test(http, other_methods_are_405_with_allow)
      * connection is closed; the server keeps serving */
     CURL *c = curl_easy_init();
     char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%u/api/v1/runs", port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/api/v1/runs", http_fx.port);
     struct curl_slist *hdr = curl_slist_append(NULL, "Transfer-Encoding: chunked");
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
@@ -927,8 +730,8 @@ Test(http, counts_requests_and_errors)
         errors += cases[i].status >= 400;
         resp_free(&r);
     }
-    cr_assert_eq(atomic_load(&stats.http_requests), N(cases));
-    cr_assert_eq(atomic_load(&stats.http_errors), errors);
+    cr_assert_eq(atomic_load(&http_fx.stats.http_requests), N(cases));
+    cr_assert_eq(atomic_load(&http_fx.stats.http_errors), errors);
 }
 
 #define WRITER_BATCHES 40
@@ -941,7 +744,7 @@ static void *writer_main(void *arg)
     (void)arg;
     /* its own connection: the fixture's rw belongs to the test thread */
     sqlite3 *w = NULL;
-    if (sqlite3_open(db_path, &w) != SQLITE_OK) {
+    if (sqlite3_open(http_fx.db.path, &w) != SQLITE_OK) {
         atomic_store(&writer_done, -1);
         return NULL;
     }
@@ -1010,9 +813,9 @@ Test(http, readers_beside_a_committing_writer)
 
 Test(http, many_sequential_requests_single_thread_server)
 {
-    http_stop(srv);
-    srv = NULL;
-    start_server(1);
+    http_stop(http_fx.srv);
+    http_fx.srv = NULL;
+    http_fixture_start(1);
     CURL *h = curl_easy_init();
     for (int i = 0; i < 200; i++) {
         struct resp r;
@@ -1028,8 +831,8 @@ Test(http, many_sequential_requests_single_thread_server)
 Test(http, start_errors)
 {
     char missing[160], empty[160];
-    snprintf(missing, sizeof missing, "%s/missing.db", dir);
-    snprintf(empty, sizeof empty, "%s/empty.db", dir);
+    snprintf(missing, sizeof missing, "%s/missing.db", http_fx.db.dir);
+    snprintf(empty, sizeof empty, "%s/empty.db", http_fx.db.dir);
     sqlite3 *e = NULL;
     cr_assert_eq(sqlite3_open(empty, &e), SQLITE_OK);
     cr_assert_eq(sqlite3_exec(e, "CREATE TABLE other(x)", NULL, NULL, NULL), SQLITE_OK);
@@ -1051,12 +854,12 @@ Test(http, start_errors)
     };
     for (size_t i = 0; i < N(cases); i++) {
         struct http_opts o = {.host = cases[i].host,
-                              .port = cases[i].same_port ? port : 0,
-                              .db_path = cases[i].db == 0   ? db_path
+                              .port = cases[i].same_port ? http_fx.port : 0,
+                              .db_path = cases[i].db == 0   ? http_fx.db.path
                                          : cases[i].db == 1 ? missing
                                                             : empty,
                               .threads = cases[i].threads,
-                              .stats = &stats};
+                              .stats = &http_fx.stats};
         struct http *h = (struct http *)1;
         char err[256] = "";
         int rc = http_start(&o, &h, err, sizeof err);
@@ -1072,7 +875,8 @@ Test(http, start_errors)
 Test(http, ipv6_loopback_and_stop_with_idle_connections)
 {
     struct http_opts o = {
-        .host = "::1", .port = 0, .db_path = db_path, .threads = 2, .stats = &stats};
+        .host = "::1", .port = 0, .db_path = http_fx.db.path, .threads = 2,
+        .stats = &http_fx.stats};
     struct http *h6 = NULL;
     char err[256] = "";
     int rc = http_start(&o, &h6, err, sizeof err);

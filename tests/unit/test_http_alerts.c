@@ -21,19 +21,8 @@
 #include <sqlite3.h>
 
 #include "alert.h"
+#include "fstest.h"
 #include "http.h"
-#include "schema.h"
-
-#define N(a) (sizeof(a) / sizeof((a)[0]))
-#define MAX_BODY (8u << 20)
-
-/* Criterion runs each test in its own process: this state is per test. */
-static char dir[64];
-static char db_path[128];
-static sqlite3 *rw;
-static struct fs_stats stats;
-static struct http *srv;
-static unsigned short port;
 
 /* --- fixture ---------------------------------------------------------------------------------- */
 
@@ -87,35 +76,17 @@ static struct fx_alert fx(int i)
 
 static void exec(const char *sql)
 {
-    char *msg = NULL;
-    int rc = sqlite3_exec(rw, sql, NULL, NULL, &msg);
-    cr_assert_eq(rc, SQLITE_OK, "sql failed: %s: %s", sql, msg ? msg : "?");
+    db_exec(http_fx.rw, sql);
 }
 
 static sqlite3_stmt *prep(const char *sql)
 {
-    sqlite3_stmt *st = NULL;
-    cr_assert_eq(sqlite3_prepare_v2(rw, sql, -1, &st, NULL), SQLITE_OK, "%s: %s", sql,
-                 sqlite3_errmsg(rw));
-    return st;
+    return db_prep(http_fx.rw, sql);
 }
 
 static void step_done(sqlite3_stmt *st)
 {
-    cr_assert_eq(sqlite3_step(st), SQLITE_DONE, "%s", sqlite3_errmsg(rw));
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-}
-
-static void apply_schema(void)
-{
-    exec("PRAGMA journal_mode=WAL");
-    for (int i = 0; i < schema_migration_count; i++) {
-        exec(schema_migrations[i].sql);
-        char pragma[64];
-        snprintf(pragma, sizeof pragma, "PRAGMA user_version=%d", schema_migrations[i].version);
-        exec(pragma);
-    }
+    db_step_done(http_fx.rw, st);
 }
 
 static void insert_alerts(void)
@@ -281,144 +252,12 @@ static void insert_data(void)
 
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/fs-httpa-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(db_path, sizeof db_path, "%s/t.db", dir);
-    cr_assert_eq(sqlite3_open(db_path, &rw), SQLITE_OK);
-    apply_schema();
+    http_fixture_open("httpa");
     insert_data();
-    memset(&stats, 0, sizeof stats);
-    atomic_store(&stats.ready, 1);
-    cr_assert_eq(curl_global_init(CURL_GLOBAL_DEFAULT), 0);
-    struct http_opts o = {
-        .host = "127.0.0.1", .port = 0, .db_path = db_path, .threads = 2, .stats = &stats};
-    char err[256] = "";
-    int rc = http_start(&o, &srv, err, sizeof err);
-    cr_assert_eq(rc, 0, "http_start: %d %s", rc, err);
-    port = http_port(srv);
-    cr_assert_neq(port, 0);
+    http_fixture_start(2);
 }
 
-static void teardown(void)
-{
-    http_stop(srv);
-    srv = NULL;
-    sqlite3_close(rw);
-    static const char *const suffix[] = {"", "-wal", "-shm"};
-    for (size_t i = 0; i < N(suffix); i++) {
-        char p[160];
-        snprintf(p, sizeof p, "%s%s", db_path, suffix[i]);
-        unlink(p);
-    }
-    rmdir(dir);
-    curl_global_cleanup();
-}
-
-TestSuite(http_alerts, .init = setup, .fini = teardown);
-
-/* --- HTTP client ------------------------------------------------------------------------------ */
-
-struct resp {
-    long status;
-    json_t *json; /* NULL if the body is not JSON (or empty) */
-    char *body;
-    size_t len;
-};
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
-{
-    struct resp *r = ud;
-    size_t add = sz * n;
-    if (r->len + add > MAX_BODY)
-        return 0;
-    char *b = realloc(r->body, r->len + add + 1);
-    if (b == NULL)
-        return 0;
-    memcpy(b + r->len, p, add);
-    r->len += add;
-    b[r->len] = '\0';
-    r->body = b;
-    return add;
-}
-
-static void resp_free(struct resp *r)
-{
-    json_decref(r->json);
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
-
-static void request(const char *method, const char *path, struct resp *r)
-{
-    memset(r, 0, sizeof *r);
-    CURL *c = curl_easy_init();
-    cr_assert_not_null(c);
-    char url[2048];
-    snprintf(url, sizeof url, "http://127.0.0.1:%u%s", port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    CURLcode rc = curl_easy_perform(c);
-    cr_assert_eq(rc, CURLE_OK, "%s: %s", path, curl_easy_strerror(rc));
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
-    curl_easy_cleanup(c);
-    if (r->body != NULL) {
-        json_error_t e;
-        r->json = json_loads(r->body, 0, &e);
-    }
-}
-
-static json_t *get_json(const char *path, long status, struct resp *r)
-{
-    request(NULL, path, r);
-    cr_assert_eq(r->status, status, "GET %s: status %ld, expected %ld: %s", path, r->status,
-                 status, r->body ? r->body : "");
-    cr_assert_not_null(r->json, "GET %s: body is not JSON: %s", path, r->body ? r->body : "");
-    return r->json;
-}
-
-static int64_t jint(json_t *o, const char *key)
-{
-    json_t *v = json_object_get(o, key);
-    cr_assert(json_is_integer(v), "'%s' is not an integer", key);
-    return (int64_t)json_integer_value(v);
-}
-
-static double jnum(json_t *o, const char *key)
-{
-    json_t *v = json_object_get(o, key);
-    cr_assert(json_is_number(v), "'%s' is not a number", key);
-    return json_number_value(v);
-}
-
-static const char *jstr(json_t *o, const char *key)
-{
-    const char *s = json_string_value(json_object_get(o, key));
-    cr_assert_not_null(s, "'%s' is not a string", key);
-    return s;
-}
-
-static void expect_error(const char *method, const char *path, long status, const char *code,
-                         const char *mention)
-{
-    struct resp r;
-    request(method, path, &r);
-    cr_assert_eq(r.status, status, "%s: status %ld, expected %ld: %s", path, r.status, status,
-                 r.body ? r.body : "");
-    cr_assert_not_null(r.json, "%s: error body is not JSON: %s", path, r.body ? r.body : "");
-    json_t *err = json_object_get(r.json, "error");
-    cr_assert(json_is_object(err), "%s: no error object", path);
-    cr_assert_str_eq(json_string_value(json_object_get(err, "code")), code, "%s", path);
-    const char *msg = json_string_value(json_object_get(err, "message"));
-    cr_assert_not_null(msg, "%s: no message", path);
-    if (mention != NULL)
-        cr_assert(strstr(msg, mention) != NULL, "%s: message '%s' does not mention %s", path, msg,
-                  mention);
-    resp_free(&r);
-}
+TestSuite(http_alerts, .init = setup, .fini = http_fixture_close);
 
 /* --- alert listing: every filter against the fixture ------------------------------------------ */
 
@@ -1167,7 +1006,7 @@ static void expect_silenced_by(const int64_t *live, size_t n)
 
 static uint64_t compiles(void)
 {
-    return atomic_load(&stats.silence_compiles_http);
+    return atomic_load(&http_fx.stats.silence_compiles_http);
 }
 
 Test(http_alerts, silenced_by_compiles_each_silence_once)

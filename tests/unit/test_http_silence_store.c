@@ -10,33 +10,26 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fstest.h"
 #include "store.h"
 
-static char dir[64], path[128];
+static struct tmpdb db;
 static struct fs_stats stats;
 static struct store *s;
 
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/fs-silstore-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/t.db", dir);
+    tmpdb_make(&db, "silstore");
     struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 20,
                            .batch_max_items = 16, .stats = &stats};
     char err[256] = "";
-    cr_assert_eq(store_open(path, &o, &s, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(store_open(db.path, &o, &s, err, sizeof err), 0, "%s", err);
 }
 
 static void teardown(void)
 {
     store_close(s);
-    static const char *const suffix[] = {"", "-wal", "-shm"};
-    for (size_t i = 0; i < 3; i++) {
-        char p[160];
-        snprintf(p, sizeof p, "%s%s", path, suffix[i]);
-        unlink(p);
-    }
-    rmdir(dir);
+    tmpdb_remove(&db);
 }
 
 static struct store_item *insert_item(void)

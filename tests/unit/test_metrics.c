@@ -11,10 +11,8 @@
 
 #include <sqlite3.h>
 
+#include "fstest.h"
 #include "metrics.h"
-#include "schema.h"
-
-#define N(a) (sizeof(a) / sizeof((a)[0]))
 
 Test(metrics, escape_label_table)
 {
@@ -136,47 +134,39 @@ Test(metrics, buffer_grows_and_bounds)
     metrics_buf_free(&b);
 }
 
-static void exec(sqlite3 *db, const char *sql)
-{
-    char *msg = NULL;
-    cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, &msg), SQLITE_OK, "%s: %s", sql,
-                 msg ? msg : "?");
-}
-
 Test(metrics, db_families)
 {
-    char dir[] = "/tmp/fs-metrics-XXXXXX", path[64];
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/t.db", dir);
+    struct tmpdb tmp;
+    tmpdb_make(&tmp, "metrics");
     sqlite3 *db;
-    cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
-    for (int i = 0; i < schema_migration_count; i++)
-        exec(db, schema_migrations[i].sql);
+    cr_assert_eq(sqlite3_open(tmp.path, &db), SQLITE_OK);
+    db_apply_schema(db, false, false);
     double now = 10000;
     /* r-new and r-mid are recent; r-old is too old; r-none has no reports */
-    exec(db, "INSERT INTO runs(id, name, created_at, last_seen_at, world_size, last_step, reports)"
-             " VALUES (1, 'r-old', 0, 100, 1, 5, 1), (2, 'r-mid', 0, 9000, 1, 50, 10),"
-             " (3, 'r-new', 0, 9990, 1, 70, 10), (4, 'r-none', 0, 9999, 1, NULL, 0)");
-    exec(db, "INSERT INTO series(id, run_id, name, layer, head, window, rank, last_step) VALUES"
-             " (1, 3, 'loss', -1, -1, 0, 1, 70), (2, 3, 'loss', -1, -1, 0, 0, 69),"
-             " (3, 3, 'qk.d2.erank.min', 2, -1, 8, -1, 70),"  /* per layer: shown */
-             " (4, 3, 'qk.d2.erank', 2, 5, 8, -1, 70),"       /* per head: not */
-             " (5, 3, 'router.maxvio', 1, -1, 0, -1, 70),"    /* per layer, no window */
-             " (6, 3, 'weight_norm', 0, -1, 0, 0, 70),"       /* per rank: not */
-             " (7, 2, 'loss', -1, -1, 0, 0, 50),"
-             " (8, 3, 'qk.d2.erank.argmin', 2, -1, 8, -1, 70)"); /* a head index: not */
-    exec(db, "INSERT INTO points(series_id, step, value, time) VALUES (1, 70, 9.5, 0),"
-             " (2, 69, 2.25, 0), (3, 70, 3.5, 0), (4, 70, 1, 0), (5, 70, NULL, 0), (6, 70, 1, 0),"
-             " (7, 50, 4, 0), (8, 70, 3, 0)");
-    exec(db, "INSERT INTO alerts(id, run_id, rule, alert_key, dedup_key, state, severity, family,"
-             " attribution, last_step, created_at, updated_at) VALUES"
-             " (1, 3, 'loss', 'k1', 'd1', 2, 'critical', 'f', 'loss-spike', 1, 0, 0),"
-             " (2, 3, 'loss', 'k2', 'd2', 2, 'critical', 'f', 'loss-spike', 1, 0, 0),"
-             " (3, 3, 'loss', 'k3', 'd3', 1, 'warning', 'f', 'loss-spike', 1, 0, 0),"
-             " (4, 3, 'loss', 'k4', 'd4', 3, 'warning', 'f', 'loss-spike', 1, 0, 0)");
-    exec(db, "INSERT INTO silences(matchers_json, starts_at, ends_at, created_by, comment,"
-             " created_at, updated_at) VALUES ('[]', 0, 20000, 'a', '', 0, 0),"
-             " ('[]', 11000, 20000, 'a', '', 0, 0), ('[]', 0, 5000, 'a', '', 0, 0)");
+    db_exec(db, "INSERT INTO runs(id, name, created_at, last_seen_at, world_size, last_step,"
+                " reports) VALUES (1, 'r-old', 0, 100, 1, 5, 1), (2, 'r-mid', 0, 9000, 1, 50, 10),"
+                " (3, 'r-new', 0, 9990, 1, 70, 10), (4, 'r-none', 0, 9999, 1, NULL, 0)");
+    db_exec(db, "INSERT INTO series(id, run_id, name, layer, head, window, rank, last_step) VALUES"
+                " (1, 3, 'loss', -1, -1, 0, 1, 70), (2, 3, 'loss', -1, -1, 0, 0, 69),"
+                " (3, 3, 'qk.d2.erank.min', 2, -1, 8, -1, 70),"  /* per layer: shown */
+                " (4, 3, 'qk.d2.erank', 2, 5, 8, -1, 70),"       /* per head: not */
+                " (5, 3, 'router.maxvio', 1, -1, 0, -1, 70),"    /* per layer, no window */
+                " (6, 3, 'weight_norm', 0, -1, 0, 0, 70),"       /* per rank: not */
+                " (7, 2, 'loss', -1, -1, 0, 0, 50),"
+                " (8, 3, 'qk.d2.erank.argmin', 2, -1, 8, -1, 70)"); /* a head index: not */
+    db_exec(db, "INSERT INTO points(series_id, step, value, time) VALUES (1, 70, 9.5, 0),"
+                " (2, 69, 2.25, 0), (3, 70, 3.5, 0), (4, 70, 1, 0), (5, 70, NULL, 0),"
+                " (6, 70, 1, 0),"
+                " (7, 50, 4, 0), (8, 70, 3, 0)");
+    db_exec(db, "INSERT INTO alerts(id, run_id, rule, alert_key, dedup_key, state, severity,"
+                " family, attribution, last_step, created_at, updated_at) VALUES"
+                " (1, 3, 'loss', 'k1', 'd1', 2, 'critical', 'f', 'loss-spike', 1, 0, 0),"
+                " (2, 3, 'loss', 'k2', 'd2', 2, 'critical', 'f', 'loss-spike', 1, 0, 0),"
+                " (3, 3, 'loss', 'k3', 'd3', 1, 'warning', 'f', 'loss-spike', 1, 0, 0),"
+                " (4, 3, 'loss', 'k4', 'd4', 3, 'warning', 'f', 'loss-spike', 1, 0, 0)");
+    db_exec(db, "INSERT INTO silences(matchers_json, starts_at, ends_at, created_by, comment,"
+                " created_at, updated_at) VALUES ('[]', 0, 20000, 'a', '', 0, 0),"
+                " ('[]', 11000, 20000, 'a', '', 0, 0), ('[]', 0, 5000, 'a', '', 0, 0)");
 
     struct metrics_buf b = {0};
     char err[256] = "";
@@ -213,6 +203,5 @@ Test(metrics, db_families)
     metrics_buf_free(&b);
 
     sqlite3_close(db);
-    unlink(path);
-    rmdir(dir);
+    tmpdb_remove(&tmp);
 }

@@ -27,38 +27,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fstest.h"
 #include "monitor_qk.h"
 
 #define SPEC_TOL_F64 1e-12
 #define SCALAR_TOL_F64 1e-10
 #define SPEC_TOL_F32 1e-6
 #define SCALAR_TOL_F32 1e-5
-
-/* ---- random numbers ------------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double gauss(uint64_t *s)
-{
-    double u = ((double)(rng_next(s) >> 11) + 0.5) / 9007199254740992.0;
-    double v = (double)(rng_next(s) >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
-}
-
-static double *randn(size_t len, double scale, uint64_t *seed)
-{
-    double *x = malloc(len * sizeof *x);
-    cr_assert_not_null(x);
-    for (size_t i = 0; i < len; i++)
-        x[i] = scale * gauss(seed);
-    return x;
-}
 
 /* ---- the weights of one head and the reference --------------------------- */
 
@@ -153,82 +128,24 @@ static void reference_free(struct reference *r)
         free(r->spec[k]);
 }
 
-/* MONITORS.md 1.3 evaluated directly: drop below s_max * m * eps, then the
- * formulas in long double. */
-static struct spectrum_scalars ref_scalars(const double *s, size_t count, size_t m)
-{
-    struct spectrum_scalars o = {0};
-    double mx = 0;
-    for (size_t i = 0; i < count; i++)
-        mx = fmax(mx, s[i]);
-    if (!(mx > 0))
-        return o;
-    double floor = mx * (double)m * DBL_EPSILON;
-    long double sum = 0, sig = 0;
-    for (size_t i = 0; i < count; i++)
-        if (s[i] >= floor) {
-            sum += s[i];
-            sig += sqrtl(s[i]);
-            o.rank++;
-        }
-    long double h2 = 0, h1 = 0;
-    for (size_t i = 0; i < count; i++)
-        if (s[i] >= floor) {
-            long double p2 = s[i] / sum, p1 = sqrtl(s[i]) / sig;
-            h2 -= p2 * logl(p2);
-            h1 -= p1 * logl(p1);
-        }
-    o.present = true;
-    o.entropy2 = (double)h2;
-    o.entropy1 = (double)h1;
-    o.erank2 = (double)expl(h2);
-    o.erank1 = (double)expl(h1);
-    o.srank = (double)(sum / mx);
-    o.fro = (double)sqrtl(sum);
-    o.smax = sqrt(mx);
-    return o;
-}
-
 /* ---- Grams as the trainer would send them -------------------------------- */
 
 /* Upper triangles (row-major) of GA = A A^T and GB = B B^T over the columns
  * [c0, c1) of d, accumulated into ga, gb (n(n+1)/2 doubles each). */
 static void grams_add(const struct head_w *w, size_t c0, size_t c1, double *ga, double *gb)
 {
-    size_t dh = w->dh, n = 2 * dh, d = w->d, k = 0;
-    for (size_t i = 0; i < n; i++) {
-        /* A = [dWq; Wq], B = [Wk; dWk] */
-        const double *ai = i < dh ? w->dwq + i * d : w->wq + (i - dh) * d;
-        const double *bi = i < dh ? w->wk + i * d : w->dwk + (i - dh) * d;
-        for (size_t j = i; j < n; j++, k++) {
-            const double *aj = j < dh ? w->dwq + j * d : w->wq + (j - dh) * d;
-            const double *bj = j < dh ? w->wk + j * d : w->dwk + (j - dh) * d;
-            double sa = 0, sb = 0;
-            for (size_t c = c0; c < c1; c++) {
-                sa += ai[c] * aj[c];
-                sb += bi[c] * bj[c];
-            }
-            ga[k] += sa;
-            gb[k] += sb;
-        }
-    }
-}
-
-/* float32 little-endian bytes of a double triangle, as on the wire. */
-static unsigned char *to_wire(const double *tri, size_t len)
-{
-    unsigned char *b = malloc(len * 4);
-    cr_assert_not_null(b);
-    for (size_t k = 0; k < len; k++) {
-        float f = (float)tri[k];
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        b[4 * k] = (unsigned char)u;
-        b[4 * k + 1] = (unsigned char)(u >> 8);
-        b[4 * k + 2] = (unsigned char)(u >> 16);
-        b[4 * k + 3] = (unsigned char)(u >> 24);
-    }
-    return b;
+    size_t dh = w->dh, d = w->d, half = dh * d;
+    double *a = malloc(2 * half * sizeof(*a)), *b = malloc(2 * half * sizeof(*b));
+    cr_assert(a && b);
+    /* A = [dWq; Wq], B = [Wk; dWk] */
+    memcpy(a, w->dwq, half * sizeof(*a));
+    memcpy(a + half, w->wq, half * sizeof(*a));
+    memcpy(b, w->wk, half * sizeof(*b));
+    memcpy(b + half, w->dwk, half * sizeof(*b));
+    gram_tri_add(a, 2 * dh, d, c0, c1, ga);
+    gram_tri_add(b, 2 * dh, d, c0, c1, gb);
+    free(a);
+    free(b);
 }
 
 /* The Grams over `shards` uneven slices of d; f32: each shard goes through
@@ -252,7 +169,7 @@ static void grams_make(const struct head_w *w, unsigned shards, bool f32, double
         double *pa = calloc(len, sizeof *pa), *pb = calloc(len, sizeof *pb);
         cr_assert(pa && pb);
         grams_add(w, cuts[s], cuts[s + 1], pa, pb);
-        unsigned char *wa = to_wire(pa, len), *wb = to_wire(pb, len);
+        unsigned char *wa = tri_to_f32le(pa, len), *wb = tri_to_f32le(pb, len);
         cr_assert_eq(monitor_tri_accumulate(ga, n, wa, len * 4), 0);
         cr_assert_eq(monitor_tri_accumulate(gb, n, wb, len * 4), 0);
         free(pa);

@@ -16,25 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fstest.h"
 #include "monitor_qk.h" /* monitor_tri_len, monitor_tri_accumulate */
 #include "monitor_router.h"
-
-/* ---- random numbers ------------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double gauss(uint64_t *s)
-{
-    double u = ((double)(rng_next(s) >> 11) + 0.5) / 9007199254740992.0;
-    double v = (double)(rng_next(s) >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
-}
 
 static void assert_rel(double got, double want, double rel, const char *what, const char *name)
 {
@@ -99,19 +83,6 @@ out:
     return w;
 }
 
-/* GR upper triangle over columns [c0, c1), accumulated into gr. */
-static void gr_add(const double *w, size_t e, size_t d, size_t c0, size_t c1, double *gr)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < e; i++)
-        for (size_t j = i; j < e; j++, k++) {
-            double s = 0;
-            for (size_t c = c0; c < c1; c++)
-                s += w[i * d + c] * w[j * d + c];
-            gr[k] += s;
-        }
-}
-
 static void gr_make(const struct wr_case *k, const double *w, double *gr)
 {
     size_t e = k->e, d = k->d, len = monitor_tri_len(e);
@@ -123,20 +94,13 @@ static void gr_make(const struct wr_case *k, const double *w, double *gr)
     }
     for (unsigned s = 0; s < k->shards; s++) {
         if (!k->f32) {
-            gr_add(w, e, d, cuts[s], cuts[s + 1], gr);
+            gram_tri_add(w, e, d, cuts[s], cuts[s + 1], gr);
             continue;
         }
         double *part = calloc(len, sizeof *part);
-        unsigned char *b = malloc(len * 4);
-        cr_assert(part && b);
-        gr_add(w, e, d, cuts[s], cuts[s + 1], part);
-        for (size_t i = 0; i < len; i++) {
-            float f = (float)part[i];
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            for (int byte = 0; byte < 4; byte++)
-                b[4 * i + byte] = (unsigned char)(u >> (8 * byte));
-        }
+        cr_assert_not_null(part);
+        gram_tri_add(w, e, d, cuts[s], cuts[s + 1], part);
+        unsigned char *b = tri_to_f32le(part, len);
         cr_assert_eq(monitor_tri_accumulate(gr, e, b, len * 4), 0);
         free(part);
         free(b);
@@ -207,41 +171,6 @@ static struct wr_ref wr_reference(const double *w, size_t e, size_t d)
     free(s);
     free(wbar);
     return r;
-}
-
-/* MONITORS.md 1.3 directly (drop below s_max * m * eps). */
-static struct spectrum_scalars ref_scalars(const double *s, size_t count, size_t m)
-{
-    struct spectrum_scalars o = {0};
-    double mx = 0;
-    for (size_t i = 0; i < count; i++)
-        mx = fmax(mx, s[i]);
-    if (!(mx > 0))
-        return o;
-    double floor = mx * (double)m * DBL_EPSILON;
-    long double sum = 0, sig = 0;
-    for (size_t i = 0; i < count; i++)
-        if (s[i] >= floor) {
-            sum += s[i];
-            sig += sqrtl(s[i]);
-            o.rank++;
-        }
-    long double h2 = 0, h1 = 0;
-    for (size_t i = 0; i < count; i++)
-        if (s[i] >= floor) {
-            long double p2 = s[i] / sum, p1 = sqrtl(s[i]) / sig;
-            h2 -= p2 * logl(p2);
-            h1 -= p1 * logl(p1);
-        }
-    o.present = true;
-    o.entropy2 = (double)h2;
-    o.entropy1 = (double)h1;
-    o.erank2 = (double)expl(h2);
-    o.erank1 = (double)expl(h1);
-    o.srank = (double)(sum / mx);
-    o.fro = (double)sqrtl(sum);
-    o.smax = sqrt(mx);
-    return o;
 }
 
 Test(monitor_router, weight_side_against_direct_computation)

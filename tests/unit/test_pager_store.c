@@ -11,12 +11,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fstest.h"
 #include "pager.h"
 #include "store.h"
 
 struct fixture {
-    char dir[64];
-    char path[128];
+    struct tmpdb db;
     struct fs_stats stats;
     struct store *s;
 };
@@ -24,33 +24,18 @@ struct fixture {
 static void fx_open(struct fixture *f)
 {
     memset(f, 0, sizeof(*f));
-    snprintf(f->dir, sizeof(f->dir), "/tmp/fs-pager-XXXXXX");
-    cr_assert_not_null(mkdtemp(f->dir));
-    snprintf(f->path, sizeof(f->path), "%s/t.db", f->dir);
+    tmpdb_make(&f->db, "pager");
     struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 24,
                            .batch_max_items = 16,
                            .stats = &f->stats};
     char err[512] = "";
-    cr_assert_eq(store_open(f->path, &o, &f->s, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(store_open(f->db.path, &o, &f->s, err, sizeof(err)), 0, "%s", err);
 }
 
 static void fx_fini(struct fixture *f)
 {
     store_close(f->s);
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
-    cr_expect_eq(system(cmd), 0);
-}
-
-static int64_t q1(sqlite3 *db, const char *sql)
-{
-    sqlite3_stmt *st;
-    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s: %s", sql,
-                 sqlite3_errmsg(db));
-    cr_assert_eq(sqlite3_step(st), SQLITE_ROW, "%s: no row", sql);
-    int64_t v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    return v;
+    tmpdb_remove(&f->db);
 }
 
 static int64_t run_id(struct fixture *f)
@@ -134,7 +119,7 @@ Test(pager_store, outbox_rows_per_target_with_the_transition)
     };
     sqlite3 *db;
     char err[256];
-    cr_assert_eq(store_open_readonly(f.path, &db, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(store_open_readonly(f.db.path, &db, err, sizeof(err)), 0, "%s", err);
     for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
         int calls = atomic_load(&an.calls);
         cr_assert_eq(store_submit(f.s, alert_item(run, steps[i].to_state, steps[i].change)), 0);
@@ -186,7 +171,7 @@ Test(pager_store, no_targets_no_rows)
     store_flush(f.s);
     sqlite3 *db;
     char err[256];
-    cr_assert_eq(store_open_readonly(f.path, &db, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(store_open_readonly(f.db.path, &db, err, sizeof(err)), 0, "%s", err);
     cr_expect_eq(q1(db, "SELECT count(*) FROM outbox"), 0);
     cr_expect_eq(q1(db, "SELECT count(*) FROM alert_events"), 1);
     sqlite3_close(db);
@@ -253,13 +238,6 @@ Test(pager_store, target_config_table)
 
 /* --- retention (store_prune) ------------------------------------------------------------ */
 
-static void exec_ok(sqlite3 *db, const char *sql)
-{
-    char *msg = NULL;
-    cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, &msg), SQLITE_OK, "%s: %s", sql,
-                 msg ? msg : "");
-}
-
 /* A database with the daemon's schema, written directly (no writer). */
 static sqlite3 *raw_db(struct fixture *f)
 {
@@ -267,16 +245,14 @@ static sqlite3 *raw_db(struct fixture *f)
     store_close(f->s);
     f->s = NULL;
     sqlite3 *db;
-    cr_assert_eq(sqlite3_open(f->path, &db), SQLITE_OK);
+    cr_assert_eq(sqlite3_open(f->db.path, &db), SQLITE_OK);
     return db;
 }
 
 static void raw_fini(struct fixture *f, sqlite3 *db)
 {
     sqlite3_close(db);
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
-    cr_expect_eq(system(cmd), 0);
+    tmpdb_remove(&f->db);
 }
 
 static void outbox_row(sqlite3 *db, int64_t id, int64_t alert, const char *target, int kind,
@@ -291,7 +267,7 @@ static void outbox_row(sqlite3 *db, int64_t id, int64_t alert, const char *targe
              "created_at, state, updated_at, done_at) VALUES (%lld, %lld, 1, '%s', %d, "
              "'critical', 'x', 1, %d, 1, %s)",
              (long long)id, (long long)alert, target, kind, state, done);
-    exec_ok(db, sql);
+    db_exec(db, sql);
 }
 
 static int64_t ids_left(sqlite3 *db)
@@ -341,7 +317,7 @@ Test(pager_store, prune_keeps_what_the_pager_needs)
         if (rows[i].kept)
             want |= B(rows[i].id);
     }
-    exec_ok(db, "INSERT INTO silences (id, matchers_json, starts_at, ends_at, created_by, "
+    db_exec(db, "INSERT INTO silences (id, matchers_json, starts_at, ends_at, created_by, "
                 "comment, created_at, updated_at) VALUES "
                 "(1, '[]', 0, 100, 'a', '', 0, 0), (2, '[]', 0, 9500, 'a', '', 0, 0), "
                 "(3, '[]', 0, 20000, 'a', '', 0, 0)");
@@ -398,15 +374,13 @@ Test(pager_store, writer_prunes_periodically)
 {
     struct fixture f;
     memset(&f, 0, sizeof(f));
-    snprintf(f.dir, sizeof(f.dir), "/tmp/fs-pager-XXXXXX");
-    cr_assert_not_null(mkdtemp(f.dir));
-    snprintf(f.path, sizeof(f.path), "%s/t.db", f.dir);
+    tmpdb_make(&f.db, "pager");
     struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 24,
                            .batch_max_items = 16,
                            .stats = &f.stats, .outbox_retention_s = 0.2,
                            .silence_retention_s = 0.2, .prune_interval_s = 0.05};
     char err[512] = "";
-    cr_assert_eq(store_open(f.path, &o, &f.s, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(store_open(f.db.path, &o, &f.s, err, sizeof(err)), 0, "%s", err);
     const char *names[] = {"t"};
     store_set_pager(f.s, names, 1, NULL, NULL);
     int64_t run = run_id(&f);
@@ -429,7 +403,7 @@ Test(pager_store, writer_prunes_periodically)
     cr_assert_eq(store_submit(f.s, it), 0);
     store_flush(f.s);
     sqlite3 *db;
-    cr_assert_eq(store_open_readonly(f.path, &db, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(store_open_readonly(f.db.path, &db, err, sizeof(err)), 0, "%s", err);
     int gone = 0;
     for (int i = 0; i < 600 && !gone; i++) { /* a deadline of 30 s, not a timing assertion */
         gone = q1(db, "SELECT count(*) FROM outbox") == 1 &&

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fstest.h"
 #include "ranks.h"
 #include "run.h"
 
@@ -165,25 +166,6 @@ struct shard_case {
     unsigned dh, d, shards;
 };
 
-static double urand(unsigned *s)
-{
-    *s = *s * 1103515245u + 12345u;
-    return ((*s >> 8) & 0xffff) / 65536.0 - 0.5;
-}
-
-/* Upper triangle of M M^T for rows of M (n x d), columns [c0, c1). */
-static void gram_tri(const double *m, size_t n, size_t d, size_t c0, size_t c1, double *out)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = i; j < n; j++) {
-            double s = 0;
-            for (size_t c = c0; c < c1; c++)
-                s += m[i * d + c] * m[j * d + c];
-            out[k++] = s;
-        }
-}
-
 static const struct shard_case shard_cases[] = {
     {.dh = 4, .d = 16, .shards = 1},
     {.dh = 4, .d = 16, .shards = 4},
@@ -201,21 +183,25 @@ Test(run, shard_sums_equal_unsharded_gram)
         double *full_a = malloc(len * sizeof(double)), *full_b = malloc(len * sizeof(double));
         double *part = malloc(len * sizeof(double));
         float *pa = malloc(len * sizeof(float)), *pb = malloc(len * sizeof(float));
-        unsigned seed = 17u + (unsigned)c;
+        uint64_t seed = 17u + c;
         for (size_t i = 0; i < n * sc->d; i++) {
-            a[i] = urand(&seed);
-            b[i] = urand(&seed);
+            a[i] = uniform01(&seed) - 0.5;
+            b[i] = uniform01(&seed) - 0.5;
         }
-        gram_tri(a, n, sc->d, 0, sc->d, full_a);
-        gram_tri(b, n, sc->d, 0, sc->d, full_b);
+        memset(full_a, 0, len * sizeof(double));
+        memset(full_b, 0, len * sizeof(double));
+        gram_tri_add(a, n, sc->d, 0, sc->d, full_a);
+        gram_tri_add(b, n, sc->d, 0, sc->d, full_b);
         struct fixture fx;
         fx_init(&fx, sc->shards, 1ull << 30);
         for (unsigned s = 0; s < sc->shards; s++) {
             size_t c0 = sc->d * s / sc->shards, c1 = sc->d * (s + 1) / sc->shards;
-            gram_tri(a, n, sc->d, c0, c1, part);
+            memset(part, 0, len * sizeof(double));
+            gram_tri_add(a, n, sc->d, c0, c1, part);
             for (size_t k = 0; k < len; k++)
                 pa[k] = (float)part[k];
-            gram_tri(b, n, sc->d, c0, c1, part);
+            memset(part, 0, len * sizeof(double));
+            gram_tri_add(b, n, sc->d, c0, c1, part);
             for (size_t k = 0; k < len; k++)
                 pb[k] = (float)part[k];
             struct t_report *t = malloc(sizeof(*t));

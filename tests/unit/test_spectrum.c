@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "fstest.h"
 #include "spectrum.h"
 
 #define TOL 1e-12 /* relative, closed forms in double */
@@ -116,19 +117,6 @@ Test(spectrum, bad_arguments)
 }
 
 /* ---- random spectra against a direct evaluation -------------------------- */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) / 9007199254740992.0;
-}
 
 /* The formulas of MONITORS.md 1.3, long double, values already cleaned. */
 static void direct(const double *s, size_t n, struct spectrum_scalars *ref)

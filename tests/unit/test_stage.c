@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "detect.h"
+#include "fstest.h"
 #include "stage.h"
 #include "store.h"
 
@@ -410,19 +411,6 @@ static const struct stage_case cases[] = {
      0, NULL},
 };
 
-static int64_t q1(const char *path, const char *sql)
-{
-    sqlite3 *db;
-    cr_assert_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    sqlite3_stmt *q;
-    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &q, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
-    cr_assert_eq(sqlite3_step(q), SQLITE_ROW, "%s", sql);
-    int64_t v = sqlite3_column_int64(q, 0);
-    sqlite3_finalize(q);
-    sqlite3_close(db);
-    return v;
-}
-
 /* head_points_every thins the per-head series only: the per-layer
  * aggregates keep every step and detection (what fires, when, why) is the
  * same as with every point stored. */
@@ -441,10 +429,10 @@ Test(stage, head_points_every_thins_per_head_series_only)
                                    "s.id = p.series_id WHERE s.head >= 0 AND p.step % 10 != 0";
     static const char layers[] = "SELECT count(*) FROM points p JOIN series s ON s.id = p.series_id "
                                  "WHERE s.head = -1 AND s.layer >= 0 AND s.rank = -1";
-    cr_expect_gt(q1(all, heads), 0);
-    cr_expect_eq(q1(thin, off_grid), 0, "per-head points off the grid");
-    cr_expect_eq(q1(thin, heads) * 10, q1(all, heads), "one step in ten");
-    cr_expect_eq(q1(thin, layers), q1(all, layers), "aggregates at every step");
+    cr_expect_gt(q1_path(all, heads), 0);
+    cr_expect_eq(q1_path(thin, off_grid), 0, "per-head points off the grid");
+    cr_expect_eq(q1_path(thin, heads) * 10, q1_path(all, heads), "one step in ten");
+    cr_expect_eq(q1_path(thin, layers), q1_path(all, layers), "aggregates at every step");
     struct event *a, *b;
     size_t na = read_events(all, &a), nb = read_events(thin, &b);
     cr_expect_gt(na, 0);

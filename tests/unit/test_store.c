@@ -9,13 +9,13 @@
 #include <unistd.h>
 
 #include "foreshock.pb-c.h"
+#include "fstest.h"
 #include "schema.h"
 #include "spool.h"
 #include "store.h"
 
 struct fixture {
-    char dir[64];
-    char path[128];
+    struct tmpdb db;
     struct fs_stats stats;
     struct store *s;
 };
@@ -34,15 +34,13 @@ static struct store_opts opts_for(struct fixture *f)
 static void fx_init(struct fixture *f)
 {
     memset(f, 0, sizeof(*f));
-    snprintf(f->dir, sizeof(f->dir), "/tmp/fs-store-XXXXXX");
-    cr_assert_not_null(mkdtemp(f->dir));
-    snprintf(f->path, sizeof(f->path), "%s/t.db", f->dir);
+    tmpdb_make(&f->db, "store");
 }
 
 static void fx_open(struct fixture *f, const struct store_opts *o)
 {
     char err[512] = "";
-    int rc = store_open(f->path, o, &f->s, err, sizeof(err));
+    int rc = store_open(f->db.path, o, &f->s, err, sizeof(err));
     cr_assert_eq(rc, 0, "store_open: %d %s", rc, err);
 }
 
@@ -50,39 +48,15 @@ static void fx_fini(struct fixture *f)
 {
     store_close(f->s);
     f->s = NULL;
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
-    cr_expect_eq(system(cmd), 0);
+    tmpdb_remove(&f->db);
 }
 
 static sqlite3 *ro(struct fixture *f)
 {
     sqlite3 *db;
     char err[256];
-    cr_assert_eq(store_open_readonly(f->path, &db, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(store_open_readonly(f->db.path, &db, err, sizeof(err)), 0, "%s", err);
     return db;
-}
-
-static int64_t q1(sqlite3 *db, const char *sql)
-{
-    sqlite3_stmt *st;
-    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s: %s", sql,
-                 sqlite3_errmsg(db));
-    int rc = sqlite3_step(st);
-    cr_assert_eq(rc, SQLITE_ROW, "%s: no row (%s)", sql, sqlite3_errmsg(db));
-    int64_t v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    return v;
-}
-
-static double qd(sqlite3 *db, const char *sql)
-{
-    sqlite3_stmt *st;
-    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s", sql);
-    cr_assert_eq(sqlite3_step(st), SQLITE_ROW, "%s: no row", sql);
-    double v = sqlite3_column_double(st, 0);
-    sqlite3_finalize(st);
-    return v;
 }
 
 static void submit_ok(struct store *s, struct store_item *it)
@@ -227,7 +201,7 @@ Test(store, refuses_newer_schema)
     struct fixture f;
     fx_init(&f);
     sqlite3 *db;
-    cr_assert_eq(sqlite3_open(f.path, &db), SQLITE_OK);
+    cr_assert_eq(sqlite3_open(f.db.path, &db), SQLITE_OK);
     char sql[64];
     snprintf(sql, sizeof(sql), "PRAGMA user_version = %d", schema_migration_count + 1);
     cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
@@ -235,7 +209,7 @@ Test(store, refuses_newer_schema)
     struct store_opts o = opts_for(&f);
     char err[512] = "";
     struct store *s = NULL;
-    int rc = store_open(f.path, &o, &s, err, sizeof(err));
+    int rc = store_open(f.db.path, &o, &s, err, sizeof(err));
     cr_expect_lt(rc, 0);
     cr_expect_null(s);
     cr_expect(strstr(err, "newer") != NULL, "%s", err);
@@ -446,7 +420,7 @@ static struct replayed replay(struct fixture *f, int64_t skip_to)
                              (uint64_t)q1(db, "SELECT byte_offset FROM spool_log")};
     sqlite3_close(db);
     char dir[256], err[256];
-    spool_dir_of(f->path, dir, sizeof(dir));
+    spool_dir_of(f->db.path, dir, sizeof(dir));
     struct replayed rp = {.skip_to = skip_to};
     struct spool_replay_ops ops = {.want = want_after, .feed = note_step, .ctx = &rp};
     struct spool_replay_stats st;
@@ -534,7 +508,7 @@ Test(store, legacy_spool_rows_move_into_the_log)
     struct store_result h = hello_done(f.s, 1);
     store_close(f.s);
     sqlite3 *db;
-    cr_assert_eq(sqlite3_open(f.path, &db), SQLITE_OK);
+    cr_assert_eq(sqlite3_open(f.db.path, &db), SQLITE_OK);
     for (int seq = 1; seq <= 3; seq++) {
         char sql[256];
         snprintf(sql, sizeof(sql),
@@ -698,7 +672,7 @@ Test(store, backpressure_and_no_ack_before_commit)
     cr_expect_gt(atomic_load(&notified), 0);
 
     sqlite3 *blocker;
-    cr_assert_eq(sqlite3_open(f.path, &blocker), SQLITE_OK);
+    cr_assert_eq(sqlite3_open(f.db.path, &blocker), SQLITE_OK);
     cr_assert_eq(sqlite3_exec(blocker, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
     for (uint64_t seq = 1; seq <= 4; seq++)
         submit_ok(f.s, report(1, &h, seq, seq, 1.0));
@@ -742,7 +716,7 @@ Test(store, hello_is_accepted_when_full_and_written_first)
     submit_ok(f.s, hello(1, "fair", 0, 0));
     struct store_result h = hello_done(f.s, 1);
     sqlite3 *blocker;
-    cr_assert_eq(sqlite3_open(f.path, &blocker), SQLITE_OK);
+    cr_assert_eq(sqlite3_open(f.db.path, &blocker), SQLITE_OK);
     cr_assert_eq(sqlite3_exec(blocker, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
     for (uint64_t seq = 1; seq <= 6; seq++)
         submit_ok(f.s, report(1, &h, seq, seq, 1.0));
