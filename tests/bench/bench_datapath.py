@@ -12,10 +12,10 @@ others carry scalars. With --split-heads the heads are split over the
 ranks instead, as tensor parallelism does (`foreshock simulate
 --split-heads`): each rank sends whole Grams (all of d, shard 0 of 1) of
 its block of H/R query heads of every layer, so the full 7B shape fits
-(--heads 32 --kv-heads 8: 4 heads x 32 layers, 34 MB per rank). The frames are built once with numpy (real Grams of
-random weights, so the monitor math does its usual work) and only seq/step
-change, so the senders cost next to no CPU and the daemon is what is
-measured. A sender that cannot write its report by the next report's due
+(--heads 32 --kv-heads 8: 4 heads x 32 layers, 34 MB per rank). The
+frames are built once with numpy (real Grams of random weights, so the
+monitor math does its usual work) and only seq/step change, so the
+senders cost next to no CPU and the daemon is what is measured. A sender that cannot write its report by the next report's due
 time is "behind" (a real trainer's replay buffer would be dropping).
 
 Each step time in --step-times runs on a fresh daemon and database. The
