@@ -11,6 +11,15 @@
  * steps in between. A sketch at step t with window W needs the weights at
  * t - W; those are kept in a small ring of snapshots.
  *
+ * Attention, Gram route with split_heads (tensor-parallel style): the rank
+ * holds all of d of the query heads sim_rank_heads gives it and of the key
+ * heads they read, and sends whole Grams (shard 0 of 1). Each weight block
+ * (layer, query head or key head) draws its initial values and its updates
+ * from a stream of its own (TAG_W_BLOCK), so a head's Grams are the same
+ * whichever rank holds it and however many ranks there are: a run split
+ * over N ranks stores the monitors of the same run on one rank. A key head
+ * read by the blocks of two ranks is held, identically, by both.
+ *
  * Attention, spectrum route: the rank holds whole query heads
  * (sim_rank_heads) and sends, per head, the spectra a trainer would have
  * solved from its Grams. A 70B model's Q/K weights are 1.3e10 floats and
@@ -48,6 +57,7 @@
 #define CHOL_JITTER_TRIES 8
 #define TAG_ROUTER_INIT 0x7257u /* sim_seed_mix stream of a layer's router */
 #define TAG_W_SHAPE 0x5753u     /* spectrum route: a head's K(t0) spectrum shape */
+#define TAG_W_BLOCK 0x5742u     /* split_heads: a weight block's stream */
 
 struct sim_router {
     uint32_t layer;
@@ -68,10 +78,15 @@ struct sim_rank {
     const struct sim_params *p;
     uint32_t rank, nsnap, n_moe;
     uint32_t kv, group;         /* key heads per layer, query heads per key head */
-    uint32_t h0, h1;            /* spectrum route: the query heads held, per layer */
-    size_t ds, c0, block;       /* shard columns, first column, floats per head block */
-    size_t all_q, all_k;        /* floats of wq (layers*heads blocks), wk (layers*kv blocks) */
+    uint32_t h0, h1;            /* spectrum route, split_heads: the query heads held */
+    uint32_t k0;                /* the first key head held (0 unless split_heads) */
+    uint32_t nq, nk;            /* query and key blocks held per layer */
+    size_t ds, c0;              /* this rank's slice of d: columns, first column */
+    size_t cols, block;         /* attention: columns (ds, or d with split_heads), floats
+                                 * per head block (dh x cols) */
+    size_t all_q, all_k;        /* floats of wq (layers*nq blocks), wk (layers*nk blocks) */
     float *wq, *wk;
+    struct sim_rng *brng;       /* split_heads: layers*(nq+nk) block streams, Q's then K's */
     float *snap_q, *snap_k;     /* nsnap copies of wq, wk */
     float *spec;                /* spectrum route: 6 dh floats, one head's spectra */
     double acc;                 /* sum of sim_step_sd(s)^2 over s < next */
@@ -98,6 +113,32 @@ static uint32_t kv_heads(const struct sim_params *p)
     return p->heads / sim_group(p);
 }
 
+/* Whether ranks hold whole heads (and d is not split for attention). */
+static int whole_heads(const struct sim_params *p)
+{
+    return p->route == SIM_ROUTE_SPECTRUM || p->split_heads;
+}
+
+/* The key heads [*k0, *k1) that query heads [h0, h1) read (none for none). */
+static void key_heads(const struct sim_params *p, uint32_t h0, uint32_t h1, uint32_t *k0,
+                      uint32_t *k1)
+{
+    uint32_t g = sim_group(p);
+
+    *k0 = h0 / g;
+    *k1 = h1 > h0 ? (h1 - 1) / g + 1 : *k0;
+}
+
+/* Snapshots of the weights in the ring: the weights at t - window for each
+ * sketch step t. The ones pending at once are those for the sketch steps
+ * in (t, t + window], ceil(window / sketch_every) consecutive ones, so as
+ * many slots never collide; attention_step reads step t's slot before it
+ * writes the slot of t + window, which may be the same one. */
+static uint32_t snapshots(const struct sim_params *p)
+{
+    return (p->window + p->sketch_every - 1) / p->sketch_every;
+}
+
 size_t sim_rank_floats(const struct sim_params *p)
 {
     int of = 0;
@@ -106,15 +147,28 @@ size_t sim_rank_floats(const struct sim_params *p)
     if (!p->sketches || !p->ranks || !p->sketch_every)
         return 0;
     ds = (p->d + p->ranks - 1) / p->ranks;
-    nsnap = (size_t)p->window / p->sketch_every + 2;
+    nsnap = snapshots(p);
     for (uint32_t l = 0; l < p->layers; l++)
         moe += (size_t)sim_is_moe(p, l);
     if (p->route == SIM_ROUTE_SPECTRUM) {
         n = 6 * (size_t)p->dh; /* one head's spectra */
     } else {
-        /* wq (heads), wk (kv heads) and their nsnap snapshots. */
-        n = mul_add((size_t)p->layers * ((size_t)p->heads + kv_heads(p)), p->dh, 0, &of);
-        n = mul_add(n, ds, 0, &of);
+        /* wq (heads), wk (kv heads) and their nsnap snapshots; with
+         * split_heads the most blocks any rank holds, all of d each. */
+        size_t blocks = (size_t)p->heads + kv_heads(p), cols = ds;
+        if (p->split_heads) {
+            blocks = 0;
+            cols = p->d;
+            for (uint32_t rk = 0; rk < p->ranks; rk++) {
+                uint32_t h0, h1, k0, k1;
+                sim_rank_heads(p, rk, &h0, &h1);
+                key_heads(p, h0, h1, &k0, &k1);
+                if ((size_t)(h1 - h0) + (k1 - k0) > blocks)
+                    blocks = (size_t)(h1 - h0) + (k1 - k0);
+            }
+        }
+        n = mul_add((size_t)p->layers * blocks, p->dh, 0, &of);
+        n = mul_add(n, cols, 0, &of);
         n = mul_add(n, nsnap + 1, 0, &of);
     }
     /* Per MoE layer: WR and its observation (E x d each), a shard (E x ds). */
@@ -143,15 +197,16 @@ size_t sim_report_bytes(const struct sim_params *p)
 
     for (uint32_t l = 0; l < p->layers; l++)
         n_moe += (size_t)sim_is_moe(p, l);
-    if (p->route == SIM_ROUTE_SPECTRUM) {
+    heads = p->heads;
+    if (whole_heads(p)) {
         uint32_t h0, h1;
         sim_rank_heads(p, 0, &h0, &h1); /* rank 0 holds the largest block */
         heads = h1 - h0;
-        per_head = 6 * (size_t)p->dh * 4 + 128; /* spectra, five doubles, framing */
-    } else {
-        heads = p->heads;
-        per_head = fsc_tri_len(2 * (size_t)p->dh) * 8 + 64; /* two float triangles */
     }
+    if (p->route == SIM_ROUTE_SPECTRUM)
+        per_head = 6 * (size_t)p->dh * 4 + 128; /* spectra, five doubles, framing */
+    else
+        per_head = fsc_tri_len(2 * (size_t)p->dh) * 8 + 64; /* two float triangles */
     n = mul_add(mul_add(p->layers, heads, 0, &of), per_head, 4096, &of);
     n = mul_add(n_moe, fsc_tri_len(p->experts) * 4 + (size_t)p->experts * 16 + 64, n, &of);
     return of ? 0 : n;
@@ -160,7 +215,7 @@ size_t sim_report_bytes(const struct sim_params *p)
 int sim_params_check(const struct sim_params *p, size_t replay_bytes, char *err, size_t errlen)
 {
     size_t floats, bytes;
-    int sharded = p->route == SIM_ROUTE_GRAM || p->experts;
+    int sharded = !whole_heads(p) || p->experts;
 
     if (p->kv_heads && (p->kv_heads > p->heads || p->heads % p->kv_heads)) {
         snprintf(err, errlen, "--kv-heads %u must divide --heads %u (each key head serves the "
@@ -183,15 +238,17 @@ int sim_params_check(const struct sim_params *p, size_t replay_bytes, char *err,
     if (!floats || floats > SIM_MAX_FLOATS_PER_RANK) {
         snprintf(err, errlen, "simulated weights would need more than %zu floats per rank%s",
                  SIM_MAX_FLOATS_PER_RANK, p->route == SIM_ROUTE_GRAM
-                     ? " (the spectrum route, --route spectrum, holds no attention weights)"
+                     ? " (--split-heads holds 1/ranks of the heads per rank; the spectrum "
+                       "route, --route spectrum, holds no attention weights)"
                      : "");
         return -EINVAL;
     }
     bytes = sim_report_bytes(p);
     if (!bytes || bytes > SIM_MAX_REPORT_BYTES || bytes > replay_bytes) {
-        snprintf(err, errlen, "a sketch report (%u x %u heads, dh %u, route %s, experts %u) "
-                 "would not fit in a frame or the replay buffer", p->layers, p->heads, p->dh,
-                 sim_route_name(p->route), p->experts);
+        snprintf(err, errlen, "a sketch report (%u x %u heads, dh %u, route %s%s, experts %u) "
+                 "would not fit in a frame or the replay buffer%s", p->layers, p->heads, p->dh,
+                 sim_route_name(p->route), p->split_heads ? ", heads split" : "", p->experts,
+                 whole_heads(p) ? "" : " (--split-heads sends each rank's heads only)");
         return -EINVAL;
     }
     return 0;
@@ -225,6 +282,7 @@ void sim_rank_destroy(struct sim_rank *r)
     free(r->ga);
     free(r->gb);
     free(r->spec);
+    free(r->brng);
     free(r->norm);
     free(r->ratio);
     for (uint32_t i = 0; r->rt && i < r->n_moe; i++)
@@ -258,6 +316,35 @@ static int router_init(struct sim_rank *r, struct sim_router *t, uint32_t layer)
     return 0;
 }
 
+/* The stream of block i of layer l (split_heads): i < nq is query head
+ * h0 + i, then key head k0 + i - nq. */
+static uint64_t block_seed(const struct sim_rank *r, uint32_t l, uint32_t i)
+{
+    uint64_t id = i < r->nq ? 2 * (uint64_t)(r->h0 + i) : 2 * (uint64_t)(r->k0 + i - r->nq) + 1;
+    return sim_seed_mix(r->p->seed, TAG_W_BLOCK, l, id);
+}
+
+/* split_heads: each block's stream, and its initial weights from it. */
+static int blocks_init(struct sim_rank *r)
+{
+    const struct sim_params *p = r->p;
+    double init = 1.0 / sqrt((double)p->d);
+    uint32_t per = r->nq + r->nk;
+
+    if (!(r->brng = malloc(((size_t)p->layers * per + 1) * sizeof(*r->brng))))
+        return -ENOMEM;
+    for (uint32_t l = 0; l < p->layers; l++)
+        for (uint32_t i = 0; i < per; i++) {
+            struct sim_rng *g = &r->brng[(size_t)l * per + i];
+            float *w = i < r->nq ? r->wq + ((size_t)l * r->nq + i) * r->block
+                                 : r->wk + ((size_t)l * r->nk + i - r->nq) * r->block;
+            sim_rng_seed(g, block_seed(r, l, i));
+            for (size_t j = 0; j < r->block; j++)
+                w[j] = (float)(init * sim_normal(g));
+        }
+    return 0;
+}
+
 int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint32_t rank,
                     struct sim_rank **out)
 {
@@ -272,8 +359,8 @@ int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint3
         (p->kv_heads && (p->kv_heads > p->heads || p->heads % p->kv_heads)))
         return -EINVAL;
     /* d is split over the ranks wherever it is: the Gram route's attention
-     * weights, and the routers' Grams on both routes. */
-    if (p->d < p->ranks && (p->route == SIM_ROUTE_GRAM || p->experts))
+     * weights unless split_heads, and the routers' Grams on both routes. */
+    if (p->d < p->ranks && (!whole_heads(p) || p->experts))
         return -EINVAL;
     r = calloc(1, sizeof(*r));
     if (!r)
@@ -283,11 +370,24 @@ int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint3
     r->rank = rank;
     r->ds = p->d / p->ranks + (rank < p->d % p->ranks ? 1 : 0);
     r->c0 = (size_t)rank * (p->d / p->ranks) + (rank < p->d % p->ranks ? rank : p->d % p->ranks);
-    r->block = (size_t)p->dh * r->ds;
-    r->nsnap = p->window / p->sketch_every + 2;
+    r->nsnap = snapshots(p);
     r->group = sim_group(p);
     r->kv = p->heads / r->group;
     sim_rank_heads(p, rank, &r->h0, &r->h1);
+    if (p->split_heads) {
+        uint32_t k1;
+        key_heads(p, r->h0, r->h1, &r->k0, &k1);
+        r->nq = r->h1 - r->h0;
+        r->nk = k1 - r->k0;
+        r->cols = p->d;
+    } else {
+        r->h0 = p->route == SIM_ROUTE_SPECTRUM ? r->h0 : 0;
+        r->h1 = p->route == SIM_ROUTE_SPECTRUM ? r->h1 : p->heads;
+        r->nq = p->heads;
+        r->nk = r->kv;
+        r->cols = r->ds;
+    }
+    r->block = (size_t)p->dh * r->cols;
     sim_rng_seed(&r->rng, p->seed * 0x2545f4914f6cdd1dull + rank);
     if (!p->sketches) {
         *out = r;
@@ -301,17 +401,23 @@ int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint3
         if (!(r->spec = malloc(6 * (size_t)p->dh * sizeof(float))))
             goto fail;
     } else {
-        r->all_q = (size_t)p->layers * p->heads * r->block;
-        r->all_k = (size_t)p->layers * r->kv * r->block;
+        r->all_q = (size_t)p->layers * r->nq * r->block;
+        r->all_k = (size_t)p->layers * r->nk * r->block;
         tri = fsc_tri_len(2 * (size_t)p->dh);
-        r->wq = malloc(r->all_q * sizeof(float));
-        r->wk = malloc(r->all_k * sizeof(float));
-        r->snap_q = malloc(r->all_q * r->nsnap * sizeof(float));
-        r->snap_k = malloc(r->all_k * r->nsnap * sizeof(float));
+        /* A rank beyond the heads (split_heads) holds none: 1 float each. */
+        r->wq = malloc((r->all_q ? r->all_q : 1) * sizeof(float));
+        r->wk = malloc((r->all_k ? r->all_k : 1) * sizeof(float));
+        r->snap_q = malloc((r->all_q ? r->all_q * r->nsnap : 1) * sizeof(float));
+        r->snap_k = malloc((r->all_k ? r->all_k * r->nsnap : 1) * sizeof(float));
         r->ga = malloc(tri * sizeof(float));
         r->gb = malloc(tri * sizeof(float));
         if (!r->wq || !r->wk || !r->snap_q || !r->snap_k || !r->ga || !r->gb)
             goto fail;
+        if (p->split_heads) {
+            if ((rc = blocks_init(r)) < 0)
+                goto fail;
+            goto routers;
+        }
         /* Draw order as before GQA existed: element by element, Wq's then
          * Wk's (the group's first query head draws its key head's). */
         for (size_t i = 0; i < (size_t)p->layers * p->heads; i++) {
@@ -325,6 +431,7 @@ int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint3
             }
         }
     }
+routers:
     for (uint32_t l = 0; l < p->layers; l++)
         r->n_moe += (uint32_t)sim_is_moe(p, l);
     if (r->n_moe) {
@@ -353,17 +460,34 @@ static int advance(struct sim_rank *r, uint64_t step)
 
     if (step <= r->w_step || p->route == SIM_ROUTE_SPECTRUM)
         return 0;
+    if (p->split_heads) {
+        /* Each block from its own stream; a key head moves as its group's
+         * first query head says (the scenario's convention). */
+        uint32_t per = r->nq + r->nk;
+        for (uint32_t l = 0; l < p->layers; l++)
+            for (uint32_t i = 0; i < per; i++) {
+                int is_k = i >= r->nq;
+                uint32_t h = is_k ? (r->k0 + i - r->nq) * r->group : r->h0 + i;
+                float *w = is_k ? r->wk + ((size_t)l * r->nk + i - r->nq) * r->block
+                                : r->wq + ((size_t)l * r->nq + i) * r->block;
+                if ((rc = r->sc->attn_update(r->sc, p, &r->brng[(size_t)l * per + i], l, h, is_k,
+                                             r->w_step, step, w, p->dh, r->cols)) < 0)
+                    return rc;
+            }
+        r->w_step = step;
+        return 0;
+    }
     for (uint32_t l = 0; l < p->layers; l++)
         for (uint32_t h = 0; h < p->heads; h++) {
             size_t off = ((size_t)l * p->heads + h) * r->block;
             size_t koff = ((size_t)l * r->kv + h / r->group) * r->block;
             if ((rc = r->sc->attn_update(r->sc, p, &r->rng, l, h, 0, r->w_step, step, r->wq + off,
-                                         p->dh, r->ds)) < 0)
+                                         p->dh, r->cols)) < 0)
                 return rc;
             /* A key head moves once, with its group's first query head. */
             if (h % r->group == 0 &&
                 (rc = r->sc->attn_update(r->sc, p, &r->rng, l, h, 1, r->w_step, step,
-                                         r->wk + koff, p->dh, r->ds)) < 0)
+                                         r->wk + koff, p->dh, r->cols)) < 0)
                 return rc;
         }
     r->w_step = step;
@@ -502,16 +626,18 @@ static int attention_step(struct sim_rank *r, uint64_t step, const struct sim_si
     if (sketch) {
         size_t qslot = (size_t)((step / k) % r->nsnap) * r->all_q;
         size_t kslot = (size_t)((step / k) % r->nsnap) * r->all_k;
+        /* Whole heads are shard 0 of 1; d-slices shard `rank` of `ranks`. */
+        uint32_t shard = p->split_heads ? 0 : r->rank, shards = p->split_heads ? 1 : p->ranks;
         for (uint32_t l = 0; l < p->layers; l++)
-            for (uint32_t h = 0; h < p->heads; h++) {
-                size_t off = ((size_t)l * p->heads + h) * r->block;
-                size_t koff = ((size_t)l * r->kv + h / r->group) * r->block;
+            for (uint32_t h = r->h0; h < r->h1; h++) {
+                size_t off = ((size_t)l * r->nq + h - r->h0) * r->block;
+                size_t koff = ((size_t)l * r->nk + h / r->group - r->k0) * r->block;
                 rc = fsc_attention_grams(r->wq + off, r->wk + koff, r->snap_q + qslot + off,
-                                         r->snap_k + kslot + koff, p->dh, r->ds, r->ga, r->gb);
+                                         r->snap_k + kslot + koff, p->dh, r->cols, r->ga, r->gb);
                 if (rc == 0 && sink->attention)
                     rc = sink->attention(sink->ctx, step, l, h,
                                          r->group > 1 ? h / r->group : FSC_KV_HEAD_NONE,
-                                         (uint32_t)w, p->dh, r->rank, p->ranks, r->ga, r->gb);
+                                         (uint32_t)w, p->dh, shard, shards, r->ga, r->gb);
                 if (rc < 0)
                     return rc;
             }
@@ -534,7 +660,7 @@ static int attention_step(struct sim_rank *r, uint64_t step, const struct sim_si
 static int norms_step(struct sim_rank *r, uint64_t step, const struct sim_sink *sink)
 {
     const struct sim_params *p = r->p;
-    size_t per_q = (size_t)p->heads * r->block, per_k = (size_t)r->kv * r->block;
+    size_t per_q = (size_t)r->nq * r->block, per_k = (size_t)r->nk * r->block;
     double sd = sim_step_sd(r->sc, p, step);
     int rc;
 

@@ -34,7 +34,7 @@ struct sim_settings {
     uint32_t experts, top_k, tokens;
     uint32_t world_size, first_rank;
     double rate, flush_timeout, advice_wait;
-    int no_sketches, layer_norms, verbose, local_group, tls, stop_on_advice, resume;
+    int no_sketches, layer_norms, verbose, local_group, tls, stop_on_advice, resume, split_heads;
 };
 
 static const struct opt sim_opts[] = {
@@ -61,6 +61,10 @@ static const struct opt sim_opts[] = {
     {.name = "route", .kind = OPT_STR, .offset = offsetof(struct sim_settings, route),
      .arg = "R", .help = "gram (default): every rank sends partial Grams of its slice of d of every head; "
      "spectrum: every rank holds whole heads and sends their spectra (synthesised; fits 7B/70B shapes)"},
+    {.name = "split-heads", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, split_heads),
+     .help = "gram route: every rank holds all of d of whole heads (the H query heads of every "
+     "layer split into N blocks, tensor-parallel style) and sends their whole Grams, the same "
+     "monitors as one rank holding them all (the spectrum route always splits heads)"},
     {.name = "no-sketches", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, no_sketches),
      .help = "scalars only: no weights, Grams, router tokens or layer norms"},
     O("seed", OPT_U64, seed, "S", "random seed (default 1)", 0, UINT64_MAX),
@@ -109,7 +113,7 @@ static const struct command_help sim_help = {
              "[--tls-cert F --tls-key F] [--attempt A] [--resume-step S] [--layers L] "
              "[--heads H] [--kv-heads G] "
              "[--dh DH] [--d D] [--sketch-every K] [--window W] [--route gram|spectrum] "
-             "[--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
+             "[--split-heads] [--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
              "[--scenario NAME] [--fault-step S] [--fault-until S] [--diverge-after N] [--experts E] [--top-k TOPK] "
              "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms] [--advice-wait S] "
              "[--stop-on-advice]",
@@ -119,11 +123,13 @@ static const struct command_help sim_help = {
         "tokens (x ~ N(0, I_d), z = WR x: entropy, logsumexp, top-k loads, sum of p). Every K\n"
         "steps: partial attention Gram sketches of L x H heads (window W) and partial router\n"
         "Grams, each rank holding 1/N of the model dimension, and per-layer |W| and update\n"
-        "ratios (of the rank's own shard). Weights evolve as the scenario says. With --route\n"
-        "spectrum each rank holds whole heads instead (the H query heads of every layer split\n"
-        "into N blocks) and sends their spectrum sketches, synthesised from the scenario's\n"
-        "update statistics rather than from weights: full 7B (32 x 32 heads, --kv-heads 8,\n"
-        "dh 128, d 4096) and 70B (80 x 64, 8, 128, 8192) shapes fit. Rides through daemon\n"
+        "ratios (of the rank's own shard). Weights evolve as the scenario says. With\n"
+        "--split-heads each rank holds all of d of whole heads instead (the H query heads of\n"
+        "every layer split into N blocks, as tensor parallelism does) and sends their whole\n"
+        "Grams: the full 7B shape (32 x 32 heads, --kv-heads 8, dh 128, d 4096) fits over 8\n"
+        "ranks. With --route spectrum each rank holds whole heads and sends their spectrum\n"
+        "sketches, synthesised from the scenario's update statistics rather than from weights:\n"
+        "full 7B and 70B (80 x 64, 8, 128, 8192) shapes fit. Rides through daemon\n"
         "restarts. First prints the ground truth\n"
         "  simulate: scenario=NAME fault_step=S diverge_step=D\n"
         "(S and D are 'none' without a fault; D is the first step whose loss exceeds 10x its\n"
@@ -514,7 +520,7 @@ int cmd_simulate(int argc, char **argv)
     }
     p = (struct sim_params){.steps = s.steps, .seed = s.seed, .ranks = s.ranks,
                             .layers = s.layers, .heads = s.heads, .kv_heads = s.kv_heads,
-                            .route = route, .dh = s.dh, .d = s.d,
+                            .route = route, .split_heads = s.split_heads, .dh = s.dh, .d = s.d,
                             .sketch_every = s.sketch_every, .window = s.window,
                             .sketches = !s.no_sketches, .experts = s.experts, .top_k = s.top_k,
                             .tokens = s.tokens, .moe = moe};

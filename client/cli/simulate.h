@@ -33,7 +33,7 @@
 #define SIM_FAULT_A_MAX 0.95    /* attention-numerics: final share of the coherent update */
 #define SIM_MAX_RAMP 50         /* longest fault ramp, steps */
 #define SIM_MAX_DH 512          /* largest head dim (FSC_MAX_DH) */
-#define SIM_MAX_SNAPSHOTS 64    /* window / sketch_every + 2 */
+#define SIM_MAX_SNAPSHOTS 64    /* window / sketch_every + 2: the windows accepted */
 #define SIM_MAX_FLOATS_PER_RANK ((size_t)1 << 28) /* 1 GiB of simulated weights per rank */
 #define SIM_MAX_REPORT_BYTES ((size_t)60 << 20)   /* below the daemon's 64 MiB frames */
 /* The loss: from DIVERGE_STEP - SIM_DIVERGE_LEAD on it grows 10x every
@@ -65,6 +65,13 @@ uint64_t sim_seed_mix(uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
  *   SIM_ROUTE_GRAM      FSDP-style: every rank holds its slice of d of every
  *                       head's Wq and Wk (as floats that really evolve) and
  *                       sends partial Grams; the daemon sums and solves.
+ *                       With sim_params.split_heads, tensor-parallel style
+ *                       instead: every rank holds all of d of whole heads
+ *                       (sim_rank_heads' blocks) and sends their whole
+ *                       Grams (shard 0 of 1); the daemon solves each as it
+ *                       comes. A head's weights then come from streams of
+ *                       its own, so a head evolves alike whichever rank,
+ *                       and however many ranks, hold it.
  *   SIM_ROUTE_SPECTRUM  tensor-parallel style: every rank holds whole heads
  *                       (query heads split over the ranks in contiguous
  *                       blocks per layer) and sends the spectra a trainer
@@ -85,6 +92,7 @@ struct sim_params {
     uint32_t ranks, layers, heads, dh, d;
     uint32_t kv_heads;             /* key/value heads (GQA); 0 or heads: plain multi-head */
     enum sim_route route;
+    int split_heads;               /* Gram route: whole heads per rank, not a slice of d */
     uint32_t sketch_every, window; /* attention Gram cadence and window, steps */
     int sketches;                  /* 0: scalars only (no weights, router or tokens) */
     int layer_norms;               /* send per-layer |W| and update ratio */
@@ -221,11 +229,12 @@ struct sim_rank;
 
 /* A rank of a run described by p (resolved, see sim_params_resolve; p and
  * sc must outlive the rank). Its shard of d: rank * d / ranks, as evenly as
- * possible (the Gram route's attention weights, and every route's router
- * Grams); on the spectrum route its query heads are sim_rank_heads'. Returns
- * 0 and *out, -EINVAL (rank >= ranks, d < ranks where d is sharded,
- * kv_heads not dividing heads) or -ENOMEM. Any thread; the rank then
- * belongs to that thread. */
+ * possible (the Gram route's attention weights unless split_heads, and
+ * every route's router Grams); on the spectrum route and with split_heads
+ * its query heads are sim_rank_heads' (and the key heads they read).
+ * Returns 0 and *out, -EINVAL (rank >= ranks, d < ranks where d is
+ * sharded, kv_heads not dividing heads) or -ENOMEM. Any thread; the rank
+ * then belongs to that thread. */
 int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint32_t rank,
                     struct sim_rank **out);
 
@@ -241,13 +250,15 @@ int sim_rank_step(struct sim_rank *r, uint64_t step, const struct sim_sink *sink
 /* Frees the rank (NULL is fine). Owner thread. */
 void sim_rank_destroy(struct sim_rank *r);
 
-/* Floats a rank holds for weights, snapshots and routers, for limit checks
- * before creating one (0 when the count would overflow size_t). The
- * spectrum route holds no attention weights. */
+/* Floats the largest rank holds for weights, snapshots and routers, for
+ * limit checks before creating one (0 when the count would overflow
+ * size_t). The spectrum route holds no attention weights; with split_heads
+ * a rank holds its heads' whole rows. */
 size_t sim_rank_floats(const struct sim_params *p);
 
-/* Spectrum route: the query heads [*h0, *h1) of every layer that `rank`
- * holds: contiguous blocks, as even as possible, rank 0's never empty;
+/* Spectrum route and split_heads: the query heads [*h0, *h1) of every
+ * layer that `rank` holds: contiguous blocks, as even as possible, rank 0's
+ * never empty;
  * with more ranks than heads the extra ranks hold none (they send
  * scalars and router statistics only). Pure. */
 void sim_rank_heads(const struct sim_params *p, uint32_t rank, uint32_t *h0, uint32_t *h1);
@@ -258,12 +269,14 @@ void sim_rank_heads(const struct sim_params *p, uint32_t rank, uint32_t *h0, uin
 size_t sim_report_bytes(const struct sim_params *p);
 
 /* Whether a resolved p can run: kv_heads divides heads; d >= ranks where d
- * is split (the Gram route, routers); the window's snapshots, the floats a
- * rank holds (SIM_MAX_FLOATS_PER_RANK) and its largest report (below
- * SIM_MAX_REPORT_BYTES and replay_bytes) within their limits. The spectrum
- * route holds no attention weights, so full 7B and 70B shapes pass where
- * the Gram route's do not. Returns 0 or -EINVAL with the reason in err.
- * Pure, any thread. */
+ * is split (the Gram route without split_heads, routers); the window's
+ * snapshots, the floats a rank holds (SIM_MAX_FLOATS_PER_RANK) and its
+ * largest report (below SIM_MAX_REPORT_BYTES and replay_bytes) within
+ * their limits. The spectrum route holds no attention weights, so full 7B
+ * and 70B shapes pass; the Gram route passes the full 7B shape over 8
+ * ranks with split_heads (a rank holds 1/8 of the heads, and its report
+ * carries only theirs), not without. Returns 0 or -EINVAL with the reason
+ * in err. Pure, any thread. */
 int sim_params_check(const struct sim_params *p, size_t replay_bytes, char *err, size_t errlen);
 
 #endif

@@ -8,10 +8,14 @@ connection, one report per step on a fixed schedule (step time T): every
 K-th step (--sketch-every, default 1) carries Gram shards of L layers x H
 heads at dh (default 32 x 7 heads, dh 128, shard i of R: 59 MB per rank,
 the largest 7B-like shape under the default 64 MiB max_frame_bytes); the
-others carry scalars. The frames are built once with numpy (real Grams of
-random weights, so the monitor math does its usual work) and only seq/step
-change, so the senders cost next to no CPU and the daemon is what is
-measured. A sender that cannot write its report by the next report's due
+others carry scalars. With --split-heads the heads are split over the
+ranks instead, as tensor parallelism does (`foreshock simulate
+--split-heads`): each rank sends whole Grams (all of d, shard 0 of 1) of
+its block of H/R query heads of every layer, so the full 7B shape fits
+(--heads 32 --kv-heads 8: 4 heads x 32 layers, 34 MB per rank). The
+frames are built once with numpy (real Grams of random weights, so the
+monitor math does its usual work) and only seq/step change, so the
+senders cost next to no CPU and the daemon is what is measured. A sender that cannot write its report by the next report's due
 time is "behind" (a real trainer's replay buffer would be dropping).
 
 Each step time in --step-times runs on a fresh daemon and database. The
@@ -30,6 +34,7 @@ synchronous=full, write only for normal), the floor of any durable spool.
     /usr/bin/python3 tests/bench/bench_datapath.py --build-dir build \
         [--step-times 4,2,1] [--steps 20] [--sketch-every 1] [--ranks 8] \
         [--layers 32] [--heads 7] [--dh 128] [--d 4096] [--sync normal] \
+        [--split-heads --heads 32 --kv-heads 8] \
         [--foreshockd PATH]   # another daemon binary (e.g. a baseline build)
 
 Exits 1 only when something does not work (the daemon dies, a Welcome
@@ -70,13 +75,22 @@ def varint(n):
             return bytes(out)
 
 
+def rank_heads(a, rank):
+    """--split-heads: the query heads [h0, h1) of every layer `rank` holds,
+    contiguous blocks as `foreshock simulate` makes them (sim_rank_heads)."""
+    h0 = min(a.heads, (rank * a.heads + a.ranks - 1) // a.ranks)
+    h1 = min(a.heads, ((rank + 1) * a.heads + a.ranks - 1) // a.ranks)
+    return h0, h1
+
+
 def build_sketches(pb, a):
     """Per rank: the serialized `attention` entries of one report (field 5
     of Report, so they concatenate with a scalars-only Report)."""
     rng = np.random.default_rng(1)
     n = 2 * a.dh
     iu = np.triu_indices(n)  # row-major upper triangle
-    cols = a.d // a.ranks
+    cols = a.d if a.split_heads else a.d // a.ranks
+    group = a.heads // a.kv_heads if a.kv_heads else 1
     # A few distinct weight shards, reused across heads: building 224
     # distinct Grams per rank would take longer than the run.
     grams = []
@@ -90,14 +104,17 @@ def build_sketches(pb, a):
         r = pb.Report()
         r.seq = 0
         r.step = 0
+        h0, h1 = rank_heads(a, rank) if a.split_heads else (0, a.heads)
         for layer in range(a.layers):
-            for head in range(a.heads):
+            for head in range(h0, h1):
                 s = r.attention.add()
                 s.layer, s.head, s.window = layer, head, 1
+                if a.kv_heads:
+                    s.kv_head = head // group
                 ga, gb = grams[(layer * a.heads + head) % len(grams)]
                 s.gram.dh = a.dh
-                s.gram.shard_index = rank
-                s.gram.shard_count = a.ranks
+                s.gram.shard_index = 0 if a.split_heads else rank
+                s.gram.shard_count = 1 if a.split_heads else a.ranks
                 s.gram.ga = ga
                 s.gram.gb = gb
         body = r.SerializeToString()
@@ -177,6 +194,8 @@ class Rank:
         h = hello(pb, RUN, rank=rank, world=a.ranks)
         h.hello.model.n_layers = a.layers
         h.hello.model.n_heads = a.heads
+        if a.kv_heads:
+            h.hello.model.n_kv_heads = a.kv_heads
         h.hello.detect_from_step = 1 << 40  # the math runs; nothing is detected
         self.conn.send(h)
         w = self.conn.recv()
@@ -370,9 +389,16 @@ def main():
     ap.add_argument("--heads", type=int, default=7)
     ap.add_argument("--dh", type=int, default=128)
     ap.add_argument("--d", type=int, default=4096)
+    ap.add_argument("--kv-heads", type=int, default=0,
+                    help="key heads per layer (GQA), dividing --heads (default: --heads)")
+    ap.add_argument("--split-heads", action="store_true",
+                    help="each rank sends whole Grams of its block of heads, not a d-shard "
+                    "of every head")
     ap.add_argument("--sync", choices=("normal", "full"), default="normal")
     ap.add_argument("--probe-every", type=float, default=2.0)
     a = ap.parse_args()
+    if a.kv_heads and a.heads % a.kv_heads:
+        raise SystemExit("--kv-heads must divide --heads")
     if a.foreshockd and os.path.basename(a.foreshockd) != "foreshockd":
         raise SystemExit("--foreshockd must name a file called foreshockd")
     with tempfile.TemporaryDirectory(prefix="foreshock-datapath-") as workdir:
@@ -380,18 +406,24 @@ def main():
         t0 = time.monotonic()
         sketches = build_sketches(pb, a)
         frame_mb = (len(sketches[0]) + 64) / 1e6
-        print(f"datapath: {a.ranks} ranks x {a.layers} layers x {a.heads} heads, dh {a.dh}, "
-              f"d {a.d}: {frame_mb:.1f} MB per rank per sketch step, sketches every "
-              f"{a.sketch_every} steps, {a.steps} steps, synchronous={a.sync} "
-              f"(frames built in {time.monotonic() - t0:.1f} s)")
-        floor = disk_floor(workdir, int(frame_mb * 1e6) * a.ranks, a.sync)
-        print(f"reference: one sketch step ({frame_mb * a.ranks:.0f} MB) written to a file "
+        step_mb = sum(len(sk) + 64 for sk in sketches) / 1e6
+        split = (f"heads split over the ranks ({a.layers} x {len(range(*rank_heads(a, 0)))} "
+                 f"whole heads per rank)" if a.split_heads else "d split over the ranks")
+        print(f"datapath: {a.ranks} ranks x {a.layers} layers x {a.heads} heads"
+              f"{f' ({a.kv_heads} KV)' if a.kv_heads else ''}, dh {a.dh}, d {a.d}, {split}: "
+              f"{frame_mb:.1f} MB per rank per sketch step, {a.layers * a.heads} heads per "
+              f"sketch step, sketches every {a.sketch_every} steps, {a.steps} steps, "
+              f"synchronous={a.sync} (frames built in {time.monotonic() - t0:.1f} s; load "
+              f"average {os.getloadavg()[0]:.1f})")
+        floor = disk_floor(workdir, int(step_mb * 1e6), a.sync)
+        print(f"reference: one sketch step ({step_mb:.0f} MB) written to a file "
               f"in the same directory ({'write+fdatasync' if a.sync == 'full' else 'write'}): "
               f"{floor:.3f} s")
         print("| step time | sustained | behind | evaluated | incomplete | drain after last ack "
               "| commits | commit mean | commits > 0.5 s | pauses | DB file | spool dir | RSS peak "
-              "| lag (steps) | Welcome median / max | worker s per sketch step | floor / step time |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| lag (steps) | Welcome median / max | worker s per sketch step | floor / step time "
+              "| load average |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for T in [float(x) for x in a.step_times.split(",")]:
             r = trial(pb, a, T, sketches, workdir)
             print(f"| {T:g} s | {'yes' if r['sustained'] else 'no'} | {r['behind']} "
@@ -402,7 +434,7 @@ def main():
                   f"{r['rss_peak'] / 1024:.0f} MB | {r['lag_steps']:.0f} | "
                   f"{r['probe_median'] * 1e3:.0f} / {r['probe_max'] * 1e3:.0f} ms"
                   f"{' (' + str(r['probe_missing']) + ' none)' if r['probe_missing'] else ''} | "
-                  f"{r['math']:.2f} | {floor / T:.3f} |", flush=True)
+                  f"{r['math']:.2f} | {floor / T:.3f} | {os.getloadavg()[0]:.1f} |", flush=True)
             if r["errors"] or r["stop_rc"] != 0:
                 print(f"  errors: {r['errors']}, daemon exit {r['stop_rc']}")
                 sys.exit(1)

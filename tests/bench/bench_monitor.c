@@ -26,8 +26,15 @@
  * other processes' turns too (measured: ratios swinging 0.5x-1.8x between
  * runs at load 4 on 2 cores).
  *
+ * With --sketch-heads N it also prints, per head dim, what one sketch step
+ * of N heads costs (N = layers x query heads: 1,024 for the 7B shape, 32 x
+ * 32): the LAPACK floor and the module in CPU seconds, and the module's
+ * wall time spread over the online CPUs as the daemon's math workers
+ * (`workers = 0`, one per CPU) would at best, with nothing else running.
+ *
  * usage: bench_monitor [--dh 64,128] [--heads 8] [--seconds 0.5]
- *                      [--numpy PATH|none] [--python /usr/bin/python3] */
+ *                      [--numpy PATH|none] [--python /usr/bin/python3]
+ *                      [--sketch-heads N] */
 #include <cblas.h>
 #include <errno.h>
 #include <lapacke.h>
@@ -45,6 +52,7 @@
 #define BENCH_ROUNDS 3
 #define BENCH_MAX_DHS 8
 #define BENCH_PATH_MAX 4096
+#define BENCH_MAX_SKETCH_HEADS (1u << 20)
 
 /* CPU time of this thread: every figure is heads per CPU second (OpenBLAS
  * runs on this one thread). The machine is shared; wall time would also
@@ -344,12 +352,12 @@ static void default_script(char *out, size_t size)
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_monitor [--dh 64,128] [--heads 8] [--seconds 0.5] "
-                    "[--numpy PATH|none] [--python /usr/bin/python3]\n");
+                    "[--numpy PATH|none] [--python /usr/bin/python3] [--sketch-heads N]\n");
 }
 
 int main(int argc, char **argv)
 {
-    size_t dhs[BENCH_MAX_DHS] = {64, 128}, n_dh = 2, heads = 8;
+    size_t dhs[BENCH_MAX_DHS] = {64, 128}, n_dh = 2, heads = 8, sketch_heads = 0;
     double seconds = 0.5;
     char script[BENCH_PATH_MAX];
     const char *python = "/usr/bin/python3";
@@ -375,6 +383,13 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--heads") == 0) {
             heads = strtoul(v, NULL, 10);
             if (heads == 0 || heads > BENCH_MAX_HEADS) {
+                usage();
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--sketch-heads") == 0) {
+            char *end;
+            sketch_heads = strtoul(v, &end, 10);
+            if (*end || sketch_heads == 0 || sketch_heads > BENCH_MAX_SKETCH_HEADS) {
                 usage();
                 return 2;
             }
@@ -450,6 +465,17 @@ int main(int argc, char **argv)
         printf("      module %.3f ms/head; floor %.3f ms; eigen route %.3f ms (%.2fx the floor)"
                "; checksum %.12g\n",
                1e3 / r_mod, 1e3 / r_floor, 1e3 / r_eig, r_floor / r_eig, mod.checksum);
+        if (sketch_heads) {
+            long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+            double load[1] = {-1};
+            if (cpus < 1)
+                cpus = 1;
+            (void)getloadavg(load, 1);
+            printf("      sketch step of %zu heads: LAPACK floor %.2f CPU s, module %.2f CPU s "
+                   "(%.2f s wall at best on %ld CPUs); load average %.1f\n",
+                   sketch_heads, (double)sketch_heads / r_floor, (double)sketch_heads / r_mod,
+                   (double)sketch_heads / r_mod / (double)cpus, cpus, load[0]);
+        }
         fflush(stdout);
         for (size_t i = 0; i < heads; i++)
             head_free(&in[i]);

@@ -811,40 +811,52 @@ struct shape_case {
     uint32_t replay_mb;
     int rc;           /* expected return */
     char reason[40];  /* a word the refusal must contain */
+    int split_heads;  /* gram route: whole heads per rank */
 };
 
 static struct shape_case shape_cases[] = {
     /* Full shapes on the spectrum route: no attention weights are held. */
-    {"7B spectrum, 8 ranks", 8, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, ""},
-    {"7B spectrum, 1 rank", 1, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, ""},
-    {"70B spectrum, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, ""},
-    {"70B spectrum, 1 rank", 1, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, ""},
+    {"7B spectrum, 8 ranks", 8, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, "", 0},
+    {"7B spectrum, 1 rank", 1, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, "", 0},
+    {"70B spectrum, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, "", 0},
+    {"70B spectrum, 1 rank", 1, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, "", 0},
     {"70B spectrum, 1024 ranks", 1024, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0,
-     ""},
-    {"70B spectrum MoE, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 8, SIM_ROUTE_SPECTRUM, 64, 0, ""},
+     "", 0},
+    {"70B spectrum MoE, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 8, SIM_ROUTE_SPECTRUM, 64, 0, "", 0},
     /* 16 MB per report: not with an 8 MiB replay buffer. */
     {"70B spectrum, 1 rank, small replay", 1, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 8,
-     -EINVAL, "replay"},
-    /* The Gram route holds the weights: the full shapes are refused, as is a
-     * report over a frame; the largest 7B-like shape that fits still runs. */
-    {"7B gram, 8 ranks", 8, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "floats"},
-    {"70B gram, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "floats"},
+     -EINVAL, "replay", 0},
+    /* The Gram route holds the weights: a rank holding a slice of d of every
+     * head sends a report over a frame for the 7B shape (269 MB), and 70B
+     * weights are too many; the largest 7B-like shape that fits still runs.
+     * With the heads split over 8 ranks the 7B shape runs (34 MB reports);
+     * on one rank its weights are too many. */
+    {"7B gram, 8 ranks", 8, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "frame", 0},
+    {"7B gram, 8 ranks, split heads", 8, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, 0, "",
+     1},
+    {"7B gram, 1 rank, split heads", 1, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL,
+     "floats", 1},
+    {"70B gram, 8 ranks, split heads", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_GRAM, 64,
+     -EINVAL, "floats", 1},
+    {"gram split heads, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 0, SIM_ROUTE_GRAM, 64, 0, "",
+     1},
+    {"70B gram, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "floats", 0},
     {"7B gram, 32 ranks (frame)", 32, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL,
-     "frame"},
-    {"7B-like gram, 32 x 7 heads", 8, 32, 7, 0, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, 0, ""},
-    {"GQA gram, 2 of 8 key heads", 4, 2, 8, 2, 16, 128, 10, 0, SIM_ROUTE_GRAM, 64, 0, ""},
+     "frame", 0},
+    {"7B-like gram, 32 x 7 heads", 8, 32, 7, 0, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, 0, "", 0},
+    {"GQA gram, 2 of 8 key heads", 4, 2, 8, 2, 16, 128, 10, 0, SIM_ROUTE_GRAM, 64, 0, "", 0},
     /* Key heads must divide the query heads. */
     {"kv-heads 7 of 32", 8, 32, 32, 7, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, -EINVAL,
-     "divide"},
-    {"kv-heads above heads", 1, 2, 4, 8, 16, 64, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "divide"},
+     "divide", 0},
+    {"kv-heads above heads", 1, 2, 4, 8, 16, 64, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "divide", 0},
     /* d is split over the ranks only where it is sharded. */
-    {"gram, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "--d"},
+    {"gram, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "--d", 0},
     {"spectrum dense, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0,
-     ""},
+     "", 0},
     {"spectrum MoE, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 8, SIM_ROUTE_SPECTRUM, 64,
-     -EINVAL, "--d"},
+     -EINVAL, "--d", 0},
     {"window of 63 sketches", 1, 2, 4, 0, 16, 64, 630, 0, SIM_ROUTE_SPECTRUM, 64, -EINVAL,
-     "--window"},
+     "--window", 0},
 };
 
 ParameterizedTestParameters(scenario, shapes)
@@ -858,6 +870,7 @@ ParameterizedTest(struct shape_case *c, scenario, shapes)
     const struct scenario *sc = scenario_find(c->experts ? "lr-spike" : "healthy");
     struct sim_params p = {.steps = 1000, .seed = 1, .ranks = c->ranks, .layers = c->layers,
                            .heads = c->heads, .kv_heads = c->kv_heads, .route = c->route,
+                           .split_heads = c->split_heads,
                            .dh = c->dh, .d = c->d, .sketch_every = 10, .window = c->window,
                            .sketches = 1, .layer_norms = 1, .experts = c->experts,
                            .top_k = SIM_UINT32_UNSET, .tokens = SIM_UINT32_UNSET};
@@ -877,6 +890,12 @@ ParameterizedTest(struct shape_case *c, scenario, shapes)
         struct sim_rank *r = NULL;
         cr_assert_eq(sim_rank_create(sc, &p, c->ranks - 1, &r), 0, "%s", c->label);
         cr_expect(!r->wq && !r->wk && !r->snap_q && !r->snap_k);
+        sim_rank_destroy(r);
+    }
+    if (rc == 0 && c->split_heads && sim_rank_floats(&p) < (1u << 20)) {
+        /* The last rank, which may hold no head: created all the same. */
+        struct sim_rank *r = NULL;
+        cr_expect_eq(sim_rank_create(sc, &p, c->ranks - 1, &r), 0, "%s", c->label);
         sim_rank_destroy(r);
     }
 }
@@ -980,4 +999,105 @@ Test(scenario, gqa_pairs_query_heads_with_their_key_head)
                   "query head %u sends another GB than its group's first head", h);
     cr_expect(memcmp(gb[0], gb[3], tri * sizeof(float)), "the two key heads are the same");
     sim_rank_destroy(r);
+}
+
+/* ---- split heads: a head's Grams do not depend on who holds it ------------------------------ */
+
+#define SPLIT_STEPS 40
+#define SPLIT_HEADS 6
+#define SPLIT_LAYERS 2
+#define SPLIT_TRI 36 /* fsc_tri_len(2 dh), dh 4 */
+
+struct split_sink {
+    uint32_t rank;
+    /* per (sketch step / 10, layer, head): ga, gb, and who sent it */
+    float g[SPLIT_STEPS / 10 + 1][SPLIT_LAYERS][SPLIT_HEADS][2][SPLIT_TRI];
+    int sent[SPLIT_STEPS / 10 + 1][SPLIT_LAYERS][SPLIT_HEADS];
+    uint32_t kv[SPLIT_LAYERS][SPLIT_HEADS];
+    int bad_shard;
+};
+
+static int split_put(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t kv_head,
+                     uint32_t window, uint32_t dh, uint32_t shard, uint32_t shards,
+                     const float *ga, const float *gb)
+{
+    struct split_sink *s = ctx;
+    (void)window, (void)dh;
+    if (shard != 0 || shards != 1)
+        s->bad_shard = 1;
+    memcpy(s->g[step / 10][layer][head][0], ga, sizeof(s->g[0][0][0][0]));
+    memcpy(s->g[step / 10][layer][head][1], gb, sizeof(s->g[0][0][0][0]));
+    s->sent[step / 10][layer][head]++;
+    s->kv[layer][head] = kv_head;
+    return 0;
+}
+
+/* 6 query heads reading 2 key heads, held by 1 rank and by 4 (blocks of
+ * 2, 2, 1, 1 heads: the second rank's heads 2 and 3 read both key heads,
+ * so key head 0 lives on two ranks): every head is sent by exactly one
+ * rank, whole (shard 0 of 1), and its Grams are the same bytes either way,
+ * under healthy updates and under the attention fault (whose coherent
+ * update depends on the weights it moves). */
+struct split_case {
+    char scenario[24];
+};
+
+static struct split_case split_cases[] = {{"healthy"}, {"attention-numerics"}};
+
+ParameterizedTestParameters(scenario, split_heads_same_grams)
+{
+    return cr_make_param_array(struct split_case, split_cases,
+                               sizeof(split_cases) / sizeof(split_cases[0]));
+}
+
+ParameterizedTest(struct split_case *c, scenario, split_heads_same_grams)
+{
+    const struct scenario *sc = scenario_find(c->scenario);
+    static struct split_sink one, many;
+    struct sim_params p1 = {.steps = SPLIT_STEPS, .seed = 7, .ranks = 1, .layers = SPLIT_LAYERS,
+                            .heads = SPLIT_HEADS, .kv_heads = 2, .split_heads = 1, .dh = 4,
+                            .d = 24, .sketch_every = 10, .window = 10, .sketches = 1,
+                            .layer_norms = 1, .experts = 0, .top_k = SIM_UINT32_UNSET,
+                            .tokens = SIM_UINT32_UNSET};
+    struct sim_params p4;
+    char err[256];
+
+    cr_assert(sc);
+    cr_assert_eq(sim_params_resolve(sc, &p1, sc->faulty ? 12 : SIM_NEVER,
+                                    sc->faulty ? 20 : SIM_NEVER, err, sizeof(err)),
+                 0, "%s", err);
+    p4 = p1;
+    p4.ranks = 4;
+    cr_assert_eq(sim_params_check(&p1, 64u << 20, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(sim_params_check(&p4, 64u << 20, err, sizeof(err)), 0, "%s", err);
+    memset(&one, 0, sizeof(one));
+    memset(&many, 0, sizeof(many));
+    for (uint32_t n = 0; n < 2; n++) {
+        const struct sim_params *p = n ? &p4 : &p1;
+        struct split_sink *out = n ? &many : &one;
+        for (uint32_t rk = 0; rk < p->ranks; rk++) {
+            struct sim_rank *r = NULL;
+            struct sim_sink sink = {.ctx = out, .attention = split_put};
+            cr_assert_eq(sim_rank_create(sc, p, rk, &r), 0);
+            for (uint64_t t = 0; t < SPLIT_STEPS; t++)
+                cr_assert_eq(sim_rank_step(r, t, &sink), 0, "rank %u step %llu", rk,
+                             (unsigned long long)t);
+            sim_rank_destroy(r);
+        }
+    }
+    cr_expect(!one.bad_shard && !many.bad_shard, "a whole head was sent as a shard of d");
+    for (uint32_t k = 1; k < SPLIT_STEPS / 10; k++)
+        for (uint32_t l = 0; l < SPLIT_LAYERS; l++)
+            for (uint32_t h = 0; h < SPLIT_HEADS; h++) {
+                cr_expect(one.sent[k][l][h] == 1 && many.sent[k][l][h] == 1,
+                          "step %u layer %u head %u sent %d times by 1 rank, %d by 4", k * 10, l,
+                          h, one.sent[k][l][h], many.sent[k][l][h]);
+                cr_expect(!memcmp(one.g[k][l][h], many.g[k][l][h], sizeof(one.g[k][l][h])),
+                          "step %u layer %u head %u: other Grams on 4 ranks than on 1", k * 10, l,
+                          h);
+                cr_expect_eq(many.kv[l][h], h / 3, "head %u read key head %u", h, many.kv[l][h]);
+            }
+    /* Different heads are different: a mix-up would not pass unseen. */
+    cr_expect(memcmp(one.g[1][0][0], one.g[1][0][1], sizeof(one.g[1][0][0])));
+    cr_expect(memcmp(one.g[1][0][0], one.g[1][1][0], sizeof(one.g[1][0][0])));
 }
