@@ -795,7 +795,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
         return -EINVAL;
     }
     if (opts->threads < 1 || opts->threads > HTTP_MAX_THREADS) {
-        snprintf(err, errlen, "http: threads must be in 1..%d, not %u", HTTP_MAX_THREADS,
+        snprintf(err, errlen, "http: threads must be in 1..%u, not %u", HTTP_MAX_THREADS,
                  opts->threads);
         return -EINVAL;
     }
