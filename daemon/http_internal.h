@@ -3,9 +3,11 @@
 
 /* What the files of the HTTP API share; not for use outside fs_http
  * (http.h is the public API). The files:
- *   http.c           server lifecycle, read-connection pool, request state
- *                    machine, dispatch, auth, the route table (the API index)
- *                    and the small routes (/healthz, /readyz, /metrics, dashboard)
+ *   http.c           server lifecycle, read-connection pool, the request state
+ *                    machine (libmicrohttpd callbacks) and sending the reply
+ *   http_routes.c    the route table (the API index), path matching, methods,
+ *                    auth, query parameters, dispatch to the handler
+ *   http_ops.c       the small routes: /healthz, /readyz, /metrics, dashboard
  *   http_sql.c       the SQL of every prepared statement
  *   http_reply.c     replies (JSON, raw, errors), keyset pages, shared JSON builders
  *   http_params.c    query parameters: lookup and strict parsing into 400s
@@ -381,8 +383,9 @@ json_t *http_labels_json(sqlite3_stmt *st, const struct label_cols *lc);
 
 /* --- http_params.c: query parameters ---------------------------------------------------
  * The parameters were collected and checked against the route's list by
- * dispatch (http.c). The http_param_* readers set a 400 reply naming the
- * parameter and return -EINVAL on garbage; the caller then returns 0. */
+ * http_dispatch (http_routes.c). The http_param_* readers set a 400 reply
+ * naming the parameter and return -EINVAL on garbage; the caller then
+ * returns 0. */
 
 /* The value of parameter name (its first one), or NULL when absent. The
  * string belongs to libmicrohttpd and lives as long as the request. */
@@ -433,9 +436,22 @@ void http_join_names(const char *const *names, size_t n, char *buf, size_t len);
  * reply; returns 0. */
 int http_db_read(struct ctx *c, route_fn fn);
 
-/* --- handlers (route_fn, named in routes[] in http.c) ----------------------------------
+/* --- http_routes.c ---------------------------------------------------------------------- */
+
+/* Routes c->url, checks method, auth and parameters, runs the handler
+ * (inside a read transaction on a checked-out connection when the route
+ * reads). Sets c->status and c->body (or c->raw, or c->dash); returns 0. */
+int http_dispatch(struct ctx *c, const char *method);
+
+/* --- handlers (route_fn, named in routes[] in http_routes.c) ---------------------------
  * Each sets the reply in c and returns 0. Those of routes with .db run
  * inside a read transaction on c->dbc. */
+
+/* http_ops.c */
+int http_ops_healthz(struct ctx *c);   /* /healthz */
+int http_ops_readyz(struct ctx *c);    /* /readyz */
+int http_ops_metrics(struct ctx *c);   /* /metrics */
+int http_ops_dashboard(struct ctx *c); /* / and /static/NAME (no connection) */
 
 /* http_runs.c */
 int http_runs_list(struct ctx *c);       /* /api/v1/runs */
