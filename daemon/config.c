@@ -15,9 +15,6 @@
 
 static const char *const sync_names[] = {[CONFIG_SYNC_NORMAL] = "normal",
                                          [CONFIG_SYNC_FULL] = "full", NULL};
-static const char *const level_names[] = {[LOG_LEVEL_DEBUG] = "debug", [LOG_LEVEL_INFO] = "info",
-                                          [LOG_LEVEL_WARN] = "warn", [LOG_LEVEL_ERROR] = "error",
-                                          NULL};
 
 
 static const struct config_key core_keys[] = {
@@ -67,7 +64,7 @@ static const struct config_key core_keys[] = {
      .max = FS_CAP_SPOOL_MAX_BYTES, CORE(spool_max_bytes),
      .help = "spooled frames of steps not yet evaluated (in <db>.spool/); past it only ranks "
              "that complete the oldest step are read"},
-    {.name = "log_level", .type = CONFIG_ENUM, .def = "info", .choices = level_names,
+    {.name = "log_level", .type = CONFIG_ENUM, .def = "info", .choices = log_level_names,
      CORE(log_level), .help = "debug | info | warn | error"},
     {.name = "token", .type = CONFIG_STRING, .def = "", .min = 0, .max = FS_MAX_TOKEN_LEN,
      CORE(token), .help = "shared secret; when set, Hello.token must match (empty: none)"},
