@@ -11,6 +11,10 @@
  *   on_request (last call) -> http_dispatch: route table -> params -> db
  *     checkout -> BEGIN -> handler builds a jansson document -> COMMIT -> db
  *     return -> JSON response queued.
+ * A write (silences) hands its item to the writer instead and the
+ * connection is suspended (http_write.c); once the writer has settled it,
+ * the connection is resumed and on_request is called once more, on any pool
+ * thread, to answer it.
  *
  * Handlers never write: the daemon core owns the only read-write
  * connection. */
@@ -29,6 +33,7 @@ struct request {
     size_t body_bytes;
     char *body;   /* POST: the body so far (malloc'd, NUL-terminated), else NULL */
     bool replied; /* a response was queued (early: announced body too large) */
+    struct http_write *write; /* parked: the connection is suspended until it settles */
 };
 
 /* --- read-connection pool ---------------------------------------------------------------- */
@@ -259,6 +264,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         rq->body_bytes += n;
         return MHD_YES;
     }
+    if (rq->write != NULL) {
+        /* Resumed: the writer has settled the write parked below. */
+        struct http_write *w = rq->write;
+        rq->write = NULL;
+        http_write_finish(&c, w);
+        enum MHD_Result r = send_reply(&c);
+        json_decref(c.body);
+        http_write_free(w); /* after the reply is queued: http_writes_stop waits for it */
+        return r;
+    }
     if (rq->replied)
         return MHD_YES;
 
@@ -266,6 +281,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     c.req_body = rq->body;
     c.req_len = rq->body != NULL ? rq->body_bytes : 0;
     http_dispatch(&c, method);
+    if (c.write != NULL) {
+        /* A write: answered when the writer has settled it, without
+         * holding this thread meanwhile (or here, when stopping). */
+        if (http_write_park(&h->writes, conn, c.write)) {
+            rq->write = c.write;
+            return MHD_YES;
+        }
+        http_write_finish(&c, c.write);
+        http_write_free(c.write);
+    }
     enum MHD_Result r = send_reply(&c);
     json_decref(c.body);
     return r;
@@ -278,8 +303,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     (void)conn;
     (void)toe;
     struct request *rq = *con_cls;
-    if (rq != NULL)
+    if (rq != NULL) {
         free(rq->body);
+        http_write_free(rq->write); /* resumed, but closed before it was answered */
+    }
     free(rq);
     *con_cls = NULL;
 }
@@ -304,6 +331,10 @@ static void http_free(struct http *h)
 {
     if (h == NULL)
         return;
+    /* The parked writes first: libmicrohttpd must not stop with a
+     * connection suspended. */
+    if (h->sync_init)
+        http_writes_stop(&h->writes);
     if (h->mhd != NULL)
         MHD_stop_daemon(h->mhd);
     if (h->conns != NULL)
@@ -320,6 +351,7 @@ static void http_free(struct http *h)
         pthread_mutex_destroy(&h->mu);
         pthread_mutex_destroy(&h->log_mu);
         silence_cache_destroy(&h->silences); /* after MHD_stop_daemon: no handler left */
+        http_writes_destroy(&h->writes);
     }
     free(h);
 }
@@ -426,8 +458,11 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     int e2 = e1 == 0 ? pthread_cond_init(&h->cv, &ca) : -1;
     int e3 = e2 == 0 ? pthread_mutex_init(&h->log_mu, NULL) : -1;
     int e4 = e3 == 0 ? silence_cache_init(&h->silences) : -1;
+    int e5 = e4 == 0 ? http_writes_init(&h->writes) : -1;
     pthread_condattr_destroy(&ca);
-    if (e1 != 0 || e2 != 0 || e3 != 0 || e4 != 0) {
+    if (e1 != 0 || e2 != 0 || e3 != 0 || e4 != 0 || e5 != 0) {
+        if (e4 == 0)
+            silence_cache_destroy(&h->silences);
         if (e3 == 0)
             pthread_mutex_destroy(&h->log_mu);
         if (e2 == 0)
@@ -435,7 +470,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
         if (e1 == 0)
             pthread_mutex_destroy(&h->mu);
         rc = -ENOMEM;
-        snprintf(err, errlen, "http: mutex/cond init failed");
+        snprintf(err, errlen, "http: mutex/cond/thread init failed");
         goto fail;
     }
     h->sync_init = true;
@@ -471,7 +506,10 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
 
     json_object_seed(0); /* before any server thread builds a JSON object */
 
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    /* Suspend/resume: writes wait for the writer off the server threads
+     * (http_write.c). */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
+                     MHD_ALLOW_SUSPEND_RESUME;
     /* HTTPS: libmicrohttpd's own TLS (GnuTLS in Debian's build), with the
      * PEM files read here so that a bad path fails the start, named. */
     struct MHD_OptionItem tls[] = {

@@ -13,9 +13,11 @@
  * Threads: libmicrohttpd runs its own pool of `threads` threads. Each request
  * reads SQLite through one of `threads` read-only connections (WAL lets them
  * run beside the writer); writes (silences) are store items that the writer
- * thread commits while the request waits for the outcome. http_start() and
- * http_stop() are called from the main thread only; http_stop() must come
- * before store_close(). */
+ * thread commits while the request, its connection suspended, waits for the
+ * outcome on a thread of its own (no pool thread is held meanwhile).
+ * http_start() and http_stop() are called from the main thread only;
+ * http_stop() must come before store_close() (it waits for the writes in
+ * flight, each up to 10 s, as the writer may still settle them). */
 
 #define HTTP_MAX_THREADS FS_CAP_HTTP_THREADS
 #define HTTP_MAX_CONNECTIONS 1024
