@@ -13,38 +13,19 @@ No timing decides the verdict: the writes are known to be at the writer
 sent, the reads are answered while the lock is still held, and the writes
 are checked unanswered before the lock goes and answered after."""
 import json
-import re
 import sqlite3
 import threading
-import urllib.error
-import urllib.request
 
-from fstest import Daemon, check, run_main, wait_until
+from fstest import Daemon, check, http_call, kill_started, metrics, run_main, wait_until
 
 WRITE = "write-t0ken"
 POSTS = 3
 
 
 def req(d, method, path, body=None, token=None):
-    """(status, parsed JSON) of one request."""
-    data = json.dumps(body).encode() if body is not None else None
-    r = urllib.request.Request(d.url(path), data=data, method=method)
-    if data is not None:
-        r.add_header("Content-Type", "application/json")
-    if token is not None:
-        r.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(r, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
-
-
-def metrics(d):
-    with urllib.request.urlopen(d.url("/metrics"), timeout=60) as r:
-        text = r.read().decode()
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^(foreshock_[a-z_]+) (\S+)$", text, re.M)}
+    """(status, parsed JSON) of one request, with time for a held write."""
+    status, _, text = http_call(d.url(path), method, json_body=body, token=token, timeout=60)
+    return status, json.loads(text or b"null")
 
 
 def silence(i):
@@ -125,8 +106,7 @@ def test(args, workdir):
     finally:
         if lock is not None:
             lock.close()
-        if d.proc.poll() is None:
-            d.kill()
+        kill_started(d)
 
 
 if __name__ == "__main__":
