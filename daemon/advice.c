@@ -25,31 +25,17 @@ _Static_assert((int)ADVICE_CHECKPOINT == (int)FORESHOCK__ADVICE_ACTION__ADVICE_A
 
 /* --- policy ------------------------------------------------------------------------ */
 
-/* Names of the alert_attribution values, by number (alert.h pins them). */
-static const char *const label_names[ADVICE_LABELS] = {
-    [ALERT_ATTR_NONE] = "none",
-    [ALERT_ATTR_ATTENTION_NUMERICS] = "attention-numerics",
-    [ALERT_ATTR_OPTIMIZER_HYPERPARAMETER] = "optimizer-hyperparameter",
-    [ALERT_ATTR_COMBINED] = "combined",
-    [ALERT_ATTR_ROUTER_BALANCE] = "router-balance",
-    [ALERT_ATTR_NON_FINITE] = "non-finite",
-    [ALERT_ATTR_LOSS_SPIKE] = "loss-spike",
-};
-
-static const char *const severity_names[ADVICE_SEVERITIES] = {
-    [DETECT_SEVERITY_WARNING] = "warning",
-    [DETECT_SEVERITY_CRITICAL] = "critical",
-};
-
+/* Label and severity names are alert.c's and detect.c's tables
+ * (alert_attribution_parse, detect_severity_parse). */
 static const struct {
-    const char *label;
+    enum alert_attribution label;
     enum advice_action action;
 } default_actions[] = {
-    {"attention-numerics", ADVICE_CHECKPOINT},
-    {"optimizer-hyperparameter", ADVICE_CHECKPOINT},
-    {"combined", ADVICE_CHECKPOINT},
-    {"router-balance", ADVICE_CHECKPOINT},
-    {"non-finite", ADVICE_CHECKPOINT_AND_STOP},
+    {ALERT_ATTR_ATTENTION_NUMERICS, ADVICE_CHECKPOINT},
+    {ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, ADVICE_CHECKPOINT},
+    {ALERT_ATTR_COMBINED, ADVICE_CHECKPOINT},
+    {ALERT_ATTR_ROUTER_BALANCE, ADVICE_CHECKPOINT},
+    {ALERT_ATTR_NON_FINITE, ADVICE_CHECKPOINT_AND_STOP},
 };
 
 static int index_of(const char *const *names, size_t n, const char *s, size_t len)
@@ -60,16 +46,27 @@ static int index_of(const char *const *names, size_t n, const char *s, size_t le
     return -1;
 }
 
+/* "attention-numerics, ..., loss-spike, none; severities: warning, critical"
+ * for a message: the labels in value order with "none" last. */
+static void names_text(char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int i = 1; i <= ADVICE_LABELS && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%s", i > 1 ? ", " : "",
+                                alert_attribution_name((enum alert_attribution)(i % ADVICE_LABELS)));
+    for (int i = 0; i < ADVICE_SEVERITIES && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? ", " : "; severities: ",
+                                detect_severity_name((enum detect_severity)i));
+}
+
 void advice_policy_default(struct advice_policy *p)
 {
     memset(p, 0, sizeof(*p));
     p->enabled = true;
-    for (size_t i = 0; i < sizeof(default_actions) / sizeof(default_actions[0]); i++) {
-        int l = index_of(label_names, ADVICE_LABELS, default_actions[i].label,
-                         strlen(default_actions[i].label));
-        for (int s = 0; l >= 0 && s < ADVICE_SEVERITIES; s++)
-            p->action[l][s] = (uint8_t)default_actions[i].action;
-    }
+    for (size_t i = 0; i < sizeof(default_actions) / sizeof(default_actions[0]); i++)
+        for (int s = 0; s < ADVICE_SEVERITIES; s++)
+            p->action[default_actions[i].label][s] = (uint8_t)default_actions[i].action;
 }
 
 int advice_policy_set(struct advice_policy *p, const char *key, const char *value, char *why,
@@ -86,14 +83,19 @@ int advice_policy_set(struct advice_policy *p, const char *key, const char *valu
     static const char *const actions[] = {"none", "checkpoint", "checkpoint_and_stop"};
     int a = index_of(actions, sizeof(actions) / sizeof(actions[0]), value, strlen(value));
     const char *dot = strchr(key, '.');
-    int l = index_of(label_names, ADVICE_LABELS, key, dot ? (size_t)(dot - key) : strlen(key));
-    int s = dot ? index_of(severity_names, ADVICE_SEVERITIES, dot + 1, strlen(dot + 1)) : -1;
-    if (l < 0 || (dot && s < 0)) {
+    enum alert_attribution l;
+    enum detect_severity sev;
+    int s = -1;
+    bool label_ok =
+        alert_attribution_parse(key, dot ? (size_t)(dot - key) : strlen(key), &l) == 0;
+    if (dot && detect_severity_parse(dot + 1, strlen(dot + 1), &sev) == 0)
+        s = (int)sev;
+    if (!label_ok || (dot && s < 0)) {
+        char names[256];
+        names_text(names, sizeof(names));
         snprintf(why, whylen,
-                 "unknown key '%s': keys are enabled, LABEL or LABEL.SEVERITY (labels: "
-                 "attention-numerics, optimizer-hyperparameter, combined, router-balance, "
-                 "non-finite, loss-spike, none; severities: warning, critical)",
-                 key);
+                 "unknown key '%s': keys are enabled, LABEL or LABEL.SEVERITY (labels: %s)", key,
+                 names);
         return -EINVAL;
     }
     if (a < 0) {
@@ -134,9 +136,12 @@ enum advice_action advice_decide(const struct advice_policy *p, const char *labe
 {
     if (!p || !p->enabled || !label || !severity)
         return ADVICE_NONE;
-    int l = index_of(label_names, ADVICE_LABELS, label, strlen(label));
-    int s = index_of(severity_names, ADVICE_SEVERITIES, severity, strlen(severity));
-    return l < 0 || s < 0 ? ADVICE_NONE : (enum advice_action)p->action[l][s];
+    enum alert_attribution l;
+    enum detect_severity s;
+    if (alert_attribution_parse(label, strlen(label), &l) != 0 ||
+        detect_severity_parse(severity, strlen(severity), &s) != 0)
+        return ADVICE_NONE;
+    return (enum advice_action)p->action[l][s];
 }
 
 const char *advice_action_name(int action)

@@ -361,59 +361,58 @@ int alert_state_decode(struct alert_state *st, const uint8_t *buf, size_t len)
     return 0;
 }
 
+/* The names of the pinned numbers, one table per enum, indexed by value. */
+static const char *const state_names[ALERT_STATE_COUNT] = {
+    [ALERT_INACTIVE] = "inactive",
+    [ALERT_PENDING] = "pending",
+    [ALERT_FIRING] = "firing",
+    [ALERT_RESOLVED] = "resolved",
+    [ALERT_SUPERSEDED] = "superseded",
+};
+
+static const char *const change_names[] = {
+    [ALERT_CHANGE_NONE] = "none",
+    [ALERT_CHANGE_TO_PENDING] = "to_pending",
+    [ALERT_CHANGE_TO_FIRING] = "to_firing",
+    [ALERT_CHANGE_TO_RESOLVED] = "to_resolved",
+    [ALERT_CHANGE_TO_INACTIVE] = "to_inactive",
+    [ALERT_CHANGE_TO_SUPERSEDED] = "to_superseded",
+};
+
+static const char *const attribution_names[ALERT_ATTR_COUNT] = {
+    [ALERT_ATTR_NONE] = "none",
+    [ALERT_ATTR_ATTENTION_NUMERICS] = "attention-numerics",
+    [ALERT_ATTR_OPTIMIZER_HYPERPARAMETER] = "optimizer-hyperparameter",
+    [ALERT_ATTR_COMBINED] = "combined",
+    [ALERT_ATTR_ROUTER_BALANCE] = "router-balance",
+    [ALERT_ATTR_NON_FINITE] = "non-finite",
+    [ALERT_ATTR_LOSS_SPIKE] = "loss-spike",
+};
+
+#define NAMES_OF(t) (sizeof(t) / sizeof((t)[0]))
+
 const char *alert_state_name(enum alert_state_id s)
 {
-    switch (s) {
-    case ALERT_INACTIVE:
-        return "inactive";
-    case ALERT_PENDING:
-        return "pending";
-    case ALERT_FIRING:
-        return "firing";
-    case ALERT_RESOLVED:
-        return "resolved";
-    case ALERT_SUPERSEDED:
-        return "superseded";
-    }
-    return "unknown";
+    return (unsigned)s < NAMES_OF(state_names) ? state_names[s] : "unknown";
 }
 
 const char *alert_change_name(enum alert_change c)
 {
-    switch (c) {
-    case ALERT_CHANGE_NONE:
-        return "none";
-    case ALERT_CHANGE_TO_PENDING:
-        return "to_pending";
-    case ALERT_CHANGE_TO_FIRING:
-        return "to_firing";
-    case ALERT_CHANGE_TO_RESOLVED:
-        return "to_resolved";
-    case ALERT_CHANGE_TO_INACTIVE:
-        return "to_inactive";
-    case ALERT_CHANGE_TO_SUPERSEDED:
-        return "to_superseded";
-    }
-    return "unknown";
+    return (unsigned)c < NAMES_OF(change_names) ? change_names[c] : "unknown";
 }
 
 const char *alert_attribution_name(enum alert_attribution a)
 {
-    switch (a) {
-    case ALERT_ATTR_NONE:
-        return "none";
-    case ALERT_ATTR_ATTENTION_NUMERICS:
-        return "attention-numerics";
-    case ALERT_ATTR_OPTIMIZER_HYPERPARAMETER:
-        return "optimizer-hyperparameter";
-    case ALERT_ATTR_COMBINED:
-        return "combined";
-    case ALERT_ATTR_ROUTER_BALANCE:
-        return "router-balance";
-    case ALERT_ATTR_NON_FINITE:
-        return "non-finite";
-    case ALERT_ATTR_LOSS_SPIKE:
-        return "loss-spike";
+    return (unsigned)a < NAMES_OF(attribution_names) ? attribution_names[a] : "unknown";
+}
+
+int alert_attribution_parse(const char *s, size_t len, enum alert_attribution *out)
+{
+    for (size_t i = 0; s && i < NAMES_OF(attribution_names); i++) {
+        if (strlen(attribution_names[i]) == len && memcmp(attribution_names[i], s, len) == 0) {
+            *out = (enum alert_attribution)i;
+            return 0;
+        }
     }
-    return "unknown";
+    return -EINVAL;
 }

@@ -38,6 +38,7 @@ enum alert_state_id {
     ALERT_RESOLVED = 3,
     ALERT_SUPERSEDED = 4, /* stored rows only: ended by a rewind (never in a blob) */
 };
+#define ALERT_STATE_COUNT (ALERT_SUPERSEDED + 1)
 
 /* What one alert_step did. Pinned too (alert_events rows). */
 enum alert_change {
@@ -59,6 +60,7 @@ enum alert_attribution {
     ALERT_ATTR_NON_FINITE = 5,
     ALERT_ATTR_LOSS_SPIKE = 6,
 };
+#define ALERT_ATTR_COUNT (ALERT_ATTR_LOSS_SPIKE + 1)
 
 /* Series labels, as in the series table: -1 (window: 0) means "none". */
 struct alert_scope {
@@ -185,11 +187,17 @@ uint64_t alert_fnv1a64(const void *data, size_t n);
 int alert_state_encode(const struct alert_state *st, uint8_t *buf, size_t len);
 int alert_state_decode(struct alert_state *st, const uint8_t *buf, size_t len);
 
-/* Static names: "inactive".., "superseded", "to_pending".., "to_superseded",
- * "attention-numerics"..;
- * "unknown" for values out of range. */
+/* Names of the pinned numbers, as stored, logged and served: "inactive"..
+ * "superseded", "to_pending".. "to_superseded", "none", "attention-numerics"..
+ * "loss-spike". Static strings; "unknown" for values out of range. These are
+ * the only tables of these names: other modules call these. Pure; any
+ * thread. */
 const char *alert_state_name(enum alert_state_id s);
 const char *alert_change_name(enum alert_change c);
 const char *alert_attribution_name(enum alert_attribution a);
+
+/* The attribution called s (len bytes, no NUL needed): 0 with *out, or
+ * -EINVAL for any other text. Pure; any thread. */
+int alert_attribution_parse(const char *s, size_t len, enum alert_attribution *out);
 
 #endif

@@ -8,18 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http.h"
 #include "log.h"
-#include "metrics.h"
 
 #define FIELD(type, f) .offset = offsetof(type, f), .size = sizeof(((type *)0)->f)
 #define CORE(f) FIELD(struct fs_config, f)
 
 static const char *const sync_names[] = {[CONFIG_SYNC_NORMAL] = "normal",
                                          [CONFIG_SYNC_FULL] = "full", NULL};
-static const char *const level_names[] = {[LOG_LEVEL_DEBUG] = "debug", [LOG_LEVEL_INFO] = "info",
-                                          [LOG_LEVEL_WARN] = "warn", [LOG_LEVEL_ERROR] = "error",
-                                          NULL};
 
 
 static const struct config_key core_keys[] = {
@@ -33,7 +28,7 @@ static const struct config_key core_keys[] = {
     {.name = "synchronous", .type = CONFIG_ENUM, .def = "normal", .choices = sync_names,
      CORE(synchronous), .help = "SQLite synchronous mode: normal | full (fsync every commit)"},
     {.name = "http_threads", .type = CONFIG_UINT, .def = "4",
-     .min = FS_MIN_HTTP_THREADS, .max = HTTP_MAX_THREADS, CORE(http_threads),
+     .min = FS_MIN_HTTP_THREADS, .max = FS_CAP_HTTP_THREADS, CORE(http_threads),
      .help = "HTTP worker threads, each with a read-only database connection"},
     {.name = "max_connections", .type = CONFIG_UINT, .def = "1024",
      .min = FS_MIN_MAX_CONNECTIONS, .max = FS_CAP_MAX_CONNECTIONS, CORE(max_connections),
@@ -69,7 +64,7 @@ static const struct config_key core_keys[] = {
      .max = FS_CAP_SPOOL_MAX_BYTES, CORE(spool_max_bytes),
      .help = "spooled frames of steps not yet evaluated (in <db>.spool/); past it only ranks "
              "that complete the oldest step are read"},
-    {.name = "log_level", .type = CONFIG_ENUM, .def = "info", .choices = level_names,
+    {.name = "log_level", .type = CONFIG_ENUM, .def = "info", .choices = log_level_names,
      CORE(log_level), .help = "debug | info | warn | error"},
     {.name = "token", .type = CONFIG_STRING, .def = "", .min = 0, .max = FS_MAX_TOKEN_LEN,
      CORE(token), .help = "shared secret; when set, Hello.token must match (empty: none)"},
@@ -121,7 +116,7 @@ static const struct config_key core_keys[] = {
      .max = FS_MAX_TOKEN_LEN, CORE(http_read_token),
      .help = "bearer token (or the write token) every route but /healthz, /readyz needs"},
     {.name = "metrics_max_runs", .type = CONFIG_UINT, .def = "8", .min = 0,
-     .max = METRICS_MAX_RUNS, CORE(metrics_max_runs),
+     .max = FS_CAP_METRICS_MAX_RUNS, CORE(metrics_max_runs),
      .help = "/metrics: per-run gauges for at most this many most recently active runs"},
     {.name = "metrics_run_max_age", .type = CONFIG_DOUBLE, .def = "3600", .min = 1,
      .max = 31536000, CORE(metrics_run_max_age),

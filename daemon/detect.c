@@ -709,15 +709,28 @@ const char *detect_family_name(enum detect_family f)
     return (unsigned)f < DETECT_FAMILY_COUNT ? names[f] : "unknown";
 }
 
+/* NULL-terminated for CONFIG_ENUM choices (config.h). */
+const char *const detect_severity_names[] = {
+    [DETECT_SEVERITY_WARNING] = "warning",
+    [DETECT_SEVERITY_CRITICAL] = "critical",
+    NULL,
+};
+
 const char *detect_severity_name(enum detect_severity s)
 {
-    switch (s) {
-    case DETECT_SEVERITY_WARNING:
-        return "warning";
-    case DETECT_SEVERITY_CRITICAL:
-        return "critical";
+    return (unsigned)s <= DETECT_SEVERITY_CRITICAL ? detect_severity_names[s] : "unknown";
+}
+
+int detect_severity_parse(const char *s, size_t len, enum detect_severity *out)
+{
+    for (unsigned i = 0; s && detect_severity_names[i]; i++) {
+        if (strlen(detect_severity_names[i]) == len &&
+            memcmp(detect_severity_names[i], s, len) == 0) {
+            *out = (enum detect_severity)i;
+            return 0;
+        }
     }
-    return "unknown";
+    return -EINVAL;
 }
 
 const char *detect_breach_kind_name(enum detect_breach_kind k)

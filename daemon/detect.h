@@ -249,6 +249,11 @@ int detect_state_decode(struct detect_state *st, const uint8_t *buf, size_t len)
 /* Static names for logs, JSON and labels. Unknown values give "unknown". */
 const char *detect_family_name(enum detect_family f);
 const char *detect_severity_name(enum detect_severity s);
+/* The one table of severity names, by value, NULL-terminated (a CONFIG_ENUM
+ * choice list); detect_severity_parse reads s (len bytes, no NUL needed)
+ * into *out: 0, or -EINVAL for any other text. Pure; any thread. */
+extern const char *const detect_severity_names[];
+int detect_severity_parse(const char *s, size_t len, enum detect_severity *out);
 const char *detect_breach_kind_name(enum detect_breach_kind k);
 const char *detect_direction_name(enum detect_direction d);
 

@@ -50,7 +50,11 @@
 
 #define FS_DEF_HTTP_THREADS 4u
 #define FS_MIN_HTTP_THREADS 1u
-/* the maximum is HTTP_MAX_THREADS from http.h */
+#define FS_CAP_HTTP_THREADS 64u /* http.h HTTP_MAX_THREADS */
+
+/* metrics_max_runs: per-run gauges of /metrics (metrics.h METRICS_MAX_RUNS) */
+#define FS_DEF_METRICS_MAX_RUNS 8u
+#define FS_CAP_METRICS_MAX_RUNS 64u
 
 #define FS_DEF_MAX_CONNECTIONS 1024u
 #define FS_MIN_MAX_CONNECTIONS 1u

@@ -1,18 +1,21 @@
 /* The HTTP API: libmicrohttpd in front of read-only SQLite connections.
- * This file: server lifecycle, the read-connection pool, the request state
- * machine, dispatch (route table, methods, auth, parameters) and the small
- * routes (/healthz, /readyz, /metrics, the dashboard); the other routes'
- * handlers are in http_runs.c, http_alerts.c and http_silences.c
- * (http_internal.h lists the files).
+ * This file: server lifecycle (start, stop, TLS, options), the
+ * read-connection pool, and the request state machine that feeds
+ * http_dispatch() (http_routes.c) and sends the reply it sets. The route
+ * table is in http_routes.c, the handlers in http_ops.c, http_runs.c,
+ * http_alerts.c and http_silences.c (http_internal.h lists the files).
  *
  * Shape of a request (all on one libmicrohttpd pool thread):
  *   on_request (1st call: allocate per-request state only)
  *   on_request (body chunks: read and discard, bounded)
- *   on_request (last call) -> dispatch: route table -> params -> db checkout
- *     -> BEGIN -> handler builds a jansson document -> COMMIT -> db return
- *     -> JSON response queued.
+ *   on_request (last call) -> http_dispatch: route table -> params -> db
+ *     checkout -> BEGIN -> handler builds a jansson document -> COMMIT -> db
+ *     return -> JSON response queued.
+ * A write (silences) hands its item to the writer instead and the
+ * connection is suspended (http_write.c); once the writer has settled it,
+ * the connection is resumed and on_request is called once more, on any pool
+ * thread, to answer it.
  *
- * Routes live in routes[] below; adding one is a table row plus a handler.
  * Handlers never write: the daemon core owns the only read-write
  * connection. */
 
@@ -23,8 +26,6 @@
 #include <sys/socket.h>
 
 #include "http_internal.h"
-#include "http_parse.h"
-#include "store.h"
 
 /* --- per-request state -------------------------------------------------------- */
 
@@ -32,291 +33,8 @@ struct request {
     size_t body_bytes;
     char *body;   /* POST: the body so far (malloc'd, NUL-terminated), else NULL */
     bool replied; /* a response was queued (early: announced body too large) */
+    struct http_write *write; /* parked: the connection is suspended until it settles */
 };
-
-/* Methods a route row answers (0 in a row: GET and HEAD). */
-enum { M_GET = 1, M_HEAD = 2, M_POST = 4, M_DELETE = 8 };
-
-struct route {
-    const char *pattern;                  /* '*' matches one non-empty path segment */
-    route_fn fn;
-    unsigned methods;                     /* M_*; 0 = M_GET | M_HEAD */
-    bool db;                              /* needs a read connection (and a read txn) */
-    bool write;                           /* needs the write token; fn runs without a
-                                             connection and takes one with http_db_read() */
-    bool body;                            /* takes a JSON body (req_body) */
-    bool open;                            /* no token needed, even with http_read_token */
-    const char *params[HTTP_MAX_PARAMS];  /* accepted query parameters; others are 400 */
-    const char *repeat[HTTP_MAX_REPEATABLE]; /* of those, the ones that may repeat */
-};
-
-struct collect {
-    struct ctx *c;
-    const struct route *r;
-    int err;
-};
-
-static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const char *key,
-                                     const char *value)
-{
-    struct collect *col = cls;
-    struct ctx *c = col->c;
-    (void)kind;
-
-    const char *name = NULL;
-    for (unsigned i = 0; i < HTTP_MAX_PARAMS && col->r->params[i] != NULL; i++)
-        if (strcmp(col->r->params[i], key) == 0)
-            name = col->r->params[i];
-    if (name == NULL) {
-        char echo[HTTP_MAX_PARAM_LEN + 1];
-        snprintf(echo, sizeof echo, "%s", key);
-        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "unknown parameter '%s'", echo);
-        col->err = -EINVAL;
-        return MHD_NO;
-    }
-    bool repeatable = false;
-    for (unsigned i = 0; i < HTTP_MAX_REPEATABLE && col->r->repeat[i] != NULL; i++)
-        repeatable |= strcmp(col->r->repeat[i], name) == 0;
-    if (!repeatable && http_param_get(c, name) != NULL) {
-        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                         "parameter '%s' given more than once", name);
-        col->err = -EINVAL;
-        return MHD_NO;
-    }
-    if (c->nparams == HTTP_MAX_QUERY_VALUES) {
-        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                         "more than %u query parameters (parameter '%s')", HTTP_MAX_QUERY_VALUES,
-                         name);
-        col->err = -EINVAL;
-        return MHD_NO;
-    }
-    if (value != NULL && strlen(value) > HTTP_MAX_PARAM_LEN) {
-        http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                         "parameter '%s' is longer than %u bytes", name, HTTP_MAX_PARAM_LEN);
-        col->err = -EINVAL;
-        return MHD_NO;
-    }
-    /* nparams < HTTP_MAX_QUERY_VALUES was checked above */
-    c->params[c->nparams].name = name;
-    c->params[c->nparams].value = value != NULL ? value : ""; /* "?limit": empty, garbage */
-    c->nparams++;
-    return MHD_YES;
-}
-
-static int params_collect(struct ctx *c, const struct route *r)
-{
-    struct collect col = {.c = c, .r = r, .err = 0};
-    MHD_get_connection_values(c->conn, MHD_GET_ARGUMENT_KIND, collect_param, &col);
-    return col.err;
-}
-
-/* --- the small routes ---------------------------------------------------------------- */
-
-static int h_healthz(struct ctx *c)
-{
-    json_t *doc = json_pack("{s:s}", "status", "ok");
-    return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
-}
-
-static int h_readyz(struct ctx *c)
-{
-    struct fs_stats *s = c->h->stats;
-    /* The storage failure first: the writer clears `ready` while it lasts,
-     * and "starting or shutting down" would hide the reason. */
-    int failing = atomic_load_explicit(&s->storage_failing, memory_order_relaxed);
-    if (failing != 0)
-        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                                "storage: %s (commits fail; nothing new is acknowledged)",
-                                store_failure_text(failing));
-    if (atomic_load_explicit(&s->ready, memory_order_relaxed) != 1)
-        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                                "daemon is not ready (starting or shutting down)");
-    sqlite3_stmt *st = c->dbc->st[STMT_READY];
-    int rc = sqlite3_step(st);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-        log_limited(&c->dbc->rl, LOG_LEVEL_ERROR, LOG_MOD, "readyz: sqlite error %d: %s", rc,
-                    sqlite3_errmsg(c->dbc->db));
-        stmt_done(st);
-        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                                "database is not readable");
-    }
-    stmt_done(st);
-    json_t *doc = json_pack("{s:s}", "status", "ready");
-    return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
-}
-
-/* --- /metrics ------------------------------------------------------------------------------ */
-
-static int h_metrics(struct ctx *c)
-{
-    struct metrics_buf b = {0};
-    char err[256] = "";
-    int rc = metrics_write_stats(&b, c->h->stats, FORESHOCK_VERSION);
-    if (rc == 0)
-        rc = metrics_write_db(&b, c->dbc->db, &c->h->mopts, wall_now(), err, sizeof err);
-    if (rc != 0) {
-        metrics_buf_free(&b);
-        if (rc > 0)
-            return http_reply_db_error(c, "metrics", rc);
-        return http_reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
-                                "cannot render metrics (%s)",
-                                rc == -E2BIG ? "too large" : "no memory");
-    }
-    return http_reply_raw(c, MHD_HTTP_OK, METRICS_CONTENT_TYPE, b.p, b.len, true);
-}
-
-/* --- route table ----------------------------------------------------------------------
- * The API (all JSON, GET or HEAD; other methods 405 with Allow):
- *   /healthz                 {"status":"ok"}
- *   /readyz                  {"status":"ready"} | 503 (not ready, storage failing, db unreadable)
- *   /api/v1/runs             ?limit=1..10000 (1000) &after=CURSOR
- *                            {"runs":[RUN...],"next":CURSOR|null}
- *   /api/v1/runs/{name}      {"run":RUN + "streams_detail":[...]} (attempt, rank order)
- *   /api/v1/series           ?run=NAME (required) &name= | &prefix= &layer= &head= &window=
- *                            &rank= &limit= &after=   {"series":[SERIES...],"next":...}
- *   /api/v1/series/{id}/points ?from=&to= (inclusive steps) &limit= | &max_points=1..5000
- *                            {"series":SERIES,"points":[[step,value|null]...],
- *                             "next_from":step|null,"downsampled":false}
- *     with max_points=N: the steps present in [from, to] (first lo, last hi)
- *     are split into N buckets of w = ceil((hi - lo + 1) / N) steps from lo;
- *     each non-empty bucket gives [first step, mean, min, max] (NULL and
- *     +-Inf values give null), "downsampled":true, "bucket_width":w,
- *     "next_from":null. limit and max_points exclude each other.
- *   /api/v1/runs/{name}/incomplete ?limit= &after=CURSOR
- *                            {"incomplete":[{"step","kind","layer","head","window","have",
- *                             "want","recorded_at"}...],"next":CURSOR|null}
- *     primary-key order (step, kind, layer, head, window); layer/head/window
- *     are null where they do not apply; CURSOR is "step:layer:head:window:kind".
- *   /api/v1/alerts           ?run= &state=inactive|pending|firing|resolved|open (repeated
- *                            or comma-separated: a union; open = pending or firing)
- *                            &severity=warning|critical &label=ATTRIBUTION &rule=
- *                            &layer= &head= &window= &rank= &since=&until= (updated_at,
- *                            inclusive, UNIX seconds) &from_step=&to_step= (first breach,
- *                            inclusive; alerts without one never match) &limit= &after=
- *                            {"alerts":[ALERT...],"next":CURSOR|null}, newest (highest id)
- *                            first; the next page holds ids below CURSOR
- *   /api/v1/alerts/{id}      {"alert":ALERT + "history":[{"id","change","from","to","step",
- *                             "at","attribution","evidence":{...}|null}...] (oldest first,
- *                             the latest 1000), "history_truncated":bool}
- *     ALERT = {"id","run","rule","state","severity","family","attribution","labels",
- *     "dedup_key","alert_key","evidence":{"value","median","mad","z",
- *     "first_breach_step","fired_step","resolved_step","last_step"},"incidents",
- *     "created_at","updated_at","series_id"}. /runs/{name} also carries
- *     "incomplete":n and "alerts":{"firing":n,"pending":n}.
- * Cursors are the last id of a page, as a string; "next" is null on the
- * last page (a page is only followed by another if a row exists beyond it).
- * Unknown, repeated, empty or malformed parameters are 400 naming the
- * parameter; unknown paths, runs and series 404.
- *
- *     ALERT also carries "silenced_by":[ids of the active silences matching it].
- *   GET /api/v1/silences     ?state=active|pending|expired (repeated or comma-separated)
- *                            &limit= &after=  {"silences":[SILENCE...],"next":CURSOR|null},
- *                            newest first
- *   GET /api/v1/silences/{id}      {"silence":SILENCE}
- *   POST /api/v1/silences          body (http_parse.h) -> 201 {"silence":SILENCE}
- *   DELETE /api/v1/silences/{id}   expire now -> 200 {"silence":SILENCE}; 404, 409 expired
- *   POST /api/v1/runs/{run}/maintenance {"duration","createdBy","comment"?,"startsAt"?}
- *                            -> 201 {"silence":SILENCE} with the one matcher run=<run>
- *     SILENCE = {"id","matchers":[{"name","value","isRegex","isEqual"}...],"startsAt",
- *     "endsAt","createdBy","comment","status":{"state"},"createdAt","updatedAt"}, times
- *     RFC 3339 UTC.
- *   GET /metrics             Prometheus text format 0.0.4 (metrics.c)
- * Auth: with http_read_token set, every route but /healthz and /readyz
- * needs "Authorization: Bearer <read or write token>"; writes need the
- * write token, and answer 403 while http_write_token is empty. 401 carries
- * WWW-Authenticate: Bearer. Writes go through the writer thread.
- *
- * A row without .methods answers GET and HEAD; a reply that is not JSON
- * uses http_reply_raw() (bytes + content type). The dashboard (/ and
- * /static/NAME, no token: the files hold no data) sets c->dash instead,
- * which send_reply sends with the file's content type and ETag. */
-
-/* The dashboard's embedded files; 304 when If-None-Match has the ETag. */
-static int h_dashboard(struct ctx *c)
-{
-    if (dashboard_lookup(c->url, &c->dash_file) != 0) {
-        char echo[HTTP_MAX_URL_ECHO + 1];
-        snprintf(echo, sizeof echo, "%s", c->url);
-        return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such asset: %s", echo);
-    }
-    const char *inm =
-        MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
-    c->dash = &c->dash_file;
-    c->status = dashboard_etag_match(inm, c->dash_file.etag) ? MHD_HTTP_NOT_MODIFIED : MHD_HTTP_OK;
-    return 0;
-}
-
-static const struct route routes[] = {
-    {.pattern = "/", .fn = h_dashboard, .db = false, .open = true},
-    {.pattern = "/static/*", .fn = h_dashboard, .db = false, .open = true},
-    {.pattern = "/healthz", .fn = h_healthz, .db = false, .open = true},
-    {.pattern = "/readyz", .fn = h_readyz, .db = true, .open = true},
-    {.pattern = "/api/v1/runs", .fn = http_runs_list, .db = true, .params = {"limit", "after"}},
-    {.pattern = "/api/v1/runs/*", .fn = http_runs_get, .db = true},
-    {.pattern = "/api/v1/series",
-     .fn = http_runs_series,
-     .db = true,
-     .params = {"run", "name", "prefix", "layer", "head", "window", "rank", "limit", "after"}},
-    {.pattern = "/api/v1/series/*/points",
-     .fn = http_runs_points,
-     .db = true,
-     .params = {"from", "to", "limit", "max_points"}},
-    {.pattern = "/api/v1/runs/*/incomplete",
-     .fn = http_runs_incomplete,
-     .db = true,
-     .params = {"limit", "after"}},
-    {.pattern = "/api/v1/alerts",
-     .fn = http_alerts_list,
-     .db = true,
-     .params = {"run", "state", "severity", "label", "rule", "layer", "head", "window", "rank",
-                "since", "until", "from_step", "to_step", "limit", "after", "attempt"},
-     .repeat = {"state"}},
-    {.pattern = "/api/v1/alerts/*", .fn = http_alerts_get, .db = true},
-    {.pattern = "/api/v1/silences",
-     .fn = http_silences_list,
-     .db = true,
-     .params = {"state", "limit", "after"},
-     .repeat = {"state"}},
-    {.pattern = "/api/v1/silences", .fn = http_silences_create, .methods = M_POST, .write = true,
-     .body = true},
-    {.pattern = "/api/v1/silences/*", .fn = http_silences_get, .db = true},
-    {.pattern = "/api/v1/silences/*", .fn = http_silences_expire, .methods = M_DELETE,
-     .write = true},
-    {.pattern = "/api/v1/runs/*/maintenance", .fn = http_silences_maintenance, .methods = M_POST,
-     .write = true, .body = true},
-    {.pattern = "/metrics", .fn = h_metrics, .db = true},
-};
-
-/* Matches path against pattern; copies '*' segments into c->cap. Returns
- * 1 on a match, 0 if not, -E2BIG if a captured segment is too long. */
-static int route_match(const char *pattern, const char *path, struct ctx *c)
-{
-    const char *p = pattern, *u = path;
-    unsigned n = 0;
-    while (*p != '\0' && *u != '\0') {
-        if (*p == '*') {
-            size_t len = strcspn(u, "/");
-            if (len == 0 || n >= HTTP_MAX_CAPTURES)
-                return 0;
-            if (len > HTTP_MAX_PARAM_LEN)
-                return -E2BIG;
-            memcpy(c->cap[n], u, len);
-            c->cap[n][len] = '\0';
-            n++;
-            u += len;
-            p++;
-        } else if (*p == *u) {
-            p++;
-            u++;
-        } else {
-            return 0;
-        }
-    }
-    if (*p != '\0' || *u != '\0')
-        return 0;
-    c->ncap = n;
-    return 1;
-}
 
 /* --- read-connection pool ---------------------------------------------------------------- */
 
@@ -461,58 +179,6 @@ static enum MHD_Result send_reply(struct ctx *c)
     return r;
 }
 
-static unsigned method_bit(const char *method)
-{
-    static const struct {
-        const char *name;
-        unsigned bit;
-    } m[] = {{MHD_HTTP_METHOD_GET, M_GET},
-             {MHD_HTTP_METHOD_HEAD, M_HEAD},
-             {MHD_HTTP_METHOD_POST, M_POST},
-             {MHD_HTTP_METHOD_DELETE, M_DELETE}};
-    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
-        if (strcmp(method, m[i].name) == 0)
-            return m[i].bit;
-    return 0;
-}
-
-static void allow_text(unsigned bits, char *out, size_t len)
-{
-    static const char *const names[] = {"GET", "HEAD", "POST", "DELETE"};
-    const char *list[4];
-    size_t n = 0;
-    for (unsigned i = 0; i < 4; i++)
-        if (bits & (1u << i))
-            list[n++] = names[i];
-    http_join_names(list, n, out, len);
-}
-
-/* 401 unless the request carries "Authorization: Bearer <token>" with one
- * of the tokens given (NULL or "" entries are skipped). Returns 0 when
- * allowed, -EACCES after setting the reply. The token is never logged. */
-static int auth_check(struct ctx *c, const char *t1, const char *t2)
-{
-    const char *hdr =
-        MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    const char *tok = NULL;
-    size_t len = 0;
-    bool okay = false;
-    if (hdr != NULL && strlen(hdr) <= HTTP_MAX_AUTH_HEADER &&
-        http_bearer_parse(hdr, &tok, &len) == 0) {
-        /* both compared, whichever matches: the time says nothing */
-        bool a = t1 != NULL && t1[0] != '\0' && http_token_equal(tok, len, t1);
-        bool b = t2 != NULL && t2[0] != '\0' && http_token_equal(tok, len, t2);
-        okay = a || b;
-    }
-    if (okay)
-        return 0;
-    c->www_auth = true;
-    http_reply_error(c, MHD_HTTP_UNAUTHORIZED, "unauthorized",
-                     hdr == NULL ? "this endpoint needs Authorization: Bearer <token>"
-                                 : "the bearer token is missing, malformed or wrong");
-    return -EACCES;
-}
-
 /* Checks out a read connection and runs fn inside one read transaction
  * (every statement sees the same committed snapshot). Sets the reply;
  * returns 0. */
@@ -540,76 +206,6 @@ int http_db_read(struct ctx *c, route_fn fn)
     db_return(c->h, c->dbc);
     c->dbc = NULL;
     return 0;
-}
-
-/* Routes, checks method, auth and parameters, runs the handler (inside a
- * read transaction on a checked-out connection when the route reads).
- * Sets c->status and c->body (or c->raw); returns 0. */
-static int dispatch(struct ctx *c, const char *method)
-{
-    const struct route *r = NULL;
-    unsigned bit = method_bit(method), allowed = 0;
-    bool path_known = false;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && r == NULL; i++) {
-        int m = route_match(routes[i].pattern, c->url, c);
-        if (m < 0)
-            return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                                    "a path segment is longer than %u bytes", HTTP_MAX_PARAM_LEN);
-        if (m == 0)
-            continue;
-        path_known = true;
-        unsigned rm = routes[i].methods != 0 ? routes[i].methods : (M_GET | M_HEAD);
-        allowed |= rm;
-        if (bit & rm)
-            r = &routes[i];
-    }
-    if (!path_known) {
-        char echo[HTTP_MAX_URL_ECHO + 1];
-        snprintf(echo, sizeof echo, "%s", c->url);
-        return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such resource: %s", echo);
-    }
-    if (r == NULL) {
-        /* the rest of the table may list other methods for this path */
-        for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-            if (route_match(routes[i].pattern, c->url, c) > 0)
-                allowed |= routes[i].methods != 0 ? routes[i].methods : (M_GET | M_HEAD);
-        allow_text(allowed, c->allow, sizeof c->allow);
-        char echo[16];
-        snprintf(echo, sizeof echo, "%s", method);
-        return http_reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
-                                "method %s is not allowed here; use %s", echo, c->allow);
-    }
-    /* the matching row's captures (a later non-matching row may have
-     * overwritten them above) */
-    route_match(r->pattern, c->url, c);
-
-    struct http *h = c->h;
-    if (!r->open && h->read_token[0] != '\0' &&
-        auth_check(c, h->read_token, h->write_token) != 0)
-        return 0;
-    if (r->write) {
-        /* Before the token: no token makes an archive writable. */
-        if (h->read_only)
-            return http_reply_error(c, MHD_HTTP_FORBIDDEN, "read_only",
-                                    "this daemon serves a read-only archive (foreshockd "
-                                    "--read-only): silences are written on the live daemon");
-        if (h->write_token[0] == '\0')
-            return http_reply_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
-                                    "writes disabled: set http_write_token");
-        if (auth_check(c, h->write_token, NULL) != 0)
-            return 0;
-        if (h->store == NULL)
-            return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                                    "writes are not available in this process");
-    }
-    if (params_collect(c, r) != 0)
-        return 0;
-    if (r->body && (c->req_body == NULL || c->req_len == 0))
-        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                                "body: a JSON object is required");
-    if (!r->db)
-        return r->fn(c);
-    return http_db_read(c, r->fn);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -668,13 +264,33 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         rq->body_bytes += n;
         return MHD_YES;
     }
+    if (rq->write != NULL) {
+        /* Resumed: the writer has settled the write parked below. */
+        struct http_write *w = rq->write;
+        rq->write = NULL;
+        http_write_finish(&c, w);
+        enum MHD_Result r = send_reply(&c);
+        json_decref(c.body);
+        http_write_free(w); /* after the reply is queued: http_writes_stop waits for it */
+        return r;
+    }
     if (rq->replied)
         return MHD_YES;
 
     rq->replied = true;
     c.req_body = rq->body;
     c.req_len = rq->body != NULL ? rq->body_bytes : 0;
-    dispatch(&c, method);
+    http_dispatch(&c, method);
+    if (c.write != NULL) {
+        /* A write: answered when the writer has settled it, without
+         * holding this thread meanwhile (or here, when stopping). */
+        if (http_write_park(&h->writes, conn, c.write)) {
+            rq->write = c.write;
+            return MHD_YES;
+        }
+        http_write_finish(&c, c.write);
+        http_write_free(c.write);
+    }
     enum MHD_Result r = send_reply(&c);
     json_decref(c.body);
     return r;
@@ -687,8 +303,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     (void)conn;
     (void)toe;
     struct request *rq = *con_cls;
-    if (rq != NULL)
+    if (rq != NULL) {
         free(rq->body);
+        http_write_free(rq->write); /* resumed, but closed before it was answered */
+    }
     free(rq);
     *con_cls = NULL;
 }
@@ -713,6 +331,10 @@ static void http_free(struct http *h)
 {
     if (h == NULL)
         return;
+    /* The parked writes first: libmicrohttpd must not stop with a
+     * connection suspended. */
+    if (h->sync_init)
+        http_writes_stop(&h->writes);
     if (h->mhd != NULL)
         MHD_stop_daemon(h->mhd);
     if (h->conns != NULL)
@@ -729,6 +351,7 @@ static void http_free(struct http *h)
         pthread_mutex_destroy(&h->mu);
         pthread_mutex_destroy(&h->log_mu);
         silence_cache_destroy(&h->silences); /* after MHD_stop_daemon: no handler left */
+        http_writes_destroy(&h->writes);
     }
     free(h);
 }
@@ -764,8 +387,6 @@ static int read_pem(const char *path, char **out, char *err, size_t errlen)
     return 0;
 }
 
-/* Main thread. On success *out owns the daemon, its threads and the read
- * connections until http_stop(). On failure nothing is left running. */
 /* Percent-decoding of paths and query values (MHD_OPTION_UNESCAPE_CALLBACK).
  * Decoded in place, a %00 would cut the C string short: /api/v1/runs/a%00b
  * answered for run "a". A text holding %00 stays undecoded instead, so it
@@ -781,6 +402,8 @@ static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
     return MHD_http_unescape(s);
 }
 
+/* Main thread. On success *out owns the daemon, its threads and the read
+ * connections until http_stop(). On failure nothing is left running. */
 int http_start(const struct http_opts *opts, struct http **out, char *err, size_t errlen)
 {
     struct http *h = NULL;
@@ -795,7 +418,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
         return -EINVAL;
     }
     if (opts->threads < 1 || opts->threads > HTTP_MAX_THREADS) {
-        snprintf(err, errlen, "http: threads must be in 1..%d, not %u", HTTP_MAX_THREADS,
+        snprintf(err, errlen, "http: threads must be in 1..%u, not %u", HTTP_MAX_THREADS,
                  opts->threads);
         return -EINVAL;
     }
@@ -835,8 +458,11 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     int e2 = e1 == 0 ? pthread_cond_init(&h->cv, &ca) : -1;
     int e3 = e2 == 0 ? pthread_mutex_init(&h->log_mu, NULL) : -1;
     int e4 = e3 == 0 ? silence_cache_init(&h->silences) : -1;
+    int e5 = e4 == 0 ? http_writes_init(&h->writes) : -1;
     pthread_condattr_destroy(&ca);
-    if (e1 != 0 || e2 != 0 || e3 != 0 || e4 != 0) {
+    if (e1 != 0 || e2 != 0 || e3 != 0 || e4 != 0 || e5 != 0) {
+        if (e4 == 0)
+            silence_cache_destroy(&h->silences);
         if (e3 == 0)
             pthread_mutex_destroy(&h->log_mu);
         if (e2 == 0)
@@ -844,7 +470,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
         if (e1 == 0)
             pthread_mutex_destroy(&h->mu);
         rc = -ENOMEM;
-        snprintf(err, errlen, "http: mutex/cond init failed");
+        snprintf(err, errlen, "http: mutex/cond/thread init failed");
         goto fail;
     }
     h->sync_init = true;
@@ -880,7 +506,10 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
 
     json_object_seed(0); /* before any server thread builds a JSON object */
 
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    /* Suspend/resume: writes wait for the writer off the server threads
+     * (http_write.c). */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
+                     MHD_ALLOW_SUSPEND_RESUME;
     /* HTTPS: libmicrohttpd's own TLS (GnuTLS in Debian's build), with the
      * PEM files read here so that a bad path fails the start, named. */
     struct MHD_OptionItem tls[] = {

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "fs_limits.h"
 #include "stats.h"
 
 /* The HTTP API: JSON under /api/v1/, /healthz, /readyz, /metrics.
@@ -12,11 +13,13 @@
  * Threads: libmicrohttpd runs its own pool of `threads` threads. Each request
  * reads SQLite through one of `threads` read-only connections (WAL lets them
  * run beside the writer); writes (silences) are store items that the writer
- * thread commits while the request waits for the outcome. http_start() and
- * http_stop() are called from the main thread only; http_stop() must come
- * before store_close(). */
+ * thread commits while the request, its connection suspended, waits for the
+ * outcome on a thread of its own (no pool thread is held meanwhile).
+ * http_start() and http_stop() are called from the main thread only;
+ * http_stop() must come before store_close() (it waits for the writes in
+ * flight, each up to 10 s, as the writer may still settle them). */
 
-#define HTTP_MAX_THREADS 64
+#define HTTP_MAX_THREADS FS_CAP_HTTP_THREADS
 #define HTTP_MAX_CONNECTIONS 1024
 /* Connections one client address may hold: far below HTTP_MAX_CONNECTIONS,
  * so silent connections from one address cannot take every slot from the
@@ -26,7 +29,7 @@
 #define HTTP_DEFAULT_LIMIT 1000   /* points/series/runs per page when ?limit= is absent */
 #define HTTP_MAX_LIMIT 10000      /* largest ?limit= accepted; above it: 400 */
 #define HTTP_MAX_POINTS_BUCKETS 5000 /* largest ?max_points= (downsampling) */
-#define HTTP_DEFAULT_METRICS_MAX_RUNS 8          /* metrics_max_runs */
+#define HTTP_DEFAULT_METRICS_MAX_RUNS FS_DEF_METRICS_MAX_RUNS /* metrics_max_runs */
 #define HTTP_DEFAULT_METRICS_RUN_MAX_AGE 3600.0  /* metrics_run_max_age, seconds */
 
 struct store;

@@ -5,7 +5,8 @@
 
 #include "http_internal.h"
 
-#include "alert.h" /* pinned state numbers only: fs_http does not link fs_monitor */
+#include "alert.h" /* pinned state and attribution numbers, and their names */
+#include "detect.h" /* severity names */
 #include "page_format.h" /* PAGE_MAX_LABELS: the pager's label set */
 #include "silence.h"
 
@@ -14,18 +15,18 @@
  * Absent: *mask = 0. Any empty or unknown item is a 400. */
 static int param_states(struct ctx *c, unsigned *mask)
 {
-    static const char *const names[] = {"inactive", "pending", "firing", "resolved",
-                                        "superseded", "open"};
-    static const unsigned bits[] = {
-        1u << ALERT_INACTIVE, 1u << ALERT_PENDING, 1u << ALERT_FIRING, 1u << ALERT_RESOLVED,
-        1u << ALERT_SUPERSEDED, (1u << ALERT_PENDING) | (1u << ALERT_FIRING)};
-    _Static_assert(sizeof names / sizeof names[0] == sizeof bits / sizeof bits[0], "states");
+    /* the state names by number (alert_state_name), then "open" */
+    const char *names[ALERT_STATE_COUNT + 1];
+    for (unsigned k = 0; k < ALERT_STATE_COUNT; k++)
+        names[k] = alert_state_name((enum alert_state_id)k);
+    names[ALERT_STATE_COUNT] = "open";
     uint32_t given;
-    int rc = http_param_enum_set(c, "state", names, sizeof names / sizeof names[0], &given);
+    int rc = http_param_enum_set(c, "state", names, ALERT_STATE_COUNT + 1, &given);
     *mask = 0;
-    for (size_t k = 0; rc == 0 && k < sizeof names / sizeof names[0]; k++)
-        if (given & (1u << k))
-            *mask |= bits[k];
+    if (rc == 0)
+        *mask = (given & ((1u << ALERT_STATE_COUNT) - 1)) |
+                ((given >> ALERT_STATE_COUNT) & 1u ? (1u << ALERT_PENDING) | (1u << ALERT_FIRING)
+                                                   : 0u);
     return rc;
 }
 
@@ -60,23 +61,14 @@ static int param_time(struct ctx *c, const char *name, double *out, bool *presen
     return 0;
 }
 
-/* Pinned state numbers (alert.h) and their names in the API. */
-static const char *const alert_state_names[] = {
-    [ALERT_INACTIVE] = "inactive",
-    [ALERT_PENDING] = "pending",
-    [ALERT_FIRING] = "firing",
-    [ALERT_RESOLVED] = "resolved",
-    [ALERT_SUPERSEDED] = "superseded",
-};
-#define ALERT_STATE_COUNT (sizeof alert_state_names / sizeof alert_state_names[0])
-
+/* A pinned state number (alert.h) as its name in the API. */
 static json_t *col_state(sqlite3_stmt *st, int i)
 {
     if (sqlite3_column_type(st, i) == SQLITE_NULL)
         return json_null();
     int64_t v = sqlite3_column_int64(st, i);
-    return json_string(v >= 0 && (uint64_t)v < ALERT_STATE_COUNT ? alert_state_names[v]
-                                                                   : "unknown");
+    return json_string(v >= 0 && v < ALERT_STATE_COUNT ? alert_state_name((enum alert_state_id)v)
+                                                       : "unknown");
 }
 
 /* ALERT object from a row of ALERT_COLUMNS. */
@@ -277,12 +269,13 @@ static json_t *alert_row(sqlite3_stmt *st, const void *arg)
     return alert_json_silenced(st, arg);
 }
 
-/* Accepted values of severity= and label= (the attribution column; see
- * alert_attribution_name and detect_severity_name). */
-static const char *const severity_names[] = {"warning", "critical"};
-static const char *const attribution_names[] = {
-    "attention-numerics", "optimizer-hyperparameter", "combined", "router-balance",
-    "non-finite",         "loss-spike",               "none"};
+/* Accepted values of label= (the attribution column): alert.c's names in
+ * value order with "none" last, the order a 400 lists them in. */
+static void attribution_choices(const char *names[ALERT_ATTR_COUNT])
+{
+    for (unsigned k = 0; k < ALERT_ATTR_COUNT; k++)
+        names[k] = alert_attribution_name((enum alert_attribution)((k + 1) % ALERT_ATTR_COUNT));
+}
 
 int http_alerts_list(struct ctx *c)
 {
@@ -292,11 +285,12 @@ int http_alerts_list(struct ctx *c)
     bool has_layer, has_head, has_window, has_rank, has_from, has_to, has_since, has_until,
         has_attempt;
     double since = 0, until = 0;
+    const char *labels[ALERT_ATTR_COUNT];
+    attribution_choices(labels);
     if (http_param_text(c, "run", false, &run) != 0 || param_states(c, &states) != 0 ||
-        http_param_enum(c, "severity", severity_names,
-                        sizeof severity_names / sizeof severity_names[0], &severity) != 0 ||
-        http_param_enum(c, "label", attribution_names,
-                        sizeof attribution_names / sizeof attribution_names[0], &label) != 0 ||
+        http_param_enum(c, "severity", detect_severity_names, DETECT_SEVERITY_CRITICAL + 1,
+                        &severity) != 0 ||
+        http_param_enum(c, "label", labels, ALERT_ATTR_COUNT, &label) != 0 ||
         http_param_text(c, "rule", false, &rule) != 0 ||
         http_param_int(c, "layer", 0, INT32_MAX, -1, &layer, &has_layer) != 0 ||
         http_param_int(c, "head", 0, INT32_MAX, -1, &head, &has_head) != 0 ||

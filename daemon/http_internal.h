@@ -3,15 +3,19 @@
 
 /* What the files of the HTTP API share; not for use outside fs_http
  * (http.h is the public API). The files:
- *   http.c           server lifecycle, read-connection pool, request state
- *                    machine, dispatch, auth, the route table (the API index)
- *                    and the small routes (/healthz, /readyz, /metrics, dashboard)
+ *   http.c           server lifecycle, read-connection pool, the request state
+ *                    machine (libmicrohttpd callbacks) and sending the reply
+ *   http_routes.c    the route table (the API index), path matching, methods,
+ *                    auth, query parameters, dispatch to the handler
+ *   http_ops.c       the small routes: /healthz, /readyz, /metrics, dashboard
  *   http_sql.c       the SQL of every prepared statement
  *   http_reply.c     replies (JSON, raw, errors), keyset pages, shared JSON builders
  *   http_params.c    query parameters: lookup and strict parsing into 400s
  *   http_runs.c      runs, series, points, incomplete
  *   http_alerts.c    alerts, alert history, silenced_by
  *   http_silences.c  the silences API and maintenance (the write path)
+ *   http_write.c     writes parked off the server threads until the writer
+ *                    settles them (suspend, wait, resume)
  * Here: the limits, prepared-statement ids and the columns they select,
  * the server state (struct http), the per-request state (struct ctx), small
  * inline JSON/column helpers, and what each file offers the others.
@@ -54,7 +58,8 @@
  * Content-Length gets 413 before the body is read; a chunked body that grows
  * past it closes the connection. */
 #define HTTP_MAX_BODY_BYTES (16u * 1024u)
-#define HTTP_WRITE_WAIT_MS 10000u            /* waiting for the writer to commit; then 503 */
+#define HTTP_WRITE_WAIT_MS 10000u            /* a write's wait for the writer's commit; then 503 */
+#define HTTP_WRITE_STOP_ANSWER_MS 2000u      /* at stop: resumed writes' time to be answered */
 /* active silences matched against alerts: as many as the pager holds */
 #define HTTP_MAX_ACTIVE_SILENCES FS_STORE_MAX_LIVE_SILENCES
 #define HTTP_MAX_AUTH_HEADER 1024u           /* Authorization header bytes looked at */
@@ -151,6 +156,20 @@ enum { IC_STEP, IC_KIND, IC_LAYER, IC_HEAD, IC_WINDOW, IC_HAVE, IC_WANT, IC_RECO
 
 /* --- server state --------------------------------------------------------------------- */
 
+struct http_write;
+
+/* Writes waiting for the writer's outcome with their connection suspended,
+ * oldest first, and the thread that waits for them (http_write.c). */
+struct http_writes {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct http_write *head, *tail; /* under mu: waiting for their outcome, oldest first */
+    unsigned parked;                /* under mu: parked and not yet answered or closed */
+    bool stop;                      /* under mu: park no more; the thread drains and exits */
+    bool started, joined;           /* main thread only */
+    pthread_t thread;
+};
+
 struct dbconn {
     sqlite3 *db;
     sqlite3_stmt *st[STMT__COUNT];
@@ -189,6 +208,7 @@ struct http {
     char *write_token; /* "" = writes disabled */
     char *tls_cert, *tls_key; /* HTTPS: PEM text libmicrohttpd reads until it stops */
     struct metrics_opts mopts;
+    struct http_writes writes; /* set up with mu (sync_init) */
 };
 
 /* --- per-request state -------------------------------------------------------- */
@@ -225,6 +245,9 @@ struct ctx {
     bool raw_owned;            /* raw is malloc'd and freed with the response */
     const char *content_type;  /* of raw (a static string) */
 
+    /* a write handed to the writer (http_write_submit): set instead of a
+     * reply, the request is answered once the writer has settled it */
+    struct http_write *write;
     /* a write's outcome, for the read that answers it */
     int64_t wid;
     unsigned wstatus;
@@ -381,8 +404,9 @@ json_t *http_labels_json(sqlite3_stmt *st, const struct label_cols *lc);
 
 /* --- http_params.c: query parameters ---------------------------------------------------
  * The parameters were collected and checked against the route's list by
- * dispatch (http.c). The http_param_* readers set a 400 reply naming the
- * parameter and return -EINVAL on garbage; the caller then returns 0. */
+ * http_dispatch (http_routes.c). The http_param_* readers set a 400 reply
+ * naming the parameter and return -EINVAL on garbage; the caller then
+ * returns 0. */
 
 /* The value of parameter name (its first one), or NULL when absent. The
  * string belongs to libmicrohttpd and lives as long as the request. */
@@ -433,9 +457,60 @@ void http_join_names(const char *const *names, size_t n, char *buf, size_t len);
  * reply; returns 0. */
 int http_db_read(struct ctx *c, route_fn fn);
 
-/* --- handlers (route_fn, named in routes[] in http.c) ----------------------------------
+/* --- http_routes.c ---------------------------------------------------------------------- */
+
+/* Routes c->url, checks method, auth and parameters, runs the handler
+ * (inside a read transaction on a checked-out connection when the route
+ * reads). Sets c->status and c->body (or c->raw, or c->dash); returns 0. */
+int http_dispatch(struct ctx *c, const char *method);
+
+/* --- http_write.c: writes that do not park a server thread -------------------------------- */
+
+/* A write route's second half, on a server thread once the outcome is known:
+ * rc is store_waiter_wait's (0 with id, -ENOENT, -EALREADY, -ENOSPC, -EIO,
+ * -ECANCELED or -ETIMEDOUT), arg the route's own value. Sets the reply in c
+ * (no connection is checked out; http_db_read takes one). Returns 0. */
+typedef int (*http_write_done_fn)(struct ctx *c, int rc, int64_t id, int64_t arg);
+
+struct store_item;
+
+/* Main thread: sets q up and starts its thread. 0 or a negative errno. */
+int http_writes_init(struct http_writes *q);
+/* Main thread, before MHD_stop_daemon: parks no more writes, waits for the
+ * queued ones (each until its deadline), resumes their connections and
+ * joins the thread. Idempotent. */
+void http_writes_stop(struct http_writes *q);
+/* Main thread, after MHD_stop_daemon: stops (if needed) and frees q. */
+void http_writes_destroy(struct http_writes *q);
+
+/* Hands a STORE_ITEM_SILENCE item (consumed) to the writer with a waiter for
+ * its outcome; on success sets c->write (done(c, ...) answers the request
+ * later) and returns 0. Otherwise sets the reply (500, or 503 when the
+ * writer takes nothing more) and returns a negative code. */
+int http_write_submit(struct ctx *c, struct store_item *it, http_write_done_fn done, int64_t arg);
+
+/* Suspends conn and queues w for the waiter thread, which resumes conn once
+ * w is settled; true when parked. False (stopping): nothing done, the
+ * caller answers with http_write_finish, which then waits. */
+bool http_write_park(struct http_writes *q, struct MHD_Connection *conn, struct http_write *w);
+
+/* Sets the reply through w's done function (waiting for the outcome first
+ * when w was not parked). Returns 0. */
+int http_write_finish(struct ctx *c, struct http_write *w);
+
+/* Frees w once its reply is queued, or its connection closed unanswered.
+ * NULL is a no-op. */
+void http_write_free(struct http_write *w);
+
+/* --- handlers (route_fn, named in routes[] in http_routes.c) ---------------------------
  * Each sets the reply in c and returns 0. Those of routes with .db run
  * inside a read transaction on c->dbc. */
+
+/* http_ops.c */
+int http_ops_healthz(struct ctx *c);   /* /healthz */
+int http_ops_readyz(struct ctx *c);    /* /readyz */
+int http_ops_metrics(struct ctx *c);   /* /metrics */
+int http_ops_dashboard(struct ctx *c); /* / and /static/NAME (no connection) */
 
 /* http_runs.c */
 int http_runs_list(struct ctx *c);       /* /api/v1/runs */

@@ -1,6 +1,7 @@
-/* Query parameters of the HTTP API: lookup and strict parsing. dispatch
- * (http.c) has collected them and checked their names against the route
- * row; a reader here answers garbage with a 400 that names the parameter. */
+/* Query parameters of the HTTP API: lookup and strict parsing.
+ * http_dispatch (http_routes.c) has collected them and checked their names
+ * against the route row; a reader here answers garbage with a 400 that
+ * names the parameter. */
 
 #include "http_internal.h"
 

@@ -5,7 +5,7 @@
 
 #include "http_internal.h"
 
-#include "alert.h" /* pinned state numbers only: fs_http does not link fs_monitor */
+#include "alert.h" /* pinned state numbers */
 
 /* What a run's monitors cover, from its stored local group (RC_LOCAL):
  * null when its daemon heard the whole job; else the group, the rank whose

@@ -1,8 +1,9 @@
 /* Silences: GET /api/v1/silences and /api/v1/silences/{id} (read
  * transaction on c->dbc), and the write path: POST /api/v1/silences, DELETE
  * /api/v1/silences/{id} and POST /api/v1/runs/{run}/maintenance hand a
- * silence item to the writer thread (store.h), wait for its commit, then
- * read the result back through http_db_read. */
+ * silence item to the writer thread (store.h) through http_write.c, which
+ * suspends the request until the commit; the done functions here then read
+ * the result back through http_db_read. */
 
 #include "http_internal.h"
 
@@ -133,30 +134,11 @@ int http_silences_list(struct ctx *c)
     return http_reply_page(c, st, limit, SLC_ID, silence_row, &now, "silences", "silences");
 }
 
-/* Hands a silence item to the writer and waits for the commit. Returns 0
- * with *id, -ENOENT / -EALREADY for the caller to answer, or another
- * negative code after setting the reply. Consumes it. */
-static int silence_write(struct ctx *c, struct store_item *it, int64_t *id)
+/* The outcome rc of a silence write: 0, -ENOENT and -EALREADY are
+ * returned for the caller to answer; anything else sets the reply and is
+ * returned. */
+static int silence_outcome(struct ctx *c, int rc)
 {
-    struct store_waiter *w = store_waiter_new();
-    if (w == NULL) {
-        store_item_free(it);
-        http_reply_oom(c);
-        return -ENOMEM;
-    }
-    it->silence.waiter = store_waiter_ref(w);
-    int rc = store_submit(c->h->store, it);
-    if (rc != 0) {
-        store_item_free(it); /* settles w with -ECANCELED, drops its reference */
-        store_waiter_put(w);
-        http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
-                         "storage is not accepting writes (shutting down)");
-        return rc;
-    }
-    /* The writer holds the item's reference; if we give up first it still
-     * settles and frees the waiter safely. */
-    rc = store_waiter_wait(w, HTTP_WRITE_WAIT_MS, id);
-    store_waiter_put(w);
     switch (rc) {
     case 0:
     case -ENOENT:
@@ -181,6 +163,34 @@ static int silence_write(struct ctx *c, struct store_item *it, int64_t *id)
                          "storage refused the write (details in the daemon log)");
         return rc;
     }
+}
+
+/* http_write_done_fn of an INSERT: 201 with the new silence. */
+static int created(struct ctx *c, int rc, int64_t id, int64_t arg)
+{
+    (void)arg;
+    if (silence_outcome(c, rc) != 0)
+        return 0;
+    c->wid = id;
+    c->wstatus = MHD_HTTP_CREATED;
+    return http_db_read(c, reply_silence);
+}
+
+/* http_write_done_fn of an EXPIRE of silence arg: 200 with it, 404, 409. */
+static int expired(struct ctx *c, int rc, int64_t id, int64_t arg)
+{
+    rc = silence_outcome(c, rc);
+    if (rc == -ENOENT)
+        return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown silence %" PRId64,
+                                arg);
+    if (rc == -EALREADY)
+        return http_reply_error(c, MHD_HTTP_CONFLICT, "conflict",
+                                "silence %" PRId64 " has already expired", arg);
+    if (rc != 0)
+        return 0;
+    c->wid = id;
+    c->wstatus = MHD_HTTP_OK;
+    return http_db_read(c, reply_silence);
 }
 
 /* POST body -> an INSERT item; run: maintenance silence of that run. */
@@ -212,10 +222,8 @@ static int silence_create(struct ctx *c, const char *run)
         store_item_free(it);
         return http_reply_oom(c);
     }
-    if (silence_write(c, it, &c->wid) != 0)
-        return 0;
-    c->wstatus = MHD_HTTP_CREATED;
-    return http_db_read(c, reply_silence);
+    http_write_submit(c, it, created, 0); /* sets the reply on failure */
+    return 0;
 }
 
 int http_silences_create(struct ctx *c)
@@ -238,14 +246,6 @@ int http_silences_expire(struct ctx *c)
         return http_reply_oom(c);
     it->silence.op = STORE_SILENCE_EXPIRE;
     it->silence.id = id;
-    int rc = silence_write(c, it, &c->wid);
-    if (rc == -ENOENT)
-        return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown silence %" PRId64, id);
-    if (rc == -EALREADY)
-        return http_reply_error(c, MHD_HTTP_CONFLICT, "conflict",
-                                "silence %" PRId64 " has already expired", id);
-    if (rc != 0)
-        return 0;
-    c->wstatus = MHD_HTTP_OK;
-    return http_db_read(c, reply_silence);
+    http_write_submit(c, it, expired, id); /* sets the reply on failure */
+    return 0;
 }

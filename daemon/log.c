@@ -13,11 +13,12 @@
 
 static atomic_int min_level = LOG_LEVEL_INFO;
 
-static const char *const level_names[] = {
+const char *const log_level_names[] = {
     [LOG_LEVEL_DEBUG] = "debug",
     [LOG_LEVEL_INFO] = "info",
     [LOG_LEVEL_WARN] = "warn",
     [LOG_LEVEL_ERROR] = "error",
+    NULL,
 };
 
 void log_set_level(enum log_level level)
@@ -33,7 +34,7 @@ enum log_level log_get_level(void)
 int log_level_parse(const char *name, enum log_level *out)
 {
     for (int i = LOG_LEVEL_DEBUG; i <= LOG_LEVEL_ERROR; i++) {
-        if (strcmp(name, level_names[i]) == 0) {
+        if (strcmp(name, log_level_names[i]) == 0) {
             *out = (enum log_level)i;
             return 0;
         }
@@ -45,7 +46,7 @@ const char *log_level_name(enum log_level level)
 {
     if ((int)level < LOG_LEVEL_DEBUG || level > LOG_LEVEL_ERROR)
         return "?";
-    return level_names[level];
+    return log_level_names[level];
 }
 
 uint64_t log_now_ms(void)

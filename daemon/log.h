@@ -15,7 +15,9 @@ void log_set_level(enum log_level level);
 enum log_level log_get_level(void);
 
 /* "debug", "info", "warn", "error" <-> enum; log_level_parse returns 0 or
- * -EINVAL. Pure; any thread. */
+ * -EINVAL. log_level_names is the one table of them, by value and
+ * NULL-terminated (a CONFIG_ENUM choice list). Pure; any thread. */
+extern const char *const log_level_names[];
 int log_level_parse(const char *name, enum log_level *out);
 const char *log_level_name(enum log_level level);
 

@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alert.h"
+#include "detect.h"
+
 /* A label value, escaped: run names are at most 128 bytes and monitor
  * names 48, so twice that plus slack always fits. */
 #define METRICS_LABEL_MAX 1024u
@@ -298,8 +301,7 @@ static int fail_step(sqlite3 *db, int rc, const char *what, char *err, size_t er
 static int alerts_family(struct metrics_buf *b, sqlite3 *db, char *err, size_t errlen)
 {
     /* state numbers pinned in alert.h: 1 pending, 2 firing */
-    static const char *const states[] = {"pending", "firing"};
-    static const char *const sev[] = {"warning", "critical"};
+    _Static_assert(ALERT_PENDING == 1 && ALERT_FIRING == 2, "the open states are 1 and 2");
     uint64_t n[2][2] = {{0}};
     sqlite3_stmt *st = NULL;
     int rc = prep(db,
@@ -311,9 +313,10 @@ static int alerts_family(struct metrics_buf *b, sqlite3 *db, char *err, size_t e
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         int s = sqlite3_column_int(st, 0) - 1;
         const char *v = (const char *)sqlite3_column_text(st, 1);
-        for (int k = 0; k < 2 && v != NULL && s >= 0 && s < 2; k++)
-            if (strcmp(v, sev[k]) == 0)
-                n[s][k] = (uint64_t)sqlite3_column_int64(st, 2);
+        enum detect_severity k;
+        if (v != NULL && s >= 0 && s < 2 &&
+            detect_severity_parse(v, (size_t)sqlite3_column_bytes(st, 1), &k) == 0)
+            n[s][k] = (uint64_t)sqlite3_column_int64(st, 2);
     }
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE)
@@ -322,7 +325,8 @@ static int alerts_family(struct metrics_buf *b, sqlite3 *db, char *err, size_t e
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < 2; k++)
             metrics_printf(b, "foreshock_alerts{state=\"%s\",severity=\"%s\"} %" PRIu64 "\n",
-                           states[s], sev[k], n[s][k]);
+                           alert_state_name((enum alert_state_id)(ALERT_PENDING + s)),
+                           detect_severity_name((enum detect_severity)k), n[s][k]);
     return SQLITE_OK;
 }
 

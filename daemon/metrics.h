@@ -14,10 +14,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fs_limits.h"
 #include "stats.h"
 
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
-#define METRICS_MAX_RUNS 64              /* metrics_max_runs at most */
+#define METRICS_MAX_RUNS FS_CAP_METRICS_MAX_RUNS /* metrics_max_runs at most */
 #define METRICS_MAX_SERIES_SCAN 65536    /* series rows of one run looked at for monitor values */
 #define METRICS_MAX_MONITOR_VALUES 4096  /* foreshock_monitor_value samples per run */
 #define METRICS_MAX_BYTES (16u << 20)    /* the whole exposition; past it: -E2BIG */

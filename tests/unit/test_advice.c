@@ -88,6 +88,20 @@ Test(advice, policy_keys)
     }
 }
 
+/* An unknown key names every label and severity (from alert.c's and
+ * detect.c's tables), labels in value order with "none" last. */
+Test(advice, unknown_key_lists_the_names)
+{
+    struct advice_policy p;
+    advice_policy_default(&p);
+    char why[512] = "";
+    cr_assert_eq(advice_policy_set(&p, "combined.fatal", "none", why, sizeof why), -EINVAL);
+    cr_expect_str_eq(why, "unknown key 'combined.fatal': keys are enabled, LABEL or "
+                          "LABEL.SEVERITY (labels: attention-numerics, optimizer-hyperparameter, "
+                          "combined, router-balance, non-finite, loss-spike, none; severities: "
+                          "warning, critical)");
+}
+
 Test(advice, section_in_a_config_file)
 {
     struct fs_config cfg;

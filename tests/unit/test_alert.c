@@ -10,6 +10,7 @@
 #include "alert.h"
 #include "detect.h"
 #include "fstest.h"
+#include "log.h"
 
 /* ---- lifecycle on synthetic verdicts ---------------------------------------
  * Input letters: B breach (z), X non-finite, N normal, A absent.
@@ -549,6 +550,50 @@ Test(alert_state, encode_decode_roundtrip_and_rejects)
     }
     cr_assert_eq(alert_state_decode(&back, blob, sizeof blob - 1), -EINVAL);
     cr_assert_eq(alert_state_decode(&back, blob, 0), -EINVAL);
+}
+
+/* One name table per enum, in its module: every value's name parses back
+ * to it, for the attribution (alert.c), the severity (detect.c) and the
+ * log level (log.c); other text, a prefix or a longer word does not. */
+Test(alert_names, names_round_trip)
+{
+    for (int a = 0; a < ALERT_ATTR_COUNT; a++) {
+        const char *name = alert_attribution_name((enum alert_attribution)a);
+        enum alert_attribution back = (enum alert_attribution)-1;
+        cr_assert_str_neq(name, "unknown");
+        cr_assert_eq(alert_attribution_parse(name, strlen(name), &back), 0, "%s", name);
+        cr_assert_eq(back, a, "%s", name);
+    }
+    enum alert_attribution a;
+    cr_assert_eq(alert_attribution_parse("loss-spike.critical", 10, &a), 0);
+    cr_assert_eq(a, ALERT_ATTR_LOSS_SPIKE);
+    static const char *const bad[] = {"", "loss", "loss-spikes", "Loss-spike", "unknown"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert_eq(alert_attribution_parse(bad[i], strlen(bad[i]), &a), -EINVAL, "%s", bad[i]);
+    cr_assert_eq(alert_attribution_parse(NULL, 0, &a), -EINVAL);
+
+    for (int s = 0; s <= DETECT_SEVERITY_CRITICAL; s++) {
+        const char *name = detect_severity_name((enum detect_severity)s);
+        enum detect_severity back = (enum detect_severity)-1;
+        cr_assert_str_eq(name, detect_severity_names[s]);
+        cr_assert_eq(detect_severity_parse(name, strlen(name), &back), 0, "%s", name);
+        cr_assert_eq(back, s, "%s", name);
+    }
+    cr_assert_null(detect_severity_names[DETECT_SEVERITY_CRITICAL + 1]);
+    enum detect_severity sv;
+    cr_assert_eq(detect_severity_parse("warn", 4, &sv), -EINVAL);
+    cr_assert_eq(detect_severity_parse("critical!", 9, &sv), -EINVAL);
+    cr_assert_str_eq(detect_severity_name((enum detect_severity)5), "unknown");
+
+    for (int l = LOG_LEVEL_DEBUG; l <= LOG_LEVEL_ERROR; l++) {
+        enum log_level back;
+        cr_assert_str_eq(log_level_name((enum log_level)l), log_level_names[l]);
+        cr_assert_eq(log_level_parse(log_level_names[l], &back), 0);
+        cr_assert_eq(back, l);
+    }
+    cr_assert_null(log_level_names[LOG_LEVEL_ERROR + 1]);
+    enum log_level lv;
+    cr_assert_eq(log_level_parse("verbose", &lv), -EINVAL);
 }
 
 Test(alert_names, names)

@@ -36,6 +36,7 @@ Test(config, defaults)
     cr_expect_eq(c.detect_from_step, 0);
     cr_expect_eq(c.monitor_threads, 0);
     cr_expect_eq(c.head_points_every, 1);
+    cr_expect_eq(c.metrics_max_runs, FS_DEF_METRICS_MAX_RUNS);
     struct config_error err;
     cr_expect_eq(config_check(&c, "defaults", &err), 0, "%s", err.message);
     /* Every default in the table parses (config_defaults ignores errors). */
@@ -136,6 +137,7 @@ static const struct bad_case bad_cases[] = {
     {"max_runs = 99999999999999999999999", "key 'max_runs': '99999999999999999999999' is too large"},
     {"max_runs =", "key 'max_runs': '' is not an unsigned integer"},
     {"http_threads = 65", "key 'http_threads': 65 is outside"},
+    {"metrics_max_runs = 65", "key 'metrics_max_runs': 65 is outside"},
     {"max_frame_bytes = 2G", "key 'max_frame_bytes': 2G is outside"},
     {"max_frame_bytes = 1k", "key 'max_frame_bytes': 1k is outside"},
     {"max_frame_bytes = 5X", "key 'max_frame_bytes': '5X' is not a byte count"},

@@ -863,6 +863,8 @@ Test(http_alerts, garbage_parameters_are_400_naming_them)
         {"/api/v1/alerts?severity=warning&severity=critical", "'severity'"},
         {"/api/v1/alerts?label=nope", "'label'"},
         {"/api/v1/alerts?label=nope", "attention-numerics"},
+        {"/api/v1/alerts?label=nope", "attention-numerics, optimizer-hyperparameter, combined, "
+                                      "router-balance, non-finite, loss-spike, none"},
         {"/api/v1/alerts?label=", "'label'"},
         {"/api/v1/alerts?rule=", "'rule'"},
         {"/api/v1/alerts?run=", "'run'"},
