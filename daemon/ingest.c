@@ -51,6 +51,7 @@ static void on_conn_closed(uv_handle_t *h)
     store_item_free(c->pending);
     decode_frame_free(c->pending_frame);
     ingest_hello_release(&c->hello);
+    conn_job_release(c);
     conn_rbuf_drop(c);
     tls_conn_free(c->tls);
     free(c->tbuf);
@@ -259,7 +260,7 @@ void ingest_check_stop(struct ingest *ing)
     for (struct conn *c = ing->head; c; c = c->next)
         if (!c->closing && c->inflight == 0 && !c->pending)
             conn_linger(c);
-    if (ing->head)
+    if (ing->head || ing->njobs) /* an orphaned decode job still uses ing */
         return;
     /* Last connection gone: detach from the writer before closing the
      * async handle it wakes. */

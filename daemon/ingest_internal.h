@@ -7,7 +7,8 @@
  *
  *   ingest.c         connection lifecycle: accept, deadlines, close, start/stop
  *   ingest_read.c    reading: frame buffers and their bound, the loop's frame
- *                    budget, framing, dispatch of each frame by type
+ *                    budget, framing, large frames decoded in the thread
+ *                    pool, dispatch of each frame by type
  *   ingest_tls.c     TLS glue: ciphertext in, plaintext out, records flushed
  *   ingest_send.c    writing: frames and raw bytes out, Error then close
  *   ingest_admit.c   admission: Hello (token, normalisation) -> Welcome
@@ -23,6 +24,8 @@
 
 #define E(x) FORESHOCK__ERROR_CODE__ERROR_##x
 #define CONN_HASH 1024u /* buckets of the conn_id -> conn table */
+
+struct decode_job; /* a large frame decoding in the thread pool (ingest_read.c) */
 
 enum conn_state { AWAIT_HELLO, AWAIT_WELCOME, STREAMING, CLOSING };
 
@@ -68,6 +71,7 @@ struct conn {
     uint64_t accepted_ms;      /* loop time the connection was accepted */
     uint64_t frame_started_ms; /* loop time an unfinished frame began (0: none) */
     struct advice_conn advice; /* capability and advices awaiting this stream's ack */
+    struct decode_job *job;    /* its frame, decoding off the loop (ingest_read.c), or NULL */
 };
 
 struct write_req {
@@ -98,7 +102,8 @@ struct ingest {
     int stage_full; /* the monitor stage's reduction memory is full */
     int stopping;
     int handles_open; /* of listener, async, sweep, prepare, idle */
-    uint64_t fbuf_total; /* sum of conn.fbuf: at most opts.frame_buffer_max_bytes */
+    uint64_t fbuf_total; /* sum of conn.fbuf and decode_job.fbuf: at most frame_buffer_max_bytes */
+    uint64_t njobs;      /* decode jobs not yet freed, orphans included: stop waits for 0 */
     struct conn *wait_head, *wait_tail; /* connections waiting for frame buffer room, FIFO */
     int handles_closing; /* async, sweep, prepare and idle are being closed */
     void (*done)(void *ctx);
@@ -126,6 +131,7 @@ int conn_rbuf_initial(struct conn *c);       /* the initial read buffer, if none
 void conn_peer_eof(struct conn *c);          /* the peer sends nothing more */
 void conn_process(struct conn *c);           /* handle what the buffer holds */
 void conn_update_reading(struct conn *c);    /* start or stop reading as want_read says */
+void conn_job_release(struct conn *c);       /* the connection closed: its decode job orphaned */
 
 /* --- TLS glue (ingest_tls.c) */
 int conn_tls_flush(struct conn *c); /* send pending records; <0: the connection closed */

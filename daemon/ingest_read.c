@@ -223,7 +223,7 @@ static void rbuf_settle(struct conn *c)
         c->rbuf = p;
         c->rcap = FS_INGEST_RBUF_INITIAL;
     }
-    if (c->fbuf && c->rcap <= FS_INGEST_RBUF_INITIAL && !c->pending) {
+    if (c->fbuf && c->rcap <= FS_INGEST_RBUF_INITIAL && !c->pending && !c->job) {
         fbuf_set(c, 0);
         grant_waiting(c->ing);
     }
@@ -240,7 +240,7 @@ void conn_rbuf_drop(struct conn *c)
         c->rbuf = NULL;
         c->rcap = 0;
     }
-    if (c->fbuf) {
+    if (c->fbuf && !c->job) { /* a decode job still holds its frame's room */
         fbuf_set(c, 0);
         grant_waiting(c->ing);
     }
@@ -249,25 +249,26 @@ void conn_rbuf_drop(struct conn *c)
 /* May this connection take another frame from its buffer now? */
 static int can_process(const struct conn *c)
 {
-    return !c->closing && !c->pending && !c->eof &&
+    return !c->closing && !c->pending && !c->eof && !c->job &&
            (c->state == AWAIT_HELLO || c->state == STREAMING);
 }
 
-static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
+/* Hands a frame to its handler by type, or refuses it when it did not
+ * decode (rc < 0: err). body, len: the frame as it arrived, in c's read
+ * buffer. Takes f. */
+static void dispatch_frame(struct conn *c, int rc, Foreshock__Frame *f, const uint8_t *body,
+                           size_t len, const struct decode_info *info,
+                           const struct decode_error *err)
 {
     struct ingest *ing = c->ing;
-    atomic_fetch_add(&ing->opts.stats->frames_in, 1);
-    Foreshock__Frame *f;
-    struct decode_info info;
-    struct decode_error err;
-    if (decode_frame(body, len, &ing->opts.limits, &f, &info, &err) < 0) {
+    if (rc < 0) {
         atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
         /* A report refused for what it holds is named, so that the client
          * drops it instead of resending it forever. */
         uint64_t seq = 0;
         if (c->state == STREAMING && decode_peek_report_seq(body, len, &seq) < 0)
             seq = 0;
-        conn_refuse(c, err.code, err.message, seq);
+        conn_refuse(c, err->code, err->message, seq);
         return;
     }
     switch (f->body_case) {
@@ -275,7 +276,7 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
         conn_on_hello(c, f->hello);
         break;
     case FORESHOCK__FRAME__BODY_REPORT:
-        conn_on_report(c, &f, body, len, &info);
+        conn_on_report(c, &f, body, len, info);
         break;
     case FORESHOCK__FRAME__BODY_BYE:
         conn_on_bye(c);
@@ -290,6 +291,159 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
     decode_frame_free(f);
 }
 
+static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
+{
+    struct ingest *ing = c->ing;
+    atomic_fetch_add(&ing->opts.stats->frames_in, 1);
+    Foreshock__Frame *f;
+    struct decode_info info;
+    struct decode_error err;
+    int rc = decode_frame(body, len, &ing->opts.limits, &f, &info, &err);
+    dispatch_frame(c, rc, f, body, len, &info, &err);
+}
+
+/* --- decoding off the loop -------------------------------------------------------
+ * Unpacking and validating a 59 MB report took the loop thread 0.05-0.45 s
+ * on a busy 2-core host, and the stage's reduction of it as long again: a
+ * Hello read or a Welcome sent behind one such frame waited over a second.
+ * A frame that needed a buffer of its own (larger than
+ * FS_INGEST_RBUF_INITIAL) is decoded in libuv's thread pool instead
+ * (decode.c is pure): the buffer leaves the connection for the job, the
+ * connection reads and handles nothing meanwhile (its frames stay in
+ * order), and the loop serves the others. Decoded, the frame goes back to
+ * its connection and is handled on the loop like any other, within the
+ * loop iteration's frame budget (deferred when that is spent), or dropped
+ * when the connection stopped being served meanwhile (never acked: the
+ * client resends it). Until then the job holds its frame's room in the
+ * frame buffer bound; a job whose connection closed (an orphan) gives it
+ * back when it completes, and the ingest stops only once no job is left. */
+
+struct decode_job {
+    uv_work_t work;
+    struct ingest *ing;
+    struct conn *c;  /* NULL once its connection closed */
+    uint8_t *buf;    /* the frame with its prefix: what was the connection's read buffer */
+    size_t len;      /* body bytes */
+    uint64_t fbuf;   /* room in the frame buffer bound it holds as an orphan */
+    int done;        /* decoded; for the loop to handle or drop */
+    int rc;          /* decode_frame's result, with frame, info and err */
+    Foreshock__Frame *frame;
+    struct decode_info info;
+    struct decode_error err;
+};
+
+/* Thread pool: decode_frame is pure and reads only the job and the limits,
+ * which do not change after ingest_start. */
+static void decode_work(uv_work_t *w)
+{
+    struct decode_job *j = (struct decode_job *)w;
+    j->rc = decode_frame(j->buf + DECODE_PREFIX_BYTES, j->len, &j->ing->opts.limits, &j->frame,
+                         &j->info, &j->err);
+}
+
+static void job_free(struct decode_job *j)
+{
+    struct ingest *ing = j->ing;
+    decode_frame_free(j->frame);
+    free(j->buf);
+    ing->njobs--;
+    if (j->fbuf) {
+        ing->fbuf_total -= j->fbuf;
+        atomic_store(&ing->opts.stats->frame_buffer_bytes, ing->fbuf_total);
+        grant_waiting(ing);
+    }
+    free(j);
+}
+
+static void decode_done(uv_work_t *w, int status)
+{
+    (void)status; /* jobs are never cancelled */
+    struct decode_job *j = (struct decode_job *)w;
+    struct ingest *ing = j->ing;
+    j->done = 1;
+    struct conn *c = j->c;
+    if (!c) {
+        job_free(j);
+        ingest_check_stop(ing);
+        return;
+    }
+    conn_process(c);
+    conn_update_reading(c);
+}
+
+/* Starts decoding the frame that fills c's buffer (len body bytes) in the
+ * thread pool. 0, or a negative errno: the caller decodes it here. */
+static int decode_start(struct conn *c, uint32_t len)
+{
+    struct ingest *ing = c->ing;
+    struct decode_job *j = calloc(1, sizeof(*j));
+    if (!j)
+        return -ENOMEM;
+    j->ing = ing;
+    j->c = c;
+    j->buf = c->rbuf;
+    j->len = len;
+    int rc = uv_queue_work(ing->loop, &j->work, decode_work, decode_done);
+    if (rc < 0) {
+        free(j);
+        return rc;
+    }
+    atomic_fetch_add(&ing->opts.stats->frames_in, 1);
+    ing->njobs++;
+    c->job = j;
+    c->rbuf = NULL;
+    c->rcap = c->rlen = 0;
+    c->frame_started_ms = 0;
+    return 0;
+}
+
+/* c's decoded frame: back into its buffer and to its handler, within the
+ * loop iteration's budget; dropped if c is no longer served. Returns 1 when
+ * the job is gone, 0 when it waits for the next iteration. */
+static int job_finish(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    struct decode_job *j = c->job;
+    if (c->closing || c->state != STREAMING || ing->stopping) {
+        c->job = NULL;
+        job_free(j);
+        conn_rbuf_drop(c); /* gives the frame's room back */
+        return 1;
+    }
+    if (ing->budget == 0) {
+        defer_add(c);
+        return 0;
+    }
+    size_t need = DECODE_PREFIX_BYTES + j->len;
+    ing->budget -= need < ing->budget ? need : ing->budget;
+    c->job = NULL;
+    c->rbuf = j->buf;
+    c->rcap = c->rlen = need;
+    Foreshock__Frame *f = j->frame;
+    j->buf = NULL;
+    j->frame = NULL;
+    dispatch_frame(c, j->rc, f, c->rbuf + DECODE_PREFIX_BYTES, j->len, &j->info, &j->err);
+    job_free(j);
+    if (c->state != CLOSING && c->rbuf) /* not handed over with its buffer: consumed */
+        c->rlen = 0;
+    return 1;
+}
+
+void conn_job_release(struct conn *c)
+{
+    struct decode_job *j = c->job;
+    if (!j)
+        return;
+    c->job = NULL;
+    if (j->done) {
+        job_free(j); /* the connection's own release gives the room back */
+        return;
+    }
+    j->c = NULL;
+    j->fbuf = c->fbuf; /* the room goes with the job: c->fbuf no longer counts it */
+    c->fbuf = 0;
+}
+
 /* Handles every complete frame in the read buffer that the state allows.
  * Returns whether it took any frame or made room for one. */
 static int process_frames(struct conn *c)
@@ -297,6 +451,13 @@ static int process_frames(struct conn *c)
     struct ingest *ing = c->ing;
     size_t pos = 0;
     int took = 0;
+    if (c->job) {
+        if (!c->job->done || !job_finish(c))
+            return 0;
+        if (c->state == CLOSING)
+            return 1;
+        took = 1;
+    }
     while (can_process(c) && !ing->stopping && c->rlen - pos >= DECODE_PREFIX_BYTES) {
         uint32_t len;
         struct decode_error err;
@@ -320,6 +481,12 @@ static int process_frames(struct conn *c)
             break;
         if (c->state == STREAMING && ing->budget == 0) {
             defer_add(c); /* the next loop iteration, before new reads */
+            break;
+        }
+        /* A frame that has a buffer of its own fills it: decoded off the loop. */
+        if (c->state == STREAMING && need > FS_INGEST_RBUF_INITIAL && pos == 0 &&
+            c->rlen == need && decode_start(c, len) == 0) {
+            took = 1;
             break;
         }
         handle_frame(c, c->rbuf + pos + DECODE_PREFIX_BYTES, len);
@@ -374,6 +541,10 @@ void conn_peer_eof(struct conn *c)
  * input) holds, as far as its state allows. */
 void conn_process(struct conn *c)
 {
+    /* A frame decoding off the loop keeps the connection's place: nothing is
+     * pulled into a buffer or handled before it. */
+    if (c->job && (!c->job->done || (process_frames(c), c->job)))
+        return;
     if (!c->tls) {
         (void)process_frames(c);
         return;
@@ -394,6 +565,8 @@ static int want_read(const struct conn *c)
         return 0;
     if (c->state == CLOSING)
         return !c->eof; /* discard until EOF after an Error */
+    if (c->job)
+        return 0; /* read on once its frame is handled */
     /* Reduction memory full: only streams whose next reports can complete
      * the oldest reducing step are read. */
     int stage_ok = !c->ing->stage_full || c->state != STREAMING ||

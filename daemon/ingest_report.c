@@ -150,8 +150,12 @@ void conn_on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body, 
         rp->update_ratio = copy_floats(s->layer_update_ratio, s->n_layer_update_ratio);
         oom |= (rp->n_weight_norm && !rp->weight_norm) || (rp->n_update_ratio && !rp->update_ratio);
     }
-    if (info->sketches ||
-        (c->ing->opts.stage && stage_wants_spool(c->ing->opts.stage, c->run_id, c->rank, r))) {
+    /* A resend of a committed report (at or below the Welcome's last_seq)
+     * is stored as nothing: the writer spools frames before it learns that
+     * (store.c spool_batch), so its frame is not handed over at all. */
+    if (r->seq > c->seq_base &&
+        (info->sketches ||
+         (c->ing->opts.stage && stage_wants_spool(c->ing->opts.stage, c->run_id, c->rank, r)))) {
         /* The spool keeps the frame as it arrived for the monitor stage. A
          * large frame that is all the read buffer holds (on_alloc sized the
          * buffer to it) is handed over whole: copying 59 MB cost the loop
