@@ -136,6 +136,7 @@
  * commit, and so a Hello's wait behind it (store.c), stays short however
  * large the frames. */
 #define FS_STORE_BATCH_MAX_BYTES (64u << 20)
+#define FS_STORE_INTERLUDE_HELLOS 64u /* Hellos one interlude (store.c) commits, at most */
 #define FS_STORE_BUSY_TIMEOUT_MS 5000
 #define FS_STORE_RETRY_MIN_MS 100
 #define FS_STORE_RETRY_MAX_MS 5000
@@ -148,6 +149,10 @@
 /* --- sketch spool (spool.h) ------------------------------------------------- */
 #define FS_SPOOL_SEGMENT_BYTES (64ull << 20)              /* a new segment starts past this */
 #define FS_SPOOL_MAX_RECORD_BYTES FS_CAP_MAX_FRAME_BYTES  /* one frame body */
+/* Bytes of a record written per pwritev (spool_set_yield's hook runs
+ * between): on a slow or busy disk 59 MB take seconds to write, and the
+ * writer answers queued Hellos between these pieces. */
+#define FS_SPOOL_WRITE_CHUNK_BYTES (4u << 20)
 
 /* --- ingest ---------------------------------------------------------------- */
 #define FS_INGEST_RBUF_INITIAL (64u << 10) /* read buffer; grows to one frame, shrinks back */

@@ -26,7 +26,8 @@
  * saturated. Each loop iteration handles report frames up to
  * FS_INGEST_LOOP_FRAME_BYTES (at least one); a connection whose complete
  * frame did not fit waits, reading stopped, for the next iteration, oldest
- * first. */
+ * first. A frame larger than FS_INGEST_RBUF_INITIAL is decoded in libuv's
+ * thread pool, its connection neither read nor handled meanwhile. */
 
 struct ingest_opts {
     const char *host;        /* bind address */

@@ -56,6 +56,8 @@ struct spool {
     struct done *done;
     size_t ndone, capdone;
     uint64_t bytes;
+    void (*yield)(void *ctx); /* spool_set_yield: between the pieces of an append */
+    void *yield_ctx;
 };
 
 /* --- header encoding (little-endian, whatever the host) --------------------------- */
@@ -492,7 +494,16 @@ int spool_append(struct spool *sp, const struct spool_rec *rec, const uint8_t *b
     int iovcnt = 2;
     struct iovec *v = iov;
     while (left) {
-        ssize_t k = pwritev(sp->fd, v, iovcnt, (off_t)off);
+        /* At most FS_SPOOL_WRITE_CHUNK_BYTES per call, the hook between. */
+        struct iovec piece[2];
+        int npiece = 0;
+        for (size_t want = FS_SPOOL_WRITE_CHUNK_BYTES; npiece < iovcnt && want > 0; npiece++) {
+            piece[npiece] = v[npiece];
+            if (piece[npiece].iov_len > want)
+                piece[npiece].iov_len = want;
+            want -= piece[npiece].iov_len;
+        }
+        ssize_t k = pwritev(sp->fd, piece, npiece, (off_t)off);
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0)
@@ -501,6 +512,8 @@ int spool_append(struct spool *sp, const struct spool_rec *rec, const uint8_t *b
         left -= (uint64_t)k;
         g->bytes += (uint64_t)k;
         sp->bytes += (uint64_t)k;
+        if (left && sp->yield)
+            sp->yield(sp->yield_ctx);
         while (k > 0 && iovcnt > 0) { /* a short write: skip what went out */
             if ((size_t)k >= v->iov_len) {
                 k -= (ssize_t)v->iov_len;
@@ -514,6 +527,12 @@ int spool_append(struct spool *sp, const struct spool_rec *rec, const uint8_t *b
         }
     }
     return 0;
+}
+
+void spool_set_yield(struct spool *sp, void (*yield)(void *ctx), void *ctx)
+{
+    sp->yield = yield;
+    sp->yield_ctx = ctx;
 }
 
 int spool_sync(struct spool *sp)

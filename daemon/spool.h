@@ -89,6 +89,13 @@ void spool_close(struct spool *sp);
  * after a failure the caller rewinds to its committed end. Owner thread. */
 int spool_append(struct spool *sp, const struct spool_rec *rec, const uint8_t *body);
 
+/* Sets (NULL: clears) a hook that spool_append calls between the pieces
+ * (FS_SPOOL_WRITE_CHUNK_BYTES) of a record it writes, on the owner thread:
+ * the store commits queued Hellos there while a large batch is written to
+ * the log. The hook must not call into this spool; the record is
+ * incomplete meanwhile, past the committed end. Owner thread. */
+void spool_set_yield(struct spool *sp, void (*yield)(void *ctx), void *ctx);
+
 /* Makes the records appended so far durable by the open policy (see the
  * top). 0 or a negative errno. Owner thread. */
 int spool_sync(struct spool *sp);

@@ -59,6 +59,42 @@ static void rollback(struct store *s)
                     strerror(-e));
 }
 
+/* Appends the frames of the batch's reports to the spool log before its
+ * transaction begins (the frame goes to the log, not into the database;
+ * the transaction records only where the log ends): a 59 MB frame can take
+ * seconds to write on a busy disk, and between its pieces the spool calls
+ * store_hello_interlude, which can commit queued Hellos only while no
+ * transaction is open. SQLite rc; *bad names a report the spool refuses
+ * (too large: that item's problem, refused, not retried). Writer thread. */
+static int spool_batch(struct store *s, struct store_item **batch, size_t n,
+                       const unsigned char *refused, long *bad)
+{
+    int rc = SQLITE_OK;
+    s->w_spooling = batch;
+    s->nw_spooling = n;
+    for (size_t i = 0; i < n && rc == SQLITE_OK; i++) {
+        const struct store_report *rp = &batch[i]->report;
+        if (refused[i] || batch[i]->kind != STORE_ITEM_REPORT || !rp->sketch_body ||
+            !rp->sketch_len)
+            continue;
+        struct spool_rec rec = {.run_id = rp->run_id, .stream_id = rp->stream_id,
+                                .rank = rp->rank, .seq = rp->seq, .step = rp->step,
+                                .len = (uint32_t)rp->sketch_len};
+        int e = rp->sketch_len > FS_SPOOL_MAX_RECORD_BYTES
+                    ? -EINVAL
+                    : spool_append(s->spool, &rec, rp->sketch_body);
+        if (e == -EINVAL) {
+            *bad = (long)i;
+            rc = SQLITE_TOOBIG;
+        } else if (e < 0) {
+            rc = store_spool_failed(s, "appending a report", e);
+        }
+    }
+    s->w_spooling = NULL;
+    s->nw_spooling = 0;
+    return rc;
+}
+
 /* One attempt at the batch in one transaction. Returns SQLITE_OK, or the
  * error with *bad set to the failing item's index (-1 for BEGIN/COMMIT). */
 static int write_once(struct store *s, struct store_item **batch, size_t n,
@@ -76,7 +112,10 @@ static int write_once(struct store *s, struct store_item **batch, size_t n,
         if (e < 0)
             return store_spool_failed(s, "cutting back a failed batch", e);
     }
-    int rc = exec1(s->st[ST_BEGIN], NULL, 0);
+    int rc = spool_batch(s, batch, n, refused, bad);
+    if (rc != SQLITE_OK)
+        return rc;
+    rc = exec1(s->st[ST_BEGIN], NULL, 0);
     if (!ok(rc))
         return rc;
     double now = fs_clock_unix();
@@ -432,11 +471,19 @@ uint64_t store_stream_key(const char *run, uint32_t attempt, uint32_t rank)
 
 /* Moves the queued HELLO items that may go first into batch (see store.h:
  * not one whose stream has a REPORT queued ahead of it). Returns how many;
- * adds their bytes. Writer thread, under mu. */
-static size_t take_hellos(struct store *s, size_t max, uint64_t *bytes)
+ * adds their bytes. The reports of ahead (a batch being written) count as
+ * queued ahead. Writer thread, under mu. */
+static size_t take_hellos(struct store *s, struct store_item *const *ahead, size_t nahead,
+                          struct store_item **out, size_t max, uint64_t *bytes)
 {
     size_t n = 0;
     memset(s->w_reported, 0, sizeof(s->w_reported));
+    for (size_t i = 0; i < nahead; i++) {
+        if (ahead[i]->kind == STORE_ITEM_REPORT) {
+            uint64_t bit = ahead[i]->report.stream_key % STORE_HELLO_FILTER_BITS;
+            s->w_reported[bit / 8] |= (uint8_t)(1u << (bit % 8));
+        }
+    }
     struct store_item **pp = &s->head, *prev = NULL;
     while (*pp && n < max) {
         struct store_item *it = *pp;
@@ -453,7 +500,7 @@ static size_t take_hellos(struct store *s, size_t max, uint64_t *bytes)
                 it->next = NULL;
                 *bytes += it->bytes;
                 s->q_hellos--;
-                s->batch[n++] = it;
+                out[n++] = it;
                 continue;
             }
         }
@@ -461,6 +508,92 @@ static size_t take_hellos(struct store *s, size_t max, uint64_t *bytes)
         pp = &it->next;
     }
     return n;
+}
+
+/* After a batch of n items (bytes) was written: its results go to the
+ * submitters, the queue shrinks, RESUME once it drained. Writer thread. */
+static void settle(struct store *s, size_t n, uint64_t bytes)
+{
+    pthread_mutex_lock(&s->mu);
+    announce(s);
+    s->q_items -= n;
+    s->q_bytes -= bytes;
+    s->spool_bytes = spool_bytes(s->spool);
+    s->settled += n;
+    atomic_store(&s->stats->writer_queue_items, s->q_items);
+    atomic_store(&s->stats->writer_queue_bytes, s->q_bytes);
+    atomic_store(&s->stats->spool_bytes, s->spool_bytes);
+    if (s->refusing && s->q_items <= s->opts.queue_max_items / 2 &&
+        s->q_bytes <= s->opts.queue_max_bytes / 2) {
+        s->refusing = 0;
+        struct store_result *r = store_wres_add(s);
+        if (r) {
+            r->kind = STORE_RESULT_RESUME;
+            announce(s);
+        }
+    }
+    if (s->nres && s->notify)
+        s->notify(s->notify_ctx);
+    /* Persist first, then announce: the pager sees committed rows only. */
+    if (s->w_outbox_max > 0 && s->announce)
+        s->announce(s->announce_ctx, s->w_outbox_max);
+    pthread_cond_broadcast(&s->done_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The spool's yield hook (spool_set_yield), between the pieces of a record
+ * that spool_batch writes before its batch's transaction begins: queued
+ * Hellos commit now, in a transaction of their own, instead of after the
+ * batch (writing 59 MB frames to a busy disk took seconds; a new trainer
+ * waited that long for its Welcome). Not a Hello whose stream has reports
+ * in the batch or queued (take_hellos). The spool's uncommitted tail is
+ * left alone: this transaction neither records nor cuts it. On failure the
+ * Hellos go back to the head of the queue, for the usual path (retries,
+ * refuse_hellos while storage fails), and no interlude runs again until
+ * the next batch. Writer thread. */
+void store_hello_interlude(void *ctx)
+{
+    struct store *s = ctx;
+    struct store_item *h[FS_STORE_INTERLUDE_HELLOS];
+    uint64_t bytes = 0;
+    if (!s->w_spooling)
+        return;
+    pthread_mutex_lock(&s->mu);
+    size_t n = s->q_hellos ? take_hellos(s, s->w_spooling, s->nw_spooling, h,
+                                         FS_STORE_INTERLUDE_HELLOS, &bytes)
+                           : 0;
+    pthread_mutex_unlock(&s->mu);
+    if (!n)
+        return;
+    double t0 = fs_clock_mono(), now = fs_clock_unix();
+    struct batch_counts bc;
+    memset(&bc, 0, sizeof(bc));
+    int rc = exec1(s->st[ST_BEGIN], NULL, 0);
+    for (size_t i = 0; i < n && ok(rc); i++)
+        rc = store_apply_item(s, h[i], now, &bc);
+    if (ok(rc))
+        rc = exec1(s->st[ST_COMMIT], NULL, 0);
+    if (!ok(rc)) {
+        if (!sqlite3_get_autocommit(s->db))
+            exec1(s->st[ST_ROLLBACK], NULL, 0);
+        store_cache_clear(&s->cache);
+        s->nwres = 0;
+        s->w_spooling = NULL;
+        pthread_mutex_lock(&s->mu);
+        for (size_t i = n; i-- > 0;) {
+            h[i]->next = s->head;
+            s->head = h[i];
+            if (!s->tail)
+                s->tail = h[i];
+        }
+        s->q_hellos += n;
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    record_commit(s, fs_clock_mono() - t0);
+    settle(s, n, bytes);
+    for (size_t i = 0; i < n; i++)
+        store_item_free(h[i]);
 }
 
 void *store_writer_main(void *arg)
@@ -501,7 +634,7 @@ void *store_writer_main(void *arg)
          * its Welcome, and a Hello whose stream has reports queued keeps its
          * place (take_hellos). */
         if (s->q_hellos)
-            n = take_hellos(s, max, &bytes);
+            n = take_hellos(s, NULL, 0, s->batch, max, &bytes);
         /* Otherwise the queue in order (a Hello at its head alone).
          * FS_STORE_BATCH_MAX_BYTES keeps each commit, and so the wait of a
          * Hello behind it, short whatever the frame sizes. */
@@ -530,31 +663,7 @@ void *store_writer_main(void *arg)
         atomic_fetch_add(&s->stats->reports_duplicate, bc.duplicates);
         atomic_fetch_add(&s->stats->points_committed, bc.points);
 
-        pthread_mutex_lock(&s->mu);
-        announce(s);
-        s->q_items -= n;
-        s->q_bytes -= bytes;
-        s->spool_bytes = spool_bytes(s->spool);
-        s->settled += n;
-        atomic_store(&s->stats->writer_queue_items, s->q_items);
-        atomic_store(&s->stats->writer_queue_bytes, s->q_bytes);
-        atomic_store(&s->stats->spool_bytes, s->spool_bytes);
-        if (s->refusing && s->q_items <= s->opts.queue_max_items / 2 &&
-            s->q_bytes <= s->opts.queue_max_bytes / 2) {
-            s->refusing = 0;
-            struct store_result *r = store_wres_add(s);
-            if (r) {
-                r->kind = STORE_RESULT_RESUME;
-                announce(s);
-            }
-        }
-        if (s->nres && s->notify)
-            s->notify(s->notify_ctx);
-        /* Persist first, then announce: the pager sees committed rows only. */
-        if (s->w_outbox_max > 0 && s->announce)
-            s->announce(s->announce_ctx, s->w_outbox_max);
-        pthread_cond_broadcast(&s->done_cv);
-        pthread_mutex_unlock(&s->mu);
+        settle(s, n, bytes);
 
         for (size_t i = 0; i < n; i++)
             store_item_free(s->batch[i]);

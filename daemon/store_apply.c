@@ -253,20 +253,7 @@ static int apply_report(struct store *s, const struct store_item *it, struct bat
                 return rc;
         }
     }
-    if (rp->sketch_body && rp->sketch_len) {
-        /* The frame goes to the spool log, not into the database: the
-         * transaction records only where the log ends (write_once). */
-        struct spool_rec rec = {.run_id = rp->run_id, .stream_id = rp->stream_id,
-                                .rank = rp->rank, .seq = rp->seq, .step = rp->step,
-                                .len = (uint32_t)rp->sketch_len};
-        int e = rp->sketch_len > FS_SPOOL_MAX_RECORD_BYTES
-                    ? -EINVAL
-                    : spool_append(s->spool, &rec, rp->sketch_body);
-        if (e == -EINVAL)
-            return SQLITE_TOOBIG; /* this item's problem: refused, not retried */
-        if (e < 0)
-            return store_spool_failed(s, "appending a report", e);
-    }
+    /* Its frame, if it has one, is in the spool log already (spool_batch, store.c). */
     st = s->st[ST_STREAM_BUMP];
     sqlite3_bind_int64(st, 1, rp->stream_id);
     sqlite3_bind_int64(st, 2, (int64_t)rp->seq);

@@ -131,6 +131,10 @@ struct store {
     } *w_done;                  /* runs.spool_done_step raised by the open transaction */
     size_t nw_done, capw_done;
     char w_spool_err[160];      /* why the open transaction's spool work failed ("": it did not) */
+    /* The batch whose records spool_batch is appending, before its
+     * transaction begins: store_hello_interlude may commit Hellos meanwhile. */
+    struct store_item *const *w_spooling;
+    size_t nw_spooling;
     struct series_cache cache;
     struct store_item **batch;   /* batch_max_items */
     unsigned char *refused;      /* batch_max_items flags */
@@ -180,6 +184,9 @@ static inline int bind_value(sqlite3_stmt *st, int i, double v)
 
 /* The writer thread's body (pthread start routine; arg is the store). */
 void *store_writer_main(void *arg);
+/* The spool's yield hook (spool_set_yield): commits queued Hellos between the
+ * pieces of a batch's spool writes (store.c). Writer thread. */
+void store_hello_interlude(void *ctx);
 
 /* --- store_apply.c ------------------------------------------------------------- */
 

@@ -248,6 +248,7 @@ static int open_spool(struct store *s, const char *path, char *err, size_t errle
     int rc = spool_open(dir, &s->committed, &so, &s->spool, err, errlen);
     if (rc < 0)
         return rc;
+    spool_set_yield(s->spool, store_hello_interlude, s);
     err[0] = '\0';
     if ((rc = import_legacy_spool(s, path, err, errlen)) < 0)
         return rc;

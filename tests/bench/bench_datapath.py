@@ -25,7 +25,10 @@ interval (K x T) of the last Ack. Printed per T: commits (count, mean and
 worst latency from /metrics), database bytes (file + WAL) and spool bytes
 at the end, daemon RSS peak, the evaluation lag, and Hello -> Welcome
 latency of probe connections opened every --probe-every seconds during the
-load (fair admission: a new trainer is answered while ingest is saturated).
+load (fair admission: a new trainer is answered within 1 s while ingest is
+saturated), with how many of them took longer than 1 s. The probe runs in
+this process beside the senders, so on a loaded host its figure includes
+its own scheduling delay.
 
 Reference, same run and directory: writing one sketch step's bytes (R
 frames) to a file with the daemon's sync policy (write + fdatasync for
@@ -373,6 +376,8 @@ def trial(pb, a, T, sketches, workdir):
     res["probe_max"] = max(ok_probes, default=float("nan"))
     res["probe_median"] = statistics.median(ok_probes) if ok_probes else float("nan")
     res["probe_missing"] = len(res.get("probes", [])) - len(ok_probes)
+    res["probe_over_1s"] = sum(p > 1.0 for p in ok_probes)
+    res["probe_n"] = len(ok_probes)
     return res
 
 
@@ -421,8 +426,8 @@ def main():
               f"{floor:.3f} s")
         print("| step time | sustained | behind | evaluated | incomplete | drain after last ack "
               "| commits | commit mean | commits > 0.5 s | pauses | DB file | spool dir | RSS peak "
-              "| lag (steps) | Welcome median / max | worker s per sketch step | floor / step time "
-              "| load average |")
+              "| lag (steps) | Welcome median / max (> 1 s of n) | worker s per sketch step "
+              "| floor / step time | load average |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for T in [float(x) for x in a.step_times.split(",")]:
             r = trial(pb, a, T, sketches, workdir)
@@ -432,7 +437,8 @@ def main():
                   f"{r['commit_mean'] * 1e3:.0f} ms | {r['commit_over_05']} | {r['pauses']} | "
                   f"{r['db_bytes'] / 1e6:.1f} MB | {r['spool_dir_bytes'] / 1e6:.1f} MB | "
                   f"{r['rss_peak'] / 1024:.0f} MB | {r['lag_steps']:.0f} | "
-                  f"{r['probe_median'] * 1e3:.0f} / {r['probe_max'] * 1e3:.0f} ms"
+                  f"{r['probe_median'] * 1e3:.0f} / {r['probe_max'] * 1e3:.0f} ms "
+                  f"({r['probe_over_1s']} of {r['probe_n']})"
                   f"{' (' + str(r['probe_missing']) + ' none)' if r['probe_missing'] else ''} | "
                   f"{r['math']:.2f} | {floor / T:.3f} | {os.getloadavg()[0]:.1f} |", flush=True)
             if r["errors"] or r["stop_rc"] != 0:

@@ -10,9 +10,21 @@ No timing decides the verdict: the Hello is read while the writer is held
 and can commit nothing, or it is not read at all. The latency itself is
 measured by tests/bench/bench_datapath.py (Welcome median / max). The order
 in which the writer then commits (queued Hellos first) is checked exactly in
-tests/unit/test_store.c (hello_is_accepted_when_full_and_written_first)."""
+tests/unit/test_store.c (hello_is_accepted_when_full_and_written_first).
+
+Second part, frames decoded off the loop: reports that need a buffer of
+their own (Gram sketches, about 1 MB) are decoded in the thread pool and
+spooled in pieces with queued Hellos committed between them. New trainers
+connect between the reports; every one is welcomed, the rank's reports are
+acked in order and evaluated once each, and a large report that does not
+validate is refused by an Error naming its seq (the refusal comes back from
+the pool). The writer's pieces themselves are checked in tests/unit/
+test_spool.c (a_large_record_yields_between_its_pieces)."""
+import os
 import sqlite3
 import threading
+
+import numpy as np
 
 from fstest import (Daemon, Failure, RawConn, check, hello, kill_started, metrics, proto_module,
                     report, run_main, wait_until)
@@ -20,10 +32,17 @@ from fstest import (Daemon, Failure, RawConn, check, hello, kill_started, metric
 QUEUE = 64
 BATCH = 4
 REPORTS = 400
+LARGE_REPORTS = 8
+LAYERS, HEADS, DH = 2, 8, 64  # 16 Gram sketches of 2 x 33 KB: a 1 MB frame
 
 
 def test(args, workdir):
     pb = proto_module(args.source_dir, workdir)
+    hello_read_while_paused(args, workdir, pb)
+    large_frames_beside_hellos(args, workdir, pb)
+
+
+def hello_read_while_paused(args, workdir, pb):
     d = Daemon(args.build_dir, workdir,
                extra=["--set", f"writer_queue_max_items={QUEUE}",
                       "--set", f"writer_batch_max_items={BATCH}"])
@@ -83,6 +102,81 @@ def test(args, workdir):
     finally:
         if lock is not None:
             lock.close()
+        kill_started(d)
+
+
+def gram_report(pb, seq, grams, dh=DH):
+    """A report with LAYERS x HEADS whole-head Gram sketches (one shard)."""
+    f = report(pb, seq, seq)
+    for layer in range(LAYERS):
+        for head in range(HEADS):
+            a = f.report.attention.add()
+            a.layer, a.head, a.window = layer, head, 1
+            a.gram.dh = dh
+            a.gram.shard_index, a.gram.shard_count = 0, 1
+            a.gram.ga, a.gram.gb = grams[(layer * HEADS + head) % len(grams)]
+    return f
+
+
+def large_frames_beside_hellos(args, workdir, pb):
+    rng = np.random.default_rng(5)
+    n = 2 * DH
+    iu = np.triu_indices(n)
+    grams = []
+    for _ in range(4):
+        xa = rng.standard_normal((n, 3 * n))
+        xb = xa + 0.05 * rng.standard_normal((n, 3 * n))
+        grams.append(((xa @ xa.T)[iu].astype("<f4").tobytes(),
+                      (xb @ xb.T)[iu].astype("<f4").tobytes()))
+    os.makedirs(os.path.join(workdir, "large"), exist_ok=True)
+    d = Daemon(args.build_dir, os.path.join(workdir, "large"))
+    try:
+        s = RawConn(pb, d.ingest_port, timeout=120)
+        h = hello(pb, "large")
+        h.hello.model.n_layers, h.hello.model.n_heads = LAYERS, HEADS
+        s.send(h)
+        w = s.recv()
+        check(w is not None and w.HasField("welcome"), f"no Welcome: {w}")
+        size = len(gram_report(pb, 1, grams).SerializeToString())
+        check(size > 64 << 10, f"a {size}-byte report has no buffer of its own")
+        for seq in range(1, LARGE_REPORTS + 1):
+            s.send(gram_report(pb, seq, grams))
+            t = RawConn(pb, d.ingest_port, timeout=120)
+            t.send(hello(pb, f"newcomer-{seq}"))
+            f = t.recv()
+            check(f is not None and f.HasField("welcome"), f"newcomer {seq}: {f}")
+            t.close()
+        # A Gram of the wrong length for its dh: refused after its decode.
+        bad = gram_report(pb, LARGE_REPORTS + 1, grams, dh=DH + 1)
+        s.send(bad)
+        acked, error = 0, None
+        while error is None:
+            f = s.recv()
+            check(f is not None, f"the connection closed at ack {acked} without an Error")
+            if f.HasField("ack"):
+                check(f.ack.seq >= acked, f"ack {f.ack.seq} after {acked}")
+                acked = f.ack.seq
+            else:
+                check(f.HasField("error"), f"unexpected frame {f}")
+                error = f.error
+        check(acked == LARGE_REPORTS, f"acked {acked} of {LARGE_REPORTS} before the Error")
+        check(error.seq == LARGE_REPORTS + 1, f"the Error names seq {error.seq}: {error}")
+        m = wait_until(lambda: (lambda x: x if x["foreshock_monitor_buckets_total"] >=
+                                LARGE_REPORTS else None)(metrics(d)),
+                       timeout=300, what="every sketch step to be evaluated")
+        check(m["foreshock_monitor_buckets_total"] == LARGE_REPORTS,
+              f"{m['foreshock_monitor_buckets_total']:.0f} steps evaluated, not "
+              f"{LARGE_REPORTS}: a frame fed twice?")
+        check(m["foreshock_decode_errors_total"] == 1 and
+              m["foreshock_frames_received_total"] == 2 * LARGE_REPORTS + 2,
+              f"decode errors {m['foreshock_decode_errors_total']:.0f}, frames "
+              f"{m['foreshock_frames_received_total']:.0f}")
+        print(f"{LARGE_REPORTS} reports of {size / 1e6:.1f} MB acked in order and evaluated, "
+              f"{LARGE_REPORTS} newcomers welcomed between them, the invalid one refused "
+              f"by seq")
+        s.close()
+        check(d.stop() == 0, "daemon did not exit 0")
+    finally:
         kill_started(d)
 
 

@@ -1,7 +1,8 @@
 /* spool.c: the append-only log of report frames. Round trip in order
  * across segments, what a reopen cuts (records past the committed end,
  * later segments), rewinding a failed batch, which segments release
- * deletes (a table), and a damaged header ending its segment. Small
+ * deletes (a table), a damaged header ending its segment, and a large
+ * record written in pieces with the yield hook between them. Small
  * segments (spool_opts.segment_bytes) so that rotation happens at test
  * sizes. */
 #include <criterion/criterion.h>
@@ -11,8 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "fs_limits.h"
 #include "spool.h"
 
 #define T_BODY 100u                             /* body bytes of every test record */
@@ -304,5 +307,82 @@ Test(spool, lengths_out_of_range_are_refused)
     cr_expect_eq(spool_dir_of("/a/b.db", dir, sizeof(dir)), 0);
     cr_expect_str_eq(dir, "/a/b.db.spool");
     cr_expect_eq(spool_dir_of("/a/long/name.db", dir, sizeof(dir)), -ENAMETOOLONG);
+    fx_fini(&f);
+}
+
+/* A large record is written in pieces of FS_SPOOL_WRITE_CHUNK_BYTES with
+ * the yield hook between them (the store commits queued Hellos there): the
+ * hook sees the record growing on disk, never whole, and the record reads
+ * back intact. */
+#define Y_BODY (3 * FS_SPOOL_WRITE_CHUNK_BYTES + 1000u) /* four pieces with its header */
+
+struct yields {
+    char path[128];
+    off_t sizes[8];
+    size_t n;
+};
+
+static void on_yield(void *ctx)
+{
+    struct yields *y = ctx;
+    struct stat st;
+    cr_assert_lt(y->n, 8);
+    cr_assert_eq(stat(y->path, &st), 0, "%s", y->path);
+    y->sizes[y->n++] = st.st_size;
+}
+
+static int feed_large(void *ctx, const struct spool_rec *r, const uint8_t *body)
+{
+    int *ok = ctx;
+    *ok = r->len == Y_BODY && r->seq == 9 && body[0] == 0x5a && body[Y_BODY / 2] == 0x5a &&
+          body[Y_BODY - 1] == 0xa5;
+    return 0;
+}
+
+static int want_all(void *ctx, const struct spool_rec *r)
+{
+    (void)ctx;
+    (void)r;
+    return 1;
+}
+
+Test(spool, a_large_record_yields_between_its_pieces)
+{
+    struct fx f;
+    fx_init(&f);
+    char err[256] = "";
+    struct spool_pos none = {0, 0};
+    struct spool_opts o = {.sync_full = 0}; /* default segment size: the record fits one */
+    cr_assert_eq(spool_open(f.dir, &none, &o, &f.sp, err, sizeof(err)), 0, "%s", err);
+    uint8_t *body = malloc(Y_BODY);
+    cr_assert_not_null(body);
+    memset(body, 0x5a, Y_BODY);
+    body[Y_BODY - 1] = 0xa5;
+    struct yields y = {.n = 0};
+    struct spool_rec r = {.run_id = 1, .stream_id = 2, .seq = 9, .step = 9, .len = Y_BODY};
+    cr_assert_eq(spool_append(f.sp, &r, body), 0, "a first record opens the segment");
+    spool_set_yield(f.sp, on_yield, &y);
+    snprintf(y.path, sizeof(y.path), "%s/" SPOOL_SEGMENT_NAME, f.dir, 1ull); /* the first */
+    const off_t rec = SPOOL_HEADER_BYTES + Y_BODY;
+    cr_assert_eq(spool_append(f.sp, &r, body), 0);
+    cr_expect_eq(y.n, 3, "hook calls between the four pieces of a record: %zu", y.n);
+    for (size_t i = 0; i < y.n; i++) {
+        cr_expect_eq(y.sizes[i], rec + (off_t)(i + 1) * FS_SPOOL_WRITE_CHUNK_BYTES,
+                     "piece %zu: %lld bytes on disk", i, (long long)y.sizes[i]);
+        cr_expect_lt(y.sizes[i], 2 * rec, "the record is not whole at a yield");
+    }
+    spool_set_yield(f.sp, NULL, NULL);
+    y.n = 0;
+    cr_assert_eq(spool_append(f.sp, &r, body), 0);
+    cr_expect_eq(y.n, 0, "no hook once cleared");
+    struct spool_pos head = spool_head(f.sp);
+    int ok = 0;
+    struct spool_replay_ops ops = {.want = want_all, .feed = feed_large, .ctx = &ok};
+    struct spool_replay_stats rs;
+    cr_assert_eq(spool_replay(f.dir, &head, &ops, &rs, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(rs.records, 3);
+    cr_expect_eq(rs.unreadable, 0);
+    cr_expect(ok, "the last record reads back intact");
+    free(body);
     fx_fini(&f);
 }
