@@ -175,6 +175,8 @@ static const struct counter_def counters[] = {
      "Reductions recorded as incomplete (a shard or rank never arrived)."},
     {"foreshock_sketches_late_total", "counter", STAT(sketches_late),
      "Sketches for a step already evaluated."},
+    {"foreshock_sketches_duplicate_total", "counter", STAT(sketches_duplicate),
+     "Sketches for a shard index or rank already summed into their step (ignored)."},
     {"foreshock_reports_superseded_total", "counter", STAT(reports_superseded),
      "Reports of an attempt a rewind abandoned, for steps it re-does (ignored)."},
     {"foreshock_rewinds_total", "counter", STAT(rewinds),

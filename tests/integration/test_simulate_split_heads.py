@@ -9,8 +9,8 @@ single rank that holds every head, `four` on 4 ranks holding 2 heads each
 query heads read it). Every stored qk.* series (per head, and the per-layer
 min/mean/max/argmin) must be equal within 1e-6 relative, and each run
 evaluated every sketch step with none incomplete and no sketch ignored (the
-daemon logs a duplicate shard, and counts a sketch for a step already
-evaluated in foreshock_sketches_late_total). A head sent under another
+daemon counts a duplicate shard in foreshock_sketches_duplicate_total and
+a sketch for a step already evaluated in foreshock_sketches_late_total). A head sent under another
 head's id, held by two ranks or by none changes a per-head series, sends
 it twice or leaves it out (incomplete), and fails here.
 
@@ -19,11 +19,9 @@ every head): complete too, but other random weights, so its series differ;
 the check that they do keeps the comparison from passing on series that do
 not depend on the weights at all."""
 import os
-import re
 import subprocess
 import sys
 import time
-import urllib.request
 
 import fstest
 from fstest import check, run_main
@@ -80,11 +78,12 @@ def main(args, workdir):
         simulate(args, daemon.endpoint, "fsdp", 4, [])
         api = Api(daemon.http)
         got = wait_evaluated(api, ["one", "four", "fsdp"])
-        late = re.search(r"^foreshock_sketches_late_total (\S+)$",
-                         urllib.request.urlopen(daemon.url("/metrics"), timeout=30).read()
-                         .decode(), re.M)
-        check(late is not None and float(late.group(1)) == 0,
-              f"sketches for evaluated steps: {late and late.group(1)}")
+        m = fstest.metrics(daemon)
+        check(m.get("foreshock_sketches_late_total") == 0,
+              f"sketches for evaluated steps: {m.get('foreshock_sketches_late_total')}")
+        check(m.get("foreshock_sketches_duplicate_total") == 0,
+              f"sketches for a head another rank sent too: "
+              f"{m.get('foreshock_sketches_duplicate_total')}")
         ignored = [ln for ln in daemon.log_text().splitlines() if "sketches ignored" in ln]
         check(not ignored, f"the daemon ignored sketches: {ignored[:3]}")
         for run in ("one", "four", "fsdp"):
