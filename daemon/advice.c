@@ -11,6 +11,7 @@
 #include "decode.h"
 #include "detect.h"
 #include "foreshock.pb-c.h"
+#include "fs_grow.h"
 
 _Static_assert(ADVICE_RULE_MAX == DETECT_NAME_MAX, "rule names fit");
 _Static_assert(ADVICE_LABELS == ALERT_ATTR_LOSS_SPIKE + 1, "one policy row per label");
@@ -209,14 +210,10 @@ int advice_conn_sent(struct advice_conn *ac, int64_t id)
             return 0;
     if (ac->n >= ADVICE_MAX_UNACKED_PER_CONN)
         return -ENOSPC;
-    if (ac->n == ac->cap) {
-        size_t cap = ac->cap ? ac->cap * 2 : 16;
-        int64_t *p = realloc(ac->ids, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        ac->ids = p;
-        ac->cap = cap;
-    }
+    int64_t *ids = fs_grow(ac->ids, &ac->cap, ac->n + 1, sizeof(*ids), 16);
+    if (!ids)
+        return -ENOMEM;
+    ac->ids = ids;
     ac->ids[ac->n++] = id;
     return 0;
 }
@@ -443,16 +440,12 @@ int advice_store_rewind(struct advice_store *as, int64_t run_id, uint64_t resume
     sqlite3_bind_int64(st, 2, (int64_t)resume_step);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (n == cap) {
-            size_t c = cap ? cap * 2 : 16;
-            struct rewound *p = realloc(v, c * sizeof(*p));
-            if (!p) {
-                rc = SQLITE_NOMEM;
-                break;
-            }
-            v = p;
-            cap = c;
+        struct rewound *p = fs_grow(v, &cap, n + 1, sizeof(*p), 16);
+        if (!p) {
+            rc = SQLITE_NOMEM;
+            break;
         }
+        v = p;
         struct rewound *r = &v[n++];
         r->event_id = sqlite3_column_int64(st, 2);
         r->m = (struct advice_msg){.id = sqlite3_column_int64(st, 0),

@@ -11,6 +11,7 @@
 
 #include "alert.h" /* pinned state numbers only */
 #include "foreshock.pb-c.h"
+#include "fs_grow.h"
 #include "log.h"
 #include "spool.h"
 #include "store_internal.h"
@@ -24,14 +25,10 @@ static const char *const scalar_series[STORE_NSCALARS] = {
 
 struct store_result *store_wres_add(struct store *s)
 {
-    if (s->nwres == s->capwres) {
-        size_t cap = s->capwres ? s->capwres * 2 : 64;
-        struct store_result *r = realloc(s->wres, cap * sizeof(*r));
-        if (!r)
-            return NULL;
-        s->wres = r;
-        s->capwres = cap;
-    }
+    struct store_result *w = fs_grow(s->wres, &s->capwres, s->nwres + 1, sizeof(*w), 64);
+    if (!w)
+        return NULL;
+    s->wres = w;
     struct store_result *r = &s->wres[s->nwres++];
     memset(r, 0, sizeof(*r));
     return r;
@@ -294,14 +291,10 @@ static int apply_spool_done(struct store *s, int64_t run_id, uint64_t step)
     int rc = exec1(st, NULL, 0);
     if (!ok(rc))
         return rc;
-    if (s->nw_done == s->capw_done) {
-        size_t cap = s->capw_done ? s->capw_done * 2 : 16;
-        struct spool_done_step *d = realloc(s->w_done, cap * sizeof(*d));
-        if (!d)
-            return SQLITE_NOMEM;
-        s->w_done = d;
-        s->capw_done = cap;
-    }
+    struct spool_done_step *d = fs_grow(s->w_done, &s->capw_done, s->nw_done + 1, sizeof(*d), 16);
+    if (!d)
+        return SQLITE_NOMEM;
+    s->w_done = d;
     s->w_done[s->nw_done++] = (struct spool_done_step){.run_id = run_id, .step = (int64_t)step};
     return SQLITE_OK;
 }
