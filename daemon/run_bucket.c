@@ -148,19 +148,13 @@ static struct run_group *group_new(struct run_registry *reg, struct run_bucket *
                                    uint32_t window, uint32_t size, uint32_t bits, size_t tri,
                                    double now)
 {
-    struct run_group *g = calloc(1, sizeof(*g));
+    struct run_group *g = malloc(sizeof(*g));
     if (!g)
         return NULL;
-    g->kind = kind;
-    g->layer = layer;
-    g->head = head;
-    g->window = window;
-    g->kv_head = head;
-    g->size = size;
-    g->first_seen = now;
-    g->seen_bits = bits;
     size_t seen_bytes = ((size_t)bits + 7) / 8;
-    g->bytes = sizeof(*g) + seen_bytes;
+    *g = (struct run_group){.kind = kind, .layer = layer, .head = head, .window = window,
+                            .kv_head = head, .size = size, .first_seen = now, .seen_bits = bits,
+                            .bytes = sizeof(*g) + seen_bytes};
     if (bits && !(g->seen = calloc(seen_bytes ? seen_bytes : 1, 1)))
         goto fail;
     if (kind == RUN_GROUP_ATTENTION && tri) {

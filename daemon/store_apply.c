@@ -210,6 +210,15 @@ static int apply_hello(struct store *s, const struct store_item *it, double now,
     return owed_advice(s, it->conn_id, run_id, stream_id);
 }
 
+/* ST_STREAM_BUMP / ST_RUN_BUMP: row id, its new seq or step, seen at. */
+static int bump(sqlite3_stmt *st, int64_t id, int64_t mark, double at)
+{
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int64(st, 2, mark);
+    sqlite3_bind_double(st, 3, at);
+    return exec1(st, NULL, 0);
+}
+
 static int apply_report(struct store *s, const struct store_item *it, struct batch_counts *bc)
 {
     const struct store_report *rp = &it->report;
@@ -264,17 +273,8 @@ static int apply_report(struct store *s, const struct store_item *it, struct bat
         if (e < 0)
             return store_spool_failed(s, "appending a report", e);
     }
-    st = s->st[ST_STREAM_BUMP];
-    sqlite3_bind_int64(st, 1, rp->stream_id);
-    sqlite3_bind_int64(st, 2, (int64_t)rp->seq);
-    sqlite3_bind_double(st, 3, rp->received_at);
-    if (!ok(rc = exec1(st, NULL, 0)))
-        return rc;
-    st = s->st[ST_RUN_BUMP];
-    sqlite3_bind_int64(st, 1, rp->run_id);
-    sqlite3_bind_int64(st, 2, (int64_t)rp->step);
-    sqlite3_bind_double(st, 3, rp->received_at);
-    if (!ok(rc = exec1(st, NULL, 0)))
+    if (!ok(rc = bump(s->st[ST_STREAM_BUMP], rp->stream_id, (int64_t)rp->seq, rp->received_at)) ||
+        !ok(rc = bump(s->st[ST_RUN_BUMP], rp->run_id, (int64_t)rp->step, rp->received_at)))
         return rc;
     bc->reports++;
     return SQLITE_OK;
