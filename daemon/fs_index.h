@@ -24,10 +24,10 @@
  *    owner calls fs_index_reserve before every fs_index_add.
  *  - Not thread-safe: it belongs to whoever owns the array.
  *
- * Finding a key (the owner's equality, here `same`):
+ * Finding a key of hash h (the owner's equality, here `same`):
  *
  *     uint32_t at;
- *     for (size_t j = fs_index_start(ix, hash); (at = fs_index_at(ix, j)); j = fs_index_next(ix, j))
+ *     for (size_t j = fs_index_start(ix, h); (at = fs_index_at(ix, j)); j = fs_index_next(ix, j))
  *         if (same(&owner[at - 1], key))
  *             return at - 1;
  *
