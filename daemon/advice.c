@@ -11,6 +11,7 @@
 #include "decode.h"
 #include "detect.h"
 #include "foreshock.pb-c.h"
+#include "fs_grow.h"
 
 _Static_assert(ADVICE_RULE_MAX == DETECT_NAME_MAX, "rule names fit");
 _Static_assert(ADVICE_LABELS == ALERT_ATTR_LOSS_SPIKE + 1, "one policy row per label");
@@ -214,14 +215,10 @@ int advice_conn_sent(struct advice_conn *ac, int64_t id)
             return 0;
     if (ac->n >= ADVICE_MAX_UNACKED_PER_CONN)
         return -ENOSPC;
-    if (ac->n == ac->cap) {
-        size_t cap = ac->cap ? ac->cap * 2 : 16;
-        int64_t *p = realloc(ac->ids, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        ac->ids = p;
-        ac->cap = cap;
-    }
+    int64_t *ids = fs_grow(ac->ids, &ac->cap, ac->n + 1, sizeof(*ids), 16);
+    if (!ids)
+        return -ENOMEM;
+    ac->ids = ids;
     ac->ids[ac->n++] = id;
     return 0;
 }
@@ -263,6 +260,15 @@ enum {
     " WHERE EXISTS (SELECT 1 FROM advice a JOIN streams s ON s.run_id = a.run_id "                 \
     "WHERE a.id = ?1 AND s.id = ?2) "
 
+/* An advice row with its alert's series, read by row_msg; AS_OWED and
+ * AS_REWOUND select these first. */
+#define ADVICE_COLUMNS                                                                             \
+    "a.id, a.alert_id, a.action, a.rule, a.label, a.severity, a.step, a.first_breach_step, "      \
+    "a.fired_step, a.rollback_step, al.layer, al.head, al.\"window\", al.rank, a.fire_id"
+enum { AD_ID, AD_ALERT, AD_ACTION, AD_RULE, AD_LABEL, AD_SEVERITY, AD_STEP, AD_FIRST_BREACH,
+       AD_FIRED, AD_ROLLBACK, AD_LAYER, AD_HEAD, AD_WINDOW, AD_RANK, AD_FIRE,
+       AD_NEXT /* the first column after ADVICE_COLUMNS */ };
+
 static const char *const as_sql[AS_COUNT] = {
     [AS_CLOSE_ALERT] = "UPDATE advice SET closed_at = ?2 WHERE alert_id = ?1 AND closed_at IS NULL",
     [AS_OPEN_FIRE] = "SELECT id FROM advice WHERE alert_id = ?1 AND closed_at IS NULL "
@@ -273,9 +279,7 @@ static const char *const as_sql[AS_COUNT] = {
     /* Open advices of the run this stream has not acknowledged; an answer
      * (resolved, superseded) only to streams that were sent its question. */
     [AS_OWED] =
-        "SELECT a.id, a.alert_id, a.action, a.rule, a.label, a.severity, a.step, "
-        "a.first_breach_step, a.fired_step, a.rollback_step, al.layer, al.head, "
-        "al.\"window\", al.rank, a.fire_id FROM advice a JOIN alerts al ON al.id = a.alert_id "
+        "SELECT " ADVICE_COLUMNS " FROM advice a JOIN alerts al ON al.id = a.alert_id "
         "WHERE a.run_id = ?1 AND a.closed_at IS NULL AND (a.fire_id IS NULL OR EXISTS "
         "(SELECT 1 FROM advice_deliveries d WHERE d.advice_id = a.fire_id "
         "AND d.stream_id = ?2 AND d.sends > 0)) AND NOT EXISTS (SELECT 1 FROM "
@@ -293,9 +297,8 @@ static const char *const as_sql[AS_COUNT] = {
     [AS_FIRE_STREAMS] = "SELECT stream_id FROM advice_deliveries WHERE advice_id = ?1 "
                         "AND sends > 0 ORDER BY stream_id",
     /* Open firing advices of incidents that opened after a rewind's step. */
-    [AS_REWOUND] = "SELECT a.id, a.alert_id, a.event_id, a.action, a.rule, a.label, a.severity, "
-                   "a.first_breach_step, a.fired_step, a.rollback_step, al.layer, al.head, "
-                   "al.\"window\", al.rank FROM advice a JOIN alerts al ON al.id = a.alert_id "
+    [AS_REWOUND] = "SELECT " ADVICE_COLUMNS ", a.event_id FROM advice a "
+                   "JOIN alerts al ON al.id = a.alert_id "
                    "WHERE a.run_id = ?1 AND a.closed_at IS NULL AND a.action IN (1, 2) "
                    "AND a.first_breach_step > ?2 ORDER BY a.id",
 };
@@ -434,6 +437,27 @@ static int64_t col_step(sqlite3_stmt *st, int i)
     return sqlite3_column_type(st, i) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, i);
 }
 
+/* The advice of run_id on st's current row (ADVICE_COLUMNS). */
+static void row_msg(sqlite3_stmt *st, int64_t run_id, struct advice_msg *m)
+{
+    *m = (struct advice_msg){.id = sqlite3_column_int64(st, AD_ID),
+                             .run_id = run_id,
+                             .alert_id = sqlite3_column_int64(st, AD_ALERT),
+                             .action = sqlite3_column_int(st, AD_ACTION),
+                             .step = col_step(st, AD_STEP),
+                             .first_breach_step = col_step(st, AD_FIRST_BREACH),
+                             .fired_step = col_step(st, AD_FIRED),
+                             .rollback_step = col_step(st, AD_ROLLBACK),
+                             .layer = sqlite3_column_int(st, AD_LAYER),
+                             .head = sqlite3_column_int(st, AD_HEAD),
+                             .window = sqlite3_column_int(st, AD_WINDOW),
+                             .rank = sqlite3_column_int(st, AD_RANK),
+                             .fire_id = sqlite3_column_int64(st, AD_FIRE)};
+    copy_text(m->rule, sizeof(m->rule), (const char *)sqlite3_column_text(st, AD_RULE));
+    copy_text(m->label, sizeof(m->label), (const char *)sqlite3_column_text(st, AD_LABEL));
+    copy_text(m->severity, sizeof(m->severity), (const char *)sqlite3_column_text(st, AD_SEVERITY));
+}
+
 int advice_store_rewind(struct advice_store *as, int64_t run_id, uint64_t resume_step, double now,
                         int (*cb)(void *ctx, const struct advice_msg *m), void *ctx)
 {
@@ -448,33 +472,17 @@ int advice_store_rewind(struct advice_store *as, int64_t run_id, uint64_t resume
     sqlite3_bind_int64(st, 2, (int64_t)resume_step);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (n == cap) {
-            size_t c = cap ? cap * 2 : 16;
-            struct rewound *p = realloc(v, c * sizeof(*p));
-            if (!p) {
-                rc = SQLITE_NOMEM;
-                break;
-            }
-            v = p;
-            cap = c;
+        struct rewound *p = fs_grow(v, &cap, n + 1, sizeof(*p), 16);
+        if (!p) {
+            rc = SQLITE_NOMEM;
+            break;
         }
+        v = p;
         struct rewound *r = &v[n++];
-        r->event_id = sqlite3_column_int64(st, 2);
-        r->m = (struct advice_msg){.id = sqlite3_column_int64(st, 0),
-                                   .run_id = run_id,
-                                   .alert_id = sqlite3_column_int64(st, 1),
-                                   .action = ADVICE_SUPERSEDED,
-                                   .step = (int64_t)resume_step,
-                                   .first_breach_step = col_step(st, 7),
-                                   .fired_step = col_step(st, 8),
-                                   .rollback_step = col_step(st, 9),
-                                   .layer = sqlite3_column_int(st, 10),
-                                   .head = sqlite3_column_int(st, 11),
-                                   .window = sqlite3_column_int(st, 12),
-                                   .rank = sqlite3_column_int(st, 13)};
-        copy_text(r->m.rule, sizeof(r->m.rule), (const char *)sqlite3_column_text(st, 4));
-        copy_text(r->m.label, sizeof(r->m.label), (const char *)sqlite3_column_text(st, 5));
-        copy_text(r->m.severity, sizeof(r->m.severity), (const char *)sqlite3_column_text(st, 6));
+        row_msg(st, run_id, &r->m); /* the firing advice; its answer is made below */
+        r->m.action = ADVICE_SUPERSEDED;
+        r->m.step = (int64_t)resume_step;
+        r->event_id = sqlite3_column_int64(st, AD_NEXT);
     }
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
@@ -509,22 +517,8 @@ int advice_store_owed(struct advice_store *as, int64_t run_id, int64_t stream_id
             *more = true;
             break;
         }
-        struct advice_msg m = {.id = sqlite3_column_int64(st, 0),
-                               .run_id = run_id,
-                               .alert_id = sqlite3_column_int64(st, 1),
-                               .action = sqlite3_column_int(st, 2),
-                               .step = col_step(st, 6),
-                               .first_breach_step = col_step(st, 7),
-                               .fired_step = col_step(st, 8),
-                               .rollback_step = col_step(st, 9),
-                               .layer = sqlite3_column_int(st, 10),
-                               .head = sqlite3_column_int(st, 11),
-                               .window = sqlite3_column_int(st, 12),
-                               .rank = sqlite3_column_int(st, 13),
-                               .fire_id = sqlite3_column_int64(st, 14)};
-        copy_text(m.rule, sizeof(m.rule), (const char *)sqlite3_column_text(st, 3));
-        copy_text(m.label, sizeof(m.label), (const char *)sqlite3_column_text(st, 4));
-        copy_text(m.severity, sizeof(m.severity), (const char *)sqlite3_column_text(st, 5));
+        struct advice_msg m;
+        row_msg(st, run_id, &m);
         n++;
         stop = cb(ctx, &m);
     }

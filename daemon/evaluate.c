@@ -8,18 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* --- track table: open addressing on an FNV-1a hash of the series key ----------------- */
+#include "fs_grow.h"
+
+/* --- track table: an fs_index on an FNV-1a hash of the series key ---------------------- */
+
+#define TRACK_INDEX_MIN_SLOTS 64u /* slots of a run's first index */
 
 static uint64_t key_hash(const struct store_series_key *k)
 {
-    uint64_t x = 1469598103934665603ull;
     int32_t nums[4] = {k->layer, k->head, k->window, k->rank};
-    const unsigned char *p = (const unsigned char *)nums;
-    for (size_t i = 0; i < sizeof(nums); i++)
-        x = (x ^ p[i]) * 1099511628211ull;
-    for (const char *s = k->name; *s; s++)
-        x = (x ^ (unsigned char)*s) * 1099511628211ull;
-    return x;
+    return fs_fnv1a(fs_fnv1a(FS_FNV1A_BASIS, nums, sizeof(nums)), k->name, strlen(k->name));
 }
 
 static bool key_eq(const struct store_series_key *a, const struct store_series_key *b)
@@ -28,30 +26,18 @@ static bool key_eq(const struct store_series_key *a, const struct store_series_k
            a->rank == b->rank && strcmp(a->name, b->name) == 0;
 }
 
-static int reindex(struct eval_run *er, size_t nslots)
+static uint64_t track_hash(const void *owner, size_t pos)
 {
-    uint32_t *slots = calloc(nslots, sizeof(*slots));
-    if (!slots)
-        return -ENOMEM;
-    for (size_t i = 0; i < er->n_tracks; i++) {
-        size_t j = er->tracks[i]->hash & (nslots - 1);
-        while (slots[j])
-            j = (j + 1) & (nslots - 1);
-        slots[j] = (uint32_t)i + 1;
-    }
-    free(er->slots);
-    er->slots = slots;
-    er->nslots = nslots;
-    return 0;
+    return ((const struct eval_run *)owner)->tracks[pos]->hash;
 }
 
 static struct eval_track *find(const struct eval_run *er, const struct store_series_key *k,
                                uint64_t hash)
 {
-    if (!er->nslots)
-        return NULL;
-    for (size_t j = hash & (er->nslots - 1); er->slots[j]; j = (j + 1) & (er->nslots - 1)) {
-        struct eval_track *t = er->tracks[er->slots[j] - 1];
+    uint32_t at;
+    for (size_t j = fs_index_start(&er->index, hash); (at = fs_index_at(&er->index, j));
+         j = fs_index_next(&er->index, j)) {
+        struct eval_track *t = er->tracks[at - 1];
         if (t->hash == hash && key_eq(&t->key, k))
             return t;
     }
@@ -71,7 +57,7 @@ void eval_run_clear(struct eval_run *er)
     for (size_t i = 0; i < er->n_tracks; i++)
         free(er->tracks[i]);
     free(er->tracks);
-    free(er->slots);
+    fs_index_free(&er->index);
     eval_run_init(er, er->rules);
 }
 
@@ -85,18 +71,12 @@ struct eval_track *eval_track_get(struct eval_run *er, const struct store_series
     const struct detect_rule *rule = detect_rules_match(er->rules, rule_name);
     if (!rule)
         return NULL;
-    /* Load factor at most 0.7. */
-    if ((er->n_tracks + 1) * 10 > er->nslots * 7 &&
-        reindex(er, er->nslots ? er->nslots * 2 : 64) < 0)
+    if (fs_index_reserve(&er->index, er->n_tracks, TRACK_INDEX_MIN_SLOTS, track_hash, er) < 0)
         return NULL;
-    if (er->n_tracks == er->cap_tracks) {
-        size_t cap = er->cap_tracks ? er->cap_tracks * 2 : 64;
-        struct eval_track **p = realloc(er->tracks, cap * sizeof(*p));
-        if (!p)
-            return NULL;
-        er->tracks = p;
-        er->cap_tracks = cap;
-    }
+    struct eval_track **p = fs_grow(er->tracks, &er->cap_tracks, er->n_tracks + 1, sizeof(*p), 64);
+    if (!p)
+        return NULL;
+    er->tracks = p;
     t = calloc(1, sizeof(*t));
     if (!t)
         return NULL;
@@ -110,10 +90,7 @@ struct eval_track *eval_track_get(struct eval_run *er, const struct store_series
     t->last_step = -1;
     t->ev_value = t->ev_median = t->ev_mad = t->ev_z = NAN;
     er->tracks[er->n_tracks] = t;
-    size_t j = hash & (er->nslots - 1);
-    while (er->slots[j])
-        j = (j + 1) & (er->nslots - 1);
-    er->slots[j] = (uint32_t)er->n_tracks + 1;
+    fs_index_add(&er->index, hash, er->n_tracks);
     er->n_tracks++;
     return t;
 }
@@ -358,16 +335,12 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
         t->ev_mad = tr.mad;
         t->ev_z = tr.z;
     }
-    if (b->n == b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 16;
-        struct eval_event *p = realloc(b->ev, cap * sizeof(*p));
-        if (!p) {
-            b->oom = 1;
-            return -ENOMEM;
-        }
-        b->ev = p;
-        b->cap = cap;
+    struct eval_event *ev = fs_grow(b->ev, &b->cap, b->n + 1, sizeof(*ev), 16);
+    if (!ev) {
+        b->oom = 1;
+        return -ENOMEM;
     }
+    b->ev = ev;
     b->ev[b->n++] = (struct eval_event){.t = t, .has_event = event, .tr = tr,
                                         .argmin_head = argmin_head, .attr = t->ev_attr};
     memcpy(b->ev[b->n - 1].why, t->ev_why, sizeof(t->ev_why));

@@ -7,6 +7,7 @@
 
 #include "alert.h"
 #include "detect.h"
+#include "fs_index.h"
 #include "store.h"
 
 /* Detection and alert lifecycle of one run's detected series: the one
@@ -77,8 +78,7 @@ struct eval_run {
     const struct detect_rules *rules; /* read-only, outlives the run */
     struct eval_track **tracks;
     size_t n_tracks, cap_tracks;
-    uint32_t *slots; /* open addressing over tracks, 1-based; 0 = empty */
-    size_t nslots;
+    struct fs_index index; /* over tracks, by eval_track.hash */
     struct eval_progress progress;
 };
 

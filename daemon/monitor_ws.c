@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "fs_grow.h"
 #include "monitor_qk.h"
 #include "monitor_router.h"
 
@@ -162,15 +163,9 @@ void monitor_ws_give(struct monitor_ws_pool *p, enum monitor_ws_kind kind, void 
     pthread_mutex_lock(&p->mu);
     struct ws_free *f = &p->kind[kind];
     int kept = 0;
-    if (f->n == f->cap) {
-        size_t c = f->cap ? f->cap * 2 : 8;
-        struct ws_entry *a = realloc(f->v, c * sizeof(*a));
-        if (a) {
-            f->v = a;
-            f->cap = c;
-        }
-    }
-    if (f->n < f->cap) {
+    struct ws_entry *a = fs_grow(f->v, &f->cap, f->n + 1, sizeof(*a), 8);
+    if (a) {
+        f->v = a;
         f->v[f->n++] = (struct ws_entry){.ws = ws, .cap = cap};
         kept = 1;
     }

@@ -13,6 +13,7 @@
 
 #include <jansson.h>
 
+#include "fs_grow.h"
 #include "log.h"
 #include "pager_internal.h"
 #include "silence_set.h"
@@ -138,14 +139,10 @@ int pager_open_add(struct pager *p, const struct page_alert *a, int target, doub
                         PAGER_MAX_OPEN, (long long)a->alert_id, p->cfg.t[target].name);
             return -ENOSPC;
         }
-        if (p->nopen == p->capopen) {
-            size_t cap = p->capopen ? p->capopen * 2 : 16;
-            struct popen *n = realloc(p->open, cap * sizeof(*n));
-            if (!n)
-                return -ENOMEM;
-            p->open = n;
-            p->capopen = cap;
-        }
+        struct popen *n = fs_grow(p->open, &p->capopen, p->nopen + 1, sizeof(*n), 16);
+        if (!n)
+            return -ENOMEM;
+        p->open = n;
         o = &p->open[p->nopen++];
     }
     memset(o, 0, sizeof(*o));

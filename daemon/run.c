@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs_grow.h"
 #include "ranks.h"
 #include "run_internal.h"
 
@@ -86,14 +87,10 @@ int run_open(struct run_registry *reg, int64_t run_id, const char *name, struct 
         *out = run;
         return 0;
     }
-    if (reg->n == reg->cap) {
-        size_t cap = reg->cap ? reg->cap * 2 : 16;
-        struct run **p = realloc(reg->runs, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        reg->runs = p;
-        reg->cap = cap;
-    }
+    struct run **runs = fs_grow(reg->runs, &reg->cap, reg->n + 1, sizeof(*runs), 16);
+    if (!runs)
+        return -ENOMEM;
+    reg->runs = runs;
     run = calloc(1, sizeof(*run));
     if (!run)
         return -ENOMEM;
@@ -355,14 +352,11 @@ static struct run_stream *stream_get(struct run *run, int64_t stream_id, int cre
             return &run->streams[i];
     if (!create || run->n_streams >= RUN_MAX_STREAMS_PER_RUN)
         return NULL;
-    if (run->n_streams == run->cap_streams) {
-        size_t cap = run->cap_streams ? run->cap_streams * 2 : 8;
-        struct run_stream *p = realloc(run->streams, cap * sizeof(*p));
-        if (!p)
-            return NULL;
-        run->streams = p;
-        run->cap_streams = cap;
-    }
+    struct run_stream *p = fs_grow(run->streams, &run->cap_streams, run->n_streams + 1,
+                                   sizeof(*p), 8);
+    if (!p)
+        return NULL;
+    run->streams = p;
     struct run_stream *s = &run->streams[run->n_streams++];
     /* Every field: has_step left to realloc's garbage once made a stream
      * that had fed nothing look "ahead", so under memory or spool pressure

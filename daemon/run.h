@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "foreshock.pb-c.h"
+#include "fs_index.h"
 #include "fs_limits.h"
 #include "monitor_qk.h"
 #include "monitor_router.h"
@@ -107,8 +108,7 @@ struct run_bucket {
     double time;           /* latest report time (unix seconds) */
     struct run_group **groups; /* complete groups once taken, in arrival order */
     size_t n, cap;
-    uint32_t *slots;       /* hash index: group index + 1 */
-    size_t nslots;
+    struct fs_index index;     /* over groups, by mix64 of the group key */
     struct run_window_count *windows;
     size_t n_windows;
     struct run_incomplete *incomplete; /* filled by run_take_ready */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs_grow.h"
 #include "run_internal.h"
 
 static void group_free(struct run_registry *reg, struct run_group *g)
@@ -30,7 +31,7 @@ static void bucket_free(struct run_bucket *b)
     if (b->reg)
         b->reg->bytes -= b->bytes;
     free(b->groups);
-    free(b->slots);
+    fs_index_free(&b->index);
     free(b->windows);
     free(b->incomplete);
     free(b);
@@ -47,6 +48,8 @@ static uint64_t group_key(enum run_group_kind kind, uint32_t layer, uint32_t hea
     return ((uint64_t)kind << 60) | ((uint64_t)layer << 40) | ((uint64_t)head << 22) | window;
 }
 
+#define RUN_INDEX_MIN_SLOTS 64u /* slots of a bucket's first index */
+
 static uint64_t mix64(uint64_t x)
 {
     x ^= x >> 33;
@@ -62,29 +65,17 @@ static uint64_t key_of(const struct run_group *g)
     return group_key(g->kind, g->layer, g->head, g->window);
 }
 
-static int bucket_reindex(struct run_bucket *b, size_t nslots)
+static uint64_t group_hash(const void *owner, size_t pos)
 {
-    uint32_t *slots = calloc(nslots, sizeof(*slots));
-    if (!slots)
-        return -ENOMEM;
-    for (size_t i = 0; i < b->n; i++) {
-        size_t j = mix64(key_of(b->groups[i])) & (nslots - 1);
-        while (slots[j])
-            j = (j + 1) & (nslots - 1);
-        slots[j] = (uint32_t)i + 1;
-    }
-    free(b->slots);
-    b->slots = slots;
-    b->nslots = nslots;
-    return 0;
+    return mix64(key_of(((const struct run_bucket *)owner)->groups[pos]));
 }
 
 static struct run_group *bucket_find(const struct run_bucket *b, uint64_t key)
 {
-    if (!b->nslots)
-        return NULL;
-    for (size_t j = mix64(key) & (b->nslots - 1); b->slots[j]; j = (j + 1) & (b->nslots - 1)) {
-        struct run_group *g = b->groups[b->slots[j] - 1];
+    uint32_t at;
+    for (size_t j = fs_index_start(&b->index, mix64(key)); (at = fs_index_at(&b->index, j));
+         j = fs_index_next(&b->index, j)) {
+        struct run_group *g = b->groups[at - 1];
         if (key_of(g) == key)
             return g;
     }
@@ -93,21 +84,14 @@ static struct run_group *bucket_find(const struct run_bucket *b, uint64_t key)
 
 static int bucket_insert(struct run_bucket *b, struct run_group *g)
 {
-    if ((b->n + 1) * 10 > b->nslots * 7 && bucket_reindex(b, b->nslots ? b->nslots * 2 : 64) < 0)
+    if (fs_index_reserve(&b->index, b->n, RUN_INDEX_MIN_SLOTS, group_hash, b) < 0)
         return -ENOMEM;
-    if (b->n == b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 64;
-        struct run_group **p = realloc(b->groups, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        b->groups = p;
-        b->cap = cap;
-    }
+    struct run_group **p = fs_grow(b->groups, &b->cap, b->n + 1, sizeof(*p), 64);
+    if (!p)
+        return -ENOMEM;
+    b->groups = p;
     b->groups[b->n] = g;
-    size_t j = mix64(key_of(g)) & (b->nslots - 1);
-    while (b->slots[j])
-        j = (j + 1) & (b->nslots - 1);
-    b->slots[j] = (uint32_t)b->n + 1;
+    fs_index_add(&b->index, group_hash(b, b->n), b->n);
     b->n++;
     return 0;
 }
@@ -164,19 +148,13 @@ static struct run_group *group_new(struct run_registry *reg, struct run_bucket *
                                    uint32_t window, uint32_t size, uint32_t bits, size_t tri,
                                    double now)
 {
-    struct run_group *g = calloc(1, sizeof(*g));
+    struct run_group *g = malloc(sizeof(*g));
     if (!g)
         return NULL;
-    g->kind = kind;
-    g->layer = layer;
-    g->head = head;
-    g->window = window;
-    g->kv_head = head;
-    g->size = size;
-    g->first_seen = now;
-    g->seen_bits = bits;
     size_t seen_bytes = ((size_t)bits + 7) / 8;
-    g->bytes = sizeof(*g) + seen_bytes;
+    *g = (struct run_group){.kind = kind, .layer = layer, .head = head, .window = window,
+                            .kv_head = head, .size = size, .first_seen = now, .seen_bits = bits,
+                            .bytes = sizeof(*g) + seen_bytes};
     if (bits && !(g->seen = calloc(seen_bytes ? seen_bytes : 1, 1)))
         goto fail;
     if (kind == RUN_GROUP_ATTENTION && tri) {
@@ -473,11 +451,8 @@ static void bucket_settle(struct run_registry *reg, const struct run *run, struc
     }
     if (k != b->n) {
         b->n = k;
-        if (bucket_reindex(b, b->nslots) < 0) {
-            free(b->slots); /* no index beats one naming freed groups */
-            b->slots = NULL;
-            b->nslots = 0;
-        }
+        if (fs_index_rebuild(&b->index, b->index.nslots, b->n, group_hash, b) < 0)
+            fs_index_free(&b->index); /* no index beats one naming freed groups */
     }
 }
 

@@ -14,6 +14,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "fs_grow.h"
 #include "fs_limits.h"
 #include "log.h"
 
@@ -187,16 +188,13 @@ static int list_segments(const char *dir, uint64_t **out, size_t *n, char *err, 
             rc = -E2BIG;
             break;
         }
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 64;
-            uint64_t *p = realloc(*out, cap * sizeof(*p));
-            if (!p) {
-                snprintf(err, errlen, "out of memory");
-                rc = -ENOMEM;
-                break;
-            }
-            *out = p;
+        uint64_t *p = fs_grow(*out, &cap, *n + 1, sizeof(*p), 64);
+        if (!p) {
+            snprintf(err, errlen, "out of memory");
+            rc = -ENOMEM;
+            break;
         }
+        *out = p;
         (*out)[(*n)++] = no;
     }
     closedir(d);
@@ -240,28 +238,20 @@ static int seg_note(struct seg *g, int64_t run_id, int64_t step)
             return 0;
         }
     }
-    if (g->nruns == g->cap) {
-        size_t cap = g->cap ? g->cap * 2 : 4;
-        struct seg_run *r = realloc(g->runs, cap * sizeof(*r));
-        if (!r)
-            return -ENOMEM;
-        g->runs = r;
-        g->cap = cap;
-    }
+    struct seg_run *r = fs_grow(g->runs, &g->cap, g->nruns + 1, sizeof(*r), 4);
+    if (!r)
+        return -ENOMEM;
+    g->runs = r;
     g->runs[g->nruns++] = (struct seg_run){.run_id = run_id, .max_step = step};
     return 0;
 }
 
 static struct seg *seg_add(struct spool *sp, uint64_t no)
 {
-    if (sp->nsegs == sp->cap) {
-        size_t cap = sp->cap ? sp->cap * 2 : 16;
-        struct seg *s = realloc(sp->segs, cap * sizeof(*s));
-        if (!s)
-            return NULL;
-        sp->segs = s;
-        sp->cap = cap;
-    }
+    struct seg *s = fs_grow(sp->segs, &sp->cap, sp->nsegs + 1, sizeof(*s), 16);
+    if (!s)
+        return NULL;
+    sp->segs = s;
     struct seg *g = &sp->segs[sp->nsegs++];
     memset(g, 0, sizeof(*g));
     g->no = no;
@@ -293,14 +283,10 @@ int spool_set_done(struct spool *sp, int64_t run_id, int64_t step)
             return 0;
         }
     }
-    if (sp->ndone == sp->capdone) {
-        size_t cap = sp->capdone ? sp->capdone * 2 : 16;
-        struct done *d = realloc(sp->done, cap * sizeof(*d));
-        if (!d)
-            return -ENOMEM;
-        sp->done = d;
-        sp->capdone = cap;
-    }
+    struct done *d = fs_grow(sp->done, &sp->capdone, sp->ndone + 1, sizeof(*d), 16);
+    if (!d)
+        return -ENOMEM;
+    sp->done = d;
     sp->done[sp->ndone++] = (struct done){.run_id = run_id, .step = step};
     return 0;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "fs_clock.h"
+#include "fs_grow.h"
 #include "log.h"
 #include "ranks.h"
 
@@ -64,14 +65,11 @@ static void spool_note(struct stage *st, struct stage_run *sr, uint64_t step, ui
     if (i > 0 && sr->spooled[i - 1].step == step) {
         sr->spooled[i - 1].bytes += bytes;
     } else {
-        if (sr->n_spooled == sr->cap_spooled) {
-            size_t cap = sr->cap_spooled ? sr->cap_spooled * 2 : 16;
-            struct spool_step *p = realloc(sr->spooled, cap * sizeof(*p));
-            if (!p)
-                return; /* not counted: the bound is a little looser */
-            sr->spooled = p;
-            sr->cap_spooled = cap;
-        }
+        struct spool_step *p =
+            fs_grow(sr->spooled, &sr->cap_spooled, sr->n_spooled + 1, sizeof(*p), 16);
+        if (!p)
+            return; /* not counted: the bound is a little looser */
+        sr->spooled = p;
         memmove(&sr->spooled[i + 1], &sr->spooled[i], (sr->n_spooled - i) * sizeof(*sr->spooled));
         sr->spooled[i] = (struct spool_step){.step = step, .bytes = bytes};
         sr->n_spooled++;

@@ -13,6 +13,7 @@
 
 #include "alert.h"
 #include "fs_clock.h"
+#include "fs_grow.h"
 #include "rewind.h"
 
 struct rewind_work {
@@ -269,14 +270,11 @@ int stage_stream_attempt_set(struct stage_run *sr, int64_t stream_id, uint32_t a
     }
     if (sr->n_streams >= RUN_MAX_STREAMS_PER_RUN)
         return -ENOSPC;
-    if (sr->n_streams == sr->cap_streams) {
-        size_t cap = sr->cap_streams ? sr->cap_streams * 2 : 8;
-        struct stream_attempt *p = realloc(sr->streams, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        sr->streams = p;
-        sr->cap_streams = cap;
-    }
+    struct stream_attempt *p =
+        fs_grow(sr->streams, &sr->cap_streams, sr->n_streams + 1, sizeof(*p), 8);
+    if (!p)
+        return -ENOMEM;
+    sr->streams = p;
     sr->streams[sr->n_streams++] = (struct stream_attempt){.stream_id = stream_id,
                                                            .attempt = attempt};
     return 0;

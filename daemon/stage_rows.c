@@ -13,6 +13,7 @@
 
 #include "alert.h"
 #include "fs_clock.h"
+#include "fs_grow.h"
 
 _Static_assert(STORE_ALERT_KEY_MAX >= ALERT_KEY_MAX, "alert key buffer");
 _Static_assert(STORE_DEDUP_KEY_MAX >= ALERT_DEDUP_MAX, "dedup key buffer");
@@ -33,15 +34,9 @@ int build_begin(struct build *bd, int64_t run_id, double time)
 
 void *build_grow(void *p, size_t *cap, size_t n, size_t size, int *oom)
 {
-    if (n < *cap)
-        return p;
-    size_t c = *cap ? *cap * 2 : 64;
-    void *q = realloc(p, c * size);
-    if (!q) {
+    void *q = fs_grow(p, cap, n + 1, size, 64);
+    if (!q)
         *oom = 1;
-        return NULL;
-    }
-    *cap = c;
     return q;
 }
 
@@ -90,18 +85,12 @@ void build_state(struct build *bd, const struct eval_track *t)
         bd->blob_off = off;
         bd->cap_states = cap;
     }
-    if (bd->blob_len + (size_t)len > bd->blob_cap) {
-        size_t c = bd->blob_cap ? bd->blob_cap * 2 : 8192;
-        while (c < bd->blob_len + (size_t)len)
-            c *= 2;
-        uint8_t *b = realloc(m->blobs, c);
-        if (!b) {
-            bd->oom = 1;
-            return;
-        }
-        m->blobs = b;
-        bd->blob_cap = c;
+    uint8_t *b = fs_grow(m->blobs, &bd->blob_cap, bd->blob_len + (size_t)len, 1, 8192);
+    if (!b) {
+        bd->oom = 1;
+        return;
     }
+    m->blobs = b;
     memcpy(m->blobs + bd->blob_len, buf, (size_t)len);
     bd->blob_off[m->n_states] = bd->blob_len;
     d[m->n_states++] = (struct store_detector_row){

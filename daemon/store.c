@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "foreshock.pb-c.h"
+#include "fs_grow.h"
 #include "log.h"
 #include "spool.h"
 #include "store_internal.h"
@@ -177,14 +178,10 @@ static void set_failing(struct store *s, int failing)
 /* Under mu: appends an announced result (not tied to the open transaction). */
 static int res_push(struct store *s, const struct store_result *r)
 {
-    if (s->nres == s->capres) {
-        size_t cap = s->capres ? s->capres * 2 : 64;
-        struct store_result *p = realloc(s->res, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        s->res = p;
-        s->capres = cap;
-    }
+    struct store_result *p = fs_grow(s->res, &s->capres, s->nres + 1, sizeof(*p), 64);
+    if (!p)
+        return -ENOMEM;
+    s->res = p;
     s->res[s->nres++] = *r;
     return 0;
 }
@@ -438,19 +435,14 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
 static void announce(struct store *s)
 {
     if (s->nwres) {
-        if (s->nres + s->nwres > s->capres) {
-            size_t cap = s->capres ? s->capres : 64;
-            while (cap < s->nres + s->nwres)
-                cap *= 2;
-            struct store_result *r = realloc(s->res, cap * sizeof(*r));
-            if (!r) {
-                log_error("store", "out of memory announcing %zu results", s->nwres);
-                s->nwres = 0;
-                return;
-            }
-            s->res = r;
-            s->capres = cap;
+        struct store_result *r =
+            fs_grow(s->res, &s->capres, s->nres + s->nwres, sizeof(*r), 64);
+        if (!r) {
+            log_error("store", "out of memory announcing %zu results", s->nwres);
+            s->nwres = 0;
+            return;
         }
+        s->res = r;
         memcpy(s->res + s->nres, s->wres, s->nwres * sizeof(*s->wres));
         s->nres += s->nwres;
         s->nwres = 0;

@@ -11,6 +11,7 @@
 
 #include "alert.h" /* pinned state numbers only */
 #include "foreshock.pb-c.h"
+#include "fs_grow.h"
 #include "log.h"
 #include "spool.h"
 #include "store_internal.h"
@@ -24,14 +25,10 @@ static const char *const scalar_series[STORE_NSCALARS] = {
 
 struct store_result *store_wres_add(struct store *s)
 {
-    if (s->nwres == s->capwres) {
-        size_t cap = s->capwres ? s->capwres * 2 : 64;
-        struct store_result *r = realloc(s->wres, cap * sizeof(*r));
-        if (!r)
-            return NULL;
-        s->wres = r;
-        s->capwres = cap;
-    }
+    struct store_result *w = fs_grow(s->wres, &s->capwres, s->nwres + 1, sizeof(*w), 64);
+    if (!w)
+        return NULL;
+    s->wres = w;
     struct store_result *r = &s->wres[s->nwres++];
     memset(r, 0, sizeof(*r));
     return r;
@@ -213,6 +210,15 @@ static int apply_hello(struct store *s, const struct store_item *it, double now,
     return owed_advice(s, it->conn_id, run_id, stream_id);
 }
 
+/* ST_STREAM_BUMP / ST_RUN_BUMP: row id, its new seq or step, seen at. */
+static int bump(sqlite3_stmt *st, int64_t id, int64_t mark, double at)
+{
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_int64(st, 2, mark);
+    sqlite3_bind_double(st, 3, at);
+    return exec1(st, NULL, 0);
+}
+
 static int apply_report(struct store *s, const struct store_item *it, struct batch_counts *bc)
 {
     const struct store_report *rp = &it->report;
@@ -254,17 +260,8 @@ static int apply_report(struct store *s, const struct store_item *it, struct bat
         }
     }
     /* Its frame, if it has one, is in the spool log already (spool_batch, store.c). */
-    st = s->st[ST_STREAM_BUMP];
-    sqlite3_bind_int64(st, 1, rp->stream_id);
-    sqlite3_bind_int64(st, 2, (int64_t)rp->seq);
-    sqlite3_bind_double(st, 3, rp->received_at);
-    if (!ok(rc = exec1(st, NULL, 0)))
-        return rc;
-    st = s->st[ST_RUN_BUMP];
-    sqlite3_bind_int64(st, 1, rp->run_id);
-    sqlite3_bind_int64(st, 2, (int64_t)rp->step);
-    sqlite3_bind_double(st, 3, rp->received_at);
-    if (!ok(rc = exec1(st, NULL, 0)))
+    if (!ok(rc = bump(s->st[ST_STREAM_BUMP], rp->stream_id, (int64_t)rp->seq, rp->received_at)) ||
+        !ok(rc = bump(s->st[ST_RUN_BUMP], rp->run_id, (int64_t)rp->step, rp->received_at)))
         return rc;
     bc->reports++;
     return SQLITE_OK;
@@ -281,14 +278,10 @@ static int apply_spool_done(struct store *s, int64_t run_id, uint64_t step)
     int rc = exec1(st, NULL, 0);
     if (!ok(rc))
         return rc;
-    if (s->nw_done == s->capw_done) {
-        size_t cap = s->capw_done ? s->capw_done * 2 : 16;
-        struct spool_done_step *d = realloc(s->w_done, cap * sizeof(*d));
-        if (!d)
-            return SQLITE_NOMEM;
-        s->w_done = d;
-        s->capw_done = cap;
-    }
+    struct spool_done_step *d = fs_grow(s->w_done, &s->capw_done, s->nw_done + 1, sizeof(*d), 16);
+    if (!d)
+        return SQLITE_NOMEM;
+    s->w_done = d;
     s->w_done[s->nw_done++] = (struct spool_done_step){.run_id = run_id, .step = (int64_t)step};
     return SQLITE_OK;
 }

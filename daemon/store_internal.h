@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fs_index.h"
 #include "log.h"
 #include "spool.h"
 #include "store.h"
@@ -69,6 +70,7 @@ enum stmt_id {
  * accumulates the batch's new points so that series.points/first_step/
  * last_step are written once per series per transaction. */
 #define SERIES_NAME_MAX 48
+#define SERIES_INDEX_MIN_SLOTS 1024u /* slots of the first index */
 
 struct series_entry {
     int64_t run_id, id;
@@ -82,8 +84,7 @@ struct series_entry {
 struct series_cache {
     struct series_entry *ents;
     size_t n, cap;
-    uint32_t *slots; /* entry index + 1; 0 = empty */
-    size_t nslots;   /* power of two */
+    struct fs_index index; /* over ents, by series_entry.hash */
     uint32_t *dirty; /* entry indices with add_points > 0 */
     size_t ndirty, capdirty;
 };

@@ -11,6 +11,7 @@
 
 #include <sqlite3.h>
 
+#include "fs_grow.h"
 #include "schema.h"
 
 /* A backtest reads while a daemon may be writing: wait this long for a
@@ -149,7 +150,7 @@ int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max
     sqlite3_stmt *s = NULL, *q = NULL;
     struct store_series_key *keys = NULL;
     int64_t *ids = NULL;
-    size_t n = 0, cap = 0;
+    size_t n = 0, cap_keys = 0, cap_ids = 0;
     int rc, out = 0;
 
     /* The run's series first: the caller picks which it wants, and only
@@ -170,20 +171,16 @@ int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max
         k.rank = sqlite3_column_int(s, 5);
         if (want && !want(ctx, &k))
             continue;
-        if (n == cap) {
-            size_t c = cap ? cap * 2 : 64;
-            struct store_series_key *nk = realloc(keys, c * sizeof(*nk));
-            int64_t *ni = nk ? realloc(ids, c * sizeof(*ni)) : NULL;
-            if (nk)
-                keys = nk;
-            if (!ni) {
-                snprintf(err, errlen, "out of memory reading series");
-                out = -ENOMEM;
-                goto done;
-            }
-            ids = ni;
-            cap = c;
+        struct store_series_key *nk = fs_grow(keys, &cap_keys, n + 1, sizeof(*nk), 64);
+        int64_t *ni = nk ? fs_grow(ids, &cap_ids, n + 1, sizeof(*ni), 64) : NULL;
+        if (nk)
+            keys = nk;
+        if (!ni) {
+            snprintf(err, errlen, "out of memory reading series");
+            out = -ENOMEM;
+            goto done;
         }
+        ids = ni;
         keys[n] = k;
         ids[n++] = sqlite3_column_int64(s, 0);
     }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs_grow.h"
 #include "store_internal.h"
 
 /* --- series cache ------------------------------------------------------------ */
@@ -12,82 +13,55 @@
 static uint64_t series_hash(int64_t run_id, const char *name, int32_t l, int32_t h, int32_t w,
                             int32_t r)
 {
-    uint64_t x = 1469598103934665603ull;
     int64_t nums[5] = {run_id, l, h, w, r};
-    const unsigned char *p = (const unsigned char *)nums;
-    for (size_t i = 0; i < sizeof(nums); i++)
-        x = (x ^ p[i]) * 1099511628211ull;
-    for (; *name; name++)
-        x = (x ^ (unsigned char)*name) * 1099511628211ull;
-    return x;
+    return fs_fnv1a(fs_fnv1a(FS_FNV1A_BASIS, nums, sizeof(nums)), name, strlen(name));
 }
 
 void store_cache_clear(struct series_cache *c)
 {
     c->n = 0;
     c->ndirty = 0;
-    if (c->slots)
-        memset(c->slots, 0, c->nslots * sizeof(*c->slots));
+    fs_index_clear(&c->index);
 }
 
 void store_cache_free(struct series_cache *c)
 {
     free(c->ents);
-    free(c->slots);
+    fs_index_free(&c->index);
     free(c->dirty);
     memset(c, 0, sizeof(*c));
 }
 
-static int cache_reindex(struct series_cache *c, size_t nslots)
+static uint64_t entry_hash(const void *owner, size_t pos)
 {
-    uint32_t *slots = calloc(nslots, sizeof(*slots));
-    if (!slots)
-        return -ENOMEM;
-    for (size_t i = 0; i < c->n; i++) {
-        size_t j = c->ents[i].hash & (nslots - 1);
-        while (slots[j])
-            j = (j + 1) & (nslots - 1);
-        slots[j] = (uint32_t)i + 1;
-    }
-    free(c->slots);
-    c->slots = slots;
-    c->nslots = nslots;
-    return 0;
+    return ((const struct series_cache *)owner)->ents[pos].hash;
 }
 
 /* Returns the index of the cached entry, or -1. */
 static long cache_find(const struct series_cache *c, uint64_t hash, int64_t run_id,
                        const char *name, int32_t l, int32_t h, int32_t w, int32_t r)
 {
-    if (!c->nslots)
-        return -1;
-    for (size_t j = hash & (c->nslots - 1); c->slots[j]; j = (j + 1) & (c->nslots - 1)) {
-        const struct series_entry *e = &c->ents[c->slots[j] - 1];
+    const struct fs_index *ix = &c->index;
+    uint32_t at;
+    for (size_t j = fs_index_start(ix, hash); (at = fs_index_at(ix, j)); j = fs_index_next(ix, j)) {
+        const struct series_entry *e = &c->ents[at - 1];
         if (e->hash == hash && e->run_id == run_id && e->layer == l && e->head == h &&
             e->window == w && e->rank == r && strcmp(e->name, name) == 0)
-            return (long)(c->slots[j] - 1);
+            return (long)(at - 1);
     }
     return -1;
 }
 
 static long cache_add(struct series_cache *c, const struct series_entry *e)
 {
-    if ((c->n + 1) * 10 > c->nslots * 7 &&
-        cache_reindex(c, c->nslots ? c->nslots * 2 : 1024) < 0)
+    if (fs_index_reserve(&c->index, c->n, SERIES_INDEX_MIN_SLOTS, entry_hash, c) < 0)
         return -1;
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 256;
-        struct series_entry *ents = realloc(c->ents, cap * sizeof(*ents));
-        if (!ents)
-            return -1;
-        c->ents = ents;
-        c->cap = cap;
-    }
+    struct series_entry *ents = fs_grow(c->ents, &c->cap, c->n + 1, sizeof(*ents), 256);
+    if (!ents)
+        return -1;
+    c->ents = ents;
     c->ents[c->n] = *e;
-    size_t j = e->hash & (c->nslots - 1);
-    while (c->slots[j])
-        j = (j + 1) & (c->nslots - 1);
-    c->slots[j] = (uint32_t)c->n + 1;
+    fs_index_add(&c->index, e->hash, c->n);
     return (long)c->n++;
 }
 
@@ -164,14 +138,10 @@ int store_point_put(struct store *s, long idx, uint64_t step, double value, doub
     struct series_cache *c = &s->cache;
     struct series_entry *e = &c->ents[idx];
     if (!e->dirty) {
-        if (c->ndirty == c->capdirty) {
-            size_t cap = c->capdirty ? c->capdirty * 2 : 256;
-            uint32_t *d = realloc(c->dirty, cap * sizeof(*d));
-            if (!d)
-                return SQLITE_NOMEM;
-            c->dirty = d;
-            c->capdirty = cap;
-        }
+        uint32_t *d = fs_grow(c->dirty, &c->capdirty, c->ndirty + 1, sizeof(*d), 256);
+        if (!d)
+            return SQLITE_NOMEM;
+        c->dirty = d;
         c->dirty[c->ndirty++] = (uint32_t)idx;
         e->dirty = 1;
         e->add_points = 0;
