@@ -1,5 +1,6 @@
 /* Alert lifecycle, identity and attribution. See alert.h. */
 #include "alert.h"
+#include "fs_index.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -212,17 +213,6 @@ enum alert_attribution alert_attribute(const struct alert_evidence *e)
     return ALERT_ATTR_NONE;
 }
 
-uint64_t alert_fnv1a64(const void *data, size_t n)
-{
-    const uint8_t *p = data;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 /* Appends s to key at *pos with %-escaping; false when it does not fit. */
 static bool append_escaped(char *key, size_t len, size_t *pos, const char *s)
 {
@@ -284,7 +274,7 @@ int alert_dedup_key(const char *key, char *out, size_t len)
         return -EINVAL;
     if (len < ALERT_DEDUP_MAX)
         return -ENOSPC;
-    snprintf(out, len, "fs-%016" PRIx64, alert_fnv1a64(key, strlen(key)));
+    snprintf(out, len, "fs-%016" PRIx64, fs_fnv1a(FS_FNV1A_BASIS, key, strlen(key)));
     return 0;
 }
 

@@ -177,9 +177,6 @@ int alert_key(const char *run, const char *rule, const struct alert_scope *scope
  * restarts. Returns 0, -EINVAL, or -ENOSPC (len < ALERT_DEDUP_MAX). */
 int alert_dedup_key(const char *key, char *out, size_t len);
 
-/* FNV-1a 64 of n bytes. Pure. */
-uint64_t alert_fnv1a64(const void *data, size_t n);
-
 /* State blobs for restart. encode returns bytes written
  * (ALERT_STATE_ENCODED_BYTES) or -ENOSPC; decode returns 0, -EINVAL for a
  * malformed blob or -ENOTSUP for an unknown version, leaving *st untouched

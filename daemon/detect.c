@@ -266,11 +266,9 @@ int detect_rules_set(struct detect_rules *rules, const char *rule_name, const ch
         rc = parse_u32(value, 1, DETECT_MAX_PERSISTENCE, &r.resolve_after);
         expect = "an integer 1..10000";
     } else if (strcmp(key, "severity") == 0) {
-        if (word_is(value, "warning"))
-            r.severity = DETECT_SEVERITY_WARNING;
-        else if (word_is(value, "critical"))
-            r.severity = DETECT_SEVERITY_CRITICAL;
-        else
+        const char *w = value + strspn(value, " \t");
+        size_t n = strcspn(w, " \t");
+        if (!is_blank(w + n) || detect_severity_parse(w, n, &r.severity) < 0)
             rc = -EINVAL;
         expect = "warning or critical";
     } else if (strcmp(key, "enabled") == 0) {

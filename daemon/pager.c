@@ -2,6 +2,7 @@
  * through the writer. See pager.h for the contract and pager_internal.h
  * for the other files of the pager. */
 #include "pager.h"
+#include "detect.h"
 #include "fs_clock.h"
 
 #include <errno.h>
@@ -369,7 +370,7 @@ int pager_start(const struct pager_opts *opts, struct pager **out, char *err, si
         goto fail;
     }
     for (size_t i = 0; i < p->cfg.n; i++) {
-        p->routes[i].min_critical = p->cfg.t[i].min_severity == 1;
+        p->routes[i].min_critical = p->cfg.t[i].min_severity == DETECT_SEVERITY_CRITICAL;
         char why[300];
         if (page_parse_match(p->cfg.t[i].match, &p->routes[i].match, why, sizeof(why)) < 0) {
             snprintf(err, errlen, "target %s: %s", p->cfg.t[i].name, why);

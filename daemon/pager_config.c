@@ -2,6 +2,7 @@
  * the targets' names for the stats and the store. Main thread, at startup.
  * See pager.h. */
 #include "pager.h"
+#include "detect.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -17,7 +18,6 @@
 static const char *const type_names[] = {[PAGER_ALERTMANAGER] = "alertmanager",
                                          [PAGER_PAGERDUTY] = "pagerduty",
                                          [PAGER_WEBHOOK] = "webhook", NULL};
-static const char *const severity_names[] = {"warning", "critical", NULL};
 
 static const struct config_key target_keys[] = {
     {.name = "type", .type = CONFIG_ENUM, .def = NULL, .choices = type_names, TFIELD(type),
@@ -29,7 +29,7 @@ static const struct config_key target_keys[] = {
      .help = "PagerDuty integration (routing) key"},
     {.name = "secret", .type = CONFIG_STRING, .def = "", .min = 0, .max = PAGER_SECRET_MAX - 1,
      TFIELD(secret), .help = "webhook HMAC-SHA256 key (empty: unsigned)"},
-    {.name = "min_severity", .type = CONFIG_ENUM, .def = "warning", .choices = severity_names,
+    {.name = "min_severity", .type = CONFIG_ENUM, .def = "warning", .choices = detect_severity_names,
      TFIELD(min_severity), .help = "warning | critical"},
     {.name = "match", .type = CONFIG_STRING, .def = "", .min = 0, .max = PAGER_MATCH_MAX - 1,
      TFIELD(match), .help = "label filter, e.g. run=~gpt-.*,family=attention_d2"},

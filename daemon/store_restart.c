@@ -201,10 +201,10 @@ int store_restart_detectors(struct store_restart *r,
 
 static enum alert_attribution attribution_of(const char *s)
 {
-    for (int a = ALERT_ATTR_NONE; s && a <= ALERT_ATTR_LOSS_SPIKE; a++)
-        if (strcmp(alert_attribution_name((enum alert_attribution)a), s) == 0)
-            return (enum alert_attribution)a;
-    return ALERT_ATTR_NONE;
+    enum alert_attribution a = ALERT_ATTR_NONE;
+    if (s && alert_attribution_parse(s, strlen(s), &a) < 0)
+        a = ALERT_ATTR_NONE;
+    return a;
 }
 
 static double col_real(sqlite3_stmt *q, int i)

@@ -386,14 +386,6 @@ Test(alert_attribution, every_evidence_set_is_labelled_consistently)
 
 /* ---- identity ---------------------------------------------------------------- */
 
-Test(alert_identity, fnv1a64_reference_vectors)
-{
-    /* From the FNV reference test suite (Landon Curt Noll). */
-    cr_assert_eq(alert_fnv1a64("", 0), 0xcbf29ce484222325ull);
-    cr_assert_eq(alert_fnv1a64("a", 1), 0xaf63dc4c8601ec8cull);
-    cr_assert_eq(alert_fnv1a64("foobar", 6), 0x85944171f73967e8ull);
-}
-
 Test(alert_identity, key_format_is_stable)
 {
     char key[ALERT_KEY_MAX], dedup[ALERT_DEDUP_MAX];
@@ -402,11 +394,9 @@ Test(alert_identity, key_format_is_stable)
     cr_assert_str_eq(key, "run=run-7,rule=qk.d2.erank,layer=3,head=5,window=100,rank=-1");
     cr_assert_eq(n, (int)strlen(key));
     cr_assert_eq(alert_dedup_key(key, dedup, sizeof dedup), 0);
-    /* Pinned: a change here breaks dedup across an upgrade. */
-    char want[ALERT_DEDUP_MAX];
-    snprintf(want, sizeof want, "fs-%016llx",
-             (unsigned long long)alert_fnv1a64(key, strlen(key)));
-    cr_assert_str_eq(dedup, want);
+    /* Pinned (FNV-1a 64 of the key, computed outside the code under test):
+     * a change here breaks dedup across an upgrade. */
+    cr_assert_str_eq(dedup, "fs-5b05534ee1ee37ea");
     cr_assert_eq(strlen(dedup), 19);
     cr_assert_eq(strncmp(dedup, "fs-", 3), 0);
     /* Same inputs, same keys, every time (no process state involved). */
