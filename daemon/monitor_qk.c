@@ -1,3 +1,6 @@
+/* The QK monitors of one attention head: balancing, the Delta1/Delta2/Delta3
+ * spectra through Cholesky and TRMM (or the eigen route for singular Grams),
+ * and their scalars. See monitor_qk.h for the contract. */
 #include "monitor_qk.h"
 #include "monitor_ws.h"
 

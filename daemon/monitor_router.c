@@ -1,3 +1,5 @@
+/* The MoE router monitors of one layer: similarity, conditioning and routing
+ * statistics from the router Gram and token sums. See monitor_router.h. */
 #include "monitor_router.h"
 #include "monitor_ws.h"
 

@@ -1,3 +1,5 @@
+/* Spectrum scalars (entropies, effective and stable rank, norms, rank) from
+ * squared singular values, cleaned the same way for every caller. See spectrum.h. */
 #include "spectrum.h"
 
 #include <errno.h>
