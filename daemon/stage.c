@@ -392,7 +392,7 @@ static int detect_set(void *ctx, void *target, const char *key, const char *valu
                       size_t whylen)
 {
     const struct detect_rule *rule = target;
-    struct detect_error e = {0};
+    struct fs_err e = {0};
     if (detect_rules_set(ctx, rule->name, key, value, &e) < 0) {
         snprintf(why, whylen, "%s", e.msg);
         return -EINVAL;

@@ -95,12 +95,12 @@ static int apply_set(struct detect_rules *rules, struct fs_config *cfg, const ch
         return 0;
     }
     *dot = '\0';
-    struct detect_error de = {0};
+    struct fs_err de = {0};
     int rc = detect_rules_set(rules, buf, dot + 1, eq + 1, &de);
     if (rc == -ENOENT)
         snprintf(err, errlen, "--set '%s': no rule '%s' (rules: foreshockd --help)", arg, buf);
     else if (rc < 0)
-        snprintf(err, errlen, "--set '%s': %s", arg, de.msg);
+        snprintf(err, errlen, "--set '%s': %.160s", arg, de.msg);
     return rc;
 }
 
