@@ -792,7 +792,7 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
     atomic_fetch_add(&ing->opts.stats->frames_in, 1);
     Foreshock__Frame *f;
     struct decode_info info;
-    struct decode_error err;
+    struct fs_err err;
     if (decode_frame(body, len, &ing->opts.limits, &f, &info, &err) < 0) {
         atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
         /* A report refused for what it holds is named, so that the client
@@ -800,7 +800,7 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
         uint64_t seq = 0;
         if (c->state == STREAMING && decode_peek_report_seq(body, len, &seq) < 0)
             seq = 0;
-        refuse(c, err.code, err.message, seq);
+        refuse(c, err.code, err.msg, seq);
         return;
     }
     switch (f->body_case) {
@@ -855,7 +855,7 @@ static void fbuf_set(struct conn *c, uint64_t len)
 static uint32_t large_frame(const struct conn *c)
 {
     uint32_t len;
-    struct decode_error err;
+    struct fs_err err;
     if (c->closing || c->state != STREAMING || c->rlen < DECODE_PREFIX_BYTES ||
         decode_prefix(c->rbuf, &c->ing->opts.limits, &len, &err) < 0 ||
         DECODE_PREFIX_BYTES + (size_t)len <= c->rcap)
@@ -1008,10 +1008,10 @@ static int process_frames(struct conn *c)
     int took = 0;
     while (can_process(c) && !ing->stopping && c->rlen - pos >= DECODE_PREFIX_BYTES) {
         uint32_t len;
-        struct decode_error err;
+        struct fs_err err;
         if (decode_prefix(c->rbuf + pos, &ing->opts.limits, &len, &err) < 0) {
             atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
-            protocol_error(c, err.code, err.message);
+            protocol_error(c, err.code, err.msg);
             return 1;
         }
         /* Before the Hello is accepted a peer is unauthenticated: it may not

@@ -230,7 +230,7 @@ static int replay_feed(void *ctx, const struct spool_rec *rec, const uint8_t *bo
 {
     struct replay *rp = ctx;
     Foreshock__Frame *f = NULL;
-    struct decode_error derr;
+    struct fs_err derr;
     if (decode_frame(body, rec->len, &rp->lim, &f, NULL, &derr) < 0 ||
         f->body_case != FORESHOCK__FRAME__BODY_REPORT || f->report->seq != rec->seq ||
         f->report->step != rec->step) {

@@ -167,12 +167,12 @@ Test(advice, frame_round_trip)
     struct decode_limits lim;
     decode_limits_default(&lim, 1 << 20);
     uint32_t n;
-    struct decode_error err;
+    struct fs_err err;
     cr_assert_eq(decode_prefix(buf, &lim, &n, &err), 0);
     cr_assert_eq(n + DECODE_PREFIX_BYTES, len);
     Foreshock__Frame *f;
     cr_assert_eq(decode_frame(buf + DECODE_PREFIX_BYTES, n, &lim, &f, NULL, &err), 0, "%s",
-                 err.message);
+                 err.msg);
     cr_assert_eq(f->body_case, FORESHOCK__FRAME__BODY_ADVICE);
     const Foreshock__Advice *a = f->advice;
     cr_expect_eq(a->advice_id, 42);
@@ -221,11 +221,11 @@ Test(advice, ack_frame_limit)
         size_t len;
         cr_assert_eq(decode_encode(&f, &buf, &len), 0);
         Foreshock__Frame *out = NULL;
-        struct decode_error err;
+        struct fs_err err;
         int rc = decode_frame(buf + DECODE_PREFIX_BYTES, len - DECODE_PREFIX_BYTES, &lim, &out,
                               NULL, &err);
         if (n <= FS_MAX_ADVICE_ACK_IDS) {
-            cr_expect_eq(rc, 0, "%zu ids: %s", n, err.message);
+            cr_expect_eq(rc, 0, "%zu ids: %s", n, err.msg);
         } else {
             cr_expect_eq(rc, -EINVAL, "%zu ids accepted", n);
             cr_expect_eq(err.code, FORESHOCK__ERROR_CODE__ERROR_LIMIT);

@@ -165,12 +165,12 @@ static Foreshock__Frame *recv_frame(int fd)
     struct decode_limits lim;
     decode_limits_default(&lim, 1 << 20);
     uint32_t len;
-    struct decode_error err;
+    struct fs_err err;
     cr_assert_eq(decode_prefix(hdr, &lim, &len, &err), 0);
     uint8_t *body = malloc(len);
     cr_assert_eq(read_all(fd, body, len), 0, "EOF inside a frame");
     Foreshock__Frame *f;
-    cr_assert_eq(decode_frame(body, len, &lim, &f, NULL, &err), 0, "%s", err.message);
+    cr_assert_eq(decode_frame(body, len, &lim, &f, NULL, &err), 0, "%s", err.msg);
     free(body);
     return f;
 }
