@@ -370,9 +370,9 @@ int pager_start(const struct pager_opts *opts, struct pager **out, char *err, si
     }
     for (size_t i = 0; i < p->cfg.n; i++) {
         p->routes[i].min_critical = p->cfg.t[i].min_severity == 1;
-        char why[300];
-        if (page_parse_match(p->cfg.t[i].match, &p->routes[i].match, why, sizeof(why)) < 0) {
-            snprintf(err, errlen, "target %s: %s", p->cfg.t[i].name, why);
+        struct fs_err why = {0};
+        if (page_parse_match(p->cfg.t[i].match, &p->routes[i].match, &why) < 0) {
+            snprintf(err, errlen, "target %s: %s", p->cfg.t[i].name, why.msg);
             rc = -EINVAL;
             goto fail;
         }

@@ -133,7 +133,7 @@ int pager_config_check(const struct pager_config *pc, char *err, size_t errlen)
     for (size_t i = 0; i < pc->n; i++) {
         const struct pager_target_cfg *t = &pc->t[i];
         const char *why = NULL;
-        char buf[300];
+        struct fs_err buf = {0};
         struct silence m;
         if (t->type < 0)
             why = "key 'type' is required (alertmanager | pagerduty | webhook)";
@@ -152,8 +152,8 @@ int pager_config_check(const struct pager_config *pc, char *err, size_t errlen)
             why = "key 'secret' applies to webhook targets only";
         else if (t->backoff_initial > t->backoff_max)
             why = "backoff_initial is larger than backoff_max";
-        else if (page_parse_match(t->match, &m, buf, sizeof(buf)) < 0)
-            why = buf;
+        else if (page_parse_match(t->match, &m, &buf) < 0)
+            why = buf.msg;
         else
             silence_free(&m);
         if (why) {
