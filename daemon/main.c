@@ -235,7 +235,7 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         fprintf(stderr, "foreshockd: unexpected argument '%s'; try --help\n", argv[optind]);
         status = EXIT_USAGE;
     }
-    struct config_error err;
+    struct fs_err err = {0};
     config_defaults(cfg);
     detect_rules_default(rules);
     advice_policy_default(advice);
@@ -247,25 +247,25 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     if (config_path)
         snprintf(pager_cfg->origin, sizeof(pager_cfg->origin), "%s", config_path);
     if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 4, &err) < 0) {
-        fprintf(stderr, "%s\n", err.message);
+        fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
     for (int i = 0; status < 0 && i < n; i++) {
         if (config_set(cfg, ov[i].key, ov[i].value, "command line", &err) < 0) {
-            fprintf(stderr, "%s\n", err.message);
+            fprintf(stderr, "%s\n", err.msg);
             status = EXIT_USAGE;
         }
     }
     if (status < 0 && config_check(cfg, config_path ? config_path : "command line", &err) < 0) {
-        fprintf(stderr, "%s\n", err.message);
+        fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
-    if (status < 0 && run_auth_check(run_auth, err.message, sizeof(err.message)) < 0) {
-        fprintf(stderr, "%s\n", err.message);
+    if (status < 0 && run_auth_check(run_auth, &err) < 0) {
+        fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
-    if (status < 0 && pager_config_check(pager_cfg, err.message, sizeof(err.message)) < 0) {
-        fprintf(stderr, "%s\n", err.message);
+    if (status < 0 && pager_config_check(pager_cfg, &err) < 0) {
+        fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
     if (status < 0 && cfg->public_url[0] && strncmp(cfg->public_url, "http://", 7) != 0 &&

@@ -74,7 +74,7 @@ void pager_target_section(struct pager_config *pc, struct config_section *out);
 /* Checks each target once the file is read (type given, url present and
  * http(s), routing_key for pagerduty, match parses, backoff_initial <=
  * backoff_max). 0, or -EINVAL with a message naming the target. */
-int pager_config_check(const struct pager_config *pc, char *err, size_t errlen);
+int pager_config_check(const struct pager_config *pc, struct fs_err *err);
 
 /* Names the kind of a type ("alertmanager", ...). */
 const char *pager_type_name(int type);

@@ -376,28 +376,23 @@ bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank,
 
 /* --- public API ------------------------------------------------------------------------------ */
 
-static void *detect_open(void *ctx, const char *sub, char *why, size_t whylen)
+static void *detect_open(void *ctx, const char *sub, struct fs_err *why)
 {
     if (!sub || !sub[0]) {
-        snprintf(why, whylen, "needs a rule name: [detect \"RULE\"]");
+        fs_err_set(why, -EINVAL, "needs a rule name: [detect \"RULE\"]");
         return NULL;
     }
     struct detect_rule *rule = detect_rules_find(ctx, sub);
     if (!rule)
-        snprintf(why, whylen, "unknown detector rule '%s'", sub);
+        fs_err_set(why, -EINVAL, "unknown detector rule '%s'", sub);
     return rule;
 }
 
-static int detect_set(void *ctx, void *target, const char *key, const char *value, char *why,
-                      size_t whylen)
+static int detect_set(void *ctx, void *target, const char *key, const char *value,
+                      struct fs_err *why)
 {
     const struct detect_rule *rule = target;
-    struct fs_err e = {0};
-    if (detect_rules_set(ctx, rule->name, key, value, &e) < 0) {
-        snprintf(why, whylen, "%s", e.msg);
-        return -EINVAL;
-    }
-    return 0;
+    return detect_rules_set(ctx, rule->name, key, value, why) < 0 ? -EINVAL : 0;
 }
 
 void stage_detect_section(struct detect_rules *rules, struct config_section *out)

@@ -87,9 +87,9 @@ static int apply_set(struct detect_rules *rules, struct fs_config *cfg, const ch
     *eq = '\0';
     char *dot = strrchr(buf, '.');
     if (!dot) { /* a top-level daemon key (detect_from_step) */
-        struct config_error ce;
+        struct fs_err ce = {0};
         if (config_set(cfg, buf, eq + 1, "--set", &ce) < 0) {
-            snprintf(err, errlen, "%.500s", ce.message);
+            snprintf(err, errlen, "%.500s", ce.msg);
             return -EINVAL;
         }
         return 0;
@@ -531,14 +531,14 @@ int cmd_backtest(int argc, char **argv)
     static struct pager_config pager_cfg;
     static struct run_auth run_auth; /* parsed so that [run] sections are accepted; unused */
     struct config_section sections[3];
-    struct config_error ce;
+    struct fs_err ce = {0};
     config_defaults(&cfg);
     detect_rules_default(&rules);
     stage_detect_section(&rules, &sections[0]);
     pager_target_section(&pager_cfg, &sections[1]);
     run_auth_section(&run_auth, &sections[2]);
     if (st.config && config_load_file(st.config, &cfg, sections, 3, &ce) < 0) {
-        fprintf(stderr, "foreshock backtest: %s\n", ce.message);
+        fprintf(stderr, "foreshock backtest: %s\n", ce.msg);
         return CLI_USAGE;
     }
     for (size_t i = 0; i < n_sets; i++)

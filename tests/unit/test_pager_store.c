@@ -218,13 +218,11 @@ Test(pager_store, target_config_table)
         memset(&pc, 0, sizeof(pc));
         struct config_section sec;
         pager_target_section(&pc, &sec);
-        struct config_error err = {0};
+        struct fs_err err = {0};
         int rc = config_parse(cases[i].text, strlen(cases[i].text), "t.conf", &cfg, &sec, 1, &err);
-        char msg[sizeof(err.message)] = "";
         if (rc == 0)
-            rc = pager_config_check(&pc, msg, sizeof(msg));
-        else
-            snprintf(msg, sizeof(msg), "%s", err.message);
+            rc = pager_config_check(&pc, &err);
+        const char *msg = err.msg;
         if (cases[i].ok) {
             cr_expect_eq(rc, 0, "case %zu: %s", i, msg);
             cr_expect_eq(pc.n, 1u, "case %zu", i);
