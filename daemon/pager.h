@@ -103,7 +103,7 @@ void pager_register(const struct pager_config *cfg, struct store *store);
  * open incidents. Also registers the targets and pager_announce with the
  * store (store_set_pager); rows committed earlier are found by that load. With no targets, does nothing and sets *out to
  * NULL. 0 or a negative errno-style code with err. Main thread. */
-int pager_start(const struct pager_opts *opts, struct pager **out, char *err, size_t errlen);
+int pager_start(const struct pager_opts *opts, struct pager **out, struct fs_err *err);
 
 /* The writer committed outbox rows up to max_id: wake the pager. Never
  * blocks for long (one mutex). Any thread. */

@@ -401,19 +401,16 @@ void stage_detect_section(struct detect_rules *rules, struct config_section *out
                                    .ctx = rules};
 }
 
-int stage_create(const struct stage_opts *opts, struct stage **out, char *err, size_t errlen)
+int stage_create(const struct stage_opts *opts, struct stage **out, struct fs_err *err)
 {
     struct stage *st = calloc(1, sizeof(*st));
-    if (!st) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
+    if (!st)
+        return fs_err_set(err, -ENOMEM, "out of memory");
     st->opts = *opts;
     st->stats = opts->stats ? opts->stats : &st->own_stats;
     if (opts->db_path && !(st->db_path = strdup(opts->db_path))) {
         free(st);
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
+        return fs_err_set(err, -ENOMEM, "out of memory");
     }
     struct run_limits lim = {.timeout_s = opts->reduce_timeout_s, .max_bytes = opts->reduce_max_bytes};
     int rc = run_registry_create(&lim, &st->reg);
@@ -421,10 +418,10 @@ int stage_create(const struct stage_opts *opts, struct stage **out, char *err, s
         /* -EINVAL is the one limit run_registry_create checks; anything else
          * (-ENOMEM) is no fault of the configuration. */
         if (rc == -EINVAL)
-            snprintf(err, errlen, "reduce_timeout_s %g is below %g s", opts->reduce_timeout_s,
-                     RUN_TIMEOUT_MIN_S);
+            fs_err_set(err, rc, "reduce_timeout_s %g is below %g s", opts->reduce_timeout_s,
+                       RUN_TIMEOUT_MIN_S);
         else
-            snprintf(err, errlen, "cannot create the run registry: %s", strerror(-rc));
+            fs_err_set(err, rc, "cannot create the run registry: %s", strerror(-rc));
         free(st->db_path);
         free(st);
         return rc;
@@ -433,8 +430,7 @@ int stage_create(const struct stage_opts *opts, struct stage **out, char *err, s
         run_registry_destroy(st->reg);
         free(st->db_path);
         free(st);
-        snprintf(err, errlen, "cannot create the workspace pool: %s", strerror(-rc));
-        return rc;
+        return fs_err_set(err, rc, "cannot create the workspace pool: %s", strerror(-rc));
     }
     uv_timer_init(opts->loop, &st->sweep);
     st->sweep.data = st;

@@ -182,7 +182,10 @@ static int backtest_run(struct store_reader *rd, const struct store_run_info *ru
     int r;
 
     eval_run_init(&rc.er, rules);
-    r = store_reader_points(rd, run->id, want_series, feed_point, &rc, err, errlen);
+    struct fs_err rerr = {0};
+    r = store_reader_points(rd, run->id, want_series, feed_point, &rc, &rerr);
+    if (r < 0)
+        snprintf(err, errlen, "%.511s", rerr.msg);
     if (r == -ENOMEM && !err[0])
         snprintf(err, errlen, "out of memory");
     if (r < 0)
@@ -586,13 +589,14 @@ int cmd_backtest(int argc, char **argv)
     }
 
     struct store_reader *rd = NULL;
-    if (store_reader_open(db, &rd, err, sizeof(err)) < 0) {
-        fprintf(stderr, "foreshock backtest: %s\n", err);
+    struct fs_err rerr = {0};
+    if (store_reader_open(db, &rd, &rerr) < 0) {
+        fprintf(stderr, "foreshock backtest: %s\n", rerr.msg);
         goto cleanup;
     }
     struct run_list all = {0};
-    if (store_reader_runs(rd, collect, &all, err, sizeof(err)) < 0) {
-        fprintf(stderr, "foreshock backtest: %s\n", err);
+    if (store_reader_runs(rd, collect, &all, &rerr) < 0) {
+        fprintf(stderr, "foreshock backtest: %s\n", rerr.msg);
         goto close_reader;
     }
     for (size_t i = 0; i < n_runs; i++) {
