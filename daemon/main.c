@@ -377,7 +377,7 @@ int main(int argc, char **argv)
     if (cfg->tls_cert[0]) {
         struct tls_server_opts to = {.cert_file = cfg->tls_cert, .key_file = cfg->tls_key,
                                      .ca_file = cfg->tls_client_ca};
-        if (tls_server_new(&to, &app->tls, err.msg, sizeof(err.msg)) < 0) {
+        if (tls_server_new(&to, &app->tls, &err) < 0) {
             log_error("main", "%s", err.msg);
             goto out;
         }
