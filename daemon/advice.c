@@ -70,16 +70,15 @@ void advice_policy_default(struct advice_policy *p)
             p->action[default_actions[i].label][s] = (uint8_t)default_actions[i].action;
 }
 
-int advice_policy_set(struct advice_policy *p, const char *key, const char *value, char *why,
-                      size_t whylen)
+int advice_policy_set(struct advice_policy *p, const char *key, const char *value,
+                      struct fs_err *why)
 {
     if (strcmp(key, "enabled") == 0) {
         if (strcmp(value, "true") == 0 || strcmp(value, "false") == 0) {
             p->enabled = value[0] == 't';
             return 0;
         }
-        snprintf(why, whylen, "key 'enabled': '%s' is not true or false", value);
-        return -EINVAL;
+        return fs_err_set(why, -EINVAL, "key 'enabled': '%s' is not true or false", value);
     }
     static const char *const actions[] = {"none", "checkpoint", "checkpoint_and_stop"};
     int a = index_of(actions, sizeof(actions) / sizeof(actions[0]), value, strlen(value));
@@ -94,36 +93,35 @@ int advice_policy_set(struct advice_policy *p, const char *key, const char *valu
     if (!label_ok || (dot && s < 0)) {
         char names[256];
         names_text(names, sizeof(names));
-        snprintf(why, whylen,
-                 "unknown key '%s': keys are enabled, LABEL or LABEL.SEVERITY (labels: %s)", key,
-                 names);
-        return -EINVAL;
+        return fs_err_set(why, -EINVAL,
+                          "unknown key '%s': keys are enabled, LABEL or LABEL.SEVERITY "
+                          "(labels: %s)",
+                          key, names);
     }
-    if (a < 0) {
-        snprintf(why, whylen, "key '%s': '%s' is not checkpoint, checkpoint_and_stop or none", key,
-                 value);
-        return -EINVAL;
-    }
+    if (a < 0)
+        return fs_err_set(why, -EINVAL,
+                          "key '%s': '%s' is not checkpoint, checkpoint_and_stop or none", key,
+                          value);
     for (int i = 0; i < ADVICE_SEVERITIES; i++)
         if (s < 0 || s == i)
             p->action[l][i] = (uint8_t)a;
     return 0;
 }
 
-static void *section_open(void *ctx, const char *sub, char *why, size_t whylen)
+static void *section_open(void *ctx, const char *sub, struct fs_err *why)
 {
     if (sub) {
-        snprintf(why, whylen, "[advice] takes no name");
+        fs_err_set(why, -EINVAL, "[advice] takes no name");
         return NULL;
     }
     return ctx;
 }
 
-static int section_set(void *ctx, void *target, const char *key, const char *value, char *why,
-                       size_t whylen)
+static int section_set(void *ctx, void *target, const char *key, const char *value,
+                       struct fs_err *why)
 {
     (void)ctx;
-    return advice_policy_set(target, key, value, why, whylen);
+    return advice_policy_set(target, key, value, why);
 }
 
 void advice_section(struct advice_policy *p, struct config_section *out)

@@ -57,8 +57,8 @@ void advice_policy_default(struct advice_policy *p);
 /* One `[advice]` key: `enabled = true|false`, or `LABEL = ACTION` (both
  * severities) or `LABEL.SEVERITY = ACTION`, ACTION one of checkpoint,
  * checkpoint_and_stop, none. 0, or -EINVAL with a reason in why. */
-int advice_policy_set(struct advice_policy *p, const char *key, const char *value, char *why,
-                      size_t whylen);
+int advice_policy_set(struct advice_policy *p, const char *key, const char *value,
+                      struct fs_err *why);
 
 /* The `[advice]` section over p, for config_load_file's extra sections. */
 void advice_section(struct advice_policy *p, struct config_section *out);

@@ -140,14 +140,14 @@ const struct config_key *config_keys(size_t *n)
     return core_keys;
 }
 
-static void fail(struct config_error *err, const char *origin, int line, const char *key,
+static void fail(struct fs_err *err, const char *origin, int line, const char *key,
                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-static void fail(struct config_error *err, const char *origin, int line, const char *key,
+static void fail(struct fs_err *err, const char *origin, int line, const char *key,
                  const char *fmt, ...)
 {
-    char *m = err->message;
-    size_t cap = sizeof(err->message), off = 0;
+    char *m = err->msg;
+    size_t cap = sizeof(err->msg), off = 0;
     int k = line > 0 ? snprintf(m, cap, "config: %s:%d: ", origin, line)
                      : snprintf(m, cap, "config: %s: ", origin);
     off = k > 0 && (size_t)k < cap ? (size_t)k : cap - 1;
@@ -165,19 +165,15 @@ static void fail(struct config_error *err, const char *origin, int line, const c
 
 /* Unsigned decimal, whole string, no sign; with_suffix accepts K/M/G/T,
  * optionally followed by "iB" or "B" (binary multiples). */
-static int parse_u64(const char *s, int with_suffix, uint64_t *out, char *why, size_t whylen)
+static int parse_u64(const char *s, int with_suffix, uint64_t *out, struct fs_err *why)
 {
-    if (!isdigit((unsigned char)s[0])) {
-        snprintf(why, whylen, "'%s' is not an unsigned integer", s);
-        return -EINVAL;
-    }
+    if (!isdigit((unsigned char)s[0]))
+        return fs_err_set(why, -EINVAL, "'%s' is not an unsigned integer", s);
     errno = 0;
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno == ERANGE) {
-        snprintf(why, whylen, "'%s' is too large", s);
-        return -EINVAL;
-    }
+    if (errno == ERANGE)
+        return fs_err_set(why, -EINVAL, "'%s' is too large", s);
     unsigned shift = 0;
     if (with_suffix && *end) {
         const char *units = "KMGT";
@@ -191,48 +187,36 @@ static int parse_u64(const char *s, int with_suffix, uint64_t *out, char *why, s
             end++;
         }
     }
-    if (*end) {
-        snprintf(why, whylen, "'%s' is not %s", s,
-                 with_suffix ? "a byte count (e.g. 4096, 64K, 16M, 1G)" : "an unsigned integer");
-        return -EINVAL;
-    }
-    if (shift && v > (UINT64_MAX >> shift)) {
-        snprintf(why, whylen, "'%s' is too large", s);
-        return -EINVAL;
-    }
+    if (*end)
+        return fs_err_set(why, -EINVAL, "'%s' is not %s", s,
+                          with_suffix ? "a byte count (e.g. 4096, 64K, 16M, 1G)"
+                                      : "an unsigned integer");
+    if (shift && v > (UINT64_MAX >> shift))
+        return fs_err_set(why, -EINVAL, "'%s' is too large", s);
     *out = (uint64_t)v << shift;
     return 0;
 }
 
-static int parse_endpoint(const char *s, struct config_endpoint *ep, char *why, size_t whylen)
+static int parse_endpoint(const char *s, struct config_endpoint *ep, struct fs_err *why)
 {
     const char *colon = strrchr(s, ':');
-    if (!colon || colon == s) {
-        snprintf(why, whylen, "'%s' is not HOST:PORT", s);
-        return -EINVAL;
-    }
+    if (!colon || colon == s)
+        return fs_err_set(why, -EINVAL, "'%s' is not HOST:PORT", s);
     const char *h = s;
     size_t hlen = (size_t)(colon - s);
     if (h[0] == '[') { /* [v6]:port */
-        if (hlen < 3 || h[hlen - 1] != ']') {
-            snprintf(why, whylen, "'%s' is not [IPv6]:PORT", s);
-            return -EINVAL;
-        }
+        if (hlen < 3 || h[hlen - 1] != ']')
+            return fs_err_set(why, -EINVAL, "'%s' is not [IPv6]:PORT", s);
         h++;
         hlen -= 2;
     } else if (memchr(h, ':', hlen)) {
-        snprintf(why, whylen, "'%s': write an IPv6 address as [ADDR]:PORT", s);
-        return -EINVAL;
+        return fs_err_set(why, -EINVAL, "'%s': write an IPv6 address as [ADDR]:PORT", s);
     }
-    if (hlen >= sizeof(ep->host)) {
-        snprintf(why, whylen, "host is longer than %zu bytes", sizeof(ep->host) - 1);
-        return -EINVAL;
-    }
+    if (hlen >= sizeof(ep->host))
+        return fs_err_set(why, -EINVAL, "host is longer than %zu bytes", sizeof(ep->host) - 1);
     uint64_t port;
-    if (parse_u64(colon + 1, 0, &port, why, whylen) < 0 || port > 65535) {
-        snprintf(why, whylen, "'%s' is not a port number 0..65535", colon + 1);
-        return -EINVAL;
-    }
+    if (parse_u64(colon + 1, 0, &port, why) < 0 || port > 65535)
+        return fs_err_set(why, -EINVAL, "'%s' is not a port number 0..65535", colon + 1);
     memcpy(ep->host, h, hlen);
     ep->host[hlen] = '\0';
     ep->port = (uint16_t)port;
@@ -240,30 +224,26 @@ static int parse_endpoint(const char *s, struct config_endpoint *ep, char *why, 
 }
 
 /* Sets one key of target from text; why gets the reason on -EINVAL. */
-static int key_set(const struct config_key *k, void *target, const char *v, char *why,
-                   size_t whylen)
+static int key_set(const struct config_key *k, void *target, const char *v, struct fs_err *why)
 {
     char *field = (char *)target + k->offset;
     switch (k->type) {
     case CONFIG_STRING: {
         size_t n = strlen(v);
-        if (n < (size_t)k->min || n > (size_t)k->max || n >= k->size) {
-            snprintf(why, whylen, "length %zu is outside %.0f..%.0f bytes", n, k->min,
-                     fmin(k->max, (double)(k->size - 1)));
-            return -EINVAL;
-        }
+        if (n < (size_t)k->min || n > (size_t)k->max || n >= k->size)
+            return fs_err_set(why, -EINVAL, "length %zu is outside %.0f..%.0f bytes", n, k->min,
+                              fmin(k->max, (double)(k->size - 1)));
         memcpy(field, v, n + 1);
         return 0;
     }
     case CONFIG_UINT:
     case CONFIG_BYTES: {
         uint64_t x;
-        if (parse_u64(v, k->type == CONFIG_BYTES, &x, why, whylen) < 0)
+        if (parse_u64(v, k->type == CONFIG_BYTES, &x, why) < 0)
             return -EINVAL;
-        if ((double)x < k->min || (double)x > k->max) {
-            snprintf(why, whylen, "%s is outside the range %.0f..%.0f", v, k->min, k->max);
-            return -EINVAL;
-        }
+        if ((double)x < k->min || (double)x > k->max)
+            return fs_err_set(why, -EINVAL, "%s is outside the range %.0f..%.0f", v, k->min,
+                              k->max);
         memcpy(field, &x, sizeof(x));
         return 0;
     }
@@ -271,14 +251,10 @@ static int key_set(const struct config_key *k, void *target, const char *v, char
         char *end;
         errno = 0;
         double x = strtod(v, &end);
-        if (!*v || *end || errno == ERANGE || !isfinite(x)) {
-            snprintf(why, whylen, "'%s' is not a finite number", v);
-            return -EINVAL;
-        }
-        if (x < k->min || x > k->max) {
-            snprintf(why, whylen, "%s is outside the range %g..%g", v, k->min, k->max);
-            return -EINVAL;
-        }
+        if (!*v || *end || errno == ERANGE || !isfinite(x))
+            return fs_err_set(why, -EINVAL, "'%s' is not a finite number", v);
+        if (x < k->min || x > k->max)
+            return fs_err_set(why, -EINVAL, "%s is outside the range %g..%g", v, k->min, k->max);
         memcpy(field, &x, sizeof(x));
         return 0;
     }
@@ -290,31 +266,31 @@ static int key_set(const struct config_key *k, void *target, const char *v, char
             }
         }
         {
-            size_t off = (size_t)snprintf(why, whylen, "'%s' is not one of", v);
-            for (int i = 0; k->choices[i] && off < whylen; i++)
-                off += (size_t)snprintf(why + off, whylen - off, "%s %s", i ? " |" : "",
-                                        k->choices[i]);
+            char *m = why->msg;
+            size_t cap = sizeof(why->msg);
+            size_t off = (size_t)snprintf(m, cap, "'%s' is not one of", v);
+            for (int i = 0; k->choices[i] && off < cap; i++)
+                off += (size_t)snprintf(m + off, cap - off, "%s %s", i ? " |" : "", k->choices[i]);
         }
         return -EINVAL;
     case CONFIG_ENDPOINT: {
         struct config_endpoint ep;
-        if (parse_endpoint(v, &ep, why, whylen) < 0)
+        if (parse_endpoint(v, &ep, why) < 0)
             return -EINVAL;
         memcpy(field, &ep, sizeof(ep));
         return 0;
     }
     }
-    snprintf(why, whylen, "unknown key type");
-    return -EINVAL;
+    return fs_err_set(why, -EINVAL, "unknown key type");
 }
 
 int config_apply_defaults(const struct config_key *keys, size_t nkeys, void *target,
-                          struct config_error *err)
+                          struct fs_err *err)
 {
-    char why[256];
+    struct fs_err why = {0};
     for (size_t i = 0; i < nkeys; i++) {
-        if (keys[i].def && key_set(&keys[i], target, keys[i].def, why, sizeof(why)) < 0) {
-            fail(err, "default", 0, keys[i].name, "%s", why);
+        if (keys[i].def && key_set(&keys[i], target, keys[i].def, &why) < 0) {
+            fail(err, "default", 0, keys[i].name, "%.255s", why.msg);
             return -EINVAL;
         }
     }
@@ -323,7 +299,7 @@ int config_apply_defaults(const struct config_key *keys, size_t nkeys, void *tar
 
 void config_defaults(struct fs_config *cfg)
 {
-    struct config_error err;
+    struct fs_err err;
     memset(cfg, 0, sizeof(*cfg));
     /* Defaults are compile-time constants checked by the unit tests. */
     (void)config_apply_defaults(core_keys, sizeof(core_keys) / sizeof(core_keys[0]), cfg, &err);
@@ -381,7 +357,7 @@ static int only_comment(const char *s)
 static int parse_header(char *s, const char *origin, int line,
                         const struct config_section *sections, size_t nsections,
                         const struct config_section **sec, void **target,
-                        struct config_error *err)
+                        struct fs_err *err)
 {
     char *p = s + 1;
     while (*p == ' ' || *p == '\t')
@@ -409,12 +385,12 @@ static int parse_header(char *s, const char *origin, int line,
     *name_end = '\0';
     for (size_t i = 0; i < nsections; i++) {
         if (sections[i].name[0] && strcmp(sections[i].name, name) == 0) {
-            char why[256] = "not accepted";
-            void *t = sections[i].open ? sections[i].open(sections[i].ctx, sub, why, sizeof(why))
+            struct fs_err why = {.msg = "not accepted"};
+            void *t = sections[i].open ? sections[i].open(sections[i].ctx, sub, &why)
                                        : sections[i].ctx;
             if (!t) {
-                fail(err, origin, line, NULL, "section [%s%s%s%s]: %s", name, sub ? " \"" : "",
-                     sub ? sub : "", sub ? "\"" : "", why);
+                fail(err, origin, line, NULL, "section [%s%s%s%s]: %.255s", name, sub ? " \"" : "",
+                     sub ? sub : "", sub ? "\"" : "", why.msg);
                 return -EINVAL;
             }
             *sec = &sections[i];
@@ -429,7 +405,7 @@ static int parse_header(char *s, const char *origin, int line,
 /* Parses one `key = value` line into the current section. */
 static int parse_assignment(char *s, const char *origin, int line,
                             const struct config_section *sec, void *target,
-                            struct config_error *err)
+                            struct fs_err *err)
 {
     char *p = s;
     while (is_name_char(*p))
@@ -462,10 +438,10 @@ static int parse_assignment(char *s, const char *origin, int line,
         }
         value = trim(value);
     }
-    char why[FS_CONFIG_MAX_LINE];
+    struct fs_err why = {0};
     if (sec->set) {
-        if (sec->set(sec->ctx, target, s, value, why, sizeof(why)) < 0) {
-            fail(err, origin, line, s, "%s", why);
+        if (sec->set(sec->ctx, target, s, value, &why) < 0) {
+            fail(err, origin, line, s, "%s", why.msg);
             return -EINVAL;
         }
         return 0;
@@ -476,8 +452,8 @@ static int parse_assignment(char *s, const char *origin, int line,
              sec->name, sec->name[0] ? "]" : "");
         return -EINVAL;
     }
-    if (key_set(k, target, value, why, sizeof(why)) < 0) {
-        fail(err, origin, line, s, "%s", why);
+    if (key_set(k, target, value, &why) < 0) {
+        fail(err, origin, line, s, "%s", why.msg);
         return -EINVAL;
     }
     return 0;
@@ -485,7 +461,7 @@ static int parse_assignment(char *s, const char *origin, int line,
 
 int config_parse_sections(const char *text, size_t len, const char *origin,
                           const struct config_section *sections, size_t nsections,
-                          struct config_error *err)
+                          struct fs_err *err)
 {
     const struct config_section *sec = NULL;
     for (size_t i = 0; i < nsections; i++)
@@ -527,7 +503,7 @@ int config_parse_sections(const char *text, size_t len, const char *origin,
 }
 
 int config_parse(const char *text, size_t len, const char *origin, struct fs_config *cfg,
-                 const struct config_section *extra, size_t nextra, struct config_error *err)
+                 const struct config_section *extra, size_t nextra, struct fs_err *err)
 {
     enum { MAX_SECTIONS = 32 };
     struct config_section all[MAX_SECTIONS];
@@ -544,7 +520,7 @@ int config_parse(const char *text, size_t len, const char *origin, struct fs_con
 }
 
 int config_set(struct fs_config *cfg, const char *key, const char *value, const char *origin,
-               struct config_error *err)
+               struct fs_err *err)
 {
     struct config_section top = {.name = "", .keys = core_keys,
                                  .nkeys = sizeof(core_keys) / sizeof(core_keys[0])};
@@ -553,15 +529,15 @@ int config_set(struct fs_config *cfg, const char *key, const char *value, const 
         fail(err, origin, 0, key, "unknown key");
         return -EINVAL;
     }
-    char why[FS_CONFIG_MAX_LINE];
-    if (key_set(k, cfg, value, why, sizeof(why)) < 0) {
-        fail(err, origin, 0, key, "%s", why);
+    struct fs_err why = {0};
+    if (key_set(k, cfg, value, &why) < 0) {
+        fail(err, origin, 0, key, "%s", why.msg);
         return -EINVAL;
     }
     return 0;
 }
 
-int config_check(const struct fs_config *cfg, const char *origin, struct config_error *err)
+int config_check(const struct fs_config *cfg, const char *origin, struct fs_err *err)
 {
     if (cfg->writer_batch_max_items > cfg->writer_queue_max_items) {
         fail(err, origin, 0, "writer_batch_max_items",
@@ -604,7 +580,7 @@ int config_check(const struct fs_config *cfg, const char *origin, struct config_
 }
 
 int config_load_file(const char *path, struct fs_config *cfg, const struct config_section *extra,
-                     size_t nextra, struct config_error *err)
+                     size_t nextra, struct fs_err *err)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "fs_err.h"
 #include "fs_limits.h"
 
 /* Configuration: an INI-style file of `key = value` lines, `#` or `;`
@@ -51,22 +52,20 @@ struct config_section {
     const char *name;
     const struct config_key *keys;
     size_t nkeys;
-    void *(*open)(void *ctx, const char *sub, char *why, size_t whylen);
+    void *(*open)(void *ctx, const char *sub, struct fs_err *why);
     void *ctx;
     /* Optional: a section whose keys are not a table (e.g. [detect "RULE"],
      * whose keys the detector parses). When set, keys/nkeys are ignored and
      * every `key = value` of the section goes here with the target open()
      * returned; returns 0, or -EINVAL after writing a reason into why. */
-    int (*set)(void *ctx, void *target, const char *key, const char *value, char *why,
-               size_t whylen);
+    int (*set)(void *ctx, void *target, const char *key, const char *value, struct fs_err *why);
 };
 
-/* Error detail. message is complete and ready to print, e.g.
- *   config: /etc/foreshock.conf:12: key 'max_runs': 0 is below the minimum 1 */
-struct config_error {
-    int line; /* 0 when not tied to a line */
-    char message[FS_CONFIG_MAX_LINE + 256];
-};
+/* Error detail is a struct fs_err (fs_err.h). The functions below leave in
+ * err->msg a message complete and ready to print, e.g.
+ *   config: /etc/foreshock.conf:12: key 'max_runs': 0 is below the minimum 1
+ * and in err->line the line (0 when not tied to a line). A section's open()
+ * and set() write only the reason into why; the parser adds the place. */
 
 #define FS_CONFIG_MAX_URL 1024u /* public_url bytes with NUL */
 
@@ -125,34 +124,34 @@ void config_defaults(struct fs_config *cfg);
 /* Sets every key of a table to its default in target. Returns 0, or -EINVAL
  * if a default does not parse (a programming error; err says which). */
 int config_apply_defaults(const struct config_key *keys, size_t nkeys, void *target,
-                          struct config_error *err);
+                          struct fs_err *err);
 
 /* Parses text (len bytes, need not be NUL-terminated) over cfg, which holds
  * defaults or earlier values. extra/nextra: sections registered by other
  * modules (may be NULL/0). origin names the text in messages (a file name).
  * Returns 0, or -EINVAL with err filled; cfg may then be partly updated. */
 int config_parse(const char *text, size_t len, const char *origin, struct fs_config *cfg,
-                 const struct config_section *extra, size_t nextra, struct config_error *err);
+                 const struct config_section *extra, size_t nextra, struct fs_err *err);
 
 /* The generic parser behind config_parse: sections[] must contain one with
  * name "" for keys before any header. */
 int config_parse_sections(const char *text, size_t len, const char *origin,
                           const struct config_section *sections, size_t nsections,
-                          struct config_error *err);
+                          struct fs_err *err);
 
 /* Sets one top-level key from text, as a command-line flag does. origin
  * names the source ("command line"). 0 or -EINVAL (unknown key, bad value). */
 int config_set(struct fs_config *cfg, const char *key, const char *value, const char *origin,
-               struct config_error *err);
+               struct fs_err *err);
 
 /* Checks rules between keys (batch <= queue items, ...). 0 or -EINVAL. */
-int config_check(const struct fs_config *cfg, const char *origin, struct config_error *err);
+int config_check(const struct fs_config *cfg, const char *origin, struct fs_err *err);
 
 /* Reads path (at most FS_CONFIG_MAX_FILE_BYTES) and parses it like
  * config_parse. -ENOENT etc. when unreadable, -EFBIG when too large,
  * -EINVAL on a parse error; err says which. */
 int config_load_file(const char *path, struct fs_config *cfg, const struct config_section *extra,
-                     size_t nextra, struct config_error *err);
+                     size_t nextra, struct fs_err *err);
 
 /* Writes `  key = default    help` lines for every key to f (for --help). */
 void config_print_keys(FILE *f);

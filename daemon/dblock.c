@@ -11,18 +11,15 @@
 
 #include "fs_limits.h"
 
-int dblock_acquire(const char *db_path, char *err, size_t errlen)
+int dblock_acquire(const char *db_path, struct fs_err *err)
 {
     char path[FS_CONFIG_MAX_PATH + 8];
-    if ((size_t)snprintf(path, sizeof(path), "%s.lock", db_path) >= sizeof(path)) {
-        snprintf(err, errlen, "database path too long for its lock file");
-        return -ENAMETOOLONG;
-    }
+    if ((size_t)snprintf(path, sizeof(path), "%s.lock", db_path) >= sizeof(path))
+        return fs_err_set(err, -ENAMETOOLONG, "database path too long for its lock file");
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) {
         int rc = -errno;
-        snprintf(err, errlen, "cannot open lock file %s: %s", path, strerror(errno));
-        return rc;
+        return fs_err_set(err, rc, "cannot open lock file %s: %s", path, strerror(errno));
     }
     if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
         int e = errno;
@@ -31,15 +28,12 @@ int dblock_acquire(const char *db_path, char *err, size_t errlen)
         pid[n > 0 ? n : 0] = '\0';
         pid[strcspn(pid, "\n")] = '\0';
         close(fd);
-        if (e == EWOULDBLOCK) {
-            snprintf(err, errlen,
-                     "database %s is in use by another foreshockd%s%s%s (lock %s); one "
-                     "daemon per database",
-                     db_path, pid[0] ? " (pid " : "", pid, pid[0] ? ")" : "", path);
-            return -EBUSY;
-        }
-        snprintf(err, errlen, "cannot lock %s: %s", path, strerror(e));
-        return -e;
+        if (e == EWOULDBLOCK)
+            return fs_err_set(err, -EBUSY,
+                              "database %s is in use by another foreshockd%s%s%s (lock %s); one "
+                              "daemon per database",
+                              db_path, pid[0] ? " (pid " : "", pid, pid[0] ? ")" : "", path);
+        return fs_err_set(err, -e, "cannot lock %s: %s", path, strerror(e));
     }
     /* Who holds it, for the next one's message. */
     char pid[32];

@@ -34,21 +34,26 @@ void decode_limits_default(struct decode_limits *lim, uint32_t max_frame_bytes)
     };
 }
 
-static int fail(struct decode_error *err, int code, int rc, const char *fmt, ...)
+static int fail(struct fs_err *err, int code, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-static int fail(struct decode_error *err, int code, int rc, const char *fmt, ...)
+_Static_assert(FS_MAX_ERROR_MESSAGE <= FS_ERR_MSG_MAX, "an Error message must fit in fs_err");
+
+/* The message goes to the peer in an Error frame as it is: cut it at the
+ * protocol's FS_MAX_ERROR_MESSAGE (bytes with NUL). */
+static int fail(struct fs_err *err, int code, int rc, const char *fmt, ...)
 {
     err->code = code;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    fs_err_vset(err, rc, fmt, ap);
     va_end(ap);
+    err->msg[FS_MAX_ERROR_MESSAGE - 1] = '\0';
     return rc;
 }
 
 int decode_prefix(const uint8_t hdr[DECODE_PREFIX_BYTES], const struct decode_limits *lim,
-                  uint32_t *len, struct decode_error *err)
+                  uint32_t *len, struct fs_err *err)
 {
     uint32_t n = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
     if (n == 0)
@@ -128,7 +133,7 @@ static uint64_t tri_bytes(uint64_t n) { return n * (n + 1) / 2 * 4; }
 
 /* Spectrum values: sigma^2 >= 0, or non-finite (flagged, accepted). */
 static int check_spectrum(const float *v, size_t n, size_t max, const char *what,
-                          struct decode_info *info, struct decode_error *err)
+                          struct decode_info *info, struct fs_err *err)
 {
     if (n > max)
         return fail(err, E_LIMIT, -EINVAL, "spectrum %s has %zu values, limit %zu", what, n, max);
@@ -143,7 +148,7 @@ static int check_spectrum(const float *v, size_t n, size_t max, const char *what
 }
 
 static int check_nonneg_opt(int has, double x, const char *what, struct decode_info *info,
-                            struct decode_error *err)
+                            struct fs_err *err)
 {
     if (!has)
         return 0;
@@ -155,7 +160,7 @@ static int check_nonneg_opt(int has, double x, const char *what, struct decode_i
 }
 
 static int check_gram(const Foreshock__GramSketch *g, const struct decode_limits *lim,
-                      struct decode_info *info, struct decode_error *err)
+                      struct decode_info *info, struct fs_err *err)
 {
     if (g->dh < 1 || g->dh > lim->max_dh)
         return fail(err, E_MALFORMED, -EINVAL, "gram dh %u outside 1..%u", g->dh, lim->max_dh);
@@ -174,7 +179,7 @@ static int check_gram(const Foreshock__GramSketch *g, const struct decode_limits
 
 static int check_spectrum_sketch(const Foreshock__SpectrumSketch *s,
                                  const struct decode_limits *lim, struct decode_info *info,
-                                 struct decode_error *err)
+                                 struct fs_err *err)
 {
     size_t two = 2u * lim->max_dh < lim->max_spectrum_len ? 2u * lim->max_dh : lim->max_spectrum_len;
     size_t one = lim->max_dh < lim->max_spectrum_len ? lim->max_dh : lim->max_spectrum_len;
@@ -196,7 +201,7 @@ static int check_spectrum_sketch(const Foreshock__SpectrumSketch *s,
 
 static int check_attention(const Foreshock__AttentionSketch *a, size_t i,
                            const struct decode_limits *lim, struct decode_info *info,
-                           struct decode_error *err)
+                           struct fs_err *err)
 {
     if (a->layer >= lim->max_layers || a->head >= lim->max_heads ||
         (a->has_kv_head && a->kv_head >= lim->max_heads))
@@ -218,7 +223,7 @@ static int check_attention(const Foreshock__AttentionSketch *a, size_t i,
 
 static int check_router_gram(const Foreshock__RouterGram *g, size_t i,
                              const struct decode_limits *lim, struct decode_info *info,
-                             struct decode_error *err)
+                             struct fs_err *err)
 {
     if (g->layer >= lim->max_layers)
         return fail(err, E_MALFORMED, -EINVAL, "router_gram[%zu]: layer %u >= %u", i, g->layer,
@@ -241,7 +246,7 @@ static int check_router_gram(const Foreshock__RouterGram *g, size_t i,
 }
 
 static int check_router_tokens(const Foreshock__RouterTokens *t, size_t i,
-                               const struct decode_limits *lim, struct decode_error *err)
+                               const struct decode_limits *lim, struct fs_err *err)
 {
     if (t->layer >= lim->max_layers)
         return fail(err, E_MALFORMED, -EINVAL, "router_tokens[%zu]: layer %u >= %u", i, t->layer,
@@ -268,7 +273,7 @@ static int check_router_tokens(const Foreshock__RouterTokens *t, size_t i,
 }
 
 static int check_scalars(const Foreshock__Scalars *s, const struct decode_limits *lim,
-                         struct decode_info *info, struct decode_error *err)
+                         struct decode_info *info, struct fs_err *err)
 {
     if ((s->has_lr && !is_finite(s->lr)) || (s->has_loss_scale && !is_finite(s->loss_scale)) ||
         (s->has_step_time_s && !is_finite(s->step_time_s)))
@@ -297,7 +302,7 @@ static int check_scalars(const Foreshock__Scalars *s, const struct decode_limits
 }
 
 int decode_check_hello(const Foreshock__Hello *h, const struct decode_limits *lim,
-                       struct decode_error *err)
+                       struct fs_err *err)
 {
     /* Version first: a newer client's other fields may mean other things. */
     if (h->protocol_version != FORESHOCK__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT)
@@ -353,7 +358,7 @@ int decode_check_hello(const Foreshock__Hello *h, const struct decode_limits *li
 }
 
 int decode_check_report(const Foreshock__Report *r, const struct decode_limits *lim,
-                        struct decode_info *info, struct decode_error *err)
+                        struct decode_info *info, struct fs_err *err)
 {
     if (r->seq < 1)
         return fail(err, E_MALFORMED, -EINVAL, "report seq must be >= 1");
@@ -386,7 +391,7 @@ int decode_check_report(const Foreshock__Report *r, const struct decode_limits *
 }
 
 int decode_frame(const uint8_t *body, size_t len, const struct decode_limits *lim,
-                 Foreshock__Frame **out, struct decode_info *info, struct decode_error *err)
+                 Foreshock__Frame **out, struct decode_info *info, struct fs_err *err)
 {
     struct decode_info local;
     if (!info)

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "foreshock.pb-c.h"
+#include "fs_err.h"
 
 /* Frame decoding and validation: pure functions (no libuv, no SQLite), safe
  * from any thread. A frame on the wire is a 4-byte big-endian length N and N
@@ -32,12 +33,10 @@ struct decode_limits {
 /* Fills lim with the FS_MAX_* values of fs_limits.h and the given frame size. */
 void decode_limits_default(struct decode_limits *lim, uint32_t max_frame_bytes);
 
-/* Error detail, owned by the caller. code is a FORESHOCK__ERROR_CODE__*
- * value ready to send back in an Error frame. */
-struct decode_error {
-    int code;
-    char message[256];
-};
+/* Error detail is a struct fs_err, owned by the caller: on failure err->code
+ * is a FORESHOCK__ERROR_CODE__* value and err->msg (at most
+ * FS_MAX_ERROR_MESSAGE bytes with NUL) the message, both ready to send back
+ * in an Error frame. */
 
 /* What validation saw, for the caller's counters and later stages. */
 struct decode_info {
@@ -51,7 +50,7 @@ struct decode_info {
  * is N (1..max_frame_bytes) and 0 is returned; otherwise -EMSGSIZE with
  * err->code = ERROR_TOO_LARGE. */
 int decode_prefix(const uint8_t hdr[DECODE_PREFIX_BYTES], const struct decode_limits *lim,
-                  uint32_t *len, struct decode_error *err);
+                  uint32_t *len, struct fs_err *err);
 
 /* Unpacks and validates one frame body (the N bytes after the prefix).
  * On success returns 0 and *out, which the caller frees with
@@ -60,16 +59,16 @@ int decode_prefix(const uint8_t hdr[DECODE_PREFIX_BYTES], const struct decode_li
  * would exceed its allocation cap) and sets err; *out is NULL.
  * Any body type decodes; which types a peer may send is the caller's rule. */
 int decode_frame(const uint8_t *body, size_t len, const struct decode_limits *lim,
-                 Foreshock__Frame **out, struct decode_info *info, struct decode_error *err);
+                 Foreshock__Frame **out, struct decode_info *info, struct fs_err *err);
 
 /* Frees a frame from decode_frame(). NULL is a no-op. */
 void decode_frame_free(Foreshock__Frame *f);
 
 /* Validates a Hello / Report already unpacked (decode_frame calls these). */
 int decode_check_hello(const Foreshock__Hello *h, const struct decode_limits *lim,
-                       struct decode_error *err);
+                       struct fs_err *err);
 int decode_check_report(const Foreshock__Report *r, const struct decode_limits *lim,
-                        struct decode_info *info, struct decode_error *err);
+                        struct decode_info *info, struct fs_err *err);
 
 /* Serialises f with its length prefix into a new malloc'd buffer that the
  * caller frees. Returns 0, -ENOMEM, or -EMSGSIZE if the body exceeds

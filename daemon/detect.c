@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <fnmatch.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,17 +95,6 @@ static const struct detect_rule default_rules[] = {
 
 _Static_assert(sizeof default_rules / sizeof default_rules[0] <= DETECT_MAX_RULES,
                "default rule table exceeds DETECT_MAX_RULES");
-
-static void set_err(struct detect_error *err, int code, const char *fmt, ...)
-{
-    if (!err)
-        return;
-    err->code = code;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-}
 
 void detect_rules_default(struct detect_rules *out)
 {
@@ -213,21 +201,15 @@ static int parse_bound(const char *s, bool *has, double *v)
 }
 
 int detect_rules_set(struct detect_rules *rules, const char *rule_name, const char *key,
-                     const char *value, struct detect_error *err)
+                     const char *value, struct fs_err *err)
 {
-    if (!rules || !rule_name || !key || !value) {
-        set_err(err, -EINVAL, "missing argument");
-        return -EINVAL;
-    }
+    if (!rules || !rule_name || !key || !value)
+        return fs_err_set(err, -EINVAL, "missing argument");
     struct detect_rule *target = detect_rules_find(rules, rule_name);
-    if (!target) {
-        set_err(err, -ENOENT, "detect \"%.64s\": no such rule", rule_name);
-        return -ENOENT;
-    }
-    if (strlen(value) >= DETECT_VALUE_MAX) {
-        set_err(err, -EINVAL, "detect \"%s\": %.32s: value too long", target->name, key);
-        return -EINVAL;
-    }
+    if (!target)
+        return fs_err_set(err, -ENOENT, "detect \"%.64s\": no such rule", rule_name);
+    if (strlen(value) >= DETECT_VALUE_MAX)
+        return fs_err_set(err, -EINVAL, "detect \"%s\": %.32s: value too long", target->name, key);
     /* Work on a copy so a bad value leaves the rule as it was. */
     struct detect_rule r = *target;
     int rc = 0;
@@ -278,18 +260,13 @@ int detect_rules_set(struct detect_rules *rules, const char *rule_name, const ch
         rc = parse_bool(value, &r.trend);
         expect = "true or false";
     } else {
-        set_err(err, -EINVAL, "detect \"%s\": unknown key \"%.32s\"", target->name, key);
-        return -EINVAL;
+        return fs_err_set(err, -EINVAL, "detect \"%s\": unknown key \"%.32s\"", target->name, key);
     }
-    if (rc == 0 && r.has_floor && r.has_ceiling && r.floor >= r.ceiling) {
-        set_err(err, -EINVAL, "detect \"%s\": floor must be below ceiling", target->name);
-        return -EINVAL;
-    }
-    if (rc != 0) {
-        set_err(err, -EINVAL, "detect \"%s\": %s = \"%s\": expected %s", target->name, key,
-                value, expect);
-        return -EINVAL;
-    }
+    if (rc == 0 && r.has_floor && r.has_ceiling && r.floor >= r.ceiling)
+        return fs_err_set(err, -EINVAL, "detect \"%s\": floor must be below ceiling", target->name);
+    if (rc != 0)
+        return fs_err_set(err, -EINVAL, "detect \"%s\": %s = \"%s\": expected %s", target->name,
+                          key, value, expect);
     *target = r;
     return 0;
 }

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fs_err.h"
+
 /* Per-series robust detection (shared/MONITORS.md section 4). Pure: no I/O,
  * no clocks, no threads, no allocation. Step and time are inputs.
  *
@@ -132,12 +134,6 @@ struct detect_rules {
     struct detect_rule rule[DETECT_MAX_RULES];
 };
 
-/* Error detail, owned by the caller. code is the negative return value. */
-struct detect_error {
-    int code;
-    char msg[160];
-};
-
 /* Per-series state. Treat as opaque; sized for DETECT_MAX_WINDOW so no
  * sample allocates. */
 struct detect_state {
@@ -214,7 +210,7 @@ struct detect_rule *detect_rules_find(struct detect_rules *rules, const char *na
  * -EINVAL for an unknown key or a bad value (err says which). The rule is
  * unchanged on error. Config thread, before the table is shared. */
 int detect_rules_set(struct detect_rules *rules, const char *rule_name, const char *key,
-                     const char *value, struct detect_error *err);
+                     const char *value, struct fs_err *err);
 
 /* Resets a series' state (empty baseline). Caller owns st. */
 void detect_state_init(struct detect_state *st);

@@ -72,14 +72,14 @@ static void dbconn_close(struct dbconn *d)
 
 /* Opens one read-only connection and prepares every statement (which also
  * checks that the schema is there). */
-static int dbconn_open(struct dbconn *d, const char *path, char *err, size_t errlen)
+static int dbconn_open(struct dbconn *d, const char *path, struct fs_err *err)
 {
     /* NOMUTEX: a connection is only ever used by the one thread that checked
      * it out. */
     int rc = sqlite3_open_v2(path, &d->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
     if (rc != SQLITE_OK) {
-        snprintf(err, errlen, "open %s read-only: %s", path,
-                 d->db != NULL ? sqlite3_errmsg(d->db) : sqlite3_errstr(rc));
+        fs_err_set(err, rc, "open %s read-only: %s", path,
+                   d->db != NULL ? sqlite3_errmsg(d->db) : sqlite3_errstr(rc));
         goto fail;
     }
     sqlite3_busy_timeout(d->db, HTTP_DB_BUSY_TIMEOUT_MS);
@@ -87,8 +87,8 @@ static int dbconn_open(struct dbconn *d, const char *path, char *err, size_t err
         rc = sqlite3_prepare_v3(d->db, http_stmt_sql((enum stmt_id)i), -1,
                                 SQLITE_PREPARE_PERSISTENT, &d->st[i], NULL);
         if (rc != SQLITE_OK) {
-            snprintf(err, errlen, "%s: prepare failed (is the schema applied?): %s", path,
-                     sqlite3_errmsg(d->db));
+            fs_err_set(err, rc, "%s: prepare failed (is the schema applied?): %s", path,
+                       sqlite3_errmsg(d->db));
             goto fail;
         }
     }
@@ -358,27 +358,24 @@ static void http_free(struct http *h)
 
 /* A PEM file for libmicrohttpd, whole (at most FS_TLS_MAX_PEM_BYTES), as a
  * NUL-terminated string the caller frees. 0 or a negative errno with err. */
-static int read_pem(const char *path, char **out, char *err, size_t errlen)
+static int read_pem(const char *path, char **out, struct fs_err *err)
 {
     *out = NULL;
-    if (!path || !path[0]) {
-        snprintf(err, errlen, "http: http_tls_cert and http_tls_key are both needed");
-        return -EINVAL;
-    }
+    if (!path || !path[0])
+        return fs_err_set(err, -EINVAL, "http: http_tls_cert and http_tls_key are both needed");
     FILE *f = fopen(path, "rb");
     if (!f) {
         int e = errno;
-        snprintf(err, errlen, "http: %s: %s", path, strerror(e));
-        return -e;
+        return fs_err_set(err, -e, "http: %s: %s", path, strerror(e));
     }
     char *buf = malloc(FS_TLS_MAX_PEM_BYTES + 1);
     size_t n = buf ? fread(buf, 1, FS_TLS_MAX_PEM_BYTES + 1, f) : 0;
     int bad = !buf || ferror(f) || n > FS_TLS_MAX_PEM_BYTES || n == 0;
     fclose(f);
     if (bad) {
-        snprintf(err, errlen, "http: %s: %s", path,
-                 !buf ? "out of memory" : n == 0 ? "empty or unreadable"
-                                                 : "larger than 1 MiB: not a PEM file");
+        fs_err_set(err, -EINVAL, "http: %s: %s", path,
+                   !buf ? "out of memory" : n == 0 ? "empty or unreadable"
+                                                   : "larger than 1 MiB: not a PEM file");
         free(buf);
         return -EINVAL;
     }
@@ -404,33 +401,27 @@ static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
 
 /* Main thread. On success *out owns the daemon, its threads and the read
  * connections until http_stop(). On failure nothing is left running. */
-int http_start(const struct http_opts *opts, struct http **out, char *err, size_t errlen)
+int http_start(const struct http_opts *opts, struct http **out, struct fs_err *err)
 {
     struct http *h = NULL;
     struct addrinfo *ai = NULL;
     int rc = 0;
     *out = NULL;
-    if (errlen > 0)
-        err[0] = '\0';
+    if (err)
+        err->msg[0] = '\0';
 
-    if (opts == NULL || opts->host == NULL || opts->db_path == NULL || opts->stats == NULL) {
-        snprintf(err, errlen, "http: host, db_path and stats are required");
-        return -EINVAL;
-    }
-    if (opts->threads < 1 || opts->threads > HTTP_MAX_THREADS) {
-        snprintf(err, errlen, "http: threads must be in 1..%u, not %u", HTTP_MAX_THREADS,
-                 opts->threads);
-        return -EINVAL;
-    }
-    if (sqlite3_threadsafe() == 0) {
-        snprintf(err, errlen, "http: SQLite is built without thread support");
-        return -ENOTSUP;
-    }
+    if (opts == NULL || opts->host == NULL || opts->db_path == NULL || opts->stats == NULL)
+        return fs_err_set(err, -EINVAL, "http: host, db_path and stats are required");
+    if (opts->threads < 1 || opts->threads > HTTP_MAX_THREADS)
+        return fs_err_set(err, -EINVAL, "http: threads must be in 1..%u, not %u", HTTP_MAX_THREADS,
+                          opts->threads);
+    if (sqlite3_threadsafe() == 0)
+        return fs_err_set(err, -ENOTSUP, "http: SQLite is built without thread support");
 
     h = calloc(1, sizeof *h);
     if (h == NULL) {
         rc = -ENOMEM;
-        snprintf(err, errlen, "http: out of memory");
+        fs_err_set(err, rc, "http: out of memory");
         goto fail;
     }
     h->stats = opts->stats;
@@ -440,7 +431,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     h->write_token = strdup(opts->write_token != NULL ? opts->write_token : "");
     if (h->read_token == NULL || h->write_token == NULL) {
         rc = -ENOMEM;
-        snprintf(err, errlen, "http: out of memory");
+        fs_err_set(err, rc, "http: out of memory");
         goto fail;
     }
     h->mopts.max_runs = opts->metrics_max_runs;
@@ -450,7 +441,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     pthread_condattr_t ca;
     if (pthread_condattr_init(&ca) != 0) {
         rc = -ENOMEM;
-        snprintf(err, errlen, "http: pthread_condattr_init failed");
+        fs_err_set(err, rc, "http: pthread_condattr_init failed");
         goto fail;
     }
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -470,7 +461,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
         if (e1 == 0)
             pthread_mutex_destroy(&h->mu);
         rc = -ENOMEM;
-        snprintf(err, errlen, "http: mutex/cond/thread init failed");
+        fs_err_set(err, rc, "http: mutex/cond/thread init failed");
         goto fail;
     }
     h->sync_init = true;
@@ -481,12 +472,12 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     h->free_idx = calloc(opts->threads, sizeof *h->free_idx);
     if (h->conns == NULL || h->free_idx == NULL) {
         rc = -ENOMEM;
-        snprintf(err, errlen, "http: out of memory");
+        fs_err_set(err, rc, "http: out of memory");
         goto fail;
     }
     h->nconns = opts->threads;
     for (unsigned i = 0; i < h->nconns; i++) {
-        rc = dbconn_open(&h->conns[i], opts->db_path, err, errlen);
+        rc = dbconn_open(&h->conns[i], opts->db_path, err);
         if (rc != 0)
             goto fail;
         h->free_idx[h->nfree++] = i;
@@ -500,7 +491,7 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     int gai = getaddrinfo(opts->host, port, &hints, &ai);
     if (gai != 0) {
         rc = -EINVAL;
-        snprintf(err, errlen, "http: bad bind address '%s': %s", opts->host, gai_strerror(gai));
+        fs_err_set(err, rc, "http: bad bind address '%s': %s", opts->host, gai_strerror(gai));
         goto fail;
     }
 
@@ -521,11 +512,11 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     if (https) {
         if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
             rc = -ENOTSUP;
-            snprintf(err, errlen, "http: http_tls_cert is set but this libmicrohttpd has no TLS");
+            fs_err_set(err, rc, "http: http_tls_cert is set but this libmicrohttpd has no TLS");
             goto fail;
         }
-        if ((rc = read_pem(opts->tls_key_file, &h->tls_key, err, errlen)) < 0 ||
-            (rc = read_pem(opts->tls_cert_file, &h->tls_cert, err, errlen)) < 0)
+        if ((rc = read_pem(opts->tls_key_file, &h->tls_key, err)) < 0 ||
+            (rc = read_pem(opts->tls_cert_file, &h->tls_cert, err)) < 0)
             goto fail;
         tls[0].ptr_value = h->tls_key;
         tls[1].ptr_value = h->tls_cert;
@@ -557,8 +548,8 @@ int http_start(const struct http_opts *opts, struct http **out, char *err, size_
     if (h->mhd == NULL) {
         int e = errno;
         rc = e != 0 ? -e : -EIO;
-        snprintf(err, errlen, "http: cannot listen on %s:%u%s%s", opts->host,
-                 (unsigned)opts->port, e != 0 ? ": " : "", e != 0 ? strerror(e) : "");
+        fs_err_set(err, rc, "http: cannot listen on %s:%u%s%s", opts->host,
+                   (unsigned)opts->port, e != 0 ? ": " : "", e != 0 ? strerror(e) : "");
         goto fail;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);

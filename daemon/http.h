@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "fs_err.h"
 #include "fs_limits.h"
 #include "stats.h"
 
@@ -55,10 +56,10 @@ struct http_opts {
 struct http;
 
 /* Binds and starts serving. On success returns 0 and *out; on failure
- * returns a negative errno-style code, writes a message into err (errlen
- * bytes) and starts nothing. The database must exist with its schema
+ * returns a negative errno-style code, writes a message into err and
+ * starts nothing. The database must exist with its schema
  * applied (the writer opens it first). */
-int http_start(const struct http_opts *opts, struct http **out, char *err, size_t errlen);
+int http_start(const struct http_opts *opts, struct http **out, struct fs_err *err);
 
 /* The port actually bound (useful when opts.port was 0). */
 uint16_t http_port(const struct http *h);

@@ -182,11 +182,11 @@ static int silences_load(struct ctx *c, struct active_silences *as)
             .json = m != NULL ? m : "",
             .len = m != NULL ? (size_t)sqlite3_column_bytes(st, 1) : 0,
         };
-        char why[160];
-        brc = silence_build_row(&b, &row, why, sizeof why);
+        struct fs_err why = {0};
+        brc = silence_build_row(&b, &row, &why);
         if (brc == 1)
             log_limited(&c->dbc->rl, LOG_LEVEL_WARN, LOG_MOD,
-                        "silence %lld matches nothing: %s", (long long)row.id, why);
+                        "silence %lld matches nothing: %s", (long long)row.id, why.msg);
     }
     stmt_done(st);
     unsigned parsed = b.parsed;

@@ -48,10 +48,10 @@ int http_ops_readyz(struct ctx *c)
 int http_ops_metrics(struct ctx *c)
 {
     struct metrics_buf b = {0};
-    char err[256] = "";
+    struct fs_err err = {0};
     int rc = metrics_write_stats(&b, c->h->stats, FORESHOCK_VERSION);
     if (rc == 0)
-        rc = metrics_write_db(&b, c->dbc->db, &c->h->mopts, wall_now(), err, sizeof err);
+        rc = metrics_write_db(&b, c->dbc->db, &c->h->mopts, wall_now(), &err);
     if (rc != 0) {
         metrics_buf_free(&b);
         if (rc > 0)

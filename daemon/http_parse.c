@@ -6,7 +6,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,20 +13,6 @@
 #include <time.h>
 
 #include <jansson.h>
-
-static int why_set(char *why, size_t whylen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int why_set(char *why, size_t whylen, const char *fmt, ...)
-{
-    if (why != NULL && whylen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, whylen, fmt, ap);
-        va_end(ap);
-    }
-    return -EINVAL;
-}
 
 /* --- auth ----------------------------------------------------------------------- */
 
@@ -255,7 +240,7 @@ int http_time_format(double t, char *out, size_t outlen)
 /* --- silence bodies ---------------------------------------------------------------- */
 
 /* A time field: RFC 3339 string, digit string or JSON number (UNIX s). */
-static int time_field(json_t *v, const char *name, double *out, char *why, size_t whylen)
+static int time_field(json_t *v, const char *name, double *out, struct fs_err *why)
 {
     if (json_is_number(v)) {
         double x = json_number_value(v);
@@ -266,14 +251,14 @@ static int time_field(json_t *v, const char *name, double *out, char *why, size_
     } else if (json_is_string(v) && http_time_parse(json_string_value(v), out) == 0) {
         return 0;
     }
-    return why_set(why, whylen,
-                   "field '%s': must be an RFC 3339 time (2026-01-02T03:04:05Z) or UNIX seconds",
-                   name);
+    return fs_err_set(why, -EINVAL,
+                      "field '%s': must be an RFC 3339 time (2026-01-02T03:04:05Z) or UNIX seconds",
+                      name);
 }
 
 /* A text field of at most max bytes; required or "" by default. */
 static int text_field(json_t *doc, const char *name, bool required, size_t max, char *out,
-                      char *why, size_t whylen)
+                      struct fs_err *why)
 {
     json_t *v = json_object_get(doc, name);
     if (v == NULL && !required) {
@@ -281,24 +266,24 @@ static int text_field(json_t *doc, const char *name, bool required, size_t max, 
         return 0;
     }
     if (v == NULL)
-        return why_set(why, whylen, "field '%s': is required", name);
+        return fs_err_set(why, -EINVAL, "field '%s': is required", name);
     if (!json_is_string(v))
-        return why_set(why, whylen, "field '%s': must be a string", name);
+        return fs_err_set(why, -EINVAL, "field '%s': must be a string", name);
     size_t n = json_string_length(v);
     const char *s = json_string_value(v);
     if (n > max)
-        return why_set(why, whylen, "field '%s': longer than %zu bytes", name, max);
+        return fs_err_set(why, -EINVAL, "field '%s': longer than %zu bytes", name, max);
     if (memchr(s, '\0', n) != NULL)
-        return why_set(why, whylen, "field '%s': must not contain NUL", name);
+        return fs_err_set(why, -EINVAL, "field '%s': must not contain NUL", name);
     if (required && n == 0)
-        return why_set(why, whylen, "field '%s': must not be empty", name);
+        return fs_err_set(why, -EINVAL, "field '%s': must not be empty", name);
     memcpy(out, s, n);
     out[n] = '\0';
     return 0;
 }
 
 int http_silence_req_parse(const char *body, size_t len, const char *run, double now,
-                           struct silence_req *out, char *why, size_t whylen)
+                           struct silence_req *out, struct fs_err *why)
 {
     static const char *const fields[] = {"matchers",  "startsAt", "endsAt",
                                          "duration",  "createdBy", "comment"};
@@ -306,11 +291,11 @@ int http_silence_req_parse(const char *body, size_t len, const char *run, double
     json_error_t jerr;
     json_t *doc = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
     if (doc == NULL)
-        return why_set(why, whylen, "body: not valid JSON: %s (line %d, column %d)", jerr.text,
-                       jerr.line, jerr.column);
+        return fs_err_set(why, -EINVAL, "body: not valid JSON: %s (line %d, column %d)", jerr.text,
+                          jerr.line, jerr.column);
     memset(out, 0, sizeof *out);
     if (!json_is_object(doc)) {
-        rc = why_set(why, whylen, "body: must be a JSON object");
+        rc = fs_err_set(why, -EINVAL, "body: must be a JSON object");
         goto out;
     }
     const char *key;
@@ -323,72 +308,73 @@ int http_silence_req_parse(const char *body, size_t len, const char *run, double
         if (run != NULL && strcmp(key, "matchers") == 0)
             known = false;
         if (!known) {
-            rc = why_set(why, whylen, "field '%.64s': unknown field", key);
+            rc = fs_err_set(why, -EINVAL, "field '%.64s': unknown field", key);
             goto out;
         }
     }
 
     /* matchers: validated and written back canonical by silence.c */
     struct silence sil = {0};
-    char swhy[256];
+    struct fs_err swhy = {0};
     char *mjson = NULL;
     json_t *mv = json_object_get(doc, "matchers");
     if (run != NULL) {
         mv = json_pack("[{s:s, s:s}]", "name", "run", "value", run);
         if (mv == NULL) {
-            rc = why_set(why, whylen, "run: not a valid label value");
+            rc = fs_err_set(why, -EINVAL, "run: not a valid label value");
             goto out;
         }
         mjson = json_dumps(mv, JSON_COMPACT);
         json_decref(mv);
     } else if (mv == NULL) {
-        rc = why_set(why, whylen, "field 'matchers': is required");
+        rc = fs_err_set(why, -EINVAL, "field 'matchers': is required");
         goto out;
     } else {
         mjson = json_dumps(mv, JSON_COMPACT | JSON_ENCODE_ANY);
     }
     if (mjson == NULL) {
-        rc = why_set(why, whylen, "body: out of memory");
+        rc = fs_err_set(why, -EINVAL, "body: out of memory");
         goto out;
     }
-    rc = silence_parse(mjson, strlen(mjson), &sil, swhy, sizeof swhy);
+    rc = silence_parse(mjson, strlen(mjson), &sil, &swhy);
     free(mjson);
     if (rc != 0) {
         /* silence.c says "matchers: ..." or "matchers[i]: ..." */
-        rc = why_set(why, whylen, "field '%s': %s", run != NULL ? "run" : "matchers", swhy);
+        rc = fs_err_set(why, -EINVAL, "field '%s': %.255s", run != NULL ? "run" : "matchers",
+                        swhy.msg);
         goto out;
     }
     rc = silence_matchers_json(&sil, out->matchers_json, sizeof out->matchers_json);
     silence_free(&sil);
     if (rc != 0) {
-        rc = why_set(why, whylen, "field 'matchers': longer than %u bytes", SILENCE_MAX_JSON);
+        rc = fs_err_set(why, -EINVAL, "field 'matchers': longer than %u bytes", SILENCE_MAX_JSON);
         goto out;
     }
 
     out->starts_at = now;
     json_t *sv = json_object_get(doc, "startsAt");
-    if (sv != NULL && (rc = time_field(sv, "startsAt", &out->starts_at, why, whylen)) != 0)
+    if (sv != NULL && (rc = time_field(sv, "startsAt", &out->starts_at, why)) != 0)
         goto out;
 
     json_t *ev = json_object_get(doc, "endsAt");
     json_t *dv = json_object_get(doc, "duration");
     if (ev != NULL && dv != NULL) {
-        rc = why_set(why, whylen, "field 'duration': give either endsAt or duration, not both");
+        rc = fs_err_set(why, -EINVAL, "field 'duration': give either endsAt or duration, not both");
         goto out;
     }
     if (ev == NULL && dv == NULL) {
-        rc = why_set(why, whylen, "field 'endsAt': endsAt or duration is required");
+        rc = fs_err_set(why, -EINVAL, "field 'endsAt': endsAt or duration is required");
         goto out;
     }
     if (ev != NULL) {
-        if ((rc = time_field(ev, "endsAt", &out->ends_at, why, whylen)) != 0)
+        if ((rc = time_field(ev, "endsAt", &out->ends_at, why)) != 0)
             goto out;
         if (!(out->ends_at > out->starts_at)) {
-            rc = why_set(why, whylen, "field 'endsAt': must be after startsAt");
+            rc = fs_err_set(why, -EINVAL, "field 'endsAt': must be after startsAt");
             goto out;
         }
         if (!(out->ends_at > now)) {
-            rc = why_set(why, whylen, "field 'endsAt': must be in the future");
+            rc = fs_err_set(why, -EINVAL, "field 'endsAt': must be in the future");
             goto out;
         }
     } else {
@@ -401,31 +387,31 @@ int http_silence_req_parse(const char *body, size_t len, const char *run, double
             good = http_duration_parse(json_string_value(dv), &d) == 0;
         }
         if (!good) {
-            rc = why_set(why, whylen,
-                         "field 'duration': must be positive seconds or text such as "
-                         "\"90m\", \"2h\", \"1h30m\", \"1d\"");
+            rc = fs_err_set(why, -EINVAL,
+                            "field 'duration': must be positive seconds or text such as "
+                            "\"90m\", \"2h\", \"1h30m\", \"1d\"");
             goto out;
         }
         if (d > HTTP_SILENCE_MAX_DURATION_S) {
-            rc = why_set(why, whylen, "field 'duration': longer than the maximum %.0f s (90 days)",
-                         HTTP_SILENCE_MAX_DURATION_S);
+            rc = fs_err_set(why, -EINVAL,
+                            "field 'duration': longer than the maximum %.0f s (90 days)",
+                            HTTP_SILENCE_MAX_DURATION_S);
             goto out;
         }
         out->ends_at = out->starts_at + d;
         if (!(out->ends_at > now)) {
-            rc = why_set(why, whylen, "field 'duration': the silence would already be over");
+            rc = fs_err_set(why, -EINVAL, "field 'duration': the silence would already be over");
             goto out;
         }
     }
     if (out->ends_at - out->starts_at > HTTP_SILENCE_MAX_DURATION_S) {
-        rc = why_set(why, whylen, "field 'endsAt': more than %.0f s (90 days) after startsAt",
-                     HTTP_SILENCE_MAX_DURATION_S);
+        rc = fs_err_set(why, -EINVAL, "field 'endsAt': more than %.0f s (90 days) after startsAt",
+                        HTTP_SILENCE_MAX_DURATION_S);
         goto out;
     }
     if ((rc = text_field(doc, "createdBy", true, HTTP_SILENCE_MAX_CREATED_BY, out->created_by,
-                         why, whylen)) != 0 ||
-        (rc = text_field(doc, "comment", false, HTTP_SILENCE_MAX_COMMENT, out->comment, why,
-                         whylen)) != 0)
+                         why)) != 0 ||
+        (rc = text_field(doc, "comment", false, HTTP_SILENCE_MAX_COMMENT, out->comment, why)) != 0)
         goto out;
 out:
     json_decref(doc);

@@ -59,6 +59,6 @@ struct silence_req {
  * a one-line reason in why that starts with the field at fault, e.g.
  * "field 'endsAt': must be after startsAt". */
 int http_silence_req_parse(const char *body, size_t len, const char *run, double now,
-                           struct silence_req *out, char *why, size_t whylen);
+                           struct silence_req *out, struct fs_err *why);
 
 #endif

@@ -199,11 +199,10 @@ static int silence_create(struct ctx *c, const char *run)
     struct silence_req *req = malloc(sizeof *req);
     if (req == NULL)
         return http_reply_oom(c);
-    char why[512];
-    if (http_silence_req_parse(c->req_body, c->req_len, run, wall_now(), req, why, sizeof why) !=
-        0) {
+    struct fs_err why = {0};
+    if (http_silence_req_parse(c->req_body, c->req_len, run, wall_now(), req, &why) != 0) {
         free(req);
-        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "%s", why);
+        return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "%s", why.msg);
     }
     struct store_item *it = store_item_new(STORE_ITEM_SILENCE);
     if (it == NULL) {

@@ -291,8 +291,7 @@ void ingest_stop(struct ingest *ing, void (*done)(void *ctx), void *ctx)
     ingest_check_stop(ing);
 }
 
-static int resolve(const char *host, uint16_t port, struct sockaddr_storage *sa, char *err,
-                   size_t errlen)
+static int resolve(const char *host, uint16_t port, struct sockaddr_storage *sa, struct fs_err *err)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
@@ -301,7 +300,7 @@ static int resolve(const char *host, uint16_t port, struct sockaddr_storage *sa,
     struct addrinfo *ai = NULL;
     int rc = getaddrinfo(host, ps, &hints, &ai);
     if (rc != 0 || !ai) {
-        snprintf(err, errlen, "cannot resolve listen address %s: %s", host, gai_strerror(rc));
+        fs_err_set(err, 0, "cannot resolve listen address %s: %s", host, gai_strerror(rc));
         return -EINVAL;
     }
     memcpy(sa, ai->ai_addr, ai->ai_addrlen);
@@ -309,12 +308,11 @@ static int resolve(const char *host, uint16_t port, struct sockaddr_storage *sa,
     return 0;
 }
 
-int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest **out, char *err,
-                 size_t errlen)
+int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest **out, struct fs_err *err)
 {
     struct ingest *ing = calloc(1, sizeof(*ing));
     if (!ing) {
-        snprintf(err, errlen, "out of memory");
+        fs_err_set(err, 0, "out of memory");
         return -ENOMEM;
     }
     ing->loop = loop;
@@ -328,7 +326,7 @@ int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest 
     if (ing->opts.frame_buffer_max_bytes < ing->opts.limits.max_frame_bytes)
         ing->opts.frame_buffer_max_bytes = ing->opts.limits.max_frame_bytes;
     struct sockaddr_storage sa;
-    int rc = resolve(opts->host, opts->port, &sa, err, errlen);
+    int rc = resolve(opts->host, opts->port, &sa, err);
     if (rc < 0) {
         free(ing);
         return rc;
@@ -340,7 +338,7 @@ int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest 
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&ing->listener, FS_INGEST_BACKLOG, on_connection);
     if (rc < 0) {
-        snprintf(err, errlen, "cannot listen on %s:%u: %s", opts->host, opts->port,
+        fs_err_set(err, 0, "cannot listen on %s:%u: %s", opts->host, opts->port,
                  uv_strerror(rc));
         goto fail;
     }
@@ -350,7 +348,7 @@ int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest 
     ing->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                   : ((struct sockaddr_in *)&bound)->sin_port);
     if ((rc = uv_async_init(loop, &ing->async, ingest_on_async)) < 0) {
-        snprintf(err, errlen, "uv_async_init: %s", uv_strerror(rc));
+        fs_err_set(err, 0, "uv_async_init: %s", uv_strerror(rc));
         goto fail;
     }
     ing->async.data = ing;

@@ -68,8 +68,7 @@ struct ingest;
 /* Binds and listens on loop, and takes over the store's notify callback.
  * Returns 0 and *out, or a negative errno-style code with a message in err;
  * nothing is left running on failure. Loop thread (before uv_run). */
-int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest **out, char *err,
-                 size_t errlen);
+int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest **out, struct fs_err *err);
 
 /* The port actually bound. */
 uint16_t ingest_port(const struct ingest *ing);

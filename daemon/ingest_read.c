@@ -109,7 +109,7 @@ static void fbuf_set(struct conn *c, uint64_t len)
 static uint32_t large_frame(const struct conn *c)
 {
     uint32_t len;
-    struct decode_error err;
+    struct fs_err err;
     if (c->closing || c->state != STREAMING || c->rlen < DECODE_PREFIX_BYTES ||
         decode_prefix(c->rbuf, &c->ing->opts.limits, &len, &err) < 0 ||
         DECODE_PREFIX_BYTES + (size_t)len <= c->rcap)
@@ -258,7 +258,7 @@ static int can_process(const struct conn *c)
  * buffer. Takes f. */
 static void dispatch_frame(struct conn *c, int rc, Foreshock__Frame *f, const uint8_t *body,
                            size_t len, const struct decode_info *info,
-                           const struct decode_error *err)
+                           const struct fs_err *err)
 {
     struct ingest *ing = c->ing;
     if (rc < 0) {
@@ -268,7 +268,7 @@ static void dispatch_frame(struct conn *c, int rc, Foreshock__Frame *f, const ui
         uint64_t seq = 0;
         if (c->state == STREAMING && decode_peek_report_seq(body, len, &seq) < 0)
             seq = 0;
-        conn_refuse(c, err->code, err->message, seq);
+        conn_refuse(c, err->code, err->msg, seq);
         return;
     }
     switch (f->body_case) {
@@ -297,7 +297,7 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
     atomic_fetch_add(&ing->opts.stats->frames_in, 1);
     Foreshock__Frame *f;
     struct decode_info info;
-    struct decode_error err;
+    struct fs_err err;
     int rc = decode_frame(body, len, &ing->opts.limits, &f, &info, &err);
     dispatch_frame(c, rc, f, body, len, &info, &err);
 }
@@ -329,7 +329,7 @@ struct decode_job {
     int rc;          /* decode_frame's result, with frame, info and err */
     Foreshock__Frame *frame;
     struct decode_info info;
-    struct decode_error err;
+    struct fs_err err;
 };
 
 /* Thread pool: decode_frame is pure and reads only the job and the limits,
@@ -460,10 +460,10 @@ static int process_frames(struct conn *c)
     }
     while (can_process(c) && !ing->stopping && c->rlen - pos >= DECODE_PREFIX_BYTES) {
         uint32_t len;
-        struct decode_error err;
+        struct fs_err err;
         if (decode_prefix(c->rbuf + pos, &ing->opts.limits, &len, &err) < 0) {
             atomic_fetch_add(&ing->opts.stats->decode_errors, 1);
-            conn_protocol_error(c, err.code, err.message);
+            conn_protocol_error(c, err.code, err.msg);
             return 1;
         }
         /* Before the Hello is accepted a peer is unauthenticated: it may not

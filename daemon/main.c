@@ -235,7 +235,7 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         fprintf(stderr, "foreshockd: unexpected argument '%s'; try --help\n", argv[optind]);
         status = EXIT_USAGE;
     }
-    struct config_error err;
+    struct fs_err err = {0};
     config_defaults(cfg);
     detect_rules_default(rules);
     advice_policy_default(advice);
@@ -247,25 +247,25 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     if (config_path)
         snprintf(pager_cfg->origin, sizeof(pager_cfg->origin), "%s", config_path);
     if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 4, &err) < 0) {
-        fprintf(stderr, "%s\n", err.message);
+        fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
     for (int i = 0; status < 0 && i < n; i++) {
         if (config_set(cfg, ov[i].key, ov[i].value, "command line", &err) < 0) {
-            fprintf(stderr, "%s\n", err.message);
+            fprintf(stderr, "%s\n", err.msg);
             status = EXIT_USAGE;
         }
     }
     if (status < 0 && config_check(cfg, config_path ? config_path : "command line", &err) < 0) {
-        fprintf(stderr, "%s\n", err.message);
+        fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
-    if (status < 0 && run_auth_check(run_auth, err.message, sizeof(err.message)) < 0) {
-        fprintf(stderr, "%s\n", err.message);
+    if (status < 0 && run_auth_check(run_auth, &err) < 0) {
+        fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
-    if (status < 0 && pager_config_check(pager_cfg, err.message, sizeof(err.message)) < 0) {
-        fprintf(stderr, "%s\n", err.message);
+    if (status < 0 && pager_config_check(pager_cfg, &err) < 0) {
+        fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
     if (status < 0 && cfg->public_url[0] && strncmp(cfg->public_url, "http://", 7) != 0 &&
@@ -308,10 +308,10 @@ static struct http_opts http_opts_of(const struct fs_config *cfg, struct app *ap
 static int serve_read_only(struct app *app)
 {
     const struct fs_config *cfg = &app->cfg;
-    char err[512];
+    struct fs_err err = {0};
     struct store_reader *rd;
-    if (store_reader_open(cfg->db, &rd, err, sizeof(err)) < 0) {
-        log_error("main", "--read-only: %s", err);
+    if (store_reader_open(cfg->db, &rd, &err) < 0) {
+        log_error("main", "--read-only: %s", err.msg);
         return EXIT_RUNTIME;
     }
     int version = store_reader_version(rd);
@@ -326,8 +326,8 @@ static int serve_read_only(struct app *app)
     }
     struct http_opts ho = http_opts_of(cfg, app);
     ho.read_only = true;
-    if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
-        log_error("main", "%s", err);
+    if (http_start(&ho, &app->http, &err) < 0) {
+        log_error("main", "%s", err.msg);
         return EXIT_RUNTIME;
     }
     uv_signal_init(&app->loop, &app->sig_term);
@@ -364,7 +364,7 @@ int main(int argc, char **argv)
     log_set_level((enum log_level)cfg->log_level);
     status = EXIT_RUNTIME;
     app->dblock = -1;
-    char err[512];
+    struct fs_err err = {0};
     int loop_ok = uv_loop_init(&app->loop) == 0;
     if (!loop_ok) {
         log_error("main", "cannot create the event loop");
@@ -377,8 +377,8 @@ int main(int argc, char **argv)
     if (cfg->tls_cert[0]) {
         struct tls_server_opts to = {.cert_file = cfg->tls_cert, .key_file = cfg->tls_key,
                                      .ca_file = cfg->tls_client_ca};
-        if (tls_server_new(&to, &app->tls, err, sizeof(err)) < 0) {
-            log_error("main", "%s", err);
+        if (tls_server_new(&to, &app->tls, &err) < 0) {
+            log_error("main", "%s", err.msg);
             goto out;
         }
         log_info("main", "ingest: TLS (%s)%s", cfg->tls_cert,
@@ -398,12 +398,12 @@ int main(int argc, char **argv)
         .silence_retention_s = cfg->silence_retention,
     };
     /* One daemon per database: the second would split streams and page twice. */
-    if ((app->dblock = dblock_acquire(cfg->db, err, sizeof(err))) < 0) {
-        log_error("main", "%s", err);
+    if ((app->dblock = dblock_acquire(cfg->db, &err)) < 0) {
+        log_error("main", "%s", err.msg);
         goto out;
     }
-    if (store_open(cfg->db, &so, &app->store, err, sizeof(err)) < 0) {
-        log_error("main", "%s", err);
+    if (store_open(cfg->db, &so, &app->store, &err) < 0) {
+        log_error("main", "%s", err.msg);
         goto out;
     }
     /* Outbox rows for the targets from the first transition on (the spool
@@ -439,9 +439,9 @@ int main(int argc, char **argv)
     };
     /* Persisted detector/alert state and the spool re-feed come before
      * ingest accepts a connection. */
-    if (stage_create(&sto, &app->stage, err, sizeof(err)) < 0 ||
-        stage_load(app->stage, cfg->db, err, sizeof(err)) < 0) {
-        log_error("main", "%s", err);
+    if (stage_create(&sto, &app->stage, &err) < 0 ||
+        stage_load(app->stage, cfg->db, &err) < 0) {
+        log_error("main", "%s", err.msg);
         goto out;
     }
     struct ingest_opts io = {
@@ -460,14 +460,14 @@ int main(int argc, char **argv)
         .run_auth = &app->run_auth,
     };
     decode_limits_default(&io.limits, (uint32_t)cfg->max_frame_bytes);
-    if (ingest_start(&app->loop, &io, &app->ingest, err, sizeof(err)) < 0) {
-        log_error("main", "%s", err);
+    if (ingest_start(&app->loop, &io, &app->ingest, &err) < 0) {
+        log_error("main", "%s", err.msg);
         goto out;
     }
     struct http_opts ho = http_opts_of(cfg, app);
     ho.store = app->store; /* silences API, auth, /metrics */
-    if (http_start(&ho, &app->http, err, sizeof(err)) < 0) {
-        log_error("main", "%s", err);
+    if (http_start(&ho, &app->http, &err) < 0) {
+        log_error("main", "%s", err.msg);
         goto out;
     }
     char public_url[FS_CONFIG_MAX_URL + FS_CONFIG_MAX_HOST + 16];
@@ -481,8 +481,8 @@ int main(int argc, char **argv)
     }
     struct pager_opts po = {.cfg = &app->pager_cfg, .public_url = public_url, .db_path = cfg->db,
                             .store = app->store, .stats = &app->stats};
-    if (pager_start(&po, &app->pager, err, sizeof(err)) < 0) {
-        log_error("main", "%s", err);
+    if (pager_start(&po, &app->pager, &err) < 0) {
+        log_error("main", "%s", err.msg);
         goto out;
     }
     uv_signal_init(&app->loop, &app->sig_term);

@@ -286,21 +286,20 @@ int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const 
 
 /* --- from the database ------------------------------------------------------------------ */
 
-static int prep(sqlite3 *db, const char *sql, sqlite3_stmt **st, char *err, size_t errlen)
+static int prep(sqlite3 *db, const char *sql, sqlite3_stmt **st, struct fs_err *err)
 {
     int rc = sqlite3_prepare_v2(db, sql, -1, st, NULL);
     if (rc != SQLITE_OK)
-        snprintf(err, errlen, "metrics: prepare: %s", sqlite3_errmsg(db));
+        fs_err_set(err, rc, "metrics: prepare: %s", sqlite3_errmsg(db));
     return rc;
 }
 
-static int fail_step(sqlite3 *db, int rc, const char *what, char *err, size_t errlen)
+static int fail_step(sqlite3 *db, int rc, const char *what, struct fs_err *err)
 {
-    snprintf(err, errlen, "metrics: %s: %s", what, sqlite3_errmsg(db));
-    return rc;
+    return fs_err_set(err, rc, "metrics: %s: %s", what, sqlite3_errmsg(db));
 }
 
-static int alerts_family(struct metrics_buf *b, sqlite3 *db, char *err, size_t errlen)
+static int alerts_family(struct metrics_buf *b, sqlite3 *db, struct fs_err *err)
 {
     /* state numbers pinned in alert.h: 1 pending, 2 firing */
     _Static_assert(ALERT_PENDING == 1 && ALERT_FIRING == 2, "the open states are 1 and 2");
@@ -309,7 +308,7 @@ static int alerts_family(struct metrics_buf *b, sqlite3 *db, char *err, size_t e
     int rc = prep(db,
                   "SELECT state, severity, count(*) FROM alerts WHERE state IN (1, 2) "
                   "GROUP BY state, severity",
-                  &st, err, errlen);
+                  &st, err);
     if (rc != SQLITE_OK)
         return rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -322,7 +321,7 @@ static int alerts_family(struct metrics_buf *b, sqlite3 *db, char *err, size_t e
     }
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE)
-        return fail_step(db, rc, "alerts", err, errlen);
+        return fail_step(db, rc, "alerts", err);
     family(b, "foreshock_alerts", "gauge", "Open alerts by state and severity.");
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < 2; k++)
@@ -332,13 +331,12 @@ static int alerts_family(struct metrics_buf *b, sqlite3 *db, char *err, size_t e
     return SQLITE_OK;
 }
 
-static int silences_family(struct metrics_buf *b, sqlite3 *db, double now, char *err,
-                           size_t errlen)
+static int silences_family(struct metrics_buf *b, sqlite3 *db, double now, struct fs_err *err)
 {
     sqlite3_stmt *st = NULL;
     /* silences_by_end: only silences that have not ended are walked */
     int rc = prep(db, "SELECT count(*) FROM silences WHERE ends_at > ?1 AND starts_at <= ?1", &st,
-                  err, errlen);
+                  err);
     if (rc != SQLITE_OK)
         return rc;
     sqlite3_bind_double(st, 1, now);
@@ -346,7 +344,7 @@ static int silences_family(struct metrics_buf *b, sqlite3 *db, double now, char 
     int64_t n = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
     sqlite3_finalize(st);
     if (rc != SQLITE_ROW)
-        return fail_step(db, rc, "silences", err, errlen);
+        return fail_step(db, rc, "silences", err);
     family(b, "foreshock_silences_active", "gauge", "Silences in effect now.");
     metrics_printf(b, "foreshock_silences_active %" PRId64 "\n", n);
     return SQLITE_OK;
@@ -360,14 +358,14 @@ struct run_row {
 };
 
 int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_opts *o, double now,
-                     char *err, size_t errlen)
+                     struct fs_err *err)
 {
     struct run_row runs[METRICS_MAX_RUNS];
     size_t nruns = 0;
     sqlite3_stmt *st = NULL;
     int rc;
-    if ((rc = alerts_family(b, db, err, errlen)) != SQLITE_OK ||
-        (rc = silences_family(b, db, now, err, errlen)) != SQLITE_OK)
+    if ((rc = alerts_family(b, db, err)) != SQLITE_OK ||
+        (rc = silences_family(b, db, now, err)) != SQLITE_OK)
         return rc;
 
     /* The most recently active runs: a scan of runs (at most max_runs rows,
@@ -376,7 +374,7 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
     if ((rc = prep(db,
                    "SELECT id, name, last_step FROM runs WHERE last_seen_at >= ?1 "
                    "AND reports > 0 ORDER BY last_seen_at DESC, id DESC LIMIT ?2",
-                   &st, err, errlen)) != SQLITE_OK)
+                   &st, err)) != SQLITE_OK)
         return rc;
     sqlite3_bind_double(st, 1, now - o->run_max_age);
     sqlite3_bind_int(st, 2, (int)max);
@@ -392,7 +390,7 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
     }
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE && rc != SQLITE_ROW)
-        return fail_step(db, rc, "runs", err, errlen);
+        return fail_step(db, rc, "runs", err);
 
     family(b, "foreshock_run_last_step", "gauge",
            "Highest step committed for a recently active run.");
@@ -407,7 +405,7 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
                    "SELECT p.value FROM series s JOIN points p ON p.series_id = s.id "
                    "AND p.step = s.last_step WHERE s.run_id = ?1 AND s.name = 'loss' "
                    "ORDER BY s.rank LIMIT 1",
-                   &st, err, errlen)) != SQLITE_OK)
+                   &st, err)) != SQLITE_OK)
         return rc;
     for (size_t i = 0; i < nruns; i++) {
         sqlite3_bind_int64(st, 1, runs[i].id);
@@ -418,7 +416,7 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
                                                                : sqlite3_column_double(st, 0));
         } else if (rc != SQLITE_DONE) {
             sqlite3_finalize(st);
-            return fail_step(db, rc, "loss", err, errlen);
+            return fail_step(db, rc, "loss", err);
         }
         sqlite3_reset(st);
     }
@@ -436,7 +434,7 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
                    "JOIN points p ON p.series_id = s.id AND p.step = s.last_step "
                    "WHERE s.layer >= 0 AND s.head = -1 AND s.rank = -1 "
                    "AND s.name NOT LIKE '%.argmin' LIMIT ?3",
-                   &st, err, errlen)) != SQLITE_OK)
+                   &st, err)) != SQLITE_OK)
         return rc;
     for (size_t i = 0; i < nruns; i++) {
         sqlite3_bind_int64(st, 1, runs[i].id);
@@ -461,7 +459,7 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
         }
         if (rc != SQLITE_DONE) {
             sqlite3_finalize(st);
-            return fail_step(db, rc, "monitor values", err, errlen);
+            return fail_step(db, rc, "monitor values", err);
         }
         sqlite3_reset(st);
     }

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fs_err.h"
 #include "fs_limits.h"
 #include "stats.h"
 
@@ -54,6 +55,6 @@ int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const 
  * now: UNIX seconds. Returns 0, a negative errno code from the buffer, or
  * a positive SQLite error code (err says what failed). */
 int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_opts *o, double now,
-                     char *err, size_t errlen);
+                     struct fs_err *err);
 
 #endif

@@ -404,7 +404,7 @@ double page_backoff(double initial_s, double max_s, uint32_t attempts, double u0
     return d / 2 + u01 * d / 2;
 }
 
-int page_parse_match(const char *text, struct silence *out, char *why, size_t whylen)
+int page_parse_match(const char *text, struct silence *out, struct fs_err *why)
 {
     out->n = 0;
     out->limits = NULL; /* silence_free frees it: set even when nothing is parsed */
@@ -413,10 +413,8 @@ int page_parse_match(const char *text, struct silence *out, char *why, size_t wh
     if (text == NULL || text[0] == '\0')
         return 0;
     json_t *arr = json_array();
-    if (!arr) {
-        snprintf(why, whylen, "out of memory");
-        return -ENOMEM;
-    }
+    if (!arr)
+        return fs_err_set(why, -ENOMEM, "out of memory");
     int rc = 0;
     const char *p = text;
     while (rc == 0) {
@@ -424,8 +422,7 @@ int page_parse_match(const char *text, struct silence *out, char *why, size_t wh
         size_t n = end ? (size_t)(end - p) : strlen(p);
         char item[SILENCE_MAX_NAME + SILENCE_MAX_VALUE + 8];
         if (n == 0 || n >= sizeof(item)) {
-            snprintf(why, whylen, "match: empty or too long matcher at '%.40s'", p);
-            rc = -EINVAL;
+            rc = fs_err_set(why, -EINVAL, "match: empty or too long matcher at '%.40s'", p);
             break;
         }
         memcpy(item, p, n);
@@ -435,15 +432,13 @@ int page_parse_match(const char *text, struct silence *out, char *why, size_t wh
             s++;
         char *op = strpbrk(s, "=!");
         if (!op || op == s) {
-            snprintf(why, whylen, "match: '%s' is not NAME=VALUE, NAME!=VALUE, NAME=~RE or NAME!~RE",
-                     s);
-            rc = -EINVAL;
+            rc = fs_err_set(why, -EINVAL,
+                            "match: '%s' is not NAME=VALUE, NAME!=VALUE, NAME=~RE or NAME!~RE", s);
             break;
         }
         int neg = op[0] == '!';
         if (neg && op[1] != '=' && op[1] != '~') {
-            snprintf(why, whylen, "match: '%s': '!' must be followed by '=' or '~'", s);
-            rc = -EINVAL;
+            rc = fs_err_set(why, -EINVAL, "match: '%s': '!' must be followed by '=' or '~'", s);
             break;
         }
         /* "!=" / "!~" / "=~" take two bytes, "=" one. */
@@ -458,8 +453,7 @@ int page_parse_match(const char *text, struct silence *out, char *why, size_t wh
         json_t *m = json_pack("{s:s, s:s, s:b, s:b}", "name", s, "value", v, "isRegex", regex,
                               "isEqual", !neg);
         if (!m || json_array_append_new(arr, m) != 0) {
-            snprintf(why, whylen, "out of memory");
-            rc = -ENOMEM;
+            rc = fs_err_set(why, -ENOMEM, "out of memory");
             break;
         }
         if (!end)
@@ -468,10 +462,10 @@ int page_parse_match(const char *text, struct silence *out, char *why, size_t wh
     }
     if (rc == 0) {
         char *js = json_dumps(arr, JSON_COMPACT);
-        char sub[256] = "";
-        rc = js ? silence_parse(js, strlen(js), out, sub, sizeof(sub)) : -ENOMEM;
+        struct fs_err sub = {0};
+        rc = js ? silence_parse(js, strlen(js), out, &sub) : -ENOMEM;
         if (rc < 0)
-            snprintf(why, whylen, "match: %s", js ? sub : "out of memory");
+            fs_err_set(why, rc, "match: %.255s", js ? sub.msg : "out of memory");
         free(js);
         out->starts_at = -INFINITY;
         out->ends_at = INFINITY;

@@ -122,7 +122,7 @@ struct page_route {
  * NAME=~REGEX, NAME!~REGEX (regexes anchored, as in Alertmanager; a value
  * cannot contain ','). Empty text = no filter. 0 or -EINVAL with why.
  * The caller frees with silence_free. */
-int page_parse_match(const char *text, struct silence *out, char *why, size_t whylen);
+int page_parse_match(const char *text, struct silence *out, struct fs_err *why);
 
 /* Whether page a goes to a target with route r. */
 bool page_route_matches(const struct page_route *r, const struct page_alert *a);

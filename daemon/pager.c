@@ -347,16 +347,14 @@ static void pager_free(struct pager *p)
     free(p);
 }
 
-int pager_start(const struct pager_opts *opts, struct pager **out, char *err, size_t errlen)
+int pager_start(const struct pager_opts *opts, struct pager **out, struct fs_err *err)
 {
     *out = NULL;
     if (opts->cfg->n == 0)
         return 0;
     struct pager *p = calloc(1, sizeof(*p));
-    if (!p) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
+    if (!p)
+        return fs_err_set(err, -ENOMEM, "out of memory");
     int rc = -ENOMEM, mu = 0, cv = 0;
     p->cfg = *opts->cfg;
     snprintf(p->public_url, sizeof(p->public_url), "%s", opts->public_url);
@@ -366,34 +364,33 @@ int pager_start(const struct pager_opts *opts, struct pager **out, char *err, si
     p->quota = PAGER_MAX_ROWS / p->cfg.n;
     p->rows = calloc(PAGER_MAX_ROWS, sizeof(*p->rows));
     if (!p->rows) {
-        snprintf(err, errlen, "out of memory");
+        fs_err_set(err, rc, "out of memory");
         goto fail;
     }
     for (size_t i = 0; i < p->cfg.n; i++) {
         p->routes[i].min_critical = p->cfg.t[i].min_severity == DETECT_SEVERITY_CRITICAL;
-        char why[300];
-        if (page_parse_match(p->cfg.t[i].match, &p->routes[i].match, why, sizeof(why)) < 0) {
-            snprintf(err, errlen, "target %s: %s", p->cfg.t[i].name, why);
-            rc = -EINVAL;
+        struct fs_err why = {0};
+        if (page_parse_match(p->cfg.t[i].match, &p->routes[i].match, &why) < 0) {
+            rc = fs_err_set(err, -EINVAL, "target %s: %s", p->cfg.t[i].name, why.msg);
             goto fail;
         }
     }
-    if ((rc = store_open_readonly(opts->db_path, &p->db, err, errlen)) < 0)
+    if ((rc = store_open_readonly(opts->db_path, &p->db, err)) < 0)
         goto fail;
     rc = -EIO;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-        snprintf(err, errlen, "cannot initialise libcurl");
+        fs_err_set(err, rc, "cannot initialise libcurl");
         goto fail;
     }
     p->curl_global = 1;
     if (!(p->curl = curl_easy_init())) {
-        snprintf(err, errlen, "cannot create a libcurl handle");
+        fs_err_set(err, rc, "cannot create a libcurl handle");
         goto fail;
     }
     pthread_condattr_t ca;
     rc = -ENOMEM;
     if (pthread_condattr_init(&ca) != 0) {
-        snprintf(err, errlen, "cannot create the pager's locks");
+        fs_err_set(err, rc, "cannot create the pager's locks");
         goto fail;
     }
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -401,7 +398,7 @@ int pager_start(const struct pager_opts *opts, struct pager **out, char *err, si
     cv = mu && pthread_cond_init(&p->cv, &ca) == 0;
     pthread_condattr_destroy(&ca);
     if (!cv) {
-        snprintf(err, errlen, "cannot create the pager's locks");
+        fs_err_set(err, rc, "cannot create the pager's locks");
         goto fail;
     }
     const char *names[STATS_MAX_TARGETS];
@@ -412,8 +409,7 @@ int pager_start(const struct pager_opts *opts, struct pager **out, char *err, si
     store_set_pager(p->store, names, p->cfg.n, pager_announce, p);
     if (pthread_create(&p->thread, NULL, pager_main, p) != 0) {
         store_set_pager(p->store, names, p->cfg.n, NULL, NULL);
-        snprintf(err, errlen, "cannot start the pager thread");
-        rc = -EAGAIN;
+        rc = fs_err_set(err, -EAGAIN, "cannot start the pager thread");
         goto fail;
     }
     p->started = 1;

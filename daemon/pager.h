@@ -74,7 +74,7 @@ void pager_target_section(struct pager_config *pc, struct config_section *out);
 /* Checks each target once the file is read (type given, url present and
  * http(s), routing_key for pagerduty, match parses, backoff_initial <=
  * backoff_max). 0, or -EINVAL with a message naming the target. */
-int pager_config_check(const struct pager_config *pc, char *err, size_t errlen);
+int pager_config_check(const struct pager_config *pc, struct fs_err *err);
 
 /* Names the kind of a type ("alertmanager", ...). */
 const char *pager_type_name(int type);
@@ -103,7 +103,7 @@ void pager_register(const struct pager_config *cfg, struct store *store);
  * open incidents. Also registers the targets and pager_announce with the
  * store (store_set_pager); rows committed earlier are found by that load. With no targets, does nothing and sets *out to
  * NULL. 0 or a negative errno-style code with err. Main thread. */
-int pager_start(const struct pager_opts *opts, struct pager **out, char *err, size_t errlen);
+int pager_start(const struct pager_opts *opts, struct pager **out, struct fs_err *err);
 
 /* The writer committed outbox rows up to max_id: wake the pager. Never
  * blocks for long (one mutex). Any thread. */

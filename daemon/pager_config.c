@@ -52,43 +52,40 @@ const char *pager_type_name(int type)
     return type >= 0 && type <= PAGER_WEBHOOK ? type_names[type] : "unknown";
 }
 
-static void *target_open(void *ctx, const char *sub, char *why, size_t whylen)
+static void *target_open(void *ctx, const char *sub, struct fs_err *why)
 {
     struct pager_config *pc = ctx;
     if (!sub || !sub[0]) {
-        snprintf(why, whylen, "needs a name: [target \"NAME\"]");
+        fs_err_set(why, -EINVAL, "needs a name: [target \"NAME\"]");
         return NULL;
     }
     if (strlen(sub) >= STATS_TARGET_NAME_MAX) {
-        snprintf(why, whylen, "name longer than %d bytes", STATS_TARGET_NAME_MAX - 1);
+        fs_err_set(why, -EINVAL, "name longer than %d bytes", STATS_TARGET_NAME_MAX - 1);
         return NULL;
     }
     for (const char *c = sub; *c; c++) {
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
               *c == '_' || *c == '-' || *c == '.')) {
-            snprintf(why, whylen, "name may hold letters, digits, '_', '-' and '.' only");
+            fs_err_set(why, -EINVAL, "name may hold letters, digits, '_', '-' and '.' only");
             return NULL;
         }
     }
     for (size_t i = 0; i < pc->n; i++) {
         if (strcmp(pc->t[i].name, sub) == 0) {
-            snprintf(why, whylen, "target defined twice");
+            fs_err_set(why, -EINVAL, "target defined twice");
             return NULL;
         }
     }
     if (pc->n >= STATS_MAX_TARGETS) {
-        snprintf(why, whylen, "more than %d targets", STATS_MAX_TARGETS);
+        fs_err_set(why, -EINVAL, "more than %d targets", STATS_MAX_TARGETS);
         return NULL;
     }
     struct pager_target_cfg *t = &pc->t[pc->n];
     memset(t, 0, sizeof(*t));
     t->type = -1;
-    struct config_error err;
     if (config_apply_defaults(target_keys, sizeof(target_keys) / sizeof(target_keys[0]), t,
-                              &err) < 0) {
-        snprintf(why, whylen, "%s", err.message);
+                              why) < 0)
         return NULL;
-    }
     snprintf(t->name, sizeof(t->name), "%s", sub);
     pc->n++;
     return t;
@@ -127,13 +124,13 @@ static const char *url_problem(const char *url, int type)
     return why;
 }
 
-int pager_config_check(const struct pager_config *pc, char *err, size_t errlen)
+int pager_config_check(const struct pager_config *pc, struct fs_err *err)
 {
     const char *origin = pc->origin[0] ? pc->origin : "config";
     for (size_t i = 0; i < pc->n; i++) {
         const struct pager_target_cfg *t = &pc->t[i];
         const char *why = NULL;
-        char buf[300];
+        struct fs_err buf = {0};
         struct silence m;
         if (t->type < 0)
             why = "key 'type' is required (alertmanager | pagerduty | webhook)";
@@ -152,14 +149,13 @@ int pager_config_check(const struct pager_config *pc, char *err, size_t errlen)
             why = "key 'secret' applies to webhook targets only";
         else if (t->backoff_initial > t->backoff_max)
             why = "backoff_initial is larger than backoff_max";
-        else if (page_parse_match(t->match, &m, buf, sizeof(buf)) < 0)
-            why = buf;
+        else if (page_parse_match(t->match, &m, &buf) < 0)
+            why = buf.msg;
         else
             silence_free(&m);
-        if (why) {
-            snprintf(err, errlen, "config: %s: [target \"%s\"]: %s", origin, t->name, why);
-            return -EINVAL;
-        }
+        if (why)
+            return fs_err_set(err, -EINVAL, "config: %s: [target \"%s\"]: %.299s", origin,
+                              t->name, why);
     }
     return 0;
 }

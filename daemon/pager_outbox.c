@@ -367,11 +367,11 @@ void pager_load_silences(struct pager *p, double now)
             .json = json ? json : "",
             .len = json ? (size_t)sqlite3_column_bytes(q, 1) : 0,
         };
-        char why[256];
-        brc = silence_build_row(&b, &row, why, sizeof(why));
+        struct fs_err why = {0};
+        brc = silence_build_row(&b, &row, &why);
         if (brc == 1)
             log_limited(&p->rl_sil, LOG_LEVEL_WARN, "pager", "silence %lld ignored: %s",
-                        (long long)row.id, why);
+                        (long long)row.id, why.msg);
     }
     atomic_fetch_add(&p->stats->silence_compiles_pager, b.parsed);
     struct silence_set *next = silence_build_finish(&b);

@@ -33,18 +33,18 @@ static int feed(void *ctx, const struct store_series_key *k, uint64_t step, doub
 }
 
 int rewind_rebuild(const char *db_path, int64_t run_id, uint64_t step, uint32_t lead_rank,
-                   int64_t detect_from_step, struct eval_run *er, char *err, size_t errlen)
+                   int64_t detect_from_step, struct eval_run *er, struct fs_err *err)
 {
     struct store_reader *rd;
-    int rc = store_reader_open(db_path, &rd, err, errlen);
+    int rc = store_reader_open(db_path, &rd, err);
     if (rc < 0)
         return rc;
     struct rebuild rb = {.er = er, .detect_from = detect_from_step, .lead_rank = lead_rank};
     rc = store_reader_points_upto(rd, run_id, step > INT64_MAX ? INT64_MAX : (int64_t)step, NULL,
-                                  feed, &rb, err, errlen);
-    if (rc == -ENOMEM && !err[0])
-        snprintf(err, errlen, "out of memory rebuilding run %lld at step %llu", (long long)run_id,
-                 (unsigned long long)step);
+                                  feed, &rb, err);
+    if (rc == -ENOMEM && !err->msg[0])
+        fs_err_set(err, rc, "out of memory rebuilding run %lld at step %llu", (long long)run_id,
+                   (unsigned long long)step);
     eval_batch_free(&rb.batch);
     store_reader_close(rd);
     return rc < 0 ? rc : 0;

@@ -6,6 +6,7 @@
 
 #include "alert.h"
 #include "evaluate.h"
+#include "fs_err.h"
 
 /* Rewind: a trainer restarted from a checkpoint taken at step s announces
  * a new attempt with Hello.resume_step = s (attempts.h). Its re-done steps
@@ -25,7 +26,7 @@
  * thread (the stage runs it on a worker). 0, or a negative errno with err.
  * The caller must have had every point of steps <= step committed. */
 int rewind_rebuild(const char *db_path, int64_t run_id, uint64_t step, uint32_t lead_rank,
-                   int64_t detect_from_step, struct eval_run *er, char *err, size_t errlen);
+                   int64_t detect_from_step, struct eval_run *er, struct fs_err *err);
 
 /* What a rewind to `step` does to one alert, from its live state (old; all
  * zero for a series the live run never had) and the rebuilt one. Pure. */

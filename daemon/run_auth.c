@@ -18,32 +18,32 @@ static bool pattern_char(char c)
            c == '.' || c == '_' || c == ':' || c == '-' || c == '*' || c == '?';
 }
 
-static void *run_open(void *ctx, const char *sub, char *why, size_t whylen)
+static void *run_open(void *ctx, const char *sub, struct fs_err *why)
 {
     struct run_auth *ra = ctx;
     if (!sub || !sub[0]) {
-        snprintf(why, whylen, "needs a run id pattern: [run \"PATTERN\"]");
+        fs_err_set(why, -EINVAL, "needs a run id pattern: [run \"PATTERN\"]");
         return NULL;
     }
     if (strlen(sub) > FS_MAX_RUN_ID_LEN) {
-        snprintf(why, whylen, "pattern longer than %u bytes", FS_MAX_RUN_ID_LEN);
+        fs_err_set(why, -EINVAL, "pattern longer than %u bytes", FS_MAX_RUN_ID_LEN);
         return NULL;
     }
     for (const char *c = sub; *c; c++) {
         if (!pattern_char(*c)) {
-            snprintf(why, whylen, "a pattern holds run id characters [A-Za-z0-9._:-], '*' "
-                     "and '?' only");
+            fs_err_set(why, -EINVAL, "a pattern holds run id characters [A-Za-z0-9._:-], '*' "
+                       "and '?' only");
             return NULL;
         }
     }
     for (size_t i = 0; i < ra->n; i++) {
         if (strcmp(ra->e[i].pattern, sub) == 0) {
-            snprintf(why, whylen, "pattern defined twice");
+            fs_err_set(why, -EINVAL, "pattern defined twice");
             return NULL;
         }
     }
     if (ra->n >= RUN_AUTH_MAX) {
-        snprintf(why, whylen, "more than %u [run] sections", RUN_AUTH_MAX);
+        fs_err_set(why, -EINVAL, "more than %u [run] sections", RUN_AUTH_MAX);
         return NULL;
     }
     struct run_auth_entry *e = &ra->e[ra->n++];
@@ -59,14 +59,12 @@ void run_auth_section(struct run_auth *ra, struct config_section *out)
                                    .open = run_open, .ctx = ra};
 }
 
-int run_auth_check(const struct run_auth *ra, char *why, size_t whylen)
+int run_auth_check(const struct run_auth *ra, struct fs_err *why)
 {
     for (size_t i = 0; i < ra->n; i++) {
-        if (!ra->e[i].token[0]) {
-            snprintf(why, whylen, "config: [run \"%s\"]: key 'token' is required",
-                     ra->e[i].pattern);
-            return -EINVAL;
-        }
+        if (!ra->e[i].token[0])
+            return fs_err_set(why, -EINVAL, "config: [run \"%s\"]: key 'token' is required",
+                              ra->e[i].pattern);
     }
     return 0;
 }

@@ -37,7 +37,7 @@ struct run_auth {
 void run_auth_section(struct run_auth *ra, struct config_section *out);
 
 /* Every section has a token. 0, or -EINVAL with a message in why. */
-int run_auth_check(const struct run_auth *ra, char *why, size_t whylen);
+int run_auth_check(const struct run_auth *ra, struct fs_err *why);
 
 /* Does the glob match the whole run id? O(len(pattern) x len(run)). */
 bool run_auth_match(const char *pattern, const char *run);

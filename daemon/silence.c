@@ -3,7 +3,6 @@
 #include "silence.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,17 +17,6 @@
 #define SILENCE_RE_OPTIONS                                                                         \
     (PCRE2_ANCHORED | PCRE2_ENDANCHORED | PCRE2_DOLLAR_ENDONLY | PCRE2_NEVER_UTF |                 \
      PCRE2_NEVER_UCP | PCRE2_NEVER_BACKSLASH_C)
-
-static int why_set(char *why, size_t whylen, const char *fmt, ...)
-{
-    if (why != NULL && whylen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, whylen, fmt, ap);
-        va_end(ap);
-    }
-    return -EINVAL;
-}
 
 static bool name_valid(const char *s, size_t n)
 {
@@ -155,8 +143,7 @@ int silence_copy(struct silence *dst, const struct silence *src)
 }
 
 /* Compiles m->value into m->re within the bounds of silence.h. */
-static int compile_one(struct compile *c, size_t i, struct silence_matcher *m, char *why,
-                       size_t whylen)
+static int compile_one(struct compile *c, size_t i, struct silence_matcher *m, struct fs_err *why)
 {
     if (c->cc == NULL && compile_init(c) != 0)
         return -ENOMEM;
@@ -169,19 +156,19 @@ static int compile_one(struct compile *c, size_t i, struct silence_matcher *m, c
          * blocks of at most 8 KiB the first is the likely one, and
          * refusing the silence is the safe side of the second. */
         if (err == PCRE2_ERROR_HEAP_FAILED)
-            return why_set(why, whylen,
-                           "matchers[%zu]: regular expression compiles to more than %u bytes", i,
-                           SILENCE_RE_MAX_COMPILED);
+            return fs_err_set(why, -EINVAL,
+                              "matchers[%zu]: regular expression compiles to more than %u bytes", i,
+                              SILENCE_RE_MAX_COMPILED);
         if (err == PCRE2_ERROR_PARENTHESES_NEST_TOO_DEEP)
-            return why_set(why, whylen,
-                           "matchers[%zu]: bad regular expression: parentheses nested deeper "
-                           "than %u",
-                           i, SILENCE_RE_MAX_NEST);
+            return fs_err_set(why, -EINVAL,
+                              "matchers[%zu]: bad regular expression: parentheses nested deeper "
+                              "than %u",
+                              i, SILENCE_RE_MAX_NEST);
         PCRE2_UCHAR msg[128];
         if (pcre2_get_error_message(err, msg, sizeof msg) < 0)
             snprintf((char *)msg, sizeof msg, "error %d", err);
-        return why_set(why, whylen, "matchers[%zu]: bad regular expression at offset %zu: %s", i,
-                       (size_t)off, (const char *)msg);
+        return fs_err_set(why, -EINVAL, "matchers[%zu]: bad regular expression at offset %zu: %s",
+                          i, (size_t)off, (const char *)msg);
     }
     size_t size = 0;
     pcre2_pattern_info(m->re, PCRE2_INFO_SIZE, &size);
@@ -189,81 +176,81 @@ static int compile_one(struct compile *c, size_t i, struct silence_matcher *m, c
     if (size > SILENCE_RE_MAX_COMPILED || c->total > SILENCE_RE_MAX_COMPILED_SILENCE) {
         pcre2_code_free(m->re);
         m->re = NULL;
-        return why_set(why, whylen,
-                       "matchers[%zu]: regular expressions compile to more than %u bytes per "
-                       "silence (this one to %zu)",
-                       i, SILENCE_RE_MAX_COMPILED_SILENCE, size);
+        return fs_err_set(why, -EINVAL,
+                          "matchers[%zu]: regular expressions compile to more than %u bytes per "
+                          "silence (this one to %zu)",
+                          i, SILENCE_RE_MAX_COMPILED_SILENCE, size);
     }
     return 0;
 }
 
-static int parse_one(json_t *o, size_t i, struct silence_matcher *m, struct compile *c, char *why,
-                     size_t whylen)
+static int parse_one(json_t *o, size_t i, struct silence_matcher *m, struct compile *c,
+                     struct fs_err *why)
 {
     m->re = NULL;
     if (!json_is_object(o))
-        return why_set(why, whylen, "matchers[%zu]: not an object", i);
+        return fs_err_set(why, -EINVAL, "matchers[%zu]: not an object", i);
     const char *key;
     json_t *v;
     json_object_foreach(o, key, v)
     {
         if (strcmp(key, "name") != 0 && strcmp(key, "value") != 0 && strcmp(key, "isRegex") != 0 &&
             strcmp(key, "isEqual") != 0)
-            return why_set(why, whylen, "matchers[%zu]: unknown field '%.32s'", i, key);
+            return fs_err_set(why, -EINVAL, "matchers[%zu]: unknown field '%.32s'", i, key);
     }
     json_t *name = json_object_get(o, "name");
     json_t *value = json_object_get(o, "value");
     json_t *is_regex = json_object_get(o, "isRegex");
     json_t *is_equal = json_object_get(o, "isEqual");
     if (!json_is_string(name))
-        return why_set(why, whylen, "matchers[%zu]: \"name\" must be a string", i);
+        return fs_err_set(why, -EINVAL, "matchers[%zu]: \"name\" must be a string", i);
     if (!json_is_string(value))
-        return why_set(why, whylen, "matchers[%zu]: \"value\" must be a string", i);
+        return fs_err_set(why, -EINVAL, "matchers[%zu]: \"value\" must be a string", i);
     if (is_regex != NULL && !json_is_boolean(is_regex))
-        return why_set(why, whylen, "matchers[%zu]: \"isRegex\" must be true or false", i);
+        return fs_err_set(why, -EINVAL, "matchers[%zu]: \"isRegex\" must be true or false", i);
     if (is_equal != NULL && !json_is_boolean(is_equal))
-        return why_set(why, whylen, "matchers[%zu]: \"isEqual\" must be true or false", i);
+        return fs_err_set(why, -EINVAL, "matchers[%zu]: \"isEqual\" must be true or false", i);
     size_t nlen = json_string_length(name), vlen = json_string_length(value);
     if (!name_valid(json_string_value(name), nlen))
-        return why_set(why, whylen,
-                       "matchers[%zu]: name must match [A-Za-z_][A-Za-z0-9_]* and be at most %u "
-                       "bytes",
-                       i, SILENCE_MAX_NAME);
+        return fs_err_set(why, -EINVAL,
+                          "matchers[%zu]: name must match [A-Za-z_][A-Za-z0-9_]* and be at most %u "
+                          "bytes",
+                          i, SILENCE_MAX_NAME);
     if (vlen > SILENCE_MAX_VALUE || memchr(json_string_value(value), '\0', vlen) != NULL)
-        return why_set(why, whylen, "matchers[%zu]: value longer than %u bytes or holds NUL", i,
-                       SILENCE_MAX_VALUE);
+        return fs_err_set(why, -EINVAL, "matchers[%zu]: value longer than %u bytes or holds NUL", i,
+                          SILENCE_MAX_VALUE);
     memcpy(m->name, json_string_value(name), nlen + 1);
     memcpy(m->value, json_string_value(value), vlen + 1);
     m->is_regex = is_regex != NULL && json_is_true(is_regex);
     m->is_equal = is_equal == NULL || json_is_true(is_equal);
-    return m->is_regex ? compile_one(c, i, m, why, whylen) : 0;
+    return m->is_regex ? compile_one(c, i, m, why) : 0;
 }
 
-int silence_parse(const char *json, size_t len, struct silence *s, char *why, size_t whylen)
+int silence_parse(const char *json, size_t len, struct silence *s, struct fs_err *why)
 {
     s->n = 0;
     s->limits = NULL;
     if (len > SILENCE_MAX_JSON)
-        return why_set(why, whylen, "matchers: longer than %u bytes", SILENCE_MAX_JSON);
+        return fs_err_set(why, -EINVAL, "matchers: longer than %u bytes", SILENCE_MAX_JSON);
     json_error_t jerr;
     json_t *doc = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
     if (doc == NULL)
-        return why_set(why, whylen, "matchers: not JSON: %s", jerr.text);
+        return fs_err_set(why, -EINVAL, "matchers: not JSON: %s", jerr.text);
     struct compile c = {0};
     pcre2_match_data *md = NULL;
     int rc = 0;
     if (!json_is_array(doc)) {
-        rc = why_set(why, whylen, "matchers: must be an array");
+        rc = fs_err_set(why, -EINVAL, "matchers: must be an array");
         goto out;
     }
     size_t n = json_array_size(doc);
     if (n == 0 || n > SILENCE_MAX_MATCHERS) {
-        rc = why_set(why, whylen, "matchers: need 1 to %u matchers, got %zu", SILENCE_MAX_MATCHERS,
-                     n);
+        rc = fs_err_set(why, -EINVAL, "matchers: need 1 to %u matchers, got %zu",
+                        SILENCE_MAX_MATCHERS, n);
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        rc = parse_one(json_array_get(doc, i), i, &s->m[i], &c, why, whylen);
+        rc = parse_one(json_array_get(doc, i), i, &s->m[i], &c, why);
         if (rc != 0)
             goto out;
         s->n = i + 1;
@@ -279,9 +266,9 @@ int silence_parse(const char *json, size_t len, struct silence *s, char *why, si
     for (size_t i = 0; i < s->n && !selective; i++)
         selective = !matcher_holds(&s->m[i], "", s->limits, &md);
     if (!selective)
-        rc = why_set(why, whylen,
-                     "matchers: at least one must not match the empty string "
-                     "(this silence would match every alert)");
+        rc = fs_err_set(why, -EINVAL,
+                        "matchers: at least one must not match the empty string "
+                        "(this silence would match every alert)");
 out:
     if (rc != 0)
         silence_free(s);

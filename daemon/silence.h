@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fs_err.h"
+
 /* Silences: Alertmanager-style label matchers with a time range. Pure: no
  * I/O, no clocks (now is an argument); any thread may call these on its own
  * structs, and several threads may match against one parsed silence at once
@@ -101,7 +103,7 @@ struct silence {
  * as they are. Returns 0, -EINVAL with a one-line reason in why (s then
  * holds nothing to free), or -ENOMEM. On success the caller owns the
  * compiled regexes: silence_free(). */
-int silence_parse(const char *json, size_t len, struct silence *s, char *why, size_t whylen);
+int silence_parse(const char *json, size_t len, struct silence *s, struct fs_err *why);
 
 /* Makes dst a copy of src (id, times, matchers) without compiling again:
  * the compiled regexes are copied byte for byte. dst is overwritten, not

@@ -85,8 +85,7 @@ static int set_add_copy(struct silence_set *s, const struct silence *from, const
 
 /* Appends row r, parsed. Returns 0, 1 (kept without matchers: why), or
  * -ENOMEM. */
-static int set_add_parsed(struct silence_set *s, const struct silence_row *r, char *why,
-                          size_t whylen)
+static int set_add_parsed(struct silence_set *s, const struct silence_row *r, struct fs_err *why)
 {
     if (set_reserve(s) != 0)
         return -ENOMEM;
@@ -96,7 +95,7 @@ static int set_add_parsed(struct silence_set *s, const struct silence_row *r, ch
     memcpy(j, r->json, r->len);
     j[r->len] = '\0';
     struct silence *x = &s->v[s->n];
-    int rc = silence_parse(j, r->len, x, why, whylen);
+    int rc = silence_parse(j, r->len, x, why);
     if (rc == -ENOMEM) {
         free(j);
         return rc;
@@ -143,8 +142,7 @@ static int diverge(struct silence_build *b)
     return 0;
 }
 
-int silence_build_row(struct silence_build *b, const struct silence_row *r, char *why,
-                      size_t whylen)
+int silence_build_row(struct silence_build *b, const struct silence_row *r, struct fs_err *why)
 {
     if (b->err != 0)
         return b->err;
@@ -173,7 +171,7 @@ int silence_build_row(struct silence_build *b, const struct silence_row *r, char
         return 0;
     }
     b->parsed++;
-    int rc = set_add_parsed(b->next, r, why, whylen);
+    int rc = set_add_parsed(b->next, r, why);
     if (rc < 0)
         b->err = rc;
     return rc;

@@ -71,8 +71,7 @@ void silence_build_start(struct silence_build *b, struct silence_set *prev, size
  * why; r is kept as a silence that matches nothing); or -ENOSPC (max rows
  * given), -EINVAL (id not above the last), -ENOMEM: the build has then
  * failed, and finish returns NULL. */
-int silence_build_row(struct silence_build *b, const struct silence_row *r, char *why,
-                      size_t whylen);
+int silence_build_row(struct silence_build *b, const struct silence_row *r, struct fs_err *why);
 
 /* Ends the build: a reference to the set of the rows given (prev, with a
  * new reference, when they were exactly prev's), or NULL if the build

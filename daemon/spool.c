@@ -166,14 +166,14 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* Segment numbers in dir, ascending, in *out (malloc'd; NULL when none). */
-static int list_segments(const char *dir, uint64_t **out, size_t *n, char *err, size_t errlen)
+static int list_segments(const char *dir, uint64_t **out, size_t *n, struct fs_err *err)
 {
     *out = NULL;
     *n = 0;
     DIR *d = opendir(dir);
     if (!d) {
         int rc = -errno;
-        snprintf(err, errlen, "spool %s: %s", dir, strerror(errno));
+        fs_err_set(err, 0, "spool %s: %s", dir, strerror(errno));
         return rc;
     }
     size_t cap = 0;
@@ -184,13 +184,13 @@ static int list_segments(const char *dir, uint64_t **out, size_t *n, char *err, 
         if (parse_name(e->d_name, &no) < 0)
             continue;
         if (*n == SPOOL_MAX_SEGMENTS) {
-            snprintf(err, errlen, "spool %s: more than %u segment files", dir, SPOOL_MAX_SEGMENTS);
+            fs_err_set(err, 0, "spool %s: more than %u segment files", dir, SPOOL_MAX_SEGMENTS);
             rc = -E2BIG;
             break;
         }
         uint64_t *p = fs_grow(*out, &cap, *n + 1, sizeof(*p), 64);
         if (!p) {
-            snprintf(err, errlen, "out of memory");
+            fs_err_set(err, 0, "out of memory");
             rc = -ENOMEM;
             break;
         }
@@ -320,11 +320,11 @@ static int index_segment(struct spool *sp, struct seg *g, int fd, uint64_t end)
 /* --- open, append, sync, rewind, release ------------------------------------------------ */
 
 int spool_open(const char *dir, const struct spool_pos *head, const struct spool_opts *opts,
-               struct spool **out, char *err, size_t errlen)
+               struct spool **out, struct fs_err *err)
 {
     struct spool *sp = calloc(1, sizeof(*sp));
     if (!sp) {
-        snprintf(err, errlen, "out of memory");
+        fs_err_set(err, 0, "out of memory");
         return -ENOMEM;
     }
     sp->fd = -1;
@@ -336,22 +336,22 @@ int spool_open(const char *dir, const struct spool_pos *head, const struct spool
     size_t n = 0;
     int rc;
     if (snprintf(sp->dir, sizeof(sp->dir), "%s", dir) >= (int)sizeof(sp->dir)) {
-        snprintf(err, errlen, "spool directory name too long: %s", dir);
+        fs_err_set(err, 0, "spool directory name too long: %s", dir);
         rc = -ENAMETOOLONG;
         goto fail;
     }
     if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
         rc = -errno;
-        snprintf(err, errlen, "cannot create spool directory %s: %s", dir, strerror(errno));
+        fs_err_set(err, 0, "cannot create spool directory %s: %s", dir, strerror(errno));
         goto fail;
     }
     sp->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (sp->dirfd < 0) {
         rc = -errno;
-        snprintf(err, errlen, "cannot open spool directory %s: %s", dir, strerror(errno));
+        fs_err_set(err, 0, "cannot open spool directory %s: %s", dir, strerror(errno));
         goto fail;
     }
-    if ((rc = list_segments(dir, &nos, &n, err, errlen)) < 0)
+    if ((rc = list_segments(dir, &nos, &n, err)) < 0)
         goto fail;
     sp->next_no = head->seg + 1;
     for (size_t i = 0; i < n; i++) {
@@ -361,7 +361,7 @@ int spool_open(const char *dir, const struct spool_pos *head, const struct spool
             /* Appended by a transaction that never committed. */
             if (unlinkat(sp->dirfd, name, 0) < 0 && errno != ENOENT) {
                 rc = -errno;
-                snprintf(err, errlen, "spool %s: cannot delete uncommitted segment %s: %s", dir,
+                fs_err_set(err, 0, "spool %s: cannot delete uncommitted segment %s: %s", dir,
                          name, strerror(errno));
                 goto fail;
             }
@@ -371,7 +371,7 @@ int spool_open(const char *dir, const struct spool_pos *head, const struct spool
         struct stat stt;
         if (fd < 0 || fstat(fd, &stt) < 0) {
             rc = -errno;
-            snprintf(err, errlen, "spool %s: cannot open segment %s: %s", dir, name,
+            fs_err_set(err, 0, "spool %s: cannot open segment %s: %s", dir, name,
                      strerror(errno));
             if (fd >= 0)
                 close(fd);
@@ -381,7 +381,7 @@ int spool_open(const char *dir, const struct spool_pos *head, const struct spool
         if (nos[i] == head->seg) {
             if (end > head->off && ftruncate(fd, (off_t)head->off) < 0) {
                 rc = -errno;
-                snprintf(err, errlen, "spool %s: cannot cut segment %s to %llu bytes: %s", dir,
+                fs_err_set(err, 0, "spool %s: cannot cut segment %s to %llu bytes: %s", dir,
                          name, (unsigned long long)head->off, strerror(errno));
                 close(fd);
                 goto fail;
@@ -398,7 +398,7 @@ int spool_open(const char *dir, const struct spool_pos *head, const struct spool
         rc = g ? index_segment(sp, g, fd, end) : -ENOMEM;
         close(fd);
         if (rc < 0) {
-            snprintf(err, errlen, "out of memory indexing spool %s", dir);
+            fs_err_set(err, 0, "out of memory indexing spool %s", dir);
             goto fail;
         }
     }
@@ -635,8 +635,7 @@ uint64_t spool_bytes(const struct spool *sp) { return sp->bytes; }
 /* --- replay ---------------------------------------------------------------------------- */
 
 static int replay_segment(const char *dir, uint64_t no, uint64_t end, const struct spool_replay_ops *ops,
-                          struct spool_replay_stats *st, uint8_t **buf, size_t *cap, char *err,
-                          size_t errlen)
+                          struct spool_replay_stats *st, uint8_t **buf, size_t *cap, struct fs_err *err)
 {
     char path[SPOOL_PATH_MAX + SPOOL_NAME_LEN + 2], name[SPOOL_NAME_LEN + 1];
     seg_name(no, name, sizeof(name));
@@ -646,7 +645,7 @@ static int replay_segment(const char *dir, uint64_t no, uint64_t end, const stru
         if (errno == ENOENT)
             return 0; /* released meanwhile: nothing in it was needed */
         int rc = -errno;
-        snprintf(err, errlen, "spool: cannot open %s: %s", path, strerror(errno));
+        fs_err_set(err, 0, "spool: cannot open %s: %s", path, strerror(errno));
         return rc;
     }
     struct stat stt;
@@ -668,7 +667,7 @@ static int replay_segment(const char *dir, uint64_t no, uint64_t end, const stru
             if (r.len > *cap) {
                 uint8_t *p = realloc(*buf, r.len);
                 if (!p) {
-                    snprintf(err, errlen, "spool: out of memory reading a %u-byte record", r.len);
+                    fs_err_set(err, 0, "spool: out of memory reading a %u-byte record", r.len);
                     rc = -ENOMEM;
                     break;
                 }
@@ -682,7 +681,7 @@ static int replay_segment(const char *dir, uint64_t no, uint64_t end, const stru
             st->fed++;
             st->bytes_fed += r.len;
             if ((rc = ops->feed(ops->ctx, &r, *buf)) < 0) {
-                snprintf(err, errlen, "spool: replay stopped at %s byte %llu: %s", path,
+                fs_err_set(err, 0, "spool: replay stopped at %s byte %llu: %s", path,
                          (unsigned long long)(off - SPOOL_HEADER_BYTES), strerror(-rc));
                 break;
             }
@@ -695,12 +694,12 @@ static int replay_segment(const char *dir, uint64_t no, uint64_t end, const stru
 }
 
 int spool_replay(const char *dir, const struct spool_pos *head, const struct spool_replay_ops *ops,
-                 struct spool_replay_stats *st, char *err, size_t errlen)
+                 struct spool_replay_stats *st, struct fs_err *err)
 {
     memset(st, 0, sizeof(*st));
     uint64_t *nos;
     size_t n;
-    int rc = list_segments(dir, &nos, &n, err, errlen);
+    int rc = list_segments(dir, &nos, &n, err);
     if (rc == -ENOENT)
         return 0; /* no spool yet */
     if (rc < 0)
@@ -709,7 +708,7 @@ int spool_replay(const char *dir, const struct spool_pos *head, const struct spo
     size_t cap = 0;
     for (size_t i = 0; i < n && rc == 0 && nos[i] <= head->seg; i++)
         rc = replay_segment(dir, nos[i], nos[i] == head->seg ? head->off : UINT64_MAX, ops, st,
-                            &buf, &cap, err, errlen);
+                            &buf, &cap, err);
     free(buf);
     free(nos);
     return rc;

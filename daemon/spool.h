@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fs_err.h"
+
 /* The sketch spool: report frames the monitors still need, durable before
  * their Ack, deleted once the monitors of their steps are stored.
  *
@@ -79,7 +81,7 @@ struct spool_opts {
  * Appends go to a new segment. Returns 0 and *out, or a negative
  * errno-style code with err. Owner thread. */
 int spool_open(const char *dir, const struct spool_pos *head, const struct spool_opts *opts,
-               struct spool **out, char *err, size_t errlen);
+               struct spool **out, struct fs_err *err);
 
 /* Closes descriptors and frees; the files stay. NULL is a no-op. */
 void spool_close(struct spool *sp);
@@ -138,7 +140,7 @@ struct spool_replay_stats {
     uint64_t records, fed, unreadable, bytes_fed;
 };
 int spool_replay(const char *dir, const struct spool_pos *head, const struct spool_replay_ops *ops,
-                 struct spool_replay_stats *st, char *err, size_t errlen);
+                 struct spool_replay_stats *st, struct fs_err *err);
 
 /* "<db_path>.spool" into out (outlen bytes). 0, or -ENAMETOOLONG. Pure. */
 int spool_dir_of(const char *db_path, char *out, size_t outlen);

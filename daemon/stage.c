@@ -374,28 +374,23 @@ bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank,
 
 /* --- public API ------------------------------------------------------------------------------ */
 
-static void *detect_open(void *ctx, const char *sub, char *why, size_t whylen)
+static void *detect_open(void *ctx, const char *sub, struct fs_err *why)
 {
     if (!sub || !sub[0]) {
-        snprintf(why, whylen, "needs a rule name: [detect \"RULE\"]");
+        fs_err_set(why, -EINVAL, "needs a rule name: [detect \"RULE\"]");
         return NULL;
     }
     struct detect_rule *rule = detect_rules_find(ctx, sub);
     if (!rule)
-        snprintf(why, whylen, "unknown detector rule '%s'", sub);
+        fs_err_set(why, -EINVAL, "unknown detector rule '%s'", sub);
     return rule;
 }
 
-static int detect_set(void *ctx, void *target, const char *key, const char *value, char *why,
-                      size_t whylen)
+static int detect_set(void *ctx, void *target, const char *key, const char *value,
+                      struct fs_err *why)
 {
     const struct detect_rule *rule = target;
-    struct detect_error e = {0};
-    if (detect_rules_set(ctx, rule->name, key, value, &e) < 0) {
-        snprintf(why, whylen, "%s", e.msg);
-        return -EINVAL;
-    }
-    return 0;
+    return detect_rules_set(ctx, rule->name, key, value, why) < 0 ? -EINVAL : 0;
 }
 
 void stage_detect_section(struct detect_rules *rules, struct config_section *out)
@@ -404,19 +399,16 @@ void stage_detect_section(struct detect_rules *rules, struct config_section *out
                                    .ctx = rules};
 }
 
-int stage_create(const struct stage_opts *opts, struct stage **out, char *err, size_t errlen)
+int stage_create(const struct stage_opts *opts, struct stage **out, struct fs_err *err)
 {
     struct stage *st = calloc(1, sizeof(*st));
-    if (!st) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
+    if (!st)
+        return fs_err_set(err, -ENOMEM, "out of memory");
     st->opts = *opts;
     st->stats = opts->stats ? opts->stats : &st->own_stats;
     if (opts->db_path && !(st->db_path = strdup(opts->db_path))) {
         free(st);
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
+        return fs_err_set(err, -ENOMEM, "out of memory");
     }
     struct run_limits lim = {.timeout_s = opts->reduce_timeout_s, .max_bytes = opts->reduce_max_bytes};
     int rc = run_registry_create(&lim, &st->reg);
@@ -424,10 +416,10 @@ int stage_create(const struct stage_opts *opts, struct stage **out, char *err, s
         /* -EINVAL is the one limit run_registry_create checks; anything else
          * (-ENOMEM) is no fault of the configuration. */
         if (rc == -EINVAL)
-            snprintf(err, errlen, "reduce_timeout_s %g is below %g s", opts->reduce_timeout_s,
-                     RUN_TIMEOUT_MIN_S);
+            fs_err_set(err, rc, "reduce_timeout_s %g is below %g s", opts->reduce_timeout_s,
+                       RUN_TIMEOUT_MIN_S);
         else
-            snprintf(err, errlen, "cannot create the run registry: %s", strerror(-rc));
+            fs_err_set(err, rc, "cannot create the run registry: %s", strerror(-rc));
         free(st->db_path);
         free(st);
         return rc;
@@ -436,8 +428,7 @@ int stage_create(const struct stage_opts *opts, struct stage **out, char *err, s
         run_registry_destroy(st->reg);
         free(st->db_path);
         free(st);
-        snprintf(err, errlen, "cannot create the workspace pool: %s", strerror(-rc));
-        return rc;
+        return fs_err_set(err, rc, "cannot create the workspace pool: %s", strerror(-rc));
     }
     uv_timer_init(opts->loop, &st->sweep);
     st->sweep.data = st;

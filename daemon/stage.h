@@ -98,14 +98,14 @@ void stage_detect_section(struct detect_rules *rules, struct config_section *out
 
 /* Creates the stage on loop (a sweep timer for timeouts). Returns 0 and
  * *out or a negative errno-style code with err. Loop thread, before uv_run. */
-int stage_create(const struct stage_opts *opts, struct stage **out, char *err, size_t errlen);
+int stage_create(const struct stage_opts *opts, struct stage **out, struct fs_err *err);
 
 /* Restart: reads runs, detector_state and alerts through a read-only
  * connection to db_path, then re-feeds the spool log "<db_path>.spool" up
  * to the end the database recorded, oldest first. 0 or a negative code
  * with err. Main (= loop) thread, after store_open and before ingest
  * starts. */
-int stage_load(struct stage *st, const char *db_path, char *err, size_t errlen);
+int stage_load(struct stage *st, const char *db_path, struct fs_err *err);
 
 /* Ingest backpressure: cb(ctx, 1) when the reduction memory reached
  * reduce_max_bytes or the spooled frames of steps not yet evaluated reached

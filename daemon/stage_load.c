@@ -160,18 +160,16 @@ static int load_attempt(void *ctx, const struct store_restart_attempt *r)
     return 0;
 }
 
-static int load_state(struct stage *st, struct store_restart *db, char *err, size_t errlen)
+static int load_state(struct stage *st, struct store_restart *db, struct fs_err *err)
 {
     struct load ld = {.st = st};
     /* Runs: shape and detect_from_step; done_step as recorded with the
      * monitor rows, or from history. */
-    int rc = store_restart_runs(db, load_run, &ld, err, errlen);
+    int rc = store_restart_runs(db, load_run, &ld, err);
     if (rc == 0)
-        rc = store_restart_detected_steps(db, load_detected_step, &ld, err, errlen);
-    if (ld.oom) {
-        snprintf(err, errlen, "loading monitor state (runs): out of memory");
-        return -ENOMEM;
-    }
+        rc = store_restart_detected_steps(db, load_detected_step, &ld, err);
+    if (ld.oom)
+        return fs_err_set(err, -ENOMEM, "loading monitor state (runs): out of memory");
     if (rc < 0)
         return rc;
     for (size_t i = 0; i < run_count(st->reg); i++)
@@ -190,21 +188,20 @@ static int load_state(struct stage *st, struct store_restart *db, char *err, siz
         struct stage_run *sr = stage_run_of(st, run);
         if (!sr)
             continue;
-        if ((rc = store_restart_lr(db, run->run_id, run->lead_rank, load_lr, &sr->ev, err,
-                                   errlen)) < 0)
+        if ((rc = store_restart_lr(db, run->run_id, run->lead_rank, load_lr, &sr->ev, err)) < 0)
             return rc;
     }
 
-    if ((rc = store_restart_detectors(db, load_detector, &ld, err, errlen)) < 0 ||
-        (rc = store_restart_alerts(db, load_alert, &ld, err, errlen)) < 0)
+    if ((rc = store_restart_detectors(db, load_detector, &ld, err)) < 0 ||
+        (rc = store_restart_alerts(db, load_alert, &ld, err)) < 0)
         return rc;
     if (ld.n_det || ld.n_alerts)
         log_info("stage", "restored %zu detector states and %zu alerts of %zu runs", ld.n_det,
                  ld.n_alerts, run_count(st->reg));
     /* Attempts (stage.h): each stream's, each run's latest. */
-    if ((rc = store_restart_streams(db, load_stream, &ld, err, errlen)) < 0)
+    if ((rc = store_restart_streams(db, load_stream, &ld, err)) < 0)
         return rc;
-    return store_restart_attempts(db, load_attempt, &ld, err, errlen);
+    return store_restart_attempts(db, load_attempt, &ld, err);
 }
 
 /* The replay of the spool log: frames of steps a run has evaluated are
@@ -230,7 +227,7 @@ static int replay_feed(void *ctx, const struct spool_rec *rec, const uint8_t *bo
 {
     struct replay *rp = ctx;
     Foreshock__Frame *f = NULL;
-    struct decode_error derr;
+    struct fs_err derr;
     if (decode_frame(body, rec->len, &rp->lim, &f, NULL, &derr) < 0 ||
         f->body_case != FORESHOCK__FRAME__BODY_REPORT || f->report->seq != rec->seq ||
         f->report->step != rec->step) {
@@ -248,23 +245,21 @@ static int replay_feed(void *ctx, const struct spool_rec *rec, const uint8_t *bo
     return 0;
 }
 
-static int load_spool(struct stage *st, struct store_restart *db, const char *db_path, char *err,
-                      size_t errlen)
+static int load_spool(struct stage *st, struct store_restart *db, const char *db_path,
+                      struct fs_err *err)
 {
     struct spool_pos head;
-    int rc = store_restart_spool_head(db, &head, err, errlen);
+    int rc = store_restart_spool_head(db, &head, err);
     if (rc < 0)
         return rc;
     char dir[SPOOL_PATH_MAX];
-    if (spool_dir_of(db_path, dir, sizeof(dir)) < 0) {
-        snprintf(err, errlen, "%s: path too long for its spool directory", db_path);
-        return -ENAMETOOLONG;
-    }
+    if (spool_dir_of(db_path, dir, sizeof(dir)) < 0)
+        return fs_err_set(err, -ENAMETOOLONG, "%s: path too long for its spool directory", db_path);
     struct replay rp = {.st = st};
     decode_limits_default(&rp.lim, STAGE_LOAD_MAX_BODY);
     struct spool_replay_ops ops = {.want = replay_want, .feed = replay_feed, .ctx = &rp};
     struct spool_replay_stats rs;
-    if ((rc = spool_replay(dir, &head, &ops, &rs, err, errlen)) < 0)
+    if ((rc = spool_replay(dir, &head, &ops, &rs, err)) < 0)
         return rc;
     if (rs.fed || rs.unreadable || rp.bad || rp.unknown)
         log_info("stage", "re-fed %llu spooled reports (%.1f MB) of steps not yet evaluated; "
@@ -275,19 +270,17 @@ static int load_spool(struct stage *st, struct store_restart *db, const char *db
     return 0;
 }
 
-int stage_load(struct stage *st, const char *db_path, char *err, size_t errlen)
+int stage_load(struct stage *st, const char *db_path, struct fs_err *err)
 {
-    if (!st->db_path && !(st->db_path = strdup(db_path))) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
+    if (!st->db_path && !(st->db_path = strdup(db_path)))
+        return fs_err_set(err, -ENOMEM, "out of memory");
     struct store_restart *db;
-    int rc = store_restart_open(db_path, &db, err, errlen);
+    int rc = store_restart_open(db_path, &db, err);
     if (rc < 0)
         return rc;
-    rc = load_state(st, db, err, errlen);
+    rc = load_state(st, db, err);
     if (rc == 0)
-        rc = load_spool(st, db, db_path, err, errlen);
+        rc = load_spool(st, db, db_path, err);
     store_restart_close(db);
     return rc;
 }

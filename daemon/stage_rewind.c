@@ -26,7 +26,7 @@ struct rewind_work {
     uint32_t lead_rank;
     struct eval_run er; /* the rebuilt state; moved into the run when applied */
     int rc;
-    char err[256];
+    struct fs_err err;
 };
 
 /* Threadpool thread: the state at the rewind step from the stored points. */
@@ -39,7 +39,7 @@ static void rewind_work_cb(uv_work_t *req)
     if (w->st->opts.store)
         store_flush(w->st->opts.store);
     w->rc = rewind_rebuild(w->st->db_path, w->run_id, w->step, w->lead_rank, w->detect_from,
-                           &w->er, w->err, sizeof(w->err));
+                           &w->er, &w->err);
 }
 
 /* A row the rewind changes, to set what build_finish cannot know. */
@@ -175,7 +175,7 @@ static void rewind_after_cb(uv_work_t *req, int status)
             log_error("stage", "run %s: rebuilding detection at step %llu failed (%s); the new "
                       "attempt goes on from the live state, and the next start rebuilds it",
                       run->name, (unsigned long long)w->step,
-                      status ? uv_strerror(status) : w->err);
+                      status ? uv_strerror(status) : w->err.msg);
         sr->rewind = REWIND_IDLE;
         stage_pump(st, run, now_mono());
         stage_flush_scalars(st, run, NULL, false);

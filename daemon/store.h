@@ -7,6 +7,7 @@
 
 #include "advice.h"
 #include "attempts.h"
+#include "fs_err.h"
 #include "fs_limits.h"
 #include "stats.h"
 
@@ -376,10 +377,10 @@ struct store;
  * moved into it; segments of evaluated steps are deleted) and starts the
  * writer thread. Refuses a database whose
  * user_version is newer than the migrations we know. Returns 0 and *out, or
- * a negative errno-style code with a message in err (errlen bytes); nothing
+ * a negative errno-style code with a message in err; nothing
  * is left open on failure. Main thread. */
-int store_open(const char *path, const struct store_opts *opts, struct store **out, char *err,
-               size_t errlen);
+int store_open(const char *path, const struct store_opts *opts, struct store **out,
+               struct fs_err *err);
 
 /* Queues item; on 0 the store owns it. -EAGAIN: backpressure (HELLO and
  * REPORT only; the caller keeps the item and retries after RESUME).
@@ -463,6 +464,6 @@ int store_prune(sqlite3 *db, double now, double outbox_retention_s, double silen
  * HTTP module): SQLITE_OPEN_READONLY, busy timeout, PRAGMA query_only. The
  * caller owns *out (sqlite3_close). 0 or a negative errno-style code with a
  * message in err. Any thread. */
-int store_open_readonly(const char *path, sqlite3 **out, char *err, size_t errlen);
+int store_open_readonly(const char *path, sqlite3 **out, struct fs_err *err);
 
 #endif

@@ -23,10 +23,9 @@
 #define ARCHIVE_MAX_TABLES 128 /* tables examined when cutting down to one run */
 #define ARCHIVE_SQL_MAX 512
 
-static int fail_db(sqlite3 *db, int rc, char *err, size_t errlen, const char *what)
+static int fail_db(sqlite3 *db, int rc, struct fs_err *err, const char *what)
 {
-    snprintf(err, errlen, "%s: %s", what, db ? sqlite3_errmsg(db) : "out of memory");
-    return rc;
+    return fs_err_set(err, rc, "%s: %s", what, db ? sqlite3_errmsg(db) : "out of memory");
 }
 
 static void sleep_ms(long ms)
@@ -36,10 +35,10 @@ static void sleep_ms(long ms)
         ;
 }
 
-static int exec(sqlite3 *db, const char *sql, char *err, size_t errlen)
+static int exec(sqlite3 *db, const char *sql, struct fs_err *err)
 {
     if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
-        return fail_db(db, -EIO, err, errlen, sql);
+        return fail_db(db, -EIO, err, sql);
     return 0;
 }
 
@@ -59,11 +58,11 @@ static int query_int(sqlite3 *db, const char *sql, int64_t bind, int64_t *out)
 }
 
 /* Every page of src into dst, from one read transaction of src. */
-static int copy_pages(sqlite3 *src, sqlite3 *dst, char *err, size_t errlen)
+static int copy_pages(sqlite3 *src, sqlite3 *dst, struct fs_err *err)
 {
     sqlite3_backup *b = sqlite3_backup_init(dst, "main", src, "main");
     if (!b)
-        return fail_db(dst, -EIO, err, errlen, "backup");
+        return fail_db(dst, -EIO, err, "backup");
     int rc;
     long waited = 0;
     /* -1: all pages in one step, so the copy is one snapshot; a step
@@ -75,12 +74,10 @@ static int copy_pages(sqlite3 *src, sqlite3 *dst, char *err, size_t errlen)
         waited += ARCHIVE_RETRY_MS;
     }
     int frc = sqlite3_backup_finish(b);
-    if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED) {
-        snprintf(err, errlen, "the source stayed locked for %ld ms", waited);
-        return -EBUSY;
-    }
+    if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED)
+        return fs_err_set(err, -EBUSY, "the source stayed locked for %ld ms", waited);
     if (rc != SQLITE_DONE || frc != SQLITE_OK)
-        return fail_db(dst, -EIO, err, errlen, "backup");
+        return fail_db(dst, -EIO, err, "backup");
     return 0;
 }
 
@@ -114,7 +111,7 @@ static enum owner table_owner(sqlite3 *db, const char *table)
 
 /* Deletes every row of runs other than run_id, in an order where each
  * subquery still sees its parent rows: children first, runs last. */
-static int keep_one_run(sqlite3 *db, int64_t run_id, char *err, size_t errlen)
+static int keep_one_run(sqlite3 *db, int64_t run_id, struct fs_err *err)
 {
     static const char *const where[] = {
         [OWN_ALERT] = "alert_id IN (SELECT id FROM alerts WHERE run_id <> ?1)",
@@ -133,7 +130,7 @@ static int keep_one_run(sqlite3 *db, int64_t run_id, char *err, size_t errlen)
                            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT "
                            "LIKE 'sqlite_%' ORDER BY name",
                            -1, &q, NULL) != SQLITE_OK)
-        return fail_db(db, -EIO, err, errlen, "listing tables");
+        return fail_db(db, -EIO, err, "listing tables");
     while (sqlite3_step(q) == SQLITE_ROW && n < ARCHIVE_MAX_TABLES) {
         const char *t = (const char *)sqlite3_column_text(q, 0);
         if (!t || strlen(t) >= sizeof(names[0]) || strchr(t, '"'))
@@ -144,7 +141,7 @@ static int keep_one_run(sqlite3 *db, int64_t run_id, char *err, size_t errlen)
     sqlite3_finalize(q);
     for (size_t i = 0; i < n; i++)
         own[i] = table_owner(db, names[i]);
-    int rc = exec(db, "BEGIN IMMEDIATE", err, errlen);
+    int rc = exec(db, "BEGIN IMMEDIATE", err);
     for (size_t p = 0; rc == 0 && p < sizeof(pass) / sizeof(pass[0]); p++) {
         for (size_t i = 0; rc == 0 && i < n; i++) {
             if (own[i] != pass[p])
@@ -154,17 +151,17 @@ static int keep_one_run(sqlite3 *db, int64_t run_id, char *err, size_t errlen)
                                where[own[i]]);
             if (len < 0 || (size_t)len >= sizeof(sql) ||
                 sqlite3_prepare_v2(db, sql, -1, &q, NULL) != SQLITE_OK) {
-                rc = fail_db(db, -EIO, err, errlen, sql);
+                rc = fail_db(db, -EIO, err, sql);
                 break;
             }
             sqlite3_bind_int64(q, 1, run_id);
             if (sqlite3_step(q) != SQLITE_DONE)
-                rc = fail_db(db, -EIO, err, errlen, sql);
+                rc = fail_db(db, -EIO, err, sql);
             sqlite3_finalize(q);
         }
     }
     if (rc == 0)
-        return exec(db, "COMMIT", err, errlen);
+        return exec(db, "COMMIT", err);
     sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
     return rc;
 }
@@ -180,36 +177,31 @@ static int fsync_path(const char *path, int dir)
 }
 
 int store_archive(const char *src, const char *dst, const char *run,
-                  struct store_archive_result *res, char *err, size_t errlen)
+                  struct store_archive_result *res, struct fs_err *err)
 {
     sqlite3 *s = NULL, *d = NULL;
     char tmp[FS_CONFIG_MAX_PATH];
     int rc = -EIO, made = 0;
     memset(res, 0, sizeof(*res));
-    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", dst, (long)getpid()) >= sizeof(tmp)) {
-        snprintf(err, errlen, "%s: path too long", dst);
-        return -ENAMETOOLONG;
-    }
+    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", dst, (long)getpid()) >= sizeof(tmp))
+        return fs_err_set(err, -ENAMETOOLONG, "%s: path too long", dst);
     struct stat sb;
-    if (stat(dst, &sb) == 0) {
-        snprintf(err, errlen, "%s exists: an archive is never overwritten", dst);
-        return -EEXIST;
-    }
-    if (stat(src, &sb) < 0) {
-        snprintf(err, errlen, "%s: %s", src, strerror(errno));
-        return -ENOENT;
-    }
+    if (stat(dst, &sb) == 0)
+        return fs_err_set(err, -EEXIST, "%s exists: an archive is never overwritten", dst);
+    if (stat(src, &sb) < 0)
+        return fs_err_set(err, -ENOENT, "%s: %s", src, strerror(errno));
     if (sqlite3_open_v2(src, &s, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
-        rc = fail_db(s, -EIO, err, errlen, src);
+        rc = fail_db(s, -EIO, err, src);
         goto out;
     }
     sqlite3_busy_timeout(s, ARCHIVE_BUSY_MS);
     int64_t version = 0;
     if (query_int(s, "PRAGMA user_version", -1, &version) < 0 || version < 1 ||
         version > schema_migration_count) {
-        snprintf(err, errlen, "%s: schema version %lld: not a Foreshock database this build "
-                 "reads (1..%d)", src, (long long)version, schema_migration_count);
-        rc = -EPROTO;
+        rc = fs_err_set(err, -EPROTO,
+                        "%s: schema version %lld: not a Foreshock database this build "
+                        "reads (1..%d)",
+                        src, (long long)version, schema_migration_count);
         goto out;
     }
     int64_t run_id = -1;
@@ -217,7 +209,7 @@ int store_archive(const char *src, const char *dst, const char *run,
         sqlite3_stmt *q;
         if (sqlite3_prepare_v2(s, "SELECT id FROM runs WHERE name = ?1", -1, &q, NULL) !=
             SQLITE_OK) {
-            rc = fail_db(s, -EIO, err, errlen, "runs");
+            rc = fail_db(s, -EIO, err, "runs");
             goto out;
         }
         sqlite3_bind_text(q, 1, run, -1, SQLITE_STATIC);
@@ -225,39 +217,38 @@ int store_archive(const char *src, const char *dst, const char *run,
             run_id = sqlite3_column_int64(q, 0);
         sqlite3_finalize(q);
         if (run_id < 0) {
-            snprintf(err, errlen, "%s: no run named '%s'", src, run);
-            rc = -ENOENT;
+            rc = fs_err_set(err, -ENOENT, "%s: no run named '%s'", src, run);
             goto out;
         }
     }
     (void)unlink(tmp);
     if (sqlite3_open_v2(tmp, &d, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
-        rc = fail_db(d, -EIO, err, errlen, tmp);
+        rc = fail_db(d, -EIO, err, tmp);
         goto out;
     }
     made = 1;
-    if ((rc = copy_pages(s, d, err, errlen)) < 0)
+    if ((rc = copy_pages(s, d, err)) < 0)
         goto out;
     sqlite3_close(s);
     s = NULL;
     /* One self-contained file, durable when it is renamed into place. */
-    if ((rc = exec(d, "PRAGMA journal_mode = DELETE", err, errlen)) < 0 ||
-        (rc = exec(d, "PRAGMA synchronous = FULL", err, errlen)) < 0)
+    if ((rc = exec(d, "PRAGMA journal_mode = DELETE", err)) < 0 ||
+        (rc = exec(d, "PRAGMA synchronous = FULL", err)) < 0)
         goto out;
-    if (run_id >= 0 && ((rc = keep_one_run(d, run_id, err, errlen)) < 0 ||
-                        (rc = exec(d, "VACUUM", err, errlen)) < 0))
+    if (run_id >= 0 && ((rc = keep_one_run(d, run_id, err)) < 0 ||
+                        (rc = exec(d, "VACUUM", err)) < 0))
         goto out;
     sqlite3_stmt *q;
     if (sqlite3_prepare_v2(d, "PRAGMA quick_check", -1, &q, NULL) != SQLITE_OK) {
-        rc = fail_db(d, -EIO, err, errlen, "quick_check");
+        rc = fail_db(d, -EIO, err, "quick_check");
         goto out;
     }
     int step = sqlite3_step(q);
     const char *verdict = step == SQLITE_ROW ? (const char *)sqlite3_column_text(q, 0) : NULL;
     int healthy = verdict && strcmp(verdict, "ok") == 0;
     if (!healthy)
-        snprintf(err, errlen, "%s: quick_check: %s", tmp, verdict ? verdict : sqlite3_errmsg(d));
+        fs_err_set(err, -EIO, "%s: quick_check: %s", tmp, verdict ? verdict : sqlite3_errmsg(d));
     sqlite3_finalize(q);
     if (!healthy) {
         rc = -EIO;
@@ -268,23 +259,23 @@ int store_archive(const char *src, const char *dst, const char *run,
         query_int(d, "SELECT count(*) FROM series", -1, &res->series) < 0 ||
         query_int(d, "SELECT count(*) FROM points", -1, &res->points) < 0 ||
         query_int(d, "SELECT count(*) FROM alerts", -1, &res->alerts) < 0) {
-        rc = fail_db(d, -EIO, err, errlen, "counting the copy");
+        rc = fail_db(d, -EIO, err, "counting the copy");
         goto out;
     }
     if (sqlite3_close(d) != SQLITE_OK) {
-        rc = fail_db(d, -EIO, err, errlen, "closing the copy");
+        rc = fail_db(d, -EIO, err, "closing the copy");
         goto out;
     }
     d = NULL;
     if ((rc = fsync_path(tmp, 0)) < 0) {
-        snprintf(err, errlen, "fsync %s: %s", tmp, strerror(-rc));
+        fs_err_set(err, rc, "fsync %s: %s", tmp, strerror(-rc));
         goto out;
     }
     /* link(2) refuses an existing dst, which a rename would replace: an
      * archive that appeared meanwhile is not overwritten either. */
     if (link(tmp, dst) < 0) {
         rc = -errno;
-        snprintf(err, errlen, "%s: %s", dst, strerror(errno));
+        fs_err_set(err, rc, "%s: %s", dst, strerror(errno));
         goto out;
     }
     (void)unlink(tmp);

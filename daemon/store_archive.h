@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fs_err.h"
+
 /* A consistent copy of a Foreshock database, whole or one run, taken while
  * the daemon runs (`foreshock archive`). History must outlive the job: the
  * pod's volume goes with it, and a multi-node run's history is split over
@@ -37,6 +39,6 @@ struct store_archive_result {
  * Foreshock database this build reads), -EBUSY (the source stayed locked),
  * -EIO (SQLite or file system failure). */
 int store_archive(const char *src, const char *dst, const char *run,
-                  struct store_archive_result *res, char *err, size_t errlen);
+                  struct store_archive_result *res, struct fs_err *err);
 
 #endif

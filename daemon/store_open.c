@@ -93,12 +93,12 @@ static const char *const stmt_sql[ST_COUNT] = {
 
 /* --- open, migrate, close -------------------------------------------------------------- */
 
-static int exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen, const char *what)
+static int exec_sql(sqlite3 *db, const char *sql, struct fs_err *err, const char *what)
 {
     char *msg = NULL;
     int rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
     if (rc != SQLITE_OK)
-        snprintf(err, errlen, "%s: %s", what, msg ? msg : sqlite3_errstr(rc));
+        fs_err_set(err, rc, "%s: %s", what, msg ? msg : sqlite3_errstr(rc));
     sqlite3_free(msg);
     return rc;
 }
@@ -114,30 +114,26 @@ static int pragma_int(sqlite3 *db, const char *sql, int64_t *out)
     return rc == SQLITE_ROW ? SQLITE_OK : (ok(rc) ? SQLITE_ERROR : rc);
 }
 
-static int migrate(sqlite3 *db, const char *path, char *err, size_t errlen)
+static int migrate(sqlite3 *db, const char *path, struct fs_err *err)
 {
     int64_t version = 0;
-    if (pragma_int(db, "PRAGMA user_version", &version) != SQLITE_OK) {
-        snprintf(err, errlen, "%s: cannot read user_version: %s", path, sqlite3_errmsg(db));
-        return -EIO;
-    }
-    if (version > schema_migration_count) {
-        snprintf(err, errlen,
-                 "%s: database schema version %lld is newer than this foreshockd knows (%d); "
-                 "refusing to open it",
-                 path, (long long)version, schema_migration_count);
-        return -EPROTO;
-    }
+    if (pragma_int(db, "PRAGMA user_version", &version) != SQLITE_OK)
+        return fs_err_set(err, -EIO, "%s: cannot read user_version: %s", path, sqlite3_errmsg(db));
+    if (version > schema_migration_count)
+        return fs_err_set(err, -EPROTO,
+                          "%s: database schema version %lld is newer than this foreshockd "
+                          "knows (%d); refusing to open it",
+                          path, (long long)version, schema_migration_count);
     for (int i = (int)version; i < schema_migration_count; i++) {
         const struct schema_migration *m = &schema_migrations[i];
         char what[256], sql[64];
         snprintf(what, sizeof(what), "%s: migration %s", path, m->name);
         snprintf(sql, sizeof(sql), "PRAGMA user_version = %d", m->version);
-        if (exec_sql(db, "BEGIN IMMEDIATE", err, errlen, what) != SQLITE_OK)
+        if (exec_sql(db, "BEGIN IMMEDIATE", err, what) != SQLITE_OK)
             return -EIO;
-        if (exec_sql(db, m->sql, err, errlen, what) != SQLITE_OK ||
-            exec_sql(db, sql, err, errlen, what) != SQLITE_OK ||
-            exec_sql(db, "COMMIT", err, errlen, what) != SQLITE_OK) {
+        if (exec_sql(db, m->sql, err, what) != SQLITE_OK ||
+            exec_sql(db, sql, err, what) != SQLITE_OK ||
+            exec_sql(db, "COMMIT", err, what) != SQLITE_OK) {
             sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
             return -EIO;
         }
@@ -166,13 +162,12 @@ static int read_spool_head(sqlite3 *db, struct spool_pos *head)
     return ok(rc) ? SQLITE_OK : rc;
 }
 
-static int import_legacy_spool(struct store *s, const char *path, char *err, size_t errlen)
+static int import_legacy_spool(struct store *s, const char *path, struct fs_err *err)
 {
     int64_t rows = 0;
-    if (pragma_int(s->db, "SELECT count(*) FROM spool", &rows) != SQLITE_OK) {
-        snprintf(err, errlen, "%s: reading the spool table: %s", path, sqlite3_errmsg(s->db));
-        return -EIO;
-    }
+    if (pragma_int(s->db, "SELECT count(*) FROM spool", &rows) != SQLITE_OK)
+        return fs_err_set(err, -EIO, "%s: reading the spool table: %s", path,
+                          sqlite3_errmsg(s->db));
     if (rows == 0)
         return 0;
     sqlite3_stmt *q;
@@ -180,8 +175,8 @@ static int import_legacy_spool(struct store *s, const char *path, char *err, siz
                            "SELECT sp.run_id, sp.stream_id, st.rank, sp.seq, sp.step, sp.body "
                            "FROM spool sp JOIN streams st ON st.id = sp.stream_id ORDER BY sp.id",
                            -1, &q, NULL) != SQLITE_OK) {
-        snprintf(err, errlen, "%s: reading the spool table: %s", path, sqlite3_errmsg(s->db));
-        return -EIO;
+        return fs_err_set(err, -EIO, "%s: reading the spool table: %s", path,
+                          sqlite3_errmsg(s->db));
     }
     int rc, e = 0;
     uint64_t moved = 0, bytes = 0;
@@ -207,23 +202,23 @@ static int import_legacy_spool(struct store *s, const char *path, char *err, siz
     /* Durable before the rows go, whatever the synchronous setting. */
     if (e == 0)
         e = spool_sync(s->spool);
-    if (e == 0 && (exec_sql(s->db, "BEGIN IMMEDIATE", err, errlen, path) != SQLITE_OK ||
-                   exec_sql(s->db, "DELETE FROM spool", err, errlen, path) != SQLITE_OK))
+    if (e == 0 && (exec_sql(s->db, "BEGIN IMMEDIATE", err, path) != SQLITE_OK ||
+                   exec_sql(s->db, "DELETE FROM spool", err, path) != SQLITE_OK))
         e = -EIO;
     if (e == 0) {
         sqlite3_stmt *st = s->st[ST_SPOOL_HEAD];
         sqlite3_bind_int64(st, 1, (int64_t)head.seg);
         sqlite3_bind_int64(st, 2, (int64_t)head.off);
-        if (!ok(exec1(st, NULL, 0)) || exec_sql(s->db, "COMMIT", err, errlen, path) != SQLITE_OK)
+        if (!ok(exec1(st, NULL, 0)) || exec_sql(s->db, "COMMIT", err, path) != SQLITE_OK)
             e = -EIO;
     }
     if (e < 0) {
         if (!sqlite3_get_autocommit(s->db))
             sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
         spool_rewind(s->spool, &s->committed);
-        if (e != -EIO || !err[0])
-            snprintf(err, errlen, "%s: moving the spool table into the spool log: %s", path,
-                     e == -EIO ? sqlite3_errmsg(s->db) : strerror(-e));
+        if (e != -EIO || !err->msg[0])
+            fs_err_set(err, e, "%s: moving the spool table into the spool log: %s", path,
+                       e == -EIO ? sqlite3_errmsg(s->db) : strerror(-e));
         return e;
     }
     s->committed = head;
@@ -233,83 +228,71 @@ static int import_legacy_spool(struct store *s, const char *path, char *err, siz
     return 0;
 }
 
-static int open_spool(struct store *s, const char *path, char *err, size_t errlen)
+static int open_spool(struct store *s, const char *path, struct fs_err *err)
 {
     char dir[SPOOL_PATH_MAX];
-    if (spool_dir_of(path, dir, sizeof(dir)) < 0) {
-        snprintf(err, errlen, "%s: path too long for its spool directory", path);
-        return -ENAMETOOLONG;
-    }
-    if (read_spool_head(s->db, &s->committed) != SQLITE_OK) {
-        snprintf(err, errlen, "%s: reading spool_log: %s", path, sqlite3_errmsg(s->db));
-        return -EIO;
-    }
+    if (spool_dir_of(path, dir, sizeof(dir)) < 0)
+        return fs_err_set(err, -ENAMETOOLONG, "%s: path too long for its spool directory", path);
+    if (read_spool_head(s->db, &s->committed) != SQLITE_OK)
+        return fs_err_set(err, -EIO, "%s: reading spool_log: %s", path, sqlite3_errmsg(s->db));
     struct spool_opts so = {.sync_full = s->opts.synchronous_full};
-    int rc = spool_open(dir, &s->committed, &so, &s->spool, err, errlen);
+    int rc = spool_open(dir, &s->committed, &so, &s->spool, err);
     if (rc < 0)
         return rc;
     spool_set_yield(s->spool, store_hello_interlude, s);
-    err[0] = '\0';
-    if ((rc = import_legacy_spool(s, path, err, errlen)) < 0)
+    err->msg[0] = '\0';
+    if ((rc = import_legacy_spool(s, path, err)) < 0)
         return rc;
     sqlite3_stmt *q;
     if (sqlite3_prepare_v2(s->db,
                            "SELECT id, spool_done_step FROM runs WHERE spool_done_step IS NOT NULL",
                            -1, &q, NULL) != SQLITE_OK) {
-        snprintf(err, errlen, "%s: reading evaluated steps: %s", path, sqlite3_errmsg(s->db));
-        return -EIO;
+        return fs_err_set(err, -EIO, "%s: reading evaluated steps: %s", path,
+                          sqlite3_errmsg(s->db));
     }
     while ((rc = sqlite3_step(q)) == SQLITE_ROW)
         if (spool_set_done(s->spool, sqlite3_column_int64(q, 0), sqlite3_column_int64(q, 1)) < 0)
             break;
     sqlite3_finalize(q);
-    if (rc != SQLITE_DONE) {
-        snprintf(err, errlen, "%s: reading evaluated steps: %s", path,
-                 rc == SQLITE_ROW ? "out of memory" : sqlite3_errmsg(s->db));
-        return -EIO;
-    }
+    if (rc != SQLITE_DONE)
+        return fs_err_set(err, -EIO, "%s: reading evaluated steps: %s", path,
+                          rc == SQLITE_ROW ? "out of memory" : sqlite3_errmsg(s->db));
     size_t freed = spool_release(s->spool, &s->committed);
     if (freed)
         log_info("store", "spool: deleted %zu segments of evaluated steps", freed);
     return 0;
 }
 
-static int configure(sqlite3 *db, const char *path, int full, char *err, size_t errlen)
+static int configure(sqlite3 *db, const char *path, int full, struct fs_err *err)
 {
     sqlite3_extended_result_codes(db, 1);
     sqlite3_busy_timeout(db, FS_STORE_BUSY_TIMEOUT_MS);
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL) != SQLITE_OK) {
-        snprintf(err, errlen, "%s: %s", path, sqlite3_errmsg(db));
-        return -EIO;
-    }
+    if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL) != SQLITE_OK)
+        return fs_err_set(err, -EIO, "%s: %s", path, sqlite3_errmsg(db));
     int rc = sqlite3_step(st);
     const char *mode = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
     int wal = mode && (strcmp(mode, "wal") == 0 || strcmp(mode, "memory") == 0);
     char got[32];
     snprintf(got, sizeof(got), "%s", mode ? mode : "?");
     sqlite3_finalize(st);
-    if (!wal) {
-        snprintf(err, errlen, "%s: cannot enable WAL (journal_mode is %s): %s", path, got,
-                 sqlite3_errmsg(db));
-        return -EIO;
-    }
+    if (!wal)
+        return fs_err_set(err, -EIO, "%s: cannot enable WAL (journal_mode is %s): %s", path, got,
+                          sqlite3_errmsg(db));
     if (exec_sql(db, full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL", err,
-                 errlen, path) != SQLITE_OK ||
-        exec_sql(db, "PRAGMA foreign_keys = ON", err, errlen, path) != SQLITE_OK)
+                 path) != SQLITE_OK ||
+        exec_sql(db, "PRAGMA foreign_keys = ON", err, path) != SQLITE_OK)
         return -EIO;
     return 0;
 }
 
-int store_open(const char *path, const struct store_opts *opts, struct store **out, char *err,
-               size_t errlen)
+int store_open(const char *path, const struct store_opts *opts, struct store **out,
+               struct fs_err *err)
 {
     int rc = -ENOMEM;
     struct store *s = calloc(1, sizeof(*s));
-    if (!s) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
+    if (!s)
+        return fs_err_set(err, -ENOMEM, "out of memory");
     s->opts = *opts;
     s->stats = opts->stats ? opts->stats : &s->own_stats;
     s->notify = opts->notify;
@@ -320,35 +303,34 @@ int store_open(const char *path, const struct store_opts *opts, struct store **o
     s->batch = calloc(s->opts.batch_max_items, sizeof(*s->batch));
     s->refused = calloc(s->opts.batch_max_items, 1);
     if (!s->batch || !s->refused) {
-        snprintf(err, errlen, "out of memory");
+        fs_err_set(err, rc, "out of memory");
         goto fail;
     }
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
     if (sqlite3_open_v2(path, &s->db, flags, NULL) != SQLITE_OK) {
-        snprintf(err, errlen, "cannot open database %s: %s", path,
-                 s->db ? sqlite3_errmsg(s->db) : "out of memory");
-        rc = -EIO;
+        rc = fs_err_set(err, -EIO, "cannot open database %s: %s", path,
+                        s->db ? sqlite3_errmsg(s->db) : "out of memory");
         goto fail;
     }
-    if ((rc = configure(s->db, path, opts->synchronous_full, err, errlen)) < 0 ||
-        (rc = migrate(s->db, path, err, errlen)) < 0)
+    if ((rc = configure(s->db, path, opts->synchronous_full, err)) < 0 ||
+        (rc = migrate(s->db, path, err)) < 0)
         goto fail;
     for (int i = 0; i < ST_COUNT; i++) {
         if (sqlite3_prepare_v3(s->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i],
                                NULL) != SQLITE_OK) {
-            snprintf(err, errlen, "%s: preparing statement %d: %s", path, i, sqlite3_errmsg(s->db));
-            rc = -EIO;
+            rc = fs_err_set(err, -EIO, "%s: preparing statement %d: %s", path, i,
+                            sqlite3_errmsg(s->db));
             goto fail;
         }
     }
-    if ((rc = open_spool(s, path, err, errlen)) < 0)
+    if ((rc = open_spool(s, path, err)) < 0)
         goto fail;
     s->spool_bytes = spool_bytes(s->spool);
     atomic_store(&s->stats->spool_bytes, s->spool_bytes);
     if ((rc = advice_store_open(s->db, &s->advice)) < 0 ||
         (rc = attempts_store_open(s->db, &s->attempts)) < 0) {
-        snprintf(err, errlen, "%s: preparing the advice and attempt statements: %s", path,
-                 sqlite3_errmsg(s->db));
+        fs_err_set(err, rc, "%s: preparing the advice and attempt statements: %s", path,
+                   sqlite3_errmsg(s->db));
         goto fail;
     }
     rc = -ENOMEM;
@@ -357,7 +339,7 @@ int store_open(const char *path, const struct store_opts *opts, struct store **o
     /* The writer's timed wait (retention) is on the monotonic clock. */
     pthread_condattr_t ca;
     if (pthread_condattr_init(&ca) != 0) {
-        snprintf(err, errlen, "cannot create writer locks");
+        fs_err_set(err, rc, "cannot create writer locks");
         goto fail;
     }
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -366,12 +348,11 @@ int store_open(const char *path, const struct store_opts *opts, struct store **o
     done = cv && !pthread_cond_init(&s->done_cv, NULL);
     pthread_condattr_destroy(&ca);
     if (!done) {
-        snprintf(err, errlen, "cannot create writer locks");
+        fs_err_set(err, rc, "cannot create writer locks");
         goto fail;
     }
     if (pthread_create(&s->thread, NULL, store_writer_main, s) != 0) {
-        snprintf(err, errlen, "cannot start the writer thread");
-        rc = -EAGAIN;
+        rc = fs_err_set(err, -EAGAIN, "cannot start the writer thread");
         goto fail;
     }
     s->thread_started = 1;
@@ -431,17 +412,17 @@ int store_close(struct store *s)
     return rc;
 }
 
-int store_open_readonly(const char *path, sqlite3 **out, char *err, size_t errlen)
+int store_open_readonly(const char *path, sqlite3 **out, struct fs_err *err)
 {
     sqlite3 *db = NULL;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
-        snprintf(err, errlen, "cannot open database %s read-only: %s", path,
-                 db ? sqlite3_errmsg(db) : "out of memory");
+        fs_err_set(err, -EIO, "cannot open database %s read-only: %s", path,
+                   db ? sqlite3_errmsg(db) : "out of memory");
         sqlite3_close(db);
         return -EIO;
     }
     sqlite3_busy_timeout(db, FS_STORE_BUSY_TIMEOUT_MS);
-    if (exec_sql(db, "PRAGMA query_only = 1", err, errlen, path) != SQLITE_OK) {
+    if (exec_sql(db, "PRAGMA query_only = 1", err, path) != SQLITE_OK) {
         sqlite3_close(db);
         return -EIO;
     }

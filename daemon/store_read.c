@@ -24,40 +24,37 @@ struct store_reader {
     char path[FS_CONFIG_MAX_PATH];
 };
 
-static int fail(struct store_reader *r, int rc, char *err, size_t errlen, const char *what)
+static int fail(struct store_reader *r, int rc, struct fs_err *err, const char *what)
 {
-    snprintf(err, errlen, "%s: %s: %s", r->path, what, sqlite3_errmsg(r->db));
-    return rc;
+    return fs_err_set(err, rc, "%s: %s: %s", r->path, what, sqlite3_errmsg(r->db));
 }
 
-int store_reader_open(const char *path, struct store_reader **out, char *err, size_t errlen)
+int store_reader_open(const char *path, struct store_reader **out, struct fs_err *err)
 {
     struct store_reader *r = calloc(1, sizeof(*r));
     sqlite3_stmt *q = NULL;
     int rc = -EIO;
 
     *out = NULL;
-    if (!r) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
+    if (!r)
+        return fs_err_set(err, -ENOMEM, "out of memory");
     snprintf(r->path, sizeof(r->path), "%s", path);
     if (sqlite3_open_v2(path, &r->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
-        rc = fail(r, -ENOENT, err, errlen, "cannot open");
+        rc = fail(r, -ENOENT, err, "cannot open");
         goto out;
     }
     sqlite3_busy_timeout(r->db, STORE_READ_BUSY_MS);
     if (sqlite3_prepare_v2(r->db, "PRAGMA user_version", -1, &q, NULL) != SQLITE_OK ||
         sqlite3_step(q) != SQLITE_ROW) {
-        rc = fail(r, -EIO, err, errlen, "not a readable SQLite database");
+        rc = fail(r, -EIO, err, "not a readable SQLite database");
         goto out;
     }
     int version = r->version = sqlite3_column_int(q, 0);
     if (version < 1 || version > schema_migration_count) {
-        snprintf(err, errlen, "%s: schema version %d: not a Foreshock database this build reads "
-                              "(1..%d)",
-                 path, version, schema_migration_count);
-        rc = -EPROTO;
+        rc = fs_err_set(err, -EPROTO,
+                        "%s: schema version %d: not a Foreshock database this build reads "
+                        "(1..%d)",
+                        path, version, schema_migration_count);
         goto out;
     }
     rc = 0;
@@ -100,7 +97,7 @@ static uint32_t lowest_rank(const char *ranges)
 
 int store_reader_runs(struct store_reader *r,
                       int (*cb)(void *ctx, const struct store_run_info *run), void *ctx,
-                      char *err, size_t errlen)
+                      struct fs_err *err)
 {
     sqlite3_stmt *q = NULL;
     int rc, out = 0;
@@ -114,7 +111,7 @@ int store_reader_runs(struct store_reader *r,
                           : "SELECT id, name, detect_from_step, last_step, NULL FROM runs "
                             "ORDER BY id";
     if (sqlite3_prepare_v2(r->db, sql, -1, &q, NULL) != SQLITE_OK)
-        return fail(r, -EIO, err, errlen, "reading runs");
+        return fail(r, -EIO, err, "reading runs");
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct store_run_info run = {.id = sqlite3_column_int64(q, 0)};
         const char *name = (const char *)sqlite3_column_text(q, 1);
@@ -127,7 +124,7 @@ int store_reader_runs(struct store_reader *r,
             break;
     }
     if (out == 0 && rc != SQLITE_DONE)
-        out = fail(r, -EIO, err, errlen, "reading runs");
+        out = fail(r, -EIO, err, "reading runs");
     sqlite3_finalize(q);
     return out;
 }
@@ -136,16 +133,16 @@ int store_reader_points(struct store_reader *r, int64_t run_id,
                         bool (*want)(void *ctx, const struct store_series_key *k),
                         int (*cb)(void *ctx, const struct store_series_key *k, uint64_t step,
                                   double value, bool present),
-                        void *ctx, char *err, size_t errlen)
+                        void *ctx, struct fs_err *err)
 {
-    return store_reader_points_upto(r, run_id, INT64_MAX, want, cb, ctx, err, errlen);
+    return store_reader_points_upto(r, run_id, INT64_MAX, want, cb, ctx, err);
 }
 
 int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max_step,
                              bool (*want)(void *ctx, const struct store_series_key *k),
                              int (*cb)(void *ctx, const struct store_series_key *k,
                                        uint64_t step, double value, bool present),
-                             void *ctx, char *err, size_t errlen)
+                             void *ctx, struct fs_err *err)
 {
     sqlite3_stmt *s = NULL, *q = NULL;
     struct store_series_key *keys = NULL;
@@ -159,7 +156,7 @@ int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max
                            "SELECT id, name, layer, head, \"window\", rank FROM series "
                            "WHERE run_id = ?1 ORDER BY id",
                            -1, &s, NULL) != SQLITE_OK)
-        return fail(r, -EIO, err, errlen, "reading series");
+        return fail(r, -EIO, err, "reading series");
     sqlite3_bind_int64(s, 1, run_id);
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct store_series_key k = {0};
@@ -176,8 +173,7 @@ int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max
         if (nk)
             keys = nk;
         if (!ni) {
-            snprintf(err, errlen, "out of memory reading series");
-            out = -ENOMEM;
+            out = fs_err_set(err, -ENOMEM, "out of memory reading series");
             goto done;
         }
         ids = ni;
@@ -185,7 +181,7 @@ int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max
         ids[n++] = sqlite3_column_int64(s, 0);
     }
     if (rc != SQLITE_DONE) {
-        out = fail(r, -EIO, err, errlen, "reading series");
+        out = fail(r, -EIO, err, "reading series");
         goto done;
     }
     if (n == 0)
@@ -197,7 +193,7 @@ int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max
                            "JOIN series s ON s.id = p.series_id WHERE s.run_id = ?1 "
                            "AND p.step <= ?2 ORDER BY p.step, p.series_id",
                            -1, &q, NULL) != SQLITE_OK) {
-        out = fail(r, -EIO, err, errlen, "reading points");
+        out = fail(r, -EIO, err, "reading points");
         goto done;
     }
     sqlite3_bind_int64(q, 1, run_id);
@@ -223,7 +219,7 @@ int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max
             goto done;
     }
     if (rc != SQLITE_DONE)
-        out = fail(r, -EIO, err, errlen, "reading points");
+        out = fail(r, -EIO, err, "reading points");
 done:
     sqlite3_finalize(q);
     sqlite3_finalize(s);

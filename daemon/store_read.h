@@ -25,7 +25,7 @@ struct store_run_info {
 
 /* Opens path read-only. Returns 0 and *out, or a negative errno with a
  * reason in err (missing file, not a Foreshock database, newer schema). */
-int store_reader_open(const char *path, struct store_reader **out, char *err, size_t errlen);
+int store_reader_open(const char *path, struct store_reader **out, struct fs_err *err);
 void store_reader_close(struct store_reader *r);
 
 /* The database's schema version (PRAGMA user_version, 1..this build's). */
@@ -35,7 +35,7 @@ int store_reader_version(const struct store_reader *r);
  * stop (returned). Returns 0, a negative errno with err, or cb's value. */
 int store_reader_runs(struct store_reader *r,
                       int (*cb)(void *ctx, const struct store_run_info *run), void *ctx,
-                      char *err, size_t errlen);
+                      struct fs_err *err);
 
 /* Calls cb for every stored point of run_id's series that `want` accepts
  * (want may be NULL: all), ordered by step, then by series id. present is
@@ -45,13 +45,13 @@ int store_reader_points(struct store_reader *r, int64_t run_id,
                         bool (*want)(void *ctx, const struct store_series_key *k),
                         int (*cb)(void *ctx, const struct store_series_key *k, uint64_t step,
                                   double value, bool present),
-                        void *ctx, char *err, size_t errlen);
+                        void *ctx, struct fs_err *err);
 
 /* store_reader_points for the points at or below max_step only. */
 int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max_step,
                              bool (*want)(void *ctx, const struct store_series_key *k),
                              int (*cb)(void *ctx, const struct store_series_key *k,
                                        uint64_t step, double value, bool present),
-                             void *ctx, char *err, size_t errlen);
+                             void *ctx, struct fs_err *err);
 
 #endif

@@ -17,21 +17,18 @@ struct store_restart {
     sqlite3_stmt *lr; /* store_restart_lr's, prepared on first use */
 };
 
-static int load_fail(sqlite3 *db, char *err, size_t errlen, const char *what)
+static int load_fail(sqlite3 *db, struct fs_err *err, const char *what)
 {
-    snprintf(err, errlen, "loading monitor state (%s): %s", what, sqlite3_errmsg(db));
-    return -EIO;
+    return fs_err_set(err, -EIO, "loading monitor state (%s): %s", what, sqlite3_errmsg(db));
 }
 
-int store_restart_open(const char *path, struct store_restart **out, char *err, size_t errlen)
+int store_restart_open(const char *path, struct store_restart **out, struct fs_err *err)
 {
     *out = NULL;
     struct store_restart *r = calloc(1, sizeof(*r));
-    if (!r) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    int rc = store_open_readonly(path, &r->db, err, errlen);
+    if (!r)
+        return fs_err_set(err, -ENOMEM, "out of memory");
+    int rc = store_open_readonly(path, &r->db, err);
     if (rc < 0) {
         free(r);
         return rc;
@@ -69,7 +66,7 @@ static void model_from_json(struct store_restart_run *run, const char *text)
 
 int store_restart_runs(struct store_restart *r,
                        int (*cb)(void *ctx, const struct store_restart_run *run), void *ctx,
-                       char *err, size_t errlen)
+                       struct fs_err *err)
 {
     sqlite3 *db = r->db;
     sqlite3_stmt *q = NULL;
@@ -80,7 +77,7 @@ int store_restart_runs(struct store_restart *r,
                            "spool_done_step, "
                            SCHEMA_RUN_LOCAL_RANKS_SQL("runs.id") " FROM runs",
                            -1, &q, NULL) != SQLITE_OK)
-        return load_fail(db, err, errlen, "runs");
+        return load_fail(db, err, "runs");
     int rc, stop = 0;
     while (!stop && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct store_restart_run run = {
@@ -98,13 +95,13 @@ int store_restart_runs(struct store_restart *r,
     if (stop)
         return stop;
     if (rc != SQLITE_DONE)
-        return load_fail(db, err, errlen, "runs");
+        return load_fail(db, err, "runs");
     return 0;
 }
 
 int store_restart_detected_steps(struct store_restart *r,
                                  int (*cb)(void *ctx, int64_t run_id, int64_t step), void *ctx,
-                                 char *err, size_t errlen)
+                                 struct fs_err *err)
 {
     sqlite3 *db = r->db;
     sqlite3_stmt *q = NULL;
@@ -113,7 +110,7 @@ int store_restart_detected_steps(struct store_restart *r,
                            "JOIN series s ON s.id = d.series_id WHERE s.rank = -1 "
                            "GROUP BY s.run_id",
                            -1, &q, NULL) != SQLITE_OK)
-        return load_fail(db, err, errlen, "evaluated steps");
+        return load_fail(db, err, "evaluated steps");
     int rc, stop = 0;
     while (!stop && (rc = sqlite3_step(q)) == SQLITE_ROW)
         stop = cb(ctx, sqlite3_column_int64(q, 0), sqlite3_column_int64(q, 1));
@@ -121,13 +118,12 @@ int store_restart_detected_steps(struct store_restart *r,
     if (stop)
         return stop;
     if (rc != SQLITE_DONE)
-        return load_fail(db, err, errlen, "evaluated steps");
+        return load_fail(db, err, "evaluated steps");
     return 0;
 }
 
 int store_restart_lr(struct store_restart *r, int64_t run_id, uint32_t rank,
-                     int (*cb)(void *ctx, uint64_t step, double lr), void *ctx, char *err,
-                     size_t errlen)
+                     int (*cb)(void *ctx, uint64_t step, double lr), void *ctx, struct fs_err *err)
 {
     sqlite3 *db = r->db;
     /* One run at a time, one rank's series only: a 1,024-rank job stores
@@ -138,7 +134,7 @@ int store_restart_lr(struct store_restart *r, int64_t run_id, uint32_t rank,
                                      "AND s.name = 'lr' AND s.rank = ?2 AND s.layer = -1 "
                                      "AND s.head = -1 ORDER BY p.step",
                                      -1, &r->lr, NULL) != SQLITE_OK)
-        return load_fail(db, err, errlen, "learning rates");
+        return load_fail(db, err, "learning rates");
     sqlite3_stmt *q = r->lr;
     sqlite3_bind_int64(q, 1, run_id);
     sqlite3_bind_int64(q, 2, (int64_t)rank);
@@ -150,7 +146,7 @@ int store_restart_lr(struct store_restart *r, int64_t run_id, uint32_t rank,
     if (stop)
         return stop;
     if (rc != SQLITE_DONE)
-        return load_fail(db, err, errlen, "learning rates");
+        return load_fail(db, err, "learning rates");
     return 0;
 }
 
@@ -171,7 +167,7 @@ static bool key_of(sqlite3_stmt *q, int col, struct store_series_key *k)
 
 int store_restart_detectors(struct store_restart *r,
                             int (*cb)(void *ctx, const struct store_restart_detector *d),
-                            void *ctx, char *err, size_t errlen)
+                            void *ctx, struct fs_err *err)
 {
     sqlite3 *db = r->db;
     sqlite3_stmt *q = NULL;
@@ -180,7 +176,7 @@ int store_restart_detectors(struct store_restart *r,
                            "s.\"window\", s.rank FROM detector_state d "
                            "JOIN series s ON s.id = d.series_id",
                            -1, &q, NULL) != SQLITE_OK)
-        return load_fail(db, err, errlen, "detector_state");
+        return load_fail(db, err, "detector_state");
     int rc, stop = 0;
     while (!stop && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct store_restart_detector d = {.run_id = sqlite3_column_int64(q, 0),
@@ -195,7 +191,7 @@ int store_restart_detectors(struct store_restart *r,
     if (stop)
         return stop;
     if (rc != SQLITE_DONE)
-        return load_fail(db, err, errlen, "detector_state");
+        return load_fail(db, err, "detector_state");
     return 0;
 }
 
@@ -214,7 +210,7 @@ static double col_real(sqlite3_stmt *q, int i)
 
 int store_restart_alerts(struct store_restart *r,
                          int (*cb)(void *ctx, const struct store_restart_alert *a), void *ctx,
-                         char *err, size_t errlen)
+                         struct fs_err *err)
 {
     sqlite3 *db = r->db;
     sqlite3_stmt *q = NULL;
@@ -223,7 +219,7 @@ int store_restart_alerts(struct store_restart *r,
                            "a.mad, a.z, s.name, s.layer, s.head, s.\"window\", s.rank "
                            "FROM alerts a JOIN series s ON s.id = a.series_id",
                            -1, &q, NULL) != SQLITE_OK)
-        return load_fail(db, err, errlen, "alerts");
+        return load_fail(db, err, "alerts");
     int rc, stop = 0;
     while (!stop && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct store_restart_alert a = {.run_id = sqlite3_column_int64(q, 0)};
@@ -242,20 +238,20 @@ int store_restart_alerts(struct store_restart *r,
     if (stop)
         return stop;
     if (rc != SQLITE_DONE)
-        return load_fail(db, err, errlen, "alerts");
+        return load_fail(db, err, "alerts");
     return 0;
 }
 
 int store_restart_streams(struct store_restart *r,
                           int (*cb)(void *ctx, int64_t stream_id, int64_t run_id,
                                     uint32_t attempt),
-                          void *ctx, char *err, size_t errlen)
+                          void *ctx, struct fs_err *err)
 {
     sqlite3 *db = r->db;
     sqlite3_stmt *q = NULL;
     if (sqlite3_prepare_v2(db, "SELECT id, run_id, attempt FROM streams", -1, &q, NULL) !=
         SQLITE_OK)
-        return load_fail(db, err, errlen, "streams");
+        return load_fail(db, err, "streams");
     int rc, stop = 0;
     while (!stop && (rc = sqlite3_step(q)) == SQLITE_ROW)
         stop = cb(ctx, sqlite3_column_int64(q, 0), sqlite3_column_int64(q, 1),
@@ -264,13 +260,13 @@ int store_restart_streams(struct store_restart *r,
     if (stop)
         return stop;
     if (rc != SQLITE_DONE)
-        return load_fail(db, err, errlen, "streams");
+        return load_fail(db, err, "streams");
     return 0;
 }
 
 int store_restart_attempts(struct store_restart *r,
                            int (*cb)(void *ctx, const struct store_restart_attempt *a),
-                           void *ctx, char *err, size_t errlen)
+                           void *ctx, struct fs_err *err)
 {
     sqlite3 *db = r->db;
     sqlite3_stmt *q = NULL;
@@ -280,7 +276,7 @@ int store_restart_attempts(struct store_restart *r,
                            "AND b.attempt < a.attempt) FROM attempts a WHERE a.attempt = "
                            "(SELECT max(c.attempt) FROM attempts c WHERE c.run_id = a.run_id)",
                            -1, &q, NULL) != SQLITE_OK)
-        return load_fail(db, err, errlen, "attempts");
+        return load_fail(db, err, "attempts");
     int rc, stop = 0;
     while (!stop && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         struct store_restart_attempt a = {
@@ -296,18 +292,17 @@ int store_restart_attempts(struct store_restart *r,
     if (stop)
         return stop;
     if (rc != SQLITE_DONE)
-        return load_fail(db, err, errlen, "attempts");
+        return load_fail(db, err, "attempts");
     return 0;
 }
 
-int store_restart_spool_head(struct store_restart *r, struct spool_pos *out, char *err,
-                             size_t errlen)
+int store_restart_spool_head(struct store_restart *r, struct spool_pos *out, struct fs_err *err)
 {
     sqlite3 *db = r->db;
     sqlite3_stmt *q = NULL;
     if (sqlite3_prepare_v2(db, "SELECT segment, byte_offset FROM spool_log WHERE id = 1", -1, &q,
                            NULL) != SQLITE_OK)
-        return load_fail(db, err, errlen, "spool_log");
+        return load_fail(db, err, "spool_log");
     *out = (struct spool_pos){0, 0};
     int rc = sqlite3_step(q);
     if (rc == SQLITE_ROW)
@@ -315,6 +310,6 @@ int store_restart_spool_head(struct store_restart *r, struct spool_pos *out, cha
                                   .off = (uint64_t)sqlite3_column_int64(q, 1)};
     sqlite3_finalize(q);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        return load_fail(db, err, errlen, "spool_log");
+        return load_fail(db, err, "spool_log");
     return 0;
 }

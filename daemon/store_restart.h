@@ -28,7 +28,7 @@
 struct store_restart;
 
 /* Opens path read-only. 0 and *out, or a negative errno-style code with err. */
-int store_restart_open(const char *path, struct store_restart **out, char *err, size_t errlen);
+int store_restart_open(const char *path, struct store_restart **out, struct fs_err *err);
 void store_restart_close(struct store_restart *r);
 
 struct store_restart_run {
@@ -45,19 +45,18 @@ struct store_restart_run {
 /* Every run. */
 int store_restart_runs(struct store_restart *r,
                        int (*cb)(void *ctx, const struct store_restart_run *run), void *ctx,
-                       char *err, size_t errlen);
+                       struct fs_err *err);
 
 /* Per run, the last step any sketch-derived (rank -1) series was detected
  * at: the evaluated step of a database that did not record it. */
 int store_restart_detected_steps(struct store_restart *r,
                                  int (*cb)(void *ctx, int64_t run_id, int64_t step), void *ctx,
-                                 char *err, size_t errlen);
+                                 struct fs_err *err);
 
 /* The stored learning rates of one run's rank (`lr`, whole-model), by step;
  * points without a value or with a negative step are left out. */
 int store_restart_lr(struct store_restart *r, int64_t run_id, uint32_t rank,
-                     int (*cb)(void *ctx, uint64_t step, double lr), void *ctx, char *err,
-                     size_t errlen);
+                     int (*cb)(void *ctx, uint64_t step, double lr), void *ctx, struct fs_err *err);
 
 struct store_restart_detector {
     int64_t run_id;
@@ -70,7 +69,7 @@ struct store_restart_detector {
 /* Every persisted detector state (rows of series without a name are left out). */
 int store_restart_detectors(struct store_restart *r,
                             int (*cb)(void *ctx, const struct store_restart_detector *d),
-                            void *ctx, char *err, size_t errlen);
+                            void *ctx, struct fs_err *err);
 
 struct store_restart_alert {
     int64_t run_id;
@@ -84,13 +83,13 @@ struct store_restart_alert {
 /* Every alert row (rows of series without a name are left out). */
 int store_restart_alerts(struct store_restart *r,
                          int (*cb)(void *ctx, const struct store_restart_alert *a), void *ctx,
-                         char *err, size_t errlen);
+                         struct fs_err *err);
 
 /* Every stream's attempt. */
 int store_restart_streams(struct store_restart *r,
                           int (*cb)(void *ctx, int64_t stream_id, int64_t run_id,
                                     uint32_t attempt),
-                          void *ctx, char *err, size_t errlen);
+                          void *ctx, struct fs_err *err);
 
 struct store_restart_attempt {
     int64_t run_id;
@@ -105,11 +104,10 @@ struct store_restart_attempt {
 /* Every run's latest attempt. */
 int store_restart_attempts(struct store_restart *r,
                            int (*cb)(void *ctx, const struct store_restart_attempt *a),
-                           void *ctx, char *err, size_t errlen);
+                           void *ctx, struct fs_err *err);
 
 /* Where the spool log's records not yet released start ({0, 0}: no record
  * of it, a new database). 0 or a negative code with err. */
-int store_restart_spool_head(struct store_restart *r, struct spool_pos *out, char *err,
-                             size_t errlen);
+int store_restart_spool_head(struct store_restart *r, struct spool_pos *out, struct fs_err *err);
 
 #endif

@@ -36,37 +36,34 @@ static void ssl_reason(char *out, size_t len)
     ERR_clear_error();
 }
 
-int tls_server_new(const struct tls_server_opts *o, struct tls_server **out, char *err,
-                   size_t errlen)
+int tls_server_new(const struct tls_server_opts *o, struct tls_server **out,
+                   struct fs_err *err)
 {
     char why[256];
     *out = NULL;
-    if (!o->cert_file || !o->cert_file[0] || !o->key_file || !o->key_file[0]) {
-        snprintf(err, errlen, "tls: a certificate and a key are both required");
-        return -EINVAL;
-    }
+    if (!o->cert_file || !o->cert_file[0] || !o->key_file || !o->key_file[0])
+        return fs_err_set(err, -EINVAL, "tls: a certificate and a key are both required");
     struct tls_server *s = calloc(1, sizeof(*s));
     if (!s || !(s->ctx = SSL_CTX_new(TLS_server_method()))) {
         free(s);
-        snprintf(err, errlen, "tls: out of memory");
-        return -ENOMEM;
+        return fs_err_set(err, -ENOMEM, "tls: out of memory");
     }
     int rc = -EINVAL;
     SSL_CTX_set_min_proto_version(s->ctx, TLS1_2_VERSION);
     if (SSL_CTX_use_certificate_chain_file(s->ctx, o->cert_file) != 1) {
         ssl_reason(why, sizeof(why));
-        snprintf(err, errlen, "tls: certificate %s: %s", o->cert_file, why);
+        fs_err_set(err, rc, "tls: certificate %s: %s", o->cert_file, why);
         goto fail;
     }
     if (SSL_CTX_use_PrivateKey_file(s->ctx, o->key_file, SSL_FILETYPE_PEM) != 1) {
         ssl_reason(why, sizeof(why));
-        snprintf(err, errlen, "tls: key %s: %s", o->key_file, why);
+        fs_err_set(err, rc, "tls: key %s: %s", o->key_file, why);
         goto fail;
     }
     if (SSL_CTX_check_private_key(s->ctx) != 1) {
         ssl_reason(why, sizeof(why));
-        snprintf(err, errlen, "tls: key %s does not match certificate %s: %s", o->key_file,
-                 o->cert_file, why);
+        fs_err_set(err, rc, "tls: key %s does not match certificate %s: %s", o->key_file,
+                   o->cert_file, why);
         goto fail;
     }
     if (o->ca_file && o->ca_file[0]) {
@@ -74,7 +71,7 @@ int tls_server_new(const struct tls_server_opts *o, struct tls_server **out, cha
         if (SSL_CTX_load_verify_locations(s->ctx, o->ca_file, NULL) != 1 || !names) {
             sk_X509_NAME_pop_free(names, X509_NAME_free);
             ssl_reason(why, sizeof(why));
-            snprintf(err, errlen, "tls: client CA %s: %s", o->ca_file, why);
+            fs_err_set(err, rc, "tls: client CA %s: %s", o->ca_file, why);
             goto fail;
         }
         SSL_CTX_set_client_CA_list(s->ctx, names);

@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "fs_err.h"
+
 /* TLS for ingest (OpenSSL), driven by whoever owns the socket: the
  * connection's records go in and out through memory buffers, never through
  * a descriptor, so the libuv loop keeps owning every socket and read/write
@@ -28,8 +30,8 @@ struct tls_conn;
 
 /* Loads and checks the files (the key matches the certificate). Returns 0
  * and *out, or -EINVAL / -ENOMEM with a message naming the file in err. */
-int tls_server_new(const struct tls_server_opts *o, struct tls_server **out, char *err,
-                   size_t errlen);
+int tls_server_new(const struct tls_server_opts *o, struct tls_server **out,
+                   struct fs_err *err);
 void tls_server_free(struct tls_server *s);
 
 /* A server-side connection in its handshake. NULL on out of memory. */

@@ -53,9 +53,10 @@ int cmd_archive(int argc, char **argv)
         return CLI_USAGE;
     }
     struct store_archive_result res;
-    rc = store_archive(s.db, s.out, s.run, &res, err, sizeof(err));
+    struct fs_err aerr = {0};
+    rc = store_archive(s.db, s.out, s.run, &res, &aerr);
     if (rc < 0) {
-        fprintf(stderr, "foreshock archive: %s\n", err);
+        fprintf(stderr, "foreshock archive: %s\n", aerr.msg);
         return rc == -EEXIST ? CLI_USAGE : CLI_FAIL;
     }
     printf("archive: %s runs=%" PRId64 " series=%" PRId64 " points=%" PRId64 " alerts=%" PRId64

@@ -87,20 +87,20 @@ static int apply_set(struct detect_rules *rules, struct fs_config *cfg, const ch
     *eq = '\0';
     char *dot = strrchr(buf, '.');
     if (!dot) { /* a top-level daemon key (detect_from_step) */
-        struct config_error ce;
+        struct fs_err ce = {0};
         if (config_set(cfg, buf, eq + 1, "--set", &ce) < 0) {
-            snprintf(err, errlen, "%.500s", ce.message);
+            snprintf(err, errlen, "%.500s", ce.msg);
             return -EINVAL;
         }
         return 0;
     }
     *dot = '\0';
-    struct detect_error de = {0};
+    struct fs_err de = {0};
     int rc = detect_rules_set(rules, buf, dot + 1, eq + 1, &de);
     if (rc == -ENOENT)
         snprintf(err, errlen, "--set '%s': no rule '%s' (rules: foreshockd --help)", arg, buf);
     else if (rc < 0)
-        snprintf(err, errlen, "--set '%s': %s", arg, de.msg);
+        snprintf(err, errlen, "--set '%s': %.160s", arg, de.msg);
     return rc;
 }
 
@@ -182,7 +182,10 @@ static int backtest_run(struct store_reader *rd, const struct store_run_info *ru
     int r;
 
     eval_run_init(&rc.er, rules);
-    r = store_reader_points(rd, run->id, want_series, feed_point, &rc, err, errlen);
+    struct fs_err rerr = {0};
+    r = store_reader_points(rd, run->id, want_series, feed_point, &rc, &rerr);
+    if (r < 0)
+        snprintf(err, errlen, "%.511s", rerr.msg);
     if (r == -ENOMEM && !err[0])
         snprintf(err, errlen, "out of memory");
     if (r < 0)
@@ -531,14 +534,14 @@ int cmd_backtest(int argc, char **argv)
     static struct pager_config pager_cfg;
     static struct run_auth run_auth; /* parsed so that [run] sections are accepted; unused */
     struct config_section sections[3];
-    struct config_error ce;
+    struct fs_err ce = {0};
     config_defaults(&cfg);
     detect_rules_default(&rules);
     stage_detect_section(&rules, &sections[0]);
     pager_target_section(&pager_cfg, &sections[1]);
     run_auth_section(&run_auth, &sections[2]);
     if (st.config && config_load_file(st.config, &cfg, sections, 3, &ce) < 0) {
-        fprintf(stderr, "foreshock backtest: %s\n", ce.message);
+        fprintf(stderr, "foreshock backtest: %s\n", ce.msg);
         return CLI_USAGE;
     }
     for (size_t i = 0; i < n_sets; i++)
@@ -586,13 +589,14 @@ int cmd_backtest(int argc, char **argv)
     }
 
     struct store_reader *rd = NULL;
-    if (store_reader_open(db, &rd, err, sizeof(err)) < 0) {
-        fprintf(stderr, "foreshock backtest: %s\n", err);
+    struct fs_err rerr = {0};
+    if (store_reader_open(db, &rd, &rerr) < 0) {
+        fprintf(stderr, "foreshock backtest: %s\n", rerr.msg);
         goto cleanup;
     }
     struct run_list all = {0};
-    if (store_reader_runs(rd, collect, &all, err, sizeof(err)) < 0) {
-        fprintf(stderr, "foreshock backtest: %s\n", err);
+    if (store_reader_runs(rd, collect, &all, &rerr) < 0) {
+        fprintf(stderr, "foreshock backtest: %s\n", rerr.msg);
         goto close_reader;
     }
     for (size_t i = 0; i < n_runs; i++) {

@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static struct detect_rules rules;
     static struct pager_config pc;
     struct config_section sections[2];
-    struct config_error err;
+    struct fs_err err = {0};
 
     if (size > FS_CONFIG_MAX_FILE_BYTES)
         return 0;
@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pager_target_section(&pc, &sections[1]);
     if (config_parse((const char *)data, size, "fuzz", &cfg, sections, 2, &err) == 0) {
         (void)config_check(&cfg, "fuzz", &err);
-        (void)pager_config_check(&pc, err.message, sizeof(err.message));
+        (void)pager_config_check(&pc, &err);
     }
     return 0;
 }

@@ -15,7 +15,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct decode_limits lim;
-    struct decode_error err;
+    struct fs_err err;
     struct decode_info info;
     Foreshock__Frame *f = NULL;
     uint32_t len = 0;

@@ -54,12 +54,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     default: {
         static struct silence_req req;
-        char why[256];
+        struct fs_err why = {0};
         /* Bytes, not a C string: the body may hold NULs. */
-        (void)http_silence_req_parse((const char *)data + 1, size - 1, NULL, 1.7e9, &req, why,
-                                     sizeof(why));
-        (void)http_silence_req_parse((const char *)data + 1, size - 1, "run-1", 1.7e9, &req, why,
-                                     sizeof(why));
+        (void)http_silence_req_parse((const char *)data + 1, size - 1, NULL, 1.7e9, &req, &why);
+        (void)http_silence_req_parse((const char *)data + 1, size - 1, "run-1", 1.7e9, &req, &why);
         break;
     }
     }

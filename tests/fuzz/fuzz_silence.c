@@ -17,18 +17,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         {"alertname", "qk.d2.srank"}, {"run", "gpt-7b.r3"}, {"severity", "warning"},
         {"attribution", "attention-numerics"}, {"layer", "12"}, {"window", "25"},
     };
-    char why[256];
+    struct fs_err why = {0};
 
     if (size > SILENCE_MAX_JSON + 16)
         return 0;
-    if (silence_parse((const char *)data, size, &s, why, sizeof(why)) != 0)
+    if (silence_parse((const char *)data, size, &s, &why) != 0)
         return 0;
     s.starts_at = 0;
     s.ends_at = 1e12;
     (void)silence_matches(&s, labels, sizeof(labels) / sizeof(labels[0]), 1.7e9);
     if (silence_matchers_json(&s, out, sizeof(out)) == 0) {
         /* The canonical form of a valid silence is itself valid. */
-        if (silence_parse(out, strlen(out), &again, why, sizeof(why)) != 0)
+        if (silence_parse(out, strlen(out), &again, &why) != 0)
             abort();
         silence_free(&again);
     }

@@ -24,9 +24,9 @@ void http_fixture_start(unsigned threads)
 {
     struct http_opts o = {.host = "127.0.0.1", .port = 0, .db_path = http_fx.db.path,
                           .threads = threads, .stats = &http_fx.stats};
-    char err[256] = "";
-    int rc = http_start(&o, &http_fx.srv, err, sizeof(err));
-    cr_assert_eq(rc, 0, "http_start: %d %s", rc, err);
+    struct fs_err err = {0};
+    int rc = http_start(&o, &http_fx.srv, &err);
+    cr_assert_eq(rc, 0, "http_start: %d %s", rc, err.msg);
     http_fx.port = http_port(http_fx.srv);
     cr_assert_neq(http_fx.port, 0);
 }

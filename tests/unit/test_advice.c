@@ -78,12 +78,12 @@ Test(advice, policy_keys)
         struct advice_policy p;
         advice_policy_default(&p);
         int rc = 0;
-        char why[512] = "";
+        struct fs_err why = {0};
         for (size_t k = 0; k < 3 && c->keys[k][0]; k++)
-            rc = advice_policy_set(&p, c->keys[k][0], c->keys[k][1], why, sizeof why);
-        cr_expect_eq(rc, c->rc, "case %zu: rc %d (%s)", i, rc, why);
+            rc = advice_policy_set(&p, c->keys[k][0], c->keys[k][1], &why);
+        cr_expect_eq(rc, c->rc, "case %zu: rc %d (%s)", i, rc, why.msg);
         if (rc < 0)
-            cr_expect(strlen(why) > 0, "case %zu: no reason", i);
+            cr_expect(strlen(why.msg) > 0, "case %zu: no reason", i);
         cr_expect_eq(advice_decide(&p, c->label, c->severity), c->want, "case %zu", i);
     }
 }
@@ -94,9 +94,9 @@ Test(advice, unknown_key_lists_the_names)
 {
     struct advice_policy p;
     advice_policy_default(&p);
-    char why[512] = "";
-    cr_assert_eq(advice_policy_set(&p, "combined.fatal", "none", why, sizeof why), -EINVAL);
-    cr_expect_str_eq(why, "unknown key 'combined.fatal': keys are enabled, LABEL or "
+    struct fs_err why = {0};
+    cr_assert_eq(advice_policy_set(&p, "combined.fatal", "none", &why), -EINVAL);
+    cr_expect_str_eq(why.msg, "unknown key 'combined.fatal': keys are enabled, LABEL or "
                           "LABEL.SEVERITY (labels: attention-numerics, optimizer-hyperparameter, "
                           "combined, router-balance, non-finite, loss-spike, none; severities: "
                           "warning, critical)");
@@ -111,15 +111,15 @@ Test(advice, section_in_a_config_file)
     struct config_section sec;
     advice_section(&p, &sec);
     static const char good[] = "[advice]\nrouter-balance = none\nloss-spike.critical = checkpoint\n";
-    struct config_error err;
+    struct fs_err err = {0};
     cr_assert_eq(config_parse(good, strlen(good), "t.conf", &cfg, &sec, 1, &err), 0, "%s",
-                 err.message);
+                 err.msg);
     cr_expect_eq(advice_decide(&p, "router-balance", "warning"), ADVICE_NONE);
     cr_expect_eq(advice_decide(&p, "loss-spike", "critical"), ADVICE_CHECKPOINT);
     cr_expect_eq(advice_decide(&p, "loss-spike", "warning"), ADVICE_NONE);
     static const char bad[] = "[advice]\nrouter = none\n";
     cr_expect_neq(config_parse(bad, strlen(bad), "t.conf", &cfg, &sec, 1, &err), 0);
-    cr_expect(strstr(err.message, "t.conf:2") != NULL, "%s", err.message);
+    cr_expect(strstr(err.msg, "t.conf:2") != NULL, "%s", err.msg);
     static const char named[] = "[advice \"x\"]\n";
     cr_expect_neq(config_parse(named, strlen(named), "t.conf", &cfg, &sec, 1, &err), 0);
 }
@@ -167,12 +167,12 @@ Test(advice, frame_round_trip)
     struct decode_limits lim;
     decode_limits_default(&lim, 1 << 20);
     uint32_t n;
-    struct decode_error err;
+    struct fs_err err;
     cr_assert_eq(decode_prefix(buf, &lim, &n, &err), 0);
     cr_assert_eq(n + DECODE_PREFIX_BYTES, len);
     Foreshock__Frame *f;
     cr_assert_eq(decode_frame(buf + DECODE_PREFIX_BYTES, n, &lim, &f, NULL, &err), 0, "%s",
-                 err.message);
+                 err.msg);
     cr_assert_eq(f->body_case, FORESHOCK__FRAME__BODY_ADVICE);
     const Foreshock__Advice *a = f->advice;
     cr_expect_eq(a->advice_id, 42);
@@ -221,11 +221,11 @@ Test(advice, ack_frame_limit)
         size_t len;
         cr_assert_eq(decode_encode(&f, &buf, &len), 0);
         Foreshock__Frame *out = NULL;
-        struct decode_error err;
+        struct fs_err err;
         int rc = decode_frame(buf + DECODE_PREFIX_BYTES, len - DECODE_PREFIX_BYTES, &lim, &out,
                               NULL, &err);
         if (n <= FS_MAX_ADVICE_ACK_IDS) {
-            cr_expect_eq(rc, 0, "%zu ids: %s", n, err.message);
+            cr_expect_eq(rc, 0, "%zu ids: %s", n, err.msg);
         } else {
             cr_expect_eq(rc, -EINVAL, "%zu ids accepted", n);
             cr_expect_eq(err.code, FORESHOCK__ERROR_CODE__ERROR_LIMIT);

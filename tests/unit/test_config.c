@@ -37,13 +37,13 @@ Test(config, defaults)
     cr_expect_eq(c.monitor_threads, 0);
     cr_expect_eq(c.head_points_every, 1);
     cr_expect_eq(c.metrics_max_runs, FS_DEF_METRICS_MAX_RUNS);
-    struct config_error err;
-    cr_expect_eq(config_check(&c, "defaults", &err), 0, "%s", err.message);
+    struct fs_err err = {0};
+    cr_expect_eq(config_check(&c, "defaults", &err), 0, "%s", err.msg);
     /* Every default in the table parses (config_defaults ignores errors). */
     size_t n;
     const struct config_key *keys = config_keys(&n);
     struct fs_config d;
-    cr_expect_eq(config_apply_defaults(keys, n, &d, &err), 0, "%s", err.message);
+    cr_expect_eq(config_apply_defaults(keys, n, &d, &err), 0, "%s", err.msg);
 }
 
 /* One case per valid setting: text, then a check of the field. */
@@ -95,9 +95,9 @@ Test(config, every_key_table)
         const struct ok_case *c = &ok_cases[i];
         struct fs_config cfg;
         config_defaults(&cfg);
-        struct config_error err = {0};
+        struct fs_err err = {0};
         int rc = config_parse(c->text, strlen(c->text), "t.conf", &cfg, NULL, 0, &err);
-        cr_expect_eq(rc, 0, "'%s': %s", c->text, err.message);
+        cr_expect_eq(rc, 0, "'%s': %s", c->text, err.msg);
         const char *field = (const char *)&cfg + c->offset;
         switch (c->kind) {
         case 0:
@@ -167,11 +167,11 @@ Test(config, errors_table)
         const struct bad_case *c = &bad_cases[i];
         struct fs_config cfg;
         config_defaults(&cfg);
-        struct config_error err = {0};
+        struct fs_err err = {0};
         int rc = config_parse(c->text, strlen(c->text), "t.conf", &cfg, NULL, 0, &err);
         cr_expect_eq(rc, -EINVAL, "'%s' parsed", c->text);
-        cr_expect(strstr(err.message, c->want) != NULL, "'%s': got '%s', want '%s'", c->text,
-                  err.message, c->want);
+        cr_expect(strstr(err.msg, c->want) != NULL, "'%s': got '%s', want '%s'", c->text,
+                  err.msg, c->want);
     }
 }
 
@@ -186,9 +186,9 @@ Test(config, comments_blank_lines_and_last_wins)
                        "db = a.db\n";
     struct fs_config cfg;
     config_defaults(&cfg);
-    struct config_error err;
+    struct fs_err err = {0};
     cr_assert_eq(config_parse(text, strlen(text), "t", &cfg, NULL, 0, &err), 0, "%s",
-                 err.message);
+                 err.msg);
     cr_expect_eq(cfg.max_runs, 20);
     cr_expect_str_eq(cfg.db, "a.db");
     cr_expect_eq(cfg.listen.port, 7781, "untouched keys keep defaults");
@@ -201,12 +201,12 @@ Test(config, line_too_long_and_nul)
     text[sizeof(text) - 1] = '\0';
     struct fs_config cfg;
     config_defaults(&cfg);
-    struct config_error err;
+    struct fs_err err = {0};
     cr_expect_eq(config_parse(text, strlen(text), "t", &cfg, NULL, 0, &err), -EINVAL);
-    cr_expect(strstr(err.message, "line longer than") != NULL, "%s", err.message);
+    cr_expect(strstr(err.msg, "line longer than") != NULL, "%s", err.msg);
     const char nul[] = "max_runs = 1\0 0";
     cr_expect_eq(config_parse(nul, sizeof(nul) - 1, "t", &cfg, NULL, 0, &err), -EINVAL);
-    cr_expect(strstr(err.message, "NUL") != NULL, "%s", err.message);
+    cr_expect(strstr(err.msg, "NUL") != NULL, "%s", err.msg);
 }
 
 /* A later module's section: [detect "name"] with its own keys. */
@@ -228,15 +228,15 @@ static const struct config_key detect_keys[] = {
      .offset = offsetof(struct detect_rule, hold), .size = sizeof(uint64_t), .help = "samples"},
 };
 
-static void *detect_open(void *ctx, const char *sub, char *why, size_t whylen)
+static void *detect_open(void *ctx, const char *sub, struct fs_err *why)
 {
     struct detect_table *t = ctx;
     if (!sub) {
-        snprintf(why, whylen, "needs a monitor name, e.g. [detect \"qk.d2.erank\"]");
+        fs_err_set(why, -EINVAL, "needs a monitor name, e.g. [detect \"qk.d2.erank\"]");
         return NULL;
     }
     if (t->n == 4) {
-        snprintf(why, whylen, "too many");
+        fs_err_set(why, -EINVAL, "too many");
         return NULL;
     }
     struct detect_rule *r = &t->rules[t->n++];
@@ -258,9 +258,9 @@ Test(config, registered_sections)
                                  .open = detect_open, .ctx = &t};
     struct fs_config cfg;
     config_defaults(&cfg);
-    struct config_error err;
+    struct fs_err err = {0};
     cr_assert_eq(config_parse(text, strlen(text), "t", &cfg, &sec, 1, &err), 0, "%s",
-                 err.message);
+                 err.msg);
     cr_expect_eq(cfg.max_runs, 9);
     cr_assert_eq(t.n, 2);
     cr_expect_str_eq(t.rules[0].name, "qk.d2.erank");
@@ -281,8 +281,8 @@ Test(config, registered_sections)
         memset(&t, 0, sizeof(t));
         int rc = config_parse(bad[i].text, strlen(bad[i].text), "t", &cfg, &sec, 1, &err);
         cr_expect_eq(rc, -EINVAL, "'%s'", bad[i].text);
-        cr_expect(strstr(err.message, bad[i].want) != NULL, "'%s': got '%s'", bad[i].text,
-                  err.message);
+        cr_expect(strstr(err.msg, bad[i].want) != NULL, "'%s': got '%s'", bad[i].text,
+                  err.msg);
     }
 }
 
@@ -290,30 +290,30 @@ Test(config, set_from_command_line_and_check)
 {
     struct fs_config cfg;
     config_defaults(&cfg);
-    struct config_error err;
+    struct fs_err err = {0};
     cr_expect_eq(config_set(&cfg, "listen", "127.0.0.1:0", "command line", &err), 0);
     cr_expect_eq(cfg.listen.port, 0);
     cr_expect_eq(config_set(&cfg, "log_level", "loud", "command line", &err), -EINVAL);
-    cr_expect_str_eq(err.message,
+    cr_expect_str_eq(err.msg,
                      "config: command line: key 'log_level': 'loud' is not one of debug | info | "
                      "warn | error");
     cr_expect_eq(config_set(&cfg, "bogus", "1", "command line", &err), -EINVAL);
-    cr_expect(strstr(err.message, "key 'bogus': unknown key") != NULL, "%s", err.message);
+    cr_expect(strstr(err.msg, "key 'bogus': unknown key") != NULL, "%s", err.msg);
 
     cfg.writer_queue_max_items = 10;
     cfg.writer_batch_max_items = 11;
     cr_expect_eq(config_check(&cfg, "f.conf", &err), -EINVAL);
-    cr_expect(strstr(err.message, "config: f.conf: key 'writer_batch_max_items'") != NULL, "%s",
-              err.message);
+    cr_expect(strstr(err.msg, "config: f.conf: key 'writer_batch_max_items'") != NULL, "%s",
+              err.msg);
 
     config_defaults(&cfg);
     cr_expect_eq(config_set(&cfg, "frame_buffer_max_bytes", "16M", "command line", &err), 0);
     cr_expect_eq(config_check(&cfg, "f.conf", &err), -EINVAL); /* below max_frame_bytes 64M */
-    cr_expect(strstr(err.message, "key 'frame_buffer_max_bytes'") != NULL &&
-                  strstr(err.message, "below max_frame_bytes") != NULL,
-              "%s", err.message);
+    cr_expect(strstr(err.msg, "key 'frame_buffer_max_bytes'") != NULL &&
+                  strstr(err.msg, "below max_frame_bytes") != NULL,
+              "%s", err.msg);
     cr_expect_eq(config_set(&cfg, "max_frame_bytes", "16M", "command line", &err), 0);
-    cr_expect_eq(config_check(&cfg, "f.conf", &err), 0, "%s", err.message);
+    cr_expect_eq(config_check(&cfg, "f.conf", &err), 0, "%s", err.msg);
 }
 
 Test(config, load_file)
@@ -326,15 +326,15 @@ Test(config, load_file)
     close(fd);
     struct fs_config cfg;
     config_defaults(&cfg);
-    struct config_error err;
+    struct fs_err err = {0};
     cr_expect_eq(config_load_file(path, &cfg, NULL, 0, &err), -EINVAL);
     char want[256];
     snprintf(want, sizeof(want), "config: %s:2: key 'max_runs'", path);
-    cr_expect(strstr(err.message, want) != NULL, "%s", err.message);
+    cr_expect(strstr(err.msg, want) != NULL, "%s", err.msg);
     cr_expect_str_eq(cfg.db, "from-file.db");
     unlink(path);
     cr_expect_eq(config_load_file(path, &cfg, NULL, 0, &err), -ENOENT);
-    cr_expect(strstr(err.message, "cannot open") != NULL, "%s", err.message);
+    cr_expect(strstr(err.msg, "cannot open") != NULL, "%s", err.msg);
 }
 
 /* TLS keys come in pairs; a client CA needs ingest TLS. */
@@ -354,18 +354,18 @@ Test(config, tls_keys_checked_together)
 {
     for (size_t i = 0; i < sizeof(tls_cases) / sizeof(tls_cases[0]); i++) {
         struct fs_config cfg;
-        struct config_error err = {0};
+        struct fs_err err = {0};
         config_defaults(&cfg);
         for (int k = 0; k < 3 && tls_cases[i].keys[k][0]; k++)
             cr_assert_eq(config_set(&cfg, tls_cases[i].keys[k][0], tls_cases[i].keys[k][1],
                                     "command line", &err),
-                         0, "%s", err.message);
+                         0, "%s", err.msg);
         int rc = config_check(&cfg, "f.conf", &err);
         if (!tls_cases[i].says) {
-            cr_expect_eq(rc, 0, "case %zu: %s", i, err.message);
+            cr_expect_eq(rc, 0, "case %zu: %s", i, err.msg);
             continue;
         }
         cr_expect_eq(rc, -EINVAL, "case %zu accepted", i);
-        cr_expect(strstr(err.message, tls_cases[i].says) != NULL, "case %zu: %s", i, err.message);
+        cr_expect(strstr(err.msg, tls_cases[i].says) != NULL, "case %zu: %s", i, err.msg);
     }
 }

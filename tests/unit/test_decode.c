@@ -85,13 +85,13 @@ Test(decode, hello_table)
         const struct hello_case *c = &hello_cases[i];
         struct bytes b = hello_bytes(c);
         Foreshock__Frame *f = NULL;
-        struct decode_error err = {0};
+        struct fs_err err = {0};
         int rc = decode_frame(b.p, b.n, &l, &f, NULL, &err);
-        cr_expect_eq(rc, c->want_rc, "%s: rc %d (%s)", c->name, rc, err.message);
+        cr_expect_eq(rc, c->want_rc, "%s: rc %d (%s)", c->name, rc, err.msg);
         if (c->want_rc < 0) {
             cr_expect_null(f, "%s", c->name);
             cr_expect_eq(err.code, c->want_code, "%s: code %d", c->name, err.code);
-            cr_expect(err.message[0] != '\0', "%s: empty message", c->name);
+            cr_expect(err.msg[0] != '\0', "%s: empty message", c->name);
         } else {
             cr_assert_not_null(f, "%s", c->name);
             cr_expect_eq(f->body_case, FORESHOCK__FRAME__BODY_HELLO);
@@ -109,9 +109,9 @@ Test(decode, version_error_names_both_versions)
     struct hello_case c = {"v7", 7, "run", 0, 1, 0, 0, {0}, 0};
     struct bytes b = hello_bytes(&c);
     Foreshock__Frame *f;
-    struct decode_error err;
+    struct fs_err err;
     cr_assert_eq(decode_frame(b.p, b.n, &l, &f, NULL, &err), -EINVAL);
-    cr_expect(strstr(err.message, "7") && strstr(err.message, "1"), "%s", err.message);
+    cr_expect(strstr(err.msg, "7") && strstr(err.msg, "1"), "%s", err.msg);
     free(b.p);
 }
 
@@ -277,13 +277,13 @@ Test(decode, report_table)
         struct bytes b = report_bytes(c->m);
         Foreshock__Frame *f = NULL;
         struct decode_info info;
-        struct decode_error err = {0};
+        struct fs_err err = {0};
         int rc = decode_frame(b.p, b.n, &l, &f, &info, &err);
-        cr_expect_eq(rc, c->want_rc, "%s: rc %d (%s)", c->name, rc, err.message);
+        cr_expect_eq(rc, c->want_rc, "%s: rc %d (%s)", c->name, rc, err.msg);
         if (c->want_rc < 0) {
             cr_expect_null(f, "%s", c->name);
             cr_expect_eq(err.code, c->want_code, "%s: code %d (%s)", c->name, err.code,
-                         err.message);
+                         err.msg);
         } else {
             cr_assert_not_null(f, "%s", c->name);
             cr_expect_eq(info.sketches, 4, "%s", c->name);
@@ -330,16 +330,16 @@ Test(decode, raw_bytes_table)
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         Foreshock__Frame *f = NULL;
-        struct decode_error err = {0};
+        struct fs_err err = {0};
         int rc = decode_frame(cases[i].bytes, cases[i].len, &l, &f, NULL, &err);
         cr_expect_lt(rc, 0, "%s", cases[i].name);
         cr_expect_null(f);
         cr_expect_eq(err.code, cases[i].want_code, "%s: code %d", cases[i].name, err.code);
     }
     Foreshock__Frame *f = NULL;
-    struct decode_error err;
+    struct fs_err err;
     cr_expect_eq(decode_frame(no_body, sizeof(no_body), &l, &f, NULL, &err), 0, "%s",
-                 err.message);
+                 err.msg);
     cr_expect_eq(f->body_case, FORESHOCK__FRAME__BODY_BYE);
     decode_frame_free(f);
 }
@@ -354,7 +354,7 @@ Test(decode, truncated_frames)
     size_t failures = 0;
     for (size_t n = 1; n < b.n; n++) {
         Foreshock__Frame *f = NULL;
-        struct decode_error err;
+        struct fs_err err;
         int rc = decode_frame(b.p, n, &l, &f, NULL, &err);
         if (rc < 0) {
             cr_expect_null(f);
@@ -386,7 +386,7 @@ Test(decode, prefix_table)
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint32_t len = 0;
-        struct decode_error err = {0};
+        struct fs_err err = {0};
         int rc = decode_prefix(cases[i].hdr, &l, &len, &err);
         cr_expect_eq(rc, cases[i].want_rc, "%s", cases[i].name);
         if (rc == 0)
@@ -418,11 +418,11 @@ Test(decode, roundtrip_hello_and_report)
     size_t n;
     cr_assert_eq(decode_encode(&f, &buf, &n), 0);
     uint32_t len;
-    struct decode_error err;
+    struct fs_err err;
     cr_assert_eq(decode_prefix(buf, &l, &len, &err), 0);
     cr_assert_eq(len + 4, n);
     Foreshock__Frame *g;
-    cr_assert_eq(decode_frame(buf + 4, len, &l, &g, NULL, &err), 0, "%s", err.message);
+    cr_assert_eq(decode_frame(buf + 4, len, &l, &g, NULL, &err), 0, "%s", err.msg);
     cr_expect_str_eq(g->hello->run_id, "rt-run");
     cr_expect_eq(g->hello->attempt, 3);
     cr_expect_str_eq(g->hello->token, "secret");
@@ -432,7 +432,7 @@ Test(decode, roundtrip_hello_and_report)
 
     struct bytes b = report_bytes(M_NONE);
     struct decode_info info;
-    cr_assert_eq(decode_frame(b.p, b.n, &l, &g, &info, &err), 0, "%s", err.message);
+    cr_assert_eq(decode_frame(b.p, b.n, &l, &g, &info, &err), 0, "%s", err.msg);
     cr_expect_eq(g->report->step, 100);
     cr_expect_eq(g->report->n_attention, 2);
     cr_expect_eq(g->report->attention[0]->gram->ga.len, 40);
@@ -455,7 +455,7 @@ Test(decode, error_frame_encodes)
     cr_assert_eq(decode_encode_error(E(LIMIT), "too many", 0, &buf, &n), 0);
     struct decode_limits l = lim();
     Foreshock__Frame *f;
-    struct decode_error err;
+    struct fs_err err;
     cr_assert_eq(decode_frame(buf + 4, n - 4, &l, &f, NULL, &err), 0);
     cr_expect_eq(f->body_case, FORESHOCK__FRAME__BODY_ERROR);
     cr_expect_eq(f->error->code, E(LIMIT));
@@ -572,7 +572,7 @@ Test(decode, allocation_cap_matches_the_documented_limits)
     uint8_t *b;
     Foreshock__Frame *f = NULL;
     struct decode_info info;
-    struct decode_error err;
+    struct fs_err err;
 
     /* AttentionSketch{layer 0, head 0, window 1, spectrum{d2: [1, 1]}}. */
     static const uint8_t spectrum[] = {0x2a, 0x12, 0x08, 0x00, 0x10, 0x00, 0x18, 0x01, 0x32,
@@ -580,7 +580,7 @@ Test(decode, allocation_cap_matches_the_documented_limits)
     size_t n = report_of_copies(spectrum, sizeof(spectrum), 4000, &b);
     int rc = decode_frame(b, n, &l, &f, &info, &err);
     cr_expect(rc == 0 || err.code != E(LIMIT), "4,000 spectrum sketches refused: %s",
-              err.message);
+              err.msg);
     cr_expect_gt(info.alloc_bytes, FS_DECODE_ALLOC_FACTOR * n,
                  "the case no longer needs more than the flat factor (%zu for %zu bytes)",
                  info.alloc_bytes, n);
@@ -593,8 +593,8 @@ Test(decode, allocation_cap_matches_the_documented_limits)
     n = report_of_copies(minimal, sizeof(minimal), 50000, &b);
     cr_assert_leq(n, l.max_frame_bytes);
     rc = decode_frame(b, n, &l, &f, &info, &err);
-    cr_expect_eq(rc, -EINVAL, "rc %d: %s", rc, err.message);
-    cr_expect_eq(err.code, E(MALFORMED), "%s", err.message);
+    cr_expect_eq(rc, -EINVAL, "rc %d: %s", rc, err.msg);
+    cr_expect_eq(err.code, E(MALFORMED), "%s", err.msg);
     cr_expect_null(f);
     size_t sketches = (size_t)l.max_attention_per_report + 2u * l.max_router_per_report;
     if (sketches > n / FS_DECODE_MIN_SKETCH_WIRE)
@@ -630,7 +630,7 @@ Test(decode, allocation_cap_matches_the_documented_limits)
     n = report_of_copies(one, h + m, 1, &b);
     cr_assert_leq(n, big.max_frame_bytes);
     rc = decode_frame(b, n, &big, &f, &info, &err);
-    cr_expect_eq(rc, -E2BIG, "rc %d: %s", rc, err.message);
+    cr_expect_eq(rc, -E2BIG, "rc %d: %s", rc, err.msg);
     cr_expect_eq(err.code, E(LIMIT));
     cr_expect_null(f);
     free(one);

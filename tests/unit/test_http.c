@@ -861,12 +861,12 @@ Test(http, start_errors)
                               .threads = cases[i].threads,
                               .stats = &http_fx.stats};
         struct http *h = (struct http *)1;
-        char err[256] = "";
-        int rc = http_start(&o, &h, err, sizeof err);
+        struct fs_err err = {0};
+        int rc = http_start(&o, &h, &err);
         cr_assert_lt(rc, 0, "case %zu started", i);
         cr_assert_null(h, "case %zu", i);
-        cr_assert(strstr(err, cases[i].mention) != NULL, "case %zu: '%s' lacks '%s'", i, err,
-                  cases[i].mention);
+        cr_assert(strstr(err.msg, cases[i].mention) != NULL, "case %zu: '%s' lacks '%s'", i,
+                  err.msg, cases[i].mention);
     }
     unlink(empty);
     http_stop(NULL);
@@ -878,10 +878,10 @@ Test(http, ipv6_loopback_and_stop_with_idle_connections)
         .host = "::1", .port = 0, .db_path = http_fx.db.path, .threads = 2,
         .stats = &http_fx.stats};
     struct http *h6 = NULL;
-    char err[256] = "";
-    int rc = http_start(&o, &h6, err, sizeof err);
+    struct fs_err err = {0};
+    int rc = http_start(&o, &h6, &err);
     if (rc != 0) {
-        cr_log_warn("no IPv6 loopback here: %s", err);
+        cr_log_warn("no IPv6 loopback here: %s", err.msg);
         return;
     }
     CURL *c = curl_easy_init();

@@ -228,16 +228,16 @@ Test(http_parse, silence_body_table)
     };
     for (size_t i = 0; i < N(cases); i++) {
         struct silence_req req;
-        char why[512] = "";
+        struct fs_err why = {0};
         int rc = http_silence_req_parse(cases[i].body, strlen(cases[i].body), cases[i].run, NOW,
-                                        &req, why, sizeof why);
+                                        &req, &why);
         if (cases[i].why != NULL) {
             cr_expect_eq(rc, -EINVAL, "case %zu accepted: %s", i, cases[i].body);
-            cr_expect(strstr(why, cases[i].why) != NULL, "case %zu: '%s' lacks '%s'", i, why,
-                      cases[i].why);
+            cr_expect(strstr(why.msg, cases[i].why) != NULL, "case %zu: '%s' lacks '%s'", i,
+                      why.msg, cases[i].why);
             continue;
         }
-        cr_assert_eq(rc, 0, "case %zu refused: %s", i, why);
+        cr_assert_eq(rc, 0, "case %zu refused: %s", i, why.msg);
         cr_expect_float_eq(req.starts_at, cases[i].starts, 1e-6, "case %zu", i);
         cr_expect_float_eq(req.ends_at, cases[i].ends, 1e-6, "case %zu", i);
         cr_expect(strstr(req.matchers_json, "\"isEqual\":true") != NULL, "case %zu: %s", i,
@@ -248,10 +248,10 @@ Test(http_parse, silence_body_table)
 Test(http_parse, silence_body_canonical_and_bounded)
 {
     struct silence_req req;
-    char why[512];
+    struct fs_err why = {0};
     const char *b = "{\"duration\":60,\"createdBy\":\"me\"}";
-    cr_assert_eq(http_silence_req_parse(b, strlen(b), "gpt-7b", NOW, &req, why, sizeof why), 0,
-                 "%s", why);
+    cr_assert_eq(http_silence_req_parse(b, strlen(b), "gpt-7b", NOW, &req, &why), 0,
+                 "%s", why.msg);
     cr_expect_str_eq(req.matchers_json,
                      "[{\"name\":\"run\",\"value\":\"gpt-7b\",\"isRegex\":false,\"isEqual\":true}]");
     cr_expect_str_eq(req.created_by, "me");
@@ -263,11 +263,11 @@ Test(http_parse, silence_body_canonical_and_bounded)
     memset(by, 'a', sizeof by - 1);
     by[sizeof by - 1] = '\0';
     snprintf(body, sizeof body, "{" M1 ",\"duration\":60,\"createdBy\":\"%s\"}", by);
-    cr_expect_eq(http_silence_req_parse(body, strlen(body), NULL, NOW, &req, why, sizeof why),
+    cr_expect_eq(http_silence_req_parse(body, strlen(body), NULL, NOW, &req, &why),
                  -EINVAL);
-    cr_expect(strstr(why, "field 'createdBy': longer than") != NULL, "%s", why);
+    cr_expect(strstr(why.msg, "field 'createdBy': longer than") != NULL, "%s", why.msg);
     by[sizeof by - 2] = '\0'; /* exactly the bound */
     snprintf(body, sizeof body, "{" M1 ",\"duration\":60,\"createdBy\":\"%s\"}", by);
-    cr_expect_eq(http_silence_req_parse(body, strlen(body), NULL, NOW, &req, why, sizeof why), 0,
-                 "%s", why);
+    cr_expect_eq(http_silence_req_parse(body, strlen(body), NULL, NOW, &req, &why), 0,
+                 "%s", why.msg);
 }

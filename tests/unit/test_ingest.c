@@ -49,11 +49,11 @@ static void on_stop(uv_async_t *a)
 static void *loop_main(void *arg)
 {
     struct server *sv = arg;
-    char err[256];
+    struct fs_err err = {0};
     uv_loop_init(&sv->loop);
     uv_async_init(&sv->loop, &sv->stopper, on_stop);
     sv->stopper.data = sv;
-    int rc = ingest_start(&sv->loop, &sv->io, &sv->ing, err, sizeof(err));
+    int rc = ingest_start(&sv->loop, &sv->io, &sv->ing, &err);
     pthread_mutex_lock(&sv->mu);
     sv->started = rc == 0 ? 1 : -1;
     if (rc == 0)
@@ -83,8 +83,8 @@ static void server_start(struct server *sv, uint64_t queue_items, uint64_t batch
     struct store_opts so = {.max_runs = 10, .queue_max_items = queue_items,
                             .queue_max_bytes = 1 << 24, .batch_max_items = batch,
                             .stats = &sv->stats};
-    char err[256];
-    cr_assert_eq(store_open(sv->path, &so, &sv->store, err, sizeof(err)), 0, "%s", err);
+    struct fs_err err = {0};
+    cr_assert_eq(store_open(sv->path, &so, &sv->store, &err), 0, "%s", err.msg);
     sv->io = (struct ingest_opts){.host = "127.0.0.1", .port = 0, .max_connections = max_conns,
                                   .max_conn_buffer_bytes = 1 << 20, .token = token,
                                   .store = sv->store, .stats = &sv->stats};
@@ -165,12 +165,12 @@ static Foreshock__Frame *recv_frame(int fd)
     struct decode_limits lim;
     decode_limits_default(&lim, 1 << 20);
     uint32_t len;
-    struct decode_error err;
+    struct fs_err err;
     cr_assert_eq(decode_prefix(hdr, &lim, &len, &err), 0);
     uint8_t *body = malloc(len);
     cr_assert_eq(read_all(fd, body, len), 0, "EOF inside a frame");
     Foreshock__Frame *f;
-    cr_assert_eq(decode_frame(body, len, &lim, &f, NULL, &err), 0, "%s", err.message);
+    cr_assert_eq(decode_frame(body, len, &lim, &f, NULL, &err), 0, "%s", err.msg);
     free(body);
     return f;
 }
@@ -402,8 +402,8 @@ Test(ingest, stop_acks_what_it_committed)
     close(fd);
     store_flush(sv.store);
     sqlite3 *db;
-    char err[256];
-    cr_assert_eq(store_open_readonly(sv.path, &db, err, sizeof(err)), 0, "%s", err);
+    struct fs_err err = {0};
+    cr_assert_eq(store_open_readonly(sv.path, &db, &err), 0, "%s", err.msg);
     sqlite3_stmt *st;
     sqlite3_prepare_v2(db, "SELECT last_seq FROM streams", -1, &st, NULL);
     cr_assert_eq(sqlite3_step(st), SQLITE_ROW);

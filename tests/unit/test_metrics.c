@@ -169,9 +169,9 @@ Test(metrics, db_families)
                 " ('[]', 11000, 20000, 'a', '', 0, 0), ('[]', 0, 5000, 'a', '', 0, 0)");
 
     struct metrics_buf b = {0};
-    char err[256] = "";
+    struct fs_err err = {0};
     struct metrics_opts o = {.max_runs = 8, .run_max_age = 3600};
-    cr_assert_eq(metrics_write_db(&b, db, &o, now, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(metrics_write_db(&b, db, &o, now, &err), 0, "%s", err.msg);
     const char *t = b.p;
     static const char *const want[] = {
         "foreshock_alerts{state=\"firing\",severity=\"critical\"} 2",
@@ -197,7 +197,7 @@ Test(metrics, db_families)
 
     /* max_runs bounds the runs: only the most recent */
     o.max_runs = 1;
-    cr_assert_eq(metrics_write_db(&b, db, &o, now, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(metrics_write_db(&b, db, &o, now, &err), 0, "%s", err.msg);
     cr_expect(strstr(b.p, "r-new") != NULL);
     cr_expect(strstr(b.p, "r-mid") == NULL);
     metrics_buf_free(&b);

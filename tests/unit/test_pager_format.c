@@ -306,9 +306,9 @@ Test(page_format, route_table)
         /* as pager_config_check's uninitialised struct: the parse sets all
          * that silence_free reads, "" (no filter) included */
         memset(&r.match, 0xa5, sizeof(r.match));
-        char why[256] = "";
-        cr_assert_eq(page_parse_match(cases[i].match, &r.match, why, sizeof(why)), 0,
-                     "case %zu: %s", i, why);
+        struct fs_err why = {0};
+        cr_assert_eq(page_parse_match(cases[i].match, &r.match, &why), 0,
+                     "case %zu: %s", i, why.msg);
         cr_expect_eq(page_route_matches(&r, &a), cases[i].want, "case %zu (%s)", i,
                      cases[i].match);
         silence_free(&r.match);
@@ -320,10 +320,10 @@ Test(page_format, bad_match_values)
     static const char *bad[] = {"run", "=x", "run!x", "run=~(", "run=x,,family=y", "run=~.*"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         struct silence s;
-        char why[256] = "";
-        cr_expect_eq(page_parse_match(bad[i], &s, why, sizeof(why)), -EINVAL, "'%s' parsed",
+        struct fs_err why = {0};
+        cr_expect_eq(page_parse_match(bad[i], &s, &why), -EINVAL, "'%s' parsed",
                      bad[i]);
-        cr_expect(strncmp(why, "match:", 6) == 0, "'%s': reason '%s'", bad[i], why);
+        cr_expect(strncmp(why.msg, "match:", 6) == 0, "'%s': reason '%s'", bad[i], why.msg);
     }
 }
 
@@ -332,11 +332,11 @@ Test(page_format, silenced_by_active_silence_only)
     struct page_alert a = sample(PAGE_TRIGGER);
     struct silence s[2];
     memset(s, 0, sizeof(s));
-    char why[256];
+    struct fs_err why = {0};
     const char *m0 = "[{\"name\":\"run\",\"value\":\"gpt-.*\",\"isRegex\":true}]";
     const char *m1 = "[{\"name\":\"signature\",\"value\":\"attention-numerics\"}]";
-    cr_assert_eq(silence_parse(m0, strlen(m0), &s[0], why, sizeof(why)), 0, "%s", why);
-    cr_assert_eq(silence_parse(m1, strlen(m1), &s[1], why, sizeof(why)), 0, "%s", why);
+    cr_assert_eq(silence_parse(m0, strlen(m0), &s[0], &why), 0, "%s", why.msg);
+    cr_assert_eq(silence_parse(m1, strlen(m1), &s[1], &why), 0, "%s", why.msg);
     s[0].starts_at = 100;
     s[0].ends_at = 200;
     s[1].starts_at = 300;

@@ -28,8 +28,8 @@ static void fx_open(struct fixture *f)
     struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 24,
                            .batch_max_items = 16,
                            .stats = &f->stats};
-    char err[512] = "";
-    cr_assert_eq(store_open(f->db.path, &o, &f->s, err, sizeof(err)), 0, "%s", err);
+    struct fs_err err = {0};
+    cr_assert_eq(store_open(f->db.path, &o, &f->s, &err), 0, "%s", err.msg);
 }
 
 static void fx_fini(struct fixture *f)
@@ -118,8 +118,8 @@ Test(pager_store, outbox_rows_per_target_with_the_transition)
         {0, "to_inactive", 4},
     };
     sqlite3 *db;
-    char err[256];
-    cr_assert_eq(store_open_readonly(f.db.path, &db, err, sizeof(err)), 0, "%s", err);
+    struct fs_err err = {0};
+    cr_assert_eq(store_open_readonly(f.db.path, &db, &err), 0, "%s", err.msg);
     for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
         int calls = atomic_load(&an.calls);
         cr_assert_eq(store_submit(f.s, alert_item(run, steps[i].to_state, steps[i].change)), 0);
@@ -170,8 +170,8 @@ Test(pager_store, no_targets_no_rows)
     cr_assert_eq(store_submit(f.s, alert_item(run, 2, "to_firing")), 0);
     store_flush(f.s);
     sqlite3 *db;
-    char err[256];
-    cr_assert_eq(store_open_readonly(f.db.path, &db, err, sizeof(err)), 0, "%s", err);
+    struct fs_err err = {0};
+    cr_assert_eq(store_open_readonly(f.db.path, &db, &err), 0, "%s", err.msg);
     cr_expect_eq(q1(db, "SELECT count(*) FROM outbox"), 0);
     cr_expect_eq(q1(db, "SELECT count(*) FROM alert_events"), 1);
     sqlite3_close(db);
@@ -218,13 +218,11 @@ Test(pager_store, target_config_table)
         memset(&pc, 0, sizeof(pc));
         struct config_section sec;
         pager_target_section(&pc, &sec);
-        struct config_error err = {0};
+        struct fs_err err = {0};
         int rc = config_parse(cases[i].text, strlen(cases[i].text), "t.conf", &cfg, &sec, 1, &err);
-        char msg[sizeof(err.message)] = "";
         if (rc == 0)
-            rc = pager_config_check(&pc, msg, sizeof(msg));
-        else
-            snprintf(msg, sizeof(msg), "%s", err.message);
+            rc = pager_config_check(&pc, &err);
+        const char *msg = err.msg;
         if (cases[i].ok) {
             cr_expect_eq(rc, 0, "case %zu: %s", i, msg);
             cr_expect_eq(pc.n, 1u, "case %zu", i);
@@ -379,8 +377,8 @@ Test(pager_store, writer_prunes_periodically)
                            .batch_max_items = 16,
                            .stats = &f.stats, .outbox_retention_s = 0.2,
                            .silence_retention_s = 0.2, .prune_interval_s = 0.05};
-    char err[512] = "";
-    cr_assert_eq(store_open(f.db.path, &o, &f.s, err, sizeof(err)), 0, "%s", err);
+    struct fs_err err = {0};
+    cr_assert_eq(store_open(f.db.path, &o, &f.s, &err), 0, "%s", err.msg);
     const char *names[] = {"t"};
     store_set_pager(f.s, names, 1, NULL, NULL);
     int64_t run = run_id(&f);
@@ -403,7 +401,7 @@ Test(pager_store, writer_prunes_periodically)
     cr_assert_eq(store_submit(f.s, it), 0);
     store_flush(f.s);
     sqlite3 *db;
-    cr_assert_eq(store_open_readonly(f.db.path, &db, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(store_open_readonly(f.db.path, &db, &err), 0, "%s", err.msg);
     int gone = 0;
     for (int i = 0; i < 600 && !gone; i++) { /* a deadline of 30 s, not a timing assertion */
         gone = q1(db, "SELECT count(*) FROM outbox") == 1 &&

@@ -36,7 +36,7 @@ Test(run_auth, glob)
                      glob_cases[i].run);
 }
 
-static int parse(struct run_auth *ra, const char *text, struct config_error *err)
+static int parse(struct run_auth *ra, const char *text, struct fs_err *err)
 {
     static struct fs_config cfg;
     struct config_section sec;
@@ -49,13 +49,13 @@ static int parse(struct run_auth *ra, const char *text, struct config_error *err
 Test(run_auth, first_matching_section_names_the_token)
 {
     static struct run_auth ra;
-    struct config_error err;
+    struct fs_err err = {0};
     cr_assert_eq(parse(&ra, "[run \"team-a-special\"]\ntoken = s\n"
                             "[run \"team-a-*\"]\ntoken = a\n",
                        &err),
-                 0, "%s", err.message);
-    char why[256];
-    cr_assert_eq(run_auth_check(&ra, why, sizeof(why)), 0);
+                 0, "%s", err.msg);
+    struct fs_err why = {0};
+    cr_assert_eq(run_auth_check(&ra, &why), 0);
     cr_expect_str_eq(run_auth_token(&ra, "team-a-special", "g"), "s");
     cr_expect_str_eq(run_auth_token(&ra, "team-a-1", "g"), "a");
     cr_expect_str_eq(run_auth_token(&ra, "other", "g"), "g");
@@ -77,16 +77,16 @@ Test(run_auth, bad_sections_are_refused_by_name)
 {
     static struct run_auth ra;
     for (size_t i = 0; i < sizeof(bad_cases) / sizeof(bad_cases[0]); i++) {
-        struct config_error err = {0};
+        struct fs_err err = {0};
         cr_expect_neq(parse(&ra, bad_cases[i].text, &err), 0, "case %zu accepted", i);
-        cr_expect(strstr(err.message, bad_cases[i].says), "case %zu: %s", i, err.message);
+        cr_expect(strstr(err.msg, bad_cases[i].says), "case %zu: %s", i, err.msg);
     }
     /* A section without its token passes the parser; the check names it. */
-    struct config_error err;
+    struct fs_err err = {0};
     cr_assert_eq(parse(&ra, "[run \"a*\"]\n", &err), 0);
-    char why[256];
-    cr_expect_neq(run_auth_check(&ra, why, sizeof(why)), 0);
-    cr_expect(strstr(why, "a*") && strstr(why, "token"), "%s", why);
+    struct fs_err why = {0};
+    cr_expect_neq(run_auth_check(&ra, &why), 0);
+    cr_expect(strstr(why.msg, "a*") && strstr(why.msg, "token"), "%s", why.msg);
 }
 
 Test(run_auth, sections_are_bounded)
@@ -96,7 +96,7 @@ Test(run_auth, sections_are_bounded)
     for (unsigned i = 0; i <= RUN_AUTH_MAX; i++)
         off += (size_t)snprintf(text + off, sizeof(text) - off, "[run \"r%u\"]\ntoken = t\n", i);
     static struct run_auth ra;
-    struct config_error err;
+    struct fs_err err = {0};
     cr_expect_neq(parse(&ra, text, &err), 0);
-    cr_expect(strstr(err.message, "more than"), "%s", err.message);
+    cr_expect(strstr(err.msg, "more than"), "%s", err.msg);
 }

@@ -93,14 +93,14 @@ Test(silence, parse_table)
     for (size_t i = 0; i < sizeof parse_cases / sizeof parse_cases[0]; i++) {
         const struct parse_case *c = &parse_cases[i];
         struct silence s = {0};
-        char why[256] = "";
-        int rc = silence_parse(c->json, strlen(c->json), &s, why, sizeof why);
+        struct fs_err why = {0};
+        int rc = silence_parse(c->json, strlen(c->json), &s, &why);
         if (c->ok) {
-            cr_expect_eq(rc, 0, "case %zu (%s): %s", i, c->json, why);
+            cr_expect_eq(rc, 0, "case %zu (%s): %s", i, c->json, why.msg);
         } else {
             cr_expect_eq(rc, -EINVAL, "case %zu (%s) parsed", i, c->json);
-            cr_expect(strstr(why, c->why_has) != NULL, "case %zu: reason '%s' lacks '%s'", i, why,
-                      c->why_has);
+            cr_expect(strstr(why.msg, c->why_has) != NULL, "case %zu: reason '%s' lacks '%s'", i,
+                      why.msg, c->why_has);
             cr_expect_eq(s.n, 0u, "case %zu: failed parse keeps matchers", i);
         }
         silence_free(&s);
@@ -114,8 +114,8 @@ Test(silence, too_many_matchers)
         strcat(json, i ? ",{\"name\":\"run\",\"value\":\"x\"}" : "{\"name\":\"run\",\"value\":\"x\"}");
     strcat(json, "]");
     struct silence s = {0};
-    char why[256];
-    cr_expect_eq(silence_parse(json, strlen(json), &s, why, sizeof why), -EINVAL);
+    struct fs_err why = {0};
+    cr_expect_eq(silence_parse(json, strlen(json), &s, &why), -EINVAL);
 }
 
 struct match_case {
@@ -146,9 +146,9 @@ Test(silence, match_table)
     for (size_t i = 0; i < sizeof match_cases / sizeof match_cases[0]; i++) {
         const struct match_case *c = &match_cases[i];
         struct silence s = {.starts_at = 10, .ends_at = 100};
-        char why[256] = "";
-        cr_assert_eq(silence_parse(c->json, strlen(c->json), &s, why, sizeof why), 0, "case %zu: %s",
-                     i, why);
+        struct fs_err why = {0};
+        cr_assert_eq(silence_parse(c->json, strlen(c->json), &s, &why), 0, "case %zu: %s",
+                     i, why.msg);
         struct silence_label labels[3] = {{"alertname", "qk.d2.srank"}};
         size_t n = 1;
         if (c->run != NULL)
@@ -164,13 +164,14 @@ Test(silence, canonical_json_round_trip)
 {
     const char *in = "[{\"name\":\"run\",\"value\":\"a\\\"b\",\"isRegex\":false}]";
     struct silence s = {0};
-    char why[256], out[512], small[8];
-    cr_assert_eq(silence_parse(in, strlen(in), &s, why, sizeof why), 0, "%s", why);
+    struct fs_err why = {0};
+    char out[512], small[8];
+    cr_assert_eq(silence_parse(in, strlen(in), &s, &why), 0, "%s", why.msg);
     cr_assert_eq(silence_matchers_json(&s, out, sizeof out), 0);
     cr_expect_str_eq(out, "[{\"name\":\"run\",\"value\":\"a\\\"b\",\"isRegex\":false,\"isEqual\":true}]");
     cr_expect_eq(silence_matchers_json(&s, small, sizeof small), -ENOSPC);
     struct silence t = {0};
-    cr_expect_eq(silence_parse(out, strlen(out), &t, why, sizeof why), 0);
+    cr_expect_eq(silence_parse(out, strlen(out), &t, &why), 0);
     silence_free(&s);
     silence_free(&t);
 }
@@ -218,15 +219,15 @@ Test(silence, hostile_patterns_refused_or_bounded)
         const char *pat = c->pattern != NULL ? c->pattern : nested(c->nest);
         char *js = regex_silence_json(pat, true, c->copies);
         struct silence s = {0};
-        char why[256] = "";
-        int rc = silence_parse(js, strlen(js), &s, why, sizeof why);
+        struct fs_err why = {0};
+        int rc = silence_parse(js, strlen(js), &s, &why);
         if (c->ok) {
-            cr_expect_eq(rc, 0, "case %zu (%s): %s", i, pat, why);
+            cr_expect_eq(rc, 0, "case %zu (%s): %s", i, pat, why.msg);
             cr_expect_eq(s.n, 1 + c->copies, "case %zu", i);
         } else {
             cr_expect_eq(rc, -EINVAL, "case %zu (%s): parsed", i, pat);
-            cr_expect(strstr(why, c->why_has) != NULL, "case %zu (%s): reason '%s' lacks '%s'", i,
-                      pat, why, c->why_has);
+            cr_expect(strstr(why.msg, c->why_has) != NULL,
+                      "case %zu (%s): reason '%s' lacks '%s'", i, pat, why.msg, c->why_has);
         }
         silence_free(&s);
         free(js);
@@ -279,9 +280,9 @@ Test(silence, pathological_matches_end_at_the_limit)
         const struct slow_case *c = &slow_cases[i];
         char *js = regex_silence_json(c->pattern, c->is_equal, 1);
         struct silence s = {.starts_at = 0, .ends_at = 100};
-        char why[256] = "";
-        cr_assert_eq(silence_parse(js, strlen(js), &s, why, sizeof why), 0, "case %zu: %s", i,
-                     why);
+        struct fs_err why = {0};
+        cr_assert_eq(silence_parse(js, strlen(js), &s, &why), 0, "case %zu: %s", i,
+                     why.msg);
         char v[SILENCE_MAX_VALUE + 1] = "";
         size_t ul = strlen(c->unit), len = 0;
         for (unsigned k = 0; k < c->reps; k++, len += ul)
@@ -304,8 +305,8 @@ Test(silence, copy_matches_after_the_original_is_freed)
                      "{\"name\":\"layer\",\"value\":\"[0-3]\",\"isRegex\":true,"
                      "\"isEqual\":false}]";
     struct silence s = {.id = 7, .starts_at = 10, .ends_at = 100}, t;
-    char why[256];
-    cr_assert_eq(silence_parse(in, strlen(in), &s, why, sizeof why), 0, "%s", why);
+    struct fs_err why = {0};
+    cr_assert_eq(silence_parse(in, strlen(in), &s, &why), 0, "%s", why.msg);
     cr_assert_eq(silence_copy(&t, &s), 0);
     silence_free(&s);
     cr_expect_eq(t.id, 7);

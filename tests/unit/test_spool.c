@@ -37,10 +37,10 @@ static void fx_init(struct fx *f)
 
 static void fx_open(struct fx *f, const struct spool_pos *head)
 {
-    char err[256] = "";
+    struct fs_err err = {0};
     struct spool_opts o = {.sync_full = 1, .segment_bytes = T_SEG};
-    int rc = spool_open(f->dir, head, &o, &f->sp, err, sizeof(err));
-    cr_assert_eq(rc, 0, "spool_open: %d %s", rc, err);
+    int rc = spool_open(f->dir, head, &o, &f->sp, &err);
+    cr_assert_eq(rc, 0, "spool_open: %d %s", rc, err.msg);
 }
 
 static void fx_fini(struct fx *f)
@@ -106,9 +106,8 @@ static struct got replay(struct fx *f, const struct spool_pos *head, int64_t onl
     struct got g = {.only_run = only_run};
     struct spool_replay_ops ops = {.want = want, .feed = feed, .ctx = &g};
     struct spool_replay_stats own;
-    char err[256];
-    cr_assert_eq(spool_replay(f->dir, head, &ops, st ? st : &own, err, sizeof(err)), 0, "%s",
-                 err);
+    struct fs_err err = {0};
+    cr_assert_eq(spool_replay(f->dir, head, &ops, st ? st : &own, &err), 0, "%s", err.msg);
     return g;
 }
 
@@ -350,10 +349,10 @@ Test(spool, a_large_record_yields_between_its_pieces)
 {
     struct fx f;
     fx_init(&f);
-    char err[256] = "";
+    struct fs_err err = {0};
     struct spool_pos none = {0, 0};
     struct spool_opts o = {.sync_full = 0}; /* default segment size: the record fits one */
-    cr_assert_eq(spool_open(f.dir, &none, &o, &f.sp, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(spool_open(f.dir, &none, &o, &f.sp, &err), 0, "%s", err.msg);
     uint8_t *body = malloc(Y_BODY);
     cr_assert_not_null(body);
     memset(body, 0x5a, Y_BODY);
@@ -379,7 +378,7 @@ Test(spool, a_large_record_yields_between_its_pieces)
     int ok = 0;
     struct spool_replay_ops ops = {.want = want_all, .feed = feed_large, .ctx = &ok};
     struct spool_replay_stats rs;
-    cr_assert_eq(spool_replay(f.dir, &head, &ops, &rs, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(spool_replay(f.dir, &head, &ops, &rs, &err), 0, "%s", err.msg);
     cr_expect_eq(rs.records, 3);
     cr_expect_eq(rs.unreadable, 0);
     cr_expect(ok, "the last record reads back intact");

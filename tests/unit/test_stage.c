@@ -63,8 +63,8 @@ static void h_open(struct harness *h, const char *path)
     struct store_opts so = {.max_runs = 10, .queue_max_items = 100000,
                             .queue_max_bytes = 1ull << 30, .batch_max_items = 64,
                             .stats = &h->stats};
-    char err[512];
-    cr_assert_eq(store_open(path, &so, &h->store, err, sizeof(err)), 0, "%s", err);
+    struct fs_err err = {0};
+    cr_assert_eq(store_open(path, &so, &h->store, &err), 0, "%s", err.msg);
     detect_rules_default(&h->rules);
     struct stage_opts sto = {.loop = &h->loop, .store = h->store, .stats = &h->stats,
                              .rules = &h->rules, .reduce_timeout_s = 60,
@@ -73,8 +73,8 @@ static void h_open(struct harness *h, const char *path)
                              /* The tables test detection itself, not when
                               * training progress starts it (evaluate.h). */
                              .detect_from_step = g_progress ? 0 : 1};
-    cr_assert_eq(stage_create(&sto, &h->stage, err, sizeof(err)), 0, "%s", err);
-    cr_assert_eq(stage_load(h->stage, path, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(stage_create(&sto, &h->stage, &err), 0, "%s", err.msg);
+    cr_assert_eq(stage_load(h->stage, path, &err), 0, "%s", err.msg);
     /* the Hello: run and stream rows, then the Welcome's registration */
     struct store_item *it = store_item_new(STORE_ITEM_HELLO);
     snprintf(it->hello.run, sizeof(it->hello.run), "%s", T_RUN);

@@ -36,9 +36,9 @@ Test(stage_config, detect_rule_sections)
                        "trend = yes\n";
     struct fs_config cfg;
     config_defaults(&cfg);
-    struct config_error err;
+    struct fs_err err = {0};
     cr_assert_eq(config_parse(text, strlen(text), "t", &cfg, &sec, 1, &err), 0, "%s",
-                 err.message);
+                 err.msg);
     cr_expect_eq(cfg.detect_from_step, 50);
     const struct detect_rule *r = detect_rules_find(&rules, "qk.d2.erank");
     cr_expect_eq(r->z, 4.5);
@@ -66,8 +66,8 @@ Test(stage_config, detect_rule_sections)
         detect_rules_default(&rules);
         int rc = config_parse(bad[i].text, strlen(bad[i].text), "t", &cfg, &sec, 1, &err);
         cr_expect_eq(rc, -EINVAL, "'%s'", bad[i].text);
-        cr_expect(strstr(err.message, bad[i].want) != NULL, "'%s': got '%s'", bad[i].text,
-                  err.message);
+        cr_expect(strstr(err.msg, bad[i].want) != NULL, "'%s': got '%s'", bad[i].text,
+                  err.msg);
     }
 }
 

@@ -39,9 +39,9 @@ static void fx_init(struct fixture *f)
 
 static void fx_open(struct fixture *f, const struct store_opts *o)
 {
-    char err[512] = "";
-    int rc = store_open(f->db.path, o, &f->s, err, sizeof(err));
-    cr_assert_eq(rc, 0, "store_open: %d %s", rc, err);
+    struct fs_err err = {0};
+    int rc = store_open(f->db.path, o, &f->s, &err);
+    cr_assert_eq(rc, 0, "store_open: %d %s", rc, err.msg);
 }
 
 static void fx_fini(struct fixture *f)
@@ -54,8 +54,8 @@ static void fx_fini(struct fixture *f)
 static sqlite3 *ro(struct fixture *f)
 {
     sqlite3 *db;
-    char err[256];
-    cr_assert_eq(store_open_readonly(f->db.path, &db, err, sizeof(err)), 0, "%s", err);
+    struct fs_err err = {0};
+    cr_assert_eq(store_open_readonly(f->db.path, &db, &err), 0, "%s", err.msg);
     return db;
 }
 
@@ -207,12 +207,12 @@ Test(store, refuses_newer_schema)
     cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
     struct store_opts o = opts_for(&f);
-    char err[512] = "";
+    struct fs_err err = {0};
     struct store *s = NULL;
-    int rc = store_open(f.db.path, &o, &s, err, sizeof(err));
+    int rc = store_open(f.db.path, &o, &s, &err);
     cr_expect_lt(rc, 0);
     cr_expect_null(s);
-    cr_expect(strstr(err, "newer") != NULL, "%s", err);
+    cr_expect(strstr(err.msg, "newer") != NULL, "%s", err.msg);
     fx_fini(&f);
 }
 
@@ -419,12 +419,13 @@ static struct replayed replay(struct fixture *f, int64_t skip_to)
     struct spool_pos head = {(uint64_t)q1(db, "SELECT segment FROM spool_log"),
                              (uint64_t)q1(db, "SELECT byte_offset FROM spool_log")};
     sqlite3_close(db);
-    char dir[256], err[256];
+    char dir[256];
+    struct fs_err err = {0};
     spool_dir_of(f->db.path, dir, sizeof(dir));
     struct replayed rp = {.skip_to = skip_to};
     struct spool_replay_ops ops = {.want = want_after, .feed = note_step, .ctx = &rp};
     struct spool_replay_stats st;
-    cr_assert_eq(spool_replay(dir, &head, &ops, &st, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(spool_replay(dir, &head, &ops, &st, &err), 0, "%s", err.msg);
     cr_expect_eq(st.unreadable, 0);
     return rp;
 }
