@@ -9,7 +9,7 @@
 
 void alert_state_init(struct alert_state *st)
 {
-    memset(st, 0, sizeof *st);
+    memset(st, 0, sizeof(*st));
     st->state = ALERT_INACTIVE;
     st->first_breach_step = -1;
     st->fired_step = -1;
@@ -86,7 +86,7 @@ int alert_step(struct alert_state *st, const struct detect_rule *rule,
 {
     if (!st || !rule || !scope || !v || !out)
         return -EINVAL;
-    memset(out, 0, sizeof *out);
+    memset(out, 0, sizeof(*out));
     enum alert_state_id from = (enum alert_state_id)st->state;
     enum alert_state_id to = from;
     enum alert_change change = ALERT_CHANGE_NONE;

@@ -26,7 +26,7 @@ static const struct {
 const char *dashboard_content_type(const char *name)
 {
     const char *dot = name != NULL ? strrchr(name, '.') : NULL;
-    if (dot != NULL)
+    if (dot)
         for (size_t i = 0; i < sizeof content_types / sizeof content_types[0]; i++)
             if (strcmp(dot, content_types[i].ext) == 0)
                 return content_types[i].type;
@@ -37,7 +37,7 @@ const char *dashboard_content_type(const char *name)
 int dashboard_lookup_in(const struct dashboard_asset *assets, size_t n, const char *path,
                         struct dashboard_file *out)
 {
-    if (path == NULL)
+    if (!path)
         return -ENOENT;
     const char *name;
     if (strcmp(path, "/") == 0)
@@ -91,7 +91,7 @@ static size_t opaque_tag(const char *p, const char **start)
 /* Any thread. */
 bool dashboard_etag_match(const char *if_none_match, const char *etag)
 {
-    if (if_none_match == NULL || etag == NULL)
+    if (!if_none_match || !etag)
         return false;
     if (strnlen(if_none_match, DASHBOARD_MAX_IF_NONE_MATCH + 1) > DASHBOARD_MAX_IF_NONE_MATCH)
         return false;

@@ -98,7 +98,7 @@ _Static_assert(sizeof default_rules / sizeof default_rules[0] <= DETECT_MAX_RULE
 
 void detect_rules_default(struct detect_rules *out)
 {
-    memset(out, 0, sizeof *out);
+    memset(out, 0, sizeof(*out));
     out->n = sizeof default_rules / sizeof default_rules[0];
     memcpy(out->rule, default_rules, sizeof default_rules);
 }
@@ -273,7 +273,7 @@ int detect_rules_set(struct detect_rules *rules, const char *rule_name, const ch
 
 void detect_state_init(struct detect_state *st)
 {
-    memset(st, 0, sizeof *st);
+    memset(st, 0, sizeof(*st));
     st->last_step = -1;
 }
 
@@ -444,7 +444,7 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
 {
     if (!st || !rule || !out)
         return -EINVAL;
-    memset(out, 0, sizeof *out);
+    memset(out, 0, sizeof(*out));
     out->value = value;
     out->median = NAN;
     out->mad = NAN;

@@ -127,7 +127,7 @@ bool eval_input_rule(const struct detect_rules *rules, const struct store_series
     }
     if (strncmp(k->name, "router.", 7) == 0) {
         snprintf(rule, len, "%s", k->name);
-        return k->layer >= 0 && detect_rules_match(rules, rule) != NULL;
+        return k->layer >= 0 && detect_rules_match(rules, rule);
     }
     for (size_t i = 0; i < sizeof(lead_scalars) / sizeof(lead_scalars[0]); i++)
         if (strcmp(k->name, lead_scalars[i]) == 0 && k->rank == (int32_t)lead_rank &&

@@ -79,7 +79,7 @@ static int dbconn_open(struct dbconn *d, const char *path, struct fs_err *err)
     int rc = sqlite3_open_v2(path, &d->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
     if (rc != SQLITE_OK) {
         fs_err_set(err, rc, "open %s read-only: %s", path,
-                   d->db != NULL ? sqlite3_errmsg(d->db) : sqlite3_errstr(rc));
+                   d->db ? sqlite3_errmsg(d->db) : sqlite3_errstr(rc));
         goto fail;
     }
     sqlite3_busy_timeout(d->db, HTTP_DB_BUSY_TIMEOUT_MS);
@@ -115,7 +115,7 @@ static struct MHD_Response *dash_response(const struct ctx *c)
     bool body = c->status != MHD_HTTP_NOT_MODIFIED;
     struct MHD_Response *resp = MHD_create_response_from_buffer(
         body ? f->len : 0, body ? (void *)f->data : NULL, MHD_RESPMEM_PERSISTENT);
-    if (resp == NULL)
+    if (!resp)
         return NULL;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, f->content_type);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, f->etag);
@@ -129,41 +129,41 @@ static enum MHD_Result send_reply(struct ctx *c)
 {
     struct http *h = c->h;
     unsigned status = c->status;
-    if (c->dash != NULL) {
+    if (c->dash) {
         struct MHD_Response *raw = dash_response(c);
-        if (raw == NULL)
+        if (!raw)
             return MHD_NO;
         atomic_fetch_add_explicit(&h->stats->http_requests, 1, memory_order_relaxed);
         enum MHD_Result rr = MHD_queue_response(c->conn, status, raw);
         MHD_destroy_response(raw);
         return rr;
     }
-    char *text = c->raw == NULL && c->body != NULL ? json_dumps(c->body, JSON_COMPACT) : NULL;
+    char *text = !c->raw && c->body ? json_dumps(c->body, JSON_COMPACT) : NULL;
     struct MHD_Response *resp;
-    if (c->raw != NULL) {
+    if (c->raw) {
         if (c->raw_owned) {
             resp = MHD_create_response_from_buffer_with_free_callback(
                 c->raw_len, (void *)c->raw, free_body);
-            if (resp == NULL)
+            if (!resp)
                 free((void *)c->raw);
         } else {
             resp = MHD_create_response_from_buffer(c->raw_len, (void *)c->raw,
                                                    MHD_RESPMEM_PERSISTENT);
         }
         c->raw = NULL; /* the response owns it now (or it is freed) */
-    } else if (text != NULL) {
+    } else if (text) {
         resp = MHD_create_response_from_buffer_with_free_callback(strlen(text), text, free_body);
-        if (resp == NULL)
+        if (!resp)
             free(text);
     } else {
         status = MHD_HTTP_INTERNAL_SERVER_ERROR;
         resp = MHD_create_response_from_buffer(sizeof fallback_body - 1, (void *)fallback_body,
                                                MHD_RESPMEM_PERSISTENT);
     }
-    if (resp == NULL)
+    if (!resp)
         return MHD_NO; /* closes the connection */
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                            c->content_type != NULL ? c->content_type : "application/json");
+                            c->content_type ? c->content_type : "application/json");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (c->allow[0] != '\0')
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, c->allow);
@@ -185,7 +185,7 @@ static enum MHD_Result send_reply(struct ctx *c)
 int http_db_read(struct ctx *c, route_fn fn)
 {
     c->dbc = db_checkout(c->h);
-    if (c->dbc == NULL)
+    if (!c->dbc)
         return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
                                 "no database connection free; try again");
     int rc = sqlite3_step(c->dbc->st[STMT_BEGIN]);
@@ -224,15 +224,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
      * about 5x slower); answer on a later call. The one exception is a body
      * announced too large: refuse it before reading it (the connection
      * closes, which suits that error). */
-    if (rq == NULL) {
-        rq = calloc(1, sizeof *rq);
-        if (rq == NULL)
+    if (!rq) {
+        rq = calloc(1, sizeof(*rq));
+        if (!rq)
             return MHD_NO;
         *con_cls = rq;
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         int64_t announced = 0;
-        if (cl != NULL &&
+        if (cl &&
             (http_parse_int64(cl, &announced) != 0 || announced > HTTP_MAX_BODY_BYTES)) {
             rq->replied = true;
             http_reply_error(&c, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large",
@@ -255,7 +255,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return MHD_NO;
         if (strcmp(method, MHD_HTTP_METHOD_POST) == 0) {
             char *b = realloc(rq->body, rq->body_bytes + n + 1);
-            if (b == NULL)
+            if (!b)
                 return MHD_NO;
             memcpy(b + rq->body_bytes, upload_data, n);
             b[rq->body_bytes + n] = '\0';
@@ -264,7 +264,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         rq->body_bytes += n;
         return MHD_YES;
     }
-    if (rq->write != NULL) {
+    if (rq->write) {
         /* Resumed: the writer has settled the write parked below. */
         struct http_write *w = rq->write;
         rq->write = NULL;
@@ -281,7 +281,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     c.req_body = rq->body;
     c.req_len = rq->body != NULL ? rq->body_bytes : 0;
     http_dispatch(&c, method);
-    if (c.write != NULL) {
+    if (c.write) {
         /* A write: answered when the writer has settled it, without
          * holding this thread meanwhile (or here, when stopping). */
         if (http_write_park(&h->writes, conn, c.write)) {
@@ -303,7 +303,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     (void)conn;
     (void)toe;
     struct request *rq = *con_cls;
-    if (rq != NULL) {
+    if (rq) {
         free(rq->body);
         http_write_free(rq->write); /* resumed, but closed before it was answered */
     }
@@ -329,15 +329,15 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 
 static void http_free(struct http *h)
 {
-    if (h == NULL)
+    if (!h)
         return;
     /* The parked writes first: libmicrohttpd must not stop with a
      * connection suspended. */
     if (h->sync_init)
         http_writes_stop(&h->writes);
-    if (h->mhd != NULL)
+    if (h->mhd)
         MHD_stop_daemon(h->mhd);
-    if (h->conns != NULL)
+    if (h->conns)
         for (unsigned i = 0; i < h->nconns; i++)
             dbconn_close(&h->conns[i]);
     free(h->conns);
@@ -393,7 +393,7 @@ static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
 {
     (void)cls;
     (void)c;
-    for (const char *p = s; (p = strchr(p, '%')) != NULL; p++)
+    for (const char *p = s; (p = strchr(p, '%')); p++)
         if (p[1] == '0' && p[2] == '0')
             return strlen(s);
     return MHD_http_unescape(s);
@@ -410,7 +410,7 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
     if (err)
         err->msg[0] = '\0';
 
-    if (opts == NULL || opts->host == NULL || opts->db_path == NULL || opts->stats == NULL)
+    if (!opts || !opts->host || !opts->db_path || !opts->stats)
         return fs_err_set(err, -EINVAL, "http: host, db_path and stats are required");
     if (opts->threads < 1 || opts->threads > HTTP_MAX_THREADS)
         return fs_err_set(err, -EINVAL, "http: threads must be in 1..%u, not %u", HTTP_MAX_THREADS,
@@ -418,8 +418,8 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
     if (sqlite3_threadsafe() == 0)
         return fs_err_set(err, -ENOTSUP, "http: SQLite is built without thread support");
 
-    h = calloc(1, sizeof *h);
-    if (h == NULL) {
+    h = calloc(1, sizeof(*h));
+    if (!h) {
         rc = -ENOMEM;
         fs_err_set(err, rc, "http: out of memory");
         goto fail;
@@ -427,9 +427,9 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
     h->stats = opts->stats;
     h->store = opts->store;
     h->read_only = opts->read_only;
-    h->read_token = strdup(opts->read_token != NULL ? opts->read_token : "");
-    h->write_token = strdup(opts->write_token != NULL ? opts->write_token : "");
-    if (h->read_token == NULL || h->write_token == NULL) {
+    h->read_token = strdup(opts->read_token ? opts->read_token : "");
+    h->write_token = strdup(opts->write_token ? opts->write_token : "");
+    if (!h->read_token || !h->write_token) {
         rc = -ENOMEM;
         fs_err_set(err, rc, "http: out of memory");
         goto fail;
@@ -468,9 +468,9 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
 
     /* One read connection per server thread: a request never waits for one
      * unless a handler is stuck. */
-    h->conns = calloc(opts->threads, sizeof *h->conns);
-    h->free_idx = calloc(opts->threads, sizeof *h->free_idx);
-    if (h->conns == NULL || h->free_idx == NULL) {
+    h->conns = calloc(opts->threads, sizeof(*h->conns));
+    h->free_idx = calloc(opts->threads, sizeof(*h->free_idx));
+    if (!h->conns || !h->free_idx) {
         rc = -ENOMEM;
         fs_err_set(err, rc, "http: out of memory");
         goto fail;
@@ -545,7 +545,7 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
         MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
         MHD_OPTION_ARRAY, https ? tls : &tls[2],
         MHD_OPTION_END);
-    if (h->mhd == NULL) {
+    if (!h->mhd) {
         int e = errno;
         rc = e != 0 ? -e : -EIO;
         fs_err_set(err, rc, "http: cannot listen on %s:%u%s%s", opts->host,
@@ -559,7 +559,7 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
     return 0;
 
 fail:
-    if (ai != NULL)
+    if (ai)
         freeaddrinfo(ai);
     http_free(h);
     return rc;

@@ -30,7 +30,7 @@ enum {
 static json_t *advice_json(sqlite3_stmt *st)
 {
     json_t *o = json_object();
-    if (o == NULL)
+    if (!o)
         return NULL;
     int rc = 0;
     rc |= oset(o, "id", col_int(st, AV_ID));
@@ -57,7 +57,7 @@ static json_t *advice_json(sqlite3_stmt *st)
 static json_t *delivery_json(sqlite3_stmt *st)
 {
     json_t *o = json_object();
-    if (o == NULL)
+    if (!o)
         return NULL;
     int rc = 0;
     rc |= oset(o, "attempt", col_int(st, AV_ATTEMPT));
@@ -76,7 +76,7 @@ static json_t *delivery_json(sqlite3_stmt *st)
 /* Prepends v to array a (rows arrive newest first). */
 static int prepend(json_t *a, json_t *v)
 {
-    if (v == NULL)
+    if (!v)
         return -1;
     int rc = json_array_insert_new(a, 0, v);
     return rc;
@@ -86,7 +86,7 @@ int http_alert_advice(struct ctx *c, int64_t id, json_t **out, bool *truncated)
 {
     sqlite3_stmt *st = c->dbc->st[STMT_ALERT_ADVICE];
     json_t *list = json_array();
-    if (list == NULL) {
+    if (!list) {
         http_reply_oom(c);
         return -ENOMEM;
     }
@@ -103,7 +103,7 @@ int http_alert_advice(struct ctx *c, int64_t id, json_t **out, bool *truncated)
             break;
         }
         int64_t aid = sqlite3_column_int64(st, AV_ID);
-        if (cur == NULL || aid != cur_id) {
+        if (!cur || aid != cur_id) {
             if (prepend(list, advice_json(st)) != 0)
                 goto oom;
             cur = json_array_get(list, 0);

@@ -36,7 +36,7 @@ static int param_time(struct ctx *c, const char *name, double *out, bool *presen
 {
     const char *s = http_param_get(c, name);
     *present = s != NULL;
-    if (s == NULL)
+    if (!s)
         return 0;
     size_t int_digits = strspn(s, "0123456789");
     const char *p = s + int_digits;
@@ -50,7 +50,7 @@ static int param_time(struct ctx *c, const char *name, double *out, bool *presen
     if (int_digits > 0 && *p == '\0' && (p == s + int_digits || frac_digits > 0)) {
         v = strtod(s, &end);
     }
-    if (end == NULL || *end != '\0' || !isfinite(v)) {
+    if (!end || *end != '\0' || !isfinite(v)) {
         http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
                          "parameter '%s' must be a UNIX time in seconds "
                          "(digits, optional fraction)",
@@ -78,7 +78,7 @@ static json_t *alert_json(sqlite3_stmt *st)
         .layer = AC_LAYER, .head = AC_HEAD, .window = AC_WINDOW, .rank = AC_RANK};
     json_t *o = json_object();
     json_t *ev = json_object();
-    if (o == NULL || ev == NULL) {
+    if (!o || !ev) {
         json_decref(o);
         json_decref(ev);
         return NULL;
@@ -118,7 +118,7 @@ static json_t *alert_json(sqlite3_stmt *st)
 static json_t *event_json(sqlite3_stmt *st)
 {
     json_t *o = json_object();
-    if (o == NULL)
+    if (!o)
         return NULL;
     int rc = 0;
     rc |= oset(o, "id", col_int(st, 0));
@@ -194,7 +194,7 @@ static int silences_load(struct ctx *c, struct active_silences *as)
     if (parsed > 0)
         atomic_fetch_add_explicit(&c->h->stats->silence_compiles_http, parsed,
                                   memory_order_relaxed);
-    if (as->set != NULL && as->set != prev)
+    if (as->set && as->set != prev)
         silence_cache_put(&c->h->silences, as->set);
     silence_set_unref(prev);
     if (brc >= 0 && rc != SQLITE_DONE) {
@@ -202,7 +202,7 @@ static int silences_load(struct ctx *c, struct active_silences *as)
         http_reply_db_error(c, "active silences", rc);
         return -1;
     }
-    if (as->set == NULL) {
+    if (!as->set) {
         http_reply_oom(c);
         return -1;
     }
@@ -220,7 +220,7 @@ static const char *col_cstr(sqlite3_stmt *st, int i)
 static json_t *silenced_by_json(sqlite3_stmt *st, const struct active_silences *as)
 {
     json_t *a = json_array();
-    if (a == NULL || as == NULL || as->set == NULL || as->set->n == 0)
+    if (!a || !as || !as->set || as->set->n == 0)
         return a;
     const struct silence_set *ss = as->set;
     static const struct {
@@ -257,7 +257,7 @@ static json_t *silenced_by_json(sqlite3_stmt *st, const struct active_silences *
 static json_t *alert_json_silenced(sqlite3_stmt *st, const struct active_silences *as)
 {
     json_t *o = alert_json(st);
-    if (o != NULL && oset(o, "silenced_by", silenced_by_json(st, as)) != 0) {
+    if (o && oset(o, "silenced_by", silenced_by_json(st, as)) != 0) {
         json_decref(o);
         return NULL;
     }
@@ -311,17 +311,17 @@ int http_alerts_list(struct ctx *c)
                                 "parameter 'from_step' must not be greater than 'to_step'");
 
     int64_t run_id = 0;
-    if (run != NULL && http_runs_id_by_name(c, run, &run_id) != 0)
+    if (run && http_runs_id_by_name(c, run, &run_id) != 0)
         return 0;
 
     /* The index decides the statement: a state filter walks one range per
      * state (alerts_by_state, or an index on (run_id, state) with run);
      * otherwise alerts_by_run or the table itself, newest first. Other
      * filters are checked on the rows walked. */
-    enum stmt_id sid = states != 0 ? (run != NULL ? STMT_ALERTS_RUN_STATE : STMT_ALERTS_STATE)
-                                   : (run != NULL ? STMT_ALERTS_RUN : STMT_ALERTS_ALL);
+    enum stmt_id sid = states != 0 ? (run ? STMT_ALERTS_RUN_STATE : STMT_ALERTS_STATE)
+                                   : (run ? STMT_ALERTS_RUN : STMT_ALERTS_ALL);
     sqlite3_stmt *st = c->dbc->st[sid];
-    if (run != NULL)
+    if (run)
         sqlite3_bind_int64(st, 1, run_id);
     sqlite3_bind_int64(st, 2, before);
     /* ALERTS_ARMS has one arm per state: a new state needs a new arm */
@@ -331,11 +331,11 @@ int http_alerts_list(struct ctx *c)
     for (unsigned k = 0; k < ALERT_STATE_COUNT && arm < HTTP_MAX_ALERT_STATE_ARMS; k++)
         if (states & (1u << k))
             sqlite3_bind_int64(st, arm_param[arm++], (int64_t)k);
-    if (severity != NULL)
+    if (severity)
         sqlite3_bind_text(st, 7, severity, -1, SQLITE_STATIC);
-    if (label != NULL)
+    if (label)
         sqlite3_bind_text(st, 8, label, -1, SQLITE_STATIC);
-    if (rule != NULL)
+    if (rule)
         sqlite3_bind_text(st, 9, rule, -1, SQLITE_STATIC);
     if (has_layer)
         sqlite3_bind_int64(st, 10, layer);
@@ -374,7 +374,7 @@ static int alert_history(struct ctx *c, int64_t id, json_t **out, bool *truncate
     sqlite3_stmt *st = c->dbc->st[STMT_ALERT_HISTORY];
     json_t *newest_first = json_array();
     json_t *hist = json_array();
-    if (newest_first == NULL || hist == NULL)
+    if (!newest_first || !hist)
         goto oom;
     sqlite3_bind_int64(st, 1, id);
     sqlite3_bind_int64(st, 2, HTTP_MAX_ALERT_HISTORY + 1);
@@ -436,7 +436,7 @@ int http_alerts_get(struct ctx *c)
     json_t *alert = alert_json_silenced(st, &ss);
     silences_release(&ss);
     stmt_done(st);
-    if (alert == NULL)
+    if (!alert)
         return http_reply_oom(c);
 
     json_t *hist = NULL;

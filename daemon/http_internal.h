@@ -266,10 +266,10 @@ typedef int (*route_fn)(struct ctx *c);
 static inline json_t *jstr_n(const char *s, size_t n)
 {
     json_t *v = json_stringn(s, n);
-    if (v != NULL)
+    if (v)
         return v;
     char *copy = malloc(n + 1);
-    if (copy == NULL)
+    if (!copy)
         return NULL;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
@@ -289,14 +289,14 @@ static inline json_t *jstr(const char *s)
  * NULL v (failed allocation) is reported the same way. */
 static inline int oset(json_t *o, const char *key, json_t *v)
 {
-    if (v == NULL)
+    if (!v)
         return -ENOMEM;
     return json_object_set_new(o, key, v) == 0 ? 0 : -ENOMEM;
 }
 
 static inline int aadd(json_t *a, json_t *v)
 {
-    if (v == NULL)
+    if (!v)
         return -ENOMEM;
     return json_array_append_new(a, v) == 0 ? 0 : -ENOMEM;
 }
@@ -324,7 +324,7 @@ static inline json_t *col_int(sqlite3_stmt *st, int i)
 static inline json_t *col_text(sqlite3_stmt *st, int i)
 {
     const unsigned char *s = sqlite3_column_text(st, i);
-    if (s == NULL)
+    if (!s)
         return sqlite3_column_type(st, i) == SQLITE_NULL ? json_null() : NULL;
     return jstr_n((const char *)s, (size_t)sqlite3_column_bytes(st, i));
 }

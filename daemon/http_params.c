@@ -16,7 +16,7 @@ const char *http_param_get(const struct ctx *c, const char *name)
 /* Strict integer: optional '-', then digits only, no blanks, no '+'. */
 int http_parse_int64(const char *s, int64_t *out)
 {
-    if (s == NULL || *s == '\0')
+    if (!s || *s == '\0')
         return -EINVAL;
     const char *p = s[0] == '-' ? s + 1 : s;
     if (*p == '\0')
@@ -41,9 +41,9 @@ int http_param_int(struct ctx *c, const char *name, int64_t min, int64_t max, in
                    int64_t *out, bool *present)
 {
     const char *s = http_param_get(c, name);
-    if (present != NULL)
+    if (present)
         *present = s != NULL;
-    if (s == NULL) {
+    if (!s) {
         *out = def;
         return 0;
     }
@@ -68,7 +68,7 @@ int http_param_after(struct ctx *c, int64_t *out)
 {
     const char *s = http_param_get(c, "after");
     int64_t v = 0;
-    if (s == NULL) {
+    if (!s) {
         *out = 0;
         return 0;
     }
@@ -87,9 +87,9 @@ int http_param_text(struct ctx *c, const char *name, bool required, const char *
 {
     const char *s = http_param_get(c, name);
     *out = s;
-    if (s == NULL && !required)
+    if (!s && !required)
         return 0;
-    if (s == NULL) {
+    if (!s) {
         http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "parameter '%s' is required",
                          name);
         return -EINVAL;
@@ -105,7 +105,7 @@ int http_param_text(struct ctx *c, const char *name, bool required, const char *
 /* Newest-first keyset cursor: absent -> INT64_MAX (no upper bound). */
 int http_param_before(struct ctx *c, int64_t *out)
 {
-    if (http_param_get(c, "after") == NULL) {
+    if (!(http_param_get(c, "after"))) {
         *out = INT64_MAX;
         return 0;
     }
@@ -131,7 +131,7 @@ int http_param_enum(struct ctx *c, const char *name, const char *const *names, s
 {
     const char *s = http_param_get(c, name);
     *out = s;
-    if (s == NULL)
+    if (!s)
         return 0;
     for (size_t i = 0; i < n; i++)
         if (strcmp(s, names[i]) == 0)

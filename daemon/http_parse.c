@@ -19,7 +19,7 @@
 int http_bearer_parse(const char *header, const char **tok, size_t *len)
 {
     static const char scheme[] = "Bearer";
-    if (header == NULL)
+    if (!header)
         return -EINVAL;
     const char *p = header;
     while (*p == ' ' || *p == '\t')
@@ -87,7 +87,7 @@ int http_duration_parse(const char *s, double *out)
         char unit;
         double seconds;
     } units[] = {{'s', 1}, {'m', 60}, {'h', 3600}, {'d', 86400}, {'w', 7 * 86400}};
-    if (s == NULL || *s == '\0' || strlen(s) > HTTP_MAX_DURATION_TEXT)
+    if (!s || *s == '\0' || strlen(s) > HTTP_MAX_DURATION_TEXT)
         return -EINVAL;
     const char *p = s;
     double v;
@@ -196,10 +196,10 @@ static int rfc3339(const char *s, double *out)
 
 int http_time_parse(const char *s, double *out)
 {
-    if (s == NULL || *s == '\0' || strlen(s) > HTTP_MAX_TIME_TEXT)
+    if (!s || *s == '\0' || strlen(s) > HTTP_MAX_TIME_TEXT)
         return -EINVAL;
     double v;
-    if (strchr(s, '-') != NULL || strchr(s, 'T') != NULL || strchr(s, 't') != NULL) {
+    if (strchr(s, '-') || strchr(s, 'T') || strchr(s, 't')) {
         if (rfc3339(s, &v) != 0)
             return -EINVAL;
     } else {
@@ -225,7 +225,7 @@ int http_time_format(double t, char *out, size_t outlen)
     }
     time_t tt = (time_t)whole;
     struct tm tm;
-    if (gmtime_r(&tt, &tm) == NULL)
+    if (!(gmtime_r(&tt, &tm)))
         return -EINVAL;
     int n;
     if (ms != 0)
@@ -261,11 +261,11 @@ static int text_field(json_t *doc, const char *name, bool required, size_t max, 
                       struct fs_err *why)
 {
     json_t *v = json_object_get(doc, name);
-    if (v == NULL && !required) {
+    if (!v && !required) {
         out[0] = '\0';
         return 0;
     }
-    if (v == NULL)
+    if (!v)
         return fs_err_set(why, -EINVAL, "field '%s': is required", name);
     if (!json_is_string(v))
         return fs_err_set(why, -EINVAL, "field '%s': must be a string", name);
@@ -273,7 +273,7 @@ static int text_field(json_t *doc, const char *name, bool required, size_t max, 
     const char *s = json_string_value(v);
     if (n > max)
         return fs_err_set(why, -EINVAL, "field '%s': longer than %zu bytes", name, max);
-    if (memchr(s, '\0', n) != NULL)
+    if (memchr(s, '\0', n))
         return fs_err_set(why, -EINVAL, "field '%s': must not contain NUL", name);
     if (required && n == 0)
         return fs_err_set(why, -EINVAL, "field '%s': must not be empty", name);
@@ -290,10 +290,10 @@ int http_silence_req_parse(const char *body, size_t len, const char *run, double
     int rc = 0;
     json_error_t jerr;
     json_t *doc = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (doc == NULL)
+    if (!doc)
         return fs_err_set(why, -EINVAL, "body: not valid JSON: %s (line %d, column %d)", jerr.text,
                           jerr.line, jerr.column);
-    memset(out, 0, sizeof *out);
+    memset(out, 0, sizeof(*out));
     if (!json_is_object(doc)) {
         rc = fs_err_set(why, -EINVAL, "body: must be a JSON object");
         goto out;
@@ -305,7 +305,7 @@ int http_silence_req_parse(const char *body, size_t len, const char *run, double
         bool known = false;
         for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
             known |= strcmp(key, fields[i]) == 0;
-        if (run != NULL && strcmp(key, "matchers") == 0)
+        if (run && strcmp(key, "matchers") == 0)
             known = false;
         if (!known) {
             rc = fs_err_set(why, -EINVAL, "field '%.64s': unknown field", key);
@@ -318,21 +318,21 @@ int http_silence_req_parse(const char *body, size_t len, const char *run, double
     struct fs_err swhy = {0};
     char *mjson = NULL;
     json_t *mv = json_object_get(doc, "matchers");
-    if (run != NULL) {
+    if (run) {
         mv = json_pack("[{s:s, s:s}]", "name", "run", "value", run);
-        if (mv == NULL) {
+        if (!mv) {
             rc = fs_err_set(why, -EINVAL, "run: not a valid label value");
             goto out;
         }
         mjson = json_dumps(mv, JSON_COMPACT);
         json_decref(mv);
-    } else if (mv == NULL) {
+    } else if (!mv) {
         rc = fs_err_set(why, -EINVAL, "field 'matchers': is required");
         goto out;
     } else {
         mjson = json_dumps(mv, JSON_COMPACT | JSON_ENCODE_ANY);
     }
-    if (mjson == NULL) {
+    if (!mjson) {
         rc = fs_err_set(why, -EINVAL, "body: out of memory");
         goto out;
     }
@@ -340,7 +340,7 @@ int http_silence_req_parse(const char *body, size_t len, const char *run, double
     free(mjson);
     if (rc != 0) {
         /* silence.c says "matchers: ..." or "matchers[i]: ..." */
-        rc = fs_err_set(why, -EINVAL, "field '%s': %.255s", run != NULL ? "run" : "matchers",
+        rc = fs_err_set(why, -EINVAL, "field '%s': %.255s", run ? "run" : "matchers",
                         swhy.msg);
         goto out;
     }
@@ -353,20 +353,20 @@ int http_silence_req_parse(const char *body, size_t len, const char *run, double
 
     out->starts_at = now;
     json_t *sv = json_object_get(doc, "startsAt");
-    if (sv != NULL && (rc = time_field(sv, "startsAt", &out->starts_at, why)) != 0)
+    if (sv && (rc = time_field(sv, "startsAt", &out->starts_at, why)) != 0)
         goto out;
 
     json_t *ev = json_object_get(doc, "endsAt");
     json_t *dv = json_object_get(doc, "duration");
-    if (ev != NULL && dv != NULL) {
+    if (ev && dv) {
         rc = fs_err_set(why, -EINVAL, "field 'duration': give either endsAt or duration, not both");
         goto out;
     }
-    if (ev == NULL && dv == NULL) {
+    if (!ev && !dv) {
         rc = fs_err_set(why, -EINVAL, "field 'endsAt': endsAt or duration is required");
         goto out;
     }
-    if (ev != NULL) {
+    if (ev) {
         if ((rc = time_field(ev, "endsAt", &out->ends_at, why)) != 0)
             goto out;
         if (!(out->ends_at > out->starts_at)) {

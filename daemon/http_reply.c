@@ -12,7 +12,7 @@
 /* Drops a raw reply set earlier (a later error replaces it). */
 static void raw_drop(struct ctx *c)
 {
-    if (c->raw != NULL && c->raw_owned)
+    if (c->raw && c->raw_owned)
         free((void *)c->raw);
     c->raw = NULL;
     c->content_type = NULL;
@@ -55,13 +55,13 @@ int http_reply_error(struct ctx *c, unsigned status, const char *code, const cha
     va_end(ap);
 
     json_t *err = json_object();
-    if (err != NULL &&
+    if (err &&
         (oset(err, "code", json_string(code)) != 0 || oset(err, "message", jstr(msg)) != 0)) {
         json_decref(err);
         err = NULL;
     }
     json_t *doc = err != NULL ? json_object() : NULL;
-    if (doc == NULL)
+    if (!doc)
         json_decref(err);
     else if (oset(doc, "error", err) != 0) { /* consumed err */
         json_decref(doc);
@@ -91,7 +91,7 @@ int http_reply_db_error(struct ctx *c, const char *what, int rc)
 json_t *http_page_doc(const char *key, json_t *items, json_t *next)
 {
     json_t *doc = json_object();
-    if (doc == NULL) {
+    if (!doc) {
         json_decref(items);
         json_decref(next);
         return NULL;
@@ -120,7 +120,7 @@ int http_reply_page(struct ctx *c, sqlite3_stmt *st, int64_t limit, int id_col, 
                     const void *arg, const char *key, const char *what)
 {
     json_t *items = json_array();
-    if (items == NULL) {
+    if (!items) {
         stmt_done(st);
         return http_reply_oom(c);
     }
@@ -160,11 +160,11 @@ json_t *http_col_json_object(sqlite3_stmt *st, int i, size_t max)
         return json_null();
     const char *text = (const char *)sqlite3_column_text(st, i);
     int n = sqlite3_column_bytes(st, i);
-    if (text == NULL || n <= 0 || (size_t)n > max)
+    if (!text || n <= 0 || (size_t)n > max)
         return json_null();
     json_error_t jerr;
     json_t *v = json_loadb(text, (size_t)n, 0, &jerr);
-    if (v == NULL || !json_is_object(v)) {
+    if (!v || !json_is_object(v)) {
         json_decref(v);
         return json_null();
     }
@@ -186,7 +186,7 @@ json_t *http_labels_json(sqlite3_stmt *st, const struct label_cols *lc)
         {.name = "rank", .col = lc->rank, .min = 0},
     };
     json_t *o = json_object();
-    if (o == NULL)
+    if (!o)
         return NULL;
     int rc = 0;
     for (size_t i = 0; i < sizeof labels / sizeof labels[0]; i++) {

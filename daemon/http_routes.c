@@ -40,10 +40,10 @@ static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const c
     (void)kind;
 
     const char *name = NULL;
-    for (unsigned i = 0; i < HTTP_MAX_PARAMS && col->r->params[i] != NULL; i++)
+    for (unsigned i = 0; i < HTTP_MAX_PARAMS && col->r->params[i]; i++)
         if (strcmp(col->r->params[i], key) == 0)
             name = col->r->params[i];
-    if (name == NULL) {
+    if (!name) {
         char echo[HTTP_MAX_PARAM_LEN + 1];
         snprintf(echo, sizeof echo, "%s", key);
         http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "unknown parameter '%s'", echo);
@@ -51,9 +51,9 @@ static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const c
         return MHD_NO;
     }
     bool repeatable = false;
-    for (unsigned i = 0; i < HTTP_MAX_REPEATABLE && col->r->repeat[i] != NULL; i++)
+    for (unsigned i = 0; i < HTTP_MAX_REPEATABLE && col->r->repeat[i]; i++)
         repeatable |= strcmp(col->r->repeat[i], name) == 0;
-    if (!repeatable && http_param_get(c, name) != NULL) {
+    if (!repeatable && http_param_get(c, name)) {
         http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
                          "parameter '%s' given more than once", name);
         col->err = -EINVAL;
@@ -66,7 +66,7 @@ static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const c
         col->err = -EINVAL;
         return MHD_NO;
     }
-    if (value != NULL && strlen(value) > HTTP_MAX_PARAM_LEN) {
+    if (value && strlen(value) > HTTP_MAX_PARAM_LEN) {
         http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
                          "parameter '%s' is longer than %u bytes", name, HTTP_MAX_PARAM_LEN);
         col->err = -EINVAL;
@@ -260,7 +260,7 @@ static int auth_check(struct ctx *c, const char *t1, const char *t2)
     const char *tok = NULL;
     size_t len = 0;
     bool okay = false;
-    if (hdr != NULL && strlen(hdr) <= HTTP_MAX_AUTH_HEADER &&
+    if (hdr && strlen(hdr) <= HTTP_MAX_AUTH_HEADER &&
         http_bearer_parse(hdr, &tok, &len) == 0) {
         /* both compared, whichever matches: the time says nothing */
         bool a = t1 != NULL && t1[0] != '\0' && http_token_equal(tok, len, t1);
@@ -271,7 +271,7 @@ static int auth_check(struct ctx *c, const char *t1, const char *t2)
         return 0;
     c->www_auth = true;
     http_reply_error(c, MHD_HTTP_UNAUTHORIZED, "unauthorized",
-                     hdr == NULL ? "this endpoint needs Authorization: Bearer <token>"
+                     !hdr ? "this endpoint needs Authorization: Bearer <token>"
                                  : "the bearer token is missing, malformed or wrong");
     return -EACCES;
 }
@@ -284,7 +284,7 @@ int http_dispatch(struct ctx *c, const char *method)
     const struct route *r = NULL;
     unsigned bit = method_bit(method), allowed = 0;
     bool path_known = false;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && r == NULL; i++) {
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !r; i++) {
         int m = route_match(routes[i].pattern, c->url, c);
         if (m < 0)
             return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
@@ -302,7 +302,7 @@ int http_dispatch(struct ctx *c, const char *method)
         snprintf(echo, sizeof echo, "%s", c->url);
         return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such resource: %s", echo);
     }
-    if (r == NULL) {
+    if (!r) {
         /* the rest of the table may list other methods for this path */
         for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
             if (route_match(routes[i].pattern, c->url, c) > 0)
@@ -332,13 +332,13 @@ int http_dispatch(struct ctx *c, const char *method)
                                     "writes disabled: set http_write_token");
         if (auth_check(c, h->write_token, NULL) != 0)
             return 0;
-        if (h->store == NULL)
+        if (!h->store)
             return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
                                     "writes are not available in this process");
     }
     if (params_collect(c, r) != 0)
         return 0;
-    if (r->body && (c->req_body == NULL || c->req_len == 0))
+    if (r->body && (!c->req_body || c->req_len == 0))
         return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
                                 "body: a JSON object is required");
     if (!r->db)

@@ -50,7 +50,7 @@ static json_t *topology_json(sqlite3_stmt *st, int64_t world)
 static json_t *run_json(sqlite3_stmt *st)
 {
     json_t *o = json_object();
-    if (o == NULL)
+    if (!o)
         return NULL;
     int rc = 0;
     rc |= oset(o, "id", col_text(st, RC_NAME));
@@ -78,7 +78,7 @@ static json_t *series_json(sqlite3_stmt *st, json_t *run)
     static const struct label_cols lc = {
         .layer = SC_LAYER, .head = SC_HEAD, .window = SC_WINDOW, .rank = SC_RANK};
     json_t *o = json_object();
-    if (o == NULL) {
+    if (!o) {
         json_decref(run);
         return NULL;
     }
@@ -109,7 +109,7 @@ static json_t *col_label(sqlite3_stmt *st, int i, int64_t min)
 static json_t *incomplete_json(sqlite3_stmt *st)
 {
     json_t *o = json_object();
-    if (o == NULL)
+    if (!o)
         return NULL;
     int rc = 0;
     rc |= oset(o, "step", col_int(st, IC_STEP));
@@ -152,7 +152,7 @@ int http_runs_list(struct ctx *c)
 static json_t *stream_row(sqlite3_stmt *st)
 {
     json_t *o = json_object();
-    if (o == NULL)
+    if (!o)
         return NULL;
     int e = oset(o, "attempt", col_int(st, 0));
     e |= oset(o, "rank", col_int(st, 1));
@@ -173,7 +173,7 @@ static int streams_detail(struct ctx *c, int64_t run_id, json_t **out)
 {
     sqlite3_stmt *st = c->dbc->st[STMT_RUN_STREAMS];
     json_t *arr = json_array();
-    if (arr == NULL) {
+    if (!arr) {
         http_reply_oom(c);
         return -ENOMEM;
     }
@@ -207,7 +207,7 @@ static int run_attempts(struct ctx *c, int64_t run_id, json_t **out)
 {
     sqlite3_stmt *st = c->dbc->st[STMT_RUN_ATTEMPTS];
     json_t *arr = json_array();
-    if (arr == NULL) {
+    if (!arr) {
         http_reply_oom(c);
         return -ENOMEM;
     }
@@ -216,8 +216,8 @@ static int run_attempts(struct ctx *c, int64_t run_id, json_t **out)
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         json_t *o = json_object();
-        int e = o == NULL;
-        if (o != NULL) {
+        int e = !o;
+        if (o) {
             e |= oset(o, "attempt", col_int(st, 0));
             e |= oset(o, "resume_step", col_int(st, 1));
             e |= oset(o, "started_at", col_real(st, 2));
@@ -285,7 +285,7 @@ int http_runs_get(struct ctx *c)
     int64_t run_id = sqlite3_column_int64(st, RC_ID);
     json_t *run = run_json(st);
     stmt_done(st);
-    if (run == NULL)
+    if (!run)
         return http_reply_oom(c);
 
     json_t *streams = NULL;
@@ -311,7 +311,7 @@ int http_runs_get(struct ctx *c)
         return 0;
     }
     json_t *doc = json_object();
-    if (doc == NULL) {
+    if (!doc) {
         json_decref(run);
         return http_reply_oom(c);
     }
@@ -356,7 +356,7 @@ int http_runs_series(struct ctx *c)
         http_param_int(c, "rank", 0, INT32_MAX, -1, &rank, &has_rank) != 0 ||
         http_param_limit(c, &limit) != 0 || http_param_after(c, &after) != 0)
         return 0;
-    if (name != NULL && prefix != NULL)
+    if (name && prefix)
         return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
                                 "parameters 'name' and 'prefix' cannot be combined");
 
@@ -368,12 +368,12 @@ int http_runs_series(struct ctx *c)
      * strlen(prefix) <= HTTP_MAX_PARAM_LEN was checked when collecting. */
     char upper[HTTP_MAX_PARAM_LEN + 2];
     sqlite3_stmt *st;
-    if (name != NULL) {
+    if (name) {
         st = c->dbc->st[STMT_SERIES_BY_NAME];
         sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
     } else {
         st = c->dbc->st[STMT_SERIES_FILTER];
-        if (prefix != NULL) {
+        if (prefix) {
             size_t n = strlen(prefix);
             memcpy(upper, prefix, n);
             upper[n] = (char)0xFF;
@@ -428,7 +428,7 @@ static int points_page(struct ctx *c, int64_t id, int64_t from, int64_t to, int6
     }
     stmt_done(st);
     *next_from = next >= 0 ? json_integer((json_int_t)next) : json_null();
-    if (*next_from == NULL) {
+    if (!*next_from) {
         http_reply_oom(c);
         return -ENOMEM;
     }
@@ -528,7 +528,7 @@ int http_runs_points(struct ctx *c)
     json_t *series = series_json(st, col_text(st, SC_RUN_NAME));
     stmt_done(st);
     json_t *points = json_array();
-    if (series == NULL || points == NULL) {
+    if (!series || !points) {
         json_decref(series);
         json_decref(points);
         return http_reply_oom(c);
@@ -572,7 +572,7 @@ static int incomplete_cursor_parse(const char *s, struct incomplete_key *k)
     char *p = buf;
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         char *colon = strchr(p, ':');
-        if (colon == NULL)
+        if (!colon)
             return -EINVAL;
         *colon = '\0';
         if (http_parse_int64(p, nums[i]) != 0)
@@ -593,7 +593,7 @@ int http_runs_incomplete(struct ctx *c)
     int64_t limit;
     if (http_param_limit(c, &limit) != 0)
         return 0;
-    if (after != NULL && incomplete_cursor_parse(after, &key) != 0)
+    if (after && incomplete_cursor_parse(after, &key) != 0)
         return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
                                 "parameter 'after' must be a cursor returned as 'next' by an "
                                 "earlier page");
@@ -601,9 +601,9 @@ int http_runs_incomplete(struct ctx *c)
     if (http_runs_id_by_name(c, name, &run_id) != 0)
         return 0;
 
-    sqlite3_stmt *st = c->dbc->st[after != NULL ? STMT_INCOMPLETE_AFTER : STMT_INCOMPLETE_FIRST];
+    sqlite3_stmt *st = c->dbc->st[after ? STMT_INCOMPLETE_AFTER : STMT_INCOMPLETE_FIRST];
     sqlite3_bind_int64(st, 1, run_id);
-    if (after != NULL) {
+    if (after) {
         sqlite3_bind_int64(st, 2, key.step);
         sqlite3_bind_text(st, 3, key.kind, -1, SQLITE_STATIC);
         sqlite3_bind_int64(st, 4, key.layer);
@@ -613,7 +613,7 @@ int http_runs_incomplete(struct ctx *c)
     sqlite3_bind_int64(st, 7, limit + 1);
 
     json_t *items = json_array();
-    if (items == NULL) {
+    if (!items) {
         stmt_done(st);
         return http_reply_oom(c);
     }
@@ -640,7 +640,7 @@ int http_runs_incomplete(struct ctx *c)
                               (int64_t)sqlite3_column_int64(st, IC_LAYER),
                               (int64_t)sqlite3_column_int64(st, IC_HEAD),
                               (int64_t)sqlite3_column_int64(st, IC_WINDOW),
-                              kind != NULL ? (const char *)kind : "");
+                              kind ? (const char *)kind : "");
         n++;
     }
     if (!more && rc != SQLITE_DONE) {

@@ -33,7 +33,7 @@ static json_t *col_time(sqlite3_stmt *st, int i)
 static json_t *silence_json(sqlite3_stmt *st, double now)
 {
     json_t *o = json_object();
-    if (o == NULL)
+    if (!o)
         return NULL;
     json_error_t jerr;
     const char *m = (const char *)sqlite3_column_text(st, SLC_MATCHERS);
@@ -42,7 +42,7 @@ static json_t *silence_json(sqlite3_stmt *st, double now)
                                  : NULL;
     int rc = 0;
     rc |= oset(o, "id", col_int(st, SLC_ID));
-    rc |= oset(o, "matchers", matchers != NULL ? matchers : json_array());
+    rc |= oset(o, "matchers", matchers ? matchers : json_array());
     rc |= oset(o, "startsAt", col_time(st, SLC_STARTS));
     rc |= oset(o, "endsAt", col_time(st, SLC_ENDS));
     rc |= oset(o, "createdBy", col_text(st, SLC_BY));
@@ -196,8 +196,8 @@ static int expired(struct ctx *c, int rc, int64_t id, int64_t arg)
 /* POST body -> an INSERT item; run: maintenance silence of that run. */
 static int silence_create(struct ctx *c, const char *run)
 {
-    struct silence_req *req = malloc(sizeof *req);
-    if (req == NULL)
+    struct silence_req *req = malloc(sizeof(*req));
+    if (!req)
         return http_reply_oom(c);
     struct fs_err why = {0};
     if (http_silence_req_parse(c->req_body, c->req_len, run, wall_now(), req, &why) != 0) {
@@ -205,7 +205,7 @@ static int silence_create(struct ctx *c, const char *run)
         return http_reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "%s", why.msg);
     }
     struct store_item *it = store_item_new(STORE_ITEM_SILENCE);
-    if (it == NULL) {
+    if (!it) {
         free(req);
         return http_reply_oom(c);
     }
@@ -216,8 +216,8 @@ static int silence_create(struct ctx *c, const char *run)
     it->silence.created_by = strdup(req->created_by);
     it->silence.comment = strdup(req->comment);
     free(req);
-    if (it->silence.matchers_json == NULL || it->silence.created_by == NULL ||
-        it->silence.comment == NULL) {
+    if (!it->silence.matchers_json || !it->silence.created_by ||
+        !it->silence.comment) {
         store_item_free(it);
         return http_reply_oom(c);
     }
@@ -241,7 +241,7 @@ int http_silences_expire(struct ctx *c)
     if (silence_id_param(c, &id) != 0)
         return 0;
     struct store_item *it = store_item_new(STORE_ITEM_SILENCE);
-    if (it == NULL)
+    if (!it)
         return http_reply_oom(c);
     it->silence.op = STORE_SILENCE_EXPIRE;
     it->silence.id = id;

@@ -69,10 +69,10 @@ static void *waiter_main(void *arg)
     struct http_writes *q = arg;
     pthread_mutex_lock(&q->mu);
     for (;;) {
-        while (q->head == NULL && !q->stop)
+        while (!q->head && !q->stop)
             pthread_cond_wait(&q->cv, &q->mu);
         struct http_write *w = q->head;
-        if (w == NULL)
+        if (!w)
             break; /* stopping, and nothing is left */
         /* Only this thread takes from the queue: w stays at its head while
          * we wait unlocked, and later writes queue up behind it. */
@@ -81,7 +81,7 @@ static void *waiter_main(void *arg)
         struct MHD_Connection *conn = w->conn;
         pthread_mutex_lock(&q->mu);
         q->head = w->next;
-        if (q->head == NULL)
+        if (!q->head)
             q->tail = NULL;
         pthread_mutex_unlock(&q->mu);
         /* From here w belongs to the request again: the server thread that
@@ -95,7 +95,7 @@ static void *waiter_main(void *arg)
 
 int http_writes_init(struct http_writes *q)
 {
-    memset(q, 0, sizeof *q);
+    memset(q, 0, sizeof(*q));
     pthread_condattr_t ca;
     if (pthread_condattr_init(&ca) != 0)
         return -ENOMEM;
@@ -152,9 +152,9 @@ void http_writes_destroy(struct http_writes *q)
 
 int http_write_submit(struct ctx *c, struct store_item *it, http_write_done_fn done, int64_t arg)
 {
-    struct http_write *w = calloc(1, sizeof *w);
+    struct http_write *w = calloc(1, sizeof(*w));
     struct store_waiter *sw = w != NULL ? store_waiter_new() : NULL;
-    if (sw == NULL) {
+    if (!sw) {
         free(w);
         store_item_free(it);
         http_reply_oom(c);
@@ -192,7 +192,7 @@ bool http_write_park(struct http_writes *q, struct MHD_Connection *conn, struct 
         q->parked++;
         w->conn = conn;
         w->next = NULL;
-        if (q->tail != NULL)
+        if (q->tail)
             q->tail->next = w;
         else
             q->head = w;
@@ -212,9 +212,9 @@ int http_write_finish(struct ctx *c, struct http_write *w)
 
 void http_write_free(struct http_write *w)
 {
-    if (w == NULL)
+    if (!w)
         return;
-    if (w->q != NULL) {
+    if (w->q) {
         pthread_mutex_lock(&w->q->mu);
         if (--w->q->parked == 0)
             pthread_cond_broadcast(&w->q->cv);

@@ -154,7 +154,7 @@ static int rbuf_grow(struct conn *c, uint32_t len)
 static void grant_waiting(struct ingest *ing)
 {
     struct conn *c;
-    while ((c = ing->wait_head) != NULL) {
+    while ((c = ing->wait_head)) {
         uint32_t len = large_frame(c);
         if (len && ing->fbuf_total - c->fbuf + len > ing->opts.frame_buffer_max_bytes)
             return;

@@ -167,7 +167,7 @@ void conn_on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body, 
             rp->sketch_len = len;
             c->rbuf = NULL;
             c->rcap = c->rlen = 0;
-        } else if ((rp->sketch_body = malloc(len)) != NULL) {
+        } else if ((rp->sketch_body = malloc(len))) {
             memcpy(rp->sketch_body, body, len);
             rp->sketch_len = len;
         }

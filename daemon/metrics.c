@@ -27,7 +27,7 @@ void metrics_printf(struct metrics_buf *b, const char *fmt, ...)
     for (;;) {
         size_t room = b->cap - b->len;
         int n = 0;
-        if (b->p != NULL) {
+        if (b->p) {
             va_list ap;
             va_start(ap, fmt);
             n = vsnprintf(b->p + b->len, room, fmt, ap);
@@ -52,11 +52,11 @@ void metrics_printf(struct metrics_buf *b, const char *fmt, ...)
         if (cap > METRICS_MAX_BYTES)
             cap = METRICS_MAX_BYTES;
         char *p = realloc(b->p, cap);
-        if (p == NULL) {
+        if (!p) {
             b->err = -ENOMEM;
             return;
         }
-        if (b->p == NULL)
+        if (!b->p)
             p[0] = '\0';
         b->p = p;
         b->cap = cap;
@@ -66,7 +66,7 @@ void metrics_printf(struct metrics_buf *b, const char *fmt, ...)
 void metrics_buf_free(struct metrics_buf *b)
 {
     free(b->p);
-    memset(b, 0, sizeof *b);
+    memset(b, 0, sizeof(*b));
 }
 
 int metrics_escape_label(const char *in, char *out, size_t outlen)
@@ -315,7 +315,7 @@ static int alerts_family(struct metrics_buf *b, sqlite3 *db, struct fs_err *err)
         int s = sqlite3_column_int(st, 0) - 1;
         const char *v = (const char *)sqlite3_column_text(st, 1);
         enum detect_severity k;
-        if (v != NULL && s >= 0 && s < 2 &&
+        if (v && s >= 0 && s < 2 &&
             detect_severity_parse(v, (size_t)sqlite3_column_bytes(st, 1), &k) == 0)
             n[s][k] = (uint64_t)sqlite3_column_int64(st, 2);
     }
@@ -381,7 +381,7 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
     while ((rc = sqlite3_step(st)) == SQLITE_ROW && nruns < max) {
         struct run_row *r = &runs[nruns];
         const char *name = (const char *)sqlite3_column_text(st, 1);
-        if (name == NULL || metrics_escape_label(name, r->label, sizeof r->label) != 0)
+        if (!name || metrics_escape_label(name, r->label, sizeof r->label) != 0)
             continue;
         r->id = sqlite3_column_int64(st, 0);
         r->has_step = sqlite3_column_type(st, 2) != SQLITE_NULL;
@@ -443,7 +443,7 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
         while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
             const char *name = (const char *)sqlite3_column_text(st, 0);
             char ne[METRICS_LABEL_MAX];
-            if (name == NULL || metrics_escape_label(name, ne, sizeof ne) != 0)
+            if (!name || metrics_escape_label(name, ne, sizeof ne) != 0)
                 continue;
             int64_t window = sqlite3_column_int64(st, 2);
             /* QK aggregates exist per attention window: it is a label

@@ -86,7 +86,7 @@ int qk_workspace_create(unsigned max_dh, struct qk_workspace **out)
     *out = NULL;
     if (max_dh == 0 || max_dh > QK_MAX_DH)
         return -EINVAL;
-    struct qk_workspace *ws = calloc(1, sizeof *ws);
+    struct qk_workspace *ws = calloc(1, sizeof(*ws));
     if (!ws)
         return -ENOMEM;
     size_t n = 2 * (size_t)max_dh, nn = n * n;

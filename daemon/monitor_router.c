@@ -33,7 +33,7 @@ int router_workspace_create(unsigned max_experts, struct router_workspace **out)
     *out = NULL;
     if (max_experts == 0 || max_experts > ROUTER_MAX_EXPERTS)
         return -EINVAL;
-    struct router_workspace *ws = calloc(1, sizeof *ws);
+    struct router_workspace *ws = calloc(1, sizeof(*ws));
     if (!ws)
         return -ENOMEM;
     size_t e = max_experts;

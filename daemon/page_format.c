@@ -144,7 +144,7 @@ static json_t *jstep(int64_t v) { return v >= 0 ? json_integer(v) : json_null();
 /* Sets k to v in o (v consumed); returns nonzero on failure. */
 static int oset(json_t *o, const char *k, json_t *v)
 {
-    return v == NULL || json_object_set_new(o, k, v) != 0;
+    return !v || json_object_set_new(o, k, v) != 0;
 }
 
 static json_t *labels_object(const struct page_alert *a)
@@ -152,7 +152,7 @@ static json_t *labels_object(const struct page_alert *a)
     struct page_labels pl;
     page_labels(a, &pl);
     json_t *o = json_object();
-    int e = o == NULL;
+    int e = !o;
     for (size_t i = 0; !e && i < pl.n; i++)
         e |= oset(o, pl.l[i].name, json_string(pl.l[i].value));
     if (e) {
@@ -206,7 +206,7 @@ char *page_alertmanager_body(const struct page_alert *a, const char *public_url,
     page_generator_url(public_url, a->alert_id, url, sizeof(url));
 
     json_t *ann = json_object(), *al = json_object(), *arr = json_array();
-    int e = ann == NULL || al == NULL || arr == NULL;
+    int e = !ann || !al || !arr;
     if (!e) {
         e |= oset(ann, "summary", json_string(summary));
         e |= oset(ann, "description", json_string(desc));
@@ -255,7 +255,7 @@ char *page_pagerduty_body(const struct page_alert *a, const char *routing_key,
         page_rfc3339(a->fired_at, ts, sizeof(ts));
         json_t *cd = json_object(), *p = json_object(), *links = json_array(),
                *link = json_object();
-        e |= cd == NULL || p == NULL || links == NULL || link == NULL;
+        e |= !cd || !p || !links || !link;
         if (!e) {
             e |= oset(cd, "value", jnum(a->value));
             e |= oset(cd, "median", jnum(a->median));
@@ -306,7 +306,7 @@ char *page_webhook_body(const struct page_alert *a, const char *public_url)
     char url[PAGE_URL_MAX + 64];
     page_generator_url(public_url, a->alert_id, url, sizeof(url));
     json_t *doc = json_object(), *al = json_object(), *ev = json_object(), *sl = json_object();
-    int e = doc == NULL || al == NULL || ev == NULL || sl == NULL;
+    int e = !doc || !al || !ev || !sl;
     if (!e) {
         e |= oset(ev, "value", jnum(a->value));
         e |= oset(ev, "median", jnum(a->median));
@@ -410,7 +410,7 @@ int page_parse_match(const char *text, struct silence *out, struct fs_err *why)
     out->limits = NULL; /* silence_free frees it: set even when nothing is parsed */
     out->starts_at = -INFINITY;
     out->ends_at = INFINITY;
-    if (text == NULL || text[0] == '\0')
+    if (!text || text[0] == '\0')
         return 0;
     json_t *arr = json_array();
     if (!arr)

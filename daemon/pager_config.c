@@ -139,7 +139,7 @@ int pager_config_check(const struct pager_config *pc, struct fs_err *err)
         else if (t->url[0] && strncmp(t->url, "http://", 7) != 0 &&
                  strncmp(t->url, "https://", 8) != 0)
             why = "key 'url' must start with http:// or https://";
-        else if (t->url[0] && (why = url_problem(t->url, t->type)) != NULL)
+        else if (t->url[0] && (why = url_problem(t->url, t->type)))
             ;
         else if (t->type == PAGER_PAGERDUTY && !t->routing_key[0])
             why = "key 'routing_key' is required for pagerduty";

@@ -375,8 +375,8 @@ void pager_load_silences(struct pager *p, double now)
     }
     atomic_fetch_add(&p->stats->silence_compiles_pager, b.parsed);
     struct silence_set *next = silence_build_finish(&b);
-    if (brc < 0 || rc != SQLITE_DONE || next == NULL) {
-        if (brc < 0 || next == NULL)
+    if (brc < 0 || rc != SQLITE_DONE || !next) {
+        if (brc < 0 || !next)
             log_limited(&p->rl_sil, LOG_LEVEL_WARN, "pager", "silences: %s",
                         brc == -ENOSPC ? "too many" : "out of memory");
         else

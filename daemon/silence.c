@@ -62,7 +62,7 @@ static int compile_init(struct compile *c)
 {
     c->gen = pcre2_general_context_create(re_malloc, re_free, NULL);
     c->cc = c->gen != NULL ? pcre2_compile_context_create(c->gen) : NULL;
-    if (c->cc == NULL)
+    if (!c->cc)
         return -ENOMEM;
     pcre2_set_parens_nest_limit(c->cc, SILENCE_RE_MAX_NEST);
     pcre2_set_max_pattern_length(c->cc, SILENCE_MAX_VALUE);
@@ -79,7 +79,7 @@ static void compile_done(struct compile *c)
 static pcre2_match_context *limits_new(void)
 {
     pcre2_match_context *mc = pcre2_match_context_create(NULL);
-    if (mc != NULL) {
+    if (mc) {
         pcre2_set_match_limit(mc, SILENCE_RE_MATCH_LIMIT);
         pcre2_set_depth_limit(mc, SILENCE_RE_DEPTH_LIMIT);
         pcre2_set_heap_limit(mc, SILENCE_RE_HEAP_LIMIT_KIB);
@@ -100,9 +100,9 @@ static bool matcher_holds(const struct silence_matcher *m, const char *v,
     if (!m->is_regex) {
         hit = strcmp(m->value, v) == 0;
     } else {
-        if (m->re == NULL || limits == NULL)
+        if (!m->re || !limits)
             return false;
-        if (*md == NULL && (*md = pcre2_match_data_create(1, NULL)) == NULL)
+        if (!*md && !(*md = pcre2_match_data_create(1, NULL)))
             return false;
         int rc = pcre2_match(m->re, (PCRE2_SPTR)v, strlen(v), 0, 0, *md, limits);
         if (rc < 0 && rc != PCRE2_ERROR_NOMATCH)
@@ -128,12 +128,12 @@ int silence_copy(struct silence *dst, const struct silence *src)
     *dst = *src;
     dst->n = 0;
     dst->limits = NULL;
-    if (src->limits != NULL && (dst->limits = pcre2_match_context_copy(src->limits)) == NULL)
+    if (src->limits && !(dst->limits = pcre2_match_context_copy(src->limits)))
         return -ENOMEM;
     for (size_t i = 0; i < src->n; i++) {
         dst->m[i].re = NULL;
         /* the copy allocates through re_malloc again, and src's pattern fit */
-        if (src->m[i].re != NULL && (dst->m[i].re = pcre2_code_copy(src->m[i].re)) == NULL) {
+        if (src->m[i].re && !(dst->m[i].re = pcre2_code_copy(src->m[i].re))) {
             silence_free(dst);
             return -ENOMEM;
         }
@@ -145,13 +145,13 @@ int silence_copy(struct silence *dst, const struct silence *src)
 /* Compiles m->value into m->re within the bounds of silence.h. */
 static int compile_one(struct compile *c, size_t i, struct silence_matcher *m, struct fs_err *why)
 {
-    if (c->cc == NULL && compile_init(c) != 0)
+    if (!c->cc && compile_init(c) != 0)
         return -ENOMEM;
     int err;
     PCRE2_SIZE off;
     m->re = pcre2_compile((PCRE2_SPTR)m->value, strlen(m->value), SILENCE_RE_OPTIONS, &err, &off,
                           c->cc);
-    if (m->re == NULL) {
+    if (!m->re) {
         /* re_malloc's refusal and a failed malloc look the same; with
          * blocks of at most 8 KiB the first is the likely one, and
          * refusing the silence is the safe side of the second. */
@@ -206,9 +206,9 @@ static int parse_one(json_t *o, size_t i, struct silence_matcher *m, struct comp
         return fs_err_set(why, -EINVAL, "matchers[%zu]: \"name\" must be a string", i);
     if (!json_is_string(value))
         return fs_err_set(why, -EINVAL, "matchers[%zu]: \"value\" must be a string", i);
-    if (is_regex != NULL && !json_is_boolean(is_regex))
+    if (is_regex && !json_is_boolean(is_regex))
         return fs_err_set(why, -EINVAL, "matchers[%zu]: \"isRegex\" must be true or false", i);
-    if (is_equal != NULL && !json_is_boolean(is_equal))
+    if (is_equal && !json_is_boolean(is_equal))
         return fs_err_set(why, -EINVAL, "matchers[%zu]: \"isEqual\" must be true or false", i);
     size_t nlen = json_string_length(name), vlen = json_string_length(value);
     if (!name_valid(json_string_value(name), nlen))
@@ -216,13 +216,13 @@ static int parse_one(json_t *o, size_t i, struct silence_matcher *m, struct comp
                           "matchers[%zu]: name must match [A-Za-z_][A-Za-z0-9_]* and be at most %u "
                           "bytes",
                           i, SILENCE_MAX_NAME);
-    if (vlen > SILENCE_MAX_VALUE || memchr(json_string_value(value), '\0', vlen) != NULL)
+    if (vlen > SILENCE_MAX_VALUE || memchr(json_string_value(value), '\0', vlen))
         return fs_err_set(why, -EINVAL, "matchers[%zu]: value longer than %u bytes or holds NUL", i,
                           SILENCE_MAX_VALUE);
     memcpy(m->name, json_string_value(name), nlen + 1);
     memcpy(m->value, json_string_value(value), vlen + 1);
     m->is_regex = is_regex != NULL && json_is_true(is_regex);
-    m->is_equal = is_equal == NULL || json_is_true(is_equal);
+    m->is_equal = !is_equal || json_is_true(is_equal);
     return m->is_regex ? compile_one(c, i, m, why) : 0;
 }
 
@@ -234,7 +234,7 @@ int silence_parse(const char *json, size_t len, struct silence *s, struct fs_err
         return fs_err_set(why, -EINVAL, "matchers: longer than %u bytes", SILENCE_MAX_JSON);
     json_error_t jerr;
     json_t *doc = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (doc == NULL)
+    if (!doc)
         return fs_err_set(why, -EINVAL, "matchers: not JSON: %s", jerr.text);
     struct compile c = {0};
     pcre2_match_data *md = NULL;
@@ -255,7 +255,7 @@ int silence_parse(const char *json, size_t len, struct silence *s, struct fs_err
             goto out;
         s->n = i + 1;
     }
-    if (c.cc != NULL && (s->limits = limits_new()) == NULL) {
+    if (c.cc && !(s->limits = limits_new())) {
         rc = -ENOMEM;
         goto out;
     }
@@ -302,12 +302,12 @@ bool silence_matches(const struct silence *s, const struct silence_label *labels
 int silence_matchers_json(const struct silence *s, char *out, size_t outlen)
 {
     json_t *arr = json_array();
-    if (arr == NULL)
+    if (!arr)
         return -ENOMEM;
     for (size_t i = 0; i < s->n; i++) {
         json_t *o = json_pack("{s:s, s:s, s:b, s:b}", "name", s->m[i].name, "value", s->m[i].value,
                               "isRegex", s->m[i].is_regex, "isEqual", s->m[i].is_equal);
-        if (o == NULL || json_array_append_new(arr, o) != 0) {
+        if (!o || json_array_append_new(arr, o) != 0) {
             json_decref(arr);
             return -ENOMEM;
         }

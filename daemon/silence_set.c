@@ -10,7 +10,7 @@
 
 struct silence_set *silence_set_ref(struct silence_set *s)
 {
-    if (s != NULL)
+    if (s)
         atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
     return s;
 }
@@ -18,7 +18,7 @@ struct silence_set *silence_set_ref(struct silence_set *s)
 void silence_set_unref(struct silence_set *s)
 {
     /* acq_rel: the thread that frees sees every other holder's reads done */
-    if (s == NULL || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+    if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
         return;
     for (size_t i = 0; i < s->n; i++) {
         silence_free(&s->v[i]);
@@ -31,8 +31,8 @@ void silence_set_unref(struct silence_set *s)
 
 static struct silence_set *set_new(void)
 {
-    struct silence_set *s = calloc(1, sizeof *s);
-    if (s != NULL)
+    struct silence_set *s = calloc(1, sizeof(*s));
+    if (s)
         atomic_init(&s->refs, 1);
     return s;
 }
@@ -44,12 +44,12 @@ static int set_reserve(struct silence_set *s)
     if (s->n < s->cap)
         return 0;
     size_t cap = s->cap ? 2 * s->cap : 16;
-    struct silence *v = realloc(s->v, cap * sizeof *v);
-    if (v == NULL)
+    struct silence *v = realloc(s->v, cap * sizeof(*v));
+    if (!v)
         return -ENOMEM;
     s->v = v;
-    struct silence_set_key *k = realloc(s->key, cap * sizeof *k);
-    if (k == NULL)
+    struct silence_set_key *k = realloc(s->key, cap * sizeof(*k));
+    if (!k)
         return -ENOMEM;
     s->key = k;
     s->cap = cap;
@@ -68,7 +68,7 @@ static int set_add_copy(struct silence_set *s, const struct silence *from, const
     if (set_reserve(s) != 0)
         return -ENOMEM;
     char *j = malloc(len + 1);
-    if (j == NULL)
+    if (!j)
         return -ENOMEM;
     struct silence *x = &s->v[s->n];
     if (silence_copy(x, from) != 0) {
@@ -90,7 +90,7 @@ static int set_add_parsed(struct silence_set *s, const struct silence_row *r, st
     if (set_reserve(s) != 0)
         return -ENOMEM;
     char *j = malloc(r->len + 1);
-    if (j == NULL)
+    if (!j)
         return -ENOMEM;
     memcpy(j, r->json, r->len);
     j[r->len] = '\0';
@@ -131,7 +131,7 @@ void silence_build_start(struct silence_build *b, struct silence_set *prev, size
 /* The rows so far were prev's first `given`: start next with copies. */
 static int diverge(struct silence_build *b)
 {
-    if ((b->next = set_new()) == NULL)
+    if (!(b->next = set_new()))
         return -ENOMEM;
     for (size_t i = 0; i < b->given; i++) {
         const struct silence *p = &b->prev->v[i];
@@ -151,9 +151,9 @@ int silence_build_row(struct silence_build *b, const struct silence_row *r, stru
     if (b->given > 0 && r->id <= b->last_id)
         return b->err = -EINVAL;
     b->last_id = r->id;
-    if (b->next == NULL) {
+    if (!b->next) {
         const struct silence_set *p = b->prev;
-        if (p != NULL && b->given < p->n && p->v[b->given].id == r->id &&
+        if (p && b->given < p->n && p->v[b->given].id == r->id &&
             p->v[b->given].starts_at == r->starts_at && p->v[b->given].ends_at == r->ends_at &&
             key_equal(&p->key[b->given], r->json, r->len)) {
             b->given++;
@@ -180,15 +180,15 @@ int silence_build_row(struct silence_build *b, const struct silence_row *r, stru
 struct silence_set *silence_build_finish(struct silence_build *b)
 {
     struct silence_set *out = NULL;
-    if (b->err == 0 && b->next == NULL) {
-        if (b->prev != NULL && b->given == b->prev->n)
+    if (b->err == 0 && !b->next) {
+        if (b->prev && b->given == b->prev->n)
             out = silence_set_ref(b->prev);
-        else if (b->prev == NULL && b->given == 0)
+        else if (!b->prev && b->given == 0)
             out = set_new(); /* nothing, then nothing: an empty set */
         else if (diverge(b) != 0)
             b->err = -ENOMEM; /* fewer rows than prev: its first ones */
     }
-    if (b->err == 0 && out == NULL)
+    if (b->err == 0 && !out)
         out = b->next;
     else
         silence_set_unref(b->next);
@@ -219,7 +219,7 @@ struct silence_set *silence_cache_get(struct silence_cache *c)
 
 void silence_cache_put(struct silence_cache *c, struct silence_set *s)
 {
-    if (s == NULL)
+    if (!s)
         return;
     silence_set_ref(s);
     pthread_mutex_lock(&c->mu);

@@ -179,7 +179,7 @@ static int list_segments(const char *dir, uint64_t **out, size_t *n, struct fs_e
     size_t cap = 0;
     int rc = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
+    while ((e = readdir(d))) {
         uint64_t no;
         if (parse_name(e->d_name, &no) < 0)
             continue;

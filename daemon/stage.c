@@ -344,7 +344,7 @@ void stage_pump(struct stage *st, struct run *run, double now)
     /* While a rewind drains, only the old attempt's history up to its step
      * goes on: the new attempt's steps wait for the rebuilt state. */
     while ((!sr || !sr->rewind || (run->buckets && run->buckets->step <= sr->rewind_step)) &&
-           (b = run_take_ready(st->reg, run, now)) != NULL)
+           (b = run_take_ready(st->reg, run, now)))
         dispatch(st, run, b);
     if (sr && sr->rewind == REWIND_DRAINING && !sr->jobs_head)
         stage_rewind_rebuild(st, run);

@@ -89,7 +89,7 @@ struct head_in {
 static int head_make(struct head_in *h, size_t dh, uint64_t *seed)
 {
     size_t n = 2 * dh, d = 4 * dh, len = monitor_tri_len(n);
-    double *a = malloc(n * d * sizeof *a), *b = malloc(n * d * sizeof *b);
+    double *a = malloc(n * d * sizeof(*a)), *b = malloc(n * d * sizeof(*b));
     h->ga = malloc(len * sizeof(double));
     h->gb = malloc(len * sizeof(double));
     h->fa = malloc(n * n * sizeof(double));

@@ -66,7 +66,7 @@ void expect_error(const char *method, const char *path, long status, const char 
     const char *msg = json_string_value(json_object_get(err, "message"));
     cr_assert_not_null(msg, "%s: no message", path);
     if (mention)
-        cr_assert(strstr(msg, mention) != NULL, "%s: message '%s' does not mention %s", path, msg,
+        cr_assert(strstr(msg, mention), "%s: message '%s' does not mention %s", path, msg,
                   mention);
     resp_free(&r);
 }

@@ -119,7 +119,7 @@ Test(advice, section_in_a_config_file)
     cr_expect_eq(advice_decide(&p, "loss-spike", "warning"), ADVICE_NONE);
     static const char bad[] = "[advice]\nrouter = none\n";
     cr_expect_neq(config_parse(bad, strlen(bad), "t.conf", &cfg, &sec, 1, &err), 0);
-    cr_expect(strstr(err.msg, "t.conf:2") != NULL, "%s", err.msg);
+    cr_expect(strstr(err.msg, "t.conf:2"), "%s", err.msg);
     static const char named[] = "[advice \"x\"]\n";
     cr_expect_neq(config_parse(named, strlen(named), "t.conf", &cfg, &sec, 1, &err), 0);
 }

@@ -93,7 +93,7 @@ Test(client_record, writes_hello_and_every_report)
         cr_expect_str_eq(frames[0]->hello->run_id, "rec-1");
         cr_expect_eq(frames[0]->hello->rank, 1);
         cr_expect_eq(frames[0]->hello->world_size, 2);
-        cr_expect(frames[0]->hello->token == NULL || frames[0]->hello->token[0] == '\0',
+        cr_expect(!frames[0]->hello->token || frames[0]->hello->token[0] == '\0',
                   "%s: the token must not be recorded", cases[k].what);
         for (size_t i = 1; i < n; i++) {
             cr_assert_eq(frames[i]->body_case, FORESHOCK__FRAME__BODY_REPORT);
@@ -163,7 +163,7 @@ Test(client_record, write_failure_stops_recording)
     /* The magic and Hello are flushed at open: the failure shows there. */
     cr_expect_eq(fsc_open(&o, &c, err, sizeof(err)), -ENOSPC, "%s", err);
     cr_expect_null(c);
-    cr_expect(strstr(err, "/dev/full") != NULL, "err names the file: %s", err);
+    cr_expect(strstr(err, "/dev/full"), "err names the file: %s", err);
 }
 
 /* A write failure after the start (the file may grow no more: EFBIG here,
@@ -197,7 +197,7 @@ Test(client_record, write_failure_midway_stops_recording)
     cr_expect_gt(st.recorded, 0);
     cr_expect_lt(st.recorded, 64);
     cr_expect_eq(st.submitted, 64);
-    cr_expect(strstr(st.last_error, "recording stopped") != NULL, "%s", st.last_error);
+    cr_expect(strstr(st.last_error, "recording stopped"), "%s", st.last_error);
     fsc_close(c);
     unlink(path);
 }

@@ -170,7 +170,7 @@ Test(config, errors_table)
         struct fs_err err = {0};
         int rc = config_parse(c->text, strlen(c->text), "t.conf", &cfg, NULL, 0, &err);
         cr_expect_eq(rc, -EINVAL, "'%s' parsed", c->text);
-        cr_expect(strstr(err.msg, c->want) != NULL, "'%s': got '%s', want '%s'", c->text,
+        cr_expect(strstr(err.msg, c->want), "'%s': got '%s', want '%s'", c->text,
                   err.msg, c->want);
     }
 }
@@ -203,10 +203,10 @@ Test(config, line_too_long_and_nul)
     config_defaults(&cfg);
     struct fs_err err = {0};
     cr_expect_eq(config_parse(text, strlen(text), "t", &cfg, NULL, 0, &err), -EINVAL);
-    cr_expect(strstr(err.msg, "line longer than") != NULL, "%s", err.msg);
+    cr_expect(strstr(err.msg, "line longer than"), "%s", err.msg);
     const char nul[] = "max_runs = 1\0 0";
     cr_expect_eq(config_parse(nul, sizeof(nul) - 1, "t", &cfg, NULL, 0, &err), -EINVAL);
-    cr_expect(strstr(err.msg, "NUL") != NULL, "%s", err.msg);
+    cr_expect(strstr(err.msg, "NUL"), "%s", err.msg);
 }
 
 /* A later module's section: [detect "name"] with its own keys. */
@@ -281,7 +281,7 @@ Test(config, registered_sections)
         memset(&t, 0, sizeof(t));
         int rc = config_parse(bad[i].text, strlen(bad[i].text), "t", &cfg, &sec, 1, &err);
         cr_expect_eq(rc, -EINVAL, "'%s'", bad[i].text);
-        cr_expect(strstr(err.msg, bad[i].want) != NULL, "'%s': got '%s'", bad[i].text,
+        cr_expect(strstr(err.msg, bad[i].want), "'%s': got '%s'", bad[i].text,
                   err.msg);
     }
 }
@@ -298,19 +298,19 @@ Test(config, set_from_command_line_and_check)
                      "config: command line: key 'log_level': 'loud' is not one of debug | info | "
                      "warn | error");
     cr_expect_eq(config_set(&cfg, "bogus", "1", "command line", &err), -EINVAL);
-    cr_expect(strstr(err.msg, "key 'bogus': unknown key") != NULL, "%s", err.msg);
+    cr_expect(strstr(err.msg, "key 'bogus': unknown key"), "%s", err.msg);
 
     cfg.writer_queue_max_items = 10;
     cfg.writer_batch_max_items = 11;
     cr_expect_eq(config_check(&cfg, "f.conf", &err), -EINVAL);
-    cr_expect(strstr(err.msg, "config: f.conf: key 'writer_batch_max_items'") != NULL, "%s",
+    cr_expect(strstr(err.msg, "config: f.conf: key 'writer_batch_max_items'"), "%s",
               err.msg);
 
     config_defaults(&cfg);
     cr_expect_eq(config_set(&cfg, "frame_buffer_max_bytes", "16M", "command line", &err), 0);
     cr_expect_eq(config_check(&cfg, "f.conf", &err), -EINVAL); /* below max_frame_bytes 64M */
-    cr_expect(strstr(err.msg, "key 'frame_buffer_max_bytes'") != NULL &&
-                  strstr(err.msg, "below max_frame_bytes") != NULL,
+    cr_expect(strstr(err.msg, "key 'frame_buffer_max_bytes'") &&
+                  strstr(err.msg, "below max_frame_bytes"),
               "%s", err.msg);
     cr_expect_eq(config_set(&cfg, "max_frame_bytes", "16M", "command line", &err), 0);
     cr_expect_eq(config_check(&cfg, "f.conf", &err), 0, "%s", err.msg);
@@ -330,11 +330,11 @@ Test(config, load_file)
     cr_expect_eq(config_load_file(path, &cfg, NULL, 0, &err), -EINVAL);
     char want[256];
     snprintf(want, sizeof(want), "config: %s:2: key 'max_runs'", path);
-    cr_expect(strstr(err.msg, want) != NULL, "%s", err.msg);
+    cr_expect(strstr(err.msg, want), "%s", err.msg);
     cr_expect_str_eq(cfg.db, "from-file.db");
     unlink(path);
     cr_expect_eq(config_load_file(path, &cfg, NULL, 0, &err), -ENOENT);
-    cr_expect(strstr(err.msg, "cannot open") != NULL, "%s", err.msg);
+    cr_expect(strstr(err.msg, "cannot open"), "%s", err.msg);
 }
 
 /* TLS keys come in pairs; a client CA needs ingest TLS. */
@@ -366,6 +366,6 @@ Test(config, tls_keys_checked_together)
             continue;
         }
         cr_expect_eq(rc, -EINVAL, "case %zu accepted", i);
-        cr_expect(strstr(err.msg, tls_cases[i].says) != NULL, "case %zu: %s", i, err.msg);
+        cr_expect(strstr(err.msg, tls_cases[i].says), "case %zu: %s", i, err.msg);
     }
 }

@@ -44,7 +44,7 @@ Test(dashboard, lookup_table)
         const struct lookup_case *c = &lookup_cases[i];
         struct dashboard_file f = {0};
         int rc = dashboard_lookup_in(fake, 2, c->path, &f);
-        if (c->name == NULL) {
+        if (!c->name) {
             cr_expect_eq(rc, -ENOENT, "case %zu (%s): rc %d", i, c->path, rc);
             continue;
         }

@@ -27,10 +27,10 @@ static int cmp_double(const void *a, const void *b)
 /* Reference median by full sort, in double. */
 static double ref_median(const double *v, size_t n)
 {
-    double *t = malloc(n * sizeof *t);
+    double *t = malloc(n * sizeof(*t));
     cr_assert_not_null(t);
-    memcpy(t, v, n * sizeof *t);
-    qsort(t, n, sizeof *t, cmp_double);
+    memcpy(t, v, n * sizeof(*t));
+    qsort(t, n, sizeof(*t), cmp_double);
     double m = (n % 2) ? t[n / 2] : (t[n / 2 - 1] + (t[n / 2] - t[n / 2 - 1]) / 2);
     free(t);
     return m;
@@ -233,9 +233,9 @@ Test(detect_rules, overrides_message_names_the_key)
     detect_rules_default(&rules);
     struct fs_err err = {0};
     cr_assert_eq(detect_rules_set(&rules, "qk.d2.erank", "bogus", "1", &err), -EINVAL);
-    cr_assert(strstr(err.msg, "bogus") != NULL, "%s", err.msg);
+    cr_assert(strstr(err.msg, "bogus"), "%s", err.msg);
     cr_assert_eq(detect_rules_set(&rules, "qk.d2.erank", "window", "9999", &err), -EINVAL);
-    cr_assert(strstr(err.msg, "window") != NULL, "%s", err.msg);
+    cr_assert(strstr(err.msg, "window"), "%s", err.msg);
     /* NULL err is allowed. */
     cr_assert_eq(detect_rules_set(&rules, "qk.d2.erank", "window", "9999", NULL), -EINVAL);
 }
@@ -940,8 +940,8 @@ Test(detect_trend, faults_breach_fast_in_the_bad_direction_only)
 static void ref_theil_sen(const int64_t *steps, const double *x, size_t n, int64_t at,
                           enum detect_direction dir, double *slope, double *pred, double *mad)
 {
-    double *sl = malloc((n * n / 2 + 1) * sizeof *sl);
-    double *r = malloc(n * sizeof *r);
+    double *sl = malloc((n * n / 2 + 1) * sizeof(*sl));
+    double *r = malloc(n * sizeof(*r));
     cr_assert(sl && r);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)

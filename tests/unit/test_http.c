@@ -37,7 +37,7 @@ static void insert_point(int64_t series, int64_t step, const double *value)
                  SQLITE_OK);
     sqlite3_bind_int64(st, 1, series);
     sqlite3_bind_int64(st, 2, step);
-    if (value != NULL)
+    if (value)
         sqlite3_bind_double(st, 3, *value);
     cr_assert_eq(sqlite3_step(st), SQLITE_DONE, "%s", sqlite3_errmsg(http_fx.rw));
     sqlite3_finalize(st);
@@ -865,7 +865,7 @@ Test(http, start_errors)
         int rc = http_start(&o, &h, &err);
         cr_assert_lt(rc, 0, "case %zu started", i);
         cr_assert_null(h, "case %zu", i);
-        cr_assert(strstr(err.msg, cases[i].mention) != NULL, "case %zu: '%s' lacks '%s'", i,
+        cr_assert(strstr(err.msg, cases[i].mention), "case %zu: '%s' lacks '%s'", i,
                   err.msg, cases[i].mention);
     }
     unlink(empty);

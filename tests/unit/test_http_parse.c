@@ -34,7 +34,7 @@ Test(http_parse, bearer_table)
         const char *tok = NULL;
         size_t len = 0;
         int rc = http_bearer_parse(cases[i].header, &tok, &len);
-        if (cases[i].token == NULL) {
+        if (!cases[i].token) {
             cr_expect_eq(rc, -EINVAL, "'%s' accepted", cases[i].header);
             continue;
         }
@@ -146,7 +146,7 @@ Test(http_parse, time_format_table)
     for (size_t i = 0; i < N(cases); i++) {
         char buf[48] = "";
         int rc = http_time_format(cases[i].t, buf, sizeof buf);
-        if (cases[i].text == NULL) {
+        if (!cases[i].text) {
             cr_expect_neq(rc, 0, "%f formatted as %s", cases[i].t, buf);
             continue;
         }
@@ -231,16 +231,16 @@ Test(http_parse, silence_body_table)
         struct fs_err why = {0};
         int rc = http_silence_req_parse(cases[i].body, strlen(cases[i].body), cases[i].run, NOW,
                                         &req, &why);
-        if (cases[i].why != NULL) {
+        if (cases[i].why) {
             cr_expect_eq(rc, -EINVAL, "case %zu accepted: %s", i, cases[i].body);
-            cr_expect(strstr(why.msg, cases[i].why) != NULL, "case %zu: '%s' lacks '%s'", i,
+            cr_expect(strstr(why.msg, cases[i].why), "case %zu: '%s' lacks '%s'", i,
                       why.msg, cases[i].why);
             continue;
         }
         cr_assert_eq(rc, 0, "case %zu refused: %s", i, why.msg);
         cr_expect_float_eq(req.starts_at, cases[i].starts, 1e-6, "case %zu", i);
         cr_expect_float_eq(req.ends_at, cases[i].ends, 1e-6, "case %zu", i);
-        cr_expect(strstr(req.matchers_json, "\"isEqual\":true") != NULL, "case %zu: %s", i,
+        cr_expect(strstr(req.matchers_json, "\"isEqual\":true"), "case %zu: %s", i,
                   req.matchers_json);
     }
 }
@@ -265,7 +265,7 @@ Test(http_parse, silence_body_canonical_and_bounded)
     snprintf(body, sizeof body, "{" M1 ",\"duration\":60,\"createdBy\":\"%s\"}", by);
     cr_expect_eq(http_silence_req_parse(body, strlen(body), NULL, NOW, &req, &why),
                  -EINVAL);
-    cr_expect(strstr(why.msg, "field 'createdBy': longer than") != NULL, "%s", why.msg);
+    cr_expect(strstr(why.msg, "field 'createdBy': longer than"), "%s", why.msg);
     by[sizeof by - 2] = '\0'; /* exactly the bound */
     snprintf(body, sizeof body, "{" M1 ",\"duration\":60,\"createdBy\":\"%s\"}", by);
     cr_expect_eq(http_silence_req_parse(body, strlen(body), NULL, NOW, &req, &why), 0,

@@ -42,7 +42,7 @@ Test(metrics, escape_label_table)
 static bool has_line(const char *text, const char *line)
 {
     size_t n = strlen(line);
-    for (const char *p = text; (p = strstr(p, line)) != NULL; p++)
+    for (const char *p = text; (p = strstr(p, line)); p++)
         if ((p == text || p[-1] == '\n') && p[n] == '\n')
             return true;
     return false;
@@ -109,7 +109,7 @@ Test(metrics, stats_text)
                 name[sizeof hist - 1] = '\0';
             char help[160];
             snprintf(help, sizeof help, "# HELP %s ", name);
-            cr_expect(strstr(t, help) != NULL, "no HELP for %s", name);
+            cr_expect(strstr(t, help), "no HELP for %s", name);
         }
         p = e + 1;
     }
@@ -122,7 +122,7 @@ Test(metrics, buffer_grows_and_bounds)
     for (int i = 0; i < 10000; i++)
         metrics_printf(&b, "line %d\n", i);
     cr_expect_eq(b.err, 0);
-    cr_expect(strstr(b.p, "line 9999\n") != NULL);
+    cr_expect(strstr(b.p, "line 9999\n"));
     cr_expect_eq(strlen(b.p), b.len);
     char chunk[1 << 16];
     memset(chunk, 'x', sizeof chunk - 1);
@@ -188,18 +188,18 @@ Test(metrics, db_families)
     };
     for (size_t i = 0; i < N(want); i++)
         cr_expect(has_line(t, want[i]), "missing: %s\n%s", want[i], t);
-    cr_expect(strstr(t, "r-old") == NULL, "a run too old is shown");
-    cr_expect(strstr(t, "r-none") == NULL, "a run without reports is shown");
-    cr_expect(strstr(t, "monitor=\"qk.d2.erank\"") == NULL, "a per-head series is shown");
-    cr_expect(strstr(t, "weight_norm") == NULL, "a per-rank series is shown");
-    cr_expect(strstr(t, "argmin") == NULL, "an argmin (head index) series is shown");
+    cr_expect(!(strstr(t, "r-old")), "a run too old is shown");
+    cr_expect(!(strstr(t, "r-none")), "a run without reports is shown");
+    cr_expect(!(strstr(t, "monitor=\"qk.d2.erank\"")), "a per-head series is shown");
+    cr_expect(!(strstr(t, "weight_norm")), "a per-rank series is shown");
+    cr_expect(!(strstr(t, "argmin")), "an argmin (head index) series is shown");
     metrics_buf_free(&b);
 
     /* max_runs bounds the runs: only the most recent */
     o.max_runs = 1;
     cr_assert_eq(metrics_write_db(&b, db, &o, now, &err), 0, "%s", err.msg);
-    cr_expect(strstr(b.p, "r-new") != NULL);
-    cr_expect(strstr(b.p, "r-mid") == NULL);
+    cr_expect(strstr(b.p, "r-new"));
+    cr_expect(!(strstr(b.p, "r-mid")));
     metrics_buf_free(&b);
 
     sqlite3_close(db);

@@ -98,8 +98,8 @@ static struct reference reference_make(const struct head_w *w)
 {
     size_t d = w->d, dh = w->dh, dd = d * d;
     struct reference r = {0};
-    double *d2 = calloc(dd, sizeof *d2), *d3 = calloc(dd, sizeof *d3);
-    double *d1 = malloc(dd * sizeof *d1), *k0 = calloc(dd, sizeof *k0);
+    double *d2 = calloc(dd, sizeof(*d2)), *d3 = calloc(dd, sizeof(*d3));
+    double *d1 = malloc(dd * sizeof(*d1)), *k0 = calloc(dd, sizeof(*k0));
     cr_assert(d2 && d3 && d1 && k0);
     add_xty(w->dwq, w->wk, dh, d, d2); /* Delta2 = dWq^T Wk + Wq^T dWk */
     add_xty(w->wq, w->dwk, dh, d, d2);
@@ -153,8 +153,8 @@ static void grams_add(const struct head_w *w, size_t c0, size_t c1, double *ga, 
 static void grams_make(const struct head_w *w, unsigned shards, bool f32, double *ga, double *gb)
 {
     size_t n = 2 * w->dh, len = monitor_tri_len(n);
-    memset(ga, 0, len * sizeof *ga);
-    memset(gb, 0, len * sizeof *gb);
+    memset(ga, 0, len * sizeof(*ga));
+    memset(gb, 0, len * sizeof(*gb));
     /* Uneven cuts: 1/6, 1/2 of d (3 shards), else one piece. */
     size_t cuts[4] = {0, w->d, w->d, w->d};
     if (shards == 3) {
@@ -166,7 +166,7 @@ static void grams_make(const struct head_w *w, unsigned shards, bool f32, double
             grams_add(w, cuts[s], cuts[s + 1], ga, gb);
             continue;
         }
-        double *pa = calloc(len, sizeof *pa), *pb = calloc(len, sizeof *pb);
+        double *pa = calloc(len, sizeof(*pa)), *pb = calloc(len, sizeof(*pb));
         cr_assert(pa && pb);
         grams_add(w, cuts[s], cuts[s + 1], pa, pb);
         unsigned char *wa = tri_to_f32le(pa, len), *wb = tri_to_f32le(pb, len);
@@ -316,7 +316,7 @@ Test(monitor_qk, against_dense_svd_reference, .timeout = 240)
         struct head_w w = head_make(k->dh, k->d, k->delta, k->frozen_q, k->frozen_k, &seed);
         struct reference ref = reference_make(&w);
         size_t len = monitor_tri_len(2 * (size_t)k->dh);
-        double *ga = malloc(len * sizeof *ga), *gb = malloc(len * sizeof *gb);
+        double *ga = malloc(len * sizeof(*ga)), *gb = malloc(len * sizeof(*gb));
         cr_assert(ga && gb);
         grams_make(&w, k->shards, k->f32, ga, gb);
         struct qk_head h;

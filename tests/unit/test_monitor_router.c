@@ -61,7 +61,7 @@ static const struct wr_case wr_cases[] = {
 static double *wr_make(const struct wr_case *k, uint64_t *seed)
 {
     size_t e = k->e, d = k->d;
-    double *w = calloc(e * d, sizeof *w), *mu = malloc(d * sizeof *mu);
+    double *w = calloc(e * d, sizeof(*w)), *mu = malloc(d * sizeof(*mu));
     cr_assert(w && mu);
     for (size_t c = 0; c < d; c++)
         mu[c] = 2.0 * gauss(seed);
@@ -77,7 +77,7 @@ static double *wr_make(const struct wr_case *k, uint64_t *seed)
             w[i * d + c] = x;
         }
     if (k->shape == WR_ZERO_ROW)
-        memset(w + 1 * d, 0, d * sizeof *w);
+        memset(w + 1 * d, 0, d * sizeof(*w));
 out:
     free(mu);
     return w;
@@ -86,7 +86,7 @@ out:
 static void gr_make(const struct wr_case *k, const double *w, double *gr)
 {
     size_t e = k->e, d = k->d, len = monitor_tri_len(e);
-    memset(gr, 0, len * sizeof *gr);
+    memset(gr, 0, len * sizeof(*gr));
     size_t cuts[4] = {0, d, d, d};
     if (k->shards == 3) {
         cuts[1] = d / 5;
@@ -97,7 +97,7 @@ static void gr_make(const struct wr_case *k, const double *w, double *gr)
             gram_tri_add(w, e, d, cuts[s], cuts[s + 1], gr);
             continue;
         }
-        double *part = calloc(len, sizeof *part);
+        double *part = calloc(len, sizeof(*part));
         cr_assert_not_null(part);
         gram_tri_add(w, e, d, cuts[s], cuts[s + 1], part);
         unsigned char *b = tri_to_f32le(part, len);
@@ -124,7 +124,7 @@ static double dot(const double *a, const double *b, size_t d)
 static struct wr_ref wr_reference(const double *w, size_t e, size_t d)
 {
     struct wr_ref r = {0};
-    double *wbar = calloc(d, sizeof *wbar);
+    double *wbar = calloc(d, sizeof(*wbar));
     cr_assert_not_null(wbar);
     for (size_t i = 0; i < e; i++)
         for (size_t c = 0; c < d; c++)
@@ -157,13 +157,13 @@ static struct wr_ref wr_reference(const double *w, size_t e, size_t d)
     r.kappa = r.wbar_sq > 0 ? maxdist / sqrt(r.wbar_sq) : 0;
     /* sigma^2(WR): WR row-major E x d is WR^T column-major d x E. */
     size_t mn = e < d ? e : d;
-    double *a = malloc(e * d * sizeof *a), *s = malloc(mn * sizeof *s);
+    double *a = malloc(e * d * sizeof(*a)), *s = malloc(mn * sizeof(*s));
     cr_assert(a && s);
-    memcpy(a, w, e * d * sizeof *a);
+    memcpy(a, w, e * d * sizeof(*a));
     lapack_int info = LAPACKE_dgesdd(LAPACK_COL_MAJOR, 'N', (lapack_int)d, (lapack_int)e, a,
                                      (lapack_int)d, s, NULL, 1, NULL, 1);
     cr_assert_eq(info, 0);
-    r.spec = calloc(e, sizeof *r.spec);
+    r.spec = calloc(e, sizeof(*r.spec));
     cr_assert_not_null(r.spec);
     for (size_t i = 0; i < mn; i++)
         r.spec[i] = s[i] * s[i];
@@ -182,7 +182,7 @@ Test(monitor_router, weight_side_against_direct_computation)
         const struct wr_case *k = &wr_cases[c];
         double *w = wr_make(k, &seed);
         struct wr_ref ref = wr_reference(w, k->e, k->d);
-        double *gr = malloc(monitor_tri_len(k->e) * sizeof *gr);
+        double *gr = malloc(monitor_tri_len(k->e) * sizeof(*gr));
         cr_assert_not_null(gr);
         gr_make(k, w, gr);
         struct router_weight out;
@@ -326,13 +326,13 @@ Test(monitor_router, decision_side_against_per_token_computation)
     for (size_t c = 0; c < sizeof tok_cases / sizeof tok_cases[0]; c++) {
         const struct tok_case *k = &tok_cases[c];
         size_t e = k->e, t_n = k->tokens;
-        double *h = malloc(t_n * sizeof *h), *lse = malloc(t_n * sizeof *lse);
-        double *z = malloc(e * sizeof *z), *p = malloc(e * sizeof *p);
-        double *tot_p = calloc(e, sizeof *tot_p);
-        uint64_t *tot_load = calloc(e, sizeof *tot_load);
+        double *h = malloc(t_n * sizeof(*h)), *lse = malloc(t_n * sizeof(*lse));
+        double *z = malloc(e * sizeof(*z)), *p = malloc(e * sizeof(*p));
+        double *tot_p = calloc(e, sizeof(*tot_p));
+        uint64_t *tot_load = calloc(e, sizeof(*tot_load));
         /* per-rank sums */
-        uint64_t *load = calloc((size_t)k->ranks * e, sizeof *load);
-        double *sum_p = calloc((size_t)k->ranks * e, sizeof *sum_p);
+        uint64_t *load = calloc((size_t)k->ranks * e, sizeof(*load));
+        double *sum_p = calloc((size_t)k->ranks * e, sizeof(*sum_p));
         double rank_h[3] = {0}, rank_h2[3] = {0}, rank_l2[3] = {0};
         uint64_t rank_n[3] = {0};
         cr_assert(h && lse && z && p && tot_p && tot_load && load && sum_p);
@@ -372,8 +372,8 @@ Test(monitor_router, decision_side_against_per_token_computation)
         }
         /* The daemon's sum over ranks. */
         struct router_tokens in = {.n_experts = k->e};
-        uint64_t *sum_load = calloc(e, sizeof *sum_load);
-        double *sum_sp = calloc(e, sizeof *sum_sp);
+        uint64_t *sum_load = calloc(e, sizeof(*sum_load));
+        double *sum_sp = calloc(e, sizeof(*sum_sp));
         cr_assert(sum_load && sum_sp);
         for (unsigned r = 0; r < k->ranks; r++) {
             in.n_tok += rank_n[r];

@@ -228,7 +228,7 @@ Test(pager_store, target_config_table)
             cr_expect_eq(pc.n, 1u, "case %zu", i);
         } else {
             cr_expect_eq(rc, -EINVAL, "case %zu accepted", i);
-            cr_expect(strstr(msg, cases[i].has) != NULL, "case %zu: '%s' lacks '%s'", i, msg,
+            cr_expect(strstr(msg, cases[i].has), "case %zu: '%s' lacks '%s'", i, msg,
                       cases[i].has);
         }
     }

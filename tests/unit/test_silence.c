@@ -99,7 +99,7 @@ Test(silence, parse_table)
             cr_expect_eq(rc, 0, "case %zu (%s): %s", i, c->json, why.msg);
         } else {
             cr_expect_eq(rc, -EINVAL, "case %zu (%s) parsed", i, c->json);
-            cr_expect(strstr(why.msg, c->why_has) != NULL, "case %zu: reason '%s' lacks '%s'", i,
+            cr_expect(strstr(why.msg, c->why_has), "case %zu: reason '%s' lacks '%s'", i,
                       why.msg, c->why_has);
             cr_expect_eq(s.n, 0u, "case %zu: failed parse keeps matchers", i);
         }
@@ -151,9 +151,9 @@ Test(silence, match_table)
                      i, why.msg);
         struct silence_label labels[3] = {{"alertname", "qk.d2.srank"}};
         size_t n = 1;
-        if (c->run != NULL)
+        if (c->run)
             labels[n++] = (struct silence_label){"run", c->run};
-        if (c->layer != NULL)
+        if (c->layer)
             labels[n++] = (struct silence_label){"layer", c->layer};
         cr_expect_eq(silence_matches(&s, labels, n, c->now), (bool)c->match, "case %zu", i);
         silence_free(&s);
@@ -226,7 +226,7 @@ Test(silence, hostile_patterns_refused_or_bounded)
             cr_expect_eq(s.n, 1 + c->copies, "case %zu", i);
         } else {
             cr_expect_eq(rc, -EINVAL, "case %zu (%s): parsed", i, pat);
-            cr_expect(strstr(why.msg, c->why_has) != NULL,
+            cr_expect(strstr(why.msg, c->why_has),
                       "case %zu (%s): reason '%s' lacks '%s'", i, pat, why.msg, c->why_has);
         }
         silence_free(&s);

@@ -165,9 +165,9 @@ Test(spectrum, random_against_direct_and_f32_equals_f64)
     uint64_t seed = 42;
     for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
         size_t n = sizes[c];
-        double *s = malloc(n * sizeof *s);
-        float *f = malloc(n * sizeof *f);
-        double *fd = malloc(n * sizeof *fd);
+        double *s = malloc(n * sizeof(*s));
+        float *f = malloc(n * sizeof(*f));
+        double *fd = malloc(n * sizeof(*fd));
         cr_assert(s && f && fd);
         /* Decaying spectrum over many orders of magnitude, all kept. */
         for (size_t i = 0; i < n; i++) {

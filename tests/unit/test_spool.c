@@ -67,7 +67,7 @@ static size_t segment_files(const char *dir)
     cr_assert_not_null(d);
     size_t n = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL)
+    while ((e = readdir(d)))
         n += strstr(e->d_name, ".seg") != NULL;
     closedir(d);
     return n;

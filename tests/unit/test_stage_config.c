@@ -66,7 +66,7 @@ Test(stage_config, detect_rule_sections)
         detect_rules_default(&rules);
         int rc = config_parse(bad[i].text, strlen(bad[i].text), "t", &cfg, &sec, 1, &err);
         cr_expect_eq(rc, -EINVAL, "'%s'", bad[i].text);
-        cr_expect(strstr(err.msg, bad[i].want) != NULL, "'%s': got '%s'", bad[i].text,
+        cr_expect(strstr(err.msg, bad[i].want), "'%s': got '%s'", bad[i].text,
                   err.msg);
     }
 }

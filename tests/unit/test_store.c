@@ -212,7 +212,7 @@ Test(store, refuses_newer_schema)
     int rc = store_open(f.db.path, &o, &s, &err);
     cr_expect_lt(rc, 0);
     cr_expect_null(s);
-    cr_expect(strstr(err.msg, "newer") != NULL, "%s", err.msg);
+    cr_expect(strstr(err.msg, "newer"), "%s", err.msg);
     fx_fini(&f);
 }
 
@@ -385,7 +385,7 @@ Test(store, max_runs_refuses_new_runs_only)
     submit_ok(f.s, hello(2, "second", 0, 0));
     struct store_result h = hello_done(f.s, 2);
     cr_expect_eq(h.error_code, FORESHOCK__ERROR_CODE__ERROR_LIMIT);
-    cr_expect(strstr(h.message, "max_runs") != NULL, "%s", h.message);
+    cr_expect(strstr(h.message, "max_runs"), "%s", h.message);
     submit_ok(f.s, hello(3, "first", 0, 1));
     cr_expect_eq(hello_done(f.s, 3).error_code, 0, "an existing run is not a new one");
     fx_fini(&f);
