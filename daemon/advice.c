@@ -54,8 +54,9 @@ static void names_text(char *buf, size_t len)
     size_t off = 0;
     buf[0] = '\0';
     for (int i = 1; i <= ADVICE_LABELS && off < len; i++)
-        off += (size_t)snprintf(buf + off, len - off, "%s%s", i > 1 ? ", " : "",
-                                alert_attribution_name((enum alert_attribution)(i % ADVICE_LABELS)));
+        off +=
+            (size_t)snprintf(buf + off, len - off, "%s%s", i > 1 ? ", " : "",
+                             alert_attribution_name((enum alert_attribution)(i % ADVICE_LABELS)));
     for (int i = 0; i < ADVICE_SEVERITIES && off < len; i++)
         off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? ", " : "; severities: ",
                                 detect_severity_name((enum detect_severity)i));
@@ -86,8 +87,7 @@ int advice_policy_set(struct advice_policy *p, const char *key, const char *valu
     enum alert_attribution l;
     enum detect_severity sev;
     int s = -1;
-    bool label_ok =
-        alert_attribution_parse(key, dot ? (size_t)(dot - key) : strlen(key), &l) == 0;
+    bool label_ok = alert_attribution_parse(key, dot ? (size_t)(dot - key) : strlen(key), &l) == 0;
     if (dot && detect_severity_parse(dot + 1, strlen(dot + 1), &sev) == 0)
         s = (int)sev;
     if (!label_ok || (dot && s < 0)) {
@@ -183,22 +183,32 @@ int advice_encode(const struct advice_msg *m, uint8_t **out, size_t *len)
         a.label = (char *)m->label;
     if (m->severity[0])
         a.severity = (char *)m->severity;
+        /* Optional fields: set (has_) only when the message holds a value. */
 #define STEP(f)                                                                                    \
-    if (m->f >= 0) {                                                                               \
-        a.has_##f = 1;                                                                             \
-        a.f = (uint64_t)m->f;                                                                      \
-    }
-    STEP(step)
-    STEP(first_breach_step) STEP(fired_step) STEP(rollback_step)
+    do {                                                                                           \
+        if (m->f >= 0) {                                                                           \
+            a.has_##f = 1;                                                                         \
+            a.f = (uint64_t)m->f;                                                                  \
+        }                                                                                          \
+    } while (0)
+    STEP(step);
+    STEP(first_breach_step);
+    STEP(fired_step);
+    STEP(rollback_step);
 #undef STEP
 #define LABEL(f, none)                                                                             \
-    if (m->f != (none)) {                                                                          \
-        a.has_##f = 1;                                                                             \
-        a.f = m->f;                                                                                \
-    }
-        LABEL(layer, -1) LABEL(head, -1) LABEL(window, 0) LABEL(rank, -1)
+    do {                                                                                           \
+        if (m->f != (none)) {                                                                      \
+            a.has_##f = 1;                                                                         \
+            a.f = m->f;                                                                            \
+        }                                                                                          \
+    } while (0)
+    LABEL(layer, -1);
+    LABEL(head, -1);
+    LABEL(window, 0);
+    LABEL(rank, -1);
 #undef LABEL
-            Foreshock__Frame f = FORESHOCK__FRAME__INIT;
+    Foreshock__Frame f = FORESHOCK__FRAME__INIT;
     f.body_case = FORESHOCK__FRAME__BODY_ADVICE;
     f.advice = &a;
     return decode_encode(&f, out, len);
@@ -261,11 +271,26 @@ enum {
 /* An advice row with its alert's series, read by row_msg; AS_OWED and
  * AS_REWOUND select these first. */
 #define ADVICE_COLUMNS                                                                             \
-    "a.id, a.alert_id, a.action, a.rule, a.label, a.severity, a.step, a.first_breach_step, "      \
+    "a.id, a.alert_id, a.action, a.rule, a.label, a.severity, a.step, a.first_breach_step, "       \
     "a.fired_step, a.rollback_step, al.layer, al.head, al.\"window\", al.rank, a.fire_id"
-enum { AD_ID, AD_ALERT, AD_ACTION, AD_RULE, AD_LABEL, AD_SEVERITY, AD_STEP, AD_FIRST_BREACH,
-       AD_FIRED, AD_ROLLBACK, AD_LAYER, AD_HEAD, AD_WINDOW, AD_RANK, AD_FIRE,
-       AD_NEXT /* the first column after ADVICE_COLUMNS */ };
+enum {
+    AD_ID,
+    AD_ALERT,
+    AD_ACTION,
+    AD_RULE,
+    AD_LABEL,
+    AD_SEVERITY,
+    AD_STEP,
+    AD_FIRST_BREACH,
+    AD_FIRED,
+    AD_ROLLBACK,
+    AD_LAYER,
+    AD_HEAD,
+    AD_WINDOW,
+    AD_RANK,
+    AD_FIRE,
+    AD_NEXT /* the first column after ADVICE_COLUMNS */
+};
 
 static const char *const as_sql[AS_COUNT] = {
     [AS_CLOSE_ALERT] = "UPDATE advice SET closed_at = ?2 WHERE alert_id = ?1 AND closed_at IS NULL",
@@ -276,13 +301,12 @@ static const char *const as_sql[AS_COUNT] = {
                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) RETURNING id",
     /* Open advices of the run this stream has not acknowledged; an answer
      * (resolved, superseded) only to streams that were sent its question. */
-    [AS_OWED] =
-        "SELECT " ADVICE_COLUMNS " FROM advice a JOIN alerts al ON al.id = a.alert_id "
-        "WHERE a.run_id = ?1 AND a.closed_at IS NULL AND (a.fire_id IS NULL OR EXISTS "
-        "(SELECT 1 FROM advice_deliveries d WHERE d.advice_id = a.fire_id "
-        "AND d.stream_id = ?2 AND d.sends > 0)) AND NOT EXISTS (SELECT 1 FROM "
-        "advice_deliveries d WHERE d.advice_id = a.id AND d.stream_id = ?2 "
-        "AND d.acked_at IS NOT NULL) ORDER BY a.id LIMIT ?3",
+    [AS_OWED] = "SELECT " ADVICE_COLUMNS " FROM advice a JOIN alerts al ON al.id = a.alert_id "
+                "WHERE a.run_id = ?1 AND a.closed_at IS NULL AND (a.fire_id IS NULL OR EXISTS "
+                "(SELECT 1 FROM advice_deliveries d WHERE d.advice_id = a.fire_id "
+                "AND d.stream_id = ?2 AND d.sends > 0)) AND NOT EXISTS (SELECT 1 FROM "
+                "advice_deliveries d WHERE d.advice_id = a.id AND d.stream_id = ?2 "
+                "AND d.acked_at IS NOT NULL) ORDER BY a.id LIMIT ?3",
     [AS_SENT] = "INSERT INTO advice_deliveries (advice_id, stream_id, first_sent_at, "
                 "last_sent_at, sends) SELECT ?1, ?2, ?3, ?3, 1" DELIVERY_OF_RUN
                 "ON CONFLICT (advice_id, stream_id) DO UPDATE SET "
@@ -357,8 +381,7 @@ static void copy_text(char *dst, size_t len, const char *src)
 /* Stores m as its alert's one open advice, made by alert event event_id:
  * what the alert owed before is closed (the new one replaces it). m->id
  * becomes the new row's id. */
-static int put_advice(struct advice_store *as, struct advice_msg *m, int64_t event_id,
-                      double now)
+static int put_advice(struct advice_store *as, struct advice_msg *m, int64_t event_id, double now)
 {
     sqlite3_stmt *st = as->st[AS_CLOSE_ALERT];
     sqlite3_bind_int64(st, 1, m->alert_id);

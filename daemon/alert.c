@@ -255,8 +255,9 @@ int alert_key(const char *run, const char *rule, const struct alert_scope *scope
     if (len == 0)
         return -ENOSPC;
     char labels[96];
-    snprintf(labels, sizeof labels, ",layer=%" PRId32 ",head=%" PRId32 ",window=%" PRId32
-             ",rank=%" PRId32, scope->layer, scope->head, scope->window, scope->rank);
+    snprintf(labels, sizeof labels,
+             ",layer=%" PRId32 ",head=%" PRId32 ",window=%" PRId32 ",rank=%" PRId32, scope->layer,
+             scope->head, scope->window, scope->rank);
     size_t pos = 0;
     key[0] = '\0';
     if (!append_raw(key, len, &pos, "run=") || !append_escaped(key, len, &pos, run) ||
@@ -353,11 +354,8 @@ int alert_state_decode(struct alert_state *st, const uint8_t *buf, size_t len)
 
 /* The names of the pinned numbers, one table per enum, indexed by value. */
 static const char *const state_names[ALERT_STATE_COUNT] = {
-    [ALERT_INACTIVE] = "inactive",
-    [ALERT_PENDING] = "pending",
-    [ALERT_FIRING] = "firing",
-    [ALERT_RESOLVED] = "resolved",
-    [ALERT_SUPERSEDED] = "superseded",
+    [ALERT_INACTIVE] = "inactive", [ALERT_PENDING] = "pending",       [ALERT_FIRING] = "firing",
+    [ALERT_RESOLVED] = "resolved", [ALERT_SUPERSEDED] = "superseded",
 };
 
 static const char *const change_names[] = {

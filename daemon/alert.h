@@ -104,8 +104,8 @@ struct alert_transition {
     double value, median, mad, z; /* this sample's evidence */
     bool non_finite;
     int64_t first_breach_step;
-    int64_t fired_step;           /* -1 if not fired */
-    uint64_t incident;            /* 1-based number of the incident that fired */
+    int64_t fired_step; /* -1 if not fired */
+    uint64_t incident;  /* 1-based number of the incident that fired */
 };
 
 /* Blob: u32 magic 'FSAS', u16 version, u8 state, u8 severity, u8 breach_kind,

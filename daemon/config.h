@@ -35,12 +35,12 @@ struct config_endpoint {
 struct config_key {
     const char *name;
     enum config_type type;
-    const char *def;   /* default, in file syntax; NULL: leave the field as is */
-    double min, max;   /* value range (UINT, BYTES, DOUBLE) or length range (STRING) */
-    size_t offset;     /* of the field in the section's target struct */
-    size_t size;       /* of the field */
+    const char *def;            /* default, in file syntax; NULL: leave the field as is */
+    double min, max;            /* value range (UINT, BYTES, DOUBLE) or length range (STRING) */
+    size_t offset;              /* of the field in the section's target struct */
+    size_t size;                /* of the field */
     const char *const *choices; /* CONFIG_ENUM: NULL-terminated */
-    const char *help;  /* one line for --help */
+    const char *help;           /* one line for --help */
 };
 
 /* A section of keys. name "" holds the top-level keys (before any header).
@@ -87,15 +87,15 @@ struct fs_config {
     uint64_t writer_queue_max_bytes;
     uint64_t writer_batch_max_items;
     uint64_t spool_max_bytes;
-    int log_level; /* enum log_level */
+    int log_level;                    /* enum log_level */
     char token[FS_MAX_TOKEN_LEN + 1]; /* "" = no token required */
-    double reduce_timeout_s;   /* monitor stage: incomplete reductions after this */
-    double hello_timeout_s;    /* ingest: a connection's Hello within this (0: none) */
-    double frame_timeout_s;    /* ingest: a begun frame complete within this (0: none) */
-    double shutdown_timeout_s; /* monitor math not started by then is left spooled (0: none) */
-    uint64_t reduce_max_bytes; /* monitor stage: reduction memory bound */
-    uint64_t detect_from_step; /* runs whose Hello does not say */
-    uint64_t monitor_threads;  /* worker threads for the monitor math; 0 = CPUs */
+    double reduce_timeout_s;          /* monitor stage: incomplete reductions after this */
+    double hello_timeout_s;           /* ingest: a connection's Hello within this (0: none) */
+    double frame_timeout_s;           /* ingest: a begun frame complete within this (0: none) */
+    double shutdown_timeout_s;  /* monitor math not started by then is left spooled (0: none) */
+    uint64_t reduce_max_bytes;  /* monitor stage: reduction memory bound */
+    uint64_t detect_from_step;  /* runs whose Hello does not say */
+    uint64_t monitor_threads;   /* worker threads for the monitor math; 0 = CPUs */
     uint64_t head_points_every; /* per-head points at multiples of this step only */
     /* HTTP auth and /metrics */
     char http_write_token[FS_MAX_TOKEN_LEN + 1]; /* "" = HTTP writes disabled */

@@ -95,7 +95,10 @@ static void cap_free(void *data, void *p)
 
 /* --- validation helpers ------------------------------------------------------ */
 
-static int is_finite(double x) { return isfinite(x); }
+static int is_finite(double x)
+{
+    return isfinite(x);
+}
 
 /* Reads little-endian float32 values regardless of host byte order. */
 static float le_float(const uint8_t *p)
@@ -129,7 +132,10 @@ int decode_run_id_valid(const char *s, size_t max_len)
 
 /* Triangle bytes of an n x n symmetric matrix, float32; 0 on overflow
  * (n is bounded by the limits long before that). */
-static uint64_t tri_bytes(uint64_t n) { return n * (n + 1) / 2 * 4; }
+static uint64_t tri_bytes(uint64_t n)
+{
+    return n * (n + 1) / 2 * 4;
+}
 
 /* Spectrum values: sigma^2 >= 0, or non-finite (flagged, accepted). */
 static int check_spectrum(const float *v, size_t n, size_t max, const char *what,
@@ -181,7 +187,8 @@ static int check_spectrum_sketch(const Foreshock__SpectrumSketch *s,
                                  const struct decode_limits *lim, struct decode_info *info,
                                  struct fs_err *err)
 {
-    size_t two = 2u * lim->max_dh < lim->max_spectrum_len ? 2u * lim->max_dh : lim->max_spectrum_len;
+    size_t two =
+        2u * lim->max_dh < lim->max_spectrum_len ? 2u * lim->max_dh : lim->max_spectrum_len;
     size_t one = lim->max_dh < lim->max_spectrum_len ? lim->max_dh : lim->max_spectrum_len;
     int rc;
     if ((rc = check_spectrum(s->d2, s->n_d2, two, "d2", info, err)) < 0 ||
@@ -252,16 +259,16 @@ static int check_router_tokens(const Foreshock__RouterTokens *t, size_t i,
         return fail(err, E_MALFORMED, -EINVAL, "router_tokens[%zu]: layer %u >= %u", i, t->layer,
                     lim->max_layers);
     if (t->n_experts < 1 || t->n_experts > lim->max_experts)
-        return fail(err, E_MALFORMED, -EINVAL, "router_tokens[%zu]: n_experts %u outside 1..%u",
-                    i, t->n_experts, lim->max_experts);
+        return fail(err, E_MALFORMED, -EINVAL, "router_tokens[%zu]: n_experts %u outside 1..%u", i,
+                    t->n_experts, lim->max_experts);
     if (t->n_load != t->n_experts || t->n_sum_p != t->n_experts)
         return fail(err, E_MALFORMED, -EINVAL,
                     "router_tokens[%zu]: load has %zu and sum_p %zu values, n_experts is %u", i,
                     t->n_load, t->n_sum_p, t->n_experts);
     /* Token statistics are sums the monitors divide and compare: a
      * non-finite one is a client bug, not a training symptom. */
-    if (!is_finite(t->sum_h) || !is_finite(t->sum_h2) || !is_finite(t->sum_lse2) ||
-        t->sum_h2 < 0 || t->sum_lse2 < 0)
+    if (!is_finite(t->sum_h) || !is_finite(t->sum_h2) || !is_finite(t->sum_lse2) || t->sum_h2 < 0 ||
+        t->sum_lse2 < 0)
         return fail(err, E_MALFORMED, -EINVAL,
                     "router_tokens[%zu]: sum_h/sum_h2/sum_lse2 must be finite (squares >= 0)", i);
     for (size_t e = 0; e < t->n_sum_p; e++)
@@ -277,7 +284,8 @@ static int check_scalars(const Foreshock__Scalars *s, const struct decode_limits
 {
     if ((s->has_lr && !is_finite(s->lr)) || (s->has_loss_scale && !is_finite(s->loss_scale)) ||
         (s->has_step_time_s && !is_finite(s->step_time_s)))
-        return fail(err, E_MALFORMED, -EINVAL, "scalars: lr, loss_scale and step_time_s must be finite");
+        return fail(err, E_MALFORMED, -EINVAL,
+                    "scalars: lr, loss_scale and step_time_s must be finite");
     /* loss and grad_norm may be NaN/Inf: that is what the non-finite
      * detector exists to see. */
     if ((s->has_loss && !is_finite(s->loss)) || (s->has_grad_norm && !is_finite(s->grad_norm)))
@@ -310,8 +318,8 @@ int decode_check_hello(const Foreshock__Hello *h, const struct decode_limits *li
                     "protocol version %u is not supported; this daemon speaks version %d",
                     h->protocol_version, FORESHOCK__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT);
     if (!decode_run_id_valid(h->run_id, lim->max_run_id_len))
-        return fail(err, E_MALFORMED, -EINVAL,
-                    "run_id must be 1..%u bytes of [A-Za-z0-9._:-]", lim->max_run_id_len);
+        return fail(err, E_MALFORMED, -EINVAL, "run_id must be 1..%u bytes of [A-Za-z0-9._:-]",
+                    lim->max_run_id_len);
     if (h->world_size < 1 || h->world_size > lim->max_world_size)
         return fail(err, E_MALFORMED, -EINVAL, "world_size %u outside 1..%u", h->world_size,
                     lim->max_world_size);
@@ -331,8 +339,9 @@ int decode_check_hello(const Foreshock__Hello *h, const struct decode_limits *li
     int self = h->n_local_ranks == 0;
     for (size_t i = 0; i < h->n_local_ranks; i++) {
         if (h->local_ranks[i] >= h->world_size)
-            return fail(err, E_MALFORMED, -EINVAL, "local_ranks[%zu] = %u is not below world_size %u",
-                        i, h->local_ranks[i], h->world_size);
+            return fail(err, E_MALFORMED, -EINVAL,
+                        "local_ranks[%zu] = %u is not below world_size %u", i, h->local_ranks[i],
+                        h->world_size);
         self |= h->local_ranks[i] == h->rank;
     }
     if (!self)
@@ -412,8 +421,7 @@ int decode_frame(const uint8_t *body, size_t len, const struct decode_limits *li
     if (!f) {
         if (st.exceeded)
             return fail(err, E_LIMIT, -E2BIG,
-                        "frame of %zu bytes would take more than %zu bytes to decode", len,
-                        st.cap);
+                        "frame of %zu bytes would take more than %zu bytes to decode", len, st.cap);
         return fail(err, E_MALFORMED, -EINVAL, "frame of %zu bytes does not decode", len);
     }
     int rc = 0;
@@ -479,8 +487,7 @@ int decode_encode(const Foreshock__Frame *f, uint8_t **out, size_t *outlen)
     return 0;
 }
 
-int decode_encode_error(int code, const char *message, uint64_t seq, uint8_t **out,
-                        size_t *outlen)
+int decode_encode_error(int code, const char *message, uint64_t seq, uint8_t **out, size_t *outlen)
 {
     Foreshock__Error e = FORESHOCK__ERROR__INIT;
     e.code = (Foreshock__ErrorCode)code;

@@ -15,18 +15,18 @@
 #define DECODE_PREFIX_BYTES 4u
 
 struct decode_limits {
-    uint32_t max_frame_bytes;          /* N above this (or N == 0): ERROR_TOO_LARGE */
+    uint32_t max_frame_bytes; /* N above this (or N == 0): ERROR_TOO_LARGE */
     uint32_t max_world_size;
-    uint32_t max_layers;               /* layer index < max_layers */
-    uint32_t max_heads;                /* head, kv_head < max_heads */
+    uint32_t max_layers; /* layer index < max_layers */
+    uint32_t max_heads;  /* head, kv_head < max_heads */
     uint32_t max_dh;
     uint32_t max_experts;
     uint32_t max_window;
     uint32_t max_shards;
     uint32_t max_attention_per_report;
-    uint32_t max_router_per_report;    /* router_gram and router_tokens, each */
+    uint32_t max_router_per_report; /* router_gram and router_tokens, each */
     uint32_t max_run_id_len;
-    uint32_t max_spectrum_len;         /* per spectrum array; also <= 2*max_dh */
+    uint32_t max_spectrum_len; /* per spectrum array; also <= 2*max_dh */
     uint32_t max_token_len;
 };
 
@@ -40,10 +40,10 @@ void decode_limits_default(struct decode_limits *lim, uint32_t max_frame_bytes);
 
 /* What validation saw, for the caller's counters and later stages. */
 struct decode_info {
-    size_t alloc_bytes;       /* bytes the unpack allocated */
-    uint32_t sketches;        /* attention + router_gram + router_tokens */
+    size_t alloc_bytes;               /* bytes the unpack allocated */
+    uint32_t sketches;                /* attention + router_gram + router_tokens */
     uint64_t nonfinite_sketch_values; /* NaN/Inf in Gram bytes and spectra (accepted) */
-    int nonfinite_scalars;    /* loss or grad_norm is NaN/Inf (accepted) */
+    int nonfinite_scalars;            /* loss or grad_norm is NaN/Inf (accepted) */
 };
 
 /* Checks a length prefix. hdr: the 4 bytes as received. On success *len
@@ -77,8 +77,7 @@ int decode_encode(const Foreshock__Frame *f, uint8_t **out, size_t *outlen);
 
 /* Convenience: an Error frame (code, message, and Error.seq when seq > 0)
  * encoded with its prefix. */
-int decode_encode_error(int code, const char *message, uint64_t seq, uint8_t **out,
-                        size_t *outlen);
+int decode_encode_error(int code, const char *message, uint64_t seq, uint8_t **out, size_t *outlen);
 
 /* The seq of the Report in a frame body that decode_frame refused, read
  * straight from the wire (the first Frame.report field and, in it, the

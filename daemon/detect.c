@@ -12,9 +12,9 @@
 /* Shared defaults for every rule; each row below sets what differs. Rules
  * that change persistence use RULE_COMMON (an initializer may not set a
  * field twice under -Werror). */
-#define RULE_COMMON                                                                        \
-    .enabled = true, .severity = DETECT_SEVERITY_WARNING, .warmup = DETECT_DEFAULT_WARMUP, \
-    .window = DETECT_DEFAULT_WINDOW, .z = DETECT_DEFAULT_Z,                               \
+#define RULE_COMMON                                                                                \
+    .enabled = true, .severity = DETECT_SEVERITY_WARNING, .warmup = DETECT_DEFAULT_WARMUP,         \
+    .window = DETECT_DEFAULT_WINDOW, .z = DETECT_DEFAULT_Z,                                        \
     .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER
 #define RULE_DEFAULTS RULE_COMMON, .persistence = DETECT_DEFAULT_PERSISTENCE
 
@@ -43,10 +43,17 @@ static const struct detect_rule default_rules[] = {
      * wanders (a healthy run of the corpus breached z 5-8.3 in three
      * layers); a too-large step moves it far beyond that. Spelled out: the
      * shared macros already set z. */
-    {.enabled = true, .severity = DETECT_SEVERITY_WARNING, .warmup = DETECT_DEFAULT_WARMUP,
-     .window = DETECT_DEFAULT_WINDOW, .z = 8.0, .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
-     .persistence = DETECT_DEFAULT_PERSISTENCE, .name = "router.centered_energy",
-     .family = DETECT_FAMILY_ROUTER_WEIGHT, .direction = DETECT_RISE_IS_BAD, .trend = true},
+    {.enabled = true,
+     .severity = DETECT_SEVERITY_WARNING,
+     .warmup = DETECT_DEFAULT_WARMUP,
+     .window = DETECT_DEFAULT_WINDOW,
+     .z = 8.0,
+     .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
+     .persistence = DETECT_DEFAULT_PERSISTENCE,
+     .name = "router.centered_energy",
+     .family = DETECT_FAMILY_ROUTER_WEIGHT,
+     .direction = DETECT_RISE_IS_BAD,
+     .trend = true},
     /* Growing logits (z-loss) are the decision-side face of router weights
      * growing under too large a step, so they share that family. */
     {RULE_DEFAULTS, .name = "router.zloss", .family = DETECT_FAMILY_ROUTER_WEIGHT,
@@ -64,11 +71,17 @@ static const struct detect_rule default_rules[] = {
      * decay bent the growth) while adding no catch the mechanism rules had
      * not made first. The series is stored and graphed either way; turn
      * the rule on with [detect "weight_norm"] enabled = true. */
-    {.enabled = false, .severity = DETECT_SEVERITY_WARNING, .warmup = DETECT_DEFAULT_WARMUP,
-     .window = DETECT_DEFAULT_WINDOW, .z = DETECT_DEFAULT_Z,
-     .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER, .persistence = DETECT_DEFAULT_PERSISTENCE,
-     .name = "weight_norm", .family = DETECT_FAMILY_WEIGHT_NORM,
-     .direction = DETECT_RISE_IS_BAD, .trend = true},
+    {.enabled = false,
+     .severity = DETECT_SEVERITY_WARNING,
+     .warmup = DETECT_DEFAULT_WARMUP,
+     .window = DETECT_DEFAULT_WINDOW,
+     .z = DETECT_DEFAULT_Z,
+     .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
+     .persistence = DETECT_DEFAULT_PERSISTENCE,
+     .name = "weight_norm",
+     .family = DETECT_FAMILY_WEIGHT_NORM,
+     .direction = DETECT_RISE_IS_BAD,
+     .trend = true},
     /* The update-to-weight ratio of a layer's monitored weights (Q, K,
      * router) rises at once under a too-large step, but also under the
      * attention fault, which pushes Q and K harder (measured on the corpus:
@@ -438,9 +451,8 @@ static void ring_push(struct detect_state *st, int64_t step, double v)
         st->ring_count++;
 }
 
-int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step,
-                double value, bool is_present, int64_t detect_from_step,
-                struct detect_verdict *out)
+int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step, double value,
+                bool is_present, int64_t detect_from_step, struct detect_verdict *out)
 {
     if (!st || !rule || !out)
         return -EINVAL;
@@ -501,9 +513,9 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
             out->breach_kind = DETECT_BREACH_FLOOR;
             out->breach = true;
         } else if (!out->in_warmup) {
-            bool zbad = out->baseline_n > 0 &&
-                        (rule->direction == DETECT_FALL_IS_BAD ? out->z <= -rule->z
-                                                               : out->z >= rule->z);
+            bool zbad =
+                out->baseline_n > 0 &&
+                (rule->direction == DETECT_FALL_IS_BAD ? out->z <= -rule->z : out->z >= rule->z);
             bool spike = rule->direction == DETECT_RISE_IS_BAD && out->spike_ratio > 0 &&
                          out->spike_ratio > rule->spike_ratio;
             /* Most specific reason first. */

@@ -51,16 +51,16 @@
  * line cannot bend. A rule without trend scores exactly as described
  * above. */
 
-#define DETECT_MAX_WINDOW 256       /* largest baseline window (samples) */
-#define DETECT_MAX_RULES 64         /* rules in one table */
-#define DETECT_NAME_MAX 64          /* rule name / pattern, including the NUL */
-#define DETECT_MAX_WARMUP 1000000   /* largest warmup override (samples) */
+#define DETECT_MAX_WINDOW 256        /* largest baseline window (samples) */
+#define DETECT_MAX_RULES 64          /* rules in one table */
+#define DETECT_NAME_MAX 64           /* rule name / pattern, including the NUL */
+#define DETECT_MAX_WARMUP 1000000    /* largest warmup override (samples) */
 #define DETECT_MAX_PERSISTENCE 10000 /* largest persistence / resolve_after */
-#define DETECT_MAX_Z 1e6            /* largest z override */
-#define DETECT_VALUE_MAX 64         /* longest override value text we parse */
-#define DETECT_MAD_SCALE 1.4826     /* MAD -> sigma for a normal distribution */
-#define DETECT_MAD_REL_FLOOR 1e-3   /* scale floor relative to |median| */
-#define DETECT_MAD_ABS_FLOOR 1e-12  /* scale floor when the median is ~0 */
+#define DETECT_MAX_Z 1e6             /* largest z override */
+#define DETECT_VALUE_MAX 64          /* longest override value text we parse */
+#define DETECT_MAD_SCALE 1.4826      /* MAD -> sigma for a normal distribution */
+#define DETECT_MAD_REL_FLOOR 1e-3    /* scale floor relative to |median| */
+#define DETECT_MAD_ABS_FLOOR 1e-12   /* scale floor when the median is ~0 */
 /* Trend fit: the slope is fitted over at most this many baseline samples
  * (evenly spaced over a longer window), so at most 64 * 63 / 2 = 2016
  * pairwise slopes per scored sample whatever the window. */
@@ -82,9 +82,10 @@
 /* Families, for attribution (alert_attribute). Values are pinned: they are
  * bit positions in attribution masks and may be stored. */
 enum detect_family {
-    DETECT_FAMILY_ATTENTION_D2 = 0,   /* qk.d2.* spectra and qk.cqk */
-    DETECT_FAMILY_ROUTER_WEIGHT = 1,  /* router similarity, centered energy, z-loss */
-    DETECT_FAMILY_WEIGHT_NORM = 2,    /* per-layer |W| and |dW|/|W|: symptoms, grow under either fault */
+    DETECT_FAMILY_ATTENTION_D2 = 0,  /* qk.d2.* spectra and qk.cqk */
+    DETECT_FAMILY_ROUTER_WEIGHT = 1, /* router similarity, centered energy, z-loss */
+    DETECT_FAMILY_WEIGHT_NORM =
+        2, /* per-layer |W| and |dW|/|W|: symptoms, grow under either fault */
     DETECT_FAMILY_ROUTER_BALANCE = 3, /* MaxVio, load entropy */
     DETECT_FAMILY_SCALAR_LOSS = 4,    /* loss, grad_norm */
     DETECT_FAMILY_STEP_SIZE = 5,      /* the learning rate rising after warm-up */
@@ -116,13 +117,13 @@ struct detect_rule {
     enum detect_direction direction;
     enum detect_severity severity;
     bool enabled;
-    bool trend;             /* score against a robust local line, not the level */
-    uint32_t warmup;        /* samples that only build the baseline */
-    uint32_t window;        /* baseline samples, 1..DETECT_MAX_WINDOW */
-    double z;               /* |z| threshold, > 0 */
-    bool has_floor;         /* breach when value <= floor */
+    bool trend;      /* score against a robust local line, not the level */
+    uint32_t warmup; /* samples that only build the baseline */
+    uint32_t window; /* baseline samples, 1..DETECT_MAX_WINDOW */
+    double z;        /* |z| threshold, > 0 */
+    bool has_floor;  /* breach when value <= floor */
     double floor;
-    bool has_ceiling;       /* breach when value >= ceiling */
+    bool has_ceiling; /* breach when value >= ceiling */
     double ceiling;
     double spike_ratio;     /* > 0: breach when value > ratio * running max (rise only) */
     uint32_t persistence;   /* consecutive breaching samples to fire */
@@ -137,37 +138,37 @@ struct detect_rules {
 /* Per-series state. Treat as opaque; sized for DETECT_MAX_WINDOW so no
  * sample allocates. */
 struct detect_state {
-    double ring[DETECT_MAX_WINDOW]; /* accepted samples, circular */
+    double ring[DETECT_MAX_WINDOW];       /* accepted samples, circular */
     int64_t ring_step[DETECT_MAX_WINDOW]; /* their steps (or DETECT_STEP_UNKNOWN) */
-    uint32_t ring_head;             /* next slot to write */
-    uint32_t ring_count;            /* valid samples, <= DETECT_MAX_WINDOW */
-    uint64_t accepted;              /* samples ever accepted into the baseline */
-    uint64_t seen;                  /* present samples ever seen */
-    bool has_max;                   /* running max of accepted samples valid */
+    uint32_t ring_head;                   /* next slot to write */
+    uint32_t ring_count;                  /* valid samples, <= DETECT_MAX_WINDOW */
+    uint64_t accepted;                    /* samples ever accepted into the baseline */
+    uint64_t seen;                        /* present samples ever seen */
+    bool has_max;                         /* running max of accepted samples valid */
     double running_max;
-    bool open;                      /* a breach is open: baseline frozen */
-    uint32_t normal_run;            /* consecutive normal samples while open */
-    int64_t last_step;              /* step of the last present sample, or -1 */
+    bool open;           /* a breach is open: baseline frozen */
+    uint32_t normal_run; /* consecutive normal samples while open */
+    int64_t last_step;   /* step of the last present sample, or -1 */
 };
 
 /* What detect_step concluded about one sample. */
 struct detect_verdict {
-    bool present;          /* false: absent sample, nothing else is meaningful */
+    bool present; /* false: absent sample, nothing else is meaningful */
     bool non_finite;
     bool in_warmup;
     bool breach;
     enum detect_breach_kind breach_kind;
     bool accepted_into_baseline;
     double value;
-    double median;         /* baseline median; trend rules: the value the line
-                              predicts at this step (NAN when the baseline is empty) */
-    double mad;            /* raw MAD (trend: of the residuals around the line),
-                              before the 1.4826 scale and the floor */
-    double slope;          /* trend rules: slope per step of the line (0 when it
-                              would point to the good side); 0 otherwise */
-    double z;              /* signed robust z (0 when the baseline is empty) */
-    double spike_ratio;    /* value / running max (0 when not computed) */
-    uint32_t baseline_n;   /* samples the median/MAD were computed over */
+    double median;       /* baseline median; trend rules: the value the line
+                            predicts at this step (NAN when the baseline is empty) */
+    double mad;          /* raw MAD (trend: of the residuals around the line),
+                            before the 1.4826 scale and the floor */
+    double slope;        /* trend rules: slope per step of the line (0 when it
+                            would point to the good side); 0 otherwise */
+    double z;            /* signed robust z (0 when the baseline is empty) */
+    double spike_ratio;  /* value / running max (0 when not computed) */
+    uint32_t baseline_n; /* samples the median/MAD were computed over */
 };
 
 /* Blob layout (little-endian), version 2:
@@ -228,9 +229,8 @@ void detect_state_init(struct detect_state *st);
  * leaves st unchanged. Trend rules cost O(DETECT_TREND_MAX_PAIRS +
  * window) per sample (see detect.c); level rules O(window).
  * Returns 0, or -EINVAL for NULL arguments. Loop thread (owner of st). */
-int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step,
-                double value, bool is_present, int64_t detect_from_step,
-                struct detect_verdict *out);
+int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step, double value,
+                bool is_present, int64_t detect_from_step, struct detect_verdict *out);
 
 /* Encodes st into buf (len bytes). Returns the number of bytes written
  * (<= DETECT_STATE_ENCODED_MAX), or -ENOSPC if len is too small. */

@@ -195,8 +195,8 @@ enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size
         /* The series behind the label: the earliest open one of each
          * family the label rests on. */
         static const enum detect_family order[] = {
-            DETECT_FAMILY_ATTENTION_D2, DETECT_FAMILY_ROUTER_WEIGHT, DETECT_FAMILY_STEP_SIZE,
-            DETECT_FAMILY_ROUTER_BALANCE, DETECT_FAMILY_SCALAR_LOSS, DETECT_FAMILY_WEIGHT_NORM};
+            DETECT_FAMILY_ATTENTION_D2,   DETECT_FAMILY_ROUTER_WEIGHT, DETECT_FAMILY_STEP_SIZE,
+            DETECT_FAMILY_ROUTER_BALANCE, DETECT_FAMILY_SCALAR_LOSS,   DETECT_FAMILY_WEIGHT_NORM};
         bool uses[DETECT_FAMILY_COUNT] = {false};
         switch (attr) {
         case ALERT_ATTR_COMBINED:
@@ -301,8 +301,7 @@ int64_t eval_start_step(const struct eval_run *er, uint64_t step, int64_t detect
 /* --- feeding ------------------------------------------------------------------------------- */
 
 int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, uint64_t step,
-              double value, bool present, int32_t argmin_head, int64_t detect_from_step,
-              double now)
+              double value, bool present, int32_t argmin_head, int64_t detect_from_step, double now)
 {
     if (!er || !b || !t)
         return -EINVAL;
@@ -313,8 +312,8 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
         return 0;
     struct detect_verdict v;
     struct alert_transition tr;
-    struct alert_scope scope = {.layer = t->key.layer, .head = t->key.head,
-                                .window = t->key.window, .rank = t->key.rank};
+    struct alert_scope scope = {
+        .layer = t->key.layer, .head = t->key.head, .window = t->key.window, .rank = t->key.rank};
     /* A series that has started (it holds baseline samples, maybe restored
      * after a restart) is past its start whatever progress says now. */
     int64_t from = t->ds.accepted > 0 && detect_from_step <= 0
@@ -341,8 +340,8 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
         return -ENOMEM;
     }
     b->ev = ev;
-    b->ev[b->n++] = (struct eval_event){.t = t, .has_event = event, .tr = tr,
-                                        .argmin_head = argmin_head, .attr = t->ev_attr};
+    b->ev[b->n++] = (struct eval_event){
+        .t = t, .has_event = event, .tr = tr, .argmin_head = argmin_head, .attr = t->ev_attr};
     memcpy(b->ev[b->n - 1].why, t->ev_why, sizeof(t->ev_why));
     return 1;
 }

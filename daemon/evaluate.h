@@ -85,9 +85,9 @@ struct eval_run {
 /* One alert row that changed, with the transition that changed it (if any). */
 struct eval_event {
     struct eval_track *t;
-    bool has_event;           /* tr holds a lifecycle change */
+    bool has_event; /* tr holds a lifecycle change */
     struct alert_transition tr;
-    int32_t argmin_head;      /* head that held the min (-1: none) */
+    int32_t argmin_head; /* head that held the min (-1: none) */
     enum alert_attribution attr;
     char why[EVAL_WHY_MAX];
 };
@@ -95,8 +95,8 @@ struct eval_event {
 struct eval_batch {
     struct eval_event *ev; /* in feeding order, so by step */
     size_t n, cap;
-    size_t next_label;     /* ev[0..next_label) are labeled */
-    int oom;               /* an event could not be recorded */
+    size_t next_label; /* ev[0..next_label) are labeled */
+    int oom;           /* an event could not be recorded */
 };
 
 void eval_run_init(struct eval_run *er, const struct detect_rules *rules);

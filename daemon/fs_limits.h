@@ -9,23 +9,23 @@
  *    configuration key (config.c). */
 
 /* --- wire protocol, per frame ---------------------------------------------- */
-#define FS_MAX_RUN_ID_LEN 128u          /* Hello.run_id bytes, [A-Za-z0-9._:-] */
-#define FS_MAX_TOKEN_LEN 256u           /* Hello.token bytes */
-#define FS_MAX_CLIENT_NAME_LEN 256u     /* Hello.client_name bytes */
-#define FS_MAX_WORLD_SIZE (1u << 20)    /* Hello.world_size */
-#define FS_MAX_LAYERS 4096u             /* layer index < this */
-#define FS_MAX_HEADS 1024u              /* head / kv_head index < this */
-#define FS_MAX_DH 512u                  /* GramSketch.dh; Gram side n = 2*dh */
-#define FS_MAX_EXPERTS 1024u            /* RouterGram / RouterTokens n_experts */
-#define FS_MAX_WINDOW (1u << 20)        /* AttentionSketch.window, steps */
-#define FS_MAX_SHARDS 65536u            /* shard_count */
+#define FS_MAX_RUN_ID_LEN 128u       /* Hello.run_id bytes, [A-Za-z0-9._:-] */
+#define FS_MAX_TOKEN_LEN 256u        /* Hello.token bytes */
+#define FS_MAX_CLIENT_NAME_LEN 256u  /* Hello.client_name bytes */
+#define FS_MAX_WORLD_SIZE (1u << 20) /* Hello.world_size */
+#define FS_MAX_LAYERS 4096u          /* layer index < this */
+#define FS_MAX_HEADS 1024u           /* head / kv_head index < this */
+#define FS_MAX_DH 512u               /* GramSketch.dh; Gram side n = 2*dh */
+#define FS_MAX_EXPERTS 1024u         /* RouterGram / RouterTokens n_experts */
+#define FS_MAX_WINDOW (1u << 20)     /* AttentionSketch.window, steps */
+#define FS_MAX_SHARDS 65536u         /* shard_count */
 #define FS_MAX_ATTENTION_PER_REPORT 65536u
-#define FS_MAX_ROUTER_PER_REPORT 4096u  /* router_gram and router_tokens, each */
+#define FS_MAX_ROUTER_PER_REPORT 4096u /* router_gram and router_tokens, each */
 #define FS_MAX_SPECTRUM_LEN (2u * FS_MAX_DH)
 #define FS_MAX_MOE_LAYERS FS_MAX_LAYERS
-#define FS_MAX_LOCAL_RANKS 4096u        /* Hello.local_ranks values (a node's group) */
-#define FS_MAX_ERROR_MESSAGE 256u       /* Error.message we send, bytes with NUL */
-#define FS_MAX_ADVICE_ACK_IDS 1024u     /* AdviceAck.advice_id per frame */
+#define FS_MAX_LOCAL_RANKS 4096u    /* Hello.local_ranks values (a node's group) */
+#define FS_MAX_ERROR_MESSAGE 256u   /* Error.message we send, bytes with NUL */
+#define FS_MAX_ADVICE_ACK_IDS 1024u /* AdviceAck.advice_id per frame */
 
 /* Unpacking may allocate at most this much per frame: protobuf-c allocates
  * sub-message structs far larger than their wire size (an 8-byte empty
@@ -127,8 +127,8 @@
 /* --- configuration file ---------------------------------------------------- */
 #define FS_CONFIG_MAX_FILE_BYTES (1u << 20)
 #define FS_CONFIG_MAX_LINE 4096u
-#define FS_CONFIG_MAX_HOST 256u  /* bytes with NUL */
-#define FS_CONFIG_MAX_PATH 4096u /* bytes with NUL */
+#define FS_CONFIG_MAX_HOST 256u         /* bytes with NUL */
+#define FS_CONFIG_MAX_PATH 4096u        /* bytes with NUL */
 #define FS_TLS_MAX_PEM_BYTES (1u << 20) /* a certificate chain or key file, read whole */
 
 /* --- writer ---------------------------------------------------------------- */
@@ -147,8 +147,8 @@
 #define FS_STORE_MAX_LIVE_SILENCES 1024u     /* active or future silences; more are refused */
 
 /* --- sketch spool (spool.h) ------------------------------------------------- */
-#define FS_SPOOL_SEGMENT_BYTES (64ull << 20)              /* a new segment starts past this */
-#define FS_SPOOL_MAX_RECORD_BYTES FS_CAP_MAX_FRAME_BYTES  /* one frame body */
+#define FS_SPOOL_SEGMENT_BYTES (64ull << 20)             /* a new segment starts past this */
+#define FS_SPOOL_MAX_RECORD_BYTES FS_CAP_MAX_FRAME_BYTES /* one frame body */
 /* Bytes of a record written per pwritev (spool_set_yield's hook runs
  * between): on a slow or busy disk 59 MB take seconds to write, and the
  * writer answers queued Hellos between these pieces. */
@@ -164,15 +164,15 @@
 _Static_assert(FS_MAX_HELLO_FRAME_BYTES + 4 <= FS_INGEST_RBUF_INITIAL, "pre-Hello frames fit");
 #define FS_INGEST_BACKLOG 511
 #define FS_INGEST_TLS_READ_BYTES (16u << 10) /* ciphertext per read; one TLS record */
-#define FS_INGEST_LINGER_MS 5000       /* a closing connection's writes/discard, at most */
-#define FS_INGEST_DISCARD_MAX (1u << 20) /* bytes read and dropped after an Error */
-#define FS_INGEST_SWEEP_MS 1000        /* how often lingering connections are checked */
+#define FS_INGEST_LINGER_MS 5000             /* a closing connection's writes/discard, at most */
+#define FS_INGEST_DISCARD_MAX (1u << 20)     /* bytes read and dropped after an Error */
+#define FS_INGEST_SWEEP_MS 1000              /* how often lingering connections are checked */
 /* Report frame bytes one loop iteration handles (at least one frame): the
  * loop gets back to accepts, Hellos and Welcomes between large frames. */
 #define FS_INGEST_LOOP_FRAME_BYTES (8u << 20)
 
 /* --- logging --------------------------------------------------------------- */
-#define FS_LOG_LINE_MAX 2048u            /* longer messages are truncated */
-#define FS_LOG_RATE_INTERVAL_MS 10000    /* one line per kind per interval */
+#define FS_LOG_LINE_MAX 2048u         /* longer messages are truncated */
+#define FS_LOG_RATE_INTERVAL_MS 10000 /* one line per kind per interval */
 
 #endif

@@ -31,8 +31,8 @@
 
 struct request {
     size_t body_bytes;
-    char *body;   /* POST: the body so far (malloc'd, NUL-terminated), else NULL */
-    bool replied; /* a response was queued (early: announced body too large) */
+    char *body;               /* POST: the body so far (malloc'd, NUL-terminated), else NULL */
+    bool replied;             /* a response was queued (early: announced body too large) */
     struct http_write *write; /* parked: the connection is suspended until it settles */
 };
 
@@ -142,13 +142,13 @@ static enum MHD_Result send_reply(struct ctx *c)
     struct MHD_Response *resp;
     if (c->raw) {
         if (c->raw_owned) {
-            resp = MHD_create_response_from_buffer_with_free_callback(
-                c->raw_len, (void *)c->raw, free_body);
+            resp = MHD_create_response_from_buffer_with_free_callback(c->raw_len, (void *)c->raw,
+                                                                      free_body);
             if (!resp)
                 free((void *)c->raw);
         } else {
-            resp = MHD_create_response_from_buffer(c->raw_len, (void *)c->raw,
-                                                   MHD_RESPMEM_PERSISTENT);
+            resp =
+                MHD_create_response_from_buffer(c->raw_len, (void *)c->raw, MHD_RESPMEM_PERSISTENT);
         }
         c->raw = NULL; /* the response owns it now (or it is freed) */
     } else if (text) {
@@ -209,9 +209,8 @@ int http_db_read(struct ctx *c, route_fn fn)
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
 {
     struct http *h = cls;
     struct request *rq = *con_cls;
@@ -232,8 +231,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         int64_t announced = 0;
-        if (cl &&
-            (http_parse_int64(cl, &announced) != 0 || announced > HTTP_MAX_BODY_BYTES)) {
+        if (cl && (http_parse_int64(cl, &announced) != 0 || announced > HTTP_MAX_BODY_BYTES)) {
             rq->replied = true;
             http_reply_error(&c, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large",
                              "request body larger than %u bytes", HTTP_MAX_BODY_BYTES);
@@ -374,8 +372,9 @@ static int read_pem(const char *path, char **out, struct fs_err *err)
     fclose(f);
     if (bad) {
         fs_err_set(err, -EINVAL, "http: %s: %s", path,
-                   !buf ? "out of memory" : n == 0 ? "empty or unreadable"
-                                                   : "larger than 1 MiB: not a PEM file");
+                   !buf     ? "out of memory"
+                   : n == 0 ? "empty or unreadable"
+                            : "larger than 1 MiB: not a PEM file");
         free(buf);
         return -EINVAL;
     }
@@ -436,7 +435,7 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
     }
     h->mopts.max_runs = opts->metrics_max_runs;
     h->mopts.run_max_age = opts->metrics_run_max_age > 0 ? opts->metrics_run_max_age
-                                                          : HTTP_DEFAULT_METRICS_RUN_MAX_AGE;
+                                                         : HTTP_DEFAULT_METRICS_RUN_MAX_AGE;
 
     pthread_condattr_t ca;
     if (pthread_condattr_init(&ca) != 0) {
@@ -533,23 +532,19 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
     };
     errno = 0;
     h->mhd = MHD_start_daemon(
-        flags, opts->port, NULL, NULL, on_request, h,
-        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
-        MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-        MHD_OPTION_ARRAY, opts->threads > 1 ? pool : &pool[1],
+        flags, opts->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
+        MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_ARRAY, opts->threads > 1 ? pool : &pool[1],
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS_PER_IP,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_CONNECTION_TIMEOUT_S,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_CONNECTION_MEMORY_BYTES,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-        MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
-        MHD_OPTION_ARRAY, https ? tls : &tls[2],
-        MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+        MHD_OPTION_ARRAY, https ? tls : &tls[2], MHD_OPTION_END);
     if (!h->mhd) {
         int e = errno;
         rc = e != 0 ? -e : -EIO;
-        fs_err_set(err, rc, "http: cannot listen on %s:%u%s%s", opts->host,
-                   (unsigned)opts->port, e != 0 ? ": " : "", e != 0 ? strerror(e) : "");
+        fs_err_set(err, rc, "http: cannot listen on %s:%u%s%s", opts->host, (unsigned)opts->port,
+                   e != 0 ? ": " : "", e != 0 ? strerror(e) : "");
         goto fail;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);

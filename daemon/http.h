@@ -27,23 +27,23 @@
  * dashboards, scrapers and health probes elsewhere (1,100 silent
  * connections delayed /healthz by 29 s). */
 #define HTTP_MAX_CONNECTIONS_PER_IP 64
-#define HTTP_DEFAULT_LIMIT 1000   /* points/series/runs per page when ?limit= is absent */
-#define HTTP_MAX_LIMIT 10000      /* largest ?limit= accepted; above it: 400 */
+#define HTTP_DEFAULT_LIMIT 1000      /* points/series/runs per page when ?limit= is absent */
+#define HTTP_MAX_LIMIT 10000         /* largest ?limit= accepted; above it: 400 */
 #define HTTP_MAX_POINTS_BUCKETS 5000 /* largest ?max_points= (downsampling) */
 #define HTTP_DEFAULT_METRICS_MAX_RUNS FS_DEF_METRICS_MAX_RUNS /* metrics_max_runs */
-#define HTTP_DEFAULT_METRICS_RUN_MAX_AGE 3600.0  /* metrics_run_max_age, seconds */
+#define HTTP_DEFAULT_METRICS_RUN_MAX_AGE 3600.0               /* metrics_run_max_age, seconds */
 
 struct store;
 
 struct http_opts {
-    const char *host;     /* bind address, e.g. "127.0.0.1" */
-    uint16_t port;        /* 0: pick an ephemeral port */
-    const char *db_path;  /* the daemon's database, opened read-only */
-    unsigned threads;     /* 1..HTTP_MAX_THREADS */
-    struct fs_stats *stats; /* shared counters; http reads `ready` for /readyz */
-    struct store *store;    /* the writer, for silences; NULL: writes answer 503 */
-    const char *read_token;  /* NULL or "": reads need no token (copied) */
-    const char *write_token; /* NULL or "": write endpoints answer 403 (copied) */
+    const char *host;           /* bind address, e.g. "127.0.0.1" */
+    uint16_t port;              /* 0: pick an ephemeral port */
+    const char *db_path;        /* the daemon's database, opened read-only */
+    unsigned threads;           /* 1..HTTP_MAX_THREADS */
+    struct fs_stats *stats;     /* shared counters; http reads `ready` for /readyz */
+    struct store *store;        /* the writer, for silences; NULL: writes answer 503 */
+    const char *read_token;     /* NULL or "": reads need no token (copied) */
+    const char *write_token;    /* NULL or "": write endpoints answer 403 (copied) */
     unsigned metrics_max_runs;  /* per-run gauges of /metrics for this many runs (0: none) */
     double metrics_run_max_age; /* ... active in the last this many seconds (0: default) */
     bool read_only;             /* foreshockd --read-only: an archive, no writer; write
@@ -51,7 +51,6 @@ struct http_opts {
     const char *tls_cert_file;  /* HTTPS (PEM; both or neither); NULL or "": plain HTTP */
     const char *tls_key_file;
 };
-
 
 struct http;
 

@@ -5,8 +5,8 @@
 
 #include "http_internal.h"
 
-#include "alert.h" /* pinned state and attribution numbers, and their names */
-#include "detect.h" /* severity names */
+#include "alert.h"       /* pinned state and attribution numbers, and their names */
+#include "detect.h"      /* severity names */
 #include "page_format.h" /* PAGE_MAX_LABELS: the pager's label set */
 #include "silence.h"
 
@@ -24,9 +24,9 @@ static int param_states(struct ctx *c, unsigned *mask)
     int rc = http_param_enum_set(c, "state", names, ALERT_STATE_COUNT + 1, &given);
     *mask = 0;
     if (rc == 0)
-        *mask = (given & ((1u << ALERT_STATE_COUNT) - 1)) |
-                ((given >> ALERT_STATE_COUNT) & 1u ? (1u << ALERT_PENDING) | (1u << ALERT_FIRING)
-                                                   : 0u);
+        *mask =
+            (given & ((1u << ALERT_STATE_COUNT) - 1)) |
+            ((given >> ALERT_STATE_COUNT) & 1u ? (1u << ALERT_PENDING) | (1u << ALERT_FIRING) : 0u);
     return rc;
 }
 
@@ -185,8 +185,8 @@ static int silences_load(struct ctx *c, struct active_silences *as)
         struct fs_err why = {0};
         brc = silence_build_row(&b, &row, &why);
         if (brc == 1)
-            log_limited(&c->dbc->rl, LOG_LEVEL_WARN, LOG_MOD,
-                        "silence %lld matches nothing: %s", (long long)row.id, why.msg);
+            log_limited(&c->dbc->rl, LOG_LEVEL_WARN, LOG_MOD, "silence %lld matches nothing: %s",
+                        (long long)row.id, why.msg);
     }
     stmt_done(st);
     unsigned parsed = b.parsed;
@@ -227,7 +227,9 @@ static json_t *silenced_by_json(sqlite3_stmt *st, const struct active_silences *
         const char *name;
         int col;
         int64_t min;
-    } scopes[] = {{"layer", AC_LAYER, 0}, {"head", AC_HEAD, 0}, {"window", AC_WINDOW, 1},
+    } scopes[] = {{"layer", AC_LAYER, 0},
+                  {"head", AC_HEAD, 0},
+                  {"window", AC_WINDOW, 1},
                   {"rank", AC_RANK, 0}};
     char num[4][24];
     struct silence_label l[PAGE_MAX_LABELS];

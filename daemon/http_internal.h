@@ -51,33 +51,34 @@
 #include "silence_set.h"
 
 /* --- limits ---------------------------------------------------------------- */
-#define HTTP_CONNECTION_TIMEOUT_S 10u        /* idle connections (silent or keep-alive) closed after */
+#define HTTP_CONNECTION_TIMEOUT_S 10u /* idle connections (silent or keep-alive) closed after */
 #define HTTP_CONNECTION_MEMORY_BYTES (32u * 1024u) /* per connection: request line + headers */
 /* Request bodies: POST bodies are kept up to this (routes that take one
  * parse them as JSON), others are read and discarded up to it. A larger
  * Content-Length gets 413 before the body is read; a chunked body that grows
  * past it closes the connection. */
 #define HTTP_MAX_BODY_BYTES (16u * 1024u)
-#define HTTP_WRITE_WAIT_MS 10000u            /* a write's wait for the writer's commit; then 503 */
-#define HTTP_WRITE_STOP_ANSWER_MS 2000u      /* at stop: resumed writes' time to be answered */
+#define HTTP_WRITE_WAIT_MS 10000u       /* a write's wait for the writer's commit; then 503 */
+#define HTTP_WRITE_STOP_ANSWER_MS 2000u /* at stop: resumed writes' time to be answered */
 /* active silences matched against alerts: as many as the pager holds */
 #define HTTP_MAX_ACTIVE_SILENCES FS_STORE_MAX_LIVE_SILENCES
-#define HTTP_MAX_AUTH_HEADER 1024u           /* Authorization header bytes looked at */
-#define HTTP_MAX_PARAM_LEN 256u              /* bytes of one query value or path segment */
-#define HTTP_MAX_PARAMS 16u                  /* query parameters accepted by one route */
-#define HTTP_MAX_CAPTURES 2u                 /* '*' segments in one route pattern */
-#define HTTP_DB_BUSY_TIMEOUT_MS 5000         /* sqlite3_busy_timeout on read connections */
-#define HTTP_DB_CHECKOUT_TIMEOUT_MS 5000     /* waiting for a free read connection; then 503 */
-#define HTTP_MAX_MODEL_JSON_BYTES (64u * 1024u) /* runs.model_json larger than this is shown as null */
-#define HTTP_MAX_STREAMS_DETAIL 65536        /* streams listed in /runs/{run}; "streams" has the count */
-#define HTTP_MAX_URL_ECHO 128u               /* bytes of a path echoed in a 404 message */
-#define HTTP_MAX_QUERY_VALUES 32u            /* query values kept per request, repeats included */
-#define HTTP_MAX_REPEATABLE 2u               /* parameters of one route that may be repeated */
-#define HTTP_MAX_ALERT_HISTORY 1000          /* latest transitions shown in /alerts/{id} */
-#define HTTP_MAX_ALERT_ADVICE 4096           /* advice deliveries shown in /alerts/{id}, latest */
-#define HTTP_MAX_EVIDENCE_JSON_BYTES 4096u   /* alert_events.evidence_json larger: shown as null */
-#define HTTP_MAX_ALERT_STATE_ARMS 5          /* one index range per state in a state filter */
-#define HTTP_MAX_ATTEMPTS 65536              /* attempts listed in /runs/{run} */
+#define HTTP_MAX_AUTH_HEADER 1024u       /* Authorization header bytes looked at */
+#define HTTP_MAX_PARAM_LEN 256u          /* bytes of one query value or path segment */
+#define HTTP_MAX_PARAMS 16u              /* query parameters accepted by one route */
+#define HTTP_MAX_CAPTURES 2u             /* '*' segments in one route pattern */
+#define HTTP_DB_BUSY_TIMEOUT_MS 5000     /* sqlite3_busy_timeout on read connections */
+#define HTTP_DB_CHECKOUT_TIMEOUT_MS 5000 /* waiting for a free read connection; then 503 */
+#define HTTP_MAX_MODEL_JSON_BYTES                                                                  \
+    (64u * 1024u)                     /* runs.model_json larger than this is shown as null */
+#define HTTP_MAX_STREAMS_DETAIL 65536 /* streams listed in /runs/{run}; "streams" has the count */
+#define HTTP_MAX_URL_ECHO 128u        /* bytes of a path echoed in a 404 message */
+#define HTTP_MAX_QUERY_VALUES 32u     /* query values kept per request, repeats included */
+#define HTTP_MAX_REPEATABLE 2u        /* parameters of one route that may be repeated */
+#define HTTP_MAX_ALERT_HISTORY 1000   /* latest transitions shown in /alerts/{id} */
+#define HTTP_MAX_ALERT_ADVICE 4096    /* advice deliveries shown in /alerts/{id}, latest */
+#define HTTP_MAX_EVIDENCE_JSON_BYTES 4096u /* alert_events.evidence_json larger: shown as null */
+#define HTTP_MAX_ALERT_STATE_ARMS 5        /* one index range per state in a state filter */
+#define HTTP_MAX_ATTEMPTS 65536            /* attempts listed in /runs/{run} */
 
 #define LOG_MOD "http"
 
@@ -117,39 +118,82 @@ enum stmt_id {
 
 /* Column lists selected first by several statements, each with its column
  * positions right below it (keep the two in step). */
-#define RUN_COLUMNS                                                                      \
-    "r.id, r.name, r.created_at, r.last_seen_at, r.world_size, r.detect_from_step, "     \
-    "r.last_step, r.reports, r.model_json, "                                             \
-    "(SELECT count(*) FROM streams s WHERE s.run_id = r.id), "                           \
-    "(SELECT count(*) FROM series x WHERE x.run_id = r.id), "                           \
-    SCHEMA_RUN_LOCAL_RANKS_SQL("r.id")
+#define RUN_COLUMNS                                                                                \
+    "r.id, r.name, r.created_at, r.last_seen_at, r.world_size, r.detect_from_step, "               \
+    "r.last_step, r.reports, r.model_json, "                                                       \
+    "(SELECT count(*) FROM streams s WHERE s.run_id = r.id), "                                     \
+    "(SELECT count(*) FROM series x WHERE x.run_id = r.id), " SCHEMA_RUN_LOCAL_RANKS_SQL("r.id")
 
-#define SERIES_COLUMNS                                                                   \
-    "s.id, s.name, s.layer, s.head, s.\"window\", s.rank, s.points, s.first_step, "      \
+#define SERIES_COLUMNS                                                                             \
+    "s.id, s.name, s.layer, s.head, s.\"window\", s.rank, s.points, s.first_step, "                \
     "s.last_step"
 
 /* Column positions shared by every statement that selects RUN_COLUMNS or
  * SERIES_COLUMNS first. */
-enum { RC_ID, RC_NAME, RC_CREATED, RC_SEEN, RC_WORLD, RC_DETECT, RC_LAST_STEP, RC_REPORTS,
-       RC_MODEL, RC_STREAMS, RC_SERIES, RC_LOCAL };
-enum { SC_ID, SC_NAME, SC_LAYER, SC_HEAD, SC_WINDOW, SC_RANK, SC_POINTS, SC_FIRST, SC_LAST,
-       SC_RUN_NAME };
+enum {
+    RC_ID,
+    RC_NAME,
+    RC_CREATED,
+    RC_SEEN,
+    RC_WORLD,
+    RC_DETECT,
+    RC_LAST_STEP,
+    RC_REPORTS,
+    RC_MODEL,
+    RC_STREAMS,
+    RC_SERIES,
+    RC_LOCAL
+};
+enum {
+    SC_ID,
+    SC_NAME,
+    SC_LAYER,
+    SC_HEAD,
+    SC_WINDOW,
+    SC_RANK,
+    SC_POINTS,
+    SC_FIRST,
+    SC_LAST,
+    SC_RUN_NAME
+};
 
-#define ALERT_COLUMNS                                                                    \
-    "a.id, r.name, a.rule, a.state, a.severity, a.family, a.attribution, a.layer, "      \
-    "a.head, a.\"window\", a.rank, a.dedup_key, a.alert_key, a.value, a.median, a.mad, " \
-    "a.z, a.first_breach_step, a.fired_step, a.resolved_step, a.last_step, a.incidents, " \
+#define ALERT_COLUMNS                                                                              \
+    "a.id, r.name, a.rule, a.state, a.severity, a.family, a.attribution, a.layer, "                \
+    "a.head, a.\"window\", a.rank, a.dedup_key, a.alert_key, a.value, a.median, a.mad, "           \
+    "a.z, a.first_breach_step, a.fired_step, a.resolved_step, a.last_step, a.incidents, "          \
     "a.created_at, a.updated_at, a.series_id"
 
-enum { AC_ID, AC_RUN, AC_RULE, AC_STATE, AC_SEVERITY, AC_FAMILY, AC_ATTRIBUTION, AC_LAYER,
-       AC_HEAD, AC_WINDOW, AC_RANK, AC_DEDUP, AC_KEY, AC_VALUE, AC_MEDIAN, AC_MAD, AC_Z,
-       AC_FIRST_BREACH, AC_FIRED, AC_RESOLVED, AC_LAST_STEP, AC_INCIDENTS, AC_CREATED,
-       AC_UPDATED, AC_SERIES };
+enum {
+    AC_ID,
+    AC_RUN,
+    AC_RULE,
+    AC_STATE,
+    AC_SEVERITY,
+    AC_FAMILY,
+    AC_ATTRIBUTION,
+    AC_LAYER,
+    AC_HEAD,
+    AC_WINDOW,
+    AC_RANK,
+    AC_DEDUP,
+    AC_KEY,
+    AC_VALUE,
+    AC_MEDIAN,
+    AC_MAD,
+    AC_Z,
+    AC_FIRST_BREACH,
+    AC_FIRED,
+    AC_RESOLVED,
+    AC_LAST_STEP,
+    AC_INCIDENTS,
+    AC_CREATED,
+    AC_UPDATED,
+    AC_SERIES
+};
 
-#define SILENCE_COLUMNS                                                                  \
+#define SILENCE_COLUMNS                                                                            \
     "id, matchers_json, starts_at, ends_at, created_by, comment, created_at, updated_at"
-enum { SLC_ID, SLC_MATCHERS, SLC_STARTS, SLC_ENDS, SLC_BY, SLC_COMMENT, SLC_CREATED,
-       SLC_UPDATED };
+enum { SLC_ID, SLC_MATCHERS, SLC_STARTS, SLC_ENDS, SLC_BY, SLC_COMMENT, SLC_CREATED, SLC_UPDATED };
 
 #define INCOMPLETE_COLUMNS "step, kind, layer, head, \"window\", have, want, recorded_at"
 enum { IC_STEP, IC_KIND, IC_LAYER, IC_HEAD, IC_WINDOW, IC_HAVE, IC_WANT, IC_RECORDED };
@@ -203,9 +247,9 @@ struct http {
 
     /* writes and auth (read-only once started) */
     struct store *store;
-    bool read_only; /* serving an archive: write routes answer 403 read_only */
-    char *read_token;  /* "" = reads need no token */
-    char *write_token; /* "" = writes disabled */
+    bool read_only;           /* serving an archive: write routes answer 403 read_only */
+    char *read_token;         /* "" = reads need no token */
+    char *write_token;        /* "" = writes disabled */
     char *tls_cert, *tls_key; /* HTTPS: PEM text libmicrohttpd reads until it stops */
     struct metrics_opts mopts;
     struct http_writes writes; /* set up with mu (sync_init) */
@@ -238,12 +282,12 @@ struct ctx {
     /* the reply: a JSON body, or raw bytes with their content type */
     unsigned status;
     json_t *body;
-    char allow[64];            /* Allow header (405); "" = none */
-    bool www_auth;             /* WWW-Authenticate: Bearer (401) */
-    const void *raw;           /* raw reply bytes, when set */
+    char allow[64];  /* Allow header (405); "" = none */
+    bool www_auth;   /* WWW-Authenticate: Bearer (401) */
+    const void *raw; /* raw reply bytes, when set */
     size_t raw_len;
-    bool raw_owned;            /* raw is malloc'd and freed with the response */
-    const char *content_type;  /* of raw (a static string) */
+    bool raw_owned;           /* raw is malloc'd and freed with the response */
+    const char *content_type; /* of raw (a static string) */
 
     /* a write handed to the writer (http_write_submit): set instead of a
      * reply, the request is answered once the writer has settled it */

@@ -285,8 +285,8 @@ static int text_field(json_t *doc, const char *name, bool required, size_t max, 
 int http_silence_req_parse(const char *body, size_t len, const char *run, double now,
                            struct silence_req *out, struct fs_err *why)
 {
-    static const char *const fields[] = {"matchers",  "startsAt", "endsAt",
-                                         "duration",  "createdBy", "comment"};
+    static const char *const fields[] = {"matchers", "startsAt",  "endsAt",
+                                         "duration", "createdBy", "comment"};
     int rc = 0;
     json_error_t jerr;
     json_t *doc = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -340,8 +340,7 @@ int http_silence_req_parse(const char *body, size_t len, const char *run, double
     free(mjson);
     if (rc != 0) {
         /* silence.c says "matchers: ..." or "matchers[i]: ..." */
-        rc = fs_err_set(why, -EINVAL, "field '%s': %.255s", run ? "run" : "matchers",
-                        swhy.msg);
+        rc = fs_err_set(why, -EINVAL, "field '%s': %.255s", run ? "run" : "matchers", swhy.msg);
         goto out;
     }
     rc = silence_matchers_json(&sil, out->matchers_json, sizeof out->matchers_json);

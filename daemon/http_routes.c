@@ -14,15 +14,15 @@
 enum { M_GET = 1, M_HEAD = 2, M_POST = 4, M_DELETE = 8 };
 
 struct route {
-    const char *pattern;                  /* '*' matches one non-empty path segment */
+    const char *pattern; /* '*' matches one non-empty path segment */
     route_fn fn;
-    unsigned methods;                     /* M_*; 0 = M_GET | M_HEAD */
-    bool db;                              /* needs a read connection (and a read txn) */
-    bool write;                           /* needs the write token; fn runs without a
-                                             connection and takes one with http_db_read() */
-    bool body;                            /* takes a JSON body (req_body) */
-    bool open;                            /* no token needed, even with http_read_token */
-    const char *params[HTTP_MAX_PARAMS];  /* accepted query parameters; others are 400 */
+    unsigned methods;                        /* M_*; 0 = M_GET | M_HEAD */
+    bool db;                                 /* needs a read connection (and a read txn) */
+    bool write;                              /* needs the write token; fn runs without a
+                                                connection and takes one with http_db_read() */
+    bool body;                               /* takes a JSON body (req_body) */
+    bool open;                               /* no token needed, even with http_read_token */
+    const char *params[HTTP_MAX_PARAMS];     /* accepted query parameters; others are 400 */
     const char *repeat[HTTP_MAX_REPEATABLE]; /* of those, the ones that may repeat */
 };
 
@@ -183,13 +183,21 @@ static const struct route routes[] = {
      .db = true,
      .params = {"state", "limit", "after"},
      .repeat = {"state"}},
-    {.pattern = "/api/v1/silences", .fn = http_silences_create, .methods = M_POST, .write = true,
+    {.pattern = "/api/v1/silences",
+     .fn = http_silences_create,
+     .methods = M_POST,
+     .write = true,
      .body = true},
     {.pattern = "/api/v1/silences/*", .fn = http_silences_get, .db = true},
-    {.pattern = "/api/v1/silences/*", .fn = http_silences_expire, .methods = M_DELETE,
+    {.pattern = "/api/v1/silences/*",
+     .fn = http_silences_expire,
+     .methods = M_DELETE,
      .write = true},
-    {.pattern = "/api/v1/runs/*/maintenance", .fn = http_silences_maintenance, .methods = M_POST,
-     .write = true, .body = true},
+    {.pattern = "/api/v1/runs/*/maintenance",
+     .fn = http_silences_maintenance,
+     .methods = M_POST,
+     .write = true,
+     .body = true},
     {.pattern = "/metrics", .fn = http_ops_metrics, .db = true},
 };
 
@@ -260,8 +268,7 @@ static int auth_check(struct ctx *c, const char *t1, const char *t2)
     const char *tok = NULL;
     size_t len = 0;
     bool okay = false;
-    if (hdr && strlen(hdr) <= HTTP_MAX_AUTH_HEADER &&
-        http_bearer_parse(hdr, &tok, &len) == 0) {
+    if (hdr && strlen(hdr) <= HTTP_MAX_AUTH_HEADER && http_bearer_parse(hdr, &tok, &len) == 0) {
         /* both compared, whichever matches: the time says nothing */
         bool a = t1 != NULL && t1[0] != '\0' && http_token_equal(tok, len, t1);
         bool b = t2 != NULL && t2[0] != '\0' && http_token_equal(tok, len, t2);
@@ -272,7 +279,7 @@ static int auth_check(struct ctx *c, const char *t1, const char *t2)
     c->www_auth = true;
     http_reply_error(c, MHD_HTTP_UNAUTHORIZED, "unauthorized",
                      !hdr ? "this endpoint needs Authorization: Bearer <token>"
-                                 : "the bearer token is missing, malformed or wrong");
+                          : "the bearer token is missing, malformed or wrong");
     return -EACCES;
 }
 
@@ -318,8 +325,7 @@ int http_dispatch(struct ctx *c, const char *method)
     route_match(r->pattern, c->url, c);
 
     struct http *h = c->h;
-    if (!r->open && h->read_token[0] != '\0' &&
-        auth_check(c, h->read_token, h->write_token) != 0)
+    if (!r->open && h->read_token[0] != '\0' && auth_check(c, h->read_token, h->write_token) != 0)
         return 0;
     if (r->write) {
         /* Before the token: no token makes an archive writable. */

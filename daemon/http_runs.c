@@ -14,8 +14,8 @@
 static json_t *topology_json(sqlite3_stmt *st, int64_t world)
 {
     static const char *const node_local[] = {
-        "router.entropy", "router.entropy_norm", "router.entropy_spread", "router.maxvio",
-        "router.load_entropy", "router.dead_experts", "router.balance", "router.zloss"};
+        "router.entropy",      "router.entropy_norm", "router.entropy_spread", "router.maxvio",
+        "router.load_entropy", "router.dead_experts", "router.balance",        "router.zloss"};
     const char *text = (const char *)sqlite3_column_text(st, RC_LOCAL);
     uint32_t *v = NULL;
     size_t n = 0;
@@ -503,8 +503,8 @@ int http_runs_points(struct ctx *c)
                                 (int64_t)INT64_MAX);
     if (http_param_int(c, "from", 0, INT64_MAX, 0, &from, NULL) != 0 ||
         http_param_int(c, "to", 0, INT64_MAX, INT64_MAX, &to, NULL) != 0 ||
-        http_param_int(c, "limit", 1, HTTP_MAX_LIMIT, HTTP_DEFAULT_LIMIT, &limit,
-                       &has_limit) != 0 ||
+        http_param_int(c, "limit", 1, HTTP_MAX_LIMIT, HTTP_DEFAULT_LIMIT, &limit, &has_limit) !=
+            0 ||
         http_param_int(c, "max_points", 1, HTTP_MAX_POINTS_BUCKETS, 0, &nb, &has_nb) != 0)
         return 0;
     if (from > to)
@@ -634,13 +634,11 @@ int http_runs_incomplete(struct ctx *c)
             return http_reply_oom(c);
         }
         const unsigned char *kind = sqlite3_column_text(st, IC_KIND);
-        cursor_len = snprintf(cursor, sizeof cursor, "%" PRId64 ":%" PRId64 ":%" PRId64
-                              ":%" PRId64 ":%s",
-                              (int64_t)sqlite3_column_int64(st, IC_STEP),
-                              (int64_t)sqlite3_column_int64(st, IC_LAYER),
-                              (int64_t)sqlite3_column_int64(st, IC_HEAD),
-                              (int64_t)sqlite3_column_int64(st, IC_WINDOW),
-                              kind ? (const char *)kind : "");
+        cursor_len = snprintf(
+            cursor, sizeof cursor, "%" PRId64 ":%" PRId64 ":%" PRId64 ":%" PRId64 ":%s",
+            (int64_t)sqlite3_column_int64(st, IC_STEP), (int64_t)sqlite3_column_int64(st, IC_LAYER),
+            (int64_t)sqlite3_column_int64(st, IC_HEAD),
+            (int64_t)sqlite3_column_int64(st, IC_WINDOW), kind ? (const char *)kind : "");
         n++;
     }
     if (!more && rc != SQLITE_DONE) {

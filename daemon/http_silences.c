@@ -37,9 +37,8 @@ static json_t *silence_json(sqlite3_stmt *st, double now)
         return NULL;
     json_error_t jerr;
     const char *m = (const char *)sqlite3_column_text(st, SLC_MATCHERS);
-    json_t *matchers = m != NULL ? json_loadb(m, (size_t)sqlite3_column_bytes(st, SLC_MATCHERS),
-                                              0, &jerr)
-                                 : NULL;
+    json_t *matchers =
+        m != NULL ? json_loadb(m, (size_t)sqlite3_column_bytes(st, SLC_MATCHERS), 0, &jerr) : NULL;
     int rc = 0;
     rc |= oset(o, "id", col_int(st, SLC_ID));
     rc |= oset(o, "matchers", matchers ? matchers : json_array());
@@ -216,8 +215,7 @@ static int silence_create(struct ctx *c, const char *run)
     it->silence.created_by = strdup(req->created_by);
     it->silence.comment = strdup(req->comment);
     free(req);
-    if (!it->silence.matchers_json || !it->silence.created_by ||
-        !it->silence.comment) {
+    if (!it->silence.matchers_json || !it->silence.created_by || !it->silence.comment) {
         store_item_free(it);
         return http_reply_oom(c);
     }

@@ -14,28 +14,31 @@
  * CROSS JOIN keeps alerts the outer loop, so the index order is the output
  * order and no sort happens. */
 #define ALERTS_FROM " FROM alerts a CROSS JOIN runs r ON r.id = a.run_id "
-#define ALERTS_POST                                                                       \
-    "AND (?7 IS NULL OR a.severity = ?7) AND (?8 IS NULL OR a.attribution = ?8) "          \
-    "AND (?9 IS NULL OR a.rule = ?9) AND (?10 IS NULL OR a.layer = ?10) "                  \
-    "AND (?11 IS NULL OR a.head = ?11) AND (?12 IS NULL OR a.\"window\" = ?12) "           \
-    "AND (?13 IS NULL OR a.rank = ?13) "                                                  \
-    "AND (?14 IS NULL OR a.updated_at >= ?14) AND (?15 IS NULL OR a.updated_at <= ?15) "   \
-    "AND (?16 IS NULL OR a.first_breach_step >= ?16) "                                    \
-    "AND (?17 IS NULL OR a.first_breach_step <= ?17) "                                    \
-    "AND (?19 IS NULL OR EXISTS (SELECT 1 FROM alert_events e WHERE e.alert_id = a.id "     \
+#define ALERTS_POST                                                                                \
+    "AND (?7 IS NULL OR a.severity = ?7) AND (?8 IS NULL OR a.attribution = ?8) "                  \
+    "AND (?9 IS NULL OR a.rule = ?9) AND (?10 IS NULL OR a.layer = ?10) "                          \
+    "AND (?11 IS NULL OR a.head = ?11) AND (?12 IS NULL OR a.\"window\" = ?12) "                   \
+    "AND (?13 IS NULL OR a.rank = ?13) "                                                           \
+    "AND (?14 IS NULL OR a.updated_at >= ?14) AND (?15 IS NULL OR a.updated_at <= ?15) "           \
+    "AND (?16 IS NULL OR a.first_breach_step >= ?16) "                                             \
+    "AND (?17 IS NULL OR a.first_breach_step <= ?17) "                                             \
+    "AND (?19 IS NULL OR EXISTS (SELECT 1 FROM alert_events e WHERE e.alert_id = a.id "            \
     "AND e.attempt = ?19)) "
 #define ALERTS_ORDER "ORDER BY a.id DESC LIMIT ?18"
 /* A state filter is a union of states: IN (...) on alerts_by_state would
  * sort every matching row, so each state is its own index range, already
  * in id order, at most ?18 rows, and the arms are merged (MERGE (UNION
  * ALL): each arm sorts at most ?18 rows). */
-#define ALERTS_ARM(run, n)                                                                \
-    "SELECT * FROM (SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE " run "a.state = ?" n        \
+#define ALERTS_ARM(run, n)                                                                         \
+    "SELECT * FROM (SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE " run "a.state = ?" n                \
     " AND a.id < ?2 " ALERTS_POST ALERTS_ORDER ")"
-#define ALERTS_ARMS(run)                                                                  \
-    ALERTS_ARM(run, "3") " UNION ALL " ALERTS_ARM(run, "4") " UNION ALL "                   \
-    ALERTS_ARM(run, "5") " UNION ALL " ALERTS_ARM(run, "6") " UNION ALL "                   \
-    ALERTS_ARM(run, "20") " ORDER BY 1 DESC LIMIT ?18"
+#define ALERTS_ARMS(run)                                                                           \
+    ALERTS_ARM(run, "3")                                                                           \
+    " UNION ALL " ALERTS_ARM(run, "4") " UNION ALL " ALERTS_ARM(                                   \
+        run, "5") " UNION ALL " ALERTS_ARM(run,                                                    \
+                                           "6") " UNION ALL " ALERTS_ARM(run,                      \
+                                                                         "20") " ORDER BY 1 DESC " \
+                                                                               "LIMIT ?18"
 
 static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_BEGIN] = "BEGIN",
@@ -88,10 +91,10 @@ static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_RUN_COUNTS] = "SELECT (SELECT count(*) FROM alerts WHERE run_id = ?1 AND state = ?2), "
                         "(SELECT count(*) FROM alerts WHERE run_id = ?1 AND state = ?3), "
                         "(SELECT count(*) FROM incomplete WHERE run_id = ?1)",
-    [STMT_ALERTS_ALL] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id < ?2 " ALERTS_POST
-                        ALERTS_ORDER,
-    [STMT_ALERTS_RUN] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.run_id = ?1 AND a.id < ?2 "
-                        ALERTS_POST ALERTS_ORDER,
+    [STMT_ALERTS_ALL] =
+        "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id < ?2 " ALERTS_POST ALERTS_ORDER,
+    [STMT_ALERTS_RUN] = "SELECT " ALERT_COLUMNS ALERTS_FROM
+                        "WHERE a.run_id = ?1 AND a.id < ?2 " ALERTS_POST ALERTS_ORDER,
     [STMT_ALERTS_STATE] = ALERTS_ARMS(""),
     [STMT_ALERTS_RUN_STATE] = ALERTS_ARMS("a.run_id = ?1 AND "),
     [STMT_ALERT_ONE] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id = ?1",

@@ -215,8 +215,8 @@ static int overdue(const struct conn *c, uint64_t now, char *why, size_t len)
         snprintf(why, len, "no Hello within %g s (hello_timeout)", o->hello_timeout_s);
         return 1;
     }
-    if ((c->state == AWAIT_HELLO || c->state == STREAMING) && c->reading &&
-        c->frame_started_ms && o->frame_timeout_s > 0 &&
+    if ((c->state == AWAIT_HELLO || c->state == STREAMING) && c->reading && c->frame_started_ms &&
+        o->frame_timeout_s > 0 &&
         (double)(now - c->frame_started_ms) >= o->frame_timeout_s * 1000) {
         snprintf(why, len, "frame unfinished after %g s (frame_timeout)", o->frame_timeout_s);
         return 1;
@@ -293,7 +293,8 @@ void ingest_stop(struct ingest *ing, void (*done)(void *ctx), void *ctx)
 
 static int resolve(const char *host, uint16_t port, struct sockaddr_storage *sa, struct fs_err *err)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     char ps[8];
     snprintf(ps, sizeof(ps), "%u", port);
@@ -308,7 +309,8 @@ static int resolve(const char *host, uint16_t port, struct sockaddr_storage *sa,
     return 0;
 }
 
-int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest **out, struct fs_err *err)
+int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest **out,
+                 struct fs_err *err)
 {
     struct ingest *ing = calloc(1, sizeof(*ing));
     if (!ing) {
@@ -338,8 +340,7 @@ int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest 
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&ing->listener, FS_INGEST_BACKLOG, on_connection);
     if (rc < 0) {
-        fs_err_set(err, 0, "cannot listen on %s:%u: %s", opts->host, opts->port,
-                 uv_strerror(rc));
+        fs_err_set(err, 0, "cannot listen on %s:%u: %s", opts->host, opts->port, uv_strerror(rc));
         goto fail;
     }
     struct sockaddr_storage bound;
@@ -380,6 +381,12 @@ fail:
     return rc < 0 ? rc : -EIO;
 }
 
-uint16_t ingest_port(const struct ingest *ing) { return ing->port; }
+uint16_t ingest_port(const struct ingest *ing)
+{
+    return ing->port;
+}
 
-void ingest_free(struct ingest *ing) { free(ing); }
+void ingest_free(struct ingest *ing)
+{
+    free(ing);
+}

@@ -30,8 +30,8 @@
  * thread pool, its connection neither read nor handled meanwhile. */
 
 struct ingest_opts {
-    const char *host;        /* bind address */
-    uint16_t port;           /* 0: pick an ephemeral port */
+    const char *host; /* bind address */
+    uint16_t port;    /* 0: pick an ephemeral port */
     uint64_t max_connections;
     uint64_t max_conn_buffer_bytes; /* unsent reply bytes per connection */
     /* Frames larger than FS_INGEST_RBUF_INITIAL are read into a buffer of
@@ -41,9 +41,9 @@ struct ingest_opts {
      * 0: FS_DEF_FRAME_BUFFER_MAX_BYTES; raised to limits.max_frame_bytes
      * when below, so that any one frame can always be read. */
     uint64_t frame_buffer_max_bytes;
-    struct decode_limits limits;    /* limits.max_frame_bytes bounds the read buffer */
-    const char *token;       /* NULL or "": no token required */
-    struct store *store;     /* results of its items come back to this ingest */
+    struct decode_limits limits; /* limits.max_frame_bytes bounds the read buffer */
+    const char *token;           /* NULL or "": no token required */
+    struct store *store;         /* results of its items come back to this ingest */
     struct fs_stats *stats;
     /* The monitor stage, or NULL (no monitors). Each report is fed to it
      * right after store_submit accepted it; Welcomes register the stream.
@@ -68,7 +68,8 @@ struct ingest;
 /* Binds and listens on loop, and takes over the store's notify callback.
  * Returns 0 and *out, or a negative errno-style code with a message in err;
  * nothing is left running on failure. Loop thread (before uv_run). */
-int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest **out, struct fs_err *err);
+int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest **out,
+                 struct fs_err *err);
 
 /* The port actually bound. */
 uint16_t ingest_port(const struct ingest *ing);

@@ -33,9 +33,12 @@ static char *model_json(const Foreshock__ModelShape *m)
         int has;
         uint32_t v;
     } f[] = {
-        {"n_layers", m->has_n_layers, m->n_layers},   {"n_heads", m->has_n_heads, m->n_heads},
-        {"n_kv_heads", m->has_n_kv_heads, m->n_kv_heads}, {"d_model", m->has_d_model, m->d_model},
-        {"d_head", m->has_d_head, m->d_head},       {"n_experts", m->has_n_experts, m->n_experts},
+        {"n_layers", m->has_n_layers, m->n_layers},
+        {"n_heads", m->has_n_heads, m->n_heads},
+        {"n_kv_heads", m->has_n_kv_heads, m->n_kv_heads},
+        {"d_model", m->has_d_model, m->d_model},
+        {"d_head", m->has_d_head, m->d_head},
+        {"n_experts", m->has_n_experts, m->n_experts},
         {"top_k", m->has_top_k, m->top_k},
     };
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
@@ -95,8 +98,8 @@ void conn_on_hello(struct conn *c, const Foreshock__Hello *h)
     it->hello.detect_from_step = h->detect_from_step;
     it->hello.model_json = model_json(h->model);
     /* Only a client that says it knows Advice gets one (proto: capabilities). */
-    c->advice.enabled = h->has_capabilities &&
-                        (h->capabilities & FORESHOCK__CAPABILITY__CAPABILITY_ADVICE);
+    c->advice.enabled =
+        h->has_capabilities && (h->capabilities & FORESHOCK__CAPABILITY__CAPABILITY_ADVICE);
     it->hello.advice = c->advice.enabled;
     it->hello.has_resume_step = h->has_resume_step;
     it->hello.resume_step = h->resume_step;
@@ -162,7 +165,8 @@ void conn_on_hello_done(struct conn *c, const struct store_result *r)
     ingest_hello_release(&c->hello);
     if (rc == -ENOSPC) {
         char msg[FS_MAX_ERROR_MESSAGE];
-        snprintf(msg, sizeof(msg), "run %s: more than %u distinct local groups declared to this "
+        snprintf(msg, sizeof(msg),
+                 "run %s: more than %u distinct local groups declared to this "
                  "daemon; ranks of one daemon declare the same local_ranks",
                  c->run_name, RUN_MAX_LOCAL_GROUPS);
         conn_protocol_error(c, E(LIMIT), msg);
@@ -172,9 +176,8 @@ void conn_on_hello_done(struct conn *c, const struct store_result *r)
         log_limited(&c->ing->rl_limit, LOG_LEVEL_ERROR, "ingest",
                     "conn %llu: out of memory registering run %s with the monitors",
                     (unsigned long long)c->id, c->run_name);
-    else if (c->ing->opts.stage &&
-             stage_attempt(c->ing->opts.stage, r->run_id, r->stream_id, r->attempt,
-                           &r->run_attempt) < 0)
+    else if (c->ing->opts.stage && stage_attempt(c->ing->opts.stage, r->run_id, r->stream_id,
+                                                 r->attempt, &r->run_attempt) < 0)
         log_limited(&c->ing->rl_limit, LOG_LEVEL_ERROR, "ingest",
                     "conn %llu: out of memory registering the attempt of run %s",
                     (unsigned long long)c->id, c->run_name);

@@ -33,31 +33,31 @@ struct conn {
     uv_tcp_t tcp; /* first: handle->data is not needed to get back here */
     struct ingest *ing;
     uint64_t id;
-    struct conn *prev, *next; /* all connections, oldest first */
-    struct conn *hnext;       /* hash chain; unlinked when closing starts */
+    struct conn *prev, *next;   /* all connections, oldest first */
+    struct conn *hnext;         /* hash chain; unlinked when closing starts */
     struct conn *dprev, *dnext; /* the deferred list, while deferred */
-    int deferred;   /* a complete frame waits for the next loop iteration's budget */
+    int deferred;               /* a complete frame waits for the next loop iteration's budget */
     enum conn_state state;
-    int rejected;   /* over max_connections: not counted as a connection */
-    int reading;    /* uv_read_start is active */
-    int eof;        /* the client will send nothing more (EOF or Bye) */
-    int closing;    /* uv_close called */
+    int rejected; /* over max_connections: not counted as a connection */
+    int reading;  /* uv_read_start is active */
+    int eof;      /* the client will send nothing more (EOF or Bye) */
+    int closing;  /* uv_close called */
     int close_after_write;
     uint64_t linger_deadline_ms; /* CLOSING: close by then whatever happens */
     int fin_sent;                /* uv_shutdown issued (conn_finish) */
     char peer[64];
     uint8_t *rbuf;
     size_t rlen, rcap;
-    uint64_t fbuf;       /* length of the large frame rbuf was grown for (0: none) */
-    struct conn *wnext;  /* waiting for frame buffer room (ingest.wait_head) */
+    uint64_t fbuf;      /* length of the large frame rbuf was grown for (0: none) */
+    struct conn *wnext; /* waiting for frame buffer room (ingest.wait_head) */
     int waiting;
     int tls_kick; /* granted frame buffer room: pull from TLS on the next on_async */
     size_t discarded;
-    struct store_item *pending; /* refused with -EAGAIN; resubmitted on RESUME */
-    Foreshock__Frame *pending_frame; /* the decoded report of `pending`, for the stage */
+    struct store_item *pending;           /* refused with -EAGAIN; resubmitted on RESUME */
+    Foreshock__Frame *pending_frame;      /* the decoded report of `pending`, for the stage */
     char run_name[FS_MAX_RUN_ID_LEN + 1]; /* from the Hello, for the stage */
-    struct run_hello hello;     /* from the Hello until the Welcome; moe_layers owned */
-    uint64_t inflight;          /* items submitted, result not yet seen */
+    struct run_hello hello;               /* from the Hello until the Welcome; moe_layers owned */
+    uint64_t inflight;                    /* items submitted, result not yet seen */
     int64_t run_id, stream_id;
     uint64_t stream_key; /* store_stream_key of the Hello's (run, attempt, rank) */
     uint32_t rank;
@@ -65,7 +65,7 @@ struct conn {
     /* Sequence numbers of this stream on this connection: seq_base is the
      * Welcome's last committed seq, seq_last the highest accepted since. */
     uint64_t seq_base, seq_last;
-    size_t wpending; /* bytes in uv_write requests not yet completed */
+    size_t wpending;           /* bytes in uv_write requests not yet completed */
     struct tls_conn *tls;      /* NULL: plain TCP */
     uint8_t *tbuf;             /* TLS: ciphertext read buffer, FS_INGEST_TLS_READ_BYTES */
     uint64_t accepted_ms;      /* loop time the connection was accepted */
@@ -98,14 +98,14 @@ struct ingest {
     uint64_t nactive; /* accepted, not rejected, not yet closed */
     struct conn *head, *tail;
     struct conn *hash[CONN_HASH];
-    int paused;   /* the writer refused an item: nobody reads until RESUME */
+    int paused;     /* the writer refused an item: nobody reads until RESUME */
     int stage_full; /* the monitor stage's reduction memory is full */
     int stopping;
-    int handles_open; /* of listener, async, sweep, prepare, idle */
+    int handles_open;    /* of listener, async, sweep, prepare, idle */
     uint64_t fbuf_total; /* sum of conn.fbuf and decode_job.fbuf: at most frame_buffer_max_bytes */
     uint64_t njobs;      /* decode jobs not yet freed, orphans included: stop waits for 0 */
     struct conn *wait_head, *wait_tail; /* connections waiting for frame buffer room, FIFO */
-    int handles_closing; /* async, sweep, prepare and idle are being closed */
+    int handles_closing;                /* async, sweep, prepare and idle are being closed */
     void (*done)(void *ctx);
     void *done_ctx;
     uint8_t discard[16384]; /* read target for closing connections */
@@ -124,14 +124,14 @@ void conn_linger(struct conn *c);             /* stop serving (daemon stopping),
 void ingest_check_stop(struct ingest *ing);   /* stopping: close what is done, then handles */
 
 /* --- reading and frame buffers (ingest_read.c) */
-void conn_defer_remove(struct conn *c);      /* off the deferred list, if on it */
-void ingest_on_prepare(uv_prepare_t *h);     /* a loop iteration's fresh frame budget */
-void conn_rbuf_drop(struct conn *c);         /* buffered input dropped; its room given back */
-int conn_rbuf_initial(struct conn *c);       /* the initial read buffer, if none; -ENOMEM */
-void conn_peer_eof(struct conn *c);          /* the peer sends nothing more */
-void conn_process(struct conn *c);           /* handle what the buffer holds */
-void conn_update_reading(struct conn *c);    /* start or stop reading as want_read says */
-void conn_job_release(struct conn *c);       /* the connection closed: its decode job orphaned */
+void conn_defer_remove(struct conn *c);   /* off the deferred list, if on it */
+void ingest_on_prepare(uv_prepare_t *h);  /* a loop iteration's fresh frame budget */
+void conn_rbuf_drop(struct conn *c);      /* buffered input dropped; its room given back */
+int conn_rbuf_initial(struct conn *c);    /* the initial read buffer, if none; -ENOMEM */
+void conn_peer_eof(struct conn *c);       /* the peer sends nothing more */
+void conn_process(struct conn *c);        /* handle what the buffer holds */
+void conn_update_reading(struct conn *c); /* start or stop reading as want_read says */
+void conn_job_release(struct conn *c);    /* the connection closed: its decode job orphaned */
 
 /* --- TLS glue (ingest_tls.c) */
 int conn_tls_flush(struct conn *c); /* send pending records; <0: the connection closed */

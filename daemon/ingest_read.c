@@ -41,7 +41,10 @@ void conn_defer_remove(struct conn *c)
         uv_idle_stop(&ing->idle);
 }
 
-static void on_idle(uv_idle_t *h) { (void)h; }
+static void on_idle(uv_idle_t *h)
+{
+    (void)h;
+}
 
 static void defer_add(struct conn *c)
 {
@@ -257,8 +260,7 @@ static int can_process(const struct conn *c)
  * decode (rc < 0: err). body, len: the frame as it arrived, in c's read
  * buffer. Takes f. */
 static void dispatch_frame(struct conn *c, int rc, Foreshock__Frame *f, const uint8_t *body,
-                           size_t len, const struct decode_info *info,
-                           const struct fs_err *err)
+                           size_t len, const struct decode_info *info, const struct fs_err *err)
 {
     struct ingest *ing = c->ing;
     if (rc < 0) {
@@ -321,12 +323,12 @@ static void handle_frame(struct conn *c, const uint8_t *body, size_t len)
 struct decode_job {
     uv_work_t work;
     struct ingest *ing;
-    struct conn *c;  /* NULL once its connection closed */
-    uint8_t *buf;    /* the frame with its prefix: what was the connection's read buffer */
-    size_t len;      /* body bytes */
-    uint64_t fbuf;   /* room in the frame buffer bound it holds as an orphan */
-    int done;        /* decoded; for the loop to handle or drop */
-    int rc;          /* decode_frame's result, with frame, info and err */
+    struct conn *c; /* NULL once its connection closed */
+    uint8_t *buf;   /* the frame with its prefix: what was the connection's read buffer */
+    size_t len;     /* body bytes */
+    uint64_t fbuf;  /* room in the frame buffer bound it holds as an orphan */
+    int done;       /* decoded; for the loop to handle or drop */
+    int rc;         /* decode_frame's result, with frame, info and err */
     Foreshock__Frame *frame;
     struct decode_info info;
     struct fs_err err;
@@ -484,8 +486,8 @@ static int process_frames(struct conn *c)
             break;
         }
         /* A frame that has a buffer of its own fills it: decoded off the loop. */
-        if (c->state == STREAMING && need > FS_INGEST_RBUF_INITIAL && pos == 0 &&
-            c->rlen == need && decode_start(c, len) == 0) {
+        if (c->state == STREAMING && need > FS_INGEST_RBUF_INITIAL && pos == 0 && c->rlen == need &&
+            decode_start(c, len) == 0) {
             took = 1;
             break;
         }
@@ -494,7 +496,7 @@ static int process_frames(struct conn *c)
         if (c->state == STREAMING)
             ing->budget -= need < ing->budget ? need : ing->budget;
         if (c->state == CLOSING)
-            return 1; /* conn_protocol_error reset the buffer */
+            return 1;   /* conn_protocol_error reset the buffer */
         if (!c->rbuf) { /* the store item took the buffer (on_report): it held this frame only */
             pos = 0;
             c->frame_started_ms = 0;

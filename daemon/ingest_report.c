@@ -30,9 +30,14 @@ static void feed_stage(struct conn *c, Foreshock__Frame *f, double time, size_t 
 {
     struct ingest *ing = c->ing;
     if (ing->opts.stage && f && f->body_case == FORESHOCK__FRAME__BODY_REPORT) {
-        struct stage_report in = {.run_id = c->run_id, .stream_id = c->stream_id, .rank = c->rank,
-                                  .seq = f->report->seq, .step = f->report->step, .time = time,
-                                  .report = f->report, .spool_bytes = spooled};
+        struct stage_report in = {.run_id = c->run_id,
+                                  .stream_id = c->stream_id,
+                                  .rank = c->rank,
+                                  .seq = f->report->seq,
+                                  .step = f->report->step,
+                                  .time = time,
+                                  .report = f->report,
+                                  .spool_bytes = spooled};
         stage_feed(ing->opts.stage, &in);
     }
     decode_frame_free(f);
@@ -275,9 +280,9 @@ static void send_advice(struct conn *c, const struct advice_msg *m)
     if (conn_send_buf(c, buf, len) < 0)
         return; /* closed: the advice stays owed to the stream */
     atomic_fetch_add(&ing->opts.stats->advice_out, 1);
-    log_debug("ingest", "conn %llu: advice %lld %s alert %lld step %lld",
-              (unsigned long long)c->id, (long long)m->id, advice_action_name(m->action),
-              (long long)m->alert_id, (long long)m->step);
+    log_debug("ingest", "conn %llu: advice %lld %s alert %lld step %lld", (unsigned long long)c->id,
+              (long long)m->id, advice_action_name(m->action), (long long)m->alert_id,
+              (long long)m->step);
     advice_record(c, m->id, 0);
 }
 
@@ -293,8 +298,8 @@ static void deliver_advice(struct ingest *ing, const struct store_result *r)
         return;
     }
     for (struct conn *c = ing->head; c; c = c->next)
-        if (!c->closing && c->state == STREAMING && c->advice.enabled &&
-            c->run_id == r->run_id && (!r->stream_id || r->stream_id == c->stream_id))
+        if (!c->closing && c->state == STREAMING && c->advice.enabled && c->run_id == r->run_id &&
+            (!r->stream_id || r->stream_id == c->stream_id))
             send_advice(c, &r->advice);
 }
 

@@ -54,10 +54,9 @@ int conn_tls_pull(struct conn *c)
             return -1;
         }
         char why[256];
-        ssize_t n = c->rcap > c->rlen
-                        ? tls_conn_read(c->tls, c->rbuf + c->rlen, c->rcap - c->rlen, why,
-                                        sizeof(why))
-                        : 0;
+        ssize_t n = c->rcap > c->rlen ? tls_conn_read(c->tls, c->rbuf + c->rlen, c->rcap - c->rlen,
+                                                      why, sizeof(why))
+                                      : 0;
         if (n == -EPROTO) {
             tls_failed(c, why);
             return -1;

@@ -58,8 +58,8 @@ uint64_t log_now_ms(void)
 
 /* Formats the whole line into one buffer and writes it with one write(2):
  * stderr may be a pipe shared by several threads. */
-static void emit(enum log_level level, const char *module, const char *suffix,
-                 const char *fmt, va_list ap)
+static void emit(enum log_level level, const char *module, const char *suffix, const char *fmt,
+                 va_list ap)
 {
     char line[FS_LOG_LINE_MAX];
     struct timespec ts;
@@ -110,8 +110,8 @@ void log_msg(enum log_level level, const char *module, const char *fmt, ...)
     va_end(ap);
 }
 
-int log_limited(struct log_ratelimit *rl, enum log_level level, const char *module,
-                const char *fmt, ...)
+int log_limited(struct log_ratelimit *rl, enum log_level level, const char *module, const char *fmt,
+                ...)
 {
     if ((int)level < atomic_load_explicit(&min_level, memory_order_relaxed))
         return 0;
@@ -123,8 +123,7 @@ int log_limited(struct log_ratelimit *rl, enum log_level level, const char *modu
     }
     char suffix[48] = "";
     if (rl->suppressed)
-        snprintf(suffix, sizeof(suffix), " (%llu suppressed)",
-                 (unsigned long long)rl->suppressed);
+        snprintf(suffix, sizeof(suffix), " (%llu suppressed)", (unsigned long long)rl->suppressed);
     rl->printed = 1;
     rl->last_ms = now;
     rl->suppressed = 0;

@@ -38,15 +38,15 @@ void log_msg(enum log_level level, const char *module, const char *fmt, ...)
  * FS_LOG_RATE_INTERVAL_MS). */
 struct log_ratelimit {
     uint64_t interval_ms;
-    uint64_t last_ms;  /* monotonic time of the last printed line */
+    uint64_t last_ms; /* monotonic time of the last printed line */
     uint64_t suppressed;
-    int printed;       /* 0 until the first line */
+    int printed; /* 0 until the first line */
 };
 
 /* Like log_msg, through the limiter rl. Returns 1 if printed, 0 if
  * suppressed. Owner thread of rl only. */
-int log_limited(struct log_ratelimit *rl, enum log_level level, const char *module,
-                const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+int log_limited(struct log_ratelimit *rl, enum log_level level, const char *module, const char *fmt,
+                ...) __attribute__((format(printf, 4, 5)));
 
 /* Monotonic milliseconds (CLOCK_MONOTONIC). Any thread. */
 uint64_t log_now_ms(void);

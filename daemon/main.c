@@ -32,72 +32,71 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-        "NAME\n"
-        "    foreshockd - training-run instability monitor (sidecar daemon)\n"
-        "\n"
-        "SYNOPSIS\n"
-        "    foreshockd [--listen HOST:PORT] [--http HOST:PORT] [--db PATH]\n"
-        "               [--config FILE] [--log-level LEVEL] [--set KEY=VALUE ...]\n"
-        "    foreshockd --read-only --db ARCHIVE [--http HOST:PORT] [--config FILE] ...\n"
-        "    foreshockd --help | --version\n"
-        "\n"
-        "DESCRIPTION\n"
-        "    Receives sketches from trainer ranks over TCP (length-prefixed protobuf,\n"
-        "    proto/foreshock.proto), stores them in SQLite (WAL), acknowledges each\n"
-        "    report only after it is committed, and serves a JSON API over HTTP.\n"
-        "    Once both listeners are bound and the database is open it logs one line:\n"
-        "        foreshockd ready ingest=HOST:PORT http=HOST:PORT db=PATH pid=PID\n"
-        "    Logs go to stderr, one line each: TIME(UTC) LEVEL MODULE: MESSAGE.\n"
-        "\n"
-        "OPTIONS\n"
-        "    --listen HOST:PORT   ingest address (default " FS_DEF_LISTEN "); port 0 picks one\n"
-        "    --http HOST:PORT     HTTP API address (default " FS_DEF_HTTP "); port 0 picks one\n"
-        "    --db PATH            database file, created if absent (default " FS_DEF_DB ")\n"
-        "    --config FILE        read settings from FILE (INI style, see below)\n"
-        "    --log-level LEVEL    debug | info | warn | error (default info)\n"
-        "    --set KEY=VALUE      set any configuration key (repeatable)\n"
-        "    --read-only          serve the database (an archive: foreshock archive) over\n"
-        "                         HTTP only: API, dashboard, /metrics. No ingest, no writer,\n"
-        "                         no monitors, no pager, no lock; write routes answer 403.\n"
-        "                         The ready line reads `foreshockd ready read-only http=...`\n"
-        "    -h, --help           print this text and exit 0\n"
-        "    -V, --version        print the version and exit 0\n"
-        "    Command-line options override the configuration file.\n"
-        "\n"
-        "CONFIGURATION FILE\n"
-        "    Lines of `key = value`; `#` or `;` starts a comment; [section] headers\n"
-        "    hold per-module settings. Keys:\n");
+    fprintf(
+        f, "NAME\n"
+           "    foreshockd - training-run instability monitor (sidecar daemon)\n"
+           "\n"
+           "SYNOPSIS\n"
+           "    foreshockd [--listen HOST:PORT] [--http HOST:PORT] [--db PATH]\n"
+           "               [--config FILE] [--log-level LEVEL] [--set KEY=VALUE ...]\n"
+           "    foreshockd --read-only --db ARCHIVE [--http HOST:PORT] [--config FILE] ...\n"
+           "    foreshockd --help | --version\n"
+           "\n"
+           "DESCRIPTION\n"
+           "    Receives sketches from trainer ranks over TCP (length-prefixed protobuf,\n"
+           "    proto/foreshock.proto), stores them in SQLite (WAL), acknowledges each\n"
+           "    report only after it is committed, and serves a JSON API over HTTP.\n"
+           "    Once both listeners are bound and the database is open it logs one line:\n"
+           "        foreshockd ready ingest=HOST:PORT http=HOST:PORT db=PATH pid=PID\n"
+           "    Logs go to stderr, one line each: TIME(UTC) LEVEL MODULE: MESSAGE.\n"
+           "\n"
+           "OPTIONS\n"
+           "    --listen HOST:PORT   ingest address (default " FS_DEF_LISTEN "); port 0 picks one\n"
+           "    --http HOST:PORT     HTTP API address (default " FS_DEF_HTTP "); port 0 picks one\n"
+           "    --db PATH            database file, created if absent (default " FS_DEF_DB ")\n"
+           "    --config FILE        read settings from FILE (INI style, see below)\n"
+           "    --log-level LEVEL    debug | info | warn | error (default info)\n"
+           "    --set KEY=VALUE      set any configuration key (repeatable)\n"
+           "    --read-only          serve the database (an archive: foreshock archive) over\n"
+           "                         HTTP only: API, dashboard, /metrics. No ingest, no writer,\n"
+           "                         no monitors, no pager, no lock; write routes answer 403.\n"
+           "                         The ready line reads `foreshockd ready read-only http=...`\n"
+           "    -h, --help           print this text and exit 0\n"
+           "    -V, --version        print the version and exit 0\n"
+           "    Command-line options override the configuration file.\n"
+           "\n"
+           "CONFIGURATION FILE\n"
+           "    Lines of `key = value`; `#` or `;` starts a comment; [section] headers\n"
+           "    hold per-module settings. Keys:\n");
     config_print_keys(f);
-    fprintf(f,
-        "    Byte sizes accept K, M, G, T suffixes (binary multiples).\n"
-        "    Detector rules (shared/MONITORS.md section 4) are tuned per rule in\n"
-        "    sections [detect \"RULE\"], RULE one of qk.d2.erank, qk.d2.entropy,\n"
-        "    qk.d2.srank, qk.cqk, router.similarity, router.centered_energy,\n"
-        "    router.zloss, router.maxvio, router.load_entropy, weight_norm,\n"
-        "    update_ratio, lr, loss, grad_norm; keys: warmup, window, z, floor,\n"
-        "    ceiling, spike_ratio, persistence, resolve_after, severity, enabled,\n"
-        "    trend.\n"
-        "    Paging targets (up to 16) are sections [target \"NAME\"] with keys type\n"
-        "    (alertmanager | pagerduty | webhook), url, routing_key, secret,\n"
-        "    min_severity, match, timeout, connect_timeout, backoff_initial,\n"
-        "    backoff_max, give_up_after, resend_interval (seconds); README \"Paging\".\n"
-        "    Advice to trainers (README \"Advice\") is section [advice] with keys\n"
-        "    enabled (true | false) and LABEL or LABEL.SEVERITY = checkpoint |\n"
-        "    checkpoint_and_stop | none, LABEL an attribution (attention-numerics,\n"
-        "    optimizer-hyperparameter, combined, router-balance, non-finite,\n"
-        "    loss-spike, none), SEVERITY warning or critical.\n"
-        "\n"
-        "SIGNALS\n"
-        "    SIGTERM, SIGINT  orderly stop: stop accepting, commit and ack what was\n"
-        "                     received, close connections, stop HTTP, close the database.\n"
-        "                     A second signal during the stop exits at once with status 1.\n"
-        "    SIGPIPE          ignored.\n"
-        "\n"
-        "EXIT STATUS\n"
-        "    0  clean stop after a signal\n"
-        "    1  runtime failure (cannot bind, cannot open the database, ...)\n"
-        "    2  bad usage or configuration (the message names the key and line)\n");
+    fprintf(f, "    Byte sizes accept K, M, G, T suffixes (binary multiples).\n"
+               "    Detector rules (shared/MONITORS.md section 4) are tuned per rule in\n"
+               "    sections [detect \"RULE\"], RULE one of qk.d2.erank, qk.d2.entropy,\n"
+               "    qk.d2.srank, qk.cqk, router.similarity, router.centered_energy,\n"
+               "    router.zloss, router.maxvio, router.load_entropy, weight_norm,\n"
+               "    update_ratio, lr, loss, grad_norm; keys: warmup, window, z, floor,\n"
+               "    ceiling, spike_ratio, persistence, resolve_after, severity, enabled,\n"
+               "    trend.\n"
+               "    Paging targets (up to 16) are sections [target \"NAME\"] with keys type\n"
+               "    (alertmanager | pagerduty | webhook), url, routing_key, secret,\n"
+               "    min_severity, match, timeout, connect_timeout, backoff_initial,\n"
+               "    backoff_max, give_up_after, resend_interval (seconds); README \"Paging\".\n"
+               "    Advice to trainers (README \"Advice\") is section [advice] with keys\n"
+               "    enabled (true | false) and LABEL or LABEL.SEVERITY = checkpoint |\n"
+               "    checkpoint_and_stop | none, LABEL an attribution (attention-numerics,\n"
+               "    optimizer-hyperparameter, combined, router-balance, non-finite,\n"
+               "    loss-spike, none), SEVERITY warning or critical.\n"
+               "\n"
+               "SIGNALS\n"
+               "    SIGTERM, SIGINT  orderly stop: stop accepting, commit and ack what was\n"
+               "                     received, close connections, stop HTTP, close the database.\n"
+               "                     A second signal during the stop exits at once with status 1.\n"
+               "    SIGPIPE          ignored.\n"
+               "\n"
+               "EXIT STATUS\n"
+               "    0  clean stop after a signal\n"
+               "    1  runtime failure (cannot bind, cannot open the database, ...)\n"
+               "    2  bad usage or configuration (the message names the key and line)\n");
 }
 
 struct app {
@@ -115,7 +114,7 @@ struct app {
     struct pager *pager;
     struct run_auth run_auth; /* [run "PATTERN"] tokens; read-only once running */
     struct tls_server *tls;   /* ingest TLS, NULL: plain TCP */
-    int dblock; /* descriptor of the database lock, -1: not held */
+    int dblock;               /* descriptor of the database lock, -1: not held */
     int stopping;
     int read_only; /* --read-only: HTTP over an archive, nothing else */
 };
@@ -165,10 +164,14 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
                       struct advice_policy *advice)
 {
     static const struct option longopts[] = {
-        {"listen", required_argument, NULL, 'l'}, {"http", required_argument, NULL, 't'},
-        {"db", required_argument, NULL, 'd'},     {"config", required_argument, NULL, 'c'},
-        {"log-level", required_argument, NULL, 'L'}, {"set", required_argument, NULL, 's'},
-        {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+        {"listen", required_argument, NULL, 'l'},
+        {"http", required_argument, NULL, 't'},
+        {"db", required_argument, NULL, 'd'},
+        {"config", required_argument, NULL, 'c'},
+        {"log-level", required_argument, NULL, 'L'},
+        {"set", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
         {"read-only", no_argument, NULL, 'R'},
         {NULL, 0, NULL, 0},
     };
@@ -199,11 +202,20 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         case 'R':
             *read_only = 1;
             continue;
-        case 'l': key = "listen"; break;
-        case 't': key = "http"; break;
-        case 'd': key = "db"; break;
-        case 'L': key = "log_level"; break;
-        case 's': break;
+        case 'l':
+            key = "listen";
+            break;
+        case 't':
+            key = "http";
+            break;
+        case 'd':
+            key = "db";
+            break;
+        case 'L':
+            key = "log_level";
+            break;
+        case 's':
+            break;
         default:
             fprintf(stderr, "foreshockd: try --help\n");
             status = EXIT_USAGE;
@@ -319,9 +331,10 @@ static int serve_read_only(struct app *app)
     /* The HTTP queries name this build's columns; an older archive is
      * migrated by a read-write daemon on a copy, never here. */
     if (version != schema_migration_count) {
-        log_error("main", "--read-only: %s has schema version %d, this foreshockd reads %d: "
-                  "migrate a copy first (foreshockd --db COPY, then stop it)", cfg->db, version,
-                  schema_migration_count);
+        log_error("main",
+                  "--read-only: %s has schema version %d, this foreshockd reads %d: "
+                  "migrate a copy first (foreshockd --db COPY, then stop it)",
+                  cfg->db, version, schema_migration_count);
         return EXIT_RUNTIME;
     }
     struct http_opts ho = http_opts_of(cfg, app);
@@ -338,8 +351,10 @@ static int serve_read_only(struct app *app)
     atomic_store(&app->stats.ready, 1);
     char http_ep[FS_CONFIG_MAX_HOST + 16];
     endpoint_text(http_ep, sizeof(http_ep), cfg->http.host, http_port(app->http));
-    log_info("main", "read-only: serving %s over HTTP (API, dashboard, metrics); no ingest, "
-             "writer, monitors or pager; write routes answer 403", cfg->db);
+    log_info("main",
+             "read-only: serving %s over HTTP (API, dashboard, metrics); no ingest, "
+             "writer, monitors or pager; write routes answer 403",
+             cfg->db);
     log_info("main", "foreshockd ready read-only http=%s db=%s pid=%ld", http_ep, cfg->db,
              (long)getpid());
     uv_run(&app->loop, UV_RUN_DEFAULT);
@@ -375,8 +390,8 @@ int main(int argc, char **argv)
         goto out;
     }
     if (cfg->tls_cert[0]) {
-        struct tls_server_opts to = {.cert_file = cfg->tls_cert, .key_file = cfg->tls_key,
-                                     .ca_file = cfg->tls_client_ca};
+        struct tls_server_opts to = {
+            .cert_file = cfg->tls_cert, .key_file = cfg->tls_key, .ca_file = cfg->tls_client_ca};
         if (tls_server_new(&to, &app->tls, &err) < 0) {
             log_error("main", "%s", err.msg);
             goto out;
@@ -415,7 +430,8 @@ int main(int argc, char **argv)
     monitor_init(); /* one OpenBLAS thread: parallelism comes from the workers */
     /* The workers are libuv's threadpool, sized once by the environment
      * before its first use (the stage's first job). */
-    long threads = cfg->monitor_threads ? (long)cfg->monitor_threads : sysconf(_SC_NPROCESSORS_ONLN);
+    long threads =
+        cfg->monitor_threads ? (long)cfg->monitor_threads : sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1)
         threads = 1;
     if (threads > (long)FS_CAP_MONITOR_THREADS)
@@ -439,8 +455,7 @@ int main(int argc, char **argv)
     };
     /* Persisted detector/alert state and the spool re-feed come before
      * ingest accepts a connection. */
-    if (stage_create(&sto, &app->stage, &err) < 0 ||
-        stage_load(app->stage, cfg->db, &err) < 0) {
+    if (stage_create(&sto, &app->stage, &err) < 0 || stage_load(app->stage, cfg->db, &err) < 0) {
         log_error("main", "%s", err.msg);
         goto out;
     }
@@ -476,11 +491,14 @@ int main(int argc, char **argv)
     } else {
         char ep[FS_CONFIG_MAX_HOST + 16];
         endpoint_text(ep, sizeof(ep), cfg->http.host, http_port(app->http));
-        snprintf(public_url, sizeof(public_url), "%s://%s", cfg->http_tls_cert[0] ? "https" : "http",
-                 ep);
+        snprintf(public_url, sizeof(public_url), "%s://%s",
+                 cfg->http_tls_cert[0] ? "https" : "http", ep);
     }
-    struct pager_opts po = {.cfg = &app->pager_cfg, .public_url = public_url, .db_path = cfg->db,
-                            .store = app->store, .stats = &app->stats};
+    struct pager_opts po = {.cfg = &app->pager_cfg,
+                            .public_url = public_url,
+                            .db_path = cfg->db,
+                            .store = app->store,
+                            .stats = &app->stats};
     if (pager_start(&po, &app->pager, &err) < 0) {
         log_error("main", "%s", err.msg);
         goto out;

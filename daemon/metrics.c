@@ -76,10 +76,18 @@ int metrics_escape_label(const char *in, char *out, size_t outlen)
         const char *rep = NULL;
         char one[2] = {*p, '\0'};
         switch (*p) {
-        case '\\': rep = "\\\\"; break;
-        case '"': rep = "\\\""; break;
-        case '\n': rep = "\\n"; break;
-        default: rep = one; break;
+        case '\\':
+            rep = "\\\\";
+            break;
+        case '"':
+            rep = "\\\"";
+            break;
+        case '\n':
+            rep = "\\n";
+            break;
+        default:
+            rep = one;
+            break;
         }
         size_t n = strlen(rep);
         if (o + n + 1 > outlen)
@@ -209,8 +217,7 @@ static void target_family(struct metrics_buf *b, const struct fs_stats *st, cons
         if (metrics_escape_label(tn, te, sizeof te) != 0 ||
             metrics_escape_label(kn, ke, sizeof ke) != 0)
             continue;
-        const atomic_uint_fast64_t *c =
-            (const atomic_uint_fast64_t *)((const char *)t + offset);
+        const atomic_uint_fast64_t *c = (const atomic_uint_fast64_t *)((const char *)t + offset);
         metrics_printf(b, "%s{target=\"%s\",kind=\"%s\"} %" PRIu64 "\n", name, te, ke, ld(c));
     }
 }
@@ -228,8 +235,8 @@ int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const 
                    atomic_load_explicit((atomic_int *)&st->ready, memory_order_relaxed) == 1);
     family(b, "foreshock_storage_failing", "gauge", "1 while commits fail (disk full, I/O).");
     metrics_printf(b, "foreshock_storage_failing %d\n",
-                   atomic_load_explicit((atomic_int *)&st->storage_failing,
-                                        memory_order_relaxed) != 0);
+                   atomic_load_explicit((atomic_int *)&st->storage_failing, memory_order_relaxed) !=
+                       0);
 
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
         const struct counter_def *d = &counters[i];
@@ -335,8 +342,8 @@ static int silences_family(struct metrics_buf *b, sqlite3 *db, double now, struc
 {
     sqlite3_stmt *st = NULL;
     /* silences_by_end: only silences that have not ended are walked */
-    int rc = prep(db, "SELECT count(*) FROM silences WHERE ends_at > ?1 AND starts_at <= ?1", &st,
-                  err);
+    int rc =
+        prep(db, "SELECT count(*) FROM silences WHERE ends_at > ?1 AND starts_at <= ?1", &st, err);
     if (rc != SQLITE_OK)
         return rc;
     sqlite3_bind_double(st, 1, now);
@@ -412,8 +419,8 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
         rc = sqlite3_step(st);
         if (rc == SQLITE_ROW) {
             metrics_printf(b, "foreshock_run_loss{run=\"%s\"} ", runs[i].label);
-            value(b, sqlite3_column_type(st, 0) == SQLITE_NULL ? NAN
-                                                               : sqlite3_column_double(st, 0));
+            value(b,
+                  sqlite3_column_type(st, 0) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 0));
         } else if (rc != SQLITE_DONE) {
             sqlite3_finalize(st);
             return fail_step(db, rc, "loss", err);
@@ -451,11 +458,11 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
             char wl[40] = "";
             if (window > 0)
                 snprintf(wl, sizeof wl, ",window=\"%" PRId64 "\"", window);
-            metrics_printf(b, "foreshock_monitor_value{run=\"%s\",layer=\"%" PRId64
-                              "\",monitor=\"%s\"%s} ",
-                           runs[i].label, (int64_t)sqlite3_column_int64(st, 1), ne, wl);
-            value(b, sqlite3_column_type(st, 3) == SQLITE_NULL ? NAN
-                                                               : sqlite3_column_double(st, 3));
+            metrics_printf(
+                b, "foreshock_monitor_value{run=\"%s\",layer=\"%" PRId64 "\",monitor=\"%s\"%s} ",
+                runs[i].label, (int64_t)sqlite3_column_int64(st, 1), ne, wl);
+            value(b,
+                  sqlite3_column_type(st, 3) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 3));
         }
         if (rc != SQLITE_DONE) {
             sqlite3_finalize(st);

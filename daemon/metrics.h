@@ -20,23 +20,24 @@
 
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 #define METRICS_MAX_RUNS FS_CAP_METRICS_MAX_RUNS /* metrics_max_runs at most */
-#define METRICS_MAX_SERIES_SCAN 65536    /* series rows of one run looked at for monitor values */
-#define METRICS_MAX_MONITOR_VALUES 4096  /* foreshock_monitor_value samples per run */
-#define METRICS_MAX_BYTES (16u << 20)    /* the whole exposition; past it: -E2BIG */
+#define METRICS_MAX_SERIES_SCAN 65536   /* series rows of one run looked at for monitor values */
+#define METRICS_MAX_MONITOR_VALUES 4096 /* foreshock_monitor_value samples per run */
+#define METRICS_MAX_BYTES (16u << 20)   /* the whole exposition; past it: -E2BIG */
 
 struct metrics_buf {
-    char *p;   /* NUL-terminated text, malloc'd */
+    char *p; /* NUL-terminated text, malloc'd */
     size_t len, cap;
-    int err;   /* first failure (-ENOMEM, -E2BIG); later writes are no-ops */
+    int err; /* first failure (-ENOMEM, -E2BIG); later writes are no-ops */
 };
 
 struct metrics_opts {
-    unsigned max_runs;   /* per-run gauges for at most this many runs (<= METRICS_MAX_RUNS) */
-    double run_max_age;  /* ... whose last report is at most this many seconds old */
+    unsigned max_runs;  /* per-run gauges for at most this many runs (<= METRICS_MAX_RUNS) */
+    double run_max_age; /* ... whose last report is at most this many seconds old */
 };
 
 /* Appends printf-style text. Sets b->err on failure. */
-void metrics_printf(struct metrics_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void metrics_printf(struct metrics_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* Frees b->p and zeroes b. */
 void metrics_buf_free(struct metrics_buf *b);

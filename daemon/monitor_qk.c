@@ -18,17 +18,17 @@
 
 struct qk_workspace {
     unsigned max_dh;
-    bool pivoted;       /* the last factor() permuted (dpstrf) */
-    size_t nmax;        /* 2 * max_dh */
-    double *g1, *g2;    /* the two Grams, unpacked (and balanced) */
-    double *f;          /* Cholesky factor L */
-    double *c, *t;      /* C and scratch */
+    bool pivoted;    /* the last factor() permuted (dpstrf) */
+    size_t nmax;     /* 2 * max_dh */
+    double *g1, *g2; /* the two Grams, unpacked (and balanced) */
+    double *f;       /* Cholesky factor L */
+    double *c, *t;   /* C and scratch */
     double *spec[QK_NSPECTRA];
     size_t spec_len[QK_NSPECTRA];
     struct monitor_eig eig; /* dsyev output and work; dpstrf's work too */
-    lapack_int *piv; /* 1-based, LAPACK's */
-    lapack_int rank; /* of the last factor() */
-    double fscale;   /* the last factor() is of G1 / fscale */
+    lapack_int *piv;        /* 1-based, LAPACK's */
+    lapack_int rank;        /* of the last factor() */
+    double fscale;          /* the last factor() is of G1 / fscale */
 };
 
 int monitor_init(void)
@@ -42,8 +42,7 @@ size_t monitor_tri_len(size_t n)
     return n * (n + 1) / 2;
 }
 
-int monitor_tri_accumulate(double *dst, size_t n, const void *src,
-                           size_t src_bytes)
+int monitor_tri_accumulate(double *dst, size_t n, const void *src, size_t src_bytes)
 {
     if (!dst || !src)
         return -EINVAL;
@@ -55,8 +54,8 @@ int monitor_tri_accumulate(double *dst, size_t n, const void *src,
     const unsigned char *b = src;
     for (size_t k = 0; k < len; k++, b += 4) {
         /* Little-endian on the wire whatever the host order is. */
-        uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 |
-                     (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+        uint32_t u =
+            (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
         float x;
         memcpy(&x, &u, sizeof x);
         dst[k] += (double)x;
@@ -99,8 +98,7 @@ int qk_workspace_create(unsigned max_dh, struct qk_workspace **out)
     ws->t = malloc(nn * sizeof(double));
     ws->spec[0] = malloc(4 * n * sizeof(double));
     ws->piv = malloc(n * sizeof(lapack_int));
-    if (!ws->g1 || !ws->g2 || !ws->f || !ws->c || !ws->t ||
-        !ws->spec[0] || !ws->piv)
+    if (!ws->g1 || !ws->g2 || !ws->f || !ws->c || !ws->t || !ws->spec[0] || !ws->piv)
         goto fail;
     for (int k = 1; k < QK_NSPECTRA; k++)
         ws->spec[k] = ws->spec[0] + (size_t)k * n;
@@ -154,8 +152,7 @@ static double block_trace(const double *g, size_t n, size_t h, int b)
 }
 
 /* dst (ld m) = a * the m x m submatrix src (leading dimension ld). */
-static void copy_scaled(const double *src, size_t ld, size_t m, double a,
-                        double *dst)
+static void copy_scaled(const double *src, size_t ld, size_t m, double a, double *dst)
 {
     for (size_t j = 0; j < m; j++)
         for (size_t i = 0; i < m; i++)
@@ -166,8 +163,7 @@ static void copy_scaled(const double *src, size_t ld, size_t m, double a,
  * with L (ws->f) m x rank lower trapezoidal, upper part zeroed, P = I
  * unless ws->pivoted (then ws->piv). rank 0 when G has no positive
  * diagonal. Returns 0 or -EDOM. */
-static int factor(struct qk_workspace *ws, const double *g, size_t ld,
-                  size_t m)
+static int factor(struct qk_workspace *ws, const double *g, size_t ld, size_t m)
 {
     double *f = ws->f;
     double dmax = 0.0;
@@ -184,8 +180,7 @@ static int factor(struct qk_workspace *ws, const double *g, size_t ld,
     /* dpstrf's own default tolerance, also used to judge dpotrf's pivots:
      * a pivot below it is rounding noise, not a direction of G. */
     double tol = (double)m * DBL_EPSILON;
-    lapack_int info = LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'L',
-                                          (lapack_int)m, f, (lapack_int)m);
+    lapack_int info = LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'L', (lapack_int)m, f, (lapack_int)m);
     if (info < 0)
         return -EDOM;
     if (info == 0) {
@@ -202,8 +197,8 @@ static int factor(struct qk_workspace *ws, const double *g, size_t ld,
      * the null directions out of L. */
     copy_scaled(g, ld, m, 1.0 / dmax, f);
     lapack_int rank = 0;
-    info = LAPACKE_dpstrf_work(LAPACK_COL_MAJOR, 'L', (lapack_int)m, f,
-                               (lapack_int)m, ws->piv, &rank, tol, ws->eig.work);
+    info = LAPACKE_dpstrf_work(LAPACK_COL_MAJOR, 'L', (lapack_int)m, f, (lapack_int)m, ws->piv,
+                               &rank, tol, ws->eig.work);
     if (info < 0)
         return -EDOM;
     for (lapack_int j = 0; j < rank; j++)
@@ -218,8 +213,8 @@ static int factor(struct qk_workspace *ws, const double *g, size_t ld,
  * leading dimension ld. Writes ws->rank values, descending, negatives
  * clamped to 0, to out; *len = that count. Returns 0, -EDOM (dsyev did not
  * converge) or -ERANGE (a non-finite eigenvalue: overflow). */
-static int project(struct qk_workspace *ws, const double *g, size_t ld,
-                   size_t m, double *out, size_t *len)
+static int project(struct qk_workspace *ws, const double *g, size_t ld, size_t m, double *out,
+                   size_t *len)
 {
     size_t r = (size_t)ws->rank;
     *len = 0;
@@ -245,17 +240,17 @@ static int project(struct qk_workspace *ws, const double *g, size_t ld,
     }
     if (r == m) {
         /* C = L^T (G L), L square lower triangular: two dtrmm. */
-        cblas_dtrmm(CblasColMajor, CblasRight, CblasLower, CblasNoTrans,
-                    CblasNonUnit, (int)m, (int)m, 1.0, f, (int)m, c, (int)m);
-        cblas_dtrmm(CblasColMajor, CblasLeft, CblasLower, CblasTrans,
-                    CblasNonUnit, (int)m, (int)m, 1.0, f, (int)m, c, (int)m);
+        cblas_dtrmm(CblasColMajor, CblasRight, CblasLower, CblasNoTrans, CblasNonUnit, (int)m,
+                    (int)m, 1.0, f, (int)m, c, (int)m);
+        cblas_dtrmm(CblasColMajor, CblasLeft, CblasLower, CblasTrans, CblasNonUnit, (int)m, (int)m,
+                    1.0, f, (int)m, c, (int)m);
         a = c;
     } else {
         /* L is m x r trapezoidal: X = G L (m x r), C = L^T X (r x r). */
-        cblas_dsymm(CblasColMajor, CblasLeft, CblasLower, (int)m, (int)r,
-                    1.0, t, (int)m, f, (int)m, 0.0, c, (int)m);
-        cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)r, (int)r,
-                    (int)m, 1.0, f, (int)m, c, (int)m, 0.0, t, (int)r);
+        cblas_dsymm(CblasColMajor, CblasLeft, CblasLower, (int)m, (int)r, 1.0, t, (int)m, f, (int)m,
+                    0.0, c, (int)m);
+        cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)r, (int)r, (int)m, 1.0, f, (int)m,
+                    c, (int)m, 0.0, t, (int)r);
         a = t;
     }
     if (monitor_eig_solve(&ws->eig, r, a) < 0)
@@ -273,9 +268,8 @@ static int project(struct qk_workspace *ws, const double *g, size_t ld,
 }
 
 /* lambda(G1 G2) of two m x m blocks into spectrum slot k. */
-static int pair_spectrum(struct qk_workspace *ws, const double *g1,
-                         const double *g2, size_t ld, size_t m,
-                         enum qk_spectrum k)
+static int pair_spectrum(struct qk_workspace *ws, const double *g1, const double *g2, size_t ld,
+                         size_t m, enum qk_spectrum k)
 {
     int rc = factor(ws, g1, ld, m);
     if (rc == 0)
@@ -306,8 +300,7 @@ static void w_left(double *g, size_t n, size_t h, double s)
     double *qt = block(g, n, h, 1, 0), *r = block(g, n, h, 1, 1);
     for (size_t j = 0; j < h; j++)
         for (size_t i = 0; i < h; i++)
-            p[i + j * n] += s * (q[i + j * n] + qt[i + j * n]) +
-                            s * s * r[i + j * n];
+            p[i + j * n] += s * (q[i + j * n] + qt[i + j * n]) + s * s * r[i + j * n];
     for (size_t j = 0; j < h; j++)
         for (size_t i = 0; i < h; i++) {
             q[i + j * n] += s * r[i + j * n];
@@ -323,8 +316,7 @@ static void w_right(double *g, size_t n, size_t h, double s)
     double *qt = block(g, n, h, 1, 0), *r = block(g, n, h, 1, 1);
     for (size_t j = 0; j < h; j++)
         for (size_t i = 0; i < h; i++)
-            r[i + j * n] += s * s * p[i + j * n] +
-                            s * (q[i + j * n] + qt[i + j * n]);
+            r[i + j * n] += s * s * p[i + j * n] + s * (q[i + j * n] + qt[i + j * n]);
     for (size_t j = 0; j < h; j++)
         for (size_t i = 0; i < h; i++) {
             q[i + j * n] += s * p[i + j * n];
@@ -344,8 +336,8 @@ static void note(int *rc, int r)
         *rc = r;
 }
 
-int qk_head_from_grams(struct qk_workspace *ws, unsigned dh, const double *ga,
-                       const double *gb, struct qk_head *out)
+int qk_head_from_grams(struct qk_workspace *ws, unsigned dh, const double *ga, const double *gb,
+                       struct qk_head *out)
 {
     if (!out)
         return -EINVAL;
@@ -388,14 +380,12 @@ int qk_head_from_grams(struct qk_workspace *ws, unsigned dh, const double *ga,
                 s += (qdd[i + j * n] / qd) * (kdd[i + j * n] / kd);
         out->cqk = s;
         out->cqk_present = isfinite(out->cqk);
-        r = pair_spectrum(ws, block(g1, n, h, 0, 0), block(g2, n, h, 1, 1),
-                          n, h, QK_D3);
+        r = pair_spectrum(ws, block(g1, n, h, 0, 0), block(g2, n, h, 1, 1), n, h, QK_D3);
         note(&rc, r);
         ran[QK_D3] = true;
     }
     if (qw > 0.0 && kw > 0.0) {
-        r = pair_spectrum(ws, block(g1, n, h, 1, 1), block(g2, n, h, 0, 0),
-                          n, h, QK_W);
+        r = pair_spectrum(ws, block(g1, n, h, 1, 1), block(g2, n, h, 0, 0), n, h, QK_W);
         note(&rc, r);
         ran[QK_W] = true;
     }
@@ -425,8 +415,7 @@ int qk_head_from_grams(struct qk_workspace *ws, unsigned dh, const double *ga,
     for (int k = 0; k < QK_NSPECTRA; k++) {
         if (!ran[k])
             continue;
-        spectrum_scalars_f64(ws->spec[k], ws->spec_len[k], nominal[k] * h,
-                             &out->spec[k]);
+        spectrum_scalars_f64(ws->spec[k], ws->spec_len[k], nominal[k] * h, &out->spec[k]);
     }
     if (rc == -ERANGE) {
         out->nonfinite = true;
@@ -435,8 +424,8 @@ int qk_head_from_grams(struct qk_workspace *ws, unsigned dh, const double *ga,
     return rc;
 }
 
-const double *qk_workspace_spectrum(const struct qk_workspace *ws,
-                                    enum qk_spectrum which, size_t *len)
+const double *qk_workspace_spectrum(const struct qk_workspace *ws, enum qk_spectrum which,
+                                    size_t *len)
 {
     if (len)
         *len = 0;
@@ -477,8 +466,8 @@ int qk_head_from_spectra(const struct qk_spectra_in *in, struct qk_head *out)
         finite = finite && floats_finite(v[k], len[k]);
     }
     if (in->has_norms)
-        finite = finite && isfinite(in->q_delta_sq) && isfinite(in->q_sq) &&
-                 isfinite(in->k_sq) && isfinite(in->k_delta_sq);
+        finite = finite && isfinite(in->q_delta_sq) && isfinite(in->q_sq) && isfinite(in->k_sq) &&
+                 isfinite(in->k_delta_sq);
     if (in->has_cqk)
         finite = finite && isfinite(in->cqk);
     if (!finite) {
@@ -497,8 +486,7 @@ int qk_head_from_spectra(const struct qk_spectra_in *in, struct qk_head *out)
     if (in->has_cqk) {
         out->cqk_present = true;
         out->cqk = in->cqk;
-    } else if (in->has_norms && in->q_delta_sq > 0.0 && in->k_delta_sq > 0.0 &&
-               len[QK_D3] > 0) {
+    } else if (in->has_norms && in->q_delta_sq > 0.0 && in->k_delta_sq > 0.0 && len[QK_D3] > 0) {
         double s = 0.0;
         for (size_t i = 0; i < len[QK_D3]; i++)
             s += (double)in->d3[i];
@@ -510,14 +498,15 @@ int qk_head_from_spectra(const struct qk_spectra_in *in, struct qk_head *out)
 
 /* --- per-layer aggregation -------------------------------------------------- */
 
-#define QK_NAME(sp, sc) [QK_SERIES(sp, QK_ENTROPY2)] = "qk." sc ".entropy",   \
-    [QK_SERIES(sp, QK_ENTROPY1)] = "qk." sc ".entropy1",                      \
-    [QK_SERIES(sp, QK_ERANK2)] = "qk." sc ".erank",                           \
-    [QK_SERIES(sp, QK_ERANK1)] = "qk." sc ".erank1",                          \
-    [QK_SERIES(sp, QK_SRANK)] = "qk." sc ".srank",                            \
-    [QK_SERIES(sp, QK_FRO)] = "qk." sc ".fro",                                \
-    [QK_SERIES(sp, QK_SMAX)] = "qk." sc ".smax",                              \
-    [QK_SERIES(sp, QK_RANK)] = "qk." sc ".rank"
+#define QK_NAME(sp, sc)                                                                            \
+    [QK_SERIES(sp, QK_ENTROPY2)] = "qk." sc ".entropy",                                            \
+                   [QK_SERIES(sp, QK_ENTROPY1)] = "qk." sc ".entropy1",                            \
+                   [QK_SERIES(sp, QK_ERANK2)] = "qk." sc ".erank",                                 \
+                   [QK_SERIES(sp, QK_ERANK1)] = "qk." sc ".erank1",                                \
+                   [QK_SERIES(sp, QK_SRANK)] = "qk." sc ".srank",                                  \
+                   [QK_SERIES(sp, QK_FRO)] = "qk." sc ".fro",                                      \
+                   [QK_SERIES(sp, QK_SMAX)] = "qk." sc ".smax",                                    \
+                   [QK_SERIES(sp, QK_RANK)] = "qk." sc ".rank"
 
 static const char *const series_names[QK_NSERIES] = {
     QK_NAME(QK_D2, "d2"),
@@ -547,15 +536,32 @@ int qk_head_value(const struct qk_head *head, unsigned series, double *value)
         if (!s->present)
             return -ENODATA;
         switch ((enum qk_scalar)(series % QK_NSCALARS)) {
-        case QK_ENTROPY2: *value = s->entropy2; break;
-        case QK_ENTROPY1: *value = s->entropy1; break;
-        case QK_ERANK2: *value = s->erank2; break;
-        case QK_ERANK1: *value = s->erank1; break;
-        case QK_SRANK: *value = s->srank; break;
-        case QK_FRO: *value = s->fro; break;
-        case QK_SMAX: *value = s->smax; break;
-        case QK_RANK: *value = (double)s->rank; break;
-        default: return -EINVAL;
+        case QK_ENTROPY2:
+            *value = s->entropy2;
+            break;
+        case QK_ENTROPY1:
+            *value = s->entropy1;
+            break;
+        case QK_ERANK2:
+            *value = s->erank2;
+            break;
+        case QK_ERANK1:
+            *value = s->erank1;
+            break;
+        case QK_SRANK:
+            *value = s->srank;
+            break;
+        case QK_FRO:
+            *value = s->fro;
+            break;
+        case QK_SMAX:
+            *value = s->smax;
+            break;
+        case QK_RANK:
+            *value = (double)s->rank;
+            break;
+        default:
+            return -EINVAL;
         }
         return 0;
     }
@@ -568,16 +574,23 @@ int qk_head_value(const struct qk_head *head, unsigned series, double *value)
     if (!head->norms_present)
         return -ENODATA;
     switch (series) {
-    case QK_SERIES_Q_DELTA_SQ: *value = head->q_delta_sq; break;
-    case QK_SERIES_Q_SQ: *value = head->q_sq; break;
-    case QK_SERIES_K_SQ: *value = head->k_sq; break;
-    default: *value = head->k_delta_sq; break;
+    case QK_SERIES_Q_DELTA_SQ:
+        *value = head->q_delta_sq;
+        break;
+    case QK_SERIES_Q_SQ:
+        *value = head->q_sq;
+        break;
+    case QK_SERIES_K_SQ:
+        *value = head->k_sq;
+        break;
+    default:
+        *value = head->k_delta_sq;
+        break;
     }
     return 0;
 }
 
-int qk_layer_aggregate(const struct qk_head *heads, size_t n_heads,
-                       struct qk_agg *out)
+int qk_layer_aggregate(const struct qk_head *heads, size_t n_heads, struct qk_agg *out)
 {
     if (!out || (n_heads > 0 && !heads))
         return -EINVAL;

@@ -96,8 +96,7 @@ size_t monitor_tri_len(size_t n);
  * or -E2BIG (n > MONITOR_TRI_MAX_N).
  * Non-finite values are added as they are; the compute call flags them.
  * Any thread. */
-int monitor_tri_accumulate(double *dst, size_t n, const void *src,
-                           size_t src_bytes);
+int monitor_tri_accumulate(double *dst, size_t n, const void *src, size_t src_bytes);
 
 /* A workspace for heads with dh <= max_dh: every buffer the hot path needs,
  * so qk_head_from_grams never allocates. About 5 * (2 max_dh)^2 doubles
@@ -115,15 +114,15 @@ void qk_workspace_destroy(struct qk_workspace *ws);
  * -EINVAL (NULL argument, dh 0 or above the workspace's max_dh) or -EDOM
  * (LAPACK did not converge on some spectrum: that one is absent, the rest
  * are valid). The thread that owns ws. */
-int qk_head_from_grams(struct qk_workspace *ws, unsigned dh, const double *ga,
-                       const double *gb, struct qk_head *out);
+int qk_head_from_grams(struct qk_workspace *ws, unsigned dh, const double *ga, const double *gb,
+                       struct qk_head *out);
 
 /* The raw spectrum behind out->spec[which] of the last qk_head_from_grams
  * on ws: eigenvalues of C, descending, negatives clamped to 0, before the
  * drop of spectrum.h step 3; *len values (0 when absent). Valid until the
  * next call on ws. For tests and for keeping raw spectra. */
-const double *qk_workspace_spectrum(const struct qk_workspace *ws,
-                                    enum qk_spectrum which, size_t *len);
+const double *qk_workspace_spectrum(const struct qk_workspace *ws, enum qk_spectrum which,
+                                    size_t *len);
 
 /* A SpectrumSketch: spectra the trainer computed (sigma^2 values, any
  * order). A NULL or empty array is an absent spectrum. Lengths must not
@@ -168,7 +167,7 @@ enum qk_scalar {
 };
 
 /* Series ids: spectrum * QK_NSCALARS + scalar, then the head-level ones. */
-#define QK_SERIES(spectrum, scalar) ((unsigned)(spectrum) * QK_NSCALARS + (unsigned)(scalar))
+#define QK_SERIES(spectrum, scalar) ((unsigned)(spectrum)*QK_NSCALARS + (unsigned)(scalar))
 enum {
     QK_SERIES_CQK = QK_NSPECTRA * QK_NSCALARS,
     QK_SERIES_Q_DELTA_SQ,
@@ -197,7 +196,6 @@ struct qk_agg {
 /* Per-layer min / mean / max / argmin over heads[0..n_heads) of every
  * series; absent heads are skipped. out has QK_NSERIES entries. Returns 0
  * or -EINVAL. Pure, any thread. */
-int qk_layer_aggregate(const struct qk_head *heads, size_t n_heads,
-                       struct qk_agg *out);
+int qk_layer_aggregate(const struct qk_head *heads, size_t n_heads, struct qk_agg *out);
 
 #endif

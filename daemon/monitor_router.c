@@ -51,8 +51,8 @@ fail:
     return -ENOMEM;
 }
 
-int router_weight_compute(struct router_workspace *ws, unsigned n_experts,
-                          const double *gr, struct router_weight *out)
+int router_weight_compute(struct router_workspace *ws, unsigned n_experts, const double *gr,
+                          struct router_weight *out)
 {
     if (!out)
         return -EINVAL;
@@ -142,26 +142,22 @@ int router_weight_compute(struct router_workspace *ws, unsigned n_experts,
     return 0;
 }
 
-const double *router_workspace_spectrum(const struct router_workspace *ws,
-                                        size_t *len)
+const double *router_workspace_spectrum(const struct router_workspace *ws, size_t *len)
 {
     if (len)
         *len = ws ? ws->spec_len : 0;
     return ws ? ws->spec : NULL;
 }
 
-int router_decision_compute(const struct router_tokens *in,
-                            struct router_decision *out)
+int router_decision_compute(const struct router_tokens *in, struct router_decision *out)
 {
     if (!out)
         return -EINVAL;
     *out = (struct router_decision){0};
-    if (!in || !in->load || !in->sum_p || in->n_experts == 0 ||
-        in->n_experts > ROUTER_MAX_EXPERTS)
+    if (!in || !in->load || !in->sum_p || in->n_experts == 0 || in->n_experts > ROUTER_MAX_EXPERTS)
         return -EINVAL;
     size_t e = in->n_experts;
-    bool finite = isfinite(in->sum_h) && isfinite(in->sum_h2) &&
-                  isfinite(in->sum_lse2);
+    bool finite = isfinite(in->sum_h) && isfinite(in->sum_h2) && isfinite(in->sum_lse2);
     for (size_t i = 0; i < e && finite; i++)
         finite = isfinite(in->sum_p[i]);
     if (!finite) {
@@ -173,8 +169,7 @@ int router_decision_compute(const struct router_tokens *in,
     double n = (double)in->n_tok, ed = (double)e;
     out->present = true;
     out->entropy_mean = in->sum_h / n;
-    out->entropy_spread =
-        sqrt(fmax(0.0, in->sum_h2 / n - out->entropy_mean * out->entropy_mean));
+    out->entropy_spread = sqrt(fmax(0.0, in->sum_h2 / n - out->entropy_mean * out->entropy_mean));
     out->zloss = in->sum_lse2 / n;
     out->norm_present = e >= 2;
     if (out->norm_present)

@@ -73,13 +73,12 @@ void router_workspace_destroy(struct router_workspace *ws);
  * always written. Returns 0 (nonfinite flagged in out), -EINVAL (NULL, E 0
  * or above the workspace's size) or -EDOM (dsyev did not converge: spec
  * absent, the rest valid). The thread that owns ws. */
-int router_weight_compute(struct router_workspace *ws, unsigned n_experts,
-                          const double *gr, struct router_weight *out);
+int router_weight_compute(struct router_workspace *ws, unsigned n_experts, const double *gr,
+                          struct router_weight *out);
 
 /* lambda(GR) of the last router_weight_compute, descending, negatives
  * clamped to 0; *len values. Valid until the next call on ws. */
-const double *router_workspace_spectrum(const struct router_workspace *ws,
-                                        size_t *len);
+const double *router_workspace_spectrum(const struct router_workspace *ws, size_t *len);
 
 /* Token statistics of one layer and step, summed over ranks. */
 struct router_tokens {
@@ -109,7 +108,6 @@ struct router_decision {
 /* Section 3.2. `out` is always written. Returns 0 (nonfinite flagged),
  * -EINVAL (NULL, n_experts 0 or above ROUTER_MAX_EXPERTS, NULL arrays).
  * Pure, any thread. */
-int router_decision_compute(const struct router_tokens *in,
-                            struct router_decision *out);
+int router_decision_compute(const struct router_tokens *in, struct router_decision *out);
 
 #endif

@@ -76,7 +76,10 @@ static void *qk_new(unsigned cap)
     return qk_workspace_create(cap, &w) == 0 ? w : NULL;
 }
 
-static void qk_free(void *ws) { qk_workspace_destroy(ws); }
+static void qk_free(void *ws)
+{
+    qk_workspace_destroy(ws);
+}
 
 static void *router_new(unsigned cap)
 {
@@ -84,7 +87,10 @@ static void *router_new(unsigned cap)
     return router_workspace_create(cap, &w) == 0 ? w : NULL;
 }
 
-static void router_free(void *ws) { router_workspace_destroy(ws); }
+static void router_free(void *ws)
+{
+    router_workspace_destroy(ws);
+}
 
 static const struct {
     unsigned min, max;
@@ -155,8 +161,7 @@ void *monitor_ws_take(struct monitor_ws_pool *p, enum monitor_ws_kind kind, unsi
     return kinds[kind].create(c);
 }
 
-void monitor_ws_give(struct monitor_ws_pool *p, enum monitor_ws_kind kind, void *ws,
-                     unsigned cap)
+void monitor_ws_give(struct monitor_ws_pool *p, enum monitor_ws_kind kind, void *ws, unsigned cap)
 {
     if (!ws)
         return;

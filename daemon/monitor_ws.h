@@ -39,7 +39,7 @@ enum monitor_ws_kind {
     MONITOR_WS_ROUTER = 1, /* struct router_workspace, capacity max_experts */
 };
 
-#define MONITOR_WS_MIN_DH 16u     /* smallest workspace made (rounded up to powers of 2) */
+#define MONITOR_WS_MIN_DH 16u /* smallest workspace made (rounded up to powers of 2) */
 #define MONITOR_WS_MIN_EXPERTS 8u
 
 struct monitor_ws_pool;
@@ -60,7 +60,6 @@ void *monitor_ws_take(struct monitor_ws_pool *p, enum monitor_ws_kind kind, unsi
 
 /* Returns ws (capacity cap, from monitor_ws_take) to the pool, or destroys
  * it if the pool cannot grow. NULL ws is a no-op. Any thread. */
-void monitor_ws_give(struct monitor_ws_pool *p, enum monitor_ws_kind kind, void *ws,
-                     unsigned cap);
+void monitor_ws_give(struct monitor_ws_pool *p, enum monitor_ws_kind kind, void *ws, unsigned cap);
 
 #endif

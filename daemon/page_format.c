@@ -25,7 +25,9 @@ void page_labels(const struct page_alert *a, struct page_labels *out)
     const struct {
         const char *name;
         int32_t v, none;
-    } scope[4] = {{"layer", a->layer, -1}, {"head", a->head, -1}, {"window", a->window, 0},
+    } scope[4] = {{"layer", a->layer, -1},
+                  {"head", a->head, -1},
+                  {"window", a->window, 0},
                   {"rank", a->rank, -1}};
     for (int i = 0; i < 4; i++) {
         if (scope[i].v == scope[i].none || scope[i].v < 0)
@@ -109,9 +111,9 @@ void page_summary(const struct page_alert *a, char *out, size_t len)
     scope_text(a, scope, sizeof(scope));
     size_t off = 0;
     out[0] = '\0';
-    add(out, len, &off, "%s %s: run %s%s: value %.6g (median %.6g, MAD %.3g, z %.3g) %s",
-        a->rule, a->kind == PAGE_RESOLVE ? "resolved" : "firing", a->run, scope, a->value,
-        a->median, a->mad, a->z, a->attribution);
+    add(out, len, &off, "%s %s: run %s%s: value %.6g (median %.6g, MAD %.3g, z %.3g) %s", a->rule,
+        a->kind == PAGE_RESOLVE ? "resolved" : "firing", a->run, scope, a->value, a->median, a->mad,
+        a->z, a->attribution);
 }
 
 void page_rfc3339(double unix_s, char *out, size_t len)
@@ -138,8 +140,14 @@ void page_generator_url(const char *public_url, int64_t alert_id, char *out, siz
     snprintf(out, len, "%.*s/api/v1/alerts/%lld", (int)n, public_url, (long long)alert_id);
 }
 
-static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
-static json_t *jstep(int64_t v) { return v >= 0 ? json_integer(v) : json_null(); }
+static json_t *jnum(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+static json_t *jstep(int64_t v)
+{
+    return v >= 0 ? json_integer(v) : json_null();
+}
 
 /* Sets k to v in o (v consumed); returns nonzero on failure. */
 static int oset(json_t *o, const char *k, json_t *v)
@@ -200,8 +208,8 @@ char *page_alertmanager_body(const struct page_alert *a, const char *public_url,
         (long long)a->step, a->value, a->median, a->mad, a->z, (long long)a->first_breach_step,
         (long long)a->fired_step);
     page_rfc3339(a->fired_at, starts, sizeof(starts));
-    double end = a->kind == PAGE_RESOLVE ? a->resolved_at
-                                         : now + PAGE_AM_ENDS_INTERVALS * resend_interval;
+    double end =
+        a->kind == PAGE_RESOLVE ? a->resolved_at : now + PAGE_AM_ENDS_INTERVALS * resend_interval;
     page_rfc3339(end, ends, sizeof(ends));
     page_generator_url(public_url, a->alert_id, url, sizeof(url));
 
@@ -246,8 +254,7 @@ char *page_pagerduty_body(const struct page_alert *a, const char *routing_key,
     e |= oset(o, "event_action", json_string(a->kind == PAGE_RESOLVE ? "resolve" : "trigger"));
     e |= oset(o, "dedup_key", json_string(a->dedup_key));
     if (a->kind == PAGE_TRIGGER && !e) {
-        char summary[512], scope[96], component[PAGE_RULE_MAX + 96], url[PAGE_URL_MAX + 64],
-            ts[40];
+        char summary[512], scope[96], component[PAGE_RULE_MAX + 96], url[PAGE_URL_MAX + 64], ts[40];
         page_summary(a, summary, sizeof(summary));
         scope_text(a, scope, sizeof(scope));
         snprintf(component, sizeof(component), "%s%s", a->rule, scope);
@@ -269,9 +276,8 @@ char *page_pagerduty_body(const struct page_alert *a, const char *routing_key,
             e |= oset(cd, "labels", labels_object(a));
             e |= oset(p, "summary", json_string(summary));
             e |= oset(p, "source", json_string(a->run));
-            e |= oset(p, "severity", json_string(strcmp(a->severity, "critical") == 0
-                                                     ? "critical"
-                                                     : "warning"));
+            e |= oset(p, "severity",
+                      json_string(strcmp(a->severity, "critical") == 0 ? "critical" : "warning"));
             e |= oset(p, "timestamp", json_string(ts));
             e |= oset(p, "component", json_string(component));
             e |= oset(p, "group", json_string(a->family));
@@ -361,8 +367,7 @@ char *page_webhook_body(const struct page_alert *a, const char *public_url)
     return dump(doc);
 }
 
-int page_hmac_sha256_hex(const void *key, size_t keylen, const void *msg, size_t len,
-                         char out[65])
+int page_hmac_sha256_hex(const void *key, size_t keylen, const void *msg, size_t len, char out[65])
 {
     unsigned char mac[EVP_MAX_MD_SIZE];
     unsigned int maclen = 0;

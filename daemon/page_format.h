@@ -19,15 +19,15 @@
  *   attention-numerics), and layer, head, window, rank where the alert has
  *   that scope. */
 
-#define PAGE_RUN_MAX 257       /* run name bytes with NUL (>= ALERT_RUN_MAX + 1) */
-#define PAGE_RULE_MAX 64       /* = DETECT_NAME_MAX */
-#define PAGE_KEY_MAX 1120      /* alert_key, >= ALERT_KEY_MAX */
-#define PAGE_DEDUP_MAX 24      /* >= ALERT_DEDUP_MAX */
-#define PAGE_WORD_MAX 40       /* severity, family, attribution */
-#define PAGE_URL_MAX 1024      /* target url, public_url */
+#define PAGE_RUN_MAX 257  /* run name bytes with NUL (>= ALERT_RUN_MAX + 1) */
+#define PAGE_RULE_MAX 64  /* = DETECT_NAME_MAX */
+#define PAGE_KEY_MAX 1120 /* alert_key, >= ALERT_KEY_MAX */
+#define PAGE_DEDUP_MAX 24 /* >= ALERT_DEDUP_MAX */
+#define PAGE_WORD_MAX 40  /* severity, family, attribution */
+#define PAGE_URL_MAX 1024 /* target url, public_url */
 #define PAGE_MAX_LABELS 10
 #define PAGE_AM_ENDS_INTERVALS 4 /* a firing alert's endsAt: this many resend intervals ahead */
-#define PAGE_ERROR_MAX 256     /* one-line reason of a failed attempt */
+#define PAGE_ERROR_MAX 256       /* one-line reason of a failed attempt */
 
 enum page_kind { PAGE_TRIGGER = 1, PAGE_RESOLVE = 2 };
 
@@ -39,18 +39,18 @@ struct page_alert {
     char rule[PAGE_RULE_MAX];
     char alert_key[PAGE_KEY_MAX];
     char dedup_key[PAGE_DEDUP_MAX];
-    char severity[PAGE_WORD_MAX];    /* "warning" | "critical" */
-    char family[PAGE_WORD_MAX];      /* detector family, e.g. attention_d2 */
-    char attribution[PAGE_WORD_MAX]; /* e.g. attention-numerics */
-    int32_t layer, head, window, rank; /* -1 (window: 0) = not applicable */
-    int64_t step;                    /* the transition's step */
+    char severity[PAGE_WORD_MAX];                         /* "warning" | "critical" */
+    char family[PAGE_WORD_MAX];                           /* detector family, e.g. attention_d2 */
+    char attribution[PAGE_WORD_MAX];                      /* e.g. attention-numerics */
+    int32_t layer, head, window, rank;                    /* -1 (window: 0) = not applicable */
+    int64_t step;                                         /* the transition's step */
     int64_t first_breach_step, fired_step, resolved_step; /* -1 = none */
-    double value, median, mad, z;    /* evidence at the transition; NaN = none */
-    double fired_at;                 /* unix seconds of the to_firing transition */
-    double resolved_at;              /* unix seconds of the to_resolved one (resolve) */
+    double value, median, mad, z; /* evidence at the transition; NaN = none */
+    double fired_at;              /* unix seconds of the to_firing transition */
+    double resolved_at;           /* unix seconds of the to_resolved one (resolve) */
     uint64_t incidents;
-    int64_t series_id;               /* 0 = none */
-    double created_at, updated_at;   /* of the alert row */
+    int64_t series_id;             /* 0 = none */
+    double created_at, updated_at; /* of the alert row */
 };
 
 /* Label set of a page. Pointers go into a and into num: valid while both
@@ -96,8 +96,7 @@ char *page_webhook_body(const struct page_alert *a, const char *public_url);
 #define PAGE_WEBHOOK_VERSION "1"
 
 /* hex(HMAC-SHA256(key, msg)) into out (65 bytes). 0 or -EIO. */
-int page_hmac_sha256_hex(const void *key, size_t keylen, const void *msg, size_t len,
-                         char out[65]);
+int page_hmac_sha256_hex(const void *key, size_t keylen, const void *msg, size_t len, char out[65]);
 
 /* What an HTTP status means for a delivery. */
 enum page_verdict { PAGE_DELIVERED = 0, PAGE_RETRY = 1, PAGE_GIVE_UP = 2 };

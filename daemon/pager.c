@@ -64,9 +64,11 @@ static void attempt(struct pager *p, struct prow *r)
     if (v == PAGE_DELIVERED) {
         atomic_fetch_add(&ts->sent, 1);
         if (r->attempts)
-            log_info("pager", "target %s: %s of %s (run %s, alert %lld) delivered after %u failed "
-                     "attempts", t->name, kind_name(&r->a), r->a.rule, r->a.run,
-                     (long long)r->a.alert_id, r->attempts);
+            log_info("pager",
+                     "target %s: %s of %s (run %s, alert %lld) delivered after %u failed "
+                     "attempts",
+                     t->name, kind_name(&r->a), r->a.rule, r->a.run, (long long)r->a.alert_id,
+                     r->attempts);
         finish(p, r, STORE_OUTBOX_DELIVERED, (int)status, NULL);
         if (r->a.kind == PAGE_TRIGGER)
             pager_open_add(p, &r->a, r->target, fs_clock_mono() + t->resend_interval);
@@ -171,9 +173,10 @@ static void handle(struct pager *p, struct prow *r, double now)
         if (pager_silenced(p, &r->a, now)) {
             r->state = STORE_OUTBOX_SILENCED;
             atomic_fetch_add(&tstats(p, r->target)->silenced, 1);
-            log_info("pager", "target %s: trigger of %s (run %s, alert %lld) silenced; held "
-                     "until the silence ends", t->name, r->a.rule, r->a.run,
-                     (long long)r->a.alert_id);
+            log_info("pager",
+                     "target %s: trigger of %s (run %s, alert %lld) silenced; held "
+                     "until the silence ends",
+                     t->name, r->a.rule, r->a.run, (long long)r->a.alert_id);
             pager_record(p, r, STORE_OUTBOX_SILENCED, 0, "silenced");
             return;
         }
@@ -196,9 +199,10 @@ static void release_held(struct pager *p, double now)
         if (f < 0)
             continue;
         if (f) {
-            log_info("pager", "target %s: silence over, sending the trigger of %s (run %s, "
-                     "alert %lld)", p->cfg.t[r->target].name, r->a.rule, r->a.run,
-                     (long long)r->a.alert_id);
+            log_info("pager",
+                     "target %s: silence over, sending the trigger of %s (run %s, "
+                     "alert %lld)",
+                     p->cfg.t[r->target].name, r->a.rule, r->a.run, (long long)r->a.alert_id);
             r->state = STORE_OUTBOX_PENDING;
             r->next_at = now;
         } else if (!blocker(p, r)) {

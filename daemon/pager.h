@@ -31,13 +31,14 @@
  * pager_announce on any thread (the writer); everything else on the pager
  * thread. */
 
-#define PAGER_MAX_ROWS 1024u        /* undone outbox rows held in memory, shared equally by the
-                                     * targets; more wait in the table */
-#define PAGER_MAX_OPEN 8192u        /* paged, unresolved incidents tracked (resolves, re-sends) */
+#define PAGER_MAX_ROWS                                                                             \
+    1024u                    /* undone outbox rows held in memory, shared equally by the           \
+                              * targets; more wait in the table */
+#define PAGER_MAX_OPEN 8192u /* paged, unresolved incidents tracked (resolves, re-sends) */
 #define PAGER_MAX_SILENCES FS_STORE_MAX_LIVE_SILENCES /* active or future silences loaded */
-#define PAGER_SILENCE_RELOAD_S 1.0  /* silences are re-read this often */
-#define PAGER_RESPONSE_KEEP 200u    /* response body bytes kept for the error message */
-#define PAGER_MATCH_MAX 1024u       /* `match` value bytes */
+#define PAGER_SILENCE_RELOAD_S 1.0                    /* silences are re-read this often */
+#define PAGER_RESPONSE_KEEP 200u /* response body bytes kept for the error message */
+#define PAGER_MATCH_MAX 1024u    /* `match` value bytes */
 #define PAGER_ROUTING_KEY_MAX 128u
 #define PAGER_SECRET_MAX 256u
 #define PAGER_DEFAULT_PAGERDUTY_URL "https://events.pagerduty.com/v2/enqueue"
@@ -47,18 +48,18 @@ enum pager_type { PAGER_ALERTMANAGER = 0, PAGER_PAGERDUTY = 1, PAGER_WEBHOOK = 2
 /* One `[target "NAME"]` section. */
 struct pager_target_cfg {
     char name[STATS_TARGET_NAME_MAX];
-    int type;                    /* enum pager_type; -1 until `type` is given */
+    int type; /* enum pager_type; -1 until `type` is given */
     char url[PAGE_URL_MAX];
     char routing_key[PAGER_ROUTING_KEY_MAX];
     char secret[PAGER_SECRET_MAX];
-    int min_severity;            /* 0 warning, 1 critical */
+    int min_severity; /* 0 warning, 1 critical */
     char match[PAGER_MATCH_MAX];
-    double timeout;              /* seconds, whole request */
-    double connect_timeout;      /* seconds */
+    double timeout;                      /* seconds, whole request */
+    double connect_timeout;              /* seconds */
     double backoff_initial, backoff_max; /* seconds */
-    double give_up_after;        /* seconds from the transition */
-    double resend_interval;      /* seconds (alertmanager) */
-    int line;                    /* config line of the header, for messages */
+    double give_up_after;                /* seconds from the transition */
+    double resend_interval;              /* seconds (alertmanager) */
+    int line;                            /* config line of the header, for messages */
 };
 
 struct pager_config {
@@ -101,8 +102,8 @@ void pager_register(const struct pager_config *cfg, struct store *store);
 /* Opens the read-only connection, initialises libcurl and starts the pager
  * thread, which first loads the undone outbox rows and the paged, still
  * open incidents. Also registers the targets and pager_announce with the
- * store (store_set_pager); rows committed earlier are found by that load. With no targets, does nothing and sets *out to
- * NULL. 0 or a negative errno-style code with err. Main thread. */
+ * store (store_set_pager); rows committed earlier are found by that load. With no targets, does
+ * nothing and sets *out to NULL. 0 or a negative errno-style code with err. Main thread. */
 int pager_start(const struct pager_opts *opts, struct pager **out, struct fs_err *err);
 
 /* The writer committed outbox rows up to max_id: wake the pager. Never

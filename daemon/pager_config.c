@@ -12,39 +12,98 @@
 
 /* --- configuration: [target "NAME"] ------------------------------------------------------ */
 
-#define TFIELD(f) .offset = offsetof(struct pager_target_cfg, f), \
-                  .size = sizeof(((struct pager_target_cfg *)0)->f)
+#define TFIELD(f)                                                                                  \
+    .offset = offsetof(struct pager_target_cfg, f),                                                \
+    .size = sizeof(((struct pager_target_cfg *)0)->f)
 
 static const char *const type_names[] = {[PAGER_ALERTMANAGER] = "alertmanager",
                                          [PAGER_PAGERDUTY] = "pagerduty",
-                                         [PAGER_WEBHOOK] = "webhook", NULL};
+                                         [PAGER_WEBHOOK] = "webhook",
+                                         NULL};
 
 static const struct config_key target_keys[] = {
-    {.name = "type", .type = CONFIG_ENUM, .def = NULL, .choices = type_names, TFIELD(type),
+    {.name = "type",
+     .type = CONFIG_ENUM,
+     .def = NULL,
+     .choices = type_names,
+     TFIELD(type),
      .help = "alertmanager | pagerduty | webhook (required)"},
-    {.name = "url", .type = CONFIG_STRING, .def = "", .min = 0, .max = PAGE_URL_MAX - 1,
-     TFIELD(url), .help = "Alertmanager base URL, PagerDuty events URL, or the webhook URL"},
-    {.name = "routing_key", .type = CONFIG_STRING, .def = "", .min = 0,
-     .max = PAGER_ROUTING_KEY_MAX - 1, TFIELD(routing_key),
+    {.name = "url",
+     .type = CONFIG_STRING,
+     .def = "",
+     .min = 0,
+     .max = PAGE_URL_MAX - 1,
+     TFIELD(url),
+     .help = "Alertmanager base URL, PagerDuty events URL, or the webhook URL"},
+    {.name = "routing_key",
+     .type = CONFIG_STRING,
+     .def = "",
+     .min = 0,
+     .max = PAGER_ROUTING_KEY_MAX - 1,
+     TFIELD(routing_key),
      .help = "PagerDuty integration (routing) key"},
-    {.name = "secret", .type = CONFIG_STRING, .def = "", .min = 0, .max = PAGER_SECRET_MAX - 1,
-     TFIELD(secret), .help = "webhook HMAC-SHA256 key (empty: unsigned)"},
-    {.name = "min_severity", .type = CONFIG_ENUM, .def = "warning", .choices = detect_severity_names,
-     TFIELD(min_severity), .help = "warning | critical"},
-    {.name = "match", .type = CONFIG_STRING, .def = "", .min = 0, .max = PAGER_MATCH_MAX - 1,
-     TFIELD(match), .help = "label filter, e.g. run=~gpt-.*,family=attention_d2"},
-    {.name = "timeout", .type = CONFIG_DOUBLE, .def = "10", .min = 0.1, .max = 300,
-     TFIELD(timeout), .help = "seconds a whole request may take"},
-    {.name = "connect_timeout", .type = CONFIG_DOUBLE, .def = "5", .min = 0.1, .max = 300,
-     TFIELD(connect_timeout), .help = "seconds to connect"},
-    {.name = "backoff_initial", .type = CONFIG_DOUBLE, .def = "1", .min = 0.01, .max = 86400,
-     TFIELD(backoff_initial), .help = "seconds before the first retry (doubles, jittered)"},
-    {.name = "backoff_max", .type = CONFIG_DOUBLE, .def = "300", .min = 0.01, .max = 86400,
-     TFIELD(backoff_max), .help = "longest wait between retries, seconds"},
-    {.name = "give_up_after", .type = CONFIG_DOUBLE, .def = "86400", .min = 1, .max = 31536000,
-     TFIELD(give_up_after), .help = "seconds after the transition a delivery is given up"},
-    {.name = "resend_interval", .type = CONFIG_DOUBLE, .def = "60", .min = 0.1, .max = 86400,
-     TFIELD(resend_interval), .help = "alertmanager: re-send firing alerts this often, seconds"},
+    {.name = "secret",
+     .type = CONFIG_STRING,
+     .def = "",
+     .min = 0,
+     .max = PAGER_SECRET_MAX - 1,
+     TFIELD(secret),
+     .help = "webhook HMAC-SHA256 key (empty: unsigned)"},
+    {.name = "min_severity",
+     .type = CONFIG_ENUM,
+     .def = "warning",
+     .choices = detect_severity_names,
+     TFIELD(min_severity),
+     .help = "warning | critical"},
+    {.name = "match",
+     .type = CONFIG_STRING,
+     .def = "",
+     .min = 0,
+     .max = PAGER_MATCH_MAX - 1,
+     TFIELD(match),
+     .help = "label filter, e.g. run=~gpt-.*,family=attention_d2"},
+    {.name = "timeout",
+     .type = CONFIG_DOUBLE,
+     .def = "10",
+     .min = 0.1,
+     .max = 300,
+     TFIELD(timeout),
+     .help = "seconds a whole request may take"},
+    {.name = "connect_timeout",
+     .type = CONFIG_DOUBLE,
+     .def = "5",
+     .min = 0.1,
+     .max = 300,
+     TFIELD(connect_timeout),
+     .help = "seconds to connect"},
+    {.name = "backoff_initial",
+     .type = CONFIG_DOUBLE,
+     .def = "1",
+     .min = 0.01,
+     .max = 86400,
+     TFIELD(backoff_initial),
+     .help = "seconds before the first retry (doubles, jittered)"},
+    {.name = "backoff_max",
+     .type = CONFIG_DOUBLE,
+     .def = "300",
+     .min = 0.01,
+     .max = 86400,
+     TFIELD(backoff_max),
+     .help = "longest wait between retries, seconds"},
+    {.name = "give_up_after",
+     .type = CONFIG_DOUBLE,
+     .def = "86400",
+     .min = 1,
+     .max = 31536000,
+     TFIELD(give_up_after),
+     .help = "seconds after the transition a delivery is given up"},
+    {.name = "resend_interval",
+     .type = CONFIG_DOUBLE,
+     .def = "60",
+     .min = 0.1,
+     .max = 86400,
+     TFIELD(resend_interval),
+     .help = "alertmanager: re-send firing alerts this often, seconds"},
 };
 
 const char *pager_type_name(int type)
@@ -83,8 +142,8 @@ static void *target_open(void *ctx, const char *sub, struct fs_err *why)
     struct pager_target_cfg *t = &pc->t[pc->n];
     memset(t, 0, sizeof(*t));
     t->type = -1;
-    if (config_apply_defaults(target_keys, sizeof(target_keys) / sizeof(target_keys[0]), t,
-                              why) < 0)
+    if (config_apply_defaults(target_keys, sizeof(target_keys) / sizeof(target_keys[0]), t, why) <
+        0)
         return NULL;
     snprintf(t->name, sizeof(t->name), "%s", sub);
     pc->n++;
@@ -154,8 +213,8 @@ int pager_config_check(const struct pager_config *pc, struct fs_err *err)
         else
             silence_free(&m);
         if (why)
-            return fs_err_set(err, -EINVAL, "config: %s: [target \"%s\"]: %.299s", origin,
-                              t->name, why);
+            return fs_err_set(err, -EINVAL, "config: %s: [target \"%s\"]: %.299s", origin, t->name,
+                              why);
     }
     return 0;
 }

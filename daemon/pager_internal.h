@@ -30,14 +30,14 @@
 struct prow {
     int64_t id;
     int64_t event_id;
-    int target;          /* index into cfg.t, -1 = no longer configured */
-    int state;           /* STORE_OUTBOX_PENDING or _SILENCED while held here */
-    int done;            /* reached a final state; removed at the next compaction */
-    int blocked;         /* waits for an earlier row of its alert and target */
+    int target;  /* index into cfg.t, -1 = no longer configured */
+    int state;   /* STORE_OUTBOX_PENDING or _SILENCED while held here */
+    int done;    /* reached a final state; removed at the next compaction */
+    int blocked; /* waits for an earlier row of its alert and target */
     uint32_t attempts;
-    double next_at;      /* unix seconds */
+    double next_at; /* unix seconds */
     double created_at;
-    int logged;          /* a failure of this row was logged */
+    int logged; /* a failure of this row was logged */
     struct page_alert a;
 };
 
@@ -45,11 +45,11 @@ struct prow {
  * Alertmanager targets get it re-sent. */
 struct popen {
     int target;
-    int resolving;       /* its resolve row is queued: no more re-sends */
-    int silenced;        /* the last re-send was held by a silence */
-    int failing;         /* the last re-send failed (logged once) */
-    double next_resend;  /* monotonic seconds: a wall clock step back must not stall re-sends
-                          * (Alertmanager would end the alert after endsAt) */
+    int resolving;      /* its resolve row is queued: no more re-sends */
+    int silenced;       /* the last re-send was held by a silence */
+    int failing;        /* the last re-send failed (logged once) */
+    double next_resend; /* monotonic seconds: a wall clock step back must not stall re-sends
+                         * (Alertmanager would end the alert after endsAt) */
     struct page_alert a;
 };
 
@@ -66,8 +66,8 @@ struct pager {
     pthread_t thread;
     int started;
     pthread_mutex_t mu;
-    pthread_cond_t cv;   /* CLOCK_MONOTONIC */
-    int64_t announced;   /* guarded by mu */
+    pthread_cond_t cv; /* CLOCK_MONOTONIC */
+    int64_t announced; /* guarded by mu */
     atomic_int stopping;
 
     /* pager thread only */
@@ -78,15 +78,15 @@ struct pager {
     /* Per target: rows are loaded per target into a share of the memory
      * (quota rows each), so a target that is down, or a silence holding
      * many triggers, never keeps another target's pages in the table. */
-    size_t quota;                          /* PAGER_MAX_ROWS / targets */
-    size_t count[STATS_MAX_TARGETS];       /* undone rows in memory */
-    int64_t watermark[STATS_MAX_TARGETS];  /* highest outbox id loaded */
-    int backlog[STATS_MAX_TARGETS];        /* the last load filled the share */
-    int load_error;      /* the last load failed (retried at the next wake, not at once) */
+    size_t quota;                         /* PAGER_MAX_ROWS / targets */
+    size_t count[STATS_MAX_TARGETS];      /* undone rows in memory */
+    int64_t watermark[STATS_MAX_TARGETS]; /* highest outbox id loaded */
+    int backlog[STATS_MAX_TARGETS];       /* the last load filled the share */
+    int load_error;           /* the last load failed (retried at the next wake, not at once) */
     struct silence_set *sils; /* compiled once per silence (silence_set.h); NULL: none read */
-    double sil_next;     /* monotonic seconds of the next reload */
-    int sil_fresh;       /* silences were read during this pass of the loop */
-    int sil_ok;          /* the last silence read succeeded: triggers may be sent */
+    double sil_next;          /* monotonic seconds of the next reload */
+    int sil_fresh;            /* silences were read during this pass of the loop */
+    int sil_ok;               /* the last silence read succeeded: triggers may be sent */
     /* Targets that failed a retryable attempt during this pass, and when
      * that row retries: their other due rows wait until then instead of
      * each waiting out a timeout (one thread sends for every target). */

@@ -27,8 +27,7 @@ static int target_index(const struct pager *p, const char *name)
 }
 /* --- outcomes through the writer ------------------------------------------------------------ */
 
-void pager_record(struct pager *p, const struct prow *r, int state, int status,
-                  const char *err)
+void pager_record(struct pager *p, const struct prow *r, int state, int status, const char *err)
 {
     struct store_item *it = store_item_new(STORE_ITEM_OUTBOX);
     if (!it) {
@@ -55,20 +54,46 @@ void pager_record(struct pager *p, const struct prow *r, int state, int status,
 
 /* --- reading: rows, open incidents, silences ------------------------------------------------ */
 
-#define PAGE_COLUMNS                                                                             \
-    "o.id, o.target, o.kind, o.state, o.attempts, o.next_attempt_at, o.created_at, o.event_id, " \
-    "o.severity, o.attribution, a.id, r.name, a.rule, a.alert_key, a.dedup_key, a.family, "      \
-    "a.layer, a.head, a.\"window\", a.rank, a.incidents, a.series_id, a.created_at, "            \
-    "a.updated_at, e.step, e.at, e.evidence_json, "                                              \
-    "(SELECT f.at FROM alert_events f WHERE f.alert_id = o.alert_id AND f.change = 'to_firing' " \
-    "AND f.id <= o.event_id ORDER BY f.id DESC LIMIT 1) "                                        \
-    "FROM outbox o JOIN alerts a ON a.id = o.alert_id JOIN runs r ON r.id = a.run_id "           \
+#define PAGE_COLUMNS                                                                               \
+    "o.id, o.target, o.kind, o.state, o.attempts, o.next_attempt_at, o.created_at, o.event_id, "   \
+    "o.severity, o.attribution, a.id, r.name, a.rule, a.alert_key, a.dedup_key, a.family, "        \
+    "a.layer, a.head, a.\"window\", a.rank, a.incidents, a.series_id, a.created_at, "              \
+    "a.updated_at, e.step, e.at, e.evidence_json, "                                                \
+    "(SELECT f.at FROM alert_events f WHERE f.alert_id = o.alert_id AND f.change = 'to_firing' "   \
+    "AND f.id <= o.event_id ORDER BY f.id DESC LIMIT 1) "                                          \
+    "FROM outbox o JOIN alerts a ON a.id = o.alert_id JOIN runs r ON r.id = a.run_id "             \
     "JOIN alert_events e ON e.id = o.event_id "
 
-enum { PC_ID, PC_TARGET, PC_KIND, PC_STATE, PC_ATTEMPTS, PC_NEXT, PC_CREATED, PC_EVENT,
-       PC_SEVERITY, PC_ATTR, PC_ALERT, PC_RUN, PC_RULE, PC_KEY, PC_DEDUP, PC_FAMILY, PC_LAYER,
-       PC_HEAD, PC_WINDOW, PC_RANK, PC_INCIDENTS, PC_SERIES, PC_A_CREATED, PC_A_UPDATED,
-       PC_STEP, PC_AT, PC_EVIDENCE, PC_FIRED_AT };
+enum {
+    PC_ID,
+    PC_TARGET,
+    PC_KIND,
+    PC_STATE,
+    PC_ATTEMPTS,
+    PC_NEXT,
+    PC_CREATED,
+    PC_EVENT,
+    PC_SEVERITY,
+    PC_ATTR,
+    PC_ALERT,
+    PC_RUN,
+    PC_RULE,
+    PC_KEY,
+    PC_DEDUP,
+    PC_FAMILY,
+    PC_LAYER,
+    PC_HEAD,
+    PC_WINDOW,
+    PC_RANK,
+    PC_INCIDENTS,
+    PC_SERIES,
+    PC_A_CREATED,
+    PC_A_UPDATED,
+    PC_STEP,
+    PC_AT,
+    PC_EVIDENCE,
+    PC_FIRED_AT
+};
 
 static void col_text(sqlite3_stmt *q, int i, char *out, size_t len)
 {
@@ -171,12 +196,11 @@ void pager_open_remove(struct pager *p, struct popen *o)
 void pager_load_open(struct pager *p)
 {
     sqlite3_stmt *q = NULL;
-    const char *sql = "SELECT " PAGE_COLUMNS
-                      "WHERE o.kind = " STORE_OUTBOX_SQL_TRIGGER " AND o.state IN "
-                      STORE_OUTBOX_SQL_SENT " AND NOT EXISTS (SELECT 1 FROM "
-                      "outbox x WHERE x.alert_id = o.alert_id AND x.target = o.target AND "
-                      "x.id > o.id AND x.state IN " STORE_OUTBOX_SQL_FINISHED
-                      ") ORDER BY o.id LIMIT ?1";
+    const char *sql =
+        "SELECT " PAGE_COLUMNS "WHERE o.kind = " STORE_OUTBOX_SQL_TRIGGER
+        " AND o.state IN " STORE_OUTBOX_SQL_SENT " AND NOT EXISTS (SELECT 1 FROM "
+        "outbox x WHERE x.alert_id = o.alert_id AND x.target = o.target AND "
+        "x.id > o.id AND x.state IN " STORE_OUTBOX_SQL_FINISHED ") ORDER BY o.id LIMIT ?1";
     if (sqlite3_prepare_v2(p->db, sql, -1, &q, NULL) != SQLITE_OK) {
         db_complaint(p, "open incidents");
         return;
@@ -212,9 +236,9 @@ static int load_target_rows(struct pager *p, int t)
         return 0;
     }
     sqlite3_stmt *q = NULL;
-    const char *sql = "SELECT " PAGE_COLUMNS
-                      "WHERE o.id > ?1 AND o.state IN " STORE_OUTBOX_SQL_UNDONE
-                      " AND o.target = ?3 ORDER BY o.id LIMIT ?2";
+    const char *sql =
+        "SELECT " PAGE_COLUMNS "WHERE o.id > ?1 AND o.state IN " STORE_OUTBOX_SQL_UNDONE
+        " AND o.target = ?3 ORDER BY o.id LIMIT ?2";
     if (sqlite3_prepare_v2(p->db, sql, -1, &q, NULL) != SQLITE_OK) {
         db_complaint(p, "outbox");
         p->backlog[t] = 1;

@@ -22,9 +22,9 @@
 /* The run's detection state at step (detector and alert states, training
  * progress) from its stored points of steps <= step, into er (initialised
  * by the caller with the live rules). lead_rank: the rank whose scalars the
- * run detects (run.h); detect_from_step: the run's or the configuration's. Opens its own read-only connection to db_path: any
- * thread (the stage runs it on a worker). 0, or a negative errno with err.
- * The caller must have had every point of steps <= step committed. */
+ * run detects (run.h); detect_from_step: the run's or the configuration's. Opens its own read-only
+ * connection to db_path: any thread (the stage runs it on a worker). 0, or a negative errno with
+ * err. The caller must have had every point of steps <= step committed. */
 int rewind_rebuild(const char *db_path, int64_t run_id, uint64_t step, uint32_t lead_rank,
                    int64_t detect_from_step, struct eval_run *er, struct fs_err *err);
 

@@ -55,9 +55,15 @@ void run_registry_destroy(struct run_registry *reg)
     free(reg);
 }
 
-uint64_t run_registry_bytes(const struct run_registry *reg) { return reg->bytes; }
+uint64_t run_registry_bytes(const struct run_registry *reg)
+{
+    return reg->bytes;
+}
 
-bool run_registry_full(const struct run_registry *reg) { return reg->bytes >= reg->lim.max_bytes; }
+bool run_registry_full(const struct run_registry *reg)
+{
+    return reg->bytes >= reg->lim.max_bytes;
+}
 
 struct run *run_find(struct run_registry *reg, int64_t run_id)
 {
@@ -103,11 +109,20 @@ int run_open(struct run_registry *reg, int64_t run_id, const char *name, struct 
     return 0;
 }
 
-size_t run_count(const struct run_registry *reg) { return reg->n; }
+size_t run_count(const struct run_registry *reg)
+{
+    return reg->n;
+}
 
-struct run *run_at(struct run_registry *reg, size_t i) { return i < reg->n ? reg->runs[i] : NULL; }
+struct run *run_at(struct run_registry *reg, size_t i)
+{
+    return i < reg->n ? reg->runs[i] : NULL;
+}
 
-void run_set_done_step(struct run *run, int64_t step) { run->done_step = step; }
+void run_set_done_step(struct run *run, int64_t step)
+{
+    run->done_step = step;
+}
 
 /* --- local groups ---------------------------------------------------------------------- */
 
@@ -352,8 +367,8 @@ static struct run_stream *stream_get(struct run *run, int64_t stream_id, int cre
             return &run->streams[i];
     if (!create || run->n_streams >= RUN_MAX_STREAMS_PER_RUN)
         return NULL;
-    struct run_stream *p = fs_grow(run->streams, &run->cap_streams, run->n_streams + 1,
-                                   sizeof(*p), 8);
+    struct run_stream *p =
+        fs_grow(run->streams, &run->cap_streams, run->n_streams + 1, sizeof(*p), 8);
     if (!p)
         return NULL;
     run->streams = p;

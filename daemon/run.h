@@ -44,10 +44,10 @@
  * ignored (counted). */
 
 #define RUN_TIMEOUT_MIN_S 0.001
-#define RUN_MAX_STREAMS_PER_RUN 65536u  /* resend-dedup entries per run */
-#define RUN_MAX_BUCKETS_PER_RUN 65536u  /* steps in reduction at once, per run */
-#define RUN_MAX_MISSING_RECORDS 4096u   /* incomplete rows for absent groups per bucket */
-#define RUN_MAX_LOCAL_GROUPS 64u        /* distinct local groups declared per run */
+#define RUN_MAX_STREAMS_PER_RUN 65536u /* resend-dedup entries per run */
+#define RUN_MAX_BUCKETS_PER_RUN 65536u /* steps in reduction at once, per run */
+#define RUN_MAX_MISSING_RECORDS 4096u  /* incomplete rows for absent groups per bucket */
+#define RUN_MAX_LOCAL_GROUPS 64u       /* distinct local groups declared per run */
 
 enum run_group_kind {
     RUN_GROUP_ATTENTION = 0,
@@ -58,7 +58,7 @@ enum run_group_kind {
 /* What the worker computed for a group (written off the loop thread while
  * the bucket is out; read on the loop thread after the join). */
 struct run_result {
-    int rc;     /* of the compute call */
+    int rc; /* of the compute call */
     bool done;
     struct qk_head qk;
     struct router_weight rw;
@@ -76,19 +76,19 @@ struct run_group {
     uint32_t seen_bits;           /* bitmap size in bits */
     uint8_t *seen;                /* shard indices (gram) or ranks (tokens) seen */
     double first_seen;
-    double *a, *b;                /* attention: GA, GB; router gram: a = GR (triangles) */
-    uint64_t n_tok;               /* router tokens */
+    double *a, *b;  /* attention: GA, GB; router gram: a = GR (triangles) */
+    uint64_t n_tok; /* router tokens */
     double sum_h, sum_h2, sum_lse2;
     uint64_t *load;
     double *sum_p;
-    size_t bytes;                 /* accounted to the registry */
+    size_t bytes; /* accounted to the registry */
     struct run_result res;
 };
 
 struct run_incomplete {
     enum run_group_kind kind;
     uint32_t layer;
-    int32_t head;   /* -1 for router groups */
+    int32_t head;    /* -1 for router groups */
     uint32_t window; /* 0 for router groups */
     uint32_t have, want;
 };
@@ -104,11 +104,11 @@ struct run_bucket {
     struct run_registry *reg;
     int64_t run_id;
     uint64_t step;
-    double first_seen;     /* `now` of its first piece */
-    double time;           /* latest report time (unix seconds) */
+    double first_seen;         /* `now` of its first piece */
+    double time;               /* latest report time (unix seconds) */
     struct run_group **groups; /* complete groups once taken, in arrival order */
     size_t n, cap;
-    struct fs_index index;     /* over groups, by mix64 of the group key */
+    struct fs_index index; /* over groups, by mix64 of the group key */
     struct run_window_count *windows;
     size_t n_windows;
     struct run_incomplete *incomplete; /* filled by run_take_ready */
@@ -129,7 +129,7 @@ struct run_announce { /* one per rank heard from (a Hello), announcing or not */
 struct run_local_decl {
     uint32_t *ranks; /* sorted, distinct */
     uint32_t n;
-    uint32_t refs;   /* ranks whose latest Hello declared it */
+    uint32_t refs; /* ranks whose latest Hello declared it */
     bool restored;
 };
 
@@ -147,7 +147,7 @@ struct run {
     uint32_t n_layers, n_heads; /* 0: not declared */
     bool has_detect_from_step;
     uint64_t detect_from_step;
-    int64_t done_step; /* last step taken (-1: none); later data at or below it is late */
+    int64_t done_step;          /* last step taken (-1: none); later data at or below it is late */
     struct run_bucket *buckets; /* pending, ascending step */
     size_t n_buckets;
     struct run_announce *ann; /* per rank heard from */
@@ -156,7 +156,7 @@ struct run {
     size_t n_moe_want;
     struct run_local_decl *decls; /* distinct declared local groups, <= RUN_MAX_LOCAL_GROUPS */
     size_t n_decls;
-    uint32_t *local;    /* union of decls, sorted; NULL: none declared (the whole world) */
+    uint32_t *local; /* union of decls, sorted; NULL: none declared (the whole world) */
     size_t n_local;
     uint32_t lead_rank; /* rank whose loss, grad_norm, lr are detected: local[0], else 0 */
     /* Kept by run_hello, of ranks below world_size: in local, heard (a
@@ -168,18 +168,18 @@ struct run {
 };
 
 struct run_limits {
-    double timeout_s;    /* reduce_timeout_s */
-    uint64_t max_bytes;  /* reduce_max_bytes: run_registry_full past it */
+    double timeout_s;   /* reduce_timeout_s */
+    uint64_t max_bytes; /* reduce_max_bytes: run_registry_full past it */
 };
 
 /* What one run_add did, for counters and logs. */
 struct run_add_stats {
     uint32_t groups_new;
-    uint32_t pieces;      /* shards / rank contributions summed */
-    uint32_t duplicates;  /* shard index or rank already summed: ignored */
-    uint32_t mismatched;  /* dh / n_experts / shard_count differs from the group's: ignored */
-    uint32_t late;        /* step already taken: ignored */
-    uint32_t limit;       /* a per-run bound was reached: ignored */
+    uint32_t pieces;     /* shards / rank contributions summed */
+    uint32_t duplicates; /* shard index or rank already summed: ignored */
+    uint32_t mismatched; /* dh / n_experts / shard_count differs from the group's: ignored */
+    uint32_t late;       /* step already taken: ignored */
+    uint32_t limit;      /* a per-run bound was reached: ignored */
     uint32_t nonfinite_spectra;
 };
 

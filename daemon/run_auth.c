@@ -6,7 +6,11 @@
 #include <string.h>
 
 static const struct config_key run_keys[] = {
-    {.name = "token", .type = CONFIG_STRING, .def = "", .min = 1, .max = FS_MAX_TOKEN_LEN,
+    {.name = "token",
+     .type = CONFIG_STRING,
+     .def = "",
+     .min = 1,
+     .max = FS_MAX_TOKEN_LEN,
      .offset = offsetof(struct run_auth_entry, token),
      .size = sizeof(((struct run_auth_entry *)0)->token),
      .help = "the token a Hello for a run matching the section's pattern must carry"},
@@ -14,8 +18,8 @@ static const struct config_key run_keys[] = {
 
 static bool pattern_char(char c)
 {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == ':' || c == '-' || c == '*' || c == '?';
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == ':' || c == '-' || c == '*' || c == '?';
 }
 
 static void *run_open(void *ctx, const char *sub, struct fs_err *why)
@@ -31,7 +35,8 @@ static void *run_open(void *ctx, const char *sub, struct fs_err *why)
     }
     for (const char *c = sub; *c; c++) {
         if (!pattern_char(*c)) {
-            fs_err_set(why, -EINVAL, "a pattern holds run id characters [A-Za-z0-9._:-], '*' "
+            fs_err_set(why, -EINVAL,
+                       "a pattern holds run id characters [A-Za-z0-9._:-], '*' "
                        "and '?' only");
             return NULL;
         }
@@ -54,9 +59,11 @@ static void *run_open(void *ctx, const char *sub, struct fs_err *why)
 
 void run_auth_section(struct run_auth *ra, struct config_section *out)
 {
-    *out = (struct config_section){.name = "run", .keys = run_keys,
+    *out = (struct config_section){.name = "run",
+                                   .keys = run_keys,
                                    .nkeys = sizeof(run_keys) / sizeof(run_keys[0]),
-                                   .open = run_open, .ctx = ra};
+                                   .open = run_open,
+                                   .ctx = ra};
 }
 
 int run_auth_check(const struct run_auth *ra, struct fs_err *why)

@@ -37,13 +37,15 @@ static void bucket_free(struct run_bucket *b)
     free(b);
 }
 
-void run_bucket_free(struct run_bucket *b) { bucket_free(b); }
+void run_bucket_free(struct run_bucket *b)
+{
+    bucket_free(b);
+}
 
 /* --- buckets and groups -------------------------------------------------------------- */
 
 /* layer < 2^12, head < 2^10, window <= 2^20 (fs_limits.h): disjoint bit ranges. */
-static uint64_t group_key(enum run_group_kind kind, uint32_t layer, uint32_t head,
-                          uint32_t window)
+static uint64_t group_key(enum run_group_kind kind, uint32_t layer, uint32_t head, uint32_t window)
 {
     return ((uint64_t)kind << 60) | ((uint64_t)layer << 40) | ((uint64_t)head << 22) | window;
 }
@@ -152,8 +154,14 @@ static struct run_group *group_new(struct run_registry *reg, struct run_bucket *
     if (!g)
         return NULL;
     size_t seen_bytes = ((size_t)bits + 7) / 8;
-    *g = (struct run_group){.kind = kind, .layer = layer, .head = head, .window = window,
-                            .kv_head = head, .size = size, .first_seen = now, .seen_bits = bits,
+    *g = (struct run_group){.kind = kind,
+                            .layer = layer,
+                            .head = head,
+                            .window = window,
+                            .kv_head = head,
+                            .size = size,
+                            .first_seen = now,
+                            .seen_bits = bits,
                             .bytes = sizeof(*g) + seen_bytes};
     if (bits && !(g->seen = calloc(seen_bytes ? seen_bytes : 1, 1)))
         goto fail;
@@ -167,7 +175,8 @@ static struct run_group *group_new(struct run_registry *reg, struct run_bucket *
             goto fail;
     } else if (kind == RUN_GROUP_ROUTER_TOKENS) {
         g->bytes += (size_t)size * (sizeof(uint64_t) + sizeof(double));
-        if (!(g->load = calloc(size, sizeof(uint64_t))) || !(g->sum_p = calloc(size, sizeof(double))))
+        if (!(g->load = calloc(size, sizeof(uint64_t))) ||
+            !(g->sum_p = calloc(size, sizeof(double))))
             goto fail;
     }
     if (bucket_insert(b, g) < 0)
@@ -208,19 +217,30 @@ static int add_attention(struct run_registry *reg, struct run_bucket *b,
             dh = s->n_w;
         if (dh == 0)
             dh = 1;
-        g = group_new(reg, b, RUN_GROUP_ATTENTION, a->layer, a->head, a->window, (uint32_t)dh, 0,
-                      0, now);
+        g = group_new(reg, b, RUN_GROUP_ATTENTION, a->layer, a->head, a->window, (uint32_t)dh, 0, 0,
+                      now);
         if (!g)
             return -ENOMEM;
         g->spectrum = true;
         g->kv_head = a->has_kv_head ? a->kv_head : a->head;
         g->have = g->want = 1;
-        struct qk_spectra_in in = {
-            .dh = (unsigned)dh, .d2 = s->d2, .n_d2 = s->n_d2, .d1 = s->d1, .n_d1 = s->n_d1,
-            .d3 = s->d3, .n_d3 = s->n_d3, .w = s->w, .n_w = s->n_w,
-            .has_norms = s->has_q_delta_sq && s->has_q_sq && s->has_k_sq && s->has_k_delta_sq,
-            .q_delta_sq = s->q_delta_sq, .q_sq = s->q_sq, .k_sq = s->k_sq,
-            .k_delta_sq = s->k_delta_sq, .has_cqk = s->has_cqk, .cqk = s->cqk};
+        struct qk_spectra_in in = {.dh = (unsigned)dh,
+                                   .d2 = s->d2,
+                                   .n_d2 = s->n_d2,
+                                   .d1 = s->d1,
+                                   .n_d1 = s->n_d1,
+                                   .d3 = s->d3,
+                                   .n_d3 = s->n_d3,
+                                   .w = s->w,
+                                   .n_w = s->n_w,
+                                   .has_norms = s->has_q_delta_sq && s->has_q_sq && s->has_k_sq &&
+                                                s->has_k_delta_sq,
+                                   .q_delta_sq = s->q_delta_sq,
+                                   .q_sq = s->q_sq,
+                                   .k_sq = s->k_sq,
+                                   .k_delta_sq = s->k_delta_sq,
+                                   .has_cqk = s->has_cqk,
+                                   .cqk = s->cqk};
         /* O(dh) scalars, no LAPACK: cheap enough for the loop thread. */
         g->res.rc = qk_head_from_spectra(&in, &g->res.qk);
         g->res.done = true;
@@ -425,8 +445,11 @@ static void bucket_settle(struct run_registry *reg, const struct run *run, struc
                 if (missing >= RUN_MAX_MISSING_RECORDS ||
                     bucket_find(b, group_key(RUN_GROUP_ATTENTION, l, h, window)))
                     continue;
-                struct run_incomplete rec = {.kind = RUN_GROUP_ATTENTION, .layer = l,
-                                             .head = (int32_t)h, .window = window, .have = 0,
+                struct run_incomplete rec = {.kind = RUN_GROUP_ATTENTION,
+                                             .layer = l,
+                                             .head = (int32_t)h,
+                                             .window = window,
+                                             .have = 0,
                                              .want = 1};
                 (void)add_incomplete(b, &rec);
                 missing++;
@@ -441,11 +464,12 @@ static void bucket_settle(struct run_registry *reg, const struct run *run, struc
             b->groups[k++] = g;
             continue;
         }
-        struct run_incomplete rec = {
-            .kind = g->kind, .layer = g->layer,
-            .head = g->kind == RUN_GROUP_ATTENTION ? (int32_t)g->head : -1,
-            .window = g->kind == RUN_GROUP_ATTENTION ? g->window : 0,
-            .have = g->have, .want = g->want};
+        struct run_incomplete rec = {.kind = g->kind,
+                                     .layer = g->layer,
+                                     .head = g->kind == RUN_GROUP_ATTENTION ? (int32_t)g->head : -1,
+                                     .window = g->kind == RUN_GROUP_ATTENTION ? g->window : 0,
+                                     .have = g->have,
+                                     .want = g->want};
         (void)add_incomplete(b, &rec); /* out of memory: the record is lost, the drop is not */
         group_free(reg, g);
     }

@@ -21,8 +21,8 @@ extern const int schema_migration_count;
  * attempt, comma-joined (a range list whose union is the group; parse it
  * with ranks_parse), NULL when none declared: that daemon heard the whole
  * job. Schema SCHEMA_LOCAL_GROUP_VERSION and later. */
-#define SCHEMA_RUN_LOCAL_RANKS_SQL(RUN)                                                     \
-    "(SELECT group_concat(DISTINCT x.local_ranks) FROM streams x WHERE x.run_id = " RUN   \
+#define SCHEMA_RUN_LOCAL_RANKS_SQL(RUN)                                                            \
+    "(SELECT group_concat(DISTINCT x.local_ranks) FROM streams x WHERE x.run_id = " RUN            \
     " AND x.attempt = (SELECT max(y.attempt) FROM streams y WHERE y.run_id = " RUN "))"
 
 #endif

@@ -23,8 +23,7 @@ double spectrum_drop_floor(double s_max, size_t matrix_size)
     return s_max * (double)matrix_size * DBL_EPSILON;
 }
 
-static int scalars(struct values v, size_t count, size_t matrix_size,
-                   struct spectrum_scalars *out)
+static int scalars(struct values v, size_t count, size_t matrix_size, struct spectrum_scalars *out)
 {
     if (!out)
         return -EINVAL;

@@ -28,7 +28,7 @@
 #define SPECTRUM_MAX_VALUES 65536u /* longest spectrum accepted (-E2BIG) */
 
 struct spectrum_scalars {
-    bool present; /* false: no spectrum (all zero / empty / non-finite) */
+    bool present;  /* false: no spectrum (all zero / empty / non-finite) */
     unsigned rank; /* r, values kept after cleaning */
     double entropy2;
     double entropy1;

@@ -18,9 +18,9 @@
 #include "fs_limits.h"
 #include "log.h"
 
-#define SPOOL_MAGIC 0x31525346u /* "FSR1" read as little-endian */
-#define SPOOL_CHECK_BYTES 44u   /* the header bytes the check covers */
-#define SPOOL_NAME_LEN 20u      /* 16 hex digits + ".seg" */
+#define SPOOL_MAGIC 0x31525346u       /* "FSR1" read as little-endian */
+#define SPOOL_CHECK_BYTES 44u         /* the header bytes the check covers */
+#define SPOOL_NAME_LEN 20u            /* 16 hex digits + ".seg" */
 #define SPOOL_MAX_SEGMENTS (1u << 20) /* directory entries looked at, at most */
 
 _Static_assert(SPOOL_CHECK_BYTES + 4 == SPOOL_HEADER_BYTES, "the check ends the header");
@@ -50,9 +50,9 @@ struct spool {
     uint64_t segment_bytes;
     struct seg *segs; /* ascending number; the last is the append segment when fd >= 0 */
     size_t nsegs, cap;
-    int fd;            /* append segment, -1: none (the next append creates one) */
-    uint64_t next_no;  /* number of the next segment created */
-    int dir_dirty;     /* a segment was created since the last sync */
+    int fd;                    /* append segment, -1: none (the next append creates one) */
+    uint64_t next_no;          /* number of the next segment created */
+    int dir_dirty;             /* a segment was created since the last sync */
     struct spool_pos idle_end; /* the end of the log while no segment is open for appending */
     struct done *done;
     size_t ndone, capdone;
@@ -308,7 +308,8 @@ static int index_segment(struct spool *sp, struct seg *g, int fd, uint64_t end)
         off += SPOOL_HEADER_BYTES + r.len;
     }
     if (off < end)
-        log_warn("spool", "%s: segment %016llx: unreadable record at byte %llu; the %llu bytes "
+        log_warn("spool",
+                 "%s: segment %016llx: unreadable record at byte %llu; the %llu bytes "
                  "after it are not replayed",
                  sp->dir, (unsigned long long)g->no, (unsigned long long)off,
                  (unsigned long long)(end - off));
@@ -361,8 +362,8 @@ int spool_open(const char *dir, const struct spool_pos *head, const struct spool
             /* Appended by a transaction that never committed. */
             if (unlinkat(sp->dirfd, name, 0) < 0 && errno != ENOENT) {
                 rc = -errno;
-                fs_err_set(err, 0, "spool %s: cannot delete uncommitted segment %s: %s", dir,
-                         name, strerror(errno));
+                fs_err_set(err, 0, "spool %s: cannot delete uncommitted segment %s: %s", dir, name,
+                           strerror(errno));
                 goto fail;
             }
             continue;
@@ -371,8 +372,7 @@ int spool_open(const char *dir, const struct spool_pos *head, const struct spool
         struct stat stt;
         if (fd < 0 || fstat(fd, &stt) < 0) {
             rc = -errno;
-            fs_err_set(err, 0, "spool %s: cannot open segment %s: %s", dir, name,
-                     strerror(errno));
+            fs_err_set(err, 0, "spool %s: cannot open segment %s: %s", dir, name, strerror(errno));
             if (fd >= 0)
                 close(fd);
             goto fail;
@@ -381,13 +381,14 @@ int spool_open(const char *dir, const struct spool_pos *head, const struct spool
         if (nos[i] == head->seg) {
             if (end > head->off && ftruncate(fd, (off_t)head->off) < 0) {
                 rc = -errno;
-                fs_err_set(err, 0, "spool %s: cannot cut segment %s to %llu bytes: %s", dir,
-                         name, (unsigned long long)head->off, strerror(errno));
+                fs_err_set(err, 0, "spool %s: cannot cut segment %s to %llu bytes: %s", dir, name,
+                           (unsigned long long)head->off, strerror(errno));
                 close(fd);
                 goto fail;
             }
             if (end < head->off)
-                log_warn("spool", "%s: segment %s holds %llu bytes, the database says %llu: "
+                log_warn("spool",
+                         "%s: segment %s holds %llu bytes, the database says %llu: "
                          "the records after byte %llu are lost",
                          dir, name, (unsigned long long)end, (unsigned long long)head->off,
                          (unsigned long long)end);
@@ -630,12 +631,16 @@ size_t spool_release(struct spool *sp, const struct spool_pos *commit_end)
     return deleted;
 }
 
-uint64_t spool_bytes(const struct spool *sp) { return sp->bytes; }
+uint64_t spool_bytes(const struct spool *sp)
+{
+    return sp->bytes;
+}
 
 /* --- replay ---------------------------------------------------------------------------- */
 
-static int replay_segment(const char *dir, uint64_t no, uint64_t end, const struct spool_replay_ops *ops,
-                          struct spool_replay_stats *st, uint8_t **buf, size_t *cap, struct fs_err *err)
+static int replay_segment(const char *dir, uint64_t no, uint64_t end,
+                          const struct spool_replay_ops *ops, struct spool_replay_stats *st,
+                          uint8_t **buf, size_t *cap, struct fs_err *err)
 {
     char path[SPOOL_PATH_MAX + SPOOL_NAME_LEN + 2], name[SPOOL_NAME_LEN + 1];
     seg_name(no, name, sizeof(name));
@@ -682,7 +687,7 @@ static int replay_segment(const char *dir, uint64_t no, uint64_t end, const stru
             st->bytes_fed += r.len;
             if ((rc = ops->feed(ops->ctx, &r, *buf)) < 0) {
                 fs_err_set(err, 0, "spool: replay stopped at %s byte %llu: %s", path,
-                         (unsigned long long)(off - SPOOL_HEADER_BYTES), strerror(-rc));
+                           (unsigned long long)(off - SPOOL_HEADER_BYTES), strerror(-rc));
                 break;
             }
             rc = 0;

@@ -13,10 +13,10 @@
 #include "log.h"
 #include "ranks.h"
 
-#define STAGE_DEFAULT_CHUNKS 8u      /* work requests per bucket */
-#define STAGE_SWEEP_MIN_MS 50u       /* timeout sweep period bounds */
+#define STAGE_DEFAULT_CHUNKS 8u /* work requests per bucket */
+#define STAGE_SWEEP_MIN_MS 50u  /* timeout sweep period bounds */
 #define STAGE_SWEEP_MAX_MS 1000u
-#define STAGE_MAX_SCALAR_QUEUE 65536u  /* per run; past it scalars are detected at once */
+#define STAGE_MAX_SCALAR_QUEUE 65536u /* per run; past it scalars are detected at once */
 
 struct stage_run *stage_run_of(const struct stage *st, struct run *run)
 {
@@ -204,12 +204,14 @@ void stage_check_pressure(struct stage *st)
         st->full = 1;
         atomic_fetch_add(&st->stats->reduce_pauses, 1);
         if (spool_full)
-            log_warn("stage", "spooled frames of steps not yet evaluated reached spool_max_bytes "
+            log_warn("stage",
+                     "spooled frames of steps not yet evaluated reached spool_max_bytes "
                      "%llu (%llu bytes): only ranks that complete the oldest step are read until "
                      "steps are evaluated",
                      (unsigned long long)spool_max, (unsigned long long)st->spool_pending);
         else
-            log_warn("stage", "reduction memory %llu bytes reached reduce_max_bytes %llu: only "
+            log_warn("stage",
+                     "reduction memory %llu bytes reached reduce_max_bytes %llu: only "
                      "ranks that complete the oldest step are read until steps complete or time "
                      "out",
                      (unsigned long long)bytes, (unsigned long long)st->opts.reduce_max_bytes);
@@ -358,10 +360,12 @@ void stage_poll(struct stage *st)
     stage_check_pressure(st);
 }
 
-static void on_sweep(uv_timer_t *t) { stage_poll(t->data); }
+static void on_sweep(uv_timer_t *t)
+{
+    stage_poll(t->data);
+}
 
-bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank,
-                       const Foreshock__Report *r)
+bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank, const Foreshock__Report *r)
 {
     const Foreshock__Scalars *s = r->scalars;
     if (r->n_attention || r->n_router_gram || r->n_router_tokens)
@@ -395,8 +399,8 @@ static int detect_set(void *ctx, void *target, const char *key, const char *valu
 
 void stage_detect_section(struct detect_rules *rules, struct config_section *out)
 {
-    *out = (struct config_section){.name = "detect", .open = detect_open, .set = detect_set,
-                                   .ctx = rules};
+    *out = (struct config_section){
+        .name = "detect", .open = detect_open, .set = detect_set, .ctx = rules};
 }
 
 int stage_create(const struct stage_opts *opts, struct stage **out, struct fs_err *err)
@@ -410,7 +414,8 @@ int stage_create(const struct stage_opts *opts, struct stage **out, struct fs_er
         free(st);
         return fs_err_set(err, -ENOMEM, "out of memory");
     }
-    struct run_limits lim = {.timeout_s = opts->reduce_timeout_s, .max_bytes = opts->reduce_max_bytes};
+    struct run_limits lim = {.timeout_s = opts->reduce_timeout_s,
+                             .max_bytes = opts->reduce_max_bytes};
     int rc = run_registry_create(&lim, &st->reg);
     if (rc < 0) {
         /* -EINVAL is the one limit run_registry_create checks; anything else
@@ -434,7 +439,7 @@ int stage_create(const struct stage_opts *opts, struct stage **out, struct fs_er
     st->sweep.data = st;
     st->timer_open = 1;
     double ms = opts->reduce_timeout_s * 1000.0 / 4;
-    uint64_t period = ms < STAGE_SWEEP_MIN_MS ? STAGE_SWEEP_MIN_MS
+    uint64_t period = ms < STAGE_SWEEP_MIN_MS   ? STAGE_SWEEP_MIN_MS
                       : ms > STAGE_SWEEP_MAX_MS ? STAGE_SWEEP_MAX_MS
                                                 : (uint64_t)ms;
     uv_timer_start(&st->sweep, on_sweep, period, period);
@@ -448,7 +453,10 @@ void stage_set_pressure(struct stage *st, void (*cb)(void *ctx, int full), void 
     st->pressure_ctx = ctx;
 }
 
-bool stage_full(const struct stage *st) { return st->full; }
+bool stage_full(const struct stage *st)
+{
+    return st->full;
+}
 
 bool stage_may_read(struct stage *st, int64_t run_id, int64_t stream_id)
 {
@@ -458,7 +466,10 @@ bool stage_may_read(struct stage *st, int64_t run_id, int64_t stream_id)
     return run && run_stream_needed(run, stream_id);
 }
 
-size_t stage_inflight(const struct stage *st) { return st->inflight; }
+size_t stage_inflight(const struct stage *st)
+{
+    return st->inflight;
+}
 
 /* Says once per change what a declared local group means for the run's
  * monitors: which statistics are the group's and not the job's. */
@@ -466,11 +477,13 @@ void stage_log_local_group(const struct run *run)
 {
     char *text = ranks_format(run->local, run->n_local);
     if (!run->n_local)
-        log_info("stage", "run %s: no local group declared any more: router token statistics "
-                 "reduce over all %u ranks, loss/grad_norm/lr are rank 0's", run->name,
-                 run->world_size);
+        log_info("stage",
+                 "run %s: no local group declared any more: router token statistics "
+                 "reduce over all %u ranks, loss/grad_norm/lr are rank 0's",
+                 run->name, run->world_size);
     else
-        log_info("stage", "run %s: this daemon hears local group %s (%zu of %u ranks): router "
+        log_info("stage",
+                 "run %s: this daemon hears local group %s (%zu of %u ranks): router "
                  "token statistics (routing entropy, MaxVio, load entropy, balance, dead "
                  "experts, z-loss) reduce over these ranks only, not the whole job; "
                  "loss/grad_norm/lr are rank %u's; attention and router-weight monitors are "
@@ -585,8 +598,8 @@ int stage_feed(struct stage *st, const struct stage_report *in)
         log_limited(&st->rl_dup, LOG_LEVEL_WARN, "stage",
                     "run %s step %llu rank %u: %u duplicate, %u inconsistent, %u over-limit "
                     "sketches ignored",
-                    run->name, (unsigned long long)in->step, in->rank, as.duplicates,
-                    as.mismatched, as.limit);
+                    run->name, (unsigned long long)in->step, in->rank, as.duplicates, as.mismatched,
+                    as.limit);
     }
     if (rc < 0)
         log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
@@ -610,7 +623,8 @@ void stage_maybe_done(struct stage *st)
     if (!st->stopping || st->inflight || st->timer_open != 1)
         return;
     if (st->abandoned)
-        log_warn("stage", "stopped at the shutdown deadline (%.3g s): %zu steps left unevaluated; "
+        log_warn("stage",
+                 "stopped at the shutdown deadline (%.3g s): %zu steps left unevaluated; "
                  "their sketches stay spooled and are evaluated at the next start",
                  st->opts.stop_timeout_s, st->abandoned);
     /* Scalars still queued behind steps that stay spooled are spooled too
@@ -644,9 +658,10 @@ void stage_stop(struct stage *st, void (*done)(void *ctx), void *ctx)
      * for 149 s). */
     uv_timer_stop(&st->sweep);
     if (st->opts.stop_timeout_s > 0)
-        uv_timer_start(&st->sweep, on_stop_deadline,
-                       (uint64_t)(st->opts.stop_timeout_s * 1000.0), 0);
-    log_info("stage", "stopping: %zu steps on the workers finish; steps still reducing stay "
+        uv_timer_start(&st->sweep, on_stop_deadline, (uint64_t)(st->opts.stop_timeout_s * 1000.0),
+                       0);
+    log_info("stage",
+             "stopping: %zu steps on the workers finish; steps still reducing stay "
              "spooled (so far %llu steps evaluated, %llu heads in %.3f s of worker CPU time, "
              "%llu incomplete, %llu alerts fired)",
              st->jobs, (unsigned long long)atomic_load(&st->stats->buckets_evaluated),
@@ -677,4 +692,3 @@ void stage_free(struct stage *st)
     free(st->db_path);
     free(st);
 }
-

@@ -68,12 +68,12 @@ struct stage_opts {
     const struct detect_rules *rules; /* read-only, outlives the stage */
     double reduce_timeout_s;
     uint64_t reduce_max_bytes;
-    uint64_t spool_max_bytes;         /* spooled frame bytes of steps not yet evaluated (0: none) */
-    uint64_t head_points_every;       /* per-head points at multiples of this step (0, 1: all) */
-    uint64_t detect_from_step;        /* for runs whose Hello does not set it */
-    unsigned max_chunks;              /* work requests per bucket (0: default) */
-    double stop_timeout_s;            /* stage_stop: cancel math not started after this (0: none) */
-    const char *db_path;              /* rewinds read stored points here (NULL: stage_load's) */
+    uint64_t spool_max_bytes;   /* spooled frame bytes of steps not yet evaluated (0: none) */
+    uint64_t head_points_every; /* per-head points at multiples of this step (0, 1: all) */
+    uint64_t detect_from_step;  /* for runs whose Hello does not set it */
+    unsigned max_chunks;        /* work requests per bucket (0: default) */
+    double stop_timeout_s;      /* stage_stop: cancel math not started after this (0: none) */
+    const char *db_path;        /* rewinds read stored points here (NULL: stage_load's) */
 };
 
 /* One decoded report, as ingest (or the spool replay) hands it over. */
@@ -83,9 +83,9 @@ struct stage_report {
     uint32_t rank;
     uint64_t seq;
     uint64_t step;
-    double time;                      /* sample time, unix seconds */
-    const Foreshock__Report *report;  /* read during the call only */
-    size_t spool_bytes;               /* frame bytes spooled for it (0: not spooled) */
+    double time;                     /* sample time, unix seconds */
+    const Foreshock__Report *report; /* read during the call only */
+    size_t spool_bytes;              /* frame bytes spooled for it (0: not spooled) */
 };
 
 struct stage;
@@ -144,8 +144,7 @@ int stage_feed(struct stage *st, const struct stage_report *in);
  * and the lead rank's (rank 0, or the lowest of a declared local group)
  * reports with detected scalars, whose detection waits for earlier steps
  * and must survive a crash. Loop thread (reads the run registry). */
-bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank,
-                       const Foreshock__Report *r);
+bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank, const Foreshock__Report *r);
 
 /* Evaluates ready buckets now (the sweep timer does this too). Loop thread. */
 void stage_poll(struct stage *st);

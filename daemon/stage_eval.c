@@ -20,10 +20,12 @@
 
 /* Per head: the series MONITORS.md 1.3 names (spectrum, scalar). */
 static const unsigned head_series[] = {
-    QK_SERIES(QK_D2, QK_ENTROPY2), QK_SERIES(QK_D2, QK_ERANK2), QK_SERIES(QK_D2, QK_SRANK),
-    QK_SERIES(QK_D2, QK_FRO),      QK_SERIES(QK_D1, QK_ENTROPY2), QK_SERIES(QK_D1, QK_ERANK2),
-    QK_SERIES(QK_D1, QK_SRANK),    QK_SERIES(QK_D1, QK_FRO),      QK_SERIES(QK_D3, QK_ENTROPY2),
-    QK_SERIES(QK_D3, QK_ERANK2),   QK_SERIES(QK_D3, QK_SRANK),    QK_SERIES(QK_D3, QK_FRO),
+    QK_SERIES(QK_D2, QK_ENTROPY2), QK_SERIES(QK_D2, QK_ERANK2),
+    QK_SERIES(QK_D2, QK_SRANK),    QK_SERIES(QK_D2, QK_FRO),
+    QK_SERIES(QK_D1, QK_ENTROPY2), QK_SERIES(QK_D1, QK_ERANK2),
+    QK_SERIES(QK_D1, QK_SRANK),    QK_SERIES(QK_D1, QK_FRO),
+    QK_SERIES(QK_D3, QK_ENTROPY2), QK_SERIES(QK_D3, QK_ERANK2),
+    QK_SERIES(QK_D3, QK_SRANK),    QK_SERIES(QK_D3, QK_FRO),
     QK_SERIES(QK_W, QK_ENTROPY2),  QK_SERIES_CQK,
 };
 #define N_HEAD_SERIES (sizeof(head_series) / sizeof(head_series[0]))
@@ -60,12 +62,18 @@ enum {
     RS_COUNT
 };
 static const char *const router_names[RS_COUNT] = {
-    [RS_SIMILARITY] = "router.similarity",   [RS_CENTERED] = "router.centered_energy",
-    [RS_KAPPA] = "router.kappa",             [RS_ERANK] = "router.erank",
-    [RS_SRANK] = "router.srank",             [RS_ENTROPY] = "router.entropy",
-    [RS_ENTROPY_NORM] = "router.entropy_norm", [RS_ENTROPY_SPREAD] = "router.entropy_spread",
-    [RS_MAXVIO] = "router.maxvio",           [RS_LOAD_ENTROPY] = "router.load_entropy",
-    [RS_DEAD] = "router.dead_experts",       [RS_BALANCE] = "router.balance",
+    [RS_SIMILARITY] = "router.similarity",
+    [RS_CENTERED] = "router.centered_energy",
+    [RS_KAPPA] = "router.kappa",
+    [RS_ERANK] = "router.erank",
+    [RS_SRANK] = "router.srank",
+    [RS_ENTROPY] = "router.entropy",
+    [RS_ENTROPY_NORM] = "router.entropy_norm",
+    [RS_ENTROPY_SPREAD] = "router.entropy_spread",
+    [RS_MAXVIO] = "router.maxvio",
+    [RS_LOAD_ENTROPY] = "router.load_entropy",
+    [RS_DEAD] = "router.dead_experts",
+    [RS_BALANCE] = "router.balance",
     [RS_ZLOSS] = "router.zloss",
 };
 
@@ -73,8 +81,8 @@ static const char *const agg_suffix[4] = {"min", "mean", "max", "argmin"};
 
 /* --- scalars (at feed time, no math) -------------------------------------------------------- */
 
-void stage_detect_scalars(struct stage *st, struct stage_run *sr, struct run *run,
-                          struct build *bd, const struct scalar_sample *x)
+void stage_detect_scalars(struct stage *st, struct stage_run *sr, struct run *run, struct build *bd,
+                          const struct scalar_sample *x)
 {
     struct store_series_key k;
     if (x->has_lr) { /* training progress (evaluate.h), and the lr rule */
@@ -109,7 +117,8 @@ void stage_detect_scalars(struct stage *st, struct stage_run *sr, struct run *ru
     stage_spool_evaluated(st, sr, x->step);
 }
 
-/* --- evaluation of a computed bucket (loop thread, step order) --------------------------------- */
+/* --- evaluation of a computed bucket (loop thread, step order) ---------------------------------
+ */
 
 static int cmp_attention(const void *a, const void *b)
 {
@@ -177,7 +186,7 @@ static void evaluate_attention(struct stage *st, struct stage_run *sr, struct ru
                 if (qk_head_value(&heads[i - lo], head_series[s], &v) < 0)
                     v = NAN;
                 build_key(&k, qk_series_name(head_series[s]), (int32_t)layer, (int32_t)g[i]->head,
-                        (int32_t)window, -1);
+                          (int32_t)window, -1);
                 build_point(bd, &k, b->step, v);
             }
         }
@@ -207,7 +216,8 @@ static void evaluate_attention(struct stage *st, struct stage_run *sr, struct ru
                 } else if (a->present) {
                     for (size_t i = 0; i < nh; i++) {
                         double x;
-                        if (qk_head_value(&heads[i], qk_detected[d].series, &x) == 0 && x == a->max) {
+                        if (qk_head_value(&heads[i], qk_detected[d].series, &x) == 0 &&
+                            x == a->max) {
                             at = (int32_t)g[lo + i]->head;
                             break;
                         }
@@ -232,9 +242,9 @@ static void evaluate_attention(struct stage *st, struct stage_run *sr, struct ru
     free(heads);
 }
 
-static void router_point(struct stage *st, struct stage_run *sr, struct run *run,
-                         struct build *bd, uint64_t step, uint32_t layer, int which, bool present,
-                         double v, bool nonfinite)
+static void router_point(struct stage *st, struct stage_run *sr, struct run *run, struct build *bd,
+                         uint64_t step, uint32_t layer, int which, bool present, double v,
+                         bool nonfinite)
 {
     struct store_series_key k;
     build_key(&k, router_names[which], (int32_t)layer, -1, 0, -1);
@@ -261,7 +271,8 @@ static void evaluate_router(struct stage *st, struct stage_run *sr, struct run *
         if (g->kind == RUN_GROUP_ROUTER_GRAM) {
             const struct router_weight *w = &g->res.rw;
             bool nf = w->nonfinite;
-            router_point(st, sr, run, bd, step, g->layer, RS_SIMILARITY, w->sim_present, w->sim, nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_SIMILARITY, w->sim_present, w->sim,
+                         nf);
             router_point(st, sr, run, bd, step, g->layer, RS_CENTERED, w->present,
                          w->centered_energy, nf);
             router_point(st, sr, run, bd, step, g->layer, RS_KAPPA, w->kappa_present, w->kappa, nf);
@@ -278,7 +289,8 @@ static void evaluate_router(struct stage *st, struct stage_run *sr, struct run *
                          d->present && d->norm_present, d->entropy_norm, nf);
             router_point(st, sr, run, bd, step, g->layer, RS_ENTROPY_SPREAD, d->present,
                          d->entropy_spread, nf);
-            router_point(st, sr, run, bd, step, g->layer, RS_MAXVIO, d->load_present, d->maxvio, nf);
+            router_point(st, sr, run, bd, step, g->layer, RS_MAXVIO, d->load_present, d->maxvio,
+                         nf);
             router_point(st, sr, run, bd, step, g->layer, RS_LOAD_ENTROPY, d->load_present,
                          d->load_entropy, nf);
             router_point(st, sr, run, bd, step, g->layer, RS_DEAD, d->present,
@@ -352,8 +364,12 @@ static void compute_group(struct stage *st, struct run_group *g, void **qk_ws, u
         r->rc = *rt_ws ? router_weight_compute(*rt_ws, g->size, g->a, &r->rw) : -ENOMEM;
         r->done = r->rc != -ENOMEM;
     } else {
-        struct router_tokens in = {.n_experts = g->size, .n_tok = g->n_tok, .sum_h = g->sum_h,
-                                   .sum_h2 = g->sum_h2, .sum_lse2 = g->sum_lse2, .load = g->load,
+        struct router_tokens in = {.n_experts = g->size,
+                                   .n_tok = g->n_tok,
+                                   .sum_h = g->sum_h,
+                                   .sum_h2 = g->sum_h2,
+                                   .sum_lse2 = g->sum_lse2,
+                                   .load = g->load,
                                    .sum_p = g->sum_p};
         r->rc = router_decision_compute(&in, &r->rd);
         r->done = true;

@@ -67,7 +67,7 @@ struct stage_run {
     struct spool_step *spooled; /* ascending step */
     size_t n_spooled, cap_spooled;
     struct eval_run ev; /* detector and alert state of the run's detected series */
-    bool dropping; /* a step was abandoned at shutdown: later ones are not evaluated either */
+    bool dropping;      /* a step was abandoned at shutdown: later ones are not evaluated either */
     struct job *jobs_head, *jobs_tail; /* buckets on workers or waiting to be evaluated */
     /* Attempts (stage.h): the run's latest and its rewind step, and each
      * stream's. Reports of an older attempt after resume_step are ignored. */
@@ -79,9 +79,9 @@ struct stage_run {
     /* A rewind in progress: nothing of the run is dispatched or detected. */
     enum rewind_phase rewind;
     uint64_t rewind_step;
-    uint32_t rewind_from;  /* the attempt being abandoned */
-    unsigned rewind_gen;   /* a newer rewind makes a rebuild in flight stale */
-    bool rebuild_busy;     /* a rewind_work of this run is on a worker */
+    uint32_t rewind_from; /* the attempt being abandoned */
+    unsigned rewind_gen;  /* a newer rewind makes a rebuild in flight stale */
+    bool rebuild_busy;    /* a rewind_work of this run is on a worker */
 };
 
 /* --- jobs: one bucket on the workers ----------------------------------------------------- */
@@ -89,7 +89,7 @@ struct stage_run {
 struct chunk {
     uv_work_t req;
     struct job *job;
-    size_t lo, hi; /* units[lo..hi) */
+    size_t lo, hi;  /* units[lo..hi) */
     double seconds; /* CPU time of the worker thread (fs_clock_thread_cpu) */
     uint64_t heads;
 };
@@ -103,7 +103,7 @@ struct job {
     struct chunk *chunks;
     size_t n_chunks, pending;
     bool computed;
-    bool cancelled; /* a chunk never ran (shutdown deadline): not to be evaluated */
+    bool cancelled;  /* a chunk never ran (shutdown deadline): not to be evaluated */
     bool superseded; /* a step a rewind abandoned: not to be evaluated */
     struct job *next;
 };
@@ -119,7 +119,7 @@ struct stage {
     size_t inflight; /* chunks on workers */
     size_t jobs;     /* jobs not yet evaluated */
     int stopping;
-    size_t abandoned; /* steps left unevaluated (spooled) by the deadline */
+    size_t abandoned;       /* steps left unevaluated (spooled) by the deadline */
     uint64_t spool_pending; /* spooled frame bytes of steps not yet evaluated, all runs */
     int full;
     void (*pressure)(void *ctx, int full);
@@ -140,7 +140,10 @@ struct build {
     int oom;
 };
 
-static inline double now_mono(void) { return (double)uv_hrtime() * 1e-9; }
+static inline double now_mono(void)
+{
+    return (double)uv_hrtime() * 1e-9;
+}
 
 static inline int64_t detect_from(const struct stage *st, const struct run *run)
 {
@@ -212,8 +215,8 @@ void stage_work_cb(uv_work_t *req);
 void stage_evaluate(struct stage *st, struct run *run, struct run_bucket *b);
 
 /* The queued scalars of one report into detection (bd of the run). */
-void stage_detect_scalars(struct stage *st, struct stage_run *sr, struct run *run,
-                          struct build *bd, const struct scalar_sample *x);
+void stage_detect_scalars(struct stage *st, struct stage_run *sr, struct run *run, struct build *bd,
+                          const struct scalar_sample *x);
 
 /* --- stage_rewind.c ------------------------------------------------------------------ */
 

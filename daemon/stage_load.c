@@ -37,8 +37,10 @@ static void local_from_text(struct run *run, const char *text)
         rc = run_restore_local(run, v, n);
     free(v);
     if (rc < 0)
-        log_warn("stage", "run %s: stored local group '%.64s' not restored (%s): spooled router "
-                 "tokens wait for the ranks' Hellos", run->name, text, strerror(-rc));
+        log_warn("stage",
+                 "run %s: stored local group '%.64s' not restored (%s): spooled router "
+                 "tokens wait for the ranks' Hellos",
+                 run->name, text, strerror(-rc));
     else if (n)
         stage_log_local_group(run);
 }
@@ -105,8 +107,8 @@ static int load_detector(void *ctx, const struct store_restart_detector *d)
     if (!t)
         return 0;
     if (detect_state_decode(&t->ds, d->state, d->len) < 0) {
-        log_warn("stage", "run %s series %s: unreadable detector state; starting afresh",
-                 run->name, t->key.name);
+        log_warn("stage", "run %s series %s: unreadable detector state; starting afresh", run->name,
+                 t->key.name);
         return 0;
     }
     t->last_step = d->step;
@@ -152,8 +154,8 @@ static int load_attempt(void *ctx, const struct store_restart_attempt *r)
     struct stage_run *sr = run ? stage_run_of(ld->st, run) : NULL;
     if (!sr)
         return 0;
-    struct attempt_info a = {.attempt = r->attempt, .has_resume = r->has_resume,
-                             .resume_step = r->resume_step};
+    struct attempt_info a = {
+        .attempt = r->attempt, .has_resume = r->has_resume, .resume_step = r->resume_step};
     stage_run_attempt_set(sr, &a);
     if (a.has_resume && !r->rebuilt && r->has_previous)
         stage_rewind_start(ld->st, run, sr, a.resume_step, r->previous);
@@ -236,10 +238,14 @@ static int replay_feed(void *ctx, const struct spool_rec *rec, const uint8_t *bo
         return 0;
     }
     const Foreshock__Report *r = f->report;
-    struct stage_report in = {
-        .run_id = rec->run_id, .stream_id = rec->stream_id, .seq = rec->seq, .step = rec->step,
-        .rank = rec->rank, .time = r->has_time_unix ? r->time_unix : fs_clock_unix(),
-        .report = r, .spool_bytes = rec->len};
+    struct stage_report in = {.run_id = rec->run_id,
+                              .stream_id = rec->stream_id,
+                              .seq = rec->seq,
+                              .step = rec->step,
+                              .rank = rec->rank,
+                              .time = r->has_time_unix ? r->time_unix : fs_clock_unix(),
+                              .report = r,
+                              .spool_bytes = rec->len};
     stage_feed(rp->st, &in);
     decode_frame_free(f);
     return 0;
@@ -262,7 +268,8 @@ static int load_spool(struct stage *st, struct store_restart *db, const char *db
     if ((rc = spool_replay(dir, &head, &ops, &rs, err)) < 0)
         return rc;
     if (rs.fed || rs.unreadable || rp.bad || rp.unknown)
-        log_info("stage", "re-fed %llu spooled reports (%.1f MB) of steps not yet evaluated; "
+        log_info("stage",
+                 "re-fed %llu spooled reports (%.1f MB) of steps not yet evaluated; "
                  "%llu of evaluated steps skipped, %llu unreadable, %zu of unknown runs",
                  (unsigned long long)(rs.fed - rp.bad), (double)rs.bytes_fed / 1e6,
                  (unsigned long long)(rs.records - rs.fed - rp.unknown),

@@ -38,8 +38,8 @@ static void rewind_work_cb(uv_work_t *req)
      * flush returns, so the replay reads what live detection saw. */
     if (w->st->opts.store)
         store_flush(w->st->opts.store);
-    w->rc = rewind_rebuild(w->st->db_path, w->run_id, w->step, w->lead_rank, w->detect_from,
-                           &w->er, &w->err);
+    w->rc = rewind_rebuild(w->st->db_path, w->run_id, w->step, w->lead_rank, w->detect_from, &w->er,
+                           &w->err);
 }
 
 /* A row the rewind changes, to set what build_finish cannot know. */
@@ -58,8 +58,10 @@ static void rewind_apply(struct stage *st, struct run *run, struct stage_run *sr
     int64_t step = (int64_t)w->step;
     struct build bd;
     if (build_begin(&bd, run->run_id, fs_clock_unix()) < 0) {
-        log_error("stage", "run %s: out of memory storing the rewind to step %lld; the next "
-                  "start rebuilds it", run->name, (long long)step);
+        log_error("stage",
+                  "run %s: out of memory storing the rewind to step %lld; the next "
+                  "start rebuilds it",
+                  run->name, (long long)step);
         return;
     }
     size_t n_rebuilt = w->er.n_tracks, n_fix = 0, superseded = 0;
@@ -99,24 +101,37 @@ static void rewind_apply(struct stage *st, struct run *run, struct stage_run *sr
         if (!e)
             continue;
         b->ev = e;
-        struct alert_transition tr = {
-            .change = ALERT_CHANGE_TO_SUPERSEDED, .from = (enum alert_state_id)old->as.state,
-            .to = ALERT_SUPERSEDED, .family = t->rule->family,
-            .severity = (enum detect_severity)old->as.severity, .breach_kind = DETECT_BREACH_NONE,
-            .scope = {.layer = t->key.layer, .head = t->key.head, .window = t->key.window,
-                      .rank = t->key.rank},
-            .step = step, .value = NAN, .median = NAN, .mad = NAN, .z = NAN,
-            .first_breach_step = old->as.first_breach_step, .fired_step = old->as.fired_step,
-            .incident = old->as.incidents};
+        struct alert_transition tr = {.change = ALERT_CHANGE_TO_SUPERSEDED,
+                                      .from = (enum alert_state_id)old->as.state,
+                                      .to = ALERT_SUPERSEDED,
+                                      .family = t->rule->family,
+                                      .severity = (enum detect_severity)old->as.severity,
+                                      .breach_kind = DETECT_BREACH_NONE,
+                                      .scope = {.layer = t->key.layer,
+                                                .head = t->key.head,
+                                                .window = t->key.window,
+                                                .rank = t->key.rank},
+                                      .step = step,
+                                      .value = NAN,
+                                      .median = NAN,
+                                      .mad = NAN,
+                                      .z = NAN,
+                                      .first_breach_step = old->as.first_breach_step,
+                                      .fired_step = old->as.fired_step,
+                                      .incident = old->as.incidents};
         snprintf(tr.rule, sizeof(tr.rule), "%s", t->rule_name);
-        e[b->n] = (struct eval_event){.t = t, .has_event = f == REWIND_SUPERSEDE, .tr = tr,
-                                      .argmin_head = -1, .attr = old->ev_attr};
+        e[b->n] = (struct eval_event){.t = t,
+                                      .has_event = f == REWIND_SUPERSEDE,
+                                      .tr = tr,
+                                      .argmin_head = -1,
+                                      .attr = old->ev_attr};
         memcpy(e[b->n].why, old->ev_why, sizeof(e[b->n].why));
         b->n++;
-        fix[n_fix++] = (struct rewind_fix){
-            .t = t, .row_state = rewind_row_state(f, &old->as, &t->as),
-            .superseded = f == REWIND_SUPERSEDE, .first_breach_step = old->as.first_breach_step,
-            .fired_step = old->as.fired_step};
+        fix[n_fix++] = (struct rewind_fix){.t = t,
+                                           .row_state = rewind_row_state(f, &old->as, &t->as),
+                                           .superseded = f == REWIND_SUPERSEDE,
+                                           .first_breach_step = old->as.first_breach_step,
+                                           .fired_step = old->as.fired_step};
         superseded += f == REWIND_SUPERSEDE;
     }
     /* Series seen only up to the step... and not since: their state too. */
@@ -154,7 +169,8 @@ static void rewind_apply(struct stage *st, struct run *run, struct stage_run *sr
     sr->ev = w->er; /* moved */
     memset(&w->er, 0, sizeof(w->er));
     atomic_fetch_add(&st->stats->rewinds, 1);
-    log_info("stage", "run %s: attempt %u goes on from step %lld: detection state rebuilt from the "
+    log_info("stage",
+             "run %s: attempt %u goes on from step %lld: detection state rebuilt from the "
              "stored points (%zu series), %zu incidents of attempt %u superseded",
              run->name, sr->attempt, (long long)step, sr->ev.n_tracks, superseded, sr->rewind_from);
 }
@@ -172,7 +188,8 @@ static void rewind_after_cb(uv_work_t *req, int status)
         if (status == 0 && w->rc == 0)
             rewind_apply(st, run, sr, w);
         else
-            log_error("stage", "run %s: rebuilding detection at step %llu failed (%s); the new "
+            log_error("stage",
+                      "run %s: rebuilding detection at step %llu failed (%s); the new "
                       "attempt goes on from the live state, and the next start rebuilds it",
                       run->name, (unsigned long long)w->step,
                       status ? uv_strerror(status) : w->err.msg);
@@ -214,8 +231,10 @@ void stage_rewind_rebuild(struct stage *st, struct run *run)
         }
         free(w);
     }
-    log_error("stage", "run %s: cannot rebuild detection at step %llu (%s); the new attempt "
-              "goes on from the live state", run->name, (unsigned long long)sr->rewind_step,
+    log_error("stage",
+              "run %s: cannot rebuild detection at step %llu (%s); the new attempt "
+              "goes on from the live state",
+              run->name, (unsigned long long)sr->rewind_step,
               st->db_path ? "out of memory" : "no database");
     sr->rewind = REWIND_IDLE;
     stage_pump(st, run, now_mono());
@@ -252,7 +271,8 @@ void stage_rewind_start(struct stage *st, struct run *run, struct stage_run *sr,
     sr->rewind_step = step;
     sr->rewind_from = from;
     sr->rewind_gen++;
-    log_info("stage", "run %s: attempt %u restarts from step %llu: attempt %u's steps after it "
+    log_info("stage",
+             "run %s: attempt %u restarts from step %llu: attempt %u's steps after it "
              "are dropped (%zu reducing, %zu on the workers, %zu scalar samples)",
              run->name, sr->attempt, (unsigned long long)step, from, buckets, jobs, scalars);
     stage_check_pressure(st);
@@ -275,8 +295,8 @@ int stage_stream_attempt_set(struct stage_run *sr, int64_t stream_id, uint32_t a
     if (!p)
         return -ENOMEM;
     sr->streams = p;
-    sr->streams[sr->n_streams++] = (struct stream_attempt){.stream_id = stream_id,
-                                                           .attempt = attempt};
+    sr->streams[sr->n_streams++] =
+        (struct stream_attempt){.stream_id = stream_id, .attempt = attempt};
     return 0;
 }
 

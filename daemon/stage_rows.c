@@ -50,8 +50,7 @@ void build_key(struct store_series_key *k, const char *name, int32_t layer, int3
     k->rank = rank;
 }
 
-void build_point(struct build *bd, const struct store_series_key *k, uint64_t step,
-                 double value)
+void build_point(struct build *bd, const struct store_series_key *k, uint64_t step, double value)
 {
     struct store_monitor *m = &bd->it->monitor;
     struct store_point *p =
@@ -106,9 +105,13 @@ void build_incomplete(struct build *bd, uint64_t step, const struct run_incomple
     if (!p)
         return;
     m->incomplete = p;
-    p[m->n_incomplete++] = (struct store_incomplete_row){
-        .kind = run_group_kind_name(r->kind), .step = step, .layer = (int32_t)r->layer,
-        .head = r->head, .window = (int32_t)r->window, .have = r->have, .want = r->want};
+    p[m->n_incomplete++] = (struct store_incomplete_row){.kind = run_group_kind_name(r->kind),
+                                                         .step = step,
+                                                         .layer = (int32_t)r->layer,
+                                                         .head = r->head,
+                                                         .window = (int32_t)r->window,
+                                                         .have = r->have,
+                                                         .want = r->want};
 }
 
 /* One sample into a detected series: detector, alert lifecycle (evaluate.h),
@@ -135,11 +138,20 @@ void build_feed(struct stage *st, struct stage_run *sr, struct run *run, struct 
         atomic_fetch_add(&st->stats->alerts_fired, 1);
 }
 
-static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+static json_t *jnum(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
 
-static json_t *jstep(int64_t v) { return v >= 0 ? json_integer(v) : json_null(); }
+static json_t *jstep(int64_t v)
+{
+    return v >= 0 ? json_integer(v) : json_null();
+}
 
-static json_t *jlabel(int32_t v, int32_t none) { return v == none ? json_null() : json_integer(v); }
+static json_t *jlabel(int32_t v, int32_t none)
+{
+    return v == none ? json_null() : json_integer(v);
+}
 
 static char *evidence_json(const struct eval_event *p)
 {
@@ -187,9 +199,12 @@ void build_finish(struct stage_run *sr, const struct run *run, struct build *bd)
             const struct eval_event *p = &b->ev[i];
             struct eval_track *t = p->t;
             struct store_alert_row *a = &m->alerts[m->n_alerts];
-            struct alert_scope scope = {.layer = t->key.layer, .head = t->key.head,
-                                        .window = t->key.window, .rank = t->key.rank};
-            if (alert_key(run->name, t->rule_name, &scope, a->alert_key, sizeof(a->alert_key)) < 0 ||
+            struct alert_scope scope = {.layer = t->key.layer,
+                                        .head = t->key.head,
+                                        .window = t->key.window,
+                                        .rank = t->key.rank};
+            if (alert_key(run->name, t->rule_name, &scope, a->alert_key, sizeof(a->alert_key)) <
+                    0 ||
                 alert_dedup_key(a->alert_key, a->dedup_key, sizeof(a->dedup_key)) < 0)
                 continue;
             if (p->has_event) {
@@ -205,14 +220,15 @@ void build_finish(struct stage_run *sr, const struct run *run, struct build *bd)
                 /* pending <-> inactive flips are routine: debug; firing and
                  * resolved are news. */
                 log_msg(p->tr.change == ALERT_CHANGE_TO_FIRING ||
-                                  p->tr.change == ALERT_CHANGE_TO_RESOLVED
-                              ? LOG_LEVEL_INFO
-                              : LOG_LEVEL_DEBUG,
-                          "stage", "alert %s %s run=%s layer=%d head=%d window=%d rank=%d step=%lld "
-                         "value=%g attribution=%s (%s)",
-                         t->rule_name, a->change, run->name, scope.layer, scope.head,
-                         scope.window, scope.rank, (long long)p->tr.step, p->tr.value,
-                         alert_attribution_name(p->attr), p->why);
+                                p->tr.change == ALERT_CHANGE_TO_RESOLVED
+                            ? LOG_LEVEL_INFO
+                            : LOG_LEVEL_DEBUG,
+                        "stage",
+                        "alert %s %s run=%s layer=%d head=%d window=%d rank=%d step=%lld "
+                        "value=%g attribution=%s (%s)",
+                        t->rule_name, a->change, run->name, scope.layer, scope.head, scope.window,
+                        scope.rank, (long long)p->tr.step, p->tr.value,
+                        alert_attribution_name(p->attr), p->why);
             }
             a->series = t->key;
             snprintf(a->rule, sizeof(a->rule), "%s", t->rule_name);

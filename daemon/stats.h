@@ -39,8 +39,8 @@ struct fs_stats {
     atomic_uint_fast64_t reports_in;
     atomic_uint_fast64_t acks_out;
     atomic_uint_fast64_t backpressure_pauses; /* times ingest stopped reading */
-    atomic_uint_fast64_t frame_buffer_bytes; /* gauge: lengths of large frames being read */
-    atomic_uint_fast64_t frame_buffer_waits; /* a connection waited for frame_buffer_max_bytes */
+    atomic_uint_fast64_t frame_buffer_bytes;  /* gauge: lengths of large frames being read */
+    atomic_uint_fast64_t frame_buffer_waits;  /* a connection waited for frame_buffer_max_bytes */
     atomic_uint_fast64_t advice_out;          /* Advice frames sent (resends included) */
     atomic_uint_fast64_t advice_acked;        /* advices acknowledged by a stream */
 
@@ -57,28 +57,28 @@ struct fs_stats {
     atomic_uint_fast64_t commit_seconds_sum_us;
 
     /* monitor stage (loop thread writes) */
-    atomic_uint_fast64_t buckets_evaluated;   /* (run, step) buckets whose monitors ran */
-    atomic_uint_fast64_t heads_computed;      /* attention heads through the QK math */
+    atomic_uint_fast64_t buckets_evaluated;      /* (run, step) buckets whose monitors ran */
+    atomic_uint_fast64_t heads_computed;         /* attention heads through the QK math */
     atomic_uint_fast64_t monitor_seconds_sum_us; /* worker CPU time in the monitor math */
-    atomic_uint_fast64_t incomplete_total;    /* reductions recorded as incomplete */
-    atomic_uint_fast64_t alerts_fired;        /* transitions to firing */
-    atomic_uint_fast64_t sketches_late;       /* sketches for a step already evaluated */
-    atomic_uint_fast64_t reports_superseded;  /* reports of an attempt a rewind abandoned */
-    atomic_uint_fast64_t rewinds;             /* rewinds whose state was rebuilt */
-    atomic_uint_fast64_t sketches_duplicate;  /* shard index / rank already summed */
-    atomic_uint_fast64_t reports_resent;      /* seq already fed: not fed again */
-    atomic_uint_fast64_t reduce_bytes;        /* gauge: reduction memory held */
-    atomic_uint_fast64_t reduce_pauses;       /* times reduce_max_bytes or spool_max_bytes held */
+    atomic_uint_fast64_t incomplete_total;       /* reductions recorded as incomplete */
+    atomic_uint_fast64_t alerts_fired;           /* transitions to firing */
+    atomic_uint_fast64_t sketches_late;          /* sketches for a step already evaluated */
+    atomic_uint_fast64_t reports_superseded;     /* reports of an attempt a rewind abandoned */
+    atomic_uint_fast64_t rewinds;                /* rewinds whose state was rebuilt */
+    atomic_uint_fast64_t sketches_duplicate;     /* shard index / rank already summed */
+    atomic_uint_fast64_t reports_resent;         /* seq already fed: not fed again */
+    atomic_uint_fast64_t reduce_bytes;           /* gauge: reduction memory held */
+    atomic_uint_fast64_t reduce_pauses; /* times reduce_max_bytes or spool_max_bytes held */
 
     /* pager thread writes */
-    atomic_uint_fast64_t outbox_pending;   /* gauge: deliveries not yet done */
+    atomic_uint_fast64_t outbox_pending;         /* gauge: deliveries not yet done */
     atomic_uint_fast64_t silence_compiles_pager; /* silences parsed for matching */
-    unsigned ntargets;                     /* set before threads start */
+    unsigned ntargets;                           /* set before threads start */
     struct fs_target_stats targets[STATS_MAX_TARGETS];
 
     /* http threads write */
     atomic_uint_fast64_t http_requests;
-    atomic_uint_fast64_t http_errors; /* responses with status >= 400 */
+    atomic_uint_fast64_t http_errors;           /* responses with status >= 400 */
     atomic_uint_fast64_t silence_compiles_http; /* silences parsed for silenced_by */
 
     /* lifecycle: 1 once storage is open and both listeners are bound,

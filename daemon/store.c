@@ -20,8 +20,8 @@
 /* Upper bounds of the commit latency histogram, seconds. Counters are
  * cumulative (Prometheus style): bucket i counts commits <= le[i], and
  * bucket STATS_COMMIT_BUCKETS counts all of them (+Inf). */
-const double stats_commit_bucket_le[STATS_COMMIT_BUCKETS] = {
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 5.0};
+const double stats_commit_bucket_le[STATS_COMMIT_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                             0.025,  0.05,  0.1,    0.5,   5.0};
 
 /* Storage trouble that may pass (disk full, I/O, locks, memory): retry the
  * whole batch. Anything else is a problem with one item: refuse that item. */
@@ -78,8 +78,11 @@ static int spool_batch(struct store *s, struct store_item **batch, size_t n,
         if (refused[i] || batch[i]->kind != STORE_ITEM_REPORT || !rp->sketch_body ||
             !rp->sketch_len)
             continue;
-        struct spool_rec rec = {.run_id = rp->run_id, .stream_id = rp->stream_id,
-                                .rank = rp->rank, .seq = rp->seq, .step = rp->step,
+        struct spool_rec rec = {.run_id = rp->run_id,
+                                .stream_id = rp->stream_id,
+                                .rank = rp->rank,
+                                .seq = rp->seq,
+                                .step = rp->step,
                                 .len = (uint32_t)rp->sketch_len};
         int e = rp->sketch_len > FS_SPOOL_MAX_RECORD_BYTES
                     ? -EINVAL
@@ -305,8 +308,8 @@ static void record_commit(struct store *s, double seconds)
  * ERROR_SHUTTING_DOWN result per item that has a submitter (so that ingest
  * can close the connection instead of waiting for an Ack). Returns the
  * count. Writer thread. */
-static size_t give_up(struct store *s, struct store_item **batch, size_t n,
-                      unsigned char *refused, struct store_result **errs, size_t *nerrs, int code)
+static size_t give_up(struct store *s, struct store_item **batch, size_t n, unsigned char *refused,
+                      struct store_result **errs, size_t *nerrs, int code)
 {
     size_t lost = 0;
     for (size_t i = 0; i < n; i++) {
@@ -369,14 +372,15 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
             break;
         }
         char msg[192];
-        snprintf(msg, sizeof(msg), "%s", s->w_spool_err[0] ? s->w_spool_err : sqlite3_errmsg(s->db));
+        snprintf(msg, sizeof(msg), "%s",
+                 s->w_spool_err[0] ? s->w_spool_err : sqlite3_errmsg(s->db));
         atomic_fetch_add(&s->stats->commit_errors, 1);
         rollback(s);
         if (!transient(rc) && bad >= 0) {
             struct store_item *it = batch[bad];
             log_error("store", "refusing a %s item of conn %llu: %s",
-                      it->kind == STORE_ITEM_HELLO    ? "hello"
-                      : it->kind == STORE_ITEM_REPORT ? "report"
+                      it->kind == STORE_ITEM_HELLO     ? "hello"
+                      : it->kind == STORE_ITEM_REPORT  ? "report"
                       : it->kind == STORE_ITEM_OUTBOX  ? "outbox"
                       : it->kind == STORE_ITEM_SILENCE ? "silence"
                       : it->kind == STORE_ITEM_ADVICE  ? "advice"
@@ -395,8 +399,8 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
             e->error_code = FORESHOCK__ERROR_CODE__ERROR_INTERNAL;
             snprintf(e->message, sizeof(e->message), "storage refused the frame: %.130s", msg);
             for (size_t i = (size_t)bad; i < n; i++) {
-                if (!refused[i] && (i == (size_t)bad ||
-                                    (it->conn_id && batch[i]->conn_id == it->conn_id))) {
+                if (!refused[i] &&
+                    (i == (size_t)bad || (it->conn_id && batch[i]->conn_id == it->conn_id))) {
                     refused[i] = 1;
                     e->items++;
                 }
@@ -435,8 +439,7 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
 static void announce(struct store *s)
 {
     if (s->nwres) {
-        struct store_result *r =
-            fs_grow(s->res, &s->capres, s->nres + s->nwres, sizeof(*r), 64);
+        struct store_result *r = fs_grow(s->res, &s->capres, s->nres + s->nwres, sizeof(*r), 64);
         if (!r) {
             log_error("store", "out of memory announcing %zu results", s->nwres);
             s->nwres = 0;
@@ -630,8 +633,9 @@ void *store_writer_main(void *arg)
         /* Otherwise the queue in order (a Hello at its head alone).
          * FS_STORE_BATCH_MAX_BYTES keeps each commit, and so the wait of a
          * Hello behind it, short whatever the frame sizes. */
-        while (s->head && n < max && (n == 0 || (bytes < FS_STORE_BATCH_MAX_BYTES &&
-                                                 s->batch[0]->kind != STORE_ITEM_HELLO))) {
+        while (s->head && n < max &&
+               (n == 0 ||
+                (bytes < FS_STORE_BATCH_MAX_BYTES && s->batch[0]->kind != STORE_ITEM_HELLO))) {
             struct store_item *it = s->head;
             s->head = it->next;
             it->next = NULL;

@@ -57,11 +57,12 @@
 enum store_item_kind {
     STORE_ITEM_HELLO = 1,
     STORE_ITEM_REPORT = 2,
-    STORE_ITEM_SPOOL_DONE = 3, /* monitors are done with a run's steps <= step (runs.spool_done_step) */
-    STORE_ITEM_MONITOR = 4,    /* the monitor stage's output for one run (below) */
-    STORE_ITEM_SILENCE = 5,    /* create or expire a silence (HTTP API, below) */
-    STORE_ITEM_OUTBOX = 6,     /* the pager's outcome of one outbox row (below) */
-    STORE_ITEM_ADVICE = 7,     /* an advice sent to or acknowledged by a stream (below) */
+    STORE_ITEM_SPOOL_DONE =
+        3, /* monitors are done with a run's steps <= step (runs.spool_done_step) */
+    STORE_ITEM_MONITOR = 4, /* the monitor stage's output for one run (below) */
+    STORE_ITEM_SILENCE = 5, /* create or expire a silence (HTTP API, below) */
+    STORE_ITEM_OUTBOX = 6,  /* the pager's outcome of one outbox row (below) */
+    STORE_ITEM_ADVICE = 7,  /* an advice sent to or acknowledged by a stream (below) */
 };
 
 /* Scalars of a report, by index into store_report.scalars. */
@@ -82,35 +83,35 @@ struct store_hello {
     uint32_t world_size;
     int has_detect_from_step;
     uint64_t detect_from_step;
-    char *model_json; /* owned (malloc), may be NULL */
-    char *local_ranks; /* Hello.local_ranks as ranges ("4-7"), owned; NULL: none */
-    int advice;       /* the client takes Advice: its owed advices follow the result */
+    char *model_json;    /* owned (malloc), may be NULL */
+    char *local_ranks;   /* Hello.local_ranks as ranges ("4-7"), owned; NULL: none */
+    int advice;          /* the client takes Advice: its owed advices follow the result */
     int has_resume_step; /* Hello.resume_step: the attempt restarts from a checkpoint */
     uint64_t resume_step;
     uint64_t stream_key; /* store_stream_key of (run, attempt, rank); 0: unknown */
 };
 
 struct store_report {
-    int64_t run_id;    /* from the HELLO result */
-    int64_t stream_id; /* from the HELLO result */
-    uint64_t stream_key; /* the stream's store_stream_key (0: unknown) */
-    uint32_t rank;     /* label of the per-rank series */
-    uint64_t seq;      /* 1..INT64_MAX */
-    uint64_t step;     /* 0..INT64_MAX */
-    double time;        /* sample time, unix seconds (Report.time_unix or receipt) */
-    double received_at; /* unix seconds */
+    int64_t run_id;       /* from the HELLO result */
+    int64_t stream_id;    /* from the HELLO result */
+    uint64_t stream_key;  /* the stream's store_stream_key (0: unknown) */
+    uint32_t rank;        /* label of the per-rank series */
+    uint64_t seq;         /* 1..INT64_MAX */
+    uint64_t step;        /* 0..INT64_MAX */
+    double time;          /* sample time, unix seconds (Report.time_unix or receipt) */
+    double received_at;   /* unix seconds */
     uint32_t frame_bytes; /* wire size of the frame, for reports.bytes */
     unsigned present;     /* bit i set: scalars[i] is present */
     double scalars[STORE_NSCALARS];
     uint32_t n_weight_norm; /* per-layer, index = layer */
     uint32_t n_update_ratio;
-    float *weight_norm;     /* owned (malloc), n_weight_norm values */
-    float *update_ratio;    /* owned (malloc) */
-    uint8_t *sketch_body;   /* the Frame body as received, when the stage needs it spooled
-                               (stage_wants_spool); appended to the spool log. Owned, unless
-                               sketch_alloc is set: then it points into that allocation */
+    float *weight_norm;   /* owned (malloc), n_weight_norm values */
+    float *update_ratio;  /* owned (malloc) */
+    uint8_t *sketch_body; /* the Frame body as received, when the stage needs it spooled
+                             (stage_wants_spool); appended to the spool log. Owned, unless
+                             sketch_alloc is set: then it points into that allocation */
     size_t sketch_len;
-    uint8_t *sketch_alloc;  /* owned: the buffer sketch_body lies in, or NULL */
+    uint8_t *sketch_alloc; /* owned: the buffer sketch_body lies in, or NULL */
 };
 
 struct store_spool_done {
@@ -123,12 +124,12 @@ struct store_spool_done {
  * incomplete reductions and the run's evaluated step (spool_done_step: the
  * spool may then drop the frames of steps <= it). Series are named by
  * (name, labels) and created as needed; the writer resolves series ids. */
-#define STORE_SERIES_NAME_MAX 48   /* series names, bytes with NUL */
-#define STORE_RULE_MAX 64          /* = DETECT_NAME_MAX */
-#define STORE_ALERT_KEY_MAX 1120   /* >= ALERT_KEY_MAX */
-#define STORE_DEDUP_KEY_MAX 24     /* >= ALERT_DEDUP_MAX */
-#define STORE_STATE_BLOB_MAX 4160  /* >= DETECT_STATE_ENCODED_MAX (4144) */
-#define STORE_ALERT_BLOB_MAX 64    /* >= ALERT_STATE_ENCODED_BYTES */
+#define STORE_SERIES_NAME_MAX 48  /* series names, bytes with NUL */
+#define STORE_RULE_MAX 64         /* = DETECT_NAME_MAX */
+#define STORE_ALERT_KEY_MAX 1120  /* >= ALERT_KEY_MAX */
+#define STORE_DEDUP_KEY_MAX 24    /* >= ALERT_DEDUP_MAX */
+#define STORE_STATE_BLOB_MAX 4160 /* >= DETECT_STATE_ENCODED_MAX (4144) */
+#define STORE_ALERT_BLOB_MAX 64   /* >= ALERT_STATE_ENCODED_BYTES */
 
 struct store_series_key {
     char name[STORE_SERIES_NAME_MAX];
@@ -143,9 +144,9 @@ struct store_point {
 
 struct store_detector_row {
     struct store_series_key key;
-    uint64_t step;     /* last step fed to the detector */
+    uint64_t step; /* last step fed to the detector */
     uint32_t len;
-    uint8_t *blob;     /* into store_monitor.blobs */
+    uint8_t *blob; /* into store_monitor.blobs */
 };
 
 struct store_alert_row {
@@ -153,12 +154,12 @@ struct store_alert_row {
     char rule[STORE_RULE_MAX];
     char alert_key[STORE_ALERT_KEY_MAX];
     char dedup_key[STORE_DEDUP_KEY_MAX];
-    int state;                /* enum alert_state_id */
-    const char *severity;     /* static strings */
+    int state;            /* enum alert_state_id */
+    const char *severity; /* static strings */
     const char *family;
     const char *attribution;
     const char *event_attribution; /* label at this event's step (has_event) */
-    double value, median, mad, z; /* NaN: NULL */
+    double value, median, mad, z;  /* NaN: NULL */
     int64_t first_breach_step, fired_step, resolved_step; /* -1: NULL */
     int64_t last_step;
     uint64_t incidents;
@@ -184,12 +185,12 @@ struct store_monitor {
     int64_t run_id;
     double time; /* point time, unix seconds */
     size_t n_points;
-    struct store_point *points;             /* owned */
+    struct store_point *points; /* owned */
     size_t n_states;
-    struct store_detector_row *states;      /* owned */
-    uint8_t *blobs;                         /* owned: the states' blobs */
+    struct store_detector_row *states; /* owned */
+    uint8_t *blobs;                    /* owned: the states' blobs */
     size_t n_alerts;
-    struct store_alert_row *alerts;         /* owned */
+    struct store_alert_row *alerts; /* owned */
     size_t n_incomplete;
     struct store_incomplete_row *incomplete; /* owned */
     int has_spool_done;
@@ -211,11 +212,11 @@ struct store_waiter;
 
 struct store_silence {
     enum store_silence_op op;
-    int64_t id;            /* EXPIRE: the silence to expire */
-    char *matchers_json;   /* INSERT: owned (malloc), validated canonical JSON */
-    char *created_by;      /* INSERT: owned */
-    char *comment;         /* INSERT: owned */
-    double starts_at, ends_at; /* INSERT: UNIX seconds */
+    int64_t id;                  /* EXPIRE: the silence to expire */
+    char *matchers_json;         /* INSERT: owned (malloc), validated canonical JSON */
+    char *created_by;            /* INSERT: owned */
+    char *comment;               /* INSERT: owned */
+    double starts_at, ends_at;   /* INSERT: UNIX seconds */
     struct store_waiter *waiter; /* one reference, owned; released by store_item_free */
     /* writer thread: outcome of the latest attempt, published after COMMIT */
     int status;
@@ -267,24 +268,25 @@ enum store_outbox_state {
 #define STORE_SQL_NUM_(n) #n
 #define STORE_SQL_NUM(n) STORE_SQL_NUM_(n) /* a macro's number as a string literal */
 /* finished: delivered, given up or skipped (done_at set; retention may delete it) */
-#define STORE_OUTBOX_SQL_FINISHED                                                                 \
-    "(" STORE_SQL_NUM(STORE_OUTBOX_DELIVERED_N) ", " STORE_SQL_NUM(STORE_OUTBOX_GIVEN_UP_N) ", " \
-        STORE_SQL_NUM(STORE_OUTBOX_SKIPPED_N) ")"
+#define STORE_OUTBOX_SQL_FINISHED                                                                  \
+    "(" STORE_SQL_NUM(STORE_OUTBOX_DELIVERED_N) ", " STORE_SQL_NUM(                                \
+        STORE_OUTBOX_GIVEN_UP_N) ", " STORE_SQL_NUM(STORE_OUTBOX_SKIPPED_N) ")"
 /* sent to the end: delivered or given up (a trigger so opened an incident at its target) */
-#define STORE_OUTBOX_SQL_SENT                                                                     \
+#define STORE_OUTBOX_SQL_SENT                                                                      \
     "(" STORE_SQL_NUM(STORE_OUTBOX_DELIVERED_N) ", " STORE_SQL_NUM(STORE_OUTBOX_GIVEN_UP_N) ")"
 /* undone: pending or silenced (the pager holds the row) */
-#define STORE_OUTBOX_SQL_UNDONE                                                                   \
+#define STORE_OUTBOX_SQL_UNDONE                                                                    \
     "(" STORE_SQL_NUM(STORE_OUTBOX_PENDING_N) ", " STORE_SQL_NUM(STORE_OUTBOX_SILENCED_N) ")"
-#define STORE_OUTBOX_SQL_TRIGGER STORE_SQL_NUM(STORE_OUTBOX_TRIGGER) /* outbox.kind of a trigger */
+/* outbox.kind of a trigger */
+#define STORE_OUTBOX_SQL_TRIGGER STORE_SQL_NUM(STORE_OUTBOX_TRIGGER)
 #define STORE_OUTBOX_ERROR_MAX 256
 
 struct store_outbox_outcome {
     int64_t outbox_id;
-    int state;               /* enum store_outbox_state */
-    uint32_t attempts;       /* failed attempts so far */
-    double next_attempt_at;  /* unix seconds; NaN: NULL */
-    int http_status;         /* of the last attempt; 0: NULL */
+    int state;                               /* enum store_outbox_state */
+    uint32_t attempts;                       /* failed attempts so far */
+    double next_attempt_at;                  /* unix seconds; NaN: NULL */
+    int http_status;                         /* of the last attempt; 0: NULL */
     char last_error[STORE_OUTBOX_ERROR_MAX]; /* "" : NULL */
 };
 
@@ -324,8 +326,8 @@ struct store_item *store_item_new(enum store_item_kind kind);
 void store_item_free(struct store_item *item);
 
 enum store_result_kind {
-    STORE_RESULT_HELLO = 1, /* run_id, stream_id, seq = last committed seq of the stream */
-    STORE_RESULT_ACK = 2,   /* seq = highest seq of this conn's reports in the commit */
+    STORE_RESULT_HELLO = 1,  /* run_id, stream_id, seq = last committed seq of the stream */
+    STORE_RESULT_ACK = 2,    /* seq = highest seq of this conn's reports in the commit */
     STORE_RESULT_RESUME = 3, /* the queue drained below its low watermark */
     /* advice: committed. conn_id 0: new, for the connections of run_id
      * that take advice (stream_id 0: all; else that stream's only); else
@@ -336,12 +338,12 @@ enum store_result_kind {
 struct store_result {
     enum store_result_kind kind;
     uint64_t conn_id;
-    uint64_t items;    /* submitted items of conn_id this result settles */
+    uint64_t items; /* submitted items of conn_id this result settles */
     int64_t run_id;
     int64_t stream_id;
     uint64_t seq;
-    int error_code;    /* 0, or FORESHOCK__ERROR_CODE__* when the item was refused */
-    char message[160]; /* when error_code != 0 */
+    int error_code;           /* 0, or FORESHOCK__ERROR_CODE__* when the item was refused */
+    char message[160];        /* when error_code != 0 */
     struct advice_msg advice; /* STORE_RESULT_ADVICE */
     /* STORE_RESULT_HELLO: the stream's attempt, and the run's latest one */
     uint32_t attempt;
@@ -349,12 +351,12 @@ struct store_result {
 };
 
 struct store_opts {
-    int synchronous_full;      /* 0: synchronous=NORMAL, 1: FULL */
+    int synchronous_full; /* 0: synchronous=NORMAL, 1: FULL */
     uint64_t max_runs;
-    uint64_t queue_max_items;  /* high watermark; low = half */
+    uint64_t queue_max_items; /* high watermark; low = half */
     uint64_t queue_max_bytes;
     uint64_t batch_max_items;
-    struct fs_stats *stats;    /* may be NULL (tests) */
+    struct fs_stats *stats; /* may be NULL (tests) */
     /* Called on the writer thread, without blocking, after results were
      * appended (and after RESUME). May be NULL; see store_set_notify. */
     void (*notify)(void *ctx);

@@ -17,8 +17,9 @@
 #include "store_internal.h"
 
 static const char *const scalar_series[STORE_NSCALARS] = {
-    [STORE_LOSS] = "loss",       [STORE_GRAD_NORM] = "grad_norm", [STORE_LR] = "lr",
-    [STORE_LOSS_SCALE] = "loss_scale", [STORE_TOKENS] = "tokens", [STORE_STEP_TIME] = "step_time",
+    [STORE_LOSS] = "loss",     [STORE_GRAD_NORM] = "grad_norm",
+    [STORE_LR] = "lr",         [STORE_LOSS_SCALE] = "loss_scale",
+    [STORE_TOKENS] = "tokens", [STORE_STEP_TIME] = "step_time",
 };
 
 /* --- results of the batch being written ----------------------------------------- */
@@ -301,10 +302,10 @@ static int bind_opt_step(sqlite3_stmt *st, int i, int64_t v)
 static int outbox_rows(struct store *s, int64_t alert_id, int64_t event_id,
                        const struct store_alert_row *a, double now)
 {
-    int kind = a->to_state == ALERT_FIRING     ? STORE_OUTBOX_TRIGGER
+    int kind = a->to_state == ALERT_FIRING ? STORE_OUTBOX_TRIGGER
                : a->to_state == ALERT_RESOLVED || a->to_state == ALERT_SUPERSEDED
                    ? STORE_OUTBOX_RESOLVE /* a superseded incident ends at the target too */
-                                                            : 0;
+                   : 0;
     for (size_t i = 0; kind && i < s->w_ntargets; i++) {
         sqlite3_stmt *st = s->st[ST_OUTBOX_INSERT];
         sqlite3_bind_int64(st, 1, alert_id);
@@ -329,12 +330,20 @@ static int advice_row(struct store *s, int64_t run_id, int64_t alert_id, int64_t
 {
     if (!s->advice || !s->w_advice_policy)
         return SQLITE_OK;
-    struct advice_event ev = {
-        .run_id = run_id, .alert_id = alert_id, .event_id = event_id, .to_state = a->to_state,
-        .rule = a->rule, .label = a->attribution, .severity = a->severity,
-        .step = a->event_step, .first_breach_step = a->first_breach_step,
-        .fired_step = a->fired_step, .layer = a->series.layer, .head = a->series.head,
-        .window = a->series.window, .rank = a->series.rank};
+    struct advice_event ev = {.run_id = run_id,
+                              .alert_id = alert_id,
+                              .event_id = event_id,
+                              .to_state = a->to_state,
+                              .rule = a->rule,
+                              .label = a->attribution,
+                              .severity = a->severity,
+                              .step = a->event_step,
+                              .first_breach_step = a->first_breach_step,
+                              .fired_step = a->fired_step,
+                              .layer = a->series.layer,
+                              .head = a->series.head,
+                              .window = a->series.window,
+                              .rank = a->series.rank};
     struct advice_msg m;
     bool made = false;
     int rc = advice_store_event(s->advice, s->w_advice_policy, &ev, now, &m, &made);
@@ -343,8 +352,7 @@ static int advice_row(struct store *s, int64_t run_id, int64_t alert_id, int64_t
     return announce_advice(s, &m);
 }
 
-static int apply_alert(struct store *s, int64_t run_id, const struct store_alert_row *a,
-                       double now)
+static int apply_alert(struct store *s, int64_t run_id, const struct store_alert_row *a, double now)
 {
     long idx;
     int rc = series_of(s, run_id, &a->series, &idx);

@@ -92,8 +92,7 @@ static enum owner table_owner(sqlite3 *db, const char *table)
     if (strcmp(table, "runs") == 0)
         return OWN_RUNS_TABLE;
     sqlite3_stmt *q;
-    if (sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info(?1)", -1, &q, NULL) !=
-        SQLITE_OK)
+    if (sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info(?1)", -1, &q, NULL) != SQLITE_OK)
         return OWN_NONE;
     sqlite3_bind_text(q, 1, table, -1, SQLITE_STATIC);
     int run = 0, alert = 0, series = 0, stream = 0;
@@ -105,8 +104,7 @@ static enum owner table_owner(sqlite3 *db, const char *table)
         stream |= c && strcmp(c, "stream_id") == 0;
     }
     sqlite3_finalize(q);
-    return run ? OWN_RUN : alert ? OWN_ALERT : series ? OWN_SERIES : stream ? OWN_STREAM
-                                                                            : OWN_NONE;
+    return run ? OWN_RUN : alert ? OWN_ALERT : series ? OWN_SERIES : stream ? OWN_STREAM : OWN_NONE;
 }
 
 /* Deletes every row of runs other than run_id, in an order where each
@@ -120,8 +118,7 @@ static int keep_one_run(sqlite3 *db, int64_t run_id, struct fs_err *err)
         [OWN_RUN] = "run_id <> ?1",
         [OWN_RUNS_TABLE] = "id <> ?1",
     };
-    static const enum owner pass[] = {OWN_ALERT, OWN_SERIES, OWN_STREAM, OWN_RUN,
-                                      OWN_RUNS_TABLE};
+    static const enum owner pass[] = {OWN_ALERT, OWN_SERIES, OWN_STREAM, OWN_RUN, OWN_RUNS_TABLE};
     char names[ARCHIVE_MAX_TABLES][FS_CONFIG_MAX_HOST];
     enum owner own[ARCHIVE_MAX_TABLES];
     size_t n = 0;
@@ -147,8 +144,8 @@ static int keep_one_run(sqlite3 *db, int64_t run_id, struct fs_err *err)
             if (own[i] != pass[p])
                 continue;
             char sql[ARCHIVE_SQL_MAX];
-            int len = snprintf(sql, sizeof(sql), "DELETE FROM \"%s\" WHERE %s", names[i],
-                               where[own[i]]);
+            int len =
+                snprintf(sql, sizeof(sql), "DELETE FROM \"%s\" WHERE %s", names[i], where[own[i]]);
             if (len < 0 || (size_t)len >= sizeof(sql) ||
                 sqlite3_prepare_v2(db, sql, -1, &q, NULL) != SQLITE_OK) {
                 rc = fail_db(db, -EIO, err, sql);
@@ -222,8 +219,7 @@ int store_archive(const char *src, const char *dst, const char *run,
         }
     }
     (void)unlink(tmp);
-    if (sqlite3_open_v2(tmp, &d, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
-        SQLITE_OK) {
+    if (sqlite3_open_v2(tmp, &d, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK) {
         rc = fail_db(d, -EIO, err, tmp);
         goto out;
     }
@@ -236,8 +232,8 @@ int store_archive(const char *src, const char *dst, const char *run,
     if ((rc = exec(d, "PRAGMA journal_mode = DELETE", err)) < 0 ||
         (rc = exec(d, "PRAGMA synchronous = FULL", err)) < 0)
         goto out;
-    if (run_id >= 0 && ((rc = keep_one_run(d, run_id, err)) < 0 ||
-                        (rc = exec(d, "VACUUM", err)) < 0))
+    if (run_id >= 0 &&
+        ((rc = keep_one_run(d, run_id, err)) < 0 || (rc = exec(d, "VACUUM", err)) < 0))
         goto out;
     sqlite3_stmt *q;
     if (sqlite3_prepare_v2(d, "PRAGMA quick_check", -1, &q, NULL) != SQLITE_OK) {

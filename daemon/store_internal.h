@@ -85,7 +85,7 @@ struct series_cache {
     struct series_entry *ents;
     size_t n, cap;
     struct fs_index index; /* over ents, by series_entry.hash */
-    uint32_t *dirty; /* entry indices with add_points > 0 */
+    uint32_t *dirty;       /* entry indices with add_points > 0 */
     size_t ndirty, capdirty;
 };
 
@@ -101,15 +101,15 @@ struct store {
 
     pthread_t thread;
     int thread_started;
-    pthread_mutex_t mu; /* guards everything down to `serving` */
+    pthread_mutex_t mu;     /* guards everything down to `serving` */
     pthread_cond_t cv;      /* writer waits for items / stop */
     pthread_cond_t done_cv; /* store_flush waits for batches */
     struct store_item *head, *tail;
-    uint64_t q_items, q_bytes;   /* queued + in the open transaction */
-    uint64_t q_hellos;           /* HELLO items queued (not yet taken) */
+    uint64_t q_items, q_bytes;                       /* queued + in the open transaction */
+    uint64_t q_hellos;                               /* HELLO items queued (not yet taken) */
     uint8_t w_reported[STORE_HELLO_FILTER_BITS / 8]; /* writer: take_hellos' scratch */
-    uint64_t submitted, settled; /* item counts, for store_flush */
-    uint64_t spool_bytes;        /* bytes in the spool's segment files */
+    uint64_t submitted, settled;                     /* item counts, for store_flush */
+    uint64_t spool_bytes;                            /* bytes in the spool's segment files */
     int refusing, stopping;
     double stop_deadline;     /* monotonic; > 0: failing writes are given up past it */
     uint64_t abandoned;       /* items given up at the stop deadline */
@@ -129,26 +129,26 @@ struct store {
     struct spool_pos committed; /* the spool's end as the database records it */
     struct spool_done_step {
         int64_t run_id, step;
-    } *w_done;                  /* runs.spool_done_step raised by the open transaction */
+    } * w_done; /* runs.spool_done_step raised by the open transaction */
     size_t nw_done, capw_done;
-    char w_spool_err[160];      /* why the open transaction's spool work failed ("": it did not) */
+    char w_spool_err[160]; /* why the open transaction's spool work failed ("": it did not) */
     /* The batch whose records spool_batch is appending, before its
      * transaction begins: store_hello_interlude may commit Hellos meanwhile. */
     struct store_item *const *w_spooling;
     size_t nw_spooling;
     struct series_cache cache;
-    struct store_item **batch;   /* batch_max_items */
-    unsigned char *refused;      /* batch_max_items flags */
+    struct store_item **batch; /* batch_max_items */
+    unsigned char *refused;    /* batch_max_items flags */
     struct store_result *wres; /* results of the batch being written */
     size_t nwres, capwres;
-    int64_t w_outbox_max;      /* highest outbox id inserted by the open transaction */
+    int64_t w_outbox_max; /* highest outbox id inserted by the open transaction */
     char w_targets[STATS_MAX_TARGETS][STATS_TARGET_NAME_MAX]; /* copy taken per batch */
     size_t w_ntargets;
     struct log_ratelimit rl_fail, rl_hello;
     sqlite3_stmt *sil_st[4]; /* silence statements, prepared on first use (writer thread) */
     /* advice (advice.h): the policy (read-only; NULL: none) and the writer's
      * statements */
-    const struct advice_policy *advice_policy; /* under mu */
+    const struct advice_policy *advice_policy;   /* under mu */
     const struct advice_policy *w_advice_policy; /* copy taken per batch */
     struct advice_store *advice;
     struct attempts_store *attempts;
@@ -171,7 +171,10 @@ static inline int exec1(sqlite3_stmt *st, int64_t *cols, int ncols)
     return rc;
 }
 
-static inline int ok(int rc) { return rc == SQLITE_ROW || rc == SQLITE_DONE || rc == SQLITE_OK; }
+static inline int ok(int rc)
+{
+    return rc == SQLITE_ROW || rc == SQLITE_DONE || rc == SQLITE_OK;
+}
 
 static inline int bind_value(sqlite3_stmt *st, int i, double v)
 {

@@ -45,7 +45,8 @@ static const char *const stmt_sql[ST_COUNT] = {
                        "last_step = MAX(COALESCE(last_step, ?4), ?4) WHERE id = ?1",
     [ST_POINT_INSERT] =
         "INSERT OR IGNORE INTO points (series_id, step, value, time) VALUES (?1, ?2, ?3, ?4)",
-    [ST_POINT_UPDATE] = "UPDATE points SET value = ?3, time = ?4 WHERE series_id = ?1 AND step = ?2",
+    [ST_POINT_UPDATE] =
+        "UPDATE points SET value = ?3, time = ?4 WHERE series_id = ?1 AND step = ?2",
     [ST_SPOOL_HEAD] = "INSERT INTO spool_log (id, segment, byte_offset) VALUES (1, ?1, ?2) "
                       "ON CONFLICT (id) DO UPDATE SET segment = excluded.segment, "
                       "byte_offset = excluded.byte_offset",
@@ -222,7 +223,8 @@ static int import_legacy_spool(struct store *s, const char *path, struct fs_err 
         return e;
     }
     s->committed = head;
-    log_info("store", "moved %llu spooled reports (%llu bytes) from the database into the spool "
+    log_info("store",
+             "moved %llu spooled reports (%llu bytes) from the database into the spool "
              "log; the database keeps their free pages until a VACUUM",
              (unsigned long long)moved, (unsigned long long)bytes);
     return 0;

@@ -48,8 +48,7 @@ int store_prune(sqlite3 *db, double now, double outbox_retention_s, double silen
     if (rc == SQLITE_OK && outbox_retention_s > 0)
         rc = prune_one(db, prune_outbox_sql, now - outbox_retention_s, max_rows, &out->outbox);
     if (rc == SQLITE_OK && silence_retention_s > 0)
-        rc = prune_one(db, prune_silences_sql, now - silence_retention_s, max_rows,
-                       &out->silences);
+        rc = prune_one(db, prune_silences_sql, now - silence_retention_s, max_rows, &out->silences);
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
@@ -73,9 +72,8 @@ void store_prune_if_due(struct store *s, double *next)
     struct store_prune_counts c;
     if (store_prune(s->db, fs_clock_unix(), s->opts.outbox_retention_s, s->opts.silence_retention_s,
                     FS_STORE_PRUNE_BATCH, &c) < 0) {
-        log_limited(&s->rl_fail, LOG_LEVEL_WARN, "store",
-                    "retention: %s; retrying in %.0f s", sqlite3_errmsg(s->db),
-                    s->opts.prune_interval_s);
+        log_limited(&s->rl_fail, LOG_LEVEL_WARN, "store", "retention: %s; retrying in %.0f s",
+                    sqlite3_errmsg(s->db), s->opts.prune_interval_s);
         return;
     }
     if (c.outbox || c.silences)

@@ -68,7 +68,10 @@ out:
     return 0;
 }
 
-int store_reader_version(const struct store_reader *r) { return r->version; }
+int store_reader_version(const struct store_reader *r)
+{
+    return r->version;
+}
 
 void store_reader_close(struct store_reader *r)
 {
@@ -105,11 +108,12 @@ int store_reader_runs(struct store_reader *r,
     /* The lowest rank of a declared local group, without parsing it: the
      * first number of the comma-joined ranges is not always the lowest
      * ("4-7,0-3"), so every range's start is compared below. */
-    const char *sql = r->version >= SCHEMA_LOCAL_GROUP_VERSION
-                          ? "SELECT id, name, detect_from_step, last_step, "
-                            SCHEMA_RUN_LOCAL_RANKS_SQL("runs.id") " FROM runs ORDER BY id"
-                          : "SELECT id, name, detect_from_step, last_step, NULL FROM runs "
-                            "ORDER BY id";
+    const char *sql =
+        r->version >= SCHEMA_LOCAL_GROUP_VERSION
+            ? "SELECT id, name, detect_from_step, last_step, " SCHEMA_RUN_LOCAL_RANKS_SQL(
+                  "runs.id") " FROM runs ORDER BY id"
+            : "SELECT id, name, detect_from_step, last_step, NULL FROM runs "
+              "ORDER BY id";
     if (sqlite3_prepare_v2(r->db, sql, -1, &q, NULL) != SQLITE_OK)
         return fail(r, -EIO, err, "reading runs");
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
@@ -140,8 +144,8 @@ int store_reader_points(struct store_reader *r, int64_t run_id,
 
 int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max_step,
                              bool (*want)(void *ctx, const struct store_series_key *k),
-                             int (*cb)(void *ctx, const struct store_series_key *k,
-                                       uint64_t step, double value, bool present),
+                             int (*cb)(void *ctx, const struct store_series_key *k, uint64_t step,
+                                       double value, bool present),
                              void *ctx, struct fs_err *err)
 {
     sqlite3_stmt *s = NULL, *q = NULL;

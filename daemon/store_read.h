@@ -50,8 +50,8 @@ int store_reader_points(struct store_reader *r, int64_t run_id,
 /* store_reader_points for the points at or below max_step only. */
 int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max_step,
                              bool (*want)(void *ctx, const struct store_series_key *k),
-                             int (*cb)(void *ctx, const struct store_series_key *k,
-                                       uint64_t step, double value, bool present),
+                             int (*cb)(void *ctx, const struct store_series_key *k, uint64_t step,
+                                       double value, bool present),
                              void *ctx, struct fs_err *err);
 
 #endif

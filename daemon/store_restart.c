@@ -74,18 +74,17 @@ int store_restart_runs(struct store_restart *r,
      * monitor rows (NULL in a database of an older version). */
     if (sqlite3_prepare_v2(db,
                            "SELECT id, name, world_size, detect_from_step, model_json, "
-                           "spool_done_step, "
-                           SCHEMA_RUN_LOCAL_RANKS_SQL("runs.id") " FROM runs",
+                           "spool_done_step, " SCHEMA_RUN_LOCAL_RANKS_SQL("runs.id") " FROM runs",
                            -1, &q, NULL) != SQLITE_OK)
         return load_fail(db, err, "runs");
     int rc, stop = 0;
     while (!stop && (rc = sqlite3_step(q)) == SQLITE_ROW) {
-        struct store_restart_run run = {
-            .id = sqlite3_column_int64(q, 0), .name = (const char *)sqlite3_column_text(q, 1),
-            .world_size = (uint32_t)sqlite3_column_int64(q, 2),
-            .local_ranks = (const char *)sqlite3_column_text(q, 6),
-            .has_done_step = sqlite3_column_type(q, 5) != SQLITE_NULL,
-            .done_step = sqlite3_column_int64(q, 5)};
+        struct store_restart_run run = {.id = sqlite3_column_int64(q, 0),
+                                        .name = (const char *)sqlite3_column_text(q, 1),
+                                        .world_size = (uint32_t)sqlite3_column_int64(q, 2),
+                                        .local_ranks = (const char *)sqlite3_column_text(q, 6),
+                                        .has_done_step = sqlite3_column_type(q, 5) != SQLITE_NULL,
+                                        .done_step = sqlite3_column_int64(q, 5)};
         if (sqlite3_column_int64(q, 3) > 0)
             run.detect_from_step = (uint64_t)sqlite3_column_int64(q, 3);
         model_from_json(&run, (const char *)sqlite3_column_text(q, 4));
@@ -166,8 +165,8 @@ static bool key_of(sqlite3_stmt *q, int col, struct store_series_key *k)
 }
 
 int store_restart_detectors(struct store_restart *r,
-                            int (*cb)(void *ctx, const struct store_restart_detector *d),
-                            void *ctx, struct fs_err *err)
+                            int (*cb)(void *ctx, const struct store_restart_detector *d), void *ctx,
+                            struct fs_err *err)
 {
     sqlite3 *db = r->db;
     sqlite3_stmt *q = NULL;
@@ -243,8 +242,7 @@ int store_restart_alerts(struct store_restart *r,
 }
 
 int store_restart_streams(struct store_restart *r,
-                          int (*cb)(void *ctx, int64_t stream_id, int64_t run_id,
-                                    uint32_t attempt),
+                          int (*cb)(void *ctx, int64_t stream_id, int64_t run_id, uint32_t attempt),
                           void *ctx, struct fs_err *err)
 {
     sqlite3 *db = r->db;
@@ -265,8 +263,8 @@ int store_restart_streams(struct store_restart *r,
 }
 
 int store_restart_attempts(struct store_restart *r,
-                           int (*cb)(void *ctx, const struct store_restart_attempt *a),
-                           void *ctx, struct fs_err *err)
+                           int (*cb)(void *ctx, const struct store_restart_attempt *a), void *ctx,
+                           struct fs_err *err)
 {
     sqlite3 *db = r->db;
     sqlite3_stmt *q = NULL;
@@ -279,12 +277,12 @@ int store_restart_attempts(struct store_restart *r,
         return load_fail(db, err, "attempts");
     int rc, stop = 0;
     while (!stop && (rc = sqlite3_step(q)) == SQLITE_ROW) {
-        struct store_restart_attempt a = {
-            .run_id = sqlite3_column_int64(q, 0), .attempt = (uint32_t)sqlite3_column_int64(q, 1),
-            .has_resume = sqlite3_column_type(q, 2) != SQLITE_NULL,
-            .rebuilt = sqlite3_column_type(q, 3) != SQLITE_NULL,
-            .has_previous = sqlite3_column_type(q, 4) != SQLITE_NULL,
-            .previous = (uint32_t)sqlite3_column_int64(q, 4)};
+        struct store_restart_attempt a = {.run_id = sqlite3_column_int64(q, 0),
+                                          .attempt = (uint32_t)sqlite3_column_int64(q, 1),
+                                          .has_resume = sqlite3_column_type(q, 2) != SQLITE_NULL,
+                                          .rebuilt = sqlite3_column_type(q, 3) != SQLITE_NULL,
+                                          .has_previous = sqlite3_column_type(q, 4) != SQLITE_NULL,
+                                          .previous = (uint32_t)sqlite3_column_int64(q, 4)};
         a.resume_step = a.has_resume ? (uint64_t)sqlite3_column_int64(q, 2) : 0;
         stop = cb(ctx, &a);
     }

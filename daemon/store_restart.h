@@ -61,15 +61,15 @@ int store_restart_lr(struct store_restart *r, int64_t run_id, uint32_t rank,
 struct store_restart_detector {
     int64_t run_id;
     struct store_series_key key;
-    int64_t step; /* the last step detected */
+    int64_t step;      /* the last step detected */
     const void *state; /* detect_state_encode's bytes (NULL when empty) */
     size_t len;
 };
 
 /* Every persisted detector state (rows of series without a name are left out). */
 int store_restart_detectors(struct store_restart *r,
-                            int (*cb)(void *ctx, const struct store_restart_detector *d),
-                            void *ctx, struct fs_err *err);
+                            int (*cb)(void *ctx, const struct store_restart_detector *d), void *ctx,
+                            struct fs_err *err);
 
 struct store_restart_alert {
     int64_t run_id;
@@ -87,24 +87,23 @@ int store_restart_alerts(struct store_restart *r,
 
 /* Every stream's attempt. */
 int store_restart_streams(struct store_restart *r,
-                          int (*cb)(void *ctx, int64_t stream_id, int64_t run_id,
-                                    uint32_t attempt),
+                          int (*cb)(void *ctx, int64_t stream_id, int64_t run_id, uint32_t attempt),
                           void *ctx, struct fs_err *err);
 
 struct store_restart_attempt {
     int64_t run_id;
-    uint32_t attempt;      /* the run's latest */
-    bool has_resume;       /* it rewound the run to resume_step */
+    uint32_t attempt; /* the run's latest */
+    bool has_resume;  /* it rewound the run to resume_step */
     uint64_t resume_step;
-    bool rebuilt;          /* the detection state at resume_step was stored */
-    bool has_previous;     /* an earlier attempt exists: previous */
+    bool rebuilt;      /* the detection state at resume_step was stored */
+    bool has_previous; /* an earlier attempt exists: previous */
     uint32_t previous;
 };
 
 /* Every run's latest attempt. */
 int store_restart_attempts(struct store_restart *r,
-                           int (*cb)(void *ctx, const struct store_restart_attempt *a),
-                           void *ctx, struct fs_err *err);
+                           int (*cb)(void *ctx, const struct store_restart_attempt *a), void *ctx,
+                           struct fs_err *err);
 
 /* Where the spool log's records not yet released start ({0, 0}: no record
  * of it, a new database). 0 or a negative code with err. */

@@ -65,8 +65,8 @@ static long cache_add(struct series_cache *c, const struct series_entry *e)
     return (long)c->n++;
 }
 
-static int bind_series_key(sqlite3_stmt *st, int64_t run_id, const char *name, int32_t l,
-                           int32_t h, int32_t w, int32_t r)
+static int bind_series_key(sqlite3_stmt *st, int64_t run_id, const char *name, int32_t l, int32_t h,
+                           int32_t w, int32_t r)
 {
     int rc = sqlite3_bind_int64(st, 1, run_id);
     if (rc == SQLITE_OK)
@@ -105,8 +105,8 @@ int store_series_get(struct store *s, int64_t run_id, const char *name, int32_t 
     }
     if (rc != SQLITE_ROW)
         return rc;
-    struct series_entry e = {.run_id = run_id, .id = id, .layer = l, .head = h, .window = w,
-                             .rank = r, .hash = hash};
+    struct series_entry e = {
+        .run_id = run_id, .id = id, .layer = l, .head = h, .window = w, .rank = r, .hash = hash};
     snprintf(e.name, sizeof(e.name), "%s", name);
     *idx = cache_add(&s->cache, &e);
     return *idx < 0 ? SQLITE_NOMEM : SQLITE_OK;

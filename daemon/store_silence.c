@@ -40,8 +40,8 @@ struct store_waiter {
 static sqlite3_stmt *sil_stmt(struct store *s, int which)
 {
     if (!s->sil_st[which] &&
-        sqlite3_prepare_v3(s->db, sil_sql[which], -1, SQLITE_PREPARE_PERSISTENT,
-                           &s->sil_st[which], NULL) != SQLITE_OK)
+        sqlite3_prepare_v3(s->db, sil_sql[which], -1, SQLITE_PREPARE_PERSISTENT, &s->sil_st[which],
+                           NULL) != SQLITE_OK)
         return NULL;
     return s->sil_st[which];
 }
@@ -66,8 +66,8 @@ int store_apply_silence(struct store *s, struct store_item *it, double now)
             return ok(rc) ? SQLITE_ERROR : rc;
         if (q->ends_at > now && n >= (int64_t)FS_STORE_MAX_LIVE_SILENCES) {
             log_limited(&s->rl_fail, LOG_LEVEL_WARN, "store",
-                        "refusing a silence: %lld are active or pending (at most %u)",
-                        (long long)n, FS_STORE_MAX_LIVE_SILENCES);
+                        "refusing a silence: %lld are active or pending (at most %u)", (long long)n,
+                        FS_STORE_MAX_LIVE_SILENCES);
             q->status = -ENOSPC;
             q->out_id = 0;
             return SQLITE_OK;
@@ -122,7 +122,7 @@ void store_silence_settle(struct store *s, struct store_item **batch, size_t n)
         struct store_item *it = batch[i];
         if (it->kind == STORE_ITEM_SILENCE && it->silence.waiter)
             store_waiter_settle(it->silence.waiter, s->refused[i] ? -EIO : it->silence.status,
-                          it->silence.out_id);
+                                it->silence.out_id);
     }
 }
 

@@ -36,8 +36,7 @@ static void ssl_reason(char *out, size_t len)
     ERR_clear_error();
 }
 
-int tls_server_new(const struct tls_server_opts *o, struct tls_server **out,
-                   struct fs_err *err)
+int tls_server_new(const struct tls_server_opts *o, struct tls_server **out, struct fs_err *err)
 {
     char why[256];
     *out = NULL;

@@ -30,8 +30,7 @@ struct tls_conn;
 
 /* Loads and checks the files (the key matches the certificate). Returns 0
  * and *out, or -EINVAL / -ENOMEM with a message naming the file in err. */
-int tls_server_new(const struct tls_server_opts *o, struct tls_server **out,
-                   struct fs_err *err);
+int tls_server_new(const struct tls_server_opts *o, struct tls_server **out, struct fs_err *err);
 void tls_server_free(struct tls_server *s);
 
 /* A server-side connection in its handshake. NULL on out of memory. */

@@ -118,8 +118,8 @@ int api_get(struct api *a, const char *path, json_t **out, char *err, size_t err
     return api_request(a, "GET", path, NULL, out, err, errlen);
 }
 
-int api_request(struct api *a, const char *method, const char *path, const char *body,
-                json_t **out, char *err, size_t errlen)
+int api_request(struct api *a, const char *method, const char *path, const char *body, json_t **out,
+                char *err, size_t errlen)
 {
     struct curl_slist *hdr = NULL;
     struct body b = {0};

@@ -15,13 +15,23 @@ struct archive_settings {
 };
 
 static const struct opt archive_opts[] = {
-    {.name = "db", .kind = OPT_STR, .offset = offsetof(struct archive_settings, db),
-     .arg = "SRC", .help = "the daemon's database (read; the daemon may be running)",
+    {.name = "db",
+     .kind = OPT_STR,
+     .offset = offsetof(struct archive_settings, db),
+     .arg = "SRC",
+     .help = "the daemon's database (read; the daemon may be running)",
      .required = 1},
-    {.name = "out", .kind = OPT_STR, .offset = offsetof(struct archive_settings, out),
-     .arg = "DST", .help = "the archive to write; must not exist", .required = 1},
-    {.name = "run", .kind = OPT_STR, .offset = offsetof(struct archive_settings, run),
-     .arg = "RUN", .help = "only this run (its series, alerts, history; silences are kept)"},
+    {.name = "out",
+     .kind = OPT_STR,
+     .offset = offsetof(struct archive_settings, out),
+     .arg = "DST",
+     .help = "the archive to write; must not exist",
+     .required = 1},
+    {.name = "run",
+     .kind = OPT_STR,
+     .offset = offsetof(struct archive_settings, run),
+     .arg = "RUN",
+     .help = "only this run (its series, alerts, history; silences are kept)"},
 };
 
 static const struct command_help archive_help = {
@@ -40,8 +50,8 @@ int cmd_archive(int argc, char **argv)
 {
     struct archive_settings s = {0};
     char err[CLI_ERR_LEN] = "";
-    int rc = args_parse(archive_opts, sizeof(archive_opts) / sizeof(archive_opts[0]), argc,
-                        argv, &s, &archive_help, err, sizeof(err));
+    int rc = args_parse(archive_opts, sizeof(archive_opts) / sizeof(archive_opts[0]), argc, argv,
+                        &s, &archive_help, err, sizeof(err));
     if (rc == 1)
         return CLI_OK;
     if (rc != 0) {

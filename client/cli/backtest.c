@@ -32,10 +32,10 @@
 #include "stage.h"
 #include "store_read.h"
 
-#define BACKTEST_MAX_SETS 256      /* --set options */
-#define BACKTEST_MAX_RUNS 4096     /* --run options */
+#define BACKTEST_MAX_SETS 256  /* --set options */
+#define BACKTEST_MAX_RUNS 4096 /* --run options */
 #define BACKTEST_MAX_RECORDINGS 1024
-#define BACKTEST_DAEMON_WAIT_S 30  /* for the throwaway daemon's ready line */
+#define BACKTEST_DAEMON_WAIT_S 30 /* for the throwaway daemon's ready line */
 
 #define BACKTEST_MAX_WINDOWS 16
 
@@ -70,8 +70,8 @@ struct run_ctx {
 /* ---- settings ---------------------------------------------------------------- */
 
 /* RULE.KEY=VALUE -> rule (up to the last '.' before '='), key, value. */
-static int apply_set(struct detect_rules *rules, struct fs_config *cfg, const char *arg,
-                     char *err, size_t errlen)
+static int apply_set(struct detect_rules *rules, struct fs_config *cfg, const char *arg, char *err,
+                     size_t errlen)
 {
     char buf[DETECT_NAME_MAX + DETECT_VALUE_MAX + 64];
     if (strlen(arg) >= sizeof(buf)) {
@@ -149,9 +149,15 @@ static int feed_point(void *ctx, const struct store_series_key *k, uint64_t step
     return r < 0 ? r : 0;
 }
 
-static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+static json_t *jnum(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
 
-static json_t *jopt(int32_t v, int32_t none) { return v == none ? json_null() : json_integer(v); }
+static json_t *jopt(int32_t v, int32_t none)
+{
+    return v == none ? json_null() : json_integer(v);
+}
 
 /* "layer=L head=H window=W" with the labels the series has, or "-". Three
  * labels of at most 18 bytes each always fit the callers' 96 bytes. */
@@ -207,8 +213,8 @@ static int backtest_run(struct store_reader *rd, const struct store_run_info *ru
         if (!e->has_event)
             continue;
         if (e->tr.change == ALERT_CHANGE_TO_FIRING) {
-            inc[n_inc++] = (struct incident){.t = e->t, .fired = e->tr, .attr = e->attr,
-                                             .resolved_step = -1};
+            inc[n_inc++] =
+                (struct incident){.t = e->t, .fired = e->tr, .attr = e->attr, .resolved_step = -1};
             memcpy(inc[n_inc - 1].why, e->why, sizeof(e->why));
         } else if (e->tr.change == ALERT_CHANGE_TO_RESOLVED) {
             for (size_t j = n_inc; j-- > 0;)
@@ -221,8 +227,8 @@ static int backtest_run(struct store_reader *rd, const struct store_run_info *ru
             char scope[96];
             scope_text(&e->t->key, scope, sizeof(scope));
             printf("event %s %s %s %s step=%lld value=%g z=%.3g label=%s\n", run->name,
-                   e->t->rule_name, scope, alert_change_name(e->tr.change),
-                   (long long)e->tr.step, e->tr.value, e->tr.z, alert_attribution_name(e->attr));
+                   e->t->rule_name, scope, alert_change_name(e->tr.change), (long long)e->tr.step,
+                   e->tr.value, e->tr.z, alert_attribution_name(e->attr));
         }
     }
     for (size_t i = 0; i < n_inc; i++) {
@@ -239,8 +245,8 @@ static int backtest_run(struct store_reader *rd, const struct store_run_info *ru
                 (json_int_t)x->fired.step, "resolved_step",
                 x->resolved_step >= 0 ? json_integer(x->resolved_step) : json_null(), "label",
                 alert_attribution_name(x->attr), "label_series", x->why, "value",
-                jnum(x->fired.value), "median", jnum(x->fired.median), "mad",
-                jnum(x->fired.mad), "z", jnum(x->fired.z), "breach_kind",
+                jnum(x->fired.value), "median", jnum(x->fired.median), "mad", jnum(x->fired.mad),
+                "z", jnum(x->fired.z), "breach_kind",
                 detect_breach_kind_name(x->fired.breach_kind));
             if (!o || json_array_append_new(arr, o) != 0) {
                 snprintf(err, errlen, "out of memory");
@@ -257,8 +263,15 @@ static int backtest_run(struct store_reader *rd, const struct store_run_info *ru
             else
                 snprintf(res, sizeof(res), "-");
             snprintf(z, sizeof(z), "%.3g", x->fired.z);
-            const char *cells[] = {run->name, x->t->rule_name, scope, first, fired, res,
-                                   alert_attribution_name(x->attr), z, x->why};
+            const char *cells[] = {run->name,
+                                   x->t->rule_name,
+                                   scope,
+                                   first,
+                                   fired,
+                                   res,
+                                   alert_attribution_name(x->attr),
+                                   z,
+                                   x->why};
             if (table_add(tab, cells) < 0) {
                 snprintf(err, errlen, "out of memory");
                 r = -ENOMEM;
@@ -360,7 +373,8 @@ static int throwaway_start(struct throwaway *d, char *err, size_t errlen)
         }
         sleep_ms(50);
     }
-    snprintf(err, errlen, "%.200s not ready after %d s (log: %.200s)", bin, BACKTEST_DAEMON_WAIT_S, d->log);
+    snprintf(err, errlen, "%.200s not ready after %d s (log: %.200s)", bin, BACKTEST_DAEMON_WAIT_S,
+             d->log);
     return -ETIMEDOUT;
 }
 
@@ -472,7 +486,8 @@ int cmd_backtest(int argc, char **argv)
             return CLI_OK;
         }
         if ((!strcmp(a, "--db") || !strcmp(a, "--config") || !strcmp(a, "--run") ||
-             !strcmp(a, "--set") || !strcmp(a, "--windows") || !strcmp(a, "--every")) && !v) {
+             !strcmp(a, "--set") || !strcmp(a, "--windows") || !strcmp(a, "--every")) &&
+            !v) {
             fprintf(stderr, "foreshock backtest: %s needs a value\n", a);
             return CLI_USAGE;
         }
@@ -494,8 +509,10 @@ int cmd_backtest(int argc, char **argv)
             sets[n_sets++] = argv[++i];
         } else if (!strcmp(a, "--windows")) {
             if (parse_windows(argv[++i], &st) < 0) {
-                fprintf(stderr, "foreshock backtest: --windows wants up to %d window lengths "
-                                "like 5,25\n", BACKTEST_MAX_WINDOWS);
+                fprintf(stderr,
+                        "foreshock backtest: --windows wants up to %d window lengths "
+                        "like 5,25\n",
+                        BACKTEST_MAX_WINDOWS);
                 return CLI_USAGE;
             }
         } else if (!strcmp(a, "--every")) {
@@ -608,7 +625,7 @@ int cmd_backtest(int argc, char **argv)
             goto close_reader;
         }
     }
-    static const char *const headers[] = {"RUN",   "RULE",  "SCOPE", "FIRST_BREACH", "FIRED",
+    static const char *const headers[] = {"RUN",      "RULE",  "SCOPE", "FIRST_BREACH", "FIRED",
                                           "RESOLVED", "LABEL", "Z",     "LABEL_SERIES"};
     static const int right[] = {0, 0, 0, 1, 1, 1, 0, 1, 0};
     struct table *tab = st.json ? NULL : table_new(9, headers, right);
@@ -624,8 +641,8 @@ int cmd_backtest(int argc, char **argv)
             selected = strcmp(run->name, runs[i]) == 0;
         if (!selected)
             continue;
-        int64_t from = (int64_t)(run->detect_from_step ? run->detect_from_step
-                                                       : cfg.detect_from_step);
+        int64_t from =
+            (int64_t)(run->detect_from_step ? run->detect_from_step : cfg.detect_from_step);
         err[0] = '\0';
         if (backtest_run(rd, run, &rules, from, &st, arr, tab, err, sizeof(err)) < 0) {
             fprintf(stderr, "foreshock backtest: run %s: %s\n", run->name, err);
@@ -656,4 +673,3 @@ cleanup:
         throwaway_remove(&d);
     return rc;
 }
-

@@ -30,7 +30,7 @@ enum opt_kind {
 };
 
 struct opt {
-    const char *name;  /* long name without "--" */
+    const char *name; /* long name without "--" */
     enum opt_kind kind;
     size_t offset;     /* of the field in the settings struct */
     const char *arg;   /* placeholder in help, e.g. "ID"; NULL for flags */

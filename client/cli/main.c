@@ -17,32 +17,46 @@ struct command {
 
 static const struct command commands[] = {
     {.name = "runs", .summary = "list runs", .uses_http = 1, .run_http = cmd_runs},
-    {.name = "series", .summary = "list the series of a run", .uses_http = 1, .run_http = cmd_series},
-    {.name = "points", .summary = "print the points of a series", .uses_http = 1,
+    {.name = "series",
+     .summary = "list the series of a run",
+     .uses_http = 1,
+     .run_http = cmd_series},
+    {.name = "points",
+     .summary = "print the points of a series",
+     .uses_http = 1,
      .run_http = cmd_points},
-    {.name = "alerts", .summary = "list alerts, or show one with its history", .uses_http = 1,
+    {.name = "alerts",
+     .summary = "list alerts, or show one with its history",
+     .uses_http = 1,
      .run_http = cmd_alerts},
-    {.name = "silence", .summary = "add, list or expire silences (add|list|expire)",
-     .uses_http = 1, .run_http = cmd_silence},
-    {.name = "maintenance", .summary = "silence a run's alerts for a planned restart",
-     .uses_http = 1, .run_http = cmd_maintenance},
-    {.name = "simulate", .summary = "simulate trainer ranks streaming to the daemon",
+    {.name = "silence",
+     .summary = "add, list or expire silences (add|list|expire)",
+     .uses_http = 1,
+     .run_http = cmd_silence},
+    {.name = "maintenance",
+     .summary = "silence a run's alerts for a planned restart",
+     .uses_http = 1,
+     .run_http = cmd_maintenance},
+    {.name = "simulate",
+     .summary = "simulate trainer ranks streaming to the daemon",
      .run = cmd_simulate},
-    {.name = "replay", .summary = "stream recordings of trainer reports into the daemon",
+    {.name = "replay",
+     .summary = "stream recordings of trainer reports into the daemon",
      .run = cmd_replay},
-    {.name = "backtest", .summary = "re-evaluate stored runs or recordings under any settings",
+    {.name = "backtest",
+     .summary = "re-evaluate stored runs or recordings under any settings",
      .run = cmd_backtest},
-    {.name = "archive", .summary = "copy a database (or one run) consistently while it is in use",
+    {.name = "archive",
+     .summary = "copy a database (or one run) consistently while it is in use",
      .run = cmd_archive},
 };
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: foreshock [--http HOST:PORT] COMMAND [options]\n"
-            "       foreshock --help | --version\n\n"
-            "Command-line client of foreshockd, the training-run instability monitor.\n\n"
-            "commands:\n");
+    fprintf(out, "usage: foreshock [--http HOST:PORT] COMMAND [options]\n"
+                 "       foreshock --help | --version\n\n"
+                 "Command-line client of foreshockd, the training-run instability monitor.\n\n"
+                 "commands:\n");
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(out,

@@ -55,7 +55,8 @@ static void fmt_cell(const json_t *v, int is_time, char *out, size_t len)
         snprintf(out, len, "%s", json_string_value(v));
     } else if (json_is_object(v)) {
         out[0] = '\0';
-        json_object_foreach((json_t *)v, k, x) {
+        json_object_foreach((json_t *)v, k, x)
+        {
             char val[64];
             fmt_cell(x, 0, val, sizeof(val));
             used += (size_t)snprintf(out + used, used < len ? len - used : 0, "%s%s=%s",
@@ -175,7 +176,8 @@ static int print_rows(json_t *items, size_t ncols, const char *const *hdr, const
 
     if (!t)
         return fail("out of memory");
-    json_array_foreach(items, i, it) {
+    json_array_foreach(items, i, it)
+    {
         char cells[16][256];
         const char *row[16];
         for (size_t k = 0; k < ncols && k < 16; k++) {
@@ -234,12 +236,22 @@ struct runs_settings {
 };
 
 static const struct opt runs_opts[] = {
-    {.name = "http", .kind = OPT_HOSTPORT, .offset = offsetof(struct runs_settings, http),
-     .arg = "HOST:PORT", .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
-    {.name = "json", .kind = OPT_FLAG, .offset = offsetof(struct runs_settings, json),
+    {.name = "http",
+     .kind = OPT_HOSTPORT,
+     .offset = offsetof(struct runs_settings, http),
+     .arg = "HOST:PORT",
+     .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
+    {.name = "json",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct runs_settings, json),
      .help = "print the server's JSON (all pages joined)"},
-    {.name = "page-size", .kind = OPT_U32, .offset = offsetof(struct runs_settings, page_size),
-     .arg = "N", .help = "runs per request (default 1000)", .min = 1, .max = PAGE_MAX},
+    {.name = "page-size",
+     .kind = OPT_U32,
+     .offset = offsetof(struct runs_settings, page_size),
+     .arg = "N",
+     .help = "runs per request (default 1000)",
+     .min = 1,
+     .max = PAGE_MAX},
 };
 
 static const struct command_help runs_help = {
@@ -250,11 +262,11 @@ static const struct command_help runs_help = {
 int cmd_runs(const char *http, int argc, char **argv)
 {
     struct runs_settings s = {.http = http, .page_size = PAGE_LIMIT};
-    static const char *const hdr[] = {"RUN", "WORLD", "LAST_STEP", "REPORTS", "STREAMS",
-                                      "SERIES", "LAST_SEEN"};
+    static const char *const hdr[] = {"RUN",     "WORLD",  "LAST_STEP", "REPORTS",
+                                      "STREAMS", "SERIES", "LAST_SEEN"};
     static const int right[] = {0, 1, 1, 1, 1, 1, 0};
-    static const char *const keys[] = {"id", "world_size", "last_step", "reports", "streams",
-                                       "series", "last_seen_at"};
+    static const char *const keys[] = {"id",      "world_size", "last_step",   "reports",
+                                       "streams", "series",     "last_seen_at"};
     static const int is_time[] = {0, 0, 0, 0, 0, 0, 1};
     char path[64];
     struct api *a = NULL;
@@ -277,27 +289,50 @@ struct series_settings {
     int json;
 };
 
-#define SERIES_LABEL(field, what)                                                         \
-    {.name = #field, .kind = OPT_U32, .offset = offsetof(struct series_settings, field), \
-     .arg = "N", .help = "only series with this " what " label", .min = 0, .max = UINT32_MAX - 1}
+#define SERIES_LABEL(field, what)                                                                  \
+    {                                                                                              \
+        .name = #field, .kind = OPT_U32, .offset = offsetof(struct series_settings, field),        \
+        .arg = "N", .help = "only series with this " what " label", .min = 0,                      \
+        .max = UINT32_MAX - 1                                                                      \
+    }
 
 static const struct opt series_opts[] = {
-    {.name = "http", .kind = OPT_HOSTPORT, .offset = offsetof(struct series_settings, http),
-     .arg = "HOST:PORT", .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
-    {.name = "run", .kind = OPT_STR, .offset = offsetof(struct series_settings, run), .arg = "ID",
-     .help = "the run", .required = 1},
-    {.name = "name", .kind = OPT_STR, .offset = offsetof(struct series_settings, name),
-     .arg = "NAME", .help = "only series with this name (e.g. loss, qk.d2.erank)"},
-    {.name = "prefix", .kind = OPT_STR, .offset = offsetof(struct series_settings, prefix),
-     .arg = "P", .help = "only series whose name starts with P (e.g. qk.)"},
+    {.name = "http",
+     .kind = OPT_HOSTPORT,
+     .offset = offsetof(struct series_settings, http),
+     .arg = "HOST:PORT",
+     .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
+    {.name = "run",
+     .kind = OPT_STR,
+     .offset = offsetof(struct series_settings, run),
+     .arg = "ID",
+     .help = "the run",
+     .required = 1},
+    {.name = "name",
+     .kind = OPT_STR,
+     .offset = offsetof(struct series_settings, name),
+     .arg = "NAME",
+     .help = "only series with this name (e.g. loss, qk.d2.erank)"},
+    {.name = "prefix",
+     .kind = OPT_STR,
+     .offset = offsetof(struct series_settings, prefix),
+     .arg = "P",
+     .help = "only series whose name starts with P (e.g. qk.)"},
     SERIES_LABEL(layer, "layer"),
     SERIES_LABEL(head, "head"),
     SERIES_LABEL(window, "window"),
     SERIES_LABEL(rank, "rank"),
-    {.name = "json", .kind = OPT_FLAG, .offset = offsetof(struct series_settings, json),
+    {.name = "json",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct series_settings, json),
      .help = "print the server's JSON (all pages joined)"},
-    {.name = "page-size", .kind = OPT_U32, .offset = offsetof(struct series_settings, page_size),
-     .arg = "N", .help = "series per request (default 1000)", .min = 1, .max = PAGE_MAX},
+    {.name = "page-size",
+     .kind = OPT_U32,
+     .offset = offsetof(struct series_settings, page_size),
+     .arg = "N",
+     .help = "series per request (default 1000)",
+     .min = 1,
+     .max = PAGE_MAX},
 };
 
 static const struct command_help series_help = {
@@ -330,17 +365,20 @@ static void add_u32(struct api *a, char *path, size_t len, const char *key, uint
 
 int cmd_series(const char *http, int argc, char **argv)
 {
-    struct series_settings s = {.http = http, .layer = UNSET32, .head = UNSET32,
-                                .window = UNSET32, .rank = UNSET32, .page_size = PAGE_LIMIT};
+    struct series_settings s = {.http = http,
+                                .layer = UNSET32,
+                                .head = UNSET32,
+                                .window = UNSET32,
+                                .rank = UNSET32,
+                                .page_size = PAGE_LIMIT};
     static const char *const hdr[] = {"ID", "NAME", "LABELS", "POINTS", "FIRST", "LAST"};
     static const int right[] = {1, 0, 0, 1, 1, 1};
-    static const char *const keys[] = {"id", "name", "labels", "points", "first_step",
-                                       "last_step"};
+    static const char *const keys[] = {"id", "name", "labels", "points", "first_step", "last_step"};
     static const int is_time[6] = {0};
     char path[2048];
     struct api *a = NULL;
-    int rc = begin("series", series_opts, sizeof(series_opts) / sizeof(series_opts[0]), argc,
-                   argv, &s, &series_help, &s.http, &a);
+    int rc = begin("series", series_opts, sizeof(series_opts) / sizeof(series_opts[0]), argc, argv,
+                   &s, &series_help, &s.http, &a);
 
     if (rc != GO_ON)
         goto out;
@@ -370,21 +408,49 @@ struct points_settings {
 };
 
 static const struct opt points_opts[] = {
-    {.name = "http", .kind = OPT_HOSTPORT, .offset = offsetof(struct points_settings, http),
-     .arg = "HOST:PORT", .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
-    {.name = "series", .kind = OPT_U64, .offset = offsetof(struct points_settings, series),
-     .arg = "ID", .help = "series id (from `foreshock series`)", .min = 1, .max = INT64_MAX,
+    {.name = "http",
+     .kind = OPT_HOSTPORT,
+     .offset = offsetof(struct points_settings, http),
+     .arg = "HOST:PORT",
+     .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
+    {.name = "series",
+     .kind = OPT_U64,
+     .offset = offsetof(struct points_settings, series),
+     .arg = "ID",
+     .help = "series id (from `foreshock series`)",
+     .min = 1,
+     .max = INT64_MAX,
      .required = 1},
-    {.name = "from", .kind = OPT_U64, .offset = offsetof(struct points_settings, from),
-     .arg = "STEP", .help = "first step, inclusive (default: the first)", .max = INT64_MAX},
-    {.name = "to", .kind = OPT_U64, .offset = offsetof(struct points_settings, to),
-     .arg = "STEP", .help = "last step, inclusive (default: the last)", .max = INT64_MAX},
-    {.name = "limit", .kind = OPT_U64, .offset = offsetof(struct points_settings, limit),
-     .arg = "N", .help = "at most N points in all (default 1000)", .min = 1, .max = POINTS_MAX},
-    {.name = "json", .kind = OPT_FLAG, .offset = offsetof(struct points_settings, json),
+    {.name = "from",
+     .kind = OPT_U64,
+     .offset = offsetof(struct points_settings, from),
+     .arg = "STEP",
+     .help = "first step, inclusive (default: the first)",
+     .max = INT64_MAX},
+    {.name = "to",
+     .kind = OPT_U64,
+     .offset = offsetof(struct points_settings, to),
+     .arg = "STEP",
+     .help = "last step, inclusive (default: the last)",
+     .max = INT64_MAX},
+    {.name = "limit",
+     .kind = OPT_U64,
+     .offset = offsetof(struct points_settings, limit),
+     .arg = "N",
+     .help = "at most N points in all (default 1000)",
+     .min = 1,
+     .max = POINTS_MAX},
+    {.name = "json",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct points_settings, json),
      .help = "print the server's JSON (pages joined; next_from says where to go on)"},
-    {.name = "page-size", .kind = OPT_U32, .offset = offsetof(struct points_settings, page_size),
-     .arg = "N", .help = "points per request (default 10000)", .min = 1, .max = POINTS_PAGE_MAX},
+    {.name = "page-size",
+     .kind = OPT_U32,
+     .offset = offsetof(struct points_settings, page_size),
+     .arg = "N",
+     .help = "points per request (default 10000)",
+     .min = 1,
+     .max = POINTS_PAGE_MAX},
 };
 
 static const struct command_help points_help = {
@@ -396,16 +462,19 @@ static const struct command_help points_help = {
 
 int cmd_points(const char *http, int argc, char **argv)
 {
-    struct points_settings s = {.http = http, .from = UNSET64, .to = UNSET64,
-                                .limit = POINTS_DEFAULT, .page_size = POINTS_PAGE_MAX};
+    struct points_settings s = {.http = http,
+                                .from = UNSET64,
+                                .to = UNSET64,
+                                .limit = POINTS_DEFAULT,
+                                .page_size = POINTS_PAGE_MAX};
     static const char *const hdr[] = {"STEP", "VALUE"};
     static const int right[] = {1, 1};
     char err[CLI_ERR_LEN], path[512];
     struct api *a = NULL;
     json_t *all = json_array(), *series = NULL, *next_from = json_null();
     uint64_t from;
-    int rc = begin("points", points_opts, sizeof(points_opts) / sizeof(points_opts[0]), argc,
-                   argv, &s, &points_help, &s.http, &a);
+    int rc = begin("points", points_opts, sizeof(points_opts) / sizeof(points_opts[0]), argc, argv,
+                   &s, &points_help, &s.http, &a);
 
     if (rc != GO_ON)
         goto out;
@@ -445,8 +514,8 @@ int cmd_points(const char *http, int argc, char **argv)
     while (json_array_size(all) > s.limit) /* a server that ignores ?limit= */
         json_array_remove(all, json_array_size(all) - 1);
     if (s.json) {
-        json_t *doc = json_pack("{s:O,s:O,s:O}", "series", series ? series : json_null(),
-                                "points", all, "next_from", next_from);
+        json_t *doc = json_pack("{s:O,s:O,s:O}", "series", series ? series : json_null(), "points",
+                                all, "next_from", next_from);
         print_json(doc);
         json_decref(doc);
         goto out;
@@ -458,7 +527,8 @@ int cmd_points(const char *http, int argc, char **argv)
     }
     size_t i;
     json_t *p;
-    json_array_foreach(all, i, p) {
+    json_array_foreach(all, i, p)
+    {
         char step[32], value[64];
         const char *row[2] = {step, value};
         fmt_cell(json_array_get(p, 0), 0, step, sizeof(step));
@@ -485,27 +555,61 @@ struct alerts_settings {
 };
 
 static const struct opt alerts_opts[] = {
-    {.name = "http", .kind = OPT_HOSTPORT, .offset = offsetof(struct alerts_settings, http),
-     .arg = "HOST:PORT", .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
-    {.name = "run", .kind = OPT_STR, .offset = offsetof(struct alerts_settings, run), .arg = "ID",
+    {.name = "http",
+     .kind = OPT_HOSTPORT,
+     .offset = offsetof(struct alerts_settings, http),
+     .arg = "HOST:PORT",
+     .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"},
+    {.name = "run",
+     .kind = OPT_STR,
+     .offset = offsetof(struct alerts_settings, run),
+     .arg = "ID",
      .help = "only alerts of this run"},
-    {.name = "state", .kind = OPT_STR, .offset = offsetof(struct alerts_settings, state),
-     .arg = "S", .help = "pending, firing, resolved, inactive or open (comma-separated list)"},
-    {.name = "severity", .kind = OPT_STR, .offset = offsetof(struct alerts_settings, severity),
-     .arg = "S", .help = "warning or critical"},
-    {.name = "label", .kind = OPT_STR, .offset = offsetof(struct alerts_settings, label),
-     .arg = "L", .help = "attribution, e.g. attention-numerics, optimizer-hyperparameter"},
-    {.name = "rule", .kind = OPT_STR, .offset = offsetof(struct alerts_settings, rule),
-     .arg = "NAME", .help = "detector rule, e.g. qk.d2.erank"},
-    {.name = "layer", .kind = OPT_U32, .offset = offsetof(struct alerts_settings, layer),
-     .arg = "N", .help = "only alerts of this layer", .min = 0, .max = UINT32_MAX - 1},
-    {.name = "id", .kind = OPT_U64, .offset = offsetof(struct alerts_settings, id), .arg = "ID",
-     .help = "show one alert: its evidence and the history of its transitions", .min = 1,
+    {.name = "state",
+     .kind = OPT_STR,
+     .offset = offsetof(struct alerts_settings, state),
+     .arg = "S",
+     .help = "pending, firing, resolved, inactive or open (comma-separated list)"},
+    {.name = "severity",
+     .kind = OPT_STR,
+     .offset = offsetof(struct alerts_settings, severity),
+     .arg = "S",
+     .help = "warning or critical"},
+    {.name = "label",
+     .kind = OPT_STR,
+     .offset = offsetof(struct alerts_settings, label),
+     .arg = "L",
+     .help = "attribution, e.g. attention-numerics, optimizer-hyperparameter"},
+    {.name = "rule",
+     .kind = OPT_STR,
+     .offset = offsetof(struct alerts_settings, rule),
+     .arg = "NAME",
+     .help = "detector rule, e.g. qk.d2.erank"},
+    {.name = "layer",
+     .kind = OPT_U32,
+     .offset = offsetof(struct alerts_settings, layer),
+     .arg = "N",
+     .help = "only alerts of this layer",
+     .min = 0,
+     .max = UINT32_MAX - 1},
+    {.name = "id",
+     .kind = OPT_U64,
+     .offset = offsetof(struct alerts_settings, id),
+     .arg = "ID",
+     .help = "show one alert: its evidence and the history of its transitions",
+     .min = 1,
      .max = INT64_MAX},
-    {.name = "json", .kind = OPT_FLAG, .offset = offsetof(struct alerts_settings, json),
+    {.name = "json",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct alerts_settings, json),
      .help = "print the server's JSON (all pages joined)"},
-    {.name = "page-size", .kind = OPT_U32, .offset = offsetof(struct alerts_settings, page_size),
-     .arg = "N", .help = "alerts per request (default 1000)", .min = 1, .max = PAGE_MAX},
+    {.name = "page-size",
+     .kind = OPT_U32,
+     .offset = offsetof(struct alerts_settings, page_size),
+     .arg = "N",
+     .help = "alerts per request (default 1000)",
+     .min = 1,
+     .max = PAGE_MAX},
 };
 
 static const struct command_help alerts_help = {
@@ -536,8 +640,9 @@ static int show_alert(struct api *a, uint64_t id, int json)
         return CLI_OK;
     }
     al = json_object_get(doc, "alert");
-    static const char *const fields[] = {"id", "run", "rule", "state", "severity", "attribution",
-                                         "family", "labels", "dedup_key", "incidents"};
+    static const char *const fields[] = {"id",        "run",         "rule",   "state",
+                                         "severity",  "attribution", "family", "labels",
+                                         "dedup_key", "incidents"};
     for (size_t k = 0; k < sizeof(fields) / sizeof(fields[0]); k++) {
         fmt_cell(json_object_get(al, fields[k]), 0, cell, sizeof(cell));
         printf("%-12s %s\n", fields[k], cell);
@@ -552,17 +657,26 @@ static int show_alert(struct api *a, uint64_t id, int json)
 int cmd_alerts(const char *http, int argc, char **argv)
 {
     struct alerts_settings s = {.http = http, .layer = UNSET32, .page_size = PAGE_LIMIT};
-    static const char *const hdr[] = {"ID", "RUN", "RULE", "STATE", "SEVERITY", "ATTRIBUTION",
-                                      "LABELS", "BREACH", "FIRED", "VALUE", "Z"};
+    static const char *const hdr[] = {"ID",       "RUN",         "RULE",   "STATE",
+                                      "SEVERITY", "ATTRIBUTION", "LABELS", "BREACH",
+                                      "FIRED",    "VALUE",       "Z"};
     static const int right[] = {1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1};
-    static const char *const keys[] = {"id", "run", "rule", "state", "severity", "attribution",
-                                       "labels", "evidence.first_breach_step",
-                                       "evidence.fired_step", "evidence.value", "evidence.z"};
+    static const char *const keys[] = {"id",
+                                       "run",
+                                       "rule",
+                                       "state",
+                                       "severity",
+                                       "attribution",
+                                       "labels",
+                                       "evidence.first_breach_step",
+                                       "evidence.fired_step",
+                                       "evidence.value",
+                                       "evidence.z"};
     static const int is_time[11] = {0};
     char path[2048];
     struct api *a = NULL;
-    int rc = begin("alerts", alerts_opts, sizeof(alerts_opts) / sizeof(alerts_opts[0]), argc,
-                   argv, &s, &alerts_help, &s.http, &a);
+    int rc = begin("alerts", alerts_opts, sizeof(alerts_opts) / sizeof(alerts_opts[0]), argc, argv,
+                   &s, &alerts_help, &s.http, &a);
 
     if (rc != GO_ON)
         goto out;

@@ -34,30 +34,53 @@ struct replay_settings {
 };
 
 static const struct opt replay_opts[] = {
-    {.name = "endpoint", .kind = OPT_HOSTPORT,
-     .offset = offsetof(struct replay_settings, endpoint), .arg = "HOST:PORT",
+    {.name = "endpoint",
+     .kind = OPT_HOSTPORT,
+     .offset = offsetof(struct replay_settings, endpoint),
+     .arg = "HOST:PORT",
      .help = "daemon ingest address (default " CLI_DEFAULT_ENDPOINT ")"},
-    {.name = "run", .kind = OPT_STR, .offset = offsetof(struct replay_settings, run),
-     .arg = "ID", .help = "run id to replay into (default: the recorded one)"},
-    {.name = "attempt", .kind = OPT_U64, .offset = offsetof(struct replay_settings, attempt),
-     .arg = "N", .help = "attempt to replay as (default: the recorded one)", .max = UINT32_MAX},
-    {.name = "token", .kind = OPT_STR, .offset = offsetof(struct replay_settings, token),
-     .arg = "TOKEN", .help = "ingest token (default $FORESHOCK_TOKEN; recordings hold none)"},
-    {.name = "pace", .kind = OPT_FLAG, .offset = offsetof(struct replay_settings, pace),
+    {.name = "run",
+     .kind = OPT_STR,
+     .offset = offsetof(struct replay_settings, run),
+     .arg = "ID",
+     .help = "run id to replay into (default: the recorded one)"},
+    {.name = "attempt",
+     .kind = OPT_U64,
+     .offset = offsetof(struct replay_settings, attempt),
+     .arg = "N",
+     .help = "attempt to replay as (default: the recorded one)",
+     .max = UINT32_MAX},
+    {.name = "token",
+     .kind = OPT_STR,
+     .offset = offsetof(struct replay_settings, token),
+     .arg = "TOKEN",
+     .help = "ingest token (default $FORESHOCK_TOKEN; recordings hold none)"},
+    {.name = "pace",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct replay_settings, pace),
      .help = "send at the recorded pace (report times) instead of as fast as possible"},
-    {.name = "speed", .kind = OPT_DOUBLE, .offset = offsetof(struct replay_settings, speed),
-     .arg = "X", .help = "with --pace: X times the recorded pace (default 1)", .dmin = 1e-3,
+    {.name = "speed",
+     .kind = OPT_DOUBLE,
+     .offset = offsetof(struct replay_settings, speed),
+     .arg = "X",
+     .help = "with --pace: X times the recorded pace (default 1)",
+     .dmin = 1e-3,
      .dmax = 1e6},
-    {.name = "timeout", .kind = OPT_DOUBLE, .offset = offsetof(struct replay_settings, timeout),
-     .arg = "SECONDS", .help = "wait at most this long for the last acknowledgements (default 60)",
-     .dmin = 0, .dmax = 86400},
+    {.name = "timeout",
+     .kind = OPT_DOUBLE,
+     .offset = offsetof(struct replay_settings, timeout),
+     .arg = "SECONDS",
+     .help = "wait at most this long for the last acknowledgements (default 60)",
+     .dmin = 0,
+     .dmax = 86400},
 };
 
 static const struct command_help replay_help = {
     .usage = "foreshock replay FILE [FILE...] [options]",
-    .summary = "Stream recordings (Monitor(record=...), FORESHOCK_RECORD, fsc_options.record_path)\n"
-               "into a daemon: one connection per file, reports interleaved by step. Exit 0 when\n"
-               "every report was acknowledged as committed.",
+    .summary =
+        "Stream recordings (Monitor(record=...), FORESHOCK_RECORD, fsc_options.record_path)\n"
+        "into a daemon: one connection per file, reports interleaved by step. Exit 0 when\n"
+        "every report was acknowledged as committed.",
 };
 
 /* One recording being replayed. */
@@ -195,10 +218,15 @@ static int source_open(struct source *s, const struct replay_settings *st)
     o.log = log_cb;
     o.log_ctx = s;
     if (m) {
-        o.model = (struct fsc_model_shape){
-            .n_layers = m->n_layers, .n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads,
-            .d_model = m->d_model, .d_head = m->d_head, .n_experts = m->n_experts,
-            .top_k = m->top_k, .moe_layers = m->moe_layers, .n_moe_layers = m->n_moe_layers};
+        o.model = (struct fsc_model_shape){.n_layers = m->n_layers,
+                                           .n_heads = m->n_heads,
+                                           .n_kv_heads = m->n_kv_heads,
+                                           .d_model = m->d_model,
+                                           .d_head = m->d_head,
+                                           .n_experts = m->n_experts,
+                                           .top_k = m->top_k,
+                                           .moe_layers = m->moe_layers,
+                                           .n_moe_layers = m->n_moe_layers};
     }
     if (fsc_open(&o, &s->client, err, sizeof(err)) < 0) {
         fprintf(stderr, "replay: %s: %s\n", s->path, err);
@@ -266,16 +294,18 @@ static int submit_next(struct source *s)
 
 int cmd_replay(int argc, char **argv)
 {
-    struct replay_settings st = {.endpoint = CLI_DEFAULT_ENDPOINT, .attempt = REPLAY_RECORDED_ATTEMPT,
-                                 .speed = 1, .timeout = 60};
+    struct replay_settings st = {.endpoint = CLI_DEFAULT_ENDPOINT,
+                                 .attempt = REPLAY_RECORDED_ATTEMPT,
+                                 .speed = 1,
+                                 .timeout = 60};
     struct source *src = NULL;
     char err[CLI_ERR_LEN];
     int nfiles = 0, rc = CLI_FAIL;
 
     while (nfiles < argc && strncmp(argv[nfiles], "--", 2) != 0 && strcmp(argv[nfiles], "-h"))
         nfiles++;
-    int prc = args_parse(replay_opts, sizeof(replay_opts) / sizeof(replay_opts[0]),
-                         argc - nfiles, argv + nfiles, &st, &replay_help, err, sizeof(err));
+    int prc = args_parse(replay_opts, sizeof(replay_opts) / sizeof(replay_opts[0]), argc - nfiles,
+                         argv + nfiles, &st, &replay_help, err, sizeof(err));
     if (prc == 1)
         return CLI_OK;
     if (prc != 0) {

@@ -12,10 +12,10 @@
 
 #define LR_PEAK 3e-4
 #define LR_FLOOR 3e-5
-#define LR_SPIKE 10.0               /* lr-spike: lr x10 from the fault step on */
-#define SIM_DEFAULT_FAULT_PCT 40    /* default fault step: 40 % of --steps */
-#define SIM_DEFAULT_DIVERGE_PCT 30  /* default diverge-after: 30 % of the steps left ... */
-#define SIM_MIN_DIVERGE_SKETCHES 6  /* ... but at least 6 sketch intervals */
+#define LR_SPIKE 10.0              /* lr-spike: lr x10 from the fault step on */
+#define SIM_DEFAULT_FAULT_PCT 40   /* default fault step: 40 % of --steps */
+#define SIM_DEFAULT_DIVERGE_PCT 30 /* default diverge-after: 30 % of the steps left ... */
+#define SIM_MIN_DIVERGE_SKETCHES 6 /* ... but at least 6 sketch intervals */
 /* Router under too large a learning rate, per step from the fault on: every
  * row moves SIM_ROUTER_ALIGN along one shared direction (rows converge: the
  * similarity rises), the centred rows grow by SIM_ROUTER_GROW, and those of
@@ -183,8 +183,8 @@ double sim_divergence(const struct scenario *sc, const struct sim_params *p, uin
 /* Independent Gaussian steps: the update spectrum stays spread out. The sum
  * of the steps [from, to) is one Gaussian with the summed variance. */
 static int attn_walk(const struct scenario *sc, const struct sim_params *p, struct sim_rng *rng,
-                     uint32_t layer, uint32_t head, int is_k, uint64_t from, uint64_t to,
-                     float *w, size_t rows, size_t cols)
+                     uint32_t layer, uint32_t head, int is_k, uint64_t from, uint64_t to, float *w,
+                     size_t rows, size_t cols)
 {
     double var = 0, sd;
 
@@ -275,9 +275,9 @@ static void numerics_dirs(const struct sim_params *p, uint32_t layer, uint32_t h
  * W^T W terms back into Delta2. Random and coherent parts of [from, to) are
  * applied one after the other; the coherent one step by step (it depends
  * on W). */
-static int attn_numerics(const struct scenario *sc, const struct sim_params *p,
-                         struct sim_rng *rng, uint32_t layer, uint32_t head, int is_k,
-                         uint64_t from, uint64_t to, float *w, size_t rows, size_t cols)
+static int attn_numerics(const struct scenario *sc, const struct sim_params *p, struct sim_rng *rng,
+                         uint32_t layer, uint32_t head, int is_k, uint64_t from, uint64_t to,
+                         float *w, size_t rows, size_t cols)
 {
     uint64_t onset = numerics_onset(p, layer, head);
     double var = 0, cn = sqrt((double)p->dh * (double)p->d), *buf, *x, *y, *v, *xw;
@@ -303,8 +303,7 @@ static int attn_numerics(const struct scenario *sc, const struct sim_params *p,
     v = buf;
     xw = buf + cols;
     for (uint64_t t = from > onset ? from : onset; t < to; t++) {
-        double c = numerics_share(p, onset, t) * sim_step_sd(sc, p, t) * cn, ww = 0, sw = 0,
-               proj;
+        double c = numerics_share(p, onset, t) * sim_step_sd(sc, p, t) * cn, ww = 0, sw = 0, proj;
         for (size_t j = 0; j < cols; j++)
             v[j] = xw[j] = 0;
         for (size_t i = 0; i < rows; i++)
@@ -476,10 +475,11 @@ void scenario_print_help(FILE *out)
         }
         fputc('\n', out);
     }
-    fprintf(out, "\nIn the faulty scenarios loss and grad norm look healthy until %d steps before\n"
-                 "diverge_step = fault step + --diverge-after, then grow 10x every %g steps\n"
-                 "(past 10x at diverge_step) and are NaN from diverge_step + %d on. A fault ramps\n"
-                 "up over --diverge-after / 2 steps (at most %d).\n",
+    fprintf(out,
+            "\nIn the faulty scenarios loss and grad norm look healthy until %d steps before\n"
+            "diverge_step = fault step + --diverge-after, then grow 10x every %g steps\n"
+            "(past 10x at diverge_step) and are NaN from diverge_step + %d on. A fault ramps\n"
+            "up over --diverge-after / 2 steps (at most %d).\n",
             SIM_DIVERGE_LEAD, SIM_DIVERGE_TENFOLD, SIM_DIVERGE_NAN_AFTER, SIM_MAX_RAMP);
 }
 
@@ -504,8 +504,10 @@ int sim_params_resolve(const struct scenario *sc, struct sim_params *p, uint64_t
     }
     if (!sc->faulty) {
         if (fault_step != SIM_NEVER || diverge_after != SIM_NEVER) {
-            snprintf(err, errlen, "scenario %s has no fault: --fault-step and --diverge-after "
-                     "do not apply", sc->name);
+            snprintf(err, errlen,
+                     "scenario %s has no fault: --fault-step and --diverge-after "
+                     "do not apply",
+                     sc->name);
             return -EINVAL;
         }
         p->fault_step = p->diverge_step = p->step_size_step = SIM_NEVER;
@@ -520,7 +522,8 @@ int sim_params_resolve(const struct scenario *sc, struct sim_params *p, uint64_t
         return -EINVAL;
     }
     if (diverge_after == SIM_NEVER) {
-        uint64_t rest = p->steps - fault_step, k = (uint64_t)SIM_MIN_DIVERGE_SKETCHES * p->sketch_every;
+        uint64_t rest = p->steps - fault_step,
+                 k = (uint64_t)SIM_MIN_DIVERGE_SKETCHES * p->sketch_every;
         diverge_after = (rest * SIM_DEFAULT_DIVERGE_PCT + 99) / 100;
         if (diverge_after < k)
             diverge_after = k;
@@ -531,7 +534,7 @@ int sim_params_resolve(const struct scenario *sc, struct sim_params *p, uint64_t
     }
     p->fault_step = fault_step;
     p->diverge_step = fault_step + diverge_after;
-    p->ramp = (uint32_t)(diverge_after / 2 < 1 ? 1
+    p->ramp = (uint32_t)(diverge_after / 2 < 1              ? 1
                          : diverge_after / 2 > SIM_MAX_RAMP ? SIM_MAX_RAMP
                                                             : diverge_after / 2);
     p->step_size_step = sc->step_size_late ? fault_step + p->ramp : fault_step;

@@ -12,8 +12,8 @@
 
 #include "cli.h"
 
-#define SIL_PAGE 1000          /* silences per request */
-#define SIL_MAX_PAGES 100000   /* a server that never ends pagination */
+#define SIL_PAGE 1000           /* silences per request */
+#define SIL_MAX_PAGES 100000    /* a server that never ends pagination */
 #define SIL_MAX_MATCH_TEXT 4096 /* --match text, bytes */
 
 struct silence_settings {
@@ -24,51 +24,102 @@ struct silence_settings {
 };
 
 #define SOFF(f) offsetof(struct silence_settings, f)
-#define HTTP_OPT                                                                          \
-    {.name = "http", .kind = OPT_HOSTPORT, .offset = SOFF(http), .arg = "HOST:PORT",      \
-     .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"}
-#define TOKEN_OPT                                                                         \
-    {.name = "token", .kind = OPT_STR, .offset = SOFF(token), .arg = "T",                 \
-     .help = "bearer token (default $FORESHOCK_TOKEN)"}
-#define JSON_OPT                                                                          \
-    {.name = "json", .kind = OPT_FLAG, .offset = SOFF(json), .help = "print the server's JSON"}
+#define HTTP_OPT                                                                                   \
+    {                                                                                              \
+        .name = "http", .kind = OPT_HOSTPORT, .offset = SOFF(http), .arg = "HOST:PORT",            \
+        .help = "daemon HTTP address (default " CLI_DEFAULT_HTTP ")"                               \
+    }
+#define TOKEN_OPT                                                                                  \
+    {                                                                                              \
+        .name = "token", .kind = OPT_STR, .offset = SOFF(token), .arg = "T",                       \
+        .help = "bearer token (default $FORESHOCK_TOKEN)"                                          \
+    }
+#define JSON_OPT                                                                                   \
+    {                                                                                              \
+        .name = "json", .kind = OPT_FLAG, .offset = SOFF(json), .help = "print the server's JSON"  \
+    }
 
 static const struct opt add_opts[] = {
-    HTTP_OPT, TOKEN_OPT, JSON_OPT,
-    {.name = "match", .kind = OPT_STR, .offset = SOFF(match), .arg = "M",
+    HTTP_OPT,
+    TOKEN_OPT,
+    JSON_OPT,
+    {.name = "match",
+     .kind = OPT_STR,
+     .offset = SOFF(match),
+     .arg = "M",
      .help = "matchers, comma-separated: name=value, name!=value, name=~regex, name!~regex"},
-    {.name = "matchers-json", .kind = OPT_STR, .offset = SOFF(matchers_json), .arg = "JSON",
+    {.name = "matchers-json",
+     .kind = OPT_STR,
+     .offset = SOFF(matchers_json),
+     .arg = "JSON",
      .help = "matchers as the API's JSON array (instead of --match)"},
-    {.name = "duration", .kind = OPT_STR, .offset = SOFF(duration), .arg = "D",
+    {.name = "duration",
+     .kind = OPT_STR,
+     .offset = SOFF(duration),
+     .arg = "D",
      .help = "how long: 90m, 2h, 1h30m, 1d or seconds"},
-    {.name = "starts-at", .kind = OPT_STR, .offset = SOFF(starts_at), .arg = "T",
+    {.name = "starts-at",
+     .kind = OPT_STR,
+     .offset = SOFF(starts_at),
+     .arg = "T",
      .help = "RFC 3339 or UNIX seconds (default now)"},
-    {.name = "ends-at", .kind = OPT_STR, .offset = SOFF(ends_at), .arg = "T",
+    {.name = "ends-at",
+     .kind = OPT_STR,
+     .offset = SOFF(ends_at),
+     .arg = "T",
      .help = "RFC 3339 or UNIX seconds (instead of --duration)"},
-    {.name = "created-by", .kind = OPT_STR, .offset = SOFF(created_by), .arg = "NAME",
+    {.name = "created-by",
+     .kind = OPT_STR,
+     .offset = SOFF(created_by),
+     .arg = "NAME",
      .help = "who (default $USER)"},
     {.name = "comment", .kind = OPT_STR, .offset = SOFF(comment), .arg = "TEXT", .help = "why"},
 };
 
 static const struct opt list_opts[] = {
-    HTTP_OPT, TOKEN_OPT, JSON_OPT,
-    {.name = "state", .kind = OPT_STR, .offset = SOFF(state), .arg = "S",
+    HTTP_OPT,
+    TOKEN_OPT,
+    JSON_OPT,
+    {.name = "state",
+     .kind = OPT_STR,
+     .offset = SOFF(state),
+     .arg = "S",
      .help = "active, pending, expired (comma-separated; default all)"},
 };
 
 static const struct opt expire_opts[] = {
-    HTTP_OPT, TOKEN_OPT, JSON_OPT,
-    {.name = "id", .kind = OPT_U64, .offset = SOFF(id), .arg = "ID", .help = "the silence",
-     .min = 1, .max = INT64_MAX, .required = 1},
+    HTTP_OPT,
+    TOKEN_OPT,
+    JSON_OPT,
+    {.name = "id",
+     .kind = OPT_U64,
+     .offset = SOFF(id),
+     .arg = "ID",
+     .help = "the silence",
+     .min = 1,
+     .max = INT64_MAX,
+     .required = 1},
 };
 
 static const struct opt maint_opts[] = {
-    HTTP_OPT, TOKEN_OPT, JSON_OPT,
-    {.name = "duration", .kind = OPT_STR, .offset = SOFF(duration), .arg = "D",
-     .help = "how long: 90m, 2h, 1h30m, 1d or seconds", .required = 1},
-    {.name = "starts-at", .kind = OPT_STR, .offset = SOFF(starts_at), .arg = "T",
+    HTTP_OPT,
+    TOKEN_OPT,
+    JSON_OPT,
+    {.name = "duration",
+     .kind = OPT_STR,
+     .offset = SOFF(duration),
+     .arg = "D",
+     .help = "how long: 90m, 2h, 1h30m, 1d or seconds",
+     .required = 1},
+    {.name = "starts-at",
+     .kind = OPT_STR,
+     .offset = SOFF(starts_at),
+     .arg = "T",
      .help = "RFC 3339 or UNIX seconds (default now)"},
-    {.name = "created-by", .kind = OPT_STR, .offset = SOFF(created_by), .arg = "NAME",
+    {.name = "created-by",
+     .kind = OPT_STR,
+     .offset = SOFF(created_by),
+     .arg = "NAME",
      .help = "who (default $USER)"},
     {.name = "comment", .kind = OPT_STR, .offset = SOFF(comment), .arg = "TEXT", .help = "why"},
 };
@@ -129,8 +180,10 @@ static json_t *parse_match(const char *text, char *err, size_t errlen)
         } else if (*op == '=') {
             oplen = 1;
         } else {
-            snprintf(err, errlen, "--match '%s': expected name=value, name!=value, name=~re "
-                                  "or name!~re", tok);
+            snprintf(err, errlen,
+                     "--match '%s': expected name=value, name!=value, name=~re "
+                     "or name!~re",
+                     tok);
             goto bad;
         }
         json_t *m = json_pack("{s:s%, s:s, s:b, s:b}", "name", tok, n, "value", op + oplen,
@@ -222,8 +275,8 @@ static int silence_add(const char *http, int argc, char **argv)
 {
     struct silence_settings s = {.http = http};
     char err[CLI_ERR_LEN];
-    int rc = args_parse(add_opts, sizeof(add_opts) / sizeof(add_opts[0]), argc, argv, &s,
-                        &add_help, err, sizeof(err));
+    int rc = args_parse(add_opts, sizeof(add_opts) / sizeof(add_opts[0]), argc, argv, &s, &add_help,
+                        err, sizeof(err));
     if (rc == 1)
         return CLI_OK;
     if (rc == 0 && !s.match == !s.matchers_json)
@@ -326,8 +379,8 @@ static int silence_list(const char *http, int argc, char **argv)
         json_decref(doc);
         goto out;
     }
-    static const char *const hdr[] = {"ID", "STATE", "STARTS", "ENDS", "CREATED_BY", "MATCHERS",
-                                      "COMMENT"};
+    static const char *const hdr[] = {"ID",         "STATE",    "STARTS", "ENDS",
+                                      "CREATED_BY", "MATCHERS", "COMMENT"};
     static const int right[] = {1, 0, 0, 0, 0, 0, 0};
     struct table *t = table_new(7, hdr, right);
     if (!t) {
@@ -336,7 +389,8 @@ static int silence_list(const char *http, int argc, char **argv)
     }
     size_t i;
     json_t *x;
-    json_array_foreach(all, i, x) {
+    json_array_foreach(all, i, x)
+    {
         char id[32];
         snprintf(id, sizeof(id), "%" JSON_INTEGER_FORMAT,
                  json_integer_value(json_object_get(x, "id")));
@@ -396,8 +450,8 @@ int cmd_maintenance(const char *http, int argc, char **argv)
         return CLI_USAGE;
     }
     const char *run = argv[0];
-    int rc = args_parse(maint_opts, sizeof(maint_opts) / sizeof(maint_opts[0]), argc - 1,
-                        argv + 1, &s, &maint_help, err, sizeof(err));
+    int rc = args_parse(maint_opts, sizeof(maint_opts) / sizeof(maint_opts[0]), argc - 1, argv + 1,
+                        &s, &maint_help, err, sizeof(err));
     if (rc == 1)
         return CLI_OK;
     if (rc != 0) {

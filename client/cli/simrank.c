@@ -61,15 +61,15 @@
 
 struct sim_router {
     uint32_t layer;
-    float *wr;       /* experts x d, the whole router weight (trajectory) */
-    float *obs;      /* experts x d, what this step observes: wr + jitter */
-    float *shard;    /* experts x ds, this rank's columns */
-    float *gr_tri;   /* fsc_tri_len(experts): partial Gram */
-    double *chol;    /* experts x experts: lower Cholesky factor of GR */
-    double *z;       /* experts: one token's logits */
-    double *sum_p;   /* experts */
-    uint64_t *load;  /* experts */
-    uint32_t *top;   /* top_k indices */
+    float *wr;          /* experts x d, the whole router weight (trajectory) */
+    float *obs;         /* experts x d, what this step observes: wr + jitter */
+    float *shard;       /* experts x ds, this rank's columns */
+    float *gr_tri;      /* fsc_tri_len(experts): partial Gram */
+    double *chol;       /* experts x experts: lower Cholesky factor of GR */
+    double *z;          /* experts: one token's logits */
+    double *sum_p;      /* experts */
+    uint64_t *load;     /* experts */
+    uint32_t *top;      /* top_k indices */
     struct sim_rng rng; /* the layer's stream, the same on every rank */
 };
 
@@ -77,25 +77,25 @@ struct sim_rank {
     const struct scenario *sc;
     const struct sim_params *p;
     uint32_t rank, nsnap, n_moe;
-    uint32_t kv, group;         /* key heads per layer, query heads per key head */
-    uint32_t h0, h1;            /* spectrum route, split_heads: the query heads held */
-    uint32_t k0;                /* the first key head held (0 unless split_heads) */
-    uint32_t nq, nk;            /* query and key blocks held per layer */
-    size_t ds, c0;              /* this rank's slice of d: columns, first column */
-    size_t cols, block;         /* attention: columns (ds, or d with split_heads), floats
-                                 * per head block (dh x cols) */
-    size_t all_q, all_k;        /* floats of wq (layers*nq blocks), wk (layers*nk blocks) */
+    uint32_t kv, group;  /* key heads per layer, query heads per key head */
+    uint32_t h0, h1;     /* spectrum route, split_heads: the query heads held */
+    uint32_t k0;         /* the first key head held (0 unless split_heads) */
+    uint32_t nq, nk;     /* query and key blocks held per layer */
+    size_t ds, c0;       /* this rank's slice of d: columns, first column */
+    size_t cols, block;  /* attention: columns (ds, or d with split_heads), floats
+                          * per head block (dh x cols) */
+    size_t all_q, all_k; /* floats of wq (layers*nq blocks), wk (layers*nk blocks) */
     float *wq, *wk;
-    struct sim_rng *brng;       /* split_heads: layers*(nq+nk) block streams, Q's then K's */
-    float *snap_q, *snap_k;     /* nsnap copies of wq, wk */
-    float *spec;                /* spectrum route: 6 dh floats, one head's spectra */
-    double acc;                 /* sum of sim_step_sd(s)^2 over s < next */
-    float *ga, *gb;             /* one head's Gram triangles */
-    float *norm, *ratio;        /* per layer */
-    uint64_t w_step;            /* the step wq, wk correspond to */
-    uint64_t next;              /* the step sim_rank_step expects */
-    struct sim_router *rt;      /* n_moe */
-    struct sim_rng rng;         /* the rank's own */
+    struct sim_rng *brng;   /* split_heads: layers*(nq+nk) block streams, Q's then K's */
+    float *snap_q, *snap_k; /* nsnap copies of wq, wk */
+    float *spec;            /* spectrum route: 6 dh floats, one head's spectra */
+    double acc;             /* sum of sim_step_sd(s)^2 over s < next */
+    float *ga, *gb;         /* one head's Gram triangles */
+    float *norm, *ratio;    /* per layer */
+    uint64_t w_step;        /* the step wq, wk correspond to */
+    uint64_t next;          /* the step sim_rank_step expects */
+    struct sim_router *rt;  /* n_moe */
+    struct sim_rng rng;     /* the rank's own */
 };
 
 /* a * b + c, or 0 with *overflow set. */
@@ -218,8 +218,10 @@ int sim_params_check(const struct sim_params *p, size_t replay_bytes, char *err,
     int sharded = !whole_heads(p) || p->experts;
 
     if (p->kv_heads && (p->kv_heads > p->heads || p->heads % p->kv_heads)) {
-        snprintf(err, errlen, "--kv-heads %u must divide --heads %u (each key head serves the "
-                 "same number of query heads)", p->kv_heads, p->heads);
+        snprintf(err, errlen,
+                 "--kv-heads %u must divide --heads %u (each key head serves the "
+                 "same number of query heads)",
+                 p->kv_heads, p->heads);
         return -EINVAL;
     }
     if (!p->sketches) {
@@ -237,7 +239,8 @@ int sim_params_check(const struct sim_params *p, size_t replay_bytes, char *err,
     floats = sim_rank_floats(p);
     if (!floats || floats > SIM_MAX_FLOATS_PER_RANK) {
         snprintf(err, errlen, "simulated weights would need more than %zu floats per rank%s",
-                 SIM_MAX_FLOATS_PER_RANK, p->route == SIM_ROUTE_GRAM
+                 SIM_MAX_FLOATS_PER_RANK,
+                 p->route == SIM_ROUTE_GRAM
                      ? " (--split-heads holds 1/ranks of the heads per rank; the spectrum "
                        "route, --route spectrum, holds no attention weights)"
                      : "");
@@ -245,9 +248,11 @@ int sim_params_check(const struct sim_params *p, size_t replay_bytes, char *err,
     }
     bytes = sim_report_bytes(p);
     if (!bytes || bytes > SIM_MAX_REPORT_BYTES || bytes > replay_bytes) {
-        snprintf(err, errlen, "a sketch report (%u x %u heads, dh %u, route %s%s, experts %u) "
-                 "would not fit in a frame or the replay buffer%s", p->layers, p->heads, p->dh,
-                 sim_route_name(p->route), p->split_heads ? ", heads split" : "", p->experts,
+        snprintf(err, errlen,
+                 "a sketch report (%u x %u heads, dh %u, route %s%s, experts %u) "
+                 "would not fit in a frame or the replay buffer%s",
+                 p->layers, p->heads, p->dh, sim_route_name(p->route),
+                 p->split_heads ? ", heads split" : "", p->experts,
                  whole_heads(p) ? "" : " (--split-heads sends each rank's heads only)");
         return -EINVAL;
     }
@@ -307,7 +312,8 @@ static int router_init(struct sim_rank *r, struct sim_router *t, uint32_t layer)
     t->sum_p = malloc(e * sizeof(*t->sum_p));
     t->load = malloc(e * sizeof(*t->load));
     t->top = malloc(p->top_k * sizeof(*t->top));
-    if (!t->wr || !t->obs || !t->shard || !t->gr_tri || !t->chol || !t->z || !t->sum_p || !t->load || !t->top)
+    if (!t->wr || !t->obs || !t->shard || !t->gr_tri || !t->chol || !t->z || !t->sum_p ||
+        !t->load || !t->top)
         return -ENOMEM;
     /* Every rank draws the same WR: the layer's stream, not the rank's. */
     sim_rng_seed(&t->rng, sim_seed_mix(p->seed, TAG_ROUTER_INIT, layer, 0));
@@ -354,8 +360,8 @@ int sim_rank_create(const struct scenario *sc, const struct sim_params *p, uint3
     int rc = -ENOMEM;
 
     *out = NULL;
-    if (!sc || !p || rank >= p->ranks || !p->sketch_every || !p->window ||
-        p->dh > SIM_MAX_DH || (p->sketches && !sim_rank_floats(p)) ||
+    if (!sc || !p || rank >= p->ranks || !p->sketch_every || !p->window || p->dh > SIM_MAX_DH ||
+        (p->sketches && !sim_rank_floats(p)) ||
         (p->kv_heads && (p->kv_heads > p->heads || p->heads % p->kv_heads)))
         return -EINVAL;
     /* d is split over the ranks wherever it is: the Gram route's attention
@@ -486,8 +492,8 @@ static int advance(struct sim_rank *r, uint64_t step)
                 return rc;
             /* A key head moves once, with its group's first query head. */
             if (h % r->group == 0 &&
-                (rc = r->sc->attn_update(r->sc, p, &r->rng, l, h, 1, r->w_step, step,
-                                         r->wk + koff, p->dh, r->cols)) < 0)
+                (rc = r->sc->attn_update(r->sc, p, &r->rng, l, h, 1, r->w_step, step, r->wk + koff,
+                                         p->dh, r->cols)) < 0)
                 return rc;
         }
     r->w_step = step;
@@ -578,10 +584,17 @@ static void spectrum_head(struct sim_rank *r, uint32_t layer, uint32_t head, uin
     sum3 = bulk(&r->rng, l1, m3, dh, d3);
     sim_rng_seed(&hr, sim_seed_mix(p->seed, TAG_W_SHAPE, layer, head));
     bulk(&hr, l1, c * c, dh, w);
-    *out = (struct fsc_spectrum){.d2 = d2, .n_d2 = 2 * dh, .d3 = d3, .n_d3 = dh, .d1 = d1,
-                                 .n_d1 = 2 * dh, .w = w, .n_w = dh,
+    *out = (struct fsc_spectrum){.d2 = d2,
+                                 .n_d2 = 2 * dh,
+                                 .d3 = d3,
+                                 .n_d3 = dh,
+                                 .d1 = d1,
+                                 .n_d1 = 2 * dh,
+                                 .w = w,
+                                 .n_w = dh,
                                  .q_delta_sq = ddh * d * (q.vr + q.amp * q.amp * c),
-                                 .q_sq = ddh * c, .k_sq = ddh * c,
+                                 .q_sq = ddh * c,
+                                 .k_sq = ddh * c,
                                  .k_delta_sq = ddh * d * (k.vr + k.amp * k.amp * c),
                                  .has = FSC_SPECTRUM_HAS_Q_DELTA_SQ | FSC_SPECTRUM_HAS_Q_SQ |
                                         FSC_SPECTRUM_HAS_K_SQ | FSC_SPECTRUM_HAS_K_DELTA_SQ};
@@ -602,8 +615,8 @@ static int spectrum_step(struct sim_rank *r, uint64_t step, const struct sim_sin
             spectrum_head(r, l, h, step, &s);
             if (sink->spectrum &&
                 (rc = sink->spectrum(sink->ctx, step, l, h,
-                                     r->group > 1 ? h / r->group : FSC_KV_HEAD_NONE,
-                                     p->window, &s)) < 0)
+                                     r->group > 1 ? h / r->group : FSC_KV_HEAD_NONE, p->window,
+                                     &s)) < 0)
                 return rc;
         }
     return 0;
@@ -671,8 +684,7 @@ static int norms_step(struct sim_rank *r, uint64_t step, const struct sim_sink *
             r->norm[l] = (float)sqrt(s);
             r->ratio[l] = s > 0 ? (float)(sd * sqrt(n) / sqrt(s)) : 0.0f;
         }
-        return sink->layer_norms ? sink->layer_norms(sink->ctx, step, r->norm, r->ratio,
-                                                     p->layers)
+        return sink->layer_norms ? sink->layer_norms(sink->ctx, step, r->norm, r->ratio, p->layers)
                                  : 0;
     }
     double upd = sd * sqrt((double)(per_q + per_k));
@@ -810,8 +822,8 @@ static int routers_step(struct sim_rank *r, uint64_t step, const struct sim_sink
         if ((rc = router_factor(p, t)) < 0)
             return rc;
         router_tokens(r, t, &tk);
-        if (sink->router_tokens && (rc = sink->router_tokens(sink->ctx, step, t->layer,
-                                                             (uint32_t)e, &tk)) < 0)
+        if (sink->router_tokens &&
+            (rc = sink->router_tokens(sink->ctx, step, t->layer, (uint32_t)e, &tk)) < 0)
             return rc;
         if (step % p->sketch_every == 0) {
             for (size_t x = 0; x < e; x++)

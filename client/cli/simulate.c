@@ -19,8 +19,8 @@
 
 #define SIM_MAX_RANKS 1024
 #define SIM_MAX_STEPS 1000000000000ull
-#define SIM_MAX_TOKENS (1u << 20)                /* --tokens-per-step */
-#define SIM_MAX_MOE_SPEC 4096                    /* --moe-layers text */
+#define SIM_MAX_TOKENS (1u << 20) /* --tokens-per-step */
+#define SIM_MAX_MOE_SPEC 4096     /* --moe-layers text */
 /* The daemon's detectors only build baselines over the first 20 samples of
  * a series (MONITORS.md section 4, DETECT_DEFAULT_WARMUP); a fault before
  * that many sketches cannot be scored against a healthy baseline. */
@@ -38,71 +38,158 @@ struct sim_settings {
 };
 
 static const struct opt sim_opts[] = {
-#define O(n, k, f, a, h, lo, hi) \
-    {.name = n, .kind = k, .offset = offsetof(struct sim_settings, f), .arg = a, .help = h, .min = lo, .max = hi}
-    O("endpoint", OPT_HOSTPORT, endpoint, "HOST:PORT", "daemon ingest address (default " CLI_DEFAULT_ENDPOINT ")", 0, 0),
-    {.name = "run", .kind = OPT_STR, .offset = offsetof(struct sim_settings, run), .arg = "ID",
-     .help = "run id, 1..128 of [A-Za-z0-9._:-]", .required = 1},
-    O("ranks", OPT_U32, ranks, "N", "simulated ranks, one client each (default 1)", 1, SIM_MAX_RANKS),
-    O("world-size", OPT_U32, world_size, "W", "ranks of the whole job (default N): these N are ranks R..R+N-1 of W, the model sharded over them (a node's tensor-parallel group)", 1, FSC_MAX_WORLD_SIZE),
-    O("first-rank", OPT_U32, first_rank, "R", "rank of the first simulated rank (default 0)", 0, FSC_MAX_WORLD_SIZE - 1),
-    {.name = "local-group", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, local_group),
-     .help = "declare ranks R..R+N-1 as the daemon's local group (Hello.local_ranks): a daemon per node"},
-    O("steps", OPT_U64, steps, "M", "reports per rank, steps 0..M-1 (default 100)", 1, SIM_MAX_STEPS),
+#define O(n, k, f, a, h, lo, hi)                                                                   \
+    {                                                                                              \
+        .name = n, .kind = k, .offset = offsetof(struct sim_settings, f), .arg = a, .help = h,     \
+        .min = lo, .max = hi                                                                       \
+    }
+    O("endpoint", OPT_HOSTPORT, endpoint, "HOST:PORT",
+      "daemon ingest address (default " CLI_DEFAULT_ENDPOINT ")", 0, 0),
+    {.name = "run",
+     .kind = OPT_STR,
+     .offset = offsetof(struct sim_settings, run),
+     .arg = "ID",
+     .help = "run id, 1..128 of [A-Za-z0-9._:-]",
+     .required = 1},
+    O("ranks", OPT_U32, ranks, "N", "simulated ranks, one client each (default 1)", 1,
+      SIM_MAX_RANKS),
+    O("world-size", OPT_U32, world_size, "W",
+      "ranks of the whole job (default N): these N are ranks R..R+N-1 of W, the model sharded over "
+      "them (a node's tensor-parallel group)",
+      1, FSC_MAX_WORLD_SIZE),
+    O("first-rank", OPT_U32, first_rank, "R", "rank of the first simulated rank (default 0)", 0,
+      FSC_MAX_WORLD_SIZE - 1),
+    {.name = "local-group",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct sim_settings, local_group),
+     .help = "declare ranks R..R+N-1 as the daemon's local group (Hello.local_ranks): a daemon per "
+             "node"},
+    O("steps", OPT_U64, steps, "M", "reports per rank, steps 0..M-1 (default 100)", 1,
+      SIM_MAX_STEPS),
     O("attempt", OPT_U32, attempt, "A", "trainer restart counter (default 0)", 0, UINT32_MAX),
-    O("resume-step", OPT_U64, resume_step, "S", "restart from a checkpoint at step S: the ranks replay steps 0..S without sending and send S+1.. as a new attempt (give --attempt)", 0, SIM_MAX_STEPS),
+    O("resume-step", OPT_U64, resume_step, "S",
+      "restart from a checkpoint at step S: the ranks replay steps 0..S without sending and send "
+      "S+1.. as a new attempt (give --attempt)",
+      0, SIM_MAX_STEPS),
     O("layers", OPT_U32, layers, "L", "attention layers (default 4)", 1, FSC_MAX_LAYERS),
     O("heads", OPT_U32, heads, "H", "query heads per layer (default 4)", 1, FSC_MAX_HEADS),
-    O("kv-heads", OPT_U32, kv_heads, "G", "key/value heads per layer, dividing H (grouped-query attention; default H)", 1, FSC_MAX_HEADS),
+    O("kv-heads", OPT_U32, kv_heads, "G",
+      "key/value heads per layer, dividing H (grouped-query attention; default H)", 1,
+      FSC_MAX_HEADS),
     O("dh", OPT_U32, dh, "DH", "head dimension (default 32)", 1, FSC_MAX_DH),
     O("d", OPT_U32, d, "D", "model dimension, split across ranks (default 256)", 1, 1u << 20),
-    O("sketch-every", OPT_U32, sketch_every, "K", "attention and router Grams, layer norms every K steps (default 10)", 1, 1u << 20),
-    O("window", OPT_U32, window, "W", "attention sketch window in steps (default K)", 1, FSC_MAX_WINDOW),
-    {.name = "route", .kind = OPT_STR, .offset = offsetof(struct sim_settings, route),
-     .arg = "R", .help = "gram (default): every rank sends partial Grams of its slice of d of every head; "
-     "spectrum: every rank holds whole heads and sends their spectra (synthesised; fits 7B/70B shapes)"},
-    {.name = "split-heads", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, split_heads),
-     .help = "gram route: every rank holds all of d of whole heads (the H query heads of every "
-     "layer split into N blocks, tensor-parallel style) and sends their whole Grams, the same "
-     "monitors as one rank holding them all (the spectrum route always splits heads)"},
-    {.name = "no-sketches", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, no_sketches),
+    O("sketch-every", OPT_U32, sketch_every, "K",
+      "attention and router Grams, layer norms every K steps (default 10)", 1, 1u << 20),
+    O("window", OPT_U32, window, "W", "attention sketch window in steps (default K)", 1,
+      FSC_MAX_WINDOW),
+    {.name = "route",
+     .kind = OPT_STR,
+     .offset = offsetof(struct sim_settings, route),
+     .arg = "R",
+     .help = "gram (default): every rank sends partial Grams of its slice of d of every head; "
+             "spectrum: every rank holds whole heads and sends their spectra (synthesised; fits "
+             "7B/70B shapes)"},
+    {.name = "split-heads",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct sim_settings, split_heads),
+     .help =
+         "gram route: every rank holds all of d of whole heads (the H query heads of every "
+         "layer split into N blocks, tensor-parallel style) and sends their whole Grams, the same "
+         "monitors as one rank holding them all (the spectrum route always splits heads)"},
+    {.name = "no-sketches",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct sim_settings, no_sketches),
      .help = "scalars only: no weights, Grams, router tokens or layer norms"},
     O("seed", OPT_U64, seed, "S", "random seed (default 1)", 0, UINT64_MAX),
-    {.name = "rate", .kind = OPT_DOUBLE, .offset = offsetof(struct sim_settings, rate), .arg = "R",
-     .help = "reports per second per rank, 0 = as fast as possible (default 0)", .dmin = 0, .dmax = 1e9},
-    {.name = "flush-timeout", .kind = OPT_DOUBLE, .offset = offsetof(struct sim_settings, flush_timeout),
-     .arg = "S", .help = "seconds to wait for the last acks (default 120)", .dmin = 0, .dmax = 86400},
-    {.name = "scenario", .kind = OPT_STR, .offset = offsetof(struct sim_settings, scenario),
-     .arg = "NAME", .help = "healthy (default), attention-numerics, lr-spike or combined (below)"},
-    O("fault-step", OPT_U64, fault_step, "S", "faulty scenarios: first faulty step (default 40% of --steps)", 0, SIM_MAX_STEPS),
-    O("fault-until", OPT_U64, fault_until, "S", "faulty scenarios: the fault stops at step S (healthy again; alerts resolve; default never)", 1, SIM_MAX_STEPS),
-    O("diverge-after", OPT_U64, diverge_after, "N", "faulty scenarios: steps from the fault to diverge_step (default max(30% of the steps after the fault, 6 K))", 1, SIM_MAX_STEPS),
-    O("experts", OPT_U32, experts, "E", "MoE experts per router, 0 = dense (default 0; 8 for lr-spike, combined)", 0, FSC_MAX_EXPERTS),
-    O("top-k", OPT_U32, top_k, "TOPK", "experts each token is routed to (default 2)", 1, FSC_MAX_EXPERTS),
-    {.name = "moe-layers", .kind = OPT_STR, .offset = offsetof(struct sim_settings, moe_layers),
-     .arg = "LIST", .help = "layers with a router, e.g. 1,3-5 (default: all)"},
-    O("tokens-per-step", OPT_U32, tokens, "T", "routed tokens per rank, MoE layer and step (default 256)", 1, SIM_MAX_TOKENS),
-    {.name = "layer-norms", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, layer_norms),
+    {.name = "rate",
+     .kind = OPT_DOUBLE,
+     .offset = offsetof(struct sim_settings, rate),
+     .arg = "R",
+     .help = "reports per second per rank, 0 = as fast as possible (default 0)",
+     .dmin = 0,
+     .dmax = 1e9},
+    {.name = "flush-timeout",
+     .kind = OPT_DOUBLE,
+     .offset = offsetof(struct sim_settings, flush_timeout),
+     .arg = "S",
+     .help = "seconds to wait for the last acks (default 120)",
+     .dmin = 0,
+     .dmax = 86400},
+    {.name = "scenario",
+     .kind = OPT_STR,
+     .offset = offsetof(struct sim_settings, scenario),
+     .arg = "NAME",
+     .help = "healthy (default), attention-numerics, lr-spike or combined (below)"},
+    O("fault-step", OPT_U64, fault_step, "S",
+      "faulty scenarios: first faulty step (default 40% of --steps)", 0, SIM_MAX_STEPS),
+    O("fault-until", OPT_U64, fault_until, "S",
+      "faulty scenarios: the fault stops at step S (healthy again; alerts resolve; default never)",
+      1, SIM_MAX_STEPS),
+    O("diverge-after", OPT_U64, diverge_after, "N",
+      "faulty scenarios: steps from the fault to diverge_step (default max(30% of the steps after "
+      "the fault, 6 K))",
+      1, SIM_MAX_STEPS),
+    O("experts", OPT_U32, experts, "E",
+      "MoE experts per router, 0 = dense (default 0; 8 for lr-spike, combined)", 0,
+      FSC_MAX_EXPERTS),
+    O("top-k", OPT_U32, top_k, "TOPK", "experts each token is routed to (default 2)", 1,
+      FSC_MAX_EXPERTS),
+    {.name = "moe-layers",
+     .kind = OPT_STR,
+     .offset = offsetof(struct sim_settings, moe_layers),
+     .arg = "LIST",
+     .help = "layers with a router, e.g. 1,3-5 (default: all)"},
+    O("tokens-per-step", OPT_U32, tokens, "T",
+      "routed tokens per rank, MoE layer and step (default 256)", 1, SIM_MAX_TOKENS),
+    {.name = "layer-norms",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct sim_settings, layer_norms),
      .help = "send per-layer |W| and update ratios (default: on except for scenario healthy)"},
-    {.name = "token", .kind = OPT_STR, .offset = offsetof(struct sim_settings, token), .arg = "T",
+    {.name = "token",
+     .kind = OPT_STR,
+     .offset = offsetof(struct sim_settings, token),
+     .arg = "T",
      .help = "shared secret the daemon expects, if any"},
-    {.name = "tls", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, tls),
+    {.name = "tls",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct sim_settings, tls),
      .help = "TLS to the daemon (implied by the --tls-* options); its certificate is verified"},
-    {.name = "tls-ca", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_ca),
-     .arg = "FILE", .help = "PEM CA the daemon's certificate must chain to (default: the system's)"},
-    {.name = "tls-cert", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_cert),
-     .arg = "FILE", .help = "PEM client certificate, for a daemon with tls_client_ca"},
-    {.name = "tls-key", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_key),
-     .arg = "FILE", .help = "PEM private key of --tls-cert"},
-    {.name = "tls-server-name", .kind = OPT_STR, .offset = offsetof(struct sim_settings, tls_name),
-     .arg = "NAME", .help = "name the daemon's certificate must carry (default: the endpoint host)"},
+    {.name = "tls-ca",
+     .kind = OPT_STR,
+     .offset = offsetof(struct sim_settings, tls_ca),
+     .arg = "FILE",
+     .help = "PEM CA the daemon's certificate must chain to (default: the system's)"},
+    {.name = "tls-cert",
+     .kind = OPT_STR,
+     .offset = offsetof(struct sim_settings, tls_cert),
+     .arg = "FILE",
+     .help = "PEM client certificate, for a daemon with tls_client_ca"},
+    {.name = "tls-key",
+     .kind = OPT_STR,
+     .offset = offsetof(struct sim_settings, tls_key),
+     .arg = "FILE",
+     .help = "PEM private key of --tls-cert"},
+    {.name = "tls-server-name",
+     .kind = OPT_STR,
+     .offset = offsetof(struct sim_settings, tls_name),
+     .arg = "NAME",
+     .help = "name the daemon's certificate must carry (default: the endpoint host)"},
     O("replay-mb", OPT_U32, replay_mb, "MB", "per-rank replay buffer, MiB (default 64)", 1, 65536),
-    {.name = "verbose", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, verbose),
+    {.name = "verbose",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct sim_settings, verbose),
      .help = "print every client event (default: warnings and errors)"},
-    {.name = "advice-wait", .kind = OPT_DOUBLE, .offset = offsetof(struct sim_settings, advice_wait),
-     .arg = "S", .help = "after the last ack, wait up to S seconds for advice (default 0); a rank "
-     "stops waiting once told checkpoint_and_stop", .dmin = 0, .dmax = 86400},
-    {.name = "stop-on-advice", .kind = OPT_FLAG, .offset = offsetof(struct sim_settings, stop_on_advice),
+    {.name = "advice-wait",
+     .kind = OPT_DOUBLE,
+     .offset = offsetof(struct sim_settings, advice_wait),
+     .arg = "S",
+     .help = "after the last ack, wait up to S seconds for advice (default 0); a rank "
+             "stops waiting once told checkpoint_and_stop",
+     .dmin = 0,
+     .dmax = 86400},
+    {.name = "stop-on-advice",
+     .kind = OPT_FLAG,
+     .offset = offsetof(struct sim_settings, stop_on_advice),
      .help = "a rank told checkpoint_and_stop stops there, as a trainer would"},
 #undef O
 };
@@ -114,7 +201,8 @@ static const struct command_help sim_help = {
              "[--heads H] [--kv-heads G] "
              "[--dh DH] [--d D] [--sketch-every K] [--window W] [--route gram|spectrum] "
              "[--split-heads] [--no-sketches] [--seed S] [--rate R] [--flush-timeout S] "
-             "[--scenario NAME] [--fault-step S] [--fault-until S] [--diverge-after N] [--experts E] [--top-k TOPK] "
+             "[--scenario NAME] [--fault-step S] [--fault-until S] [--diverge-after N] [--experts "
+             "E] [--top-k TOPK] "
              "[--moe-layers LIST] [--tokens-per-step T] [--layer-norms] [--advice-wait S] "
              "[--stop-on-advice]",
     .summary =
@@ -159,8 +247,8 @@ struct rank_ctx {
     size_t n_local;
     struct fsc_stats st;
     int started, ok;
-    int stopped;          /* told checkpoint_and_stop */
-    uint64_t stopped_at;  /* the step it stopped after (with --stop-on-advice) */
+    int stopped;         /* told checkpoint_and_stop */
+    uint64_t stopped_at; /* the step it stopped after (with --stop-on-advice) */
     char err[CLI_ERR_LEN];
 };
 
@@ -194,9 +282,9 @@ static int put_scalars(void *ctx, uint64_t step, const struct sim_scalars *s)
     return fsc_report_set_time(rep, (double)now.tv_sec + (double)now.tv_nsec * 1e-9);
 }
 
-static int put_attention(void *ctx, uint64_t step, uint32_t layer, uint32_t head,
-                         uint32_t kv_head, uint32_t window, uint32_t dh, uint32_t shard,
-                         uint32_t shards, const float *ga, const float *gb)
+static int put_attention(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t kv_head,
+                         uint32_t window, uint32_t dh, uint32_t shard, uint32_t shards,
+                         const float *ga, const float *gb)
 {
     (void)step;
     return fsc_report_add_attention_gram(ctx, layer, head, kv_head, window, dh, shard, shards, ga,
@@ -302,9 +390,12 @@ static void *rank_main(void *arg)
 {
     struct rank_ctx *r = arg;
     const struct sim_settings *s = r->s;
-    struct sim_sink sink = {.scalars = put_scalars, .attention = put_attention,
-                            .spectrum = put_spectrum, .router_gram = put_router_gram,
-                            .router_tokens = put_router_tokens, .layer_norms = put_layer_norms};
+    struct sim_sink sink = {.scalars = put_scalars,
+                            .attention = put_attention,
+                            .spectrum = put_spectrum,
+                            .router_gram = put_router_gram,
+                            .router_tokens = put_router_tokens,
+                            .layer_norms = put_layer_norms};
     struct sim_rank *sim = NULL;
     struct fsc_options o;
     struct timespec start;
@@ -333,12 +424,15 @@ static void *rank_main(void *arg)
     o.token = s->token;
     o.replay_max_bytes = (size_t)s->replay_mb << 20;
     o.max_report_bytes = SIM_MAX_REPORT_BYTES;
-    o.model = (struct fsc_model_shape){.n_layers = s->layers, .n_heads = s->heads,
+    o.model = (struct fsc_model_shape){.n_layers = s->layers,
+                                       .n_heads = s->heads,
                                        .n_kv_heads = r->p->heads / sim_group(r->p),
-                                       .d_model = s->d, .d_head = s->dh,
+                                       .d_model = s->d,
+                                       .d_head = s->dh,
                                        .n_experts = r->n_moe ? r->p->experts : 0,
                                        .top_k = r->n_moe ? r->p->top_k : 0,
-                                       .moe_layers = r->moe_list, .n_moe_layers = r->n_moe};
+                                       .moe_layers = r->moe_list,
+                                       .n_moe_layers = r->n_moe};
     o.client_name = "foreshock-simulate/" FSC_VERSION;
     o.log = on_log;
     o.log_ctx = r;
@@ -401,7 +495,8 @@ static void *rank_main(void *arg)
         snprintf(r->err, sizeof(r->err), "flush: %s%s%s", strerror(-rc),
                  r->st.last_error[0] ? "; last error: " : "", r->st.last_error);
     /* A rank that stopped on advice did what a trainer does: not a failure. */
-    r->ok = !r->err[0] && (r->st.submitted == s->steps - first || (r->stopped && s->stop_on_advice)) &&
+    r->ok = !r->err[0] &&
+            (r->st.submitted == s->steps - first || (r->stopped && s->stop_on_advice)) &&
             r->st.acked == r->st.submitted && r->st.dropped == 0;
     sim_rank_destroy(sim);
     return NULL;
@@ -468,12 +563,23 @@ static void print_truth(const struct scenario *sc, const struct sim_params *p)
 
 int cmd_simulate(int argc, char **argv)
 {
-    struct sim_settings s = {.endpoint = CLI_DEFAULT_ENDPOINT, .scenario = "healthy", .ranks = 1,
-                             .steps = 100, .layers = 4, .heads = 4, .dh = 32, .d = 256,
-                             .sketch_every = 10, .seed = 1, .flush_timeout = 120, .replay_mb = 64,
-                             .fault_step = SIM_NEVER, .diverge_after = SIM_NEVER,
+    struct sim_settings s = {.endpoint = CLI_DEFAULT_ENDPOINT,
+                             .scenario = "healthy",
+                             .ranks = 1,
+                             .steps = 100,
+                             .layers = 4,
+                             .heads = 4,
+                             .dh = 32,
+                             .d = 256,
+                             .sketch_every = 10,
+                             .seed = 1,
+                             .flush_timeout = 120,
+                             .replay_mb = 64,
+                             .fault_step = SIM_NEVER,
+                             .diverge_after = SIM_NEVER,
                              .resume_step = UINT64_MAX,
-                             .experts = SIM_UINT32_UNSET, .top_k = SIM_UINT32_UNSET,
+                             .experts = SIM_UINT32_UNSET,
+                             .top_k = SIM_UINT32_UNSET,
                              .tokens = SIM_UINT32_UNSET};
     char err[CLI_ERR_LEN], host[CLI_MAX_HOSTPORT];
     struct rank_ctx *ranks = NULL;
@@ -518,24 +624,38 @@ int cmd_simulate(int argc, char **argv)
         else
             rc = parse_moe_layers(s.moe_layers, s.layers, moe, err, sizeof(err));
     }
-    p = (struct sim_params){.steps = s.steps, .seed = s.seed, .ranks = s.ranks,
-                            .layers = s.layers, .heads = s.heads, .kv_heads = s.kv_heads,
-                            .route = route, .split_heads = s.split_heads, .dh = s.dh, .d = s.d,
-                            .sketch_every = s.sketch_every, .window = s.window,
-                            .sketches = !s.no_sketches, .experts = s.experts, .top_k = s.top_k,
-                            .tokens = s.tokens, .moe = moe};
+    p = (struct sim_params){.steps = s.steps,
+                            .seed = s.seed,
+                            .ranks = s.ranks,
+                            .layers = s.layers,
+                            .heads = s.heads,
+                            .kv_heads = s.kv_heads,
+                            .route = route,
+                            .split_heads = s.split_heads,
+                            .dh = s.dh,
+                            .d = s.d,
+                            .sketch_every = s.sketch_every,
+                            .window = s.window,
+                            .sketches = !s.no_sketches,
+                            .experts = s.experts,
+                            .top_k = s.top_k,
+                            .tokens = s.tokens,
+                            .moe = moe};
     if (rc == 0 && sim_params_resolve(sc, &p, s.fault_step, s.diverge_after, err, sizeof(err)) < 0)
         rc = CLI_USAGE;
     s.resume = s.resume_step != UINT64_MAX; /* the option's maximum is below it */
     if (rc == 0 && s.resume && s.resume_step + 1 >= s.steps) {
-        snprintf(err, sizeof(err), "--resume-step %" PRIu64 " leaves no step below --steps %" PRIu64,
-                 s.resume_step, s.steps);
+        snprintf(err, sizeof(err),
+                 "--resume-step %" PRIu64 " leaves no step below --steps %" PRIu64, s.resume_step,
+                 s.steps);
         rc = CLI_USAGE;
     }
     if (rc == 0 && s.fault_until) {
         if (!sc->faulty || s.fault_until <= p.fault_step) {
-            snprintf(err, sizeof(err), "--fault-until needs a faulty scenario and a step after "
-                     "the fault step %" PRIu64, p.fault_step);
+            snprintf(err, sizeof(err),
+                     "--fault-until needs a faulty scenario and a step after "
+                     "the fault step %" PRIu64,
+                     p.fault_step);
             rc = CLI_USAGE;
         }
         p.fault_until = s.fault_until;
@@ -546,7 +666,8 @@ int cmd_simulate(int argc, char **argv)
     if (rc == 0)
         rc = check_settings(&s, &p, err, sizeof(err));
     if (rc != 0) {
-        fprintf(stderr, "foreshock simulate: %s (see --help)\n", rc == CLI_FAIL ? "out of memory" : err);
+        fprintf(stderr, "foreshock simulate: %s (see --help)\n",
+                rc == CLI_FAIL ? "out of memory" : err);
         free(moe);
         return rc;
     }
@@ -563,9 +684,11 @@ int cmd_simulate(int argc, char **argv)
     }
     if (sc->faulty && !s.no_sketches &&
         p.fault_step < (uint64_t)(SIM_DETECT_WARMUP_SAMPLES + 1) * s.sketch_every)
-        fprintf(stderr, "foreshock simulate: warning: the fault at step %" PRIu64 " comes before "
+        fprintf(stderr,
+                "foreshock simulate: warning: the fault at step %" PRIu64 " comes before "
                 "%d sketches (step %" PRIu64 "): the daemon's detectors are still building their "
-                "baselines then\n", p.fault_step, SIM_DETECT_WARMUP_SAMPLES + 1,
+                "baselines then\n",
+                p.fault_step, SIM_DETECT_WARMUP_SAMPLES + 1,
                 (uint64_t)(SIM_DETECT_WARMUP_SAMPLES + 1) * s.sketch_every);
     print_truth(sc, &p);
     args_hostport(s.endpoint, host, sizeof(host), &port);

@@ -27,13 +27,13 @@
 /* Per-step update of every weight element, relative to its initial std
  * (1/sqrt(d)), at the scenario's reference learning rate. */
 #define SIM_UPDATE_SCALE 0.002
-#define SIM_DEFAULT_EXPERTS 8   /* MoE scenarios without --experts */
+#define SIM_DEFAULT_EXPERTS 8 /* MoE scenarios without --experts */
 #define SIM_DEFAULT_TOP_K 2
-#define SIM_DEFAULT_TOKENS 256  /* routed tokens per rank, MoE layer and step */
-#define SIM_FAULT_A_MAX 0.95    /* attention-numerics: final share of the coherent update */
-#define SIM_MAX_RAMP 50         /* longest fault ramp, steps */
-#define SIM_MAX_DH 512          /* largest head dim (FSC_MAX_DH) */
-#define SIM_MAX_SNAPSHOTS 64    /* window / sketch_every + 2: the windows accepted */
+#define SIM_DEFAULT_TOKENS 256 /* routed tokens per rank, MoE layer and step */
+#define SIM_FAULT_A_MAX 0.95   /* attention-numerics: final share of the coherent update */
+#define SIM_MAX_RAMP 50        /* longest fault ramp, steps */
+#define SIM_MAX_DH 512         /* largest head dim (FSC_MAX_DH) */
+#define SIM_MAX_SNAPSHOTS 64   /* window / sketch_every + 2: the windows accepted */
 #define SIM_MAX_FLOATS_PER_RANK ((size_t)1 << 28) /* 1 GiB of simulated weights per rank */
 #define SIM_MAX_REPORT_BYTES ((size_t)60 << 20)   /* below the daemon's 64 MiB frames */
 /* The loss: from DIVERGE_STEP - SIM_DIVERGE_LEAD on it grows 10x every
@@ -43,9 +43,9 @@
 #define SIM_DIVERGE_LEAD 3
 #define SIM_DIVERGE_TENFOLD 3.0
 #define SIM_DIVERGE_NAN_AFTER 12
-#define SIM_ROUTER_JITTER 0.05  /* router rows as observed: +-5 % jitter per step (simrank.c) */
-#define SIM_LOSS_NOISE 0.01     /* bounded relative noise of loss (triangular) */
-#define SIM_GRAD_NOISE 0.03     /* same for grad norm */
+#define SIM_ROUTER_JITTER 0.05 /* router rows as observed: +-5 % jitter per step (simrank.c) */
+#define SIM_LOSS_NOISE 0.01    /* bounded relative noise of loss (triangular) */
+#define SIM_GRAD_NOISE 0.03    /* same for grad norm */
 
 /* Per-rank random numbers (splitmix64 + polar Box-Muller); no shared state. */
 struct sim_rng {
@@ -90,7 +90,7 @@ const char *sim_route_name(enum sim_route r);
 struct sim_params {
     uint64_t steps, seed;
     uint32_t ranks, layers, heads, dh, d;
-    uint32_t kv_heads;             /* key/value heads (GQA); 0 or heads: plain multi-head */
+    uint32_t kv_heads; /* key/value heads (GQA); 0 or heads: plain multi-head */
     enum sim_route route;
     int split_heads;               /* Gram route: whole heads per rank, not a slice of d */
     uint32_t sketch_every, window; /* attention Gram cadence and window, steps */
@@ -129,9 +129,8 @@ struct scenario {
      * MoE layer (experts x d, row-major). rng is the layer's, the same
      * stream on every rank, so every rank holds the same WR. Returns 0 or
      * -ENOMEM. */
-    int (*router_update)(const struct scenario *sc, const struct sim_params *p,
-                         struct sim_rng *rng, uint32_t layer, uint64_t step, float *wr,
-                         size_t experts, size_t d);
+    int (*router_update)(const struct scenario *sc, const struct sim_params *p, struct sim_rng *rng,
+                         uint32_t layer, uint64_t step, float *wr, size_t experts, size_t d);
     /* Factor on loss and grad norm at `step`: 1, growing, or NaN. NULL: 1. */
     double (*divergence)(const struct sim_params *p, uint64_t step);
     /* The share a(t) in [0, 1) of the update of step t that attn_update

@@ -48,29 +48,29 @@ extern "C" {
 /* Limits, checked before anything is allocated. The protocol limits mirror
  * the daemon's (daemon/fs_limits.h, FS_MAX_*): a report the daemon would refuse
  * is refused here, at the setter, instead of being dropped later. */
-#define FSC_MAX_RUN_ID_LEN 128      /* Hello.run_id: 1..128 of [A-Za-z0-9._:-] */
+#define FSC_MAX_RUN_ID_LEN 128 /* Hello.run_id: 1..128 of [A-Za-z0-9._:-] */
 #define FSC_MAX_TOKEN_LEN 256
 #define FSC_MAX_HOST_LEN 255
 #define FSC_MAX_CLIENT_NAME_LEN 256
 #define FSC_MAX_WORLD_SIZE (1u << 20)
 #define FSC_MAX_MOE_LAYERS 4096
-#define FSC_MAX_LOCAL_RANKS 4096         /* Hello.local_ranks values */
+#define FSC_MAX_LOCAL_RANKS 4096 /* Hello.local_ranks values */
 #define FSC_MIN_REPLAY_BYTES ((size_t)64 << 10)
 #define FSC_MAX_REPLAY_BYTES ((size_t)1 << 36)       /* 64 GiB */
 #define FSC_MAX_REPORT_BYTES_LIMIT ((size_t)1 << 30) /* largest max_report_bytes */
-#define FSC_MAX_BACKOFF_MS 600000u                    /* 10 minutes */
+#define FSC_MAX_BACKOFF_MS 600000u                   /* 10 minutes */
 #define FSC_MAX_TIMEOUT_MS 600000u
-#define FSC_MAX_DH 512                   /* GramSketch.dh */
-#define FSC_MAX_EXPERTS 1024             /* router n_experts */
-#define FSC_MAX_LAYERS 4096              /* layer index bound, per-layer value count */
-#define FSC_MAX_HEADS 1024               /* head / kv_head index bound */
-#define FSC_MAX_WINDOW (1u << 20)        /* window in steps, >= 1 */
-#define FSC_MAX_SHARDS 65536             /* shard_count */
+#define FSC_MAX_DH 512            /* GramSketch.dh */
+#define FSC_MAX_EXPERTS 1024      /* router n_experts */
+#define FSC_MAX_LAYERS 4096       /* layer index bound, per-layer value count */
+#define FSC_MAX_HEADS 1024        /* head / kv_head index bound */
+#define FSC_MAX_WINDOW (1u << 20) /* window in steps, >= 1 */
+#define FSC_MAX_SHARDS 65536      /* shard_count */
 #define FSC_MAX_ATTENTION_PER_REPORT 65536
-#define FSC_MAX_ROUTER_PER_REPORT 4096   /* each of router grams, router tokens */
-#define FSC_MAX_GRAM_ROWS 8192           /* rows of X in fsc_gram_upper */
+#define FSC_MAX_ROUTER_PER_REPORT 4096 /* each of router grams, router tokens */
+#define FSC_MAX_GRAM_ROWS 8192         /* rows of X in fsc_gram_upper */
 #define FSC_MAX_GRAM_COLS ((size_t)1 << 24)
-#define FSC_ERROR_LEN 256                /* size of error text buffers */
+#define FSC_ERROR_LEN 256 /* size of error text buffers */
 
 /* kv_head value meaning "not sent" (plain multi-head attention). */
 #define FSC_KV_HEAD_NONE UINT32_MAX
@@ -93,25 +93,25 @@ struct fsc_model_shape {
 };
 
 struct fsc_options {
-    size_t size;          /* sizeof(struct fsc_options) */
-    const char *host;     /* daemon address or name; NULL: FSC_DEFAULT_HOST */
-    uint16_t port;        /* 0: FSC_DEFAULT_PORT */
-    const char *run_id;   /* required */
-    uint32_t attempt;     /* trainer restart counter; a restarted trainer should bump it */
-    uint32_t rank;        /* < world_size */
-    uint32_t world_size;  /* 1..FSC_MAX_WORLD_SIZE */
-    const char *token;    /* shared secret, or NULL */
+    size_t size;               /* sizeof(struct fsc_options) */
+    const char *host;          /* daemon address or name; NULL: FSC_DEFAULT_HOST */
+    uint16_t port;             /* 0: FSC_DEFAULT_PORT */
+    const char *run_id;        /* required */
+    uint32_t attempt;          /* trainer restart counter; a restarted trainer should bump it */
+    uint32_t rank;             /* < world_size */
+    uint32_t world_size;       /* 1..FSC_MAX_WORLD_SIZE */
+    const char *token;         /* shared secret, or NULL */
     uint64_t detect_from_step; /* sent in Hello when non-zero */
     size_t replay_max_bytes;   /* bound on buffered, unacknowledged reports; 0: default */
     size_t max_report_bytes;   /* largest single serialized report; 0: default */
     unsigned backoff_min_ms, backoff_max_ms; /* reconnect delays; 0: defaults */
-    unsigned connect_timeout_ms;   /* per TCP connect; 0: default */
-    unsigned handshake_timeout_ms; /* Hello -> Welcome; 0: default */
+    unsigned connect_timeout_ms;             /* per TCP connect; 0: default */
+    unsigned handshake_timeout_ms;           /* Hello -> Welcome; 0: default */
     struct fsc_model_shape model;
     const char *client_name; /* NULL: "libforeshock/" FSC_VERSION */
     fsc_log_fn log;          /* optional */
     void *log_ctx;
-    uint64_t seed;           /* backoff jitter seed; 0: derived from time and address */
+    uint64_t seed; /* backoff jitter seed; 0: derived from time and address */
     /* Fields below were added in 0.2; a caller built against 0.1 passes a
      * smaller size and gets them as zero. */
     const char *record_path; /* also write every submitted report to this file (see
@@ -140,11 +140,11 @@ struct fsc_options {
     const char *tls_key_file;
     const char *tls_server_name;
     /* Added after tls_server_name (older callers get them as zero). */
-    int advice;              /* non-zero: take Advice from the daemon (see "Advice" below) */
-    int resume;              /* non-zero: this attempt restarts from a checkpoint taken at
-                                resume_step (bump `attempt` too); the daemon evaluates the
-                                steps after it as this attempt's, from the run's state at
-                                resume_step (README "Rewind") */
+    int advice; /* non-zero: take Advice from the daemon (see "Advice" below) */
+    int resume; /* non-zero: this attempt restarts from a checkpoint taken at
+                   resume_step (bump `attempt` too); the daemon evaluates the
+                   steps after it as this attempt's, from the run's state at
+                   resume_step (README "Rewind") */
     uint64_t resume_step;
 };
 
@@ -152,29 +152,29 @@ struct fsc_options {
 #define FSC_OPTIONS_MIN_SIZE offsetof(struct fsc_options, record_path)
 
 struct fsc_stats {
-    size_t size;              /* caller sets sizeof(struct fsc_stats) before the call */
-    uint64_t submitted;       /* reports accepted by fsc_submit (= last assigned seq) */
-    uint64_t acked;           /* reports the daemon acknowledged as committed */
-    uint64_t dropped;         /* refused by fsc_submit, or by the daemon (daemon_refused) */
-    uint64_t sent;            /* report frames written to a socket, resends included */
-    uint64_t resent;          /* of which resends after a reconnect */
-    uint64_t reconnects;      /* successful handshakes after the first */
+    size_t size;         /* caller sets sizeof(struct fsc_stats) before the call */
+    uint64_t submitted;  /* reports accepted by fsc_submit (= last assigned seq) */
+    uint64_t acked;      /* reports the daemon acknowledged as committed */
+    uint64_t dropped;    /* refused by fsc_submit, or by the daemon (daemon_refused) */
+    uint64_t sent;       /* report frames written to a socket, resends included */
+    uint64_t resent;     /* of which resends after a reconnect */
+    uint64_t reconnects; /* successful handshakes after the first */
     uint64_t connect_failures;
     uint64_t buffered_reports; /* submitted, not yet acknowledged nor dropped */
     uint64_t buffered_bytes;
-    uint64_t seq_offset;      /* wire seq = client seq + seq_offset (see fsc_open) */
-    int connected;            /* 1 while a connection has completed its handshake */
-    int failed;               /* 1 after a fatal error: the client stopped trying */
+    uint64_t seq_offset;            /* wire seq = client seq + seq_offset (see fsc_open) */
+    int connected;                  /* 1 while a connection has completed its handshake */
+    int failed;                     /* 1 after a fatal error: the client stopped trying */
     char last_error[FSC_ERROR_LEN]; /* most recent error text, "" if none */
-    uint64_t recorded;        /* reports written to record_path */
-    int record_failed;        /* 1 after a write to record_path failed: recording stopped */
+    uint64_t recorded;              /* reports written to record_path */
+    int record_failed;              /* 1 after a write to record_path failed: recording stopped */
     /* Added after the fields above: a caller built against an older header passes a
      * smaller size and does not get it. */
-    uint64_t daemon_refused;  /* of `dropped`: reports the daemon will never take (over
-                                 its limits, undecodable, above its max_frame_bytes).
-                                 Not resent; each is logged once with the daemon's
-                                 reason, and its seq goes as an empty report (step and
-                                 time only), so later reports still flow. */
+    uint64_t daemon_refused; /* of `dropped`: reports the daemon will never take (over
+                                its limits, undecodable, above its max_frame_bytes).
+                                Not resent; each is logged once with the daemon's
+                                reason, and its seq goes as an empty report (step and
+                                time only), so later reports still flow. */
     /* Added after daemon_refused. */
     uint64_t advice_received; /* Advice frames received, resends included */
     uint64_t advice_pending;  /* received, not yet taken with fsc_poll_advice */
@@ -272,10 +272,10 @@ enum fsc_advice_action {
 };
 
 struct fsc_advice {
-    size_t size;          /* caller sets sizeof(struct fsc_advice) before the call */
+    size_t size; /* caller sets sizeof(struct fsc_advice) before the call */
     uint64_t advice_id;
-    int action;           /* enum fsc_advice_action */
-    uint64_t alert_id;    /* /api/v1/alerts/{alert_id} */
+    int action;                             /* enum fsc_advice_action */
+    uint64_t alert_id;                      /* /api/v1/alerts/{alert_id} */
     char rule[FSC_ADVICE_RULE_LEN];         /* detector rule, e.g. "qk.d2.erank" */
     char label[FSC_ADVICE_LABEL_LEN];       /* attribution, e.g. "attention-numerics" */
     char severity[FSC_ADVICE_SEVERITY_LEN]; /* "warning" | "critical" */
@@ -330,10 +330,10 @@ int fsc_report_set_layer_update_ratios(fsc_report *r, const float *v, size_t n);
  * slice of the model dimension these partial Grams cover (0, 1: all of it).
  * kv_head: FSC_KV_HEAD_NONE when not grouped-query. window >= 1, in steps.
  * Values may be non-finite (non-finite weights must alert). */
-int fsc_report_add_attention_gram(fsc_report *r, uint32_t layer, uint32_t head,
-                                  uint32_t kv_head, uint32_t window, uint32_t dh,
-                                  uint32_t shard_index, uint32_t shard_count,
-                                  const float *ga_upper, const float *gb_upper);
+int fsc_report_add_attention_gram(fsc_report *r, uint32_t layer, uint32_t head, uint32_t kv_head,
+                                  uint32_t window, uint32_t dh, uint32_t shard_index,
+                                  uint32_t shard_count, const float *ga_upper,
+                                  const float *gb_upper);
 
 /* Spectra a trainer computed itself (MONITORS.md 1.2, last paragraph). Each
  * array holds sigma^2 values (>= 0 or non-finite), any order. d2 (2*dh
@@ -346,10 +346,14 @@ int fsc_report_add_attention_gram(fsc_report *r, uint32_t layer, uint32_t head,
 #define FSC_SPECTRUM_HAS_K_DELTA_SQ 8u
 #define FSC_SPECTRUM_HAS_CQK 16u
 struct fsc_spectrum {
-    const float *d2; size_t n_d2;
-    const float *d3; size_t n_d3;
-    const float *d1; size_t n_d1;
-    const float *w;  size_t n_w;
+    const float *d2;
+    size_t n_d2;
+    const float *d3;
+    size_t n_d3;
+    const float *d1;
+    size_t n_d1;
+    const float *w;
+    size_t n_w;
     double q_delta_sq, q_sq, k_sq, k_delta_sq, cqk;
     unsigned has; /* FSC_SPECTRUM_HAS_* bits */
 };
@@ -360,15 +364,13 @@ int fsc_report_add_attention_spectrum(fsc_report *r, uint32_t layer, uint32_t he
 /* Router weight Gram GR = WR WR^T of one MoE layer (MONITORS.md 3.1): upper
  * triangle, fsc_tri_len(n_experts) floats, additive over d-shards. */
 int fsc_report_add_router_gram(fsc_report *r, uint32_t layer, uint32_t n_experts,
-                               uint32_t shard_index, uint32_t shard_count,
-                               const float *gram_upper);
+                               uint32_t shard_index, uint32_t shard_count, const float *gram_upper);
 
 /* Router token statistics of one layer (MONITORS.md 3.2), summed over this
  * rank's micro-batches: load and sum_p hold n_experts values each. The sums
  * must be finite, sum_h2, sum_lse2 and sum_p >= 0. */
-int fsc_report_add_router_tokens(fsc_report *r, uint32_t layer, uint32_t n_experts,
-                                 uint64_t n_tok, double sum_h, double sum_h2,
-                                 double sum_lse2, const uint64_t *load,
+int fsc_report_add_router_tokens(fsc_report *r, uint32_t layer, uint32_t n_experts, uint64_t n_tok,
+                                 double sum_h, double sum_h2, double sum_lse2, const uint64_t *load,
                                  const double *sum_p);
 
 /* ---- Gram helpers (OpenBLAS) --------------------------------------------------
@@ -392,8 +394,8 @@ int fsc_gram_upper(const float *x, size_t rows, size_t cols, float *tri_out);
  * and writes the upper triangles of GA = A A^T and GB = B B^T to ga and gb,
  * fsc_tri_len(2*dh) floats each. dh in 1..FSC_MAX_DH.
  * Returns 0, -EINVAL or -ENOMEM. */
-int fsc_attention_grams(const float *wq, const float *wk, const float *wq0,
-                        const float *wk0, size_t dh, size_t d, float *ga, float *gb);
+int fsc_attention_grams(const float *wq, const float *wk, const float *wq0, const float *wk0,
+                        size_t dh, size_t d, float *ga, float *gb);
 
 /* Router Gram GR = WR WR^T (MONITORS.md 3.1): wr is n_experts x d row-major;
  * writes fsc_tri_len(n_experts) floats. n_experts in 1..FSC_MAX_EXPERTS. */

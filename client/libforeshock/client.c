@@ -94,16 +94,17 @@ static int run_id_ok(const char *s)
 static int validate(const struct fsc_options *o, char *err, size_t errlen)
 {
     if (!run_id_ok(o->run_id))
-        return fsc_err(err, errlen, -EINVAL,
-                       "run_id must be 1..%d characters of [A-Za-z0-9._:-]", FSC_MAX_RUN_ID_LEN);
+        return fsc_err(err, errlen, -EINVAL, "run_id must be 1..%d characters of [A-Za-z0-9._:-]",
+                       FSC_MAX_RUN_ID_LEN);
     if (o->world_size < 1 || o->world_size > FSC_MAX_WORLD_SIZE || o->rank >= o->world_size)
-        return fsc_err(err, errlen, -EINVAL, "rank %u must be below world_size %u (1..%u)",
-                       o->rank, o->world_size, FSC_MAX_WORLD_SIZE);
+        return fsc_err(err, errlen, -EINVAL, "rank %u must be below world_size %u (1..%u)", o->rank,
+                       o->world_size, FSC_MAX_WORLD_SIZE);
     if (!o->host[0] || strnlen(o->host, FSC_MAX_HOST_LEN + 1) > FSC_MAX_HOST_LEN)
         return fsc_err(err, errlen, -EINVAL, "host must be 1..%d bytes", FSC_MAX_HOST_LEN);
     if (o->token && strnlen(o->token, FSC_MAX_TOKEN_LEN + 1) > FSC_MAX_TOKEN_LEN)
         return fsc_err(err, errlen, -EINVAL, "token longer than %d bytes", FSC_MAX_TOKEN_LEN);
-    if (o->client_name && strnlen(o->client_name, FSC_MAX_CLIENT_NAME_LEN + 1) > FSC_MAX_CLIENT_NAME_LEN)
+    if (o->client_name &&
+        strnlen(o->client_name, FSC_MAX_CLIENT_NAME_LEN + 1) > FSC_MAX_CLIENT_NAME_LEN)
         return fsc_err(err, errlen, -EINVAL, "client_name longer than %d bytes",
                        FSC_MAX_CLIENT_NAME_LEN);
     if (o->replay_max_bytes < FSC_MIN_REPLAY_BYTES || o->replay_max_bytes > FSC_MAX_REPLAY_BYTES)
@@ -113,12 +114,12 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
         return fsc_err(err, errlen, -EINVAL, "max_report_bytes above %zu",
                        FSC_MAX_REPORT_BYTES_LIMIT);
     if (o->backoff_min_ms > o->backoff_max_ms || o->backoff_max_ms > FSC_MAX_BACKOFF_MS)
-        return fsc_err(err, errlen, -EINVAL,
-                       "backoff_min_ms %u must be <= backoff_max_ms %u <= %u", o->backoff_min_ms,
-                       o->backoff_max_ms, FSC_MAX_BACKOFF_MS);
+        return fsc_err(err, errlen, -EINVAL, "backoff_min_ms %u must be <= backoff_max_ms %u <= %u",
+                       o->backoff_min_ms, o->backoff_max_ms, FSC_MAX_BACKOFF_MS);
     if (o->connect_timeout_ms > FSC_MAX_TIMEOUT_MS || o->handshake_timeout_ms > FSC_MAX_TIMEOUT_MS)
         return fsc_err(err, errlen, -EINVAL, "timeouts must be <= %u ms", FSC_MAX_TIMEOUT_MS);
-    if (o->model.n_moe_layers > FSC_MAX_MOE_LAYERS || (o->model.n_moe_layers && !o->model.moe_layers))
+    if (o->model.n_moe_layers > FSC_MAX_MOE_LAYERS ||
+        (o->model.n_moe_layers && !o->model.moe_layers))
         return fsc_err(err, errlen, -EINVAL, "model.moe_layers: at most %d values, non-NULL",
                        FSC_MAX_MOE_LAYERS);
     if (o->n_local_ranks > FSC_MAX_LOCAL_RANKS || (o->n_local_ranks && !o->local_ranks))
@@ -128,8 +129,10 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
         int self = 0;
         for (size_t i = 0; i < o->n_local_ranks; i++) {
             if (o->local_ranks[i] >= o->world_size)
-                return fsc_err(err, errlen, -EINVAL, "local_ranks[%zu] = %u is not below "
-                               "world_size %u", i, o->local_ranks[i], o->world_size);
+                return fsc_err(err, errlen, -EINVAL,
+                               "local_ranks[%zu] = %u is not below "
+                               "world_size %u",
+                               i, o->local_ranks[i], o->world_size);
             self |= o->local_ranks[i] == o->rank;
         }
         if (!self)
@@ -147,8 +150,8 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
 
 static int model_given(const struct fsc_model_shape *m)
 {
-    return m->n_layers || m->n_heads || m->n_kv_heads || m->d_model || m->d_head ||
-           m->n_experts || m->top_k || m->n_moe_layers;
+    return m->n_layers || m->n_heads || m->n_kv_heads || m->d_model || m->d_head || m->n_experts ||
+           m->top_k || m->n_moe_layers;
 }
 
 /* The Hello frame never changes for a client: packed once here (and once
@@ -184,13 +187,20 @@ static int pack_hello(const struct fsc_options *o, int with_token, uint8_t **out
         h.resume_step = o->resume_step;
     }
     if (model_given(ms)) {
-#define SET(field)                      \
-    if (ms->field) {                    \
-        m.has_##field = 1;              \
-        m.field = ms->field;            \
-    }
-        SET(n_layers) SET(n_heads) SET(n_kv_heads) SET(d_model) SET(d_head) SET(n_experts)
-        SET(top_k)
+#define SET(field)                                                                                 \
+    do {                                                                                           \
+        if (ms->field) {                                                                           \
+            m.has_##field = 1;                                                                     \
+            m.field = ms->field;                                                                   \
+        }                                                                                          \
+    } while (0)
+        SET(n_layers);
+        SET(n_heads);
+        SET(n_kv_heads);
+        SET(d_model);
+        SET(d_head);
+        SET(n_experts);
+        SET(top_k);
 #undef SET
         m.n_moe_layers = ms->n_moe_layers;
         m.moe_layers = (uint32_t *)ms->moe_layers;
@@ -340,8 +350,8 @@ static int submit_entry(fsc_client *c, int rc, struct fsc_entry *e)
     if (rc == 0 && c->rec.f) {
         int wr = fsc_record_report(&c->rec, e);
         if (wr < 0) {
-            fsc_err(c->last_error, sizeof(c->last_error), 0,
-                    "recording stopped: write failed: %s", strerror(-wr));
+            fsc_err(c->last_error, sizeof(c->last_error), 0, "recording stopped: write failed: %s",
+                    strerror(-wr));
             if (c->log)
                 c->log(c->log_ctx, FSC_LOG_ERROR, c->last_error);
         }

@@ -39,11 +39,11 @@ struct fsc_client {
     void *log_ctx;
     uint8_t *hello; /* the Hello frame, length-prefixed */
     size_t hello_len;
-    int wake_rd, wake_wr; /* self-pipe: caller threads -> I/O thread */
+    int wake_rd, wake_wr;    /* self-pipe: caller threads -> I/O thread */
     atomic_int wake_pending; /* a byte is in the pipe, or the I/O thread is about to look */
-    int record_only; /* no I/O thread: reports only go to rec */
-    struct fsc_tls tls; /* ctx NULL: plain TCP */
-    int advice_on;   /* options.advice: the Hello declared CAPABILITY_ADVICE */
+    int record_only;         /* no I/O thread: reports only go to rec */
+    struct fsc_tls tls;      /* ctx NULL: plain TCP */
+    int advice_on;           /* options.advice: the Hello declared CAPABILITY_ADVICE */
     pthread_t thread;
     struct fsc_io *io;
 
@@ -53,12 +53,12 @@ struct fsc_client {
     struct fsc_replay replay;
     uint64_t submitted, acked, dropped, sent, resent, reconnects, connect_failures;
     uint64_t daemon_refused; /* of dropped: refused by the daemon (io.c, refuse_entry) */
-    uint64_t acked_seq;  /* highest client seq the daemon acknowledged */
-    uint64_t seq_offset; /* wire seq = client seq + seq_offset */
-    int offset_known;    /* set by the first Welcome */
+    uint64_t acked_seq;      /* highest client seq the daemon acknowledged */
+    uint64_t seq_offset;     /* wire seq = client seq + seq_offset */
+    int offset_known;        /* set by the first Welcome */
     int connected, failed, closing;
     char last_error[FSC_ERROR_LEN];
-    struct fsc_recorder rec; /* record_path's writer (rec.f NULL: not recording) */
+    struct fsc_recorder rec;      /* record_path's writer (rec.f NULL: not recording) */
     struct fsc_advice_box advice; /* allocated only with advice_on */
 };
 

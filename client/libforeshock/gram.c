@@ -54,8 +54,8 @@ static void stack(float *out, size_t dh, size_t d, const float *top_plus, const 
         out[n + i] = bot_minus ? bot_plus[i] - bot_minus[i] : bot_plus[i];
 }
 
-int fsc_attention_grams(const float *wq, const float *wk, const float *wq0,
-                        const float *wk0, size_t dh, size_t d, float *ga, float *gb)
+int fsc_attention_grams(const float *wq, const float *wk, const float *wq0, const float *wk0,
+                        size_t dh, size_t d, float *ga, float *gb)
 {
     float *m;
     int rc;

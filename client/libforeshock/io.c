@@ -40,7 +40,7 @@
 struct fsc_io {
     struct fsc_client *c;
     int fd;
-    SSL *ssl;             /* TLS on fd, or NULL */
+    SSL *ssl;                 /* TLS on fd, or NULL */
     int tls_read_wants_write; /* a TLS read waits for the socket to be writable */
     uint64_t rng;
     unsigned fail_streak; /* connect failures since the last handshake */
@@ -49,14 +49,14 @@ struct fsc_io {
 
     /* Per connection. */
     int welcomed, bye_queued, bye_sent, progress;
-    uint32_t max_frame;   /* Welcome.max_frame_bytes, 0: no limit known */
-    int64_t deadline_ms;  /* handshake, or Bye wait; 0: none */
-    const uint8_t *ctrl;  /* Hello or Bye being written */
+    uint32_t max_frame;  /* Welcome.max_frame_bytes, 0: no limit known */
+    int64_t deadline_ms; /* handshake, or Bye wait; 0: none */
+    const uint8_t *ctrl; /* Hello or Bye being written */
     size_t ctrl_len, ctrl_off;
     struct fsc_entry *cur; /* report being written */
     uint8_t hdr[FSC_WIRE_REPORT_HDR_MAX];
     size_t hdr_len, cur_off; /* cur_off counts hdr then body */
-    uint64_t taken_max;   /* highest client seq taken on this connection */
+    uint64_t taken_max;      /* highest client seq taken on this connection */
 
     /* Across connections: probe mode (see the file comment). */
     int probe;
@@ -65,8 +65,8 @@ struct fsc_io {
 
     uint8_t *bye;
     size_t bye_len;
-    uint8_t *ackbuf;      /* AdviceAck frame being written (ctrl), owned */
-    size_t ack_n;         /* acks it holds */
+    uint8_t *ackbuf; /* AdviceAck frame being written (ctrl), owned */
+    size_t ack_n;    /* acks it holds */
     struct fsc_wire_reader rd;
 };
 
@@ -211,8 +211,10 @@ static int tls_connect(struct fsc_io *io, char *err, size_t errlen)
             break;
         }
         if (fsc_now_ms() >= deadline) {
-            rc = fsc_err(err, errlen, -ETIMEDOUT, "TLS handshake with %s:%u: no answer within "
-                         "%u ms", c->host, (unsigned)c->port, c->handshake_timeout_ms);
+            rc = fsc_err(err, errlen, -ETIMEDOUT,
+                         "TLS handshake with %s:%u: no answer within "
+                         "%u ms",
+                         c->host, (unsigned)c->port, c->handshake_timeout_ms);
             break;
         }
         n = poll(p, 2, remaining(deadline));
@@ -449,8 +451,8 @@ static int on_error(struct fsc_io *io, const Foreshock__Error *e)
     c->failed = 1;
     signal_drained(c);
     pthread_mutex_unlock(&c->mu);
-    io_log(io, FSC_LOG_ERROR, "daemon refused this client (error %d: %s): giving up",
-           (int)e->code, msg);
+    io_log(io, FSC_LOG_ERROR, "daemon refused this client (error %d: %s): giving up", (int)e->code,
+           msg);
     return -EPERM;
 }
 
@@ -472,8 +474,7 @@ static int on_advice(struct fsc_io *io, const Foreshock__Advice *a)
     else if (rc == 1)
         io_log(io, FSC_LOG_INFO, "advice %llu: %s (alert %llu, %s, step %lld)",
                (unsigned long long)a->advice_id, fsc_advice_action_name((int)a->action),
-               (unsigned long long)a->alert_id, a->rule,
-               a->has_step ? (long long)a->step : -1LL);
+               (unsigned long long)a->alert_id, a->rule, a->has_step ? (long long)a->step : -1LL);
     return 0;
 }
 
@@ -790,7 +791,8 @@ static void session(struct fsc_io *io)
     io->deadline_ms = fsc_now_ms() + c->handshake_timeout_ms;
 
     for (;;) {
-        struct pollfd p[2] = {{.fd = c->wake_rd, .events = POLLIN}, {.fd = io->fd, .events = POLLIN}};
+        struct pollfd p[2] = {{.fd = c->wake_rd, .events = POLLIN},
+                              {.fd = io->fd, .events = POLLIN}};
         int want_write, n, is_closing;
 
         pthread_mutex_lock(&c->mu);
@@ -873,8 +875,8 @@ void *fsc_io_main(void *arg)
                 break;
             continue;
         }
-        if (wait_or_close(c, (int)fsc_backoff_delay(attempt, c->backoff_min_ms,
-                                                    c->backoff_max_ms, &io->rng)))
+        if (wait_or_close(
+                c, (int)fsc_backoff_delay(attempt, c->backoff_min_ms, c->backoff_max_ms, &io->rng)))
             break;
         attempt++;
         rc = connect_any(io, err, sizeof(err));
@@ -916,8 +918,8 @@ int fsc_io_create(struct fsc_client *c, uint64_t seed)
     io->fd = -1;
     clock_gettime(CLOCK_REALTIME, &ts);
     io->rng = seed ? seed
-                   : (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
-                         (uint64_t)(uintptr_t)io ^ ((uint64_t)c->rank << 40);
+                   : (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)io ^
+                         ((uint64_t)c->rank << 40);
     bye.reason = "client closing";
     f.body_case = FORESHOCK__FRAME__BODY_BYE;
     f.bye = &bye;

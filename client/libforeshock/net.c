@@ -27,8 +27,7 @@ int fsc_net_resolve(const char *host, uint16_t port, struct addrinfo **out, char
     hints.ai_flags = AI_NUMERICSERV;
     rc = getaddrinfo(host, service, &hints, out);
     if (rc != 0)
-        return fsc_err(err, errlen, -EHOSTUNREACH, "cannot resolve %s: %s", host,
-                       gai_strerror(rc));
+        return fsc_err(err, errlen, -EHOSTUNREACH, "cannot resolve %s: %s", host, gai_strerror(rc));
     return 0;
 }
 

@@ -12,8 +12,8 @@
 /* Resolves host (name or numeric) and port for TCP. May block on DNS.
  * Returns 0 and *out (release with freeaddrinfo), or -EHOSTUNREACH with a
  * message in err. */
-FSC_HIDDEN int fsc_net_resolve(const char *host, uint16_t port, struct addrinfo **out,
-                               char *err, size_t errlen);
+FSC_HIDDEN int fsc_net_resolve(const char *host, uint16_t port, struct addrinfo **out, char *err,
+                               size_t errlen);
 
 /* Creates a non-blocking, close-on-exec socket for ai and starts connecting.
  * Returns 1 and *fd when connected at once, 0 and *fd when in progress (poll

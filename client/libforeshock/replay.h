@@ -27,8 +27,8 @@ struct fsc_replay {
     struct fsc_entry *last_taken; /* entry just before next_send, NULL when next_send == head */
     struct fsc_entry *sending;    /* taken, write in progress: must not be freed */
     size_t count, bytes, max_bytes;
-    size_t in_flight;             /* entries before next_send: sent, not yet acked */
-    size_t placeholders;          /* entries with placeholder set */
+    size_t in_flight;    /* entries before next_send: sent, not yet acked */
+    size_t placeholders; /* entries with placeholder set */
 };
 
 /* Memory an entry is charged against max_bytes. */

@@ -16,8 +16,8 @@
 struct fsc_report {
     Foreshock__Report msg; /* arrays and scalars point into the blocks below */
     Foreshock__Scalars scalars;
-    float *weight_norms;   /* owned, scalars.layer_weight_norm */
-    float *update_ratios;  /* owned, scalars.layer_update_ratio */
+    float *weight_norms;  /* owned, scalars.layer_weight_norm */
+    float *update_ratios; /* owned, scalars.layer_update_ratio */
     size_t cap_attention, cap_router_gram, cap_router_tokens;
 };
 
@@ -222,8 +222,8 @@ static int grow(void ***arr, size_t n, size_t *cap, size_t limit)
 
 static int check_head(uint32_t layer, uint32_t head, uint32_t kv_head, uint32_t window)
 {
-    if (layer >= FSC_MAX_LAYERS || head >= FSC_MAX_HEADS || window < 1 ||
-        window > FSC_MAX_WINDOW || (kv_head != FSC_KV_HEAD_NONE && kv_head >= FSC_MAX_HEADS))
+    if (layer >= FSC_MAX_LAYERS || head >= FSC_MAX_HEADS || window < 1 || window > FSC_MAX_WINDOW ||
+        (kv_head != FSC_KV_HEAD_NONE && kv_head >= FSC_MAX_HEADS))
         return -EINVAL;
     return 0;
 }
@@ -259,10 +259,10 @@ static int push_attention(fsc_report *r, Foreshock__AttentionSketch *a)
     return 0;
 }
 
-int fsc_report_add_attention_gram(fsc_report *r, uint32_t layer, uint32_t head,
-                                  uint32_t kv_head, uint32_t window, uint32_t dh,
-                                  uint32_t shard_index, uint32_t shard_count,
-                                  const float *ga_upper, const float *gb_upper)
+int fsc_report_add_attention_gram(fsc_report *r, uint32_t layer, uint32_t head, uint32_t kv_head,
+                                  uint32_t window, uint32_t dh, uint32_t shard_index,
+                                  uint32_t shard_count, const float *ga_upper,
+                                  const float *gb_upper)
 {
     struct gram_block *b;
     size_t tri, nbytes;
@@ -300,8 +300,7 @@ int fsc_report_add_attention_gram(fsc_report *r, uint32_t layer, uint32_t head,
 
 static int check_spectrum(const struct fsc_spectrum *s)
 {
-    if (!s || !s->d2 || !s->d3 || s->n_d3 < 1 || s->n_d3 > FSC_MAX_DH ||
-        s->n_d2 != 2 * s->n_d3)
+    if (!s || !s->d2 || !s->d3 || s->n_d3 < 1 || s->n_d3 > FSC_MAX_DH || s->n_d2 != 2 * s->n_d3)
         return -EINVAL;
     if ((s->n_d1 && (!s->d1 || s->n_d1 != s->n_d2)) || (s->n_w && (!s->w || s->n_w != s->n_d3)))
         return -EINVAL;
@@ -370,8 +369,7 @@ int fsc_report_add_attention_spectrum(fsc_report *r, uint32_t layer, uint32_t he
 }
 
 int fsc_report_add_router_gram(fsc_report *r, uint32_t layer, uint32_t n_experts,
-                               uint32_t shard_index, uint32_t shard_count,
-                               const float *gram_upper)
+                               uint32_t shard_index, uint32_t shard_count, const float *gram_upper)
 {
     struct router_gram_block *b;
     size_t tri;
@@ -400,9 +398,8 @@ int fsc_report_add_router_gram(fsc_report *r, uint32_t layer, uint32_t n_experts
     return 0;
 }
 
-int fsc_report_add_router_tokens(fsc_report *r, uint32_t layer, uint32_t n_experts,
-                                 uint64_t n_tok, double sum_h, double sum_h2,
-                                 double sum_lse2, const uint64_t *load,
+int fsc_report_add_router_tokens(fsc_report *r, uint32_t layer, uint32_t n_experts, uint64_t n_tok,
+                                 double sum_h, double sum_h2, double sum_lse2, const uint64_t *load,
                                  const double *sum_p)
 {
     struct router_tokens_block *b;
@@ -416,8 +413,8 @@ int fsc_report_add_router_tokens(fsc_report *r, uint32_t layer, uint32_t n_exper
     for (uint32_t i = 0; i < n_experts; i++)
         if (!isfinite(sum_p[i]) || sum_p[i] < 0)
             return -EINVAL;
-    if ((rc = grow((void ***)&r->msg.router_tokens, r->msg.n_router_tokens,
-                   &r->cap_router_tokens, FSC_MAX_ROUTER_PER_REPORT)) < 0)
+    if ((rc = grow((void ***)&r->msg.router_tokens, r->msg.n_router_tokens, &r->cap_router_tokens,
+                   FSC_MAX_ROUTER_PER_REPORT)) < 0)
         return rc;
     b = malloc(sizeof(*b) + 2 * (size_t)n_experts * sizeof(uint64_t));
     if (!b)

@@ -28,8 +28,7 @@ int fsc_tls_init(struct fsc_tls *t, const struct fsc_options *o, char *err, size
         return 0;
     if (!o->tls_cert_file != !o->tls_key_file)
         return fsc_err(err, errlen, -EINVAL, "tls_cert_file and tls_key_file go together");
-    const char *name = o->tls_server_name && o->tls_server_name[0] ? o->tls_server_name
-                                                                   : o->host;
+    const char *name = o->tls_server_name && o->tls_server_name[0] ? o->tls_server_name : o->host;
     unsigned char ip[16];
     t->is_ip = inet_pton(AF_INET, name, ip) == 1 || inet_pton(AF_INET6, name, ip) == 1;
     t->name = strdup(name);
@@ -47,8 +46,8 @@ int fsc_tls_init(struct fsc_tls *t, const struct fsc_options *o, char *err, size
                  : SSL_CTX_set_default_verify_paths(t->ctx);
     if (ok != 1) {
         char what[FSC_ERROR_LEN];
-        snprintf(what, sizeof(what), "tls_ca_file %s", o->tls_ca_file ? o->tls_ca_file
-                                                                      : "(system store)");
+        snprintf(what, sizeof(what), "tls_ca_file %s",
+                 o->tls_ca_file ? o->tls_ca_file : "(system store)");
         reason(err, errlen, what);
         fsc_tls_free(t);
         return -EINVAL;

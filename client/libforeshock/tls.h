@@ -44,8 +44,7 @@ FSC_HIDDEN int fsc_tls_handshake(SSL *ssl, char *err, size_t errlen);
 /* Like recv/send on a non-blocking socket: bytes (> 0); recv 0 on a clean
  * close; -EAGAIN when it would block (*want says for what); -EPROTO with
  * err (the daemon refused our certificate, say). */
-FSC_HIDDEN ssize_t fsc_tls_recv(SSL *ssl, void *buf, size_t n, int *want, char *err,
-                                size_t errlen);
+FSC_HIDDEN ssize_t fsc_tls_recv(SSL *ssl, void *buf, size_t n, int *want, char *err, size_t errlen);
 FSC_HIDDEN ssize_t fsc_tls_send(SSL *ssl, const void *buf, size_t n, int *want, char *err,
                                 size_t errlen);
 

@@ -34,8 +34,7 @@ uint32_t fsc_wire_get_be32(const uint8_t *p)
 #define TAG_FRAME_REPORT ((3u << 3) | 2u) /* Frame.report, length-delimited */
 #define TAG_REPORT_SEQ ((1u << 3) | 0u)   /* Report.seq, varint */
 
-size_t fsc_wire_report_header(uint64_t seq, size_t body_len,
-                              uint8_t hdr[FSC_WIRE_REPORT_HDR_MAX])
+size_t fsc_wire_report_header(uint64_t seq, size_t body_len, uint8_t hdr[FSC_WIRE_REPORT_HDR_MAX])
 {
     uint8_t seqf[11];
     size_t seqf_len, n = 4;

@@ -64,7 +64,7 @@
 #define BENCH_ERR_LEN 512
 #define BENCH_PATH_MAX 4096
 #define BENCH_MAX_CLIENTS 256u
-#define BENCH_MAX_REPORTS 10000000u        /* per client */
+#define BENCH_MAX_REPORTS 10000000u /* per client */
 #define BENCH_MAX_LOOPBACK_MB 65536u
 #define BENCH_MAX_GRAM_TOTAL_BYTES 800000000ull /* under the daemon's 1 GiB default spool bound */
 
@@ -78,10 +78,10 @@
 #define BENCH_QUICK_LOOPBACK_MB 128u
 
 #define BENCH_LOOPBACK_CHUNK (256u << 10)
-#define BENCH_NSCALARS 6u                  /* loss, grad_norm, lr, loss_scale, tokens, step_time */
+#define BENCH_NSCALARS 6u /* loss, grad_norm, lr, loss_scale, tokens, step_time */
 #define BENCH_GRAM_HEADS 8u
 #define BENCH_GRAM_DH 64u
-#define BENCH_GRAM_D 256u                  /* model-dimension shard of the synthetic weights */
+#define BENCH_GRAM_D 256u /* model-dimension shard of the synthetic weights */
 #define BENCH_GRAM_WINDOW 16u
 
 #define BENCH_READY_TIMEOUT_MS 20000
@@ -185,8 +185,7 @@ static int tcp_pair(int *wfd, int *rfd, char *err, size_t errlen)
         bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(lfd, 1) < 0 ||
         getsockname(lfd, (struct sockaddr *)&sa, &sl) < 0 ||
         (a = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
-        connect(a, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-        (b = accept(lfd, NULL, NULL)) < 0) {
+        connect(a, (struct sockaddr *)&sa, sizeof(sa)) < 0 || (b = accept(lfd, NULL, NULL)) < 0) {
         rc = fail(err, errlen, -errno, "loopback socket setup: %s", strerror(errno));
         goto out;
     }
@@ -226,7 +225,8 @@ static int loopback_measure(uint64_t total, double *mb_s, double *secs, char *er
     uint64_t sent = 0;
     int werr = 0;
     while (sent < total) {
-        size_t n = total - sent < BENCH_LOOPBACK_CHUNK ? (size_t)(total - sent) : BENCH_LOOPBACK_CHUNK;
+        size_t n =
+            total - sent < BENCH_LOOPBACK_CHUNK ? (size_t)(total - sent) : BENCH_LOOPBACK_CHUNK;
         ssize_t w = write(wfd, buf, n);
         if (w < 0 && errno == EINTR)
             continue;
@@ -347,8 +347,7 @@ static int daemon_scan_ready(struct daemon *d)
 /* Starts exe on ephemeral loopback ports with database db, stderr and stdout
  * into d->log_path, and waits for its ready line. On failure the child is
  * reaped (or killed) and d->pid is 0. Main thread. */
-static int daemon_start(const char *exe, const char *db, struct daemon *d, char *err,
-                        size_t errlen)
+static int daemon_start(const char *exe, const char *db, struct daemon *d, char *err, size_t errlen)
 {
     if (access(exe, X_OK) != 0)
         return fail(err, errlen, -ENOENT,
@@ -366,8 +365,8 @@ static int daemon_start(const char *exe, const char *db, struct daemon *d, char 
         int fd = open(d->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0 || dup2(fd, STDERR_FILENO) < 0 || dup2(fd, STDOUT_FILENO) < 0)
             _exit(126);
-        char *const argv[] = {(char *)exe, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
-                              "--db", (char *)db, NULL};
+        char *const argv[] = {(char *)exe,   "--listen", "127.0.0.1:0", "--http",
+                              "127.0.0.1:0", "--db",     (char *)db,    NULL};
         execv(exe, argv);
         dprintf(STDERR_FILENO, "bench_ingest: execv %s: %s\n", exe, strerror(errno));
         _exit(127);
@@ -741,8 +740,8 @@ static void *worker_run(void *arg)
             if (rc == 0)
                 break;
             if (rc != -ENOBUFS) {
-                w->rc = fail(w->err, sizeof(w->err), rc, "fsc_submit report %" PRIu64 ": %s",
-                             step, strerror(-rc));
+                w->rc = fail(w->err, sizeof(w->err), rc, "fsc_submit report %" PRIu64 ": %s", step,
+                             strerror(-rc));
                 return NULL;
             }
             w->enobufs++;
@@ -838,11 +837,11 @@ static int phase_run(struct phase *ph, struct phase_result *res, char *err, size
         struct fsc_stats s = {.size = sizeof(s)};
         fsc_stats(w->c, &s);
         if (s.failed || s.acked != ph->reports || s.buffered_reports != 0) {
-            rc = fail(err, errlen, -EIO,
-                      "%s: rank %u: acked %" PRIu64 " of %" PRIu64 " reports (buffered %" PRIu64
-                      ", failed %d): %s",
-                      ph->name, i, s.acked, ph->reports, s.buffered_reports, s.failed,
-                      s.last_error);
+            rc =
+                fail(err, errlen, -EIO,
+                     "%s: rank %u: acked %" PRIu64 " of %" PRIu64 " reports (buffered %" PRIu64
+                     ", failed %d): %s",
+                     ph->name, i, s.acked, ph->reports, s.buffered_reports, s.failed, s.last_error);
             goto out;
         }
         res->reports += s.acked;
@@ -897,8 +896,7 @@ static int bare_insert(const char *path, unsigned ranks, uint64_t steps, uint64_
         rc = fail(err, errlen, -ENOMEM, "bare sqlite: out of memory");
         goto out;
     }
-    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
-        SQLITE_OK) {
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK) {
         rc = fail(err, errlen, -EIO, "bare sqlite: open %s: %s", path,
                   db ? sqlite3_errmsg(db) : "out of memory");
         goto out;
@@ -933,9 +931,8 @@ static int bare_insert(const char *path, unsigned ranks, uint64_t steps, uint64_
     if ((rc = sql_exec(db, sql, "insert run", err, errlen)) < 0)
         goto out;
     int64_t run_id = sqlite3_last_insert_rowid(db);
-    if (sqlite3_prepare_v2(db,
-                           "INSERT INTO series (run_id, name, rank) VALUES (?1, ?2, ?3)",
-                           -1, &st, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(db, "INSERT INTO series (run_id, name, rank) VALUES (?1, ?2, ?3)", -1,
+                           &st, NULL) != SQLITE_OK) {
         rc = fail(err, errlen, -EIO, "bare sqlite: prepare series: %s", sqlite3_errmsg(db));
         goto out;
     }
@@ -1021,8 +1018,8 @@ static int grams_make(float **out, size_t *tri, char *err, size_t errlen)
             w[i] = w[2 * n + i] * (1.0f + 0.01f * (float)((i % 7) - 3.0));
         }
         float *ga = g + (size_t)h * 2 * t;
-        if ((rc = fsc_attention_grams(w, w + n, w + 2 * n, w + 3 * n, BENCH_GRAM_DH,
-                                      BENCH_GRAM_D, ga, ga + t)) < 0)
+        if ((rc = fsc_attention_grams(w, w + n, w + 2 * n, w + 3 * n, BENCH_GRAM_DH, BENCH_GRAM_D,
+                                      ga, ga + t)) < 0)
             fail(err, errlen, rc, "fsc_attention_grams: %s", strerror(-rc));
     }
 out:
@@ -1099,10 +1096,14 @@ static void usage(FILE *f)
 static int parse_args(int argc, char **argv, struct bench_cfg *cfg)
 {
     static const struct option opts[] = {
-        {"daemon", required_argument, NULL, 'd'},       {"clients", required_argument, NULL, 'c'},
-        {"reports", required_argument, NULL, 'n'},      {"gram-clients", required_argument, NULL, 'C'},
-        {"gram-reports", required_argument, NULL, 'N'}, {"loopback-mb", required_argument, NULL, 'l'},
-        {"quick", no_argument, NULL, 'q'},              {"help", no_argument, NULL, 'h'},
+        {"daemon", required_argument, NULL, 'd'},
+        {"clients", required_argument, NULL, 'c'},
+        {"reports", required_argument, NULL, 'n'},
+        {"gram-clients", required_argument, NULL, 'C'},
+        {"gram-reports", required_argument, NULL, 'N'},
+        {"loopback-mb", required_argument, NULL, 'l'},
+        {"quick", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     unsigned long long v;
@@ -1213,18 +1214,24 @@ int main(int argc, char **argv)
     float *grams = NULL;
     size_t tri = 0;
     int have_dir = 0, rc = 0, show_log = 0;
-    struct phase small = {.name = "ingest_small", .run = SMALL_RUN, .clients = cfg.clients,
-                          .reports = cfg.reports, .mu = PTHREAD_MUTEX_INITIALIZER,
+    struct phase small = {.name = "ingest_small",
+                          .run = SMALL_RUN,
+                          .clients = cfg.clients,
+                          .reports = cfg.reports,
+                          .mu = PTHREAD_MUTEX_INITIALIZER,
                           .cv = PTHREAD_COND_INITIALIZER};
-    struct phase gram = {.name = "ingest_gram", .run = GRAM_RUN, .clients = cfg.gram_clients,
-                         .reports = cfg.gram_reports, .mu = PTHREAD_MUTEX_INITIALIZER,
+    struct phase gram = {.name = "ingest_gram",
+                         .run = GRAM_RUN,
+                         .clients = cfg.gram_clients,
+                         .reports = cfg.gram_reports,
+                         .mu = PTHREAD_MUTEX_INITIALIZER,
                          .cv = PTHREAD_COND_INITIALIZER};
     struct phase_result rs = {0}, rg = {0};
     double loop_mb_s = 0, loop_secs = 0, bare_secs = 0;
     uint64_t bare_points = 0;
 
-    if (!cfg.daemon[0] && (rc = default_daemon(cfg.daemon, sizeof(cfg.daemon), err,
-                                               sizeof(err))) < 0)
+    if (!cfg.daemon[0] &&
+        (rc = default_daemon(cfg.daemon, sizeof(cfg.daemon), err, sizeof(err))) < 0)
         goto out;
     /* Fail before the loopback run when the daemon is missing. */
     if (access(cfg.daemon, X_OK) != 0) {
@@ -1282,7 +1289,8 @@ int main(int argc, char **argv)
         (rc = phase_run(&gram, &rg, err, sizeof(err))) < 0)
         goto out;
     if (commits1 <= commits0 || points1 <= points0) {
-        rc = fail(err, sizeof(err), -EIO, "the daemon committed nothing in ingest_small "
+        rc = fail(err, sizeof(err), -EIO,
+                  "the daemon committed nothing in ingest_small "
                   "(commits %" PRIu64 " -> %" PRIu64 ", points %" PRIu64 " -> %" PRIu64 ")",
                   commits0, commits1, points0, points1);
         goto out;
@@ -1317,8 +1325,8 @@ int main(int argc, char **argv)
     }
     show_log = 0;
 
-    if ((rc = bare_insert(bare_path, cfg.clients, cfg.reports, txn_rows, &bare_points,
-                          &bare_secs, err, sizeof(err))) < 0)
+    if ((rc = bare_insert(bare_path, cfg.clients, cfg.reports, txn_rows, &bare_points, &bare_secs,
+                          err, sizeof(err))) < 0)
         goto out;
 
     double small_mb_s = (double)rs.wire_bytes / 1e6 / rs.secs;

@@ -81,8 +81,8 @@ static double gauss(uint64_t *s)
 }
 
 struct head_in {
-    double *ga, *gb;     /* upper triangles, the module's input */
-    double *fa, *fb;     /* the same, full column-major, the floor's input */
+    double *ga, *gb; /* upper triangles, the module's input */
+    double *fa, *fb; /* the same, full column-major, the floor's input */
 };
 
 /* Grams of A = [dWq; Wq], B = [Wk; dWk] for random weights. */
@@ -105,10 +105,10 @@ static int head_make(struct head_in *h, size_t dh, uint64_t *seed)
             a[i * d + c] = scale_a * gauss(seed);
             b[i * d + c] = scale_b * gauss(seed);
         }
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)d, 1.0, a, (int)d,
-                a, (int)d, 0.0, h->fa, (int)n);
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)d, 1.0, b, (int)d,
-                b, (int)d, 0.0, h->fb, (int)n);
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)d, 1.0, a, (int)d, a,
+                (int)d, 0.0, h->fa, (int)n);
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)d, 1.0, b, (int)d, b,
+                (int)d, 0.0, h->fb, (int)n);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         for (size_t j = i; j < n; j++, k++) {
@@ -180,8 +180,8 @@ static void floor_project(struct scratch *s, const double *g2, size_t ld, size_t
     copy_block(g2, ld, m, s->c);
     cblas_dtrmm(CblasColMajor, CblasRight, CblasLower, CblasNoTrans, CblasNonUnit, (int)m, (int)m,
                 1.0, s->f, (int)m, s->c, (int)m);
-    cblas_dtrmm(CblasColMajor, CblasLeft, CblasLower, CblasTrans, CblasNonUnit, (int)m, (int)m,
-                1.0, s->f, (int)m, s->c, (int)m);
+    cblas_dtrmm(CblasColMajor, CblasLeft, CblasLower, CblasTrans, CblasNonUnit, (int)m, (int)m, 1.0,
+                s->f, (int)m, s->c, (int)m);
     LAPACKE_dsyev_work(LAPACK_COL_MAJOR, 'N', 'L', (lapack_int)m, s->c, (lapack_int)m, s->w,
                        s->work, s->lwork);
 }
@@ -219,10 +219,10 @@ static void eig_factor(struct scratch *s, const double *g1, size_t ld, size_t m)
 
 static void eig_project(struct scratch *s, const double *g2, size_t ld, size_t m)
 {
-    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)m, (int)m, 1.0, g2,
-                (int)ld, s->v, (int)m, 0.0, s->t, (int)m);
-    cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)m, (int)m, (int)m, 1.0, s->v,
-                (int)m, s->t, (int)m, 0.0, s->c, (int)m);
+    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)m, (int)m, 1.0, g2, (int)ld,
+                s->v, (int)m, 0.0, s->t, (int)m);
+    cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)m, (int)m, (int)m, 1.0, s->v, (int)m,
+                s->t, (int)m, 0.0, s->c, (int)m);
     LAPACKE_dsyev_work(LAPACK_COL_MAJOR, 'N', 'L', (lapack_int)m, s->c, (lapack_int)m, s->w,
                        s->work, s->lwork);
 }

@@ -14,8 +14,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static struct silence s, again;
     static char out[SILENCE_MAX_JSON + 1];
     static const struct silence_label labels[] = {
-        {"alertname", "qk.d2.srank"}, {"run", "gpt-7b.r3"}, {"severity", "warning"},
-        {"attribution", "attention-numerics"}, {"layer", "12"}, {"window", "25"},
+        {"alertname", "qk.d2.srank"},          {"run", "gpt-7b.r3"}, {"severity", "warning"},
+        {"attribution", "attention-numerics"}, {"layer", "12"},      {"window", "25"},
     };
     struct fs_err why = {0};
 

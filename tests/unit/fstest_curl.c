@@ -95,8 +95,8 @@ void request_at(unsigned short port, CURL *h, const char *method, const char *pa
 json_t *get_json_at(unsigned short port, const char *path, long status, struct resp *r)
 {
     request_at(port, NULL, NULL, path, NULL, r);
-    cr_assert_eq(r->status, status, "GET %s: status %ld, expected %ld: %s", path, r->status,
-                 status, r->body ? r->body : "");
+    cr_assert_eq(r->status, status, "GET %s: status %ld, expected %ld: %s", path, r->status, status,
+                 r->body ? r->body : "");
     cr_assert_not_null(r->json, "GET %s: body is not JSON: %s", path, r->body ? r->body : "");
     cr_assert_str_eq(r->ctype, "application/json", "GET %s: content type %s", path, r->ctype);
     return r->json;

@@ -22,8 +22,11 @@ void http_fixture_open(const char *tag)
 
 void http_fixture_start(unsigned threads)
 {
-    struct http_opts o = {.host = "127.0.0.1", .port = 0, .db_path = http_fx.db.path,
-                          .threads = threads, .stats = &http_fx.stats};
+    struct http_opts o = {.host = "127.0.0.1",
+                          .port = 0,
+                          .db_path = http_fx.db.path,
+                          .threads = threads,
+                          .stats = &http_fx.stats};
     struct fs_err err = {0};
     int rc = http_start(&o, &http_fx.srv, &err);
     cr_assert_eq(rc, 0, "http_start: %d %s", rc, err.msg);
@@ -66,7 +69,6 @@ void expect_error(const char *method, const char *path, long status, const char 
     const char *msg = json_string_value(json_object_get(err, "message"));
     cr_assert_not_null(msg, "%s: no message", path);
     if (mention)
-        cr_assert(strstr(msg, mention), "%s: message '%s' does not mention %s", path, msg,
-                  mention);
+        cr_assert(strstr(msg, mention), "%s: message '%s' does not mention %s", path, msg, mention);
     resp_free(&r);
 }

@@ -36,8 +36,8 @@ Test(advice, default_policy)
     struct advice_policy p;
     advice_policy_default(&p);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        cr_expect_eq(advice_decide(&p, cases[i].label, cases[i].severity), cases[i].want,
-                     "%s/%s", cases[i].label, cases[i].severity);
+        cr_expect_eq(advice_decide(&p, cases[i].label, cases[i].severity), cases[i].want, "%s/%s",
+                     cases[i].label, cases[i].severity);
     cr_expect_eq(advice_decide(NULL, "non-finite", "critical"), ADVICE_NONE);
 }
 
@@ -48,24 +48,41 @@ static const struct set_case {
     const char *label, *severity;
     enum advice_action want;
 } set_cases[] = {
-    {{{"attention-numerics", "checkpoint_and_stop"}}, 0, "attention-numerics", "warning",
+    {{{"attention-numerics", "checkpoint_and_stop"}},
+     0,
+     "attention-numerics",
+     "warning",
      ADVICE_CHECKPOINT_AND_STOP},
-    {{{"attention-numerics.critical", "checkpoint_and_stop"}}, 0, "attention-numerics", "warning",
+    {{{"attention-numerics.critical", "checkpoint_and_stop"}},
+     0,
+     "attention-numerics",
+     "warning",
      ADVICE_CHECKPOINT},
-    {{{"attention-numerics.critical", "checkpoint_and_stop"}}, 0, "attention-numerics",
-     "critical", ADVICE_CHECKPOINT_AND_STOP},
+    {{{"attention-numerics.critical", "checkpoint_and_stop"}},
+     0,
+     "attention-numerics",
+     "critical",
+     ADVICE_CHECKPOINT_AND_STOP},
     {{{"loss-spike", "checkpoint"}}, 0, "loss-spike", "warning", ADVICE_CHECKPOINT},
     {{{"non-finite", "none"}}, 0, "non-finite", "critical", ADVICE_NONE},
-    {{{"combined", "none"}, {"combined.critical", "checkpoint"}}, 0, "combined", "warning",
+    {{{"combined", "none"}, {"combined.critical", "checkpoint"}},
+     0,
+     "combined",
+     "warning",
      ADVICE_NONE},
-    {{{"combined", "none"}, {"combined.critical", "checkpoint"}}, 0, "combined", "critical",
+    {{{"combined", "none"}, {"combined.critical", "checkpoint"}},
+     0,
+     "combined",
+     "critical",
      ADVICE_CHECKPOINT},
     {{{"enabled", "false"}}, 0, "non-finite", "critical", ADVICE_NONE},
-    {{{"enabled", "false"}, {"enabled", "true"}}, 0, "non-finite", "critical",
+    {{{"enabled", "false"}, {"enabled", "true"}},
+     0,
+     "non-finite",
+     "critical",
      ADVICE_CHECKPOINT_AND_STOP},
     {{{"enabled", "yes"}}, -EINVAL, "non-finite", "critical", ADVICE_CHECKPOINT_AND_STOP},
-    {{{"attention-numerics", "stop"}}, -EINVAL, "attention-numerics", "warning",
-     ADVICE_CHECKPOINT},
+    {{{"attention-numerics", "stop"}}, -EINVAL, "attention-numerics", "warning", ADVICE_CHECKPOINT},
     {{{"attention", "checkpoint"}}, -EINVAL, "attention-numerics", "warning", ADVICE_CHECKPOINT},
     {{{"combined.fatal", "none"}}, -EINVAL, "combined", "warning", ADVICE_CHECKPOINT},
     {{{"combined.", "none"}}, -EINVAL, "combined", "warning", ADVICE_CHECKPOINT},
@@ -96,10 +113,11 @@ Test(advice, unknown_key_lists_the_names)
     advice_policy_default(&p);
     struct fs_err why = {0};
     cr_assert_eq(advice_policy_set(&p, "combined.fatal", "none", &why), -EINVAL);
-    cr_expect_str_eq(why.msg, "unknown key 'combined.fatal': keys are enabled, LABEL or "
-                          "LABEL.SEVERITY (labels: attention-numerics, optimizer-hyperparameter, "
-                          "combined, router-balance, non-finite, loss-spike, none; severities: "
-                          "warning, critical)");
+    cr_expect_str_eq(why.msg,
+                     "unknown key 'combined.fatal': keys are enabled, LABEL or "
+                     "LABEL.SEVERITY (labels: attention-numerics, optimizer-hyperparameter, "
+                     "combined, router-balance, non-finite, loss-spike, none; severities: "
+                     "warning, critical)");
 }
 
 Test(advice, section_in_a_config_file)
@@ -110,10 +128,10 @@ Test(advice, section_in_a_config_file)
     advice_policy_default(&p);
     struct config_section sec;
     advice_section(&p, &sec);
-    static const char good[] = "[advice]\nrouter-balance = none\nloss-spike.critical = checkpoint\n";
+    static const char good[] =
+        "[advice]\nrouter-balance = none\nloss-spike.critical = checkpoint\n";
     struct fs_err err = {0};
-    cr_assert_eq(config_parse(good, strlen(good), "t.conf", &cfg, &sec, 1, &err), 0, "%s",
-                 err.msg);
+    cr_assert_eq(config_parse(good, strlen(good), "t.conf", &cfg, &sec, 1, &err), 0, "%s", err.msg);
     cr_expect_eq(advice_decide(&p, "router-balance", "warning"), ADVICE_NONE);
     cr_expect_eq(advice_decide(&p, "loss-spike", "critical"), ADVICE_CHECKPOINT);
     cr_expect_eq(advice_decide(&p, "loss-spike", "warning"), ADVICE_NONE);
@@ -154,9 +172,17 @@ Test(advice, action_names)
 
 Test(advice, frame_round_trip)
 {
-    struct advice_msg m = {.id = 42, .run_id = 3, .alert_id = 7, .action = ADVICE_CHECKPOINT,
-                           .step = 320, .first_breach_step = 310, .fired_step = 320,
-                           .rollback_step = 300, .layer = 1, .head = -1, .window = 10,
+    struct advice_msg m = {.id = 42,
+                           .run_id = 3,
+                           .alert_id = 7,
+                           .action = ADVICE_CHECKPOINT,
+                           .step = 320,
+                           .first_breach_step = 310,
+                           .fired_step = 320,
+                           .rollback_step = 300,
+                           .layer = 1,
+                           .head = -1,
+                           .window = 10,
                            .rank = -1};
     snprintf(m.rule, sizeof m.rule, "qk.d2.erank");
     snprintf(m.label, sizeof m.label, "attention-numerics");
@@ -195,8 +221,9 @@ Test(advice, frame_round_trip)
     m.window = 0;
     m.layer = -1;
     cr_assert_eq(advice_encode(&m, &buf, &len), 0);
-    cr_assert_eq(decode_frame(buf + DECODE_PREFIX_BYTES, len - DECODE_PREFIX_BYTES, &lim, &f,
-                              NULL, &err), 0);
+    cr_assert_eq(
+        decode_frame(buf + DECODE_PREFIX_BYTES, len - DECODE_PREFIX_BYTES, &lim, &f, NULL, &err),
+        0);
     cr_expect(!f->advice->has_rollback_step && !f->advice->has_first_breach_step);
     cr_expect(!f->advice->has_window && !f->advice->has_layer);
     decode_frame_free(f);
@@ -297,11 +324,20 @@ static void teardown_db(void)
 static int64_t event(int64_t alert, int64_t event_id, int to_state, const char *label,
                      const char *severity, int64_t step, int64_t first_breach, int32_t window)
 {
-    struct advice_event ev = {.run_id = 1, .alert_id = alert, .event_id = event_id,
-                              .to_state = to_state, .rule = alert == 1 ? "qk.d2.erank" : "loss",
-                              .label = label, .severity = severity, .step = step,
-                              .first_breach_step = first_breach, .fired_step = step,
-                              .layer = -1, .head = -1, .window = window, .rank = -1};
+    struct advice_event ev = {.run_id = 1,
+                              .alert_id = alert,
+                              .event_id = event_id,
+                              .to_state = to_state,
+                              .rule = alert == 1 ? "qk.d2.erank" : "loss",
+                              .label = label,
+                              .severity = severity,
+                              .step = step,
+                              .first_breach_step = first_breach,
+                              .fired_step = step,
+                              .layer = -1,
+                              .head = -1,
+                              .window = window,
+                              .rank = -1};
     struct advice_msg m;
     bool made = false;
     cr_assert_eq(advice_store_event(as, &policy, &ev, 1.0, &m, &made), SQLITE_OK, "%s",
@@ -366,8 +402,11 @@ Test(advice_store, owed_per_stream, .init = setup_db, .fini = teardown_db)
     /* A delivery for a stream of another run is not recorded. */
     delivery(fire, 4, 1);
     sqlite3_stmt *q;
-    cr_assert_eq(sqlite3_prepare_v2(db, "SELECT count(*) FROM advice_deliveries WHERE "
-                                        "stream_id = 4", -1, &q, NULL), SQLITE_OK);
+    cr_assert_eq(sqlite3_prepare_v2(db,
+                                    "SELECT count(*) FROM advice_deliveries WHERE "
+                                    "stream_id = 4",
+                                    -1, &q, NULL),
+                 SQLITE_OK);
     cr_assert_eq(sqlite3_step(q), SQLITE_ROW);
     cr_expect_eq(sqlite3_column_int(q, 0), 0);
     sqlite3_finalize(q);

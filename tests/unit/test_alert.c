@@ -68,12 +68,18 @@ static struct detect_verdict verdict_for(char c, double value)
 static char change_letter(enum alert_change c)
 {
     switch (c) {
-    case ALERT_CHANGE_NONE: return '.';
-    case ALERT_CHANGE_TO_PENDING: return 'P';
-    case ALERT_CHANGE_TO_FIRING: return 'F';
-    case ALERT_CHANGE_TO_RESOLVED: return 'R';
-    case ALERT_CHANGE_TO_INACTIVE: return 'I';
-    case ALERT_CHANGE_TO_SUPERSEDED: return 'S'; /* never from alert_step */
+    case ALERT_CHANGE_NONE:
+        return '.';
+    case ALERT_CHANGE_TO_PENDING:
+        return 'P';
+    case ALERT_CHANGE_TO_FIRING:
+        return 'F';
+    case ALERT_CHANGE_TO_RESOLVED:
+        return 'R';
+    case ALERT_CHANGE_TO_INACTIVE:
+        return 'I';
+    case ALERT_CHANGE_TO_SUPERSEDED:
+        return 'S'; /* never from alert_step */
     }
     return '?';
 }
@@ -118,14 +124,14 @@ static const struct {
     int64_t spacing;
     uint32_t persistence;
 } windowed_cases[] = {
-    {"BBB", "P.F", 25, 25, 3},                  /* disjoint windows: samples suffice */
-    {"BBBBBBBBBBB", "P.........F", 25, 5, 3},   /* 50 steps after the first breach */
+    {"BBB", "P.F", 25, 25, 3},                              /* disjoint windows: samples suffice */
+    {"BBBBBBBBBBB", "P.........F", 25, 5, 3},               /* 50 steps after the first breach */
     {"BBBBBBNBBBBBBBBBBB", "P.....IP.........F", 25, 5, 3}, /* a normal sample restarts */
-    {"BBBBBB", "P.....", 25, 5, 3},             /* a 25-step transient: never confirmed */
-    {"BBBBBB", "P....F", 50, 10, 2},            /* one more window */
-    {"BBB", "P.F", 0, 5, 3},                    /* a scalar: samples only */
-    {"BBB", "P.F", 5, 10, 3},                   /* gaps between windows */
-    {"BX", "PF", 25, 5, 3},                     /* non-finite pages at once */
+    {"BBBBBB", "P.....", 25, 5, 3},  /* a 25-step transient: never confirmed */
+    {"BBBBBB", "P....F", 50, 10, 2}, /* one more window */
+    {"BBB", "P.F", 0, 5, 3},         /* a scalar: samples only */
+    {"BBB", "P.F", 5, 10, 3},        /* gaps between windows */
+    {"BX", "PF", 25, 5, 3},          /* non-finite pages at once */
 };
 
 Test(alert_lifecycle, windowed_persistence)
@@ -135,8 +141,8 @@ Test(alert_lifecycle, windowed_persistence)
         r.persistence = windowed_cases[i].persistence;
         struct alert_state st;
         alert_state_init(&st);
-        struct alert_scope scope = {.layer = 0, .head = -1, .window = windowed_cases[i].window,
-                                    .rank = -1};
+        struct alert_scope scope = {
+            .layer = 0, .head = -1, .window = windowed_cases[i].window, .rank = -1};
         char got[64] = {0};
         size_t n = strlen(windowed_cases[i].in);
         for (size_t k = 0; k < n; k++) {
@@ -280,15 +286,23 @@ static const struct {
 } attribution_cases[] = {
     {{_, _, _, _, _, _}, false, ALERT_ATTR_NONE, "nothing open"},
     {{100, _, _, _, _, _}, false, ALERT_ATTR_ATTENTION_NUMERICS, "Delta2 alone"},
-    {{100, _, 90, _, _, _}, false, ALERT_ATTR_ATTENTION_NUMERICS,
+    {{100, _, 90, _, _, _},
+     false,
+     ALERT_ATTR_ATTENTION_NUMERICS,
      "weight norms grow under the attention fault: no optimizer evidence"},
     {{100, _, 90, 95, 120, _}, false, ALERT_ATTR_ATTENTION_NUMERICS, "symptoms follow"},
-    {{100, _, _, _, _, 130}, false, ALERT_ATTR_COMBINED,
+    {{100, _, _, _, _, 130},
+     false,
+     ALERT_ATTR_COMBINED,
      "the learning rate rises after the Delta2 collapse: a second, independent fault"},
-    {{100, 140, _, _, _, _}, false, ALERT_ATTR_ATTENTION_NUMERICS,
+    {{100, 140, _, _, _, _},
+     false,
+     ALERT_ATTR_ATTENTION_NUMERICS,
      "router growth after the Delta2 collapse: the model degrading"},
     {{100, 140, _, _, _, 160}, false, ALERT_ATTR_COMBINED, "router growth, then the rate rises"},
-    {{100, _, _, _, _, 60}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER,
+    {{100, _, _, _, _, 60},
+     false,
+     ALERT_ATTR_OPTIMIZER_HYPERPARAMETER,
      "too large a step first, then Delta2: the collapse may be its consequence"},
     {{100, 100, _, _, _, _}, false, ALERT_ATTR_COMBINED, "both at once"},
     {{100, _, _, _, _, 100}, false, ALERT_ATTR_COMBINED, "rate and collapse at once"},
@@ -366,15 +380,15 @@ Test(alert_attribution, every_evidence_set_is_labelled_consistently)
                 bool rb = e.first[DETECT_FAMILY_ROUTER_BALANCE] >= 0;
                 bool ls = e.first[DETECT_FAMILY_SCALAR_LOSS] >= 0;
                 enum alert_attribution want =
-                    nf                       ? ALERT_ATTR_NON_FINITE
-                    : d2 >= 0 && opt >= 0    ? (opt < d2                ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
-                                                : opt == d2 || lr >= 0 ? ALERT_ATTR_COMBINED
-                                                                       : ALERT_ATTR_ATTENTION_NUMERICS)
-                    : d2 >= 0                ? ALERT_ATTR_ATTENTION_NUMERICS
-                    : opt >= 0               ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
-                    : rb                     ? ALERT_ATTR_ROUTER_BALANCE
-                    : ls                     ? ALERT_ATTR_LOSS_SPIKE
-                                             : ALERT_ATTR_NONE;
+                    nf                    ? ALERT_ATTR_NON_FINITE
+                    : d2 >= 0 && opt >= 0 ? (opt < d2 ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
+                                             : opt == d2 || lr >= 0 ? ALERT_ATTR_COMBINED
+                                                                    : ALERT_ATTR_ATTENTION_NUMERICS)
+                    : d2 >= 0             ? ALERT_ATTR_ATTENTION_NUMERICS
+                    : opt >= 0            ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
+                    : rb                  ? ALERT_ATTR_ROUTER_BALANCE
+                    : ls                  ? ALERT_ATTR_LOSS_SPIKE
+                                          : ALERT_ATTR_NONE;
                 enum alert_attribution a = alert_attribute(&e);
                 cr_assert_eq(a, want, "families %#x late %#x nf %d", m, late, nf);
                 cr_assert_str_neq(alert_attribution_name(a), "unknown");
@@ -435,8 +449,7 @@ Test(alert_identity, keys_distinct_across_scopes_runs_rules)
     enum { N = sizeof ids / sizeof ids[0] };
     char keys[N][ALERT_KEY_MAX], dedups[N][ALERT_DEDUP_MAX];
     for (size_t i = 0; i < N; i++) {
-        cr_assert_gt(alert_key(ids[i].run, ids[i].rule, &ids[i].scope, keys[i], ALERT_KEY_MAX),
-                     0);
+        cr_assert_gt(alert_key(ids[i].run, ids[i].rule, &ids[i].scope, keys[i], ALERT_KEY_MAX), 0);
         cr_assert_eq(alert_dedup_key(keys[i], dedups[i], ALERT_DEDUP_MAX), 0);
     }
     for (size_t i = 0; i < N; i++)
@@ -456,8 +469,8 @@ Test(alert_identity, key_limits)
     char rule[DETECT_NAME_MAX];
     memset(rule, '=', sizeof rule);
     rule[DETECT_NAME_MAX - 1] = '\0';
-    struct alert_scope big = {.layer = INT32_MIN, .head = INT32_MIN, .window = INT32_MIN,
-                              .rank = INT32_MIN};
+    struct alert_scope big = {
+        .layer = INT32_MIN, .head = INT32_MIN, .window = INT32_MIN, .rank = INT32_MIN};
     char key[ALERT_KEY_MAX];
     int n = alert_key(run, rule, &big, key, sizeof key);
     cr_assert_gt(n, 0, "ALERT_KEY_MAX must fit the worst case (rc %d)", n);
@@ -517,13 +530,13 @@ Test(alert_state, encode_decode_roundtrip_and_rejects)
         uint8_t value;
         int rc;
     } cases[] = {
-        {0, 'X', -EINVAL},    /* magic */
-        {4, 9, -ENOTSUP},     /* version */
-        {6, 4, -EINVAL},      /* state out of range */
-        {7, 2, -EINVAL},      /* severity out of range */
-        {8, 9, -EINVAL},      /* breach kind out of range */
-        {9, 2, -EINVAL},      /* flags */
-        {10, 1, -EINVAL},     /* reserved */
+        {0, 'X', -EINVAL},           /* magic */
+        {4, 9, -ENOTSUP},            /* version */
+        {6, 4, -EINVAL},             /* state out of range */
+        {7, 2, -EINVAL},             /* severity out of range */
+        {8, 9, -EINVAL},             /* breach kind out of range */
+        {9, 2, -EINVAL},             /* flags */
+        {10, 1, -EINVAL},            /* reserved */
         {6, ALERT_PENDING, -EINVAL}, /* pending with breach_run... (see below) */
     };
     struct alert_state sentinel;
@@ -549,7 +562,7 @@ Test(alert_names, names_round_trip)
 {
     for (int a = 0; a < ALERT_ATTR_COUNT; a++) {
         const char *name = alert_attribution_name((enum alert_attribution)a);
-        enum alert_attribution back = (enum alert_attribution)-1;
+        enum alert_attribution back = (enum alert_attribution) - 1;
         cr_assert_str_neq(name, "unknown");
         cr_assert_eq(alert_attribution_parse(name, strlen(name), &back), 0, "%s", name);
         cr_assert_eq(back, a, "%s", name);
@@ -564,7 +577,7 @@ Test(alert_names, names_round_trip)
 
     for (int s = 0; s <= DETECT_SEVERITY_CRITICAL; s++) {
         const char *name = detect_severity_name((enum detect_severity)s);
-        enum detect_severity back = (enum detect_severity)-1;
+        enum detect_severity back = (enum detect_severity) - 1;
         cr_assert_str_eq(name, detect_severity_names[s]);
         cr_assert_eq(detect_severity_parse(name, strlen(name), &back), 0, "%s", name);
         cr_assert_eq(back, s, "%s", name);
@@ -702,31 +715,74 @@ struct scenario {
 #define TI ALERT_CHANGE_TO_INACTIVE
 
 static const struct scenario scenarios[] = {
-    {"transient dip of two samples does not fire", 200, 0, 1, {{"qk.d2.erank", erank_dip2}},
-     2, {{0, 100, TP, 0, W}, {0, 102, TI, 0, W}}},
-    {"transient dip of one sample does not fire", 200, 0, 1, {{"qk.d2.erank", erank_dip1}},
-     2, {{0, 100, TP, 0, W}, {0, 101, TI, 0, W}}},
+    {"transient dip of two samples does not fire",
+     200,
+     0,
+     1,
+     {{"qk.d2.erank", erank_dip2}},
+     2,
+     {{0, 100, TP, 0, W}, {0, 102, TI, 0, W}}},
+    {"transient dip of one sample does not fire",
+     200,
+     0,
+     1,
+     {{"qk.d2.erank", erank_dip1}},
+     2,
+     {{0, 100, TP, 0, W}, {0, 101, TI, 0, W}}},
     {"healthy noisy series never alerts", 400, 0, 1, {{"qk.d2.erank", erank_healthy}}, 0, {{0}}},
-    {"sustained collapse fires at the persistence count and resolves", 200, 0, 1,
+    {"sustained collapse fires at the persistence count and resolves",
+     200,
+     0,
+     1,
      {{"qk.d2.erank", erank_collapse}},
      3,
      {{0, 120, TP, 0, W}, {0, 122, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}, {0, 154, TR, 0, W}}},
-    {"detect_from_step delays the same collapse", 200, 130, 1, {{"qk.d2.erank", erank_collapse}},
+    {"detect_from_step delays the same collapse",
+     200,
+     130,
+     1,
+     {{"qk.d2.erank", erank_collapse}},
      3,
      {{0, 130, TP, 0, W}, {0, 132, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}, {0, 154, TR, 0, W}}},
-    {"detect_from_step after the collapse: nothing", 200, 150, 1,
-     {{"qk.d2.erank", erank_collapse}}, 0, {{0}}},
-    {"NaN fires at once, critical, non-finite", 100, 0, 1, {{"qk.d2.erank", erank_nan}}, 2,
+    {"detect_from_step after the collapse: nothing",
+     200,
+     150,
+     1,
+     {{"qk.d2.erank", erank_collapse}},
+     0,
+     {{0}}},
+    {"NaN fires at once, critical, non-finite",
+     100,
+     0,
+     1,
+     {{"qk.d2.erank", erank_nan}},
+     2,
      {{0, 50, TF, ALERT_ATTR_NON_FINITE, C}, {0, 55, TR, 0, C}}},
-    {"absent sample neither breaks nor extends a breach run", 120, 0, 1,
-     {{"qk.d2.erank", erank_gap}}, 2,
+    {"absent sample neither breaks nor extends a breach run",
+     120,
+     0,
+     1,
+     {{"qk.d2.erank", erank_gap}},
+     2,
      {{0, 100, TP, 0, W}, {0, 103, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}}},
-    {"steady router energy trend does not fire", 1000, 0, 1,
-     {{"router.centered_energy", energy_trend}}, 0, {{0}}},
-    {"router similarity ramp: optimizer-hyperparameter", 130, 0, 1,
-     {{"router.similarity", sim_ramp}}, 2,
+    {"steady router energy trend does not fire",
+     1000,
+     0,
+     1,
+     {{"router.centered_energy", energy_trend}},
+     0,
+     {{0}}},
+    {"router similarity ramp: optimizer-hyperparameter",
+     130,
+     0,
+     1,
+     {{"router.similarity", sim_ramp}},
+     2,
      {{0, 100, TP, 0, W}, {0, 102, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W}}},
-    {"Delta2 collapse with router ramp: combined", 130, 0, 3,
+    {"Delta2 collapse with router ramp: combined",
+     130,
+     0,
+     3,
      {{"qk.d2.erank", erank_collapse_from_100},
       {"router.similarity", sim_ramp},
       {"router.centered_energy", energy_trend}},
@@ -735,15 +791,33 @@ static const struct scenario scenarios[] = {
       {1, 100, TP, 0, W},
       {0, 102, TF, ALERT_ATTR_COMBINED, W},
       {1, 102, TF, ALERT_ATTR_COMBINED, W}}},
-    {"Delta2 collapse with healthy router: attention-numerics", 130, 0, 2,
-     {{"qk.d2.erank", erank_collapse_from_100}, {"router.similarity", erank_healthy}}, 2,
+    {"Delta2 collapse with healthy router: attention-numerics",
+     130,
+     0,
+     2,
+     {{"qk.d2.erank", erank_collapse_from_100}, {"router.similarity", erank_healthy}},
+     2,
      {{0, 100, TP, 0, W}, {0, 102, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}}},
-    {"a one-step loss spike does not page", 120, 0, 1, {{"loss", loss_spike}}, 2,
+    {"a one-step loss spike does not page",
+     120,
+     0,
+     1,
+     {{"loss", loss_spike}},
+     2,
      {{0, 80, TP, 0, W}, {0, 81, TI, 0, W}}},
-    {"a sustained loss rise fires on its third step", 120, 0, 1, {{"loss", loss_rise}}, 2,
+    {"a sustained loss rise fires on its third step",
+     120,
+     0,
+     1,
+     {{"loss", loss_rise}},
+     2,
      {{0, 80, TP, 0, W}, {0, 82, TF, ALERT_ATTR_LOSS_SPIKE, W}}},
-    {"MaxVio jump alone: router-balance", 130, 0, 2,
-     {{"router.maxvio", maxvio_jump}, {"loss", loss_spike}}, 4,
+    {"MaxVio jump alone: router-balance",
+     130,
+     0,
+     2,
+     {{"router.maxvio", maxvio_jump}, {"loss", loss_spike}},
+     4,
      {{1, 80, TP, 0, W},
       {1, 81, TI, 0, W},
       {0, 100, TP, 0, W},
@@ -759,10 +833,9 @@ struct logged {
 static bool transition_eq(const struct alert_transition *a, const struct alert_transition *b)
 {
     return a->change == b->change && a->from == b->from && a->to == b->to &&
-           strcmp(a->rule, b->rule) == 0 && a->family == b->family &&
-           a->severity == b->severity && a->breach_kind == b->breach_kind &&
-           memcmp(&a->scope, &b->scope, sizeof a->scope) == 0 && a->step == b->step &&
-           same_double(a->time, b->time) && same_double(a->value, b->value) &&
+           strcmp(a->rule, b->rule) == 0 && a->family == b->family && a->severity == b->severity &&
+           a->breach_kind == b->breach_kind && memcmp(&a->scope, &b->scope, sizeof a->scope) == 0 &&
+           a->step == b->step && same_double(a->time, b->time) && same_double(a->value, b->value) &&
            same_double(a->median, b->median) && same_double(a->mad, b->mad) &&
            same_double(a->z, b->z) && a->non_finite == b->non_finite &&
            a->first_breach_step == b->first_breach_step && a->fired_step == b->fired_step &&
@@ -832,8 +905,8 @@ static void check_expected(const struct scenario *sc, const struct logged *log, 
     for (int k = 0; k < n && k < sc->nexpect; k++) {
         const struct expect *e = &sc->expect[k];
         cr_assert_eq(log[k].series, e->series, "%s #%d series", sc->name, k);
-        cr_assert_eq(log[k].tr.step, e->step, "%s #%d: %s at step %lld, want %lld", sc->name,
-                     k, alert_change_name(log[k].tr.change), (long long)log[k].tr.step,
+        cr_assert_eq(log[k].tr.step, e->step, "%s #%d: %s at step %lld, want %lld", sc->name, k,
+                     alert_change_name(log[k].tr.change), (long long)log[k].tr.step,
                      (long long)e->step);
         cr_assert_eq(log[k].tr.change, e->change, "%s #%d: %s, want %s", sc->name, k,
                      alert_change_name(log[k].tr.change), alert_change_name(e->change));
@@ -842,8 +915,8 @@ static void check_expected(const struct scenario *sc, const struct logged *log, 
             cr_assert_eq(log[k].attr, e->attr, "%s #%d: %s, want %s", sc->name, k,
                          alert_attribution_name(log[k].attr), alert_attribution_name(e->attr));
     }
-    cr_assert_eq(n, sc->nexpect, "%s: %d transitions, want %d (first extra: %s at %lld)",
-                 sc->name, n, sc->nexpect,
+    cr_assert_eq(n, sc->nexpect, "%s: %d transitions, want %d (first extra: %s at %lld)", sc->name,
+                 n, sc->nexpect,
                  n > sc->nexpect ? alert_change_name(log[sc->nexpect].tr.change) : "-",
                  n > sc->nexpect ? (long long)log[sc->nexpect].tr.step : -1LL);
 }
@@ -893,8 +966,8 @@ Test(alert_scenarios, restart_anywhere_changes_nothing)
                 cr_assert_eq(again[k].series, plain[k].series);
                 cr_assert_eq(again[k].attr, plain[k].attr);
                 cr_assert(transition_eq(&again[k].tr, &plain[k].tr),
-                          "%s: restart at %lld: transition %d differs", sc->name,
-                          (long long)cut, k);
+                          "%s: restart at %lld: transition %d differs", sc->name, (long long)cut,
+                          k);
             }
         }
     }

@@ -112,9 +112,9 @@ Test(client_advice, bounded)
         cr_assert_eq(out.advice_id, i);
     }
     uint64_t ids[1];
-    cr_expect_eq(packed_acks(&b, ids, 1),
-                 FSC_MAX_PENDING_ADVICE < FSC_ADVICE_ACKS_PER_FRAME ? FSC_MAX_PENDING_ADVICE
-                                                                    : FSC_ADVICE_ACKS_PER_FRAME);
+    cr_expect_eq(packed_acks(&b, ids, 1), FSC_MAX_PENDING_ADVICE < FSC_ADVICE_ACKS_PER_FRAME
+                                              ? FSC_MAX_PENDING_ADVICE
+                                              : FSC_ADVICE_ACKS_PER_FRAME);
     /* Now there is room for the one that was dropped (the daemon resends it). */
     cr_expect_eq(fsc_advice_box_put(&b, &extra), 1);
     fsc_advice_box_free(&b);
@@ -140,8 +140,7 @@ Test(client_advice, older_struct_size)
 
 Test(client_advice, poll_without_advice)
 {
-    cr_expect_str_eq(fsc_advice_action_name(FSC_ADVICE_CHECKPOINT_AND_STOP),
-                     "checkpoint_and_stop");
+    cr_expect_str_eq(fsc_advice_action_name(FSC_ADVICE_CHECKPOINT_AND_STOP), "checkpoint_and_stop");
     cr_expect_str_eq(fsc_advice_action_name(0), "unknown");
     struct fsc_advice out = {.size = sizeof out};
     cr_expect_eq(fsc_poll_advice(NULL, &out), -EINVAL);

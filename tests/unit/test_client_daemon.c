@@ -247,7 +247,8 @@ static void submit_steps(fsc_client *c, uint64_t from, uint64_t to)
         fsc_report_set_grad_norm(r, 1.0);
         fsc_report_set_lr(r, 1e-4);
         if (step % 10 == 0)
-            cr_assert_eq(fsc_report_add_attention_gram(r, 0, 0, FSC_KV_HEAD_NONE, 10, 4, 0, 1, g, g), 0);
+            cr_assert_eq(
+                fsc_report_add_attention_gram(r, 0, 0, FSC_KV_HEAD_NONE, 10, 4, 0, 1, g, g), 0);
         cr_assert_eq(fsc_submit(c, r), 0, "step %llu", (unsigned long long)step);
     }
 }
@@ -380,14 +381,18 @@ Test(client_daemon, cli_simulates_and_queries_with_pagination, .timeout = 180)
     daemon_init(&d);
     daemon_start(&d, 0);
 
-    int rc = cli(&d, &out, "simulate --endpoint 127.0.0.1:%u --run cli-run --ranks 2 --steps 30 "
+    int rc = cli(&d, &out,
+                 "simulate --endpoint 127.0.0.1:%u --run cli-run --ranks 2 --steps 30 "
                  "--layers 1 --heads 2 --dh 4 --d 8 --sketch-every 5 --window 7",
                  (unsigned)d.ingest);
     cr_assert_eq(rc, 0, "simulate exit %d: %s", rc, out);
     char *sum = strstr(out, "simulate: run=cli-run ranks=2 steps=30 ");
     cr_assert(sum, "no summary line: %s", out);
-    cr_assert_eq(sscanf(sum, "simulate: run=cli-run ranks=2 steps=30 submitted=%llu acked=%llu "
-                        "dropped=%llu reconnects=%llu", &sub, &ack, &drop, &rec), 4);
+    cr_assert_eq(sscanf(sum,
+                        "simulate: run=cli-run ranks=2 steps=30 submitted=%llu acked=%llu "
+                        "dropped=%llu reconnects=%llu",
+                        &sub, &ack, &drop, &rec),
+                 4);
     cr_expect(sub == 60 && ack == 60 && drop == 0, "%s", sum);
     free(out);
     rc = cli(&d, &out, "simulate --endpoint 127.0.0.1:%u --run cli-other --steps 3 --no-sketches",
@@ -409,10 +414,11 @@ Test(client_daemon, cli_simulates_and_queries_with_pagination, .timeout = 180)
     json_t *series = json_object_get(doc, "series"), *s;
     size_t i, ranked = 0;
     json_int_t loss_id = 0;
-    json_array_foreach(series, i, s)
-        ranked += json_object_get(json_object_get(s, "labels"), "rank") != NULL;
+    json_array_foreach(series, i, s) ranked +=
+        json_object_get(json_object_get(s, "labels"), "rank") != NULL;
     cr_expect_eq(ranked, 12);
-    json_array_foreach(series, i, s) {
+    json_array_foreach(series, i, s)
+    {
         json_t *rank = json_object_get(json_object_get(s, "labels"), "rank");
         if (!strcmp(json_string_value(json_object_get(s, "name")), "loss") &&
             json_integer_value(rank) == 1)
@@ -423,7 +429,8 @@ Test(client_daemon, cli_simulates_and_queries_with_pagination, .timeout = 180)
 
     /* points: pages of 7 up to --limit 25, resumable from next_from. */
     char args[128];
-    snprintf(args, sizeof(args), "points --series %lld --page-size 7 --limit 25", (long long)loss_id);
+    snprintf(args, sizeof(args), "points --series %lld --page-size 7 --limit 25",
+             (long long)loss_id);
     doc = cli_json(&d, args);
     json_t *pts = json_object_get(doc, "points");
     cr_assert_eq(json_array_size(pts), 25);

@@ -59,14 +59,18 @@ static void expect_close(const float *got, const double *ref, size_t n, const ch
 
 Test(client_gram, tri_len)
 {
-    static const struct { size_t n, want; } cases[] = {{0, 0}, {1, 1}, {2, 3}, {64, 2080}, {256, 32896}};
+    static const struct {
+        size_t n, want;
+    } cases[] = {{0, 0}, {1, 1}, {2, 3}, {64, 2080}, {256, 32896}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         cr_expect_eq(fsc_tri_len(cases[i].n), cases[i].want, "n=%zu", cases[i].n);
 }
 
 Test(client_gram, upper_matches_naive_for_many_shapes)
 {
-    static const struct { size_t rows, cols; } cases[] = {
+    static const struct {
+        size_t rows, cols;
+    } cases[] = {
         {1, 1}, {1, 9}, {7, 1}, {5, 3}, {3, 17}, {17, 5}, {64, 256}, {128, 33}, {33, 128},
     };
     rng_state = 42;
@@ -88,7 +92,10 @@ Test(client_gram, upper_matches_naive_for_many_shapes)
 Test(client_gram, upper_rejects_bad_arguments)
 {
     float x[4] = {1, 2, 3, 4}, out[3];
-    static const struct { int null_x, null_out; size_t rows, cols; } cases[] = {
+    static const struct {
+        int null_x, null_out;
+        size_t rows, cols;
+    } cases[] = {
         {1, 0, 2, 2}, {0, 1, 2, 2}, {0, 0, 0, 2}, {0, 0, 2, 0}, {0, 0, FSC_MAX_GRAM_ROWS + 1, 2},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
@@ -117,13 +124,16 @@ static void reference_attention(const float *wq, const float *wk, const float *w
 
 Test(client_gram, attention_grams_match_definition)
 {
-    static const struct { size_t dh, d; } cases[] = {{1, 1}, {2, 3}, {4, 64}, {16, 8}, {32, 96}};
+    static const struct {
+        size_t dh, d;
+    } cases[] = {{1, 1}, {2, 3}, {4, 64}, {16, 8}, {32, 96}};
     rng_state = 7;
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         size_t dh = cases[c].dh, d = cases[c].d, n = 2 * dh;
         float *wq = random_matrix(dh, d), *wk = random_matrix(dh, d);
         float *wq0 = random_matrix(dh, d), *wk0 = random_matrix(dh, d);
-        float *ga = malloc(fsc_tri_len(n) * sizeof(float)), *gb = malloc(fsc_tri_len(n) * sizeof(float));
+        float *ga = malloc(fsc_tri_len(n) * sizeof(float)),
+              *gb = malloc(fsc_tri_len(n) * sizeof(float));
         double *rga, *rgb;
         reference_attention(wq, wk, wq0, wk0, dh, d, &rga, &rgb);
         cr_assert_eq(fsc_attention_grams(wq, wk, wq0, wk0, dh, d, ga, gb), 0);
@@ -138,7 +148,8 @@ Test(client_gram, attention_grams_match_definition)
 Test(client_gram, attention_grams_are_additive_over_d_shards)
 {
     const size_t dh = 8, d = 48, shards = 3, ds = d / shards, n = 2 * dh, tri = fsc_tri_len(n);
-    float *w[4], *part[4], *full_ga = malloc(tri * sizeof(float)), *full_gb = malloc(tri * sizeof(float));
+    float *w[4], *part[4], *full_ga = malloc(tri * sizeof(float)),
+                           *full_gb = malloc(tri * sizeof(float));
     double *sum_ga = calloc(tri, sizeof(double)), *sum_gb = calloc(tri, sizeof(double));
     float *ga = malloc(tri * sizeof(float)), *gb = malloc(tri * sizeof(float));
 

@@ -83,7 +83,8 @@ static void send_frame(int fd, const Foreshock__Frame *f)
 {
     size_t n = foreshock__frame__get_packed_size(f);
     uint8_t *buf = malloc(4 + n);
-    buf[0] = (uint8_t)(n >> 24), buf[1] = (uint8_t)(n >> 16), buf[2] = (uint8_t)(n >> 8), buf[3] = (uint8_t)n;
+    buf[0] = (uint8_t)(n >> 24), buf[1] = (uint8_t)(n >> 16), buf[2] = (uint8_t)(n >> 8),
+    buf[3] = (uint8_t)n;
     foreshock__frame__pack(f, buf + 4);
     cr_assert_eq(write(fd, buf, 4 + n), (ssize_t)(4 + n));
     free(buf);
@@ -223,7 +224,8 @@ static int submit_step(fsc_client *c, uint64_t step, uint32_t dh)
     if (dh) {
         size_t tri = fsc_tri_len(2 * (size_t)dh);
         float *g = calloc(tri, sizeof(float));
-        cr_assert_eq(fsc_report_add_attention_gram(r, 0, 0, FSC_KV_HEAD_NONE, 1, dh, 0, 1, g, g), 0);
+        cr_assert_eq(fsc_report_add_attention_gram(r, 0, 0, FSC_KV_HEAD_NONE, 1, dh, 0, 1, g, g),
+                     0);
         free(g);
     }
     return fsc_submit(c, r);
@@ -285,9 +287,14 @@ Test(client_io, hello_carries_the_stream_identity)
     o.world_size = 8;
     o.token = "sekrit";
     o.detect_from_step = 500;
-    o.model = (struct fsc_model_shape){.n_layers = 12, .n_heads = 8, .d_model = 512,
-                                       .d_head = 64, .n_experts = 16, .top_k = 2,
-                                       .moe_layers = moe, .n_moe_layers = 2};
+    o.model = (struct fsc_model_shape){.n_layers = 12,
+                                       .n_heads = 8,
+                                       .d_model = 512,
+                                       .d_head = 64,
+                                       .n_experts = 16,
+                                       .top_k = 2,
+                                       .moe_layers = moe,
+                                       .n_moe_layers = 2};
     cr_assert_eq(fsc_open(&o, &c, NULL, 0), 0);
     int fd = fake_accept(&fk);
     Foreshock__Frame *f = read_frame(fd);

@@ -58,7 +58,10 @@ static fsc_report *report_at(uint64_t step, double loss)
  * without the token, then every report with seq 1..n in submission order. */
 Test(client_record, writes_hello_and_every_report)
 {
-    static const struct { int record_only; const char *what; } cases[] = {
+    static const struct {
+        int record_only;
+        const char *what;
+    } cases[] = {
         {1, "record only"},
         {0, "daemon unreachable"},
     };

@@ -57,7 +57,12 @@ Test(client_report, full_report_round_trips_through_protobuf_c)
     float d2[4] = {4, 3, 2, 1}, d3[2] = {0.5f, 0.25f};
     uint64_t load[3] = {10, 0, 7};
     double sum_p[3] = {5.5, 1.25, 10.25};
-    struct fsc_spectrum sp = {.d2 = d2, .n_d2 = 4, .d3 = d3, .n_d3 = 2, .q_sq = 2.0, .cqk = 0.125,
+    struct fsc_spectrum sp = {.d2 = d2,
+                              .n_d2 = 4,
+                              .d3 = d3,
+                              .n_d3 = 2,
+                              .q_sq = 2.0,
+                              .cqk = 0.125,
                               .has = FSC_SPECTRUM_HAS_Q_SQ | FSC_SPECTRUM_HAS_CQK};
     fsc_report *r = fsc_report_new(1234);
     uint8_t *frame;
@@ -114,13 +119,15 @@ Test(client_report, full_report_round_trips_through_protobuf_c)
         cr_expect(le_float(a->gram->gb.data + 4 * i) == gb[i], "gb[%u]", i);
     }
     a = m->attention[1];
-    cr_expect(a->layer == 2 && a->head == 5 && a->window == 20 && a->has_kv_head && a->kv_head == 1);
+    cr_expect(a->layer == 2 && a->head == 5 && a->window == 20 && a->has_kv_head &&
+              a->kv_head == 1);
     cr_assert_eq(a->kind_case, FORESHOCK__ATTENTION_SKETCH__KIND_SPECTRUM);
     cr_assert(a->spectrum->n_d2 == 4 && a->spectrum->n_d3 == 2 && a->spectrum->n_d1 == 0);
     cr_expect(a->spectrum->d2[0] == 4 && a->spectrum->d3[1] == 0.25f);
     cr_expect(a->spectrum->has_q_sq && a->spectrum->q_sq == 2.0);
     cr_expect(a->spectrum->has_cqk && a->spectrum->cqk == 0.125);
-    cr_expect(!a->spectrum->has_q_delta_sq && !a->spectrum->has_k_sq && !a->spectrum->has_k_delta_sq);
+    cr_expect(!a->spectrum->has_q_delta_sq && !a->spectrum->has_k_sq &&
+              !a->spectrum->has_k_delta_sq);
 
     cr_assert_eq(m->n_router_gram, 1);
     cr_expect(m->router_gram[0]->layer == 7 && m->router_gram[0]->n_experts == 3);
@@ -197,9 +204,12 @@ Test(client_report, setters_validate_values)
     struct fsc_spectrum s = {.d2 = d2, .n_d2 = 4, .d3 = d3, .n_d3 = 2};
     struct fsc_spectrum s_odd = {.d2 = d2, .n_d2 = 3, .d3 = d3, .n_d3 = 2};
     struct fsc_spectrum s_neg = {.d2 = d2, .n_d2 = 4, .d3 = d3neg, .n_d3 = 2};
-    struct fsc_spectrum s_cqk = {.d2 = d2, .n_d2 = 4, .d3 = d3, .n_d3 = 2, .cqk = 1.5,
-                                 .has = FSC_SPECTRUM_HAS_CQK};
-    struct { const char *what; int got, want; } cases[] = {
+    struct fsc_spectrum s_cqk = {
+        .d2 = d2, .n_d2 = 4, .d3 = d3, .n_d3 = 2, .cqk = 1.5, .has = FSC_SPECTRUM_HAS_CQK};
+    struct {
+        const char *what;
+        int got, want;
+    } cases[] = {
         {"loss inf", fsc_report_set_loss(r, INFINITY), 0},
         {"grad_norm nan", fsc_report_set_grad_norm(r, NAN), 0},
         {"lr nan", fsc_report_set_lr(r, NAN), -EINVAL},
@@ -215,13 +225,17 @@ Test(client_report, setters_validate_values)
         {"ratios clear", fsc_report_set_layer_update_ratios(r, NULL, 0), 0},
         {"gram ok", fsc_report_add_attention_gram(r, 0, 0, 0, 1, 1, 0, 1, g, g), 0},
         {"gram dh 0", fsc_report_add_attention_gram(r, 0, 0, 0, 1, 0, 0, 1, g, g), -EINVAL},
-        {"gram dh big", fsc_report_add_attention_gram(r, 0, 0, 0, 1, FSC_MAX_DH + 1, 0, 1, g, g), -EINVAL},
+        {"gram dh big", fsc_report_add_attention_gram(r, 0, 0, 0, 1, FSC_MAX_DH + 1, 0, 1, g, g),
+         -EINVAL},
         {"gram window 0", fsc_report_add_attention_gram(r, 0, 0, 0, 0, 1, 0, 1, g, g), -EINVAL},
         {"gram shard idx", fsc_report_add_attention_gram(r, 0, 0, 0, 1, 1, 2, 2, g, g), -EINVAL},
         {"gram shard 0", fsc_report_add_attention_gram(r, 0, 0, 0, 1, 1, 0, 0, g, g), -EINVAL},
-        {"gram layer", fsc_report_add_attention_gram(r, FSC_MAX_LAYERS, 0, 0, 1, 1, 0, 1, g, g), -EINVAL},
-        {"gram head", fsc_report_add_attention_gram(r, 0, FSC_MAX_HEADS, 0, 1, 1, 0, 1, g, g), -EINVAL},
-        {"gram kv_head", fsc_report_add_attention_gram(r, 0, 0, FSC_MAX_HEADS, 1, 1, 0, 1, g, g), -EINVAL},
+        {"gram layer", fsc_report_add_attention_gram(r, FSC_MAX_LAYERS, 0, 0, 1, 1, 0, 1, g, g),
+         -EINVAL},
+        {"gram head", fsc_report_add_attention_gram(r, 0, FSC_MAX_HEADS, 0, 1, 1, 0, 1, g, g),
+         -EINVAL},
+        {"gram kv_head", fsc_report_add_attention_gram(r, 0, 0, FSC_MAX_HEADS, 1, 1, 0, 1, g, g),
+         -EINVAL},
         {"gram NULL", fsc_report_add_attention_gram(r, 0, 0, 0, 1, 1, 0, 1, NULL, g), -EINVAL},
         {"spectrum ok", fsc_report_add_attention_spectrum(r, 0, 0, 0, 1, &s), 0},
         {"spectrum d2 != 2*d3", fsc_report_add_attention_spectrum(r, 0, 0, 0, 1, &s_odd), -EINVAL},
@@ -230,18 +244,23 @@ Test(client_report, setters_validate_values)
         {"spectrum NULL", fsc_report_add_attention_spectrum(r, 0, 0, 0, 1, NULL), -EINVAL},
         {"router gram ok", fsc_report_add_router_gram(r, 0, 2, 0, 1, g), 0},
         {"router gram E 0", fsc_report_add_router_gram(r, 0, 0, 0, 1, g), -EINVAL},
-        {"router gram E big", fsc_report_add_router_gram(r, 0, FSC_MAX_EXPERTS + 1, 0, 1, g), -EINVAL},
+        {"router gram E big", fsc_report_add_router_gram(r, 0, FSC_MAX_EXPERTS + 1, 0, 1, g),
+         -EINVAL},
         {"tokens ok", fsc_report_add_router_tokens(r, 0, 2, 9, 1, 1, 1, load, sp), 0},
-        {"tokens sum_h nan", fsc_report_add_router_tokens(r, 0, 2, 9, NAN, 1, 1, load, sp), -EINVAL},
-        {"tokens sum_h2 < 0", fsc_report_add_router_tokens(r, 0, 2, 9, 1, -1, 1, load, sp), -EINVAL},
-        {"tokens sum_p < 0", fsc_report_add_router_tokens(r, 0, 2, 9, 1, 1, 1, load, spneg), -EINVAL},
-        {"tokens sum_p nan", fsc_report_add_router_tokens(r, 0, 2, 9, 1, 1, 1, load, spnan), -EINVAL},
+        {"tokens sum_h nan", fsc_report_add_router_tokens(r, 0, 2, 9, NAN, 1, 1, load, sp),
+         -EINVAL},
+        {"tokens sum_h2 < 0", fsc_report_add_router_tokens(r, 0, 2, 9, 1, -1, 1, load, sp),
+         -EINVAL},
+        {"tokens sum_p < 0", fsc_report_add_router_tokens(r, 0, 2, 9, 1, 1, 1, load, spneg),
+         -EINVAL},
+        {"tokens sum_p nan", fsc_report_add_router_tokens(r, 0, 2, 9, 1, 1, 1, load, spnan),
+         -EINVAL},
         {"tokens NULL load", fsc_report_add_router_tokens(r, 0, 2, 9, 1, 1, 1, NULL, sp), -EINVAL},
         {"NULL report", fsc_report_set_loss(NULL, 1), -EINVAL},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-        cr_expect_eq(cases[i].got, cases[i].want, "%s: got %d want %d", cases[i].what,
-                     cases[i].got, cases[i].want);
+        cr_expect_eq(cases[i].got, cases[i].want, "%s: got %d want %d", cases[i].what, cases[i].got,
+                     cases[i].want);
     fsc_report_free(r);
     fsc_report_free(NULL);
 }
@@ -435,10 +454,12 @@ Test(client_wire, placeholder_keeps_step_and_time_only)
 
 Test(client_backoff, delays_grow_and_stay_within_bounds)
 {
-    static const struct { unsigned attempt, min, max, lo, hi; } cases[] = {
-        {0, 100, 5000, 0, 0},       {1, 100, 5000, 50, 100},    {2, 100, 5000, 100, 200},
-        {4, 100, 5000, 400, 800},   {7, 100, 5000, 2500, 5000}, {60, 100, 5000, 2500, 5000},
-        {1000, 100, 5000, 2500, 5000}, {3, 250, 250, 125, 250}, {1, 1, 1, 0, 1},
+    static const struct {
+        unsigned attempt, min, max, lo, hi;
+    } cases[] = {
+        {0, 100, 5000, 0, 0},          {1, 100, 5000, 50, 100},    {2, 100, 5000, 100, 200},
+        {4, 100, 5000, 400, 800},      {7, 100, 5000, 2500, 5000}, {60, 100, 5000, 2500, 5000},
+        {1000, 100, 5000, 2500, 5000}, {3, 250, 250, 125, 250},    {1, 1, 1, 0, 1},
     };
     uint64_t rng = 1;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
@@ -522,27 +543,66 @@ Test(client_wire, reader_refuses_bad_lengths_and_garbage)
 
 /* ---- options ------------------------------------------------------------------- */
 
-enum opt_case { OK, NULL_OPTS, SMALL_SIZE, BIG_SIZE_NONZERO, NO_RUN, EMPTY_RUN, BAD_CHARS, LONG_RUN,
-                WORLD_0, RANK_EQ_WORLD, BACKOFF_ORDER, BACKOFF_MAX, REPLAY_SMALL, REPLAY_BIG,
-                TOKEN_LONG, HOST_EMPTY, MOE_NULL, REPORT_BIG, OLD_SIZE, RECORD_ONLY_NO_PATH,
-                RECORD_BAD_DIR };
+enum opt_case {
+    OK,
+    NULL_OPTS,
+    SMALL_SIZE,
+    BIG_SIZE_NONZERO,
+    NO_RUN,
+    EMPTY_RUN,
+    BAD_CHARS,
+    LONG_RUN,
+    WORLD_0,
+    RANK_EQ_WORLD,
+    BACKOFF_ORDER,
+    BACKOFF_MAX,
+    REPLAY_SMALL,
+    REPLAY_BIG,
+    TOKEN_LONG,
+    HOST_EMPTY,
+    MOE_NULL,
+    REPORT_BIG,
+    OLD_SIZE,
+    RECORD_ONLY_NO_PATH,
+    RECORD_BAD_DIR
+};
 
 Test(client_options, open_validates)
 {
-    static const struct { enum opt_case c; int want; } cases[] = {
-        {NULL_OPTS, -EINVAL},     {SMALL_SIZE, -EINVAL},   {BIG_SIZE_NONZERO, -E2BIG},
-        {NO_RUN, -EINVAL},        {EMPTY_RUN, -EINVAL},    {BAD_CHARS, -EINVAL},
-        {LONG_RUN, -EINVAL},      {WORLD_0, -EINVAL},      {RANK_EQ_WORLD, -EINVAL},
-        {BACKOFF_ORDER, -EINVAL}, {BACKOFF_MAX, -EINVAL},  {REPLAY_SMALL, -EINVAL},
-        {REPLAY_BIG, -EINVAL},    {TOKEN_LONG, -EINVAL},   {HOST_EMPTY, -EINVAL},
-        {MOE_NULL, -EINVAL},      {REPORT_BIG, -EINVAL},   {OK, 0},
-        {OLD_SIZE, 0},            {RECORD_ONLY_NO_PATH, -EINVAL}, {RECORD_BAD_DIR, -ENOENT},
+    static const struct {
+        enum opt_case c;
+        int want;
+    } cases[] = {
+        {NULL_OPTS, -EINVAL},
+        {SMALL_SIZE, -EINVAL},
+        {BIG_SIZE_NONZERO, -E2BIG},
+        {NO_RUN, -EINVAL},
+        {EMPTY_RUN, -EINVAL},
+        {BAD_CHARS, -EINVAL},
+        {LONG_RUN, -EINVAL},
+        {WORLD_0, -EINVAL},
+        {RANK_EQ_WORLD, -EINVAL},
+        {BACKOFF_ORDER, -EINVAL},
+        {BACKOFF_MAX, -EINVAL},
+        {REPLAY_SMALL, -EINVAL},
+        {REPLAY_BIG, -EINVAL},
+        {TOKEN_LONG, -EINVAL},
+        {HOST_EMPTY, -EINVAL},
+        {MOE_NULL, -EINVAL},
+        {REPORT_BIG, -EINVAL},
+        {OK, 0},
+        {OLD_SIZE, 0},
+        {RECORD_ONLY_NO_PATH, -EINVAL},
+        {RECORD_BAD_DIR, -ENOENT},
     };
     static char long_run[FSC_MAX_RUN_ID_LEN + 2], long_token[FSC_MAX_TOKEN_LEN + 2];
     memset(long_run, 'a', FSC_MAX_RUN_ID_LEN + 1);
     memset(long_token, 't', FSC_MAX_TOKEN_LEN + 1);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        struct { struct fsc_options o; unsigned char extra[16]; } big;
+        struct {
+            struct fsc_options o;
+            unsigned char extra[16];
+        } big;
         struct fsc_options *o = &big.o;
         fsc_client *c = (fsc_client *)&big; /* must be reset to NULL on failure */
         char err[FSC_ERROR_LEN] = "";
@@ -551,29 +611,74 @@ Test(client_options, open_validates)
         o->run_id = "run-1";
         o->port = 1; /* nothing listens there; the client only tries */
         switch (cases[i].c) {
-        case OK: break;
-        case NULL_OPTS: o = NULL; break;
-        case SMALL_SIZE: o->size = FSC_OPTIONS_MIN_SIZE - 8; break;
+        case OK:
+            break;
+        case NULL_OPTS:
+            o = NULL;
+            break;
+        case SMALL_SIZE:
+            o->size = FSC_OPTIONS_MIN_SIZE - 8;
+            break;
         /* A caller built against 0.1 (no record_* fields): accepted, the
          * missing fields read as zero even when the bytes beyond hold junk. */
-        case OLD_SIZE: o->size = FSC_OPTIONS_MIN_SIZE; o->record_only = 1; break;
-        case RECORD_ONLY_NO_PATH: o->record_only = 1; break;
-        case RECORD_BAD_DIR: o->record_path = "/nonexistent-dir/run.fsrec"; break;
-        case BIG_SIZE_NONZERO: o->size = sizeof(big); big.extra[3] = 1; break;
-        case NO_RUN: o->run_id = NULL; break;
-        case EMPTY_RUN: o->run_id = ""; break;
-        case BAD_CHARS: o->run_id = "run 1"; break;
-        case LONG_RUN: o->run_id = long_run; break;
-        case WORLD_0: o->world_size = 0; break;
-        case RANK_EQ_WORLD: o->world_size = 4; o->rank = 4; break;
-        case BACKOFF_ORDER: o->backoff_min_ms = 500; o->backoff_max_ms = 100; break;
-        case BACKOFF_MAX: o->backoff_max_ms = FSC_MAX_BACKOFF_MS + 1; break;
-        case REPLAY_SMALL: o->replay_max_bytes = FSC_MIN_REPLAY_BYTES - 1; break;
-        case REPLAY_BIG: o->replay_max_bytes = FSC_MAX_REPLAY_BYTES + 1; break;
-        case TOKEN_LONG: o->token = long_token; break;
-        case HOST_EMPTY: o->host = ""; break;
-        case MOE_NULL: o->model.n_moe_layers = 2; break;
-        case REPORT_BIG: o->max_report_bytes = FSC_MAX_REPORT_BYTES_LIMIT + 1; break;
+        case OLD_SIZE:
+            o->size = FSC_OPTIONS_MIN_SIZE;
+            o->record_only = 1;
+            break;
+        case RECORD_ONLY_NO_PATH:
+            o->record_only = 1;
+            break;
+        case RECORD_BAD_DIR:
+            o->record_path = "/nonexistent-dir/run.fsrec";
+            break;
+        case BIG_SIZE_NONZERO:
+            o->size = sizeof(big);
+            big.extra[3] = 1;
+            break;
+        case NO_RUN:
+            o->run_id = NULL;
+            break;
+        case EMPTY_RUN:
+            o->run_id = "";
+            break;
+        case BAD_CHARS:
+            o->run_id = "run 1";
+            break;
+        case LONG_RUN:
+            o->run_id = long_run;
+            break;
+        case WORLD_0:
+            o->world_size = 0;
+            break;
+        case RANK_EQ_WORLD:
+            o->world_size = 4;
+            o->rank = 4;
+            break;
+        case BACKOFF_ORDER:
+            o->backoff_min_ms = 500;
+            o->backoff_max_ms = 100;
+            break;
+        case BACKOFF_MAX:
+            o->backoff_max_ms = FSC_MAX_BACKOFF_MS + 1;
+            break;
+        case REPLAY_SMALL:
+            o->replay_max_bytes = FSC_MIN_REPLAY_BYTES - 1;
+            break;
+        case REPLAY_BIG:
+            o->replay_max_bytes = FSC_MAX_REPLAY_BYTES + 1;
+            break;
+        case TOKEN_LONG:
+            o->token = long_token;
+            break;
+        case HOST_EMPTY:
+            o->host = "";
+            break;
+        case MOE_NULL:
+            o->model.n_moe_layers = 2;
+            break;
+        case REPORT_BIG:
+            o->max_report_bytes = FSC_MAX_REPORT_BYTES_LIMIT + 1;
+            break;
         }
         int rc = fsc_open(o, &c, err, sizeof(err));
         cr_expect_eq(rc, cases[i].want, "case %zu: got %d want %d (%s)", i, rc, cases[i].want, err);

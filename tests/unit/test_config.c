@@ -134,7 +134,8 @@ static const struct bad_case bad_cases[] = {
     {"max_runs = 1000001", "key 'max_runs': 1000001 is outside"},
     {"max_runs = -1", "key 'max_runs': '-1' is not an unsigned integer"},
     {"max_runs = 12abc", "key 'max_runs': '12abc' is not an unsigned integer"},
-    {"max_runs = 99999999999999999999999", "key 'max_runs': '99999999999999999999999' is too large"},
+    {"max_runs = 99999999999999999999999",
+     "key 'max_runs': '99999999999999999999999' is too large"},
     {"max_runs =", "key 'max_runs': '' is not an unsigned integer"},
     {"http_threads = 65", "key 'http_threads': 65 is outside"},
     {"metrics_max_runs = 65", "key 'metrics_max_runs': 65 is outside"},
@@ -170,8 +171,7 @@ Test(config, errors_table)
         struct fs_err err = {0};
         int rc = config_parse(c->text, strlen(c->text), "t.conf", &cfg, NULL, 0, &err);
         cr_expect_eq(rc, -EINVAL, "'%s' parsed", c->text);
-        cr_expect(strstr(err.msg, c->want), "'%s': got '%s', want '%s'", c->text,
-                  err.msg, c->want);
+        cr_expect(strstr(err.msg, c->want), "'%s': got '%s', want '%s'", c->text, err.msg, c->want);
     }
 }
 
@@ -187,8 +187,7 @@ Test(config, comments_blank_lines_and_last_wins)
     struct fs_config cfg;
     config_defaults(&cfg);
     struct fs_err err = {0};
-    cr_assert_eq(config_parse(text, strlen(text), "t", &cfg, NULL, 0, &err), 0, "%s",
-                 err.msg);
+    cr_assert_eq(config_parse(text, strlen(text), "t", &cfg, NULL, 0, &err), 0, "%s", err.msg);
     cr_expect_eq(cfg.max_runs, 20);
     cr_expect_str_eq(cfg.db, "a.db");
     cr_expect_eq(cfg.listen.port, 7781, "untouched keys keep defaults");
@@ -222,10 +221,20 @@ struct detect_table {
 };
 
 static const struct config_key detect_keys[] = {
-    {.name = "z", .type = CONFIG_DOUBLE, .min = 0.5, .max = 100,
-     .offset = offsetof(struct detect_rule, z), .size = sizeof(double), .help = "z threshold"},
-    {.name = "hold", .type = CONFIG_UINT, .min = 1, .max = 1000,
-     .offset = offsetof(struct detect_rule, hold), .size = sizeof(uint64_t), .help = "samples"},
+    {.name = "z",
+     .type = CONFIG_DOUBLE,
+     .min = 0.5,
+     .max = 100,
+     .offset = offsetof(struct detect_rule, z),
+     .size = sizeof(double),
+     .help = "z threshold"},
+    {.name = "hold",
+     .type = CONFIG_UINT,
+     .min = 1,
+     .max = 1000,
+     .offset = offsetof(struct detect_rule, hold),
+     .size = sizeof(uint64_t),
+     .help = "samples"},
 };
 
 static void *detect_open(void *ctx, const char *sub, struct fs_err *why)
@@ -254,13 +263,12 @@ Test(config, registered_sections)
                        "[ detect \"loss\" ]  # spaces are fine\n"
                        "hold = 7\n";
     struct detect_table t = {0};
-    struct config_section sec = {.name = "detect", .keys = detect_keys, .nkeys = 2,
-                                 .open = detect_open, .ctx = &t};
+    struct config_section sec = {
+        .name = "detect", .keys = detect_keys, .nkeys = 2, .open = detect_open, .ctx = &t};
     struct fs_config cfg;
     config_defaults(&cfg);
     struct fs_err err = {0};
-    cr_assert_eq(config_parse(text, strlen(text), "t", &cfg, &sec, 1, &err), 0, "%s",
-                 err.msg);
+    cr_assert_eq(config_parse(text, strlen(text), "t", &cfg, &sec, 1, &err), 0, "%s", err.msg);
     cr_expect_eq(cfg.max_runs, 9);
     cr_assert_eq(t.n, 2);
     cr_expect_str_eq(t.rules[0].name, "qk.d2.erank");
@@ -271,7 +279,8 @@ Test(config, registered_sections)
 
     /* Top-level keys are not valid inside a section, and vice versa. */
     const struct bad_case bad[] = {
-        {"[detect \"x\"]\nmax_runs = 1", "config: t:2: key 'max_runs': unknown key in section [detect]"},
+        {"[detect \"x\"]\nmax_runs = 1",
+         "config: t:2: key 'max_runs': unknown key in section [detect]"},
         {"z = 1", "config: t:1: key 'z': unknown key"},
         {"[detect]\n", "config: t:1: section [detect]: needs a monitor name"},
         {"[detect \"x\"]\nz = 0.1", "config: t:2: key 'z': 0.1 is outside the range 0.5..100"},
@@ -281,8 +290,7 @@ Test(config, registered_sections)
         memset(&t, 0, sizeof(t));
         int rc = config_parse(bad[i].text, strlen(bad[i].text), "t", &cfg, &sec, 1, &err);
         cr_expect_eq(rc, -EINVAL, "'%s'", bad[i].text);
-        cr_expect(strstr(err.msg, bad[i].want), "'%s': got '%s'", bad[i].text,
-                  err.msg);
+        cr_expect(strstr(err.msg, bad[i].want), "'%s': got '%s'", bad[i].text, err.msg);
     }
 }
 
@@ -303,8 +311,7 @@ Test(config, set_from_command_line_and_check)
     cfg.writer_queue_max_items = 10;
     cfg.writer_batch_max_items = 11;
     cr_expect_eq(config_check(&cfg, "f.conf", &err), -EINVAL);
-    cr_expect(strstr(err.msg, "config: f.conf: key 'writer_batch_max_items'"), "%s",
-              err.msg);
+    cr_expect(strstr(err.msg, "config: f.conf: key 'writer_batch_max_items'"), "%s", err.msg);
 
     config_defaults(&cfg);
     cr_expect_eq(config_set(&cfg, "frame_buffer_max_bytes", "16M", "command line", &err), 0);
@@ -343,8 +350,10 @@ static const struct {
     const char *says; /* NULL: accepted */
 } tls_cases[] = {
     {{{"tls_cert", "c.pem"}, {"tls_key", "k.pem"}, {NULL, NULL}}, NULL},
-    {{{"tls_cert", "c.pem"}, {NULL, NULL}, {NULL, NULL}}, "key 'tls_key': is needed with 'tls_cert'"},
-    {{{"tls_key", "k.pem"}, {NULL, NULL}, {NULL, NULL}}, "key 'tls_cert': is needed with 'tls_key'"},
+    {{{"tls_cert", "c.pem"}, {NULL, NULL}, {NULL, NULL}},
+     "key 'tls_key': is needed with 'tls_cert'"},
+    {{{"tls_key", "k.pem"}, {NULL, NULL}, {NULL, NULL}},
+     "key 'tls_cert': is needed with 'tls_key'"},
     {{{"http_tls_cert", "c.pem"}, {NULL, NULL}, {NULL, NULL}}, "key 'http_tls_key'"},
     {{{"tls_client_ca", "ca.pem"}, {NULL, NULL}, {NULL, NULL}}, "key 'tls_client_ca'"},
     {{{"tls_cert", "c.pem"}, {"tls_key", "k.pem"}, {"tls_client_ca", "ca.pem"}}, NULL},

@@ -39,8 +39,8 @@ struct hello_case {
     uint32_t version;
     const char *run_id;
     uint32_t rank, world;
-    int want_rc;   /* 0 or negative */
-    int want_code; /* when want_rc < 0 */
+    int want_rc;       /* 0 or negative */
+    int want_code;     /* when want_rc < 0 */
     uint32_t local[4]; /* Hello.local_ranks, n_local values */
     size_t n_local;
 };
@@ -68,10 +68,16 @@ static const struct hello_case hello_cases[] = {
     {"world_size 0", 1, "run", 0, 0, -EINVAL, E(MALFORMED), {0}, 0},
     {"bad run_id chars", 1, "no spaces/allowed", 0, 1, -EINVAL, E(MALFORMED), {0}, 0},
     {"empty run_id", 1, "", 0, 1, -EINVAL, E(MALFORMED), {0}, 0},
-    {"run_id too long", 1,
+    {"run_id too long",
+     1,
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-     0, 1, -EINVAL, E(MALFORMED), {0}, 0},
+     0,
+     1,
+     -EINVAL,
+     E(MALFORMED),
+     {0},
+     0},
     {"local group with itself", 1, "run", 3, 8, 0, 0, {2, 3}, 2},
     {"local group out of order, repeated", 1, "run", 3, 8, 0, 0, {3, 2, 3}, 3},
     {"local group without itself", 1, "run", 3, 8, -EINVAL, E(MALFORMED), {4, 5}, 2},
@@ -119,21 +125,21 @@ Test(decode, version_error_names_both_versions)
  * router gram and one router-tokens sketch. */
 enum mutation {
     M_NONE,
-    M_GRAM_SHORT,       /* ga one float short for dh */
+    M_GRAM_SHORT, /* ga one float short for dh */
     M_GRAM_DH_ZERO,
-    M_SHARD_INDEX,      /* shard_index >= shard_count */
-    M_LOAD_LEN,         /* load[] length != n_experts */
+    M_SHARD_INDEX, /* shard_index >= shard_count */
+    M_LOAD_LEN,    /* load[] length != n_experts */
     M_SUMP_LEN,
     M_ROUTER_GRAM_LEN,
-    M_LOSS_NAN,         /* accepted */
-    M_GRAD_INF,         /* accepted */
-    M_LR_NAN,           /* rejected */
-    M_TIME_NAN,         /* rejected */
-    M_TIME_INF,         /* rejected */
-    M_SUM_H_INF,        /* rejected */
-    M_GRAM_NAN,         /* accepted, flagged */
-    M_SPECTRUM_NEG,     /* rejected */
-    M_SPECTRUM_INF,     /* accepted, flagged */
+    M_LOSS_NAN,     /* accepted */
+    M_GRAD_INF,     /* accepted */
+    M_LR_NAN,       /* rejected */
+    M_TIME_NAN,     /* rejected */
+    M_TIME_INF,     /* rejected */
+    M_SUM_H_INF,    /* rejected */
+    M_GRAM_NAN,     /* accepted, flagged */
+    M_SPECTRUM_NEG, /* rejected */
+    M_SPECTRUM_INF, /* accepted, flagged */
     M_SEQ_ZERO,
     M_STEP_HUGE,
     M_WINDOW_ZERO,
@@ -282,8 +288,7 @@ Test(decode, report_table)
         cr_expect_eq(rc, c->want_rc, "%s: rc %d (%s)", c->name, rc, err.msg);
         if (c->want_rc < 0) {
             cr_expect_null(f, "%s", c->name);
-            cr_expect_eq(err.code, c->want_code, "%s: code %d (%s)", c->name, err.code,
-                         err.msg);
+            cr_expect_eq(err.code, c->want_code, "%s: code %d (%s)", c->name, err.code, err.msg);
         } else {
             cr_assert_not_null(f, "%s", c->name);
             cr_expect_eq(info.sketches, 4, "%s", c->name);
@@ -291,8 +296,7 @@ Test(decode, report_table)
             cr_expect_eq(info.nonfinite_scalars, c->want_nonfinite_scalars, "%s", c->name);
             if (c->want_nonfinite_sketch >= 0)
                 cr_expect_eq(info.nonfinite_sketch_values, (uint64_t)c->want_nonfinite_sketch,
-                             "%s: %llu", c->name,
-                             (unsigned long long)info.nonfinite_sketch_values);
+                             "%s: %llu", c->name, (unsigned long long)info.nonfinite_sketch_values);
         }
         decode_frame_free(f);
         free(b.p);
@@ -311,11 +315,11 @@ static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff
 static const uint8_t no_body[] = {0x32, 0x00}; /* field 6 (Bye) empty: valid */
 static const uint8_t bad_wire_type[] = {0x0f};
 /* Hello{version 1, run_id "nul\0x", rank 0, world 1}: a NUL inside a string. */
-static const uint8_t nul_run_id[] = {0x0a, 0x0d, 0x08, 0x01, 0x12, 0x05, 'n', 'u', 'l', 0x00,
-                                     'x', 0x20, 0x00, 0x28, 0x01};
+static const uint8_t nul_run_id[] = {0x0a, 0x0d, 0x08, 0x01, 0x12, 0x05, 'n', 'u',
+                                     'l',  0x00, 'x',  0x20, 0x00, 0x28, 0x01};
 /* The same Hello with run_id "nulrun" and token "s\0j". */
-static const uint8_t nul_token[] = {0x0a, 0x13, 0x08, 0x01, 0x12, 0x06, 'n', 'u', 'l', 'r', 'u',
-                                    'n', 0x20, 0x00, 0x28, 0x01, 0x32, 0x03, 's', 0x00, 'j'};
+static const uint8_t nul_token[] = {0x0a, 0x13, 0x08, 0x01, 0x12, 0x06, 'n',  'u', 'l',  'r', 'u',
+                                    'n',  0x20, 0x00, 0x28, 0x01, 0x32, 0x03, 's', 0x00, 'j'};
 
 Test(decode, raw_bytes_table)
 {
@@ -338,8 +342,7 @@ Test(decode, raw_bytes_table)
     }
     Foreshock__Frame *f = NULL;
     struct fs_err err;
-    cr_expect_eq(decode_frame(no_body, sizeof(no_body), &l, &f, NULL, &err), 0, "%s",
-                 err.msg);
+    cr_expect_eq(decode_frame(no_body, sizeof(no_body), &l, &f, NULL, &err), 0, "%s", err.msg);
     cr_expect_eq(f->body_case, FORESHOCK__FRAME__BODY_BYE);
     decode_frame_free(f);
 }
@@ -479,8 +482,8 @@ static const uint8_t peek_seq_zero[] = {0x1a, 0x02, 0x08, 0x00};
 static const uint8_t peek_truncated[] = {0x1a, 0x05, 0x08};
 static const uint8_t peek_no_seq[] = {0x1a, 0x02, 0x10, 0x01};
 static const uint8_t peek_seq_wrong_type[] = {0x1a, 0x02, 0x0a, 0x00};
-static const uint8_t peek_overlong_varint[] = {0x1a, 0x0c, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff,
-                                               0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+static const uint8_t peek_overlong_varint[] = {0x1a, 0x0c, 0x08, 0xff, 0xff, 0xff, 0xff,
+                                               0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
 static const uint8_t peek_after_other_field[] = {0x32, 0x00, 0x1a, 0x02, 0x08, 0x2a};
 
 Test(decode, peek_report_seq_table)
@@ -499,8 +502,8 @@ Test(decode, peek_report_seq_table)
         {"truncated", peek_truncated, sizeof(peek_truncated), -ENOENT, 0},
         {"no seq", peek_no_seq, sizeof(peek_no_seq), -ENOENT, 0},
         {"field 1 not a varint", peek_seq_wrong_type, sizeof(peek_seq_wrong_type), -ENOENT, 0},
-        {"varint longer than 10 bytes", peek_overlong_varint, sizeof(peek_overlong_varint),
-         -ENOENT, 0},
+        {"varint longer than 10 bytes", peek_overlong_varint, sizeof(peek_overlong_varint), -ENOENT,
+         0},
         {"report after another field", peek_after_other_field, sizeof(peek_after_other_field), 0,
          42},
         {"garbage", garbage, sizeof(garbage), -ENOENT, 0},
@@ -511,8 +514,7 @@ Test(decode, peek_report_seq_table)
         int rc = decode_peek_report_seq(cases[i].p, cases[i].n, &seq);
         cr_expect_eq(rc, cases[i].rc, "%s: rc %d", cases[i].name, rc);
         if (rc == 0)
-            cr_expect_eq(seq, cases[i].seq, "%s: seq %llu", cases[i].name,
-                         (unsigned long long)seq);
+            cr_expect_eq(seq, cases[i].seq, "%s: seq %llu", cases[i].name, (unsigned long long)seq);
     }
     /* A packed report, and one the limits refuse: named either way. */
     Foreshock__Report r = FORESHOCK__REPORT__INIT;
@@ -549,8 +551,10 @@ static size_t report_of_copies(const uint8_t *one, size_t one_len, size_t count,
     size_t n = 0;
     b[n++] = 0x1a; /* Frame.report, length-delimited */
     n += put_varint(b + n, inner);
-    b[n++] = 0x08; b[n++] = 0x01; /* seq = 1 */
-    b[n++] = 0x10; b[n++] = 0x00; /* step = 0 */
+    b[n++] = 0x08;
+    b[n++] = 0x01; /* seq = 1 */
+    b[n++] = 0x10;
+    b[n++] = 0x00; /* step = 0 */
     for (size_t i = 0; i < count; i++) {
         memcpy(b + n, one, one_len);
         n += one_len;
@@ -575,12 +579,11 @@ Test(decode, allocation_cap_matches_the_documented_limits)
     struct fs_err err;
 
     /* AttentionSketch{layer 0, head 0, window 1, spectrum{d2: [1, 1]}}. */
-    static const uint8_t spectrum[] = {0x2a, 0x12, 0x08, 0x00, 0x10, 0x00, 0x18, 0x01, 0x32,
-                                       0x0a, 0x0a, 0x08, 0, 0, 0x80, 0x3f, 0, 0, 0x80, 0x3f};
+    static const uint8_t spectrum[] = {0x2a, 0x12, 0x08, 0x00, 0x10, 0x00, 0x18, 0x01, 0x32, 0x0a,
+                                       0x0a, 0x08, 0,    0,    0x80, 0x3f, 0,    0,    0x80, 0x3f};
     size_t n = report_of_copies(spectrum, sizeof(spectrum), 4000, &b);
     int rc = decode_frame(b, n, &l, &f, &info, &err);
-    cr_expect(rc == 0 || err.code != E(LIMIT), "4,000 spectrum sketches refused: %s",
-              err.msg);
+    cr_expect(rc == 0 || err.code != E(LIMIT), "4,000 spectrum sketches refused: %s", err.msg);
     cr_expect_gt(info.alloc_bytes, FS_DECODE_ALLOC_FACTOR * n,
                  "the case no longer needs more than the flat factor (%zu for %zu bytes)",
                  info.alloc_bytes, n);
@@ -610,13 +613,22 @@ Test(decode, allocation_cap_matches_the_documented_limits)
     enum { VALUES = 12000000 };
     uint8_t *t = malloc(VALUES + 64);
     size_t m = 0;
-    t[m++] = 0x08; t[m++] = 0x00;               /* layer 0 */
-    t[m++] = 0x10; t[m++] = 0x04;               /* n_experts 4 */
-    t[m++] = 0x18; t[m++] = 0x01;               /* n_tok 1 */
-    t[m++] = 0x21; memset(t + m, 0, 8); m += 8; /* sum_h */
-    t[m++] = 0x29; memset(t + m, 0, 8); m += 8; /* sum_h2 */
-    t[m++] = 0x31; memset(t + m, 0, 8); m += 8; /* sum_lse2 */
-    t[m++] = 0x3a;                              /* load, packed */
+    t[m++] = 0x08;
+    t[m++] = 0x00; /* layer 0 */
+    t[m++] = 0x10;
+    t[m++] = 0x04; /* n_experts 4 */
+    t[m++] = 0x18;
+    t[m++] = 0x01; /* n_tok 1 */
+    t[m++] = 0x21;
+    memset(t + m, 0, 8);
+    m += 8; /* sum_h */
+    t[m++] = 0x29;
+    memset(t + m, 0, 8);
+    m += 8; /* sum_h2 */
+    t[m++] = 0x31;
+    memset(t + m, 0, 8);
+    m += 8;        /* sum_lse2 */
+    t[m++] = 0x3a; /* load, packed */
     m += put_varint(t + m, VALUES);
     memset(t + m, 0x01, VALUES);
     m += VALUES;

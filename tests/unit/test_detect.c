@@ -121,8 +121,20 @@ Test(detect_rules, patterns_match_first_rule)
 
 /* ---- overrides ----------------------------------------------------------- */
 
-enum field { F_NONE, F_WARMUP, F_WINDOW, F_Z, F_FLOOR, F_CEIL, F_SPIKE, F_PERSIST, F_RESOLVE,
-             F_SEVERITY, F_ENABLED, F_TREND };
+enum field {
+    F_NONE,
+    F_WARMUP,
+    F_WINDOW,
+    F_Z,
+    F_FLOOR,
+    F_CEIL,
+    F_SPIKE,
+    F_PERSIST,
+    F_RESOLVE,
+    F_SEVERITY,
+    F_ENABLED,
+    F_TREND
+};
 
 static const struct override_case {
     const char *rule, *key, *value;
@@ -187,18 +199,32 @@ static double field_value(const struct detect_rule *r, enum field f, bool *has)
 {
     *has = false;
     switch (f) {
-    case F_WARMUP: return r->warmup;
-    case F_WINDOW: return r->window;
-    case F_Z: return r->z;
-    case F_FLOOR: *has = r->has_floor; return r->has_floor ? r->floor : 0;
-    case F_CEIL: *has = r->has_ceiling; return r->has_ceiling ? r->ceiling : 0;
-    case F_SPIKE: return r->spike_ratio;
-    case F_PERSIST: return r->persistence;
-    case F_RESOLVE: return r->resolve_after;
-    case F_SEVERITY: return r->severity;
-    case F_ENABLED: return r->enabled;
-    case F_TREND: return r->trend;
-    case F_NONE: break;
+    case F_WARMUP:
+        return r->warmup;
+    case F_WINDOW:
+        return r->window;
+    case F_Z:
+        return r->z;
+    case F_FLOOR:
+        *has = r->has_floor;
+        return r->has_floor ? r->floor : 0;
+    case F_CEIL:
+        *has = r->has_ceiling;
+        return r->has_ceiling ? r->ceiling : 0;
+    case F_SPIKE:
+        return r->spike_ratio;
+    case F_PERSIST:
+        return r->persistence;
+    case F_RESOLVE:
+        return r->resolve_after;
+    case F_SEVERITY:
+        return r->severity;
+    case F_ENABLED:
+        return r->enabled;
+    case F_TREND:
+        return r->trend;
+    case F_NONE:
+        break;
     }
     return 0;
 }
@@ -212,8 +238,8 @@ Test(detect_rules, overrides_table)
         before = rules;
         struct fs_err err = {0};
         int rc = detect_rules_set(&rules, c->rule, c->key, c->value, &err);
-        cr_assert_eq(rc, c->rc, "case %zu %s.%s=%s: rc %d (%s)", i, c->rule, c->key, c->value,
-                     rc, err.msg);
+        cr_assert_eq(rc, c->rc, "case %zu %s.%s=%s: rc %d (%s)", i, c->rule, c->key, c->value, rc,
+                     err.msg);
         if (rc != 0) {
             cr_assert_neq(err.msg[0], '\0', "case %zu: empty message", i);
             cr_assert(memcmp(&rules, &before, sizeof rules) == 0, "case %zu changed table", i);
@@ -243,14 +269,13 @@ Test(detect_rules, overrides_message_names_the_key)
 /* ---- scoring ------------------------------------------------------------- */
 
 /* Feeds n samples of level +- amp uniform noise starting at step *step. */
-static void feed_noise(struct detect_state *st, const struct detect_rule *r, int64_t *step,
-                       int n, double level, double amp, uint64_t *seed)
+static void feed_noise(struct detect_state *st, const struct detect_rule *r, int64_t *step, int n,
+                       double level, double amp, uint64_t *seed)
 {
     struct detect_verdict v;
     for (int i = 0; i < n; i++) {
         cr_assert_eq(detect_step(st, r, (*step)++, level + amp * uniform(seed), true, 0, &v), 0);
-        cr_assert_not(v.breach, "unexpected breach at step %lld z=%g",
-                      (long long)(*step - 1), v.z);
+        cr_assert_not(v.breach, "unexpected breach at step %lld z=%g", (long long)(*step - 1), v.z);
     }
 }
 
@@ -279,8 +304,8 @@ Test(detect_step, median_and_mad_match_reference)
                 for (size_t k = 0; k < n; k++)
                     dev[k] = fabs(hist[i - n + k] - med);
                 double mad = ref_median(dev, n);
-                cr_assert_eq(v.median, med, "w=%u i=%d median %g vs %g", windows[w], i,
-                             v.median, med);
+                cr_assert_eq(v.median, med, "w=%u i=%d median %g vs %g", windows[w], i, v.median,
+                             med);
                 cr_assert_eq(v.mad, mad, "w=%u i=%d mad %g vs %g", windows[w], i, v.mad, mad);
             } else {
                 cr_assert(isnan(v.median));
@@ -380,9 +405,9 @@ Test(detect_step, detect_from_step_is_respected)
         bool breach;
         uint64_t accepted; /* baseline samples before the dip */
     } cases[] = {
-        {0, 60, 5.0, true, 60},     {100, 60, 5.0, false, 0},  {100, 99, 5.0, false, 0},
-        {100, 100, 5.0, false, 0},  {100, 119, 5.0, false, 19}, {100, 120, 5.0, true, 20},
-        {100, 150, 5.0, true, 50},  {100, 100, 1.0, true, 0},   {100, 99, 1.0, false, 0},
+        {0, 60, 5.0, true, 60},    {100, 60, 5.0, false, 0},   {100, 99, 5.0, false, 0},
+        {100, 100, 5.0, false, 0}, {100, 119, 5.0, false, 19}, {100, 120, 5.0, true, 20},
+        {100, 150, 5.0, true, 50}, {100, 100, 1.0, true, 0},   {100, 99, 1.0, false, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named("qk.d2.erank");
@@ -399,9 +424,9 @@ Test(detect_step, detect_from_step_is_respected)
         }
         cr_assert_eq(v.breach, cases[c].breach, "case %zu", c);
         if (v.breach)
-            cr_assert_eq(v.breach_kind, cases[c].dip < r.floor ? DETECT_BREACH_FLOOR
-                                                               : DETECT_BREACH_Z,
-                         "case %zu", c);
+            cr_assert_eq(v.breach_kind,
+                         cases[c].dip < r.floor ? DETECT_BREACH_FLOOR : DETECT_BREACH_Z, "case %zu",
+                         c);
     }
 }
 
@@ -458,12 +483,12 @@ Test(detect_step, mad_zero_flat_baseline)
         double level, probe;
         bool breach;
     } cases[] = {
-        {4.0, 4.0, false},      /* no move: z = 0 */
-        {4.0, 3.99, false},     /* -0.25 % : z = -2.5 with the 0.1 % floor */
-        {4.0, 3.96, true},      /* -1 %: z = -10 */
-        {0.0, 0.0, false},      /* zero median: absolute floor, no 0/0 */
-        {0.0, -1e-6, true},     /* any real move off an exactly-zero line */
-        {-4.0, -4.1, true},     /* negative median: |median| floor */
+        {4.0, 4.0, false},  /* no move: z = 0 */
+        {4.0, 3.99, false}, /* -0.25 % : z = -2.5 with the 0.1 % floor */
+        {4.0, 3.96, true},  /* -1 %: z = -10 */
+        {0.0, 0.0, false},  /* zero median: absolute floor, no 0/0 */
+        {0.0, -1e-6, true}, /* any real move off an exactly-zero line */
+        {-4.0, -4.1, true}, /* negative median: |median| floor */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named("qk.d2.entropy");
@@ -527,7 +552,10 @@ Test(detect_step, spike_ratio_to_running_max)
         double ratio, limit;
         bool breach;
     } cases[] = {
-        {9.5, 10, false}, {10.5, 10, true}, {10.5, 0, false}, {3.0, 2.5, true},
+        {9.5, 10, false},
+        {10.5, 10, true},
+        {10.5, 0, false},
+        {3.0, 2.5, true},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named("grad_norm");
@@ -652,8 +680,7 @@ Test(detect_state, roundtrip_midway_scores_identically)
             struct detect_verdict v1, v2;
             detect_step(&plain, &r, s, x, present, 0, &v1);
             detect_step(&restarted, &r, s, x, present, 0, &v2);
-            cr_assert(verdict_eq(&v1, &v2), "cut %d step %lld differs", cut[c],
-                      (long long)s);
+            cr_assert(verdict_eq(&v1, &v2), "cut %d step %lld differs", cut[c], (long long)s);
         }
     }
 }
@@ -679,12 +706,12 @@ Test(detect_state, decode_rejects_bad_blobs)
         int len_delta;
         int rc;
     } cases[] = {
-        {0, 0x01, 0, -EINVAL},   /* magic */
-        {4, 0x02, 0, -ENOTSUP},  /* version */
-        {6, 0x80, 0, -EINVAL},   /* unknown flag */
-        {12, 0x01, 0, -EINVAL},  /* ring_count disagrees with the length */
-        {0, 0x00, -1, -EINVAL},  /* truncated */
-        {0, 0x00, +8, -EINVAL},  /* trailing bytes */
+        {0, 0x01, 0, -EINVAL},      /* magic */
+        {4, 0x02, 0, -ENOTSUP},     /* version */
+        {6, 0x80, 0, -EINVAL},      /* unknown flag */
+        {12, 0x01, 0, -EINVAL},     /* ring_count disagrees with the length */
+        {0, 0x00, -1, -EINVAL},     /* truncated */
+        {0, 0x00, +8, -EINVAL},     /* trailing bytes */
         {48 + 6, 0x7f, 0, -EINVAL}, /* a ring sample made non-finite: 0x7ff... */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -725,8 +752,8 @@ Test(detect_rules, trend_is_on_for_growing_series_only)
     detect_rules_default(&rules);
     for (size_t i = 0; i < rules.n; i++) {
         const struct detect_rule *r = &rules.rule[i];
-        bool want = strcmp(r->name, "router.centered_energy") == 0 ||
-                    strcmp(r->name, "weight_norm") == 0;
+        bool want =
+            strcmp(r->name, "router.centered_energy") == 0 || strcmp(r->name, "weight_norm") == 0;
         cr_assert_eq(r->trend, want, "%s", r->name);
     }
 }
@@ -812,17 +839,25 @@ static struct run_result run_curve(const struct detect_rule *r, enum curve c, in
  * baseline fires on most of those runs. */
 static const struct healthy_case {
     enum curve curve;
-    int stride;      /* steps between samples */
-    double noise;    /* multiplicative, +- */
+    int stride;   /* steps between samples */
+    double noise; /* multiplicative, +- */
     bool level_fires;
 } healthy_cases[] = {
-    {C_LINEAR, 1, 0, false},     {C_LINEAR, 1, 0.001, false}, {C_LINEAR, 3, 0.01, false},
-    {C_SQRT, 1, 0, false},       {C_SQRT, 1, 0.001, false},   {C_SQRT, 5, 0.01, false},
-    {C_LOG, 1, 0, false},        {C_LOG, 2, 0.001, false},    {C_LOG, 1, 0.01, false},
+    {C_LINEAR, 1, 0, false},
+    {C_LINEAR, 1, 0.001, false},
+    {C_LINEAR, 3, 0.01, false},
+    {C_SQRT, 1, 0, false},
+    {C_SQRT, 1, 0.001, false},
+    {C_SQRT, 5, 0.01, false},
+    {C_LOG, 1, 0, false},
+    {C_LOG, 2, 0.001, false},
+    {C_LOG, 1, 0.01, false},
     /* The warm-up onset is where the level baseline false-alarms: its MAD
      * is tiny while the norm is still nearly flat, so the first real growth
      * breaches, freezes the baseline, and the series never comes back. */
-    {C_WARMUP, 10, 0, true},     {C_WARMUP, 10, 0.001, true}, {C_WARMUP, 5, 0.0003, true},
+    {C_WARMUP, 10, 0, true},
+    {C_WARMUP, 10, 0.001, true},
+    {C_WARMUP, 5, 0.0003, true},
     {C_WARMUP, 1, 0.001, false},
     /* A turn from shrinking to growing: the slope clamp (detect.h) keeps
      * the line from extrapolating the decline. The smooth turn's rising
@@ -844,8 +879,8 @@ Test(detect_trend, healthy_growth_never_breaches)
         level.trend = false;
         for (uint64_t seed = 1; seed <= 3; seed++) {
             struct run_result t = run_curve(&trend, h->curve, h->stride, h->noise, 4000, seed);
-            cr_assert_eq(t.breaches, 0, "case %zu seed %llu: %d breaches with trend (zmax %g)",
-                         c, (unsigned long long)seed, t.breaches, t.zmax);
+            cr_assert_eq(t.breaches, 0, "case %zu seed %llu: %d breaches with trend (zmax %g)", c,
+                         (unsigned long long)seed, t.breaches, t.zmax);
             cr_assert_lt(t.zmax, trend.z, "case %zu", c);
             struct run_result l = run_curve(&level, h->curve, h->stride, h->noise, 4000, seed);
             cr_assert_eq(l.fires, h->level_fires, "case %zu seed %llu: level baseline %s (zmax %g)",
@@ -905,8 +940,8 @@ Test(detect_trend, faults_breach_fast_in_the_bad_direction_only)
         for (int64_t s = 0; s < fault_step + 200 * f->stride; s += f->stride) {
             double clean = curve_value(f->curve, (double)s);
             if (s >= fault_step)
-                clean = f->kind == FAULT_JUMP ? clean * (1 + f->size)
-                                              : base + f->size * (clean - base);
+                clean =
+                    f->kind == FAULT_JUMP ? clean * (1 + f->size) : base + f->size * (clean - base);
             struct detect_verdict v;
             detect_step(&st, &r, s, clean * (1 + f->noise * uniform(&seed)), true, 0, &v);
             if (s < fault_step) {
@@ -926,8 +961,10 @@ Test(detect_trend, faults_breach_fast_in_the_bad_direction_only)
         if (f->within == 0) {
             cr_assert_eq(first, -1, "case %zu: breach %d samples after a fall", c, first);
         } else {
-            cr_assert(first > 0 && first <= f->within, "case %zu: first breach %d samples "
-                      "after the fault, want <= %d", c, first, f->within);
+            cr_assert(first > 0 && first <= f->within,
+                      "case %zu: first breach %d samples "
+                      "after the fault, want <= %d",
+                      c, first, f->within);
             cr_assert(fired > 0 && fired <= f->fire_by, "case %zu: fired at %d", c, fired);
             cr_assert_eq(late_breaches, 100, "case %zu: the breach did not persist", c);
         }
@@ -1119,8 +1156,8 @@ Test(detect_trend, roundtrip_midway_scores_identically)
                 struct detect_verdict v1, v2;
                 detect_step(&plain, &r, s, x, present, 0, &v1);
                 detect_step(&restarted, &r, s, x, present, 0, &v2);
-                cr_assert(verdict_eq(&v1, &v2), "window %u cut %d sample %lld differs",
-                          windows[w], cut[c], (long long)i);
+                cr_assert(verdict_eq(&v1, &v2), "window %u cut %d sample %lld differs", windows[w],
+                          cut[c], (long long)i);
                 breaches += v1.breach;
             }
             /* The series did breach (the jump and the NaN), and recovered. */
@@ -1136,13 +1173,13 @@ Test(detect_trend, roundtrip_midway_scores_identically)
 static const uint8_t v1_blob[] = {
     0x46, 0x53, 0x44, 0x53, 0x01, 0x00, 0x01, 0x00, /* magic, version 1, flags */
     0x00, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, /* normal_run, ring_count */
-    25, 0, 0, 0, 0, 0, 0, 0,                        /* accepted */
-    30, 0, 0, 0, 0, 0, 0, 0,                        /* seen */
-    0x22, 0x01, 0, 0, 0, 0, 0, 0,                   /* last_step 290 */
-    0, 0, 0, 0, 0, 0, 0x10, 0x40,                   /* running_max 4.0 */
-    0, 0, 0, 0, 0, 0, 0xf0, 0x3f,                   /* 1.0 */
-    0, 0, 0, 0, 0, 0, 0x00, 0x40,                   /* 2.0 */
-    0, 0, 0, 0, 0, 0, 0x10, 0x40,                   /* 4.0 */
+    25,   0,    0,    0,    0,    0,    0,    0,    /* accepted */
+    30,   0,    0,    0,    0,    0,    0,    0,    /* seen */
+    0x22, 0x01, 0,    0,    0,    0,    0,    0,    /* last_step 290 */
+    0,    0,    0,    0,    0,    0,    0x10, 0x40, /* running_max 4.0 */
+    0,    0,    0,    0,    0,    0,    0xf0, 0x3f, /* 1.0 */
+    0,    0,    0,    0,    0,    0,    0x00, 0x40, /* 2.0 */
+    0,    0,    0,    0,    0,    0,    0x10, 0x40, /* 4.0 */
 };
 
 Test(detect_state, decodes_version_1_with_unknown_steps)
@@ -1234,8 +1271,8 @@ Test(detect_state, version_1_rewarms_trend_rules)
     struct detect_verdict v;
     int64_t s = 0;
     for (int i = 0; i < 200; i++, s += 5) {
-        detect_step(&st, &r, s, curve_value(C_SQRT, (double)s) * (1 + 0.001 * uniform(&seed)),
-                    true, 0, &v);
+        detect_step(&st, &r, s, curve_value(C_SQRT, (double)s) * (1 + 0.001 * uniform(&seed)), true,
+                    0, &v);
         cr_assert_not(v.breach);
     }
     uint8_t blob[DETECT_STATE_ENCODED_MAX];

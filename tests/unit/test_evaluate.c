@@ -11,13 +11,23 @@
 /* ---- start of detection ------------------------------------------------------- */
 
 /* LR schedules, one value per step from step 1; start asked for at `at`. */
-static double warm50_const(int64_t s) { return s < 50 ? 1e-3 * (double)(s + 1) / 50 : 1e-3; }
+static double warm50_const(int64_t s)
+{
+    return s < 50 ? 1e-3 * (double)(s + 1) / 50 : 1e-3;
+}
 static double warm10_cosine(int64_t s)
 {
     return s < 10 ? 1e-3 * (double)(s + 1) / 10 : 1e-3 * (0.55 + 0.45 * cos((double)s / 500));
 }
-static double constant(int64_t s) { (void)s; return 3e-4; }
-static double warm2000(int64_t s) { return 1e-3 * (double)(s + 1) / 2000; }
+static double constant(int64_t s)
+{
+    (void)s;
+    return 3e-4;
+}
+static double warm2000(int64_t s)
+{
+    return 1e-3 * (double)(s + 1) / 2000;
+}
 
 static const struct {
     const char *name;
@@ -51,8 +61,7 @@ Test(evaluate, start_of_detection_by_progress)
         for (int64_t s = 1; start_cases[i].lr && s <= start_cases[i].feed_until; s++)
             eval_progress_lr(&er, (uint64_t)s, start_cases[i].lr(s));
         int64_t got = eval_start_step(&er, start_cases[i].at, start_cases[i].detect_from);
-        cr_expect_eq(got, start_cases[i].want, "%s: got %lld", start_cases[i].name,
-                     (long long)got);
+        cr_expect_eq(got, start_cases[i].want, "%s: got %lld", start_cases[i].name, (long long)got);
         eval_run_clear(&er);
     }
 }
@@ -68,13 +77,13 @@ static const struct {
     {{"qk.d2.erank.min", 2, -1, 25, -1}, true, "qk.d2.erank", 0},
     {{"qk.d2.srank.min", 0, -1, 5, -1}, true, "qk.d2.srank", 0},
     {{"qk.cqk.max", 1, -1, 10, -1}, true, "qk.cqk", 0},
-    {{"qk.d2.erank.mean", 2, -1, 25, -1}, false, NULL, 0},   /* not what is detected */
-    {{"qk.d2.erank", 2, 3, 25, -1}, false, NULL, 0},         /* a head, not the layer */
-    {{"qk.d1.erank.min", 2, -1, 25, -1}, false, NULL, 0},    /* Delta1: no rule */
+    {{"qk.d2.erank.mean", 2, -1, 25, -1}, false, NULL, 0}, /* not what is detected */
+    {{"qk.d2.erank", 2, 3, 25, -1}, false, NULL, 0},       /* a head, not the layer */
+    {{"qk.d1.erank.min", 2, -1, 25, -1}, false, NULL, 0},  /* Delta1: no rule */
     {{"router.zloss", 0, -1, 0, -1}, true, "router.zloss", 0},
-    {{"router.kappa", 0, -1, 0, -1}, false, NULL, 0},        /* stored, no default rule */
+    {{"router.kappa", 0, -1, 0, -1}, false, NULL, 0}, /* stored, no default rule */
     {{"loss", -1, -1, 0, 0}, true, "loss", 0},
-    {{"loss", -1, -1, 0, 1}, false, NULL, 0},                /* rank 1's loss: not detected */
+    {{"loss", -1, -1, 0, 1}, false, NULL, 0}, /* rank 1's loss: not detected */
     {{"grad_norm", -1, -1, 0, 0}, true, "grad_norm", 0},
     {{"update_ratio", 3, -1, 0, 0}, true, "update_ratio", 0},
     {{"weight_norm", 3, -1, 0, 0}, true, "weight_norm", 0},
@@ -83,7 +92,7 @@ static const struct {
     {{"loss", -1, -1, 0, 4}, true, "loss", 4},
     {{"lr", -1, -1, 0, 4}, true, "lr", 4},
     {{"weight_norm", 3, -1, 0, 4}, true, "weight_norm", 4},
-    {{"loss", -1, -1, 0, 0}, false, NULL, 4},             /* rank 0 is another node's */
+    {{"loss", -1, -1, 0, 0}, false, NULL, 4}, /* rank 0 is another node's */
     {{"router.zloss", 0, -1, 0, -1}, true, "router.zloss", 4},
 };
 
@@ -93,8 +102,8 @@ Test(evaluate, detection_inputs)
     detect_rules_default(&rules);
     for (size_t i = 0; i < sizeof(input_cases) / sizeof(input_cases[0]); i++) {
         char rule[DETECT_NAME_MAX] = "";
-        bool got = eval_input_rule(&rules, &input_cases[i].k, input_cases[i].lead, rule,
-                                   sizeof(rule));
+        bool got =
+            eval_input_rule(&rules, &input_cases[i].k, input_cases[i].lead, rule, sizeof(rule));
         cr_expect_eq(got, input_cases[i].input, "case %zu (%s)", i, input_cases[i].k.name);
         if (got)
             cr_expect_str_eq(rule, input_cases[i].rule, "case %zu", i);
@@ -135,9 +144,9 @@ static struct labels run_pair(int64_t ur_from, bool ur_first, int batch)
         double ur = ur_from && s >= ur_from ? 0.1 + 0.001 * u : 0.01 + 0.001 * u;
         for (int k = 0; k < 2; k++) {
             bool do_ur = (k == 0) == ur_first;
-            cr_assert_geq(eval_feed(&er, &b, do_ur ? tu : td, (uint64_t)s, do_ur ? ur : d2, true,
-                                    -1, 200, 0),
-                          0);
+            cr_assert_geq(
+                eval_feed(&er, &b, do_ur ? tu : td, (uint64_t)s, do_ur ? ur : d2, true, -1, 200, 0),
+                0);
         }
         if ((s / 5) % batch == 0 || s + 5 >= 700) {
             eval_label_all(&er, &b);
@@ -183,10 +192,12 @@ Test(evaluate, labels_by_mechanism_and_order_of_onset)
                      alert_attribution_name(ref.ur));
         /* The same labels and steps whatever the order within a step and
          * however the events are batched (the live stage batches by commit). */
-        const struct { bool ur_first; int batch; } variants[] = {{true, 1}, {false, 7}, {true, 13}};
+        const struct {
+            bool ur_first;
+            int batch;
+        } variants[] = {{true, 1}, {false, 7}, {true, 13}};
         for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
-            struct labels got = run_pair(cases[i].ur_from, variants[v].ur_first,
-                                         variants[v].batch);
+            struct labels got = run_pair(cases[i].ur_from, variants[v].ur_first, variants[v].batch);
             cr_expect(got.d2 == ref.d2 && got.ur == ref.ur && got.d2_step == ref.d2_step &&
                           got.ur_step == ref.ur_step,
                       "%s: variant %zu differs", cases[i].why, v);

@@ -16,10 +16,8 @@ static const struct grow_case {
     {0, 1, 0, 1},      /* min_cap 0 counts as 1 */
     {0, 0, 8, 8},      /* even for nothing, a block (so NULL only means failure) */
     {16, 16, 16, 16},  /* room already: the same block */
-    {16, 3, 16, 16},
-    {16, 17, 16, 32},  /* one more: doubles */
-    {16, 100, 16, 128},
-    {4, 5, 64, 8},     /* min_cap only for the first block: doubling from cap */
+    {16, 3, 16, 16},    {16, 17, 16, 32}, /* one more: doubles */
+    {16, 100, 16, 128}, {4, 5, 64, 8},    /* min_cap only for the first block: doubling from cap */
     {3, 4, 1, 6},
 };
 
@@ -76,11 +74,8 @@ Test(fs_grow, overflow_leaves_block)
     static const struct {
         size_t need, elem;
     } cases[] = {
-        {SIZE_MAX / 16 + 1, 16},
-        {SIZE_MAX, 1},
-        {SIZE_MAX / 2 + 2, 2},
-        {5, SIZE_MAX / 2},
-        {8, 0}, /* elem 0 is no size at all */
+        {SIZE_MAX / 16 + 1, 16}, {SIZE_MAX, 1}, {SIZE_MAX / 2 + 2, 2},
+        {5, SIZE_MAX / 2},       {8, 0}, /* elem 0 is no size at all */
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         size_t cap = 4;

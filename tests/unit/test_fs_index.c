@@ -99,16 +99,18 @@ static size_t used_slots(const struct fs_index *ix)
 }
 
 /* Keys 1000 + 7i: none is 0, none repeats. */
-static uint64_t key_at(size_t i) { return 1000 + 7 * (uint64_t)i; }
+static uint64_t key_at(size_t i)
+{
+    return 1000 + 7 * (uint64_t)i;
+}
 
 static const struct insert_case {
     enum hash_kind kind;
     size_t n, min_slots;
 } insert_cases[] = {
-    {HASH_SPREAD, 1, 64},     {HASH_SPREAD, 44, 64}, /* 44 fit 64 slots at 0.7; 45 do not */
-    {HASH_SPREAD, 45, 64},    {HASH_SPREAD, 3000, 64},
-    {HASH_SPREAD, 2000, 1024}, {HASH_CONSTANT, 1, 8},
-    {HASH_CONSTANT, 300, 8},  {HASH_HIGH, 500, 16},
+    {HASH_SPREAD, 1, 64},  {HASH_SPREAD, 44, 64}, /* 44 fit 64 slots at 0.7; 45 do not */
+    {HASH_SPREAD, 45, 64}, {HASH_SPREAD, 3000, 64}, {HASH_SPREAD, 2000, 1024},
+    {HASH_CONSTANT, 1, 8}, {HASH_CONSTANT, 300, 8}, {HASH_HIGH, 500, 16},
 };
 
 Test(fs_index, insert_find_grow)
@@ -179,10 +181,10 @@ Test(fs_index, rebuild_refuses_bad_sizes)
     static const struct {
         size_t nslots, n;
     } cases[] = {
-        {4, 4},  /* no free slot */
-        {2, 4},  /* fewer slots than entries */
-        {12, 4}, /* not a power of two */
-        {0, 0},  /* no slots at all */
+        {4, 4},                  /* no free slot */
+        {2, 4},                  /* fewer slots than entries */
+        {12, 4},                 /* not a power of two */
+        {0, 0},                  /* no slots at all */
         {8, (size_t)UINT32_MAX}, /* a position that does not fit a slot */
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {

@@ -31,8 +31,9 @@ static void exec(const char *sql)
 static void insert_point(int64_t series, int64_t step, const double *value)
 {
     sqlite3_stmt *st;
-    cr_assert_eq(sqlite3_prepare_v2(http_fx.rw, "INSERT INTO points(series_id, step, value, time) "
-                                                "VALUES (?1, ?2, ?3, 0)",
+    cr_assert_eq(sqlite3_prepare_v2(http_fx.rw,
+                                    "INSERT INTO points(series_id, step, value, time) "
+                                    "VALUES (?1, ?2, ?3, 0)",
                                     -1, &st, NULL),
                  SQLITE_OK);
     sqlite3_bind_int64(st, 1, series);
@@ -111,7 +112,9 @@ Test(http, readyz_follows_stats)
         {.ready = 0, .failing = 0, .status = 503, .mention = "not ready"},
         {.ready = 1, .failing = SQLITE_IOERR, .status = 503, .mention = "storage: disk I/O error"},
         /* The writer clears ready while commits fail: the reason still shows. */
-        {.ready = 0, .failing = SQLITE_FULL, .status = 503,
+        {.ready = 0,
+         .failing = SQLITE_FULL,
+         .status = 503,
          .mention = "storage: database or disk is full"},
     };
     for (size_t i = 0; i < N(cases); i++) {
@@ -510,9 +513,11 @@ Test(http, downsampling_bucket_means)
     expect_buckets("/api/v1/series/2/points?max_points=3", three, 3, 34);
 
     /* a sub-range: [10, 19] into 5 buckets of 2 */
-    const struct bucket sub[] = {
-        {10, 10.5, 10, 11}, {12, 12.5, 12, 13}, {14, 14.5, 14, 15}, {16, 16.5, 16, 17},
-        {18, 18.5, 18, 19}};
+    const struct bucket sub[] = {{10, 10.5, 10, 11},
+                                 {12, 12.5, 12, 13},
+                                 {14, 14.5, 14, 15},
+                                 {16, 16.5, 16, 17},
+                                 {18, 18.5, 18, 19}};
     expect_buckets("/api/v1/series/2/points?from=10&to=19&max_points=5", sub, 5, 2);
 
     /* one bucket */
@@ -706,8 +711,7 @@ Test(http, keep_alive_reuses_the_connection)
     for (size_t i = 0; i < N(paths); i++) {
         struct resp r;
         request(h, NULL, paths[i], NULL, &r);
-        cr_assert_eq(r.new_conns, i == 0 ? 1 : 0, "%s: %ld new connections", paths[i],
-                     r.new_conns);
+        cr_assert_eq(r.new_conns, i == 0 ? 1 : 0, "%s: %ld new connections", paths[i], r.new_conns);
         resp_free(&r);
     }
     curl_easy_cleanup(h);
@@ -719,8 +723,11 @@ Test(http, counts_requests_and_errors)
         const char *path;
         long status;
     } cases[] = {
-        {"/healthz", 200}, {"/api/v1/runs", 200}, {"/nope", 404},
-        {"/api/v1/runs?limit=0", 400}, {"/api/v1/runs/run-a", 200},
+        {"/healthz", 200},
+        {"/api/v1/runs", 200},
+        {"/nope", 404},
+        {"/api/v1/runs?limit=0", 400},
+        {"/api/v1/runs/run-a", 200},
     };
     uint64_t errors = 0;
     for (size_t i = 0; i < N(cases); i++) {
@@ -750,11 +757,15 @@ static void *writer_main(void *arg)
     }
     sqlite3_busy_timeout(w, 10000);
     sqlite3_stmt *ins = NULL, *upd = NULL;
-    int bad = sqlite3_prepare_v2(w, "INSERT INTO points(series_id, step, value, time) "
-                                    "VALUES (7, ?1, ?1, 0)", -1, &ins, NULL) != SQLITE_OK ||
-              sqlite3_prepare_v2(w, "UPDATE series SET points = points + ?1, "
-                                    "first_step = coalesce(first_step, 0), last_step = ?2 "
-                                    "WHERE id = 7", -1, &upd, NULL) != SQLITE_OK;
+    int bad = sqlite3_prepare_v2(w,
+                                 "INSERT INTO points(series_id, step, value, time) "
+                                 "VALUES (7, ?1, ?1, 0)",
+                                 -1, &ins, NULL) != SQLITE_OK ||
+              sqlite3_prepare_v2(w,
+                                 "UPDATE series SET points = points + ?1, "
+                                 "first_step = coalesce(first_step, 0), last_step = ?2 "
+                                 "WHERE id = 7",
+                                 -1, &upd, NULL) != SQLITE_OK;
     for (int b = 0; !bad && b < WRITER_BATCHES; b++) {
         bad |= sqlite3_exec(w, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK;
         for (int i = 0; !bad && i < WRITER_BATCH; i++) {
@@ -865,8 +876,8 @@ Test(http, start_errors)
         int rc = http_start(&o, &h, &err);
         cr_assert_lt(rc, 0, "case %zu started", i);
         cr_assert_null(h, "case %zu", i);
-        cr_assert(strstr(err.msg, cases[i].mention), "case %zu: '%s' lacks '%s'", i,
-                  err.msg, cases[i].mention);
+        cr_assert(strstr(err.msg, cases[i].mention), "case %zu: '%s' lacks '%s'", i, err.msg,
+                  cases[i].mention);
     }
     unlink(empty);
     http_stop(NULL);
@@ -874,9 +885,11 @@ Test(http, start_errors)
 
 Test(http, ipv6_loopback_and_stop_with_idle_connections)
 {
-    struct http_opts o = {
-        .host = "::1", .port = 0, .db_path = http_fx.db.path, .threads = 2,
-        .stats = &http_fx.stats};
+    struct http_opts o = {.host = "::1",
+                          .port = 0,
+                          .db_path = http_fx.db.path,
+                          .threads = 2,
+                          .stats = &http_fx.stats};
     struct http *h6 = NULL;
     struct fs_err err = {0};
     int rc = http_start(&o, &h6, &err);

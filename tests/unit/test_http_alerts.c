@@ -27,14 +27,17 @@
 /* --- fixture ---------------------------------------------------------------------------------- */
 
 #define FX_ALERTS 60
-#define FX_HISTORY_ALERT 1   /* fixture index whose alert has a small history */
-#define FX_LONG_ALERT 2      /* fixture index whose alert has a history beyond the bound */
-#define FX_LONG_EVENTS 1005  /* > the server's bound of 1000 */
+#define FX_HISTORY_ALERT 1  /* fixture index whose alert has a small history */
+#define FX_LONG_ALERT 2     /* fixture index whose alert has a history beyond the bound */
+#define FX_LONG_EVENTS 1005 /* > the server's bound of 1000 */
 
 static const char *const fx_rules[] = {"qk.d2.erank", "router.maxvio", "loss"};
-static const char *const fx_attrs[] = {"attention-numerics", "optimizer-hyperparameter",
-                                       "combined",           "router-balance",
-                                       "non-finite",         "loss-spike",
+static const char *const fx_attrs[] = {"attention-numerics",
+                                       "optimizer-hyperparameter",
+                                       "combined",
+                                       "router-balance",
+                                       "non-finite",
+                                       "loss-spike",
                                        "none"};
 static const char *const fx_runs[] = {NULL, "run-a", "run-b"}; /* by run id */
 
@@ -171,8 +174,7 @@ static void insert_history(void)
             sqlite3_bind_int64(st, 5, fx_history[i].step + (which == 0 ? 0 : 1000));
             sqlite3_bind_double(st, 6, 700.0 + (double)i);
             sqlite3_bind_text(st, 7, "combined", -1, SQLITE_STATIC);
-            sqlite3_bind_text(st, 8, which == 0 ? fx_history[i].evidence : "{}", -1,
-                              SQLITE_STATIC);
+            sqlite3_bind_text(st, 8, which == 0 ? fx_history[i].evidence : "{}", -1, SQLITE_STATIC);
             step_done(st);
         }
     }
@@ -328,8 +330,8 @@ static size_t fetch_all(const char *query, int limit, int64_t *ids, size_t cap)
     for (int pages = 0;; pages++) {
         cr_assert_lt(pages, 200, "%s: pagination does not end", query);
         char path[1024];
-        snprintf(path, sizeof path, "/api/v1/alerts?%s%slimit=%d%s%s", query,
-                 query[0] ? "&" : "", limit, after[0] ? "&after=" : "", after);
+        snprintf(path, sizeof path, "/api/v1/alerts?%s%slimit=%d%s%s", query, query[0] ? "&" : "",
+                 limit, after[0] ? "&after=" : "", after);
         struct resp r;
         json_t *doc = get_json(path, 200, &r);
         json_t *alerts = json_object_get(doc, "alerts");
@@ -348,8 +350,7 @@ static size_t fetch_all(const char *query, int limit, int64_t *ids, size_t cap)
             break;
         }
         cr_assert(json_is_string(next), "%s: next is neither a string nor null", path);
-        cr_assert_eq(json_array_size(alerts), (size_t)limit, "%s: short page with a cursor",
-                     path);
+        cr_assert_eq(json_array_size(alerts), (size_t)limit, "%s: short page with a cursor", path);
         char want[32];
         snprintf(want, sizeof want, "%" PRId64, ids[n - 1]);
         cr_assert_str_eq(json_string_value(next), want, "%s: cursor is not the last id", path);
@@ -433,8 +434,8 @@ Test(http_alerts, every_filter_every_page_size_newest_first)
         for (size_t li = 0; li < N(limits); li++) {
             int64_t got[FX_ALERTS];
             size_t ngot = fetch_all(filters[fi].query, limits[li], got, N(got));
-            cr_assert_eq(ngot, nwant, "'%s' limit %d: %zu alerts, expected %zu",
-                         filters[fi].query, limits[li], ngot, nwant);
+            cr_assert_eq(ngot, nwant, "'%s' limit %d: %zu alerts, expected %zu", filters[fi].query,
+                         limits[li], ngot, nwant);
             for (size_t k = 0; k < nwant; k++)
                 cr_assert_eq(got[k], want[k],
                              "'%s' limit %d: #%zu is %" PRId64 ", expected %" PRId64,
@@ -945,7 +946,8 @@ Test(http_alerts, other_methods_are_405)
     }
 }
 
-/* --- silenced_by: each silence compiled once ---------------------------------------------------- */
+/* --- silenced_by: each silence compiled once ----------------------------------------------------
+ */
 
 static void insert_silence(int64_t id, const char *matchers)
 {

@@ -71,12 +71,29 @@ Test(http_parse, duration_table)
         const char *text;
         double seconds; /* < 0: refused */
     } cases[] = {
-        {"90s", 90},      {"15m", 900},       {"2h", 7200},      {"1d", 86400},
-        {"1w", 604800},   {"1h30m", 5400},    {"1d2h3m4s", 93784}, {"3600", 3600},
-        {"1.5h", 5400},   {"0.5", 0.5},       {"", -1},          {"h", -1},
-        {"2x", -1},       {"30m1h", -1},      {"1h1h", -1},      {"-5m", -1},
-        {"0", -1},        {"0s", -1},         {"1.h", -1},       {" 2h", -1},
-        {"2h ", -1},      {"1e3", -1},        {"99999999999999999999999999999999999h", -1},
+        {"90s", 90},
+        {"15m", 900},
+        {"2h", 7200},
+        {"1d", 86400},
+        {"1w", 604800},
+        {"1h30m", 5400},
+        {"1d2h3m4s", 93784},
+        {"3600", 3600},
+        {"1.5h", 5400},
+        {"0.5", 0.5},
+        {"", -1},
+        {"h", -1},
+        {"2x", -1},
+        {"30m1h", -1},
+        {"1h1h", -1},
+        {"-5m", -1},
+        {"0", -1},
+        {"0s", -1},
+        {"1.h", -1},
+        {" 2h", -1},
+        {"2h ", -1},
+        {"1e3", -1},
+        {"99999999999999999999999999999999999h", -1},
     };
     for (size_t i = 0; i < N(cases); i++) {
         double v = -7;
@@ -108,7 +125,7 @@ Test(http_parse, time_parse_table)
         {"2023-02-29T00:00:00Z", -1}, /* not a leap year */
         {"2026-13-01T00:00:00Z", -1},
         {"2026-01-02T24:00:00Z", -1},
-        {"2026-01-02T03:04:05", -1},  /* no zone */
+        {"2026-01-02T03:04:05", -1}, /* no zone */
         {"2026-01-02 03:04:05Z", -1},
         {"2026-01-02T03:04:05.Z", -1},
         {"2026-01-02T03:04:05Zjunk", -1},
@@ -175,8 +192,8 @@ Test(http_parse, silence_body_table)
          NOW + 60},
         {"{" M1 ",\"endsAt\":\"2026-01-02T04:04:05Z\",\"createdBy\":\"me\"}", NULL, NULL, NOW,
          NOW + 3600},
-        {"{" M1 ",\"startsAt\":1767326645,\"endsAt\":1767330245,\"createdBy\":\"me\"}", NULL,
-         NULL, NOW + 3600, NOW + 7200},
+        {"{" M1 ",\"startsAt\":1767326645,\"endsAt\":1767330245,\"createdBy\":\"me\"}", NULL, NULL,
+         NOW + 3600, NOW + 7200},
         {"{" M1 ",\"startsAt\":\"2026-01-02T04:04:05Z\",\"duration\":\"1h\",\"createdBy\":\"x\"}",
          NULL, NULL, NOW + 3600, NOW + 7200},
         {"{\"duration\":\"30m\",\"createdBy\":\"ops\",\"comment\":\"restart\"}", "gpt-7b", NULL,
@@ -184,12 +201,11 @@ Test(http_parse, silence_body_table)
         /* refused, each naming its field */
         {"not json", NULL, "body: not valid JSON", 0, 0},
         {"[1]", NULL, "body: must be a JSON object", 0, 0},
-        {"{\"duration\":\"2h\",\"createdBy\":\"me\"}", NULL, "field 'matchers': is required", 0,
+        {"{\"duration\":\"2h\",\"createdBy\":\"me\"}", NULL, "field 'matchers': is required", 0, 0},
+        {"{\"matchers\":[],\"duration\":\"2h\",\"createdBy\":\"me\"}", NULL, "field 'matchers'", 0,
          0},
-        {"{\"matchers\":[],\"duration\":\"2h\",\"createdBy\":\"me\"}", NULL, "field 'matchers'",
-         0, 0},
-        {"{\"matchers\":{},\"duration\":\"2h\",\"createdBy\":\"me\"}", NULL, "field 'matchers'",
-         0, 0},
+        {"{\"matchers\":{},\"duration\":\"2h\",\"createdBy\":\"me\"}", NULL, "field 'matchers'", 0,
+         0},
         {"{\"matchers\":[{\"name\":\"run\",\"value\":\".*\",\"isRegex\":true}],"
          "\"duration\":\"2h\",\"createdBy\":\"me\"}",
          NULL, "every alert", 0, 0},
@@ -211,19 +227,18 @@ Test(http_parse, silence_body_table)
         {"{" M1 ",\"startsAt\":1,\"duration\":60,\"createdBy\":\"me\"}", NULL,
          "field 'duration': the silence would already be over", 0, 0},
         {"{" M1 ",\"duration\":60}", NULL, "field 'createdBy': is required", 0, 0},
-        {"{" M1 ",\"duration\":60,\"createdBy\":\"\"}", NULL, "field 'createdBy': must not be empty",
-         0, 0},
-        {"{" M1 ",\"duration\":60,\"createdBy\":7}", NULL, "field 'createdBy': must be a string",
-         0, 0},
-        {"{" M1 ",\"duration\":60,\"createdBy\":\"me\",\"comment\":[]}", NULL, "field 'comment'",
-         0, 0},
+        {"{" M1 ",\"duration\":60,\"createdBy\":\"\"}", NULL,
+         "field 'createdBy': must not be empty", 0, 0},
+        {"{" M1 ",\"duration\":60,\"createdBy\":7}", NULL, "field 'createdBy': must be a string", 0,
+         0},
+        {"{" M1 ",\"duration\":60,\"createdBy\":\"me\",\"comment\":[]}", NULL, "field 'comment'", 0,
+         0},
         {"{" M1 ",\"duration\":60,\"createdBy\":\"me\",\"color\":\"red\"}", NULL,
          "field 'color': unknown", 0, 0},
         {"{" M1 ",\"duration\":60,\"createdBy\":\"me\",\"createdBy\":\"you\"}", NULL,
          "body: not valid JSON", 0, 0},
         /* maintenance takes no matchers */
-        {"{" M1 ",\"duration\":60,\"createdBy\":\"me\"}", "r1", "field 'matchers': unknown", 0,
-         0},
+        {"{" M1 ",\"duration\":60,\"createdBy\":\"me\"}", "r1", "field 'matchers': unknown", 0, 0},
         {"{\"createdBy\":\"me\"}", "r1", "field 'endsAt'", 0, 0},
     };
     for (size_t i = 0; i < N(cases); i++) {
@@ -233,8 +248,8 @@ Test(http_parse, silence_body_table)
                                         &req, &why);
         if (cases[i].why) {
             cr_expect_eq(rc, -EINVAL, "case %zu accepted: %s", i, cases[i].body);
-            cr_expect(strstr(why.msg, cases[i].why), "case %zu: '%s' lacks '%s'", i,
-                      why.msg, cases[i].why);
+            cr_expect(strstr(why.msg, cases[i].why), "case %zu: '%s' lacks '%s'", i, why.msg,
+                      cases[i].why);
             continue;
         }
         cr_assert_eq(rc, 0, "case %zu refused: %s", i, why.msg);
@@ -250,10 +265,10 @@ Test(http_parse, silence_body_canonical_and_bounded)
     struct silence_req req;
     struct fs_err why = {0};
     const char *b = "{\"duration\":60,\"createdBy\":\"me\"}";
-    cr_assert_eq(http_silence_req_parse(b, strlen(b), "gpt-7b", NOW, &req, &why), 0,
-                 "%s", why.msg);
-    cr_expect_str_eq(req.matchers_json,
-                     "[{\"name\":\"run\",\"value\":\"gpt-7b\",\"isRegex\":false,\"isEqual\":true}]");
+    cr_assert_eq(http_silence_req_parse(b, strlen(b), "gpt-7b", NOW, &req, &why), 0, "%s", why.msg);
+    cr_expect_str_eq(
+        req.matchers_json,
+        "[{\"name\":\"run\",\"value\":\"gpt-7b\",\"isRegex\":false,\"isEqual\":true}]");
     cr_expect_str_eq(req.created_by, "me");
     cr_expect_str_eq(req.comment, "");
 
@@ -263,11 +278,10 @@ Test(http_parse, silence_body_canonical_and_bounded)
     memset(by, 'a', sizeof by - 1);
     by[sizeof by - 1] = '\0';
     snprintf(body, sizeof body, "{" M1 ",\"duration\":60,\"createdBy\":\"%s\"}", by);
-    cr_expect_eq(http_silence_req_parse(body, strlen(body), NULL, NOW, &req, &why),
-                 -EINVAL);
+    cr_expect_eq(http_silence_req_parse(body, strlen(body), NULL, NOW, &req, &why), -EINVAL);
     cr_expect(strstr(why.msg, "field 'createdBy': longer than"), "%s", why.msg);
     by[sizeof by - 2] = '\0'; /* exactly the bound */
     snprintf(body, sizeof body, "{" M1 ",\"duration\":60,\"createdBy\":\"%s\"}", by);
-    cr_expect_eq(http_silence_req_parse(body, strlen(body), NULL, NOW, &req, &why), 0,
-                 "%s", why.msg);
+    cr_expect_eq(http_silence_req_parse(body, strlen(body), NULL, NOW, &req, &why), 0, "%s",
+                 why.msg);
 }

@@ -20,8 +20,11 @@ static struct store *s;
 static void setup(void)
 {
     tmpdb_make(&db, "silstore");
-    struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 20,
-                           .batch_max_items = 16, .stats = &stats};
+    struct store_opts o = {.max_runs = 10,
+                           .queue_max_items = 100,
+                           .queue_max_bytes = 1 << 20,
+                           .batch_max_items = 16,
+                           .stats = &stats};
     struct fs_err err = {0};
     cr_assert_eq(store_open(db.path, &o, &s, &err), 0, "%s", err.msg);
 }

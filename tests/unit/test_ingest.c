@@ -29,7 +29,7 @@ struct server {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int started; /* 1 ok, -1 failed */
+    int started;       /* 1 ok, -1 failed */
     int loop_close_rc; /* checked by the test thread: Criterion asserts there only */
     uint16_t port;
 };
@@ -80,14 +80,20 @@ static void server_start(struct server *sv, uint64_t queue_items, uint64_t batch
     snprintf(sv->dir, sizeof(sv->dir), "/tmp/fs-ingest-XXXXXX");
     cr_assert_not_null(mkdtemp(sv->dir));
     snprintf(sv->path, sizeof(sv->path), "%s/t.db", sv->dir);
-    struct store_opts so = {.max_runs = 10, .queue_max_items = queue_items,
-                            .queue_max_bytes = 1 << 24, .batch_max_items = batch,
+    struct store_opts so = {.max_runs = 10,
+                            .queue_max_items = queue_items,
+                            .queue_max_bytes = 1 << 24,
+                            .batch_max_items = batch,
                             .stats = &sv->stats};
     struct fs_err err = {0};
     cr_assert_eq(store_open(sv->path, &so, &sv->store, &err), 0, "%s", err.msg);
-    sv->io = (struct ingest_opts){.host = "127.0.0.1", .port = 0, .max_connections = max_conns,
-                                  .max_conn_buffer_bytes = 1 << 20, .token = token,
-                                  .store = sv->store, .stats = &sv->stats};
+    sv->io = (struct ingest_opts){.host = "127.0.0.1",
+                                  .port = 0,
+                                  .max_connections = max_conns,
+                                  .max_conn_buffer_bytes = 1 << 20,
+                                  .token = token,
+                                  .store = sv->store,
+                                  .stats = &sv->stats};
     decode_limits_default(&sv->io.limits, 1 << 20);
     pthread_mutex_init(&sv->mu, NULL);
     pthread_cond_init(&sv->cv, NULL);
@@ -239,8 +245,7 @@ static void expect_error_then_eof(int fd, int code, const char *name)
     }
     cr_assert_not_null(f, "%s: closed without Error", name);
     cr_assert_eq(f->body_case, FORESHOCK__FRAME__BODY_ERROR, "%s: body %d", name, f->body_case);
-    cr_expect_eq(f->error->code, code, "%s: code %d (%s)", name, f->error->code,
-                 f->error->message);
+    cr_expect_eq(f->error->code, code, "%s: code %d (%s)", name, f->error->code, f->error->message);
     cr_expect(f->error->message[0] != '\0', "%s: empty message", name);
     decode_frame_free(f);
     shutdown(fd, SHUT_WR); /* the daemon drains until our EOF, then closes */
@@ -411,8 +416,8 @@ Test(ingest, stop_acks_what_it_committed)
     sqlite3_finalize(st);
     sqlite3_close(db);
     if (last > 0)
-        cr_expect_eq((uint64_t)committed, last, "committed %lld, acked %llu",
-                     (long long)committed, (unsigned long long)last);
+        cr_expect_eq((uint64_t)committed, last, "committed %lld, acked %llu", (long long)committed,
+                     (unsigned long long)last);
     store_close(sv.store);
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", sv.dir);

@@ -57,8 +57,8 @@ Test(metrics, stats_text)
     atomic_store(&st.monitor_seconds_sum_us, 1500000);
     /* two commits: 0.0007 s and 0.02 s (cumulative buckets, as store.c keeps them) */
     for (int i = 0; i < STATS_COMMIT_BUCKETS; i++)
-        atomic_store(&st.commit_seconds_bucket[i], (stats_commit_bucket_le[i] >= 0.02) +
-                                                       (stats_commit_bucket_le[i] >= 0.0007));
+        atomic_store(&st.commit_seconds_bucket[i],
+                     (stats_commit_bucket_le[i] >= 0.02) + (stats_commit_bucket_le[i] >= 0.0007));
     atomic_store(&st.commit_seconds_bucket[STATS_COMMIT_BUCKETS], 2);
     atomic_store(&st.commit_seconds_sum_us, 20700);
     st.ntargets = 2;
@@ -148,10 +148,10 @@ Test(metrics, db_families)
                 " (3, 'r-new', 0, 9990, 1, 70, 10), (4, 'r-none', 0, 9999, 1, NULL, 0)");
     db_exec(db, "INSERT INTO series(id, run_id, name, layer, head, window, rank, last_step) VALUES"
                 " (1, 3, 'loss', -1, -1, 0, 1, 70), (2, 3, 'loss', -1, -1, 0, 0, 69),"
-                " (3, 3, 'qk.d2.erank.min', 2, -1, 8, -1, 70),"  /* per layer: shown */
-                " (4, 3, 'qk.d2.erank', 2, 5, 8, -1, 70),"       /* per head: not */
-                " (5, 3, 'router.maxvio', 1, -1, 0, -1, 70),"    /* per layer, no window */
-                " (6, 3, 'weight_norm', 0, -1, 0, 0, 70),"       /* per rank: not */
+                " (3, 3, 'qk.d2.erank.min', 2, -1, 8, -1, 70)," /* per layer: shown */
+                " (4, 3, 'qk.d2.erank', 2, 5, 8, -1, 70),"      /* per head: not */
+                " (5, 3, 'router.maxvio', 1, -1, 0, -1, 70),"   /* per layer, no window */
+                " (6, 3, 'weight_norm', 0, -1, 0, 0, 70),"      /* per rank: not */
                 " (7, 2, 'loss', -1, -1, 0, 0, 50),"
                 " (8, 3, 'qk.d2.erank.argmin', 2, -1, 8, -1, 70)"); /* a head index: not */
     db_exec(db, "INSERT INTO points(series_id, step, value, time) VALUES (1, 70, 9.5, 0),"

@@ -42,8 +42,8 @@ struct head_w {
     double *wq, *wk, *dwq, *dwk; /* dh x d, row-major */
 };
 
-static struct head_w head_make(size_t dh, size_t d, double delta, bool frozen_q,
-                               bool frozen_k, uint64_t *seed)
+static struct head_w head_make(size_t dh, size_t d, double delta, bool frozen_q, bool frozen_k,
+                               uint64_t *seed)
 {
     struct head_w w = {.dh = dh, .d = d};
     w.wq = randn(dh * d, 1.0, seed);
@@ -64,8 +64,8 @@ static void head_free(struct head_w *w)
 /* out (d x d) += X^T Y for dh x d row-major X, Y. */
 static void add_xty(const double *x, const double *y, size_t dh, size_t d, double *out)
 {
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)d, (int)d, (int)dh, 1.0, x,
-                (int)d, y, (int)d, 1.0, out, (int)d);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)d, (int)d, (int)dh, 1.0, x, (int)d, y,
+                (int)d, 1.0, out, (int)d);
 }
 
 /* sigma^2 of a d x d matrix (destroyed), descending, into s[d]. */
@@ -217,8 +217,8 @@ static void assert_spectrum(const double *got, size_t glen, const double *want, 
     size_t n = glen > wlen ? glen : wlen;
     for (size_t i = 0; i < n; i++) {
         double g = i < glen ? got[i] : 0, w = i < wlen ? want[i] : 0;
-        cr_assert(fabs(g - w) <= lim, "%s: value %zu got %.15g want %.15g (s_max %.6g)", name,
-                  i, g, w, smax);
+        cr_assert(fabs(g - w) <= lim, "%s: value %zu got %.15g want %.15g (s_max %.6g)", name, i, g,
+                  w, smax);
     }
 }
 
@@ -242,8 +242,7 @@ static void check_head(struct qk_workspace *ws, const struct head_w *w, const do
         const double *got = qk_workspace_spectrum(ws, (enum qk_spectrum)k, &len);
         cr_assert_not_null(got);
         assert_spectrum(got, len, ref->spec[k], w->d, stol, what);
-        struct spectrum_scalars want =
-            ref_scalars(ref->spec[k], w->d, spec_nominal[k] * w->dh);
+        struct spectrum_scalars want = ref_scalars(ref->spec[k], w->d, spec_nominal[k] * w->dh);
         assert_scalars(&h.spec[k], &want, ctol, !f32, what);
     }
     cr_assert(h.norms_present, "%s", name);
@@ -269,15 +268,18 @@ static void check_head(struct qk_workspace *ws, const struct head_w *w, const do
 struct qk_case {
     const char *name;
     unsigned dh, d;
-    double delta;        /* scale of dWq, dWk against W ~ N(0, 1) */
+    double delta; /* scale of dWq, dWk against W ~ N(0, 1) */
     bool frozen_q, frozen_k;
-    unsigned shards;     /* 1 or 3 (uneven) */
-    bool f32;            /* Grams through float32 wire bytes */
+    unsigned shards; /* 1 or 3 (uneven) */
+    bool f32;        /* Grams through float32 wire bytes */
     /* which spectra must be present: d2, d1, d3, w */
     bool present[QK_NSPECTRA];
 };
 
-#define ALL {true, true, true, true}
+#define ALL                                                                                        \
+    {                                                                                              \
+        true, true, true, true                                                                     \
+    }
 
 static const struct qk_case cases[] = {
     {"dh4 d16", 4, 16, 1.0, false, false, 1, false, ALL},
@@ -396,7 +398,8 @@ Test(monitor_qk, gqa_two_query_heads_share_wk)
             cr_assert_arr_eq(gb, gb_shared, len * 8, "GB must be the shared key head's");
             free(gb);
         }
-        check_head(ws, heads[i], ga, gb_shared, &ref, false, &out[i], i ? "gqa head 2" : "gqa head 1");
+        check_head(ws, heads[i], ga, gb_shared, &ref, false, &out[i],
+                   i ? "gqa head 2" : "gqa head 1");
         free(ga);
         reference_free(&ref);
     }
@@ -433,10 +436,18 @@ Test(monitor_qk, spectrum_sketch_equals_gram_path)
             sk[k][i] = (float)ref.spec[k][i];
     struct qk_spectra_in in = {
         .dh = 32,
-        .d2 = sk[QK_D2], .n_d2 = 64, .d1 = sk[QK_D1], .n_d1 = 64,
-        .d3 = sk[QK_D3], .n_d3 = 32, .w = sk[QK_W], .n_w = 32,
+        .d2 = sk[QK_D2],
+        .n_d2 = 64,
+        .d1 = sk[QK_D1],
+        .n_d1 = 64,
+        .d3 = sk[QK_D3],
+        .n_d3 = 32,
+        .w = sk[QK_W],
+        .n_w = 32,
         .has_norms = true,
-        .q_delta_sq = ref.q_delta_sq, .q_sq = ref.q_sq, .k_sq = ref.k_sq,
+        .q_delta_sq = ref.q_delta_sq,
+        .q_sq = ref.q_sq,
+        .k_sq = ref.k_sq,
         .k_delta_sq = ref.k_delta_sq,
     };
     struct qk_head s;
@@ -635,10 +646,9 @@ static struct qk_head fake_head(double erank2, bool d2_present, double cqk, bool
 Test(monitor_qk, layer_aggregate_min_mean_max_argmin)
 {
     struct qk_head heads[5] = {
-        fake_head(4.0, true, 0.1, true),
-        fake_head(2.0, true, 0.0, false), /* cqk absent */
-        fake_head(1.0, false, 0.3, true), /* d2 absent: skipped */
-        fake_head(2.0, true, 0.2, true),  /* ties keep the first argmin */
+        fake_head(4.0, true, 0.1, true),  fake_head(2.0, true, 0.0, false), /* cqk absent */
+        fake_head(1.0, false, 0.3, true),                                   /* d2 absent: skipped */
+        fake_head(2.0, true, 0.2, true), /* ties keep the first argmin */
         fake_head(6.0, true, 0.05, true),
     };
     heads[4].nonfinite = true; /* a nonfinite head counts for nothing */

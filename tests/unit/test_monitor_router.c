@@ -199,8 +199,8 @@ Test(monitor_router, weight_side_against_direct_computation)
         cr_assert_eq(out.sim_present, k->sim_present, "%s: sim present", k->name);
         if (k->sim_present)
             assert_rel(out.sim, ref.sim, tol, "sim", k->name);
-        cr_assert(fabs(out.wbar_sq - ref.wbar_sq) <= tol * fmax(scale, 1e-300), "%s: wbar_sq %g vs %g",
-                  k->name, out.wbar_sq, ref.wbar_sq);
+        cr_assert(fabs(out.wbar_sq - ref.wbar_sq) <= tol * fmax(scale, 1e-300),
+                  "%s: wbar_sq %g vs %g", k->name, out.wbar_sq, ref.wbar_sq);
         cr_assert(fabs(out.centered_energy - ref.centered_energy) <= tol * fmax(tr, 1e-300),
                   "%s: centered energy %.15g vs %.15g", k->name, out.centered_energy,
                   ref.centered_energy);
@@ -299,11 +299,11 @@ Test(monitor_router, weight_side_robustness)
 
 struct tok_case {
     const char *name;
-    unsigned e, k;   /* experts, top-k */
+    unsigned e, k; /* experts, top-k */
     unsigned tokens;
-    double temp;     /* logit scale: large = confident routing */
-    double bias0;    /* logit bias of expert 0: large = collapse onto it */
-    unsigned ranks;  /* token statistics summed over this many ranks */
+    double temp;    /* logit scale: large = confident routing */
+    double bias0;   /* logit bias of expert 0: large = collapse onto it */
+    unsigned ranks; /* token statistics summed over this many ranks */
 };
 
 static const struct tok_case tok_cases[] = {
@@ -419,12 +419,12 @@ Test(monitor_router, decision_side_against_per_token_computation)
         assert_rel(out.maxvio, ref.maxvio, 1e-12, "maxvio", k->name);
         assert_rel(out.load_entropy, ref.load_entropy, 1e-12, "load entropy", k->name);
         assert_rel(out.balance, ref.balance, 1e-10, "balance", k->name);
-        cr_assert_eq(out.dead_experts, ref.dead, "%s: dead %u want %u", k->name,
-                     out.dead_experts, ref.dead);
+        cr_assert_eq(out.dead_experts, ref.dead, "%s: dead %u want %u", k->name, out.dead_experts,
+                     ref.dead);
         cr_assert_eq(out.norm_present, e >= 2, "%s", k->name);
         if (e >= 2) {
-            assert_rel(out.entropy_norm, ref.entropy_mean / log((double)e), 1e-10,
-                       "entropy norm", k->name);
+            assert_rel(out.entropy_norm, ref.entropy_mean / log((double)e), 1e-10, "entropy norm",
+                       k->name);
             assert_rel(out.load_entropy_norm, ref.load_entropy / log((double)e), 1e-12,
                        "load entropy norm", k->name);
         }
@@ -448,9 +448,13 @@ Test(monitor_router, decision_side_closed_forms_and_edges)
     /* Perfect balance: 4 experts, 10 tokens each, uniform p. */
     uint64_t load[4] = {10, 10, 10, 10};
     double sum_p[4] = {10, 10, 10, 10};
-    struct router_tokens in = {.n_experts = 4, .n_tok = 40, .sum_h = 40 * log(4.0),
-                               .sum_h2 = 40 * log(4.0) * log(4.0), .sum_lse2 = 40 * 4.0,
-                               .load = load, .sum_p = sum_p};
+    struct router_tokens in = {.n_experts = 4,
+                               .n_tok = 40,
+                               .sum_h = 40 * log(4.0),
+                               .sum_h2 = 40 * log(4.0) * log(4.0),
+                               .sum_lse2 = 40 * 4.0,
+                               .load = load,
+                               .sum_p = sum_p};
     struct router_decision out;
     cr_assert_eq(router_decision_compute(&in, &out), 0);
     assert_rel(out.maxvio, 0.0, 1e-15, "maxvio", "balanced");

@@ -244,12 +244,11 @@ Test(page_format, classify_table)
         long status;
         enum page_verdict v;
     } cases[] = {
-        {200, PAGE_DELIVERED}, {202, PAGE_DELIVERED}, {204, PAGE_DELIVERED},
-        {400, PAGE_GIVE_UP},   {401, PAGE_GIVE_UP},   {403, PAGE_GIVE_UP},
-        {404, PAGE_GIVE_UP},   {413, PAGE_GIVE_UP},   {422, PAGE_GIVE_UP},
-        {408, PAGE_RETRY},     {429, PAGE_RETRY},     {500, PAGE_RETRY},
-        {502, PAGE_RETRY},     {503, PAGE_RETRY},     {504, PAGE_RETRY},
-        {301, PAGE_RETRY},     {100, PAGE_RETRY},
+        {200, PAGE_DELIVERED}, {202, PAGE_DELIVERED}, {204, PAGE_DELIVERED}, {400, PAGE_GIVE_UP},
+        {401, PAGE_GIVE_UP},   {403, PAGE_GIVE_UP},   {404, PAGE_GIVE_UP},   {413, PAGE_GIVE_UP},
+        {422, PAGE_GIVE_UP},   {408, PAGE_RETRY},     {429, PAGE_RETRY},     {500, PAGE_RETRY},
+        {502, PAGE_RETRY},     {503, PAGE_RETRY},     {504, PAGE_RETRY},     {301, PAGE_RETRY},
+        {100, PAGE_RETRY},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         cr_expect_eq(page_classify(cases[i].status), cases[i].v, "status %ld", cases[i].status);
@@ -262,10 +261,12 @@ Test(page_format, backoff_bounds)
         uint32_t attempts;
         double lo, hi; /* [d/2, d] */
     } cases[] = {
-        {1, 300, 1, 0.5, 1},   {1, 300, 2, 1, 2},     {1, 300, 5, 8, 16},
-        {1, 300, 9, 128, 256}, {1, 300, 10, 150, 300}, {1, 300, 1000, 150, 300},
-        {0.2, 0.5, 3, 0.25, 0.5}, {2, 2, 1, 1, 2},    {1, 300, 0, 0.5, 1},
-        {1, 300, UINT32_MAX, 150, 300}, {0, 300, UINT32_MAX, 0, 0}, /* no 2^32 loop */
+        {1, 300, 1, 0.5, 1},        {1, 300, 2, 1, 2},
+        {1, 300, 5, 8, 16},         {1, 300, 9, 128, 256},
+        {1, 300, 10, 150, 300},     {1, 300, 1000, 150, 300},
+        {0.2, 0.5, 3, 0.25, 0.5},   {2, 2, 1, 1, 2},
+        {1, 300, 0, 0.5, 1},        {1, 300, UINT32_MAX, 150, 300},
+        {0, 300, UINT32_MAX, 0, 0}, /* no 2^32 loop */
     };
     static const double us[] = {0, 0.25, 0.5, 0.999999};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -307,10 +308,9 @@ Test(page_format, route_table)
          * that silence_free reads, "" (no filter) included */
         memset(&r.match, 0xa5, sizeof(r.match));
         struct fs_err why = {0};
-        cr_assert_eq(page_parse_match(cases[i].match, &r.match, &why), 0,
-                     "case %zu: %s", i, why.msg);
-        cr_expect_eq(page_route_matches(&r, &a), cases[i].want, "case %zu (%s)", i,
-                     cases[i].match);
+        cr_assert_eq(page_parse_match(cases[i].match, &r.match, &why), 0, "case %zu: %s", i,
+                     why.msg);
+        cr_expect_eq(page_route_matches(&r, &a), cases[i].want, "case %zu (%s)", i, cases[i].match);
         silence_free(&r.match);
     }
 }
@@ -321,8 +321,7 @@ Test(page_format, bad_match_values)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         struct silence s;
         struct fs_err why = {0};
-        cr_expect_eq(page_parse_match(bad[i], &s, &why), -EINVAL, "'%s' parsed",
-                     bad[i]);
+        cr_expect_eq(page_parse_match(bad[i], &s, &why), -EINVAL, "'%s' parsed", bad[i]);
         cr_expect(strncmp(why.msg, "match:", 6) == 0, "'%s': reason '%s'", bad[i], why.msg);
     }
 }

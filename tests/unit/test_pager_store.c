@@ -25,7 +25,9 @@ static void fx_open(struct fixture *f)
 {
     memset(f, 0, sizeof(*f));
     tmpdb_make(&f->db, "pager");
-    struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 24,
+    struct store_opts o = {.max_runs = 10,
+                           .queue_max_items = 100,
+                           .queue_max_bytes = 1 << 24,
                            .batch_max_items = 16,
                            .stats = &f->stats};
     struct fs_err err = {0};
@@ -64,8 +66,8 @@ static struct store_item *alert_item(int64_t run, int to_state, const char *chan
     m->n_alerts = 1;
     m->alerts = calloc(1, sizeof(*m->alerts));
     struct store_alert_row *a = &m->alerts[0];
-    a->series = (struct store_series_key){.name = "loss", .layer = -1, .head = -1, .window = 0,
-                                          .rank = 0};
+    a->series =
+        (struct store_series_key){.name = "loss", .layer = -1, .head = -1, .window = 0, .rank = 0};
     snprintf(a->rule, sizeof(a->rule), "loss");
     snprintf(a->alert_key, sizeof(a->alert_key), "run=r1,rule=loss,rank=0");
     snprintf(a->dedup_key, sizeof(a->dedup_key), "fs-00000000000000aa");
@@ -141,14 +143,18 @@ Test(pager_store, outbox_rows_per_target_with_the_transition)
 
     /* Outcomes through the writer. */
     struct store_item *it = store_item_new(STORE_ITEM_OUTBOX);
-    it->outbox = (struct store_outbox_outcome){.outbox_id = 1, .state = STORE_OUTBOX_PENDING,
-                                               .attempts = 2, .next_attempt_at = 12345.5,
+    it->outbox = (struct store_outbox_outcome){.outbox_id = 1,
+                                               .state = STORE_OUTBOX_PENDING,
+                                               .attempts = 2,
+                                               .next_attempt_at = 12345.5,
                                                .http_status = 503};
     snprintf(it->outbox.last_error, sizeof(it->outbox.last_error), "HTTP 503: busy");
     cr_assert_eq(store_submit(f.s, it), 0);
     it = store_item_new(STORE_ITEM_OUTBOX);
-    it->outbox = (struct store_outbox_outcome){.outbox_id = 2, .state = STORE_OUTBOX_DELIVERED,
-                                               .next_attempt_at = NAN, .http_status = 202};
+    it->outbox = (struct store_outbox_outcome){.outbox_id = 2,
+                                               .state = STORE_OUTBOX_DELIVERED,
+                                               .next_attempt_at = NAN,
+                                               .http_status = 202};
     cr_assert_eq(store_submit(f.s, it), 0);
     store_flush(f.s);
     cr_expect_eq(q1(db, "SELECT state = 0 AND attempts = 2 AND next_attempt_at = 12345.5 AND "
@@ -228,8 +234,7 @@ Test(pager_store, target_config_table)
             cr_expect_eq(pc.n, 1u, "case %zu", i);
         } else {
             cr_expect_eq(rc, -EINVAL, "case %zu accepted", i);
-            cr_expect(strstr(msg, cases[i].has), "case %zu: '%s' lacks '%s'", i, msg,
-                      cases[i].has);
+            cr_expect(strstr(msg, cases[i].has), "case %zu: '%s' lacks '%s'", i, msg, cases[i].has);
         }
     }
 }
@@ -373,10 +378,14 @@ Test(pager_store, writer_prunes_periodically)
     struct fixture f;
     memset(&f, 0, sizeof(f));
     tmpdb_make(&f.db, "pager");
-    struct store_opts o = {.max_runs = 10, .queue_max_items = 100, .queue_max_bytes = 1 << 24,
+    struct store_opts o = {.max_runs = 10,
+                           .queue_max_items = 100,
+                           .queue_max_bytes = 1 << 24,
                            .batch_max_items = 16,
-                           .stats = &f.stats, .outbox_retention_s = 0.2,
-                           .silence_retention_s = 0.2, .prune_interval_s = 0.05};
+                           .stats = &f.stats,
+                           .outbox_retention_s = 0.2,
+                           .silence_retention_s = 0.2,
+                           .prune_interval_s = 0.05};
     struct fs_err err = {0};
     cr_assert_eq(store_open(f.db.path, &o, &f.s, &err), 0, "%s", err.msg);
     const char *names[] = {"t"};

@@ -72,8 +72,8 @@ static void add_gram(struct t_report *t, uint32_t layer, uint32_t head, uint32_t
     t->att[i] = a;
 }
 
-static void add_ones(struct t_report *t, uint32_t layer, uint32_t head, uint32_t dh,
-                     uint32_t shard, uint32_t shards)
+static void add_ones(struct t_report *t, uint32_t layer, uint32_t head, uint32_t dh, uint32_t shard,
+                     uint32_t shards)
 {
     static float ones[T_MAX_N * (T_MAX_N + 1) / 2];
     for (size_t i = 0; i < sizeof(ones) / sizeof(ones[0]); i++)
@@ -167,10 +167,8 @@ struct shard_case {
 };
 
 static const struct shard_case shard_cases[] = {
-    {.dh = 4, .d = 16, .shards = 1},
-    {.dh = 4, .d = 16, .shards = 4},
-    {.dh = 8, .d = 24, .shards = 3},
-    {.dh = 16, .d = 40, .shards = 5},
+    {.dh = 4, .d = 16, .shards = 1},  {.dh = 4, .d = 16, .shards = 4},
+    {.dh = 8, .d = 24, .shards = 3},  {.dh = 16, .d = 40, .shards = 5},
     {.dh = 32, .d = 64, .shards = 2},
 };
 
@@ -223,8 +221,8 @@ Test(run, shard_sums_equal_unsharded_gram)
             /* float32 partial Grams summed in double: relative error ~1e-7 of
              * the entry scale (|entries| <= d/4). */
             for (size_t k = 0; k < len; k++) {
-                cr_assert(fabs(g->a[k] - full_a[k]) <= 1e-6 * sc->d, "case %zu ga[%zu] %g vs %g",
-                          c, k, g->a[k], full_a[k]);
+                cr_assert(fabs(g->a[k] - full_a[k]) <= 1e-6 * sc->d, "case %zu ga[%zu] %g vs %g", c,
+                          k, g->a[k], full_a[k]);
                 cr_assert(fabs(g->b[k] - full_b[k]) <= 1e-6 * sc->d, "case %zu gb[%zu]", c, k);
             }
             run_bucket_free(bk);
@@ -296,16 +294,16 @@ Test(run, router_tokens_complete_by_announced_ranks_or_world_size)
         fx_init(&fx, tc->world, 1ull << 30);
         for (uint32_t r = 0; r < tc->announce_ranks; r++) {
             uint32_t layers[1] = {tc->layer};
-            struct run_hello h = {.rank = r, .world_size = tc->world, .moe_layers = layers,
-                                  .n_moe_layers = 1};
+            struct run_hello h = {
+                .rank = r, .world_size = tc->world, .moe_layers = layers, .n_moe_layers = 1};
             cr_assert_eq(run_hello(fx.run, &h), 0);
             /* saying hello again does not count twice */
             cr_assert_eq(run_hello(fx.run, &h), 0);
         }
         for (uint32_t r = tc->announce_ranks; r < tc->announce_ranks + tc->silent_ranks; r++) {
             uint32_t layers[1] = {tc->layer + 100};
-            struct run_hello h = {.rank = r, .world_size = tc->world, .moe_layers = layers,
-                                  .n_moe_layers = 1};
+            struct run_hello h = {
+                .rank = r, .world_size = tc->world, .moe_layers = layers, .n_moe_layers = 1};
             cr_assert_eq(run_hello(fx.run, &h), 0);
         }
         cr_assert_eq(run_tokens_want(fx.run, tc->layer), tc->want, "%s: want %u", tc->what,
@@ -360,34 +358,53 @@ struct t_hello {
 struct local_case {
     const char *what;
     uint32_t world;
-    const char *restored;   /* group reloaded from the database at start, NULL: none */
+    const char *restored;    /* group reloaded from the database at start, NULL: none */
     struct t_hello hello[6]; /* until rank UINT32_MAX */
     uint32_t want;           /* of layer 1 */
     uint32_t lead;
-    const char *local;       /* the union, as ranges */
+    const char *local; /* the union, as ranges */
 };
 
-#define END {UINT32_MAX, NULL, -1}
+#define END                                                                                        \
+    {                                                                                              \
+        UINT32_MAX, NULL, -1                                                                       \
+    }
 
 static const struct local_case local_cases[] = {
-    {"ranks 2-3 of 4 declare their node", 4, NULL,
-     {{2, "2-3", 1}, {3, "2-3", 1}, END}, 2, 2, "2-3"},
-    {"one of the node's ranks still connecting", 4, NULL,
-     {{2, "2-3", 1}, END}, 2, 2, "2-3"},
-    {"declared, nothing announced", 4, NULL,
-     {{2, "2-3", -1}, {3, "2-3", -1}, END}, 2, 2, "2-3"},
-    {"two nodes' groups on one daemon", 8, NULL,
-     {{4, "4-5", 1}, {5, "4-5", 1}, {6, "6-7", 1}, {7, "6-7", 1}, END}, 4, 4, "4-7"},
-    {"a rank heard outside the declared group counts", 4, NULL,
-     {{2, "2-3", 1}, {3, "2-3", 1}, {0, NULL, 1}, END}, 3, 2, "2-3"},
-    {"latest declaration of a rank wins", 4, NULL,
-     {{2, "2-3", 1}, {2, "2", 1}, END}, 1, 2, "2"},
+    {"ranks 2-3 of 4 declare their node",
+     4,
+     NULL,
+     {{2, "2-3", 1}, {3, "2-3", 1}, END},
+     2,
+     2,
+     "2-3"},
+    {"one of the node's ranks still connecting", 4, NULL, {{2, "2-3", 1}, END}, 2, 2, "2-3"},
+    {"declared, nothing announced", 4, NULL, {{2, "2-3", -1}, {3, "2-3", -1}, END}, 2, 2, "2-3"},
+    {"two nodes' groups on one daemon",
+     8,
+     NULL,
+     {{4, "4-5", 1}, {5, "4-5", 1}, {6, "6-7", 1}, {7, "6-7", 1}, END},
+     4,
+     4,
+     "4-7"},
+    {"a rank heard outside the declared group counts",
+     4,
+     NULL,
+     {{2, "2-3", 1}, {3, "2-3", 1}, {0, NULL, 1}, END},
+     3,
+     2,
+     "2-3"},
+    {"latest declaration of a rank wins", 4, NULL, {{2, "2-3", 1}, {2, "2", 1}, END}, 1, 2, "2"},
     {"restored at start, no rank back yet", 4, "2-3", {END}, 2, 2, "2-3"},
-    {"restored, then the ranks say hello", 4, "2-3",
-     {{2, "2-3", 1}, {3, "2-3", 1}, END}, 2, 2, "2-3"},
+    {"restored, then the ranks say hello",
+     4,
+     "2-3",
+     {{2, "2-3", 1}, {3, "2-3", 1}, END},
+     2,
+     2,
+     "2-3"},
     /* without a declaration nothing changes: the world is waited for */
-    {"undeclared: ranks 2-3 of 4", 4, NULL,
-     {{2, NULL, 1}, {3, NULL, 1}, END}, 4, 0, ""},
+    {"undeclared: ranks 2-3 of 4", 4, NULL, {{2, NULL, 1}, {3, NULL, 1}, END}, 4, 0, ""},
 };
 
 static void hello_of(struct run *run, uint32_t world, const struct t_hello *th, int expect)
@@ -397,9 +414,11 @@ static void hello_of(struct run *run, uint32_t world, const struct t_hello *th, 
     uint32_t layer = (uint32_t)th->layer;
     if (th->local)
         cr_assert_eq(ranks_parse(th->local, world, 4096, &local, &n), 0);
-    struct run_hello h = {.rank = th->rank, .world_size = world,
+    struct run_hello h = {.rank = th->rank,
+                          .world_size = world,
                           .moe_layers = th->layer >= 0 ? &layer : NULL,
-                          .n_moe_layers = th->layer >= 0, .local_ranks = local,
+                          .n_moe_layers = th->layer >= 0,
+                          .local_ranks = local,
                           .n_local_ranks = n};
     int rc = run_hello(run, &h);
     if (expect < 0)
@@ -494,7 +513,8 @@ Test(run, distinct_local_groups_are_bounded)
     run_registry_destroy(fx.reg);
 }
 
-/* --- timeouts -> incomplete records ------------------------------------------------------------ */
+/* --- timeouts -> incomplete records ------------------------------------------------------------
+ */
 
 struct timeout_case {
     const char *what;
@@ -555,8 +575,12 @@ Test(run, declared_shape_waits_for_every_head)
 {
     struct fixture fx;
     fx_init(&fx, 1, 1ull << 30);
-    struct run_hello h = {.rank = 0, .world_size = 1, .has_n_layers = true, .n_layers = 2,
-                          .has_n_heads = true, .n_heads = 2};
+    struct run_hello h = {.rank = 0,
+                          .world_size = 1,
+                          .has_n_layers = true,
+                          .n_layers = 2,
+                          .has_n_heads = true,
+                          .n_heads = 2};
     cr_assert_eq(run_hello(fx.run, &h), 0);
     struct t_report *t = malloc(sizeof(*t));
     report_init(t, 1, 4);
@@ -587,7 +611,8 @@ Test(run, declared_shape_waits_for_every_head)
     run_registry_destroy(fx.reg);
 }
 
-/* --- step order and late data --------------------------------------------------------------------- */
+/* --- step order and late data
+ * --------------------------------------------------------------------- */
 
 Test(run, later_bucket_waits_for_earlier)
 {
@@ -645,7 +670,8 @@ Test(run, buckets_created_out_of_order_are_taken_in_step_order)
     run_registry_destroy(fx.reg);
 }
 
-/* --- memory accounting ---------------------------------------------------------------------------- */
+/* --- memory accounting
+ * ---------------------------------------------------------------------------- */
 
 Test(run, memory_is_accounted_and_bounded)
 {
@@ -677,7 +703,8 @@ Test(run, memory_is_accounted_and_bounded)
     run_registry_destroy(fx.reg);
 }
 
-/* --- resend dedup -------------------------------------------------------------------------------- */
+/* --- resend dedup --------------------------------------------------------------------------------
+ */
 
 Test(run, stream_resend_dedup)
 {

@@ -14,9 +14,9 @@ static const struct {
     {"team-a-*", "team-a-7", true},
     {"team-a-*", "team-a-", true},
     {"team-a-*", "team-b-7", false},
-    {"team-a-*", "xteam-a-7", false},       /* anchored at the start */
+    {"team-a-*", "xteam-a-7", false}, /* anchored at the start */
     {"*-7", "team-a-7", true},
-    {"*-7", "team-a-70", false},            /* and at the end */
+    {"*-7", "team-a-70", false}, /* and at the end */
     {"gpt-?b", "gpt-7b", true},
     {"gpt-?b", "gpt-70b", false},
     {"*", "anything", true},
@@ -31,9 +31,8 @@ static const struct {
 Test(run_auth, glob)
 {
     for (size_t i = 0; i < sizeof(glob_cases) / sizeof(glob_cases[0]); i++)
-        cr_expect_eq(run_auth_match(glob_cases[i].pattern, glob_cases[i].run),
-                     glob_cases[i].match, "case %zu: %s vs %s", i, glob_cases[i].pattern,
-                     glob_cases[i].run);
+        cr_expect_eq(run_auth_match(glob_cases[i].pattern, glob_cases[i].run), glob_cases[i].match,
+                     "case %zu: %s vs %s", i, glob_cases[i].pattern, glob_cases[i].run);
 }
 
 static int parse(struct run_auth *ra, const char *text, struct fs_err *err)
@@ -50,8 +49,9 @@ Test(run_auth, first_matching_section_names_the_token)
 {
     static struct run_auth ra;
     struct fs_err err = {0};
-    cr_assert_eq(parse(&ra, "[run \"team-a-special\"]\ntoken = s\n"
-                            "[run \"team-a-*\"]\ntoken = a\n",
+    cr_assert_eq(parse(&ra,
+                       "[run \"team-a-special\"]\ntoken = s\n"
+                       "[run \"team-a-*\"]\ntoken = a\n",
                        &err),
                  0, "%s", err.msg);
     struct fs_err why = {0};

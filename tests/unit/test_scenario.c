@@ -178,12 +178,22 @@ static int h_spectrum(void *ctx, uint64_t step, uint32_t layer, uint32_t head, u
     cr_assert_eq(kv_head, sim_group(&h->p) > 1 ? head / sim_group(&h->p) : FSC_KV_HEAD_NONE);
     cr_assert(s->n_d2 == 2 * (size_t)h->p.dh && s->n_d1 == s->n_d2 && s->n_d3 == h->p.dh &&
               s->n_w == h->p.dh);
-    struct qk_spectra_in in = {
-        .dh = h->p.dh, .d2 = s->d2, .n_d2 = s->n_d2, .d1 = s->d1, .n_d1 = s->n_d1, .d3 = s->d3,
-        .n_d3 = s->n_d3, .w = s->w, .n_w = s->n_w,
-        .has_norms = (s->has & 15u) == 15u, .q_delta_sq = s->q_delta_sq, .q_sq = s->q_sq,
-        .k_sq = s->k_sq, .k_delta_sq = s->k_delta_sq,
-        .has_cqk = (s->has & FSC_SPECTRUM_HAS_CQK) != 0, .cqk = s->cqk};
+    struct qk_spectra_in in = {.dh = h->p.dh,
+                               .d2 = s->d2,
+                               .n_d2 = s->n_d2,
+                               .d1 = s->d1,
+                               .n_d1 = s->n_d1,
+                               .d3 = s->d3,
+                               .n_d3 = s->n_d3,
+                               .w = s->w,
+                               .n_w = s->n_w,
+                               .has_norms = (s->has & 15u) == 15u,
+                               .q_delta_sq = s->q_delta_sq,
+                               .q_sq = s->q_sq,
+                               .k_sq = s->k_sq,
+                               .k_delta_sq = s->k_delta_sq,
+                               .has_cqk = (s->has & FSC_SPECTRUM_HAS_CQK) != 0,
+                               .cqk = s->cqk};
     cr_assert(in.has_norms && in.has_cqk && s->cqk >= 0 && s->cqk <= 1);
     cr_assert_eq(qk_head_from_spectra(&in, &h->spec[layer][head]), 0);
     h->att_shards[layer][head]++;
@@ -197,7 +207,8 @@ static int h_router_gram(void *ctx, uint64_t step, uint32_t layer, uint32_t e, u
     (void)step;
     cr_assert(layer < h->p.layers && e == h->p.experts && shard == h->cur_rank &&
               shards == h->p.ranks);
-    cr_assert_eq(monitor_tri_accumulate(h->gr[layer], e, gr, monitor_tri_len(e) * sizeof(float)), 0);
+    cr_assert_eq(monitor_tri_accumulate(h->gr[layer], e, gr, monitor_tri_len(e) * sizeof(float)),
+                 0);
     h->gr_shards[layer]++;
     return 0;
 }
@@ -279,8 +290,8 @@ static void harness_evaluate(struct harness *h, uint64_t step)
                 if (p->route == SIM_ROUTE_SPECTRUM) {
                     heads[hd] = h->spec[l][hd];
                 } else {
-                    int rc = qk_head_from_grams(h->qk, p->dh, h->ga[l][hd], h->gb[l][hd],
-                                                &heads[hd]);
+                    int rc =
+                        qk_head_from_grams(h->qk, p->dh, h->ga[l][hd], h->gb[l][hd], &heads[hd]);
                     cr_assert_eq(rc, 0, "qk_head_from_grams: %d", rc);
                 }
                 cr_assert(!heads[hd].nonfinite);
@@ -303,9 +314,12 @@ static void harness_evaluate(struct harness *h, uint64_t step)
             while (!sim_is_moe(p, first))
                 first++;
             cr_assert_eq(h->tok_ranks[l], p->ranks, "router tokens incomplete");
-            struct router_tokens in = {.n_experts = p->experts, .n_tok = h->n_tok[l],
-                                       .sum_h = h->sum_h[l], .sum_h2 = h->sum_h2[l],
-                                       .sum_lse2 = h->sum_lse2[l], .load = h->load[l],
+            struct router_tokens in = {.n_experts = p->experts,
+                                       .n_tok = h->n_tok[l],
+                                       .sum_h = h->sum_h[l],
+                                       .sum_h2 = h->sum_h2[l],
+                                       .sum_lse2 = h->sum_lse2[l],
+                                       .load = h->load[l],
                                        .sum_p = h->sum_p[l]};
             cr_assert_eq(router_decision_compute(&in, &dd), 0);
             cr_assert(dd.present && dd.load_present && !dd.nonfinite);
@@ -449,12 +463,12 @@ struct sc_case {
 };
 
 static struct sc_case cases[] = {
-    {"healthy-moe", "healthy", 3, 2, 4, 16, 96, 5, 8, 128, 400, 1, EXPECT_QUIET, ALERT_ATTR_NONE,
-     0, SIM_ROUTE_GRAM},
+    {"healthy-moe", "healthy", 3, 2, 4, 16, 96, 5, 8, 128, 400, 1, EXPECT_QUIET, ALERT_ATTR_NONE, 0,
+     SIM_ROUTE_GRAM},
     /* Sketch series leave warm-up (20 samples) at step 40, exactly where the
      * lr warm-up turns into the cosine decay. */
-    {"healthy-k2", "healthy", 2, 2, 4, 16, 64, 2, 8, 128, 400, 2, EXPECT_QUIET, ALERT_ATTR_NONE,
-     0, SIM_ROUTE_GRAM},
+    {"healthy-k2", "healthy", 2, 2, 4, 16, 64, 2, 8, 128, 400, 2, EXPECT_QUIET, ALERT_ATTR_NONE, 0,
+     SIM_ROUTE_GRAM},
     {"healthy-dense", "healthy", 4, 3, 4, 16, 128, 5, 0, 0, 400, 3, EXPECT_QUIET, ALERT_ATTR_NONE,
      0, SIM_ROUTE_GRAM},
     {"attention-numerics", "attention-numerics", 3, 2, 4, 16, 96, 5, 8, 128, 400, 4,
@@ -466,8 +480,8 @@ static struct sc_case cases[] = {
     {"combined", "combined", 4, 2, 4, 16, 128, 5, 8, 128, 400, 7, EXPECT_COMBINED,
      ALERT_ATTR_COMBINED, 0, SIM_ROUTE_GRAM},
     /* Grouped-query attention: 8 query heads read 2 key heads. */
-    {"healthy-gqa", "healthy", 3, 2, 8, 16, 96, 5, 8, 128, 400, 8, EXPECT_QUIET, ALERT_ATTR_NONE,
-     2, SIM_ROUTE_GRAM},
+    {"healthy-gqa", "healthy", 3, 2, 8, 16, 96, 5, 8, 128, 400, 8, EXPECT_QUIET, ALERT_ATTR_NONE, 2,
+     SIM_ROUTE_GRAM},
     {"attention-numerics-gqa", "attention-numerics", 2, 3, 8, 16, 64, 5, 0, 0, 400, 9,
      EXPECT_NUMERICS, ALERT_ATTR_ATTENTION_NUMERICS, 2, SIM_ROUTE_GRAM},
     /* The spectrum route: the same signatures from synthesised spectra. */
@@ -486,24 +500,37 @@ static struct sc_case cases[] = {
 static void run_case(const struct sc_case *c, struct harness *h)
 {
     struct sim_rank *ranks[4] = {0};
-    struct sim_sink sink = {.ctx = h, .scalars = h_scalars, .attention = h_attention,
-                            .spectrum = h_spectrum, .router_gram = h_router_gram,
-                            .router_tokens = h_router_tokens, .layer_norms = h_layer_norms};
+    struct sim_sink sink = {.ctx = h,
+                            .scalars = h_scalars,
+                            .attention = h_attention,
+                            .spectrum = h_spectrum,
+                            .router_gram = h_router_gram,
+                            .router_tokens = h_router_tokens,
+                            .layer_norms = h_layer_norms};
     char err[256];
 
     cr_assert(c->ranks <= 4 && c->layers <= T_MAX_LAYERS && c->heads <= T_MAX_HEADS &&
               c->dh <= T_MAX_DH && c->experts <= T_MAX_EXPERTS && c->steps <= T_MAX_STEPS);
     h->sc = scenario_find(c->scenario);
     cr_assert(h->sc, "%s: no scenario", c->scenario);
-    h->p = (struct sim_params){.steps = c->steps, .seed = c->seed, .ranks = c->ranks,
-                               .layers = c->layers, .heads = c->heads,
-                               .kv_heads = c->kv_heads, .route = c->route, .dh = c->dh, .d = c->d,
-                               .sketch_every = c->sketch_every, .window = c->sketch_every,
-                               .sketches = 1, .layer_norms = 1, .experts = c->experts,
+    h->p = (struct sim_params){.steps = c->steps,
+                               .seed = c->seed,
+                               .ranks = c->ranks,
+                               .layers = c->layers,
+                               .heads = c->heads,
+                               .kv_heads = c->kv_heads,
+                               .route = c->route,
+                               .dh = c->dh,
+                               .d = c->d,
+                               .sketch_every = c->sketch_every,
+                               .window = c->sketch_every,
+                               .sketches = 1,
+                               .layer_norms = 1,
+                               .experts = c->experts,
                                .top_k = SIM_UINT32_UNSET,
                                .tokens = c->tokens ? c->tokens : SIM_UINT32_UNSET};
-    cr_assert_eq(sim_params_resolve(h->sc, &h->p, SIM_NEVER, SIM_NEVER, err, sizeof(err)), 0,
-                 "%s", err);
+    cr_assert_eq(sim_params_resolve(h->sc, &h->p, SIM_NEVER, SIM_NEVER, err, sizeof(err)), 0, "%s",
+                 err);
     detect_rules_default(&h->rules);
     cr_assert_eq(qk_workspace_create(c->dh, &h->qk), 0);
     cr_assert_eq(router_workspace_create(T_MAX_EXPERTS, &h->rw), 0);
@@ -600,9 +627,9 @@ ParameterizedTest(struct sc_case *c, scenario, signatures, .timeout = 240)
             trace_median(h->wnorm, 0, fault < 0 ? p->steps : (uint64_t)fault),
             trace_last(h->wnorm, diverge < 0 ? p->steps : (uint64_t)diverge),
             trace_median(h->uratio, 0, fault < 0 ? p->steps : (uint64_t)fault),
-            trace_last(h->uratio, diverge < 0 ? p->steps : (uint64_t)diverge),
-            shown(first[0]), who[0], shown(first[1]), who[1], shown(first[2]), who[2],
-            shown(first[3]), who[3], shown(first[4]), who[4]);
+            trace_last(h->uratio, diverge < 0 ? p->steps : (uint64_t)diverge), shown(first[0]),
+            who[0], shown(first[1]), who[1], shown(first[2]), who[2], shown(first[3]), who[3],
+            shown(first[4]), who[4]);
 
     int64_t d2 = first[DETECT_FAMILY_ATTENTION_D2];
     int64_t optim = first[DETECT_FAMILY_ROUTER_WEIGHT] < first[DETECT_FAMILY_WEIGHT_NORM]
@@ -615,18 +642,20 @@ ParameterizedTest(struct sc_case *c, scenario, signatures, .timeout = 240)
                          (long long)first[f]);
         break;
     case EXPECT_NUMERICS:
-        cr_expect(d2 > fault && d2 < diverge, "%s: Delta2 first fired at %lld (-1: never), "
-                  "fault %lld, diverge %lld", c->label, shown(d2), (long long)fault,
-                  (long long)diverge);
+        cr_expect(d2 > fault && d2 < diverge,
+                  "%s: Delta2 first fired at %lld (-1: never), "
+                  "fault %lld, diverge %lld",
+                  c->label, shown(d2), (long long)fault, (long long)diverge);
         cr_expect_eq(optim, T_NO_STEP, "%s: an optimizer rule fired at %lld", c->label,
                      shown(optim));
         cr_expect_eq(first[DETECT_FAMILY_ROUTER_BALANCE], T_NO_STEP, "%s: %s fired", c->label,
                      who[DETECT_FAMILY_ROUTER_BALANCE]);
         break;
     case EXPECT_OPTIMIZER:
-        cr_expect(optim > fault && optim < diverge, "%s: optimizer family first fired at %lld "
-                  "(-1: never), fault %lld, diverge %lld", c->label, shown(optim),
-                  (long long)fault, (long long)diverge);
+        cr_expect(optim > fault && optim < diverge,
+                  "%s: optimizer family first fired at %lld "
+                  "(-1: never), fault %lld, diverge %lld",
+                  c->label, shown(optim), (long long)fault, (long long)diverge);
         cr_expect_eq(d2, T_NO_STEP, "%s: %s fired at %lld", c->label,
                      who[DETECT_FAMILY_ATTENTION_D2], (long long)d2);
         break;
@@ -671,8 +700,8 @@ static struct resolve_case resolve_cases[] = {
     {"defaults", "attention-numerics", 400, 5, SIM_UINT32_UNSET, SIM_UINT32_UNSET, SIM_NEVER,
      SIM_NEVER, 0, 160, 232, 36, 0, 0},
     /* 30 % of 60 = 18 < 6 K = 60: diverge_step past the run. */
-    {"short run", "lr-spike", 100, 10, SIM_UINT32_UNSET, SIM_UINT32_UNSET, SIM_NEVER, SIM_NEVER,
-     0, 40, 100, 30, 8, 2},
+    {"short run", "lr-spike", 100, 10, SIM_UINT32_UNSET, SIM_UINT32_UNSET, SIM_NEVER, SIM_NEVER, 0,
+     40, 100, 30, 8, 2},
     {"given", "combined", 1000, 10, 16, 4, 300, 40, 0, 300, 340, 20, 16, 4},
     {"ramp cap", "combined", 10000, 10, SIM_UINT32_UNSET, SIM_UINT32_UNSET, 5000, 900, 0, 5000,
      5900, SIM_MAX_RAMP, 8, 2},
@@ -697,9 +726,17 @@ ParameterizedTestParameters(scenario, resolve)
 ParameterizedTest(struct resolve_case *c, scenario, resolve)
 {
     const struct scenario *sc = scenario_find(c->scenario);
-    struct sim_params p = {.steps = c->steps, .ranks = 1, .layers = 2, .heads = 2, .dh = 4,
-                           .d = 8, .sketch_every = c->sketch_every, .window = c->sketch_every,
-                           .experts = c->experts, .top_k = c->top_k, .tokens = SIM_UINT32_UNSET};
+    struct sim_params p = {.steps = c->steps,
+                           .ranks = 1,
+                           .layers = 2,
+                           .heads = 2,
+                           .dh = 4,
+                           .d = 8,
+                           .sketch_every = c->sketch_every,
+                           .window = c->sketch_every,
+                           .experts = c->experts,
+                           .top_k = c->top_k,
+                           .tokens = SIM_UINT32_UNSET};
     char err[256] = "";
 
     cr_assert(sc);
@@ -749,9 +786,18 @@ Test(scenario, divergence_crosses_tenfold_at_diverge_step)
 Test(scenario, router_replicas_and_shards)
 {
     const struct scenario *sc = scenario_find("lr-spike");
-    struct sim_params p = {.steps = 50, .seed = 9, .ranks = 3, .layers = 2, .heads = 1, .dh = 2,
-                           .d = 10, .sketch_every = 5, .window = 5, .sketches = 1,
-                           .experts = SIM_UINT32_UNSET, .top_k = SIM_UINT32_UNSET,
+    struct sim_params p = {.steps = 50,
+                           .seed = 9,
+                           .ranks = 3,
+                           .layers = 2,
+                           .heads = 1,
+                           .dh = 2,
+                           .d = 10,
+                           .sketch_every = 5,
+                           .window = 5,
+                           .sketches = 1,
+                           .experts = SIM_UINT32_UNSET,
+                           .top_k = SIM_UINT32_UNSET,
                            .tokens = 16};
     struct sim_rank *r[3];
     struct sim_sink none = {0};
@@ -771,9 +817,9 @@ Test(scenario, router_replicas_and_shards)
         cols += r[i]->ds;
         cr_assert_eq(r[i]->n_moe, 2);
         for (uint32_t m = 0; m < 2; m++)
-            cr_expect(!memcmp(r[i]->rt[m].obs, r[0]->rt[m].obs,
-                              (size_t)p.experts * p.d * sizeof(float)),
-                      "rank %u holds a different router %u", i, m);
+            cr_expect(
+                !memcmp(r[i]->rt[m].obs, r[0]->rt[m].obs, (size_t)p.experts * p.d * sizeof(float)),
+                "rank %u holds a different router %u", i, m);
     }
     cr_expect_eq(cols, p.d);
     /* Shard Grams (float, as sent) sum to the Gram of the whole router. */
@@ -783,8 +829,7 @@ Test(scenario, router_replicas_and_shards)
     for (uint32_t i = 0; i < 3; i++) {
         struct sim_router *t = &r[i]->rt[1];
         for (size_t x = 0; x < e; x++)
-            memcpy(t->shard + x * r[i]->ds, t->obs + x * p.d + r[i]->c0,
-                   r[i]->ds * sizeof(float));
+            memcpy(t->shard + x * r[i]->ds, t->obs + x * p.d + r[i]->c0, r[i]->ds * sizeof(float));
         cr_assert_eq(fsc_router_gram(t->shard, e, r[i]->ds, part), 0);
         for (size_t k = 0; k < tri; k++)
             sum[k] += part[k];
@@ -809,9 +854,9 @@ struct shape_case {
     uint32_t ranks, layers, heads, kv_heads, dh, d, window, experts;
     enum sim_route route;
     uint32_t replay_mb;
-    int rc;           /* expected return */
-    char reason[40];  /* a word the refusal must contain */
-    int split_heads;  /* gram route: whole heads per rank */
+    int rc;          /* expected return */
+    char reason[40]; /* a word the refusal must contain */
+    int split_heads; /* gram route: whole heads per rank */
 };
 
 static struct shape_case shape_cases[] = {
@@ -820,8 +865,8 @@ static struct shape_case shape_cases[] = {
     {"7B spectrum, 1 rank", 1, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, "", 0},
     {"70B spectrum, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, "", 0},
     {"70B spectrum, 1 rank", 1, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, "", 0},
-    {"70B spectrum, 1024 ranks", 1024, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0,
-     "", 0},
+    {"70B spectrum, 1024 ranks", 1024, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, "",
+     0},
     {"70B spectrum MoE, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 8, SIM_ROUTE_SPECTRUM, 64, 0, "", 0},
     /* 16 MB per report: not with an 8 MiB replay buffer. */
     {"70B spectrum, 1 rank, small replay", 1, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_SPECTRUM, 8,
@@ -832,12 +877,11 @@ static struct shape_case shape_cases[] = {
      * With the heads split over 8 ranks the 7B shape runs (34 MB reports);
      * on one rank its weights are too many. */
     {"7B gram, 8 ranks", 8, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "frame", 0},
-    {"7B gram, 8 ranks, split heads", 8, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, 0, "",
-     1},
+    {"7B gram, 8 ranks, split heads", 8, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, 0, "", 1},
     {"7B gram, 1 rank, split heads", 1, 32, 32, 8, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL,
      "floats", 1},
-    {"70B gram, 8 ranks, split heads", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_GRAM, 64,
-     -EINVAL, "floats", 1},
+    {"70B gram, 8 ranks, split heads", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL,
+     "floats", 1},
     {"gram split heads, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 0, SIM_ROUTE_GRAM, 64, 0, "",
      1},
     {"70B gram, 8 ranks", 8, 80, 64, 8, 128, 8192, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "floats", 0},
@@ -846,15 +890,15 @@ static struct shape_case shape_cases[] = {
     {"7B-like gram, 32 x 7 heads", 8, 32, 7, 0, 128, 4096, 10, 0, SIM_ROUTE_GRAM, 64, 0, "", 0},
     {"GQA gram, 2 of 8 key heads", 4, 2, 8, 2, 16, 128, 10, 0, SIM_ROUTE_GRAM, 64, 0, "", 0},
     /* Key heads must divide the query heads. */
-    {"kv-heads 7 of 32", 8, 32, 32, 7, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, -EINVAL,
-     "divide", 0},
+    {"kv-heads 7 of 32", 8, 32, 32, 7, 128, 4096, 10, 0, SIM_ROUTE_SPECTRUM, 64, -EINVAL, "divide",
+     0},
     {"kv-heads above heads", 1, 2, 4, 8, 16, 64, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "divide", 0},
     /* d is split over the ranks only where it is sharded. */
     {"gram, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 0, SIM_ROUTE_GRAM, 64, -EINVAL, "--d", 0},
-    {"spectrum dense, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0,
-     "", 0},
-    {"spectrum MoE, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 8, SIM_ROUTE_SPECTRUM, 64,
-     -EINVAL, "--d", 0},
+    {"spectrum dense, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 0, SIM_ROUTE_SPECTRUM, 64, 0, "",
+     0},
+    {"spectrum MoE, more ranks than d", 64, 2, 4, 0, 16, 32, 10, 8, SIM_ROUTE_SPECTRUM, 64, -EINVAL,
+     "--d", 0},
     {"window of 63 sketches", 1, 2, 4, 0, 16, 64, 630, 0, SIM_ROUTE_SPECTRUM, 64, -EINVAL,
      "--window", 0},
 };
@@ -868,22 +912,32 @@ ParameterizedTestParameters(scenario, shapes)
 ParameterizedTest(struct shape_case *c, scenario, shapes)
 {
     const struct scenario *sc = scenario_find(c->experts ? "lr-spike" : "healthy");
-    struct sim_params p = {.steps = 1000, .seed = 1, .ranks = c->ranks, .layers = c->layers,
-                           .heads = c->heads, .kv_heads = c->kv_heads, .route = c->route,
+    struct sim_params p = {.steps = 1000,
+                           .seed = 1,
+                           .ranks = c->ranks,
+                           .layers = c->layers,
+                           .heads = c->heads,
+                           .kv_heads = c->kv_heads,
+                           .route = c->route,
                            .split_heads = c->split_heads,
-                           .dh = c->dh, .d = c->d, .sketch_every = 10, .window = c->window,
-                           .sketches = 1, .layer_norms = 1, .experts = c->experts,
-                           .top_k = SIM_UINT32_UNSET, .tokens = SIM_UINT32_UNSET};
+                           .dh = c->dh,
+                           .d = c->d,
+                           .sketch_every = 10,
+                           .window = c->window,
+                           .sketches = 1,
+                           .layer_norms = 1,
+                           .experts = c->experts,
+                           .top_k = SIM_UINT32_UNSET,
+                           .tokens = SIM_UINT32_UNSET};
     char err[256] = "";
 
     cr_assert(sc);
-    cr_assert_eq(sim_params_resolve(sc, &p, SIM_NEVER, SIM_NEVER, err, sizeof(err)), 0, "%s",
-                 err);
+    cr_assert_eq(sim_params_resolve(sc, &p, SIM_NEVER, SIM_NEVER, err, sizeof(err)), 0, "%s", err);
     int rc = sim_params_check(&p, (size_t)c->replay_mb << 20, err, sizeof(err));
     cr_expect_eq(rc, c->rc, "%s: rc %d (%s)", c->label, rc, err);
     if (c->rc < 0)
-        cr_expect(strstr(err, c->reason), "%s: the refusal '%s' does not say '%s'", c->label,
-                  err, c->reason);
+        cr_expect(strstr(err, c->reason), "%s: the refusal '%s' does not say '%s'", c->label, err,
+                  c->reason);
     if (rc == 0 && c->route == SIM_ROUTE_SPECTRUM) {
         /* What the check let through must also be creatable, cheaply: one
          * head's spectra, no weights (routers aside). */
@@ -907,9 +961,9 @@ struct heads_case {
 };
 
 static struct heads_case heads_cases[] = {
-    {32, 8, 0, 0, 4}, {32, 8, 7, 28, 32}, {64, 8, 3, 24, 32}, {5, 2, 0, 0, 3}, {5, 2, 1, 3, 5},
-    {4, 8, 0, 0, 1},  {4, 8, 1, 1, 1},    {4, 8, 2, 1, 2},    {1, 1024, 0, 0, 1},
-    {1, 1024, 1023, 1, 1},
+    {32, 8, 0, 0, 4},   {32, 8, 7, 28, 32},    {64, 8, 3, 24, 32}, {5, 2, 0, 0, 3},
+    {5, 2, 1, 3, 5},    {4, 8, 0, 0, 1},       {4, 8, 1, 1, 1},    {4, 8, 2, 1, 2},
+    {1, 1024, 0, 0, 1}, {1, 1024, 1023, 1, 1},
 };
 
 ParameterizedTestParameters(scenario, rank_heads)
@@ -924,8 +978,10 @@ ParameterizedTest(struct heads_case *c, scenario, rank_heads)
     uint32_t h0, h1, next = 0;
 
     sim_rank_heads(&p, c->rank, &h0, &h1);
-    cr_expect(h0 == c->h0 && h1 == c->h1, "%u heads over %u ranks, rank %u: [%u, %u), want "
-              "[%u, %u)", c->heads, c->ranks, c->rank, h0, h1, c->h0, c->h1);
+    cr_expect(h0 == c->h0 && h1 == c->h1,
+              "%u heads over %u ranks, rank %u: [%u, %u), want "
+              "[%u, %u)",
+              c->heads, c->ranks, c->rank, h0, h1, c->h0, c->h1);
     for (uint32_t r = 0; r < c->ranks; r++) {
         sim_rank_heads(&p, r, &h0, &h1);
         cr_assert(h0 == next && h1 >= h0, "rank %u: [%u, %u) after %u", r, h0, h1, next);
@@ -941,7 +997,7 @@ struct route_case {
 };
 
 static struct route_case route_cases[] = {
-    {"gram", 0, SIM_ROUTE_GRAM},        {"spectrum", 0, SIM_ROUTE_SPECTRUM},
+    {"gram", 0, SIM_ROUTE_GRAM},           {"spectrum", 0, SIM_ROUTE_SPECTRUM},
     {"Spectrum", -EINVAL, SIM_ROUTE_GRAM}, {"", -EINVAL, SIM_ROUTE_GRAM},
     {"spectra", -EINVAL, SIM_ROUTE_GRAM},
 };
@@ -968,9 +1024,19 @@ ParameterizedTest(struct route_case *c, scenario, route_names)
 Test(scenario, gqa_pairs_query_heads_with_their_key_head)
 {
     const struct scenario *sc = scenario_find("healthy");
-    struct sim_params p = {.steps = 20, .seed = 3, .ranks = 1, .layers = 1, .heads = 6,
-                           .kv_heads = 2, .dh = 4, .d = 24, .sketch_every = 5, .window = 5,
-                           .sketches = 1, .experts = 0, .top_k = SIM_UINT32_UNSET,
+    struct sim_params p = {.steps = 20,
+                           .seed = 3,
+                           .ranks = 1,
+                           .layers = 1,
+                           .heads = 6,
+                           .kv_heads = 2,
+                           .dh = 4,
+                           .d = 24,
+                           .sketch_every = 5,
+                           .window = 5,
+                           .sketches = 1,
+                           .experts = 0,
+                           .top_k = SIM_UINT32_UNSET,
                            .tokens = SIM_UINT32_UNSET};
     struct sim_rank *r = NULL;
     char err[128];
@@ -1018,8 +1084,8 @@ struct split_sink {
 };
 
 static int split_put(void *ctx, uint64_t step, uint32_t layer, uint32_t head, uint32_t kv_head,
-                     uint32_t window, uint32_t dh, uint32_t shard, uint32_t shards,
-                     const float *ga, const float *gb)
+                     uint32_t window, uint32_t dh, uint32_t shard, uint32_t shards, const float *ga,
+                     const float *gb)
 {
     struct split_sink *s = ctx;
     (void)window, (void)dh;
@@ -1054,10 +1120,21 @@ ParameterizedTest(struct split_case *c, scenario, split_heads_same_grams)
 {
     const struct scenario *sc = scenario_find(c->scenario);
     static struct split_sink one, many;
-    struct sim_params p1 = {.steps = SPLIT_STEPS, .seed = 7, .ranks = 1, .layers = SPLIT_LAYERS,
-                            .heads = SPLIT_HEADS, .kv_heads = 2, .split_heads = 1, .dh = 4,
-                            .d = 24, .sketch_every = 10, .window = 10, .sketches = 1,
-                            .layer_norms = 1, .experts = 0, .top_k = SIM_UINT32_UNSET,
+    struct sim_params p1 = {.steps = SPLIT_STEPS,
+                            .seed = 7,
+                            .ranks = 1,
+                            .layers = SPLIT_LAYERS,
+                            .heads = SPLIT_HEADS,
+                            .kv_heads = 2,
+                            .split_heads = 1,
+                            .dh = 4,
+                            .d = 24,
+                            .sketch_every = 10,
+                            .window = 10,
+                            .sketches = 1,
+                            .layer_norms = 1,
+                            .experts = 0,
+                            .top_k = SIM_UINT32_UNSET,
                             .tokens = SIM_UINT32_UNSET};
     struct sim_params p4;
     char err[256];
@@ -1090,8 +1167,8 @@ ParameterizedTest(struct split_case *c, scenario, split_heads_same_grams)
         for (uint32_t l = 0; l < SPLIT_LAYERS; l++)
             for (uint32_t h = 0; h < SPLIT_HEADS; h++) {
                 cr_expect(one.sent[k][l][h] == 1 && many.sent[k][l][h] == 1,
-                          "step %u layer %u head %u sent %d times by 1 rank, %d by 4", k * 10, l,
-                          h, one.sent[k][l][h], many.sent[k][l][h]);
+                          "step %u layer %u head %u sent %d times by 1 rank, %d by 4", k * 10, l, h,
+                          one.sent[k][l][h], many.sent[k][l][h]);
                 cr_expect(!memcmp(one.g[k][l][h], many.g[k][l][h], sizeof(one.g[k][l][h])),
                           "step %u layer %u head %u: other Grams on 4 ranks than on 1", k * 10, l,
                           h);

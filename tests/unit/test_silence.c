@@ -39,10 +39,10 @@ static char *regex_silence_json(const char *pattern, bool is_equal, size_t copie
     json_t *arr = json_pack("[{s:s, s:s}]", "name", "alertname", "value", "x");
     cr_assert_not_null(arr);
     for (size_t i = 0; i < copies; i++)
-        cr_assert_eq(json_array_append_new(arr, json_pack("{s:s, s:s, s:b, s:b}", "name", "run",
-                                                          "value", pattern, "isRegex", 1,
-                                                          "isEqual", is_equal)),
-                     0);
+        cr_assert_eq(
+            json_array_append_new(arr, json_pack("{s:s, s:s, s:b, s:b}", "name", "run", "value",
+                                                 pattern, "isRegex", 1, "isEqual", is_equal)),
+            0);
     char *js = json_dumps(arr, JSON_COMPACT);
     json_decref(arr);
     cr_assert_not_null(js);
@@ -70,8 +70,8 @@ struct parse_case {
 static const struct parse_case parse_cases[] = {
     {"[{\"name\":\"run\",\"value\":\"gpt\"}]", 1, NULL},
     {"[{\"name\":\"run\",\"value\":\"gpt-.*\",\"isRegex\":true}]", 1, NULL},
-    {"[{\"name\":\"run\",\"value\":\"a\",\"isEqual\":false},{\"name\":\"layer\",\"value\":\"3\"}]", 1,
-     NULL},
+    {"[{\"name\":\"run\",\"value\":\"a\",\"isEqual\":false},{\"name\":\"layer\",\"value\":\"3\"}]",
+     1, NULL},
     {"[]", 0, "1 to"},
     {"{}", 0, "array"},
     {"not json", 0, "not JSON"},
@@ -99,8 +99,8 @@ Test(silence, parse_table)
             cr_expect_eq(rc, 0, "case %zu (%s): %s", i, c->json, why.msg);
         } else {
             cr_expect_eq(rc, -EINVAL, "case %zu (%s) parsed", i, c->json);
-            cr_expect(strstr(why.msg, c->why_has), "case %zu: reason '%s' lacks '%s'", i,
-                      why.msg, c->why_has);
+            cr_expect(strstr(why.msg, c->why_has), "case %zu: reason '%s' lacks '%s'", i, why.msg,
+                      c->why_has);
             cr_expect_eq(s.n, 0u, "case %zu: failed parse keeps matchers", i);
         }
         silence_free(&s);
@@ -111,7 +111,8 @@ Test(silence, too_many_matchers)
 {
     char json[4096] = "[";
     for (unsigned i = 0; i <= SILENCE_MAX_MATCHERS; i++)
-        strcat(json, i ? ",{\"name\":\"run\",\"value\":\"x\"}" : "{\"name\":\"run\",\"value\":\"x\"}");
+        strcat(json,
+               i ? ",{\"name\":\"run\",\"value\":\"x\"}" : "{\"name\":\"run\",\"value\":\"x\"}");
     strcat(json, "]");
     struct silence s = {0};
     struct fs_err why = {0};
@@ -132,10 +133,14 @@ static const struct match_case match_cases[] = {
     {"[{\"name\":\"run\",\"value\":\"gpt\"}]", "gpt", "3", 100, 0}, /* ends_at is exclusive */
     {"[{\"name\":\"run\",\"value\":\"g.t\",\"isRegex\":true}]", "gpt", NULL, 50, 1},
     {"[{\"name\":\"run\",\"value\":\"g\",\"isRegex\":true}]", "gpt", NULL, 50, 0}, /* anchored */
-    {"[{\"name\":\"run\",\"value\":\"gpt\"},{\"name\":\"layer\",\"value\":\"3\"}]", "gpt", "3", 50, 1},
-    {"[{\"name\":\"run\",\"value\":\"gpt\"},{\"name\":\"layer\",\"value\":\"3\"}]", "gpt", "4", 50, 0},
-    {"[{\"name\":\"run\",\"value\":\"gpt\"},{\"name\":\"layer\",\"value\":\"3\"}]", "gpt", NULL, 50, 0},
-    {"[{\"name\":\"run\",\"value\":\"gpt\"},{\"name\":\"layer\",\"value\":\"3\",\"isEqual\":false}]",
+    {"[{\"name\":\"run\",\"value\":\"gpt\"},{\"name\":\"layer\",\"value\":\"3\"}]", "gpt", "3", 50,
+     1},
+    {"[{\"name\":\"run\",\"value\":\"gpt\"},{\"name\":\"layer\",\"value\":\"3\"}]", "gpt", "4", 50,
+     0},
+    {"[{\"name\":\"run\",\"value\":\"gpt\"},{\"name\":\"layer\",\"value\":\"3\"}]", "gpt", NULL, 50,
+     0},
+    {"[{\"name\":\"run\",\"value\":\"gpt\"},{\"name\":\"layer\",\"value\":\"3\",\"isEqual\":false}"
+     "]",
      "gpt", "4", 50, 1},
     {"[{\"name\":\"run\",\"value\":\"gpt\"},{\"name\":\"layer\",\"value\":\"\"}]", "gpt", NULL, 50,
      1}, /* absent label = "" */
@@ -147,8 +152,8 @@ Test(silence, match_table)
         const struct match_case *c = &match_cases[i];
         struct silence s = {.starts_at = 10, .ends_at = 100};
         struct fs_err why = {0};
-        cr_assert_eq(silence_parse(c->json, strlen(c->json), &s, &why), 0, "case %zu: %s",
-                     i, why.msg);
+        cr_assert_eq(silence_parse(c->json, strlen(c->json), &s, &why), 0, "case %zu: %s", i,
+                     why.msg);
         struct silence_label labels[3] = {{"alertname", "qk.d2.srank"}};
         size_t n = 1;
         if (c->run)
@@ -168,7 +173,8 @@ Test(silence, canonical_json_round_trip)
     char out[512], small[8];
     cr_assert_eq(silence_parse(in, strlen(in), &s, &why), 0, "%s", why.msg);
     cr_assert_eq(silence_matchers_json(&s, out, sizeof out), 0);
-    cr_expect_str_eq(out, "[{\"name\":\"run\",\"value\":\"a\\\"b\",\"isRegex\":false,\"isEqual\":true}]");
+    cr_expect_str_eq(
+        out, "[{\"name\":\"run\",\"value\":\"a\\\"b\",\"isRegex\":false,\"isEqual\":true}]");
     cr_expect_eq(silence_matchers_json(&s, small, sizeof small), -ENOSPC);
     struct silence t = {0};
     cr_expect_eq(silence_parse(out, strlen(out), &t, &why), 0);
@@ -182,7 +188,7 @@ Test(silence, canonical_json_round_trip)
 struct hostile_case {
     const char *pattern; /* NULL: nested(nest) */
     size_t nest;
-    size_t copies;       /* regex matchers with this pattern in one silence */
+    size_t copies; /* regex matchers with this pattern in one silence */
     int ok;
     const char *why_has; /* refusals: a substring of the reason */
 };
@@ -226,8 +232,8 @@ Test(silence, hostile_patterns_refused_or_bounded)
             cr_expect_eq(s.n, 1 + c->copies, "case %zu", i);
         } else {
             cr_expect_eq(rc, -EINVAL, "case %zu (%s): parsed", i, pat);
-            cr_expect(strstr(why.msg, c->why_has),
-                      "case %zu (%s): reason '%s' lacks '%s'", i, pat, why.msg, c->why_has);
+            cr_expect(strstr(why.msg, c->why_has), "case %zu (%s): reason '%s' lacks '%s'", i, pat,
+                      why.msg, c->why_has);
         }
         silence_free(&s);
         free(js);
@@ -253,7 +259,7 @@ static const struct slow_case slow_cases[] = {
     {"(a|aa)*", false, "a", 255, "!", 0}, /* glibc: no match, so !~ silenced */
     {"(a+)+", true, "a", 255, "c", 0},
     {"(a+)+", false, "a", 255, "c", 0},
-    {"(.*a){20}", true, "a", 256, "", 0},       /* would match, given time */
+    {"(.*a){20}", true, "a", 256, "", 0}, /* would match, given time */
     {"(.*a){20}", false, "a", 256, "", 0},
     {"(?:a?){0,20}a{255}", true, "a", 256, "", 0}, /* would match, given time */
     {"(a{0,255}){0,255}", true, "a", 255, "b", 0},
@@ -281,8 +287,7 @@ Test(silence, pathological_matches_end_at_the_limit)
         char *js = regex_silence_json(c->pattern, c->is_equal, 1);
         struct silence s = {.starts_at = 0, .ends_at = 100};
         struct fs_err why = {0};
-        cr_assert_eq(silence_parse(js, strlen(js), &s, &why), 0, "case %zu: %s", i,
-                     why.msg);
+        cr_assert_eq(silence_parse(js, strlen(js), &s, &why), 0, "case %zu: %s", i, why.msg);
         char v[SILENCE_MAX_VALUE + 1] = "";
         size_t ul = strlen(c->unit), len = 0;
         for (unsigned k = 0; k < c->reps; k++, len += ul)

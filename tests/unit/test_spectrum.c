@@ -37,19 +37,51 @@ struct closed_case {
 
 static const struct closed_case closed[] = {
     {"one value", {9.0}, 1, 1, 1, 0.0, 0.0, 1.0, 3.0, 3.0},
-    {"uniform 4", {2, 2, 2, 2}, 4, 4, 4, 1.3862943611198906, 1.3862943611198906, 4.0,
-     2.8284271247461903, 1.4142135623730951},
+    {"uniform 4",
+     {2, 2, 2, 2},
+     4,
+     4,
+     4,
+     1.3862943611198906,
+     1.3862943611198906,
+     4.0,
+     2.8284271247461903,
+     1.4142135623730951},
     {"4 and 1", {1.0, 4.0}, 2, 2, 2, H41_2, H41_1, 1.25, 2.2360679774997898, 2.0},
-    {"zeros and tiny negatives dropped", {4.0, 0.0, -1e-18, 1.0, 0.0}, 5, 5, 2, H41_2, H41_1, 1.25,
-     2.2360679774997898, 2.0},
+    {"zeros and tiny negatives dropped",
+     {4.0, 0.0, -1e-18, 1.0, 0.0},
+     5,
+     5,
+     2,
+     H41_2,
+     H41_1,
+     1.25,
+     2.2360679774997898,
+     2.0},
     /* 1e-20 < 1 * 3 * eps: dropped, so the rank is 1 */
     {"below the floor dropped", {1.0, 1e-20, 0.0}, 3, 3, 1, 0.0, 0.0, 1.0, 1.0, 1.0},
     /* the floor uses m, not count: 1e-14 > 1*2*eps (kept), < 1*64*eps (dropped) */
-    {"floor from matrix size, kept", {1.0, 1e-14}, 2, 2, 2, UNCHECKED, UNCHECKED, 1.0 + 1e-14,
-     UNCHECKED, 1.0},
+    {"floor from matrix size, kept",
+     {1.0, 1e-14},
+     2,
+     2,
+     2,
+     UNCHECKED,
+     UNCHECKED,
+     1.0 + 1e-14,
+     UNCHECKED,
+     1.0},
     {"floor from matrix size, dropped", {1.0, 1e-14}, 2, 64, 1, 0.0, 0.0, 1.0, 1.0, 1.0},
-    {"huge values do not overflow", {1e300, 1e300}, 2, 2, 2, 0.6931471805599453,
-     0.6931471805599453, 2.0, 1.4142135623730951e150, 1e150},
+    {"huge values do not overflow",
+     {1e300, 1e300},
+     2,
+     2,
+     2,
+     0.6931471805599453,
+     0.6931471805599453,
+     2.0,
+     1.4142135623730951e150,
+     1e150},
 };
 
 Test(spectrum, closed_forms)
@@ -145,8 +177,8 @@ static void direct(const double *s, size_t n, struct spectrum_scalars *ref)
     ref->smax = (double)sqrtl(mx);
 }
 
-static void assert_scalars(const struct spectrum_scalars *got,
-                           const struct spectrum_scalars *want, double rel, const char *what)
+static void assert_scalars(const struct spectrum_scalars *got, const struct spectrum_scalars *want,
+                           double rel, const char *what)
 {
     cr_assert(got->present == want->present, "%s: present", what);
     cr_assert_eq(got->rank, want->rank, "%s: rank %u vs %u", what, got->rank, want->rank);

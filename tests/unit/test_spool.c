@@ -18,9 +18,9 @@
 #include "fs_limits.h"
 #include "spool.h"
 
-#define T_BODY 100u                             /* body bytes of every test record */
-#define T_REC (SPOOL_HEADER_BYTES + T_BODY)     /* record bytes on disk */
-#define T_SEG (2 * T_REC)                       /* two records per segment */
+#define T_BODY 100u                         /* body bytes of every test record */
+#define T_REC (SPOOL_HEADER_BYTES + T_BODY) /* record bytes on disk */
+#define T_SEG (2 * T_REC)                   /* two records per segment */
 #define T_MAX_RECS 32
 
 struct fx {
@@ -56,8 +56,12 @@ static void append(struct fx *f, unsigned i)
 {
     uint8_t body[T_BODY];
     memset(body, (int)i, sizeof(body));
-    struct spool_rec r = {.run_id = 1 + i % 2, .stream_id = 7, .rank = i % 3, .seq = i,
-                          .step = 10 * i, .len = T_BODY};
+    struct spool_rec r = {.run_id = 1 + i % 2,
+                          .stream_id = 7,
+                          .rank = i % 3,
+                          .seq = i,
+                          .step = 10 * i,
+                          .len = T_BODY};
     cr_assert_eq(spool_append(f->sp, &r, body), 0);
 }
 
@@ -94,8 +98,8 @@ static int feed(void *ctx, const struct spool_rec *r, const uint8_t *body)
     cr_expect_eq(r->step, 10 * r->seq);
     cr_expect_eq(r->rank, r->seq % 3);
     cr_expect_eq(r->stream_id, 7);
-    cr_expect(body[0] == (uint8_t)r->seq && body[T_BODY - 1] == (uint8_t)r->seq,
-              "body of seq %llu", (unsigned long long)r->seq);
+    cr_expect(body[0] == (uint8_t)r->seq && body[T_BODY - 1] == (uint8_t)r->seq, "body of seq %llu",
+              (unsigned long long)r->seq);
     g->seqs[g->n++] = (unsigned)r->seq;
     return 0;
 }
@@ -211,8 +215,8 @@ Test(spool, rewind_undoes_a_failed_batch)
 struct release_case {
     const char *name;
     unsigned n;
-    int64_t done1, done2;   /* evaluated steps of runs 1 and 2 (-1: none) */
-    int committed_behind;   /* the last record is not committed yet */
+    int64_t done1, done2; /* evaluated steps of runs 1 and 2 (-1: none) */
+    int committed_behind; /* the last record is not committed yet */
     size_t segments_left;
     uint64_t bytes_left;
 };

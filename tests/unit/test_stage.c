@@ -27,8 +27,8 @@
 #include "store.h"
 
 #define T_DH 4
-#define T_E 4       /* experts */
-#define T_D 8       /* router model dim */
+#define T_E 4 /* experts */
+#define T_D 8 /* router model dim */
 #define T_STEPS 70
 #define T_FAULT 30
 #define T_RUN "stage-run"
@@ -60,16 +60,23 @@ static void h_open(struct harness *h, const char *path)
 {
     memset(h, 0, sizeof(*h));
     cr_assert_eq(uv_loop_init(&h->loop), 0);
-    struct store_opts so = {.max_runs = 10, .queue_max_items = 100000,
-                            .queue_max_bytes = 1ull << 30, .batch_max_items = 64,
+    struct store_opts so = {.max_runs = 10,
+                            .queue_max_items = 100000,
+                            .queue_max_bytes = 1ull << 30,
+                            .batch_max_items = 64,
                             .stats = &h->stats};
     struct fs_err err = {0};
     cr_assert_eq(store_open(path, &so, &h->store, &err), 0, "%s", err.msg);
     detect_rules_default(&h->rules);
-    struct stage_opts sto = {.loop = &h->loop, .store = h->store, .stats = &h->stats,
-                             .rules = &h->rules, .reduce_timeout_s = 60,
-                             .reduce_max_bytes = 1ull << 30, .spool_max_bytes = 1ull << 30,
-                             .max_chunks = 2, .head_points_every = t_head_points_every,
+    struct stage_opts sto = {.loop = &h->loop,
+                             .store = h->store,
+                             .stats = &h->stats,
+                             .rules = &h->rules,
+                             .reduce_timeout_s = 60,
+                             .reduce_max_bytes = 1ull << 30,
+                             .spool_max_bytes = 1ull << 30,
+                             .max_chunks = 2,
+                             .head_points_every = t_head_points_every,
                              /* The tables test detection itself, not when
                               * training progress starts it (evaluate.h). */
                              .detect_from_step = g_progress ? 0 : 1};
@@ -90,8 +97,12 @@ static void h_open(struct harness *h, const char *path)
     h->stream_id = res[0].stream_id;
     h->seq = res[0].seq;
     free(res);
-    struct run_hello rh = {.rank = 0, .world_size = 1, .has_n_layers = true, .n_layers = 1,
-                           .has_n_heads = true, .n_heads = 2};
+    struct run_hello rh = {.rank = 0,
+                           .world_size = 1,
+                           .has_n_layers = true,
+                           .n_layers = 1,
+                           .has_n_heads = true,
+                           .n_heads = 2};
     cr_assert_eq(stage_hello(h->stage, h->run_id, T_RUN, h->stream_id, h->seq, &rh), 0);
 }
 
@@ -227,8 +238,13 @@ static void h_step(struct harness *h, int faults, uint64_t step)
     cr_assert(stage_wants_spool(h->stage, h->run_id, 0, &r));
     size_t spooled = rp->sketch_len; /* the store owns the item once submitted */
     cr_assert_eq(store_submit(h->store, it), 0);
-    struct stage_report in = {.run_id = h->run_id, .stream_id = h->stream_id, .rank = 0,
-                              .seq = r.seq, .step = step, .time = r.time_unix, .report = &r,
+    struct stage_report in = {.run_id = h->run_id,
+                              .stream_id = h->stream_id,
+                              .rank = 0,
+                              .seq = r.seq,
+                              .step = step,
+                              .time = r.time_unix,
+                              .report = &r,
                               .spool_bytes = spooled};
     cr_assert_eq(stage_feed(h->stage, &in), 0);
 }
@@ -244,13 +260,14 @@ static size_t read_events(const char *path, struct event **out)
     sqlite3 *db;
     cr_assert_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
     sqlite3_stmt *q;
-    cr_assert_eq(sqlite3_prepare_v2(db,
-                                    "SELECT a.rule, a.layer, a.head, a.\"window\", a.rank, e.change, "
-                                    "e.step, e.attribution, e.evidence_json FROM alert_events e "
-                                    "JOIN alerts a ON a.id = e.alert_id ORDER BY a.rule, a.layer, "
-                                    "a.head, a.\"window\", a.rank, e.id",
-                                    -1, &q, NULL),
-                 SQLITE_OK, "%s", sqlite3_errmsg(db));
+    cr_assert_eq(
+        sqlite3_prepare_v2(db,
+                           "SELECT a.rule, a.layer, a.head, a.\"window\", a.rank, e.change, "
+                           "e.step, e.attribution, e.evidence_json FROM alert_events e "
+                           "JOIN alerts a ON a.id = e.alert_id ORDER BY a.rule, a.layer, "
+                           "a.head, a.\"window\", a.rank, e.id",
+                           -1, &q, NULL),
+        SQLITE_OK, "%s", sqlite3_errmsg(db));
     size_t n = 0, cap = 0;
     struct event *ev = NULL;
     while (sqlite3_step(q) == SQLITE_ROW) {
@@ -369,8 +386,8 @@ static void run_crash(const char *path, int faults, uint64_t settled, uint64_t a
     h_close(&h);
 }
 
-static void expect_same(const char *what, const struct event *a, size_t na,
-                        const struct event *b, size_t nb)
+static void expect_same(const char *what, const struct event *a, size_t na, const struct event *b,
+                        size_t nb)
 {
     for (size_t i = 0; i < na || i < nb; i++) {
         const char *x = i < na ? a[i].line : "(none)", *y = i < nb ? b[i].line : "(none)";
@@ -387,11 +404,11 @@ struct stage_case {
     const char *name;
     int faults;
     /* expectations on the uninterrupted run */
-    const char *fires;       /* "rule|layer|head|window|rank|" prefix that must fire, or NULL */
-    long fire_step;          /* its to_firing step (-1: any) */
-    const char *label;       /* attribution of that to_firing event */
-    const char *evidence;    /* substring of its evidence */
-    const char *resolves;    /* prefix that must resolve, or NULL */
+    const char *fires;    /* "rule|layer|head|window|rank|" prefix that must fire, or NULL */
+    long fire_step;       /* its to_firing step (-1: any) */
+    const char *label;    /* attribution of that to_firing event */
+    const char *evidence; /* substring of its evidence */
+    const char *resolves; /* prefix that must resolve, or NULL */
     long resolve_step;
     const char *never_fires; /* prefix that must not fire, or NULL */
 };
@@ -401,14 +418,14 @@ static const struct stage_case cases[] = {
     {"sustained collapse", F_COLLAPSE, "qk.d2.erank|0|-1|1|-1|", T_FAULT + 2, "attention-numerics",
      "\"argmin_head\":1", NULL, 0, "router."},
     {"collapse then recovery", F_RECOVER, "qk.d2.erank|0|-1|1|-1|", T_FAULT + 2,
-     "attention-numerics", "\"breach_kind\":\"floor\"", "qk.d2.erank|0|-1|1|-1|",
-     T_FAULT + 5 + 4, NULL},
+     "attention-numerics", "\"breach_kind\":\"floor\"", "qk.d2.erank|0|-1|1|-1|", T_FAULT + 5 + 4,
+     NULL},
     {"NaN loss", F_NAN, "loss|-1|-1|0|0|", T_FAULT, "non-finite", "\"value\":null", NULL, 0,
      "qk.d2."},
     {"router similarity ramp", F_RAMP, "router.similarity|0|-1|0|-1|", -1,
      "optimizer-hyperparameter", "\"breach_kind\":\"z\"", NULL, 0, "qk.d2."},
-    {"both", F_COLLAPSE | F_RAMP, "qk.d2.erank|0|-1|1|-1|", T_FAULT + 2, "combined", NULL, NULL,
-     0, NULL},
+    {"both", F_COLLAPSE | F_RAMP, "qk.d2.erank|0|-1|1|-1|", T_FAULT + 2, "combined", NULL, NULL, 0,
+     NULL},
 };
 
 /* head_points_every thins the per-head series only: the per-layer
@@ -427,8 +444,9 @@ Test(stage, head_points_every_thins_per_head_series_only)
                                 "WHERE s.head >= 0";
     static const char off_grid[] = "SELECT count(*) FROM points p JOIN series s ON "
                                    "s.id = p.series_id WHERE s.head >= 0 AND p.step % 10 != 0";
-    static const char layers[] = "SELECT count(*) FROM points p JOIN series s ON s.id = p.series_id "
-                                 "WHERE s.head = -1 AND s.layer >= 0 AND s.rank = -1";
+    static const char layers[] =
+        "SELECT count(*) FROM points p JOIN series s ON s.id = p.series_id "
+        "WHERE s.head = -1 AND s.layer >= 0 AND s.rank = -1";
     cr_expect_gt(q1_path(all, heads), 0);
     cr_expect_eq(q1_path(thin, off_grid), 0, "per-head points off the grid");
     cr_expect_eq(q1_path(thin, heads) * 10, q1_path(all, heads), "one step in ten");

@@ -37,8 +37,7 @@ Test(stage_config, detect_rule_sections)
     struct fs_config cfg;
     config_defaults(&cfg);
     struct fs_err err = {0};
-    cr_assert_eq(config_parse(text, strlen(text), "t", &cfg, &sec, 1, &err), 0, "%s",
-                 err.msg);
+    cr_assert_eq(config_parse(text, strlen(text), "t", &cfg, &sec, 1, &err), 0, "%s", err.msg);
     cr_expect_eq(cfg.detect_from_step, 50);
     const struct detect_rule *r = detect_rules_find(&rules, "qk.d2.erank");
     cr_expect_eq(r->z, 4.5);
@@ -54,7 +53,8 @@ Test(stage_config, detect_rule_sections)
     cr_expect(detect_rules_find(&rules, "router.centered_energy")->trend, "untouched default");
 
     const struct bad_case bad[] = {
-        {"[detect \"nope\"]\nz = 1", "config: t:1: section [detect \"nope\"]: unknown detector rule"},
+        {"[detect \"nope\"]\nz = 1",
+         "config: t:1: section [detect \"nope\"]: unknown detector rule"},
         {"[detect]\nz = 1", "config: t:1: section [detect]: needs a rule name"},
         {"[detect \"loss\"]\n\nbogus = 1", "config: t:3: key 'bogus': "},
         {"[detect \"loss\"]\nz = -2", "config: t:2: key 'z': "},
@@ -66,8 +66,6 @@ Test(stage_config, detect_rule_sections)
         detect_rules_default(&rules);
         int rc = config_parse(bad[i].text, strlen(bad[i].text), "t", &cfg, &sec, 1, &err);
         cr_expect_eq(rc, -EINVAL, "'%s'", bad[i].text);
-        cr_expect(strstr(err.msg, bad[i].want), "'%s': got '%s'", bad[i].text,
-                  err.msg);
+        cr_expect(strstr(err.msg, bad[i].want), "'%s': got '%s'", bad[i].text, err.msg);
     }
 }
-

@@ -519,8 +519,9 @@ Test(store, legacy_spool_rows_move_into_the_log)
         cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
     }
     /* ... as schema version 7 (before the spool log) had them. */
-    cr_assert_eq(sqlite3_exec(db, "DROP TABLE spool_log; ALTER TABLE runs DROP COLUMN "
-                                  "spool_done_step; PRAGMA user_version = 7",
+    cr_assert_eq(sqlite3_exec(db,
+                              "DROP TABLE spool_log; ALTER TABLE runs DROP COLUMN "
+                              "spool_done_step; PRAGMA user_version = 7",
                               NULL, NULL, NULL),
                  SQLITE_OK, "%s", sqlite3_errmsg(db));
     sqlite3_close(db);
@@ -546,8 +547,8 @@ static struct store_item *monitor_item(int64_t run_id, int state, int with_event
     m->time = 5000.0;
     m->n_points = 2;
     m->points = calloc(2, sizeof(*m->points));
-    m->points[0].key = (struct store_series_key){.name = "qk.d2.erank.min", .layer = 1,
-                                                 .head = -1, .window = 10, .rank = -1};
+    m->points[0].key = (struct store_series_key){
+        .name = "qk.d2.erank.min", .layer = 1, .head = -1, .window = 10, .rank = -1};
     m->points[0].step = step;
     m->points[0].value = 1.25;
     m->points[1].key = m->points[0].key;
@@ -558,8 +559,8 @@ static struct store_item *monitor_item(int64_t run_id, int state, int with_event
     m->states = calloc(1, sizeof(*m->states));
     m->blobs = malloc(3);
     memcpy(m->blobs, "abc", 3);
-    m->states[0] = (struct store_detector_row){.key = m->points[0].key, .step = step,
-                                               .len = 3, .blob = m->blobs};
+    m->states[0] = (struct store_detector_row){
+        .key = m->points[0].key, .step = step, .len = 3, .blob = m->blobs};
     m->n_alerts = 1;
     m->alerts = calloc(1, sizeof(*m->alerts));
     struct store_alert_row *a = &m->alerts[0];
@@ -590,9 +591,13 @@ static struct store_item *monitor_item(int64_t run_id, int state, int with_event
     a->evidence_json = strdup("{\"value\":1.25}");
     m->n_incomplete = 1;
     m->incomplete = calloc(1, sizeof(*m->incomplete));
-    m->incomplete[0] = (struct store_incomplete_row){.kind = "router_tokens", .step = step,
-                                                     .layer = 2, .head = -1, .window = 0,
-                                                     .have = 3, .want = 4};
+    m->incomplete[0] = (struct store_incomplete_row){.kind = "router_tokens",
+                                                     .step = step,
+                                                     .layer = 2,
+                                                     .head = -1,
+                                                     .window = 0,
+                                                     .have = 3,
+                                                     .want = 4};
     m->has_spool_done = 1;
     m->spool_done_step = 20;
     return it;
@@ -631,8 +636,9 @@ Test(store, monitor_item_commits_rows_and_the_evaluated_step)
     cr_expect_eq(q1(db, "SELECT z IS NULL AND fired_step IS NULL AND first_breach_step = 30 "
                         "FROM alerts"),
                  1);
-    cr_expect_eq(q1(db, "SELECT count(*) FROM alert_events WHERE change = 'to_firing' AND "
-                        "attribution = 'attention-numerics' AND evidence_json = '{\"value\":1.25}'"),
+    cr_expect_eq(q1(db,
+                    "SELECT count(*) FROM alert_events WHERE change = 'to_firing' AND "
+                    "attribution = 'attention-numerics' AND evidence_json = '{\"value\":1.25}'"),
                  1);
     cr_expect_eq(q1(db, "SELECT have * 10 + want FROM incomplete WHERE kind = 'router_tokens' "
                         "AND layer = 2 AND step = 32"),
