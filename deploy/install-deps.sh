@@ -7,6 +7,9 @@ set -euo pipefail
 PKGS=(
   # build
   build-essential cmake pkg-config clang
+  # the house format, checked by tests/check-format.sh (its version is the one
+  # .clang-format was written for: Debian 12's clang-format 14)
+  clang-format
   # daemon and client libraries
   libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev
   libopenblas-dev liblapacke-dev libmicrohttpd-dev libcurl4-openssl-dev

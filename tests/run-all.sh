@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every dependency, builds, and runs the whole test suite twice:
+# Installs every dependency, checks the C sources against .clang-format,
+# builds, and runs the whole test suite twice:
 # a normal build and an AddressSanitizer + UndefinedBehaviorSanitizer build,
 # then runs the libFuzzer targets (frame decoder, HTTP parameters, silences,
 # configuration) for a bounded time each.
@@ -13,6 +14,9 @@ JOBS=$(nproc)
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 
 deploy/install-deps.sh
+
+echo "== format (clang-format, .clang-format) =="
+tests/check-format.sh
 
 echo "== build (RelWithDebInfo) =="
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
