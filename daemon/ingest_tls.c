@@ -53,12 +53,12 @@ int conn_tls_pull(struct conn *c)
             conn_close(c);
             return -1;
         }
-        char why[256];
-        ssize_t n = c->rcap > c->rlen ? tls_conn_read(c->tls, c->rbuf + c->rlen, c->rcap - c->rlen,
-                                                      why, sizeof(why))
-                                      : 0;
+        struct fs_err why = {0};
+        ssize_t n = c->rcap > c->rlen
+                        ? tls_conn_read(c->tls, c->rbuf + c->rlen, c->rcap - c->rlen, &why)
+                        : 0;
         if (n == -EPROTO) {
-            tls_failed(c, why);
+            tls_failed(c, why.msg);
             return -1;
         }
         if (conn_tls_flush(c) < 0)

@@ -138,24 +138,22 @@ int tls_conn_feed(struct tls_conn *t, const uint8_t *p, size_t n)
     return 0;
 }
 
-static void verify_reason(const struct tls_conn *t, char *err, size_t errlen)
+static void verify_reason(const struct tls_conn *t, struct fs_err *err)
 {
     long v = SSL_get_verify_result(t->ssl);
     char why[256];
     ssl_reason(why, sizeof(why));
     if (v != X509_V_OK)
-        snprintf(err, errlen, "TLS handshake failed: client certificate: %s",
-                 X509_verify_cert_error_string(v));
+        fs_err_set(err, 0, "TLS handshake failed: client certificate: %s",
+                   X509_verify_cert_error_string(v));
     else
-        snprintf(err, errlen, "TLS handshake failed: %s", why);
+        fs_err_set(err, 0, "TLS handshake failed: %s", why);
 }
 
-ssize_t tls_conn_read(struct tls_conn *t, uint8_t *out, size_t cap, char *err, size_t errlen)
+ssize_t tls_conn_read(struct tls_conn *t, uint8_t *out, size_t cap, struct fs_err *err)
 {
-    if (t->failed) {
-        snprintf(err, errlen, "TLS connection failed earlier");
-        return -EPROTO;
-    }
+    if (t->failed)
+        return fs_err_set(err, -EPROTO, "TLS connection failed earlier");
     if (!SSL_is_init_finished(t->ssl)) {
         ERR_clear_error();
         int r = SSL_do_handshake(t->ssl);
@@ -164,7 +162,7 @@ ssize_t tls_conn_read(struct tls_conn *t, uint8_t *out, size_t cap, char *err, s
             if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
                 return 0;
             t->failed = true;
-            verify_reason(t, err, errlen);
+            verify_reason(t, err);
             return -EPROTO;
         }
     }
@@ -183,8 +181,7 @@ ssize_t tls_conn_read(struct tls_conn *t, uint8_t *out, size_t cap, char *err, s
     t->failed = true;
     char why[256];
     ssl_reason(why, sizeof(why));
-    snprintf(err, errlen, "TLS: %s", why);
-    return -EPROTO;
+    return fs_err_set(err, -EPROTO, "TLS: %s", why);
 }
 
 int tls_conn_write(struct tls_conn *t, const uint8_t *p, size_t n)

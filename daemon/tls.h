@@ -47,7 +47,7 @@ int tls_conn_feed(struct tls_conn *t, const uint8_t *p, size_t n);
  * or -EPROTO with the reason in err (a failed handshake: a bad or missing
  * client certificate, not TLS at all). Output may be pending after any
  * call (tls_conn_take_output). */
-ssize_t tls_conn_read(struct tls_conn *t, uint8_t *out, size_t cap, char *err, size_t errlen);
+ssize_t tls_conn_read(struct tls_conn *t, uint8_t *out, size_t cap, struct fs_err *err);
 
 /* Encrypts n bytes of plaintext. 0, -ENOMEM, or -EPROTO (the connection
  * failed or the handshake is not done: plaintext is sent only after it). */
