@@ -249,7 +249,7 @@ static const struct config_key core_keys[] = {
      .max = 31536000,
      CORE(metrics_run_max_age),
      .help = "/metrics: ... that had a report in the last this many seconds"},
-    /* retention (store.c store_prune) */
+    /* retention (store_prune.c) */
     {.name = "outbox_retention",
      .type = CONFIG_DOUBLE,
      .def = "604800",

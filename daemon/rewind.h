@@ -14,7 +14,7 @@
  * on from the state the run had at s, rebuilt from the stored points of
  * steps <= s with the code `foreshock backtest` runs (eval_feed_stored);
  * the incidents the abandoned attempt opened after s end as superseded.
- * The monitor stage (stage.c) drives it: it drops what the old attempt left
+ * The monitor stage (stage_rewind.c) drives it: it drops what the old attempt left
  * reducing after s, lets its computed steps <= s finish, runs
  * rewind_rebuild on a worker, then decides each alert's fate with
  * rewind_fate and stores the rebuilt state in one transaction. */

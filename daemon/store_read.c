@@ -1,5 +1,6 @@
 /* Read-only queries over a Foreshock database for offline tools (see
- * store_read.h). The daemon's own reads live in store.c (writer) and
+ * store_read.h). The daemon's own reads live in the writer's files
+ * (store_*.c), store_restart.c (restart), pager_outbox.c (the pager) and
  * http_sql.c (HTTP); this file is the one place offline tools read from. */
 #include "store_read.h"
 

@@ -11,7 +11,7 @@
 /* TLS for ingest (OpenSSL), driven by whoever owns the socket: the
  * connection's records go in and out through memory buffers, never through
  * a descriptor, so the libuv loop keeps owning every socket and read/write
- * (ingest.c) and this file stays free of I/O. A ranks's certificate is
+ * (ingest_tls.c) and this file stays free of I/O. A rank's certificate is
  * checked against tls_client_ca when one is configured (mutual TLS).
  *
  * Threads: a tls_server is built by main() before the loop runs and is
