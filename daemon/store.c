@@ -13,6 +13,7 @@
 
 #include "foreshock.pb-c.h"
 #include "fs_grow.h"
+#include "fs_index.h"
 #include "log.h"
 #include "spool.h"
 #include "store_internal.h"
@@ -454,14 +455,23 @@ static void announce(struct store *s)
 
 uint64_t store_stream_key(const char *run, uint32_t attempt, uint32_t rank)
 {
-    uint64_t x = 1469598103934665603ull;
-    for (; *run; run++)
-        x = (x ^ (unsigned char)*run) * 1099511628211ull;
     uint32_t nums[2] = {attempt, rank};
-    const unsigned char *p = (const unsigned char *)nums;
-    for (size_t i = 0; i < sizeof(nums); i++)
-        x = (x ^ p[i]) * 1099511628211ull;
-    return x | 1;
+    uint64_t x = fs_fnv1a(FS_FNV1A_BASIS, run, strlen(run));
+    return fs_fnv1a(x, nums, sizeof(nums)) | 1;
+}
+
+/* take_hellos' filter of streams with reports queued ahead: one bit a
+ * stream key (a false positive only keeps a Hello in its place). */
+static void reported_mark(struct store *s, uint64_t key)
+{
+    uint64_t bit = key % STORE_HELLO_FILTER_BITS;
+    s->w_reported[bit / 8] |= (uint8_t)(1u << (bit % 8));
+}
+
+static bool reported_has(const struct store *s, uint64_t key)
+{
+    uint64_t bit = key % STORE_HELLO_FILTER_BITS;
+    return s->w_reported[bit / 8] & (1u << (bit % 8));
 }
 
 /* Moves the queued HELLO items that may go first into batch (see store.h:
@@ -473,22 +483,16 @@ static size_t take_hellos(struct store *s, struct store_item *const *ahead, size
 {
     size_t n = 0;
     memset(s->w_reported, 0, sizeof(s->w_reported));
-    for (size_t i = 0; i < nahead; i++) {
-        if (ahead[i]->kind == STORE_ITEM_REPORT) {
-            uint64_t bit = ahead[i]->report.stream_key % STORE_HELLO_FILTER_BITS;
-            s->w_reported[bit / 8] |= (uint8_t)(1u << (bit % 8));
-        }
-    }
+    for (size_t i = 0; i < nahead; i++)
+        if (ahead[i]->kind == STORE_ITEM_REPORT)
+            reported_mark(s, ahead[i]->report.stream_key);
     struct store_item **pp = &s->head, *prev = NULL;
     while (*pp && n < max) {
         struct store_item *it = *pp;
-        uint64_t bit;
         if (it->kind == STORE_ITEM_REPORT) {
-            bit = it->report.stream_key % STORE_HELLO_FILTER_BITS;
-            s->w_reported[bit / 8] |= (uint8_t)(1u << (bit % 8));
+            reported_mark(s, it->report.stream_key);
         } else if (it->kind == STORE_ITEM_HELLO && it->hello.stream_key) {
-            bit = it->hello.stream_key % STORE_HELLO_FILTER_BITS;
-            if (!(s->w_reported[bit / 8] & (1u << (bit % 8)))) {
+            if (!reported_has(s, it->hello.stream_key)) {
                 *pp = it->next;
                 if (s->tail == it)
                     s->tail = prev;
