@@ -48,12 +48,12 @@ static void tls_failed(struct conn *c, const char *why)
 int conn_tls_pull(struct conn *c)
 {
     int got = 0;
+    struct fs_err why; /* set by tls_conn_read whenever it returns -EPROTO */
     while (!c->closing && c->state != CLOSING) {
         if (conn_rbuf_initial(c) < 0) {
             conn_close(c);
             return -1;
         }
-        struct fs_err why = {0};
         ssize_t n = c->rcap > c->rlen
                         ? tls_conn_read(c->tls, c->rbuf + c->rlen, c->rcap - c->rlen, &why)
                         : 0;
