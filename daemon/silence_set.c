@@ -2,6 +2,7 @@
  * by reference (silence_set.h). */
 
 #include "silence_set.h"
+#include "fs_grow.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -41,18 +42,14 @@ static struct silence_set *set_new(void)
  * change, so it is sized by its rows, not by the bound). */
 static int set_reserve(struct silence_set *s)
 {
-    if (s->n < s->cap)
-        return 0;
-    size_t cap = s->cap ? 2 * s->cap : 16;
-    struct silence *v = realloc(s->v, cap * sizeof(*v));
+    struct silence *v = fs_grow(s->v, &s->cap_v, s->n + 1, sizeof(*v), 16);
     if (!v)
         return -ENOMEM;
     s->v = v;
-    struct silence_set_key *k = realloc(s->key, cap * sizeof(*k));
+    struct silence_set_key *k = fs_grow(s->key, &s->cap_key, s->n + 1, sizeof(*k), 16);
     if (!k)
         return -ENOMEM;
     s->key = k;
-    s->cap = cap;
     return 0;
 }
 

@@ -39,8 +39,9 @@ struct silence_row {
 
 struct silence_set {
     atomic_uint refs;
-    size_t n, cap;
-    struct silence *v; /* n silences, ids ascending */
+    size_t n;
+    size_t cap_v, cap_key; /* capacities of v and key (set_reserve) */
+    struct silence *v;     /* n silences, ids ascending */
     struct silence_set_key {
         char *json; /* the matchers_json v[i] was made from */
         size_t len;
