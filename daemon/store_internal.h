@@ -57,6 +57,8 @@ enum stmt_id {
     ST_INCOMPLETE_PUT,
     ST_OUTBOX_INSERT,
     ST_OUTBOX_OUTCOME,
+    ST_FRAME_INSERT,
+    ST_FRAME_DONE,
     ST_COUNT
 };
 

@@ -518,12 +518,13 @@ Test(store, legacy_spool_rows_move_into_the_log)
                  (long long)h.run_id, (long long)h.stream_id, seq, seq * 10, seq);
         cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
     }
-    /* ... as schema version 7 (before the spool log) had them. */
-    cr_assert_eq(sqlite3_exec(db,
-                              "DROP TABLE spool_log; ALTER TABLE runs DROP COLUMN "
-                              "spool_done_step; PRAGMA user_version = 7",
-                              NULL, NULL, NULL),
-                 SQLITE_OK, "%s", sqlite3_errmsg(db));
+    /* ... as schema version 7 (before the spool log and spool_frames) had them. */
+    cr_assert_eq(
+        sqlite3_exec(db,
+                     "DROP TABLE spool_frames; DROP TABLE spool_log; ALTER TABLE runs DROP COLUMN "
+                     "spool_done_step; PRAGMA user_version = 7",
+                     NULL, NULL, NULL),
+        SQLITE_OK, "%s", sqlite3_errmsg(db));
     sqlite3_close(db);
     fx_open(&f, &o);
     db = ro(&f);
