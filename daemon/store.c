@@ -282,8 +282,19 @@ static int past_stop_deadline(struct store *s)
     return d > 0 && fs_clock_mono() >= d;
 }
 
+/* Stopping while the spool log is gone (spool_check): no retry can
+ * succeed, so the batch is given up at once, whatever the deadline. */
+static int stopping_without_spool(struct store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int asked = s->stop_asked;
+    pthread_mutex_unlock(&s->mu);
+    return asked && spool_fault(s->spool);
+}
+
 /* Waits ms between attempts at a failing batch, answering Hellos queued
- * meanwhile (refuse_hellos) and returning early at the stop deadline. */
+ * meanwhile (refuse_hellos) and returning early at the stop deadline (or
+ * at the stop, when the spool log is gone). */
 static void failing_wait(struct store *s, unsigned ms, struct store_item **batch, size_t n,
                          unsigned char *refused, int code)
 {
@@ -292,7 +303,7 @@ static void failing_wait(struct store *s, unsigned ms, struct store_item **batch
     for (;;) {
         double end = s->stop_deadline > 0 && s->stop_deadline < until ? s->stop_deadline : until;
         double now = fs_clock_mono();
-        if (now >= end)
+        if (now >= end || (s->stop_asked && spool_fault(s->spool)))
             break;
         if (s->q_hellos) {
             pthread_mutex_unlock(&s->mu);
@@ -430,7 +441,7 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
         int code = rc & 0xff ? rc & 0xff : SQLITE_ERROR;
         set_failing(s, code);
         refuse_hellos(s, batch, n, refused, code);
-        if (past_stop_deadline(s)) {
+        if (past_stop_deadline(s) || stopping_without_spool(s)) {
             /* Stopping, and the disk does not take the batch: give it up,
              * as a crash at this point would. Nothing of it was acked;
              * clients resend it to the next start. */
@@ -850,6 +861,7 @@ void store_set_stop_deadline(struct store *s, double timeout_s)
 {
     pthread_mutex_lock(&s->mu);
     s->stop_deadline = timeout_s > 0 ? fs_clock_mono() + timeout_s : 0;
+    s->stop_asked = 1;
     pthread_cond_signal(&s->cv); /* a failing_wait ends at the deadline */
     pthread_mutex_unlock(&s->mu);
 }

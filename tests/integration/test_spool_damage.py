@@ -13,8 +13,9 @@ of a step not yet evaluated. Then, one case each:
 - a segment deleted after SIGKILL: every frame reported missing;
 - the spool directory deleted under the running daemon: the next commit
   stops, nothing more is acknowledged, /readyz 503 names the spool, a new
-  Hello is refused saying why, one log line; after a restart the loss is
-  reported and new reports are acknowledged again.
+  Hello is refused saying why, one log line, SIGTERM gives the unwritable
+  report up at once (even with shutdown_timeout_s = 0); after a restart the
+  loss is reported and new reports are acknowledged again.
 
 Reported means: an ERROR log line with the counts,
 foreshock_spool_lost_frames_total{why=...}, and /readyz 200 with status
@@ -185,12 +186,14 @@ def test(args, root):
     finally:
         kill_started(d)
 
-    # The spool directory deleted under the running daemon.
+    # The spool directory deleted under the running daemon. shutdown_timeout_s
+    # = 0 (finish every commit, however long): a commit that can never
+    # succeed must not hold the stop.
     workdir = os.path.join(root, "running")
     os.mkdir(workdir)
     conf = os.path.join(workdir, "foreshockd.conf")
     with open(conf, "w") as f:
-        f.write("reduce_timeout_s = 3600\n")
+        f.write("reduce_timeout_s = 3600\nshutdown_timeout_s = 0\n")
     d = start(args, workdir, conf)
     restarted = None
     c = None
@@ -228,7 +231,10 @@ def test(args, root):
         check(not os.path.exists(d.db + ".spool"), "the daemon recreated the spool directory")
         c.close()
         c = None
-        d.kill()
+        rc = d.stop(timeout=120)
+        check(rc != 0 and re.search(r"1 items not written \(none was acknowledged",
+                                    d.log_text()),
+              f"stop with the spool gone: exit {rc}\n{d.log_text()[-2000:]}")
         restarted = start(args, workdir, conf, db=d.db)
         expect_reported(restarted, FRAMES, 0)
         send_frames(pb, restarted, FRAMES + 1, FRAMES + 2)  # acknowledged again
