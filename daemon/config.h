@@ -79,6 +79,8 @@ struct fs_config {
     int synchronous; /* enum config_sync */
     uint64_t http_threads;
     uint64_t max_connections;
+    uint64_t max_unauthenticated;             /* ingest: in TLS handshake or before a Hello */
+    uint64_t max_unauthenticated_per_address; /* ingest: of those, from one address */
     uint64_t max_frame_bytes;
     uint64_t max_runs;
     uint64_t max_conn_buffer_bytes;

@@ -59,6 +59,14 @@
 #define FS_DEF_MAX_CONNECTIONS 1024u
 #define FS_MIN_MAX_CONNECTIONS 1u
 #define FS_CAP_MAX_CONNECTIONS 65536u
+/* Ingest connections not yet authenticated (TLS handshake, or before an
+ * accepted Hello), all addresses together and from one address (admit.h).
+ * In effect at most max_connections (and the per-address one at most
+ * max_unauthenticated). A trainer's connection is unauthenticated for one
+ * round trip or a handshake, so these are about bursts of connects: a
+ * burst beyond them waits out the client's backoff. */
+#define FS_DEF_MAX_UNAUTHENTICATED 256u
+#define FS_DEF_MAX_UNAUTHENTICATED_PER_ADDRESS 128u
 
 #define FS_DEF_MAX_FRAME_BYTES (64u << 20)
 #define FS_MIN_MAX_FRAME_BYTES (4u << 10)

@@ -497,8 +497,14 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
     json_object_seed(0); /* before any server thread builds a JSON object */
 
     /* Suspend/resume: writes wait for the writer off the server threads
-     * (http_write.c). */
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
+     * (http_write.c). poll(), not epoll (MHD_USE_AUTO's choice on Linux):
+     * libmicrohttpd 0.9.75's epoll mode keeps a TLS connection whose
+     * gnutls_handshake returned GNUTLS_E_AGAIN on its ready list, so one
+     * client that sends part of a ClientHello made its worker alternate
+     * epoll_wait(.., 0) and a recv returning EAGAIN until the idle timeout
+     * (a core per worker; tests/integration/test_https_half_open.py). Each
+     * worker polls its own connections, at most HTTP_MAX_CONNECTIONS. */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG |
                      MHD_ALLOW_SUSPEND_RESUME;
     /* HTTPS: libmicrohttpd's own TLS (GnuTLS in Debian's build), with the
      * PEM files read here so that a bad path fails the start, named. */

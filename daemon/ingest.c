@@ -66,6 +66,7 @@ void conn_close(struct conn *c)
 {
     if (c->closing)
         return;
+    conn_authenticated(c);
     conn_defer_remove(c);
     c->closing = 1;
     c->reading = 0; /* uv_close stops reading */
@@ -126,6 +127,7 @@ void conn_linger(struct conn *c)
 {
     if (c->state != CLOSING) {
         c->state = CLOSING;
+        conn_authenticated(c);
         conn_rbuf_drop(c);
     }
     conn_close_when_flushed(c);
@@ -133,6 +135,128 @@ void conn_linger(struct conn *c)
 }
 
 /* --- accepting ------------------------------------------------------------------ */
+
+/* c proved who it is (its Hello's token was accepted), or stops being
+ * served: it no longer counts against max_unauthenticated. */
+void conn_authenticated(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    if (!c->unauth)
+        return;
+    if (c->uprev)
+        c->uprev->unext = c->unext;
+    else
+        ing->unauth_head = c->unext;
+    if (c->unext)
+        c->unext->uprev = c->uprev;
+    else
+        ing->unauth_tail = c->uprev;
+    c->uprev = c->unext = NULL;
+    c->unauth = 0;
+    admit_table_remove(&ing->addrs, &c->addr);
+    ing->nunauth--;
+    atomic_fetch_sub(&ing->opts.stats->unauthenticated, 1);
+}
+
+/* Counts c as unauthenticated. 0, or -ENOSPC (the table holds
+ * max_unauthenticated addresses; admit_decide keeps it below). */
+static int unauth_add(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    if (admit_table_add(&ing->addrs, &c->addr) < 0)
+        return -ENOSPC;
+    c->unauth = 1;
+    c->unext = NULL;
+    c->uprev = ing->unauth_tail;
+    if (ing->unauth_tail)
+        ing->unauth_tail->unext = c;
+    else
+        ing->unauth_head = c;
+    ing->unauth_tail = c;
+    ing->nunauth++;
+    atomic_fetch_add(&ing->opts.stats->unauthenticated, 1);
+    return 0;
+}
+
+/* The oldest unauthenticated connection of an address holding `most`. */
+static struct conn *evict_victim(struct ingest *ing, uint64_t most)
+{
+    for (struct conn *c = ing->unauth_head; c; c = c->unext)
+        if (admit_table_count(&ing->addrs, &c->addr) == most)
+            return c;
+    return NULL;
+}
+
+/* Refuses a new connection at accept: Error{LIMIT} (a TLS connection, with
+ * no handshake yet to carry it, is closed), counted and logged. */
+static void refuse(struct conn *c, enum admit_verdict v)
+{
+    struct ingest *ing = c->ing;
+    const struct admit_limits *l = &ing->admit;
+    atomic_fetch_add(&ing->opts.stats->connections_rejected, 1);
+    char msg[160];
+    switch (v) {
+    case ADMIT_REFUSE_ADDRESS:
+        atomic_fetch_add(&ing->opts.stats->refused_address, 1);
+        snprintf(msg, sizeof(msg),
+                 "connection limit reached (max_unauthenticated_per_address %llu: this address's "
+                 "connections not yet past their Hello)",
+                 (unsigned long long)l->max_unauthenticated_per_address);
+        break;
+    case ADMIT_REFUSE_UNAUTHENTICATED:
+        atomic_fetch_add(&ing->opts.stats->refused_unauth, 1);
+        snprintf(msg, sizeof(msg),
+                 "connection limit reached (max_unauthenticated %llu, this address holds the "
+                 "most of them)",
+                 (unsigned long long)l->max_unauthenticated);
+        break;
+    default:
+        atomic_fetch_add(&ing->opts.stats->refused_full, 1);
+        snprintf(msg, sizeof(msg), "connection limit reached (max_connections %llu)",
+                 (unsigned long long)l->max_connections);
+        break;
+    }
+    log_limited(&ing->rl_limit, LOG_LEVEL_WARN, "ingest", "%s: refusing %s", msg, c->peer);
+    conn_protocol_error(c, E(LIMIT), msg);
+}
+
+/* Admission (admit.h): 1 when c takes a slot, 0 when it was refused. */
+static int admit(struct conn *c)
+{
+    struct ingest *ing = c->ing;
+    struct admit_counts n = {.connections = ing->nactive,
+                             .unauthenticated = ing->nunauth,
+                             .address = admit_table_count(&ing->addrs, &c->addr)};
+    n.heaviest = n.address; /* the table is scanned only under pressure */
+    if (ing->nactive >= ing->admit.max_connections ||
+        ing->nunauth >= ing->admit.max_unauthenticated)
+        n.heaviest = admit_table_heaviest(&ing->addrs);
+    enum admit_verdict v = admit_decide(&ing->admit, &n);
+    struct conn *victim = v == ADMIT_EVICT ? evict_victim(ing, n.heaviest) : NULL;
+    if (v == ADMIT_EVICT && !victim)
+        v = ADMIT_REFUSE_UNAUTHENTICATED; /* cannot happen: heaviest came from the list */
+    if (v != ADMIT_ACCEPT && v != ADMIT_EVICT) {
+        refuse(c, v);
+        return 0;
+    }
+    if (victim) {
+        atomic_fetch_add(&ing->opts.stats->evicted, 1);
+        log_limited(&ing->rl_admit, LOG_LEVEL_WARN, "ingest",
+                    "conn %llu %s: not authenticated while max_unauthenticated (%llu) is full "
+                    "and %s waits; closing the oldest of the address holding the most (%llu)",
+                    (unsigned long long)victim->id, victim->peer,
+                    (unsigned long long)ing->admit.max_unauthenticated, c->peer,
+                    (unsigned long long)n.heaviest);
+        /* No Error frame: a stranger gets nothing more (and a handshake in
+         * progress could not carry one). Its slot is free at once. */
+        conn_close(victim);
+    }
+    if (unauth_add(c) < 0) {
+        refuse(c, ADMIT_REFUSE_UNAUTHENTICATED);
+        return 0;
+    }
+    return 1;
+}
 
 static void on_connection(uv_stream_t *server, int status)
 {
@@ -167,6 +291,7 @@ static void on_connection(uv_stream_t *server, int status)
     int salen = sizeof(sa);
     char ip[INET6_ADDRSTRLEN] = "?";
     int port = 0;
+    memset(&sa, 0, sizeof(sa));
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &salen) == 0) {
         if (sa.ss_family == AF_INET6) {
             uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof(ip));
@@ -177,6 +302,8 @@ static void on_connection(uv_stream_t *server, int status)
         }
     }
     snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
+    /* No address (the peer already gone): counted as the all-zero one. */
+    (void)admit_addr_from((struct sockaddr *)&sa, &c->addr);
     uv_tcp_nodelay(&c->tcp, 1);
     if (ing->opts.tls && (!(c->tls = tls_conn_new(ing->opts.tls)) ||
                           !(c->tbuf = malloc(FS_INGEST_TLS_READ_BYTES)))) {
@@ -189,15 +316,8 @@ static void on_connection(uv_stream_t *server, int status)
         conn_protocol_error(c, E(SHUTTING_DOWN), "daemon is stopping; reconnect later");
         return;
     }
-    if (ing->nactive >= ing->opts.max_connections) {
-        atomic_fetch_add(&ing->opts.stats->connections_rejected, 1);
-        char msg[96];
-        snprintf(msg, sizeof(msg), "connection limit reached (max_connections %llu)",
-                 (unsigned long long)ing->opts.max_connections);
-        log_limited(&ing->rl_limit, LOG_LEVEL_WARN, "ingest", "%s: refusing %s", msg, c->peer);
-        conn_protocol_error(c, E(LIMIT), msg);
+    if (!admit(c))
         return;
-    }
     c->rejected = 0;
     ing->nactive++;
     atomic_fetch_add(&ing->opts.stats->connections_current, 1);
@@ -327,9 +447,26 @@ int ingest_start(uv_loop_t *loop, const struct ingest_opts *opts, struct ingest 
         ing->opts.frame_buffer_max_bytes = FS_DEF_FRAME_BUFFER_MAX_BYTES;
     if (ing->opts.frame_buffer_max_bytes < ing->opts.limits.max_frame_bytes)
         ing->opts.frame_buffer_max_bytes = ing->opts.limits.max_frame_bytes;
+    struct admit_limits *al = &ing->admit;
+    al->max_connections = opts->max_connections;
+    al->max_unauthenticated =
+        opts->max_unauthenticated ? opts->max_unauthenticated : FS_DEF_MAX_UNAUTHENTICATED;
+    al->max_unauthenticated_per_address = opts->max_unauthenticated_per_address
+                                              ? opts->max_unauthenticated_per_address
+                                              : FS_DEF_MAX_UNAUTHENTICATED_PER_ADDRESS;
+    if (al->max_unauthenticated > al->max_connections)
+        al->max_unauthenticated = al->max_connections;
+    if (al->max_unauthenticated_per_address > al->max_unauthenticated)
+        al->max_unauthenticated_per_address = al->max_unauthenticated;
+    if (admit_table_init(&ing->addrs, (size_t)al->max_unauthenticated) < 0) {
+        free(ing);
+        fs_err_set(err, 0, "out of memory");
+        return -ENOMEM;
+    }
     struct sockaddr_storage sa;
     int rc = resolve(opts->host, opts->port, &sa, err);
     if (rc < 0) {
+        admit_table_free(&ing->addrs);
         free(ing);
         return rc;
     }
@@ -377,6 +514,7 @@ fail:
     /* Let the loop finish closing the listener before freeing it. */
     uv_close((uv_handle_t *)&ing->listener, NULL);
     uv_run(loop, UV_RUN_NOWAIT);
+    admit_table_free(&ing->addrs);
     free(ing);
     return rc < 0 ? rc : -EIO;
 }
@@ -388,5 +526,7 @@ uint16_t ingest_port(const struct ingest *ing)
 
 void ingest_free(struct ingest *ing)
 {
+    if (ing)
+        admit_table_free(&ing->addrs);
     free(ing);
 }

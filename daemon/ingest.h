@@ -33,6 +33,10 @@ struct ingest_opts {
     const char *host; /* bind address */
     uint16_t port;    /* 0: pick an ephemeral port */
     uint64_t max_connections;
+    /* Connections not yet authenticated, in all and per source address
+     * (admit.h); 0: FS_DEF_MAX_UNAUTHENTICATED(_PER_ADDRESS). */
+    uint64_t max_unauthenticated;
+    uint64_t max_unauthenticated_per_address;
     uint64_t max_conn_buffer_bytes; /* unsent reply bytes per connection */
     /* Frames larger than FS_INGEST_RBUF_INITIAL are read into a buffer of
      * their own; the sum of their lengths over all connections stays at

@@ -84,6 +84,7 @@ void conn_on_hello(struct conn *c, const Foreshock__Hello *h)
         conn_protocol_error(c, E(AUTH), "token missing or wrong");
         return;
     }
+    conn_authenticated(c); /* no longer a stranger: off max_unauthenticated */
     struct store_item *it = store_item_new(STORE_ITEM_HELLO);
     if (!it) {
         conn_protocol_error(c, E(INTERNAL), "out of memory");

@@ -18,6 +18,7 @@
 
 #include "ingest.h"
 
+#include "admit.h"
 #include "advice.h"
 #include "fs_limits.h"
 #include "log.h"
@@ -38,10 +39,15 @@ struct conn {
     struct conn *dprev, *dnext; /* the deferred list, while deferred */
     int deferred;               /* a complete frame waits for the next loop iteration's budget */
     enum conn_state state;
-    int rejected; /* over max_connections: not counted as a connection */
-    int reading;  /* uv_read_start is active */
-    int eof;      /* the client will send nothing more (EOF or Bye) */
-    int closing;  /* uv_close called */
+    int rejected; /* refused at accept (admit.h): not counted as a connection */
+    /* Not yet authenticated (TLS handshake, or before an accepted Hello):
+     * on the ingest's unauthenticated list, counted for its address. */
+    int unauth;
+    struct conn *uprev, *unext;
+    struct admit_addr addr;
+    int reading; /* uv_read_start is active */
+    int eof;     /* the client will send nothing more (EOF or Bye) */
+    int closing; /* uv_close called */
     int close_after_write;
     uint64_t linger_deadline_ms; /* CLOSING: close by then whatever happens */
     int fin_sent;                /* uv_shutdown issued (conn_finish) */
@@ -96,6 +102,10 @@ struct ingest {
     uint16_t port;
     uint64_t next_id;
     uint64_t nactive; /* accepted, not rejected, not yet closed */
+    struct admit_limits admit;
+    struct conn *unauth_head, *unauth_tail; /* unauthenticated connections, oldest first */
+    uint64_t nunauth;
+    struct admit_table addrs; /* unauthenticated connections per source address */
     struct conn *head, *tail;
     struct conn *hash[CONN_HASH];
     int paused;     /* the writer refused an item: nobody reads until RESUME */
@@ -109,7 +119,7 @@ struct ingest {
     void (*done)(void *ctx);
     void *done_ctx;
     uint8_t discard[16384]; /* read target for closing connections */
-    struct log_ratelimit rl_proto, rl_backpressure, rl_slow, rl_limit, rl_io, rl_advice;
+    struct log_ratelimit rl_proto, rl_backpressure, rl_slow, rl_limit, rl_io, rl_advice, rl_admit;
 };
 
 /* Functions one part calls in another; each definition's comment gives
@@ -121,7 +131,8 @@ void conn_close(struct conn *c);              /* now; results in flight are igno
 void conn_finish(struct conn *c);             /* writes done: FIN and drain, or close */
 void conn_close_when_flushed(struct conn *c); /* conn_finish once every write completed */
 void conn_linger(struct conn *c);             /* stop serving (daemon stopping), then close */
-void ingest_check_stop(struct ingest *ing);   /* stopping: close what is done, then handles */
+void conn_authenticated(struct conn *c);    /* proved who it is, or closing: off the unauth list */
+void ingest_check_stop(struct ingest *ing); /* stopping: close what is done, then handles */
 
 /* --- reading and frame buffers (ingest_read.c) */
 void conn_defer_remove(struct conn *c);   /* off the deferred list, if on it */

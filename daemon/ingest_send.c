@@ -109,6 +109,7 @@ void conn_refuse(struct conn *c, int code, const char *message, uint64_t seq)
     log_limited(&ing->rl_proto, LOG_LEVEL_WARN, "ingest", "conn %llu %s: error %d: %s",
                 (unsigned long long)c->id, c->peer, code, message);
     c->state = CLOSING;
+    conn_authenticated(c); /* its slot among the unauthenticated is free */
     store_item_free(c->pending);
     c->pending = NULL;
     decode_frame_free(c->pending_frame);

@@ -30,6 +30,7 @@ static void tls_failed(struct conn *c, const char *why)
     log_limited(&ing->rl_proto, LOG_LEVEL_WARN, "ingest", "conn %llu %s: %s; closing",
                 (unsigned long long)c->id, c->peer, why);
     c->state = CLOSING;
+    conn_authenticated(c); /* no longer holds an unauthenticated slot */
     c->rlen = 0;
     if (conn_tls_flush(c) < 0)
         return;

@@ -463,6 +463,8 @@ int main(int argc, char **argv)
         .host = cfg->listen.host,
         .port = cfg->listen.port,
         .max_connections = cfg->max_connections,
+        .max_unauthenticated = cfg->max_unauthenticated,
+        .max_unauthenticated_per_address = cfg->max_unauthenticated_per_address,
         .max_conn_buffer_bytes = cfg->max_conn_buffer_bytes,
         .frame_buffer_max_bytes = cfg->frame_buffer_max_bytes,
         .token = cfg->token,

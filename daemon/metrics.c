@@ -139,7 +139,12 @@ static const struct counter_def counters[] = {
     {"foreshock_connections_total", "counter", STAT(connections_total),
      "Ingest connections accepted."},
     {"foreshock_connections_rejected_total", "counter", STAT(connections_rejected),
-     "Ingest connections refused over max_connections."},
+     "Ingest connections refused when accepted, any admission limit "
+     "(by limit: foreshock_ingest_refused_total)."},
+    {"foreshock_ingest_unauthenticated", "gauge", STAT(unauthenticated),
+     "Ingest connections in TLS handshake or before an accepted Hello."},
+    {"foreshock_ingest_evicted_total", "counter", STAT(evicted),
+     "Unauthenticated ingest connections closed to admit one from a less busy address."},
     {"foreshock_frames_received_total", "counter", STAT(frames_in), "Frames received."},
     {"foreshock_received_bytes_total", "counter", STAT(bytes_in), "Ingest bytes received."},
     {"foreshock_decode_errors_total", "counter", STAT(decode_errors),
@@ -266,6 +271,15 @@ int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const 
             (const atomic_uint_fast64_t *)((const char *)st + d->offset);
         metrics_printf(b, "%s %" PRIu64 "\n", d->name, ld(a));
     }
+
+    family(b, "foreshock_ingest_refused_total", "counter",
+           "Ingest connections refused when accepted, by the limit that refused them.");
+    metrics_printf(b, "foreshock_ingest_refused_total{reason=\"max_connections\"} %" PRIu64 "\n",
+                   ld(&st->refused_full));
+    metrics_printf(b, "foreshock_ingest_refused_total{reason=\"per_address\"} %" PRIu64 "\n",
+                   ld(&st->refused_address));
+    metrics_printf(b, "foreshock_ingest_refused_total{reason=\"unauthenticated\"} %" PRIu64 "\n",
+                   ld(&st->refused_unauth));
 
     family(b, "foreshock_monitor_seconds_total", "counter",
            "CPU time the worker threads spent in the monitor math (thread CPU clock), seconds.");

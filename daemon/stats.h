@@ -30,7 +30,12 @@ struct fs_stats {
     /* ingest (loop thread writes) */
     atomic_uint_fast64_t connections_current;
     atomic_uint_fast64_t connections_total;
-    atomic_uint_fast64_t connections_rejected; /* over max_connections */
+    atomic_uint_fast64_t connections_rejected; /* refused at accept, any admission limit */
+    atomic_uint_fast64_t refused_full;         /* max_connections, every slot authenticated */
+    atomic_uint_fast64_t refused_address;      /* max_unauthenticated_per_address */
+    atomic_uint_fast64_t refused_unauth;       /* max_unauthenticated, its address the heaviest */
+    atomic_uint_fast64_t evicted;              /* unauthenticated, closed to admit another */
+    atomic_uint_fast64_t unauthenticated;      /* gauge: connections not yet authenticated */
     atomic_uint_fast64_t frames_in;
     atomic_uint_fast64_t bytes_in;
     atomic_uint_fast64_t decode_errors;

@@ -21,6 +21,8 @@ Test(config, defaults)
     cr_expect_eq(c.synchronous, CONFIG_SYNC_NORMAL);
     cr_expect_eq(c.http_threads, FS_DEF_HTTP_THREADS);
     cr_expect_eq(c.max_connections, FS_DEF_MAX_CONNECTIONS);
+    cr_expect_eq(c.max_unauthenticated, FS_DEF_MAX_UNAUTHENTICATED);
+    cr_expect_eq(c.max_unauthenticated_per_address, FS_DEF_MAX_UNAUTHENTICATED_PER_ADDRESS);
     cr_expect_eq(c.max_frame_bytes, FS_DEF_MAX_FRAME_BYTES);
     cr_expect_eq(c.max_runs, FS_DEF_MAX_RUNS);
     cr_expect_eq(c.max_conn_buffer_bytes, FS_DEF_MAX_CONN_BUFFER_BYTES);
@@ -67,6 +69,8 @@ static const struct ok_case ok_cases[] = {
     {"synchronous=normal", OFF(synchronous), 1, CONFIG_SYNC_NORMAL, NULL},
     {"http_threads = 64", OFF(http_threads), 0, 64, NULL},
     {"max_connections = 1", OFF(max_connections), 0, 1, NULL},
+    {"max_unauthenticated = 16", OFF(max_unauthenticated), 0, 16, NULL},
+    {"max_unauthenticated_per_address = 4", OFF(max_unauthenticated_per_address), 0, 4, NULL},
     {"max_frame_bytes = 16M", OFF(max_frame_bytes), 0, 16u << 20, NULL},
     {"max_frame_bytes = 8KiB", OFF(max_frame_bytes), 0, 8u << 10, NULL},
     {"max_frame_bytes = 1048576", OFF(max_frame_bytes), 0, 1u << 20, NULL},
@@ -138,6 +142,8 @@ static const struct bad_case bad_cases[] = {
      "key 'max_runs': '99999999999999999999999' is too large"},
     {"max_runs =", "key 'max_runs': '' is not an unsigned integer"},
     {"http_threads = 65", "key 'http_threads': 65 is outside"},
+    {"max_unauthenticated = 0", "key 'max_unauthenticated': 0 is outside"},
+    {"max_unauthenticated_per_address = 0", "key 'max_unauthenticated_per_address': 0 is outside"},
     {"metrics_max_runs = 65", "key 'metrics_max_runs': 65 is outside"},
     {"max_frame_bytes = 2G", "key 'max_frame_bytes': 2G is outside"},
     {"max_frame_bytes = 1k", "key 'max_frame_bytes': 1k is outside"},
