@@ -6,6 +6,7 @@
 
 #include "http_internal.h"
 
+#include "spool.h"
 #include "store.h"
 
 /* --- the small routes ---------------------------------------------------------------- */
@@ -16,9 +17,26 @@ int http_ops_healthz(struct ctx *c)
     return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
 }
 
+/* /readyz:
+ *  - 503 while nothing new can be acknowledged: the spool log was deleted
+ *    or replaced under the running daemon (until a restart), commits fail,
+ *    or the daemon is starting or stopping;
+ *  - 200 {"status": "degraded", "spool": {...}} when the start found
+ *    acknowledged spooled frames lost or spool records damaged: the daemon
+ *    acknowledges and evaluates new reports as it should (a 503 would only
+ *    take a working daemon out of its load balancer), but some steps before
+ *    the restart were evaluated without frames the trainers were told were
+ *    kept. It stays until the next restart, which reports afresh;
+ *  - 200 {"status": "ready"} otherwise. */
 int http_ops_readyz(struct ctx *c)
 {
     struct fs_stats *s = c->h->stats;
+    int fault = atomic_load_explicit(&s->spool_fault, memory_order_relaxed);
+    if (fault != 0)
+        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                                "spool: the log was deleted or replaced under the running daemon "
+                                "(%s); nothing new is acknowledged until foreshockd restarts",
+                                spool_fault_name(fault));
     /* The storage failure first: the writer clears `ready` while it lasts,
      * and "starting or shutting down" would hide the reason. */
     int failing = atomic_load_explicit(&s->storage_failing, memory_order_relaxed);
@@ -39,7 +57,20 @@ int http_ops_readyz(struct ctx *c)
                                 "database is not readable");
     }
     stmt_done(st);
-    json_t *doc = json_pack("{s:s}", "status", "ready");
+    uint64_t missing = atomic_load_explicit(&s->spool_lost_missing, memory_order_relaxed),
+             damaged = atomic_load_explicit(&s->spool_lost_damaged, memory_order_relaxed),
+             records = atomic_load_explicit(&s->spool_damaged_records, memory_order_relaxed),
+             skipped = atomic_load_explicit(&s->spool_skipped_bytes, memory_order_relaxed);
+    json_t *doc;
+    if (missing || damaged || records)
+        doc = json_pack("{s:s, s:{s:I, s:I, s:I, s:I}, s:s}", "status", "degraded", "spool",
+                        "lost_missing", (json_int_t)missing, "lost_damaged", (json_int_t)damaged,
+                        "damaged_records", (json_int_t)records, "skipped_bytes",
+                        (json_int_t)skipped, "message",
+                        "the start found acknowledged spooled frames lost or spool records "
+                        "damaged (see the log); new reports are acknowledged and evaluated");
+    else
+        doc = json_pack("{s:s}", "status", "ready");
     return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
 }
 

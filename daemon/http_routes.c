@@ -89,7 +89,9 @@ static int params_collect(struct ctx *c, const struct route *r)
 /* --- route table ----------------------------------------------------------------------
  * The API (all JSON, GET or HEAD; other methods 405 with Allow):
  *   /healthz                 {"status":"ok"}
- *   /readyz                  {"status":"ready"} | 503 (not ready, storage failing, db unreadable)
+ *   /readyz                  {"status":"ready"} | {"status":"degraded",...} (spool loss
+ *                            found at start) | 503 (spool gone, not ready, storage failing,
+ *                            db unreadable)
  *   /api/v1/runs             ?limit=1..10000 (1000) &after=CURSOR
  *                            {"runs":[RUN...],"next":CURSOR|null}
  *   /api/v1/runs/{name}      {"run":RUN + "streams_detail":[...]} (attempt, rank order)

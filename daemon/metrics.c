@@ -12,6 +12,7 @@
 
 #include "alert.h"
 #include "detect.h"
+#include "spool.h"
 
 /* A label value, escaped: run names are at most 128 bytes and monitor
  * names 48, so twice that plus slack always fits. */
@@ -180,6 +181,11 @@ static const struct counter_def counters[] = {
     {"foreshock_spool_bytes", "gauge", STAT(spool_bytes),
      "Bytes in the sketch spool log (DB.spool/): report frames kept until their steps are "
      "evaluated."},
+    {"foreshock_spool_damaged_records_total", "counter", STAT(spool_damaged_records),
+     "Spool records the start's replay found damaged: stretches that are not a record (passed "
+     "over to the next one) and bodies failing their CRC."},
+    {"foreshock_spool_skipped_bytes_total", "counter", STAT(spool_skipped_bytes),
+     "Spool bytes the start's replay passed over looking for the next record."},
     {"foreshock_monitor_buckets_total", "counter", STAT(buckets_evaluated),
      "(run, step) buckets whose monitors ran."},
     {"foreshock_monitor_heads_total", "counter", STAT(heads_computed),
@@ -242,6 +248,21 @@ int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const 
     metrics_printf(b, "foreshock_storage_failing %d\n",
                    atomic_load_explicit((atomic_int *)&st->storage_failing, memory_order_relaxed) !=
                        0);
+
+    family(b, "foreshock_spool_lost_frames_total", "counter",
+           "Acknowledged frames of steps not yet evaluated that the start's replay did not find "
+           "in the spool log: missing (segment or directory gone, file cut short) or damaged.");
+    metrics_printf(b, "foreshock_spool_lost_frames_total{why=\"missing\"} %" PRIu64 "\n",
+                   ld(&st->spool_lost_missing));
+    metrics_printf(b, "foreshock_spool_lost_frames_total{why=\"damaged\"} %" PRIu64 "\n",
+                   ld(&st->spool_lost_damaged));
+    family(b, "foreshock_spool_fault", "gauge",
+           "1 for the reason commits stopped: the spool log was deleted or replaced under the "
+           "running daemon (until a restart).");
+    int fault = atomic_load_explicit((atomic_int *)&st->spool_fault, memory_order_relaxed);
+    for (int f = SPOOL_FAULT_NONE + 1; f < SPOOL_FAULT_COUNT; f++)
+        metrics_printf(b, "foreshock_spool_fault{reason=\"%s\"} %d\n", spool_fault_name(f),
+                       fault == f);
 
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
         const struct counter_def *d = &counters[i];

@@ -14,16 +14,23 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "crc32c.h"
 #include "fs_grow.h"
 #include "fs_limits.h"
 #include "log.h"
 
-#define SPOOL_MAGIC 0x31525346u       /* "FSR1" read as little-endian */
-#define SPOOL_CHECK_BYTES 44u         /* the header bytes the check covers */
-#define SPOOL_NAME_LEN 20u            /* 16 hex digits + ".seg" */
-#define SPOOL_MAX_SEGMENTS (1u << 20) /* directory entries looked at, at most */
+#define SPOOL_MAGIC_V1 0x31525346u        /* "FSR1" read as little-endian */
+#define SPOOL_MAGIC 0x32525346u           /* "FSR2" */
+#define SPOOL_V1_CHECK_BYTES 44u          /* the v1 header bytes its FNV-1a check covers */
+#define SPOOL_CHECK_BYTES 52u             /* the v2 header bytes its CRC-32C covers */
+#define SPOOL_NAME_LEN 20u                /* 16 hex digits + ".seg" */
+#define SPOOL_MAX_SEGMENTS (1u << 20)     /* directory entries looked at, at most */
+#define SPOOL_SCAN_BYTES (16u << 10)      /* read at a time looking for the next record */
+#define SPOOL_BODY_CHECK_BYTES (1u << 20) /* read at a time checking a body not replayed */
 
+_Static_assert(SPOOL_V1_CHECK_BYTES + 4 == SPOOL_V1_HEADER_BYTES, "the check ends the header");
 _Static_assert(SPOOL_CHECK_BYTES + 4 == SPOOL_HEADER_BYTES, "the check ends the header");
+_Static_assert(SPOOL_V1_HEADER_BYTES <= SPOOL_HEADER_BYTES, "v2 headers are the larger");
 _Static_assert(FS_SPOOL_MAX_RECORD_BYTES <= UINT32_MAX, "record length is a u32");
 
 struct seg_run {
@@ -34,6 +41,7 @@ struct seg_run {
 struct seg {
     uint64_t no;
     uint64_t bytes; /* file size (as far as indexed) */
+    uint64_t ino;   /* the file's inode: spool_check notices a replaced file */
     struct seg_run *runs;
     size_t nruns, cap;
 };
@@ -59,6 +67,11 @@ struct spool {
     uint64_t bytes;
     void (*yield)(void *ctx); /* spool_set_yield: between the pieces of an append */
     void *yield_ctx;
+    struct spool_pos last; /* where the last record appended starts */
+    dev_t dir_dev;         /* the directory opened (spool_check: still there, still it) */
+    ino_t dir_ino;
+    size_t check_next; /* the closed segment spool_check looks at next (one per call) */
+    int fault;         /* enum spool_fault; sticky */
 };
 
 /* --- header encoding (little-endian, whatever the host) --------------------------- */
@@ -91,18 +104,25 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-/* FNV-1a over the header: catches a torn or zeroed header (a power cut
- * under synchronous=normal), not a malicious one (the directory is ours). */
-static uint32_t check_of(const uint8_t *p)
+/* v1's check, FNV-1a over the header: catches a torn or zeroed header (a
+ * power cut under synchronous=normal), not a changed body. Read, never
+ * written any more. */
+static uint32_t v1_check_of(const uint8_t *p)
 {
     uint32_t h = 2166136261u;
-    for (unsigned i = 0; i < SPOOL_CHECK_BYTES; i++)
+    for (unsigned i = 0; i < SPOOL_V1_CHECK_BYTES; i++)
         h = (h ^ p[i]) * 16777619u;
     return h;
 }
 
-/* magic u32 | len u32 | run i64 | stream i64 | seq u64 | step u64 | rank u32 | check u32 */
-static void header_encode(const struct spool_rec *r, uint8_t *p)
+/* v2: magic u32 | len u32 | run i64 | stream i64 | seq u64 | step u64 |
+ * rank u32 | body CRC-32C u32 | flags u32 (0) | CRC-32C of the 52 bytes
+ * before it. The header's CRC covers the body's, so one flipped bit
+ * anywhere in the record fails a check; the header's alone lets a reader
+ * trust a length (and skip a body) before it reads the body.
+ * v1 (48 bytes): magic "FSR1" | len | run | stream | seq | step | rank |
+ * FNV-1a of the 44 bytes before it; the body has no check. */
+static void header_encode(const struct spool_rec *r, uint32_t body_crc, uint8_t *p)
 {
     put32(p, SPOOL_MAGIC);
     put32(p + 4, r->len);
@@ -111,20 +131,50 @@ static void header_encode(const struct spool_rec *r, uint8_t *p)
     put64(p + 24, r->seq);
     put64(p + 32, r->step);
     put32(p + 40, r->rank);
-    put32(p + 44, check_of(p));
+    put32(p + 44, body_crc);
+    put32(p + 48, 0);
+    put32(p + 52, crc32c(p, SPOOL_CHECK_BYTES));
 }
 
-static int header_decode(const uint8_t *p, struct spool_rec *r)
+/* A header that checks, decoded. */
+struct hdr {
+    struct spool_rec r;
+    unsigned bytes;    /* header bytes: SPOOL_HEADER_BYTES or SPOOL_V1_HEADER_BYTES */
+    int v1;            /* no body check */
+    uint32_t body_crc; /* v2 */
+};
+
+/* Decodes the header at p, of which avail bytes are readable: 0 and *h,
+ * or -EBADMSG (no magic, a check that fails, a length out of range, or
+ * fewer bytes than the header). Pure. */
+static int header_decode(const uint8_t *p, size_t avail, struct hdr *h)
 {
-    if (get32(p) != SPOOL_MAGIC || get32(p + 44) != check_of(p))
+    if (avail < SPOOL_V1_HEADER_BYTES)
         return -EBADMSG;
-    r->len = get32(p + 4);
-    r->run_id = (int64_t)get64(p + 8);
-    r->stream_id = (int64_t)get64(p + 16);
-    r->seq = get64(p + 24);
-    r->step = get64(p + 32);
-    r->rank = get32(p + 40);
-    if (r->len == 0 || r->len > FS_SPOOL_MAX_RECORD_BYTES)
+    uint32_t magic = get32(p);
+    if (magic == SPOOL_MAGIC) {
+        if (avail < SPOOL_HEADER_BYTES || get32(p + 48) != 0 ||
+            get32(p + 52) != crc32c(p, SPOOL_CHECK_BYTES))
+            return -EBADMSG;
+        h->bytes = SPOOL_HEADER_BYTES;
+        h->v1 = 0;
+        h->body_crc = get32(p + 44);
+    } else if (magic == SPOOL_MAGIC_V1) {
+        if (get32(p + 44) != v1_check_of(p))
+            return -EBADMSG;
+        h->bytes = SPOOL_V1_HEADER_BYTES;
+        h->v1 = 1;
+        h->body_crc = 0;
+    } else {
+        return -EBADMSG;
+    }
+    h->r.len = get32(p + 4);
+    h->r.run_id = (int64_t)get64(p + 8);
+    h->r.stream_id = (int64_t)get64(p + 16);
+    h->r.seq = get64(p + 24);
+    h->r.step = get64(p + 32);
+    h->r.rank = get32(p + 40);
+    if (h->r.len == 0 || h->r.len > FS_SPOOL_MAX_RECORD_BYTES)
         return -EBADMSG;
     return 0;
 }
@@ -209,22 +259,150 @@ static int list_segments(const char *dir, uint64_t **out, size_t *n, struct fs_e
     return 0;
 }
 
-static int pread_all(int fd, void *buf, size_t len, uint64_t off)
+/* Where a walk reads: a segment file, or (spool_scan) memory. */
+struct src {
+    int fd; /* -1: mem */
+    const uint8_t *mem;
+    uint64_t size; /* mem's bytes */
+};
+
+/* Reads up to len bytes at off: the count (less only at the end of the
+ * file), or a negative errno. */
+static ssize_t src_read(const struct src *s, void *buf, size_t len, uint64_t off)
 {
+    if (s->fd < 0) {
+        size_t n = off >= s->size ? 0 : s->size - off < len ? (size_t)(s->size - off) : len;
+        if (n)
+            memcpy(buf, s->mem + off, n);
+        return (ssize_t)n;
+    }
     uint8_t *p = buf;
-    while (len) {
-        ssize_t k = pread(fd, p, len, (off_t)off);
+    size_t got = 0;
+    while (got < len) {
+        ssize_t k = pread(s->fd, p + got, len - got, (off_t)(off + got));
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0)
             return -errno;
         if (k == 0)
-            return -ENODATA; /* cut short */
-        p += k;
-        len -= (size_t)k;
-        off += (uint64_t)k;
+            break;
+        got += (size_t)k;
+    }
+    return (ssize_t)got;
+}
+
+/* A segment read record by record up to end. What does not read as a
+ * record (a header that does not check, a body past the end) is passed
+ * over to the next offset where a header checks and its body fits: one
+ * damaged stretch, its bytes skipped. */
+struct walk {
+    const struct src *src;
+    uint64_t end;
+    uint64_t off;     /* where the next record is looked for */
+    uint64_t damaged; /* stretches passed over */
+    uint64_t skipped; /* their bytes */
+};
+
+struct found {
+    uint64_t off; /* where the record starts */
+    struct hdr h;
+};
+
+static int fits(const struct hdr *h, uint64_t off, uint64_t end)
+{
+    return off <= end && h->bytes + (uint64_t)h->r.len <= end - off;
+}
+
+/* The first offset >= from where a record starts (w->end: none). 0, or a
+ * negative errno. */
+static int resync(const struct walk *w, uint64_t from, uint64_t *next)
+{
+    uint8_t buf[SPOOL_SCAN_BYTES + SPOOL_HEADER_BYTES];
+    for (uint64_t base = from; base < w->end; base += SPOOL_SCAN_BYTES) {
+        size_t want = w->end - base < sizeof(buf) ? (size_t)(w->end - base) : sizeof(buf);
+        ssize_t k = src_read(w->src, buf, want, base);
+        if (k < 0)
+            return (int)k;
+        size_t n = (size_t)k, lim = n < SPOOL_SCAN_BYTES ? n : SPOOL_SCAN_BYTES;
+        for (size_t i = 0; i < lim; i++) {
+            const uint8_t *q = memchr(buf + i, 'F', lim - i); /* both magics start "FSR" */
+            if (!q)
+                break;
+            i = (size_t)(q - buf);
+            struct hdr h;
+            if (header_decode(q, n - i, &h) == 0 && fits(&h, base + i, w->end)) {
+                *next = base + i;
+                return 0;
+            }
+        }
+        if (n < want)
+            break; /* the file ends before w->end */
+    }
+    *next = w->end;
+    return 0;
+}
+
+/* The next record: 1 and *f, 0 at the end, or a negative errno. */
+static int walk_next(struct walk *w, struct found *f)
+{
+    uint8_t b[SPOOL_HEADER_BYTES];
+    while (w->off < w->end) {
+        size_t want = w->end - w->off < sizeof(b) ? (size_t)(w->end - w->off) : sizeof(b);
+        ssize_t k = src_read(w->src, b, want, w->off);
+        if (k < 0)
+            return (int)k;
+        if (header_decode(b, (size_t)k, &f->h) == 0 && fits(&f->h, w->off, w->end)) {
+            f->off = w->off;
+            w->off += f->h.bytes + (uint64_t)f->h.r.len;
+            return 1;
+        }
+        uint64_t next;
+        int rc = resync(w, w->off + 1, &next);
+        if (rc < 0)
+            return rc;
+        w->damaged++;
+        w->skipped += next - w->off;
+        w->off = next;
     }
     return 0;
+}
+
+/* Reads f's body into buf (f->h.r.len bytes) and checks it (v2): 0,
+ * -EBADMSG when the CRC does not match or the file ends first, or a
+ * negative errno. */
+static int body_read(const struct src *s, const struct found *f, uint8_t *buf)
+{
+    ssize_t k = src_read(s, buf, f->h.r.len, f->off + f->h.bytes);
+    if (k < 0)
+        return (int)k;
+    if ((size_t)k < f->h.r.len)
+        return -EBADMSG;
+    if (!f->h.v1 && crc32c(buf, f->h.r.len) != f->h.body_crc)
+        return -EBADMSG;
+    return 0;
+}
+
+int spool_scan(const uint8_t *p, size_t n,
+               int (*on_rec)(void *ctx, uint64_t off, const struct spool_rec *r, int intact),
+               void *ctx, struct spool_scan_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    struct src s = {.fd = -1, .mem = p, .size = n};
+    struct walk w = {.src = &s, .end = n};
+    struct found f;
+    int rc;
+    while ((rc = walk_next(&w, &f)) == 1) {
+        int intact = f.h.v1 || crc32c(p + f.off + f.h.bytes, f.h.r.len) == f.h.body_crc;
+        st->records++;
+        st->v1_records += f.h.v1;
+        st->record_bytes += f.h.bytes + (uint64_t)f.h.r.len;
+        st->bad_bodies += !intact;
+        if (on_rec && (rc = on_rec(ctx, f.off, &f.h.r, intact)) < 0)
+            return rc;
+    }
+    st->damaged = w.damaged;
+    st->skipped_bytes = w.skipped;
+    return rc;
 }
 
 /* --- the in-memory index ------------------------------------------------------------ */
@@ -291,28 +469,20 @@ int spool_set_done(struct spool *sp, int64_t run_id, int64_t step)
     return 0;
 }
 
-/* Indexes the records of segment g (open as fd) up to `end` bytes. A
- * header that does not check cuts the segment there (it is what a replay
- * would read too). */
+/* Indexes the records of segment g (open as fd) up to `end` bytes. What
+ * does not read as a record is passed over (the replay reports it). */
 static int index_segment(struct spool *sp, struct seg *g, int fd, uint64_t end)
 {
-    uint64_t off = 0;
-    uint8_t h[SPOOL_HEADER_BYTES];
-    while (off + SPOOL_HEADER_BYTES <= end) {
-        struct spool_rec r;
-        if (pread_all(fd, h, sizeof(h), off) < 0 || header_decode(h, &r) < 0 ||
-            off + SPOOL_HEADER_BYTES + r.len > end)
-            break;
-        if (seg_note(g, r.run_id, (int64_t)r.step) < 0)
+    struct src src = {.fd = fd};
+    struct walk w = {.src = &src, .end = end};
+    struct found f;
+    int rc;
+    while ((rc = walk_next(&w, &f)) == 1)
+        if (seg_note(g, f.h.r.run_id, (int64_t)f.h.r.step) < 0)
             return -ENOMEM;
-        off += SPOOL_HEADER_BYTES + r.len;
-    }
-    if (off < end)
-        log_warn("spool",
-                 "%s: segment %016llx: unreadable record at byte %llu; the %llu bytes "
-                 "after it are not replayed",
-                 sp->dir, (unsigned long long)g->no, (unsigned long long)off,
-                 (unsigned long long)(end - off));
+    if (rc < 0)
+        log_warn("spool", "%s: segment %016llx: read error at byte %llu: %s", sp->dir,
+                 (unsigned long long)g->no, (unsigned long long)w.off, strerror(-rc));
     g->bytes = end;
     sp->bytes += end;
     return 0;
@@ -352,6 +522,14 @@ int spool_open(const char *dir, const struct spool_pos *head, const struct spool
         fs_err_set(err, 0, "cannot open spool directory %s: %s", dir, strerror(errno));
         goto fail;
     }
+    struct stat dst;
+    if (fstat(sp->dirfd, &dst) < 0) {
+        rc = -errno;
+        fs_err_set(err, 0, "cannot stat spool directory %s: %s", dir, strerror(errno));
+        goto fail;
+    }
+    sp->dir_dev = dst.st_dev;
+    sp->dir_ino = dst.st_ino;
     if ((rc = list_segments(dir, &nos, &n, err)) < 0)
         goto fail;
     sp->next_no = head->seg + 1;
@@ -396,6 +574,8 @@ int spool_open(const char *dir, const struct spool_pos *head, const struct spool
                 end = head->off;
         }
         struct seg *g = seg_add(sp, nos[i]);
+        if (g)
+            g->ino = (uint64_t)stt.st_ino;
         rc = g ? index_segment(sp, g, fd, end) : -ENOMEM;
         close(fd);
         if (rc < 0) {
@@ -447,12 +627,15 @@ static int rotate(struct spool *sp)
     int fd = openat(sp->dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return -errno;
-    struct seg *g = seg_add(sp, sp->next_no);
+    struct stat st;
+    struct seg *g = fstat(fd, &st) == 0 ? seg_add(sp, sp->next_no) : NULL;
     if (!g) {
+        int e = errno == 0 ? ENOMEM : errno;
         close(fd);
         unlinkat(sp->dirfd, name, 0);
-        return -ENOMEM;
+        return -e;
     }
+    g->ino = (uint64_t)st.st_ino;
     sp->next_no++;
     sp->fd = fd;
     sp->dir_dirty = 1;
@@ -463,6 +646,9 @@ int spool_append(struct spool *sp, const struct spool_rec *rec, const uint8_t *b
 {
     if (rec->len == 0 || rec->len > FS_SPOOL_MAX_RECORD_BYTES)
         return -EINVAL;
+    int e = spool_check(sp);
+    if (e < 0)
+        return e;
     uint64_t need = SPOOL_HEADER_BYTES + (uint64_t)rec->len;
     struct seg *g = cur_seg(sp);
     if (!g || (g->bytes > 0 && g->bytes + need > sp->segment_bytes)) {
@@ -474,7 +660,8 @@ int spool_append(struct spool *sp, const struct spool_rec *rec, const uint8_t *b
     if (seg_note(g, rec->run_id, (int64_t)rec->step) < 0)
         return -ENOMEM;
     uint8_t h[SPOOL_HEADER_BYTES];
-    header_encode(rec, h);
+    header_encode(rec, crc32c(body, rec->len), h);
+    sp->last = (struct spool_pos){.seg = g->no, .off = g->bytes};
     struct iovec iov[2] = {{.iov_base = h, .iov_len = sizeof(h)},
                            {.iov_base = (void *)body, .iov_len = rec->len}};
     uint64_t off = g->bytes, left = need;
@@ -524,6 +711,9 @@ void spool_set_yield(struct spool *sp, void (*yield)(void *ctx), void *ctx)
 
 int spool_sync(struct spool *sp)
 {
+    int e = spool_check(sp);
+    if (e < 0)
+        return e;
     if (!sp->sync_full)
         return 0;
     if (sp->fd >= 0 && fdatasync(sp->fd) < 0)
@@ -535,6 +725,86 @@ int spool_sync(struct spool *sp)
         sp->dir_dirty = 0;
     }
     return 0;
+}
+
+struct spool_pos spool_last(const struct spool *sp)
+{
+    return sp->last;
+}
+
+static const char *const fault_names[SPOOL_FAULT_COUNT] = {
+    [SPOOL_FAULT_NONE] = "none",
+    [SPOOL_FAULT_DIR_REMOVED] = "dir_removed",
+    [SPOOL_FAULT_DIR_REPLACED] = "dir_replaced",
+    [SPOOL_FAULT_SEGMENT_REMOVED] = "segment_removed",
+    [SPOOL_FAULT_SEGMENT_REPLACED] = "segment_replaced",
+};
+
+const char *spool_fault_name(int fault)
+{
+    return fault >= 0 && fault < SPOOL_FAULT_COUNT ? fault_names[fault] : "unknown";
+}
+
+int spool_fault(const struct spool *sp)
+{
+    return sp->fault;
+}
+
+/* A closed segment still listed (its records are not all evaluated): is
+ * the file still there, and still the one indexed? */
+static int closed_fault(struct spool *sp, const struct seg *g)
+{
+    char name[SPOOL_NAME_LEN + 1];
+    seg_name(g->no, name, sizeof(name));
+    struct stat st;
+    if (fstatat(sp->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? SPOOL_FAULT_SEGMENT_REMOVED : SPOOL_FAULT_NONE;
+    return (uint64_t)st.st_ino != g->ino ? SPOOL_FAULT_SEGMENT_REPLACED : SPOOL_FAULT_NONE;
+}
+
+int spool_check(struct spool *sp)
+{
+    if (sp->fault)
+        return -ESTALE;
+    struct stat st;
+    int f = SPOOL_FAULT_NONE;
+    uint64_t no = 0;
+    if (stat(sp->dir, &st) < 0) {
+        if (errno == ENOENT || errno == ENOTDIR)
+            f = SPOOL_FAULT_DIR_REMOVED;
+    } else if (st.st_dev != sp->dir_dev || st.st_ino != sp->dir_ino) {
+        f = SPOOL_FAULT_DIR_REPLACED;
+    }
+    if (!f && sp->fd >= 0 && fstat(sp->fd, &st) == 0 && st.st_nlink == 0) {
+        f = SPOOL_FAULT_SEGMENT_REMOVED;
+        no = sp->segs[sp->nsegs - 1].no;
+    }
+    /* The closed segments one per call, in turn: a check is a few system
+     * calls whatever the number of segments. */
+    size_t closed = sp->nsegs - (sp->fd >= 0);
+    if (!f && closed) {
+        const struct seg *g = &sp->segs[sp->check_next++ % closed];
+        f = closed_fault(sp, g);
+        no = g->no;
+    }
+    if (!f)
+        return 0;
+    sp->fault = f;
+    if (f == SPOOL_FAULT_SEGMENT_REMOVED || f == SPOOL_FAULT_SEGMENT_REPLACED)
+        log_error("spool",
+                  "%s: segment " SPOOL_SEGMENT_NAME
+                  " was %s under the running daemon: acknowledged "
+                  "frames in it are lost; nothing more is acknowledged until foreshockd restarts "
+                  "(the restart reports what was lost)",
+                  sp->dir, (unsigned long long)no,
+                  f == SPOOL_FAULT_SEGMENT_REMOVED ? "deleted" : "replaced");
+    else
+        log_error("spool",
+                  "%s: the spool directory was %s under the running daemon: acknowledged frames in "
+                  "it are lost; nothing more is acknowledged until foreshockd restarts (the "
+                  "restart reports what was lost)",
+                  sp->dir, f == SPOOL_FAULT_DIR_REMOVED ? "removed" : "replaced");
+    return -ESTALE;
 }
 
 struct spool_pos spool_head(const struct spool *sp)
@@ -638,17 +908,45 @@ uint64_t spool_bytes(const struct spool *sp)
 
 /* --- replay ---------------------------------------------------------------------------- */
 
+static int same_frame(const struct spool_frame *a, const struct spool_rec *r)
+{
+    return a->run_id == r->run_id && a->stream_id == r->stream_id && a->seq == r->seq &&
+           a->step == r->step;
+}
+
+static int grow_buf(uint8_t **buf, size_t *cap, uint32_t len)
+{
+    if (len <= *cap)
+        return 0;
+    uint8_t *p = realloc(*buf, len);
+    if (!p)
+        return -ENOMEM;
+    *buf = p;
+    *cap = len;
+    return 0;
+}
+
+/* One segment: its records fed (those want() takes and whose bodies
+ * check), and ack[0..nack) (the acknowledged frames the database places
+ * in it, by offset) each found intact, damaged or missing. */
 static int replay_segment(const char *dir, uint64_t no, uint64_t end,
-                          const struct spool_replay_ops *ops, struct spool_replay_stats *st,
-                          uint8_t **buf, size_t *cap, struct fs_err *err)
+                          const struct spool_replay_ops *ops, const struct spool_frame *ack,
+                          size_t nack, struct spool_replay_stats *st, uint8_t **buf, size_t *cap,
+                          struct fs_err *err)
 {
     char path[SPOOL_PATH_MAX + SPOOL_NAME_LEN + 2], name[SPOOL_NAME_LEN + 1];
     seg_name(no, name, sizeof(name));
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        if (errno == ENOENT)
-            return 0; /* released meanwhile: nothing in it was needed */
+        if (errno == ENOENT) {
+            /* Released meanwhile (nothing in it was needed), or lost. */
+            st->lost_missing += nack;
+            if (nack)
+                log_error("spool", "%s: segment %s is missing: %zu acknowledged frames are lost",
+                          dir, name, nack);
+            return 0;
+        }
         int rc = -errno;
         fs_err_set(err, 0, "spool: cannot open %s: %s", path, strerror(errno));
         return rc;
@@ -656,64 +954,132 @@ static int replay_segment(const char *dir, uint64_t no, uint64_t end,
     struct stat stt;
     if (fstat(fd, &stt) == 0 && (uint64_t)stt.st_size < end)
         end = (uint64_t)stt.st_size;
-    uint64_t off = 0;
-    int rc = 0;
-    while (off + SPOOL_HEADER_BYTES <= end) {
-        uint8_t h[SPOOL_HEADER_BYTES];
-        struct spool_rec r;
-        if (pread_all(fd, h, sizeof(h), off) < 0 || header_decode(h, &r) < 0 ||
-            off + SPOOL_HEADER_BYTES + r.len > end) {
-            st->unreadable++;
+    struct src src = {.fd = fd};
+    struct walk w = {.src = &src, .end = end};
+    struct found f;
+    size_t a = 0;
+    uint64_t bad_bodies = 0, missing0 = st->lost_missing, damaged0 = st->lost_damaged;
+    int rc;
+    while ((rc = walk_next(&w, &f)) == 1) {
+        st->records++;
+        st->v1_records += f.h.v1;
+        while (a < nack && ack[a].off < f.off) { /* in a damaged stretch, or inside a record */
+            st->lost_damaged++;
+            a++;
+        }
+        int acked = a < nack && ack[a].off == f.off;
+        if (acked && !same_frame(&ack[a], &f.h.r)) {
+            st->lost_damaged++;
+            acked = 0;
+        }
+        a += a < nack && ack[a].off == f.off;
+        int want = ops->want(ops->ctx, &f.h.r);
+        if (!want && !acked)
+            continue; /* passed over unread */
+        if (grow_buf(buf, cap, f.h.r.len) < 0) {
+            fs_err_set(err, 0, "spool: out of memory reading a %u-byte record", f.h.r.len);
+            rc = -ENOMEM;
             break;
         }
-        st->records++;
-        off += SPOOL_HEADER_BYTES;
-        if (ops->want(ops->ctx, &r)) {
-            if (r.len > *cap) {
-                uint8_t *p = realloc(*buf, r.len);
-                if (!p) {
-                    fs_err_set(err, 0, "spool: out of memory reading a %u-byte record", r.len);
-                    rc = -ENOMEM;
-                    break;
-                }
-                *buf = p;
-                *cap = r.len;
-            }
-            if (pread_all(fd, *buf, r.len, off) < 0) {
-                st->unreadable++;
-                break;
-            }
-            st->fed++;
-            st->bytes_fed += r.len;
-            if ((rc = ops->feed(ops->ctx, &r, *buf)) < 0) {
-                fs_err_set(err, 0, "spool: replay stopped at %s byte %llu: %s", path,
-                           (unsigned long long)(off - SPOOL_HEADER_BYTES), strerror(-rc));
-                break;
-            }
-            rc = 0;
+        int e = body_read(&src, &f, *buf);
+        if (e == -EBADMSG) {
+            bad_bodies++;
+            st->lost_damaged += acked;
+            continue;
         }
-        off += r.len;
+        if (e < 0) {
+            rc = e;
+            break;
+        }
+        if (!want)
+            continue;
+        st->fed++;
+        st->bytes_fed += f.h.r.len;
+        if ((rc = ops->feed(ops->ctx, &f.h.r, *buf)) < 0) {
+            fs_err_set(err, 0, "spool: replay stopped at %s byte %llu: %s", path,
+                       (unsigned long long)f.off, strerror(-rc));
+            break;
+        }
+    }
+    if (rc < 0 && rc != -ENOMEM && !err->msg[0]) {
+        /* A read error: what is left of the segment is not replayed. */
+        log_error("spool", "%s: read error at byte %llu: %s; the rest of the segment is skipped",
+                  path, (unsigned long long)w.off, strerror(-rc));
+        w.skipped += end - w.off;
+        w.damaged++;
+        rc = 0;
+    }
+    if (rc == 0) {
+        for (; a < nack; a++) {
+            if (ack[a].off < end)
+                st->lost_damaged++;
+            else
+                st->lost_missing++; /* the file is shorter */
+        }
     }
     close(fd);
+    st->unreadable += w.damaged + bad_bodies;
+    st->skipped_bytes += w.skipped;
+    if (w.damaged || bad_bodies || st->lost_missing > missing0 || st->lost_damaged > damaged0)
+        log_error("spool",
+                  "%s: %llu damaged stretches (%llu bytes skipped), %llu records whose body "
+                  "fails its CRC; acknowledged frames lost: %llu damaged, %llu missing",
+                  path, (unsigned long long)w.damaged, (unsigned long long)w.skipped,
+                  (unsigned long long)bad_bodies, (unsigned long long)(st->lost_damaged - damaged0),
+                  (unsigned long long)(st->lost_missing - missing0));
     return rc;
+}
+
+static int frame_cmp(const struct spool_frame *a, const struct spool_frame *b)
+{
+    return a->seg != b->seg ? (a->seg > b->seg) - (a->seg < b->seg)
+                            : (a->off > b->off) - (a->off < b->off);
 }
 
 int spool_replay(const char *dir, const struct spool_pos *head, const struct spool_replay_ops *ops,
                  struct spool_replay_stats *st, struct fs_err *err)
 {
     memset(st, 0, sizeof(*st));
+    const struct spool_frame *ack = ops->acked;
+    size_t nack = ack ? ops->nacked : 0;
+    for (size_t i = 1; i < nack; i++)
+        if (frame_cmp(&ack[i - 1], &ack[i]) >= 0)
+            return fs_err_set(err, -EINVAL, "spool: acknowledged frames not in log order");
+    st->acked = nack;
     uint64_t *nos;
     size_t n;
     int rc = list_segments(dir, &nos, &n, err);
-    if (rc == -ENOENT)
-        return 0; /* no spool yet */
+    if (rc == -ENOENT) { /* no spool directory (any more) */
+        err->msg[0] = '\0';
+        nos = NULL;
+        n = 0;
+        rc = 0;
+    }
     if (rc < 0)
         return rc;
     uint8_t *buf = NULL;
-    size_t cap = 0;
-    for (size_t i = 0; i < n && rc == 0 && nos[i] <= head->seg; i++)
-        rc = replay_segment(dir, nos[i], nos[i] == head->seg ? head->off : UINT64_MAX, ops, st,
-                            &buf, &cap, err);
+    size_t cap = 0, a = 0;
+    for (size_t i = 0; i < n && rc == 0 && nos[i] <= head->seg; i++) {
+        size_t gone = 0;
+        for (; a < nack && ack[a].seg < nos[i]; a++)
+            gone++;
+        if (gone) {
+            st->lost_missing += gone;
+            log_error("spool", "%s: %zu acknowledged frames lie in segments that are missing", dir,
+                      gone);
+        }
+        size_t b = a;
+        while (b < nack && ack[b].seg == nos[i])
+            b++;
+        rc = replay_segment(dir, nos[i], nos[i] == head->seg ? head->off : UINT64_MAX, ops, ack + a,
+                            b - a, st, &buf, &cap, err);
+        a = b;
+    }
+    if (rc == 0 && a < nack) {
+        st->lost_missing += nack - a;
+        log_error("spool", "%s: %zu acknowledged frames lie in segments that are missing", dir,
+                  nack - a);
+    }
     free(buf);
     free(nos);
     return rc;

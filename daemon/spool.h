@@ -18,10 +18,28 @@
  *
  * Layout: an append-only log of records in numbered segment files
  * (SPOOL_SEGMENT_NAME, 16 hex digits) in one directory beside the database
- * ("<db>.spool"). A record is a SPOOL_HEADER_BYTES header (magic, body
- * length, run, stream, rank, seq, step, a check of the header) and the
- * Frame body as it arrived. A new segment starts when the next record
- * would take the current one past FS_SPOOL_SEGMENT_BYTES.
+ * ("<db>.spool"). A record is a SPOOL_HEADER_BYTES header (magic "FSR2",
+ * body length, run, stream, seq, step, rank, the body's CRC-32C, and a
+ * CRC-32C of the header before it) and the Frame body as it arrived: one
+ * changed bit anywhere in a record fails a check. Records of the format
+ * before (v1, magic "FSR1": SPOOL_V1_HEADER_BYTES, a check of the header
+ * only) are still read, so that a spool written by an older foreshockd is
+ * replayed after an upgrade; new records are always v2. A new segment
+ * starts when the next record would take the current one past
+ * FS_SPOOL_SEGMENT_BYTES.
+ *
+ * Damage: a reader that meets bytes that are not a record (a header whose
+ * check fails) looks for the next offset where a header checks and its
+ * body fits, and goes on from there (the stretch passed over is counted,
+ * with its bytes); a record whose body fails its CRC is not replayed.
+ * The database keeps where each acknowledged frame of a step not yet
+ * evaluated lies (table spool_frames); the replay at startup compares the
+ * two, and each such frame is found intact, damaged or missing.
+ *
+ * A spool removed under the running daemon: spool_check (at each append,
+ * sync and batch) notices the directory or a segment with unevaluated
+ * records deleted or replaced; from then on appends and syncs fail
+ * (-ESTALE), so nothing more is acknowledged, until a restart.
  *
  * Durability, with the database (store.c): the writer appends a batch's
  * records, calls spool_sync (synchronous=full: fdatasync of the segment,
@@ -46,7 +64,8 @@
  * the replay would skip, and a segment deleted under an open descriptor
  * still reads to its end. */
 
-#define SPOOL_HEADER_BYTES 48u
+#define SPOOL_HEADER_BYTES 56u    /* v2, every record written */
+#define SPOOL_V1_HEADER_BYTES 48u /* v1, read only */
 #define SPOOL_SEGMENT_NAME "%016llx.seg"
 #define SPOOL_DIR_SUFFIX ".spool"
 #define SPOOL_PATH_MAX 4160u /* directory (FS_CONFIG_MAX_PATH + suffix) and segment name */
@@ -83,13 +102,40 @@ struct spool_opts {
 int spool_open(const char *dir, const struct spool_pos *head, const struct spool_opts *opts,
                struct spool **out, struct fs_err *err);
 
+/* Why appends stopped (spool_check). */
+enum spool_fault {
+    SPOOL_FAULT_NONE,
+    SPOOL_FAULT_DIR_REMOVED,
+    SPOOL_FAULT_DIR_REPLACED,
+    SPOOL_FAULT_SEGMENT_REMOVED,
+    SPOOL_FAULT_SEGMENT_REPLACED,
+    SPOOL_FAULT_COUNT
+};
+
+/* Is the log still where it was opened? Looks at the directory (still
+ * there, the same inode), the append segment (not unlinked) and one closed
+ * segment (there, the same inode; each in turn over the calls). The first
+ * fault found is logged once at ERROR and stays: this and every later
+ * append, sync and check return -ESTALE. 0 or -ESTALE. Owner thread. */
+int spool_check(struct spool *sp);
+
+/* The fault spool_check found (SPOOL_FAULT_NONE: none), and its name for
+ * logs and metrics ("dir_removed", ...). */
+int spool_fault(const struct spool *sp);
+const char *spool_fault_name(int fault);
+
 /* Closes descriptors and frees; the files stay. NULL is a no-op. */
 void spool_close(struct spool *sp);
 
 /* Appends one record (body: rec->len bytes, the Frame body). 0, or a
- * negative errno (ENOSPC, EIO, ...; -EINVAL for a length out of range);
- * after a failure the caller rewinds to its committed end. Owner thread. */
+ * negative errno (ENOSPC, EIO, ...; -EINVAL for a length out of range,
+ * -ESTALE after a spool_check fault); after a failure the caller rewinds
+ * to its committed end. Owner thread. */
 int spool_append(struct spool *sp, const struct spool_rec *rec, const uint8_t *body);
+
+/* Where the record the last successful spool_append wrote starts. Owner
+ * thread. */
+struct spool_pos spool_last(const struct spool *sp);
 
 /* Sets (NULL: clears) a hook that spool_append calls between the pieces
  * (FS_SPOOL_WRITE_CHUNK_BYTES) of a record it writes, on the owner thread:
@@ -124,23 +170,59 @@ size_t spool_release(struct spool *sp, const struct spool_pos *commit_end);
 /* Bytes in the segment files. Owner thread. */
 uint64_t spool_bytes(const struct spool *sp);
 
+/* An acknowledged frame the database places in the log (spool_frames). */
+struct spool_frame {
+    uint64_t seg, off; /* where its record starts */
+    int64_t run_id, stream_id;
+    uint64_t seq, step;
+};
+
 /* Replay (restart): the records of dir's segments up to head, oldest
  * first. For each record want(ctx, rec) decides; when it returns true the
- * body is read and feed(ctx, rec, body) called (body valid during the call;
- * a negative return stops the replay with that code). A header that does
- * not check, or a body cut short, ends that segment (counted in
- * st->unreadable). Returns 0 or a negative errno-style code with err. Any
- * thread (see the top). */
+ * body is read and checked, and feed(ctx, rec, body) called (body valid
+ * during the call; a negative return stops the replay with that code). A
+ * record whose body fails its CRC is not fed; bytes that are not a record
+ * are passed over to the next record (both counted in st->unreadable, the
+ * bytes in st->skipped_bytes, and logged per segment at ERROR).
+ *
+ * acked[0..nacked) (sorted by seg, off; may be NULL): the acknowledged
+ * frames of steps not yet evaluated. Each is looked up at its place: a
+ * record there with the same run, stream, seq and step whose body checks
+ * is intact; a segment absent or shorter than the offset makes it missing;
+ * anything else damaged (st->lost_missing, st->lost_damaged; logged).
+ *
+ * Returns 0 or a negative errno-style code with err. Any thread (see the
+ * top). */
 struct spool_replay_ops {
     int (*want)(void *ctx, const struct spool_rec *rec);
     int (*feed)(void *ctx, const struct spool_rec *rec, const uint8_t *body);
     void *ctx;
+    const struct spool_frame *acked;
+    size_t nacked;
 };
 struct spool_replay_stats {
-    uint64_t records, fed, unreadable, bytes_fed;
+    uint64_t records, fed, bytes_fed;
+    uint64_t unreadable;    /* damaged records: stretches passed over, bodies failing the CRC */
+    uint64_t skipped_bytes; /* bytes of the stretches passed over */
+    uint64_t v1_records;    /* records of the format before CRCs (body unchecked) */
+    uint64_t acked, lost_missing, lost_damaged; /* of ops->acked */
 };
 int spool_replay(const char *dir, const struct spool_pos *head, const struct spool_replay_ops *ops,
                  struct spool_replay_stats *st, struct fs_err *err);
+
+/* The record reader over one segment's bytes in memory (the fuzzer's way
+ * in; the same walk as the replay's): on_rec (may be NULL) for each record
+ * whose header checks, with intact = its body checks too (v1: always);
+ * a negative return stops the scan with it. Every byte of p ends up in a
+ * record or in a stretch passed over: record_bytes + skipped_bytes == n.
+ * Returns 0 or on_rec's code. Pure. */
+struct spool_scan_stats {
+    uint64_t records, v1_records, bad_bodies, record_bytes;
+    uint64_t damaged, skipped_bytes;
+};
+int spool_scan(const uint8_t *p, size_t n,
+               int (*on_rec)(void *ctx, uint64_t off, const struct spool_rec *r, int intact),
+               void *ctx, struct spool_scan_stats *st);
 
 /* "<db_path>.spool" into out (outlen bytes). 0, or -ENAMETOOLONG. Pure. */
 int spool_dir_of(const char *db_path, char *out, size_t outlen);

@@ -251,6 +251,38 @@ static int replay_feed(void *ctx, const struct spool_rec *rec, const uint8_t *bo
     return 0;
 }
 
+/* What the replay found wrong with the spool: one ERROR line with the
+ * counts, the metrics, and /readyz "degraded" (http_ops.c) from then on. */
+static void report_spool(struct stage *st, const char *dir, const struct spool_replay_stats *rs)
+{
+    struct fs_stats *s = st->stats;
+    if (s) {
+        atomic_fetch_add(&s->spool_lost_missing, rs->lost_missing);
+        atomic_fetch_add(&s->spool_lost_damaged, rs->lost_damaged);
+        atomic_fetch_add(&s->spool_damaged_records, rs->unreadable);
+        atomic_fetch_add(&s->spool_skipped_bytes, rs->skipped_bytes);
+    }
+    if (rs->lost_missing || rs->lost_damaged)
+        log_error("stage",
+                  "spool %s: %llu of %llu acknowledged frames of steps not yet evaluated are "
+                  "lost (%llu missing, %llu damaged); their steps are evaluated without them. "
+                  "%llu damaged records, %llu bytes passed over",
+                  dir, (unsigned long long)(rs->lost_missing + rs->lost_damaged),
+                  (unsigned long long)rs->acked, (unsigned long long)rs->lost_missing,
+                  (unsigned long long)rs->lost_damaged, (unsigned long long)rs->unreadable,
+                  (unsigned long long)rs->skipped_bytes);
+    else if (rs->unreadable)
+        log_error("stage",
+                  "spool %s: %llu damaged records (%llu bytes passed over), none of them an "
+                  "acknowledged frame still needed",
+                  dir, (unsigned long long)rs->unreadable, (unsigned long long)rs->skipped_bytes);
+    if (rs->v1_records)
+        log_info("stage",
+                 "spool %s: %llu records of the format before per-record CRCs (their bodies "
+                 "cannot be checked); new records carry CRCs",
+                 dir, (unsigned long long)rs->v1_records);
+}
+
 static int load_spool(struct stage *st, struct store_restart *db, const char *db_path,
                       struct fs_err *err)
 {
@@ -261,11 +293,18 @@ static int load_spool(struct stage *st, struct store_restart *db, const char *db
     char dir[SPOOL_PATH_MAX];
     if (spool_dir_of(db_path, dir, sizeof(dir)) < 0)
         return fs_err_set(err, -ENAMETOOLONG, "%s: path too long for its spool directory", db_path);
+    struct spool_frame *acked;
+    size_t nacked;
+    if ((rc = store_restart_spool_frames(db, &acked, &nacked, err)) < 0)
+        return rc;
     struct replay rp = {.st = st};
     decode_limits_default(&rp.lim, STAGE_LOAD_MAX_BODY);
-    struct spool_replay_ops ops = {.want = replay_want, .feed = replay_feed, .ctx = &rp};
+    struct spool_replay_ops ops = {
+        .want = replay_want, .feed = replay_feed, .ctx = &rp, .acked = acked, .nacked = nacked};
     struct spool_replay_stats rs;
-    if ((rc = spool_replay(dir, &head, &ops, &rs, err)) < 0)
+    rc = spool_replay(dir, &head, &ops, &rs, err);
+    free(acked);
+    if (rc < 0)
         return rc;
     if (rs.fed || rs.unreadable || rp.bad || rp.unknown)
         log_info("stage",
@@ -274,6 +313,7 @@ static int load_spool(struct stage *st, struct store_restart *db, const char *db
                  (unsigned long long)(rs.fed - rp.bad), (double)rs.bytes_fed / 1e6,
                  (unsigned long long)(rs.records - rs.fed - rp.unknown),
                  (unsigned long long)(rs.unreadable + rp.bad), rp.unknown);
+    report_spool(st, dir, &rs);
     return 0;
 }
 

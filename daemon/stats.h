@@ -58,6 +58,12 @@ struct fs_stats {
     atomic_uint_fast64_t writer_queue_items; /* gauge */
     atomic_uint_fast64_t writer_queue_bytes; /* gauge */
     atomic_uint_fast64_t spool_bytes;        /* gauge: bytes in the spool log's segments */
+    /* The spool as the start's replay found it (stage_load): acknowledged
+     * frames lost, records damaged, bytes passed over. */
+    atomic_uint_fast64_t spool_lost_missing;
+    atomic_uint_fast64_t spool_lost_damaged;
+    atomic_uint_fast64_t spool_damaged_records;
+    atomic_uint_fast64_t spool_skipped_bytes;
     atomic_uint_fast64_t commit_seconds_bucket[STATS_COMMIT_BUCKETS + 1];
     atomic_uint_fast64_t commit_seconds_sum_us;
 
@@ -92,6 +98,9 @@ struct fs_stats {
     /* 0, or while commits fail (disk full, I/O) the SQLite primary result
      * code they fail with (store_failure_text names it). */
     atomic_int storage_failing;
+    /* 0, or the enum spool_fault that stopped commits (the spool log was
+     * deleted or replaced under the daemon); stays until a restart. */
+    atomic_int spool_fault;
 };
 
 #endif

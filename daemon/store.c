@@ -75,7 +75,9 @@ static int spool_batch(struct store *s, struct store_item **batch, size_t n,
     s->w_spooling = batch;
     s->nw_spooling = n;
     for (size_t i = 0; i < n && rc == SQLITE_OK; i++) {
-        const struct store_report *rp = &batch[i]->report;
+        struct store_report *rp = &batch[i]->report;
+        if (batch[i]->kind == STORE_ITEM_REPORT)
+            rp->spooled = 0;
         if (refused[i] || batch[i]->kind != STORE_ITEM_REPORT || !rp->sketch_body ||
             !rp->sketch_len)
             continue;
@@ -93,6 +95,11 @@ static int spool_batch(struct store *s, struct store_item **batch, size_t n,
             rc = SQLITE_TOOBIG;
         } else if (e < 0) {
             rc = store_spool_failed(s, "appending a report", e);
+        } else {
+            struct spool_pos at = spool_last(s->spool);
+            rp->spooled = 1;
+            rp->spool_seg = at.seg;
+            rp->spool_off = at.off;
         }
     }
     s->w_spooling = NULL;
@@ -111,6 +118,11 @@ static int write_once(struct store *s, struct store_item **batch, size_t n,
     s->w_outbox_max = 0;
     s->nw_done = 0;
     s->w_spool_err[0] = '\0';
+    /* A spool deleted or replaced under the daemon stops every commit: an
+     * ack would promise what the log no longer keeps. */
+    int fe = spool_check(s->spool);
+    if (fe < 0)
+        return store_spool_failed(s, "checking the log", fe);
     struct spool_pos at = spool_head(s->spool);
     if (at.seg != s->committed.seg || at.off != s->committed.off) {
         int e = spool_rewind(s->spool, &s->committed);
@@ -202,8 +214,15 @@ static void refuse_hellos(struct store *s, struct store_item **batch, size_t n,
     struct store_result r = {.kind = STORE_RESULT_HELLO,
                              .items = 1,
                              .error_code = FORESHOCK__ERROR_CODE__ERROR_INTERNAL};
-    snprintf(r.message, sizeof(r.message), "storage is failing (%s); retry later",
-             store_failure_text(code));
+    int fault = atomic_load(&s->stats->spool_fault);
+    if (fault)
+        snprintf(r.message, sizeof(r.message),
+                 "storage is failing (the spool log was deleted or replaced under the daemon: "
+                 "%s); nothing is acknowledged until foreshockd restarts",
+                 spool_fault_name(fault));
+    else
+        snprintf(r.message, sizeof(r.message), "storage is failing (%s); retry later",
+                 store_failure_text(code));
     struct store_item *gone = NULL;
     size_t answered = 0;
     pthread_mutex_lock(&s->mu);
@@ -263,8 +282,19 @@ static int past_stop_deadline(struct store *s)
     return d > 0 && fs_clock_mono() >= d;
 }
 
+/* Stopping while the spool log is gone (spool_check): no retry can
+ * succeed, so the batch is given up at once, whatever the deadline. */
+static int stopping_without_spool(struct store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int asked = s->stop_asked;
+    pthread_mutex_unlock(&s->mu);
+    return asked && spool_fault(s->spool);
+}
+
 /* Waits ms between attempts at a failing batch, answering Hellos queued
- * meanwhile (refuse_hellos) and returning early at the stop deadline. */
+ * meanwhile (refuse_hellos) and returning early at the stop deadline (or
+ * at the stop, when the spool log is gone). */
 static void failing_wait(struct store *s, unsigned ms, struct store_item **batch, size_t n,
                          unsigned char *refused, int code)
 {
@@ -273,7 +303,7 @@ static void failing_wait(struct store *s, unsigned ms, struct store_item **batch
     for (;;) {
         double end = s->stop_deadline > 0 && s->stop_deadline < until ? s->stop_deadline : until;
         double now = fs_clock_mono();
-        if (now >= end)
+        if (now >= end || (s->stop_asked && spool_fault(s->spool)))
             break;
         if (s->q_hellos) {
             pthread_mutex_unlock(&s->mu);
@@ -411,7 +441,7 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
         int code = rc & 0xff ? rc & 0xff : SQLITE_ERROR;
         set_failing(s, code);
         refuse_hellos(s, batch, n, refused, code);
-        if (past_stop_deadline(s)) {
+        if (past_stop_deadline(s) || stopping_without_spool(s)) {
             /* Stopping, and the disk does not take the batch: give it up,
              * as a crash at this point would. Nothing of it was acked;
              * clients resend it to the next start. */
@@ -831,6 +861,7 @@ void store_set_stop_deadline(struct store *s, double timeout_s)
 {
     pthread_mutex_lock(&s->mu);
     s->stop_deadline = timeout_s > 0 ? fs_clock_mono() + timeout_s : 0;
+    s->stop_asked = 1;
     pthread_cond_signal(&s->cv); /* a failing_wait ends at the deadline */
     pthread_mutex_unlock(&s->mu);
 }

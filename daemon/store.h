@@ -112,6 +112,10 @@ struct store_report {
                              sketch_alloc is set: then it points into that allocation */
     size_t sketch_len;
     uint8_t *sketch_alloc; /* owned: the buffer sketch_body lies in, or NULL */
+    /* Writer thread: where spool_batch appended the frame (spooled: 1), for
+     * its spool_frames row. */
+    int spooled;
+    uint64_t spool_seg, spool_off;
 };
 
 struct store_spool_done {

@@ -140,6 +140,17 @@ static int rewind_advice(struct store *s, int64_t run_id, uint64_t resume_step, 
  * reason for the log. */
 int store_spool_failed(struct store *s, const char *what, int err)
 {
+    int fault = spool_fault(s->spool);
+    if (fault) {
+        atomic_store(&s->stats->spool_fault, fault);
+        snprintf(
+            s->w_spool_err, sizeof(s->w_spool_err),
+            "spool: %s: the log was %s under the running daemon (%s); restart foreshockd", what,
+            fault == SPOOL_FAULT_DIR_REMOVED || fault == SPOOL_FAULT_SEGMENT_REMOVED ? "deleted"
+                                                                                     : "replaced",
+            spool_fault_name(fault));
+        return SQLITE_IOERR;
+    }
     snprintf(s->w_spool_err, sizeof(s->w_spool_err), "spool: %s: %s", what, strerror(-err));
     return err == -ENOSPC ? SQLITE_FULL : err == -ENOMEM ? SQLITE_NOMEM : SQLITE_IOERR;
 }
@@ -260,7 +271,19 @@ static int apply_report(struct store *s, const struct store_item *it, struct bat
                 return rc;
         }
     }
-    /* Its frame, if it has one, is in the spool log already (spool_batch, store.c). */
+    /* Its frame, if it has one, is in the spool log already (spool_batch,
+     * store.c): where, so that a start can check it is still there. */
+    if (rp->spooled) {
+        sqlite3_stmt *fs = s->st[ST_FRAME_INSERT];
+        sqlite3_bind_int64(fs, 1, (int64_t)rp->spool_seg);
+        sqlite3_bind_int64(fs, 2, (int64_t)rp->spool_off);
+        sqlite3_bind_int64(fs, 3, rp->run_id);
+        sqlite3_bind_int64(fs, 4, rp->stream_id);
+        sqlite3_bind_int64(fs, 5, (int64_t)rp->seq);
+        sqlite3_bind_int64(fs, 6, (int64_t)rp->step);
+        if (!ok(rc = exec1(fs, NULL, 0)))
+            return rc;
+    }
     if (!ok(rc = bump(s->st[ST_STREAM_BUMP], rp->stream_id, (int64_t)rp->seq, rp->received_at)) ||
         !ok(rc = bump(s->st[ST_RUN_BUMP], rp->run_id, (int64_t)rp->step, rp->received_at)))
         return rc;
@@ -278,6 +301,11 @@ static int apply_spool_done(struct store *s, int64_t run_id, uint64_t step)
     sqlite3_bind_int64(st, 2, (int64_t)step);
     int rc = exec1(st, NULL, 0);
     if (!ok(rc))
+        return rc;
+    st = s->st[ST_FRAME_DONE];
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, (int64_t)step);
+    if (!ok(rc = exec1(st, NULL, 0)))
         return rc;
     struct spool_done_step *d = fs_grow(s->w_done, &s->capw_done, s->nw_done + 1, sizeof(*d), 16);
     if (!d)

@@ -57,6 +57,8 @@ enum stmt_id {
     ST_INCOMPLETE_PUT,
     ST_OUTBOX_INSERT,
     ST_OUTBOX_OUTCOME,
+    ST_FRAME_INSERT,
+    ST_FRAME_DONE,
     ST_COUNT
 };
 
@@ -112,6 +114,7 @@ struct store {
     uint64_t spool_bytes;                            /* bytes in the spool's segment files */
     int refusing, stopping;
     double stop_deadline;     /* monotonic; > 0: failing writes are given up past it */
+    int stop_asked;           /* store_set_stop_deadline was called (under mu) */
     uint64_t abandoned;       /* items given up at the stop deadline */
     struct store_result *res; /* announced, not yet taken */
     size_t nres, capres;

@@ -90,6 +90,9 @@ static const char *const stmt_sql[ST_COUNT] = {
         "last_error = ?6, updated_at = ?7, "
         "done_at = CASE WHEN ?2 IN " STORE_OUTBOX_SQL_FINISHED " THEN ?7 ELSE NULL END "
         "WHERE id = ?1",
+    [ST_FRAME_INSERT] = "INSERT OR REPLACE INTO spool_frames (segment, byte_offset, run_id, "
+                        "stream_id, seq, step) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    [ST_FRAME_DONE] = "DELETE FROM spool_frames WHERE run_id = ?1 AND step <= ?2",
 };
 
 /* --- open, migrate, close -------------------------------------------------------------- */

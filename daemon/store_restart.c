@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs_grow.h"
 #include "fs_limits.h"
 #include "schema.h"
 
@@ -309,5 +310,48 @@ int store_restart_spool_head(struct store_restart *r, struct spool_pos *out, str
     sqlite3_finalize(q);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
         return load_fail(db, err, "spool_log");
+    return 0;
+}
+
+int store_restart_spool_frames(struct store_restart *r, struct spool_frame **out, size_t *n,
+                               struct fs_err *err)
+{
+    sqlite3 *db = r->db;
+    sqlite3_stmt *q = NULL;
+    *out = NULL;
+    *n = 0;
+    if (sqlite3_prepare_v2(db,
+                           "SELECT f.segment, f.byte_offset, f.run_id, f.stream_id, f.seq, f.step "
+                           "FROM spool_frames f JOIN runs r ON r.id = f.run_id "
+                           "WHERE f.step > COALESCE(r.spool_done_step, -1) "
+                           "ORDER BY f.segment, f.byte_offset",
+                           -1, &q, NULL) != SQLITE_OK)
+        return load_fail(db, err, "spool_frames");
+    size_t cap = 0;
+    int rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        struct spool_frame *p = fs_grow(*out, &cap, *n + 1, sizeof(*p), 64);
+        if (!p) {
+            sqlite3_finalize(q);
+            free(*out);
+            *out = NULL;
+            *n = 0;
+            return fs_err_set(err, -ENOMEM, "out of memory reading spool_frames");
+        }
+        *out = p;
+        p[(*n)++] = (struct spool_frame){.seg = (uint64_t)sqlite3_column_int64(q, 0),
+                                         .off = (uint64_t)sqlite3_column_int64(q, 1),
+                                         .run_id = sqlite3_column_int64(q, 2),
+                                         .stream_id = sqlite3_column_int64(q, 3),
+                                         .seq = (uint64_t)sqlite3_column_int64(q, 4),
+                                         .step = (uint64_t)sqlite3_column_int64(q, 5)};
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+        return load_fail(db, err, "spool_frames");
+    }
     return 0;
 }

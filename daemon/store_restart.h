@@ -109,4 +109,10 @@ int store_restart_attempts(struct store_restart *r,
  * of it, a new database). 0 or a negative code with err. */
 int store_restart_spool_head(struct store_restart *r, struct spool_pos *out, struct fs_err *err);
 
+/* The acknowledged frames of steps not yet evaluated (spool_frames, steps
+ * past their run's spool_done_step), in log order: *out (malloc'd, NULL
+ * when none) and *n. 0 or a negative code with err. */
+int store_restart_spool_frames(struct store_restart *r, struct spool_frame **out, size_t *n,
+                               struct fs_err *err);
+
 #endif

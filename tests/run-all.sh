@@ -50,9 +50,10 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   echo "== fuzz every parser: the frame decoder ${FUZZ_SECONDS}s, the others $((FUZZ_SECONDS / 2))s each =="
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFORESHOCK_FUZZ=ON \
     -DFORESHOCK_SANITIZE=ON -DFORESHOCK_WERROR=OFF >/dev/null
-  cmake --build build-fuzz -j"$JOBS" --target fuzz_decode fuzz_http_params fuzz_silence fuzz_config
+  cmake --build build-fuzz -j"$JOBS" --target fuzz_decode fuzz_http_params fuzz_silence fuzz_config \
+    fuzz_spool
   seeds=$(mktemp -d)
-  mkdir -p "$seeds"/decode "$seeds"/http "$seeds"/silence "$seeds"/config
+  mkdir -p "$seeds"/decode "$seeds"/http "$seeds"/silence "$seeds"/config "$seeds"/spool
   /usr/bin/python3 tests/fuzz/make_corpus.py . "$seeds"/decode
   printf '\001%s' '1h30m' > "$seeds"/http/duration
   printf '\002%s' '2026-01-02T03:04:05.25+02:00' > "$seeds"/http/time
@@ -62,7 +63,10 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   printf '%s' '[{"name":"alertname","value":"qk\\..*","isRegex":true},{"name":"run","value":"a"}]' \
     > "$seeds"/silence/one
   cp deploy/foreshockd.conf.example "$seeds"/config/example
-  for t in decode http_params silence config; do
+  # fuzz_spool: odd first byte = records appended, then the flips that follow
+  printf '\001\010abcdefgh\004wxyz\020%s\003\177' 'sixteen bytes...' > "$seeds"/spool/appended
+  printf '\000FSR2%s' 'not a header' > "$seeds"/spool/raw
+  for t in decode http_params silence config spool; do
     secs=$((FUZZ_SECONDS / 2)); dir="$seeds/$t"
     [ "$t" = decode ] && secs=$FUZZ_SECONDS
     [ "$t" = http_params ] && dir="$seeds/http"

@@ -1,8 +1,12 @@
 /* spool.c: the append-only log of report frames. Round trip in order
  * across segments, what a reopen cuts (records past the committed end,
  * later segments), rewinding a failed batch, which segments release
- * deletes (a table), a damaged header ending its segment, and a large
- * record written in pieces with the yield hook between them. Small
+ * deletes (a table), damage (a header that does not check is passed over
+ * to the next record, a body that fails its CRC is not replayed, v1
+ * records of an older foreshockd are read), the acknowledged frames the
+ * replay checks (a table: intact, missing, damaged), spool_check noticing
+ * the log deleted or replaced under its owner, the in-memory reader, and a
+ * large record written in pieces with the yield hook between them. Small
  * segments (spool_opts.segment_bytes) so that rotation happens at test
  * sizes. */
 #include <criterion/criterion.h>
@@ -15,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "crc32c.h"
 #include "fs_limits.h"
 #include "spool.h"
 
@@ -263,36 +268,326 @@ Test(spool, release_deletes_evaluated_segments)
 }
 
 /* A header that does not check (a power cut under synchronous=normal can
- * leave zeros) ends its segment: the replay stops there and says so, the
- * next segment is read, and a reopen keeps what is before it. */
-Test(spool, a_damaged_header_ends_its_segment)
+ * leave zeros) is passed over: the replay goes on at the next record, in
+ * the same segment, and says how much it skipped; a reopen keeps the file
+ * whole. Four records in one segment, the second's header zeroed. */
+static void fx_open_big(struct fx *f, const struct spool_pos *head)
+{
+    struct fs_err err = {0};
+    struct spool_opts o = {.sync_full = 1, .segment_bytes = 16 * T_REC};
+    cr_assert_eq(spool_open(f->dir, head, &o, &f->sp, &err), 0, "%s", err.msg);
+}
+
+static void patch(const struct fx *f, uint64_t seg, uint64_t off, const void *b, size_t n)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/" SPOOL_SEGMENT_NAME, f->dir, (unsigned long long)seg);
+    int fd = open(path, O_WRONLY);
+    cr_assert_geq(fd, 0, "%s", path);
+    cr_assert_eq(pwrite(fd, b, n, (off_t)off), (ssize_t)n);
+    close(fd);
+}
+
+Test(spool, a_damaged_header_is_passed_over_to_the_next_record)
 {
     struct fx f;
     fx_init(&f);
     struct spool_pos none = {0, 0};
-    fx_open(&f, &none);
+    fx_open_big(&f, &none);
     for (unsigned i = 1; i <= 4; i++)
         append(&f, i);
     struct spool_pos head = spool_head(f.sp);
     spool_close(f.sp);
-    char path[128];
-    snprintf(path, sizeof(path), "%s/" SPOOL_SEGMENT_NAME, f.dir, 1ull);
-    int fd = open(path, O_WRONLY);
-    cr_assert_geq(fd, 0, "%s", path);
     static const uint8_t zeros[8];
-    cr_assert_eq(pwrite(fd, zeros, sizeof(zeros), T_REC + 8), (ssize_t)sizeof(zeros));
-    close(fd);
+    patch(&f, 1, T_REC + 8, zeros, sizeof(zeros));
     struct spool_replay_stats st;
     struct got g = replay(&f, &head, 0, &st);
     static const unsigned left[] = {1, 3, 4};
     expect_seqs(&g, left, 3);
     cr_expect_eq(st.unreadable, 1);
-    fx_open(&f, &head);
+    cr_expect_eq(st.skipped_bytes, T_REC, "the damaged record's bytes, no more");
+    fx_open_big(&f, &head);
     cr_expect_eq(spool_bytes(f.sp), 4 * T_REC, "the file is kept whole");
     cr_expect_eq(spool_set_done(f.sp, 1, 1000), 0);
     cr_expect_eq(spool_set_done(f.sp, 2, 1000), 0);
     spool_release(f.sp, &head);
     cr_expect_eq(segment_files(f.dir), 0);
+    fx_fini(&f);
+}
+
+/* One flipped bit in a body: that record is not replayed (its header still
+ * checks, so the next one is found where it should be). */
+Test(spool, a_body_that_fails_its_crc_is_not_replayed)
+{
+    struct fx f;
+    fx_init(&f);
+    struct spool_pos none = {0, 0};
+    fx_open_big(&f, &none);
+    for (unsigned i = 1; i <= 3; i++)
+        append(&f, i);
+    struct spool_pos head = spool_head(f.sp);
+    spool_close(f.sp);
+    f.sp = NULL;
+    uint8_t flipped = 2 ^ 0x10; /* record 2's body is all 2s */
+    patch(&f, 1, T_REC + SPOOL_HEADER_BYTES + T_BODY / 2, &flipped, 1);
+    struct spool_replay_stats st;
+    struct got g = replay(&f, &head, 0, &st);
+    static const unsigned left[] = {1, 3};
+    expect_seqs(&g, left, 2);
+    cr_expect_eq(st.records, 3);
+    cr_expect_eq(st.unreadable, 1);
+    cr_expect_eq(st.skipped_bytes, 0);
+    fx_fini(&f);
+}
+
+/* A v1 record as foreshockd wrote them before CRCs: 48-byte header,
+ * FNV-1a of its first 44 bytes, no body check. */
+static size_t v1_record(uint8_t *out, unsigned i)
+{
+    uint64_t v[6] = {T_BODY, 1 + i % 2, 7, i, 10 * i, i % 3};
+    size_t o = 0;
+    for (int b = 0; b < 4; b++)
+        out[o++] = (uint8_t)(0x31525346u >> (8 * b));
+    for (int b = 0; b < 4; b++)
+        out[o++] = (uint8_t)(v[0] >> (8 * b));
+    for (int k = 1; k <= 4; k++)
+        for (int b = 0; b < 8; b++)
+            out[o++] = (uint8_t)(v[k] >> (8 * b));
+    for (int b = 0; b < 4; b++)
+        out[o++] = (uint8_t)(v[5] >> (8 * b));
+    uint32_t h = 2166136261u;
+    for (size_t k = 0; k < 44; k++)
+        h = (h ^ out[k]) * 16777619u;
+    for (int b = 0; b < 4; b++)
+        out[o++] = (uint8_t)(h >> (8 * b));
+    memset(out + o, (int)i, T_BODY);
+    return o + T_BODY;
+}
+
+/* An upgrade: a segment an older foreshockd wrote (v1 records) is indexed
+ * and replayed, and the records appended after the upgrade (v2, in a new
+ * segment) follow them. */
+Test(spool, v1_records_of_an_older_spool_are_replayed)
+{
+    struct fx f;
+    fx_init(&f);
+    uint8_t seg[2 * (SPOOL_V1_HEADER_BYTES + T_BODY)];
+    size_t n = v1_record(seg, 1);
+    n += v1_record(seg + n, 2);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/" SPOOL_SEGMENT_NAME, f.dir, 1ull);
+    FILE *fp = fopen(path, "wb");
+    cr_assert_not_null(fp);
+    cr_assert_eq(fwrite(seg, 1, n, fp), n);
+    fclose(fp);
+    struct spool_pos head = {1, n};
+    fx_open_big(&f, &head);
+    cr_expect_eq(spool_bytes(f.sp), n);
+    append(&f, 3);
+    head = spool_head(f.sp);
+    cr_expect_eq(head.seg, 2, "appends go to a new segment");
+    struct spool_replay_stats st;
+    struct got g = replay(&f, &head, 0, &st);
+    static const unsigned all[] = {1, 2, 3};
+    expect_seqs(&g, all, 3);
+    cr_expect_eq(st.v1_records, 2);
+    cr_expect_eq(st.unreadable, 0);
+    /* Released like any other once evaluated. */
+    cr_expect_eq(spool_set_done(f.sp, 1, 1000), 0);
+    cr_expect_eq(spool_set_done(f.sp, 2, 1000), 0);
+    spool_release(f.sp, &head);
+    cr_expect_eq(segment_files(f.dir), 0);
+    fx_fini(&f);
+}
+
+/* The acknowledged frames the replay is given: records 1..4 in segments 1
+ * and 2 (two per segment, T_SEG), each acked; one damage per case. */
+enum damage { D_NONE, D_SEG_GONE, D_DIR_GONE, D_TRUNCATED, D_BODY, D_HEADER, D_WRONG_ROW };
+
+struct ack_case {
+    const char *name;
+    enum damage d;
+    uint64_t missing, damaged;
+    size_t fed;
+};
+
+static const struct ack_case ack_cases[] = {
+    {"intact", D_NONE, 0, 0, 4},
+    {"first segment deleted", D_SEG_GONE, 2, 0, 2},
+    {"directory deleted", D_DIR_GONE, 4, 0, 0},
+    {"last segment cut after its first record", D_TRUNCATED, 1, 0, 3},
+    {"a body byte flipped", D_BODY, 0, 1, 3},
+    {"a header byte flipped", D_HEADER, 0, 1, 3},
+    {"the row names another frame", D_WRONG_ROW, 0, 1, 4},
+};
+
+Test(spool, acknowledged_frames_are_found_intact_damaged_or_missing)
+{
+    for (size_t c = 0; c < sizeof(ack_cases) / sizeof(ack_cases[0]); c++) {
+        const struct ack_case *k = &ack_cases[c];
+        struct fx f;
+        fx_init(&f);
+        struct spool_pos none = {0, 0};
+        fx_open(&f, &none);
+        struct spool_frame acked[4];
+        for (unsigned i = 1; i <= 4; i++) {
+            append(&f, i);
+            struct spool_pos at = spool_last(f.sp);
+            acked[i - 1] = (struct spool_frame){.seg = at.seg,
+                                                .off = at.off,
+                                                .run_id = 1 + i % 2,
+                                                .stream_id = 7,
+                                                .seq = i,
+                                                .step = 10 * i};
+        }
+        struct spool_pos head = spool_head(f.sp);
+        spool_close(f.sp);
+        f.sp = NULL;
+        char path[160];
+        uint8_t x = 0xee;
+        switch (k->d) {
+        case D_NONE:
+            break;
+        case D_SEG_GONE:
+            snprintf(path, sizeof(path), "%s/" SPOOL_SEGMENT_NAME, f.dir, 1ull);
+            cr_assert_eq(unlink(path), 0);
+            break;
+        case D_DIR_GONE:
+            snprintf(path, sizeof(path), "rm -rf %s", f.dir);
+            cr_assert_eq(system(path), 0);
+            break;
+        case D_TRUNCATED:
+            snprintf(path, sizeof(path), "%s/" SPOOL_SEGMENT_NAME, f.dir, 2ull);
+            cr_assert_eq(truncate(path, T_REC), 0);
+            break;
+        case D_BODY:
+            patch(&f, 1, SPOOL_HEADER_BYTES + 3, &x, 1);
+            break;
+        case D_HEADER:
+            patch(&f, 2, T_REC + 30, &x, 1);
+            break;
+        case D_WRONG_ROW:
+            acked[2].seq = 99;
+            break;
+        }
+        struct got g = {.only_run = 0};
+        struct spool_replay_ops ops = {
+            .want = want, .feed = feed, .ctx = &g, .acked = acked, .nacked = 4};
+        struct spool_replay_stats st;
+        struct fs_err err = {0};
+        cr_assert_eq(spool_replay(f.dir, &head, &ops, &st, &err), 0, "%s: %s", k->name, err.msg);
+        cr_expect_eq(st.acked, 4, "%s", k->name);
+        cr_expect_eq(st.lost_missing, k->missing, "%s: missing %llu", k->name,
+                     (unsigned long long)st.lost_missing);
+        cr_expect_eq(st.lost_damaged, k->damaged, "%s: damaged %llu", k->name,
+                     (unsigned long long)st.lost_damaged);
+        cr_expect_eq(g.n, k->fed, "%s: fed %zu", k->name, g.n);
+        fx_fini(&f);
+    }
+}
+
+/* The log deleted or replaced under its owner: the first check that sees
+ * it faults, appends and syncs fail from then on, and it stays. */
+enum under { U_APPEND_SEG, U_CLOSED_SEG, U_DIR, U_DIR_REPLACED };
+
+struct fault_case {
+    const char *name;
+    enum under what;
+    int fault;
+};
+
+static const struct fault_case fault_cases[] = {
+    {"the append segment deleted", U_APPEND_SEG, SPOOL_FAULT_SEGMENT_REMOVED},
+    {"a closed segment deleted", U_CLOSED_SEG, SPOOL_FAULT_SEGMENT_REMOVED},
+    {"the directory deleted", U_DIR, SPOOL_FAULT_DIR_REMOVED},
+    {"the directory replaced", U_DIR_REPLACED, SPOOL_FAULT_DIR_REPLACED},
+};
+
+Test(spool, a_log_deleted_under_its_owner_stops_appends)
+{
+    for (size_t c = 0; c < sizeof(fault_cases) / sizeof(fault_cases[0]); c++) {
+        const struct fault_case *k = &fault_cases[c];
+        struct fx f;
+        fx_init(&f);
+        struct spool_pos none = {0, 0};
+        fx_open(&f, &none);
+        for (unsigned i = 1; i <= 3; i++) /* segments 1 (closed) and 2 (appending) */
+            append(&f, i);
+        cr_expect_eq(spool_check(f.sp), 0, "%s: nothing wrong yet", k->name);
+        char cmd[200];
+        switch (k->what) {
+        case U_APPEND_SEG:
+        case U_CLOSED_SEG:
+            snprintf(cmd, sizeof(cmd), "%s/" SPOOL_SEGMENT_NAME, f.dir,
+                     k->what == U_APPEND_SEG ? 2ull : 1ull);
+            cr_assert_eq(unlink(cmd), 0);
+            break;
+        case U_DIR:
+            snprintf(cmd, sizeof(cmd), "rm -rf %s", f.dir);
+            cr_assert_eq(system(cmd), 0);
+            break;
+        case U_DIR_REPLACED:
+            snprintf(cmd, sizeof(cmd), "rm -rf %s && mkdir %s", f.dir, f.dir);
+            cr_assert_eq(system(cmd), 0);
+            break;
+        }
+        int rc = 0;
+        for (int i = 0; i < 4 && rc == 0; i++) /* one closed segment per check */
+            rc = spool_check(f.sp);
+        cr_expect_eq(rc, -ESTALE, "%s", k->name);
+        cr_expect_eq(spool_fault(f.sp), k->fault, "%s: %s", k->name,
+                     spool_fault_name(spool_fault(f.sp)));
+        uint8_t body[T_BODY] = {0};
+        struct spool_rec r = {.run_id = 1, .stream_id = 7, .seq = 9, .step = 90, .len = T_BODY};
+        cr_expect_eq(spool_append(f.sp, &r, body), -ESTALE, "%s: appends stop", k->name);
+        cr_expect_eq(spool_sync(f.sp), -ESTALE, "%s: syncs stop", k->name);
+        fx_fini(&f);
+    }
+}
+
+/* The in-memory reader: every byte is in a record or a stretch passed
+ * over, whatever the garbage between records. */
+static int count_intact(void *ctx, uint64_t off, const struct spool_rec *r, int intact)
+{
+    (void)off;
+    (void)r;
+    *(unsigned *)ctx += (unsigned)intact;
+    return 0;
+}
+
+Test(spool, the_reader_accounts_for_every_byte)
+{
+    struct fx f;
+    fx_init(&f);
+    struct spool_pos none = {0, 0};
+    fx_open_big(&f, &none);
+    for (unsigned i = 1; i <= 3; i++)
+        append(&f, i);
+    spool_close(f.sp);
+    f.sp = NULL;
+    char path[128];
+    snprintf(path, sizeof(path), "%s/" SPOOL_SEGMENT_NAME, f.dir, 1ull);
+    uint8_t seg[3 * T_REC], buf[3 * T_REC + 200];
+    FILE *fp = fopen(path, "rb");
+    cr_assert_not_null(fp);
+    cr_assert_eq(fread(seg, 1, sizeof(seg), fp), sizeof(seg));
+    fclose(fp);
+    /* garbage (77 bytes, an "FSR2" among them) | record 1 | 123 bytes | records 2, 3 */
+    memset(buf, 0x46, 77);
+    memcpy(buf + 10, "FSR2", 4);
+    memcpy(buf + 77, seg, T_REC);
+    memset(buf + 77 + T_REC, 0, 123);
+    memcpy(buf + 200 + T_REC, seg + T_REC, 2 * T_REC);
+    buf[200 + 2 * T_REC + 70] ^= 1; /* record 3's body */
+    struct spool_scan_stats st;
+    unsigned intact = 0;
+    cr_assert_eq(spool_scan(buf, sizeof(buf), count_intact, &intact, &st), 0);
+    cr_expect_eq(st.records, 3);
+    cr_expect_eq(intact, 2);
+    cr_expect_eq(st.bad_bodies, 1);
+    cr_expect_eq(st.damaged, 2);
+    cr_expect_eq(st.skipped_bytes, 200);
+    cr_expect_eq(st.record_bytes + st.skipped_bytes, sizeof(buf));
     fx_fini(&f);
 }
 

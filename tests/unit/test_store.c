@@ -441,9 +441,10 @@ static struct store_item *sketch_report(uint64_t conn, const struct store_result
 }
 
 /* Frames go to the spool log beside the database, not into it; the
- * database records where the log ends and how far the run is evaluated; a
- * segment goes once all its steps are evaluated; a restart replays what is
- * left up to the recorded end. */
+ * database records where the log ends, where each acked frame lies
+ * (spool_frames, until its step is evaluated) and how far the run is
+ * evaluated; a segment goes once all its steps are evaluated; a restart
+ * replays what is left up to the recorded end. */
 Test(store, spool_log_holds_frames_until_evaluated)
 {
     struct fixture f;
@@ -461,6 +462,12 @@ Test(store, spool_log_holds_frames_until_evaluated)
     sqlite3 *db = ro(&f);
     cr_expect_eq(q1(db, "SELECT count(*) FROM spool"), 0, "no frames in the database");
     cr_expect_eq(q1(db, "SELECT byte_offset FROM spool_log"), (int64_t)(3 * rec));
+    cr_expect_eq(q1(db, "SELECT count(*) FROM spool_frames"), 3);
+    cr_expect_eq(q1(db, "SELECT byte_offset FROM spool_frames WHERE seq = 3"), (int64_t)(2 * rec));
+    cr_expect_eq(q1(db, "SELECT step FROM spool_frames WHERE byte_offset = 0"), 10);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM pragma_foreign_key_list('spool_frames') "
+                        "WHERE \"table\" = 'runs' AND on_delete = 'CASCADE'"),
+                 1, "a deleted run takes its rows along");
     sqlite3_close(db);
     struct replayed rp = replay(&f, -1);
     cr_expect_eq(rp.n, 3);
@@ -474,6 +481,8 @@ Test(store, spool_log_holds_frames_until_evaluated)
     store_flush(f.s);
     db = ro(&f);
     cr_expect_eq(q1(db, "SELECT spool_done_step FROM runs"), 20);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM spool_frames"), 1, "rows of evaluated steps go");
+    cr_expect_eq(q1(db, "SELECT step FROM spool_frames"), 30);
     sqlite3_close(db);
     cr_expect_eq(store_spool_bytes(f.s), 3 * rec);
 
@@ -518,12 +527,13 @@ Test(store, legacy_spool_rows_move_into_the_log)
                  (long long)h.run_id, (long long)h.stream_id, seq, seq * 10, seq);
         cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
     }
-    /* ... as schema version 7 (before the spool log) had them. */
-    cr_assert_eq(sqlite3_exec(db,
-                              "DROP TABLE spool_log; ALTER TABLE runs DROP COLUMN "
-                              "spool_done_step; PRAGMA user_version = 7",
-                              NULL, NULL, NULL),
-                 SQLITE_OK, "%s", sqlite3_errmsg(db));
+    /* ... as schema version 7 (before the spool log and spool_frames) had them. */
+    cr_assert_eq(
+        sqlite3_exec(db,
+                     "DROP TABLE spool_frames; DROP TABLE spool_log; ALTER TABLE runs DROP COLUMN "
+                     "spool_done_step; PRAGMA user_version = 7",
+                     NULL, NULL, NULL),
+        SQLITE_OK, "%s", sqlite3_errmsg(db));
     sqlite3_close(db);
     fx_open(&f, &o);
     db = ro(&f);
