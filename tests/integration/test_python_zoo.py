@@ -53,6 +53,13 @@ EXPECTED_FAILING = {
                       "Wk [D, kdim] (different input widths)",
     "annotated-transformer": "q/k are linears[0]/linears[1] and heads are in self.h: "
                              "no attention found",
+    "in-proj-param": "in_proj_weight as a raw Parameter on a module that is not "
+                     "nn.MultiheadAttention: not found",
+    "x-transformers": "attention layers numbered by their index in the interleaved "
+                      "attention/feed-forward list (0, 2), not as blocks (0, 1)",
+    "lucidrains-einsum": "Q/K as raw [d, h, e] Parameters used through einsum: not found",
+    "self-h": "head count in self.h: skipped with a warning, no attention monitored",
+    "per-head-gate": "per-head output gate Linear(d, H) reported as a router",
 }
 
 
