@@ -19,11 +19,14 @@ current client gets wrong, with why; it is checked both ways: a listed member
 that passes fails the test ("remove it from EXPECTED_FAILING"), so the list
 only shrinks as discovery improves.
 
-Before the zoo, a self-test: for every member, the answer built from the
-truth passes the checker (the truth is consistent with the model), and
-broken copies of it (a wrong head count, swapped heads, a wrong top-k, a
-wrong layer, a missing or extra site) fail it: the checker cannot pass
-vacuously.
+Before the zoo, a self-test. For every member the truth is checked against
+the model's forward pass (zoo.check.verify_truth: negating the query rows of
+a KV group together with its key head's rows leaves the output unchanged;
+with another key head, it does not), and a truth with the wrong key rows
+must fail that check. Then the answer built from the truth passes the
+checker, and broken copies of it (a wrong head count, swapped heads, a
+wrong top-k, a wrong layer, a missing or extra site, a spurious warning, a
+must-not parameter reported) fail it: neither check can pass vacuously.
 
 Environment: FORESHOCK_ZOO_ONLY=name[,name] runs only those members (and
 does not check EXPECTED_FAILING for the others); FORESHOCK_ZOO_QUIET=1
@@ -75,7 +78,16 @@ def self_test(torch, zoo, check_mod, members):
     rejected = 0
     for name, fn in members:
         torch.manual_seed(0)
-        model, _, truth = fn()
+        model, inputs, truth = fn()
+        errs = check_mod.verify_truth(model, inputs, truth)
+        check(not errs, f"self-test {name}: the truth does not match the forward pass: {errs}")
+        site = next((a for a in truth.attention if not a.mla), None)
+        if site is not None:  # and a wrong truth does not
+            wrong_k = site.k[1:] + site.k[:1] if site.n_kv_heads > 1 else site.q[:1]
+            wrong = dataclasses.replace(truth, attention=[dataclasses.replace(site, k=wrong_k)])
+            check(check_mod.verify_truth(model, inputs, wrong),
+                  f"self-test {name}: verify_truth accepts key rows that are not {site.module}'s")
+            rejected += 1
         good = check_mod.perfect(model, truth)
         errs = check_mod.compare(model, good, truth)
         check(not errs, f"self-test {name}: the truth's own answer fails the checker: {errs}")
@@ -183,8 +195,9 @@ def main(args, workdir):
     chosen = [(n, f) for n, f in everything if not only or n in only]
 
     rejected = self_test(torch, zoo, check_mod, chosen)
-    print(f"  self-test: the truth of {len(chosen)} members passes the checker, "
-          f"{rejected} broken answers are rejected", flush=True)
+    print(f"  self-test: the truth of {len(chosen)} members matches their forward passes "
+          f"and passes the checker; {rejected} wrong truths and broken answers are rejected",
+          flush=True)
 
     daemon = fstest.Daemon(args.build_dir, workdir)
     results = {}

@@ -11,6 +11,9 @@ state-space projections).
 
 perfect(model, truth) builds the specs a correct discoverer would return
 (the checker's self-test compares it, and broken copies of it).
+
+verify_truth(model, inputs, truth) checks the truth itself against the
+model's forward pass (its docstring says how).
 """
 import types
 
@@ -244,3 +247,114 @@ def copy_found(found):
     out = types.SimpleNamespace(attention=list(found.attention), routers=list(found.routers),
                                 skipped=list(found.skipped))
     return out
+
+
+# ---- the truth against the model's own forward pass ------------------------------------------
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for y in x for t in _tensors(y)]
+    if isinstance(x, dict):
+        return [t for y in x.values() for t in _tensors(y)]
+    return []
+
+
+def _bias_name(pname):
+    if pname.endswith(".weight"):
+        return pname[:-len("weight")] + "bias"
+    if pname.endswith("_weight"):
+        return pname[:-len("weight")] + "bias"
+    return None
+
+
+def _scale(params, rows_list, c):
+    """Multiplies the rows (and their bias entries) by c, in place."""
+    for r in rows_list:
+        p = params[r.param]
+        w = p.view(p.shape[0], -1).t() if r.t else p.view(-1, p.shape[-1])
+        idx = torch.tensor(list(r.rows))
+        w[idx] = w[idx] * c
+        b = params.get(_bias_name(r.param)) if not r.t or p.dim() == 2 else None
+        if b is not None and b.dim() == 1 and b.shape[0] == w.shape[0]:
+            b[idx] = b[idx] * c
+
+
+def verify_truth(model, inputs, truth, seed=0):
+    """Checks each attention site's rows against the forward pass, returns
+    the errors. The score of query head h and key head g is q_h . k_g:
+    negating the query rows of every head of KV group g and key head g's
+    rows (and their biases) leaves every score, so the output, unchanged --
+    through rotary embeddings, qk-norms (RMSNorm, LayerNorm without bias,
+    F.normalize, a norm over the whole projection) and clamps alike -- only
+    when those are the rows these heads read. The output must change when
+    the query rows of group g are negated with another key head (their
+    scores flip sign), and when noise is added to query head 0's rows.
+    Routers: zeroing the weight must change the output."""
+    errs = []
+    params = dict(model.named_parameters())
+    was = model.training
+    model.eval()
+    saved = {n: p.detach().clone() for n, p in params.items()}
+
+    def run():
+        torch.manual_seed(seed)
+        return [t.detach().double() for t in _tensors(model(*inputs)) if t.is_floating_point()]
+
+    def same(a, b):
+        return len(a) == len(b) and all(x.shape == y.shape and torch.allclose(
+            x, y, rtol=1e-4, atol=1e-5 * max(1.0, float(y.abs().max()))) for x, y in zip(a, b))
+
+    def restore():
+        for n, p in params.items():
+            p.copy_(saved[n])
+
+    try:
+        with torch.no_grad():
+            base = run()
+            for a in truth.attention:
+                if a.mla:
+                    continue
+                rep = a.n_heads // a.n_kv_heads
+                for g in range(a.n_kv_heads):
+                    group = a.q[g * rep:(g + 1) * rep]
+                    _scale(params, group + [a.k[g]], -1.0)
+                    if not same(run(), base):
+                        errs.append(f"attention {a.module}: negating query heads "
+                                    f"{g * rep}-{(g + 1) * rep - 1} with key head {g} changed "
+                                    "the output: not the rows these heads read")
+                    restore()
+                    other = [a.k[(g + 1) % a.n_kv_heads]] if a.n_kv_heads > 1 else []
+                    _scale(params, group + other, -1.0)
+                    if same(run(), base):
+                        errs.append(f"attention {a.module}: negating query heads "
+                                    f"{g * rep}-{(g + 1) * rep - 1}"
+                                    + (f" with key head {(g + 1) % a.n_kv_heads}"
+                                       if other else "")
+                                    + " left the output unchanged: these rows are not used")
+                    restore()
+                r = a.q[0]
+                p = params[r.param]
+                w = p.view(p.shape[0], -1).t() if r.t else p.view(-1, p.shape[-1])
+                idx = torch.tensor(list(r.rows))
+                w[idx] = w[idx] + torch.randn(w[idx].shape) * (w[idx].std() + 1e-3)
+                if same(run(), base):
+                    errs.append(f"attention {a.module}: noise on query head 0's rows "
+                                f"{r.param}[{r.rows.start}:{r.rows.stop}] left the output "
+                                "unchanged")
+                restore()
+            for rt in truth.routers:
+                w = weight_rows(params, rt.weight)
+                if w.shape[0] != rt.n_experts:
+                    errs.append(f"router {rt.module}: weight rows {w.shape[0]} != E")
+                _scale(params, [rt.weight], 0.0)  # uniform logits: a different dispatch
+                if same(run(), base):
+                    errs.append(f"router {rt.module}: zeroing {rt.weight.param} left the "
+                                "output unchanged")
+                restore()
+    finally:
+        with torch.no_grad():
+            restore()
+        model.train(was)
+    return errs
