@@ -764,3 +764,80 @@ def mamba_only():
     nr = [f"backbone.layers.{i}.mixer.{n}.weight" for i in range(2)
           for n in ("in_proj", "x_proj", "out_proj")]
     return MambaLMHeadModel(cfg), tokens(), Truth([], not_reported=nr)
+
+
+# ---- two top-k sites that are not MoE routers --------------------------------------------------
+
+class MoDBlock(nn.Module):
+    """Mixture-of-depths: a Linear(d, 1) router scores tokens, the block
+    processes only the top `capacity` tokens of each sequence (top-k over
+    the sequence, one output: not an MoE router)."""
+
+    def __init__(self, capacity=4):
+        super().__init__()
+        self.capacity = capacity
+        self.router = nn.Linear(D, 1, bias=False)
+        self.block = SelfHBlock(D, H)
+        self.block.attn.num_heads = H
+
+    def forward(self, x):
+        b, t, d = x.shape
+        w = self.router(x).squeeze(-1)  # [b, t]
+        top_w, idx = torch.topk(w, self.capacity, dim=1, sorted=False)
+        idx, order = idx.sort(dim=1)
+        top_w = top_w.gather(1, order)
+        sel = x.gather(1, idx[..., None].expand(b, self.capacity, d))
+        out = self.block(sel) - sel
+        return x.scatter_add(1, idx[..., None].expand(b, self.capacity, d),
+                             out * torch.sigmoid(top_w)[..., None])
+
+
+@member("mixture-of-depths")
+def mixture_of_depths():
+    att = []
+    for i in range(2):
+        m = f"blocks.{i}.block.attn"
+        att.append(Attn(i, H, H, DH, *heads_contiguous(f"{m}.c_attn.weight", H, H, DH), m))
+    model = SelfHGPT(h=H)
+    model.blocks = nn.ModuleList(MoDBlock() for _ in range(2))
+    return model, tokens(), Truth(att, not_reported=[f"blocks.{i}.router.weight"
+                                                     for i in range(2)])
+
+
+class TopKActivationMLP(nn.Module):
+    """k-sparse activations: keep the top 8 of 64 hidden units per token
+    (top-k over a projection's outputs, no dispatch: not a router)."""
+
+    def __init__(self, d, hidden=64, k=8):
+        super().__init__()
+        self.k = k
+        self.w_in = nn.Linear(d, hidden)
+        self.w_out = nn.Linear(hidden, d)
+
+    def forward(self, x):
+        h = F.relu(self.w_in(x))
+        vals, idx = h.topk(self.k, dim=-1)
+        return self.w_out(torch.zeros_like(h).scatter(-1, idx, vals))
+
+
+class TopKMLPBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.attn = TimmAttention(D, H, qkv_bias=True)
+        self.mlp = TopKActivationMLP(D)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+@member("topk-sparse-mlp")
+def topk_sparse_mlp():
+    from .moe import BlocksLM
+    att = []
+    for i in range(2):
+        m = f"blocks.{i}.attn"
+        att.append(Attn(i, H, H, DH, *heads_contiguous(f"{m}.qkv.weight", H, H, DH), m))
+    return BlocksLM(TopKMLPBlock), tokens(), Truth(
+        att, not_reported=[f"blocks.{i}.mlp.w_in.weight" for i in range(2)])
