@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import Attn, Truth, heads_contiguous, heads_grouped, heads_separate, member
-from .parts import (B, D, DH, H, HKV, L, T, VOCAB, Decoder, RMSNorm, RotaryEmbedding,
-                    apply_rotary_pos_emb, attend, config, repeat_kv, rotate_half, tokens)
+from .parts import (D, DH, H, HKV, L, T, VOCAB, Decoder, RMSNorm, RotaryEmbedding,
+                    apply_rotary_pos_emb, attend, config, repeat_kv, tokens)
 
 
 def llama_config(**kw):
@@ -1162,7 +1162,7 @@ def mingpt():
     return MinGPT(cfg), tokens(), Truth(att)
 
 
-# ---- ChatGLM2/3: query_key_value = [q (np hn); k (g hn); v (g hn)], sequence-first ----------------
+# ---- ChatGLM2/3: query_key_value = [q (np hn); k (g hn); v (g hn)], sequence-first -------------
 
 class ChatGLMSelfAttention(nn.Module):
     def __init__(self, cfg, layer_number):
@@ -1331,7 +1331,8 @@ class BaichuanAttention(nn.Module):
     def forward(self, x, rope):
         b, t, _ = x.shape
         proj = self.W_pack(x)
-        proj = proj.unflatten(-1, (3, self.hidden_size)).unsqueeze(0).transpose(0, -2).squeeze(-2)
+        proj = proj.unflatten(-1, (3, self.hidden_size)).unsqueeze(0).transpose(0, -2) \
+            .squeeze(-2)
         q, k, v = (p.view(b, t, self.num_heads, self.head_dim).transpose(1, 2) for p in proj)
         q, k = apply_rotary_pos_emb(q, k, *rope)
         out = attend(q, k, v)

@@ -336,7 +336,8 @@ class DbrxFFN(nn.Module):
         w, idx = torch.topk(w, self.top_k, dim=-1)
         w = w / w.norm(p=1, dim=-1, keepdim=True)
         xs = x.view(-1, d)
-        experts = [lambda y, e=e: self.experts.mlp(y, e) for e in range(self.experts.moe_num_experts)]
+        experts = [lambda y, e=e: self.experts.mlp(y, e)
+                   for e in range(self.experts.moe_num_experts)]
         return dispatch(xs, experts, idx, w).view(b, t, d)
 
 
