@@ -8,9 +8,12 @@ router with E and top-k, and what must not be reported (zoo/__init__.py says
 the layer numbering; zoo/check.py how answers are compared).
 
 For each member:
-  1. found = foreshock.discover(model), no other argument; zoo.check.compare
-     lists every difference from the truth (numbers, rows per head, layers,
-     extra or missing sites, warnings the model does not call for);
+  1. found = foreshock.discover(model), no other argument, on the model in
+     train mode; zoo.check.compare lists every difference from the truth
+     (numbers, rows per head, layers, extra or missing sites, warnings the
+     model does not call for), zoo.check.side_effects what discovery left
+     changed (parameters, buffers such as BatchNorm statistics, gradients,
+     modes, hooks, torch's RNG state);
   2. foreshock.Monitor(model) with defaults (windows=(2,), every=1 so that
      sketches are made in the 5 steps) trains 5 SGD steps against the real
      daemon: nothing may raise, and the daemon acknowledges all 5 reports.
@@ -26,7 +29,9 @@ with another key head, it does not), and a truth with the wrong key rows
 must fail that check. Then the answer built from the truth passes the
 checker, and broken copies of it (a wrong head count, swapped heads, a
 wrong top-k, a wrong layer, a missing or extra site, a spurious warning, a
-must-not parameter reported) fail it: neither check can pass vacuously.
+must-not parameter reported) fail it, and side_effects sees a hook left
+registered and a training-mode forward (BatchNorm statistics, RNG): none of
+the checks can pass vacuously.
 
 Environment: FORESHOCK_ZOO_ONLY=name[,name] runs only those members (and
 does not check EXPECTED_FAILING for the others); FORESHOCK_ZOO_QUIET=1
@@ -145,6 +150,17 @@ def self_test(torch, zoo, check_mod, members):
             rejected += 1
         check(broken or not (truth.attention or truth.routers),
               f"self-test {name}: nothing to break")
+        # side_effects sees what a careless observing pass leaves behind
+        model.train()
+        _, errs = check_mod.side_effects(model, lambda: model.register_forward_hook(
+            lambda *a: None))
+        check(any("hooks" in e for e in errs), f"self-test {name}: a hook left is not seen")
+        rejected += 1
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            _, errs = check_mod.side_effects(model, lambda: model(*inputs))
+            check(any("buffers" in e for e in errs) and any("random" in e for e in errs),
+                  f"self-test {name}: a training-mode forward is not seen: {errs}")
+            rejected += 1
     return rejected
 
 
@@ -207,9 +223,10 @@ def main(args, workdir):
         for name, fn in chosen:
             torch.manual_seed(0)
             model, inputs, truth = fn()
+            model.train()  # as in a training loop
             try:
-                found = foreshock.discover(model)
-                errs = check_mod.compare(model, found, truth)
+                found, errs = check_mod.side_effects(model, lambda: foreshock.discover(model))
+                errs += check_mod.compare(model, found, truth)
             except Exception as e:
                 errs = [f"discover(model) raised {e!r}"]
             errs += train(torch, foreshock, zoo, model, inputs, daemon.endpoint, f"zoo-{name}")

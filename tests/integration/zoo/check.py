@@ -358,3 +358,57 @@ def verify_truth(model, inputs, truth, seed=0):
             restore()
         model.train(was)
     return errs
+
+
+# ---- what discovery must leave as it found it ------------------------------------------------
+
+def _hook_count(model):
+    n = 0
+    for m in model.modules():
+        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                     "_backward_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks"):
+            n += len(getattr(m, attr, None) or {})
+    import torch.nn.modules.module as mm
+    for attr in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks"):
+        n += len(getattr(mm, attr, None) or {})
+    return n
+
+
+def side_effects(model, fn):
+    """Runs fn() (a discovery); returns (its result, what it changed in the
+    model or the process): a parameter or buffer value (BatchNorm running
+    statistics, caches), a gradient left behind, requires_grad, train/eval
+    modes, hooks left registered, torch's RNG state, grad mode."""
+    state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    grads = {n: p.grad is None for n, p in model.named_parameters()}
+    req = {n: p.requires_grad for n, p in model.named_parameters()}
+    modes = {n: m.training for n, m in model.named_modules()}
+    hooks = _hook_count(model)
+    rng = torch.get_rng_state()
+    grad_mode = torch.is_grad_enabled()
+    result = fn()
+    errs = []
+    after = model.state_dict(keep_vars=True)
+    changed = [k for k, v in state.items() if k not in after or after[k].shape != v.shape
+               or not torch.equal(after[k].detach(), v)]
+    if changed:
+        errs.append(f"discovery changed parameters or buffers: {', '.join(changed[:4])}"
+                    + (f" (+{len(changed) - 4} more)" if len(changed) > 4 else ""))
+    left = [n for n, p in model.named_parameters() if grads.get(n) and p.grad is not None]
+    if left:
+        errs.append(f"discovery left gradients on {', '.join(left[:4])}")
+    flipped = [n for n, p in model.named_parameters() if req.get(n) != p.requires_grad]
+    if flipped:
+        errs.append(f"discovery changed requires_grad of {', '.join(flipped[:4])}")
+    moded = [n or "(model)" for n, m in model.named_modules() if modes.get(n) != m.training]
+    if moded:
+        errs.append(f"discovery changed train/eval mode of {', '.join(moded[:4])}")
+    if _hook_count(model) != hooks:
+        errs.append(f"discovery left hooks registered ({hooks} before, {_hook_count(model)} "
+                    "after)")
+    if not torch.equal(torch.get_rng_state(), rng):
+        errs.append("discovery advanced torch's random number generator")
+    if torch.is_grad_enabled() != grad_mode:
+        errs.append("discovery changed grad mode")
+    return result, errs
