@@ -841,3 +841,68 @@ def topk_sparse_mlp():
         att.append(Attn(i, H, H, DH, *heads_contiguous(f"{m}.qkv.weight", H, H, DH), m))
     return BlocksLM(TopKMLPBlock), tokens(), Truth(
         att, not_reported=[f"blocks.{i}.mlp.w_in.weight" for i in range(2)])
+
+
+# ---- ALBERT: one layer's weights applied at every depth ----------------------------------------
+
+class AlbertLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.attention = nn.Module()
+        a = self.attention
+        a.num_attention_heads = cfg.num_attention_heads
+        a.attention_head_size = cfg.hidden_size // cfg.num_attention_heads
+        a.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        a.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        a.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        a.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        a.LayerNorm = nn.LayerNorm(cfg.hidden_size)
+        self.ffn = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.ffn_output = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.full_layer_layer_norm = nn.LayerNorm(cfg.hidden_size)
+
+    def forward(self, x):
+        a = self.attention
+        b, t, d = x.shape
+        def heads(z):
+            return z.view(b, t, a.num_attention_heads, a.attention_head_size).transpose(1, 2)
+        q, k, v = heads(a.query(x)), heads(a.key(x)), heads(a.value(x))
+        ctx = attend(q, k, v, causal=False).transpose(1, 2).reshape(b, t, d)
+        x = a.LayerNorm(x + a.dense(ctx))
+        return self.full_layer_layer_norm(x + self.ffn_output(F.gelu(self.ffn(x))))
+
+
+class AlbertModel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.embeddings = nn.Module()
+        self.embeddings.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.embedding_size)
+        self.embeddings.position_embeddings = nn.Embedding(16, cfg.embedding_size)
+        self.encoder = nn.Module()
+        self.encoder.embedding_hidden_mapping_in = nn.Linear(cfg.embedding_size, cfg.hidden_size)
+        group = nn.Module()
+        group.albert_layers = nn.ModuleList([AlbertLayer(cfg)])
+        self.encoder.albert_layer_groups = nn.ModuleList([group])
+        self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, input_ids):
+        e = self.embeddings
+        x = e.word_embeddings(input_ids) + e.position_embeddings(torch.arange(input_ids.shape[1]))
+        x = self.encoder.embedding_hidden_mapping_in(x)
+        layer = self.encoder.albert_layer_groups[0].albert_layers[0]
+        for _ in range(self.config.num_hidden_layers):  # the same weights at every depth
+            x = layer(x)
+        return torch.tanh(self.pooler(x[:, 0])), x
+
+
+@member("albert-shared")
+def albert():
+    cfg = config(vocab_size=VOCAB, embedding_size=16, hidden_size=D, num_attention_heads=H,
+                 num_hidden_layers=3, intermediate_size=64)
+    m = "encoder.albert_layer_groups.0.albert_layers.0.attention"
+    att = [Attn(0, H, H, DH, *heads_separate(f"{m}.query.weight", f"{m}.key.weight", H, H, DH),
+                m)]
+    return AlbertModel(cfg), tokens(), Truth(
+        att, note="one attention module applied at 3 depths: one site (one set of weights), "
+                  "layer 0")
