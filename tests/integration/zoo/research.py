@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from . import Attn, Truth, heads_contiguous, heads_grouped, heads_separate, member
 from .parts import D, DH, H, HKV, VOCAB, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, \
-    attend, config, tokens
+    attend, config, rotate_half, tokens
 
 
 # ---- Megatron-core GPT: linear_qkv grouped by query group, [s, b, h] -------------------------
@@ -906,3 +906,191 @@ def albert():
     return AlbertModel(cfg), tokens(), Truth(
         att, note="one attention module applied at 3 depths: one site (one set of weights), "
                   "layer 0")
+
+
+# ---- OpenAI CLIP's AttentionPool2d: F.multi_head_attention_forward with separate weights ------
+
+class AttentionPool2d(nn.Module):
+    def __init__(self, spacial_dim, embed_dim, num_heads, output_dim=None):
+        super().__init__()
+        self.positional_embedding = nn.Parameter(
+            torch.randn(spacial_dim ** 2 + 1, embed_dim) / embed_dim ** 0.5)
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.c_proj = nn.Linear(embed_dim, output_dim or embed_dim)
+        self.num_heads = num_heads
+
+    def forward(self, x):
+        x = x.flatten(start_dim=2).permute(2, 0, 1)  # NCHW -> (HW)NC
+        x = torch.cat([x.mean(dim=0, keepdim=True), x], dim=0)
+        x = x + self.positional_embedding[:, None, :].to(x.dtype)
+        x, _ = F.multi_head_attention_forward(
+            query=x[:1], key=x, value=x, embed_dim_to_check=x.shape[-1],
+            num_heads=self.num_heads, q_proj_weight=self.q_proj.weight,
+            k_proj_weight=self.k_proj.weight, v_proj_weight=self.v_proj.weight,
+            in_proj_weight=None,
+            in_proj_bias=torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]),
+            bias_k=None, bias_v=None, add_zero_attn=False, dropout_p=0.0,
+            out_proj_weight=self.c_proj.weight, out_proj_bias=self.c_proj.bias,
+            use_separate_proj_weight=True, training=self.training, need_weights=False)
+        return x.squeeze(0)
+
+
+class ClipResNetStem(nn.Module):
+    """A two-stage conv trunk (BatchNorm) ending in the attention pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, D, 3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(D)
+        self.conv2 = nn.Conv2d(D, D, 3, stride=2, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(D)
+        self.attnpool = AttentionPool2d(4, D, H, 16)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))
+        return self.attnpool(x)
+
+
+@member("clip-attnpool")
+def clip_attnpool():
+    m = "attnpool"
+    att = [Attn(0, H, H, DH, *heads_separate(f"{m}.q_proj.weight", f"{m}.k_proj.weight", H, H,
+                                             DH), m)]
+    return ClipResNetStem(), (torch.randn(2, 3, 16, 16),), Truth(
+        att, note="one attention site outside any numbered block: layer 0")
+
+
+# ---- PaLM (lucidrains): one fused projection for q, the single key head, v and the FF --------
+
+class PaLMParallelTransformerBlock(nn.Module):
+    def __init__(self, dim, dim_head=DH, heads=H, ff_mult=2):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        attn_inner_dim = dim_head * heads
+        ff_inner_dim = dim * ff_mult
+        self.fused_dims = (attn_inner_dim, dim_head, dim_head, ff_inner_dim * 2)
+        self.heads = heads
+        self.scale = dim_head ** -0.5
+        self.rotary_emb = RotaryEmbedding(dim_head)
+        self.fused_attn_ff_proj = nn.Linear(dim, sum(self.fused_dims), bias=False)
+        self.attn_out = nn.Linear(attn_inner_dim, dim, bias=False)
+        self.ff_out = nn.Linear(ff_inner_dim, dim, bias=False)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        x = self.norm(x)
+        q, k, v, ff = self.fused_attn_ff_proj(x).split(self.fused_dims, dim=-1)
+        q = q.view(b, n, self.heads, -1).transpose(1, 2)  # b h n d
+        cos, sin = self.rotary_emb(x, n)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin  # b n d: one key head for all
+        sim = torch.einsum("bhid,bjd->bhij", q * self.scale, k)
+        sim = sim.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -1e30)
+        out = torch.einsum("bhij,bjd->bhid", sim.softmax(dim=-1), v)
+        out = out.transpose(1, 2).reshape(b, n, -1)
+        a, gate = ff.chunk(2, dim=-1)
+        return self.attn_out(out) + self.ff_out(F.silu(gate) * a)
+
+
+class PaLM(nn.Module):
+    def __init__(self, depth=2):
+        super().__init__()
+        self.token_emb = nn.Embedding(VOCAB, D)
+        self.layers = nn.ModuleList(PaLMParallelTransformerBlock(D) for _ in range(depth))
+        self.norm = nn.LayerNorm(D)
+        self.to_logits = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, x):
+        x = self.token_emb(x)
+        for blk in self.layers:
+            x = x + blk(x)
+        return self.to_logits(self.norm(x))
+
+
+@member("palm-parallel")
+def palm_parallel():
+    att = []
+    for i in range(2):
+        m = f"layers.{i}"
+        att.append(Attn(i, H, 1, DH, *heads_contiguous(f"{m}.fused_attn_ff_proj.weight", H, 1,
+                                                       DH), m))
+    return PaLM(), tokens(), Truth(att)
+
+
+# ---- RWKV-4: receptance/key/value and a WKV recurrence, no attention scores --------------------
+
+class RWKVTimeMix(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.time_decay = nn.Parameter(torch.randn(d) * 0.1)
+        self.time_first = nn.Parameter(torch.randn(d) * 0.1)
+        self.time_mix_k = nn.Parameter(torch.rand(1, 1, d))
+        self.time_mix_v = nn.Parameter(torch.rand(1, 1, d))
+        self.time_mix_r = nn.Parameter(torch.rand(1, 1, d))
+        self.key = nn.Linear(d, d, bias=False)
+        self.value = nn.Linear(d, d, bias=False)
+        self.receptance = nn.Linear(d, d, bias=False)
+        self.output = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        xx = F.pad(x, (0, 0, 1, -1))  # time shift
+        k = self.key(x * self.time_mix_k + xx * (1 - self.time_mix_k))
+        v = self.value(x * self.time_mix_v + xx * (1 - self.time_mix_v))
+        r = torch.sigmoid(self.receptance(x * self.time_mix_r + xx * (1 - self.time_mix_r)))
+        w, u = -torch.exp(self.time_decay), self.time_first
+        num = torch.zeros(b, d)
+        den = torch.zeros(b, d)
+        outs = []
+        for i in range(t):
+            e = torch.exp(u + k[:, i])
+            outs.append((num + e * v[:, i]) / (den + e))
+            num = torch.exp(w) * num + torch.exp(k[:, i]) * v[:, i]
+            den = torch.exp(w) * den + torch.exp(k[:, i])
+        return self.output(r * torch.stack(outs, 1))
+
+
+class RWKVChannelMix(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.time_mix_k = nn.Parameter(torch.rand(1, 1, d))
+        self.time_mix_r = nn.Parameter(torch.rand(1, 1, d))
+        self.key = nn.Linear(d, 4 * d, bias=False)
+        self.receptance = nn.Linear(d, d, bias=False)
+        self.value = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        xx = F.pad(x, (0, 0, 1, -1))
+        k = torch.square(torch.relu(self.key(x * self.time_mix_k + xx * (1 - self.time_mix_k))))
+        r = torch.sigmoid(self.receptance(x * self.time_mix_r + xx * (1 - self.time_mix_r)))
+        return r * self.value(k)
+
+
+class RWKV(nn.Module):
+    def __init__(self, n_layer=2):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.blocks = nn.ModuleList()
+        for _ in range(n_layer):
+            blk = nn.Module()
+            blk.ln1, blk.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+            blk.att, blk.ffn = RWKVTimeMix(D), RWKVChannelMix(D)
+            self.blocks.append(blk)
+        self.ln_out = nn.LayerNorm(D)
+        self.head = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for blk in self.blocks:
+            x = x + blk.att(blk.ln1(x))
+            x = x + blk.ffn(blk.ln2(x))
+        return self.head(self.ln_out(x))
+
+
+@member("rwkv4")
+def rwkv4():
+    nr = [f"blocks.{i}.att.{n}.weight" for i in range(2) for n in ("key", "receptance")]
+    return RWKV(), tokens(), Truth([], not_reported=nr)
