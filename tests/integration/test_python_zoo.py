@@ -82,7 +82,10 @@ EXPECTED_FAILING = {
 
 
 def self_test(torch, zoo, check_mod, members):
-    """The checker accepts the truth and rejects broken copies of it."""
+    """Each truth matches its model's forward pass and a wrong one does not;
+    the checker accepts the truth's own answer and rejects broken copies of
+    it; side_effects sees a hook left, RNG use and BatchNorm statistics
+    moved. Returns how many wrong things were rejected."""
     from foreshock.layouts import RouterSpec
     rejected = 0
     for name, fn in members:
