@@ -78,6 +78,9 @@ EXPECTED_FAILING = {
                 "[q; k; v]: wrong rows for query heads 2-3 and every key head",
     "palm-parallel": "q, the one key head, v and the feed-forward in one fused projection "
                      "fused_attn_ff_proj: not found",
+    "heads-last": "projections viewed [.., dh, H] (head h reads rows h, h + H, ...) taken as "
+                  "[.., H, dh]: every head's rows wrong, without a warning",
+    "parameterdict-attn": "Q/K weights in an nn.ParameterDict used through F.linear: not found",
 }
 
 

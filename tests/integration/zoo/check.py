@@ -68,6 +68,13 @@ def _router_rows(spec, errs):
     return w
 
 
+def _rows_text(r):
+    rr = r.rows
+    if rr.step != 1:
+        return f"rows {rr.start}:{rr.stop}:{rr.step}"
+    return f"rows {rr.start}-{rr.stop - 1}"
+
+
 def _site(a):
     return f"attention {a.module} (block {a.block})"
 
@@ -128,12 +135,12 @@ def compare(model, found, truth):
         for h in range(a.n_heads):
             if not torch.equal(wq[h * dh:(h + 1) * dh], tq[h * dh:(h + 1) * dh]):
                 errs.append(f"{_site(a)}: query head {h} rows differ from {a.q[h].param} "
-                            f"rows {a.q[h].rows.start}-{a.q[h].rows.stop - 1}")
+                            f"{_rows_text(a.q[h])}")
                 break
         for g in range(a.n_kv_heads):
             if not torch.equal(wk[g * dh:(g + 1) * dh], tk[g * dh:(g + 1) * dh]):
                 errs.append(f"{_site(a)}: key head {g} rows differ from {a.k[g].param} "
-                            f"rows {a.k[g].rows.start}-{a.k[g].rows.stop - 1}")
+                            f"{_rows_text(a.k[g])}")
                 break
     for i, (s, _) in enumerate(att):
         if i not in used_a:
@@ -340,9 +347,8 @@ def verify_truth(model, inputs, truth, seed=0):
                 idx = torch.tensor(list(r.rows))
                 w[idx] = w[idx] + torch.randn(w[idx].shape) * (w[idx].std() + 1e-3)
                 if same(run(), base):
-                    errs.append(f"attention {a.module}: noise on query head 0's rows "
-                                f"{r.param}[{r.rows.start}:{r.rows.stop}] left the output "
-                                "unchanged")
+                    errs.append(f"attention {a.module}: noise on query head 0's "
+                                f"{_rows_text(r)} of {r.param} left the output unchanged")
                 restore()
             for rt in truth.routers:
                 w = weight_rows(params, rt.weight)

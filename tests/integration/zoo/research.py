@@ -1094,3 +1094,102 @@ class RWKV(nn.Module):
 def rwkv4():
     nr = [f"blocks.{i}.att.{n}.weight" for i in range(2) for n in ("key", "receptance")]
     return RWKV(), tokens(), Truth([], not_reported=nr)
+
+
+# ---- heads last: rearrange 'b n (d h) -> b h n d' (head h reads rows h, h + H, ...) ----------
+
+class HeadsLastAttention(nn.Module):
+    def __init__(self, dim, heads=H, dim_head=DH):
+        super().__init__()
+        self.heads = heads
+        self.dim_head = dim_head
+        self.to_q = nn.Linear(dim, heads * dim_head, bias=False)
+        self.to_k = nn.Linear(dim, heads * dim_head, bias=False)
+        self.to_v = nn.Linear(dim, heads * dim_head, bias=False)
+        self.to_out = nn.Linear(heads * dim_head, dim)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        # the head index varies fastest along the projection's outputs
+        q, k, v = (f(x).view(b, n, self.dim_head, self.heads).permute(0, 3, 1, 2)
+                   for f in (self.to_q, self.to_k, self.to_v))
+        out = attend(q, k, v)
+        return self.to_out(out.permute(0, 2, 3, 1).reshape(b, n, -1))
+
+
+class HeadsLastLM(nn.Module):
+    def __init__(self, depth=2):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.layers = nn.ModuleList()
+        for _ in range(depth):
+            blk = nn.Module()
+            blk.norm1, blk.norm2 = nn.LayerNorm(D), nn.LayerNorm(D)
+            blk.attn = HeadsLastAttention(D)
+            blk.ff = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+            self.layers.append(blk)
+        self.out = nn.Linear(D, VOCAB)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for blk in self.layers:
+            x = x + blk.attn(blk.norm1(x))
+            x = x + blk.ff(blk.norm2(x))
+        return self.out(x)
+
+
+@member("heads-last")
+def heads_last():
+    from . import Rows
+    att = []
+    for i in range(2):
+        m = f"layers.{i}.attn"
+        qs = [Rows(f"{m}.to_q.weight", range(h, H * DH, H)) for h in range(H)]
+        ks = [Rows(f"{m}.to_k.weight", range(h, H * DH, H)) for h in range(H)]
+        att.append(Attn(i, H, H, DH, qs, ks, m))
+    return HeadsLastLM(), tokens(), Truth(att, note="head h reads rows h, h + H, h + 2H, ...")
+
+
+# ---- Q/K weights in an nn.ParameterDict, applied with F.linear ----------------------------------
+
+class DictAttention(nn.Module):
+    def __init__(self, dim, n_heads=H, n_kv_heads=HKV):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = dim // n_heads
+        kv = n_kv_heads * self.head_dim
+        self.w = nn.ParameterDict({
+            "q": nn.Parameter(torch.randn(dim, dim) * dim ** -0.5),
+            "k": nn.Parameter(torch.randn(kv, dim) * dim ** -0.5),
+            "v": nn.Parameter(torch.randn(kv, dim) * dim ** -0.5),
+            "o": nn.Parameter(torch.randn(dim, dim) * dim ** -0.5)})
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q = F.linear(x, self.w["q"]).view(b, n, self.n_heads, -1).transpose(1, 2)
+        k = F.linear(x, self.w["k"]).view(b, n, self.n_kv_heads, -1).transpose(1, 2)
+        v = F.linear(x, self.w["v"]).view(b, n, self.n_kv_heads, -1).transpose(1, 2)
+        rep = self.n_heads // self.n_kv_heads
+        out = attend(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
+        return F.linear(out.transpose(1, 2).reshape(b, n, d), self.w["o"])
+
+
+@member("parameterdict-attn")
+def parameterdict_attn():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = RMSNorm(D), RMSNorm(D)
+            self.mix = DictAttention(D)
+            self.ff = nn.Sequential(nn.Linear(D, 64), nn.SiLU(), nn.Linear(64, D))
+
+        def forward(self, x):
+            x = x + self.mix(self.n1(x))
+            return x + self.ff(self.n2(x))
+
+    from .moe import BlocksLM
+    att = []
+    for i in range(2):
+        m = f"blocks.{i}.mix"
+        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.w.q", f"{m}.w.k", H, HKV, DH), m))
+    return BlocksLM(Block), tokens(), Truth(att)
