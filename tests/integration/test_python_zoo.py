@@ -83,6 +83,7 @@ EXPECTED_FAILING = {
     "parameterdict-attn": "Q/K weights in an nn.ParameterDict used through F.linear: not found",
     "cla-shared-kv": "layers 1 and 3 have a q_proj but read the keys of layers 0 and 2: "
                      "not found",
+    "sdpa-enable-gqa": "projections named c_q/c_k/c_v: not found",
 }
 
 

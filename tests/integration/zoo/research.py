@@ -1193,3 +1193,136 @@ def parameterdict_attn():
         m = f"blocks.{i}.mix"
         att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.w.q", f"{m}.w.k", H, HKV, DH), m))
     return BlocksLM(Block), tokens(), Truth(att)
+
+
+# ---- Linformer (lucidrains): keys and values projected along the sequence --------------------
+
+class LinformerSelfAttention(nn.Module):
+    def __init__(self, dim, seq_len, k=4, heads=H, dim_head=DH):
+        super().__init__()
+        self.seq_len, self.k, self.heads, self.dim_head = seq_len, k, heads, dim_head
+        self.to_q = nn.Linear(dim, dim_head * heads, bias=False)
+        self.to_k = nn.Linear(dim, dim_head * heads, bias=False)
+        self.proj_k = nn.Parameter(torch.randn(seq_len, k) / math.sqrt(k))
+        self.to_v = nn.Linear(dim, dim_head * heads, bias=False)
+        self.proj_v = nn.Parameter(torch.randn(seq_len, k) / math.sqrt(k))
+        self.to_out = nn.Linear(dim_head * heads, dim)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q = self.to_q(x)
+        keys = torch.einsum("bnd,nk->bkd", self.to_k(x), self.proj_k[:n])
+        values = torch.einsum("bnd,nk->bkd", self.to_v(x), self.proj_v[:n])
+        q = q.reshape(b, n, self.heads, -1).transpose(1, 2)
+        keys = keys.reshape(b, self.k, self.heads, -1).transpose(1, 2)
+        values = values.reshape(b, self.k, self.heads, -1).transpose(1, 2)
+        dots = torch.einsum("bhnd,bhkd->bhnk", q, keys) * (self.dim_head ** -0.5)
+        out = torch.einsum("bhnk,bhkd->bhnd", dots.softmax(dim=-1), values)
+        return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class Linformer(nn.Module):
+    def __init__(self, seq_len=8, depth=2):
+        super().__init__()
+        self.token_emb = nn.Embedding(VOCAB, D)
+        self.layers = nn.ModuleList()
+        for _ in range(depth):
+            blk = nn.Module()
+            blk.attn_norm, blk.ff_norm = nn.LayerNorm(D), nn.LayerNorm(D)
+            blk.attn = LinformerSelfAttention(D, seq_len)
+            blk.ff = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+            self.layers.append(blk)
+        self.to_logits = nn.Linear(D, VOCAB)
+
+    def forward(self, x):
+        x = self.token_emb(x)
+        for blk in self.layers:
+            x = x + blk.attn(blk.attn_norm(x))
+            x = x + blk.ff(blk.ff_norm(x))
+        return self.to_logits(x)
+
+
+@member("linformer")
+def linformer():
+    att = []
+    for i in range(2):
+        m = f"layers.{i}.attn"
+        att.append(Attn(i, H, H, DH, *heads_separate(f"{m}.to_q.weight", f"{m}.to_k.weight", H,
+                                                     H, DH), m))
+    return Linformer(), tokens(), Truth(att, note="keys mixed along the sequence by proj_k")
+
+
+# ---- SDPA with enable_gqa (torch >= 2.5): the key heads enter the product unrepeated ------------
+
+def _sdpa_gqa():
+    try:
+        major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return hasattr(F, "scaled_dot_product_attention") and (major, minor) >= (2, 5)
+
+
+class GQASDPAAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head, self.n_kv_head = cfg.n_head, cfg.n_kv_head
+        self.head_dim = cfg.n_embd // cfg.n_head
+        self.c_q = nn.Linear(cfg.n_embd, self.n_head * self.head_dim, bias=False)
+        self.c_k = nn.Linear(cfg.n_embd, self.n_kv_head * self.head_dim, bias=False)
+        self.c_v = nn.Linear(cfg.n_embd, self.n_kv_head * self.head_dim, bias=False)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+        self.rotary = RotaryEmbedding(self.head_dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q = self.c_q(x).view(b, t, self.n_head, self.head_dim)
+        k = self.c_k(x).view(b, t, self.n_kv_head, self.head_dim)
+        v = self.c_v(x).view(b, t, self.n_kv_head, self.head_dim)
+        if hasattr(F, "rms_norm"):  # torch >= 2.4
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *self.rotary(x, t))
+        if _sdpa_gqa():
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            rep = self.n_head // self.n_kv_head
+            y = attend(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+@member("sdpa-enable-gqa")
+def sdpa_enable_gqa():
+    """A modded-nanoGPT/nanochat-style block: c_q/c_k/c_v, functional
+    qk-norm (F.rms_norm where torch has it), SDPA with enable_gqa."""
+    class Block(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.attn = GQASDPAAttention(cfg)
+            self.mlp = nn.Sequential(nn.Linear(D, 4 * D, bias=False), nn.ReLU(),
+                                     nn.Linear(4 * D, D, bias=False))
+
+        def forward(self, x):
+            x = x + self.attn(F.layer_norm(x, (D,)))
+            return x + self.mlp(F.layer_norm(x, (D,)))
+
+    class GPT(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.config = cfg
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(VOCAB, D), h=nn.ModuleList(Block(cfg) for _ in range(2))))
+            self.lm_head = nn.Linear(D, VOCAB, bias=False)
+
+        def forward(self, idx):
+            x = self.transformer.wte(idx)
+            for blk in self.transformer.h:
+                x = blk(x)
+            return self.lm_head(x)
+
+    cfg = config(n_head=H, n_kv_head=HKV, n_embd=D)
+    att = []
+    for i in range(2):
+        m = f"transformer.h.{i}.attn"
+        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.c_q.weight", f"{m}.c_k.weight", H,
+                                                       HKV, DH), m))
+    return GPT(cfg), tokens(), Truth(att)
