@@ -26,14 +26,24 @@ disabled module is logged exactly once, stats()["failures"] and
 stats()["disabled_modules"] say what failed, and the daemon holds the
 series of exactly the modules still monitored.
 
+  sharded    two gloo ranks reduce their partial Grams in the trainer
+             (shard_reduce="trainer"); block 1's Grams fail on rank 1 only.
+             Both ranks finish (the all_reduce keeps one layout: the failed
+             module's slot is zeros with a flag), both disable block 1, the
+             daemon holds block 0's attention and both routers, and no
+             partial Gram of block 1
+
 Then nn.MultiheadAttention(embed_dim=32, num_heads=4, kdim=16, vdim=16)
 (queries and keys of different widths: Wq^T Wk is a 32 x 16 operator)
 trains end to end on both routes: the daemon's per-head qk.d2 erank and
 srank equal the float64 SVD of the test's own Delta2 = dWq^T Wk + Wq^T dWk.
 """
+import argparse
 import logging
 import math
 import os
+import socket
+import subprocess
 import sys
 import time
 
@@ -322,6 +332,109 @@ def phase_transport(env):
           f"trained, flush -> {rc}, failures {fails}", flush=True)
 
 
+# ---- shards reduced in the trainer, a failure on one rank ----------------------------------
+
+SH_D, SH_H, SH_DH, SH_E = 32, 4, 8, 6
+
+
+def sharded_worker(argv):
+    """One rank of the sharded phase (a subprocess): trains, checks itself."""
+    p = argparse.ArgumentParser()
+    for k in ("--endpoint", "--source-dir", "--build-dir", "--port"):
+        p.add_argument(k, required=True)
+    p.add_argument("--rank", type=int, required=True)
+    a = p.parse_args(argv)
+    sys.path.insert(0, os.path.join(a.source_dir, "client", "python"))
+    os.environ["FORESHOCK_LIB"] = os.path.join(os.path.abspath(a.build_dir), "libforeshock.so")
+    import types
+    import torch
+    import torch.distributed as dist
+    import foreshock
+    from foreshock import sketch as sk
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank,
+                            world_size=2)
+    torch.manual_seed(100 + a.rank)
+    cols = SH_D // 2  # this rank's columns of every weight
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList()
+    for _ in range(2):
+        blk = torch.nn.Module()
+        blk.self_attn = torch.nn.Module()
+        blk.self_attn.q_proj = torch.nn.Linear(cols, SH_H * SH_DH, bias=False)
+        blk.self_attn.k_proj = torch.nn.Linear(cols, SH_H * SH_DH, bias=False)
+        blk.self_attn.config = types.SimpleNamespace(num_attention_heads=SH_H, head_dim=SH_DH)
+        blk.mlp = torch.nn.Module()
+        blk.mlp.gate = torch.nn.Linear(cols, SH_E, bias=False)
+        blk.mlp.experts = torch.nn.ModuleList()
+        blk.mlp.num_experts_per_tok = 2
+        model.layers.append(blk)
+    mon = foreshock.Monitor(model, endpoint=a.endpoint, run="nr-sharded", rank=a.rank,
+                            world_size=2, windows=(WINDOW,), every=EVERY, send_tokens=False,
+                            shard_group=dist.group.WORLD, shard_reduce="trainer",
+                            local_ranks=False)
+    if a.rank == 1:
+        bad = model.layers[1].self_attn.q_proj.weight.data_ptr()
+        orig = sk.attention_grams
+
+        def grams(wq, *rest):
+            if wq.data_ptr() == bad:
+                raise RuntimeError("injected Gram failure on rank 1")
+            return orig(wq, *rest)
+        sk.attention_grams = grams
+    for step in range(1, STEPS + 1):
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.add_(0.01 * torch.randn_like(prm))
+        mon.step(step, loss=1.0 / step, grad_norm=1.0, lr=1e-3)
+    st = mon.close(60)
+    fails = {k: v for k, v in st["failures"].items() if v}
+    want = {"sketch": 1} if a.rank == 1 else {}
+    dis = list(st["disabled_modules"])
+    ok = (fails == want and len(dis) == 1 and "layers.1.self_attn" in dis[0] and
+          st["acked"] == STEPS)
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {a.rank}: failures {fails}, disabled {st['disabled_modules']}, acked "
+          f"{st['acked']}", flush=True)
+    return 0 if ok else 1
+
+
+def phase_sharded(env):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r), "--endpoint",
+         env.daemon.endpoint, "--port", str(port), "--source-dir", env.args.source_dir,
+         "--build-dir", env.args.build_dir],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = []
+    try:
+        for r, pr in enumerate(procs):
+            out, _ = pr.communicate(timeout=300)
+            outs.append(out)
+            check(pr.returncode == 0, f"sharded rank {r} exited {pr.returncode}:\n{out}")
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.kill()
+                pr.wait()
+    api = env.Api(env.daemon.http)
+    wait_stored(api, "nr-sharded", list(range(1, STEPS + 1)), [0], [0, 1], [])
+    qk1 = [s for s in api.series("nr-sharded") if s["name"].startswith("qk.") and
+           (s.get("labels") or {}).get("layer") == 1]
+    check(not qk1, f"nr-sharded: partial Grams of block 1 were stored: {qk1[:2]}")
+    norms = layers_with(api, "nr-sharded", "weight_norm")
+    check(sorted(norms) == [0, 1] and all(v == QK_STEPS for v in norms.values()),
+          f"nr-sharded: weight_norm {norms}")
+    print(f"  nr-sharded: 2 gloo ranks, block 1's Grams failing on rank 1 only: both ranks "
+          f"trained {STEPS} steps, both dropped block 1; the daemon holds attention [0], "
+          f"routers [0, 1], weight_norm of both layers", flush=True)
+    for out in outs:
+        print("   " + out.strip().splitlines()[-1], flush=True)
+
+
 # ---- nn.MultiheadAttention with kdim != embed_dim -------------------------------------------
 
 def mha_model(torch, nn):
@@ -417,6 +530,7 @@ def main(args, workdir):
     env.daemon = fstest.Daemon(args.build_dir, workdir, extra=DAEMON_ARGS)
     try:
         phases(env)
+        phase_sharded(env)
         phase_mha(env)
     finally:
         env.daemon.stop()
@@ -424,5 +538,7 @@ def main(args, workdir):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        sys.exit(sharded_worker(sys.argv[2:]))
     fstest.preload_sanitizers()
     fstest.run_main(main)
