@@ -310,7 +310,7 @@ def overhead(dev, c, args):
         train_step(i, None)
     base_a = [train_step(i, None)[0] for i in range(args.baseline_steps)]
     tp = CountingTransport()
-    mon = Monitor(model, run="gpu-check", windows=(10, 50), transport=tp)
+    mon = Monitor(model, run="gpu-check", windows=(10, 50), transport=tp, route=args.route)
     with_mon = [train_step(i, mon) for i in range(1, args.steps + 1)]
     st = mon.close(60)
     base_b = [train_step(i, None)[0] for i in range(args.baseline_steps)]
@@ -401,6 +401,9 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-overhead", action="store_true")
+    p.add_argument("--route", choices=("spectrum", "gram"),
+                   help="the Monitor's route (default: its own, spectrum on CUDA, gram on "
+                   "the CPU)")
     args = p.parse_args()
     t_start = time.perf_counter()
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
