@@ -748,7 +748,12 @@ class Monitor:
         if self.layer_norms and first is not None:
             job.norms = self._norms(now, first)
         if reduce and (job.attn or job.routers or job.norms is not None):
-            job.flags = torch.tensor(flags, dtype=torch.float64, device=self.device)
+            # Set on the device entry by entry: torch.tensor(list) on CUDA
+            # would copy from pageable memory and wait for the stream.
+            job.flags = torch.zeros(len(flags), dtype=torch.float64, device=self.device)
+            for m, f in enumerate(flags):
+                if f:
+                    job.flags[m] = 1.0
 
     def _norms(self, now, base):
         """[n_modules, 3]: squared |W(t)|, |W(t)-W(t0)|, |W(t0)| per monitored
@@ -830,7 +835,8 @@ class Monitor:
     def _host_parts(self, job):
         """The job's reduced tensors as host numpy arrays, in layout order,
         with the attention Grams replaced by their spectra on the spectrum
-        route: [(ga, gb) or packed spectra per (spec, window)] + the rest."""
+        route: [dead module indices (_split), then (ga, gb) or packed spectra
+        or None per (spec, window)] + the rest."""
         if job.work is not None:
             job.work.wait()
         spectra_route = self.route == "spectrum" and self.send_sketches
