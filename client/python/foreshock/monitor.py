@@ -230,6 +230,14 @@ def _norm_row(cur, old):
     return row
 
 
+def _router_tokens(r, acc):
+    """One router's token statistics since the last sketch step."""
+    sums = acc.sums.cpu().numpy()
+    return RouterTokens(r.layer, r.n_experts, acc.n_tok, float(sums[0]), float(sums[1]),
+                        float(sums[2]), acc.load.cpu().numpy().astype(np.uint64),
+                        acc.sum_p.cpu().numpy().astype(np.float64))
+
+
 def _zero_grams(a, dtype, device):
     """The Grams' slot of an attention spec that was not sketched."""
     t = a.head_dim * (2 * a.head_dim + 1)
@@ -950,14 +958,13 @@ class Monitor:
                     rep.layer_weight_norm = np.sqrt(w2).astype(np.float32)
                     ratio = np.where(o2 > 0, np.sqrt(d2 / np.where(o2 > 0, o2, 1.0)), 0.0)
                     rep.layer_update_ratio = ratio.astype(np.float32)
+        rindex = {id(r): i for i, r in enumerate(self.routers)}
         for r, acc in job.tokens:
             if acc.n_tok == 0:
                 continue
-            sums = acc.sums.cpu().numpy()
-            rep.router_tokens.append(RouterTokens(
-                r.layer, r.n_experts, acc.n_tok, float(sums[0]), float(sums[1]),
-                float(sums[2]), acc.load.cpu().numpy().astype(np.uint64),
-                acc.sum_p.cpu().numpy().astype(np.float64)))
+            t = self._guarded("pack", ("r", rindex[id(r)]), _router_tokens, r, acc)
+            if t is not _FAILED:
+                rep.router_tokens.append(t)
         return rep
 
     def _pack_attention(self, rep, a, w, part, shard_i, shard_n):
