@@ -45,7 +45,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -207,7 +206,6 @@ def raising_for(orig, pred, what):
 
 
 def phases(env):
-    fs = env.foreshock
     mon_mod, sk = sys.modules["foreshock.monitor"], sys.modules["foreshock.sketch"]
     all_layers = list(range(LAYERS))
 
@@ -268,7 +266,6 @@ def phases(env):
               {"failures": {"send": 2}, "disabled": [], "qk": all_layers,
                "routers": all_layers,
                "loss_steps": [s for s in range(1, STEPS + 1) if s not in (5, 7)]})
-    return fs
 
 
 class BreakingTransport:
@@ -464,7 +461,6 @@ def phase_mha(env):
     torch, fs = env.torch, env.foreshock
     nn = torch.nn
     H, dh = 4, 8
-    ref = {}
     for route in ("spectrum", "gram"):
         run = f"nr-mha-{route}"
         torch.manual_seed(7)
@@ -510,7 +506,6 @@ def phase_mha(env):
                     worst = max(worst, err)
                     check(err < REL_SPEC, f"{run}: {name} head {h} step {t}: {got} vs the "
                           f"float64 SVD's {w}")
-                    ref.setdefault((name, h, t), []).append(got)
         print(f"  {run}: MHA embed 32 / kdim 16, {H} heads: {len(QK_STEPS) * H * 2} per-head "
               f"qk.d2 erank/srank values match the SVD of the 32 x 16 Delta2 (max rel err "
               f"{worst:.1e})", flush=True)
