@@ -709,8 +709,12 @@ class Monitor:
         oldest = step - self.windows[-1]
         for s in [s for s in self._snaps if s < oldest]:
             del self._snaps[s]
-        self._stage_to_host(job)
-        self._enqueue(job)
+        try:
+            self._stage_to_host(job)
+            self._enqueue(job)
+        except Exception:
+            self._release_device(job)  # its place under device_sketches
+            raise
         return sketch_step and bool(job.attn or job.routers)
 
     def _sketch(self, job, step, now):
