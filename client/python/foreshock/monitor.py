@@ -41,7 +41,21 @@ waits for either.
 Router token statistics are gathered by forward hooks on the routers into
 device tensors (no host sync per layer) and sent, summed since the last
 sketch step, with each sketch.
+
+Nothing here raises into the training loop once Monitor(...) has returned
+(step, flush, close, stats, advice, the router hooks that run inside the
+model's forward, the sender thread): every stage runs under _guarded. A
+failure that belongs to one monitored module (reading its weights, its
+Grams, its spectra, its router hook, packing its sketches) disables that
+module only, logged once at WARNING with the module's name and the error;
+the others are still monitored. A failure of a whole stage (discovery, the
+hand-off of a step, a report the transport refuses) is counted, logged at
+most once per LOG_INTERVAL_S, and the step's report is dropped. Both show
+in stats(): "failures" (counts by stage) and "disabled_modules". The one
+exception that still propagates is the user's own on_advice handler's
+(advice.py says why).
 """
+import errno
 import logging
 import os
 import queue
@@ -53,7 +67,7 @@ import torch
 
 from . import sketch as sk
 from .advice import AdviceInbox
-from .layouts import discover, ranges_text
+from .layouts import Discovery, discover, ranges_text
 from . import spectra as spx
 from .report import AttentionGram, AttentionSpectrum, Report, RouterGram, RouterTokens
 
@@ -66,6 +80,14 @@ DEFAULT_DEVICE_SKETCHES = 2        # sketch steps whose Grams may wait on the de
 ROUTES = ("spectrum", "gram")
 LOG_INTERVAL_S = 10.0              # at most one drop/connection complaint per interval
 _SCALARS = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "step_time")
+# Where a failure can happen, the keys of stats()["failures"]. Per module:
+# sketch (reading the weights, snapshots, Grams, on the training thread),
+# spectrum (the sender's solves), hook (a router's forward hook), pack
+# (turning one module's results into report entries). Whole step:
+# discovery, step (the training-thread hand-off), send (a report the
+# transport refused or that could not be built), advice (reading advice).
+STAGES = ("discovery", "sketch", "spectrum", "hook", "pack", "step", "send", "advice")
+_FAILED = object()  # what _guarded returns when fn raised
 
 
 def parse_endpoint(endpoint):
@@ -178,14 +200,49 @@ class _RateLimited:
 class _Job:
     """What step() hands to the sender thread."""
     __slots__ = ("step", "time", "scalars", "attn", "routers", "tokens", "norms", "flat",
-                 "layout", "work", "event", "on_device")
+                 "layout", "work", "event", "on_device", "flags")
 
     def __init__(self, step, t, scalars):
         self.step, self.time, self.scalars = step, t, scalars
         self.attn, self.routers, self.tokens = [], [], []
         self.norms = None
+        self.flags = None  # [n_modules] float64, shard_reduce="trainer" only (_sketch)
         self.flat, self.layout, self.work, self.event = None, None, None, None
         self.on_device = False  # flat stays on the device for the sender's spectra
+
+
+def _clone(w):
+    """A snapshot of one module's weights (a tensor or a (wq, wk) pair)."""
+    if isinstance(w, tuple):
+        return tuple(t.detach().clone() for t in w)
+    return w.detach().clone()
+
+
+def _norm_row(cur, old):
+    """[3]: squared |W(t)|, |W(t)-W(t0)|, |W(t0)| of one module's tensors."""
+    cur = cur if isinstance(cur, tuple) else (cur,)
+    old = old if isinstance(old, tuple) else (old,)
+    row = None
+    for c, o in zip(cur, old):
+        c64, o64 = c.detach().double(), o.detach().double()
+        r = torch.stack([(c64 * c64).sum(), ((c64 - o64) ** 2).sum(), (o64 * o64).sum()])
+        row = r if row is None else row + r.to(row.device)
+    return row
+
+
+def _router_tokens(r, acc):
+    """One router's token statistics since the last sketch step."""
+    sums = acc.sums.cpu().numpy()
+    return RouterTokens(r.layer, r.n_experts, acc.n_tok, float(sums[0]), float(sums[1]),
+                        float(sums[2]), acc.load.cpu().numpy().astype(np.uint64),
+                        acc.sum_p.cpu().numpy().astype(np.float64))
+
+
+def _zero_grams(a, dtype, device):
+    """The Grams' slot of an attention spec that was not sketched."""
+    t = a.head_dim * (2 * a.head_dim + 1)
+    return (torch.zeros(a.n_heads, t, dtype=dtype, device=device),
+            torch.zeros(a.n_kv_heads, t, dtype=dtype, device=device))
 
 
 class Monitor:
@@ -299,6 +356,11 @@ class Monitor:
                  on_advice=None, advice=True, resume_step=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
+        self._fail_lock = threading.Lock()
+        self._failures = dict.fromkeys(STAGES, 0)
+        self._disabled = {}          # ("a"|"r", index) -> "stage: error", never re-enabled
+        self._complain_fail = _RateLimited(LOG_INTERVAL_S)
+        self._closed_warned = False
         self.rank = rank if rank is not None else (dist.get_rank() if ddp else 0)
         self.world_size = world_size if world_size is not None else (
             dist.get_world_size() if ddp else 1)
@@ -377,9 +439,17 @@ class Monitor:
 
         # Discovery (layouts.py): one summary record of what is monitored,
         # what was skipped and why, and the argument that fixes it.
-        found = discover(model, attention=attention, routers=routers, layers=layers,
-                         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, top_k=top_k)
-        found.log(type(model).__name__)
+        try:
+            found = discover(model, attention=attention, routers=routers, layers=layers,
+                             n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                             top_k=top_k)
+            found.log(type(model).__name__)
+        except (ValueError, TypeError) as e:
+            if attention is not None or routers is not None:
+                raise  # specs the caller gave are bad input: a clear error
+            found = self._discovery_failed(e)
+        except Exception as e:  # a discovery bug on a model it never saw
+            found = self._discovery_failed(e)
         self.discovery = found
         att, rts = found.attention, found.routers
         self.attention = att
@@ -470,12 +540,69 @@ class Monitor:
                                         daemon=True)
         self._sender.start()
 
+    # ---- failures ------------------------------------------------------------------------
+
+    def _discovery_failed(self, exc):
+        """Discovery raised: monitor nothing but the scalars, say so."""
+        self._fail("discovery", None, exc)
+        log.warning("foreshock: discovery failed (%s: %s): no attention or router is "
+                    "monitored, the training scalars still are; pass attention=[...] and "
+                    "routers=[...] (foreshock.AttentionSpec / RouterSpec) to monitor them",
+                    type(exc).__name__, exc)
+        return Discovery()
+
+    def _name(self, key):
+        spec = (self.attention if key[0] == "a" else self.routers)[key[1]]
+        kind = "attention" if key[0] == "a" else "router"
+        return f"{kind} {spec.name or '#%d' % key[1]} (layer {spec.layer})"
+
+    def _fail(self, stage, key, exc):
+        """Counts a failure of `stage`; with a module key, disables that
+        module (logged once). Never raises."""
+        try:
+            with self._fail_lock:
+                self._failures[stage] = self._failures.get(stage, 0) + 1
+                first = key is not None and key not in self._disabled
+                if first:
+                    self._disabled[key] = f"{stage}: {type(exc).__name__}: {exc}"
+            if first:
+                log.warning("foreshock: %s is no longer monitored: %s failed with %s: %s; "
+                            "training goes on and the other modules are still monitored",
+                            self._name(key), stage, type(exc).__name__, exc)
+            elif key is None:
+                self._complain_fail(logging.WARNING, "foreshock: %s failed with %s: %s (%d so "
+                                    "far); training goes on", stage, type(exc).__name__, exc,
+                                    self._failures[stage])
+            log.debug("foreshock: %s failure", stage, exc_info=exc)
+        except Exception:  # logging itself failed: the count is what matters
+            pass
+
+    def _guarded(self, stage, key, fn, *args):
+        """fn(*args), or _FAILED when it raised (counted; the module `key`,
+        if any, disabled)."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._fail(stage, key, e)
+            return _FAILED
+
+    def _live(self, key):
+        return key not in self._disabled
+
     # ---- hooks -------------------------------------------------------------------------
 
     def _router_hook(self, i, spec):
+        key = ("r", i)
+
         def hook(module, inputs, output):
-            if not module.training:
+            # Runs inside the model's forward: it must never raise. A
+            # disabled router's hook stays registered (removing a hook while
+            # forward iterates over them is not safe) and returns at once.
+            if key in self._disabled or not module.training:
                 return
+            self._guarded("hook", key, tokens, inputs, output)
+
+        def tokens(inputs, output):
             z = output if isinstance(output, torch.Tensor) else None
             if z is None or z.shape[-1] != spec.n_experts:
                 x = inputs[0] if inputs else None
@@ -496,11 +623,21 @@ class Monitor:
     def _weights(self):
         """Current monitored weights (views): {key: tensor or (wq, wk)}."""
         out = {}
+        # A module whose weights cannot be read is disabled on this rank
+        # only; with shard_reduce="trainer" _sketch keeps its slot in the
+        # collective (zeros and a flag), so ranks never diverge. A get()
+        # that is itself a collective must fail on every rank or none.
         for i, a in enumerate(self.attention):
-            out[("a", i)] = a.get()
+            self._take(out, ("a", i), a.get)
         for i, r in enumerate(self.routers):
-            out[("r", i)] = r.get()
+            self._take(out, ("r", i), r.get)
         return out
+
+    def _take(self, out, key, get):
+        if self._live(key):
+            w = self._guarded("sketch", key, get)
+            if w is not _FAILED:
+                out[key] = w
 
     def _need_snapshot(self, step):
         return self.compute_sketches and any((step + w) % self.every == 0 for w in self.windows)
@@ -516,7 +653,26 @@ class Monitor:
         thread (under torch.no_grad(), as the rest of step())."""
         t0 = time.perf_counter()
         if self._closed:
-            raise RuntimeError("foreshock.Monitor.step after close()")
+            if not self._closed_warned:
+                self._closed_warned = True
+                log.warning("foreshock: Monitor.step(%s) after close(): ignored", step)
+            return
+        sketched = self._guarded("step", None, self._step, t0, step, loss, grad_norm, lr,
+                                 loss_scale, tokens, step_time)
+        dt = time.perf_counter() - t0
+        # Advice is handed over here, on the training thread (never from the
+        # sender or libforeshock's thread); the handler's time is its own,
+        # and so is its exception (AdviceInbox).
+        self._inbox.poll(step, self._fail)
+        o = self._overhead
+        o["steps"] += 1
+        o["seconds"] += dt
+        if sketched is True:
+            o["sketch_steps"] += 1
+            o["sketch_seconds"] += dt
+
+    def _step(self, t0, step, loss, grad_norm, lr, loss_scale, tokens, step_time):
+        """step()'s work; True when the step carries sketches."""
         step = int(step)
         if step_time is None and self._last_call is not None:
             step_time = t0 - self._last_call
@@ -539,28 +695,38 @@ class Monitor:
             with self._tok_lock:
                 taken, self._tok = self._tok, {}
             for i, acc in sorted(taken.items()):
-                job.tokens.append((self.routers[i], acc))
+                # A router whose hook failed may have left half-added sums.
+                if self._live(("r", i)):
+                    job.tokens.append((self.routers[i], acc))
         if self._need_snapshot(step):
             now = now if now is not None else self._weights()
-            self._snaps[step] = {k: (tuple(t.detach().clone() for t in v) if isinstance(v, tuple)
-                                     else v.detach().clone()) for k, v in now.items()}
+            snap = {}
+            for k, v in now.items():
+                c = self._guarded("sketch", k, _clone, v)
+                if c is not _FAILED:
+                    snap[k] = c
+            self._snaps[step] = snap
         oldest = step - self.windows[-1]
         for s in [s for s in self._snaps if s < oldest]:
             del self._snaps[s]
-        self._stage_to_host(job)
-        self._enqueue(job)
-        dt = time.perf_counter() - t0
-        # Advice is handed over here, on the training thread (never from the
-        # sender or libforeshock's thread); the handler's time is its own.
-        self._inbox.poll(step)
-        o = self._overhead
-        o["steps"] += 1
-        o["seconds"] += dt
-        if sketch_step and (job.attn or job.routers):
-            o["sketch_steps"] += 1
-            o["sketch_seconds"] += dt
+        try:
+            self._stage_to_host(job)
+            self._enqueue(job)
+        except Exception:
+            self._release_device(job)  # its place under device_sketches
+            raise
+        return sketch_step and bool(job.attn or job.routers)
 
     def _sketch(self, job, step, now):
+        """The step's Grams, module by module: a module that fails is
+        disabled and the rest go on. When the trainer reduces the shards
+        (an all_reduce over shard_group), every rank must hand the
+        collective the same layout, whatever failed where: a module this
+        rank cannot sketch keeps its slot as zeros and raises its flag in
+        job.flags (reduced with the Grams), and every rank that sees a
+        flag drops that module from then on (_split)."""
+        reduce = self.reduce_in_trainer
+        flags = [0.0] * (len(self.attention) + len(self.routers)) if reduce else None
         first = None  # smallest window with a base: layer norms use it
         for w in self.windows:
             base = self._snaps.get(step - w)
@@ -568,33 +734,68 @@ class Monitor:
                 continue
             first = first if first is not None else base
             for i, a in enumerate(self.attention):
-                wq, wk = now[("a", i)]
-                wq0, wk0 = base[("a", i)]
-                ga, gb = sk.attention_grams(wq, wk, wq0, wk0, a.n_heads, a.n_kv_heads,
-                                            a.head_dim, self.gram_dtype)
-                job.attn.append((a, w, ga, gb))
+                key = ("a", i)
+                g = _FAILED
+                if self._live(key) and key in now and key in base:
+                    wq, wk = now[key]
+                    wq0, wk0 = base[key]
+                    g = self._guarded("sketch", key, sk.attention_grams, wq, wk, wq0, wk0,
+                                      a.n_heads, a.n_kv_heads, a.head_dim, self.gram_dtype)
+                if g is _FAILED and reduce:
+                    flags[i] = 1.0
+                    g = _zero_grams(a, self.gram_dtype, self.device)
+                if g is not _FAILED:
+                    job.attn.append((a, w, g[0], g[1]))
         for i, r in enumerate(self.routers):
-            job.routers.append((r, sk.router_gram(now[("r", i)], self.gram_dtype)))
+            key = ("r", i)
+            g = _FAILED
+            if self._live(key) and key in now:
+                g = self._guarded("sketch", key, sk.router_gram, now[key], self.gram_dtype)
+            if g is _FAILED and reduce:
+                flags[len(self.attention) + i] = 1.0
+                e = r.n_experts
+                g = torch.zeros(e * (e + 1) // 2, dtype=self.gram_dtype, device=self.device)
+            if g is not _FAILED:
+                job.routers.append((r, g))
         if self.layer_norms and first is not None:
             job.norms = self._norms(now, first)
+        if reduce and (job.attn or job.routers or job.norms is not None):
+            # Set on the device entry by entry: torch.tensor(list) on CUDA
+            # would copy from pageable memory and wait for the stream.
+            job.flags = torch.zeros(len(flags), dtype=torch.float64, device=self.device)
+            for m, f in enumerate(flags):
+                if f:
+                    job.flags[m] = 1.0
 
     def _norms(self, now, base):
-        """[n_layers, 3]: squared |W(t)|, |W(t)-W(t0)|, |W(t0)| per layer, summed
-        over the layer's monitored tensors (additive over d-shards)."""
-        rows = torch.zeros(self.n_layers, 3, dtype=torch.float64, device=self.device)
+        """[n_modules, 3]: squared |W(t)|, |W(t)-W(t0)|, |W(t0)| per monitored
+        module (attention specs, then routers; additive over d-shards), zero
+        for a module not read. The sender sums them per layer (_layer_norms)
+        over the modules still monitored."""
+        na = len(self.attention)
+        rows = torch.zeros(na + len(self.routers), 3, dtype=torch.float64, device=self.device)
         for key, cur in now.items():
-            layer = (self.attention if key[0] == "a" else self.routers)[key[1]].layer
-            cur = cur if isinstance(cur, tuple) else (cur,)
-            old = base[key] if isinstance(base[key], tuple) else (base[key],)
-            for c, o in zip(cur, old):
-                c64, o64 = c.detach().double(), o.detach().double()
-                rows[layer] += torch.stack([(c64 * c64).sum(), ((c64 - o64) ** 2).sum(),
-                                            (o64 * o64).sum()]).to(rows.device)
+            if key in base and self._live(key):
+                m = key[1] + (na if key[0] == "r" else 0)
+                r = self._guarded("sketch", key, _norm_row, cur, base[key])
+                if r is not _FAILED:
+                    rows[m] = r.to(rows.device)
         return rows
+
+    def _layer_norms(self, rows, dead):
+        """[n_layers, 3] from _norms' module rows, without the modules in
+        `dead` (indices into the rows)."""
+        out = np.zeros((self.n_layers, 3))
+        specs = list(self.attention) + list(self.routers)
+        for m, spec in enumerate(specs):
+            if m not in dead:
+                out[spec.layer] += rows[m]
+        return out
 
     def _stage_to_host(self, job):
         """Reduces (sharded trainer mode) and starts device-to-host copies."""
-        tensors = [g for _, _, ga, gb in job.attn for g in (ga, gb)]
+        tensors = [job.flags] if job.flags is not None else []
+        tensors += [g for _, _, ga, gb in job.attn for g in (ga, gb)]
         tensors += [g for _, g in job.routers]
         if job.norms is not None:
             tensors.append(job.norms)
@@ -646,7 +847,8 @@ class Monitor:
     def _host_parts(self, job):
         """The job's reduced tensors as host numpy arrays, in layout order,
         with the attention Grams replaced by their spectra on the spectrum
-        route: [(ga, gb) or packed spectra per (spec, window)] + the rest."""
+        route: [dead module indices (_split), then (ga, gb) or packed spectra
+        or None per (spec, window)] + the rest."""
         if job.work is not None:
             job.work.wait()
         spectra_route = self.route == "spectrum" and self.send_sketches
@@ -675,17 +877,44 @@ class Monitor:
                 self._device_jobs -= 1
 
     def _split(self, job, flat, spectra_route):
+        """[dead module indices] + the parts _host_parts describes; a part
+        is None for a module whose spectra failed or that is dead."""
         parts, off = [], 0
         for shape in job.layout:
             n = int(np.prod(shape))
             parts.append(flat[off:off + n].reshape(shape))
             off += n
-        out, k = [], 0
+        dead = set()
+        k = 0
+        if job.flags is not None:
+            # Reduced flags: a module some rank of the shard group could not
+            # sketch. Its sums are partial: not sent, and dropped here too
+            # (this rank then keeps its slot as zeros, so layouts agree).
+            flags = parts[0].cpu().numpy()
+            k = 1
+            na = len(self.attention)
+            for m in np.nonzero(flags > 0)[0]:
+                m = int(m)
+                dead.add(m)
+                key = ("a", m) if m < na else ("r", m - na)
+                if self._live(key):
+                    with self._fail_lock:
+                        self._disabled.setdefault(key, "sketch failed on a rank of the "
+                                                       "shard group")
+                    log.warning("foreshock: %s is no longer monitored: its sketch failed on "
+                                "a rank of the shard group", self._name(key))
+        out = [dead]
+        index = {id(a): i for i, a in enumerate(self.attention)}
         for a, _, _, _ in job.attn:
             ga, gb = parts[k], parts[k + 1]
             k += 2
-            if spectra_route:
-                out.append(self._head_spectra(a, ga, gb).cpu().numpy())
+            i = index[id(a)]
+            if i in dead or not self._live(("a", i)):
+                dead.add(i)
+                out.append(None)
+            elif spectra_route:
+                sp = self._guarded("spectrum", ("a", i), self._head_spectra, a, ga, gb)
+                out.append(None if sp is _FAILED else sp.cpu().numpy())
             else:
                 out.append((ga.cpu().numpy(), gb.cpu().numpy()))
         out += [p.cpu().numpy() for p in parts[k:]]
@@ -707,42 +936,58 @@ class Monitor:
             rep.scalars[k] = v.item() if isinstance(v, torch.Tensor) else v
         if job.flat is not None:
             parts = iter(self._host_parts(job))
+            dead = next(parts)
             if self.send_sketches:
                 shard_i, shard_n = (0, 1) if self.reduce_in_trainer else self.shard
+                index = {id(a): i for i, a in enumerate(self.attention)}
                 for a, w, _, _ in job.attn:
                     part = next(parts)
-                    group = a.n_heads // a.n_kv_heads
-                    grouped = a.n_kv_heads != a.n_heads
-                    if self.route == "spectrum":
-                        rep.attention += self._spectrum_sketches(a, w, part)
-                        continue
-                    ga, gb = part
-                    for h in range(a.n_heads):
-                        kv = h // group
-                        rep.attention.append(AttentionGram(
-                            a.layer, a.head_offset + h,
-                            (a.kv_offset + kv) if grouped else None, w, a.head_dim,
-                            ga[h].astype(np.float32), gb[kv].astype(np.float32),
-                            shard_i, shard_n))
+                    if part is not None:
+                        self._guarded("pack", ("a", index[id(a)]), self._pack_attention,
+                                      rep, a, w, part, shard_i, shard_n)
+                na = len(self.attention)
+                rindex = {id(r): i for i, r in enumerate(self.routers)}
                 for r, _ in job.routers:
-                    rep.router_grams.append(RouterGram(r.layer, r.n_experts,
-                                                       next(parts).astype(np.float32),
-                                                       shard_i, shard_n))
+                    part = next(parts)
+                    m = na + rindex[id(r)]
+                    if m not in dead and self._live(("r", m - na)):
+                        rep.router_grams.append(RouterGram(r.layer, r.n_experts,
+                                                           part.astype(np.float32),
+                                                           shard_i, shard_n))
+                    else:
+                        dead.add(m)
                 if job.norms is not None:
-                    n = next(parts)
+                    n = self._layer_norms(next(parts), dead)
                     w2, d2, o2 = n[:, 0], n[:, 1], n[:, 2]
                     rep.layer_weight_norm = np.sqrt(w2).astype(np.float32)
                     ratio = np.where(o2 > 0, np.sqrt(d2 / np.where(o2 > 0, o2, 1.0)), 0.0)
                     rep.layer_update_ratio = ratio.astype(np.float32)
+        rindex = {id(r): i for i, r in enumerate(self.routers)}
         for r, acc in job.tokens:
             if acc.n_tok == 0:
                 continue
-            sums = acc.sums.cpu().numpy()
-            rep.router_tokens.append(RouterTokens(
-                r.layer, r.n_experts, acc.n_tok, float(sums[0]), float(sums[1]),
-                float(sums[2]), acc.load.cpu().numpy().astype(np.uint64),
-                acc.sum_p.cpu().numpy().astype(np.float64)))
+            t = self._guarded("pack", ("r", rindex[id(r)]), _router_tokens, r, acc)
+            if t is not _FAILED:
+                rep.router_tokens.append(t)
         return rep
+
+    def _pack_attention(self, rep, a, w, part, shard_i, shard_n):
+        """One attention spec's sketches of one window into rep (all or none)."""
+        if self.route == "spectrum":
+            rep.attention += self._spectrum_sketches(a, w, part)
+            return
+        group = a.n_heads // a.n_kv_heads
+        grouped = a.n_kv_heads != a.n_heads
+        ga, gb = part
+        out = []
+        for h in range(a.n_heads):
+            kv = h // group
+            out.append(AttentionGram(
+                a.layer, a.head_offset + h,
+                (a.kv_offset + kv) if grouped else None, w, a.head_dim,
+                ga[h].astype(np.float32), gb[kv].astype(np.float32),
+                shard_i, shard_n))
+        rep.attention += out
 
     @staticmethod
     def _spectrum_sketches(a, window, packed):
@@ -774,9 +1019,11 @@ class Monitor:
                 return
             c0 = time.thread_time()
             try:
-                self._send(job)
+                self._guarded("send", None, self._send, job)
             finally:
-                self._release_device(job)  # when _materialize failed before it
+                # when _materialize failed before it (never raises: a lock
+                # and a counter)
+                self._release_device(job)
                 self._sender_cpu_s += time.thread_time() - c0
                 self._queue.task_done()
 
@@ -786,6 +1033,8 @@ class Monitor:
             rc = self.transport.submit(rep)
         except Exception as e:  # a bad value must not kill the thread
             self._counts["refused"] += 1
+            with self._fail_lock:
+                self._failures["send"] += 1
             self._complain_refused(logging.ERROR, "foreshock: report of step %d refused: %s",
                            job.step, e)
             return
@@ -834,9 +1083,17 @@ class Monitor:
         were solved on the CPU because device_sketches were waiting), the
         measured step() overhead on the training thread (step_overhead_s,
         sketch_step_overhead_s, plain_step_overhead_s: means, seconds) and
-        the sender thread's CPU time (sender_cpu_s, sender_cpu_per_report_s)."""
-        out = dict(self.transport.stats())
+        the sender thread's CPU time (sender_cpu_s, sender_cpu_per_report_s);
+        failures (counts by stage, STAGES) and disabled_modules (the
+        modules no longer monitored, name -> why). Never raises: a transport
+        whose stats fail counts as a "send" failure and gives no keys."""
+        out = self._guarded("send", None, lambda: dict(self.transport.stats()))
+        out = {} if out is _FAILED else out
         out.update(self._counts)
+        with self._fail_lock:
+            out["failures"] = dict(self._failures)
+            disabled = dict(self._disabled)
+        out["disabled_modules"] = {self._name(k): why for k, why in sorted(disabled.items())}
         o = self._overhead
         out["step_calls"] = o["steps"]
         out["step_overhead_s"] = o["seconds"] / o["steps"] if o["steps"] else 0.0
@@ -863,7 +1120,12 @@ class Monitor:
         """Waits until everything step() made so far is handed over and
         acknowledged by the daemon (or dropped). Returns the transport's
         flush result (0, or a negative errno such as -ETIMEDOUT). Blocks
-        the caller: for the end of training or a checkpoint, not per step."""
+        the caller: for the end of training or a checkpoint, not per step.
+        Never raises: a transport that fails gives -EIO (counted, "send")."""
+        rc = self._guarded("send", None, self._flush, timeout_s)
+        return -errno.EIO if rc is _FAILED else rc
+
+    def _flush(self, timeout_s):
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._drain(deadline)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -872,19 +1134,22 @@ class Monitor:
     def close(self, timeout_s=30.0):
         """Removes the hooks, lets the sender hand over what is queued, waits
         up to timeout_s for the daemon's acks, closes the connection and logs
-        the final counts. Returns the final stats dict. Idempotent."""
+        the final counts. Returns the final stats dict. Idempotent. Never
+        raises: what fails is counted ("send") and the rest still runs."""
         if self._closed:
             return self._final
         self._closed = True
+        self._final = {}
         for h in self._hooks:
-            h.remove()
+            self._guarded("hook", None, h.remove)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self._queue.put(None)
+        self._queue.put(None)  # unbounded wait for a slot: the sender drains the queue
         self._sender.join()
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        rc = self.transport.flush(left)
+        rc = self._guarded("send", None, self.transport.flush, left)
+        rc = -errno.EIO if rc is _FAILED else rc
         final = self.stats()
-        self.transport.close(0)
+        self._guarded("send", None, self.transport.close, 0)
         dropped = final.get("dropped", 0) + self._counts["dropped_queue"]
         unacked = final.get("buffered_reports", 0)
         level = logging.WARNING if dropped or unacked else logging.INFO
@@ -900,5 +1165,5 @@ class Monitor:
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self._guarded("send", None, self.close)
         return False
