@@ -303,7 +303,10 @@ def overhead(dev, c, args):
             mon.step(i, loss=loss.detach(), grad_norm=gn, lr=3e-4)
             sketched = mon._overhead["sketch_steps"] > before
         if cuda:
-            torch.cuda.synchronize()
+            # The training stream only, as a loop that reads its loss does:
+            # torch.cuda.synchronize() would also wait for the sender's
+            # spectra on its own stream, which training never waits for.
+            torch.cuda.current_stream().synchronize()
         return time.perf_counter() - t0, sketched
 
     for i in range(args.warmup):
@@ -311,8 +314,12 @@ def overhead(dev, c, args):
     base_a = [train_step(i, None)[0] for i in range(args.baseline_steps)]
     tp = CountingTransport()
     mon = Monitor(model, run="gpu-check", windows=(10, 50), transport=tp, route=args.route)
+    t_loop = time.perf_counter()
     with_mon = [train_step(i, mon) for i in range(1, args.steps + 1)]
+    loop_s = time.perf_counter() - t_loop
+    t_drain = time.perf_counter()
     st = mon.close(60)
+    drain_s = time.perf_counter() - t_drain
     base_b = [train_step(i, None)[0] for i in range(args.baseline_steps)]
     base = base_a + base_b
     sketch = [t for t, s in with_mon if s]
@@ -334,7 +341,9 @@ def overhead(dev, c, args):
             "sender_cpu_per_report_s": st["sender_cpu_per_report_s"],
             "spectra_on_host": st["spectra_on_host"], "reports": tp.reports,
             "attention_sketches": tp.attention, "failures": st["failures"],
-            "disabled_modules": st["disabled_modules"]}
+            "disabled_modules": st["disabled_modules"],
+            "monitored_loop_s": loop_s, "monitored_loop_ratio": loop_s / (mb * args.steps),
+            "drain_after_loop_s": drain_s}
 
 
 # ---- output -----------------------------------------------------------------------------
@@ -377,6 +386,9 @@ def print_overhead(out):
           f"host {o['spectra_on_host']}, sender CPU per report "
           f"{1e3 * o['sender_cpu_per_report_s']:.1f} ms, failures "
           f"{ {k: v for k, v in o['failures'].items() if v} }")
+    print(f"monitored loop {o['monitored_loop_s']:.2f} s = {o['monitored_loop_ratio']:.3f} x the "
+          f"same steps without the Monitor; the sender drained {o['drain_after_loop_s']:.2f} s "
+          f"after the last step")
 
 
 def print_verdict(out):
