@@ -51,6 +51,7 @@ import time
 import numpy as np
 import torch
 
+from . import dtensor
 from . import sketch as sk
 from .advice import AdviceInbox
 from .layouts import discover, ranges_text
@@ -374,6 +375,8 @@ class Monitor:
         # Ranks of a reducing group compute their partial Grams even when they
         # do not send: the all_reduce is a collective.
         self.compute_sketches = self.send_sketches or self.reduce_in_trainer
+        # DTensor weights are gathered by a collective: every rank reads them (dtensor.py).
+        self.compute_sketches = self.compute_sketches or dtensor.has_dtensors(model)
 
         # Discovery (layouts.py): one summary record of what is monitored,
         # what was skipped and why, and the argument that fixes it.
@@ -500,7 +503,7 @@ class Monitor:
             out[("a", i)] = a.get()
         for i, r in enumerate(self.routers):
             out[("r", i)] = r.get()
-        return out
+        return dtensor.gather(out)  # FSDP2 / tensor-parallel DTensors, whole (dtensor.py)
 
     def _need_snapshot(self, step):
         return self.compute_sketches and any((step + w) % self.every == 0 for w in self.windows)
