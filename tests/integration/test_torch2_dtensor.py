@@ -17,7 +17,8 @@ models: mixtral (separate q/k projections, 3-D experts, routers) and gpt2
 (fused, transposed c_attn, sliced by discovery's getter). Every qk.*,
 router.*, weight_norm, update_ratio and loss value of each distributed run
 must equal the single run's (relative REL of max(1, |value|)), over the
-same series and steps.
+same series and steps. A Monitor made before fully_shard must say so on the
+rank that reads the weights, not hang in a gather the others never join.
 """
 import argparse
 import os
@@ -109,6 +110,8 @@ def worker(argv):
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (2,))
     model = build(torch, transformers, a.model)
+    if a.mode == "late":
+        return late_worker(torch, foreshock, dtensor, model, mesh, a)
     if a.mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
         for blk in blocks(model):
@@ -128,6 +131,43 @@ def worker(argv):
     check(mon.send_sketches == (a.rank == 0), f"rank {a.rank}: send_sketches {mon.send_sketches}")
     dist.barrier()
     dist.destroy_process_group()
+    return 0
+
+
+def late_worker(torch, foreshock, dtensor, model, mesh, a):
+    """Monitor made before fully_shard: the rank that reads weights must
+    say so (raise, or log once when the Monitor guards its steps), never
+    wait in a gather the other rank does not join."""
+    import logging
+    from torch.distributed.fsdp import fully_shard
+    said = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+    logging.getLogger("foreshock").addHandler(Keep())
+    mon = foreshock.Monitor(model, endpoint=a.endpoint, run="late", windows=WINDOWS,
+                            every=EVERY, send_tokens=False)
+    for blk in blocks(model):
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(9)
+    for step in range(0, EVERY + 1):
+        if step:
+            ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=g)
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        try:
+            mon.step(step)
+        except RuntimeError as e:
+            said.append(str(e))
+    mon.close(30)
+    told = any(dtensor.SHARDED_LATE in m for m in said)
+    check(told == (a.rank == 0), f"late rank {a.rank}: told {told}: {said[-3:]}")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
     return 0
 
 
@@ -174,6 +214,21 @@ def main(args, workdir):
                 out, _ = pr.communicate(timeout=600)
                 check(pr.returncode == 0, f"{mode}-{model_name} rank {r} exited "
                       f"{pr.returncode}:\n{out[-4000:]}")
+        port = free_port()
+        procs = [subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", "--mode", "late",
+             "--model", "llama", "--rank", str(r), "--endpoint", daemon.endpoint,
+             "--port", str(port), "--source-dir", args.source_dir,
+             "--build-dir", args.build_dir],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+        for r, pr in enumerate(procs):
+            try:
+                out, _ = pr.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                fstest.kill_started(*procs)
+                raise fstest.Failure("Monitor made before fully_shard: the ranks hang")
+            check(pr.returncode == 0, f"late rank {r} exited {pr.returncode}:\n{out[-4000:]}")
+        print("  Monitor made before fully_shard: rank 0 says so (no hang)", flush=True)
         api = Api(daemon.http)
         last = STEPS - STEPS % EVERY
 

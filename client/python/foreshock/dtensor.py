@@ -50,7 +50,23 @@ def full(x):
     return x
 
 
-def gather(weights):
+SHARDED_LATE = ("foreshock: the monitored weights are DTensors but were not when this "
+                "Monitor was made (fully_shard / parallelize_module after Monitor(...)): the "
+                "other ranks would not join the gather and this rank would wait for them "
+                "forever. Make the Monitor after sharding the model")
+
+
+def gather(weights, expected):
     """{key: tensor or tuple} with DTensors gathered whole, in the dict's
-    order (Monitor._weights builds it in spec order on every rank)."""
+    order (Monitor._weights builds it in spec order on every rank).
+    expected: the model had DTensors when the Monitor was made, so every
+    rank reads weights at the same steps; otherwise a DTensor here raises
+    (SHARDED_LATE) rather than wait in a collective the other ranks never
+    join."""
+    if not expected:
+        cls = _dtensor_class()
+        if cls is not None and any(isinstance(t, cls) for v in weights.values()
+                                   for t in (v if isinstance(v, tuple) else (v,))):
+            raise RuntimeError(SHARDED_LATE)
+        return weights
     return {k: full(v) for k, v in weights.items()}

@@ -376,7 +376,8 @@ class Monitor:
         # do not send: the all_reduce is a collective.
         self.compute_sketches = self.send_sketches or self.reduce_in_trainer
         # DTensor weights are gathered by a collective: every rank reads them (dtensor.py).
-        self.compute_sketches = self.compute_sketches or dtensor.has_dtensors(model)
+        self._dtensors = dtensor.has_dtensors(model)
+        self.compute_sketches = self.compute_sketches or self._dtensors
 
         # Discovery (layouts.py): one summary record of what is monitored,
         # what was skipped and why, and the argument that fixes it.
@@ -503,7 +504,7 @@ class Monitor:
             out[("a", i)] = a.get()
         for i, r in enumerate(self.routers):
             out[("r", i)] = r.get()
-        return dtensor.gather(out)  # FSDP2 / tensor-parallel DTensors, whole (dtensor.py)
+        return dtensor.gather(out, self._dtensors)  # FSDP2 / TP DTensors, whole (dtensor.py)
 
     def _need_snapshot(self, step):
         return self.compute_sketches and any((step + w) % self.every == 0 for w in self.windows)
