@@ -3,11 +3,13 @@ docstrings show, with real trainers on the CPU into the real daemon
 (torch 2.x venv, tests/python-venv.sh).
 
 HF: transformers.Trainer trains a small LlamaForCausalLM (random weights)
-on an in-memory dataset for STEPS optimizer steps, logging_steps=1, with
+on an in-memory dataset for STEPS optimizer steps with
 callbacks=[ForeshockCallback(run=...)] and the daemon's endpoint in
-$FORESHOCK_ENDPOINT. The daemon must hold a loss, grad_norm and lr point
-for each step 1..STEPS equal to what the Trainer logged for that step, and
-qk sketches at the sketch steps the Monitor defaults give for every head.
+$FORESHOCK_ENDPOINT, once with logging_steps=1, once with 5. The daemon
+must hold an lr point for each step 1..STEPS, and loss and grad_norm points
+at exactly the logged steps, equal (with lr) to what the Trainer logged
+there; and qk sketches at the sketch steps the Monitor defaults give for
+every head.
 
 Lightning: lightning.pytorch.Trainer trains a small MixtralForCausalLM in a
 LightningModule with accumulate_grad_batches=2 and gradient clipping, with
@@ -21,7 +23,6 @@ head and router series for every MoE layer.
 Both: the callback's Monitor acknowledges every report and is closed at the
 end of training (`stats` set, `monitor` None).
 """
-import math
 import os
 import sys
 import time
@@ -41,18 +42,18 @@ def close(a, b):
 
 
 def wait_series(api, run, name, steps, what):
-    def got():
+    """{step: value} of the run's series `name` once it has all `steps`."""
+    def points():
         vals = api.values(run, name=name)
-        pts = next(iter(vals.values()), {}) if vals else {}
-        return pts if set(pts) >= set(steps) else None
+        return next(iter(vals.values()), {}) if vals else {}
     deadline = time.monotonic() + 60
     while True:
-        pts = got()
-        if pts is not None:
+        pts = points()
+        if set(pts) >= set(steps):
             return pts
         if time.monotonic() > deadline:
-            raise fstest.Failure(f"{what}: daemon series {name} lacks steps: "
-                                 f"{sorted(set(steps) - set((next(iter(api.values(run, name=name).values()), {})) ))}")
+            raise fstest.Failure(f"{what}: daemon series {name} lacks steps "
+                                 f"{sorted(set(steps) - set(pts))}")
         time.sleep(0.2)
 
 
@@ -67,7 +68,7 @@ def check_sketches(api, run, heads, router_layers, step):
                       f"{len(heads)} heads and router series for layers {sorted(router_layers)}")
 
 
-def hf_case(torch, transformers, api, workdir):
+def hf_case(torch, transformers, api, workdir, logging_steps):
     from foreshock.integrations import ForeshockCallback
 
     class Tokens(torch.utils.data.Dataset):
@@ -88,11 +89,12 @@ def hf_case(torch, transformers, api, workdir):
     cfg._attn_implementation = "sdpa"
     model = transformers.LlamaForCausalLM(cfg)
     args = transformers.TrainingArguments(
-        output_dir=os.path.join(workdir, "hf"), max_steps=STEPS, per_device_train_batch_size=BATCH,
-        learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-        disable_tqdm=True, dataloader_num_workers=0, lr_scheduler_type="linear",
+        output_dir=os.path.join(workdir, "hf"), max_steps=STEPS,
+        per_device_train_batch_size=BATCH, learning_rate=1e-3, logging_steps=logging_steps,
+        save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, lr_scheduler_type="linear",
         warmup_steps=4, max_grad_norm=1.0)
-    cb = ForeshockCallback(run="hf")
+    run = f"hf-log{logging_steps}"
+    cb = ForeshockCallback(run=run)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(STEPS * BATCH),
                                    callbacks=[cb])
     trainer.train()
@@ -101,17 +103,24 @@ def hf_case(torch, transformers, api, workdir):
     check(cb.stats["acked"] == STEPS and cb.stats["dropped"] == 0,
           f"hf: {STEPS} steps, Monitor stats {cb.stats}")
     logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
-    check(sorted(logged) == list(range(1, STEPS + 1)), f"hf: Trainer logged steps {sorted(logged)}")
-    steps = range(1, STEPS + 1)
+    log_steps = list(range(logging_steps, STEPS + 1, logging_steps))
+    check(sorted(logged) == log_steps, f"hf: Trainer logged steps {sorted(logged)}")
+    # Every step carries its learning rate; loss and grad_norm come with the
+    # steps the Trainer logs, and only with those.
+    lr = wait_series(api, run, "lr", range(1, STEPS + 1), run)
+    check(sorted(lr) == list(range(1, STEPS + 1)), f"{run}: lr at steps {sorted(lr)}")
     for name, key in (("loss", "loss"), ("grad_norm", "grad_norm"), ("lr", "learning_rate")):
-        pts = wait_series(api, "hf", name, steps, "hf")
-        bad = [(s, pts.get(s), logged[s][key]) for s in steps if not close(pts.get(s), logged[s][key])]
-        check(not bad, f"hf: daemon {name} differs from the Trainer's log (step, daemon, "
+        pts = wait_series(api, run, name, log_steps, run)
+        check(name == "lr" or sorted(pts) == log_steps, f"{run}: {name} at steps {sorted(pts)}")
+        bad = [(s, pts.get(s), logged[s][key]) for s in log_steps
+               if not close(pts.get(s), logged[s][key])]
+        check(not bad, f"{run}: daemon {name} differs from the Trainer's log (step, daemon, "
               f"trainer): {bad[:5]}")
     heads = {(layer, h) for layer in range(LAYERS) for h in range(H)}
-    check_sketches(api, "hf", heads, set(), STEPS)
-    print(f"  HF Trainer + ForeshockCallback: steps 1-{STEPS} with the Trainer's loss, grad_norm "
-          f"and lr; qk sketches of step {STEPS} for {len(heads)} heads", flush=True)
+    check_sketches(api, run, heads, set(), STEPS)
+    print(f"  HF Trainer + ForeshockCallback, logging_steps={logging_steps}: lr at steps "
+          f"1-{STEPS}, the Trainer's loss and grad_norm at its {len(log_steps)} logged steps; "
+          f"qk sketches of step {STEPS} for {len(heads)} heads", flush=True)
 
 
 def lightning_case(torch, transformers, api):
@@ -203,7 +212,8 @@ def main(args, workdir):
     os.environ["FORESHOCK_ENDPOINT"] = daemon.endpoint
     try:
         api = Api(daemon.http)
-        hf_case(torch, transformers, api, workdir)
+        hf_case(torch, transformers, api, workdir, logging_steps=1)
+        hf_case(torch, transformers, api, workdir, logging_steps=5)
         lightning_case(torch, transformers, api)
     finally:
         daemon.stop()

@@ -329,7 +329,8 @@ def compare(foreshock, torch, case, cfg, model):
         if isinstance(block, tuple):
             stacks.setdefault(block[0], set()).add(layer)
     if len(stacks) == 2 and set.intersection(*stacks.values()):
-        bad.append(f"encoder and decoder share layer indices {sorted(set.intersection(*stacks.values()))}")
+        shared = sorted(set.intersection(*stacks.values()))
+        bad.append(f"encoder and decoder share layer indices {shared}")
     matched = set()
     for mod, t in want_r.items():
         layer, e, k, w = t[:4]

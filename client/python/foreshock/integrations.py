@@ -113,7 +113,10 @@ class _TrainerHooks(_Guarded):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self._pending, self._lr = None, None
-        self._start(_unwrap(model))
+        # optimizer: the rate Monitor reads when on_optimizer_step never ran
+        # (transformers before that event).
+        opt = optimizer if getattr(optimizer, "param_groups", None) else None
+        self._start(_unwrap(model), **({"optimizer": opt} if opt is not None else {}))
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         if optimizer is not None and getattr(optimizer, "param_groups", None):
