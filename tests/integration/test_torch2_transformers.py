@@ -76,11 +76,12 @@ def llama_like(model, cfg):
     return out
 
 
-def moe_routers(model, cfg, e_attr, k_attr="num_experts_per_tok"):
+def moe_routers(model, cfg, e_attr, k_attr="num_experts_per_tok", path=("mlp", "gate")):
     out = {}
     for i, blk in enumerate(decoder_layers(model)):
-        out[f"model.layers.{i}.mlp.gate"] = (i, getattr(cfg, e_attr), getattr(cfg, k_attr),
-                                             blk.mlp.gate.weight)
+        router = getattr(getattr(blk, path[0]), path[1])
+        out[f"model.layers.{i}.{path[0]}.{path[1]}"] = (i, getattr(cfg, e_attr),
+                                                         getattr(cfg, k_attr), router.weight)
     return out
 
 
@@ -234,6 +235,14 @@ CASES = [
      lambda m, c: moe_routers(m, c, "num_experts")),
     ("olmoe", "OlmoeConfig", "OlmoeForCausalLM", dict(MOE_KW, num_experts=E), llama_like,
      lambda m, c: moe_routers(m, c, "num_experts")),
+    ("olmo2", "Olmo2Config", "Olmo2ForCausalLM", LLAMA_KW, llama_like, no_routers),
+    # GPT-OSS: a router with a bias, attention sinks (no SDPA path: eager).
+    ("gpt_oss", "GptOssConfig", "GptOssForCausalLM",
+     dict(MOE_KW, head_dim=DH, num_local_experts=E), llama_like,
+     lambda m, c: moe_routers(m, c, "num_local_experts", path=("mlp", "router"))),
+    ("granitemoe", "GraniteMoeConfig", "GraniteMoeForCausalLM",
+     dict(MOE_KW, num_local_experts=E), llama_like,
+     lambda m, c: moe_routers(m, c, "num_local_experts", path=("block_sparse_moe", "router"))),
     ("dbrx", "DbrxConfig", "DbrxForCausalLM",
      dict(d_model=D, n_heads=H, n_layers=LAYERS, max_seq_len=64,
           attn_config={"kv_n_heads": HKV, "rope_theta": 10000.0, "clip_qkv": 8.0},
