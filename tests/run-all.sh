@@ -15,17 +15,25 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 
 deploy/install-deps.sh
 
+echo "== torch 2.x venv (tests/python-venv.sh) =="
+# The Python client is tested under Debian's torch 1.13 and under this venv
+# (pinned torch, transformers, lightning from PyPI): test_torch2_*.py and
+# FORESHOCK_TORCH2_TESTS (tests/CMakeLists.txt).
+VENV_PYTHON=$(tests/python-venv.sh | tail -n 1)
+
 echo "== format (clang-format, .clang-format) =="
 tests/check-format.sh
 
 echo "== build (RelWithDebInfo) =="
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DFORESHOCK_VENV_PYTHON="$VENV_PYTHON" >/dev/null
 cmake --build build -j"$JOBS"
 echo "== tests =="
 ctest --test-dir build --output-on-failure -j"$JOBS"
 
 echo "== build (ASan + UBSan) =="
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFORESHOCK_SANITIZE=ON >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFORESHOCK_SANITIZE=ON \
+  -DFORESHOCK_VENV_PYTHON="$VENV_PYTHON" >/dev/null
 cmake --build build-asan -j"$JOBS"
 echo "== tests under ASan + UBSan =="
 # Criterion runs each test in a forked worker and does not turn a sanitizer

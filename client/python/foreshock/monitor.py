@@ -65,6 +65,7 @@ import time
 import numpy as np
 import torch
 
+from . import dtensor
 from . import sketch as sk
 from .advice import AdviceInbox
 from .layouts import Discovery, discover, ranges_text
@@ -436,6 +437,9 @@ class Monitor:
         # Ranks of a reducing group compute their partial Grams even when they
         # do not send: the all_reduce is a collective.
         self.compute_sketches = self.send_sketches or self.reduce_in_trainer
+        # DTensor weights are gathered by a collective: every rank reads them (dtensor.py).
+        self._dtensors = dtensor.has_dtensors(model)
+        self.compute_sketches = self.compute_sketches or self._dtensors
 
         # Discovery (layouts.py): one summary record of what is monitored,
         # what was skipped and why, and the argument that fixes it.
@@ -627,14 +631,22 @@ class Monitor:
         # only; with shard_reduce="trainer" _sketch keeps its slot in the
         # collective (zeros and a flag), so ranks never diverge. A get()
         # that is itself a collective must fail on every rank or none.
+        # DTensor weights are gathered whole by a collective per module
+        # (dtensor.py): every rank must gather the same modules in the same
+        # order, so a module disabled on this rank alone is still read and
+        # gathered, and dropped afterwards.
+        every = bool(self._dtensors)
         for i, a in enumerate(self.attention):
-            self._take(out, ("a", i), a.get)
+            self._take(out, ("a", i), a.get, every)
         for i, r in enumerate(self.routers):
-            self._take(out, ("r", i), r.get)
+            self._take(out, ("r", i), r.get, every)
+        out = dtensor.gather(out, self._dtensors)  # FSDP2 / TP DTensors, whole
+        if every:
+            out = {k: v for k, v in out.items() if self._live(k)}
         return out
 
-    def _take(self, out, key, get):
-        if self._live(key):
+    def _take(self, out, key, get, every=False):
+        if every or self._live(key):
             w = self._guarded("sketch", key, get)
             if w is not _FAILED:
                 out[key] = w
