@@ -348,6 +348,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         site.k_srcs = [self.obs.sources[i] for i in ksrc]
         if len(qsrc) != 1 or len(ksrc) != 1:
             site.reason = "mixed"
+            site.head_dim = qa.shape[-1]
+            site.n_heads = len({tuple(r) for r in qa.tolist()})
+            site.n_kv_heads = len({tuple(r) for r in ka.tolist()})
             return site
         site.q_src, site.k_src = self.obs.sources[qsrc[0]], self.obs.sources[ksrc[0]]
         mask = (1 << _SHIFT) - 1
@@ -644,8 +647,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         sh = d.get("sh")
         if sh is not None:
-            rest = [(_shadow(a) if _shadow(a) is not None else a) if isinstance(a, torch.Tensor)
-                    and i == 0 else a for i, a in enumerate(args)]
+            rest = list(args)
             rest[0] = sh
             try:
                 res = func(*rest, **kwargs)
@@ -887,5 +889,10 @@ def observe(model, example_input=None, example_kwargs=None):
         trial.input_desc = desc
         trial.failures = tracker.failures
         return trial
-    obs.error = "the forward pass did not run: " + "; ".join(errors)
+    if type(model).forward is nn.Module.forward or getattr(type(model).forward, "__name__",
+                                                           "") == "_forward_unimplemented":
+        obs.error = "the model has no forward()"
+    else:
+        obs.error = (f"its forward did not run on {'the example input' if len(tries) == 1 else 'a probe batch'}: "
+                     + errors[0] + (f" (+{len(errors) - 1} other probes)" if len(errors) > 1 else ""))
     return obs
