@@ -177,6 +177,7 @@ class Discovery:
         self.skipped, self.not_routers, self.notes = [], [], []
         self.how = {}
         self.corrections = []   # (name, text): where the observed pass overruled names
+        self.order = {}         # spec name -> when the observed pass saw it
         self.observation = None
         self.attention_given = self.routers_given = False
         self.layers = None
@@ -218,7 +219,7 @@ class Discovery:
             if given:
                 lines.append(f"  {what}: {len(specs)} given by {arg}")
             elif specs:
-                for head, names in _groups(specs, what):
+                for head, names in _groups(specs, what, self.how):
                     how = self.how.get(names[0])
                     lines.append(f"  {what}: {head}: {_names(names)}"
                                  + (f" [{how}]" if how else ""))
@@ -306,12 +307,12 @@ def _router_headline(specs):
                       for (e, k), ss in shapes.items())
 
 
-def _groups(specs, what):
+def _groups(specs, what, how=None):
     shapes = {}
     for s in specs:
         key = ((s.n_heads, s.n_kv_heads, s.head_dim) if what == "attention"
                else (s.n_experts, s.top_k))
-        shapes.setdefault(key, []).append(s)
+        shapes.setdefault(key + ((how or {}).get(s.name, ""),), []).append(s)
     for key, ss in shapes.items():
         nums = [s.layer for s in ss]
         layers = ("layer " if len(set(nums)) == 1 else "layers ") + ranges_text(nums)
@@ -767,6 +768,8 @@ MLA_FIX = ("attention=[foreshock.AttentionSpec(layer, n_heads, n_kv_heads, head_
 
 
 def _storage(t):
+    if t is None:
+        return None
     try:
         return t.untyped_storage().data_ptr()
     except (AttributeError, RuntimeError):
@@ -797,9 +800,9 @@ def _site_name(site):
     return _join(prefix, f"{_rel(qn, prefix)}/{_rel(kn, prefix)}")
 
 
-def _mixed_text(site):
-    q = sorted({s.pname for s in site.q_srcs})
-    k = sorted({s.pname for s in site.k_srcs})
+def _mixed_text(site, prefix):
+    q = sorted({_rel(s.pname, prefix) for s in site.q_srcs})
+    k = sorted({_rel(s.pname, prefix) for s in site.k_srcs})
     return (f"low-rank / MLA-style attention ({site.n_heads} heads of {site.head_dim}): q comes "
             f"from {', '.join(q)} and k from {', '.join(k)}, so a head's Q/K product is not "
             "one Wq/Wk pair over one input (a latent projection, a norm and a shared rope key "
@@ -836,12 +839,18 @@ def _merge_attention(att, obs, found):
             if site.reason == "mixed":
                 name = sorted({s.module for s in site.q_srcs + site.k_srcs})[0]
                 name = _common([s.pname for s in site.q_srcs + site.k_srcs]) or name
-                reason, fix = _mixed_text(site), MLA_FIX
+                reason, fix = _mixed_text(site, name), MLA_FIX
             else:
                 name = _common([s.pname for s in site.q_srcs + site.k_srcs])
                 reason, fix = f"observed attention score: {site.reason}", (
                     "attention=[foreshock.AttentionSpec(layer, n_heads, n_kv_heads, head_dim, "
                     "get=lambda: (Wq, Wk))] with Wq, Wk over one input space")
+            params = {_storage(x.param) for x in site.q_srcs + site.k_srcs}
+            gone = [a for a in out if _storage(_safe_q(a)) in params]
+            for a in gone:
+                out.remove(a)
+                found.how.pop(a.name, None)
+                name = a.name.split("/")[0].rpartition(".")[0] or name
             if any(n == name for _, n, _, _ in found.skipped):
                 continue
             found.skipped = [x for x in found.skipped
@@ -862,6 +871,7 @@ def _merge_attention(att, obs, found):
                     _same_weights(old, spec):
                 found.how[old.name] = (found.how.get(old.name, "") +
                                        "; confirmed by the observed pass").lstrip("; ")
+                found.order[old.name] = site.order
                 continue
             out[out.index(old)] = spec
             spec.name = old.name if old.name else spec.name
@@ -871,6 +881,7 @@ def _merge_attention(att, obs, found):
                                       f"gives H={spec.n_heads} Hkv={spec.n_kv_heads} "
                                       f"dh={spec.head_dim} and its rows: observation used"))
             found.how[spec.name] = desc
+            found.order[spec.name] = site.order
             continue
         pname = site.q_src.pname
         found.skipped = [x for x in found.skipped
@@ -879,7 +890,15 @@ def _merge_attention(att, obs, found):
             continue
         out.append(spec)
         found.how[spec.name] = desc
+        found.order[spec.name] = site.order
     return out
+
+
+def _safe_q(spec):
+    try:
+        return spec.get()[0]
+    except Exception:
+        return None
 
 
 def _under(pname, module):
@@ -1060,6 +1079,7 @@ def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_k
         found.routers_given = True
         found.skipped = [s for s in found.skipped if s[0] != "router"]
         found.notes = [n for n in found.notes if n[2] != TOPK_FIX]
+    att.sort(key=lambda a: found.order.get(a.name, float("inf")))
     if attention is None and routers is None:
         _number_blocks(model, att, rts)
     elif attention is None:
