@@ -1,0 +1,208 @@
+"""Discovery with defaults alone on a zoo of replicas of public model code.
+
+tests/integration/zoo/ holds small replicas written here after public model
+code (transformers' LLaMA, Mistral, Qwen2, GPT-2, T5, Mixtral, DeepSeek, ...,
+nanoGPT, Megatron-core, timm, torch.nn, research blocks), each with its ground
+truth: every attention site with the exact Wq/Wk rows of each head, every
+router with E and top-k, and what must not be reported (zoo/__init__.py says
+the layer numbering; zoo/check.py how answers are compared).
+
+For each member:
+  1. found = foreshock.discover(model), no other argument; zoo.check.compare
+     lists every difference from the truth (numbers, rows per head, layers,
+     extra or missing sites, warnings the model does not call for);
+  2. foreshock.Monitor(model) with defaults (windows=(2,), every=1 so that
+     sketches are made in the 5 steps) trains 5 SGD steps against the real
+     daemon: nothing may raise, and the daemon acknowledges all 5 reports.
+A member passes when both hold. EXPECTED_FAILING names the members the
+current client gets wrong, with why; it is checked both ways: a listed member
+that passes fails the test ("remove it from EXPECTED_FAILING"), so the list
+only shrinks as discovery improves.
+
+Before the zoo, a self-test: for every member, the answer built from the
+truth passes the checker (the truth is consistent with the model), and
+broken copies of it (a wrong head count, swapped heads, a wrong top-k, a
+wrong layer, a missing or extra site) fail it: the checker cannot pass
+vacuously.
+
+Environment: FORESHOCK_ZOO_ONLY=name[,name] runs only those members (and
+does not check EXPECTED_FAILING for the others); FORESHOCK_ZOO_QUIET=1
+prints only failures and the closing count (no per-member lines, no client
+log).
+"""
+import dataclasses
+import logging
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import fstest  # noqa: E402
+from fstest import check  # noqa: E402
+
+STEPS = 5
+
+# member -> why the current client gets it wrong. Checked both ways.
+EXPECTED_FAILING = {
+    "olmo": "attention projection att_proj on the block, not on an attention module",
+    "switch-top1": "top-1 router read as top-2 (no top-k attribute); encoder and decoder "
+                   "blocks numbered so a router and another block's attention share a layer",
+    "deepseek-v2-mla": "MLA attention neither monitored nor named in a warning",
+    "deepseek-v3-mla-sigmoid": "MLA attention neither monitored nor named in a warning",
+    "torch-mha-kdim": "found, then Monitor.step raises from the Gram of Wq [D, D] and "
+                      "Wk [D, kdim] (different input widths)",
+    "annotated-transformer": "q/k are linears[0]/linears[1] and heads are in self.h: "
+                             "no attention found",
+}
+
+
+def self_test(torch, zoo, check_mod, members):
+    """The checker accepts the truth and rejects broken copies of it."""
+    from foreshock.layouts import RouterSpec
+    rejected = 0
+    for name, fn in members:
+        torch.manual_seed(0)
+        model, _, truth = fn()
+        good = check_mod.perfect(model, truth)
+        errs = check_mod.compare(model, good, truth)
+        check(not errs, f"self-test {name}: the truth's own answer fails the checker: {errs}")
+        broken = []
+        att, rts = list(good.attention), list(good.routers)
+        if att:
+            a = att[0]
+            broken.append(("H+1", dict(attention=[dataclasses.replace(
+                a, n_heads=a.n_heads + 1)] + att[1:])))
+            if not truth.stacks:
+                broken.append(("layer+100", dict(attention=[dataclasses.replace(
+                    a, layer=a.layer + 100)] + att[1:])))
+            elif len(att) > 1:
+                broken.append(("two sites on one layer", dict(attention=[dataclasses.replace(
+                    a, layer=att[1].layer)] + att[1:])))
+            if rts and truth.stacks:
+                broken.append(("router off its block's layer", dict(routers=[
+                    dataclasses.replace(rts[0], layer=rts[0].layer + 100)] + rts[1:])))
+            broken.append(("missing attention", dict(attention=att[1:])))
+            broken.append(("attention twice", dict(attention=att + [a])))
+            if a.n_heads > 1:
+                def swapped(a=a):
+                    wq, wk = a.get()
+                    dh = a.head_dim
+                    return torch.cat([wq[dh:2 * dh], wq[:dh], wq[2 * dh:]]), wk
+                broken.append(("heads 0 and 1 swapped", dict(attention=[dataclasses.replace(
+                    a, get=swapped)] + att[1:])))
+            if a.n_kv_heads > 1:
+                def kswapped(a=a):
+                    wq, wk = a.get()
+                    dh = a.head_dim
+                    return wq, torch.cat([wk[dh:2 * dh], wk[:dh], wk[2 * dh:]])
+                broken.append(("key heads swapped", dict(attention=[dataclasses.replace(
+                    a, get=kswapped)] + att[1:])))
+        if rts:
+            r = rts[0]
+            broken.append(("top-k+1", dict(routers=[dataclasses.replace(r, top_k=r.top_k + 1)]
+                                           + rts[1:])))
+            broken.append(("missing router", dict(routers=rts[1:])))
+        params = dict(model.named_parameters())
+        for pname in truth.not_reported[:1]:
+            w = params[pname]
+            broken.append((f"{pname} as a router", dict(routers=rts + [RouterSpec(
+                0, w.shape[0], 1, (lambda w=w: w.reshape(w.shape[0], -1)), name=pname)])))
+        if att and not any(a.mla for a in truth.attention):
+            broken.append(("a spurious warning", dict(skipped=[("attention", "x", "y", "z")])))
+        for what, change in broken:
+            bad = check_mod.copy_found(good)
+            for k, v in change.items():
+                setattr(bad, k, v)
+            errs = check_mod.compare(model, bad, truth)
+            check(errs, f"self-test {name}: the checker accepts a broken answer ({what})")
+            rejected += 1
+        check(broken or not (truth.attention or truth.routers),
+              f"self-test {name}: nothing to break")
+    return rejected
+
+
+def train(torch, foreshock, zoo, model, inputs, endpoint, run):
+    """5 SGD steps under a default Monitor; returns the errors."""
+    errs = []
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    try:
+        mon = foreshock.Monitor(model, endpoint=endpoint, run=run, windows=(2,), every=1)
+    except Exception as e:
+        return [f"Monitor(model) raised {e!r}"]
+    try:
+        for t in range(1, STEPS + 1):
+            opt.zero_grad()
+            out = zoo.first(model(*inputs))
+            loss = out.float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            mon.step(t, loss=loss.detach())
+    except Exception as e:
+        errs.append(f"training with the Monitor raised at step {t}: {e!r}")
+    try:
+        st = mon.close(60)
+    except Exception as e:
+        return errs + [f"Monitor.close raised {e!r}"]
+    if not errs and (st.get("acked") != STEPS or st.get("dropped") or st.get("refused")):
+        errs.append(f"daemon did not take the {STEPS} reports: acked={st.get('acked')} "
+                    f"dropped={st.get('dropped')} refused={st.get('refused')}")
+    return errs
+
+
+def main(args, workdir):
+    sys.path.insert(0, os.path.join(args.source_dir, "client", "python"))
+    import torch
+    import foreshock
+    import zoo
+    from zoo import check as check_mod
+    torch.set_num_threads(1)
+    os.environ["FORESHOCK_LIB"] = os.path.join(os.path.abspath(args.build_dir),
+                                               "libforeshock.so")
+    quiet = os.environ.get("FORESHOCK_ZOO_QUIET", "") not in ("", "0")
+    if quiet:
+        logging.getLogger("foreshock").setLevel(logging.ERROR)
+    everything = zoo.members()
+    only = [n for n in os.environ.get("FORESHOCK_ZOO_ONLY", "").split(",") if n]
+    names = [n for n, _ in everything]
+    unknown = [n for n in only + list(EXPECTED_FAILING) if n not in names]
+    check(not unknown, f"unknown zoo members {unknown}; members: {', '.join(names)}")
+    chosen = [(n, f) for n, f in everything if not only or n in only]
+
+    rejected = self_test(torch, zoo, check_mod, chosen)
+    print(f"  self-test: the truth of {len(chosen)} members passes the checker, "
+          f"{rejected} broken answers are rejected", flush=True)
+
+    daemon = fstest.Daemon(args.build_dir, workdir)
+    results = {}
+    try:
+        for name, fn in chosen:
+            torch.manual_seed(0)
+            model, inputs, truth = fn()
+            try:
+                found = foreshock.discover(model)
+                errs = check_mod.compare(model, found, truth)
+            except Exception as e:
+                errs = [f"discover(model) raised {e!r}"]
+            errs += train(torch, foreshock, zoo, model, inputs, daemon.endpoint, f"zoo-{name}")
+            results[name] = errs
+            if not quiet or (bool(errs) != (name in EXPECTED_FAILING)):
+                verdict = "ok" if not errs else "WRONG"
+                print(f"  {name}: {verdict}" + "".join(f"\n      {e}" for e in errs[:6])
+                      + (f"\n      (+{len(errs) - 6} more)" if len(errs) > 6 else ""),
+                      flush=True)
+    finally:
+        daemon.stop()
+
+    passed = [n for n, e in results.items() if not e]
+    print(f"  zoo: {len(passed)} of {len(results)} members right with defaults alone "
+          f"({len(everything)} in the zoo)", flush=True)
+    unexpected = [n for n, e in results.items() if e and n not in EXPECTED_FAILING]
+    stale = [n for n in results if not results[n] and n in EXPECTED_FAILING]
+    check(not stale, f"now right, remove from EXPECTED_FAILING: {', '.join(stale)}")
+    check(not unexpected, "wrong and not in EXPECTED_FAILING: "
+          + "; ".join(f"{n}: {results[n][0]}" for n in unexpected))
+
+
+if __name__ == "__main__":
+    fstest.preload_sanitizers()
+    fstest.run_main(main)

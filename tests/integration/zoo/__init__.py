@@ -1,0 +1,137 @@
+"""A zoo of small replicas of public model code, each with its ground truth.
+
+Every member is a function returning (model, example_input, truth):
+  model          an nn.Module written here after the public code it is named
+                 for: the same module, attribute and config names and the
+                 same forward structure (views, transposes, rotary, qk-norm,
+                 GQA repeat, fused projections, SDPA or explicit softmax),
+                 tiny sizes, random weights;
+  example_input  what model(*example_input) takes (a tuple of arguments);
+  truth          a Truth: every attention site and every router, with the
+                 exact weight rows each query/key head reads, and the
+                 parameters that must not be reported.
+
+The replicas run on torch 1.13 (Debian) and 2.x: where the public code calls
+F.scaled_dot_product_attention, the replica calls it when torch has it and
+writes the softmax out otherwise (as nanoGPT itself does).
+
+Layer numbering (Truth.stacks): in a model with one stack of blocks, an
+attention's and a router's layer is the index of its block. In an
+encoder-decoder (stacks=True) the numbering is the discoverer's choice,
+but every attention site gets its own layer (the daemon keys per-head
+series by layer and head: the encoder's block 0 and the decoder's block 0
+must not collide, nor a decoder block's self- and cross-attention), and a
+router shares the layer of the self-attention of its block.
+"""
+import importlib
+from dataclasses import dataclass, field
+from typing import List
+
+FAMILIES = ("decoders", "encdec", "moe", "research")
+
+_MEMBERS = []
+
+
+@dataclass
+class Rows:
+    """Rows of a weight in PyTorch [out, in] layout. `param` is the
+    qualified name in model.named_parameters(). t=True: the parameter is
+    stored [in, out] (HF Conv1D, x @ W with a raw Parameter); then `rows`
+    are its columns. A parameter with more than 2 dims is flattened to
+    [prod(leading), last] (t=False) or [first, prod(rest)] (t=True)."""
+    param: str
+    rows: range
+    t: bool = False
+
+
+@dataclass
+class Attn:
+    """One attention site: the query heads read q[h], the key heads k[g];
+    query head h reads key head h // (n_heads // n_kv_heads). mla=True: a
+    multi-head latent attention (DeepSeek-V2/V3) whose Q/K are products of
+    low-rank projections with a norm between them; it must be accounted
+    for (monitored with n_heads and head_dim = nope + rope dims, or named in
+    Discovery.skipped), and its rows are not compared."""
+    block: object
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    q: List[Rows]
+    k: List[Rows]
+    module: str
+    kind: str = "self"
+    mla: bool = False
+
+
+@dataclass
+class Router:
+    """One MoE router: weight is all E rows of its [E, d] logits weight."""
+    block: object
+    n_experts: int
+    top_k: int
+    weight: Rows
+    module: str
+
+
+@dataclass
+class Truth:
+    attention: List[Attn]
+    routers: List[Router] = field(default_factory=list)
+    not_reported: List[str] = field(default_factory=list)  # parameter names
+    stacks: bool = False
+    note: str = ""
+
+
+def member(name):
+    """Decorator registering a zoo member under `name` ([a-z0-9-])."""
+    def deco(fn):
+        _MEMBERS.append((name, fn))
+        return fn
+    return deco
+
+
+def members():
+    """[(name, fn)] of every member, in family order."""
+    for fam in FAMILIES:
+        importlib.import_module(f"{__name__}.{fam}")
+    names = [n for n, _ in _MEMBERS]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"zoo members registered twice: {sorted(dup)}")
+    return list(_MEMBERS)
+
+
+# ---- truth helpers ---------------------------------------------------------------------------
+
+def heads_separate(wq, wk, h, kv, dh, t=False):
+    """q/k in their own projections, head h at rows h*dh."""
+    return ([Rows(wq, range(i * dh, (i + 1) * dh), t) for i in range(h)],
+            [Rows(wk, range(g * dh, (g + 1) * dh), t) for g in range(kv)])
+
+
+def heads_contiguous(w, h, kv, dh, t=False):
+    """One fused [q (h*dh); k (kv*dh); v (kv*dh)] projection."""
+    return ([Rows(w, range(i * dh, (i + 1) * dh), t) for i in range(h)],
+            [Rows(w, range((h + g) * dh, (h + g + 1) * dh), t) for g in range(kv)])
+
+
+def heads_grouped(w, h, kv, dh, t=False):
+    """Fused, grouped per KV head: [q_g (h/kv heads); k_g; v_g] for each g
+    (GPT-NeoX/BLOOM with kv = h, Falcon new_decoder_architecture, Megatron)."""
+    per = h // kv
+    qs, ks = [], []
+    for g in range(kv):
+        base = g * (per + 2) * dh
+        qs += [Rows(w, range(base + j * dh, base + (j + 1) * dh), t) for j in range(per)]
+        ks.append(Rows(w, range(base + per * dh, base + (per + 1) * dh), t))
+    return qs, ks
+
+
+def first(x):
+    """The first tensor of a model output (tensor, tuple or dict)."""
+    if isinstance(x, (tuple, list)):
+        return first(x[0])
+    if isinstance(x, dict):
+        return first(next(iter(x.values())))
+    return x
+

@@ -1,0 +1,246 @@
+"""Compares what discovery found in a zoo member with its Truth.
+
+compare(model, found, truth) returns the list of what is wrong (empty when
+the discovery is exactly right). A reported spec is paired with a truth site
+by content: the spec's weight rows that equal rows of the site's weights
+(random weights: no two rows of a model are equal). Then it must match
+exactly: numbers, every query and key head's rows in order, the layer, and
+nothing reported beyond the truth (Truth.not_reported names the parameters
+that tempt a discoverer: MLP gates, per-head output gates, classifier heads,
+state-space projections).
+
+perfect(model, truth) builds the specs a correct discoverer would return
+(the checker's self-test compares it, and broken copies of it).
+"""
+import types
+
+import torch
+
+
+def weight_rows(params, r):
+    """[len(rows), d] float64 copy of the rows r names."""
+    p = params[r.param].detach().to("cpu", torch.float64)
+    w = p.reshape(p.shape[0], -1).t() if r.t else p.reshape(-1, p.shape[-1])
+    return w[list(r.rows)]
+
+
+def stack(params, rows_list):
+    return torch.cat([weight_rows(params, r) for r in rows_list], 0)
+
+
+def _t64(x):
+    return x.detach().to("cpu", torch.float64)
+
+
+def _overlap(a, b):
+    """Whether a [n, d] and b [m, d] share a row."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1] or not len(a) or not len(b):
+        return False
+    return bool((a[:, None, :] == b[None, :, :]).all(-1).any())
+
+
+def _attention_rows(spec, errs):
+    try:
+        wq, wk = spec.get()
+        wq, wk = _t64(wq), _t64(wk)
+    except Exception as e:  # a broken getter is a wrong answer, not a crash of the test
+        errs.append(f"attention {spec.name}: get() raised {e!r}")
+        return None
+    if wq.dim() != 2 or wk.dim() != 2:
+        errs.append(f"attention {spec.name}: get() gave shapes {tuple(wq.shape)}, "
+                    f"{tuple(wk.shape)} (want 2-D)")
+        return None
+    return wq, wk
+
+
+def _router_rows(spec, errs):
+    try:
+        w = _t64(spec.get())
+    except Exception as e:
+        errs.append(f"router {spec.name}: get() raised {e!r}")
+        return None
+    if w.dim() != 2:
+        errs.append(f"router {spec.name}: get() gave shape {tuple(w.shape)} (want [E, d])")
+        return None
+    return w
+
+
+def _site(a):
+    return f"attention {a.module} (block {a.block})"
+
+
+def compare(model, found, truth):
+    params = dict(model.named_parameters())
+    errs = []
+    att = [(s, _attention_rows(s, errs)) for s in found.attention]
+    att = [(s, r) for s, r in att if r is not None]
+    rts = [(s, _router_rows(s, errs)) for s in found.routers]
+    rts = [(s, r) for s, r in rts if r is not None]
+    used_a, used_r = set(), set()
+    layer_of = {}  # id(truth site) -> reported layer
+
+    for a in truth.attention:
+        if a.mla:
+            hit = [i for i, (s, _) in enumerate(att) if s.name.startswith(a.module + ".")
+                   or s.name == a.module]
+            skipped = [sk for sk in found.skipped if sk[0] == "attention" and (
+                sk[1] == a.module or sk[1].startswith(a.module + ".")
+                or a.module.startswith(sk[1] + "."))]
+            if len(hit) == 1:
+                s = att[hit[0]][0]
+                used_a.add(hit[0])
+                layer_of[id(a)] = s.layer
+                if (s.n_heads, s.n_kv_heads, s.head_dim) != (a.n_heads, a.n_kv_heads, a.head_dim):
+                    errs.append(f"{_site(a)} (MLA): H={s.n_heads} Hkv={s.n_kv_heads} "
+                                f"dh={s.head_dim}, want H={a.n_heads} Hkv={a.n_kv_heads} "
+                                f"dh={a.head_dim}")
+            elif not skipped:
+                errs.append(f"{_site(a)} (MLA): neither monitored nor named in a warning")
+            continue
+        tq, tk = stack(params, a.q), stack(params, a.k)
+        hit = [i for i, (s, (wq, wk)) in enumerate(att) if i not in used_a and
+               (_overlap(wq, tq) or _overlap(wk, tk))]
+        if not hit:
+            errs.append(f"{_site(a)}: not reported (H={a.n_heads} Hkv={a.n_kv_heads} "
+                        f"dh={a.head_dim})")
+            continue
+        if len(hit) > 1:
+            errs.append(f"{_site(a)}: reported {len(hit)} times "
+                        f"({', '.join(att[i][0].name for i in hit)})")
+        i = hit[0]
+        used_a.update(hit)
+        s, (wq, wk) = att[i]
+        layer_of[id(a)] = s.layer
+        nums = (s.n_heads, s.n_kv_heads, s.head_dim)
+        want = (a.n_heads, a.n_kv_heads, a.head_dim)
+        if nums != want:
+            errs.append(f"{_site(a)}: reported as {s.name} H={nums[0]} Hkv={nums[1]} "
+                        f"dh={nums[2]}, want H={want[0]} Hkv={want[1]} dh={want[2]}")
+            continue
+        if wq.shape != tq.shape or wk.shape != tk.shape:
+            errs.append(f"{_site(a)}: Wq {tuple(wq.shape)} Wk {tuple(wk.shape)}, want "
+                        f"{tuple(tq.shape)} {tuple(tk.shape)}")
+            continue
+        dh = a.head_dim
+        for h in range(a.n_heads):
+            if not torch.equal(wq[h * dh:(h + 1) * dh], tq[h * dh:(h + 1) * dh]):
+                errs.append(f"{_site(a)}: query head {h} rows differ from {a.q[h].param} "
+                            f"rows {a.q[h].rows.start}-{a.q[h].rows.stop - 1}")
+                break
+        for g in range(a.n_kv_heads):
+            if not torch.equal(wk[g * dh:(g + 1) * dh], tk[g * dh:(g + 1) * dh]):
+                errs.append(f"{_site(a)}: key head {g} rows differ from {a.k[g].param} "
+                            f"rows {a.k[g].rows.start}-{a.k[g].rows.stop - 1}")
+                break
+    for i, (s, _) in enumerate(att):
+        if i not in used_a:
+            errs.append(f"reported attention {s.name} (layer {s.layer}, H={s.n_heads}) that "
+                        "is no attention site of the model")
+
+    for r in truth.routers:
+        tw = weight_rows(params, r.weight)
+        hit = [i for i, (s, w) in enumerate(rts) if i not in used_r and _overlap(w, tw)]
+        where = f"router {r.module} (block {r.block})"
+        if not hit:
+            errs.append(f"{where}: not reported (E={r.n_experts} top-{r.top_k})")
+            continue
+        if len(hit) > 1:
+            errs.append(f"{where}: reported {len(hit)} times")
+        used_r.update(hit)
+        s, w = rts[hit[0]]
+        layer_of[id(r)] = s.layer
+        if (s.n_experts, s.top_k) != (r.n_experts, r.top_k):
+            errs.append(f"{where}: reported as {s.name} E={s.n_experts} top-{s.top_k}, want "
+                        f"E={r.n_experts} top-{r.top_k}")
+        elif w.shape != tw.shape or not torch.equal(w, tw):
+            errs.append(f"{where}: weight {tuple(w.shape)} is not {r.weight.param}")
+    for i, (s, w) in enumerate(rts):
+        if i not in used_r:
+            errs.append(f"reported router {s.name} (layer {s.layer}, E={s.n_experts}) that is "
+                        "no router of the model")
+
+    for pname in truth.not_reported:
+        p = _t64(params[pname])
+        p = p.reshape(-1, p.shape[-1]) if p.dim() > 1 else p[None]
+        pt = _t64(params[pname])
+        pt = pt.reshape(pt.shape[0], -1).t() if pt.dim() > 1 else pt[None]
+        for s, (wq, wk) in att:
+            if any(_overlap(x, y) for x in (wq, wk) for y in (p, pt)):
+                errs.append(f"{pname} must not be reported, but attention {s.name} reads it")
+        for s, w in rts:
+            if _overlap(w, p) or _overlap(w, pt):
+                errs.append(f"{pname} must not be reported, but router {s.name} is it")
+
+    for sk in found.skipped:
+        if not any(a.mla and (sk[1] == a.module or sk[1].startswith(a.module + ".")
+                              or a.module.startswith(sk[1] + "."))
+                   for a in truth.attention):
+            errs.append(f"warned SKIPPED {sk[0]} {sk[1]} ({sk[2]}), which the model does not "
+                        "call for")
+
+    errs += _layers(truth, layer_of)
+    return errs
+
+
+def _layers(truth, layer_of):
+    errs = []
+    if not truth.stacks:
+        for site in list(truth.attention) + list(truth.routers):
+            got = layer_of.get(id(site))
+            if got is not None and got != site.block:
+                kind = "router" if hasattr(site, "top_k") else "attention"
+                errs.append(f"{kind} {site.module}: layer {got}, want its block index "
+                            f"{site.block}")
+        return errs
+    seen = {}
+    for a in truth.attention:
+        got = layer_of.get(id(a))
+        if got is None:
+            continue
+        if got in seen:
+            errs.append(f"attention {a.module} and {seen[got]} share layer {got}")
+        seen[got] = a.module
+    for r in truth.routers:
+        got = layer_of.get(id(r))
+        mates = [a for a in truth.attention if a.block == r.block and a.kind == "self"]
+        if got is None or not mates or layer_of.get(id(mates[0])) is None:
+            continue
+        want = layer_of[id(mates[0])]
+        if got != want:
+            errs.append(f"router {r.module}: layer {got}, but its block's attention "
+                        f"{mates[0].module} has layer {want}")
+    return errs
+
+
+def perfect(model, truth):
+    """A Discovery-like answer built from the truth: what a correct
+    discoverer returns. Layers: block indices, or a running count per
+    attention site with stacks."""
+    from foreshock.layouts import AttentionSpec, Discovery, RouterSpec
+    params = dict(model.named_parameters())
+    found = Discovery()
+    layer = {}
+    for n, a in enumerate(truth.attention):
+        layer[id(a)] = n if truth.stacks else a.block
+        if a.mla:
+            found.skipped.append(("attention", a.module, "MLA", "spec"))
+            continue
+        found.attention.append(AttentionSpec(
+            layer[id(a)], a.n_heads, a.n_kv_heads, a.head_dim,
+            (lambda a=a: (stack(params, a.q), stack(params, a.k))), name=a.module))
+    for r in truth.routers:
+        if truth.stacks:
+            mate = next(a for a in truth.attention if a.block == r.block and a.kind == "self")
+            lay = layer[id(mate)]
+        else:
+            lay = r.block
+        found.routers.append(RouterSpec(lay, r.n_experts, r.top_k,
+                                        (lambda r=r: weight_rows(params, r.weight)),
+                                        name=r.module))
+    return found
+
+
+def copy_found(found):
+    out = types.SimpleNamespace(attention=list(found.attention), routers=list(found.routers),
+                                skipped=list(found.skipped))
+    return out
