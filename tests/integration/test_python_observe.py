@@ -203,9 +203,9 @@ def zoo(torch, nn, F):
     def in_proj():
         m = Embed([InProj(32, 4) for _ in range(2)])
         m.expect_ = lambda: [e for i, b in enumerate(m.blocks) for e in (
-            (i, 4, 4, 8, 0, split_rows(b.in_proj_weight, 4, 8),
+            (2 * i, 4, 4, 8, 0, split_rows(b.in_proj_weight, 4, 8),
              split_rows(b.in_proj_weight, 4, 8, 32)),
-            (i, 4, 4, 8, 4, split_rows(b.mha.in_proj_weight, 4, 8),
+            (2 * i + 1, 4, 4, 8, 0, split_rows(b.mha.in_proj_weight, 4, 8),
              split_rows(b.mha.in_proj_weight, 4, 8, 32)))]
         m.routers_ = lambda: []
         return m
@@ -416,7 +416,7 @@ def zoo(torch, nn, F):
                 y = b(y, x)
             return y
 
-    @member("encoder-decoder: block indices, cross-attention after self-attention",
+    @member("encoder-decoder: block indices, cross-attention the next layer",
             says=["observed"], not_says=["SKIPPED"], level=logging.INFO)
     def enc_dec():
         m = EncDec()
@@ -425,13 +425,13 @@ def zoo(torch, nn, F):
             exp.append((i, 4, 4, 8, 0, split_rows(b.sa.to_queries.weight, 4, 8),
                         split_rows(b.sa.to_keys.weight, 4, 8)))
         for i, b in enumerate(m.decoder):
-            exp.append((2 + i, 4, 4, 8, 0, split_rows(b.sa.to_queries.weight, 4, 8),
+            exp.append((2 + 2 * i, 4, 4, 8, 0, split_rows(b.sa.to_queries.weight, 4, 8),
                         split_rows(b.sa.to_keys.weight, 4, 8)))
-            exp.append((2 + i, 4, 4, 8, 4, split_rows(b.ca.q.weight, 4, 8),
+            exp.append((3 + 2 * i, 4, 4, 8, 0, split_rows(b.ca.q.weight, 4, 8),
                         split_rows(b.ca.k.weight, 4, 8)))
         m.expect_ = lambda: exp
         m.routers_ = lambda: ([(i, 4, 2, b.moe.selector.weight) for i, b in enumerate(m.encoder)]
-                              + [(2 + i, 4, 1, b.moe.selector.weight)
+                              + [(2 + 2 * i, 4, 1, b.moe.selector.weight)
                                  for i, b in enumerate(m.decoder)])
         return m
 

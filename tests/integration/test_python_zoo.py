@@ -43,17 +43,7 @@ from fstest import check  # noqa: E402
 STEPS = 5
 
 # member -> why the current client gets it wrong. Checked both ways.
-EXPECTED_FAILING = {
-    "olmo": "attention projection att_proj on the block, not on an attention module",
-    "switch-top1": "top-1 router read as top-2 (no top-k attribute); encoder and decoder "
-                   "blocks numbered so a router and another block's attention share a layer",
-    "deepseek-v2-mla": "MLA attention neither monitored nor named in a warning",
-    "deepseek-v3-mla-sigmoid": "MLA attention neither monitored nor named in a warning",
-    "torch-mha-kdim": "found, then Monitor.step raises from the Gram of Wq [D, D] and "
-                      "Wk [D, kdim] (different input widths)",
-    "annotated-transformer": "q/k are linears[0]/linears[1] and heads are in self.h: "
-                             "no attention found",
-}
+EXPECTED_FAILING = {}
 
 
 def self_test(torch, zoo, check_mod, members):

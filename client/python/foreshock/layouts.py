@@ -826,13 +826,12 @@ def _same_weights(a, b):
 def _merge_attention(att, obs, found):
     """Names' specs confirmed, corrected or added to by the observed sites."""
     out = list(att)
-    by_param = {}
-    for i, a in enumerate(att):
+    firsts = []
+    for a in att:
         try:
-            wq, wk = a.get()
-            by_param.setdefault(_storage(wq), []).append(i)
+            firsts.append(a.get()[0])
         except Exception:
-            pass
+            firsts.append(None)
     seen = set()
     for site in obs.attention:
         if site.reason is not None:
@@ -860,8 +859,8 @@ def _merge_attention(att, obs, found):
         spec = _obs_spec(site)
         desc = (f"observed ({site.via}): H={spec.n_heads} Hkv={spec.n_kv_heads} "
                 f"dh={spec.head_dim} from the score's shapes, rows from the weights")
-        match = [i for i in by_param.get(_storage(site.q_src.param), [])
-                 if i not in seen]
+        match = [i for i, w in enumerate(firsts) if i not in seen and
+                 _derives(w, site.q_src.param)]
         if match:
             i = match[0]
             seen.add(i)
@@ -892,6 +891,22 @@ def _merge_attention(att, obs, found):
         found.how[spec.name] = desc
         found.order[spec.name] = site.order
     return out
+
+
+def _derives(w, param):
+    """Whether names' Wq w is (a view or a copy of) rows of param."""
+    if w is None or w.dim() != 2 or w.shape[0] == 0:
+        return False
+    if _storage(w) == _storage(param):
+        return True
+    p = param.detach()
+    if p.numel() % w.shape[-1]:
+        return False
+    try:
+        rows = p.reshape(-1, w.shape[-1])
+        return bool((rows == w[:1].detach().to(rows.device)).all(-1).any())
+    except Exception:
+        return False
 
 
 def _safe_q(spec):
@@ -1002,8 +1017,10 @@ def _block_key(path, modules):
 def _number_blocks(model, att, rts):
     """Layer = block index: the outermost ModuleList/Sequential entry a spec
     lives in, blocks in module order (encoder blocks before decoder blocks,
-    each distinct); a block's attention and router share it. A second
-    attention in one block (cross-attention) takes the next head indices."""
+    each distinct); a block's attention and router share it. A block with a
+    second attention (a decoder's cross-attention) takes one more index for
+    it, so that every attention has a layer of its own (the daemon keys
+    per-head series by layer and head); the blocks after it shift by one."""
     modules = dict(model.named_modules())
     order = {n: i for i, n in enumerate(modules)}
     specs = list(att) + list(rts)
@@ -1033,14 +1050,21 @@ def _number_blocks(model, att, rts):
         if i is None:
             i = min((v for n, v in order.items() if n.startswith(k + ".")), default=len(order))
         return (i, k)
-    index = {k: i for i, k in enumerate(sorted(slots, key=rank))}
-    heads = {}
+    n_att = {}
     for s, k in zip(specs, keys):
-        s.layer = index[k]
         if isinstance(s, AttentionSpec):
-            h, kv = heads.get(s.layer, (0, 0))
-            s.head_offset, s.kv_offset = h, kv
-            heads[s.layer] = (h + s.n_heads, kv + s.n_kv_heads)
+            n_att[k] = n_att.get(k, 0) + 1
+    base, nxt = {}, 0
+    for k in sorted(slots, key=rank):
+        base[k] = nxt
+        nxt += max(1, n_att.get(k, 0))
+    used = {}
+    for s, k in zip(specs, keys):
+        if isinstance(s, AttentionSpec):
+            s.layer = base[k] + used.get(k, 0)
+            used[k] = used.get(k, 0) + 1
+        else:
+            s.layer = base[k]
 
 
 def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_kv_heads=None,

@@ -787,14 +787,9 @@ def probe_inputs(model, batch=1, seq=8):
     if emb is not None:
         ids = torch.randint(0, max(1, min(emb.num_embeddings, 64)), (batch, seq), device=dev)
         kw = dict(extra)
-        if names:
-            args = (ids,)
-            for n in names[1:]:
-                if "ids" in n or "tokens" in n or n in ("idx", "targets", "labels"):
-                    kw[n] = ids
-            out.append((f"token ids [{batch}, {seq}]", args, kw))
-        else:
-            out.append((f"token ids [{batch}, {seq}]", (ids,), kw))
+        # every required positional argument: token ids, None for a mask
+        args = tuple(None if "mask" in n else ids for n in names) or (ids,)
+        out.append((f"token ids [{batch}, {seq}]", args, kw))
         if "decoder_input_ids" in getattr(getattr(model, "forward", None), "__code__",
                                           type("c", (), {"co_varnames": ()})).co_varnames:
             kw2 = dict(kw)
@@ -810,10 +805,11 @@ def probe_inputs(model, batch=1, seq=8):
     d = _width(model)
     if d:
         x = torch.randn(batch, seq, d, device=dev, dtype=dt)
-        n = max(1, len(names))
-        out.append((f"floats [{batch}, {seq}, {d}]", (x,) * n, dict(extra)))
-        out.append((f"floats [{seq}, {d}]", (torch.randn(seq, d, device=dev, dtype=dt),) * n,
-                    dict(extra)))
+        x2 = torch.randn(seq, d, device=dev, dtype=dt)
+        out.append((f"floats [{batch}, {seq}, {d}]",
+                    tuple(None if "mask" in n else x for n in names) or (x,), dict(extra)))
+        out.append((f"floats [{seq}, {d}]",
+                    tuple(None if "mask" in n else x2 for n in names) or (x2,), dict(extra)))
     return out
 
 
