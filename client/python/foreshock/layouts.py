@@ -1089,10 +1089,12 @@ def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_k
             obs = obs_mod.observe(model, example_input)
     found.observation = obs
     if obs is not None and obs.error is None:
-        if attention is None:
-            att = _merge_attention(att, obs, found)
-        if routers is None:
-            rts = _merge_routers(model, rts, obs, found, top_k)
+        try:
+            att2 = _merge_attention(att, obs, found) if attention is None else att
+            rts2 = _merge_routers(model, rts, obs, found, top_k) if routers is None else rts
+            att, rts = att2, rts2
+        except Exception as e:  # discovery must not fail on a model it cannot read
+            obs.error = f"its result could not be merged ({type(e).__name__}: {e})"
     if attention is not None:
         att = list(attention)
         found.attention_given = True

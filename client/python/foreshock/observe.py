@@ -837,6 +837,14 @@ class _Restore:
         return False
 
 
+def _eager(fn):
+    """fn with TorchDynamo off for its whole call (compiled submodules run
+    eagerly, so the mode sees their ops and nothing is recompiled)."""
+    dynamo = getattr(torch, "_dynamo", None)
+    disable = getattr(dynamo, "disable", None) if dynamo is not None else None
+    return disable(fn) if disable is not None else fn
+
+
 def _untag(tensors):
     for t in tensors:
         if hasattr(t, _ATTR):
@@ -871,12 +879,13 @@ def observe(model, example_input=None, example_kwargs=None):
             obs.error = "no probe input could be built (no embedding, Linear or norm width)"
             return obs
     errors = []
+    target = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the eager module
     for desc, args, kwargs in tries:
         trial = Observation()
         tracker = _Tracker(params, trial)
         try:
             with _Restore(model), torch.no_grad(), tracker:
-                model(*args, **kwargs)
+                _eager(target)(*args, **kwargs)
         except Exception as e:  # the model did not take this input: next one
             errors.append(f"{desc}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
             continue
