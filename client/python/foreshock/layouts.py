@@ -72,9 +72,19 @@ parents outwards and their configs, then the Monitor's top_k; else
 DEFAULT_TOP_K (2, Mixtral/GShard), said in the summary. Fix:
 Monitor(top_k=) or routers=[RouterSpec(...)].
 
-Layer index: the first integer in the module's qualified name
-("model.layers.5.self_attn" -> 5), so attention and router of one block
-share it; discovery order when names carry no distinct integers.
+OBSERVATION. After names, discover() runs one observed forward pass
+(observe.py) that finds attention scores and routing top-ks whatever the
+names; it confirms names' specs, replaces them where it disagrees (a
+"corrected by observation" line), adds what names missed and drops a
+router-named weight whose output reaches no topk. Every observed site it
+cannot monitor is in `skipped` with the reason and the fix (MLA has its
+own message).
+
+Layer index: the block index, the outermost ModuleList/Sequential entry a
+spec lives in, counted over all blocks in module order (encoder blocks,
+then decoder blocks), so attention and router of one block share it; a
+block's second attention (cross-attention) takes the next index and the
+later blocks shift. Without block lists: discovery order.
 """
 import logging
 import numbers
@@ -211,7 +221,7 @@ class Discovery:
                 "and no MoE routers in a layout discovery knows; only scalars (loss, grad_norm, "
                 "lr, ...) will be sent. Fix: pass attention=[foreshock.AttentionSpec(...)] "
                 "and/or routers=[foreshock.RouterSpec(...)] to Monitor (client/python/README.md, "
-                "\"What it finds\")")
+                "\"What it finds and how\")")
         for what, specs, given, arg in (("attention", self.attention, self.attention_given,
                                          "attention="),
                                         ("routers", self.routers, self.routers_given,
