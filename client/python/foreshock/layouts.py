@@ -972,6 +972,10 @@ def _merge_routers(model, rts, obs, found, top_k):
             if old.n_experts == src.rows and old.top_k == k:
                 found.how[old.name] = (found.how.get(old.name, "") +
                                        "; confirmed by the observed pass").lstrip("; ")
+            elif old.n_experts == src.rows and "top-k: default" in found.how.get(old.name, ""):
+                old.top_k = min(k, src.rows)
+                found.how[old.name] = found.how[old.name].replace(
+                    "top-k: default", "top-k: the observed topk's k")
             else:
                 found.corrections.append((old.name, f"names gave E={old.n_experts} "
                                           f"top-{old.top_k}; the observed pass gives "

@@ -684,11 +684,22 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if name == "copy_" and len(args) >= 2:
             dst, src = args[0], args[1]
             sh = _shadow(src)
-            if sh is not None and isinstance(dst, torch.Tensor):
-                try:
-                    _set(dst, sh=sh.expand(dst.shape))
-                except RuntimeError:
-                    pass
+            if sh is None or not isinstance(dst, torch.Tensor):
+                return
+            try:
+                base = getattr(dst, "_base", None)
+                if base is not None and base.is_contiguous():
+                    # a write into a slice of a fresh tensor (key_states[..., :n].copy_(k))
+                    sb = _shadow(base)
+                    sb = (torch.full(base.shape, _NONE, dtype=torch.long, device=base.device)
+                          if sb is None else sb.contiguous().clone())
+                    view = sb.as_strided(dst.shape, dst.stride(),
+                                         dst.storage_offset() - base.storage_offset())
+                    view.copy_(sh.to(sb.device).expand(dst.shape))
+                    _set(base, sh=sb)
+                _set(dst, sh=sh.expand(dst.shape))
+            except RuntimeError:
+                pass
             return
         if len(args) < 3:
             return
@@ -780,8 +791,9 @@ def probe_inputs(model, batch=1, seq=8):
                  if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)
                  and q.default is inspect.Parameter.empty]
         extra = {"use_cache": False} if "use_cache" in sig.parameters else {}
+        params = set(sig.parameters)
     except (TypeError, ValueError):
-        names, extra = ["x"], {}
+        names, extra, params = ["x"], {}, set()
     out = []
     emb = _first(model, nn.Embedding)
     if emb is not None:
@@ -790,8 +802,7 @@ def probe_inputs(model, batch=1, seq=8):
         # every required positional argument: token ids, None for a mask
         args = tuple(None if "mask" in n else ids for n in names) or (ids,)
         out.append((f"token ids [{batch}, {seq}]", args, kw))
-        if "decoder_input_ids" in getattr(getattr(model, "forward", None), "__code__",
-                                          type("c", (), {"co_varnames": ()})).co_varnames:
+        if "decoder_input_ids" in params:
             kw2 = dict(kw)
             kw2["decoder_input_ids"] = ids
             out.insert(0, (f"token ids [{batch}, {seq}] (encoder and decoder)", (ids,), kw2))
