@@ -496,6 +496,40 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
+    # 12. An attention kernel reached as a torch custom op in the
+    # flash-attn layout [B, T, H, D] (torch 2.4+ only: torch.library.custom_op).
+    if hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
+        @torch.library.custom_op("foreshock_test::flash_attn_func", mutates_args=())
+        def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            qq, kk, vv = (t.transpose(1, 2) for t in (q, k, v))
+            return F.scaled_dot_product_attention(qq, kk, vv, is_causal=True).transpose(1, 2)
+
+        class FlashBlock(nn.Module):
+            def __init__(self, d, h, kv):
+                super().__init__()
+                self.h, self.kv, self.dh = h, kv, d // h
+                self.wqkv_x = nn.Linear(d, (h + 2 * kv) * self.dh)
+                self.proj_x = nn.Linear(d, d)
+
+            def forward(self, x):
+                b, t, d = x.shape
+                q, k, v = self.wqkv_x(x).split([d, self.kv * self.dh, self.kv * self.dh], -1)
+                q = q.view(b, t, self.h, self.dh)
+                k = k.view(b, t, self.kv, self.dh).repeat_interleave(self.h // self.kv, 2)
+                v = v.view(b, t, self.kv, self.dh).repeat_interleave(self.h // self.kv, 2)
+                y = torch.ops.foreshock_test.flash_attn_func(q, k, v)
+                return x + self.proj_x(y.reshape(b, t, d))
+
+        @member("attention kernel as a torch custom op, [B, T, H, D], GQA",
+                says=["observed (flash_attn_func)"], not_says=["SKIPPED"], level=logging.INFO)
+        def flash_op():
+            m = Embed([FlashBlock(32, 4, 2) for _ in range(2)])
+            m.expect_ = lambda: [(i, 4, 2, 8, 0, split_rows(b.wqkv_x.weight, 4, 8),
+                                  split_rows(b.wqkv_x.weight, 2, 8, 32))
+                                 for i, b in enumerate(m.blocks)]
+            m.routers_ = lambda: []
+            return m
+
     return members
 
 

@@ -806,7 +806,7 @@ def _site_name(site):
     if qn == kn:
         if qn.endswith(".in_proj_weight") or qn == "in_proj_weight":
             return qn
-        return _join(prefix, _rel(qn, prefix)) if _rel(qn, prefix) else prefix
+        return qn[:-len(".weight")] if qn.endswith(".weight") else qn
     return _join(prefix, f"{_rel(qn, prefix)}/{_rel(kn, prefix)}")
 
 

@@ -622,7 +622,28 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         if name in _NOT_ELEMENTWISE:
             return
+        if ("attn" in name or "attention" in name) and len(args) >= 3:
+            self._fused_attention(name, args, out)
+            return
         self._elementwise(name, args, kwargs, out)
+
+    def _fused_attention(self, name, args, out):
+        """An attention kernel reached as a torch op (flash-attn, xformers):
+        q, k, v first, [B, H, T, D] or [B, T, H, D] (the token axis is the
+        one the labels do not vary along)."""
+        sq, sk = _shadow(args[0]), _shadow(args[1])
+        if sq is None or sk is None or sq.dim() != 4 or sk.dim() != 4:
+            return
+        def const(t, ax):
+            return torch.equal(t.narrow(ax, 0, 1).expand_as(t), t)
+        if not (const(sq, 2) and const(sk, 2)) and const(sq, 1) and const(sk, 1):
+            sq, sk = sq.transpose(1, 2), sk.transpose(1, 2)
+        if sq.shape[1] != sk.shape[1] and sk.shape[1] and sq.shape[1] % sk.shape[1] == 0:
+            sk = sk.repeat_interleave(sq.shape[1] // sk.shape[1], dim=1)
+        before = len(self.candidates)
+        self._candidate(sq, sk, out, name)
+        if len(self.candidates) > before:
+            self._confirm(self.candidates[-1])
 
     def _layout(self, name, func, args, kwargs, out):
         if not args:
