@@ -215,6 +215,11 @@ class Discovery:
         elif self.attention_given and self.routers_given:
             lines.append(f"foreshock: monitoring {model_name}: scalars only (attention=[] and "
                          "routers=[] given)")
+        elif self.skipped:
+            lines.append(
+                f"foreshock: found NOTHING it can monitor in {model_name}: what it found is "
+                "SKIPPED below, each with the reason and its fix; only scalars (loss, "
+                "grad_norm, lr, ...) will be sent")
         else:
             lines.append(
                 f"foreshock: found NOTHING to monitor in {model_name}: no attention Q/K weights "
@@ -642,10 +647,9 @@ def _find_attention(model, fallback, found):
 
 
 def find_attention(model, n_heads=None, n_kv_heads=None, head_dim=None):
-    """AttentionSpecs for every attention module of `model` in a known
-    layout (module docstring), in module order. Skipped modules: see
-    discover()."""
-    return _find_attention(model, (n_heads, n_kv_heads, head_dim), Discovery())[0]
+    """AttentionSpecs of `model` (discover(): names, then the observed
+    pass), by layer. Skipped modules: see discover()."""
+    return discover(model, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim).attention
 
 
 # ---- routers --------------------------------------------------------------------------------
