@@ -496,7 +496,94 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
-    # 12. An attention kernel reached as a torch custom op in the
+    # 12. timm ViT: fused qkv reshaped [B, N, 3, H, dh], permuted, unbound,
+    # q/k norm, scaled q; GPT-J interleaved rotary (stack + flatten) with a
+    # where-mask; Megatron-core [s, b, h] grouped linear_qkv, baddbmm.
+    class TimmAttn(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.num_heads_used, self.hd_used = h, d // h
+            self.qkv = nn.Linear(d, 3 * d)
+            self.q_norm, self.k_norm = nn.LayerNorm(d // h), nn.LayerNorm(d // h)
+            self.proj = nn.Linear(d, d)
+
+        def forward(self, x):
+            b, n, c = x.shape
+            qkv = self.qkv(x).reshape(b, n, 3, self.num_heads_used, self.hd_used)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            q, k = self.q_norm(q) * self.hd_used ** -0.5, self.k_norm(k)
+            a = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+            return x + self.proj((a @ v).transpose(1, 2).reshape(b, n, c))
+
+    class GPTJAttn(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.h, self.dh = h, d // h
+            self.qp, self.kp, self.vp = (nn.Linear(d, d, bias=False) for _ in range(3))
+            self.op = nn.Linear(d, d, bias=False)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k = self.qp(x).view(b, t, self.h, self.dh), self.kp(x).view(b, t, self.h, self.dh)
+            v = self.vp(x).view(b, t, self.h, self.dh).permute(0, 2, 1, 3)
+            ang = torch.arange(t, dtype=x.dtype)[:, None, None] * torch.ones(1, 1, self.dh)
+
+            def every_two(z):
+                return torch.stack((-z[..., 1::2], z[..., ::2]), dim=-1).flatten(-2)
+            q = q * ang.cos() + every_two(q) * ang.sin()
+            k = k * ang.cos() + every_two(k) * ang.sin()
+            w = torch.matmul(q.permute(0, 2, 1, 3).float(), k.permute(0, 2, 1, 3).float()
+                             .transpose(-1, -2))
+            w = torch.where(torch.ones(t, t, dtype=torch.bool).tril(), w, torch.tensor(-1e9))
+            a = F.softmax(w / math.sqrt(self.dh), dim=-1)
+            return x + self.op(torch.matmul(a, v).permute(0, 2, 1, 3).reshape(b, t, d))
+
+    class MegatronAttn(nn.Module):
+        def __init__(self, d, np_, ng):
+            super().__init__()
+            self.np, self.ng, self.hn = np_, ng, d // np_
+            self.linear_qkv_x = nn.Linear(d, (np_ + 2 * ng) * self.hn)
+            self.linear_proj_x = nn.Linear(d, d)
+
+        def forward(self, x):
+            h = x.transpose(0, 1)  # [s, b, d]
+            sq, b, _ = h.shape
+            mixed = self.linear_qkv_x(h).view(sq, b, self.ng, (self.np // self.ng + 2) * self.hn)
+            q, k, v = torch.split(mixed, [self.np // self.ng * self.hn, self.hn, self.hn], dim=3)
+            q = q.reshape(sq, b, self.np, self.hn)
+            k = k.repeat_interleave(self.np // self.ng, dim=2)
+            v = v.repeat_interleave(self.np // self.ng, dim=2)
+            qq = q.reshape(sq, b * self.np, self.hn).transpose(0, 1)
+            kk = k.reshape(sq, b * self.np, self.hn).transpose(0, 1)
+            buf = torch.empty(b * self.np, sq, sq)
+            s = torch.baddbmm(buf, qq, kk.transpose(1, 2), beta=0.0, alpha=self.hn ** -0.5)
+            a = nn.Softmax(dim=-1)(s.view(b, self.np, sq, sq))
+            ctx = torch.bmm(a.view(b * self.np, sq, sq), v.reshape(sq, b * self.np, self.hn)
+                            .transpose(0, 1))
+            ctx = ctx.view(b, self.np, sq, self.hn).permute(2, 0, 1, 3).reshape(sq, b, -1)
+            return x + self.linear_proj_x(ctx).transpose(0, 1)
+
+    def grouped_rows(w, np_, ng, hn):
+        per = np_ // ng
+        g = w.view(ng, (per + 2) * hn, w.shape[1])
+        return ([g[j // per, (j % per) * hn:(j % per + 1) * hn] for j in range(np_)],
+                [g[i, per * hn:(per + 1) * hn] for i in range(ng)])
+
+    @member("timm qkv permute/unbind + qk-norm; GPT-J interleaved rotary; Megatron "
+            "[s, b, h] grouped linear_qkv with baddbmm", says=["observed (matmul)",
+                                                             "observed (baddbmm)"],
+            not_says=["SKIPPED"], level=logging.INFO)
+    def mixed_layouts():
+        m = Embed([TimmAttn(32, 4), GPTJAttn(32, 4), MegatronAttn(32, 4, 2)])
+        t, j, g = m.blocks
+        m.expect_ = lambda: [
+            (0, 4, 4, 8, 0, split_rows(t.qkv.weight, 4, 8), split_rows(t.qkv.weight, 4, 8, 32)),
+            (1, 4, 4, 8, 0, split_rows(j.qp.weight, 4, 8), split_rows(j.kp.weight, 4, 8)),
+            (2, 4, 2, 8, 0) + tuple(grouped_rows(g.linear_qkv_x.weight, 4, 2, 8))]
+        m.routers_ = lambda: []
+        return m
+
+    # 13. An attention kernel reached as a torch custom op in the
     # flash-attn layout [B, T, H, D] (torch 2.4+ only: torch.library.custom_op).
     if hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
         @torch.library.custom_op("foreshock_test::flash_attn_func", mutates_args=())

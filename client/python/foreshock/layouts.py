@@ -1061,7 +1061,10 @@ def _number_blocks(model, att, rts):
             box = modules.get("")
             prefix = ""
         if isinstance(box, (nn.ModuleList, nn.Sequential)):
-            slots.update(_join(prefix, str(i)) for i in range(len(box)))
+            # blocks only: a leaf entry (the embedding or the head of an
+            # nn.Sequential model) is no block
+            slots.update(_join(prefix, str(i)) for i, sub in enumerate(box)
+                         if any(True for _ in sub.children()))
 
     def rank(k):
         i = order.get(k)
