@@ -298,7 +298,14 @@ def zoo(torch, nn, F):
             x = x.reshape(-1, shape[-1])
             logits = self.selector(x)
             if self.how == "argmax":
-                idx = logits.softmax(-1).argmax(dim=-1, keepdim=True)
+                probs = logits.softmax(-1)
+                idx = probs.argmax(dim=-1, keepdim=True)
+                self.picked = torch.argmax(probs, dim=-1)  # again, for statistics
+            elif self.how == "gshard":  # top-2 as two argmaxes, the first masked
+                first = torch.argmax(logits, dim=1)
+                mask = F.one_hot(first, num_classes=logits.shape[-1]).bool()
+                second = torch.argmax(logits.masked_fill(mask, float("-inf")), dim=1)
+                idx = torch.stack([first, second], dim=-1)
             elif self.how == "sigmoid":
                 idx = (torch.sigmoid(logits) + self.bias_e).topk(self.kk, dim=-1).indices
             else:
@@ -317,13 +324,15 @@ def zoo(torch, nn, F):
         def forward(self, x):
             return x + self.ff(self.attn(x))
 
-    @member("routers named selector: argmax top-1, topk(2), topk(3), sigmoid top-2",
+    @member("routers named selector: argmax top-1, topk(2), topk(3), sigmoid top-2, "
+            "GShard top-2 by two argmaxes",
             says=["observed: softmax then argmax over its 4 outputs",
                   "observed: sigmoid then topk over its 6 outputs"], not_says=["SKIPPED",
                                                                               "assumed"],
             level=logging.INFO)
     def selector():
-        hows = [(4, 1, "argmax"), (4, 2, "topk"), (8, 3, "topk"), (6, 2, "sigmoid")]
+        hows = [(4, 1, "argmax"), (4, 2, "topk"), (8, 3, "topk"), (6, 2, "sigmoid"),
+                (4, 2, "gshard")]
         m = Embed([Block(ToQueries(32, 4, 4), SelMoE(32, e, k, how)) for e, k, how in hows])
         m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.attn.to_queries.weight, 4, 8),
                               split_rows(b.attn.to_keys.weight, 4, 8))

@@ -54,7 +54,6 @@ import itertools
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 try:
     from torch.overrides import TorchFunctionMode
@@ -178,6 +177,7 @@ class Site:
         self.via = ""
         # router
         self.src, self.top_k, self.dispatched, self.normed = None, 0, False, ""
+        self.argmax_picks = []                  # distinct argmax results seen
 
     def attention_getter(self):
         gq = self.q_src.getter([r for h in self.q_heads for r in h])
@@ -194,6 +194,7 @@ class Observation:
         self.attention, self.routers = [], []
         self.error = None
         self.input_desc = ""
+        self.failures = 0       # ops whose bookkeeping failed (the pass went on)
 
 
 def _unpack(v):
@@ -249,9 +250,6 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         shape = [1] * out.dim()
         for d, s in zip(feat_dims, feat_shape):
             shape[d] = s
-        # feature dims appear in out in increasing order: lay ids out so
-        if list(feat_dims) != sorted(feat_dims):
-            return
         ids = ids.view(shape).expand(out.shape)
         _set(out, sh=ids)
 
@@ -535,7 +533,17 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             site.src = src
             site.normed = (_tag(t) or {}).get("normed", "")
             self.topks[src.index] = site
-        site.top_k = max(site.top_k, k)
+        if name == "topk":
+            site.top_k = max(site.top_k, k)
+        else:
+            # GShard/DeepSpeed top-2 takes a second argmax over the logits
+            # with the first choice masked: each argmax that picks other
+            # experts is one more choice per token (a repeat is not).
+            picks = site.argmax_picks
+            flat = idx.detach().reshape(-1)
+            if not any(p.shape == flat.shape and torch.equal(p, flat) for p in picks):
+                picks.append(flat)
+            site.top_k = max(site.top_k, len(picks))
         _set(idx, ridx=site)
 
     def _uses(self, args, kwargs):
@@ -919,7 +927,8 @@ def observe(model, example_input=None, example_kwargs=None):
             with _Restore(model), torch.no_grad(), tracker:
                 _eager(target)(*args, **kwargs)
         except Exception as e:  # the model did not take this input: next one
-            errors.append(f"{desc}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            text = str(e).splitlines()[0][:160] if str(e) else ""
+            errors.append(f"{desc}: {type(e).__name__}: {text}")
             continue
         finally:
             _untag(list(_flat(args)) + list(_flat(kwargs.values())))
@@ -930,6 +939,7 @@ def observe(model, example_input=None, example_kwargs=None):
                                                            "") == "_forward_unimplemented":
         obs.error = "the model has no forward()"
     else:
-        obs.error = (f"its forward did not run on {'the example input' if len(tries) == 1 else 'a probe batch'}: "
-                     + errors[0] + (f" (+{len(errors) - 1} other probes)" if len(errors) > 1 else ""))
+        what = "the example input" if example_input is not None else "a probe batch"
+        more = f" (+{len(errors) - 1} other probes)" if len(errors) > 1 else ""
+        obs.error = f"its forward did not run on {what}: {errors[0]}{more}"
     return obs
