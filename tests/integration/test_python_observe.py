@@ -505,7 +505,7 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
-    # 12. timm ViT: fused qkv reshaped [B, N, 3, H, dh], permuted, unbound,
+    # 12. timm ViT: fused qkv reshaped [B, N, 3, H, dh], permuted, indexed qkv[0],
     # q/k norm, scaled q; GPT-J interleaved rotary (stack + flatten) with a
     # where-mask; Megatron-core [s, b, h] grouped linear_qkv, baddbmm.
     class TimmAttn(nn.Module):
@@ -519,7 +519,8 @@ def zoo(torch, nn, F):
         def forward(self, x):
             b, n, c = x.shape
             qkv = self.qkv(x).reshape(b, n, 3, self.num_heads_used, self.hd_used)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            qkv = qkv.permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]  # integer indexing: unseen by the mode on 1.13
             q, k = self.q_norm(q) * self.hd_used ** -0.5, self.k_norm(k)
             a = (q @ k.transpose(-2, -1)).softmax(dim=-1)
             return x + self.proj((a @ v).transpose(1, 2).reshape(b, n, c))

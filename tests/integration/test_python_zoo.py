@@ -8,9 +8,12 @@ router with E and top-k, and what must not be reported (zoo/__init__.py says
 the layer numbering; zoo/check.py how answers are compared).
 
 For each member:
-  1. found = foreshock.discover(model), no other argument; zoo.check.compare
-     lists every difference from the truth (numbers, rows per head, layers,
-     extra or missing sites, warnings the model does not call for);
+  1. found = foreshock.discover(model), no other argument, on the model in
+     train mode; zoo.check.compare lists every difference from the truth
+     (numbers, rows per head, layers, extra or missing sites, warnings the
+     model does not call for), zoo.check.side_effects what discovery left
+     changed (parameters, buffers such as BatchNorm statistics, gradients,
+     modes, hooks, torch's RNG state);
   2. foreshock.Monitor(model) with defaults (windows=(2,), every=1 so that
      sketches are made in the 5 steps) trains 5 SGD steps against the real
      daemon: nothing may raise, and the daemon acknowledges all 5 reports.
@@ -19,11 +22,16 @@ current client gets wrong, with why; it is checked both ways: a listed member
 that passes fails the test ("remove it from EXPECTED_FAILING"), so the list
 only shrinks as discovery improves.
 
-Before the zoo, a self-test: for every member, the answer built from the
-truth passes the checker (the truth is consistent with the model), and
-broken copies of it (a wrong head count, swapped heads, a wrong top-k, a
-wrong layer, a missing or extra site) fail it: the checker cannot pass
-vacuously.
+Before the zoo, a self-test. For every member the truth is checked against
+the model's forward pass (zoo.check.verify_truth: negating the query rows of
+a KV group together with its key head's rows leaves the output unchanged;
+with another key head, it does not), and a truth with the wrong key rows
+must fail that check. Then the answer built from the truth passes the
+checker, and broken copies of it (a wrong head count, swapped heads, a
+wrong top-k, a wrong layer, a missing or extra site, a spurious warning, a
+must-not parameter reported) fail it, and side_effects sees a hook left
+registered and a training-mode forward (BatchNorm statistics, RNG): none of
+the checks can pass vacuously.
 
 Environment: FORESHOCK_ZOO_ONLY=name[,name] runs only those members (and
 does not check EXPECTED_FAILING for the others); FORESHOCK_ZOO_QUIET=1
@@ -34,6 +42,7 @@ import dataclasses
 import logging
 import os
 import sys
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -52,7 +61,16 @@ def self_test(torch, zoo, check_mod, members):
     rejected = 0
     for name, fn in members:
         torch.manual_seed(0)
-        model, _, truth = fn()
+        model, inputs, truth = fn()
+        errs = check_mod.verify_truth(model, inputs, truth)
+        check(not errs, f"self-test {name}: the truth does not match the forward pass: {errs}")
+        site = next((a for a in truth.attention if not a.mla), None)
+        if site is not None:  # and a wrong truth does not
+            wrong_k = site.k[1:] + site.k[:1] if site.n_kv_heads > 1 else site.q[:1]
+            wrong = dataclasses.replace(truth, attention=[dataclasses.replace(site, k=wrong_k)])
+            check(check_mod.verify_truth(model, inputs, wrong),
+                  f"self-test {name}: verify_truth accepts key rows that are not {site.module}'s")
+            rejected += 1
         good = check_mod.perfect(model, truth)
         errs = check_mod.compare(model, good, truth)
         check(not errs, f"self-test {name}: the truth's own answer fails the checker: {errs}")
@@ -108,6 +126,17 @@ def self_test(torch, zoo, check_mod, members):
             rejected += 1
         check(broken or not (truth.attention or truth.routers),
               f"self-test {name}: nothing to break")
+        # side_effects sees what a careless observing pass leaves behind
+        model.train()
+        _, errs = check_mod.side_effects(model, lambda: model.register_forward_hook(
+            lambda *a: None))
+        check(any("hooks" in e for e in errs), f"self-test {name}: a hook left is not seen")
+        rejected += 1
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            _, errs = check_mod.side_effects(model, lambda: model(*inputs))
+            check(any("buffers" in e for e in errs) and any("random" in e for e in errs),
+                  f"self-test {name}: a training-mode forward is not seen: {errs}")
+            rejected += 1
     return rejected
 
 
@@ -151,6 +180,7 @@ def main(args, workdir):
     quiet = os.environ.get("FORESHOCK_ZOO_QUIET", "") not in ("", "0")
     if quiet:
         logging.getLogger("foreshock").setLevel(logging.ERROR)
+        warnings.simplefilter("ignore")  # torch's notes on nested tensors and the like
     everything = zoo.members()
     only = [n for n in os.environ.get("FORESHOCK_ZOO_ONLY", "").split(",") if n]
     names = [n for n, _ in everything]
@@ -159,8 +189,9 @@ def main(args, workdir):
     chosen = [(n, f) for n, f in everything if not only or n in only]
 
     rejected = self_test(torch, zoo, check_mod, chosen)
-    print(f"  self-test: the truth of {len(chosen)} members passes the checker, "
-          f"{rejected} broken answers are rejected", flush=True)
+    print(f"  self-test: the truth of {len(chosen)} members matches their forward passes "
+          f"and passes the checker; {rejected} wrong truths and broken answers are rejected",
+          flush=True)
 
     daemon = fstest.Daemon(args.build_dir, workdir)
     results = {}
@@ -168,15 +199,17 @@ def main(args, workdir):
         for name, fn in chosen:
             torch.manual_seed(0)
             model, inputs, truth = fn()
+            model.train()  # as in a training loop
             try:
-                found = foreshock.discover(model)
-                errs = check_mod.compare(model, found, truth)
+                found, errs = check_mod.side_effects(model, lambda: foreshock.discover(model))
+                errs += check_mod.compare(model, found, truth)
             except Exception as e:
                 errs = [f"discover(model) raised {e!r}"]
             errs += train(torch, foreshock, zoo, model, inputs, daemon.endpoint, f"zoo-{name}")
             results[name] = errs
             if not quiet or (bool(errs) != (name in EXPECTED_FAILING)):
-                verdict = "ok" if not errs else "WRONG"
+                verdict = ("ok" if not errs else "WRONG (expected: in EXPECTED_FAILING)"
+                           if name in EXPECTED_FAILING else "WRONG")
                 print(f"  {name}: {verdict}" + "".join(f"\n      {e}" for e in errs[:6])
                       + (f"\n      (+{len(errs) - 6} more)" if len(errs) > 6 else ""),
                       flush=True)

@@ -81,8 +81,9 @@ cannot monitor is in `skipped` with the reason and the fix (MLA has its
 own message).
 
 Layer index: the block index, the outermost ModuleList/Sequential entry a
-spec lives in, counted over all blocks in module order (encoder blocks,
-then decoder blocks), so attention and router of one block share it; a
+spec lives in, counted over the entries holding a spec in module order
+(encoder blocks, then decoder blocks), so attention and router of one
+block share it; a
 block's second attention (cross-attention) takes the next index and the
 later blocks shift. Without block lists: discovery order.
 """
@@ -971,7 +972,7 @@ def _merge_routers(model, rts, obs, found, top_k):
         key = _storage(src.param)
         routed.add(key)
         old = by_param.get(key)
-        k = site.top_k
+        k = min(site.top_k, site.used_k) if site.used_k else site.top_k
         if old is not None:
             if old.n_experts == src.rows and old.top_k == k:
                 found.how[old.name] = (found.how.get(old.name, "") +
@@ -1032,9 +1033,10 @@ def _block_key(path, modules):
     return None
 
 
-def _number_blocks(model, att, rts):
+def _number_blocks(model, att, rts, skipped=()):
     """Layer = block index: the outermost ModuleList/Sequential entry a spec
-    lives in, blocks in module order (encoder blocks before decoder blocks,
+    lives in, counted over the entries that hold one, in module order
+    (encoder blocks before decoder blocks,
     each distinct); a block's attention and router share it. A block with a
     second attention (a decoder's cross-attention) takes one more index for
     it, so that every attention has a layer of its own (the daemon keys
@@ -1053,18 +1055,14 @@ def _number_blocks(model, att, rts):
             parts = p.split(".")
             keys[i] = parts[0] if len(parts) > 1 else ""
 
+    # Blocks are the entries that hold a monitored site: x-transformers'
+    # list interleaves attention and feed-forward entries, an nn.Sequential
+    # model holds its embedding and head beside the blocks.
     slots = set(keys)
-    for k in list(slots):  # every entry of a block list counts, monitored or not
-        prefix, _, idx = k.rpartition(".")
-        box = modules.get(prefix) if idx.isdigit() else None
-        if k.isdigit():
-            box = modules.get("")
-            prefix = ""
-        if isinstance(box, (nn.ModuleList, nn.Sequential)):
-            # blocks only: a leaf entry (the embedding or the head of an
-            # nn.Sequential model) is no block
-            slots.update(_join(prefix, str(i)) for i, sub in enumerate(box)
-                         if any(True for _ in sub.children()))
+    for name in skipped:  # a skipped attention (MLA) still makes its entry a block
+        k = _block_key(name, modules)
+        if k is not None:
+            slots.add(k)
 
     def rank(k):
         i = order.get(k)
@@ -1127,12 +1125,13 @@ def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_k
         found.skipped = [s for s in found.skipped if s[0] != "router"]
         found.notes = [n for n in found.notes if n[2] != TOPK_FIX]
     att.sort(key=lambda a: found.order.get(a.name, float("inf")))
+    held = [n for kind, n, _, _ in found.skipped]
     if attention is None and routers is None:
-        _number_blocks(model, att, rts)
+        _number_blocks(model, att, rts, held)
     elif attention is None:
-        _number_blocks(model, att, [])
+        _number_blocks(model, att, [], held)
     elif routers is None:
-        _number_blocks(model, [], rts)
+        _number_blocks(model, [], rts, held)
     if attention is None:
         att.sort(key=lambda a: (a.layer, a.head_offset))
     if routers is None:

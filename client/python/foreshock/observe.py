@@ -51,6 +51,7 @@ and the mode is popped. Hooks the user registered do run once more.
 """
 import inspect
 import itertools
+import weakref
 
 import torch
 import torch.nn as nn
@@ -83,7 +84,11 @@ _NOT_ELEMENTWISE = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm
                     "tensordot", "matrix_power", "cross", "fft", "view_as_complex",
                     "view_as_real", "scatter", "scatter_add", "index_add"}
 _SCORE_OPS = {"matmul", "__matmul__", "bmm", "baddbmm", "einsum"}
+_CARRIED = ("score", "normed", "act", "ridx", "rdim")  # tags layout ops carry along
 _ROUTER_MAX_E = 4096        # a topk over more outputs than this is not routing
+# A topk over activations (a k-sparse MLP's relu(W x)) selects features, not experts.
+_ACTIVATIONS = {"relu", "relu_", "gelu", "silu", "silu_", "tanh", "softplus", "leaky_relu",
+                "elu", "mish", "hardtanh", "relu6", "selu", "celu", "glu", "square"}
 
 
 def _fname(func):
@@ -108,11 +113,55 @@ def _set(t, **kw):
         except (AttributeError, RuntimeError):
             return
     d.update(kw)
+    base = t._base if "sh" in kw else None
+    if base is not None and not isinstance(base, nn.Parameter):
+        # torch 1.13's F.linear on [B, T, d] returns a view of a [B*T, out]
+        # result: views taken from it later (qkv[0], unseen by the mode) have
+        # that result as _base. Point the base at this labelled view.
+        bd = getattr(base, _ATTR, None)
+        if bd is None:
+            try:
+                setattr(base, _ATTR, {"via": weakref.ref(t)})
+            except (AttributeError, RuntimeError, TypeError):
+                pass
+        elif "sh" not in bd:
+            bd["via"] = weakref.ref(t)
+
+
+def _tagd(t):
+    """t's labels, or those of the view of a labelled base the mode missed."""
+    d = _tag(t)
+    if d is not None:
+        return d
+    sh = _shadow(t)
+    return None if sh is None else {"sh": sh}
 
 
 def _shadow(t):
     d = _tag(t)
-    return None if d is None else d.get("sh")
+    if d is not None:
+        return d.get("sh")
+    # A view the mode did not see (torch 1.13 does not route integer
+    # indexing, qkv[0], through it): the same window of its base's labels.
+    root = getattr(t, "_base", None) if isinstance(t, torch.Tensor) else None
+    d = _tag(root)
+    if d is None or d.get("cplx") or not root.is_contiguous():
+        return None
+    view = root if d.get("sh") is not None else (d["via"]() if "via" in d else None)
+    vd = _tag(view)
+    if vd is None or vd.get("sh") is None or vd.get("cplx"):
+        return None
+    try:
+        flat = d.get("flat")
+        if flat is None or flat[0] is not view:
+            # the labels by storage position of the root, from the labelled view
+            labels = torch.full((root.numel(),), _NONE, dtype=torch.long, device=root.device)
+            labels.as_strided(view.shape, view.stride(),
+                              view.storage_offset() - root.storage_offset()).copy_(vd["sh"])
+            flat = d["flat"] = (view, labels)
+        return flat[1].as_strided(t.shape, t.stride(), t.storage_offset() - root.storage_offset())
+    except RuntimeError:
+        return None
 
 
 def _flat(seq):
@@ -178,6 +227,7 @@ class Site:
         # router
         self.src, self.top_k, self.dispatched, self.normed = None, 0, False, ""
         self.argmax_picks = []                  # distinct argmax results seen
+        self.used_k = 0                         # widest top-k indices used to dispatch
 
     def attention_getter(self):
         gq = self.q_src.getter([r for h in self.q_heads for r in h])
@@ -487,9 +537,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
 
     # ---- routers -----------------------------------------------------------------------
 
-    def _router_src(self, t, dim):
+    def _router_src(self, t, dim, sh=None):
         """The source whose all rows, in order, t's axis `dim` carries."""
-        sh = _shadow(t)
+        sh = _shadow(t) if sh is None else sh
         if sh is None or sh.dim() == 0:
             return None
         dim = dim % sh.dim()
@@ -524,7 +574,17 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             k, idx = 1, out[1]
         if not isinstance(dim, int) or not isinstance(k, int):
             return
+        if (_tag(t) or {}).get("act"):
+            return
         src = self._router_src(t, dim)
+        choice = None
+        if src is None and name == "topk" and t.dim() == 2:
+            # expert choice: each expert takes its top-k tokens from the
+            # transposed [E, tokens] scores; a token gets k * E / tokens
+            src = self._router_src(None, -1, _shadow(t).transpose(0, 1))
+            if src is None or dim % 2 != 1:
+                return
+            choice = max(1, round(k * src.rows / t.shape[1]))
         if src is None:
             return
         site = self.topks.get(src.index)
@@ -533,6 +593,11 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             site.src = src
             site.normed = (_tag(t) or {}).get("normed", "")
             self.topks[src.index] = site
+        if choice is not None:
+            site.top_k = max(site.top_k, choice)
+            site.normed = (site.normed + " " if site.normed else "") + "expert-choice"
+            _set(idx, ridx=site)
+            return
         if name == "topk":
             site.top_k = max(site.top_k, k)
         else:
@@ -544,13 +609,22 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             if not any(p.shape == flat.shape and torch.equal(p, flat) for p in picks):
                 picks.append(flat)
             site.top_k = max(site.top_k, len(picks))
-        _set(idx, ridx=site)
+            _set(idx, ridx=site)
+            return
+        _set(idx, ridx=site, rdim=idx.dim())
 
-    def _uses(self, args, kwargs):
+    def _uses(self, name, args, kwargs):
+        skip = args[0] if args and (name in _LAYOUT or name in _SAME) else None
         for a in itertools.chain(_flat(args), _flat(kwargs.values())):
+            if a is skip:  # a view of the indices is no use of them
+                continue
             d = _tag(a)
+            if d is None and isinstance(a, torch.Tensor):  # idx[e], unseen on torch 1.13
+                d = _tag(getattr(a, "_base", None))
             if d is not None and "ridx" in d:
                 s = d["ridx"]
+                if d.get("rdim") is not None and a.dim() == d["rdim"] and a.shape[-1] >= 1:
+                    s.used_k = max(s.used_k, a.shape[-1])  # noisy top-k keeps k of k + 1
                 if not s.dispatched:
                     s.dispatched = True
                     s.order = 1 + len(self.obs.attention) + len(self.obs.routers)
@@ -559,7 +633,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
     # ---- propagation -------------------------------------------------------------------
 
     def _after(self, name, func, args, kwargs, out):
-        self._uses(args, kwargs)
+        self._uses(name, args, kwargs)
         if name == "linear":
             w = args[1] if len(args) > 1 else kwargs.get("weight")
             if self._linear(args[0], w, out, "linear"):
@@ -595,7 +669,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         if name in ("softmax", "log_softmax", "_softmax"):
             t = args[0] if args else kwargs.get("input")
-            d = _tag(t)
+            d = _tagd(t)
             dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
             if d is not None:
                 site = d.get("score")
@@ -656,7 +730,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
     def _layout(self, name, func, args, kwargs, out):
         if not args:
             return
-        d = _tag(args[0])
+        d = _tagd(args[0])
         if d is None:
             return
         outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -668,9 +742,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                     if sh.device != o.device:
                         sh = sh.to(o.device)
                     _set(o, sh=sh, **{k: v for k, v in d.items() if k in ("score", "normed",
-                                                                            "cplx")})
+                                                                            "cplx", "act")})
                 elif isinstance(o, torch.Tensor):
-                    _set(o, **{k: v for k, v in d.items() if k in ("score", "normed")})
+                    _set(o, **{k: v for k, v in d.items() if k in _CARRIED})
             return
         if d.get("cplx"):
             return
@@ -688,10 +762,11 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 if isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and \
                         r.shape == o.shape:
                     _set(o, sh=r)
-        if "score" in d or "normed" in d:
+        if any(k in d for k in _CARRIED):
             for o in outs:
                 if isinstance(o, torch.Tensor):
-                    _set(o, **{k: v for k, v in d.items() if k in ("score", "normed")})
+                    _set(o, **{k: v for k, v in d.items() if k in _CARRIED and
+                               (k != "rdim" or o.dim() == v)})
 
     def _stack(self, func, args, kwargs, out):
         seq = args[0] if args else kwargs.get("tensors")
@@ -750,20 +825,21 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
 
     def _elementwise(self, name, args, kwargs, out):
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        tagged = [a for a in itertools.chain(_flat(args), _flat(kwargs.values()))
-                  if _tag(a) is not None]
+        tagged = [(a, _tagd(a)) for a in itertools.chain(_flat(args), _flat(kwargs.values()))]
+        tagged = [(a, d) for a, d in tagged if d is not None]
         if not tagged:
             return
         for o in outs:
             if not isinstance(o, torch.Tensor):
                 continue
-            for a in tagged:
-                d = _tag(a)
+            for a, d in tagged:
                 sh = d.get("sh")
                 keep = {k: v for k, v in d.items() if k in ("score", "normed")
                         and tuple(a.shape) == tuple(o.shape)}
                 if name == "sigmoid" and sh is not None:
                     keep["normed"] = "sigmoid"
+                if name in _ACTIVATIONS or d.get("act"):
+                    keep["act"] = d.get("act") or name
                 if sh is not None and not d.get("cplx"):
                     try:
                         if torch.broadcast_shapes(sh.shape, o.shape) == o.shape:
@@ -824,9 +900,14 @@ def probe_inputs(model, batch=1, seq=8):
     except (TypeError, ValueError):
         names, extra, params = ["x"], {}, set()
     out = []
+    gen = torch.Generator().manual_seed(0)  # the probe draws nothing from torch's RNG
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=dev, dtype=dt)
     emb = _first(model, nn.Embedding)
     if emb is not None:
-        ids = torch.randint(0, max(1, min(emb.num_embeddings, 64)), (batch, seq), device=dev)
+        ids = torch.randint(0, max(1, min(emb.num_embeddings, 64)), (batch, seq),
+                            generator=gen).to(dev)
         kw = dict(extra)
         # every required positional argument: token ids, None for a mask
         args = tuple(None if "mask" in n else ids for n in names) or (ids,)
@@ -840,12 +921,12 @@ def probe_inputs(model, batch=1, seq=8):
         size = getattr(getattr(model, "patch_embed", None), "img_size", None)
         size = size[0] if isinstance(size, (tuple, list)) else size
         size = size if isinstance(size, int) else conv.kernel_size[0] * 4
-        img = torch.randn(batch, conv.in_channels, size, size, device=dev, dtype=dt)
+        img = randn(batch, conv.in_channels, size, size)
         out.append((f"images [{batch}, {conv.in_channels}, {size}, {size}]", (img,), dict(extra)))
     d = _width(model)
     if d:
-        x = torch.randn(batch, seq, d, device=dev, dtype=dt)
-        x2 = torch.randn(seq, d, device=dev, dtype=dt)
+        x = randn(batch, seq, d)
+        x2 = randn(seq, d)
         out.append((f"floats [{batch}, {seq}, {d}]",
                     tuple(None if "mask" in n else x for n in names) or (x,), dict(extra)))
         out.append((f"floats [{seq}, {d}]",

@@ -11,6 +11,9 @@ state-space projections).
 
 perfect(model, truth) builds the specs a correct discoverer would return
 (the checker's self-test compares it, and broken copies of it).
+
+verify_truth(model, inputs, truth) checks the truth itself against the
+model's forward pass (its docstring says how).
 """
 import types
 
@@ -244,3 +247,168 @@ def copy_found(found):
     out = types.SimpleNamespace(attention=list(found.attention), routers=list(found.routers),
                                 skipped=list(found.skipped))
     return out
+
+
+# ---- the truth against the model's own forward pass ------------------------------------------
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for y in x for t in _tensors(y)]
+    if isinstance(x, dict):
+        return [t for y in x.values() for t in _tensors(y)]
+    return []
+
+
+def _bias_name(pname):
+    if pname.endswith(".weight"):
+        return pname[:-len("weight")] + "bias"
+    if pname.endswith("_weight"):
+        return pname[:-len("weight")] + "bias"
+    return None
+
+
+def _scale(params, rows_list, c):
+    """Multiplies the rows (and their bias entries) by c, in place."""
+    for r in rows_list:
+        p = params[r.param]
+        w = p.view(p.shape[0], -1).t() if r.t else p.view(-1, p.shape[-1])
+        idx = torch.tensor(list(r.rows))
+        w[idx] = w[idx] * c
+        b = params.get(_bias_name(r.param)) if not r.t or p.dim() == 2 else None
+        if b is not None and b.dim() == 1 and b.shape[0] == w.shape[0]:
+            b[idx] = b[idx] * c
+
+
+def verify_truth(model, inputs, truth, seed=0):
+    """Checks each attention site's rows against the forward pass, returns
+    the errors. The score of query head h and key head g is q_h . k_g:
+    negating the query rows of every head of KV group g and key head g's
+    rows (and their biases) leaves every score, so the output, unchanged --
+    through rotary embeddings, qk-norms (RMSNorm, LayerNorm without bias,
+    F.normalize, a norm over the whole projection) and clamps alike -- only
+    when those are the rows these heads read. The output must change when
+    the query rows of group g are negated with another key head (their
+    scores flip sign), and when noise is added to query head 0's rows.
+    Routers: zeroing the weight must change the output."""
+    errs = []
+    params = dict(model.named_parameters())
+    was = model.training
+    model.eval()
+    saved = {n: p.detach().clone() for n, p in params.items()}
+
+    def run():
+        torch.manual_seed(seed)
+        return [t.detach().double() for t in _tensors(model(*inputs)) if t.is_floating_point()]
+
+    def same(a, b):
+        return len(a) == len(b) and all(x.shape == y.shape and torch.allclose(
+            x, y, rtol=1e-4, atol=1e-5 * max(1.0, float(y.abs().max()))) for x, y in zip(a, b))
+
+    def restore():
+        for n, p in params.items():
+            p.copy_(saved[n])
+
+    try:
+        with torch.no_grad():
+            base = run()
+            for a in truth.attention:
+                if a.mla:
+                    continue
+                rep = a.n_heads // a.n_kv_heads
+                for g in range(a.n_kv_heads):
+                    group = a.q[g * rep:(g + 1) * rep]
+                    _scale(params, group + [a.k[g]], -1.0)
+                    if not same(run(), base):
+                        errs.append(f"attention {a.module}: negating query heads "
+                                    f"{g * rep}-{(g + 1) * rep - 1} with key head {g} changed "
+                                    "the output: not the rows these heads read")
+                    restore()
+                    other = [a.k[(g + 1) % a.n_kv_heads]] if a.n_kv_heads > 1 else []
+                    _scale(params, group + other, -1.0)
+                    if same(run(), base):
+                        errs.append(f"attention {a.module}: negating query heads "
+                                    f"{g * rep}-{(g + 1) * rep - 1}"
+                                    + (f" with key head {(g + 1) % a.n_kv_heads}"
+                                       if other else "")
+                                    + " left the output unchanged: these rows are not used")
+                    restore()
+                r = a.q[0]
+                p = params[r.param]
+                w = p.view(p.shape[0], -1).t() if r.t else p.view(-1, p.shape[-1])
+                idx = torch.tensor(list(r.rows))
+                w[idx] = w[idx] + torch.randn(w[idx].shape) * (w[idx].std() + 1e-3)
+                if same(run(), base):
+                    errs.append(f"attention {a.module}: noise on query head 0's rows "
+                                f"{r.param}[{r.rows.start}:{r.rows.stop}] left the output "
+                                "unchanged")
+                restore()
+            for rt in truth.routers:
+                w = weight_rows(params, rt.weight)
+                if w.shape[0] != rt.n_experts:
+                    errs.append(f"router {rt.module}: weight rows {w.shape[0]} != E")
+                _scale(params, [rt.weight], 0.0)  # uniform logits: a different dispatch
+                if same(run(), base):
+                    errs.append(f"router {rt.module}: zeroing {rt.weight.param} left the "
+                                "output unchanged")
+                restore()
+    finally:
+        with torch.no_grad():
+            restore()
+        model.train(was)
+    return errs
+
+
+# ---- what discovery must leave as it found it ------------------------------------------------
+
+def _hook_count(model):
+    n = 0
+    for m in model.modules():
+        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                     "_backward_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks"):
+            n += len(getattr(m, attr, None) or {})
+    import torch.nn.modules.module as mm
+    for attr in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks"):
+        n += len(getattr(mm, attr, None) or {})
+    return n
+
+
+def side_effects(model, fn):
+    """Runs fn() (a discovery); returns (its result, what it changed in the
+    model or the process): a parameter or buffer value (BatchNorm running
+    statistics, caches), a gradient left behind, requires_grad, train/eval
+    modes, hooks left registered, torch's RNG state, grad mode."""
+    state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    grads = {n: p.grad is None for n, p in model.named_parameters()}
+    req = {n: p.requires_grad for n, p in model.named_parameters()}
+    modes = {n: m.training for n, m in model.named_modules()}
+    hooks = _hook_count(model)
+    rng = torch.get_rng_state()
+    grad_mode = torch.is_grad_enabled()
+    result = fn()
+    errs = []
+    after = model.state_dict(keep_vars=True)
+    changed = [k for k, v in state.items() if k not in after or after[k].shape != v.shape
+               or not torch.equal(after[k].detach(), v)]
+    if changed:
+        errs.append(f"discovery changed parameters or buffers: {', '.join(changed[:4])}"
+                    + (f" (+{len(changed) - 4} more)" if len(changed) > 4 else ""))
+    left = [n for n, p in model.named_parameters() if grads.get(n) and p.grad is not None]
+    if left:
+        errs.append(f"discovery left gradients on {', '.join(left[:4])}")
+    flipped = [n for n, p in model.named_parameters() if req.get(n) != p.requires_grad]
+    if flipped:
+        errs.append(f"discovery changed requires_grad of {', '.join(flipped[:4])}")
+    moded = [n or "(model)" for n, m in model.named_modules() if modes.get(n) != m.training]
+    if moded:
+        errs.append(f"discovery changed train/eval mode of {', '.join(moded[:4])}")
+    if _hook_count(model) != hooks:
+        errs.append(f"discovery left hooks registered ({hooks} before, {_hook_count(model)} "
+                    "after)")
+    if not torch.equal(torch.get_rng_state(), rng):
+        errs.append("discovery advanced torch's random number generator")
+    if torch.is_grad_enabled() != grad_mode:
+        errs.append("discovery changed grad mode")
+    return result, errs

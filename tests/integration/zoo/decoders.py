@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import Attn, Truth, heads_contiguous, heads_grouped, heads_separate, member
-from .parts import (B, D, DH, H, HKV, L, T, VOCAB, Decoder, RMSNorm, RotaryEmbedding,
-                    apply_rotary_pos_emb, attend, config, repeat_kv, rotate_half, tokens)
+from .parts import (D, DH, H, HKV, L, T, VOCAB, Decoder, RMSNorm, RotaryEmbedding,
+                    apply_rotary_pos_emb, attend, config, repeat_kv, tokens)
 
 
 def llama_config(**kw):
@@ -1160,3 +1160,252 @@ def mingpt():
         qs, ks = heads_contiguous(f"{m}.c_attn.weight", 2, 2, D // 2)
         att.append(Attn(i, 2, 2, D // 2, qs, ks, m))
     return MinGPT(cfg), tokens(), Truth(att)
+
+
+# ---- ChatGLM2/3: query_key_value = [q (np hn); k (g hn); v (g hn)], sequence-first -------------
+
+class ChatGLMSelfAttention(nn.Module):
+    def __init__(self, cfg, layer_number):
+        super().__init__()
+        self.layer_number = max(1, layer_number)
+        self.projection_size = cfg.kv_channels * cfg.num_attention_heads
+        self.hidden_size_per_attention_head = self.projection_size // cfg.num_attention_heads
+        self.num_attention_heads_per_partition = cfg.num_attention_heads
+        self.multi_query_attention = cfg.multi_query_attention
+        self.num_multi_query_groups_per_partition = cfg.multi_query_group_num
+        self.qkv_hidden_size = (self.projection_size + 2 * self.hidden_size_per_attention_head *
+                                cfg.multi_query_group_num)
+        self.query_key_value = nn.Linear(cfg.hidden_size, self.qkv_hidden_size, bias=True)
+        self.dense = nn.Linear(self.projection_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x, rotary_pos_emb):
+        s, b, _ = x.shape
+        np_, hn = self.num_attention_heads_per_partition, self.hidden_size_per_attention_head
+        g = self.num_multi_query_groups_per_partition
+        mixed = self.query_key_value(x)
+        q, k, v = mixed.split([np_ * hn, g * hn, g * hn], dim=-1)
+        q = q.view(s, b, np_, hn)
+        k = k.view(s, b, g, hn)
+        v = v.view(s, b, g, hn)
+        # rotary on the first half of each head, interleaved pairs
+        rot = hn // 2
+        cos, sin = rotary_pos_emb
+        def rope(t):
+            tr, tp = t[..., :rot], t[..., rot:]
+            tr = tr * cos[:, None, None, :] + rotate_every_two(tr) * sin[:, None, None, :]
+            return torch.cat([tr, tp], dim=-1)
+        q, k = rope(q), rope(k)
+        k = k.unsqueeze(-2).expand(s, b, g, np_ // g, hn).reshape(s, b, np_, hn)
+        v = v.unsqueeze(-2).expand(s, b, g, np_ // g, hn).reshape(s, b, np_, hn)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
+        out = attend(q, k, v)
+        return self.dense(out.permute(2, 0, 1, 3).reshape(s, b, self.projection_size))
+
+
+class GLMBlock(nn.Module):
+    def __init__(self, cfg, layer_number):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size)
+        self.self_attention = ChatGLMSelfAttention(cfg, layer_number)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size)
+        self.mlp = nn.Module()
+        self.mlp.dense_h_to_4h = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size * 2, bias=False)
+        self.mlp.dense_4h_to_h = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x, rope):
+        x = x + self.self_attention(self.input_layernorm(x), rope)
+        a, b = self.mlp.dense_h_to_4h(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.mlp.dense_4h_to_h(F.silu(a) * b)
+
+
+class ChatGLMForConditionalGeneration(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.transformer = nn.Module()
+        self.transformer.embedding = nn.Module()
+        self.transformer.embedding.word_embeddings = nn.Embedding(cfg.padded_vocab_size,
+                                                                  cfg.hidden_size)
+        self.transformer.encoder = nn.Module()
+        self.transformer.encoder.layers = nn.ModuleList(GLMBlock(cfg, i + 1)
+                                                        for i in range(cfg.num_layers))
+        self.transformer.encoder.final_layernorm = RMSNorm(cfg.hidden_size)
+        self.transformer.output_layer = nn.Linear(cfg.hidden_size, cfg.padded_vocab_size,
+                                                  bias=False)
+
+    def forward(self, input_ids):
+        tr = self.transformer
+        x = tr.embedding.word_embeddings(input_ids).transpose(0, 1)  # [s, b, h]
+        s = x.shape[0]
+        rot = self.config.kv_channels // 2
+        inv = 1.0 / (10000 ** (torch.arange(0, rot, 2).float() / rot))
+        ang = torch.outer(torch.arange(s).float(), inv)
+        rope = (ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1))
+        for layer in tr.encoder.layers:
+            x = layer(x, rope)
+        return tr.output_layer(tr.encoder.final_layernorm(x)).transpose(0, 1)
+
+
+@member("chatglm2")
+def chatglm2():
+    cfg = config(padded_vocab_size=VOCAB, hidden_size=D, num_layers=2, num_attention_heads=H,
+                 kv_channels=DH, multi_query_attention=True, multi_query_group_num=HKV,
+                 ffn_hidden_size=48)
+    att = []
+    for i in range(2):
+        m = f"transformer.encoder.layers.{i}.self_attention"
+        att.append(Attn(i, H, HKV, DH, *heads_contiguous(f"{m}.query_key_value.weight", H, HKV,
+                                                         DH), m))
+    return ChatGLMForConditionalGeneration(cfg), tokens(), Truth(att)
+
+
+# ---- InternLM2: wqkv viewed [b, t, Hkv, 2 + H/Hkv, dh] ----------------------------------------
+
+class InternLM2Attention(nn.Module):
+    def __init__(self, cfg, i):
+        super().__init__()
+        self.config = cfg
+        self.hidden_size = cfg.hidden_size
+        self.num_heads = cfg.num_attention_heads
+        self.head_dim = self.hidden_size // self.num_heads
+        self.num_key_value_heads = cfg.num_key_value_heads
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        self.wqkv = nn.Linear(self.hidden_size,
+                              (self.num_heads + 2 * self.num_key_value_heads) * self.head_dim,
+                              bias=cfg.bias)
+        self.wo = nn.Linear(self.num_heads * self.head_dim, self.hidden_size, bias=cfg.bias)
+
+    def forward(self, x, rope):
+        b, t, _ = x.shape
+        qkv = self.wqkv(x).view(b, t, -1, 2 + self.num_key_value_groups, self.head_dim)
+        q = qkv[..., :self.num_key_value_groups, :].reshape(b, t, -1, self.head_dim)
+        k, v = qkv[..., -2, :], qkv[..., -1, :]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *rope)
+        k = repeat_kv(k, self.num_key_value_groups)
+        v = repeat_kv(v, self.num_key_value_groups)
+        out = attend(q, k, v, sdpa=False)
+        return self.wo(out.transpose(1, 2).reshape(b, t, self.hidden_size))
+
+
+class InternLM2DecoderLayer(nn.Module):
+    def __init__(self, cfg, i):
+        super().__init__()
+        self.attention = InternLM2Attention(cfg, i)
+        self.feed_forward = nn.Module()
+        self.feed_forward.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.feed_forward.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.feed_forward.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.attention_norm = RMSNorm(cfg.hidden_size)
+        self.ffn_norm = RMSNorm(cfg.hidden_size)
+
+    def forward(self, x, rope):
+        x = x + self.attention(self.attention_norm(x), rope)
+        f, h = self.feed_forward, self.ffn_norm(x)
+        return x + f.w2(F.silu(f.w1(h)) * f.w3(h))
+
+
+@member("internlm2")
+def internlm2():
+    cfg = llama_config(num_attention_heads=8, num_key_value_heads=2, bias=False)
+    model = Decoder(cfg, InternLM2DecoderLayer, rotary_dim=D // 8)
+    att = []
+    for i in range(L):
+        m = f"model.layers.{i}.attention"
+        att.append(Attn(i, 8, 2, D // 8, *heads_grouped(f"{m}.wqkv.weight", 8, 2, D // 8), m))
+    return model, tokens(), Truth(att)
+
+
+# ---- Baichuan: W_pack unflattened into (3, d) -----------------------------------------------
+
+class BaichuanAttention(nn.Module):
+    def __init__(self, cfg, i):
+        super().__init__()
+        self.config = cfg
+        self.hidden_size = cfg.hidden_size
+        self.num_heads = cfg.num_attention_heads
+        self.head_dim = self.hidden_size // self.num_heads
+        self.W_pack = nn.Linear(self.hidden_size, 3 * self.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.hidden_size, self.hidden_size, bias=False)
+
+    def forward(self, x, rope):
+        b, t, _ = x.shape
+        proj = self.W_pack(x)
+        proj = proj.unflatten(-1, (3, self.hidden_size)).unsqueeze(0).transpose(0, -2) \
+            .squeeze(-2)
+        q, k, v = (p.view(b, t, self.num_heads, self.head_dim).transpose(1, 2) for p in proj)
+        q, k = apply_rotary_pos_emb(q, k, *rope)
+        out = attend(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.hidden_size))
+
+
+class BaichuanLayer(LlamaDecoderLayer):
+    def __init__(self, cfg, i):
+        nn.Module.__init__(self)
+        self.self_attn = BaichuanAttention(cfg, i)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size)
+
+
+@member("baichuan")
+def baichuan():
+    model = Decoder(llama_config(num_key_value_heads=H), BaichuanLayer, rotary_dim=DH)
+    att = []
+    for i in range(L):
+        m = f"model.layers.{i}.self_attn"
+        att.append(Attn(i, H, H, DH, *heads_contiguous(f"{m}.W_pack.weight", H, H, DH), m))
+    return model, tokens(), Truth(att, not_reported=mlp_gates("model.layers", L))
+
+
+# ---- Gemma 2: query_pre_attn_scalar, attention logit soft-capping, alternating sliding window --
+
+class Gemma2Attention(LlamaAttention):
+    def __init__(self, cfg, layer_idx):
+        super().__init__(cfg, layer_idx, sdpa=False)
+        self.scaling = cfg.query_pre_attn_scalar ** -0.5
+        self.sliding_window = cfg.sliding_window if not bool(layer_idx % 2) else None
+        self.attn_logit_softcapping = cfg.attn_logit_softcapping
+
+    def forward(self, x, rope):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *rope)
+        k = repeat_kv(k, self.num_key_value_groups)
+        v = repeat_kv(v, self.num_key_value_groups)
+        w = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+        cap = self.attn_logit_softcapping
+        w = torch.tanh(w / cap) * cap
+        i = torch.arange(t)
+        masked = i[None, :] > i[:, None]
+        if self.sliding_window:
+            masked = masked | (i[None, :] <= i[:, None] - self.sliding_window)
+        w = w.masked_fill(masked, float("-inf"))
+        w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        return self.o_proj(torch.matmul(w, v).transpose(1, 2).reshape(b, t, -1))
+
+
+class Gemma2DecoderLayer(GemmaDecoderLayer):
+    def __init__(self, cfg, layer_idx):
+        nn.Module.__init__(self)
+        self.self_attn = Gemma2Attention(cfg, layer_idx)
+        self.mlp = GemmaMLP(cfg)
+        self.input_layernorm = GemmaRMSNorm(cfg.hidden_size)
+        self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size)
+        self.post_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size)
+
+    def forward(self, x, rope):
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+@member("gemma2-softcap")
+def gemma2():
+    cfg = llama_config(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       query_pre_attn_scalar=16, attn_logit_softcapping=50.0, sliding_window=4)
+    model = GemmaForCausalLM(cfg, Gemma2DecoderLayer, rotary_dim=16, norm=GemmaRMSNorm)
+    return model, tokens(), separate_truth("model.layers", L, 4, 2, 16,
+                                           not_reported=mlp_gates("model.layers", L))

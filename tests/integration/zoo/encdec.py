@@ -519,3 +519,81 @@ def annotated_transformer():
     tgt_mask = torch.ones(1, TT, TT, dtype=torch.bool).tril()[None].expand(2, -1, -1, -1)[:, 0]
     return EncoderDecoder(), (src, tgt, src_mask, tgt_mask), Truth(att, stacks=True)
 
+
+
+# ---- torchaudio's Conformer: nn.MultiheadAttention time-first, a conv module with BatchNorm ------
+
+class _FeedForwardModule(nn.Module):
+    def __init__(self, d, hidden, dropout=0.1):
+        super().__init__()
+        self.sequential = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, hidden), nn.SiLU(),
+                                        nn.Dropout(dropout), nn.Linear(hidden, d),
+                                        nn.Dropout(dropout))
+
+    def forward(self, x):
+        return self.sequential(x)
+
+
+class _ConvolutionModule(nn.Module):
+    def __init__(self, d, num_channels, kernel, dropout=0.1):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(d)
+        self.sequential = nn.Sequential(
+            nn.Conv1d(d, 2 * num_channels, 1), nn.GLU(dim=1),
+            nn.Conv1d(num_channels, num_channels, kernel, padding=(kernel - 1) // 2,
+                      groups=num_channels),
+            nn.BatchNorm1d(num_channels), nn.SiLU(), nn.Conv1d(num_channels, d, 1),
+            nn.Dropout(dropout))
+
+    def forward(self, x):  # [B, T, D]
+        return self.sequential(self.layer_norm(x).transpose(1, 2)).transpose(1, 2)
+
+
+class ConformerLayer(nn.Module):
+    def __init__(self, d, ffn_dim, num_attention_heads, kernel, dropout=0.1):
+        super().__init__()
+        self.ffn1 = _FeedForwardModule(d, ffn_dim, dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.self_attn = nn.MultiheadAttention(d, num_attention_heads, dropout=dropout)
+        self.self_attn_dropout = nn.Dropout(dropout)
+        self.conv_module = _ConvolutionModule(d, d, kernel, dropout)
+        self.ffn2 = _FeedForwardModule(d, ffn_dim, dropout)
+        self.final_layer_norm = nn.LayerNorm(d)
+
+    def forward(self, x, key_padding_mask):  # x: [T, B, D]
+        x = x + 0.5 * self.ffn1(x)
+        h = self.self_attn_layer_norm(x)
+        h, _ = self.self_attn(h, h, h, key_padding_mask=key_padding_mask, need_weights=False)
+        x = x + self.self_attn_dropout(h)
+        x = x + self.conv_module(x.transpose(0, 1)).transpose(0, 1)
+        x = x + 0.5 * self.ffn2(x)
+        return self.final_layer_norm(x)
+
+
+class Conformer(nn.Module):
+    def __init__(self, input_dim=D, num_heads=H, ffn_dim=64, num_layers=2,
+                 depthwise_conv_kernel_size=3, dropout=0.1):
+        super().__init__()
+        self.conformer_layers = nn.ModuleList(
+            ConformerLayer(input_dim, ffn_dim, num_heads, depthwise_conv_kernel_size, dropout)
+            for _ in range(num_layers))
+
+    def forward(self, input, lengths):
+        mask = torch.arange(input.shape[1])[None, :] >= lengths[:, None]
+        x = input.transpose(0, 1)
+        for layer in self.conformer_layers:
+            x = layer(x, mask)
+        return x.transpose(0, 1), lengths
+
+
+@member("torchaudio-conformer")
+def conformer():
+    # dropout and BatchNorm on: an observing discoverer must leave the RNG
+    # state and the running statistics as it found them
+    att = []
+    for i in range(2):
+        m = f"conformer_layers.{i}.self_attn"
+        att.append(Attn(i, H, H, DH, *heads_contiguous(f"{m}.in_proj_weight", H, H, DH), m))
+    nr = [f"conformer_layers.{i}.conv_module.sequential.0.weight" for i in range(2)]
+    return Conformer(), (torch.randn(2, 10, D), torch.tensor([10, 7])), Truth(
+        att, not_reported=nr)

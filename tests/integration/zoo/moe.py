@@ -336,7 +336,8 @@ class DbrxFFN(nn.Module):
         w, idx = torch.topk(w, self.top_k, dim=-1)
         w = w / w.norm(p=1, dim=-1, keepdim=True)
         xs = x.view(-1, d)
-        experts = [lambda y, e=e: self.experts.mlp(y, e) for e in range(self.experts.moe_num_experts)]
+        experts = [lambda y, e=e: self.experts.mlp(y, e)
+                   for e in range(self.experts.moe_num_experts)]
         return dispatch(xs, experts, idx, w).view(b, t, d)
 
 
@@ -853,3 +854,526 @@ def jamba():
         rts.append(Router(i, E, K, weight_rows(w, E), w.rsplit(".", 1)[0]))
     nr = [f"model.layers.{i}.mamba.{n}.weight" for i in (0, 2) for n in ("in_proj", "x_proj")]
     return model, tokens(), Truth(att, rts, not_reported=nr)
+
+
+# ---- Megatron-core MoE GPT: mlp.router.weight [E, d], GroupedMLP weight1/weight2 ---------------
+
+class MegatronTopKRouter(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.topk = cfg.moe_router_topk
+        self.num_experts = cfg.num_moe_experts
+        self.weight = nn.Parameter(torch.randn(cfg.num_moe_experts, cfg.hidden_size) * 0.1)
+
+    def forward(self, x):
+        logits = F.linear(x.view(-1, x.shape[-1]), self.weight)
+        top_logits, indices = torch.topk(logits, k=self.topk, dim=1)
+        return torch.softmax(top_logits, dim=-1, dtype=torch.float32).type_as(logits), indices
+
+
+class MegatronGroupedMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.num_local_experts = cfg.num_moe_experts
+        f = cfg.moe_ffn_hidden_size
+        self.weight1 = nn.Parameter(torch.randn(cfg.hidden_size, self.num_local_experts * f) * .1)
+        self.weight2 = nn.Parameter(torch.randn(self.num_local_experts * f, cfg.hidden_size) * .1)
+
+    def forward(self, x, probs, indices):
+        w1 = self.weight1.view(x.shape[-1], self.num_local_experts, -1)
+        w2 = self.weight2.view(self.num_local_experts, -1, x.shape[-1])
+        experts = [lambda y, e=e: F.gelu(y @ w1[:, e]) @ w2[e]
+                   for e in range(self.num_local_experts)]
+        return dispatch(x, experts, indices, probs)
+
+
+class MegatronMoELayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.router = MegatronTopKRouter(cfg)
+        self.experts = MegatronGroupedMLP(cfg)
+
+    def forward(self, x):
+        shape = x.shape
+        probs, indices = self.router(x)
+        return self.experts(x.reshape(-1, shape[-1]), probs, indices).view(shape)
+
+
+@member("megatron-core-moe")
+def megatron_moe():
+    from .research import MegatronGPTModel, megatron_attention_truth, megatron_config
+    cfg = megatron_config(num_layers=3, num_moe_experts=8, moe_router_topk=3,
+                          moe_ffn_hidden_size=8)
+    rts = [Router(i, 8, 3, weight_rows(f"decoder.layers.{i}.mlp.router.weight", 8),
+                  f"decoder.layers.{i}.mlp.router") for i in range(3)]
+    return (MegatronGPTModel(cfg, MegatronMoELayer), tokens(),
+            Truth(megatron_attention_truth(3), rts))
+
+
+# ---- Megatron-DeepSpeed GPT with deepspeed.moe: gate.wg, top-1 gating with capacity -----------
+
+class ParallelAttention(nn.Module):
+    """Megatron-LM legacy: query_key_value viewed [s, b, np, 3 hn]."""
+
+    def __init__(self, cfg, layer_number):
+        super().__init__()
+        self.layer_number = layer_number
+        self.hidden_size_per_attention_head = cfg.kv_channels
+        self.num_attention_heads_per_partition = cfg.num_attention_heads
+        proj = cfg.kv_channels * cfg.num_attention_heads
+        self.query_key_value = nn.Linear(cfg.hidden_size, 3 * proj)
+        self.dense = nn.Linear(proj, cfg.hidden_size)
+
+    def forward(self, x):
+        s, b, _ = x.shape
+        np_, hn = self.num_attention_heads_per_partition, self.hidden_size_per_attention_head
+        mixed = self.query_key_value(x).view(s, b, np_, 3 * hn)
+        q, k, v = torch.split(mixed, hn, dim=3)
+        # [s, b, np, hn] -> [b * np, s, hn], baddbmm as Megatron does
+        q = q.reshape(s, b * np_, hn).transpose(0, 1)
+        k = k.reshape(s, b * np_, hn).transpose(0, 1)
+        v = v.reshape(s, b * np_, hn).transpose(0, 1)
+        scores = torch.baddbmm(torch.zeros(b * np_, s, s), q, k.transpose(1, 2),
+                               beta=0.0, alpha=1.0 / math.sqrt(hn))
+        scores = scores + torch.full((s, s), -10000.0).triu(1)
+        ctx = torch.bmm(F.softmax(scores, dim=-1), v)  # [b*np, s, hn]
+        ctx = ctx.transpose(0, 1).reshape(s, b, np_ * hn)
+        return self.dense(ctx)
+
+
+class TopKGate(nn.Module):
+    def __init__(self, model_dim, num_experts, k=1, capacity_factor=2.0):
+        super().__init__()
+        self.wg = nn.Linear(model_dim, num_experts, bias=False).float()
+        self.k = k
+        self.capacity_factor = capacity_factor
+
+    def forward(self, x):
+        logits = self.wg(x.float())
+        gates = F.softmax(logits, dim=1)
+        n, e = gates.shape
+        capacity = max(int(math.ceil(n / e * self.capacity_factor)), 4)
+        indices1_s = torch.argmax(gates, dim=1)
+        mask1 = F.one_hot(indices1_s, num_classes=e)
+        locations1 = torch.cumsum(mask1, dim=0) - 1
+        mask1 = mask1 * torch.lt(locations1, capacity)
+        gates1_s = (gates * mask1).sum(dim=1)
+        return indices1_s[:, None], gates1_s[:, None] * mask1.any(1, keepdim=True)
+
+
+class Experts(nn.Module):
+    def __init__(self, expert, num_local_experts):
+        super().__init__()
+        self.deepspeed_experts = nn.ModuleList([expert() for _ in range(num_local_experts)])
+
+
+class MOELayer(nn.Module):
+    def __init__(self, gate, experts, num_local_experts):
+        super().__init__()
+        self.gate = gate
+        self.experts = experts
+        self.num_local_experts = num_local_experts
+
+    def forward(self, x):
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        idx, w = self.gate(flat)
+        return dispatch(flat, self.experts.deepspeed_experts, idx, w.to(x.dtype)).view(shape)
+
+
+class DeepSpeedMoE(nn.Module):
+    """deepspeed.moe.layer.MoE: forward returns (output, l_aux, exp_counts)."""
+
+    def __init__(self, hidden_size, expert, num_experts=1, k=1):
+        super().__init__()
+        self.num_experts = num_experts
+        self.deepspeed_moe = MOELayer(TopKGate(hidden_size, num_experts, k),
+                                      Experts(expert, num_experts), num_experts)
+
+    def forward(self, x):
+        return self.deepspeed_moe(x), torch.zeros(()), None
+
+
+class ParallelTransformerLayer(nn.Module):
+    def __init__(self, cfg, layer_number):
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(cfg.hidden_size)
+        self.self_attention = ParallelAttention(cfg, layer_number)
+        self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size)
+        d = cfg.hidden_size
+        self.mlp = DeepSpeedMoE(d, lambda: nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(),
+                                                         nn.Linear(4 * d, d)),
+                                num_experts=cfg.num_experts, k=cfg.topk)
+
+    def forward(self, x):
+        x = x + self.self_attention(self.input_layernorm(x))
+        out, _, _ = self.mlp(self.post_attention_layernorm(x))
+        return x + out
+
+
+class MegatronDeepSpeedGPT(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.language_model = nn.Module()
+        self.language_model.embedding = nn.Module()
+        self.language_model.embedding.word_embeddings = nn.Embedding(VOCAB, cfg.hidden_size)
+        self.language_model.embedding.position_embeddings = nn.Embedding(16, cfg.hidden_size)
+        self.language_model.encoder = nn.Module()
+        self.language_model.encoder.layers = nn.ModuleList(
+            ParallelTransformerLayer(cfg, i + 1) for i in range(cfg.num_layers))
+        self.language_model.encoder.final_layernorm = nn.LayerNorm(cfg.hidden_size)
+
+    def forward(self, ids):
+        e = self.language_model.embedding
+        x = (e.word_embeddings(ids) + e.position_embeddings(torch.arange(ids.shape[1])))
+        x = x.transpose(0, 1).contiguous()
+        for layer in self.language_model.encoder.layers:
+            x = layer(x)
+        x = self.language_model.encoder.final_layernorm(x)
+        return F.linear(x, e.word_embeddings.weight).transpose(0, 1)
+
+
+@member("deepspeed-moe-top1")
+def deepspeed_moe():
+    cfg = config(num_layers=2, hidden_size=D, num_attention_heads=H, kv_channels=DH,
+                 num_experts=E, topk=1)
+    att, rts = [], []
+    for i in range(2):
+        m = f"language_model.encoder.layers.{i}.self_attention"
+        att.append(Attn(i, H, H, DH, *heads_grouped(f"{m}.query_key_value.weight", H, H, DH), m))
+        g = f"language_model.encoder.layers.{i}.mlp.deepspeed_moe.gate"
+        rts.append(Router(i, E, 1, weight_rows(f"{g}.wg.weight", E), g))
+    return MegatronDeepSpeedGPT(cfg), tokens(), Truth(att, rts)
+
+
+# ---- fairseq MoE: time-first MultiheadAttention, Top2Gate / Top1Gate with wg, every other layer --
+
+class FairseqMultiheadAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, self_attention=True):
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.self_attention = self_attention
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, query, key, value, attn_mask=None):
+        tgt_len, bsz, embed_dim = query.size()
+        q = self.q_proj(query) * self.scaling
+        k, v = self.k_proj(key), self.v_proj(value)
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        k = k.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        v = v.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))
+        if attn_mask is not None:
+            attn_weights = attn_weights + attn_mask[None]
+        attn_probs = F.softmax(attn_weights.float(), dim=-1).type_as(attn_weights)
+        attn = torch.bmm(attn_probs, v).transpose(0, 1).contiguous()
+        return self.out_proj(attn.view(tgt_len, bsz, embed_dim)), None
+
+
+class Top2Gate(nn.Module):
+    """Second expert: the argmax of the logits with the first masked out."""
+
+    def __init__(self, model_dim, num_experts):
+        super().__init__()
+        self.wg = nn.Linear(model_dim, num_experts, bias=False)
+
+    def forward(self, x):
+        logits = self.wg(x)
+        gates = F.softmax(logits, dim=1)
+        e = gates.shape[1]
+        indices1_s = torch.argmax(gates, dim=1)
+        mask1 = F.one_hot(indices1_s, num_classes=e)
+        logits_except1 = logits.masked_fill(mask1.bool(), float("-inf"))
+        indices2_s = torch.argmax(logits_except1, dim=1)
+        mask2 = F.one_hot(indices2_s, num_classes=e)
+        g1, g2 = (gates * mask1).sum(1), (gates * mask2).sum(1)
+        denom = (g1 + g2).clamp(min=torch.finfo(g1.dtype).eps)
+        return torch.stack([indices1_s, indices2_s], 1), torch.stack([g1 / denom, g2 / denom], 1)
+
+
+class Top1Gate(nn.Module):
+    def __init__(self, model_dim, num_experts):
+        super().__init__()
+        self.wg = nn.Linear(model_dim, num_experts, bias=False)
+
+    def forward(self, x):
+        gates = F.softmax(self.wg(x), dim=1)
+        indices1_s = torch.argmax(gates, dim=1)
+        return indices1_s[:, None], gates.gather(1, indices1_s[:, None])
+
+
+class FeedForwardNetwork(nn.Module):
+    def __init__(self, d, f):
+        super().__init__()
+        self.fc1 = nn.Linear(d, f)
+        self.fc2 = nn.Linear(f, d)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+class FairseqMOELayer(nn.Module):
+    def __init__(self, gate, experts):
+        super().__init__()
+        self.gate = gate
+        self.experts = experts
+        self.num_local_experts = len(experts)
+
+    def forward(self, x):
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        idx, w = self.gate(flat)
+        return dispatch(flat, self.experts, idx, w).view(shape), torch.zeros(())
+
+
+class FairseqDecoderLayer(nn.Module):
+    def __init__(self, args, is_moe_layer):
+        super().__init__()
+        d = args.decoder_embed_dim
+        self.is_moe_layer = is_moe_layer
+        self.self_attn = FairseqMultiheadAttention(d, args.decoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        if is_moe_layer:
+            gate = (Top1Gate if args.moe_top1_expert else Top2Gate)(d, args.moe_expert_count)
+            experts = nn.ModuleList(FeedForwardNetwork(d, args.decoder_ffn_embed_dim)
+                                    for _ in range(args.moe_expert_count))
+            self.moe_layer = FairseqMOELayer(gate, experts)
+        else:
+            self.fc1 = nn.Linear(d, args.decoder_ffn_embed_dim)
+            self.fc2 = nn.Linear(args.decoder_ffn_embed_dim, d)
+        self.final_layer_norm = nn.LayerNorm(d)
+
+    def forward(self, x, mask):
+        h = self.self_attn_layer_norm(x)
+        x = x + self.self_attn(h, h, h, attn_mask=mask)[0]
+        h = self.final_layer_norm(x)
+        if self.is_moe_layer:
+            out, _ = self.moe_layer(h)
+        else:
+            out = self.fc2(F.relu(self.fc1(h)))
+        return x + out
+
+
+class FairseqTransformerLM(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.args = args
+        self.decoder = nn.Module()
+        self.decoder.embed_tokens = nn.Embedding(VOCAB, args.decoder_embed_dim)
+        self.decoder.layers = nn.ModuleList(
+            FairseqDecoderLayer(args, args.moe_freq > 0 and (i + 1) % args.moe_freq == 0)
+            for i in range(args.decoder_layers))
+        self.decoder.layer_norm = nn.LayerNorm(args.decoder_embed_dim)
+        self.decoder.output_projection = nn.Linear(args.decoder_embed_dim, VOCAB, bias=False)
+
+    def forward(self, src_tokens):
+        x = self.decoder.embed_tokens(src_tokens).transpose(0, 1)  # T x B x C
+        t = x.shape[0]
+        mask = torch.full((t, t), float("-inf")).triu(1)
+        for layer in self.decoder.layers:
+            x = layer(x, mask)
+        return self.decoder.output_projection(self.decoder.layer_norm(x)).transpose(0, 1)
+
+
+def fairseq_member(top1):
+    args = config(decoder_embed_dim=D, decoder_attention_heads=H, decoder_ffn_embed_dim=48,
+                  decoder_layers=4, moe_freq=2, moe_expert_count=E, moe_top1_expert=top1)
+    truth = moe_truth("decoder.layers", 4, H, H, DH, "moe_layer.gate.wg.weight", E,
+                      1 if top1 else 2, moe_layers=(1, 3))
+    for r in truth.routers:
+        r.module = r.module.rsplit(".", 1)[0]
+    return FairseqTransformerLM(args), tokens(), truth
+
+
+@member("fairseq-moe-top2")
+def fairseq_top2():
+    return fairseq_member(False)
+
+
+@member("fairseq-moe-top1")
+def fairseq_top1():
+    return fairseq_member(True)
+
+
+# ---- research routers ------------------------------------------------------------------------
+
+class NoisyTopkMoE(nn.Module):
+    """Noisily gated top-k (Shazeer et al. 2017): raw Parameters w_gate and
+    w_noise [d, E] used as x @ W; topk(k + 1) for the load loss, the first k
+    route."""
+
+    def __init__(self, input_size, output_size, num_experts, hidden_size, k=2):
+        super().__init__()
+        self.num_experts = num_experts
+        self.k = k
+        self.experts = nn.ModuleList([nn.Sequential(nn.Linear(input_size, hidden_size),
+                                                    nn.ReLU(), nn.Linear(hidden_size, output_size))
+                                      for _ in range(num_experts)])
+        self.w_gate = nn.Parameter(torch.randn(input_size, num_experts) * 0.1)
+        self.w_noise = nn.Parameter(torch.randn(input_size, num_experts) * 0.1)
+        self.softplus = nn.Softplus()
+        self.softmax = nn.Softmax(1)
+        self.noise_epsilon = 1e-2
+
+    def noisy_top_k_gating(self, x, train):
+        clean_logits = x @ self.w_gate
+        if train:
+            noise_stddev = self.softplus(x @ self.w_noise) + self.noise_epsilon
+            logits = clean_logits + torch.randn_like(clean_logits) * noise_stddev
+        else:
+            logits = clean_logits
+        logits = self.softmax(logits)
+        top_logits, top_indices = logits.topk(min(self.k + 1, self.num_experts), dim=1)
+        top_k_logits, top_k_indices = top_logits[:, :self.k], top_indices[:, :self.k]
+        top_k_gates = top_k_logits / (top_k_logits.sum(1, keepdim=True) + 1e-6)
+        return top_k_indices, top_k_gates
+
+    def forward(self, x):
+        idx, w = self.noisy_top_k_gating(x, self.training)
+        return dispatch(x, self.experts, idx, w)
+
+
+class NoisyBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.attn = nn.MultiheadAttention(D, H, batch_first=True)
+        self.moe = NoisyTopkMoE(D, D, 6, 16, k=2)
+
+    def forward(self, x):
+        t = x.shape[1]
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=torch.full((t, t), float("-inf")).triu(1),
+                          need_weights=False)[0]
+        b, t, d = x.shape
+        return x + self.moe(self.ln2(x).reshape(-1, d)).view(b, t, d)
+
+
+class BlocksLM(nn.Module):
+    def __init__(self, block, n=2):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.blocks = nn.ModuleList(block() for _ in range(n))
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+@member("noisy-topk")
+def noisy_topk():
+    att, rts = [], []
+    for i in range(2):
+        m = f"blocks.{i}.attn"
+        att.append(Attn(i, H, H, DH, *heads_contiguous(f"{m}.in_proj_weight", H, H, DH), m))
+        rts.append(Router(i, 6, 2, weight_rows(f"blocks.{i}.moe.w_gate", 6, t=True),
+                          f"blocks.{i}.moe"))
+    return BlocksLM(NoisyBlock), tokens(), Truth(
+        att, rts, not_reported=[f"blocks.{i}.moe.w_noise" for i in range(2)])
+
+
+class ExpertChoiceMoE(nn.Module):
+    """Expert-choice routing (Zhou et al. 2022): each expert takes its top
+    `capacity` tokens, capacity = tokens * capacity_factor / E, so a token
+    is processed by capacity_factor experts on average: that is its top-k."""
+
+    def __init__(self, d, num_experts, capacity_factor):
+        super().__init__()
+        self.num_experts = num_experts
+        self.capacity_factor = capacity_factor
+        self.gate = nn.Linear(d, num_experts, bias=False)
+        self.experts = nn.ModuleList([nn.Sequential(nn.Linear(d, 16), nn.GELU(),
+                                                    nn.Linear(16, d)) for _ in range(num_experts)])
+
+    def forward(self, x):
+        b, t, d = x.shape
+        flat = x.reshape(-1, d)
+        n = flat.shape[0]
+        scores = F.softmax(self.gate(flat), dim=-1)  # [n, E]
+        capacity = max(1, int(n * self.capacity_factor / self.num_experts))
+        g, idx = torch.topk(scores.t(), capacity, dim=-1)  # [E, capacity] token indices
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            out.index_add_(0, idx[e], g[e][:, None] * expert(flat[idx[e]]))
+        return out.view(b, t, d)
+
+
+class ExpertChoiceBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = RMSNorm(D), RMSNorm(D)
+        self.attn = LlamaAttention(llama_config(), 0)
+        self.moe = ExpertChoiceMoE(D, E, capacity_factor=1)
+        self.rope = RotaryEmbedding(DH)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x), self.rope(x, x.shape[1]))
+        return x + self.moe(self.norm2(x))
+
+
+@member("expert-choice")
+def expert_choice():
+    att, rts = [], []
+    for i in range(2):
+        m = f"blocks.{i}.attn"
+        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.q_proj.weight", f"{m}.k_proj.weight",
+                                                       H, HKV, DH), m))
+        rts.append(Router(i, E, 1, weight_rows(f"blocks.{i}.moe.gate.weight", E),
+                          f"blocks.{i}.moe.gate"))
+    return BlocksLM(ExpertChoiceBlock), tokens(), Truth(
+        att, rts, note="expert choice, capacity_factor 1: one expert per token on average")
+
+
+class SigmoidSelectorMoE(nn.Module):
+    """Sigmoid scores, top n_active, weights normalised over the chosen;
+    the router is `selector`, the experts `ffns`."""
+
+    def __init__(self, d, n_ffns, n_active):
+        super().__init__()
+        self.n_active = n_active
+        self.selector = nn.Linear(d, n_ffns)
+        self.ffns = nn.ModuleList([nn.Sequential(nn.Linear(d, 16), nn.SiLU(), nn.Linear(16, d))
+                                   for _ in range(n_ffns)])
+
+    def forward(self, x):
+        b, t, d = x.shape
+        flat = x.reshape(-1, d)
+        probs = torch.sigmoid(self.selector(flat))
+        vals, idx = probs.topk(self.n_active, dim=-1)
+        return dispatch(flat, self.ffns, idx, vals / vals.sum(-1, keepdim=True)).view(b, t, d)
+
+
+class SelectorBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        from .research import SelfHAttention
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.attention = SelfHAttention(D, H)
+        self.attention.n_head = H  # this one says its head count in a known name
+        self.mixture = SigmoidSelectorMoE(D, 6, 3)
+
+    def forward(self, x):
+        x = x + self.attention(self.ln1(x))
+        return x + self.mixture(self.ln2(x))
+
+
+@member("sigmoid-selector")
+def sigmoid_selector():
+    att, rts = [], []
+    for i in range(2):
+        m = f"blocks.{i}.attention"
+        att.append(Attn(i, H, H, DH, *heads_contiguous(f"{m}.c_attn.weight", H, H, DH), m))
+        rts.append(Router(i, 6, 3, weight_rows(f"blocks.{i}.mixture.selector.weight", 6),
+                          f"blocks.{i}.mixture.selector"))
+    return BlocksLM(SelectorBlock), tokens(), Truth(att, rts)
