@@ -247,10 +247,6 @@ class Observation:
         self.failures = 0       # ops whose bookkeeping failed (the pass went on)
 
 
-def _unpack(v):
-    return v >> _SHIFT, v & ((1 << _SHIFT) - 1)
-
-
 class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
 
     def __init__(self, params, obs):
