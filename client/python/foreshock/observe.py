@@ -990,6 +990,12 @@ def observe(model, example_input=None, example_kwargs=None):
             tries = [("example_input", (), dict(example_kwargs))]
         else:
             tries = [("example_input", (example_input,), dict(example_kwargs or {}))]
+        try:  # no key/value cache from this pass
+            if "use_cache" in inspect.signature(model.forward).parameters:
+                for _, _, kw in tries:
+                    kw.setdefault("use_cache", False)
+        except (TypeError, ValueError):
+            pass
     else:
         tries = probe_inputs(model)
         if not tries:
