@@ -593,7 +593,62 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
-    # 13. An attention kernel reached as a torch custom op in the
+    # 13. One score per head: Karpathy's "Let's build GPT" (heads =
+    # ModuleList([Head(head_size)]), each with its own query/key Linear) and a
+    # loop over one projection's head slices: the heads of one attention.
+    class KHead(nn.Module):
+        def __init__(self, d, hs):
+            super().__init__()
+            self.key = nn.Linear(d, hs, bias=False)
+            self.query = nn.Linear(d, hs, bias=False)
+            self.value = nn.Linear(d, hs, bias=False)
+
+        def forward(self, x):
+            k, q = self.key(x), self.query(x)
+            wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5
+            t = x.shape[1]
+            wei = wei.masked_fill(torch.ones(t, t).tril() == 0, float("-inf"))
+            return F.softmax(wei, dim=-1) @ self.value(x)
+
+    class KMulti(nn.Module):
+        def __init__(self, d, n):
+            super().__init__()
+            self.heads = nn.ModuleList([KHead(d, d // n) for _ in range(n)])
+            self.proj = nn.Linear(d, d)
+
+        def forward(self, x):
+            return x + self.proj(torch.cat([h(x) for h in self.heads], dim=-1))
+
+    class LoopHeads(nn.Module):
+        def __init__(self, d, n):
+            super().__init__()
+            self.n, self.dh = n, d // n
+            self.wqk = nn.Linear(d, 2 * d, bias=False)
+            self.wv = nn.Linear(d, d, bias=False)
+
+        def forward(self, x):
+            q, k = self.wqk(x).chunk(2, dim=-1)
+            v = self.wv(x)
+            outs = []
+            for h in range(self.n):
+                sl = slice(h * self.dh, (h + 1) * self.dh)
+                a = torch.softmax(q[..., sl] @ k[..., sl].transpose(1, 2), dim=-1)
+                outs.append(a @ v[..., sl])
+            return x + torch.cat(outs, dim=-1)
+
+    @member("one score per head: Karpathy's ModuleList of Head modules, a loop over slices",
+            says=["observed (matmul)", "blocks.0.heads"], not_says=["SKIPPED"],
+            level=logging.INFO)
+    def per_head():
+        m = Embed([KMulti(32, 4), LoopHeads(32, 4)])
+        a, b = m.blocks
+        m.expect_ = lambda: [
+            (0, 4, 4, 8, 0, [h.query.weight for h in a.heads], [h.key.weight for h in a.heads]),
+            (1, 4, 4, 8, 0, split_rows(b.wqk.weight, 4, 8), split_rows(b.wqk.weight, 4, 8, 32))]
+        m.routers_ = lambda: []
+        return m
+
+    # 14. An attention kernel reached as a torch custom op in the
     # flash-attn layout [B, T, H, D] (torch 2.4+ only: torch.library.custom_op).
     if hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
         @torch.library.custom_op("foreshock_test::flash_attn_func", mutates_args=())

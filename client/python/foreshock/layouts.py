@@ -800,6 +800,8 @@ def _rel(name, prefix):
 
 
 def _site_name(site):
+    if site.group:
+        return site.group
     qn, kn = site.q_src.pname, site.k_src.pname
     qp, kp = qn.split("."), kn.split(".")
     common = []
@@ -897,9 +899,9 @@ def _merge_attention(att, obs, found):
             found.how[spec.name] = desc
             found.order[spec.name] = site.order
             continue
-        pname = site.q_src.pname
-        found.skipped = [x for x in found.skipped
-                         if not (x[0] == "attention" and _under(pname, x[1]))]
+        pnames = [x.pname for x in site.q_srcs]
+        found.skipped = [x for x in found.skipped if not (x[0] == "attention" and any(
+            _under(pname, x[1]) for pname in pnames))]
         if any(a.name == spec.name for a in out):
             continue
         out.append(spec)

@@ -224,15 +224,114 @@ class Site:
         self.kv_of = []                         # query head -> key head
         self.n_heads = self.n_kv_heads = self.head_dim = 0
         self.via = ""
+        self.q_parts = self.k_parts = None      # merged sites: per head (source, rows)
+        self.group = ""                         # merged sites: the module holding the heads
         # router
         self.src, self.top_k, self.dispatched, self.normed = None, 0, False, ""
         self.argmax_picks = []                  # distinct argmax results seen
         self.used_k = 0                         # widest top-k indices used to dispatch
 
     def attention_getter(self):
-        gq = self.q_src.getter([r for h in self.q_heads for r in h])
-        gk = self.k_src.getter([r for h in self.k_heads for r in h])
+        if self.q_parts is None:
+            gq = self.q_src.getter([r for h in self.q_heads for r in h])
+            gk = self.k_src.getter([r for h in self.k_heads for r in h])
+            return lambda: (gq(), gk())
+        gq, gk = _parts_getter(self.q_parts), _parts_getter(self.k_parts)
         return lambda: (gq(), gk())
+
+
+def _parts_getter(parts):
+    """get() of per-head (source, rows) that may come from several weights:
+    runs of one source are read together."""
+    runs = []
+    for src, rows in parts:
+        if runs and runs[-1][0] is src:
+            runs[-1][1].extend(rows)
+        else:
+            runs.append((src, list(rows)))
+    gets = [src.getter(rows) for src, rows in runs]
+    if len(gets) == 1:
+        return gets[0]
+    return lambda: torch.cat([g() for g in gets], dim=0)
+
+
+def _group(site, list_prefixes):
+    """Where a site's heads live: a ModuleList of per-head modules deeper
+    than the block list (Karpathy's heads = ModuleList([Head(...)])) groups
+    the sites of its entries; else the site's own module."""
+    parts = _common_module([s.pname for s in site.q_srcs + site.k_srcs]).split(".")
+    lists = [i for i in range(1, len(parts)) if parts[i].isdigit()
+             and ".".join(parts[:i]) in list_prefixes]
+    if len(lists) >= 2:
+        return ".".join(parts[:lists[-1]])
+    return ".".join(parts)
+
+
+def _common_module(names):
+    cols = [n.split(".")[:-1] for n in names]
+    out = []
+    for col in zip(*cols):
+        if len(set(col)) != 1:
+            break
+        out.append(col[0])
+    return ".".join(out)
+
+
+def merge_sites(sites, list_prefixes):
+    """One site per attention: identical sites (a module applied twice) are
+    one; the sites of one group with disjoint rows (one score per head, in a
+    loop or from per-head modules) are the heads of one attention."""
+    out, groups = [], {}
+    for s in sites:
+        if s.reason is not None or s.n_heads < 1:
+            out.append(s)
+            continue
+        key = (_group(s, list_prefixes), s.head_dim)
+        groups.setdefault(key, []).append(s)
+        if len(groups[key]) == 1:
+            out.append(key)
+    merged = []
+    for item in out:
+        if isinstance(item, Site):
+            merged.append(item)
+            continue
+        members = groups[item]
+        uniq = []
+        for s in members:
+            sig = (s.q_src, s.k_src, str(s.q_heads), str(s.k_heads))
+            if all(sig != (u.q_src, u.k_src, str(u.q_heads), str(u.k_heads)) for u in uniq):
+                uniq.append(s)
+        if len(uniq) == 1 or any(s.n_heads != 1 for s in uniq):
+            merged.extend(uniq)  # one site, or whole attentions (T5's self and cross)
+            continue
+        q = [(s.q_src, tuple(h)) for s in uniq for h in s.q_heads]
+        widths = {s.q_src.width for s in uniq} | {s.k_src.width for s in uniq}
+        if len(set(q)) != len(q) or len({r for src, h in q for r in ((src, x) for x in h)}) \
+                != sum(len(h) for _, h in q) or len(widths) != 1:
+            merged.extend(uniq)  # overlapping rows: distinct attentions
+            continue
+        m = Site("attention", uniq[0].order)
+        m.via, m.head_dim, m.group = uniq[0].via, uniq[0].head_dim, item[0]
+        m.q_src, m.k_src = uniq[0].q_src, uniq[0].k_src
+        m.q_srcs = [s.q_src for s in uniq]
+        m.k_srcs = [s.k_src for s in uniq]
+        k_parts, q_by_k = [], {}
+        for s in uniq:
+            per = s.n_heads // s.n_kv_heads
+            for h, rows in enumerate(s.q_heads):
+                kp = (s.k_src, tuple(s.k_heads[h // per]))
+                if kp not in k_parts:
+                    k_parts.append(kp)
+                q_by_k.setdefault(k_parts.index(kp), []).append((s.q_src, list(rows)))
+        sizes = {len(v) for v in q_by_k.values()}
+        if len(sizes) != 1:
+            merged.extend(uniq)
+            continue
+        m.q_parts = [qp for g in range(len(k_parts)) for qp in q_by_k[g]]
+        m.k_parts = [(src, list(rows)) for src, rows in k_parts]
+        m.n_heads, m.n_kv_heads = len(m.q_parts), len(m.k_parts)
+        merged.append(m)
+    return merged
 
 
 class Observation:
@@ -1017,6 +1116,12 @@ def observe(model, example_input=None, example_kwargs=None):
             _untag(list(_flat(args)) + list(_flat(kwargs.values())))
         trial.input_desc = desc
         trial.failures = tracker.failures
+        lists = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList,
+                                                                        nn.Sequential))}
+        try:
+            trial.attention = merge_sites(trial.attention, lists)
+        except Exception:  # keep the sites as seen
+            trial.failures += 1
         return trial
     if type(model).forward is nn.Module.forward or getattr(type(model).forward, "__name__",
                                                            "") == "_forward_unimplemented":
