@@ -30,8 +30,8 @@ must fail that check. Then the answer built from the truth passes the
 checker, and broken copies of it (a wrong head count, swapped heads, a
 wrong top-k, a wrong layer, a missing or extra site, a spurious warning, a
 must-not parameter reported) fail it, and side_effects sees a hook left
-registered and a training-mode forward (BatchNorm statistics, RNG): none of
-the checks can pass vacuously.
+registered, RNG use and a training-mode forward (BatchNorm statistics):
+none of the checks can pass vacuously.
 
 Environment: FORESHOCK_ZOO_ONLY=name[,name] runs only those members (and
 does not check EXPECTED_FAILING for the others); FORESHOCK_ZOO_QUIET=1
@@ -56,7 +56,10 @@ EXPECTED_FAILING = {}
 
 
 def self_test(torch, zoo, check_mod, members):
-    """The checker accepts the truth and rejects broken copies of it."""
+    """Each truth matches its model's forward pass and a wrong one does not;
+    the checker accepts the truth's own answer and rejects broken copies of
+    it; side_effects sees a hook left, RNG use and BatchNorm statistics
+    moved. Returns how many wrong things were rejected."""
     from foreshock.layouts import RouterSpec
     rejected = 0
     for name, fn in members:
@@ -132,9 +135,12 @@ def self_test(torch, zoo, check_mod, members):
             lambda *a: None))
         check(any("hooks" in e for e in errs), f"self-test {name}: a hook left is not seen")
         rejected += 1
+        _, errs = check_mod.side_effects(model, lambda: torch.rand(1))
+        check(any("random" in e for e in errs), f"self-test {name}: RNG use is not seen")
+        rejected += 1
         if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
             _, errs = check_mod.side_effects(model, lambda: model(*inputs))
-            check(any("buffers" in e for e in errs) and any("random" in e for e in errs),
+            check(any("buffers" in e for e in errs),
                   f"self-test {name}: a training-mode forward is not seen: {errs}")
             rejected += 1
     return rejected

@@ -559,13 +559,23 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         c = contracted[0]
         batch = [x for x in res if x in s0 and x in s1]
-        tq = [x for x in s0 if x not in s1 and x in res]
-        tk = [x for x in s1 if x not in s0 and x in res]
-        if len(tq) != 1 or len(tk) != 1:
-            return
-        a = sa.permute(*[s0.index(x) for x in batch + tq + [c]])
-        b = sb.permute(*[s1.index(x) for x in batch + tk + [c]])
-        self._candidate(a, b, out, "einsum")
+        q_only = [x for x in s0 if x not in s1 and x in res]
+        k_only = [x for x in s1 if x not in s0 and x in res]
+        # One q-only label is the query token axis, the others (heads, as
+        # in "bhid,bjd->bhij" with one key head) broadcast over k; the same
+        # for k. The labels must not vary along the token axes (_candidate).
+        for tq in reversed(q_only):
+            for tk in reversed(k_only):
+                qx = [x for x in q_only if x != tq]
+                kx = [x for x in k_only if x != tk]
+                a = sa.permute(*[s0.index(x) for x in batch + qx + [tq, c]])
+                b = sb.permute(*[s1.index(x) for x in batch + kx + [tk, c]])
+                a = a.reshape(a.shape[:len(batch) + len(qx)] + (1,) * len(kx) + a.shape[-2:])
+                b = b.reshape(b.shape[:len(batch)] + (1,) * len(qx) + b.shape[len(batch):])
+                before = len(self.candidates)
+                self._candidate(a, b, out, "einsum")
+                if len(self.candidates) > before:
+                    return
 
     def _sdpa(self, args, kwargs, out):
         q = args[0] if args else kwargs.get("query")

@@ -22,6 +22,18 @@ but every attention site gets its own layer (the daemon keys per-head
 series by layer and head: the encoder's block 0 and the decoder's block 0
 must not collide, nor a decoder block's self- and cross-attention), and a
 router shares the layer of the self-attention of its block.
+
+Judgement calls a discoverer may dispute (each member's Truth.note says so):
+  x-transformers   its `layers` list interleaves attention and feed-forward
+                   entries (0, 2, ...); the blocks are the attentions' order
+                   (0, 1, ...), so layer indices stay dense;
+  expert-choice    each expert takes its top `capacity` tokens; a token is
+                   processed by capacity_factor experts on average, which is
+                   what top_k means to the token statistics: top_k = 1 here;
+  albert-shared    one attention module applied at every depth is one site
+                   (one set of weights) at layer 0; so is CLIP's attention
+                   pool, outside any numbered block;
+  MLA (DeepSeek)   monitored with composed numbers, or named in a warning.
 """
 import importlib
 from dataclasses import dataclass, field

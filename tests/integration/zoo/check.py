@@ -68,6 +68,13 @@ def _router_rows(spec, errs):
     return w
 
 
+def _rows_text(r):
+    rr = r.rows
+    if rr.step != 1:
+        return f"rows {rr.start}:{rr.stop}:{rr.step}"
+    return f"rows {rr.start}-{rr.stop - 1}"
+
+
 def _site(a):
     return f"attention {a.module} (block {a.block})"
 
@@ -101,8 +108,10 @@ def compare(model, found, truth):
                 errs.append(f"{_site(a)} (MLA): neither monitored nor named in a warning")
             continue
         tq, tk = stack(params, a.q), stack(params, a.k)
-        hit = [i for i, (s, (wq, wk)) in enumerate(att) if i not in used_a and
-               (_overlap(wq, tq) or _overlap(wk, tk))]
+        # paired by query rows (key rows may be shared across layers), else by key rows
+        hit = [i for i, (s, (wq, wk)) in enumerate(att) if i not in used_a and _overlap(wq, tq)]
+        hit = hit or [i for i, (s, (wq, wk)) in enumerate(att) if i not in used_a and
+                      _overlap(wk, tk)]
         if not hit:
             errs.append(f"{_site(a)}: not reported (H={a.n_heads} Hkv={a.n_kv_heads} "
                         f"dh={a.head_dim})")
@@ -128,12 +137,12 @@ def compare(model, found, truth):
         for h in range(a.n_heads):
             if not torch.equal(wq[h * dh:(h + 1) * dh], tq[h * dh:(h + 1) * dh]):
                 errs.append(f"{_site(a)}: query head {h} rows differ from {a.q[h].param} "
-                            f"rows {a.q[h].rows.start}-{a.q[h].rows.stop - 1}")
+                            f"{_rows_text(a.q[h])}")
                 break
         for g in range(a.n_kv_heads):
             if not torch.equal(wk[g * dh:(g + 1) * dh], tk[g * dh:(g + 1) * dh]):
                 errs.append(f"{_site(a)}: key head {g} rows differ from {a.k[g].param} "
-                            f"rows {a.k[g].rows.start}-{a.k[g].rows.stop - 1}")
+                            f"{_rows_text(a.k[g])}")
                 break
     for i, (s, _) in enumerate(att):
         if i not in used_a:
@@ -284,13 +293,14 @@ def _scale(params, rows_list, c):
 def verify_truth(model, inputs, truth, seed=0):
     """Checks each attention site's rows against the forward pass, returns
     the errors. The score of query head h and key head g is q_h . k_g:
-    negating the query rows of every head of KV group g and key head g's
-    rows (and their biases) leaves every score, so the output, unchanged --
-    through rotary embeddings, qk-norms (RMSNorm, LayerNorm without bias,
-    F.normalize, a norm over the whole projection) and clamps alike -- only
-    when those are the rows these heads read. The output must change when
-    the query rows of group g are negated with another key head (their
-    scores flip sign), and when noise is added to query head 0's rows.
+    negating a key head's rows (and biases) together with the rows of every
+    query head said to read it -- in every layer, for keys shared across
+    layers -- leaves every score, so the output, unchanged (through rotary
+    embeddings, qk-norms: RMSNorm, LayerNorm without bias, F.normalize, a
+    norm over the whole projection, and clamps alike) only when those are
+    the rows these heads read. The output must change when those query rows
+    are negated with another key head's (their scores flip sign), and when
+    noise is added to query head 0's rows.
     Routers: zeroing the weight must change the output."""
     errs = []
     params = dict(model.named_parameters())
@@ -313,36 +323,41 @@ def verify_truth(model, inputs, truth, seed=0):
     try:
         with torch.no_grad():
             base = run()
+            # every query group reading one key head's rows (layers may share keys)
+            readers = {}
             for a in truth.attention:
                 if a.mla:
                     continue
                 rep = a.n_heads // a.n_kv_heads
                 for g in range(a.n_kv_heads):
-                    group = a.q[g * rep:(g + 1) * rep]
-                    _scale(params, group + [a.k[g]], -1.0)
-                    if not same(run(), base):
-                        errs.append(f"attention {a.module}: negating query heads "
-                                    f"{g * rep}-{(g + 1) * rep - 1} with key head {g} changed "
-                                    "the output: not the rows these heads read")
-                    restore()
-                    other = [a.k[(g + 1) % a.n_kv_heads]] if a.n_kv_heads > 1 else []
-                    _scale(params, group + other, -1.0)
-                    if same(run(), base):
-                        errs.append(f"attention {a.module}: negating query heads "
-                                    f"{g * rep}-{(g + 1) * rep - 1}"
-                                    + (f" with key head {(g + 1) % a.n_kv_heads}"
-                                       if other else "")
-                                    + " left the output unchanged: these rows are not used")
-                    restore()
+                    key = (a.k[g].param, tuple(a.k[g].rows), a.k[g].t)
+                    readers.setdefault(key, (a.k[g], []))[1].extend(a.q[g * rep:(g + 1) * rep])
+            keys = list(readers.values())
+            for j, (krows, qrows) in enumerate(keys):
+                where = f"key rows {_rows_text(krows)} of {krows.param}"
+                _scale(params, qrows + [krows], -1.0)
+                if not same(run(), base):
+                    errs.append(f"{where}: negating them with the query heads said to read "
+                                "them changed the output: not the rows these heads read")
+                restore()
+                other = [keys[(j + 1) % len(keys)][0]] if len(keys) > 1 else []
+                _scale(params, qrows + other, -1.0)
+                if same(run(), base):
+                    errs.append(f"{where}: negating their query heads"
+                                + (" with other key rows" if other else "")
+                                + " left the output unchanged: these rows are not used")
+                restore()
+            for a in truth.attention:
+                if a.mla:
+                    continue
                 r = a.q[0]
                 p = params[r.param]
                 w = p.view(p.shape[0], -1).t() if r.t else p.view(-1, p.shape[-1])
                 idx = torch.tensor(list(r.rows))
                 w[idx] = w[idx] + torch.randn(w[idx].shape) * (w[idx].std() + 1e-3)
                 if same(run(), base):
-                    errs.append(f"attention {a.module}: noise on query head 0's rows "
-                                f"{r.param}[{r.rows.start}:{r.rows.stop}] left the output "
-                                "unchanged")
+                    errs.append(f"attention {a.module}: noise on query head 0's "
+                                f"{_rows_text(r)} of {r.param} left the output unchanged")
                 restore()
             for rt in truth.routers:
                 w = weight_rows(params, rt.weight)

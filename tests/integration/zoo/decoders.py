@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from . import Attn, Truth, heads_contiguous, heads_grouped, heads_separate, member
 from .parts import (D, DH, H, HKV, L, T, VOCAB, Decoder, RMSNorm, RotaryEmbedding,
-                    apply_rotary_pos_emb, attend, config, repeat_kv, tokens)
+                    apply_rotary_pos_emb, attend, config, repeat_kv, rotate_half, tokens)
 
 
 def llama_config(**kw):
@@ -1409,3 +1409,74 @@ def gemma2():
     model = GemmaForCausalLM(cfg, Gemma2DecoderLayer, rotary_dim=16, norm=GemmaRMSNorm)
     return model, tokens(), separate_truth("model.layers", L, 4, 2, 16,
                                            not_reported=mlp_gates("model.layers", L))
+
+
+# ---- cross-layer attention (CLA): odd layers reuse the keys and values of the layer below -----
+
+class CLAAttention(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = cfg.num_attention_heads
+        self.num_key_value_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.produces_kv = layer_idx % cfg.cla_share_factor == 0
+        d = cfg.hidden_size
+        self.q_proj = nn.Linear(d, d, bias=False)
+        if self.produces_kv:
+            self.k_proj = nn.Linear(d, self.num_key_value_heads * self.head_dim, bias=False)
+            self.v_proj = nn.Linear(d, self.num_key_value_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x, rope, shared_kv):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        cos, sin = rope
+        q = q * cos + rotate_half(q) * sin
+        if self.produces_kv:
+            k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+            k = k * cos + rotate_half(k) * sin
+            v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+            shared_kv = (k, v)
+        k, v = shared_kv
+        rep = self.num_heads // self.num_key_value_heads
+        out = attend(q, repeat_kv(k, rep), repeat_kv(v, rep))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), shared_kv
+
+
+class CLADecoderLayer(nn.Module):
+    def __init__(self, cfg, i):
+        super().__init__()
+        self.self_attn = CLAAttention(cfg, i)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size)
+
+    def forward(self, x, rope, shared_kv):
+        a, shared_kv = self.self_attn(self.input_layernorm(x), rope, shared_kv)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), shared_kv
+
+
+class CLAForCausalLM(Decoder):
+    def forward(self, input_ids):
+        x = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary_emb(x, input_ids.shape[1])
+        kv = None
+        for layer in self.model.layers:
+            x, kv = layer(x, rope, kv)
+        return self.lm_head(self.model.norm(x))
+
+
+@member("cla-shared-kv")
+def cla_shared_kv():
+    cfg = llama_config(num_hidden_layers=4, cla_share_factor=2)
+    att = []
+    for i in range(4):
+        m = f"model.layers.{i}.self_attn"
+        src = f"model.layers.{i - i % 2}.self_attn"
+        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.q_proj.weight",
+                                                       f"{src}.k_proj.weight", H, HKV, DH), m))
+    return CLAForCausalLM(cfg, CLADecoderLayer, rotary_dim=DH), tokens(), Truth(
+        att, not_reported=mlp_gates("model.layers", 4),
+        note="layers 1 and 3 read the keys of layers 0 and 2")

@@ -1377,3 +1377,108 @@ def sigmoid_selector():
         rts.append(Router(i, 6, 3, weight_rows(f"blocks.{i}.mixture.selector.weight", 6),
                           f"blocks.{i}.mixture.selector"))
     return BlocksLM(SelectorBlock), tokens(), Truth(att, rts)
+
+
+# ---- gpt-oss: attention sinks, a router with a bias, top-k before the softmax ------------------
+
+class GptOssAttention(LlamaAttention):
+    """q/k/v/o_proj with biases, GQA, one learned sink logit per head joins
+    each softmax row (dropped after it), a sliding window every other layer."""
+
+    def __init__(self, cfg, layer_idx):
+        super().__init__(cfg, layer_idx, bias=True, sdpa=False)
+        self.sliding_window = cfg.sliding_window if layer_idx % 2 == 0 else None
+        self.sinks = nn.Parameter(torch.randn(cfg.num_attention_heads) * 0.1)
+
+    def forward(self, x, rope):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *rope)
+        k = torch.repeat_interleave(k, self.num_key_value_groups, dim=1)
+        v = torch.repeat_interleave(v, self.num_key_value_groups, dim=1)
+        w = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+        i = torch.arange(t)
+        masked = i[None, :] > i[:, None]
+        if self.sliding_window:
+            masked = masked | (i[None, :] <= i[:, None] - self.sliding_window)
+        w = w.masked_fill(masked, float("-inf"))
+        sinks = self.sinks.reshape(1, -1, 1, 1).expand(b, -1, t, -1)
+        combined = torch.cat([w, sinks], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = F.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
+        return self.o_proj(torch.matmul(probs, v).transpose(1, 2).reshape(b, t, -1))
+
+
+class GptOssTopKRouter(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.num_experts = cfg.num_local_experts
+        self.hidden_dim = cfg.hidden_size
+        self.weight = nn.Parameter(torch.randn(self.num_experts, self.hidden_dim) * 0.1)
+        self.bias = nn.Parameter(torch.randn(self.num_experts) * 0.1)
+
+    def forward(self, x):
+        x = x.reshape(-1, self.hidden_dim)
+        logits = F.linear(x, self.weight, self.bias)
+        top_value, top_index = torch.topk(logits, self.top_k, dim=-1)
+        return torch.softmax(top_value, dim=1, dtype=top_value.dtype), top_index
+
+
+class GptOssExperts(nn.Module):
+    """gate_up_proj [E, d, 2f] with gate and up interleaved, clamped swiglu."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        e, d, f = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+        self.num_experts, self.alpha, self.limit = e, 1.702, 7.0
+        self.gate_up_proj = nn.Parameter(torch.randn(e, d, 2 * f) * 0.1)
+        self.gate_up_proj_bias = nn.Parameter(torch.zeros(e, 2 * f))
+        self.down_proj = nn.Parameter(torch.randn(e, f, d) * 0.1)
+        self.down_proj_bias = nn.Parameter(torch.zeros(e, d))
+
+    def expert(self, e):
+        def run(x):
+            gu = x @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+            gate, up = gu[..., ::2].clamp(max=self.limit), gu[..., 1::2].clamp(-self.limit,
+                                                                               self.limit)
+            glu = gate * torch.sigmoid(gate * self.alpha)
+            return ((up + 1) * glu) @ self.down_proj[e] + self.down_proj_bias[e]
+        return run
+
+
+class GptOssMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.router = GptOssTopKRouter(cfg)
+        self.experts = GptOssExperts(cfg)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        w, idx = self.router(x)
+        experts = [self.experts.expert(e) for e in range(self.experts.num_experts)]
+        return dispatch(x.reshape(-1, d), experts, idx, w).view(b, t, d)
+
+
+class GptOssDecoderLayer(nn.Module):
+    def __init__(self, cfg, i):
+        super().__init__()
+        self.self_attn = GptOssAttention(cfg, i)
+        self.mlp = GptOssMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size)
+
+    def forward(self, x, rope):
+        x = x + self.self_attn(self.input_layernorm(x), rope)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@member("gpt-oss-sinks")
+def gpt_oss():
+    cfg = llama_config(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       num_local_experts=8, num_experts_per_tok=2, intermediate_size=8,
+                       sliding_window=4)
+    model = Decoder(cfg, GptOssDecoderLayer, rotary_dim=16)
+    return model, tokens(), moe_truth("model.layers", 2, 4, 2, 16, "mlp.router.weight", 8, 2)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from . import Attn, Truth, heads_contiguous, heads_grouped, heads_separate, member
 from .parts import D, DH, H, HKV, VOCAB, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, \
-    attend, config, tokens
+    attend, config, rotate_half, tokens
 
 
 # ---- Megatron-core GPT: linear_qkv grouped by query group, [s, b, h] -------------------------
@@ -906,3 +906,423 @@ def albert():
     return AlbertModel(cfg), tokens(), Truth(
         att, note="one attention module applied at 3 depths: one site (one set of weights), "
                   "layer 0")
+
+
+# ---- OpenAI CLIP's AttentionPool2d: F.multi_head_attention_forward with separate weights ------
+
+class AttentionPool2d(nn.Module):
+    def __init__(self, spacial_dim, embed_dim, num_heads, output_dim=None):
+        super().__init__()
+        self.positional_embedding = nn.Parameter(
+            torch.randn(spacial_dim ** 2 + 1, embed_dim) / embed_dim ** 0.5)
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.c_proj = nn.Linear(embed_dim, output_dim or embed_dim)
+        self.num_heads = num_heads
+
+    def forward(self, x):
+        x = x.flatten(start_dim=2).permute(2, 0, 1)  # NCHW -> (HW)NC
+        x = torch.cat([x.mean(dim=0, keepdim=True), x], dim=0)
+        x = x + self.positional_embedding[:, None, :].to(x.dtype)
+        x, _ = F.multi_head_attention_forward(
+            query=x[:1], key=x, value=x, embed_dim_to_check=x.shape[-1],
+            num_heads=self.num_heads, q_proj_weight=self.q_proj.weight,
+            k_proj_weight=self.k_proj.weight, v_proj_weight=self.v_proj.weight,
+            in_proj_weight=None,
+            in_proj_bias=torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]),
+            bias_k=None, bias_v=None, add_zero_attn=False, dropout_p=0.0,
+            out_proj_weight=self.c_proj.weight, out_proj_bias=self.c_proj.bias,
+            use_separate_proj_weight=True, training=self.training, need_weights=False)
+        return x.squeeze(0)
+
+
+class ClipResNetStem(nn.Module):
+    """A two-stage conv trunk (BatchNorm) ending in the attention pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, D, 3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(D)
+        self.conv2 = nn.Conv2d(D, D, 3, stride=2, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(D)
+        self.attnpool = AttentionPool2d(4, D, H, 16)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))
+        return self.attnpool(x)
+
+
+@member("clip-attnpool")
+def clip_attnpool():
+    m = "attnpool"
+    att = [Attn(0, H, H, DH, *heads_separate(f"{m}.q_proj.weight", f"{m}.k_proj.weight", H, H,
+                                             DH), m)]
+    return ClipResNetStem(), (torch.randn(2, 3, 16, 16),), Truth(
+        att, note="one attention site outside any numbered block: layer 0")
+
+
+# ---- PaLM (lucidrains): one fused projection for q, the single key head, v and the FF --------
+
+class PaLMParallelTransformerBlock(nn.Module):
+    def __init__(self, dim, dim_head=DH, heads=H, ff_mult=2):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        attn_inner_dim = dim_head * heads
+        ff_inner_dim = dim * ff_mult
+        self.fused_dims = (attn_inner_dim, dim_head, dim_head, ff_inner_dim * 2)
+        self.heads = heads
+        self.scale = dim_head ** -0.5
+        self.rotary_emb = RotaryEmbedding(dim_head)
+        self.fused_attn_ff_proj = nn.Linear(dim, sum(self.fused_dims), bias=False)
+        self.attn_out = nn.Linear(attn_inner_dim, dim, bias=False)
+        self.ff_out = nn.Linear(ff_inner_dim, dim, bias=False)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        x = self.norm(x)
+        q, k, v, ff = self.fused_attn_ff_proj(x).split(self.fused_dims, dim=-1)
+        q = q.view(b, n, self.heads, -1).transpose(1, 2)  # b h n d
+        cos, sin = self.rotary_emb(x, n)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin  # b n d: one key head for all
+        sim = torch.einsum("bhid,bjd->bhij", q * self.scale, k)
+        sim = sim.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -1e30)
+        out = torch.einsum("bhij,bjd->bhid", sim.softmax(dim=-1), v)
+        out = out.transpose(1, 2).reshape(b, n, -1)
+        a, gate = ff.chunk(2, dim=-1)
+        return self.attn_out(out) + self.ff_out(F.silu(gate) * a)
+
+
+class PaLM(nn.Module):
+    def __init__(self, depth=2):
+        super().__init__()
+        self.token_emb = nn.Embedding(VOCAB, D)
+        self.layers = nn.ModuleList(PaLMParallelTransformerBlock(D) for _ in range(depth))
+        self.norm = nn.LayerNorm(D)
+        self.to_logits = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, x):
+        x = self.token_emb(x)
+        for blk in self.layers:
+            x = x + blk(x)
+        return self.to_logits(self.norm(x))
+
+
+@member("palm-parallel")
+def palm_parallel():
+    att = []
+    for i in range(2):
+        m = f"layers.{i}"
+        att.append(Attn(i, H, 1, DH, *heads_contiguous(f"{m}.fused_attn_ff_proj.weight", H, 1,
+                                                       DH), m))
+    return PaLM(), tokens(), Truth(att)
+
+
+# ---- RWKV-4: receptance/key/value and a WKV recurrence, no attention scores --------------------
+
+class RWKVTimeMix(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.time_decay = nn.Parameter(torch.randn(d) * 0.1)
+        self.time_first = nn.Parameter(torch.randn(d) * 0.1)
+        self.time_mix_k = nn.Parameter(torch.rand(1, 1, d))
+        self.time_mix_v = nn.Parameter(torch.rand(1, 1, d))
+        self.time_mix_r = nn.Parameter(torch.rand(1, 1, d))
+        self.key = nn.Linear(d, d, bias=False)
+        self.value = nn.Linear(d, d, bias=False)
+        self.receptance = nn.Linear(d, d, bias=False)
+        self.output = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        xx = F.pad(x, (0, 0, 1, -1))  # time shift
+        k = self.key(x * self.time_mix_k + xx * (1 - self.time_mix_k))
+        v = self.value(x * self.time_mix_v + xx * (1 - self.time_mix_v))
+        r = torch.sigmoid(self.receptance(x * self.time_mix_r + xx * (1 - self.time_mix_r)))
+        w, u = -torch.exp(self.time_decay), self.time_first
+        num = torch.zeros(b, d)
+        den = torch.zeros(b, d)
+        outs = []
+        for i in range(t):
+            e = torch.exp(u + k[:, i])
+            outs.append((num + e * v[:, i]) / (den + e))
+            num = torch.exp(w) * num + torch.exp(k[:, i]) * v[:, i]
+            den = torch.exp(w) * den + torch.exp(k[:, i])
+        return self.output(r * torch.stack(outs, 1))
+
+
+class RWKVChannelMix(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.time_mix_k = nn.Parameter(torch.rand(1, 1, d))
+        self.time_mix_r = nn.Parameter(torch.rand(1, 1, d))
+        self.key = nn.Linear(d, 4 * d, bias=False)
+        self.receptance = nn.Linear(d, d, bias=False)
+        self.value = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        xx = F.pad(x, (0, 0, 1, -1))
+        k = torch.square(torch.relu(self.key(x * self.time_mix_k + xx * (1 - self.time_mix_k))))
+        r = torch.sigmoid(self.receptance(x * self.time_mix_r + xx * (1 - self.time_mix_r)))
+        return r * self.value(k)
+
+
+class RWKV(nn.Module):
+    def __init__(self, n_layer=2):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.blocks = nn.ModuleList()
+        for _ in range(n_layer):
+            blk = nn.Module()
+            blk.ln1, blk.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+            blk.att, blk.ffn = RWKVTimeMix(D), RWKVChannelMix(D)
+            self.blocks.append(blk)
+        self.ln_out = nn.LayerNorm(D)
+        self.head = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for blk in self.blocks:
+            x = x + blk.att(blk.ln1(x))
+            x = x + blk.ffn(blk.ln2(x))
+        return self.head(self.ln_out(x))
+
+
+@member("rwkv4")
+def rwkv4():
+    nr = [f"blocks.{i}.att.{n}.weight" for i in range(2) for n in ("key", "receptance")]
+    return RWKV(), tokens(), Truth([], not_reported=nr)
+
+
+# ---- heads last: rearrange 'b n (d h) -> b h n d' (head h reads rows h, h + H, ...) ----------
+
+class HeadsLastAttention(nn.Module):
+    def __init__(self, dim, heads=H, dim_head=DH):
+        super().__init__()
+        self.heads = heads
+        self.dim_head = dim_head
+        self.to_q = nn.Linear(dim, heads * dim_head, bias=False)
+        self.to_k = nn.Linear(dim, heads * dim_head, bias=False)
+        self.to_v = nn.Linear(dim, heads * dim_head, bias=False)
+        self.to_out = nn.Linear(heads * dim_head, dim)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        # the head index varies fastest along the projection's outputs
+        q, k, v = (f(x).view(b, n, self.dim_head, self.heads).permute(0, 3, 1, 2)
+                   for f in (self.to_q, self.to_k, self.to_v))
+        out = attend(q, k, v)
+        return self.to_out(out.permute(0, 2, 3, 1).reshape(b, n, -1))
+
+
+class HeadsLastLM(nn.Module):
+    def __init__(self, depth=2):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.layers = nn.ModuleList()
+        for _ in range(depth):
+            blk = nn.Module()
+            blk.norm1, blk.norm2 = nn.LayerNorm(D), nn.LayerNorm(D)
+            blk.attn = HeadsLastAttention(D)
+            blk.ff = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+            self.layers.append(blk)
+        self.out = nn.Linear(D, VOCAB)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for blk in self.layers:
+            x = x + blk.attn(blk.norm1(x))
+            x = x + blk.ff(blk.norm2(x))
+        return self.out(x)
+
+
+@member("heads-last")
+def heads_last():
+    from . import Rows
+    att = []
+    for i in range(2):
+        m = f"layers.{i}.attn"
+        qs = [Rows(f"{m}.to_q.weight", range(h, H * DH, H)) for h in range(H)]
+        ks = [Rows(f"{m}.to_k.weight", range(h, H * DH, H)) for h in range(H)]
+        att.append(Attn(i, H, H, DH, qs, ks, m))
+    return HeadsLastLM(), tokens(), Truth(att, note="head h reads rows h, h + H, h + 2H, ...")
+
+
+# ---- Q/K weights in an nn.ParameterDict, applied with F.linear ----------------------------------
+
+class DictAttention(nn.Module):
+    def __init__(self, dim, n_heads=H, n_kv_heads=HKV):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = dim // n_heads
+        kv = n_kv_heads * self.head_dim
+        self.w = nn.ParameterDict({
+            "q": nn.Parameter(torch.randn(dim, dim) * dim ** -0.5),
+            "k": nn.Parameter(torch.randn(kv, dim) * dim ** -0.5),
+            "v": nn.Parameter(torch.randn(kv, dim) * dim ** -0.5),
+            "o": nn.Parameter(torch.randn(dim, dim) * dim ** -0.5)})
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q = F.linear(x, self.w["q"]).view(b, n, self.n_heads, -1).transpose(1, 2)
+        k = F.linear(x, self.w["k"]).view(b, n, self.n_kv_heads, -1).transpose(1, 2)
+        v = F.linear(x, self.w["v"]).view(b, n, self.n_kv_heads, -1).transpose(1, 2)
+        rep = self.n_heads // self.n_kv_heads
+        out = attend(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
+        return F.linear(out.transpose(1, 2).reshape(b, n, d), self.w["o"])
+
+
+@member("parameterdict-attn")
+def parameterdict_attn():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = RMSNorm(D), RMSNorm(D)
+            self.mix = DictAttention(D)
+            self.ff = nn.Sequential(nn.Linear(D, 64), nn.SiLU(), nn.Linear(64, D))
+
+        def forward(self, x):
+            x = x + self.mix(self.n1(x))
+            return x + self.ff(self.n2(x))
+
+    from .moe import BlocksLM
+    att = []
+    for i in range(2):
+        m = f"blocks.{i}.mix"
+        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.w.q", f"{m}.w.k", H, HKV, DH), m))
+    return BlocksLM(Block), tokens(), Truth(att)
+
+
+# ---- Linformer (lucidrains): keys and values projected along the sequence --------------------
+
+class LinformerSelfAttention(nn.Module):
+    def __init__(self, dim, seq_len, k=4, heads=H, dim_head=DH):
+        super().__init__()
+        self.seq_len, self.k, self.heads, self.dim_head = seq_len, k, heads, dim_head
+        self.to_q = nn.Linear(dim, dim_head * heads, bias=False)
+        self.to_k = nn.Linear(dim, dim_head * heads, bias=False)
+        self.proj_k = nn.Parameter(torch.randn(seq_len, k) / math.sqrt(k))
+        self.to_v = nn.Linear(dim, dim_head * heads, bias=False)
+        self.proj_v = nn.Parameter(torch.randn(seq_len, k) / math.sqrt(k))
+        self.to_out = nn.Linear(dim_head * heads, dim)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q = self.to_q(x)
+        keys = torch.einsum("bnd,nk->bkd", self.to_k(x), self.proj_k[:n])
+        values = torch.einsum("bnd,nk->bkd", self.to_v(x), self.proj_v[:n])
+        q = q.reshape(b, n, self.heads, -1).transpose(1, 2)
+        keys = keys.reshape(b, self.k, self.heads, -1).transpose(1, 2)
+        values = values.reshape(b, self.k, self.heads, -1).transpose(1, 2)
+        dots = torch.einsum("bhnd,bhkd->bhnk", q, keys) * (self.dim_head ** -0.5)
+        out = torch.einsum("bhnk,bhkd->bhnd", dots.softmax(dim=-1), values)
+        return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class Linformer(nn.Module):
+    def __init__(self, seq_len=8, depth=2):
+        super().__init__()
+        self.token_emb = nn.Embedding(VOCAB, D)
+        self.layers = nn.ModuleList()
+        for _ in range(depth):
+            blk = nn.Module()
+            blk.attn_norm, blk.ff_norm = nn.LayerNorm(D), nn.LayerNorm(D)
+            blk.attn = LinformerSelfAttention(D, seq_len)
+            blk.ff = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+            self.layers.append(blk)
+        self.to_logits = nn.Linear(D, VOCAB)
+
+    def forward(self, x):
+        x = self.token_emb(x)
+        for blk in self.layers:
+            x = x + blk.attn(blk.attn_norm(x))
+            x = x + blk.ff(blk.ff_norm(x))
+        return self.to_logits(x)
+
+
+@member("linformer")
+def linformer():
+    att = []
+    for i in range(2):
+        m = f"layers.{i}.attn"
+        att.append(Attn(i, H, H, DH, *heads_separate(f"{m}.to_q.weight", f"{m}.to_k.weight", H,
+                                                     H, DH), m))
+    return Linformer(), tokens(), Truth(att, note="keys mixed along the sequence by proj_k")
+
+
+# ---- SDPA with enable_gqa (torch >= 2.5): the key heads enter the product unrepeated ------------
+
+def _sdpa_gqa():
+    try:
+        major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return hasattr(F, "scaled_dot_product_attention") and (major, minor) >= (2, 5)
+
+
+class GQASDPAAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head, self.n_kv_head = cfg.n_head, cfg.n_kv_head
+        self.head_dim = cfg.n_embd // cfg.n_head
+        self.c_q = nn.Linear(cfg.n_embd, self.n_head * self.head_dim, bias=False)
+        self.c_k = nn.Linear(cfg.n_embd, self.n_kv_head * self.head_dim, bias=False)
+        self.c_v = nn.Linear(cfg.n_embd, self.n_kv_head * self.head_dim, bias=False)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+        self.rotary = RotaryEmbedding(self.head_dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q = self.c_q(x).view(b, t, self.n_head, self.head_dim)
+        k = self.c_k(x).view(b, t, self.n_kv_head, self.head_dim)
+        v = self.c_v(x).view(b, t, self.n_kv_head, self.head_dim)
+        if hasattr(F, "rms_norm"):  # torch >= 2.4
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *self.rotary(x, t))
+        if _sdpa_gqa():
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            rep = self.n_head // self.n_kv_head
+            y = attend(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+@member("sdpa-enable-gqa")
+def sdpa_enable_gqa():
+    """A modded-nanoGPT/nanochat-style block: c_q/c_k/c_v, functional
+    qk-norm (F.rms_norm where torch has it), SDPA with enable_gqa."""
+    class Block(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.attn = GQASDPAAttention(cfg)
+            self.mlp = nn.Sequential(nn.Linear(D, 4 * D, bias=False), nn.ReLU(),
+                                     nn.Linear(4 * D, D, bias=False))
+
+        def forward(self, x):
+            x = x + self.attn(F.layer_norm(x, (D,)))
+            return x + self.mlp(F.layer_norm(x, (D,)))
+
+    class GPT(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.config = cfg
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(VOCAB, D), h=nn.ModuleList(Block(cfg) for _ in range(2))))
+            self.lm_head = nn.Linear(D, VOCAB, bias=False)
+
+        def forward(self, idx):
+            x = self.transformer.wte(idx)
+            for blk in self.transformer.h:
+                x = blk(x)
+            return self.lm_head(x)
+
+    cfg = config(n_head=H, n_kv_head=HKV, n_embd=D)
+    att = []
+    for i in range(2):
+        m = f"transformer.h.{i}.attn"
+        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.c_q.weight", f"{m}.c_k.weight", H,
+                                                       HKV, DH), m))
+    return GPT(cfg), tokens(), Truth(att)
