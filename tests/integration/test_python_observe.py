@@ -14,7 +14,8 @@ For every member the test asserts exactly
 Then: the pass leaves no trace (RNG states, BatchNorm statistics, train
 mode, hooks, tensor attributes), Monitor(example_input=) observes at
 construction, a model no probe batch fits is observed at the first step()
-on the user's batch, and a sketch step runs on what was found.
+on the user's batch (also against the real daemon, which then takes every
+report), and a sketch step runs on what was found.
 """
 import logging
 import math
@@ -844,6 +845,36 @@ def check_monitor_inputs(torch, nn, foreshock, cap):
     check(sorted({g.head for g in rep.attention}) == [0, 1, 2], "first batch: no sketches")
     print("  Monitor(example_input=) observes at construction; a dict-batch model is "
           "observed at the first step() and sketched from the second", flush=True)
+    return DictModel, batch
+
+
+def check_deferred_daemon(torch, foreshock, args, workdir, DictModel, batch):
+    """The observed pass at the first step() with the real client: the
+    connection opens then (its Hello carries what the pass found) and the
+    daemon takes every report."""
+    os.environ["FORESHOCK_LIB"] = os.path.join(os.path.abspath(args.build_dir),
+                                               "libforeshock.so")
+    daemon = fstest.Daemon(args.build_dir, workdir)
+    try:
+        m = DictModel()
+        mon = foreshock.Monitor(m, endpoint=daemon.endpoint, run="deferred", windows=(1,),
+                                every=1)
+        check(mon.stats().get("submitted", 0) == 0, "deferred: connected before the first step")
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for step in range(1, 5):
+            loss = m(batch).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mon.step(step, loss=loss.detach())
+        st = mon.close(60)
+    finally:
+        daemon.stop()
+    check([(a.n_heads, a.head_dim) for a in mon.attention] == [(3, 4)],
+          f"deferred with the daemon: {mon.discovery.summary()}")
+    check(st.get("acked") == 4 and not st.get("dropped"), f"deferred: daemon stats {st}")
+    print(f"  first-step observation with the real client: {st.get('acked')} of 4 reports "
+          "acknowledged", flush=True)
 
 
 def main(args, workdir):
@@ -864,7 +895,8 @@ def main(args, workdir):
     for name, build, exp in members:
         shown[name] = check_member(torch, foreshock, cap, name, build, exp)
     check_no_side_effects(torch, nn, foreshock)
-    check_monitor_inputs(torch, nn, foreshock, cap)
+    DictModel, batch = check_monitor_inputs(torch, nn, foreshock, cap)
+    check_deferred_daemon(torch, foreshock, args, workdir, DictModel, batch)
     for n in shown:
         if n.startswith(("DeepSeek", "per-head", "Meta")):
             print(f"\n  summary for {n}:\n    " + shown[n].replace("\n", "\n    "), flush=True)

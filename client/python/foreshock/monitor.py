@@ -42,6 +42,7 @@ Router token statistics are gathered by forward hooks on the routers into
 device tensors (no host sync per layer) and sent, summed since the last
 sketch step, with each sketch.
 """
+import errno
 import logging
 import os
 import queue
@@ -180,21 +181,33 @@ class _Deferred:
     waits for the first batch (its Hello carries the model shape)."""
 
     def __init__(self, make):
-        self._make, self._t = make, None
+        self._make, self._t, self._error = make, None, None
 
     def open(self):
-        if self._t is None:
-            self._t = self._make()
+        """The client, made once; None when making it failed (logged once,
+        and every report is then dropped and counted: step() never raises)."""
+        if self._t is None and self._error is None:
+            try:
+                self._t = self._make()
+            except Exception as e:
+                self._error = e
+                log.error("foreshock: could not open the connection to the daemon at the "
+                          "first step: %s; reports of this run are dropped", e)
         return self._t
 
     def submit(self, rep):
-        return self.open().submit(rep)
+        t = self.open()
+        return t.submit(rep) if t is not None else -errno.EIO
 
     def stats(self):
-        return self._t.stats() if self._t is not None else {}
+        if self._t is not None:
+            return self._t.stats()
+        return {"last_error": str(self._error)} if self._error is not None else {}
 
     def flush(self, timeout_s=None):
-        return self._t.flush(timeout_s) if self._t is not None else 0
+        if self._t is not None:
+            return self._t.flush(timeout_s)
+        return -errno.EIO if self._error is not None else 0
 
     def close(self, timeout_s=0):
         if self._t is not None:
