@@ -1049,17 +1049,27 @@ class _Restore:
         self.rng = torch.get_rng_state()
         self.cuda = (torch.cuda.get_rng_state_all() if torch.cuda.is_available()
                      and torch.cuda.is_initialized() else None)
-        self.bufs = [(b, b.detach().clone()) for b in self.model.buffers()]
+        # (module, name, the buffer object, its values): a forward that
+        # replaces a buffer (a rotary cache rebuilt) gets the old one back
+        self.bufs = [(m, n, b, b.detach().clone()) for m in self.model.modules()
+                     for n, b in m._buffers.items() if b is not None]
         return self
 
     def __exit__(self, *exc):
         with torch.no_grad():
-            for b, v in self.bufs:
+            for m, n, b, v in self.bufs:
+                if m._buffers.get(n) is not b:
+                    m._buffers[n] = b
                 if b.shape == v.shape:
                     b.copy_(v)
+                else:  # resized in place
+                    b.data = v
         torch.set_rng_state(self.rng)
         if self.cuda is not None:
             torch.cuda.set_rng_state_all(self.cuda)
+        # tensors a forward keeps on its modules (self.attn = p_attn) lose their labels
+        _untag([v for m in self.model.modules() for v in vars(m).values()
+                if isinstance(v, torch.Tensor)])
         return False
 
 
