@@ -1116,7 +1116,9 @@ def observe(model, example_input=None, example_kwargs=None):
         except (TypeError, ValueError):
             pass
     else:
-        tries = probe_inputs(model)
+        # seq 8, then 2 for a model with fewer positions than that
+        tries = probe_inputs(model) + [t for t in probe_inputs(model, seq=2)
+                                       if t[0].startswith("token ids")]
         if not tries:
             obs.error = "no probe input could be built (no embedding, Linear or norm width)"
             return obs
