@@ -51,6 +51,7 @@ and the mode is popped. Hooks the user registered do run once more.
 """
 import inspect
 import itertools
+import sys
 import weakref
 
 import torch
@@ -1076,7 +1077,7 @@ class _Restore:
 def _eager(fn):
     """fn with TorchDynamo off for its whole call (compiled submodules run
     eagerly, so the mode sees their ops and nothing is recompiled)."""
-    dynamo = getattr(torch, "_dynamo", None)
+    dynamo = sys.modules.get("torch._dynamo")  # not imported: nothing is compiled
     disable = getattr(dynamo, "disable", None) if dynamo is not None else None
     return disable(fn) if disable is not None else fn
 
