@@ -748,6 +748,25 @@ def check_member(torch, foreshock, cap, name, build, exp):
     return text
 
 
+def check_compiled(torch, foreshock, members):
+    """A torch.compile'd model (torch 2) is observed through its eager module."""
+    if not hasattr(torch, "compile"):
+        print("  torch.compile: not in this torch, skipped", flush=True)
+        return
+    name, build, _ = members[0]
+    torch.manual_seed(0)
+    model = build()
+    plain = foreshock.discover(model)
+    compiled = torch.compile(model, backend="eager")
+    found = foreshock.discover(compiled)
+    want = [(a.layer, a.n_heads, a.n_kv_heads, a.head_dim) for a in plain.attention]
+    got = [(a.layer, a.n_heads, a.n_kv_heads, a.head_dim) for a in found.attention]
+    check(got == want and all(torch.equal(x, y) for a, b in zip(found.attention, plain.attention)
+                              for x, y in zip(a.get(), b.get())),
+          f"torch.compile'd {name}: {got} vs {want}:\n{found.summary()}")
+    print(f"  torch.compile'd {name}: the same {len(got)} attention specs and rows", flush=True)
+
+
 def check_no_side_effects(torch, nn, foreshock):
     """The pass restores RNG, BatchNorm statistics and leaves no hook,
     no mode and no attribute behind; train mode stays."""
@@ -894,6 +913,7 @@ def main(args, workdir):
     shown = {}
     for name, build, exp in members:
         shown[name] = check_member(torch, foreshock, cap, name, build, exp)
+    check_compiled(torch, foreshock, members)
     check_no_side_effects(torch, nn, foreshock)
     DictModel, batch = check_monitor_inputs(torch, nn, foreshock, cap)
     check_deferred_daemon(torch, foreshock, args, workdir, DictModel, batch)
