@@ -849,7 +849,7 @@ def _merge_attention(att, obs, found):
             firsts.append(a.get()[0])
         except Exception:
             firsts.append(None)
-    seen = set()
+    seen, warned = set(), set()
     for site in obs.attention:
         if site.reason is not None:
             if site.reason == "mixed":
@@ -857,7 +857,7 @@ def _merge_attention(att, obs, found):
                 name = _common([s.pname for s in site.q_srcs + site.k_srcs]) or name
                 reason, fix = _mixed_text(site, name), MLA_FIX
             else:
-                name = _common([s.pname for s in site.q_srcs + site.k_srcs])
+                name = _common([s.pname for s in site.q_srcs + site.k_srcs]) or "(model)"
                 reason, fix = f"observed attention score: {site.reason}", (
                     "attention=[foreshock.AttentionSpec(layer, n_heads, n_kv_heads, head_dim, "
                     "get=lambda: (Wq, Wk))] with Wq, Wk over one input space")
@@ -867,9 +867,10 @@ def _merge_attention(att, obs, found):
                 out.remove(a)
                 found.how.pop(a.name, None)
                 name = a.name.split("/")[0].rpartition(".")[0] or name
-            if any(n == name for _, n, _, _ in found.skipped):
+            if name in warned:
                 continue
-            found.skipped = [x for x in found.skipped
+            warned.add(name)
+            found.skipped = [x for x in found.skipped  # the pass's reason replaces names'
                              if not (x[0] == "attention" and _under(name, x[1]))]
             found.skipped.append(("attention", name, reason, fix))
             continue

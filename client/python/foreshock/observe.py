@@ -221,6 +221,7 @@ class Site:
         self.reason = None          # why it cannot be monitored, or None
         # attention
         self.q_src = self.k_src = None
+        self.q_srcs, self.k_srcs = [], []       # every weight q / k read from
         self.q_heads, self.k_heads = [], []     # per head: row list, in dot-product order
         self.kv_of = []                         # query head -> key head
         self.n_heads = self.n_kv_heads = self.head_dim = 0
@@ -485,6 +486,10 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         site.via = via
         if bool((qa < 0).any()) or bool((ka < 0).any()):
             site.reason = "some q/k features come from no projection weight this pass saw"
+            site.q_srcs = [self.obs.sources[i] for i in sorted(set(
+                (qa[qa >= 0] >> _SHIFT).tolist()))]
+            site.k_srcs = [self.obs.sources[i] for i in sorted(set(
+                (ka[ka >= 0] >> _SHIFT).tolist()))]
             return site
         qs, ks = (qa >> _SHIFT), (ka >> _SHIFT)
         qsrc, ksrc = sorted(set(qs.unique().tolist())), sorted(set(ks.unique().tolist()))
