@@ -649,7 +649,34 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
-    # 14. An attention kernel reached as a torch custom op in the
+    # 14. A score whose q is partly a learned table, no projection: named
+    # with the reason the pass gives (not names' "head count unknown").
+    class PartQ(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.wq = nn.Linear(d, 12)
+            self.wk = nn.Linear(d, 16)
+            self.table = nn.Parameter(torch.randn(64, 4))
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q = torch.cat([self.wq(x), self.table[:t].expand(b, t, 4)], -1)
+            q = q.view(b, t, 2, 8).transpose(1, 2)
+            k = self.wk(x).view(b, t, 2, 8).transpose(1, 2)
+            return x + (torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ k).transpose(1, 2) \
+                .reshape(b, t, 16).sum(-1, keepdim=True)
+
+    @member("q partly from a learned table: skipped with the pass's reason",
+            says=["SKIPPED attention blocks.0", "some q/k features come from no projection",
+                  "found NOTHING it can monitor"], not_says=["head count unknown"],
+            level=logging.WARNING)
+    def part_q():
+        m = Embed([PartQ(32)])
+        m.expect_ = lambda: []
+        m.routers_ = lambda: []
+        return m
+
+    # 15. An attention kernel reached as a torch custom op in the
     # flash-attn layout [B, T, H, D] (torch 2.4+ only: torch.library.custom_op).
     if hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
         @torch.library.custom_op("foreshock_test::flash_attn_func", mutates_args=())
