@@ -867,6 +867,12 @@ def check_monitor_inputs(torch, nn, foreshock, cap):
     check("observed: one forward pass (example_input)" in mon.discovery.summary(),
           mon.discovery.summary())
     mon.close(5)
+    # a parameter replaced after discovery (a wrapper, a checkpoint load) is followed
+    spec = mon.attention[0]
+    old_q = m.blk.to_queries.weight
+    m.blk.to_queries.weight = nn.Parameter(torch.randn(12, 12))
+    check(torch.equal(spec.get()[0], m.blk.to_queries.weight), "get() kept a replaced weight")
+    m.blk.to_queries.weight = old_q
 
     n = len(cap.records)
     mon = foreshock.Monitor(m, run="later", windows=(1,), every=1,

@@ -178,10 +178,22 @@ class Source:
     reads the weight elements at row_off[i] + j * stride, j < width,
     counted from the parameter's storage offset."""
 
-    def __init__(self, index, pname, param, row_off, stride, width, how):
+    def __init__(self, index, pname, param, row_off, stride, width, how, owner=None):
         self.index, self.pname, self.param = index, pname, param
         self.row_off, self.stride, self.width, self.how = row_off, stride, width, how
         self.rows = len(row_off)
+        self.owner = owner      # (module, attribute): the weight looked up at each get()
+
+    def current(self):
+        """The weight now: the owner's attribute when it is still a tensor of
+        the shape seen (a parameter replaced since, by a wrapper or a
+        checkpoint load, is followed), else the one seen."""
+        if self.owner is not None:
+            w = getattr(self.owner[0], self.owner[1], None)
+            if isinstance(w, torch.Tensor) and w.shape == self.param.shape and \
+                    w.stride() == self.param.stride():
+                return w
+        return self.param
 
     @property
     def module(self):
@@ -191,23 +203,25 @@ class Source:
         """get() -> [len(rows), width] tensor of these output rows (a view
         when they are a contiguous run of a [out, in] weight's rows)."""
         p = self.param
+        cur = self.current
         offs = [self.row_off[r] for r in rows]
         if (p.dim() == 2 and self.stride == p.stride(1) and self.width == p.shape[1]
                 and all(o % p.stride(0) == 0 for o in offs)):
             idx = [o // p.stride(0) for o in offs]
             if idx == list(range(idx[0], idx[0] + len(idx))):
                 a, b = idx[0], idx[0] + len(idx)
-                return lambda: p[a:b]
+                return lambda: cur()[a:b]
             rt = torch.tensor(idx, dtype=torch.long)
-            return lambda: p.index_select(0, rt.to(p.device))
+            return lambda: cur().index_select(0, rt.to(p.device))
         off = torch.tensor(offs, dtype=torch.long)[:, None] + \
             torch.arange(self.width, dtype=torch.long)[None, :] * self.stride
         span = int(off.max()) + 1
 
         def get():
-            flat = p.reshape(-1) if p.is_contiguous() else p.as_strided(
-                (span,), (1,), p.storage_offset())
-            return flat[off.to(p.device)]
+            w = cur()
+            flat = w.reshape(-1) if w.is_contiguous() else w.as_strided(
+                (span,), (1,), w.storage_offset())
+            return flat[off.to(w.device)]
         return get
 
 
@@ -353,6 +367,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
     def __init__(self, params, obs):
         super().__init__()
         self.params = params        # id(param) -> name
+        self.owners = {}            # id(param) -> (module, attribute)
         self.obs = obs
         self.candidates = []        # score candidates, Site per matmul of two labelled operands
         self.topks = {}             # source index -> Site
@@ -385,7 +400,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         key = (pname, tuple(row_off), stride, width)
         s = self.obs.sources_by_key.get(key)
         if s is None:
-            s = Source(len(self.obs.sources), pname, param, list(row_off), stride, width, how)
+            s = Source(len(self.obs.sources), pname, param, list(row_off), stride, width, how,
+                       self.owners.get(id(param)))
             self.obs.sources.append(s)
             self.obs.sources_by_key[key] = s
         return s
@@ -1106,6 +1122,8 @@ def observe(model, example_input=None, example_kwargs=None):
         obs.error = f"torch {torch.__version__} has no TorchFunctionMode"
         return obs
     params = {id(p): n for n, p in model.named_parameters()}
+    owners = {id(p): (m, n) for m in model.modules()
+              for n, p in m.named_parameters(recurse=False)}
     if example_input is not None or example_kwargs:
         if isinstance(example_input, dict):
             tries = [("example_input", (), dict(example_input))]
@@ -1133,6 +1151,7 @@ def observe(model, example_input=None, example_kwargs=None):
     for desc, args, kwargs in tries:
         trial = Observation()
         tracker = _Tracker(params, trial)
+        tracker.owners = owners
         try:
             with _Restore(model), torch.no_grad(), tracker:
                 _eager(target)(*args, **kwargs)
