@@ -1045,7 +1045,9 @@ def probe_inputs(model, batch=1, seq=8):
             out.insert(0, (f"token ids [{batch}, {seq}] (encoder and decoder)", (ids,), kw2))
     conv = _first(model, nn.Conv2d)
     if conv is not None:
-        size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+        size = getattr(getattr(model, "patch_embed", None), "img_size", None)  # timm
+        if size is None:
+            size = getattr(getattr(model, "config", None), "image_size", None)  # transformers
         size = size[0] if isinstance(size, (tuple, list)) else size
         size = size if isinstance(size, int) else conv.kernel_size[0] * 4
         img = randn(batch, conv.in_channels, size, size)
