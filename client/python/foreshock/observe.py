@@ -557,9 +557,11 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
 
     def _score(self, name, args, kwargs, out):
         if name in ("matmul", "__matmul__", "bmm"):
-            a, b = args[0], args[1]
-        elif name == "baddbmm":
-            a, b = args[1], args[2]
+            a = args[0] if args else kwargs.get("input")
+            b = args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("mat2"))
+        elif name == "baddbmm":  # alibi.baddbmm(batch1=q, batch2=k_t, ...) in BLOOM
+            a = args[1] if len(args) > 1 else kwargs.get("batch1")
+            b = args[2] if len(args) > 2 else kwargs.get("batch2")
         else:
             return
         sa, sb = _shadow(a), _shadow(b)
@@ -763,7 +765,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self._uses(name, args, kwargs)
         if name == "linear":
             w = args[1] if len(args) > 1 else kwargs.get("weight")
-            if self._linear(args[0], w, out, "linear"):
+            if self._linear(None, w, out, "linear"):
                 return
         if name in ("matmul", "__matmul__", "mm") and len(args) == 2:
             if self._param(args[1]) is not None and self._param(args[0]) is None:
