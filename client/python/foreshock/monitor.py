@@ -198,6 +198,48 @@ class _RateLimited:
         log.log(level, msg, *args)
 
 
+class _Deferred:
+    """The libforeshock client, opened at the first step() when discovery
+    waits for the first batch (its Hello carries the model shape)."""
+
+    def __init__(self, make):
+        self._make, self._t, self._error = make, None, None
+
+    def open(self):
+        """The client, made once; None when making it failed (logged once,
+        and every report is then dropped and counted: step() never raises)."""
+        if self._t is None and self._error is None:
+            try:
+                self._t = self._make()
+            except Exception as e:
+                self._error = e
+                log.error("foreshock: could not open the connection to the daemon at the "
+                          "first step: %s; reports of this run are dropped", e)
+        return self._t
+
+    def submit(self, rep):
+        t = self.open()
+        return t.submit(rep) if t is not None else -errno.EIO
+
+    def stats(self):
+        if self._t is not None:
+            return self._t.stats()
+        return {"last_error": str(self._error)} if self._error is not None else {}
+
+    def flush(self, timeout_s=None):
+        if self._t is not None:
+            return self._t.flush(timeout_s)
+        return -errno.EIO if self._error is not None else 0
+
+    def close(self, timeout_s=0):
+        if self._t is not None:
+            self._t.close(timeout_s)
+
+    def poll_advice(self):
+        poll = getattr(self._t, "poll_advice", None)
+        return poll() if poll is not None else []
+
+
 class _Job:
     """What step() hands to the sender thread."""
     __slots__ = ("step", "time", "scalars", "attn", "routers", "tokens", "norms", "flat",
@@ -289,6 +331,13 @@ class Monitor:
     attention    list of AttentionSpec instead of discovery (layouts.py)
     routers      list of RouterSpec instead of discovery; [] for none
     layers       only these layer indices (default: all found)
+    example_input  the model's input for the one observed forward pass of
+                 discovery (a tensor, a tuple of arguments or a dict of
+                 keyword arguments), run at construction. Without it a probe
+                 batch is tried; when none runs, the pass waits for the first
+                 step() and uses the first batch the model saw (the daemon is
+                 then connected at that step). observe=False: names only.
+                 README "What it finds and how"
     n_heads, n_kv_heads, head_dim, top_k   fallbacks when modules do not say
     shard_group  torch.distributed group over which the model dimension d of
                  the monitored weights is split (each rank's accessor returns
@@ -354,7 +403,8 @@ class Monitor:
                  backoff_max_s=None, record=None, optimizer=None, route=None,
                  device_sketches=DEFAULT_DEVICE_SKETCHES, local_ranks=None, tls=None,
                  tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
-                 on_advice=None, advice=True, resume_step=None):
+                 on_advice=None, advice=True, resume_step=None, example_input=None,
+                 observe=True):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self._fail_lock = threading.Lock()
@@ -443,11 +493,23 @@ class Monitor:
 
         # Discovery (layouts.py): one summary record of what is monitored,
         # what was skipped and why, and the argument that fixes it.
+        self._discover_kw = dict(attention=attention, routers=routers, layers=layers,
+                                 n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                                 top_k=top_k)
+        self._later, self._first_input = None, None
         try:
-            found = discover(model, attention=attention, routers=routers, layers=layers,
-                             n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                             top_k=top_k)
-            found.log(type(model).__name__)
+            found = discover(model, example_input=example_input, observe=observe,
+                             **self._discover_kw)
+            # No example input and no probe batch ran: observe the first batch
+            # the model sees, at the first step() (_observe_first).
+            obs = found.observation
+            if example_input is None and observe and obs is not None and obs.error is not None \
+                    and "no forward" not in obs.error:
+                self._later = (model, self._capture_first(model))
+                log.info("foreshock: %s: discovery by names for now; the observed pass waits "
+                         "for the first batch (%s)", type(model).__name__, obs.error)
+            else:
+                found.log(type(model).__name__)
         except (ValueError, TypeError) as e:
             if attention is not None or routers is not None:
                 raise  # specs the caller gave are bad input: a clear error
@@ -469,10 +531,7 @@ class Monitor:
         self._tok = {}              # router index -> TokenStats being filled
         self._hooks = []
         self._tok_lock = threading.Lock()
-        if self.send_tokens:
-            for i, r in enumerate(self.routers):
-                if r.module is not None:
-                    self._hooks.append(r.module.register_forward_hook(self._router_hook(i, r)))
+        self._hook_routers()
         self._last_call = None
         self._closed = False
         self._queue = queue.Queue(maxsize=queue_reports)
@@ -502,32 +561,23 @@ class Monitor:
         if transport is None:
             from ._lib import Client
             host, port = parse_endpoint(endpoint)
-            a0 = att[0] if att else None
-            all_heads = bool(att) and layers is None and len(att) == self.n_layers and \
-                all(a.head_offset == 0 for a in att) and \
-                len({a.n_heads for a in att}) == 1 and self.send_sketches
-            model_shape = {
-                # n_layers/n_heads tell the daemon which heads to expect in a
-                # step; only claimed when this stream sends all of them.
-                "n_layers": self.n_layers if all_heads else 0,
-                "n_heads": a0.n_heads if all_heads else 0,
-                "n_kv_heads": a0.n_kv_heads if a0 else 0,
-                "d_head": a0.head_dim if a0 else 0,
-                "n_experts": self.routers[0].n_experts if self.routers else 0,
-                "top_k": self.routers[0].top_k if self.routers else 0,
-                "moe_layers": sorted({r.layer for r in self.routers}) if self.send_tokens
-                else [],
-            }
-            transport = Client(host, port, self.run, rank=self.rank, world_size=self.world_size,
-                               attempt=attempt, token=token, detect_from_step=detect_from_step,
-                               replay_max_bytes=replay_bytes, model=model_shape,
-                               client_name=client_name or "foreshock-python/0.1.0",
-                               backoff_max_ms=int(backoff_max_s * 1000) if backoff_max_s else 0,
-                               lib_path=lib, record_path=self.record_path,
-                               record_only=bool(self.record_path) and endpoint is None,
-                               local_ranks=self.local_ranks,
-                               advice=bool(advice or on_advice), resume_step=resume_step,
-                               **_tls_args(tls, tls_ca, tls_cert, tls_key, tls_server_name))
+
+            def shape():
+                return self._model_shape(layers)
+            make = (lambda: Client(host, port, self.run, rank=self.rank,
+                                   world_size=self.world_size, attempt=attempt, token=token,
+                                   detect_from_step=detect_from_step,
+                                   replay_max_bytes=replay_bytes, model=shape(),
+                                   client_name=client_name or "foreshock-python/0.1.0",
+                                   backoff_max_ms=int(backoff_max_s * 1000)
+                                   if backoff_max_s else 0,
+                                   lib_path=lib, record_path=self.record_path,
+                                   record_only=bool(self.record_path) and endpoint is None,
+                                   local_ranks=self.local_ranks,
+                                   advice=bool(advice or on_advice), resume_step=resume_step,
+                                   **_tls_args(tls, tls_ca, tls_cert, tls_key,
+                                               tls_server_name)))
+            transport = _Deferred(make) if self._later is not None else make()
             if self.local_ranks:
                 log.info("foreshock: run %s rank %d: the daemon at %s hears local group %s of "
                          "%d ranks: its router token statistics are this group's, its "
@@ -592,6 +642,78 @@ class Monitor:
 
     def _live(self, key):
         return key not in self._disabled
+
+    # ---- discovery --------------------------------------------------------------------
+
+    def _model_shape(self, layers):
+        """The model shape the Hello carries, from the discovery's result."""
+        att = self.attention
+        a0 = att[0] if att else None
+        # n_layers/n_heads tell the daemon which heads to expect in a step;
+        # only claimed when this stream sends all of them.
+        all_heads = bool(att) and layers is None and len(att) == self.n_layers and \
+            all(a.head_offset == 0 for a in att) and \
+            len({a.n_heads for a in att}) == 1 and self.send_sketches
+        return {
+            "n_layers": self.n_layers if all_heads else 0,
+            "n_heads": a0.n_heads if all_heads else 0,
+            "n_kv_heads": a0.n_kv_heads if a0 else 0,
+            "d_head": a0.head_dim if a0 else 0,
+            "n_experts": self.routers[0].n_experts if self.routers else 0,
+            "top_k": self.routers[0].top_k if self.routers else 0,
+            "moe_layers": sorted({r.layer for r in self.routers}) if self.send_tokens else [],
+        }
+
+    def _hook_routers(self):
+        if self.send_tokens:
+            for i, r in enumerate(self.routers):
+                if r.module is not None:
+                    self._hooks.append(r.module.register_forward_hook(self._router_hook(i, r)))
+
+    def _capture_first(self, model):
+        """A pre-hook keeping the first call's inputs (kwargs too on torch 2)."""
+        def pre(module, args, kwargs=None):
+            if self._first_input is None:
+                self._first_input = (tuple(a.detach() if isinstance(a, torch.Tensor) else a
+                                           for a in args), dict(kwargs or {}))
+        try:
+            return model.register_forward_pre_hook(pre, with_kwargs=True)
+        except TypeError:  # torch 1.x: positional inputs only
+            return model.register_forward_pre_hook(pre)
+
+    def _observe_first(self):
+        """At the first step() when construction could not observe: one
+        observed pass with the first batch, then the summary and the
+        connection (the daemon hears the shape this pass found)."""
+        model, handle = self._later
+        self._later = None
+        handle.remove()
+        found = self.discovery
+        try:
+            if self._first_input is not None:
+                args, kwargs = self._first_input
+                from .observe import observe as run_observed
+                obs = run_observed(model, args, kwargs)
+                if obs.error is None:
+                    found = discover(model, observe=obs, **self._discover_kw)
+                else:
+                    found.observation = obs
+        except Exception as e:  # discovery stays the names' one
+            log.warning("foreshock: the observed pass on the first batch failed (%s: %s); "
+                        "names only", type(e).__name__, e)
+        self._first_input = None
+        found.log(type(model).__name__)
+        self.discovery = found
+        if found.attention is not self.attention or found.routers is not self.routers:
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            self.attention, self.routers = found.attention, found.routers
+            self.n_layers = 1 + max([a.layer for a in self.attention] +
+                                    [r.layer for r in self.routers] + [-1])
+            self._hook_routers()
+        if isinstance(self.transport, _Deferred):
+            self.transport.open()
 
     # ---- hooks -------------------------------------------------------------------------
 
@@ -669,6 +791,9 @@ class Monitor:
                 self._closed_warned = True
                 log.warning("foreshock: Monitor.step(%s) after close(): ignored", step)
             return
+        if self._later is not None:
+            # The observed pass on the first batch (construction had none).
+            self._guarded("discovery", None, self._observe_first)
         sketched = self._guarded("step", None, self._step, t0, step, loss, grad_norm, lr,
                                  loss_scale, tokens, step_time)
         dt = time.perf_counter() - t0
@@ -1152,6 +1277,9 @@ class Monitor:
             return self._final
         self._closed = True
         self._final = {}
+        if self._later is not None:
+            self._guarded("hook", None, self._later[1].remove)
+            self._later = None
         for h in self._hooks:
             self._guarded("hook", None, h.remove)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
