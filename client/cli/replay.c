@@ -80,7 +80,9 @@ static const struct command_help replay_help = {
     .summary =
         "Stream recordings (Monitor(record=...), FORESHOCK_RECORD, fsc_options.record_path)\n"
         "into a daemon: one connection per file, reports interleaved by step. Exit 0 when\n"
-        "every report was acknowledged as committed.",
+        "every report was acknowledged as committed. A report the daemon would refuse (a\n"
+        "step not below 2^63, a time that is not finite) or that it refuses stops the\n"
+        "replay with an error naming the file and the report: nothing is skipped.",
 };
 
 /* One recording being replayed. */
@@ -338,7 +340,7 @@ int cmd_replay(int argc, char **argv)
         if (!pick)
             break;
         const Foreshock__Report *r = pick->next->report;
-        if (st.pace && r->has_time_unix) {
+        if (st.pace && r->has_time_unix && isfinite(r->time_unix)) {
             if (isnan(rec0))
                 rec0 = r->time_unix;
             sleep_s(t0 + (r->time_unix - rec0) / st.speed - now_s());
