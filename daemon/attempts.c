@@ -13,7 +13,11 @@ static const char *const at_sql[AT_COUNT] = {
                   "ORDER BY attempt DESC LIMIT 1",
     [AT_INSERT] = "INSERT INTO attempts (run_id, attempt, resume_step, started_at) "
                   "VALUES (?1, ?2, ?3, ?4)",
-    [AT_REBUILT] = "UPDATE attempts SET rebuilt_at = ?3 WHERE run_id = ?1 AND attempt = ?2",
+    /* Earlier rewinds superseded before their own rebuild was stored never
+     * will be: this rebuild replays their stored points too (steps <= its
+     * step), so it is theirs as well. */
+    [AT_REBUILT] = "UPDATE attempts SET rebuilt_at = ?3 WHERE run_id = ?1 AND (attempt = ?2 OR "
+                   "(attempt < ?2 AND resume_step IS NOT NULL AND rebuilt_at IS NULL))",
 };
 
 struct attempts_store {

@@ -43,7 +43,9 @@ int attempts_store_hello(struct attempts_store *as, int64_t run_id, uint32_t att
 int attempts_store_admit(struct attempts_store *as, int64_t run_id, uint32_t attempt, bool *admit,
                          uint32_t *latest);
 
-/* The rewind of (run_id, attempt) was rebuilt at now. SQLite rc. */
+/* The rewind of (run_id, attempt) was rebuilt at now; so were the run's
+ * earlier rewinds still without a rebuild (a newer rewind superseded them
+ * first: this rebuild stands for them). SQLite rc. */
 int attempts_store_rebuilt(struct attempts_store *as, int64_t run_id, uint32_t attempt, double now);
 
 #endif
