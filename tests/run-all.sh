@@ -3,7 +3,7 @@
 # builds, and runs the whole test suite twice:
 # a normal build and an AddressSanitizer + UndefinedBehaviorSanitizer build,
 # then runs the libFuzzer targets (frame decoder, HTTP parameters, silences,
-# configuration) for a bounded time each.
+# configuration, recordings) for a bounded time each.
 #
 #   tests/run-all.sh            everything (what CI runs)
 #   FUZZ_SECONDS=0 tests/run-all.sh    skip the fuzzers
@@ -50,10 +50,11 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   echo "== fuzz every parser: the frame decoder ${FUZZ_SECONDS}s, the others $((FUZZ_SECONDS / 2))s each =="
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFORESHOCK_FUZZ=ON \
     -DFORESHOCK_SANITIZE=ON -DFORESHOCK_WERROR=OFF >/dev/null
-  cmake --build build-fuzz -j"$JOBS" --target fuzz_decode fuzz_http_params fuzz_silence fuzz_config
+  cmake --build build-fuzz -j"$JOBS" --target fuzz_decode fuzz_http_params fuzz_silence fuzz_config \
+    fuzz_recording
   seeds=$(mktemp -d)
-  mkdir -p "$seeds"/decode "$seeds"/http "$seeds"/silence "$seeds"/config
-  /usr/bin/python3 tests/fuzz/make_corpus.py . "$seeds"/decode
+  mkdir -p "$seeds"/decode "$seeds"/http "$seeds"/silence "$seeds"/config "$seeds"/recording
+  /usr/bin/python3 tests/fuzz/make_corpus.py . "$seeds"/decode "$seeds"/recording
   printf '\001%s' '1h30m' > "$seeds"/http/duration
   printf '\002%s' '2026-01-02T03:04:05.25+02:00' > "$seeds"/http/time
   printf '\000%s' 'Bearer abc' > "$seeds"/http/bearer
@@ -62,7 +63,9 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   printf '%s' '[{"name":"alertname","value":"qk\\..*","isRegex":true},{"name":"run","value":"a"}]' \
     > "$seeds"/silence/one
   cp deploy/foreshockd.conf.example "$seeds"/config/example
-  for t in decode http_params silence config; do
+  printf '\357\273\277[run "team-a-*"]\ntoken = a\n[run "team-b-?"]\ntoken = b\n[advice]\n' \
+    > "$seeds"/config/sections
+  for t in decode http_params silence config recording; do
     secs=$((FUZZ_SECONDS / 2)); dir="$seeds/$t"
     [ "$t" = decode ] && secs=$FUZZ_SECONDS
     [ "$t" = http_params ] && dir="$seeds/http"
