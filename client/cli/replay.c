@@ -78,9 +78,10 @@ static const struct command_help replay_help = {
     .summary =
         "Stream recordings (Monitor(record=...), FORESHOCK_RECORD, fsc_options.record_path)\n"
         "into a daemon: one connection per file, reports interleaved by step. Exit 0 when\n"
-        "every report was acknowledged as committed. A report the daemon would refuse (a\n"
-        "step not below 2^63, a time that is not finite) or that it refuses stops the\n"
-        "replay with an error naming the file and the report: nothing is skipped.",
+        "every report was acknowledged as committed. A report the daemon refuses is named\n"
+        "and makes the exit status 1; one it would refuse even as an empty placeholder (a\n"
+        "step not below 2^63, a time that is not finite) stops the replay at once with an\n"
+        "error naming the file and the report.",
 };
 
 /* One recording being replayed. */
