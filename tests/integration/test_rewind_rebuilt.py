@@ -25,9 +25,16 @@ from fstest import check
 
 
 def hello(pb, port, run, rank, attempt, resume_step=None):
-    """A Hello (rank of a 2-rank run) on its own connection, kept open."""
+    """A Hello (rank of a 2-rank run) on its own connection, kept open. It
+    declares simulate's model below, its MoE layer included: the router
+    tokens of a step wait for every rank that announces the layer, and a
+    Hello that announced none would let the lagging steps go."""
     c = fstest.RawConn(pb, port)
     f = fstest.hello(pb, run, rank=rank, world=2, attempt=attempt)
+    m = f.hello.model
+    m.n_layers, m.n_heads, m.n_kv_heads, m.d_head, m.d_model = 1, 2, 2, 8, 32
+    m.n_experts, m.top_k = 2, 1
+    m.moe_layers.extend([0])
     if resume_step is not None:
         f.hello.resume_step = resume_step
     c.send(f)
