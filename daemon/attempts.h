@@ -37,7 +37,7 @@ int attempts_store_hello(struct attempts_store *as, int64_t run_id, uint32_t att
  * yet): a new attempt at most FS_MAX_ATTEMPT_JUMP above the run's latest
  * (above 0 for its first). A rewind needs an attempt above the latest, so
  * one Hello of attempt 2^32-1 would otherwise end every later rewind of the
- * run; now it takes 2^32 / FS_MAX_ATTEMPT_JUMP refused-or-not Hellos, each
+ * run; now that takes 2^32 / FS_MAX_ATTEMPT_JUMP accepted Hellos, each
  * one a new attempt in /api/v1/runs. *latest: the run's latest attempt
  * (0 when none). SQLite rc. */
 int attempts_store_admit(struct attempts_store *as, int64_t run_id, uint32_t attempt, bool *admit,
