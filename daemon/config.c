@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs_grow.h"
 #include "log.h"
 
 #define FIELD(type, f) .offset = offsetof(type, f), .size = sizeof(((type *)0)->f)
@@ -508,10 +509,54 @@ static int only_comment(const char *s)
     return *s == '\0' || *s == '#' || *s == ';';
 }
 
+/* What one parse has seen, to refuse what a file gives twice: section
+ * headers (name and sub) and the keys of the section being read, each with
+ * its line. A key or a section given twice would otherwise be taken
+ * silently, the last one winning, or the first: [run] and [target]
+ * refused a second section of theirs while [detect] and [advice] did not. */
+struct seen_item {
+    char *text; /* "name\037sub" (a header) or the key */
+    int line;
+};
+struct seen {
+    struct seen_item *headers, *keys;
+    size_t n_headers, cap_headers, n_keys, cap_keys;
+};
+
+static void seen_free(struct seen *sn)
+{
+    for (size_t i = 0; i < sn->n_headers; i++)
+        free(sn->headers[i].text);
+    for (size_t i = 0; i < sn->n_keys; i++)
+        free(sn->keys[i].text);
+    free(sn->headers);
+    free(sn->keys);
+}
+
+/* The line where text was seen in v[0..n), else 0; else records it at line
+ * (-ENOMEM when it cannot). */
+static int seen_check(struct seen_item **v, size_t *n, size_t *cap, const char *text, int line)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (strcmp((*v)[i].text, text) == 0)
+            return (*v)[i].line;
+    struct seen_item *p = fs_grow(*v, cap, *n + 1, sizeof(*p), 16);
+    char *copy = p ? strdup(text) : NULL;
+    if (!copy) {
+        if (p)
+            *v = p;
+        return -ENOMEM;
+    }
+    *v = p;
+    (*v)[(*n)++] = (struct seen_item){.text = copy, .line = line};
+    return 0;
+}
+
 /* Parses a `[name]` or `[name "sub"]` line; selects the section and target. */
 static int parse_header(char *s, const char *origin, int line,
                         const struct config_section *sections, size_t nsections,
-                        const struct config_section **sec, void **target, struct fs_err *err)
+                        const struct config_section **sec, void **target, struct seen *sn,
+                        struct fs_err *err)
 {
     char *p = s + 1;
     while (*p == ' ' || *p == '\t')
@@ -537,9 +582,25 @@ static int parse_header(char *s, const char *origin, int line,
         return -EINVAL;
     }
     *name_end = '\0';
+    char id[FS_CONFIG_MAX_LINE + 2];
+    snprintf(id, sizeof(id), "%s\037%s", name, sub ? sub : "");
+    int first = seen_check(&sn->headers, &sn->n_headers, &sn->cap_headers, id, line);
+    if (first != 0) {
+        if (first > 0)
+            fail(err, origin, line, NULL, "section [%s%s%s%s] given twice (first at line %d)", name,
+                 sub ? " \"" : "", sub ? sub : "", sub ? "\"" : "", first);
+        else
+            fail(err, origin, line, NULL, "out of memory");
+        return first > 0 ? -EINVAL : -ENOMEM;
+    }
+    /* A new section: its keys are new. */
+    for (size_t i = 0; i < sn->n_keys; i++)
+        free(sn->keys[i].text);
+    sn->n_keys = 0;
     for (size_t i = 0; i < nsections; i++) {
         if (sections[i].name[0] && strcmp(sections[i].name, name) == 0) {
-            struct fs_err why = {.msg = "not accepted"};
+            /* .line: the header's, for an open() that names it later. */
+            struct fs_err why = {.line = line, .msg = "not accepted"};
             void *t =
                 sections[i].open ? sections[i].open(sections[i].ctx, sub, &why) : sections[i].ctx;
             if (!t) {
@@ -558,7 +619,7 @@ static int parse_header(char *s, const char *origin, int line,
 
 /* Parses one `key = value` line into the current section. */
 static int parse_assignment(char *s, const char *origin, int line, const struct config_section *sec,
-                            void *target, struct fs_err *err)
+                            void *target, struct seen *sn, struct fs_err *err)
 {
     char *p = s;
     while (is_name_char(*p))
@@ -571,6 +632,14 @@ static int parse_assignment(char *s, const char *origin, int line, const struct 
         return -EINVAL;
     }
     *key_end = '\0';
+    int first = seen_check(&sn->keys, &sn->n_keys, &sn->cap_keys, s, line);
+    if (first != 0) {
+        if (first > 0)
+            fail(err, origin, line, s, "given twice in this section (first at line %d)", first);
+        else
+            fail(err, origin, line, NULL, "out of memory");
+        return first > 0 ? -EINVAL : -ENOMEM;
+    }
     p++;
     while (*p == ' ' || *p == '\t')
         p++;
@@ -626,8 +695,12 @@ int config_parse_sections(const char *text, size_t len, const char *origin,
     }
     void *target = sec->ctx;
     char buf[FS_CONFIG_MAX_LINE + 1];
-    int line = 0;
+    struct seen sn = {0};
+    int line = 0, rc = 0;
     size_t pos = 0;
+    /* A UTF-8 byte order mark, which some editors write: not text. */
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
+        pos = 3;
     while (pos < len) {
         line++;
         const char *start = text + pos;
@@ -636,23 +709,26 @@ int config_parse_sections(const char *text, size_t len, const char *origin,
         pos += n + (nl ? 1 : 0);
         if (n > FS_CONFIG_MAX_LINE) {
             fail(err, origin, line, NULL, "line longer than %u bytes", FS_CONFIG_MAX_LINE);
-            return -EINVAL;
+            rc = -EINVAL;
+            break;
         }
         if (memchr(start, '\0', n)) {
             fail(err, origin, line, NULL, "NUL byte in line");
-            return -EINVAL;
+            rc = -EINVAL;
+            break;
         }
         memcpy(buf, start, n);
         buf[n] = '\0';
         char *s = trim(buf);
         if (*s == '\0' || *s == '#' || *s == ';')
             continue;
-        int rc = *s == '[' ? parse_header(s, origin, line, sections, nsections, &sec, &target, err)
-                           : parse_assignment(s, origin, line, sec, target, err);
+        rc = *s == '[' ? parse_header(s, origin, line, sections, nsections, &sec, &target, &sn, err)
+                       : parse_assignment(s, origin, line, sec, target, &sn, err);
         if (rc < 0)
-            return rc;
+            break;
     }
-    return 0;
+    seen_free(&sn);
+    return rc < 0 ? rc : 0;
 }
 
 int config_parse(const char *text, size_t len, const char *origin, struct fs_config *cfg,

@@ -26,6 +26,9 @@
 #define FS_MAX_LOCAL_RANKS 4096u    /* Hello.local_ranks values (a node's group) */
 #define FS_MAX_ERROR_MESSAGE 256u   /* Error.message we send, bytes with NUL */
 #define FS_MAX_ADVICE_ACK_IDS 1024u /* AdviceAck.advice_id per frame */
+/* Hello.attempt may start a run's attempt at most this far above its latest
+ * (a restart counter goes up by one; attempts.h says why it is bounded). */
+#define FS_MAX_ATTEMPT_JUMP 1024u
 
 /* Unpacking may allocate at most this much per frame: protobuf-c allocates
  * sub-message structs far larger than their wire size (an 8-byte empty

@@ -239,6 +239,7 @@ struct http {
     /* libmicrohttpd's own messages arrive on any of its threads */
     pthread_mutex_t log_mu;
     struct log_ratelimit log_rl;
+    char mhd_last[256]; /* its last message, under log_mu: why a start failed */
 
     /* The active silences, compiled, as the last handler that read them
      * left them (http_alerts.c): its own mutex, any handler thread. Set up

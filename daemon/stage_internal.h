@@ -79,9 +79,11 @@ struct stage_run {
     /* A rewind in progress: nothing of the run is dispatched or detected. */
     enum rewind_phase rewind;
     uint64_t rewind_step;
-    uint32_t rewind_from; /* the attempt being abandoned */
-    unsigned rewind_gen;  /* a newer rewind makes a rebuild in flight stale */
-    bool rebuild_busy;    /* a rewind_work of this run is on a worker */
+    uint32_t rewind_from;    /* the attempt being abandoned */
+    uint32_t rewind_attempt; /* the attempt that rewinds (a later plain restart may be
+                                sr->attempt by the time its rebuild is stored) */
+    unsigned rewind_gen;     /* a newer rewind makes a rebuild in flight stale */
+    bool rebuild_busy;       /* a rewind_work of this run is on a worker */
 };
 
 /* --- jobs: one bucket on the workers ----------------------------------------------------- */

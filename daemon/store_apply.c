@@ -12,6 +12,7 @@
 #include "alert.h" /* pinned state numbers only */
 #include "foreshock.pb-c.h"
 #include "fs_grow.h"
+#include "fs_limits.h"
 #include "log.h"
 #include "spool.h"
 #include "store_internal.h"
@@ -167,6 +168,20 @@ static int apply_hello(struct store *s, const struct store_item *it, double now,
     int rc = exec1(s->st[ST_RUN_FIND], &id, 1);
     if (!ok(rc))
         return rc;
+    bool admit;
+    uint32_t latest;
+    int arc =
+        attempts_store_admit(s->attempts, rc == SQLITE_ROW ? id : 0, h->attempt, &admit, &latest);
+    if (arc != SQLITE_OK)
+        return arc;
+    if (!admit) {
+        r->error_code = FORESHOCK__ERROR_CODE__ERROR_MALFORMED;
+        snprintf(r->message, sizeof(r->message),
+                 "attempt %u is more than %u above the run's latest attempt %u (attempt "
+                 "counts restarts: give the latest + 1)",
+                 h->attempt, FS_MAX_ATTEMPT_JUMP, latest);
+        return SQLITE_OK;
+    }
     if (rc == SQLITE_DONE) {
         int64_t count = 0;
         rc = exec1(s->st[ST_RUN_COUNT], &count, 1);

@@ -210,7 +210,9 @@ int fsc_open(const struct fsc_options *o, fsc_client **out, char *err, size_t er
  * it for sending with the next seq. Never blocks on the network; takes a
  * mutex shared with the I/O thread for a short time.
  * Returns 0; -ENOBUFS when the replay buffer would exceed replay_max_bytes;
- * -EMSGSIZE when the serialized report exceeds max_report_bytes; -EPIPE when
+ * -EMSGSIZE when the serialized report exceeds max_report_bytes; -ERANGE
+ * when its step is not below 2^63 (the daemon stores signed 64-bit steps and
+ * refuses such a report, even as an empty placeholder); -EPIPE when
  * the client has failed fatally (see fsc_stats.failed); -ENOMEM; -EINVAL
  * (NULL argument). On any error the report is dropped and counted in
  * `dropped`, and no seq is consumed, so seqs stay dense. Any thread. */
@@ -220,8 +222,9 @@ int fsc_submit(fsc_client *c, fsc_report *r);
  * (len bytes at report; a frame of a recording, say). Its seq field is
  * ignored: the client numbers it like any other. The message is decoded
  * (and so validated) before it is queued; len above max_report_bytes is
- * refused before decoding. Returns what fsc_submit returns, or -EBADMSG for
- * bytes that are not a Report. Any thread. */
+ * refused before decoding. Returns what fsc_submit returns (-ERANGE also
+ * for a time_unix that is not finite), or -EBADMSG for bytes that are not a
+ * Report. Any thread. */
 int fsc_submit_packed(fsc_client *c, const void *report, size_t len);
 
 /* Waits until every report submitted so far has been acknowledged (or

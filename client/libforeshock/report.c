@@ -445,6 +445,11 @@ int fsc_report_pack_msg(const Foreshock__Report *msg, size_t max_bytes, struct f
     struct fsc_entry *e;
     size_t n;
 
+    /* What the daemon refuses in any report, its placeholder included (the
+     * placeholder keeps step and time, io.c): queued, it would be resent
+     * for ever. SQLite integers are signed 64-bit. */
+    if (m.step > INT64_MAX || (m.has_time_unix && !isfinite(m.time_unix)))
+        return -ERANGE;
     /* Packed with seq = 1, whose field is exactly the two bytes 08 01: they
      * are cut off here and the real seq is written in front at send time. */
     m.seq = 1;
