@@ -22,7 +22,8 @@ spectra on the device.
    projections, SwiGLU; bf16 autocast on CUDA) trained with AdamW on random
    tokens: wall time per training step (synchronised at the end of each
    step) without a Monitor, then with Monitor(model, windows=(10, 50)) at
-   its defaults for the device (route spectrum on CUDA, gram on the CPU),
+   its defaults for the device (route spectrum on CUDA, its spectra solved
+   on the host CPU: --spectra-on; gram on the CPU),
    then without again. Steps that carried sketches and plain steps are
    reported apart, with the ratio to the mean step without the Monitor and
    the Monitor's own measure of step()'s time on the training thread.
@@ -313,7 +314,8 @@ def overhead(dev, c, args):
         train_step(i, None)
     base_a = [train_step(i, None)[0] for i in range(args.baseline_steps)]
     tp = CountingTransport()
-    mon = Monitor(model, run="gpu-check", windows=(10, 50), transport=tp, route=args.route)
+    mon = Monitor(model, run="gpu-check", windows=(10, 50), transport=tp, route=args.route,
+                  spectra_on=args.spectra_on, spectra_threads=args.spectra_threads)
     t_loop = time.perf_counter()
     with_mon = [train_step(i, mon) for i in range(1, args.steps + 1)]
     loop_s = time.perf_counter() - t_loop
@@ -333,6 +335,7 @@ def overhead(dev, c, args):
                 "max_s": max(ts), "ratio_mean": statistics.mean(ts) / mb,
                 "ratio_median": statistics.median(ts) / statistics.median(base)}
     return {"params": n_params, "config": c, "route": mon.route, "every": mon.every,
+            "spectra_on": mon.spectra_on, "spectra_threads": mon.spectra_threads,
             "windows": mon.windows, "monitored_heads": sum(a.n_heads for a in mon.attention),
             "without": summary(base), "sketch_steps": summary(sketch),
             "plain_steps": summary(plain),
@@ -368,7 +371,8 @@ def print_overhead(out):
     c = o["config"]
     print(f"\n== step() overhead: {o['params'] / 1e6:.1f}M parameters ({out['preset']}: d "
           f"{c['d']}, {c['layers']} layers, {c['heads']} heads, seq {c['seq']} x batch "
-          f"{c['batch']}), route {o['route']}, windows {o['windows']}, every {o['every']}, "
+          f"{c['batch']}), route {o['route']} (spectra_on {o['spectra_on']}, "
+          f"{o['spectra_threads']} spectra threads), windows {o['windows']}, every {o['every']}, "
           f"{o['monitored_heads']} heads monitored")
     print(f"{'steps':<22}{'n':>4}{'mean ms':>10}{'median ms':>11}{'max ms':>9}{'ratio':>8}"
           f"{'step() ms':>11}")
@@ -416,6 +420,10 @@ def main():
     p.add_argument("--route", choices=("spectrum", "gram"),
                    help="the Monitor's route (default: its own, spectrum on CUDA, gram on "
                    "the CPU)")
+    p.add_argument("--spectra-on", choices=("host", "device"), default="host",
+                   help="where the spectrum route solves spectra (the Monitor's spectra_on)")
+    p.add_argument("--spectra-threads", type=int, default=None,
+                   help="the Monitor's spectra_threads (default: its own, min(4, CPUs))")
     args = p.parse_args()
     t_start = time.perf_counter()
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

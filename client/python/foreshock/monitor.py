@@ -24,14 +24,20 @@ What step() does on the training thread (the measured overhead):
 The background thread turns the tensors into a report and gives it to
 libforeshock. On the spectrum route (the default wherever a rank holds
 whole heads, or sums the d-shards of its Grams itself) it first computes
-each head's spectra from its Grams on the weights' device (foreshock.spectra;
-on CUDA on a stream of its own, ordered after the Grams by an event), so
-that a report carries a few KB per head instead of two Gram triangles; the
-eigenvalue solves synchronise only that thread with the GPU. At most
-`device_sketches` sketch steps wait on the device for it; past that bound a
-sketch step's Grams go to pinned host memory and its spectra are computed
-on the CPU (counted: stats()["spectra_on_host"]). The background thread
-hands the report to libforeshock, whose own I/O thread sends it. When the daemon is down,
+each head's spectra from its Grams (foreshock.spectra), so that a report
+carries a few KB per head instead of two Gram triangles. By default
+(spectra_on="host") they are solved on the host CPU: the Grams are copied
+into pinned memory on a CUDA stream of the Monitor's own (ordered after the
+Grams by an event; the training stream does not wait for the copy), and a
+pool of `spectra_threads` threads, one OpenMP thread each, solves them in
+float64, one attention spec per task. The eigenvalue solves on the GPU
+(spectra_on="device": on that side stream) compete with training for SMs
+and host syncs (README "Where it runs" has the measurement); on the CPU
+they do not. With spectra_on="device" at most `device_sketches` sketch steps
+wait on the device; past that bound a sketch step's spectra are solved on
+the host. stats()["spectra_on_host"] counts the sketch steps solved on the
+host. The background thread hands the report to libforeshock, whose own
+I/O thread sends it. When the daemon is down,
 reports wait in libforeshock's bounded replay buffer (replay_bytes); past
 that bound a report is dropped, counted (stats()["dropped"]) and logged.
 When the hand-off queue itself is full (the background thread cannot keep
@@ -55,12 +61,14 @@ in stats(): "failures" (counts by stage) and "disabled_modules". The one
 exception that still propagates is the user's own on_advice handler's
 (advice.py says why).
 """
+import ctypes
 import errno
 import logging
 import os
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -78,7 +86,9 @@ DEFAULT_PORT = 7781
 DEFAULT_QUEUE_REPORTS = 1024       # hand-off queue between step() and the sender thread
 DEFAULT_REPLAY_BYTES = 64 << 20    # libforeshock's replay buffer
 DEFAULT_DEVICE_SKETCHES = 2        # sketch steps whose Grams may wait on the device for spectra
+MAX_DEFAULT_SPECTRA_THREADS = 4    # default CPU threads solving spectra: min(this, cpu count)
 ROUTES = ("spectrum", "gram")
+SPECTRA_ON = ("host", "device")    # where the spectrum route solves spectra of CUDA Grams
 LOG_INTERVAL_S = 10.0              # at most one drop/connection complaint per interval
 _SCALARS = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "step_time")
 # Where a failure can happen, the keys of stats()["failures"]. Per module:
@@ -89,6 +99,49 @@ _SCALARS = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "step_time")
 # transport refused or that could not be built), advice (reading advice).
 STAGES = ("discovery", "sketch", "spectrum", "hook", "pack", "step", "send", "advice")
 _FAILED = object()  # what _guarded returns when fn raised
+
+
+_OMP_SETTERS = None   # omp_set_num_threads of each OpenMP runtime loaded, found once
+
+
+def _omp_setters():
+    """omp_set_num_threads of the OpenMP runtimes this process has loaded
+    (torch's intra-op pool and its BLAS run on one of them); [] where
+    /proc/self/maps is not there."""
+    global _OMP_SETTERS
+    if _OMP_SETTERS is None:
+        found = []
+        try:
+            with open("/proc/self/maps") as f:
+                paths = sorted({line.split()[-1] for line in f
+                                if any(n in line for n in ("libgomp", "libiomp", "libomp"))})
+        except OSError:
+            paths = []
+        for path in paths:
+            if not path.startswith("/"):
+                continue
+            try:
+                found.append(ctypes.CDLL(path).omp_set_num_threads)  # already loaded: no new load
+            except (OSError, AttributeError):
+                pass
+        _OMP_SETTERS = found
+    return _OMP_SETTERS
+
+
+def _one_omp_thread():
+    """A spectra worker's initializer: this thread's parallel regions get
+    one thread. The OpenMP thread count is per thread (omp_set_num_threads
+    sets the calling thread's), so neither the trainer's threads nor
+    torch.get_num_threads() there change, as they would with
+    torch.set_num_threads, which also sets the count every new thread
+    starts from. torch.get_num_threads() first: torch sets a thread's count
+    when the thread first asks, which would undo ours. Never raises."""
+    try:
+        torch.get_num_threads()
+        for setter in _omp_setters():
+            setter(1)
+    except Exception:
+        pass
 
 
 def parse_endpoint(endpoint):
@@ -347,8 +400,8 @@ class Monitor:
                  send them once (from the group's rank 0); "daemon": every
                  rank sends its partial Grams with (shard_index, shard_count)
     route        "spectrum": the sender computes each head's Delta1/Delta2/
-                 Delta3/K spectra, norms and c_qk from the Grams on the
-                 weights' device (foreshock.spectra) and sends spectrum
+                 Delta3/K spectra, norms and c_qk from the Grams (on the
+                 host CPU: spectra_on; foreshock.spectra) and sends spectrum
                  sketches, a few KB per head; "gram": sends the Grams and the
                  daemon solves. Both give the same series. Default: spectrum
                  when the model is on an accelerator (GPU) and this rank holds
@@ -356,9 +409,19 @@ class Monitor:
                  the CPU (the solves would take the trainer's own cores: about
                  35 ms a head at dh 128 there, 15-20 ms in the daemon) and when
                  the daemon sums the d-shards (the only choice then).
-    device_sketches  sketch steps whose Grams may wait on the device for the
-                 sender's spectra (default 2); beyond it they wait in pinned
-                 host memory and the spectra are computed on the CPU
+    spectra_on   where the spectrum route solves the spectra of Grams on a
+                 GPU: "host" (default): copied to pinned host memory and
+                 solved on the CPU by spectra_threads threads; "device": on
+                 the GPU, on the sender's own CUDA stream (the solves then
+                 slow training down: README "Where it runs"). A model on the
+                 CPU solves on the CPU either way
+    spectra_threads  CPU threads solving spectra, one attention spec each at a
+                 time, each with one OpenMP thread (default: min(4, the CPU
+                 count)); the user's torch thread count is not changed
+    device_sketches  with spectra_on="device": sketch steps whose Grams may
+                 wait on the device for the sender's spectra (default 2);
+                 beyond it they go to pinned host memory and are solved on
+                 the CPU
     send_sketches  whether this rank sends Grams (default: rank 0 when the
                  weights are replicated; the reducing rank or every shard
                  otherwise). Data-parallel replicas of a sharded group should
@@ -404,7 +467,7 @@ class Monitor:
                  device_sketches=DEFAULT_DEVICE_SKETCHES, local_ranks=None, tls=None,
                  tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
                  on_advice=None, advice=True, resume_step=None, example_input=None,
-                 observe=True):
+                 observe=True, spectra_on="host", spectra_threads=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self._fail_lock = threading.Lock()
@@ -455,7 +518,17 @@ class Monitor:
         self.device_sketches = int(device_sketches)
         self._device_jobs = 0       # jobs whose flat waits on the device (under _dev_lock)
         self._dev_lock = threading.Lock()
-        self._side_stream = None    # the sender's CUDA stream, made on first use
+        self._side_stream = None    # the Monitor's CUDA stream, made on first use
+        if spectra_on not in SPECTRA_ON:
+            raise ValueError(f"spectra_on is one of {SPECTRA_ON}, not {spectra_on!r}")
+        self.spectra_on = spectra_on
+        if spectra_threads is None:
+            spectra_threads = min(MAX_DEFAULT_SPECTRA_THREADS, os.cpu_count() or 1)
+        if isinstance(spectra_threads, bool) or not isinstance(spectra_threads, int) or \
+                spectra_threads < 1:
+            raise ValueError(f"spectra_threads must be an int >= 1, not {spectra_threads!r}")
+        self.spectra_threads = spectra_threads
+        self._spectra_pool = None   # made by the sender on the first host solve
         endpoint = endpoint or os.environ.get("FORESHOCK_ENDPOINT") or None
         # Without an endpoint the daemon is the default one on this node,
         # unless the run is only recorded.
@@ -949,7 +1022,7 @@ class Monitor:
             if job.work is not None:
                 job.work.wait()  # orders what follows after the reduction on the stream
                 job.work = None
-            if spectra_here:
+            if spectra_here and self.spectra_on == "device":
                 with self._dev_lock:
                     keep = self._device_jobs < self.device_sketches
                     if keep:
@@ -960,13 +1033,34 @@ class Monitor:
                     job.on_device = True
                     job.flat = flat
                     return
-                self._counts["spectra_on_host"] += 1
             host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            host.copy_(flat, non_blocking=True)
-            job.event = torch.cuda.Event()
-            job.event.record()
+            if spectra_here:
+                # Copied on the Monitor's stream, after the Grams: the
+                # training stream does not wait for a copy this large.
+                ready = torch.cuda.Event()
+                ready.record()
+                stream = self._stream(flat.device)
+                with torch.cuda.stream(stream):
+                    stream.wait_event(ready)
+                    flat.record_stream(stream)
+                    host.copy_(flat, non_blocking=True)
+                    job.event = torch.cuda.Event()
+                    job.event.record(stream)
+            else:
+                host.copy_(flat, non_blocking=True)
+                job.event = torch.cuda.Event()
+                job.event.record()
             flat = host
+        if spectra_here:
+            self._counts["spectra_on_host"] += 1
         job.flat = flat
+
+    def _stream(self, device):
+        """The Monitor's own CUDA stream (made on first use, by either thread)."""
+        with self._dev_lock:
+            if self._side_stream is None:
+                self._side_stream = torch.cuda.Stream(device=device)
+            return self._side_stream
 
     def _enqueue(self, job):
         self._counts["reports"] += 1
@@ -991,9 +1085,7 @@ class Monitor:
         spectra_route = self.route == "spectrum" and self.send_sketches
         if job.on_device:
             try:
-                if self._side_stream is None:
-                    self._side_stream = torch.cuda.Stream(device=job.flat.device)
-                stream = self._side_stream
+                stream = self._stream(job.flat.device)
                 with torch.cuda.stream(stream):
                     stream.wait_event(job.event)
                     job.flat.record_stream(stream)
@@ -1042,6 +1134,7 @@ class Monitor:
                                 "a rank of the shard group", self._name(key))
         out = [dead]
         index = {id(a): i for i, a in enumerate(self.attention)}
+        solve = []   # (position in out, spec index, spec, ga, gb)
         for a, _, _, _ in job.attn:
             ga, gb = parts[k], parts[k + 1]
             k += 2
@@ -1050,12 +1143,54 @@ class Monitor:
                 dead.add(i)
                 out.append(None)
             elif spectra_route:
-                sp = self._guarded("spectrum", ("a", i), self._head_spectra, a, ga, gb)
-                out.append(None if sp is _FAILED else sp.cpu().numpy())
+                solve.append((len(out), i, a, ga, gb))
+                out.append(None)
             else:
                 out.append((ga.cpu().numpy(), gb.cpu().numpy()))
+        for pos, sp in self._solve_spectra(solve, flat.device.type == "cpu"):
+            out[pos] = None if sp is _FAILED else sp.cpu().numpy()
         out += [p.cpu().numpy() for p in parts[k:]]
         return out
+
+    def _solve_spectra(self, solve, on_host):
+        """[(position, packed spectra or _FAILED)] for _split's list: on the
+        host by the spectra pool, one spec per task; on the device in turn,
+        on the calling thread (its current stream). A failing spec is
+        disabled alone (_guarded("spectrum", ...))."""
+        def one(item):
+            _, i, a, ga, gb = item
+            return self._guarded("spectrum", ("a", i), self._head_spectra, a, ga, gb)
+        pool = self._pool() if on_host and solve else None
+        if pool is None:
+            return [(item[0], one(item)) for item in solve]
+        futures = []
+        for item in solve:
+            try:
+                futures.append(pool.submit(one, item))
+            except RuntimeError:  # the interpreter is shutting down: solved here
+                futures.append(None)
+        out = []
+        for item, f in zip(solve, futures):
+            try:
+                sp = one(item) if f is None else f.result()
+            except Exception as e:  # a broken pool; one() itself never raises
+                self._fail("spectrum", ("a", item[1]), e)
+                sp = _FAILED
+            out.append((item[0], sp))
+        return out
+
+    def _pool(self):
+        """The host spectra pool (made on first use by the sender), or None
+        when it cannot be made (the sender then solves in turn)."""
+        if self._spectra_pool is None:
+            try:
+                self._spectra_pool = ThreadPoolExecutor(
+                    max_workers=self.spectra_threads, thread_name_prefix="foreshock-spectra",
+                    initializer=_one_omp_thread)
+            except Exception as e:
+                self._fail("spectrum", None, e)
+                return None
+        return self._spectra_pool
 
     @staticmethod
     def _head_spectra(a, ga, gb):
@@ -1217,7 +1352,8 @@ class Monitor:
         """Counters: the transport's (submitted, acked, dropped, buffered_*,
         reconnects, connected, ...) plus reports (made by step()),
         dropped_queue, refused, spectra_on_host (sketch steps whose spectra
-        were solved on the CPU because device_sketches were waiting), the
+        were solved on the host CPU: all of them with spectra_on="host" or
+        a model on the CPU; with "device", those beyond device_sketches), the
         measured step() overhead on the training thread (step_overhead_s,
         sketch_step_overhead_s, plain_step_overhead_s: means, seconds) and
         the sender thread's CPU time (sender_cpu_s, sender_cpu_per_report_s);
@@ -1285,6 +1421,9 @@ class Monitor:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._queue.put(None)  # unbounded wait for a slot: the sender drains the queue
         self._sender.join()
+        if self._spectra_pool is not None:
+            self._guarded("send", None, self._spectra_pool.shutdown)
+            self._spectra_pool = None
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         rc = self._guarded("send", None, self.transport.flush, left)
         rc = -errno.EIO if rc is _FAILED else rc
