@@ -24,8 +24,8 @@ def main(args, workdir):
     sys.path.insert(0, os.path.join(args.source_dir, "tests", "bench"))
     import scorecard
     corpus = os.path.join(args.source_dir, "tests", "data", "corpus")
-    rows, summaries = scorecard.run(args.build_dir, corpus)
-    scorecard.print_table(rows, summaries)
+    rows, summaries, by_shape = scorecard.run(args.build_dir, corpus)
+    scorecard.print_table(rows, summaries, by_shape)
     val = next(s for s in summaries if s["split"] == "validation")
     check(val["faulted"] > 0 and val["healthy"] > 0, f"no validation runs: {val}")
     bad = [r for r in rows if r["split"] == "validation" and not r["ok"]]

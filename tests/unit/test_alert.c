@@ -634,14 +634,14 @@ static double erank_dip1(int64_t s, double u, bool *p)
 {
     return s == 100 ? 2.0 : erank_healthy(s, u, p);
 }
-/* Collapse towards rank 1 (below the 1.5 floor) for 30 steps, then recovery. */
+/* Collapse towards rank 1 (below the 1.2 floor) for 30 steps, then recovery. */
 static double erank_collapse(int64_t s, double u, bool *p)
 {
-    return (s >= 120 && s < 150) ? 1.3 + 0.05 * u : erank_healthy(s, u, p);
+    return (s >= 120 && s < 150) ? 1.1 + 0.05 * u : erank_healthy(s, u, p);
 }
 static double erank_collapse_from_100(int64_t s, double u, bool *p)
 {
-    return s >= 100 ? 1.3 + 0.05 * u : erank_healthy(s, u, p);
+    return s >= 100 ? 1.1 + 0.05 * u : erank_healthy(s, u, p);
 }
 static double erank_nan(int64_t s, double u, bool *p)
 {
