@@ -143,6 +143,16 @@ SYMPTOM_RULES = {"loss", "grad_norm", "weight_norm"}
 
 def score_run(meta, incidents):
     fam = family(meta["scenario"])
+    if fam == "combined-late" and meta.get("lr_hidden"):
+        # The late LR fault is hidden from the logged rate: no `lr`
+        # evidence, so "combined" cannot be required (router growth after a
+        # Delta2 collapse reads attention-numerics by design).
+        fam = "combined-late-hidden"
+    lr_at, div = meta.get("lr_fault_step"), meta.get("divergence_step")
+    if fam.startswith("combined-late") and lr_at and div is not None and div <= lr_at:
+        # Diverged from the attention fault before the late LR fault began:
+        # an attention-numerics run, whatever it was meant to be.
+        fam = "attention-numerics"
     row = {"run": meta["name"], "split": meta.get("split"), "family": fam,
            "shape": meta.get("shape"),
            "fault": meta.get("fault_step"), "div": meta.get("divergence_step"),

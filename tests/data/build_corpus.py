@@ -40,7 +40,8 @@ KEEP_SQL = """
     OR name IN ('loss', 'grad_norm', 'lr', 'weight_norm', 'update_ratio') AND rank = 0
 """
 META_KEYS = ("name", "arch", "shape", "head_dim", "schedule", "scenario", "seed", "split",
-             "fault_step", "divergence_step", "steps", "bits", "lr_mult", "lr_fault_step")
+             "fault_step", "divergence_step", "steps", "bits", "lr_mult", "lr_fault_step",
+             "lr_hidden")
 
 
 def start_daemon(build_dir, workdir):

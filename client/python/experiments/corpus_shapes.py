@@ -70,6 +70,9 @@ SCENARIOS = {
     "combined-late": ("combined", ["--bits", "12", "--fault-on", "both", "--lr-hidden",
                                    "--lr-mult", "10", "--lr-ramp", "200",
                                    "--lr-fault-step", str(LATE_LR_STEP)]),
+    # Recorded last (appended so the schedules of the others stay put): 10x
+    # over 200 steps left three of six shapes undiverged in 1,000 steps.
+    "lr-ramp20-hidden": ("lr", ["--lr-hidden", "--lr-mult", "20", "--lr-ramp", "200"]),
 }
 # One seed: on 2 cores shared with other work (load 10-14) a step took
 # 0.1-0.7 s, so the matrix is one seed per shape; shapes, not seeds, are
@@ -99,7 +102,9 @@ def plan(shapes=None, scenarios=None, seeds=None):
                              "fault_step": fault,
                              "lr_fault_step": LATE_LR_STEP if sc == "combined-late" else None,
                              "bits": 12 if sc in ("attn-strong", "combined-late") else None,
-                             "lr_mult": None, "train_scenario": train_sc, "train_args": args})
+                             "lr_mult": None, "train_scenario": train_sc,
+                             "lr_hidden": "--lr-hidden" in extra or "--peak-mult" in extra,
+                             "train_args": args})
     return runs
 
 
