@@ -1,14 +1,14 @@
-"""The detection scorecard: `foreshock backtest` over the recorded corpus
-(tests/data/corpus: stored series of small training runs, healthy and
-faulted, tuning and validation seeds) with the daemon's default settings
-(or any --set/--windows/--every), scored per run and summed per split.
+"""The detection scorecard: `foreshock backtest` over the recorded corpora
+(stored series of small training runs, healthy and faulted, tuning and
+validation splits) with the daemon's default settings (or any
+--set/--windows/--every), scored per run and summed per split and shape.
 
-    /usr/bin/python3 tests/bench/scorecard.py --build-dir build [--split validation]
-        [--set RULE.KEY=VALUE ...] [--windows 5,25] [--every 5] [--check]
+    /usr/bin/python3 tests/bench/scorecard.py --build-dir build [--rows] [--corpus DIR ...]
+        [--split validation] [--set RULE.KEY=VALUE ...] [--windows 5,25] [--every 5] [--check]
 
 Per run: fault step, divergence step, the first alert of any rule, the
-first mechanism alert (step, label, rule: loss, grad-norm, weight-norm and
-weight-norm alerts page too but name no mechanism), lead of the mechanism alert as a
+first mechanism alert (step, label, rule: loss, grad-norm and weight-norm
+alerts page too but name no mechanism), lead of the mechanism alert as a
 fraction of the time from fault to divergence ((divergence - alert) /
 (divergence - fault)), and whether its label is right:
   attention-numerics runs: every mechanism alert before divergence reads
@@ -20,20 +20,24 @@ fraction of the time from fault to divergence ((divergence - alert) /
   combined (column "both");
   combined runs (both faults at once): optimizer-hyperparameter or combined
   (the run diverges before an attention fault alone could show, so nothing
-  tells its Delta2 collapse from the LR ramp's consequence).
+  tells its Delta2 collapse from the LR ramp's consequence);
+  combined-late runs whose LR fault is hidden from the logged rate: the
+  first reads attention-numerics, "both" is not required; one that
+  diverged before its LR fault began is scored as an attention run.
 Column "wrong": mechanism alerts before divergence with a label outside the
 run's set; a run with any is not ok.
 Per split: faulted runs caught before divergence, label accuracy, median
 lead, healthy runs with any alert and false alerts per 1,000 healthy steps
 (after the start of detection: every healthy alert is false).
 --check exits 1 unless, on the chosen split: every faulted run alerts before
-divergence with the right label, no healthy run alerts, median lead >= 40%.
+divergence with the right label, no healthy run alerts, no alert in a
+healthy phase, median lead >= 40%.
 
 Corpora (--corpus, repeatable; default both): tests/data/corpus (three
 architectures of one shape, d 48, head_dim 12, fault at step 200) and
-tests/data/corpus-shapes (six other shapes, head_dim 8-64, 4-16 heads, 2-6
+tests/data/corpus-shapes (six other shapes, head_dim 8-64, 2-16 heads, 2-6
 layers, constant/cosine/WSD, LR faults hidden from the logged rate, a peak
-rate too large from the start, faults at step 500 of 1,000, healthy runs of
+rate too large from the start, faults at step 400 of 1,000, healthy runs of
 3,000 steps). Whole shapes are held out there: its validation split holds
 shapes the defaults were never tuned on.
 
