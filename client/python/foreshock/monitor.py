@@ -293,10 +293,16 @@ class _Deferred:
         return poll() if poll is not None else []
 
 
+# Free pinned host buffers a Monitor keeps for its device-to-host copies
+# (each the size of one sketch step's Grams: ~270 MB for 256 heads of 128
+# and two windows, float64).
+PINNED_KEEP = 2
+
+
 class _Job:
     """What step() hands to the sender thread."""
     __slots__ = ("step", "time", "scalars", "attn", "routers", "tokens", "norms", "flat",
-                 "layout", "work", "event", "on_device", "flags")
+                 "layout", "work", "event", "on_device", "flags", "pinned")
 
     def __init__(self, step, t, scalars):
         self.step, self.time, self.scalars = step, t, scalars
@@ -305,6 +311,7 @@ class _Job:
         self.flags = None  # [n_modules] float64, shard_reduce="trainer" only (_sketch)
         self.flat, self.layout, self.work, self.event = None, None, None, None
         self.on_device = False  # flat stays on the device for the sender's spectra
+        self.pinned = False     # flat is a pinned host buffer of the Monitor's pool
 
 
 def _clone(w):
@@ -519,6 +526,11 @@ class Monitor:
         self._device_jobs = 0       # jobs whose flat waits on the device (under _dev_lock)
         self._dev_lock = threading.Lock()
         self._side_stream = None    # the Monitor's CUDA stream, made on first use
+        # Pinned host buffers for the device-to-host copies, reused: pinning
+        # a few hundred MB per sketch step took ~120 ms of the training
+        # thread on an H200 (cudaHostAlloc), more than the Grams themselves.
+        # At most PINNED_KEEP free ones are kept; in use, one per queued job.
+        self._pinned_free = []
         if spectra_on not in SPECTRA_ON:
             raise ValueError(f"spectra_on is one of {SPECTRA_ON}, not {spectra_on!r}")
         self.spectra_on = spectra_on
@@ -1033,7 +1045,8 @@ class Monitor:
                     job.on_device = True
                     job.flat = flat
                     return
-            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            host = self._take_pinned(flat.shape, flat.dtype)
+            job.pinned = True
             if spectra_here:
                 # Copied on the Monitor's stream, after the Grams: the
                 # training stream does not wait for a copy this large.
@@ -1054,6 +1067,14 @@ class Monitor:
         if spectra_here:
             self._counts["spectra_on_host"] += 1
         job.flat = flat
+
+    def _take_pinned(self, shape, dtype):
+        """A free pinned host buffer of this shape, or a new one (training thread)."""
+        with self._dev_lock:
+            for i, t in enumerate(self._pinned_free):
+                if t.shape == shape and t.dtype == dtype:
+                    return self._pinned_free.pop(i)
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
 
     def _stream(self, device):
         """The Monitor's own CUDA stream (made on first use, by either thread)."""
@@ -1097,13 +1118,24 @@ class Monitor:
         return self._split(job, job.flat.cpu(), spectra_route)
 
     def _release_device(self, job):
-        """Drops a job's device buffer and its place under device_sketches
-        (once; any thread)."""
+        """Drops a job's device buffer and its place under device_sketches,
+        and gives its pinned host buffer back to the pool (once; any thread;
+        the sender calls it only after the report was built, when nothing
+        reads the buffer any more: the spectra pool's tasks have all
+        finished and the report holds copies)."""
         if job.on_device:
             job.on_device = False
             job.flat = None
             with self._dev_lock:
                 self._device_jobs -= 1
+        if job.pinned:
+            # A dropped job's copy may still be in flight: the next copy into
+            # this buffer is queued on the same stream, after it.
+            job.pinned = False
+            buf, job.flat = job.flat, None
+            with self._dev_lock:
+                if buf is not None and len(self._pinned_free) < PINNED_KEEP:
+                    self._pinned_free.append(buf)
 
     def _split(self, job, flat, spectra_route):
         """[dead module indices] + the parts _host_parts describes; a part
