@@ -105,6 +105,11 @@ struct fs_config {
     /* retention, seconds: finished outbox rows, expired silences */
     double outbox_retention;
     double silence_retention;
+    /* the run lifecycle, seconds (0: never), and the per-token quota (0: none) */
+    double run_idle_end_s;
+    double run_retention_s;
+    double run_hello_grace_s;
+    uint64_t max_runs_per_token;
     /* pager: base of generatorURL and links in pages ("" = http://<http address>) */
     char public_url[FS_CONFIG_MAX_URL];
     /* TLS (PEM files; "" = off): ingest, its client CA (mutual TLS), HTTPS */

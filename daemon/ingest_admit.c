@@ -91,6 +91,8 @@ void conn_on_hello(struct conn *c, const Foreshock__Hello *h)
     }
     it->conn_id = c->id;
     snprintf(it->hello.run, sizeof(it->hello.run), "%s", h->run_id);
+    snprintf(it->hello.owner, sizeof(it->hello.owner), "%s",
+             run_auth_owner(ing->opts.run_auth, h->run_id));
     it->hello.attempt = h->has_attempt ? h->attempt : 0;
     it->hello.rank = h->rank;
     it->hello.world_size = h->world_size;

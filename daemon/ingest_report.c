@@ -303,6 +303,20 @@ static void deliver_advice(struct ingest *ing, const struct store_result *r)
             send_advice(c, &r->advice);
 }
 
+/* A run was deleted with every row of it (store_runs.c): its connections
+ * are closed with the reason (a trainer that reconnects starts it anew)
+ * and the monitor stage forgets it. */
+static void run_gone(struct ingest *ing, int64_t run_id)
+{
+    for (struct conn *c = ing->head; c; c = c->next)
+        if (!c->closing && c->state == STREAMING && c->run_id == run_id)
+            conn_protocol_error(c, E(LIMIT),
+                                "run deleted (ended and past run_retention_s, no report within "
+                                "run_hello_grace_s, or the API): reconnect to start it anew");
+    if (ing->opts.stage)
+        stage_forget(ing->opts.stage, run_id);
+}
+
 /* Resubmits parked items and reads again, oldest connection first. */
 static void resume(struct ingest *ing)
 {
@@ -338,6 +352,10 @@ void ingest_on_async(uv_async_t *a)
         }
         if (r->kind == STORE_RESULT_ADVICE) {
             deliver_advice(ing, r);
+            continue;
+        }
+        if (r->kind == STORE_RESULT_RUN_GONE) {
+            run_gone(ing, r->run_id);
             continue;
         }
         struct conn *c = conn_find(ing, r->conn_id);

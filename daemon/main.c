@@ -411,6 +411,10 @@ int main(int argc, char **argv)
         .stats = &app->stats,
         .outbox_retention_s = cfg->outbox_retention,
         .silence_retention_s = cfg->silence_retention,
+        .run_idle_end_s = cfg->run_idle_end_s,
+        .run_retention_s = cfg->run_retention_s,
+        .run_hello_grace_s = cfg->run_hello_grace_s,
+        .max_runs_per_token = cfg->max_runs_per_token,
     };
     /* One daemon per database: the second would split streams and page twice. */
     if ((app->dblock = dblock_acquire(cfg->db, &err)) < 0) {

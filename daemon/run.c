@@ -55,6 +55,17 @@ void run_registry_destroy(struct run_registry *reg)
     free(reg);
 }
 
+void run_remove(struct run_registry *reg, struct run *run)
+{
+    for (size_t i = 0; i < reg->n; i++) {
+        if (reg->runs[i] != run)
+            continue;
+        reg->runs[i] = reg->runs[--reg->n];
+        run_free(run);
+        return;
+    }
+}
+
 uint64_t run_registry_bytes(const struct run_registry *reg)
 {
     return reg->bytes;

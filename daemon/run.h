@@ -218,6 +218,11 @@ struct run *run_find(struct run_registry *reg, int64_t run_id);
 int run_open(struct run_registry *reg, int64_t run_id, const char *name, struct run **out);
 void run_set_name(struct run *run, const char *name);
 
+/* Removes the run from the registry and frees it with its pending buckets
+ * (run->user must be freed by its owner first). Invalidates run_at
+ * indices. */
+void run_remove(struct run_registry *reg, struct run *run);
+
 /* Number of runs and the i-th, for iteration (order unspecified). */
 size_t run_count(const struct run_registry *reg);
 struct run *run_at(struct run_registry *reg, size_t i);

@@ -268,6 +268,8 @@ static void after_work_cb(uv_work_t *req, int status)
         struct run *run = run_find(st->reg, j->run_id);
         if (run)
             drain(st, run);
+        if (run && run->user && ((struct stage_run *)run->user)->forget)
+            stage_forget(st, run->run_id);
     }
     stage_maybe_done(st);
 }
@@ -670,6 +672,33 @@ void stage_stop(struct stage *st, void (*done)(void *ctx), void *ctx)
              (unsigned long long)atomic_load(&st->stats->incomplete_total),
              (unsigned long long)atomic_load(&st->stats->alerts_fired));
     stage_maybe_done(st);
+}
+
+void stage_forget(struct stage *st, int64_t run_id)
+{
+    struct run *run = run_find(st->reg, run_id);
+    if (!run)
+        return;
+    struct stage_run *sr = run->user;
+    if (sr) {
+        bool busy = sr->rebuild_busy; /* a rewind's rebuild reads the run's state */
+        for (struct job *j = sr->jobs_head; j && !busy; j = j->next)
+            busy = !j->computed;
+        if (busy) {
+            sr->forget = true; /* after_work_cb and the rewind's end call again */
+            return;
+        }
+        while (sr->jobs_head) { /* computed, behind a step still on the workers: none now */
+            struct job *j = sr->jobs_head;
+            sr->jobs_head = j->next;
+            job_free(j);
+        }
+        stage_spool_evaluated(st, sr, UINT64_MAX);
+        stage_run_free(sr);
+        run->user = NULL;
+    }
+    run_remove(st->reg, run);
+    stage_check_pressure(st);
 }
 
 void stage_free(struct stage *st)

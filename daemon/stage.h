@@ -146,6 +146,11 @@ int stage_feed(struct stage *st, const struct stage_report *in);
  * and must survive a crash. Loop thread (reads the run registry). */
 bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank, const Foreshock__Report *r);
 
+/* The run was deleted (store_runs.c): its state is freed now, or, while
+ * buckets of it are on the workers or a rewind runs, as soon as they are
+ * done (what they produce is dropped by the writer). Loop thread. */
+void stage_forget(struct stage *st, int64_t run_id);
+
 /* Evaluates ready buckets now (the sweep timer does this too). Loop thread. */
 void stage_poll(struct stage *st);
 

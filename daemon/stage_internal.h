@@ -76,6 +76,7 @@ struct stage_run {
     uint64_t resume_step;
     struct stream_attempt *streams;
     size_t n_streams, cap_streams;
+    bool forget; /* deleted (stage_forget): freed once no job of it is on the workers */
     /* A rewind in progress: nothing of the run is dispatched or detected. */
     enum rewind_phase rewind;
     uint64_t rewind_step;

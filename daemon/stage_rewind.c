@@ -199,6 +199,8 @@ static void rewind_after_cb(uv_work_t *req, int status)
     } else if (sr && sr->rewind == REWIND_DRAINING && !sr->jobs_head) {
         stage_rewind_rebuild(st, run); /* a newer rewind came while this one rebuilt */
     }
+    if (sr && sr->forget)
+        stage_forget(st, w->run_id); /* deleted while it rebuilt */
     eval_run_clear(&w->er);
     free(w);
     stage_check_pressure(st);
