@@ -505,8 +505,8 @@ int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t 
     if (h && (rc = run_hello(run, h)) < 0) {
         if (rc == -ENOSPC)
             log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
-                        "run %s rank %u: refused: more than %u distinct local groups", run->name,
-                        h->rank, RUN_MAX_LOCAL_GROUPS);
+                        "run %s rank %u: refused: its local group has more than %u ranks",
+                        run->name, h->rank, RUN_MAX_LOCAL_RANKS);
         return rc;
     }
     if (rc == 1)
