@@ -92,11 +92,13 @@ struct fs_config {
     double reduce_timeout_s;          /* monitor stage: incomplete reductions after this */
     double hello_timeout_s;           /* ingest: a connection's Hello within this (0: none) */
     double frame_timeout_s;           /* ingest: a begun frame complete within this (0: none) */
-    double shutdown_timeout_s;  /* monitor math not started by then is left spooled (0: none) */
-    uint64_t reduce_max_bytes;  /* monitor stage: reduction memory bound */
-    uint64_t detect_from_step;  /* runs whose Hello does not say */
-    uint64_t monitor_threads;   /* worker threads for the monitor math; 0 = CPUs */
-    uint64_t head_points_every; /* per-head points at multiples of this step only */
+    double shutdown_timeout_s;    /* monitor math not started by then is left spooled (0: none) */
+    uint64_t reduce_max_bytes;    /* monitor stage: reduction memory bound */
+    uint64_t max_run_bytes;       /* monitor stage: per-run budget (detected series, scalars) */
+    uint64_t spool_run_max_bytes; /* monitor stage: spooled bytes of one run (0: none) */
+    uint64_t detect_from_step;    /* runs whose Hello does not say */
+    uint64_t monitor_threads;     /* worker threads for the monitor math; 0 = CPUs */
+    uint64_t head_points_every;   /* per-head points at multiples of this step only */
     /* HTTP auth and /metrics */
     char http_write_token[FS_MAX_TOKEN_LEN + 1]; /* "" = HTTP writes disabled */
     char http_read_token[FS_MAX_TOKEN_LEN + 1];  /* "" = reads need no token */

@@ -142,6 +142,13 @@ void conn_on_hello(struct conn *c, const Foreshock__Hello *h)
             }
         }
     }
+    /* The run budget (max_run_bytes) before anything is allocated for the shape. */
+    char why[256];
+    if (ing->opts.stage && stage_shape_check(ing->opts.stage, &c->hello, why, sizeof(why)) < 0) {
+        store_item_free(it);
+        conn_protocol_error(c, E(LIMIT), why);
+        return;
+    }
     c->state = AWAIT_WELCOME;
     log_debug("ingest", "conn %llu %s: hello run=%s attempt=%u rank=%u/%u",
               (unsigned long long)c->id, c->peer, h->run_id, it->hello.attempt, h->rank,

@@ -451,7 +451,9 @@ int main(int argc, char **argv)
         .rules = &app->rules,
         .reduce_timeout_s = cfg->reduce_timeout_s,
         .reduce_max_bytes = cfg->reduce_max_bytes,
+        .max_run_bytes = cfg->max_run_bytes,
         .spool_max_bytes = cfg->spool_max_bytes,
+        .spool_run_max_bytes = cfg->spool_run_max_bytes,
         .head_points_every = cfg->head_points_every,
         .detect_from_step = cfg->detect_from_step,
         .max_chunks = (unsigned)(2 * threads), /* two per thread evens out uneven heads */

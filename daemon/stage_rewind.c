@@ -261,8 +261,9 @@ void stage_rewind_start(struct stage *st, struct run *run, struct stage_run *sr,
         struct scalar_sample *x = *pp;
         if (x->step > step) {
             *pp = x->next;
-            stage_sample_free(x);
             sr->n_sc--;
+            sr->sc_bytes -= stage_sample_bytes(x);
+            stage_sample_free(x);
             scalars++;
         } else {
             sr->sc_tail = x;
