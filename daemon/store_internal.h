@@ -16,6 +16,8 @@
  *   store_series.c   the series id cache and point rows
  *   store_silence.c  the HTTP API's silence writes and their waiters
  *   store_prune.c    retention of finished outbox rows and old silences
+ *   store_runs.c     the run lifecycle: live-run quotas, ending runs,
+ *                    deleting every row of a run (API and retention)
  *
  * Everything here runs on the writer thread (the main thread at open and
  * close) unless it says otherwise. SQLite result codes, not errno, unless
