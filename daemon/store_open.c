@@ -241,6 +241,18 @@ static int import_legacy_spool(struct store *s, const char *path, struct fs_err 
     return 0;
 }
 
+/* spool_forget_runs' question: is there a runs row of run_id? (ctx: the
+ * prepared "SELECT 1 FROM runs WHERE id = ?1"; an error answers yes: the
+ * records stay.) */
+static bool run_known(void *ctx, int64_t run_id)
+{
+    sqlite3_stmt *q = ctx;
+    sqlite3_bind_int64(q, 1, run_id);
+    int rc = sqlite3_step(q);
+    sqlite3_reset(q);
+    return rc != SQLITE_DONE;
+}
+
 static int open_spool(struct store *s, const char *path, struct fs_err *err)
 {
     char dir[SPOOL_PATH_MAX];
@@ -270,6 +282,13 @@ static int open_spool(struct store *s, const char *path, struct fs_err *err)
     if (rc != SQLITE_DONE)
         return fs_err_set(err, -EIO, "%s: reading evaluated steps: %s", path,
                           rc == SQLITE_ROW ? "out of memory" : sqlite3_errmsg(s->db));
+    /* Records of runs deleted (store_runs.c) before their segments went. */
+    if (sqlite3_prepare_v2(s->db, "SELECT 1 FROM runs WHERE id = ?1", -1, &q, NULL) != SQLITE_OK)
+        return fs_err_set(err, -EIO, "%s: %s", path, sqlite3_errmsg(s->db));
+    rc = spool_forget_runs(s->spool, run_known, q);
+    sqlite3_finalize(q);
+    if (rc < 0)
+        return fs_err_set(err, rc, "%s: spool: out of memory", path);
     size_t freed = spool_release(s->spool, &s->committed);
     if (freed)
         log_info("store", "spool: deleted %zu segments of evaluated steps", freed);

@@ -574,6 +574,66 @@ static struct store_item *sketch_report(uint64_t conn, const struct store_result
  * database records where the log ends and how far the run is evaluated; a
  * segment goes once all its steps are evaluated; a restart replays what is
  * left up to the recorded end. */
+/* The API deletes a run (STORE_ITEM_RUN): its rows go, its Hellos are
+ * refused while it is marked, a Hello after that starts it anew with a new
+ * id, and its spooled frames go with it. A run deleted while the daemon was
+ * down (its rows gone, its records still in a segment) loses them at the
+ * next start. */
+Test(store, deleted_run_takes_its_spool_records)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "gone", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    for (uint64_t seq = 1; seq <= 3; seq++)
+        submit_ok(f.s, sketch_report(1, &h, seq, seq * 10, 100));
+    store_flush(f.s);
+    cr_assert_gt(store_spool_bytes(f.s), 0);
+    struct store_item *it = store_item_new(STORE_ITEM_RUN);
+    it->run.op = STORE_RUN_DELETE;
+    snprintf(it->run.run, sizeof(it->run.run), "gone");
+    it->run.waiter = store_waiter_new();
+    struct store_waiter *w = store_waiter_ref(it->run.waiter);
+    submit_ok(f.s, it);
+    int64_t id = 0;
+    cr_expect_eq(store_waiter_wait(w, 10000, &id), 0);
+    cr_expect_eq(id, h.run_id);
+    store_waiter_put(w);
+    sqlite3 *db = ro(&f);
+    for (int tries = 0; tries < 1000 && q1(db, "SELECT count(*) FROM runs") != 0; tries++)
+        usleep(10000);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM runs"), 0);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM reports"), 0);
+    sqlite3_close(db);
+    for (int tries = 0; tries < 1000 && store_spool_bytes(f.s) != 0; tries++) {
+        store_flush(f.s);
+        usleep(10000);
+    }
+    cr_expect_eq(store_spool_bytes(f.s), 0, "the deleted run's records are released");
+    submit_ok(f.s, hello(2, "gone", 0, 0));
+    struct store_result again = hello_done(f.s, 2);
+    cr_expect_eq(again.error_code, 0);
+    cr_expect_gt(again.run_id, h.run_id, "a deleted run's id is not handed out again");
+
+    /* Deleted while down: rows gone, records left; the next open drops them. */
+    for (uint64_t seq = 1; seq <= 3; seq++)
+        submit_ok(f.s, sketch_report(2, &again, seq, seq * 10, 100));
+    store_flush(f.s);
+    cr_assert_gt(store_spool_bytes(f.s), 0);
+    store_close(f.s);
+    f.s = NULL;
+    cr_assert_eq(sqlite3_open(f.db.path, &db), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(db, "PRAGMA foreign_keys = ON; BEGIN", NULL, NULL, NULL), SQLITE_OK);
+    cr_assert_eq(store_run_delete_rows(db, again.run_id), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    fx_open(&f, &o);
+    cr_expect_eq(store_spool_bytes(f.s), 0, "records of a run deleted while down are released");
+    fx_fini(&f);
+}
+
 Test(store, spool_log_holds_frames_until_evaluated)
 {
     struct fixture f;
