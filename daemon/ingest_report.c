@@ -228,8 +228,21 @@ void conn_on_advice_ack(struct conn *c, const Foreshock__AdviceAck *a)
                   (unsigned long long)c->id, ignored);
 }
 
-void conn_on_bye(struct conn *c)
+void conn_on_bye(struct conn *c, const Foreshock__Bye *b)
 {
+    /* Bye.end_run: the run ends after this stream's reports (the writer
+     * applies items in order). No answer is waited for. */
+    if (b && b->has_end_run && b->end_run && c->state == STREAMING) {
+        struct store_item *it = store_item_new(STORE_ITEM_RUN);
+        if (it) {
+            it->run.op = STORE_RUN_END;
+            snprintf(it->run.run, sizeof(it->run.run), "%s", c->run_name);
+            if (store_submit(c->ing->opts.store, it) != 0)
+                store_item_free(it);
+            else
+                log_info("ingest", "run %s: rank %u ended it (Bye.end_run)", c->run_name, c->rank);
+        }
+    }
     c->eof = 1;
     conn_update_reading(c);
     if (c->inflight == 0 && !c->pending)

@@ -6,7 +6,8 @@ with every row of them, and the API and CLI delete a run.
    welcomed and acked, also after a restart.
 2. DELETE /api/v1/runs/{run} (write token; 401 without, 404 unknown) and
    `foreshock runs delete`: every table holds no row of the run afterwards,
-   the other run's rows stay.
+   the other run's rows stay. A run ends by POST /api/v1/runs/{run}/end or
+   by a trainer's Bye{end_run}.
 3. 2,000 short runs (one report each) under short idle/retention settings:
    a new run is still accepted, and the database's row counts stay bounded
    (the runs deleted, not accumulated)."""
@@ -150,6 +151,26 @@ def delete_api(args, workdir, pb):
                    what="run cli-doomed deleted")
         check(all(v == 0 for v in counts(d.db, ids["cli-doomed"]).values()),
               "rows of the CLI-deleted run left")
+        # Ending: over the API, and by the trainer (Bye.end_run).
+        doc = d.request("POST", "/api/v1/runs/kept/end", token=TOKEN)
+        check(doc == {"id": ids["kept"], "status": "ended"}, f"end answer: {doc}")
+        check(db_rows(d.db, "SELECT ended_at IS NOT NULL FROM runs WHERE name = 'kept'")[0][0],
+              "run kept not ended")
+        c = RawConn(pb, d.ingest_port)
+        try:
+            c.send(hello(pb, "finished"))
+            w = c.recv()
+            c.send(report(pb, w.welcome.last_seq + 1, 0))
+            f = c.recv()
+            check(f is not None and f.HasField("ack"), f"no Ack: {f}")
+            bye = pb.Frame()
+            bye.bye.reason = "training finished"
+            bye.bye.end_run = True
+            c.send(bye)
+        finally:
+            c.close()
+        wait_until(lambda: db_rows(d.db, "SELECT ended_at IS NOT NULL FROM runs WHERE "
+                                   "name = 'finished'")[0][0], what="Bye.end_run ending the run")
         # The name is free again: a new run of it starts afresh, with a new id.
         send_losses(pb, d.ingest_port, "doomed", [1.0, 1.0])
         new_id = db_rows(d.db, "SELECT id FROM runs WHERE name = 'doomed'")[0][0]
