@@ -103,6 +103,7 @@ def main(args, workdir):
         hwm = vm_hwm_kb(d.pid)
         print(f"VmHWM {hwm} kB after {LAYERS} layers x {WINDOWS} windows x {STEPS} steps")
         check(hwm < RSS_BOUND_KB, f"VmHWM {hwm} kB over {RSS_BOUND_KB} kB")
+        check(d.stop() == 0, "foreshockd did not exit 0:\n" + d.log_text()[-3000:])
     finally:
         d.stop()
 

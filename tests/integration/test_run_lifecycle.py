@@ -100,7 +100,7 @@ def flood(args, workdir, pb):
         check(n >= FLOOD, f"{n} runs after {FLOOD} Hellos: the flood did not happen")
         why = one_report(pb, d.ingest_port, "after-flood")
         check(why is None, f"a new run after {FLOOD} Hellos without reports: {why}")
-        d.stop()
+        check(d.stop() == 0, "foreshockd did not exit 0:\n" + d.log_text()[-3000:])
         d = Daemon(args.build_dir, workdir, extra=extra)
         why = one_report(pb, d.ingest_port, "after-restart")
         check(why is None, f"a new run after the restart: {why}")
@@ -109,6 +109,7 @@ def flood(args, workdir, pb):
                                      f"live-{i} refused"))
         why = one_report(pb, d.ingest_port, "one-too-many")
         check(why is not None and "max_runs" in why, f"the 101st live run: {why}")
+        check(d.stop() == 0, "foreshockd did not exit 0:\n" + d.log_text()[-3000:])
     finally:
         d.stop()
 
@@ -175,6 +176,7 @@ def delete_api(args, workdir, pb):
         send_losses(pb, d.ingest_port, "doomed", [1.0, 1.0])
         new_id = db_rows(d.db, "SELECT id FROM runs WHERE name = 'doomed'")[0][0]
         check(new_id > max(ids.values()), f"a deleted run's id was handed out again: {new_id}")
+        check(d.stop() == 0, "foreshockd did not exit 0:\n" + d.log_text()[-3000:])
     finally:
         d.stop()
 
@@ -204,6 +206,7 @@ def short_runs(args, workdir, pb):
         n = {t: db_rows(d.db, f"SELECT count(*) FROM {t}")[0][0]
              for t in ("runs", "streams", "reports", "series", "points", "attempts")}
         check(all(v <= 100 * 10 for v in n.values()), f"rows not bounded: {n}")
+        check(d.stop() == 0, "foreshockd did not exit 0:\n" + d.log_text()[-3000:])
     finally:
         d.stop()
 

@@ -99,6 +99,9 @@ def main(args, workdir):
         print(f"victim: {REPORTS} reports acked while the hog is held", flush=True)
         check("reached spool_max_bytes" not in d.log_text(),
               "the hog filled the whole spool: it is not held to its own budget")
+        for c in conns:
+            c.close()
+        check(d.stop() == 0, "foreshockd did not exit 0:\n" + d.log_text()[-3000:])
     finally:
         for c in conns:
             c.close()
