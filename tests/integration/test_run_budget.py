@@ -116,7 +116,7 @@ def main(args, workdir):
                   "the bound is checked on plain builds only")
         else:
             check(hwm < RSS_BOUND_KB, f"VmHWM {hwm} kB over {RSS_BOUND_KB} kB")
-        check(d.stop() == 0, "foreshockd did not exit 0:\n" + d.log_text()[-3000:])
+        check(d.stop(timeout=300) == 0, "foreshockd did not exit 0:\n" + d.log_text()[-3000:])
     finally:
         d.stop()
 
