@@ -411,6 +411,10 @@ int main(int argc, char **argv)
         .stats = &app->stats,
         .outbox_retention_s = cfg->outbox_retention,
         .silence_retention_s = cfg->silence_retention,
+        .run_idle_end_s = cfg->run_idle_end_s,
+        .run_retention_s = cfg->run_retention_s,
+        .run_hello_grace_s = cfg->run_hello_grace_s,
+        .max_runs_per_token = cfg->max_runs_per_token,
     };
     /* One daemon per database: the second would split streams and page twice. */
     if ((app->dblock = dblock_acquire(cfg->db, &err)) < 0) {
@@ -447,7 +451,9 @@ int main(int argc, char **argv)
         .rules = &app->rules,
         .reduce_timeout_s = cfg->reduce_timeout_s,
         .reduce_max_bytes = cfg->reduce_max_bytes,
+        .max_run_bytes = cfg->max_run_bytes,
         .spool_max_bytes = cfg->spool_max_bytes,
+        .spool_run_max_bytes = cfg->spool_run_max_bytes,
         .head_points_every = cfg->head_points_every,
         .detect_from_step = cfg->detect_from_step,
         .max_chunks = (unsigned)(2 * threads), /* two per thread evens out uneven heads */

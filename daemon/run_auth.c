@@ -149,3 +149,11 @@ const char *run_auth_token(const struct run_auth *ra, const char *run, const cha
             return ra->e[i].token;
     return global ? global : "";
 }
+
+const char *run_auth_owner(const struct run_auth *ra, const char *run)
+{
+    for (size_t i = 0; ra && i < ra->n; i++)
+        if (run_auth_match(ra->e[i].pattern, run))
+            return ra->e[i].pattern;
+    return "";
+}

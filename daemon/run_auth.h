@@ -50,4 +50,8 @@ bool run_auth_match(const char *pattern, const char *run);
  * section's, else global. */
 const char *run_auth_token(const struct run_auth *ra, const char *run, const char *global);
 
+/* Who a run belongs to, for max_runs_per_token: the pattern of the first
+ * matching section (the token it must carry), "" for the global token. */
+const char *run_auth_owner(const struct run_auth *ra, const char *run);
+
 #endif

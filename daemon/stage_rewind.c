@@ -200,6 +200,8 @@ static void rewind_after_cb(uv_work_t *req, int status)
     } else if (sr && sr->rewind == REWIND_DRAINING && !sr->jobs_head) {
         stage_rewind_rebuild(st, run); /* a newer rewind came while this one rebuilt */
     }
+    if (sr && sr->forget)
+        stage_forget(st, w->run_id); /* deleted while it rebuilt */
     eval_run_clear(&w->er);
     free(w);
     stage_check_pressure(st);
@@ -260,8 +262,9 @@ void stage_rewind_start(struct stage *st, struct run *run, struct stage_run *sr,
         struct scalar_sample *x = *pp;
         if (x->step > step) {
             *pp = x->next;
-            stage_sample_free(x);
             sr->n_sc--;
+            sr->sc_bytes -= stage_sample_bytes(x);
+            stage_sample_free(x);
             scalars++;
         } else {
             sr->sc_tail = x;
