@@ -1,5 +1,5 @@
 /* Per-series robust detection: rule table, config overrides, the scoring
- * step and its persistent state. See detect.h and MONITORS.md section 4. */
+ * step and its persistent state. See detect.h and docs/monitors.md section 4. */
 #include "detect.h"
 
 #include <errno.h>
@@ -21,7 +21,7 @@
 #define RULE_ROUTER RULE_BASE, .warmup_steps = DETECT_ROUTER_WARMUP_STEPS
 
 /* Built-in rules, first match wins (detect_rules_match), so exact names come
- * before any pattern. Directions from MONITORS.md section 4. */
+ * before any pattern. Directions from docs/monitors.md section 4. */
 static const struct detect_rule default_rules[] = {
     /* Delta2 family: the attention-numerics early signal. Two bounds that
      * hold on every head size and phase of training, besides the z-score:
@@ -91,7 +91,7 @@ static const struct detect_rule default_rules[] = {
      .direction = DETECT_RISE_IS_BAD},
     {RULE_ROUTER, .name = "router.load_entropy", .family = DETECT_FAMILY_ROUTER_BALANCE,
      .direction = DETECT_FALL_IS_BAD},
-    /* Weight norms (optional per-layer scalars, MONITORS.md section 2). They
+    /* Weight norms (optional per-layer scalars, docs/monitors.md section 2). They
      * grow during healthy training too (sqrt- or log-like under AdamW), so
      * the rule follows their trend, like centered energy. Off by default:
      * a symptom of either fault that names neither, and one that still

@@ -7,7 +7,7 @@
 
 #include "fs_err.h"
 
-/* Per-series robust detection (shared/MONITORS.md section 4). Pure: no I/O,
+/* Per-series robust detection (docs/monitors.md section 4). Pure: no I/O,
  * no clocks, no threads, no allocation. Step and time are inputs.
  *
  * Two kinds of object:
@@ -71,7 +71,7 @@
  * steps. */
 #define DETECT_STEP_UNKNOWN INT64_MIN
 
-/* Defaults (MONITORS.md section 4); each one is overridable per rule. */
+/* Defaults (docs/monitors.md section 4); each one is overridable per rule. */
 #define DETECT_DEFAULT_WARMUP 20
 #define DETECT_DEFAULT_WINDOW 64
 #define DETECT_DEFAULT_Z 5.0

@@ -34,7 +34,7 @@
 
 #define EVAL_WHY_MAX 192 /* "qk.d2.srank.min layer=2 window=25; update_ratio layer=1" */
 
-/* When detection starts, by training progress (MONITORS.md section 4: early
+/* When detection starts, by training progress (docs/monitors.md section 4: early
  * training legitimately passes through sharp low-rank phases and fast
  * drifts; a baseline that holds them is too wide, one that fires on them is
  * wrong). The learning rate tells where training is: its warm-up ends at

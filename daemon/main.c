@@ -70,7 +70,7 @@ static void usage(FILE *f)
            "    hold per-module settings. Keys:\n");
     config_print_keys(f);
     fprintf(f, "    Byte sizes accept K, M, G, T suffixes (binary multiples).\n"
-               "    Detector rules (shared/MONITORS.md section 4) are tuned per rule in\n"
+               "    Detector rules (docs/monitors.md section 4) are tuned per rule in\n"
                "    sections [detect \"RULE\"], RULE one of qk.d2.erank, qk.d2.entropy,\n"
                "    qk.d2.srank, qk.cqk, router.similarity, router.centered_energy,\n"
                "    router.zloss, router.maxvio, router.load_entropy, weight_norm,\n"

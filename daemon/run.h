@@ -12,7 +12,7 @@
 #include "monitor_router.h"
 
 /* The run registry: per run, the shard and rank reduction of the sketches
- * of each step (MONITORS.md 1.1, 3.1, 3.2). A pure data structure: no
+ * of each step (docs/monitors.md 1.1, 3.1, 3.2). A pure data structure: no
  * libuv, no SQLite, no clocks (`now` is an input, seconds on any monotonic
  * clock), no threads. In the daemon the loop thread owns the registry and
  * everything in it; a bucket taken out with run_take_ready belongs to the

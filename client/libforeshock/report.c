@@ -311,7 +311,7 @@ static int check_spectrum(const struct fsc_spectrum *s)
         !nonneg_or_nonfinite_d(s->k_sq) || !nonneg_or_nonfinite_d(s->k_delta_sq) ||
         !nonneg_or_nonfinite_d(s->cqk))
         return -EINVAL;
-    /* c_qk is a ratio in [0, 1] (MONITORS.md 1.2); allow rounding. */
+    /* c_qk is a ratio in [0, 1] (docs/monitors.md 1.2); allow rounding. */
     if ((s->has & FSC_SPECTRUM_HAS_CQK) && isfinite(s->cqk) && s->cqk > 1.0 + 1e-6)
         return -EINVAL;
     return 0;

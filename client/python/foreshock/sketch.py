@@ -1,4 +1,4 @@
-"""The sketches of shared/MONITORS.md, computed with torch on the device
+"""The sketches of docs/monitors.md, computed with torch on the device
 the weights live on. Pure functions of their inputs; no host sync.
 
 Attention (1.1), per query head h over a window with base t0:
