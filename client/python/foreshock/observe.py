@@ -19,13 +19,17 @@ until a copy needs it). Every layout op (view, reshape, transpose,
 permute, chunk, split, unbind, indexing, cat, expand, repeat_interleave,
 flatten, ...) is applied to the shadow too; an elementwise op (scaling, a
 norm over head_dim, rotary's x*cos + rotate_half(x)*sin, dtype changes)
-keeps its first labelled operand's shadow. So at the score every q and k
-element says which weight row it came from.
+keeps its first labelled operand's shadow (and when it combines two
+different rows of one weight, the pair is kept: a rotation written as
+(x1 c - x2 s, x1 s + x2 c) labels both halves x1, and a head that then
+reads a row twice gets its one missing partner back). So at the score
+every q and k element says which weight row it came from.
 
 Attention score. matmul/bmm/baddbmm/einsum of two labelled operands,
 contracting q's last axis with k's, whose labels do not vary along the
 token axes, and whose result then goes through softmax over its last axis
-(scaling, masks and dtype changes in between are followed); or the q and k
+or exp (an online softmax written out; scaling, masks and dtype changes in
+between are followed); or the q and k
 of F.scaled_dot_product_attention (enable_gqa too); or the in-projection
 of F.multi_head_attention_forward (its num_heads and weights). From it:
 query heads H = distinct q row lists, KV heads Hkv = distinct k row lists
@@ -34,16 +38,20 @@ as such), head_dim = the contracted length, and each head's exact Wq / Wk
 rows, ordered by the position they meet at in the dot product.
 
 Routers. A projection whose output's last axis is all E rows of one
-weight, in order, reaching topk over that axis (k = its k) or argmax
-(top-1) after any softmax, sigmoid, bias or mask, and whose indices are
-then used (compared, one-hot, indexed with: dispatch). A gate whose
+weight, in order, reaching topk over that axis (k = its k), argmax or
+max(dim) (top-1; each further one over the logits with the first choice
+masked or scattered away adds one), a sort whose first k < E indices are
+used, or multinomial (k = its samples), after any softmax, sigmoid, bias
+or mask, and whose indices are then used (compared, one-hot, indexed
+with: dispatch). A gate whose
 output never reaches a topk/argmax (a per-head output gate Linear(d, H),
 a SwiGLU gate) is not a router.
 
 Cost and side effects. One forward pass under torch.no_grad(), with the
 caller's example input or a probe batch (observe() builds one: token ids
 [1, 8] when the model has an embedding, else [1, 8, d] or an image for a
-first Conv2d), plus the shadows' bookkeeping. Nothing of it stays: the
+first Conv2d; then other input widths of its Linear/LayerNorm modules for
+an input narrower than the model or a second float input), plus the shadows' bookkeeping. Nothing of it stays: the
 torch and CUDA RNG states are restored, every buffer (BatchNorm running
 statistics, counters, caches kept as buffers) is copied back, train/eval
 mode is left as it is, use_cache=False is passed when forward takes it,

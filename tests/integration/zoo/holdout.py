@@ -1228,7 +1228,9 @@ def mamba2_hybrid():
                                              f"layers.{i}.mixer.k_proj.weight", H, H, DH),
                 f"layers.{i}.mixer") for i, c in enumerate(pattern) if c == "a"]
     return model, tokens(), Truth(att, not_reported=["layers.0.mixer.in_proj.weight",
-                                                     "layers.1.mixer.in_proj.weight"])
+                                                     "layers.1.mixer.in_proj.weight"],
+                                  note="SSD's C B^T (no softmax) is no attention site; the "
+                                       "Mamba blocks count in the block index")
 
 
 # ---- a hand-written flash attention: custom autograd.Function, blockwise online softmax ----------
