@@ -1067,6 +1067,19 @@ def _number_blocks(model, att, rts, skipped=()):
         if k is not None:
             slots.add(k)
 
+    # A hybrid's blocks without a monitored site (Mamba or recurrent blocks
+    # of the same block class as its attention blocks) keep their place:
+    # layer = index in the block list. Generic containers (x-transformers'
+    # ModuleList entries) are not a block class.
+    kinds = {(k.rpartition(".")[0], type(modules[k])) for k in slots
+             if k in modules and "." in k
+             and not isinstance(modules[k], (nn.ModuleList, nn.Sequential))}
+    for n, m in modules.items():
+        head, _, tail = n.rpartition(".")
+        if tail.isdigit() and (head, type(m)) in kinds and \
+                isinstance(modules.get(head), (nn.ModuleList, nn.Sequential)):
+            slots.add(n)
+
     def rank(k):
         i = order.get(k)
         if i is None:

@@ -19,13 +19,17 @@ until a copy needs it). Every layout op (view, reshape, transpose,
 permute, chunk, split, unbind, indexing, cat, expand, repeat_interleave,
 flatten, ...) is applied to the shadow too; an elementwise op (scaling, a
 norm over head_dim, rotary's x*cos + rotate_half(x)*sin, dtype changes)
-keeps its first labelled operand's shadow. So at the score every q and k
-element says which weight row it came from.
+keeps its first labelled operand's shadow (and when it combines two
+different rows of one weight, the pair is kept: a rotation written as
+(x1 c - x2 s, x1 s + x2 c) labels both halves x1, and a head that then
+reads a row twice gets its one missing partner back). So at the score
+every q and k element says which weight row it came from.
 
 Attention score. matmul/bmm/baddbmm/einsum of two labelled operands,
 contracting q's last axis with k's, whose labels do not vary along the
 token axes, and whose result then goes through softmax over its last axis
-(scaling, masks and dtype changes in between are followed); or the q and k
+or exp (an online softmax written out; scaling, masks and dtype changes in
+between are followed); or the q and k
 of F.scaled_dot_product_attention (enable_gqa too); or the in-projection
 of F.multi_head_attention_forward (its num_heads and weights). From it:
 query heads H = distinct q row lists, KV heads Hkv = distinct k row lists
@@ -34,16 +38,20 @@ as such), head_dim = the contracted length, and each head's exact Wq / Wk
 rows, ordered by the position they meet at in the dot product.
 
 Routers. A projection whose output's last axis is all E rows of one
-weight, in order, reaching topk over that axis (k = its k) or argmax
-(top-1) after any softmax, sigmoid, bias or mask, and whose indices are
-then used (compared, one-hot, indexed with: dispatch). A gate whose
+weight, in order, reaching topk over that axis (k = its k), argmax or
+max(dim) (top-1; each further one over the logits with the first choice
+masked or scattered away adds one), a sort whose first k < E indices are
+used, or multinomial (k = its samples), after any softmax, sigmoid, bias
+or mask, and whose indices are then used (compared, one-hot, indexed
+with: dispatch). A gate whose
 output never reaches a topk/argmax (a per-head output gate Linear(d, H),
 a SwiGLU gate) is not a router.
 
 Cost and side effects. One forward pass under torch.no_grad(), with the
 caller's example input or a probe batch (observe() builds one: token ids
 [1, 8] when the model has an embedding, else [1, 8, d] or an image for a
-first Conv2d), plus the shadows' bookkeeping. Nothing of it stays: the
+first Conv2d; then other input widths of its Linear/LayerNorm modules for
+an input narrower than the model or a second float input), plus the shadows' bookkeeping. Nothing of it stays: the
 torch and CUDA RNG states are restored, every buffer (BatchNorm running
 statistics, counters, caches kept as buffers) is copied back, train/eval
 mode is left as it is, use_cache=False is passed when forward takes it,
@@ -86,6 +94,8 @@ _NOT_ELEMENTWISE = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm
                     "view_as_real", "scatter", "scatter_add", "index_add"}
 _SCORE_OPS = {"matmul", "__matmul__", "bmm", "baddbmm", "einsum"}
 _CARRIED = ("score", "normed", "act", "ridx", "rdim")  # tags layout ops carry along
+_PROBE_WIDTHS = 4           # input widths a probe batch tries (the model's, then others)
+_MAX_MIXES = 4096            # elementwise ops whose label pairs are kept (rotary repair)
 _ROUTER_MAX_E = 4096        # a topk over more outputs than this is not routing
 # A topk over activations (a k-sparse MLP's relu(W x)) selects features, not experts.
 _ACTIVATIONS = {"relu", "relu_", "gelu", "silu", "silu_", "tanh", "softplus", "leaky_relu",
@@ -163,6 +173,28 @@ def _shadow(t):
         return flat[1].as_strided(t.shape, t.stride(), t.storage_offset() - root.storage_offset())
     except RuntimeError:
         return None
+
+
+def _no_ellipsis(eq, ops):
+    """eq with each '...' spelled out in letters it does not use (right-
+    aligned, as einsum broadcasts them), or eq itself; None when it cannot."""
+    eq = eq.replace(" ", "")
+    if "..." not in eq:
+        return eq
+    if "->" not in eq:
+        return None
+    ins, res = eq.split("->")
+    subs = ins.split(",")
+    if len(subs) != len(ops):
+        return None
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+    counts = [o.dim() - (len(sub) - 3) if "..." in sub else 0 for sub, o in zip(subs, ops)]
+    n = max(counts)
+    if min(counts) < 0 or n > len(free):
+        return None
+    letters = "".join(free[:n])
+    subs = [sub.replace("...", letters[n - c:]) for sub, c in zip(subs, counts)]
+    return ",".join(subs) + "->" + res.replace("...", letters)
 
 
 def _flat(seq):
@@ -246,6 +278,7 @@ class Site:
         self.src, self.top_k, self.dispatched, self.normed = None, 0, False, ""
         self.argmax_picks = []                  # distinct argmax results seen
         self.used_k = 0                         # widest top-k indices used to dispatch
+        self.sorted = False                     # indices from a sort: k is the slice used
 
     def attention_getter(self):
         if self.q_parts is None:
@@ -372,6 +405,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.candidates = []        # score candidates, Site per matmul of two labelled operands
         self.topks = {}             # source index -> Site
         self.failures = 0
+        self.mixes = []             # [N, 2] label pairs one elementwise op combined
+        self._partners = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -519,7 +554,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return site
         site.q_src, site.k_src = self.obs.sources[qsrc[0]], self.obs.sources[ksrc[0]]
         mask = (1 << _SHIFT) - 1
-        qr, kr = (qa & mask).tolist(), (ka & mask).tolist()
+        qr, kr = self._unpair(qa.tolist()), self._unpair(ka.tolist())
+        qr = [[x & mask for x in r] for r in qr]
+        kr = [[x & mask for x in r] for r in kr]
         q_heads, k_heads, pair_set = [], [], []
         for q, k in zip(qr, kr):
             tq, tk = tuple(q), tuple(k)
@@ -550,10 +587,53 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         site.q_heads = [list(q_heads[h]) for h in order]
         site.k_heads = [list(t) for t in k_heads]
         site.n_heads, site.n_kv_heads = len(q_heads), len(k_heads)
-        if site.q_src.width != site.k_src.width:
-            site.reason = (f"q reads {site.q_src.width} inputs but k reads "
-                           f"{site.k_src.width}: no Q/K product in one space")
+        # q and k may read inputs of different widths (cross-attention to a
+        # context or media stream): sketch.attention_grams reduces each side
+        # over its own width, so the site is monitored all the same.
         return site
+
+    def _unpair(self, rows):
+        """Rows of labels with a repeat put right: a rotation written as
+        (x1 c - x2 s, x1 s + x2 c) labels both outputs with x1 (the first
+        operand); a repeated label whose one mixing partner the row lacks
+        is that partner."""
+        if all(len(set(r)) == len(r) for r in rows) or not self.mixes:
+            return rows
+        if self._partners is None:
+            self._partners = {}
+            for pairs in self.mixes:
+                for a, b in pairs.tolist():
+                    self._partners.setdefault(a, set()).add(b)
+                    self._partners.setdefault(b, set()).add(a)
+        out = []
+        for r in rows:
+            seen, new = set(), []
+            for x in r:
+                if x in seen:
+                    cand = self._partners.get(x, set()) - set(r) - seen
+                    if len(cand) == 1:
+                        x = next(iter(cand))
+                seen.add(x)
+                new.append(x)
+            out.append(new)
+        return out
+
+    def _mix(self, sa, sb, shape):
+        """Records which labels one elementwise op combined (same weight only:
+        a rotation's pairs, not a residual sum of two projections)."""
+        if len(self.mixes) >= _MAX_MIXES:
+            return
+        try:
+            a = sa.expand(shape).reshape(-1)
+            b = sb.to(sa.device).expand(shape).reshape(-1)
+        except RuntimeError:
+            return
+        if torch.equal(a, b) or bool((a < 0).any()) or bool((b < 0).any()) or \
+                not torch.equal(a >> _SHIFT, b >> _SHIFT):
+            return
+        diff = a != b
+        self.mixes.append(torch.unique(torch.stack((a[diff], b[diff]), 1), dim=0).cpu())
+        self._partners = None
 
     def _score(self, name, args, kwargs, out):
         if name in ("matmul", "__matmul__", "bmm"):
@@ -652,9 +732,6 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         site.k_heads = [krows[i * dh:(i + 1) * dh] for i in range(h)]
         site.n_heads = site.n_kv_heads = h
         site.head_dim = dh
-        if qs.width != ks.width:
-            site.reason = (f"q reads {qs.width} inputs but k reads {ks.width} (kdim != "
-                           "embed_dim): no Q/K product in one space")
         self.candidates.append(site)
         self._confirm(site)
 
@@ -696,6 +773,15 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         elif name == "argmax":
             k, dim = 1, args[1] if len(args) > 1 else kwargs.get("dim")
             idx = out
+        elif name == "sort":  # sort(..., descending=True)[1][..., :k]: k is the slice used
+            dim = args[1] if len(args) > 1 and isinstance(args[1], int) else kwargs.get("dim",
+                                                                                        -1)
+            if not isinstance(out, tuple):
+                return
+            k, idx = 0, out[1]
+        elif name == "multinomial":  # experts sampled from the router's probabilities
+            k = args[1] if len(args) > 1 else kwargs.get("num_samples")
+            dim, idx = -1, out
         else:  # max(dim)
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if dim is None or not isinstance(out, tuple):
@@ -727,7 +813,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             site.normed = (site.normed + " " if site.normed else "") + "expert-choice"
             _set(idx, ridx=site)
             return
-        if name == "topk":
+        if name == "sort":
+            site.sorted = True
+        elif name in ("topk", "multinomial"):
             site.top_k = max(site.top_k, k)
         else:
             # GShard/DeepSpeed top-2 takes a second argmax over the logits
@@ -752,6 +840,11 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 d = _tag(getattr(a, "_base", None))
             if d is not None and "ridx" in d:
                 s = d["ridx"]
+                if s.sorted:
+                    if d.get("rdim") is None or a.dim() != d["rdim"] or \
+                            not 1 <= a.shape[-1] < s.src.rows:
+                        continue  # a full ranking is no choice of experts
+                    s.top_k = max(s.top_k, a.shape[-1])
                 if d.get("rdim") is not None and a.dim() == d["rdim"] and a.shape[-1] >= 1:
                     s.used_k = max(s.used_k, a.shape[-1])  # noisy top-k keeps k of k + 1
                 if not s.dispatched:
@@ -783,6 +876,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             ops = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) \
                 else list(args[1:])
             if isinstance(eq, str) and all(isinstance(o, torch.Tensor) for o in ops):
+                eq = _no_ellipsis(eq, ops)
+                if eq is None:
+                    return
                 if self._einsum_projection(eq, ops, out):
                     return
                 self._einsum_score(eq, ops, out)
@@ -808,7 +904,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 if "sh" in d and isinstance(out, torch.Tensor) and out.shape == t.shape:
                     _set(out, sh=d["sh"], normed="softmax")
             return
-        if name in ("topk", "argmax", "max"):
+        if name in ("topk", "argmax", "max", "sort", "multinomial"):
             if args and _shadow(args[0]) is not None:
                 self._topk(name, args, kwargs, out)
             return
@@ -830,6 +926,15 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         if name in _STACK:
             self._stack(func, args, kwargs, out)
+            return
+        if name in ("exp", "exp_", "exp2") and args:
+            d = _tagd(args[0])
+            if d is not None and d.get("score") is not None:
+                self._confirm(d["score"])  # softmax written out (a flash kernel's exp(s - m))
+        if name == "scatter" and args and isinstance(out, torch.Tensor):
+            d = _tagd(args[0])  # values written into a labelled tensor (a mask): labels stay
+            if d is not None and "sh" in d and d["sh"].shape == out.shape:
+                _set(out, sh=d["sh"], **{k: v for k, v in d.items() if k == "normed"})
             return
         if name in _NOT_ELEMENTWISE:
             return
@@ -958,6 +1063,11 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         tagged = [(a, d) for a, d in tagged if d is not None]
         if not tagged:
             return
+        labelled = [(a, d["sh"]) for a, d in tagged if d.get("sh") is not None
+                    and not d.get("cplx")]
+        if len(labelled) == 2 and isinstance(out, torch.Tensor) and \
+                labelled[0][1].shape == labelled[1][1].shape == out.shape:
+            self._mix(labelled[0][1], labelled[1][1], out.shape)
         for o in outs:
             if not isinstance(o, torch.Tensor):
                 continue
@@ -1012,6 +1122,25 @@ def _width(model):
     return None
 
 
+def _widths(model):
+    """_width first, then the other input widths of Linear and LayerNorm
+    modules in module order (a context or media stream of its own width:
+    Perceiver's inputs, Flamingo's visual features), at most _PROBE_WIDTHS."""
+    out = []
+    first = _width(model)
+    if first:
+        out.append(first)
+    for m in model.modules():
+        w = (m.in_features if isinstance(m, nn.Linear) else m.normalized_shape[-1]
+             if isinstance(m, nn.LayerNorm) and m.normalized_shape else m.kdim
+             if isinstance(m, nn.MultiheadAttention) else None)
+        if w and w not in out:
+            out.append(w)
+        if len(out) >= _PROBE_WIDTHS:
+            break
+    return out
+
+
 def probe_inputs(model, batch=1, seq=8):
     """Candidate probe inputs [(description, args, kwargs)] for model's forward."""
     try:
@@ -1041,6 +1170,11 @@ def probe_inputs(model, batch=1, seq=8):
         # every required positional argument: token ids, None for a mask
         args = tuple(None if "mask" in n else ids for n in names) or (ids,)
         out.append((f"token ids [{batch}, {seq}]", args, kw))
+        if len(names) > 1:  # a second stream beside the tokens (media, context): floats
+            for w in _widths(model):
+                more = tuple(None if "mask" in n else randn(batch, seq, w) for n in names[1:])
+                out.append((f"token ids [{batch}, {seq}] and floats [{batch}, {seq}, {w}]",
+                            (ids,) + more, dict(kw)))
         if "decoder_input_ids" in params:
             kw2 = dict(kw)
             kw2["decoder_input_ids"] = ids
@@ -1054,14 +1188,15 @@ def probe_inputs(model, batch=1, seq=8):
         size = size if isinstance(size, int) else conv.kernel_size[0] * 4
         img = randn(batch, conv.in_channels, size, size)
         out.append((f"images [{batch}, {conv.in_channels}, {size}, {size}]", (img,), dict(extra)))
-    d = _width(model)
-    if d:
+    for i, d in enumerate(_widths(model)):
         x = randn(batch, seq, d)
         x2 = randn(seq, d)
         out.append((f"floats [{batch}, {seq}, {d}]",
                     tuple(None if "mask" in n else x for n in names) or (x,), dict(extra)))
-        out.append((f"floats [{seq}, {d}]",
-                    tuple(None if "mask" in n else x2 for n in names) or (x2,), dict(extra)))
+        if i == 0:
+            out.append((f"floats [{seq}, {d}]",
+                        tuple(None if "mask" in n else x2 for n in names) or (x2,),
+                        dict(extra)))
     return out
 
 
