@@ -123,14 +123,25 @@ def phase(args, workdir, pb, name, extra, ctx=None, holds=SLOTS):
                   f"{name}: {evicted:.0f} evictions for {TRAINERS} trainers in a full daemon")
         else:
             check(evicted == 0, f"{name}: {evicted:.0f} evictions with room left")
+        check(m["foreshock_ingest_unauthenticated"] <= SLOTS, f"{name}: {m}")
+        flood.close()
+        flood = None
+        # The counters by reason and the total are separate atomics: while
+        # the flood runs a scrape can fall between their increments. Once
+        # it stopped, two scrapes in a row that agree are a settled state.
+        keys = [f'foreshock_ingest_refused_total{{reason="{r}"}}'
+                for r in ("max_connections", "per_address", "unauthenticated")]
+        keys.append("foreshock_connections_rejected_total")
+        m, prev = metrics(d), None
+        for _ in range(100):
+            if prev is not None and all(m[k] == prev[k] for k in keys):
+                break
+            prev, m = m, metrics(d)
         refused = {r: m[f'foreshock_ingest_refused_total{{reason="{r}"}}']
                    for r in ("max_connections", "per_address", "unauthenticated")}
         check(sum(refused.values()) == m["foreshock_connections_rejected_total"],
               f"{name}: refusals by reason {refused} do not add up to "
               f"{m['foreshock_connections_rejected_total']:.0f}")
-        check(m["foreshock_ingest_unauthenticated"] <= SLOTS, f"{name}: {m}")
-        flood.close()
-        flood = None
         for c in kept:
             c.close()
         print(f"{name}: {TRAINERS} trainers welcomed and acked during a flood of {FLOOD} "
