@@ -17,6 +17,7 @@
 #include "log.h"
 #include "monitor_qk.h"
 #include "pager.h"
+#include "remote_write.h"
 #include "run_auth.h"
 #include "schema.h"
 #include "stage.h"
@@ -112,6 +113,8 @@ struct app {
     struct pager_config pager_cfg; /* [target "NAME"] sections */
     struct advice_policy advice;   /* [advice]; read-only once running */
     struct pager *pager;
+    struct rw_config rw_cfg;  /* [remote_write] */
+    struct remote_write *rw;  /* NULL: remote write off */
     struct run_auth run_auth; /* [run "PATTERN"] tokens; read-only once running */
     struct tls_server *tls;   /* ingest TLS, NULL: plain TCP */
     int dblock;               /* descriptor of the database lock, -1: not held */
@@ -161,7 +164,7 @@ static void on_signal(uv_signal_t *h, int signum)
  * or an exit status. */
 static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
                       struct pager_config *pager_cfg, struct run_auth *run_auth, int *read_only,
-                      struct advice_policy *advice)
+                      struct advice_policy *advice, struct rw_config *rw_cfg)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'},
@@ -251,14 +254,17 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     config_defaults(cfg);
     detect_rules_default(rules);
     advice_policy_default(advice);
-    struct config_section sections[4];
+    struct config_section sections[5];
     stage_detect_section(rules, &sections[0]);
     pager_target_section(pager_cfg, &sections[1]);
     run_auth_section(run_auth, &sections[2]);
     advice_section(advice, &sections[3]);
-    if (config_path)
+    rw_config_section(rw_cfg, &sections[4]);
+    if (config_path) {
         snprintf(pager_cfg->origin, sizeof(pager_cfg->origin), "%s", config_path);
-    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 4, &err) < 0) {
+        snprintf(rw_cfg->origin, sizeof(rw_cfg->origin), "%s", config_path);
+    }
+    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 5, &err) < 0) {
         fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
@@ -273,6 +279,10 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         status = EXIT_USAGE;
     }
     if (status < 0 && run_auth_check(run_auth, &err) < 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        status = EXIT_USAGE;
+    }
+    if (status < 0 && rw_config_check(rw_cfg, &err) < 0) {
         fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
@@ -370,7 +380,7 @@ int main(int argc, char **argv)
         return EXIT_RUNTIME;
     }
     int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->run_auth,
-                            &app->read_only, &app->advice);
+                            &app->read_only, &app->advice, &app->rw_cfg);
     if (status >= 0) {
         free(app);
         return status;
@@ -505,6 +515,10 @@ int main(int argc, char **argv)
         log_error("main", "%s", err.msg);
         goto out;
     }
+    if (remote_write_start(&app->rw_cfg, cfg->db, app->store, &app->stats, &app->rw, &err) < 0) {
+        log_error("main", "%s", err.msg);
+        goto out;
+    }
     uv_signal_init(&app->loop, &app->sig_term);
     uv_signal_init(&app->loop, &app->sig_int);
     app->sig_term.data = app->sig_int.data = app;
@@ -539,6 +553,7 @@ out:
     stage_free(app->stage);
     /* The pager's last outcomes go through the writer: stop it first. */
     pager_stop(app->pager);
+    remote_write_stop(app->rw); /* its cursor goes through the writer, too */
     if (store_close(app->store) < 0 && status == EXIT_OK) {
         log_error("main", "stopped, but storage failed: what was received after the last "
                           "commit was not written (never acknowledged; clients resend it)");

@@ -87,6 +87,13 @@ struct fs_stats {
     unsigned ntargets;                           /* set before threads start */
     struct fs_target_stats targets[STATS_MAX_TARGETS];
 
+    /* remote-write sender thread writes (remote_write.h) */
+    atomic_uint_fast64_t rw_samples_sent;   /* samples a receiver acknowledged (2xx) */
+    atomic_uint_fast64_t rw_samples_failed; /* samples a receiver refused for good (4xx) */
+    atomic_uint_fast64_t rw_retries;        /* requests retried (network, 5xx, 429) */
+    atomic_uint_fast64_t rw_pending;        /* gauge: steps and alert events not yet sent */
+    atomic_uint_fast64_t rw_last_success;   /* gauge: unix seconds of the last 2xx, 0: none */
+
     /* http threads write */
     atomic_uint_fast64_t http_requests;
     atomic_uint_fast64_t http_errors;           /* responses with status >= 400 */

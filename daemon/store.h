@@ -59,10 +59,11 @@ enum store_item_kind {
     STORE_ITEM_REPORT = 2,
     STORE_ITEM_SPOOL_DONE =
         3, /* monitors are done with a run's steps <= step (runs.spool_done_step) */
-    STORE_ITEM_MONITOR = 4, /* the monitor stage's output for one run (below) */
-    STORE_ITEM_SILENCE = 5, /* create or expire a silence (HTTP API, below) */
-    STORE_ITEM_OUTBOX = 6,  /* the pager's outcome of one outbox row (below) */
-    STORE_ITEM_ADVICE = 7,  /* an advice sent to or acknowledged by a stream (below) */
+    STORE_ITEM_MONITOR = 4,   /* the monitor stage's output for one run (below) */
+    STORE_ITEM_SILENCE = 5,   /* create or expire a silence (HTTP API, below) */
+    STORE_ITEM_OUTBOX = 6,    /* the pager's outcome of one outbox row (below) */
+    STORE_ITEM_ADVICE = 7,    /* an advice sent to or acknowledged by a stream (below) */
+    STORE_ITEM_RW_CURSOR = 8, /* remote write acknowledged up to here (remote_write.h) */
 };
 
 /* Scalars of a report, by index into store_report.scalars. */
@@ -303,6 +304,14 @@ struct store_advice_delivery {
     int acked; /* 0: sent, 1: acknowledged */
 };
 
+/* --- STORE_ITEM_RW_CURSOR: the remote-write sender's cursor, after a 2xx
+ * (schema/010_remote_write.sql). It only moves forward. */
+struct store_rw_cursor {
+    int kind;       /* 0: run_id's points up to step pos; 1: alert events up to id pos */
+    int64_t run_id; /* kind 1: 0 */
+    int64_t pos;
+};
+
 struct store_item {
     struct store_item *next; /* queue link: the store's while queued */
     enum store_item_kind kind;
@@ -316,6 +325,7 @@ struct store_item {
         struct store_silence silence;
         struct store_outbox_outcome outbox;
         struct store_advice_delivery advice;
+        struct store_rw_cursor rw_cursor;
     };
 };
 

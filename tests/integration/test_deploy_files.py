@@ -53,7 +53,11 @@ PENDING_KEYS = set()
 
 HELP_KEY_RE = re.compile(r"^\s{2,}([a-z][a-z0-9_]*)\s+default\s+(\S+)\s", re.M)
 SETTING_RE = re.compile(r"^#([a-z][a-z0-9_]*) =(?: (.*))?$")
-HEADER_RE = re.compile(r'^#\[([a-z]+) "([^"]+)"\]$')
+HEADER_RE = re.compile(r'^#\[([a-z_]+)(?: "([^"]+)")?\]$')
+# Sections without a name ([remote_write]) and the keys they take.
+PLAIN_SECTIONS = {"remote_write": {"url", "bearer_token_file", "basic_auth_user",
+                                   "basic_auth_password_file", "tls_ca", "tls_cert", "tls_key",
+                                   "batch_samples", "timeout", "labels", "per_head"}}
 METRIC_RE = re.compile(r"\b(foreshock_[a-z0-9_]+)\b")
 HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 # `kubernetes_sd_configs:` and its one `- role: pod` entry, indentation kept.
@@ -214,8 +218,11 @@ def check_conf_reference(args, workdir, info):
         check(re.search(rf"^#\s+{re.escape(key)} = \S", text, re.M),
               f"foreshockd.conf.example: [detect] key '{key}' missing from the key list")
     for kind, name, kv in sections:
-        check(kind in ("detect", "target", "run"),
+        check(kind in ("detect", "target", "run") or kind in PLAIN_SECTIONS,
               f"foreshockd.conf.example: unknown section [{kind}]")
+        if kind in PLAIN_SECTIONS:
+            check(set(kv) == PLAIN_SECTIONS[kind],
+                  f"[{kind}]: keys {sorted(kv)}, want {sorted(PLAIN_SECTIONS[kind])}")
         if kind == "run":
             check(set(kv) == {"token"}, f"[run \"{name}\"]: keys {sorted(kv)}, want token")
         if kind == "detect":

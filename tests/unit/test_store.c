@@ -528,12 +528,12 @@ Test(store, legacy_spool_rows_move_into_the_log)
         cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
     }
     /* ... as schema version 7 (before the spool log and spool_frames) had them. */
-    cr_assert_eq(
-        sqlite3_exec(db,
-                     "DROP TABLE spool_frames; DROP TABLE spool_log; ALTER TABLE runs DROP COLUMN "
-                     "spool_done_step; PRAGMA user_version = 7",
-                     NULL, NULL, NULL),
-        SQLITE_OK, "%s", sqlite3_errmsg(db));
+    cr_assert_eq(sqlite3_exec(db,
+                              "DROP TABLE remote_write_cursor; DROP TABLE spool_frames; DROP TABLE "
+                              "spool_log; ALTER TABLE runs DROP COLUMN spool_done_step; PRAGMA "
+                              "user_version = 7",
+                              NULL, NULL, NULL),
+                 SQLITE_OK, "%s", sqlite3_errmsg(db));
     sqlite3_close(db);
     fx_open(&f, &o);
     db = ro(&f);
