@@ -39,19 +39,20 @@ enum rw_stmt {
 
 static const char *const rw_sql[Q__COUNT] = {
     [Q_RUNS] = "SELECT id, name, last_step FROM runs WHERE last_step IS NOT NULL ORDER BY id",
-    [Q_CURSORS] = "SELECT kind, run_id, pos FROM remote_write_cursor",
+    [Q_CURSORS] = "SELECT kind, run_id, pos FROM remote_write_cursor WHERE target = ?1",
     /* The step of the last report of every stream heard since ?2. */
     [Q_LIVE_MIN] = "SELECT min(r.step) FROM streams s JOIN reports r ON r.stream_id = s.id AND "
                    "r.seq = s.last_seq WHERE s.run_id = ?1 AND s.last_seen_at >= ?2",
     [Q_SPOOL_MIN] = "SELECT min(step) FROM spool_frames WHERE run_id = ?1",
-    [Q_POINTS] = "SELECT s.name, s.layer, s.window, s.rank, p.step, p.value, p.time, "
-                 RW_ATTEMPT_OF("p.time") " FROM series s JOIN points p ON p.series_id = s.id "
-                 "WHERE s.run_id = ?1 AND s.head < 0 AND p.step > ?2 AND p.step <= ?3 AND "
-                 "p.value IS NOT NULL",
-    [Q_HEADS] = "SELECT s.name, s.layer, s.window, s.head, p.step, p.value, p.time, "
-                RW_ATTEMPT_OF("p.time") " FROM series s JOIN points p ON p.series_id = s.id "
-                "WHERE s.run_id = ?1 AND s.head >= 0 AND p.step > ?2 AND p.step <= ?3 AND "
-                "p.value IS NOT NULL",
+    [Q_POINTS] =
+        "SELECT s.name, s.layer, s.window, s.rank, p.step, p.value, p.time, " RW_ATTEMPT_OF(
+            "p.time") " FROM series s JOIN points p ON p.series_id = s.id "
+                      "WHERE s.run_id = ?1 AND s.head < 0 AND p.step > ?2 AND p.step <= ?3 AND "
+                      "p.value IS NOT NULL ORDER BY s.id, p.step",
+    [Q_HEADS] = "SELECT s.name, s.layer, s.window, s.head, p.step, p.value, p.time, " RW_ATTEMPT_OF(
+        "p.time") " FROM series s JOIN points p ON p.series_id = s.id "
+                  "WHERE s.run_id = ?1 AND s.head >= 0 AND p.step > ?2 AND p.step <= ?3 AND "
+                  "p.value IS NOT NULL ORDER BY s.id, p.step",
     [Q_ALERTS] = "SELECT e.id, e.to_state, e.at, a.rule, a.severity, a.family, a.layer, a.head, "
                  "a.window, a.rank, r.name, e.attempt FROM alert_events e JOIN alerts a ON "
                  "a.id = e.alert_id JOIN runs r ON r.id = a.run_id WHERE e.id > ?1 ORDER BY "
@@ -66,8 +67,9 @@ struct rw_cursor {
     int64_t step;
 };
 
-struct remote_write {
-    struct rw_config cfg;
+struct rw_sender {
+    struct remote_write *all;
+    struct rw_target cfg;
     char db_path[FS_CONFIG_MAX_PATH];
     struct store *store;
     struct fs_stats *stats;
@@ -85,9 +87,17 @@ struct remote_write {
     char err_body[RW_ERROR_BODY_MAX];
     size_t err_len;
     pthread_t thread;
+    int started;
+    atomic_uint_fast64_t pending, last_success; /* this target's; stats get the worst */
+};
+
+struct remote_write {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     atomic_int stopping;
+    struct fs_stats *stats;
+    size_t n;
+    struct rw_sender *s[RW_MAX_TARGETS];
 };
 
 /* --- small helpers ----------------------------------------------------------------------- */
@@ -102,8 +112,24 @@ static void add_stat(atomic_uint_fast64_t *a, uint64_t v)
     atomic_fetch_add_explicit(a, v, memory_order_relaxed);
 }
 
+/* The gauges of all targets: the largest lag, the oldest last success (so
+ * that one target down shows). */
+static void publish_gauges(struct remote_write *all)
+{
+    uint64_t pending = 0, oldest = UINT64_MAX;
+    for (size_t i = 0; i < all->n; i++) {
+        if (!all->s[i])
+            continue;
+        uint64_t p = atomic_load(&all->s[i]->pending), l = atomic_load(&all->s[i]->last_success);
+        pending = p > pending ? p : pending;
+        oldest = l < oldest ? l : oldest;
+    }
+    set_stat(&all->stats->rw_pending, pending);
+    set_stat(&all->stats->rw_last_success, oldest == UINT64_MAX ? 0 : oldest);
+}
+
 /* Sleeps ms or until stopping; returns stopping. */
-static int nap(struct remote_write *rw, unsigned ms)
+static int nap(struct rw_sender *rw, unsigned ms)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -113,12 +139,12 @@ static int nap(struct remote_write *rw, unsigned ms)
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000L;
     }
-    pthread_mutex_lock(&rw->mu);
-    while (!atomic_load(&rw->stopping))
-        if (pthread_cond_timedwait(&rw->cv, &rw->mu, &ts) == ETIMEDOUT)
+    pthread_mutex_lock(&rw->all->mu);
+    while (!atomic_load(&rw->all->stopping))
+        if (pthread_cond_timedwait(&rw->all->cv, &rw->all->mu, &ts) == ETIMEDOUT)
             break;
-    pthread_mutex_unlock(&rw->mu);
-    return atomic_load(&rw->stopping);
+    pthread_mutex_unlock(&rw->all->mu);
+    return atomic_load(&rw->all->stopping);
 }
 
 static int read_secret(const char *path, char *out, size_t len, struct fs_err *err)
@@ -139,7 +165,7 @@ static int read_secret(const char *path, char *out, size_t len, struct fs_err *e
     return 0;
 }
 
-static int64_t *cursor_of(struct remote_write *rw, int64_t run_id)
+static int64_t *cursor_of(struct rw_sender *rw, int64_t run_id)
 {
     for (size_t i = 0; i < rw->ncur; i++)
         if (rw->cur[i].run_id == run_id)
@@ -157,13 +183,14 @@ static int64_t *cursor_of(struct remote_write *rw, int64_t run_id)
 }
 
 /* Hands the writer a cursor position (kind 0: run_id's step; 1: alert event id). */
-static void submit_cursor(struct remote_write *rw, int kind, int64_t run_id, int64_t pos)
+static void submit_cursor(struct rw_sender *rw, int kind, int64_t run_id, int64_t pos)
 {
     struct store_item *it = store_item_new(STORE_ITEM_RW_CURSOR);
     if (!it) {
         log_warn("remote_write", "out of memory: the cursor is committed with the next batch");
         return;
     }
+    snprintf(it->rw_cursor.target, sizeof(it->rw_cursor.target), "%s", rw->cfg.name);
     it->rw_cursor.kind = kind;
     it->rw_cursor.run_id = run_id;
     it->rw_cursor.pos = pos;
@@ -173,7 +200,7 @@ static void submit_cursor(struct remote_write *rw, int kind, int64_t run_id, int
 
 /* --- reading ------------------------------------------------------------------------------ */
 
-static int db_open(struct remote_write *rw, struct fs_err *err)
+static int db_open(struct rw_sender *rw, struct fs_err *err)
 {
     if (store_open_readonly(rw->db_path, &rw->db, err) < 0)
         return -EIO;
@@ -182,6 +209,7 @@ static int db_open(struct remote_write *rw, struct fs_err *err)
                                NULL) != SQLITE_OK)
             return fs_err_set(err, -EIO, "remote_write: prepare: %s", sqlite3_errmsg(rw->db));
     sqlite3_stmt *q = rw->st[Q_CURSORS];
+    sqlite3_bind_text(q, 1, rw->cfg.name, -1, SQLITE_TRANSIENT);
     int rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         int64_t run = sqlite3_column_int64(q, 1), pos = sqlite3_column_int64(q, 2);
@@ -212,7 +240,7 @@ static int64_t one_int(sqlite3_stmt *q, int64_t dflt)
 }
 
 /* The settled step of a run (remote_write.h). */
-static int64_t settled_step(struct remote_write *rw, int64_t run_id, int64_t last_step)
+static int64_t settled_step(struct rw_sender *rw, int64_t run_id, int64_t last_step)
 {
     sqlite3_stmt *q = rw->st[Q_LIVE_MIN];
     sqlite3_bind_int64(q, 1, run_id);
@@ -247,15 +275,16 @@ static void put_int(struct rw_labels *ls, const char *name, int64_t v)
 }
 
 /* The labels every series of a run carries: run, attempt, the job's. */
-static void base_labels(struct remote_write *rw, struct rw_labels *ls, const char *metric,
+static void base_labels(struct rw_sender *rw, struct rw_labels *ls, const char *metric,
                         const char *run, sqlite3_stmt *q, int attempt_col)
 {
     ls->n = 0;
     put(ls, "__name__", metric);
     put(ls, "run", run);
     put_int(ls, "attempt",
-            sqlite3_column_type(q, attempt_col) == SQLITE_NULL ? 0
-                                                               : sqlite3_column_int64(q, attempt_col));
+            sqlite3_column_type(q, attempt_col) == SQLITE_NULL
+                ? 0
+                : sqlite3_column_int64(q, attempt_col));
     for (size_t i = 0; i < rw->cfg.n_job_labels; i++)
         put(ls, rw->cfg.job_labels[i].name, rw->cfg.job_labels[i].value);
 }
@@ -266,7 +295,7 @@ static int64_t ms_of(double t)
 }
 
 /* Adds the points of run's steps (lo, hi] to the batch. 0 or -errno. */
-static int read_points(struct remote_write *rw, int64_t run_id, const char *run, int64_t lo,
+static int read_points(struct rw_sender *rw, int64_t run_id, const char *run, int64_t lo,
                        int64_t hi)
 {
     static const int which[2] = {Q_POINTS, Q_HEADS};
@@ -305,8 +334,7 @@ static int read_points(struct remote_write *rw, int64_t run_id, const char *run,
         }
         sqlite3_reset(q);
         if (rc != SQLITE_DONE) {
-            log_warn("remote_write", "reading points of run %s: %s", run,
-                     sqlite3_errmsg(rw->db));
+            log_warn("remote_write", "reading points of run %s: %s", run, sqlite3_errmsg(rw->db));
             return -EIO;
         }
     }
@@ -314,7 +342,7 @@ static int read_points(struct remote_write *rw, int64_t run_id, const char *run,
 }
 
 /* Adds up to batch_samples alert events after the cursor; *last: the last id read. */
-static int read_alerts(struct remote_write *rw, int64_t *last)
+static int read_alerts(struct rw_sender *rw, int64_t *last)
 {
     sqlite3_stmt *q = rw->st[Q_ALERTS];
     sqlite3_bind_int64(q, 1, rw->alert_cursor);
@@ -353,7 +381,7 @@ static int read_alerts(struct remote_write *rw, int64_t *last)
 
 static size_t on_body(char *p, size_t size, size_t n, void *ctx)
 {
-    struct remote_write *rw = ctx;
+    struct rw_sender *rw = ctx;
     size_t len = size * n, room = sizeof(rw->err_body) - 1 - rw->err_len;
     size_t take = len < room ? len : room;
     memcpy(rw->err_body + rw->err_len, p, take);
@@ -364,15 +392,15 @@ static size_t on_body(char *p, size_t size, size_t n, void *ctx)
 
 static int on_progress(void *ctx, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
 {
-    struct remote_write *rw = ctx;
-    return atomic_load(&rw->stopping) ? 1 : 0;
+    struct rw_sender *rw = ctx;
+    return atomic_load(&rw->all->stopping) ? 1 : 0;
 }
 
-static int curl_setup(struct remote_write *rw, struct fs_err *err)
+static int curl_setup(struct rw_sender *rw, struct fs_err *err)
 {
-    const struct rw_config *c = &rw->cfg;
-    if (c->bearer_token_file[0] && read_secret(c->bearer_token_file, rw->token, sizeof(rw->token),
-                                               err) < 0)
+    const struct rw_target *c = &rw->cfg;
+    if (c->bearer_token_file[0] &&
+        read_secret(c->bearer_token_file, rw->token, sizeof(rw->token), err) < 0)
         return -EINVAL;
     if (c->basic_password_file[0] &&
         read_secret(c->basic_password_file, rw->password, sizeof(rw->password), err) < 0)
@@ -425,7 +453,7 @@ static int curl_setup(struct remote_write *rw, struct fs_err *err)
 
 /* Sends the batch until a receiver settles it. Returns RW_SENT, RW_REJECTED,
  * or -ECANCELED when stopping. */
-static int send_batch(struct remote_write *rw)
+static int send_batch(struct rw_sender *rw)
 {
     uint8_t *body = NULL;
     size_t len = 0;
@@ -439,7 +467,7 @@ static int send_batch(struct remote_write *rw)
     int out = -ECANCELED;
     curl_easy_setopt(rw->curl, CURLOPT_POSTFIELDS, (const char *)body);
     curl_easy_setopt(rw->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    while (!atomic_load(&rw->stopping)) {
+    while (!atomic_load(&rw->all->stopping)) {
         rw->err_len = 0;
         rw->err_body[0] = '\0';
         CURLcode cc = curl_easy_perform(rw->curl);
@@ -452,20 +480,20 @@ static int send_batch(struct remote_write *rw)
             break;
         }
         if (o == RW_REJECTED) {
-            log_error("remote_write", "%s refused %zu samples with HTTP %ld (not retried): %s",
-                      rw->cfg.url, rw_batch_samples(rw->batch), status, rw->err_body);
+            log_error("remote_write", "[%s] %s refused %zu samples with HTTP %ld (not retried): %s",
+                      rw->cfg.name, rw->cfg.url, rw_batch_samples(rw->batch), status, rw->err_body);
             out = RW_REJECTED;
             break;
         }
-        if (atomic_load(&rw->stopping))
+        if (atomic_load(&rw->all->stopping))
             break;
         add_stat(&rw->stats->rw_retries, 1);
         if (cc != CURLE_OK)
-            log_warn("remote_write", "%s: %s; retrying in %u ms", rw->cfg.url,
+            log_warn("remote_write", "[%s] %s: %s; retrying in %u ms", rw->cfg.name, rw->cfg.url,
                      curl_easy_strerror(cc), backoff);
         else
-            log_warn("remote_write", "%s: HTTP %ld; retrying in %u ms", rw->cfg.url, status,
-                     backoff);
+            log_warn("remote_write", "[%s] %s: HTTP %ld; retrying in %u ms", rw->cfg.name,
+                     rw->cfg.url, status, backoff);
         if (nap(rw, backoff))
             break;
         backoff = backoff * 2 > RW_BACKOFF_MAX_MS ? RW_BACKOFF_MAX_MS : backoff * 2;
@@ -475,7 +503,7 @@ static int send_batch(struct remote_write *rw)
 }
 
 /* Settles the batch just sent (or found empty) up to the given cursor. */
-static int ship(struct remote_write *rw, int kind, int64_t run_id, int64_t pos)
+static int ship(struct rw_sender *rw, int kind, int64_t run_id, int64_t pos)
 {
     size_t n = rw_batch_samples(rw->batch);
     if (n > 0) {
@@ -484,7 +512,8 @@ static int ship(struct remote_write *rw, int kind, int64_t run_id, int64_t pos)
             return rc;
         if (rc == RW_SENT) {
             add_stat(&rw->stats->rw_samples_sent, n);
-            set_stat(&rw->stats->rw_last_success, (uint64_t)fs_clock_unix());
+            set_stat(&rw->last_success, (uint64_t)fs_clock_unix());
+            publish_gauges(rw->all);
         } else {
             add_stat(&rw->stats->rw_samples_failed, n);
         }
@@ -493,19 +522,19 @@ static int ship(struct remote_write *rw, int kind, int64_t run_id, int64_t pos)
     return 0;
 }
 
-static int begin(struct remote_write *rw)
+static int begin(struct rw_sender *rw)
 {
     return sqlite3_exec(rw->db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK ? 0 : -EIO;
 }
 
-static void end(struct remote_write *rw)
+static void end(struct rw_sender *rw)
 {
     sqlite3_exec(rw->db, "COMMIT", NULL, NULL, NULL);
 }
 
 /* One pass: a batch per run that has settled steps after its cursor, then a
  * batch of alert events. Returns the batches made, or -ECANCELED. */
-static int pass(struct remote_write *rw)
+static int pass(struct rw_sender *rw)
 {
     struct work {
         int64_t id, last;
@@ -532,7 +561,7 @@ static int pass(struct remote_write *rw)
     }
     sqlite3_reset(q);
     end(rw);
-    for (size_t i = 0; i < nruns && !atomic_load(&rw->stopping); i++) {
+    for (size_t i = 0; i < nruns && !atomic_load(&rw->all->stopping); i++) {
         int64_t *cur = cursor_of(rw, runs[i].id);
         if (!cur)
             break;
@@ -564,7 +593,7 @@ static int pass(struct remote_write *rw)
         made++;
     }
     free(runs);
-    if (atomic_load(&rw->stopping))
+    if (atomic_load(&rw->all->stopping))
         return -ECANCELED;
     rw_batch_clear(rw->batch);
     int64_t last = rw->alert_cursor;
@@ -581,14 +610,15 @@ static int pass(struct remote_write *rw)
             made++;
         }
     }
-    set_stat(&rw->stats->rw_pending, pending);
+    set_stat(&rw->pending, pending);
+    publish_gauges(rw->all);
     return made;
 }
 
 static void *sender_main(void *arg)
 {
-    struct remote_write *rw = arg;
-    while (!atomic_load(&rw->stopping)) {
+    struct rw_sender *rw = arg;
+    while (!atomic_load(&rw->all->stopping)) {
         int made = pass(rw);
         if (made < 0)
             break;
@@ -600,8 +630,10 @@ static void *sender_main(void *arg)
 
 /* --- lifecycle ---------------------------------------------------------------------------- */
 
-static void rw_free(struct remote_write *rw)
+static void sender_free(struct rw_sender *rw)
 {
+    if (!rw)
+        return;
     for (int i = 0; i < Q__COUNT; i++)
         sqlite3_finalize(rw->st[i]);
     sqlite3_close(rw->db);
@@ -610,58 +642,81 @@ static void rw_free(struct remote_write *rw)
     curl_slist_free_all(rw->headers);
     rw_batch_free(rw->batch);
     free(rw->cur);
-    pthread_mutex_destroy(&rw->mu);
-    pthread_cond_destroy(&rw->cv);
     memset(rw->token, 0, sizeof(rw->token));
     memset(rw->password, 0, sizeof(rw->password));
     free(rw);
+}
+
+static int sender_new(struct remote_write *all, const struct rw_target *t, const char *db_path,
+                      struct store *store, struct rw_sender **out, struct fs_err *err)
+{
+    struct rw_sender *rw = calloc(1, sizeof(*rw));
+    *out = rw;
+    if (!rw)
+        return fs_err_set(err, -ENOMEM, "remote_write: out of memory");
+    rw->all = all;
+    rw->cfg = *t;
+    snprintf(rw->db_path, sizeof(rw->db_path), "%s", db_path);
+    rw->store = store;
+    rw->stats = all->stats;
+    rw->span = RW_SPAN_START;
+    rw->batch = rw_batch_new();
+    if (!rw->batch)
+        return fs_err_set(err, -ENOMEM, "remote_write: out of memory");
+    int rc = db_open(rw, err);
+    if (rc == 0)
+        rc = curl_setup(rw, err);
+    return rc;
+}
+
+void remote_write_stop(struct remote_write *all)
+{
+    if (!all)
+        return;
+    pthread_mutex_lock(&all->mu);
+    atomic_store(&all->stopping, 1);
+    pthread_cond_broadcast(&all->cv);
+    pthread_mutex_unlock(&all->mu);
+    for (size_t i = 0; i < all->n; i++) {
+        if (all->s[i] && all->s[i]->started)
+            pthread_join(all->s[i]->thread, NULL);
+        sender_free(all->s[i]);
+    }
+    pthread_mutex_destroy(&all->mu);
+    pthread_cond_destroy(&all->cv);
+    free(all);
 }
 
 int remote_write_start(const struct rw_config *rc, const char *db_path, struct store *store,
                        struct fs_stats *stats, struct remote_write **out, struct fs_err *err)
 {
     *out = NULL;
-    if (!rc->url[0])
+    if (rc->n == 0)
         return 0;
-    struct remote_write *rw = calloc(1, sizeof(*rw));
-    if (!rw)
+    struct remote_write *all = calloc(1, sizeof(*all));
+    if (!all)
         return fs_err_set(err, -ENOMEM, "remote_write: out of memory");
-    rw->cfg = *rc;
-    snprintf(rw->db_path, sizeof(rw->db_path), "%s", db_path);
-    rw->store = store;
-    rw->stats = stats;
-    rw->span = RW_SPAN_START;
-    pthread_mutex_init(&rw->mu, NULL);
-    pthread_cond_init(&rw->cv, NULL);
-    int rc2 = -ENOMEM;
-    rw->batch = rw_batch_new();
-    if (!rw->batch) {
-        fs_err_set(err, -ENOMEM, "remote_write: out of memory");
-        goto fail;
+    pthread_mutex_init(&all->mu, NULL);
+    pthread_cond_init(&all->cv, NULL);
+    all->stats = stats;
+    for (size_t i = 0; i < rc->n; i++) {
+        all->n = i + 1;
+        if (sender_new(all, &rc->t[i], db_path, store, &all->s[i], err) < 0)
+            goto fail;
     }
-    if ((rc2 = db_open(rw, err)) < 0 || (rc2 = curl_setup(rw, err)) < 0)
-        goto fail;
-    if (pthread_create(&rw->thread, NULL, sender_main, rw) != 0) {
-        rc2 = fs_err_set(err, -EAGAIN, "remote_write: cannot start the sender thread");
-        goto fail;
+    for (size_t i = 0; i < all->n; i++) {
+        struct rw_sender *rw = all->s[i];
+        if (pthread_create(&rw->thread, NULL, sender_main, rw) != 0) {
+            fs_err_set(err, -EAGAIN, "remote_write: cannot start a sender thread");
+            goto fail;
+        }
+        rw->started = 1;
+        log_info("remote_write", "[%s] sending to %s (alert cursor %lld, %zu run cursors)",
+                 rw->cfg.name, rw->cfg.url, (long long)rw->alert_cursor, rw->ncur);
     }
-    log_info("remote_write", "sending to %s (alert cursor %lld, %zu run cursors)", rc->url,
-             (long long)rw->alert_cursor, rw->ncur);
-    *out = rw;
+    *out = all;
     return 0;
 fail:
-    rw_free(rw);
-    return rc2;
-}
-
-void remote_write_stop(struct remote_write *rw)
-{
-    if (!rw)
-        return;
-    pthread_mutex_lock(&rw->mu);
-    atomic_store(&rw->stopping, 1);
-    pthread_cond_broadcast(&rw->cv);
-    pthread_mutex_unlock(&rw->mu);
-    pthread_join(rw->thread, NULL);
-    rw_free(rw);
+    remote_write_stop(all);
+    return -EIO;
 }

@@ -14,7 +14,7 @@
  *
  * The queue is the database itself: a cursor per run (the last step sent)
  * and one over alert_events (the last event id sent), in the table
- * remote_write_cursor (schema/010_remote_write.sql). The sender thread reads
+ * remote_write_cursor (schema/010_remote_write.sql), per target. The sender thread reads
  * the points after its cursor on its own read-only connection, sends them,
  * and only after a 2xx asks the writer (STORE_ITEM_RW_CURSOR: one thread
  * owns the database) to advance the cursor. So nothing is copied, a restart
@@ -31,7 +31,12 @@
  * firing, 0: not). Series are named foreshock_NAME (rw_metric_name) and
  * labelled run, attempt (the run's attempt running at the point's time),
  * layer, window, head or rank where they apply, and the job labels.
- * Sample timestamps are the points' own times, in milliseconds.
+ * Sample timestamps are the points' own times, in milliseconds, but rising
+ * within a series: a step whose time falls in the millisecond of the step
+ * before it (ranks catching up after an outage) is moved 1 ms later
+ * (rw_batch_add). The move is remembered in memory only: a batch resent
+ * after a restart may put such a sample 1 ms away from where it was first
+ * sent, which a receiver stores as a second sample.
  *
  * Guarantee: every point at or below its run's settled step (below) is sent
  * until a receiver answers 2xx, at least once. A crash between the 2xx and
@@ -45,28 +50,32 @@
  * at or before it: its points are then all written. A step re-done after a
  * rewind that was sent already is not sent again. */
 
+#define RW_MAX_TARGETS 4u /* [remote_write "NAME"] sections */
+#define RW_NAME_MAX 32u   /* target name bytes with NUL */
 #define RW_URL_MAX 1024u
 #define RW_PATH_MAX 1024u
 #define RW_AUTH_MAX 256u
-#define RW_LABELS_MAX 1024u    /* the `labels` setting, bytes with NUL */
-#define RW_JOB_LABELS_MAX 16u  /* job labels */
-#define RW_LABEL_NAME_MAX 64u  /* bytes with NUL */
+#define RW_LABELS_MAX 1024u     /* the `labels` setting, bytes with NUL */
+#define RW_JOB_LABELS_MAX 16u   /* job labels */
+#define RW_LABEL_NAME_MAX 64u   /* bytes with NUL */
 #define RW_LABEL_VALUE_MAX 256u /* bytes with NUL */
-#define RW_TOKEN_MAX 4096u     /* bearer token file bytes */
-#define RW_LIVE_S 30.0         /* a stream heard within this long may still send earlier steps */
-#define RW_IDLE_POLL_MS 1000u  /* sleep between passes that found nothing to send */
-#define RW_BACKOFF_MIN_MS 500u /* first retry delay; doubles per failure */
+#define RW_TOKEN_MAX 4096u      /* bearer token file bytes */
+#define RW_LIVE_S 30.0          /* a stream heard within this long may still send earlier steps */
+#define RW_IDLE_POLL_MS 1000u   /* sleep between passes that found nothing to send */
+#define RW_BACKOFF_MIN_MS 500u  /* first retry delay; doubles per failure */
 #define RW_BACKOFF_MAX_MS 30000u
-#define RW_MAX_STEP_SPAN 4096u /* steps of one run in one batch, at most */
+#define RW_MAX_STEP_SPAN 4096u    /* steps of one run in one batch, at most */
+#define RW_LAST_TS_MAX (1u << 20) /* series whose last timestamp is kept (then all forgotten) */
 
 struct rw_label {
     char name[RW_LABEL_NAME_MAX];
     char value[RW_LABEL_VALUE_MAX];
 };
 
-/* [remote_write] */
-struct rw_config {
-    char url[RW_URL_MAX]; /* "": remote write off */
+/* One [remote_write "NAME"] section (plain [remote_write]: "default"). */
+struct rw_target {
+    char name[RW_NAME_MAX];
+    char url[RW_URL_MAX];
     char bearer_token_file[RW_PATH_MAX];
     char basic_user[RW_AUTH_MAX];
     char basic_password_file[RW_PATH_MAX];
@@ -80,14 +89,22 @@ struct rw_config {
     /* parsed by rw_config_check */
     size_t n_job_labels;
     struct rw_label job_labels[RW_JOB_LABELS_MAX];
+};
+
+/* Every target; each has its own sender thread and its own cursors. */
+struct rw_config {
+    size_t n;
+    struct rw_target t[RW_MAX_TARGETS];
     char origin[FS_CONFIG_MAX_PATH];
 };
 
-/* Fills rc with the defaults and *out with the section to register with the
- * config parser. Main thread. */
+/* Empties rc and fills *out with the section to register with the config
+ * parser: [remote_write] or [remote_write "NAME"], up to RW_MAX_TARGETS,
+ * names [A-Za-z0-9_.-]. Main thread. */
 void rw_config_section(struct rw_config *rc, struct config_section *out);
-/* Checks the settings (URL, auth pairs, TLS key and cert together, label
- * syntax) and parses `labels`. 0 or -EINVAL with err. Main thread. */
+/* Checks every target's settings (url required, auth pairs, TLS key and
+ * cert together, label syntax) and parses `labels`. 0 or -EINVAL with
+ * err. Main thread. */
 int rw_config_check(struct rw_config *rc, struct fs_err *err);
 
 /* Parses "name=value,name=value" into out (at most max). Label names are
@@ -111,7 +128,11 @@ struct rw_batch *rw_batch_new(void);
 void rw_batch_free(struct rw_batch *b);
 void rw_batch_clear(struct rw_batch *b);
 /* Appends a sample to the series of these labels (name/value pairs, n of
- * them, "__name__" among them; any order), creating it. 0 or -ENOMEM. */
+ * them, "__name__" among them; any order), creating it. A series'
+ * timestamps must rise (a receiver refuses two values at one millisecond):
+ * a sample at or before the last one this batch object took for the series,
+ * in this or an earlier batch, is moved to 1 ms after it. So add a series'
+ * samples oldest first. 0 or -ENOMEM. */
 int rw_batch_add(struct rw_batch *b, const struct rw_label *labels, size_t n, int64_t ts_ms,
                  double value);
 size_t rw_batch_samples(const struct rw_batch *b);
@@ -123,8 +144,8 @@ int rw_batch_encode(const struct rw_batch *b, uint8_t **out, size_t *len);
 struct store;
 struct remote_write;
 
-/* Starts the sender thread over the database at db_path (its own read-only
- * connection) if rc->url is set; *out NULL otherwise. The cursor goes
+/* Starts a sender thread per target over the database at db_path (each its
+ * own read-only connection); *out NULL when there is no target. The cursor goes
  * through store (STORE_ITEM_RW_CURSOR). 0 or a negative errno with err.
  * Main thread. */
 int remote_write_start(const struct rw_config *rc, const char *db_path, struct store *store,

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <snappy-c.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,8 @@
 
 /* --- configuration ----------------------------------------------------------------------- */
 
-#define RFIELD(f) .offset = offsetof(struct rw_config, f), .size = sizeof(((struct rw_config *)0)->f)
+#define RFIELD(f)                                                                                  \
+    .offset = offsetof(struct rw_target, f), .size = sizeof(((struct rw_target *)0)->f)
 
 static const char *const bool_names[] = {"false", "true", NULL};
 
@@ -25,7 +27,7 @@ static const struct config_key rw_keys[] = {
      .def = "",
      .max = RW_URL_MAX - 1,
      RFIELD(url),
-     .help = "remote-write endpoint, e.g. http://prometheus:9090/api/v1/write (empty: off)"},
+     .help = "remote-write endpoint, e.g. http://prometheus:9090/api/v1/write (required)"},
     {.name = "bearer_token_file",
      .type = CONFIG_STRING,
      .def = "",
@@ -90,19 +92,52 @@ static const struct config_key rw_keys[] = {
      .help = "also send each head's own series (cardinality: layers x heads x windows)"},
 };
 
+static void *target_open(void *ctx, const char *sub, struct fs_err *why)
+{
+    struct rw_config *rc = ctx;
+    const char *name = sub ? sub : "default";
+    if (!name[0] || strlen(name) >= RW_NAME_MAX) {
+        fs_err_set(why, -EINVAL, "name empty or longer than %u bytes", RW_NAME_MAX - 1);
+        return NULL;
+    }
+    for (const char *c = name; *c; c++) {
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '_' || *c == '-' || *c == '.')) {
+            fs_err_set(why, -EINVAL, "name may hold letters, digits, '_', '-' and '.' only");
+            return NULL;
+        }
+    }
+    for (size_t i = 0; i < rc->n; i++) {
+        if (strcmp(rc->t[i].name, name) == 0) {
+            fs_err_set(why, -EINVAL, "remote write target '%s' defined twice", name);
+            return NULL;
+        }
+    }
+    if (rc->n >= RW_MAX_TARGETS) {
+        fs_err_set(why, -EINVAL, "more than %u remote write targets", RW_MAX_TARGETS);
+        return NULL;
+    }
+    struct rw_target *t = &rc->t[rc->n];
+    memset(t, 0, sizeof(*t));
+    if (config_apply_defaults(rw_keys, sizeof(rw_keys) / sizeof(rw_keys[0]), t, why) < 0)
+        return NULL;
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    rc->n++;
+    return t;
+}
+
 void rw_config_section(struct rw_config *rc, struct config_section *out)
 {
     memset(rc, 0, sizeof(*rc));
-    (void)config_apply_defaults(rw_keys, sizeof(rw_keys) / sizeof(rw_keys[0]), rc, NULL);
     *out = (struct config_section){.name = "remote_write",
                                    .keys = rw_keys,
                                    .nkeys = sizeof(rw_keys) / sizeof(rw_keys[0]),
-                                   .open = NULL,
+                                   .open = target_open,
                                    .ctx = rc};
 }
 
-static const char *const reserved_labels[] = {"run",   "attempt",   "layer",    "head",
-                                              "window", "rank",     "alertname", "severity",
+static const char *const reserved_labels[] = {"run",    "attempt",    "layer",      "head",
+                                              "window", "rank",       "alertname",  "severity",
                                               "family", "alertstate", "job_attempt"};
 
 static int label_name_ok(const char *s, size_t n)
@@ -130,12 +165,13 @@ int rw_parse_labels(const char *text, struct rw_label *out, size_t max, struct f
             return fs_err_set(err, -EINVAL, "label '%.*s' is not name=value", (int)len, p);
         size_t nlen = (size_t)(eq - p), vlen = len - nlen - 1;
         if (!label_name_ok(p, nlen) || (nlen >= 2 && p[0] == '_' && p[1] == '_'))
-            return fs_err_set(err, -EINVAL, "label name '%.*s' is not [a-zA-Z_][a-zA-Z0-9_]* "
-                                            "(at most %u bytes, no leading __)",
+            return fs_err_set(err, -EINVAL,
+                              "label name '%.*s' is not [a-zA-Z_][a-zA-Z0-9_]* "
+                              "(at most %u bytes, no leading __)",
                               (int)nlen, p, RW_LABEL_NAME_MAX - 1);
         if (vlen == 0 || vlen >= RW_LABEL_VALUE_MAX)
-            return fs_err_set(err, -EINVAL, "label '%.*s': value empty or over %u bytes",
-                              (int)nlen, p, RW_LABEL_VALUE_MAX - 1);
+            return fs_err_set(err, -EINVAL, "label '%.*s': value empty or over %u bytes", (int)nlen,
+                              p, RW_LABEL_VALUE_MAX - 1);
         for (size_t i = 0; i < sizeof(reserved_labels) / sizeof(reserved_labels[0]); i++)
             if (strlen(reserved_labels[i]) == nlen && memcmp(reserved_labels[i], p, nlen) == 0)
                 return fs_err_set(err, -EINVAL, "label '%s' is set by the daemon",
@@ -160,61 +196,63 @@ int rw_parse_labels(const char *text, struct rw_label *out, size_t max, struct f
     return (int)n;
 }
 
-static int file_ok(const char *path, const char *key, const char *origin, struct fs_err *err)
+static int file_ok(const char *path, const char *key, const char *where, struct fs_err *err)
 {
     FILE *f = fopen(path, "r");
     if (!f)
-        return fs_err_set(err, -EINVAL, "config: %s: [remote_write] %s: cannot read %s: %s",
-                          origin, key, path, strerror(errno));
+        return fs_err_set(err, -EINVAL, "%s %s: cannot read %s: %s", where, key, path,
+                          strerror(errno));
     fclose(f);
+    return 0;
+}
+
+static int target_check(struct rw_target *t, const char *where, struct fs_err *err)
+{
+    t->n_job_labels = 0;
+    if (!t->url[0])
+        return fs_err_set(err, -EINVAL, "%s key 'url' is required", where);
+    if (strncmp(t->url, "http://", 7) != 0 && strncmp(t->url, "https://", 8) != 0)
+        return fs_err_set(err, -EINVAL, "%s url must start with http:// or https://", where);
+    CURLU *u = curl_url();
+    int bad = !u || curl_url_set(u, CURLUPART_URL, t->url, 0) != CURLUE_OK;
+    curl_url_cleanup(u);
+    if (bad)
+        return fs_err_set(err, -EINVAL, "%s url is not a valid URL", where);
+    if (t->bearer_token_file[0] && t->basic_user[0])
+        return fs_err_set(err, -EINVAL,
+                          "%s bearer_token_file and basic_auth_user exclude each other", where);
+    if (!t->basic_user[0] != !t->basic_password_file[0])
+        return fs_err_set(err, -EINVAL,
+                          "%s basic_auth_user and basic_auth_password_file go together", where);
+    if (!t->tls_cert[0] != !t->tls_key[0])
+        return fs_err_set(err, -EINVAL, "%s tls_cert and tls_key go together", where);
+    const struct {
+        const char *key, *path;
+    } files[] = {{"bearer_token_file", t->bearer_token_file},
+                 {"basic_auth_password_file", t->basic_password_file},
+                 {"tls_ca", t->tls_ca},
+                 {"tls_cert", t->tls_cert},
+                 {"tls_key", t->tls_key}};
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+        if (files[i].path[0] && file_ok(files[i].path, files[i].key, where, err) < 0)
+            return -EINVAL;
+    struct fs_err why = {0};
+    int n = rw_parse_labels(t->labels, t->job_labels, RW_JOB_LABELS_MAX, &why);
+    if (n < 0)
+        return fs_err_set(err, -EINVAL, "%s labels: %s", where, why.msg);
+    t->n_job_labels = (size_t)n;
     return 0;
 }
 
 int rw_config_check(struct rw_config *rc, struct fs_err *err)
 {
-    const char *origin = rc->origin[0] ? rc->origin : "config";
-    rc->n_job_labels = 0;
-    if (!rc->url[0])
-        return 0;
-    if (strncmp(rc->url, "http://", 7) != 0 && strncmp(rc->url, "https://", 8) != 0)
-        return fs_err_set(err, -EINVAL,
-                          "config: %s: [remote_write] url must start with http:// or https://",
-                          origin);
-    CURLU *u = curl_url();
-    int bad = !u || curl_url_set(u, CURLUPART_URL, rc->url, 0) != CURLUE_OK;
-    curl_url_cleanup(u);
-    if (bad)
-        return fs_err_set(err, -EINVAL, "config: %s: [remote_write] url is not a valid URL",
-                          origin);
-    if (rc->bearer_token_file[0] && rc->basic_user[0])
-        return fs_err_set(err, -EINVAL,
-                          "config: %s: [remote_write] bearer_token_file and basic_auth_user "
-                          "exclude each other",
-                          origin);
-    if (!rc->basic_user[0] != !rc->basic_password_file[0])
-        return fs_err_set(err, -EINVAL,
-                          "config: %s: [remote_write] basic_auth_user and "
-                          "basic_auth_password_file go together",
-                          origin);
-    if (!rc->tls_cert[0] != !rc->tls_key[0])
-        return fs_err_set(err, -EINVAL,
-                          "config: %s: [remote_write] tls_cert and tls_key go together", origin);
-    const struct {
-        const char *key, *path;
-    } files[] = {{"bearer_token_file", rc->bearer_token_file},
-                 {"basic_auth_password_file", rc->basic_password_file},
-                 {"tls_ca", rc->tls_ca},
-                 {"tls_cert", rc->tls_cert},
-                 {"tls_key", rc->tls_key}};
-    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
-        if (files[i].path[0] && file_ok(files[i].path, files[i].key, origin, err) < 0)
+    for (size_t i = 0; i < rc->n; i++) {
+        char where[FS_CONFIG_MAX_PATH + RW_NAME_MAX + 64];
+        snprintf(where, sizeof(where), "config: %s: [remote_write \"%s\"]",
+                 rc->origin[0] ? rc->origin : "config", rc->t[i].name);
+        if (target_check(&rc->t[i], where, err) < 0)
             return -EINVAL;
-    struct fs_err why = {0};
-    int n = rw_parse_labels(rc->labels, rc->job_labels, RW_JOB_LABELS_MAX, &why);
-    if (n < 0)
-        return fs_err_set(err, -EINVAL, "config: %s: [remote_write] labels: %s", origin,
-                          why.msg);
-    rc->n_job_labels = (size_t)n;
+    }
     return 0;
 }
 
@@ -252,10 +290,56 @@ struct rw_series {
 struct rw_batch {
     size_t n, cap;
     struct rw_series *s;
-    size_t nslots;  /* open addressing: index + 1, 0 empty; power of two */
+    size_t nslots; /* open addressing: index + 1, 0 empty; power of two */
     size_t *slots;
     size_t samples;
+    /* The last timestamp sent per series (by label hash), kept across
+     * batches: a series' timestamps must rise (rw_batch_add). */
+    size_t nlast, caplast; /* caplast: power of two, 0: none yet */
+    struct rw_last {
+        uint64_t hash; /* 0: empty */
+        int64_t ts;
+    } * last;
 };
+
+/* The last timestamp entry of hash h (inserted with INT64_MIN when new), or
+ * NULL when out of memory. */
+static struct rw_last *last_of(struct rw_batch *b, uint64_t h)
+{
+    h = h ? h : 1;
+    if ((b->nlast + 1) * 2 > b->caplast) {
+        size_t cap = b->caplast ? b->caplast * 2 : 1024;
+        if (cap > RW_LAST_TS_MAX) { /* forget them all: bounded memory */
+            cap = b->caplast;
+            memset(b->last, 0, cap * sizeof(*b->last));
+            b->nlast = 0;
+        } else {
+            struct rw_last *n = calloc(cap, sizeof(*n));
+            if (!n)
+                return NULL;
+            for (size_t i = 0; i < b->caplast; i++) {
+                if (!b->last[i].hash)
+                    continue;
+                size_t j = b->last[i].hash & (cap - 1);
+                while (n[j].hash)
+                    j = (j + 1) & (cap - 1);
+                n[j] = b->last[i];
+            }
+            free(b->last);
+            b->last = n;
+            b->caplast = cap;
+        }
+    }
+    size_t j = h & (b->caplast - 1);
+    while (b->last[j].hash && b->last[j].hash != h)
+        j = (j + 1) & (b->caplast - 1);
+    if (!b->last[j].hash) {
+        b->last[j].hash = h;
+        b->last[j].ts = INT64_MIN;
+        b->nlast++;
+    }
+    return &b->last[j];
+}
 
 struct rw_batch *rw_batch_new(void)
 {
@@ -281,6 +365,7 @@ void rw_batch_free(struct rw_batch *b)
     rw_batch_clear(b);
     free(b->s);
     free(b->slots);
+    free(b->last);
     free(b);
 }
 
@@ -345,6 +430,11 @@ int rw_batch_add(struct rw_batch *b, const struct rw_label *labels, size_t n, in
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++)
         h = fnv(fnv(h, sorted[i].name), sorted[i].value);
+    struct rw_last *last = last_of(b, h);
+    if (!last)
+        return -ENOMEM;
+    if (ts_ms <= last->ts)
+        ts_ms = last->ts + 1;
     if ((b->n + 1) * 2 > b->nslots && grow_slots(b) < 0)
         return -ENOMEM;
     size_t j = h & (b->nslots - 1);
@@ -396,6 +486,7 @@ int rw_batch_add(struct rw_batch *b, const struct rw_label *labels, size_t n, in
     s->samples[k].timestamp = ts_ms;
     s->nsamples++;
     b->samples++;
+    last->ts = ts_ms;
     return 0;
 }
 

@@ -307,8 +307,9 @@ struct store_advice_delivery {
 /* --- STORE_ITEM_RW_CURSOR: the remote-write sender's cursor, after a 2xx
  * (schema/010_remote_write.sql). It only moves forward. */
 struct store_rw_cursor {
-    int kind;       /* 0: run_id's points up to step pos; 1: alert events up to id pos */
-    int64_t run_id; /* kind 1: 0 */
+    char target[32]; /* the [remote_write "NAME"] section's name (RW_NAME_MAX) */
+    int kind;        /* 0: run_id's points up to step pos; 1: alert events up to id pos */
+    int64_t run_id;  /* kind 1: 0 */
     int64_t pos;
 };
 

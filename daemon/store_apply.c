@@ -510,8 +510,9 @@ static int apply_rw_cursor(struct store *s, const struct store_rw_cursor *c, dou
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(
         s->db,
-        "INSERT INTO remote_write_cursor (kind, run_id, pos, updated_at) VALUES (?1, ?2, ?3, ?4) "
-        "ON CONFLICT (kind, run_id) DO UPDATE SET pos = max(pos, excluded.pos), "
+        "INSERT INTO remote_write_cursor (kind, run_id, pos, updated_at, target) VALUES (?1, ?2, "
+        "?3, ?4, ?5) ON CONFLICT (target, kind, run_id) DO UPDATE SET pos = max(pos, "
+        "excluded.pos), "
         "updated_at = excluded.updated_at",
         -1, &st, NULL);
     if (rc == SQLITE_OK) {
@@ -519,6 +520,7 @@ static int apply_rw_cursor(struct store *s, const struct store_rw_cursor *c, dou
         sqlite3_bind_int64(st, 2, c->run_id);
         sqlite3_bind_int64(st, 3, c->pos);
         sqlite3_bind_double(st, 4, now);
+        sqlite3_bind_text(st, 5, c->target, -1, SQLITE_STATIC);
         rc = sqlite3_step(st) == SQLITE_DONE ? SQLITE_OK : sqlite3_errcode(s->db);
     }
     sqlite3_finalize(st);
