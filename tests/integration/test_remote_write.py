@@ -212,6 +212,31 @@ def compare_soon(engine, daemon, run, timeout=60):
             time.sleep(1)
 
 
+def fleet_queries(source_dir):
+    """(what, PromQL, must have a result) of the fleet dashboard's panels and
+    annotations ($run: both jobs) and of the fleet rules."""
+    dash = json.load(open(os.path.join(source_dir, "deploy", "grafana", "foreshock-fleet.json")))
+    out = []
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            out.append((f"panel {p['title']}", t["expr"], True))
+    for a in dash["annotations"]["list"]:
+        if "expr" in a:
+            out.append((f"annotation {a['name']}", a["expr"], True))
+    out = [(w, e.replace("$run", "job-a|job-b").replace("$cluster", ".*"), need)
+           for w, e, need in out]
+    import yaml
+    rules = yaml.safe_load(open(os.path.join(source_dir, "deploy", "prometheus",
+                                             "foreshock-fleet-rules.yml")))
+    for g in rules["groups"]:
+        for r in g["rules"]:
+            # Recording rules and the alert on foreshock_alert read the
+            # remote-write series; the others read the daemons' /metrics.
+            on_store = "record" in r or "foreshock_alert" in r["expr"]
+            out.append((f"rule {r.get('record') or r.get('alert')}", r["expr"], on_store))
+    return out
+
+
 def sent(daemon):
     return metrics(daemon).get("foreshock_remote_write_samples_sent_total", 0)
 
@@ -270,6 +295,13 @@ def test(args, workdir):
                       " each once, values equal")
         check(compare(prom, b, "job-b", time.time() + 1)[2] > 0,
               "job-b's fault raised no alert transition")
+        # Every query of the fleet dashboard and rules runs on both stores,
+        # and those over the sent series find them.
+        for engine in (prom, vm):
+            for what, expr, need in fleet_queries(args.source_dir):
+                data = engine.query(expr, time.time())
+                check(not need or data["result"], f"{engine.kind}: {what}: no result for {expr}")
+        print("fleet dashboard and rules: every query answers on both stores")
 
         # A resend of everything (cursors moved back while b is stopped):
         # still each point once in both stores.
