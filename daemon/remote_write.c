@@ -41,8 +41,12 @@ static const char *const rw_sql[Q__COUNT] = {
     [Q_RUNS] = "SELECT id, name, last_step FROM runs WHERE last_step IS NOT NULL ORDER BY id",
     [Q_CURSORS] = "SELECT kind, run_id, pos FROM remote_write_cursor WHERE target = ?1",
     /* The step of the last report of every stream heard since ?2. */
+    /* The step of the last report of every live stream: heard within
+     * RW_LIVE_S (?3), or within RW_LIVE_INTERVALS of its own mean report
+     * interval, whichever is longer (a 70B rank may report once a minute). */
     [Q_LIVE_MIN] = "SELECT min(r.step) FROM streams s JOIN reports r ON r.stream_id = s.id AND "
-                   "r.seq = s.last_seq WHERE s.run_id = ?1 AND s.last_seen_at >= ?2",
+                   "r.seq = s.last_seq WHERE s.run_id = ?1 AND ?2 - s.last_seen_at < max(?3, "
+                   "?4 * (s.last_seen_at - s.created_at) / max(s.reports, 1))",
     [Q_SPOOL_MIN] = "SELECT min(step) FROM spool_frames WHERE run_id = ?1",
     [Q_POINTS] =
         "SELECT s.name, s.layer, s.window, s.rank, p.step, p.value, p.time, " RW_ATTEMPT_OF(
@@ -244,7 +248,9 @@ static int64_t settled_step(struct rw_sender *rw, int64_t run_id, int64_t last_s
 {
     sqlite3_stmt *q = rw->st[Q_LIVE_MIN];
     sqlite3_bind_int64(q, 1, run_id);
-    sqlite3_bind_double(q, 2, fs_clock_unix() - RW_LIVE_S);
+    sqlite3_bind_double(q, 2, fs_clock_unix());
+    sqlite3_bind_double(q, 3, RW_LIVE_S);
+    sqlite3_bind_double(q, 4, RW_LIVE_INTERVALS);
     int64_t live = one_int(q, INT64_MAX);
     int64_t h = live < last_step ? live : last_step;
     q = rw->st[Q_SPOOL_MIN];

@@ -46,7 +46,8 @@
  * foreshock_remote_write_samples_failed_total, logged, and passed.
  *
  * A step is settled when no live stream of the run (one heard within
- * RW_LIVE_S) is still before it and the monitor stage has no spooled frame
+ * RW_LIVE_S, or RW_LIVE_INTERVALS of its mean report interval if longer) is
+ * still before it and the monitor stage has no spooled frame
  * at or before it: its points are then all written. A step re-done after a
  * rewind that was sent already is not sent again. */
 
@@ -61,6 +62,7 @@
 #define RW_LABEL_VALUE_MAX 256u /* bytes with NUL */
 #define RW_TOKEN_MAX 4096u      /* bearer token file bytes */
 #define RW_LIVE_S 30.0          /* a stream heard within this long may still send earlier steps */
+#define RW_LIVE_INTERVALS 3.0   /* ... or within this many of its mean report intervals */
 #define RW_IDLE_POLL_MS 1000u   /* sleep between passes that found nothing to send */
 #define RW_BACKOFF_MIN_MS 500u  /* first retry delay; doubles per failure */
 #define RW_BACKOFF_MAX_MS 30000u
