@@ -423,6 +423,14 @@ static int curl_setup(struct rw_sender *rw, struct fs_err *err)
             return fs_err_set(err, -ENOMEM, "remote_write: out of memory");
         rw->headers = h;
     }
+    if (c->tenant[0]) {
+        char line[RW_AUTH_MAX + 32];
+        snprintf(line, sizeof(line), "X-Scope-OrgID: %s", c->tenant);
+        struct curl_slist *h = curl_slist_append(rw->headers, line);
+        if (!h)
+            return fs_err_set(err, -ENOMEM, "remote_write: out of memory");
+        rw->headers = h;
+    }
     if (rw->token[0]) {
         char line[RW_TOKEN_MAX + 32];
         snprintf(line, sizeof(line), "Authorization: Bearer %s", rw->token);

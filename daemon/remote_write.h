@@ -80,6 +80,7 @@ struct rw_target {
     char url[RW_URL_MAX];
     char bearer_token_file[RW_PATH_MAX];
     char basic_user[RW_AUTH_MAX];
+    char tenant[RW_AUTH_MAX]; /* X-Scope-OrgID (Mimir, Cortex), "": none */
     char basic_password_file[RW_PATH_MAX];
     char tls_ca[RW_PATH_MAX];
     char tls_cert[RW_PATH_MAX];

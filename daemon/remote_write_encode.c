@@ -46,6 +46,12 @@ static const struct config_key rw_keys[] = {
      .max = RW_PATH_MAX - 1,
      RFIELD(basic_password_file),
      .help = "file holding the basic auth password"},
+    {.name = "tenant",
+     .type = CONFIG_STRING,
+     .def = "",
+     .max = RW_AUTH_MAX - 1,
+     RFIELD(tenant),
+     .help = "tenant sent as X-Scope-OrgID (Mimir, Cortex; empty: none)"},
     {.name = "tls_ca",
      .type = CONFIG_STRING,
      .def = "",
@@ -224,6 +230,9 @@ static int target_check(struct rw_target *t, const char *where, struct fs_err *e
     if (!t->basic_user[0] != !t->basic_password_file[0])
         return fs_err_set(err, -EINVAL,
                           "%s basic_auth_user and basic_auth_password_file go together", where);
+    for (const char *c = t->tenant; *c; c++)
+        if ((unsigned char)*c <= ' ' || *c == 0x7f)
+            return fs_err_set(err, -EINVAL, "%s tenant holds a space or control byte", where);
     if (!t->tls_cert[0] != !t->tls_key[0])
         return fs_err_set(err, -EINVAL, "%s tls_cert and tls_key go together", where);
     const struct {

@@ -59,7 +59,7 @@ HEADER_RE = re.compile(r'^#\[([a-z_]+)(?: "([^"]+)")?\]$')
 # Sections without a name ([remote_write]) and the keys they take.
 PLAIN_SECTIONS = {"remote_write": {"url", "bearer_token_file", "basic_auth_user",
                                    "basic_auth_password_file", "tls_ca", "tls_cert", "tls_key",
-                                   "batch_samples", "timeout", "labels", "per_head"}}
+                                   "batch_samples", "timeout", "labels", "per_head", "tenant"}}
 METRIC_RE = re.compile(r"\b(foreshock_[a-z0-9_]+)\b")
 HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 # `kubernetes_sd_configs:` and its one `- role: pod` entry, indentation kept.

@@ -1,12 +1,14 @@
 """Remote write over TLS with a client certificate and HTTP basic auth, into
 a Prometheus whose web config requires both (throwaway CA from the openssl
-CLI, a bcrypt password hash). One daemon, three [remote_write] targets:
+CLI, a bcrypt password hash). One daemon, four [remote_write] targets:
 
 - "good": the CA, the client certificate and the right password: every
   point of the run arrives;
 - "badpw": the wrong password: the receiver answers 401, which is not
   retried: the batch is logged with the status, counted in
   foreshock_remote_write_samples_failed_total, and passed (its cursor moves);
+- "headers": a bearer token and a tenant, to a receiver in the test that
+  records the request headers;
 - "nocert": no client certificate: the TLS handshake fails, a network
   error, retried with backoff for as long as it lasts: its cursor stays.
 
@@ -27,7 +29,7 @@ with warnings.catch_warnings():  # deprecated in 3.11, gone in 3.13: bcrypt hash
     except ImportError:
         crypt = None
 
-from fstest import (Daemon, Skip, check, db_rows, kill_started, metrics,
+from fstest import (Daemon, Receiver, Skip, check, db_rows, kill_started, metrics,
                     parse_simulate_summary, run_main, wait_until)
 from test_remote_write import free_port
 from test_tls import make_pki
@@ -65,6 +67,7 @@ def test(args, workdir):
         f.write("global: {}\n")
     port = free_port()
     prom = d = None
+    headers = Receiver()  # "headers": bearer token and tenant, to a receiver that records them
     try:
         prom = subprocess.Popen(
             ["prometheus", f"--config.file={conf}", f"--web.config.file={web}",
@@ -104,6 +107,11 @@ def test(args, workdir):
                         "timeout = 5\n")
                 if cert:
                     f.write(f"tls_cert = {pki['client.pem']}\ntls_key = {pki['client.key']}\n")
+            token = os.path.join(workdir, "token")
+            with open(token, "w") as t:
+                t.write("tok-123\n")
+            f.write(f'[remote_write "headers"]\nurl = {headers.url}/api/v1/write\n'
+                    f"bearer_token_file = {token}\ntenant = team-a\n")
         d = Daemon(args.build_dir, workdir, config=dconf)
         sim = subprocess.run(
             [os.path.join(args.build_dir, "foreshock"), "simulate", "--endpoint", d.endpoint,
@@ -123,6 +131,13 @@ def test(args, workdir):
         counts = sorted((r["metric"]["rank"], r["value"][1]) for r in doc["data"]["result"])
         check(counts == [("0", str(STEPS)), ("1", str(STEPS))], f"loss samples: {counts}")
 
+        reqs = headers.wait_for(lambda r: r, what="a request with the headers")
+        h = {k.lower(): v for k, v in reqs[0]["headers"].items()}
+        want = {"authorization": "Bearer tok-123", "x-scope-orgid": "team-a",
+                "content-encoding": "snappy", "content-type": "application/x-protobuf",
+                "x-prometheus-remote-write-version": "0.1.0"}
+        check(all(h.get(k) == v for k, v in want.items()), f"headers: {h}")
+
         m = metrics(d)
         check(m["foreshock_remote_write_samples_failed_total"] > 0, "badpw: nothing counted")
         wait_until(lambda: "[nocert]" in d.log_text() and "retrying" in d.log_text(),
@@ -138,6 +153,7 @@ def test(args, workdir):
         check(d.stop() == 0, "daemon did not stop cleanly")
     finally:
         kill_started(d, prom)
+        headers.close()
 
 
 if __name__ == "__main__":
