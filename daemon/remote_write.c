@@ -579,8 +579,9 @@ static int pass(struct rw_sender *rw)
         int64_t *cur = cursor_of(rw, runs[i].id);
         if (!cur)
             break;
-        if (runs[i].last > *cur)
-            pending += (uint64_t)(runs[i].last - *cur);
+        if (runs[i].last <= *cur)
+            continue; /* all sent: no read for it */
+        pending += (uint64_t)(runs[i].last - *cur);
         if (begin(rw) < 0)
             break;
         int64_t h = settled_step(rw, runs[i].id, runs[i].last);
