@@ -551,9 +551,10 @@ out:
     }
     ingest_free(app->ingest);
     stage_free(app->stage);
-    /* The pager's last outcomes go through the writer: stop it first. */
+    /* The pager's last outcomes and the remote-write cursors go through the
+     * writer: stop them first. */
+    remote_write_stop(app->rw);
     pager_stop(app->pager);
-    remote_write_stop(app->rw); /* its cursor goes through the writer, too */
     if (store_close(app->store) < 0 && status == EXIT_OK) {
         log_error("main", "stopped, but storage failed: what was received after the last "
                           "commit was not written (never acknowledged; clients resend it)");

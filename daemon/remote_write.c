@@ -96,6 +96,7 @@ struct rw_sender {
 };
 
 struct remote_write {
+    int curl_global; /* curl_global_init succeeded: cleanup owed */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     atomic_int stopping;
@@ -697,6 +698,8 @@ void remote_write_stop(struct remote_write *all)
             pthread_join(all->s[i]->thread, NULL);
         sender_free(all->s[i]);
     }
+    if (all->curl_global) /* reference counted: the pager's use goes on */
+        curl_global_cleanup();
     pthread_mutex_destroy(&all->mu);
     pthread_cond_destroy(&all->cv);
     free(all);
@@ -714,6 +717,11 @@ int remote_write_start(const struct rw_config *rc, const char *db_path, struct s
     pthread_mutex_init(&all->mu, NULL);
     pthread_cond_init(&all->cv, NULL);
     all->stats = stats;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fs_err_set(err, -EIO, "remote_write: cannot initialise libcurl");
+        goto fail;
+    }
+    all->curl_global = 1;
     for (size_t i = 0; i < rc->n; i++) {
         all->n = i + 1;
         if (sender_new(all, &rc->t[i], db_path, store, &all->s[i], err) < 0)
