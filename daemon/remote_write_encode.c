@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs_grow.h"
+#include "fs_index.h"
 #include "remote_write.pb-c.h"
 
 /* --- configuration ----------------------------------------------------------------------- */
@@ -296,58 +298,33 @@ struct rw_series {
     Fsrw__Sample *samples;
 };
 
+/* The last timestamp sent for a series (by label hash). */
+struct rw_last {
+    uint64_t hash;
+    int64_t ts;
+};
+
 struct rw_batch {
     size_t n, cap;
     struct rw_series *s;
-    size_t nslots; /* open addressing: index + 1, 0 empty; power of two */
-    size_t *slots;
+    struct fs_index ix; /* over s, by hash */
     size_t samples;
-    /* The last timestamp sent per series (by label hash), kept across
-     * batches: a series' timestamps must rise (rw_batch_add). */
-    size_t nlast, caplast; /* caplast: power of two, 0: none yet */
-    struct rw_last {
-        uint64_t hash; /* 0: empty */
-        int64_t ts;
-    } * last;
+    /* Kept across batches (rw_batch_clear leaves them): a series'
+     * timestamps must rise (rw_batch_add). At most RW_LAST_TS_MAX, then
+     * all forgotten. */
+    size_t nlast, caplast;
+    struct rw_last *last;
+    struct fs_index last_ix; /* over last, by hash */
 };
 
-/* The last timestamp entry of hash h (inserted with INT64_MIN when new), or
- * NULL when out of memory. */
-static struct rw_last *last_of(struct rw_batch *b, uint64_t h)
+static uint64_t series_hash(const void *owner, size_t pos)
 {
-    h = h ? h : 1;
-    if ((b->nlast + 1) * 2 > b->caplast) {
-        size_t cap = b->caplast ? b->caplast * 2 : 1024;
-        if (cap > RW_LAST_TS_MAX) { /* forget them all: bounded memory */
-            cap = b->caplast;
-            memset(b->last, 0, cap * sizeof(*b->last));
-            b->nlast = 0;
-        } else {
-            struct rw_last *n = calloc(cap, sizeof(*n));
-            if (!n)
-                return NULL;
-            for (size_t i = 0; i < b->caplast; i++) {
-                if (!b->last[i].hash)
-                    continue;
-                size_t j = b->last[i].hash & (cap - 1);
-                while (n[j].hash)
-                    j = (j + 1) & (cap - 1);
-                n[j] = b->last[i];
-            }
-            free(b->last);
-            b->last = n;
-            b->caplast = cap;
-        }
-    }
-    size_t j = h & (b->caplast - 1);
-    while (b->last[j].hash && b->last[j].hash != h)
-        j = (j + 1) & (b->caplast - 1);
-    if (!b->last[j].hash) {
-        b->last[j].hash = h;
-        b->last[j].ts = INT64_MIN;
-        b->nlast++;
-    }
-    return &b->last[j];
+    return ((const struct rw_series *)owner)[pos].hash;
+}
+
+static uint64_t last_hash(const void *owner, size_t pos)
+{
+    return ((const struct rw_last *)owner)[pos].hash;
 }
 
 struct rw_batch *rw_batch_new(void)
@@ -363,8 +340,7 @@ void rw_batch_clear(struct rw_batch *b)
     }
     b->n = 0;
     b->samples = 0;
-    if (b->slots)
-        memset(b->slots, 0, b->nslots * sizeof(*b->slots));
+    fs_index_clear(&b->ix);
 }
 
 void rw_batch_free(struct rw_batch *b)
@@ -373,8 +349,9 @@ void rw_batch_free(struct rw_batch *b)
         return;
     rw_batch_clear(b);
     free(b->s);
-    free(b->slots);
+    fs_index_free(&b->ix);
     free(b->last);
+    fs_index_free(&b->last_ix);
     free(b);
 }
 
@@ -393,13 +370,6 @@ static int label_cmp(const void *a, const void *b)
     return strcmp(((const struct rw_label *)a)->name, ((const struct rw_label *)b)->name);
 }
 
-static uint64_t fnv(uint64_t h, const char *s)
-{
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    return (h ^ 0xff) * 1099511628211ull; /* separator */
-}
-
 static int same_labels(const struct rw_series *s, const struct rw_label *l, size_t n)
 {
     if (s->nlabels != n)
@@ -410,22 +380,56 @@ static int same_labels(const struct rw_series *s, const struct rw_label *l, size
     return 1;
 }
 
-static int grow_slots(struct rw_batch *b)
+/* The last-timestamp entry of hash h, added with INT64_MIN when new; NULL
+ * when out of memory. */
+static struct rw_last *last_of(struct rw_batch *b, uint64_t h)
 {
-    size_t n = b->nslots ? b->nslots * 2 : 64;
-    size_t *slots = calloc(n, sizeof(*slots));
-    if (!slots)
-        return -ENOMEM;
-    for (size_t i = 0; i < b->n; i++) {
-        size_t j = b->s[i].hash & (n - 1);
-        while (slots[j])
-            j = (j + 1) & (n - 1);
-        slots[j] = i + 1;
+    uint32_t at;
+    for (size_t j = fs_index_start(&b->last_ix, h); (at = fs_index_at(&b->last_ix, j));
+         j = fs_index_next(&b->last_ix, j))
+        if (b->last[at - 1].hash == h)
+            return &b->last[at - 1];
+    if (b->nlast >= RW_LAST_TS_MAX) { /* bounded memory: forget them all */
+        b->nlast = 0;
+        fs_index_clear(&b->last_ix);
     }
-    free(b->slots);
-    b->slots = slots;
-    b->nslots = n;
-    return 0;
+    struct rw_last *v = fs_grow(b->last, &b->caplast, b->nlast + 1, sizeof(*v), 1024);
+    if (!v)
+        return NULL;
+    b->last = v;
+    if (fs_index_reserve(&b->last_ix, b->nlast, 2048, last_hash, b->last) < 0)
+        return NULL;
+    b->last[b->nlast] = (struct rw_last){.hash = h, .ts = INT64_MIN};
+    fs_index_add(&b->last_ix, h, b->nlast);
+    return &b->last[b->nlast++];
+}
+
+/* The series of these sorted labels, added empty when new; NULL when out of
+ * memory. */
+static struct rw_series *series_of(struct rw_batch *b, const struct rw_label *l, size_t n,
+                                   uint64_t h)
+{
+    uint32_t at;
+    for (size_t j = fs_index_start(&b->ix, h); (at = fs_index_at(&b->ix, j));
+         j = fs_index_next(&b->ix, j))
+        if (b->s[at - 1].hash == h && same_labels(&b->s[at - 1], l, n))
+            return &b->s[at - 1];
+    struct rw_series *v = fs_grow(b->s, &b->cap, b->n + 1, sizeof(*v), 64);
+    if (!v)
+        return NULL;
+    b->s = v;
+    if (fs_index_reserve(&b->ix, b->n, 128, series_hash, b->s) < 0)
+        return NULL;
+    struct rw_series *s = &b->s[b->n];
+    memset(s, 0, sizeof(*s));
+    s->labels = malloc(n * sizeof(*s->labels));
+    if (!s->labels)
+        return NULL;
+    memcpy(s->labels, l, n * sizeof(*l));
+    s->nlabels = n;
+    s->hash = h;
+    fs_index_add(&b->ix, h, b->n++);
+    return s;
 }
 
 int rw_batch_add(struct rw_batch *b, const struct rw_label *labels, size_t n, int64_t ts_ms,
@@ -436,63 +440,23 @@ int rw_batch_add(struct rw_batch *b, const struct rw_label *labels, size_t n, in
         return -E2BIG;
     memcpy(sorted, labels, n * sizeof(*labels));
     qsort(sorted, n, sizeof(*sorted), label_cmp);
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++)
-        h = fnv(fnv(h, sorted[i].name), sorted[i].value);
+    uint64_t h = FS_FNV1A_BASIS;
+    for (size_t i = 0; i < n; i++) /* names and values with their NULs: unambiguous */
+        h = fs_fnv1a(fs_fnv1a(h, sorted[i].name, strlen(sorted[i].name) + 1), sorted[i].value,
+                     strlen(sorted[i].value) + 1);
     struct rw_last *last = last_of(b, h);
-    if (!last)
+    struct rw_series *s = last ? series_of(b, sorted, n, h) : NULL;
+    if (!s)
         return -ENOMEM;
     if (ts_ms <= last->ts)
         ts_ms = last->ts + 1;
-    if ((b->n + 1) * 2 > b->nslots && grow_slots(b) < 0)
+    Fsrw__Sample *v = fs_grow(s->samples, &s->cap, s->nsamples + 1, sizeof(*v), 8);
+    if (!v)
         return -ENOMEM;
-    size_t j = h & (b->nslots - 1);
-    struct rw_series *s = NULL;
-    while (b->slots[j]) {
-        struct rw_series *c = &b->s[b->slots[j] - 1];
-        if (c->hash == h && same_labels(c, sorted, n)) {
-            s = c;
-            break;
-        }
-        j = (j + 1) & (b->nslots - 1);
-    }
-    if (!s) {
-        if (b->n == b->cap) {
-            size_t cap = b->cap ? b->cap * 2 : 64;
-            struct rw_series *ns = realloc(b->s, cap * sizeof(*ns));
-            if (!ns)
-                return -ENOMEM;
-            b->s = ns;
-            b->cap = cap;
-        }
-        s = &b->s[b->n];
-        memset(s, 0, sizeof(*s));
-        s->labels = malloc(n * sizeof(*s->labels));
-        if (!s->labels)
-            return -ENOMEM;
-        memcpy(s->labels, sorted, n * sizeof(*sorted));
-        s->nlabels = n;
-        s->hash = h;
-        b->slots[j] = ++b->n;
-    }
-    if (s->nsamples == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 8;
-        Fsrw__Sample *ns = realloc(s->samples, cap * sizeof(*ns));
-        if (!ns)
-            return -ENOMEM;
-        s->samples = ns;
-        s->cap = cap;
-    }
-    /* A series' samples must go oldest first: keep them sorted (they come
-     * in step order, so this is an append but for equal times). */
-    size_t k = s->nsamples;
-    while (k > 0 && s->samples[k - 1].timestamp > ts_ms) {
-        s->samples[k] = s->samples[k - 1];
-        k--;
-    }
-    fsrw__sample__init(&s->samples[k]);
-    s->samples[k].value = value;
-    s->samples[k].timestamp = ts_ms;
+    s->samples = v;
+    fsrw__sample__init(&s->samples[s->nsamples]);
+    s->samples[s->nsamples].value = value;
+    s->samples[s->nsamples].timestamp = ts_ms;
     s->nsamples++;
     b->samples++;
     last->ts = ts_ms;
