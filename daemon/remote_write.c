@@ -92,7 +92,7 @@ struct rw_sender {
     size_t err_len;
     pthread_t thread;
     int started;
-    atomic_uint_fast64_t pending, last_success; /* this target's; stats get the worst */
+    struct fs_rw_stats *ts; /* this target's slot in the daemon's stats */
 };
 
 struct remote_write {
@@ -115,22 +115,6 @@ static void set_stat(atomic_uint_fast64_t *a, uint64_t v)
 static void add_stat(atomic_uint_fast64_t *a, uint64_t v)
 {
     atomic_fetch_add_explicit(a, v, memory_order_relaxed);
-}
-
-/* The gauges of all targets: the largest lag, the oldest last success (so
- * that one target down shows). */
-static void publish_gauges(struct remote_write *all)
-{
-    uint64_t pending = 0, oldest = UINT64_MAX;
-    for (size_t i = 0; i < all->n; i++) {
-        if (!all->s[i])
-            continue;
-        uint64_t p = atomic_load(&all->s[i]->pending), l = atomic_load(&all->s[i]->last_success);
-        pending = p > pending ? p : pending;
-        oldest = l < oldest ? l : oldest;
-    }
-    set_stat(&all->stats->rw_pending, pending);
-    set_stat(&all->stats->rw_last_success, oldest == UINT64_MAX ? 0 : oldest);
 }
 
 /* Sleeps ms or until stopping; returns stopping. */
@@ -502,7 +486,7 @@ static int send_batch(struct rw_sender *rw)
         }
         if (atomic_load(&rw->all->stopping))
             break;
-        add_stat(&rw->stats->rw_retries, 1);
+        add_stat(&rw->ts->retries, 1);
         if (cc != CURLE_OK)
             log_warn("remote_write", "[%s] %s: %s; retrying in %u ms", rw->cfg.name, rw->cfg.url,
                      curl_easy_strerror(cc), backoff);
@@ -526,11 +510,10 @@ static int ship(struct rw_sender *rw, int kind, int64_t run_id, int64_t pos)
         if (rc < 0)
             return rc;
         if (rc == RW_SENT) {
-            add_stat(&rw->stats->rw_samples_sent, n);
-            set_stat(&rw->last_success, (uint64_t)fs_clock_unix());
-            publish_gauges(rw->all);
+            add_stat(&rw->ts->samples_sent, n);
+            set_stat(&rw->ts->last_success, (uint64_t)fs_clock_unix());
         } else {
-            add_stat(&rw->stats->rw_samples_failed, n);
+            add_stat(&rw->ts->samples_failed, n);
         }
     }
     submit_cursor(rw, kind, run_id, pos);
@@ -575,14 +558,24 @@ static int pass(struct rw_sender *rw)
         nruns++;
     }
     sqlite3_reset(q);
+    int64_t alert_max = one_int(rw->st[Q_ALERT_MAX], 0);
     end(rw);
+    /* The lag as this pass begins (a receiver down holds the pass in its
+     * first batch: the gauge must show it then). */
+    for (size_t i = 0; i < nruns; i++) {
+        int64_t *cur = cursor_of(rw, runs[i].id);
+        if (cur && runs[i].last > *cur)
+            pending += (uint64_t)(runs[i].last - *cur);
+    }
+    if (alert_max > rw->alert_cursor)
+        pending += (uint64_t)(alert_max - rw->alert_cursor);
+    set_stat(&rw->ts->pending, pending);
     for (size_t i = 0; i < nruns && !atomic_load(&rw->all->stopping); i++) {
         int64_t *cur = cursor_of(rw, runs[i].id);
         if (!cur)
             break;
         if (runs[i].last <= *cur)
             continue; /* all sent: no read for it */
-        pending += (uint64_t)(runs[i].last - *cur);
         if (begin(rw) < 0)
             break;
         int64_t h = settled_step(rw, runs[i].id, runs[i].last);
@@ -615,10 +608,7 @@ static int pass(struct rw_sender *rw)
     int64_t last = rw->alert_cursor;
     if (begin(rw) == 0) {
         int rc = read_alerts(rw, &last);
-        int64_t max = one_int(rw->st[Q_ALERT_MAX], 0);
         end(rw);
-        if (max > last)
-            pending += (uint64_t)(max - last);
         if (rc == 0 && last > rw->alert_cursor) {
             if (ship(rw, 1, 0, last) < 0)
                 return -ECANCELED;
@@ -626,8 +616,6 @@ static int pass(struct rw_sender *rw)
             made++;
         }
     }
-    set_stat(&rw->pending, pending);
-    publish_gauges(rw->all);
     return made;
 }
 
@@ -664,7 +652,8 @@ static void sender_free(struct rw_sender *rw)
 }
 
 static int sender_new(struct remote_write *all, const struct rw_target *t, const char *db_path,
-                      struct store *store, struct rw_sender **out, struct fs_err *err)
+                      struct store *store, struct fs_rw_stats *st, struct rw_sender **out,
+                      struct fs_err *err)
 {
     struct rw_sender *rw = calloc(1, sizeof(*rw));
     *out = rw;
@@ -675,6 +664,8 @@ static int sender_new(struct remote_write *all, const struct rw_target *t, const
     snprintf(rw->db_path, sizeof(rw->db_path), "%s", db_path);
     rw->store = store;
     rw->stats = all->stats;
+    rw->ts = st;
+    snprintf(st->name, sizeof(st->name), "%s", t->name);
     rw->span = RW_SPAN_START;
     rw->batch = rw_batch_new();
     if (!rw->batch)
@@ -722,9 +713,10 @@ int remote_write_start(const struct rw_config *rc, const char *db_path, struct s
         goto fail;
     }
     all->curl_global = 1;
+    stats->n_rw = (unsigned)rc->n; /* <= RW_MAX_TARGETS = STATS_MAX_RW_TARGETS */
     for (size_t i = 0; i < rc->n; i++) {
         all->n = i + 1;
-        if (sender_new(all, &rc->t[i], db_path, store, &all->s[i], err) < 0)
+        if (sender_new(all, &rc->t[i], db_path, store, &stats->rw[i], &all->s[i], err) < 0)
             goto fail;
     }
     for (size_t i = 0; i < all->n; i++) {

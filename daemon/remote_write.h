@@ -51,8 +51,8 @@
  * at or before it: its points are then all written. A step re-done after a
  * rewind that was sent already is not sent again. */
 
-#define RW_MAX_TARGETS 4u /* [remote_write "NAME"] sections */
-#define RW_NAME_MAX 32u   /* target name bytes with NUL */
+#define RW_MAX_TARGETS 4u /* [remote_write "NAME"] sections; = STATS_MAX_RW_TARGETS */
+#define RW_NAME_MAX 32u   /* target name bytes with NUL; = sizeof fs_rw_stats.name */
 #define RW_URL_MAX 1024u
 #define RW_PATH_MAX 1024u
 #define RW_AUTH_MAX 256u

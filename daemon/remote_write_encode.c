@@ -3,6 +3,9 @@
  * remote_write.h. */
 #include "remote_write.h"
 
+_Static_assert(RW_MAX_TARGETS == STATS_MAX_RW_TARGETS, "a stats slot per target");
+_Static_assert(RW_NAME_MAX == sizeof(((struct fs_rw_stats *)0)->name), "target names fit");
+
 #include <curl/curl.h>
 #include <errno.h>
 #include <snappy-c.h>

@@ -59,6 +59,12 @@ def caught_up(db, target):
     return all(cur.get(r, -1) >= s for r, s in last.items())
 
 
+def samples_sent(d):
+    """foreshock_remote_write_samples_sent_total over the daemon's targets."""
+    return sum(v for k, v in metrics(d).items()
+               if k.startswith("foreshock_remote_write_samples_sent_total{"))
+
+
 def evaluated(db):
     """Every spooled sketch evaluated (the monitor stage is done)."""
     return db_rows(db, "SELECT count(*) FROM spool_frames")[0][0] == 0
@@ -147,7 +153,7 @@ def main():
         wait_until(lambda: evaluated(d.db) and caught_up(d.db, "prom"), timeout=600,
                    what="remote write caught up")
         cpu_rw = cpu_seconds(d.pid)
-        sent = metrics(d).get("foreshock_remote_write_samples_sent_total", 0)
+        sent = samples_sent(d)
         d.stop()
         print(f"with remote write: daemon CPU {cpu_rw:.2f} s, {sent:.0f} samples sent; "
               f"cost to ingest: {cpu_rw / cpu_base:.2f}x the baseline's CPU")
@@ -159,7 +165,7 @@ def main():
         wait_until(lambda: caught_up(d.db, "drain"), timeout=1800, what="backlog sent",
                    interval=0.05)
         dt, dc = time.monotonic() - t0, cpu_seconds(d.pid) - c0
-        sent = metrics(d).get("foreshock_remote_write_samples_sent_total", 0)
+        sent = samples_sent(d)
         d.stop()
         print(f"throughput: a backlog of {sent:.0f} samples sent in {dt:.2f} s = "
               f"{sent / dt:,.0f} samples/s ({dc:.2f} daemon CPU s, "

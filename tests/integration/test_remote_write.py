@@ -237,8 +237,17 @@ def fleet_queries(source_dir):
     return out
 
 
+def rw_metric(daemon, name, target=None):
+    """A remote-write family of the daemon's /metrics: one target's sample,
+    or the sum over its targets."""
+    m = metrics(daemon)
+    if target is not None:
+        return m.get(f'{name}{{target="{target}"}}', 0)
+    return sum(v for k, v in m.items() if k.startswith(name + "{"))
+
+
 def sent(daemon):
-    return metrics(daemon).get("foreshock_remote_write_samples_sent_total", 0)
+    return rw_metric(daemon, "foreshock_remote_write_samples_sent_total")
 
 
 def settled(daemon, targets=("prometheus", "victoria-metrics")):
@@ -275,7 +284,8 @@ def test(args, workdir):
 
         # An outage of VictoriaMetrics while both runs go on: the senders retry.
         vm.stop()
-        retries = lambda d: metrics(d).get("foreshock_remote_write_retries_total", 0)
+        retries = lambda d: rw_metric(d, "foreshock_remote_write_retries_total",
+                                      "victoria-metrics")
         wait_until(lambda: retries(a) > 0 and retries(b) > 0, timeout=120,
                    what="both daemons retrying against the stopped VictoriaMetrics")
         time.sleep(3)  # an outage longer than one backoff step
@@ -319,8 +329,10 @@ def test(args, workdir):
             print(f"{engine.kind}: job-b after a full resend: {n} series, {pts} points, each once")
         print(f"daemon b sent {before:.0f} samples, then {sent(b):.0f} again")
         for d in (a, b):
-            check(metrics(d).get("foreshock_remote_write_samples_failed_total", 0) == 0,
+            check(rw_metric(d, "foreshock_remote_write_samples_failed_total") == 0,
                   "a receiver refused samples")
+            check(rw_metric(d, "foreshock_remote_write_retries_total", "prometheus") == 0,
+                  "requests to the Prometheus that stayed up were retried")
             check(d.stop() == 0, "a daemon did not stop cleanly")
     finally:
         kill_started(sim_a, sim_b, a, b, prom.proc, vm.proc)

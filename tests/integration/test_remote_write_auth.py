@@ -31,7 +31,7 @@ with warnings.catch_warnings():  # deprecated in 3.11, gone in 3.13: bcrypt hash
 
 from fstest import (Daemon, Receiver, Skip, check, db_rows, kill_started, metrics,
                     parse_simulate_summary, run_main, wait_until)
-from test_remote_write import free_port
+from test_remote_write import free_port, rw_metric
 from test_tls import make_pki
 
 PASSWORD = "s3cret-remote-write"
@@ -138,17 +138,25 @@ def test(args, workdir):
                 "x-prometheus-remote-write-version": "0.1.0"}
         check(all(h.get(k) == v for k, v in want.items()), f"headers: {h}")
 
-        m = metrics(d)
-        check(m["foreshock_remote_write_samples_failed_total"] > 0, "badpw: nothing counted")
-        wait_until(lambda: "[nocert]" in d.log_text() and "retrying" in d.log_text(),
+        failed = "foreshock_remote_write_samples_failed_total"
+        check(rw_metric(d, failed, "badpw") == 2 * 6 * STEPS,
+              f"badpw: {rw_metric(d, failed, 'badpw')} samples counted failed, want every one")
+        check(rw_metric(d, failed, "good") == 0 and rw_metric(d, failed, "nocert") == 0,
+              "good or nocert counted failed samples")
+        wait_until(lambda: rw_metric(d, "foreshock_remote_write_retries_total", "nocert") > 0,
                    timeout=60, what="nocert retrying")
-        check(metrics(d)["foreshock_remote_write_retries_total"] > 0, "no retries counted")
+        check("[nocert]" in d.log_text() and "retrying" in d.log_text(), "no retry logged")
+        check(rw_metric(d, "foreshock_remote_write_retries_total", "good") == 0,
+              "good was retried")
+        check(rw_metric(d, "foreshock_remote_write_pending", "nocert") > 0
+              and rw_metric(d, "foreshock_remote_write_pending", "good") == 0,
+              "pending: nocert should lag, good not")
         check(cursor("nocert") == -1, f"nocert's cursor moved: {cursor('nocert')}")
         log = d.log_text()
         check("[badpw]" in log and "HTTP 401 (not retried)" in log, "no 401 logged for badpw")
         check(PASSWORD not in log, "the password is in the log")
         print(f"good: {STEPS} loss samples per rank over TLS + basic auth; badpw: 401 counted "
-              f"({m['foreshock_remote_write_samples_failed_total']:.0f} samples), passed; "
+              f"({rw_metric(d, failed, 'badpw'):.0f} samples), passed; "
               "nocert: retried, cursor held")
         check(d.stop() == 0, "daemon did not stop cleanly")
     finally:
