@@ -6,7 +6,9 @@ outage of a few seconds, while both daemons keep storing and their senders
 retry: the queue is the database, so a 5-minute outage differs only in the
 lag). Then every series each daemon serves over its HTTP API must be in
 both stores with every point exactly once and the same values, alert states
-included. Last, one daemon's cursors are moved back (a crash between a 2xx
+included; one daemon also sends the heads' series (per_head) to Prometheus
+from a third target, so Prometheus gets those samples twice and must keep
+them once. Last, one daemon's cursors are moved back (a crash between a 2xx
 and the cursor's commit, made certain) and it resends everything: both
 stores still hold each point once.
 
@@ -103,7 +105,9 @@ class Engine:
         return doc["data"]
 
 
-def start_daemon(args, workdir, name, engines, ports=(0, 0)):
+def start_daemon(args, workdir, name, engines, ports=(0, 0), heads_to=None):
+    """A daemon with a [remote_write] target per engine, and with heads_to a
+    target "heads" (per_head = true) to that engine as well."""
     d = os.path.join(workdir, name)
     os.makedirs(d, exist_ok=True)
     conf = os.path.join(d, "foreshockd.conf")
@@ -111,6 +115,9 @@ def start_daemon(args, workdir, name, engines, ports=(0, 0)):
         for e in engines:
             f.write(f'[remote_write "{e.kind}"]\nurl = {e.write_url}\nlabels = cluster=it\n'
                     "batch_samples = 2000\ntimeout = 5\n")
+        if heads_to:
+            f.write(f'[remote_write "heads"]\nurl = {heads_to.write_url}\nlabels = cluster=it\n'
+                    "per_head = true\n")
     return Daemon(args.build_dir, d, ingest_port=ports[0], http_port=ports[1], config=conf,
                   db=os.path.join(d, "foreshock.db"))
 
@@ -127,15 +134,18 @@ def metric_name(series):
     return "foreshock_" + "".join(c if c.isalnum() or c == "_" else "_" for c in series)
 
 
-def expected_series(daemon, run):
+def expected_series(daemon, run, heads=False):
     """{(metric, frozenset(labels)): [values in step order]} from the daemon's
-    HTTP API: every series without a head label (what is sent by default)."""
+    HTTP API: every series without a head label (what is sent by default),
+    with heads those of the heads too (per_head)."""
     out = {}
     for ser in run_all_pages(daemon, f"/api/v1/series?run={run}", "series"):
         labels = ser["labels"]
-        if labels.get("head", -1) >= 0:
-            continue
         want = {"run": run, "cluster": "it"}
+        if labels.get("head", -1) >= 0:
+            if not heads:
+                continue
+            want["head"] = str(labels["head"])
         if labels.get("layer", -1) >= 0:
             want["layer"] = str(labels["layer"])
         if labels.get("window", 0) > 0:
@@ -174,8 +184,8 @@ def same(a, b, rel):
                                     for x, y in zip(a, b))
 
 
-def compare(engine, daemon, run, at):
-    want = expected_series(daemon, run)
+def compare(engine, daemon, run, at, heads=False):
+    want = expected_series(daemon, run, heads)
     got = received(engine, run, at)
     alerts = {k: v for k, v in got.items() if k[0] == "foreshock_alert"}
     got = {k: v for k, v in got.items() if k[0] != "foreshock_alert"}
@@ -199,13 +209,13 @@ def compare(engine, daemon, run, at):
     return len(want), points, len(events)
 
 
-def compare_soon(engine, daemon, run, timeout=60):
+def compare_soon(engine, daemon, run, heads=False, timeout=60):
     """compare, retried for a while: VictoriaMetrics makes what it received
     searchable after its in-memory buffers are flushed (about a second)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return compare(engine, daemon, run, time.time() + 1)
+            return compare(engine, daemon, run, time.time() + 1, heads)
         except Exception:
             if time.monotonic() > deadline:
                 raise
@@ -250,7 +260,11 @@ def sent(daemon):
     return rw_metric(daemon, "foreshock_remote_write_samples_sent_total")
 
 
-def settled(daemon, targets=("prometheus", "victoria-metrics")):
+TARGETS = {False: ("prometheus", "victoria-metrics"),
+           True: ("prometheus", "victoria-metrics", "heads")}  # by "is daemon b"
+
+
+def settled(daemon, targets):
     """Every target acknowledged every stored step and alert transition: its
     cursors (the daemon's own record of what was acknowledged) are at the
     end."""
@@ -272,7 +286,9 @@ def test(args, workdir):
         prom.start()
         vm.start()
         a = start_daemon(args, workdir, "a", (prom, vm))
-        b = start_daemon(args, workdir, "b", (prom, vm))
+        # b sends the heads' series to Prometheus too, from a third target:
+        # what the two Prometheus targets both send arrives twice, is kept once.
+        b = start_daemon(args, workdir, "b", (prom, vm), heads_to=prom)
         sim_a = simulate(args, a, "job-a", [])
         sim_b = simulate(args, b, "job-b", ["--scenario", "lr-spike", "--fault-step", "150"])
 
@@ -297,13 +313,15 @@ def test(args, workdir):
             check(sim.returncode == 0 and s["acked"] == s["submitted"] == 2 * STEPS,
                   f"simulate: {s}\n{out[-2000:]}")
         for d in (a, b):
-            wait_until(lambda: settled(d), timeout=180, what="remote write caught up")
+            wait_until(lambda: settled(d, TARGETS[d is b]), timeout=180,
+                       what="remote write caught up")
         for engine in (prom, vm):
             for d, run in ((a, "job-a"), (b, "job-b")):
-                n, pts, ev = compare_soon(engine, d, run)
-                print(f"{engine.kind}: {run}: {n} series, {pts} points, {ev} alert transitions:"
-                      " each once, values equal")
-        check(compare(prom, b, "job-b", time.time() + 1)[2] > 0,
+                heads = engine is prom and d is b
+                n, pts, ev = compare_soon(engine, d, run, heads)
+                print(f"{engine.kind}: {run}: {n} series{' with heads' if heads else ''}, {pts} "
+                      f"points, {ev} alert transitions: each once, values equal")
+        check(compare(prom, b, "job-b", time.time() + 1, heads=True)[2] > 0,
               "job-b's fault raised no alert transition")
         # Every query of the fleet dashboard and rules runs on both stores,
         # and those over the sent series find them.
@@ -319,13 +337,14 @@ def test(args, workdir):
         b_ports = (b.ingest_port, b.http_port)
         check(b.stop() == 0, "daemon b did not stop cleanly")
         rows = db_rows(b.db, "SELECT count(*) FROM remote_write_cursor")
-        check(rows[0][0] >= 4, f"cursor rows: {rows}")
+        check(rows[0][0] == 6, f"cursor rows: {rows}, want a run and an alert cursor a target")
         db_exec(b.db, "UPDATE remote_write_cursor SET pos = -1 WHERE kind = 0")
         db_exec(b.db, "UPDATE remote_write_cursor SET pos = 0 WHERE kind = 1")
-        b = start_daemon(args, workdir, "b", (prom, vm), ports=b_ports)
-        wait_until(lambda: settled(b) and sent(b) > 0, timeout=180, what="the resend")
+        b = start_daemon(args, workdir, "b", (prom, vm), ports=b_ports, heads_to=prom)
+        wait_until(lambda: settled(b, TARGETS[True]) and sent(b) > 0, timeout=180,
+                   what="the resend")
         for engine in (prom, vm):
-            n, pts, _ = compare_soon(engine, b, "job-b")
+            n, pts, _ = compare_soon(engine, b, "job-b", engine is prom)
             print(f"{engine.kind}: job-b after a full resend: {n} series, {pts} points, each once")
         print(f"daemon b sent {before:.0f} samples, then {sent(b):.0f} again")
         for d in (a, b):
