@@ -14,7 +14,7 @@
  *
  * The queue is the database itself: a cursor per run (the last step sent)
  * and one over alert_events (the last event id sent), in the table
- * remote_write_cursor (schema/010_remote_write.sql), per target. The sender thread reads
+ * remote_write_cursor (schema/011_remote_write.sql), per target. The sender thread reads
  * the points after its cursor on its own read-only connection, sends them,
  * and only after a 2xx asks the writer (STORE_ITEM_RW_CURSOR: one thread
  * owns the database) to advance the cursor. So nothing is copied, a restart

@@ -305,7 +305,7 @@ struct store_advice_delivery {
 };
 
 /* --- STORE_ITEM_RW_CURSOR: the remote-write sender's cursor, after a 2xx
- * (schema/010_remote_write.sql). It only moves forward. */
+ * (schema/011_remote_write.sql). It only moves forward. */
 struct store_rw_cursor {
     char target[32]; /* the [remote_write "NAME"] section's name (RW_NAME_MAX) */
     int kind;        /* 0: run_id's points up to step pos; 1: alert events up to id pos */

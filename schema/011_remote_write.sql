@@ -1,4 +1,4 @@
--- 010: remote write (daemon/remote_write.h). The queue is the stored data
+-- 011: remote write (daemon/remote_write.h). The queue is the stored data
 -- itself; this table holds how far each target's sender got ([remote_write
 -- "NAME"]; plain [remote_write] is "default"): per run (kind 0) the
 -- last step whose points a receiver acknowledged, and (kind 1, run_id 0)
