@@ -332,7 +332,7 @@ int alert_state_decode(struct alert_state *st, const uint8_t *buf, size_t len)
     s.severity = buf[7];
     s.breach_kind = buf[8];
     if (s.state > ALERT_RESOLVED || s.severity > DETECT_SEVERITY_CRITICAL ||
-        s.breach_kind > DETECT_BREACH_SPIKE || buf[9] > 1 || get_le(buf + 10, 2) != 0)
+        s.breach_kind > DETECT_BREACH_KIND_MAX || buf[9] > 1 || get_le(buf + 10, 2) != 0)
         return -EINVAL;
     s.nonfinite = buf[9] != 0;
     s.breach_run = (uint32_t)get_le(buf + 12, 4);

@@ -8,7 +8,7 @@
 #include "detect.h"
 
 /* The alert lifecycle per (run, rule, scope), its identity, and attribution
- * (MONITORS.md section 4). Pure: no I/O, no clocks (time is an input), no
+ * (docs/monitors.md section 4). Pure: no I/O, no clocks (time is an input), no
  * allocation. The loop thread owns every struct alert_state; the transitions
  * it returns go to the writer, and are announced only after they commit.
  *
@@ -129,7 +129,7 @@ int alert_step(struct alert_state *st, const struct detect_rule *rule,
 /* True while an incident is open (PENDING or FIRING). */
 bool alert_is_open(const struct alert_state *st);
 
-/* Evidence for attribution (MONITORS.md section 4): for each family, the
+/* Evidence for attribution (docs/monitors.md section 4): for each family, the
  * first-breach step of the earliest open incident (-1: none open), and
  * whether an open incident saw a non-finite value. Caller-owned; fill with
  * alert_evidence_init and alert_evidence_add over a run's alerts. */

@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "fs_limits.h"
+
 enum { AT_LATEST, AT_INSERT, AT_REBUILT, AT_COUNT };
 
 static const char *const at_sql[AT_COUNT] = {
@@ -11,7 +13,11 @@ static const char *const at_sql[AT_COUNT] = {
                   "ORDER BY attempt DESC LIMIT 1",
     [AT_INSERT] = "INSERT INTO attempts (run_id, attempt, resume_step, started_at) "
                   "VALUES (?1, ?2, ?3, ?4)",
-    [AT_REBUILT] = "UPDATE attempts SET rebuilt_at = ?3 WHERE run_id = ?1 AND attempt = ?2",
+    /* Earlier rewinds superseded before their own rebuild was stored never
+     * will be: this rebuild replays their stored points too (steps <= its
+     * step), so it is theirs as well. */
+    [AT_REBUILT] = "UPDATE attempts SET rebuilt_at = ?3 WHERE run_id = ?1 AND (attempt = ?2 OR "
+                   "(attempt < ?2 AND resume_step IS NOT NULL AND rebuilt_at IS NULL))",
 };
 
 struct attempts_store {
@@ -82,6 +88,25 @@ int attempts_store_hello(struct attempts_store *as, int64_t run_id, uint32_t att
     /* A resume step on a run's first attempt rewinds nothing. */
     out->rewind = has_resume && any;
     return SQLITE_OK;
+}
+
+int attempts_store_admit(struct attempts_store *as, int64_t run_id, uint32_t attempt, bool *admit,
+                         uint32_t *latest)
+{
+    *latest = 0;
+    *admit = attempt <= FS_MAX_ATTEMPT_JUMP;
+    if (run_id <= 0)
+        return SQLITE_OK;
+    sqlite3_stmt *st = as->st[AT_LATEST];
+    sqlite3_bind_int64(st, 1, run_id);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *latest = (uint32_t)sqlite3_column_int64(st, 0);
+        /* An attempt started already or older changes nothing: admitted. */
+        *admit = attempt <= *latest || attempt - *latest <= FS_MAX_ATTEMPT_JUMP;
+    }
+    rc = done(st, rc);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
 int attempts_store_rebuilt(struct attempts_store *as, int64_t run_id, uint32_t attempt, double now)

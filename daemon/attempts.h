@@ -33,7 +33,19 @@ int attempts_store_hello(struct attempts_store *as, int64_t run_id, uint32_t att
                          bool has_resume, uint64_t resume_step, double now,
                          struct attempt_info *out);
 
-/* The rewind of (run_id, attempt) was rebuilt at now. SQLite rc. */
+/* Whether a Hello of `attempt` may be taken for run_id (0: a run not stored
+ * yet): a new attempt at most FS_MAX_ATTEMPT_JUMP above the run's latest
+ * (above 0 for its first). A rewind needs an attempt above the latest, so
+ * one Hello of attempt 2^32-1 would otherwise end every later rewind of the
+ * run; now that takes 2^32 / FS_MAX_ATTEMPT_JUMP accepted Hellos, each
+ * one a new attempt in /api/v1/runs. *latest: the run's latest attempt
+ * (0 when none). SQLite rc. */
+int attempts_store_admit(struct attempts_store *as, int64_t run_id, uint32_t attempt, bool *admit,
+                         uint32_t *latest);
+
+/* The rewind of (run_id, attempt) was rebuilt at now; so were the run's
+ * earlier rewinds still without a rebuild (a newer rewind superseded them
+ * first: this rebuild stands for them). SQLite rc. */
 int attempts_store_rebuilt(struct attempts_store *as, int64_t run_id, uint32_t attempt, double now);
 
 #endif

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs_grow.h"
 #include "log.h"
 
 #define FIELD(type, f) .offset = offsetof(type, f), .size = sizeof(((type *)0)->f)
@@ -83,7 +84,8 @@ static const struct config_key core_keys[] = {
      .min = FS_MIN_MAX_RUNS,
      .max = FS_CAP_MAX_RUNS,
      CORE(max_runs),
-     .help = "runs kept in the database; a Hello for a new run past it gets ERROR_LIMIT"},
+     .help = "live runs (reported, not ended); a Hello that would make one more gets "
+             "ERROR_LIMIT"},
     {.name = "max_conn_buffer_bytes",
      .type = CONFIG_BYTES,
      .def = "1M",
@@ -128,6 +130,14 @@ static const struct config_key core_keys[] = {
      CORE(spool_max_bytes),
      .help = "spooled frames of steps not yet evaluated (in <db>.spool/); past it only ranks "
              "that complete the oldest step are read"},
+    {.name = "spool_run_max_bytes",
+     .type = CONFIG_BYTES,
+     .def = "256M",
+     .min = 0,
+     .max = FS_CAP_SPOOL_MAX_BYTES,
+     CORE(spool_run_max_bytes),
+     .help = "spooled frames of one run's steps not yet evaluated (0: only spool_max_bytes); "
+             "past it only that run's ranks that complete its oldest step are read"},
     {.name = "log_level",
      .type = CONFIG_ENUM,
      .def = "info",
@@ -212,6 +222,14 @@ static const struct config_key core_keys[] = {
      .max = FS_CAP_REDUCE_MAX_BYTES,
      CORE(reduce_max_bytes),
      .help = "memory for partial shard/rank sums; past it ingest pauses"},
+    {.name = "max_run_bytes",
+     .type = CONFIG_BYTES,
+     .def = "64M",
+     .min = FS_MIN_MAX_RUN_BYTES,
+     .max = FS_CAP_MAX_RUN_BYTES,
+     CORE(max_run_bytes),
+     .help = "monitor memory per run: half for its detected series, a quarter for queued "
+             "scalars; a Hello declaring a larger shape gets ERROR_LIMIT"},
     {.name = "detect_from_step",
      .type = CONFIG_UINT,
      .def = "0",
@@ -279,6 +297,38 @@ static const struct config_key core_keys[] = {
      .max = 315360000,
      CORE(silence_retention),
      .help = "seconds expired silences are kept"},
+    /* the run lifecycle (store_runs.c) */
+    {.name = "run_idle_end_s",
+     .type = CONFIG_DOUBLE,
+     .def = "86400",
+     .min = 0,
+     .max = 315360000,
+     CORE(run_idle_end_s),
+     .help = "seconds without a report after which a run ends (stops counting against "
+             "max_runs; 0: never)"},
+    {.name = "run_retention_s",
+     .type = CONFIG_DOUBLE,
+     .def = "2592000",
+     .min = 0,
+     .max = 315360000,
+     CORE(run_retention_s),
+     .help = "seconds an ended run is kept; then it is deleted with all its data (0: kept)"},
+    {.name = "run_hello_grace_s",
+     .type = CONFIG_DOUBLE,
+     .def = "3600",
+     .min = 0,
+     .max = 315360000,
+     CORE(run_hello_grace_s),
+     .help = "a run that never sent a report is deleted this many seconds after its last "
+             "Hello (0: kept)"},
+    {.name = "max_runs_per_token",
+     .type = CONFIG_UINT,
+     .def = "0",
+     .min = 0,
+     .max = FS_CAP_MAX_RUNS,
+     CORE(max_runs_per_token),
+     .help = "live runs per ingest token ([run] section, or the global token); 0: only "
+             "max_runs"},
     /* pager */
     {.name = "public_url",
      .type = CONFIG_STRING,
@@ -508,10 +558,54 @@ static int only_comment(const char *s)
     return *s == '\0' || *s == '#' || *s == ';';
 }
 
+/* What one parse has seen, to refuse what a file gives twice: section
+ * headers (name and sub) and the keys of the section being read, each with
+ * its line. A key or a section given twice would otherwise be taken
+ * silently, the last one winning, or the first: [run] and [target]
+ * refused a second section of theirs while [detect] and [advice] did not. */
+struct seen_item {
+    char *text; /* "name\037sub" (a header) or the key */
+    int line;
+};
+struct seen {
+    struct seen_item *headers, *keys;
+    size_t n_headers, cap_headers, n_keys, cap_keys;
+};
+
+static void seen_free(struct seen *sn)
+{
+    for (size_t i = 0; i < sn->n_headers; i++)
+        free(sn->headers[i].text);
+    for (size_t i = 0; i < sn->n_keys; i++)
+        free(sn->keys[i].text);
+    free(sn->headers);
+    free(sn->keys);
+}
+
+/* The line where text was seen in v[0..n), else 0; else records it at line
+ * (-ENOMEM when it cannot). */
+static int seen_check(struct seen_item **v, size_t *n, size_t *cap, const char *text, int line)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (strcmp((*v)[i].text, text) == 0)
+            return (*v)[i].line;
+    struct seen_item *p = fs_grow(*v, cap, *n + 1, sizeof(*p), 16);
+    char *copy = p ? strdup(text) : NULL;
+    if (!copy) {
+        if (p)
+            *v = p;
+        return -ENOMEM;
+    }
+    *v = p;
+    (*v)[(*n)++] = (struct seen_item){.text = copy, .line = line};
+    return 0;
+}
+
 /* Parses a `[name]` or `[name "sub"]` line; selects the section and target. */
 static int parse_header(char *s, const char *origin, int line,
                         const struct config_section *sections, size_t nsections,
-                        const struct config_section **sec, void **target, struct fs_err *err)
+                        const struct config_section **sec, void **target, struct seen *sn,
+                        struct fs_err *err)
 {
     char *p = s + 1;
     while (*p == ' ' || *p == '\t')
@@ -537,9 +631,25 @@ static int parse_header(char *s, const char *origin, int line,
         return -EINVAL;
     }
     *name_end = '\0';
+    char id[FS_CONFIG_MAX_LINE + 2];
+    snprintf(id, sizeof(id), "%s\037%s", name, sub ? sub : "");
+    int first = seen_check(&sn->headers, &sn->n_headers, &sn->cap_headers, id, line);
+    if (first != 0) {
+        if (first > 0)
+            fail(err, origin, line, NULL, "section [%s%s%s%s] given twice (first at line %d)", name,
+                 sub ? " \"" : "", sub ? sub : "", sub ? "\"" : "", first);
+        else
+            fail(err, origin, line, NULL, "out of memory");
+        return first > 0 ? -EINVAL : -ENOMEM;
+    }
+    /* A new section: its keys are new. */
+    for (size_t i = 0; i < sn->n_keys; i++)
+        free(sn->keys[i].text);
+    sn->n_keys = 0;
     for (size_t i = 0; i < nsections; i++) {
         if (sections[i].name[0] && strcmp(sections[i].name, name) == 0) {
-            struct fs_err why = {.msg = "not accepted"};
+            /* .line: the header's, for an open() that names it later. */
+            struct fs_err why = {.line = line, .msg = "not accepted"};
             void *t =
                 sections[i].open ? sections[i].open(sections[i].ctx, sub, &why) : sections[i].ctx;
             if (!t) {
@@ -558,7 +668,7 @@ static int parse_header(char *s, const char *origin, int line,
 
 /* Parses one `key = value` line into the current section. */
 static int parse_assignment(char *s, const char *origin, int line, const struct config_section *sec,
-                            void *target, struct fs_err *err)
+                            void *target, struct seen *sn, struct fs_err *err)
 {
     char *p = s;
     while (is_name_char(*p))
@@ -571,6 +681,14 @@ static int parse_assignment(char *s, const char *origin, int line, const struct 
         return -EINVAL;
     }
     *key_end = '\0';
+    int first = seen_check(&sn->keys, &sn->n_keys, &sn->cap_keys, s, line);
+    if (first != 0) {
+        if (first > 0)
+            fail(err, origin, line, s, "given twice in this section (first at line %d)", first);
+        else
+            fail(err, origin, line, NULL, "out of memory");
+        return first > 0 ? -EINVAL : -ENOMEM;
+    }
     p++;
     while (*p == ' ' || *p == '\t')
         p++;
@@ -626,8 +744,12 @@ int config_parse_sections(const char *text, size_t len, const char *origin,
     }
     void *target = sec->ctx;
     char buf[FS_CONFIG_MAX_LINE + 1];
-    int line = 0;
+    struct seen sn = {0};
+    int line = 0, rc = 0;
     size_t pos = 0;
+    /* A UTF-8 byte order mark, which some editors write: not text. */
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
+        pos = 3;
     while (pos < len) {
         line++;
         const char *start = text + pos;
@@ -636,23 +758,26 @@ int config_parse_sections(const char *text, size_t len, const char *origin,
         pos += n + (nl ? 1 : 0);
         if (n > FS_CONFIG_MAX_LINE) {
             fail(err, origin, line, NULL, "line longer than %u bytes", FS_CONFIG_MAX_LINE);
-            return -EINVAL;
+            rc = -EINVAL;
+            break;
         }
         if (memchr(start, '\0', n)) {
             fail(err, origin, line, NULL, "NUL byte in line");
-            return -EINVAL;
+            rc = -EINVAL;
+            break;
         }
         memcpy(buf, start, n);
         buf[n] = '\0';
         char *s = trim(buf);
         if (*s == '\0' || *s == '#' || *s == ';')
             continue;
-        int rc = *s == '[' ? parse_header(s, origin, line, sections, nsections, &sec, &target, err)
-                           : parse_assignment(s, origin, line, sec, target, err);
+        rc = *s == '[' ? parse_header(s, origin, line, sections, nsections, &sec, &target, &sn, err)
+                       : parse_assignment(s, origin, line, sec, target, &sn, err);
         if (rc < 0)
-            return rc;
+            break;
     }
-    return 0;
+    seen_free(&sn);
+    return rc < 0 ? rc : 0;
 }
 
 int config_parse(const char *text, size_t len, const char *origin, struct fs_config *cfg,

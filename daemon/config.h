@@ -94,11 +94,13 @@ struct fs_config {
     double reduce_timeout_s;          /* monitor stage: incomplete reductions after this */
     double hello_timeout_s;           /* ingest: a connection's Hello within this (0: none) */
     double frame_timeout_s;           /* ingest: a begun frame complete within this (0: none) */
-    double shutdown_timeout_s;  /* monitor math not started by then is left spooled (0: none) */
-    uint64_t reduce_max_bytes;  /* monitor stage: reduction memory bound */
-    uint64_t detect_from_step;  /* runs whose Hello does not say */
-    uint64_t monitor_threads;   /* worker threads for the monitor math; 0 = CPUs */
-    uint64_t head_points_every; /* per-head points at multiples of this step only */
+    double shutdown_timeout_s;    /* monitor math not started by then is left spooled (0: none) */
+    uint64_t reduce_max_bytes;    /* monitor stage: reduction memory bound */
+    uint64_t max_run_bytes;       /* monitor stage: per-run budget (detected series, scalars) */
+    uint64_t spool_run_max_bytes; /* monitor stage: spooled bytes of one run (0: none) */
+    uint64_t detect_from_step;    /* runs whose Hello does not say */
+    uint64_t monitor_threads;     /* worker threads for the monitor math; 0 = CPUs */
+    uint64_t head_points_every;   /* per-head points at multiples of this step only */
     /* HTTP auth and /metrics */
     char http_write_token[FS_MAX_TOKEN_LEN + 1]; /* "" = HTTP writes disabled */
     char http_read_token[FS_MAX_TOKEN_LEN + 1];  /* "" = reads need no token */
@@ -107,6 +109,11 @@ struct fs_config {
     /* retention, seconds: finished outbox rows, expired silences */
     double outbox_retention;
     double silence_retention;
+    /* the run lifecycle, seconds (0: never), and the per-token quota (0: none) */
+    double run_idle_end_s;
+    double run_retention_s;
+    double run_hello_grace_s;
+    uint64_t max_runs_per_token;
     /* pager: base of generatorURL and links in pages ("" = http://<http address>) */
     char public_url[FS_CONFIG_MAX_URL];
     /* TLS (PEM files; "" = off): ingest, its client CA (mutual TLS), HTTPS */

@@ -1,5 +1,5 @@
 /* Per-series robust detection: rule table, config overrides, the scoring
- * step and its persistent state. See detect.h and MONITORS.md section 4. */
+ * step and its persistent state. See detect.h and docs/monitors.md section 4. */
 #include "detect.h"
 
 #include <errno.h>
@@ -10,44 +10,60 @@
 #include <string.h>
 
 /* Shared defaults for every rule; each row below sets what differs. Rules
- * that change persistence use RULE_COMMON (an initializer may not set a
- * field twice under -Werror). */
-#define RULE_COMMON                                                                                \
+ * that change z spell every field out (an initializer may not set a field
+ * twice under -Werror). Router rules warm up over DETECT_ROUTER_WARMUP_STEPS
+ * (detect.h), the rest over DETECT_DEFAULT_WARMUP_STEPS. */
+#define RULE_BASE                                                                                  \
     .enabled = true, .severity = DETECT_SEVERITY_WARNING, .warmup = DETECT_DEFAULT_WARMUP,         \
     .window = DETECT_DEFAULT_WINDOW, .z = DETECT_DEFAULT_Z,                                        \
-    .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER
-#define RULE_DEFAULTS RULE_COMMON, .persistence = DETECT_DEFAULT_PERSISTENCE
+    .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER, .persistence = DETECT_DEFAULT_PERSISTENCE
+#define RULE_DEFAULTS RULE_BASE, .warmup_steps = DETECT_DEFAULT_WARMUP_STEPS
+#define RULE_ROUTER RULE_BASE, .warmup_steps = DETECT_ROUTER_WARMUP_STEPS
 
 /* Built-in rules, first match wins (detect_rules_match), so exact names come
- * before any pattern. Directions from MONITORS.md section 4. */
+ * before any pattern. Directions from docs/monitors.md section 4. */
 static const struct detect_rule default_rules[] = {
-    /* Delta2 family: the attention-numerics early signal. Absolute floors
-     * catch a collapse that happened during warm-up or too slowly for z. */
+    /* Delta2 family: the attention-numerics early signal. Two bounds that
+     * hold on every head size and phase of training, besides the z-score:
+     *  - a rank-one floor (srank <= 1.05, erank_2 <= 1.2): Delta2 of rank
+     *    one is rank one whatever head_dim is. It holds from the start of
+     *    detection, through warm-up, so a collapse already there is caught.
+     *    (The earlier floors, 1.2 and 1.5, sat inside healthy training:
+     *    healthy heads of the corpora dipped to srank 1.09 and erank 1.54.)
+     *  - a relative floor (floor_rel): the excess over rank one fell to
+     *    30% of the head's own baseline excess. */
     {RULE_DEFAULTS, .name = "qk.d2.erank", .family = DETECT_FAMILY_ATTENTION_D2,
-     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = 1.5},
+     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = DETECT_D2_ERANK_FLOOR,
+     .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0},
     {RULE_DEFAULTS, .name = "qk.d2.entropy", .family = DETECT_FAMILY_ATTENTION_D2,
      .direction = DETECT_FALL_IS_BAD},
     {RULE_DEFAULTS, .name = "qk.d2.srank", .family = DETECT_FAMILY_ATTENTION_D2,
-     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = 1.2},
+     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = DETECT_D2_SRANK_FLOOR,
+     .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0},
     /* c_qk rises when successive Q and K updates line up: the same fault. */
     {RULE_DEFAULTS, .name = "qk.cqk", .family = DETECT_FAMILY_ATTENTION_D2,
      .direction = DETECT_RISE_IS_BAD},
-    /* Router weight side: too large a learning rate. */
-    {RULE_DEFAULTS, .name = "router.similarity", .family = DETECT_FAMILY_ROUTER_WEIGHT,
-     .direction = DETECT_RISE_IS_BAD},
+    /* Router weight side: too large a learning rate. Similarity and z-loss
+     * drift up in healthy training too (fastest early), so, like centered
+     * energy, they are judged against the run's own trend: growth that
+     * breaks the line, not growth. */
+    {RULE_ROUTER, .name = "router.similarity", .family = DETECT_FAMILY_ROUTER_WEIGHT,
+     .direction = DETECT_RISE_IS_BAD, .trend = true},
     /* Centered energy grows steadily under AdamW, faster or slower as the
-     * schedule moves: scored against its local trend (detect.h), since a
-     * level baseline false-alarms as soon as the growth starts or speeds
-     * up. A too large step still breaks the line within a few samples. */
-    /* z 8, not 5: even around its trend a healthy MoE router's energy
-     * wanders (a healthy run of the corpus breached z 5-8.3 in three
-     * layers); a too-large step moves it far beyond that. Spelled out: the
-     * shared macros already set z. */
+     * schedule moves, so it is scored against its local trend (detect.h).
+     * By how much, not by a z-score: the series is smooth, so the
+     * residuals' MAD is tiny and a healthy acceleration of a few percent
+     * scored z 9-19 on healthy runs of other shapes (z 8 had held on the
+     * first corpus only). A too-large step grows router weights by tens of
+     * percent within tens of steps; the rule breaches at 15% above the
+     * line (rise_ratio) and takes z out of reach. */
     {.enabled = true,
      .severity = DETECT_SEVERITY_WARNING,
      .warmup = DETECT_DEFAULT_WARMUP,
+     .warmup_steps = DETECT_ROUTER_WARMUP_STEPS,
      .window = DETECT_DEFAULT_WINDOW,
-     .z = 8.0,
+     .z = DETECT_MAX_Z,
+     .rise_ratio = DETECT_ROUTER_ENERGY_RATIO,
      .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
      .persistence = DETECT_DEFAULT_PERSISTENCE,
      .name = "router.centered_energy",
@@ -56,24 +72,40 @@ static const struct detect_rule default_rules[] = {
      .trend = true},
     /* Growing logits (z-loss) are the decision-side face of router weights
      * growing under too large a step, so they share that family. */
-    {RULE_DEFAULTS, .name = "router.zloss", .family = DETECT_FAMILY_ROUTER_WEIGHT,
-     .direction = DETECT_RISE_IS_BAD},
+    /* z 8: a healthy router's logits wander around their trend like its
+     * energy does (healthy runs of both corpora breached z 5-7). */
+    {.enabled = true,
+     .severity = DETECT_SEVERITY_WARNING,
+     .warmup = DETECT_DEFAULT_WARMUP,
+     .warmup_steps = DETECT_ROUTER_WARMUP_STEPS,
+     .window = DETECT_DEFAULT_WINDOW,
+     .z = 8.0,
+     .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
+     .persistence = DETECT_DEFAULT_PERSISTENCE,
+     .name = "router.zloss",
+     .family = DETECT_FAMILY_ROUTER_WEIGHT,
+     .direction = DETECT_RISE_IS_BAD,
+     .trend = true},
     /* Router balance. */
-    {RULE_DEFAULTS, .name = "router.maxvio", .family = DETECT_FAMILY_ROUTER_BALANCE,
+    {RULE_ROUTER, .name = "router.maxvio", .family = DETECT_FAMILY_ROUTER_BALANCE,
      .direction = DETECT_RISE_IS_BAD},
-    {RULE_DEFAULTS, .name = "router.load_entropy", .family = DETECT_FAMILY_ROUTER_BALANCE,
+    {RULE_ROUTER, .name = "router.load_entropy", .family = DETECT_FAMILY_ROUTER_BALANCE,
      .direction = DETECT_FALL_IS_BAD},
-    /* Weight norms (optional per-layer scalars, MONITORS.md section 2). They
+    /* Weight norms (optional per-layer scalars, docs/monitors.md section 2). They
      * grow during healthy training too (sqrt- or log-like under AdamW), so
      * the rule follows their trend, like centered energy. Off by default:
      * a symptom of either fault that names neither, and one that still
      * paged a healthy run of the corpus (z 11 around its trend as weight
      * decay bent the growth) while adding no catch the mechanism rules had
      * not made first. The series is stored and graphed either way; turn
-     * the rule on with [detect "weight_norm"] enabled = true. */
+     * the rule on with [detect "weight_norm"] enabled = true. It warms up
+     * by samples only (20): its growth bends hardest around the LR
+     * warm-up, and a line through 8 samples sketched every 10 steps
+     * breaks there (test_detect's healthy growth table). */
     {.enabled = false,
      .severity = DETECT_SEVERITY_WARNING,
      .warmup = DETECT_DEFAULT_WARMUP,
+     .warmup_steps = 0, /* samples only: see below */
      .window = DETECT_DEFAULT_WINDOW,
      .z = DETECT_DEFAULT_Z,
      .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
@@ -83,10 +115,26 @@ static const struct detect_rule default_rules[] = {
      .direction = DETECT_RISE_IS_BAD,
      .trend = true},
     /* The update-to-weight ratio of a layer's monitored weights (Q, K,
-     * router) rises at once under a too-large step, but also under the
-     * attention fault, which pushes Q and K harder (measured on the corpus:
-     * it fired 15 steps after either fault). A symptom, like weight norms. */
-    {RULE_DEFAULTS, .name = "update_ratio", .family = DETECT_FAMILY_WEIGHT_NORM,
+     * router): the step size as the weights feel it. Under Adam an update
+     * is about lr in size whatever the gradient, so the ratio scales with
+     * the effective learning rate: it is how a too-large step shows when
+     * the logged rate does not (a gradient-accumulation or loss-scale bug,
+     * a peak mistyped from the start). The attention fault moves it too,
+     * but by a z-score's worth (measured on the corpus: z 5 within 15
+     * steps of either fault), not by a multiple: so only the multiple
+     * counts (rise_ratio, against the layer's own baseline; z is out of
+     * reach), and that names the step size. */
+    {.enabled = true,
+     .severity = DETECT_SEVERITY_WARNING,
+     .warmup = DETECT_DEFAULT_WARMUP,
+     .warmup_steps = DETECT_DEFAULT_WARMUP_STEPS,
+     .window = DETECT_DEFAULT_WINDOW,
+     .z = DETECT_MAX_Z,
+     .rise_ratio = DETECT_DEFAULT_STEP_RATIO,
+     .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
+     .persistence = DETECT_DEFAULT_PERSISTENCE,
+     .name = "update_ratio",
+     .family = DETECT_FAMILY_STEP_SIZE,
      .direction = DETECT_RISE_IS_BAD},
     /* The learning rate itself (rank 0's). After the start of detection
      * (past the warm-up) a healthy schedule holds or decays it; a rise is a
@@ -230,6 +278,28 @@ int detect_rules_set(struct detect_rules *rules, const char *rule_name, const ch
     if (strcmp(key, "warmup") == 0) {
         rc = parse_u32(value, 0, DETECT_MAX_WARMUP, &r.warmup);
         expect = "an integer 0..1000000";
+    } else if (strcmp(key, "warmup_steps") == 0) {
+        rc = parse_u32(value, 0, DETECT_MAX_WARMUP_STEPS, &r.warmup_steps);
+        expect = "an integer 0..1000000";
+    } else if (strcmp(key, "rise_ratio") == 0) {
+        if (word_is(value, "none")) {
+            r.rise_ratio = 0;
+        } else {
+            rc = parse_double(value, 0, DETECT_MAX_RATIO, &r.rise_ratio);
+            /* A ratio in (0, 1] would breach on the baseline itself. */
+            if (rc == 0 && r.rise_ratio != 0 && r.rise_ratio <= 1)
+                rc = -EINVAL;
+        }
+        expect = "a number > 1, or 0/none to disable";
+    } else if (strcmp(key, "floor_rel") == 0) {
+        if (word_is(value, "none")) {
+            r.floor_rel = 0;
+        } else {
+            rc = parse_double(value, 0, 1, &r.floor_rel);
+            if (rc == 0 && r.floor_rel >= 1)
+                rc = -EINVAL;
+        }
+        expect = "a number in (0, 1), or 0/none to disable";
     } else if (strcmp(key, "window") == 0) {
         rc = parse_u32(value, 1, DETECT_MAX_WINDOW, &r.window);
         expect = "an integer 1..256";
@@ -442,6 +512,26 @@ static uint32_t trend_stats(const struct detect_state *st, uint32_t window,
     return n;
 }
 
+/* True while the rule's baseline is still warming up at `step` (detect.h):
+ * fewer than `warmup` samples accepted, unless (warmup_steps > 0) at least
+ * DETECT_WARMUP_MIN_SAMPLES of them span `warmup_steps` steps. The span is
+ * measured from the oldest sample in the ring, which is the first one
+ * accepted until the ring turns over; by then DETECT_MAX_WINDOW samples
+ * were accepted and the span only grew. A sample restored without its step
+ * (version-1 blob) counts by samples only. */
+static bool warming_up(const struct detect_state *st, const struct detect_rule *rule, int64_t step)
+{
+    if (st->accepted >= rule->warmup)
+        return false;
+    if (rule->warmup_steps == 0 || st->accepted < DETECT_WARMUP_MIN_SAMPLES || st->ring_count == 0)
+        return true;
+    uint32_t oldest = (st->ring_head + DETECT_MAX_WINDOW - st->ring_count) % DETECT_MAX_WINDOW;
+    int64_t first = st->ring_step[oldest];
+    if (first == DETECT_STEP_UNKNOWN || step < first)
+        return true;
+    return (uint64_t)(step - first) < rule->warmup_steps;
+}
+
 static void ring_push(struct detect_state *st, int64_t step, double v)
 {
     st->ring[st->ring_head] = v;
@@ -475,12 +565,14 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
                                       &out->mad, &out->slope);
     else
         out->baseline_n = baseline_stats(st, rule->window, &out->median, &out->mad);
-    out->in_warmup = st->accepted < rule->warmup || step < detect_from_step;
+    out->in_warmup = warming_up(st, rule, step) || step < detect_from_step;
     /* A trend rule re-warms after a version-1 blob, whose samples have no
      * steps: a line through one or two samples would breach on anything.
      * Without such a blob baseline_n already reaches this bound when
      * warm-up ends, so this changes nothing. */
     uint32_t need = rule->warmup < rule->window ? rule->warmup : rule->window;
+    if (rule->warmup_steps > 0 && need > DETECT_WARMUP_MIN_SAMPLES)
+        need = DETECT_WARMUP_MIN_SAMPLES;
     if (rule->trend && out->baseline_n < need)
         out->in_warmup = true;
 
@@ -518,11 +610,18 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
                 (rule->direction == DETECT_FALL_IS_BAD ? out->z <= -rule->z : out->z >= rule->z);
             bool spike = rule->direction == DETECT_RISE_IS_BAD && out->spike_ratio > 0 &&
                          out->spike_ratio > rule->spike_ratio;
+            double o = rule->rel_origin, above = value - o, base = out->median - o;
+            bool rel = out->baseline_n > 0 && base > 0 &&
+                       (rule->direction == DETECT_RISE_IS_BAD
+                            ? rule->rise_ratio > 1 && above >= rule->rise_ratio * base
+                            : rule->floor_rel > 0 && above <= rule->floor_rel * base);
             /* Most specific reason first. */
             if (low || high)
                 out->breach_kind = DETECT_BREACH_FLOOR;
             else if (spike)
                 out->breach_kind = DETECT_BREACH_SPIKE;
+            else if (rel)
+                out->breach_kind = DETECT_BREACH_RELATIVE;
             else if (zbad)
                 out->breach_kind = DETECT_BREACH_Z;
             out->breach = out->breach_kind != DETECT_BREACH_NONE;
@@ -733,6 +832,8 @@ const char *detect_breach_kind_name(enum detect_breach_kind k)
         return "nonfinite";
     case DETECT_BREACH_SPIKE:
         return "spike";
+    case DETECT_BREACH_RELATIVE:
+        return "relative";
     }
     return "unknown";
 }

@@ -7,7 +7,7 @@
 
 #include "fs_err.h"
 
-/* Per-series robust detection (shared/MONITORS.md section 4). Pure: no I/O,
+/* Per-series robust detection (docs/monitors.md section 4). Pure: no I/O,
  * no clocks, no threads, no allocation. Step and time are inputs.
  *
  * Two kinds of object:
@@ -71,13 +71,39 @@
  * steps. */
 #define DETECT_STEP_UNKNOWN INT64_MIN
 
-/* Defaults (MONITORS.md section 4); each one is overridable per rule. */
+/* Defaults (docs/monitors.md section 4); each one is overridable per rule. */
 #define DETECT_DEFAULT_WARMUP 20
 #define DETECT_DEFAULT_WINDOW 64
 #define DETECT_DEFAULT_Z 5.0
 #define DETECT_DEFAULT_PERSISTENCE 3
 #define DETECT_DEFAULT_RESOLVE_AFTER 5
 #define DETECT_DEFAULT_SPIKE_RATIO 10.0 /* Megatron: 10x the running max */
+/* Warm-up in steps (rule->warmup_steps): a baseline is also warm once at
+ * least DETECT_WARMUP_MIN_SAMPLES accepted samples span warmup_steps
+ * steps, whatever the sketch cadence (a sketch every 10 steps needed 200
+ * steps for 20 samples: a fault in those steps found no baseline);
+ * rule->warmup samples still end warm-up when they come first (a scalar
+ * sent every step: 20 steps). A median and MAD over fewer than
+ * DETECT_WARMUP_MIN_SAMPLES samples is noise. */
+#define DETECT_DEFAULT_WARMUP_STEPS 100
+#define DETECT_WARMUP_MIN_SAMPLES 8
+/* Router rules: longer. Router statistics still move fast 100 steps into
+ * detection (healthy MoE runs of both corpora breached centered energy z
+ * 11 and load entropy z -7 at steps 270-290 with 100), and the trend rules
+ * among them fit a line through the warm-up samples. */
+#define DETECT_ROUTER_WARMUP_STEPS 150
+/* router.centered_energy's rise_ratio: 15% above its own trend line. */
+#define DETECT_ROUTER_ENERGY_RATIO 1.15
+#define DETECT_MAX_WARMUP_STEPS 1000000 /* largest warmup_steps override */
+#define DETECT_MAX_RATIO 1e6            /* largest rise_ratio override */
+/* update_ratio's rise_ratio: the effective step tripled against the layer's
+ * own baseline (Adam: the update-to-weight ratio scales with the rate). */
+#define DETECT_DEFAULT_STEP_RATIO 3.0
+/* Delta2 floors (detect.c): rank one, and 30% of the head's own excess over
+ * rank one. */
+#define DETECT_D2_SRANK_FLOOR 1.05
+#define DETECT_D2_ERANK_FLOOR 1.2
+#define DETECT_D2_FLOOR_REL 0.3
 
 /* Families, for attribution (alert_attribute). Values are pinned: they are
  * bit positions in attribution masks and may be stored. */
@@ -109,7 +135,9 @@ enum detect_breach_kind {
     DETECT_BREACH_FLOOR = 2,     /* absolute floor or ceiling crossed */
     DETECT_BREACH_NONFINITE = 3, /* NaN or +-Inf: fires at once, critical */
     DETECT_BREACH_SPIKE = 4,     /* value / running max beyond spike_ratio */
+    DETECT_BREACH_RELATIVE = 5,  /* beyond rise_ratio or floor_rel x the baseline */
 };
+#define DETECT_BREACH_KIND_MAX DETECT_BREACH_RELATIVE
 
 struct detect_rule {
     char name[DETECT_NAME_MAX]; /* series name or fnmatch(3) pattern */
@@ -117,15 +145,31 @@ struct detect_rule {
     enum detect_direction direction;
     enum detect_severity severity;
     bool enabled;
-    bool trend;      /* score against a robust local line, not the level */
-    uint32_t warmup; /* samples that only build the baseline */
-    uint32_t window; /* baseline samples, 1..DETECT_MAX_WINDOW */
-    double z;        /* |z| threshold, > 0 */
-    bool has_floor;  /* breach when value <= floor */
+    bool trend;            /* score against a robust local line, not the level */
+    uint32_t warmup;       /* samples that only build the baseline */
+    uint32_t warmup_steps; /* or: steps they span (0: samples only); see above */
+    uint32_t window;       /* baseline samples, 1..DETECT_MAX_WINDOW */
+    double z;              /* |z| threshold, > 0 */
+    bool has_floor;        /* breach when value <= floor */
     double floor;
     bool has_ceiling; /* breach when value >= ceiling */
     double ceiling;
-    double spike_ratio;     /* > 0: breach when value > ratio * running max (rise only) */
+    double spike_ratio; /* > 0: breach when value > ratio * running max (rise only) */
+    /* Relative bounds, judged against the series' own baseline (median, or
+     * the trend line's prediction) once warm: no absolute number that
+     * depends on the model's shape or the phase of training.
+     * rise_ratio > 1 (rise-is-bad rules): breach when value >=
+     * rise_ratio * baseline; floor_rel in (0, 1) (fall-is-bad rules):
+     * breach when value <= floor_rel * baseline (both measured from
+     * rel_origin, below). 0: off. A baseline <= rel_origin disables both
+     * for that sample. */
+    double rise_ratio;
+    double floor_rel;
+    /* The value the series cannot go below (1 for the Delta2 ranks: rank
+     * one); rise_ratio and floor_rel scale the distance from it:
+     * value - origin >= rise_ratio * (baseline - origin), value - origin
+     * <= floor_rel * (baseline - origin). 0 for most series. */
+    double rel_origin;
     uint32_t persistence;   /* consecutive breaching samples to fire */
     uint32_t resolve_after; /* consecutive normal samples to resolve */
 };
@@ -204,8 +248,10 @@ const struct detect_rule *detect_rules_match(const struct detect_rules *rules,
 struct detect_rule *detect_rules_find(struct detect_rules *rules, const char *name);
 
 /* Applies one config override `key = value` to the rule named rule_name
- * (exact match; the config's [detect "NAME"] section). Keys: warmup, window,
- * z, floor, ceiling (a number or "none"), spike_ratio (0 or "none" disables),
+ * (exact match; the config's [detect "NAME"] section). Keys: warmup,
+ * warmup_steps, window, z, floor, ceiling (a number or "none"), spike_ratio
+ * (0 or "none" disables), rise_ratio (> 1; 0 or "none" disables), floor_rel
+ * (in (0, 1); 0 or "none" disables),
  * persistence, resolve_after, severity (warning|critical), enabled and
  * trend (true|false|yes|no|on|off|1|0). Returns 0; -ENOENT for an unknown rule,
  * -EINVAL for an unknown key or a bad value (err says which). The rule is
@@ -219,8 +265,11 @@ void detect_state_init(struct detect_state *st);
 /* Scores one sample of the series and updates its state. is_present false
  * (an absent point: no spectrum) changes nothing and never breaches. Steps
  * before detect_from_step are ignored (only a non-finite value breaches
- * there); after it, the first rule->warmup accepted samples only build the
- * baseline, and then too only non-finite values breach. A breaching
+ * there); after it, accepted samples only build the baseline until
+ * rule->warmup of them were accepted, or (rule->warmup_steps > 0) until at
+ * least DETECT_WARMUP_MIN_SAMPLES of them span rule->warmup_steps steps,
+ * whichever comes first; then too only absolute floors and non-finite
+ * values breach. A breaching
  * sample, and every sample while a breach is open (from a breach until
  * rule->resolve_after consecutive normal samples), stays out of the
  * baseline. A trend rule is also in warm-up while fewer than

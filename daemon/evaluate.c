@@ -58,7 +58,9 @@ void eval_run_clear(struct eval_run *er)
         free(er->tracks[i]);
     free(er->tracks);
     fs_index_free(&er->index);
+    size_t max_tracks = er->max_tracks;
     eval_run_init(er, er->rules);
+    er->max_tracks = max_tracks;
 }
 
 struct eval_track *eval_track_get(struct eval_run *er, const struct store_series_key *k,
@@ -71,6 +73,10 @@ struct eval_track *eval_track_get(struct eval_run *er, const struct store_series
     const struct detect_rule *rule = detect_rules_match(er->rules, rule_name);
     if (!rule)
         return NULL;
+    if (er->max_tracks && er->n_tracks >= er->max_tracks) {
+        er->capped++;
+        return NULL;
+    }
     if (fs_index_reserve(&er->index, er->n_tracks, TRACK_INDEX_MIN_SLOTS, track_hash, er) < 0)
         return NULL;
     struct eval_track **p = fs_grow(er->tracks, &er->cap_tracks, er->n_tracks + 1, sizeof(*p), 64);

@@ -34,7 +34,7 @@
 
 #define EVAL_WHY_MAX 192 /* "qk.d2.srank.min layer=2 window=25; update_ratio layer=1" */
 
-/* When detection starts, by training progress (MONITORS.md section 4: early
+/* When detection starts, by training progress (docs/monitors.md section 4: early
  * training legitimately passes through sharp low-rank phases and fast
  * drifts; a baseline that holds them is too wide, one that fires on them is
  * wrong). The learning rate tells where training is: its warm-up ends at
@@ -80,7 +80,16 @@ struct eval_run {
     size_t n_tracks, cap_tracks;
     struct fs_index index; /* over tracks, by eval_track.hash */
     struct eval_progress progress;
+    /* The run's memory budget (max_run_bytes): at most max_tracks tracks
+     * (0: no bound; kept by eval_run_clear); eval_track_get refuses more
+     * and counts them in capped. */
+    size_t max_tracks;
+    uint64_t capped;
 };
+
+/* Bytes one track costs a run (the track, its pointer, its index slots):
+ * what max_run_bytes is accounted in. */
+#define EVAL_TRACK_BYTES (sizeof(struct eval_track) + 3 * sizeof(void *))
 
 /* One alert row that changed, with the transition that changed it (if any). */
 struct eval_event {
@@ -105,8 +114,8 @@ void eval_run_init(struct eval_run *er, const struct detect_rules *rules);
 void eval_run_clear(struct eval_run *er);
 
 /* The track of series k detected by rule rule_name, created on first use
- * (rule_name is matched against er->rules). NULL when no rule matches or out
- * of memory. */
+ * (rule_name is matched against er->rules). NULL when no rule matches, out
+ * of memory, or the run holds max_tracks tracks (er->capped counts it). */
 struct eval_track *eval_track_get(struct eval_run *er, const struct store_series_key *k,
                                   const char *rule_name);
 

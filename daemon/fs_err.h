@@ -5,7 +5,7 @@
 
 #include "fs_limits.h"
 
-/* Error detail, the daemon's one shape for it (STYLE.md 8: a caller-owned
+/* Error detail, the daemon's one shape for it (docs/style.md 8: a caller-owned
  * struct, never a global). A function that can fail with a reason takes a
  * `struct fs_err *err` (NULL: the caller does not want the reason), returns
  * 0 or a negative errno-style code, and on failure leaves a complete,

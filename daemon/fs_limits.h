@@ -26,6 +26,9 @@
 #define FS_MAX_LOCAL_RANKS 4096u    /* Hello.local_ranks values (a node's group) */
 #define FS_MAX_ERROR_MESSAGE 256u   /* Error.message we send, bytes with NUL */
 #define FS_MAX_ADVICE_ACK_IDS 1024u /* AdviceAck.advice_id per frame */
+/* Hello.attempt may start a run's attempt at most this far above its latest
+ * (a restart counter goes up by one; attempts.h says why it is bounded). */
+#define FS_MAX_ATTEMPT_JUMP 1024u
 
 /* Unpacking may allocate at most this much per frame: protobuf-c allocates
  * sub-message structs far larger than their wire size (an 8-byte empty
@@ -152,7 +155,11 @@
 #define FS_STORE_MODEL_JSON_MAX (64u << 10)  /* Hello.model as JSON */
 #define FS_STORE_PRUNE_INTERVAL_S 60.0       /* retention runs this often */
 #define FS_STORE_PRUNE_BATCH 512u            /* rows of each kind per retention transaction */
-#define FS_STORE_MAX_LIVE_SILENCES 1024u     /* active or future silences; more are refused */
+#define FS_MIN_MAX_RUN_BYTES (1ull << 20)    /* max_run_bytes: per-run monitor memory budget */
+#define FS_CAP_MAX_RUN_BYTES (1ull << 36)
+#define FS_STORE_RUN_DELETE_BATCH 16u    /* runs deleted per lifecycle transaction (store_runs.c) */
+#define FS_STORE_RUN_CHECK_MIN_S 0.05    /* the lifecycle pass runs at most this often */
+#define FS_STORE_MAX_LIVE_SILENCES 1024u /* active or future silences; more are refused */
 
 /* --- sketch spool (spool.h) ------------------------------------------------- */
 #define FS_SPOOL_SEGMENT_BYTES (64ull << 20)             /* a new segment starts past this */

@@ -26,6 +26,7 @@
 #include <sys/socket.h>
 
 #include "http_internal.h"
+#include "tls.h"
 
 /* --- per-request state -------------------------------------------------------- */
 
@@ -319,6 +320,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
         msg[--n] = '\0';
     /* a misbehaving client can make libmicrohttpd complain per connection */
     pthread_mutex_lock(&h->log_mu);
+    snprintf(h->mhd_last, sizeof(h->mhd_last), "%s", msg);
     log_limited(&h->log_rl, LOG_LEVEL_WARN, LOG_MOD, "libmicrohttpd: %s", msg);
     pthread_mutex_unlock(&h->log_mu);
 }
@@ -380,6 +382,24 @@ static int read_pem(const char *path, char **out, struct fs_err *err)
     }
     buf[n] = '\0';
     *out = buf;
+    return 0;
+}
+
+/* The HTTPS certificate and key, checked as ingest's are (tls.h: each
+ * parses, the key matches the certificate) so that a bad file fails the
+ * start with its path and the reason, not libmicrohttpd's bare refusal to
+ * start. 0 or a negative errno with err. */
+static int check_pem_pair(const struct http_opts *opts, struct fs_err *err)
+{
+    struct tls_server_opts o = {.cert_file = opts->tls_cert_file, .key_file = opts->tls_key_file};
+    struct tls_server *t = NULL;
+    struct fs_err te = {0};
+    int rc = tls_server_new(&o, &t, &te);
+    tls_server_free(t);
+    if (rc < 0) {
+        const char *m = strncmp(te.msg, "tls: ", 5) == 0 ? te.msg + 5 : te.msg;
+        return fs_err_set(err, rc, "http: http_tls_cert/http_tls_key: %s", m);
+    }
     return 0;
 }
 
@@ -521,7 +541,8 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
             goto fail;
         }
         if ((rc = read_pem(opts->tls_key_file, &h->tls_key, err)) < 0 ||
-            (rc = read_pem(opts->tls_cert_file, &h->tls_cert, err)) < 0)
+            (rc = read_pem(opts->tls_cert_file, &h->tls_cert, err)) < 0 ||
+            (rc = check_pem_pair(opts, err)) < 0)
             goto fail;
         tls[0].ptr_value = h->tls_key;
         tls[1].ptr_value = h->tls_cert;
@@ -548,9 +569,16 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
         MHD_OPTION_ARRAY, https ? tls : &tls[2], MHD_OPTION_END);
     if (!h->mhd) {
         int e = errno;
+        char why[sizeof(h->mhd_last)];
+        pthread_mutex_lock(&h->log_mu);
+        snprintf(why, sizeof(why), "%s", h->mhd_last);
+        pthread_mutex_unlock(&h->log_mu);
         rc = e != 0 ? -e : -EIO;
-        fs_err_set(err, rc, "http: cannot listen on %s:%u%s%s", opts->host, (unsigned)opts->port,
-                   e != 0 ? ": " : "", e != 0 ? strerror(e) : "");
+        /* libmicrohttpd's own message says what it refused (TLS setup, the
+         * socket, ...); errno alone is often unset or unrelated. */
+        fs_err_set(err, rc, "http: cannot listen on %s:%u%s%s%s%s", opts->host,
+                   (unsigned)opts->port, why[0] ? ": " : "", why, e != 0 ? ": " : "",
+                   e != 0 ? strerror(e) : "");
         goto fail;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);

@@ -239,6 +239,7 @@ struct http {
     /* libmicrohttpd's own messages arrive on any of its threads */
     pthread_mutex_t log_mu;
     struct log_ratelimit log_rl;
+    char mhd_last[256]; /* its last message, under log_mu: why a start failed */
 
     /* The active silences, compiled, as the last handler that read them
      * left them (http_alerts.c): its own mutex, any handler thread. Set up
@@ -527,7 +528,7 @@ void http_writes_stop(struct http_writes *q);
 /* Main thread, after MHD_stop_daemon: stops (if needed) and frees q. */
 void http_writes_destroy(struct http_writes *q);
 
-/* Hands a STORE_ITEM_SILENCE item (consumed) to the writer with a waiter for
+/* Hands a STORE_ITEM_SILENCE or STORE_ITEM_RUN item (consumed) to the writer with a waiter for
  * its outcome; on success sets c->write (done(c, ...) answers the request
  * later) and returns 0. Otherwise sets the reply (500, or 503 when the
  * writer takes nothing more) and returns a negative code. */
@@ -583,5 +584,7 @@ int http_silences_get(struct ctx *c);         /* GET /api/v1/silences/{id} */
 int http_silences_create(struct ctx *c);      /* POST /api/v1/silences (no connection) */
 int http_silences_expire(struct ctx *c);      /* DELETE /api/v1/silences/{id} (no connection) */
 int http_silences_maintenance(struct ctx *c); /* POST /api/v1/runs/{run}/maintenance (ditto) */
+int http_runs_delete(struct ctx *c);          /* DELETE /api/v1/runs/{run} (no connection) */
+int http_runs_end(struct ctx *c);             /* POST /api/v1/runs/{run}/end (no connection) */
 
 #endif

@@ -143,6 +143,10 @@ static int params_collect(struct ctx *c, const struct route *r)
  *     SILENCE = {"id","matchers":[{"name","value","isRegex","isEqual"}...],"startsAt",
  *     "endsAt","createdBy","comment","status":{"state"},"createdAt","updatedAt"}, times
  *     RFC 3339 UTC.
+ *   DELETE /api/v1/runs/{run}      delete the run with all its data (write token) -> 200
+ *                            {"id","status":"deleting"}; 404 unknown. Its connections are
+ *                            closed; the rows go within a lifecycle pass (store_runs.c)
+ *   POST /api/v1/runs/{run}/end    end it now (write token) -> 200 {"id","status":"ended"}
  *   GET /metrics             Prometheus text format 0.0.4 (metrics.c)
  * Auth: with http_read_token set, every route but /healthz and /readyz
  * needs "Authorization: Bearer <read or write token>"; writes need the
@@ -200,6 +204,8 @@ static const struct route routes[] = {
      .methods = M_POST,
      .write = true,
      .body = true},
+    {.pattern = "/api/v1/runs/*", .fn = http_runs_delete, .methods = M_DELETE, .write = true},
+    {.pattern = "/api/v1/runs/*/end", .fn = http_runs_end, .methods = M_POST, .write = true},
     {.pattern = "/metrics", .fn = http_ops_metrics, .db = true},
 };
 

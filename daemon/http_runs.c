@@ -6,6 +6,7 @@
 #include "http_internal.h"
 
 #include "alert.h" /* pinned state numbers */
+#include "store.h" /* the lifecycle writes */
 
 /* What a run's monitors cover, from its stored local group (RC_LOCAL):
  * null when its daemon heard the whole job; else the group, the rank whose
@@ -659,4 +660,55 @@ int http_runs_incomplete(struct ctx *c)
     }
     json_t *doc = http_page_doc("incomplete", items, more ? jstr(cursor) : json_null());
     return doc != NULL ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
+}
+
+/* --- the run lifecycle (store_runs.c): DELETE /api/v1/runs/{run}, POST .../end ----- */
+
+/* http_write_done_fn of a STORE_ITEM_RUN; arg is its op, id the run's id
+ * (the request's captures are gone by now). */
+static int run_written(struct ctx *c, int rc, int64_t id, int64_t arg)
+{
+    switch (rc) {
+    case 0:
+        break;
+    case -ENOENT:
+        return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown run");
+    case -ETIMEDOUT:
+        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                                "storage did not commit within %u s (it may still)",
+                                HTTP_WRITE_WAIT_MS / 1000);
+    case -ECANCELED:
+        return http_reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                                "the daemon is shutting down; nothing was written");
+    default:
+        return http_reply_error(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal",
+                                "storage refused the write (details in the daemon log)");
+    }
+    json_t *doc = json_pack("{s:I, s:s}", "id", (json_int_t)id, "status",
+                            arg == STORE_RUN_DELETE ? "deleting" : "ended");
+    return doc ? http_reply_set(c, MHD_HTTP_OK, doc) : http_reply_oom(c);
+}
+
+static int run_op(struct ctx *c, enum store_run_op op)
+{
+    const char *name = c->cap[0];
+    if (strlen(name) > FS_MAX_RUN_ID_LEN)
+        return http_reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "unknown run '%s'", name);
+    struct store_item *it = store_item_new(STORE_ITEM_RUN);
+    if (!it)
+        return http_reply_oom(c);
+    it->run.op = op;
+    snprintf(it->run.run, sizeof(it->run.run), "%s", name);
+    http_write_submit(c, it, run_written, op); /* sets the reply on failure */
+    return 0;
+}
+
+int http_runs_delete(struct ctx *c)
+{
+    return run_op(c, STORE_RUN_DELETE);
+}
+
+int http_runs_end(struct ctx *c)
+{
+    return run_op(c, STORE_RUN_END);
 }

@@ -160,7 +160,10 @@ int http_write_submit(struct ctx *c, struct store_item *it, http_write_done_fn d
         http_reply_oom(c);
         return -ENOMEM;
     }
-    it->silence.waiter = store_waiter_ref(sw);
+    if (it->kind == STORE_ITEM_RUN)
+        it->run.waiter = store_waiter_ref(sw);
+    else
+        it->silence.waiter = store_waiter_ref(sw);
     int rc = store_submit(c->h->store, it);
     if (rc != 0) {
         store_item_free(it); /* settles sw with -ECANCELED, drops its reference */

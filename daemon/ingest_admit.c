@@ -92,6 +92,8 @@ void conn_on_hello(struct conn *c, const Foreshock__Hello *h)
     }
     it->conn_id = c->id;
     snprintf(it->hello.run, sizeof(it->hello.run), "%s", h->run_id);
+    snprintf(it->hello.owner, sizeof(it->hello.owner), "%s",
+             run_auth_owner(ing->opts.run_auth, h->run_id));
     it->hello.attempt = h->has_attempt ? h->attempt : 0;
     it->hello.rank = h->rank;
     it->hello.world_size = h->world_size;
@@ -140,6 +142,13 @@ void conn_on_hello(struct conn *c, const Foreshock__Hello *h)
                 c->hello.n_moe_layers = h->model->n_moe_layers;
             }
         }
+    }
+    /* The run budget (max_run_bytes) before anything is allocated for the shape. */
+    char why[256];
+    if (ing->opts.stage && stage_shape_check(ing->opts.stage, &c->hello, why, sizeof(why)) < 0) {
+        store_item_free(it);
+        conn_protocol_error(c, E(LIMIT), why);
+        return;
     }
     c->state = AWAIT_WELCOME;
     log_debug("ingest", "conn %llu %s: hello run=%s attempt=%u rank=%u/%u",

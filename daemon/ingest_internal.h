@@ -165,7 +165,7 @@ int conn_submit(struct conn *c, struct store_item *it, Foreshock__Frame *f);
 void conn_on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body, size_t len,
                     const struct decode_info *info);
 void conn_on_advice_ack(struct conn *c, const Foreshock__AdviceAck *a);
-void conn_on_bye(struct conn *c);
+void conn_on_bye(struct conn *c, const Foreshock__Bye *b);
 void ingest_on_async(uv_async_t *a);
 void ingest_on_stage_pressure(void *ctx, int full);
 void ingest_notify_loop(void *ctx);

@@ -281,7 +281,7 @@ static void dispatch_frame(struct conn *c, int rc, Foreshock__Frame *f, const ui
         conn_on_report(c, &f, body, len, info);
         break;
     case FORESHOCK__FRAME__BODY_BYE:
-        conn_on_bye(c);
+        conn_on_bye(c, f->bye);
         break;
     case FORESHOCK__FRAME__BODY_ADVICE_ACK:
         conn_on_advice_ack(c, f->advice_ack);

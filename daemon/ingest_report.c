@@ -228,8 +228,21 @@ void conn_on_advice_ack(struct conn *c, const Foreshock__AdviceAck *a)
                   (unsigned long long)c->id, ignored);
 }
 
-void conn_on_bye(struct conn *c)
+void conn_on_bye(struct conn *c, const Foreshock__Bye *b)
 {
+    /* Bye.end_run: the run ends after this stream's reports (the writer
+     * applies items in order). No answer is waited for. */
+    if (b && b->has_end_run && b->end_run && c->state == STREAMING) {
+        struct store_item *it = store_item_new(STORE_ITEM_RUN);
+        if (it) {
+            it->run.op = STORE_RUN_END;
+            snprintf(it->run.run, sizeof(it->run.run), "%s", c->run_name);
+            if (store_submit(c->ing->opts.store, it) != 0)
+                store_item_free(it);
+            else
+                log_info("ingest", "run %s: rank %u ended it (Bye.end_run)", c->run_name, c->rank);
+        }
+    }
     c->eof = 1;
     conn_update_reading(c);
     if (c->inflight == 0 && !c->pending)
@@ -303,6 +316,20 @@ static void deliver_advice(struct ingest *ing, const struct store_result *r)
             send_advice(c, &r->advice);
 }
 
+/* A run was deleted with every row of it (store_runs.c): its connections
+ * are closed with the reason (a trainer that reconnects starts it anew)
+ * and the monitor stage forgets it. */
+static void run_gone(struct ingest *ing, int64_t run_id)
+{
+    for (struct conn *c = ing->head; c; c = c->next)
+        if (!c->closing && c->state == STREAMING && c->run_id == run_id)
+            conn_protocol_error(c, E(LIMIT),
+                                "run deleted (ended and past run_retention_s, no report within "
+                                "run_hello_grace_s, or the API): reconnect to start it anew");
+    if (ing->opts.stage)
+        stage_forget(ing->opts.stage, run_id);
+}
+
 /* Resubmits parked items and reads again, oldest connection first. */
 static void resume(struct ingest *ing)
 {
@@ -338,6 +365,10 @@ void ingest_on_async(uv_async_t *a)
         }
         if (r->kind == STORE_RESULT_ADVICE) {
             deliver_advice(ing, r);
+            continue;
+        }
+        if (r->kind == STORE_RESULT_RUN_GONE) {
+            run_gone(ing, r->run_id);
             continue;
         }
         struct conn *c = conn_find(ing, r->conn_id);

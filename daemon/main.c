@@ -71,13 +71,13 @@ static void usage(FILE *f)
            "    hold per-module settings. Keys:\n");
     config_print_keys(f);
     fprintf(f, "    Byte sizes accept K, M, G, T suffixes (binary multiples).\n"
-               "    Detector rules (shared/MONITORS.md section 4) are tuned per rule in\n"
+               "    Detector rules (docs/monitors.md section 4) are tuned per rule in\n"
                "    sections [detect \"RULE\"], RULE one of qk.d2.erank, qk.d2.entropy,\n"
                "    qk.d2.srank, qk.cqk, router.similarity, router.centered_energy,\n"
                "    router.zloss, router.maxvio, router.load_entropy, weight_norm,\n"
-               "    update_ratio, lr, loss, grad_norm; keys: warmup, window, z, floor,\n"
-               "    ceiling, spike_ratio, persistence, resolve_after, severity, enabled,\n"
-               "    trend.\n"
+               "    update_ratio, lr, loss, grad_norm; keys: warmup, warmup_steps, window,\n"
+               "    z, floor, ceiling, spike_ratio, rise_ratio, floor_rel, persistence,\n"
+               "    resolve_after, severity, enabled, trend.\n"
                "    Paging targets (up to 16) are sections [target \"NAME\"] with keys type\n"
                "    (alertmanager | pagerduty | webhook), url, routing_key, secret,\n"
                "    min_severity, match, timeout, connect_timeout, backoff_initial,\n"
@@ -421,6 +421,10 @@ int main(int argc, char **argv)
         .stats = &app->stats,
         .outbox_retention_s = cfg->outbox_retention,
         .silence_retention_s = cfg->silence_retention,
+        .run_idle_end_s = cfg->run_idle_end_s,
+        .run_retention_s = cfg->run_retention_s,
+        .run_hello_grace_s = cfg->run_hello_grace_s,
+        .max_runs_per_token = cfg->max_runs_per_token,
     };
     /* One daemon per database: the second would split streams and page twice. */
     if ((app->dblock = dblock_acquire(cfg->db, &err)) < 0) {
@@ -457,7 +461,9 @@ int main(int argc, char **argv)
         .rules = &app->rules,
         .reduce_timeout_s = cfg->reduce_timeout_s,
         .reduce_max_bytes = cfg->reduce_max_bytes,
+        .max_run_bytes = cfg->max_run_bytes,
         .spool_max_bytes = cfg->spool_max_bytes,
+        .spool_run_max_bytes = cfg->spool_run_max_bytes,
         .head_points_every = cfg->head_points_every,
         .detect_from_step = cfg->detect_from_step,
         .max_chunks = (unsigned)(2 * threads), /* two per thread evens out uneven heads */

@@ -7,7 +7,7 @@
 #include "spectrum.h"
 
 /* The QK bilinear decomposition monitors of one attention head
- * (shared/MONITORS.md sections 1.2 and 1.3). Pure: no libuv, SQLite,
+ * (docs/monitors.md sections 1.2 and 1.3). Pure: no libuv, SQLite,
  * threads or clocks; inputs in, a plain struct out. LAPACK/BLAS (OpenBLAS,
  * one thread, see monitor_init) do the dense work.
  *
@@ -16,7 +16,7 @@
  * the d-shards by the caller (monitor_tri_accumulate adds one wire shard).
  * Blocks: GA = [[Qdd, Qdw], [Qwd, Qww]], GB = [[Kww, Kwd], [Kdw, Kdd]].
  *
- * Outputs per head: the four spectra of MONITORS.md 1.2, each reduced to
+ * Outputs per head: the four spectra of docs/monitors.md 1.2, each reduced to
  * struct spectrum_scalars (spectrum.h), the four squared norms and c_qk:
  *   d2 = sigma^2(Delta2) = lambda(GA GB)          (2dh values)
  *   d1 = sigma^2(Delta1) = lambda(GA1 GB1)        (2dh values)
@@ -33,7 +33,7 @@
  *   drops the null directions and leaves L m x r, r = numerical rank.
  *   C = L^T P^T G2 P L (r x r, symmetric PSD; dtrmm, or dsymm+dgemm when
  *   r < m) has the eigenvalues of G1 G2 (plus zeros); lambda(C) by dsyev
- *   without vectors. This is MONITORS.md's C = Lambda^1/2 V^T G2 V
+ *   without vectors. This is docs/monitors.md's C = Lambda^1/2 V^T G2 V
  *   Lambda^1/2 with the Cholesky factor in place of V Lambda^1/2, and the
  *   pivoted factor is the singular-G1 fallback; it measured about 2.5x
  *   cheaper than the eigen route (tests/bench/bench_monitor.c).
@@ -45,7 +45,7 @@
  * directions of an unbalanced GA sit 1e-16 below its Wq directions and
  * would be dropped as noise (measured: d2 off by 17 % of s_max without,
  * 3e-15 with; tests/unit/test_monitor_qk.c "tiny updates").
- * d1 reuses the factor of d2: with T, U of MONITORS.md,
+ * d1 reuses the factor of d2: with T, U of docs/monitors.md,
  * lambda(T GA T^T U GB U^T) = lambda(GA W GB W^T), W = T^T U = [[I,I],[0,I]]
  * (W B = [Wk + dWk; dWk]); W acts on blocks of the Gram, O(dh^2).
  * Which Gram is factored: GA, unless GB has a zero diagonal block and GA

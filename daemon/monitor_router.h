@@ -7,7 +7,7 @@
 
 #include "spectrum.h"
 
-/* MoE router monitors of one layer (shared/MONITORS.md section 3). Pure: no
+/* MoE router monitors of one layer (docs/monitors.md section 3). Pure: no
  * libuv, SQLite, threads or clocks. The router weight WR is E x d, row w_i
  * per expert; logits z = WR x, p = softmax(z) over all E experts.
  *

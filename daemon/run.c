@@ -55,6 +55,17 @@ void run_registry_destroy(struct run_registry *reg)
     free(reg);
 }
 
+void run_remove(struct run_registry *reg, struct run *run)
+{
+    for (size_t i = 0; i < reg->n; i++) {
+        if (reg->runs[i] != run)
+            continue;
+        reg->runs[i] = reg->runs[--reg->n];
+        run_free(run);
+        return;
+    }
+}
+
 uint64_t run_registry_bytes(const struct run_registry *reg)
 {
     return reg->bytes;
@@ -126,32 +137,79 @@ void run_set_done_step(struct run *run, int64_t step)
 
 /* --- local groups ---------------------------------------------------------------------- */
 
+/* The group to give up for a new one when the run holds
+ * RUN_MAX_LOCAL_GROUPS, or RUN_MAX_LOCAL_RANKS ranks over its groups: the
+ * one fewest ranks declare now, of those the longest undeclared (a group
+ * no rank declares any more, then one-rank groups), never the one restored
+ * at start. -1 when none may go. */
+static int32_t decl_victim(const struct run *run)
+{
+    int32_t best = -1;
+    for (size_t i = 0; i < run->n_decls; i++) {
+        const struct run_local_decl *d = &run->decls[i];
+        if (d->restored || !d->ranks)
+            continue;
+        const struct run_local_decl *b = best >= 0 ? &run->decls[best] : NULL;
+        if (!b || d->refs < b->refs || (d->refs == b->refs && d->used < b->used))
+            best = (int32_t)i;
+    }
+    return best;
+}
+
+/* Gives up group i: the ranks that declared it declare nothing now (their
+ * next Hello declares again); its slot is free. */
+static void decl_evict(struct run *run, int32_t i)
+{
+    for (size_t k = 0; k < run->n_ann; k++)
+        if (run->ann[k].decl == i)
+            run->ann[k].decl = -1;
+    run->n_decl_ranks -= run->decls[i].n;
+    free(run->decls[i].ranks);
+    run->decls[i] = (struct run_local_decl){0};
+}
+
 /* The index of the declared group equal to v[0..n) (sorted, distinct),
- * added when new: -1 on out of memory, -2 when the run has
- * RUN_MAX_LOCAL_GROUPS already. Takes v on success (when added). */
+ * added when new, in place of the groups decl_victim picks while the run
+ * is at RUN_MAX_LOCAL_GROUPS groups or RUN_MAX_LOCAL_RANKS ranks over
+ * them (stale groups are replaced, never accumulated): -1 on out of
+ * memory, -2 when no group may go. Takes v on success (when added). */
 static int32_t decl_find_or_add(struct run *run, uint32_t *v, uint32_t n, bool *taken)
 {
     *taken = false;
     int32_t free_slot = -1;
     for (size_t i = 0; i < run->n_decls; i++) {
         struct run_local_decl *d = &run->decls[i];
-        if (d->n == n && memcmp(d->ranks, v, n * sizeof(*v)) == 0)
+        if (d->ranks && d->n == n && memcmp(d->ranks, v, n * sizeof(*v)) == 0) {
+            d->used = ++run->decl_clock;
             return (int32_t)i;
-        if (free_slot < 0 && d->refs == 0 && !d->restored)
-            free_slot = (int32_t)i;
+        }
+    }
+    if (n > RUN_MAX_LOCAL_RANKS)
+        return -2;
+    for (;;) {
+        free_slot = -1;
+        for (size_t i = 0; i < run->n_decls && free_slot < 0; i++)
+            if (!run->decls[i].ranks || (run->decls[i].refs == 0 && !run->decls[i].restored))
+                free_slot = (int32_t)i;
+        if (free_slot >= 0 && run->decls[free_slot].ranks)
+            decl_evict(run, free_slot); /* no rank declares it */
+        if (run->n_decl_ranks + n <= RUN_MAX_LOCAL_RANKS &&
+            (free_slot >= 0 || run->n_decls < RUN_MAX_LOCAL_GROUPS))
+            break;
+        int32_t victim = decl_victim(run);
+        if (victim < 0)
+            return -2;
+        decl_evict(run, victim);
     }
     if (free_slot < 0) {
-        if (run->n_decls >= RUN_MAX_LOCAL_GROUPS)
-            return -2;
         struct run_local_decl *p = realloc(run->decls, (run->n_decls + 1) * sizeof(*p));
         if (!p)
             return -1;
         run->decls = p;
         free_slot = (int32_t)run->n_decls++;
-    } else {
-        free(run->decls[free_slot].ranks);
     }
-    run->decls[free_slot] = (struct run_local_decl){.ranks = v, .n = n};
+    run->decls[free_slot] = (struct run_local_decl){.ranks = v, .n = n, .used = ++run->decl_clock};
+    run->n_decl_ranks += n;
     *taken = true;
     return free_slot;
 }
@@ -214,7 +272,7 @@ static int declare(struct run *run, struct run_announce *a, uint32_t *v, uint32_
         bool taken;
         idx = decl_find_or_add(run, v, n, &taken);
         if (idx < 0) {
-            if (old >= 0)
+            if (old >= 0 && a->decl == old) /* not given up meanwhile */
                 run->decls[old].refs++;
             free(v);
             return idx == -2 ? -ENOSPC : -ENOMEM;

@@ -12,7 +12,7 @@
 #include "monitor_router.h"
 
 /* The run registry: per run, the shard and rank reduction of the sketches
- * of each step (MONITORS.md 1.1, 3.1, 3.2). A pure data structure: no
+ * of each step (docs/monitors.md 1.1, 3.1, 3.2). A pure data structure: no
  * libuv, no SQLite, no clocks (`now` is an input, seconds on any monotonic
  * clock), no threads. In the daemon the loop thread owns the registry and
  * everything in it; a bucket taken out with run_take_ready belongs to the
@@ -47,7 +47,8 @@
 #define RUN_MAX_STREAMS_PER_RUN 65536u /* resend-dedup entries per run */
 #define RUN_MAX_BUCKETS_PER_RUN 65536u /* steps in reduction at once, per run */
 #define RUN_MAX_MISSING_RECORDS 4096u  /* incomplete rows for absent groups per bucket */
-#define RUN_MAX_LOCAL_GROUPS 64u       /* distinct local groups declared per run */
+#define RUN_MAX_LOCAL_GROUPS 64u       /* distinct local groups held per run (then replaced) */
+#define RUN_MAX_LOCAL_RANKS 65536u     /* ranks over a run's local groups (256 KB) */
 
 enum run_group_kind {
     RUN_GROUP_ATTENTION = 0,
@@ -131,6 +132,7 @@ struct run_local_decl {
     uint32_t n;
     uint32_t refs; /* ranks whose latest Hello declared it */
     bool restored;
+    uint64_t used; /* run->decl_clock when last declared (replacement order) */
 };
 
 struct run_stream {
@@ -154,8 +156,11 @@ struct run {
     size_t n_ann;
     uint32_t *moe_want; /* per layer: announcing ranks */
     size_t n_moe_want;
-    struct run_local_decl *decls; /* distinct declared local groups, <= RUN_MAX_LOCAL_GROUPS */
+    struct run_local_decl *decls; /* distinct declared local groups, <= RUN_MAX_LOCAL_GROUPS;
+                                     a slot with ranks NULL is free */
     size_t n_decls;
+    size_t n_decl_ranks; /* ranks over decls, <= RUN_MAX_LOCAL_RANKS */
+    uint64_t decl_clock;
     uint32_t *local; /* union of decls, sorted; NULL: none declared (the whole world) */
     size_t n_local;
     uint32_t lead_rank; /* rank whose loss, grad_norm, lr are detected: local[0], else 0 */
@@ -218,6 +223,11 @@ struct run *run_find(struct run_registry *reg, int64_t run_id);
 int run_open(struct run_registry *reg, int64_t run_id, const char *name, struct run **out);
 void run_set_name(struct run *run, const char *name);
 
+/* Removes the run from the registry and frees it with its pending buckets
+ * (run->user must be freed by its owner first). Invalidates run_at
+ * indices. */
+void run_remove(struct run_registry *reg, struct run *run);
+
 /* Number of runs and the i-th, for iteration (order unspecified). */
 size_t run_count(const struct run_registry *reg);
 struct run *run_at(struct run_registry *reg, size_t i);
@@ -225,8 +235,11 @@ struct run *run_at(struct run_registry *reg, size_t i);
 /* Applies a Hello: world size, declared shape (latest wins), the rank's
  * announced MoE layers and local group (each replacing what that rank said
  * before) and detect_from_step. Returns 1 when the union of local groups
- * changed, 0 when not, -ENOMEM, or -ENOSPC when the group would be the
- * run's RUN_MAX_LOCAL_GROUPS + 1st distinct one (nothing applied). */
+ * changed, 0 when not, -ENOMEM, or -ENOSPC when the group alone has more
+ * than RUN_MAX_LOCAL_RANKS ranks (nothing applied). A new group when the
+ * run holds RUN_MAX_LOCAL_GROUPS (or RUN_MAX_LOCAL_RANKS ranks over them)
+ * replaces the group fewest ranks declare, the longest undeclared first:
+ * stale groups never lock a run's real ones out. */
 int run_hello(struct run *run, const struct run_hello *h);
 
 /* At start, the local group stored for the run (ranks need not be sorted;

@@ -22,6 +22,35 @@ static bool pattern_char(char c)
            c == '_' || c == ':' || c == '-' || c == '*' || c == '?';
 }
 
+/* Whether every run id pattern b matches, pattern a matches too ('*' and
+ * '?' only). Sound, not complete: true only when each piece of b is taken
+ * by a piece of a at least as general (a literal by itself, '?' or '*';
+ * b's '?' by a's '?' or '*'; b's '*' by a's '*'), so a shadowed section is
+ * never reported wrongly; a rare one written otherwise ("?*" over "*?")
+ * goes unreported. ok[i][j]: a[i..] covers b[j..]. */
+static bool pattern_covers(const char *a, const char *b)
+{
+    static bool ok[FS_MAX_RUN_ID_LEN + 2][FS_MAX_RUN_ID_LEN + 2]; /* main thread, at start */
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > FS_MAX_RUN_ID_LEN || lb > FS_MAX_RUN_ID_LEN)
+        return false;
+    for (size_t i = la + 1; i-- > 0;) {
+        for (size_t j = lb + 1; j-- > 0;) {
+            if (i == la)
+                ok[i][j] = j == lb;
+            else if (a[i] == '*')
+                ok[i][j] = ok[i + 1][j] || (j < lb && ok[i][j + 1]);
+            else if (j == lb || b[j] == '*')
+                ok[i][j] = false;
+            else if (a[i] == '?')
+                ok[i][j] = ok[i + 1][j + 1];
+            else
+                ok[i][j] = a[i] == b[j] && ok[i + 1][j + 1];
+        }
+    }
+    return ok[0][0];
+}
+
 static void *run_open(void *ctx, const char *sub, struct fs_err *why)
 {
     struct run_auth *ra = ctx;
@@ -46,6 +75,18 @@ static void *run_open(void *ctx, const char *sub, struct fs_err *why)
             fs_err_set(why, -EINVAL, "pattern defined twice");
             return NULL;
         }
+        /* The first matching section decides a run's token, so this one
+         * would never be used: refused, as a section given twice is. */
+        if (pattern_covers(ra->e[i].pattern, sub)) {
+            char at[32] = "";
+            if (ra->e[i].line > 0)
+                snprintf(at, sizeof(at), " (line %d)", ra->e[i].line);
+            fs_err_set(why, -EINVAL,
+                       "never used: [run \"%s\"]%s comes first and matches every run id this "
+                       "pattern matches (put the narrower section first)",
+                       ra->e[i].pattern, at);
+            return NULL;
+        }
     }
     if (ra->n >= RUN_AUTH_MAX) {
         fs_err_set(why, -EINVAL, "more than %u [run] sections", RUN_AUTH_MAX);
@@ -54,6 +95,7 @@ static void *run_open(void *ctx, const char *sub, struct fs_err *why)
     struct run_auth_entry *e = &ra->e[ra->n++];
     memset(e, 0, sizeof(*e));
     snprintf(e->pattern, sizeof(e->pattern), "%s", sub);
+    e->line = why->line; /* config.c gives the header's line here */
     return e;
 }
 
@@ -106,4 +148,12 @@ const char *run_auth_token(const struct run_auth *ra, const char *run, const cha
         if (run_auth_match(ra->e[i].pattern, run))
             return ra->e[i].token;
     return global ? global : "";
+}
+
+const char *run_auth_owner(const struct run_auth *ra, const char *run)
+{
+    for (size_t i = 0; ra && i < ra->n; i++)
+        if (run_auth_match(ra->e[i].pattern, run))
+            return ra->e[i].pattern;
+    return "";
 }

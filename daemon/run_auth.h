@@ -18,6 +18,9 @@
  * other character itself. A Hello's run id is checked against the sections
  * in file order; the first that matches names the token it must carry; a
  * run no section matches needs the global `token` (none when it is empty).
+ * A section an earlier one shadows (the earlier pattern matches every run
+ * id the later one does: "team-a-*" before "team-a-7") could never be used
+ * and is refused, naming the earlier one and its line.
  * Pure: filled by the config parser at startup, read-only afterwards (the
  * loop thread reads it). */
 
@@ -26,6 +29,7 @@
 struct run_auth_entry {
     char pattern[FS_MAX_RUN_ID_LEN + 1];
     char token[FS_MAX_TOKEN_LEN + 1];
+    int line; /* of its section header (0: not from a file) */
 };
 
 struct run_auth {
@@ -45,5 +49,9 @@ bool run_auth_match(const char *pattern, const char *run);
 /* The token a Hello for run must carry ("" for none): the first matching
  * section's, else global. */
 const char *run_auth_token(const struct run_auth *ra, const char *run, const char *global);
+
+/* Who a run belongs to, for max_runs_per_token: the pattern of the first
+ * matching section (the token it must carry), "" for the global token. */
+const char *run_auth_owner(const struct run_auth *ra, const char *run);
 
 #endif

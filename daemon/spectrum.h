@@ -5,7 +5,7 @@
 #include <stddef.h>
 
 /* Scalars from a spectrum of squared singular values s_i = sigma_i^2
- * (shared/MONITORS.md section 1.3). Pure: no I/O, no allocation, no state;
+ * (docs/monitors.md section 1.3). Pure: no I/O, no allocation, no state;
  * any thread may call these at any time.
  *
  * Cleaning, in this order (the same for every caller, so the Gram path and

@@ -1084,3 +1084,15 @@ int spool_replay(const char *dir, const struct spool_pos *head, const struct spo
     free(nos);
     return rc;
 }
+
+int spool_forget_runs(struct spool *sp, bool (*known)(void *ctx, int64_t run_id), void *ctx)
+{
+    for (size_t i = 0; i < sp->nsegs; i++)
+        for (size_t k = 0; k < sp->segs[i].nruns; k++) {
+            int64_t id = sp->segs[i].runs[k].run_id;
+            if (done_of(sp, id) < INT64_MAX && !known(ctx, id) &&
+                spool_set_done(sp, id, INT64_MAX) < 0)
+                return -ENOMEM;
+        }
+    return 0;
+}

@@ -1,6 +1,7 @@
 #ifndef FORESHOCK_SPOOL_H
 #define FORESHOCK_SPOOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -166,6 +167,11 @@ int spool_set_done(struct spool *sp, int64_t run_id, int64_t step);
  * the database holds. Returns the number of segments deleted; a segment
  * that cannot be deleted stays (warned once per call). Owner thread. */
 size_t spool_release(struct spool *sp, const struct spool_pos *commit_end);
+
+/* Every run of a record in the log that known(ctx, run_id) says is gone
+ * (deleted with its rows: the run lifecycle) counts as evaluated, so its
+ * records go with spool_release. 0 or -ENOMEM. Owner thread. */
+int spool_forget_runs(struct spool *sp, bool (*known)(void *ctx, int64_t run_id), void *ctx);
 
 /* Bytes in the segment files. Owner thread. */
 uint64_t spool_bytes(const struct spool *sp);

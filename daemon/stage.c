@@ -25,6 +25,10 @@ struct stage_run *stage_run_of(const struct stage *st, struct run *run)
         if (!sr)
             return NULL;
         eval_run_init(&sr->ev, st->opts.rules);
+        if (st->opts.max_run_bytes) {
+            size_t n = (size_t)(st->opts.max_run_bytes / 2 / EVAL_TRACK_BYTES);
+            sr->ev.max_tracks = n ? n : 1;
+        }
         run->user = sr;
     }
     return run->user;
@@ -56,6 +60,19 @@ static void stage_run_free(struct stage_run *sr)
 
 /* --- the spool bound: frame bytes waiting for their step's evaluation ----------------- */
 
+/* The run's spooled bytes change by +add / -sub: keeps the counts of runs
+ * spooling and of runs at their budget. */
+static void spool_run_bytes(struct stage *st, struct stage_run *sr, uint64_t add, uint64_t sub)
+{
+    uint64_t max = st->opts.spool_run_max_bytes;
+    bool was = sr->spool_bytes > 0, was_over = max && sr->spool_bytes >= max;
+    sr->spool_bytes += add;
+    sr->spool_bytes -= sub < sr->spool_bytes ? sub : sr->spool_bytes;
+    bool is = sr->spool_bytes > 0, is_over = max && sr->spool_bytes >= max;
+    st->runs_spooling = st->runs_spooling + is - was;
+    st->runs_over = st->runs_over + is_over - was_over;
+}
+
 /* A fed report's spooled frame (bytes) waits for step's evaluation. */
 static void spool_note(struct stage *st, struct stage_run *sr, uint64_t step, uint64_t bytes)
 {
@@ -75,14 +92,18 @@ static void spool_note(struct stage *st, struct stage_run *sr, uint64_t step, ui
         sr->n_spooled++;
     }
     st->spool_pending += bytes;
+    spool_run_bytes(st, sr, bytes, 0);
 }
 
 /* Every step <= step of the run is evaluated: its frames no longer count. */
 void stage_spool_evaluated(struct stage *st, struct stage_run *sr, uint64_t step)
 {
     size_t k = 0;
+    uint64_t freed = 0;
     while (k < sr->n_spooled && sr->spooled[k].step <= step)
-        st->spool_pending -= sr->spooled[k++].bytes;
+        freed += sr->spooled[k++].bytes;
+    st->spool_pending -= freed;
+    spool_run_bytes(st, sr, 0, freed);
     if (k) {
         memmove(sr->spooled, sr->spooled + k, (sr->n_spooled - k) * sizeof(*sr->spooled));
         sr->n_spooled -= k;
@@ -123,6 +144,7 @@ void stage_flush_scalars(struct stage *st, struct run *run, struct build *bd, bo
         if (!sr->sc_head)
             sr->sc_tail = NULL;
         sr->n_sc--;
+        sr->sc_bytes -= stage_sample_bytes(x);
         stage_detect_scalars(st, sr, run, bd, x);
         stage_sample_free(x);
     }
@@ -167,7 +189,11 @@ static void queue_scalars(struct stage *st, struct run *run, const struct stage_
         memcpy(x->ur, s->layer_update_ratio, s->n_layer_update_ratio * sizeof(float));
         x->n_ur = (uint32_t)s->n_layer_update_ratio;
     }
-    if (sr->n_sc >= STAGE_MAX_SCALAR_QUEUE)
+    /* A full queue (by count, or by a quarter of max_run_bytes) is detected
+     * at once rather than grown. */
+    if (sr->n_sc >= STAGE_MAX_SCALAR_QUEUE ||
+        (st->opts.max_run_bytes &&
+         sr->sc_bytes + stage_sample_bytes(x) > st->opts.max_run_bytes / 4))
         stage_flush_scalars(st, run, NULL, true);
     if (sr->sc_tail)
         sr->sc_tail->next = x;
@@ -175,6 +201,7 @@ static void queue_scalars(struct stage *st, struct run *run, const struct stage_
         sr->sc_head = x;
     sr->sc_tail = x;
     sr->n_sc++;
+    sr->sc_bytes += stage_sample_bytes(x);
 }
 
 /* --- jobs: buckets to the workers, evaluated in step order ---------------------------- */
@@ -200,6 +227,13 @@ void stage_check_pressure(struct stage *st)
     uint64_t spool_max = st->opts.spool_max_bytes;
     atomic_store(&st->stats->reduce_bytes, bytes);
     bool spool_full = spool_max && st->spool_pending >= spool_max;
+    if (!st->full && st->runs_over && !run_registry_full(st->reg) && !spool_full) {
+        /* Only the runs at spool_run_max_bytes wait (stage_may_read). */
+        st->full = 1;
+        if (st->pressure)
+            st->pressure(st->pressure_ctx, 1);
+        return;
+    }
     if (!st->full && (run_registry_full(st->reg) || spool_full)) {
         st->full = 1;
         atomic_fetch_add(&st->stats->reduce_pauses, 1);
@@ -217,7 +251,7 @@ void stage_check_pressure(struct stage *st)
                      (unsigned long long)bytes, (unsigned long long)st->opts.reduce_max_bytes);
         if (st->pressure)
             st->pressure(st->pressure_ctx, 1);
-    } else if (st->full && bytes < st->opts.reduce_max_bytes / 4 * 3 &&
+    } else if (st->full && !st->runs_over && bytes < st->opts.reduce_max_bytes / 4 * 3 &&
                (!spool_max || st->spool_pending < spool_max / 4 * 3)) {
         st->full = 0;
         if (st->pressure)
@@ -268,6 +302,8 @@ static void after_work_cb(uv_work_t *req, int status)
         struct run *run = run_find(st->reg, j->run_id);
         if (run)
             drain(st, run);
+        if (run && run->user && ((struct stage_run *)run->user)->forget)
+            stage_forget(st, run->run_id);
     }
     stage_maybe_done(st);
 }
@@ -458,12 +494,32 @@ bool stage_full(const struct stage *st)
     return st->full;
 }
 
+/* Whether the run's spooled frames hold it back: at spool_run_max_bytes,
+ * or, with every run's together at spool_max_bytes, at an equal share of
+ * it or more. A run that spools less (its steps are evaluated) goes on: a
+ * straggler or a half-sent run delays only itself. */
+static bool spool_held(const struct stage *st, const struct run *run)
+{
+    const struct stage_run *sr = run->user;
+    uint64_t bytes = sr ? sr->spool_bytes : 0, max = st->opts.spool_max_bytes;
+    if (st->opts.spool_run_max_bytes && bytes >= st->opts.spool_run_max_bytes)
+        return true;
+    if (!max || st->spool_pending < max)
+        return false;
+    return bytes >= max / (st->runs_spooling ? st->runs_spooling : 1);
+}
+
 bool stage_may_read(struct stage *st, int64_t run_id, int64_t stream_id)
 {
     if (!st->full)
         return true;
     const struct run *run = run_find(st->reg, run_id);
-    return run && run_stream_needed(run, stream_id);
+    if (!run)
+        return false;
+    if (run_stream_needed(run, stream_id))
+        return true;
+    /* Reduction memory is shared by every run's partial sums: all wait. */
+    return !run_registry_full(st->reg) && !spool_held(st, run);
 }
 
 size_t stage_inflight(const struct stage *st)
@@ -503,8 +559,8 @@ int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t 
     if (h && (rc = run_hello(run, h)) < 0) {
         if (rc == -ENOSPC)
             log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
-                        "run %s rank %u: refused: more than %u distinct local groups", run->name,
-                        h->rank, RUN_MAX_LOCAL_GROUPS);
+                        "run %s rank %u: refused: its local group has more than %u ranks",
+                        run->name, h->rank, RUN_MAX_LOCAL_RANKS);
         return rc;
     }
     if (rc == 1)
@@ -580,8 +636,17 @@ int stage_feed(struct stage *st, const struct stage_report *in)
     /* Frames of a step already taken are late (ignored below) and their
      * records go with that step's evaluation. */
     struct stage_run *sr = in->spool_bytes ? stage_run_of(st, run) : NULL;
-    if (sr && (int64_t)in->step > run->done_step)
+    if (sr && (int64_t)in->step > run->done_step) {
+        size_t over = st->runs_over;
         spool_note(st, sr, in->step, in->spool_bytes);
+        if (st->runs_over > over)
+            log_limited(&st->rl_err, LOG_LEVEL_WARN, "stage",
+                        "run %s: its spooled frames of steps not yet evaluated reached "
+                        "spool_run_max_bytes %llu: only its ranks that complete its oldest step "
+                        "(%llu) are read until it is evaluated; other runs go on",
+                        run->name, (unsigned long long)st->opts.spool_run_max_bytes,
+                        (unsigned long long)(run->buckets ? run->buckets->step : in->step));
+    }
     struct run_add_stats as;
     double now = now_mono();
     rc = run_add(st->reg, run, in->step, in->time, in->rank, in->report, now, &as);
@@ -670,6 +735,49 @@ void stage_stop(struct stage *st, void (*done)(void *ctx), void *ctx)
              (unsigned long long)atomic_load(&st->stats->incomplete_total),
              (unsigned long long)atomic_load(&st->stats->alerts_fired));
     stage_maybe_done(st);
+}
+
+int stage_shape_check(const struct stage *st, const struct run_hello *h, char *why, size_t len)
+{
+    uint64_t budget = st->opts.max_run_bytes;
+    if (!budget || !h->has_n_layers)
+        return 0;
+    uint64_t need = (uint64_t)h->n_layers * STAGE_SERIES_PER_LAYER * EVAL_TRACK_BYTES;
+    if (need <= budget / 2)
+        return 0;
+    snprintf(why, len,
+             "declared shape too large: n_layers = %u needs at least %llu bytes of detector "
+             "state (%u series per layer), over half of max_run_bytes = %llu",
+             h->n_layers, (unsigned long long)need, STAGE_SERIES_PER_LAYER,
+             (unsigned long long)budget);
+    return -E2BIG;
+}
+
+void stage_forget(struct stage *st, int64_t run_id)
+{
+    struct run *run = run_find(st->reg, run_id);
+    if (!run)
+        return;
+    struct stage_run *sr = run->user;
+    if (sr) {
+        bool busy = sr->rebuild_busy; /* a rewind's rebuild reads the run's state */
+        for (struct job *j = sr->jobs_head; j && !busy; j = j->next)
+            busy = !j->computed;
+        if (busy) {
+            sr->forget = true; /* after_work_cb and the rewind's end call again */
+            return;
+        }
+        while (sr->jobs_head) { /* computed, behind a step still on the workers: none now */
+            struct job *j = sr->jobs_head;
+            sr->jobs_head = j->next;
+            job_free(j);
+        }
+        stage_spool_evaluated(st, sr, UINT64_MAX);
+        stage_run_free(sr);
+        run->user = NULL;
+    }
+    run_remove(st->reg, run);
+    stage_check_pressure(st);
 }
 
 void stage_free(struct stage *st)

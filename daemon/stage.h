@@ -68,7 +68,16 @@ struct stage_opts {
     const struct detect_rules *rules; /* read-only, outlives the stage */
     double reduce_timeout_s;
     uint64_t reduce_max_bytes;
-    uint64_t spool_max_bytes;   /* spooled frame bytes of steps not yet evaluated (0: none) */
+    uint64_t spool_max_bytes; /* spooled frame bytes of steps not yet evaluated (0: none) */
+    /* ... of one run (0: none): past it only that run's streams that can
+     * complete its oldest step are read; at spool_max_bytes, only those of
+     * the runs holding at least an equal share of it (stage_may_read). */
+    uint64_t spool_run_max_bytes;
+    /* Per run (max_run_bytes; 0: none): half for its detected series'
+     * state (EVAL_TRACK_BYTES each), a quarter for its queued scalars. A
+     * Hello whose declared shape needs more is refused (stage_shape_check);
+     * series past it are not detected (logged once per run). */
+    uint64_t max_run_bytes;
     uint64_t head_points_every; /* per-head points at multiples of this step (0, 1: all) */
     uint64_t detect_from_step;  /* for runs whose Hello does not set it */
     unsigned max_chunks;        /* work requests per bucket (0: default) */
@@ -122,6 +131,17 @@ bool stage_full(const struct stage *st);
  * when not full. Loop thread. */
 bool stage_may_read(struct stage *st, int64_t run_id, int64_t stream_id);
 
+/* Detected series per declared layer that a run needs at least: the four
+ * attention aggregates of one window (qk.d2.{erank,entropy,srank}.min,
+ * qk.cqk.max) and the lead rank's weight_norm and update_ratio. */
+#define STAGE_SERIES_PER_LAYER 6u
+
+/* Before a Hello is admitted: 0 when the shape it declares fits the run
+ * budget (max_run_bytes), else -E2BIG with the reason in why (len bytes):
+ * n_layers x STAGE_SERIES_PER_LAYER detected series of EVAL_TRACK_BYTES
+ * each must fit in half of it. Pure. */
+int stage_shape_check(const struct stage *st, const struct run_hello *h, char *why, size_t len);
+
 /* A stream's Welcome went out: registers the run (name, world size, shape,
  * MoE announcement, detect_from_step) and that seqs <= last_seq of the
  * stream are committed. 0 or -ENOMEM. Loop thread. */
@@ -145,6 +165,11 @@ int stage_feed(struct stage *st, const struct stage_report *in);
  * reports with detected scalars, whose detection waits for earlier steps
  * and must survive a crash. Loop thread (reads the run registry). */
 bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank, const Foreshock__Report *r);
+
+/* The run was deleted (store_runs.c): its state is freed now, or, while
+ * buckets of it are on the workers or a rewind runs, as soon as they are
+ * done (what they produce is dropped by the writer). Loop thread. */
+void stage_forget(struct stage *st, int64_t run_id);
 
 /* Evaluates ready buckets now (the sweep timer does this too). Loop thread. */
 void stage_poll(struct stage *st);

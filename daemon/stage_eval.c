@@ -18,7 +18,7 @@
 
 #define STAGE_WORKER_NICE 5 /* workers' nice value above the daemon's */
 
-/* Per head: the series MONITORS.md 1.3 names (spectrum, scalar). */
+/* Per head: the series docs/monitors.md 1.3 names (spectrum, scalar). */
 static const unsigned head_series[] = {
     QK_SERIES(QK_D2, QK_ENTROPY2), QK_SERIES(QK_D2, QK_ERANK2),
     QK_SERIES(QK_D2, QK_SRANK),    QK_SERIES(QK_D2, QK_FRO),

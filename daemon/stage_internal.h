@@ -32,6 +32,10 @@
 /* Scalars of a rank-0 report waiting for the earlier steps' buckets, so that
  * every detector of a run sees its steps in order and attribution at a
  * step reflects only what was known up to that step. */
+struct scalar_sample;
+/* Bytes a queued sample holds (max_run_bytes accounting). */
+#define stage_sample_bytes(x) (sizeof(*(x)) + ((size_t)(x)->n_wn + (x)->n_ur) * sizeof(float))
+
 struct scalar_sample {
     uint64_t step;
     double time;
@@ -76,12 +80,18 @@ struct stage_run {
     uint64_t resume_step;
     struct stream_attempt *streams;
     size_t n_streams, cap_streams;
+    bool forget;          /* deleted (stage_forget): freed once no job of it is on the workers */
+    uint64_t sc_bytes;    /* of the queued scalar samples (stage_sample_bytes) */
+    uint64_t spool_bytes; /* sum of spooled[].bytes */
+    bool budget_logged;   /* a series past max_run_bytes was logged */
     /* A rewind in progress: nothing of the run is dispatched or detected. */
     enum rewind_phase rewind;
     uint64_t rewind_step;
-    uint32_t rewind_from; /* the attempt being abandoned */
-    unsigned rewind_gen;  /* a newer rewind makes a rebuild in flight stale */
-    bool rebuild_busy;    /* a rewind_work of this run is on a worker */
+    uint32_t rewind_from;    /* the attempt being abandoned */
+    uint32_t rewind_attempt; /* the attempt that rewinds (a later plain restart may be
+                                sr->attempt by the time its rebuild is stored) */
+    unsigned rewind_gen;     /* a newer rewind makes a rebuild in flight stale */
+    bool rebuild_busy;       /* a rewind_work of this run is on a worker */
 };
 
 /* --- jobs: one bucket on the workers ----------------------------------------------------- */
@@ -121,6 +131,8 @@ struct stage {
     int stopping;
     size_t abandoned;       /* steps left unevaluated (spooled) by the deadline */
     uint64_t spool_pending; /* spooled frame bytes of steps not yet evaluated, all runs */
+    size_t runs_spooling;   /* runs with spool_bytes > 0 */
+    size_t runs_over;       /* runs at spool_run_max_bytes */
     int full;
     void (*pressure)(void *ctx, int full);
     void *pressure_ctx;

@@ -161,7 +161,7 @@ static void rewind_apply(struct stage *st, struct run *run, struct stage_run *sr
         }
     }
     m->has_rebuilt = 1;
-    m->rebuilt_attempt = sr->attempt;
+    m->rebuilt_attempt = sr->rewind_attempt;
     build_submit(st, &bd);
     free(matched);
     free(fix);
@@ -172,7 +172,8 @@ static void rewind_apply(struct stage *st, struct run *run, struct stage_run *sr
     log_info("stage",
              "run %s: attempt %u goes on from step %lld: detection state rebuilt from the "
              "stored points (%zu series), %zu incidents of attempt %u superseded",
-             run->name, sr->attempt, (long long)step, sr->ev.n_tracks, superseded, sr->rewind_from);
+             run->name, sr->rewind_attempt, (long long)step, sr->ev.n_tracks, superseded,
+             sr->rewind_from);
 }
 
 static void rewind_after_cb(uv_work_t *req, int status)
@@ -199,6 +200,8 @@ static void rewind_after_cb(uv_work_t *req, int status)
     } else if (sr && sr->rewind == REWIND_DRAINING && !sr->jobs_head) {
         stage_rewind_rebuild(st, run); /* a newer rewind came while this one rebuilt */
     }
+    if (sr && sr->forget)
+        stage_forget(st, w->run_id); /* deleted while it rebuilt */
     eval_run_clear(&w->er);
     free(w);
     stage_check_pressure(st);
@@ -259,8 +262,9 @@ void stage_rewind_start(struct stage *st, struct run *run, struct stage_run *sr,
         struct scalar_sample *x = *pp;
         if (x->step > step) {
             *pp = x->next;
-            stage_sample_free(x);
             sr->n_sc--;
+            sr->sc_bytes -= stage_sample_bytes(x);
+            stage_sample_free(x);
             scalars++;
         } else {
             sr->sc_tail = x;
@@ -270,6 +274,7 @@ void stage_rewind_start(struct stage *st, struct run *run, struct stage_run *sr,
     sr->rewind = REWIND_DRAINING;
     sr->rewind_step = step;
     sr->rewind_from = from;
+    sr->rewind_attempt = sr->attempt;
     sr->rewind_gen++;
     log_info("stage",
              "run %s: attempt %u restarts from step %llu: attempt %u's steps after it "

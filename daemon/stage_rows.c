@@ -121,9 +121,20 @@ void build_feed(struct stage *st, struct stage_run *sr, struct run *run, struct 
                 const struct store_series_key *k, const char *rule_name, uint64_t step,
                 double value, bool present, int32_t argmin_head)
 {
+    uint64_t capped = sr->ev.capped;
     struct eval_track *t = eval_track_get(&sr->ev, k, rule_name);
-    if (!t)
+    if (!t) {
+        if (sr->ev.capped != capped && !sr->budget_logged) {
+            sr->budget_logged = true;
+            log_error("stage",
+                      "run %s: its detected series need more than half of max_run_bytes = %llu "
+                      "(%zu series of %zu bytes): %s layer %d and later new series are not "
+                      "detected; raise max_run_bytes or report fewer layers",
+                      run->name, (unsigned long long)st->opts.max_run_bytes, sr->ev.n_tracks,
+                      (size_t)EVAL_TRACK_BYTES, k->name, k->layer);
+        }
         return;
+    }
     size_t before = bd->batch.n;
     int rc = eval_feed(&sr->ev, &bd->batch, t, step, value, present, argmin_head,
                        detect_from(st, run), fs_clock_unix());

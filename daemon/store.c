@@ -192,7 +192,7 @@ static void set_failing(struct store *s, int failing)
 }
 
 /* Under mu: appends an announced result (not tied to the open transaction). */
-static int res_push(struct store *s, const struct store_result *r)
+int store_res_push(struct store *s, const struct store_result *r)
 {
     struct store_result *p = fs_grow(s->res, &s->capres, s->nres + 1, sizeof(*p), 64);
     if (!p)
@@ -231,7 +231,7 @@ static void refuse_hellos(struct store *s, struct store_item **batch, size_t n,
             continue;
         refused[i] = 1; /* freed with the batch */
         r.conn_id = batch[i]->conn_id;
-        if (r.conn_id && res_push(s, &r) == 0)
+        if (r.conn_id && store_res_push(s, &r) == 0)
             answered++;
     }
     for (struct store_item *prev = NULL, *it = s->head, *next; it && s->q_hellos; it = next) {
@@ -251,7 +251,7 @@ static void refuse_hellos(struct store *s, struct store_item **batch, size_t n,
         s->q_bytes -= it->bytes;
         s->settled++;
         r.conn_id = it->conn_id;
-        if (r.conn_id && res_push(s, &r) == 0)
+        if (r.conn_id && store_res_push(s, &r) == 0)
             answered++;
         it->next = gone;
         gone = it;
@@ -632,16 +632,15 @@ void *store_writer_main(void *arg)
     uint64_t max = s->opts.batch_max_items;
     int prune = s->opts.outbox_retention_s > 0 || s->opts.silence_retention_s > 0;
     double next_prune = fs_clock_mono(); /* once at start, then every prune_interval_s */
+    double next_runs = next_prune;       /* the run lifecycle (store_runs.c): always on */
     for (;;) {
         if (prune)
             store_prune_if_due(s, &next_prune);
+        store_runs_if_due(s, &next_runs);
         pthread_mutex_lock(&s->mu);
         while (!s->head && !s->stopping) {
-            if (!prune) {
-                pthread_cond_wait(&s->cv, &s->mu);
-                continue;
-            }
-            double wait = next_prune - fs_clock_mono();
+            double due = prune && next_prune < next_runs ? next_prune : next_runs;
+            double wait = due - fs_clock_mono();
             if (wait <= 0)
                 break;
             struct timespec ts = fs_clock_mono_after(wait);
@@ -690,6 +689,7 @@ void *store_writer_main(void *arg)
         struct batch_counts bc;
         write_batch(s, s->batch, n, &bc);
         store_silence_settle(s, s->batch, n);
+        store_runs_settle(s, s->batch, n);
         atomic_fetch_add(&s->stats->reports_committed, bc.reports);
         atomic_fetch_add(&s->stats->reports_duplicate, bc.duplicates);
         atomic_fetch_add(&s->stats->points_committed, bc.points);
@@ -741,6 +741,9 @@ void store_item_free(struct store_item *it)
         free(it->silence.matchers_json);
         free(it->silence.created_by);
         free(it->silence.comment);
+    } else if (it->kind == STORE_ITEM_RUN && it->run.waiter) {
+        store_waiter_settle(it->run.waiter, -ECANCELED, 0); /* a no-op once settled */
+        store_waiter_put(it->run.waiter);
     }
     free(it);
 }

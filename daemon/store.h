@@ -63,7 +63,8 @@ enum store_item_kind {
     STORE_ITEM_SILENCE = 5,   /* create or expire a silence (HTTP API, below) */
     STORE_ITEM_OUTBOX = 6,    /* the pager's outcome of one outbox row (below) */
     STORE_ITEM_ADVICE = 7,    /* an advice sent to or acknowledged by a stream (below) */
-    STORE_ITEM_RW_CURSOR = 8, /* remote write acknowledged up to here (remote_write.h) */
+    STORE_ITEM_RUN = 8,       /* end or delete a run (HTTP API, below) */
+    STORE_ITEM_RW_CURSOR = 9, /* remote write acknowledged up to here (remote_write.h) */
 };
 
 /* Scalars of a report, by index into store_report.scalars. */
@@ -90,6 +91,9 @@ struct store_hello {
     int has_resume_step; /* Hello.resume_step: the attempt restarts from a checkpoint */
     uint64_t resume_step;
     uint64_t stream_key; /* store_stream_key of (run, attempt, rank); 0: unknown */
+    /* who admitted it: the [run "PATTERN"] whose token it carried, "" for
+     * the global token (max_runs_per_token counts live runs per owner) */
+    char owner[FS_MAX_RUN_ID_LEN + 1];
 };
 
 struct store_report {
@@ -304,6 +308,23 @@ struct store_advice_delivery {
     int acked; /* 0: sent, 1: acknowledged */
 };
 
+/* --- STORE_ITEM_RUN: the run lifecycle's API (store_runs.c). END ends a
+ * live run now (it stops counting against max_runs; retention runs from
+ * now); DELETE marks it for deletion: the writer deletes every row of it
+ * in its own transactions right after, announces STORE_RESULT_RUN_GONE,
+ * and refuses its Hellos until then. The waiter (as for silences) gets 0
+ * once the batch committed, -ENOENT when no run has that name, -EIO when
+ * storage refused it. */
+enum store_run_op { STORE_RUN_END = 1, STORE_RUN_DELETE = 2 };
+
+struct store_run_req {
+    enum store_run_op op;
+    char run[FS_MAX_RUN_ID_LEN + 1];
+    struct store_waiter *waiter; /* one reference, owned; released by store_item_free */
+    int status;                  /* writer thread: outcome of the latest attempt */
+    int64_t out_id;              /* the run's id */
+};
+
 /* --- STORE_ITEM_RW_CURSOR: the remote-write sender's cursor, after a 2xx
  * (schema/011_remote_write.sql). It only moves forward. */
 struct store_rw_cursor {
@@ -326,6 +347,7 @@ struct store_item {
         struct store_silence silence;
         struct store_outbox_outcome outbox;
         struct store_advice_delivery advice;
+        struct store_run_req run;
         struct store_rw_cursor rw_cursor;
     };
 };
@@ -348,6 +370,9 @@ enum store_result_kind {
      * that take advice (stream_id 0: all; else that stream's only); else
      * owed to that connection's stream (after its HELLO result, items 0). */
     STORE_RESULT_ADVICE = 4,
+    /* run_id and every row of it were deleted (store_runs.c): its
+     * connections close, the monitor stage forgets it */
+    STORE_RESULT_RUN_GONE = 5,
 };
 
 struct store_result {
@@ -382,6 +407,17 @@ struct store_opts {
     double outbox_retention_s;
     double silence_retention_s;
     double prune_interval_s;
+    /* The run lifecycle (store_runs.c), seconds, 0: never. A live run with
+     * no report for run_idle_end_s ends; an ended run is deleted with every
+     * row of it run_retention_s after it ended; a run without any report
+     * run_hello_grace_s after its last Hello. max_runs counts live runs
+     * (reports > 0, not ended), max_runs_per_token (0: no quota) those of
+     * one owner (store_hello.owner). Checked every prune_interval_s, or a
+     * quarter of the shortest of these when that is shorter. */
+    double run_idle_end_s;
+    double run_retention_s;
+    double run_hello_grace_s;
+    uint64_t max_runs_per_token;
 };
 
 struct store;
@@ -476,6 +512,12 @@ struct store_prune_counts {
 };
 int store_prune(sqlite3 *db, double now, double outbox_retention_s, double silence_retention_s,
                 unsigned max_rows, struct store_prune_counts *out);
+
+/* Deletes every row of run run_id, in every table, inside the caller's
+ * open transaction on db (the writer's; tests may pass their own). Ids of
+ * the deleted rows are never handed out again (id_floor). SQLite rc.
+ * Writer thread. */
+int store_run_delete_rows(sqlite3 *db, int64_t run_id);
 
 /* A read-only connection to the daemon's database for another thread (the
  * HTTP module): SQLITE_OPEN_READONLY, busy timeout, PRAGMA query_only. The

@@ -12,6 +12,7 @@
 #include "alert.h" /* pinned state numbers only */
 #include "foreshock.pb-c.h"
 #include "fs_grow.h"
+#include "fs_limits.h"
 #include "log.h"
 #include "spool.h"
 #include "store_internal.h"
@@ -162,21 +163,40 @@ static int apply_hello(struct store *s, const struct store_item *it, double now,
     r->kind = STORE_RESULT_HELLO;
     r->conn_id = it->conn_id;
     r->items = 1;
-    int64_t id = 0;
+    /* id, live, deleting */
+    int64_t found[3] = {0, 0, 0};
     sqlite3_bind_text(s->st[ST_RUN_FIND], 1, h->run, -1, SQLITE_STATIC);
-    int rc = exec1(s->st[ST_RUN_FIND], &id, 1);
+    int rc = exec1(s->st[ST_RUN_FIND], found, 3);
     if (!ok(rc))
         return rc;
-    if (rc == SQLITE_DONE) {
-        int64_t count = 0;
-        rc = exec1(s->st[ST_RUN_COUNT], &count, 1);
-        if (!ok(rc))
+    if (rc == SQLITE_ROW && found[2]) {
+        r->error_code = FORESHOCK__ERROR_CODE__ERROR_LIMIT;
+        snprintf(r->message, sizeof(r->message), "%s",
+                 "this run is being deleted; a Hello after its deletion starts it anew");
+        return SQLITE_OK;
+    }
+    bool admit;
+    uint32_t latest;
+    int arc = attempts_store_admit(s->attempts, rc == SQLITE_ROW ? found[0] : 0, h->attempt, &admit,
+                                   &latest);
+    if (arc != SQLITE_OK)
+        return arc;
+    if (!admit) {
+        r->error_code = FORESHOCK__ERROR_CODE__ERROR_MALFORMED;
+        snprintf(r->message, sizeof(r->message),
+                 "attempt %u is more than %u above the run's latest attempt %u (attempt "
+                 "counts restarts: give the latest + 1)",
+                 h->attempt, FS_MAX_ATTEMPT_JUMP, latest);
+        return SQLITE_OK;
+    }
+    /* A run that is not live (new, ended, or without a report yet) may
+     * become live: max_runs and the owner's quota count live runs. */
+    if (rc == SQLITE_DONE || !found[1]) {
+        rc = store_run_quota(s, h->owner, r->message, sizeof(r->message));
+        if (rc != SQLITE_OK)
             return rc;
-        if ((uint64_t)count >= s->opts.max_runs) {
+        if (r->message[0]) {
             r->error_code = FORESHOCK__ERROR_CODE__ERROR_LIMIT;
-            snprintf(r->message, sizeof(r->message),
-                     "run limit reached: the database holds max_runs = %llu runs",
-                     (unsigned long long)s->opts.max_runs);
             return SQLITE_OK;
         }
     }
@@ -188,6 +208,7 @@ static int apply_hello(struct store *s, const struct store_item *it, double now,
         sqlite3_bind_int64(st, 4, (int64_t)h->detect_from_step);
     if (h->model_json)
         sqlite3_bind_text(st, 5, h->model_json, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 6, h->owner, -1, SQLITE_STATIC);
     rc = exec1(st, &r->run_id, 1);
     if (rc != SQLITE_ROW)
         return ok(rc) ? SQLITE_ERROR : rc;
@@ -231,9 +252,45 @@ static int bump(sqlite3_stmt *st, int64_t id, int64_t mark, double at)
     return exec1(st, NULL, 0);
 }
 
-static int apply_report(struct store *s, const struct store_item *it, struct batch_counts *bc)
+/* Whether the row of `id` exists (ST_STREAM_EXISTS / ST_RUN_EXISTS): an
+ * item queued before its run was deleted (store_runs.c) finds none. */
+static int row_exists(sqlite3_stmt *st, int64_t id, bool *yes)
+{
+    sqlite3_bind_int64(st, 1, id);
+    int rc = exec1(st, NULL, 0);
+    *yes = rc == SQLITE_ROW;
+    return ok(rc) ? SQLITE_OK : rc;
+}
+
+/* A report of a stream whose run was deleted: refused (the connection is
+ * closed with the reason), nothing stored. */
+static int refuse_gone(struct store *s, const struct store_item *it)
+{
+    struct store_result *r = store_wres_add(s);
+    if (!r)
+        return SQLITE_NOMEM;
+    r->kind = STORE_RESULT_ACK;
+    r->conn_id = it->conn_id;
+    r->items = 1;
+    r->run_id = it->report.run_id;
+    r->stream_id = it->report.stream_id;
+    r->error_code = FORESHOCK__ERROR_CODE__ERROR_LIMIT;
+    snprintf(r->message, sizeof(r->message),
+             "run deleted (ended and past run_retention_s, no report within run_hello_grace_s, "
+             "or the API): reconnect to start it anew");
+    return SQLITE_OK;
+}
+
+static int apply_report(struct store *s, const struct store_item *it, struct batch_counts *bc,
+                        bool *gone)
 {
     const struct store_report *rp = &it->report;
+    bool exists;
+    int rc0 = row_exists(s->st[ST_STREAM_EXISTS], rp->stream_id, &exists);
+    if (rc0 != SQLITE_OK)
+        return rc0;
+    if ((*gone = !exists))
+        return refuse_gone(s, it);
     sqlite3_stmt *st = s->st[ST_REPORT_INSERT];
     sqlite3_bind_int64(st, 1, rp->stream_id);
     sqlite3_bind_int64(st, 2, (int64_t)rp->seq);
@@ -538,25 +595,36 @@ int store_apply_item(struct store *s, const struct store_item *it, double now,
         return r ? apply_hello(s, it, now, r) : SQLITE_NOMEM;
     }
     case STORE_ITEM_REPORT: {
-        int rc = apply_report(s, it, bc);
-        if (rc == SQLITE_OK && wres_ack(s, it) < 0)
+        bool gone = false;
+        int rc = apply_report(s, it, bc, &gone);
+        if (rc == SQLITE_OK && !gone && wres_ack(s, it) < 0)
             rc = SQLITE_NOMEM;
         return rc;
     }
     case STORE_ITEM_SPOOL_DONE:
         return apply_spool_done(s, it->spool_done.run_id, it->spool_done.step);
-    case STORE_ITEM_MONITOR:
-        return apply_monitor(s, it, now, bc);
+    case STORE_ITEM_MONITOR: {
+        bool exists; /* the run may have been deleted since the stage evaluated it */
+        int rc = row_exists(s->st[ST_RUN_EXISTS], it->monitor.run_id, &exists);
+        return rc != SQLITE_OK || !exists ? rc : apply_monitor(s, it, now, bc);
+    }
+    case STORE_ITEM_RUN:
+        return store_apply_run(s, (struct store_item *)it, now);
     case STORE_ITEM_SILENCE:
         return store_apply_silence(s, (struct store_item *)it, now);
     case STORE_ITEM_OUTBOX:
         return apply_outbox(s, &it->outbox, now);
-    case STORE_ITEM_ADVICE:
+    case STORE_ITEM_ADVICE: {
+        bool exists;
+        int rc = row_exists(s->st[ST_STREAM_EXISTS], it->advice.stream_id, &exists);
+        if (rc != SQLITE_OK || !exists)
+            return rc;
         return s->advice ? advice_store_delivery(s->advice, it->advice.advice_id,
                                                  it->advice.stream_id, it->advice.acked, now)
                          : SQLITE_OK;
     case STORE_ITEM_RW_CURSOR:
         return apply_rw_cursor(s, &it->rw_cursor, now);
+    }
     }
     return SQLITE_MISUSE;
 }

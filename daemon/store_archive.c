@@ -22,6 +22,7 @@
 #define ARCHIVE_RETRY_MS 50
 #define ARCHIVE_MAX_TABLES 128 /* tables examined when cutting down to one run */
 #define ARCHIVE_SQL_MAX 512
+#define ARCHIVE_SQLITE_HEADER 100 /* bytes of a SQLite file header */
 
 static int fail_db(sqlite3 *db, int rc, struct fs_err *err, const char *what)
 {
@@ -193,8 +194,36 @@ int store_archive(const char *src, const char *dst, const char *run,
     }
     sqlite3_busy_timeout(s, ARCHIVE_BUSY_MS);
     int64_t version = 0;
-    if (query_int(s, "PRAGMA user_version", -1, &version) < 0 || version < 1 ||
-        version > schema_migration_count) {
+    if (query_int(s, "PRAGMA user_version", -1, &version) < 0) {
+        /* SQLite's own reason: a truncated or damaged file is not "not a
+         * Foreshock database" (SQLITE_CORRUPT: damaged or cut short;
+         * SQLITE_NOTADB: no SQLite header at all). */
+        int code = sqlite3_errcode(s);
+        rc = fs_err_set(err, -EIO, "%s: %s (SQLite)%s", src, sqlite3_errmsg(s),
+                        code == SQLITE_CORRUPT  ? ": the database is truncated or damaged"
+                        : code == SQLITE_NOTADB ? ": not a SQLite database"
+                                                : "");
+        goto out;
+    }
+    if (version == 0 && sb.st_size > 0 && sb.st_size < ARCHIVE_SQLITE_HEADER) {
+        /* SQLite reads a file shorter than its header as an empty one. */
+        rc = fs_err_set(err, -EIO,
+                        "%s: %lld bytes, shorter than a SQLite header (%d): the database is "
+                        "truncated or damaged",
+                        src, (long long)sb.st_size, ARCHIVE_SQLITE_HEADER);
+        goto out;
+    }
+    int64_t page = 0;
+    if (version > 0 && query_int(s, "PRAGMA page_size", -1, &page) == 0 && page > 0 &&
+        sb.st_size % page != 0) {
+        /* SQLite reads the missing end of a last page as zeros. */
+        rc = fs_err_set(err, -EIO,
+                        "%s: %lld bytes, not a whole number of its %lld-byte pages: the "
+                        "database is truncated or damaged",
+                        src, (long long)sb.st_size, (long long)page);
+        goto out;
+    }
+    if (version < 1 || version > schema_migration_count) {
         rc = fs_err_set(err, -EPROTO,
                         "%s: schema version %lld: not a Foreshock database this build "
                         "reads (1..%d)",

@@ -16,6 +16,8 @@
  *   store_series.c   the series id cache and point rows
  *   store_silence.c  the HTTP API's silence writes and their waiters
  *   store_prune.c    retention of finished outbox rows and old silences
+ *   store_runs.c     the run lifecycle: live-run quotas, ending runs,
+ *                    deleting every row of a run (API and retention)
  *
  * Everything here runs on the writer thread (the main thread at open and
  * close) unless it says otherwise. SQLite result codes, not errno, unless
@@ -59,8 +61,19 @@ enum stmt_id {
     ST_OUTBOX_OUTCOME,
     ST_FRAME_INSERT,
     ST_FRAME_DONE,
+    ST_STREAM_EXISTS,
+    ST_RUN_EXISTS,
     ST_COUNT
 };
+
+/* A run is live from its first report until it ends or is marked for
+ * deletion (schema/010_run_lifecycle.sql); max_runs counts live runs. */
+#define STORE_RUN_LIVE_SQL "(reports > 0 AND ended_at IS NULL AND deleting = 0)"
+/* The id a new row of table T takes: never one a deleted row had
+ * (id_floor, schema/010_run_lifecycle.sql). */
+#define STORE_NEXT_ID_SQL(T)                                                                       \
+    "(SELECT max(COALESCE((SELECT max(id) FROM " T "), 0), "                                       \
+    "COALESCE((SELECT id FROM id_floor WHERE tbl = '" T "'), 0)) + 1)"
 
 /* Stream keys of queued reports, as bits (take_hellos). A false positive
  * only leaves a Hello in its place. */
@@ -155,6 +168,7 @@ struct store {
     const struct advice_policy *w_advice_policy; /* copy taken per batch */
     struct advice_store *advice;
     struct attempts_store *attempts;
+    int w_runs_due; /* a run was marked for deletion: the lifecycle pass is due now */
 };
 
 struct batch_counts {
@@ -254,5 +268,27 @@ void store_waiter_settle(struct store_waiter *w, int status, int64_t id);
 /* Runs one retention transaction when *next (monotonic seconds) is due,
  * and sets the next due time. */
 void store_prune_if_due(struct store *s, double *next);
+
+/* --- store_runs.c -------------------------------------------------------------- */
+
+/* The run lifecycle pass (store_runs.c) when due (or w_runs_due): ends idle
+ * runs, deletes those due, announces STORE_RESULT_RUN_GONE. Writer thread,
+ * between item batches. */
+void store_runs_if_due(struct store *s, double *next);
+
+/* Whether a Hello may make a run live: "" in why (len bytes) when it may,
+ * else the refusal. SQLite rc. Inside the open transaction. */
+int store_run_quota(struct store *s, const char *owner, char *why, size_t len);
+
+/* Applies a STORE_ITEM_RUN, keeping its outcome in the item. */
+int store_apply_run(struct store *s, struct store_item *it, double now);
+
+/* After the batch: publishes each run item's outcome to its waiter. */
+void store_runs_settle(struct store *s, struct store_item **batch, size_t n);
+
+/* --- store.c (announcing) --- */
+
+/* Under mu: appends an announced result (not tied to the open transaction). */
+int store_res_push(struct store *s, const struct store_result *r);
 
 #endif

@@ -20,20 +20,28 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_BEGIN] = "BEGIN IMMEDIATE",
     [ST_COMMIT] = "COMMIT",
     [ST_ROLLBACK] = "ROLLBACK",
-    [ST_RUN_FIND] = "SELECT id FROM runs WHERE name = ?1",
-    [ST_RUN_COUNT] = "SELECT count(*) FROM runs",
+    /* id, live (store_runs.c), marked for deletion */
+    [ST_RUN_FIND] = "SELECT id, " STORE_RUN_LIVE_SQL ", deleting FROM runs WHERE name = ?1",
+    /* live runs, all of them (?1 NULL) or one owner's */
+    [ST_RUN_COUNT] =
+        "SELECT count(*) FROM runs WHERE " STORE_RUN_LIVE_SQL " AND (?1 IS NULL OR owner = ?1)",
     [ST_RUN_UPSERT] =
-        "INSERT INTO runs (name, created_at, last_seen_at, world_size, detect_from_step, "
-        "model_json) VALUES (?1, ?2, ?2, ?3, COALESCE(?4, 0), ?5) "
-        "ON CONFLICT (name) DO UPDATE SET last_seen_at = excluded.last_seen_at, "
-        "world_size = excluded.world_size, "
-        "detect_from_step = COALESCE(?4, runs.detect_from_step), "
-        "model_json = COALESCE(excluded.model_json, runs.model_json) RETURNING id",
+        "INSERT INTO runs (id, name, created_at, last_seen_at, world_size, detect_from_step, "
+        "model_json, owner) VALUES (" STORE_NEXT_ID_SQL(
+            "runs") ", ?1, ?2, ?2, ?3, "
+                    "COALESCE(?4, 0), ?5, COALESCE(?6, '')) "
+                    "ON CONFLICT (name) DO UPDATE SET last_seen_at = excluded.last_seen_at, "
+                    "ended_at = NULL, "
+                    "world_size = excluded.world_size, "
+                    "detect_from_step = COALESCE(?4, runs.detect_from_step), "
+                    "model_json = COALESCE(excluded.model_json, runs.model_json) RETURNING id",
     [ST_STREAM_UPSERT] =
-        "INSERT INTO streams (run_id, attempt, rank, created_at, last_seen_at, local_ranks) "
-        "VALUES (?1, ?2, ?3, ?4, ?4, ?5) ON CONFLICT (run_id, attempt, rank) DO UPDATE SET "
-        "last_seen_at = excluded.last_seen_at, local_ranks = excluded.local_ranks "
-        "RETURNING id, last_seq",
+        "INSERT INTO streams (id, run_id, attempt, rank, created_at, last_seen_at, local_ranks) "
+        "VALUES (" STORE_NEXT_ID_SQL(
+            "streams") ", ?1, ?2, ?3, ?4, ?4, ?5) ON CONFLICT (run_id, attempt, rank) DO UPDATE "
+                       "SET "
+                       "last_seen_at = excluded.last_seen_at, local_ranks = excluded.local_ranks "
+                       "RETURNING id, last_seq",
     [ST_REPORT_INSERT] = "INSERT OR IGNORE INTO reports (stream_id, seq, step, received_at, "
                          "bytes) VALUES (?1, ?2, ?3, ?4, ?5)",
     [ST_SERIES_FIND] = "SELECT id FROM series WHERE run_id = ?1 AND name = ?2 AND layer = ?3 "
@@ -54,8 +62,11 @@ static const char *const stmt_sql[ST_COUNT] = {
                     "WHERE id = ?1",
     [ST_STREAM_BUMP] = "UPDATE streams SET last_seq = MAX(last_seq, ?2), reports = reports + 1, "
                        "last_seen_at = ?3 WHERE id = ?1",
+    /* a report of an ended run (its connection outlived run_idle_end_s) makes it live again */
     [ST_RUN_BUMP] = "UPDATE runs SET last_step = MAX(COALESCE(last_step, ?2), ?2), "
-                    "reports = reports + 1, last_seen_at = ?3 WHERE id = ?1",
+                    "reports = reports + 1, last_seen_at = ?3, ended_at = NULL WHERE id = ?1",
+    [ST_STREAM_EXISTS] = "SELECT 1 FROM streams WHERE id = ?1",
+    [ST_RUN_EXISTS] = "SELECT 1 FROM runs WHERE id = ?1",
     [ST_STATE_PUT] = "INSERT INTO detector_state (series_id, step, state) VALUES (?1, ?2, ?3) "
                      "ON CONFLICT (series_id) DO UPDATE SET step = excluded.step, "
                      "state = excluded.state",
@@ -82,9 +93,9 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_INCOMPLETE_PUT] = "INSERT OR REPLACE INTO incomplete (run_id, step, kind, layer, head, "
                           "\"window\", have, want, recorded_at) "
                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    [ST_OUTBOX_INSERT] = "INSERT INTO outbox (alert_id, event_id, target, kind, severity, "
+    [ST_OUTBOX_INSERT] = "INSERT INTO outbox (id, alert_id, event_id, target, kind, severity, "
                          "attribution, created_at, updated_at) "
-                         "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                         "VALUES (" STORE_NEXT_ID_SQL("outbox") ", ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
     [ST_OUTBOX_OUTCOME] =
         "UPDATE outbox SET state = ?2, attempts = ?3, next_attempt_at = ?4, last_status = ?5, "
         "last_error = ?6, updated_at = ?7, "
@@ -233,6 +244,18 @@ static int import_legacy_spool(struct store *s, const char *path, struct fs_err 
     return 0;
 }
 
+/* spool_forget_runs' question: is there a runs row of run_id? (ctx: the
+ * prepared "SELECT 1 FROM runs WHERE id = ?1"; an error answers yes: the
+ * records stay.) */
+static bool run_known(void *ctx, int64_t run_id)
+{
+    sqlite3_stmt *q = ctx;
+    sqlite3_bind_int64(q, 1, run_id);
+    int rc = sqlite3_step(q);
+    sqlite3_reset(q);
+    return rc != SQLITE_DONE;
+}
+
 static int open_spool(struct store *s, const char *path, struct fs_err *err)
 {
     char dir[SPOOL_PATH_MAX];
@@ -262,6 +285,13 @@ static int open_spool(struct store *s, const char *path, struct fs_err *err)
     if (rc != SQLITE_DONE)
         return fs_err_set(err, -EIO, "%s: reading evaluated steps: %s", path,
                           rc == SQLITE_ROW ? "out of memory" : sqlite3_errmsg(s->db));
+    /* Records of runs deleted (store_runs.c) before their segments went. */
+    if (sqlite3_prepare_v2(s->db, "SELECT 1 FROM runs WHERE id = ?1", -1, &q, NULL) != SQLITE_OK)
+        return fs_err_set(err, -EIO, "%s: %s", path, sqlite3_errmsg(s->db));
+    rc = spool_forget_runs(s->spool, run_known, q);
+    sqlite3_finalize(q);
+    if (rc < 0)
+        return fs_err_set(err, rc, "%s: spool: out of memory", path);
     size_t freed = spool_release(s->spool, &s->committed);
     if (freed)
         log_info("store", "spool: deleted %zu segments of evaluated steps", freed);

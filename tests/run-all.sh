@@ -3,7 +3,7 @@
 # builds, and runs the whole test suite twice:
 # a normal build and an AddressSanitizer + UndefinedBehaviorSanitizer build,
 # then runs the libFuzzer targets (frame decoder, HTTP parameters, silences,
-# configuration) for a bounded time each.
+# configuration, recordings) for a bounded time each.
 #
 #   tests/run-all.sh            everything (what CI runs)
 #   FUZZ_SECONDS=0 tests/run-all.sh    skip the fuzzers
@@ -15,17 +15,25 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 
 deploy/install-deps.sh
 
+echo "== torch 2.x venv (tests/python-venv.sh) =="
+# The Python client is tested under Debian's torch 1.13 and under this venv
+# (pinned torch, transformers, lightning from PyPI): test_torch2_*.py and
+# FORESHOCK_TORCH2_TESTS (tests/CMakeLists.txt).
+VENV_PYTHON=$(tests/python-venv.sh | tail -n 1)
+
 echo "== format (clang-format, .clang-format) =="
 tests/check-format.sh
 
 echo "== build (RelWithDebInfo) =="
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DFORESHOCK_VENV_PYTHON="$VENV_PYTHON" >/dev/null
 cmake --build build -j"$JOBS"
 echo "== tests =="
 ctest --test-dir build --output-on-failure -j"$JOBS"
 
 echo "== build (ASan + UBSan) =="
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFORESHOCK_SANITIZE=ON >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFORESHOCK_SANITIZE=ON \
+  -DFORESHOCK_VENV_PYTHON="$VENV_PYTHON" >/dev/null
 cmake --build build-asan -j"$JOBS"
 echo "== tests under ASan + UBSan =="
 # Criterion runs each test in a forked worker and does not turn a sanitizer
@@ -51,10 +59,11 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFORESHOCK_FUZZ=ON \
     -DFORESHOCK_SANITIZE=ON -DFORESHOCK_WERROR=OFF >/dev/null
   cmake --build build-fuzz -j"$JOBS" --target fuzz_decode fuzz_http_params fuzz_silence fuzz_config \
-    fuzz_spool
+    fuzz_spool fuzz_recording
   seeds=$(mktemp -d)
-  mkdir -p "$seeds"/decode "$seeds"/http "$seeds"/silence "$seeds"/config "$seeds"/spool
-  /usr/bin/python3 tests/fuzz/make_corpus.py . "$seeds"/decode
+  mkdir -p "$seeds"/decode "$seeds"/http "$seeds"/silence "$seeds"/config "$seeds"/spool \
+    "$seeds"/recording
+  /usr/bin/python3 tests/fuzz/make_corpus.py . "$seeds"/decode "$seeds"/recording
   printf '\001%s' '1h30m' > "$seeds"/http/duration
   printf '\002%s' '2026-01-02T03:04:05.25+02:00' > "$seeds"/http/time
   printf '\000%s' 'Bearer abc' > "$seeds"/http/bearer
@@ -66,7 +75,9 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   # fuzz_spool: odd first byte = records appended, then the flips that follow
   printf '\001\010abcdefgh\004wxyz\020%s\003\177' 'sixteen bytes...' > "$seeds"/spool/appended
   printf '\000FSR2%s' 'not a header' > "$seeds"/spool/raw
-  for t in decode http_params silence config spool; do
+  printf '\357\273\277[run "team-a-*"]\ntoken = a\n[run "team-b-?"]\ntoken = b\n[advice]\n' \
+    > "$seeds"/config/sections
+  for t in decode http_params silence config spool recording; do
     secs=$((FUZZ_SECONDS / 2)); dir="$seeds/$t"
     [ "$t" = decode ] && secs=$FUZZ_SECONDS
     [ "$t" = http_params ] && dir="$seeds/http"

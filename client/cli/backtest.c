@@ -4,7 +4,10 @@
  * raised. The input is a Foreshock database (read-only, safe beside a
  * running daemon) or recordings, which are first streamed into a throwaway
  * daemon (foreshockd beside this binary, or on PATH) that computes their
- * monitors.
+ * monitors. That daemon and its temporary directory never outlive the
+ * command: SIGINT, SIGTERM or SIGHUP kill it by its PID and remove the
+ * directory, and it dies with this process (PR_SET_PDEATHSIG) even of
+ * SIGKILL.
  *
  * Settings: the rule table starts from the built-in defaults; --config
  * reads a daemon configuration file ([detect "RULE"] sections and
@@ -18,6 +21,10 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -313,6 +320,98 @@ struct throwaway {
     pid_t pid;
 };
 
+/* The throwaway daemon and its directory while they exist, for the signal
+ * handler: a backtest stopped by SIGINT, SIGTERM or SIGHUP kills the daemon
+ * (by its PID), reaps it, removes the directory and then dies of the signal
+ * as it would have. Everything the handler calls is async-signal-safe. */
+static struct throwaway *volatile live_throwaway;
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
+
+/* Removes everything in the directory open as dfd (its own subdirectories
+ * too, up to depth more levels: the daemon makes one, its spool), then
+ * closes dfd. Raw getdents64: opendir may allocate, which a signal handler
+ * must not. */
+static void remove_contents(int dfd, int depth)
+{
+    static char buf[4096]; /* only ever one caller: the main flow or the handler */
+    long n;
+    while ((n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+        for (long off = 0; off < n;) {
+            struct linux_dirent64 {
+                uint64_t d_ino;
+                int64_t d_off;
+                unsigned short d_reclen;
+                unsigned char d_type;
+                char d_name[];
+            } *e = (void *)(buf + off);
+            off += e->d_reclen;
+            const char *name = e->d_name;
+            if (!strcmp(name, ".") || !strcmp(name, ".."))
+                continue;
+            if (e->d_type == DT_DIR) {
+                int sub = depth > 0 ? openat(dfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+                if (sub >= 0)
+                    remove_contents(sub, depth - 1);
+                unlinkat(dfd, name, AT_REMOVEDIR);
+            } else {
+                unlinkat(dfd, name, 0);
+            }
+        }
+    }
+    close(dfd);
+}
+
+/* Kills (SIGKILL: nothing of it is kept) and reaps the daemon, removes its
+ * directory. Async-signal-safe. */
+static void throwaway_abort(struct throwaway *d)
+{
+    if (d->pid > 0) {
+        int status;
+        kill(d->pid, SIGKILL);
+        while (waitpid(d->pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        d->pid = 0;
+    }
+    if (d->dir[0]) {
+        int dfd = open(d->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0)
+            remove_contents(dfd, 1);
+        rmdir(d->dir);
+        d->dir[0] = '\0';
+    }
+}
+
+static void on_stop_signal(int sig)
+{
+    int saved = errno;
+    struct throwaway *d = live_throwaway;
+    if (d)
+        throwaway_abort(d);
+    errno = saved;
+    signal(sig, SIG_DFL);
+    raise(sig); /* delivered on return: the exit status says which signal */
+}
+
+static void catch_stop_signals(struct throwaway *d)
+{
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof(stop_signals) / sizeof(stop_signals[0]); i++)
+        sigaddset(&sa.sa_mask, stop_signals[i]); /* one handler runs at a time */
+    live_throwaway = d;
+    for (size_t i = 0; i < sizeof(stop_signals) / sizeof(stop_signals[0]); i++)
+        sigaction(stop_signals[i], &sa, NULL);
+}
+
+static void block_stop_signals(int how, sigset_t *old)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    for (size_t i = 0; i < sizeof(stop_signals) / sizeof(stop_signals[0]); i++)
+        sigaddset(&set, stop_signals[i]);
+    sigprocmask(how, &set, old);
+}
+
 /* Reads "ingest=HOST:PORT http=HOST:PORT" from the daemon's ready line. */
 static int read_ready(const char *log, char *ingest, char *http)
 {
@@ -339,22 +438,41 @@ static void sleep_ms(long ms)
 
 static int throwaway_start(struct throwaway *d, char *err, size_t errlen)
 {
-    char bin[PATH_MAX + 16];
+    char bin[PATH_MAX + 16], dir[PATH_MAX];
     const char *tmp = getenv("TMPDIR");
-    snprintf(d->dir, sizeof(d->dir), "%s/foreshock-backtest-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(d->dir)) {
-        snprintf(err, errlen, "cannot make a temporary directory: %s", strerror(errno));
-        return -errno;
+    sigset_t old;
+    pid_t pid;
+    int e;
+    snprintf(dir, sizeof(dir), "%s/foreshock-backtest-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    daemon_path(bin, sizeof(bin));
+    /* The directory and the child exist only where the handler sees them. */
+    catch_stop_signals(d);
+    block_stop_signals(SIG_BLOCK, &old);
+    if (!mkdtemp(dir)) {
+        e = errno;
+        block_stop_signals(SIG_SETMASK, NULL);
+        snprintf(err, errlen, "cannot make a temporary directory: %s", strerror(e));
+        return -e;
     }
+    memcpy(d->dir, dir, sizeof(dir));
     snprintf(d->db, sizeof(d->db), "%s/backtest.db", d->dir);
     snprintf(d->log, sizeof(d->log), "%s/foreshockd.log", d->dir);
-    daemon_path(bin, sizeof(bin));
-    d->pid = fork();
-    if (d->pid < 0) {
-        snprintf(err, errlen, "fork: %s", strerror(errno));
-        return -errno;
+    pid = fork();
+    e = errno;
+    if (pid > 0)
+        d->pid = pid;
+    if (pid != 0)
+        sigprocmask(SIG_SETMASK, &old, NULL);
+    if (pid < 0) {
+        snprintf(err, errlen, "fork: %s", strerror(e));
+        return -e;
     }
-    if (d->pid == 0) {
+    if (pid == 0) {
+        /* The daemon dies with this process, even of SIGKILL. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        for (size_t i = 0; i < sizeof(stop_signals) / sizeof(stop_signals[0]); i++)
+            signal(stop_signals[i], SIG_DFL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
         FILE *f = freopen(d->log, "w", stderr);
         (void)f;
         execlp(bin, bin, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--db", d->db,
@@ -364,10 +482,14 @@ static int throwaway_start(struct throwaway *d, char *err, size_t errlen)
     }
     for (int i = 0; i < BACKTEST_DAEMON_WAIT_S * 20; i++) {
         int status;
+        pid_t gone;
         if (read_ready(d->log, d->ingest, d->http))
             return 0;
-        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+        block_stop_signals(SIG_BLOCK, &old); /* reaped and forgotten at once */
+        if ((gone = waitpid(d->pid, &status, WNOHANG)) == d->pid)
             d->pid = 0;
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        if (gone == pid) {
             snprintf(err, errlen, "%.200s exited before it was ready (log: %.200s)", bin, d->log);
             return -ECHILD;
         }
@@ -383,24 +505,30 @@ static int throwaway_start(struct throwaway *d, char *err, size_t errlen)
 static void throwaway_stop(struct throwaway *d)
 {
     if (d->pid > 0) {
+        siginfo_t info;
+        sigset_t old;
         int status;
         kill(d->pid, SIGTERM);
+        /* Waits without reaping, so that the PID the handler may kill is
+         * never another process's; reaps with the handler held off. */
+        while (waitid(P_PID, (id_t)d->pid, &info, WEXITED | WNOWAIT) < 0 && errno == EINTR)
+            ;
+        block_stop_signals(SIG_BLOCK, &old);
         waitpid(d->pid, &status, 0);
         d->pid = 0;
+        sigprocmask(SIG_SETMASK, &old, NULL);
     }
 }
 
+/* Removes the directory and all the daemon left in it (database, log,
+ * lock file, spool directory). */
 static void throwaway_remove(struct throwaway *d)
 {
-    const char *files[] = {d->db, d->log};
-    char extra[PATH_MAX + 40];
-    for (size_t i = 0; i < 2; i++)
-        unlink(files[i]);
-    snprintf(extra, sizeof(extra), "%s-wal", d->db);
-    unlink(extra);
-    snprintf(extra, sizeof(extra), "%s-shm", d->db);
-    unlink(extra);
-    rmdir(d->dir);
+    sigset_t old;
+    block_stop_signals(SIG_BLOCK, &old);
+    throwaway_abort(d);
+    live_throwaway = NULL;
+    sigprocmask(SIG_SETMASK, &old, NULL);
 }
 
 /* Every run of the database, for --run checks and ordering. */
@@ -669,7 +797,6 @@ close_reader:
     store_reader_close(rd);
 cleanup:
     throwaway_stop(&d);
-    if (d.dir[0])
-        throwaway_remove(&d);
+    throwaway_remove(&d);
     return rc;
 }

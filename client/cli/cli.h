@@ -106,6 +106,8 @@ int cmd_points(const char *http, int argc, char **argv);
 int cmd_alerts(const char *http, int argc, char **argv);
 int cmd_silence(const char *http, int argc, char **argv);
 int cmd_maintenance(const char *http, int argc, char **argv);
+/* `foreshock runs delete|end RUN` (op "delete" or "end"), from cmd_runs. */
+int cmd_run_op(const char *http, const char *op, int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
 int cmd_backtest(int argc, char **argv);

@@ -16,7 +16,10 @@ struct command {
 };
 
 static const struct command commands[] = {
-    {.name = "runs", .summary = "list runs", .uses_http = 1, .run_http = cmd_runs},
+    {.name = "runs",
+     .summary = "list runs (runs delete|end RUN: delete or end one)",
+     .uses_http = 1,
+     .run_http = cmd_runs},
     {.name = "series",
      .summary = "list the series of a run",
      .uses_http = 1,

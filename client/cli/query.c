@@ -270,6 +270,8 @@ int cmd_runs(const char *http, int argc, char **argv)
     static const int is_time[] = {0, 0, 0, 0, 0, 0, 1};
     char path[64];
     struct api *a = NULL;
+    if (argc >= 1 && (!strcmp(argv[0], "delete") || !strcmp(argv[0], "end")))
+        return cmd_run_op(http, argv[0], argc - 1, argv + 1);
     int rc = begin("runs", runs_opts, sizeof(runs_opts) / sizeof(runs_opts[0]), argc, argv, &s,
                    &runs_help, &s.http, &a);
 

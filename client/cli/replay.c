@@ -17,11 +17,9 @@
 #include "cli.h"
 #include "foreshock.h"
 #include "foreshock.pb-c.h"
+#include "recording.h"
 
-#define REPLAY_MAX_FILES 1024 /* files (ranks) in one replay */
-/* The largest frame a recording may hold: a report libforeshock would accept
- * at its largest max_report_bytes, plus the frame and seq header. */
-#define REPLAY_MAX_FRAME (FSC_MAX_REPORT_BYTES_LIMIT + 64)
+#define REPLAY_MAX_FILES 1024                   /* files (ranks) in one replay */
 #define REPLAY_BUFFER_BYTES ((size_t)256 << 20) /* per client: unacknowledged reports */
 #define REPLAY_WAIT_MS 50                       /* one wait for acknowledgements */
 #define REPLAY_RECORDED_ATTEMPT UINT64_MAX      /* --attempt not given */
@@ -80,94 +78,43 @@ static const struct command_help replay_help = {
     .summary =
         "Stream recordings (Monitor(record=...), FORESHOCK_RECORD, fsc_options.record_path)\n"
         "into a daemon: one connection per file, reports interleaved by step. Exit 0 when\n"
-        "every report was acknowledged as committed.",
+        "every report was acknowledged as committed. A report the daemon refuses is named\n"
+        "and makes the exit status 1; one it would refuse even as an empty placeholder (a\n"
+        "step not below 2^63, a time that is not finite) stops the replay at once with an\n"
+        "error naming the file and the report.",
 };
 
 /* One recording being replayed. */
 struct source {
     const char *path;
     FILE *f;
-    uint8_t *buf;
-    size_t cap;
+    struct recording rec;
     Foreshock__Frame *next; /* the next Report frame, NULL at the end */
     fsc_client *client;
-    uint64_t reports, submitted;
-    int truncated;
+    uint64_t submitted;
+    int truncation_noted;
 };
 
-/* Reads one frame. Returns 1 and *out, 0 at a clean end, or -1 (message
- * printed) for a damaged file; a partial last frame is reported and taken as
- * the end (a recording cut short by a crash or a full disk). */
-static int read_frame(struct source *s, Foreshock__Frame **out)
-{
-    uint8_t be[4];
-    size_t got = fread(be, 1, 4, s->f);
-    uint32_t len;
-
-    if (got == 0 && feof(s->f))
-        return 0;
-    if (got != 4)
-        goto partial;
-    len = (uint32_t)be[0] << 24 | (uint32_t)be[1] << 16 | (uint32_t)be[2] << 8 | be[3];
-    if (len == 0 || len > REPLAY_MAX_FRAME) {
-        fprintf(stderr, "replay: %s: frame of %u bytes (limit %zu): not a recording?\n", s->path,
-                len, (size_t)REPLAY_MAX_FRAME);
-        return -1;
-    }
-    if (len > s->cap) {
-        uint8_t *nb = realloc(s->buf, len);
-        if (!nb) {
-            fprintf(stderr, "replay: %s: out of memory for a %u-byte frame\n", s->path, len);
-            return -1;
-        }
-        s->buf = nb;
-        s->cap = len;
-    }
-    if (fread(s->buf, 1, len, s->f) != len)
-        goto partial;
-    *out = foreshock__frame__unpack(NULL, len, s->buf);
-    if (!*out) {
-        fprintf(stderr, "replay: %s: frame %llu does not decode\n", s->path,
-                (unsigned long long)s->reports + 1);
-        return -1;
-    }
-    return 1;
-partial:
-    if (ferror(s->f)) {
-        fprintf(stderr, "replay: %s: read error\n", s->path);
-        return -1;
-    }
-    fprintf(stderr, "replay: %s: ends with a partial frame after %llu reports (cut short?)\n",
-            s->path, (unsigned long long)s->reports);
-    s->truncated = 1;
-    return 0;
-}
-
-/* Loads the next Report frame into s->next (NULL at the end). 0 or -1. */
+/* Loads the next Report frame into s->next (NULL at the end). 0 or -1
+ * (message printed). */
 static int advance(struct source *s)
 {
-    Foreshock__Frame *f = NULL;
-    int rc;
+    char err[CLI_ERR_LEN];
 
     if (s->next)
         foreshock__frame__free_unpacked(s->next, NULL);
     s->next = NULL;
-    for (;;) {
-        if ((rc = read_frame(s, &f)) <= 0)
-            return rc;
-        if (f->body_case == FORESHOCK__FRAME__BODY_REPORT) {
-            s->next = f;
-            s->reports++;
-            return 0;
-        }
-        if (f->body_case != FORESHOCK__FRAME__BODY_BYE) {
-            fprintf(stderr, "replay: %s: unexpected frame (body %d) after the Hello\n", s->path,
-                    (int)f->body_case);
-            foreshock__frame__free_unpacked(f, NULL);
-            return -1;
-        }
-        foreshock__frame__free_unpacked(f, NULL);
+    int rc = recording_next(&s->rec, &s->next, err, sizeof(err));
+    if (rc < 0) {
+        fprintf(stderr, "replay: %s\n", err);
+        return -1;
     }
+    if (rc == 0 && s->rec.truncated && !s->truncation_noted) {
+        fprintf(stderr, "replay: %s: ends with a partial frame after %llu reports (cut short?)\n",
+                s->path, (unsigned long long)s->rec.reports);
+        s->truncation_noted = 1;
+    }
+    return 0;
 }
 
 static void log_cb(void *ctx, int level, const char *msg)
@@ -181,7 +128,7 @@ static void log_cb(void *ctx, int level, const char *msg)
  * its identity. 0 or -1 (message printed). */
 static int source_open(struct source *s, const struct replay_settings *st)
 {
-    char magic[FSC_RECORD_MAGIC_LEN], err[CLI_ERR_LEN], host[CLI_MAX_HOSTPORT];
+    char err[CLI_ERR_LEN], host[CLI_MAX_HOSTPORT];
     Foreshock__Frame *f = NULL;
     struct fsc_options o;
     uint16_t port;
@@ -191,14 +138,10 @@ static int source_open(struct source *s, const struct replay_settings *st)
         fprintf(stderr, "replay: %s: %s\n", s->path, strerror(errno));
         return -1;
     }
-    if (fread(magic, 1, sizeof(magic), s->f) != sizeof(magic) ||
-        memcmp(magic, FSC_RECORD_MAGIC, sizeof(magic)) != 0) {
-        fprintf(stderr, "replay: %s: not a foreshock recording (bad magic)\n", s->path);
+    s->rec = (struct recording){.path = s->path, .f = s->f};
+    if (recording_start(&s->rec, &f, err, sizeof(err)) < 0) {
+        fprintf(stderr, "replay: %s\n", err);
         return -1;
-    }
-    if (read_frame(s, &f) != 1 || f->body_case != FORESHOCK__FRAME__BODY_HELLO) {
-        fprintf(stderr, "replay: %s: the first frame is not a Hello\n", s->path);
-        goto out;
     }
     const Foreshock__Hello *h = f->hello;
     const Foreshock__ModelShape *m = h->model;
@@ -284,7 +227,7 @@ static int submit_next(struct source *s)
     if (rc < 0) {
         fsc_stats(s->client, &stats);
         fprintf(stderr, "replay: %s: report %llu (step %llu) refused: %s\n", s->path,
-                (unsigned long long)s->reports, (unsigned long long)r->step,
+                (unsigned long long)s->rec.reports, (unsigned long long)r->step,
                 stats.last_error[0] ? stats.last_error : strerror(-rc));
         return -1;
     }
@@ -338,7 +281,7 @@ int cmd_replay(int argc, char **argv)
         if (!pick)
             break;
         const Foreshock__Report *r = pick->next->report;
-        if (st.pace && r->has_time_unix) {
+        if (st.pace && r->has_time_unix && isfinite(r->time_unix)) {
             if (isnan(rec0))
                 rec0 = r->time_unix;
             sleep_s(t0 + (r->time_unix - rec0) / st.speed - now_s());
@@ -354,7 +297,7 @@ int cmd_replay(int argc, char **argv)
         fsc_stats(src[i].client, &s);
         printf("replay: %s: %llu reports, %llu acknowledged%s%s\n", src[i].path,
                (unsigned long long)src[i].submitted, (unsigned long long)s.acked,
-               src[i].truncated ? " (recording cut short)" : "",
+               src[i].rec.truncated ? " (recording cut short)" : "",
                frc < 0 ? ": not all acknowledged" : "");
         if (frc < 0 || s.acked != src[i].submitted || s.dropped)
             rc = CLI_FAIL;
@@ -367,7 +310,7 @@ out:
             foreshock__frame__free_unpacked(src[i].next, NULL);
         if (src[i].f)
             fclose(src[i].f);
-        free(src[i].buf);
+        recording_free(&src[i].rec);
     }
     free(src);
     return rc;

@@ -1,5 +1,5 @@
 /* Simulation scenarios: how the learning rate, the weights and the loss
- * evolve (the signatures of shared/MONITORS.md). Pure functions of their
+ * evolve (the signatures of docs/monitors.md). Pure functions of their
  * arguments; random numbers come from the caller's rng or from streams
  * seeded by (seed, layer, head), which every rank reproduces alike. */
 #include <errno.h>

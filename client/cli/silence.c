@@ -1,10 +1,12 @@
-/* `foreshock silence add|list|expire` and `foreshock maintenance RUN`:
- * the daemon's silences API (POST/GET/DELETE /api/v1/silences, POST
- * /api/v1/runs/{run}/maintenance). Writes need the daemon's
- * http_write_token: --token or $FORESHOCK_TOKEN. */
+/* `foreshock silence add|list|expire`, `foreshock maintenance RUN` and
+ * `foreshock runs delete|end RUN`: the daemon's write API (POST/GET/DELETE
+ * /api/v1/silences, POST /api/v1/runs/{run}/maintenance, DELETE
+ * /api/v1/runs/{run}, POST /api/v1/runs/{run}/end). Writes need the
+ * daemon's http_write_token: --token or $FORESHOCK_TOKEN. */
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -475,4 +477,71 @@ int cmd_maintenance(const char *http, int argc, char **argv)
     rc = write_one(&s, "maintenance", "POST", path, body);
     json_decref(body);
     return rc;
+}
+
+/* ---- runs delete|end RUN -------------------------------------------------------------- */
+
+static const struct opt run_op_opts[] = {HTTP_OPT, TOKEN_OPT, JSON_OPT};
+static const struct command_help run_delete_help = {
+    .usage = "foreshock [--http HOST:PORT] runs delete RUN [--token T] [--json]",
+    .summary = "Delete run RUN with all its data (points, reports, alerts, ...); its trainers' "
+               "connections are closed, and a trainer that connects again starts it anew.",
+};
+static const struct command_help run_end_help = {
+    .usage = "foreshock [--http HOST:PORT] runs end RUN [--token T] [--json]",
+    .summary = "End run RUN now: it stops counting against max_runs and is deleted "
+               "run_retention_s later (a new report makes it live again).",
+};
+
+int cmd_run_op(const char *http, const char *op, int argc, char **argv)
+{
+    struct silence_settings s = {.http = http};
+    char err[CLI_ERR_LEN], what[32];
+    bool del = !strcmp(op, "delete");
+    const struct command_help *help = del ? &run_delete_help : &run_end_help;
+    size_t nopts = sizeof(run_op_opts) / sizeof(run_op_opts[0]);
+    snprintf(what, sizeof(what), "runs %s", op);
+    if (argc >= 1 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
+        args_usage(stdout, run_op_opts, nopts, help);
+        return CLI_OK;
+    }
+    if (argc < 1 || argv[0][0] == '-') {
+        fprintf(stderr, "foreshock %s: expected RUN first (see --help)\n", what);
+        return CLI_USAGE;
+    }
+    const char *run = argv[0];
+    int rc = args_parse(run_op_opts, nopts, argc - 1, argv + 1, &s, help, err, sizeof(err));
+    if (rc == 1)
+        return CLI_OK;
+    if (rc != 0) {
+        fprintf(stderr, "foreshock %s: %s (see --help)\n", what, err);
+        return CLI_USAGE;
+    }
+    struct api *a = NULL;
+    if (api_open(s.http, &a, err, sizeof(err)) != 0)
+        return fail(what, err);
+    if (s.token)
+        api_set_token(a, s.token);
+    char *esc = api_escape(a, run);
+    char path[1024];
+    json_t *doc = NULL;
+    if (!esc) {
+        api_close(a);
+        return fail(what, "out of memory");
+    }
+    snprintf(path, sizeof(path), "/api/v1/runs/%s%s", esc, del ? "" : "/end");
+    api_free_escaped(esc);
+    rc = api_request(a, del ? "DELETE" : "POST", path, NULL, &doc, err, sizeof(err));
+    api_close(a);
+    if (rc != 0)
+        return fail(what, err);
+    if (s.json) {
+        char *out = json_dumps(doc, JSON_INDENT(2));
+        printf("%s\n", out ? out : "null");
+        free(out);
+    } else {
+        printf("run %s: %s\n", run, json_string_value(json_object_get(doc, "status")));
+    }
+    json_decref(doc);
+    return CLI_OK;
 }

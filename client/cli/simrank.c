@@ -541,7 +541,7 @@ static struct win_stats window_stats(const struct sim_rank *r, uint32_t layer, u
 }
 
 /* One query head's spectra at sketch step t (window w = p->window), as the
- * trainer would solve them from its Grams (MONITORS.md 1.2), for the
+ * trainer would solve them from its Grams (docs/monitors.md 1.2), for the
  * weights attn_walk / attn_numerics make. With d >> dh the rows of W are
  * nearly orthogonal with squared norm c = 1 + d sum_{s < t0} sd^2 (|W|
  * grows like the healthy walk: the coherent part is norm-neutral), dW's

@@ -22,7 +22,7 @@
 #define SIM_MAX_TOKENS (1u << 20) /* --tokens-per-step */
 #define SIM_MAX_MOE_SPEC 4096     /* --moe-layers text */
 /* The daemon's detectors only build baselines over the first 20 samples of
- * a series (MONITORS.md section 4, DETECT_DEFAULT_WARMUP); a fault before
+ * a series (docs/monitors.md section 4, DETECT_DEFAULT_WARMUP); a fault before
  * that many sketches cannot be scored against a healthy baseline. */
 #define SIM_DETECT_WARMUP_SAMPLES 20
 

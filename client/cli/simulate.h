@@ -61,7 +61,7 @@ double sim_triangular(struct sim_rng *r); /* in (-1, 1), peak at 0: bounded nois
 /* A seed for the stream named by (seed, a, b, c): the same on every rank. */
 uint64_t sim_seed_mix(uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
 
-/* What a rank sends per attention head (MONITORS.md 1.1 and 1.2).
+/* What a rank sends per attention head (docs/monitors.md 1.1 and 1.2).
  *   SIM_ROUTE_GRAM      FSDP-style: every rank holds its slice of d of every
  *                       head's Wq and Wk (as floats that really evolve) and
  *                       sends partial Grams; the daemon sums and solves.

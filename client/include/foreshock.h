@@ -210,7 +210,9 @@ int fsc_open(const struct fsc_options *o, fsc_client **out, char *err, size_t er
  * it for sending with the next seq. Never blocks on the network; takes a
  * mutex shared with the I/O thread for a short time.
  * Returns 0; -ENOBUFS when the replay buffer would exceed replay_max_bytes;
- * -EMSGSIZE when the serialized report exceeds max_report_bytes; -EPIPE when
+ * -EMSGSIZE when the serialized report exceeds max_report_bytes; -ERANGE
+ * when its step is not below 2^63 (the daemon stores signed 64-bit steps and
+ * refuses such a report, even as an empty placeholder); -EPIPE when
  * the client has failed fatally (see fsc_stats.failed); -ENOMEM; -EINVAL
  * (NULL argument). On any error the report is dropped and counted in
  * `dropped`, and no seq is consumed, so seqs stay dense. Any thread. */
@@ -220,8 +222,9 @@ int fsc_submit(fsc_client *c, fsc_report *r);
  * (len bytes at report; a frame of a recording, say). Its seq field is
  * ignored: the client numbers it like any other. The message is decoded
  * (and so validated) before it is queued; len above max_report_bytes is
- * refused before decoding. Returns what fsc_submit returns, or -EBADMSG for
- * bytes that are not a Report. Any thread. */
+ * refused before decoding. Returns what fsc_submit returns (-ERANGE also
+ * for a time_unix that is not finite), or -EBADMSG for bytes that are not a
+ * Report. Any thread. */
 int fsc_submit_packed(fsc_client *c, const void *report, size_t len);
 
 /* Waits until every report submitted so far has been acknowledged (or
@@ -323,7 +326,7 @@ int fsc_report_set_tokens(fsc_report *r, uint64_t tokens);
 int fsc_report_set_layer_weight_norms(fsc_report *r, const float *v, size_t n);
 int fsc_report_set_layer_update_ratios(fsc_report *r, const float *v, size_t n);
 
-/* Partial Gram sketch of one attention head (MONITORS.md 1.1): ga_upper and
+/* Partial Gram sketch of one attention head (docs/monitors.md 1.1): ga_upper and
  * gb_upper are the upper triangles (row-major, row i holds columns i..n-1)
  * of GA = A A^T and GB = B B^T, n = 2*dh, fsc_tri_len(n) floats each, as
  * fsc_attention_grams() produces them. (shard_index, shard_count) names the
@@ -335,7 +338,7 @@ int fsc_report_add_attention_gram(fsc_report *r, uint32_t layer, uint32_t head, 
                                   uint32_t shard_count, const float *ga_upper,
                                   const float *gb_upper);
 
-/* Spectra a trainer computed itself (MONITORS.md 1.2, last paragraph). Each
+/* Spectra a trainer computed itself (docs/monitors.md 1.2, last paragraph). Each
  * array holds sigma^2 values (>= 0 or non-finite), any order. d2 (2*dh
  * values) and d3 (dh values) are required, dh in 1..FSC_MAX_DH; d1 (2*dh)
  * and w (dh) may be NULL/0. The doubles (>= 0 or non-finite; cqk <= 1) are
@@ -361,12 +364,12 @@ int fsc_report_add_attention_spectrum(fsc_report *r, uint32_t layer, uint32_t he
                                       uint32_t kv_head, uint32_t window,
                                       const struct fsc_spectrum *s);
 
-/* Router weight Gram GR = WR WR^T of one MoE layer (MONITORS.md 3.1): upper
+/* Router weight Gram GR = WR WR^T of one MoE layer (docs/monitors.md 3.1): upper
  * triangle, fsc_tri_len(n_experts) floats, additive over d-shards. */
 int fsc_report_add_router_gram(fsc_report *r, uint32_t layer, uint32_t n_experts,
                                uint32_t shard_index, uint32_t shard_count, const float *gram_upper);
 
-/* Router token statistics of one layer (MONITORS.md 3.2), summed over this
+/* Router token statistics of one layer (docs/monitors.md 3.2), summed over this
  * rank's micro-batches: load and sum_p hold n_experts values each. The sums
  * must be finite, sum_h2, sum_lse2 and sum_p >= 0. */
 int fsc_report_add_router_tokens(fsc_report *r, uint32_t layer, uint32_t n_experts, uint64_t n_tok,
@@ -386,7 +389,7 @@ size_t fsc_tri_len(size_t n);
  * Returns 0, -EINVAL or -ENOMEM. */
 int fsc_gram_upper(const float *x, size_t rows, size_t cols, float *tri_out);
 
-/* One attention head's sketch (MONITORS.md 1.1). wq, wk are the head's
+/* One attention head's sketch (docs/monitors.md 1.1). wq, wk are the head's
  * query and key rows at step t, wq0, wk0 the same at the window base t0; all
  * dh x d row-major in the PyTorch [out, in] layout (d may be this rank's
  * shard of the model dimension). Builds
@@ -397,7 +400,7 @@ int fsc_gram_upper(const float *x, size_t rows, size_t cols, float *tri_out);
 int fsc_attention_grams(const float *wq, const float *wk, const float *wq0, const float *wk0,
                         size_t dh, size_t d, float *ga, float *gb);
 
-/* Router Gram GR = WR WR^T (MONITORS.md 3.1): wr is n_experts x d row-major;
+/* Router Gram GR = WR WR^T (docs/monitors.md 3.1): wr is n_experts x d row-major;
  * writes fsc_tri_len(n_experts) floats. n_experts in 1..FSC_MAX_EXPERTS. */
 int fsc_router_gram(const float *wr, size_t n_experts, size_t d, float *gram_out);
 

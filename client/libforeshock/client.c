@@ -371,6 +371,10 @@ static int submit_entry(fsc_client *c, int rc, struct fsc_entry *e)
         if (rc == -ENOBUFS)
             fsc_err(c->last_error, sizeof(c->last_error), 0,
                     "replay buffer full (%zu bytes): report dropped", c->replay.max_bytes);
+        else if (rc == -ERANGE)
+            fsc_err(c->last_error, sizeof(c->last_error), 0,
+                    "report step not below 2^63 or time not finite (the daemon refuses "
+                    "both): dropped");
         else if (rc == -EMSGSIZE)
             fsc_err(c->last_error, sizeof(c->last_error), 0,
                     "report larger than max_report_bytes %zu: dropped", c->max_report_bytes);

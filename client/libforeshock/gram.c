@@ -66,7 +66,7 @@ int fsc_attention_grams(const float *wq, const float *wk, const float *wq0, cons
     m = malloc(2 * dh * d * sizeof(*m));
     if (!m)
         return -ENOMEM;
-    /* A = [dWq ; Wq(t0)] with dWq = Wq(t) - Wq(t0) (MONITORS.md 1.1). */
+    /* A = [dWq ; Wq(t0)] with dWq = Wq(t) - Wq(t0) (docs/monitors.md 1.1). */
     stack(m, dh, d, wq, wq0, wq0, NULL);
     rc = fsc_gram_upper(m, 2 * dh, d, ga);
     if (rc == 0) {

@@ -374,9 +374,10 @@ static int refuse_entry(struct fsc_client *c, struct fsc_entry *e)
     return 0;
 }
 
-/* Error{seq}: the daemon names the report it refuses. 0 when that report
- * was replaced by its placeholder, -ENOENT when it is not one we hold. */
-static int refuse_named(struct fsc_io *io, uint64_t wire_seq, const char *msg)
+/* Error{seq}: the daemon names the report it refuses (*seq: ours). 0 when
+ * that report was replaced by its placeholder, -EEXIST when it was that
+ * placeholder already, -ENOENT when it is not one we hold. */
+static int refuse_named(struct fsc_io *io, uint64_t wire_seq, const char *msg, uint64_t *seq)
 {
     struct fsc_client *c = io->c;
     struct fsc_entry *e = NULL;
@@ -390,14 +391,34 @@ static int refuse_named(struct fsc_io *io, uint64_t wire_seq, const char *msg)
     }
     /* The connection ends: nothing is being written any more. */
     fsc_replay_sent(&c->replay);
+    *seq = s;
     if (e && !e->placeholder)
         rc = refuse_entry(c, e);
+    else if (e)
+        rc = -EEXIST; /* its placeholder: nothing smaller to send */
     pthread_mutex_unlock(&c->mu);
     if (rc == 0)
         io_log(io, FSC_LOG_WARN,
                "daemon refused report seq %llu (%s): dropped; an empty report keeps its seq",
                (unsigned long long)s, msg);
-    return rc == 0 ? 0 : -ENOENT;
+    return rc == 0 || rc == -EEXIST ? rc : -ENOENT;
+}
+
+/* The daemon refuses even the placeholder of report seq: the stream can
+ * never move past it (every later seq waits for it), so resending would
+ * loop for ever. The client fails, saying which report. -EPERM. */
+static int placeholder_refused(struct fsc_io *io, uint64_t seq, const char *msg)
+{
+    struct fsc_client *c = io->c;
+    pthread_mutex_lock(&c->mu);
+    c->failed = 1;
+    signal_drained(c);
+    pthread_mutex_unlock(&c->mu);
+    io_log(io, FSC_LOG_ERROR,
+           "daemon refused report seq %llu even as an empty placeholder (%s): "
+           "giving up",
+           (unsigned long long)seq, msg);
+    return -EPERM;
 }
 
 static int on_error(struct fsc_io *io, const Foreshock__Error *e)
@@ -412,8 +433,14 @@ static int on_error(struct fsc_io *io, const Foreshock__Error *e)
     case FORESHOCK__ERROR_CODE__ERROR_MALFORMED:
     case FORESHOCK__ERROR_CODE__ERROR_TOO_LARGE:
     case FORESHOCK__ERROR_CODE__ERROR_LIMIT:
-        if (io->welcomed && e->has_seq && refuse_named(io, e->seq, msg) == 0)
-            return -EPROTO; /* the rest is resent on the next connection */
+        if (io->welcomed && e->has_seq) {
+            uint64_t seq;
+            int rn = refuse_named(io, e->seq, msg, &seq);
+            if (rn == 0)
+                return -EPROTO; /* the rest is resent on the next connection */
+            if (rn == -EEXIST)
+                return placeholder_refused(io, seq, msg);
+        }
         if (e->code == FORESHOCK__ERROR_CODE__ERROR_LIMIT) {
             /* About the connection (max_connections, max_runs, deadlines):
              * later it may pass. */
@@ -427,6 +454,10 @@ static int on_error(struct fsc_io *io, const Foreshock__Error *e)
             /* Sent alone: this report is the one the daemon refuses. */
             uint64_t seq = c->replay.head->seq;
             fsc_replay_sent(&c->replay);
+            if (c->replay.head->placeholder) {
+                pthread_mutex_unlock(&c->mu);
+                return placeholder_refused(io, seq, msg);
+            }
             int rc = refuse_entry(c, c->replay.head);
             pthread_mutex_unlock(&c->mu);
             if (rc == 0)

@@ -311,7 +311,7 @@ static int check_spectrum(const struct fsc_spectrum *s)
         !nonneg_or_nonfinite_d(s->k_sq) || !nonneg_or_nonfinite_d(s->k_delta_sq) ||
         !nonneg_or_nonfinite_d(s->cqk))
         return -EINVAL;
-    /* c_qk is a ratio in [0, 1] (MONITORS.md 1.2); allow rounding. */
+    /* c_qk is a ratio in [0, 1] (docs/monitors.md 1.2); allow rounding. */
     if ((s->has & FSC_SPECTRUM_HAS_CQK) && isfinite(s->cqk) && s->cqk > 1.0 + 1e-6)
         return -EINVAL;
     return 0;
@@ -445,6 +445,11 @@ int fsc_report_pack_msg(const Foreshock__Report *msg, size_t max_bytes, struct f
     struct fsc_entry *e;
     size_t n;
 
+    /* What the daemon refuses in any report, its placeholder included (the
+     * placeholder keeps step and time, io.c): queued, it would be resent
+     * for ever. SQLite integers are signed 64-bit. */
+    if (m.step > INT64_MAX || (m.has_time_unix && !isfinite(m.time_unix)))
+        return -ERANGE;
     /* Packed with seq = 1, whose field is exactly the two bytes 08 01: they
      * are cut off here and the real seq is written in front at send time. */
     m.seq = 1;

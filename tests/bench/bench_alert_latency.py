@@ -2,7 +2,7 @@
 the alert being visible over HTTP, with N simulated ranks (default 64).
 
 Each rank holds a slice of the model dimension d and sends, per sketched step,
-partial Gram shards (MONITORS.md 1.1) of 1 layer x 4 heads over its own raw
+partial Gram shards (docs/monitors.md 1.1) of 1 layer x 4 heads over its own raw
 protocol connection. ~30 healthy steps build the baseline (warm-up is 20
 samples); then the update collapses to rank one per side, and the 3rd breaching
 step (persistence 3) fires qk.d2.erank. The clock starts right before the last

@@ -7,7 +7,7 @@
  *            ready full matrices: dpotrf, 2 dtrmm, dsyev('N') per spectrum
  *            (one dpotrf shared by d2 and d1), plus the copies LAPACK needs
  *            because it overwrites its input;
- *   eig      the bare calls of MONITORS.md's eigen route, for comparison:
+ *   eig      the bare calls of docs/monitors.md's eigen route, for comparison:
  *            dsyevd('V') of G1, C = L^1/2 V^T G2 V L^1/2 (2 dgemm), dsyev('N');
  *   numpy    tests/bench/monitor_numpy.py on the same Grams (written to a
  *            temporary file), the same math, both routes, in heads/s. The

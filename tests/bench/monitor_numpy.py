@@ -14,7 +14,7 @@ not a different algorithm:
         flops), eigvalsh(C) (dsyevd without vectors: the same tridiagonal
         reduction and dsterf as the module's dsyev('N')). numpy has no
         pivoted Cholesky; the bench's Grams are full rank.
-  eig   MONITORS.md's wording: G1 = V diag(w) V^T (eigh: dsyevd('V')),
+  eig   docs/monitors.md's wording: G1 = V diag(w) V^T (eigh: dsyevd('V')),
         C = (V w^1/2)^T G2 (V w^1/2) by two dgemm, eigvalsh(C), as
         bench_monitor's eig column.
 Prints one line per route:
@@ -56,7 +56,7 @@ def read_grams(path):
 
 
 def scalars(s, m):
-    """MONITORS.md 1.3 with the module's cleaning; None when absent."""
+    """docs/monitors.md 1.3 with the module's cleaning; None when absent."""
     smax = s.max(initial=0.0)
     if not smax > 0:
         return None

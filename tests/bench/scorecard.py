@@ -1,14 +1,14 @@
-"""The detection scorecard: `foreshock backtest` over the recorded corpus
-(tests/data/corpus: stored series of small training runs, healthy and
-faulted, tuning and validation seeds) with the daemon's default settings
-(or any --set/--windows/--every), scored per run and summed per split.
+"""The detection scorecard: `foreshock backtest` over the recorded corpora
+(stored series of small training runs, healthy and faulted, tuning and
+validation splits) with the daemon's default settings (or any
+--set/--windows/--every), scored per run and summed per split and shape.
 
-    /usr/bin/python3 tests/bench/scorecard.py --build-dir build [--split validation]
-        [--set RULE.KEY=VALUE ...] [--windows 5,25] [--every 5] [--check]
+    /usr/bin/python3 tests/bench/scorecard.py --build-dir build [--rows] [--corpus DIR ...]
+        [--split validation] [--set RULE.KEY=VALUE ...] [--windows 5,25] [--every 5] [--check]
 
 Per run: fault step, divergence step, the first alert of any rule, the
-first mechanism alert (step, label, rule: loss, grad-norm, weight-norm and
-update-ratio alerts page too but name no mechanism), lead of the mechanism alert as a
+first mechanism alert (step, label, rule: loss, grad-norm and weight-norm
+alerts page too but name no mechanism), lead of the mechanism alert as a
 fraction of the time from fault to divergence ((divergence - alert) /
 (divergence - fault)), and whether its label is right:
   attention-numerics runs: every mechanism alert before divergence reads
@@ -20,14 +20,36 @@ fraction of the time from fault to divergence ((divergence - alert) /
   combined (column "both");
   combined runs (both faults at once): optimizer-hyperparameter or combined
   (the run diverges before an attention fault alone could show, so nothing
-  tells its Delta2 collapse from the LR ramp's consequence).
+  tells its Delta2 collapse from the LR ramp's consequence);
+  combined-late runs whose LR fault is hidden from the logged rate: the
+  first reads attention-numerics, "both" is not required; one that
+  diverged before its LR fault began is scored as an attention run.
 Column "wrong": mechanism alerts before divergence with a label outside the
 run's set; a run with any is not ok.
 Per split: faulted runs caught before divergence, label accuracy, median
 lead, healthy runs with any alert and false alerts per 1,000 healthy steps
 (after the start of detection: every healthy alert is false).
 --check exits 1 unless, on the chosen split: every faulted run alerts before
-divergence with the right label, no healthy run alerts, median lead >= 40%.
+divergence with the right label, no healthy run alerts, no alert in a
+healthy phase, median lead >= 40%.
+
+Corpora (--corpus, repeatable; default both): tests/data/corpus (three
+architectures of one shape, d 48, head_dim 12, fault at step 200) and
+tests/data/corpus-shapes (six other shapes, head_dim 8-64, 2-16 heads, 2-6
+layers, constant/cosine/WSD, LR faults hidden from the logged rate, a peak
+rate too large from the start, faults at step 400 of 1,000, healthy runs of
+3,000 steps). Whole shapes are held out there: its validation split holds
+shapes the defaults were never tuned on.
+
+Scored twice: with the defaults, and with the `lr` rule disabled (the
+learning rate itself rising: a hidden LR fault never shows there, so LR
+faults must be caught by the mechanism). Also per shape (a row each).
+A faulted run that did not diverge within its length counts in neither
+"caught" nor "missed"; it is listed apart (alerted or not): whether such a
+fault deserves a warning is not judged. Alerts of a faulted run before its
+fault step are false alerts of a healthy phase ("healthy-phase alerts"),
+counted per 1,000 steps of those phases (from step 100, the earliest start
+of detection, to the fault).
 """
 import argparse
 import json
@@ -55,19 +77,28 @@ ACCEPT_FIRST = {
     "lr": {"optimizer-hyperparameter"},
     "combined": {"optimizer-hyperparameter", "combined"},
     "combined-late": {"attention-numerics", "combined"},
+    "combined-late-hidden": {"attention-numerics", "combined"},
 }
 ACCEPT_ANY = {
     "attention-numerics": {"attention-numerics"},
     "lr": {"optimizer-hyperparameter"},
     "combined": {"optimizer-hyperparameter", "combined"},
     "combined-late": {"attention-numerics", "combined"},
+    "combined-late-hidden": {"attention-numerics", "combined", "optimizer-hyperparameter"},
 }
+
+
+# Earliest step detection can start (evaluate.c EVAL_START_MIN): the
+# healthy phase of a faulted run is counted from here to its fault.
+EARLIEST_START = 100
 
 
 def family(scenario):
     """attn-strong / attn-weak / attention-numerics... -> the fault family."""
     if scenario.startswith("attn") or scenario.startswith("attention"):
         return "attention-numerics"
+    if scenario.startswith("combined-late-hidden"):
+        return "combined-late-hidden"
     if scenario.startswith("lr"):
         return "lr"
     if scenario.startswith("combined-late"):
@@ -78,11 +109,14 @@ def family(scenario):
 
 
 def load_corpus(corpus_dir, workdir):
-    db = os.path.join(workdir, "corpus.db")
+    db = os.path.join(workdir, os.path.basename(os.path.normpath(corpus_dir)) + ".db")
     with lzma.open(os.path.join(corpus_dir, "corpus.db.xz"), "rb") as f, open(db, "wb") as g:
         shutil.copyfileobj(f, g)
     with open(os.path.join(corpus_dir, "manifest.json")) as f:
-        return db, json.load(f)["runs"]
+        runs = json.load(f)["runs"]
+    for r in runs:  # the first corpus is one shape (d 48, 3 layers, 4 heads)
+        r.setdefault("shape", r.get("arch") + "-dh12-h4-l3")
+    return db, runs
 
 
 def backtest(build_dir, db, sets=(), windows=None, every=None):
@@ -106,13 +140,25 @@ def backtest(build_dir, db, sets=(), windows=None, every=None):
 
 # Symptom rules: they page (loss and grad-norm spikes are the classic
 # baselines), but name no mechanism; the label is judged on the first
-# mechanism alert.
-SYMPTOM_RULES = {"loss", "grad_norm", "weight_norm", "update_ratio"}
+# mechanism alert. (update_ratio names one: the effective step size,
+# detect.c.)
+SYMPTOM_RULES = {"loss", "grad_norm", "weight_norm"}
 
 
 def score_run(meta, incidents):
     fam = family(meta["scenario"])
+    if fam == "combined-late" and meta.get("lr_hidden"):
+        # The late LR fault is hidden from the logged rate: no `lr`
+        # evidence, so "combined" cannot be required (router growth after a
+        # Delta2 collapse reads attention-numerics by design).
+        fam = "combined-late-hidden"
+    lr_at, div = meta.get("lr_fault_step"), meta.get("divergence_step")
+    if fam.startswith("combined-late") and lr_at and div is not None and div <= lr_at:
+        # Diverged from the attention fault before the late LR fault began:
+        # an attention-numerics run, whatever it was meant to be.
+        fam = "attention-numerics"
     row = {"run": meta["name"], "split": meta.get("split"), "family": fam,
+           "shape": meta.get("shape"),
            "fault": meta.get("fault_step"), "div": meta.get("divergence_step"),
            "steps": meta.get("steps"), "n_alerts": len(incidents)}
     row["any_first"] = incidents[0]["fired_step"] if incidents else None
@@ -126,6 +172,9 @@ def score_run(meta, incidents):
         row["ok"] = not incidents
         return row
     div, fault = row["div"], row["fault"]
+    row["phase_alerts"] = sum(1 for x in incidents if x["fired_step"] < fault)
+    row["phase_steps"] = max(0, fault - EARLIEST_START)
+    row["diverged"] = div is not None
     before = first is not None and first["fired_step"] > fault and (
         div is None or first["fired_step"] < div)
     in_time = [x for x in mech if div is None or x["fired_step"] < div]
@@ -138,24 +187,36 @@ def score_run(meta, incidents):
     row["label_ok"] = label_ok
     row["lead"] = ((div - first["fired_step"]) / (div - fault)
                    if before and div is not None and div > fault else None)
-    row["ok"] = before and label_ok
+    row["ok"] = before and label_ok and row["phase_alerts"] == 0
     return row
 
 
-def summarize(rows, split):
-    rs = [r for r in rows if split in (None, r["split"])]
-    faulted = [r for r in rs if r["family"] != "healthy"]
+def summarize(rows, split=None, shape=None, name=None):
+    rs = [r for r in rows if split in (None, r["split"]) and shape in (None, r["shape"])]
+    faulted_all = [r for r in rs if r["family"] != "healthy"]
+    faulted = [r for r in faulted_all if r["diverged"]]
+    undiverged = [r for r in faulted_all if not r["diverged"]]
     healthy = [r for r in rs if r["family"] == "healthy"]
     leads = [r["lead"] for r in faulted if r.get("lead") is not None]
-    healthy_steps = sum(int(r["steps"] or 0) for r in healthy)
+    # Steps after the earliest start of detection: before it nothing fires.
+    healthy_steps = sum(max(0, int(r["steps"] or 0) - EARLIEST_START) for r in healthy)
     false_alerts = sum(r["n_alerts"] for r in healthy)
+    phase_steps = sum(r["phase_steps"] for r in faulted_all)
+    phase_alerts = sum(r["phase_alerts"] for r in faulted_all)
+    lr = [r for r in faulted if r["family"] == "lr"]
     return {
-        "split": split or "all", "faulted": len(faulted),
+        "split": name or split or "all", "faulted": len(faulted),
         "caught": sum(1 for r in faulted if r["caught"]),
         "label_ok": sum(1 for r in faulted if r["caught"] and r["label_ok"]),
+        "lr": len(lr), "lr_ok": sum(1 for r in lr if r["ok"]),
         "median_lead": statistics.median(leads) if leads else None,
+        "undiverged": len(undiverged),
+        "undiverged_alerted": sum(1 for r in undiverged if r["first"] is not None),
         "healthy": len(healthy), "healthy_alerting": sum(1 for r in healthy if r["n_alerts"]),
+        "healthy_steps": healthy_steps,
         "false_per_1000": 1000.0 * false_alerts / healthy_steps if healthy_steps else 0.0,
+        "phase_alerts": phase_alerts,
+        "phase_per_1000": 1000.0 * phase_alerts / phase_steps if phase_steps else 0.0,
     }
 
 
@@ -165,7 +226,20 @@ def fmt(v, pct=False):
     return f"{100 * v:.0f}%" if pct else str(v)
 
 
-def print_table(rows, summaries):
+def print_summaries(summaries, first="split"):
+    print(f"| {first} | faulted caught before divergence | right label | LR faults right "
+          "| median lead | faulted, not diverged (alerted) | healthy runs alerting | healthy steps "
+          "| false alerts / 1,000 healthy steps | healthy-phase alerts (/ 1,000 steps) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for s in summaries:
+        print(f"| {s['split']} | {s['caught']}/{s['faulted']} | {s['label_ok']}/{s['faulted']} | "
+              f"{s['lr_ok']}/{s['lr']} | {fmt(s['median_lead'], True)} | "
+              f"{s['undiverged']} ({s['undiverged_alerted']}) | "
+              f"{s['healthy_alerting']}/{s['healthy']} | {s['healthy_steps']} | "
+              f"{s['false_per_1000']:.2f} | {s['phase_alerts']} ({s['phase_per_1000']:.2f}) |")
+
+
+def print_table(rows, summaries, by_shape=()):
     print("| run | split | fault | diverged | first alert (any rule) | first mechanism alert | "
           "label | rule | lead | both | wrong | ok |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -177,34 +251,44 @@ def print_table(rows, summaries):
               f"{'-' if 'both' not in r else ('yes' if r['both'] else 'no')} | "
               f"{fmt(r.get('wrong'))} | {'yes' if r['ok'] else 'NO'} |")
     print()
-    print("| split | faulted caught before divergence | right label | median lead | "
-          "healthy runs alerting | false alerts / 1,000 healthy steps |")
-    print("|---|---|---|---|---|---|")
-    for s in summaries:
-        print(f"| {s['split']} | {s['caught']}/{s['faulted']} | {s['label_ok']}/{s['faulted']} | "
-              f"{fmt(s['median_lead'], True)} | {s['healthy_alerting']}/{s['healthy']} | "
-              f"{s['false_per_1000']:.2f} |")
+    print_summaries(summaries)
+    if by_shape:
+        print()
+        print_summaries(by_shape, "shape (split)")
 
 
-def run(build_dir, corpus_dir, sets=(), windows=MONITOR_WINDOWS, every=MONITOR_EVERY):
+DEFAULT_CORPORA = [os.path.join(SOURCE, "tests", "data", d) for d in ("corpus", "corpus-shapes")]
+
+
+def run(build_dir, corpus_dirs=None, sets=(), windows=MONITOR_WINDOWS, every=MONITOR_EVERY):
+    """(rows, per-split summaries, per-shape summaries) over every corpus."""
+    if isinstance(corpus_dirs, str):
+        corpus_dirs = [corpus_dirs]
+    rows = []
     with tempfile.TemporaryDirectory(prefix="foreshock-score-") as tmp:
-        db, manifest = load_corpus(corpus_dir, tmp)
-        by_run = backtest(build_dir, db, sets, windows, every)
-    rows = [score_run(m, by_run.get(m["name"], [])) for m in manifest]
+        for d in corpus_dirs or [c for c in DEFAULT_CORPORA if os.path.isdir(c)]:
+            db, manifest = load_corpus(d, tmp)
+            by_run = backtest(build_dir, db, sets, windows, every)
+            rows += [score_run(m, by_run.get(m["name"], [])) for m in manifest]
     summaries = [summarize(rows, s) for s in ("tuning", "validation", None)]
-    return rows, summaries
+    shapes = sorted({(r["split"], r["shape"]) for r in rows})
+    by_shape = [summarize(rows, sp, sh, f"{sh} ({sp})") for sp, sh in shapes]
+    return rows, summaries, by_shape
 
 
 def passes(summary):
     return (summary["caught"] == summary["faulted"] and summary["label_ok"] == summary["faulted"]
-            and summary["healthy_alerting"] == 0 and summary["median_lead"] is not None
+            and summary["healthy_alerting"] == 0 and summary["phase_alerts"] == 0
+            and summary["median_lead"] is not None
             and summary["median_lead"] >= MIN_MEDIAN_LEAD)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build-dir", required=True)
-    ap.add_argument("--corpus", default=os.path.join(SOURCE, "tests", "data", "corpus"))
+    ap.add_argument("--corpus", action="append", default=None,
+                    help="corpus directory (repeatable; default: corpus and corpus-shapes)")
+    ap.add_argument("--rows", action="store_true", help="print the per-run table too")
     ap.add_argument("--set", action="append", default=[], help="RULE.KEY=VALUE (repeatable)")
     ap.add_argument("--windows", default=MONITOR_WINDOWS,
                     help=f"sketch windows sent (default {MONITOR_WINDOWS}: the Monitor's)")
@@ -213,8 +297,22 @@ def main():
     ap.add_argument("--split", default="validation", help="split --check judges")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
-    rows, summaries = run(a.build_dir, a.corpus, a.set, a.windows, a.every)
-    print_table(rows, summaries)
+    rows, summaries, by_shape = run(a.build_dir, a.corpus, a.set, a.windows, a.every)
+    if a.rows:
+        print_table(rows, summaries, by_shape)
+    else:
+        print_summaries(summaries)
+        print()
+        print_summaries(by_shape, "shape (split)")
+    if "lr.enabled=false" not in a.set:
+        print()
+        print("Without the `lr` rule (--set lr.enabled=false):")
+        print()
+        _, s2, b2 = run(a.build_dir, a.corpus, list(a.set) + ["lr.enabled=false"], a.windows,
+                        a.every)
+        print_summaries(s2)
+        print()
+        print_summaries(b2, "shape (split)")
     if a.check:
         s = next(x for x in summaries if x["split"] == a.split)
         if not passes(s):

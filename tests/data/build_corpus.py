@@ -39,8 +39,9 @@ KEEP_SQL = """
     OR name LIKE 'router.%'
     OR name IN ('loss', 'grad_norm', 'lr', 'weight_norm', 'update_ratio') AND rank = 0
 """
-META_KEYS = ("name", "arch", "schedule", "scenario", "seed", "split", "fault_step",
-             "divergence_step", "steps", "bits", "lr_mult", "lr_fault_step")
+META_KEYS = ("name", "arch", "shape", "head_dim", "schedule", "scenario", "seed", "split",
+             "fault_step", "divergence_step", "steps", "bits", "lr_mult", "lr_fault_step",
+             "lr_hidden")
 
 
 def start_daemon(build_dir, workdir):
@@ -124,6 +125,9 @@ def main():
     ap.add_argument("--corpus", required=True, help="corpus.py's output directory")
     ap.add_argument("--build-dir", required=True)
     ap.add_argument("--out", default=HERE, help="tests/data (default: this directory)")
+    ap.add_argument("--name", default="corpus",
+                    help="directory under --out for the stored series (corpus; the shapes "
+                         "corpus: corpus-shapes)")
     ap.add_argument("--replay-runs", default="",
                     help="runs whose recordings CI replays end to end (comma separated), kept "
                          "as a default Monitor would have sent them (--windows, --every)")
@@ -168,10 +172,10 @@ def main():
         con.close()
         if left:
             sys.exit("the daemon left unevaluated steps in its spool")
-        os.makedirs(os.path.join(a.out, "corpus"), exist_ok=True)
-        xz(db, os.path.join(a.out, "corpus", "corpus.db.xz"))
-    meta = [{k: r.get(k) for k in META_KEYS} for r in runs]
-    with open(os.path.join(a.out, "corpus", "manifest.json"), "w") as f:
+        os.makedirs(os.path.join(a.out, a.name), exist_ok=True)
+        xz(db, os.path.join(a.out, a.name, "corpus.db.xz"))
+    meta = [{k: r.get(k) for k in META_KEYS if k in r} for r in runs]
+    with open(os.path.join(a.out, a.name, "manifest.json"), "w") as f:
         json.dump({"runs": meta}, f, indent=1)
         f.write("\n")
 
@@ -201,7 +205,7 @@ def main():
             json.dump({"runs": entries}, f, indent=1)
             f.write("\n")
         pb_dir.cleanup()
-    size = os.path.getsize(os.path.join(a.out, "corpus", "corpus.db.xz"))
+    size = os.path.getsize(os.path.join(a.out, a.name, "corpus.db.xz"))
     print(f"corpus: {len(runs)} runs, corpus.db.xz {size / 1e6:.1f} MB")
 
 

@@ -1,6 +1,10 @@
-"""Writes seed frames for the decoder fuzzer into a directory: a Hello, a
-scalar Report, a Report with a Gram and a spectrum sketch, router sketches.
-Usage: /usr/bin/python3 tests/fuzz/make_corpus.py SOURCE_DIR OUT_DIR"""
+"""Writes seed frames for the decoder fuzzer into a directory: Hellos (one
+with every newer field: local_ranks, capabilities, resume_step, client_name,
+detect_from_step, attempt), a scalar Report, a Report with a Gram and a
+spectrum sketch, router sketches. With a second directory, seed recordings
+for the recording fuzzer there too (FSC_RECORD_MAGIC, a Hello, reports, a
+Bye; one cut short; one with a NaN time and a step of 2^63).
+Usage: /usr/bin/python3 tests/fuzz/make_corpus.py SOURCE_DIR OUT_DIR [RECORDING_DIR]"""
 import os
 import struct
 import subprocess
@@ -8,7 +12,7 @@ import sys
 import tempfile
 
 
-def main(source_dir, out_dir):
+def main(source_dir, out_dir, rec_dir=None):
     tmp = tempfile.mkdtemp()
     proto = os.path.join(source_dir, "proto")
     subprocess.run(["protoc", f"--proto_path={proto}", f"--python_out={tmp}",
@@ -23,6 +27,18 @@ def main(source_dir, out_dir):
     f.hello.rank = 1
     f.hello.world_size = 2
     f.hello.model.n_layers = 2
+    frames.append(f)
+
+    f = pb.Frame()
+    h = f.hello
+    h.protocol_version, h.run_id, h.rank, h.world_size = 1, "run-2", 3, 8
+    h.attempt, h.resume_step, h.detect_from_step = 2, 40, 10
+    h.client_name = "libforeshock/0.1.0"
+    h.local_ranks.extend([2, 3])
+    h.capabilities = 1
+    h.model.n_layers, h.model.n_heads, h.model.n_kv_heads, h.model.d_head = 2, 4, 2, 8
+    h.model.n_experts, h.model.top_k = 4, 2
+    h.model.moe_layers.extend([1])
     frames.append(f)
 
     f = pb.Frame()
@@ -55,10 +71,42 @@ def main(source_dir, out_dir):
 
     os.makedirs(out_dir, exist_ok=True)
     for i, fr in enumerate(frames):
-        body = fr.SerializeToString()
         with open(os.path.join(out_dir, f"seed-{i}"), "wb") as out:
-            out.write(struct.pack(">I", len(body)) + body)
+            out.write(framed(fr))
+    if rec_dir:
+        write_recordings(pb, frames, rec_dir)
+
+
+def framed(fr):
+    body = fr.SerializeToString()
+    return struct.pack(">I", len(body)) + body
+
+
+def write_recordings(pb, frames, rec_dir):
+    """A recording is FSC_RECORD_MAGIC, then frames: a Hello, its reports."""
+    magic = b"FSREC01\n"
+    hellos = [f for f in frames if f.WhichOneof("body") == "hello"]
+    reports = [f for f in frames if f.WhichOneof("body") == "report"]
+    bye = pb.Frame()
+    bye.bye.SetInParent()
+    timed = pb.Frame()
+    timed.CopyFrom(reports[0])
+    timed.report.step, timed.report.time_unix = 7, 1.7e9
+    whole = magic + framed(hellos[1]) + b"".join(framed(r) for r in reports + [timed, bye])
+    # What the daemon refuses even as a placeholder (issue 22): libforeshock
+    # must refuse it at packing, or the fuzzer's placeholder check fires.
+    nan, huge = pb.Frame(), pb.Frame()
+    nan.CopyFrom(timed)
+    nan.report.time_unix = float("nan")
+    huge.CopyFrom(timed)
+    huge.report.step = 1 << 63
+    refused = magic + framed(hellos[0]) + framed(nan) + framed(huge) + framed(timed)
+    os.makedirs(rec_dir, exist_ok=True)
+    for name, data in (("plain", magic + framed(hellos[0]) + framed(reports[0])),
+                       ("full", whole), ("cut", whole[:-7]), ("refused", refused)):
+        with open(os.path.join(rec_dir, name), "wb") as out:
+            out.write(data)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

@@ -142,6 +142,28 @@ def test(args, workdir):
                        timeout=300)
     check(p.returncode == 0 and "arch-a" in p.stdout, f"backtest on the archive: {p.stdout[-800:]}")
 
+    # A truncated database is said to be truncated or damaged, with SQLite's
+    # reason; it used to be "not a Foreshock database" (issue 22, Medium).
+    size = os.path.getsize(whole)
+    with open(whole, "rb") as f:
+        data = f.read()
+    garbage = os.path.join(workdir, "garbage.db")
+    with open(garbage, "wb") as f:
+        f.write(b"not a database at all, but longer than a SQLite header. " * 4)
+    cases = [(n, "truncated or damaged") for n in (50, 100, 4096, size // 2, size - 1)]
+    for n, why in cases + [(None, "not a SQLite database")]:
+        src = garbage
+        if n is not None:
+            src = os.path.join(workdir, f"cut-{n}.db")
+            with open(src, "wb") as f:
+                f.write(data[:n])
+        dst = os.path.join(workdir, f"cut-{n}-archive.db")
+        out = archive(args, src, dst, expect=1)
+        check(why in out and src in out and "not a Foreshock database" not in out,
+              f"archive of {src} ({n} of {size} bytes): {out}")
+        check(not os.path.exists(dst), f"a failed archive left {dst}")
+        print(f"{n} of {size} bytes: {out.strip()}", flush=True)
+
 
 if __name__ == "__main__":
     run_main(test)

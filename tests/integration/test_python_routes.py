@@ -23,7 +23,7 @@ Checked:
   - every per-head value of "exact", and of "gram", equals the float64
     reference (Delta1, Delta2, Delta3 and K(t0) formed as d x d matrices
     from the float32 weights widened to float64, their singular values,
-    MONITORS.md 1.3's scalars with the daemon's drop floor) within 1e-6
+    docs/monitors.md 1.3's scalars with the daemon's drop floor) within 1e-6
     relative, absences included.
 """
 import math
@@ -75,7 +75,7 @@ def trajectory():
 # ---- the float64 reference ------------------------------------------------------------------
 
 def scalars(s, m):
-    """MONITORS.md 1.3 with spectrum.c's cleaning: None when absent."""
+    """docs/monitors.md 1.3 with spectrum.c's cleaning: None when absent."""
     s = np.asarray(s, dtype=np.float64)
     if not np.all(np.isfinite(s)):
         return None

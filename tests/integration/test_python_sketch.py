@@ -53,7 +53,7 @@ def untri(t, n):
 
 
 def sym_product_eigs(g1, g2):
-    """lambda(G1 G2) for symmetric PSD G1, G2 (MONITORS.md 1.2's eigen route)."""
+    """lambda(G1 G2) for symmetric PSD G1, G2 (docs/monitors.md 1.2's eigen route)."""
     lam, v = np.linalg.eigh(g1)
     lam = np.clip(lam, 0, None)
     s = v * np.sqrt(lam)

@@ -52,39 +52,7 @@ from fstest import check  # noqa: E402
 STEPS = 5
 
 # member -> why the current client gets it wrong. Checked both ways.
-EXPECTED_FAILING = {
-    "olmo": "attention projection att_proj on the block, not on an attention module",
-    "switch-top1": "top-1 router read as top-2 (no top-k attribute); encoder and decoder "
-                   "blocks numbered so a router and another block's attention share a layer",
-    "deepseek-v2-mla": "MLA attention neither monitored nor named in a warning",
-    "deepseek-v3-mla-sigmoid": "MLA attention neither monitored nor named in a warning",
-    "torch-mha-kdim": "found, then Monitor.step raises from the Gram of Wq [D, D] and "
-                      "Wk [D, kdim] (different input widths)",
-    "annotated-transformer": "q/k are linears[0]/linears[1] and heads are in self.h: "
-                             "no attention found",
-    "in-proj-param": "in_proj_weight as a raw Parameter on a module that is not "
-                     "nn.MultiheadAttention: not found",
-    "x-transformers": "attention layers numbered by their index in the interleaved "
-                      "attention/feed-forward list (0, 2), not as blocks (0, 1)",
-    "lucidrains-einsum": "Q/K as raw [d, h, e] Parameters used through einsum: not found",
-    "self-h": "head count in self.h: skipped with a warning, no attention monitored",
-    "per-head-gate": "per-head output gate Linear(d, H) reported as a router",
-    "fairseq-moe-top1": "Top1Gate (one argmax) read as top-2: no top-k attribute",
-    "noisy-topk": "w_gate [d, E] used as x @ W: taken as [E, d], skipped with a warning "
-                  "(32 rows but 6 experts)",
-    "expert-choice": "expert-choice routing (capacity factor 1) read as top-2",
-    "sigmoid-selector": "router named `selector`, experts named `ffns`: not found",
-    "chatglm2": "query_key_value read as grouped per KV head, but ChatGLM splits it "
-                "[q; k; v]: wrong rows for query heads 2-3 and every key head",
-    "palm-parallel": "q, the one key head, v and the feed-forward in one fused projection "
-                     "fused_attn_ff_proj: not found",
-    "heads-last": "projections viewed [.., dh, H] (head h reads rows h, h + H, ...) taken as "
-                  "[.., H, dh]: every head's rows wrong, without a warning",
-    "parameterdict-attn": "Q/K weights in an nn.ParameterDict used through F.linear: not found",
-    "cla-shared-kv": "layers 1 and 3 have a q_proj but read the keys of layers 0 and 2: "
-                     "not found",
-    "sdpa-enable-gqa": "projections named c_q/c_k/c_v: not found",
-}
+EXPECTED_FAILING = {}
 
 
 def self_test(torch, zoo, check_mod, members):

@@ -239,8 +239,11 @@ def insert_alerts(db):
     """Alerts written straight into the stopped daemon's database (no
     series: the stage does not restore them)."""
     c = sqlite3.connect(db)
-    c.execute("INSERT INTO runs(id, name, created_at, last_seen_at, world_size) VALUES "
-              "(101, 'r-sil', 0, 0, 1), (102, 'r-other', 0, 0, 1)")
+    # Runs that reported just now: the run lifecycle deletes runs that
+    # never sent a report (run_hello_grace_s) and ends idle ones.
+    now = time.time()
+    c.execute("INSERT INTO runs(id, name, created_at, last_seen_at, world_size, reports) VALUES "
+              "(101, 'r-sil', 0, ?, 1, 1), (102, 'r-other', 0, ?, 1, 1)", (now, now))
     cols = ("id, run_id, rule, alert_key, dedup_key, layer, head, \"window\", rank, state, "
             "severity, family, attribution, last_step, created_at, updated_at")
     c.execute(f"INSERT INTO alerts({cols}) VALUES "

@@ -12,7 +12,7 @@
  *   gram_tri_add     random SPD matrices: packed upper triangles of M M^T,
  *                    whole or per column shard, as a trainer sends them;
  *                    tri_to_f32le, their float32 wire bytes
- *   ref_scalars      the spectrum scalars of MONITORS.md 1.3, computed directly
+ *   ref_scalars      the spectrum scalars of docs/monitors.md 1.3, computed directly
  *   rule_named       a default detector rule by name; same_double
  *   request ...      HTTP requests through libcurl, answers parsed by jansson
  *   http_fixture_*   the HTTP API server on 127.0.0.1:0 over a temporary
@@ -114,7 +114,7 @@ unsigned char *tri_to_f32le(const double *tri, size_t len);
 
 struct spectrum_scalars; /* spectrum.h */
 
-/* MONITORS.md 1.3 evaluated directly from the squared singular values
+/* docs/monitors.md 1.3 evaluated directly from the squared singular values
  * s[0..count): drop those below s_max * m * DBL_EPSILON, then the
  * entropies, effective ranks, stable rank, Frobenius norm and s_max in long
  * double. The independent reference for the monitor modules. */

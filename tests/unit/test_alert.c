@@ -634,14 +634,28 @@ static double erank_dip1(int64_t s, double u, bool *p)
 {
     return s == 100 ? 2.0 : erank_healthy(s, u, p);
 }
-/* Collapse towards rank 1 (below the 1.5 floor) for 30 steps, then recovery. */
+/* Collapse towards rank 1 (below the 1.2 floor) for 30 steps, then recovery. */
 static double erank_collapse(int64_t s, double u, bool *p)
 {
-    return (s >= 120 && s < 150) ? 1.3 + 0.05 * u : erank_healthy(s, u, p);
+    return (s >= 120 && s < 150) ? 1.1 + 0.05 * u : erank_healthy(s, u, p);
 }
 static double erank_collapse_from_100(int64_t s, double u, bool *p)
 {
-    return s >= 100 ? 1.3 + 0.05 * u : erank_healthy(s, u, p);
+    return s >= 100 ? 1.1 + 0.05 * u : erank_healthy(s, u, p);
+}
+/* A layer's update-to-weight ratio: flat around 0.04, then the effective
+ * step triples at step 100 (a too-large LR the logged rate does not show),
+ * or rises by 60% (about what the attention fault does: z-sized, not a
+ * multiple). */
+static double ur_triple(int64_t s, double u, bool *p)
+{
+    (void)p;
+    return (s >= 100 ? 0.13 : 0.04) * (1 + 0.05 * u);
+}
+static double ur_rise60(int64_t s, double u, bool *p)
+{
+    (void)p;
+    return (s >= 100 ? 0.064 : 0.04) * (1 + 0.05 * u);
 }
 static double erank_nan(int64_t s, double u, bool *p)
 {
@@ -798,6 +812,20 @@ static const struct scenario scenarios[] = {
      {{"qk.d2.erank", erank_collapse_from_100}, {"router.similarity", erank_healthy}},
      2,
      {{0, 100, TP, 0, W}, {0, 102, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}}},
+    {"the update ratio tripling names a too-large step",
+     130,
+     0,
+     1,
+     {{"update_ratio", ur_triple}},
+     2,
+     {{0, 100, TP, 0, W}, {0, 102, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W}}},
+    {"the update ratio rising 60% (z far beyond 5) does not alert",
+     200,
+     0,
+     1,
+     {{"update_ratio", ur_rise60}},
+     0,
+     {{0}}},
     {"a one-step loss spike does not page",
      120,
      0,

@@ -144,7 +144,7 @@ Test(client_gram, attention_grams_match_definition)
 }
 
 /* Shards of the model dimension: partial Grams add up to the full one,
- * which is what lets the daemon reduce FSDP shards (MONITORS.md 1.1). */
+ * which is what lets the daemon reduce FSDP shards (docs/monitors.md 1.1). */
 Test(client_gram, attention_grams_are_additive_over_d_shards)
 {
     const size_t dh = 8, d = 48, shards = 3, ds = d / shards, n = 2 * dh, tri = fsc_tri_len(n);

@@ -704,3 +704,34 @@ Test(client_options, defaults_and_version)
     cr_expect_eq(o.replay_max_bytes, (size_t)64 << 20);
     cr_expect_str_eq(fsc_version(), FSC_VERSION);
 }
+
+/* What the daemon refuses in every report, its empty placeholder included
+ * (which keeps step and time): refused at packing, or a recording holding
+ * it would be resent for ever (issue 22). */
+Test(client_report, pack_refuses_what_even_the_placeholder_cannot_carry)
+{
+    struct {
+        uint64_t step;
+        int has_time;
+        double time;
+        int rc;
+    } cases[] = {
+        {(uint64_t)INT64_MAX, 1, 1.7e9, 0},
+        {(uint64_t)INT64_MAX + 1, 0, 0, -ERANGE},
+        {UINT64_MAX, 0, 0, -ERANGE},
+        {7, 1, NAN, -ERANGE},
+        {7, 1, INFINITY, -ERANGE},
+        {7, 1, -INFINITY, -ERANGE},
+        {7, 0, NAN, 0}, /* no time: nothing to refuse */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        Foreshock__Report m = FORESHOCK__REPORT__INIT;
+        struct fsc_entry *e = NULL;
+        m.step = cases[i].step;
+        m.has_time_unix = cases[i].has_time;
+        m.time_unix = cases[i].time;
+        cr_expect_eq(fsc_report_pack_msg(&m, 1000, &e), cases[i].rc, "case %zu", i);
+        cr_expect_eq(e != NULL, cases[i].rc == 0, "case %zu", i);
+        free(e);
+    }
+}

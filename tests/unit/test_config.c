@@ -166,6 +166,16 @@ static const struct bad_case bad_cases[] = {
     {"detect_from_step = -5", "key 'detect_from_step': '-5' is not an unsigned integer"},
     {"monitor_threads = 1025", "key 'monitor_threads': 1025 is outside"},
     {"head_points_every = 0", "key 'head_points_every': 0 is outside"},
+    /* A key given twice is refused, naming both lines (it used to be taken,
+     * the last one winning, while a section given twice was refused). */
+    {"max_runs = 10\nmax_runs = 20", "t.conf:2: key 'max_runs': given twice in this section "
+                                     "(first at line 1)"},
+    {"max_runs = 10\n# x\n\n  max_runs=10", "t.conf:4: key 'max_runs': given twice"},
+    /* A byte order mark only at the very start (below: accepted there). */
+    {"max_runs = 1\n\xEF\xBB\xBF"
+     "db = x",
+     "t.conf:2: expected 'key = value'"},
+    {"\xEF\xBB\xBF\xEF\xBB\xBFmax_runs = 1", "t.conf:1: expected 'key = value'"},
 };
 
 Test(config, errors_table)
@@ -181,14 +191,13 @@ Test(config, errors_table)
     }
 }
 
-Test(config, comments_blank_lines_and_last_wins)
+Test(config, comments_and_blank_lines)
 {
     const char *text = "# a comment\n"
                        "; another\n"
                        "\n"
                        "   # indented comment\n"
-                       "max_runs = 10\n"
-                       "max_runs = 20   ; override\n"
+                       "max_runs = 20   ; a comment after a value\n"
                        "db = a.db\n";
     struct fs_config cfg;
     config_defaults(&cfg);
@@ -197,6 +206,27 @@ Test(config, comments_blank_lines_and_last_wins)
     cr_expect_eq(cfg.max_runs, 20);
     cr_expect_str_eq(cfg.db, "a.db");
     cr_expect_eq(cfg.listen.port, 7781, "untouched keys keep defaults");
+}
+
+/* A UTF-8 byte order mark at the start of the file (some editors write
+ * one) is not text: the file parses as without it. */
+Test(config, utf8_bom_at_start)
+{
+    const char *texts[] = {"\xEF\xBB\xBFmax_runs = 7\n", "\xEF\xBB\xBF# comment\nmax_runs = 7",
+                           "\xEF\xBB\xBF\nmax_runs = 7"};
+    for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+        struct fs_config cfg;
+        config_defaults(&cfg);
+        struct fs_err err = {0};
+        cr_expect_eq(config_parse(texts[i], strlen(texts[i]), "t", &cfg, NULL, 0, &err), 0,
+                     "case %zu: %s", i, err.msg);
+        cr_expect_eq(cfg.max_runs, 7, "case %zu", i);
+    }
+    struct fs_config cfg;
+    config_defaults(&cfg);
+    struct fs_err err = {0};
+    const char bom_only[] = "\xEF\xBB\xBF";
+    cr_expect_eq(config_parse(bom_only, 3, "t", &cfg, NULL, 0, &err), 0, "%s", err.msg);
 }
 
 Test(config, line_too_long_and_nul)
@@ -267,7 +297,8 @@ Test(config, registered_sections)
                        "[detect \"qk.d2.erank\"]\n"
                        "z = 4.5\n"
                        "[ detect \"loss\" ]  # spaces are fine\n"
-                       "hold = 7\n";
+                       "hold = 7\n"
+                       "z = 3\n"; /* a key of another section: not given twice */
     struct detect_table t = {0};
     struct config_section sec = {
         .name = "detect", .keys = detect_keys, .nkeys = 2, .open = detect_open, .ctx = &t};
@@ -282,6 +313,7 @@ Test(config, registered_sections)
     cr_expect_eq(t.rules[0].hold, 3);
     cr_expect_str_eq(t.rules[1].name, "loss");
     cr_expect_eq(t.rules[1].hold, 7);
+    cr_expect_eq(t.rules[1].z, 3);
 
     /* Top-level keys are not valid inside a section, and vice versa. */
     const struct bad_case bad[] = {
@@ -291,6 +323,12 @@ Test(config, registered_sections)
         {"[detect]\n", "config: t:1: section [detect]: needs a monitor name"},
         {"[detect \"x\"]\nz = 0.1", "config: t:2: key 'z': 0.1 is outside the range 0.5..100"},
         {"[detect \"x\"]\nz = nan", "key 'z': 'nan' is not a finite number"},
+        /* Given twice: a section (any, not only [run] and [target]) and a
+         * key within one section, each naming the first line. */
+        {"[detect \"x\"]\nz = 4\n[detect \"y\"]\n[detect \"x\"]\nhold = 2",
+         "config: t:4: section [detect \"x\"] given twice (first at line 1)"},
+        {"[detect \"x\"]\nz = 4\nhold = 2\nz = 5",
+         "config: t:4: key 'z': given twice in this section (first at line 2)"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         memset(&t, 0, sizeof(t));

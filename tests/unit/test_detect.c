@@ -47,10 +47,19 @@ Test(detect_rules, defaults_are_sane_and_unique)
         const struct detect_rule *r = &rules.rule[i];
         cr_assert(r->enabled == (strcmp(r->name, "weight_norm") != 0), "%s", r->name);
         cr_assert_eq(r->warmup, DETECT_DEFAULT_WARMUP, "%s", r->name);
+        uint32_t ws = strncmp(r->name, "router.", 7) == 0   ? DETECT_ROUTER_WARMUP_STEPS
+                      : strcmp(r->name, "weight_norm") == 0 ? 0
+                                                            : DETECT_DEFAULT_WARMUP_STEPS;
+        cr_assert_eq(r->warmup_steps, ws, "%s", r->name);
         cr_assert_eq(r->window, DETECT_DEFAULT_WINDOW, "%s", r->name);
-        /* Router energy wanders around its trend in healthy runs: z 8. */
-        cr_assert_eq(r->z, strcmp(r->name, "router.centered_energy") == 0 ? 8.0 : DETECT_DEFAULT_Z,
-                     "%s", r->name);
+        /* Router logits wander around their trend in healthy runs: z 8.
+         * update_ratio and centered energy judge by rise_ratio only. */
+        bool ratio_only =
+            strcmp(r->name, "update_ratio") == 0 || strcmp(r->name, "router.centered_energy") == 0;
+        double z = strcmp(r->name, "router.zloss") == 0 ? 8.0
+                   : ratio_only                         ? DETECT_MAX_Z
+                                                        : DETECT_DEFAULT_Z;
+        cr_assert_eq(r->z, z, "%s", r->name);
         cr_assert_eq(r->resolve_after, DETECT_DEFAULT_RESOLVE_AFTER, "%s", r->name);
         cr_assert_geq(r->persistence, 1, "%s", r->name);
         cr_assert_lt(r->family, DETECT_FAMILY_COUNT, "%s", r->name);
@@ -66,21 +75,23 @@ static const struct {
     bool has_floor;
     double floor;
     uint32_t persistence;
+    double floor_rel, rise_ratio, rel_origin;
 } expected_rules[] = {
-    {"qk.d2.erank", DETECT_FAMILY_ATTENTION_D2, DETECT_FALL_IS_BAD, true, 1.5, 3},
-    {"qk.d2.entropy", DETECT_FAMILY_ATTENTION_D2, DETECT_FALL_IS_BAD, false, 0, 3},
-    {"qk.d2.srank", DETECT_FAMILY_ATTENTION_D2, DETECT_FALL_IS_BAD, true, 1.2, 3},
-    {"qk.cqk", DETECT_FAMILY_ATTENTION_D2, DETECT_RISE_IS_BAD, false, 0, 3},
-    {"router.similarity", DETECT_FAMILY_ROUTER_WEIGHT, DETECT_RISE_IS_BAD, false, 0, 3},
-    {"router.centered_energy", DETECT_FAMILY_ROUTER_WEIGHT, DETECT_RISE_IS_BAD, false, 0, 3},
-    {"router.zloss", DETECT_FAMILY_ROUTER_WEIGHT, DETECT_RISE_IS_BAD, false, 0, 3},
-    {"router.maxvio", DETECT_FAMILY_ROUTER_BALANCE, DETECT_RISE_IS_BAD, false, 0, 3},
-    {"router.load_entropy", DETECT_FAMILY_ROUTER_BALANCE, DETECT_FALL_IS_BAD, false, 0, 3},
-    {"weight_norm", DETECT_FAMILY_WEIGHT_NORM, DETECT_RISE_IS_BAD, false, 0, 3},
-    {"update_ratio", DETECT_FAMILY_WEIGHT_NORM, DETECT_RISE_IS_BAD, false, 0, 3},
-    {"lr", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 3},
-    {"loss", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3},
-    {"grad_norm", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3},
+    {"qk.d2.erank", DETECT_FAMILY_ATTENTION_D2, DETECT_FALL_IS_BAD, true, 1.2, 3, 0.3, 0, 1},
+    {"qk.d2.entropy", DETECT_FAMILY_ATTENTION_D2, DETECT_FALL_IS_BAD, false, 0, 3, 0, 0, 0},
+    {"qk.d2.srank", DETECT_FAMILY_ATTENTION_D2, DETECT_FALL_IS_BAD, true, 1.05, 3, 0.3, 0, 1},
+    {"qk.cqk", DETECT_FAMILY_ATTENTION_D2, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
+    {"router.similarity", DETECT_FAMILY_ROUTER_WEIGHT, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
+    {"router.centered_energy", DETECT_FAMILY_ROUTER_WEIGHT, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0,
+     0},
+    {"router.zloss", DETECT_FAMILY_ROUTER_WEIGHT, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
+    {"router.maxvio", DETECT_FAMILY_ROUTER_BALANCE, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
+    {"router.load_entropy", DETECT_FAMILY_ROUTER_BALANCE, DETECT_FALL_IS_BAD, false, 0, 3, 0, 0, 0},
+    {"weight_norm", DETECT_FAMILY_WEIGHT_NORM, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
+    {"update_ratio", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 3, 0, 3.0, 0},
+    {"lr", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
+    {"loss", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
+    {"grad_norm", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
 };
 
 Test(detect_rules, default_table_matches_monitors_md)
@@ -133,7 +144,10 @@ enum field {
     F_RESOLVE,
     F_SEVERITY,
     F_ENABLED,
-    F_TREND
+    F_TREND,
+    F_WARMUP_STEPS,
+    F_RISE_RATIO,
+    F_FLOOR_REL
 };
 
 static const struct override_case {
@@ -165,6 +179,13 @@ static const struct override_case {
     {"qk.d2.erank", "trend", " on ", 0, F_TREND, 1, false},
     {"weight_norm", "trend", "false", 0, F_TREND, 0, false},
     {"router.centered_energy", "trend", "0", 0, F_TREND, 0, false},
+    {"qk.d2.erank", "warmup_steps", "300", 0, F_WARMUP_STEPS, 300, false},
+    {"qk.d2.erank", "warmup_steps", "0", 0, F_WARMUP_STEPS, 0, false},
+    {"update_ratio", "rise_ratio", "5", 0, F_RISE_RATIO, 5, false},
+    {"update_ratio", "rise_ratio", "none", 0, F_RISE_RATIO, 0, false},
+    {"update_ratio", "rise_ratio", "0", 0, F_RISE_RATIO, 0, false},
+    {"qk.d2.srank", "floor_rel", "0.5", 0, F_FLOOR_REL, 0.5, false},
+    {"qk.d2.srank", "floor_rel", "none", 0, F_FLOOR_REL, 0, false},
     /* unknown rule / key */
     {"no.such.series", "z", "3", -ENOENT, F_NONE, 0, false},
     {"qk.d2.erank", "threshold", "3", -EINVAL, F_NONE, 0, false},
@@ -182,7 +203,15 @@ static const struct override_case {
     {"qk.d2.erank", "z", "nan", -EINVAL, F_NONE, 0, false},
     {"qk.d2.erank", "z", "inf", -EINVAL, F_NONE, 0, false},
     {"qk.d2.erank", "floor", "1e999", -EINVAL, F_NONE, 0, false},
-    {"qk.d2.erank", "ceiling", "1.0", -EINVAL, F_NONE, 0, false}, /* below floor 1.5 */
+    {"qk.d2.erank", "ceiling", "1.0", -EINVAL, F_NONE, 0, false}, /* below floor 1.2 */
+    {"qk.d2.erank", "warmup_steps", "-5", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.erank", "warmup_steps", "1000001", -EINVAL, F_NONE, 0, false},
+    {"update_ratio", "rise_ratio", "1", -EINVAL, F_NONE, 0, false},   /* breaches on the baseline */
+    {"update_ratio", "rise_ratio", "0.5", -EINVAL, F_NONE, 0, false}, /* below it */
+    {"update_ratio", "rise_ratio", "nan", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.srank", "floor_rel", "1", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.srank", "floor_rel", "-0.1", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.srank", "floor_rel", "x", -EINVAL, F_NONE, 0, false},
     {"loss", "spike_ratio", "0.5", -EINVAL, F_NONE, 0, false},
     {"qk.d2.erank", "persistence", "0", -EINVAL, F_NONE, 0, false},
     {"qk.d2.erank", "persistence", "10001", -EINVAL, F_NONE, 0, false},
@@ -223,6 +252,12 @@ static double field_value(const struct detect_rule *r, enum field f, bool *has)
         return r->enabled;
     case F_TREND:
         return r->trend;
+    case F_WARMUP_STEPS:
+        return r->warmup_steps;
+    case F_RISE_RATIO:
+        return r->rise_ratio;
+    case F_FLOOR_REL:
+        return r->floor_rel;
     case F_NONE:
         break;
     }
@@ -286,7 +321,9 @@ Test(detect_step, median_and_mad_match_reference)
         struct detect_rule r = rule_named("qk.d2.erank");
         r.window = windows[w];
         r.warmup = 1000000; /* only build the baseline: never breach */
+        r.warmup_steps = 0;
         r.has_floor = false;
+        r.floor_rel = 0;
         struct detect_state st;
         detect_state_init(&st);
         double hist[400];
@@ -350,6 +387,7 @@ Test(detect_step, z_is_robust_score)
 Test(detect_step, warmup_suppresses_z_but_not_floor_nor_nonfinite)
 {
     struct detect_rule r = rule_named("qk.d2.erank");
+    r.floor_rel = 0; /* z alone after warm-up; relative floors: their own table */
     struct detect_state st;
     detect_state_init(&st);
     uint64_t seed = 7;
@@ -412,6 +450,7 @@ Test(detect_step, detect_from_step_is_respected)
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named("qk.d2.erank");
         cr_assert_eq(r.warmup, 20);
+        r.floor_rel = 0; /* the z-score and the rank-one floor only */
         struct detect_state st;
         detect_state_init(&st);
         uint64_t seed = 99;
@@ -746,14 +785,16 @@ Test(detect_names, names)
 
 Test(detect_rules, trend_is_on_for_growing_series_only)
 {
-    /* Centered energy and weight norms grow in healthy training; every
-     * other default keeps the level baseline. */
+    /* Router weight growth (centered energy, similarity, z-loss) and
+     * weight norms drift up in healthy training; every other default keeps
+     * the level baseline. */
     struct detect_rules rules;
     detect_rules_default(&rules);
     for (size_t i = 0; i < rules.n; i++) {
         const struct detect_rule *r = &rules.rule[i];
-        bool want =
-            strcmp(r->name, "router.centered_energy") == 0 || strcmp(r->name, "weight_norm") == 0;
+        bool want = strcmp(r->name, "router.centered_energy") == 0 ||
+                    strcmp(r->name, "router.similarity") == 0 ||
+                    strcmp(r->name, "router.zloss") == 0 || strcmp(r->name, "weight_norm") == 0;
         cr_assert_eq(r->trend, want, "%s", r->name);
     }
 }
@@ -1010,6 +1051,7 @@ Test(detect_trend, fit_matches_reference_theil_sen)
         r.has_floor = false;
         r.window = windows[w / 2];
         r.warmup = 1000000; /* only build the baseline */
+        r.warmup_steps = 0;
         struct detect_state st;
         detect_state_init(&st);
         int64_t steps[300];
@@ -1265,6 +1307,7 @@ Test(detect_state, version_1_rewarms_trend_rules)
      * min(warmup, window) = 20 samples with known steps, then scores
      * against a line through those only, and never breaches. */
     struct detect_rule r = trend_rule();
+    r.warmup_steps = 0; /* warm-up by samples: what a v1 blob can count */
     struct detect_state st;
     detect_state_init(&st);
     uint64_t seed = 5;
@@ -1293,4 +1336,109 @@ Test(detect_state, version_1_rewarms_trend_rules)
     detect_step(&st, &level, s, curve_value(C_SQRT, (double)s), true, 0, &v);
     cr_assert_eq(v.baseline_n, level.window);
     cr_assert_not(v.in_warmup);
+}
+
+/* ---- warm-up in steps ---------------------------------------------------- */
+
+/* One sample every `every` steps from step 0, flat with a little noise: the
+ * first step scored out of warm-up. warmup 20 samples, or at least
+ * DETECT_WARMUP_MIN_SAMPLES (8) spanning warmup_steps, whichever first. */
+Test(detect_step, warmup_ends_by_steps_or_samples_table)
+{
+    static const struct {
+        uint32_t every, warmup_steps;
+        int64_t first_warm;
+    } cases[] = {
+        {1, 150, 20},   /* every step: 20 samples come first */
+        {5, 150, 100},  /* 20 samples at step 100, before the 150-step span */
+        {10, 150, 150}, /* 15 samples span 150 steps */
+        {25, 150, 200}, /* 150 steps hold only 7 samples: the 8th, at 175, ends it */
+        {10, 0, 200},   /* samples only: 20 of them */
+        {10, 300, 200}, /* 20 samples come before the 300-step span */
+        {50, 150, 400}, /* the 8th sample comes at step 350 */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named("qk.d2.entropy");
+        cr_assert_eq(r.warmup, 20);
+        r.warmup_steps = cases[c].warmup_steps;
+        struct detect_state st;
+        detect_state_init(&st);
+        uint64_t seed = 3;
+        int64_t first = -1;
+        for (int64_t s = 0; s <= 1000 && first < 0; s += cases[c].every) {
+            struct detect_verdict v;
+            cr_assert_eq(detect_step(&st, &r, s, 10 + 0.1 * uniform(&seed), true, 0, &v), 0);
+            if (!v.in_warmup)
+                first = s;
+        }
+        cr_assert_eq(first, cases[c].first_warm, "case %zu: every %u, warm at %lld", c,
+                     cases[c].every, (long long)first);
+    }
+}
+
+/* ---- relative bounds ----------------------------------------------------- */
+
+/* A flat baseline (median b, MAD 0 but floored at 0.1% of b: z is huge for
+ * any move, so z is taken out of the way with z = 1e6) and one probe. */
+Test(detect_step, relative_bounds_table)
+{
+    static const struct {
+        const char *rule;
+        double floor_rel, rise_ratio, origin, base, probe;
+        bool breach;
+    } cases[] = {
+        /* floor_rel measured from the origin (1: rank one) */
+        {"qk.d2.srank", 0.3, 0, 1.0, 2.0, 1.29, true}, /* excess 0.29 <= 0.3 x 1 */
+        {"qk.d2.srank", 0.3, 0, 1.0, 2.0, 1.31, false},
+        {"qk.d2.srank", 0.3, 0, 1.0, 11.0, 3.9, true}, /* dh-sized: 2.9 <= 3 */
+        {"qk.d2.srank", 0.3, 0, 1.0, 11.0, 4.1, false},
+        {"qk.d2.srank", 0.3, 0, 0.0, 2.0, 0.59, true}, /* from 0: 0.59 <= 0.6 */
+        {"qk.d2.srank", 0.3, 0, 0.0, 2.0, 1.3, false},
+        {"qk.d2.srank", 0.3, 0, 2.0, 2.0, 0.5, false}, /* baseline at the origin: off */
+        {"qk.d2.srank", 0, 0, 1.0, 2.0, 1.01, false},  /* off */
+        /* rise_ratio */
+        {"update_ratio", 0, 3.0, 0, 0.04, 0.1201, true},
+        {"update_ratio", 0, 3.0, 0, 0.04, 0.1199, false},
+        {"update_ratio", 0, 3.0, 0, -1.0, 5.0, false}, /* baseline <= origin: off */
+        {"update_ratio", 0, 0, 0, 0.04, 4.0, false},   /* off */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named(cases[c].rule);
+        r.has_floor = false;
+        r.z = DETECT_MAX_Z;
+        r.floor_rel = cases[c].floor_rel;
+        r.rise_ratio = cases[c].rise_ratio;
+        r.rel_origin = cases[c].origin;
+        struct detect_state st;
+        detect_state_init(&st);
+        struct detect_verdict v;
+        for (int64_t s = 0; s < 30; s++)
+            cr_assert_eq(detect_step(&st, &r, s, cases[c].base, true, 0, &v), 0);
+        cr_assert_not(v.in_warmup, "case %zu", c);
+        cr_assert_eq(detect_step(&st, &r, 30, cases[c].probe, true, 0, &v), 0);
+        cr_assert_eq(v.breach, cases[c].breach, "case %zu", c);
+        if (cases[c].breach) {
+            cr_assert_eq(v.breach_kind, DETECT_BREACH_RELATIVE, "case %zu", c);
+            cr_assert_not(v.accepted_into_baseline, "case %zu", c);
+        }
+    }
+    cr_assert_str_eq(detect_breach_kind_name(DETECT_BREACH_RELATIVE), "relative");
+}
+
+/* Relative bounds need a warm baseline: in warm-up only the absolute
+ * rank-one floor speaks. */
+Test(detect_step, relative_floor_waits_for_warmup)
+{
+    struct detect_rule r = rule_named("qk.d2.srank");
+    struct detect_state st;
+    detect_state_init(&st);
+    struct detect_verdict v;
+    for (int64_t s = 0; s < 5; s++)
+        cr_assert_eq(detect_step(&st, &r, s * 10, 3.0, true, 0, &v), 0);
+    cr_assert_eq(detect_step(&st, &r, 50, 1.2, true, 0, &v), 0); /* relative: yes; floor: no */
+    cr_assert(v.in_warmup);
+    cr_assert_not(v.breach);
+    cr_assert_eq(detect_step(&st, &r, 60, 1.04, true, 0, &v), 0); /* rank one */
+    cr_assert(v.breach);
+    cr_assert_eq(v.breach_kind, DETECT_BREACH_FLOOR);
 }

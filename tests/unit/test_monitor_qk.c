@@ -1,4 +1,4 @@
-/* Unit tests for daemon/monitor_qk.c (MONITORS.md 1.2, 1.3).
+/* Unit tests for daemon/monitor_qk.c (docs/monitors.md 1.2, 1.3).
  *
  * The reference is independent of the module's route: the test draws dense
  * Wq, Wk, dWq, dWk (dh x d, PyTorch [out, in]) in double, forms Delta2,

@@ -1,4 +1,4 @@
-/* Unit tests for daemon/monitor_router.c (MONITORS.md 3.1, 3.2).
+/* Unit tests for daemon/monitor_router.c (docs/monitors.md 3.1, 3.2).
  *
  * References are computed in the test from the raw objects the statistics
  * summarise: 3.1 from a random router weight WR (E x d rows w_i: cosines,

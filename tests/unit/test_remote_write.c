@@ -85,7 +85,7 @@ Test(remote_write, bad_settings_say_why)
         {"[remote_write]\nbatch_samples = 0\n", "batch_samples"},
         {"[remote_write]\nlabels = a=1\n", "'url' is required"},
         {"[remote_write]\nurl = http://x/\ntenant = a b\n", "tenant holds a space"},
-        {"[remote_write \"a\"]\nurl = http://x/\n[remote_write \"a\"]\n", "defined twice"},
+        {"[remote_write \"a\"]\nurl = http://x/\n[remote_write \"a\"]\n", "given twice"},
         {"[remote_write \"a b\"]\nurl = http://x/\n", "name may hold"},
         {"[remote_write \"a\"]\nurl = http://x/\n[remote_write \"b\"]\nurl = http://x/\n"
          "[remote_write \"c\"]\nurl = http://x/\n[remote_write \"d\"]\nurl = http://x/\n"

@@ -490,26 +490,64 @@ Test(run, router_tokens_reduce_over_the_declared_local_group)
     }
 }
 
-Test(run, distinct_local_groups_are_bounded)
+/* Local groups are bounded and stale ones replaced (issue 22, Critical 4):
+ * RUN_MAX_LOCAL_GROUPS one-rank groups (fake ranks) never lock the run's
+ * real node group out; the group fewest ranks declare goes first, so a
+ * flood of one-rank groups gives up its own, not the real group; a group
+ * larger than RUN_MAX_LOCAL_RANKS alone is refused. */
+static const struct {
+    const char *what;
+    uint32_t fakes_before; /* one-rank groups declared before the real group */
+    uint32_t fakes_after;  /* ... and after it */
+} local_flood_cases[] = {
+    {"a full table of one-rank groups", RUN_MAX_LOCAL_GROUPS, 0},
+    {"one-rank groups before and after", RUN_MAX_LOCAL_GROUPS, 3 * RUN_MAX_LOCAL_GROUPS},
+    {"one-rank groups after only", 0, 4 * RUN_MAX_LOCAL_GROUPS},
+};
+
+Test(run, local_groups_are_bounded_and_replaced)
 {
+    for (size_t k = 0; k < sizeof(local_flood_cases) / sizeof(local_flood_cases[0]); k++) {
+        struct run_limits lim = {.timeout_s = T_TIMEOUT, .max_bytes = 1ull << 30};
+        struct fixture fx;
+        cr_assert_eq(run_registry_create(&lim, &fx.reg), 0);
+        cr_assert_eq(run_open(fx.reg, 7, "r", &fx.run), 0);
+        char text[32];
+        uint32_t world = 4096, fake = 100;
+        for (uint32_t g = 0; g < local_flood_cases[k].fakes_before; g++, fake++) {
+            snprintf(text, sizeof(text), "%u", fake);
+            struct t_hello th = {fake, text, -1};
+            hello_of(fx.run, world, &th, 0);
+        }
+        /* The real node: ranks 0-7, two of them heard. */
+        struct t_hello r0 = {0, "0-7", -1}, r1 = {1, "0-7", -1};
+        hello_of(fx.run, world, &r0, 0);
+        hello_of(fx.run, world, &r1, 0);
+        for (uint32_t g = 0; g < local_flood_cases[k].fakes_after; g++, fake++) {
+            snprintf(text, sizeof(text), "%u", fake);
+            struct t_hello th = {fake, text, -1};
+            hello_of(fx.run, world, &th, 0);
+        }
+        cr_expect_leq(fx.run->n_decls, RUN_MAX_LOCAL_GROUPS, "%s", local_flood_cases[k].what);
+        for (uint32_t r = 0; r < 8; r++)
+            cr_expect(ranks_contains(fx.run->local, fx.run->n_local, r), "%s: rank %u",
+                      local_flood_cases[k].what, r);
+        cr_expect_leq(fx.run->n_local, 8 + RUN_MAX_LOCAL_GROUPS, "%s", local_flood_cases[k].what);
+        run_registry_destroy(fx.reg);
+    }
+    /* One group larger than RUN_MAX_LOCAL_RANKS: refused, nothing applied. */
     struct run_limits lim = {.timeout_s = T_TIMEOUT, .max_bytes = 1ull << 30};
     struct fixture fx;
     cr_assert_eq(run_registry_create(&lim, &fx.reg), 0);
     cr_assert_eq(run_open(fx.reg, 7, "r", &fx.run), 0);
-    char text[32];
-    uint32_t world = 2 * (RUN_MAX_LOCAL_GROUPS + 1);
-    for (uint32_t g = 0; g <= RUN_MAX_LOCAL_GROUPS; g++) {
-        snprintf(text, sizeof(text), "%u-%u", 2 * g, 2 * g + 1);
-        struct t_hello th = {2 * g, text, 1};
-        hello_of(fx.run, world, &th, g < RUN_MAX_LOCAL_GROUPS ? 0 : -ENOSPC);
-    }
-    /* The refused Hello changed nothing; a rank that alone held a group
-     * frees its slot when it declares another. */
-    cr_assert_eq(fx.run->n_local, 2 * RUN_MAX_LOCAL_GROUPS);
-    struct t_hello again = {0, "0-1,128-129", 1};
-    hello_of(fx.run, world, &again, 0);
-    cr_assert(ranks_contains(fx.run->local, fx.run->n_local, 129));
-    cr_assert_eq(fx.run->n_local, 2 * RUN_MAX_LOCAL_GROUPS + 2);
+    uint32_t n = RUN_MAX_LOCAL_RANKS + 1;
+    uint32_t *big = malloc(n * sizeof(*big));
+    for (uint32_t i = 0; i < n; i++)
+        big[i] = i;
+    struct run_hello h = {.rank = 0, .world_size = n, .local_ranks = big, .n_local_ranks = n};
+    cr_expect_eq(run_hello(fx.run, &h), -ENOSPC);
+    cr_expect_eq(fx.run->n_local, 0);
+    free(big);
     run_registry_destroy(fx.reg);
 }
 

@@ -100,3 +100,51 @@ Test(run_auth, sections_are_bounded)
     cr_expect_neq(parse(&ra, text, &err), 0);
     cr_expect(strstr(err.msg, "more than"), "%s", err.msg);
 }
+
+/* A section shadowed by an earlier one (the earlier pattern matches every
+ * run id the later one does) could never name a token: refused, with both
+ * sections and lines (issue 22). One that only overlaps is kept: each
+ * still decides some runs. */
+static const struct {
+    const char *first, *later;
+    bool shadowed;
+} shadow_cases[] = {
+    {"team-a-*", "team-a-7", true},
+    {"*", "anything", true},
+    {"*", "a*", true},
+    {"a*", "a?c", true},
+    {"a*", "a*b", true},
+    {"a?c", "abc", true},
+    {"*-7", "team-*-7", true},
+    {"a*b*c", "a-b-c", true},
+    {"team-a-7", "team-a-*", false}, /* the narrower one first: both used */
+    {"a?", "a*", false},             /* "abc" matches only the later */
+    {"a?c", "a*", false},
+    {"a*", "b*", false},
+    {"*-7", "*-70", false},
+    {"abc", "abd", false},
+    {"?", "*", false},
+    {"a*c", "a*b", false},
+};
+
+Test(run_auth, a_shadowed_section_is_refused)
+{
+    static struct run_auth ra;
+    for (size_t i = 0; i < sizeof(shadow_cases) / sizeof(shadow_cases[0]); i++) {
+        char text[256];
+        snprintf(text, sizeof(text), "[run \"%s\"]\ntoken = x\n\n[run \"%s\"]\ntoken = y\n",
+                 shadow_cases[i].first, shadow_cases[i].later);
+        struct fs_err err = {0};
+        int rc = parse(&ra, text, &err);
+        if (!shadow_cases[i].shadowed) {
+            cr_expect_eq(rc, 0, "case %zu: %s", i, err.msg);
+            continue;
+        }
+        char want[160];
+        snprintf(want, sizeof(want),
+                 "t.conf:4: section [run \"%s\"]: never used: [run \"%s\"] (line 1)",
+                 shadow_cases[i].later, shadow_cases[i].first);
+        cr_expect_neq(rc, 0, "case %zu accepted", i);
+        cr_expect(strstr(err.msg, want), "case %zu: %s", i, err.msg);
+    }
+}

@@ -1,4 +1,4 @@
-/* Unit tests for daemon/spectrum.c: scalars from a spectrum (MONITORS.md 1.3).
+/* Unit tests for daemon/spectrum.c: scalars from a spectrum (docs/monitors.md 1.3).
  * References: closed forms for hand-made spectra, and a direct evaluation of
  * the formulas (in long double, over a spectrum the test cleans itself) for
  * random ones. */
@@ -150,7 +150,7 @@ Test(spectrum, bad_arguments)
 
 /* ---- random spectra against a direct evaluation -------------------------- */
 
-/* The formulas of MONITORS.md 1.3, long double, values already cleaned. */
+/* The formulas of docs/monitors.md 1.3, long double, values already cleaned. */
 static void direct(const double *s, size_t n, struct spectrum_scalars *ref)
 {
     long double sum = 0, sumsig = 0, mx = 0;

@@ -373,22 +373,154 @@ Test(store, welcome_seq_includes_earlier_queued_reports)
     fx_fini(&f);
 }
 
-Test(store, max_runs_refuses_new_runs_only)
+/* One report of the stream h names, committed. */
+static void report_done(struct store *s, uint64_t conn, const struct store_result *h)
+{
+    submit_ok(s, report(conn, h, h->seq + 1, 0, 1.0));
+    store_flush(s);
+    struct store_result *r;
+    size_t n = results(s, &r);
+    free(r);
+    (void)n;
+}
+
+/* max_runs counts live runs (a report sent, not ended): a Hello that
+ * could make one more live is refused, a live run's Hello never, and runs
+ * that never sent a report hold no slot (issue 22). */
+static const struct {
+    const char *name;
+    int report_first; /* "first" sends a report */
+    int second_ok;    /* then a Hello of "second" is welcomed */
+} live_cases[] = {
+    {"live run holds the slot", 1, 0},
+    {"Hello alone holds no slot", 0, 1},
+};
+
+Test(store, max_runs_counts_live_runs)
+{
+    for (size_t k = 0; k < sizeof(live_cases) / sizeof(live_cases[0]); k++) {
+        struct fixture f;
+        fx_init(&f);
+        struct store_opts o = opts_for(&f);
+        o.max_runs = 1;
+        fx_open(&f, &o);
+        submit_ok(f.s, hello(1, "first", 0, 0));
+        struct store_result h1 = hello_done(f.s, 1);
+        cr_expect_eq(h1.error_code, 0);
+        if (live_cases[k].report_first)
+            report_done(f.s, 1, &h1);
+        submit_ok(f.s, hello(2, "second", 0, 0));
+        struct store_result h = hello_done(f.s, 2);
+        if (live_cases[k].second_ok) {
+            cr_expect_eq(h.error_code, 0, "%s: %s", live_cases[k].name, h.message);
+        } else {
+            cr_expect_eq(h.error_code, FORESHOCK__ERROR_CODE__ERROR_LIMIT, "%s",
+                         live_cases[k].name);
+            cr_expect(strstr(h.message, "max_runs"), "%s", h.message);
+        }
+        submit_ok(f.s, hello(3, "first", 0, 1));
+        cr_expect_eq(hello_done(f.s, 3).error_code, 0, "%s: an existing live run is admitted",
+                     live_cases[k].name);
+        fx_fini(&f);
+    }
+}
+
+/* max_runs_per_token: live runs per owner ([run] pattern), others unaffected. */
+Test(store, max_runs_per_token_is_per_owner)
 {
     struct fixture f;
     fx_init(&f);
     struct store_opts o = opts_for(&f);
-    o.max_runs = 1;
+    o.max_runs_per_token = 1;
     fx_open(&f, &o);
-    submit_ok(f.s, hello(1, "first", 0, 0));
-    cr_expect_eq(hello_done(f.s, 1).error_code, 0);
-    submit_ok(f.s, hello(2, "second", 0, 0));
-    struct store_result h = hello_done(f.s, 2);
-    cr_expect_eq(h.error_code, FORESHOCK__ERROR_CODE__ERROR_LIMIT);
-    cr_expect(strstr(h.message, "max_runs"), "%s", h.message);
-    submit_ok(f.s, hello(3, "first", 0, 1));
-    cr_expect_eq(hello_done(f.s, 3).error_code, 0, "an existing run is not a new one");
+    struct store_item *it = hello(1, "a-1", 0, 0);
+    snprintf(it->hello.owner, sizeof(it->hello.owner), "a-*");
+    submit_ok(f.s, it);
+    struct store_result h1 = hello_done(f.s, 1);
+    cr_assert_eq(h1.error_code, 0);
+    report_done(f.s, 1, &h1);
+    it = hello(2, "a-2", 0, 0);
+    snprintf(it->hello.owner, sizeof(it->hello.owner), "a-*");
+    submit_ok(f.s, it);
+    struct store_result h2 = hello_done(f.s, 2);
+    cr_expect_eq(h2.error_code, FORESHOCK__ERROR_CODE__ERROR_LIMIT);
+    cr_expect(strstr(h2.message, "max_runs_per_token"), "%s", h2.message);
+    it = hello(3, "b-1", 0, 0);
+    snprintf(it->hello.owner, sizeof(it->hello.owner), "b-*");
+    submit_ok(f.s, it);
+    cr_expect_eq(hello_done(f.s, 3).error_code, 0, "another token's run is admitted");
     fx_fini(&f);
+}
+
+/* store_run_delete_rows leaves no row of the run in any table that names
+ * a run, stream, series or alert, and leaves the other run alone; a new
+ * row never takes a deleted id. */
+Test(store, run_delete_rows_every_table)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    store_close(f.s);
+    f.s = NULL;
+    sqlite3 *db;
+    cr_assert_eq(sqlite3_open(f.db.path, &db), SQLITE_OK);
+    const char *fill =
+        "PRAGMA foreign_keys = ON;"
+        "INSERT INTO runs (id, name, created_at, last_seen_at, world_size) VALUES "
+        "(1, 'a', 0, 0, 1), (2, 'b', 0, 0, 1);"
+        "INSERT INTO streams (id, run_id, attempt, rank, created_at, last_seen_at) VALUES "
+        "(1, 1, 0, 0, 0, 0), (2, 2, 0, 0, 0, 0);"
+        "INSERT INTO reports VALUES (1, 1, 0, 0, 1), (2, 1, 0, 0, 1);"
+        "INSERT INTO series (id, run_id, name) VALUES (1, 1, 'loss'), (2, 2, 'loss');"
+        "INSERT INTO points VALUES (1, 0, 1, 0), (2, 0, 1, 0);"
+        "INSERT INTO detector_state VALUES (1, 0, x'00'), (2, 0, x'00');"
+        "INSERT INTO incomplete (run_id, step, kind, layer, have, want, recorded_at) VALUES "
+        "(1, 0, 'attention', 0, 1, 2, 0), (2, 0, 'attention', 0, 1, 2, 0);"
+        "INSERT INTO alerts (id, run_id, rule, alert_key, dedup_key, state, severity, family, "
+        "attribution, last_step, created_at, updated_at) VALUES "
+        "(1, 1, 'loss', 'k1', 'd1', 2, 'critical', 'f', 'a', 0, 0, 0), "
+        "(2, 2, 'loss', 'k2', 'd2', 2, 'critical', 'f', 'a', 0, 0, 0);"
+        "INSERT INTO alert_events (id, alert_id, change, from_state, to_state, step, at, "
+        "attribution, evidence_json) VALUES (1, 1, 'to_firing', 1, 2, 0, 0, 'a', '{}'), "
+        "(2, 2, 'to_firing', 1, 2, 0, 0, 'a', '{}');"
+        "INSERT INTO outbox (id, alert_id, event_id, target, kind, severity, attribution, "
+        "created_at, updated_at) VALUES (1, 2, 2, 't', 1, 'critical', 'a', 0, 0), "
+        "(2, 1, 1, 't', 1, 'critical', 'a', 0, 0);"
+        "INSERT INTO advice (id, run_id, alert_id, event_id, action, rule, label, severity, "
+        "step, created_at) VALUES (1, 1, 1, 1, 1, 'loss', 'a', 'critical', 0, 0), "
+        "(2, 2, 2, 2, 1, 'loss', 'a', 'critical', 0, 0);"
+        "INSERT INTO advice_deliveries (advice_id, stream_id) VALUES (1, 1), (2, 2);"
+        "INSERT INTO attempts VALUES (1, 0, NULL, 0, NULL), (2, 0, NULL, 0, NULL);"
+        "INSERT INTO spool_frames VALUES (1, 0, 1, 1, 1, 0), (1, 64, 2, 2, 1, 0);"
+        "INSERT INTO remote_write_cursor VALUES ('t', 0, 1, 5, 0), ('t', 0, 2, 5, 0);";
+    char *msg = NULL;
+    cr_assert_eq(sqlite3_exec(db, fill, NULL, NULL, &msg), SQLITE_OK, "%s", msg);
+    cr_assert_eq(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
+    cr_assert_eq(store_run_delete_rows(db, 1), SQLITE_OK, "%s", sqlite3_errmsg(db));
+    cr_assert_eq(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    /* Every table of the schema: one row of run 2 left, none of run 1. */
+    sqlite3_stmt *t;
+    cr_assert_eq(sqlite3_prepare_v2(db,
+                                    "SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                                    "name NOT IN ('spool', 'spool_log', 'silences', 'id_floor')",
+                                    -1, &t, NULL),
+                 SQLITE_OK);
+    size_t tables = 0;
+    while (sqlite3_step(t) == SQLITE_ROW) {
+        char q[128];
+        snprintf(q, sizeof(q), "SELECT count(*) FROM %s", (const char *)sqlite3_column_text(t, 0));
+        cr_expect_eq(q1(db, q), 1, "%s", q);
+        tables++;
+    }
+    sqlite3_finalize(t);
+    cr_expect_eq(tables, 15, "tables holding run rows: a new one needs a DELETE in store_runs.c");
+    cr_expect_eq(q1(db, "SELECT id FROM runs"), 2);
+    cr_expect_eq(q1(db, "SELECT id FROM outbox"), 1, "run b's page stays");
+    cr_expect_eq(q1(db, "SELECT id FROM id_floor WHERE tbl = 'outbox'"), 2,
+                 "the deleted highest outbox id is a floor");
+    sqlite3_close(db);
+    tmpdb_remove(&f.db);
 }
 
 /* Replays the spool log the way stage_load does: the end the database
@@ -438,6 +570,66 @@ static struct store_item *sketch_report(uint64_t conn, const struct store_result
     it->report.sketch_body = calloc(1, len);
     it->report.sketch_body[0] = (uint8_t)seq;
     return it;
+}
+
+/* The API deletes a run (STORE_ITEM_RUN): its rows go, its Hellos are
+ * refused while it is marked, a Hello after that starts it anew with a new
+ * id, and its spooled frames go with it. A run deleted while the daemon was
+ * down (its rows gone, its records still in a segment) loses them at the
+ * next start. */
+Test(store, deleted_run_takes_its_spool_records)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "gone", 0, 0));
+    struct store_result h = hello_done(f.s, 1);
+    for (uint64_t seq = 1; seq <= 3; seq++)
+        submit_ok(f.s, sketch_report(1, &h, seq, seq * 10, 100));
+    store_flush(f.s);
+    cr_assert_gt(store_spool_bytes(f.s), 0);
+    struct store_item *it = store_item_new(STORE_ITEM_RUN);
+    it->run.op = STORE_RUN_DELETE;
+    snprintf(it->run.run, sizeof(it->run.run), "gone");
+    it->run.waiter = store_waiter_new();
+    struct store_waiter *w = store_waiter_ref(it->run.waiter);
+    submit_ok(f.s, it);
+    int64_t id = 0;
+    cr_expect_eq(store_waiter_wait(w, 10000, &id), 0);
+    cr_expect_eq(id, h.run_id);
+    store_waiter_put(w);
+    sqlite3 *db = ro(&f);
+    for (int tries = 0; tries < 1000 && q1(db, "SELECT count(*) FROM runs") != 0; tries++)
+        usleep(10000);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM runs"), 0);
+    cr_expect_eq(q1(db, "SELECT count(*) FROM reports"), 0);
+    sqlite3_close(db);
+    for (int tries = 0; tries < 1000 && store_spool_bytes(f.s) != 0; tries++) {
+        store_flush(f.s);
+        usleep(10000);
+    }
+    cr_expect_eq(store_spool_bytes(f.s), 0, "the deleted run's records are released");
+    submit_ok(f.s, hello(2, "gone", 0, 0));
+    struct store_result again = hello_done(f.s, 2);
+    cr_expect_eq(again.error_code, 0);
+    cr_expect_gt(again.run_id, h.run_id, "a deleted run's id is not handed out again");
+
+    /* Deleted while down: rows gone, records left; the next open drops them. */
+    for (uint64_t seq = 1; seq <= 3; seq++)
+        submit_ok(f.s, sketch_report(2, &again, seq, seq * 10, 100));
+    store_flush(f.s);
+    cr_assert_gt(store_spool_bytes(f.s), 0);
+    store_close(f.s);
+    f.s = NULL;
+    cr_assert_eq(sqlite3_open(f.db.path, &db), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(db, "PRAGMA foreign_keys = ON; BEGIN", NULL, NULL, NULL), SQLITE_OK);
+    cr_assert_eq(store_run_delete_rows(db, again.run_id), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    fx_open(&f, &o);
+    cr_expect_eq(store_spool_bytes(f.s), 0, "records of a run deleted while down are released");
+    fx_fini(&f);
 }
 
 /* Frames go to the spool log beside the database, not into it; the
@@ -527,11 +719,17 @@ Test(store, legacy_spool_rows_move_into_the_log)
                  (long long)h.run_id, (long long)h.stream_id, seq, seq * 10, seq);
         cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
     }
-    /* ... as schema version 7 (before the spool log and spool_frames) had them. */
+    /* ... as schema version 7 (before the spool log, spool_frames, the
+     * run lifecycle and remote write) had them. */
     cr_assert_eq(sqlite3_exec(db,
-                              "DROP TABLE remote_write_cursor; DROP TABLE spool_frames; DROP TABLE "
-                              "spool_log; ALTER TABLE runs DROP COLUMN spool_done_step; PRAGMA "
-                              "user_version = 7",
+                              "DROP TABLE remote_write_cursor; "
+                              "DROP INDEX runs_live; DROP TABLE id_floor; "
+                              "ALTER TABLE runs DROP COLUMN ended_at; "
+                              "ALTER TABLE runs DROP COLUMN owner; "
+                              "ALTER TABLE runs DROP COLUMN deleting; "
+                              "DROP TABLE spool_frames; "
+                              "DROP TABLE spool_log; ALTER TABLE runs DROP COLUMN "
+                              "spool_done_step; PRAGMA user_version = 7",
                               NULL, NULL, NULL),
                  SQLITE_OK, "%s", sqlite3_errmsg(db));
     sqlite3_close(db);
@@ -770,21 +968,30 @@ Test(store, bad_item_is_refused_alone)
     fx_open(&f, &o);
     submit_ok(f.s, hello(1, "ok", 0, 0));
     struct store_result h = hello_done(f.s, 1);
-    /* A stream id that does not exist violates a foreign key. */
+    /* A run id that does not exist violates a foreign key (its series). */
     struct store_result bogus = h;
-    bogus.stream_id = 999999;
+    bogus.run_id = 999999;
+    /* A stream that does not exist (its run was deleted) is refused by name. */
+    struct store_result gone = h;
+    gone.stream_id = 999999;
     submit_ok(f.s, report(1, &h, 1, 1, 1.0));
-    submit_ok(f.s, report(2, &bogus, 1, 1, 1.0));
+    submit_ok(f.s, report(2, &bogus, 7, 1, 1.0)); /* a seq of its own: not a resend */
+    submit_ok(f.s, report(3, &gone, 1, 1, 1.0));
     submit_ok(f.s, report(1, &h, 2, 2, 1.0));
     struct store_result *r;
     size_t n = results(f.s, &r);
     uint64_t items;
     cr_expect_eq(acked(r, n, 1, &items), 2);
-    int refused = 0;
-    for (size_t i = 0; i < n; i++)
+    int refused = 0, deleted = 0;
+    for (size_t i = 0; i < n; i++) {
         if (r[i].conn_id == 2 && r[i].error_code == FORESHOCK__ERROR_CODE__ERROR_INTERNAL)
             refused++;
+        if (r[i].conn_id == 3 && r[i].error_code == FORESHOCK__ERROR_CODE__ERROR_LIMIT &&
+            strstr(r[i].message, "run deleted"))
+            deleted++;
+    }
     cr_expect_eq(refused, 1);
+    cr_expect_eq(deleted, 1);
     free(r);
     sqlite3 *db = ro(&f);
     cr_expect_eq(q1(db, "SELECT reports FROM runs"), 2);

@@ -4,7 +4,9 @@ with foreshock.Monitor wired in (the two lines marked MONITOR), and
 optionally a fault.
 
 Learning rate (--schedule): linear warm-up over --warmup steps, then
-constant, or cosine decay to 10% of --lr at the last step (--steps).
+constant, cosine decay to 10% of --lr at the last step (--steps), or wsd
+(warmup-stable-decay: constant, then linear decay to 10% over the last 20%
+of the steps).
 
 Scenarios (the fault starts at --fault-step; before it every scenario of a
 seed trains identically: same initial weights, same batches):
@@ -18,6 +20,12 @@ seed trains identically: same initial weights, same batches):
                       then stays there (a multiplier on the scheduled rate)
   combined            both; the learning-rate ramp starts at --lr-fault-step
                       (default: --fault-step, both faults at once)
+
+--lr-hidden: the learning-rate fault is invisible to the monitor: the
+optimizer steps with the faulted rate, the monitor is told the scheduled one
+(a gradient-accumulation or loss-scale bug, a second optimizer group). With
+--peak-mult M the whole schedule runs at M x --lr from step 1 (a peak rate
+too large from the start) and the monitor is told the schedule of --lr.
 
 Writes one JSON line per step to --out (step, loss, grad_norm, lr,
 train_s: forward+backward+optimizer, monitor_s: monitor.step()) and a last
@@ -62,7 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--bits", type=int, default=5, help="BF16 low bits truncated (1..16)")
     p.add_argument("--fault-on", choices=("o", "do", "both"), default="both")
     p.add_argument("--arch", choices=("gpt", "llama"), default="gpt")
-    p.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
+    p.add_argument("--schedule", choices=("constant", "cosine", "wsd"), default="constant",
                    help="after warm-up: constant, or cosine decay to 10%% at --steps")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=50)
@@ -70,6 +78,11 @@ def parse_args(argv=None):
     p.add_argument("--lr-ramp", type=int, default=200)
     p.add_argument("--lr-fault-step", type=int, default=None,
                    help="combined: step the learning-rate ramp starts (default: --fault-step)")
+    p.add_argument("--lr-hidden", action="store_true",
+                   help="the monitor is told the scheduled rate, not the faulted one")
+    p.add_argument("--peak-mult", type=float, default=1.0,
+                   help="the optimizer runs the whole schedule at this multiple of --lr; "
+                        "the monitor is told the schedule of --lr")
     p.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: off)")
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)
@@ -101,11 +114,25 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def lr_at(a, step):
+WSD_DECAY = 0.2  # wsd: share of the steps spent decaying, at the end
+
+
+def scheduled_lr(a, step):
+    """The schedule of --lr, without any fault: what a trainer logs."""
     base = a.lr * min(1.0, (step + 1) / a.warmup)
     if a.schedule == "cosine" and step > a.warmup:
         frac = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
         base *= 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac))
+    if a.schedule == "wsd":
+        start = a.steps * (1.0 - WSD_DECAY)
+        if step > start:
+            base *= 1.0 - 0.9 * min(1.0, (step - start) / max(1.0, a.steps - start))
+    return base
+
+
+def lr_at(a, step):
+    """The rate the optimizer steps with (faults included)."""
+    base = scheduled_lr(a, step) * a.peak_mult
     lr_fault = a.fault_step if a.lr_fault_step is None else a.lr_fault_step
     if a.scenario in ("lr", "combined") and step >= lr_fault:
         ramp = min(1.0, (step - lr_fault + 1) / a.lr_ramp)
@@ -147,6 +174,7 @@ def main(argv=None):
         if a.scenario in ("attention-numerics", "combined") and step == a.fault_step:
             model.fault.bits, model.fault.on = a.bits, a.fault_on
         lr = lr_at(a, step)
+        logged = scheduled_lr(a, step) if a.lr_hidden or a.peak_mult != 1.0 else lr
         for g in opt.param_groups:
             g["lr"] = lr
         t0 = time.perf_counter()
@@ -160,9 +188,10 @@ def main(argv=None):
         opt.step()
         t1 = time.perf_counter()
         if mon is not None:  # MONITOR (2 of 2)
-            mon.step(step, loss=loss, grad_norm=gn, lr=lr)
+            mon.step(step, loss=loss, grad_norm=gn, lr=logged)
         t2 = time.perf_counter()
         rec = {"step": step, "loss": loss.item(), "grad_norm": gn.item(), "lr": lr,
+               "lr_logged": logged,
                "train_s": t1 - t0, "monitor_s": t2 - t1}
         if out:
             out.write(json.dumps(rec) + "\n")

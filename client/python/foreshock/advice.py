@@ -77,11 +77,21 @@ class AdviceInbox:
         self.received = 0
         self._poll = getattr(transport, "poll_advice", None)
 
-    def poll(self, trainer_step):
+    def poll(self, trainer_step, on_fail=None):
+        """Hands over what arrived. Reading the transport never raises:
+        a failure goes to on_fail("advice", None, exc) (the Monitor's
+        counter) and the advice of this call is skipped; the handler's own
+        exception propagates."""
         if self._poll is None:
             return
-        for fields in self._poll():
-            adv = Advice(trainer_step=trainer_step, **fields)
+        try:
+            got = [Advice(trainer_step=trainer_step, **fields) for fields in self._poll()]
+        except Exception as e:
+            if on_fail is None:
+                raise
+            on_fail("advice", None, e)
+            return
+        for adv in got:
             self.received += 1
             log.log(logging.WARNING if adv.checkpoint else logging.INFO,
                     "foreshock: advice at step %s: %s", trainer_step, adv)

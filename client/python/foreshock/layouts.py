@@ -72,9 +72,20 @@ parents outwards and their configs, then the Monitor's top_k; else
 DEFAULT_TOP_K (2, Mixtral/GShard), said in the summary. Fix:
 Monitor(top_k=) or routers=[RouterSpec(...)].
 
-Layer index: the first integer in the module's qualified name
-("model.layers.5.self_attn" -> 5), so attention and router of one block
-share it; discovery order when names carry no distinct integers.
+OBSERVATION. After names, discover() runs one observed forward pass
+(observe.py) that finds attention scores and routing top-ks whatever the
+names; it confirms names' specs, replaces them where it disagrees (a
+"corrected by observation" line), adds what names missed and drops a
+router-named weight whose output reaches no topk. Every observed site it
+cannot monitor is in `skipped` with the reason and the fix (MLA has its
+own message).
+
+Layer index: the block index, the outermost ModuleList/Sequential entry a
+spec lives in, counted over the entries holding a spec in module order
+(encoder blocks, then decoder blocks), so attention and router of one
+block share it; a
+block's second attention (cross-attention) takes the next index and the
+later blocks shift. Without block lists: discovery order.
 """
 import logging
 import numbers
@@ -176,6 +187,9 @@ class Discovery:
         self.attention, self.routers = [], []
         self.skipped, self.not_routers, self.notes = [], [], []
         self.how = {}
+        self.corrections = []   # (name, text): where the observed pass overruled names
+        self.order = {}         # spec name -> when the observed pass saw it
+        self.observation = None
         self.attention_given = self.routers_given = False
         self.layers = None
         self.before_filter = (0, 0)
@@ -202,13 +216,18 @@ class Discovery:
         elif self.attention_given and self.routers_given:
             lines.append(f"foreshock: monitoring {model_name}: scalars only (attention=[] and "
                          "routers=[] given)")
+        elif self.skipped:
+            lines.append(
+                f"foreshock: found NOTHING it can monitor in {model_name}: what it found is "
+                "SKIPPED below, each with the reason and its fix; only scalars (loss, "
+                "grad_norm, lr, ...) will be sent")
         else:
             lines.append(
                 f"foreshock: found NOTHING to monitor in {model_name}: no attention Q/K weights "
                 "and no MoE routers in a layout discovery knows; only scalars (loss, grad_norm, "
                 "lr, ...) will be sent. Fix: pass attention=[foreshock.AttentionSpec(...)] "
                 "and/or routers=[foreshock.RouterSpec(...)] to Monitor (client/python/README.md, "
-                "\"What it finds\")")
+                "\"What it finds and how\")")
         for what, specs, given, arg in (("attention", self.attention, self.attention_given,
                                          "attention="),
                                         ("routers", self.routers, self.routers_given,
@@ -216,7 +235,7 @@ class Discovery:
             if given:
                 lines.append(f"  {what}: {len(specs)} given by {arg}")
             elif specs:
-                for head, names in _groups(specs, what):
+                for head, names in _groups(specs, what, self.how):
                     how = self.how.get(names[0])
                     lines.append(f"  {what}: {head}: {_names(names)}"
                                  + (f" [{how}]" if how else ""))
@@ -236,6 +255,16 @@ class Discovery:
             grouped.setdefault((text, fix), []).append(name)
         for (text, fix), names in grouped.items():
             lines.append(f"  note: {_names(names)}: {text}; fix: {fix}")
+        for name, text in self.corrections:
+            lines.append(f"  corrected by observation: {name}: {text}")
+        obs = self.observation
+        if obs is not None and not (self.attention_given and self.routers_given):
+            if obs.error is None:
+                lines.append(f"  observed: one forward pass ({obs.input_desc}): "
+                             f"{_n(len(obs.attention), 'attention score')}, "
+                             f"{_n(len(obs.routers), 'routing top-k')}")
+            else:
+                lines.append(f"  observed: nothing ({obs.error}); names only")
         grouped = {}
         for name, reason in self.not_routers:
             grouped.setdefault(reason, []).append(name)
@@ -294,12 +323,12 @@ def _router_headline(specs):
                       for (e, k), ss in shapes.items())
 
 
-def _groups(specs, what):
+def _groups(specs, what, how=None):
     shapes = {}
     for s in specs:
         key = ((s.n_heads, s.n_kv_heads, s.head_dim) if what == "attention"
                else (s.n_experts, s.top_k))
-        shapes.setdefault(key, []).append(s)
+        shapes.setdefault(key + ((how or {}).get(s.name, ""),), []).append(s)
     for key, ss in shapes.items():
         nums = [s.layer for s in ss]
         layers = ("layer " if len(set(nums)) == 1 else "layers ") + ranges_text(nums)
@@ -619,10 +648,9 @@ def _find_attention(model, fallback, found):
 
 
 def find_attention(model, n_heads=None, n_kv_heads=None, head_dim=None):
-    """AttentionSpecs for every attention module of `model` in a known
-    layout (module docstring), in module order. Skipped modules: see
-    discover()."""
-    return _find_attention(model, (n_heads, n_kv_heads, head_dim), Discovery())[0]
+    """AttentionSpecs of `model` (discover(): names, then the observed
+    pass), by layer. Skipped modules: see discover()."""
+    return discover(model, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim).attention
 
 
 # ---- routers --------------------------------------------------------------------------------
@@ -743,27 +771,374 @@ def _find_routers(model, top_k, found, claimed):
 
 def find_routers(model, top_k=None):
     """RouterSpecs for the MoE routers of `model` (module docstring)."""
-    found = Discovery()
-    _, claimed = _find_attention(model, (None, None, None), found)
-    return _find_routers(model, top_k, found, claimed)
+    return discover(model, top_k=top_k).routers
+
+
+# ---- observation (observe.py) and layer numbering -------------------------------------------
+
+MLA_FIX = ("attention=[foreshock.AttentionSpec(layer, n_heads, n_kv_heads, head_dim, "
+           "get=lambda: (Wq, Wk))] with Wq, Wk composed over one input space (e.g. "
+           "q_b_proj.weight @ q_a_proj.weight, which leaves out the norm between them), or "
+           "attention=[] to monitor none")
+
+
+def _storage(t):
+    if t is None:
+        return None
+    try:
+        return t.untyped_storage().data_ptr()
+    except (AttributeError, RuntimeError):
+        try:
+            return t.storage().data_ptr()
+        except Exception:
+            return None
+
+
+def _rel(name, prefix):
+    name = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
+    return name[:-len(".weight")] if name.endswith(".weight") else name
+
+
+def _site_name(site):
+    if site.group:
+        return site.group
+    qn, kn = site.q_src.pname, site.k_src.pname
+    qp, kp = qn.split("."), kn.split(".")
+    common = []
+    for a, b in zip(qp[:-1], kp[:-1]):
+        if a != b:
+            break
+        common.append(a)
+    prefix = ".".join(common)
+    if qn == kn:
+        if qn.endswith(".in_proj_weight") or qn == "in_proj_weight":
+            return qn
+        return qn[:-len(".weight")] if qn.endswith(".weight") else qn
+    return _join(prefix, f"{_rel(qn, prefix)}/{_rel(kn, prefix)}")
+
+
+def _mixed_text(site, prefix):
+    q = sorted({_rel(s.pname, prefix) for s in site.q_srcs})
+    k = sorted({_rel(s.pname, prefix) for s in site.k_srcs})
+    return (f"low-rank / MLA-style attention ({site.n_heads} heads of {site.head_dim}): q comes "
+            f"from {', '.join(q)} and k from {', '.join(k)}, so a head's Q/K product is not "
+            "one Wq/Wk pair over one input (a latent projection, a norm and a shared rope key "
+            "sit between); not monitored, not approximated")
+
+
+def _obs_spec(site):
+    return AttentionSpec(-1, site.n_heads, site.n_kv_heads, site.head_dim,
+                         site.attention_getter(), _site_name(site))
+
+
+def _same_weights(a, b):
+    try:
+        wa, wb = a.get(), b.get()
+        return all(x.shape == y.shape and torch.equal(x.detach(), y.detach().to(x.device))
+                   for x, y in zip(wa, wb))
+    except Exception:
+        return False
+
+
+def _merge_attention(att, obs, found):
+    """Names' specs confirmed, corrected or added to by the observed sites."""
+    out = list(att)
+    firsts = []
+    for a in att:
+        try:
+            firsts.append(a.get()[0])
+        except Exception:
+            firsts.append(None)
+    seen, warned = set(), set()
+    for site in obs.attention:
+        if site.reason is not None:
+            if site.reason == "mixed":
+                name = sorted({s.module for s in site.q_srcs + site.k_srcs})[0]
+                name = _common([s.pname for s in site.q_srcs + site.k_srcs]) or name
+                reason, fix = _mixed_text(site, name), MLA_FIX
+            else:
+                name = _common([s.pname for s in site.q_srcs + site.k_srcs]) or "(model)"
+                reason, fix = f"observed attention score: {site.reason}", (
+                    "attention=[foreshock.AttentionSpec(layer, n_heads, n_kv_heads, head_dim, "
+                    "get=lambda: (Wq, Wk))] with Wq, Wk over one input space")
+            params = {_storage(x.param) for x in site.q_srcs + site.k_srcs}
+            gone = [a for a in out if _storage(_safe_q(a)) in params]
+            for a in gone:
+                out.remove(a)
+                found.how.pop(a.name, None)
+                name = a.name.split("/")[0].rpartition(".")[0] or name
+            if name in warned:
+                continue
+            warned.add(name)
+            found.skipped = [x for x in found.skipped  # the pass's reason replaces names'
+                             if not (x[0] == "attention" and _under(name, x[1]))]
+            found.skipped.append(("attention", name, reason, fix))
+            continue
+        spec = _obs_spec(site)
+        desc = (f"observed ({site.via}): H={spec.n_heads} Hkv={spec.n_kv_heads} "
+                f"dh={spec.head_dim} from the score's shapes, rows from the weights")
+        match = [i for i, w in enumerate(firsts) if i not in seen and
+                 _derives(w, site.q_src.param)]
+        if match:
+            i = match[0]
+            seen.add(i)
+            old = att[i]
+            if (old.n_heads, old.n_kv_heads, old.head_dim) == (spec.n_heads, spec.n_kv_heads,
+                                                                spec.head_dim) and \
+                    _same_weights(old, spec):
+                found.how[old.name] = (found.how.get(old.name, "") +
+                                       "; confirmed by the observed pass").lstrip("; ")
+                found.order[old.name] = site.order
+                continue
+            out[out.index(old)] = spec
+            spec.name = old.name if old.name else spec.name
+            found.corrections.append((spec.name, f"names gave H={old.n_heads} "
+                                      f"Hkv={old.n_kv_heads} dh={old.head_dim} "
+                                      f"({found.how.get(old.name, '')}); the observed pass "
+                                      f"gives H={spec.n_heads} Hkv={spec.n_kv_heads} "
+                                      f"dh={spec.head_dim} and its rows: observation used"))
+            found.how[spec.name] = desc
+            found.order[spec.name] = site.order
+            continue
+        pnames = [x.pname for x in site.q_srcs]
+        found.skipped = [x for x in found.skipped if not (x[0] == "attention" and any(
+            _under(pname, x[1]) for pname in pnames))]
+        if any(a.name == spec.name for a in out):
+            continue
+        out.append(spec)
+        found.how[spec.name] = desc
+        found.order[spec.name] = site.order
+    return out
+
+
+def _derives(w, param):
+    """Whether names' Wq w is (a view or a copy of) rows of param."""
+    if w is None or w.dim() != 2 or w.shape[0] == 0:
+        return False
+    if _storage(w) == _storage(param):
+        return True
+    p = param.detach()
+    if p.numel() % w.shape[-1]:
+        return False
+    try:
+        rows = p.reshape(-1, w.shape[-1])
+        return bool((rows == w[:1].detach().to(rows.device)).all(-1).any())
+    except Exception:
+        return False
+
+
+def _safe_q(spec):
+    try:
+        return spec.get()[0]
+    except Exception:
+        return None
+
+
+def _under(pname, module):
+    return module == "" or pname == module or pname.startswith(module + ".")
+
+
+def _common(names):
+    parts = [n.split(".")[:-1] for n in names]
+    out = []
+    for col in zip(*parts):
+        if len(set(col)) != 1:
+            break
+        out.append(col[0])
+    return ".".join(out)
+
+
+def _router_module(model, src):
+    modules = dict(model.named_modules())
+    owner = modules.get(src.module)
+    leaf = src.pname.rpartition(".")[2]
+    if owner is not None and getattr(owner, leaf, None) is src.param and leaf == "weight" \
+            and isinstance(owner, nn.Linear):
+        b = owner.bias
+        return owner, ((lambda m=owner: m.bias) if isinstance(b, torch.Tensor) else None)
+    if src.rows == src.width:
+        return None, None
+    return owner, None
+
+
+def _merge_routers(model, rts, obs, found, top_k):
+    out = list(rts)
+    by_param = {}
+    for r in rts:
+        try:
+            by_param[_storage(r.get())] = r
+        except Exception:
+            pass
+    routed = set()
+    for site in obs.routers:
+        src = site.src
+        key = _storage(src.param)
+        routed.add(key)
+        old = by_param.get(key)
+        k = min(site.top_k, site.used_k) if site.used_k else site.top_k
+        if old is not None:
+            if old.n_experts == src.rows and old.top_k == k:
+                found.how[old.name] = (found.how.get(old.name, "") +
+                                       "; confirmed by the observed pass").lstrip("; ")
+            elif old.n_experts == src.rows and "top-k: default" in found.how.get(old.name, ""):
+                old.top_k = min(k, src.rows)
+                found.how[old.name] = found.how[old.name].replace(
+                    "top-k: default", "top-k: the observed topk's k")
+            else:
+                found.corrections.append((old.name, f"names gave E={old.n_experts} "
+                                          f"top-{old.top_k}; the observed pass gives "
+                                          f"E={src.rows} top-{k}: observation used"))
+                old.n_experts, old.top_k = src.rows, min(k, src.rows)
+                found.how[old.name] = f"observed: E from the top-k's width, top-k from its k"
+            found.notes = [n for n in found.notes if not (n[0] == old.name and
+                                                          "top-k assumed" in n[1])]
+            continue
+        name = src.pname[:-len(".weight")] if src.pname.endswith(".weight") else src.pname
+        hook, bias = _router_module(model, src)
+        spec = RouterSpec(-1, src.rows, min(k, src.rows), src.getter(list(range(src.rows))),
+                          module=hook, bias=bias, name=name)
+        if hook is None:
+            found.notes.append((name, "no token statistics: a parameter router whose "
+                                "module's output width equals E", ROUTER_FIX))
+        found.not_routers = [n for n in found.not_routers if n[0] != name]
+        found.skipped = [x for x in found.skipped if not (x[0] == "router" and x[1] == name)]
+        out.append(spec)
+        found.how[name] = (f"observed: {site.normed + ' then ' if site.normed else ''}"
+                           f"{'argmax' if k == 1 else 'topk'} over its {src.rows} outputs, "
+                           "indices used to dispatch")
+    used = {_storage(s.param) for s in obs.sources}
+    keep = []
+    for r in out:
+        try:
+            key = _storage(r.get())
+        except Exception:
+            key = None
+        if key in used and key not in routed:
+            found.not_routers.append((r.name, "observed: its outputs reach no topk/argmax "
+                                      "that dispatches tokens (a gate, not a router)"))
+            found.notes = [n for n in found.notes if n[0] != r.name]
+            found.how.pop(r.name, None)
+            continue
+        keep.append(r)
+    return keep
+
+
+def _block_key(path, modules):
+    parts = path.split(".") if path else []
+    if parts and parts[0].isdigit() and isinstance(modules.get(""), (nn.ModuleList,
+                                                                     nn.Sequential)):
+        return parts[0]
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i])
+        if parts[i].isdigit() and isinstance(modules.get(prefix), (nn.ModuleList,
+                                                                     nn.Sequential)):
+            return f"{prefix}.{parts[i]}"
+    return None
+
+
+def _number_blocks(model, att, rts, skipped=()):
+    """Layer = block index: the outermost ModuleList/Sequential entry a spec
+    lives in, counted over the entries that hold one, in module order
+    (encoder blocks before decoder blocks,
+    each distinct); a block's attention and router share it. A block with a
+    second attention (a decoder's cross-attention) takes one more index for
+    it, so that every attention has a layer of its own (the daemon keys
+    per-head series by layer and head); the blocks after it shift by one."""
+    modules = dict(model.named_modules())
+    order = {n: i for i, n in enumerate(modules)}
+    specs = list(att) + list(rts)
+    paths = [s.name.split("/")[0] for s in specs]
+    keys = [_block_key(p, modules) for p in paths]
+    if not any(k is not None for k in keys):
+        _number(att)
+        _number(rts)
+        return
+    for i, (p, k) in enumerate(zip(paths, keys)):
+        if k is None:
+            parts = p.split(".")
+            keys[i] = parts[0] if len(parts) > 1 else ""
+
+    # Blocks are the entries that hold a monitored site: x-transformers'
+    # list interleaves attention and feed-forward entries, an nn.Sequential
+    # model holds its embedding and head beside the blocks.
+    slots = set(keys)
+    for name in skipped:  # a skipped attention (MLA) still makes its entry a block
+        k = _block_key(name, modules)
+        if k is not None:
+            slots.add(k)
+
+    def rank(k):
+        i = order.get(k)
+        if i is None:
+            i = min((v for n, v in order.items() if n.startswith(k + ".")), default=len(order))
+        return (i, k)
+    n_att = {}
+    for s, k in zip(specs, keys):
+        if isinstance(s, AttentionSpec):
+            n_att[k] = n_att.get(k, 0) + 1
+    base, nxt = {}, 0
+    for k in sorted(slots, key=rank):
+        base[k] = nxt
+        nxt += max(1, n_att.get(k, 0))
+    used = {}
+    for s, k in zip(specs, keys):
+        if isinstance(s, AttentionSpec):
+            s.layer = base[k] + used.get(k, 0)
+            used[k] = used.get(k, 0) + 1
+        else:
+            s.layer = base[k]
 
 
 def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_kv_heads=None,
-             head_dim=None, top_k=None):
+             head_dim=None, top_k=None, example_input=None, observe=True):
     """Discovery of `model`: attention / routers given (lists of specs) are
-    kept as they are; None discovers them. `layers` keeps only those layer
-    indices. .summary() says what, what not and why; .log() logs it once."""
+    kept as they are; None discovers them: by names (module docstring), then
+    by one observed forward pass (observe.py) with example_input (a tensor,
+    a tuple of arguments or a dict of keyword arguments) or a probe batch,
+    which confirms, corrects and adds to what names found. observe=False
+    uses names only; an observe.Observation uses that pass. `layers` keeps
+    only those layer indices. .summary() says what, what not and why;
+    .log() logs it once."""
+    from . import observe as obs_mod
     found = Discovery()
     att, claimed = _find_attention(model, (n_heads, n_kv_heads, head_dim), found)
+    rts = (_find_routers(model, top_k, found, claimed) if routers is None else list(routers))
+    obs = None
+    if attention is None or routers is None:
+        if isinstance(observe, obs_mod.Observation):
+            obs = observe
+        elif observe:
+            obs = obs_mod.observe(model, example_input)
+    found.observation = obs
+    if obs is not None and obs.error is None:
+        try:
+            att2 = _merge_attention(att, obs, found) if attention is None else att
+            rts2 = _merge_routers(model, rts, obs, found, top_k) if routers is None else rts
+            att, rts = att2, rts2
+        except Exception as e:  # discovery must not fail on a model it cannot read
+            obs.error = f"its result could not be merged ({type(e).__name__}: {e})"
     if attention is not None:
         att = list(attention)
         found.attention_given = True
         found.skipped = [s for s in found.skipped if s[0] != "attention"]
-    if routers is not None:
-        rts = list(routers)
-        found.routers_given = True
     else:
-        rts = _find_routers(model, top_k, found, claimed)
+        att = [a for a in att]
+    if routers is not None:
+        found.routers_given = True
+        found.skipped = [s for s in found.skipped if s[0] != "router"]
+        found.notes = [n for n in found.notes if n[2] != TOPK_FIX]
+    att.sort(key=lambda a: found.order.get(a.name, float("inf")))
+    held = [n for kind, n, _, _ in found.skipped]
+    if attention is None and routers is None:
+        _number_blocks(model, att, rts, held)
+    elif attention is None:
+        _number_blocks(model, att, [], held)
+    elif routers is None:
+        _number_blocks(model, [], rts, held)
+    if attention is None:
+        att.sort(key=lambda a: (a.layer, a.head_offset))
+    if routers is None:
+        rts.sort(key=lambda r: r.layer)
     if layers is not None:
         keep = set(layers)
         found.layers = keep

@@ -24,14 +24,20 @@ What step() does on the training thread (the measured overhead):
 The background thread turns the tensors into a report and gives it to
 libforeshock. On the spectrum route (the default wherever a rank holds
 whole heads, or sums the d-shards of its Grams itself) it first computes
-each head's spectra from its Grams on the weights' device (foreshock.spectra;
-on CUDA on a stream of its own, ordered after the Grams by an event), so
-that a report carries a few KB per head instead of two Gram triangles; the
-eigenvalue solves synchronise only that thread with the GPU. At most
-`device_sketches` sketch steps wait on the device for it; past that bound a
-sketch step's Grams go to pinned host memory and its spectra are computed
-on the CPU (counted: stats()["spectra_on_host"]). The background thread
-hands the report to libforeshock, whose own I/O thread sends it. When the daemon is down,
+each head's spectra from its Grams (foreshock.spectra), so that a report
+carries a few KB per head instead of two Gram triangles. By default
+(spectra_on="host") they are solved on the host CPU: the Grams are copied
+into pinned memory on a CUDA stream of the Monitor's own (ordered after the
+Grams by an event; the training stream does not wait for the copy), and a
+pool of `spectra_threads` threads, one OpenMP thread each, solves them in
+float64, one attention spec per task. The eigenvalue solves on the GPU
+(spectra_on="device": on that side stream) compete with training for SMs
+and host syncs (README "Where it runs" has the measurement); on the CPU
+they do not. With spectra_on="device" at most `device_sketches` sketch steps
+wait on the device; past that bound a sketch step's spectra are solved on
+the host. stats()["spectra_on_host"] counts the sketch steps solved on the
+host. The background thread hands the report to libforeshock, whose own
+I/O thread sends it. When the daemon is down,
 reports wait in libforeshock's bounded replay buffer (replay_bytes); past
 that bound a report is dropped, counted (stats()["dropped"]) and logged.
 When the hand-off queue itself is full (the background thread cannot keep
@@ -41,19 +47,36 @@ waits for either.
 Router token statistics are gathered by forward hooks on the routers into
 device tensors (no host sync per layer) and sent, summed since the last
 sketch step, with each sketch.
+
+Nothing here raises into the training loop once Monitor(...) has returned
+(step, flush, close, stats, advice, the router hooks that run inside the
+model's forward, the sender thread): every stage runs under _guarded. A
+failure that belongs to one monitored module (reading its weights, its
+Grams, its spectra, its router hook, packing its sketches) disables that
+module only, logged once at WARNING with the module's name and the error;
+the others are still monitored. A failure of a whole stage (discovery, the
+hand-off of a step, a report the transport refuses) is counted, logged at
+most once per LOG_INTERVAL_S, and the step's report is dropped. Both show
+in stats(): "failures" (counts by stage) and "disabled_modules". The one
+exception that still propagates is the user's own on_advice handler's
+(advice.py says why).
 """
+import ctypes
+import errno
 import logging
 import os
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
+from . import dtensor
 from . import sketch as sk
 from .advice import AdviceInbox
-from .layouts import discover, ranges_text
+from .layouts import Discovery, discover, ranges_text
 from . import spectra as spx
 from .report import AttentionGram, AttentionSpectrum, Report, RouterGram, RouterTokens
 
@@ -63,9 +86,62 @@ DEFAULT_PORT = 7781
 DEFAULT_QUEUE_REPORTS = 1024       # hand-off queue between step() and the sender thread
 DEFAULT_REPLAY_BYTES = 64 << 20    # libforeshock's replay buffer
 DEFAULT_DEVICE_SKETCHES = 2        # sketch steps whose Grams may wait on the device for spectra
+MAX_DEFAULT_SPECTRA_THREADS = 4    # default CPU threads solving spectra: min(this, cpu count)
 ROUTES = ("spectrum", "gram")
+SPECTRA_ON = ("host", "device")    # where the spectrum route solves spectra of CUDA Grams
 LOG_INTERVAL_S = 10.0              # at most one drop/connection complaint per interval
 _SCALARS = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "step_time")
+# Where a failure can happen, the keys of stats()["failures"]. Per module:
+# sketch (reading the weights, snapshots, Grams, on the training thread),
+# spectrum (the sender's solves), hook (a router's forward hook), pack
+# (turning one module's results into report entries). Whole step:
+# discovery, step (the training-thread hand-off), send (a report the
+# transport refused or that could not be built), advice (reading advice).
+STAGES = ("discovery", "sketch", "spectrum", "hook", "pack", "step", "send", "advice")
+_FAILED = object()  # what _guarded returns when fn raised
+
+
+_OMP_SETTERS = None   # omp_set_num_threads of each OpenMP runtime loaded, found once
+
+
+def _omp_setters():
+    """omp_set_num_threads of the OpenMP runtimes this process has loaded
+    (torch's intra-op pool and its BLAS run on one of them); [] where
+    /proc/self/maps is not there."""
+    global _OMP_SETTERS
+    if _OMP_SETTERS is None:
+        found = []
+        try:
+            with open("/proc/self/maps") as f:
+                paths = sorted({line.split()[-1] for line in f
+                                if any(n in line for n in ("libgomp", "libiomp", "libomp"))})
+        except OSError:
+            paths = []
+        for path in paths:
+            if not path.startswith("/"):
+                continue
+            try:
+                found.append(ctypes.CDLL(path).omp_set_num_threads)  # already loaded: no new load
+            except (OSError, AttributeError):
+                pass
+        _OMP_SETTERS = found
+    return _OMP_SETTERS
+
+
+def _one_omp_thread():
+    """A spectra worker's initializer: this thread's parallel regions get
+    one thread. The OpenMP thread count is per thread (omp_set_num_threads
+    sets the calling thread's), so neither the trainer's threads nor
+    torch.get_num_threads() there change, as they would with
+    torch.set_num_threads, which also sets the count every new thread
+    starts from. torch.get_num_threads() first: torch sets a thread's count
+    when the thread first asks, which would undo ours. Never raises."""
+    try:
+        torch.get_num_threads()
+        for setter in _omp_setters():
+            setter(1)
+    except Exception:
+        pass
 
 
 def parse_endpoint(endpoint):
@@ -175,17 +251,101 @@ class _RateLimited:
         log.log(level, msg, *args)
 
 
+class _Deferred:
+    """The libforeshock client, opened at the first step() when discovery
+    waits for the first batch (its Hello carries the model shape)."""
+
+    def __init__(self, make):
+        self._make, self._t, self._error = make, None, None
+
+    def open(self):
+        """The client, made once; None when making it failed (logged once,
+        and every report is then dropped and counted: step() never raises)."""
+        if self._t is None and self._error is None:
+            try:
+                self._t = self._make()
+            except Exception as e:
+                self._error = e
+                log.error("foreshock: could not open the connection to the daemon at the "
+                          "first step: %s; reports of this run are dropped", e)
+        return self._t
+
+    def submit(self, rep):
+        t = self.open()
+        return t.submit(rep) if t is not None else -errno.EIO
+
+    def stats(self):
+        if self._t is not None:
+            return self._t.stats()
+        return {"last_error": str(self._error)} if self._error is not None else {}
+
+    def flush(self, timeout_s=None):
+        if self._t is not None:
+            return self._t.flush(timeout_s)
+        return -errno.EIO if self._error is not None else 0
+
+    def close(self, timeout_s=0):
+        if self._t is not None:
+            self._t.close(timeout_s)
+
+    def poll_advice(self):
+        poll = getattr(self._t, "poll_advice", None)
+        return poll() if poll is not None else []
+
+
+# Free pinned host buffers a Monitor keeps for its device-to-host copies
+# (each the size of one sketch step's Grams: ~270 MB for 256 heads of 128
+# and two windows, float64).
+PINNED_KEEP = 2
+
+
 class _Job:
     """What step() hands to the sender thread."""
     __slots__ = ("step", "time", "scalars", "attn", "routers", "tokens", "norms", "flat",
-                 "layout", "work", "event", "on_device")
+                 "layout", "work", "event", "on_device", "flags", "pinned")
 
     def __init__(self, step, t, scalars):
         self.step, self.time, self.scalars = step, t, scalars
         self.attn, self.routers, self.tokens = [], [], []
         self.norms = None
+        self.flags = None  # [n_modules] float64, shard_reduce="trainer" only (_sketch)
         self.flat, self.layout, self.work, self.event = None, None, None, None
         self.on_device = False  # flat stays on the device for the sender's spectra
+        self.pinned = False     # flat is a pinned host buffer of the Monitor's pool
+
+
+def _clone(w):
+    """A snapshot of one module's weights (a tensor or a (wq, wk) pair)."""
+    if isinstance(w, tuple):
+        return tuple(t.detach().clone() for t in w)
+    return w.detach().clone()
+
+
+def _norm_row(cur, old):
+    """[3]: squared |W(t)|, |W(t)-W(t0)|, |W(t0)| of one module's tensors."""
+    cur = cur if isinstance(cur, tuple) else (cur,)
+    old = old if isinstance(old, tuple) else (old,)
+    row = None
+    for c, o in zip(cur, old):
+        c64, o64 = c.detach().double(), o.detach().double()
+        r = torch.stack([(c64 * c64).sum(), ((c64 - o64) ** 2).sum(), (o64 * o64).sum()])
+        row = r if row is None else row + r.to(row.device)
+    return row
+
+
+def _router_tokens(r, acc):
+    """One router's token statistics since the last sketch step."""
+    sums = acc.sums.cpu().numpy()
+    return RouterTokens(r.layer, r.n_experts, acc.n_tok, float(sums[0]), float(sums[1]),
+                        float(sums[2]), acc.load.cpu().numpy().astype(np.uint64),
+                        acc.sum_p.cpu().numpy().astype(np.float64))
+
+
+def _zero_grams(a, dtype, device):
+    """The Grams' slot of an attention spec that was not sketched."""
+    t = a.head_dim * (2 * a.head_dim + 1)
+    return (torch.zeros(a.n_heads, t, dtype=dtype, device=device),
+            torch.zeros(a.n_kv_heads, t, dtype=dtype, device=device))
 
 
 class Monitor:
@@ -231,6 +391,13 @@ class Monitor:
     attention    list of AttentionSpec instead of discovery (layouts.py)
     routers      list of RouterSpec instead of discovery; [] for none
     layers       only these layer indices (default: all found)
+    example_input  the model's input for the one observed forward pass of
+                 discovery (a tensor, a tuple of arguments or a dict of
+                 keyword arguments), run at construction. Without it a probe
+                 batch is tried; when none runs, the pass waits for the first
+                 step() and uses the first batch the model saw (the daemon is
+                 then connected at that step). observe=False: names only.
+                 README "What it finds and how"
     n_heads, n_kv_heads, head_dim, top_k   fallbacks when modules do not say
     shard_group  torch.distributed group over which the model dimension d of
                  the monitored weights is split (each rank's accessor returns
@@ -240,8 +407,8 @@ class Monitor:
                  send them once (from the group's rank 0); "daemon": every
                  rank sends its partial Grams with (shard_index, shard_count)
     route        "spectrum": the sender computes each head's Delta1/Delta2/
-                 Delta3/K spectra, norms and c_qk from the Grams on the
-                 weights' device (foreshock.spectra) and sends spectrum
+                 Delta3/K spectra, norms and c_qk from the Grams (on the
+                 host CPU: spectra_on; foreshock.spectra) and sends spectrum
                  sketches, a few KB per head; "gram": sends the Grams and the
                  daemon solves. Both give the same series. Default: spectrum
                  when the model is on an accelerator (GPU) and this rank holds
@@ -249,9 +416,19 @@ class Monitor:
                  the CPU (the solves would take the trainer's own cores: about
                  35 ms a head at dh 128 there, 15-20 ms in the daemon) and when
                  the daemon sums the d-shards (the only choice then).
-    device_sketches  sketch steps whose Grams may wait on the device for the
-                 sender's spectra (default 2); beyond it they wait in pinned
-                 host memory and the spectra are computed on the CPU
+    spectra_on   where the spectrum route solves the spectra of Grams on a
+                 GPU: "host" (default): copied to pinned host memory and
+                 solved on the CPU by spectra_threads threads; "device": on
+                 the GPU, on the sender's own CUDA stream (the solves then
+                 slow training down: README "Where it runs"). A model on the
+                 CPU solves on the CPU either way
+    spectra_threads  CPU threads solving spectra, one attention spec each at a
+                 time, each with one OpenMP thread (default: min(4, the CPU
+                 count)); the user's torch thread count is not changed
+    device_sketches  with spectra_on="device": sketch steps whose Grams may
+                 wait on the device for the sender's spectra (default 2);
+                 beyond it they go to pinned host memory and are solved on
+                 the CPU
     send_sketches  whether this rank sends Grams (default: rank 0 when the
                  weights are replicated; the reducing rank or every shard
                  otherwise). Data-parallel replicas of a sharded group should
@@ -296,9 +473,15 @@ class Monitor:
                  backoff_max_s=None, record=None, optimizer=None, route=None,
                  device_sketches=DEFAULT_DEVICE_SKETCHES, local_ranks=None, tls=None,
                  tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
-                 on_advice=None, advice=True, resume_step=None):
+                 on_advice=None, advice=True, resume_step=None, example_input=None,
+                 observe=True, spectra_on="host", spectra_threads=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
+        self._fail_lock = threading.Lock()
+        self._failures = dict.fromkeys(STAGES, 0)
+        self._disabled = {}          # ("a"|"r", index) -> "stage: error", never re-enabled
+        self._complain_fail = _RateLimited(LOG_INTERVAL_S)
+        self._closed_warned = False
         self.rank = rank if rank is not None else (dist.get_rank() if ddp else 0)
         self.world_size = world_size if world_size is not None else (
             dist.get_world_size() if ddp else 1)
@@ -342,7 +525,22 @@ class Monitor:
         self.device_sketches = int(device_sketches)
         self._device_jobs = 0       # jobs whose flat waits on the device (under _dev_lock)
         self._dev_lock = threading.Lock()
-        self._side_stream = None    # the sender's CUDA stream, made on first use
+        self._side_stream = None    # the Monitor's CUDA stream, made on first use
+        # Pinned host buffers for the device-to-host copies, reused: pinning
+        # a few hundred MB per sketch step took ~120 ms of the training
+        # thread on an H200 (cudaHostAlloc), more than the Grams themselves.
+        # At most PINNED_KEEP free ones are kept; in use, one per queued job.
+        self._pinned_free = []
+        if spectra_on not in SPECTRA_ON:
+            raise ValueError(f"spectra_on is one of {SPECTRA_ON}, not {spectra_on!r}")
+        self.spectra_on = spectra_on
+        if spectra_threads is None:
+            spectra_threads = min(MAX_DEFAULT_SPECTRA_THREADS, os.cpu_count() or 1)
+        if isinstance(spectra_threads, bool) or not isinstance(spectra_threads, int) or \
+                spectra_threads < 1:
+            raise ValueError(f"spectra_threads must be an int >= 1, not {spectra_threads!r}")
+        self.spectra_threads = spectra_threads
+        self._spectra_pool = None   # made by the sender on the first host solve
         endpoint = endpoint or os.environ.get("FORESHOCK_ENDPOINT") or None
         # Without an endpoint the daemon is the default one on this node,
         # unless the run is only recorded.
@@ -374,12 +572,35 @@ class Monitor:
         # Ranks of a reducing group compute their partial Grams even when they
         # do not send: the all_reduce is a collective.
         self.compute_sketches = self.send_sketches or self.reduce_in_trainer
+        # DTensor weights are gathered by a collective: every rank reads them (dtensor.py).
+        self._dtensors = dtensor.has_dtensors(model)
+        self.compute_sketches = self.compute_sketches or self._dtensors
 
         # Discovery (layouts.py): one summary record of what is monitored,
         # what was skipped and why, and the argument that fixes it.
-        found = discover(model, attention=attention, routers=routers, layers=layers,
-                         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, top_k=top_k)
-        found.log(type(model).__name__)
+        self._discover_kw = dict(attention=attention, routers=routers, layers=layers,
+                                 n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                                 top_k=top_k)
+        self._later, self._first_input = None, None
+        try:
+            found = discover(model, example_input=example_input, observe=observe,
+                             **self._discover_kw)
+            # No example input and no probe batch ran: observe the first batch
+            # the model sees, at the first step() (_observe_first).
+            obs = found.observation
+            if example_input is None and observe and obs is not None and obs.error is not None \
+                    and "no forward" not in obs.error:
+                self._later = (model, self._capture_first(model))
+                log.info("foreshock: %s: discovery by names for now; the observed pass waits "
+                         "for the first batch (%s)", type(model).__name__, obs.error)
+            else:
+                found.log(type(model).__name__)
+        except (ValueError, TypeError) as e:
+            if attention is not None or routers is not None:
+                raise  # specs the caller gave are bad input: a clear error
+            found = self._discovery_failed(e)
+        except Exception as e:  # a discovery bug on a model it never saw
+            found = self._discovery_failed(e)
         self.discovery = found
         att, rts = found.attention, found.routers
         self.attention = att
@@ -395,10 +616,7 @@ class Monitor:
         self._tok = {}              # router index -> TokenStats being filled
         self._hooks = []
         self._tok_lock = threading.Lock()
-        if self.send_tokens:
-            for i, r in enumerate(self.routers):
-                if r.module is not None:
-                    self._hooks.append(r.module.register_forward_hook(self._router_hook(i, r)))
+        self._hook_routers()
         self._last_call = None
         self._closed = False
         self._queue = queue.Queue(maxsize=queue_reports)
@@ -428,32 +646,23 @@ class Monitor:
         if transport is None:
             from ._lib import Client
             host, port = parse_endpoint(endpoint)
-            a0 = att[0] if att else None
-            all_heads = bool(att) and layers is None and len(att) == self.n_layers and \
-                all(a.head_offset == 0 for a in att) and \
-                len({a.n_heads for a in att}) == 1 and self.send_sketches
-            model_shape = {
-                # n_layers/n_heads tell the daemon which heads to expect in a
-                # step; only claimed when this stream sends all of them.
-                "n_layers": self.n_layers if all_heads else 0,
-                "n_heads": a0.n_heads if all_heads else 0,
-                "n_kv_heads": a0.n_kv_heads if a0 else 0,
-                "d_head": a0.head_dim if a0 else 0,
-                "n_experts": self.routers[0].n_experts if self.routers else 0,
-                "top_k": self.routers[0].top_k if self.routers else 0,
-                "moe_layers": sorted({r.layer for r in self.routers}) if self.send_tokens
-                else [],
-            }
-            transport = Client(host, port, self.run, rank=self.rank, world_size=self.world_size,
-                               attempt=attempt, token=token, detect_from_step=detect_from_step,
-                               replay_max_bytes=replay_bytes, model=model_shape,
-                               client_name=client_name or "foreshock-python/0.1.0",
-                               backoff_max_ms=int(backoff_max_s * 1000) if backoff_max_s else 0,
-                               lib_path=lib, record_path=self.record_path,
-                               record_only=bool(self.record_path) and endpoint is None,
-                               local_ranks=self.local_ranks,
-                               advice=bool(advice or on_advice), resume_step=resume_step,
-                               **_tls_args(tls, tls_ca, tls_cert, tls_key, tls_server_name))
+
+            def shape():
+                return self._model_shape(layers)
+            make = (lambda: Client(host, port, self.run, rank=self.rank,
+                                   world_size=self.world_size, attempt=attempt, token=token,
+                                   detect_from_step=detect_from_step,
+                                   replay_max_bytes=replay_bytes, model=shape(),
+                                   client_name=client_name or "foreshock-python/0.1.0",
+                                   backoff_max_ms=int(backoff_max_s * 1000)
+                                   if backoff_max_s else 0,
+                                   lib_path=lib, record_path=self.record_path,
+                                   record_only=bool(self.record_path) and endpoint is None,
+                                   local_ranks=self.local_ranks,
+                                   advice=bool(advice or on_advice), resume_step=resume_step,
+                                   **_tls_args(tls, tls_ca, tls_cert, tls_key,
+                                               tls_server_name)))
+            transport = _Deferred(make) if self._later is not None else make()
             if self.local_ranks:
                 log.info("foreshock: run %s rank %d: the daemon at %s hears local group %s of "
                          "%d ranks: its router token statistics are this group's, its "
@@ -470,12 +679,141 @@ class Monitor:
                                         daemon=True)
         self._sender.start()
 
+    # ---- failures ------------------------------------------------------------------------
+
+    def _discovery_failed(self, exc):
+        """Discovery raised: monitor nothing but the scalars, say so."""
+        self._fail("discovery", None, exc)
+        log.warning("foreshock: discovery failed (%s: %s): no attention or router is "
+                    "monitored, the training scalars still are; pass attention=[...] and "
+                    "routers=[...] (foreshock.AttentionSpec / RouterSpec) to monitor them",
+                    type(exc).__name__, exc)
+        return Discovery()
+
+    def _name(self, key):
+        spec = (self.attention if key[0] == "a" else self.routers)[key[1]]
+        kind = "attention" if key[0] == "a" else "router"
+        return f"{kind} {spec.name or '#%d' % key[1]} (layer {spec.layer})"
+
+    def _fail(self, stage, key, exc):
+        """Counts a failure of `stage`; with a module key, disables that
+        module (logged once). Never raises."""
+        try:
+            with self._fail_lock:
+                self._failures[stage] = self._failures.get(stage, 0) + 1
+                first = key is not None and key not in self._disabled
+                if first:
+                    self._disabled[key] = f"{stage}: {type(exc).__name__}: {exc}"
+            if first:
+                log.warning("foreshock: %s is no longer monitored: %s failed with %s: %s; "
+                            "training goes on and the other modules are still monitored",
+                            self._name(key), stage, type(exc).__name__, exc)
+            elif key is None:
+                self._complain_fail(logging.WARNING, "foreshock: %s failed with %s: %s (%d so "
+                                    "far); training goes on", stage, type(exc).__name__, exc,
+                                    self._failures[stage])
+            log.debug("foreshock: %s failure", stage, exc_info=exc)
+        except Exception:  # logging itself failed: the count is what matters
+            pass
+
+    def _guarded(self, stage, key, fn, *args):
+        """fn(*args), or _FAILED when it raised (counted; the module `key`,
+        if any, disabled)."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._fail(stage, key, e)
+            return _FAILED
+
+    def _live(self, key):
+        return key not in self._disabled
+
+    # ---- discovery --------------------------------------------------------------------
+
+    def _model_shape(self, layers):
+        """The model shape the Hello carries, from the discovery's result."""
+        att = self.attention
+        a0 = att[0] if att else None
+        # n_layers/n_heads tell the daemon which heads to expect in a step;
+        # only claimed when this stream sends all of them.
+        all_heads = bool(att) and layers is None and len(att) == self.n_layers and \
+            all(a.head_offset == 0 for a in att) and \
+            len({a.n_heads for a in att}) == 1 and self.send_sketches
+        return {
+            "n_layers": self.n_layers if all_heads else 0,
+            "n_heads": a0.n_heads if all_heads else 0,
+            "n_kv_heads": a0.n_kv_heads if a0 else 0,
+            "d_head": a0.head_dim if a0 else 0,
+            "n_experts": self.routers[0].n_experts if self.routers else 0,
+            "top_k": self.routers[0].top_k if self.routers else 0,
+            "moe_layers": sorted({r.layer for r in self.routers}) if self.send_tokens else [],
+        }
+
+    def _hook_routers(self):
+        if self.send_tokens:
+            for i, r in enumerate(self.routers):
+                if r.module is not None:
+                    self._hooks.append(r.module.register_forward_hook(self._router_hook(i, r)))
+
+    def _capture_first(self, model):
+        """A pre-hook keeping the first call's inputs (kwargs too on torch 2)."""
+        def pre(module, args, kwargs=None):
+            if self._first_input is None:
+                self._first_input = (tuple(a.detach() if isinstance(a, torch.Tensor) else a
+                                           for a in args), dict(kwargs or {}))
+        try:
+            return model.register_forward_pre_hook(pre, with_kwargs=True)
+        except TypeError:  # torch 1.x: positional inputs only
+            return model.register_forward_pre_hook(pre)
+
+    def _observe_first(self):
+        """At the first step() when construction could not observe: one
+        observed pass with the first batch, then the summary and the
+        connection (the daemon hears the shape this pass found)."""
+        model, handle = self._later
+        self._later = None
+        handle.remove()
+        found = self.discovery
+        try:
+            if self._first_input is not None:
+                args, kwargs = self._first_input
+                from .observe import observe as run_observed
+                obs = run_observed(model, args, kwargs)
+                if obs.error is None:
+                    found = discover(model, observe=obs, **self._discover_kw)
+                else:
+                    found.observation = obs
+        except Exception as e:  # discovery stays the names' one
+            log.warning("foreshock: the observed pass on the first batch failed (%s: %s); "
+                        "names only", type(e).__name__, e)
+        self._first_input = None
+        found.log(type(model).__name__)
+        self.discovery = found
+        if found.attention is not self.attention or found.routers is not self.routers:
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            self.attention, self.routers = found.attention, found.routers
+            self.n_layers = 1 + max([a.layer for a in self.attention] +
+                                    [r.layer for r in self.routers] + [-1])
+            self._hook_routers()
+        if isinstance(self.transport, _Deferred):
+            self.transport.open()
+
     # ---- hooks -------------------------------------------------------------------------
 
     def _router_hook(self, i, spec):
+        key = ("r", i)
+
         def hook(module, inputs, output):
-            if not module.training:
+            # Runs inside the model's forward: it must never raise. A
+            # disabled router's hook stays registered (removing a hook while
+            # forward iterates over them is not safe) and returns at once.
+            if key in self._disabled or not module.training:
                 return
+            self._guarded("hook", key, tokens, inputs, output)
+
+        def tokens(inputs, output):
             z = output if isinstance(output, torch.Tensor) else None
             if z is None or z.shape[-1] != spec.n_experts:
                 x = inputs[0] if inputs else None
@@ -496,11 +834,29 @@ class Monitor:
     def _weights(self):
         """Current monitored weights (views): {key: tensor or (wq, wk)}."""
         out = {}
+        # A module whose weights cannot be read is disabled on this rank
+        # only; with shard_reduce="trainer" _sketch keeps its slot in the
+        # collective (zeros and a flag), so ranks never diverge. A get()
+        # that is itself a collective must fail on every rank or none.
+        # DTensor weights are gathered whole by a collective per module
+        # (dtensor.py): every rank must gather the same modules in the same
+        # order, so a module disabled on this rank alone is still read and
+        # gathered, and dropped afterwards.
+        every = bool(self._dtensors)
         for i, a in enumerate(self.attention):
-            out[("a", i)] = a.get()
+            self._take(out, ("a", i), a.get, every)
         for i, r in enumerate(self.routers):
-            out[("r", i)] = r.get()
+            self._take(out, ("r", i), r.get, every)
+        out = dtensor.gather(out, self._dtensors)  # FSDP2 / TP DTensors, whole
+        if every:
+            out = {k: v for k, v in out.items() if self._live(k)}
         return out
+
+    def _take(self, out, key, get, every=False):
+        if every or self._live(key):
+            w = self._guarded("sketch", key, get)
+            if w is not _FAILED:
+                out[key] = w
 
     def _need_snapshot(self, step):
         return self.compute_sketches and any((step + w) % self.every == 0 for w in self.windows)
@@ -516,7 +872,29 @@ class Monitor:
         thread (under torch.no_grad(), as the rest of step())."""
         t0 = time.perf_counter()
         if self._closed:
-            raise RuntimeError("foreshock.Monitor.step after close()")
+            if not self._closed_warned:
+                self._closed_warned = True
+                log.warning("foreshock: Monitor.step(%s) after close(): ignored", step)
+            return
+        if self._later is not None:
+            # The observed pass on the first batch (construction had none).
+            self._guarded("discovery", None, self._observe_first)
+        sketched = self._guarded("step", None, self._step, t0, step, loss, grad_norm, lr,
+                                 loss_scale, tokens, step_time)
+        dt = time.perf_counter() - t0
+        # Advice is handed over here, on the training thread (never from the
+        # sender or libforeshock's thread); the handler's time is its own,
+        # and so is its exception (AdviceInbox).
+        self._inbox.poll(step, self._fail)
+        o = self._overhead
+        o["steps"] += 1
+        o["seconds"] += dt
+        if sketched is True:
+            o["sketch_steps"] += 1
+            o["sketch_seconds"] += dt
+
+    def _step(self, t0, step, loss, grad_norm, lr, loss_scale, tokens, step_time):
+        """step()'s work; True when the step carries sketches."""
         step = int(step)
         if step_time is None and self._last_call is not None:
             step_time = t0 - self._last_call
@@ -539,28 +917,38 @@ class Monitor:
             with self._tok_lock:
                 taken, self._tok = self._tok, {}
             for i, acc in sorted(taken.items()):
-                job.tokens.append((self.routers[i], acc))
+                # A router whose hook failed may have left half-added sums.
+                if self._live(("r", i)):
+                    job.tokens.append((self.routers[i], acc))
         if self._need_snapshot(step):
             now = now if now is not None else self._weights()
-            self._snaps[step] = {k: (tuple(t.detach().clone() for t in v) if isinstance(v, tuple)
-                                     else v.detach().clone()) for k, v in now.items()}
+            snap = {}
+            for k, v in now.items():
+                c = self._guarded("sketch", k, _clone, v)
+                if c is not _FAILED:
+                    snap[k] = c
+            self._snaps[step] = snap
         oldest = step - self.windows[-1]
         for s in [s for s in self._snaps if s < oldest]:
             del self._snaps[s]
-        self._stage_to_host(job)
-        self._enqueue(job)
-        dt = time.perf_counter() - t0
-        # Advice is handed over here, on the training thread (never from the
-        # sender or libforeshock's thread); the handler's time is its own.
-        self._inbox.poll(step)
-        o = self._overhead
-        o["steps"] += 1
-        o["seconds"] += dt
-        if sketch_step and (job.attn or job.routers):
-            o["sketch_steps"] += 1
-            o["sketch_seconds"] += dt
+        try:
+            self._stage_to_host(job)
+            self._enqueue(job)
+        except Exception:
+            self._release_device(job)  # its place under device_sketches
+            raise
+        return sketch_step and bool(job.attn or job.routers)
 
     def _sketch(self, job, step, now):
+        """The step's Grams, module by module: a module that fails is
+        disabled and the rest go on. When the trainer reduces the shards
+        (an all_reduce over shard_group), every rank must hand the
+        collective the same layout, whatever failed where: a module this
+        rank cannot sketch keeps its slot as zeros and raises its flag in
+        job.flags (reduced with the Grams), and every rank that sees a
+        flag drops that module from then on (_split)."""
+        reduce = self.reduce_in_trainer
+        flags = [0.0] * (len(self.attention) + len(self.routers)) if reduce else None
         first = None  # smallest window with a base: layer norms use it
         for w in self.windows:
             base = self._snaps.get(step - w)
@@ -568,33 +956,68 @@ class Monitor:
                 continue
             first = first if first is not None else base
             for i, a in enumerate(self.attention):
-                wq, wk = now[("a", i)]
-                wq0, wk0 = base[("a", i)]
-                ga, gb = sk.attention_grams(wq, wk, wq0, wk0, a.n_heads, a.n_kv_heads,
-                                            a.head_dim, self.gram_dtype)
-                job.attn.append((a, w, ga, gb))
+                key = ("a", i)
+                g = _FAILED
+                if self._live(key) and key in now and key in base:
+                    wq, wk = now[key]
+                    wq0, wk0 = base[key]
+                    g = self._guarded("sketch", key, sk.attention_grams, wq, wk, wq0, wk0,
+                                      a.n_heads, a.n_kv_heads, a.head_dim, self.gram_dtype)
+                if g is _FAILED and reduce:
+                    flags[i] = 1.0
+                    g = _zero_grams(a, self.gram_dtype, self.device)
+                if g is not _FAILED:
+                    job.attn.append((a, w, g[0], g[1]))
         for i, r in enumerate(self.routers):
-            job.routers.append((r, sk.router_gram(now[("r", i)], self.gram_dtype)))
+            key = ("r", i)
+            g = _FAILED
+            if self._live(key) and key in now:
+                g = self._guarded("sketch", key, sk.router_gram, now[key], self.gram_dtype)
+            if g is _FAILED and reduce:
+                flags[len(self.attention) + i] = 1.0
+                e = r.n_experts
+                g = torch.zeros(e * (e + 1) // 2, dtype=self.gram_dtype, device=self.device)
+            if g is not _FAILED:
+                job.routers.append((r, g))
         if self.layer_norms and first is not None:
             job.norms = self._norms(now, first)
+        if reduce and (job.attn or job.routers or job.norms is not None):
+            # Set on the device entry by entry: torch.tensor(list) on CUDA
+            # would copy from pageable memory and wait for the stream.
+            job.flags = torch.zeros(len(flags), dtype=torch.float64, device=self.device)
+            for m, f in enumerate(flags):
+                if f:
+                    job.flags[m] = 1.0
 
     def _norms(self, now, base):
-        """[n_layers, 3]: squared |W(t)|, |W(t)-W(t0)|, |W(t0)| per layer, summed
-        over the layer's monitored tensors (additive over d-shards)."""
-        rows = torch.zeros(self.n_layers, 3, dtype=torch.float64, device=self.device)
+        """[n_modules, 3]: squared |W(t)|, |W(t)-W(t0)|, |W(t0)| per monitored
+        module (attention specs, then routers; additive over d-shards), zero
+        for a module not read. The sender sums them per layer (_layer_norms)
+        over the modules still monitored."""
+        na = len(self.attention)
+        rows = torch.zeros(na + len(self.routers), 3, dtype=torch.float64, device=self.device)
         for key, cur in now.items():
-            layer = (self.attention if key[0] == "a" else self.routers)[key[1]].layer
-            cur = cur if isinstance(cur, tuple) else (cur,)
-            old = base[key] if isinstance(base[key], tuple) else (base[key],)
-            for c, o in zip(cur, old):
-                c64, o64 = c.detach().double(), o.detach().double()
-                rows[layer] += torch.stack([(c64 * c64).sum(), ((c64 - o64) ** 2).sum(),
-                                            (o64 * o64).sum()]).to(rows.device)
+            if key in base and self._live(key):
+                m = key[1] + (na if key[0] == "r" else 0)
+                r = self._guarded("sketch", key, _norm_row, cur, base[key])
+                if r is not _FAILED:
+                    rows[m] = r.to(rows.device)
         return rows
+
+    def _layer_norms(self, rows, dead):
+        """[n_layers, 3] from _norms' module rows, without the modules in
+        `dead` (indices into the rows)."""
+        out = np.zeros((self.n_layers, 3))
+        specs = list(self.attention) + list(self.routers)
+        for m, spec in enumerate(specs):
+            if m not in dead:
+                out[spec.layer] += rows[m]
+        return out
 
     def _stage_to_host(self, job):
         """Reduces (sharded trainer mode) and starts device-to-host copies."""
-        tensors = [g for _, _, ga, gb in job.attn for g in (ga, gb)]
+        tensors = [job.flags] if job.flags is not None else []
+        tensors += [g for _, _, ga, gb in job.attn for g in (ga, gb)]
         tensors += [g for _, g in job.routers]
         if job.norms is not None:
             tensors.append(job.norms)
@@ -611,7 +1034,7 @@ class Monitor:
             if job.work is not None:
                 job.work.wait()  # orders what follows after the reduction on the stream
                 job.work = None
-            if spectra_here:
+            if spectra_here and self.spectra_on == "device":
                 with self._dev_lock:
                     keep = self._device_jobs < self.device_sketches
                     if keep:
@@ -622,13 +1045,43 @@ class Monitor:
                     job.on_device = True
                     job.flat = flat
                     return
-                self._counts["spectra_on_host"] += 1
-            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            host.copy_(flat, non_blocking=True)
-            job.event = torch.cuda.Event()
-            job.event.record()
+            host = self._take_pinned(flat.shape, flat.dtype)
+            job.pinned = True
+            if spectra_here:
+                # Copied on the Monitor's stream, after the Grams: the
+                # training stream does not wait for a copy this large.
+                ready = torch.cuda.Event()
+                ready.record()
+                stream = self._stream(flat.device)
+                with torch.cuda.stream(stream):
+                    stream.wait_event(ready)
+                    flat.record_stream(stream)
+                    host.copy_(flat, non_blocking=True)
+                    job.event = torch.cuda.Event()
+                    job.event.record(stream)
+            else:
+                host.copy_(flat, non_blocking=True)
+                job.event = torch.cuda.Event()
+                job.event.record()
             flat = host
+        if spectra_here:
+            self._counts["spectra_on_host"] += 1
         job.flat = flat
+
+    def _take_pinned(self, shape, dtype):
+        """A free pinned host buffer of this shape, or a new one (training thread)."""
+        with self._dev_lock:
+            for i, t in enumerate(self._pinned_free):
+                if t.shape == shape and t.dtype == dtype:
+                    return self._pinned_free.pop(i)
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def _stream(self, device):
+        """The Monitor's own CUDA stream (made on first use, by either thread)."""
+        with self._dev_lock:
+            if self._side_stream is None:
+                self._side_stream = torch.cuda.Stream(device=device)
+            return self._side_stream
 
     def _enqueue(self, job):
         self._counts["reports"] += 1
@@ -646,15 +1099,14 @@ class Monitor:
     def _host_parts(self, job):
         """The job's reduced tensors as host numpy arrays, in layout order,
         with the attention Grams replaced by their spectra on the spectrum
-        route: [(ga, gb) or packed spectra per (spec, window)] + the rest."""
+        route: [dead module indices (_split), then (ga, gb) or packed spectra
+        or None per (spec, window)] + the rest."""
         if job.work is not None:
             job.work.wait()
         spectra_route = self.route == "spectrum" and self.send_sketches
         if job.on_device:
             try:
-                if self._side_stream is None:
-                    self._side_stream = torch.cuda.Stream(device=job.flat.device)
-                stream = self._side_stream
+                stream = self._stream(job.flat.device)
                 with torch.cuda.stream(stream):
                     stream.wait_event(job.event)
                     job.flat.record_stream(stream)
@@ -666,30 +1118,111 @@ class Monitor:
         return self._split(job, job.flat.cpu(), spectra_route)
 
     def _release_device(self, job):
-        """Drops a job's device buffer and its place under device_sketches
-        (once; any thread)."""
+        """Drops a job's device buffer and its place under device_sketches,
+        and gives its pinned host buffer back to the pool (once; any thread;
+        the sender calls it only after the report was built, when nothing
+        reads the buffer any more: the spectra pool's tasks have all
+        finished and the report holds copies)."""
         if job.on_device:
             job.on_device = False
             job.flat = None
             with self._dev_lock:
                 self._device_jobs -= 1
+        if job.pinned:
+            # A dropped job's copy may still be in flight: the next copy into
+            # this buffer is queued on the same stream, after it.
+            job.pinned = False
+            buf, job.flat = job.flat, None
+            with self._dev_lock:
+                if buf is not None and len(self._pinned_free) < PINNED_KEEP:
+                    self._pinned_free.append(buf)
 
     def _split(self, job, flat, spectra_route):
+        """[dead module indices] + the parts _host_parts describes; a part
+        is None for a module whose spectra failed or that is dead."""
         parts, off = [], 0
         for shape in job.layout:
             n = int(np.prod(shape))
             parts.append(flat[off:off + n].reshape(shape))
             off += n
-        out, k = [], 0
+        dead = set()
+        k = 0
+        if job.flags is not None:
+            # Reduced flags: a module some rank of the shard group could not
+            # sketch. Its sums are partial: not sent, and dropped here too
+            # (this rank then keeps its slot as zeros, so layouts agree).
+            flags = parts[0].cpu().numpy()
+            k = 1
+            na = len(self.attention)
+            for m in np.nonzero(flags > 0)[0]:
+                m = int(m)
+                dead.add(m)
+                key = ("a", m) if m < na else ("r", m - na)
+                if self._live(key):
+                    with self._fail_lock:
+                        self._disabled.setdefault(key, "sketch failed on a rank of the "
+                                                       "shard group")
+                    log.warning("foreshock: %s is no longer monitored: its sketch failed on "
+                                "a rank of the shard group", self._name(key))
+        out = [dead]
+        index = {id(a): i for i, a in enumerate(self.attention)}
+        solve = []   # (position in out, spec index, spec, ga, gb)
         for a, _, _, _ in job.attn:
             ga, gb = parts[k], parts[k + 1]
             k += 2
-            if spectra_route:
-                out.append(self._head_spectra(a, ga, gb).cpu().numpy())
+            i = index[id(a)]
+            if i in dead or not self._live(("a", i)):
+                dead.add(i)
+                out.append(None)
+            elif spectra_route:
+                solve.append((len(out), i, a, ga, gb))
+                out.append(None)
             else:
                 out.append((ga.cpu().numpy(), gb.cpu().numpy()))
+        for pos, sp in self._solve_spectra(solve, flat.device.type == "cpu"):
+            out[pos] = None if sp is _FAILED else sp.cpu().numpy()
         out += [p.cpu().numpy() for p in parts[k:]]
         return out
+
+    def _solve_spectra(self, solve, on_host):
+        """[(position, packed spectra or _FAILED)] for _split's list: on the
+        host by the spectra pool, one spec per task; on the device in turn,
+        on the calling thread (its current stream). A failing spec is
+        disabled alone (_guarded("spectrum", ...))."""
+        def one(item):
+            _, i, a, ga, gb = item
+            return self._guarded("spectrum", ("a", i), self._head_spectra, a, ga, gb)
+        pool = self._pool() if on_host and solve else None
+        if pool is None:
+            return [(item[0], one(item)) for item in solve]
+        futures = []
+        for item in solve:
+            try:
+                futures.append(pool.submit(one, item))
+            except RuntimeError:  # the interpreter is shutting down: solved here
+                futures.append(None)
+        out = []
+        for item, f in zip(solve, futures):
+            try:
+                sp = one(item) if f is None else f.result()
+            except Exception as e:  # a broken pool; one() itself never raises
+                self._fail("spectrum", ("a", item[1]), e)
+                sp = _FAILED
+            out.append((item[0], sp))
+        return out
+
+    def _pool(self):
+        """The host spectra pool (made on first use by the sender), or None
+        when it cannot be made (the sender then solves in turn)."""
+        if self._spectra_pool is None:
+            try:
+                self._spectra_pool = ThreadPoolExecutor(
+                    max_workers=self.spectra_threads, thread_name_prefix="foreshock-spectra",
+                    initializer=_one_omp_thread)
+            except Exception as e:
+                self._fail("spectrum", None, e)
+                return None
+        return self._spectra_pool
 
     @staticmethod
     def _head_spectra(a, ga, gb):
@@ -707,42 +1240,58 @@ class Monitor:
             rep.scalars[k] = v.item() if isinstance(v, torch.Tensor) else v
         if job.flat is not None:
             parts = iter(self._host_parts(job))
+            dead = next(parts)
             if self.send_sketches:
                 shard_i, shard_n = (0, 1) if self.reduce_in_trainer else self.shard
+                index = {id(a): i for i, a in enumerate(self.attention)}
                 for a, w, _, _ in job.attn:
                     part = next(parts)
-                    group = a.n_heads // a.n_kv_heads
-                    grouped = a.n_kv_heads != a.n_heads
-                    if self.route == "spectrum":
-                        rep.attention += self._spectrum_sketches(a, w, part)
-                        continue
-                    ga, gb = part
-                    for h in range(a.n_heads):
-                        kv = h // group
-                        rep.attention.append(AttentionGram(
-                            a.layer, a.head_offset + h,
-                            (a.kv_offset + kv) if grouped else None, w, a.head_dim,
-                            ga[h].astype(np.float32), gb[kv].astype(np.float32),
-                            shard_i, shard_n))
+                    if part is not None:
+                        self._guarded("pack", ("a", index[id(a)]), self._pack_attention,
+                                      rep, a, w, part, shard_i, shard_n)
+                na = len(self.attention)
+                rindex = {id(r): i for i, r in enumerate(self.routers)}
                 for r, _ in job.routers:
-                    rep.router_grams.append(RouterGram(r.layer, r.n_experts,
-                                                       next(parts).astype(np.float32),
-                                                       shard_i, shard_n))
+                    part = next(parts)
+                    m = na + rindex[id(r)]
+                    if m not in dead and self._live(("r", m - na)):
+                        rep.router_grams.append(RouterGram(r.layer, r.n_experts,
+                                                           part.astype(np.float32),
+                                                           shard_i, shard_n))
+                    else:
+                        dead.add(m)
                 if job.norms is not None:
-                    n = next(parts)
+                    n = self._layer_norms(next(parts), dead)
                     w2, d2, o2 = n[:, 0], n[:, 1], n[:, 2]
                     rep.layer_weight_norm = np.sqrt(w2).astype(np.float32)
                     ratio = np.where(o2 > 0, np.sqrt(d2 / np.where(o2 > 0, o2, 1.0)), 0.0)
                     rep.layer_update_ratio = ratio.astype(np.float32)
+        rindex = {id(r): i for i, r in enumerate(self.routers)}
         for r, acc in job.tokens:
             if acc.n_tok == 0:
                 continue
-            sums = acc.sums.cpu().numpy()
-            rep.router_tokens.append(RouterTokens(
-                r.layer, r.n_experts, acc.n_tok, float(sums[0]), float(sums[1]),
-                float(sums[2]), acc.load.cpu().numpy().astype(np.uint64),
-                acc.sum_p.cpu().numpy().astype(np.float64)))
+            t = self._guarded("pack", ("r", rindex[id(r)]), _router_tokens, r, acc)
+            if t is not _FAILED:
+                rep.router_tokens.append(t)
         return rep
+
+    def _pack_attention(self, rep, a, w, part, shard_i, shard_n):
+        """One attention spec's sketches of one window into rep (all or none)."""
+        if self.route == "spectrum":
+            rep.attention += self._spectrum_sketches(a, w, part)
+            return
+        group = a.n_heads // a.n_kv_heads
+        grouped = a.n_kv_heads != a.n_heads
+        ga, gb = part
+        out = []
+        for h in range(a.n_heads):
+            kv = h // group
+            out.append(AttentionGram(
+                a.layer, a.head_offset + h,
+                (a.kv_offset + kv) if grouped else None, w, a.head_dim,
+                ga[h].astype(np.float32), gb[kv].astype(np.float32),
+                shard_i, shard_n))
+        rep.attention += out
 
     @staticmethod
     def _spectrum_sketches(a, window, packed):
@@ -774,9 +1323,11 @@ class Monitor:
                 return
             c0 = time.thread_time()
             try:
-                self._send(job)
+                self._guarded("send", None, self._send, job)
             finally:
-                self._release_device(job)  # when _materialize failed before it
+                # when _materialize failed before it (never raises: a lock
+                # and a counter)
+                self._release_device(job)
                 self._sender_cpu_s += time.thread_time() - c0
                 self._queue.task_done()
 
@@ -786,6 +1337,8 @@ class Monitor:
             rc = self.transport.submit(rep)
         except Exception as e:  # a bad value must not kill the thread
             self._counts["refused"] += 1
+            with self._fail_lock:
+                self._failures["send"] += 1
             self._complain_refused(logging.ERROR, "foreshock: report of step %d refused: %s",
                            job.step, e)
             return
@@ -831,12 +1384,21 @@ class Monitor:
         """Counters: the transport's (submitted, acked, dropped, buffered_*,
         reconnects, connected, ...) plus reports (made by step()),
         dropped_queue, refused, spectra_on_host (sketch steps whose spectra
-        were solved on the CPU because device_sketches were waiting), the
+        were solved on the host CPU: all of them with spectra_on="host" or
+        a model on the CPU; with "device", those beyond device_sketches), the
         measured step() overhead on the training thread (step_overhead_s,
         sketch_step_overhead_s, plain_step_overhead_s: means, seconds) and
-        the sender thread's CPU time (sender_cpu_s, sender_cpu_per_report_s)."""
-        out = dict(self.transport.stats())
+        the sender thread's CPU time (sender_cpu_s, sender_cpu_per_report_s);
+        failures (counts by stage, STAGES) and disabled_modules (the
+        modules no longer monitored, name -> why). Never raises: a transport
+        whose stats fail counts as a "send" failure and gives no keys."""
+        out = self._guarded("send", None, lambda: dict(self.transport.stats()))
+        out = {} if out is _FAILED else out
         out.update(self._counts)
+        with self._fail_lock:
+            out["failures"] = dict(self._failures)
+            disabled = dict(self._disabled)
+        out["disabled_modules"] = {self._name(k): why for k, why in sorted(disabled.items())}
         o = self._overhead
         out["step_calls"] = o["steps"]
         out["step_overhead_s"] = o["seconds"] / o["steps"] if o["steps"] else 0.0
@@ -863,7 +1425,12 @@ class Monitor:
         """Waits until everything step() made so far is handed over and
         acknowledged by the daemon (or dropped). Returns the transport's
         flush result (0, or a negative errno such as -ETIMEDOUT). Blocks
-        the caller: for the end of training or a checkpoint, not per step."""
+        the caller: for the end of training or a checkpoint, not per step.
+        Never raises: a transport that fails gives -EIO (counted, "send")."""
+        rc = self._guarded("send", None, self._flush, timeout_s)
+        return -errno.EIO if rc is _FAILED else rc
+
+    def _flush(self, timeout_s):
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._drain(deadline)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -872,19 +1439,28 @@ class Monitor:
     def close(self, timeout_s=30.0):
         """Removes the hooks, lets the sender hand over what is queued, waits
         up to timeout_s for the daemon's acks, closes the connection and logs
-        the final counts. Returns the final stats dict. Idempotent."""
+        the final counts. Returns the final stats dict. Idempotent. Never
+        raises: what fails is counted ("send") and the rest still runs."""
         if self._closed:
             return self._final
         self._closed = True
+        self._final = {}
+        if self._later is not None:
+            self._guarded("hook", None, self._later[1].remove)
+            self._later = None
         for h in self._hooks:
-            h.remove()
+            self._guarded("hook", None, h.remove)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self._queue.put(None)
+        self._queue.put(None)  # unbounded wait for a slot: the sender drains the queue
         self._sender.join()
+        if self._spectra_pool is not None:
+            self._guarded("send", None, self._spectra_pool.shutdown)
+            self._spectra_pool = None
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        rc = self.transport.flush(left)
+        rc = self._guarded("send", None, self.transport.flush, left)
+        rc = -errno.EIO if rc is _FAILED else rc
         final = self.stats()
-        self.transport.close(0)
+        self._guarded("send", None, self.transport.close, 0)
         dropped = final.get("dropped", 0) + self._counts["dropped_queue"]
         unacked = final.get("buffered_reports", 0)
         level = logging.WARNING if dropped or unacked else logging.INFO
@@ -900,5 +1476,5 @@ class Monitor:
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self._guarded("send", None, self.close)
         return False

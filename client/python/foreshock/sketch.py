@@ -1,8 +1,9 @@
-"""The sketches of shared/MONITORS.md, computed with torch on the device
+"""The sketches of docs/monitors.md, computed with torch on the device
 the weights live on. Pure functions of their inputs; no host sync.
 
 Attention (1.1), per query head h over a window with base t0:
-    A = [dWq ; Wq(t0)]   B = [Wk(t0) ; dWk]   (2dh x d, dW = W(t) - W(t0))
+    A = [dWq ; Wq(t0)]   B = [Wk(t0) ; dWk]   (2dh x d and 2dh x dk,
+    dW = W(t) - W(t0); dk = d unless keys have their own input width)
     GA = A A^T, GB = B B^T, sent as upper triangles (row-major, row i holds
     columns i..n-1, n = 2dh). Additive over slices of d.
 Router (3.1): GR = WR WR^T, upper triangle. Additive over slices of d.
@@ -41,15 +42,30 @@ def exact_matmul(device):
 
 
 def attention_grams(wq, wk, wq0, wk0, n_heads, n_kv_heads, dh, dtype=torch.float32):
-    """wq, wq0: [H*dh, d]; wk, wk0: [Hkv*dh, d] (now and at the window base).
+    """wq, wq0: [H*dh, d]; wk, wk0: [Hkv*dh, dk] (now and at the window base).
     Returns (ga [H, T], gb [Hkv, T]) with T = n(n+1)/2, n = 2*dh, in dtype,
     on the weights' device. Query head h pairs with key head
-    h // (H // Hkv): gb row of that key head."""
-    d = wq.shape[-1]
+    h // (H // Hkv): gb row of that key head.
+
+    d and dk differ when queries and keys come from inputs of different
+    widths (nn.MultiheadAttention with kdim != embed_dim: q_proj_weight is
+    [E, E], k_proj_weight [E, kdim]). The head's operator Wq^T Wk is then a
+    d x dk bilinear form, not a square one; everything the monitors use is
+    still defined: its nonzero singular values (and those of Delta1/2/3)
+    are the square roots of lambda(GA GB) etc., where GA = A A^T reduces
+    over d and GB = B B^T over dk, both 2dh x 2dh. So each side keeps its
+    own input width; nothing pairs a column of Wq with a column of Wk."""
+    d, dk = wq.shape[-1], wk.shape[-1]
+    if wq0.shape != wq.shape or wk0.shape != wk.shape:
+        raise ValueError(f"attention_grams: weights {tuple(wq.shape)}/{tuple(wk.shape)} but "
+                         f"base {tuple(wq0.shape)}/{tuple(wk0.shape)}")
+    if wq.shape[0] != n_heads * dh or wk.shape[0] != n_kv_heads * dh:
+        raise ValueError(f"attention_grams: Wq {tuple(wq.shape)} / Wk {tuple(wk.shape)} do not "
+                         f"hold {n_heads} / {n_kv_heads} heads of {dh} rows")
     q = wq.detach().to(dtype).reshape(n_heads, dh, d)
     q0 = wq0.detach().to(dtype).reshape(n_heads, dh, d)
-    k = wk.detach().to(dtype).reshape(n_kv_heads, dh, d)
-    k0 = wk0.detach().to(dtype).reshape(n_kv_heads, dh, d)
+    k = wk.detach().to(dtype).reshape(n_kv_heads, dh, dk)
+    k0 = wk0.detach().to(dtype).reshape(n_kv_heads, dh, dk)
     a = torch.cat([q - q0, q0], dim=1)
     b = torch.cat([k0, k - k0], dim=1)
     with exact_matmul(wq.device):

@@ -1,4 +1,4 @@
-"""The spectra of shared/MONITORS.md 1.2 from a head's Grams, computed with
+"""The spectra of docs/monitors.md 1.2 from a head's Grams, computed with
 torch on the device the Grams are on: what the daemon computes from a
 GramSketch (daemon/monitor_qk.c), done by the trainer so that it sends a
 SpectrumSketch (6 dh floats and five doubles per head) instead of two Gram
@@ -18,7 +18,7 @@ Per head, with GA = [[Qdd, Qdw], [Qwd, Qww]], GB = [[Kww, Kwd], [Kdw, Kdd]]
 lambda(G1 G2), G1 and G2 symmetric PSD: G1 / max diag = L L^T by Cholesky
 (batched over heads), C = L^T (G2 / max diag) L, lambda(C) by eigvalsh.
 Where Cholesky fails or a pivot falls below m eps (G1 singular: a frozen
-update), the eigen route of MONITORS.md 1.2 instead: G1 = V diag(l) V^T,
+update), the eigen route of docs/monitors.md 1.2 instead: G1 = V diag(l) V^T,
 eigenvalues below m eps dropped (the null directions, as the daemon's
 pivoted Cholesky drops them), L = V diag(sqrt l). For d2 and d1 the Grams
 are balanced first (D = diag(I, s I), s = sqrt(tr Qdd / tr Qww), GA' = D GA
@@ -133,7 +133,7 @@ def _pair(g1, g2, run, m):
 
 
 def _apply_w(g2, s, h, right):
-    """d1's Gram: with W' = D^-1 W D = [[I, s I], [0, I]] (W of MONITORS.md
+    """d1's Gram: with W' = D^-1 W D = [[I, s I], [0, I]] (W of docs/monitors.md
     1.2, balanced), d1 = lambda(GA' W' GB' W'^T). G2 = [[P, Q], [Q^T, R]]
     becomes W'^T G2 W' where G2 is GA' (`right`), W' G2 W'^T where it is
     GB'; blockwise, O(dh^2) per head, as monitor_qk.c's w_right / w_left."""

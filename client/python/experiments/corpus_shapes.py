@@ -1,0 +1,186 @@
+"""Records the shapes corpus (CORPUS.md, "Shapes corpus"): small runs of
+model shapes the detection defaults were not tuned on, with the faults the
+first corpus could not show: learning-rate faults hidden from the logged
+rate (a ramp and a jump), a peak rate too large from the start, faults late
+in the run (step 400 of 1,000, baselines warm), three schedules (constant,
+cosine, warmup-stable-decay) and healthy runs of 3,000 steps. Whole shapes
+are held out: the `tuning` shapes may inform the defaults, the
+`validation` shapes only report on them.
+
+    FORESHOCK_LIB=build/libforeshock.so \\
+        /usr/bin/python3 client/python/experiments/corpus_shapes.py /tmp/shapes-out
+
+Writes what corpus.py writes (runs/NAME.fsrec, .jsonl, .log, .meta.json,
+manifest.json), named SHAPE.SCENARIO.sSEED. Resumable like corpus.py.
+Recorded as a default Monitor sends (windows 10 and 50, a sketch every 10
+steps): the scorecard replays exactly that.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from corpus import complete, log, paths  # noqa: E402
+from run_experiment import divergence_step, read_jsonl  # noqa: E402
+
+COMMON = ["--ctx", "32", "--batch", "16", "--warmup", "50", "--clip", "1.0", "--threads", "1"]
+MONITOR = ["--windows", "10,50", "--every", "10", "--detect-from", "0"]
+POST_DIVERGE = 30  # steps recorded after divergence (the scorecard stops there)
+
+# Shapes: (d, layers, heads) give head_dim d / heads. The first corpus was
+# d 48, 3 layers, 4 heads (dh 12); none of these is that shape.
+SHAPES = {
+    "moe-dh8-h8-l2": {"args": ["--arch", "gpt", "--experts", "4", "--top-k", "2",
+                               "--d", "64", "--layers", "2", "--heads", "8"],
+                      "split": "tuning", "head_dim": 8},
+    "moe-dh32-h4-l2": {"args": ["--arch", "gpt", "--experts", "8", "--top-k", "2",
+                                "--d", "128", "--layers", "2", "--heads", "4"],
+                       "split": "validation", "head_dim": 32},
+    "moe-dh16-h6-l4": {"args": ["--arch", "gpt", "--experts", "4", "--top-k", "2",
+                                "--d", "96", "--layers", "4", "--heads", "6"],
+                       "split": "validation", "head_dim": 16},
+    "moe-dh8-h16-l2": {"args": ["--arch", "gpt", "--experts", "4", "--top-k", "2",
+                                "--d", "128", "--layers", "2", "--heads", "16"],
+                       "split": "validation", "head_dim": 8},
+    # head_dim 64 with 2 heads: d 256 with 4 heads ran at 0.5-0.7 s a step
+    # on the shared cores, too slow to record here.
+    "moe-dh64-h2-l2": {"args": ["--arch", "gpt", "--experts", "4", "--top-k", "2",
+                                "--d", "128", "--layers", "2", "--heads", "2"],
+                       "split": "validation", "head_dim": 64},
+    "dense-dh16-h4-l6": {"args": ["--arch", "gpt", "--experts", "0",
+                                  "--d", "64", "--layers", "6", "--heads", "4"],
+                         "split": "validation", "head_dim": 16},
+}
+LR = 6e-3
+STEPS, HEALTHY_STEPS, FAULT_STEP, LATE_LR_STEP = 1000, 3000, 400, 500
+PEAK_STEPS = 600  # lr-peak: too large from step 1; a run that lasts 600 steps lasts
+# scenario -> (train.py scenario, extra arguments). The LR faults are all
+# hidden from the logged rate (--lr-hidden, --peak-mult): only the
+# mechanism can show them.
+SCENARIOS = {
+    "healthy": ("healthy", []),
+    "lr-ramp-hidden": ("lr", ["--lr-hidden", "--lr-mult", "10", "--lr-ramp", "200"]),
+    "lr-jump-hidden": ("lr", ["--lr-hidden", "--lr-mult", "6", "--lr-ramp", "1"]),
+    "lr-peak": ("healthy", ["--peak-mult", "10"]),
+    "attn-strong": ("attention-numerics", ["--bits", "12", "--fault-on", "both"]),
+    "combined-late": ("combined", ["--bits", "12", "--fault-on", "both", "--lr-hidden",
+                                   "--lr-mult", "10", "--lr-ramp", "200",
+                                   "--lr-fault-step", str(LATE_LR_STEP)]),
+    # Recorded last (appended so the schedules of the others stay put): 10x
+    # over 200 steps left three of six shapes undiverged in 1,000 steps.
+    "lr-ramp20-hidden": ("lr", ["--lr-hidden", "--lr-mult", "20", "--lr-ramp", "200"]),
+}
+# One seed: on 2 cores shared with other work (load 10-14) a step took
+# 0.1-0.7 s, so the matrix is one seed per shape; shapes, not seeds, are
+# what the defaults must generalise over.
+SEEDS = (1,)
+SCHEDULES = ("constant", "cosine", "wsd")
+
+
+def plan(shapes=None, scenarios=None, seeds=None):
+    runs = []
+    names = list(SHAPES)
+    for seed in seeds or SEEDS:
+        for shape in shapes or names:
+            c = SHAPES[shape]
+            for sc in scenarios or SCENARIOS:
+                sched = SCHEDULES[(names.index(shape) + seed + list(SCENARIOS).index(sc)) % 3]
+                steps = {"healthy": HEALTHY_STEPS, "lr-peak": PEAK_STEPS}.get(sc, STEPS)
+                train_sc, extra = SCENARIOS[sc]
+                fault = None if sc == "healthy" else (1 if sc == "lr-peak" else FAULT_STEP)
+                args = c["args"] + ["--lr", str(LR)] + COMMON + MONITOR + extra + [
+                    "--steps", str(steps), "--seed", str(seed), "--schedule", sched,
+                    "--scenario", train_sc, "--fault-step", str(FAULT_STEP),
+                    "--stop-after-diverge", str(POST_DIVERGE)]
+                runs.append({"name": f"{shape}.{sc}.s{seed}", "arch": shape, "shape": shape,
+                             "head_dim": c["head_dim"], "scenario": sc, "schedule": sched,
+                             "seed": seed, "split": c["split"], "steps": steps,
+                             "fault_step": fault,
+                             "lr_fault_step": LATE_LR_STEP if sc == "combined-late" else None,
+                             "bits": 12 if sc in ("attn-strong", "combined-late") else None,
+                             "lr_mult": None, "train_scenario": train_sc,
+                             "lr_hidden": "--lr-hidden" in extra or "--peak-mult" in extra,
+                             "train_args": args})
+    return runs
+
+
+def entry(out, r):
+    p = paths(out, r["name"])
+    e = {k: v for k, v in r.items() if k != "train_args"}
+    e["complete"] = complete(out, r)
+    e["recording"] = os.path.relpath(p["recording"], out)
+    e["steps_recorded"] = e["divergence_step"] = e["recording_bytes"] = None
+    if e["complete"]:
+        recs, _ = read_jsonl(p["out"])
+        e["steps_recorded"] = recs[-1]["step"] if recs else 0
+        e["divergence_step"] = divergence_step(recs)
+        e["recording_bytes"] = os.path.getsize(p["recording"])
+    e["train_args"] = r["train_args"]
+    return e
+
+
+def write_manifest(out, runs):
+    tmp = os.path.join(out, "manifest.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"description": "Foreshock shapes corpus (CORPUS.md)",
+                   "runs": [entry(out, r) for r in runs]}, f, indent=1)
+    os.replace(tmp, os.path.join(out, "manifest.json"))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--shapes", default=None)
+    p.add_argument("--scenarios", default=None)
+    p.add_argument("--seeds", default=None)
+    a = p.parse_args(argv)
+    split = lambda s, f=str: [f(x) for x in s.split(",")] if s else None  # noqa: E731
+    runs = plan(split(a.shapes), split(a.scenarios), split(a.seeds, int))
+    os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
+    train = os.path.join(HERE, "train.py")
+    # Healthy runs first, then the scenarios in the table's order, validation
+    # shapes before tuning ones: a corpus cut short still holds whole
+    # scenarios.
+    order = list(SCENARIOS)
+    todo = sorted([r for r in runs if not complete(a.out, r)],
+                  key=lambda r: (order.index(r["scenario"]), r["split"] != "validation"))
+    log(f"{len(runs)} runs, {len(todo)} to run, {a.jobs} at a time")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    active, failed = [], []
+    while todo or active:
+        while todo and len(active) < a.jobs:
+            r = todo.pop(0)
+            pt = paths(a.out, r["name"])
+            cmd = [sys.executable, train, "--run", r["name"], "--record", pt["recording"],
+                   "--out", pt["out"]] + r["train_args"]
+            logf = open(pt["log"], "w")
+            active.append((r, subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                                               env=env), logf, time.monotonic()))
+        time.sleep(0.5)
+        for item in list(active):
+            r, proc, logf, t0 = item
+            if proc.poll() is None:
+                continue
+            logf.close()
+            active.remove(item)
+            pt = paths(a.out, r["name"])
+            if proc.returncode == 0:
+                with open(pt["meta"], "w") as f:
+                    json.dump({"wall_s": round(time.monotonic() - t0, 2),
+                               "cmd_args": r["train_args"]}, f)
+            e = entry(a.out, r)
+            if not e["complete"]:
+                failed.append(r["name"])
+            log(f"done {r['name']}: rc={proc.returncode} steps={e['steps_recorded']} "
+                f"diverged={e['divergence_step']} ({len(todo)} left)")
+    write_manifest(a.out, runs)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1184 @@
+"""Discovery by observation: one forward pass, watched op by op.
+
+layouts.py finds attention and routers by module and attribute names. This
+module finds them by what the model computes, whatever the names: it runs
+one forward pass under a torch function mode (torch.overrides.
+TorchFunctionMode, torch 1.13 and 2.x) and follows the output of every
+projection weight to the attention score and to the router's top-k.
+
+Projections. A weight is a parameter of the model (or a view of one: a
+slice of a fused in_proj_weight, a transpose) used as
+  F.linear(x, W)             output feature i reads W[i, :]
+  x @ W, mm/addmm(.., W)     output feature i reads W[:, i]
+  einsum("..d,dhk->..hk")    output features: W's axes that reach the
+                             output (in the output's order), input: its
+                             one contracted axis
+Each output feature is labelled with its weight and its row (a "shadow":
+an integer tensor of the output's shape, expanded, so it costs no memory
+until a copy needs it). Every layout op (view, reshape, transpose,
+permute, chunk, split, unbind, indexing, cat, expand, repeat_interleave,
+flatten, ...) is applied to the shadow too; an elementwise op (scaling, a
+norm over head_dim, rotary's x*cos + rotate_half(x)*sin, dtype changes)
+keeps its first labelled operand's shadow. So at the score every q and k
+element says which weight row it came from.
+
+Attention score. matmul/bmm/baddbmm/einsum of two labelled operands,
+contracting q's last axis with k's, whose labels do not vary along the
+token axes, and whose result then goes through softmax over its last axis
+(scaling, masks and dtype changes in between are followed); or the q and k
+of F.scaled_dot_product_attention (enable_gqa too); or the in-projection
+of F.multi_head_attention_forward (its num_heads and weights). From it:
+query heads H = distinct q row lists, KV heads Hkv = distinct k row lists
+(k broadcast, expanded or repeat_interleave'd to the query heads is seen
+as such), head_dim = the contracted length, and each head's exact Wq / Wk
+rows, ordered by the position they meet at in the dot product.
+
+Routers. A projection whose output's last axis is all E rows of one
+weight, in order, reaching topk over that axis (k = its k) or argmax
+(top-1) after any softmax, sigmoid, bias or mask, and whose indices are
+then used (compared, one-hot, indexed with: dispatch). A gate whose
+output never reaches a topk/argmax (a per-head output gate Linear(d, H),
+a SwiGLU gate) is not a router.
+
+Cost and side effects. One forward pass under torch.no_grad(), with the
+caller's example input or a probe batch (observe() builds one: token ids
+[1, 8] when the model has an embedding, else [1, 8, d] or an image for a
+first Conv2d), plus the shadows' bookkeeping. Nothing of it stays: the
+torch and CUDA RNG states are restored, every buffer (BatchNorm running
+statistics, counters, caches kept as buffers) is copied back, train/eval
+mode is left as it is, use_cache=False is passed when forward takes it,
+and the mode is popped. Hooks the user registered do run once more.
+"""
+import inspect
+import itertools
+import sys
+import weakref
+
+import torch
+import torch.nn as nn
+
+try:
+    from torch.overrides import TorchFunctionMode
+except ImportError:  # torch < 1.13
+    TorchFunctionMode = None
+
+_ATTR = "_foreshock_obs"    # the per-tensor label dict during the pass
+_NONE = -1                  # shadow value of a position no projection wrote
+_SHIFT = 32                 # shadow value = source << 32 | row
+
+_LAYOUT = {
+    "view", "reshape", "transpose", "permute", "contiguous", "__getitem__", "chunk", "split",
+    "unbind", "tensor_split", "narrow", "flatten", "unflatten", "squeeze", "unsqueeze",
+    "expand", "repeat", "repeat_interleave", "movedim", "moveaxis", "swapaxes", "swapdims",
+    "t", "T", "mT", "select", "index_select", "gather", "roll", "flip", "view_as",
+    "reshape_as", "expand_as", "clone", "detach", "split_with_sizes", "unsafe_split",
+    "unsafe_chunk", "take_along_dim", "tile", "broadcast_to",
+}
+_STACK = {"cat", "concat", "concatenate", "stack", "hstack", "vstack"}
+_SAME = {"to", "float", "half", "bfloat16", "double", "type_as", "type", "cuda", "cpu",
+         "requires_grad_", "detach_", "contiguous"}
+_NOT_ELEMENTWISE = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm", "addmm",
+                    "einsum", "linear", "conv1d", "conv2d", "conv3d", "bilinear", "cumsum",
+                    "cumprod", "sort", "argsort", "topk", "argmax", "argmin", "max", "min",
+                    "sum", "mean", "softmax", "log_softmax", "scaled_dot_product_attention",
+                    "multi_head_attention_forward", "embedding", "outer", "kron", "dot",
+                    "tensordot", "matrix_power", "cross", "fft", "view_as_complex",
+                    "view_as_real", "scatter", "scatter_add", "index_add"}
+_SCORE_OPS = {"matmul", "__matmul__", "bmm", "baddbmm", "einsum"}
+_CARRIED = ("score", "normed", "act", "ridx", "rdim")  # tags layout ops carry along
+_ROUTER_MAX_E = 4096        # a topk over more outputs than this is not routing
+# A topk over activations (a k-sparse MLP's relu(W x)) selects features, not experts.
+_ACTIVATIONS = {"relu", "relu_", "gelu", "silu", "silu_", "tanh", "softplus", "leaky_relu",
+                "elu", "mish", "hardtanh", "relu6", "selu", "celu", "glu", "square"}
+
+
+def _fname(func):
+    name = getattr(func, "__name__", "")
+    if name == "__get__":
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
+    return name
+
+
+def _tag(t):
+    return getattr(t, _ATTR, None) if isinstance(t, torch.Tensor) else None
+
+
+def _set(t, **kw):
+    if not isinstance(t, torch.Tensor) or isinstance(t, nn.Parameter):
+        return
+    d = getattr(t, _ATTR, None)
+    if d is None:
+        d = {}
+        try:
+            setattr(t, _ATTR, d)
+        except (AttributeError, RuntimeError):
+            return
+    d.update(kw)
+    base = t._base if "sh" in kw else None
+    if base is not None and not isinstance(base, nn.Parameter):
+        # torch 1.13's F.linear on [B, T, d] returns a view of a [B*T, out]
+        # result: views taken from it later (qkv[0], unseen by the mode) have
+        # that result as _base. Point the base at this labelled view.
+        bd = getattr(base, _ATTR, None)
+        if bd is None:
+            try:
+                setattr(base, _ATTR, {"via": weakref.ref(t)})
+            except (AttributeError, RuntimeError, TypeError):
+                pass
+        elif "sh" not in bd:
+            bd["via"] = weakref.ref(t)
+
+
+def _tagd(t):
+    """t's labels, or those of the view of a labelled base the mode missed."""
+    d = _tag(t)
+    if d is not None:
+        return d
+    sh = _shadow(t)
+    return None if sh is None else {"sh": sh}
+
+
+def _shadow(t):
+    d = _tag(t)
+    if d is not None:
+        return d.get("sh")
+    # A view the mode did not see (torch 1.13 does not route integer
+    # indexing, qkv[0], through it): the same window of its base's labels.
+    root = getattr(t, "_base", None) if isinstance(t, torch.Tensor) else None
+    d = _tag(root)
+    if d is None or d.get("cplx") or not root.is_contiguous():
+        return None
+    view = root if d.get("sh") is not None else (d["via"]() if "via" in d else None)
+    vd = _tag(view)
+    if vd is None or vd.get("sh") is None or vd.get("cplx"):
+        return None
+    try:
+        flat = d.get("flat")
+        if flat is None or flat[0] is not view:
+            # the labels by storage position of the root, from the labelled view
+            labels = torch.full((root.numel(),), _NONE, dtype=torch.long, device=root.device)
+            labels.as_strided(view.shape, view.stride(),
+                              view.storage_offset() - root.storage_offset()).copy_(vd["sh"])
+            flat = d["flat"] = (view, labels)
+        return flat[1].as_strided(t.shape, t.stride(), t.storage_offset() - root.storage_offset())
+    except RuntimeError:
+        return None
+
+
+def _flat(seq):
+    for a in seq:
+        if isinstance(a, (list, tuple)):
+            yield from _flat(a)
+        else:
+            yield a
+
+
+class Source:
+    """One projection weight as used by one kind of call: output feature i
+    reads the weight elements at row_off[i] + j * stride, j < width,
+    counted from the parameter's storage offset."""
+
+    def __init__(self, index, pname, param, row_off, stride, width, how, owner=None):
+        self.index, self.pname, self.param = index, pname, param
+        self.row_off, self.stride, self.width, self.how = row_off, stride, width, how
+        self.rows = len(row_off)
+        self.owner = owner      # (module, attribute): the weight looked up at each get()
+
+    def current(self):
+        """The weight now: the owner's attribute when it is still a tensor of
+        the shape seen (a parameter replaced since, by a wrapper or a
+        checkpoint load, is followed), else the one seen."""
+        if self.owner is not None:
+            w = getattr(self.owner[0], self.owner[1], None)
+            if isinstance(w, torch.Tensor) and w.shape == self.param.shape and \
+                    w.stride() == self.param.stride():
+                return w
+        return self.param
+
+    @property
+    def module(self):
+        return self.pname.rpartition(".")[0]
+
+    def getter(self, rows):
+        """get() -> [len(rows), width] tensor of these output rows (a view
+        when they are a contiguous run of a [out, in] weight's rows)."""
+        p = self.param
+        cur = self.current
+        offs = [self.row_off[r] for r in rows]
+        if (p.dim() == 2 and self.stride == p.stride(1) and self.width == p.shape[1]
+                and all(o % p.stride(0) == 0 for o in offs)):
+            idx = [o // p.stride(0) for o in offs]
+            if idx == list(range(idx[0], idx[0] + len(idx))):
+                a, b = idx[0], idx[0] + len(idx)
+                return lambda: cur()[a:b]
+            rt = torch.tensor(idx, dtype=torch.long)
+            return lambda: cur().index_select(0, rt.to(p.device))
+        off = torch.tensor(offs, dtype=torch.long)[:, None] + \
+            torch.arange(self.width, dtype=torch.long)[None, :] * self.stride
+        span = int(off.max()) + 1
+
+        def get():
+            w = cur()
+            flat = w.reshape(-1) if w.is_contiguous() else w.as_strided(
+                (span,), (1,), w.storage_offset())
+            return flat[off.to(w.device)]
+        return get
+
+
+class Site:
+    """An attention score (kind "attention") or a routing top-k ("router")
+    seen in the pass, in the order first seen."""
+
+    def __init__(self, kind, order):
+        self.kind, self.order = kind, order
+        self.name = ""
+        self.reason = None          # why it cannot be monitored, or None
+        # attention
+        self.q_src = self.k_src = None
+        self.q_srcs, self.k_srcs = [], []       # every weight q / k read from
+        self.q_heads, self.k_heads = [], []     # per head: row list, in dot-product order
+        self.kv_of = []                         # query head -> key head
+        self.n_heads = self.n_kv_heads = self.head_dim = 0
+        self.via = ""
+        self.q_parts = self.k_parts = None      # merged sites: per head (source, rows)
+        self.group = ""                         # merged sites: the module holding the heads
+        # router
+        self.src, self.top_k, self.dispatched, self.normed = None, 0, False, ""
+        self.argmax_picks = []                  # distinct argmax results seen
+        self.used_k = 0                         # widest top-k indices used to dispatch
+
+    def attention_getter(self):
+        if self.q_parts is None:
+            gq = self.q_src.getter([r for h in self.q_heads for r in h])
+            gk = self.k_src.getter([r for h in self.k_heads for r in h])
+            return lambda: (gq(), gk())
+        gq, gk = _parts_getter(self.q_parts), _parts_getter(self.k_parts)
+        return lambda: (gq(), gk())
+
+
+def _parts_getter(parts):
+    """get() of per-head (source, rows) that may come from several weights:
+    runs of one source are read together."""
+    runs = []
+    for src, rows in parts:
+        if runs and runs[-1][0] is src:
+            runs[-1][1].extend(rows)
+        else:
+            runs.append((src, list(rows)))
+    gets = [src.getter(rows) for src, rows in runs]
+    if len(gets) == 1:
+        return gets[0]
+    return lambda: torch.cat([g() for g in gets], dim=0)
+
+
+def _group(site, list_prefixes):
+    """Where a site's heads live: a ModuleList of per-head modules deeper
+    than the block list (Karpathy's heads = ModuleList([Head(...)])) groups
+    the sites of its entries; else the site's own module."""
+    parts = _common_module([s.pname for s in site.q_srcs + site.k_srcs]).split(".")
+    lists = [i for i in range(1, len(parts)) if parts[i].isdigit()
+             and ".".join(parts[:i]) in list_prefixes]
+    if len(lists) >= 2:
+        return ".".join(parts[:lists[-1]])
+    return ".".join(parts)
+
+
+def _common_module(names):
+    cols = [n.split(".")[:-1] for n in names]
+    out = []
+    for col in zip(*cols):
+        if len(set(col)) != 1:
+            break
+        out.append(col[0])
+    return ".".join(out)
+
+
+def merge_sites(sites, list_prefixes):
+    """One site per attention: identical sites (a module applied twice) are
+    one; the sites of one group with disjoint rows (one score per head, in a
+    loop or from per-head modules) are the heads of one attention."""
+    out, groups = [], {}
+    for s in sites:
+        if s.reason is not None or s.n_heads < 1:
+            out.append(s)
+            continue
+        key = (_group(s, list_prefixes), s.head_dim)
+        groups.setdefault(key, []).append(s)
+        if len(groups[key]) == 1:
+            out.append(key)
+    merged = []
+    for item in out:
+        if isinstance(item, Site):
+            merged.append(item)
+            continue
+        members = groups[item]
+        uniq = []
+        for s in members:
+            sig = (s.q_src, s.k_src, str(s.q_heads), str(s.k_heads))
+            if all(sig != (u.q_src, u.k_src, str(u.q_heads), str(u.k_heads)) for u in uniq):
+                uniq.append(s)
+        if len(uniq) == 1 or any(s.n_heads != 1 for s in uniq):
+            merged.extend(uniq)  # one site, or whole attentions (T5's self and cross)
+            continue
+        q = [(s.q_src, tuple(h)) for s in uniq for h in s.q_heads]
+        widths = {s.q_src.width for s in uniq} | {s.k_src.width for s in uniq}
+        if len(set(q)) != len(q) or len({r for src, h in q for r in ((src, x) for x in h)}) \
+                != sum(len(h) for _, h in q) or len(widths) != 1:
+            merged.extend(uniq)  # overlapping rows: distinct attentions
+            continue
+        m = Site("attention", uniq[0].order)
+        m.via, m.head_dim, m.group = uniq[0].via, uniq[0].head_dim, item[0]
+        m.q_src, m.k_src = uniq[0].q_src, uniq[0].k_src
+        m.q_srcs = [s.q_src for s in uniq]
+        m.k_srcs = [s.k_src for s in uniq]
+        k_parts, q_by_k = [], {}
+        for s in uniq:
+            per = s.n_heads // s.n_kv_heads
+            for h, rows in enumerate(s.q_heads):
+                kp = (s.k_src, tuple(s.k_heads[h // per]))
+                if kp not in k_parts:
+                    k_parts.append(kp)
+                q_by_k.setdefault(k_parts.index(kp), []).append((s.q_src, list(rows)))
+        sizes = {len(v) for v in q_by_k.values()}
+        if len(sizes) != 1:
+            merged.extend(uniq)
+            continue
+        m.q_parts = [qp for g in range(len(k_parts)) for qp in q_by_k[g]]
+        m.k_parts = [(src, list(rows)) for src, rows in k_parts]
+        m.n_heads, m.n_kv_heads = len(m.q_parts), len(m.k_parts)
+        merged.append(m)
+    return merged
+
+
+class Observation:
+    """What one observed pass saw: sources, attention and router sites,
+    and whether it ran (error: why not)."""
+
+    def __init__(self):
+        self.sources, self.sources_by_key = [], {}
+        self.attention, self.routers = [], []
+        self.error = None
+        self.input_desc = ""
+        self.failures = 0       # ops whose bookkeeping failed (the pass went on)
+
+
+class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
+
+    def __init__(self, params, obs):
+        super().__init__()
+        self.params = params        # id(param) -> name
+        self.owners = {}            # id(param) -> (module, attribute)
+        self.obs = obs
+        self.candidates = []        # score candidates, Site per matmul of two labelled operands
+        self.topks = {}             # source index -> Site
+        self.failures = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        try:
+            self._after(_fname(func), func, args, kwargs, out)
+        except Exception:  # bookkeeping must never change the model's pass
+            self.failures += 1
+        return out
+
+    # ---- projections -------------------------------------------------------------------
+
+    def _param(self, t):
+        """(name, parameter) when t is a parameter or a view of one."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        n = self.params.get(id(t))
+        if n is not None:
+            return n, t
+        base = getattr(t, "_base", None)
+        if base is not None and id(base) in self.params:
+            return self.params[id(base)], base
+        return None
+
+    def _source(self, pname, param, row_off, stride, width, how):
+        key = (pname, tuple(row_off), stride, width)
+        s = self.obs.sources_by_key.get(key)
+        if s is None:
+            s = Source(len(self.obs.sources), pname, param, list(row_off), stride, width, how,
+                       self.owners.get(id(param)))
+            self.obs.sources.append(s)
+            self.obs.sources_by_key[key] = s
+        return s
+
+    def _label_out(self, out, src, feat_shape, feat_dims):
+        """Labels out's feature axes (feat_dims, sizes feat_shape) with src rows."""
+        n = len(src.row_off)
+        ids = (torch.arange(n, dtype=torch.long, device=out.device) + (src.index << _SHIFT))
+        shape = [1] * out.dim()
+        for d, s in zip(feat_dims, feat_shape):
+            shape[d] = s
+        ids = ids.view(shape).expand(out.shape)
+        _set(out, sh=ids)
+
+    def _linear(self, x, w, out, how):
+        p = self._param(w)
+        if p is None or w.dim() != 2 or not isinstance(out, torch.Tensor):
+            return False
+        pname, param = p
+        base = w.storage_offset() - param.storage_offset()
+        if how == "linear":       # out[..., i] = sum_j x[j] w[i, j]
+            rows, s_row, s_col, width = w.shape[0], w.stride(0), w.stride(1), w.shape[1]
+        else:                     # x @ w: out[..., i] = sum_j x[j] w[j, i]
+            rows, s_row, s_col, width = w.shape[1], w.stride(1), w.stride(0), w.shape[0]
+        src = self._source(pname, param, [base + i * s_row for i in range(rows)], s_col, width,
+                           how)
+        self._label_out(out, src, [rows], [out.dim() - 1])
+        return True
+
+    def _einsum_projection(self, eq, ops, out):
+        if len(ops) != 2 or "..." in eq or "->" not in eq:
+            return False
+        ins, res = eq.replace(" ", "").split("->")
+        subs = ins.split(",")
+        for wi in (0, 1):
+            p = self._param(ops[wi])
+            if p is None or self._param(ops[1 - wi]) is not None:
+                continue
+            w, ws = ops[wi], subs[wi]
+            contracted = [c for c in ws if c not in res]
+            kept = [c for c in res if c in ws]
+            if len(contracted) != 1 or not kept or len(set(ws)) != len(ws):
+                return False
+            pname, param = p
+            base = w.storage_offset() - param.storage_offset()
+            c = ws.index(contracted[0])
+            sizes = [w.shape[ws.index(k)] for k in kept]
+            strides = [w.stride(ws.index(k)) for k in kept]
+            offs = []
+            for idx in itertools.product(*[range(s) for s in sizes]):
+                offs.append(base + sum(i * s for i, s in zip(idx, strides)))
+            src = self._source(pname, param, offs, w.stride(c), w.shape[c], "einsum")
+            dims = [res.index(k) for k in kept]
+            if dims != sorted(dims):
+                return False
+            n = len(offs)
+            ids = torch.arange(n, dtype=torch.long, device=out.device) + (src.index << _SHIFT)
+            shape = [1] * out.dim()
+            for d, s in zip(dims, sizes):
+                shape[d] = s
+            _set(out, sh=ids.view(shape).expand(out.shape))
+            return True
+        return False
+
+    # ---- attention ---------------------------------------------------------------------
+
+    def _pairs(self, sq, sk):
+        """sq: [*bq, K] q labels, sk: [*bk, K] k labels at one token ->
+        [N, K] pairs after broadcasting the batch axes, or None."""
+        if sq.shape[-1] != sk.shape[-1] or sq.shape[-1] < 1:
+            return None
+        try:
+            bs = torch.broadcast_shapes(sq.shape[:-1], sk.shape[:-1])
+        except RuntimeError:
+            return None
+        k = sq.shape[-1]
+        a = sq.expand(*bs, k).reshape(-1, k).cpu()
+        b = sk.expand(*bs, k).reshape(-1, k).cpu()
+        return a, b
+
+    def _candidate(self, a, b, out, via):
+        """a: q labels [..., Tq, K] (token axis -2), b: k labels [..., Tk, K]."""
+        if a.dim() < 2 or b.dim() < 2:
+            return
+        if not torch.equal(a[..., :1, :].expand_as(a), a) or \
+                not torch.equal(b[..., :1, :].expand_as(b), b):
+            return  # labels vary along the token axis: not q.k^T
+        pairs = self._pairs(a[..., 0, :], b[..., 0, :])
+        if pairs is None:
+            return
+        site = self._site_from_pairs(*pairs, via)
+        if site is not None:
+            self.candidates.append(site)
+            _set(out, score=site)
+
+    def _site_from_pairs(self, qa, ka, via):
+        site = Site("attention", 0)
+        site.via = via
+        if bool((qa < 0).any()) or bool((ka < 0).any()):
+            site.reason = "some q/k features come from no projection weight this pass saw"
+            site.q_srcs = [self.obs.sources[i] for i in sorted(set(
+                (qa[qa >= 0] >> _SHIFT).tolist()))]
+            site.k_srcs = [self.obs.sources[i] for i in sorted(set(
+                (ka[ka >= 0] >> _SHIFT).tolist()))]
+            return site
+        qs, ks = (qa >> _SHIFT), (ka >> _SHIFT)
+        qsrc, ksrc = sorted(set(qs.unique().tolist())), sorted(set(ks.unique().tolist()))
+        site.q_srcs = [self.obs.sources[i] for i in qsrc]
+        site.k_srcs = [self.obs.sources[i] for i in ksrc]
+        if len(qsrc) != 1 or len(ksrc) != 1:
+            site.reason = "mixed"
+            site.head_dim = qa.shape[-1]
+            site.n_heads = len({tuple(r) for r in qa.tolist()})
+            site.n_kv_heads = len({tuple(r) for r in ka.tolist()})
+            return site
+        site.q_src, site.k_src = self.obs.sources[qsrc[0]], self.obs.sources[ksrc[0]]
+        mask = (1 << _SHIFT) - 1
+        qr, kr = (qa & mask).tolist(), (ka & mask).tolist()
+        q_heads, k_heads, pair_set = [], [], []
+        for q, k in zip(qr, kr):
+            tq, tk = tuple(q), tuple(k)
+            if tq not in q_heads:
+                q_heads.append(tq)
+            if tk not in k_heads:
+                k_heads.append(tk)
+            pr = (q_heads.index(tq), k_heads.index(tk))
+            if pr not in pair_set:
+                pair_set.append(pr)
+        site.head_dim = len(qr[0])
+        kv_of = {}
+        for h, g in pair_set:
+            if kv_of.setdefault(h, g) != g:
+                site.reason = f"query head {h} meets two key heads"
+                return site
+        if any(len(set(t)) != len(t) for t in q_heads + k_heads):
+            site.reason = "a head reads the same weight row twice"
+            return site
+        per = {}
+        for h in range(len(q_heads)):
+            per.setdefault(kv_of[h], []).append(h)
+        sizes = {len(v) for v in per.values()}
+        if len(sizes) != 1 or len(per) != len(k_heads):
+            site.reason = "query heads are not split evenly over the key heads"
+            return site
+        order = [h for g in range(len(k_heads)) for h in per[g]]
+        site.q_heads = [list(q_heads[h]) for h in order]
+        site.k_heads = [list(t) for t in k_heads]
+        site.n_heads, site.n_kv_heads = len(q_heads), len(k_heads)
+        if site.q_src.width != site.k_src.width:
+            site.reason = (f"q reads {site.q_src.width} inputs but k reads "
+                           f"{site.k_src.width}: no Q/K product in one space")
+        return site
+
+    def _score(self, name, args, kwargs, out):
+        if name in ("matmul", "__matmul__", "bmm"):
+            a = args[0] if args else kwargs.get("input")
+            b = args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("mat2"))
+        elif name == "baddbmm":  # alibi.baddbmm(batch1=q, batch2=k_t, ...) in BLOOM
+            a = args[1] if len(args) > 1 else kwargs.get("batch1")
+            b = args[2] if len(args) > 2 else kwargs.get("batch2")
+        else:
+            return
+        sa, sb = _shadow(a), _shadow(b)
+        if sa is None or sb is None or sa.dim() < 2 or sb.dim() < 2:
+            return
+        # q [..., Tq, K] @ kT [..., K, Tk]
+        self._candidate(sa, sb.transpose(-1, -2), out, name)
+
+    def _einsum_score(self, eq, ops, out):
+        if len(ops) != 2 or "..." in eq or "->" not in eq:
+            return
+        sa, sb = _shadow(ops[0]), _shadow(ops[1])
+        if sa is None or sb is None:
+            return
+        ins, res = eq.replace(" ", "").split("->")
+        s0, s1 = ins.split(",")
+        contracted = [c for c in s0 if c in s1 and c not in res]
+        if len(contracted) != 1:
+            return
+        c = contracted[0]
+        batch = [x for x in res if x in s0 and x in s1]
+        q_only = [x for x in s0 if x not in s1 and x in res]
+        k_only = [x for x in s1 if x not in s0 and x in res]
+        # One q-only label is the query token axis, the others (heads, as
+        # in "bhid,bjd->bhij" with one key head) broadcast over k; the same
+        # for k. The labels must not vary along the token axes (_candidate).
+        for tq in reversed(q_only):
+            for tk in reversed(k_only):
+                qx = [x for x in q_only if x != tq]
+                kx = [x for x in k_only if x != tk]
+                a = sa.permute(*[s0.index(x) for x in batch + qx + [tq, c]])
+                b = sb.permute(*[s1.index(x) for x in batch + kx + [tk, c]])
+                a = a.reshape(a.shape[:len(batch) + len(qx)] + (1,) * len(kx) + a.shape[-2:])
+                b = b.reshape(b.shape[:len(batch)] + (1,) * len(qx) + b.shape[len(batch):])
+                before = len(self.candidates)
+                self._candidate(a, b, out, "einsum")
+                if len(self.candidates) > before:
+                    return
+
+    def _sdpa(self, args, kwargs, out):
+        q = args[0] if args else kwargs.get("query")
+        k = args[1] if len(args) > 1 else kwargs.get("key")
+        sq, sk = _shadow(q), _shadow(k)
+        if sq is None or sk is None or sq.dim() < 2:
+            return
+        if kwargs.get("enable_gqa") and sq.dim() >= 3 and sk.dim() >= 3 and \
+                sq.shape[-3] != sk.shape[-3] and sq.shape[-3] % sk.shape[-3] == 0:
+            sk = sk.repeat_interleave(sq.shape[-3] // sk.shape[-3], dim=-3)
+        before = len(self.candidates)
+        self._candidate(sq, sk, out, "scaled_dot_product_attention")
+        if len(self.candidates) > before:
+            self._confirm(self.candidates[-1])
+
+    def _mha(self, func, args, kwargs):
+        try:
+            b = inspect.signature(func).bind(*args, **kwargs)
+        except (TypeError, ValueError):
+            return
+        a = b.arguments
+        h, e = a.get("num_heads"), a.get("embed_dim_to_check")
+        if not isinstance(h, int) or not isinstance(e, int) or h < 1 or e % h:
+            return
+        dh = e // h
+        site = Site("attention", 0)
+        site.via = "multi_head_attention_forward"
+        if a.get("use_separate_proj_weight"):
+            pq, pk = self._param(a.get("q_proj_weight")), self._param(a.get("k_proj_weight"))
+            if pq is None or pk is None:
+                return
+            wq, wk = a["q_proj_weight"], a["k_proj_weight"]
+            qs = self._source(pq[0], pq[1], [i * wq.stride(0) for i in range(e)], wq.stride(1),
+                              wq.shape[1], "linear")
+            ks = self._source(pk[0], pk[1], [i * wk.stride(0) for i in range(e)], wk.stride(1),
+                              wk.shape[1], "linear")
+            qrows, krows = list(range(e)), list(range(e))
+        else:
+            p = self._param(a.get("in_proj_weight"))
+            if p is None:
+                return
+            w = a["in_proj_weight"]
+            src = self._source(p[0], p[1], [i * w.stride(0) for i in range(w.shape[0])],
+                               w.stride(1), w.shape[1], "linear")
+            qs = ks = src
+            qrows, krows = list(range(e)), list(range(e, 2 * e))
+        site.q_src, site.k_src = qs, ks
+        site.q_srcs, site.k_srcs = [qs], [ks]
+        site.q_heads = [qrows[i * dh:(i + 1) * dh] for i in range(h)]
+        site.k_heads = [krows[i * dh:(i + 1) * dh] for i in range(h)]
+        site.n_heads = site.n_kv_heads = h
+        site.head_dim = dh
+        if qs.width != ks.width:
+            site.reason = (f"q reads {qs.width} inputs but k reads {ks.width} (kdim != "
+                           "embed_dim): no Q/K product in one space")
+        self.candidates.append(site)
+        self._confirm(site)
+
+    def _confirm(self, site):
+        if site.order:
+            return
+        site.order = 1 + len(self.obs.attention) + len(self.obs.routers)
+        self.obs.attention.append(site)
+
+    # ---- routers -----------------------------------------------------------------------
+
+    def _router_src(self, t, dim, sh=None):
+        """The source whose all rows, in order, t's axis `dim` carries."""
+        sh = _shadow(t) if sh is None else sh
+        if sh is None or sh.dim() == 0:
+            return None
+        dim = dim % sh.dim()
+        if dim != sh.dim() - 1:
+            return None
+        line = sh[(0,) * (sh.dim() - 1)]
+        v0 = int(line[0])
+        if v0 < 0:
+            return None
+        src = self.obs.sources[v0 >> _SHIFT]
+        e = line.shape[0]
+        if src.rows != e or e < 2 or e > _ROUTER_MAX_E:
+            return None
+        want = torch.arange(e, device=line.device) + (src.index << _SHIFT)
+        if not torch.equal(line, want) or not torch.equal(sh, line.expand_as(sh)):
+            return None
+        return src
+
+    def _topk(self, name, args, kwargs, out):
+        t = args[0]
+        if name == "topk":
+            k = args[1] if len(args) > 1 else kwargs.get("k")
+            dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+            idx = out[1]
+        elif name == "argmax":
+            k, dim = 1, args[1] if len(args) > 1 else kwargs.get("dim")
+            idx = out
+        else:  # max(dim)
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            if dim is None or not isinstance(out, tuple):
+                return
+            k, idx = 1, out[1]
+        if not isinstance(dim, int) or not isinstance(k, int):
+            return
+        if (_tag(t) or {}).get("act"):
+            return
+        src = self._router_src(t, dim)
+        choice = None
+        if src is None and name == "topk" and t.dim() == 2:
+            # expert choice: each expert takes its top-k tokens from the
+            # transposed [E, tokens] scores; a token gets k * E / tokens
+            src = self._router_src(None, -1, _shadow(t).transpose(0, 1))
+            if src is None or dim % 2 != 1:
+                return
+            choice = max(1, round(k * src.rows / t.shape[1]))
+        if src is None:
+            return
+        site = self.topks.get(src.index)
+        if site is None:
+            site = Site("router", 0)
+            site.src = src
+            site.normed = (_tag(t) or {}).get("normed", "")
+            self.topks[src.index] = site
+        if choice is not None:
+            site.top_k = max(site.top_k, choice)
+            site.normed = (site.normed + " " if site.normed else "") + "expert-choice"
+            _set(idx, ridx=site)
+            return
+        if name == "topk":
+            site.top_k = max(site.top_k, k)
+        else:
+            # GShard/DeepSpeed top-2 takes a second argmax over the logits
+            # with the first choice masked: each argmax that picks other
+            # experts is one more choice per token (a repeat is not).
+            picks = site.argmax_picks
+            flat = idx.detach().reshape(-1)
+            if not any(p.shape == flat.shape and torch.equal(p, flat) for p in picks):
+                picks.append(flat)
+            site.top_k = max(site.top_k, len(picks))
+            _set(idx, ridx=site)
+            return
+        _set(idx, ridx=site, rdim=idx.dim())
+
+    def _uses(self, name, args, kwargs):
+        skip = args[0] if args and (name in _LAYOUT or name in _SAME) else None
+        for a in itertools.chain(_flat(args), _flat(kwargs.values())):
+            if a is skip:  # a view of the indices is no use of them
+                continue
+            d = _tag(a)
+            if d is None and isinstance(a, torch.Tensor):  # idx[e], unseen on torch 1.13
+                d = _tag(getattr(a, "_base", None))
+            if d is not None and "ridx" in d:
+                s = d["ridx"]
+                if d.get("rdim") is not None and a.dim() == d["rdim"] and a.shape[-1] >= 1:
+                    s.used_k = max(s.used_k, a.shape[-1])  # noisy top-k keeps k of k + 1
+                if not s.dispatched:
+                    s.dispatched = True
+                    s.order = 1 + len(self.obs.attention) + len(self.obs.routers)
+                    self.obs.routers.append(s)
+
+    # ---- propagation -------------------------------------------------------------------
+
+    def _after(self, name, func, args, kwargs, out):
+        self._uses(name, args, kwargs)
+        if name == "linear":
+            w = args[1] if len(args) > 1 else kwargs.get("weight")
+            if self._linear(None, w, out, "linear"):
+                return
+        if name in ("matmul", "__matmul__", "mm") and len(args) == 2:
+            if self._param(args[1]) is not None and self._param(args[0]) is None:
+                if self._linear(args[0], args[1], out, "matmul"):
+                    return
+        if name == "__rmatmul__" and len(args) == 2:
+            if self._param(args[0]) is not None and self._linear(args[1], args[0], out,
+                                                                  "matmul"):
+                return
+        if name == "addmm" and len(args) >= 3 and self._param(args[2]) is not None:
+            if self._linear(args[1], args[2], out, "matmul"):
+                return
+        if name == "einsum":
+            eq = args[0]
+            ops = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) \
+                else list(args[1:])
+            if isinstance(eq, str) and all(isinstance(o, torch.Tensor) for o in ops):
+                if self._einsum_projection(eq, ops, out):
+                    return
+                self._einsum_score(eq, ops, out)
+            return
+        if name in _SCORE_OPS:
+            self._score(name, args, kwargs, out)
+            return
+        if name == "scaled_dot_product_attention":
+            self._sdpa(args, kwargs, out)
+            return
+        if name == "multi_head_attention_forward":
+            self._mha(func, args, kwargs)
+            return
+        if name in ("softmax", "log_softmax", "_softmax"):
+            t = args[0] if args else kwargs.get("input")
+            d = _tagd(t)
+            dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+            if d is not None:
+                site = d.get("score")
+                if site is not None and isinstance(dim, int) and t.dim() and \
+                        dim % t.dim() == t.dim() - 1:
+                    self._confirm(site)
+                if "sh" in d and isinstance(out, torch.Tensor) and out.shape == t.shape:
+                    _set(out, sh=d["sh"], normed="softmax")
+            return
+        if name in ("topk", "argmax", "max"):
+            if args and _shadow(args[0]) is not None:
+                self._topk(name, args, kwargs, out)
+            return
+        if name in ("__setitem__", "copy_"):
+            self._write(name, args)
+            return
+        if name == "view_as_complex":
+            sh = _shadow(args[0])
+            if sh is not None and sh.shape[-1] == 2:
+                _set(out, sh=sh, cplx=True)
+            return
+        if name == "view_as_real":
+            d = _tag(args[0])
+            if d is not None and d.get("cplx"):
+                _set(out, sh=d["sh"])
+            return
+        if name in _LAYOUT or name in _SAME:
+            self._layout(name, func, args, kwargs, out)
+            return
+        if name in _STACK:
+            self._stack(func, args, kwargs, out)
+            return
+        if name in _NOT_ELEMENTWISE:
+            return
+        if ("attn" in name or "attention" in name) and len(args) >= 3:
+            self._fused_attention(name, args, out)
+            return
+        self._elementwise(name, args, kwargs, out)
+
+    def _fused_attention(self, name, args, out):
+        """An attention kernel reached as a torch op (flash-attn, xformers):
+        q, k, v first, [B, H, T, D] or [B, T, H, D] (the token axis is the
+        one the labels do not vary along)."""
+        sq, sk = _shadow(args[0]), _shadow(args[1])
+        if sq is None or sk is None or sq.dim() != 4 or sk.dim() != 4:
+            return
+        def const(t, ax):
+            return torch.equal(t.narrow(ax, 0, 1).expand_as(t), t)
+        if not (const(sq, 2) and const(sk, 2)) and const(sq, 1) and const(sk, 1):
+            sq, sk = sq.transpose(1, 2), sk.transpose(1, 2)
+        if sq.shape[1] != sk.shape[1] and sk.shape[1] and sq.shape[1] % sk.shape[1] == 0:
+            sk = sk.repeat_interleave(sq.shape[1] // sk.shape[1], dim=1)
+        before = len(self.candidates)
+        self._candidate(sq, sk, out, name)
+        if len(self.candidates) > before:
+            self._confirm(self.candidates[-1])
+
+    def _layout(self, name, func, args, kwargs, out):
+        if not args:
+            return
+        d = _tagd(args[0])
+        if d is None:
+            return
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if name in _SAME:
+            for o in outs:
+                if isinstance(o, torch.Tensor) and "sh" in d and o.shape[:len(d["sh"].shape)] \
+                        == d["sh"].shape[:o.dim()]:
+                    sh = d["sh"]
+                    if sh.device != o.device:
+                        sh = sh.to(o.device)
+                    _set(o, sh=sh, **{k: v for k, v in d.items() if k in ("score", "normed",
+                                                                            "cplx", "act")})
+                elif isinstance(o, torch.Tensor):
+                    _set(o, **{k: v for k, v in d.items() if k in _CARRIED})
+            return
+        if d.get("cplx"):
+            return
+        sh = d.get("sh")
+        if sh is not None:
+            rest = list(args)
+            rest[0] = sh
+            try:
+                res = func(*rest, **kwargs)
+            except RuntimeError:
+                rest[0] = sh.contiguous()
+                res = func(*rest, **kwargs)
+            res_t = res if isinstance(res, (tuple, list)) else (res,)
+            for o, r in zip(outs, res_t):
+                if isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and \
+                        r.shape == o.shape:
+                    _set(o, sh=r)
+        if any(k in d for k in _CARRIED):
+            for o in outs:
+                if isinstance(o, torch.Tensor):
+                    _set(o, **{k: v for k, v in d.items() if k in _CARRIED and
+                               (k != "rdim" or o.dim() == v)})
+
+    def _stack(self, func, args, kwargs, out):
+        seq = args[0] if args else kwargs.get("tensors")
+        if not isinstance(seq, (list, tuple)) or not isinstance(out, torch.Tensor):
+            return
+        if not any(_shadow(t) is not None for t in seq):
+            return
+        parts = []
+        for t in seq:
+            sh = _shadow(t)
+            if sh is None:
+                sh = torch.full(t.shape, _NONE, dtype=torch.long, device=t.device)
+            parts.append(sh.to(out.device))
+        res = func(parts, *args[1:], **kwargs)
+        if isinstance(res, torch.Tensor) and res.shape == out.shape:
+            _set(out, sh=res)
+
+    def _write(self, name, args):
+        if name == "copy_" and len(args) >= 2:
+            dst, src = args[0], args[1]
+            sh = _shadow(src)
+            if sh is None or not isinstance(dst, torch.Tensor):
+                return
+            try:
+                base = getattr(dst, "_base", None)
+                if base is not None and base.is_contiguous():
+                    # a write into a slice of a fresh tensor (key_states[..., :n].copy_(k))
+                    sb = _shadow(base)
+                    sb = (torch.full(base.shape, _NONE, dtype=torch.long, device=base.device)
+                          if sb is None else sb.contiguous().clone())
+                    view = sb.as_strided(dst.shape, dst.stride(),
+                                         dst.storage_offset() - base.storage_offset())
+                    view.copy_(sh.to(sb.device).expand(dst.shape))
+                    _set(base, sh=sb)
+                _set(dst, sh=sh.expand(dst.shape))
+            except RuntimeError:
+                pass
+            return
+        if len(args) < 3:
+            return
+        dst, idx, val = args[0], args[1], args[2]
+        sv = _shadow(val)
+        if sv is None or not isinstance(dst, torch.Tensor):
+            return
+        sd = _shadow(dst)
+        base = (sd.clone() if sd is not None else
+                torch.full(dst.shape, _NONE, dtype=torch.long, device=dst.device))
+        if not base.is_contiguous() or base.stride() != tuple(
+                torch.empty(base.shape).stride()):
+            base = base.contiguous()
+        try:
+            base[idx] = sv
+        except (RuntimeError, IndexError, TypeError):
+            return
+        _set(dst, sh=base)
+
+    def _elementwise(self, name, args, kwargs, out):
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        tagged = [(a, _tagd(a)) for a in itertools.chain(_flat(args), _flat(kwargs.values()))]
+        tagged = [(a, d) for a, d in tagged if d is not None]
+        if not tagged:
+            return
+        for o in outs:
+            if not isinstance(o, torch.Tensor):
+                continue
+            for a, d in tagged:
+                sh = d.get("sh")
+                keep = {k: v for k, v in d.items() if k in ("score", "normed")
+                        and tuple(a.shape) == tuple(o.shape)}
+                if name == "sigmoid" and sh is not None:
+                    keep["normed"] = "sigmoid"
+                if name in _ACTIVATIONS or d.get("act"):
+                    keep["act"] = d.get("act") or name
+                if sh is not None and not d.get("cplx"):
+                    try:
+                        if torch.broadcast_shapes(sh.shape, o.shape) == o.shape:
+                            _set(o, sh=sh.to(o.device).expand(o.shape), **keep)
+                            break
+                    except RuntimeError:
+                        pass
+                elif sh is not None and d.get("cplx") and o.is_complex():
+                    try:
+                        _set(o, sh=sh.expand(*o.shape, 2), cplx=True)
+                        break
+                    except RuntimeError:
+                        pass
+                if keep:
+                    _set(o, **keep)
+                    break
+
+
+# ---- the pass --------------------------------------------------------------------------------
+
+def _first(model, kinds):
+    for m in model.modules():
+        if isinstance(m, kinds):
+            return m
+    return None
+
+
+def _width(model):
+    for m in model.modules():
+        if isinstance(m, nn.MultiheadAttention):
+            return m.embed_dim
+        if isinstance(m, nn.Linear):
+            return m.in_features
+        if isinstance(m, nn.LayerNorm) and m.normalized_shape:
+            return m.normalized_shape[-1]
+        for p in m.parameters(recurse=False):
+            if p.dim() == 2:
+                return p.shape[-1]
+            if p.dim() == 1 and p.is_floating_point():
+                return p.shape[0]
+    return None
+
+
+def probe_inputs(model, batch=1, seq=8):
+    """Candidate probe inputs [(description, args, kwargs)] for model's forward."""
+    try:
+        p = next(model.parameters())
+        dev, dt = p.device, (p.dtype if p.is_floating_point() else torch.float32)
+    except StopIteration:
+        dev, dt = torch.device("cpu"), torch.float32
+    try:
+        sig = inspect.signature(model.forward)
+        names = [n for n, q in sig.parameters.items()
+                 if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)
+                 and q.default is inspect.Parameter.empty]
+        extra = {"use_cache": False} if "use_cache" in sig.parameters else {}
+        params = set(sig.parameters)
+    except (TypeError, ValueError):
+        names, extra, params = ["x"], {}, set()
+    out = []
+    gen = torch.Generator().manual_seed(0)  # the probe draws nothing from torch's RNG
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=dev, dtype=dt)
+    emb = _first(model, nn.Embedding)
+    if emb is not None:
+        ids = torch.randint(0, max(1, min(emb.num_embeddings, 64)), (batch, seq),
+                            generator=gen).to(dev)
+        kw = dict(extra)
+        # every required positional argument: token ids, None for a mask
+        args = tuple(None if "mask" in n else ids for n in names) or (ids,)
+        out.append((f"token ids [{batch}, {seq}]", args, kw))
+        if "decoder_input_ids" in params:
+            kw2 = dict(kw)
+            kw2["decoder_input_ids"] = ids
+            out.insert(0, (f"token ids [{batch}, {seq}] (encoder and decoder)", (ids,), kw2))
+    conv = _first(model, nn.Conv2d)
+    if conv is not None:
+        size = getattr(getattr(model, "patch_embed", None), "img_size", None)  # timm
+        if size is None:
+            size = getattr(getattr(model, "config", None), "image_size", None)  # transformers
+        size = size[0] if isinstance(size, (tuple, list)) else size
+        size = size if isinstance(size, int) else conv.kernel_size[0] * 4
+        img = randn(batch, conv.in_channels, size, size)
+        out.append((f"images [{batch}, {conv.in_channels}, {size}, {size}]", (img,), dict(extra)))
+    d = _width(model)
+    if d:
+        x = randn(batch, seq, d)
+        x2 = randn(seq, d)
+        out.append((f"floats [{batch}, {seq}, {d}]",
+                    tuple(None if "mask" in n else x for n in names) or (x,), dict(extra)))
+        out.append((f"floats [{seq}, {d}]",
+                    tuple(None if "mask" in n else x2 for n in names) or (x2,), dict(extra)))
+    return out
+
+
+class _Restore:
+    """RNG states and every buffer, put back on exit."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        self.rng = torch.get_rng_state()
+        self.cuda = (torch.cuda.get_rng_state_all() if torch.cuda.is_available()
+                     and torch.cuda.is_initialized() else None)
+        # (module, name, the buffer object, its values): a forward that
+        # replaces a buffer (a rotary cache rebuilt) gets the old one back
+        self.bufs = [(m, n, b, b.detach().clone()) for m in self.model.modules()
+                     for n, b in m._buffers.items() if b is not None]
+        return self
+
+    def __exit__(self, *exc):
+        with torch.no_grad():
+            for m, n, b, v in self.bufs:
+                if m._buffers.get(n) is not b:
+                    m._buffers[n] = b
+                if b.shape == v.shape:
+                    b.copy_(v)
+                else:  # resized in place
+                    b.data = v
+        torch.set_rng_state(self.rng)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        # tensors a forward keeps on its modules (self.attn = p_attn) lose their labels
+        _untag([v for m in self.model.modules() for v in vars(m).values()
+                if isinstance(v, torch.Tensor)])
+        return False
+
+
+def _eager(fn):
+    """fn with TorchDynamo off for its whole call (compiled submodules run
+    eagerly, so the mode sees their ops and nothing is recompiled)."""
+    dynamo = sys.modules.get("torch._dynamo")  # not imported: nothing is compiled
+    disable = getattr(dynamo, "disable", None) if dynamo is not None else None
+    return disable(fn) if disable is not None else fn
+
+
+def _untag(tensors):
+    for t in tensors:
+        if hasattr(t, _ATTR):
+            try:
+                delattr(t, _ATTR)
+            except AttributeError:
+                pass
+
+
+def observe(model, example_input=None, example_kwargs=None):
+    """One observed forward pass of model (Observation). example_input: a
+    tensor, a tuple of positional arguments or a dict of keyword arguments;
+    None tries probe batches (probe_inputs) until one runs. Never raises:
+    Observation.error says why nothing was seen."""
+    obs = Observation()
+    if TorchFunctionMode is None:
+        obs.error = f"torch {torch.__version__} has no TorchFunctionMode"
+        return obs
+    params = {id(p): n for n, p in model.named_parameters()}
+    owners = {id(p): (m, n) for m in model.modules()
+              for n, p in m.named_parameters(recurse=False)}
+    if example_input is not None or example_kwargs:
+        if isinstance(example_input, dict):
+            tries = [("example_input", (), dict(example_input))]
+        elif isinstance(example_input, (tuple, list)):
+            tries = [("example_input", tuple(example_input), dict(example_kwargs or {}))]
+        elif example_input is None:
+            tries = [("example_input", (), dict(example_kwargs))]
+        else:
+            tries = [("example_input", (example_input,), dict(example_kwargs or {}))]
+        try:  # no key/value cache from this pass
+            if "use_cache" in inspect.signature(model.forward).parameters:
+                for _, _, kw in tries:
+                    kw.setdefault("use_cache", False)
+        except (TypeError, ValueError):
+            pass
+    else:
+        # seq 8, then 2 for a model with fewer positions than that
+        tries = probe_inputs(model) + [t for t in probe_inputs(model, seq=2)
+                                       if t[0].startswith("token ids")]
+        if not tries:
+            obs.error = "no probe input could be built (no embedding, Linear or norm width)"
+            return obs
+    errors = []
+    target = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the eager module
+    for desc, args, kwargs in tries:
+        trial = Observation()
+        tracker = _Tracker(params, trial)
+        tracker.owners = owners
+        try:
+            with _Restore(model), torch.no_grad(), tracker:
+                _eager(target)(*args, **kwargs)
+        except Exception as e:  # the model did not take this input: next one
+            text = str(e).splitlines()[0][:160] if str(e) else ""
+            errors.append(f"{desc}: {type(e).__name__}: {text}")
+            continue
+        finally:
+            _untag(list(_flat(args)) + list(_flat(kwargs.values())))
+        trial.input_desc = desc
+        trial.failures = tracker.failures
+        lists = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList,
+                                                                        nn.Sequential))}
+        try:
+            trial.attention = merge_sites(trial.attention, lists)
+        except Exception:  # keep the sites as seen
+            trial.failures += 1
+        return trial
+    if type(model).forward is nn.Module.forward or getattr(type(model).forward, "__name__",
+                                                           "") == "_forward_unimplemented":
+        obs.error = "the model has no forward()"
+    else:
+        what = "the example input" if example_input is not None else "a probe batch"
+        more = f" (+{len(errors) - 1} other probes)" if len(errors) > 1 else ""
+        obs.error = f"its forward did not run on {what}: {errors[0]}{more}"
+    return obs
