@@ -113,8 +113,9 @@ struct app {
     struct pager_config pager_cfg; /* [target "NAME"] sections */
     struct advice_policy advice;   /* [advice]; read-only once running */
     struct pager *pager;
-    struct rw_config rw_cfg;  /* [remote_write] */
-    struct remote_write *rw;  /* NULL: remote write off */
+    struct rw_config rw_cfg;                              /* [remote_write] */
+    struct remote_write *rw;                              /* NULL: remote write off */
+    char rw_json[RW_MAX_TARGETS * (RW_NAME_MAX + 3) + 3]; /* the targets' names, JSON */
     struct run_auth run_auth; /* [run "PATTERN"] tokens; read-only once running */
     struct tls_server *tls;   /* ingest TLS, NULL: plain TCP */
     int dblock;               /* descriptor of the database lock, -1: not held */
@@ -412,6 +413,12 @@ int main(int argc, char **argv)
     if (app->run_auth.n)
         log_info("main", "ingest: %zu [run] token sections; other runs %s", app->run_auth.n,
                  cfg->token[0] ? "need the global token" : "need no token (token is empty)");
+    /* Retention keeps a run until every remote-write target sent it. */
+    size_t jl = (size_t)snprintf(app->rw_json, sizeof(app->rw_json), "[");
+    for (size_t i = 0; i < app->rw_cfg.n; i++) /* names are [A-Za-z0-9_.-]: no escapes */
+        jl += (size_t)snprintf(app->rw_json + jl, sizeof(app->rw_json) - jl, "%s\"%s\"",
+                               i ? "," : "", app->rw_cfg.t[i].name);
+    snprintf(app->rw_json + jl, sizeof(app->rw_json) - jl, "]");
     struct store_opts so = {
         .synchronous_full = cfg->synchronous == CONFIG_SYNC_FULL,
         .max_runs = cfg->max_runs,
@@ -423,6 +430,7 @@ int main(int argc, char **argv)
         .silence_retention_s = cfg->silence_retention,
         .run_idle_end_s = cfg->run_idle_end_s,
         .run_retention_s = cfg->run_retention_s,
+        .rw_targets_json = app->rw_json,
         .run_hello_grace_s = cfg->run_hello_grace_s,
         .max_runs_per_token = cfg->max_runs_per_token,
     };

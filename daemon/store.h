@@ -418,6 +418,12 @@ struct store_opts {
     double run_retention_s;
     double run_hello_grace_s;
     uint64_t max_runs_per_token;
+    /* Remote write (remote_write.h): a JSON array of the [remote_write]
+     * targets' names. Retention deletes an ended run only once every one
+     * of them acknowledged its last step and its alert transitions (their
+     * remote_write_cursor rows); a deletion through the API does not wait.
+     * NULL: none. Must outlive the store. */
+    const char *rw_targets_json;
 };
 
 struct store;
