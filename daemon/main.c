@@ -17,6 +17,7 @@
 #include "log.h"
 #include "monitor_qk.h"
 #include "pager.h"
+#include "remote_write.h"
 #include "run_auth.h"
 #include "schema.h"
 #include "stage.h"
@@ -112,6 +113,9 @@ struct app {
     struct pager_config pager_cfg; /* [target "NAME"] sections */
     struct advice_policy advice;   /* [advice]; read-only once running */
     struct pager *pager;
+    struct rw_config rw_cfg;                              /* [remote_write] */
+    struct remote_write *rw;                              /* NULL: remote write off */
+    char rw_json[RW_MAX_TARGETS * (RW_NAME_MAX + 3) + 3]; /* the targets' names, JSON */
     struct run_auth run_auth; /* [run "PATTERN"] tokens; read-only once running */
     struct tls_server *tls;   /* ingest TLS, NULL: plain TCP */
     int dblock;               /* descriptor of the database lock, -1: not held */
@@ -161,7 +165,7 @@ static void on_signal(uv_signal_t *h, int signum)
  * or an exit status. */
 static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
                       struct pager_config *pager_cfg, struct run_auth *run_auth, int *read_only,
-                      struct advice_policy *advice)
+                      struct advice_policy *advice, struct rw_config *rw_cfg)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'},
@@ -251,14 +255,17 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     config_defaults(cfg);
     detect_rules_default(rules);
     advice_policy_default(advice);
-    struct config_section sections[4];
+    struct config_section sections[5];
     stage_detect_section(rules, &sections[0]);
     pager_target_section(pager_cfg, &sections[1]);
     run_auth_section(run_auth, &sections[2]);
     advice_section(advice, &sections[3]);
-    if (config_path)
+    rw_config_section(rw_cfg, &sections[4]);
+    if (config_path) {
         snprintf(pager_cfg->origin, sizeof(pager_cfg->origin), "%s", config_path);
-    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 4, &err) < 0) {
+        snprintf(rw_cfg->origin, sizeof(rw_cfg->origin), "%s", config_path);
+    }
+    if (status < 0 && config_path && config_load_file(config_path, cfg, sections, 5, &err) < 0) {
         fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
@@ -273,6 +280,10 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         status = EXIT_USAGE;
     }
     if (status < 0 && run_auth_check(run_auth, &err) < 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        status = EXIT_USAGE;
+    }
+    if (status < 0 && rw_config_check(rw_cfg, &err) < 0) {
         fprintf(stderr, "%s\n", err.msg);
         status = EXIT_USAGE;
     }
@@ -370,7 +381,7 @@ int main(int argc, char **argv)
         return EXIT_RUNTIME;
     }
     int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->run_auth,
-                            &app->read_only, &app->advice);
+                            &app->read_only, &app->advice, &app->rw_cfg);
     if (status >= 0) {
         free(app);
         return status;
@@ -402,6 +413,12 @@ int main(int argc, char **argv)
     if (app->run_auth.n)
         log_info("main", "ingest: %zu [run] token sections; other runs %s", app->run_auth.n,
                  cfg->token[0] ? "need the global token" : "need no token (token is empty)");
+    /* Retention keeps a run until every remote-write target sent it. */
+    size_t jl = (size_t)snprintf(app->rw_json, sizeof(app->rw_json), "[");
+    for (size_t i = 0; i < app->rw_cfg.n; i++) /* names are [A-Za-z0-9_.-]: no escapes */
+        jl += (size_t)snprintf(app->rw_json + jl, sizeof(app->rw_json) - jl, "%s\"%s\"",
+                               i ? "," : "", app->rw_cfg.t[i].name);
+    snprintf(app->rw_json + jl, sizeof(app->rw_json) - jl, "]");
     struct store_opts so = {
         .synchronous_full = cfg->synchronous == CONFIG_SYNC_FULL,
         .max_runs = cfg->max_runs,
@@ -413,6 +430,7 @@ int main(int argc, char **argv)
         .silence_retention_s = cfg->silence_retention,
         .run_idle_end_s = cfg->run_idle_end_s,
         .run_retention_s = cfg->run_retention_s,
+        .rw_targets_json = app->rw_json,
         .run_hello_grace_s = cfg->run_hello_grace_s,
         .max_runs_per_token = cfg->max_runs_per_token,
     };
@@ -511,6 +529,10 @@ int main(int argc, char **argv)
         log_error("main", "%s", err.msg);
         goto out;
     }
+    if (remote_write_start(&app->rw_cfg, cfg->db, app->store, &app->stats, &app->rw, &err) < 0) {
+        log_error("main", "%s", err.msg);
+        goto out;
+    }
     uv_signal_init(&app->loop, &app->sig_term);
     uv_signal_init(&app->loop, &app->sig_int);
     app->sig_term.data = app->sig_int.data = app;
@@ -543,7 +565,9 @@ out:
     }
     ingest_free(app->ingest);
     stage_free(app->stage);
-    /* The pager's last outcomes go through the writer: stop it first. */
+    /* The pager's last outcomes and the remote-write cursors go through the
+     * writer: stop them first. */
+    remote_write_stop(app->rw);
     pager_stop(app->pager);
     if (store_close(app->store) < 0 && status == EXIT_OK) {
         log_error("main", "stopped, but storage failed: what was received after the last "

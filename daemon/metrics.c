@@ -233,6 +233,23 @@ static void target_family(struct metrics_buf *b, const struct fs_stats *st, cons
     }
 }
 
+/* A family per [remote_write "NAME"] target, label target. */
+static void rw_family(struct metrics_buf *b, const struct fs_stats *st, const char *name,
+                      const char *type, const char *help, size_t offset)
+{
+    family(b, name, type, help);
+    unsigned n = st->n_rw < STATS_MAX_RW_TARGETS ? st->n_rw : STATS_MAX_RW_TARGETS;
+    for (unsigned i = 0; i < n; i++) {
+        const struct fs_rw_stats *t = &st->rw[i];
+        char tn[sizeof t->name], te[2 * sizeof t->name + 1];
+        snprintf(tn, sizeof tn, "%s", t->name);
+        if (tn[0] == '\0' || metrics_escape_label(tn, te, sizeof te) != 0)
+            continue;
+        const atomic_uint_fast64_t *c = (const atomic_uint_fast64_t *)((const char *)t + offset);
+        metrics_printf(b, "%s{target=\"%s\"} %" PRIu64 "\n", name, te, ld(c));
+    }
+}
+
 int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const char *version)
 {
     char ve[256];
@@ -323,6 +340,22 @@ int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const 
     target_family(b, st, "foreshock_pages_silenced_total",
                   "Page deliveries not made because a silence matched.",
                   offsetof(struct fs_target_stats, silenced));
+    rw_family(b, st, "foreshock_remote_write_samples_sent_total", "counter",
+              "Remote write: samples a receiver acknowledged (a batch resent after a crash counts "
+              "again).",
+              offsetof(struct fs_rw_stats, samples_sent));
+    rw_family(b, st, "foreshock_remote_write_samples_failed_total", "counter",
+              "Remote write: samples a receiver refused with a 4xx other than 429 (not retried).",
+              offsetof(struct fs_rw_stats, samples_failed));
+    rw_family(b, st, "foreshock_remote_write_retries_total", "counter",
+              "Remote write: requests retried after a network error, a timeout, a 5xx or a 429.",
+              offsetof(struct fs_rw_stats, retries));
+    rw_family(b, st, "foreshock_remote_write_pending", "gauge",
+              "Remote write: steps of all runs and alert events stored but not yet acknowledged.",
+              offsetof(struct fs_rw_stats, pending));
+    rw_family(b, st, "foreshock_remote_write_last_success_timestamp", "gauge",
+              "Remote write: unix time of the last acknowledged request (0: none yet).",
+              offsetof(struct fs_rw_stats, last_success));
     return b->err;
 }
 

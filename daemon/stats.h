@@ -23,6 +23,17 @@ struct fs_target_stats {
 };
 
 /* Commit latency histogram buckets, seconds (upper bounds, +Inf implied). */
+/* A [remote_write "NAME"] target's sender (remote_write.c). */
+#define STATS_MAX_RW_TARGETS 4 /* = RW_MAX_TARGETS */
+struct fs_rw_stats {
+    char name[32];                       /* the section's name, set before the thread starts */
+    atomic_uint_fast64_t samples_sent;   /* samples a receiver acknowledged (2xx) */
+    atomic_uint_fast64_t samples_failed; /* samples a receiver refused for good (4xx) */
+    atomic_uint_fast64_t retries;        /* requests retried (network, 5xx, 429) */
+    atomic_uint_fast64_t pending;        /* gauge: steps and alert events not yet sent */
+    atomic_uint_fast64_t last_success;   /* gauge: unix seconds of the last 2xx, 0: none */
+};
+
 #define STATS_COMMIT_BUCKETS 10
 extern const double stats_commit_bucket_le[STATS_COMMIT_BUCKETS];
 
@@ -86,6 +97,10 @@ struct fs_stats {
     atomic_uint_fast64_t silence_compiles_pager; /* silences parsed for matching */
     unsigned ntargets;                           /* set before threads start */
     struct fs_target_stats targets[STATS_MAX_TARGETS];
+
+    /* remote-write sender threads write, each its own slot (remote_write.h) */
+    unsigned n_rw; /* set before the senders start */
+    struct fs_rw_stats rw[STATS_MAX_RW_TARGETS];
 
     /* http threads write */
     atomic_uint_fast64_t http_requests;

@@ -410,12 +410,13 @@ static void write_batch(struct store *s, struct store_item **batch, size_t n,
         if (!transient(rc) && bad >= 0) {
             struct store_item *it = batch[bad];
             log_error("store", "refusing a %s item of conn %llu: %s",
-                      it->kind == STORE_ITEM_HELLO     ? "hello"
-                      : it->kind == STORE_ITEM_REPORT  ? "report"
-                      : it->kind == STORE_ITEM_OUTBOX  ? "outbox"
-                      : it->kind == STORE_ITEM_SILENCE ? "silence"
-                      : it->kind == STORE_ITEM_ADVICE  ? "advice"
-                                                       : "monitor",
+                      it->kind == STORE_ITEM_HELLO       ? "hello"
+                      : it->kind == STORE_ITEM_REPORT    ? "report"
+                      : it->kind == STORE_ITEM_OUTBOX    ? "outbox"
+                      : it->kind == STORE_ITEM_SILENCE   ? "silence"
+                      : it->kind == STORE_ITEM_ADVICE    ? "advice"
+                      : it->kind == STORE_ITEM_RW_CURSOR ? "remote-write cursor"
+                                                         : "monitor",
                       (unsigned long long)it->conn_id, msg);
             struct store_result *e = realloc(errs, (nerrs + 1) * sizeof(*e));
             if (!e) { /* cannot tell the submitter: retry as if transient */

@@ -59,11 +59,12 @@ enum store_item_kind {
     STORE_ITEM_REPORT = 2,
     STORE_ITEM_SPOOL_DONE =
         3, /* monitors are done with a run's steps <= step (runs.spool_done_step) */
-    STORE_ITEM_MONITOR = 4, /* the monitor stage's output for one run (below) */
-    STORE_ITEM_SILENCE = 5, /* create or expire a silence (HTTP API, below) */
-    STORE_ITEM_OUTBOX = 6,  /* the pager's outcome of one outbox row (below) */
-    STORE_ITEM_ADVICE = 7,  /* an advice sent to or acknowledged by a stream (below) */
-    STORE_ITEM_RUN = 8,     /* end or delete a run (HTTP API, below) */
+    STORE_ITEM_MONITOR = 4,   /* the monitor stage's output for one run (below) */
+    STORE_ITEM_SILENCE = 5,   /* create or expire a silence (HTTP API, below) */
+    STORE_ITEM_OUTBOX = 6,    /* the pager's outcome of one outbox row (below) */
+    STORE_ITEM_ADVICE = 7,    /* an advice sent to or acknowledged by a stream (below) */
+    STORE_ITEM_RUN = 8,       /* end or delete a run (HTTP API, below) */
+    STORE_ITEM_RW_CURSOR = 9, /* remote write acknowledged up to here (remote_write.h) */
 };
 
 /* Scalars of a report, by index into store_report.scalars. */
@@ -324,6 +325,15 @@ struct store_run_req {
     int64_t out_id;              /* the run's id */
 };
 
+/* --- STORE_ITEM_RW_CURSOR: the remote-write sender's cursor, after a 2xx
+ * (schema/011_remote_write.sql). It only moves forward. */
+struct store_rw_cursor {
+    char target[32]; /* the [remote_write "NAME"] section's name (RW_NAME_MAX) */
+    int kind;        /* 0: run_id's points up to step pos; 1: alert events up to id pos */
+    int64_t run_id;  /* kind 1: 0 */
+    int64_t pos;
+};
+
 struct store_item {
     struct store_item *next; /* queue link: the store's while queued */
     enum store_item_kind kind;
@@ -338,6 +348,7 @@ struct store_item {
         struct store_outbox_outcome outbox;
         struct store_advice_delivery advice;
         struct store_run_req run;
+        struct store_rw_cursor rw_cursor;
     };
 };
 
@@ -407,6 +418,12 @@ struct store_opts {
     double run_retention_s;
     double run_hello_grace_s;
     uint64_t max_runs_per_token;
+    /* Remote write (remote_write.h): a JSON array of the [remote_write]
+     * targets' names. Retention deletes an ended run only once every one
+     * of them acknowledged its last step and its alert transitions (their
+     * remote_write_cursor rows); a deletion through the API does not wait.
+     * NULL: none. Must outlive the store. */
+    const char *rw_targets_json;
 };
 
 struct store;

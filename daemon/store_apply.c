@@ -561,6 +561,29 @@ static int apply_outbox(struct store *s, const struct store_outbox_outcome *o, d
     return ok(rc) ? SQLITE_OK : rc;
 }
 
+/* The remote-write sender's cursor (remote_write.h): forward only. */
+static int apply_rw_cursor(struct store *s, const struct store_rw_cursor *c, double now)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(
+        s->db,
+        "INSERT INTO remote_write_cursor (kind, run_id, pos, updated_at, target) VALUES (?1, ?2, "
+        "?3, ?4, ?5) ON CONFLICT (target, kind, run_id) DO UPDATE SET pos = max(pos, "
+        "excluded.pos), "
+        "updated_at = excluded.updated_at",
+        -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_int(st, 1, c->kind);
+        sqlite3_bind_int64(st, 2, c->run_id);
+        sqlite3_bind_int64(st, 3, c->pos);
+        sqlite3_bind_double(st, 4, now);
+        sqlite3_bind_text(st, 5, c->target, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st) == SQLITE_DONE ? SQLITE_OK : sqlite3_errcode(s->db);
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
 /* Applies one item; SQLite rc. A HELLO refused by a limit is not an error:
  * its result carries the refusal. */
 int store_apply_item(struct store *s, const struct store_item *it, double now,
@@ -599,6 +622,8 @@ int store_apply_item(struct store *s, const struct store_item *it, double now,
         return s->advice ? advice_store_delivery(s->advice, it->advice.advice_id,
                                                  it->advice.stream_id, it->advice.acked, now)
                          : SQLITE_OK;
+    case STORE_ITEM_RW_CURSOR:
+        return apply_rw_cursor(s, &it->rw_cursor, now);
     }
     }
     return SQLITE_MISUSE;

@@ -42,9 +42,22 @@ static const char *const delete_sql[] = {
     "DELETE FROM spool WHERE run_id = ?1",        /* the table 008 stopped writing */
     "DELETE FROM spool_frames WHERE run_id = ?1", /* 009: where its acked frames lie */
     "DELETE FROM attempts WHERE run_id = ?1",
+    "DELETE FROM remote_write_cursor WHERE kind = 0 AND run_id = ?1", /* 011: its sent cursor */
     "DELETE FROM streams WHERE run_id = ?1",
     "DELETE FROM runs WHERE id = ?1",
 };
+
+/* A run every remote-write target (?5, a JSON array of names) has sent:
+ * its points up to its last step, and its alert transitions. */
+#define RW_TARGETS_SQL "(SELECT value FROM json_each(?5))"
+#define RW_SENT_SQL                                                                                \
+    "(runs.last_step IS NULL OR (SELECT count(*) FROM remote_write_cursor c WHERE c.kind = 0 "     \
+    "AND c.run_id = runs.id AND c.pos >= runs.last_step AND c.target IN " RW_TARGETS_SQL           \
+    ") = json_array_length(?5)) AND (NOT EXISTS (SELECT 1 FROM alerts a JOIN alert_events e ON "   \
+    "e.alert_id = a.id WHERE a.run_id = runs.id) OR (SELECT count(*) FROM remote_write_cursor c "  \
+    "WHERE c.kind = 1 AND c.target IN " RW_TARGETS_SQL " AND c.pos >= (SELECT max(e.id) FROM "     \
+    "alerts a JOIN alert_events e ON e.alert_id = a.id WHERE a.run_id = runs.id)) = "              \
+    "json_array_length(?5))"
 
 static int run_sql(sqlite3 *db, const char *sql, int64_t id, bool bind)
 {
@@ -173,7 +186,7 @@ static int runs_due(struct store *s, double now, int64_t *ids, size_t max, size_
     }
     rc = sqlite3_prepare_v2(s->db,
                             "SELECT id FROM runs WHERE deleting = 1 "
-                            "OR (?2 > 0 AND ended_at < ?1 - ?2) "
+                            "OR (?2 > 0 AND ended_at < ?1 - ?2 AND " RW_SENT_SQL ") "
                             "OR (?3 > 0 AND reports = 0 AND last_seen_at < ?1 - ?3) "
                             "ORDER BY id LIMIT ?4",
                             -1, &st, NULL);
@@ -183,6 +196,8 @@ static int runs_due(struct store *s, double now, int64_t *ids, size_t max, size_
     sqlite3_bind_double(st, 2, o->run_retention_s);
     sqlite3_bind_double(st, 3, o->run_hello_grace_s);
     sqlite3_bind_int64(st, 4, (int64_t)max);
+    sqlite3_bind_text(st, 5, s->opts.rw_targets_json ? s->opts.rw_targets_json : "[]", -1,
+                      SQLITE_STATIC);
     while ((rc = sqlite3_step(st)) == SQLITE_ROW && *n < max)
         ids[(*n)++] = sqlite3_column_int64(st, 0);
     sqlite3_finalize(st);

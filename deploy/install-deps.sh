@@ -17,6 +17,8 @@ PKGS=(
   # silence regexes: PCRE2, whose compile, match, depth and heap limits
   # bound what a hostile matcher costs (glibc regcomp took 8 GB for one)
   libpcre2-dev
+  # remote write: snappy block compression (the protocol mandates it)
+  libsnappy-dev
   # tests: Criterion, sanitizer/fuzzer runtimes, sqlite3 shell, curl
   libcriterion-dev libclang-rt-14-dev sqlite3 curl procps
   # Python side: protobuf runtime + protoc for the generated module, numpy
@@ -32,6 +34,8 @@ PKGS=(
   # real peers for the integration tests: Alertmanager (+ amtool), promtool,
   # headless Chromium for the dashboard
   prometheus-alertmanager prometheus chromium
+  # remote write is tested against VictoriaMetrics as well as Prometheus
+  victoria-metrics
   # the deploy-file checks parse the Kubernetes example
   python3-yaml
   # the unit and sysusers checks (systemd-analyze, systemd-sysusers; the

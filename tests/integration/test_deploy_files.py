@@ -12,6 +12,8 @@ against the real daemon, so they cannot drift from it:
   command and the real daemon starts with the result; the per-job manifest
   (StatefulSet, volume claim, Service, mutual TLS, per-run token) agrees
   with itself and the daemon starts with its config and test certificates;
+- grafana/foreshock-fleet.json: a $run picker, a panel per monitor family
+  filtered by it, annotations on foreshock_alert.
 - grafana/: the JSON parses into a dashboard with a $run variable and the
   three rows;
 - every metric name the rules and the dashboard use exists in the real
@@ -53,7 +55,11 @@ PENDING_KEYS = set()
 
 HELP_KEY_RE = re.compile(r"^\s{2,}([a-z][a-z0-9_]*)\s+default\s+(\S+)\s", re.M)
 SETTING_RE = re.compile(r"^#([a-z][a-z0-9_]*) =(?: (.*))?$")
-HEADER_RE = re.compile(r'^#\[([a-z]+) "([^"]+)"\]$')
+HEADER_RE = re.compile(r'^#\[([a-z_]+)(?: "([^"]+)")?\]$')
+# Sections without a name ([remote_write]) and the keys they take.
+PLAIN_SECTIONS = {"remote_write": {"url", "bearer_token_file", "basic_auth_user",
+                                   "basic_auth_password_file", "tls_ca", "tls_cert", "tls_key",
+                                   "batch_samples", "timeout", "labels", "per_head", "tenant"}}
 METRIC_RE = re.compile(r"\b(foreshock_[a-z0-9_]+)\b")
 HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 # `kubernetes_sd_configs:` and its one `- role: pod` entry, indentation kept.
@@ -214,8 +220,11 @@ def check_conf_reference(args, workdir, info):
         check(re.search(rf"^#\s+{re.escape(key)} = \S", text, re.M),
               f"foreshockd.conf.example: [detect] key '{key}' missing from the key list")
     for kind, name, kv in sections:
-        check(kind in ("detect", "target", "run"),
+        check(kind in ("detect", "target", "run") or kind in PLAIN_SECTIONS,
               f"foreshockd.conf.example: unknown section [{kind}]")
+        if kind in PLAIN_SECTIONS:
+            check(set(kv) == PLAIN_SECTIONS[kind],
+                  f"[{kind}]: keys {sorted(kv)}, want {sorted(PLAIN_SECTIONS[kind])}")
         if kind == "run":
             check(set(kv) == {"token"}, f"[run \"{name}\"]: keys {sorted(kv)}, want token")
         if kind == "detect":
@@ -360,6 +369,11 @@ def check_prometheus(args, workdir, info):
           f"promtool check config did not check the rules file:\n{out}")
     tool_ok(["promtool", "check", "rules", "foreshock-rules.yml"], cwd=pdir)
     out = tool_ok(["promtool", "test", "rules", "foreshock-rules.test.yml"], cwd=pdir)
+    check("SUCCESS" in out, out)
+    # The fleet rules, over the remote-write series (test_remote_write.py
+    # also runs each expression against a Prometheus holding them).
+    tool_ok(["promtool", "check", "rules", "foreshock-fleet-rules.yml"], cwd=pdir)
+    out = tool_ok(["promtool", "test", "rules", "foreshock-fleet-rules.test.yml"], cwd=pdir)
     check("SUCCESS" in out, out)
     if not have_yaml("the rules' test coverage and the k8s scrape job"):
         return
@@ -968,6 +982,36 @@ def check_grafana(args, workdir, info):
     check(all(p["repeat"] in variables for p in repeated), "repeat over an undefined variable")
 
 
+def check_grafana_fleet(args, workdir, info):
+    """The fleet dashboard: a run picker, a panel per monitor family, alert
+    annotations on foreshock_alert (test_remote_write.py runs its queries
+    against a Prometheus fed by remote write)."""
+    dash = json.load(open(os.path.join(args.source_dir, "deploy", "grafana",
+                                       "foreshock-fleet.json")))
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    check("run" in variables and variables["run"]["type"] == "query"
+          and variables["run"]["multi"], "no multi-value $run variable")
+    check("datasource" in variables, "no $datasource variable")
+    ids = [p["id"] for p in dash["panels"]]
+    check(len(ids) == len(set(ids)), "panel ids repeat")
+    titles = " ".join(p["title"] for p in dash["panels"])
+    for family in ("scalar_loss", "step_size", "attention_d2", "router_weight",
+                   "router_balance", "weight_norm"):
+        check(f"({family})" in titles, f"no panel for the monitor family {family}")
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        check(0 <= g["x"] and g["x"] + g["w"] <= 24, f"panel {p['title']} is wider than the grid")
+        if p["type"] != "row":
+            check(p.get("targets"), f"panel {p['title']} has no queries")
+            for t in p["targets"]:
+                check('run=~"$run"' in t["expr"], f"panel {p['title']}: not filtered by $run")
+    notes = [a for a in dash["annotations"]["list"] if "expr" in a]
+    check(any("foreshock_alert" in a["expr"] for a in notes), "no annotation on foreshock_alert")
+    for e in grafana_exprs(dash) + [a["expr"] for a in notes]:
+        for var in re.findall(r"\$(\w+)", e):
+            check(var in variables or var.startswith("__"), f"undefined variable ${var} in {e}")
+
+
 # --- metric names against the real daemon -------------------------------------------------------
 
 
@@ -1054,6 +1098,7 @@ CHECKS = [
     ("container image", check_image),
     ("kubernetes per-job manifest", check_k8s_per_job),
     ("grafana dashboard", check_grafana),
+    ("grafana fleet dashboard", check_grafana_fleet),
     ("metric names vs /metrics", check_metrics),
 ]
 

@@ -492,7 +492,8 @@ Test(store, run_delete_rows_every_table)
         "(2, 2, 2, 2, 1, 'loss', 'a', 'critical', 0, 0);"
         "INSERT INTO advice_deliveries (advice_id, stream_id) VALUES (1, 1), (2, 2);"
         "INSERT INTO attempts VALUES (1, 0, NULL, 0, NULL), (2, 0, NULL, 0, NULL);"
-        "INSERT INTO spool_frames VALUES (1, 0, 1, 1, 1, 0), (1, 64, 2, 2, 1, 0);";
+        "INSERT INTO spool_frames VALUES (1, 0, 1, 1, 1, 0), (1, 64, 2, 2, 1, 0);"
+        "INSERT INTO remote_write_cursor VALUES ('t', 0, 1, 5, 0), ('t', 0, 2, 5, 0);";
     char *msg = NULL;
     cr_assert_eq(sqlite3_exec(db, fill, NULL, NULL, &msg), SQLITE_OK, "%s", msg);
     cr_assert_eq(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
@@ -513,7 +514,7 @@ Test(store, run_delete_rows_every_table)
         tables++;
     }
     sqlite3_finalize(t);
-    cr_expect_eq(tables, 14, "tables holding run rows: a new one needs a DELETE in store_runs.c");
+    cr_expect_eq(tables, 15, "tables holding run rows: a new one needs a DELETE in store_runs.c");
     cr_expect_eq(q1(db, "SELECT id FROM runs"), 2);
     cr_expect_eq(q1(db, "SELECT id FROM outbox"), 1, "run b's page stays");
     cr_expect_eq(q1(db, "SELECT id FROM id_floor WHERE tbl = 'outbox'"), 2,
@@ -718,9 +719,10 @@ Test(store, legacy_spool_rows_move_into_the_log)
                  (long long)h.run_id, (long long)h.stream_id, seq, seq * 10, seq);
         cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
     }
-    /* ... as schema version 7 (before the spool log, spool_frames and the
-     * run lifecycle) had them. */
+    /* ... as schema version 7 (before the spool log, spool_frames, the
+     * run lifecycle and remote write) had them. */
     cr_assert_eq(sqlite3_exec(db,
+                              "DROP TABLE remote_write_cursor; "
                               "DROP INDEX runs_live; DROP TABLE id_floor; "
                               "ALTER TABLE runs DROP COLUMN ended_at; "
                               "ALTER TABLE runs DROP COLUMN owner; "
