@@ -20,7 +20,11 @@ from fstest import (Daemon, RawConn, check, db_rows, hello, proto_module, report
 
 TOKEN = "w-secret"
 FLOOD = 10000
-SHORT_RUNS = 2000
+# Short runs the test drives (FORESHOCK_SHORT_RUNS, FORESHOCK_SHORT_WAVE: the
+# issue's 100,000 is a manual run, `FORESHOCK_SHORT_RUNS=100000
+# FORESHOCK_SHORT_WAVE=500`; CI drives 2,000 in waves of 50).
+SHORT_RUNS = int(os.environ.get("FORESHOCK_SHORT_RUNS", "2000"))
+SHORT_WAVE = int(os.environ.get("FORESHOCK_SHORT_WAVE", "50"))
 THREADS = 16
 # Every table that holds rows of a run, and how to count one run's rows.
 RUN_ROWS = {
@@ -183,7 +187,7 @@ def delete_api(args, workdir, pb):
 
 def short_runs(args, workdir, pb):
     d = Daemon(args.build_dir, workdir, db=os.path.join(workdir, "short.db"),
-               extra=["--set", "max_runs=100", "--set", "run_idle_end_s=0.5",
+               extra=["--set", f"max_runs={2 * SHORT_WAVE}", "--set", "run_idle_end_s=0.5",
                       "--set", "run_retention_s=0.5", "--set", "run_hello_grace_s=1"])
     try:
         refused = []
@@ -192,20 +196,22 @@ def short_runs(args, workdir, pb):
             why = one_report(pb, d.ingest_port, f"short-{i}")
             if why:
                 refused.append((i, why))
-        # In waves of 50 (max_runs = 100): each wave ends before the next starts.
-        for wave in range(SHORT_RUNS // 50):
-            parallel(50, lambda i: go(wave * 50 + i))
+        # In waves (max_runs = 2 waves): each wave ends before the next starts.
+        for wave in range(SHORT_RUNS // SHORT_WAVE):
+            parallel(SHORT_WAVE, lambda i: go(wave * SHORT_WAVE + i))
             check(not refused, f"short runs refused: {refused[:3]}")
             wait_until(lambda: db_rows(d.db, "SELECT count(*) FROM runs WHERE ended_at IS NULL "
-                                       "AND reports > 0")[0][0] <= 50,
+                                       "AND reports > 0")[0][0] <= SHORT_WAVE,
                        what="the wave's runs ending", interval=0.05)
         why = one_report(pb, d.ingest_port, "after-short-runs")
         check(why is None, f"a new run after {SHORT_RUNS} short runs: {why}")
-        wait_until(lambda: db_rows(d.db, "SELECT count(*) FROM runs")[0][0] <= 100,
+        wait_until(lambda: db_rows(d.db, "SELECT count(*) FROM runs")[0][0] <= 2 * SHORT_WAVE,
                    what="ended runs deleted")
         n = {t: db_rows(d.db, f"SELECT count(*) FROM {t}")[0][0]
              for t in ("runs", "streams", "reports", "series", "points", "attempts")}
-        check(all(v <= 100 * 10 for v in n.values()), f"rows not bounded: {n}")
+        check(all(v <= 2 * SHORT_WAVE * 10 for v in n.values()), f"rows not bounded: {n}")
+        print(f"  {SHORT_RUNS} short runs in waves of {SHORT_WAVE}: a new run accepted after "
+              f"them; rows left {n}", flush=True)
         check(d.stop() == 0, "foreshockd did not exit 0:\n" + d.log_text()[-3000:])
     finally:
         d.stop()
