@@ -52,7 +52,14 @@ from fstest import check  # noqa: E402
 STEPS = 5
 
 # member -> why the current client gets it wrong. Checked both ways.
-EXPECTED_FAILING = {}
+EXPECTED_FAILING = {
+    # held-out round 2 (zoo/holdout2.py), blind: 20 of 22 right on torch 1.13 and 2.15
+    "retnet-no-softmax": "retention's q_proj/k_proj are reported as attention from their names "
+                         "(H from num_heads); the observed pass ran, found no softmax score there "
+                         "(0 attention scores), and the name-found specs stayed",
+    "kthvalue-router": "a top-k taken as a kthvalue threshold over the softmax (probs >= k-th "
+                       "largest) is not seen as a routing choice: gate listed under 'not routers'",
+}
 
 
 def self_test(torch, zoo, check_mod, members):
