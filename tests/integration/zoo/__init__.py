@@ -27,8 +27,10 @@ Families: decoders, encdec, moe and research were written alongside the
 discoverer; holdout (24 members) was written after it, without reading it,
 to score it on layouts it was not written against. Blind score, before the
 fixes it led to: 15 of 24 right (holdout.py says which failed and why);
-after them 24 of 24. holdout2 (22 members), a second blind round written
-after those fixes, scored 20 of 22 (holdout2.py says which and why).
+after them 24 of 24. holdout2, a second blind round written after those
+fixes: 20 of 22 (round 2), then 7 more written after seeing those results
+(round 2b): 5 of 7 on torch 1.13, 6 of 7 on 2.15 (holdout2.py says which
+and why).
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
@@ -37,6 +39,11 @@ Judgement calls a discoverer may dispute (each member's Truth.note says so):
   baddbmm-tiled-gqa  keys tiled with .repeat: query head h reads key head
                      h % Hkv, so the spec lists the query heads grouped by
                      the key head they read;
+  soft-moe-no-router Soft MoE mixes every token into every slot (no top-k):
+                     no router;
+  blip2-qformer      a Q-Former layer with both self- and cross-attention is
+                     numbered like an encoder-decoder (stacks): each site
+                     its own layer;
   x-transformers   its `layers` list interleaves attention and feed-forward
                    entries (0, 2, ...); the blocks are the attentions' order
                    (0, 1, ...), so layer indices stay dense;
