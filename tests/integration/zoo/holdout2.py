@@ -392,7 +392,8 @@ def deepseekmoe():
     rts = [Router(1, 64, 6, Rows("model.layers.1.mlp.gate.weight", range(64)),
                   "model.layers.1.mlp.gate")]
     return model, tokens(), Truth(gqa_truth(2, H, H, DH), rts, not_reported=[
-        "model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.shared_experts.gate_proj.weight"])
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.1.mlp.shared_experts.gate_proj.weight"])
 
 
 # ---- Mixtral with router jitter noise (training mode) and a router z-loss kept on the module ---
