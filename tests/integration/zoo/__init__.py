@@ -28,8 +28,8 @@ discoverer; holdout (24 members) was written after it, without reading it,
 to score it on layouts it was not written against. Blind score, before the
 fixes it led to: 15 of 24 right (holdout.py says which failed and why);
 after them 24 of 24. holdout2, a second blind round written after those
-fixes: 20 of 22 (round 2), then 7 more written after seeing those results
-(round 2b): 5 of 7 on torch 1.13, 6 of 7 on 2.15 (holdout2.py says which
+fixes: 20 of 22 (round 2), then 9 more written after seeing those results
+(round 2b): 7 of 9 on torch 1.13, 8 of 9 on 2.15 (holdout2.py says which
 and why).
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
@@ -43,7 +43,7 @@ Judgement calls a discoverer may dispute (each member's Truth.note says so):
                      no router;
   blip2-qformer      a Q-Former layer with both self- and cross-attention is
                      numbered like an encoder-decoder (stacks): each site
-                     its own layer;
+                     its own layer; so are CLIP's two towers (clip-dual-tower);
   x-transformers   its `layers` list interleaves attention and feed-forward
                    entries (0, 2, ...); the blocks are the attentions' order
                    (0, 1, ...), so layer indices stay dense;
