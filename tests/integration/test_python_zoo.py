@@ -20,7 +20,8 @@ For each member:
 A member passes when both hold. EXPECTED_FAILING names the members the
 current client gets wrong, with why; it is checked both ways: a listed member
 that passes fails the test ("remove it from EXPECTED_FAILING"), so the list
-only shrinks as discovery improves.
+only shrinks as discovery improves. EXPECTED_FAILING_TORCH1 adds the members
+wrong on torch 1.x only (they join EXPECTED_FAILING there).
 
 Before the zoo, a self-test. For every member the truth is checked against
 the model's forward pass (zoo.check.verify_truth: negating the query rows of
@@ -52,7 +53,24 @@ from fstest import check  # noqa: E402
 STEPS = 5
 
 # member -> why the current client gets it wrong. Checked both ways.
-EXPECTED_FAILING = {}
+EXPECTED_FAILING = {
+    # held-out round 2 (zoo/holdout2.py), blind: 20 of 22 right on torch 1.13 and 2.15
+    "retnet-no-softmax": "retention's q_proj/k_proj are reported as attention from their names "
+                         "(H from num_heads); the observed pass ran, found no softmax score there "
+                         "(0 attention scores), and the name-found specs stayed",
+    "kthvalue-router": "a top-k taken as a kthvalue threshold over the softmax (probs >= k-th "
+                       "largest) is not seen as a routing choice: gate listed under 'not routers'",
+    # round 2b (written after round 2's outputs, still blind to the discoverer)
+    "hyena-none": "a Hyena operator's in_proj Linear(d, 3d) (long convolutions, no softmax) is "
+                  "taken by its name for a fused qkv and SKIPPED with a warning ('head count "
+                  "unknown'): a warning the model does not call for",
+}
+# member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
+EXPECTED_FAILING_TORCH1 = {
+    "gpt-fast-moe-gather": "top-k indices used only to index expert weight Parameters "
+                           "(self.w1[expert_indices]) are not seen as used on torch 1.13: the "
+                           "gate is listed under 'not routers'",
+}
 
 
 def self_test(torch, zoo, check_mod, members):
@@ -183,6 +201,8 @@ def main(args, workdir):
     torch.set_num_threads(1)
     os.environ["FORESHOCK_LIB"] = os.path.join(os.path.abspath(args.build_dir),
                                                "libforeshock.so")
+    if int(torch.__version__.split(".")[0]) < 2:
+        EXPECTED_FAILING.update(EXPECTED_FAILING_TORCH1)
     quiet = os.environ.get("FORESHOCK_ZOO_QUIET", "") not in ("", "0")
     if quiet:
         logging.getLogger("foreshock").setLevel(logging.ERROR)
@@ -190,7 +210,8 @@ def main(args, workdir):
     everything = zoo.members()
     only = [n for n in os.environ.get("FORESHOCK_ZOO_ONLY", "").split(",") if n]
     names = [n for n, _ in everything]
-    unknown = [n for n in only + list(EXPECTED_FAILING) if n not in names]
+    unknown = [n for n in only + list(EXPECTED_FAILING) + list(EXPECTED_FAILING_TORCH1)
+               if n not in names]
     check(not unknown, f"unknown zoo members {unknown}; members: {', '.join(names)}")
     chosen = [(n, f) for n, f in everything if not only or n in only]
 
