@@ -320,7 +320,11 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
         msg[--n] = '\0';
     /* a misbehaving client can make libmicrohttpd complain per connection */
     pthread_mutex_lock(&h->log_mu);
-    snprintf(h->mhd_last, sizeof(h->mhd_last), "%s", msg);
+    /* Kept whole up to its size, cut short past it (said once here, so the
+     * compiler's truncation warning does not need a snprintf of %s). */
+    size_t keep = n < sizeof(h->mhd_last) - 1 ? n : sizeof(h->mhd_last) - 1;
+    memcpy(h->mhd_last, msg, keep);
+    h->mhd_last[keep] = '\0';
     log_limited(&h->log_rl, LOG_LEVEL_WARN, LOG_MOD, "libmicrohttpd: %s", msg);
     pthread_mutex_unlock(&h->log_mu);
 }

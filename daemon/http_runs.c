@@ -698,7 +698,9 @@ static int run_op(struct ctx *c, enum store_run_op op)
     if (!it)
         return http_reply_oom(c);
     it->run.op = op;
-    snprintf(it->run.run, sizeof(it->run.run), "%s", name);
+    /* Fits: its length was checked against FS_MAX_RUN_ID_LEN above. */
+    size_t len = strlen(name);
+    memcpy(it->run.run, name, len + 1);
     http_write_submit(c, it, run_written, op); /* sets the reply on failure */
     return 0;
 }
