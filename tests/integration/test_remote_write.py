@@ -304,7 +304,9 @@ def test(args, workdir):
                                       "victoria-metrics")
         wait_until(lambda: retries(a) > 0 and retries(b) > 0, timeout=120,
                    what="both daemons retrying against the stopped VictoriaMetrics")
-        time.sleep(3)  # an outage longer than one backoff step
+        # An outage longer than one backoff step; the 5 minutes is a
+        # manual run: FORESHOCK_RW_OUTAGE_S=300.
+        time.sleep(float(os.environ.get("FORESHOCK_RW_OUTAGE_S", "3")))
         vm.start()
 
         for sim in (sim_a, sim_b):
