@@ -376,7 +376,7 @@ class Monitor:
     resume_step  with attempt bumped: this attempt restarts from a checkpoint
                  taken at this step (the steps after it are re-done); the
                  daemon evaluates them as this attempt's, from the run's
-                 state at that step (README "Rewind")
+                 state at that step (docs/alerting.md "Rewind")
     on_advice    fn(advice) called on the training thread, inside step(),
                  for each advice the daemon sends (foreshock.advice; the
                  common handler is foreshock.Rescue(save))
