@@ -33,9 +33,9 @@ pool of `spectra_threads` threads, one OpenMP thread each, solves them in
 float64, one attention spec per task. The eigenvalue solves on the GPU
 (spectra_on="device": on that side stream) compete with training for SMs
 and host syncs (client/python/README.md "Where it runs" has the
-measurement); on the CPU they do not. With spectra_on="device" at most `device_sketches` sketch steps
-wait on the device; past that bound a sketch step's spectra are solved on
-the host. stats()["spectra_on_host"] counts the sketch steps solved on the
+measurement); on the CPU they do not. With spectra_on="device" at most
+`device_sketches` sketch steps wait on the device; past that bound a sketch
+step's spectra are solved on the host. stats()["spectra_on_host"] counts the sketch steps solved on the
 host. The background thread hands the report to libforeshock, whose own
 I/O thread sends it. When the daemon is down,
 reports wait in libforeshock's bounded replay buffer (replay_bytes); past
