@@ -35,9 +35,9 @@ float64, one attention spec per task. The eigenvalue solves on the GPU
 and host syncs (client/python/README.md "Where it runs" has the
 measurement); on the CPU they do not. With spectra_on="device" at most
 `device_sketches` sketch steps wait on the device; past that bound a sketch
-step's spectra are solved on the host. stats()["spectra_on_host"] counts the sketch steps solved on the
-host. The background thread hands the report to libforeshock, whose own
-I/O thread sends it. When the daemon is down,
+step's spectra are solved on the host. stats()["spectra_on_host"] counts
+the sketch steps solved on the host. The background thread hands the
+report to libforeshock, whose own I/O thread sends it. When the daemon is down,
 reports wait in libforeshock's bounded replay buffer (replay_bytes); past
 that bound a report is dropped, counted (stats()["dropped"]) and logged.
 When the hand-off queue itself is full (the background thread cannot keep
