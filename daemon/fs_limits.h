@@ -131,8 +131,8 @@
 
 #define FS_CAP_DETECT_FROM_STEP ((double)(1ull << 53)) /* exact in the range check */
 
-/* Per-head monitor points are most of a large run's database (README
- * "Storage budget"): they may be kept at every N-th step only. */
+/* Per-head monitor points are most of a large run's database
+ * (docs/configuration.md "Storage budget"): they may be kept at every N-th step only. */
 #define FS_CAP_HEAD_POINTS_EVERY 1000000u
 
 /* --- configuration file ---------------------------------------------------- */

@@ -224,7 +224,7 @@ static const struct command_help sim_help = {
         "healthy value or is not finite, 'none' when that is past the last step), at the end one\n"
         "line per rank and\n"
         "  simulate: run=ID ranks=N steps=M submitted=X acked=Y dropped=Z reconnects=R\n"
-        "Each rank takes the daemon's advice (README \"Advice\") and prints one line per advice\n"
+        "Each rank takes the daemon's advice (docs/alerting.md) and prints one line per advice\n"
         "  simulate: advice rank=R step=S action=A alert=ID rule=RULE label=L rollback=B at=T\n"
         "(S: the alert's transition step, B: the suggested rollback step or 'none', T: the\n"
         "rank's step when it took the advice). With --stop-on-advice a rank told\n"

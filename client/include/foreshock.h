@@ -144,7 +144,7 @@ struct fsc_options {
     int resume; /* non-zero: this attempt restarts from a checkpoint taken at
                    resume_step (bump `attempt` too); the daemon evaluates the
                    steps after it as this attempt's, from the run's state at
-                   resume_step (README "Rewind") */
+                   resume_step (docs/alerting.md "Rewind") */
     uint64_t resume_step;
 };
 

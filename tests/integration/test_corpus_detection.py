@@ -18,7 +18,7 @@ any faulted run before its fault; every learning-rate fault that diverged
 the right label with the `lr` rule disabled; median lead at least 40%.
 Attention runs there are printed, not asserted one by one: one diverged 40
 steps after its fault, one sketch interval short of a confirmed alert
-(tests/bench/scorecard.py prints the whole table; README "Detection on
+(tests/bench/scorecard.py prints the whole table; docs/detection.md "Detection on
 training nobody tuned it to" gives the numbers).
 The tuning seeds and shape are printed too, for the record; they are not
 asserted: defaults were chosen on them.

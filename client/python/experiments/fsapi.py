@@ -1,4 +1,4 @@
-"""Reads foreshockd's HTTP API (README.md, "HTTP API"): series, points,
+"""Reads foreshockd's HTTP API (docs/http-api.md): series, points,
 alerts. Standard library only; used by the experiment runner and the
 integration tests."""
 import json

@@ -97,7 +97,7 @@ def parse_args(argv=None):
     # persistence spans 3 disjoint windows. Longer windows sketched every 5
     # steps overlap: 3 samples of a 25-step window cover 35 steps, and a
     # healthy run's transient low-rank phase (seed 2, layer 1, steps
-    # 1020-1045) fired qk.d2.entropy/erank there; README, "Windows".
+    # 1020-1045) fired qk.d2.entropy/erank there; client/python/README.md, "Windows".
     p.add_argument("--windows", default="5", help="sketch windows, comma separated")
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--detect-from", type=int, default=100,

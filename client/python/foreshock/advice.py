@@ -1,4 +1,5 @@
-"""Advice from foreshockd to the trainer (README "Advice").
+"""Advice from foreshockd to the trainer (docs/alerting.md "Advice to the
+trainer"; client/python/README.md "Advice").
 
 When an alert of the run fires (and when an advised one resolves), the
 daemon sends an advice to every rank: checkpoint now, or checkpoint and

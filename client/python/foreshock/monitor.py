@@ -32,12 +32,12 @@ Grams by an event; the training stream does not wait for the copy), and a
 pool of `spectra_threads` threads, one OpenMP thread each, solves them in
 float64, one attention spec per task. The eigenvalue solves on the GPU
 (spectra_on="device": on that side stream) compete with training for SMs
-and host syncs (README "Where it runs" has the measurement); on the CPU
-they do not. With spectra_on="device" at most `device_sketches` sketch steps
-wait on the device; past that bound a sketch step's spectra are solved on
-the host. stats()["spectra_on_host"] counts the sketch steps solved on the
-host. The background thread hands the report to libforeshock, whose own
-I/O thread sends it. When the daemon is down,
+and host syncs (client/python/README.md "Where it runs" has the
+measurement); on the CPU they do not. With spectra_on="device" at most
+`device_sketches` sketch steps wait on the device; past that bound a sketch
+step's spectra are solved on the host. stats()["spectra_on_host"] counts
+the sketch steps solved on the host. The background thread hands the
+report to libforeshock, whose own I/O thread sends it. When the daemon is down,
 reports wait in libforeshock's bounded replay buffer (replay_bytes); past
 that bound a report is dropped, counted (stats()["dropped"]) and logged.
 When the hand-off queue itself is full (the background thread cannot keep
@@ -376,7 +376,7 @@ class Monitor:
     resume_step  with attempt bumped: this attempt restarts from a checkpoint
                  taken at this step (the steps after it are re-done); the
                  daemon evaluates them as this attempt's, from the run's
-                 state at that step (README "Rewind")
+                 state at that step (docs/alerting.md "Rewind")
     on_advice    fn(advice) called on the training thread, inside step(),
                  for each advice the daemon sends (foreshock.advice; the
                  common handler is foreshock.Rescue(save))
@@ -397,7 +397,7 @@ class Monitor:
                  batch is tried; when none runs, the pass waits for the first
                  step() and uses the first batch the model saw (the daemon is
                  then connected at that step). observe=False: names only.
-                 README "What it finds and how"
+                 client/python/README.md "What it finds and how"
     n_heads, n_kv_heads, head_dim, top_k   fallbacks when modules do not say
     shard_group  torch.distributed group over which the model dimension d of
                  the monitored weights is split (each rank's accessor returns
@@ -420,8 +420,8 @@ class Monitor:
                  GPU: "host" (default): copied to pinned host memory and
                  solved on the CPU by spectra_threads threads; "device": on
                  the GPU, on the sender's own CUDA stream (the solves then
-                 slow training down: README "Where it runs"). A model on the
-                 CPU solves on the CPU either way
+                 slow training down: client/python/README.md "Where it
+                 runs"). A model on the CPU solves on the CPU either way
     spectra_threads  CPU threads solving spectra, one attention spec each at a
                  time, each with one OpenMP thread (default: min(4, the CPU
                  count)); the user's torch thread count is not changed
