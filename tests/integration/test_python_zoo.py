@@ -58,8 +58,6 @@ EXPECTED_FAILING = {
     "retnet-no-softmax": "retention's q_proj/k_proj are reported as attention from their names "
                          "(H from num_heads); the observed pass ran, found no softmax score there "
                          "(0 attention scores), and the name-found specs stayed",
-    "kthvalue-router": "a top-k taken as a kthvalue threshold over the softmax (probs >= k-th "
-                       "largest) is not seen as a routing choice: gate listed under 'not routers'",
     # round 2b (written after round 2's outputs, still blind to the discoverer)
     "hyena-none": "a Hyena operator's in_proj Linear(d, 3d) (long convolutions, no softmax) is "
                   "taken by its name for a fused qkv and SKIPPED with a warning ('head count "

@@ -41,7 +41,9 @@ Routers. A projection whose output's last axis is all E rows of one
 weight, in order, reaching topk over that axis (k = its k), argmax or
 max(dim) (top-1; each further one over the logits with the first choice
 masked or scattered away adds one), a sort whose first k < E indices are
-used, or multinomial (k = its samples), after any softmax, sigmoid, bias
+used, multinomial (k = its samples), or a threshold at the router's own
+kthvalue over that axis (probs >= probs.kthvalue(E - k + 1): k; with >,
+kthvalue(E - k)) whose mask is then used, after any softmax, sigmoid, bias
 or mask, and whose indices are then used (compared, one-hot, indexed
 with: dispatch). A gate whose
 output never reaches a topk/argmax (a per-head output gate Linear(d, H),
@@ -93,7 +95,10 @@ _NOT_ELEMENTWISE = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm
                     "tensordot", "matrix_power", "cross", "fft", "view_as_complex",
                     "view_as_real", "scatter", "scatter_add", "index_add"}
 _SCORE_OPS = {"matmul", "__matmul__", "bmm", "baddbmm", "einsum"}
-_CARRIED = ("score", "normed", "act", "ridx", "rdim")  # tags layout ops carry along
+_CARRIED = ("score", "normed", "act", "ridx", "rdim", "kth")  # tags layout ops carry along
+# x >= t / x > t (and t <= x / t < x): a threshold; True when x is the larger side first
+_COMPARE = {"ge": True, "__ge__": True, "gt": True, "__gt__": True,
+            "le": False, "__le__": False, "lt": False, "__lt__": False}
 _PROBE_WIDTHS = 4           # input widths a probe batch tries (the model's, then others)
 _MAX_MIXES = 4096            # elementwise ops whose label pairs are kept (rotary repair)
 _ROUTER_MAX_E = 4096        # a topk over more outputs than this is not routing
@@ -830,6 +835,47 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         _set(idx, ridx=site, rdim=idx.dim())
 
+    def _router_site(self, src, t):
+        site = self.topks.get(src.index)
+        if site is None:
+            site = Site("router", 0)
+            site.src = src
+            site.normed = (_tag(t) or {}).get("normed", "")
+            self.topks[src.index] = site
+        return site
+
+    def _kthvalue(self, args, kwargs, out):
+        """probs.kthvalue(j, dim=-1): the j-th smallest of a router's E
+        outputs, a threshold for a top-k mask (_threshold)."""
+        t = args[0]
+        j = args[1] if len(args) > 1 else kwargs.get("k")
+        dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+        if not isinstance(j, int) or not isinstance(dim, int) or not isinstance(out, tuple):
+            return
+        if (_tag(t) or {}).get("act"):
+            return
+        src = self._router_src(t, dim)
+        if src is not None and 1 < j <= src.rows:
+            _set(out[0], kth=(src, j))
+
+    def _threshold(self, name, args, out):
+        """probs >= probs.kthvalue(E - k + 1).values (or > kthvalue(E - k)):
+        a mask of each token's top k experts, a routing choice like topk's."""
+        x, thr = (args[0], args[1]) if _COMPARE[name] else (args[1], args[0])
+        kth = (_tag(thr) or {}).get("kth")
+        if kth is None or not isinstance(out, torch.Tensor) or (_tag(x) or {}).get("act"):
+            return
+        src, j = kth
+        if self._router_src(x, -1) is not src:
+            return
+        strict = name in ("gt", "__gt__", "lt", "__lt__")
+        k = src.rows - j + (0 if strict else 1)
+        if not 1 <= k < src.rows:
+            return
+        site = self._router_site(src, x)
+        site.top_k = max(site.top_k, k)
+        _set(out, ridx=site)
+
     def _uses(self, name, args, kwargs):
         skip = args[0] if args and (name in _LAYOUT or name in _SAME) else None
         for a in itertools.chain(_flat(args), _flat(kwargs.values())):
@@ -936,12 +982,17 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             if d is not None and "sh" in d and d["sh"].shape == out.shape:
                 _set(out, sh=d["sh"], **{k: v for k, v in d.items() if k == "normed"})
             return
+        if name == "kthvalue" and args and _shadow(args[0]) is not None:
+            self._kthvalue(args, kwargs, out)
+            return
         if name in _NOT_ELEMENTWISE:
             return
         if ("attn" in name or "attention" in name) and len(args) >= 3:
             self._fused_attention(name, args, out)
             return
         self._elementwise(name, args, kwargs, out)
+        if name in _COMPARE and len(args) >= 2:
+            self._threshold(name, args, out)
 
     def _fused_attention(self, name, args, out):
         """An attention kernel reached as a torch op (flash-attn, xformers):
