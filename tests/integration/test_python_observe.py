@@ -41,6 +41,7 @@ def zoo(torch, nn, F):
     """[(name, build() -> model, expectations)]. model.expect_() gives
     [(layer, H, Hkv, dh, head_offset, [q rows per head], [k rows per head])]
     and model.routers_() [(layer, E, top_k, weight)]."""
+    import numpy as np
     members = []
 
     def member(name, **exp):
@@ -679,6 +680,78 @@ def zoo(torch, nn, F):
         return m
 
     # 15. An attention kernel reached as a torch custom op in the
+    # An attention kernel the pass cannot see (old flash-attn bindings,
+    # xformers C++ ops, apex): here an autograd.Function computing softmax
+    # attention in numpy on detached tensors. The pass sees q and k projected
+    # but no score: the names' spec (H from num_heads) must stay monitored.
+    class OpaqueAttn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            qn, kn, vn = (t.detach().cpu().numpy() for t in (q, k, v))
+            s = qn @ kn.swapaxes(-1, -2) / math.sqrt(qn.shape[-1])
+            p = np.exp(s - s.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            return torch.from_numpy(p @ vn).to(q.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            return None, None, None
+
+    class OpaqueBlock(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.num_heads = h
+            self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+            self.v_proj, self.o_proj = nn.Linear(d, d), nn.Linear(d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (p(x).view(b, t, self.num_heads, -1).transpose(1, 2)
+                       for p in (self.q_proj, self.k_proj, self.v_proj))
+            y = OpaqueAttn.apply(q, k, v)
+            return x + self.o_proj(y.transpose(1, 2).reshape(b, t, d))
+
+    @member("attention in a kernel the pass cannot see (numpy in an autograd.Function)",
+            says=["attention: layer 0: H=4 Hkv=4 dh=8", "0 attention scores"],
+            not_says=["not attention", "SKIPPED"], level=logging.INFO)
+    def opaque():
+        m = Embed([OpaqueBlock(32, 4) for _ in range(2)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.q_proj.weight, 4, 8),
+                              split_rows(b.k_proj.weight, 4, 8))
+                             for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: []
+        return m
+
+    # Retention (RetNet) / linear attention: q.k^T times a decay mask, then
+    # @ v, no softmax: not an attention score by the client's definition.
+    # Names find q_proj/k_proj (num_heads); the pass saw them meet in a
+    # product that weights v with no softmax, so they are dropped, said once.
+    class Retention(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.num_heads = h
+            self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+            self.v_proj, self.o_proj = nn.Linear(d, d), nn.Linear(d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (p(x).view(b, t, self.num_heads, -1).transpose(1, 2)
+                       for p in (self.q_proj, self.k_proj, self.v_proj))
+            i = torch.arange(t, dtype=x.dtype)
+            decay = (0.9 ** (i[:, None] - i[None, :])).tril()
+            y = ((q @ k.transpose(-1, -2)) * decay) @ v
+            return x + self.o_proj(y.transpose(1, 2).reshape(b, t, d))
+
+    @member("retention: q.k product times a decay, no softmax: no attention",
+            says=["not attention: blocks.0.q_proj/k_proj, blocks.1.q_proj/k_proj: q.k product "
+                  "without softmax", "0 attention scores"],
+            not_says=["SKIPPED"], level=logging.WARNING)
+    def retention():
+        m = Embed([Retention(32, 4) for _ in range(2)])
+        m.expect_ = lambda: []
+        m.routers_ = lambda: []
+        return m
+
     # flash-attn layout [B, T, H, D] (torch 2.4+ only: torch.library.custom_op).
     if hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
         @torch.library.custom_op("foreshock_test::flash_attn_func", mutates_args=())

@@ -31,7 +31,10 @@ token axes, and whose result then goes through softmax over its last axis
 or exp (an online softmax written out; scaling, masks and dtype changes in
 between are followed); or the q and k
 of F.scaled_dot_product_attention (enable_gqa too); or the in-projection
-of F.multi_head_attention_forward (its num_heads and weights). From it:
+of F.multi_head_attention_forward (its num_heads and weights). A q.k
+product that instead weights the values (score @ v) before any softmax or
+exp confirmed it, and never is confirmed, is retention / linear attention:
+Observation.unnormed (discover() drops names' q/k pair for it). From it:
 query heads H = distinct q row lists, KV heads Hkv = distinct k row lists
 (k broadcast, expanded or repeat_interleave'd to the query heads is seen
 as such), head_dim = the contracted length, and each head's exact Wq / Wk
@@ -396,6 +399,7 @@ class Observation:
         self.sources, self.sources_by_key = [], {}
         self.attention, self.routers = [], []
         self.error = None
+        self.unnormed = []      # q.k products used as weights with no softmax (retention)
         self.input_desc = ""
         self.failures = 0       # ops whose bookkeeping failed (the pass went on)
 
@@ -411,6 +415,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.topks = {}             # source index -> Site
         self.failures = 0
         self.mixes = []             # [N, 2] label pairs one elementwise op combined
+        self.unnormed = []          # score candidates used in a product before confirmed
         self._partners = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -740,6 +745,21 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.candidates.append(site)
         self._confirm(site)
 
+    def _weights_used(self, args):
+        """A q.k product multiplied on (score @ v) before any softmax or exp
+        confirmed it: retention / linear attention, if none ever does."""
+        ts = [a for a in _flat(args) if isinstance(a, torch.Tensor)]
+        if len(ts) != 2:
+            return
+        for a, b in (ts, ts[::-1]):
+            site = (_tag(a) or {}).get("score")
+            if site is None or site.order or any(site is u for u in self.unnormed):
+                continue
+            # the other side is values, not a weight (talking heads mix scores by a
+            # parameter before their softmax) nor another score
+            if self._param(b) is None and (_tag(b) or {}).get("score") is None:
+                self.unnormed.append(site)
+
     def _confirm(self, site):
         if site.order:
             return
@@ -902,6 +922,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
 
     def _after(self, name, func, args, kwargs, out):
         self._uses(name, args, kwargs)
+        if name in _SCORE_OPS:
+            self._weights_used(args)
         if name == "linear":
             w = args[1] if len(args) > 1 else kwargs.get("weight")
             if self._linear(None, w, out, "linear"):
@@ -1353,6 +1375,8 @@ def observe(model, example_input=None, example_kwargs=None):
             _untag(list(_flat(args)) + list(_flat(kwargs.values())))
         trial.input_desc = desc
         trial.failures = tracker.failures
+        # confirmed later in the pass (the same module run again with a softmax): attention
+        trial.unnormed = [s for s in tracker.unnormed if not s.order]
         lists = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList,
                                                                         nn.Sequential))}
         try:
