@@ -722,6 +722,57 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
+    # A fused qkv Linear(d, 3d) with no head attribute (names: SKIPPED, head
+    # count unknown) whose attention runs in that opaque kernel: q, k, v
+    # leave the ops the pass sees, so the warning must stay.
+    class OpaqueFused(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (y.view(b, t, 4, -1).transpose(1, 2) for y in self.qkv(x).chunk(3, -1))
+            return x + self.proj(OpaqueAttn.apply(q, k, v).transpose(1, 2).reshape(b, t, d))
+
+    @member("fused qkv, head count unknown, attention in an opaque kernel: still warned",
+            says=["SKIPPED attention blocks.0, blocks.1: fused qkv", "head count unknown"],
+            not_says=["not attention"], level=logging.WARNING)
+    def opaque_fused():
+        m = Embed([OpaqueFused(32) for _ in range(2)])
+        m.expect_ = lambda: []
+        m.routers_ = lambda: []
+        return m
+
+    # The same fused Linear(d, 3d) feeding a short convolution and gated FFT
+    # long convolutions (Hyena): every output seen, no two meet in a product.
+    class LongConv(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.d = d
+            self.in_proj = nn.Linear(d, 3 * d)
+            self.short = nn.Conv1d(3 * d, 3 * d, 3, padding=2, groups=3 * d)
+            self.filt = nn.Parameter(torch.randn(d, 16) * 0.1)
+            self.out_proj = nn.Linear(d, d)
+
+        def forward(self, x):
+            t = x.shape[1]
+            u = self.short(self.in_proj(x).transpose(1, 2))[..., :t]
+            x0, x1, v = u.split(self.d, dim=1)
+            y = torch.fft.irfft(torch.fft.rfft(v * x1, n=2 * t) *
+                                torch.fft.rfft(self.filt[:, :t], n=2 * t), n=2 * t)[..., :t]
+            return x + self.out_proj((y * x0).transpose(1, 2))
+
+    @member("fused in_proj into long convolutions (Hyena): not attention, no warning",
+            says=["not attention: blocks.0, blocks.1: observed: its outputs only reach"],
+            not_says=["SKIPPED"], level=logging.WARNING)
+    def long_conv():
+        m = Embed([LongConv(32) for _ in range(2)])
+        m.expect_ = lambda: []
+        m.routers_ = lambda: []
+        return m
+
     # Retention (RetNet) / linear attention: q.k^T times a decay mask, then
     # @ v, no softmax: not an attention score by the client's definition.
     # Names find q_proj/k_proj (num_heads); the pass saw them meet in a

@@ -54,11 +54,8 @@ STEPS = 5
 
 # member -> why the current client gets it wrong. Checked both ways.
 EXPECTED_FAILING = {
-    # held-out round 2 (zoo/holdout2.py), blind: 20 of 22 right on torch 1.13 and 2.15
-    # round 2b (written after round 2's outputs, still blind to the discoverer)
-    "hyena-none": "a Hyena operator's in_proj Linear(d, 3d) (long convolutions, no softmax) is "
-                  "taken by its name for a fused qkv and SKIPPED with a warning ('head count "
-                  "unknown'): a warning the model does not call for",
+    # held-out round 2 (zoo/holdout2.py), blind: 20 of 22 right on torch 1.13 and 2.15;
+    # round 2b: 7 of 9 (1.13) / 8 of 9 (2.15); all of those misses since fixed
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {

@@ -939,6 +939,37 @@ def _merge_attention(att, obs, found):
     return out
 
 
+_NO_PRODUCT = ("observed: its outputs only reach ops the pass sees, and no two of them meet "
+               "in a product (convolutions, FFT, gating): no attention")
+
+
+def _unknown_not_attention(model, obs, found):
+    """A fused projection names took for qkv but skipped (head count unknown)
+    is no attention when the pass saw it run and saw where all its outputs
+    went: only into ops it sees (none escaped to an opaque kernel, which
+    could be attention the pass cannot see), and never two of them into one
+    matmul/einsum/SDPA (no q.k product). Its warning becomes a line under
+    "not attention"."""
+    modules = dict(model.named_modules())
+    escaped, met = getattr(obs, "escaped", None), getattr(obs, "met", None)
+    if escaped is None or met is None:
+        return
+    for sk in [x for x in found.skipped if x[0] == "attention" and _UNKNOWN in x[2]
+               and x[2].startswith("fused ")]:
+        m = modules.get(sk[1])
+        child = getattr(m, sk[2].split()[1], None) if m is not None else None
+        p = _proj_shape(child) if isinstance(child, nn.Module) else None
+        if p is None:
+            continue
+        key = _storage(p[2]())
+        idx = {s.index for s in obs.sources if _storage(s.param) == key}
+        if not idx or idx & escaped or idx & met:
+            continue
+        found.skipped.remove(sk)
+        found.not_attention.append((sk[1], _NO_PRODUCT, "if it is attention, pass "
+                                    "attention=[foreshock.AttentionSpec(...)] to Monitor"))
+
+
 def _derives(w, param):
     """Whether names' Wq w is (a view or a copy of) rows of param."""
     if w is None or w.dim() != 2 or w.shape[0] == 0:
@@ -1158,6 +1189,11 @@ def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_k
             att, rts = att2, rts2
         except Exception as e:  # discovery must not fail on a model it cannot read
             obs.error = f"its result could not be merged ({type(e).__name__}: {e})"
+    if obs is not None and obs.error is None and attention is None:
+        try:
+            _unknown_not_attention(model, obs, found)
+        except Exception:  # keep the warning
+            pass
     if attention is not None:
         att = list(attention)
         found.attention_given = True

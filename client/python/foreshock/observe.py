@@ -40,6 +40,14 @@ query heads H = distinct q row lists, KV heads Hkv = distinct k row lists
 as such), head_dim = the contracted length, and each head's exact Wq / Wk
 rows, ordered by the position they meet at in the dot product.
 
+Where values go. Every op seen passes on which sources its inputs derive
+from (whatever the op: convolutions and FFTs too). Observation.escaped: the
+sources some value derived from left the seen ops (taken by no op the pass
+saw and not returned, e.g. the input of a C++ or numpy kernel, or read out
+by numpy()/tolist()); Observation.met: the sources two values derived from
+met in one matmul/bmm/einsum/SDPA. A source in neither is no q.k product
+(discover() drops names' head-count-unknown warning for it).
+
 Routers. A projection whose output's last axis is all E rows of one
 weight, in order, reaching topk over that axis (k = its k), argmax or
 max(dim) (top-1; each further one over the logits with the first choice
@@ -76,6 +84,7 @@ except ImportError:  # torch < 1.13
     TorchFunctionMode = None
 
 _ATTR = "_foreshock_obs"    # the per-tensor label dict during the pass
+_FLOW = "_foreshock_flow"   # per tensor: [sources it derives from, used by a seen op]
 _NONE = -1                  # shadow value of a position no projection wrote
 _SHIFT = 32                 # shadow value = source << 32 | row
 
@@ -105,6 +114,13 @@ _COMPARE = {"ge": True, "__ge__": True, "gt": True, "__gt__": True,
 _PROBE_WIDTHS = 4           # input widths a probe batch tries (the model's, then others)
 _MAX_MIXES = 4096            # elementwise ops whose label pairs are kept (rotary repair)
 _ROUTER_MAX_E = 4096        # a topk over more outputs than this is not routing
+# Ops that read a tensor's metadata or one scalar of it, not its values: no escape.
+_META = {"size", "dim", "ndim", "numel", "nelement", "shape", "stride", "__len__", "dtype",
+         "device", "layout", "is_contiguous", "requires_grad", "is_floating_point",
+         "is_complex", "element_size", "storage_offset", "is_cuda", "is_leaf", "item",
+         "__bool__", "__int__", "__float__", "__index__", "__repr__", "__format__", "__hash__",
+         "names", "grad_fn", "_version", "is_sparse", "is_quantized", "is_meta"}
+_PRODUCTS = _SCORE_OPS | {"scaled_dot_product_attention"}
 # A topk over activations (a k-sparse MLP's relu(W x)) selects features, not experts.
 _ACTIVATIONS = {"relu", "relu_", "gelu", "silu", "silu_", "tanh", "softplus", "leaky_relu",
                 "elu", "mish", "hardtanh", "relu6", "selu", "celu", "glu", "square"}
@@ -400,6 +416,12 @@ class Observation:
         self.attention, self.routers = [], []
         self.error = None
         self.unnormed = []      # q.k products used as weights with no softmax (retention)
+        # Where each source's outputs went (by Source.index): `escaped` holds
+        # those some value derived from left the ops the pass sees (a C++ or
+        # numpy kernel, a tensor no seen op took), `met` those two values
+        # derived from met in a matmul/bmm/einsum/SDPA. A source in neither
+        # only fed seen ops that formed no product of it with itself.
+        self.escaped, self.met = set(), set()
         self.input_desc = ""
         self.failures = 0       # ops whose bookkeeping failed (the pass went on)
 
@@ -416,16 +438,67 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.failures = 0
         self.mixes = []             # [N, 2] label pairs one elementwise op combined
         self.unnormed = []          # score candidates used in a product before confirmed
+        self.flows = []             # every [sources, used] record made (_flow)
+        self.escaped, self.met = set(), set()
+        self._new_src = None        # the source the op just watched projected
+        self.flow_failed = False    # then where values went is not known
         self._partners = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        name = _fname(func)
         try:
-            self._after(_fname(func), func, args, kwargs, out)
+            self._after(name, func, args, kwargs, out)
         except Exception:  # bookkeeping must never change the model's pass
             self.failures += 1
+        try:
+            self._flow(name, args, kwargs, out)
+        except Exception:
+            self.failures += 1
+            self.flow_failed = True
         return out
+
+    def _flow(self, name, args, kwargs, out):
+        """Which sources each value derives from, through every op seen."""
+        new, self._new_src = self._new_src, None
+        ins = [a for a in itertools.chain(_flat(args), _flat(kwargs.values()))
+               if isinstance(a, torch.Tensor)]
+        srcs, per = set(), []
+        for a in ins:
+            r = getattr(a, _FLOW, None)
+            if r is not None:
+                r[1] = True
+                srcs |= r[0]
+                if self._param(a) is None:
+                    per.append(r[0])
+        if name in _PRODUCTS or ("attn" in name or "attention" in name):
+            for i in range(len(per)):
+                for j in range(i + 1, len(per)):
+                    self.met |= per[i] & per[j]
+        if new is not None:
+            srcs.add(new)
+        if not srcs:
+            return
+        outs = [o for o in (_flat(out) if isinstance(out, (tuple, list)) else (out,))
+                if isinstance(o, torch.Tensor)]
+        if name == "__setitem__" and ins:
+            outs = [ins[0]]
+        if not outs:
+            if name not in _META:
+                self.escaped |= srcs  # numpy(), tolist(), data_ptr(): values left
+            return
+        fs = frozenset(srcs)
+        for o in outs:
+            if isinstance(o, nn.Parameter):
+                continue
+            r = [fs, False]
+            try:
+                setattr(o, _FLOW, r)
+            except (AttributeError, RuntimeError):
+                self.escaped |= srcs
+                continue
+            self.flows.append(r)
 
     # ---- projections -------------------------------------------------------------------
 
@@ -474,6 +547,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         src = self._source(pname, param, [base + i * s_row for i in range(rows)], s_col, width,
                            how)
         self._label_out(out, src, [rows], [out.dim() - 1])
+        self._new_src = src.index
         return True
 
     def _einsum_projection(self, eq, ops, out):
@@ -508,6 +582,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             for d, s in zip(dims, sizes):
                 shape[d] = s
             _set(out, sh=ids.view(shape).expand(out.shape))
+            self._new_src = src.index
             return True
         return False
 
@@ -1303,7 +1378,7 @@ class _Restore:
             torch.cuda.set_rng_state_all(self.cuda)
         # tensors a forward keeps on its modules (self.attn = p_attn) lose their labels
         _untag([v for m in self.model.modules() for v in vars(m).values()
-                if isinstance(v, torch.Tensor)])
+                if isinstance(v, torch.Tensor)] + [b for _, _, b, _ in self.bufs])
         return False
 
 
@@ -1317,11 +1392,24 @@ def _eager(fn):
 
 def _untag(tensors):
     for t in tensors:
-        if hasattr(t, _ATTR):
-            try:
-                delattr(t, _ATTR)
-            except AttributeError:
-                pass
+        for attr in (_ATTR, _FLOW):
+            if hasattr(t, attr):
+                try:
+                    delattr(t, attr)
+                except AttributeError:
+                    pass
+
+
+def _leaves(obj, depth=0):
+    """The tensors of a forward's result (tuples, lists, dicts, ModelOutput)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 8 and isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from _leaves(x, depth + 1)
+    elif depth < 8 and isinstance(obj, dict):
+        for x in obj.values():
+            yield from _leaves(x, depth + 1)
 
 
 def observe(model, example_input=None, example_kwargs=None):
@@ -1364,15 +1452,34 @@ def observe(model, example_input=None, example_kwargs=None):
         trial = Observation()
         tracker = _Tracker(params, trial)
         tracker.owners = owners
+        result = None
         try:
             with _Restore(model), torch.no_grad(), tracker:
-                _eager(target)(*args, **kwargs)
+                result = _eager(target)(*args, **kwargs)
         except Exception as e:  # the model did not take this input: next one
             text = str(e).splitlines()[0][:160] if str(e) else ""
             errors.append(f"{desc}: {type(e).__name__}: {text}")
             continue
         finally:
             _untag(list(_flat(args)) + list(_flat(kwargs.values())))
+        try:
+            outs = list(_leaves(result))
+            for t in outs:  # what the forward returns is used
+                r = getattr(t, _FLOW, None)
+                if r is not None:
+                    r[1] = True
+            _untag(outs)
+            trial.escaped = set(tracker.escaped)
+            for srcs, used in tracker.flows:
+                if not used:  # taken by no op the pass saw: an opaque kernel's input
+                    trial.escaped |= srcs
+            trial.met = set(tracker.met)
+            if tracker.flow_failed:
+                raise RuntimeError("flow bookkeeping failed")
+        except Exception:
+            tracker.failures += 1
+            trial.escaped = {s.index for s in trial.sources}
+        del result
         trial.input_desc = desc
         trial.failures = tracker.failures
         # confirmed later in the pass (the same module run again with a softmax): attention
