@@ -310,10 +310,20 @@ def zoo(torch, nn, F):
                 idx = torch.stack([first, second], dim=-1)
             elif self.how == "sigmoid":
                 idx = (torch.sigmoid(logits) + self.bias_e).topk(self.kk, dim=-1).indices
+            elif self.how.startswith("kth"):  # a mask at the k-th largest: >= or > (reversed)
+                e_n = logits.shape[-1]
+                probs = logits.softmax(-1)
+                if self.how == "kth-ge":
+                    chosen = probs >= probs.kthvalue(e_n - self.kk + 1, dim=-1, keepdim=True).values
+                else:
+                    chosen = logits.kthvalue(e_n - self.kk, dim=-1).values.unsqueeze(-1) < logits
             else:
                 _, idx = torch.topk(F.softmax(logits, dim=1), self.kk, dim=-1)
             out = torch.zeros_like(x)
             for e, ex in enumerate(self.experts):
+                if self.how.startswith("kth"):  # weighted by the mask, no indexing
+                    out = out + ex(x) * chosen.select(-1, e).unsqueeze(-1)
+                    continue
                 rows = (idx == e).any(dim=-1)
                 out[rows] += ex(x[rows])
             return out.reshape(shape)
@@ -327,14 +337,14 @@ def zoo(torch, nn, F):
             return x + self.ff(self.attn(x))
 
     @member("routers named selector: argmax top-1, topk(2), topk(3), sigmoid top-2, "
-            "GShard top-2 by two argmaxes",
+            "GShard top-2 by two argmaxes, top-2 / top-3 as masks at a kthvalue (>=, reversed >)",
             says=["observed: softmax then argmax over its 4 outputs",
                   "observed: sigmoid then topk over its 6 outputs"], not_says=["SKIPPED",
                                                                               "assumed"],
             level=logging.INFO)
     def selector():
         hows = [(4, 1, "argmax"), (4, 2, "topk"), (8, 3, "topk"), (6, 2, "sigmoid"),
-                (4, 2, "gshard")]
+                (4, 2, "gshard"), (8, 2, "kth-ge"), (6, 3, "kth-lt")]
         m = Embed([Block(ToQueries(32, 4, 4), SelMoE(32, e, k, how)) for e, k, how in hows])
         m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.attn.to_queries.weight, 4, 8),
                               split_rows(b.attn.to_keys.weight, 4, 8))
