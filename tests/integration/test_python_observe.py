@@ -41,6 +41,7 @@ def zoo(torch, nn, F):
     """[(name, build() -> model, expectations)]. model.expect_() gives
     [(layer, H, Hkv, dh, head_offset, [q rows per head], [k rows per head])]
     and model.routers_() [(layer, E, top_k, weight)]."""
+    import numpy as np
     members = []
 
     def member(name, **exp):
@@ -309,10 +310,20 @@ def zoo(torch, nn, F):
                 idx = torch.stack([first, second], dim=-1)
             elif self.how == "sigmoid":
                 idx = (torch.sigmoid(logits) + self.bias_e).topk(self.kk, dim=-1).indices
+            elif self.how.startswith("kth"):  # a mask at the k-th largest: >= or > (reversed)
+                e_n = logits.shape[-1]
+                probs = logits.softmax(-1)
+                if self.how == "kth-ge":
+                    chosen = probs >= probs.kthvalue(e_n - self.kk + 1, dim=-1, keepdim=True).values
+                else:
+                    chosen = logits.kthvalue(e_n - self.kk, dim=-1).values.unsqueeze(-1) < logits
             else:
                 _, idx = torch.topk(F.softmax(logits, dim=1), self.kk, dim=-1)
             out = torch.zeros_like(x)
             for e, ex in enumerate(self.experts):
+                if self.how.startswith("kth"):  # weighted by the mask, no indexing
+                    out = out + ex(x) * chosen.select(-1, e).unsqueeze(-1)
+                    continue
                 rows = (idx == e).any(dim=-1)
                 out[rows] += ex(x[rows])
             return out.reshape(shape)
@@ -326,14 +337,14 @@ def zoo(torch, nn, F):
             return x + self.ff(self.attn(x))
 
     @member("routers named selector: argmax top-1, topk(2), topk(3), sigmoid top-2, "
-            "GShard top-2 by two argmaxes",
+            "GShard top-2 by two argmaxes, top-2 / top-3 as masks at a kthvalue (>=, reversed >)",
             says=["observed: softmax then argmax over its 4 outputs",
                   "observed: sigmoid then topk over its 6 outputs"], not_says=["SKIPPED",
                                                                               "assumed"],
             level=logging.INFO)
     def selector():
         hows = [(4, 1, "argmax"), (4, 2, "topk"), (8, 3, "topk"), (6, 2, "sigmoid"),
-                (4, 2, "gshard")]
+                (4, 2, "gshard"), (8, 2, "kth-ge"), (6, 3, "kth-lt")]
         m = Embed([Block(ToQueries(32, 4, 4), SelMoE(32, e, k, how)) for e, k, how in hows])
         m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.attn.to_queries.weight, 4, 8),
                               split_rows(b.attn.to_keys.weight, 4, 8))
@@ -679,6 +690,129 @@ def zoo(torch, nn, F):
         return m
 
     # 15. An attention kernel reached as a torch custom op in the
+    # An attention kernel the pass cannot see (old flash-attn bindings,
+    # xformers C++ ops, apex): here an autograd.Function computing softmax
+    # attention in numpy on detached tensors. The pass sees q and k projected
+    # but no score: the names' spec (H from num_heads) must stay monitored.
+    class OpaqueAttn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            qn, kn, vn = (t.detach().cpu().numpy() for t in (q, k, v))
+            s = qn @ kn.swapaxes(-1, -2) / math.sqrt(qn.shape[-1])
+            p = np.exp(s - s.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            return torch.from_numpy(p @ vn).to(q.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            return None, None, None
+
+    class OpaqueBlock(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.num_heads = h
+            self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+            self.v_proj, self.o_proj = nn.Linear(d, d), nn.Linear(d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (p(x).view(b, t, self.num_heads, -1).transpose(1, 2)
+                       for p in (self.q_proj, self.k_proj, self.v_proj))
+            y = OpaqueAttn.apply(q, k, v)
+            return x + self.o_proj(y.transpose(1, 2).reshape(b, t, d))
+
+    @member("attention in a kernel the pass cannot see (numpy in an autograd.Function)",
+            says=["attention: layer 0: H=4 Hkv=4 dh=8", "0 attention scores"],
+            not_says=["not attention", "SKIPPED"], level=logging.INFO)
+    def opaque():
+        m = Embed([OpaqueBlock(32, 4) for _ in range(2)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.q_proj.weight, 4, 8),
+                              split_rows(b.k_proj.weight, 4, 8))
+                             for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: []
+        return m
+
+    # A fused qkv Linear(d, 3d) with no head attribute (names: SKIPPED, head
+    # count unknown) whose attention runs in that opaque kernel: q, k, v
+    # leave the ops the pass sees, so the warning must stay.
+    class OpaqueFused(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (y.view(b, t, 4, -1).transpose(1, 2) for y in self.qkv(x).chunk(3, -1))
+            return x + self.proj(OpaqueAttn.apply(q, k, v).transpose(1, 2).reshape(b, t, d))
+
+    @member("fused qkv, head count unknown, attention in an opaque kernel: still warned",
+            says=["SKIPPED attention blocks.0, blocks.1: fused qkv", "head count unknown"],
+            not_says=["not attention"], level=logging.WARNING)
+    def opaque_fused():
+        m = Embed([OpaqueFused(32) for _ in range(2)])
+        m.expect_ = lambda: []
+        m.routers_ = lambda: []
+        return m
+
+    # The same fused Linear(d, 3d) feeding a short convolution and gated FFT
+    # long convolutions (Hyena): every output seen, no two meet in a product.
+    class LongConv(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.d = d
+            self.in_proj = nn.Linear(d, 3 * d)
+            self.short = nn.Conv1d(3 * d, 3 * d, 3, padding=2, groups=3 * d)
+            self.filt = nn.Parameter(torch.randn(d, 16) * 0.1)
+            self.out_proj = nn.Linear(d, d)
+
+        def forward(self, x):
+            t = x.shape[1]
+            u = self.short(self.in_proj(x).transpose(1, 2))[..., :t]
+            x0, x1, v = u.split(self.d, dim=1)
+            y = torch.fft.irfft(torch.fft.rfft(v * x1, n=2 * t) *
+                                torch.fft.rfft(self.filt[:, :t], n=2 * t), n=2 * t)[..., :t]
+            return x + self.out_proj((y * x0).transpose(1, 2))
+
+    @member("fused in_proj into long convolutions (Hyena): not attention, no warning",
+            says=["not attention: blocks.0, blocks.1: observed: its outputs only reach"],
+            not_says=["SKIPPED"], level=logging.WARNING)
+    def long_conv():
+        m = Embed([LongConv(32) for _ in range(2)])
+        m.expect_ = lambda: []
+        m.routers_ = lambda: []
+        return m
+
+    # Retention (RetNet) / linear attention: q.k^T times a decay mask, then
+    # @ v, no softmax: not an attention score by the client's definition.
+    # Names find q_proj/k_proj (num_heads); the pass saw them meet in a
+    # product that weights v with no softmax, so they are dropped, said once.
+    class Retention(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.num_heads = h
+            self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+            self.v_proj, self.o_proj = nn.Linear(d, d), nn.Linear(d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (p(x).view(b, t, self.num_heads, -1).transpose(1, 2)
+                       for p in (self.q_proj, self.k_proj, self.v_proj))
+            i = torch.arange(t, dtype=x.dtype)
+            decay = (0.9 ** (i[:, None] - i[None, :])).tril()
+            y = ((q @ k.transpose(-1, -2)) * decay) @ v
+            return x + self.o_proj(y.transpose(1, 2).reshape(b, t, d))
+
+    @member("retention: q.k product times a decay, no softmax: no attention",
+            says=["not attention: blocks.0.q_proj/k_proj, blocks.1.q_proj/k_proj: q.k product "
+                  "without softmax", "0 attention scores"],
+            not_says=["SKIPPED"], level=logging.WARNING)
+    def retention():
+        m = Embed([Retention(32, 4) for _ in range(2)])
+        m.expect_ = lambda: []
+        m.routers_ = lambda: []
+        return m
+
     # flash-attn layout [B, T, H, D] (torch 2.4+ only: torch.library.custom_op).
     if hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
         @torch.library.custom_op("foreshock_test::flash_attn_func", mutates_args=())

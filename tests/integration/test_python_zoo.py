@@ -54,16 +54,8 @@ STEPS = 5
 
 # member -> why the current client gets it wrong. Checked both ways.
 EXPECTED_FAILING = {
-    # held-out round 2 (zoo/holdout2.py), blind: 20 of 22 right on torch 1.13 and 2.15
-    "retnet-no-softmax": "retention's q_proj/k_proj are reported as attention from their names "
-                         "(H from num_heads); the observed pass ran, found no softmax score there "
-                         "(0 attention scores), and the name-found specs stayed",
-    "kthvalue-router": "a top-k taken as a kthvalue threshold over the softmax (probs >= k-th "
-                       "largest) is not seen as a routing choice: gate listed under 'not routers'",
-    # round 2b (written after round 2's outputs, still blind to the discoverer)
-    "hyena-none": "a Hyena operator's in_proj Linear(d, 3d) (long convolutions, no softmax) is "
-                  "taken by its name for a fused qkv and SKIPPED with a warning ('head count "
-                  "unknown'): a warning the model does not call for",
+    # held-out round 2 (zoo/holdout2.py), blind: 20 of 22 right on torch 1.13 and 2.15;
+    # round 2b: 7 of 9 (1.13) / 8 of 9 (2.15); all of those misses since fixed
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {

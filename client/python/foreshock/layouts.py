@@ -188,6 +188,7 @@ class Discovery:
         self.skipped, self.not_routers, self.notes = [], [], []
         self.how = {}
         self.corrections = []   # (name, text): where the observed pass overruled names
+        self.not_attention = []  # (name, reason, fix): name-found attention the pass ruled out
         self.order = {}         # spec name -> when the observed pass saw it
         self.observation = None
         self.attention_given = self.routers_given = False
@@ -270,6 +271,11 @@ class Discovery:
             grouped.setdefault(reason, []).append(name)
         for reason, names in grouped.items():
             lines.append(f"  not routers: {_names(names)}: {reason}")
+        grouped = {}
+        for name, reason, fix in self.not_attention:
+            grouped.setdefault((reason, fix), []).append(name)
+        for (reason, fix), names in grouped.items():
+            lines.append(f"  not attention: {_names(names)}: {reason}; fix: {fix}")
         return "\n".join(lines)
 
     def log(self, model_name="model"):
@@ -840,6 +846,10 @@ def _same_weights(a, b):
         return False
 
 
+_NO_SOFTMAX = "q.k product without softmax (retention / linear attention)"
+_ANYWAY = "pass attention=[foreshock.AttentionSpec(...)] to Monitor to monitor it anyway"
+
+
 def _merge_attention(att, obs, found):
     """Names' specs confirmed, corrected or added to by the observed sites."""
     out = list(att)
@@ -850,6 +860,24 @@ def _merge_attention(att, obs, found):
         except Exception:
             firsts.append(None)
     seen, warned = set(), set()
+    scored = {_storage(s.q_src.param) for s in obs.attention if s.q_src is not None}
+    for site in getattr(obs, "unnormed", ()):
+        # Positive evidence, not absence: the pass saw these q and k rows meet
+        # in a product that then weighted the values with no softmax or exp
+        # (retention, linear attention). A q/k pair whose score the pass never
+        # saw (an opaque kernel: flash_attn_cuda, xformers ops) stays.
+        params = {_storage(x.param) for x in site.q_srcs + site.k_srcs}
+        for a in [a for a in out if _storage(_safe_q(a)) in params - scored]:
+            out.remove(a)
+            i = att.index(a)
+            firsts[i] = None
+            found.how.pop(a.name, None)
+            found.not_attention.append((a.name, _NO_SOFTMAX, _ANYWAY))
+        pnames = [x.pname for x in site.q_srcs + site.k_srcs]
+        for sk in [x for x in found.skipped if x[0] == "attention" and any(
+                _under(p, x[1]) for p in pnames)]:
+            found.skipped.remove(sk)
+            found.not_attention.append((sk[1], _NO_SOFTMAX, _ANYWAY))
     for site in obs.attention:
         if site.reason is not None:
             if site.reason == "mixed":
@@ -909,6 +937,37 @@ def _merge_attention(att, obs, found):
         found.how[spec.name] = desc
         found.order[spec.name] = site.order
     return out
+
+
+_NO_PRODUCT = ("observed: its outputs only reach ops the pass sees, and no two of them meet "
+               "in a product (convolutions, FFT, gating): no attention")
+
+
+def _unknown_not_attention(model, obs, found):
+    """A fused projection names took for qkv but skipped (head count unknown)
+    is no attention when the pass saw it run and saw where all its outputs
+    went: only into ops it sees (none escaped to an opaque kernel, which
+    could be attention the pass cannot see), and never two of them into one
+    matmul/einsum/SDPA (no q.k product). Its warning becomes a line under
+    "not attention"."""
+    modules = dict(model.named_modules())
+    escaped, met = getattr(obs, "escaped", None), getattr(obs, "met", None)
+    if escaped is None or met is None:
+        return
+    for sk in [x for x in found.skipped if x[0] == "attention" and _UNKNOWN in x[2]
+               and x[2].startswith("fused ")]:
+        m = modules.get(sk[1])
+        child = getattr(m, sk[2].split()[1], None) if m is not None else None
+        p = _proj_shape(child) if isinstance(child, nn.Module) else None
+        if p is None:
+            continue
+        key = _storage(p[2]())
+        idx = {s.index for s in obs.sources if _storage(s.param) == key}
+        if not idx or idx & escaped or idx & met:
+            continue
+        found.skipped.remove(sk)
+        found.not_attention.append((sk[1], _NO_PRODUCT, "if it is attention, pass "
+                                    "attention=[foreshock.AttentionSpec(...)] to Monitor"))
 
 
 def _derives(w, param):
@@ -1130,6 +1189,11 @@ def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_k
             att, rts = att2, rts2
         except Exception as e:  # discovery must not fail on a model it cannot read
             obs.error = f"its result could not be merged ({type(e).__name__}: {e})"
+    if obs is not None and obs.error is None and attention is None:
+        try:
+            _unknown_not_attention(model, obs, found)
+        except Exception:  # keep the warning
+            pass
     if attention is not None:
         att = list(attention)
         found.attention_given = True

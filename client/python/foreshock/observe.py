@@ -31,17 +31,30 @@ token axes, and whose result then goes through softmax over its last axis
 or exp (an online softmax written out; scaling, masks and dtype changes in
 between are followed); or the q and k
 of F.scaled_dot_product_attention (enable_gqa too); or the in-projection
-of F.multi_head_attention_forward (its num_heads and weights). From it:
+of F.multi_head_attention_forward (its num_heads and weights). A q.k
+product that instead weights the values (score @ v) before any softmax or
+exp confirmed it, and never is confirmed, is retention / linear attention:
+Observation.unnormed (discover() drops names' q/k pair for it). From it:
 query heads H = distinct q row lists, KV heads Hkv = distinct k row lists
 (k broadcast, expanded or repeat_interleave'd to the query heads is seen
 as such), head_dim = the contracted length, and each head's exact Wq / Wk
 rows, ordered by the position they meet at in the dot product.
 
+Where values go. Every op seen passes on which sources its inputs derive
+from (whatever the op: convolutions and FFTs too). Observation.escaped: the
+sources some value derived from left the seen ops (taken by no op the pass
+saw and not returned, e.g. the input of a C++ or numpy kernel, or read out
+by numpy()/tolist()); Observation.met: the sources two values derived from
+met in one matmul/bmm/einsum/SDPA. A source in neither is no q.k product
+(discover() drops names' head-count-unknown warning for it).
+
 Routers. A projection whose output's last axis is all E rows of one
 weight, in order, reaching topk over that axis (k = its k), argmax or
 max(dim) (top-1; each further one over the logits with the first choice
 masked or scattered away adds one), a sort whose first k < E indices are
-used, or multinomial (k = its samples), after any softmax, sigmoid, bias
+used, multinomial (k = its samples), or a threshold at the router's own
+kthvalue over that axis (probs >= probs.kthvalue(E - k + 1): k; with >,
+kthvalue(E - k)) whose mask is then used, after any softmax, sigmoid, bias
 or mask, and whose indices are then used (compared, one-hot, indexed
 with: dispatch). A gate whose
 output never reaches a topk/argmax (a per-head output gate Linear(d, H),
@@ -71,6 +84,7 @@ except ImportError:  # torch < 1.13
     TorchFunctionMode = None
 
 _ATTR = "_foreshock_obs"    # the per-tensor label dict during the pass
+_FLOW = "_foreshock_flow"   # per tensor: [sources it derives from, used by a seen op]
 _NONE = -1                  # shadow value of a position no projection wrote
 _SHIFT = 32                 # shadow value = source << 32 | row
 
@@ -93,10 +107,20 @@ _NOT_ELEMENTWISE = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm
                     "tensordot", "matrix_power", "cross", "fft", "view_as_complex",
                     "view_as_real", "scatter", "scatter_add", "index_add"}
 _SCORE_OPS = {"matmul", "__matmul__", "bmm", "baddbmm", "einsum"}
-_CARRIED = ("score", "normed", "act", "ridx", "rdim")  # tags layout ops carry along
+_CARRIED = ("score", "normed", "act", "ridx", "rdim", "kth")  # tags layout ops carry along
+# x >= t / x > t (and t <= x / t < x): a threshold; True when x is the larger side first
+_COMPARE = {"ge": True, "__ge__": True, "gt": True, "__gt__": True,
+            "le": False, "__le__": False, "lt": False, "__lt__": False}
 _PROBE_WIDTHS = 4           # input widths a probe batch tries (the model's, then others)
 _MAX_MIXES = 4096            # elementwise ops whose label pairs are kept (rotary repair)
 _ROUTER_MAX_E = 4096        # a topk over more outputs than this is not routing
+# Ops that read a tensor's metadata or one scalar of it, not its values: no escape.
+_META = {"size", "dim", "ndim", "numel", "nelement", "shape", "stride", "__len__", "dtype",
+         "device", "layout", "is_contiguous", "requires_grad", "is_floating_point",
+         "is_complex", "element_size", "storage_offset", "is_cuda", "is_leaf", "item",
+         "__bool__", "__int__", "__float__", "__index__", "__repr__", "__format__", "__hash__",
+         "names", "grad_fn", "_version", "is_sparse", "is_quantized", "is_meta"}
+_PRODUCTS = _SCORE_OPS | {"scaled_dot_product_attention"}
 # A topk over activations (a k-sparse MLP's relu(W x)) selects features, not experts.
 _ACTIVATIONS = {"relu", "relu_", "gelu", "silu", "silu_", "tanh", "softplus", "leaky_relu",
                 "elu", "mish", "hardtanh", "relu6", "selu", "celu", "glu", "square"}
@@ -391,6 +415,13 @@ class Observation:
         self.sources, self.sources_by_key = [], {}
         self.attention, self.routers = [], []
         self.error = None
+        self.unnormed = []      # q.k products used as weights with no softmax (retention)
+        # Where each source's outputs went (by Source.index): `escaped` holds
+        # those some value derived from left the ops the pass sees (a C++ or
+        # numpy kernel, a tensor no seen op took), `met` those two values
+        # derived from met in a matmul/bmm/einsum/SDPA. A source in neither
+        # only fed seen ops that formed no product of it with itself.
+        self.escaped, self.met = set(), set()
         self.input_desc = ""
         self.failures = 0       # ops whose bookkeeping failed (the pass went on)
 
@@ -406,16 +437,68 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.topks = {}             # source index -> Site
         self.failures = 0
         self.mixes = []             # [N, 2] label pairs one elementwise op combined
+        self.unnormed = []          # score candidates used in a product before confirmed
+        self.flows = []             # every [sources, used] record made (_flow)
+        self.escaped, self.met = set(), set()
+        self._new_src = None        # the source the op just watched projected
+        self.flow_failed = False    # then where values went is not known
         self._partners = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        name = _fname(func)
         try:
-            self._after(_fname(func), func, args, kwargs, out)
+            self._after(name, func, args, kwargs, out)
         except Exception:  # bookkeeping must never change the model's pass
             self.failures += 1
+        try:
+            self._flow(name, args, kwargs, out)
+        except Exception:
+            self.failures += 1
+            self.flow_failed = True
         return out
+
+    def _flow(self, name, args, kwargs, out):
+        """Which sources each value derives from, through every op seen."""
+        new, self._new_src = self._new_src, None
+        ins = [a for a in itertools.chain(_flat(args), _flat(kwargs.values()))
+               if isinstance(a, torch.Tensor)]
+        srcs, per = set(), []
+        for a in ins:
+            r = getattr(a, _FLOW, None)
+            if r is not None:
+                r[1] = True
+                srcs |= r[0]
+                if self._param(a) is None:
+                    per.append(r[0])
+        if name in _PRODUCTS or ("attn" in name or "attention" in name):
+            for i in range(len(per)):
+                for j in range(i + 1, len(per)):
+                    self.met |= per[i] & per[j]
+        if new is not None:
+            srcs.add(new)
+        if not srcs:
+            return
+        outs = [o for o in (_flat(out) if isinstance(out, (tuple, list)) else (out,))
+                if isinstance(o, torch.Tensor)]
+        if name == "__setitem__" and ins:
+            outs = [ins[0]]
+        if not outs:
+            if name not in _META:
+                self.escaped |= srcs  # numpy(), tolist(), data_ptr(): values left
+            return
+        fs = frozenset(srcs)
+        for o in outs:
+            if isinstance(o, nn.Parameter):
+                continue
+            r = [fs, False]
+            try:
+                setattr(o, _FLOW, r)
+            except (AttributeError, RuntimeError):
+                self.escaped |= srcs
+                continue
+            self.flows.append(r)
 
     # ---- projections -------------------------------------------------------------------
 
@@ -464,6 +547,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         src = self._source(pname, param, [base + i * s_row for i in range(rows)], s_col, width,
                            how)
         self._label_out(out, src, [rows], [out.dim() - 1])
+        self._new_src = src.index
         return True
 
     def _einsum_projection(self, eq, ops, out):
@@ -498,6 +582,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             for d, s in zip(dims, sizes):
                 shape[d] = s
             _set(out, sh=ids.view(shape).expand(out.shape))
+            self._new_src = src.index
             return True
         return False
 
@@ -735,6 +820,21 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.candidates.append(site)
         self._confirm(site)
 
+    def _weights_used(self, args):
+        """A q.k product multiplied on (score @ v) before any softmax or exp
+        confirmed it: retention / linear attention, if none ever does."""
+        ts = [a for a in _flat(args) if isinstance(a, torch.Tensor)]
+        if len(ts) != 2:
+            return
+        for a, b in (ts, ts[::-1]):
+            site = (_tag(a) or {}).get("score")
+            if site is None or site.order or any(site is u for u in self.unnormed):
+                continue
+            # the other side is values, not a weight (talking heads mix scores by a
+            # parameter before their softmax) nor another score
+            if self._param(b) is None and (_tag(b) or {}).get("score") is None:
+                self.unnormed.append(site)
+
     def _confirm(self, site):
         if site.order:
             return
@@ -830,6 +930,47 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         _set(idx, ridx=site, rdim=idx.dim())
 
+    def _router_site(self, src, t):
+        site = self.topks.get(src.index)
+        if site is None:
+            site = Site("router", 0)
+            site.src = src
+            site.normed = (_tag(t) or {}).get("normed", "")
+            self.topks[src.index] = site
+        return site
+
+    def _kthvalue(self, args, kwargs, out):
+        """probs.kthvalue(j, dim=-1): the j-th smallest of a router's E
+        outputs, a threshold for a top-k mask (_threshold)."""
+        t = args[0]
+        j = args[1] if len(args) > 1 else kwargs.get("k")
+        dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+        if not isinstance(j, int) or not isinstance(dim, int) or not isinstance(out, tuple):
+            return
+        if (_tag(t) or {}).get("act"):
+            return
+        src = self._router_src(t, dim)
+        if src is not None and 1 < j <= src.rows:
+            _set(out[0], kth=(src, j))
+
+    def _threshold(self, name, args, out):
+        """probs >= probs.kthvalue(E - k + 1).values (or > kthvalue(E - k)):
+        a mask of each token's top k experts, a routing choice like topk's."""
+        x, thr = (args[0], args[1]) if _COMPARE[name] else (args[1], args[0])
+        kth = (_tag(thr) or {}).get("kth")
+        if kth is None or not isinstance(out, torch.Tensor) or (_tag(x) or {}).get("act"):
+            return
+        src, j = kth
+        if self._router_src(x, -1) is not src:
+            return
+        strict = name in ("gt", "__gt__", "lt", "__lt__")
+        k = src.rows - j + (0 if strict else 1)
+        if not 1 <= k < src.rows:
+            return
+        site = self._router_site(src, x)
+        site.top_k = max(site.top_k, k)
+        _set(out, ridx=site)
+
     def _uses(self, name, args, kwargs):
         skip = args[0] if args and (name in _LAYOUT or name in _SAME) else None
         for a in itertools.chain(_flat(args), _flat(kwargs.values())):
@@ -856,6 +997,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
 
     def _after(self, name, func, args, kwargs, out):
         self._uses(name, args, kwargs)
+        if name in _SCORE_OPS:
+            self._weights_used(args)
         if name == "linear":
             w = args[1] if len(args) > 1 else kwargs.get("weight")
             if self._linear(None, w, out, "linear"):
@@ -936,12 +1079,17 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             if d is not None and "sh" in d and d["sh"].shape == out.shape:
                 _set(out, sh=d["sh"], **{k: v for k, v in d.items() if k == "normed"})
             return
+        if name == "kthvalue" and args and _shadow(args[0]) is not None:
+            self._kthvalue(args, kwargs, out)
+            return
         if name in _NOT_ELEMENTWISE:
             return
         if ("attn" in name or "attention" in name) and len(args) >= 3:
             self._fused_attention(name, args, out)
             return
         self._elementwise(name, args, kwargs, out)
+        if name in _COMPARE and len(args) >= 2:
+            self._threshold(name, args, out)
 
     def _fused_attention(self, name, args, out):
         """An attention kernel reached as a torch op (flash-attn, xformers):
@@ -1230,7 +1378,7 @@ class _Restore:
             torch.cuda.set_rng_state_all(self.cuda)
         # tensors a forward keeps on its modules (self.attn = p_attn) lose their labels
         _untag([v for m in self.model.modules() for v in vars(m).values()
-                if isinstance(v, torch.Tensor)])
+                if isinstance(v, torch.Tensor)] + [b for _, _, b, _ in self.bufs])
         return False
 
 
@@ -1244,11 +1392,24 @@ def _eager(fn):
 
 def _untag(tensors):
     for t in tensors:
-        if hasattr(t, _ATTR):
-            try:
-                delattr(t, _ATTR)
-            except AttributeError:
-                pass
+        for attr in (_ATTR, _FLOW):
+            if hasattr(t, attr):
+                try:
+                    delattr(t, attr)
+                except AttributeError:
+                    pass
+
+
+def _leaves(obj, depth=0):
+    """The tensors of a forward's result (tuples, lists, dicts, ModelOutput)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 8 and isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from _leaves(x, depth + 1)
+    elif depth < 8 and isinstance(obj, dict):
+        for x in obj.values():
+            yield from _leaves(x, depth + 1)
 
 
 def observe(model, example_input=None, example_kwargs=None):
@@ -1291,17 +1452,38 @@ def observe(model, example_input=None, example_kwargs=None):
         trial = Observation()
         tracker = _Tracker(params, trial)
         tracker.owners = owners
+        result = None
         try:
             with _Restore(model), torch.no_grad(), tracker:
-                _eager(target)(*args, **kwargs)
+                result = _eager(target)(*args, **kwargs)
         except Exception as e:  # the model did not take this input: next one
             text = str(e).splitlines()[0][:160] if str(e) else ""
             errors.append(f"{desc}: {type(e).__name__}: {text}")
             continue
         finally:
             _untag(list(_flat(args)) + list(_flat(kwargs.values())))
+        try:
+            outs = list(_leaves(result))
+            for t in outs:  # what the forward returns is used
+                r = getattr(t, _FLOW, None)
+                if r is not None:
+                    r[1] = True
+            _untag(outs)
+            trial.escaped = set(tracker.escaped)
+            for srcs, used in tracker.flows:
+                if not used:  # taken by no op the pass saw: an opaque kernel's input
+                    trial.escaped |= srcs
+            trial.met = set(tracker.met)
+            if tracker.flow_failed:
+                raise RuntimeError("flow bookkeeping failed")
+        except Exception:
+            tracker.failures += 1
+            trial.escaped = {s.index for s in trial.sources}
+        del result
         trial.input_desc = desc
         trial.failures = tracker.failures
+        # confirmed later in the pass (the same module run again with a softmax): attention
+        trial.unnormed = [s for s in tracker.unnormed if not s.order]
         lists = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList,
                                                                         nn.Sequential))}
         try:
