@@ -902,12 +902,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             choice = max(1, round(k * src.rows / t.shape[1]))
         if src is None:
             return
-        site = self.topks.get(src.index)
-        if site is None:
-            site = Site("router", 0)
-            site.src = src
-            site.normed = (_tag(t) or {}).get("normed", "")
-            self.topks[src.index] = site
+        site = self._router_site(src, t)
         if choice is not None:
             site.top_k = max(site.top_k, choice)
             site.normed = (site.normed + " " if site.normed else "") + "expert-choice"
