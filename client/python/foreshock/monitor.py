@@ -1093,6 +1093,8 @@ class Monitor:
             dtype = grams[0].dtype
             for g in grams[1:]:
                 dtype = torch.promote_types(dtype, g.dtype)
+            if dtype not in (torch.float32, torch.float64):
+                dtype = torch.float64  # numpy has no bfloat16: the old, exact path
         size = torch.empty((), dtype=dtype).element_size()
         pieces, job.layout = [], []
         for t in tensors:
@@ -1196,17 +1198,19 @@ class Monitor:
                     job.flat.record_stream(stream)
                     return self._split(job, job.flat, spectra_route)
             finally:
-                self._release_device(job)
+                self._release_device(job, sent=False)
         if job.event is not None:
             job.event.synchronize()
         return self._split(job, job.flat.cpu(), spectra_route)
 
-    def _release_device(self, job):
+    def _release_device(self, job, sent=True):
         """Drops a job's device buffer and its place under device_sketches,
         and gives its pinned host buffer back to the pool (once; any thread;
         the sender calls it only after the report was built, when nothing
         reads the buffer any more: the spectra pool's tasks have all
-        finished and the report holds copies)."""
+        finished and the report holds copies). sent=False (the device
+        spectra are solved, the report not yet built) keeps the job's place
+        under sketches_in_flight."""
         if job.on_device:
             job.on_device = False
             job.flat = None
@@ -1221,7 +1225,7 @@ class Monitor:
                 if len(self._pinned_free) > PINNED_KEEP:
                     # the smallest goes: the larger ones fit any flat it fits
                     self._pinned_free.remove(min(self._pinned_free, key=lambda b: b.numel()))
-        if job.in_flight:
+        if job.in_flight and sent:
             job.in_flight = False
             with self._dev_lock:
                 self._sketch_jobs -= 1
