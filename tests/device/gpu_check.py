@@ -343,6 +343,8 @@ def overhead(dev, c, args):
                                         "plain": st["plain_step_overhead_s"]},
             "sender_cpu_per_report_s": st["sender_cpu_per_report_s"],
             "spectra_on_host": st["spectra_on_host"], "reports": tp.reports,
+            "sketches_skipped_busy": st["sketches_skipped_busy"],
+            "pinned_allocs": st["pinned_allocs"],
             "attention_sketches": tp.attention, "failures": st["failures"],
             "disabled_modules": st["disabled_modules"],
             "monitored_loop_s": loop_s, "monitored_loop_ratio": loop_s / (mb * args.steps),
@@ -387,7 +389,9 @@ def print_overhead(out):
         print(f"{label:<22}{s['n']:>4}{1e3 * s['mean_s']:>10.1f}{1e3 * s['median_s']:>11.1f}"
               f"{1e3 * s['max_s']:>9.1f}{s['ratio_mean']:>8.3f}{own_ms}")
     print(f"reports {o['reports']}, attention sketches {o['attention_sketches']}, spectra on "
-          f"host {o['spectra_on_host']}, sender CPU per report "
+          f"host {o['spectra_on_host']}, sketch steps skipped (sender busy) "
+          f"{o['sketches_skipped_busy']}, buffers pinned {o['pinned_allocs']}, sender CPU per "
+          f"report "
           f"{1e3 * o['sender_cpu_per_report_s']:.1f} ms, failures "
           f"{ {k: v for k, v in o['failures'].items() if v} }")
     print(f"monitored loop {o['monitored_loop_s']:.2f} s = {o['monitored_loop_ratio']:.3f} x the "

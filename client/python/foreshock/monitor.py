@@ -293,16 +293,22 @@ class _Deferred:
         return poll() if poll is not None else []
 
 
-# Free pinned host buffers a Monitor keeps for its device-to-host copies
-# (each the size of one sketch step's Grams: ~270 MB for 256 heads of 128
-# and two windows, float64).
+# Pinned host buffers a Monitor keeps for its device-to-host copies (each
+# the size of one sketch step's Grams: ~135 MB for 256 heads of 128 and two
+# windows in float32, twice that in float64 with shard_reduce="trainer").
+# Allocated lazily and reused: cudaHostAlloc of that size is slow and
+# synchronises, so steady state must never call it.
 PINNED_KEEP = 2
+# Default bound of sketch jobs staged and not yet sent, on a CUDA model: a
+# sketch step beyond it skips its Grams (sketches_skipped_busy), so the
+# pinned pool always has a buffer and the sender never falls further behind.
+DEFAULT_SKETCHES_IN_FLIGHT = PINNED_KEEP
 
 
 class _Job:
     """What step() hands to the sender thread."""
     __slots__ = ("step", "time", "scalars", "attn", "routers", "tokens", "norms", "flat",
-                 "layout", "work", "event", "on_device", "flags", "pinned")
+                 "layout", "work", "event", "on_device", "flags", "pinned", "in_flight")
 
     def __init__(self, step, t, scalars):
         self.step, self.time, self.scalars = step, t, scalars
@@ -311,7 +317,8 @@ class _Job:
         self.flags = None  # [n_modules] float64, shard_reduce="trainer" only (_sketch)
         self.flat, self.layout, self.work, self.event = None, None, None, None
         self.on_device = False  # flat stays on the device for the sender's spectra
-        self.pinned = False     # flat is a pinned host buffer of the Monitor's pool
+        self.pinned = None      # the pinned pool's buffer (uint8) flat is a view of
+        self.in_flight = False  # counted in Monitor._sketch_jobs until released
 
 
 def _clone(w):
@@ -456,6 +463,14 @@ class Monitor:
     replay_bytes libforeshock's bound on buffered, unacknowledged reports
     queue_reports  bound of the hand-off queue to the sender thread
     gram_dtype   torch.float32 (default) or torch.float64
+    sketches_in_flight  most sketch steps staged and not yet sent (the
+                 sender solves spectra and sends): a sketch step beyond it
+                 sends its scalars but not its Grams, counted in stats()
+                 sketches_skipped_busy, so the training thread never waits
+                 and never pins a new buffer. Default: PINNED_KEEP on a CUDA
+                 model, no bound on the CPU (queue_reports bounds memory).
+                 Not applied with shard_reduce="trainer" or DTensor weights
+                 (collectives: every rank must sketch the same steps)
     transport    object with submit(Report) -> int, stats() -> dict,
                  flush(timeout_s) -> int, close(timeout_s) (tests); default
                  a libforeshock client (ctypes)
@@ -474,7 +489,8 @@ class Monitor:
                  device_sketches=DEFAULT_DEVICE_SKETCHES, local_ranks=None, tls=None,
                  tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
                  on_advice=None, advice=True, resume_step=None, example_input=None,
-                 observe=True, spectra_on="host", spectra_threads=None):
+                 observe=True, spectra_on="host", spectra_threads=None,
+                 sketches_in_flight=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self._fail_lock = threading.Lock()
@@ -529,8 +545,18 @@ class Monitor:
         # Pinned host buffers for the device-to-host copies, reused: pinning
         # a few hundred MB per sketch step took ~120 ms of the training
         # thread on an H200 (cudaHostAlloc), more than the Grams themselves.
-        # At most PINNED_KEEP free ones are kept; in use, one per queued job.
+        # Raw uint8 buffers, each pinned once and reused by any job whose
+        # flat fits (a disabled module shrinks it); at most PINNED_KEEP free
+        # ones are kept, in use one per queued job (sketches_in_flight).
         self._pinned_free = []
+        self._pinned_allocs = 0     # cudaHostAlloc calls (stats pinned_allocs)
+        self._sketch_jobs = 0       # sketch jobs staged, not released (under _dev_lock)
+        if sketches_in_flight is not None and (
+                isinstance(sketches_in_flight, bool) or not isinstance(sketches_in_flight, int)
+                or sketches_in_flight < 1):
+            raise ValueError(f"sketches_in_flight must be an int >= 1 or None, not "
+                             f"{sketches_in_flight!r}")
+        self._in_flight_arg = sketches_in_flight
         if spectra_on not in SPECTRA_ON:
             raise ValueError(f"spectra_on is one of {SPECTRA_ON}, not {spectra_on!r}")
         self.spectra_on = spectra_on
@@ -621,7 +647,16 @@ class Monitor:
         self._closed = False
         self._queue = queue.Queue(maxsize=queue_reports)
         self._counts = {"reports": 0, "dropped_queue": 0, "refused": 0, "dropped_submit": 0,
-                        "spectra_on_host": 0}
+                        "spectra_on_host": 0, "sketches_skipped_busy": 0}
+        # A per-rank skip is safe only without collectives in the sketch.
+        if self.reduce_in_trainer or self._dtensors:
+            self.sketches_in_flight = None
+        elif sketches_in_flight is not None:
+            self.sketches_in_flight = sketches_in_flight
+        else:
+            self.sketches_in_flight = (DEFAULT_SKETCHES_IN_FLIGHT
+                                       if self.device.type == "cuda" else None)
+        self._complain_busy = _RateLimited(LOG_INTERVAL_S)
         self._overhead = {"steps": 0, "seconds": 0.0, "sketch_steps": 0, "sketch_seconds": 0.0}
         # One limiter per kind of complaint, so that a flood of one kind
         # (connection refused) never hides the first of another (a drop).
@@ -910,7 +945,7 @@ class Monitor:
         job = _Job(step, time.time(), scalars)
         sketch_step = step % self.every == 0
         now = None
-        if sketch_step and self.compute_sketches:
+        if sketch_step and self.compute_sketches and not self._sender_busy(step):
             now = self._weights()
             self._sketch(job, step, now)
         if sketch_step and self.send_tokens and self.routers:
@@ -938,6 +973,26 @@ class Monitor:
             self._release_device(job)  # its place under device_sketches
             raise
         return sketch_step and bool(job.attn or job.routers)
+
+    def _sender_busy(self, step):
+        """True when this sketch step must skip its Grams: the sender still
+        holds sketches_in_flight sketch jobs. Only the Grams are skipped:
+        the window snapshots of this step are taken as always (_step), so
+        later sketch steps keep their bases."""
+        bound = self.sketches_in_flight
+        if bound is None:
+            return False
+        with self._dev_lock:
+            busy = self._sketch_jobs >= bound
+        if busy:
+            self._counts["sketches_skipped_busy"] += 1
+            self._complain_busy(logging.WARNING,
+                                "foreshock: sketches of step %d skipped: the sender still "
+                                "holds %d sketch step(s) (%d skipped so far); solving spectra "
+                                "is slower than every=%d steps: raise spectra_threads (now %d) "
+                                "or every", step, bound, self._counts["sketches_skipped_busy"],
+                                self.every, self.spectra_threads)
+        return busy
 
     def _sketch(self, job, step, now):
         """The step's Grams, module by module: a module that fails is
@@ -1023,10 +1078,33 @@ class Monitor:
             tensors.append(job.norms)
         if not tensors:
             return
-        # One buffer: one collective, one copy. float64 so that summing shards
-        # adds no rounding of its own.
-        flat = torch.cat([t.reshape(-1).double() for t in tensors])
-        job.layout = [t.shape for t in tensors]
+        if job.attn or job.routers:
+            job.in_flight = True
+            with self._dev_lock:
+                self._sketch_jobs += 1
+        # One buffer: one collective, one copy. float64 when the trainer sums
+        # shards, so that the sum adds no rounding of its own; otherwise the
+        # Grams' own dtype (gram_dtype; the host solve upcasts to float64
+        # itself), which halves the copy and the pinned buffer for float32.
+        # Wider tensors (the float64 norms) travel as their bits.
+        grams = [g for _, _, ga, gb in job.attn for g in (ga, gb)] + [g for _, g in job.routers]
+        dtype = torch.float64
+        if not self.reduce_in_trainer and grams:
+            dtype = grams[0].dtype
+            for g in grams[1:]:
+                dtype = torch.promote_types(dtype, g.dtype)
+            if dtype not in (torch.float32, torch.float64):
+                dtype = torch.float64  # numpy has no bfloat16: the old, exact path
+        size = torch.empty((), dtype=dtype).element_size()
+        pieces, job.layout = [], []
+        for t in tensors:
+            # (shape, the dtype its bits are read back as, or None)
+            bits = t.dtype != dtype and t.element_size() > size and \
+                t.element_size() % size == 0 and t.is_floating_point()
+            job.layout.append((t.shape, t.dtype if bits else None))
+            flat_t = t.contiguous().reshape(-1)
+            pieces.append(flat_t.view(dtype) if bits else flat_t.to(dtype))
+        flat = torch.cat(pieces)
         if self.reduce_in_trainer:
             job.work = torch.distributed.all_reduce(flat, group=self.shard_group, async_op=True)
         spectra_here = self.route == "spectrum" and self.send_sketches and bool(job.attn)
@@ -1045,8 +1123,7 @@ class Monitor:
                     job.on_device = True
                     job.flat = flat
                     return
-            host = self._take_pinned(flat.shape, flat.dtype)
-            job.pinned = True
+            job.pinned, host = self._take_pinned(flat)
             if spectra_here:
                 # Copied on the Monitor's stream, after the Grams: the
                 # training stream does not wait for a copy this large.
@@ -1068,13 +1145,22 @@ class Monitor:
             self._counts["spectra_on_host"] += 1
         job.flat = flat
 
-    def _take_pinned(self, shape, dtype):
-        """A free pinned host buffer of this shape, or a new one (training thread)."""
+    def _take_pinned(self, flat):
+        """(raw pinned uint8 buffer, a view of it shaped and typed as flat):
+        the smallest free one that fits, else a new one (training thread;
+        with sketches_in_flight at most PINNED_KEEP are ever in use, so a
+        new one is pinned only until the pool is full, or when flat grew)."""
+        need = flat.numel() * flat.element_size()
         with self._dev_lock:
-            for i, t in enumerate(self._pinned_free):
-                if t.shape == shape and t.dtype == dtype:
-                    return self._pinned_free.pop(i)
-        return torch.empty(shape, dtype=dtype, pin_memory=True)
+            fits = [i for i, b in enumerate(self._pinned_free) if b.numel() >= need]
+            raw = None
+            if fits:
+                i = min(fits, key=lambda i: self._pinned_free[i].numel())
+                raw = self._pinned_free.pop(i)
+        if raw is None:
+            raw = torch.empty(need, dtype=torch.uint8, pin_memory=True)
+            self._pinned_allocs += 1
+        return raw, raw[:need].view(flat.dtype).reshape(flat.shape)
 
     def _stream(self, device):
         """The Monitor's own CUDA stream (made on first use, by either thread)."""
@@ -1112,38 +1198,53 @@ class Monitor:
                     job.flat.record_stream(stream)
                     return self._split(job, job.flat, spectra_route)
             finally:
-                self._release_device(job)
+                self._release_device(job, sent=False)
         if job.event is not None:
             job.event.synchronize()
         return self._split(job, job.flat.cpu(), spectra_route)
 
-    def _release_device(self, job):
+    def _release_device(self, job, sent=True):
         """Drops a job's device buffer and its place under device_sketches,
         and gives its pinned host buffer back to the pool (once; any thread;
         the sender calls it only after the report was built, when nothing
         reads the buffer any more: the spectra pool's tasks have all
-        finished and the report holds copies)."""
+        finished and the report holds copies). sent=False (the device
+        spectra are solved, the report not yet built) keeps the job's place
+        under sketches_in_flight."""
         if job.on_device:
             job.on_device = False
             job.flat = None
             with self._dev_lock:
                 self._device_jobs -= 1
-        if job.pinned:
+        if job.pinned is not None:
             # A dropped job's copy may still be in flight: the next copy into
             # this buffer is queued on the same stream, after it.
-            job.pinned = False
-            buf, job.flat = job.flat, None
+            buf, job.pinned, job.flat = job.pinned, None, None
             with self._dev_lock:
-                if buf is not None and len(self._pinned_free) < PINNED_KEEP:
-                    self._pinned_free.append(buf)
+                self._pinned_free.append(buf)
+                if len(self._pinned_free) > PINNED_KEEP:
+                    # the smallest goes: the larger ones fit any flat it fits
+                    self._pinned_free.remove(min(self._pinned_free, key=lambda b: b.numel()))
+        if job.in_flight and sent:
+            job.in_flight = False
+            with self._dev_lock:
+                self._sketch_jobs -= 1
 
     def _split(self, job, flat, spectra_route):
         """[dead module indices] + the parts _host_parts describes; a part
         is None for a module whose spectra failed or that is dead."""
         parts, off = [], 0
-        for shape in job.layout:
+        size = flat.element_size()
+        for shape, bits in job.layout:
             n = int(np.prod(shape))
-            parts.append(flat[off:off + n].reshape(shape))
+            if bits is None:
+                parts.append(flat[off:off + n].reshape(shape))
+            else:
+                # a wider tensor carried as its bits (_stage_to_host): a copy
+                # of its own, so that the view starts aligned
+                m = n * (torch.empty((), dtype=bits).element_size() // size)
+                parts.append(flat[off:off + m].cpu().clone().view(bits).reshape(shape))
+                n = m
             off += n
         dead = set()
         k = 0
@@ -1387,7 +1488,11 @@ class Monitor:
         were solved on the host CPU: all of them with spectra_on="host" or
         a model on the CPU; with "device", those beyond device_sketches), the
         measured step() overhead on the training thread (step_overhead_s,
-        sketch_step_overhead_s, plain_step_overhead_s: means, seconds) and
+        sketch_step_overhead_s, plain_step_overhead_s: means, seconds; a
+        sketch step whose Grams were skipped counts as plain),
+        sketches_skipped_busy (sketch steps whose Grams were skipped: the
+        sender still held sketches_in_flight of them), pinned_allocs (host
+        buffers pinned, at most PINNED_KEEP in steady state) and
         the sender thread's CPU time (sender_cpu_s, sender_cpu_per_report_s);
         failures (counts by stage, STAGES) and disabled_modules (the
         modules no longer monitored, name -> why). Never raises: a transport
@@ -1409,6 +1514,7 @@ class Monitor:
         out["plain_step_overhead_s"] = ((o["seconds"] - o["sketch_seconds"]) / plain
                                         if plain else 0.0)
         out["sender_cpu_s"] = self._sender_cpu_s
+        out["pinned_allocs"] = self._pinned_allocs
         out["sender_cpu_per_report_s"] = (self._sender_cpu_s / self._counts["reports"]
                                           if self._counts["reports"] else 0.0)
         return out
