@@ -11,6 +11,7 @@
 
 #include "alert.h"
 #include "fs_grow.h"
+#include "store_stmt.h"
 
 enum {
     AS_CLOSE_ALERT,
@@ -97,12 +98,9 @@ int advice_store_open(sqlite3 *db, struct advice_store **out)
     if (!as)
         return -ENOMEM;
     as->db = db;
-    for (int i = 0; i < AS_COUNT; i++) {
-        if (sqlite3_prepare_v3(db, as_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &as->st[i], NULL) !=
-            SQLITE_OK) {
-            advice_store_close(as);
-            return -EIO;
-        }
+    if (store_prepare_all(db, as_sql, AS_COUNT, as->st) < AS_COUNT) {
+        advice_store_close(as);
+        return -EIO;
     }
     *out = as;
     return 0;
@@ -112,8 +110,7 @@ void advice_store_close(struct advice_store *as)
 {
     if (!as)
         return;
-    for (int i = 0; i < AS_COUNT; i++)
-        sqlite3_finalize(as->st[i]);
+    store_finalize_all(as->st, AS_COUNT);
     free(as);
 }
 
@@ -127,11 +124,6 @@ static int step1(sqlite3_stmt *st, int64_t *v)
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     return rc;
-}
-
-static int bind_step(sqlite3_stmt *st, int i, int64_t v)
-{
-    return v < 0 ? sqlite3_bind_null(st, i) : sqlite3_bind_int64(st, i, v);
 }
 
 static void copy_text(char *dst, size_t len, const char *src)
@@ -155,14 +147,14 @@ static int put_advice(struct advice_store *as, struct advice_msg *m, int64_t eve
     sqlite3_bind_int64(st, 2, m->alert_id);
     sqlite3_bind_int64(st, 3, event_id);
     sqlite3_bind_int(st, 4, m->action);
-    bind_step(st, 5, m->fire_id > 0 ? m->fire_id : -1);
+    store_bind_opt_step(st, 5, m->fire_id > 0 ? m->fire_id : -1);
     sqlite3_bind_text(st, 6, m->rule, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 7, m->label, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 8, m->severity, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 9, m->step);
-    bind_step(st, 10, m->first_breach_step);
-    bind_step(st, 11, m->fired_step);
-    bind_step(st, 12, m->rollback_step);
+    store_bind_opt_step(st, 10, m->first_breach_step);
+    store_bind_opt_step(st, 11, m->fired_step);
+    store_bind_opt_step(st, 12, m->rollback_step);
     sqlite3_bind_double(st, 13, now);
     if ((rc = step1(st, &m->id)) != SQLITE_ROW)
         return rc == SQLITE_DONE ? SQLITE_ERROR : rc;
