@@ -1,7 +1,20 @@
-/* The SQL of the HTTP API's prepared statements: every read connection
- * prepares all of them when it opens (http.c, dbconn_open), which also
- * checks that the schema is there. Ids and the shared column lists with
- * their positions are in http_internal.h. */
+/* Where SQL lives: with the owner of the connection that runs it, one home
+ * per connection, and nowhere else.
+ *  - The writer's connection (the writer thread): the store_* files
+ *    (store_open.c, store_apply.c, store_series.c, store_silence.c,
+ *    store_advice.c, store_attempts.c, ...), helpers in store_stmt.h.
+ *  - The HTTP read connections (the API and /metrics): this file.
+ *  - The pager's connection: pager_outbox.c.
+ *  - A reader with its own connection on its own thread outside the HTTP
+ *    server (the remote-write sender): a store_<name>.c file of its own
+ *    (store_rw.c), because its library does not link the HTTP server's;
+ *    its header says it only reads.
+ *
+ * This file: the SQL of the HTTP API's prepared statements: every read
+ * connection prepares all of them when it opens (http.c, dbconn_open),
+ * which also checks that the schema is there. Ids and the shared column
+ * lists with their positions are in http_internal.h. And /metrics'
+ * queries (metrics.h), prepared per scrape. */
 
 #include "http_internal.h"
 #include "metrics.h"

@@ -7,6 +7,7 @@
  * Header only; any thread that owns the connection. */
 
 #include <sqlite3.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Prepares sql[0..n) on db into st[0..n), persistent (each is prepared
