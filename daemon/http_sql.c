@@ -1,9 +1,23 @@
-/* The SQL of the HTTP API's prepared statements: every read connection
- * prepares all of them when it opens (http.c, dbconn_open), which also
- * checks that the schema is there. Ids and the shared column lists with
- * their positions are in http_internal.h. */
+/* Where SQL lives: with the owner of the connection that runs it, one home
+ * per connection, and nowhere else.
+ *  - The writer's connection (the writer thread): the store_* files
+ *    (store_open.c, store_apply.c, store_series.c, store_silence.c,
+ *    store_advice.c, store_attempts.c, ...), helpers in store_stmt.h.
+ *  - The HTTP read connections (the API and /metrics): this file.
+ *  - The pager's connection: pager_outbox.c.
+ *  - A reader with its own connection on its own thread outside the HTTP
+ *    server (the remote-write sender): a store_<name>.c file of its own
+ *    (store_rw.c), because its library does not link the HTTP server's;
+ *    its header says it only reads.
+ *
+ * This file: the SQL of the HTTP API's prepared statements: every read
+ * connection prepares all of them when it opens (http.c, dbconn_open),
+ * which also checks that the schema is there. Ids and the shared column
+ * lists with their positions are in http_internal.h. And /metrics'
+ * queries (metrics.h), prepared per scrape. */
 
 #include "http_internal.h"
+#include "metrics.h"
 
 /* Alert listings share their parameters (bound by http_alerts_list):
  *   ?1 run id, ?2 ids below this (keyset, newest first), ?3..?6 one state
@@ -133,4 +147,37 @@ static const char *const stmt_sql[STMT__COUNT] = {
 const char *http_stmt_sql(enum stmt_id id)
 {
     return stmt_sql[id];
+}
+
+/* /metrics' queries (metrics.c, metrics_write_db), prepared per scrape on
+ * the scraping HTTP read connection. */
+static const char *const metrics_sql[METRICS_Q__COUNT] = {
+    /* state numbers pinned in alert.h: 1 pending, 2 firing */
+    [METRICS_Q_ALERTS] = "SELECT state, severity, count(*) FROM alerts WHERE state IN (1, 2) "
+                         "GROUP BY state, severity",
+    /* silences_by_end: only silences that have not ended are walked */
+    [METRICS_Q_SILENCES] = "SELECT count(*) FROM silences WHERE ends_at > ?1 AND starts_at <= ?1",
+    /* The most recently active runs: a scan of runs (at most max_runs rows,
+     * the daemon's bound) sorted by last report, LIMIT max_runs. */
+    [METRICS_Q_RUNS] = "SELECT id, name, last_step FROM runs WHERE last_seen_at >= ?1 "
+                       "AND reports > 0 ORDER BY last_seen_at DESC, id DESC LIMIT ?2",
+    /* Latest loss: the lowest rank's loss series, its last point. */
+    [METRICS_Q_LOSS] = "SELECT p.value FROM series s JOIN points p ON p.series_id = s.id "
+                       "AND p.step = s.last_step WHERE s.run_id = ?1 AND s.name = 'loss' "
+                       "ORDER BY s.rank LIMIT 1",
+    /* Per-layer aggregates: layer set, no head, no rank; not the argmin
+     * series (a head index, not a value to graph or alert on). The inner
+     * LIMIT bounds the rows walked per run (series_by_run order). */
+    [METRICS_Q_MONITOR_VALUES] = "SELECT s.name, s.layer, s.\"window\", p.value FROM "
+                                 "(SELECT id, name, layer, head, \"window\", rank, last_step "
+                                 "FROM series WHERE run_id = ?1 ORDER BY id LIMIT ?2) s "
+                                 "JOIN points p ON p.series_id = s.id AND p.step = s.last_step "
+                                 "WHERE s.layer >= 0 AND s.head = -1 AND s.rank = -1 "
+                                 "AND s.name NOT LIKE '%.argmin' LIMIT ?3",
+};
+
+/* Any thread: the table is constant. */
+const char *metrics_query_sql(enum metrics_query q)
+{
+    return metrics_sql[q];
 }

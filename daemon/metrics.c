@@ -380,10 +380,7 @@ static int alerts_family(struct metrics_buf *b, sqlite3 *db, struct fs_err *err)
     _Static_assert(ALERT_PENDING == 1 && ALERT_FIRING == 2, "the open states are 1 and 2");
     uint64_t n[2][2] = {{0}};
     sqlite3_stmt *st = NULL;
-    int rc = prep(db,
-                  "SELECT state, severity, count(*) FROM alerts WHERE state IN (1, 2) "
-                  "GROUP BY state, severity",
-                  &st, err);
+    int rc = prep(db, metrics_query_sql(METRICS_Q_ALERTS), &st, err);
     if (rc != SQLITE_OK)
         return rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -409,9 +406,7 @@ static int alerts_family(struct metrics_buf *b, sqlite3 *db, struct fs_err *err)
 static int silences_family(struct metrics_buf *b, sqlite3 *db, double now, struct fs_err *err)
 {
     sqlite3_stmt *st = NULL;
-    /* silences_by_end: only silences that have not ended are walked */
-    int rc =
-        prep(db, "SELECT count(*) FROM silences WHERE ends_at > ?1 AND starts_at <= ?1", &st, err);
+    int rc = prep(db, metrics_query_sql(METRICS_Q_SILENCES), &st, err);
     if (rc != SQLITE_OK)
         return rc;
     sqlite3_bind_double(st, 1, now);
@@ -443,13 +438,9 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
         (rc = silences_family(b, db, now, err)) != SQLITE_OK)
         return rc;
 
-    /* The most recently active runs: a scan of runs (at most max_runs rows,
-     * the daemon's bound) sorted by last report, LIMIT max_runs. */
+    /* The most recently active runs, at most max_runs. */
     unsigned max = o->max_runs < METRICS_MAX_RUNS ? o->max_runs : METRICS_MAX_RUNS;
-    if ((rc = prep(db,
-                   "SELECT id, name, last_step FROM runs WHERE last_seen_at >= ?1 "
-                   "AND reports > 0 ORDER BY last_seen_at DESC, id DESC LIMIT ?2",
-                   &st, err)) != SQLITE_OK)
+    if ((rc = prep(db, metrics_query_sql(METRICS_Q_RUNS), &st, err)) != SQLITE_OK)
         return rc;
     sqlite3_bind_double(st, 1, now - o->run_max_age);
     sqlite3_bind_int(st, 2, (int)max);
@@ -476,11 +467,7 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
 
     /* Latest loss: the lowest rank's loss series, its last point. */
     family(b, "foreshock_run_loss", "gauge", "Latest loss of a recently active run (lowest rank).");
-    if ((rc = prep(db,
-                   "SELECT p.value FROM series s JOIN points p ON p.series_id = s.id "
-                   "AND p.step = s.last_step WHERE s.run_id = ?1 AND s.name = 'loss' "
-                   "ORDER BY s.rank LIMIT 1",
-                   &st, err)) != SQLITE_OK)
+    if ((rc = prep(db, metrics_query_sql(METRICS_Q_LOSS), &st, err)) != SQLITE_OK)
         return rc;
     for (size_t i = 0; i < nruns; i++) {
         sqlite3_bind_int64(st, 1, runs[i].id);
@@ -497,19 +484,10 @@ int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_op
     }
     sqlite3_finalize(st);
 
-    /* Per-layer aggregates: layer set, no head, no rank; not the argmin
-     * series (a head index, not a value to graph or alert on). The inner
-     * LIMIT bounds the rows walked per run (series_by_run order). */
+    /* Per-layer aggregates (the query says which series). */
     family(b, "foreshock_monitor_value", "gauge",
            "Latest value of each per-layer monitor series of a recently active run.");
-    if ((rc = prep(db,
-                   "SELECT s.name, s.layer, s.\"window\", p.value FROM "
-                   "(SELECT id, name, layer, head, \"window\", rank, last_step FROM series "
-                   "WHERE run_id = ?1 ORDER BY id LIMIT ?2) s "
-                   "JOIN points p ON p.series_id = s.id AND p.step = s.last_step "
-                   "WHERE s.layer >= 0 AND s.head = -1 AND s.rank = -1 "
-                   "AND s.name NOT LIKE '%.argmin' LIMIT ?3",
-                   &st, err)) != SQLITE_OK)
+    if ((rc = prep(db, metrics_query_sql(METRICS_Q_MONITOR_VALUES), &st, err)) != SQLITE_OK)
         return rc;
     for (size_t i = 0; i < nruns; i++) {
         sqlite3_bind_int64(st, 1, runs[i].id);

@@ -58,4 +58,20 @@ int metrics_write_stats(struct metrics_buf *b, const struct fs_stats *st, const 
 int metrics_write_db(struct metrics_buf *b, sqlite3 *db, const struct metrics_opts *o, double now,
                      struct fs_err *err);
 
+/* metrics_write_db's queries, prepared per scrape on the scraping HTTP
+ * read connection. Their SQL is kept with the other read connections' SQL
+ * in http_sql.c. */
+enum metrics_query {
+    METRICS_Q_ALERTS,         /* state, severity, count of open alerts */
+    METRICS_Q_SILENCES,       /* ?1 now: count of silences in effect */
+    METRICS_Q_RUNS,           /* ?1 oldest last_seen_at, ?2 limit: id, name, last_step */
+    METRICS_Q_LOSS,           /* ?1 run id: the latest loss value */
+    METRICS_Q_MONITOR_VALUES, /* ?1 run id, ?2 series scanned, ?3 rows: name, layer, window, value
+                               */
+    METRICS_Q__COUNT
+};
+
+/* The SQL of query q, a static string. Any thread. */
+const char *metrics_query_sql(enum metrics_query q);
+
 #endif

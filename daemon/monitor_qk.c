@@ -2,7 +2,7 @@
  * spectra through Cholesky and TRMM (or the eigen route for singular Grams),
  * and their scalars. See monitor_qk.h for the contract. */
 #include "monitor_qk.h"
-#include "monitor_ws.h"
+#include "eigen.h"
 
 #include <cblas.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* The MoE router monitors of one layer: similarity, conditioning and routing
  * statistics from the router Gram and token sums. See monitor_router.h. */
 #include "monitor_router.h"
-#include "monitor_ws.h"
+#include "eigen.h"
 
 #include <errno.h>
 #include <math.h>

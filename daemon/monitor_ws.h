@@ -3,36 +3,12 @@
 
 #include <stddef.h>
 
-/* Monitor workspaces: the part the QK and router workspaces share, and the
- * pool the monitor stage's workers check them out of.
- *
- *  - struct monitor_eig: dsyev's eigenvalue output and work buffer for
- *    symmetric matrices up to n x n, sized once so the hot path never
- *    allocates. Embedded in struct qk_workspace (monitor_qk.c) and struct
- *    router_workspace (monitor_router.c). Owned by the workspace's thread.
- *  - struct monitor_ws_pool: free workspaces of each kind, best fit by
- *    capacity, under a mutex. Any thread; a workspace taken belongs to the
- *    taking thread until it is given back. */
-
-/* The eigen-solver buffers of one workspace. */
-struct monitor_eig {
-    double *w;    /* n eigenvalues, ascending (dsyev's order) */
-    double *work; /* at least 3n doubles, or what dsyev asked for at n */
-    size_t lwork;
-};
-
-/* Sizes e for matrices up to n x n (n > 0); a: an n x n buffer the caller
- * owns, used only for dsyev's size query. Returns 0 or -ENOMEM (e then
- * holds nothing; monitor_eig_free is still safe). */
-int monitor_eig_init(struct monitor_eig *e, size_t n, double *a);
-
-/* Frees e's buffers (a zeroed e is fine). */
-void monitor_eig_free(struct monitor_eig *e);
-
-/* Eigenvalues of the symmetric m x m matrix a (lower triangle read,
- * overwritten; column-major, leading dimension m; m <= e's n) into e->w,
- * ascending. Returns 0 or -EDOM (dsyev did not converge). */
-int monitor_eig_solve(struct monitor_eig *e, size_t m, double *a);
+/* The pool the monitor stage's workers check their workspaces out of:
+ * free workspaces of each kind (struct qk_workspace, monitor_qk.c; struct
+ * router_workspace, monitor_router.c), best fit by capacity, under a mutex.
+ * Any thread; a workspace taken belongs to the taking thread until it is
+ * given back. The eigen-solver buffers every workspace embeds are in
+ * eigen.h. */
 
 enum monitor_ws_kind {
     MONITOR_WS_QK = 0,     /* struct qk_workspace, capacity max_dh */

@@ -17,52 +17,11 @@
 #include "fs_clock.h"
 #include "log.h"
 #include "store.h"
+#include "store_rw.h"
+#include "store_stmt.h"
 
 #define RW_SPAN_START 16u      /* steps per batch at first; adapts to batch_samples */
 #define RW_ERROR_BODY_MAX 256u /* bytes of a refusal's body that are logged */
-
-enum rw_stmt {
-    Q_RUNS,
-    Q_CURSORS,
-    Q_LIVE_MIN,
-    Q_SPOOL_MIN,
-    Q_POINTS,
-    Q_HEADS,
-    Q_ALERTS,
-    Q_ALERT_MAX,
-    Q__COUNT
-};
-
-/* attempt: the run's latest attempt started at or before the point's time. */
-#define RW_ATTEMPT_OF(t)                                                                           \
-    "(SELECT max(a.attempt) FROM attempts a WHERE a.run_id = ?1 AND a.started_at <= " t ")"
-
-static const char *const rw_sql[Q__COUNT] = {
-    [Q_RUNS] = "SELECT id, name, last_step FROM runs WHERE last_step IS NOT NULL ORDER BY id",
-    [Q_CURSORS] = "SELECT kind, run_id, pos FROM remote_write_cursor WHERE target = ?1",
-    /* The step of the last report of every stream heard since ?2. */
-    /* The step of the last report of every live stream: heard within
-     * RW_LIVE_S (?3), or within RW_LIVE_INTERVALS of its own mean report
-     * interval, whichever is longer (a 70B rank may report once a minute). */
-    [Q_LIVE_MIN] = "SELECT min(r.step) FROM streams s JOIN reports r ON r.stream_id = s.id AND "
-                   "r.seq = s.last_seq WHERE s.run_id = ?1 AND ?2 - s.last_seen_at < max(?3, "
-                   "?4 * (s.last_seen_at - s.created_at) / max(s.reports, 1))",
-    [Q_SPOOL_MIN] = "SELECT min(step) FROM spool_frames WHERE run_id = ?1",
-    [Q_POINTS] =
-        "SELECT s.name, s.layer, s.window, s.rank, p.step, p.value, p.time, " RW_ATTEMPT_OF(
-            "p.time") " FROM series s JOIN points p ON p.series_id = s.id "
-                      "WHERE s.run_id = ?1 AND s.head < 0 AND p.step > ?2 AND p.step <= ?3 AND "
-                      "p.value IS NOT NULL ORDER BY s.id, p.step",
-    [Q_HEADS] = "SELECT s.name, s.layer, s.window, s.head, p.step, p.value, p.time, " RW_ATTEMPT_OF(
-        "p.time") " FROM series s JOIN points p ON p.series_id = s.id "
-                  "WHERE s.run_id = ?1 AND s.head >= 0 AND p.step > ?2 AND p.step <= ?3 AND "
-                  "p.value IS NOT NULL ORDER BY s.id, p.step",
-    [Q_ALERTS] = "SELECT e.id, e.to_state, e.at, a.rule, a.severity, a.family, a.layer, a.head, "
-                 "a.window, a.rank, r.name, e.attempt FROM alert_events e JOIN alerts a ON "
-                 "a.id = e.alert_id JOIN runs r ON r.id = a.run_id WHERE e.id > ?1 ORDER BY "
-                 "e.id LIMIT ?2",
-    [Q_ALERT_MAX] = "SELECT max(id) FROM alert_events",
-};
 
 #define RW_ALERT_FIRING 2 /* alerts.state / alert_events.to_state (alert.h) */
 
@@ -78,7 +37,7 @@ struct rw_sender {
     struct store *store;
     struct fs_stats *stats;
     sqlite3 *db;
-    sqlite3_stmt *st[Q__COUNT];
+    sqlite3_stmt *st[RW_Q__COUNT];
     CURL *curl;
     struct curl_slist *headers;
     char token[RW_TOKEN_MAX];
@@ -193,11 +152,9 @@ static int db_open(struct rw_sender *rw, struct fs_err *err)
 {
     if (store_open_readonly(rw->db_path, &rw->db, err) < 0)
         return -EIO;
-    for (int i = 0; i < Q__COUNT; i++)
-        if (sqlite3_prepare_v3(rw->db, rw_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &rw->st[i],
-                               NULL) != SQLITE_OK)
-            return fs_err_set(err, -EIO, "remote_write: prepare: %s", sqlite3_errmsg(rw->db));
-    sqlite3_stmt *q = rw->st[Q_CURSORS];
+    if (store_rw_prepare(rw->db, rw->st) != SQLITE_OK)
+        return fs_err_set(err, -EIO, "remote_write: prepare: %s", sqlite3_errmsg(rw->db));
+    sqlite3_stmt *q = rw->st[RW_Q_CURSORS];
     sqlite3_bind_text(q, 1, rw->cfg.name, -1, SQLITE_TRANSIENT);
     int rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
@@ -231,14 +188,14 @@ static int64_t one_int(sqlite3_stmt *q, int64_t dflt)
 /* The settled step of a run (remote_write.h). */
 static int64_t settled_step(struct rw_sender *rw, int64_t run_id, int64_t last_step)
 {
-    sqlite3_stmt *q = rw->st[Q_LIVE_MIN];
+    sqlite3_stmt *q = rw->st[RW_Q_LIVE_MIN];
     sqlite3_bind_int64(q, 1, run_id);
     sqlite3_bind_double(q, 2, fs_clock_unix());
     sqlite3_bind_double(q, 3, RW_LIVE_S);
     sqlite3_bind_double(q, 4, RW_LIVE_INTERVALS);
     int64_t live = one_int(q, INT64_MAX);
     int64_t h = live < last_step ? live : last_step;
-    q = rw->st[Q_SPOOL_MIN];
+    q = rw->st[RW_Q_SPOOL_MIN];
     sqlite3_bind_int64(q, 1, run_id);
     int64_t spooled = one_int(q, INT64_MAX);
     if (spooled != INT64_MAX && spooled - 1 < h)
@@ -289,9 +246,9 @@ static int64_t ms_of(double t)
 static int read_points(struct rw_sender *rw, int64_t run_id, const char *run, int64_t lo,
                        int64_t hi)
 {
-    static const int which[2] = {Q_POINTS, Q_HEADS};
+    static const int which[2] = {RW_Q_POINTS, RW_Q_HEADS};
     for (int w = 0; w < 2; w++) {
-        if (which[w] == Q_HEADS && !rw->cfg.per_head)
+        if (which[w] == RW_Q_HEADS && !rw->cfg.per_head)
             continue;
         sqlite3_stmt *q = rw->st[which[w]];
         sqlite3_bind_int64(q, 1, run_id);
@@ -305,7 +262,7 @@ static int read_points(struct rw_sender *rw, int64_t run_id, const char *run, in
             char metric[RW_LABEL_VALUE_MAX];
             int err = 0;
             if (rw_metric_name(name, "", metric, sizeof(metric)) == 0) {
-                int heads = which[w] == Q_HEADS;
+                int heads = which[w] == RW_Q_HEADS;
                 base_labels(rw, &ls, metric, run, q, 7);
                 if (layer >= 0)
                     put_int(&ls, "layer", layer);
@@ -335,7 +292,7 @@ static int read_points(struct rw_sender *rw, int64_t run_id, const char *run, in
 /* Adds up to batch_samples alert events after the cursor; *last: the last id read. */
 static int read_alerts(struct rw_sender *rw, int64_t *last)
 {
-    sqlite3_stmt *q = rw->st[Q_ALERTS];
+    sqlite3_stmt *q = rw->st[RW_Q_ALERTS];
     sqlite3_bind_int64(q, 1, rw->alert_cursor);
     sqlite3_bind_int64(q, 2, (int64_t)rw->cfg.batch_samples);
     int rc, err = 0;
@@ -522,12 +479,12 @@ static int ship(struct rw_sender *rw, int kind, int64_t run_id, int64_t pos)
 
 static int begin(struct rw_sender *rw)
 {
-    return sqlite3_exec(rw->db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK ? 0 : -EIO;
+    return store_rw_begin(rw->db) == SQLITE_OK ? 0 : -EIO;
 }
 
 static void end(struct rw_sender *rw)
 {
-    sqlite3_exec(rw->db, "COMMIT", NULL, NULL, NULL);
+    store_rw_end(rw->db);
 }
 
 /* One pass: a batch per run that has settled steps after its cursor, then a
@@ -543,7 +500,7 @@ static int pass(struct rw_sender *rw)
     uint64_t pending = 0;
     if (begin(rw) < 0)
         return 0;
-    sqlite3_stmt *q = rw->st[Q_RUNS];
+    sqlite3_stmt *q = rw->st[RW_Q_RUNS];
     while (sqlite3_step(q) == SQLITE_ROW) {
         if (nruns == cap) {
             cap = cap ? cap * 2 : 16;
@@ -558,7 +515,7 @@ static int pass(struct rw_sender *rw)
         nruns++;
     }
     sqlite3_reset(q);
-    int64_t alert_max = one_int(rw->st[Q_ALERT_MAX], 0);
+    int64_t alert_max = one_int(rw->st[RW_Q_ALERT_MAX], 0);
     end(rw);
     /* The lag as this pass begins (a receiver down holds the pass in its
      * first batch: the gauge must show it then). */
@@ -638,8 +595,7 @@ static void sender_free(struct rw_sender *rw)
 {
     if (!rw)
         return;
-    for (int i = 0; i < Q__COUNT; i++)
-        sqlite3_finalize(rw->st[i]);
+    store_finalize_all(rw->st, RW_Q__COUNT);
     sqlite3_close(rw->db);
     if (rw->curl)
         curl_easy_cleanup(rw->curl);

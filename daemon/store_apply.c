@@ -16,6 +16,7 @@
 #include "log.h"
 #include "spool.h"
 #include "store_internal.h"
+#include "store_stmt.h"
 
 static const char *const scalar_series[STORE_NSCALARS] = {
     [STORE_LOSS] = "loss",     [STORE_GRAD_NORM] = "grad_norm",
@@ -377,11 +378,6 @@ static int series_of(struct store *s, int64_t run_id, const struct store_series_
     return store_series_get(s, run_id, k->name, k->layer, k->head, k->window, k->rank, idx);
 }
 
-static int bind_opt_step(sqlite3_stmt *st, int i, int64_t v)
-{
-    return v < 0 ? sqlite3_bind_null(st, i) : sqlite3_bind_int64(st, i, v);
-}
-
 /* The pages of a firing or resolving transition: one outbox row per
  * target, in the transaction that commits the transition. */
 static int outbox_rows(struct store *s, int64_t alert_id, int64_t event_id,
@@ -461,9 +457,9 @@ static int apply_alert(struct store *s, int64_t run_id, const struct store_alert
     bind_value(st, 15, a->median);
     bind_value(st, 16, a->mad);
     bind_value(st, 17, a->z);
-    bind_opt_step(st, 18, a->first_breach_step);
-    bind_opt_step(st, 19, a->fired_step);
-    bind_opt_step(st, 20, a->resolved_step);
+    store_bind_opt_step(st, 18, a->first_breach_step);
+    store_bind_opt_step(st, 19, a->fired_step);
+    store_bind_opt_step(st, 20, a->resolved_step);
     sqlite3_bind_int64(st, 21, a->last_step);
     sqlite3_bind_int64(st, 22, (int64_t)a->incidents);
     sqlite3_bind_double(st, 23, now);

@@ -15,6 +15,7 @@
 #include "schema.h"
 #include "spool.h"
 #include "store_internal.h"
+#include "store_stmt.h"
 
 static const char *const stmt_sql[ST_COUNT] = {
     [ST_BEGIN] = "BEGIN IMMEDIATE",
@@ -350,13 +351,11 @@ int store_open(const char *path, const struct store_opts *opts, struct store **o
     if ((rc = configure(s->db, path, opts->synchronous_full, err)) < 0 ||
         (rc = migrate(s->db, path, err)) < 0)
         goto fail;
-    for (int i = 0; i < ST_COUNT; i++) {
-        if (sqlite3_prepare_v3(s->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i],
-                               NULL) != SQLITE_OK) {
-            rc = fs_err_set(err, -EIO, "%s: preparing statement %d: %s", path, i,
-                            sqlite3_errmsg(s->db));
-            goto fail;
-        }
+    int bad = store_prepare_all(s->db, stmt_sql, ST_COUNT, s->st);
+    if (bad < ST_COUNT) {
+        rc = fs_err_set(err, -EIO, "%s: preparing statement %d: %s", path, bad,
+                        sqlite3_errmsg(s->db));
+        goto fail;
     }
     if ((rc = open_spool(s, path, err)) < 0)
         goto fail;
@@ -400,8 +399,7 @@ fail:
         pthread_cond_destroy(&s->cv);
     if (mu)
         pthread_mutex_destroy(&s->mu);
-    for (int i = 0; i < ST_COUNT; i++)
-        sqlite3_finalize(s->st[i]);
+    store_finalize_all(s->st, ST_COUNT);
     advice_store_close(s->advice);
     attempts_store_close(s->attempts);
     sqlite3_close(s->db);
@@ -423,8 +421,7 @@ int store_close(struct store *s)
     pthread_mutex_unlock(&s->mu);
     if (s->thread_started)
         pthread_join(s->thread, NULL);
-    for (int i = 0; i < ST_COUNT; i++)
-        sqlite3_finalize(s->st[i]);
+    store_finalize_all(s->st, ST_COUNT);
     for (int i = 0; i < SIL_COUNT; i++)
         sqlite3_finalize(s->sil_st[i]);
     advice_store_close(s->advice);

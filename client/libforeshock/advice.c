@@ -1,11 +1,11 @@
-/* The advice box (advice.h) and fsc_poll_advice. */
+/* The advice box (advice.h) and the actions' names. Below the I/O thread:
+ * fsc_poll_advice, which wakes it for the ack, is in io.c. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "advice.h"
-#include "client.h"
 #include "wire.h"
 
 _Static_assert(
@@ -140,20 +140,6 @@ void fsc_advice_box_acks_sent(struct fsc_advice_box *b, size_t n)
         n = b->n_acks;
     memmove(b->acks, b->acks + n, (b->n_acks - n) * sizeof(*b->acks));
     b->n_acks -= n;
-}
-
-int fsc_poll_advice(fsc_client *c, struct fsc_advice *out)
-{
-    int rc;
-
-    if (!c || !out)
-        return -EINVAL;
-    pthread_mutex_lock(&c->mu);
-    rc = fsc_advice_box_take(&c->advice, out);
-    pthread_mutex_unlock(&c->mu);
-    if (rc > 0 && !c->record_only)
-        fsc_io_wake(c); /* the ack */
-    return rc;
 }
 
 const char *fsc_advice_action_name(int action)

@@ -104,6 +104,22 @@ void fsc_io_wake(struct fsc_client *c)
     }
 }
 
+/* The trainer takes an advice (advice.c's box) and the I/O thread is woken
+ * to write its ack. */
+int fsc_poll_advice(fsc_client *c, struct fsc_advice *out)
+{
+    int rc;
+
+    if (!c || !out)
+        return -EINVAL;
+    pthread_mutex_lock(&c->mu);
+    rc = fsc_advice_box_take(&c->advice, out);
+    pthread_mutex_unlock(&c->mu);
+    if (rc > 0 && !c->record_only)
+        fsc_io_wake(c); /* the ack */
+    return rc;
+}
+
 /* Empties the pipe, then clears the flag; callers look at the shared state
  * afterwards. In this order a wake that finds the flag still set (and so
  * writes nothing) always happens before that look. Clearing first would let

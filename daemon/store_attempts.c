@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "fs_limits.h"
+#include "store_stmt.h"
 
 enum { AT_LATEST, AT_INSERT, AT_REBUILT, AT_COUNT };
 
@@ -29,12 +30,9 @@ int attempts_store_open(sqlite3 *db, struct attempts_store **out)
     struct attempts_store *as = calloc(1, sizeof(*as));
     if (!as)
         return -ENOMEM;
-    for (int i = 0; i < AT_COUNT; i++) {
-        if (sqlite3_prepare_v3(db, at_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &as->st[i], NULL) !=
-            SQLITE_OK) {
-            attempts_store_close(as);
-            return -EIO;
-        }
+    if (store_prepare_all(db, at_sql, AT_COUNT, as->st) < AT_COUNT) {
+        attempts_store_close(as);
+        return -EIO;
     }
     *out = as;
     return 0;
@@ -44,8 +42,7 @@ void attempts_store_close(struct attempts_store *as)
 {
     if (!as)
         return;
-    for (int i = 0; i < AT_COUNT; i++)
-        sqlite3_finalize(as->st[i]);
+    store_finalize_all(as->st, AT_COUNT);
     free(as);
 }
 
