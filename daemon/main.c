@@ -163,11 +163,19 @@ static void on_signal(uv_signal_t *h, int signum)
     ingest_stop(app->ingest, on_ingest_done, app);
 }
 
-/* Reads options into cfg (file first, then flags). Returns -1 to continue,
- * or an exit status. */
-static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
-                      struct pager_config *pager_cfg, struct run_auth *run_auth, int *read_only,
-                      struct advice_policy *advice, struct rw_config *rw_cfg)
+/* One --set KEY=VALUE or named flag (--listen, --http, --db, --log-level),
+ * applied over the file's settings. */
+struct override {
+    const char *key;
+    const char *value;
+    char buf[FS_CONFIG_MAX_LINE];
+};
+
+/* Reads the command line's flags: the overrides into ov[*n] (at most
+ * MAX_OVERRIDES), the config file's path, --read-only. Returns -1 to continue,
+ * or an exit status (--help, --version, bad usage: the message printed). */
+static int read_flags(int argc, char **argv, struct override *ov, int *n_out,
+                      const char **config_path, int *read_only)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'},
@@ -181,15 +189,7 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         {"read-only", no_argument, NULL, 'R'},
         {NULL, 0, NULL, 0},
     };
-    struct {
-        const char *key;
-        const char *value;
-        char buf[FS_CONFIG_MAX_LINE];
-    } *ov = calloc(MAX_OVERRIDES, sizeof(*ov));
-    if (!ov)
-        return EXIT_RUNTIME;
     int n = 0, status = -1;
-    const char *config_path = NULL;
     int opt;
     while (status < 0 && (opt = getopt_long(argc, argv, "hV", longopts, NULL)) != -1) {
         const char *key = NULL;
@@ -203,7 +203,7 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
             status = EXIT_OK;
             continue;
         case 'c':
-            config_path = optarg;
+            *config_path = optarg;
             continue;
         case 'R':
             *read_only = 1;
@@ -253,6 +253,22 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         fprintf(stderr, "foreshockd: unexpected argument '%s'; try --help\n", argv[optind]);
         status = EXIT_USAGE;
     }
+    *n_out = n;
+    return status;
+}
+
+/* Reads options into cfg (file first, then flags). Returns -1 to continue,
+ * or an exit status. */
+static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
+                      struct pager_config *pager_cfg, struct run_auth *run_auth, int *read_only,
+                      struct advice_policy *advice, struct rw_config *rw_cfg)
+{
+    struct override *ov = calloc(MAX_OVERRIDES, sizeof(*ov));
+    if (!ov)
+        return EXIT_RUNTIME;
+    int n = 0;
+    const char *config_path = NULL;
+    int status = read_flags(argc, argv, ov, &n, &config_path, read_only);
     struct fs_err err = {0};
     config_defaults(cfg);
     detect_rules_default(rules);
