@@ -12,6 +12,7 @@
 #include "config.h"
 #include "dblock.h"
 #include "detect.h"
+#include "detect_config.h"
 #include "http.h"
 #include "ingest.h"
 #include "log.h"
@@ -274,7 +275,7 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
     detect_rules_default(rules);
     advice_policy_default(advice);
     struct config_section sections[5];
-    stage_detect_section(rules, &sections[0]);
+    detect_config_section(rules, &sections[0]);
     pager_target_section(pager_cfg, &sections[1]);
     run_auth_section(run_auth, &sections[2]);
     advice_section(advice, &sections[3]);

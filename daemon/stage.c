@@ -414,31 +414,6 @@ bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank, const Fo
 
 /* --- public API ------------------------------------------------------------------------------ */
 
-static void *detect_open(void *ctx, const char *sub, struct fs_err *why)
-{
-    if (!sub || !sub[0]) {
-        fs_err_set(why, -EINVAL, "needs a rule name: [detect \"RULE\"]");
-        return NULL;
-    }
-    struct detect_rule *rule = detect_rules_find(ctx, sub);
-    if (!rule)
-        fs_err_set(why, -EINVAL, "unknown detector rule '%s'", sub);
-    return rule;
-}
-
-static int detect_set(void *ctx, void *target, const char *key, const char *value,
-                      struct fs_err *why)
-{
-    const struct detect_rule *rule = target;
-    return detect_rules_set(ctx, rule->name, key, value, why) < 0 ? -EINVAL : 0;
-}
-
-void stage_detect_section(struct detect_rules *rules, struct config_section *out)
-{
-    *out = (struct config_section){
-        .name = "detect", .open = detect_open, .set = detect_set, .ctx = rules};
-}
-
 int stage_create(const struct stage_opts *opts, struct stage **out, struct fs_err *err)
 {
     struct stage *st = calloc(1, sizeof(*st));
