@@ -279,6 +279,29 @@ static int check_router_tokens(const Foreshock__RouterTokens *t, size_t i,
     return 0;
 }
 
+void decode_scalars(const Foreshock__Scalars *s, struct decode_scalars *out)
+{
+    *out = (struct decode_scalars){0};
+    if (!s)
+        return;
+    const struct {
+        int has;
+        double v;
+    } sc[DECODE_NSCALARS] = {
+        [DECODE_SCALAR_LOSS] = {s->has_loss, s->loss},
+        [DECODE_SCALAR_GRAD_NORM] = {s->has_grad_norm, s->grad_norm},
+        [DECODE_SCALAR_LR] = {s->has_lr, s->lr},
+        [DECODE_SCALAR_LOSS_SCALE] = {s->has_loss_scale, s->loss_scale},
+        [DECODE_SCALAR_TOKENS] = {s->has_tokens, (double)s->tokens},
+        [DECODE_SCALAR_STEP_TIME] = {s->has_step_time_s, s->step_time_s},
+    };
+    for (int i = 0; i < DECODE_NSCALARS; i++) {
+        out->v[i] = sc[i].v;
+        if (sc[i].has)
+            out->present |= 1u << i;
+    }
+}
+
 static int check_scalars(const Foreshock__Scalars *s, const struct decode_limits *lim,
                          struct decode_info *info, struct fs_err *err)
 {

@@ -46,6 +46,29 @@ struct decode_info {
     int nonfinite_scalars;            /* loss or grad_norm is NaN/Inf (accepted) */
 };
 
+/* A Report's scalars as the daemon reads them, translated from the wire in
+ * one place (decode_scalars) for the writer's row and the stage's detectors:
+ * v[DECODE_SCALAR_*], bit i of present set when the report carries scalar i
+ * (v[i] is the wire's value either way, 0 when absent). The order is the
+ * store's (store.h enum store_scalar). */
+enum decode_scalar {
+    DECODE_SCALAR_LOSS,
+    DECODE_SCALAR_GRAD_NORM,
+    DECODE_SCALAR_LR,
+    DECODE_SCALAR_LOSS_SCALE,
+    DECODE_SCALAR_TOKENS,
+    DECODE_SCALAR_STEP_TIME,
+    DECODE_NSCALARS
+};
+
+struct decode_scalars {
+    unsigned present; /* bit i: v[i] was sent */
+    double v[DECODE_NSCALARS];
+};
+
+/* Fills *out from s (NULL: nothing present). Pure. */
+void decode_scalars(const Foreshock__Scalars *s, struct decode_scalars *out);
+
 /* Checks a length prefix. hdr: the 4 bytes as received. On success *len
  * is N (1..max_frame_bytes) and 0 is returned; otherwise -EMSGSIZE with
  * err->code = ERROR_TOO_LARGE. */

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fnmatch.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,6 +262,167 @@ static int parse_bound(const char *s, bool *has, double *v)
     return 0;
 }
 
+/* The [detect "RULE"] keys, one row each: how the value parses, where it
+ * goes in struct detect_rule, and what a bad value is told to be. */
+enum detect_key_kind {
+    DETECT_KEY_U32,      /* an integer in lo..hi */
+    DETECT_KEY_DOUBLE,   /* a number in lo..hi, then validate */
+    DETECT_KEY_BOUND,    /* a number or none (parse_bound; has_off is its flag) */
+    DETECT_KEY_BOOL,     /* parse_bool */
+    DETECT_KEY_SEVERITY, /* warning or critical */
+};
+
+struct detect_key {
+    const char *key;
+    enum detect_key_kind kind;
+    size_t off;                 /* the field in struct detect_rule */
+    size_t has_off;             /* DETECT_KEY_BOUND: its has_ flag */
+    double lo, hi;              /* DETECT_KEY_U32 and DETECT_KEY_DOUBLE */
+    bool none_is_zero;          /* DETECT_KEY_DOUBLE: "none" stores 0 (that check off) */
+    bool (*validate)(double v); /* DETECT_KEY_DOUBLE, after the range: false rejects */
+    const char *expect;         /* "expected ..." in the error */
+};
+
+/* A ratio in (0, 1] would breach on the baseline itself (rise_ratio) or call
+ * every new maximum a spike (spike_ratio): 0 (off) or above 1. */
+static bool ratio_off_or_above_one(double v)
+{
+    return v == 0 || v > 1;
+}
+
+static bool below_one(double v)
+{
+    return v < 1;
+}
+
+static bool positive(double v)
+{
+    return v > 0;
+}
+
+#define DETECT_FIELD(f) offsetof(struct detect_rule, f)
+
+static const struct detect_key detect_keys[] = {
+    {.key = "warmup",
+     .kind = DETECT_KEY_U32,
+     .off = DETECT_FIELD(warmup),
+     .lo = 0,
+     .hi = DETECT_MAX_WARMUP,
+     .expect = "an integer 0..1000000"},
+    {.key = "warmup_steps",
+     .kind = DETECT_KEY_U32,
+     .off = DETECT_FIELD(warmup_steps),
+     .lo = 0,
+     .hi = DETECT_MAX_WARMUP_STEPS,
+     .expect = "an integer 0..1000000"},
+    {.key = "rise_ratio",
+     .kind = DETECT_KEY_DOUBLE,
+     .off = DETECT_FIELD(rise_ratio),
+     .lo = 0,
+     .hi = DETECT_MAX_RATIO,
+     .none_is_zero = true,
+     .validate = ratio_off_or_above_one,
+     .expect = "a number > 1, or 0/none to disable"},
+    {.key = "floor_rel",
+     .kind = DETECT_KEY_DOUBLE,
+     .off = DETECT_FIELD(floor_rel),
+     .lo = 0,
+     .hi = 1,
+     .none_is_zero = true,
+     .validate = below_one,
+     .expect = "a number in (0, 1), or 0/none to disable"},
+    {.key = "window",
+     .kind = DETECT_KEY_U32,
+     .off = DETECT_FIELD(window),
+     .lo = 1,
+     .hi = DETECT_MAX_WINDOW,
+     .expect = "an integer 1..256"},
+    {.key = "z",
+     .kind = DETECT_KEY_DOUBLE,
+     .off = DETECT_FIELD(z),
+     .lo = 0,
+     .hi = DETECT_MAX_Z,
+     .validate = positive,
+     .expect = "a number > 0"},
+    {.key = "floor",
+     .kind = DETECT_KEY_BOUND,
+     .off = DETECT_FIELD(floor),
+     .has_off = DETECT_FIELD(has_floor),
+     .expect = "a number or none"},
+    {.key = "ceiling",
+     .kind = DETECT_KEY_BOUND,
+     .off = DETECT_FIELD(ceiling),
+     .has_off = DETECT_FIELD(has_ceiling),
+     .expect = "a number or none"},
+    {.key = "spike_ratio",
+     .kind = DETECT_KEY_DOUBLE,
+     .off = DETECT_FIELD(spike_ratio),
+     .lo = 0,
+     .hi = DETECT_MAX_Z,
+     .none_is_zero = true,
+     .validate = ratio_off_or_above_one,
+     .expect = "a number > 1, or 0/none to disable"},
+    {.key = "persistence",
+     .kind = DETECT_KEY_U32,
+     .off = DETECT_FIELD(persistence),
+     .lo = 1,
+     .hi = DETECT_MAX_PERSISTENCE,
+     .expect = "an integer 1..10000"},
+    {.key = "resolve_after",
+     .kind = DETECT_KEY_U32,
+     .off = DETECT_FIELD(resolve_after),
+     .lo = 1,
+     .hi = DETECT_MAX_PERSISTENCE,
+     .expect = "an integer 1..10000"},
+    {.key = "severity",
+     .kind = DETECT_KEY_SEVERITY,
+     .off = DETECT_FIELD(severity),
+     .expect = "warning or critical"},
+    {.key = "enabled",
+     .kind = DETECT_KEY_BOOL,
+     .off = DETECT_FIELD(enabled),
+     .expect = "true or false"},
+    {.key = "trend",
+     .kind = DETECT_KEY_BOOL,
+     .off = DETECT_FIELD(trend),
+     .expect = "true or false"},
+};
+
+/* Parses value into the row's field of *r. Returns 0 or -EINVAL. */
+static int detect_key_parse(const struct detect_key *k, const char *value, struct detect_rule *r)
+{
+    char *field = (char *)r + k->off;
+    switch (k->kind) {
+    case DETECT_KEY_U32:
+        return parse_u32(value, (uint32_t)k->lo, (uint32_t)k->hi, (uint32_t *)(void *)field);
+    case DETECT_KEY_DOUBLE: {
+        double *v = (double *)(void *)field;
+        if (k->none_is_zero && word_is(value, "none")) {
+            *v = 0;
+            return 0;
+        }
+        int rc = parse_double(value, k->lo, k->hi, v);
+        if (rc == 0 && k->validate && !k->validate(*v))
+            rc = -EINVAL;
+        return rc;
+    }
+    case DETECT_KEY_BOUND:
+        return parse_bound(value, (bool *)(void *)((char *)r + k->has_off),
+                           (double *)(void *)field);
+    case DETECT_KEY_BOOL:
+        return parse_bool(value, (bool *)(void *)field);
+    case DETECT_KEY_SEVERITY: {
+        const char *w = value + strspn(value, " \t");
+        size_t n = strcspn(w, " \t");
+        if (!is_blank(w + n) ||
+            detect_severity_parse(w, n, (enum detect_severity *)(void *)field) < 0)
+            return -EINVAL;
+        return 0;
+    }
+    }
+    return -EINVAL;
+}
+
 int detect_rules_set(struct detect_rules *rules, const char *rule_name, const char *key,
                      const char *value, struct fs_err *err)
 {
@@ -271,85 +433,20 @@ int detect_rules_set(struct detect_rules *rules, const char *rule_name, const ch
         return fs_err_set(err, -ENOENT, "detect \"%.64s\": no such rule", rule_name);
     if (strlen(value) >= DETECT_VALUE_MAX)
         return fs_err_set(err, -EINVAL, "detect \"%s\": %.32s: value too long", target->name, key);
+    const struct detect_key *k = NULL;
+    for (size_t i = 0; !k && i < sizeof detect_keys / sizeof detect_keys[0]; i++)
+        if (strcmp(key, detect_keys[i].key) == 0)
+            k = &detect_keys[i];
+    if (!k)
+        return fs_err_set(err, -EINVAL, "detect \"%s\": unknown key \"%.32s\"", target->name, key);
     /* Work on a copy so a bad value leaves the rule as it was. */
     struct detect_rule r = *target;
-    int rc = 0;
-    const char *expect = "";
-    if (strcmp(key, "warmup") == 0) {
-        rc = parse_u32(value, 0, DETECT_MAX_WARMUP, &r.warmup);
-        expect = "an integer 0..1000000";
-    } else if (strcmp(key, "warmup_steps") == 0) {
-        rc = parse_u32(value, 0, DETECT_MAX_WARMUP_STEPS, &r.warmup_steps);
-        expect = "an integer 0..1000000";
-    } else if (strcmp(key, "rise_ratio") == 0) {
-        if (word_is(value, "none")) {
-            r.rise_ratio = 0;
-        } else {
-            rc = parse_double(value, 0, DETECT_MAX_RATIO, &r.rise_ratio);
-            /* A ratio in (0, 1] would breach on the baseline itself. */
-            if (rc == 0 && r.rise_ratio != 0 && r.rise_ratio <= 1)
-                rc = -EINVAL;
-        }
-        expect = "a number > 1, or 0/none to disable";
-    } else if (strcmp(key, "floor_rel") == 0) {
-        if (word_is(value, "none")) {
-            r.floor_rel = 0;
-        } else {
-            rc = parse_double(value, 0, 1, &r.floor_rel);
-            if (rc == 0 && r.floor_rel >= 1)
-                rc = -EINVAL;
-        }
-        expect = "a number in (0, 1), or 0/none to disable";
-    } else if (strcmp(key, "window") == 0) {
-        rc = parse_u32(value, 1, DETECT_MAX_WINDOW, &r.window);
-        expect = "an integer 1..256";
-    } else if (strcmp(key, "z") == 0) {
-        rc = parse_double(value, 0, DETECT_MAX_Z, &r.z);
-        if (rc == 0 && r.z <= 0)
-            rc = -EINVAL;
-        expect = "a number > 0";
-    } else if (strcmp(key, "floor") == 0) {
-        rc = parse_bound(value, &r.has_floor, &r.floor);
-        expect = "a number or none";
-    } else if (strcmp(key, "ceiling") == 0) {
-        rc = parse_bound(value, &r.has_ceiling, &r.ceiling);
-        expect = "a number or none";
-    } else if (strcmp(key, "spike_ratio") == 0) {
-        if (word_is(value, "none")) {
-            r.spike_ratio = 0;
-        } else {
-            rc = parse_double(value, 0, DETECT_MAX_Z, &r.spike_ratio);
-            /* A ratio in (0, 1] would call every new maximum a spike. */
-            if (rc == 0 && r.spike_ratio != 0 && r.spike_ratio <= 1)
-                rc = -EINVAL;
-        }
-        expect = "a number > 1, or 0/none to disable";
-    } else if (strcmp(key, "persistence") == 0) {
-        rc = parse_u32(value, 1, DETECT_MAX_PERSISTENCE, &r.persistence);
-        expect = "an integer 1..10000";
-    } else if (strcmp(key, "resolve_after") == 0) {
-        rc = parse_u32(value, 1, DETECT_MAX_PERSISTENCE, &r.resolve_after);
-        expect = "an integer 1..10000";
-    } else if (strcmp(key, "severity") == 0) {
-        const char *w = value + strspn(value, " \t");
-        size_t n = strcspn(w, " \t");
-        if (!is_blank(w + n) || detect_severity_parse(w, n, &r.severity) < 0)
-            rc = -EINVAL;
-        expect = "warning or critical";
-    } else if (strcmp(key, "enabled") == 0) {
-        rc = parse_bool(value, &r.enabled);
-        expect = "true or false";
-    } else if (strcmp(key, "trend") == 0) {
-        rc = parse_bool(value, &r.trend);
-        expect = "true or false";
-    } else {
-        return fs_err_set(err, -EINVAL, "detect \"%s\": unknown key \"%.32s\"", target->name, key);
-    }
+    int rc = detect_key_parse(k, value, &r);
     if (rc == 0 && r.has_floor && r.has_ceiling && r.floor >= r.ceiling)
         return fs_err_set(err, -EINVAL, "detect \"%s\": floor must be below ceiling", target->name);
     if (rc != 0)
         return fs_err_set(err, -EINVAL, "detect \"%s\": %s = \"%s\": expected %s", target->name,
-                          key, value, expect);
+                          key, value, k->expect);
     *target = r;
     return 0;
 }

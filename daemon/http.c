@@ -422,51 +422,13 @@ static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
     return MHD_http_unescape(s);
 }
 
-/* Main thread. On success *out owns the daemon, its threads and the read
- * connections until http_stop(). On failure nothing is left running. */
-int http_start(const struct http_opts *opts, struct http **out, struct fs_err *err)
+/* The locks, the condition (on the monotonic clock), the silence cache and
+ * the write queue; h->sync_init says they are there for http_free. */
+static int http_init_sync(struct http *h, struct fs_err *err)
 {
-    struct http *h = NULL;
-    struct addrinfo *ai = NULL;
-    int rc = 0;
-    *out = NULL;
-    if (err)
-        err->msg[0] = '\0';
-
-    if (!opts || !opts->host || !opts->db_path || !opts->stats)
-        return fs_err_set(err, -EINVAL, "http: host, db_path and stats are required");
-    if (opts->threads < 1 || opts->threads > HTTP_MAX_THREADS)
-        return fs_err_set(err, -EINVAL, "http: threads must be in 1..%u, not %u", HTTP_MAX_THREADS,
-                          opts->threads);
-    if (sqlite3_threadsafe() == 0)
-        return fs_err_set(err, -ENOTSUP, "http: SQLite is built without thread support");
-
-    h = calloc(1, sizeof(*h));
-    if (!h) {
-        rc = -ENOMEM;
-        fs_err_set(err, rc, "http: out of memory");
-        goto fail;
-    }
-    h->stats = opts->stats;
-    h->store = opts->store;
-    h->read_only = opts->read_only;
-    h->read_token = strdup(opts->read_token ? opts->read_token : "");
-    h->write_token = strdup(opts->write_token ? opts->write_token : "");
-    if (!h->read_token || !h->write_token) {
-        rc = -ENOMEM;
-        fs_err_set(err, rc, "http: out of memory");
-        goto fail;
-    }
-    h->mopts.max_runs = opts->metrics_max_runs;
-    h->mopts.run_max_age = opts->metrics_run_max_age > 0 ? opts->metrics_run_max_age
-                                                         : HTTP_DEFAULT_METRICS_RUN_MAX_AGE;
-
     pthread_condattr_t ca;
-    if (pthread_condattr_init(&ca) != 0) {
-        rc = -ENOMEM;
-        fs_err_set(err, rc, "http: pthread_condattr_init failed");
-        goto fail;
-    }
+    if (pthread_condattr_init(&ca) != 0)
+        return fs_err_set(err, -ENOMEM, "http: pthread_condattr_init failed");
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     int e1 = pthread_mutex_init(&h->mu, NULL);
     int e2 = e1 == 0 ? pthread_cond_init(&h->cv, &ca) : -1;
@@ -483,40 +445,60 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
             pthread_cond_destroy(&h->cv);
         if (e1 == 0)
             pthread_mutex_destroy(&h->mu);
-        rc = -ENOMEM;
-        fs_err_set(err, rc, "http: mutex/cond/thread init failed");
-        goto fail;
+        return fs_err_set(err, -ENOMEM, "http: mutex/cond/thread init failed");
     }
     h->sync_init = true;
+    return 0;
+}
 
-    /* One read connection per server thread: a request never waits for one
-     * unless a handler is stuck. */
+/* One read connection per server thread: a request never waits for one
+ * unless a handler is stuck. */
+static int http_open_conns(struct http *h, const struct http_opts *opts, struct fs_err *err)
+{
     h->conns = calloc(opts->threads, sizeof(*h->conns));
     h->free_idx = calloc(opts->threads, sizeof(*h->free_idx));
-    if (!h->conns || !h->free_idx) {
-        rc = -ENOMEM;
-        fs_err_set(err, rc, "http: out of memory");
-        goto fail;
-    }
+    if (!h->conns || !h->free_idx)
+        return fs_err_set(err, -ENOMEM, "http: out of memory");
     h->nconns = opts->threads;
     for (unsigned i = 0; i < h->nconns; i++) {
-        rc = dbconn_open(&h->conns[i], opts->db_path, err);
+        int rc = dbconn_open(&h->conns[i], opts->db_path, err);
         if (rc != 0)
-            goto fail;
+            return rc;
         h->free_idx[h->nfree++] = i;
     }
+    return 0;
+}
 
+/* Why MHD_start_daemon returned NULL, into err: libmicrohttpd's own message
+ * says what it refused (TLS setup, the socket, ...); errno alone is often
+ * unset or unrelated. Returns the code. */
+static int http_listen_failed(struct http *h, const struct http_opts *opts, int e,
+                              struct fs_err *err)
+{
+    char why[sizeof(h->mhd_last)];
+    pthread_mutex_lock(&h->log_mu);
+    snprintf(why, sizeof(why), "%s", h->mhd_last);
+    pthread_mutex_unlock(&h->log_mu);
+    return fs_err_set(err, e != 0 ? -e : -EIO, "http: cannot listen on %s:%u%s%s%s%s", opts->host,
+                      (unsigned)opts->port, why[0] ? ": " : "", why, e != 0 ? ": " : "",
+                      e != 0 ? strerror(e) : "");
+}
+
+/* Binds opts->host:port and starts libmicrohttpd's threads (HTTPS when a
+ * certificate is configured); h->port is the bound port. */
+static int http_listen(struct http *h, const struct http_opts *opts, struct fs_err *err)
+{
+    struct addrinfo *ai = NULL;
+    int rc = 0;
     char port[8];
     snprintf(port, sizeof port, "%u", (unsigned)opts->port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     int gai = getaddrinfo(opts->host, port, &hints, &ai);
-    if (gai != 0) {
-        rc = -EINVAL;
-        fs_err_set(err, rc, "http: bad bind address '%s': %s", opts->host, gai_strerror(gai));
-        goto fail;
-    }
+    if (gai != 0)
+        return fs_err_set(err, -EINVAL, "http: bad bind address '%s': %s", opts->host,
+                          gai_strerror(gai));
 
     json_object_seed(0); /* before any server thread builds a JSON object */
 
@@ -540,14 +522,14 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
     bool https = opts->tls_cert_file && opts->tls_cert_file[0];
     if (https) {
         if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
-            rc = -ENOTSUP;
-            fs_err_set(err, rc, "http: http_tls_cert is set but this libmicrohttpd has no TLS");
-            goto fail;
+            rc = fs_err_set(err, -ENOTSUP,
+                            "http: http_tls_cert is set but this libmicrohttpd has no TLS");
+            goto out;
         }
         if ((rc = read_pem(opts->tls_key_file, &h->tls_key, err)) < 0 ||
             (rc = read_pem(opts->tls_cert_file, &h->tls_cert, err)) < 0 ||
             (rc = check_pem_pair(opts, err)) < 0)
-            goto fail;
+            goto out;
         tls[0].ptr_value = h->tls_key;
         tls[1].ptr_value = h->tls_cert;
         flags |= MHD_USE_TLS;
@@ -572,28 +554,56 @@ int http_start(const struct http_opts *opts, struct http **out, struct fs_err *e
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
         MHD_OPTION_ARRAY, https ? tls : &tls[2], MHD_OPTION_END);
     if (!h->mhd) {
-        int e = errno;
-        char why[sizeof(h->mhd_last)];
-        pthread_mutex_lock(&h->log_mu);
-        snprintf(why, sizeof(why), "%s", h->mhd_last);
-        pthread_mutex_unlock(&h->log_mu);
-        rc = e != 0 ? -e : -EIO;
-        /* libmicrohttpd's own message says what it refused (TLS setup, the
-         * socket, ...); errno alone is often unset or unrelated. */
-        fs_err_set(err, rc, "http: cannot listen on %s:%u%s%s%s%s", opts->host,
-                   (unsigned)opts->port, why[0] ? ": " : "", why, e != 0 ? ": " : "",
-                   e != 0 ? strerror(e) : "");
-        goto fail;
+        rc = http_listen_failed(h, opts, errno, err);
+        goto out;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
     h->port = info != NULL ? info->port : opts->port;
+out:
     freeaddrinfo(ai);
+    return rc;
+}
+
+/* Main thread. On success *out owns the daemon, its threads and the read
+ * connections until http_stop(). On failure nothing is left running. */
+int http_start(const struct http_opts *opts, struct http **out, struct fs_err *err)
+{
+    struct http *h = NULL;
+    int rc = 0;
+    *out = NULL;
+    if (err)
+        err->msg[0] = '\0';
+
+    if (!opts || !opts->host || !opts->db_path || !opts->stats)
+        return fs_err_set(err, -EINVAL, "http: host, db_path and stats are required");
+    if (opts->threads < 1 || opts->threads > HTTP_MAX_THREADS)
+        return fs_err_set(err, -EINVAL, "http: threads must be in 1..%u, not %u", HTTP_MAX_THREADS,
+                          opts->threads);
+    if (sqlite3_threadsafe() == 0)
+        return fs_err_set(err, -ENOTSUP, "http: SQLite is built without thread support");
+
+    h = calloc(1, sizeof(*h));
+    if (!h)
+        return fs_err_set(err, -ENOMEM, "http: out of memory");
+    h->stats = opts->stats;
+    h->store = opts->store;
+    h->read_only = opts->read_only;
+    h->read_token = strdup(opts->read_token ? opts->read_token : "");
+    h->write_token = strdup(opts->write_token ? opts->write_token : "");
+    if (!h->read_token || !h->write_token) {
+        rc = fs_err_set(err, -ENOMEM, "http: out of memory");
+        goto fail;
+    }
+    h->mopts.max_runs = opts->metrics_max_runs;
+    h->mopts.run_max_age = opts->metrics_run_max_age > 0 ? opts->metrics_run_max_age
+                                                         : HTTP_DEFAULT_METRICS_RUN_MAX_AGE;
+    if ((rc = http_init_sync(h, err)) < 0 || (rc = http_open_conns(h, opts, err)) != 0 ||
+        (rc = http_listen(h, opts, err)) < 0)
+        goto fail;
     *out = h;
     return 0;
 
 fail:
-    if (ai)
-        freeaddrinfo(ai);
     http_free(h);
     return rc;
 }

@@ -282,6 +282,99 @@ static int text_field(json_t *doc, const char *name, bool required, size_t max, 
     return 0;
 }
 
+/* The field 'matchers' (or, with run, the one matcher run="RUN"), validated
+ * and written back canonical by silence.c into out->matchers_json. */
+static int silence_matchers_field(json_t *doc, const char *run, struct silence_req *out,
+                                  struct fs_err *why)
+{
+    int rc = 0;
+    struct silence sil = {0};
+    struct fs_err swhy = {0};
+    char *mjson = NULL;
+    json_t *mv = json_object_get(doc, "matchers");
+    if (run) {
+        mv = json_pack("[{s:s, s:s}]", "name", "run", "value", run);
+        if (!mv) {
+            return fs_err_set(why, -EINVAL, "run: not a valid label value");
+        }
+        mjson = json_dumps(mv, JSON_COMPACT);
+        json_decref(mv);
+    } else if (!mv) {
+        return fs_err_set(why, -EINVAL, "field 'matchers': is required");
+    } else {
+        mjson = json_dumps(mv, JSON_COMPACT | JSON_ENCODE_ANY);
+    }
+    if (!mjson) {
+        return fs_err_set(why, -EINVAL, "body: out of memory");
+    }
+    rc = silence_parse(mjson, strlen(mjson), &sil, &swhy);
+    free(mjson);
+    if (rc != 0) {
+        /* silence.c says "matchers: ..." or "matchers[i]: ..." */
+        return fs_err_set(why, -EINVAL, "field '%s': %.255s", run ? "run" : "matchers", swhy.msg);
+    }
+    rc = silence_matchers_json(&sil, out->matchers_json, sizeof out->matchers_json);
+    silence_free(&sil);
+    if (rc != 0) {
+        return fs_err_set(why, -EINVAL, "field 'matchers': longer than %u bytes", SILENCE_MAX_JSON);
+    }
+    return 0;
+}
+
+/* out->ends_at from 'endsAt' or 'duration' (one of them), after
+ * out->starts_at, in the future, at most HTTP_SILENCE_MAX_DURATION_S long. */
+static int silence_end_field(json_t *doc, double now, struct silence_req *out, struct fs_err *why)
+{
+    int rc = 0;
+    json_t *ev = json_object_get(doc, "endsAt");
+    json_t *dv = json_object_get(doc, "duration");
+    if (ev && dv) {
+        return fs_err_set(why, -EINVAL,
+                          "field 'duration': give either endsAt or duration, not both");
+    }
+    if (!ev && !dv) {
+        return fs_err_set(why, -EINVAL, "field 'endsAt': endsAt or duration is required");
+    }
+    if (ev) {
+        if ((rc = time_field(ev, "endsAt", &out->ends_at, why)) != 0)
+            return rc;
+        if (!(out->ends_at > out->starts_at)) {
+            return fs_err_set(why, -EINVAL, "field 'endsAt': must be after startsAt");
+        }
+        if (!(out->ends_at > now)) {
+            return fs_err_set(why, -EINVAL, "field 'endsAt': must be in the future");
+        }
+    } else {
+        double d = 0;
+        bool good = false;
+        if (json_is_number(dv)) {
+            d = json_number_value(dv);
+            good = d > 0 && isfinite(d);
+        } else if (json_is_string(dv)) {
+            good = http_duration_parse(json_string_value(dv), &d) == 0;
+        }
+        if (!good) {
+            return fs_err_set(why, -EINVAL,
+                              "field 'duration': must be positive seconds or text such as "
+                              "\"90m\", \"2h\", \"1h30m\", \"1d\"");
+        }
+        if (d > HTTP_SILENCE_MAX_DURATION_S) {
+            return fs_err_set(why, -EINVAL,
+                              "field 'duration': longer than the maximum %.0f s (90 days)",
+                              HTTP_SILENCE_MAX_DURATION_S);
+        }
+        out->ends_at = out->starts_at + d;
+        if (!(out->ends_at > now)) {
+            return fs_err_set(why, -EINVAL, "field 'duration': the silence would already be over");
+        }
+    }
+    if (out->ends_at - out->starts_at > HTTP_SILENCE_MAX_DURATION_S) {
+        return fs_err_set(why, -EINVAL, "field 'endsAt': more than %.0f s (90 days) after startsAt",
+                          HTTP_SILENCE_MAX_DURATION_S);
+    }
+    return 0;
+}
+
 int http_silence_req_parse(const char *body, size_t len, const char *run, double now,
                            struct silence_req *out, struct fs_err *why)
 {
@@ -314,100 +407,16 @@ int http_silence_req_parse(const char *body, size_t len, const char *run, double
     }
 
     /* matchers: validated and written back canonical by silence.c */
-    struct silence sil = {0};
-    struct fs_err swhy = {0};
-    char *mjson = NULL;
-    json_t *mv = json_object_get(doc, "matchers");
-    if (run) {
-        mv = json_pack("[{s:s, s:s}]", "name", "run", "value", run);
-        if (!mv) {
-            rc = fs_err_set(why, -EINVAL, "run: not a valid label value");
-            goto out;
-        }
-        mjson = json_dumps(mv, JSON_COMPACT);
-        json_decref(mv);
-    } else if (!mv) {
-        rc = fs_err_set(why, -EINVAL, "field 'matchers': is required");
+    if ((rc = silence_matchers_field(doc, run, out, why)) != 0)
         goto out;
-    } else {
-        mjson = json_dumps(mv, JSON_COMPACT | JSON_ENCODE_ANY);
-    }
-    if (!mjson) {
-        rc = fs_err_set(why, -EINVAL, "body: out of memory");
-        goto out;
-    }
-    rc = silence_parse(mjson, strlen(mjson), &sil, &swhy);
-    free(mjson);
-    if (rc != 0) {
-        /* silence.c says "matchers: ..." or "matchers[i]: ..." */
-        rc = fs_err_set(why, -EINVAL, "field '%s': %.255s", run ? "run" : "matchers", swhy.msg);
-        goto out;
-    }
-    rc = silence_matchers_json(&sil, out->matchers_json, sizeof out->matchers_json);
-    silence_free(&sil);
-    if (rc != 0) {
-        rc = fs_err_set(why, -EINVAL, "field 'matchers': longer than %u bytes", SILENCE_MAX_JSON);
-        goto out;
-    }
 
     out->starts_at = now;
     json_t *sv = json_object_get(doc, "startsAt");
     if (sv && (rc = time_field(sv, "startsAt", &out->starts_at, why)) != 0)
         goto out;
 
-    json_t *ev = json_object_get(doc, "endsAt");
-    json_t *dv = json_object_get(doc, "duration");
-    if (ev && dv) {
-        rc = fs_err_set(why, -EINVAL, "field 'duration': give either endsAt or duration, not both");
+    if ((rc = silence_end_field(doc, now, out, why)) != 0)
         goto out;
-    }
-    if (!ev && !dv) {
-        rc = fs_err_set(why, -EINVAL, "field 'endsAt': endsAt or duration is required");
-        goto out;
-    }
-    if (ev) {
-        if ((rc = time_field(ev, "endsAt", &out->ends_at, why)) != 0)
-            goto out;
-        if (!(out->ends_at > out->starts_at)) {
-            rc = fs_err_set(why, -EINVAL, "field 'endsAt': must be after startsAt");
-            goto out;
-        }
-        if (!(out->ends_at > now)) {
-            rc = fs_err_set(why, -EINVAL, "field 'endsAt': must be in the future");
-            goto out;
-        }
-    } else {
-        double d = 0;
-        bool good = false;
-        if (json_is_number(dv)) {
-            d = json_number_value(dv);
-            good = d > 0 && isfinite(d);
-        } else if (json_is_string(dv)) {
-            good = http_duration_parse(json_string_value(dv), &d) == 0;
-        }
-        if (!good) {
-            rc = fs_err_set(why, -EINVAL,
-                            "field 'duration': must be positive seconds or text such as "
-                            "\"90m\", \"2h\", \"1h30m\", \"1d\"");
-            goto out;
-        }
-        if (d > HTTP_SILENCE_MAX_DURATION_S) {
-            rc = fs_err_set(why, -EINVAL,
-                            "field 'duration': longer than the maximum %.0f s (90 days)",
-                            HTTP_SILENCE_MAX_DURATION_S);
-            goto out;
-        }
-        out->ends_at = out->starts_at + d;
-        if (!(out->ends_at > now)) {
-            rc = fs_err_set(why, -EINVAL, "field 'duration': the silence would already be over");
-            goto out;
-        }
-    }
-    if (out->ends_at - out->starts_at > HTTP_SILENCE_MAX_DURATION_S) {
-        rc = fs_err_set(why, -EINVAL, "field 'endsAt': more than %.0f s (90 days) after startsAt",
-                        HTTP_SILENCE_MAX_DURATION_S);
-        goto out;
-    }
     if ((rc = text_field(doc, "createdBy", true, HTTP_SILENCE_MAX_CREATED_BY, out->created_by,
                          why)) != 0 ||
         (rc = text_field(doc, "comment", false, HTTP_SILENCE_MAX_COMMENT, out->comment, why)) != 0)

@@ -11,6 +11,16 @@
 
 #include "fs_clock.h"
 
+/* store_report.scalars is indexed as decode_scalars' v. */
+_Static_assert((int)STORE_NSCALARS == (int)DECODE_NSCALARS &&
+                   (int)STORE_LOSS == (int)DECODE_SCALAR_LOSS &&
+                   (int)STORE_GRAD_NORM == (int)DECODE_SCALAR_GRAD_NORM &&
+                   (int)STORE_LR == (int)DECODE_SCALAR_LR &&
+                   (int)STORE_LOSS_SCALE == (int)DECODE_SCALAR_LOSS_SCALE &&
+                   (int)STORE_TOKENS == (int)DECODE_SCALAR_TOKENS &&
+                   (int)STORE_STEP_TIME == (int)DECODE_SCALAR_STEP_TIME,
+               "store_scalar and decode_scalar disagree");
+
 static void pause_all(struct ingest *ing)
 {
     if (!ing->paused) {
@@ -132,21 +142,12 @@ void conn_on_report(struct conn *c, Foreshock__Frame **fp, const uint8_t *body, 
     const Foreshock__Scalars *s = r->scalars;
     int oom = 0;
     if (s) {
-        const struct {
-            int has;
-            double v;
-        } sc[STORE_NSCALARS] = {
-            [STORE_LOSS] = {s->has_loss, s->loss},
-            [STORE_GRAD_NORM] = {s->has_grad_norm, s->grad_norm},
-            [STORE_LR] = {s->has_lr, s->lr},
-            [STORE_LOSS_SCALE] = {s->has_loss_scale, s->loss_scale},
-            [STORE_TOKENS] = {s->has_tokens, (double)s->tokens},
-            [STORE_STEP_TIME] = {s->has_step_time_s, s->step_time_s},
-        };
+        struct decode_scalars ds;
+        decode_scalars(s, &ds);
         for (int i = 0; i < STORE_NSCALARS; i++) {
-            if (sc[i].has) {
+            if (ds.present & (1u << i)) {
                 rp->present |= 1u << i;
-                rp->scalars[i] = sc[i].v;
+                rp->scalars[i] = ds.v[i];
             }
         }
         rp->n_weight_norm = (uint32_t)s->n_layer_weight_norm;

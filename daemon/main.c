@@ -12,6 +12,7 @@
 #include "config.h"
 #include "dblock.h"
 #include "detect.h"
+#include "detect_config.h"
 #include "http.h"
 #include "ingest.h"
 #include "log.h"
@@ -121,6 +122,8 @@ struct app {
     int dblock;               /* descriptor of the database lock, -1: not held */
     int stopping;
     int read_only; /* --read-only: HTTP over an archive, nothing else */
+    int loop_ok;   /* the event loop was created: close it at the end */
+    int status;    /* the exit status so far (a stop step may change it) */
 };
 
 static void on_stage_done(void *ctx)
@@ -161,11 +164,19 @@ static void on_signal(uv_signal_t *h, int signum)
     ingest_stop(app->ingest, on_ingest_done, app);
 }
 
-/* Reads options into cfg (file first, then flags). Returns -1 to continue,
- * or an exit status. */
-static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
-                      struct pager_config *pager_cfg, struct run_auth *run_auth, int *read_only,
-                      struct advice_policy *advice, struct rw_config *rw_cfg)
+/* One --set KEY=VALUE or named flag (--listen, --http, --db, --log-level),
+ * applied over the file's settings. */
+struct override {
+    const char *key;
+    const char *value;
+    char buf[FS_CONFIG_MAX_LINE];
+};
+
+/* Reads the command line's flags: the overrides into ov[*n] (at most
+ * MAX_OVERRIDES), the config file's path, --read-only. Returns -1 to continue,
+ * or an exit status (--help, --version, bad usage: the message printed). */
+static int read_flags(int argc, char **argv, struct override *ov, int *n_out,
+                      const char **config_path, int *read_only)
 {
     static const struct option longopts[] = {
         {"listen", required_argument, NULL, 'l'},
@@ -179,15 +190,7 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         {"read-only", no_argument, NULL, 'R'},
         {NULL, 0, NULL, 0},
     };
-    struct {
-        const char *key;
-        const char *value;
-        char buf[FS_CONFIG_MAX_LINE];
-    } *ov = calloc(MAX_OVERRIDES, sizeof(*ov));
-    if (!ov)
-        return EXIT_RUNTIME;
     int n = 0, status = -1;
-    const char *config_path = NULL;
     int opt;
     while (status < 0 && (opt = getopt_long(argc, argv, "hV", longopts, NULL)) != -1) {
         const char *key = NULL;
@@ -201,7 +204,7 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
             status = EXIT_OK;
             continue;
         case 'c':
-            config_path = optarg;
+            *config_path = optarg;
             continue;
         case 'R':
             *read_only = 1;
@@ -251,12 +254,28 @@ static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detec
         fprintf(stderr, "foreshockd: unexpected argument '%s'; try --help\n", argv[optind]);
         status = EXIT_USAGE;
     }
+    *n_out = n;
+    return status;
+}
+
+/* Reads options into cfg (file first, then flags). Returns -1 to continue,
+ * or an exit status. */
+static int parse_args(int argc, char **argv, struct fs_config *cfg, struct detect_rules *rules,
+                      struct pager_config *pager_cfg, struct run_auth *run_auth, int *read_only,
+                      struct advice_policy *advice, struct rw_config *rw_cfg)
+{
+    struct override *ov = calloc(MAX_OVERRIDES, sizeof(*ov));
+    if (!ov)
+        return EXIT_RUNTIME;
+    int n = 0;
+    const char *config_path = NULL;
+    int status = read_flags(argc, argv, ov, &n, &config_path, read_only);
     struct fs_err err = {0};
     config_defaults(cfg);
     detect_rules_default(rules);
     advice_policy_default(advice);
     struct config_section sections[5];
-    stage_detect_section(rules, &sections[0]);
+    detect_config_section(rules, &sections[0]);
     pager_target_section(pager_cfg, &sections[1]);
     run_auth_section(run_auth, &sections[2]);
     advice_section(advice, &sections[3]);
@@ -324,6 +343,16 @@ static struct http_opts http_opts_of(const struct fs_config *cfg, struct app *ap
     };
 }
 
+/* SIGTERM and SIGINT start the orderly stop (on_signal), in both modes. */
+static void start_signals(struct app *app)
+{
+    uv_signal_init(&app->loop, &app->sig_term);
+    uv_signal_init(&app->loop, &app->sig_int);
+    app->sig_term.data = app->sig_int.data = app;
+    uv_signal_start(&app->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&app->sig_int, on_signal, SIGINT);
+}
+
 /* --read-only: the HTTP threads over an archive, until a signal. The
  * database is never written (opened read-only, not migrated, not locked:
  * many such daemons may serve one archive, beside a live daemon too).
@@ -354,11 +383,7 @@ static int serve_read_only(struct app *app)
         log_error("main", "%s", err.msg);
         return EXIT_RUNTIME;
     }
-    uv_signal_init(&app->loop, &app->sig_term);
-    uv_signal_init(&app->loop, &app->sig_int);
-    app->sig_term.data = app->sig_int.data = app;
-    uv_signal_start(&app->sig_term, on_signal, SIGTERM);
-    uv_signal_start(&app->sig_int, on_signal, SIGINT);
+    start_signals(app);
     atomic_store(&app->stats.ready, 1);
     char http_ep[FS_CONFIG_MAX_HOST + 16];
     endpoint_text(http_ep, sizeof(http_ep), cfg->http.host, http_port(app->http));
@@ -372,47 +397,42 @@ static int serve_read_only(struct app *app)
     return EXIT_OK;
 }
 
-int main(int argc, char **argv)
+/* The start steps of the read-write daemon, in order (below). Each returns 0,
+ * or a negative code with err filled: main logs err.msg and exits
+ * EXIT_RUNTIME after the stop steps. */
+
+/* Ingest TLS (cert and key read now, so that a bad file fails the start), and
+ * a note on the [run] token sections. */
+static int start_ingest_auth(struct app *app, struct fs_err *err)
 {
-    signal(SIGPIPE, SIG_IGN);
-    struct app *app = calloc(1, sizeof(*app));
-    if (!app) {
-        fprintf(stderr, "foreshockd: out of memory\n");
-        return EXIT_RUNTIME;
-    }
-    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->run_auth,
-                            &app->read_only, &app->advice, &app->rw_cfg);
-    if (status >= 0) {
-        free(app);
-        return status;
-    }
     const struct fs_config *cfg = &app->cfg;
-    log_set_level((enum log_level)cfg->log_level);
-    status = EXIT_RUNTIME;
-    app->dblock = -1;
-    struct fs_err err = {0};
-    int loop_ok = uv_loop_init(&app->loop) == 0;
-    if (!loop_ok) {
-        log_error("main", "cannot create the event loop");
-        goto out;
-    }
-    if (app->read_only) {
-        status = serve_read_only(app);
-        goto out;
-    }
     if (cfg->tls_cert[0]) {
         struct tls_server_opts to = {
             .cert_file = cfg->tls_cert, .key_file = cfg->tls_key, .ca_file = cfg->tls_client_ca};
-        if (tls_server_new(&to, &app->tls, &err) < 0) {
-            log_error("main", "%s", err.msg);
-            goto out;
-        }
+        int rc = tls_server_new(&to, &app->tls, err);
+        if (rc < 0)
+            return rc;
         log_info("main", "ingest: TLS (%s)%s", cfg->tls_cert,
                  cfg->tls_client_ca[0] ? "; client certificates required (tls_client_ca)" : "");
     }
     if (app->run_auth.n)
         log_info("main", "ingest: %zu [run] token sections; other runs %s", app->run_auth.n,
                  cfg->token[0] ? "need the global token" : "need no token (token is empty)");
+    return 0;
+}
+
+/* One daemon per database: the second would split streams and page twice. */
+static int start_dblock(struct app *app, struct fs_err *err)
+{
+    app->dblock = dblock_acquire(app->cfg.db, err);
+    return app->dblock < 0 ? -1 : 0;
+}
+
+/* The writer, with the pager's and the advice's rows registered before the
+ * first transition. */
+static int start_store(struct app *app, struct fs_err *err)
+{
+    const struct fs_config *cfg = &app->cfg;
     /* Retention keeps a run until every remote-write target sent it. */
     size_t jl = (size_t)snprintf(app->rw_json, sizeof(app->rw_json), "[");
     for (size_t i = 0; i < app->rw_cfg.n; i++) /* names are [A-Za-z0-9_.-]: no escapes */
@@ -434,21 +454,23 @@ int main(int argc, char **argv)
         .run_hello_grace_s = cfg->run_hello_grace_s,
         .max_runs_per_token = cfg->max_runs_per_token,
     };
-    /* One daemon per database: the second would split streams and page twice. */
-    if ((app->dblock = dblock_acquire(cfg->db, &err)) < 0) {
-        log_error("main", "%s", err.msg);
-        goto out;
-    }
-    if (store_open(cfg->db, &so, &app->store, &err) < 0) {
-        log_error("main", "%s", err.msg);
-        goto out;
-    }
+    int rc = store_open(cfg->db, &so, &app->store, err);
+    if (rc < 0)
+        return rc;
     /* Outbox rows for the targets from the first transition on (the spool
      * re-feed below included); the pager thread starts once HTTP is bound. */
     pager_name_stats(&app->pager_cfg, &app->stats);
     pager_register(&app->pager_cfg, app->store);
     /* Advice rows for the transitions from the first one on, likewise. */
     store_set_advice(app->store, &app->advice);
+    return 0;
+}
+
+/* The monitor stage and its workers. Persisted detector/alert state and the
+ * spool re-feed come before ingest accepts a connection. */
+static int start_stage(struct app *app, struct fs_err *err)
+{
+    const struct fs_config *cfg = &app->cfg;
     monitor_init(); /* one OpenBLAS thread: parallelism comes from the workers */
     /* The workers are libuv's threadpool, sized once by the environment
      * before its first use (the stage's first job). */
@@ -477,12 +499,13 @@ int main(int argc, char **argv)
         .max_chunks = (unsigned)(2 * threads), /* two per thread evens out uneven heads */
         .stop_timeout_s = cfg->shutdown_timeout_s,
     };
-    /* Persisted detector/alert state and the spool re-feed come before
-     * ingest accepts a connection. */
-    if (stage_create(&sto, &app->stage, &err) < 0 || stage_load(app->stage, cfg->db, &err) < 0) {
-        log_error("main", "%s", err.msg);
-        goto out;
-    }
+    int rc = stage_create(&sto, &app->stage, err);
+    return rc < 0 ? rc : stage_load(app->stage, cfg->db, err);
+}
+
+static int start_ingest(struct app *app, struct fs_err *err)
+{
+    const struct fs_config *cfg = &app->cfg;
     struct ingest_opts io = {
         .host = cfg->listen.host,
         .port = cfg->listen.port,
@@ -501,16 +524,21 @@ int main(int argc, char **argv)
         .run_auth = &app->run_auth,
     };
     decode_limits_default(&io.limits, (uint32_t)cfg->max_frame_bytes);
-    if (ingest_start(&app->loop, &io, &app->ingest, &err) < 0) {
-        log_error("main", "%s", err.msg);
-        goto out;
-    }
-    struct http_opts ho = http_opts_of(cfg, app);
+    return ingest_start(&app->loop, &io, &app->ingest, err);
+}
+
+static int start_http(struct app *app, struct fs_err *err)
+{
+    struct http_opts ho = http_opts_of(&app->cfg, app);
     ho.store = app->store; /* silences API, auth, /metrics */
-    if (http_start(&ho, &app->http, &err) < 0) {
-        log_error("main", "%s", err.msg);
-        goto out;
-    }
+    return http_start(&ho, &app->http, err);
+}
+
+/* The pager thread, once HTTP is bound: its pages link to the bound port
+ * unless public_url is set. */
+static int start_pager(struct app *app, struct fs_err *err)
+{
+    const struct fs_config *cfg = &app->cfg;
     char public_url[FS_CONFIG_MAX_URL + FS_CONFIG_MAX_HOST + 16];
     if (cfg->public_url[0]) {
         snprintf(public_url, sizeof(public_url), "%s", cfg->public_url);
@@ -525,19 +553,135 @@ int main(int argc, char **argv)
                             .db_path = cfg->db,
                             .store = app->store,
                             .stats = &app->stats};
-    if (pager_start(&po, &app->pager, &err) < 0) {
-        log_error("main", "%s", err.msg);
-        goto out;
+    return pager_start(&po, &app->pager, err);
+}
+
+static int start_remote_write(struct app *app, struct fs_err *err)
+{
+    return remote_write_start(&app->rw_cfg, app->cfg.db, app->store, &app->stats, &app->rw, err);
+}
+
+struct start_step {
+    const char *name; /* what starts, for the reader */
+    int (*start)(struct app *app, struct fs_err *err);
+};
+
+/* In this order: each step uses what the ones above it started. */
+static const struct start_step start_steps[] = {
+    {.name = "ingest TLS and tokens", .start = start_ingest_auth},
+    {.name = "database lock", .start = start_dblock},
+    {.name = "store (writer)", .start = start_store},
+    {.name = "monitor stage", .start = start_stage},
+    {.name = "ingest", .start = start_ingest},
+    {.name = "http", .start = start_http},
+    {.name = "pager", .start = start_pager},
+    {.name = "remote write", .start = start_remote_write},
+};
+
+/* The stop steps, in this order, after the loop ended or a start step failed;
+ * each is a no-op for what never started. Not the start order reversed: HTTP
+ * stops first (no request reaches a stopping writer), ingest and the stage
+ * before the pager and remote write (these send what the stage's last
+ * transitions queued, and go through the writer), the writer after them. */
+
+static void stop_http(struct app *app)
+{
+    http_stop(app->http);
+}
+
+/* Startup failed after ingest bound or the stage started: close their
+ * handles, then let the loop finish. Both before the one uv_run: the stage's
+ * repeating sweep timer kept a loop run for ingest alone going for ever (an
+ * HTTP port in use hung the start instead of exiting 1). */
+static void stop_loop_handles(struct app *app)
+{
+    if (app->status == EXIT_OK || (!app->ingest && !app->stage))
+        return;
+    if (app->ingest)
+        ingest_stop(app->ingest, NULL, NULL);
+    if (app->stage)
+        stage_stop(app->stage, NULL, NULL);
+    uv_run(&app->loop, UV_RUN_DEFAULT);
+}
+
+static void stop_ingest(struct app *app)
+{
+    ingest_free(app->ingest);
+}
+
+static void stop_stage(struct app *app)
+{
+    stage_free(app->stage);
+}
+
+/* The pager's last outcomes and the remote-write cursors go through the
+ * writer: stop them before it. */
+static void stop_remote_write(struct app *app)
+{
+    remote_write_stop(app->rw);
+}
+
+static void stop_pager(struct app *app)
+{
+    pager_stop(app->pager);
+}
+
+static void stop_store(struct app *app)
+{
+    if (store_close(app->store) < 0 && app->status == EXIT_OK) {
+        log_error("main", "stopped, but storage failed: what was received after the last "
+                          "commit was not written (never acknowledged; clients resend it)");
+        app->status = EXIT_RUNTIME;
     }
-    if (remote_write_start(&app->rw_cfg, cfg->db, app->store, &app->stats, &app->rw, &err) < 0) {
-        log_error("main", "%s", err.msg);
-        goto out;
+}
+
+static void stop_ingest_tls(struct app *app)
+{
+    tls_server_free(app->tls);
+}
+
+static void stop_dblock(struct app *app)
+{
+    dblock_release(app->dblock);
+}
+
+static void stop_event_loop(struct app *app)
+{
+    if (app->loop_ok && uv_loop_close(&app->loop) != 0)
+        log_warn("main", "event loop closed with handles still open");
+}
+
+struct stop_step {
+    const char *name; /* what stops, for the reader */
+    void (*stop)(struct app *app);
+};
+
+static const struct stop_step stop_steps[] = {
+    {.name = "http", .stop = stop_http},
+    {.name = "ingest and stage handles (failed start)", .stop = stop_loop_handles},
+    {.name = "ingest", .stop = stop_ingest},
+    {.name = "monitor stage", .stop = stop_stage},
+    {.name = "remote write", .stop = stop_remote_write},
+    {.name = "pager", .stop = stop_pager},
+    {.name = "store (writer)", .stop = stop_store},
+    {.name = "ingest TLS", .stop = stop_ingest_tls},
+    {.name = "database lock", .stop = stop_dblock},
+    {.name = "event loop", .stop = stop_event_loop},
+};
+
+/* The read-write daemon: the start steps, then the loop until ingest and the
+ * signals are closed. Returns an exit status. */
+static int serve(struct app *app)
+{
+    const struct fs_config *cfg = &app->cfg;
+    struct fs_err err = {0};
+    for (size_t i = 0; i < sizeof(start_steps) / sizeof(start_steps[0]); i++) {
+        if (start_steps[i].start(app, &err) < 0) {
+            log_error("main", "%s", err.msg);
+            return EXIT_RUNTIME;
+        }
     }
-    uv_signal_init(&app->loop, &app->sig_term);
-    uv_signal_init(&app->loop, &app->sig_int);
-    app->sig_term.data = app->sig_int.data = app;
-    uv_signal_start(&app->sig_term, on_signal, SIGTERM);
-    uv_signal_start(&app->sig_int, on_signal, SIGINT);
+    start_signals(app);
 
     store_set_serving(app->store, 1);
     atomic_store(&app->stats.ready, 1);
@@ -548,38 +692,38 @@ int main(int argc, char **argv)
              cfg->db, (long)getpid());
 
     uv_run(&app->loop, UV_RUN_DEFAULT); /* until ingest and signals are closed */
-    status = EXIT_OK;
-out:
-    http_stop(app->http);
-    if (status != EXIT_OK && (app->ingest || app->stage)) {
-        /* Startup failed after ingest bound or the stage started: close
-         * their handles, then let the loop finish. Both before the one
-         * uv_run: the stage's repeating sweep timer kept a loop run for
-         * ingest alone going for ever (an HTTP port in use hung the start
-         * instead of exiting 1). */
-        if (app->ingest)
-            ingest_stop(app->ingest, NULL, NULL);
-        if (app->stage)
-            stage_stop(app->stage, NULL, NULL);
-        uv_run(&app->loop, UV_RUN_DEFAULT);
+    return EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    struct app *app = calloc(1, sizeof(*app));
+    if (!app) {
+        fprintf(stderr, "foreshockd: out of memory\n");
+        return EXIT_RUNTIME;
     }
-    ingest_free(app->ingest);
-    stage_free(app->stage);
-    /* The pager's last outcomes and the remote-write cursors go through the
-     * writer: stop them first. */
-    remote_write_stop(app->rw);
-    pager_stop(app->pager);
-    if (store_close(app->store) < 0 && status == EXIT_OK) {
-        log_error("main", "stopped, but storage failed: what was received after the last "
-                          "commit was not written (never acknowledged; clients resend it)");
-        status = EXIT_RUNTIME;
+    int status = parse_args(argc, argv, &app->cfg, &app->rules, &app->pager_cfg, &app->run_auth,
+                            &app->read_only, &app->advice, &app->rw_cfg);
+    if (status >= 0) {
+        free(app);
+        return status;
     }
-    tls_server_free(app->tls);
-    dblock_release(app->dblock);
-    if (loop_ok && uv_loop_close(&app->loop) != 0)
-        log_warn("main", "event loop closed with handles still open");
-    if (status == EXIT_OK)
+    log_set_level((enum log_level)app->cfg.log_level);
+    app->status = EXIT_RUNTIME;
+    app->dblock = -1;
+    app->loop_ok = uv_loop_init(&app->loop) == 0;
+    if (!app->loop_ok)
+        log_error("main", "cannot create the event loop");
+    else if (app->read_only)
+        app->status = serve_read_only(app);
+    else
+        app->status = serve(app);
+    for (size_t i = 0; i < sizeof(stop_steps) / sizeof(stop_steps[0]); i++)
+        stop_steps[i].stop(app);
+    if (app->status == EXIT_OK)
         log_info("main", "stopped");
+    status = app->status;
     free(app);
     return status;
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode.h"
 #include "fs_clock.h"
 #include "fs_grow.h"
 #include "log.h"
@@ -175,12 +176,14 @@ static void queue_scalars(struct stage *st, struct run *run, const struct stage_
     x->step = in->step;
     x->time = in->time;
     x->rank = in->rank;
-    x->has_loss = s->has_loss;
-    x->loss = s->loss;
-    x->has_grad = s->has_grad_norm;
-    x->grad = s->grad_norm;
-    x->has_lr = s->has_lr;
-    x->lr = s->lr;
+    struct decode_scalars ds;
+    decode_scalars(s, &ds);
+    x->has_loss = ds.present & (1u << DECODE_SCALAR_LOSS);
+    x->loss = ds.v[DECODE_SCALAR_LOSS];
+    x->has_grad = ds.present & (1u << DECODE_SCALAR_GRAD_NORM);
+    x->grad = ds.v[DECODE_SCALAR_GRAD_NORM];
+    x->has_lr = ds.present & (1u << DECODE_SCALAR_LR);
+    x->lr = ds.v[DECODE_SCALAR_LR];
     if (s->n_layer_weight_norm && (x->wn = malloc(s->n_layer_weight_norm * sizeof(float)))) {
         memcpy(x->wn, s->layer_weight_norm, s->n_layer_weight_norm * sizeof(float));
         x->n_wn = (uint32_t)s->n_layer_weight_norm;
@@ -407,37 +410,15 @@ bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank, const Fo
     if (r->n_attention || r->n_router_gram || r->n_router_tokens)
         return true;
     const struct run *run = run_find(st->reg, run_id);
+    struct decode_scalars ds;
+    decode_scalars(s, &ds);
+    const unsigned detected =
+        1u << DECODE_SCALAR_LOSS | 1u << DECODE_SCALAR_GRAD_NORM | 1u << DECODE_SCALAR_LR;
     return rank == (run ? run->lead_rank : 0) && s &&
-           (s->has_loss || s->has_grad_norm || s->has_lr || s->n_layer_weight_norm ||
-            s->n_layer_update_ratio);
+           ((ds.present & detected) || s->n_layer_weight_norm || s->n_layer_update_ratio);
 }
 
 /* --- public API ------------------------------------------------------------------------------ */
-
-static void *detect_open(void *ctx, const char *sub, struct fs_err *why)
-{
-    if (!sub || !sub[0]) {
-        fs_err_set(why, -EINVAL, "needs a rule name: [detect \"RULE\"]");
-        return NULL;
-    }
-    struct detect_rule *rule = detect_rules_find(ctx, sub);
-    if (!rule)
-        fs_err_set(why, -EINVAL, "unknown detector rule '%s'", sub);
-    return rule;
-}
-
-static int detect_set(void *ctx, void *target, const char *key, const char *value,
-                      struct fs_err *why)
-{
-    const struct detect_rule *rule = target;
-    return detect_rules_set(ctx, rule->name, key, value, why) < 0 ? -EINVAL : 0;
-}
-
-void stage_detect_section(struct detect_rules *rules, struct config_section *out)
-{
-    *out = (struct config_section){
-        .name = "detect", .open = detect_open, .set = detect_set, .ctx = rules};
-}
 
 int stage_create(const struct stage_opts *opts, struct stage **out, struct fs_err *err)
 {

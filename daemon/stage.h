@@ -99,12 +99,6 @@ struct stage_report {
 
 struct stage;
 
-/* The config section `[detect "RULE"]` (keys of detect_rules_set: warmup,
- * window, z, floor, ceiling, spike_ratio, persistence, resolve_after,
- * severity, enabled, trend) over rules, for config_load_file's extra sections.
- * An unknown rule or key is a config error naming file and line. */
-void stage_detect_section(struct detect_rules *rules, struct config_section *out);
-
 /* Creates the stage on loop (a sweep timer for timeouts). Returns 0 and
  * *out or a negative errno-style code with err. Loop thread, before uv_run. */
 int stage_create(const struct stage_opts *opts, struct stage **out, struct fs_err *err);

@@ -50,6 +50,30 @@ struct rewind_fix {
     int64_t first_breach_step, fired_step; /* of the superseded incident */
 };
 
+/* Sets on the item's alert rows what build_finish cannot know (fix[]). */
+static void rewind_fix_rows(struct store_monitor *m, const struct rewind_fix *fix, size_t n_fix,
+                            uint32_t rewind_from)
+{
+    for (size_t i = 0; i < m->n_alerts; i++) {
+        struct store_alert_row *a = &m->alerts[i];
+        for (size_t k = 0; k < n_fix; k++) {
+            const struct rewind_fix *x = &fix[k];
+            if (strcmp(x->t->rule_name, a->rule) != 0 ||
+                memcmp(&x->t->key, &a->series, sizeof(a->series)) != 0)
+                continue;
+            a->state = x->row_state;
+            if (x->superseded) {
+                /* The row keeps showing the incident it ended; its blob is the
+                 * rebuilt state the next transition starts from. */
+                a->first_breach_step = x->first_breach_step;
+                a->fired_step = x->fired_step;
+                a->attempt = rewind_from;
+            }
+            break;
+        }
+    }
+}
+
 /* Applies a rebuilt state to the run: alert fates (rewind_fate), one item
  * with every detector state and changed alert row, then the swap. */
 static void rewind_apply(struct stage *st, struct run *run, struct stage_run *sr,
@@ -142,24 +166,7 @@ static void rewind_apply(struct stage *st, struct run *run, struct stage_run *sr
     bd.batch.next_label = bd.batch.n;
     build_finish(sr, run, &bd);
     struct store_monitor *m = &bd.it->monitor;
-    for (size_t i = 0; i < m->n_alerts; i++) {
-        struct store_alert_row *a = &m->alerts[i];
-        for (size_t k = 0; k < n_fix; k++) {
-            const struct rewind_fix *x = &fix[k];
-            if (strcmp(x->t->rule_name, a->rule) != 0 ||
-                memcmp(&x->t->key, &a->series, sizeof(a->series)) != 0)
-                continue;
-            a->state = x->row_state;
-            if (x->superseded) {
-                /* The row keeps showing the incident it ended; its blob is the
-                 * rebuilt state the next transition starts from. */
-                a->first_breach_step = x->first_breach_step;
-                a->fired_step = x->fired_step;
-                a->attempt = sr->rewind_from;
-            }
-            break;
-        }
-    }
+    rewind_fix_rows(m, fix, n_fix, sr->rewind_from);
     m->has_rebuilt = 1;
     m->rebuilt_attempt = sr->rewind_attempt;
     build_submit(st, &bd);

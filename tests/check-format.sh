@@ -7,6 +7,16 @@ cd "$(dirname "$0")/.."
 
 CF=${CLANG_FORMAT:-clang-format}
 command -v "$CF" >/dev/null || { echo "check-format: $CF not found (deploy/install-deps.sh installs it)" >&2; exit 2; }
+# Another major version formats the same file differently: the tree is kept in
+# clang-format 14's layout (Debian 12's, which deploy/install-deps.sh installs).
+CF_MAJOR_WANT=14
+CF_VERSION=$("$CF" --version)
+CF_MAJOR=$(sed -n 's/.*clang-format version \([0-9][0-9]*\)\..*/\1/p' <<<"$CF_VERSION")
+if [ "$CF_MAJOR" != "$CF_MAJOR_WANT" ]; then
+  echo "check-format: $CF is '$CF_VERSION'; the tree is formatted with clang-format $CF_MAJOR_WANT" \
+       "(set CLANG_FORMAT=clang-format-$CF_MAJOR_WANT, or install Debian 12's clang-format)" >&2
+  exit 2
+fi
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   mapfile -t files < <(git ls-files -- 'daemon/*.[ch]' 'client/*.[ch]' 'tests/*.[ch]')
 else # a source tarball: every C file under the three folders

@@ -33,6 +33,7 @@
 #include "foreshock.h"
 #include "config.h"
 #include "detect.h"
+#include "detect_config.h"
 #include "evaluate.h"
 #include "pager.h"
 #include "run_auth.h"
@@ -682,7 +683,7 @@ int cmd_backtest(int argc, char **argv)
     struct fs_err ce = {0};
     config_defaults(&cfg);
     detect_rules_default(&rules);
-    stage_detect_section(&rules, &sections[0]);
+    detect_config_section(&rules, &sections[0]);
     pager_target_section(&pager_cfg, &sections[1]);
     run_auth_section(&run_auth, &sections[2]);
     if (st.config && config_load_file(st.config, &cfg, sections, 3, &ce) < 0) {

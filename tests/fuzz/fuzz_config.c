@@ -8,6 +8,7 @@
 
 #include "config.h"
 #include "detect.h"
+#include "detect_config.h"
 #include "pager.h"
 #include "run_auth.h"
 #include "stage.h"
@@ -26,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     config_defaults(&cfg);
     detect_rules_default(&rules);
     pc = (struct pager_config){0};
-    stage_detect_section(&rules, &sections[0]);
+    detect_config_section(&rules, &sections[0]);
     pager_target_section(&pc, &sections[1]);
     ra = (struct run_auth){0};
     run_auth_section(&ra, &sections[2]);

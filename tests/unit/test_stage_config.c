@@ -1,4 +1,4 @@
-/* foreshockd's [detect "RULE"] configuration sections (stage_detect_section
+/* foreshockd's [detect "RULE"] configuration sections (detect_config_section
  * through config_section.set): overrides reach the rule table, errors name
  * the file, line and key. */
 #include <criterion/criterion.h>
@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "detect.h"
+#include "detect_config.h"
 #include "stage.h"
 
 struct bad_case {
@@ -21,7 +22,7 @@ Test(stage_config, detect_rule_sections)
     struct detect_rules rules;
     detect_rules_default(&rules);
     struct config_section sec;
-    stage_detect_section(&rules, &sec);
+    detect_config_section(&rules, &sec);
     const char *text = "detect_from_step = 50\n"
                        "[detect \"qk.d2.erank\"]\n"
                        "z = 4.5\n"
