@@ -194,6 +194,29 @@ def metrics(daemon):
         return out
 
 
+def same_series(got, want, rel, what, ref):
+    """Checks two {series key: {step: value or None}} maps hold the same
+    series, steps and absent points, and every value within relative `rel`
+    (of max(1, |want|)); `what` names got and `ref` want in the messages.
+    Returns (values compared, worst relative error)."""
+    check(set(got) == set(want), f"{what}: series differ from {ref}: "
+          f"{sorted(set(got) ^ set(want))[:10]}")
+    worst, n = 0.0, 0
+    for key, pts in want.items():
+        check(set(got[key]) == set(pts), f"{what} {key}: steps {sorted(got[key])} vs "
+              f"{sorted(pts)}")
+        for step, v in pts.items():
+            g = got[key][step]
+            check((g is None) == (v is None), f"{what} {key} step {step}: {g} vs {v}")
+            if v is None:
+                continue
+            err = abs(g - v) / max(1.0, abs(v))
+            worst = max(worst, err)
+            n += 1
+            check(err <= rel, f"{what} {key} step {step}: {g} vs {ref} {v}")
+    return n, worst
+
+
 def kill_started(*procs):
     """Teardown for a finally: block. SIGKILLs, by its own PID, each of procs
     that still runs and reaps it: Daemon objects and subprocess.Popen this

@@ -167,21 +167,7 @@ def main(args, workdir):
             got = comparable(api, run, run == "trainer")
             want = full if run == "trainer" else {k: v for k, v in full.items()
                                                   if k[0] not in ("weight_norm", "update_ratio")}
-            check(set(got) == set(want), f"{run}: series differ: "
-                  f"{sorted(set(got) ^ set(want))[:10]}")
-            worst, n = 0.0, 0
-            for key, pts in want.items():
-                check(set(got[key]) == set(pts), f"{run} {key}: steps {sorted(got[key])} vs "
-                      f"{sorted(pts)}")
-                for step, v in pts.items():
-                    g = got[key][step]
-                    check((g is None) == (v is None), f"{run} {key} step {step}: {g} vs {v}")
-                    if v is None:
-                        continue
-                    err = abs(g - v) / max(1.0, abs(v))
-                    worst = max(worst, err)
-                    n += 1
-                    check(err <= REL, f"{run} {key} step {step}: {g} vs unsharded {v}")
+            n, worst = fstest.same_series(got, want, REL, run, "unsharded")
             print(f"  {run}-reduced shards: {n} values in {len(want)} series equal the unsharded "
                   f"run (max rel err {worst:.1e})", flush=True)
     finally:

@@ -112,20 +112,7 @@ def main(args, workdir):
                           what="the monitors of both runs")
         want, got = comparable(api, "eager"), comparable(api, "compiled")
         check(any(k[0].startswith("router.") for k in want), "eager: no router series")
-        check(set(got) == set(want), f"compiled series differ from eager: "
-              f"{sorted(set(got) ^ set(want))[:10]}")
-        worst, n = 0.0, 0
-        for key, pts in want.items():
-            check(set(got[key]) == set(pts), f"{key}: steps {sorted(got[key])} vs {sorted(pts)}")
-            for step, v in pts.items():
-                g = got[key][step]
-                check((g is None) == (v is None), f"{key} step {step}: {g} vs {v}")
-                if v is None:
-                    continue
-                err = abs(g - v) / max(1.0, abs(v))
-                worst = max(worst, err)
-                n += 1
-                check(err <= REL, f"{key} step {step}: compiled {g} vs eager {v}")
+        n, worst = fstest.same_series(got, want, REL, "compiled", "eager")
         print(f"  torch.compile ({frames} graphs): {n} values in {len(want)} series equal "
               f"eager mode's (max rel err {worst:.1e})", flush=True)
     finally:

@@ -247,21 +247,7 @@ def main(args, workdir):
                   f"{ref}: no qk / weight_norm series")
             if model_name == "mixtral":
                 check(any(k[0].startswith("router.") for k in want), f"{ref}: no router series")
-            check(set(got) == set(want), f"{run}: series differ from {ref}: "
-                  f"{sorted(set(got) ^ set(want))[:10]}")
-            worst, n = 0.0, 0
-            for key, pts in want.items():
-                check(set(got[key]) == set(pts), f"{run} {key}: steps {sorted(got[key])} vs "
-                      f"{sorted(pts)}")
-                for step, v in pts.items():
-                    g = got[key][step]
-                    check((g is None) == (v is None), f"{run} {key} step {step}: {g} vs {v}")
-                    if v is None:
-                        continue
-                    err = abs(g - v) / max(1.0, abs(v))
-                    worst = max(worst, err)
-                    n += 1
-                    check(err <= REL, f"{run} {key} step {step}: {g} vs one process {v}")
+            n, worst = fstest.same_series(got, want, REL, run, ref)
             print(f"  {run}: {n} values in {len(want)} series equal one process's "
                   f"(max rel err {worst:.1e})", flush=True)
     finally:
