@@ -96,6 +96,8 @@ from typing import Callable, Optional, Tuple
 import torch
 import torch.nn as nn
 
+from .observe import _common_module
+
 log = logging.getLogger("foreshock")
 
 _H_ATTRS = ("num_heads", "n_heads", "n_head", "num_attention_heads", "nheads", "heads",
@@ -882,10 +884,10 @@ def _merge_attention(att, obs, found):
         if site.reason is not None:
             if site.reason == "mixed":
                 name = sorted({s.module for s in site.q_srcs + site.k_srcs})[0]
-                name = _common([s.pname for s in site.q_srcs + site.k_srcs]) or name
+                name = _common_module([s.pname for s in site.q_srcs + site.k_srcs]) or name
                 reason, fix = _mixed_text(site, name), MLA_FIX
             else:
-                name = _common([s.pname for s in site.q_srcs + site.k_srcs]) or "(model)"
+                name = _common_module([s.pname for s in site.q_srcs + site.k_srcs]) or "(model)"
                 reason, fix = f"observed attention score: {site.reason}", (
                     "attention=[foreshock.AttentionSpec(layer, n_heads, n_kv_heads, head_dim, "
                     "get=lambda: (Wq, Wk))] with Wq, Wk over one input space")
@@ -995,16 +997,6 @@ def _safe_q(spec):
 
 def _under(pname, module):
     return module == "" or pname == module or pname.startswith(module + ".")
-
-
-def _common(names):
-    parts = [n.split(".")[:-1] for n in names]
-    out = []
-    for col in zip(*parts):
-        if len(set(col)) != 1:
-            break
-        out.append(col[0])
-    return ".".join(out)
 
 
 def _router_module(model, src):
