@@ -174,12 +174,170 @@ static int fsync_path(const char *path, int dir)
     return rc;
 }
 
+/* Opens src read-only and checks that it is a whole Foreshock database this
+ * build reads; sb is src's stat. Returns 0 with *s open and *version its
+ * schema version, or a negative errno with a reason in err: -EIO (SQLite
+ * failure, or a truncated or damaged file), -EPROTO (a schema version this
+ * build does not read). *s may be open on failure too: the caller closes it. */
+static int open_source(const char *src, const struct stat *sb, sqlite3 **s, int64_t *version,
+                       struct fs_err *err)
+{
+    if (sqlite3_open_v2(src, s, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK)
+        return fail_db(*s, -EIO, err, src);
+    sqlite3_busy_timeout(*s, ARCHIVE_BUSY_MS);
+    *version = 0;
+    if (query_int(*s, "PRAGMA user_version", -1, version) < 0) {
+        /* SQLite's own reason: a truncated or damaged file is not "not a
+         * Foreshock database" (SQLITE_CORRUPT: damaged or cut short;
+         * SQLITE_NOTADB: no SQLite header at all). */
+        int code = sqlite3_errcode(*s);
+        return fs_err_set(err, -EIO, "%s: %s (SQLite)%s", src, sqlite3_errmsg(*s),
+                          code == SQLITE_CORRUPT  ? ": the database is truncated or damaged"
+                          : code == SQLITE_NOTADB ? ": not a SQLite database"
+                                                  : "");
+    }
+    if (*version == 0 && sb->st_size > 0 && sb->st_size < ARCHIVE_SQLITE_HEADER) {
+        /* SQLite reads a file shorter than its header as an empty one. */
+        return fs_err_set(err, -EIO,
+                          "%s: %lld bytes, shorter than a SQLite header (%d): the database is "
+                          "truncated or damaged",
+                          src, (long long)sb->st_size, ARCHIVE_SQLITE_HEADER);
+    }
+    int64_t page = 0;
+    if (*version > 0 && query_int(*s, "PRAGMA page_size", -1, &page) == 0 && page > 0 &&
+        sb->st_size % page != 0) {
+        /* SQLite reads the missing end of a last page as zeros. */
+        return fs_err_set(err, -EIO,
+                          "%s: %lld bytes, not a whole number of its %lld-byte pages: the "
+                          "database is truncated or damaged",
+                          src, (long long)sb->st_size, (long long)page);
+    }
+    if (*version < 1 || *version > schema_migration_count)
+        return fs_err_set(err, -EPROTO,
+                          "%s: schema version %lld: not a Foreshock database this build "
+                          "reads (1..%d)",
+                          src, (long long)*version, schema_migration_count);
+    return 0;
+}
+
+/* The id of the run named `run` in src's database s. Returns 0 and
+ * *run_id, or -ENOENT (no such run) or -EIO with a reason in err. */
+static int find_run(sqlite3 *s, const char *src, const char *run, int64_t *run_id,
+                    struct fs_err *err)
+{
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(s, "SELECT id FROM runs WHERE name = ?1", -1, &q, NULL) != SQLITE_OK)
+        return fail_db(s, -EIO, err, "runs");
+    sqlite3_bind_text(q, 1, run, -1, SQLITE_STATIC);
+    *run_id = -1;
+    if (sqlite3_step(q) == SQLITE_ROW)
+        *run_id = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    if (*run_id < 0)
+        return fs_err_set(err, -ENOENT, "%s: no run named '%s'", src, run);
+    return 0;
+}
+
+/* Creates the archive's temporary file tmp (any left over from an earlier
+ * attempt by this pid is removed first) as an empty database. Returns 0
+ * with *d open, or -EIO with a reason in err (*d may then be open: the
+ * caller closes it). */
+static int create_copy(const char *tmp, sqlite3 **d, struct fs_err *err)
+{
+    (void)unlink(tmp);
+    if (sqlite3_open_v2(tmp, d, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK)
+        return fail_db(*d, -EIO, err, tmp);
+    return 0;
+}
+
+/* Makes the filled copy d one self-contained file, durable once renamed
+ * into place, cut down to run_id when it is >= 0 (other runs' rows
+ * deleted, then VACUUM). Returns 0, or -EIO with a reason in err. */
+static int settle_copy(sqlite3 *d, int64_t run_id, struct fs_err *err)
+{
+    int rc;
+    if ((rc = exec(d, "PRAGMA journal_mode = DELETE", err)) < 0 ||
+        (rc = exec(d, "PRAGMA synchronous = FULL", err)) < 0)
+        return rc;
+    if (run_id >= 0 &&
+        ((rc = keep_one_run(d, run_id, err)) < 0 || (rc = exec(d, "VACUUM", err)) < 0))
+        return rc;
+    return 0;
+}
+
+/* PRAGMA quick_check of the copy d (in file tmp). Returns 0 when it says
+ * "ok", else -EIO with its verdict (or SQLite's error) in err. */
+static int check_copy(sqlite3 *d, const char *tmp, struct fs_err *err)
+{
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(d, "PRAGMA quick_check", -1, &q, NULL) != SQLITE_OK)
+        return fail_db(d, -EIO, err, "quick_check");
+    int step = sqlite3_step(q);
+    const char *verdict = step == SQLITE_ROW ? (const char *)sqlite3_column_text(q, 0) : NULL;
+    int healthy = verdict && strcmp(verdict, "ok") == 0;
+    if (!healthy)
+        fs_err_set(err, -EIO, "%s: quick_check: %s", tmp, verdict ? verdict : sqlite3_errmsg(d));
+    sqlite3_finalize(q);
+    return healthy ? 0 : -EIO;
+}
+
+/* The accounting: version and the copy's row counts into res. Returns 0,
+ * or -EIO with a reason in err. */
+static int count_copy(sqlite3 *d, int64_t version, struct store_archive_result *res,
+                      struct fs_err *err)
+{
+    res->schema_version = (int)version;
+    if (query_int(d, "SELECT count(*) FROM runs", -1, &res->runs) < 0 ||
+        query_int(d, "SELECT count(*) FROM series", -1, &res->series) < 0 ||
+        query_int(d, "SELECT count(*) FROM points", -1, &res->points) < 0 ||
+        query_int(d, "SELECT count(*) FROM alerts", -1, &res->alerts) < 0)
+        return fail_db(d, -EIO, err, "counting the copy");
+    return 0;
+}
+
+/* Puts the closed copy tmp in place as dst: synced, linked to dst, tmp
+ * removed, dst's directory synced, dst's size into res->bytes. Returns 0
+ * once dst exists (tmp is then gone), or a negative errno with a reason in
+ * err (tmp is then left for the caller to remove). */
+static int publish_copy(const char *tmp, const char *dst, struct store_archive_result *res,
+                        struct fs_err *err)
+{
+    int rc;
+    if ((rc = fsync_path(tmp, 0)) < 0)
+        return fs_err_set(err, rc, "fsync %s: %s", tmp, strerror(-rc));
+    /* link(2) refuses an existing dst, which a rename would replace: an
+     * archive that appeared meanwhile is not overwritten either. */
+    if (link(tmp, dst) < 0) {
+        rc = -errno;
+        fs_err_set(err, rc, "%s: %s", dst, strerror(errno));
+        return rc;
+    }
+    (void)unlink(tmp);
+    char dir[FS_CONFIG_MAX_PATH];
+    snprintf(dir, sizeof(dir), "%s", dst);
+    (void)fsync_path(dirname(dir), 1);
+    struct stat sb;
+    if (stat(dst, &sb) == 0)
+        res->bytes = (uint64_t)sb.st_size;
+    return 0;
+}
+
+/* Removes what an unfinished archive left: tmp and its rollback journal. */
+static void remove_partial(const char *tmp)
+{
+    (void)unlink(tmp);
+    char journal[FS_CONFIG_MAX_PATH + 16];
+    snprintf(journal, sizeof(journal), "%s-journal", tmp);
+    (void)unlink(journal);
+}
+
 int store_archive(const char *src, const char *dst, const char *run,
                   struct store_archive_result *res, struct fs_err *err)
 {
     sqlite3 *s = NULL, *d = NULL;
     char tmp[FS_CONFIG_MAX_PATH];
-    int rc = -EIO, made = 0;
+    int rc, made = 0;
+    int64_t version = 0, run_id = -1;
     memset(res, 0, sizeof(*res));
     if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", dst, (long)getpid()) >= sizeof(tmp))
         return fs_err_set(err, -ENAMETOOLONG, "%s: path too long", dst);
@@ -188,137 +346,30 @@ int store_archive(const char *src, const char *dst, const char *run,
         return fs_err_set(err, -EEXIST, "%s exists: an archive is never overwritten", dst);
     if (stat(src, &sb) < 0)
         return fs_err_set(err, -ENOENT, "%s: %s", src, strerror(errno));
-    if (sqlite3_open_v2(src, &s, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
-        rc = fail_db(s, -EIO, err, src);
+    if ((rc = open_source(src, &sb, &s, &version, err)) < 0 ||
+        (run && (rc = find_run(s, src, run, &run_id, err)) < 0) ||
+        (rc = create_copy(tmp, &d, err)) < 0)
         goto out;
-    }
-    sqlite3_busy_timeout(s, ARCHIVE_BUSY_MS);
-    int64_t version = 0;
-    if (query_int(s, "PRAGMA user_version", -1, &version) < 0) {
-        /* SQLite's own reason: a truncated or damaged file is not "not a
-         * Foreshock database" (SQLITE_CORRUPT: damaged or cut short;
-         * SQLITE_NOTADB: no SQLite header at all). */
-        int code = sqlite3_errcode(s);
-        rc = fs_err_set(err, -EIO, "%s: %s (SQLite)%s", src, sqlite3_errmsg(s),
-                        code == SQLITE_CORRUPT  ? ": the database is truncated or damaged"
-                        : code == SQLITE_NOTADB ? ": not a SQLite database"
-                                                : "");
-        goto out;
-    }
-    if (version == 0 && sb.st_size > 0 && sb.st_size < ARCHIVE_SQLITE_HEADER) {
-        /* SQLite reads a file shorter than its header as an empty one. */
-        rc = fs_err_set(err, -EIO,
-                        "%s: %lld bytes, shorter than a SQLite header (%d): the database is "
-                        "truncated or damaged",
-                        src, (long long)sb.st_size, ARCHIVE_SQLITE_HEADER);
-        goto out;
-    }
-    int64_t page = 0;
-    if (version > 0 && query_int(s, "PRAGMA page_size", -1, &page) == 0 && page > 0 &&
-        sb.st_size % page != 0) {
-        /* SQLite reads the missing end of a last page as zeros. */
-        rc = fs_err_set(err, -EIO,
-                        "%s: %lld bytes, not a whole number of its %lld-byte pages: the "
-                        "database is truncated or damaged",
-                        src, (long long)sb.st_size, (long long)page);
-        goto out;
-    }
-    if (version < 1 || version > schema_migration_count) {
-        rc = fs_err_set(err, -EPROTO,
-                        "%s: schema version %lld: not a Foreshock database this build "
-                        "reads (1..%d)",
-                        src, (long long)version, schema_migration_count);
-        goto out;
-    }
-    int64_t run_id = -1;
-    if (run) {
-        sqlite3_stmt *q;
-        if (sqlite3_prepare_v2(s, "SELECT id FROM runs WHERE name = ?1", -1, &q, NULL) !=
-            SQLITE_OK) {
-            rc = fail_db(s, -EIO, err, "runs");
-            goto out;
-        }
-        sqlite3_bind_text(q, 1, run, -1, SQLITE_STATIC);
-        if (sqlite3_step(q) == SQLITE_ROW)
-            run_id = sqlite3_column_int64(q, 0);
-        sqlite3_finalize(q);
-        if (run_id < 0) {
-            rc = fs_err_set(err, -ENOENT, "%s: no run named '%s'", src, run);
-            goto out;
-        }
-    }
-    (void)unlink(tmp);
-    if (sqlite3_open_v2(tmp, &d, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK) {
-        rc = fail_db(d, -EIO, err, tmp);
-        goto out;
-    }
     made = 1;
     if ((rc = copy_pages(s, d, err)) < 0)
         goto out;
     sqlite3_close(s);
     s = NULL;
-    /* One self-contained file, durable when it is renamed into place. */
-    if ((rc = exec(d, "PRAGMA journal_mode = DELETE", err)) < 0 ||
-        (rc = exec(d, "PRAGMA synchronous = FULL", err)) < 0)
+    if ((rc = settle_copy(d, run_id, err)) < 0 || (rc = check_copy(d, tmp, err)) < 0 ||
+        (rc = count_copy(d, version, res, err)) < 0)
         goto out;
-    if (run_id >= 0 &&
-        ((rc = keep_one_run(d, run_id, err)) < 0 || (rc = exec(d, "VACUUM", err)) < 0))
-        goto out;
-    sqlite3_stmt *q;
-    if (sqlite3_prepare_v2(d, "PRAGMA quick_check", -1, &q, NULL) != SQLITE_OK) {
-        rc = fail_db(d, -EIO, err, "quick_check");
-        goto out;
-    }
-    int step = sqlite3_step(q);
-    const char *verdict = step == SQLITE_ROW ? (const char *)sqlite3_column_text(q, 0) : NULL;
-    int healthy = verdict && strcmp(verdict, "ok") == 0;
-    if (!healthy)
-        fs_err_set(err, -EIO, "%s: quick_check: %s", tmp, verdict ? verdict : sqlite3_errmsg(d));
-    sqlite3_finalize(q);
-    if (!healthy) {
-        rc = -EIO;
-        goto out;
-    }
-    res->schema_version = (int)version;
-    if (query_int(d, "SELECT count(*) FROM runs", -1, &res->runs) < 0 ||
-        query_int(d, "SELECT count(*) FROM series", -1, &res->series) < 0 ||
-        query_int(d, "SELECT count(*) FROM points", -1, &res->points) < 0 ||
-        query_int(d, "SELECT count(*) FROM alerts", -1, &res->alerts) < 0) {
-        rc = fail_db(d, -EIO, err, "counting the copy");
-        goto out;
-    }
     if (sqlite3_close(d) != SQLITE_OK) {
         rc = fail_db(d, -EIO, err, "closing the copy");
         goto out;
     }
     d = NULL;
-    if ((rc = fsync_path(tmp, 0)) < 0) {
-        fs_err_set(err, rc, "fsync %s: %s", tmp, strerror(-rc));
+    if ((rc = publish_copy(tmp, dst, res, err)) < 0)
         goto out;
-    }
-    /* link(2) refuses an existing dst, which a rename would replace: an
-     * archive that appeared meanwhile is not overwritten either. */
-    if (link(tmp, dst) < 0) {
-        rc = -errno;
-        fs_err_set(err, rc, "%s: %s", dst, strerror(errno));
-        goto out;
-    }
-    (void)unlink(tmp);
     made = 0;
-    char dir[FS_CONFIG_MAX_PATH];
-    snprintf(dir, sizeof(dir), "%s", dst);
-    (void)fsync_path(dirname(dir), 1);
-    if (stat(dst, &sb) == 0)
-        res->bytes = (uint64_t)sb.st_size;
-    rc = 0;
 out:
     sqlite3_close(s);
     sqlite3_close(d);
-    if (made) {
-        (void)unlink(tmp);
-        char journal[FS_CONFIG_MAX_PATH + 16];
-        snprintf(journal, sizeof(journal), "%s-journal", tmp);
-        (void)unlink(journal);
-    }
+    if (made)
+        remove_partial(tmp);
     return rc;
 }

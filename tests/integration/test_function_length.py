@@ -23,10 +23,8 @@ FUNCTION_MAX_LINES = 120
 
 # Functions still over the limit, each with the length it has today: one may
 # shrink (then its row must go) but never grow, and no other may join it.
-# store_archive is the writer's SQL family's, being reworked on its own.
-KNOWN_OVER = {
-    ("daemon/store_archive.c", "store_archive"): 148,
-}
+# None today: every function in daemon/ is within the limit.
+KNOWN_OVER = {}
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
