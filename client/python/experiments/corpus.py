@@ -203,6 +203,47 @@ def log(msg):
     print(time.strftime("%H:%M:%S ") + msg, flush=True)
 
 
+def run_trainers(out, todo, jobs, finished, clear_stale=True, started=None):
+    """Runs train.py once for each run of todo, in order, `jobs` at a time,
+    each writing its recording and per-step file where paths(out, name)
+    says and its output into runs/NAME.log. clear_stale: first remove the
+    recording, per-step and meta files an earlier attempt left. started(r),
+    when given, is called once r's trainer has started. When a trainer
+    exits, a zero exit status writes r's meta file (wall seconds, trainer
+    arguments: what complete() compares), then finished(r, returncode,
+    wall_s, pending, running) is called, pending and running counting the
+    runs not yet started and still running. Returns None once all exited."""
+    train = os.path.join(HERE, "train.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    pending, active = list(todo), []
+    while pending or active:
+        while pending and len(active) < jobs:
+            r = pending.pop(0)
+            pt = paths(out, r["name"])
+            for k in ("recording", "out", "meta"):
+                if clear_stale and os.path.exists(pt[k]):
+                    os.remove(pt[k])
+            cmd = [sys.executable, train, "--run", r["name"], "--record", pt["recording"],
+                   "--out", pt["out"]] + r["train_args"]
+            logf = open(pt["log"], "w")
+            active.append((r, subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                                               env=env), logf, time.monotonic()))
+            if started:
+                started(r)
+        time.sleep(0.5)
+        for item in list(active):
+            r, proc, logf, t0 = item
+            if proc.poll() is None:
+                continue
+            logf.close()
+            active.remove(item)
+            wall = time.monotonic() - t0
+            if proc.returncode == 0:
+                with open(paths(out, r["name"])["meta"], "w") as f:
+                    json.dump({"wall_s": round(wall, 2), "cmd_args": r["train_args"]}, f)
+            finished(r, proc.returncode, wall, len(pending), len(active))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="output directory (large: keep it outside git checkouts)")
@@ -221,52 +262,30 @@ def main(argv=None):
     if a.manifest_only:
         write_manifest(a.out, matrix)
         return 0
-    train = os.path.join(HERE, "train.py")
     todo = [r for r in runs if a.force or not complete(a.out, r)]
     log(f"{len(runs)} runs, {len(runs) - len(todo)} already complete, {len(todo)} to run, "
         f"{a.jobs} at a time, into {a.out}")
     write_manifest(a.out, matrix)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    pending, active, done, failed, t_start = list(todo), [], 0, [], time.monotonic()
-    while pending or active:
-        while pending and len(active) < a.jobs:
-            r = pending.pop(0)
-            pt = paths(a.out, r["name"])
-            for k in ("recording", "out", "meta"):
-                if os.path.exists(pt[k]):
-                    os.remove(pt[k])
-            cmd = [sys.executable, train, "--run", r["name"], "--record", pt["recording"],
-                   "--out", pt["out"]] + r["train_args"]
-            logf = open(pt["log"], "w")
-            active.append((r, subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
-                                               env=env), logf, time.monotonic()))
-            log(f"start {r['name']}")
-        time.sleep(0.5)
-        for item in list(active):
-            r, proc, logf, t0 = item
-            if proc.poll() is None:
-                continue
-            logf.close()
-            active.remove(item)
-            wall = time.monotonic() - t0
-            pt = paths(a.out, r["name"])
-            if proc.returncode == 0:
-                with open(pt["meta"], "w") as f:
-                    json.dump({"wall_s": round(wall, 2), "cmd_args": r["train_args"]}, f)
-            ok = proc.returncode == 0 and complete(a.out, r)
-            if ok:
-                done += 1
-            else:
-                failed.append(r["name"])
-            e = entry(a.out, r)
-            elapsed = time.monotonic() - t_start
-            left = len(pending) + len(active)
-            eta = elapsed / (done + len(failed)) * left
-            log(f"done  {r['name']}: {'ok' if ok else 'FAILED rc=%s' % proc.returncode} "
-                f"{wall:.0f}s steps={e['steps_recorded']} diverged={e['divergence_step']} "
-                f"rec={(e['recording_bytes'] or 0) / 1e6:.1f}MB | {done + len(failed)}/"
-                f"{len(todo)} finished, ~{eta / 60:.0f} min left")
-            write_manifest(a.out, matrix)
+    done, failed, t_start = 0, [], time.monotonic()
+
+    def finished(r, returncode, wall, pending, running):
+        nonlocal done
+        ok = returncode == 0 and complete(a.out, r)
+        if ok:
+            done += 1
+        else:
+            failed.append(r["name"])
+        e = entry(a.out, r)
+        elapsed = time.monotonic() - t_start
+        eta = elapsed / (done + len(failed)) * (pending + running)
+        log(f"done  {r['name']}: {'ok' if ok else 'FAILED rc=%s' % returncode} "
+            f"{wall:.0f}s steps={e['steps_recorded']} diverged={e['divergence_step']} "
+            f"rec={(e['recording_bytes'] or 0) / 1e6:.1f}MB | {done + len(failed)}/"
+            f"{len(todo)} finished, ~{eta / 60:.0f} min left")
+        write_manifest(a.out, matrix)
+
+    run_trainers(a.out, todo, a.jobs, finished,
+                 started=lambda r: log(f"start {r['name']}"))
     write_manifest(a.out, matrix)
     ent = [entry(a.out, r) for r in matrix]
     bad = [e["name"] for e in ent if e["scenario"] == "healthy" and e["divergence_step"]]

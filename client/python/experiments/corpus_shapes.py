@@ -18,13 +18,11 @@ steps): the scorecard replays exactly that.
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from corpus import complete, log, paths  # noqa: E402
+from corpus import complete, log, paths, run_trainers  # noqa: E402
 from run_experiment import divergence_step, read_jsonl  # noqa: E402
 
 COMMON = ["--ctx", "32", "--batch", "16", "--warmup", "50", "--clip", "1.0", "--threads", "1"]
@@ -142,7 +140,6 @@ def main(argv=None):
     split = lambda s, f=str: [f(x) for x in s.split(",")] if s else None  # noqa: E731
     runs = plan(split(a.shapes), split(a.scenarios), split(a.seeds, int))
     os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
-    train = os.path.join(HERE, "train.py")
     # Healthy runs first, then the scenarios in the table's order, validation
     # shapes before tuning ones: a corpus cut short still holds whole
     # scenarios.
@@ -150,34 +147,18 @@ def main(argv=None):
     todo = sorted([r for r in runs if not complete(a.out, r)],
                   key=lambda r: (order.index(r["scenario"]), r["split"] != "validation"))
     log(f"{len(runs)} runs, {len(todo)} to run, {a.jobs} at a time")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    active, failed = [], []
-    while todo or active:
-        while todo and len(active) < a.jobs:
-            r = todo.pop(0)
-            pt = paths(a.out, r["name"])
-            cmd = [sys.executable, train, "--run", r["name"], "--record", pt["recording"],
-                   "--out", pt["out"]] + r["train_args"]
-            logf = open(pt["log"], "w")
-            active.append((r, subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
-                                               env=env), logf, time.monotonic()))
-        time.sleep(0.5)
-        for item in list(active):
-            r, proc, logf, t0 = item
-            if proc.poll() is None:
-                continue
-            logf.close()
-            active.remove(item)
-            pt = paths(a.out, r["name"])
-            if proc.returncode == 0:
-                with open(pt["meta"], "w") as f:
-                    json.dump({"wall_s": round(time.monotonic() - t0, 2),
-                               "cmd_args": r["train_args"]}, f)
-            e = entry(a.out, r)
-            if not e["complete"]:
-                failed.append(r["name"])
-            log(f"done {r['name']}: rc={proc.returncode} steps={e['steps_recorded']} "
-                f"diverged={e['divergence_step']} ({len(todo)} left)")
+    failed = []
+
+    def finished(r, returncode, wall, pending, running):
+        e = entry(a.out, r)
+        if not e["complete"]:
+            failed.append(r["name"])
+        log(f"done {r['name']}: rc={returncode} steps={e['steps_recorded']} "
+            f"diverged={e['divergence_step']} ({pending} left)")
+
+    # As this corpus was recorded: a rerun leaves an earlier attempt's files
+    # in place until train.py writes them again (corpus.py removes them).
+    run_trainers(a.out, todo, a.jobs, finished, clear_stale=False)
     write_manifest(a.out, runs)
     return 1 if failed else 0
 
