@@ -69,14 +69,25 @@ static void open_incident(struct alert_state *st, const struct detect_rule *rule
  * share most of their updates and are not independent evidence: three
  * such samples of one 25-step transient would otherwise confirm it 10 steps
  * after it began. Needs no state beyond the first breach step. */
-static bool persisted(const struct alert_state *st, const struct detect_rule *rule,
-                      const struct alert_scope *scope, int64_t step)
+static bool of_size(uint8_t kind)
 {
-    if (st->breach_run < rule->persistence)
+    return kind == DETECT_BREACH_FLOOR || kind == DETECT_BREACH_RELATIVE;
+}
+
+static bool persisted(const struct alert_state *st, const struct detect_rule *rule,
+                      const struct alert_scope *scope, const struct detect_verdict *v, int64_t step)
+{
+    uint32_t need = rule->persistence;
+    /* Breaches of size (detect.h: magnitude_persistence) at both ends of
+     * the run: the incident opened on one and this sample is one. */
+    if (rule->magnitude_persistence > 0 && rule->magnitude_persistence < need &&
+        of_size(st->breach_kind) && of_size((uint8_t)v->breach_kind))
+        need = rule->magnitude_persistence;
+    if (st->breach_run < need)
         return false;
-    if (scope->window <= 0 || rule->persistence <= 1)
+    if (scope->window <= 0 || need <= 1)
         return true;
-    int64_t span = (int64_t)(rule->persistence - 1) * (int64_t)scope->window;
+    int64_t span = (int64_t)(need - 1) * (int64_t)scope->window;
     return step - st->first_breach_step >= span;
 }
 
@@ -103,7 +114,7 @@ int alert_step(struct alert_state *st, const struct detect_rule *rule,
             }
             if (st->state != ALERT_FIRING) {
                 /* A non-finite value cannot become "more" confirmed: page now. */
-                if (v->non_finite || persisted(st, rule, scope, step))
+                if (v->non_finite || persisted(st, rule, scope, v, step))
                     to = ALERT_FIRING;
                 else
                     to = ALERT_PENDING;

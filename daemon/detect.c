@@ -34,13 +34,13 @@ static const struct detect_rule default_rules[] = {
      *  - a relative floor (floor_rel): the excess over rank one fell to
      *    30% of the head's own baseline excess. */
     {RULE_DEFAULTS, .name = "qk.d2.erank", .family = DETECT_FAMILY_ATTENTION_D2,
-     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = DETECT_D2_ERANK_FLOOR,
-     .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0},
+     .magnitude_persistence = 2, .direction = DETECT_FALL_IS_BAD, .has_floor = true,
+     .floor = DETECT_D2_ERANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0},
     {RULE_DEFAULTS, .name = "qk.d2.entropy", .family = DETECT_FAMILY_ATTENTION_D2,
      .direction = DETECT_FALL_IS_BAD},
     {RULE_DEFAULTS, .name = "qk.d2.srank", .family = DETECT_FAMILY_ATTENTION_D2,
-     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = DETECT_D2_SRANK_FLOOR,
-     .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0},
+     .magnitude_persistence = 2, .direction = DETECT_FALL_IS_BAD, .has_floor = true,
+     .floor = DETECT_D2_SRANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0},
     /* c_qk rises when successive Q and K updates line up: the same fault. */
     {RULE_DEFAULTS, .name = "qk.cqk", .family = DETECT_FAMILY_ATTENTION_D2,
      .direction = DETECT_RISE_IS_BAD},
@@ -124,7 +124,16 @@ static const struct detect_rule default_rules[] = {
      * but by a z-score's worth (measured on the corpus: z 5 within 15
      * steps of either fault), not by a multiple: so only the multiple
      * counts (rise_ratio, against the layer's own baseline; z is out of
-     * reach), and that names the step size. */
+     * reach), and that names the step size.
+     * Its baseline starts at the end of the LR warm-up (early_baseline):
+     * from there the schedule sets its level, and a baseline that only
+     * started with detection (3 warm-ups later) was still warming when an
+     * LR fault 50 steps after that start diverged the run (the first
+     * corpus: 3 of 6 LR faults missed without the `lr` rule). Two breaches
+     * fire it (DETECT_STEP_PERSISTENCE): each sample measures the steps
+     * since the previous sketch, so two are two disjoint stretches of
+     * training each taking steps three times too large; three came after
+     * divergence on every run whose LR fault diverged it within 30 steps. */
     {.enabled = true,
      .severity = DETECT_SEVERITY_WARNING,
      .warmup = DETECT_DEFAULT_WARMUP,
@@ -133,10 +142,11 @@ static const struct detect_rule default_rules[] = {
      .z = DETECT_MAX_Z,
      .rise_ratio = DETECT_DEFAULT_STEP_RATIO,
      .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
-     .persistence = DETECT_DEFAULT_PERSISTENCE,
+     .persistence = DETECT_STEP_PERSISTENCE,
      .name = "update_ratio",
      .family = DETECT_FAMILY_STEP_SIZE,
-     .direction = DETECT_RISE_IS_BAD},
+     .direction = DETECT_RISE_IS_BAD,
+     .early_baseline = true},
     /* The learning rate itself (rank 0's). After the start of detection
      * (past the warm-up) a healthy schedule holds or decays it; a rise is a
      * step-size fault at its source (a mistyped peak, a schedule or resume
@@ -368,6 +378,12 @@ static const struct detect_key detect_keys[] = {
      .lo = 1,
      .hi = DETECT_MAX_PERSISTENCE,
      .expect = "an integer 1..10000"},
+    {.key = "magnitude_persistence",
+     .kind = DETECT_KEY_U32,
+     .off = DETECT_FIELD(magnitude_persistence),
+     .lo = 0,
+     .hi = DETECT_MAX_PERSISTENCE,
+     .expect = "an integer 0..10000"},
     {.key = "resolve_after",
      .kind = DETECT_KEY_U32,
      .off = DETECT_FIELD(resolve_after),
@@ -385,6 +401,10 @@ static const struct detect_key detect_keys[] = {
     {.key = "trend",
      .kind = DETECT_KEY_BOOL,
      .off = DETECT_FIELD(trend),
+     .expect = "true or false"},
+    {.key = "early_baseline",
+     .kind = DETECT_KEY_BOOL,
+     .off = DETECT_FIELD(early_baseline),
      .expect = "true or false"},
 };
 
@@ -641,6 +661,14 @@ static void ring_push(struct detect_state *st, int64_t step, double v)
 int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step, double value,
                 bool is_present, int64_t detect_from_step, struct detect_verdict *out)
 {
+    return detect_step_from(st, rule, step, value, is_present, detect_from_step, detect_from_step,
+                            out);
+}
+
+int detect_step_from(struct detect_state *st, const struct detect_rule *rule, int64_t step,
+                     double value, bool is_present, int64_t baseline_from_step,
+                     int64_t detect_from_step, struct detect_verdict *out)
+{
     if (!st || !rule || !out)
         return -EINVAL;
     memset(out, 0, sizeof(*out));
@@ -730,10 +758,14 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
         st->normal_run = 0;
         return 0;
     }
-    /* Before detection starts (early training: LR warm-up, the fast early
-     * transitions) a finite sample does not even build the baseline: a
-     * baseline that holds them is too wide for what follows. */
-    if (step < detect_from_step)
+    /* Before the baseline starts (early training: LR warm-up, the fast
+     * early transitions) a finite sample does not even build the baseline:
+     * a baseline that holds them is too wide for what follows. For most
+     * rules the baseline starts with detection; an early_baseline rule's
+     * starts sooner (detect.h). */
+    int64_t base_from =
+        baseline_from_step < detect_from_step ? baseline_from_step : detect_from_step;
+    if (step < base_from)
         return 0;
     /* A normal, finite sample. While a breach is open it stays out of the
      * baseline (a collapsed level must not become the new normal) until

@@ -99,6 +99,7 @@
 /* update_ratio's rise_ratio: the effective step tripled against the layer's
  * own baseline (Adam: the update-to-weight ratio scales with the rate). */
 #define DETECT_DEFAULT_STEP_RATIO 3.0
+#define DETECT_STEP_PERSISTENCE 2 /* update_ratio: breaches to fire (detect.c) */
 /* Delta2 floors (detect.c): rank one, and 30% of the head's own excess over
  * rank one. */
 #define DETECT_D2_SRANK_FLOOR 1.05
@@ -145,7 +146,12 @@ struct detect_rule {
     enum detect_direction direction;
     enum detect_severity severity;
     bool enabled;
-    bool trend;            /* score against a robust local line, not the level */
+    bool trend; /* score against a robust local line, not the level */
+    /* Build the baseline from the end of the LR warm-up, before detection
+     * starts (evaluate.h: eval_baseline_step), so it is warm when detection
+     * starts. For series whose level the schedule sets once the warm-up is
+     * over (the update ratio), not for those the fast early phase moves. */
+    bool early_baseline;
     uint32_t warmup;       /* samples that only build the baseline */
     uint32_t warmup_steps; /* or: steps they span (0: samples only); see above */
     uint32_t window;       /* baseline samples, 1..DETECT_MAX_WINDOW */
@@ -170,7 +176,11 @@ struct detect_rule {
      * value - origin >= rise_ratio * (baseline - origin), value - origin
      * <= floor_rel * (baseline - origin). 0 for most series. */
     double rel_origin;
-    uint32_t persistence;   /* consecutive breaching samples to fire */
+    uint32_t persistence; /* consecutive breaching samples to fire */
+    /* > 0 and < persistence: fewer breaches fire when the incident opened
+     * on, and this sample is, a breach of size (an absolute or relative
+     * floor or ceiling, not a z-score): alert.c persisted(). 0: off. */
+    uint32_t magnitude_persistence;
     uint32_t resolve_after; /* consecutive normal samples to resolve */
 };
 
@@ -252,10 +262,10 @@ struct detect_rule *detect_rules_find(struct detect_rules *rules, const char *na
  * warmup_steps, window, z, floor, ceiling (a number or "none"), spike_ratio
  * (0 or "none" disables), rise_ratio (> 1; 0 or "none" disables), floor_rel
  * (in (0, 1); 0 or "none" disables),
- * persistence, resolve_after, severity (warning|critical), enabled and
- * trend (true|false|yes|no|on|off|1|0). Returns 0; -ENOENT for an unknown rule,
- * -EINVAL for an unknown key or a bad value (err says which). The rule is
- * unchanged on error. Config thread, before the table is shared. */
+ * persistence, magnitude_persistence (0 disables), resolve_after, severity (warning|critical),
+ * enabled, trend and early_baseline (true|false|yes|no|on|off|1|0). Returns 0; -ENOENT for an
+ * unknown rule, -EINVAL for an unknown key or a bad value (err says which). The rule is unchanged
+ * on error. Config thread, before the table is shared. */
 int detect_rules_set(struct detect_rules *rules, const char *rule_name, const char *key,
                      const char *value, struct fs_err *err);
 
@@ -280,6 +290,15 @@ void detect_state_init(struct detect_state *st);
  * Returns 0, or -EINVAL for NULL arguments. Loop thread (owner of st). */
 int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step, double value,
                 bool is_present, int64_t detect_from_step, struct detect_verdict *out);
+
+/* detect_step with the baseline started apart from detection: samples from
+ * baseline_from_step (<= detect_from_step) are accepted into the baseline,
+ * as warm-up samples, while nothing but a non-finite value breaches before
+ * detect_from_step. detect_step(..., from, out) is
+ * detect_step_from(..., from, from, out). */
+int detect_step_from(struct detect_state *st, const struct detect_rule *rule, int64_t step,
+                     double value, bool is_present, int64_t baseline_from_step,
+                     int64_t detect_from_step, struct detect_verdict *out);
 
 /* Encodes st into buf (len bytes). Returns the number of bytes written
  * (<= DETECT_STATE_ENCODED_MAX), or -ENOSPC if len is too small. */

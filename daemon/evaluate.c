@@ -304,6 +304,18 @@ int64_t eval_start_step(const struct eval_run *er, uint64_t step, int64_t detect
     return INT64_MAX; /* still warming up */
 }
 
+int64_t eval_baseline_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step)
+{
+    const struct eval_progress *p = &er->progress;
+    if (detect_from_step > 0)
+        return detect_from_step;
+    if (p->warmup_end >= 0 && p->warmup_end < (int64_t)step)
+        return p->warmup_end;
+    if (!p->lr_seen || p->lr_first_step >= (int64_t)step)
+        return EVAL_BASELINE_NO_LR;
+    return INT64_MAX; /* still warming up */
+}
+
 /* --- feeding ------------------------------------------------------------------------------- */
 
 int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, uint64_t step,
@@ -322,10 +334,20 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
         .layer = t->key.layer, .head = t->key.head, .window = t->key.window, .rank = t->key.rank};
     /* A series that has started (it holds baseline samples, maybe restored
      * after a restart) is past its start whatever progress says now. */
-    int64_t from = t->ds.accepted > 0 && detect_from_step <= 0
-                       ? 0
-                       : eval_start_step(er, step, detect_from_step);
-    if (detect_step(&t->ds, t->rule, (int64_t)step, value, present, from, &v) < 0 ||
+    int64_t from, base_from;
+    if (t->rule->early_baseline) {
+        /* Its baseline starts before detection does, so holding samples
+         * says nothing about the start: both come from progress, which a
+         * restart restores from the stored learning rates (stage_load.c). */
+        from = eval_start_step(er, step, detect_from_step);
+        base_from = eval_baseline_step(er, step, detect_from_step);
+    } else {
+        from = t->ds.accepted > 0 && detect_from_step <= 0
+                   ? 0
+                   : eval_start_step(er, step, detect_from_step);
+        base_from = from;
+    }
+    if (detect_step_from(&t->ds, t->rule, (int64_t)step, value, present, base_from, from, &v) < 0 ||
         alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now, &tr) < 0)
         return -EINVAL;
     t->last_step = (int64_t)step;

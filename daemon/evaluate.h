@@ -49,6 +49,12 @@
 #define EVAL_START_WARMUPS 3
 #define EVAL_START_MIN 100
 #define EVAL_START_NO_LR 150
+/* Where the baseline of an early_baseline rule (detect.h) starts: at the
+ * LR warm-up end (the step size is at its scheduled level from there on,
+ * so the baseline is warm when detection starts, EVAL_START_WARMUPS
+ * warm-ups later); for a trainer that reports no learning rate, at
+ * EVAL_BASELINE_NO_LR; with an explicit detect_from_step, there. */
+#define EVAL_BASELINE_NO_LR 50
 
 struct eval_progress {
     bool lr_seen;
@@ -144,6 +150,10 @@ void eval_progress_lr(struct eval_run *er, uint64_t step, double lr);
  * `step` (INT64_MAX while the LR is still warming up); detect_from_step > 0
  * (the run's or the configuration's) wins. */
 int64_t eval_start_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step);
+
+/* The step an early_baseline rule's baseline starts at, for a sample at
+ * `step` (see EVAL_BASELINE_NO_LR; INT64_MAX while the LR still rises). */
+int64_t eval_baseline_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step);
 
 /* Feeds one sample of track t (a track of er) for step: labels the events
  * of b raised at earlier steps, runs detect_step and alert_step, and

@@ -626,7 +626,14 @@ static double erank_healthy(int64_t s, double u, bool *p)
     (void)p;
     return 20 + 0.5 * u;
 }
+/* Two samples far beyond z but above 30% of the excess over rank one
+ * (the relative floor): not a breach of size, so 3 are needed. */
 static double erank_dip2(int64_t s, double u, bool *p)
+{
+    return (s == 100 || s == 101) ? 8.0 : erank_healthy(s, u, p);
+}
+/* Two samples near rank one (5% of the excess): a collapse of size. */
+static double erank_drop2(int64_t s, double u, bool *p)
 {
     return (s == 100 || s == 101) ? 2.0 : erank_healthy(s, u, p);
 }
@@ -729,7 +736,7 @@ struct scenario {
 #define TI ALERT_CHANGE_TO_INACTIVE
 
 static const struct scenario scenarios[] = {
-    {"transient dip of two samples does not fire",
+    {"transient z-sized dip of two samples does not fire",
      200,
      0,
      1,
@@ -744,20 +751,22 @@ static const struct scenario scenarios[] = {
      2,
      {{0, 100, TP, 0, W}, {0, 101, TI, 0, W}}},
     {"healthy noisy series never alerts", 400, 0, 1, {{"qk.d2.erank", erank_healthy}}, 0, {{0}}},
+    /* Below the rank-one floor: breaches of size, so two fire it
+     * (magnitude_persistence). */
     {"sustained collapse fires at the persistence count and resolves",
      200,
      0,
      1,
      {{"qk.d2.erank", erank_collapse}},
      3,
-     {{0, 120, TP, 0, W}, {0, 122, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}, {0, 154, TR, 0, W}}},
+     {{0, 120, TP, 0, W}, {0, 121, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}, {0, 154, TR, 0, W}}},
     {"detect_from_step delays the same collapse",
      200,
      130,
      1,
      {{"qk.d2.erank", erank_collapse}},
      3,
-     {{0, 130, TP, 0, W}, {0, 132, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}, {0, 154, TR, 0, W}}},
+     {{0, 130, TP, 0, W}, {0, 131, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}, {0, 154, TR, 0, W}}},
     {"detect_from_step after the collapse: nothing",
      200,
      150,
@@ -803,7 +812,7 @@ static const struct scenario scenarios[] = {
      4,
      {{0, 100, TP, 0, W},
       {1, 100, TP, 0, W},
-      {0, 102, TF, ALERT_ATTR_COMBINED, W},
+      {0, 101, TF, ALERT_ATTR_COMBINED, W},
       {1, 102, TF, ALERT_ATTR_COMBINED, W}}},
     {"Delta2 collapse with healthy router: attention-numerics",
      130,
@@ -811,14 +820,15 @@ static const struct scenario scenarios[] = {
      2,
      {{"qk.d2.erank", erank_collapse_from_100}, {"router.similarity", erank_healthy}},
      2,
-     {{0, 100, TP, 0, W}, {0, 102, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}}},
+     {{0, 100, TP, 0, W}, {0, 101, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}}},
     {"the update ratio tripling names a too-large step",
      130,
      0,
      1,
      {{"update_ratio", ur_triple}},
      2,
-     {{0, 100, TP, 0, W}, {0, 102, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W}}},
+     /* two breaches fire it (DETECT_STEP_PERSISTENCE) */
+     {{0, 100, TP, 0, W}, {0, 101, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W}}},
     {"the update ratio rising 60% (z far beyond 5) does not alert",
      200,
      0,
@@ -850,6 +860,13 @@ static const struct scenario scenarios[] = {
       {1, 81, TI, 0, W},
       {0, 100, TP, 0, W},
       {0, 102, TF, ALERT_ATTR_ROUTER_BALANCE, W}}},
+    {"two samples collapsed to near rank one fire (magnitude_persistence)",
+     200,
+     0,
+     1,
+     {{"qk.d2.erank", erank_drop2}},
+     3,
+     {{0, 100, TP, 0, W}, {0, 101, TF, ALERT_ATTR_ATTENTION_NUMERICS, W}, {0, 106, TR, 0, W}}},
 };
 
 struct logged {
@@ -972,7 +989,7 @@ Test(alert_scenarios, fired_evidence_is_complete)
     cr_assert_gt(f->mad, 0);
     cr_assert_lt(f->z, -5);
     cr_assert_eq(f->first_breach_step, 120);
-    cr_assert_eq(f->fired_step, 122);
+    cr_assert_eq(f->fired_step, 121);
     cr_assert_eq(f->scope.layer, 0);
     cr_assert_eq(f->scope.window, 1);
     cr_assert_str_eq(f->rule, "qk.d2.erank");

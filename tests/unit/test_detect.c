@@ -88,7 +88,7 @@ static const struct {
     {"router.maxvio", DETECT_FAMILY_ROUTER_BALANCE, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
     {"router.load_entropy", DETECT_FAMILY_ROUTER_BALANCE, DETECT_FALL_IS_BAD, false, 0, 3, 0, 0, 0},
     {"weight_norm", DETECT_FAMILY_WEIGHT_NORM, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
-    {"update_ratio", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 3, 0, 3.0, 0},
+    {"update_ratio", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 2, 0, 3.0, 0},
     {"lr", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
     {"loss", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
     {"grad_norm", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
@@ -467,6 +467,50 @@ Test(detect_step, detect_from_step_is_respected)
                          cases[c].dip < r.floor ? DETECT_BREACH_FLOOR : DETECT_BREACH_Z, "case %zu",
                          c);
     }
+}
+
+/* detect_step_from: the baseline starts at baseline_from, detection at
+ * detect_from. Samples between them only build the baseline (a rise there
+ * neither breaches nor stays out); from detect_from a warm baseline scores
+ * at once. A 20-sample, 100-step warm-up; one sample per 10 steps. */
+Test(detect_step, baseline_starts_apart_from_detection)
+{
+    static const struct {
+        int64_t baseline_from, detect_from, rise_step;
+        uint64_t accepted; /* baseline samples when the rise comes */
+        bool breach;
+    } cases[] = {
+        {150, 150, 200, 5, false}, /* together: 50 steps in, still warming */
+        {50, 150, 200, 15, true},  /* from the warm-up end: warm at 150 */
+        {50, 150, 140, 9, false},  /* before detection: baseline only */
+        {50, 150, 150, 10, true},  /* warm on the first step of detection */
+        {200, 150, 200, 5, false}, /* a later baseline start counts as detection's */
+        {0, 0, 100, 10, true},     /* both at 0: warm after 100 steps */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named("update_ratio");
+        struct detect_state st;
+        detect_state_init(&st);
+        uint64_t seed = 7;
+        struct detect_verdict v = {0};
+        for (int64_t s = 0; s <= cases[c].rise_step; s += 10) {
+            bool rise = s == cases[c].rise_step;
+            double x = rise ? 0.5 : 0.04 + 0.004 * uniform(&seed);
+            if (rise)
+                cr_assert_eq(st.accepted, cases[c].accepted, "case %zu: %llu", c,
+                             (unsigned long long)st.accepted);
+            cr_assert_eq(detect_step_from(&st, &r, s, x, true, cases[c].baseline_from,
+                                          cases[c].detect_from, &v),
+                         0);
+        }
+        cr_assert_eq(v.breach, cases[c].breach, "case %zu", c);
+        cr_assert_eq(v.accepted_into_baseline, !cases[c].breach, "case %zu", c);
+    }
+    struct detect_rules rules;
+    detect_rules_default(&rules);
+    for (size_t i = 0; i < rules.n; i++)
+        cr_assert_eq(rules.rule[i].early_baseline, strcmp(rules.rule[i].name, "update_ratio") == 0,
+                     "%s", rules.rule[i].name);
 }
 
 Test(detect_step, breach_samples_stay_out_of_baseline)

@@ -66,6 +66,43 @@ Test(evaluate, start_of_detection_by_progress)
     }
 }
 
+/* Where an early_baseline rule's baseline starts (update_ratio): at the
+ * warm-up end, so that it is warm when detection starts 3 warm-ups later. */
+static const struct {
+    const char *name;
+    double (*lr)(int64_t);
+    int64_t feed_until;
+    int64_t detect_from;
+    uint64_t at;
+    int64_t want;
+} baseline_cases[] = {
+    {"50-step warm-up: at its end", warm50_const, 400, 0, 300, 50},
+    {"10-step warm-up: at its end, before step 100", warm10_cosine, 400, 0, 300, 10},
+    {"still warming up: not yet", warm2000, 400, 0, 300, INT64_MAX},
+    {"no LR reported", NULL, 0, 0, 300, 50},
+    {"detect_from_step wins", warm50_const, 400, 40, 300, 40},
+    {"warm-up end seen at its own step: not yet", warm50_const, 50, 0, 50, INT64_MAX},
+};
+
+Test(evaluate, start_of_early_baselines_by_progress)
+{
+    for (size_t i = 0; i < sizeof(baseline_cases) / sizeof(baseline_cases[0]); i++) {
+        struct detect_rules rules;
+        struct eval_run er;
+        detect_rules_default(&rules);
+        eval_run_init(&er, &rules);
+        for (int64_t s = 1; baseline_cases[i].lr && s <= baseline_cases[i].feed_until; s++)
+            eval_progress_lr(&er, (uint64_t)s, baseline_cases[i].lr(s));
+        int64_t got = eval_baseline_step(&er, baseline_cases[i].at, baseline_cases[i].detect_from);
+        cr_expect_eq(got, baseline_cases[i].want, "%s: got %lld", baseline_cases[i].name,
+                     (long long)got);
+        cr_expect(got == INT64_MAX || got <= eval_start_step(&er, baseline_cases[i].at,
+                                                             baseline_cases[i].detect_from),
+                  "%s: the baseline starts after detection", baseline_cases[i].name);
+        eval_run_clear(&er);
+    }
+}
+
 /* ---- detection inputs ------------------------------------------------------------ */
 
 static const struct {
