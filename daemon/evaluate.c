@@ -310,9 +310,9 @@ int64_t eval_baseline_step(const struct eval_run *er, uint64_t step, int64_t det
     if (detect_from_step > 0)
         return detect_from_step;
     if (p->warmup_end >= 0 && p->warmup_end < (int64_t)step)
-        return p->warmup_end;
+        return p->warmup_end > EVAL_BASELINE_MIN ? p->warmup_end : EVAL_BASELINE_MIN;
     if (!p->lr_seen || p->lr_first_step >= (int64_t)step)
-        return EVAL_BASELINE_NO_LR;
+        return EVAL_BASELINE_MIN;
     return INT64_MAX; /* still warming up */
 }
 

@@ -52,9 +52,11 @@
 /* Where the baseline of an early_baseline rule (detect.h) starts: at the
  * LR warm-up end (the step size is at its scheduled level from there on,
  * so the baseline is warm when detection starts, EVAL_START_WARMUPS
- * warm-ups later); for a trainer that reports no learning rate, at
- * EVAL_BASELINE_NO_LR; with an explicit detect_from_step, there. */
-#define EVAL_BASELINE_NO_LR 50
+ * warm-ups later), but not before EVAL_BASELINE_MIN (Adam's first steps
+ * move every weight by about the full rate: a baseline of them is too
+ * high); the same for a trainer that reports no learning rate; with an
+ * explicit detect_from_step, there. */
+#define EVAL_BASELINE_MIN 50
 
 struct eval_progress {
     bool lr_seen;
@@ -152,7 +154,7 @@ void eval_progress_lr(struct eval_run *er, uint64_t step, double lr);
 int64_t eval_start_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step);
 
 /* The step an early_baseline rule's baseline starts at, for a sample at
- * `step` (see EVAL_BASELINE_NO_LR; INT64_MAX while the LR still rises). */
+ * `step` (see EVAL_BASELINE_MIN; INT64_MAX while the LR still rises). */
 int64_t eval_baseline_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step);
 
 /* Feeds one sample of track t (a track of er) for step: labels the events

@@ -77,7 +77,8 @@ static const struct {
     int64_t want;
 } baseline_cases[] = {
     {"50-step warm-up: at its end", warm50_const, 400, 0, 300, 50},
-    {"10-step warm-up: at its end, before step 100", warm10_cosine, 400, 0, 300, 10},
+    {"10-step warm-up: not before step 50", warm10_cosine, 400, 0, 300, 50},
+    {"constant from step 1: step 50", constant, 400, 0, 300, 50},
     {"still warming up: not yet", warm2000, 400, 0, 300, INT64_MAX},
     {"no LR reported", NULL, 0, 0, 300, 50},
     {"detect_from_step wins", warm50_const, 400, 40, 300, 40},
