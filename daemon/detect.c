@@ -658,6 +658,60 @@ static void ring_push(struct detect_state *st, int64_t step, double v)
         st->ring_count++;
 }
 
+/* Scores a finite sample against the baseline out->median/mad already
+ * hold (z, spike ratio, floors, ceilings, relative bounds) and sets
+ * out->breach and out->breach_kind, most specific reason first. */
+static void score_finite(const struct detect_state *st, const struct detect_rule *rule,
+                         int64_t step, double value, int64_t detect_from_step,
+                         struct detect_verdict *out)
+{
+    if (out->baseline_n > 0) {
+        double scale = DETECT_MAD_SCALE * out->mad;
+        double rel = DETECT_MAD_REL_FLOOR * fabs(out->median);
+        if (scale < rel)
+            scale = rel;
+        if (scale < DETECT_MAD_ABS_FLOOR)
+            scale = DETECT_MAD_ABS_FLOOR;
+        out->z = (value - out->median) / scale;
+        /* Keep z finite for the evidence even for absurd inputs. */
+        if (!isfinite(out->z))
+            out->z = out->z > 0 ? DETECT_MAX_Z : -DETECT_MAX_Z;
+    }
+    if (rule->spike_ratio > 0 && st->has_max && st->running_max > 0)
+        out->spike_ratio = value / st->running_max;
+    /* Absolute floors and ceilings need no baseline: they hold from the
+     * start of detection, through the rule's warm-up, so a collapse that
+     * is already there when detection starts is still caught. */
+    bool started = step >= detect_from_step;
+    bool low = started && rule->has_floor && value <= rule->floor;
+    bool high = started && rule->has_ceiling && value >= rule->ceiling;
+    if (out->in_warmup && (low || high)) {
+        out->breach_kind = DETECT_BREACH_FLOOR;
+        out->breach = true;
+    } else if (!out->in_warmup) {
+        bool zbad =
+            out->baseline_n > 0 &&
+            (rule->direction == DETECT_FALL_IS_BAD ? out->z <= -rule->z : out->z >= rule->z);
+        bool spike = rule->direction == DETECT_RISE_IS_BAD && out->spike_ratio > 0 &&
+                     out->spike_ratio > rule->spike_ratio;
+        double o = rule->rel_origin, above = value - o, base = out->median - o;
+        bool rel = out->baseline_n > 0 && base > 0 &&
+                   (rule->direction == DETECT_RISE_IS_BAD
+                        ? rule->rise_ratio > 1 && above >= rule->rise_ratio * base
+                        : rule->floor_rel > 0 && above <= rule->floor_rel * base);
+        /* Most specific reason first. */
+        if (low || high)
+            out->breach_kind = DETECT_BREACH_FLOOR;
+        else if (spike)
+            out->breach_kind = DETECT_BREACH_SPIKE;
+        else if (rel)
+            out->breach_kind = DETECT_BREACH_RELATIVE;
+        else if (zbad)
+            out->breach_kind = DETECT_BREACH_Z;
+        out->breach = out->breach_kind != DETECT_BREACH_NONE;
+    }
+}
+
 int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step, double value,
                 bool is_present, int64_t detect_from_step, struct detect_verdict *out)
 {
@@ -706,51 +760,7 @@ int detect_step_from(struct detect_state *st, const struct detect_rule *rule, in
         out->breach = true;
         out->breach_kind = DETECT_BREACH_NONFINITE;
     } else {
-        if (out->baseline_n > 0) {
-            double scale = DETECT_MAD_SCALE * out->mad;
-            double rel = DETECT_MAD_REL_FLOOR * fabs(out->median);
-            if (scale < rel)
-                scale = rel;
-            if (scale < DETECT_MAD_ABS_FLOOR)
-                scale = DETECT_MAD_ABS_FLOOR;
-            out->z = (value - out->median) / scale;
-            /* Keep z finite for the evidence even for absurd inputs. */
-            if (!isfinite(out->z))
-                out->z = out->z > 0 ? DETECT_MAX_Z : -DETECT_MAX_Z;
-        }
-        if (rule->spike_ratio > 0 && st->has_max && st->running_max > 0)
-            out->spike_ratio = value / st->running_max;
-        /* Absolute floors and ceilings need no baseline: they hold from the
-         * start of detection, through the rule's warm-up, so a collapse that
-         * is already there when detection starts is still caught. */
-        bool started = step >= detect_from_step;
-        bool low = started && rule->has_floor && value <= rule->floor;
-        bool high = started && rule->has_ceiling && value >= rule->ceiling;
-        if (out->in_warmup && (low || high)) {
-            out->breach_kind = DETECT_BREACH_FLOOR;
-            out->breach = true;
-        } else if (!out->in_warmup) {
-            bool zbad =
-                out->baseline_n > 0 &&
-                (rule->direction == DETECT_FALL_IS_BAD ? out->z <= -rule->z : out->z >= rule->z);
-            bool spike = rule->direction == DETECT_RISE_IS_BAD && out->spike_ratio > 0 &&
-                         out->spike_ratio > rule->spike_ratio;
-            double o = rule->rel_origin, above = value - o, base = out->median - o;
-            bool rel = out->baseline_n > 0 && base > 0 &&
-                       (rule->direction == DETECT_RISE_IS_BAD
-                            ? rule->rise_ratio > 1 && above >= rule->rise_ratio * base
-                            : rule->floor_rel > 0 && above <= rule->floor_rel * base);
-            /* Most specific reason first. */
-            if (low || high)
-                out->breach_kind = DETECT_BREACH_FLOOR;
-            else if (spike)
-                out->breach_kind = DETECT_BREACH_SPIKE;
-            else if (rel)
-                out->breach_kind = DETECT_BREACH_RELATIVE;
-            else if (zbad)
-                out->breach_kind = DETECT_BREACH_Z;
-            out->breach = out->breach_kind != DETECT_BREACH_NONE;
-        }
+        score_finite(st, rule, step, value, detect_from_step, out);
     }
 
     if (out->breach) {
