@@ -62,6 +62,12 @@ static void open_incident(struct alert_state *st, const struct detect_rule *rule
     st->breach_kind = (uint8_t)v->breach_kind;
 }
 
+/* A breach of size: a floor or ceiling, absolute or relative (not a z-score). */
+static bool of_size(uint8_t kind)
+{
+    return kind == DETECT_BREACH_FLOOR || kind == DETECT_BREACH_RELATIVE;
+}
+
 /* Has the open breach persisted long enough to fire? persistence counts
  * consecutive breaching samples; for a windowed series (a Delta over
  * `window` steps) they must also span (persistence - 1) windows, because
@@ -69,11 +75,6 @@ static void open_incident(struct alert_state *st, const struct detect_rule *rule
  * share most of their updates and are not independent evidence: three
  * such samples of one 25-step transient would otherwise confirm it 10 steps
  * after it began. Needs no state beyond the first breach step. */
-static bool of_size(uint8_t kind)
-{
-    return kind == DETECT_BREACH_FLOOR || kind == DETECT_BREACH_RELATIVE;
-}
-
 static bool persisted(const struct alert_state *st, const struct detect_rule *rule,
                       const struct alert_scope *scope, const struct detect_verdict *v, int64_t step)
 {
