@@ -152,7 +152,9 @@ class _LightningHooks(_Guarded):
             max_steps=1000, callbacks=[ForeshockLightningCallback(run="exp-42")])
 
     on_train_start makes Monitor(pl_module, optimizer=trainer.optimizers[0],
-    **monitor_options); on_before_optimizer_step takes the gradient norm
+    **monitor_options), and under DDP with node_ranks= this node's ranks
+    (Lightning's launcher sets no LOCAL_WORLD_SIZE for Monitor to find
+    them); on_before_optimizer_step takes the gradient norm
     (before clipping, as a device tensor: no sync) and the learning rate of
     that step; on_train_batch_end calls Monitor.step(trainer.global_step,
     loss=..., grad_norm=..., lr=...) once per optimizer step (not per
@@ -171,7 +173,11 @@ class _LightningHooks(_Guarded):
     def on_train_start(self, trainer, pl_module):
         self._last_step, self._grad_norm, self._lr = None, None, None
         opts = getattr(trainer, "optimizers", None) or []
-        self._start(pl_module, **({"optimizer": opts[0]} if opts else {}))
+        defaults = {"optimizer": opts[0]} if opts else {}
+        node = _node_ranks(trainer)
+        if node:
+            defaults["node_ranks"] = node
+        self._start(pl_module, **defaults)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self.monitor is None or self.error is not None:
@@ -206,6 +212,19 @@ class _LightningHooks(_Guarded):
 
     def on_exception(self, trainer, pl_module, exception):
         self._close()
+
+
+def _node_ranks(trainer):
+    """This node's ranks of a multi-process Lightning job (trainer.num_devices
+    processes a node), or None."""
+    try:
+        world, rank = int(trainer.world_size), int(trainer.global_rank)
+        first, per_node = rank - int(trainer.local_rank), int(trainer.num_devices)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if world <= 1 or per_node < 1 or first < 0 or first + per_node > world:
+        return None
+    return list(range(first, first + per_node))
 
 
 def _grad_norm(module):

@@ -187,8 +187,10 @@ def _torchrun_group(rank, world_size):
     return list(range(first, first + local_world))
 
 
-def resolve_local_ranks(arg, endpoint, rank, world_size):
-    """The local group to declare (a sorted list), or None. See Monitor."""
+def resolve_local_ranks(arg, endpoint, rank, world_size, node=None):
+    """The local group to declare (a sorted list), or None. See Monitor;
+    node: this node's ranks as a launcher other than torchrun knows them
+    (Monitor's node_ranks), else torchrun's environment gives them."""
     if arg is None:
         env = os.environ.get("FORESHOCK_LOCAL_RANKS")
         if env:
@@ -196,7 +198,7 @@ def resolve_local_ranks(arg, endpoint, rank, world_size):
     if arg is None:
         if endpoint is None or world_size <= 1 or not _is_loopback(parse_endpoint(endpoint)[0]):
             return None
-        group = _torchrun_group(rank, world_size)
+        group = node or _torchrun_group(rank, world_size)
         if group is None:
             log.warning("foreshock: rank %d of %d streams to a daemon on this node (%s) but "
                         "LOCAL_RANK/LOCAL_WORLD_SIZE are not set: pass local_ranks= (or set "
@@ -207,7 +209,7 @@ def resolve_local_ranks(arg, endpoint, rank, world_size):
     if arg is False or (not isinstance(arg, str) and not arg):
         return None
     if arg == "node":
-        group = _torchrun_group(rank, world_size)
+        group = node or _torchrun_group(rank, world_size)
         if group is None:
             raise ValueError("local_ranks='node' needs torchrun's LOCAL_RANK and "
                              "LOCAL_WORLD_SIZE")
@@ -379,6 +381,11 @@ class Monitor:
                  node's ranks from torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE;
                  otherwise none (the daemon hears every rank). "node" asks for
                  the torchrun group whatever the endpoint; False or () for none
+    node_ranks   this node's ranks (a list) where the launcher is not torchrun,
+                 for local_ranks' default and "node" (the Lightning callback
+                 passes its trainer's: Lightning's launcher does not set
+                 LOCAL_WORLD_SIZE); default torchrun's LOCAL_RANK and
+                 LOCAL_WORLD_SIZE
     attempt      bump it when a crashed trainer restarts the same run
     resume_step  with attempt bumped: this attempt restarts from a checkpoint
                  taken at this step (the steps after it are re-done); the
@@ -490,7 +497,7 @@ class Monitor:
                  tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
                  on_advice=None, advice=True, resume_step=None, example_input=None,
                  observe=True, spectra_on="host", spectra_threads=None,
-                 sketches_in_flight=None):
+                 sketches_in_flight=None, node_ranks=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self._fail_lock = threading.Lock()
@@ -573,7 +580,7 @@ class Monitor:
         recording_only = endpoint is None and bool(record or os.environ.get("FORESHOCK_RECORD"))
         self.local_ranks = resolve_local_ranks(
             local_ranks, endpoint or (None if recording_only else "127.0.0.1"), self.rank,
-            self.world_size)
+            self.world_size, node=sorted(node_ranks) if node_ranks else None)
         if self.local_ranks and shard_group is not None and not self.reduce_in_trainer:
             # Partial Grams summed by a per-node daemon never complete when
             # the shard group reaches ranks of other nodes.
