@@ -20,7 +20,7 @@ two zoo replicas (tests/integration/zoo) of other layouts, small. Runs
 under the torch 2 venv (tests/python-venv.sh); the zoo members also under
 Debian's torch 1.13 (--no-transformers).
 
-    /work/venv-t2/bin/python tests/bench/bench_discovery.py [--repeat 5] [--no-transformers]
+    build-venv/bin/python tests/bench/bench_discovery.py [--repeat 5] [--no-transformers]
 """
 import argparse
 import logging
