@@ -1036,6 +1036,59 @@ def check_monitor_inputs(torch, nn, foreshock, cap):
     return DictModel, batch
 
 
+def check_keyword_first_batch(torch, nn, foreshock, cap):
+    """A keyword-only forward no probe fits is observed on its first batch,
+    keyword arguments included (on torch 1.x too, whose pre-hooks see only
+    positional inputs); a first batch that cannot be replayed gets one
+    WARNING naming example_input=, and nothing raises."""
+    from foreshock.testing import RecordingTransport
+
+    class KwModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blk = nn.Module()
+            self.blk.to_queries = nn.Linear(12, 12)
+            self.blk.to_keys = nn.Linear(12, 12)
+            self.calls = 0
+
+        def forward(self, *, feats, lengths, once=None):
+            if not isinstance(lengths, list):
+                raise TypeError("lengths must be a list of ints")
+            if once is not None:  # a batch that cannot be run twice
+                once.append(1)
+                if len(once) > 1:
+                    raise RuntimeError("this batch was already consumed")
+            x = feats[:, :lengths[0]]
+            q = self.blk.to_queries(x).view(*x.shape[:2], 3, 4).transpose(1, 2)
+            k = self.blk.to_keys(x).view(*x.shape[:2], 3, 4).transpose(1, 2)
+            return ((q @ k.transpose(-1, -2)).softmax(-1) @ q).pow(2).mean()
+
+    for replayable in (True, False):
+        m = KwModel()
+        n = len(cap.records)
+        mon = foreshock.Monitor(m, run="kw", windows=(1,), every=1,
+                                transport=RecordingTransport())
+        check(mon.attention == [], "keyword-only: a probe ran")
+        for step in (1, 2):
+            loss = m(feats=torch.randn(2, 5, 12), lengths=[5],
+                     once=None if replayable else [])
+            loss.backward()
+            mon.step(step, loss=loss.detach())
+        mon.close(5)
+        said = [r for r in cap.records[n:] if r.levelno >= logging.WARNING
+                and "example_input=" in r.getMessage()]
+        if replayable:
+            check([(a.n_heads, a.head_dim) for a in mon.attention] == [(3, 4)],
+                  f"keyword-only first batch: {mon.discovery.summary()}")
+            check(not said, f"keyword-only first batch warned: {[r.getMessage() for r in said]}")
+        else:
+            check(mon.attention == [], "an unreplayable batch was observed")
+            check(len(said) == 1 and "could not replay the first batch" in said[0].getMessage(),
+                  f"unreplayable first batch: {[r.getMessage() for r in cap.records[n:]]}")
+    print("  a keyword-only forward is observed on its first batch; one that cannot be "
+          "replayed gets one WARNING naming example_input=", flush=True)
+
+
 def check_deferred_daemon(torch, foreshock, args, workdir, DictModel, batch):
     """The observed pass at the first step() with the real client: the
     connection opens then (its Hello carries what the pass found) and the
@@ -1085,6 +1138,7 @@ def main(args, workdir):
     check_compiled(torch, foreshock, members)
     check_no_side_effects(torch, nn, foreshock)
     DictModel, batch = check_monitor_inputs(torch, nn, foreshock, cap)
+    check_keyword_first_batch(torch, nn, foreshock, cap)
     check_deferred_daemon(torch, foreshock, args, workdir, DictModel, batch)
     for n in shown:
         if n.startswith(("DeepSeek", "per-head", "Meta")):

@@ -1371,8 +1371,11 @@ def probe_inputs(model, batch=1, seq=8):
                  and q.default is inspect.Parameter.empty]
         extra = {"use_cache": False} if "use_cache" in sig.parameters else {}
         params = set(sig.parameters)
+        # forward(self, *, input_ids, attention_mask=None): required keyword-only arguments
+        kwonly = [n for n, q in sig.parameters.items()
+                  if q.kind == q.KEYWORD_ONLY and q.default is inspect.Parameter.empty]
     except (TypeError, ValueError):
-        names, extra, params = ["x"], {}, set()
+        names, extra, params, kwonly = ["x"], {}, set(), []
     out = []
     gen = torch.Generator().manual_seed(0)  # the probe draws nothing from torch's RNG
 
@@ -1383,14 +1386,18 @@ def probe_inputs(model, batch=1, seq=8):
         ids = torch.randint(0, max(1, min(emb.num_embeddings, 64)), (batch, seq),
                             generator=gen).to(dev)
         kw = dict(extra)
+        kw.update({n: None if "mask" in n else ids for n in kwonly})
         # every required positional argument: token ids, None for a mask
-        args = tuple(None if "mask" in n else ids for n in names) or (ids,)
+        args = tuple(None if "mask" in n else ids for n in names) or (() if kwonly else (ids,))
         out.append((f"token ids [{batch}, {seq}]", args, kw))
         if len(names) > 1:  # a second stream beside the tokens (media, context): floats
             for w in _widths(model):
                 more = tuple(None if "mask" in n else randn(batch, seq, w) for n in names[1:])
                 out.append((f"token ids [{batch}, {seq}] and floats [{batch}, {seq}, {w}]",
                             (ids,) + more, dict(kw)))
+        if len(names) == 1 and not kwonly:  # forward(batch): a data loader's dict, whole
+            out.append((f"a dict batch {{'input_ids': token ids [{batch}, {seq}]}}",
+                        ({"input_ids": ids},), dict(kw)))
         if "decoder_input_ids" in params:
             kw2 = dict(kw)
             kw2["decoder_input_ids"] = ids
@@ -1407,12 +1414,13 @@ def probe_inputs(model, batch=1, seq=8):
     for i, d in enumerate(_widths(model)):
         x = randn(batch, seq, d)
         x2 = randn(seq, d)
-        out.append((f"floats [{batch}, {seq}, {d}]",
-                    tuple(None if "mask" in n else x for n in names) or (x,), dict(extra)))
-        if i == 0:
-            out.append((f"floats [{seq}, {d}]",
-                        tuple(None if "mask" in n else x2 for n in names) or (x2,),
-                        dict(extra)))
+        for desc, v in ((f"floats [{batch}, {seq}, {d}]", x), (f"floats [{seq}, {d}]", x2)):
+            kw = dict(extra)
+            kw.update({n: None if "mask" in n else v for n in kwonly})
+            out.append((desc, tuple(None if "mask" in n else v for n in names)
+                        or (() if kwonly else (v,)), kw))
+            if i:
+                break
     return out
 
 
@@ -1492,11 +1500,12 @@ def _cached(computed):
     return contextlib.nullcontext()
 
 
-def observe(model, example_input=None, example_kwargs=None):
+def observe(model, example_input=None, example_kwargs=None, label="example_input"):
     """One observed forward pass of model (Observation). example_input: a
     tensor, a tuple of positional arguments or a dict of keyword arguments;
-    None tries probe batches (probe_inputs) until one runs. Never raises:
-    Observation.error says why nothing was seen."""
+    None tries probe batches (probe_inputs) until one runs. label names the
+    input in Observation.error (the Monitor's "the first batch"). Never
+    raises: Observation.error says why nothing was seen."""
     obs = Observation()
     if TorchFunctionMode is None:
         obs.error = f"torch {torch.__version__} has no TorchFunctionMode"
@@ -1506,13 +1515,13 @@ def observe(model, example_input=None, example_kwargs=None):
               for n, p in m.named_parameters(recurse=False)}
     if example_input is not None or example_kwargs:
         if isinstance(example_input, dict):
-            tries = [("example_input", (), dict(example_input))]
+            tries = [(label, (), dict(example_input))]
         elif isinstance(example_input, (tuple, list)):
-            tries = [("example_input", tuple(example_input), dict(example_kwargs or {}))]
+            tries = [(label, tuple(example_input), dict(example_kwargs or {}))]
         elif example_input is None:
-            tries = [("example_input", (), dict(example_kwargs))]
+            tries = [(label, (), dict(example_kwargs))]
         else:
-            tries = [("example_input", (example_input,), dict(example_kwargs or {}))]
+            tries = [(label, (example_input,), dict(example_kwargs or {}))]
         try:  # no key/value cache from this pass
             if "use_cache" in inspect.signature(model.forward).parameters:
                 for _, _, kw in tries:
@@ -1581,7 +1590,8 @@ def observe(model, example_input=None, example_kwargs=None):
                                                            "") == "_forward_unimplemented":
         obs.error = "the model has no forward()"
     else:
-        what = "the example input" if example_input is not None else "a probe batch"
+        what = ("a probe batch" if example_input is None and not example_kwargs else
+                "the example input" if label == "example_input" else label)
         more = f" (+{len(errors) - 1} other probes)" if len(errors) > 1 else ""
         obs.error = f"its forward did not run on {what}: {errors[0]}{more}"
     return obs

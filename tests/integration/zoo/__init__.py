@@ -6,7 +6,9 @@ Every member is a function returning (model, example_input, truth):
                  same forward structure (views, transposes, rotary, qk-norm,
                  GQA repeat, fused projections, SDPA or explicit softmax),
                  tiny sizes, random weights;
-  example_input  what model(*example_input) takes (a tuple of arguments);
+  example_input  what model(*example_input) takes (a tuple of arguments),
+                 or a dict: model(**example_input) (a keyword-only forward;
+                 call() runs either);
   truth          a Truth: every attention site and every router, with the
                  exact weight rows each query/key head reads, and the
                  parameters that must not be reported.
@@ -183,3 +185,9 @@ def first(x):
     return x
 
 
+def call(model, inputs):
+    """model's forward on a member's example input: a tuple of arguments, or
+    a dict of keyword arguments (a keyword-only forward)."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(*inputs)

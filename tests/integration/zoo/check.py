@@ -325,7 +325,8 @@ def verify_truth(model, inputs, truth, seed=0):
 
     def run():
         torch.manual_seed(seed)
-        return [t.detach().double() for t in _tensors(model(*inputs)) if t.is_floating_point()]
+        out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+        return [t.detach().double() for t in _tensors(out) if t.is_floating_point()]
 
     def same(a, b):
         return len(a) == len(b) and all(x.shape == y.shape and torch.allclose(

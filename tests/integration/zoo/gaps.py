@@ -16,6 +16,9 @@ after the public code it is named for:
                                        lora_A / lora_B ModuleDicts, scaling),
                                        loralib's Linear (lora_A / lora_B
                                        Parameters)
+  keyword-only and dict-batch forwards forward(*, input_ids, attention_mask)
+                                       and forward(batch) with
+                                       batch["input_ids"]
 
 Judgement calls (each Truth.note says so): a computed weight is monitored as
 the weight the forward multiplies by -- the parametrization's value, g v/|v|,
@@ -251,15 +254,17 @@ class WNAttention(nn.Module):
     softmax; here with weight-normed projections: to_q by the old-style hook
     (weight_g, weight_v), to_kv by a parametrization (UnitRows)."""
 
-    def __init__(self, query_dim, heads=H, dim_head=DH):
+    def __init__(self, query_dim, heads=H, dim_head=DH, normed=True):
         super().__init__()
         from torch.nn.utils import parametrize
         inner = dim_head * heads
         self.scale = dim_head ** -0.5
         self.heads = heads
-        self.to_q = torch.nn.utils.weight_norm(nn.Linear(query_dim, inner, bias=False))
+        self.to_q = nn.Linear(query_dim, inner, bias=False)
         self.to_kv = nn.Linear(query_dim, inner * 2, bias=False)
-        parametrize.register_parametrization(self.to_kv, "weight", UnitRows())
+        if normed:
+            self.to_q = torch.nn.utils.weight_norm(self.to_q)
+            parametrize.register_parametrization(self.to_kv, "weight", UnitRows())
         self.to_out = nn.Linear(inner, query_dim)
 
     def forward(self, x, context=None):
@@ -278,10 +283,10 @@ class WNAttention(nn.Module):
 
 
 class WNEncoder(nn.Module):
-    def __init__(self, d=D):
+    def __init__(self, d=D, normed=True):
         super().__init__()
         self.token_emb = nn.Embedding(VOCAB, d)
-        self.layers = nn.ModuleList(nn.ModuleList([nn.LayerNorm(d), WNAttention(d)])
+        self.layers = nn.ModuleList(nn.ModuleList([nn.LayerNorm(d), WNAttention(d, normed=normed)])
                                     for _ in range(L))
 
     def forward(self, x):
@@ -581,3 +586,40 @@ def loralib_bert():
         nr += [f"{m}.query.lora_A", f"{m}.key.lora_B"]
     return model, tokens(), Truth(att, not_reported=nr, note=(
         "loralib LoRA: Wq, Wk are W + scale * B @ A, recomputed at each get()"))
+
+
+# ---- keyword-only and dict-batch forwards --------------------------------------------------------
+# Attention that names do not find (to_q / to_kv: perceiver-pytorch's), so that the observed pass,
+# which must run the forward, is what finds it.
+
+class KwargsEncoder(WNEncoder):
+    """forward(*, input_ids, attention_mask=None): keyword arguments only."""
+
+    def forward(self, *, input_ids, attention_mask=None):
+        return super().forward(input_ids)
+
+
+def _to_q_kv_truth():
+    att = []
+    for i in range(L):
+        m = f"layers.{i}.1"
+        qs, ks = heads_separate(f"{m}.to_q.weight", f"{m}.to_kv.weight", H, H, DH)
+        att.append(Attn(i, H, H, DH, qs, ks, m))
+    return Truth(att)
+
+
+@member("kwargs-only-encoder")
+def kwargs_only_encoder():
+    return KwargsEncoder(normed=False), {"input_ids": tokens()[0]}, _to_q_kv_truth()
+
+
+class BatchDictEncoder(WNEncoder):
+    """forward(batch) with batch["input_ids"] (a data loader's dict, passed whole)."""
+
+    def forward(self, batch):
+        return super().forward(batch["input_ids"])
+
+
+@member("dict-batch-encoder")
+def dict_batch_encoder():
+    return BatchDictEncoder(normed=False), ({"input_ids": tokens()[0]},), _to_q_kv_truth()
