@@ -467,6 +467,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.lora = set()           # ids of LoRA adapter parameters: no projection of their own
         self.fresh = {}             # id(parameter) -> get() of its effective weight (LoRA base)
         self.computed = []          # (module, name, attribute) of computed weights
+        self.passed = []            # top-k indices a cast or layout op passed on (finish())
         self.flow_failed = False    # then where values went is not known
         self._partners = None
 
@@ -995,6 +996,27 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         _set(idx, ridx=site, rdim=idx.dim())
 
+    def _passed(self, out):
+        """Keeps top-k indices a cast or layout op passed on, for finish()."""
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            d = _tag(o)
+            if d is not None and "ridx" in d and not d["ridx"].dispatched and \
+                    len(self.passed) < _MAX_MIXES:
+                self.passed.append(o)
+
+    def finish(self):
+        """After the forward: indices cast or copied (top_expert.int()) that
+        no seen op then took went to a kernel the pass cannot see (MegaBlocks'
+        CUDA sort and histogram): that is their use, as it was before casts
+        were followed."""
+        for o in self.passed:
+            d = _tag(o)
+            r = getattr(o, _FLOW, None)
+            if d is not None and not d["ridx"].dispatched and (r is None or not r[1]):
+                self._uses("opaque kernel", (o,), {})
+        _untag(self.passed)
+        self.passed = []
+
     def _router_site(self, src, t):
         site = self.topks.get(src.index)
         if site is None:
@@ -1134,6 +1156,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         if name in _LAYOUT or name in _SAME:
             self._layout(name, func, args, kwargs, out)
+            self._passed(out)
             return
         if name in _STACK:
             self._stack(func, args, kwargs, out)
@@ -1557,8 +1580,17 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
             continue
         finally:
             _untag(list(_flat(args)) + list(_flat(kwargs.values())))
+        outs = []
         try:
             outs = list(_leaves(result))
+            for t in outs:  # what the forward returns is used
+                r = getattr(t, _FLOW, None)
+                if r is not None:
+                    r[1] = True
+            tracker.finish()
+        except Exception:
+            tracker.failures += 1
+        try:
             for t in outs:  # what the forward returns is used
                 r = getattr(t, _FLOW, None)
                 if r is not None:
