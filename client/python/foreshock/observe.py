@@ -546,10 +546,15 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         value, an old-style weight_norm's) this forward got, else None."""
         if not isinstance(t, torch.Tensor) or not self.computed:
             return None
+        base = getattr(t, "_base", None)
         for m, name, attr in self.computed:
-            if effective.current(m, attr) is t:
-                return name, t, effective.weight_getter(m, attr)
+            cur = effective.current(m, attr)
+            if cur is not None and (cur is t or cur is base):  # the weight or a view (w.t())
+                return name, cur, effective.weight_getter(m, attr)
         return None
+
+    def _is_weight(self, t):
+        return self._param(t) is not None or self._computed(t) is not None
 
     def _weight(self, w):
         """(name, parameter or computed tensor) of a projection weight; None
@@ -1094,7 +1099,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             if self._conv(args, kwargs, out):
                 return
         if name in ("matmul", "__matmul__", "mm") and len(args) == 2:
-            if self._param(args[1]) is not None and self._param(args[0]) is None:
+            if self._is_weight(args[1]) and not self._is_weight(args[0]):
                 if self._linear(args[0], args[1], out, "matmul"):
                     return
         if name == "__rmatmul__" and len(args) == 2:
