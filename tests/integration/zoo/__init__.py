@@ -58,6 +58,10 @@ Judgement calls a discoverer may dispute (each member's Truth.note says so):
                    (one set of weights) at layer 0; so is CLIP's attention
                    pool, outside any numbered block;
   MLA (DeepSeek)   monitored with composed numbers, or named in a warning;
+  computed weights a parametrization, weight_norm or LoRA (gaps.py): the
+                   rows are those of the weight the forward multiplies by
+                   (g v/|v|, W + scale B A), recomputed from the parameters,
+                   not of any one parameter (Rows.eff);
   mamba2-hybrid    SSD's C B^T product (no softmax) is no attention site;
                    a hybrid's Mamba/recurrent blocks count in the block index
                    (as in jamba-hybrid), so its attention is layer 2, not 0.

@@ -315,7 +315,9 @@ def verify_truth(model, inputs, truth, seed=0):
     norm over the whole projection, and clamps alike) only when those are
     the rows these heads read. The output must change when those query rows
     are negated with another key head's (their scores flip sign), and when
-    noise is added to query head 0's rows.
+    noise is added to query head 0's rows. A computed weight's rows
+    (Rows.eff) are scaled through the parameter rows they are made of
+    (Rows.param, and Rows.also: LoRA's lora_B).
     Routers: zeroing the weight must change the output."""
     errs = []
     params = dict(model.named_parameters())
