@@ -1036,6 +1036,154 @@ def check_monitor_inputs(torch, nn, foreshock, cap):
     return DictModel, batch
 
 
+def check_cast_indices(torch, nn, foreshock):
+    """Top-k indices cast before they dispatch: a seen use after the cast
+    gives the router (and the k of a slice after it), and a cast copy no
+    seen op takes went to a kernel the pass cannot see (MegaBlocks' CUDA
+    sort): still a router. The kernel is stood in for by running it with
+    the pass's torch function mode popped, as a C++ extension runs."""
+    from torch.overrides import _pop_mode_temporarily
+
+    class Routed(nn.Module):
+        def __init__(self, route):
+            super().__init__()
+            self.scorer = nn.Linear(16, 4, bias=False)
+            self.route = route
+
+        def forward(self, x):
+            return x * self.route(self.scorer(x).softmax(-1)).sum()
+
+    def opaque(p):
+        top = torch.topk(p, 2, dim=-1)[1].flatten().int()
+        with _pop_mode_temporarily():
+            return torch.bincount(top.long(), minlength=4)
+
+    routes = {
+        "topk(3), .int(), [..., :2]": (lambda p: (torch.topk(p, 3, dim=-1)[1].int()[..., :2]
+                                                   == 1).float(), 2),
+        "argsort, .to(int32), [..., :2]": (lambda p: (torch.argsort(p, dim=-1, descending=True)
+                                                       .to(torch.int32)[..., :2] == 1).float(), 2),
+        "topk(2), .int() into an unseen kernel": (opaque, 2),
+    }
+    for what, (route, k) in routes.items():
+        found = foreshock.discover(Routed(route), example_input=torch.randn(1, 8, 16))
+        got = [(r.n_experts, r.top_k) for r in found.routers]
+        check(got == [(4, k)], f"{what}: routers {got}, want [(4, {k})]: {found.summary()}")
+    print("  top-k indices are followed through casts, to a slice or an unseen kernel",
+          flush=True)
+
+
+def check_computed_fresh(torch, nn, foreshock):
+    """A computed weight's get() is the weight the next forward multiplies
+    by, recomputed from the parameters after an optimizer step (not the
+    copy an old-style weight_norm hook cached at the last forward), and a
+    read runs no spectral_norm power iteration (its u, v buffers stay)."""
+    from torch.nn.utils import parametrize
+
+    class Rows(nn.Module):
+        def forward(self, w):
+            return w / w.norm(dim=-1, keepdim=True)
+
+    class Att(nn.Module):
+        def __init__(self, wrap_q, wrap_k):
+            super().__init__()
+            self.aa, self.bb = wrap_q(nn.Linear(16, 16, bias=False)), \
+                wrap_k(nn.Linear(16, 16, bias=False))
+
+        def forward(self, x):
+            q = self.aa(x).view(1, 8, 2, 8).transpose(1, 2)
+            k = self.bb(x).view(1, 8, 2, 8).transpose(1, 2)
+            return (q @ k.transpose(-1, -2)).softmax(-1) @ k
+
+    def reparam(lin):
+        parametrize.register_parametrization(lin, "weight", Rows())
+        return lin
+
+    def eff(lin):  # the weight a forward in eval mode multiplies by
+        was = lin.training
+        lin.eval()
+        with torch.no_grad():
+            if lin._forward_pre_hooks:  # old-style: the hook recomputes it on a call
+                lin(torch.zeros(1, 16))
+            w = lin.weight.detach().clone()
+        lin.train(was)
+        return w
+
+    wraps = {"old weight_norm / parametrization": (torch.nn.utils.weight_norm, reparam),
+             "old spectral_norm / parametrized spectral_norm": (
+                 torch.nn.utils.spectral_norm, torch.nn.utils.parametrizations.spectral_norm)}
+    for what, (wq, wk) in wraps.items():
+        m = Att(wq, wk)
+        x = torch.randn(1, 8, 16)
+        found = foreshock.discover(m, example_input=x)
+        check([(a.n_heads, a.head_dim) for a in found.attention] == [(2, 8)],
+              f"{what}: {found.summary()}")
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        m(x).pow(2).sum().backward()
+        opt.step()
+        bufs = {n: b.clone() for n, b in m.named_buffers()}
+        got_q, got_k = found.attention[0].get()
+        check(all(torch.equal(b, bufs[n]) for n, b in m.named_buffers()),
+              f"{what}: get() changed buffers")
+        check(torch.allclose(got_q, eff(m.aa)) and torch.allclose(got_k, eff(m.bb)),
+              f"{what}: get() is not the effective weight after the step")
+    print("  computed weights: get() is the effective weight after a step, buffers untouched",
+          flush=True)
+
+
+def check_keyword_first_batch(torch, nn, foreshock, cap):
+    """A keyword-only forward no probe fits is observed on its first batch,
+    keyword arguments included (on torch 1.x too, whose pre-hooks see only
+    positional inputs); a first batch that cannot be replayed gets one
+    WARNING naming example_input=, and nothing raises."""
+    from foreshock.testing import RecordingTransport
+
+    class KwModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blk = nn.Module()
+            self.blk.to_queries = nn.Linear(12, 12)
+            self.blk.to_keys = nn.Linear(12, 12)
+            self.calls = 0
+
+        def forward(self, *, feats, lengths, once=None):
+            if not isinstance(lengths, list):
+                raise TypeError("lengths must be a list of ints")
+            if once is not None:  # a batch that cannot be run twice
+                once.append(1)
+                if len(once) > 1:
+                    raise RuntimeError("this batch was already consumed")
+            x = feats[:, :lengths[0]]
+            q = self.blk.to_queries(x).view(*x.shape[:2], 3, 4).transpose(1, 2)
+            k = self.blk.to_keys(x).view(*x.shape[:2], 3, 4).transpose(1, 2)
+            return ((q @ k.transpose(-1, -2)).softmax(-1) @ q).pow(2).mean()
+
+    for replayable in (True, False):
+        m = KwModel()
+        n = len(cap.records)
+        mon = foreshock.Monitor(m, run="kw", windows=(1,), every=1,
+                                transport=RecordingTransport())
+        check(mon.attention == [], "keyword-only: a probe ran")
+        for step in (1, 2):
+            loss = m(feats=torch.randn(2, 5, 12), lengths=[5],
+                     once=None if replayable else [])
+            loss.backward()
+            mon.step(step, loss=loss.detach())
+        mon.close(5)
+        said = [r for r in cap.records[n:] if r.levelno >= logging.WARNING
+                and "example_input=" in r.getMessage()]
+        if replayable:
+            check([(a.n_heads, a.head_dim) for a in mon.attention] == [(3, 4)],
+                  f"keyword-only first batch: {mon.discovery.summary()}")
+            check(not said, f"keyword-only first batch warned: {[r.getMessage() for r in said]}")
+        else:
+            check(mon.attention == [], "an unreplayable batch was observed")
+            check(len(said) == 1 and "could not replay the first batch" in said[0].getMessage(),
+                  f"unreplayable first batch: {[r.getMessage() for r in cap.records[n:]]}")
+    print("  a keyword-only forward is observed on its first batch; one that cannot be "
+          "replayed gets one WARNING naming example_input=", flush=True)
+
+
 def check_deferred_daemon(torch, foreshock, args, workdir, DictModel, batch):
     """The observed pass at the first step() with the real client: the
     connection opens then (its Hello carries what the pass found) and the
@@ -1085,6 +1233,9 @@ def main(args, workdir):
     check_compiled(torch, foreshock, members)
     check_no_side_effects(torch, nn, foreshock)
     DictModel, batch = check_monitor_inputs(torch, nn, foreshock, cap)
+    check_keyword_first_batch(torch, nn, foreshock, cap)
+    check_cast_indices(torch, nn, foreshock)
+    check_computed_fresh(torch, nn, foreshock)
     check_deferred_daemon(torch, foreshock, args, workdir, DictModel, batch)
     for n in shown:
         if n.startswith(("DeepSeek", "per-head", "Meta")):

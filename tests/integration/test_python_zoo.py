@@ -149,7 +149,7 @@ def self_test(torch, zoo, check_mod, members):
         check(any("random" in e for e in errs), f"self-test {name}: RNG use is not seen")
         rejected += 1
         if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-            _, errs = check_mod.side_effects(model, lambda: model(*inputs))
+            _, errs = check_mod.side_effects(model, lambda: zoo.call(model, inputs))
             check(any("buffers" in e for e in errs),
                   f"self-test {name}: a training-mode forward is not seen: {errs}")
             rejected += 1
@@ -167,7 +167,7 @@ def train(torch, foreshock, zoo, model, inputs, endpoint, run):
     try:
         for t in range(1, STEPS + 1):
             opt.zero_grad()
-            out = zoo.first(model(*inputs))
+            out = zoo.first(zoo.call(model, inputs))
             loss = out.float().pow(2).mean()
             loss.backward()
             opt.step()

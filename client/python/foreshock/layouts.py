@@ -25,7 +25,10 @@ nn.MultiheadAttention or has one of these children (2-D weights):
                                        `query_proj`/`key_proj`, `w_q`/`w_k`,
                                        `Wq`/`Wk`
 A module with an `A_log` parameter or `x_proj`/`dt_proj`/`conv1d` children
-is a state-space layer (Mamba's `in_proj`), never attention.
+is a state-space layer (Mamba's `in_proj`), never attention. A projection
+child may be a 1x1 convolution (its [out, in, 1, 1] weight's out rows) or
+hold a computed weight (effective.py: a parametrization, weight_norm,
+LoRA's W + scale * B @ A): its getter returns that effective weight.
 
 Head counts: H, Hkv and dh are each taken from the first of these that
 says (positive int attributes; names in _H_ATTRS, _KV_ATTRS, _DH_ATTRS):
@@ -96,6 +99,7 @@ from typing import Callable, Optional, Tuple
 import torch
 import torch.nn as nn
 
+from . import effective
 from .observe import _common_module
 
 log = logging.getLogger("foreshock")
@@ -411,9 +415,24 @@ def _flag(sources, names):
 def _proj_shape(mod):
     """(out, in, getter of the [out, in] weight) of a projection: nn.Linear
     and subclasses (Megatron's ColumnParallelLinear), HF's Conv1D (stored
-    [in, out]); a ModuleList/Sequential (diffusers' to_out) gives its first
-    projection. None when it has no floating 2-D weight."""
+    [in, out]), a 1x1 convolution ([out, in, 1, 1]: its out rows), a
+    computed weight (effective.py: a parametrization, weight_norm, LoRA's
+    W + scale B A); a ModuleList/Sequential (diffusers' to_out) gives its
+    first projection. None when it has no floating 2-D weight."""
+    try:
+        get = effective.weight_getter(mod)
+        w = get() if get is not None else None
+    except Exception:  # a computed weight that cannot be read: no projection
+        return None
+    if get is not None:
+        if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
+            return None
+        return w.shape[0], w.shape[1], get
     w = getattr(mod, "weight", None)
+    if isinstance(w, torch.Tensor) and w.dim() > 2 and w.is_floating_point() and \
+            isinstance(mod, nn.modules.conv._ConvNd) and not mod.transposed and \
+            mod.groups == 1 and all(k == 1 for k in w.shape[2:]):
+        return w.shape[0], w.shape[1], (lambda m=mod: m.weight.flatten(1))
     if isinstance(w, torch.Tensor):
         if w.dim() != 2 or not w.is_floating_point():
             return None
@@ -907,8 +926,9 @@ def _merge_attention(att, obs, found):
         spec = _obs_spec(site)
         desc = (f"observed ({site.via}): H={spec.n_heads} Hkv={spec.n_kv_heads} "
                 f"dh={spec.head_dim} from the score's shapes, rows from the weights")
+        now = _now(site.q_src)
         match = [i for i, w in enumerate(firsts) if i not in seen and
-                 _derives(w, site.q_src.param)]
+                 (_derives(w, site.q_src.param) or (now is not None and _derives(w, now)))]
         if match:
             i = match[0]
             seen.add(i)
@@ -988,6 +1008,17 @@ def _derives(w, param):
         return False
 
 
+def _now(src):
+    """A computed source's weight now (effective.py: LoRA's W + scale B A, a
+    parametrization): names' getter gives a fresh tensor of these values."""
+    if src.fresh is None:
+        return None
+    try:
+        return src.current()
+    except Exception:
+        return None
+
+
 def _safe_q(spec):
     try:
         return spec.get()[0]
@@ -1026,6 +1057,9 @@ def _merge_routers(model, rts, obs, found, top_k):
         key = _storage(src.param)
         routed.add(key)
         old = by_param.get(key)
+        now = _now(src)
+        if old is None and now is not None:  # a computed router weight: by value
+            old = next((r for r in rts if _same_router(r, now)), None)
         k = min(site.top_k, site.used_k) if site.used_k else site.top_k
         if old is not None:
             if old.n_experts == src.rows and old.top_k == k:
@@ -1072,6 +1106,14 @@ def _merge_routers(model, rts, obs, found, top_k):
             continue
         keep.append(r)
     return keep
+
+
+def _same_router(spec, w):
+    try:
+        g = spec.get()
+        return g.shape == w.shape and torch.equal(g.detach(), w.detach().to(g.device))
+    except Exception:
+        return False
 
 
 def _block_key(path, modules):

@@ -66,6 +66,7 @@ import errno
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -321,6 +322,21 @@ class _Job:
         self.on_device = False  # flat stays on the device for the sender's spectra
         self.pinned = None      # the pinned pool's buffer (uint8) flat is a view of
         self.in_flight = False  # counted in Monitor._sketch_jobs until released
+
+
+def _call_kwargs(module):
+    """torch 1.x hands a forward pre-hook the positional inputs only: the
+    keyword arguments of the call are those of the Module._call_impl frame
+    running the hook (None when that frame is not found)."""
+    f = sys._getframe(2)  # _call_kwargs <- the hook <- Module._call_impl
+    for _ in range(3):
+        if f is None:
+            return None
+        if f.f_code.co_name == "_call_impl" and f.f_locals.get("self") is module:
+            kw = f.f_locals.get("kwargs")
+            return dict(kw) if isinstance(kw, dict) else None
+        f = f.f_back
+    return None
 
 
 def _clone(w):
@@ -798,11 +814,19 @@ class Monitor:
                     self._hooks.append(r.module.register_forward_hook(self._router_hook(i, r)))
 
     def _capture_first(self, model):
-        """A pre-hook keeping the first call's inputs (kwargs too on torch 2)."""
+        """A pre-hook keeping the first call's inputs, keyword arguments too
+        (torch 2 hands them to the hook; on torch 1.x they are read from the
+        module call that runs the hook, _call_kwargs)."""
         def pre(module, args, kwargs=None):
-            if self._first_input is None:
-                self._first_input = (tuple(a.detach() if isinstance(a, torch.Tensor) else a
-                                           for a in args), dict(kwargs or {}))
+            try:
+                if self._first_input is None:
+                    kw = kwargs if kwargs is not None else _call_kwargs(module)
+                    self._first_input = (tuple(a.detach() if isinstance(a, torch.Tensor) else a
+                                               for a in args),
+                                         {k: v.detach() if isinstance(v, torch.Tensor) else v
+                                          for k, v in (kw or {}).items()})
+            except Exception:  # a hook inside the user's forward must not raise
+                pass
         try:
             return model.register_forward_pre_hook(pre, with_kwargs=True)
         except TypeError:  # torch 1.x: positional inputs only
@@ -820,14 +844,19 @@ class Monitor:
             if self._first_input is not None:
                 args, kwargs = self._first_input
                 from .observe import observe as run_observed
-                obs = run_observed(model, args, kwargs)
+                obs = run_observed(model, args, kwargs, label="the first batch")
                 if obs.error is None:
                     found = discover(model, observe=obs, **self._discover_kw)
                 else:
                     found.observation = obs
+                    log.warning("foreshock: %s: the observed pass could not replay the first "
+                                "batch the model saw (%s); discovery is by names only. Fix: "
+                                "pass example_input= to Monitor (one batch: a tensor, a tuple "
+                                "of arguments or a dict of keyword arguments)",
+                                type(model).__name__, obs.error)
         except Exception as e:  # discovery stays the names' one
             log.warning("foreshock: the observed pass on the first batch failed (%s: %s); "
-                        "names only", type(e).__name__, e)
+                        "names only. Fix: pass example_input= to Monitor", type(e).__name__, e)
         self._first_input = None
         found.log(type(model).__name__)
         self.discovery = found

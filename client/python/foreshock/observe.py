@@ -13,6 +13,15 @@ slice of a fused in_proj_weight, a transpose) used as
   einsum("..d,dhk->..hk")    output features: W's axes that reach the
                              output (in the output's order), input: its
                              one contracted axis
+  conv1d/2d/3d, kernel 1x1,  output channel i reads W[i, :, 0, ..]
+  groups 1                   (to_qkv = nn.Conv2d(dim, 3 * inner, 1))
+A computed weight is a projection weight too (effective.py): the value a
+parametrization gave this forward (the pass runs inside
+parametrize.cached(), so F.linear gets that one tensor), or the one an
+old-style weight_norm / spectral_norm hook set; its Source recomputes it
+at each get(). LoRA: the base weight's Source reads W + scale * B @ A,
+and the adapters' A and B are no projections (B(A(x)) carries no labels,
+so base(x) + B(A(x)) keeps the base's).
 Each output feature is labelled with its weight and its row (a "shadow":
 an integer tensor of the output's shape, expanded, so it costs no memory
 until a copy needs it). Every layout op (view, reshape, transpose,
@@ -56,7 +65,9 @@ used, multinomial (k = its samples), or a threshold at the router's own
 kthvalue over that axis (probs >= probs.kthvalue(E - k + 1): k; with >,
 kthvalue(E - k)) whose mask is then used, after any softmax, sigmoid, bias
 or mask, and whose indices are then used (compared, one-hot, indexed
-with: dispatch). A gate whose
+with: dispatch; a cast or copy on the way, .long()/.int()/.to()/.type()/
+.clone()/.contiguous()/.detach(), is no use and carries the indices on;
+argsort counts as sort). A gate whose
 output never reaches a topk/argmax (a per-head output gate Linear(d, H),
 a SwiGLU gate) is not a router.
 
@@ -70,6 +81,7 @@ statistics, counters, caches kept as buffers) is copied back, train/eval
 mode is left as it is, use_cache=False is passed when forward takes it,
 and the mode is popped. Hooks the user registered do run once more.
 """
+import contextlib
 import inspect
 import itertools
 import sys
@@ -77,6 +89,8 @@ import weakref
 
 import torch
 import torch.nn as nn
+
+from . import effective
 
 try:
     from torch.overrides import TorchFunctionMode
@@ -98,7 +112,10 @@ _LAYOUT = {
 }
 _STACK = {"cat", "concat", "concatenate", "stack", "hstack", "vstack"}
 _SAME = {"to", "float", "half", "bfloat16", "double", "type_as", "type", "cuda", "cpu",
-         "requires_grad_", "detach_", "contiguous"}
+         "requires_grad_", "detach_", "contiguous", "long", "int", "short", "byte", "char"}
+# dtype casts and copies are no use of top-k indices: the copy carries the
+# router's tags on to its dispatch (MegaBlocks casts its indices to int32
+# before sorting them; a cast before the [..., :k] slice keeps k the slice's)
 _NOT_ELEMENTWISE = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm", "addmm",
                     "einsum", "linear", "conv1d", "conv2d", "conv3d", "bilinear", "cumsum",
                     "cumprod", "sort", "argsort", "topk", "argmax", "argmin", "max", "min",
@@ -239,11 +256,17 @@ class Source:
         self.row_off, self.stride, self.width, self.how = row_off, stride, width, how
         self.rows = len(row_off)
         self.owner = owner      # (module, attribute): the weight looked up at each get()
+        self.fresh = None       # get() of a computed weight (effective.py), or None
 
     def current(self):
-        """The weight now: the owner's attribute when it is still a tensor of
-        the shape seen (a parameter replaced since, by a wrapper or a
-        checkpoint load, is followed), else the one seen."""
+        """The weight now: a computed weight recomputed (effective.py), or
+        the owner's attribute when it is still a tensor of the shape seen (a
+        parameter replaced since, by a wrapper or a checkpoint load, is
+        followed), else the one seen."""
+        if self.fresh is not None:
+            w = self.fresh()
+            if isinstance(w, torch.Tensor) and w.shape == self.param.shape:
+                return w if w.stride() == self.param.stride() else w.contiguous()
         if self.owner is not None:
             w = getattr(self.owner[0], self.owner[1], None)
             if isinstance(w, torch.Tensor) and w.shape == self.param.shape and \
@@ -441,6 +464,10 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.flows = []             # every [sources, used] record made (_flow)
         self.escaped, self.met = set(), set()
         self._new_src = None        # the source the op just watched projected
+        self.lora = set()           # ids of LoRA adapter parameters: no projection of their own
+        self.fresh = {}             # id(parameter) -> get() of its effective weight (LoRA base)
+        self.computed = []          # (module, name, attribute) of computed weights
+        self.passed = []            # top-k indices a cast or layout op passed on (finish())
         self.flow_failed = False    # then where values went is not known
         self._partners = None
 
@@ -514,12 +541,40 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return self.params[id(base)], base
         return None
 
+    def _computed(self, t):
+        """(name, tensor, get()) when t is a computed weight (a parametrization's
+        value, an old-style weight_norm's) this forward got, else None."""
+        if not isinstance(t, torch.Tensor) or not self.computed:
+            return None
+        base = getattr(t, "_base", None)
+        for m, name, attr in self.computed:
+            cur = effective.current(m, attr)
+            if cur is not None and (cur is t or cur is base):  # the weight or a view (w.t())
+                return name, cur, effective.weight_getter(m, attr)
+        return None
+
+    def _is_weight(self, t):
+        return self._param(t) is not None or self._computed(t) is not None
+
+    def _weight(self, w):
+        """(name, parameter or computed tensor) of a projection weight; None
+        for no weight and for a LoRA adapter's A or B (the base carries it)."""
+        p = self._param(w)
+        if p is not None:
+            return None if id(p[1]) in self.lora else p
+        c = self._computed(w)
+        if c is None:
+            return None
+        self.fresh[id(c[1])] = c[2]
+        return c[0], c[1]
+
     def _source(self, pname, param, row_off, stride, width, how):
         key = (pname, tuple(row_off), stride, width)
         s = self.obs.sources_by_key.get(key)
         if s is None:
             s = Source(len(self.obs.sources), pname, param, list(row_off), stride, width, how,
                        self.owners.get(id(param)))
+            s.fresh = self.fresh.get(id(param))
             self.obs.sources.append(s)
             self.obs.sources_by_key[key] = s
         return s
@@ -535,7 +590,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         _set(out, sh=ids)
 
     def _linear(self, x, w, out, how):
-        p = self._param(w)
+        p = self._weight(w)
         if p is None or w.dim() != 2 or not isinstance(out, torch.Tensor):
             return False
         pname, param = p
@@ -547,6 +602,27 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         src = self._source(pname, param, [base + i * s_row for i in range(rows)], s_col, width,
                            how)
         self._label_out(out, src, [rows], [out.dim() - 1])
+        self._new_src = src.index
+        return True
+
+    def _conv(self, args, kwargs, out):
+        """A 1x1 convolution (groups 1) is a projection of the channel axis:
+        output channel i reads W[i, :, 0, ...]."""
+        w = args[1] if len(args) > 1 else kwargs.get("weight")
+        groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(w, torch.Tensor) or not isinstance(x, torch.Tensor) or \
+                not isinstance(out, torch.Tensor) or w.dim() < 3 or groups != 1 or \
+                any(s != 1 for s in w.shape[2:]) or x.dim() not in (w.dim() - 1, w.dim()):
+            return False
+        p = self._weight(w)
+        if p is None:
+            return False
+        pname, param = p
+        base = w.storage_offset() - param.storage_offset()
+        src = self._source(pname, param, [base + i * w.stride(0) for i in range(w.shape[0])],
+                           w.stride(1), w.shape[1], "conv")
+        self._label_out(out, src, [w.shape[0]], [0 if x.dim() == w.dim() - 1 else 1])
         self._new_src = src.index
         return True
 
@@ -873,12 +949,12 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         elif name == "argmax":
             k, dim = 1, args[1] if len(args) > 1 else kwargs.get("dim")
             idx = out
-        elif name == "sort":  # sort(..., descending=True)[1][..., :k]: k is the slice used
+        elif name in ("sort", "argsort"):  # sort(.., descending=True)[1][.., :k]: k is the slice
             dim = args[1] if len(args) > 1 and isinstance(args[1], int) else kwargs.get("dim",
                                                                                         -1)
-            if not isinstance(out, tuple):
+            if name == "sort" and not isinstance(out, tuple):
                 return
-            k, idx = 0, out[1]
+            k, idx = 0, (out[1] if name == "sort" else out)
         elif name == "multinomial":  # experts sampled from the router's probabilities
             k = args[1] if len(args) > 1 else kwargs.get("num_samples")
             dim, idx = -1, out
@@ -908,7 +984,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             site.normed = (site.normed + " " if site.normed else "") + "expert-choice"
             _set(idx, ridx=site)
             return
-        if name == "sort":
+        if name in ("sort", "argsort"):
             site.sorted = True
         elif name in ("topk", "multinomial"):
             site.top_k = max(site.top_k, k)
@@ -924,6 +1000,27 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             _set(idx, ridx=site)
             return
         _set(idx, ridx=site, rdim=idx.dim())
+
+    def _passed(self, out):
+        """Keeps top-k indices a cast or layout op passed on, for finish()."""
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            d = _tag(o)
+            if d is not None and "ridx" in d and not d["ridx"].dispatched and \
+                    len(self.passed) < _MAX_MIXES:
+                self.passed.append(o)
+
+    def finish(self):
+        """After the forward: indices cast or copied (top_expert.int()) that
+        no seen op then took went to a kernel the pass cannot see (MegaBlocks'
+        CUDA sort and histogram): that is their use, as it was before casts
+        were followed."""
+        for o in self.passed:
+            d = _tag(o)
+            r = getattr(o, _FLOW, None)
+            if d is not None and not d["ridx"].dispatched and (r is None or not r[1]):
+                self._uses("opaque kernel", (o,), {})
+        _untag(self.passed)
+        self.passed = []
 
     def _router_site(self, src, t):
         site = self.topks.get(src.index)
@@ -998,8 +1095,11 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             w = args[1] if len(args) > 1 else kwargs.get("weight")
             if self._linear(None, w, out, "linear"):
                 return
+        if name in ("conv1d", "conv2d", "conv3d"):
+            if self._conv(args, kwargs, out):
+                return
         if name in ("matmul", "__matmul__", "mm") and len(args) == 2:
-            if self._param(args[1]) is not None and self._param(args[0]) is None:
+            if self._is_weight(args[1]) and not self._is_weight(args[0]):
                 if self._linear(args[0], args[1], out, "matmul"):
                     return
         if name == "__rmatmul__" and len(args) == 2:
@@ -1042,7 +1142,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 if "sh" in d and isinstance(out, torch.Tensor) and out.shape == t.shape:
                     _set(out, sh=d["sh"], normed="softmax")
             return
-        if name in ("topk", "argmax", "max", "sort", "multinomial"):
+        if name in ("topk", "argmax", "max", "sort", "argsort", "multinomial"):
             if args and _shadow(args[0]) is not None:
                 self._topk(name, args, kwargs, out)
             return
@@ -1061,6 +1161,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         if name in _LAYOUT or name in _SAME:
             self._layout(name, func, args, kwargs, out)
+            self._passed(out)
             return
         if name in _STACK:
             self._stack(func, args, kwargs, out)
@@ -1298,8 +1399,11 @@ def probe_inputs(model, batch=1, seq=8):
                  and q.default is inspect.Parameter.empty]
         extra = {"use_cache": False} if "use_cache" in sig.parameters else {}
         params = set(sig.parameters)
+        # forward(self, *, input_ids, attention_mask=None): required keyword-only arguments
+        kwonly = [n for n, q in sig.parameters.items()
+                  if q.kind == q.KEYWORD_ONLY and q.default is inspect.Parameter.empty]
     except (TypeError, ValueError):
-        names, extra, params = ["x"], {}, set()
+        names, extra, params, kwonly = ["x"], {}, set(), []
     out = []
     gen = torch.Generator().manual_seed(0)  # the probe draws nothing from torch's RNG
 
@@ -1310,14 +1414,18 @@ def probe_inputs(model, batch=1, seq=8):
         ids = torch.randint(0, max(1, min(emb.num_embeddings, 64)), (batch, seq),
                             generator=gen).to(dev)
         kw = dict(extra)
+        kw.update({n: None if "mask" in n else ids for n in kwonly})
         # every required positional argument: token ids, None for a mask
-        args = tuple(None if "mask" in n else ids for n in names) or (ids,)
+        args = tuple(None if "mask" in n else ids for n in names) or (() if kwonly else (ids,))
         out.append((f"token ids [{batch}, {seq}]", args, kw))
         if len(names) > 1:  # a second stream beside the tokens (media, context): floats
             for w in _widths(model):
                 more = tuple(None if "mask" in n else randn(batch, seq, w) for n in names[1:])
                 out.append((f"token ids [{batch}, {seq}] and floats [{batch}, {seq}, {w}]",
                             (ids,) + more, dict(kw)))
+        if len(names) == 1 and not kwonly:  # forward(batch): a data loader's dict, whole
+            out.append((f"a dict batch {{'input_ids': token ids [{batch}, {seq}]}}",
+                        ({"input_ids": ids},), dict(kw)))
         if "decoder_input_ids" in params:
             kw2 = dict(kw)
             kw2["decoder_input_ids"] = ids
@@ -1334,12 +1442,13 @@ def probe_inputs(model, batch=1, seq=8):
     for i, d in enumerate(_widths(model)):
         x = randn(batch, seq, d)
         x2 = randn(seq, d)
-        out.append((f"floats [{batch}, {seq}, {d}]",
-                    tuple(None if "mask" in n else x for n in names) or (x,), dict(extra)))
-        if i == 0:
-            out.append((f"floats [{seq}, {d}]",
-                        tuple(None if "mask" in n else x2 for n in names) or (x2,),
-                        dict(extra)))
+        for desc, v in ((f"floats [{batch}, {seq}, {d}]", x), (f"floats [{seq}, {d}]", x2)):
+            kw = dict(extra)
+            kw.update({n: None if "mask" in n else v for n in kwonly})
+            out.append((desc, tuple(None if "mask" in n else v for n in names)
+                        or (() if kwonly else (v,)), kw))
+            if i:
+                break
     return out
 
 
@@ -1407,11 +1516,24 @@ def _leaves(obj, depth=0):
             yield from _leaves(x, depth + 1)
 
 
-def observe(model, example_input=None, example_kwargs=None):
+def _cached(computed):
+    """parametrize.cached() when the model has parametrizations: one value
+    per forward, which the pass can recognise when F.linear gets it."""
+    if computed:
+        try:
+            from torch.nn.utils import parametrize
+            return parametrize.cached()
+        except (ImportError, AttributeError):
+            pass
+    return contextlib.nullcontext()
+
+
+def observe(model, example_input=None, example_kwargs=None, label="example_input"):
     """One observed forward pass of model (Observation). example_input: a
     tensor, a tuple of positional arguments or a dict of keyword arguments;
-    None tries probe batches (probe_inputs) until one runs. Never raises:
-    Observation.error says why nothing was seen."""
+    None tries probe batches (probe_inputs) until one runs. label names the
+    input in Observation.error (the Monitor's "the first batch"). Never
+    raises: Observation.error says why nothing was seen."""
     obs = Observation()
     if TorchFunctionMode is None:
         obs.error = f"torch {torch.__version__} has no TorchFunctionMode"
@@ -1421,13 +1543,13 @@ def observe(model, example_input=None, example_kwargs=None):
               for n, p in m.named_parameters(recurse=False)}
     if example_input is not None or example_kwargs:
         if isinstance(example_input, dict):
-            tries = [("example_input", (), dict(example_input))]
+            tries = [(label, (), dict(example_input))]
         elif isinstance(example_input, (tuple, list)):
-            tries = [("example_input", tuple(example_input), dict(example_kwargs or {}))]
+            tries = [(label, tuple(example_input), dict(example_kwargs or {}))]
         elif example_input is None:
-            tries = [("example_input", (), dict(example_kwargs))]
+            tries = [(label, (), dict(example_kwargs))]
         else:
-            tries = [("example_input", (example_input,), dict(example_kwargs or {}))]
+            tries = [(label, (example_input,), dict(example_kwargs or {}))]
         try:  # no key/value cache from this pass
             if "use_cache" in inspect.signature(model.forward).parameters:
                 for _, _, kw in tries:
@@ -1443,13 +1565,19 @@ def observe(model, example_input=None, example_kwargs=None):
             return obs
     errors = []
     target = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the eager module
+    try:  # computed weights (effective.py): LoRA adapters, parametrizations, weight_norm
+        lora, fresh, computed = (effective.lora_parameters(model), effective.lora_bases(model),
+                                 effective.computed(model))
+    except Exception:
+        lora, fresh, computed = set(), {}, []
     for desc, args, kwargs in tries:
         trial = Observation()
         tracker = _Tracker(params, trial)
         tracker.owners = owners
+        tracker.lora, tracker.fresh, tracker.computed = lora, dict(fresh), computed
         result = None
         try:
-            with _Restore(model), torch.no_grad(), tracker:
+            with _Restore(model), torch.no_grad(), _cached(computed), tracker:
                 result = _eager(target)(*args, **kwargs)
         except Exception as e:  # the model did not take this input: next one
             text = str(e).splitlines()[0][:160] if str(e) else ""
@@ -1457,8 +1585,17 @@ def observe(model, example_input=None, example_kwargs=None):
             continue
         finally:
             _untag(list(_flat(args)) + list(_flat(kwargs.values())))
+        outs = []
         try:
             outs = list(_leaves(result))
+            for t in outs:  # what the forward returns is used
+                r = getattr(t, _FLOW, None)
+                if r is not None:
+                    r[1] = True
+            tracker.finish()
+        except Exception:
+            tracker.failures += 1
+        try:
             for t in outs:  # what the forward returns is used
                 r = getattr(t, _FLOW, None)
                 if r is not None:
@@ -1490,7 +1627,8 @@ def observe(model, example_input=None, example_kwargs=None):
                                                            "") == "_forward_unimplemented":
         obs.error = "the model has no forward()"
     else:
-        what = "the example input" if example_input is not None else "a probe batch"
+        what = ("a probe batch" if example_input is None and not example_kwargs else
+                "the example input" if label == "example_input" else label)
         more = f" (+{len(errors) - 1} other probes)" if len(errors) > 1 else ""
         obs.error = f"its forward did not run on {what}: {errors[0]}{more}"
     return obs

@@ -20,11 +20,23 @@ import types
 import torch
 
 
+def _matrix(p, r, write=False):
+    """p as the 2-D matrix whose rows r.rows names (Rows' docstring); a view
+    of p when write (scaled in place)."""
+    flat = p.view if write else p.reshape
+    if r.conv:
+        return flat(p.shape[0], -1)
+    return flat(p.shape[0], -1).t() if r.t else flat(-1, p.shape[-1])
+
+
 def weight_rows(params, r):
     """[len(rows), d] float64 copy of the rows r names."""
-    p = params[r.param].detach().to("cpu", torch.float64)
-    w = p.reshape(p.shape[0], -1).t() if r.t else p.reshape(-1, p.shape[-1])
-    return w[list(r.rows)]
+    if r.eff is not None:
+        with torch.no_grad():
+            p = r.eff(params)
+    else:
+        p = params[r.param]
+    return _matrix(p.detach().to("cpu", torch.float64), r)[list(r.rows)]
 
 
 def stack(params, rows_list):
@@ -282,9 +294,12 @@ def _scale(params, rows_list, c):
     """Multiplies the rows (and their bias entries) by c, in place."""
     for r in rows_list:
         p = params[r.param]
-        w = p.view(p.shape[0], -1).t() if r.t else p.view(-1, p.shape[-1])
+        w = _matrix(p, r, write=True)
         idx = torch.tensor(list(r.rows))
         w[idx] = w[idx] * c
+        for name in r.also:
+            a = params[name]
+            a[idx] = a[idx] * c
         b = params.get(_bias_name(r.param)) if not r.t or p.dim() == 2 else None
         if b is not None and b.dim() == 1 and b.shape[0] == w.shape[0]:
             b[idx] = b[idx] * c
@@ -300,7 +315,9 @@ def verify_truth(model, inputs, truth, seed=0):
     norm over the whole projection, and clamps alike) only when those are
     the rows these heads read. The output must change when those query rows
     are negated with another key head's (their scores flip sign), and when
-    noise is added to query head 0's rows.
+    noise is added to query head 0's rows. A computed weight's rows
+    (Rows.eff) are scaled through the parameter rows they are made of
+    (Rows.param, and Rows.also: LoRA's lora_B).
     Routers: zeroing the weight must change the output."""
     errs = []
     params = dict(model.named_parameters())
@@ -310,7 +327,8 @@ def verify_truth(model, inputs, truth, seed=0):
 
     def run():
         torch.manual_seed(seed)
-        return [t.detach().double() for t in _tensors(model(*inputs)) if t.is_floating_point()]
+        out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+        return [t.detach().double() for t in _tensors(out) if t.is_floating_point()]
 
     def same(a, b):
         return len(a) == len(b) and all(x.shape == y.shape and torch.allclose(
@@ -352,7 +370,7 @@ def verify_truth(model, inputs, truth, seed=0):
                     continue
                 r = a.q[0]
                 p = params[r.param]
-                w = p.view(p.shape[0], -1).t() if r.t else p.view(-1, p.shape[-1])
+                w = _matrix(p, r, write=True)
                 idx = torch.tensor(list(r.rows))
                 w[idx] = w[idx] + torch.randn(w[idx].shape) * (w[idx].std() + 1e-3)
                 if same(run(), base):
