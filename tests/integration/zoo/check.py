@@ -20,11 +20,20 @@ import types
 import torch
 
 
+def _matrix(p, t):
+    """The [rows, in] matrix a Rows reads from parameter p (a view when p
+    is contiguous): [in, out] transposed when t; a kernel-1 convolution
+    weight [out, in, 1(, 1)] as [out, in]; else leading dims flattened."""
+    if t:
+        return p.reshape(p.shape[0], -1).t()
+    if p.dim() > 2 and all(s == 1 for s in p.shape[2:]):
+        return p.reshape(p.shape[0], p.shape[1])
+    return p.reshape(-1, p.shape[-1])
+
+
 def weight_rows(params, r):
     """[len(rows), d] float64 copy of the rows r names."""
-    p = params[r.param].detach().to("cpu", torch.float64)
-    w = p.reshape(p.shape[0], -1).t() if r.t else p.reshape(-1, p.shape[-1])
-    return w[list(r.rows)]
+    return _matrix(params[r.param].detach().to("cpu", torch.float64), r.t)[list(r.rows)]
 
 
 def stack(params, rows_list):
@@ -282,7 +291,7 @@ def _scale(params, rows_list, c):
     """Multiplies the rows (and their bias entries) by c, in place."""
     for r in rows_list:
         p = params[r.param]
-        w = p.view(p.shape[0], -1).t() if r.t else p.view(-1, p.shape[-1])
+        w = _matrix(p, r.t)
         idx = torch.tensor(list(r.rows))
         w[idx] = w[idx] * c
         b = params.get(_bias_name(r.param)) if not r.t or p.dim() == 2 else None
@@ -351,10 +360,9 @@ def verify_truth(model, inputs, truth, seed=0):
                 if a.mla:
                     continue
                 r = a.q[0]
-                p = params[r.param]
-                w = p.view(p.shape[0], -1).t() if r.t else p.view(-1, p.shape[-1])
+                w = _matrix(params[r.param], r.t)
                 idx = torch.tensor(list(r.rows))
-                w[idx] = w[idx] + torch.randn(w[idx].shape) * (w[idx].std() + 1e-3)
+                w[idx] = w[idx] + torch.randn(w[idx].shape, dtype=w.dtype) * (w[idx].std() + 1e-3)
                 if same(run(), base):
                     errs.append(f"attention {a.module}: noise on query head 0's "
                                 f"{_rows_text(r)} of {r.param} left the output unchanged")
