@@ -56,6 +56,11 @@ report of the round).
                              tokens_per_expert buffer updated in forward
   llama-checkpoint-attn-dropout  gradient checkpointing (use_reentrant=False)
                              and SDPA attention dropout while training
+  nllb-moe-top2-encdec       NLLB-MoE: router.classifier, argmax, mask,
+                             argmax again, capacity, experts in a
+                             ModuleDict, sparse every 2nd encoder/decoder
+                             layer (stacks: a router shares its block's
+                             self-attention layer)
   mmoe-dense-gates           DeepCTR MMOE: per-task softmax gates over
                              experts, no top-k: nothing to report
   gmlp-sgu-none              gMLP: spatial gating unit, no attention:
@@ -68,9 +73,9 @@ weights, as after training; each place says so.
 
 Blind score (discover(model) with defaults plus the 5-step Monitor run of
 test_python_zoo.py, before any fix): 14 of 21 right on torch 1.13 and the
-same 14 on torch 2.15; two more written after seeing those results
-(torchtitan-moe-histc, llama-checkpoint-attn-dropout) are right on both:
-16 of 23 in all. Wrong (EXPECTED_FAILING says what discovery
+same 14 on torch 2.15; three more written after seeing those results
+(torchtitan-moe-histc, llama-checkpoint-attn-dropout, nllb-moe-top2-encdec)
+are right on both: 17 of 24 in all. Wrong (EXPECTED_FAILING says what discovery
 reported): vits-conv1d-decoder, sd-spatial-transformer, lucidrains-moe-top2,
 modsquad-noisy-fgate, vision-encoder-decoder-gpt2, opennmt-headcount,
 informer-probsparse. Five of the seven have no probe batch the forward
@@ -2756,3 +2761,217 @@ def llama_checkpoint():
     model = CheckpointedForCausalLM(cfg, [CheckpointedLayer(cfg, i) for i in range(2)])
     att = sep_truth("model.layers.{i}.self_attn", range(2), H, 2, DH)
     return model, tokens(), Truth(att, not_reported=["model.layers.0.mlp.gate_proj.weight"])
+
+
+# ---- NLLB-MoE: encoder-decoder, top-2 by argmax twice, sparse every other layer ----------------
+
+class NllbMoeTop2Router(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.num_experts = cfg.num_experts
+        self.expert_capacity = cfg.expert_capacity
+        self.classifier = nn.Linear(cfg.hidden_size, self.num_experts, bias=cfg.router_bias)
+        self.second_expert_policy = cfg.second_expert_policy
+        self.moe_eval_capacity_token_fraction = cfg.moe_eval_capacity_token_fraction
+        self.dtype = torch.float32
+
+    def normalize_router_probabilities(self, router_probs, top_1_mask, top_2_mask):
+        top_1_max_probs = (router_probs * top_1_mask).sum(dim=1)
+        top_2_max_probs = (router_probs * top_2_mask).sum(dim=1)
+        denom = (top_1_max_probs + top_2_max_probs).clamp(min=torch.finfo(router_probs.dtype).eps)
+        return top_1_max_probs / denom, top_2_max_probs / denom
+
+    def route_tokens(self, router_logits, input_dtype):
+        nb_tokens = router_logits.shape[0]
+        router_probs = F.softmax(router_logits, dim=-1, dtype=self.dtype).to(input_dtype)
+        top_1_expert_index = torch.argmax(router_probs, dim=-1)
+        top_1_mask = F.one_hot(top_1_expert_index, num_classes=self.num_experts)
+        logits_except_top_1 = router_logits.masked_fill(top_1_mask.bool(), float("-inf"))
+        top_2_expert_index = torch.argmax(logits_except_top_1, dim=-1)
+        top_2_mask = F.one_hot(top_2_expert_index, num_classes=self.num_experts)
+        locations1 = torch.cumsum(top_1_mask, dim=0) - 1
+        locations2 = torch.cumsum(top_2_mask, dim=0) - 1
+        locations2 = locations2 + torch.sum(top_1_mask, dim=0, keepdim=True)
+        if not self.training and self.moe_eval_capacity_token_fraction > 0:
+            capacity = math.ceil(self.moe_eval_capacity_token_fraction * nb_tokens)
+        else:
+            capacity = self.expert_capacity
+        top_1_mask = top_1_mask * torch.lt(locations1, capacity)
+        top_2_mask = top_2_mask * torch.lt(locations2, capacity)
+        p1, p2 = self.normalize_router_probabilities(router_probs, top_1_mask, top_2_mask)
+        router_probs = p1[:, None] * top_1_mask + p2[:, None] * top_2_mask
+        return top_1_mask, router_probs
+
+    def forward(self, hidden_states, padding_mask=None):
+        input_dtype = hidden_states.dtype
+        b, t, d = hidden_states.shape
+        hidden_states = hidden_states.reshape(b * t, d).to(self.dtype)
+        router_logits = self.classifier(hidden_states)
+        return self.route_tokens(router_logits, input_dtype)
+
+
+class NllbMoeDenseActDense(nn.Module):
+    def __init__(self, d, ffn_dim):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, ffn_dim), nn.Linear(ffn_dim, d)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+class NllbMoeSparseMLP(nn.Module):
+    def __init__(self, cfg, ffn_dim):
+        super().__init__()
+        self.router = NllbMoeTop2Router(cfg)
+        self.num_experts = cfg.num_experts
+        self.experts = nn.ModuleDict({f"expert_{i}": NllbMoeDenseActDense(cfg.hidden_size,
+                                                                           ffn_dim)
+                                      for i in range(cfg.num_experts)})
+
+    def forward(self, hidden_states, padding_mask=None):
+        b, t, d = hidden_states.shape
+        top_1_mask, router_probs = self.router(hidden_states, padding_mask)
+        router_mask = router_probs.bool()
+        hidden_states = hidden_states.reshape(b * t, d)
+        masked = torch.einsum("bm,be->ebm", hidden_states, router_mask.to(hidden_states.dtype))
+        for idx, expert in enumerate(self.experts.values()):
+            token_indices = router_mask[:, idx]
+            combining_weights = router_probs[token_indices, idx]
+            expert_output = expert(masked[idx, token_indices])
+            masked[idx, token_indices] = torch.einsum("b,be->be", combining_weights,
+                                                      expert_output)
+        hidden_states = masked.sum(dim=0).reshape(b, t, d)
+        return hidden_states, (router_probs, torch.argmax(top_1_mask, dim=-1))
+
+
+class NllbMoeAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None):
+        bsz, tgt_len, _ = hidden_states.shape
+        kv = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+
+        def shape(x):
+            return x.view(bsz, -1, self.num_heads, self.head_dim).transpose(1, 2) \
+                .reshape(bsz * self.num_heads, -1, self.head_dim)
+        q = shape(self.q_proj(hidden_states) * self.scaling)
+        k, v = shape(self.k_proj(kv)), shape(self.v_proj(kv))
+        w = torch.bmm(q, k.transpose(1, 2))
+        if attention_mask is not None:
+            w = (w.view(bsz, self.num_heads, tgt_len, -1) + attention_mask) \
+                .view(bsz * self.num_heads, tgt_len, -1)
+        out = torch.bmm(F.softmax(w, dim=-1), v)
+        out = out.view(bsz, self.num_heads, tgt_len, self.head_dim).transpose(1, 2)
+        return self.out_proj(out.reshape(bsz, tgt_len, self.embed_dim))
+
+
+class NllbMoeEncoderLayer(nn.Module):
+    def __init__(self, cfg, is_sparse):
+        super().__init__()
+        self.is_sparse = is_sparse
+        self.self_attn = NllbMoeAttention(cfg.hidden_size, cfg.encoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(cfg.hidden_size)
+        self.ffn = NllbMoeSparseMLP(cfg, 48) if is_sparse else \
+            NllbMoeDenseActDense(cfg.hidden_size, 48)
+        self.ff_layer_norm = nn.LayerNorm(cfg.hidden_size)
+
+    def forward(self, x, mask):
+        x = x + self.self_attn(self.self_attn_layer_norm(x), attention_mask=mask)
+        y = self.ffn(self.ff_layer_norm(x))
+        return x + (y[0] if self.is_sparse else y)
+
+
+class NllbMoeDecoderLayer(nn.Module):
+    def __init__(self, cfg, is_sparse):
+        super().__init__()
+        self.is_sparse = is_sparse
+        self.self_attn = NllbMoeAttention(cfg.hidden_size, cfg.decoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(cfg.hidden_size)
+        self.cross_attention = NllbMoeAttention(cfg.hidden_size, cfg.decoder_attention_heads)
+        self.cross_attention_layer_norm = nn.LayerNorm(cfg.hidden_size)
+        self.ffn = NllbMoeSparseMLP(cfg, 48) if is_sparse else \
+            NllbMoeDenseActDense(cfg.hidden_size, 48)
+        self.ff_layer_norm = nn.LayerNorm(cfg.hidden_size)
+
+    def forward(self, x, causal, enc, enc_mask):
+        x = x + self.self_attn(self.self_attn_layer_norm(x), attention_mask=causal)
+        x = x + self.cross_attention(self.cross_attention_layer_norm(x), enc,
+                                     attention_mask=enc_mask)
+        y = self.ffn(self.ff_layer_norm(x))
+        return x + (y[0] if self.is_sparse else y)
+
+
+class NllbMoeForConditionalGeneration(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        d = cfg.hidden_size
+        self.model = nn.Module()
+        self.model.shared = nn.Embedding(cfg.vocab_size, d)
+        self.model.encoder = nn.Module()
+        self.model.encoder.layers = nn.ModuleList(
+            NllbMoeEncoderLayer(cfg, (i + 1) % cfg.encoder_sparse_step == 0)
+            for i in range(cfg.encoder_layers))
+        self.model.encoder.layer_norm = nn.LayerNorm(d)
+        self.model.decoder = nn.Module()
+        self.model.decoder.layers = nn.ModuleList(
+            NllbMoeDecoderLayer(cfg, (i + 1) % cfg.decoder_sparse_step == 0)
+            for i in range(cfg.decoder_layers))
+        self.model.decoder.layer_norm = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
+        pos = torch.arange(64).float()[:, None] * torch.exp(
+            torch.arange(0, d, 2).float() * -(math.log(10000.0) / d))[None]
+        self.register_buffer("positions", torch.cat([pos.sin(), pos.cos()], -1),
+                             persistent=False)
+
+    def forward(self, input_ids, attention_mask=None, decoder_input_ids=None):
+        scale = math.sqrt(self.config.hidden_size)
+        x = self.model.shared(input_ids) * scale + self.positions[:input_ids.shape[1]]
+        enc_mask = None
+        if attention_mask is not None:
+            enc_mask = (1.0 - attention_mask[:, None, None, :].float()) * -1e9
+        for layer in self.model.encoder.layers:
+            x = layer(x, enc_mask)
+        enc = self.model.encoder.layer_norm(x)
+        t = decoder_input_ids.shape[1]
+        y = self.model.shared(decoder_input_ids) * scale + self.positions[:t]
+        causal = torch.full((t, t), -1e9).triu(1)[None, None]
+        for layer in self.model.decoder.layers:
+            y = layer(y, causal, enc, enc_mask)
+        return self.lm_head(self.model.decoder.layer_norm(y))
+
+
+@member("nllb-moe-top2-encdec")
+def nllb_moe():
+    """transformers models/nllb_moe (NllbMoeTop2Router: argmax, mask, argmax again,
+    capacity; NllbMoeSparseMLP with experts in a ModuleDict; sparse every 2nd layer)."""
+    cfg = config(hidden_size=D, encoder_attention_heads=H, decoder_attention_heads=H,
+                 encoder_layers=2, decoder_layers=2, encoder_sparse_step=2,
+                 decoder_sparse_step=2, num_experts=4, expert_capacity=64, router_bias=False,
+                 second_expert_policy="all", moe_eval_capacity_token_fraction=1.0,
+                 vocab_size=VOCAB, model_type="nllb-moe")
+    model = NllbMoeForConditionalGeneration(cfg)
+    att, rts = [], []
+    for stack in ("encoder", "decoder"):
+        for i in range(2):
+            kinds = (("self", "self_attn"),) + ((("cross", "cross_attention"),)
+                                                if stack == "decoder" else ())
+            for kind, a in kinds:
+                m = f"model.{stack}.layers.{i}.{a}"
+                att.append(Attn((stack, i), H, H, DH, *heads_separate(
+                    f"{m}.q_proj.weight", f"{m}.k_proj.weight", H, H, DH), m, kind=kind))
+        r = f"model.{stack}.layers.1.ffn.router"
+        rts.append(Router((stack, 1), 4, 2, Rows(f"{r}.classifier.weight", range(4)), r))
+    ids = torch.randint(0, VOCAB, (2, 8))
+    mask = torch.ones(2, 8)
+    mask[1, 6:] = 0
+    return model, (ids, mask, torch.randint(0, VOCAB, (2, 6))), Truth(
+        att, rts, stacks=True, not_reported=["model.encoder.layers.0.ffn.fc1.weight"])
