@@ -61,6 +61,10 @@ report of the round).
                              ModuleDict, sparse every 2nd encoder/decoder
                              layer (stacks: a router shares its block's
                              self-attention layer)
+  pvt-v2-spatial-reduction   timm PVT-v2: q and a fused kv, keys from a
+                             strided Conv2d of the tokens, two blocks per
+                             stage in an nn.Sequential of stages, 1 head in
+                             stage 0 (stacks)
   mmoe-dense-gates           DeepCTR MMOE: per-task softmax gates over
                              experts, no top-k: nothing to report
   gmlp-sgu-none              gMLP: spatial gating unit, no attention:
@@ -73,9 +77,10 @@ weights, as after training; each place says so.
 
 Blind score (discover(model) with defaults plus the 5-step Monitor run of
 test_python_zoo.py, before any fix): 14 of 21 right on torch 1.13 and the
-same 14 on torch 2.15; three more written after seeing those results
-(torchtitan-moe-histc, llama-checkpoint-attn-dropout, nllb-moe-top2-encdec)
-are right on both: 17 of 24 in all. Wrong (EXPECTED_FAILING says what discovery
+same 14 on torch 2.15; four more written after seeing those results
+(torchtitan-moe-histc, llama-checkpoint-attn-dropout, nllb-moe-top2-encdec,
+pvt-v2-spatial-reduction): 3 of 4 right on both (pvt-v2 wrong): 17 of 25 in
+all. Wrong (EXPECTED_FAILING says what discovery
 reported): vits-conv1d-decoder, sd-spatial-transformer, lucidrains-moe-top2,
 modsquad-noisy-fgate, vision-encoder-decoder-gpt2, opennmt-headcount,
 informer-probsparse. Five of the seven have no probe batch the forward
@@ -2975,3 +2980,132 @@ def nllb_moe():
     mask[1, 6:] = 0
     return model, (ids, mask, torch.randint(0, VOCAB, (2, 6))), Truth(
         att, rts, stacks=True, not_reported=["model.encoder.layers.0.ffn.fc1.weight"])
+
+
+# ---- PVT-v2: q and a fused kv, keys from a strided-conv spatial reduction, nested stages -------
+
+class PvtAttention(nn.Module):
+    def __init__(self, dim, num_heads=8, sr_ratio=1, qkv_bias=True):
+        super().__init__()
+        self.dim, self.num_heads = dim, num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(dim)
+        else:
+            self.sr, self.norm = None, None
+
+    def forward(self, x, feat_size):
+        b, n, c = x.shape
+        h, w = feat_size
+        q = self.q(x).reshape(b, n, self.num_heads, -1).permute(0, 2, 1, 3)
+        if self.sr is not None:
+            x = x.permute(0, 2, 1).reshape(b, c, h, w)
+            x = self.norm(self.sr(x).reshape(b, c, -1).permute(0, 2, 1))
+        kv = self.kv(x).reshape(b, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        k, v = kv.unbind(0)
+        if HAS_SDPA:
+            x = F.scaled_dot_product_attention(q, k, v)
+        else:
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            x = attn @ v
+        return self.proj(x.transpose(1, 2).reshape(b, n, c))
+
+
+class MlpWithDepthwiseConv(nn.Module):
+    def __init__(self, in_features, hidden_features):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.dwconv = nn.Conv2d(hidden_features, hidden_features, 3, 1, 1, groups=hidden_features)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_features, in_features)
+
+    def forward(self, x, feat_size):
+        x = self.fc1(x)
+        b, n, c = x.shape
+        x = self.dwconv(x.transpose(1, 2).view(b, c, feat_size[0], feat_size[1]))
+        return self.fc2(self.act(x.flatten(2).transpose(1, 2)))
+
+
+class PvtBlock(nn.Module):
+    def __init__(self, dim, num_heads, sr_ratio):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = PvtAttention(dim, num_heads, sr_ratio)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = MlpWithDepthwiseConv(dim, dim * 2)
+
+    def forward(self, x, feat_size):
+        x = x + self.attn(self.norm1(x), feat_size)
+        return x + self.mlp(self.norm2(x), feat_size)
+
+
+class OverlapPatchEmbed(nn.Module):
+    def __init__(self, patch_size, stride, in_chans, embed_dim):
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride, padding=patch_size // 2)
+        self.norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, x):
+        return self.norm(self.proj(x).permute(0, 2, 3, 1))
+
+
+class PyramidVisionTransformerStage(nn.Module):
+    def __init__(self, dim_in, dim, depth, downsample, num_heads, sr_ratio):
+        super().__init__()
+        self.downsample = OverlapPatchEmbed(3, 2, dim_in, dim) if downsample else None
+        self.blocks = nn.ModuleList(PvtBlock(dim, num_heads, sr_ratio) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        if self.downsample is not None:
+            x = self.downsample(x)
+        b, h, w, c = x.shape
+        x = x.reshape(b, -1, c)
+        for blk in self.blocks:
+            x = blk(x, (h, w))
+        x = self.norm(x)
+        return x.reshape(b, h, w, -1).permute(0, 3, 1, 2).contiguous()
+
+
+class PyramidVisionTransformerV2(nn.Module):
+    def __init__(self, embed_dims=(16, 32), num_heads=(1, 2), sr_ratios=(2, 1), depths=(2, 2),
+                 num_classes=10):
+        super().__init__()
+        self.patch_embed = OverlapPatchEmbed(7, 4, 3, embed_dims[0])
+        stages, prev = [], embed_dims[0]
+        for i in range(len(depths)):
+            stages.append(PyramidVisionTransformerStage(prev, embed_dims[i], depths[i], i > 0,
+                                                        num_heads[i], sr_ratios[i]))
+            prev = embed_dims[i]
+        self.stages = nn.Sequential(*stages)
+        self.head = nn.Linear(embed_dims[-1], num_classes)
+
+    def forward(self, x):
+        x = self.stages(self.patch_embed(x))
+        return self.head(x.mean(dim=(-1, -2)))
+
+
+@member("pvt-v2-spatial-reduction")
+def pvt_v2():
+    """huggingface/pytorch-image-models timm/models/pvt_v2.py (Attention with q and kv,
+    sr Conv2d + norm; MlpWithDepthwiseConv; stages of blocks in an nn.Sequential)."""
+    model = PyramidVisionTransformerV2()
+    att = []
+    for s, (dim, h) in enumerate(((16, 1), (32, 2))):
+        dh = dim // h
+        for j in range(2):
+            m = f"stages.{s}.blocks.{j}.attn"
+            att.append(Attn((s, j), h, h, dh,
+                            [Rows(f"{m}.q.weight", range(i * dh, (i + 1) * dh)) for i in range(h)],
+                            [Rows(f"{m}.kv.weight", range(i * dh, (i + 1) * dh))
+                             for i in range(h)], m))
+    return model, (torch.randn(2, 3, 32, 32),), Truth(att, stacks=True, not_reported=[
+        "stages.0.blocks.0.mlp.fc1.weight"], note=(
+        "two blocks per stage inside an nn.Sequential of stages: the layer numbering is the "
+        "discoverer's choice (stacks), but each attention needs its own layer; stage 0's "
+        "keys come from a stride-2 convolution of the tokens (sr), so K is shorter than Q"))
