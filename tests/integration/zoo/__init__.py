@@ -31,7 +31,7 @@ after them 24 of 24. holdout2, a second blind round written after those
 fixes: 20 of 22 (round 2), then 9 more written after seeing those results
 (round 2b): 7 of 9 on torch 1.13, 8 of 9 on 2.15 (holdout2.py says which
 and why). holdout3, a third blind round (written by a tester who had not
-read the discoverer): 14 of 21 on torch 1.13 and 2.15, then 3 of 4 more
+read the discoverer): 14 of 21 on torch 1.13 and 2.15, then 3 of 5 more
 (holdout3.py and EXPECTED_FAILING in test_python_zoo.py say which and why).
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):

@@ -65,6 +65,9 @@ report of the round).
                              strided Conv2d of the tokens, two blocks per
                              stage in an nn.Sequential of stages, 1 head in
                              stage 0 (stacks)
+  tft-interpretable-mha      pytorch-forecasting TFT: per-head q/k Linears in
+                             ModuleLists, one shared value, heads averaged,
+                             LSTM encoder/decoder before it
   mmoe-dense-gates           DeepCTR MMOE: per-task softmax gates over
                              experts, no top-k: nothing to report
   gmlp-sgu-none              gMLP: spatial gating unit, no attention:
@@ -77,10 +80,10 @@ weights, as after training; each place says so.
 
 Blind score (discover(model) with defaults plus the 5-step Monitor run of
 test_python_zoo.py, before any fix): 14 of 21 right on torch 1.13 and the
-same 14 on torch 2.15; four more written after seeing those results
+same 14 on torch 2.15; five more written after seeing those results
 (torchtitan-moe-histc, llama-checkpoint-attn-dropout, nllb-moe-top2-encdec,
-pvt-v2-spatial-reduction): 3 of 4 right on both (pvt-v2 wrong): 17 of 25 in
-all. Wrong (EXPECTED_FAILING says what discovery
+pvt-v2-spatial-reduction, tft-interpretable-mha): 3 of 5 right on both
+(pvt-v2 and tft wrong): 17 of 26 in all. Wrong (EXPECTED_FAILING says what discovery
 reported): vits-conv1d-decoder, sd-spatial-transformer, lucidrains-moe-top2,
 modsquad-noisy-fgate, vision-encoder-decoder-gpt2, opennmt-headcount,
 informer-probsparse. Five of the seven have no probe batch the forward
@@ -3109,3 +3112,116 @@ def pvt_v2():
         "two blocks per stage inside an nn.Sequential of stages: the layer numbering is the "
         "discoverer's choice (stacks), but each attention needs its own layer; stage 0's "
         "keys come from a stride-2 convolution of the tokens (sr), so K is shorter than Q"))
+
+
+# ---- Temporal Fusion Transformer: per-head q/k layers, one shared v, heads averaged, LSTM -------
+
+class ScaledDotProductAttention(nn.Module):
+    def __init__(self, dropout=None, scale=True):
+        super().__init__()
+        self.dropout = nn.Dropout(p=dropout) if dropout is not None else None
+        self.softmax = nn.Softmax(dim=2)
+        self.scale = scale
+
+    def forward(self, q, k, v, mask=None):
+        attn = torch.bmm(q, k.permute(0, 2, 1))
+        if self.scale:
+            attn = attn / torch.as_tensor(k.size(-1), dtype=attn.dtype).sqrt()
+        if mask is not None:
+            attn = attn.masked_fill(mask, -1e9)
+        attn = self.softmax(attn)
+        if self.dropout is not None:
+            attn = self.dropout(attn)
+        return torch.bmm(attn, v), attn
+
+
+class InterpretableMultiHeadAttention(nn.Module):
+    def __init__(self, n_head, d_model, dropout=0.0):
+        super().__init__()
+        self.n_head, self.d_model = n_head, d_model
+        self.d_k = self.d_q = self.d_v = d_model // n_head
+        self.dropout = nn.Dropout(p=dropout)
+        self.v_layer = nn.Linear(self.d_model, self.d_v)
+        self.q_layers = nn.ModuleList(nn.Linear(self.d_model, self.d_q) for _ in range(n_head))
+        self.k_layers = nn.ModuleList(nn.Linear(self.d_model, self.d_k) for _ in range(n_head))
+        self.attention = ScaledDotProductAttention()
+        self.w_h = nn.Linear(self.d_v, self.d_model, bias=False)
+
+    def forward(self, q, k, v, mask=None):
+        heads, attns = [], []
+        vs = self.v_layer(v)
+        for i in range(self.n_head):
+            head, attn = self.attention(self.q_layers[i](q), self.k_layers[i](k), vs, mask)
+            heads.append(self.dropout(head))
+            attns.append(attn)
+        head = torch.stack(heads, dim=2) if self.n_head > 1 else heads[0]
+        outputs = torch.mean(head, dim=2) if self.n_head > 1 else head
+        return self.dropout(self.w_h(outputs)), torch.stack(attns, dim=2)
+
+
+class GatedLinearUnit(nn.Module):
+    def __init__(self, input_size, hidden_size):
+        super().__init__()
+        self.fc = nn.Linear(input_size, hidden_size * 2)
+
+    def forward(self, x):
+        return F.glu(self.fc(x), dim=-1)
+
+
+class GateAddNorm(nn.Module):
+    def __init__(self, input_size):
+        super().__init__()
+        self.glu = GatedLinearUnit(input_size, input_size)
+        self.add_norm = nn.LayerNorm(input_size)
+
+    def forward(self, x, skip):
+        return self.add_norm(self.glu(x) + skip)
+
+
+class TemporalFusionTransformerLite(nn.Module):
+    """The decoder half of TFT: LSTM encoder/decoder over embedded inputs, then
+    the interpretable multi-head attention with a causal mask over the decoder."""
+
+    def __init__(self, n_features=5, hidden_size=D, n_head=H, encoder_length=8,
+                 decoder_length=4):
+        super().__init__()
+        self.hparams = config(hidden_size=hidden_size, attention_head_size=n_head,
+                              max_encoder_length=encoder_length)
+        self.input_embedding = nn.Linear(n_features, hidden_size)
+        self.lstm_encoder = nn.LSTM(hidden_size, hidden_size, batch_first=True)
+        self.lstm_decoder = nn.LSTM(hidden_size, hidden_size, batch_first=True)
+        self.post_lstm_gate_encoder = GateAddNorm(hidden_size)
+        self.multihead_attn = InterpretableMultiHeadAttention(n_head, hidden_size)
+        self.post_attn_gate_norm = GateAddNorm(hidden_size)
+        self.output_layer = nn.Linear(hidden_size, 7)
+        self.encoder_length = encoder_length
+
+    def forward(self, x):
+        """x: [B, encoder + decoder length, n_features]."""
+        emb = self.input_embedding(x)
+        enc, dec = emb[:, :self.encoder_length], emb[:, self.encoder_length:]
+        enc_out, (h, c) = self.lstm_encoder(enc)
+        dec_out, _ = self.lstm_decoder(dec, (h, c))
+        lstm_out = self.post_lstm_gate_encoder(torch.cat([enc_out, dec_out], dim=1), emb)
+        t, te = lstm_out.shape[1], self.encoder_length
+        mask = torch.ones(t - te, t, dtype=torch.bool).triu(te + 1)[None].expand(
+            x.shape[0], -1, -1)
+        q = lstm_out[:, te:]
+        attn_out, _ = self.multihead_attn(q, lstm_out, lstm_out, mask=mask)
+        out = self.post_attn_gate_norm(attn_out, q)
+        return self.output_layer(out)
+
+
+@member("tft-interpretable-mha")
+def tft():
+    """jdb78/pytorch-forecasting models/temporal_fusion_transformer (sub_modules.py:
+    InterpretableMultiHeadAttention, ScaledDotProductAttention, GateAddNorm; LSTM
+    encoder/decoder), reduced to its decoder half."""
+    model = TemporalFusionTransformerLite()
+    m = "multihead_attn"
+    att = [Attn(0, H, H, DH, [Rows(f"{m}.q_layers.{h}.weight", range(DH)) for h in range(H)],
+                [Rows(f"{m}.k_layers.{h}.weight", range(DH)) for h in range(H)], m)]
+    return model, (torch.randn(2, 12, 5),), Truth(att, not_reported=[
+        "post_attn_gate_norm.glu.fc.weight", "multihead_attn.v_layer.weight"], note=(
+        "per-head q/k Linears in ModuleLists, one value projection shared by the heads, "
+        "head outputs averaged: H=4 heads of 8 on d=32"))
