@@ -56,6 +56,43 @@ STEPS = 5
 EXPECTED_FAILING = {
     # held-out round 2 (zoo/holdout2.py), blind: 20 of 22 right on torch 1.13 and 2.15;
     # round 2b: 7 of 9 (1.13) / 8 of 9 (2.15); all of those misses since fixed
+    # held-out round 3 (zoo/holdout3.py), blind: 14 of 21 right on torch 1.13 and 2.15
+    # (then 3 of 5 more, written after seeing those)
+    "vits-conv1d-decoder": "nothing found ('found NOTHING to monitor'): conv_q/conv_k are "
+                           "nn.Conv1d(kernel 1) on [B, C, T], unknown to names; no probe ran "
+                           "(floats [1, 8, 32]: a mask argument left None), and with "
+                           "example_input the pass sees 0 attention scores",
+    "sd-spatial-transformer": "attn2 (to_q reads 32 inputs, to_k the 24-wide context) is "
+                              "SKIPPED with a warning ('to_q reads 32 inputs but to_k reads "
+                              "24') instead of H=4 dh=8: no probe ran (timesteps/context left "
+                              "None); with example_input it is right",
+    "lucidrains-moe-top2": "gate.w_gating reported E=4 top-1 ('softmax then argmax'), want "
+                           "top-2: the second choice, topk(k=1) over the gates with the first "
+                           "one-hot masked out, is not counted",
+    "modsquad-noisy-fgate": "no router found, the pass counts 0 routing top-ks: f_gate is a "
+                            "Linear(d, 2E) whose output is chunked into logits and noise "
+                            "scales before softmax/topk (also with compute_gating eager)",
+    "vision-encoder-decoder-gpt2": "crossattention.c_attn ([k; v], 2d columns) reported "
+                                   "alone as a fused qkv with H=4 Hkv=2 dh=8, rows matching "
+                                   "no site; the cross-attention (q_attn, c_attn's k part) "
+                                   "not reported; no probe ran (pixels and ids); the same "
+                                   "with example_input",
+    "opennmt-headcount": "nothing found: linear_query/linear_keys and head_count are unknown "
+                         "names and no probe ran (time-first [len, batch, 1] source); with "
+                         "example_input it is right",
+    "informer-probsparse": "nothing found: query_projection/key_projection unknown by name and "
+                           "no probe ran (four float inputs of widths 3 and 4); with "
+                           "example_input it is right",
+    "pvt-v2-spatial-reduction": "stage 0's two single-head attentions (blocks 0 and 1, keys "
+                                "from the sr convolution) reported as one site "
+                                "'stages.0.blocks' with H=2 Hkv=2 dh=16 (want two sites of "
+                                "H=1 dh=16); the pass counts 3 attention scores, not 4; "
+                                "stage 1's two-head blocks are right; the same with "
+                                "example_input",
+    "tft-interpretable-mha": "nothing found: per-head q_layers/k_layers ModuleLists are "
+                             "unknown by name and no probe ran (floats [1, 8, 5] leave the "
+                             "LSTM decoder an empty sequence); with example_input it is "
+                             "right",
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {
@@ -79,7 +116,12 @@ def self_test(torch, zoo, check_mod, members):
         check(not errs, f"self-test {name}: the truth does not match the forward pass: {errs}")
         site = next((a for a in truth.attention if not a.mla), None)
         if site is not None:  # and a wrong truth does not
-            wrong_k = site.k[1:] + site.k[:1] if site.n_kv_heads > 1 else site.q[:1]
+            others = [a.k[:1] for a in truth.attention if not a.mla and a is not site
+                      and a.head_dim == site.head_dim and a.k[0] != site.k[0]]
+            # one key head: another site's key rows (its own query rows, negated
+            # twice by the check, would pass), else its query rows
+            wrong_k = (site.k[1:] + site.k[:1] if site.n_kv_heads > 1
+                       else others[0] if others else site.q[:1])
             wrong = dataclasses.replace(truth, attention=[dataclasses.replace(site, k=wrong_k)])
             check(check_mod.verify_truth(model, inputs, wrong),
                   f"self-test {name}: verify_truth accepts key rows that are not {site.module}'s")

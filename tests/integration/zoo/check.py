@@ -22,9 +22,11 @@ import torch
 
 def _matrix(p, r, write=False):
     """p as the 2-D matrix whose rows r.rows names (Rows' docstring); a view
-    of p when write (scaled in place)."""
+    of p when write (scaled in place). A kernel-1 convolution weight
+    [out, in, 1(, 1)] reads as [out, in] with or without r.conv."""
     flat = p.view if write else p.reshape
-    if r.conv:
+    kernel1 = p.dim() > 2 and all(n == 1 for n in p.shape[2:])
+    if r.conv or (kernel1 and not r.t):
         return flat(p.shape[0], -1)
     return flat(p.shape[0], -1).t() if r.t else flat(-1, p.shape[-1])
 
@@ -372,7 +374,7 @@ def verify_truth(model, inputs, truth, seed=0):
                 p = params[r.param]
                 w = _matrix(p, r, write=True)
                 idx = torch.tensor(list(r.rows))
-                w[idx] = w[idx] + torch.randn(w[idx].shape) * (w[idx].std() + 1e-3)
+                w[idx] = w[idx] + torch.randn(w[idx].shape, dtype=w.dtype) * (w[idx].std() + 1e-3)
                 if same(run(), base):
                     errs.append(f"attention {a.module}: noise on query head 0's "
                                 f"{_rows_text(r)} of {r.param} left the output unchanged")
