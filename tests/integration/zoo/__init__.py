@@ -70,7 +70,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import List
 
-FAMILIES = ("decoders", "encdec", "moe", "research", "holdout", "holdout2", "gaps")
+FAMILIES = ("decoders", "encdec", "moe", "research", "holdout", "holdout2", "gaps", "holdout4")
 
 _MEMBERS = []
 
