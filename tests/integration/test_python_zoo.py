@@ -56,7 +56,8 @@ STEPS = 5
 EXPECTED_FAILING = {
     # held-out round 2 (zoo/holdout2.py), blind: 20 of 22 right on torch 1.13 and 2.15;
     # round 2b: 7 of 9 (1.13) / 8 of 9 (2.15); all of those misses since fixed
-    # held-out round 4 (zoo/holdout4.py), blind: 17 of 23 right on torch 1.13 and 2.15
+    # held-out round 4 (zoo/holdout4.py), blind: 17 of 23 right on torch 1.13 and 2.15;
+    # round 4b: 3 of 3
     "zamba-shared-attn": "the shared attention block (applied at layers 1 and 3) is reported at "
                          "layer 0; the truth puts it at the block of its first application, 1 "
                          "(a judgement call, Truth.note)",
