@@ -88,7 +88,7 @@ import torch.nn.functional as F
 
 from . import Attn, Router, Rows, Truth, heads_contiguous, heads_separate, member
 from .parts import D, DH, H, HKV, HAS_SDPA, VOCAB, B, T, RMSNorm, RotaryEmbedding, \
-    apply_rotary_pos_emb, attend, causal_mask, config, repeat_kv, rotate_half, tokens
+    apply_rotary_pos_emb, attend, causal_mask, config, repeat_kv, tokens
 from .holdout2 import GqaAttention, SwiGluMlp, gqa_truth
 
 
@@ -227,6 +227,7 @@ class Zamba(nn.Module):
 
 @member("zamba-shared-attn")
 def zamba():
+    """After transformers' models/zamba/modeling_zamba.py (ZambaHybridLayer)."""
     cfg = config(hidden_size=D, num_attention_heads=4, num_key_value_heads=4,
                  attention_head_dim=16, vocab_size=VOCAB,
                  layers_block_type=["mamba", "hybrid", "mamba", "hybrid"])
@@ -313,6 +314,7 @@ class LMBlocks(nn.Module):
 
 @member("gla-no-softmax")
 def gla():
+    """After fla-org/flash-linear-attention fla/layers/gla.py (GatedLinearAttention)."""
     model = LMBlocks([GlaBlock(D) for _ in range(2)])
     nr = [f"model.layers.{i}.attn.{n}.weight" for i in range(2)
           for n in ("q_proj", "k_proj", "g_proj")]
@@ -417,6 +419,7 @@ class PerformerLM(nn.Module):
 
 @member("performer-favor")
 def performer():
+    """After lucidrains/performer-pytorch performer_pytorch/performer_pytorch.py."""
     model = PerformerLM()
     nr = [f"layers.{i}.attn.{n}.weight" for i in range(2) for n in ("to_q", "to_k")]
     return model, tokens(), Truth([], not_reported=nr, note=(
@@ -596,6 +599,7 @@ class ReformerModelWithLMHead(nn.Module):
 
 @member("reformer-lsh-shared-qk")
 def reformer():
+    """After transformers' models/reformer/modeling_reformer.py (LSHSelfAttention)."""
     # shared QK: negating a head's rows negates its queries and keys together, so what tells
     # verify_truth the heads apart is the hashing (a negated vector lands in the opposite
     # bucket): the LSH chunks (2, with one chunk before) see half the sequence: buckets matter
@@ -712,6 +716,7 @@ class SwinV2(nn.Module):
 
 @member("swinv2-cosine")
 def swinv2():
+    """After timm's timm/models/swin_transformer_v2.py (WindowAttention)."""
     model = SwinV2()
     att = []
     for i in range(2):
@@ -816,6 +821,7 @@ class Beit(nn.Module):
 
 @member("beit-shared-relpos")
 def beit():
+    """After transformers' models/beit/modeling_beit.py (BeitSelfAttention)."""
     model = Beit()
     att = []
     for i in range(2):
@@ -923,6 +929,7 @@ class Eva(nn.Module):
 
 @member("eva02-rope-prefix")
 def eva02():
+    """After timm's timm/models/eva.py (EvaAttention, apply_rot_embed_cat)."""
     model = Eva()
     att = [Attn(i, H, H, DH, *heads_separate(f"blocks.{i}.attn.q_proj.weight",
                                              f"blocks.{i}.attn.k_proj.weight", H, H, DH),
@@ -1067,6 +1074,7 @@ class MaxVit(nn.Module):
 
 @member("maxvit-block-grid")
 def maxvit():
+    """After timm's timm/models/maxxvit.py (PartitionAttentionCl, AttentionCl)."""
     model = MaxVit()
     att = []
     for i in range(2):
@@ -1189,6 +1197,7 @@ class MobileViT(nn.Module):
 
 @member("mobilevit-unfold")
 def mobilevit():
+    """After transformers' models/mobilevit/modeling_mobilevit.py (MobileViTLayer)."""
     model = MobileViT()
     att = []
     for j in range(2):
@@ -1201,7 +1210,7 @@ def mobilevit():
              "layer); the 1x1 conv before unfolding is no projection of q or k")
 
 
-# ---- Chameleon: per-head LayerNorm over (H, dh) ---------------------------------------------------
+# ---- Chameleon: per-head LayerNorm over (H, dh) -------------------------------------------------
 # transformers src/transformers/models/chameleon/modeling_chameleon.py (ChameleonLayerNorm)
 
 class ChameleonLayerNorm(nn.LayerNorm):
@@ -1261,6 +1270,7 @@ class ChameleonDecoderLayer(nn.Module):
 
 @member("chameleon-qk-ln-heads")
 def chameleon():
+    """After transformers' models/chameleon/modeling_chameleon.py (ChameleonLayerNorm)."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_attention_heads=H, num_key_value_heads=HKV,
                  num_hidden_layers=2, vocab_size=VOCAB)
@@ -1268,7 +1278,7 @@ def chameleon():
     return model, tokens(), Truth(gqa_truth(2, H, HKV, DH))
 
 
-# ---- OLMo-2: RMSNorm over the whole q/k width, norms after the sublayers --------------------------
+# ---- OLMo-2: RMSNorm over the whole q/k width, norms after the sublayers ------------------------
 # transformers src/transformers/models/olmo2/modeling_olmo2.py
 
 class Olmo2Attention(GqaAttention):
@@ -1306,6 +1316,7 @@ class Olmo2DecoderLayer(nn.Module):
 
 @member("olmo2-qknorm-full")
 def olmo2():
+    """After transformers' models/olmo2/modeling_olmo2.py (Olmo2Attention)."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_attention_heads=H, num_key_value_heads=HKV,
                  num_hidden_layers=2, vocab_size=VOCAB, rms_norm_eps=1e-6)
@@ -1410,6 +1421,7 @@ class Gemma3ForCausalLM(nn.Module):
 
 @member("gemma3-local-global")
 def gemma3():
+    """After transformers' models/gemma3/modeling_gemma3.py (Gemma3Attention)."""
     cfg = config(hidden_size=D, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                  query_pre_attn_scalar=24, sliding_window=3, sliding_window_pattern=3,
                  rope_theta=1e6, rope_local_base_freq=1e4, num_hidden_layers=3,
@@ -1548,6 +1560,7 @@ class JetMoeBlock(nn.Module):
 
 @member("jetmoe-moa")
 def jetmoe():
+    """After transformers' models/jetmoe/modeling_jetmoe.py (JetMoeMoA, JetMoeAttention)."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, kv_channels=8,
                  num_local_experts=4, num_experts_per_tok=2, intermediate_size=16,
@@ -1616,6 +1629,7 @@ class SkyworkDecoderLayer(nn.Module):
 
 @member("skywork-moe-logit-norm")
 def skywork():
+    """After SkyworkAI/Skywork-MoE modeling_skywork_moe.py (gate logit normalisation)."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_attention_heads=H, num_key_value_heads=HKV,
                  num_experts=8, num_experts_per_tok=2, moe_gate_norm_std=1.0,
@@ -1746,6 +1760,7 @@ def yuan_truth(n):
 
 @member("yuan2-lfa")
 def yuan2():
+    """After IEIT-Yuan Yuan-2.0 yuan_hf_model.py (LocalizedFiltering, YuanAttention)."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_attention_heads=H, moe_num_experts=0, num_hidden_layers=2,
                  vocab_size=VOCAB)
@@ -1759,6 +1774,7 @@ def yuan2():
 
 @member("yuan2-m32-attn-router")
 def yuan2_m32():
+    """After IEIT-Yuan Yuan2.0-M32 yuan_hf_model.py (ParallelAttention_router)."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_attention_heads=H, moe_num_experts=4, moe_top_k=2,
                  num_hidden_layers=2, vocab_size=VOCAB)
@@ -1866,6 +1882,7 @@ class MiniMaxDecoderLayer(nn.Module):
 
 @member("minimax-lightning-hybrid")
 def minimax():
+    """After transformers' models/minimax/modeling_minimax.py (lightning attention)."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_attention_heads=H, num_key_value_heads=HKV, head_dim=DH,
                  num_hidden_layers=3, block_size=4, num_local_experts=4, num_experts_per_tok=2,
@@ -1969,6 +1986,7 @@ class HashDecoder(nn.Module):
 
 @member("hash-layer-moe")
 def hash_layer():
+    """After facebookresearch/ParlAI's transformer modules (MultiHeadAttention, hash FFN)."""
     model = HashDecoder()
     att = [Attn(i, H, H, DH, *heads_separate(f"layers.{i}.self_attention.q_lin.weight",
                                              f"layers.{i}.self_attention.k_lin.weight",
@@ -2039,6 +2057,7 @@ class _LlamaLayer(nn.Module):
 
 @member("medusa-topk-acc")
 def medusa():
+    """After FasterDecoding/Medusa medusa/model/medusa_model.py and train/train_legacy.py."""
     cfg = config(hidden_size=D, num_attention_heads=H, num_key_value_heads=HKV,
                  num_hidden_layers=2, vocab_size=VOCAB)
     model = MedusaModel(cfg)
@@ -2109,6 +2128,7 @@ class FlexBlock(nn.Module):
 
 @member("flex-attention")
 def flex():
+    """After pytorch torch/nn/attention/flex_attention.py and attention-gym's softcap."""
     from .parts import Decoder
     cfg = config(hidden_size=D, n_head=H, n_local_heads=HKV, num_hidden_layers=2,
                  vocab_size=VOCAB)
@@ -2184,6 +2204,7 @@ class EPLayer(nn.Module):
 
 @member("ep-unsorted-topk-bias")
 def ep_moe():
+    """After Megatron-LM megatron/core/transformer/moe/token_dispatcher.py, on one rank."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_attention_heads=H, num_key_value_heads=HKV,
                  num_hidden_layers=2, vocab_size=VOCAB)
@@ -2254,6 +2275,7 @@ class DiffLayer(nn.Module):
 
 @member("diff-transformer")
 def diff_transformer():
+    """After microsoft/unilm Diff-Transformer/multihead_diffattn.py."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_heads=2, num_kv_heads=1, num_hidden_layers=2,
                  vocab_size=VOCAB)
@@ -2321,6 +2343,7 @@ class BaichuanDecoderLayer(nn.Module):
 
 @member("baichuan-m1-kconv")
 def baichuan_m1():
+    """After baichuan-inc Baichuan-M1-14B modeling_baichuan.py (custom_convolution)."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_attention_heads=H, num_key_value_heads=HKV, conv_window=2,
                  num_hidden_layers=2, vocab_size=VOCAB)
@@ -2449,13 +2472,15 @@ class Qwen3NextDecoderLayer(nn.Module):
 
     def forward(self, x, rope):
         h = self.input_layernorm(x)
-        h = self.linear_attn(h) if self.layer_type == "linear_attention" else self.self_attn(h, rope)
+        linear = self.layer_type == "linear_attention"
+        h = self.linear_attn(h) if linear else self.self_attn(h, rope)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 @member("qwen3-next-gated")
 def qwen3_next():
+    """After transformers' models/qwen3_next/modeling_qwen3_next.py."""
     from .parts import Decoder
     cfg = config(hidden_size=D, num_attention_heads=H, num_key_value_heads=HKV, head_dim=DH,
                  partial_rotary_factor=0.5, linear_num_value_heads=2, linear_num_key_heads=2,
@@ -2554,6 +2579,7 @@ class OpenELMForCausalLM(nn.Module):
 
 @member("openelm-layerwise-heads")
 def openelm():
+    """After apple/OpenELM modeling_openelm.py (OpenELMMultiHeadCausalAttention)."""
     cfg = config(model_dim=D, head_dim=DH, num_query_heads=[2, 4, 6], num_kv_heads=[1, 2, 3],
                  ffn_multipliers=[0.5, 1.0, 2.0], num_transformer_layers=3, vocab_size=VOCAB)
     model = OpenELMForCausalLM(cfg)
@@ -2667,6 +2693,7 @@ class Hawk(nn.Module):
 
 @member("hawk-rglru-none")
 def hawk():
+    """After google-deepmind/recurrentgemma recurrentgemma/torch/layers.py (RGLRU)."""
     model = Hawk()
     nr = [f"blocks.{i}.temporal_block.{n}" for i in range(2)
           for n in ("linear_x.weight", "linear_y.weight", "rg_lru.input_gate.w",
