@@ -49,7 +49,7 @@ SCENARIOS = {
                                    "--lr-mult", "{ramp_mult}", "--lr-ramp", "200",
                                    "--lr-fault-step", str(LATE_LR_STEP)]),
 }
-MATRIX = dict(corpus_shapes.MATRIX, shapes=SHAPES, scenarios=SCENARIOS, seeds=(11,),
+MATRIX = dict(corpus_shapes.MATRIX, shapes=SHAPES, scenarios=SCENARIOS, seeds=(11, 12),
               common=["--ctx", "32", "--batch", "16", "--warmup", "100", "--clip", "1.0",
                       "--threads", "1"],
               steps=1200, healthy_steps=3000, fault_step=FAULT_STEP, late_lr_step=LATE_LR_STEP,
