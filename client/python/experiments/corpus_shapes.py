@@ -64,8 +64,8 @@ SCENARIOS = {
     "lr-ramp-hidden": ("lr", ["--lr-hidden", "--lr-mult", "10", "--lr-ramp", "200"]),
     "lr-jump-hidden": ("lr", ["--lr-hidden", "--lr-mult", "6", "--lr-ramp", "1"]),
     "lr-peak": ("healthy", ["--peak-mult", "10"]),
-    "attn-strong": ("attention-numerics", ["--bits", "12", "--fault-on", "both"]),
-    "combined-late": ("combined", ["--bits", "12", "--fault-on", "both", "--lr-hidden",
+    "attn-strong": ("attention-numerics", ["--bits", "{bits}", "--fault-on", "both"]),
+    "combined-late": ("combined", ["--bits", "{bits}", "--fault-on", "both", "--lr-hidden",
                                    "--lr-mult", "10", "--lr-ramp", "200",
                                    "--lr-fault-step", str(LATE_LR_STEP)]),
     # Recorded last (appended so the schedules of the others stay put): 10x
@@ -77,30 +77,49 @@ SCENARIOS = {
 # what the defaults must generalise over.
 SEEDS = (1,)
 SCHEDULES = ("constant", "cosine", "wsd")
+# The whole matrix, as one value: plan(), write_manifest() and main() take
+# another (corpus_holdout.py's) in its place. Scenario arguments may name
+# "{KEY}"s, filled from "fmt" and a shape's own "fmt" (a shape may also set
+# its own "lr"); "bits" is the attention fault's. manifest_lr_mult: the
+# manifest gives each run's --lr-mult (this corpus's leaves it null).
+MATRIX = {"shapes": SHAPES, "scenarios": SCENARIOS, "seeds": SEEDS, "schedules": SCHEDULES,
+          "lr": LR, "common": COMMON, "monitor": MONITOR, "steps": STEPS,
+          "healthy_steps": HEALTHY_STEPS, "peak_steps": PEAK_STEPS, "fault_step": FAULT_STEP,
+          "late_lr_step": LATE_LR_STEP, "post_diverge": POST_DIVERGE, "fmt": {"bits": 12},
+          "description": "Foreshock shapes corpus (CORPUS.md)"}
 
 
-def plan(shapes=None, scenarios=None, seeds=None):
+def plan(shapes=None, scenarios=None, seeds=None, matrix=MATRIX):
+    m = matrix
     runs = []
-    names = list(SHAPES)
-    for seed in seeds or SEEDS:
+    names = list(m["shapes"])
+    for seed in seeds or m["seeds"]:
         for shape in shapes or names:
-            c = SHAPES[shape]
-            for sc in scenarios or SCENARIOS:
-                sched = SCHEDULES[(names.index(shape) + seed + list(SCENARIOS).index(sc)) % 3]
-                steps = {"healthy": HEALTHY_STEPS, "lr-peak": PEAK_STEPS}.get(sc, STEPS)
-                train_sc, extra = SCENARIOS[sc]
-                fault = None if sc == "healthy" else (1 if sc == "lr-peak" else FAULT_STEP)
-                args = c["args"] + ["--lr", str(LR)] + COMMON + MONITOR + extra + [
+            c = m["shapes"][shape]
+            fmt = dict(m["fmt"], **c.get("fmt", {}))
+            for sc in scenarios or m["scenarios"]:
+                sched = m["schedules"][(names.index(shape) + seed + list(m["scenarios"]).index(sc))
+                                       % len(m["schedules"])]
+                steps = {"healthy": m["healthy_steps"], "lr-peak": m["peak_steps"]}.get(
+                    sc, m["steps"])
+                train_sc, extra = m["scenarios"][sc]
+                extra = [x.format(**fmt) for x in extra]
+                fault = None if sc == "healthy" else (1 if sc == "lr-peak" else m["fault_step"])
+                args = c["args"] + ["--lr", str(c.get("lr", m["lr"]))] + m["common"] + \
+                    m["monitor"] + extra + [
                     "--steps", str(steps), "--seed", str(seed), "--schedule", sched,
-                    "--scenario", train_sc, "--fault-step", str(FAULT_STEP),
-                    "--stop-after-diverge", str(POST_DIVERGE)]
+                    "--scenario", train_sc, "--fault-step", str(m["fault_step"]),
+                    "--stop-after-diverge", str(m["post_diverge"])]
                 runs.append({"name": f"{shape}.{sc}.s{seed}", "arch": shape, "shape": shape,
                              "head_dim": c["head_dim"], "scenario": sc, "schedule": sched,
                              "seed": seed, "split": c["split"], "steps": steps,
                              "fault_step": fault,
-                             "lr_fault_step": LATE_LR_STEP if sc == "combined-late" else None,
-                             "bits": 12 if sc in ("attn-strong", "combined-late") else None,
-                             "lr_mult": None, "train_scenario": train_sc,
+                             "lr_fault_step": m["late_lr_step"] if sc == "combined-late" else None,
+                             "bits": int(fmt["bits"]) if "--bits" in extra else None,
+                             "lr_mult": (float(extra[extra.index("--lr-mult") + 1])
+                                         if m.get("manifest_lr_mult") and "--lr-mult" in extra
+                                         else None),
+                             "train_scenario": train_sc,
                              "lr_hidden": "--lr-hidden" in extra or "--peak-mult" in extra,
                              "train_args": args})
     return runs
@@ -121,16 +140,16 @@ def entry(out, r):
     return e
 
 
-def write_manifest(out, runs):
+def write_manifest(out, runs, matrix=MATRIX):
     tmp = os.path.join(out, "manifest.json.tmp")
     with open(tmp, "w") as f:
-        json.dump({"description": "Foreshock shapes corpus (CORPUS.md)",
+        json.dump({"description": matrix["description"],
                    "runs": [entry(out, r) for r in runs]}, f, indent=1)
     os.replace(tmp, os.path.join(out, "manifest.json"))
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None, matrix=MATRIX, doc=__doc__):
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--shapes", default=None)
@@ -138,12 +157,12 @@ def main(argv=None):
     p.add_argument("--seeds", default=None)
     a = p.parse_args(argv)
     split = lambda s, f=str: [f(x) for x in s.split(",")] if s else None  # noqa: E731
-    runs = plan(split(a.shapes), split(a.scenarios), split(a.seeds, int))
+    runs = plan(split(a.shapes), split(a.scenarios), split(a.seeds, int), matrix)
     os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
     # Healthy runs first, then the scenarios in the table's order, validation
     # shapes before tuning ones: a corpus cut short still holds whole
     # scenarios.
-    order = list(SCENARIOS)
+    order = list(matrix["scenarios"])
     todo = sorted([r for r in runs if not complete(a.out, r)],
                   key=lambda r: (order.index(r["scenario"]), r["split"] != "validation"))
     log(f"{len(runs)} runs, {len(todo)} to run, {a.jobs} at a time")
@@ -159,7 +178,7 @@ def main(argv=None):
     # As this corpus was recorded: a rerun leaves an earlier attempt's files
     # in place until train.py writes them again (corpus.py removes them).
     run_trainers(a.out, todo, a.jobs, finished, clear_stale=False)
-    write_manifest(a.out, runs)
+    write_manifest(a.out, runs, matrix)
     return 1 if failed else 0
 
 
