@@ -32,24 +32,36 @@ static const struct detect_rule default_rules[] = {
      *    (The earlier floors, 1.2 and 1.5, sat inside healthy training:
      *    healthy heads of the corpora dipped to srank 1.09 and erank 1.54.)
      *  - a relative floor (floor_rel): the excess over rank one fell to
-     *    30% of the head's own baseline excess. */
+     *    30% of the head's own baseline excess.
+     * Their z-scores count a fall only from 10% of the baseline level a
+     * unit of z (scale_rel, DETECT_D2_SCALE_REL): a head's Delta2 can sit
+     * still for a few hundred steps (MAD 1% of its level) and then move
+     * to a new, noisier level 15-45% lower in healthy training (held-out
+     * LLaMA runs: entropy 2.41 -> 1.86, erank 11 -> 6.4), which the bare
+     * MAD scored beyond z 5. A fault's collapse is larger and also
+     * crosses the floors. */
     {RULE_DEFAULTS, .name = "qk.d2.erank", .family = DETECT_FAMILY_ATTENTION_D2,
      .magnitude_persistence = 2, .direction = DETECT_FALL_IS_BAD, .has_floor = true,
-     .floor = DETECT_D2_ERANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0},
+     .floor = DETECT_D2_ERANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0,
+     .scale_rel = DETECT_D2_SCALE_REL},
     {RULE_DEFAULTS, .name = "qk.d2.entropy", .family = DETECT_FAMILY_ATTENTION_D2,
-     .direction = DETECT_FALL_IS_BAD},
+     .direction = DETECT_FALL_IS_BAD, .scale_rel = DETECT_D2_SCALE_REL},
     {RULE_DEFAULTS, .name = "qk.d2.srank", .family = DETECT_FAMILY_ATTENTION_D2,
      .magnitude_persistence = 2, .direction = DETECT_FALL_IS_BAD, .has_floor = true,
-     .floor = DETECT_D2_SRANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0},
+     .floor = DETECT_D2_SRANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0,
+     .scale_rel = DETECT_D2_SCALE_REL},
     /* c_qk rises when successive Q and K updates line up: the same fault. */
     {RULE_DEFAULTS, .name = "qk.cqk", .family = DETECT_FAMILY_ATTENTION_D2,
      .direction = DETECT_RISE_IS_BAD},
     /* Router weight side: too large a learning rate. Similarity and z-loss
      * drift up in healthy training too (fastest early), so, like centered
      * energy, they are judged against the run's own trend: growth that
-     * breaks the line, not growth. */
+     * breaks the line, not growth. Similarity's z counts from 3% of its
+     * level a unit (DETECT_ROUTER_SIM_SCALE_REL): a top-1 router trained
+     * only by the balancing loss held its similarity within 0.1% for
+     * 1,700 healthy steps, then drifted 3.6% and scored z 6. */
     {RULE_ROUTER, .name = "router.similarity", .family = DETECT_FAMILY_ROUTER_WEIGHT,
-     .direction = DETECT_RISE_IS_BAD, .trend = true},
+     .direction = DETECT_RISE_IS_BAD, .trend = true, .scale_rel = DETECT_ROUTER_SIM_SCALE_REL},
     /* Centered energy grows steadily under AdamW, faster or slower as the
      * schedule moves, so it is scored against its local trend (detect.h).
      * By how much, not by a z-score: the series is smooth, so the
@@ -378,6 +390,12 @@ static const struct detect_key detect_keys[] = {
      .lo = 1,
      .hi = DETECT_MAX_PERSISTENCE,
      .expect = "an integer 1..10000"},
+    {.key = "scale_rel",
+     .kind = DETECT_KEY_DOUBLE,
+     .off = DETECT_FIELD(scale_rel),
+     .lo = 0,
+     .hi = 1,
+     .expect = "a number in [0, 1] (0: the default 0.001)"},
     {.key = "magnitude_persistence",
      .kind = DETECT_KEY_U32,
      .off = DETECT_FIELD(magnitude_persistence),
@@ -667,7 +685,8 @@ static void score_finite(const struct detect_state *st, const struct detect_rule
 {
     if (out->baseline_n > 0) {
         double scale = DETECT_MAD_SCALE * out->mad;
-        double rel = DETECT_MAD_REL_FLOOR * fabs(out->median);
+        double rel =
+            (rule->scale_rel > 0 ? rule->scale_rel : DETECT_MAD_REL_FLOOR) * fabs(out->median);
         if (scale < rel)
             scale = rel;
         if (scale < DETECT_MAD_ABS_FLOOR)

@@ -102,6 +102,8 @@
 #define DETECT_STEP_PERSISTENCE 2 /* update_ratio: breaches to fire (detect.c) */
 /* Delta2 floors (detect.c): rank one, and 30% of the head's own excess over
  * rank one. */
+#define DETECT_D2_SCALE_REL 0.1          /* Delta2 ranks' z scale floor, x level */
+#define DETECT_ROUTER_SIM_SCALE_REL 0.03 /* router.similarity's, x level */
 #define DETECT_D2_SRANK_FLOOR 1.05
 #define DETECT_D2_ERANK_FLOOR 1.2
 #define DETECT_D2_FLOOR_REL 0.3
@@ -176,6 +178,10 @@ struct detect_rule {
      * value - origin >= rise_ratio * (baseline - origin), value - origin
      * <= floor_rel * (baseline - origin). 0 for most series. */
     double rel_origin;
+    /* > 0: the z scale's floor relative to |baseline| for this rule, in
+     * place of DETECT_MAD_REL_FLOOR (a smooth series' tiny MAD otherwise
+     * turns a few percent of healthy drift into a large z). */
+    double scale_rel;
     uint32_t persistence; /* consecutive breaching samples to fire */
     /* > 0 and < persistence: fewer breaches fire when the incident opened
      * on, and this sample is, a breach of size (an absolute or relative

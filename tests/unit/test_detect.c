@@ -575,6 +575,7 @@ Test(detect_step, mad_zero_flat_baseline)
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named("qk.d2.entropy");
+        r.scale_rel = 0; /* the default floor (the rule's own is below) */
         struct detect_state st;
         detect_state_init(&st);
         struct detect_verdict v;
@@ -588,6 +589,7 @@ Test(detect_step, mad_zero_flat_baseline)
     }
     /* The documented scale: 0.1 % of |median|. */
     struct detect_rule r = rule_named("qk.d2.entropy");
+    r.scale_rel = 0;
     struct detect_state st;
     detect_state_init(&st);
     struct detect_verdict v;
@@ -595,6 +597,36 @@ Test(detect_step, mad_zero_flat_baseline)
         detect_step(&st, &r, s, 4.0, true, 0, &v);
     detect_step(&st, &r, 30, 3.99, true, 0, &v);
     cr_assert_float_eq(v.z, -0.01 / (DETECT_MAD_REL_FLOOR * 4.0), 1e-9);
+}
+
+/* A rule's own scale_rel: z counts from that share of the level a unit.
+ * The Delta2 rules' 10% (DETECT_D2_SCALE_REL): a fall of 25% of a flat
+ * level is z -2.5, one of 55% z -5.5; router.similarity's 3%. */
+Test(detect_step, scale_rel_floors_the_z_scale_table)
+{
+    static const struct {
+        const char *rule;
+        double level, probe;
+        bool breach;
+        double z;
+    } cases[] = {
+        {"qk.d2.entropy", 4.0, 3.0, false, -2.5},
+        {"qk.d2.entropy", 4.0, 1.8, true, -5.5},
+        {"qk.d2.erank", 11.0, 6.6, false, -4.0},
+        {"router.similarity", 0.25, 0.2575, false, 1.0},
+        {"router.similarity", 0.25, 0.29, true, 5.333333},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named(cases[c].rule);
+        struct detect_state st;
+        detect_state_init(&st);
+        struct detect_verdict v;
+        for (int64_t s = 0; s < 30; s++)
+            detect_step(&st, &r, 10 * s, cases[c].level, true, 0, &v);
+        cr_assert_eq(detect_step(&st, &r, 300, cases[c].probe, true, 0, &v), 0);
+        cr_assert_float_eq(v.z, cases[c].z, 1e-6, "case %zu: z %g", c, v.z);
+        cr_assert_eq(v.breach, cases[c].breach, "case %zu", c);
+    }
 }
 
 Test(detect_step, absent_samples_are_inert)

@@ -177,7 +177,7 @@ static struct labels run_pair(int64_t ur_from, bool ur_first, int batch)
     for (int64_t s = 200; s < 700; s += 5) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         double u = (double)(seed >> 11) / 9007199254740992.0;
-        double d2 = s >= 400 ? 1.8 - 0.01 * (double)(s - 400) / 5 : 3.0 + 0.05 * u;
+        double d2 = s >= 400 ? 1.4 - 0.002 * (double)(s - 400) / 5 : 3.0 + 0.05 * u;
         /* A too-large step: the learning rate jumps tenfold at once. */
         double ur = ur_from && s >= ur_from ? 0.1 + 0.001 * u : 0.01 + 0.001 * u;
         for (int k = 0; k < 2; k++) {
