@@ -66,12 +66,6 @@ EXPECTED_FAILING = {
                               "SKIPPED with a warning ('to_q reads 32 inputs but to_k reads "
                               "24') instead of H=4 dh=8: no probe ran (timesteps/context left "
                               "None); with example_input it is right",
-    "lucidrains-moe-top2": "gate.w_gating reported E=4 top-1 ('softmax then argmax'), want "
-                           "top-2: the second choice, topk(k=1) over the gates with the first "
-                           "one-hot masked out, is not counted",
-    "modsquad-noisy-fgate": "no router found, the pass counts 0 routing top-ks: f_gate is a "
-                            "Linear(d, 2E) whose output is chunked into logits and noise "
-                            "scales before softmax/topk (also with compute_gating eager)",
     "vision-encoder-decoder-gpt2": "crossattention.c_attn ([k; v], 2d columns) reported "
                                    "alone as a fused qkv with H=4 Hkv=2 dh=8, rows matching "
                                    "no site; the cross-attention (q_attn, c_attn's k part) "
@@ -83,12 +77,6 @@ EXPECTED_FAILING = {
     "informer-probsparse": "nothing found: query_projection/key_projection unknown by name and "
                            "no probe ran (four float inputs of widths 3 and 4); with "
                            "example_input it is right",
-    "pvt-v2-spatial-reduction": "stage 0's two single-head attentions (blocks 0 and 1, keys "
-                                "from the sr convolution) reported as one site "
-                                "'stages.0.blocks' with H=2 Hkv=2 dh=16 (want two sites of "
-                                "H=1 dh=16); the pass counts 3 attention scores, not 4; "
-                                "stage 1's two-head blocks are right; the same with "
-                                "example_input",
     "tft-interpretable-mha": "nothing found: per-head q_layers/k_layers ModuleLists are "
                              "unknown by name and no probe ran (floats [1, 8, 5] leave the "
                              "LSTM decoder an empty sequence); with example_input it is "
@@ -96,9 +84,6 @@ EXPECTED_FAILING = {
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {
-    "gpt-fast-moe-gather": "top-k indices used only to index expert weight Parameters "
-                           "(self.w1[expert_indices]) are not seen as used on torch 1.13: the "
-                           "gate is listed under 'not routers'",
 }
 
 

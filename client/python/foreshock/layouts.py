@@ -1037,7 +1037,14 @@ def _router_module(model, src):
     if owner is not None and getattr(owner, leaf, None) is src.param and leaf == "weight" \
             and isinstance(owner, nn.Linear):
         b = owner.bias
-        return owner, ((lambda m=owner: m.bias) if isinstance(b, torch.Tensor) else None)
+        if not isinstance(b, torch.Tensor):
+            return owner, None
+        if src.chunk_of is None:
+            return owner, (lambda m=owner: m.bias)
+        # one chunk of the weight's rows (a noisy gate's logits half): its bias rows
+        rows = [o // src.param.stride(0) for o in src.row_off]
+        a, z = rows[0], rows[-1] + 1
+        return owner, (lambda m=owner: m.bias[a:z])
     if src.rows == src.width:
         return None, None
     return owner, None
@@ -1057,6 +1064,11 @@ def _merge_routers(model, rts, obs, found, top_k):
         key = _storage(src.param)
         routed.add(key)
         old = by_param.get(key)
+        if old is not None and src.chunk_of is not None:
+            # names took the whole weight; the pass routes on one chunk of its rows
+            out.remove(old)
+            found.how.pop(old.name, None)
+            old = None
         now = _now(src)
         if old is None and now is not None:  # a computed router weight: by value
             old = next((r for r in rts if _same_router(r, now)), None)

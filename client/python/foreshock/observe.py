@@ -58,8 +58,10 @@ met in one matmul/bmm/einsum/SDPA. A source in neither is no q.k product
 (discover() drops names' head-count-unknown warning for it).
 
 Routers. A projection whose output's last axis is all E rows of one
-weight, in order, reaching topk over that axis (k = its k), argmax or
-max(dim) (top-1; each further one over the logits with the first choice
+weight, in order (or one of equal chunks of them: a noisy gate's
+Linear(d, 2E) chunked into E logits and E noise scales routes on the
+logits' rows), reaching topk over that axis (k = its k), argmax, topk(k=1)
+or max(dim) (top-1; each further one over the logits with the first choice
 masked or scattered away adds one), a sort whose first k < E indices are
 used, multinomial (k = its samples), or a threshold at the router's own
 kthvalue over that axis (probs >= probs.kthvalue(E - k + 1): k; with >,
@@ -67,7 +69,8 @@ kthvalue(E - k)) whose mask is then used, after any softmax, sigmoid, bias
 or mask, and whose indices are then used (compared, one-hot, indexed
 with: dispatch; a cast or copy on the way, .long()/.int()/.to()/.type()/
 .clone()/.contiguous()/.detach(), is no use and carries the indices on;
-argsort counts as sort). A gate whose
+argsort counts as sort; indices no seen op takes and the forward does
+not return went to a scripted or C++ function: used). A gate whose
 output never reaches a topk/argmax (a per-head output gate Linear(d, H),
 a SwiGLU gate) is not a router.
 
@@ -257,6 +260,7 @@ class Source:
         self.rows = len(row_off)
         self.owner = owner      # (module, attribute): the weight looked up at each get()
         self.fresh = None       # get() of a computed weight (effective.py), or None
+        self.chunk_of = None    # the whole weight's Source when this is one chunk of its rows
 
     def current(self):
         """The weight now: a computed weight recomputed (effective.py), or
@@ -354,11 +358,14 @@ def _parts_getter(parts):
 def _group(site, list_prefixes):
     """Where a site's heads live: a ModuleList of per-head modules deeper
     than the block list (Karpathy's heads = ModuleList([Head(...)])) groups
-    the sites of its entries; else the site's own module."""
+    the sites of its entries; else the site's own module. A per-head
+    module is the list entry itself (its projections are the entry's own):
+    an entry holding the site deeper down (blocks.0.attn.q in a list of
+    stages of blocks: PVT's single-head stages) is a block, not a head."""
     parts = _common_module([s.pname for s in site.q_srcs + site.k_srcs]).split(".")
     lists = [i for i in range(1, len(parts)) if parts[i].isdigit()
              and ".".join(parts[:i]) in list_prefixes]
-    if len(lists) >= 2:
+    if len(lists) >= 2 and lists[-1] == len(parts) - 1:
         return ".".join(parts[:lists[-1]])
     return ".".join(parts)
 
@@ -933,11 +940,19 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return None
         src = self.obs.sources[v0 >> _SHIFT]
         e = line.shape[0]
-        if src.rows != e or e < 2 or e > _ROUTER_MAX_E:
+        start = v0 & ((1 << _SHIFT) - 1)
+        # all E rows, or one of equal chunks of them (a noisy gate's
+        # Linear(d, 2E) chunked into E logits and E noise scales)
+        if e < 2 or e > _ROUTER_MAX_E or src.rows % e or start % e:
             return None
-        want = torch.arange(e, device=line.device) + (src.index << _SHIFT)
+        want = torch.arange(e, device=line.device) + v0
         if not torch.equal(line, want) or not torch.equal(sh, line.expand_as(sh)):
             return None
+        if src.rows != e:
+            src = self._source(src.pname, src.param, src.row_off[start:start + e], src.stride,
+                               src.width, src.how)
+            src.fresh = self.obs.sources[v0 >> _SHIFT].fresh
+            src.chunk_of = self.obs.sources[v0 >> _SHIFT]
         return src
 
     def _topk(self, name, args, kwargs, out):
@@ -986,20 +1001,24 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         if name in ("sort", "argsort"):
             site.sorted = True
-        elif name in ("topk", "multinomial"):
+        elif name == "multinomial" or (name == "topk" and k != 1):
             site.top_k = max(site.top_k, k)
         else:
-            # GShard/DeepSpeed top-2 takes a second argmax over the logits
-            # with the first choice masked: each argmax that picks other
-            # experts is one more choice per token (a repeat is not).
+            # GShard/DeepSpeed top-2 takes a second argmax (or topk(k=1):
+            # lucidrains' top1()) over the logits with the first choice
+            # masked: each one that picks other experts is one more choice
+            # per token (a repeat is not).
             picks = site.argmax_picks
             flat = idx.detach().reshape(-1)
             if not any(p.shape == flat.shape and torch.equal(p, flat) for p in picks):
                 picks.append(flat)
             site.top_k = max(site.top_k, len(picks))
-            _set(idx, ridx=site)
-            return
+            if name != "topk":
+                _set(idx, ridx=site)
+                return
         _set(idx, ridx=site, rdim=idx.dim())
+        if len(self.passed) < _MAX_MIXES:  # handed to a scripted or C++ function: finish()
+            self.passed.append(idx)
 
     def _passed(self, out):
         """Keeps top-k indices a cast or layout op passed on, for finish()."""
@@ -1010,10 +1029,11 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 self.passed.append(o)
 
     def finish(self):
-        """After the forward: indices cast or copied (top_expert.int()) that
-        no seen op then took went to a kernel the pass cannot see (MegaBlocks'
-        CUDA sort and histogram): that is their use, as it was before casts
-        were followed."""
+        """After the forward: top-k indices, or a cast or copy of them
+        (top_expert.int()), that no seen op then took and the forward did
+        not return went to a kernel the pass cannot see (MegaBlocks' CUDA
+        sort and histogram, a torch.jit.script dispatch function): that is
+        their use, as it was before casts were followed."""
         for o in self.passed:
             d = _tag(o)
             r = getattr(o, _FLOW, None)
