@@ -454,6 +454,9 @@ class Observation:
         self.escaped, self.met = set(), set()
         self.input_desc = ""
         self.failures = 0       # ops whose bookkeeping failed (the pass went on)
+        # no probe batch fit the forward (it wants inputs a probe cannot
+        # guess): the pass waits for a real batch (Monitor: the first one)
+        self.waits = False
 
 
 class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
@@ -471,6 +474,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.flows = []             # every [sources, used] record made (_flow)
         self.escaped, self.met = set(), set()
         self._new_src = None        # the source the op just watched projected
+        self._new_idx = []          # (indices tensor, router site) the op just made
         self.lora = set()           # ids of LoRA adapter parameters: no projection of their own
         self.fresh = {}             # id(parameter) -> get() of its effective weight (LoRA base)
         self.computed = []          # (module, name, attribute) of computed weights
@@ -512,7 +516,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                     self.met |= per[i] & per[j]
         if new is not None:
             srcs.add(new)
-        if not srcs:
+        marks, self._new_idx = self._new_idx, []  # top-k indices: where they go (reach)
+        if not srcs and not marks:
             return
         outs = [o for o in (_flat(out) if isinstance(out, (tuple, list)) else (out,))
                 if isinstance(o, torch.Tensor)]
@@ -526,7 +531,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         for o in outs:
             if isinstance(o, nn.Parameter):
                 continue
-            r = [fs, False]
+            mine = [("idx", id(site)) for t, site in marks if t is o]
+            r = [fs | frozenset(mine) if mine else fs, False]
             try:
                 setattr(o, _FLOW, r)
             except (AttributeError, RuntimeError):
@@ -994,6 +1000,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if src is None:
             return
         site = self._router_site(src, t)
+        self._new_idx.append((idx, site))
         if choice is not None:
             site.top_k = max(site.top_k, choice)
             site.normed = (site.normed + " " if site.normed else "") + "expert-choice"
@@ -1082,6 +1089,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         site = self._router_site(src, x)
         site.top_k = max(site.top_k, k)
         _set(out, ridx=site)
+        self._new_idx.append((out, site))
 
     def _uses(self, name, args, kwargs):
         skip = args[0] if args and (name in _LAYOUT or name in _SAME) else None
@@ -1475,8 +1483,9 @@ def probe_inputs(model, batch=1, seq=8):
 class _Restore:
     """RNG states and every buffer, put back on exit."""
 
-    def __init__(self, model):
+    def __init__(self, model, kept=None):
         self.model = model
+        self.kept = kept    # gets the tensors the forward left on its modules
 
     def __enter__(self):
         self.rng = torch.get_rng_state()
@@ -1501,8 +1510,14 @@ class _Restore:
         if self.cuda is not None:
             torch.cuda.set_rng_state_all(self.cuda)
         # tensors a forward keeps on its modules (self.attn = p_attn) lose their labels
-        _untag([v for m in self.model.modules() for v in vars(m).values()
-                if isinstance(v, torch.Tensor)] + [b for _, _, b, _ in self.bufs])
+        held = [v for m in self.model.modules() for v in vars(m).values()
+                if isinstance(v, torch.Tensor)]
+        if self.kept is not None:
+            try:
+                self.kept(held)
+            except Exception:
+                pass
+        _untag(held + [b for _, _, b, _ in self.bufs])
         return False
 
 
@@ -1596,8 +1611,11 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
         tracker.owners = owners
         tracker.lora, tracker.fresh, tracker.computed = lora, dict(fresh), computed
         result = None
+        kept = []   # flow records of tensors the forward left on its modules (a metric)
         try:
-            with _Restore(model), torch.no_grad(), _cached(computed), tracker:
+            with _Restore(model, lambda held: kept.extend(
+                    r for r in (getattr(t, _FLOW, None) for t in held) if r is not None)), \
+                    torch.no_grad(), _cached(computed), tracker:
                 result = _eager(target)(*args, **kwargs)
         except Exception as e:  # the model did not take this input: next one
             text = str(e).splitlines()[0][:160] if str(e) else ""
@@ -1616,11 +1634,31 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
         except Exception:
             tracker.failures += 1
         try:
+            reach = set()
             for t in outs:  # what the forward returns is used
                 r = getattr(t, _FLOW, None)
                 if r is not None:
                     r[1] = True
+                    reach |= r[0]
             _untag(outs)
+            # Top-k indices that dispatch reach what the forward returns, or
+            # a kernel the pass cannot see; indices whose every use ends in a
+            # value kept on a module or dropped (an accuracy metric:
+            # logits.argmax(-1) == labels) chose no experts.
+            # Positive evidence only: a kept value derives from them, and
+            # nothing returned, dropped or passed to an unseen kernel does
+            # (an op the mode does not see, torch 1.13's integer indexing,
+            # breaks the trail: such indices stay routers).
+            held = {id(r) for r in kept}
+            stored = set()
+            for r in kept:
+                stored |= r[0]
+            for r in tracker.flows:
+                if not r[1] and id(r) not in held:
+                    reach |= r[0]
+            reach |= tracker.escaped
+            trial.routers = [s for s in trial.routers if ("idx", id(s)) in reach
+                             or ("idx", id(s)) not in stored]
             trial.escaped = set(tracker.escaped)
             for srcs, used in tracker.flows:
                 if not used:  # taken by no op the pass saw: an opaque kernel's input
@@ -1651,4 +1689,5 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
                 "the example input" if label == "example_input" else label)
         more = f" (+{len(errors) - 1} other probes)" if len(errors) > 1 else ""
         obs.error = f"its forward did not run on {what}: {errors[0]}{more}"
+        obs.waits = example_input is None and not example_kwargs
     return obs
