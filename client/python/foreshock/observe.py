@@ -70,14 +70,19 @@ or mask, and whose indices are then used (compared, one-hot, indexed
 with: dispatch; a cast or copy on the way, .long()/.int()/.to()/.type()/
 .clone()/.contiguous()/.detach(), is no use and carries the indices on;
 argsort counts as sort; indices no seen op takes and the forward does
-not return went to a scripted or C++ function: used). A gate whose
+not return went to a scripted or C++ function: used; indices whose every
+use ends in a value kept on a module and not returned, an accuracy metric,
+chose no experts). A gate whose
 output never reaches a topk/argmax (a per-head output gate Linear(d, H),
 a SwiGLU gate) is not a router.
 
 Cost and side effects. One forward pass under torch.no_grad(), with the
 caller's example input or a probe batch (observe() builds one: token ids
 [1, 8] when the model has an embedding, else [1, 8, d] or an image for a
-first Conv2d; then other input widths of its Linear/LayerNorm modules for
+first Conv2d (its side from img_size/image_size, else from a learned
+position embedding's grid), channel-first floats [1, C, T] for a first
+Conv1d, with token ids or one integer per example for further required
+arguments; then other input widths of its Linear/LayerNorm modules for
 an input narrower than the model or a second float input), plus the shadows' bookkeeping. Nothing of it stays: the
 torch and CUDA RNG states are restored, every buffer (BatchNorm running
 statistics, counters, caches kept as buffers) is copied back, train/eval
@@ -132,6 +137,7 @@ _CARRIED = ("score", "normed", "act", "ridx", "rdim", "kth")  # tags layout ops 
 _COMPARE = {"ge": True, "__ge__": True, "gt": True, "__gt__": True,
             "le": False, "__le__": False, "lt": False, "__lt__": False}
 _PROBE_WIDTHS = 4           # input widths a probe batch tries (the model's, then others)
+_PROBE_LONG = 400           # time steps of a channel-first probe (a strided conv front end)
 _MAX_MIXES = 4096            # elementwise ops whose label pairs are kept (rotary repair)
 _ROUTER_MAX_E = 4096        # a topk over more outputs than this is not routing
 # Ops that read a tensor's metadata or one scalar of it, not its values: no escape.
@@ -1394,6 +1400,27 @@ def _width(model):
     return None
 
 
+def _grid(model):
+    """The side of a ViT's square patch grid from its learned position
+    embedding ([1, n (+1 class token), d], named *pos*), or None."""
+    for n, p in model.named_parameters():
+        if "pos" in n.rpartition(".")[2] and p.dim() == 3 and p.shape[0] == 1:
+            for k in (p.shape[1], p.shape[1] - 1):
+                r = int(round(k ** 0.5))
+                if r > 0 and r * r == k:
+                    return r
+            return None
+    return None
+
+
+def _first_weighted(model):
+    """The first module (in module order) that holds a weight of its own."""
+    for m in model.modules():
+        if any(True for _ in m.parameters(recurse=False)):
+            return m
+    return None
+
+
 def _widths(model):
     """_width first, then the other input widths of Linear and LayerNorm
     modules in module order (a context or media stream of its own width:
@@ -1459,14 +1486,50 @@ def probe_inputs(model, batch=1, seq=8):
             kw2["decoder_input_ids"] = ids
             out.insert(0, (f"token ids [{batch}, {seq}] (encoder and decoder)", (ids,), kw2))
     conv = _first(model, nn.Conv2d)
+    firsts = []     # (description, first input) of a model that begins with a convolution
     if conv is not None:
-        size = getattr(getattr(model, "patch_embed", None), "img_size", None)  # timm
-        if size is None:
-            size = getattr(getattr(model, "config", None), "image_size", None)  # transformers
+        size = None
+        for m in model.modules():  # the model's, or its image encoder's (an encoder-decoder)
+            size = getattr(getattr(m, "patch_embed", None), "img_size", None)  # timm
+            if size is None:
+                size = getattr(getattr(m, "config", None), "image_size", None)  # transformers
+            if size is not None:
+                break
         size = size[0] if isinstance(size, (tuple, list)) else size
         size = size if isinstance(size, int) else conv.kernel_size[0] * 4
-        img = randn(batch, conv.in_channels, size, size)
-        out.append((f"images [{batch}, {conv.in_channels}, {size}, {size}]", (img,), dict(extra)))
+        sizes = [size]
+        side = _grid(model)  # a ViT's learned positions fix its patch grid
+        if side and side * conv.stride[0] not in sizes:
+            sizes.append(side * conv.stride[0])
+        for size in sizes:
+            img = randn(batch, conv.in_channels, size, size)
+            desc = f"images [{batch}, {conv.in_channels}, {size}, {size}]"
+            out.append((desc, (img,), dict(extra)))
+            firsts.append((desc, img))
+    c1 = _first_weighted(model)
+    if isinstance(c1, nn.Conv1d):
+        # channel-first [B, C, T] (audio features, a waveform): T long
+        # enough for a strided front end, then short for few positions
+        for t in (_PROBE_LONG, 2 * seq):
+            firsts.append((f"floats [{batch}, {c1.in_channels}, {t}]",
+                           randn(batch, c1.in_channels, t)))
+            if c1.in_channels == 1:  # a raw waveform [B, samples]
+                firsts.append((f"floats [{batch}, {t}]", randn(batch, t)))
+    for desc, x in firsts:
+        # the first input, then for the other required arguments token ids
+        # (a decoder's), or one small integer per example (timesteps, class
+        # labels, lengths); None for a mask
+        rest = [("", None)]
+        if len(names) > 1:
+            rest = [(" and one integer per example", torch.ones(batch, dtype=torch.long,
+                                                                 device=dev))]
+            if emb is not None:
+                rest.insert(0, (f" and token ids [{batch}, {seq}]", ids))
+        for more, v in rest:
+            if not more and desc.startswith("images"):
+                continue  # tried above
+            args = (x,) + tuple(None if "mask" in n else v for n in names[1:])
+            out.append((desc + more, args, dict(extra)))
     for i, d in enumerate(_widths(model)):
         x = randn(batch, seq, d)
         x2 = randn(seq, d)
