@@ -26,8 +26,12 @@ different kinds) is observed on the first batch it is called with, at the
 Monitor's first step(): for it (found.waits) step 1 asks that the summary
 of discover(model) says the observed pass waits for the first batch,
 without the "found NOTHING" warning, and the exactness is that of the
-Monitor's discovery after its first step() (checked for every member). EXPECTED_FAILING names the members the
-current client gets wrong, with why; it is checked both ways: a listed member
+Monitor's discovery after its first step() (checked for every member).
+The probe batches discovery tries (client/python/README.md, "Cost"):
+token ids, an image for a first Conv2d, channel-first floats [1, C, T]
+for a first Conv1d (with token ids or one integer per example for further
+required arguments), floats [1, 8, d].
+EXPECTED_FAILING names the members the current client gets wrong, with why; it is checked both ways: a listed member
 that passes fails the test ("remove it from EXPECTED_FAILING"), so the list
 only shrinks as discovery improves. EXPECTED_FAILING_TORCH1 adds the members
 wrong on torch 1.x only (they join EXPECTED_FAILING there).
