@@ -70,7 +70,7 @@ EXPECTED_FAILING = {
     # held-out round 2 (zoo/holdout2.py), blind: 20 of 22 right on torch 1.13 and 2.15;
     # round 2b: 7 of 9 (1.13) / 8 of 9 (2.15); all of those misses since fixed
     # held-out round 3 (zoo/holdout3.py), blind: 14 of 21 right on torch 1.13 and 2.15
-    # (then 3 of 5 more, written after seeing those)
+    # (then 3 of 5 more, written after seeing those); all of those misses since fixed
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {
