@@ -202,11 +202,20 @@ class Discovery:
         self.before_filter = (0, 0)
 
     @property
+    def waits(self):
+        """No probe batch fit the model's forward: the observed pass waits
+        for a real batch (a Monitor observes the first one at its first
+        step(); example_input= gives one now)."""
+        obs = self.observation
+        return bool(obs is not None and getattr(obs, "waits", False)) and not (
+            self.attention_given and self.routers_given)
+
+    @property
     def level(self):
         if self.skipped or self.notes:
             return logging.WARNING
         if not self.attention and not self.routers and not (
-                self.attention_given and self.routers_given):
+                self.attention_given and self.routers_given) and not self.waits:
             return logging.WARNING
         return logging.INFO
 
@@ -223,6 +232,12 @@ class Discovery:
         elif self.attention_given and self.routers_given:
             lines.append(f"foreshock: monitoring {model_name}: scalars only (attention=[] and "
                          "routers=[] given)")
+        elif self.waits:
+            lines.append(
+                f"foreshock: nothing found by names in {model_name} yet; the observed pass "
+                "waits for the first batch (no probe batch fits its forward): a Monitor "
+                "observes the first batch the model is called with at its first step(), "
+                "then logs what it monitors (or pass example_input=)")
         elif self.skipped:
             lines.append(
                 f"foreshock: found NOTHING it can monitor in {model_name}: what it found is "
@@ -270,6 +285,10 @@ class Discovery:
                 lines.append(f"  observed: one forward pass ({obs.input_desc}): "
                              f"{_n(len(obs.attention), 'attention score')}, "
                              f"{_n(len(obs.routers), 'routing top-k')}")
+            elif self.waits:
+                lines.append(f"  observed: not yet ({obs.error}); the observed pass waits "
+                             "for the first batch (a Monitor's first step()), or pass "
+                             "example_input=")
             else:
                 lines.append(f"  observed: nothing ({obs.error}); names only")
         grouped = {}
@@ -958,6 +977,23 @@ def _merge_attention(att, obs, found):
         out.append(spec)
         found.how[spec.name] = desc
         found.order[spec.name] = site.order
+    # A names' spec no observed site matched whose Wq is rows of a weight an
+    # observed score read (GPT-2's cross-attention c_attn: [k; v] of the
+    # encoder states, not a fused qkv): the pass saw what those rows do.
+    read = [x.param for s in obs.attention if s.reason is None
+            for x in list(s.q_srcs) + list(s.k_srcs)]
+    for i, a in enumerate(att):
+        if i in seen or a not in out or firsts[i] is None:
+            continue
+        hit = next((p for p in read if _derives(firsts[i], p)), None)
+        if hit is None:
+            continue
+        out.remove(a)
+        found.corrections.append((a.name, f"names gave H={a.n_heads} Hkv={a.n_kv_heads} "
+                                  f"dh={a.head_dim} ({found.how.get(a.name, '')}); the "
+                                  "observed pass saw its rows meet other weights' in its "
+                                  "scores: observation used"))
+        found.how.pop(a.name, None)
     return out
 
 
@@ -1037,7 +1073,14 @@ def _router_module(model, src):
     if owner is not None and getattr(owner, leaf, None) is src.param and leaf == "weight" \
             and isinstance(owner, nn.Linear):
         b = owner.bias
-        return owner, ((lambda m=owner: m.bias) if isinstance(b, torch.Tensor) else None)
+        if not isinstance(b, torch.Tensor):
+            return owner, None
+        if src.chunk_of is None:
+            return owner, (lambda m=owner: m.bias)
+        # one chunk of the weight's rows (a noisy gate's logits half): its bias rows
+        rows = [o // src.param.stride(0) for o in src.row_off]
+        a, z = rows[0], rows[-1] + 1
+        return owner, (lambda m=owner: m.bias[a:z])
     if src.rows == src.width:
         return None, None
     return owner, None
@@ -1057,6 +1100,11 @@ def _merge_routers(model, rts, obs, found, top_k):
         key = _storage(src.param)
         routed.add(key)
         old = by_param.get(key)
+        if old is not None and src.chunk_of is not None:
+            # names took the whole weight; the pass routes on one chunk of its rows
+            out.remove(old)
+            found.how.pop(old.name, None)
+            old = None
         now = _now(src)
         if old is None and now is not None:  # a computed router weight: by value
             old = next((r for r in rts if _same_router(r, now)), None)

@@ -58,8 +58,10 @@ met in one matmul/bmm/einsum/SDPA. A source in neither is no q.k product
 (discover() drops names' head-count-unknown warning for it).
 
 Routers. A projection whose output's last axis is all E rows of one
-weight, in order, reaching topk over that axis (k = its k), argmax or
-max(dim) (top-1; each further one over the logits with the first choice
+weight, in order (or one of equal chunks of them: a noisy gate's
+Linear(d, 2E) chunked into E logits and E noise scales routes on the
+logits' rows), reaching topk over that axis (k = its k), argmax, topk(k=1)
+or max(dim) (top-1; each further one over the logits with the first choice
 masked or scattered away adds one), a sort whose first k < E indices are
 used, multinomial (k = its samples), or a threshold at the router's own
 kthvalue over that axis (probs >= probs.kthvalue(E - k + 1): k; with >,
@@ -67,14 +69,20 @@ kthvalue(E - k)) whose mask is then used, after any softmax, sigmoid, bias
 or mask, and whose indices are then used (compared, one-hot, indexed
 with: dispatch; a cast or copy on the way, .long()/.int()/.to()/.type()/
 .clone()/.contiguous()/.detach(), is no use and carries the indices on;
-argsort counts as sort). A gate whose
+argsort counts as sort; indices no seen op takes and the forward does
+not return went to a scripted or C++ function: used; indices whose every
+use ends in a value kept on a module and not returned, an accuracy metric,
+chose no experts). A gate whose
 output never reaches a topk/argmax (a per-head output gate Linear(d, H),
 a SwiGLU gate) is not a router.
 
 Cost and side effects. One forward pass under torch.no_grad(), with the
 caller's example input or a probe batch (observe() builds one: token ids
 [1, 8] when the model has an embedding, else [1, 8, d] or an image for a
-first Conv2d; then other input widths of its Linear/LayerNorm modules for
+first Conv2d (its side from img_size/image_size, else from a learned
+position embedding's grid), channel-first floats [1, C, T] for a first
+Conv1d, with token ids or one integer per example for further required
+arguments; then other input widths of its Linear/LayerNorm modules for
 an input narrower than the model or a second float input), plus the shadows' bookkeeping. Nothing of it stays: the
 torch and CUDA RNG states are restored, every buffer (BatchNorm running
 statistics, counters, caches kept as buffers) is copied back, train/eval
@@ -129,6 +137,7 @@ _CARRIED = ("score", "normed", "act", "ridx", "rdim", "kth")  # tags layout ops 
 _COMPARE = {"ge": True, "__ge__": True, "gt": True, "__gt__": True,
             "le": False, "__le__": False, "lt": False, "__lt__": False}
 _PROBE_WIDTHS = 4           # input widths a probe batch tries (the model's, then others)
+_PROBE_LONG = 400           # time steps of a channel-first probe (a strided conv front end)
 _MAX_MIXES = 4096            # elementwise ops whose label pairs are kept (rotary repair)
 _ROUTER_MAX_E = 4096        # a topk over more outputs than this is not routing
 # Ops that read a tensor's metadata or one scalar of it, not its values: no escape.
@@ -257,6 +266,7 @@ class Source:
         self.rows = len(row_off)
         self.owner = owner      # (module, attribute): the weight looked up at each get()
         self.fresh = None       # get() of a computed weight (effective.py), or None
+        self.chunk_of = None    # the whole weight's Source when this is one chunk of its rows
 
     def current(self):
         """The weight now: a computed weight recomputed (effective.py), or
@@ -354,11 +364,14 @@ def _parts_getter(parts):
 def _group(site, list_prefixes):
     """Where a site's heads live: a ModuleList of per-head modules deeper
     than the block list (Karpathy's heads = ModuleList([Head(...)])) groups
-    the sites of its entries; else the site's own module."""
+    the sites of its entries; else the site's own module. A per-head
+    module is the list entry itself (its projections are the entry's own):
+    an entry holding the site deeper down (blocks.0.attn.q in a list of
+    stages of blocks: PVT's single-head stages) is a block, not a head."""
     parts = _common_module([s.pname for s in site.q_srcs + site.k_srcs]).split(".")
     lists = [i for i in range(1, len(parts)) if parts[i].isdigit()
              and ".".join(parts[:i]) in list_prefixes]
-    if len(lists) >= 2:
+    if len(lists) >= 2 and lists[-1] == len(parts) - 1:
         return ".".join(parts[:lists[-1]])
     return ".".join(parts)
 
@@ -447,6 +460,9 @@ class Observation:
         self.escaped, self.met = set(), set()
         self.input_desc = ""
         self.failures = 0       # ops whose bookkeeping failed (the pass went on)
+        # no probe batch fit the forward (it wants inputs a probe cannot
+        # guess): the pass waits for a real batch (Monitor: the first one)
+        self.waits = False
 
 
 class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
@@ -464,6 +480,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.flows = []             # every [sources, used] record made (_flow)
         self.escaped, self.met = set(), set()
         self._new_src = None        # the source the op just watched projected
+        self._new_idx = []          # (indices tensor, router site) the op just made
         self.lora = set()           # ids of LoRA adapter parameters: no projection of their own
         self.fresh = {}             # id(parameter) -> get() of its effective weight (LoRA base)
         self.computed = []          # (module, name, attribute) of computed weights
@@ -505,7 +522,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                     self.met |= per[i] & per[j]
         if new is not None:
             srcs.add(new)
-        if not srcs:
+        marks, self._new_idx = self._new_idx, []  # top-k indices: where they go (reach)
+        if not srcs and not marks:
             return
         outs = [o for o in (_flat(out) if isinstance(out, (tuple, list)) else (out,))
                 if isinstance(o, torch.Tensor)]
@@ -519,7 +537,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         for o in outs:
             if isinstance(o, nn.Parameter):
                 continue
-            r = [fs, False]
+            mine = [("idx", id(site)) for t, site in marks if t is o]
+            r = [fs | frozenset(mine) if mine else fs, False]
             try:
                 setattr(o, _FLOW, r)
             except (AttributeError, RuntimeError):
@@ -933,11 +952,19 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return None
         src = self.obs.sources[v0 >> _SHIFT]
         e = line.shape[0]
-        if src.rows != e or e < 2 or e > _ROUTER_MAX_E:
+        start = v0 & ((1 << _SHIFT) - 1)
+        # all E rows, or one of equal chunks of them (a noisy gate's
+        # Linear(d, 2E) chunked into E logits and E noise scales)
+        if e < 2 or e > _ROUTER_MAX_E or src.rows % e or start % e:
             return None
-        want = torch.arange(e, device=line.device) + (src.index << _SHIFT)
+        want = torch.arange(e, device=line.device) + v0
         if not torch.equal(line, want) or not torch.equal(sh, line.expand_as(sh)):
             return None
+        if src.rows != e:
+            src = self._source(src.pname, src.param, src.row_off[start:start + e], src.stride,
+                               src.width, src.how)
+            src.fresh = self.obs.sources[v0 >> _SHIFT].fresh
+            src.chunk_of = self.obs.sources[v0 >> _SHIFT]
         return src
 
     def _topk(self, name, args, kwargs, out):
@@ -979,6 +1006,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if src is None:
             return
         site = self._router_site(src, t)
+        self._new_idx.append((idx, site))
         if choice is not None:
             site.top_k = max(site.top_k, choice)
             site.normed = (site.normed + " " if site.normed else "") + "expert-choice"
@@ -986,20 +1014,24 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         if name in ("sort", "argsort"):
             site.sorted = True
-        elif name in ("topk", "multinomial"):
+        elif name == "multinomial" or (name == "topk" and k != 1):
             site.top_k = max(site.top_k, k)
         else:
-            # GShard/DeepSpeed top-2 takes a second argmax over the logits
-            # with the first choice masked: each argmax that picks other
-            # experts is one more choice per token (a repeat is not).
+            # GShard/DeepSpeed top-2 takes a second argmax (or topk(k=1):
+            # lucidrains' top1()) over the logits with the first choice
+            # masked: each one that picks other experts is one more choice
+            # per token (a repeat is not).
             picks = site.argmax_picks
             flat = idx.detach().reshape(-1)
             if not any(p.shape == flat.shape and torch.equal(p, flat) for p in picks):
                 picks.append(flat)
             site.top_k = max(site.top_k, len(picks))
-            _set(idx, ridx=site)
-            return
+            if name != "topk":
+                _set(idx, ridx=site)
+                return
         _set(idx, ridx=site, rdim=idx.dim())
+        if len(self.passed) < _MAX_MIXES:  # handed to a scripted or C++ function: finish()
+            self.passed.append(idx)
 
     def _passed(self, out):
         """Keeps top-k indices a cast or layout op passed on, for finish()."""
@@ -1010,10 +1042,11 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 self.passed.append(o)
 
     def finish(self):
-        """After the forward: indices cast or copied (top_expert.int()) that
-        no seen op then took went to a kernel the pass cannot see (MegaBlocks'
-        CUDA sort and histogram): that is their use, as it was before casts
-        were followed."""
+        """After the forward: top-k indices, or a cast or copy of them
+        (top_expert.int()), that no seen op then took and the forward did
+        not return went to a kernel the pass cannot see (MegaBlocks' CUDA
+        sort and histogram, a torch.jit.script dispatch function): that is
+        their use, as it was before casts were followed."""
         for o in self.passed:
             d = _tag(o)
             r = getattr(o, _FLOW, None)
@@ -1062,6 +1095,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         site = self._router_site(src, x)
         site.top_k = max(site.top_k, k)
         _set(out, ridx=site)
+        self._new_idx.append((out, site))
 
     def _uses(self, name, args, kwargs):
         skip = args[0] if args and (name in _LAYOUT or name in _SAME) else None
@@ -1366,6 +1400,27 @@ def _width(model):
     return None
 
 
+def _grid(model):
+    """The side of a ViT's square patch grid from its learned position
+    embedding ([1, n (+1 class token), d], named *pos*), or None."""
+    for n, p in model.named_parameters():
+        if "pos" in n.rpartition(".")[2] and p.dim() == 3 and p.shape[0] == 1:
+            for k in (p.shape[1], p.shape[1] - 1):
+                r = int(round(k ** 0.5))
+                if r > 0 and r * r == k:
+                    return r
+            return None
+    return None
+
+
+def _first_weighted(model):
+    """The first module (in module order) that holds a weight of its own."""
+    for m in model.modules():
+        if any(True for _ in m.parameters(recurse=False)):
+            return m
+    return None
+
+
 def _widths(model):
     """_width first, then the other input widths of Linear and LayerNorm
     modules in module order (a context or media stream of its own width:
@@ -1431,14 +1486,50 @@ def probe_inputs(model, batch=1, seq=8):
             kw2["decoder_input_ids"] = ids
             out.insert(0, (f"token ids [{batch}, {seq}] (encoder and decoder)", (ids,), kw2))
     conv = _first(model, nn.Conv2d)
+    firsts = []     # (description, first input) of a model that begins with a convolution
     if conv is not None:
-        size = getattr(getattr(model, "patch_embed", None), "img_size", None)  # timm
-        if size is None:
-            size = getattr(getattr(model, "config", None), "image_size", None)  # transformers
+        size = None
+        for m in model.modules():  # the model's, or its image encoder's (an encoder-decoder)
+            size = getattr(getattr(m, "patch_embed", None), "img_size", None)  # timm
+            if size is None:
+                size = getattr(getattr(m, "config", None), "image_size", None)  # transformers
+            if size is not None:
+                break
         size = size[0] if isinstance(size, (tuple, list)) else size
         size = size if isinstance(size, int) else conv.kernel_size[0] * 4
-        img = randn(batch, conv.in_channels, size, size)
-        out.append((f"images [{batch}, {conv.in_channels}, {size}, {size}]", (img,), dict(extra)))
+        sizes = [size]
+        side = _grid(model)  # a ViT's learned positions fix its patch grid
+        if side and side * conv.stride[0] not in sizes:
+            sizes.append(side * conv.stride[0])
+        for size in sizes:
+            img = randn(batch, conv.in_channels, size, size)
+            desc = f"images [{batch}, {conv.in_channels}, {size}, {size}]"
+            out.append((desc, (img,), dict(extra)))
+            firsts.append((desc, img))
+    c1 = _first_weighted(model)
+    if isinstance(c1, nn.Conv1d):
+        # channel-first [B, C, T] (audio features, a waveform): T long
+        # enough for a strided front end, then short for few positions
+        for t in (_PROBE_LONG, 2 * seq):
+            firsts.append((f"floats [{batch}, {c1.in_channels}, {t}]",
+                           randn(batch, c1.in_channels, t)))
+            if c1.in_channels == 1:  # a raw waveform [B, samples]
+                firsts.append((f"floats [{batch}, {t}]", randn(batch, t)))
+    for desc, x in firsts:
+        # the first input, then for the other required arguments token ids
+        # (a decoder's), or one small integer per example (timesteps, class
+        # labels, lengths); None for a mask
+        rest = [("", None)]
+        if len(names) > 1:
+            rest = [(" and one integer per example", torch.ones(batch, dtype=torch.long,
+                                                                 device=dev))]
+            if emb is not None:
+                rest.insert(0, (f" and token ids [{batch}, {seq}]", ids))
+        for more, v in rest:
+            if not more and desc.startswith("images"):
+                continue  # tried above
+            args = (x,) + tuple(None if "mask" in n else v for n in names[1:])
+            out.append((desc + more, args, dict(extra)))
     for i, d in enumerate(_widths(model)):
         x = randn(batch, seq, d)
         x2 = randn(seq, d)
@@ -1455,8 +1546,9 @@ def probe_inputs(model, batch=1, seq=8):
 class _Restore:
     """RNG states and every buffer, put back on exit."""
 
-    def __init__(self, model):
+    def __init__(self, model, kept=None):
         self.model = model
+        self.kept = kept    # gets the tensors the forward left on its modules
 
     def __enter__(self):
         self.rng = torch.get_rng_state()
@@ -1481,8 +1573,14 @@ class _Restore:
         if self.cuda is not None:
             torch.cuda.set_rng_state_all(self.cuda)
         # tensors a forward keeps on its modules (self.attn = p_attn) lose their labels
-        _untag([v for m in self.model.modules() for v in vars(m).values()
-                if isinstance(v, torch.Tensor)] + [b for _, _, b, _ in self.bufs])
+        held = [v for m in self.model.modules() for v in vars(m).values()
+                if isinstance(v, torch.Tensor)]
+        if self.kept is not None:
+            try:
+                self.kept(held)
+            except Exception:
+                pass
+        _untag(held + [b for _, _, b, _ in self.bufs])
         return False
 
 
@@ -1576,8 +1674,11 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
         tracker.owners = owners
         tracker.lora, tracker.fresh, tracker.computed = lora, dict(fresh), computed
         result = None
+        kept = []   # flow records of tensors the forward left on its modules (a metric)
         try:
-            with _Restore(model), torch.no_grad(), _cached(computed), tracker:
+            with _Restore(model, lambda held: kept.extend(
+                    r for r in (getattr(t, _FLOW, None) for t in held) if r is not None)), \
+                    torch.no_grad(), _cached(computed), tracker:
                 result = _eager(target)(*args, **kwargs)
         except Exception as e:  # the model did not take this input: next one
             text = str(e).splitlines()[0][:160] if str(e) else ""
@@ -1596,11 +1697,31 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
         except Exception:
             tracker.failures += 1
         try:
+            reach = set()
             for t in outs:  # what the forward returns is used
                 r = getattr(t, _FLOW, None)
                 if r is not None:
                     r[1] = True
+                    reach |= r[0]
             _untag(outs)
+            # Top-k indices that dispatch reach what the forward returns, or
+            # a kernel the pass cannot see; indices whose every use ends in a
+            # value kept on a module or dropped (an accuracy metric:
+            # logits.argmax(-1) == labels) chose no experts.
+            # Positive evidence only: a kept value derives from them, and
+            # nothing returned, dropped or passed to an unseen kernel does
+            # (an op the mode does not see, torch 1.13's integer indexing,
+            # breaks the trail: such indices stay routers).
+            held = {id(r) for r in kept}
+            stored = set()
+            for r in kept:
+                stored |= r[0]
+            for r in tracker.flows:
+                if not r[1] and id(r) not in held:
+                    reach |= r[0]
+            reach |= tracker.escaped
+            trial.routers = [s for s in trial.routers if ("idx", id(s)) in reach
+                             or ("idx", id(s)) not in stored]
             trial.escaped = set(tracker.escaped)
             for srcs, used in tracker.flows:
                 if not used:  # taken by no op the pass saw: an opaque kernel's input
@@ -1631,4 +1752,5 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
                 "the example input" if label == "example_input" else label)
         more = f" (+{len(errors) - 1} other probes)" if len(errors) > 1 else ""
         obs.error = f"its forward did not run on {what}: {errors[0]}{more}"
+        obs.waits = example_input is None and not example_kwargs
     return obs
