@@ -37,7 +37,7 @@ and why). gaps: one or two members per layout discovery was known to miss
 keyword-only and dict-batch forwards), written with the fixes. holdout3, a
 third blind round (written by a tester who had not read the discoverer,
 before the gaps fixes): 14 of 21 on torch 1.13 and 2.15, then 3 of 5 more
-(holdout3.py and EXPECTED_FAILING in test_python_zoo.py say which and why).
+(holdout3.py says which and why); its 9 misses were fixed afterwards.
 holdout4, a fourth blind round by another tester, after the gaps fixes:
 17 of 23 on both torches, then 3 of 3 more (holdout4.py says which and why).
 
