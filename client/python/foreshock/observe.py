@@ -100,6 +100,10 @@ import torch.nn as nn
 
 from . import effective
 
+# What torch's Module raises when a class defines no forward (every version
+# in use: 'Module [Name] is missing the required "forward" function').
+_MISSING_FORWARD = 'missing the required "forward" function'
+
 try:
     from torch.overrides import TorchFunctionMode
 except ImportError:  # torch < 1.13
@@ -1745,7 +1749,10 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
             trial.failures += 1
         return trial
     if type(model).forward is nn.Module.forward or getattr(type(model).forward, "__name__",
-                                                           "") == "_forward_unimplemented":
+                                                           "") == "_forward_unimplemented" \
+            or (errors and all(_MISSING_FORWARD in str(e) for e in errors)):
+        # The last: a base class's forward that only raises torch's own
+        # "missing forward" error (Lightning's LightningModule.forward).
         obs.error = "the model has no forward()"
     else:
         what = ("a probe batch" if example_input is None and not example_kwargs else
