@@ -95,9 +95,6 @@ EXPECTED_FAILING = {
                              "right",
     # held-out round 4 (zoo/holdout4.py), blind: 17 of 23 right on torch 1.13 and 2.15;
     # round 4b: 3 of 3
-    "zamba-shared-attn": "the shared attention block (applied at layers 1 and 3) is reported at "
-                         "layer 0; the truth puts it at the block of its first application, 1 "
-                         "(a judgement call, Truth.note)",
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {

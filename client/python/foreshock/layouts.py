@@ -1211,6 +1211,26 @@ def _block_key(path, modules):
     return None
 
 
+def _nested_kinds(kinds, slots, modules):
+    """(list, class) of the block classes a site-holding block wraps: a
+    hybrid layer that wraps a Mamba layer of the class its list's other
+    entries have (Zamba's ZambaHybridLayer: shared attention, then a
+    ZambaMambaDecoderLayer) makes those entries blocks too. Only composite
+    classes of the model's own (with submodules; not torch.nn's)."""
+    out = set()
+    for k in slots:
+        m = modules.get(k)
+        head = k.rpartition(".")[0]
+        if m is None or (head, type(m)) not in kinds:
+            continue
+        for sub in m.modules():
+            if sub is m or type(sub).__module__.startswith("torch.") or \
+                    next(sub.children(), None) is None:
+                continue
+            out.add((head, type(sub)))
+    return out
+
+
 def _number_blocks(model, att, rts, skipped=()):
     """Layer = block index: the outermost ModuleList/Sequential entry a spec
     lives in, counted over the entries that hold one, in module order
@@ -1249,6 +1269,7 @@ def _number_blocks(model, att, rts, skipped=()):
     kinds = {(k.rpartition(".")[0], type(modules[k])) for k in slots
              if k in modules and "." in k
              and not isinstance(modules[k], (nn.ModuleList, nn.Sequential))}
+    kinds |= _nested_kinds(kinds, slots, modules)
     for n, m in modules.items():
         head, _, tail = n.rpartition(".")
         if tail.isdigit() and (head, type(m)) in kinds and \

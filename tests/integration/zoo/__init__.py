@@ -80,6 +80,11 @@ Judgement calls a discoverer may dispute (each member's Truth.note says so):
   mamba2-hybrid    SSD's C B^T product (no softmax) is no attention site;
                    a hybrid's Mamba/recurrent blocks count in the block index
                    (as in jamba-hybrid), so its attention is layer 2, not 0.
+  zamba-shared-attn  (holdout4) one attention module shared by the hybrid
+                   layers 1 and 3 is one site (as albert-shared's), at the
+                   block of its first application (albert-shared's first is
+                   0); the Mamba layers, another class that the hybrid layer
+                   wraps, count in the block index as in mamba2-hybrid: 1.
 """
 import importlib
 from dataclasses import dataclass, field
