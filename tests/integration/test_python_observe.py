@@ -1051,7 +1051,9 @@ def check_cast_indices(torch, nn, foreshock):
             self.route = route
 
         def forward(self, x):
-            return x * self.route(self.scorer(x).softmax(-1)).sum()
+            # per token: the mask weights the token (a dispatch); a comparison only
+            # reduced to one number (a top-k accuracy) would dispatch nothing
+            return x * self.route(self.scorer(x).softmax(-1)).sum(-1, keepdim=True)
 
     def opaque(p):
         top = torch.topk(p, 2, dim=-1)[1].flatten().int()

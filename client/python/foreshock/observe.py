@@ -138,8 +138,8 @@ UNREAD = "unread"           # Site.reason: a score whose q or k the labels canno
 _CARRIED = ("score", "normed", "act", "ridx", "rdim", "kth", "rmask")  # tags layout ops carry
 # Top-k indices compared (idx == e, idx.eq(labels), isin) are a mask, no use yet: the mask
 # dispatches when an op selects or weights by it (x[mask], where, nonzero, mask * w); these
-# ops pass it on, and a count or mean of it (top-k accuracy: .any(-1).float().mean()) is
-# a statistic, no dispatch (_mask_use)
+# ops pass it on (a sum or mean over some axes too), and a count or mean of all of it
+# (top-k accuracy: .any(-1).float().mean()) is a statistic, no dispatch (_mask_use)
 _MASK_MAKE = {"eq", "__eq__", "ne", "__ne__", "isin"}
 _MASK_PASS = _MASK_MAKE | {"any", "all", "logical_and", "logical_or", "logical_not",
                            "logical_xor", "__and__", "__or__", "__xor__", "__invert__",
@@ -1289,7 +1289,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
     def _mask_use(self, name, args, kwargs, out):
         """True when the op is no use of the top-k indices or mask it takes:
         a comparison makes a mask of them, a logical op or any/all passes
-        a mask on, a count or mean of a mask is a statistic."""
+        a mask on, so does a sum or mean over some of its axes, and one
+        over all of them (a scalar) is a statistic."""
         pairs = [(a, _tag(a)) for a in itertools.chain(_flat(args), _flat(kwargs.values()))]
         pairs = [(a, d) for a, d in pairs if d is not None and "ridx" in d]
         tagged = [d for _, d in pairs]
@@ -1303,8 +1304,16 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             for o in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(o, torch.Tensor):
                     _set(o, ridx=tagged[0]["ridx"], rmask=True)
+            self._passed(out)  # a mask no seen op takes (x[mask] on torch 1.13): finish()
             return True
-        return mask and name in _MASK_STAT and all(d.get("rmask") for d in tagged)
+        if not (mask and name in _MASK_STAT and all(d.get("rmask") for d in tagged)):
+            return False
+        if isinstance(out, torch.Tensor) and out.dim() == 0:
+            return True  # a count or mean over everything: a statistic
+        if isinstance(out, torch.Tensor):  # per token or per expert: still a mask's counts
+            _set(out, ridx=tagged[0]["ridx"], rmask=True)
+            self._passed(out)
+        return True
 
     def _width_used(self, d, a):
         """Notes how many of the indices a (tags d) a use takes: a sort's
