@@ -94,7 +94,7 @@ EXPECTED_FAILING = {
                              "LSTM decoder an empty sequence); with example_input it is "
                              "right",
     # held-out round 4 (zoo/holdout4.py), blind: 17 of 23 right on torch 1.13 and 2.15;
-    # round 4b: 3 of 3
+    # round 4b: 3 of 3; the six misses since fixed (26 of 26)
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {
