@@ -239,15 +239,18 @@ def _shadow(t):
 def _flow_of(t):
     """t's [sources, used] record; for a view the mode did not see (torch
     1.13 does not route integer indexing, mask[e], through it) one made of
-    its base's and those of the base's seen views, now all used."""
+    its base's and those of the base's seen views, now all used. Only
+    unlabelled ones: a projection's output split by unseen indexing
+    (q, k, v = qkv[0], qkv[1], qkv[2]) may have sent its other parts to a
+    kernel the pass cannot see, so one part's use is not theirs."""
     r = getattr(t, _FLOW, None)
     if r is not None or isinstance(t, nn.Parameter):
         return r
     base = getattr(t, "_base", None)
     if base is None or isinstance(base, nn.Parameter):
         return None
-    rs = [x for x in [getattr(base, _FLOW, None)] + list(getattr(base, _VIEWS, ()))
-          if x is not None]
+    rs = [] if _shadow(base) is not None else [getattr(base, _FLOW, None)]
+    rs = [x for x in rs + list(getattr(base, _VIEWS, ())) if x is not None]
     if not rs:
         return None
     for x in rs:
@@ -256,9 +259,9 @@ def _flow_of(t):
 
 
 def _note_view(o, r):
-    """Keeps a seen view's flow record on its base, for _flow_of."""
+    """Keeps a seen, unlabelled view's flow record on its base, for _flow_of."""
     base = getattr(o, "_base", None)
-    if base is None or isinstance(base, nn.Parameter):
+    if base is None or isinstance(base, nn.Parameter) or _shadow(o) is not None:
         return
     views = getattr(base, _VIEWS, None)
     if views is None:
