@@ -922,6 +922,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
 
         def part(t):
             return self.obs.sources[t[0] >> _SHIFT], [x & mask for x in t]
+        for heads in (q_heads, k_heads):  # one side's rows stack into one [rows, d] weight
+            if len({part(t)[0].width for t in heads}) != 1:
+                return False
         order = [h for g in range(len(k_heads)) for h in per[g]]
         site.q_parts = [part(q_heads[h]) for h in order]
         site.k_parts = [part(t) for t in k_heads]
