@@ -732,6 +732,42 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
+    # A fused qkv (num_heads known) split by integer indexing, which torch
+    # 1.13's mode does not see, q and k into a kernel the pass cannot see (a
+    # C++ extension, stood in for by popping the mode), v also into a seen op
+    # (a gate): v's use is not q's and k's, so names' spec stays monitored (the pass
+    # drops names' q/k only when every value of them went to ops it sees).
+    def unseen_kernel(q, k, v):
+        from torch.overrides import _pop_mode_temporarily
+        if not torch._C._len_torch_function_stack():  # training: no mode to pop
+            return (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(-1) @ v
+        with _pop_mode_temporarily():
+            return (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(-1) @ v
+
+    class SplitOpaque(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.num_heads = h
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            qkv = self.qkv(x).view(b, t, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            y = unseen_kernel(q, k, v) * v.sigmoid()  # a value gate: a seen op on v
+            return x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+    @member("fused qkv split by indexing, q and k into an unseen kernel, v seen: monitored",
+            says=["attention: layer 0: H=4 Hkv=4 dh=8", "0 attention scores"],
+            not_says=["not attention", "SKIPPED"], level=logging.INFO)
+    def split_opaque():
+        m = Embed([SplitOpaque(32, 4) for _ in range(2)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.qkv.weight, 4, 8),
+                              split_rows(b.qkv.weight, 4, 8, 32))
+                             for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: []
+        return m
+
     # A fused qkv Linear(d, 3d) with no head attribute (names: SKIPPED, head
     # count unknown) whose attention runs in that opaque kernel: q, k, v
     # leave the ops the pass sees, so the warning must stay.
@@ -1051,7 +1087,9 @@ def check_cast_indices(torch, nn, foreshock):
             self.route = route
 
         def forward(self, x):
-            return x * self.route(self.scorer(x).softmax(-1)).sum()
+            # per token: the mask weights the token (a dispatch); a comparison only
+            # reduced to one number (a top-k accuracy) would dispatch nothing
+            return x * self.route(self.scorer(x).softmax(-1)).sum(-1, keepdim=True)
 
     def opaque(p):
         top = torch.topk(p, 2, dim=-1)[1].flatten().int()

@@ -72,25 +72,7 @@ EXPECTED_FAILING = {
     # held-out round 3 (zoo/holdout3.py), blind: 14 of 21 right on torch 1.13 and 2.15
     # (then 3 of 5 more, written after seeing those); all of those misses since fixed
     # held-out round 4 (zoo/holdout4.py), blind: 17 of 23 right on torch 1.13 and 2.15;
-    # round 4b: 3 of 3
-    "zamba-shared-attn": "the shared attention block (applied at layers 1 and 3) is reported at "
-                         "layer 0; the truth puts it at the block of its first application, 1 "
-                         "(a judgement call, Truth.note)",
-    "performer-favor": "to_q/to_k reported as attention (H=4 dh=8 from the attribute `heads`) "
-                       "by names although the observed pass found 0 attention scores (FAVOR+ "
-                       "has no softmax score)",
-    "jetmoe-moa": "the mixture-of-attention site is neither monitored nor named in a warning: "
-                  "the observed pass found 0 attention scores (its 4 routers, 2 per block, "
-                  "are right)",
-    "yuan2-lfa": "both attentions SKIPPED as 'low-rank / MLA-style attention (4 heads of 8): q "
-                 "comes from k_proj, q_proj and k from k_proj, q_proj', though each head's q "
-                 "and k are plain rows of q_proj/k_proj (cat + view [H, 2 dh] + chunk)",
-    "yuan2-m32-attn-router": "the attention router's query/key reported as attention (H=4 "
-                             "dh=1) and the router not reported (0 routing top-ks observed); "
-                             "the attentions SKIPPED as in yuan2-lfa",
-    "medusa-topk-acc": "the Medusa heads (medusa_head.N.1, Linear(d, vocab)) reported as "
-                       "routers E=64 top-3: their top-k accuracy against labels is taken for "
-                       "dispatch",
+    # round 4b: 3 of 3; the six misses since fixed (26 of 26)
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {

@@ -919,6 +919,8 @@ def _merge_attention(att, obs, found):
             found.skipped.remove(sk)
             found.not_attention.append((sk[1], _NO_SOFTMAX, _ANYWAY))
     for site in obs.attention:
+        if site.reason == _UNREAD:  # _unread_sites
+            continue
         if site.reason is not None:
             if site.reason == "mixed":
                 name = sorted({s.module for s in site.q_srcs + site.k_srcs})[0]
@@ -1026,6 +1028,86 @@ def _unknown_not_attention(model, obs, found):
         found.skipped.remove(sk)
         found.not_attention.append((sk[1], _NO_PRODUCT, "if it is attention, pass "
                                     "attention=[foreshock.AttentionSpec(...)] to Monitor"))
+
+
+_UNREAD = "unread"  # observe.UNREAD
+_UNREAD_FIX = ("attention=[foreshock.AttentionSpec(layer, n_heads, n_kv_heads, head_dim, "
+               "get=lambda: (Wq, Wk))] with the Wq rows a head reads (an expert's, or their "
+               "mean), or attention=[] to monitor none")
+
+
+def _unread_sites(att, obs, found):
+    """Scores whose one side the labels could not read (observe._unread):
+    a query built per token from routed expert projections (JetMoE's
+    mixture of attention heads) has no fixed Wq rows, so the site is named
+    in Discovery.skipped, under the module holding the labelled side's
+    weight. When names' attention reads that weight (keys through a
+    convolution over time, queries plain), names' spec stands, unwarned."""
+    held = set()
+    for a in att:
+        try:
+            held |= {_storage(w) for w in a.get()}
+        except Exception:
+            pass
+    for site in obs.attention:
+        if site.reason != _UNREAD:
+            continue
+        side = site.q_srcs or site.k_srcs
+        if not side or any(_storage(x.param) in held for x in side):
+            continue
+        mod = _common_module([x.pname for x in side])
+        name = mod.rpartition(".")[0] or mod or "(model)"
+        if any(x[0] == "attention" and _under(name, x[1]) for x in found.skipped):
+            continue
+        which, other = ("query", "key") if site.q_srcs else ("key", "query")
+        rel = ", ".join(sorted({_rel(x.pname, name) for x in side}))
+        found.skipped.append(("attention", name, (
+            f"observed attention score (softmax over keys, dh={site.head_dim}): its {which} "
+            f"is {rel}'s rows, but its {other} is no fixed weight's rows (built per token by "
+            "ops the labels cannot follow, e.g. routed expert projections put back by "
+            "index_add); not monitored, not approximated"), _UNREAD_FIX))
+
+
+_NO_SCORE = ("observed: the pass ran, q and k reached only ops it sees, and no score of them "
+             "(q.k^T then softmax over keys) formed: no attention (random-feature or kernel "
+             "attention)")
+
+
+def _unscored_not_attention(att, obs, found):
+    """Names' q/k pairs the observed pass disproves. A pair stays when the
+    pass could have missed its score: some of q's or k's values left the
+    ops the pass sees (a CUDA kernel, a C++ extension: Observation.escaped),
+    a value derived from q met one derived from k in a product that went on
+    to a softmax or exp without the labels reading it (Observation.normed:
+    keys through a convolution over time), the pass never reached the
+    weights, or some op's bookkeeping failed. Otherwise (FAVOR+: q and k
+    into random-feature maps, then products with no softmax over keys; an
+    attention-style router's softmax over its E outputs) it is no attention
+    and moves under "not attention", with no warning. Returns the specs
+    kept."""
+    if getattr(obs, "failures", 1) or getattr(obs, "normed", None) is None:
+        return att
+    seen = {}
+    for s in obs.sources:
+        seen.setdefault(_storage(s.param), set()).add(s.index)
+    scored = {_storage(x.param) for site in obs.attention for x in site.q_srcs + site.k_srcs}
+    scored |= {_storage(x.param) for site in obs.unnormed for x in site.q_srcs + site.k_srcs}
+    keep = []
+    for a in att:
+        try:
+            wq, wk = a.get()
+            kq, kk = _storage(wq), _storage(wk)
+        except Exception:
+            keep.append(a)
+            continue
+        qi, ki = seen.get(kq, set()), seen.get(kk, set())
+        if not qi or not ki or kq in scored or kk in scored or (qi | ki) & obs.escaped or any(
+                (qi & x and ki & y) or (qi & y and ki & x) for x, y in obs.normed):
+            keep.append(a)
+            continue
+        found.how.pop(a.name, None)
+        found.not_attention.append((a.name, _NO_SCORE, _ANYWAY))
+    return keep
 
 
 def _derives(w, param):
@@ -1177,6 +1259,26 @@ def _block_key(path, modules):
     return None
 
 
+def _nested_kinds(kinds, slots, modules):
+    """(list, class) of the block classes a site-holding block wraps: a
+    hybrid layer that wraps a Mamba layer of the class its list's other
+    entries have (Zamba's ZambaHybridLayer: shared attention, then a
+    ZambaMambaDecoderLayer) makes those entries blocks too. Only composite
+    classes of the model's own (with submodules; not torch.nn's)."""
+    out = set()
+    for k in slots:
+        m = modules.get(k)
+        head = k.rpartition(".")[0]
+        if m is None or (head, type(m)) not in kinds:
+            continue
+        for sub in m.modules():
+            if sub is m or type(sub).__module__.startswith("torch.") or \
+                    next(sub.children(), None) is None:
+                continue
+            out.add((head, type(sub)))
+    return out
+
+
 def _number_blocks(model, att, rts, skipped=()):
     """Layer = block index: the outermost ModuleList/Sequential entry a spec
     lives in, counted over the entries that hold one, in module order
@@ -1215,6 +1317,7 @@ def _number_blocks(model, att, rts, skipped=()):
     kinds = {(k.rpartition(".")[0], type(modules[k])) for k in slots
              if k in modules and "." in k
              and not isinstance(modules[k], (nn.ModuleList, nn.Sequential))}
+    kinds |= _nested_kinds(kinds, slots, modules)
     for n, m in modules.items():
         head, _, tail = n.rpartition(".")
         if tail.isdigit() and (head, type(m)) in kinds and \
@@ -1275,6 +1378,14 @@ def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_k
         try:
             _unknown_not_attention(model, obs, found)
         except Exception:  # keep the warning
+            pass
+        try:
+            att = _unscored_not_attention(att, obs, found)
+        except Exception:  # keep names' pairs
+            pass
+        try:
+            _unread_sites(att, obs, found)
+        except Exception:  # nothing to warn of
             pass
     if attention is not None:
         att = list(attention)

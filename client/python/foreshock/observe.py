@@ -43,7 +43,12 @@ of F.scaled_dot_product_attention (enable_gqa too); or the in-projection
 of F.multi_head_attention_forward (its num_heads and weights). A q.k
 product that instead weights the values (score @ v) before any softmax or
 exp confirmed it, and never is confirmed, is retention / linear attention:
-Observation.unnormed (discover() drops names' q/k pair for it). From it:
+Observation.unnormed (discover() drops names' q/k pair for it). A product
+the labels cannot read (one side unlabelled, or labels varying along the
+token axis) that still reaches a softmax or exp is kept in
+Observation.normed (names' pair for it stays); one whose one side is a
+head-split projection and the other unlabelled is a site of reason UNREAD
+(layouts.py warns of it: JetMoE's routed queries). From it:
 query heads H = distinct q row lists, KV heads Hkv = distinct k row lists
 (k broadcast, expanded or repeat_interleave'd to the query heads is seen
 as such), head_dim = the contracted length, and each head's exact Wq / Wk
@@ -66,13 +71,17 @@ masked or scattered away adds one), a sort whose first k < E indices are
 used, multinomial (k = its samples), or a threshold at the router's own
 kthvalue over that axis (probs >= probs.kthvalue(E - k + 1): k; with >,
 kthvalue(E - k)) whose mask is then used, after any softmax, sigmoid, bias
-or mask, and whose indices are then used (compared, one-hot, indexed
-with: dispatch; a cast or copy on the way, .long()/.int()/.to()/.type()/
-.clone()/.contiguous()/.detach(), is no use and carries the indices on;
+or mask, and whose indices are then used (one-hot, indexed with, a
+comparison's mask that then selects or weights: dispatch; a comparison
+only reduced to a count or mean, a top-k accuracy, is none; a cast or copy
+on the way, .long()/.int()/.to()/.type()/.clone()/.contiguous()/.detach(),
+is no use and carries the indices on;
 argsort counts as sort; indices no seen op takes and the forward does
 not return went to a scripted or C++ function: used; indices whose every
 use ends in a value kept on a module and not returned, an accuracy metric,
-chose no experts). A gate whose
+chose no experts). softmax(q k^T) @ v over one projection's E outputs (an
+attention-style router, Yuan2-M32) keeps v's labels: output i is still
+expert i's. A gate whose
 output never reaches a topk/argmax (a per-head output gate Linear(d, H),
 a SwiGLU gate) is not a router.
 
@@ -111,6 +120,8 @@ except ImportError:  # torch < 1.13
 
 _ATTR = "_foreshock_obs"    # the per-tensor label dict during the pass
 _FLOW = "_foreshock_flow"   # per tensor: [sources it derives from, used by a seen op]
+_VIEWS = "_foreshock_views"  # per base tensor: the flow records of its views the mode saw
+_PROD = "_foreshock_prod"   # per tensor: products of two values it derives from (_products)
 _NONE = -1                  # shadow value of a position no projection wrote
 _SHIFT = 32                 # shadow value = source << 32 | row
 
@@ -136,7 +147,17 @@ _NOT_ELEMENTWISE = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm
                     "tensordot", "matrix_power", "cross", "fft", "view_as_complex",
                     "view_as_real", "scatter", "scatter_add", "index_add"}
 _SCORE_OPS = {"matmul", "__matmul__", "bmm", "baddbmm", "einsum"}
-_CARRIED = ("score", "normed", "act", "ridx", "rdim", "kth")  # tags layout ops carry along
+UNREAD = "unread"           # Site.reason: a score whose q or k the labels cannot read
+_CARRIED = ("score", "normed", "act", "ridx", "rdim", "kth", "rmask")  # tags layout ops carry
+# Top-k indices compared (idx == e, idx.eq(labels), isin) are a mask, no use yet: the mask
+# dispatches when an op selects or weights by it (x[mask], where, nonzero, mask * w); these
+# ops pass it on (a sum or mean over some axes too), and a count or mean of all of it
+# (top-k accuracy: .any(-1).float().mean()) is a statistic, no dispatch (_mask_use)
+_MASK_MAKE = {"eq", "__eq__", "ne", "__ne__", "isin"}
+_MASK_PASS = _MASK_MAKE | {"any", "all", "logical_and", "logical_or", "logical_not",
+                           "logical_xor", "__and__", "__or__", "__xor__", "__invert__",
+                           "bitwise_and", "bitwise_or", "bitwise_not", "bitwise_xor"}
+_MASK_STAT = {"sum", "mean", "count_nonzero", "nansum", "nanmean"}
 # x >= t / x > t (and t <= x / t < x): a threshold; True when x is the larger side first
 _COMPARE = {"ge": True, "__ge__": True, "gt": True, "__gt__": True,
             "le": False, "__le__": False, "lt": False, "__lt__": False}
@@ -227,6 +248,43 @@ def _shadow(t):
         return flat[1].as_strided(t.shape, t.stride(), t.storage_offset() - root.storage_offset())
     except RuntimeError:
         return None
+
+
+def _flow_of(t):
+    """t's [sources, used] record; for a view the mode did not see (torch
+    1.13 does not route integer indexing, mask[e], through it) one made of
+    its base's and those of the base's seen views, now all used. Only
+    unlabelled ones: a projection's output split by unseen indexing
+    (q, k, v = qkv[0], qkv[1], qkv[2]) may have sent its other parts to a
+    kernel the pass cannot see, so one part's use is not theirs."""
+    r = getattr(t, _FLOW, None)
+    if r is not None or isinstance(t, nn.Parameter):
+        return r
+    base = getattr(t, "_base", None)
+    if base is None or isinstance(base, nn.Parameter):
+        return None
+    rs = [] if _shadow(base) is not None else [getattr(base, _FLOW, None)]
+    rs = [x for x in rs + list(getattr(base, _VIEWS, ())) if x is not None]
+    if not rs:
+        return None
+    for x in rs:
+        x[1] = True
+    return [frozenset().union(*[x[0] for x in rs]), True]
+
+
+def _note_view(o, r):
+    """Keeps a seen, unlabelled view's flow record on its base, for _flow_of."""
+    base = getattr(o, "_base", None)
+    if base is None or isinstance(base, nn.Parameter) or _shadow(o) is not None:
+        return
+    views = getattr(base, _VIEWS, None)
+    if views is None:
+        try:
+            setattr(base, _VIEWS, [r])
+        except (AttributeError, RuntimeError):
+            pass
+    elif len(views) < 64:
+        views.append(r)
 
 
 def _no_ellipsis(eq, ops):
@@ -462,6 +520,9 @@ class Observation:
         # derived from met in a matmul/bmm/einsum/SDPA. A source in neither
         # only fed seen ops that formed no product of it with itself.
         self.escaped, self.met = set(), set()
+        # (sources, sources): a product of two values derived from these, one
+        # without labels, that went on to a softmax or exp (a score unread)
+        self.normed = []
         self.input_desc = ""
         self.failures = 0       # ops whose bookkeeping failed (the pass went on)
         # no probe batch fit the forward (it wants inputs a probe cannot
@@ -491,6 +552,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.passed = []            # top-k indices a cast or layout op passed on (finish())
         self.flow_failed = False    # then where values went is not known
         self._partners = None
+        self.normed = []            # (sources, sources) of unread products softmax'd (_products)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -505,7 +567,82 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         except Exception:
             self.failures += 1
             self.flow_failed = True
+        try:
+            self._products(name, args, kwargs, out)
+        except Exception:
+            self.failures += 1
+            self.flow_failed = True
         return out
+
+    def _products(self, name, args, kwargs, out):
+        """Products the labels cannot read, followed to a softmax or exp.
+
+        A matmul/bmm/einsum of two values (no weight) that formed no score
+        candidate (_candidate) tags its result with the sources each side
+        derives from: one side may have lost its labels (keys through a
+        convolution over time), or the labels vary along a token axis
+        (queries folded into the sequence, keys projected over tokens);
+        elementwise and layout ops carry the tag, any other op drops it. A
+        softmax or exp of a tagged value (or an SDPA / attention kernel whose
+        q and k formed no candidate) records the pair in `normed`: a score
+        may be there, unread. Not recorded: a product with a softmax output
+        (probabilities times values, after any score) and one of two
+        labelled values whose labels vary along both token axes (q k^T over
+        one projection's E outputs: a mixing of them, no score)."""
+        ins = [a for a in itertools.chain(_flat(args), _flat(kwargs.values()))
+               if isinstance(a, torch.Tensor)]
+        if name in ("softmax", "log_softmax", "_softmax", "exp", "exp_", "exp2", "logsumexp"):
+            for a in ins[:1]:
+                for pr in getattr(a, _PROD, ()):
+                    if len(self.normed) < _MAX_MIXES:
+                        self.normed.append(pr)
+            return
+        if name in _PRODUCTS or (("attn" in name or "attention" in name) and len(ins) >= 3):
+            if name == "baddbmm":
+                ins = ins[1:]
+            if name in _PRODUCTS and name != "scaled_dot_product_attention" and len(ins) != 2:
+                return
+            two = [a for a in ins[:2] if self._param(a) is None]
+            outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
+                    if isinstance(o, torch.Tensor)]
+            if len(two) != 2 or any((_tag(o) or {}).get("score") for o in outs):
+                return
+            if any((_tag(a) or {}).get("smax") or (_tag(a) or {}).get("normed") == "softmax"
+                   or (_tag(a) or {}).get("score") for a in two):
+                return
+            shs = [_shadow(a) for a in two]
+            if name in ("matmul", "__matmul__", "bmm", "baddbmm") and all(
+                    sh is not None and sh.dim() >= 2 and not bool((sh < 0).any())
+                    for sh in shs):
+                qa, kb = shs
+                if not torch.equal(qa[..., :1, :].expand_as(qa), qa) and \
+                        not torch.equal(kb[..., :1].expand_as(kb), kb):
+                    return
+            pr = tuple((_flow_of(a) or (frozenset(),))[0] for a in two)
+            if name in _SCORE_OPS:
+                for o in outs:
+                    try:
+                        setattr(o, _PROD, (pr,))
+                    except (AttributeError, RuntimeError):
+                        pass
+            elif len(self.normed) < _MAX_MIXES:
+                self.normed.append(pr)
+            return
+        if name in _NOT_ELEMENTWISE and name not in _LAYOUT:
+            return
+        prs = []
+        for a in ins:
+            for pr in getattr(a, _PROD, ()):
+                if all(pr is not x for x in prs):
+                    prs.append(pr)
+        if not prs:
+            return
+        for o in (_flat(out) if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, torch.Tensor) and not isinstance(o, nn.Parameter):
+                try:
+                    setattr(o, _PROD, tuple(prs[:8]))
+                except (AttributeError, RuntimeError):
+                    pass
 
     def _flow(self, name, args, kwargs, out):
         """Which sources each value derives from, through every op seen."""
@@ -514,7 +651,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                if isinstance(a, torch.Tensor)]
         srcs, per = set(), []
         for a in ins:
-            r = getattr(a, _FLOW, None)
+            r = _flow_of(a)
             if r is not None:
                 r[1] = True
                 srcs |= r[0]
@@ -549,6 +686,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 self.escaped |= srcs
                 continue
             self.flows.append(r)
+            _note_view(o, r)
 
     # ---- projections -------------------------------------------------------------------
 
@@ -731,6 +869,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         site.q_srcs = [self.obs.sources[i] for i in qsrc]
         site.k_srcs = [self.obs.sources[i] for i in ksrc]
         if len(qsrc) != 1 or len(ksrc) != 1:
+            if self._per_head_site(site, qa, ka):
+                return site
             site.reason = "mixed"
             site.head_dim = qa.shape[-1]
             site.n_heads = len({tuple(r) for r in qa.tolist()})
@@ -775,6 +915,50 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         # context or media stream): sketch.attention_grams reduces each side
         # over its own width, so the site is monitored all the same.
         return site
+
+    def _per_head_site(self, site, qa, ka):
+        """q and k from several weights, each head's from one: Yuan 2.0's
+        cat([q_proj(x), k_proj(x)]).view(.., H, 2 dh).chunk(2) gives heads
+        whose query and key are plain rows of q_proj or of k_proj. The site
+        keeps per-head (source, rows) parts, as merged sites do. False when
+        one head reads two weights (MLA: a key head is a latent projection's
+        rows beside a shared rope key's) or the heads do not pair evenly."""
+        qr, kr = self._unpair(qa.tolist()), self._unpair(ka.tolist())
+        if any(len({x >> _SHIFT for x in r}) != 1 for r in qr + kr):
+            return False
+        q_heads, k_heads, kv_of = [], [], {}
+        for q, k in zip(qr, kr):
+            tq, tk = tuple(q), tuple(k)
+            if tq not in q_heads:
+                q_heads.append(tq)
+            if tk not in k_heads:
+                k_heads.append(tk)
+            if kv_of.setdefault(q_heads.index(tq), k_heads.index(tk)) != k_heads.index(tk):
+                return False
+        if any(len(set(t)) != len(t) for t in q_heads + k_heads):
+            return False
+        per = {}
+        for h in range(len(q_heads)):
+            per.setdefault(kv_of[h], []).append(h)
+        if len({len(v) for v in per.values()}) != 1 or len(per) != len(k_heads):
+            return False
+        mask = (1 << _SHIFT) - 1
+
+        def part(t):
+            return self.obs.sources[t[0] >> _SHIFT], [x & mask for x in t]
+        for heads in (q_heads, k_heads):  # one side's rows stack into one [rows, d] weight
+            if len({part(t)[0].width for t in heads}) != 1:
+                return False
+        order = [h for g in range(len(k_heads)) for h in per[g]]
+        site.q_parts = [part(q_heads[h]) for h in order]
+        site.k_parts = [part(t) for t in k_heads]
+        site.q_heads = [list(q_heads[h]) for h in order]   # full labels: distinct per weight
+        site.k_heads = [list(t) for t in k_heads]
+        site.q_src, site.k_src = site.q_parts[0][0], site.k_parts[0][0]
+        site.group = _common_module([s.pname for s in site.q_srcs + site.k_srcs])
+        site.head_dim = len(qr[0])
+        site.n_heads, site.n_kv_heads = len(q_heads), len(k_heads)
+        return True
 
     def _unpair(self, rows):
         """Rows of labels with a repeat put right: a rotation written as
@@ -829,10 +1013,56 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         else:
             return
         sa, sb = _shadow(a), _shadow(b)
+        if (sa is None) != (sb is None):
+            self._unread(a, b, sa, sb, out)
         if sa is None or sb is None or sa.dim() < 2 or sb.dim() < 2:
             return
         # q [..., Tq, K] @ kT [..., K, Tk]
         self._candidate(sa, sb.transpose(-1, -2), out, name)
+
+    def _unread(self, a, b, sa, sb, out):
+        """q @ k^T with one side a head-split projection (labels constant
+        along its token axis) and the other derived from projections but
+        with no labels: JetMoE's mixture of attention heads, whose query is
+        each token's top-k expert projections put back by index_add. Once a
+        softmax over its keys confirms it, the score is a site of reason
+        UNREAD, which layouts.py names in Discovery.skipped unless names'
+        attention reads the labelled weight (keys through a convolution)."""
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or \
+                a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2]:
+            return
+        lab, other = (sa.transpose(-1, -2), b) if sa is not None else (sb, a)
+        if bool((lab < 0).any()) or not torch.equal(lab[..., :1].expand_as(lab), lab):
+            return  # lab: [..., K, T], constant along its token axis T
+        r = _flow_of(other)
+        if r is None or not r[0] or _tag(other) is not None and (
+                _tag(other).get("smax") or _tag(other).get("score")):
+            return
+        site = Site("attention", 0)
+        site.via, site.reason = "matmul", UNREAD
+        srcs = sorted(set((lab >> _SHIFT).unique().tolist()))
+        side = [self.obs.sources[i] for i in srcs]
+        site.q_srcs, site.k_srcs = (side, []) if sa is not None else ([], side)
+        site.head_dim = lab.shape[-2]
+        self.candidates.append(site)
+        _set(out, score=site)
+
+    def _expert_mix(self, name, args, out):
+        """softmax(q k^T) @ v over one projection's E outputs (Yuan2-M32's
+        attention router: q, k, v = Linear(d, E)(x) viewed [.., E, 1]): p @ v
+        mixes v's E outputs among themselves, output i still expert i's, so
+        the result carries v's labels and a top-k over it routes by v."""
+        if name not in ("matmul", "__matmul__", "bmm") or len(args) != 2 or \
+                not isinstance(out, torch.Tensor):
+            return
+        p, v = args
+        if not (_tag(p) or {}).get("smax") or _tag(out) is not None:
+            return
+        sv = _shadow(v)
+        if sv is None or sv.dim() < 2 or sv.shape[-1] != 1 or out.shape != sv.shape or \
+                self._router_src(None, -1, sv.transpose(-1, -2)) is None:
+            return
+        _set(out, sh=sv)
 
     def _einsum_score(self, eq, ops, out):
         if len(ops) != 2 or "..." in eq or "->" not in eq:
@@ -1101,6 +1331,51 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         _set(out, ridx=site)
         self._new_idx.append((out, site))
 
+    def _mask_use(self, name, args, kwargs, out):
+        """True when the op is no use of the top-k indices or mask it takes:
+        a comparison makes a mask of them, a logical op or any/all passes
+        a mask on, so does a sum or mean over some of its axes, and one
+        over all of them (a scalar) is a statistic."""
+        pairs = [(a, _tag(a)) for a in itertools.chain(_flat(args), _flat(kwargs.values()))]
+        pairs = [(a, d) for a, d in pairs if d is not None and "ridx" in d]
+        tagged = [d for _, d in pairs]
+        if not tagged:
+            return False
+        mask = any(d.get("rmask") for d in tagged)
+        if name in _MASK_MAKE and not mask:  # the indices compared: their width is taken
+            if not all([self._width_used(d, a) for a, d in pairs]):
+                return False  # a sort's full ranking compared: as before
+        if name in _MASK_MAKE or (mask and name in _MASK_PASS):
+            for o in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(o, torch.Tensor):
+                    _set(o, ridx=tagged[0]["ridx"], rmask=True)
+            self._passed(out)  # a mask no seen op takes (x[mask] on torch 1.13): finish()
+            return True
+        if not (mask and name in _MASK_STAT and all(d.get("rmask") for d in tagged)):
+            return False
+        if isinstance(out, torch.Tensor) and out.dim() == 0:
+            return True  # a count or mean over everything: a statistic
+        if isinstance(out, torch.Tensor):  # per token or per expert: still a mask's counts
+            _set(out, ridx=tagged[0]["ridx"], rmask=True)
+            self._passed(out)
+        return True
+
+    def _width_used(self, d, a):
+        """Notes how many of the indices a (tags d) a use takes: a sort's
+        slice [..., :k] is its k, a noisy top-k keeps k of k + 1. False for
+        a sort's full ranking (no choice of experts)."""
+        s = d["ridx"]
+        if d.get("rmask"):
+            return True  # a mask of indices whose width its comparison took
+        if s.sorted:
+            if d.get("rdim") is None or a.dim() != d["rdim"] or \
+                    not 1 <= a.shape[-1] < s.src.rows:
+                return False
+            s.top_k = max(s.top_k, a.shape[-1])
+        if d.get("rdim") is not None and a.dim() == d["rdim"] and a.shape[-1] >= 1:
+            s.used_k = max(s.used_k, a.shape[-1])
+        return True
+
     def _uses(self, name, args, kwargs):
         skip = args[0] if args and (name in _LAYOUT or name in _SAME) else None
         for a in itertools.chain(_flat(args), _flat(kwargs.values())):
@@ -1111,13 +1386,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 d = _tag(getattr(a, "_base", None))
             if d is not None and "ridx" in d:
                 s = d["ridx"]
-                if s.sorted:
-                    if d.get("rdim") is None or a.dim() != d["rdim"] or \
-                            not 1 <= a.shape[-1] < s.src.rows:
-                        continue  # a full ranking is no choice of experts
-                    s.top_k = max(s.top_k, a.shape[-1])
-                if d.get("rdim") is not None and a.dim() == d["rdim"] and a.shape[-1] >= 1:
-                    s.used_k = max(s.used_k, a.shape[-1])  # noisy top-k keeps k of k + 1
+                if not self._width_used(d, a):
+                    continue
                 if not s.dispatched:
                     s.dispatched = True
                     s.order = 1 + len(self.obs.attention) + len(self.obs.routers)
@@ -1126,7 +1396,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
     # ---- propagation -------------------------------------------------------------------
 
     def _after(self, name, func, args, kwargs, out):
-        self._uses(name, args, kwargs)
+        if not (name in _MASK_MAKE or name in _MASK_PASS or name in _MASK_STAT) or \
+                not self._mask_use(name, args, kwargs, out):
+            self._uses(name, args, kwargs)
         if name in _SCORE_OPS:
             self._weights_used(args)
         if name == "linear":
@@ -1161,6 +1433,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         if name in _SCORE_OPS:
             self._score(name, args, kwargs, out)
+            self._expert_mix(name, args, out)
             return
         if name == "scaled_dot_product_attention":
             self._sdpa(args, kwargs, out)
@@ -1179,6 +1452,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                     self._confirm(site)
                 if "sh" in d and isinstance(out, torch.Tensor) and out.shape == t.shape:
                     _set(out, sh=d["sh"], normed="softmax")
+            if (d is None or "sh" not in d) and isinstance(dim, int) and t.dim() and \
+                    dim % t.dim() == t.dim() - 1:
+                _set(out, smax=True)  # a distribution over the last axis (_expert_mix)
             return
         if name in ("topk", "argmax", "max", "sort", "argsort", "multinomial"):
             if args and _shadow(args[0]) is not None:
@@ -1598,7 +1874,7 @@ def _eager(fn):
 
 def _untag(tensors):
     for t in tensors:
-        for attr in (_ATTR, _FLOW):
+        for attr in (_ATTR, _FLOW, _PROD, _VIEWS):
             if hasattr(t, attr):
                 try:
                     delattr(t, attr)
@@ -1731,6 +2007,7 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
                 if not used:  # taken by no op the pass saw: an opaque kernel's input
                     trial.escaped |= srcs
             trial.met = set(tracker.met)
+            trial.normed = list(tracker.normed)
             if tracker.flow_failed:
                 raise RuntimeError("flow bookkeeping failed")
         except Exception:

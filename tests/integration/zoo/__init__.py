@@ -39,7 +39,8 @@ third blind round (written by a tester who had not read the discoverer,
 before the gaps fixes): 14 of 21 on torch 1.13 and 2.15, then 3 of 5 more
 (holdout3.py says which and why); its 9 misses were fixed afterwards.
 holdout4, a fourth blind round by another tester, after the gaps fixes:
-17 of 23 on both torches, then 3 of 3 more (holdout4.py says which and why).
+17 of 23 on both torches, then 3 of 3 more (holdout4.py says which and why);
+after the fixes they led to, 26 of 26.
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
@@ -80,6 +81,11 @@ Judgement calls a discoverer may dispute (each member's Truth.note says so):
   mamba2-hybrid    SSD's C B^T product (no softmax) is no attention site;
                    a hybrid's Mamba/recurrent blocks count in the block index
                    (as in jamba-hybrid), so its attention is layer 2, not 0.
+  zamba-shared-attn  (holdout4) one attention module shared by the hybrid
+                   layers 1 and 3 is one site (as albert-shared's), at the
+                   block of its first application (albert-shared's first is
+                   0); the Mamba layers, another class that the hybrid layer
+                   wraps, count in the block index as in mamba2-hybrid: 1.
 """
 import importlib
 from dataclasses import dataclass, field
