@@ -1380,7 +1380,13 @@ def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_k
         except Exception:  # keep the warning
             pass
         try:
-            att = _unscored_not_attention(att, obs, found)
+            # Not over DTensor weights: tensor parallelism redistributes q
+            # and k between the ops the pass sees (to_local/from_local) and
+            # their score was never observed: a tensor-parallel LLaMA lost
+            # every attention to this rule.
+            from . import dtensor as _dt
+            if not _dt.has_dtensors(model):
+                att = _unscored_not_attention(att, obs, found)
         except Exception:  # keep names' pairs
             pass
         try:
