@@ -2,11 +2,12 @@
 monitored correctly as a new attempt.
 
 Attempt 0 of run `rw` runs the attention-numerics scenario (four ranks);
-its advice lines give the rollback step R (the latest one advised). Attempt 1
+its advice lines give the rollback step R (the earliest one). Attempt 1
 restarts from a checkpoint at R (`simulate --attempt 1 --resume-step R`)
-with the cause removed (`--fault-until R+1`: healthy from R+1 on). The
+with the cause removed LINGER steps later (`--fault-until R+1+LINGER`:
+healthy from there on). The
 reference run `ref` is one uninterrupted attempt with the same fault cut off
-at R+1: the same model state at R and the same steps after it. Then:
+at R+1+LINGER: the same model state at R and the same steps after it. Then:
 
 - every stored point of `rw` after R equals `ref`'s (the re-done steps were
   evaluated as attempt 1's, none counted late), and the incidents `rw`
@@ -34,6 +35,11 @@ RANKS = 4
 STEPS = 600
 FAULT_STEP = 300
 LAST_SKETCH = 595
+# Steps the fault goes on after the restart at R before its cause is
+# removed: the first alert (a Δ2 collapse at rank one, two sketches after
+# the fault began) advises a rollback 5 steps into the fault, and a fault
+# cut off there leaves the reference no incident after R to compare.
+LINGER = 20
 ADVICE_RE = re.compile(r"simulate: advice rank=(\d+) step=(-?\d+) action=(\S+) alert=(\d+) "
                        r"rule=(\S+) label=(\S+) rollback=(\S+) at=(\d+)")
 
@@ -158,18 +164,13 @@ def test(args, workdir):
         rollbacks = [int(m.group(7)) for m in ADVICE_RE.finditer(out0)
                      if m.group(6) == "attention-numerics" and m.group(7) != "none"]
         check(rollbacks, "attempt 0 got no attention-numerics advice with a rollback step")
-        # The latest advised rollback: the fault still runs up to it, so
-        # the reference (the fault cut off at R+1) has incidents after R to
-        # compare. (With the earliest, a Δ2 collapse fired two sketches
-        # after the fault began, at step 315, and advised step 305: cut off
-        # at 306 the fault left the reference nothing after R.)
-        r = max(rollbacks)
+        r = min(rollbacks)
         check(FAULT_STEP < r < STEPS - 1, f"rollback step {r}")
         last0 = last_common_sketch(out0)
         wait_until(lambda: evaluated(d, "rw", last0), timeout=300, what="rw evaluated")
         out1 = simulate(args, d, "rw", ["--attempt", "1", "--resume-step", str(r),
-                                        "--fault-until", str(r + 1), "--advice-wait", "2"])
-        simulate(args, d, "ref", ["--fault-until", str(r + 1)])
+                                        "--fault-until", str(r + 1 + LINGER), "--advice-wait", "2"])
+        simulate(args, d, "ref", ["--fault-until", str(r + 1 + LINGER)])
         wait_until(lambda: evaluated(d, "ref", LAST_SKETCH), timeout=300, what="ref evaluated")
         ref_points = points(d, "ref", r)
         ref_incidents = transitions(d, "ref", after=r)
@@ -197,7 +198,7 @@ def test(args, workdir):
         wait_until(lambda: d.get("/api/v1/runs/rw2")["run"]["attempts"][-1]["rebuilt_at"],
                    timeout=120, what="rw2's rewind rebuilt at the start")
         out2 = simulate(args, d, "rw2", ["--attempt", "1", "--resume-step", str(r),
-                                         "--fault-until", str(r + 1), "--advice-wait", "2"])
+                                         "--fault-until", str(r + 1 + LINGER), "--advice-wait", "2"])
         check_rewound(d, "rw2", r, ref_points, ref_incidents, out2)
     finally:
         d.stop()
