@@ -193,7 +193,11 @@ static int64_t earliest(int64_t a, int64_t b)
  *   - a Delta2 collapse that opens after step-size evidence may be its
  *     consequence (on the corpus, every LR ramp collapsed Delta2 30-130
  *     steps later): optimizer-hyperparameter;
- *   - both opening at the same step: neither followed the other, combined;
+ *   - both opening at the same step: optimizer-hyperparameter, the one
+ *     fault that explains both (a step several times too large collapses
+ *     Delta2 within a sketch: a hidden 10x LR jump opened both at the
+ *     first sketch after it; an attention fault does not triple the update
+ *     ratio nor grow router weights at once);
  *   - a collapse first, then router growth: a degrading model grows router
  *     logits after the fact, attention-numerics;
  *   - a collapse first, then the learning rate rising: the trainer's own
@@ -208,9 +212,9 @@ enum alert_attribution alert_attribute(const struct alert_evidence *e)
     if (e->nonfinite)
         return ALERT_ATTR_NON_FINITE;
     if (attention >= 0 && step_size >= 0) {
-        if (step_size < attention)
+        if (step_size <= attention)
             return ALERT_ATTR_OPTIMIZER_HYPERPARAMETER;
-        if (step_size == attention || lr >= 0)
+        if (lr >= 0)
             return ALERT_ATTR_COMBINED;
         return ALERT_ATTR_ATTENTION_NUMERICS;
     }

@@ -31,8 +31,8 @@ helper who changed no detection code. Its first look with the defaults of
 that day paged 3 of its 6 healthy runs, which led to scale_rel (detect.c);
 it is no longer blind. Asserted: no healthy alert, every diverged faulted
 run caught before divergence, LR faults with the right label at >= 90%
-(one hidden 10x jump diverged 28 steps after it and read `combined`: its
-Δ2 collapsed at the same sketch), median lead at least 40%.
+(all of them since evidence opening at the same sketch reads
+optimizer-hyperparameter), median lead at least 40%.
 The tuning seeds and shape are printed too, for the record; they are not
 asserted: defaults were chosen on them.
 """

@@ -304,8 +304,13 @@ static const struct {
      false,
      ALERT_ATTR_OPTIMIZER_HYPERPARAMETER,
      "too large a step first, then Delta2: the collapse may be its consequence"},
-    {{100, 100, _, _, _, _}, false, ALERT_ATTR_COMBINED, "both at once"},
-    {{100, _, _, _, _, 100}, false, ALERT_ATTR_COMBINED, "rate and collapse at once"},
+    /* At once: the step size explains both (a too-large step collapses
+     * Delta2 within a sketch; the reverse does not happen). */
+    {{100, 100, _, _, _, _}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "both at once"},
+    {{100, _, _, _, _, 100},
+     false,
+     ALERT_ATTR_OPTIMIZER_HYPERPARAMETER,
+     "rate and collapse at once"},
     {{100, 80, _, _, _, 130}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "router first"},
     {{_, 50, _, _, _, _}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "router weights"},
     {{_, _, _, _, _, 50}, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "update ratio"},
@@ -379,16 +384,16 @@ Test(alert_attribution, every_evidence_set_is_labelled_consistently)
                 int64_t opt = rw < 0 ? lr : lr < 0 ? rw : (rw < lr ? rw : lr);
                 bool rb = e.first[DETECT_FAMILY_ROUTER_BALANCE] >= 0;
                 bool ls = e.first[DETECT_FAMILY_SCALAR_LOSS] >= 0;
-                enum alert_attribution want =
-                    nf                    ? ALERT_ATTR_NON_FINITE
-                    : d2 >= 0 && opt >= 0 ? (opt < d2 ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
-                                             : opt == d2 || lr >= 0 ? ALERT_ATTR_COMBINED
-                                                                    : ALERT_ATTR_ATTENTION_NUMERICS)
-                    : d2 >= 0             ? ALERT_ATTR_ATTENTION_NUMERICS
-                    : opt >= 0            ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
-                    : rb                  ? ALERT_ATTR_ROUTER_BALANCE
-                    : ls                  ? ALERT_ATTR_LOSS_SPIKE
-                                          : ALERT_ATTR_NONE;
+                enum alert_attribution want = nf ? ALERT_ATTR_NON_FINITE
+                                              : d2 >= 0 && opt >= 0
+                                                  ? (opt <= d2 ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
+                                                     : lr >= 0 ? ALERT_ATTR_COMBINED
+                                                               : ALERT_ATTR_ATTENTION_NUMERICS)
+                                              : d2 >= 0  ? ALERT_ATTR_ATTENTION_NUMERICS
+                                              : opt >= 0 ? ALERT_ATTR_OPTIMIZER_HYPERPARAMETER
+                                              : rb       ? ALERT_ATTR_ROUTER_BALANCE
+                                              : ls       ? ALERT_ATTR_LOSS_SPIKE
+                                                         : ALERT_ATTR_NONE;
                 enum alert_attribution a = alert_attribute(&e);
                 cr_assert_eq(a, want, "families %#x late %#x nf %d", m, late, nf);
                 cr_assert_str_neq(alert_attribution_name(a), "unknown");
@@ -802,7 +807,7 @@ static const struct scenario scenarios[] = {
      {{"router.similarity", sim_ramp}},
      2,
      {{0, 100, TP, 0, W}, {0, 102, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W}}},
-    {"Delta2 collapse with router ramp: combined",
+    {"Delta2 collapse with router ramp at once: optimizer-hyperparameter",
      130,
      0,
      3,
@@ -812,8 +817,8 @@ static const struct scenario scenarios[] = {
      4,
      {{0, 100, TP, 0, W},
       {1, 100, TP, 0, W},
-      {0, 101, TF, ALERT_ATTR_COMBINED, W},
-      {1, 102, TF, ALERT_ATTR_COMBINED, W}}},
+      {0, 101, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W},
+      {1, 102, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W}}},
     {"Delta2 collapse with healthy router: attention-numerics",
      130,
      0,

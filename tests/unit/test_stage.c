@@ -426,8 +426,9 @@ static const struct stage_case cases[] = {
      "qk.d2."},
     {"router similarity ramp", F_RAMP, "router.similarity|0|-1|0|-1|", -1,
      "optimizer-hyperparameter", "\"breach_kind\":\"z\"", NULL, 0, "qk.d2."},
-    {"both", F_COLLAPSE | F_RAMP, "qk.d2.erank|0|-1|1|-1|", T_FAULT + 1, "combined", NULL, NULL, 0,
-     NULL},
+    /* Both at once: the step size explains both (alert.c alert_attribute). */
+    {"both", F_COLLAPSE | F_RAMP, "qk.d2.erank|0|-1|1|-1|", T_FAULT + 1, "optimizer-hyperparameter",
+     NULL, NULL, 0, NULL},
 };
 
 /* head_points_every thins the per-head series only: the per-layer
