@@ -214,6 +214,7 @@ def test(args, workdir):
         # This daemon evaluates nothing but attempt 1's sketch steps after R.
         check_rewound(d, "rw2", r, ref_points, ref_incidents, out2,
                       buckets=LAST_SKETCH // 5 - r // 5)
+        check(metric(d, "foreshock_sketches_late_total") == 0, "rw2: late sketches counted")
     finally:
         d.stop()
 
