@@ -94,8 +94,20 @@ def transitions(d, run, attempt=None, after=-1):
     return out
 
 
-def check_rewound(d, run, r, ref_points, ref_incidents, attempt1_out):
+def attempt_evaluated(d, buckets):
+    """Whether this daemon has evaluated `buckets` steps and committed them.
+    A rewound run's series still end at the old attempt's last step (its
+    points after R stay until re-done: docs/alerting.md, "Rewind"), so
+    evaluated() is true before the new attempt is evaluated at all."""
+    return metric(d, "foreshock_monitor_buckets_total") >= buckets and \
+        metric(d, "foreshock_writer_queue_items") == 0
+
+
+def check_rewound(d, run, r, ref_points, ref_incidents, attempt1_out, buckets=None):
     wait_until(lambda: evaluated(d, run, LAST_SKETCH), timeout=300, what=f"{run} evaluated")
+    if buckets is not None:
+        wait_until(lambda: attempt_evaluated(d, buckets), timeout=300,
+                   what=f"{run}: attempt 1's {buckets} steps evaluated")
     got = points(d, run, r)
     check(got.keys() == ref_points.keys(),
           f"{run}: {len(got)} points after {r}, ref {len(ref_points)}; "
@@ -199,7 +211,10 @@ def test(args, workdir):
                    timeout=120, what="rw2's rewind rebuilt at the start")
         out2 = simulate(args, d, "rw2", ["--attempt", "1", "--resume-step", str(r),
                                          "--fault-until", str(r + 1 + LINGER), "--advice-wait", "2"])
-        check_rewound(d, "rw2", r, ref_points, ref_incidents, out2)
+        # This daemon evaluates nothing but attempt 1's sketch steps after R.
+        check_rewound(d, "rw2", r, ref_points, ref_incidents, out2,
+                      buckets=LAST_SKETCH // 5 - r // 5)
+        check(metric(d, "foreshock_sketches_late_total") == 0, "rw2: late sketches counted")
     finally:
         d.stop()
 
