@@ -141,11 +141,14 @@ static const struct detect_rule default_rules[] = {
      * from there the schedule sets its level, and a baseline that only
      * started with detection (3 warm-ups later) was still warming when an
      * LR fault 50 steps after that start diverged the run (the first
-     * corpus: 3 of 6 LR faults missed without the `lr` rule). Two breaches
-     * fire it (DETECT_STEP_PERSISTENCE): each sample measures the steps
-     * since the previous sketch, so two are two disjoint stretches of
-     * training each taking steps three times too large; three came after
-     * divergence on every run whose LR fault diverged it within 30 steps. */
+     * corpus: 3 of 6 LR faults missed without the `lr` rule). One breach
+     * fires it (DETECT_STEP_PERSISTENCE): a sample covers every step since
+     * the previous sketch, and a stretch of training whose steps are three
+     * times its own baseline is no noise (no healthy run of four corpora,
+     * 53,600 steps, reached two times; 1.5 times paged one). Three
+     * breaches came after divergence on every run whose LR fault diverged
+     * it within 30 steps, two on a hidden 10x jump that diverged it in 14
+     * (the second held-out look). */
     {.enabled = true,
      .severity = DETECT_SEVERITY_WARNING,
      .warmup = DETECT_DEFAULT_WARMUP,
