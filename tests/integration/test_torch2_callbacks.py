@@ -68,9 +68,10 @@ def check_sketches(api, run, heads, router_layers, step):
                       f"{len(heads)} heads and router series for layers {sorted(router_layers)}")
 
 
-def hf_case(torch, transformers, api, workdir, logging_steps):
-    from foreshock.integrations import ForeshockCallback
-
+def hf_llama(torch, transformers):
+    """(the Tokens dataset class, a small LlamaForCausalLM with random
+    weights, SDPA): what the HF cases train, here and in
+    test_torch2_callbacks_ddp.py."""
     class Tokens(torch.utils.data.Dataset):
         def __init__(self, n):
             g = torch.Generator().manual_seed(3)
@@ -87,7 +88,13 @@ def hf_case(torch, transformers, api, workdir, logging_steps):
                                    num_hidden_layers=LAYERS, num_attention_heads=H,
                                    num_key_value_heads=HKV)
     cfg._attn_implementation = "sdpa"
-    model = transformers.LlamaForCausalLM(cfg)
+    return Tokens, transformers.LlamaForCausalLM(cfg)
+
+
+def hf_case(torch, transformers, api, workdir, logging_steps):
+    from foreshock.integrations import ForeshockCallback
+
+    Tokens, model = hf_llama(torch, transformers)
     args = transformers.TrainingArguments(
         output_dir=os.path.join(workdir, "hf"), max_steps=STEPS,
         per_device_train_batch_size=BATCH, learning_rate=1e-3, logging_steps=logging_steps,

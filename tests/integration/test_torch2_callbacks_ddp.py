@@ -76,24 +76,9 @@ class Said(logging.Handler):
 
 def hf_worker(torch, transformers, out):
     from foreshock.integrations import ForeshockCallback
+    from test_torch2_callbacks import hf_llama  # the same data and model
 
-    class Tokens(torch.utils.data.Dataset):
-        def __init__(self, n):
-            g = torch.Generator().manual_seed(3)
-            self.ids = torch.randint(1, VOCAB, (n, SEQ), generator=g)
-
-        def __len__(self):
-            return len(self.ids)
-
-        def __getitem__(self, i):
-            return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-    torch.manual_seed(5)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=FFN,
-                                   num_hidden_layers=LAYERS, num_attention_heads=H,
-                                   num_key_value_heads=HKV)
-    cfg._attn_implementation = "sdpa"
-    model = transformers.LlamaForCausalLM(cfg)
+    Tokens, model = hf_llama(torch, transformers)
     args = transformers.TrainingArguments(
         output_dir=os.path.join(out, "hf"), max_steps=STEPS, per_device_train_batch_size=BATCH,
         learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
