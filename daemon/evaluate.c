@@ -288,7 +288,13 @@ void eval_progress_lr(struct eval_run *er, uint64_t step, double lr)
     p->lr_last_step = (int64_t)step;
 }
 
-int64_t eval_start_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step)
+/* The step training progress puts a start at, for a sample at `step`:
+ * `warmups` x the LR warm-up end, at least `min`; `no_lr` for a trainer
+ * that reports no learning rate; INT64_MAX while the LR still rises;
+ * detect_from_step > 0 wins. Detection's start and an early baseline's
+ * differ only in those three numbers. */
+static int64_t progress_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step,
+                             int64_t warmups, int64_t min, int64_t no_lr)
 {
     const struct eval_progress *p = &er->progress;
     if (detect_from_step > 0)
@@ -296,24 +302,23 @@ int64_t eval_start_step(const struct eval_run *er, uint64_t step, int64_t detect
     /* Only what earlier steps said: warmup_end == step was learnt from this
      * step's own LR, which may be fed after this sample. */
     if (p->warmup_end >= 0 && p->warmup_end < (int64_t)step) {
-        int64_t start = EVAL_START_WARMUPS * p->warmup_end;
-        return start > EVAL_START_MIN ? start : EVAL_START_MIN;
+        int64_t start = warmups * p->warmup_end;
+        return start > min ? start : min;
     }
     if (!p->lr_seen || p->lr_first_step >= (int64_t)step)
-        return EVAL_START_NO_LR;
+        return no_lr;
     return INT64_MAX; /* still warming up */
+}
+
+int64_t eval_start_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step)
+{
+    return progress_step(er, step, detect_from_step, EVAL_START_WARMUPS, EVAL_START_MIN,
+                         EVAL_START_NO_LR);
 }
 
 int64_t eval_baseline_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step)
 {
-    const struct eval_progress *p = &er->progress;
-    if (detect_from_step > 0)
-        return detect_from_step;
-    if (p->warmup_end >= 0 && p->warmup_end < (int64_t)step)
-        return p->warmup_end > EVAL_BASELINE_MIN ? p->warmup_end : EVAL_BASELINE_MIN;
-    if (!p->lr_seen || p->lr_first_step >= (int64_t)step)
-        return EVAL_BASELINE_MIN;
-    return INT64_MAX; /* still warming up */
+    return progress_step(er, step, detect_from_step, 1, EVAL_BASELINE_MIN, EVAL_BASELINE_MIN);
 }
 
 /* --- feeding ------------------------------------------------------------------------------- */
