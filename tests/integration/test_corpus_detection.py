@@ -55,28 +55,39 @@ def main(args, workdir):
     import scorecard
     data = os.path.join(args.source_dir, "tests", "data")
 
+    def scored(corpus):
+        """(rows, validation summary) of corpus with the defaults, printed."""
+        rows, summaries, by_shape = scorecard.run(args.build_dir, corpus)
+        scorecard.print_table(rows, summaries, by_shape)
+        return rows, next(s for s in summaries if s["split"] == "validation")
+
+    def check_lead(val, what):
+        check(val["median_lead"] is not None and val["median_lead"] >= scorecard.MIN_MEDIAN_LEAD,
+              f"{what}median lead {val['median_lead']} below {scorecard.MIN_MEDIAN_LEAD}")
+
+    def check_lr_without_lr_rule(corpus, families, least, what):
+        """Every diverged validation run of `families` right with the lr
+        rule disabled, and at least `least` of them."""
+        rows, _, _ = scorecard.run(args.build_dir, corpus, ["lr.enabled=false"])
+        lr = [r for r in rows if r["split"] == "validation" and r["family"] in families
+              and r["diverged"]]
+        check(len(lr) >= least, f"too few diverged LR faults {what}: {len(lr)}")
+        bad = [r for r in lr if not r["ok"]]
+        check(not bad, "LR faults missed without the lr rule: " + describe(bad))
+        return len(lr)
+
     corpus = os.path.join(data, "corpus")
-    rows, summaries, by_shape = scorecard.run(args.build_dir, corpus)
-    scorecard.print_table(rows, summaries, by_shape)
-    val = next(s for s in summaries if s["split"] == "validation")
+    rows, val = scored(corpus)
     check(val["faulted"] > 0 and val["healthy"] > 0, f"no validation runs: {val}")
     bad = [r for r in rows if r["split"] == "validation" and not r["ok"]]
     check(not bad, "validation runs missing the criteria: " + describe(bad))
-    check(val["median_lead"] is not None and val["median_lead"] >= scorecard.MIN_MEDIAN_LEAD,
-          f"median lead {val['median_lead']} below {scorecard.MIN_MEDIAN_LEAD}")
-    rows, _, _ = scorecard.run(args.build_dir, corpus, ["lr.enabled=false"])
-    lr = [r for r in rows if r["split"] == "validation" and r["family"] in ("lr", "combined")
-          and r["diverged"]]
-    check(len(lr) >= 10, f"too few diverged LR faults in the validation seeds: {len(lr)}")
-    bad = [r for r in lr if not r["ok"]]
-    check(not bad, "LR faults missed without the lr rule: " + describe(bad))
-    print(f"first corpus, lr rule disabled: {len(lr)}/{len(lr)} diverged LR faults caught "
+    check_lead(val, "")
+    n = check_lr_without_lr_rule(corpus, ("lr", "combined"), 10, "in the validation seeds")
+    print(f"first corpus, lr rule disabled: {n}/{n} diverged LR faults caught "
           "with the right label")
 
     shapes = os.path.join(data, "corpus-shapes")
-    rows, summaries, by_shape = scorecard.run(args.build_dir, shapes)
-    scorecard.print_table(rows, summaries, by_shape)
-    val = next(s for s in summaries if s["split"] == "validation")
+    rows, val = scored(shapes)
     check(val["healthy"] > 0 and val["healthy_steps"] >= 3000 * val["healthy"] * 0.9,
           f"held-out healthy runs missing or short: {val}")
     check(val["healthy_alerting"] == 0 and val["phase_alerts"] == 0,
@@ -86,20 +97,12 @@ def main(args, workdir):
     bad = [r for r in rows if r["split"] == "validation" and r["family"] != "healthy"
            and r["diverged"] and not r["ok"]]
     check(not bad, "held-out faulted runs missing the criteria: " + describe(bad))
-    check(val["median_lead"] is not None and val["median_lead"] >= scorecard.MIN_MEDIAN_LEAD,
-          f"held-out median lead {val['median_lead']} below {scorecard.MIN_MEDIAN_LEAD}")
-    rows, summaries, _ = scorecard.run(args.build_dir, shapes, ["lr.enabled=false"])
-    lr = [r for r in rows if r["split"] == "validation" and r["family"] == "lr" and r["diverged"]]
-    check(len(lr) >= 5, f"too few diverged LR faults on held-out shapes: {len(lr)}")
-    bad = [r for r in lr if not r["ok"]]
-    check(not bad, "LR faults missed without the lr rule: " + describe(bad))
-    print(f"held-out shapes, lr rule disabled: {len(lr)}/{len(lr)} diverged LR faults caught "
+    check_lead(val, "held-out ")
+    n = check_lr_without_lr_rule(shapes, ("lr",), 5, "on held-out shapes")
+    print(f"held-out shapes, lr rule disabled: {n}/{n} diverged LR faults caught "
           "with the right label")
 
-    holdout = os.path.join(data, "corpus-holdout")
-    rows, summaries, by_shape = scorecard.run(args.build_dir, holdout)
-    scorecard.print_table(rows, summaries, by_shape)
-    val = next(s for s in summaries if s["split"] == "validation")
+    rows, val = scored(os.path.join(data, "corpus-holdout"))
     check(val["healthy"] >= 6 and val["healthy_alerting"] == 0 and val["phase_alerts"] == 0,
           "alerts on the held-out corpus's healthy training: " + describe(
               [r for r in rows if r["family"] == "healthy" and r["n_alerts"]
@@ -113,8 +116,7 @@ def main(args, workdir):
     check(len(lr) >= 10 and len(right) >= 0.9 * len(lr),
           f"held-out corpus: LR faults right {len(right)}/{len(lr)}: " + describe(
               [r for r in lr if not r["ok"]]))
-    check(val["median_lead"] is not None and val["median_lead"] >= scorecard.MIN_MEDIAN_LEAD,
-          f"held-out corpus median lead {val['median_lead']} below {scorecard.MIN_MEDIAN_LEAD}")
+    check_lead(val, "held-out corpus ")
     print(f"held-out corpus: {len(faulted)}/{len(faulted)} diverged faulted runs caught, "
           f"LR faults right {len(right)}/{len(lr)}, healthy quiet")
 
