@@ -130,16 +130,23 @@ def hf_case(torch, transformers, api, workdir, logging_steps):
           f"qk sketches of step {STEPS} for {len(heads)} heads", flush=True)
 
 
-def lightning_case(torch, transformers, api):
-    import lightning.pytorch as pl
-    from foreshock.integrations import ForeshockLightningCallback
-
-    torch.manual_seed(6)
+def mixtral_cfg(transformers):
+    """The small MixtralConfig (SDPA) the Lightning cases train, here and in
+    test_torch2_callbacks_ddp.py."""
     cfg = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=FFN,
                                      num_hidden_layers=LAYERS, num_attention_heads=H,
                                      num_key_value_heads=HKV, num_local_experts=E,
                                      num_experts_per_tok=2)
     cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def lightning_case(torch, transformers, api):
+    import lightning.pytorch as pl
+    from foreshock.integrations import ForeshockLightningCallback
+
+    torch.manual_seed(6)
+    cfg = mixtral_cfg(transformers)
 
     class Module(pl.LightningModule):
         def __init__(self):

@@ -98,12 +98,10 @@ def lightning_worker(torch, transformers, out):
     import lightning.pytorch as pl
     from foreshock.integrations import ForeshockLightningCallback
 
+    from test_torch2_callbacks import mixtral_cfg  # the same model
+
     torch.manual_seed(6)
-    cfg = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=FFN,
-                                     num_hidden_layers=LAYERS, num_attention_heads=H,
-                                     num_key_value_heads=HKV, num_local_experts=E,
-                                     num_experts_per_tok=2)
-    cfg._attn_implementation = "sdpa"
+    cfg = mixtral_cfg(transformers)
 
     class Module(pl.LightningModule):
         def __init__(self):
