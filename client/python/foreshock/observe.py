@@ -530,6 +530,33 @@ class Observation:
         self.waits = False
 
 
+def _group_heads(qr, kr):
+    """Query and key heads of a score from its paired rows of labels (qr[i]
+    meets kr[i]): (q_heads, k_heads, order, None), the distinct rows of each
+    side in first-seen order and the query heads grouped by the key head
+    they read; or (None, None, None, why) when a query head meets two key
+    heads, a head reads one row twice, or the query heads do not split
+    evenly over the key heads."""
+    q_heads, k_heads, kv_of = [], [], {}
+    for q, k in zip(qr, kr):
+        tq, tk = tuple(q), tuple(k)
+        if tq not in q_heads:
+            q_heads.append(tq)
+        if tk not in k_heads:
+            k_heads.append(tk)
+        h, g = q_heads.index(tq), k_heads.index(tk)
+        if kv_of.setdefault(h, g) != g:
+            return None, None, None, f"query head {h} meets two key heads"
+    if any(len(set(t)) != len(t) for t in q_heads + k_heads):
+        return None, None, None, "a head reads the same weight row twice"
+    per = {}
+    for h in range(len(q_heads)):
+        per.setdefault(kv_of[h], []).append(h)
+    if len({len(v) for v in per.values()}) != 1 or len(per) != len(k_heads):
+        return None, None, None, "query heads are not split evenly over the key heads"
+    return q_heads, k_heads, [h for g in range(len(k_heads)) for h in per[g]], None
+
+
 class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
 
     def __init__(self, params, obs):
@@ -881,33 +908,11 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         qr, kr = self._unpair(qa.tolist()), self._unpair(ka.tolist())
         qr = [[x & mask for x in r] for r in qr]
         kr = [[x & mask for x in r] for r in kr]
-        q_heads, k_heads, pair_set = [], [], []
-        for q, k in zip(qr, kr):
-            tq, tk = tuple(q), tuple(k)
-            if tq not in q_heads:
-                q_heads.append(tq)
-            if tk not in k_heads:
-                k_heads.append(tk)
-            pr = (q_heads.index(tq), k_heads.index(tk))
-            if pr not in pair_set:
-                pair_set.append(pr)
         site.head_dim = len(qr[0])
-        kv_of = {}
-        for h, g in pair_set:
-            if kv_of.setdefault(h, g) != g:
-                site.reason = f"query head {h} meets two key heads"
-                return site
-        if any(len(set(t)) != len(t) for t in q_heads + k_heads):
-            site.reason = "a head reads the same weight row twice"
+        q_heads, k_heads, order, reason = _group_heads(qr, kr)
+        if reason:
+            site.reason = reason
             return site
-        per = {}
-        for h in range(len(q_heads)):
-            per.setdefault(kv_of[h], []).append(h)
-        sizes = {len(v) for v in per.values()}
-        if len(sizes) != 1 or len(per) != len(k_heads):
-            site.reason = "query heads are not split evenly over the key heads"
-            return site
-        order = [h for g in range(len(k_heads)) for h in per[g]]
         site.q_heads = [list(q_heads[h]) for h in order]
         site.k_heads = [list(t) for t in k_heads]
         site.n_heads, site.n_kv_heads = len(q_heads), len(k_heads)
@@ -926,21 +931,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         qr, kr = self._unpair(qa.tolist()), self._unpair(ka.tolist())
         if any(len({x >> _SHIFT for x in r}) != 1 for r in qr + kr):
             return False
-        q_heads, k_heads, kv_of = [], [], {}
-        for q, k in zip(qr, kr):
-            tq, tk = tuple(q), tuple(k)
-            if tq not in q_heads:
-                q_heads.append(tq)
-            if tk not in k_heads:
-                k_heads.append(tk)
-            if kv_of.setdefault(q_heads.index(tq), k_heads.index(tk)) != k_heads.index(tk):
-                return False
-        if any(len(set(t)) != len(t) for t in q_heads + k_heads):
-            return False
-        per = {}
-        for h in range(len(q_heads)):
-            per.setdefault(kv_of[h], []).append(h)
-        if len({len(v) for v in per.values()}) != 1 or len(per) != len(k_heads):
+        q_heads, k_heads, order, reason = _group_heads(qr, kr)
+        if reason:
             return False
         mask = (1 << _SHIFT) - 1
 
@@ -949,7 +941,6 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         for heads in (q_heads, k_heads):  # one side's rows stack into one [rows, d] weight
             if len({part(t)[0].width for t in heads}) != 1:
                 return False
-        order = [h for g in range(len(k_heads)) for h in per[g]]
         site.q_parts = [part(q_heads[h]) for h in order]
         site.k_parts = [part(t) for t in k_heads]
         site.q_heads = [list(q_heads[h]) for h in order]   # full labels: distinct per weight
