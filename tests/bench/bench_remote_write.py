@@ -27,14 +27,14 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from fstest import Daemon, Failure, db_rows, http_call, metrics, wait_until  # noqa: E402
+from fstest import (Daemon, Failure, db_rows, free_port, http_call, metrics,  # noqa: E402
+                    wait_until)
 
 
 def cpu_seconds(pid):
@@ -42,13 +42,6 @@ def cpu_seconds(pid):
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def caught_up(db, target):

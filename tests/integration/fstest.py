@@ -516,6 +516,15 @@ def db_exec(db, sql, args=()):
         con.close()
 
 
+def free_port():
+    """An ephemeral loopback port for a peer that cannot report the one it
+    bound (Alertmanager, Prometheus, a gloo rendezvous); the small race with
+    other processes between this close and the peer's bind is accepted."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_until(pred, timeout=60, what="condition", interval=0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

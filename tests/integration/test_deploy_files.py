@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -43,7 +42,8 @@ try:
 except ImportError:
     yaml = None
 
-from fstest import Daemon, Failure, check, cmake_install, project_version, run_main
+from fstest import (Daemon, Failure, check, cmake_install, free_port, project_version,
+                    run_main)
 
 TOOL_TIMEOUT_S = 60
 METRICS_DEADLINE_S = 120
@@ -84,13 +84,6 @@ def tool_ok(cmd, **kw):
     check(rc == 0, f"{' '.join(cmd)}: exit {rc}:\n{out}")
     return out
 
-
-def free_port():
-    """An ephemeral loopback port for a peer that cannot report the one it
-    bound (Alertmanager); the tiny race with other processes is accepted."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url, timeout=10):

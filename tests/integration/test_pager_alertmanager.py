@@ -9,12 +9,12 @@ the daemon are stopped by PID even on failure."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 
-from fstest import Daemon, Failure, Receiver, check, db_rows, kill_started, run_main, wait_until
+from fstest import (Daemon, Failure, Receiver, check, db_rows, free_port, kill_started, run_main,
+                    wait_until)
 
 AM = "/usr/bin/prometheus-alertmanager"
 AMTOOL = "/usr/bin/amtool"
@@ -43,13 +43,6 @@ backoff_initial = 0.2
 backoff_max = 1
 """
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start_alertmanager(workdir, rx_url):

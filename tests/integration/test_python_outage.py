@@ -15,7 +15,6 @@
 import errno
 import logging
 import os
-import socket
 import sys
 import time
 
@@ -26,11 +25,6 @@ from fstest import check  # noqa: E402
 
 STEPS_PER_PHASE = 30
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Trainer:
@@ -81,7 +75,7 @@ class Captured(logging.Handler):
 
 
 def phase_reconnect(args, workdir, torch, foreshock, tinygpt, Api):
-    port, http_port = free_port(), free_port()
+    port, http_port = fstest.free_port(), fstest.free_port()
     db = os.path.join(workdir, "outage.db")
     tr = Trainer(torch, tinygpt)
     mon = foreshock.Monitor(tr.model, endpoint=f"127.0.0.1:{port}", run="outage", windows=(2,),
@@ -156,7 +150,7 @@ class RecordingClient:
 
 def phase_overflow(args, workdir, torch, foreshock, tinygpt, Api):
     from foreshock._lib import MIN_REPLAY_BYTES, Client
-    port, http_port = free_port(), free_port()
+    port, http_port = fstest.free_port(), fstest.free_port()
     tr = Trainer(torch, tinygpt, seed=1)
     client = RecordingClient(Client("127.0.0.1", port, "overflow",
                                     replay_max_bytes=MIN_REPLAY_BYTES, backoff_max_ms=200))

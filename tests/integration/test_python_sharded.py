@@ -15,7 +15,6 @@ per-layer weight_norm/update_ratio of the trainer run (reduced by the client).
 """
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,11 +30,6 @@ D, H, HKV, DH, E, LAYERS = 32, 4, 2, 8, 6, 2
 STEPS, WINDOWS, EVERY = 24, (3, 6), 3
 REL = 1e-4
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trajectory(step):
@@ -140,7 +134,7 @@ def main(args, workdir):
     try:
         train(torch, foreshock, "full", daemon.endpoint, 0, 1, list(range(D)))
         for mode in ("trainer", "daemon"):
-            port = free_port()
+            port = fstest.free_port()
             procs = [subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
                  "--rank", str(r), "--endpoint", daemon.endpoint, "--port", str(port),

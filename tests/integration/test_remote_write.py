@@ -20,25 +20,17 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
 
-from fstest import (Daemon, Skip, check, db_exec, db_rows, http_call, kill_started, metrics,
-                    parse_simulate_summary, run_all_pages, run_main, wait_until)
+from fstest import (Daemon, Skip, check, db_exec, db_rows, free_port, http_call, kill_started,
+                    metrics, parse_simulate_summary, run_all_pages, run_main, wait_until)
 
 SHAPE = ["--layers", "2", "--heads", "2", "--dh", "8", "--d", "32", "--sketch-every", "5"]
 STEPS = 400
 RATE = "40"  # steps per second: a run lasts ~10 s, each step its own millisecond
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Engine:

@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -54,11 +53,6 @@ RUNS = {"hf": "hf-ddp", "lightning": "lightning-ddp"}
 def close(a, b):
     return a is not None and b is not None and abs(a - b) <= REL * max(1.0, abs(b))
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- the workers: one process per rank ------------------------------------------------------
@@ -190,11 +184,11 @@ def launch(kind, args, workdir, daemon):
     if kind == "hf":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS),
                "--nnodes", "1", "--master_addr", "127.0.0.1", "--master_port",
-               str(free_port())] + me
+               str(fstest.free_port())] + me
     else:
         cmd = [sys.executable] + me
     env = dict(os.environ, FORESHOCK_ENDPOINT=daemon.endpoint, OMP_NUM_THREADS="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(fstest.free_port()))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=out, start_new_session=True)
     deadline = time.monotonic() + WORKER_TIMEOUT_S

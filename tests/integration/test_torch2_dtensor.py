@@ -22,7 +22,6 @@ rank that reads the weights, not hang in a gather the others never join.
 """
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -37,11 +36,6 @@ STEPS, WINDOWS, EVERY, BATCH, SEQ = 12, (3, 6), 3, 2, 12
 REL = 1e-4
 RUNS = (("fsdp", "mixtral"), ("fsdp", "gpt2"), ("tp", "llama"))
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build(torch, transformers, name):
@@ -203,7 +197,7 @@ def main(args, workdir):
             train(torch, foreshock, build(torch, transformers, model_name), f"single-{model_name}",
                   daemon.endpoint)
         for mode, model_name in RUNS:
-            port = free_port()
+            port = fstest.free_port()
             procs = [subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
                  "--model", model_name, "--rank", str(r), "--endpoint", daemon.endpoint,
@@ -214,7 +208,7 @@ def main(args, workdir):
                 out, _ = pr.communicate(timeout=600)
                 check(pr.returncode == 0, f"{mode}-{model_name} rank {r} exited "
                       f"{pr.returncode}:\n{out[-4000:]}")
-        port = free_port()
+        port = fstest.free_port()
         procs = [subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", "--mode", "late",
              "--model", "llama", "--rank", str(r), "--endpoint", daemon.endpoint,
