@@ -469,6 +469,13 @@ int spool_set_done(struct spool *sp, int64_t run_id, int64_t step)
     return 0;
 }
 
+void spool_lower_done(struct spool *sp, int64_t run_id, int64_t step)
+{
+    for (size_t i = 0; i < sp->ndone; i++)
+        if (sp->done[i].run_id == run_id && sp->done[i].step > step)
+            sp->done[i].step = step;
+}
+
 /* Indexes the records of segment g (open as fd) up to `end` bytes. What
  * does not read as a record is passed over (the replay reports it). */
 static int index_segment(struct spool *sp, struct seg *g, int fd, uint64_t end)

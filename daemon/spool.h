@@ -55,7 +55,10 @@
  *
  * Release: each run has an evaluated step (runs.spool_done_step, committed
  * with the monitor rows derived from those steps). A segment is deleted
- * when every record in it is at or below its run's evaluated step. The
+ * when every record in it is at or below its run's evaluated step. It
+ * rises with evaluation and falls only with a rewind to an earlier step
+ * (spool_lower_done): the new attempt's records of steps the old one had
+ * evaluated are unevaluated again. The
  * replay at startup reads the segments still present, oldest first, and
  * skips records at or below their run's evaluated step.
  *
@@ -160,6 +163,10 @@ int spool_rewind(struct spool *sp, const struct spool_pos *to);
 /* Raises run_id's evaluated step to step (committed: the monitors of every
  * step <= step are stored). 0 or -ENOMEM. Owner thread. */
 int spool_set_done(struct spool *sp, int64_t run_id, int64_t step);
+
+/* Lowers run_id's evaluated step to step (committed: a rewind to step made
+ * the run's later records unevaluated again). Owner thread. */
+void spool_lower_done(struct spool *sp, int64_t run_id, int64_t step);
 
 /* Deletes every segment whose records are all evaluated, the one being
  * appended to included when nothing appended to it is uncommitted (it is

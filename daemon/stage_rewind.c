@@ -250,6 +250,34 @@ void stage_rewind_rebuild(struct stage *st, struct run *run)
     stage_pump(st, run, now_mono());
 }
 
+/* Has the writer lower the run's evaluated step to step (store.h,
+ * has_spool_rewind). The Hello's transaction lowered it already, but rows
+ * of the old attempt's later steps that this stage queued before it knew
+ * of the rewind are applied after that and raise it again: this item
+ * comes after them, and before any frame of the new attempt (its Welcome
+ * is sent after stage_attempt returns). */
+static void rewind_spool_done(struct stage *st, const struct run *run, uint64_t step)
+{
+    if (!st->opts.store)
+        return;
+    struct store_item *it = store_item_new(STORE_ITEM_MONITOR);
+    int rc = -ENOMEM;
+    if (it) {
+        it->monitor.run_id = run->run_id;
+        it->monitor.time = fs_clock_unix();
+        it->monitor.has_spool_rewind = 1;
+        it->monitor.spool_rewind_step = step;
+        if ((rc = store_submit(st->opts.store, it)) < 0)
+            store_item_free(it);
+    }
+    if (rc < 0)
+        log_error("stage",
+                  "run %s: cannot queue the rewind of its evaluated step to %llu (%s): frames of "
+                  "the new attempt up to the old attempt's last evaluated step are not replayed "
+                  "if foreshockd stops before evaluating them",
+                  run->name, (unsigned long long)step, strerror(-rc));
+}
+
 /* A Hello started an attempt that rewinds the run to step (abandoning
  * attempt `from`): what the old attempt left after step goes, the rest is
  * evaluated, then the state at step is rebuilt (rewind_rebuild_start). */
@@ -283,6 +311,7 @@ void stage_rewind_start(struct stage *st, struct run *run, struct stage_run *sr,
     sr->rewind_from = from;
     sr->rewind_attempt = sr->attempt;
     sr->rewind_gen++;
+    rewind_spool_done(st, run, step);
     log_info("stage",
              "run %s: attempt %u restarts from step %llu: attempt %u's steps after it "
              "are dropped (%zu reducing, %zu on the workers, %zu scalar samples)",

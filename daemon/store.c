@@ -172,8 +172,13 @@ static int write_once(struct store *s, struct store_item **batch, size_t n,
 static void spool_after_commit(struct store *s)
 {
     int oom = 0;
-    for (size_t i = 0; i < s->nw_done; i++)
-        oom |= spool_set_done(s->spool, s->w_done[i].run_id, s->w_done[i].step) < 0;
+    for (size_t i = 0; i < s->nw_done; i++) {
+        const struct spool_done_step *d = &s->w_done[i];
+        if (d->lower)
+            spool_lower_done(s->spool, d->run_id, d->step);
+        else
+            oom |= spool_set_done(s->spool, d->run_id, d->step) < 0;
+    }
     s->nw_done = 0;
     if (oom) /* the segments stay until the next release that remembers them, or a restart */
         log_limited(&s->rl_fail, LOG_LEVEL_ERROR, "store",

@@ -204,6 +204,13 @@ struct store_monitor {
     struct store_incomplete_row *incomplete; /* owned */
     int has_spool_done;
     uint64_t spool_done_step;
+    /* A rewind to spool_rewind_step (stage.h): the run's evaluated step is
+     * lowered to it before spool_done_step is applied. The old attempt's
+     * steps after it are no longer the run's history, and the new
+     * attempt's frames of those steps are still to be evaluated: they must
+     * neither be released nor skipped by a restart (spool.h, "Release"). */
+    int has_spool_rewind;
+    uint64_t spool_rewind_step;
     /* A rewind's rebuilt state (stage.h): attempts.rebuilt_at of the run's
      * attempt `rebuilt_attempt` is set in the same transaction. */
     int has_rebuilt;

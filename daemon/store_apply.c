@@ -157,6 +157,52 @@ int store_spool_failed(struct store *s, const char *what, int err)
     return err == -ENOSPC ? SQLITE_FULL : err == -ENOMEM ? SQLITE_NOMEM : SQLITE_IOERR;
 }
 
+/* Notes a change of the run's evaluated step for the spool, which takes it
+ * after COMMIT (spool_after_commit, store.c), in transaction order. */
+static int note_spool_done(struct store *s, int64_t run_id, uint64_t step, bool lower)
+{
+    struct spool_done_step *d = fs_grow(s->w_done, &s->capw_done, s->nw_done + 1, sizeof(*d), 16);
+    if (!d)
+        return SQLITE_NOMEM;
+    s->w_done = d;
+    s->w_done[s->nw_done++] =
+        (struct spool_done_step){.run_id = run_id, .step = (int64_t)step, .lower = lower};
+    return SQLITE_OK;
+}
+
+/* The monitors of the run's steps <= step are stored (in this same
+ * transaction): the spool may let those steps' records go once it commits
+ * (store_writer_main calls spool_release after COMMIT, never before). */
+static int apply_spool_done(struct store *s, int64_t run_id, uint64_t step)
+{
+    sqlite3_stmt *st = s->st[ST_RUN_DONE];
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, (int64_t)step);
+    int rc = exec1(st, NULL, 0);
+    if (!ok(rc))
+        return rc;
+    st = s->st[ST_FRAME_DONE];
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, (int64_t)step);
+    if (!ok(rc = exec1(st, NULL, 0)))
+        return rc;
+    return note_spool_done(s, run_id, step, false);
+}
+
+/* A rewind to step: the run's evaluated step goes down to it. Twice per
+ * rewind: with the Hello that starts it (so that a crash from then on
+ * replays the new attempt's frames), and from the monitor stage once it
+ * knows (store_monitor.has_spool_rewind), after the old attempt's rows it
+ * had queued before, which raised the step again. */
+static int apply_spool_rewind(struct store *s, int64_t run_id, uint64_t step)
+{
+    sqlite3_stmt *st = s->st[ST_RUN_UNDONE];
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int64(st, 2, (int64_t)step);
+    int rc = exec1(st, NULL, 0);
+    return ok(rc) ? note_spool_done(s, run_id, step, true) : rc;
+}
+
 static int apply_hello(struct store *s, const struct store_item *it, double now,
                        struct store_result *r)
 {
@@ -232,6 +278,9 @@ static int apply_hello(struct store *s, const struct store_item *it, double now,
     if (rc != SQLITE_OK)
         return rc;
     int64_t run_id = r->run_id, stream_id = r->stream_id;
+    if (r->run_attempt.started && r->run_attempt.rewind &&
+        (rc = apply_spool_rewind(s, run_id, r->run_attempt.resume_step)) != SQLITE_OK)
+        return rc;
     /* A rewind supersedes the advice about incidents that opened after its
      * step before this stream's owed advice is looked up: the new attempt
      * is never told to act on what it is re-doing. */
@@ -349,30 +398,6 @@ static int apply_report(struct store *s, const struct store_item *it, struct bat
     return SQLITE_OK;
 }
 
-/* The monitors of the run's steps <= step are stored (in this same
- * transaction): the spool may let those steps' records go once it commits
- * (store_writer_main calls spool_release after COMMIT, never before). */
-static int apply_spool_done(struct store *s, int64_t run_id, uint64_t step)
-{
-    sqlite3_stmt *st = s->st[ST_RUN_DONE];
-    sqlite3_bind_int64(st, 1, run_id);
-    sqlite3_bind_int64(st, 2, (int64_t)step);
-    int rc = exec1(st, NULL, 0);
-    if (!ok(rc))
-        return rc;
-    st = s->st[ST_FRAME_DONE];
-    sqlite3_bind_int64(st, 1, run_id);
-    sqlite3_bind_int64(st, 2, (int64_t)step);
-    if (!ok(rc = exec1(st, NULL, 0)))
-        return rc;
-    struct spool_done_step *d = fs_grow(s->w_done, &s->capw_done, s->nw_done + 1, sizeof(*d), 16);
-    if (!d)
-        return SQLITE_NOMEM;
-    s->w_done = d;
-    s->w_done[s->nw_done++] = (struct spool_done_step){.run_id = run_id, .step = (int64_t)step};
-    return SQLITE_OK;
-}
-
 static int series_of(struct store *s, int64_t run_id, const struct store_series_key *k, long *idx)
 {
     return store_series_get(s, run_id, k->name, k->layer, k->head, k->window, k->rank, idx);
@@ -481,6 +506,7 @@ static int apply_alert(struct store *s, int64_t run_id, const struct store_alert
                       SQLITE_STATIC);
     sqlite3_bind_text(st, 8, a->evidence_json ? a->evidence_json : "{}", -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 9, a->attempt);
+    sqlite3_bind_text(st, 10, a->severity, -1, SQLITE_STATIC);
     rc = exec1(st, NULL, 0);
     if (!ok(rc))
         return rc;
@@ -534,6 +560,9 @@ static int apply_monitor(struct store *s, const struct store_item *it, double no
     }
     if (m->has_rebuilt &&
         (rc = attempts_store_rebuilt(s->attempts, m->run_id, m->rebuilt_attempt, now)) != SQLITE_OK)
+        return rc;
+    if (m->has_spool_rewind &&
+        (rc = apply_spool_rewind(s, m->run_id, m->spool_rewind_step)) != SQLITE_OK)
         return rc;
     if (m->has_spool_done && (rc = apply_spool_done(s, m->run_id, m->spool_done_step)) != SQLITE_OK)
         return rc;

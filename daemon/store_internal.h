@@ -26,6 +26,7 @@
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,6 +52,7 @@ enum stmt_id {
     ST_POINT_UPDATE,
     ST_SPOOL_HEAD,
     ST_RUN_DONE,
+    ST_RUN_UNDONE,
     ST_STREAM_BUMP,
     ST_RUN_BUMP,
     ST_STATE_PUT,
@@ -145,7 +147,8 @@ struct store {
     struct spool_pos committed; /* the spool's end as the database records it */
     struct spool_done_step {
         int64_t run_id, step;
-    } * w_done; /* runs.spool_done_step raised by the open transaction */
+        bool lower; /* a rewind lowered it to step (else raised) */
+    } * w_done;     /* runs.spool_done_step changed by the open transaction, in order */
     size_t nw_done, capw_done;
     char w_spool_err[160]; /* why the open transaction's spool work failed ("": it did not) */
     /* The batch whose records spool_batch is appending, before its

@@ -61,6 +61,7 @@ static const char *const stmt_sql[ST_COUNT] = {
                       "byte_offset = excluded.byte_offset",
     [ST_RUN_DONE] = "UPDATE runs SET spool_done_step = MAX(COALESCE(spool_done_step, -1), ?2) "
                     "WHERE id = ?1",
+    [ST_RUN_UNDONE] = "UPDATE runs SET spool_done_step = ?2 WHERE id = ?1 AND spool_done_step > ?2",
     [ST_STREAM_BUMP] = "UPDATE streams SET last_seq = MAX(last_seq, ?2), reports = reports + 1, "
                        "last_seen_at = ?3 WHERE id = ?1",
     /* a report of an ended run (its connection outlived run_idle_end_s) makes it live again */
@@ -89,8 +90,8 @@ static const char *const stmt_sql[ST_COUNT] = {
         "last_step = excluded.last_step, incidents = excluded.incidents, "
         "updated_at = excluded.updated_at, state_blob = excluded.state_blob RETURNING id",
     [ST_EVENT_INSERT] = "INSERT INTO alert_events (alert_id, change, from_state, to_state, step, "
-                        "at, attribution, evidence_json, attempt) "
-                        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                        "at, attribution, evidence_json, attempt, severity) "
+                        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     [ST_INCOMPLETE_PUT] = "INSERT OR REPLACE INTO incomplete (run_id, step, kind, layer, head, "
                           "\"window\", have, want, recorded_at) "
                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",

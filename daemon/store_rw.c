@@ -31,7 +31,9 @@ static const char *const rw_sql[RW_Q__COUNT] = {
             "p.time") " FROM series s JOIN points p ON p.series_id = s.id "
                       "WHERE s.run_id = ?1 AND s.head >= 0 AND p.step > ?2 AND p.step <= ?3 AND "
                       "p.value IS NOT NULL ORDER BY s.id, p.step",
-    [RW_Q_ALERTS] = "SELECT e.id, e.to_state, e.at, a.rule, a.severity, a.family, a.layer, a.head, "
+    /* An event's severity is the one it had (schema/012_event_severity.sql). */
+    [RW_Q_ALERTS] = "SELECT e.id, e.to_state, e.at, a.rule, COALESCE(e.severity, a.severity), "
+                    "a.family, a.layer, a.head, "
                     "a.window, a.rank, r.name, e.attempt FROM alert_events e JOIN alerts a ON "
                     "a.id = e.alert_id JOIN runs r ON r.id = a.run_id WHERE e.id > ?1 ORDER BY "
                     "e.id LIMIT ?2",

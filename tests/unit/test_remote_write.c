@@ -1,6 +1,7 @@
 /* remote_write_encode.c: the [remote_write] settings, job labels, metric
  * names, how a status is handled, and the request body decoded back with
- * snappy and protobuf-c. */
+ * snappy and protobuf-c; store_rw.c: the labels an alert event is sent
+ * with. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -9,8 +10,11 @@
 #include <string.h>
 
 #include "config.h"
+#include "fstest.h"
 #include "remote_write.h"
 #include "remote_write.pb-c.h"
+#include "store_rw.h"
+#include "store_stmt.h"
 
 static int parse(const char *text, struct rw_config *rc, struct fs_err *err)
 {
@@ -229,4 +233,44 @@ Test(remote_write, a_series_timestamps_rise_across_batches)
     free(raw);
     free(body);
     rw_batch_free(b);
+}
+
+/* An event is sent with the severity its alert had at that event, whatever
+ * the alert's is now: a resend (a cursor moved back) must land in the series
+ * the first send made. Rows from before the event kept it (NULL) read the
+ * alert's. */
+Test(remote_write, an_event_keeps_its_severity)
+{
+    sqlite3 *db = NULL;
+    cr_assert_eq(sqlite3_open(":memory:", &db), SQLITE_OK);
+    db_apply_schema(db, false, true);
+    const char *fill =
+        "INSERT INTO runs (id, name, created_at, last_seen_at, world_size) VALUES "
+        "(1, 'a', 0, 0, 1);"
+        "INSERT INTO alerts (id, run_id, rule, alert_key, dedup_key, state, severity, family, "
+        "attribution, last_step, created_at, updated_at) VALUES "
+        "(1, 1, 'loss', 'k1', 'd1', 2, 'critical', 'f', 'a', 0, 0, 0);"
+        "INSERT INTO alert_events (id, alert_id, change, from_state, to_state, step, at, "
+        "attribution, evidence_json, severity) VALUES "
+        "(1, 1, 'to_pending', 0, 1, 0, 0, 'a', '{}', 'warning'), "
+        "(2, 1, 'to_firing', 1, 2, 5, 1, 'a', '{}', 'warning'), "
+        "(3, 1, 'to_resolved', 2, 3, 9, 2, 'a', '{}', NULL);";
+    char *msg = NULL;
+    cr_assert_eq(sqlite3_exec(db, fill, NULL, NULL, &msg), SQLITE_OK, "%s", msg);
+    sqlite3_stmt *st[RW_Q__COUNT] = {0};
+    cr_assert_eq(store_rw_prepare(db, st), SQLITE_OK, "%s", sqlite3_errmsg(db));
+    sqlite3_stmt *q = st[RW_Q_ALERTS];
+    sqlite3_bind_int64(q, 1, 0);
+    sqlite3_bind_int64(q, 2, 10);
+    static const char *const want[] = {"warning", "warning", "critical"};
+    size_t n = 0;
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        cr_assert_lt(n, 3);
+        cr_expect_str_eq((const char *)sqlite3_column_text(q, 4), want[n], "event %lld",
+                         (long long)sqlite3_column_int64(q, 0));
+        n++;
+    }
+    cr_expect_eq(n, 3);
+    store_finalize_all(st, RW_Q__COUNT);
+    sqlite3_close(db);
 }

@@ -720,8 +720,9 @@ Test(store, legacy_spool_rows_move_into_the_log)
         cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
     }
     /* ... as schema version 7 (before the spool log, spool_frames, the
-     * run lifecycle and remote write) had them. */
+     * run lifecycle, remote write and events' severities) had them. */
     cr_assert_eq(sqlite3_exec(db,
+                              "ALTER TABLE alert_events DROP COLUMN severity; "
                               "DROP TABLE remote_write_cursor; "
                               "DROP INDEX runs_live; DROP TABLE id_floor; "
                               "ALTER TABLE runs DROP COLUMN ended_at; "
