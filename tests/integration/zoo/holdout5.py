@@ -75,7 +75,7 @@ lacked:
                              similarities: not attention
 
 Blind score (discover(model) with defaults plus the 5-step Monitor run of
-test_python_zoo.py, before any fix): 19 of 20 right on torch 1.13, 18 of 20
+test_python_zoo.py, before any fix), round 5: 19 of 20 right on torch 1.13, 18 of 20
 on torch 2.15. Wrong were pyg-transformerconv (both torches: no probe fits
 the graph inputs, and the first batch's pass saw no score in the per-edge
 (q[dst] * k[src]).sum(-1) and scatter softmax, so nothing was reported) and,
@@ -84,6 +84,28 @@ through proj_l between q.k^T and the softmax and disproved the talking-heads
 blocks' qkv found by names; torch 1.13 kept them by names);
 test_python_zoo.py's EXPECTED_FAILING and EXPECTED_FAILING_TORCH2 have each
 symptom.
+
+Round 5b: 4 more, written after round 5's outputs were seen (so scored
+apart), still without reading the discoverer:
+
+  mta-score-conv             Multi-Token Attention: a grouped Conv2d over each
+                             head's masked scores before the softmax, head
+                             mixing after it
+  graphormer-dict-graph      Graphormer: one dict argument of six graph
+                             tensors, structural per-head biases, time-first
+                             fairseq attention
+  point-transformer-vector-none  vector attention (MLP of q_i - k_j, softmax
+                             per channel over k nearest neighbours): nothing
+  slot-attention-heads       multi-head Slot Attention: softmax over the slots
+                             (queries), renormalized over inputs, 3 iterations
+                             of one module (judgement call: a site)
+
+Score: 1 of 4 on torch 1.13 and 2.15 (graphormer-dict-graph right). Wrong:
+mta-score-conv (the observed pass saw no score through the conv between q.k^T
+and the softmax and disproved wq/wk: nothing reported), point-transformer-
+vector-none (a names-based SKIPPED warning for the fused to_qkv stayed
+though the first batch's pass saw no score) and slot-attention-heads (the
+softmax over the queries is not taken for a score: to_q/to_k disproved).
 """
 import math
 
@@ -2340,3 +2362,387 @@ def simclr():
     return model, (x, x + 0.1 * torch.randn_like(x)), Truth(att, not_reported=nr, note=(
         "the forward returns the InfoNCE loss: a softmax (cross-entropy) over the projection "
         "head's similarities z z^T / tau: not attention, the head is not reported"))
+
+
+# ==== round 5b: written after round 5's results were seen (scored apart) =========================
+
+# ---- Multi-Token Attention: a key-query convolution over the scores -----------------------------
+# facebookresearch/RAM projects/mta (Multi-Token Attention: a grouped Conv2d over each head's
+# masked scores before the softmax, head mixing after it)
+
+class MTAAttention(nn.Module):
+    def __init__(self, d, heads, cq=2, ck=3, head_group=2):
+        super().__init__()
+        self.n_heads, self.head_dim = heads, d // heads
+        self.cq, self.ck, self.head_group = cq, ck, head_group
+        self.wq = nn.Linear(d, d, bias=False)
+        self.wk = nn.Linear(d, d, bias=False)
+        self.wv = nn.Linear(d, d, bias=False)
+        self.wo = nn.Linear(d, d, bias=False)
+        self.mta_kernel = nn.Parameter(torch.randn(heads, 1, cq, ck) * 0.3)
+        self.head_kernel = nn.Parameter(torch.eye(head_group).repeat(heads // head_group, 1, 1)
+                                        + 0.1 * torch.randn(heads // head_group, head_group,
+                                                            head_group))
+
+    def forward(self, x, freqs):
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *freqs)
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+        future = torch.ones(t, t, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, 0.0)
+        # key-query convolution: causal in queries (pad above), keys padded on the left
+        scores = F.pad(scores, (self.ck - 1, 0, self.cq - 1, 0))
+        scores = F.conv2d(scores, self.mta_kernel, groups=self.n_heads)
+        scores = scores.masked_fill(future, float("-inf"))
+        probs = F.softmax(scores.float(), dim=-1).type_as(q)
+        # head mixing within groups of heads
+        g = self.n_heads // self.head_group
+        probs = probs.view(b, g, self.head_group, t, t)
+        probs = torch.einsum("bgitu,gij->bgjtu", probs, self.head_kernel).reshape(b, -1, t, t)
+        o = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, -1)
+        return self.wo(o)
+
+
+class MTABlock(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.attention_norm = RMSNorm(d)
+        self.attention = MTAAttention(d, heads)
+        self.ffn_norm = RMSNorm(d)
+        self.feed_forward = nn.Module()
+        self.feed_forward.w1 = nn.Linear(d, 64, bias=False)
+        self.feed_forward.w3 = nn.Linear(d, 64, bias=False)
+        self.feed_forward.w2 = nn.Linear(64, d, bias=False)
+
+    def forward(self, x, freqs):
+        x = x + self.attention(self.attention_norm(x), freqs)
+        h = self.ffn_norm(x)
+        ff = self.feed_forward
+        return x + ff.w2(F.silu(ff.w1(h)) * ff.w3(h))
+
+
+class LinguaTransformer(nn.Module):
+    def __init__(self, d=D, heads=4, layers=2):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, d)
+        self.rope_embeddings = RotaryEmbedding(d // heads)
+        self.layers = nn.ModuleList(MTABlock(d, heads) for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.output = nn.Linear(d, VOCAB, bias=False)
+
+    def forward(self, token_values):
+        h = self.tok_embeddings(token_values)
+        freqs = self.rope_embeddings(h, token_values.shape[1])
+        for layer in self.layers:
+            h = layer(h, freqs)
+        return self.output(self.norm(h))
+
+
+@member("mta-score-conv")
+def mta():
+    """After facebookresearch/RAM projects/mta (Multi-Token Attention) in a lingua transformer."""
+    model = LinguaTransformer()
+    att = [sep(f"layers.{i}.attention", 4, 4, 8, "wq", "wk", block=i) for i in range(2)]
+    nr = ["layers.0.feed_forward.w1.weight", "output.weight"]
+    return model, tokens(), Truth(att, not_reported=nr, note=(
+        "each head's masked q.k scores go through a grouped Conv2d over (query, key) before "
+        "the softmax (the heads stay apart), heads are mixed after it: the heads are the "
+        "wq/wk rows' (as cait-talking-heads)"))
+
+
+# ---- Graphormer: a dict batch of graph tensors, attention biases from structure -----------------
+# microsoft/Graphormer graphormer/modules/graphormer_layers.py (GraphNodeFeature, GraphAttnBias),
+# graphormer_graph_encoder.py, graphormer_graph_encoder_layer.py, multihead_attention.py
+
+class GraphNodeFeature(nn.Module):
+    def __init__(self, num_heads, num_atoms, num_in_degree, num_out_degree, hidden_dim):
+        super().__init__()
+        self.atom_encoder = nn.Embedding(num_atoms + 1, hidden_dim, padding_idx=0)
+        self.in_degree_encoder = nn.Embedding(num_in_degree, hidden_dim, padding_idx=0)
+        self.out_degree_encoder = nn.Embedding(num_out_degree, hidden_dim, padding_idx=0)
+        self.graph_token = nn.Embedding(1, hidden_dim)
+
+    def forward(self, batched_data):
+        x = batched_data["x"]
+        n_graph = x.size(0)
+        node_feature = self.atom_encoder(x).sum(dim=-2)
+        node_feature = node_feature + self.in_degree_encoder(batched_data["in_degree"]) + \
+            self.out_degree_encoder(batched_data["out_degree"])
+        graph_token = self.graph_token.weight.unsqueeze(0).repeat(n_graph, 1, 1)
+        return torch.cat([graph_token, node_feature], dim=1)
+
+
+class GraphAttnBias(nn.Module):
+    def __init__(self, num_heads, num_edges, num_spatial):
+        super().__init__()
+        self.num_heads = num_heads
+        self.edge_encoder = nn.Embedding(num_edges + 1, num_heads, padding_idx=0)
+        self.spatial_pos_encoder = nn.Embedding(num_spatial, num_heads, padding_idx=0)
+        self.graph_token_virtual_distance = nn.Embedding(1, num_heads)
+
+    def forward(self, batched_data):
+        attn_bias, spatial_pos = batched_data["attn_bias"], batched_data["spatial_pos"]
+        n_graph, n_node = batched_data["x"].size()[:2]
+        graph_attn_bias = attn_bias.clone().unsqueeze(1).repeat(1, self.num_heads, 1, 1)
+        spatial_pos_bias = self.spatial_pos_encoder(spatial_pos).permute(0, 3, 1, 2)
+        graph_attn_bias[:, :, 1:, 1:] = graph_attn_bias[:, :, 1:, 1:] + spatial_pos_bias
+        t = self.graph_token_virtual_distance.weight.view(1, self.num_heads, 1)
+        graph_attn_bias[:, :, 1:, 0] = graph_attn_bias[:, :, 1:, 0] + t
+        graph_attn_bias[:, :, 0, :] = graph_attn_bias[:, :, 0, :] + t
+        edge_input = self.edge_encoder(batched_data["attn_edge_type"]).mean(-2).permute(0, 3, 1, 2)
+        graph_attn_bias[:, :, 1:, 1:] = graph_attn_bias[:, :, 1:, 1:] + edge_input
+        return graph_attn_bias + attn_bias.unsqueeze(1)
+
+
+class GraphormerMHA(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.num_heads, self.head_dim = heads, d // heads
+        self.scaling = self.head_dim ** -0.5
+        self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.q_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, query, attn_bias):
+        tgt_len, bsz, d = query.size()
+        q = self.q_proj(query) * self.scaling
+        k, v = self.k_proj(query), self.v_proj(query)
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        k = k.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        v = v.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))
+        attn_weights = attn_weights + attn_bias.view(bsz * self.num_heads, tgt_len, tgt_len)
+        attn_probs = F.softmax(attn_weights, dim=-1)
+        attn = torch.bmm(attn_probs, v).transpose(0, 1).contiguous().view(tgt_len, bsz, d)
+        return self.out_proj(attn)
+
+
+class GraphormerEncoderLayer(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.self_attn = GraphormerMHA(d, heads)
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.final_layer_norm = nn.LayerNorm(d)
+
+    def forward(self, x, self_attn_bias):
+        x = x + self.self_attn(self.self_attn_layer_norm(x), self_attn_bias)
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+
+class GraphormerModel(nn.Module):
+    def __init__(self, d=D, heads=4, layers=2):
+        super().__init__()
+        self.graph_encoder = nn.Module()
+        ge = self.graph_encoder
+        ge.graph_node_feature = GraphNodeFeature(heads, 20, 8, 8, d)
+        ge.graph_attn_bias = GraphAttnBias(heads, 6, 8)
+        ge.emb_layer_norm = nn.LayerNorm(d)
+        ge.layers = nn.ModuleList(GraphormerEncoderLayer(d, heads) for _ in range(layers))
+        self.lm_head_transform_weight = nn.Linear(d, d)
+        self.layer_norm = nn.LayerNorm(d)
+        self.embed_out = nn.Linear(d, 1)
+
+    def forward(self, batched_data):
+        ge = self.graph_encoder
+        attn_bias = ge.graph_attn_bias(batched_data)
+        x = ge.emb_layer_norm(ge.graph_node_feature(batched_data)).transpose(0, 1)
+        for layer in ge.layers:
+            x = layer(x, attn_bias)
+        x = self.layer_norm(F.gelu(self.lm_head_transform_weight(x.transpose(0, 1))))
+        return self.embed_out(x[:, 0, :])
+
+
+def graph_batch(n_graph=B, n_node=6):
+    g = torch.Generator().manual_seed(5)
+    return {"x": torch.randint(1, 21, (n_graph, n_node, 3), generator=g),
+            "in_degree": torch.randint(1, 8, (n_graph, n_node), generator=g),
+            "out_degree": torch.randint(1, 8, (n_graph, n_node), generator=g),
+            "spatial_pos": torch.randint(1, 8, (n_graph, n_node, n_node), generator=g),
+            "attn_bias": torch.zeros(n_graph, n_node + 1, n_node + 1),
+            "attn_edge_type": torch.randint(0, 7, (n_graph, n_node, n_node, 2), generator=g)}
+
+
+class GraphormerTask(nn.Module):
+    """The model called with the collated batch (fairseq's graph_prediction task passes
+    sample["net_input"]["batched_data"])."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = GraphormerModel()
+
+    def forward(self, batched_data):
+        return self.encoder(batched_data)
+
+
+@member("graphormer-dict-graph")
+def graphormer():
+    """After microsoft/Graphormer graphormer/modules (GraphNodeFeature, GraphAttnBias, encoder)."""
+    model = GraphormerTask()
+    p = "encoder.graph_encoder.layers"
+    att = [sep(f"{p}.{i}.self_attn", 4, 4, 8, block=i) for i in range(2)]
+    nr = ["encoder.lm_head_transform_weight.weight", "encoder.embed_out.weight"]
+    return model, (graph_batch(),), Truth(att, not_reported=nr, note=(
+        "one positional argument, a dict of six integer and float graph tensors; per-head "
+        "biases from shortest paths and edges added to q.k; time-first fairseq attention"))
+
+
+# ---- Point Transformer: vector attention over k nearest neighbours ------------------------------
+# lucidrains/point-transformer-pytorch point_transformer_pytorch/point_transformer_pytorch.py
+# (PointTransformerLayer with num_neighbors)
+
+def batched_index_select(values, indices, dim=1):
+    value_dims = values.shape[(dim + 1):]
+    values_shape, indices_shape = values.shape, indices.shape
+    indices = indices[(..., *((None,) * len(value_dims)))]
+    indices = indices.expand(*((-1,) * len(indices_shape)), *value_dims)
+    value_expand_len = len(indices_shape) - (dim + 1)
+    values = values[(*((slice(None),) * dim), *((None,) * value_expand_len), ...)]
+    value_expand_shape = [-1] * len(values.shape)
+    expand_slice = slice(dim, (dim + value_expand_len))
+    value_expand_shape[expand_slice] = indices.shape[expand_slice]
+    values = values.expand(*value_expand_shape)
+    dim += value_expand_len
+    return values.gather(dim, indices)
+
+
+class PointTransformerLayer(nn.Module):
+    def __init__(self, dim, pos_mlp_hidden_dim=16, attn_mlp_hidden_mult=2, num_neighbors=4):
+        super().__init__()
+        self.num_neighbors = num_neighbors
+        self.to_qkv = nn.Linear(dim, dim * 3, bias=False)
+        self.pos_mlp = nn.Sequential(nn.Linear(3, pos_mlp_hidden_dim), nn.ReLU(),
+                                     nn.Linear(pos_mlp_hidden_dim, dim))
+        self.attn_mlp = nn.Sequential(nn.Linear(dim, dim * attn_mlp_hidden_mult), nn.ReLU(),
+                                      nn.Linear(dim * attn_mlp_hidden_mult, dim))
+
+    def forward(self, x, pos):
+        n = x.shape[1]
+        q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+        rel_pos = pos[:, :, None, :] - pos[:, None, :, :]
+        rel_pos_emb = self.pos_mlp(rel_pos)
+        qk_rel = q[:, :, None, :] - k[:, None, :, :]
+        v = v[:, None].expand(-1, n, -1, -1)
+        rel_dist = rel_pos.norm(dim=-1)
+        _, indices = rel_dist.topk(self.num_neighbors, largest=False)
+        v = batched_index_select(v, indices, dim=2)
+        qk_rel = batched_index_select(qk_rel, indices, dim=2)
+        rel_pos_emb = batched_index_select(rel_pos_emb, indices, dim=2)
+        v = v + rel_pos_emb
+        sim = self.attn_mlp(qk_rel + rel_pos_emb)
+        attn = sim.softmax(dim=-2)
+        return torch.einsum("bijd,bijd->bid", attn, v)
+
+
+class PointTransformerClassifier(nn.Module):
+    def __init__(self, in_dim=4, dim=D, depth=2, classes=5):
+        super().__init__()
+        self.embed = nn.Linear(in_dim, dim)
+        self.layers = nn.ModuleList(PointTransformerLayer(dim) for _ in range(depth))
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, feats, pos):
+        x = self.embed(feats)
+        for layer, norm in zip(self.layers, self.norms):
+            x = x + layer(norm(x), pos)
+        return self.head(x.mean(dim=1))
+
+
+@member("point-transformer-vector-none")
+def point_transformer():
+    """After lucidrains/point-transformer-pytorch (PointTransformerLayer, vector attention)."""
+    model = PointTransformerClassifier()
+    nr = ["layers.0.to_qkv.weight", "layers.1.to_qkv.weight", "layers.0.attn_mlp.2.weight"]
+    return model, (torch.randn(B, 10, 4), torch.randn(B, 10, 3)), Truth([], not_reported=nr, note=(
+        "vector attention: an MLP of q_i - k_j (plus a position MLP), a softmax per channel "
+        "over the k nearest neighbours (topk over distances, no experts): no q.k product: "
+        "nothing reported, no warning"))
+
+
+# ---- Slot Attention: a softmax over the slots (queries), iterated ------------------------------
+# lucidrains/slot-attention slot_attention/multi_head_slot_attention.py (MultiHeadSlotAttention)
+
+class MultiHeadSlotAttention(nn.Module):
+    def __init__(self, num_slots, dim, heads=4, dim_head=8, iters=3, eps=1e-8, hidden_dim=64):
+        super().__init__()
+        self.dim, self.num_slots, self.iters, self.eps = dim, num_slots, iters, eps
+        self.heads, self.scale = heads, dim_head ** -0.5
+        self.slots_mu = nn.Parameter(torch.randn(1, 1, dim))
+        self.slots_logsigma = nn.Parameter(torch.zeros(1, 1, dim))
+        nn.init.xavier_uniform_(self.slots_logsigma)
+        self.norm_input = nn.LayerNorm(dim)
+        self.norm_slots = nn.LayerNorm(dim)
+        dim_inner = dim_head * heads
+        self.to_q = nn.Linear(dim, dim_inner)
+        self.to_k = nn.Linear(dim, dim_inner)
+        self.to_v = nn.Linear(dim, dim_inner)
+        self.combine_heads = nn.Linear(dim_inner, dim)
+        self.gru = nn.GRUCell(dim, dim)
+        self.norm_pre_ff = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden_dim), nn.ReLU(inplace=True),
+                                 nn.Linear(hidden_dim, dim))
+
+    def split_heads(self, t):
+        b, n, _ = t.shape
+        return t.view(b, n, self.heads, -1).transpose(1, 2)
+
+    def forward(self, inputs):
+        b, n, d = inputs.shape
+        mu = self.slots_mu.expand(b, self.num_slots, -1)
+        sigma = self.slots_logsigma.exp().expand(b, self.num_slots, -1)
+        slots = mu + sigma * torch.randn(mu.shape, device=inputs.device, dtype=inputs.dtype)
+        inputs = self.norm_input(inputs)
+        k = self.split_heads(self.to_k(inputs))
+        v = self.split_heads(self.to_v(inputs))
+        for _ in range(self.iters):
+            slots_prev = slots
+            slots = self.norm_slots(slots)
+            q = self.split_heads(self.to_q(slots))
+            dots = torch.einsum("...id,...jd->...ij", q, k) * self.scale
+            attn = dots.softmax(dim=-2) + self.eps
+            attn = attn / attn.sum(dim=-1, keepdim=True)
+            updates = torch.einsum("...jd,...ij->...id", v, attn)
+            updates = self.combine_heads(updates.transpose(1, 2).reshape(b, self.num_slots, -1))
+            slots = self.gru(updates.reshape(-1, d), slots_prev.reshape(-1, d))
+            slots = slots.reshape(b, -1, d)
+            slots = slots + self.mlp(self.norm_pre_ff(slots))
+        return slots
+
+
+class SlotAutoEncoder(nn.Module):
+    """A CNN encoder with a soft position embedding, slot attention, a per-slot readout."""
+
+    def __init__(self, dim=D, num_slots=3):
+        super().__init__()
+        self.encoder_cnn = nn.Sequential(nn.Conv2d(3, dim, 5, padding=2), nn.ReLU(),
+                                         nn.Conv2d(dim, dim, 5, padding=2), nn.ReLU())
+        self.encoder_pos = nn.Linear(4, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.slot_attention = MultiHeadSlotAttention(num_slots, dim)
+        self.readout = nn.Linear(dim, 4)
+
+    def forward(self, image):
+        x = self.encoder_cnn(image)
+        b, c, h, w = x.shape
+        ys = torch.linspace(0.0, 1.0, h)[:, None].expand(h, w)
+        xs = torch.linspace(0.0, 1.0, w)[None, :].expand(h, w)
+        grid = torch.stack([ys, xs, 1 - ys, 1 - xs], dim=-1).reshape(1, h * w, 4)
+        x = x.flatten(2).transpose(1, 2) + self.encoder_pos(grid)
+        x = self.fc2(F.relu(self.fc1(nn.functional.layer_norm(x, (c,)))))
+        return self.readout(self.slot_attention(x))
+
+
+@member("slot-attention-heads")
+def slot_attention():
+    """After lucidrains/slot-attention multi_head_slot_attention.py (MultiHeadSlotAttention)."""
+    model = SlotAutoEncoder()
+    att = [sep("slot_attention", 4, 4, 8, "to_q", "to_k", block=0)]
+    nr = ["readout.weight", "slot_attention.combine_heads.weight"]
+    return model, image(hw=8), Truth(att, not_reported=nr, note=(
+        "judgement call: the softmax runs over the slots (the queries) and then each slot's "
+        "weights are renormalized over the inputs; its logits are q.k per head all the "
+        "same: one site, applied 3 times per forward (one set of weights), at layer 0 as "
+        "albert-shared's; slots drawn with torch.randn in the forward"))
