@@ -41,7 +41,7 @@ before the gaps fixes): 14 of 21 on torch 1.13 and 2.15, then 3 of 5 more
 holdout4, a fourth blind round by another tester, after the gaps fixes:
 17 of 23 on both torches, then 3 of 3 more (holdout4.py says which and why);
 after the fixes they led to, 26 of 26. holdout5, a fifth blind round by another
-tester: 19 of 20 on torch 1.13, 18 of 20 on 2.15, then 1 of 4 more (round 5b,
+tester: 18 of 20 on torch 1.13, 17 of 20 on 2.15, then 1 of 4 more (round 5b,
 written after seeing those; holdout5.py says which and why).
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
@@ -97,7 +97,11 @@ Judgement calls a discoverer may dispute (each member's Truth.note says so):
   cait-talking-heads, mta-score-conv  (holdout5) the heads' logits are mixed
                    (a Linear over heads, a grouped conv over (query, key))
                    between q.k^T and the softmax: the heads are still the
-                   Wq/Wk rows' (the logits before the mix).
+                   Wq/Wk rows' (the logits before the mix);
+  xmoe-cosine-top2  (holdout5) logits = wg_reduction(x) @ normalize(wg)^T are
+                   linear in x: the router is the composed [E, d] weight
+                   normalize(wg) @ wg_reduction.weight (Rows.eff); wg's
+                   [E, 16] rows against the reduced input would be defensible.
 """
 import importlib
 from dataclasses import dataclass, field
