@@ -119,7 +119,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import Attn, Router, Rows, Truth, heads_contiguous, heads_grouped, heads_separate, member
-from .parts import D, VOCAB, B, T, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, attend, \
+from .parts import D, VOCAB, B, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, attend, \
     causal_mask, config, repeat_kv, tokens
 from .holdout4 import MambaMixer
 
@@ -159,7 +159,8 @@ class TalkingHeadAttn(nn.Module):
 
     def forward(self, x):
         b, n, c = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads)
+        qkv = qkv.permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0] * self.scale, qkv[1], qkv[2]
         attn = q @ k.transpose(-2, -1)
         attn = self.proj_l(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
@@ -287,7 +288,8 @@ class XCA(nn.Module):
 
     def forward(self, x):
         b, n, c = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 4, 1)
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads)
+        qkv = qkv.permute(2, 0, 3, 4, 1)
         q, k, v = qkv.unbind(0)  # [b, h, dh, n]
         q = F.normalize(q, dim=-1)
         k = F.normalize(k, dim=-1)
@@ -567,7 +569,7 @@ class GraphTransformer(nn.Module):
 
 @member("pyg-transformerconv")
 def pyg_transformerconv():
-    """After torch_geometric's nn/conv/transformer_conv.py (TransformerConv) and utils/softmax.py."""
+    """After torch_geometric's nn/conv/transformer_conv.py and utils/softmax.py."""
     x, adj = graph()
     edge_index = adj.nonzero().t().contiguous()  # [2, E]: source, target
     model = GraphTransformer()
@@ -1015,7 +1017,8 @@ class DetrEncoderLayer(nn.Module):
         self.self_attn = nn.MultiheadAttention(d, nhead, dropout=0.1)
         self.linear1, self.linear2 = nn.Linear(d, ff), nn.Linear(ff, d)
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.dropout, self.dropout1, self.dropout2 = nn.Dropout(0.1), nn.Dropout(0.1), nn.Dropout(0.1)
+        self.dropout = nn.Dropout(0.1)
+        self.dropout1, self.dropout2 = nn.Dropout(0.1), nn.Dropout(0.1)
 
     def forward(self, src, pos):
         q = k = src + pos
@@ -1497,7 +1500,7 @@ class PeftAdaptionPromptModel(nn.Module):
 
 @member("llama-adapter-prompt")
 def llama_adapter():
-    """After huggingface/peft tuners/adaption_prompt (AdaptedAttention, llama_compute_query_states)."""
+    """After huggingface/peft tuners/adaption_prompt (AdaptedAttention, compute_query_states)."""
     cfg = config(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                  vocab_size=VOCAB, num_hidden_layers=2)
     base = LlamaForCausalLM(cfg)
@@ -2114,8 +2117,8 @@ def top2gating(logits, capacity_factor=1.0, training=True):
     gates1_s = (gates * mask1).sum(dim=1)
     gates2_s = (gates * mask2).sum(dim=1)
     denom_s = torch.clamp(gates1_s + gates2_s, min=torch.finfo(gates1_s.dtype).eps)
-    return (gates1_s / denom_s, gates2_s / denom_s), (indices1_s.squeeze(1), indices2_s.squeeze(1)), \
-        (mask1.sum(1), mask2.sum(1))
+    gates = (gates1_s / denom_s, gates2_s / denom_s)
+    return gates, (indices1_s.squeeze(1), indices2_s.squeeze(1)), (mask1.sum(1), mask2.sum(1))
 
 
 class Top2Gate(nn.Module):
