@@ -40,7 +40,9 @@ before the gaps fixes): 14 of 21 on torch 1.13 and 2.15, then 3 of 5 more
 (holdout3.py says which and why); its 9 misses were fixed afterwards.
 holdout4, a fourth blind round by another tester, after the gaps fixes:
 17 of 23 on both torches, then 3 of 3 more (holdout4.py says which and why);
-after the fixes they led to, 26 of 26.
+after the fixes they led to, 26 of 26. holdout5, a fifth blind round by another
+tester: 18 of 20 on torch 1.13, 17 of 20 on 2.15, then 1 of 4 more (round 5b,
+written after seeing those; holdout5.py says which and why).
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
@@ -86,13 +88,27 @@ Judgement calls a discoverer may dispute (each member's Truth.note says so):
                    block of its first application (albert-shared's first is
                    0); the Mamba layers, another class that the hybrid layer
                    wraps, count in the block index as in mamba2-hybrid: 1.
+  slot-attention-heads  (holdout5) Slot Attention's softmax runs over the
+                   slots (queries), then each slot's weights are renormalized
+                   over the inputs: its logits are q.k per head, so a site
+                   (one module iterated: layer 0, as albert-shared);
+  xcit-xca-classattn  (holdout5) XCA's softmax over channel-by-channel
+                   scores (q^T k over tokens) is no token score: not a site;
+  cait-talking-heads, mta-score-conv  (holdout5) the heads' logits are mixed
+                   (a Linear over heads, a grouped conv over (query, key))
+                   between q.k^T and the softmax: the heads are still the
+                   Wq/Wk rows' (the logits before the mix);
+  xmoe-cosine-top2  (holdout5) logits = wg_reduction(x) @ normalize(wg)^T are
+                   linear in x: the router is the composed [E, d] weight
+                   normalize(wg) @ wg_reduction.weight (Rows.eff); wg's
+                   [E, 16] rows against the reduced input would be defensible.
 """
 import importlib
 from dataclasses import dataclass, field
 from typing import List
 
 FAMILIES = ("decoders", "encdec", "moe", "research", "holdout", "holdout2", "gaps", "holdout3",
-            "holdout4")
+            "holdout4", "holdout5")
 
 _MEMBERS = []
 
