@@ -137,11 +137,13 @@ static const struct detect_rule default_rules[] = {
      * steps of either fault), not by a multiple: so only the multiple
      * counts (rise_ratio, against the layer's own baseline; z is out of
      * reach), and that names the step size.
-     * Its baseline starts at the end of the LR warm-up (early_baseline):
-     * from there the schedule sets its level, and a baseline that only
-     * started with detection (3 warm-ups later) was still warming when an
-     * LR fault 50 steps after that start diverged the run (the first
-     * corpus: 3 of 6 LR faults missed without the `lr` rule). One breach
+     * Its baseline starts at the end of the LR warm-up (early_baseline)
+     * and it detects once that is warm: from there the schedule sets its
+     * level. A baseline that only started with detection (3 warm-ups
+     * later) was still warming when an LR fault 50 steps after that start
+     * diverged the run (the first corpus: 3 of 6 LR faults missed without
+     * the `lr` rule); detection from 3 warm-ups missed every LR fault at
+     * step 700 of the third held-out corpus's 300-step warm-ups. One breach
      * fires it (DETECT_STEP_PERSISTENCE): a sample covers every step since
      * the previous sketch, and a stretch of training whose steps are three
      * times its own baseline is no noise (no healthy run of four corpora,

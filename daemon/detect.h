@@ -149,10 +149,11 @@ struct detect_rule {
     enum detect_severity severity;
     bool enabled;
     bool trend; /* score against a robust local line, not the level */
-    /* Build the baseline from the end of the LR warm-up, before detection
-     * starts (evaluate.h: eval_baseline_step), so it is warm when detection
-     * starts. For series whose level the schedule sets once the warm-up is
-     * over (the update ratio), not for those the fast early phase moves. */
+    /* Build the baseline from the end of the LR warm-up (evaluate.h:
+     * eval_baseline_step) and detect as soon as it is warm, not from the
+     * run's start of detection (3 warm-ups). For series whose level the
+     * schedule sets once the warm-up is over (the update ratio), not for
+     * those the fast early phase moves. */
     bool early_baseline;
     uint32_t warmup;       /* samples that only build the baseline */
     uint32_t warmup_steps; /* or: steps they span (0: samples only); see above */

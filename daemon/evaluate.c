@@ -341,11 +341,16 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
      * after a restart) is past its start whatever progress says now. */
     int64_t from, base_from;
     if (t->rule->early_baseline) {
-        /* Its baseline starts before detection does, so holding samples
-         * says nothing about the start: both come from progress, which a
-         * restart restores from the stored learning rates (stage_load.c). */
-        from = eval_start_step(er, step, detect_from_step);
+        /* Its baseline starts at the warm-up end and it detects once that
+         * baseline is warm (detect_step_from), not 3 warm-ups later: the
+         * schedule sets its level from the warm-up end on, and a fault
+         * between the warm-up end and 3 warm-ups (a 300-step warm-up, a
+         * step 10x too large at 700: the third held-out corpus) went
+         * unjudged. Holding samples says nothing about the start: it comes
+         * from progress, which a restart restores from the stored learning
+         * rates (stage_load.c). */
         base_from = eval_baseline_step(er, step, detect_from_step);
+        from = base_from;
     } else {
         from = t->ds.accepted > 0 && detect_from_step <= 0
                    ? 0

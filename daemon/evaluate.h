@@ -49,10 +49,10 @@
 #define EVAL_START_WARMUPS 3
 #define EVAL_START_MIN 100
 #define EVAL_START_NO_LR 150
-/* Where the baseline of an early_baseline rule (detect.h) starts: at the
- * LR warm-up end (the step size is at its scheduled level from there on,
- * so the baseline is warm when detection starts, EVAL_START_WARMUPS
- * warm-ups later), but not before EVAL_BASELINE_MIN (Adam's first steps
+/* Where the baseline of an early_baseline rule (detect.h) starts, and its
+ * detection once the baseline is warm: at the LR warm-up end (the step
+ * size is at its scheduled level from there on, so it needs no
+ * EVAL_START_WARMUPS wait), but not before EVAL_BASELINE_MIN (Adam's first steps
  * move every weight by about the full rate: a baseline of them is too
  * high); the same for a trainer that reports no learning rate; with an
  * explicit detect_from_step, there. */

@@ -67,7 +67,8 @@ Test(evaluate, start_of_detection_by_progress)
 }
 
 /* Where an early_baseline rule's baseline starts (update_ratio): at the
- * warm-up end, so that it is warm when detection starts 3 warm-ups later. */
+ * warm-up end; it detects once that baseline is warm (below), long before
+ * the other rules start 3 warm-ups later. */
 static const struct {
     const char *name;
     double (*lr)(int64_t);
@@ -102,6 +103,57 @@ Test(evaluate, start_of_early_baselines_by_progress)
                   "%s: the baseline starts after detection", baseline_cases[i].name);
         eval_run_clear(&er);
     }
+}
+
+static double warm300_const(int64_t s)
+{
+    return s < 300 ? 3e-3 * (double)(s + 1) / 300 : 3e-3;
+}
+
+/* The first step a series of `rule` fires at, fed a sample every 10 steps
+ * from step 10 (level 0.05, tenfold from step `jump`) after the 300-step
+ * warm-up's learning rates; -1: never before step 1,000. */
+static int64_t first_firing(const char *series, const char *rule, int64_t jump)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    struct store_series_key k = {"", 0, -1, 0, 0};
+    snprintf(k.name, sizeof(k.name), "%s", series);
+    detect_rules_default(&rules);
+    eval_run_init(&er, &rules);
+    struct eval_track *t = eval_track_get(&er, &k, rule);
+    cr_assert(t);
+    int64_t fired = -1;
+    uint64_t seed = 99;
+    for (int64_t s = 1; s < 1000 && fired < 0; s++) {
+        eval_progress_lr(&er, (uint64_t)s, warm300_const(s));
+        if (s % 10)
+            continue;
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(seed >> 11) / 9007199254740992.0;
+        double v = (s >= jump ? 0.5 : 0.05) * (1 + 0.02 * u);
+        cr_assert_geq(eval_feed(&er, &b, t, (uint64_t)s, v, true, -1, 0, 0), 0);
+        eval_label_all(&er, &b);
+        for (size_t i = 0; i < b.n && fired < 0; i++)
+            if (b.ev[i].has_event && b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING)
+                fired = b.ev[i].tr.step;
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return fired;
+}
+
+/* An early_baseline rule detects as soon as its baseline (from the warm-up
+ * end) is warm, not 3 warm-ups later: a step ten times too large at step
+ * 700 of a run whose warm-up ended at 300 is caught at once. Rules without
+ * it start at 3 x 300 = 900: the same jump in grad_norm goes unjudged. */
+Test(evaluate, early_baseline_rules_detect_once_warm)
+{
+    cr_expect_eq(first_firing("update_ratio", "update_ratio", 700), 700);
+    cr_expect_eq(first_firing("update_ratio", "update_ratio", 1000), -1, "healthy: no alert");
+    cr_expect_eq(first_firing("grad_norm", "grad_norm", 700), -1);
 }
 
 /* ---- detection inputs ------------------------------------------------------------ */
