@@ -147,6 +147,10 @@ _NOT_ELEMENTWISE = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm
                     "tensordot", "matrix_power", "cross", "fft", "view_as_complex",
                     "view_as_real", "scatter", "scatter_add", "index_add"}
 _SCORE_OPS = {"matmul", "__matmul__", "bmm", "baddbmm", "einsum"}
+# Ops a score may pass through on its way to the softmax, beside layout and elementwise
+# ops: a Linear or convolution over it (talking heads mix the heads' logits, Multi-Token
+# Attention convolves each head's (query, key) plane) and padding (_carry_score)
+_SCORE_CARRY = {"linear", "conv1d", "conv2d", "conv3d", "pad", "_pad", "constant_pad_nd"}
 UNREAD = "unread"           # Site.reason: a score whose q or k the labels cannot read
 _CARRIED = ("score", "normed", "act", "ridx", "rdim", "kth", "rmask")  # tags layout ops carry
 # Top-k indices compared (idx == e, idx.eq(labels), isin) are a mask, no use yet: the mask
@@ -1386,7 +1390,28 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
 
     # ---- propagation -------------------------------------------------------------------
 
+    def _carry_score(self, name, args, kwargs, out):
+        """A score through a Linear, a convolution or padding (_SCORE_CARRY)
+        is still that score: the softmax it reaches confirms the q.k product
+        it came from. Only when the score is the op's one input derived from
+        the pass's projections and keeps its rank: the others are weights,
+        biases or constants (a value mixed with another projection's output
+        is judged as it is)."""
+        x = args[0] if args else kwargs.get("input")
+        site = (_tagd(x) or {}).get("score")
+        if site is None or not isinstance(out, torch.Tensor) or out.dim() != x.dim() or \
+                out.dim() < 2:
+            return
+        for a in itertools.chain(_flat(args[1:]), _flat(kwargs.values())):
+            if isinstance(a, torch.Tensor) and a is not x and not self._is_weight(a):
+                r = _flow_of(a)
+                if r is not None and r[0]:
+                    return
+        _set(out, score=site)
+
     def _after(self, name, func, args, kwargs, out):
+        if name in _SCORE_CARRY:
+            self._carry_score(name, args, kwargs, out)
         if not (name in _MASK_MAKE or name in _MASK_PASS or name in _MASK_STAT) or \
                 not self._mask_use(name, args, kwargs, out):
             self._uses(name, args, kwargs)
@@ -1438,8 +1463,10 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
             if d is not None:
                 site = d.get("score")
-                if site is not None and isinstance(dim, int) and t.dim() and \
-                        dim % t.dim() == t.dim() - 1:
+                # over the keys, or over the queries (Slot Attention's slots
+                # compete for each input): the same q.k bilinear form
+                if site is not None and isinstance(dim, int) and t.dim() >= 2 and \
+                        dim % t.dim() >= t.dim() - 2:
                     self._confirm(site)
                 if "sh" in d and isinstance(out, torch.Tensor) and out.shape == t.shape:
                     _set(out, sh=d["sh"], normed="softmax")
