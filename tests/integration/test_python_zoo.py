@@ -87,11 +87,8 @@ EXPECTED_FAILING = {
                            "nothing: both convs unreported",
     # round 5b (4 more, written after seeing round 5's results): 1 of 4 on both torches;
     # mta-score-conv (a score through pad and a conv) and slot-attention-heads (a softmax
-    # over the queries) since fixed
-    "point-transformer-vector-none": "vector attention (an MLP of q_i - k_j, no q.k): the "
-                                     "first batch's pass sees 0 scores, yet the names-based "
-                                     "'SKIPPED attention layers.0, layers.1: fused to_qkv "
-                                     "(96 rows): head count unknown' warning stays",
+    # over the queries) since fixed, and
+    # point-transformer-vector-none (names' head-count warning withdrawn: no score formed)
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {
