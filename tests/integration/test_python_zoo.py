@@ -76,11 +76,8 @@ EXPECTED_FAILING = {
     # round 4b: 3 of 3; the six misses since fixed (26 of 26)
     # held-out round 5 (zoo/holdout5.py), blind: 18 of 20 right on torch 1.13, 17 of 20 on 2.15
     # (19 and 18 with xmoe-cosine-top2 as first written, normalizing the wrong operand);
-    # cait-talking-heads since fixed (a score through a Linear over its heads)
-    "xmoe-cosine-top2": "logits = wg_reduction(x) @ normalize(wg)^T, then softmax/argmax "
-                        "top-2: the observed pass counts 0 routing top-ks (the weight is "
-                        "computed from the parameter wg) and calls wg_reduction 'a gate, not "
-                        "a router': no router reported (truth: E=4 top-2 at layer 1)",
+    # cait-talking-heads since fixed (a score through a Linear over its heads), and
+    # xmoe-cosine-top2 (a router weight computed from parameters, composed with its reduction)
     "pyg-transformerconv": "graph inputs (x [N, F], edge_index [2, E]): no probe fits; the "
                            "first batch's pass sees 0 scores in per-edge (q[dst] * k[src])"
                            ".sum(-1) with a scatter softmax, and names lin_query/lin_key give "

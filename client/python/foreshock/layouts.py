@@ -1190,6 +1190,7 @@ def _merge_routers(model, rts, obs, found, top_k):
         except Exception:
             pass
     routed = set()
+    factors = {}  # storage of a projection a router's weight is composed with -> the router
     for site in obs.routers:
         src = site.src
         key = _storage(src.param)
@@ -1223,8 +1224,12 @@ def _merge_routers(model, rts, obs, found, top_k):
             continue
         name = src.pname[:-len(".weight")] if src.pname.endswith(".weight") else src.pname
         hook, bias = _router_module(model, src)
-        spec = RouterSpec(-1, src.rows, min(k, src.rows), src.getter(list(range(src.rows))),
-                          module=hook, bias=bias, name=name)
+        get = src.full_getter() if hasattr(src, "full_getter") else \
+            src.getter(list(range(src.rows)))
+        if getattr(src, "after", None):
+            factors[_storage(src.after.param)] = name
+        spec = RouterSpec(-1, src.rows, min(k, src.rows), get, module=hook, bias=bias,
+                          name=name)
         if hook is None:
             found.notes.append((name, "no token statistics: a parameter router whose "
                                 "module's output width equals E", ROUTER_FIX))
@@ -1233,7 +1238,9 @@ def _merge_routers(model, rts, obs, found, top_k):
         out.append(spec)
         found.how[name] = (f"observed: {site.normed + ' then ' if site.normed else ''}"
                            f"{'argmax' if k == 1 else 'topk'} over its {src.rows} outputs, "
-                           "indices used to dispatch")
+                           "indices used to dispatch" + (
+                               f"; the weight times {src.after.pname}, whose outputs it "
+                               "multiplies" if getattr(src, "after", None) else ""))
     used = {_storage(s.param) for s in obs.sources}
     keep = []
     for r in out:
@@ -1241,6 +1248,13 @@ def _merge_routers(model, rts, obs, found, top_k):
             key = _storage(r.get())
         except Exception:
             key = None
+        if key in factors and key not in routed:
+            found.not_routers.append((r.name, "observed: the first factor of router "
+                                      f"{factors[key]}'s weight (its outputs are that "
+                                      "router's input; reported composed)"))
+            found.notes = [n for n in found.notes if n[0] != r.name]
+            found.how.pop(r.name, None)
+            continue
         if key in used and key not in routed:
             found.not_routers.append((r.name, "observed: its outputs reach no topk/argmax "
                                       "that dispatches tokens (a gate, not a router)"))

@@ -333,6 +333,10 @@ class Source:
         self.owner = owner      # (module, attribute): the weight looked up at each get()
         self.fresh = None       # get() of a computed weight (effective.py), or None
         self.chunk_of = None    # the whole weight's Source when this is one chunk of its rows
+        # the projection whose whole output this weight multiplies, nothing but casts and
+        # layout between (a router's low-dimensional reduction): None when none, False
+        # when the calls seen disagree
+        self.after = None
 
     def current(self):
         """The weight now: a computed weight recomputed (effective.py), or
@@ -353,6 +357,22 @@ class Source:
     @property
     def module(self):
         return self.pname.rpartition(".")[0]
+
+    def full_getter(self):
+        """get() -> the [rows, d] map from the input features to this
+        weight's outputs: its rows, or, when it multiplies another
+        projection's whole output (self.after: X-MoE's router logits
+        wg_reduction(x) @ normalize(wg)^T), its rows times that one's."""
+        get = self.getter(list(range(self.rows)))
+        first = self.after
+        if not first or first.rows != self.width:
+            return get
+        get1 = first.getter(list(range(first.rows)))
+
+        def composed():
+            w = get()
+            return w.matmul(get1().to(w.dtype))
+        return composed
 
     def getter(self, rows):
         """get() -> [len(rows), width] tensor of these output rows (a view
@@ -378,6 +398,39 @@ class Source:
                 (span,), (1,), w.storage_offset())
             return flat[off.to(w.device)]
         return get
+
+
+_NOT_RECIPE = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+               "feature_alpha_dropout", "bernoulli", "multinomial", "poisson", "rand_like",
+               "randn_like", "randint_like", "normal", "__setitem__", "copy_", "set_"}
+_MAX_RECIPE_OPS = 64        # ops a weight computed from parameters may take (_Recipe)
+
+
+class _Recipe:
+    """A tensor the forward computed from parameters alone (F.normalize(wg),
+    w * scale, w.t(), a cast): the op and its arguments, parameters and other
+    recipes, so a weight made of it is recomputed at each get()."""
+
+    def __init__(self, func, args, kwargs, pname, ops):
+        self.func, self.args, self.kwargs = func, args, kwargs
+        self.pname, self.ops = pname, ops  # ops: the op names, a signature
+
+    def __call__(self):
+        with torch.no_grad():
+            return self._run()
+
+    def _run(self):
+        return self.func(*_resolve(self.args), **_resolve(self.kwargs))
+
+
+def _resolve(a):
+    if isinstance(a, _Recipe):
+        return a._run()
+    if isinstance(a, (list, tuple)):
+        return type(a)(_resolve(x) for x in a)
+    if isinstance(a, dict):
+        return {k: _resolve(v) for k, v in a.items()}
+    return a
 
 
 class Site:
@@ -594,6 +647,10 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         except Exception:  # bookkeeping must never change the model's pass
             self.failures += 1
         try:
+            self._recipe(name, func, args, kwargs, out)
+        except Exception:
+            self.failures += 1
+        try:
             self._flow(name, args, kwargs, out)
         except Exception:
             self.failures += 1
@@ -745,8 +802,47 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 return name, cur, effective.weight_getter(m, attr)
         return None
 
+    def _recipe(self, name, func, args, kwargs, out):
+        """Tags a tensor computed from parameters alone (each tensor input a
+        parameter or such a tensor; not in place, not random) with its
+        _Recipe: used as a projection weight (x @ F.normalize(wg)^T), it is a
+        computed weight, recomputed at each get()."""
+        if not isinstance(out, torch.Tensor) or isinstance(out, nn.Parameter) or \
+                name in _NOT_RECIPE or name in _META or \
+                (name.endswith("_") and not name.endswith("__")):
+            return
+        pname, ops, n = None, [], 0
+        stack = [args, kwargs]
+
+        def swap(a):
+            nonlocal pname, n
+            if isinstance(a, torch.Tensor):
+                n += 1
+                if isinstance(a, nn.Parameter) and id(a) in self.params:
+                    pname = pname or self.params[id(a)]
+                    return a
+                r = (_tag(a) or {}).get("pfn")
+                if r is None:
+                    raise LookupError
+                pname = pname or r.pname
+                ops.extend(r.ops)
+                return r
+            if isinstance(a, (list, tuple)):
+                return type(a)(swap(x) for x in a)
+            if isinstance(a, dict):
+                return {k: swap(v) for k, v in a.items()}
+            return a
+        try:
+            rargs, rkwargs = swap(stack[0]), swap(stack[1])
+        except (LookupError, TypeError):
+            return
+        if not n or len(ops) >= _MAX_RECIPE_OPS:
+            return
+        _set(out, pfn=_Recipe(func, rargs, rkwargs, pname, tuple(ops) + (name,)))
+
     def _is_weight(self, t):
-        return self._param(t) is not None or self._computed(t) is not None
+        return self._param(t) is not None or self._computed(t) is not None or \
+            (_tag(t) or {}).get("pfn") is not None
 
     def _weight(self, w):
         """(name, parameter or computed tensor) of a projection weight; None
@@ -756,12 +852,18 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return None if id(p[1]) in self.lora else p
         c = self._computed(w)
         if c is None:
-            return None
+            r = (_tag(w) or {}).get("pfn")
+            if r is None:
+                return None
+            self.fresh[id(w)] = r  # computed from parameters by the forward: recomputed
+            return r.pname, w
         self.fresh[id(c[1])] = c[2]
         return c[0], c[1]
 
     def _source(self, pname, param, row_off, stride, width, how):
-        key = (pname, tuple(row_off), stride, width)
+        r = (_tag(param) or {}).get("pfn")
+        # a weight the forward computes anew at each call: one source by how it is made
+        key = (pname, tuple(row_off), stride, width) + ((r.ops,) if r is not None else ())
         s = self.obs.sources_by_key.get(key)
         if s is None:
             s = Source(len(self.obs.sources), pname, param, list(row_off), stride, width, how,
@@ -779,7 +881,24 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         for d, s in zip(feat_dims, feat_shape):
             shape[d] = s
         ids = ids.view(shape).expand(out.shape)
-        _set(out, sh=ids)
+        _set(out, sh=ids, lin=src.index)
+
+    def _after_projection(self, x, src):
+        """Notes the projection whose whole output x is (its rows in order
+        along x's last axis, nothing but casts and layout ops since), as the
+        one src multiplies (Source.after)."""
+        d = _tag(x) if isinstance(x, torch.Tensor) else None
+        first = None
+        if d is not None and d.get("lin") is not None and d.get("sh") is not None:
+            sh, first = d["sh"], self.obs.sources[d["lin"]]
+            want = torch.arange(first.rows, device=sh.device) + (first.index << _SHIFT)
+            if sh.dim() < 1 or sh.shape[-1] != first.rows or first.rows != src.width or \
+                    not torch.equal(sh, want.expand_as(sh)):
+                first = None
+        if src.after is None:
+            src.after = first if first is not None else False
+        elif src.after is not first:
+            src.after = False
 
     def _linear(self, x, w, out, how):
         p = self._weight(w)
@@ -793,6 +912,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             rows, s_row, s_col, width = w.shape[1], w.stride(1), w.stride(0), w.shape[0]
         src = self._source(pname, param, [base + i * s_row for i in range(rows)], s_col, width,
                            how)
+        self._after_projection(x, src)
         self._label_out(out, src, [rows], [out.dim() - 1])
         self._new_src = src.index
         return True
@@ -1419,7 +1539,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             self._weights_used(args)
         if name == "linear":
             w = args[1] if len(args) > 1 else kwargs.get("weight")
-            if self._linear(None, w, out, "linear"):
+            if self._linear(args[0] if args else kwargs.get("input"), w, out, "linear"):
                 return
         if name in ("conv1d", "conv2d", "conv3d"):
             if self._conv(args, kwargs, out):
@@ -1551,8 +1671,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                     sh = d["sh"]
                     if sh.device != o.device:
                         sh = sh.to(o.device)
-                    _set(o, sh=sh, **{k: v for k, v in d.items() if k in ("score", "normed",
-                                                                            "cplx", "act")})
+                    _set(o, sh=sh, **{k: v for k, v in d.items() if k in (
+                        "score", "normed", "cplx", "act", "lin")})
                 elif isinstance(o, torch.Tensor):
                     _set(o, **{k: v for k, v in d.items() if k in _CARRIED})
             return
@@ -1571,7 +1691,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             for o, r in zip(outs, res_t):
                 if isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and \
                         r.shape == o.shape:
-                    _set(o, sh=r)
+                    _set(o, sh=r, **({"lin": d["lin"]} if "lin" in d else {}))
         if any(k in d for k in _CARRIED):
             for o in outs:
                 if isinstance(o, torch.Tensor):
