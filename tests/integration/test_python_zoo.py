@@ -76,12 +76,9 @@ EXPECTED_FAILING = {
     # round 4b: 3 of 3; the six misses since fixed (26 of 26)
     # held-out round 5 (zoo/holdout5.py), blind: 18 of 20 right on torch 1.13, 17 of 20 on 2.15
     # (19 and 18 with xmoe-cosine-top2 as first written, normalizing the wrong operand);
-    # cait-talking-heads since fixed (a score through a Linear over its heads), and
+    # cait-talking-heads since fixed (a score through a Linear over its heads),
     # xmoe-cosine-top2 (a router weight computed from parameters, composed with its reduction)
-    "pyg-transformerconv": "graph inputs (x [N, F], edge_index [2, E]): no probe fits; the "
-                           "first batch's pass sees 0 scores in per-edge (q[dst] * k[src])"
-                           ".sum(-1) with a scatter softmax, and names lin_query/lin_key give "
-                           "nothing: both convs unreported",
+    # and pyg-transformerconv (per-edge (q[dst] * k[src]).sum(-1) scores)
     # round 5b (4 more, written after seeing round 5's results): 1 of 4 on both torches;
     # mta-score-conv (a score through pad and a conv) and slot-attention-heads (a softmax
     # over the queries) since fixed, and

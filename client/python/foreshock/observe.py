@@ -15,6 +15,10 @@ slice of a fused in_proj_weight, a transpose) used as
                              one contracted axis
   conv1d/2d/3d, kernel 1x1,  output channel i reads W[i, :, 0, ..]
   groups 1                   (to_qkv = nn.Conv2d(dim, 3 * inner, 1))
+A tensor the forward computes from parameters alone (F.normalize(wg), a
+cast, w * s: _Recipe) is a computed weight, recomputed at each get(); a
+router weight multiplying another projection's whole output is reported
+composed with it (Source.after, Source.full_getter).
 A computed weight is a projection weight too (effective.py): the value a
 parametrization gave this forward (the pass runs inside
 parametrize.cached(), so F.linear gets that one tensor), or the one an
@@ -37,8 +41,13 @@ every q and k element says which weight row it came from.
 Attention score. matmul/bmm/baddbmm/einsum of two labelled operands,
 contracting q's last axis with k's, whose labels do not vary along the
 token axes, and whose result then goes through softmax over its last axis
-or exp (an online softmax written out; scaling, masks and dtype changes in
-between are followed); or the q and k
+or the one before (keys or queries: Slot Attention) or exp (an online or
+scatter softmax written out; scaling, masks, padding, dtype changes, and
+a Linear or convolution of the score alone (talking heads, Multi-Token
+Attention's conv) in between are followed: _carry_score); or q * k of
+rows picked by index tensors (or broadcast against each other) summed
+over the head dimension (a graph's per-edge (q[dst] * k[src]).sum(-1):
+_pair_product, _dot_sum); or the q and k
 of F.scaled_dot_product_attention (enable_gqa too); or the in-projection
 of F.multi_head_attention_forward (its num_heads and weights). A q.k
 product that instead weights the values (score @ v) before any softmax or
@@ -147,6 +156,11 @@ _NOT_ELEMENTWISE = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm
                     "tensordot", "matrix_power", "cross", "fft", "view_as_complex",
                     "view_as_real", "scatter", "scatter_add", "index_add"}
 _SCORE_OPS = {"matmul", "__matmul__", "bmm", "baddbmm", "einsum"}
+_MUL = {"mul", "__mul__", "__rmul__", "multiply"}
+_GATHER = {"__getitem__", "index_select", "gather", "take_along_dim"}  # rows picked by index
+_MAX_PAIRS = 4096           # distinct (q row, k row) pairs a summed product may hold
+_RECENT = 32                # labelled tensors kept to find rows an unseen indexing took
+_MAX_MATCH = 1 << 22        # (rows x rows) compared to find them (_unseen_rows)
 # Ops a score may pass through on its way to the softmax, beside layout and elementwise
 # ops: a Linear or convolution over it (talking heads mix the heads' logits, Multi-Token
 # Attention convolves each head's (query, key) plane) and padding (_carry_score)
@@ -637,6 +651,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.flow_failed = False    # then where values went is not known
         self._partners = None
         self.normed = []            # (sources, sources) of unread products softmax'd (_products)
+        self.recent = []            # weak references to the last labelled tensors (_unseen_rows)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -882,6 +897,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             shape[d] = s
         ids = ids.view(shape).expand(out.shape)
         _set(out, sh=ids, lin=src.index)
+        self._note_recent(out)
 
     def _after_projection(self, x, src):
         """Notes the projection whose whole output x is (its rows in order
@@ -1630,11 +1646,16 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if name == "kthvalue" and args and _shadow(args[0]) is not None:
             self._kthvalue(args, kwargs, out)
             return
+        if name == "sum":
+            self._dot_sum(args, kwargs, out)
+            return
         if name in _NOT_ELEMENTWISE:
             return
         if ("attn" in name or "attention" in name) and len(args) >= 3:
             self._fused_attention(name, args, out)
             return
+        if name in _MUL:
+            self._pair_product(args, out)
         self._elementwise(name, args, kwargs, out)
         if name in _COMPARE and len(args) >= 2:
             self._threshold(name, args, out)
@@ -1657,12 +1678,105 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if len(self.candidates) > before:
             self._confirm(self.candidates[-1])
 
+    def _pair_product(self, args, out):
+        """q * k elementwise, both sides labelled, each pairing rows of one
+        token with rows of another: both picked by an index tensor (a
+        graph's q[dst] * k[src] per edge) or broadcast against each other
+        (q[:, :, None] * k[:, None]). Tags the product with both sides'
+        labels; summed over an axis it is a score (_dot_sum)."""
+        ts = [a for a in args[:2] if isinstance(a, torch.Tensor)]
+        if len(ts) != 2 or not isinstance(out, torch.Tensor) or out.dim() < 2:
+            return
+        a, b = ts
+        da, db = _tagd(a) or self._unseen_rows(a), _tagd(b) or self._unseen_rows(b)
+        if not da or not db or da.get("sh") is None or db.get("sh") is None or \
+                da.get("cplx") or db.get("cplx"):
+            return
+
+        def ones(x):
+            n = out.dim() - x.dim()
+            return {i for i in range(out.dim()) if (i < n or x.shape[i - n] == 1)
+                    and out.shape[i] > 1}
+        outer = bool(ones(a) - ones(b)) and bool(ones(b) - ones(a))
+        if not (outer or (da.get("gath") and db.get("gath"))):
+            return
+        try:
+            pair = (da["sh"].expand(out.shape), db["sh"].to(da["sh"].device).expand(out.shape))
+        except RuntimeError:
+            return
+        _set(out, pdot=pair)
+
+    def _note_recent(self, t):
+        if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.is_floating_point():
+            self.recent.append(weakref.ref(t))
+            del self.recent[:-_RECENT]
+
+    def _unseen_rows(self, t):
+        """Labels of rows picked by an index the pass did not see (torch
+        1.13 does not route tensor indexing, q[dst], through the mode): a
+        fresh tensor whose every slice along its first axis equals one of a
+        recently labelled tensor of the same trailing shape is those rows."""
+        if not isinstance(t, torch.Tensor) or t.dim() < 2 or not t.is_floating_point() or \
+                _tag(t) is not None or getattr(t, _FLOW, None) is not None or \
+                getattr(t, "_base", None) is not None or t.shape[0] < 1:
+            return None
+        for ref in reversed(self.recent):
+            x = ref()
+            d = _tag(x) if x is not None else None
+            if d is None or d.get("sh") is None or d.get("cplx") or x.dtype != t.dtype or \
+                    x.device != t.device or x.shape[1:] != t.shape[1:] or \
+                    x.shape[0] * t.shape[0] * max(1, t[0].numel()) > _MAX_MATCH:
+                continue
+            eq = (t.reshape(t.shape[0], 1, -1) == x.reshape(1, x.shape[0], -1)).all(-1)
+            if not bool(eq.any(1).all()):
+                continue
+            return {"sh": d["sh"][eq.int().argmax(1).to(d["sh"].device)], "gath": True}
+        return None
+
+    def _dot_sum(self, args, kwargs, out):
+        """(q * k).sum(head_dim) of a tagged product (_pair_product): a q.k
+        score per pair, heads read from the labels along the summed axis;
+        confirmed as any score is, by a softmax or exp (a scatter softmax)."""
+        t = args[0] if args else kwargs.get("input")
+        pd = (_tag(t) or {}).get("pdot")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if isinstance(dim, (list, tuple)) and len(dim) == 1:
+            dim = dim[0]
+        if pd is None or not isinstance(out, torch.Tensor) or not isinstance(dim, int) or \
+                out.dim() != t.dim() - 1:
+            return
+        d = dim % t.dim()
+        qa, kb = (x.movedim(d, -1) for x in pd)
+        k = qa.shape[-1]
+        rows = torch.cat([qa.reshape(-1, k), kb.reshape(-1, k)], 1)
+        if k < 2 or bool((rows < 0).any()):
+            return
+        u, inv = torch.unique(rows, dim=0, return_inverse=True)
+        if u.shape[0] > _MAX_PAIRS:
+            return
+        pos = torch.arange(inv.shape[0], device=inv.device)
+        first = torch.full((u.shape[0],), inv.shape[0], dtype=torch.long, device=inv.device)
+        first = first.scatter_reduce(0, inv, pos, reduce="amin")
+        u = u[first.argsort()].cpu()  # pairs in the order first seen
+        site = self._site_from_pairs(u[:, :k], u[:, k:], "mul-sum")
+        if site is None or site.reason is not None or site.n_heads < 1:
+            return
+        self.candidates.append(site)
+        _set(out, score=site)
+
     def _layout(self, name, func, args, kwargs, out):
         if not args:
             return
         d = _tagd(args[0])
         if d is None:
             return
+        if name in _GATHER and d.get("sh") is not None and any(
+                isinstance(a, torch.Tensor) and not a.is_floating_point() and
+                a.dtype != torch.bool and a.numel() > 1
+                for a in _flat(list(args[1:]) + list(kwargs.values()))):
+            gath = {"gath": True}
+        else:
+            gath = {}
         outs = out if isinstance(out, (tuple, list)) else (out,)
         if name in _SAME:
             for o in outs:
@@ -1691,7 +1805,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             for o, r in zip(outs, res_t):
                 if isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and \
                         r.shape == o.shape:
-                    _set(o, sh=r, **({"lin": d["lin"]} if "lin" in d else {}))
+                    _set(o, sh=r, **({"lin": d["lin"]} if "lin" in d else {}), **gath)
+                    self._note_recent(o)
         if any(k in d for k in _CARRIED):
             for o in outs:
                 if isinstance(o, torch.Tensor):
