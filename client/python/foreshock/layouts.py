@@ -1205,6 +1205,13 @@ def _merge_routers(model, rts, obs, found, top_k):
         if old is None and now is not None:  # a computed router weight: by value
             old = next((r for r in rts if _same_router(r, now)), None)
         k = min(site.top_k, site.used_k) if site.used_k else site.top_k
+        if old is not None and getattr(src, "after", None) and old.n_experts == src.rows:
+            # names' weight multiplies another projection's whole output: the
+            # router's map from the input features is the product (as below)
+            old.get = src.full_getter()
+            factors[_storage(src.after.param)] = old.name
+            found.how[old.name] = (found.how.get(old.name, "") + f"; times {src.after.pname}, "
+                                   "whose outputs it multiplies (observed)").lstrip("; ")
         if old is not None:
             if old.n_experts == src.rows and old.top_k == k:
                 found.how[old.name] = (found.how.get(old.name, "") +

@@ -917,6 +917,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             src.after = False
 
     def _linear(self, x, w, out, how):
+        if (_tag(x) or {}).get("pfn") is not None and (_tag(w) or {}).get("pfn") is not None:
+            return False  # parameters times parameters: a weight computed, no projection
         p = self._weight(w)
         if p is None or w.dim() != 2 or not isinstance(out, torch.Tensor):
             return False
@@ -1561,7 +1563,10 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             if self._conv(args, kwargs, out):
                 return
         if name in ("matmul", "__matmul__", "mm") and len(args) == 2:
-            if self._is_weight(args[1]) and not self._is_weight(args[0]):
+            # x @ W: W a weight, x none (a learned query computed from a
+            # parameter, latents.expand(..) @ W, is an input)
+            if self._is_weight(args[1]) and self._param(args[0]) is None and \
+                    self._computed(args[0]) is None:
                 if self._linear(args[0], args[1], out, "matmul"):
                     return
         if name == "__rmatmul__" and len(args) == 2:
