@@ -870,6 +870,34 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
+    # A graph's per-edge score: tokens are nodes, each attends to itself and
+    # the earlier ones (edges dst <- src), einsum("ehc,ehc->eh", q[dst], k[src]),
+    # a softmax by hand over each node's edges (exp, index_add).
+    class EdgeAttn(ToQueries):
+        def forward(self, x):
+            b, t, d = x.shape
+            n = b * t
+            ii, jj = torch.tril_indices(t, t)
+            off = (torch.arange(b) * t)[:, None]
+            dst, src = (ii[None] + off).reshape(-1), (jj[None] + off).reshape(-1)
+            xf = x.reshape(n, d)
+            q, k, v = (p(xf).view(n, self.h, self.dh)
+                       for p in (self.to_queries, self.to_keys, self.to_values))
+            s = torch.einsum("ehc,ehc->eh", q[dst], k[src]) / math.sqrt(self.dh)
+            w = (s - s.max().detach()).exp()
+            w = w / torch.zeros(n, self.h).index_add(0, dst, w)[dst]
+            y = torch.zeros(n, self.h, self.dh).index_add(0, dst, v[src] * w[..., None])
+            return x + self.out(y.reshape(b, t, d))
+
+    @member("a graph's per-edge einsum(q[dst], k[src]) score, exp and index_add softmax",
+            says=["observed (einsum)"], not_says=["SKIPPED"], level=logging.INFO)
+    def edge_score():
+        m = Embed([EdgeAttn(32, 4, 4) for _ in range(2)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.to_queries.weight, 4, 8),
+                              split_rows(b.to_keys.weight, 4, 8)) for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: []
+        return m
+
     # Not a score: a per-token bilinear form (left(x) * right(x)).sum(-1), its
     # softmax over the tokens a pooling weight; each token meets only itself.
     class BilinearPool(nn.Module):
@@ -1237,8 +1265,36 @@ def check_computed_fresh(torch, nn, foreshock):
               f"{what}: get() changed buffers")
         check(torch.allclose(got_q, eff(m.aa)) and torch.allclose(got_k, eff(m.bb)),
               f"{what}: get() is not the effective weight after the step")
-    print("  computed weights: get() is the effective weight after a step, buffers untouched",
-          flush=True)
+
+    # A weight the forward computes from a parameter (F.normalize(wq) @ x):
+    # get() recomputes it from the parameter now, also one replaced since.
+    class CosQ(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq = nn.Parameter(torch.randn(16, 16))
+            self.bb = nn.Linear(16, 16, bias=False)
+
+        def forward(self, x):
+            q = (x @ torch.nn.functional.normalize(self.wq, dim=1).t()).view(1, 8, 2, 8)
+            k = self.bb(x).view(1, 8, 2, 8).transpose(1, 2)
+            return (q.transpose(1, 2) @ k.transpose(-1, -2)).softmax(-1) @ k
+
+    m = CosQ()
+    x = torch.randn(1, 8, 16)
+    found = foreshock.discover(m, example_input=x)
+    check([(a.n_heads, a.head_dim) for a in found.attention] == [(2, 8)],
+          f"weight computed from a parameter: {found.summary()}")
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    m(x).pow(2).sum().backward()
+    opt.step()
+    norm = torch.nn.functional.normalize
+    check(torch.equal(found.attention[0].get()[0], norm(m.wq.detach(), dim=1)),
+          "weight computed from a parameter: get() is not it after the step")
+    m.wq = nn.Parameter(torch.randn(16, 16))
+    check(torch.equal(found.attention[0].get()[0], norm(m.wq.detach(), dim=1)),
+          "weight computed from a parameter: get() did not follow the replaced parameter")
+    print("  computed weights: get() is the effective weight after a step, buffers untouched; "
+          "a weight computed in the forward is recomputed", flush=True)
 
 
 def check_keyword_first_batch(torch, nn, foreshock, cap):

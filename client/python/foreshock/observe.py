@@ -437,9 +437,27 @@ class _Recipe:
         return self.func(*_resolve(self.args), **_resolve(self.kwargs))
 
 
+class _ParamRef:
+    """A parameter in a _Recipe: its owner's attribute now when that is
+    still a tensor of its shape (a parameter replaced since, by a wrapper or
+    a checkpoint load, is followed, as Source.current does), else itself."""
+
+    def __init__(self, param, owner):
+        self.param, self.owner = param, owner
+
+    def now(self):
+        if self.owner is not None:
+            w = getattr(self.owner[0], self.owner[1], None)
+            if isinstance(w, torch.Tensor) and w.shape == self.param.shape:
+                return w
+        return self.param
+
+
 def _resolve(a):
     if isinstance(a, _Recipe):
         return a._run()
+    if isinstance(a, _ParamRef):
+        return a.now()
     if isinstance(a, (list, tuple)):
         return type(a)(_resolve(x) for x in a)
     if isinstance(a, dict):
@@ -835,7 +853,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 n += 1
                 if isinstance(a, nn.Parameter) and id(a) in self.params:
                     pname = pname or self.params[id(a)]
-                    return a
+                    return _ParamRef(a, self.owners.get(id(a)))
                 r = (_tag(a) or {}).get("pfn")
                 if r is None:
                     raise LookupError
@@ -1201,6 +1219,12 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if len(ops) != 2 or "..." in eq or "->" not in eq:
             return
         sa, sb = _shadow(ops[0]), _shadow(ops[1])
+        if sa is None and sb is None:  # rows picked by indexing torch 1.13 does not show
+            ua, ub = self._unseen_rows(ops[0]), self._unseen_rows(ops[1])
+            if ua is not None and ub is not None:
+                for o, u in ((ops[0], ua), (ops[1], ub)):
+                    _set(o, **u)
+                sa, sb = ua["sh"], ub["sh"]
         if sa is None or sb is None:
             return
         ins, res = eq.replace(" ", "").split("->")
@@ -1209,6 +1233,12 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if len(contracted) != 1:
             return
         c = contracted[0]
+        if s0 == s1 and len(set(s0)) == len(s0) and sorted(res) == sorted(s0.replace(c, "")) \
+                and (_tag(ops[0]) or {}).get("gath") and (_tag(ops[1]) or {}).get("gath"):
+            # "ehc,ehc->eh" of rows picked by index: q[dst] . k[src] per pair (_pair_product)
+            order = [s0.index(x) for x in res] + [s0.index(c)]
+            self._pair_site(sa.permute(*order), sb.permute(*order), out, "einsum")
+            return
         batch = [x for x in res if x in s0 and x in s1]
         q_only = [x for x in s0 if x not in s1 and x in res]
         k_only = [x for x in s1 if x not in s0 and x in res]
@@ -1751,7 +1781,12 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 out.dim() != t.dim() - 1:
             return
         d = dim % t.dim()
-        qa, kb = (x.movedim(d, -1) for x in pd)
+        self._pair_site(*(x.movedim(d, -1) for x in pd), out, "mul-sum")
+
+    def _pair_site(self, qa, kb, out, via):
+        """A score candidate from q and k labels paired position by position,
+        the contracted axis last: heads from the distinct (q row, k row)
+        pairs, in the order first seen."""
         k = qa.shape[-1]
         rows = torch.cat([qa.reshape(-1, k), kb.reshape(-1, k)], 1)
         if k < 2 or bool((rows < 0).any()):
@@ -1763,7 +1798,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         first = torch.full((u.shape[0],), inv.shape[0], dtype=torch.long, device=inv.device)
         first = first.scatter_reduce(0, inv, pos, reduce="amin")
         u = u[first.argsort()].cpu()  # pairs in the order first seen
-        site = self._site_from_pairs(u[:, :k], u[:, k:], "mul-sum")
+        site = self._site_from_pairs(u[:, :k], u[:, k:], via)
         if site is None or site.reason is not None or site.n_heads < 1:
             return
         self.candidates.append(site)
@@ -1791,7 +1826,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                     if sh.device != o.device:
                         sh = sh.to(o.device)
                     _set(o, sh=sh, **{k: v for k, v in d.items() if k in (
-                        "score", "normed", "cplx", "act", "lin")})
+                        "score", "normed", "cplx", "act", "lin", "pdot", "gath")})
                 elif isinstance(o, torch.Tensor):
                     _set(o, **{k: v for k, v in d.items() if k in _CARRIED})
             return
