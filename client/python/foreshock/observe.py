@@ -1762,7 +1762,10 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                     x.device != t.device or x.shape[1:] != t.shape[1:] or \
                     x.shape[0] * t.shape[0] * max(1, t[0].numel()) > _MAX_MATCH:
                 continue
-            eq = (t.reshape(t.shape[0], 1, -1) == x.reshape(1, x.shape[0], -1)).all(-1)
+            xf, tf = x.reshape(x.shape[0], -1), t.reshape(t.shape[0], -1)
+            if not bool((xf == tf[:1]).all(-1).any()):
+                continue  # its first row is none of x's: no need to compare the rest
+            eq = (tf[:, None] == xf[None]).all(-1)
             if not bool(eq.any(1).all()):
                 continue
             return {"sh": d["sh"][eq.int().argmax(1).to(d["sh"].device)], "gath": True}
