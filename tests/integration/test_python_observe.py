@@ -849,6 +849,106 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
+    # A score written elementwise: q[:, :, None] * k[:, None] broadcast over
+    # (query, key), summed over head_dim, heads moved before the softmax.
+    class PairScore(ToQueries):
+        def forward(self, x):
+            b, t, _ = x.shape
+            q = self.to_queries(x).view(b, t, self.h, self.dh)
+            k = self.to_keys(x).view(b, t, self.h, self.dh)
+            v = self.to_values(x).view(b, t, self.h, self.dh).transpose(1, 2)
+            s = (q[:, :, None] * k[:, None]).sum(-1) / math.sqrt(self.dh)  # [b, t, t, h]
+            a = causal_softmax(s.permute(0, 3, 1, 2))
+            return x + self.out((a @ v).transpose(1, 2).reshape(b, t, -1))
+
+    @member("a score as (q[:, :, None] * k[:, None]).sum(-1): broadcast pairs of tokens",
+            says=["observed (mul-sum)"], not_says=["SKIPPED"], level=logging.INFO)
+    def pair_score():
+        m = Embed([PairScore(32, 4, 4) for _ in range(2)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.to_queries.weight, 4, 8),
+                              split_rows(b.to_keys.weight, 4, 8)) for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: []
+        return m
+
+    # A graph's per-edge score: tokens are nodes, each attends to itself and
+    # the earlier ones (edges dst <- src), einsum("ehc,ehc->eh", q[dst], k[src]),
+    # a softmax by hand over each node's edges (exp, index_add).
+    class EdgeAttn(ToQueries):
+        def forward(self, x):
+            b, t, d = x.shape
+            n = b * t
+            ii, jj = torch.tril_indices(t, t)
+            off = (torch.arange(b) * t)[:, None]
+            dst, src = (ii[None] + off).reshape(-1), (jj[None] + off).reshape(-1)
+            xf = x.reshape(n, d)
+            q, k, v = (p(xf).view(n, self.h, self.dh)
+                       for p in (self.to_queries, self.to_keys, self.to_values))
+            s = torch.einsum("ehc,ehc->eh", q[dst], k[src]) / math.sqrt(self.dh)
+            w = (s - s.max().detach()).exp()
+            w = w / torch.zeros(n, self.h).index_add(0, dst, w)[dst]
+            y = torch.zeros(n, self.h, self.dh).index_add(0, dst, v[src] * w[..., None])
+            return x + self.out(y.reshape(b, t, d))
+
+    @member("a graph's per-edge einsum(q[dst], k[src]) score, exp and index_add softmax",
+            says=["observed (einsum)"], not_says=["SKIPPED"], level=logging.INFO)
+    def edge_score():
+        m = Embed([EdgeAttn(32, 4, 4) for _ in range(2)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.to_queries.weight, 4, 8),
+                              split_rows(b.to_keys.weight, 4, 8)) for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: []
+        return m
+
+    # Not a score: a per-token bilinear form (left(x) * right(x)).sum(-1), its
+    # softmax over the tokens a pooling weight; each token meets only itself.
+    class BilinearPool(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.left, self.right = nn.Linear(d, d), nn.Linear(d, d)
+
+        def forward(self, x):
+            w = (self.left(x) * self.right(x)).sum(-1).softmax(-1)  # [b, t]
+            return x + (w[..., None] * x).sum(1, keepdim=True)
+
+    @member("a per-token (left(x) * right(x)).sum(-1) then softmax over tokens: no score",
+            says=["1 attention score"], not_says=["SKIPPED", "mul-sum"], level=logging.INFO)
+    def bilinear_pool():
+        m = Embed([Block(ToQueries(32, 4, 4), BilinearPool(32))])
+        m.expect_ = lambda: [(0, 4, 4, 8, 0, split_rows(m.blocks[0].attn.to_queries.weight, 4, 8),
+                              split_rows(m.blocks[0].attn.to_keys.weight, 4, 8))]
+        m.routers_ = lambda: []
+        return m
+
+    # A low-rank router: router(reduce(x)), E logits of a rank-8 reduction:
+    # the router's map from the block's input is router.weight @ reduce.weight.
+    class LowRankMoE(nn.Module):
+        def __init__(self, d, e, r=8):
+            super().__init__()
+            self.reduce = nn.Linear(d, r, bias=False)
+            self.router = nn.Linear(r, e, bias=False)
+            self.experts = nn.ModuleList([nn.Linear(d, d) for _ in range(e)])
+
+        def forward(self, x):
+            shape = x.shape
+            x = x.reshape(-1, shape[-1])
+            idx = self.router(self.reduce(x)).softmax(-1).topk(2, dim=-1).indices
+            out = torch.zeros_like(x)
+            for e, ex in enumerate(self.experts):
+                rows = (idx == e).any(dim=-1)
+                out[rows] += ex(x[rows])
+            return out.reshape(shape)
+
+    @member("a low-rank router router(reduce(x)): its weight composed, router @ reduce",
+            says=["times blocks.0.ff.reduce.weight", "2 routing top-ks"],
+            not_says=["SKIPPED"], level=logging.INFO)
+    def low_rank_router():
+        m = Embed([Block(ToQueries(32, 4, 4), LowRankMoE(32, 4)) for _ in range(2)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.attn.to_queries.weight, 4, 8),
+                              split_rows(b.attn.to_keys.weight, 4, 8))
+                             for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: [(i, 4, 2, b.ff.router.weight.matmul(b.ff.reduce.weight))
+                              for i, b in enumerate(m.blocks)]
+        return m
+
     # flash-attn layout [B, T, H, D] (torch 2.4+ only: torch.library.custom_op).
     if hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
         @torch.library.custom_op("foreshock_test::flash_attn_func", mutates_args=())
@@ -1165,8 +1265,36 @@ def check_computed_fresh(torch, nn, foreshock):
               f"{what}: get() changed buffers")
         check(torch.allclose(got_q, eff(m.aa)) and torch.allclose(got_k, eff(m.bb)),
               f"{what}: get() is not the effective weight after the step")
-    print("  computed weights: get() is the effective weight after a step, buffers untouched",
-          flush=True)
+
+    # A weight the forward computes from a parameter (F.normalize(wq) @ x):
+    # get() recomputes it from the parameter now, also one replaced since.
+    class CosQ(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq = nn.Parameter(torch.randn(16, 16))
+            self.bb = nn.Linear(16, 16, bias=False)
+
+        def forward(self, x):
+            q = (x @ torch.nn.functional.normalize(self.wq, dim=1).t()).view(1, 8, 2, 8)
+            k = self.bb(x).view(1, 8, 2, 8).transpose(1, 2)
+            return (q.transpose(1, 2) @ k.transpose(-1, -2)).softmax(-1) @ k
+
+    m = CosQ()
+    x = torch.randn(1, 8, 16)
+    found = foreshock.discover(m, example_input=x)
+    check([(a.n_heads, a.head_dim) for a in found.attention] == [(2, 8)],
+          f"weight computed from a parameter: {found.summary()}")
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    m(x).pow(2).sum().backward()
+    opt.step()
+    norm = torch.nn.functional.normalize
+    check(torch.equal(found.attention[0].get()[0], norm(m.wq.detach(), dim=1)),
+          "weight computed from a parameter: get() is not it after the step")
+    m.wq = nn.Parameter(torch.randn(16, 16))
+    check(torch.equal(found.attention[0].get()[0], norm(m.wq.detach(), dim=1)),
+          "weight computed from a parameter: get() did not follow the replaced parameter")
+    print("  computed weights: get() is the effective weight after a step, buffers untouched; "
+          "a weight computed in the forward is recomputed", flush=True)
 
 
 def check_keyword_first_batch(torch, nn, foreshock, cap):

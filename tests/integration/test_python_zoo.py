@@ -75,37 +75,20 @@ EXPECTED_FAILING = {
     # held-out round 4 (zoo/holdout4.py), blind: 17 of 23 right on torch 1.13 and 2.15;
     # round 4b: 3 of 3; the six misses since fixed (26 of 26)
     # held-out round 5 (zoo/holdout5.py), blind: 18 of 20 right on torch 1.13, 17 of 20 on 2.15
-    # (19 and 18 with xmoe-cosine-top2 as first written, normalizing the wrong operand)
-    "xmoe-cosine-top2": "logits = wg_reduction(x) @ normalize(wg)^T, then softmax/argmax "
-                        "top-2: the observed pass counts 0 routing top-ks (the weight is "
-                        "computed from the parameter wg) and calls wg_reduction 'a gate, not "
-                        "a router': no router reported (truth: E=4 top-2 at layer 1)",
-    "pyg-transformerconv": "graph inputs (x [N, F], edge_index [2, E]): no probe fits; the "
-                           "first batch's pass sees 0 scores in per-edge (q[dst] * k[src])"
-                           ".sum(-1) with a scatter softmax, and names lin_query/lin_key give "
-                           "nothing: both convs unreported",
-    # round 5b (4 more, written after seeing round 5's results): 1 of 4 on both torches
-    "mta-score-conv": "a grouped Conv2d over each head's masked q.k scores between the "
-                      "matmul and the softmax (Multi-Token Attention): the observed pass sees "
-                      "no score and disproves wq/wk found by names ('not attention'): "
-                      "nothing reported",
-    "point-transformer-vector-none": "vector attention (an MLP of q_i - k_j, no q.k): the "
-                                     "first batch's pass sees 0 scores, yet the names-based "
-                                     "'SKIPPED attention layers.0, layers.1: fused to_qkv "
-                                     "(96 rows): head count unknown' warning stays",
-    "slot-attention-heads": "softmax over the slots (dim=-2, the queries), then renormalized "
-                            "over the inputs: the observed pass sees no score (it wants a "
-                            "softmax over keys) and disproves to_q/to_k ('not attention'); "
-                            "a judgement call (holdout5.py's note)",
+    # (19 and 18 with xmoe-cosine-top2 as first written, normalizing the wrong operand);
+    # cait-talking-heads since fixed (a score through a Linear over its heads),
+    # xmoe-cosine-top2 (a router weight computed from parameters, composed with its reduction)
+    # and pyg-transformerconv (per-edge (q[dst] * k[src]).sum(-1) scores)
+    # round 5b (4 more, written after seeing round 5's results): 1 of 4 on both torches;
+    # mta-score-conv (a score through pad and a conv) and slot-attention-heads (a softmax
+    # over the queries) since fixed, and
+    # point-transformer-vector-none (names' head-count warning withdrawn: no score formed)
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {
 }
 # member -> why, on torch 2.x only (passes on torch 1.x); checked both ways there.
 EXPECTED_FAILING_TORCH2 = {
-    "cait-talking-heads": "talking heads (proj_l, a Linear over the heads, between q.k^T and "
-                          "the softmax): the observed pass sees no score and disproves the "
-                          "blocks' qkv found by names ('not attention'); torch 1.13 keeps them",
 }
 
 

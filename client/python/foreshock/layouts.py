@@ -1003,17 +1003,29 @@ _NO_PRODUCT = ("observed: its outputs only reach ops the pass sees, and no two o
                "in a product (convolutions, FFT, gating): no attention")
 
 
-def _unknown_not_attention(model, obs, found):
+def _unknown_not_attention(model, obs, found, scored_rule=True):
     """A fused projection names took for qkv but skipped (head count unknown)
     is no attention when the pass saw it run and saw where all its outputs
     went: only into ops it sees (none escaped to an opaque kernel, which
-    could be attention the pass cannot see), and never two of them into one
-    matmul/einsum/SDPA (no q.k product). Its warning becomes a line under
-    "not attention"."""
+    could be attention the pass cannot see), and either never two of them
+    into one matmul/einsum/SDPA (no q.k product), or, as names' q/k pairs
+    are disproved (_unscored_not_attention, the same DTensor guard:
+    scored_rule), products of them that formed no score: the pass's
+    bookkeeping never failed and no score, retention product or unread
+    product that reached a softmax or exp read the weight (vector attention:
+    an MLP of q_i - k_j, its softmax-weighted values summed by an einsum).
+    Its warning becomes a line under "not attention"."""
     modules = dict(model.named_modules())
     escaped, met = getattr(obs, "escaped", None), getattr(obs, "met", None)
     if escaped is None or met is None:
         return
+    read = None  # storages of weights a score or a softmax'd product read
+    if scored_rule and not getattr(obs, "failures", 1) and \
+            getattr(obs, "normed", None) is not None:
+        read = {_storage(x.param) for site in obs.attention + obs.unnormed
+                for x in site.q_srcs + site.k_srcs}
+        read |= {_storage(obs.sources[i].param) for pr in obs.normed for side in pr
+                 for i in side if isinstance(i, int) and 0 <= i < len(obs.sources)}
     for sk in [x for x in found.skipped if x[0] == "attention" and _UNKNOWN in x[2]
                and x[2].startswith("fused ")]:
         m = modules.get(sk[1])
@@ -1023,10 +1035,11 @@ def _unknown_not_attention(model, obs, found):
             continue
         key = _storage(p[2]())
         idx = {s.index for s in obs.sources if _storage(s.param) == key}
-        if not idx or idx & escaped or idx & met:
+        if not idx or idx & escaped or (idx & met and (read is None or key in read)):
             continue
         found.skipped.remove(sk)
-        found.not_attention.append((sk[1], _NO_PRODUCT, "if it is attention, pass "
+        found.not_attention.append((sk[1], _NO_SCORE if idx & met else _NO_PRODUCT,
+                                    "if it is attention, pass "
                                     "attention=[foreshock.AttentionSpec(...)] to Monitor"))
 
 
@@ -1177,6 +1190,7 @@ def _merge_routers(model, rts, obs, found, top_k):
         except Exception:
             pass
     routed = set()
+    factors = {}  # storage of a projection a router's weight is composed with -> the router
     for site in obs.routers:
         src = site.src
         key = _storage(src.param)
@@ -1191,6 +1205,13 @@ def _merge_routers(model, rts, obs, found, top_k):
         if old is None and now is not None:  # a computed router weight: by value
             old = next((r for r in rts if _same_router(r, now)), None)
         k = min(site.top_k, site.used_k) if site.used_k else site.top_k
+        if old is not None and getattr(src, "after", None) and old.n_experts == src.rows:
+            # names' weight multiplies another projection's whole output: the
+            # router's map from the input features is the product (as below)
+            old.get = src.full_getter()
+            factors[_storage(src.after.param)] = old.name
+            found.how[old.name] = (found.how.get(old.name, "") + f"; times {src.after.pname}, "
+                                   "whose outputs it multiplies (observed)").lstrip("; ")
         if old is not None:
             if old.n_experts == src.rows and old.top_k == k:
                 found.how[old.name] = (found.how.get(old.name, "") +
@@ -1210,8 +1231,12 @@ def _merge_routers(model, rts, obs, found, top_k):
             continue
         name = src.pname[:-len(".weight")] if src.pname.endswith(".weight") else src.pname
         hook, bias = _router_module(model, src)
-        spec = RouterSpec(-1, src.rows, min(k, src.rows), src.getter(list(range(src.rows))),
-                          module=hook, bias=bias, name=name)
+        get = src.full_getter() if hasattr(src, "full_getter") else \
+            src.getter(list(range(src.rows)))
+        if getattr(src, "after", None):
+            factors[_storage(src.after.param)] = name
+        spec = RouterSpec(-1, src.rows, min(k, src.rows), get, module=hook, bias=bias,
+                          name=name)
         if hook is None:
             found.notes.append((name, "no token statistics: a parameter router whose "
                                 "module's output width equals E", ROUTER_FIX))
@@ -1220,7 +1245,9 @@ def _merge_routers(model, rts, obs, found, top_k):
         out.append(spec)
         found.how[name] = (f"observed: {site.normed + ' then ' if site.normed else ''}"
                            f"{'argmax' if k == 1 else 'topk'} over its {src.rows} outputs, "
-                           "indices used to dispatch")
+                           "indices used to dispatch" + (
+                               f"; the weight times {src.after.pname}, whose outputs it "
+                               "multiplies" if getattr(src, "after", None) else ""))
     used = {_storage(s.param) for s in obs.sources}
     keep = []
     for r in out:
@@ -1228,6 +1255,13 @@ def _merge_routers(model, rts, obs, found, top_k):
             key = _storage(r.get())
         except Exception:
             key = None
+        if key in factors and key not in routed:
+            found.not_routers.append((r.name, "observed: the first factor of router "
+                                      f"{factors[key]}'s weight (its outputs are that "
+                                      "router's input; reported composed)"))
+            found.notes = [n for n in found.notes if n[0] != r.name]
+            found.how.pop(r.name, None)
+            continue
         if key in used and key not in routed:
             found.not_routers.append((r.name, "observed: its outputs reach no topk/argmax "
                                       "that dispatches tokens (a gate, not a router)"))
@@ -1376,16 +1410,20 @@ def discover(model, attention=None, routers=None, layers=None, n_heads=None, n_k
             obs.error = f"its result could not be merged ({type(e).__name__}: {e})"
     if obs is not None and obs.error is None and attention is None:
         try:
-            _unknown_not_attention(model, obs, found)
-        except Exception:  # keep the warning
-            pass
-        try:
             # Not over DTensor weights: tensor parallelism redistributes q
             # and k between the ops the pass sees (to_local/from_local) and
             # their score was never observed: a tensor-parallel LLaMA lost
             # every attention to this rule.
             from . import dtensor as _dt
-            if not _dt.has_dtensors(model):
+            sharded = _dt.has_dtensors(model)
+        except Exception:  # keep names' pairs
+            sharded = True
+        try:
+            _unknown_not_attention(model, obs, found, scored_rule=not sharded)
+        except Exception:  # keep the warning
+            pass
+        try:
+            if not sharded:
                 att = _unscored_not_attention(att, obs, found)
         except Exception:  # keep names' pairs
             pass

@@ -15,6 +15,10 @@ slice of a fused in_proj_weight, a transpose) used as
                              one contracted axis
   conv1d/2d/3d, kernel 1x1,  output channel i reads W[i, :, 0, ..]
   groups 1                   (to_qkv = nn.Conv2d(dim, 3 * inner, 1))
+A tensor the forward computes from parameters alone (F.normalize(wg), a
+cast, w * s: _Recipe) is a computed weight, recomputed at each get(); a
+router weight multiplying another projection's whole output is reported
+composed with it (Source.after, Source.full_getter).
 A computed weight is a projection weight too (effective.py): the value a
 parametrization gave this forward (the pass runs inside
 parametrize.cached(), so F.linear gets that one tensor), or the one an
@@ -37,8 +41,13 @@ every q and k element says which weight row it came from.
 Attention score. matmul/bmm/baddbmm/einsum of two labelled operands,
 contracting q's last axis with k's, whose labels do not vary along the
 token axes, and whose result then goes through softmax over its last axis
-or exp (an online softmax written out; scaling, masks and dtype changes in
-between are followed); or the q and k
+or the one before (keys or queries: Slot Attention) or exp (an online or
+scatter softmax written out; scaling, masks, padding, dtype changes, and
+a Linear or convolution of the score alone (talking heads, Multi-Token
+Attention's conv) in between are followed: _carry_score); or q * k of
+rows picked by index tensors (or broadcast against each other) summed
+over the head dimension (a graph's per-edge (q[dst] * k[src]).sum(-1):
+_pair_product, _dot_sum); or the q and k
 of F.scaled_dot_product_attention (enable_gqa too); or the in-projection
 of F.multi_head_attention_forward (its num_heads and weights). A q.k
 product that instead weights the values (score @ v) before any softmax or
@@ -147,6 +156,15 @@ _NOT_ELEMENTWISE = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm
                     "tensordot", "matrix_power", "cross", "fft", "view_as_complex",
                     "view_as_real", "scatter", "scatter_add", "index_add"}
 _SCORE_OPS = {"matmul", "__matmul__", "bmm", "baddbmm", "einsum"}
+_MUL = {"mul", "__mul__", "__rmul__", "multiply"}
+_GATHER = {"__getitem__", "index_select", "gather", "take_along_dim"}  # rows picked by index
+_MAX_PAIRS = 4096           # distinct (q row, k row) pairs a summed product may hold
+_RECENT = 32                # labelled tensors kept to find rows an unseen indexing took
+_MAX_MATCH = 1 << 22        # (rows x rows) compared to find them (_unseen_rows)
+# Ops a score may pass through on its way to the softmax, beside layout and elementwise
+# ops: a Linear or convolution over it (talking heads mix the heads' logits, Multi-Token
+# Attention convolves each head's (query, key) plane) and padding (_carry_score)
+_SCORE_CARRY = {"linear", "conv1d", "conv2d", "conv3d", "pad", "_pad", "constant_pad_nd"}
 UNREAD = "unread"           # Site.reason: a score whose q or k the labels cannot read
 _CARRIED = ("score", "normed", "act", "ridx", "rdim", "kth", "rmask")  # tags layout ops carry
 # Top-k indices compared (idx == e, idx.eq(labels), isin) are a mask, no use yet: the mask
@@ -329,6 +347,10 @@ class Source:
         self.owner = owner      # (module, attribute): the weight looked up at each get()
         self.fresh = None       # get() of a computed weight (effective.py), or None
         self.chunk_of = None    # the whole weight's Source when this is one chunk of its rows
+        # the projection whose whole output this weight multiplies, nothing but casts and
+        # layout between (a router's low-dimensional reduction): None when none, False
+        # when the calls seen disagree
+        self.after = None
 
     def current(self):
         """The weight now: a computed weight recomputed (effective.py), or
@@ -349,6 +371,22 @@ class Source:
     @property
     def module(self):
         return self.pname.rpartition(".")[0]
+
+    def full_getter(self):
+        """get() -> the [rows, d] map from the input features to this
+        weight's outputs: its rows, or, when it multiplies another
+        projection's whole output (self.after: X-MoE's router logits
+        wg_reduction(x) @ normalize(wg)^T), its rows times that one's."""
+        get = self.getter(list(range(self.rows)))
+        first = self.after
+        if not first or first.rows != self.width:
+            return get
+        get1 = first.getter(list(range(first.rows)))
+
+        def composed():
+            w = get()
+            return w.matmul(get1().to(w.dtype))
+        return composed
 
     def getter(self, rows):
         """get() -> [len(rows), width] tensor of these output rows (a view
@@ -374,6 +412,57 @@ class Source:
                 (span,), (1,), w.storage_offset())
             return flat[off.to(w.device)]
         return get
+
+
+_NOT_RECIPE = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+               "feature_alpha_dropout", "bernoulli", "multinomial", "poisson", "rand_like",
+               "randn_like", "randint_like", "normal", "__setitem__", "copy_", "set_"}
+_MAX_RECIPE_OPS = 64        # ops a weight computed from parameters may take (_Recipe)
+
+
+class _Recipe:
+    """A tensor the forward computed from parameters alone (F.normalize(wg),
+    w * scale, w.t(), a cast): the op and its arguments, parameters and other
+    recipes, so a weight made of it is recomputed at each get()."""
+
+    def __init__(self, func, args, kwargs, pname, ops):
+        self.func, self.args, self.kwargs = func, args, kwargs
+        self.pname, self.ops = pname, ops  # ops: the op names, a signature
+
+    def __call__(self):
+        with torch.no_grad():
+            return self._run()
+
+    def _run(self):
+        return self.func(*_resolve(self.args), **_resolve(self.kwargs))
+
+
+class _ParamRef:
+    """A parameter in a _Recipe: its owner's attribute now when that is
+    still a tensor of its shape (a parameter replaced since, by a wrapper or
+    a checkpoint load, is followed, as Source.current does), else itself."""
+
+    def __init__(self, param, owner):
+        self.param, self.owner = param, owner
+
+    def now(self):
+        if self.owner is not None:
+            w = getattr(self.owner[0], self.owner[1], None)
+            if isinstance(w, torch.Tensor) and w.shape == self.param.shape:
+                return w
+        return self.param
+
+
+def _resolve(a):
+    if isinstance(a, _Recipe):
+        return a._run()
+    if isinstance(a, _ParamRef):
+        return a.now()
+    if isinstance(a, (list, tuple)):
+        return type(a)(_resolve(x) for x in a)
+    if isinstance(a, dict):
+        return {k: _resolve(v) for k, v in a.items()}
+    return a
 
 
 class Site:
@@ -580,6 +669,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self.flow_failed = False    # then where values went is not known
         self._partners = None
         self.normed = []            # (sources, sources) of unread products softmax'd (_products)
+        self.recent = []            # weak references to the last labelled tensors (_unseen_rows)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -588,6 +678,10 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         try:
             self._after(name, func, args, kwargs, out)
         except Exception:  # bookkeeping must never change the model's pass
+            self.failures += 1
+        try:
+            self._recipe(name, func, args, kwargs, out)
+        except Exception:
             self.failures += 1
         try:
             self._flow(name, args, kwargs, out)
@@ -741,8 +835,47 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 return name, cur, effective.weight_getter(m, attr)
         return None
 
+    def _recipe(self, name, func, args, kwargs, out):
+        """Tags a tensor computed from parameters alone (each tensor input a
+        parameter or such a tensor; not in place, not random) with its
+        _Recipe: used as a projection weight (x @ F.normalize(wg)^T), it is a
+        computed weight, recomputed at each get()."""
+        if not isinstance(out, torch.Tensor) or isinstance(out, nn.Parameter) or \
+                name in _NOT_RECIPE or name in _META or \
+                (name.endswith("_") and not name.endswith("__")):
+            return
+        pname, ops, n = None, [], 0
+        stack = [args, kwargs]
+
+        def swap(a):
+            nonlocal pname, n
+            if isinstance(a, torch.Tensor):
+                n += 1
+                if isinstance(a, nn.Parameter) and id(a) in self.params:
+                    pname = pname or self.params[id(a)]
+                    return _ParamRef(a, self.owners.get(id(a)))
+                r = (_tag(a) or {}).get("pfn")
+                if r is None:
+                    raise LookupError
+                pname = pname or r.pname
+                ops.extend(r.ops)
+                return r
+            if isinstance(a, (list, tuple)):
+                return type(a)(swap(x) for x in a)
+            if isinstance(a, dict):
+                return {k: swap(v) for k, v in a.items()}
+            return a
+        try:
+            rargs, rkwargs = swap(stack[0]), swap(stack[1])
+        except (LookupError, TypeError):
+            return
+        if not n or len(ops) >= _MAX_RECIPE_OPS:
+            return
+        _set(out, pfn=_Recipe(func, rargs, rkwargs, pname, tuple(ops) + (name,)))
+
     def _is_weight(self, t):
-        return self._param(t) is not None or self._computed(t) is not None
+        return self._param(t) is not None or self._computed(t) is not None or \
+            (_tag(t) or {}).get("pfn") is not None
 
     def _weight(self, w):
         """(name, parameter or computed tensor) of a projection weight; None
@@ -752,12 +885,18 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return None if id(p[1]) in self.lora else p
         c = self._computed(w)
         if c is None:
-            return None
+            r = (_tag(w) or {}).get("pfn")
+            if r is None:
+                return None
+            self.fresh[id(w)] = r  # computed from parameters by the forward: recomputed
+            return r.pname, w
         self.fresh[id(c[1])] = c[2]
         return c[0], c[1]
 
     def _source(self, pname, param, row_off, stride, width, how):
-        key = (pname, tuple(row_off), stride, width)
+        r = (_tag(param) or {}).get("pfn")
+        # a weight the forward computes anew at each call: one source by how it is made
+        key = (pname, tuple(row_off), stride, width) + ((r.ops,) if r is not None else ())
         s = self.obs.sources_by_key.get(key)
         if s is None:
             s = Source(len(self.obs.sources), pname, param, list(row_off), stride, width, how,
@@ -775,9 +914,29 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         for d, s in zip(feat_dims, feat_shape):
             shape[d] = s
         ids = ids.view(shape).expand(out.shape)
-        _set(out, sh=ids)
+        _set(out, sh=ids, lin=src.index)
+        self._note_recent(out)
+
+    def _after_projection(self, x, src):
+        """Notes the projection whose whole output x is (its rows in order
+        along x's last axis, nothing but casts and layout ops since), as the
+        one src multiplies (Source.after)."""
+        d = _tag(x) if isinstance(x, torch.Tensor) else None
+        first = None
+        if d is not None and d.get("lin") is not None and d.get("sh") is not None:
+            sh, first = d["sh"], self.obs.sources[d["lin"]]
+            want = torch.arange(first.rows, device=sh.device) + (first.index << _SHIFT)
+            if sh.dim() < 1 or sh.shape[-1] != first.rows or first.rows != src.width or \
+                    not torch.equal(sh, want.expand_as(sh)):
+                first = None
+        if src.after is None:
+            src.after = first if first is not None else False
+        elif src.after is not first:
+            src.after = False
 
     def _linear(self, x, w, out, how):
+        if (_tag(x) or {}).get("pfn") is not None and (_tag(w) or {}).get("pfn") is not None:
+            return False  # parameters times parameters: a weight computed, no projection
         p = self._weight(w)
         if p is None or w.dim() != 2 or not isinstance(out, torch.Tensor):
             return False
@@ -789,6 +948,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             rows, s_row, s_col, width = w.shape[1], w.stride(1), w.stride(0), w.shape[0]
         src = self._source(pname, param, [base + i * s_row for i in range(rows)], s_col, width,
                            how)
+        self._after_projection(x, src)
         self._label_out(out, src, [rows], [out.dim() - 1])
         self._new_src = src.index
         return True
@@ -1059,6 +1219,12 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if len(ops) != 2 or "..." in eq or "->" not in eq:
             return
         sa, sb = _shadow(ops[0]), _shadow(ops[1])
+        if sa is None and sb is None:  # rows picked by indexing torch 1.13 does not show
+            ua, ub = self._unseen_rows(ops[0]), self._unseen_rows(ops[1])
+            if ua is not None and ub is not None:
+                for o, u in ((ops[0], ua), (ops[1], ub)):
+                    _set(o, **u)
+                sa, sb = ua["sh"], ub["sh"]
         if sa is None or sb is None:
             return
         ins, res = eq.replace(" ", "").split("->")
@@ -1067,6 +1233,12 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if len(contracted) != 1:
             return
         c = contracted[0]
+        if s0 == s1 and len(set(s0)) == len(s0) and sorted(res) == sorted(s0.replace(c, "")) \
+                and (_tag(ops[0]) or {}).get("gath") and (_tag(ops[1]) or {}).get("gath"):
+            # "ehc,ehc->eh" of rows picked by index: q[dst] . k[src] per pair (_pair_product)
+            order = [s0.index(x) for x in res] + [s0.index(c)]
+            self._pair_site(sa.permute(*order), sb.permute(*order), out, "einsum")
+            return
         batch = [x for x in res if x in s0 and x in s1]
         q_only = [x for x in s0 if x not in s1 and x in res]
         k_only = [x for x in s1 if x not in s0 and x in res]
@@ -1386,7 +1558,28 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
 
     # ---- propagation -------------------------------------------------------------------
 
+    def _carry_score(self, name, args, kwargs, out):
+        """A score through a Linear, a convolution or padding (_SCORE_CARRY)
+        is still that score: the softmax it reaches confirms the q.k product
+        it came from. Only when the score is the op's one input derived from
+        the pass's projections and keeps its rank: the others are weights,
+        biases or constants (a value mixed with another projection's output
+        is judged as it is)."""
+        x = args[0] if args else kwargs.get("input")
+        site = (_tagd(x) or {}).get("score")
+        if site is None or not isinstance(out, torch.Tensor) or out.dim() != x.dim() or \
+                out.dim() < 2:
+            return
+        for a in itertools.chain(_flat(args[1:]), _flat(kwargs.values())):
+            if isinstance(a, torch.Tensor) and a is not x and not self._is_weight(a):
+                r = _flow_of(a)
+                if r is not None and r[0]:
+                    return
+        _set(out, score=site)
+
     def _after(self, name, func, args, kwargs, out):
+        if name in _SCORE_CARRY:
+            self._carry_score(name, args, kwargs, out)
         if not (name in _MASK_MAKE or name in _MASK_PASS or name in _MASK_STAT) or \
                 not self._mask_use(name, args, kwargs, out):
             self._uses(name, args, kwargs)
@@ -1394,13 +1587,16 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             self._weights_used(args)
         if name == "linear":
             w = args[1] if len(args) > 1 else kwargs.get("weight")
-            if self._linear(None, w, out, "linear"):
+            if self._linear(args[0] if args else kwargs.get("input"), w, out, "linear"):
                 return
         if name in ("conv1d", "conv2d", "conv3d"):
             if self._conv(args, kwargs, out):
                 return
         if name in ("matmul", "__matmul__", "mm") and len(args) == 2:
-            if self._is_weight(args[1]) and not self._is_weight(args[0]):
+            # x @ W: W a weight, x none (a learned query computed from a
+            # parameter, latents.expand(..) @ W, is an input)
+            if self._is_weight(args[1]) and self._param(args[0]) is None and \
+                    self._computed(args[0]) is None:
                 if self._linear(args[0], args[1], out, "matmul"):
                     return
         if name == "__rmatmul__" and len(args) == 2:
@@ -1438,8 +1634,10 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
             if d is not None:
                 site = d.get("score")
-                if site is not None and isinstance(dim, int) and t.dim() and \
-                        dim % t.dim() == t.dim() - 1:
+                # over the keys, or over the queries (Slot Attention's slots
+                # compete for each input): the same q.k bilinear form
+                if site is not None and isinstance(dim, int) and t.dim() >= 2 and \
+                        dim % t.dim() >= t.dim() - 2:
                     self._confirm(site)
                 if "sh" in d and isinstance(out, torch.Tensor) and out.shape == t.shape:
                     _set(out, sh=d["sh"], normed="softmax")
@@ -1483,11 +1681,16 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if name == "kthvalue" and args and _shadow(args[0]) is not None:
             self._kthvalue(args, kwargs, out)
             return
+        if name == "sum":
+            self._dot_sum(args, kwargs, out)
+            return
         if name in _NOT_ELEMENTWISE:
             return
         if ("attn" in name or "attention" in name) and len(args) >= 3:
             self._fused_attention(name, args, out)
             return
+        if name in _MUL:
+            self._pair_product(args, out)
         self._elementwise(name, args, kwargs, out)
         if name in _COMPARE and len(args) >= 2:
             self._threshold(name, args, out)
@@ -1510,12 +1713,113 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if len(self.candidates) > before:
             self._confirm(self.candidates[-1])
 
+    def _pair_product(self, args, out):
+        """q * k elementwise, both sides labelled, each pairing rows of one
+        token with rows of another: both picked by an index tensor (a
+        graph's q[dst] * k[src] per edge) or broadcast against each other
+        (q[:, :, None] * k[:, None]). Tags the product with both sides'
+        labels; summed over an axis it is a score (_dot_sum)."""
+        ts = [a for a in args[:2] if isinstance(a, torch.Tensor)]
+        if len(ts) != 2 or not isinstance(out, torch.Tensor) or out.dim() < 2:
+            return
+        a, b = ts
+        da, db = _tagd(a) or self._unseen_rows(a), _tagd(b) or self._unseen_rows(b)
+        if not da or not db or da.get("sh") is None or db.get("sh") is None or \
+                da.get("cplx") or db.get("cplx"):
+            return
+
+        def ones(x):
+            n = out.dim() - x.dim()
+            return {i for i in range(out.dim()) if (i < n or x.shape[i - n] == 1)
+                    and out.shape[i] > 1}
+        outer = bool(ones(a) - ones(b)) and bool(ones(b) - ones(a))
+        if not (outer or (da.get("gath") and db.get("gath"))):
+            return
+        try:
+            pair = (da["sh"].expand(out.shape), db["sh"].to(da["sh"].device).expand(out.shape))
+        except RuntimeError:
+            return
+        _set(out, pdot=pair)
+
+    def _note_recent(self, t):
+        if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.is_floating_point():
+            self.recent.append(weakref.ref(t))
+            del self.recent[:-_RECENT]
+
+    def _unseen_rows(self, t):
+        """Labels of rows picked by an index the pass did not see (torch
+        1.13 does not route tensor indexing, q[dst], through the mode): a
+        fresh tensor whose every slice along its first axis equals one of a
+        recently labelled tensor of the same trailing shape is those rows."""
+        if not isinstance(t, torch.Tensor) or t.dim() < 2 or not t.is_floating_point() or \
+                _tag(t) is not None or getattr(t, _FLOW, None) is not None or \
+                getattr(t, "_base", None) is not None or t.shape[0] < 1:
+            return None
+        for ref in reversed(self.recent):
+            x = ref()
+            d = _tag(x) if x is not None else None
+            if d is None or d.get("sh") is None or d.get("cplx") or x.dtype != t.dtype or \
+                    x.device != t.device or x.shape[1:] != t.shape[1:] or \
+                    x.shape[0] * t.shape[0] * max(1, t[0].numel()) > _MAX_MATCH:
+                continue
+            xf, tf = x.reshape(x.shape[0], -1), t.reshape(t.shape[0], -1)
+            if not bool((xf == tf[:1]).all(-1).any()):
+                continue  # its first row is none of x's: no need to compare the rest
+            eq = (tf[:, None] == xf[None]).all(-1)
+            if not bool(eq.any(1).all()):
+                continue
+            return {"sh": d["sh"][eq.int().argmax(1).to(d["sh"].device)], "gath": True}
+        return None
+
+    def _dot_sum(self, args, kwargs, out):
+        """(q * k).sum(head_dim) of a tagged product (_pair_product): a q.k
+        score per pair, heads read from the labels along the summed axis;
+        confirmed as any score is, by a softmax or exp (a scatter softmax)."""
+        t = args[0] if args else kwargs.get("input")
+        pd = (_tag(t) or {}).get("pdot")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if isinstance(dim, (list, tuple)) and len(dim) == 1:
+            dim = dim[0]
+        if pd is None or not isinstance(out, torch.Tensor) or not isinstance(dim, int) or \
+                out.dim() != t.dim() - 1:
+            return
+        d = dim % t.dim()
+        self._pair_site(*(x.movedim(d, -1) for x in pd), out, "mul-sum")
+
+    def _pair_site(self, qa, kb, out, via):
+        """A score candidate from q and k labels paired position by position,
+        the contracted axis last: heads from the distinct (q row, k row)
+        pairs, in the order first seen."""
+        k = qa.shape[-1]
+        rows = torch.cat([qa.reshape(-1, k), kb.reshape(-1, k)], 1)
+        if k < 2 or bool((rows < 0).any()):
+            return
+        u, inv = torch.unique(rows, dim=0, return_inverse=True)
+        if u.shape[0] > _MAX_PAIRS:
+            return
+        pos = torch.arange(inv.shape[0], device=inv.device)
+        first = torch.full((u.shape[0],), inv.shape[0], dtype=torch.long, device=inv.device)
+        first = first.scatter_reduce(0, inv, pos, reduce="amin")
+        u = u[first.argsort()].cpu()  # pairs in the order first seen
+        site = self._site_from_pairs(u[:, :k], u[:, k:], via)
+        if site is None or site.reason is not None or site.n_heads < 1:
+            return
+        self.candidates.append(site)
+        _set(out, score=site)
+
     def _layout(self, name, func, args, kwargs, out):
         if not args:
             return
         d = _tagd(args[0])
         if d is None:
             return
+        if name in _GATHER and d.get("sh") is not None and any(
+                isinstance(a, torch.Tensor) and not a.is_floating_point() and
+                a.dtype != torch.bool and a.numel() > 1
+                for a in _flat(list(args[1:]) + list(kwargs.values()))):
+            gath = {"gath": True}
+        else:
+            gath = {}
         outs = out if isinstance(out, (tuple, list)) else (out,)
         if name in _SAME:
             for o in outs:
@@ -1524,8 +1828,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                     sh = d["sh"]
                     if sh.device != o.device:
                         sh = sh.to(o.device)
-                    _set(o, sh=sh, **{k: v for k, v in d.items() if k in ("score", "normed",
-                                                                            "cplx", "act")})
+                    _set(o, sh=sh, **{k: v for k, v in d.items() if k in (
+                        "score", "normed", "cplx", "act", "lin", "pdot", "gath")})
                 elif isinstance(o, torch.Tensor):
                     _set(o, **{k: v for k, v in d.items() if k in _CARRIED})
             return
@@ -1544,7 +1848,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             for o, r in zip(outs, res_t):
                 if isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and \
                         r.shape == o.shape:
-                    _set(o, sh=r)
+                    _set(o, sh=r, **({"lin": d["lin"]} if "lin" in d else {}), **gath)
+                    self._note_recent(o)
         if any(k in d for k in _CARRIED):
             for o in outs:
                 if isinstance(o, torch.Tensor):
