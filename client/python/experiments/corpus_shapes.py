@@ -82,6 +82,8 @@ SCHEDULES = ("constant", "cosine", "wsd")
 # "{KEY}"s, filled from "fmt" and a shape's own "fmt" (a shape may also set
 # its own "lr"); "bits" is the attention fault's. manifest_lr_mult: the
 # manifest gives each run's --lr-mult (this corpus's leaves it null).
+# warmup_of (optional): {schedule: warm-up steps}, each run's --warmup by
+# its schedule (and a "warmup" in its manifest entry); without it, COMMON's.
 MATRIX = {"shapes": SHAPES, "scenarios": SCENARIOS, "seeds": SEEDS, "schedules": SCHEDULES,
           "lr": LR, "common": COMMON, "monitor": MONITOR, "steps": STEPS,
           "healthy_steps": HEALTHY_STEPS, "peak_steps": PEAK_STEPS, "fault_step": FAULT_STEP,
@@ -110,6 +112,9 @@ def plan(shapes=None, scenarios=None, seeds=None, matrix=MATRIX):
                     "--steps", str(steps), "--seed", str(seed), "--schedule", sched,
                     "--scenario", train_sc, "--fault-step", str(m["fault_step"]),
                     "--stop-after-diverge", str(m["post_diverge"])]
+                warmup = m.get("warmup_of", {}).get(sched)
+                if warmup is not None:  # after COMMON's --warmup: the last one counts
+                    args += ["--warmup", str(warmup)]
                 runs.append({"name": f"{shape}.{sc}.s{seed}", "arch": shape, "shape": shape,
                              "head_dim": c["head_dim"], "scenario": sc, "schedule": sched,
                              "seed": seed, "split": c["split"], "steps": steps,
@@ -122,6 +127,8 @@ def plan(shapes=None, scenarios=None, seeds=None, matrix=MATRIX):
                              "train_scenario": train_sc,
                              "lr_hidden": "--lr-hidden" in extra or "--peak-mult" in extra,
                              "train_args": args})
+                if warmup is not None:
+                    runs[-1]["warmup"] = warmup
     return runs
 
 

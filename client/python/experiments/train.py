@@ -1,5 +1,8 @@
 """One training run of a tiny model (--arch gpt: tinygpt's nanoGPT layout,
-MoE unless --experts 0; --arch llama: llama.py's LLaMA layout with GQA),
+MoE unless --experts 0; --arch llama: llama.py's LLaMA layout with GQA;
+--arch qwen3moe / parallel: qwen3moe.py's Qwen3-MoE layout with per-head
+qk-norm and --experts/--top-k SwiGLU experts, or its GPT-J/Cohere parallel
+block with qk-norm),
 with foreshock.Monitor wired in (the two lines marked MONITOR), and
 optionally a fault.
 
@@ -50,6 +53,7 @@ import torch  # noqa: E402
 
 import foreshock  # noqa: E402
 import llama  # noqa: E402
+import qwen3moe  # noqa: E402
 import tinygpt  # noqa: E402
 
 SCENARIOS = ("healthy", "attention-numerics", "lr", "combined")
@@ -69,7 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--fault-step", type=int, default=200)
     p.add_argument("--bits", type=int, default=5, help="BF16 low bits truncated (1..16)")
     p.add_argument("--fault-on", choices=("o", "do", "both"), default="both")
-    p.add_argument("--arch", choices=("gpt", "llama"), default="gpt")
+    p.add_argument("--arch", choices=("gpt", "llama", "qwen3moe", "parallel"),
+                   default="gpt")
     p.add_argument("--schedule", choices=("constant", "cosine", "wsd"), default="constant",
                    help="after warm-up: constant, or cosine decay to 10%% at --steps")
     p.add_argument("--lr", type=float, default=3e-3)
@@ -150,6 +155,11 @@ def main(argv=None):
     if a.arch == "llama":
         model = llama.TinyLlama(vocab, d=a.d, n_layer=a.layers, n_head=a.heads,
                                 n_kv_head=a.kv_heads, t=a.ctx)
+    elif a.arch in ("qwen3moe", "parallel"):
+        model = qwen3moe.TinyQkModel(vocab, d=a.d, n_layer=a.layers, n_head=a.heads,
+                                     n_kv_head=a.kv_heads, t=a.ctx,
+                                     parallel=a.arch == "parallel", experts=a.experts,
+                                     top_k=a.top_k)
     else:
         moe = (a.experts, a.top_k) if a.experts else None
         model = tinygpt.TinyGPT(vocab, d=a.d, n_layer=a.layers, n_head=a.heads, t=a.ctx, moe=moe)
