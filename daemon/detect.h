@@ -102,8 +102,9 @@
 #define DETECT_STEP_PERSISTENCE 1 /* update_ratio: breaches to fire (detect.c) */
 /* Delta2 floors (detect.c): rank one, and 30% of the head's own excess over
  * rank one. */
-#define DETECT_D2_SCALE_REL 0.1          /* Delta2 ranks' z scale floor, x level */
-#define DETECT_ROUTER_SIM_SCALE_REL 0.03 /* router.similarity's, x level */
+#define DETECT_D2_SCALE_REL 0.1            /* Delta2 ranks' z scale floor, x level */
+#define DETECT_ROUTER_SIM_SCALE_REL 0.03   /* router.similarity's, x level */
+#define DETECT_ROUTER_MAXVIO_SCALE_REL 0.2 /* router.maxvio's, x level */
 #define DETECT_D2_SRANK_FLOOR 1.05
 #define DETECT_D2_ERANK_FLOOR 1.2
 #define DETECT_D2_FLOOR_REL 0.3
