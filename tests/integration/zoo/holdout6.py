@@ -40,6 +40,28 @@ lacked:
   timesformer-divided-st     TimeSformer divided space-time attention: a
                              temporal attention over frames ((b n) t d),
                              then a spatial one ((b t) n d), one block
+
+Round 6b, written after seeing round 6's results:
+
+  jit-scripted-attn          nanoGPT whose attention modules are
+                             torch.jit.script ScriptModules
+  torch-compiled-model       a LLaMA-shaped model under torch.compile
+                             (an OptimizedModule, parameters under
+                             _orig_mod.); torch 1.x: the model itself
+  idefics2-perceiver-resampler  Idefics2's resampler: latents attend to the
+                             image features concatenated with the latents
+  linear-transformer-elu-none  fast-transformers' linear attention (elu+1
+                             features, no softmax): nothing
+  explicit-sparse-topk-attn  Explicit Sparse Transformer: a top-k over each
+                             query's key scores before the softmax (a site,
+                             no router)
+  ngpt-normalized            NVIDIA nGPT: L2-normalized q/k scaled by sqk,
+                             softmax scale sqrt(head_dim), projections in
+                             the block itself
+  pooled-sequence-router     a task-/sequence-level MoE: the gate reads the
+                             sequence mean, top-2 per sequence
+  gumbel-hard-router         top-1 by a hard Gumbel-softmax sample in
+                             training
 """
 import math
 
@@ -1171,3 +1193,497 @@ def timesformer():
         "blocks.0.temporal_fc.weight", "head.weight"], note=(
         "a temporal attention over the frames of each patch, then a spatial one over the "
         "patches of each frame, in one block: each its own layer"))
+
+
+# ---- round 6b: written after seeing round 6's results --------------------------------------------
+
+# ---- nanoGPT with TorchScript attention modules -------------------------------------------------
+# karpathy/nanoGPT model.py (CausalSelfAttention, manual path), each attention module passed
+# through torch.jit.script as older training code did for speed
+
+class ScriptCausalSelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.n_embd = n_embd
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+        q = q.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+        v = v.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
+class ScriptBlock(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        try:
+            self.attn = torch.jit.script(ScriptCausalSelfAttention(d, h))
+        except Exception:  # a torch without TorchScript: the module, eager
+            self.attn = ScriptCausalSelfAttention(d, h)
+        self.mlp = nn.Module()
+        self.mlp.c_fc, self.mlp.c_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x))))
+
+
+class ScriptGPT(nn.Module):
+    def __init__(self, d=D, h=4, layers=2, vocab=VOCAB, block=16):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab, d), wpe=nn.Embedding(block, d),
+            h=nn.ModuleList(ScriptBlock(d, h) for _ in range(layers)), ln_f=nn.LayerNorm(d)))
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.shape[1],
+                                                                          device=idx.device))
+        for blk in self.transformer.h:
+            x = blk(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+@member("jit-scripted-attn")
+def jit_scripted_attn():
+    """After karpathy/nanoGPT model.py (GPT, CausalSelfAttention's manual path), each
+    attention module a torch.jit.script ScriptModule."""
+    model = ScriptGPT()
+    att = []
+    for i in range(2):
+        p = f"transformer.h.{i}.attn"
+        att.append(Attn(i, 4, 4, 8, *heads_contiguous(f"{p}.c_attn.weight", 4, 4, 8), p))
+    return model, tokens(), Truth(att, not_reported=["transformer.h.0.mlp.c_fc.weight",
+                                                     "lm_head.weight"], note=(
+        "the attention modules are ScriptModules: their inside runs as TorchScript"))
+
+
+# ---- torch.compile'd model ----------------------------------------------------------------------
+# the user's path of torch 2.x training scripts (nanoGPT train.py, torchtitan):
+# model = torch.compile(model), then the monitor gets the OptimizedModule
+
+class LlamaLikeAttention(nn.Module):
+    def __init__(self, d, h, kv):
+        super().__init__()
+        self.h, self.kv, self.dh = h, kv, d // h
+        self.q_proj = nn.Linear(d, h * self.dh, bias=False)
+        self.k_proj = nn.Linear(d, kv * self.dh, bias=False)
+        self.v_proj = nn.Linear(d, kv * self.dh, bias=False)
+        self.o_proj = nn.Linear(h * self.dh, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        rep = self.h // self.kv
+        o = attend(q, repeat_kv(k, rep), repeat_kv(v, rep))
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class LlamaLikeLayer(nn.Module):
+    def __init__(self, d, h, kv):
+        super().__init__()
+        self.self_attn = LlamaLikeAttention(d, h, kv)
+        self.mlp = Ernie45MLP(d, 64)
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(d), RMSNorm(d)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaLike(nn.Module):
+    def __init__(self, d=D, h=4, kv=2, layers=2, vocab=VOCAB):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(LlamaLikeLayer(d, h, kv) for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.rotary_emb = RotaryEmbedding(d // h)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, input_ids):
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(x, x.shape[1])
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.norm(x))
+
+
+@member("torch-compiled-model")
+def torch_compiled():
+    """A LLaMA-shaped model (transformers' LlamaAttention layout) wrapped by
+    torch.compile(model, backend="eager") as torch 2.x training scripts do (nanoGPT
+    train.py's compile=True); torch 1.x has no torch.compile: the model as it is."""
+    model = LlamaLike()
+    prefix = ""
+    if hasattr(torch, "compile"):
+        model = torch.compile(model, backend="eager")
+        prefix = "_orig_mod."
+    att = [sep(f"{prefix}layers.{i}.self_attn", 4, 2, 8, block=i) for i in range(2)]
+    return model, tokens(), Truth(att, not_reported=[f"{prefix}layers.0.mlp.gate_proj.weight",
+                                                     f"{prefix}lm_head.weight"], note=(
+        "an OptimizedModule: parameters under _orig_mod., forward through TorchDynamo"))
+
+
+# ---- Idefics2 perceiver resampler ---------------------------------------------------------------
+# huggingface/transformers models/idefics2/modeling_idefics2.py (Idefics2PerceiverAttention,
+# Idefics2PerceiverLayer, Idefics2PerceiverResampler)
+
+class Idefics2PerceiverAttention(nn.Module):
+    def __init__(self, d, h, kv, dh):
+        super().__init__()
+        self.num_heads, self.num_key_value_heads, self.head_dim = h, kv, dh
+        self.q_proj = nn.Linear(d, h * dh, bias=False)
+        self.k_proj = nn.Linear(d, kv * dh, bias=False)
+        self.v_proj = nn.Linear(d, kv * dh, bias=False)
+        self.o_proj = nn.Linear(h * dh, d, bias=False)
+
+    def forward(self, latents, context, attention_mask):
+        b, q_len, _ = latents.size()
+        kv_seq_len = q_len + context.size(1)
+        hidden_states = torch.concat([context, latents], dim=-2)
+        q = self.q_proj(latents).view(b, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(b, kv_seq_len, self.num_key_value_heads,
+                                            self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(b, kv_seq_len, self.num_key_value_heads,
+                                            self.head_dim).transpose(1, 2)
+        rep = self.num_heads // self.num_key_value_heads
+        k, v = repeat_kv(k, rep), repeat_kv(v, rep)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim) + attention_mask
+        w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        o = torch.matmul(w, v).transpose(1, 2).reshape(b, q_len, -1)
+        return self.o_proj(o)
+
+
+class Idefics2PerceiverLayer(nn.Module):
+    def __init__(self, d, h, kv, dh):
+        super().__init__()
+        self.input_latents_norm, self.input_context_norm = RMSNorm(d), RMSNorm(d)
+        self.self_attn = Idefics2PerceiverAttention(d, h, kv, dh)
+        self.post_attention_layernorm = RMSNorm(d)
+        self.mlp = Ernie45MLP(d, 4 * d)
+
+    def forward(self, latents, context, attention_mask):
+        residual = latents
+        latents = self.self_attn(self.input_latents_norm(latents),
+                                 self.input_context_norm(context), attention_mask)
+        latents = residual + latents
+        return latents + self.mlp(self.post_attention_layernorm(latents))
+
+
+class Idefics2PerceiverResampler(nn.Module):
+    def __init__(self, d=D, n_latents=4, depth=2, h=4, kv=2, dh=8):
+        super().__init__()
+        self.n_latents = n_latents
+        self.latents = nn.Parameter(torch.ones(n_latents, d))
+        self.layers = nn.ModuleList(Idefics2PerceiverLayer(d, h, kv, dh) for _ in range(depth))
+        self.norm = RMSNorm(d)
+
+    def forward(self, context):
+        latents = self.latents.unsqueeze(0).expand((context.shape[0], *self.latents.size()))
+        mask = torch.zeros(context.shape[0], 1, self.n_latents,
+                           context.shape[1] + self.n_latents, device=context.device)
+        compressed = latents
+        for layer in self.layers:
+            compressed = layer(compressed, context, mask)
+        return self.norm(compressed)
+
+
+@member("idefics2-perceiver-resampler")
+def idefics2_resampler():
+    """After transformers' models/idefics2/modeling_idefics2.py (Idefics2PerceiverResampler,
+    Idefics2PerceiverLayer, Idefics2PerceiverAttention): latents attend to the image
+    features concatenated with the latents, GQA."""
+    model = Idefics2PerceiverResampler()
+    with torch.no_grad():  # trained latents, not the ones of the init
+        model.latents.normal_()
+    att = [sep(f"layers.{i}.self_attn", 4, 2, 8, block=i, kind="cross") for i in range(2)]
+    return model, (torch.randn(2, 10, D),), Truth(att, not_reported=["layers.0.mlp.gate_proj.weight"],
+                                                  note=(
+        "queries from the latents, keys from [context; latents]: one site per layer"))
+
+
+# ---- linear transformer (negative) --------------------------------------------------------------
+# idiap/fast-transformers fast_transformers/attention/linear_attention.py (LinearAttention,
+# elu feature map) inside attention_layer.py (AttentionLayer)
+
+class LinearAttentionLayer(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.n_heads = h
+        self.query_projection = nn.Linear(d, d)
+        self.key_projection = nn.Linear(d, d)
+        self.value_projection = nn.Linear(d, d)
+        self.out_projection = nn.Linear(d, d)
+        self.eps = 1e-6
+
+    def forward(self, x):
+        n, l, _ = x.shape
+        h = self.n_heads
+        q = F.elu(self.query_projection(x).view(n, l, h, -1)) + 1
+        k = F.elu(self.key_projection(x).view(n, l, h, -1)) + 1
+        v = self.value_projection(x).view(n, l, h, -1)
+        kv = torch.einsum("nshd,nshm->nhmd", k, v)
+        z = 1 / (torch.einsum("nlhd,nhd->nlh", q, k.sum(dim=1)) + self.eps)
+        out = torch.einsum("nlhd,nhmd,nlh->nlhm", q, kv, z)
+        return self.out_projection(out.reshape(n, l, -1))
+
+
+class LinearTransformer(nn.Module):
+    def __init__(self, d=D, h=4, layers=2, vocab=VOCAB):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(nn.ModuleDict(dict(
+            attention=LinearAttentionLayer(d, h), norm1=nn.LayerNorm(d), linear1=nn.Linear(d, 2 * d),
+            linear2=nn.Linear(2 * d, d), norm2=nn.LayerNorm(d))) for _ in range(layers))
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for lay in self.layers:
+            x = lay["norm1"](x + lay["attention"](x))
+            x = lay["norm2"](x + lay["linear2"](F.gelu(lay["linear1"](x))))
+        return self.out(x)
+
+
+@member("linear-transformer-elu-none")
+def linear_transformer():
+    """After idiap/fast-transformers attention/linear_attention.py (LinearAttention) and
+    attention_layer.py (AttentionLayer), transformers/TransformerEncoderLayer."""
+    model = LinearTransformer()
+    return model, tokens(), Truth([], not_reported=[
+        "layers.0.attention.query_projection.weight", "layers.0.attention.key_projection.weight"],
+        note="elu(q)+1 . elu(k)+1 kernel features, no softmax: nothing (as retnet-no-softmax)")
+
+
+# ---- Explicit Sparse Transformer: top-k over the keys ---------------------------------------------
+# lancopku/Explicit-Sparse-Transformer (MultiheadAttention with top-k selection of the scores)
+
+class TopkSparseAttention(nn.Module):
+    def __init__(self, d, h, topk):
+        super().__init__()
+        self.h, self.dh, self.topk = h, d // h, topk
+        self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q = self.q_proj(x).view(b, t, self.h, self.dh).transpose(1, 2) * self.dh ** -0.5
+        k = self.k_proj(x).view(b, t, self.h, self.dh).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.h, self.dh).transpose(1, 2)
+        w = torch.matmul(q, k.transpose(2, 3))
+        w = w.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1),
+                          float("-inf"))
+        kth = torch.topk(w, min(self.topk, t), dim=-1)[0][..., -1:]
+        w = w.masked_fill(w < kth, float("-inf"))
+        w = F.softmax(w, dim=-1)
+        return self.out_proj(torch.matmul(w, v).transpose(1, 2).reshape(b, t, d))
+
+
+class SparseTopkLM(nn.Module):
+    def __init__(self, d=D, h=4, layers=2, vocab=VOCAB, topk=3):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(nn.ModuleDict(dict(
+            self_attn=TopkSparseAttention(d, h, topk), ln1=nn.LayerNorm(d), fc1=nn.Linear(d, 2 * d),
+            fc2=nn.Linear(2 * d, d), ln2=nn.LayerNorm(d))) for _ in range(layers))
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for lay in self.layers:
+            x = x + lay["self_attn"](lay["ln1"](x))
+            x = x + lay["fc2"](F.relu(lay["fc1"](lay["ln2"](x))))
+        return self.out(x)
+
+
+@member("explicit-sparse-topk-attn")
+def explicit_sparse():
+    """After lancopku/Explicit-Sparse-Transformer (fairseq MultiheadAttention with the
+    top-k selection of attention scores before the softmax)."""
+    model = SparseTopkLM()
+    att = [sep(f"layers.{i}.self_attn", 4, 4, 8, block=i) for i in range(2)]
+    return model, tokens(), Truth(att, not_reported=["layers.0.fc1.weight", "out.weight"], note=(
+        "a top-k over each query's key scores masks the rest before the softmax: an attention "
+        "score, no router"))
+
+
+# ---- nGPT: normalized transformer ------------------------------------------------------------------
+# NVIDIA/ngpt model.py (Block: justnorm, sqk scaling, softmax_scale = sqrt(head_dim))
+
+def justnorm(x):
+    return x / x.norm(p=2, dim=-1, keepdim=True)
+
+
+class NGPTBlock(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.n_head, self.n_embd = h, d
+        self.key = nn.Linear(d, d, bias=False)
+        self.query = nn.Linear(d, d, bias=False)
+        self.value = nn.Linear(d, d, bias=False)
+        self.att_c_proj = nn.Linear(d, d, bias=False)
+        self.c_fc = nn.Linear(d, 4 * d, bias=False)
+        self.mlp_c_proj = nn.Linear(2 * d, d, bias=False)
+        self.attn_alpha = nn.Parameter(0.05 * torch.ones(d))
+        self.mlp_alpha = nn.Parameter(0.05 * torch.ones(d))
+        self.sqk_init_value, self.sqk_init_scaling = 1.0, 1.0 / math.sqrt(d)
+        self.sqk = nn.Parameter(self.sqk_init_scaling * torch.ones(d))
+        self.rotary = RotaryEmbedding(d // h)
+
+    def forward(self, h):
+        b, t, c = h.size()
+        q = self.query(h).view(b, t, self.n_head, c // self.n_head)
+        k = self.key(h).view(b, t, self.n_head, c // self.n_head)
+        v = self.value(h).view(b, t, self.n_head, c // self.n_head)
+        cos, sin = self.rotary(h, t)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        sqk = (self.sqk * (self.sqk_init_value / self.sqk_init_scaling)).view(
+            1, self.n_head, 1, c // self.n_head)
+        q = sqk * justnorm(q)
+        k = sqk * justnorm(k)
+        y = attend(q, k, v.transpose(1, 2), scale=(c / self.n_head) ** 0.5)
+        y = self.att_c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        lr = torch.abs(self.attn_alpha)
+        h = justnorm(justnorm(h) + lr * (justnorm(y) - justnorm(h)))
+        u, nu = self.c_fc(h).chunk(2, dim=-1)
+        y = self.mlp_c_proj(u * F.silu(nu))
+        lr = torch.abs(self.mlp_alpha)
+        return justnorm(h + lr * (justnorm(y) - h))
+
+
+class NGPT(nn.Module):
+    def __init__(self, d=D, h=4, layers=2, vocab=VOCAB):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(vocab, d),
+                                              h=nn.ModuleList(NGPTBlock(d, h)
+                                                              for _ in range(layers))))
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.sz = nn.Parameter(torch.ones(vocab) / math.sqrt(d))
+
+    def forward(self, idx):
+        x = self.transformer.wte(idx)
+        for block in self.transformer.h:
+            x = block(x)
+        return (self.sz * math.sqrt(x.shape[-1])) * self.lm_head(x)
+
+
+@member("ngpt-normalized")
+def ngpt():
+    """After NVIDIA/ngpt model.py (GPT, Block with use_nGPT=1: justnorm, sqk, alpha
+    eigen learning rates)."""
+    model = NGPT()
+    att = [sep(f"transformer.h.{i}", 4, 4, 8, "query", "key", block=i) for i in range(2)]
+    return model, tokens(), Truth(att, not_reported=["transformer.h.0.c_fc.weight",
+                                                     "lm_head.weight"], note=(
+        "q and k L2-normalized per head then scaled by sqk, softmax scale sqrt(head_dim); "
+        "the projections live in the block itself"))
+
+
+# ---- routers: per-sequence (pooled) routing, Gumbel hard routing ---------------------------------
+# the task-/sequence-level MoE of e.g. "Beyond Distillation: Task-level Mixture-of-Experts"
+# (route on the mean of the sequence) and straight-through Gumbel-softmax top-1 gates
+# (F.gumbel_softmax(hard=True), as in e.g. DSelect-k's and many MoE papers' baselines)
+
+class PooledRouterMoE(nn.Module):
+    def __init__(self, d, e, k):
+        super().__init__()
+        self.k = k
+        self.gate = nn.Linear(d, e, bias=False)
+        self.experts = nn.ModuleList(Ernie45MLP(d, 2 * d) for _ in range(e))
+
+    def forward(self, x):
+        logits = self.gate(x.mean(dim=1))  # [B, E]: one choice per sequence
+        w, idx = torch.topk(logits.softmax(-1), self.k, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for bi in range(x.shape[0]):
+            for j in range(self.k):
+                out[bi] = out[bi] + w[bi, j] * self.experts[int(idx[bi, j])](x[bi])
+        return out
+
+
+class GumbelRouterMoE(nn.Module):
+    def __init__(self, d, e):
+        super().__init__()
+        self.router = nn.Linear(d, e)
+        self.experts = nn.ModuleList(Ernie45MLP(d, 2 * d) for _ in range(e))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        x = x.reshape(-1, d)
+        logits = self.router(x)
+        if self.training:
+            onehot = F.gumbel_softmax(logits, tau=1.0, hard=True)
+        else:
+            onehot = F.one_hot(logits.argmax(-1), logits.shape[-1]).to(x.dtype)
+        choice = onehot.argmax(-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            sel = (choice == e).nonzero(as_tuple=True)[0]
+            if sel.numel():
+                out[sel] = expert(x[sel]) * onehot[sel, e, None]
+        return out.view(b, t, d)
+
+
+class RoutedGPT(nn.Module):
+    def __init__(self, moe, d=D, h=4, vocab=VOCAB):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(NanoMoEBlock(d, h, 4, 2) for _ in range(len(moe)))
+        for blk, m in zip(self.blocks, moe):
+            blk.moe = m
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.wte(idx)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln_f(x))
+
+
+def _routed_truth(rname, e, k):
+    att, rts = [], []
+    for i in range(2):
+        p = f"blocks.{i}.attn"
+        att.append(Attn(i, 4, 4, 8, *heads_contiguous(f"{p}.c_attn.weight", 4, 4, 8), p))
+        rts.append(Router(i, e, k, Rows(f"blocks.{i}.moe.{rname}.weight", range(e)),
+                          f"blocks.{i}.moe.{rname}"))
+    return att, rts
+
+
+@member("pooled-sequence-router")
+def pooled_router():
+    """After task-/sequence-level MoE (Kudugunta et al., "Beyond Distillation"): the gate
+    reads the sequence's mean, top-2 of 4 experts per sequence."""
+    model = RoutedGPT([PooledRouterMoE(D, 4, 2) for _ in range(2)])
+    att, rts = _routed_truth("gate", 4, 2)
+    return model, tokens(), Truth(att, rts, not_reported=["blocks.0.moe.experts.0.gate_proj.weight",
+                                                          "head.weight"], note=(
+        "one routing decision per sequence (the gate reads x.mean(1)): still a top-2 router"))
+
+
+@member("gumbel-hard-router")
+def gumbel_router():
+    """After straight-through Gumbel-softmax top-1 gating (F.gumbel_softmax(hard=True) in
+    training, argmax in eval), 4 experts."""
+    model = RoutedGPT([GumbelRouterMoE(D, 4) for _ in range(2)])
+    att, rts = _routed_truth("router", 4, 1)
+    return model, tokens(), Truth(att, rts, not_reported=["blocks.0.moe.experts.0.gate_proj.weight",
+                                                          "head.weight"], note=(
+        "top-1 by the argmax of a hard Gumbel-softmax sample in training (random), of the "
+        "logits in eval"))
