@@ -62,6 +62,8 @@ Round 6b, written after seeing round 6's results:
                              sequence mean, top-2 per sequence
   gumbel-hard-router         top-1 by a hard Gumbel-softmax sample in
                              training
+  nat-neighborhood-2d        Neighborhood Attention: each pixel's query
+                             against its unfolded 3x3 neighbours' keys
 """
 import math
 
@@ -1687,3 +1689,87 @@ def gumbel_router():
                                                           "head.weight"], note=(
         "top-1 by the argmax of a hard Gumbel-softmax sample in training (random), of the "
         "logits in eval"))
+
+
+# ---- Neighborhood Attention (NAT), the pure-PyTorch fallback ---------------------------------------
+# SHI-Labs/Neighborhood-Attention-Transformer (NeighborhoodAttention2D; natten's unfold-based
+# reference path): each query attends to the k x k window around it, plus a relative bias
+
+class NeighborhoodAttention2D(nn.Module):
+    def __init__(self, dim, num_heads, kernel_size=3):
+        super().__init__()
+        self.num_heads, self.head_dim, self.kernel_size = num_heads, dim // num_heads, kernel_size
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.rpb = nn.Parameter(torch.randn(num_heads, 2 * kernel_size - 1, 2 * kernel_size - 1)
+                                * 0.02)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):  # x [B, H, W, C]
+        b, hh, ww, c = x.shape
+        nh, dh, ks = self.num_heads, self.head_dim, self.kernel_size
+        qkv = self.qkv(x).reshape(b, hh, ww, 3, nh, dh).permute(3, 0, 4, 1, 2, 5)
+        q, k, v = qkv[0] * self.scale, qkv[1], qkv[2]  # [B, nh, H, W, dh]
+        pad = ks // 2
+
+        def neighbours(t):  # [B, nh, H, W, dh] -> [B, nh, H*W, ks*ks, dh] (zero padded)
+            t = t.permute(0, 1, 4, 2, 3).reshape(b * nh, dh, hh, ww)
+            u = F.unfold(t, ks, padding=pad)  # [B*nh, dh*ks*ks, H*W]
+            return u.view(b, nh, dh, ks * ks, hh * ww).permute(0, 1, 4, 3, 2)
+
+        kn, vn = neighbours(k), neighbours(v)
+        attn = torch.einsum("bhnd,bhnkd->bhnk", q.reshape(b, nh, hh * ww, dh), kn)
+        idx = torch.arange(ks, device=x.device)
+        bias = self.rpb[:, idx[:, None] + ks - 1 - pad, idx[None, :] + ks - 1 - pad]
+        attn = attn + bias.reshape(nh, 1, ks * ks)
+        valid = F.unfold(torch.ones(1, 1, hh, ww, device=x.device), ks, padding=pad)
+        attn = attn.masked_fill(valid.view(1, 1, ks * ks, hh * ww).permute(0, 1, 3, 2) == 0,
+                                float("-inf"))
+        attn = attn.softmax(dim=-1)
+        out = torch.einsum("bhnk,bhnkd->bhnd", attn, vn)
+        out = out.permute(0, 2, 1, 3).reshape(b, hh, ww, c)
+        return self.proj(out)
+
+
+class NATLayer(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = NeighborhoodAttention2D(dim, heads)
+        self.mlp = ffn(dim, 2 * dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class NAT(nn.Module):
+    def __init__(self, dim=D, heads=4, depth=2, classes=10):
+        super().__init__()
+        self.patch_embed = nn.Sequential(nn.Conv2d(3, dim // 2, 3, 2, 1), nn.Conv2d(dim // 2, dim,
+                                                                                    3, 2, 1))
+        self.levels = nn.ModuleList(NATLayer(dim, heads) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x).permute(0, 2, 3, 1)
+        for lay in self.levels:
+            x = lay(x)
+        return self.head(self.norm(x).flatten(1, 2).mean(1))
+
+
+@member("nat-neighborhood-2d")
+def nat():
+    """After SHI-Labs/Neighborhood-Attention-Transformer (NAT, NATLayer,
+    NeighborhoodAttention2D) with natten's computation written out by unfold: each
+    pixel's query against its 3x3 neighbourhood's keys, a relative position bias."""
+    model = NAT()
+    att = []
+    for i in range(2):
+        p = f"levels.{i}.attn"
+        att.append(Attn(i, 4, 4, 8, *heads_contiguous(f"{p}.qkv.weight", 4, 4, 8), p))
+    return model, (torch.randn(2, 3, 16, 16),), Truth(att, not_reported=[
+        "levels.0.mlp.0.weight", "head.weight"], note=(
+        "channels-last [B, H, W, C]; scores q . k over each query's unfolded neighbours "
+        "(einsum 'bhnd,bhnkd->bhnk'), no [T, T] matrix"))
