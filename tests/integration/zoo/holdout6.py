@@ -64,6 +64,17 @@ Round 6b, written after seeing round 6's results:
                              training
   nat-neighborhood-2d        Neighborhood Attention: each pixel's query
                              against its unfolded 3x3 neighbours' keys
+
+Score, blind (round 6, 11 members): 9 of 11 right on torch 1.13, 10 of 11 on
+2.15. Wrong: transfo-xl-relpos on both (the softmax runs over dim 1 of the
+time-first [i, j, b, n] scores, not the last dim: the observed pass sees no
+score and nothing is found; with the same scores permuted to put the keys
+last, discovery is exactly right) and timesformer-divided-st on torch 1.13
+only (q, k = qkv[0], qkv[1] of the permuted fused projection straight into
+q @ k.transpose(-2, -1): the first batch's pass says "some q/k features come
+from no projection weight this pass saw" and skips all four sites; with
+either operand scaled first, or qkv.unbind(0), it is exactly right).
+Round 6b (9 members, written after seeing those): 9 of 9 on both torches.
 """
 import math
 
@@ -1413,8 +1424,8 @@ def idefics2_resampler():
     with torch.no_grad():  # trained latents, not the ones of the init
         model.latents.normal_()
     att = [sep(f"layers.{i}.self_attn", 4, 2, 8, block=i, kind="cross") for i in range(2)]
-    return model, (torch.randn(2, 10, D),), Truth(att, not_reported=["layers.0.mlp.gate_proj.weight"],
-                                                  note=(
+    return model, (torch.randn(2, 10, D),), Truth(att, not_reported=[
+        "layers.0.mlp.gate_proj.weight"], note=(
         "queries from the latents, keys from [context; latents]: one site per layer"))
 
 
@@ -1449,7 +1460,8 @@ class LinearTransformer(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         self.layers = nn.ModuleList(nn.ModuleDict(dict(
-            attention=LinearAttentionLayer(d, h), norm1=nn.LayerNorm(d), linear1=nn.Linear(d, 2 * d),
+            attention=LinearAttentionLayer(d, h), norm1=nn.LayerNorm(d),
+            linear1=nn.Linear(d, 2 * d),
             linear2=nn.Linear(2 * d, d), norm2=nn.LayerNorm(d))) for _ in range(layers))
         self.out = nn.Linear(d, vocab)
 
@@ -1471,7 +1483,7 @@ def linear_transformer():
         note="elu(q)+1 . elu(k)+1 kernel features, no softmax: nothing (as retnet-no-softmax)")
 
 
-# ---- Explicit Sparse Transformer: top-k over the keys ---------------------------------------------
+# ---- Explicit Sparse Transformer: top-k over the keys --------------------------------------------
 # lancopku/Explicit-Sparse-Transformer (MultiheadAttention with top-k selection of the scores)
 
 class TopkSparseAttention(nn.Module):
@@ -1523,7 +1535,7 @@ def explicit_sparse():
         "score, no router"))
 
 
-# ---- nGPT: normalized transformer ------------------------------------------------------------------
+# ---- nGPT: normalized transformer ----------------------------------------------------------------
 # NVIDIA/ngpt model.py (Block: justnorm, sqk scaling, softmax_scale = sqrt(head_dim))
 
 def justnorm(x):
@@ -1691,7 +1703,7 @@ def gumbel_router():
         "logits in eval"))
 
 
-# ---- Neighborhood Attention (NAT), the pure-PyTorch fallback ---------------------------------------
+# ---- Neighborhood Attention (NAT), the pure-PyTorch fallback -------------------------------------
 # SHI-Labs/Neighborhood-Attention-Transformer (NeighborhoodAttention2D; natten's unfold-based
 # reference path): each query attends to the k x k window around it, plus a relative bias
 
