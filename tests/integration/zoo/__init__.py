@@ -42,7 +42,9 @@ holdout4, a fourth blind round by another tester, after the gaps fixes:
 17 of 23 on both torches, then 3 of 3 more (holdout4.py says which and why);
 after the fixes they led to, 26 of 26. holdout5, a fifth blind round by another
 tester: 18 of 20 on torch 1.13, 17 of 20 on 2.15, then 1 of 4 more (round 5b,
-written after seeing those; holdout5.py says which and why).
+written after seeing those; holdout5.py says which and why). holdout6, a sixth blind
+round by another tester: 9 of 11 on torch 1.13, 10 of 11 on 2.15, then 9 of 9
+more (round 6b; holdout6.py says which and why).
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
@@ -108,7 +110,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 FAMILIES = ("decoders", "encdec", "moe", "research", "holdout", "holdout2", "gaps", "holdout3",
-            "holdout4", "holdout5")
+            "holdout4", "holdout5", "holdout6")
 
 _MEMBERS = []
 
