@@ -849,6 +849,59 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
+    # The softmax over the key axis wherever the product put it: Transformer-XL's
+    # time-first einsum("ibhd,jbhd->ijbh") scores softmax'd over dim 1; a
+    # batch-first "bihd,bjhd->bijh" score moved by transpose(0, 1) to
+    # [i, b, j, h] and softmax'd over dim 2 (the keys, found through the move).
+    class AxisSoftmax(ToQueries):
+        def __init__(self, d, h, time_first):
+            super().__init__(d, h, h)
+            self.time_first = time_first
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = (p(x).view(b, t, self.h, self.dh)
+                       for p in (self.to_queries, self.to_keys, self.to_values))
+            if self.time_first:
+                q, k, v = (y.transpose(0, 1) for y in (q, k, v))  # [t, b, h, dh]
+                a = torch.einsum("ibhd,jbhd->ijbh", q, k).float().softmax(dim=1)
+                y = torch.einsum("ijbh,jbhd->ibhd", a, v).transpose(0, 1)
+            else:
+                s = torch.einsum("bihd,bjhd->bijh", q, k).transpose(0, 1)  # [i, b, j, h]
+                a = s.softmax(dim=2).transpose(0, 1)
+                y = torch.einsum("bijh,bjhd->bihd", a, v)
+            return x + self.out(y.reshape(b, t, -1))
+
+    @member("scores softmax'd over their key axis wherever it sits: time-first [i, j, b, h] "
+            "over dim 1, [i, b, j, h] over dim 2", says=["observed (einsum)"],
+            not_says=["SKIPPED", "without softmax"], level=logging.INFO)
+    def axis_softmax():
+        m = Embed([AxisSoftmax(32, 4, tf) for tf in (True, False)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.to_queries.weight, 4, 8),
+                              split_rows(b.to_keys.weight, 4, 8)) for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: []
+        return m
+
+    # A softmax over the heads of [b, h, i, j] scores (the product's batch axis,
+    # not its query or key axis) normalizes no attention over tokens: the
+    # product weights v unconfirmed, as retention's does.
+    class HeadSoftmax(ToQueries):
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = (p(x).view(b, t, self.h, self.dh).transpose(1, 2)
+                       for p in (self.to_queries, self.to_keys, self.to_values))
+            a = (q @ k.transpose(-1, -2)).softmax(dim=1)
+            return x + self.out((a @ v).transpose(1, 2).reshape(b, t, -1))
+
+    @member("a softmax over the heads axis of [b, h, i, j] scores: no attention",
+            says=["q.k product without softmax", "0 attention scores"],
+            not_says=["SKIPPED"], level=logging.WARNING)
+    def head_softmax():
+        m = Embed([HeadSoftmax(32, 4, 4) for _ in range(2)])
+        m.expect_ = lambda: []
+        m.routers_ = lambda: []
+        return m
+
     # A score written elementwise: q[:, :, None] * k[:, None] broadcast over
     # (query, key), summed over head_dim, heads moved before the softmax.
     class PairScore(ToQueries):
