@@ -872,8 +872,8 @@ def zoo(torch, nn, F):
                 y = torch.einsum("bijh,bjhd->bihd", a, v)
             return x + self.out(y.reshape(b, t, -1))
 
-    @member("scores softmax'd over their key axis wherever it sits: time-first [i, j, b, h] "
-            "over dim 1, [i, b, j, h] over dim 2", says=["observed (einsum)"],
+    @member("softmax over the key axis where it sits: [i, j, b, h] dim 1, [i, b, j, h] dim 2",
+            says=["observed (einsum)"],
             not_says=["SKIPPED", "without softmax"], level=logging.INFO)
     def axis_softmax():
         m = Embed([AxisSoftmax(32, 4, tf) for tf in (True, False)])
@@ -882,19 +882,20 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
-    # A softmax over the heads of [b, h, i, j] scores (the product's batch axis,
-    # not its query or key axis) normalizes no attention over tokens: the
-    # product weights v unconfirmed, as retention's does.
+    # A softmax over the heads of [b, i, j, h] scores (the product's heads
+    # axis, one of its last two, not its query or key axis) normalizes no
+    # attention over tokens: no score.
     class HeadSoftmax(ToQueries):
         def forward(self, x):
             b, t, _ = x.shape
-            q, k, v = (p(x).view(b, t, self.h, self.dh).transpose(1, 2)
+            q, k, v = (p(x).view(b, t, self.h, self.dh)
                        for p in (self.to_queries, self.to_keys, self.to_values))
-            a = (q @ k.transpose(-1, -2)).softmax(dim=1)
-            return x + self.out((a @ v).transpose(1, 2).reshape(b, t, -1))
+            a = torch.einsum("bihd,bjhd->bijh", q, k).softmax(dim=-1)
+            y = torch.einsum("bijh,bjhd->bihd", a, v)
+            return x + self.out(y.reshape(b, t, -1))
 
-    @member("a softmax over the heads axis of [b, h, i, j] scores: no attention",
-            says=["q.k product without softmax", "0 attention scores"],
+    @member("a softmax over the heads axis of [b, i, j, h] scores: no attention",
+            says=["found NOTHING to monitor", "0 attention scores"],
             not_says=["SKIPPED"], level=logging.WARNING)
     def head_softmax():
         m = Embed([HeadSoftmax(32, 4, 4) for _ in range(2)])
