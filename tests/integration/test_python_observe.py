@@ -607,6 +607,32 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
+    # TimeSformer's / old timm's q, k, v = qkv[0], qkv[1], qkv[2] of the permuted
+    # fused projection, q and k straight into q @ k.transpose(-2, -1): on torch
+    # 1.13 the mode sees neither index; q's labels come from the projection's
+    # output, though k.transpose (seen, labelled later) covers only k's part.
+    class IndexedQKV(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.h = h
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+        def forward(self, x):
+            b, n, c = x.shape
+            qkv = self.qkv(x).reshape(b, n, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            a = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+            return x + self.proj((a @ v).transpose(1, 2).reshape(b, n, c))
+
+    @member("q, k = qkv[0], qkv[1] of a permuted fused projection straight into q @ k^T",
+            says=["observed (matmul)"], not_says=["SKIPPED"], level=logging.INFO)
+    def indexed_qkv():
+        m = Embed([IndexedQKV(32, 4) for _ in range(2)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.qkv.weight, 4, 8),
+                              split_rows(b.qkv.weight, 4, 8, 32)) for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: []
+        return m
+
     # 13. One score per head: Karpathy's "Let's build GPT" (heads =
     # ModuleList([Head(head_size)]), each with its own query/key Linear) and a
     # loop over one projection's head slices: the heads of one attention.

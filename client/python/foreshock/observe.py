@@ -164,6 +164,7 @@ _GATHER = {"__getitem__", "index_select", "gather", "take_along_dim"}  # rows pi
 _MAX_PAIRS = 4096           # distinct (q row, k row) pairs a summed product may hold
 _RECENT = 32                # labelled tensors kept to find rows an unseen indexing took
 _MAX_MATCH = 1 << 22        # (rows x rows) compared to find them (_unseen_rows)
+_MAX_VIAS = 16              # labelled views of one base kept for views the mode missed (_set)
 # Ops a score may pass through on its way to the softmax, beside layout and elementwise
 # ops: a Linear or convolution over it (talking heads mix the heads' logits, Multi-Token
 # Attention convolves each head's (query, key) plane) and padding (_carry_score)
@@ -225,15 +226,22 @@ def _set(t, **kw):
     if base is not None and not isinstance(base, nn.Parameter):
         # torch 1.13's F.linear on [B, T, d] returns a view of a [B*T, out]
         # result: views taken from it later (qkv[0], unseen by the mode) have
-        # that result as _base. Point the base at this labelled view.
+        # that result as _base. The base keeps its labelled views, in the
+        # order labelled (_shadow reads its labels from all of them: the
+        # last, k.transpose(-2, -1) of qkv[1], covers only k's positions).
         bd = getattr(base, _ATTR, None)
         if bd is None:
+            bd = {}
             try:
-                setattr(base, _ATTR, {"via": weakref.ref(t)})
+                setattr(base, _ATTR, bd)
             except (AttributeError, RuntimeError, TypeError):
-                pass
-        elif "sh" not in bd:
-            bd["via"] = weakref.ref(t)
+                return
+        if "sh" not in bd:
+            vias = bd.setdefault("via", [])
+            vias[:] = [r for r in vias if r() is not None and r() is not t]
+            vias.append(weakref.ref(t))
+            del vias[1:-(_MAX_VIAS - 1)]  # the first (the whole output, often) and the last
+            bd["vn"] = bd.get("vn", 0) + 1
 
 
 def _tagd(t):
@@ -255,18 +263,28 @@ def _shadow(t):
     d = _tag(root)
     if d is None or d.get("cplx") or not root.is_contiguous():
         return None
-    view = root if d.get("sh") is not None else (d["via"]() if "via" in d else None)
-    vd = _tag(view)
-    if vd is None or vd.get("sh") is None or vd.get("cplx"):
+    views = [root] if d.get("sh") is not None else [r() for r in d.get("via", ())]
+    views = [v for v in views if v is not None and _tag(v) is not None and
+             _tag(v).get("sh") is not None and not _tag(v).get("cplx")]
+    if not views:
         return None
     try:
+        key = (d.get("vn"), tuple(id(v) for v in views))
         flat = d.get("flat")
-        if flat is None or flat[0] is not view:
-            # the labels by storage position of the root, from the labelled view
+        if flat is None or flat[0] != key:
+            # the labels by storage position of the root, from its labelled
+            # views in the order labelled: a later one's labels win where
+            # it has any
             labels = torch.full((root.numel(),), _NONE, dtype=torch.long, device=root.device)
-            labels.as_strided(view.shape, view.stride(),
-                              view.storage_offset() - root.storage_offset()).copy_(vd["sh"])
-            flat = d["flat"] = (view, labels)
+            for v in views:
+                try:
+                    win = labels.as_strided(v.shape, v.stride(),
+                                            v.storage_offset() - root.storage_offset())
+                    sh = _tag(v)["sh"].to(labels.device)
+                    win.copy_(torch.where(sh >= 0, sh, win))
+                except RuntimeError:  # an expanded view, its positions overlapping
+                    continue
+            flat = d["flat"] = (key, labels)
         return flat[1].as_strided(t.shape, t.stride(), t.storage_offset() - root.storage_offset())
     except RuntimeError:
         return None
