@@ -876,7 +876,8 @@ def zoo(torch, nn, F):
         return m
 
     # The softmax over the key axis wherever the product put it: Transformer-XL's
-    # time-first einsum("ibhd,jbhd->ijbh") scores softmax'd over dim 1; a
+    # time-first einsum("ibhd,jbhd->ijbh") scores, the first key sliced away
+    # ([:, 1:], a memory slot dropped), softmax'd over dim 1; a
     # batch-first "bihd,bjhd->bijh" score moved by transpose(0, 1) to
     # [i, b, j, h] and softmax'd over dim 2 (the keys, found through the move).
     class AxisSoftmax(ToQueries):
@@ -890,8 +891,8 @@ def zoo(torch, nn, F):
                        for p in (self.to_queries, self.to_keys, self.to_values))
             if self.time_first:
                 q, k, v = (y.transpose(0, 1) for y in (q, k, v))  # [t, b, h, dh]
-                a = torch.einsum("ibhd,jbhd->ijbh", q, k).float().softmax(dim=1)
-                y = torch.einsum("ijbh,jbhd->ibhd", a, v).transpose(0, 1)
+                a = torch.einsum("ibhd,jbhd->ijbh", q, k)[:, 1:].float().softmax(dim=1)
+                y = torch.einsum("ijbh,jbhd->ibhd", a, v[1:]).transpose(0, 1)
             else:
                 s = torch.einsum("bihd,bjhd->bijh", q, k).transpose(0, 1)  # [i, b, j, h]
                 a = s.softmax(dim=2).transpose(0, 1)

@@ -349,11 +349,13 @@ def _no_ellipsis(eq, ops):
     return ",".join(subs) + "->" + res.replace("...", letters)
 
 
-def _score_axes(func, args, kwargs, o, axes):
+def _score_axes(name, func, args, kwargs, o, axes):
     """Where a layout op puts a score's (query axis, key axis): the op run
     on a meta tensor of the input's shape (contiguous strides), each axis
-    found again as the one output axis of the same size and stride; None
-    when one is merged, split or indexed away, or the op cannot run there."""
+    found again as the one output axis of the same size and stride (or,
+    through a slice, score[..., :n], of the same stride and no larger);
+    None when one is merged, split or indexed away, or the op cannot run
+    there."""
     x = args[0]
     if axes is None or not isinstance(x, torch.Tensor) or not isinstance(o, torch.Tensor):
         return None
@@ -373,8 +375,9 @@ def _score_axes(func, args, kwargs, o, axes):
         return None
     out = []
     for i in axes:
-        js = [j for j in range(res.dim()) if res.shape[j] == m.shape[i] and
-              res.stride(j) == m.stride(i)]
+        js = [j for j in range(res.dim()) if res.stride(j) == m.stride(i) and (
+            res.shape[j] == m.shape[i] or name in ("__getitem__", "narrow") and
+            2 <= res.shape[j] < m.shape[i])]
         if len(js) != 1 or m.shape[i] < 2:
             return None
         out.append(js[0])
@@ -1921,7 +1924,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                     _set(o, **{k: v for k, v in d.items() if k in _CARRIED and
                                (k != "rdim" or o.dim() == v)})
                     if "score" in d:
-                        _set(o, saxes=_score_axes(func, args, kwargs, o, d.get("saxes")))
+                        _set(o, saxes=_score_axes(name, func, args, kwargs, o,
+                                                  d.get("saxes")))
 
     def _stack(self, func, args, kwargs, out):
         seq = args[0] if args else kwargs.get("tensors")
