@@ -607,6 +607,32 @@ def zoo(torch, nn, F):
         m.routers_ = lambda: []
         return m
 
+    # TimeSformer's / old timm's q, k, v = qkv[0], qkv[1], qkv[2] of the permuted
+    # fused projection, q and k straight into q @ k.transpose(-2, -1): on torch
+    # 1.13 the mode sees neither index; q's labels come from the projection's
+    # output, though k.transpose (seen, labelled later) covers only k's part.
+    class IndexedQKV(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.h = h
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+        def forward(self, x):
+            b, n, c = x.shape
+            qkv = self.qkv(x).reshape(b, n, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            a = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+            return x + self.proj((a @ v).transpose(1, 2).reshape(b, n, c))
+
+    @member("q, k = qkv[0], qkv[1] of a permuted fused projection straight into q @ k^T",
+            says=["observed (matmul)"], not_says=["SKIPPED"], level=logging.INFO)
+    def indexed_qkv():
+        m = Embed([IndexedQKV(32, 4) for _ in range(2)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.qkv.weight, 4, 8),
+                              split_rows(b.qkv.weight, 4, 8, 32)) for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: []
+        return m
+
     # 13. One score per head: Karpathy's "Let's build GPT" (heads =
     # ModuleList([Head(head_size)]), each with its own query/key Linear) and a
     # loop over one projection's head slices: the heads of one attention.
@@ -845,6 +871,61 @@ def zoo(torch, nn, F):
             not_says=["SKIPPED"], level=logging.WARNING)
     def retention():
         m = Embed([Retention(32, 4) for _ in range(2)])
+        m.expect_ = lambda: []
+        m.routers_ = lambda: []
+        return m
+
+    # The softmax over the key axis wherever the product put it: Transformer-XL's
+    # time-first einsum("ibhd,jbhd->ijbh") scores, the first key sliced away
+    # ([:, 1:], a memory slot dropped), softmax'd over dim 1; a
+    # batch-first "bihd,bjhd->bijh" score moved by transpose(0, 1) to
+    # [i, b, j, h] and softmax'd over dim 2 (the keys, found through the move).
+    class AxisSoftmax(ToQueries):
+        def __init__(self, d, h, time_first):
+            super().__init__(d, h, h)
+            self.time_first = time_first
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = (p(x).view(b, t, self.h, self.dh)
+                       for p in (self.to_queries, self.to_keys, self.to_values))
+            if self.time_first:
+                q, k, v = (y.transpose(0, 1) for y in (q, k, v))  # [t, b, h, dh]
+                a = torch.einsum("ibhd,jbhd->ijbh", q, k)[:, 1:].float().softmax(dim=1)
+                y = torch.einsum("ijbh,jbhd->ibhd", a, v[1:]).transpose(0, 1)
+            else:
+                s = torch.einsum("bihd,bjhd->bijh", q, k).transpose(0, 1)  # [i, b, j, h]
+                a = s.softmax(dim=2).transpose(0, 1)
+                y = torch.einsum("bijh,bjhd->bihd", a, v)
+            return x + self.out(y.reshape(b, t, -1))
+
+    @member("softmax over the key axis where it sits: [i, j, b, h] dim 1, [i, b, j, h] dim 2",
+            says=["observed (einsum)"],
+            not_says=["SKIPPED", "without softmax"], level=logging.INFO)
+    def axis_softmax():
+        m = Embed([AxisSoftmax(32, 4, tf) for tf in (True, False)])
+        m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.to_queries.weight, 4, 8),
+                              split_rows(b.to_keys.weight, 4, 8)) for i, b in enumerate(m.blocks)]
+        m.routers_ = lambda: []
+        return m
+
+    # A softmax over the heads of [b, i, j, h] scores (the product's heads
+    # axis, one of its last two, not its query or key axis) normalizes no
+    # attention over tokens: no score.
+    class HeadSoftmax(ToQueries):
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = (p(x).view(b, t, self.h, self.dh)
+                       for p in (self.to_queries, self.to_keys, self.to_values))
+            a = torch.einsum("bihd,bjhd->bijh", q, k).softmax(dim=-1)
+            y = torch.einsum("bijh,bjhd->bihd", a, v)
+            return x + self.out(y.reshape(b, t, -1))
+
+    @member("a softmax over the heads axis of [b, i, j, h] scores: no attention",
+            says=["found NOTHING to monitor", "0 attention scores"],
+            not_says=["SKIPPED"], level=logging.WARNING)
+    def head_softmax():
+        m = Embed([HeadSoftmax(32, 4, 4) for _ in range(2)])
         m.expect_ = lambda: []
         m.routers_ = lambda: []
         return m

@@ -84,14 +84,13 @@ EXPECTED_FAILING = {
     # over the queries) since fixed, and
     # point-transformer-vector-none (names' head-count warning withdrawn: no score formed)
     # held-out round 6 (zoo/holdout6.py), blind: 9 of 11 right on torch 1.13, 10 of 11 on 2.15;
-    # round 6b (9 more, written after seeing those): 9 of 9 on both torches
-    "transfo-xl-relpos": "time-first einsum('ibnd,jbnd->ijbn') scores with a softmax over "
-                         "dim 1 (not the last): the observed pass sees no score, nothing found",
+    # round 6b (9 more, written after seeing those): 9 of 9 on both torches;
+    # transfo-xl-relpos since fixed (a softmax over the key axis wherever it sits), and
+    # timesformer-divided-st on torch 1.13 (q, k = qkv[0], qkv[1] read from all the
+    # labelled views of their base, not only the last: k.transpose(-2, -1))
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {
-    "timesformer-divided-st": "observed pass (first batch) on torch 1.13: 'some q/k features "
-                              "come from no projection weight this pass saw', all 4 skipped",
 }
 # member -> why, on torch 2.x only (passes on torch 1.x); checked both ways there.
 EXPECTED_FAILING_TORCH2 = {

@@ -40,8 +40,11 @@ every q and k element says which weight row it came from.
 
 Attention score. matmul/bmm/baddbmm/einsum of two labelled operands,
 contracting q's last axis with k's, whose labels do not vary along the
-token axes, and whose result then goes through softmax over its last axis
-or the one before (keys or queries: Slot Attention) or exp (an online or
+token axes, and whose result then goes through softmax over its key axis
+or its query axis (Slot Attention), as the product's shapes or einsum
+subscripts placed them and layout ops then moved them (_score_axes: time-
+first [i, j, b, n] scores softmax'd over dim 1; when a reshape merged one
+away, either of the last two), or exp (an online or
 scatter softmax written out; scaling, masks, padding, dtype changes, and
 a Linear or convolution of the score alone (talking heads, Multi-Token
 Attention's conv) in between are followed: _carry_score); or q * k of
@@ -161,12 +164,14 @@ _GATHER = {"__getitem__", "index_select", "gather", "take_along_dim"}  # rows pi
 _MAX_PAIRS = 4096           # distinct (q row, k row) pairs a summed product may hold
 _RECENT = 32                # labelled tensors kept to find rows an unseen indexing took
 _MAX_MATCH = 1 << 22        # (rows x rows) compared to find them (_unseen_rows)
+_MAX_VIAS = 16              # labelled views of one base kept for views the mode missed (_set)
 # Ops a score may pass through on its way to the softmax, beside layout and elementwise
 # ops: a Linear or convolution over it (talking heads mix the heads' logits, Multi-Token
 # Attention convolves each head's (query, key) plane) and padding (_carry_score)
 _SCORE_CARRY = {"linear", "conv1d", "conv2d", "conv3d", "pad", "_pad", "constant_pad_nd"}
 UNREAD = "unread"           # Site.reason: a score whose q or k the labels cannot read
 _CARRIED = ("score", "normed", "act", "ridx", "rdim", "kth", "rmask")  # tags layout ops carry
+# (and "saxes", a score's (query axis, key axis), which a layout op may move: _score_axes)
 # Top-k indices compared (idx == e, idx.eq(labels), isin) are a mask, no use yet: the mask
 # dispatches when an op selects or weights by it (x[mask], where, nonzero, mask * w); these
 # ops pass it on (a sum or mean over some axes too), and a count or mean of all of it
@@ -221,15 +226,22 @@ def _set(t, **kw):
     if base is not None and not isinstance(base, nn.Parameter):
         # torch 1.13's F.linear on [B, T, d] returns a view of a [B*T, out]
         # result: views taken from it later (qkv[0], unseen by the mode) have
-        # that result as _base. Point the base at this labelled view.
+        # that result as _base. The base keeps its labelled views, in the
+        # order labelled (_shadow reads its labels from all of them: the
+        # last, k.transpose(-2, -1) of qkv[1], covers only k's positions).
         bd = getattr(base, _ATTR, None)
         if bd is None:
+            bd = {}
             try:
-                setattr(base, _ATTR, {"via": weakref.ref(t)})
+                setattr(base, _ATTR, bd)
             except (AttributeError, RuntimeError, TypeError):
-                pass
-        elif "sh" not in bd:
-            bd["via"] = weakref.ref(t)
+                return
+        if "sh" not in bd:
+            vias = bd.setdefault("via", [])
+            vias[:] = [r for r in vias if r() is not None and r() is not t]
+            vias.append(weakref.ref(t))
+            del vias[1:-(_MAX_VIAS - 1)]  # the first (the whole output, often) and the last
+            bd["vn"] = bd.get("vn", 0) + 1
 
 
 def _tagd(t):
@@ -251,18 +263,28 @@ def _shadow(t):
     d = _tag(root)
     if d is None or d.get("cplx") or not root.is_contiguous():
         return None
-    view = root if d.get("sh") is not None else (d["via"]() if "via" in d else None)
-    vd = _tag(view)
-    if vd is None or vd.get("sh") is None or vd.get("cplx"):
+    views = [root] if d.get("sh") is not None else [r() for r in d.get("via", ())]
+    views = [v for v in views if v is not None and _tag(v) is not None and
+             _tag(v).get("sh") is not None and not _tag(v).get("cplx")]
+    if not views:
         return None
     try:
+        key = (d.get("vn"), tuple(id(v) for v in views))
         flat = d.get("flat")
-        if flat is None or flat[0] is not view:
-            # the labels by storage position of the root, from the labelled view
+        if flat is None or flat[0] != key:
+            # the labels by storage position of the root, from its labelled
+            # views in the order labelled: a later one's labels win where
+            # it has any
             labels = torch.full((root.numel(),), _NONE, dtype=torch.long, device=root.device)
-            labels.as_strided(view.shape, view.stride(),
-                              view.storage_offset() - root.storage_offset()).copy_(vd["sh"])
-            flat = d["flat"] = (view, labels)
+            for v in views:
+                try:
+                    win = labels.as_strided(v.shape, v.stride(),
+                                            v.storage_offset() - root.storage_offset())
+                    sh = _tag(v)["sh"].to(labels.device)
+                    win.copy_(torch.where(sh >= 0, sh, win))
+                except RuntimeError:  # an expanded view, its positions overlapping
+                    continue
+            flat = d["flat"] = (key, labels)
         return flat[1].as_strided(t.shape, t.stride(), t.storage_offset() - root.storage_offset())
     except RuntimeError:
         return None
@@ -325,6 +347,41 @@ def _no_ellipsis(eq, ops):
     letters = "".join(free[:n])
     subs = [sub.replace("...", letters[n - c:]) for sub, c in zip(subs, counts)]
     return ",".join(subs) + "->" + res.replace("...", letters)
+
+
+def _score_axes(name, func, args, kwargs, o, axes):
+    """Where a layout op puts a score's (query axis, key axis): the op run
+    on a meta tensor of the input's shape (contiguous strides), each axis
+    found again as the one output axis of the same size and stride (or,
+    through a slice, score[..., :n], of the same stride and no larger);
+    None when one is merged, split or indexed away, or the op cannot run
+    there."""
+    x = args[0]
+    if axes is None or not isinstance(x, torch.Tensor) or not isinstance(o, torch.Tensor):
+        return None
+    try:
+        m = torch.empty(x.shape, device="meta")
+        rest = list(args)
+        rest[0] = m
+        res = func(*rest, **kwargs)
+    except Exception:  # an op that takes other tensors (an index) or no meta tensor
+        return None
+    if isinstance(res, (tuple, list)):
+        res = [r for r in res if isinstance(r, torch.Tensor) and r.shape == o.shape]
+        if len({(r.shape, r.stride()) for r in res}) != 1:
+            return None
+        res = res[0]
+    if not isinstance(res, torch.Tensor) or res.shape != o.shape:
+        return None
+    out = []
+    for i in axes:
+        js = [j for j in range(res.dim()) if res.stride(j) == m.stride(i) and (
+            res.shape[j] == m.shape[i] or name in ("__getitem__", "narrow") and
+            2 <= res.shape[j] < m.shape[i])]
+        if len(js) != 1 or m.shape[i] < 2:
+            return None
+        out.append(js[0])
+    return tuple(out)
 
 
 def _flat(seq):
@@ -1026,8 +1083,10 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         b = sk.expand(*bs, k).reshape(-1, k).cpu()
         return a, b
 
-    def _candidate(self, a, b, out, via):
-        """a: q labels [..., Tq, K] (token axis -2), b: k labels [..., Tk, K]."""
+    def _candidate(self, a, b, out, via, axes=None):
+        """a: q labels [..., Tq, K] (token axis -2), b: k labels [..., Tk, K];
+        axes: out's (query axis, key axis) when known (a softmax over either
+        confirms the score), else None (then either of out's last two)."""
         if a.dim() < 2 or b.dim() < 2:
             return
         if not torch.equal(a[..., :1, :].expand_as(a), a) or \
@@ -1039,7 +1098,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         site = self._site_from_pairs(*pairs, via)
         if site is not None:
             self.candidates.append(site)
-            _set(out, score=site)
+            if isinstance(out, torch.Tensor) and axes is not None:
+                axes = tuple(x % out.dim() for x in axes)
+            _set(out, score=site, saxes=axes)
 
     def _site_from_pairs(self, qa, ka, via):
         site = Site("attention", 0)
@@ -1169,7 +1230,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if sa is None or sb is None or sa.dim() < 2 or sb.dim() < 2:
             return
         # q [..., Tq, K] @ kT [..., K, Tk]
-        self._candidate(sa, sb.transpose(-1, -2), out, name)
+        self._candidate(sa, sb.transpose(-1, -2), out, name, (-2, -1))
 
     def _unread(self, a, b, sa, sb, out):
         """q @ k^T with one side a head-split projection (labels constant
@@ -1196,7 +1257,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         site.q_srcs, site.k_srcs = (side, []) if sa is not None else ([], side)
         site.head_dim = lab.shape[-2]
         self.candidates.append(site)
-        _set(out, score=site)
+        _set(out, score=site, saxes=(out.dim() - 2, out.dim() - 1))
 
     def _expert_mix(self, name, args, out):
         """softmax(q k^T) @ v over one projection's E outputs (Yuan2-M32's
@@ -1254,7 +1315,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 a = a.reshape(a.shape[:len(batch) + len(qx)] + (1,) * len(kx) + a.shape[-2:])
                 b = b.reshape(b.shape[:len(batch)] + (1,) * len(qx) + b.shape[len(batch):])
                 before = len(self.candidates)
-                self._candidate(a, b, out, "einsum")
+                self._candidate(a, b, out, "einsum", (res.index(tq), res.index(tk)))
                 if len(self.candidates) > before:
                     return
 
@@ -1575,7 +1636,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 r = _flow_of(a)
                 if r is not None and r[0]:
                     return
-        _set(out, score=site)
+        _set(out, score=site, saxes=(_tagd(x) or {}).get("saxes"))
 
     def _after(self, name, func, args, kwargs, out):
         if name in _SCORE_CARRY:
@@ -1635,9 +1696,14 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             if d is not None:
                 site = d.get("score")
                 # over the keys, or over the queries (Slot Attention's slots
-                # compete for each input): the same q.k bilinear form
-                if site is not None and isinstance(dim, int) and t.dim() >= 2 and \
-                        dim % t.dim() >= t.dim() - 2:
+                # compete for each input): the same q.k bilinear form. The
+                # axes are the ones the product put them on, wherever layout
+                # ops moved them (time-first [i, j, b, n] scores softmax'd
+                # over dim 1); unknown, either of the last two
+                ax = d.get("saxes")
+                if site is not None and isinstance(dim, int) and t.dim() >= 2 and (
+                        dim % t.dim() in ax if ax is not None else
+                        dim % t.dim() >= t.dim() - 2):
                     self._confirm(site)
                 if "sh" in d and isinstance(out, torch.Tensor) and out.shape == t.shape:
                     _set(out, sh=d["sh"], normed="softmax")
@@ -1805,7 +1871,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         if site is None or site.reason is not None or site.n_heads < 1:
             return
         self.candidates.append(site)
-        _set(out, score=site)
+        _set(out, score=site, saxes=None)
 
     def _layout(self, name, func, args, kwargs, out):
         if not args:
@@ -1832,6 +1898,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                         "score", "normed", "cplx", "act", "lin", "pdot", "gath")})
                 elif isinstance(o, torch.Tensor):
                     _set(o, **{k: v for k, v in d.items() if k in _CARRIED})
+                if isinstance(o, torch.Tensor) and "score" in d:
+                    _set(o, saxes=d.get("saxes") if o.shape == args[0].shape else None)
             return
         if d.get("cplx"):
             return
@@ -1855,6 +1923,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 if isinstance(o, torch.Tensor):
                     _set(o, **{k: v for k, v in d.items() if k in _CARRIED and
                                (k != "rdim" or o.dim() == v)})
+                    if "score" in d:
+                        _set(o, saxes=_score_axes(name, func, args, kwargs, o,
+                                                  d.get("saxes")))
 
     def _stack(self, func, args, kwargs, out):
         seq = args[0] if args else kwargs.get("tensors")
@@ -1927,7 +1998,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 continue
             for a, d in tagged:
                 sh = d.get("sh")
-                keep = {k: v for k, v in d.items() if k in ("score", "normed")
+                keep = {k: v for k, v in d.items() if k in ("score", "normed", "saxes")
                         and tuple(a.shape) == tuple(o.shape)}
                 if name == "sigmoid" and sh is not None:
                     keep["normed"] = "sigmoid"
