@@ -32,8 +32,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb, repeat_kv
-from tinygpt import FlashLikeAttention, Fault
+from llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, TinyLlama, apply_rotary_pos_emb,
+                   repeat_kv)
+from tinygpt import FlashLikeAttention, Fault, MoE
 
 
 class QkNormAttention(nn.Module):
@@ -74,13 +75,14 @@ class QkNormAttention(nn.Module):
         return self.o_proj(y)
 
 
-class SparseMoeBlock(nn.Module):
+class SparseMoeBlock(MoE):
     """Top-k routed SwiGLU experts. Every expert runs on every token and
     the top-k weights select (tiny E: simpler than dispatch, same maths).
-    Sets self.aux to the Switch load-balancing loss on each forward."""
+    Sets self.aux to the Switch load-balancing loss on each forward:
+    tinygpt.MoE's forward, with SwiGLU experts."""
 
     def __init__(self, config):
-        super().__init__()
+        nn.Module.__init__(self)  # not MoE's: its own experts
         d = config.hidden_size
         self.num_experts = config.num_experts
         self.top_k = config.num_experts_per_tok
@@ -88,19 +90,6 @@ class SparseMoeBlock(nn.Module):
         expert = SimpleNamespace(hidden_size=d, intermediate_size=config.moe_intermediate_size)
         self.experts = nn.ModuleList(LlamaMLP(expert) for _ in range(self.num_experts))
         self.aux = None
-
-    def forward(self, x):
-        b, t, d = x.shape
-        flat = x.reshape(-1, d)
-        probs = torch.softmax(self.gate(flat), dim=-1)
-        topv, topi = probs.topk(self.top_k, dim=-1)
-        topv = topv / topv.sum(dim=-1, keepdim=True)
-        weights = torch.zeros_like(probs).scatter(1, topi, topv)
-        out = torch.stack([e(flat) for e in self.experts], dim=1)  # [N, E, d]
-        y = (weights.unsqueeze(-1) * out).sum(dim=1)
-        frac = torch.zeros_like(probs).scatter(1, topi, 1.0).mean(0) / self.top_k
-        self.aux = self.num_experts * (frac * probs.mean(0)).sum()
-        return y.view(b, t, d)
 
 
 class SequentialLayer(nn.Module):
@@ -162,16 +151,7 @@ class TinyQkModel(nn.Module):
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.apply(self._init)
 
-    def _init(self, m):
-        # As llama.py: fan-in scaling, the residual outputs (o_proj,
-        # down_proj) further by 1/sqrt(2 n_layer).
-        if isinstance(m, nn.Linear):
-            std = m.in_features ** -0.5
-            if getattr(m, "residual_out", False):
-                std /= math.sqrt(2 * self.config.num_hidden_layers)
-            nn.init.normal_(m.weight, mean=0.0, std=std)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+    _init = TinyLlama._init  # fan-in scaling, residual outputs by 1/sqrt(2 n_layer)
 
     def forward(self, idx, targets):
         x = self.model.embed_tokens(idx)
