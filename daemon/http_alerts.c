@@ -130,6 +130,7 @@ static json_t *event_json(sqlite3_stmt *st)
     rc |= oset(o, "attribution", col_text(st, 6));
     rc |= oset(o, "evidence", http_col_json_object(st, 7, HTTP_MAX_EVIDENCE_JSON_BYTES));
     rc |= oset(o, "attempt", col_int(st, 8));
+    rc |= oset(o, "severity", col_text(st, 9));
     if (rc != 0) {
         json_decref(o);
         return NULL;

@@ -113,8 +113,10 @@ static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_ALERTS_RUN_STATE] = ALERTS_ARMS("a.run_id = ?1 AND "),
     [STMT_ALERT_ONE] = "SELECT " ALERT_COLUMNS ALERTS_FROM "WHERE a.id = ?1",
     /* newest first so that LIMIT keeps the latest; reversed in C */
+    /* an event's severity as it was (schema/012; older rows: the alert's) */
     [STMT_ALERT_HISTORY] = "SELECT id, change, from_state, to_state, step, at, attribution, "
-                           "evidence_json, attempt FROM alert_events WHERE alert_id = ?1 "
+                           "evidence_json, attempt, COALESCE(severity, (SELECT severity FROM "
+                           "alerts WHERE id = ?1)) FROM alert_events WHERE alert_id = ?1 "
                            "ORDER BY id DESC LIMIT ?2",
     /* newest first so that LIMIT keeps the latest; regrouped in C */
     [STMT_ALERT_ADVICE] = "SELECT a.id, a.action, a.step, a.rule, a.label, a.severity, "

@@ -666,14 +666,19 @@ Test(http_alerts, unknown_state_number_is_named_unknown)
 Test(http_alerts, superseded_and_attempts)
 {
     int64_t a8 = fx(8).id, a9 = fx(9).id;
-    char sql[256];
-    snprintf(sql, sizeof sql, "UPDATE alerts SET state = %d WHERE id = %lld", ALERT_SUPERSEDED,
-             (long long)a8);
+    char sql[512];
+    /* The alerts are critical now; a8's event was stored with the warning
+     * it had then, a9's without one (a row from before schema 012). */
+    snprintf(sql, sizeof sql,
+             "UPDATE alerts SET state = %d, severity = 'critical' WHERE id = %lld; "
+             "UPDATE alerts SET severity = 'critical' WHERE id = %lld",
+             ALERT_SUPERSEDED, (long long)a8, (long long)a9);
     exec(sql);
     snprintf(sql, sizeof sql,
              "INSERT INTO alert_events(alert_id, change, from_state, to_state, step, at, "
-             "attribution, evidence_json, attempt) VALUES (%lld, 'to_superseded', 2, 4, 300, 1, "
-             "'combined', '{}', 0), (%lld, 'to_firing', 1, 2, 320, 2, 'combined', '{}', 1)",
+             "attribution, evidence_json, attempt, severity) VALUES (%lld, 'to_superseded', 2, "
+             "4, 300, 1, 'combined', '{}', 0, 'warning'), (%lld, 'to_firing', 1, 2, 320, 2, "
+             "'combined', '{}', 1, NULL)",
              (long long)a8, (long long)a9);
     exec(sql);
     exec("INSERT INTO attempts(run_id, attempt, resume_step, started_at, rebuilt_at) VALUES "
@@ -689,6 +694,13 @@ Test(http_alerts, superseded_and_attempts)
     cr_expect_str_eq(jstr(last, "change"), "to_superseded");
     cr_expect_str_eq(jstr(last, "to"), "superseded");
     cr_expect_eq(json_integer_value(json_object_get(last, "attempt")), 0);
+    cr_expect_str_eq(jstr(last, "severity"), "warning", "the event's own severity");
+    resp_free(&r);
+    snprintf(path, sizeof path, "/api/v1/alerts/%lld", (long long)a9);
+    doc = get_json(path, 200, &r);
+    hist = json_object_get(json_object_get(doc, "alert"), "history");
+    last = json_array_get(hist, json_array_size(hist) - 1);
+    cr_expect_str_eq(jstr(last, "severity"), "critical", "no stored severity: the alert's");
     resp_free(&r);
     /* the fifth state arm */
     doc = get_json("/api/v1/alerts?state=superseded", 200, &r);
