@@ -110,7 +110,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 FAMILIES = ("decoders", "encdec", "moe", "research", "holdout", "holdout2", "gaps", "holdout3",
-            "holdout4", "holdout5", "holdout6")
+            "holdout4", "holdout5", "holdout6", "holdout7")
 
 _MEMBERS = []
 

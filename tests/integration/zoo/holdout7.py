@@ -1,0 +1,710 @@
+"""Held-out layouts, seventh blind round: written after the public code each
+member's docstring names, without reading the discoverer (client/python/
+foreshock observe.py, layouts.py, effective.py, monitor.py's discovery), to
+score discovery with defaults on layouts real users bring that the zoo
+lacked:
+
+  dataparallel-cpu-llama     a LLaMA-shaped model inside torch.nn.DataParallel
+                             (on a machine without CUDA it calls .module
+                             directly; parameters under module.)
+  deepspeed-engine-neox      a DeepSpeedEngine-style wrapper (.module, a
+                             forward that passes everything through) around
+                             GPT-NeoX's per-head interleaved query_key_value
+  gpt2-reorder-upcast        GPT-2 with reorder_and_upcast_attn and
+                             scale_attn_by_inverse_layer_idx: scores by
+                             baddbmm(beta=0, alpha) on float32 copies
+  glm4-moe-grouped-sigmoid   GLM-4.5 MoE: q/k RMSNorm, partial rotary, first
+                             layer dense, a sigmoid router with a correction
+                             bias and group-limited top-k, shared experts
+  qwen2vl-text-mrope         Qwen2-VL's language model: multimodal rotary
+                             (three position axes, mrope_section) on text
+  granite-multipliers        IBM Granite (dense): attention_multiplier as the
+                             softmax scale, embedding/residual multipliers
+  convnext-none              ConvNeXt: depthwise 7x7 convs and pointwise
+                             Linears on channels-last: nothing
+  fnet-fourier-none          FNet: token mixing by a 2-D FFT: nothing
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import Attn, Router, Rows, Truth, heads_grouped, heads_separate, member
+from .parts import D, VOCAB, RMSNorm, rotate_half, repeat_kv, tokens
+
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+
+def sep(prefix, h, kv, dh, q="q_proj", k="k_proj", block=0, kind="self", t=False):
+    qs, ks = heads_separate(f"{prefix}.{q}.weight", f"{prefix}.{k}.weight", h, kv, dh, t)
+    return Attn(block, h, kv, dh, qs, ks, prefix, kind)
+
+
+def sdpa(q, k, v, scale, causal=True):
+    """SDPA with a scale where torch has one (2.1+), else the softmax."""
+    if HAS_SDPA:
+        try:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        except TypeError:
+            pass
+    w = torch.matmul(q, k.transpose(2, 3)) * scale
+    if causal:
+        t = q.shape[-2]
+        w = w.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.matmul(F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
+def rope_cos_sin(dim, t, base=10000.0):
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
+    f = torch.outer(torch.arange(t).float(), inv)
+    emb = torch.cat((f, f), -1)
+    return emb.cos(), emb.sin()
+
+
+# ---- DataParallel around a LLaMA -------------------------------------------------------------
+# transformers models/llama/modeling_llama.py; torch/nn/parallel/data_parallel.py
+
+class LlamaAttention(nn.Module):
+    def __init__(self, d, h, kv, dh):
+        super().__init__()
+        self.h, self.kv, self.dh = h, kv, dh
+        self.q_proj = nn.Linear(d, h * dh, bias=False)
+        self.k_proj = nn.Linear(d, kv * dh, bias=False)
+        self.v_proj = nn.Linear(d, kv * dh, bias=False)
+        self.o_proj = nn.Linear(h * dh, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = repeat_kv(k, self.h // self.kv), repeat_kv(v, self.h // self.kv)
+        o = sdpa(q, k, v, self.dh ** -0.5)
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, d, f):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, d=D, h=4, kv=2, dh=8):
+        super().__init__()
+        self.self_attn = LlamaAttention(d, h, kv, dh)
+        self.mlp = LlamaMLP(d, 64)
+        self.input_layernorm = RMSNorm(d)
+        self.post_attention_layernorm = RMSNorm(d)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, n_layer=2):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(VOCAB, D)
+        self.model.layers = nn.ModuleList(LlamaDecoderLayer() for _ in range(n_layer))
+        self.model.norm = RMSNorm(D)
+        self.lm_head = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, input_ids):
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(8, input_ids.shape[1])
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.model.norm(x))
+
+
+@member("dataparallel-cpu-llama")
+def dataparallel_llama():
+    """After torch.nn.DataParallel wrapping transformers' LlamaForCausalLM (GQA 4/2)."""
+    model = nn.DataParallel(LlamaForCausalLM())
+    att = [sep(f"module.model.layers.{i}.self_attn", 4, 2, 8, block=i) for i in range(2)]
+    return model, tokens(), Truth(att, not_reported=["module.model.layers.0.mlp.gate_proj.weight"])
+
+
+# ---- DeepSpeedEngine-style wrapper around GPT-NeoX ---------------------------------------------
+# deepspeed/runtime/engine.py (DeepSpeedEngine.module, forward); transformers gpt_neox
+
+class GPTNeoXAttention(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.num_attention_heads, self.head_size = h, d // h
+        self.rotary_ndims = self.head_size // 2  # rotary_pct 0.5
+        self.query_key_value = nn.Linear(d, 3 * d)
+        self.dense = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        qkv = self.query_key_value(x).view(b, t, self.num_attention_heads, 3 * self.head_size)
+        qkv = qkv.transpose(1, 2)
+        q, k, v = qkv.chunk(3, dim=-1)
+        r = self.rotary_ndims
+        cos, sin = rope_cos_sin(r, t)
+        qr, kr = q[..., :r], k[..., :r]
+        qr, kr = qr * cos + rotate_half(qr) * sin, kr * cos + rotate_half(kr) * sin
+        q, k = torch.cat((qr, q[..., r:]), -1), torch.cat((kr, k[..., r:]), -1)
+        o = sdpa(q, k, v, self.head_size ** -0.5)
+        return self.dense(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class GPTNeoXLayer(nn.Module):
+    def __init__(self, d=D, h=4):
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(d)
+        self.post_attention_layernorm = nn.LayerNorm(d)
+        self.attention = GPTNeoXAttention(d, h)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):  # use_parallel_residual
+        return x + self.attention(self.input_layernorm(x)) + self.mlp(
+            self.post_attention_layernorm(x))
+
+
+class GPTNeoXForCausalLM(nn.Module):
+    def __init__(self, n_layer=2):
+        super().__init__()
+        self.gpt_neox = nn.Module()
+        self.gpt_neox.embed_in = nn.Embedding(VOCAB, D)
+        self.gpt_neox.layers = nn.ModuleList(GPTNeoXLayer() for _ in range(n_layer))
+        self.gpt_neox.final_layer_norm = nn.LayerNorm(D)
+        self.embed_out = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, input_ids):
+        x = self.gpt_neox.embed_in(input_ids)
+        for layer in self.gpt_neox.layers:
+            x = layer(x)
+        return self.embed_out(self.gpt_neox.final_layer_norm(x))
+
+
+class DeepSpeedEngine(nn.Module):
+    """What the training loop holds after deepspeed.initialize: the model
+    under .module, forward passing every argument through."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model
+        self.global_steps = 0
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+
+@member("deepspeed-engine-neox")
+def deepspeed_neox():
+    """After deepspeed/runtime/engine.py's DeepSpeedEngine around transformers' GPT-NeoX."""
+    model = DeepSpeedEngine(GPTNeoXForCausalLM())
+    att = []
+    for i in range(2):
+        p = f"module.gpt_neox.layers.{i}.attention"
+        att.append(Attn(i, 4, 4, 8, *heads_grouped(f"{p}.query_key_value.weight", 4, 4, 8), p))
+    return model, tokens(), Truth(att, not_reported=[
+        "module.gpt_neox.layers.0.mlp.0.weight"])
+
+
+# ---- GPT-2, reorder_and_upcast_attn ----------------------------------------------------------
+# transformers models/gpt2/modeling_gpt2.py (GPT2Attention._upcast_and_reordered_attn)
+
+class Conv1D(nn.Module):
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, d, h, layer_idx):
+        super().__init__()
+        self.num_heads, self.head_dim, self.split_size = h, d // h, d
+        self.layer_idx = layer_idx
+        self.c_attn = Conv1D(3 * d, d)
+        self.c_proj = Conv1D(d, d)
+
+    def _upcast_and_reordered_attn(self, query, key, value):
+        bsz, num_heads, q_seq_len, dk = query.size()
+        _, _, k_seq_len, _ = key.size()
+        attn_weights = torch.empty(bsz * num_heads, q_seq_len, k_seq_len, dtype=torch.float32)
+        scale_factor = 1.0 / float(value.size(-1)) ** 0.5
+        scale_factor /= float(self.layer_idx + 1)
+        q = query.reshape(-1, q_seq_len, dk)
+        k = key.transpose(-1, -2).reshape(-1, dk, k_seq_len)
+        attn_weights = torch.baddbmm(attn_weights, q.float(), k.float(), beta=0,
+                                     alpha=scale_factor)
+        attn_weights = attn_weights.reshape(bsz, num_heads, q_seq_len, k_seq_len)
+        causal = torch.ones(q_seq_len, k_seq_len, dtype=torch.bool).tril()
+        mask_value = torch.tensor(torch.finfo(attn_weights.dtype).min, dtype=attn_weights.dtype)
+        attn_weights = torch.where(causal, attn_weights, mask_value)
+        attn_weights = F.softmax(attn_weights, dim=-1).type(value.dtype)
+        return torch.matmul(attn_weights, value)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        query, key, value = self.c_attn(x).split(self.split_size, dim=2)
+        shape = (b, t, self.num_heads, self.head_dim)
+        query, key, value = (y.view(shape).transpose(1, 2) for y in (query, key, value))
+        o = self._upcast_and_reordered_attn(query, key, value)
+        return self.c_proj(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, d, h, i):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = GPT2Attention(d, h, i)
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = nn.Module()
+        self.mlp.c_fc = Conv1D(4 * d, d)
+        self.mlp.c_proj = Conv1D(d, 4 * d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x))))
+
+
+class GPT2LMHeadModel(nn.Module):
+    def __init__(self, n_layer=2, d=D, h=4):
+        super().__init__()
+        self.transformer = nn.Module()
+        self.transformer.wte = nn.Embedding(VOCAB, d)
+        self.transformer.wpe = nn.Embedding(64, d)
+        self.transformer.h = nn.ModuleList(GPT2Block(d, h, i) for i in range(n_layer))
+        self.transformer.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, VOCAB, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, input_ids):
+        pos = torch.arange(input_ids.shape[1])
+        x = self.transformer.wte(input_ids) + self.transformer.wpe(pos)
+        for blk in self.transformer.h:
+            x = blk(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+@member("gpt2-reorder-upcast")
+def gpt2_reorder():
+    """After transformers' GPT2Attention with reorder_and_upcast_attn=True and
+    scale_attn_by_inverse_layer_idx=True (baddbmm on float32 copies)."""
+    model = GPT2LMHeadModel()
+    att = []
+    for i in range(2):
+        p = f"transformer.h.{i}.attn"
+        w = f"{p}.c_attn.weight"
+        qs = [Rows(w, range(j * 8, (j + 1) * 8), True) for j in range(4)]
+        ks = [Rows(w, range(D + j * 8, D + (j + 1) * 8), True) for j in range(4)]
+        att.append(Attn(i, 4, 4, 8, qs, ks, p))
+    return model, tokens(), Truth(att, not_reported=["transformer.h.0.mlp.c_fc.weight"])
+
+
+# ---- GLM-4.5 MoE ------------------------------------------------------------------------------
+# transformers models/glm4_moe/modeling_glm4_moe.py
+
+class Glm4MoeAttention(nn.Module):
+    def __init__(self, d=D, h=4, kv=2, dh=8):
+        super().__init__()
+        self.h, self.kv, self.dh = h, kv, dh
+        self.rotary_dim = dh // 2  # partial_rotary_factor 0.5
+        self.q_proj = nn.Linear(d, h * dh, bias=True)
+        self.k_proj = nn.Linear(d, kv * dh, bias=True)
+        self.v_proj = nn.Linear(d, kv * dh, bias=True)
+        self.o_proj = nn.Linear(h * dh, d, bias=False)
+        self.q_norm = RMSNorm(dh)
+        self.k_norm = RMSNorm(dh)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, -1, self.dh)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, -1, self.dh)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        r = self.rotary_dim
+        cos, sin = rope_cos_sin(r, t)
+        q_rot, q_pass = q[..., :r], q[..., r:]
+        k_rot, k_pass = k[..., :r], k[..., r:]
+        q = torch.cat([q_rot * cos + rotate_half(q_rot) * sin, q_pass], -1)
+        k = torch.cat([k_rot * cos + rotate_half(k_rot) * sin, k_pass], -1)
+        k, v = repeat_kv(k, self.h // self.kv), repeat_kv(v, self.h // self.kv)
+        o = sdpa(q, k, v, self.dh ** -0.5)
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class Glm4MoeTopkRouter(nn.Module):
+    def __init__(self, d, n_routed_experts):
+        super().__init__()
+        self.n_routed_experts = n_routed_experts
+        self.weight = nn.Parameter(torch.randn(n_routed_experts, d) * 0.1)
+        self.register_buffer("e_score_correction_bias", torch.zeros(n_routed_experts))
+
+    def forward(self, x):
+        return F.linear(x.view(-1, x.shape[-1]).float(), self.weight.float())
+
+
+class Glm4MoeMoE(nn.Module):
+    def __init__(self, d=D, E=8, top_k=2, n_group=2, topk_group=1, f=16):
+        super().__init__()
+        self.n_routed_experts, self.top_k = E, top_k
+        self.n_group, self.topk_group = n_group, topk_group
+        self.norm_topk_prob, self.routed_scaling_factor = True, 1.5
+        self.experts = nn.ModuleList(LlamaMLP(d, f) for _ in range(E))
+        self.gate = Glm4MoeTopkRouter(d, E)
+        self.shared_experts = LlamaMLP(d, f)
+
+    def route_tokens_to_experts(self, router_logits):
+        router_logits = router_logits.sigmoid()
+        scores_for_choice = router_logits + self.gate.e_score_correction_bias
+        group_scores = scores_for_choice.view(
+            -1, self.n_group, self.n_routed_experts // self.n_group).topk(2, dim=-1)[0].sum(-1)
+        group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores)
+        group_mask.scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(
+            -1, self.n_group, self.n_routed_experts // self.n_group).reshape(
+            -1, self.n_routed_experts)
+        scores_for_choice = scores_for_choice.masked_fill(~score_mask.bool(), 0.0)
+        topk_indices = torch.topk(scores_for_choice, k=self.top_k, dim=-1, sorted=False)[1]
+        topk_weights = router_logits.gather(1, topk_indices)
+        if self.norm_topk_prob:
+            topk_weights = topk_weights / (topk_weights.sum(-1, keepdim=True) + 1e-20)
+        return topk_indices, topk_weights * self.routed_scaling_factor
+
+    def forward(self, hidden_states):
+        residuals = hidden_states
+        shape = hidden_states.shape
+        router_logits = self.gate(hidden_states)
+        topk_indices, topk_weights = self.route_tokens_to_experts(router_logits)
+        x = hidden_states.view(-1, shape[-1])
+        out = torch.zeros_like(x)
+        mask = F.one_hot(topk_indices, self.n_routed_experts).permute(2, 0, 1)
+        for e in range(self.n_routed_experts):
+            tok, slot = torch.where(mask[e])
+            if tok.numel():
+                w = topk_weights[tok, slot].unsqueeze(-1).to(x.dtype)
+                out.index_add_(0, tok, self.experts[e](x[tok]) * w)
+        return out.view(shape) + self.shared_experts(residuals)
+
+
+class Glm4MoeDecoderLayer(nn.Module):
+    def __init__(self, i, first_k_dense_replace=1):
+        super().__init__()
+        self.self_attn = Glm4MoeAttention()
+        self.mlp = Glm4MoeMoE() if i >= first_k_dense_replace else LlamaMLP(D, 64)
+        self.input_layernorm = RMSNorm(D)
+        self.post_attention_layernorm = RMSNorm(D)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Glm4MoeForCausalLM(nn.Module):
+    def __init__(self, n_layer=3):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(VOCAB, D)
+        self.model.layers = nn.ModuleList(Glm4MoeDecoderLayer(i) for i in range(n_layer))
+        self.model.norm = RMSNorm(D)
+        self.lm_head = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, input_ids):
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x)
+        return self.lm_head(self.model.norm(x))
+
+
+@member("glm4-moe-grouped-sigmoid")
+def glm4_moe():
+    """After transformers' Glm4MoeForCausalLM (first_k_dense_replace=1, n_group=2,
+    topk_group=1, 8 routed experts top-2, one shared expert)."""
+    model = Glm4MoeForCausalLM()
+    att = [sep(f"model.layers.{i}.self_attn", 4, 2, 8, block=i) for i in range(3)]
+    rts = [Router(i, 8, 2, Rows(f"model.layers.{i}.mlp.gate.weight", range(8)),
+                  f"model.layers.{i}.mlp.gate") for i in (1, 2)]
+    return model, tokens(), Truth(att, rts, not_reported=[
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.shared_experts.gate_proj.weight",
+        "model.layers.1.mlp.experts.0.gate_proj.weight"])
+
+
+# ---- Qwen2-VL text model, multimodal rotary ---------------------------------------------------
+# transformers models/qwen2_vl/modeling_qwen2_vl.py (apply_multimodal_rotary_pos_emb)
+
+class Qwen2VLRotaryEmbedding(nn.Module):
+    def __init__(self, dim, base=10000.0):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)),
+                             persistent=False)
+
+    def forward(self, x, position_ids):  # position_ids [3, B, T]
+        inv = self.inv_freq[None, None, :, None].float().expand(3, position_ids.shape[1], -1, 1)
+        freqs = (inv @ position_ids[:, :, None, :].float()).transpose(2, 3)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def apply_multimodal_rotary_pos_emb(q, k, cos, sin, mrope_section):
+    mrope_section = mrope_section * 2
+    cos = torch.cat([m[i % 3] for i, m in enumerate(cos.split(mrope_section, dim=-1))],
+                    dim=-1).unsqueeze(1)
+    sin = torch.cat([m[i % 3] for i, m in enumerate(sin.split(mrope_section, dim=-1))],
+                    dim=-1).unsqueeze(1)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class Qwen2VLAttention(nn.Module):
+    def __init__(self, d=D, h=4, kv=2, dh=8, mrope_section=(1, 1, 2)):
+        super().__init__()
+        self.num_heads, self.num_key_value_heads, self.head_dim = h, kv, dh
+        self.mrope_section = list(mrope_section)
+        self.q_proj = nn.Linear(d, h * dh, bias=True)
+        self.k_proj = nn.Linear(d, kv * dh, bias=True)
+        self.v_proj = nn.Linear(d, kv * dh, bias=True)
+        self.o_proj = nn.Linear(h * dh, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_multimodal_rotary_pos_emb(q, k, cos, sin, self.mrope_section)
+        rep = self.num_heads // self.num_key_value_heads
+        k, v = repeat_kv(k, rep), repeat_kv(v, rep)
+        o = sdpa(q, k, v, self.head_dim ** -0.5)
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class Qwen2VLDecoderLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = Qwen2VLAttention()
+        self.mlp = LlamaMLP(D, 64)
+        self.input_layernorm = RMSNorm(D)
+        self.post_attention_layernorm = RMSNorm(D)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2VLForConditionalGeneration(nn.Module):
+    def __init__(self, n_layer=2):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(VOCAB, D)
+        self.model.layers = nn.ModuleList(Qwen2VLDecoderLayer() for _ in range(n_layer))
+        self.model.norm = RMSNorm(D)
+        self.model.rotary_emb = Qwen2VLRotaryEmbedding(8)
+        self.lm_head = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, input_ids, position_ids=None):
+        x = self.model.embed_tokens(input_ids)
+        if position_ids is None:  # text only: the three axes agree
+            b, t = input_ids.shape
+            position_ids = torch.arange(t)[None, None, :].expand(3, b, t)
+        cos, sin = self.model.rotary_emb(x, position_ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.model.norm(x))
+
+
+@member("qwen2vl-text-mrope")
+def qwen2vl_text():
+    """After transformers' Qwen2VL language model (Qwen2VLAttention with
+    apply_multimodal_rotary_pos_emb, mrope_section [1, 1, 2] for head_dim 8)."""
+    model = Qwen2VLForConditionalGeneration()
+    att = [sep(f"model.layers.{i}.self_attn", 4, 2, 8, block=i) for i in range(2)]
+    return model, tokens(), Truth(att, not_reported=["model.layers.0.mlp.up_proj.weight"])
+
+
+# ---- Granite (dense) ------------------------------------------------------------------------
+# transformers models/granite/modeling_granite.py
+
+class GraniteAttention(nn.Module):
+    def __init__(self, cfg_multiplier, d=D, h=4, kv=1, dh=8):
+        super().__init__()
+        self.h, self.kv, self.dh = h, kv, dh
+        self.scaling = cfg_multiplier
+        self.q_proj = nn.Linear(d, h * dh, bias=False)
+        self.k_proj = nn.Linear(d, kv * dh, bias=False)
+        self.v_proj = nn.Linear(d, kv * dh, bias=False)
+        self.o_proj = nn.Linear(h * dh, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = repeat_kv(k, self.h // self.kv), repeat_kv(v, self.h // self.kv)
+        o = sdpa(q, k, v, self.scaling)
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class GraniteDecoderLayer(nn.Module):
+    def __init__(self, residual_multiplier=0.22, attention_multiplier=0.0078125):
+        super().__init__()
+        self.residual_multiplier = residual_multiplier
+        self.self_attn = GraniteAttention(attention_multiplier)
+        self.mlp = LlamaMLP(D, 64)
+        self.input_layernorm = RMSNorm(D)
+        self.post_attention_layernorm = RMSNorm(D)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin) * self.residual_multiplier
+        return x + self.mlp(self.post_attention_layernorm(x)) * self.residual_multiplier
+
+
+class GraniteForCausalLM(nn.Module):
+    def __init__(self, n_layer=2):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.embedding_multiplier = 12.0
+        self.model.embed_tokens = nn.Embedding(VOCAB, D)
+        self.model.layers = nn.ModuleList(GraniteDecoderLayer() for _ in range(n_layer))
+        self.model.norm = RMSNorm(D)
+        self.lm_head = nn.Linear(D, VOCAB, bias=False)
+        self.logits_scaling = 8.0
+
+    def forward(self, input_ids):
+        x = self.model.embed_tokens(input_ids) * self.model.embedding_multiplier
+        cos, sin = rope_cos_sin(8, input_ids.shape[1])
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.model.norm(x)) / self.logits_scaling
+
+
+@member("granite-multipliers")
+def granite():
+    """After transformers' GraniteForCausalLM (attention_multiplier as the score
+    scale, residual and embedding multipliers, logits_scaling, MQA)."""
+    model = GraniteForCausalLM()
+    with torch.no_grad():  # scores at scale 1/128 would be near-uniform
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+    att = [sep(f"model.layers.{i}.self_attn", 4, 1, 8, block=i) for i in range(2)]
+    return model, tokens(), Truth(att, not_reported=["model.layers.0.mlp.gate_proj.weight"])
+
+
+# ---- negatives ------------------------------------------------------------------------------
+# facebookresearch/ConvNeXt models/convnext.py
+
+class LayerNormCF(nn.Module):
+    """ConvNeXt's LayerNorm with data_format channels_first."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+        self.eps = eps
+
+    def forward(self, x):
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim, layer_scale_init_value=1e-6):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(layer_scale_init_value * torch.ones(dim))
+
+    def forward(self, x):
+        inp = x
+        x = self.dwconv(x).permute(0, 2, 3, 1)
+        x = self.pwconv2(self.act(self.pwconv1(self.norm(x))))
+        x = (self.gamma * x).permute(0, 3, 1, 2)
+        return inp + x
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self, in_chans=3, num_classes=10, depths=(2, 2), dims=(16, 32)):
+        super().__init__()
+        self.downsample_layers = nn.ModuleList()
+        self.downsample_layers.append(nn.Sequential(
+            nn.Conv2d(in_chans, dims[0], kernel_size=4, stride=4), LayerNormCF(dims[0])))
+        self.downsample_layers.append(nn.Sequential(
+            LayerNormCF(dims[0]), nn.Conv2d(dims[0], dims[1], kernel_size=2, stride=2)))
+        self.stages = nn.ModuleList(nn.Sequential(*[ConvNeXtBlock(dims[i]) for _ in range(n)])
+                                    for i, n in enumerate(depths))
+        self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
+        self.head = nn.Linear(dims[-1], num_classes)
+
+    def forward(self, x):
+        for down, stage in zip(self.downsample_layers, self.stages):
+            x = stage(down(x))
+        return self.head(self.norm(x.mean([-2, -1])))
+
+
+@member("convnext-none")
+def convnext():
+    """After facebookresearch/ConvNeXt models/convnext.py (ConvNeXt, Block)."""
+    model = ConvNeXt()
+    return model, (torch.randn(2, 3, 32, 32),), Truth([], not_reported=[
+        "stages.0.0.pwconv1.weight", "head.weight"])
+
+
+# google-research/google-research f_net; transformers models/fnet/modeling_fnet.py
+
+class FNetBasicFourierTransform(nn.Module):
+    def forward(self, hidden_states):
+        return torch.fft.fftn(hidden_states, dim=(1, 2)).real
+
+
+class FNetLayer(nn.Module):
+    def __init__(self, d=D):
+        super().__init__()
+        self.fourier = FNetBasicFourierTransform()
+        self.mixing_layer_norm = nn.LayerNorm(d)
+        self.intermediate = nn.Linear(d, 4 * d)
+        self.output = nn.Linear(4 * d, d)
+        self.output_layer_norm = nn.LayerNorm(d)
+
+    def forward(self, x):
+        x = self.mixing_layer_norm(self.fourier(x) + x)
+        return self.output_layer_norm(self.output(F.gelu(self.intermediate(x))) + x)
+
+
+class FNetModel(nn.Module):
+    def __init__(self, n_layer=2):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(VOCAB, D)
+        self.position_embeddings = nn.Embedding(64, D)
+        self.projection = nn.Linear(D, D)
+        self.layer = nn.ModuleList(FNetLayer() for _ in range(n_layer))
+        self.pooler = nn.Linear(D, D)
+
+    def forward(self, input_ids):
+        pos = torch.arange(input_ids.shape[1])
+        x = self.projection(self.word_embeddings(input_ids) + self.position_embeddings(pos))
+        for layer in self.layer:
+            x = layer(x)
+        return torch.tanh(self.pooler(x[:, 0]))
+
+
+@member("fnet-fourier-none")
+def fnet():
+    """After transformers' FNetModel (FNetBasicFourierTransform: fftn over the
+    sequence and hidden axes, real part)."""
+    model = FNetModel()
+    return model, tokens(), Truth([], not_reported=["layer.0.intermediate.weight",
+                                                    "projection.weight"])
