@@ -23,8 +23,22 @@ lacked:
   convnext-none              ConvNeXt: depthwise 7x7 convs and pointwise
                              Linears on channels-last: nothing
   fnet-fourier-none          FNet: token mixing by a 2-D FFT: nothing
+
+Round 7b, written after seeing round 7's results:
+
+  mvitv2-pooled-qk           MViTv2 (timm) pooling attention, conv mode:
+                             fused qkv, depthwise-conv pooling of q and k
+                             per head (query stride 2 in block 1, key
+                             stride 2 in block 0), LayerNorm over head_dim
+  sam-twoway-transformer     Segment Anything's mask decoder transformer:
+                             token self-attention, token->image and
+                             image->token cross-attention at half width,
+                             a final token->image attention; (image
+                             embedding, image_pe, point embeddings)
 """
 import math
+
+from . import heads_contiguous
 
 import torch
 import torch.nn as nn
@@ -708,3 +722,224 @@ def fnet():
     model = FNetModel()
     return model, tokens(), Truth([], not_reported=["layer.0.intermediate.weight",
                                                     "projection.weight"])
+
+
+# ---- MViTv2 pooling attention ----------------------------------------------------------------
+# huggingface/pytorch-image-models timm/models/mvitv2.py (MultiScaleAttention, mode "conv")
+
+def reshape_pre_pool(x, feat_size):
+    h, w = feat_size
+    return x.reshape(-1, h, w, x.shape[-1]).permute(0, 3, 1, 2).contiguous()
+
+
+def reshape_post_pool(x, num_heads):
+    feat_size = [x.shape[2], x.shape[3]]
+    x = x.reshape(-1, num_heads, x.shape[1], feat_size[0] * feat_size[1]).transpose(2, 3)
+    return x, feat_size
+
+
+class MultiScaleAttention(nn.Module):
+    def __init__(self, dim, num_heads, stride_q, stride_kv, kernel=3):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=True)
+        self.proj = nn.Linear(dim, dim)
+        hd = self.head_dim
+        self.pool_q = nn.Conv2d(hd, hd, kernel, stride=stride_q, padding=kernel // 2,
+                                groups=hd, bias=False)
+        self.norm_q = nn.LayerNorm(hd)
+        self.pool_k = nn.Conv2d(hd, hd, kernel, stride=stride_kv, padding=kernel // 2,
+                                groups=hd, bias=False)
+        self.norm_k = nn.LayerNorm(hd)
+        self.pool_v = nn.Conv2d(hd, hd, kernel, stride=stride_kv, padding=kernel // 2,
+                                groups=hd, bias=False)
+        self.norm_v = nn.LayerNorm(hd)
+
+    def forward(self, x, feat_size):
+        b, n, _ = x.shape
+        x = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = x.unbind(dim=0)
+        q, q_size = reshape_post_pool(self.pool_q(reshape_pre_pool(q, feat_size)),
+                                      self.num_heads)
+        q = self.norm_q(q)
+        k, _ = reshape_post_pool(self.pool_k(reshape_pre_pool(k, feat_size)), self.num_heads)
+        k = self.norm_k(k)
+        v, _ = reshape_post_pool(self.pool_v(reshape_pre_pool(v, feat_size)), self.num_heads)
+        v = self.norm_v(v)
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        attn = attn.softmax(dim=-1)
+        x = attn @ v
+        x = x.transpose(1, 2).reshape(b, -1, self.num_heads * self.head_dim)
+        return self.proj(x), q_size
+
+
+class MultiScaleBlock(nn.Module):
+    def __init__(self, dim, num_heads, stride_q, stride_kv):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = MultiScaleAttention(dim, num_heads, stride_q, stride_kv)
+        self.shortcut_pool_attn = (nn.MaxPool2d(3, stride_q, 1) if stride_q > 1 else None)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def _shortcut_pool(self, x, feat_size):
+        if self.shortcut_pool_attn is None:
+            return x
+        b, n, c = x.shape
+        x = x.reshape(b, feat_size[0], feat_size[1], c).permute(0, 3, 1, 2)
+        x = self.shortcut_pool_attn(x)
+        return x.reshape(b, c, -1).transpose(1, 2)
+
+    def forward(self, x, feat_size):
+        x_norm = self.norm1(x)
+        x_shortcut = self._shortcut_pool(x, feat_size)
+        x, feat_size_new = self.attn(x_norm, feat_size)
+        x = x_shortcut + x
+        return x + self.mlp(self.norm2(x)), feat_size_new
+
+
+class MultiScaleVit(nn.Module):
+    def __init__(self, dim=32, num_heads=4, num_classes=10):
+        super().__init__()
+        self.patch_embed = nn.Module()
+        self.patch_embed.proj = nn.Conv2d(3, dim, kernel_size=7, stride=4, padding=3)
+        self.stages = nn.Module()
+        self.stages.blocks = nn.ModuleList([MultiScaleBlock(dim, num_heads, 1, 2),
+                                            MultiScaleBlock(dim, num_heads, 2, 1)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed.proj(x)
+        feat_size = (x.shape[2], x.shape[3])
+        x = x.flatten(2).transpose(1, 2)
+        for blk in self.stages.blocks:
+            x, feat_size = blk(x, feat_size)
+        return self.head(self.norm(x).mean(1))
+
+
+@member("mvitv2-pooled-qk")
+def mvitv2():
+    """After timm's mvitv2.py MultiScaleAttention (mode "conv", no cls token, no
+    relative positions, no residual pooling) in MultiScaleBlocks."""
+    model = MultiScaleVit()
+    att = []
+    for i in range(2):
+        p = f"stages.blocks.{i}.attn"
+        att.append(Attn(i, 4, 4, 8, *heads_contiguous(f"{p}.qkv.weight", 4, 4, 8), p))
+    return model, (torch.randn(2, 3, 32, 32),), Truth(att, not_reported=[
+        "stages.blocks.0.mlp.0.weight", "head.weight"])
+
+
+# ---- Segment Anything: TwoWayTransformer ------------------------------------------------------
+# facebookresearch/segment-anything segment_anything/modeling/transformer.py
+
+class SamAttention(nn.Module):
+    def __init__(self, embedding_dim, num_heads, downsample_rate=1):
+        super().__init__()
+        self.embedding_dim = embedding_dim
+        self.internal_dim = embedding_dim // downsample_rate
+        self.num_heads = num_heads
+        self.q_proj = nn.Linear(embedding_dim, self.internal_dim)
+        self.k_proj = nn.Linear(embedding_dim, self.internal_dim)
+        self.v_proj = nn.Linear(embedding_dim, self.internal_dim)
+        self.out_proj = nn.Linear(self.internal_dim, embedding_dim)
+
+    def _separate_heads(self, x, num_heads):
+        b, n, c = x.shape
+        return x.reshape(b, n, num_heads, c // num_heads).transpose(1, 2)
+
+    def _recombine_heads(self, x):
+        b, n_heads, n_tokens, c_per_head = x.shape
+        return x.transpose(1, 2).reshape(b, n_tokens, n_heads * c_per_head)
+
+    def forward(self, q, k, v):
+        q = self._separate_heads(self.q_proj(q), self.num_heads)
+        k = self._separate_heads(self.k_proj(k), self.num_heads)
+        v = self._separate_heads(self.v_proj(v), self.num_heads)
+        _, _, _, c_per_head = q.shape
+        attn = q @ k.permute(0, 1, 3, 2)
+        attn = attn / math.sqrt(c_per_head)
+        attn = torch.softmax(attn, dim=-1)
+        return self.out_proj(self._recombine_heads(attn @ v))
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, embedding_dim, mlp_dim):
+        super().__init__()
+        self.lin1 = nn.Linear(embedding_dim, mlp_dim)
+        self.lin2 = nn.Linear(mlp_dim, embedding_dim)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.lin2(self.act(self.lin1(x)))
+
+
+class TwoWayAttentionBlock(nn.Module):
+    def __init__(self, embedding_dim, num_heads, mlp_dim=64, attention_downsample_rate=2,
+                 skip_first_layer_pe=False):
+        super().__init__()
+        self.self_attn = SamAttention(embedding_dim, num_heads)
+        self.norm1 = nn.LayerNorm(embedding_dim)
+        self.cross_attn_token_to_image = SamAttention(
+            embedding_dim, num_heads, downsample_rate=attention_downsample_rate)
+        self.norm2 = nn.LayerNorm(embedding_dim)
+        self.mlp = MLPBlock(embedding_dim, mlp_dim)
+        self.norm3 = nn.LayerNorm(embedding_dim)
+        self.norm4 = nn.LayerNorm(embedding_dim)
+        self.cross_attn_image_to_token = SamAttention(
+            embedding_dim, num_heads, downsample_rate=attention_downsample_rate)
+        self.skip_first_layer_pe = skip_first_layer_pe
+
+    def forward(self, queries, keys, query_pe, key_pe):
+        if self.skip_first_layer_pe:
+            queries = self.self_attn(q=queries, k=queries, v=queries)
+        else:
+            q = queries + query_pe
+            queries = queries + self.self_attn(q=q, k=q, v=queries)
+        queries = self.norm1(queries)
+        q, k = queries + query_pe, keys + key_pe
+        queries = self.norm2(queries + self.cross_attn_token_to_image(q=q, k=k, v=keys))
+        queries = self.norm3(queries + self.mlp(queries))
+        q, k = queries + query_pe, keys + key_pe
+        keys = self.norm4(keys + self.cross_attn_image_to_token(q=k, k=q, v=queries))
+        return queries, keys
+
+
+class TwoWayTransformer(nn.Module):
+    def __init__(self, depth=2, embedding_dim=32, num_heads=2, mlp_dim=64):
+        super().__init__()
+        self.layers = nn.ModuleList(TwoWayAttentionBlock(
+            embedding_dim, num_heads, mlp_dim, skip_first_layer_pe=(i == 0))
+            for i in range(depth))
+        self.final_attn_token_to_image = SamAttention(embedding_dim, num_heads, 2)
+        self.norm_final_attn = nn.LayerNorm(embedding_dim)
+
+    def forward(self, image_embedding, image_pe, point_embedding):
+        image_embedding = image_embedding.flatten(2).permute(0, 2, 1)
+        image_pe = image_pe.flatten(2).permute(0, 2, 1)
+        queries, keys = point_embedding, image_embedding
+        for layer in self.layers:
+            queries, keys = layer(queries=queries, keys=keys, query_pe=point_embedding,
+                                  key_pe=image_pe)
+        q, k = queries + point_embedding, keys + image_pe
+        queries = self.norm_final_attn(queries + self.final_attn_token_to_image(q=q, k=k,
+                                                                                v=keys))
+        return queries, keys
+
+
+@member("sam-twoway-transformer")
+def sam_twoway():
+    """After segment-anything's TwoWayTransformer / TwoWayAttentionBlock / Attention
+    (depth 2, 2 heads, attention_downsample_rate 2)."""
+    model = TwoWayTransformer()
+    att = []
+    for i in range(2):
+        p = f"layers.{i}"
+        att.append(sep(f"{p}.self_attn", 2, 2, 16, block=i))
+        att.append(sep(f"{p}.cross_attn_token_to_image", 2, 2, 8, block=i, kind="cross"))
+        att.append(sep(f"{p}.cross_attn_image_to_token", 2, 2, 8, block=i, kind="cross"))
+    att.append(sep("final_attn_token_to_image", 2, 2, 8, block=2, kind="cross"))
+    inputs = (torch.randn(2, 32, 4, 4), torch.randn(1, 32, 4, 4), torch.randn(2, 5, 32))
+    return model, inputs, Truth(att, stacks=True, not_reported=["layers.0.mlp.lin1.weight"])
