@@ -35,6 +35,17 @@ Round 7b, written after seeing round 7's results:
                              image->token cross-attention at half width,
                              a final token->image attention; (image
                              embedding, image_pe, point embeddings)
+  torchtitan-ac-wrapped      torchtitan's Llama 3 (complex freqs_cis rotary,
+                             layers a ModuleDict) with every block under
+                             torch.distributed's checkpoint_wrapper
+                             (activation checkpointing, non-reentrant)
+  torchtitan-ac-compiled-blocks  the same with each wrapped block then under
+                             its own torch.compile (torch 2.x; torch 1.x:
+                             the wrapped blocks alone)
+  musicgen-codebooks-xattn   MusicGen's decoder: input ids [B * K, T] of K
+                             codebooks summed into one embedding, BART-style
+                             self- and cross-attention (to the text
+                             encoder's states), K lm_heads
 """
 import math
 
@@ -943,3 +954,215 @@ def sam_twoway():
     att.append(sep("final_attn_token_to_image", 2, 2, 8, block=2, kind="cross"))
     inputs = (torch.randn(2, 32, 4, 4), torch.randn(1, 32, 4, 4), torch.randn(2, 5, 32))
     return model, inputs, Truth(att, stacks=True, not_reported=["layers.0.mlp.lin1.weight"])
+
+
+# ---- torchtitan Llama 3 with activation checkpointing / per-block compile ---------------------
+# pytorch/torchtitan torchtitan/models/llama3/model/model.py, parallelize.py (apply_ac,
+# apply_compile)
+
+def precompute_freqs_cis(dim, end, theta=500000.0):
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    freqs = torch.outer(torch.arange(end).float(), freqs)
+    return torch.polar(torch.ones_like(freqs), freqs)
+
+
+def apply_rotary_emb(xq, xk, freqs_cis):
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis[: xq.shape[1]].view(1, xq.shape[1], 1, xq_.shape[-1])
+    xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+def tt_repeat_kv(x, n_rep):
+    bs, slen, n_kv_heads, head_dim = x.shape
+    if n_rep == 1:
+        return x
+    return (x[:, :, :, None, :].expand(bs, slen, n_kv_heads, n_rep, head_dim)
+            .reshape(bs, slen, n_kv_heads * n_rep, head_dim))
+
+
+class TTAttention(nn.Module):
+    def __init__(self, dim=D, n_heads=4, n_kv_heads=2):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.n_rep = n_heads // n_kv_heads
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x, freqs_cis):
+        bs, seqlen, _ = x.shape
+        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+        keys, values = tt_repeat_kv(xk, self.n_rep), tt_repeat_kv(xv, self.n_rep)
+        xq, xk, xv = xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+        output = sdpa(xq, xk, xv, self.head_dim ** -0.5)
+        return self.wo(output.transpose(1, 2).contiguous().view(bs, seqlen, -1))
+
+
+class TTFeedForward(nn.Module):
+    def __init__(self, dim=D, hidden_dim=64):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TTBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = TTAttention()
+        self.feed_forward = TTFeedForward()
+        self.attention_norm = RMSNorm(D)
+        self.ffn_norm = RMSNorm(D)
+
+    def forward(self, x, freqs_cis):
+        h = x + self.attention(self.attention_norm(x), freqs_cis)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class TTTransformer(nn.Module):
+    def __init__(self, n_layers=2):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, D)
+        self.register_buffer("freqs_cis", precompute_freqs_cis(8, 64), persistent=False)
+        self.layers = nn.ModuleDict({str(i): TTBlock() for i in range(n_layers)})
+        self.norm = RMSNorm(D)
+        self.output = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, self.freqs_cis)
+        return self.output(self.norm(h))
+
+
+def _titan(compile_blocks):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, checkpoint_wrapper)
+    model = TTTransformer()
+    for layer_id, block in list(model.layers.named_children()):
+        block = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        if compile_blocks and hasattr(torch, "compile"):
+            block = torch.compile(block, backend="eager")
+        model.layers.register_module(layer_id, block)
+    names = {id(m): n for n, m in model.named_modules()}
+    att = []
+    for i in range(2):
+        blk = [m for m in model.modules() if isinstance(m, TTBlock)][i]
+        att.append(sep(names[id(blk.attention)], 4, 2, 8, q="wq", k="wk", block=i))
+    ff = names[id([m for m in model.modules() if isinstance(m, TTBlock)][0].feed_forward)]
+    return model, tokens(), Truth(att, not_reported=[f"{ff}.w1.weight"])
+
+
+@member("torchtitan-ac-wrapped")
+def torchtitan_ac():
+    """After torchtitan's Llama 3 model.py with parallelize.py's apply_ac (full
+    activation checkpointing: checkpoint_wrapper on every block)."""
+    return _titan(False)
+
+
+@member("torchtitan-ac-compiled-blocks")
+def torchtitan_ac_compile():
+    """After torchtitan's parallelize.py: apply_ac, then apply_compile (each
+    transformer block under its own torch.compile, registered back in place)."""
+    return _titan(True)
+
+
+# ---- MusicGen decoder -------------------------------------------------------------------------
+# transformers models/musicgen/modeling_musicgen.py (MusicgenForCausalLM, MusicgenAttention)
+
+class MusicgenAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+
+    def forward(self, hidden_states, key_value_states=None, causal=False):
+        b, t, _ = hidden_states.shape
+        src = hidden_states if key_value_states is None else key_value_states
+        shape_q = (b, t, -1, self.head_dim)
+        shape_kv = (b, src.shape[1], -1, self.head_dim)
+        q = (self.q_proj(hidden_states) * self.scaling).view(shape_q).transpose(1, 2)
+        k = self.k_proj(src).view(shape_kv).transpose(1, 2)
+        v = self.v_proj(src).view(shape_kv).transpose(1, 2)
+        w = torch.matmul(q, k.transpose(2, 3))
+        if causal:
+            w = w.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        w = F.softmax(w, dim=-1)
+        o = torch.matmul(w, v).transpose(1, 2).reshape(b, t, -1)
+        return self.out_proj(o)
+
+
+class MusicgenDecoderLayer(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.self_attn = MusicgenAttention(d, h)
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.encoder_attn = MusicgenAttention(d, h)
+        self.encoder_attn_layer_norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d, bias=False)
+        self.fc2 = nn.Linear(4 * d, d, bias=False)
+        self.final_layer_norm = nn.LayerNorm(d)
+
+    def forward(self, x, enc):
+        x = x + self.self_attn(self.self_attn_layer_norm(x), causal=True)
+        x = x + self.encoder_attn(self.encoder_attn_layer_norm(x), key_value_states=enc)
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+
+class MusicgenForCausalLM(nn.Module):
+    def __init__(self, num_codebooks=4, vocab_size=48, d=D, h=4, n_layers=2):
+        super().__init__()
+        self.num_codebooks = num_codebooks
+        self.model = nn.Module()
+        self.model.decoder = nn.Module()
+        dec = self.model.decoder
+        dec.embed_tokens = nn.ModuleList(nn.Embedding(vocab_size + 1, d)
+                                         for _ in range(num_codebooks))
+        dec.layers = nn.ModuleList(MusicgenDecoderLayer(d, h) for _ in range(n_layers))
+        dec.layer_norm = nn.LayerNorm(d)
+        self.lm_heads = nn.ModuleList(nn.Linear(d, vocab_size, bias=False)
+                                      for _ in range(num_codebooks))
+
+    def forward(self, input_ids, encoder_hidden_states):
+        dec = self.model.decoder
+        input_ids = input_ids.reshape(-1, self.num_codebooks, input_ids.shape[-1])
+        bsz, k, t = input_ids.shape
+        x = sum(dec.embed_tokens[c](input_ids[:, c]) for c in range(k))
+        pos = torch.arange(t, dtype=torch.float32)[:, None]
+        inv = torch.exp(torch.arange(0, x.shape[-1], 2).float() * -(math.log(10000.0)
+                                                                     / x.shape[-1]))
+        x = x + torch.cat([torch.cos(pos * inv), torch.sin(pos * inv)], -1)
+        for layer in dec.layers:
+            x = layer(x, encoder_hidden_states)
+        x = dec.layer_norm(x)
+        return torch.stack([head(x) for head in self.lm_heads], dim=1)
+
+
+@member("musicgen-codebooks-xattn")
+def musicgen():
+    """After transformers' MusicgenForCausalLM (4 codebooks, sinusoidal positions,
+    self- and encoder attention, one lm_head per codebook)."""
+    model = MusicgenForCausalLM()
+    att = []
+    for i in range(2):
+        att.append(sep(f"model.decoder.layers.{i}.self_attn", 4, 4, 8, block=i))
+        att.append(sep(f"model.decoder.layers.{i}.encoder_attn", 4, 4, 8, block=i,
+                       kind="cross"))
+    inputs = (torch.randint(0, 48, (2 * 4, 8)), torch.randn(2, 6, D))
+    return model, inputs, Truth(att, stacks=True, not_reported=[
+        "model.decoder.layers.0.fc1.weight", "lm_heads.0.weight"])
