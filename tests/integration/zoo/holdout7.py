@@ -46,6 +46,13 @@ Round 7b, written after seeing round 7's results:
                              codebooks summed into one embedding, BART-style
                              self- and cross-attention (to the text
                              encoder's states), K lm_heads
+  cvt-conv-projection        CvT: depthwise conv + BatchNorm before each of
+                             proj_q/proj_k/proj_v (keys at stride 2),
+                             einsum scores
+  xlnet-3d-param-einsum      XLNet: q/k/v/o raw [d_model, n_head, d_head]
+                             Parameters applied by einsum, time-first
+                             [T, B, d], scores "bnij" with a softmax over
+                             dim 3, relative terms
 """
 import math
 
@@ -1166,3 +1173,197 @@ def musicgen():
     inputs = (torch.randint(0, 48, (2 * 4, 8)), torch.randn(2, 6, D))
     return model, inputs, Truth(att, stacks=True, not_reported=[
         "model.decoder.layers.0.fc1.weight", "lm_heads.0.weight"])
+
+
+# ---- CvT -----------------------------------------------------------------------------------------
+# microsoft/CvT lib/models/cls_cvt.py (Attention with dw_bn conv projections)
+
+class Rearrange(nn.Module):
+    """einops' Rearrange('b c h w -> b (h w) c')."""
+
+    def forward(self, x):
+        return x.flatten(2).transpose(1, 2)
+
+
+class CvtAttention(nn.Module):
+    def __init__(self, dim_in, dim_out, num_heads, kernel_size=3, stride_kv=2, stride_q=1):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = dim_out ** -0.5
+        self.conv_proj_q = self._build_projection(dim_in, kernel_size, stride_q)
+        self.conv_proj_k = self._build_projection(dim_in, kernel_size, stride_kv)
+        self.conv_proj_v = self._build_projection(dim_in, kernel_size, stride_kv)
+        self.proj_q = nn.Linear(dim_in, dim_out, bias=False)
+        self.proj_k = nn.Linear(dim_in, dim_out, bias=False)
+        self.proj_v = nn.Linear(dim_in, dim_out, bias=False)
+        self.proj = nn.Linear(dim_out, dim_out)
+
+    @staticmethod
+    def _build_projection(dim_in, kernel_size, stride):
+        from collections import OrderedDict
+        return nn.Sequential(OrderedDict([
+            ("conv", nn.Conv2d(dim_in, dim_in, kernel_size=kernel_size, padding=1,
+                               stride=stride, bias=False, groups=dim_in)),
+            ("bn", nn.BatchNorm2d(dim_in)),
+            ("rearrage", Rearrange())]))
+
+    def forward(self, x, h, w):
+        b, t, c = x.shape
+        x2 = x.transpose(1, 2).reshape(b, c, h, w)
+        q, k, v = self.conv_proj_q(x2), self.conv_proj_k(x2), self.conv_proj_v(x2)
+
+        def heads(y):
+            return y.reshape(b, y.shape[1], self.num_heads, -1).permute(0, 2, 1, 3)
+        q, k, v = heads(self.proj_q(q)), heads(self.proj_k(k)), heads(self.proj_v(v))
+        attn_score = torch.einsum("bhlk,bhtk->bhlt", q, k) * self.scale
+        attn = F.softmax(attn_score, dim=-1)
+        x = torch.einsum("bhlt,bhtv->bhlv", attn, v)
+        x = x.permute(0, 2, 1, 3).reshape(b, t, -1)
+        return self.proj(x)
+
+
+class CvtBlock(nn.Module):
+    def __init__(self, dim, num_heads):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = CvtAttention(dim, dim, num_heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x, h, w):
+        x = x + self.attn(self.norm1(x), h, w)
+        return x + self.mlp(self.norm2(x))
+
+
+class ConvolutionalVisionTransformer(nn.Module):
+    def __init__(self, dim=32, num_heads=4, depth=2, num_classes=10):
+        super().__init__()
+        self.stage0 = nn.Module()
+        self.stage0.patch_embed = nn.Module()
+        self.stage0.patch_embed.proj = nn.Conv2d(3, dim, kernel_size=7, stride=4, padding=2)
+        self.stage0.patch_embed.norm = nn.LayerNorm(dim)
+        self.stage0.blocks = nn.ModuleList(CvtBlock(dim, num_heads) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        x = self.stage0.patch_embed.proj(x)
+        b, c, h, w = x.shape
+        x = self.stage0.patch_embed.norm(x.flatten(2).transpose(1, 2))
+        for blk in self.stage0.blocks:
+            x = blk(x, h, w)
+        return self.head(self.norm(x).mean(1))
+
+
+@member("cvt-conv-projection")
+def cvt():
+    """After microsoft/CvT cls_cvt.py (Attention with method "dw_bn", stride_kv 2,
+    VisionTransformer stage without cls token)."""
+    model = ConvolutionalVisionTransformer()
+    att = [sep(f"stage0.blocks.{i}.attn", 4, 4, 8, q="proj_q", k="proj_k", block=i)
+           for i in range(2)]
+    return model, (torch.randn(2, 3, 32, 32),), Truth(att, not_reported=[
+        "stage0.blocks.0.mlp.0.weight", "head.weight"])
+
+
+# ---- XLNet ----------------------------------------------------------------------------------------
+# transformers models/xlnet/modeling_xlnet.py (XLNetRelativeAttention, XLNetModel)
+
+class XLNetRelativeAttention(nn.Module):
+    def __init__(self, d_model, n_head, d_head):
+        super().__init__()
+        self.n_head, self.d_head, self.scale = n_head, d_head, 1 / (d_head ** 0.5)
+        self.q = nn.Parameter(torch.randn(d_model, n_head, d_head) * 0.1)
+        self.k = nn.Parameter(torch.randn(d_model, n_head, d_head) * 0.1)
+        self.v = nn.Parameter(torch.randn(d_model, n_head, d_head) * 0.1)
+        self.o = nn.Parameter(torch.randn(d_model, n_head, d_head) * 0.1)
+        self.r = nn.Parameter(torch.randn(d_model, n_head, d_head) * 0.1)
+        self.r_r_bias = nn.Parameter(torch.zeros(n_head, d_head))
+        self.r_s_bias = nn.Parameter(torch.zeros(n_head, d_head))
+        self.r_w_bias = nn.Parameter(torch.zeros(n_head, d_head))
+        self.seg_embed = nn.Parameter(torch.zeros(2, n_head, d_head))
+        self.layer_norm = nn.LayerNorm(d_model, eps=1e-12)
+
+    @staticmethod
+    def rel_shift_bnij(x, klen=-1):
+        x_size = x.shape
+        x = x.reshape(x_size[0], x_size[1], x_size[3], x_size[2])
+        x = x[:, :, 1:, :]
+        x = x.reshape(x_size[0], x_size[1], x_size[2], x_size[3] - 1)
+        return torch.index_select(x, 3, torch.arange(klen, device=x.device, dtype=torch.long))
+
+    def rel_attn_core(self, q_head, k_head_h, v_head_h, k_head_r, attn_mask):
+        ac = torch.einsum("ibnd,jbnd->bnij", q_head + self.r_w_bias, k_head_h)
+        bd = torch.einsum("ibnd,jbnd->bnij", q_head + self.r_r_bias, k_head_r)
+        bd = self.rel_shift_bnij(bd, klen=ac.shape[3])
+        attn_score = (ac + bd) * self.scale
+        attn_score = attn_score - 1e30 * torch.einsum("ijbn->bnij", attn_mask)
+        attn_prob = F.softmax(attn_score, dim=3)
+        return torch.einsum("bnij,jbnd->ibnd", attn_prob, v_head_h)
+
+    def forward(self, h, attn_mask, r):
+        q_head_h = torch.einsum("ibh,hnd->ibnd", h, self.q)
+        k_head_h = torch.einsum("ibh,hnd->ibnd", h, self.k)
+        v_head_h = torch.einsum("ibh,hnd->ibnd", h, self.v)
+        k_head_r = torch.einsum("ibh,hnd->ibnd", r.type(self.r.dtype), self.r)
+        attn_vec = self.rel_attn_core(q_head_h, k_head_h, v_head_h, k_head_r, attn_mask)
+        attn_out = torch.einsum("ibnd,hnd->ibh", attn_vec, self.o)
+        return self.layer_norm(attn_out + h)
+
+
+class XLNetLayer(nn.Module):
+    def __init__(self, d_model, n_head, d_head, d_inner):
+        super().__init__()
+        self.rel_attn = XLNetRelativeAttention(d_model, n_head, d_head)
+        self.ff = nn.Module()
+        self.ff.layer_norm = nn.LayerNorm(d_model, eps=1e-12)
+        self.ff.layer_1 = nn.Linear(d_model, d_inner)
+        self.ff.layer_2 = nn.Linear(d_inner, d_model)
+
+    def forward(self, h, attn_mask, r):
+        h = self.rel_attn(h, attn_mask, r)
+        return self.ff.layer_norm(h + self.ff.layer_2(F.gelu(self.ff.layer_1(h))))
+
+
+class XLNetLMHeadModel(nn.Module):
+    def __init__(self, d_model=D, n_head=4, d_head=8, d_inner=64, n_layer=2):
+        super().__init__()
+        self.d_model = d_model
+        self.transformer = nn.Module()
+        self.transformer.word_embedding = nn.Embedding(VOCAB, d_model)
+        self.transformer.mask_emb = nn.Parameter(torch.zeros(1, 1, d_model))
+        self.transformer.layer = nn.ModuleList(XLNetLayer(d_model, n_head, d_head, d_inner)
+                                               for _ in range(n_layer))
+        self.lm_loss = nn.Linear(d_model, VOCAB)
+
+    def forward(self, input_ids):
+        input_ids = input_ids.transpose(0, 1).contiguous()
+        qlen, bsz = input_ids.shape
+        attn_mask = torch.triu(torch.ones(qlen, qlen), diagonal=1)[:, :, None, None]
+        h = self.transformer.word_embedding(input_ids)
+        freq_seq = torch.arange(0, self.d_model, 2.0)
+        inv_freq = 1 / torch.pow(10000, (freq_seq / self.d_model))
+        pos_seq = torch.arange(qlen, -qlen, -1.0)
+        sinusoid = torch.einsum("i,d->id", pos_seq, inv_freq)
+        r = torch.cat([torch.sin(sinusoid), torch.cos(sinusoid)], dim=-1)[:, None, :]
+        r = r.expand(-1, bsz, -1)
+        for layer in self.transformer.layer:
+            h = layer(h, attn_mask, r)
+        return self.lm_loss(h).permute(1, 0, 2).contiguous()
+
+
+@member("xlnet-3d-param-einsum")
+def xlnet():
+    """After transformers' XLNetLMHeadModel / XLNetRelativeAttention (no memory,
+    no two-stream query, causal attn_type "uni" mask)."""
+    model = XLNetLMHeadModel()
+    with torch.no_grad():  # zoo.check's negation test cannot see through the position term
+        for layer in model.transformer.layer:
+            layer.rel_attn.r.zero_()
+    att = []
+    for i in range(2):
+        p = f"transformer.layer.{i}.rel_attn"
+        qs, ks = heads_separate(f"{p}.q", f"{p}.k", 4, 4, 8, t=True)
+        att.append(Attn(i, 4, 4, 8, qs, ks, p))
+    return model, tokens(), Truth(att, not_reported=[
+        "transformer.layer.0.ff.layer_1.weight", "transformer.layer.0.rel_attn.v"])
