@@ -53,10 +53,16 @@ Round 7b, written after seeing round 7's results:
                              Parameters applied by einsum, time-first
                              [T, B, d], scores "bnij" with a softmax over
                              dim 3, relative terms
+  lucidrains-local-lookaround  lucidrains' local-attention LocalTransformer:
+                             q/k/v bucketed into windows, keys of the
+                             previous window joined by look_around (F.pad
+                             with -1, shifted slices, cat), padded and
+                             future keys masked; layers a ModuleList of
+                             [LocalMHA, FeedForward] pairs
 
 Score, blind (round 7, 8 members): 8 of 8 right on torch 1.13 and 2.15.
-Round 7b (7 members, written after seeing those, aiming at layouts more
-likely to be missed): 7 of 7 on both torches. Nothing goes into
+Round 7b (8 members, written after seeing those, aiming at layouts more
+likely to be missed): 8 of 8 on both torches. Nothing goes into
 EXPECTED_FAILING. Judgement calls: the wrappers' sites are named by their
 full parameter paths (module., _checkpoint_wrapped_module., _orig_mod.);
 SAM's TwoWayTransformer and MusicGen's decoder number like an
@@ -66,13 +72,12 @@ are zeroed where zoo.check's negation test cannot see through them
 """
 import math
 
-from . import heads_contiguous
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import Attn, Router, Rows, Truth, heads_grouped, heads_separate, member
+from . import Attn, Router, Rows, Truth, heads_contiguous, heads_grouped, heads_separate, \
+    member
 from .parts import D, VOCAB, RMSNorm, rotate_half, repeat_kv, tokens
 
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
@@ -1377,3 +1382,94 @@ def xlnet():
         att.append(Attn(i, 4, 4, 8, qs, ks, p))
     return model, tokens(), Truth(att, not_reported=[
         "transformer.layer.0.ff.layer_1.weight", "transformer.layer.0.rel_attn.v"])
+
+
+# ---- lucidrains local-attention -----------------------------------------------------------------
+# lucidrains/local-attention local_attention/local_attention.py, transformer.py
+
+def look_around(x, backward=1, forward=0, pad_value=-1, dim=2):
+    t = x.shape[1]
+    dims = (len(x.shape) - dim) * (0, 0)
+    padded_x = F.pad(x, (*dims, backward, forward), value=pad_value)
+    tensors = [padded_x[:, ind:(ind + t), ...] for ind in range(forward + backward + 1)]
+    return torch.cat(tensors, dim=dim)
+
+
+class LocalAttention(nn.Module):
+    def __init__(self, window_size, causal=True):
+        super().__init__()
+        self.window_size, self.causal = window_size, causal
+
+    def forward(self, q, k, v):
+        shape = q.shape
+        q, k, v = (t.reshape(-1, t.shape[-2], t.shape[-1]) for t in (q, k, v))
+        b, n, dim_head = q.shape
+        scale = dim_head ** -0.5
+        windows = n // self.window_size
+        b_t = torch.arange(n).reshape(1, windows, self.window_size)
+        bq, bk, bv = (t.reshape(b, windows, self.window_size, dim_head) for t in (q, k, v))
+        bq = bq * scale
+        bk = look_around(bk, backward=1, forward=0, pad_value=-1)
+        bv = look_around(bv, backward=1, forward=0, pad_value=-1)
+        bq_t = b_t[..., :, None]
+        bq_k = look_around(b_t, backward=1, forward=0, pad_value=-1)[..., None, :]
+        pad_mask = bq_k == -1
+        sim = torch.einsum("b h i e, b h j e -> b h i j", bq, bk)
+        mask_value = -torch.finfo(sim.dtype).max
+        if self.causal:
+            sim = sim.masked_fill(bq_t < bq_k, mask_value)
+        sim = sim.masked_fill(pad_mask, mask_value)
+        attn = sim.softmax(dim=-1)
+        out = torch.einsum("b h i j, b h j e -> b h i e", attn, bv)
+        return out.reshape(shape)
+
+
+class LocalMHA(nn.Module):
+    def __init__(self, dim, window_size, dim_head=8, heads=4):
+        super().__init__()
+        inner_dim = dim_head * heads
+        self.heads = heads
+        self.norm = nn.LayerNorm(dim)
+        self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=False)
+        self.attn_fn = LocalAttention(window_size)
+        self.to_out = nn.Linear(inner_dim, dim, bias=False)
+
+    def forward(self, x):
+        x = self.norm(x)
+        q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+        b, n, _ = x.shape
+        q, k, v = (t.reshape(b, n, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        out = self.attn_fn(q, k, v)
+        return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class LocalTransformer(nn.Module):
+    def __init__(self, num_tokens=VOCAB, max_seq_len=64, dim=D, depth=2, local_attn_window_size=4):
+        super().__init__()
+        self.token_emb = nn.Embedding(num_tokens, dim)
+        self.pos_emb = nn.Embedding(max_seq_len, dim)
+        self.layers = nn.ModuleList(nn.ModuleList([
+            LocalMHA(dim, local_attn_window_size),
+            nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.GELU(),
+                          nn.Linear(4 * dim, dim))]) for _ in range(depth))
+        self.to_logits = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, num_tokens, bias=False))
+
+    def forward(self, x):
+        n = x.shape[1]
+        x = self.token_emb(x) + self.pos_emb(torch.arange(n))
+        for attn, ff in self.layers:
+            x = attn(x) + x
+            x = ff(x) + x
+        return self.to_logits(x)
+
+
+@member("lucidrains-local-lookaround")
+def lucidrains_local():
+    """After lucidrains/local-attention's LocalTransformer, LocalMHA and
+    LocalAttention (window 4, look_backward 1, causal, no rotary)."""
+    model = LocalTransformer()
+    att = []
+    for i in range(2):
+        p = f"layers.{i}.0"
+        att.append(Attn(i, 4, 4, 8, *heads_contiguous(f"{p}.to_qkv.weight", 4, 4, 8), p))
+    return model, tokens(), Truth(att, not_reported=["layers.0.1.1.weight"])
