@@ -59,10 +59,15 @@ Round 7b, written after seeing round 7's results:
                              with -1, shifted slices, cat), padded and
                              future keys masked; layers a ModuleList of
                              [LocalMHA, FeedForward] pairs
+  packed-varlen-llama        a LLaMA trained on packed sequences: one row of
+                             several documents, position_ids restarting at
+                             each, cu_seqlens derived from them and the
+                             attention run per document (the pure-torch
+                             stand-in for flash_attn_varlen_func)
 
 Score, blind (round 7, 8 members): 8 of 8 right on torch 1.13 and 2.15.
-Round 7b (8 members, written after seeing those, aiming at layouts more
-likely to be missed): 8 of 8 on both torches. Nothing goes into
+Round 7b (9 members, written after seeing those, aiming at layouts more
+likely to be missed): 9 of 9 on both torches. Nothing goes into
 EXPECTED_FAILING. Judgement calls: the wrappers' sites are named by their
 full parameter paths (module., _checkpoint_wrapped_module., _orig_mod.);
 SAM's TwoWayTransformer and MusicGen's decoder number like an
@@ -1281,7 +1286,7 @@ def cvt():
         "stage0.blocks.0.mlp.0.weight", "head.weight"])
 
 
-# ---- XLNet ----------------------------------------------------------------------------------------
+# ---- XLNet ------------------------------------------------------------------------------
 # transformers models/xlnet/modeling_xlnet.py (XLNetRelativeAttention, XLNetModel)
 
 class XLNetRelativeAttention(nn.Module):
@@ -1473,3 +1478,67 @@ def lucidrains_local():
         p = f"layers.{i}.0"
         att.append(Attn(i, 4, 4, 8, *heads_contiguous(f"{p}.to_qkv.weight", 4, 4, 8), p))
     return model, tokens(), Truth(att, not_reported=["layers.0.1.1.weight"])
+
+
+# ---- packed sequences, attention per document ---------------------------------------------------
+# transformers modeling_flash_attention_utils.py (_prepare_from_posids: cu_seqlens from
+# position_ids == 0), flash_attn_varlen_func's contract, written out per document
+
+class VarlenLlamaAttention(LlamaAttention):
+    def forward(self, x, cos, sin, cu_seqlens):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.dh).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = repeat_kv(k, self.h // self.kv), repeat_kv(v, self.h // self.kv)
+        out = torch.empty_like(q)
+        bounds = cu_seqlens.tolist()
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            out[:, :, s:e] = sdpa(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], self.dh ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class VarlenLayer(LlamaDecoderLayer):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = VarlenLlamaAttention(D, 4, 2, 8)
+
+    def forward(self, x, cos, sin, cu_seqlens):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cu_seqlens)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class PackedLlama(LlamaForCausalLM):
+    def __init__(self):
+        super().__init__()
+        self.model.layers = nn.ModuleList(VarlenLayer() for _ in range(2))
+
+    def forward(self, input_ids, position_ids=None):
+        b, t = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(t)[None].expand(b, t)
+        flat = position_ids.reshape(-1)
+        starts = torch.nonzero(flat == 0).flatten()
+        cu_seqlens = torch.cat([starts, torch.tensor([flat.numel()])]).to(torch.int32)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(8, 64)
+        cos, sin = cos[position_ids][:, None], sin[position_ids][:, None]
+        x = x.reshape(1, b * t, -1)
+        cos, sin = cos.transpose(0, 1).reshape(1, 1, b * t, -1), \
+            sin.transpose(0, 1).reshape(1, 1, b * t, -1)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, cu_seqlens)
+        return self.lm_head(self.model.norm(x)).reshape(b, t, -1)
+
+
+@member("packed-varlen-llama")
+def packed_varlen():
+    """After transformers' packed-sequence path (DataCollatorWithFlattening:
+    position_ids restart per document, cu_seqlens from position_ids == 0) with the
+    attention run per document as flash_attn_varlen_func does."""
+    model = PackedLlama()
+    ids = torch.randint(0, VOCAB, (1, 12))
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+    att = [sep(f"model.layers.{i}.self_attn", 4, 2, 8, block=i) for i in range(2)]
+    return model, (ids, pos), Truth(att, not_reported=["model.layers.0.mlp.gate_proj.weight"])
