@@ -89,6 +89,19 @@ def parse_args(argv=None):
                    help="the optimizer runs the whole schedule at this multiple of --lr; "
                         "the monitor is told the schedule of --lr")
     p.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: off)")
+    p.add_argument("--optimizer", choices=("adamw", "lion"), default="adamw",
+                   help="adamw (betas 0.9/0.95) or lion (Chen et al. 2023: the sign of an "
+                        "interpolated momentum, betas 0.9/0.99, decoupled weight decay)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--accum", type=int, default=1,
+                   help="gradient accumulation: micro-batches of --batch per optimizer step "
+                        "(the logged loss is their mean)")
+    p.add_argument("--min-lr-frac", type=float, default=0.1,
+                   help="cosine and wsd decay to this fraction of --lr (0: to zero)")
+    p.add_argument("--data-shift", type=int, default=None,
+                   help="batches before this step come from the first 3/4 of the text, "
+                        "from it on from the last 1/4 (a data-mix change; default: "
+                        "the whole text throughout)")
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
@@ -119,6 +132,27 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization
+    Algorithms"): the update is lr * sign(b1 * m + (1 - b1) * g), then
+    m = b2 * m + (1 - b2) * g; weight decay is decoupled (p *= 1 - lr * wd)."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.99), weight_decay=0.0):
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, (b1, b2), wd = group["lr"], group["betas"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+                p.mul_(1.0 - lr * wd)
+                p.add_(torch.sign(m * b1 + p.grad * (1.0 - b1)), alpha=-lr)
+                m.mul_(b2).add_(p.grad, alpha=1.0 - b2)
+
+
 WSD_DECAY = 0.2  # wsd: share of the steps spent decaying, at the end
 
 
@@ -127,11 +161,12 @@ def scheduled_lr(a, step):
     base = a.lr * min(1.0, (step + 1) / a.warmup)
     if a.schedule == "cosine" and step > a.warmup:
         frac = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
-        base *= 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac))
+        base *= a.min_lr_frac + (1.0 - a.min_lr_frac) * 0.5 * (1.0 + math.cos(math.pi * frac))
     if a.schedule == "wsd":
         start = a.steps * (1.0 - WSD_DECAY)
         if step > start:
-            base *= 1.0 - 0.9 * min(1.0, (step - start) / max(1.0, a.steps - start))
+            base *= 1.0 - (1.0 - a.min_lr_frac) * min(1.0, (step - start)
+                                                      / max(1.0, a.steps - start))
     return base
 
 
@@ -163,8 +198,17 @@ def main(argv=None):
     else:
         moe = (a.experts, a.top_k) if a.experts else None
         model = tinygpt.TinyGPT(vocab, d=a.d, n_layer=a.layers, n_head=a.heads, t=a.ctx, moe=moe)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    if a.optimizer == "lion":
+        opt = Lion(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95),
+                                weight_decay=a.weight_decay)
     batches = tinygpt.Batches(data, a.batch, a.ctx, a.seed)
+    shifted = None
+    if a.data_shift is not None:
+        cut = len(data) * 3 // 4
+        batches = tinygpt.Batches(data[:cut], a.batch, a.ctx, a.seed)
+        shifted = tinygpt.Batches(data[cut:], a.batch, a.ctx, a.seed)
 
     mon = None
     if a.endpoint or a.record:  # MONITOR (1 of 2)
@@ -188,11 +232,23 @@ def main(argv=None):
         for g in opt.param_groups:
             g["lr"] = lr
         t0 = time.perf_counter()
-        x, y = batches.get(step)
-        loss, aux = model(x, y)
-        total = loss + a.aux * aux if aux is not None else loss
-        opt.zero_grad(set_to_none=True)
-        total.backward()
+        src = shifted if shifted is not None and step >= a.data_shift else batches
+        if a.accum == 1:
+            x, y = src.get(step)
+            loss, aux = model(x, y)
+            total = loss + a.aux * aux if aux is not None else loss
+            opt.zero_grad(set_to_none=True)
+            total.backward()
+        else:
+            opt.zero_grad(set_to_none=True)
+            losses = []
+            for k in range(a.accum):
+                x, y = src.get(step * a.accum + k)
+                micro, aux = model(x, y)
+                total = micro + a.aux * aux if aux is not None else micro
+                (total / a.accum).backward()
+                losses.append(micro.detach())
+            loss = torch.stack(losses).mean()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                             a.clip if a.clip > 0 else float("inf"))
         opt.step()
