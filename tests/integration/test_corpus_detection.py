@@ -47,6 +47,12 @@ healthy phase of a faulted run, and every diverged faulted run of the
 first caught before divergence. Labels are printed, not asserted (the
 attention fault does not move the qk-norm layouts' monitors, so the
 combined runs read optimizer-hyperparameter; docs/detection.md).
+tests/data/corpus-holdout4 (CORPUS.md, "Fourth held-out look"): Lion and
+gradient accumulation, 16 experts top-1, schedules decaying to zero, data
+shifted mid-run as a hard negative; recorded blind after the changes above
+and right at its first look. Asserted as it scored: no healthy alert,
+every diverged faulted run caught before divergence with the right label,
+with and without the `lr` rule.
 The tuning seeds and shape are printed too, for the record; they are not
 asserted: defaults were chosen on them.
 """
@@ -148,6 +154,19 @@ def main(args, workdir):
                   f"{name}: missed " + describe([r for r in faulted if not r["caught"]]))
         print(f"{name}: {len(caught)}/{len(faulted)} diverged faulted runs caught before "
               f"divergence, {len(right)} with the right label, healthy quiet")
+
+    corpus4 = os.path.join(data, "corpus-holdout4")
+    rows, val = scored(corpus4)
+    check(val["healthy"] >= 4 and val["healthy_alerting"] == 0 and val["phase_alerts"] == 0,
+          "alerts on corpus-holdout4's healthy training: " + describe(
+              [r for r in rows if r["family"] == "healthy" and r["n_alerts"]
+               or r.get("phase_alerts")]))
+    faulted = [r for r in rows if r["family"] != "healthy" and r["diverged"]]
+    bad = [r for r in faulted if not r["ok"]]
+    check(len(faulted) >= 5 and not bad, "corpus-holdout4: " + describe(bad))
+    n = check_lr_without_lr_rule(corpus4, ("lr",), 2, "on corpus-holdout4")
+    print(f"corpus-holdout4: {len(faulted)}/{len(faulted)} diverged faulted runs caught with the "
+          f"right label ({n} LR faults without the lr rule), healthy quiet")
 
 
 if __name__ == "__main__":
