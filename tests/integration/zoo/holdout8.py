@@ -53,11 +53,13 @@ Round 8b, written after seeing round 8's results:
                              [L, E, d], F.linear(x, self.w_router[i])
   kq-transposed-scores       scores as k @ q^T ([key, query]), the softmax
                              over dim -2, transposed before @ v
+  kq-transposed-gqa          the same with GQA 4/2 (keys by repeat_interleave)
 
 Score, blind (round 8, 11 members): 10 of 11 right on torch 1.13 and 2.15
-(hand-moe-capacity-bincount wrong). Round 8b (7 members): 5 of 7 on both
-torches (layer-stacked-param, kq-transposed-scores wrong). The three are in
-test_python_zoo.py's EXPECTED_FAILING with why. Judgement calls: a raw
+(hand-moe-capacity-bincount wrong). Round 8b (8 members): 5 of 8 on both
+torches (layer-stacked-param, kq-transposed-scores, kq-transposed-gqa
+wrong). The four are in test_python_zoo.py's EXPECTED_FAILING with why.
+Judgement calls: a raw
 [d, E] router used as x @ w_gate is reported as its [E, d] transpose (as a
 raw [d, 3d] attention weight is, t=True); slices of one stacked Parameter
 are separate sites, one per layer, named by the parameter; in
@@ -797,3 +799,33 @@ def kq_transposed():
     """Scores as k @ q^T ([key, query]), softmax over dim -2, transposed before @ v."""
     model = LM([Block(KqAttention(), MLP()) for _ in range(2)])
     return model, tokens(), Truth([h_attn(i) for i in range(2)])
+
+
+class KqGqaAttention(nn.Module):
+    def __init__(self, d=D, h=4, g=2):
+        super().__init__()
+        self.h, self.g = h, g
+        self.q = nn.Linear(d, h * 8, bias=False)
+        self.k = nn.Linear(d, g * 8, bias=False)
+        self.v = nn.Linear(d, g * 8, bias=False)
+        self.o = nn.Linear(h * 8, d, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q = self.q(x).view(b, t, self.h, 8).transpose(1, 2)
+        k, v = (f(x).view(b, t, self.g, 8).transpose(1, 2).repeat_interleave(self.h // self.g, 1)
+                for f in (self.k, self.v))
+        s = (k @ q.transpose(-2, -1)) * 8 ** -0.5 + causal(t).t()  # [b, h, key, query]
+        o = s.softmax(dim=-2).transpose(-2, -1) @ v
+        return self.o(o.transpose(1, 2).reshape(b, t, -1))
+
+
+@member("kq-transposed-gqa")
+def kq_transposed_gqa():
+    """kq-transposed-scores with GQA 4/2 (keys by repeat_interleave)."""
+    model = LM([Block(KqGqaAttention(), MLP()) for _ in range(2)])
+    att = []
+    for i in range(2):
+        qs, ks = heads_separate(f"blocks.{i}.attn.q.weight", f"blocks.{i}.attn.k.weight", 4, 2, 8)
+        att.append(Attn(i, 4, 2, 8, qs, ks, f"blocks.{i}.attn"))
+    return model, tokens(), Truth(att)
