@@ -98,11 +98,6 @@ EXPECTED_FAILING = {
     "layer-stacked-param": "one Parameter w_qkv [L, 3d, d] sliced w_qkv[i] per layer: the two "
                            "observed scores merge into one site (w_qkv, layer 0's rows); "
                            "layer 1 is not reported",
-    "kq-transposed-scores": "scores as k @ q^T with the softmax over dim -2 (the key axis): "
-                            "the left operand is taken as the query (reported blocks.i.attn.k/q, "
-                            "Wq = k.weight), whatever axis the softmax normalizes",
-    "kq-transposed-gqa": "the same k @ q^T with GQA 4/2: the left operand taken as the query "
-                         "meets two key heads, so both sites are SKIPPED with a warning",
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {

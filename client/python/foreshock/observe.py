@@ -1097,6 +1097,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         site = self._site_from_pairs(*pairs, via)
         if site is not None:
+            site.pairs = pairs  # (q labels, k labels) as the operand order gave them: _swap
             self.candidates.append(site)
             if isinstance(out, torch.Tensor) and axes is not None:
                 axes = tuple(x % out.dim() for x in axes)
@@ -1388,6 +1389,51 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             if self._param(b) is None and (_tag(b) or {}).get("score") is None:
                 self.unnormed.append(site)
 
+    def _value_product(self, name, args):
+        """Weights softmax'd over the axis the score's left operand gave
+        (sw) meet the values: the axis the product sums over is the key axis.
+        When it is that left axis, the score was k @ q^T ([key, query], the
+        softmax over dim -2, transposed before @ v, or einsum "..jd,..id->..ji"):
+        the site's query and key swap. Summed over the other axis (Slot
+        Attention: slots compete, each slot's weights then sum the inputs),
+        the site stays as found."""
+        if name == "einsum":
+            eq, ops = args[0], list(args[1]) if len(args) == 2 and \
+                isinstance(args[1], (list, tuple)) else list(args[1:])
+            if not isinstance(eq, str) or "->" not in eq or "..." in eq:
+                return
+            ins, res = eq.replace(" ", "").split("->")
+            subs = ins.split(",")
+            if len(subs) != len(ops):
+                return
+            pairs = [(o, [i for i, c in enumerate(sub) if c not in res])
+                     for o, sub in zip(ops, subs) if isinstance(o, torch.Tensor)]
+        elif name == "baddbmm" or len(args) < 2:
+            return
+        else:
+            a, b = args[0], args[1]
+            pairs = [(a, [a.dim() - 1] if isinstance(a, torch.Tensor) else []),
+                     (b, [b.dim() - 2] if isinstance(b, torch.Tensor) and b.dim() >= 2 else [])]
+        for t, summed in pairs:
+            d = _tag(t) if isinstance(t, torch.Tensor) else None
+            if d is None or d.get("sw") is None or len(summed) != 1:
+                continue
+            site, (qax, kax) = d["sw"], d["swaxes"]
+            if summed[0] == qax:
+                self._swap(site)
+
+    def _swap(self, site):
+        """The site with its query and key exchanged (_value_product), once."""
+        pairs = getattr(site, "pairs", None)
+        if pairs is None or getattr(site, "swapped", False):
+            return
+        new = self._site_from_pairs(pairs[1], pairs[0], site.via)
+        if new is None:
+            return
+        order = site.order
+        site.__dict__.update(new.__dict__)
+        site.order, site.swapped, site.pairs = order, True, (pairs[1], pairs[0])
+
     def _confirm(self, site):
         if site.order:
             return
@@ -1646,6 +1692,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             self._uses(name, args, kwargs)
         if name in _SCORE_OPS:
             self._weights_used(args)
+            self._value_product(name, args)
         if name == "linear":
             w = args[1] if len(args) > 1 else kwargs.get("weight")
             if self._linear(args[0] if args else kwargs.get("input"), w, out, "linear"):
@@ -1705,6 +1752,11 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                         dim % t.dim() in ax if ax is not None else
                         dim % t.dim() >= t.dim() - 2):
                     self._confirm(site)
+                    if ax is not None and dim % t.dim() == ax[0] and \
+                            isinstance(out, torch.Tensor) and out.shape == t.shape:
+                        # over the left operand's axis: the keys (k @ q^T) or the
+                        # queries (slots competing); the value product says which
+                        _set(out, sw=site, swaxes=ax)
                 if "sh" in d and isinstance(out, torch.Tensor) and out.shape == t.shape:
                     _set(out, sh=d["sh"], normed="softmax")
             if (d is None or "sh" not in d) and isinstance(dim, int) and t.dim() and \
@@ -1879,6 +1931,13 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         d = _tagd(args[0])
         if d is None:
             return
+        if d.get("sw") is not None:  # softmax'd weights (_value_product): their axes move
+            for o in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(o, torch.Tensor):
+                    ax = d["swaxes"] if o.shape == args[0].shape and name in _SAME else \
+                        _score_axes(name, func, args, kwargs, o, d["swaxes"])
+                    if ax is not None:
+                        _set(o, sw=d["sw"], swaxes=ax)
         if name in _GATHER and d.get("sh") is not None and any(
                 isinstance(a, torch.Tensor) and not a.is_floating_point() and
                 a.dtype != torch.bool and a.numel() > 1
@@ -1998,7 +2057,8 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
                 continue
             for a, d in tagged:
                 sh = d.get("sh")
-                keep = {k: v for k, v in d.items() if k in ("score", "normed", "saxes")
+                keep = {k: v for k, v in d.items() if k in ("score", "normed", "saxes", "sw",
+                                                              "swaxes")
                         and tuple(a.shape) == tuple(o.shape)}
                 if name == "sigmoid" and sh is not None:
                     keep["normed"] = "sigmoid"
