@@ -1226,6 +1226,12 @@ def _merge_routers(model, rts, obs, found, top_k):
                                           f"E={src.rows} top-{k}: observation used"))
                 old.n_experts, old.top_k = src.rows, min(k, src.rows)
                 found.how[old.name] = f"observed: E from the top-k's width, top-k from its k"
+            if not getattr(src, "after", None) and not _router_shaped(old, src):
+                # the weight as the pass used it: a raw [d, E] parameter in
+                # x @ w_gate is read [E, d] (its columns), as the Monitor hooks it
+                old.get = src.getter(list(range(src.rows)))
+                found.how[old.name] = (found.how.get(old.name, "") +
+                                       "; its [E, d] rows as the pass read them").lstrip("; ")
             found.notes = [n for n in found.notes if not (n[0] == old.name and
                                                           "top-k assumed" in n[1])]
             continue
@@ -1270,6 +1276,14 @@ def _merge_routers(model, rts, obs, found, top_k):
             continue
         keep.append(r)
     return keep
+
+
+def _router_shaped(spec, src):
+    """Whether spec.get() is the [E, width] map src's pass read."""
+    try:
+        return tuple(spec.get().shape) == (src.rows, src.width)
+    except Exception:
+        return False
 
 
 def _same_router(spec, w):
