@@ -92,9 +92,6 @@ EXPECTED_FAILING = {
     # round 7b (9 more, written after seeing those): 9 of 9 on both torches
     # held-out round 8 (zoo/holdout8.py), blind: 10 of 11 right on torch 1.13 and 2.15;
     # round 8b (8 more, written after seeing those): 5 of 8 on both torches
-    "layer-stacked-param": "one Parameter w_qkv [L, 3d, d] sliced w_qkv[i] per layer: the two "
-                           "observed scores merge into one site (w_qkv, layer 0's rows); "
-                           "layer 1 is not reported",
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {

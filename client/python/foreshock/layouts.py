@@ -899,7 +899,7 @@ def _merge_attention(att, obs, found):
             firsts.append(a.get()[0])
         except Exception:
             firsts.append(None)
-    seen, warned = set(), set()
+    seen, warned, added = set(), set(), set()
     scored = {_storage(s.q_src.param) for s in obs.attention if s.q_src is not None}
     for site in getattr(obs, "unnormed", ()):
         # Positive evidence, not absence: the pass saw these q and k rows meet
@@ -974,8 +974,13 @@ def _merge_attention(att, obs, found):
         pnames = [x.pname for x in site.q_srcs]
         found.skipped = [x for x in found.skipped if not (x[0] == "attention" and any(
             _under(pname, x[1]) for pname in pnames))]
-        if any(a.name == spec.name for a in out):
+        # the same name from names, or an observed site with the same weights: one;
+        # observed sites on other slices of one stacked parameter (w_qkv[i] per
+        # layer) are one attention each, in pass order (each its own layer)
+        if any(a.name == spec.name and (id(a) not in added or _same_weights(a, spec))
+               for a in out):
             continue
+        added.add(id(spec))
         out.append(spec)
         found.how[spec.name] = desc
         found.order[spec.name] = site.order
