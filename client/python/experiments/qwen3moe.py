@@ -32,32 +32,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, TinyLlama, apply_rotary_pos_emb,
+from llama import (LlamaAttention, LlamaMLP, LlamaRMSNorm, TinyLlama, apply_rotary_pos_emb,
                    repeat_kv)
 from tinygpt import FlashLikeAttention, Fault, MoE
 
 
-class QkNormAttention(nn.Module):
+class QkNormAttention(LlamaAttention):
     """llama.LlamaAttention with a norm over each head's q and k (norm:
     a class taking (head_dim, eps))."""
 
     def __init__(self, config, layer_idx, fault, norm):
-        super().__init__()
-        d = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_key_value_heads = config.num_key_value_heads
-        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
-        self.head_dim = d // self.num_heads
-        self.layer_idx = layer_idx
-        self.q_proj = nn.Linear(d, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(d, self.num_key_value_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(d, self.num_key_value_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=False)
-        self.o_proj.residual_out = True
+        super().__init__(config, layer_idx, fault)
         self.q_norm = norm(self.head_dim, config.rms_norm_eps)
         self.k_norm = norm(self.head_dim, config.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(self.head_dim, config.max_position_embeddings)
-        self.fault = fault
 
     def forward(self, x):
         b, t, _ = x.shape
