@@ -697,6 +697,78 @@ Test(store, spool_log_holds_frames_until_evaluated)
     fx_fini(&f);
 }
 
+/* A rewind to step R makes the run's later steps unevaluated again
+ * (spool.h, "Release"): the Hello that starts it lowers the evaluated step
+ * to R; rows of the old attempt the monitor stage queued before it knew
+ * raise it again, and the stage's own rewind item (has_spool_rewind) lowers
+ * it once more. The new attempt's frames of steps the old one had evaluated
+ * stay in the log, and a start replays them. */
+Test(store, a_rewind_lowers_the_evaluated_step)
+{
+    struct fixture f;
+    fx_init(&f);
+    struct store_opts o = opts_for(&f);
+    fx_open(&f, &o);
+    submit_ok(f.s, hello(1, "rw", 0, 0));
+    struct store_result h0 = hello_done(f.s, 1);
+    for (uint64_t seq = 1; seq <= 3; seq++)
+        submit_ok(f.s, sketch_report(1, &h0, seq, seq * 10, 100));
+    struct store_item *done = store_item_new(STORE_ITEM_SPOOL_DONE);
+    done->spool_done.run_id = h0.run_id;
+    done->spool_done.step = 30;
+    submit_ok(f.s, done);
+    store_flush(f.s);
+    sqlite3 *db = ro(&f);
+    cr_assert_eq(q1(db, "SELECT spool_done_step FROM runs"), 30);
+    sqlite3_close(db);
+
+    struct store_item *it = hello(2, "rw", 1, 0);
+    it->hello.has_resume_step = 1;
+    it->hello.resume_step = 10;
+    submit_ok(f.s, it);
+    struct store_result h1 = hello_done(f.s, 2);
+    cr_assert_eq(h1.error_code, 0, "%s", h1.message);
+    db = ro(&f);
+    cr_expect_eq(q1(db, "SELECT spool_done_step FROM runs"), 10, "the Hello lowers it");
+    sqlite3_close(db);
+
+    /* A row of the old attempt queued before the stage knew, then the
+     * stage's rewind item. */
+    done = store_item_new(STORE_ITEM_SPOOL_DONE);
+    done->spool_done.run_id = h0.run_id;
+    done->spool_done.step = 30;
+    submit_ok(f.s, done);
+    it = store_item_new(STORE_ITEM_MONITOR);
+    it->monitor.run_id = h0.run_id;
+    it->monitor.time = 1.0;
+    it->monitor.has_spool_rewind = 1;
+    it->monitor.spool_rewind_step = 10;
+    submit_ok(f.s, it);
+    for (uint64_t seq = 1; seq <= 2; seq++) /* attempt 1's steps 20 and 30 */
+        submit_ok(f.s, sketch_report(2, &h1, seq, 10 + seq * 10, 100));
+    store_flush(f.s);
+    db = ro(&f);
+    cr_expect_eq(q1(db, "SELECT spool_done_step FROM runs"), 10, "lowered again after the raise");
+    cr_expect_eq(q1(db, "SELECT count(*) FROM spool_frames WHERE stream_id = "
+                        "(SELECT max(id) FROM streams)"),
+                 2, "the new attempt's frames are recorded");
+    sqlite3_close(db);
+    cr_expect_gt(store_spool_bytes(f.s), 0, "the new attempt's records are kept");
+
+    /* A start replays them (the old attempt's records went when it was
+     * evaluated to 30, before the rewind). */
+    store_close(f.s);
+    fx_open(&f, &o);
+    db = ro(&f);
+    int64_t at = q1(db, "SELECT spool_done_step FROM runs");
+    sqlite3_close(db);
+    cr_expect_eq(at, 10);
+    struct replayed rp = replay(&f, at);
+    cr_expect_eq(rp.n, 2, "the new attempt's steps 20 and 30 replayed");
+    cr_expect_eq(rp.steps[0] * 100 + rp.steps[1], 20 * 100 + 30);
+    fx_fini(&f);
+}
+
 /* A database written by an older foreshockd keeps frames in the spool
  * table: the first open moves them into the log, in order, and the
  * evaluated step says which of them a replay skips. */
