@@ -96,6 +96,16 @@ def main(args, workdir):
         check(not bad, "LR faults missed without the lr rule: " + describe(bad))
         return len(lr)
 
+    def check_quiet(rows, val, least, what):
+        """At least `least` healthy runs, none alerting, and no alert in the
+        healthy phase of a faulted run. Returns the diverged faulted rows."""
+        check(val["healthy"] >= least and val["healthy_alerting"] == 0 and
+              val["phase_alerts"] == 0,
+              f"alerts on {what}'s healthy training: " + describe(
+                  [r for r in rows if r["family"] == "healthy" and r["n_alerts"]
+                   or r.get("phase_alerts")]))
+        return [r for r in rows if r["family"] != "healthy" and r["diverged"]]
+
     corpus = os.path.join(data, "corpus")
     rows, val = scored(corpus)
     check(val["faulted"] > 0 and val["healthy"] > 0, f"no validation runs: {val}")
@@ -123,11 +133,7 @@ def main(args, workdir):
           "with the right label")
 
     rows, val = scored(os.path.join(data, "corpus-holdout"))
-    check(val["healthy"] >= 6 and val["healthy_alerting"] == 0 and val["phase_alerts"] == 0,
-          "alerts on the held-out corpus's healthy training: " + describe(
-              [r for r in rows if r["family"] == "healthy" and r["n_alerts"]
-               or r.get("phase_alerts")]))
-    faulted = [r for r in rows if r["family"] != "healthy" and r["diverged"]]
+    faulted = check_quiet(rows, val, 6, "the held-out corpus")
     missed = [r for r in faulted if not r["caught"]]
     check(len(faulted) >= 20 and not missed,
           f"held-out corpus: {len(faulted)} diverged faulted runs, missed: " + describe(missed))
@@ -142,11 +148,7 @@ def main(args, workdir):
 
     for name in ("corpus-holdout3", "corpus-holdout3-late"):
         rows, val = scored(os.path.join(data, name))
-        check(val["healthy"] >= 2 and val["healthy_alerting"] == 0 and val["phase_alerts"] == 0,
-              f"alerts on {name}'s healthy training: " + describe(
-                  [r for r in rows if r["family"] == "healthy" and r["n_alerts"]
-                   or r.get("phase_alerts")]))
-        faulted = [r for r in rows if r["family"] != "healthy" and r["diverged"]]
+        faulted = check_quiet(rows, val, 2, name)
         caught = [r for r in faulted if r["caught"]]
         right = [r for r in faulted if r["ok"]]
         if name == "corpus-holdout3":
@@ -157,11 +159,7 @@ def main(args, workdir):
 
     corpus4 = os.path.join(data, "corpus-holdout4")
     rows, val = scored(corpus4)
-    check(val["healthy"] >= 4 and val["healthy_alerting"] == 0 and val["phase_alerts"] == 0,
-          "alerts on corpus-holdout4's healthy training: " + describe(
-              [r for r in rows if r["family"] == "healthy" and r["n_alerts"]
-               or r.get("phase_alerts")]))
-    faulted = [r for r in rows if r["family"] != "healthy" and r["diverged"]]
+    faulted = check_quiet(rows, val, 4, "corpus-holdout4")
     bad = [r for r in faulted if not r["ok"]]
     check(len(faulted) >= 5 and not bad, "corpus-holdout4: " + describe(bad))
     n = check_lr_without_lr_rule(corpus4, ("lr",), 2, "on corpus-holdout4")
