@@ -260,22 +260,18 @@ static void rewind_spool_done(struct stage *st, const struct run *run, uint64_t 
 {
     if (!st->opts.store)
         return;
-    struct store_item *it = store_item_new(STORE_ITEM_MONITOR);
-    int rc = -ENOMEM;
-    if (it) {
-        it->monitor.run_id = run->run_id;
-        it->monitor.time = fs_clock_unix();
-        it->monitor.has_spool_rewind = 1;
-        it->monitor.spool_rewind_step = step;
-        if ((rc = store_submit(st->opts.store, it)) < 0)
-            store_item_free(it);
-    }
-    if (rc < 0)
+    struct build bd;
+    if (build_begin(&bd, run->run_id, fs_clock_unix()) < 0) {
         log_error("stage",
-                  "run %s: cannot queue the rewind of its evaluated step to %llu (%s): frames of "
-                  "the new attempt up to the old attempt's last evaluated step are not replayed "
-                  "if foreshockd stops before evaluating them",
-                  run->name, (unsigned long long)step, strerror(-rc));
+                  "run %s: out of memory queuing the rewind of its evaluated step to %llu: "
+                  "frames of the new attempt up to the old attempt's last evaluated step are "
+                  "not replayed if foreshockd stops before evaluating them",
+                  run->name, (unsigned long long)step);
+        return;
+    }
+    bd.it->monitor.has_spool_rewind = 1;
+    bd.it->monitor.spool_rewind_step = step;
+    build_submit(st, &bd);
 }
 
 /* A Hello started an attempt that rewinds the run to step (abandoning

@@ -279,7 +279,8 @@ void build_submit(struct stage *st, struct build *bd)
         log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
                     "out of memory building monitor rows of run %lld: some are lost",
                     (long long)m->run_id);
-    if (!m->n_points && !m->n_states && !m->n_alerts && !m->n_incomplete && !m->has_spool_done) {
+    if (!m->n_points && !m->n_states && !m->n_alerts && !m->n_incomplete && !m->has_spool_done &&
+        !m->has_spool_rewind) {
         store_item_free(it);
         return;
     }
