@@ -562,6 +562,16 @@ static struct replayed replay(struct fixture *f, int64_t skip_to)
     return rp;
 }
 
+/* The monitors are done with run_id's steps <= step (STORE_ITEM_SPOOL_DONE). */
+static struct store_item *spool_done(int64_t run_id, uint64_t step)
+{
+    struct store_item *it = store_item_new(STORE_ITEM_SPOOL_DONE);
+    cr_assert_not_null(it);
+    it->spool_done.run_id = run_id;
+    it->spool_done.step = step;
+    return it;
+}
+
 static struct store_item *sketch_report(uint64_t conn, const struct store_result *h, uint64_t seq,
                                         uint64_t step, size_t len)
 {
@@ -666,10 +676,7 @@ Test(store, spool_log_holds_frames_until_evaluated)
     cr_expect_eq(rp.steps[0] * 100 + rp.steps[2], 10 * 100 + 30, "oldest first");
 
     /* Steps <= 20 evaluated: recorded; the one segment still holds step 30. */
-    struct store_item *done = store_item_new(STORE_ITEM_SPOOL_DONE);
-    done->spool_done.run_id = h.run_id;
-    done->spool_done.step = 20;
-    submit_ok(f.s, done);
+    submit_ok(f.s, spool_done(h.run_id, 20));
     store_flush(f.s);
     db = ro(&f);
     cr_expect_eq(q1(db, "SELECT spool_done_step FROM runs"), 20);
@@ -687,10 +694,7 @@ Test(store, spool_log_holds_frames_until_evaluated)
     cr_expect_eq(rp.steps[0], 30);
 
     /* Everything evaluated: the segment is deleted. */
-    done = store_item_new(STORE_ITEM_SPOOL_DONE);
-    done->spool_done.run_id = h.run_id;
-    done->spool_done.step = 30;
-    submit_ok(f.s, done);
+    submit_ok(f.s, spool_done(h.run_id, 30));
     store_flush(f.s);
     cr_expect_eq(store_spool_bytes(f.s), 0);
     cr_expect_eq(replay(&f, -1).n, 0);
@@ -713,10 +717,7 @@ Test(store, a_rewind_lowers_the_evaluated_step)
     struct store_result h0 = hello_done(f.s, 1);
     for (uint64_t seq = 1; seq <= 3; seq++)
         submit_ok(f.s, sketch_report(1, &h0, seq, seq * 10, 100));
-    struct store_item *done = store_item_new(STORE_ITEM_SPOOL_DONE);
-    done->spool_done.run_id = h0.run_id;
-    done->spool_done.step = 30;
-    submit_ok(f.s, done);
+    submit_ok(f.s, spool_done(h0.run_id, 30));
     store_flush(f.s);
     sqlite3 *db = ro(&f);
     cr_assert_eq(q1(db, "SELECT spool_done_step FROM runs"), 30);
@@ -734,10 +735,7 @@ Test(store, a_rewind_lowers_the_evaluated_step)
 
     /* A row of the old attempt queued before the stage knew, then the
      * stage's rewind item. */
-    done = store_item_new(STORE_ITEM_SPOOL_DONE);
-    done->spool_done.run_id = h0.run_id;
-    done->spool_done.step = 30;
-    submit_ok(f.s, done);
+    submit_ok(f.s, spool_done(h0.run_id, 30));
     it = store_item_new(STORE_ITEM_MONITOR);
     it->monitor.run_id = h0.run_id;
     it->monitor.time = 1.0;
