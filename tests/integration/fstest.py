@@ -518,11 +518,23 @@ def db_exec(db, sql, args=()):
 
 def free_port():
     """An ephemeral loopback port for a peer that cannot report the one it
-    bound (Alertmanager, Prometheus, a gloo rendezvous); the small race with
-    other processes between this close and the peer's bind is accepted."""
+    bound (Alertmanager, Prometheus, a launcher's MASTER_PORT); the small
+    race with other processes between this close and the peer's bind is
+    accepted. A torch.distributed group of our own ranks rendezvouses
+    through a file instead (rendezvous()): no port, no race."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def rendezvous(workdir, name):
+    """A torch.distributed init_method for ranks on this machine: a file
+    store in the test's own directory, new for each group (FileStore must
+    not find an old file). A tcp:// rendezvous on a port from free_port()
+    lost that race to a concurrent test's bind (EADDRINUSE in CI)."""
+    path = os.path.join(os.path.abspath(workdir), f"rendezvous-{name}")
+    check(not os.path.exists(path), f"rendezvous file {path} already exists")
+    return "file://" + path
 
 
 def wait_until(pred, timeout=60, what="condition", interval=0.1):

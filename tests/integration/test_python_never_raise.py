@@ -42,7 +42,6 @@ import argparse
 import logging
 import math
 import os
-import socket
 import subprocess
 import sys
 
@@ -337,7 +336,7 @@ SH_D, SH_H, SH_DH, SH_E = 32, 4, 8, 6
 def sharded_worker(argv):
     """One rank of the sharded phase (a subprocess): trains, checks itself."""
     p = argparse.ArgumentParser()
-    for k in ("--endpoint", "--source-dir", "--build-dir", "--port"):
+    for k in ("--endpoint", "--source-dir", "--build-dir", "--rendezvous"):
         p.add_argument(k, required=True)
     p.add_argument("--rank", type=int, required=True)
     a = p.parse_args(argv)
@@ -349,7 +348,7 @@ def sharded_worker(argv):
     import foreshock
     from foreshock import sketch as sk
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank,
+    dist.init_process_group("gloo", init_method=a.rendezvous, rank=a.rank,
                             world_size=2)
     torch.manual_seed(100 + a.rank)
     cols = SH_D // 2  # this rank's columns of every weight
@@ -398,12 +397,10 @@ def sharded_worker(argv):
 
 
 def phase_sharded(env):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    rdv = fstest.rendezvous(env.workdir, "sharded")
     procs = [subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r), "--endpoint",
-         env.daemon.endpoint, "--port", str(port), "--source-dir", env.args.source_dir,
+         env.daemon.endpoint, "--rendezvous", rdv, "--source-dir", env.args.source_dir,
          "--build-dir", env.args.build_dir],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     outs = []

@@ -92,7 +92,7 @@ def train(torch, foreshock, run, endpoint, rank, world, cols, **kw):
 
 def worker(argv):
     p = argparse.ArgumentParser()
-    for k in ("--mode", "--endpoint", "--source-dir", "--build-dir", "--port"):
+    for k in ("--mode", "--endpoint", "--source-dir", "--build-dir", "--rendezvous"):
         p.add_argument(k, required=True)
     p.add_argument("--rank", type=int, required=True)
     a = p.parse_args(argv)
@@ -102,7 +102,7 @@ def worker(argv):
     import torch.distributed as dist
     import foreshock
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank,
+    dist.init_process_group("gloo", init_method=a.rendezvous, rank=a.rank,
                             world_size=2)
     half = D // 2
     cols = list(range(a.rank * half, (a.rank + 1) * half))
@@ -134,10 +134,10 @@ def main(args, workdir):
     try:
         train(torch, foreshock, "full", daemon.endpoint, 0, 1, list(range(D)))
         for mode in ("trainer", "daemon"):
-            port = fstest.free_port()
+            rdv = fstest.rendezvous(workdir, mode)
             procs = [subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
-                 "--rank", str(r), "--endpoint", daemon.endpoint, "--port", str(port),
+                 "--rank", str(r), "--endpoint", daemon.endpoint, "--rendezvous", rdv,
                  "--source-dir", args.source_dir, "--build-dir", args.build_dir],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
             for r, pr in enumerate(procs):

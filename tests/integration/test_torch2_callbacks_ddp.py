@@ -182,13 +182,15 @@ def launch(kind, args, workdir, daemon):
     me = [os.path.abspath(__file__), "--worker", kind, out, os.path.abspath(args.source_dir),
           os.path.abspath(args.build_dir)]
     if kind == "hf":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS),
-               "--nnodes", "1", "--master_addr", "127.0.0.1", "--master_port",
-               str(fstest.free_port())] + me
+        # --standalone: the launcher binds its own rendezvous port (no
+        # free_port() race with concurrent tests).
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(RANKS)] + me
     else:
         cmd = [sys.executable] + me
-    env = dict(os.environ, FORESHOCK_ENDPOINT=daemon.endpoint, OMP_NUM_THREADS="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(fstest.free_port()))
+    env = dict(os.environ, FORESHOCK_ENDPOINT=daemon.endpoint, OMP_NUM_THREADS="1")
+    if kind != "hf":  # Lightning's own launcher reads them (a small port race, accepted)
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(fstest.free_port()))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=out, start_new_session=True)
     deadline = time.monotonic() + WORKER_TIMEOUT_S

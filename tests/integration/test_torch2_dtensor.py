@@ -84,7 +84,7 @@ def train(torch, foreshock, model, run, endpoint):
 
 def worker(argv):
     p = argparse.ArgumentParser()
-    for k in ("--mode", "--model", "--endpoint", "--source-dir", "--build-dir", "--port"):
+    for k in ("--mode", "--model", "--endpoint", "--source-dir", "--build-dir", "--rendezvous"):
         p.add_argument(k, required=True)
     p.add_argument("--rank", type=int, required=True)
     a = p.parse_args(argv)
@@ -99,7 +99,7 @@ def worker(argv):
     from foreshock import dtensor
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank,
+    dist.init_process_group("gloo", init_method=a.rendezvous, rank=a.rank,
                             world_size=2)
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (2,))
@@ -197,22 +197,22 @@ def main(args, workdir):
             train(torch, foreshock, build(torch, transformers, model_name), f"single-{model_name}",
                   daemon.endpoint)
         for mode, model_name in RUNS:
-            port = fstest.free_port()
+            rdv = fstest.rendezvous(workdir, f"{mode}-{model_name}")
             procs = [subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
                  "--model", model_name, "--rank", str(r), "--endpoint", daemon.endpoint,
-                 "--port", str(port), "--source-dir", args.source_dir,
+                 "--rendezvous", rdv, "--source-dir", args.source_dir,
                  "--build-dir", args.build_dir],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
             for r, pr in enumerate(procs):
                 out, _ = pr.communicate(timeout=600)
                 check(pr.returncode == 0, f"{mode}-{model_name} rank {r} exited "
                       f"{pr.returncode}:\n{out[-4000:]}")
-        port = fstest.free_port()
+        rdv = fstest.rendezvous(workdir, "late")
         procs = [subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", "--mode", "late",
              "--model", "llama", "--rank", str(r), "--endpoint", daemon.endpoint,
-             "--port", str(port), "--source-dir", args.source_dir,
+             "--rendezvous", rdv, "--source-dir", args.source_dir,
              "--build-dir", args.build_dir],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
         for r, pr in enumerate(procs):
