@@ -23,7 +23,12 @@ fraction of the time from fault to divergence ((divergence - alert) /
   tells its Delta2 collapse from the LR ramp's consequence);
   combined-late runs whose LR fault is hidden from the logged rate: the
   first reads attention-numerics, "both" is not required; one that
-  diverged before its LR fault began is scored as an attention run.
+  diverged before its LR fault began is scored as an attention run;
+  combined-late runs whose attention fault is inert on the model (the
+  same fault alone, same shape, seed, step and bits, never diverged: a
+  qk-norm layout clamps the logits it would inflate) are scored as LR
+  runs that may also name the attention fault: the LR fault is what makes
+  them diverge, and the right page says to lower the rate.
 Column "wrong": mechanism alerts before divergence with a label outside the
 run's set; a run with any is not ok.
 Per split: faulted runs caught before divergence, label accuracy, median
@@ -81,6 +86,7 @@ ACCEPT_FIRST = {
     "combined": {"optimizer-hyperparameter", "combined"},
     "combined-late": {"attention-numerics", "combined"},
     "combined-late-hidden": {"attention-numerics", "combined"},
+    "combined-inert": {"optimizer-hyperparameter", "attention-numerics", "combined"},
 }
 ACCEPT_ANY = {
     "attention-numerics": {"attention-numerics"},
@@ -88,6 +94,7 @@ ACCEPT_ANY = {
     "combined": {"optimizer-hyperparameter", "combined"},
     "combined-late": {"attention-numerics", "combined"},
     "combined-late-hidden": {"attention-numerics", "combined", "optimizer-hyperparameter"},
+    "combined-inert": {"optimizer-hyperparameter", "attention-numerics", "combined"},
 }
 
 
@@ -120,6 +127,22 @@ def load_corpus(corpus_dir, workdir):
     for r in runs:  # the first corpus is one shape (d 48, 3 layers, 4 heads)
         r.setdefault("shape", r.get("arch") + "-dh12-h4-l3")
     return db, runs
+
+
+def mark_inert_attention(runs):
+    """Sets attn_inert on each combined-late run whose attention fault alone
+    (the attention-numerics run of the same shape, seed, fault step and
+    bits) was recorded and never diverged: on that model the attention
+    fault does not lead to divergence, the LR fault does."""
+    def key(r):
+        return (r.get("shape"), r.get("seed"), r.get("fault_step"), r.get("bits"))
+    alone = {}
+    for r in runs:
+        if family(r["scenario"]) == "attention-numerics":
+            alone.setdefault(key(r), []).append(r)
+    for r in runs:
+        if family(r["scenario"]) == "combined-late" and alone.get(key(r)):
+            r["attn_inert"] = all(a.get("divergence_step") is None for a in alone[key(r)])
 
 
 def backtest(build_dir, db, sets=(), windows=None, every=None):
@@ -160,6 +183,8 @@ def score_run(meta, incidents):
         # Diverged from the attention fault before the late LR fault began:
         # an attention-numerics run, whatever it was meant to be.
         fam = "attention-numerics"
+    elif fam.startswith("combined-late") and meta.get("attn_inert"):
+        fam = "combined-inert"
     row = {"run": meta["name"], "split": meta.get("split"), "family": fam,
            "shape": meta.get("shape"),
            "fault": meta.get("fault_step"), "div": meta.get("divergence_step"),
@@ -272,6 +297,7 @@ def run(build_dir, corpus_dirs=None, sets=(), windows=MONITOR_WINDOWS, every=MON
     with tempfile.TemporaryDirectory(prefix="foreshock-score-") as tmp:
         for d in corpus_dirs or [c for c in DEFAULT_CORPORA if os.path.isdir(c)]:
             db, manifest = load_corpus(d, tmp)
+            mark_inert_attention(manifest)
             by_run = backtest(build_dir, db, sets, windows, every)
             rows += [score_run(m, by_run.get(m["name"], [])) for m in manifest]
     summaries = [summarize(rows, s) for s in ("tuning", "validation", None)]

@@ -42,11 +42,15 @@ Blind, it caught 3 of 6 diverged faults of the first (every LR fault there
 fell between the warm-up end and the start of detection at 3 warm-ups)
 and paged one healthy run (router.maxvio); since then update_ratio detects
 once its baseline is warm and router.maxvio's z scale is at least 20% of
-its level. Asserted: no alert on either corpus's healthy runs nor in the
-healthy phase of a faulted run, and every diverged faulted run of the
-first caught before divergence. Labels are printed, not asserted (the
-attention fault does not move the qk-norm layouts' monitors, so the
-combined runs read optimizer-hyperparameter; docs/detection.md).
+its level. Its attention fault alone never diverged on either layout (the
+qk-norm clamps the logits it inflates), so its combined runs are scored as
+LR runs that may name the attention fault too (scorecard.py,
+mark_inert_attention). Asserted: no alert on either corpus's healthy runs
+nor in the healthy phase of a faulted run, and every diverged faulted run
+caught before divergence with the right label, except a run that diverged
+before the first sketch after its fault (a 10x jump on qwen3moe diverged 9
+steps after it, the sketch comes every 10): that one must be paged by a
+symptom rule (grad_norm, loss) before divergence.
 tests/data/corpus-holdout4 (CORPUS.md, "Fourth held-out look"): Lion and
 gradient accumulation, 16 experts top-1, schedules decaying to zero, data
 shifted mid-run as a hard negative; recorded blind after the changes above
@@ -149,13 +153,15 @@ def main(args, workdir):
     for name in ("corpus-holdout3", "corpus-holdout3-late"):
         rows, val = scored(os.path.join(data, name))
         faulted = check_quiet(rows, val, 2, name)
-        caught = [r for r in faulted if r["caught"]]
-        right = [r for r in faulted if r["ok"]]
-        if name == "corpus-holdout3":
-            check(len(faulted) >= 6 and len(caught) == len(faulted),
-                  f"{name}: missed " + describe([r for r in faulted if not r["caught"]]))
-        print(f"{name}: {len(caught)}/{len(faulted)} diverged faulted runs caught before "
-              f"divergence, {len(right)} with the right label, healthy quiet")
+        fast = [r for r in faulted if r["div"] - r["fault"] < scorecard.MONITOR_EVERY]
+        bad = [r for r in faulted if r not in fast and not r["ok"]]
+        check(len(faulted) >= 6 and not bad, f"{name}: " + describe(bad))
+        unpaged = [r for r in fast if r["any_first"] is None or r["any_first"] >= r["div"]]
+        check(not unpaged, f"{name}: diverged before a sketch and not paged: " +
+              describe(unpaged))
+        print(f"{name}: {len(faulted) - len(fast)}/{len(faulted)} diverged faulted runs caught "
+              f"with the right label, {len(fast)} diverged before the next sketch and paged by "
+              "a symptom rule, healthy quiet")
 
     corpus4 = os.path.join(data, "corpus-holdout4")
     rows, val = scored(corpus4)
