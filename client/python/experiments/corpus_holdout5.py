@@ -76,6 +76,11 @@ SCENARIOS = {
     "combined-late": ("combined", ["--bits", "{bits}", "--fault-on", "both", "--lr-hidden",
                                    "--lr-mult", "20", "--lr-ramp", "200",
                                    "--lr-fault-step", str(LATE_LR_STEP)]),
+    # Appended after the runs above were recorded, on their divergence
+    # alone (before any scoring): none of their learning-rate faults
+    # diverged, so the earlier looks' hidden 20x ramp over 200 steps, a
+    # learning-rate fault that might. Last, so the others' schedules stay.
+    "lr-ramp20-hidden": ("lr", ["--lr-hidden", "--lr-mult", "20", "--lr-ramp", "200"]),
 }
 OVERRIDES = {
     "healthy-restarts": {"schedule": "cosine-restarts", "steps": 2000, "fault_step": None},
