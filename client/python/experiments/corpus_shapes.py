@@ -84,6 +84,10 @@ SCHEDULES = ("constant", "cosine", "wsd")
 # manifest gives each run's --lr-mult (this corpus's leaves it null).
 # warmup_of (optional): {schedule: warm-up steps}, each run's --warmup by
 # its schedule (and a "warmup" in its manifest entry); without it, COMMON's.
+# overrides (optional): {scenario: {"schedule", "steps", "fault_step"}},
+# any of them, in place of the alternation, the step tables and the
+# matrix's fault step for that scenario's runs (the manifest's fault_step;
+# train.py still gets the matrix's --fault-step).
 MATRIX = {"shapes": SHAPES, "scenarios": SCENARIOS, "seeds": SEEDS, "schedules": SCHEDULES,
           "lr": LR, "common": COMMON, "monitor": MONITOR, "steps": STEPS,
           "healthy_steps": HEALTHY_STEPS, "peak_steps": PEAK_STEPS, "fault_step": FAULT_STEP,
@@ -107,6 +111,9 @@ def plan(shapes=None, scenarios=None, seeds=None, matrix=MATRIX):
                 train_sc, extra = m["scenarios"][sc]
                 extra = [x.format(**fmt) for x in extra]
                 fault = None if sc == "healthy" else (1 if sc == "lr-peak" else m["fault_step"])
+                o = m.get("overrides", {}).get(sc, {})
+                sched, steps = o.get("schedule", sched), o.get("steps", steps)
+                fault = o.get("fault_step", fault)
                 args = c["args"] + ["--lr", str(c.get("lr", m["lr"]))] + m["common"] + \
                     m["monitor"] + extra + [
                     "--steps", str(steps), "--seed", str(seed), "--schedule", sched,

@@ -127,12 +127,15 @@ class MoE(nn.Module):
     """Top-k routed experts: `gate` (Linear d -> E) beside `experts`, as in
     Mixtral's block_sparse_moe. Every expert runs on every token and the
     top-k mask selects (tiny E: simpler than dispatch, same maths). Adds the
-    Switch load-balancing loss to `self.aux` on each forward."""
+    Switch load-balancing loss to `self.aux` on each forward. shared=True
+    adds one always-on expert (`shared_expert`, DeepSeekMoE's shared
+    expert) whose output is added to the routed mixture."""
 
-    def __init__(self, d, hidden, n_experts, top_k):
+    def __init__(self, d, hidden, n_experts, top_k, shared=False):
         super().__init__()
         self.gate = nn.Linear(d, n_experts, bias=False)
         self.experts = nn.ModuleList(MLP(d, hidden) for _ in range(n_experts))
+        self.shared_expert = MLP(d, hidden) if shared else None
         self.num_experts = n_experts
         self.top_k = top_k
         self.aux = None
@@ -147,6 +150,9 @@ class MoE(nn.Module):
         weights = torch.zeros_like(probs).scatter(1, topi, topv)
         out = torch.stack([e(flat) for e in self.experts], dim=1)  # [N, E, d]
         y = (weights.unsqueeze(-1) * out).sum(dim=1)
+        shared = getattr(self, "shared_expert", None)  # subclasses may not set it
+        if shared is not None:
+            y = y + shared(flat)
         frac = torch.zeros_like(probs).scatter(1, topi, 1.0).mean(0) / self.top_k
         self.aux = self.num_experts * (frac * probs.mean(0)).sum()
         return y.view(b, t, d)
@@ -158,7 +164,7 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(d)
         self.attn = CausalSelfAttention(d, n_head, layer, fault)
         self.ln_2 = nn.LayerNorm(d)
-        self.mlp = MoE(d, d, moe[0], moe[1]) if moe else MLP(d, 4 * d)
+        self.mlp = MoE(d, d, moe[0], moe[1], *moe[2:]) if moe else MLP(d, 4 * d)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -167,7 +173,8 @@ class Block(nn.Module):
 
 class TinyGPT(nn.Module):
     """n_layer blocks of width d, n_head heads, context t. moe=(E, top_k)
-    makes every block's MLP a routed MoE."""
+    makes every block's MLP a routed MoE; moe=(E, top_k, True) adds a
+    shared expert to each."""
 
     def __init__(self, vocab, d=64, n_layer=4, n_head=4, t=64, moe=None):
         super().__init__()

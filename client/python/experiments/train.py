@@ -7,9 +7,10 @@ with foreshock.Monitor wired in (the two lines marked MONITOR), and
 optionally a fault.
 
 Learning rate (--schedule): linear warm-up over --warmup steps, then
-constant, cosine decay to 10% of --lr at the last step (--steps), or wsd
+constant, cosine decay to 10% of --lr at the last step (--steps), wsd
 (warmup-stable-decay: constant, then linear decay to 10% over the last 20%
-of the steps).
+of the steps), or cosine-restarts (SGDR: cosine decay to 10% over each
+--restart-period steps after the warm-up, then back to --lr).
 
 Scenarios (the fault starts at --fault-step; before it every scenario of a
 seed trains identically: same initial weights, same batches):
@@ -29,6 +30,12 @@ optimizer steps with the faulted rate, the monitor is told the scheduled one
 (a gradient-accumulation or loss-scale bug, a second optimizer group). With
 --peak-mult M the whole schedule runs at M x --lr from step 1 (a peak rate
 too large from the start) and the monitor is told the schedule of --lr.
+Two more hidden learning-rate faults (scenario lr with --lr-mult 1, so
+only these change the rate): --lr-restart S, the optimizer's schedule
+starts over at step S (a resume that forgot the scheduler's state: warm-up
+again, then the peak) while the logged rate continues; --skip-warmup, the
+optimizer steps at the post-warm-up rate from step 1 while the logged rate
+warms up.
 
 Writes one JSON line per step to --out (step, loss, grad_norm, lr,
 train_s: forward+backward+optimizer, monitor_s: monitor.step()) and a last
@@ -75,8 +82,11 @@ def parse_args(argv=None):
     p.add_argument("--fault-on", choices=("o", "do", "both"), default="both")
     p.add_argument("--arch", choices=("gpt", "llama", "qwen3moe", "parallel"),
                    default="gpt")
-    p.add_argument("--schedule", choices=("constant", "cosine", "wsd"), default="constant",
+    p.add_argument("--schedule", choices=("constant", "cosine", "wsd", "cosine-restarts"),
+                   default="constant",
                    help="after warm-up: constant, or cosine decay to 10%% at --steps")
+    p.add_argument("--restart-period", type=int, default=500,
+                   help="cosine-restarts: steps from one restart to the next")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--lr-mult", type=float, default=100.0)
@@ -88,10 +98,19 @@ def parse_args(argv=None):
     p.add_argument("--peak-mult", type=float, default=1.0,
                    help="the optimizer runs the whole schedule at this multiple of --lr; "
                         "the monitor is told the schedule of --lr")
+    p.add_argument("--lr-restart", type=int, default=None,
+                   help="lr: from this step the optimizer's schedule starts over (warm-up, "
+                        "then the peak; a resume that forgot the scheduler state)")
+    p.add_argument("--skip-warmup", action="store_true",
+                   help="lr: the optimizer skips the warm-up (the logged rate warms up "
+                        "under --lr-hidden)")
     p.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: off)")
-    p.add_argument("--optimizer", choices=("adamw", "lion"), default="adamw",
-                   help="adamw (betas 0.9/0.95) or lion (Chen et al. 2023: the sign of an "
-                        "interpolated momentum, betas 0.9/0.99, decoupled weight decay)")
+    p.add_argument("--optimizer", choices=("adamw", "lion", "sgd"), default="adamw",
+                   help="adamw (betas 0.9/--beta2), lion (Chen et al. 2023: the sign of an "
+                        "interpolated momentum, betas 0.9/0.99, decoupled weight decay) or "
+                        "sgd (heavy-ball --momentum, L2 weight decay)")
+    p.add_argument("--beta2", type=float, default=0.95, help="adamw: second-moment decay")
+    p.add_argument("--momentum", type=float, default=0.9, help="sgd: momentum")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--accum", type=int, default=1,
                    help="gradient accumulation: micro-batches of --batch per optimizer step "
@@ -108,8 +127,13 @@ def parse_args(argv=None):
     p.add_argument("--kv-heads", type=int, default=2, help="llama: key/value heads (GQA)")
     p.add_argument("--ctx", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch-change", default=None,
+                   help="STEP:N: from this step batches of N sequences (a batch-size change "
+                        "mid-run; the rate is unchanged)")
     p.add_argument("--experts", type=int, default=4, help="0: dense MLP")
     p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--shared-expert", action="store_true",
+                   help="gpt MoE: one always-on expert beside the routed ones")
     p.add_argument("--aux", type=float, default=0.01, help="load-balancing loss weight")
     # One 5-step window sketched every 5 steps, so the detectors' 3-sample
     # persistence spans 3 disjoint windows. Longer windows sketched every 5
@@ -156,9 +180,13 @@ class Lion(torch.optim.Optimizer):
 WSD_DECAY = 0.2  # wsd: share of the steps spent decaying, at the end
 
 
-def scheduled_lr(a, step):
-    """The schedule of --lr, without any fault: what a trainer logs."""
-    base = a.lr * min(1.0, (step + 1) / a.warmup)
+def scheduled_lr(a, step, warm=True):
+    """The schedule of --lr, without any fault: what a trainer logs
+    (warm=False: without the warm-up)."""
+    base = a.lr * min(1.0, (step + 1) / a.warmup) if warm else a.lr
+    if a.schedule == "cosine-restarts" and step > a.warmup:
+        frac = ((step - a.warmup) % a.restart_period) / a.restart_period
+        base *= a.min_lr_frac + (1.0 - a.min_lr_frac) * 0.5 * (1.0 + math.cos(math.pi * frac))
     if a.schedule == "cosine" and step > a.warmup:
         frac = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
         base *= a.min_lr_frac + (1.0 - a.min_lr_frac) * 0.5 * (1.0 + math.cos(math.pi * frac))
@@ -172,8 +200,10 @@ def scheduled_lr(a, step):
 
 def lr_at(a, step):
     """The rate the optimizer steps with (faults included)."""
-    base = scheduled_lr(a, step) * a.peak_mult
     lr_fault = a.fault_step if a.lr_fault_step is None else a.lr_fault_step
+    faulted = a.scenario in ("lr", "combined")
+    at = step - a.lr_restart + 1 if faulted and a.lr_restart and step >= a.lr_restart else step
+    base = scheduled_lr(a, at, not (faulted and a.skip_warmup)) * a.peak_mult
     if a.scenario in ("lr", "combined") and step >= lr_fault:
         ramp = min(1.0, (step - lr_fault + 1) / a.lr_ramp)
         base *= 1.0 + (a.lr_mult - 1.0) * ramp
@@ -196,12 +226,15 @@ def main(argv=None):
                                      parallel=a.arch == "parallel", experts=a.experts,
                                      top_k=a.top_k)
     else:
-        moe = (a.experts, a.top_k) if a.experts else None
+        moe = (a.experts, a.top_k) + ((True,) if a.shared_expert else ()) if a.experts else None
         model = tinygpt.TinyGPT(vocab, d=a.d, n_layer=a.layers, n_head=a.heads, t=a.ctx, moe=moe)
     if a.optimizer == "lion":
         opt = Lion(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+    elif a.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum,
+                              weight_decay=a.weight_decay)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95),
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, a.beta2),
                                 weight_decay=a.weight_decay)
     batches = tinygpt.Batches(data, a.batch, a.ctx, a.seed)
     shifted = None
@@ -209,6 +242,10 @@ def main(argv=None):
         cut = len(data) * 3 // 4
         batches = tinygpt.Batches(data[:cut], a.batch, a.ctx, a.seed)
         shifted = tinygpt.Batches(data[cut:], a.batch, a.ctx, a.seed)
+    resized, resize_at = None, None
+    if a.batch_change is not None:
+        resize_at, n = (int(x) for x in a.batch_change.split(":"))
+        resized = tinygpt.Batches(data, n, a.ctx, a.seed)
 
     mon = None
     if a.endpoint or a.record:  # MONITOR (1 of 2)
@@ -233,6 +270,8 @@ def main(argv=None):
             g["lr"] = lr
         t0 = time.perf_counter()
         src = shifted if shifted is not None and step >= a.data_shift else batches
+        if resized is not None and step >= resize_at:
+            src = resized
         if a.accum == 1:
             x, y = src.get(step)
             loss, aux = model(x, y)
