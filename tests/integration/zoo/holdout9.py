@@ -64,6 +64,42 @@ neither W + s B A nor the DoRA weight), aft-full-none (to_q/to_k named in a
 "head count unknown" warning in each of its 2 blocks). The three are in
 test_python_zoo.py's EXPECTED_FAILING with why.
 
+Round 9b, written after seeing round 9's results (aimed at adapters and
+functional transforms):
+
+  peft-lora-merged           PEFT LoRA after merge(): the delta already in
+                             base_layer.weight, forward skips the adapters
+  peft-lora-two-adapters     two active PEFT adapters (r 4 and 2): W + both
+                             (B A) s
+  peft-lora-dropout          PEFT LoRA with lora_dropout=0.1 in training
+  loralib-mergedlinear-gpt2  loralib's MergedLinear on GPT-2's c_attn
+                             (enable_lora [q, v], grouped conv1d delta,
+                             zero_pad, fan_in_fan_out [in, out] weight), keys
+                             as [b, h, dh, t], w * b - 1e10 * (1 - b)
+  sigmoid-attn-none          Apple's sigmoid attention in a timm Attention
+                             (qkv, num_heads, qk LayerNorms): q.k through a
+                             sigmoid, no softmax: nothing
+  vmap-heads                 one head's attention written for one head and
+                             torch.func.vmap'ped over stacked [H, dh, d] weights
+  kohya-lora-patched-forward kohya-ss sd-scripts LoRA on a CLIP text encoder:
+                             q/k_proj.forward replaced by the LoRA module's
+                             (held by the network, not a child of the Linear)
+  minlora-parametrize        minLoRA: a parametrize parametrization
+                             W + (B A) alpha / r on every Linear
+
+Score (round 9b, 8 members): 5 of 8 on torch 1.13 and 2.15. Wrong:
+loralib-mergedlinear-gpt2 (reported as c_attn, H=4 Hkv=4 dh=8, with the
+base W's q columns, no LoRA delta), vmap-heads (nothing reported, no
+warning), kohya-lora-patched-forward (reported as q_proj/k_proj, H=4 Hkv=4
+dh=8, with the base W's rows). In EXPECTED_FAILING with why.
+
+Not members (their truth cannot be verified by zoo.check.verify_truth): the
+Set Transformer's MAB (juho-lee/set_transformer: O = Q_ + A V_ adds the
+projected queries to the output, so negating a query head's rows changes the
+output whatever the key rows), and TransformerLens' HookedTransformer
+(W_Q [n_heads, d_model, d_head] used by einsum: Rows reads a 3-D parameter
+as [H * d, dh] or [H, d * dh], neither of which has head h's [dh, d] rows).
+
 Judgement calls (each Truth.note says so): a traced GraphModule's sites are
 named by its parameters' paths (they keep the traced model's names); a
 BatchNorm after the qkv Linear is a per-channel norm (as a qk-norm): the
@@ -856,7 +892,7 @@ def custom_op_attention():
         "(views, rotary, repeat_kv): a site to be found, not a warning"))
 
 
-# ---- MoH: attention heads as experts --------------------------------------------------------------
+# ---- MoH: attention heads as experts -------------------------------------------------------------
 # SkyworkAI/MoH (MoH-ViT / MoH-DiT Attention: wg, wg_0, wg_1, routed_head, shared_head)
 
 class MoHAttention(nn.Module):
@@ -952,7 +988,7 @@ def moh_head_router():
         "softmaxes wg_0 (shared vs routed) and wg_1 (over the shared heads) are no routers"))
 
 
-# ---- MixLoRA: LoRA experts over one frozen MLP ------------------------------------------------------
+# ---- MixLoRA: LoRA experts over one frozen MLP ---------------------------------------------------
 # TUDB-Labs/MixLoRA (MixLoraSparseMoe: gate_, experts_, top_k_, _llama_forward)
 
 class LoraAdapter(nn.Module):
@@ -1033,7 +1069,7 @@ def mixlora_ffn_experts():
         "shared frozen MLP"))
 
 
-# ---- transformers' attention interface: ALL_ATTENTION_FUNCTIONS, DynamicCache ----------------------
+# ---- transformers' attention interface: ALL_ATTENTION_FUNCTIONS, DynamicCache --------------------
 # transformers src/transformers/models/llama/modeling_llama.py (LlamaAttention.forward,
 # eager_attention_forward), integrations/sdpa_attention.py, cache_utils.py (DynamicCache)
 
@@ -1330,3 +1366,638 @@ def aft_full_none():
         "blocks.1.aft.to_k.weight", "blocks.0.aft.wbias"], note=(
         "the weights softmax over key positions of K + w (per channel), gated by sigmoid(Q): "
         "no q.k product, so no attention score; nothing to report, no warning"))
+
+
+# =================================================================================================
+# Round 9b, written after seeing round 9's results (LoRA over a Conv1D and DoRA missed, a
+# q/k-named module with no q.k score warned about): more adapter states and look-alikes.
+# =================================================================================================
+
+# ---- PEFT LoRA states: merged, two active adapters, dropout in training -----------------------
+# huggingface/peft src/peft/tuners/lora/layer.py (LoraLayer.update_layer, Linear.merge,
+# Linear.forward: disable_adapters / merged / the sum over active_adapters)
+
+class PeftLoraLinear(nn.Module):
+    def __init__(self, base, adapters=(("default", 4, 8, 0.0),)):
+        super().__init__()
+        self.base_layer = base
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.r, self.lora_alpha, self.scaling = {}, {}, {}
+        self.lora_dropout = nn.ModuleDict()
+        self.lora_A, self.lora_B = nn.ModuleDict(), nn.ModuleDict()
+        self.use_dora = {}
+        for name, r, alpha, p in adapters:
+            self.r[name], self.lora_alpha[name], self.scaling[name] = r, alpha, alpha / r
+            self.lora_dropout[name] = nn.Dropout(p) if p > 0 else nn.Identity()
+            self.lora_A[name] = nn.Linear(self.in_features, r, bias=False)
+            self.lora_B[name] = nn.Linear(r, self.out_features, bias=False)
+            nn.init.normal_(self.lora_B[name].weight, std=0.1)  # trained
+            self.use_dora[name] = False
+        self.fan_in_fan_out = False
+        self.merged_adapters = []
+        self._active_adapter = [a[0] for a in adapters]
+        self._disable_adapters = False
+        base.weight.requires_grad_(False)
+
+    @property
+    def merged(self):
+        return bool(self.merged_adapters)
+
+    @property
+    def active_adapters(self):
+        return self._active_adapter
+
+    @property
+    def disable_adapters(self):
+        return self._disable_adapters
+
+    def get_delta_weight(self, adapter):
+        return (self.lora_B[adapter].weight @ self.lora_A[adapter].weight) * self.scaling[adapter]
+
+    def merge(self):
+        with torch.no_grad():
+            for name in self.active_adapters:
+                self.base_layer.weight.data += self.get_delta_weight(name)
+                self.merged_adapters.append(name)
+
+    def forward(self, x):
+        if self.disable_adapters or self.merged:
+            return self.base_layer(x)
+        result = self.base_layer(x)
+        dtype = result.dtype
+        for name in self.active_adapters:
+            if name not in self.lora_A.keys():
+                continue
+            lora_A, lora_B = self.lora_A[name], self.lora_B[name]
+            x = x.to(lora_A.weight.dtype)
+            result = result + lora_B(lora_A(self.lora_dropout[name](x))) * self.scaling[name]
+        return result.to(dtype)
+
+
+def _peft_llama(adapters, merge=False):
+    class Layer(LlamaDecoderLayer):
+        def __init__(self, cfg, i):
+            super().__init__(cfg, i)
+            a = self.self_attn
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                wrapped = PeftLoraLinear(getattr(a, proj), adapters)
+                if merge:
+                    wrapped.merge()
+                setattr(a, proj, wrapped)
+    return Decoder(llama_config(), Layer, rotary_dim=DH)
+
+
+def _lora_sum_eff(base, pairs):
+    # W + sum over active adapters of (B @ A) * scale, in the adapters' order
+    def eff(p):
+        w = p[base]
+        for a, b, s in pairs:
+            w = w + (p[b] @ p[a]) * s
+        return w
+    return eff
+
+
+def _peft_truth(adapters, merged=False):
+    att, nr = [], []
+    for i in range(L):
+        m = f"model.layers.{i}.self_attn"
+        rows = {}
+        for proj, n in (("q_proj", H), ("k_proj", HKV)):
+            p = f"{m}.{proj}"
+            base = f"{p}.base_layer.weight"
+            pairs = [(f"{p}.lora_A.{a}.weight", f"{p}.lora_B.{a}.weight", alpha / r)
+                     for a, r, alpha, _ in adapters]
+            if merged:
+                rows[proj] = [Rows(base, range(h * DH, (h + 1) * DH)) for h in range(n)]
+            else:
+                eff = _lora_sum_eff(base, pairs)
+                rows[proj] = [Rows(base, range(h * DH, (h + 1) * DH), eff=eff,
+                                   also=tuple(b for _, b, _ in pairs)) for h in range(n)]
+            nr += [a for a, _, _ in pairs]
+        att.append(Attn(i, H, HKV, DH, rows["q_proj"], rows["k_proj"], m))
+    return att, nr + mlp_gates("model.layers", L)
+
+
+@member("peft-lora-merged")
+def peft_lora_merged():
+    """PEFT LoRA after merge_adapter(): the delta is in base_layer.weight, forward skips LoRA."""
+    adapters = (("default", 4, 8, 0.0),)
+    model = _peft_llama(adapters, merge=True)
+    att, nr = _peft_truth(adapters, merged=True)
+    return model, tokens(), Truth(att, not_reported=nr, note=(
+        "merged: the forward multiplies by base_layer.weight alone (W + s B A already added "
+        "into it); adding B A again would count the delta twice"))
+
+
+@member("peft-lora-two-adapters")
+def peft_lora_two_adapters():
+    """PEFT LoRA with two active adapters (set_adapter([...])): W + s1 B1 A1 + s2 B2 A2."""
+    adapters = (("default", 4, 8, 0.0), ("task_b", 2, 8, 0.0))
+    model = _peft_llama(adapters)
+    att, nr = _peft_truth(adapters)
+    return model, tokens(), Truth(att, not_reported=nr, note=(
+        "both adapters are active: Wq/Wk are W + the sum of their (B @ A) * scale"))
+
+
+@member("peft-lora-dropout")
+def peft_lora_dropout():
+    """PEFT LoRA with lora_dropout=0.1 (PEFT's usual setting), trained in train mode."""
+    adapters = (("default", 8, 16, 0.1),)
+    model = _peft_llama(adapters)
+    att, nr = _peft_truth(adapters)
+    return model, tokens(), Truth(att, not_reported=nr, note=(
+        "the dropout acts on the LoRA branch's input in training; the weight is W + s B A"))
+
+
+# ---- loralib MergedLinear on GPT-2's c_attn (the LoRA paper's NLG code) --------------------------
+# microsoft/LoRA loralib/layers.py (MergedLinear: enable_lora=[True, False, True], lora_ind,
+# zero_pad, F.conv1d over groups, fan_in_fan_out) and examples/NLG/src/model.py (Attention:
+# split_heads(key, k=True) as [b, h, dh, t], w * b - 1e10 * (1 - b))
+
+class MergedLinear(nn.Linear):
+    def __init__(self, in_features, out_features, r=4, lora_alpha=8,
+                 enable_lora=(True, False, True), fan_in_fan_out=True):
+        nn.Linear.__init__(self, in_features, out_features)
+        self.r, self.lora_alpha, self.enable_lora = r, lora_alpha, list(enable_lora)
+        self.fan_in_fan_out, self.merged = fan_in_fan_out, False
+        self.lora_dropout = nn.Identity()
+        n_on = sum(enable_lora)
+        self.lora_A = nn.Parameter(self.weight.new_zeros((r * n_on, in_features)))
+        self.lora_B = nn.Parameter(self.weight.new_zeros((out_features // len(enable_lora) * n_on,
+                                                          r)))
+        self.scaling = lora_alpha / r
+        self.weight.requires_grad = False
+        ind = self.weight.new_zeros((out_features,), dtype=torch.bool).view(len(enable_lora), -1)
+        ind[list(enable_lora), :] = True
+        self.lora_ind = ind.view(-1)
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        nn.init.normal_(self.lora_B, std=0.1)  # trained
+        if fan_in_fan_out:
+            self.weight.data = self.weight.data.transpose(0, 1)
+
+    def zero_pad(self, x):
+        result = x.new_zeros((len(self.lora_ind), *x.shape[1:]))
+        result[self.lora_ind] = x
+        return result
+
+    def T(self, w):
+        return w.transpose(0, 1) if self.fan_in_fan_out else w
+
+    def merge_AB(self):
+        delta_w = F.conv1d(self.lora_A.unsqueeze(0), self.lora_B.unsqueeze(-1),
+                           groups=sum(self.enable_lora)).squeeze(0)
+        return self.T(self.zero_pad(delta_w))
+
+    def forward(self, x):
+        result = F.linear(x, self.T(self.weight), bias=self.bias)
+        return result + self.lora_dropout(x) @ self.T(self.merge_AB().T) * self.scaling
+
+
+class LoraNLGAttention(nn.Module):
+    def __init__(self, nx, n_ctx, n_head):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(n_ctx, n_ctx)).view(1, 1, n_ctx, n_ctx),
+                             persistent=False)
+        self.n_head, self.split_size, self.scale = n_head, nx, True
+        self.c_attn = MergedLinear(nx, nx * 3)
+        self.c_proj = Conv1D(nx, nx)
+
+    def split_heads(self, x, k=False):
+        x = x.view(*(x.size()[:-1] + (self.n_head, x.size(-1) // self.n_head)))
+        return x.permute(0, 2, 3, 1).contiguous() if k else x.permute(0, 2, 1, 3).contiguous()
+
+    def _attn(self, q, k, v):
+        w = torch.matmul(q, k)
+        if self.scale:
+            w = w / math.sqrt(v.size(-1))
+        nd, ns = w.size(-2), w.size(-1)
+        b = self.bias[:, :, ns - nd:ns, :ns]
+        w = w * b - 1e10 * (1 - b)
+        w = nn.Softmax(dim=-1)(w)
+        return torch.matmul(w, v)
+
+    def forward(self, x):
+        query, key, value = self.c_attn(x).split(self.split_size, dim=2)
+        query, key, value = self.split_heads(query), self.split_heads(key, k=True), \
+            self.split_heads(value)
+        a = self._attn(query, key, value).permute(0, 2, 1, 3).contiguous()
+        a = a.view(*(a.size()[:-2] + (a.size(-2) * a.size(-1),)))
+        return self.c_proj(a)
+
+
+class LoraNLGBlock(nn.Module):
+    def __init__(self, d, n_head):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = LoraNLGAttention(d, 64, n_head)
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = nn.Module()
+        self.mlp.c_fc = Conv1D(4 * d, d)
+        self.mlp.c_proj = Conv1D(d, 4 * d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x))))
+
+
+class LoraNLGModel(nn.Module):
+    def __init__(self, d=D, n_head=H, n_layer=L):
+        super().__init__()
+        self.transformer = nn.Module()
+        self.transformer.wte = nn.Embedding(VOCAB, d)
+        self.transformer.wpe = nn.Embedding(64, d)
+        self.transformer.h = nn.ModuleList(LoraNLGBlock(d, n_head) for _ in range(n_layer))
+        self.transformer.ln_f = nn.LayerNorm(d)
+
+    def forward(self, input_ids):
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        x = self.transformer.wte(input_ids) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        return F.linear(self.transformer.ln_f(x), self.transformer.wte.weight)  # tied head
+
+
+def _merged_linear_eff(prefix):
+    # [in, out]: W + T(zero_pad(conv1d(A, B, groups))) * scaling, as MergedLinear.forward adds
+    def eff(p):
+        w, a, b = p[f"{prefix}.weight"], p[f"{prefix}.lora_A"], p[f"{prefix}.lora_B"]
+        delta = F.conv1d(a.unsqueeze(0), b.unsqueeze(-1), groups=2).squeeze(0)
+        full = delta.new_zeros((w.shape[1], w.shape[0]))
+        full[:D] = delta[:D]
+        full[2 * D:] = delta[D:]
+        return w + full.transpose(0, 1) * (8 / 4)
+    return eff
+
+
+@member("loralib-mergedlinear-gpt2")
+def loralib_mergedlinear_gpt2():
+    """loralib MergedLinear on GPT-2's c_attn, LoRA on q and v only (grouped conv1d delta)."""
+    model = LoraNLGModel()
+    att, nr = [], []
+    for i in range(L):
+        m = f"transformer.h.{i}.attn"
+        w = f"{m}.c_attn.weight"
+        eff = _merged_linear_eff(f"{m}.c_attn")
+        qs = [Rows(w, range(h * DH, (h + 1) * DH), t=True, eff=eff, also=(f"{m}.c_attn.lora_B",))
+              for h in range(H)]
+        ks = [Rows(w, range(D + h * DH, D + (h + 1) * DH), t=True) for h in range(H)]
+        att.append(Attn(i, H, H, DH, qs, ks, m))
+        nr += [f"{m}.c_attn.lora_A", f"transformer.h.{i}.mlp.c_fc.weight"]
+    return model, tokens(), Truth(att, not_reported=nr, note=(
+        "weight stored [in, out] (fan_in_fan_out); q's columns carry the LoRA delta (group 0 of "
+        "the grouped conv1d), k's none (enable_lora False): Wk is W's columns"))
+
+
+# ---- sigmoid attention: q.k without a softmax ----------------------------------------------------
+# apple/ml-sigmoid-attention (SigmoidAttn: sigmoid(q k^T * scale + b), b = -log(n)), in a timm
+# Attention (qkv, num_heads, head_dim, q_norm/k_norm LayerNorms)
+
+class SigmoidAttention(nn.Module):
+    def __init__(self, dim=D, num_heads=H):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.q_norm = nn.LayerNorm(self.head_dim)
+        self.k_norm = nn.LayerNorm(self.head_dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        attn_bias = -math.log(N)
+        attn = torch.sigmoid(q @ k.transpose(-2, -1) * self.scale + attn_bias)
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj(x)
+
+
+class SigmoidBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(D)
+        self.attn = SigmoidAttention()
+        self.norm2 = nn.LayerNorm(D)
+        self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class SigmoidLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D)
+        self.blocks = nn.ModuleList(SigmoidBlock() for _ in range(L))
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+@member("sigmoid-attn-none")
+def sigmoid_attn_none():
+    """SigmoidAttn in a timm Attention: q.k per head, sigmoid instead of softmax: nothing."""
+    model = SigmoidLM()
+    return model, tokens(), Truth([], not_reported=[
+        "blocks.0.attn.qkv.weight", "blocks.1.attn.qkv.weight"], note=(
+        "q.k logits through an elementwise sigmoid, no softmax over keys: no attention score "
+        "by the client's definition (as relu-rownorm-attn-none); nothing to report, no "
+        "warning"))
+
+
+# ---- heads as a vmapped function over stacked per-head weights -----------------------------------
+# torch.func.vmap over the head axis (functorch.vmap on torch 1.x), as the torch.func tutorials
+# vmap a function over stacked weights: w_q/w_k/w_v [H, dh, d], w_o [H, d, dh], one head's
+# attention written for one head and mapped
+
+def _vmap():
+    if hasattr(torch, "vmap"):
+        return torch.vmap
+    import functorch
+    return functorch.vmap
+
+
+def _one_head(x, wq, wk, wv, wo):
+    q, k, v = x @ wq.transpose(0, 1), x @ wk.transpose(0, 1), x @ wv.transpose(0, 1)
+    t = x.shape[-2]
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+    return (s.softmax(dim=-1) @ v) @ wo.transpose(0, 1)
+
+
+class VmapHeadsAttention(nn.Module):
+    def __init__(self, d=D, heads=H):
+        super().__init__()
+        dh = d // heads
+        self.w_q = nn.Parameter(torch.randn(heads, dh, d) * d ** -0.5)
+        self.w_k = nn.Parameter(torch.randn(heads, dh, d) * d ** -0.5)
+        self.w_v = nn.Parameter(torch.randn(heads, dh, d) * d ** -0.5)
+        self.w_o = nn.Parameter(torch.randn(heads, d, dh) * d ** -0.5)
+
+    def forward(self, x):
+        per_head = _vmap()(_one_head, in_dims=(None, 0, 0, 0, 0))(x, self.w_q, self.w_k,
+                                                                   self.w_v, self.w_o)
+        return per_head.sum(0)
+
+
+class VmapBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(D)
+        self.attn = VmapHeadsAttention()
+        self.ln2 = nn.LayerNorm(D)
+        self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class VmapLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D)
+        self.blocks = nn.ModuleList(VmapBlock() for _ in range(L))
+        self.head = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+@member("vmap-heads")
+def vmap_heads():
+    """One head's attention vmapped over stacked [H, dh, d] weights (torch.func.vmap)."""
+    model = VmapLM()
+    att = []
+    for i in range(L):
+        m = f"blocks.{i}.attn"
+        att.append(Attn(i, H, H, DH, *heads_separate(f"{m}.w_q", f"{m}.w_k", H, H, DH), m))
+    return model, tokens(), Truth(att, not_reported=["blocks.0.mlp.0.weight"], note=(
+        "a [H, dh, d] weight reads as [H * dh, d]: head h's rows h*dh.. (as a Linear's)"))
+
+
+# ---- kohya-ss LoRA: the Linear's forward monkeypatched, the LoRA modules elsewhere ---------------
+# kohya-ss/sd-scripts networks/lora.py (LoRAModule: lora_down/lora_up, scale = alpha / lora_dim,
+# multiplier; apply_to() replaces org_module.forward and drops the reference; LoRANetwork holds
+# text_encoder_loras) on transformers' CLIP text encoder (CLIPAttention: q_proj(x) * scale, bmm
+# over [bsz * heads, t, dh])
+
+class KohyaLoRAModule(nn.Module):
+    def __init__(self, lora_name, org_module, multiplier=1.0, lora_dim=4, alpha=2):
+        super().__init__()
+        self.lora_name, self.lora_dim = lora_name, lora_dim
+        self.lora_down = nn.Linear(org_module.in_features, lora_dim, bias=False)
+        self.lora_up = nn.Linear(lora_dim, org_module.out_features, bias=False)
+        nn.init.kaiming_uniform_(self.lora_down.weight, a=math.sqrt(5))
+        nn.init.normal_(self.lora_up.weight, std=0.1)  # trained (starts at zero)
+        self.scale = alpha / lora_dim
+        self.register_buffer("alpha", torch.tensor(float(alpha)))
+        self.multiplier = multiplier
+        self.org_module = org_module  # removed in apply_to
+
+    def apply_to(self):
+        self.org_forward = self.org_module.forward
+        self.org_module.forward = self.forward
+        del self.org_module
+
+    def forward(self, x):
+        org_forwarded = self.org_forward(x)
+        lx = self.lora_up(self.lora_down(x))
+        return org_forwarded + lx * self.multiplier * self.scale
+
+
+class KohyaLoRANetwork(nn.Module):
+    TARGET = ("CLIPAttention", "CLIPMLP")
+
+    def __init__(self, text_encoder):
+        super().__init__()
+        loras = []
+        for name, module in text_encoder.named_modules():
+            if module.__class__.__name__ in self.TARGET:
+                for child_name, child in module.named_modules():
+                    if isinstance(child, nn.Linear):
+                        lora_name = ("lora_te." + name + "." + child_name).replace(".", "_")
+                        loras.append(KohyaLoRAModule(lora_name, child))
+        self.text_encoder_loras = nn.ModuleList(loras)
+
+    def apply_to(self, text_encoder):
+        for p in text_encoder.parameters():
+            p.requires_grad_(False)
+        for lora in self.text_encoder_loras:
+            lora.apply_to()
+            self.add_module(lora.lora_name, lora)
+
+
+class CLIPAttention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.embed_dim, self.num_heads = d, heads
+        self.head_dim = d // heads
+        self.scale = self.head_dim ** -0.5
+        self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.q_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+
+    def _shape(self, tensor, seq_len, bsz):
+        return tensor.view(bsz, seq_len, self.num_heads, self.head_dim).transpose(1, 2).contiguous()
+
+    def forward(self, hidden_states, causal_attention_mask):
+        bsz, tgt_len, embed_dim = hidden_states.size()
+        query_states = self.q_proj(hidden_states) * self.scale
+        key_states = self._shape(self.k_proj(hidden_states), -1, bsz)
+        value_states = self._shape(self.v_proj(hidden_states), -1, bsz)
+        proj_shape = (bsz * self.num_heads, -1, self.head_dim)
+        query_states = self._shape(query_states, tgt_len, bsz).view(*proj_shape)
+        key_states, value_states = key_states.view(*proj_shape), value_states.view(*proj_shape)
+        src_len = key_states.size(1)
+        attn_weights = torch.bmm(query_states, key_states.transpose(1, 2))
+        attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len) + \
+            causal_attention_mask
+        attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len).softmax(dim=-1)
+        attn_output = torch.bmm(attn_weights, value_states)
+        attn_output = attn_output.view(bsz, self.num_heads, tgt_len, self.head_dim).transpose(1, 2)
+        return self.out_proj(attn_output.reshape(bsz, tgt_len, embed_dim))
+
+
+class CLIPMLP(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        x = self.fc1(x)
+        return self.fc2(x * torch.sigmoid(1.702 * x))
+
+
+class CLIPEncoderLayer(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.self_attn = CLIPAttention(d, heads)
+        self.layer_norm1 = nn.LayerNorm(d)
+        self.mlp = CLIPMLP(d)
+        self.layer_norm2 = nn.LayerNorm(d)
+
+    def forward(self, x, mask):
+        x = x + self.self_attn(self.layer_norm1(x), mask)
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class CLIPTextModel(nn.Module):
+    def __init__(self, d=D, heads=H, n_layers=L):
+        super().__init__()
+        self.text_model = nn.Module()
+        self.text_model.embeddings = nn.Module()
+        self.text_model.embeddings.token_embedding = nn.Embedding(VOCAB, d)
+        self.text_model.embeddings.position_embedding = nn.Embedding(77, d)
+        self.text_model.encoder = nn.Module()
+        self.text_model.encoder.layers = nn.ModuleList(CLIPEncoderLayer(d, heads)
+                                                       for _ in range(n_layers))
+        self.text_model.final_layer_norm = nn.LayerNorm(d)
+
+    def forward(self, input_ids):
+        t = input_ids.shape[1]
+        emb = self.text_model.embeddings
+        x = emb.token_embedding(input_ids) + emb.position_embedding(
+            torch.arange(t, device=input_ids.device))[None]
+        mask = _fwd_causal(t)[None, None]
+        for layer in self.text_model.encoder.layers:
+            x = layer(x, mask)
+        return self.text_model.final_layer_norm(x)
+
+
+class KohyaTrainee(nn.Module):
+    """What a LoRA training script holds: the frozen text encoder and the network."""
+
+    def __init__(self):
+        super().__init__()
+        self.text_encoder = CLIPTextModel()
+        self.network = KohyaLoRANetwork(self.text_encoder)
+        self.network.apply_to(self.text_encoder)
+
+    def forward(self, input_ids):
+        return self.text_encoder(input_ids)
+
+
+def _kohya_eff(base, down, up, scale):
+    return lambda p: p[base] + (p[up] @ p[down]) * scale
+
+
+@member("kohya-lora-patched-forward")
+def kohya_lora_patched_forward():
+    """kohya's LoRA: q/k_proj's forward replaced by the LoRA module's (held by the network)."""
+    model = KohyaTrainee()
+    index = {l.lora_name: j for j, l in enumerate(model.network.text_encoder_loras)}
+    att, nr = [], []
+    for i in range(L):
+        m = f"text_encoder.text_model.encoder.layers.{i}.self_attn"
+        rows = {}
+        for proj, n in (("q_proj", H), ("k_proj", H)):
+            lora = "lora_te_" + f"text_model.encoder.layers.{i}.self_attn.{proj}".replace(".", "_")
+            j = index[lora]
+            down = f"network.text_encoder_loras.{j}.lora_down.weight"
+            up = f"network.text_encoder_loras.{j}.lora_up.weight"
+            eff = _kohya_eff(f"{m}.{proj}.weight", down, up, 1.0 * 2 / 4)
+            rows[proj] = [Rows(f"{m}.{proj}.weight", range(h * DH, (h + 1) * DH), eff=eff,
+                               also=(up,)) for h in range(n)]
+            nr.append(down)
+        att.append(Attn(i, H, H, DH, rows["q_proj"], rows["k_proj"], m))
+    return model, tokens(), Truth(att, not_reported=nr, note=(
+        "the Linear's forward is the LoRA module's: Wq/Wk are W + (up @ down) * multiplier * "
+        "scale, the LoRA weights under network."))
+
+
+# ---- minLoRA: LoRA as a torch.nn.utils.parametrize parametrization on every Linear ---------------
+# cccntu/minLoRA minlora/model.py (LoRAParametrization.from_linear, add_lora: weight =
+# X + (lora_B @ dropout(lora_A)) * scaling, lora_alpha / rank)
+
+class LoRAParametrization(nn.Module):
+    def __init__(self, fan_in, fan_out, rank=4, lora_alpha=1):
+        super().__init__()
+        self.lora_A = nn.Parameter(torch.zeros(rank, fan_in))
+        self.lora_B = nn.Parameter(torch.zeros(fan_out, rank))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        nn.init.normal_(self.lora_B, std=0.1)  # trained (starts at zero)
+        self.scaling = lora_alpha / rank
+        self.register_buffer("lora_dropout_mask", torch.ones(1, fan_in))
+
+    def forward(self, X):
+        return X + torch.matmul(self.lora_B, self.lora_A).view(X.shape) * self.scaling
+
+
+def add_lora(model):
+    from torch.nn.utils import parametrize
+    for mod in list(model.modules()):
+        if isinstance(mod, nn.Linear):
+            out_f, in_f = mod.weight.shape
+            parametrize.register_parametrization(mod, "weight", LoRAParametrization(in_f, out_f))
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+
+
+@member("minlora-parametrize")
+def minlora_parametrize():
+    """minLoRA: every Linear's weight parametrized as W + (B @ A) * alpha / r."""
+    model = Decoder(llama_config(), LlamaDecoderLayer, rotary_dim=DH)
+    add_lora(model)
+    att, nr = [], []
+    for i in range(L):
+        m = f"model.layers.{i}.self_attn"
+        rows = {}
+        for proj, n in (("q_proj", H), ("k_proj", HKV)):
+            pz = f"{m}.{proj}.parametrizations.weight"
+            eff = (lambda pz: lambda p: p[f"{pz}.original"] + torch.matmul(
+                p[f"{pz}.0.lora_B"], p[f"{pz}.0.lora_A"]) * 0.25)(pz)
+            rows[proj] = [Rows(f"{pz}.original", range(h * DH, (h + 1) * DH), eff=eff,
+                               also=(f"{pz}.0.lora_B",)) for h in range(n)]
+            nr.append(f"{pz}.0.lora_A")
+        att.append(Attn(i, H, HKV, DH, rows["q_proj"], rows["k_proj"], m))
+    return model, tokens(), Truth(att, not_reported=nr, note=(
+        "a parametrization: Wq/Wk are the parametrized weight W + (B @ A) * scaling"))
