@@ -47,7 +47,9 @@ round by another tester: 9 of 11 on torch 1.13, 10 of 11 on 2.15, then 9 of 9
 more (round 6b; holdout6.py says which and why). holdout7, a seventh blind round by
 another tester: 8 of 8 on both torches, then 9 of 9 more (round 7b). holdout8, an
 eighth blind round (hand-written research code) by another tester: 10 of 11 on
-both torches, then 5 of 8 more (round 8b; holdout8.py says which and why).
+both torches, then 5 of 8 more (round 8b; holdout8.py says which and why). holdout9, a
+ninth blind round (traced, opaque, stateless and adapter-wrapped code) by another tester:
+9 of 12 on both torches, then 5 of 8 more (round 9b; holdout9.py says which and why).
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
@@ -113,7 +115,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 FAMILIES = ("decoders", "encdec", "moe", "research", "holdout", "holdout2", "gaps", "holdout3",
-            "holdout4", "holdout5", "holdout6", "holdout7", "holdout8")
+            "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9")
 
 _MEMBERS = []
 
