@@ -93,12 +93,6 @@ EXPECTED_FAILING = {
     # held-out round 8 (zoo/holdout8.py), blind: 10 of 11 right on torch 1.13 and 2.15;
     # round 8b (8 more, written after seeing those): 5 of 8 on both torches
     # held-out round 9 (zoo/holdout9.py), blind: 9 of 12 right on torch 1.13 and 2.15
-    "peft-lora-gpt2-conv1d": "LoRA over a Conv1D c_attn (fan_in_fan_out): reported as "
-                             "c_attn.base_layer with the base W's columns (H=4 Hkv=4 dh=8), not "
-                             "the effective W + ((B @ A) * scale)^T",
-    "peft-dora-llama": "DoRA (use_dora): reported as q_proj.base_layer/k_proj.base_layer with "
-                       "the base W's rows (H=4 Hkv=2 dh=8), neither W + s B A nor DoRA's "
-                       "m / |W + s B A| * (W + s B A)",
     "aft-full-none": "AFT-full (no q.k score): to_q/to_k named in a 'head count unknown' "
                      "warning per block where nothing is called for",
     # round 9b (8 more, written after seeing those): 5 of 8 on torch 1.13 and 2.15

@@ -13,7 +13,14 @@ parameters:
                      ModuleDicts, scaling per adapter) and loralib's
                      Linear (lora_A / lora_B parameters, scaling): the
                      output is base(x) + scale * B(A(x)), so the weight
-                     the attention reads is W + scale * B @ A.
+                     the attention reads is W + scale * B @ A. Over a
+                     weight stored [in, out] (fan_in_fan_out: GPT-2's
+                     Conv1D) the sum is W + (scale * B @ A)^T;
+  DoRA               PEFT's use_dora: the output is rescaled per output
+                     row, m / |W + scale * B @ A|_row (the norm detached),
+                     so the weight is that diagonal times W + scale * B @ A;
+                     with several active adapters each rescales the sum
+                     so far (PEFT's forward in eval or without dropout).
 The weight monitored is the effective one, recomputed at each get() from
 the parameters as they are then: what the next forward multiplies by.
 
@@ -63,9 +70,21 @@ def _hook(module, name):
     return None
 
 
+def _magnitude(module, name):
+    """PEFT DoRA's magnitude vector [out] of adapter `name` (a module with a
+    weight in current PEFT, a ParameterDict entry in older releases)."""
+    mags = getattr(module, "lora_magnitude_vector", None)
+    if mags is None or name not in mags:
+        return None
+    m = mags[name]
+    m = getattr(m, "weight", m)
+    return m if isinstance(m, torch.Tensor) and m.dim() == 1 else None
+
+
 def _lora_parts(module):
-    """[(A weight [r, in], B weight [out, r], scale)] of module's active,
-    unmerged LoRA adapters (PEFT or loralib); None when it is no LoRA layer."""
+    """[(A weight [r, in], B weight [out, r], scale, DoRA magnitude or
+    None)] of module's active, unmerged LoRA adapters (PEFT or loralib);
+    None when it is no LoRA layer (or one this cannot sum)."""
     a, b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
     if a is None or b is None:
         return None
@@ -73,26 +92,29 @@ def _lora_parts(module):
         return []
     if isinstance(a, nn.ModuleDict) and isinstance(b, nn.ModuleDict):   # PEFT
         active = getattr(module, "active_adapters", None)
+        if active is None:
+            active = getattr(module, "active_adapter", None)
         active = [active] if isinstance(active, str) else list(active or a.keys())
         dora = getattr(module, "use_dora", None)
-        if getattr(module, "fan_in_fan_out", False) or (
-                isinstance(dora, dict) and any(dora.get(n) for n in active)):
-            return None  # a transposed base or DoRA's magnitudes: not this sum
+        dora = dora if isinstance(dora, dict) else {}
+        merged = set(getattr(module, "merged_adapters", None) or [])
         scaling = getattr(module, "scaling", {})
         out = []
         for n in active:
-            if n in a and n in b and n in scaling:
-                wa, wb = getattr(a[n], "weight", None), getattr(b[n], "weight", None)
-                if not isinstance(wa, torch.Tensor) or not isinstance(wb, torch.Tensor) or \
-                        wa.dim() != 2 or wb.dim() != 2:
-                    return None
-                out.append((wa, wb, scaling[n]))
+            if n in merged or n not in a or n not in b or n not in scaling:
+                continue
+            wa, wb = getattr(a[n], "weight", None), getattr(b[n], "weight", None)
+            if not isinstance(wa, torch.Tensor) or not isinstance(wb, torch.Tensor) or \
+                    wa.dim() != 2 or wb.dim() != 2:
+                return None
+            mag = _magnitude(module, n) if dora.get(n) else None
+            if dora.get(n) and mag is None:
+                return None  # DoRA without a magnitude this can read
+            out.append((wa, wb, scaling[n], mag))
         return out
     if isinstance(a, nn.Parameter) and isinstance(b, nn.Parameter) and a.dim() == 2 and \
             b.dim() == 2 and isinstance(getattr(module, "scaling", None), (int, float)):
-        if getattr(module, "fan_in_fan_out", False):
-            return None
-        return [(a, b, module.scaling)]                                   # loralib
+        return [(a, b, module.scaling, None)]                             # loralib
     return None
 
 
@@ -101,11 +123,22 @@ def _lora_base(module):
     return base if isinstance(base, nn.Module) else module
 
 
-def lora_delta(w, parts):
-    """w + sum of scale * B @ A (the sum PEFT's get_delta_weight adds)."""
-    for wa, wb, scale in parts:
-        w = w + (wb @ wa) * scale
-    return w
+def lora_delta(w, parts, fan_in_fan_out=False):
+    """The weight w becomes with the adapters `parts` (_lora_parts), in w's
+    own layout: w + scale * B @ A per plain adapter (PEFT's
+    get_delta_weight), rescaled per output row by m / |w + scale * B @ A|
+    for a DoRA one; a w stored [in, out] (fan_in_fan_out) is summed as
+    [out, in] and handed back transposed."""
+    base = w.t() if fan_in_fan_out else w
+    run = base
+    for wa, wb, scale, mag in parts:
+        d = (wb @ wa) * scale
+        if mag is None:
+            run = run + d
+        else:
+            norm = torch.linalg.norm(base + d, dim=1)
+            run = (mag / norm).to(run.dtype).unsqueeze(1) * (run + d)
+    return run.t() if fan_in_fan_out else run
 
 
 def weight_getter(module, name="weight"):
@@ -119,7 +152,8 @@ def weight_getter(module, name="weight"):
         def lora():
             with torch.no_grad():
                 w = inner() if inner is not None else getattr(base, "weight")
-                return lora_delta(w, _lora_parts(module) or [])
+                return lora_delta(w, _lora_parts(module) or [],
+                                  bool(getattr(module, "fan_in_fan_out", False)))
         return lora
     if _parametrized(module, name):
         def param():
@@ -138,12 +172,15 @@ def weight_getter(module, name="weight"):
 
 
 def lora_parameters(model):
-    """ids of every LoRA adapter parameter (lora_A / lora_B) of model."""
+    """ids of every LoRA adapter parameter (lora_A / lora_B, DoRA's
+    magnitudes) of model."""
     out = set()
     for m in model.modules():
         if _lora_parts(m) is None:
             continue
-        for attr in ("lora_A", "lora_B"):
+        for attr in ("lora_A", "lora_B", "lora_magnitude_vector"):
+            if not hasattr(m, attr):
+                continue
             v = getattr(m, attr)
             for p in (v.parameters() if isinstance(v, nn.Module) else [v]):
                 out.add(id(p))
