@@ -93,8 +93,6 @@ EXPECTED_FAILING = {
     # held-out round 8 (zoo/holdout8.py), blind: 10 of 11 right on torch 1.13 and 2.15;
     # round 8b (8 more, written after seeing those): 5 of 8 on both torches
     # held-out round 9 (zoo/holdout9.py), blind: 9 of 12 right on torch 1.13 and 2.15
-    "aft-full-none": "AFT-full (no q.k score): to_q/to_k named in a 'head count unknown' "
-                     "warning per block where nothing is called for",
     # round 9b (8 more, written after seeing those): 5 of 8 on torch 1.13 and 2.15
     "loralib-mergedlinear-gpt2": "loralib MergedLinear (LoRA on q and v of a fused [in, out] "
                                  "c_attn): reported as c_attn (H=4 Hkv=4 dh=8) with the base "

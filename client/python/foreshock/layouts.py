@@ -1008,11 +1008,24 @@ _NO_PRODUCT = ("observed: its outputs only reach ops the pass sees, and no two o
                "in a product (convolutions, FFT, gating): no attention")
 
 
+def _skipped_children(m, message):
+    """The projection modules a "head count unknown" skip names: "fused
+    NAME: ..." names one, "Q/K: ..." two (attributes of m)."""
+    if m is None:
+        return []
+    head = message.split(":", 1)[0]
+    names = [head.split()[1]] if head.startswith("fused ") else head.split("/")
+    if len(names) not in (1, 2) or any(not n.isidentifier() for n in names):
+        return []
+    return [getattr(m, n, None) for n in names]
+
+
 def _unknown_not_attention(model, obs, found, scored_rule=True):
-    """A fused projection names took for qkv but skipped (head count unknown)
-    is no attention when the pass saw it run and saw where all its outputs
-    went: only into ops it sees (none escaped to an opaque kernel, which
-    could be attention the pass cannot see), and either never two of them
+    """A fused projection (or a q and k pair) names took for attention but
+    skipped (head count unknown) is no attention when the pass saw it run
+    and saw where all its outputs went: only into ops it sees (none
+    escaped to an opaque kernel, which could be attention the pass cannot
+    see), and either never two of them
     into one matmul/einsum/SDPA (no q.k product), or, as names' q/k pairs
     are disproved (_unscored_not_attention, the same DTensor guard:
     scored_rule), products of them that formed no score: the pass's
@@ -1031,16 +1044,22 @@ def _unknown_not_attention(model, obs, found, scored_rule=True):
                 for x in site.q_srcs + site.k_srcs}
         read |= {_storage(obs.sources[i].param) for pr in obs.normed for side in pr
                  for i in side if isinstance(i, int) and 0 <= i < len(obs.sources)}
-    for sk in [x for x in found.skipped if x[0] == "attention" and _UNKNOWN in x[2]
-               and x[2].startswith("fused ")]:
+    for sk in [x for x in found.skipped if x[0] == "attention" and _UNKNOWN in x[2]]:
         m = modules.get(sk[1])
-        child = getattr(m, sk[2].split()[1], None) if m is not None else None
-        p = _proj_shape(child) if isinstance(child, nn.Module) else None
-        if p is None:
+        keys = [_storage(p[2]()) for p in (_proj_shape(c) if isinstance(c, nn.Module) else None
+                                           for c in _skipped_children(m, sk[2])) if p]
+        if not keys:
             continue
-        key = _storage(p[2]())
-        idx = {s.index for s in obs.sources if _storage(s.param) == key}
-        if not idx or idx & escaped or (idx & met and (read is None or key in read)):
+        # Every named projection (the fused one, or q and k) is judged; one
+        # the pass did not see run, or whose output escaped or fed a score,
+        # keeps the warning.
+        idx, ok = set(), True
+        for key in keys:
+            i = {s.index for s in obs.sources if _storage(s.param) == key}
+            if not i or i & escaped or (i & met and (read is None or key in read)):
+                ok = False
+            idx |= i
+        if not ok:
             continue
         found.skipped.remove(sk)
         found.not_attention.append((sk[1], _NO_SCORE if idx & met else _NO_PRODUCT,
