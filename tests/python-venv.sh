@@ -24,6 +24,8 @@ PINS=(
   transformers==5.25.0
   accelerate==1.16.0
   lightning==2.6.6
+  # LoRA / DoRA adapters as users fine-tune with them (test_torch2_peft.py).
+  peft==0.21.2
   # What the client and the tests import beyond torch and numpy: fstest's
   # proto_module (python protobuf); the client itself needs only ctypes.
   protobuf==7.36.2
@@ -58,6 +60,6 @@ else
   "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
     "${PINS[@]}" >&2
   have_pins || { echo "python-venv: pip did not install the pinned set" >&2; exit 1; }
-  "$VENV/bin/python" -c 'import torch, transformers, lightning, accelerate, numpy' >&2
+  "$VENV/bin/python" -c 'import torch, transformers, lightning, accelerate, peft, numpy' >&2
 fi
 echo "$(cd "$VENV" && pwd)/bin/python"

@@ -94,14 +94,8 @@ EXPECTED_FAILING = {
     # round 8b (8 more, written after seeing those): 5 of 8 on both torches
     # held-out round 9 (zoo/holdout9.py), blind: 9 of 12 right on torch 1.13 and 2.15
     # round 9b (8 more, written after seeing those): 5 of 8 on torch 1.13 and 2.15
-    "loralib-mergedlinear-gpt2": "loralib MergedLinear (LoRA on q and v of a fused [in, out] "
-                                 "c_attn): reported as c_attn (H=4 Hkv=4 dh=8) with the base "
-                                 "W's q columns, without the grouped conv1d delta",
     "vmap-heads": "one head's attention vmapped over stacked [H, dh, d] weights: nothing "
                   "reported and no warning (want H=4 Hkv=4 dh=8 in each of 2 blocks)",
-    "kohya-lora-patched-forward": "kohya's LoRA (q/k_proj.forward replaced by the LoRA "
-                                  "module's): reported as q_proj/k_proj (H=4 Hkv=4 dh=8) with "
-                                  "the base W's rows, not W + (up @ down) * multiplier * scale",
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {

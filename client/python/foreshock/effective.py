@@ -16,6 +16,10 @@ parameters:
                      the attention reads is W + scale * B @ A. Over a
                      weight stored [in, out] (fan_in_fan_out: GPT-2's
                      Conv1D) the sum is W + (scale * B @ A)^T;
+  kohya-ss           sd-scripts' LoRAModule replaces its Linear's forward
+                     with its own: W + multiplier * scale * up @ down;
+  loralib merged     MergedLinear (LoRA on some chunks of a fused qkv):
+                     each enabled chunk's rows get their own B @ A;
   DoRA               PEFT's use_dora: the output is rescaled per output
                      row, m / |W + scale * B @ A|_row (the norm detached),
                      so the weight is that diagonal times W + scale * B @ A;
@@ -81,10 +85,57 @@ def _magnitude(module, name):
     return m if isinstance(m, torch.Tensor) and m.dim() == 1 else None
 
 
+def _product(wb, wa, scale):
+    """delta() -> scale * B @ A, read when called (the adapters train)."""
+    return lambda: (wb @ wa) * scale
+
+
+def _merged_delta(module):
+    """loralib MergedLinear (enable_lora: LoRA on some of a fused
+    projection's equal chunks, e.g. q and v of GPT-2's c_attn): delta() ->
+    [out, in] with chunk g's rows B_g @ A_g * scaling, zero elsewhere."""
+    on = list(getattr(module, "enable_lora", None) or [])
+    ind = getattr(module, "lora_ind", None)
+    a, b = module.lora_A, module.lora_B
+    groups = sum(1 for x in on if x)
+    if not groups or not isinstance(ind, torch.Tensor) or ind.dtype != torch.bool or \
+            a.shape[0] % groups or b.shape[0] % groups:
+        return None
+    r, rows = a.shape[0] // groups, b.shape[0] // groups
+    if b.shape[1] != r or int(ind.sum()) != b.shape[0]:
+        return None
+
+    def delta():
+        parts = [b[g * rows:(g + 1) * rows] @ a[g * r:(g + 1) * r] for g in range(groups)]
+        out = a.new_zeros((ind.numel(), a.shape[1]))
+        out[ind] = torch.cat(parts) * module.scaling
+        return out
+    return delta
+
+
+def _patched_owner(module):
+    """kohya-ss sd-scripts' LoRAModule: it replaces its Linear's forward
+    with its own (a bound method in the Linear's __dict__) and adds
+    lora_up(lora_down(x)) * multiplier * scale; the owner, or None."""
+    fwd = module.__dict__.get("forward")
+    owner = getattr(fwd, "__self__", None)
+    if owner is None or owner is module or not isinstance(owner, nn.Module):
+        return None
+    down, up = getattr(owner, "lora_down", None), getattr(owner, "lora_up", None)
+    ok = all(isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2
+             for m in (down, up))
+    return owner if ok and hasattr(owner, "multiplier") and hasattr(owner, "scale") else None
+
+
 def _lora_parts(module):
-    """[(A weight [r, in], B weight [out, r], scale, DoRA magnitude or
-    None)] of module's active, unmerged LoRA adapters (PEFT or loralib);
-    None when it is no LoRA layer (or one this cannot sum)."""
+    """[(delta(), DoRA magnitude or None)] of module's active, unmerged
+    LoRA adapters (PEFT, loralib, kohya-ss), each delta() the scaled
+    [out, in] update it adds; None when it is no LoRA layer (or one this
+    cannot sum)."""
+    owner = _patched_owner(module)
+    if owner is not None:
+        return [(lambda: (owner.lora_up.weight @ owner.lora_down.weight) *
+                 (float(owner.multiplier) * float(owner.scale)), None)]
     a, b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
     if a is None or b is None:
         return None
@@ -110,11 +161,14 @@ def _lora_parts(module):
             mag = _magnitude(module, n) if dora.get(n) else None
             if dora.get(n) and mag is None:
                 return None  # DoRA without a magnitude this can read
-            out.append((wa, wb, scaling[n], mag))
+            out.append((_product(wb, wa, scaling[n]), mag))
         return out
     if isinstance(a, nn.Parameter) and isinstance(b, nn.Parameter) and a.dim() == 2 and \
             b.dim() == 2 and isinstance(getattr(module, "scaling", None), (int, float)):
-        return [(a, b, module.scaling, None)]                             # loralib
+        if getattr(module, "enable_lora", None) is not None:             # loralib merged
+            delta = _merged_delta(module)
+            return [(delta, None)] if delta is not None else None
+        return [(_product(b, a, module.scaling), None)]                  # loralib
     return None
 
 
@@ -125,14 +179,18 @@ def _lora_base(module):
 
 def lora_delta(w, parts, fan_in_fan_out=False):
     """The weight w becomes with the adapters `parts` (_lora_parts), in w's
-    own layout: w + scale * B @ A per plain adapter (PEFT's
-    get_delta_weight), rescaled per output row by m / |w + scale * B @ A|
-    for a DoRA one; a w stored [in, out] (fan_in_fan_out) is summed as
-    [out, in] and handed back transposed."""
+    own layout: w + delta per plain adapter (PEFT's get_delta_weight),
+    rescaled per output row by m / |w + delta| for a DoRA one; a w stored
+    [in, out] (fan_in_fan_out) is summed as [out, in] and handed back
+    transposed. A delta of another shape is an adapter this does not know:
+    ValueError."""
     base = w.t() if fan_in_fan_out else w
     run = base
-    for wa, wb, scale, mag in parts:
-        d = (wb @ wa) * scale
+    for delta, mag in parts:
+        d = delta()
+        if d.shape != base.shape:
+            raise ValueError(f"LoRA update of shape {tuple(d.shape)} for a weight of "
+                             f"{tuple(base.shape)}")
         if mag is None:
             run = run + d
         else:
@@ -154,6 +212,10 @@ def weight_getter(module, name="weight"):
                 w = inner() if inner is not None else getattr(base, "weight")
                 return lora_delta(w, _lora_parts(module) or [],
                                   bool(getattr(module, "fan_in_fan_out", False)))
+        try:
+            lora()
+        except (ValueError, RuntimeError, AttributeError, TypeError):
+            return inner  # an adapter layout this does not know: the base weight
         return lora
     if _parametrized(module, name):
         def param():
@@ -173,15 +235,17 @@ def weight_getter(module, name="weight"):
 
 def lora_parameters(model):
     """ids of every LoRA adapter parameter (lora_A / lora_B, DoRA's
-    magnitudes) of model."""
+    magnitudes, kohya's lora_down / lora_up) of model."""
     out = set()
     for m in model.modules():
         if _lora_parts(m) is None:
             continue
-        for attr in ("lora_A", "lora_B", "lora_magnitude_vector"):
-            if not hasattr(m, attr):
+        owner = _patched_owner(m)
+        for attr in ("lora_A", "lora_B", "lora_magnitude_vector", "lora_down", "lora_up"):
+            holder = owner if attr in ("lora_down", "lora_up") else m
+            if holder is None or not hasattr(holder, attr):
                 continue
-            v = getattr(m, attr)
+            v = getattr(holder, attr)
             for p in (v.parameters() if isinstance(v, nn.Module) else [v]):
                 out.add(id(p))
     return out
