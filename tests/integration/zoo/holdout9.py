@@ -118,8 +118,8 @@ import torch.nn.functional as F
 
 from . import Attn, Router, Rows, Truth, heads_contiguous, heads_separate, member
 from .decoders import LlamaDecoderLayer, LlamaMLP, llama_config, mlp_gates
-from .parts import (D, DH, H, HAS_SDPA, HKV, L, VOCAB, Decoder, RMSNorm, RotaryEmbedding,
-                    apply_rotary_pos_emb, repeat_kv, tokens)
+from .parts import (D, DH, H, HAS_SDPA, HKV, L, VOCAB, Decoder, PreNormLM, RMSNorm,
+                    RotaryEmbedding, apply_rotary_pos_emb, repeat_kv, tokens)
 
 
 def _fwd_causal(t):
@@ -1330,37 +1330,10 @@ class AFTFull(nn.Module):
         return self.project(torch.mul(Q_sig, weighted))
 
 
-class AFTBlock(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(D)
-        self.aft = AFTFull()
-        self.ln2 = nn.LayerNorm(D)
-        self.ff = nn.Sequential(nn.Linear(D, 2 * D), nn.GELU(), nn.Linear(2 * D, D))
-
-    def forward(self, x):
-        x = x + self.aft(self.ln1(x))
-        return x + self.ff(self.ln2(x))
-
-
-class AFTLM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, D)
-        self.blocks = nn.ModuleList(AFTBlock() for _ in range(L))
-        self.head = nn.Linear(D, VOCAB)
-
-    def forward(self, ids):
-        x = self.emb(ids)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
-
-
 @member("aft-full-none")
 def aft_full_none():
     """AFT-full: to_q/to_k/to_v names, weights exp(K + w) per channel, no q.k: nothing."""
-    model = AFTLM()
+    model = PreNormLM(AFTFull, attn_name="aft")
     return model, tokens(), Truth([], not_reported=[
         "blocks.0.aft.to_q.weight", "blocks.0.aft.to_k.weight", "blocks.1.aft.to_q.weight",
         "blocks.1.aft.to_k.weight", "blocks.0.aft.wbias"], note=(
@@ -1673,37 +1646,10 @@ class SigmoidAttention(nn.Module):
         return self.proj(x)
 
 
-class SigmoidBlock(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(D)
-        self.attn = SigmoidAttention()
-        self.norm2 = nn.LayerNorm(D)
-        self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
-
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-class SigmoidLM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, D)
-        self.blocks = nn.ModuleList(SigmoidBlock() for _ in range(L))
-        self.head = nn.Linear(D, VOCAB)
-
-    def forward(self, ids):
-        x = self.embed(ids)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
-
-
 @member("sigmoid-attn-none")
 def sigmoid_attn_none():
     """SigmoidAttn in a timm Attention: q.k per head, sigmoid instead of softmax: nothing."""
-    model = SigmoidLM()
+    model = PreNormLM(SigmoidAttention)
     return model, tokens(), Truth([], not_reported=[
         "blocks.0.attn.qkv.weight", "blocks.1.attn.qkv.weight"], note=(
         "q.k logits through an elementwise sigmoid, no softmax over keys: no attention score "
@@ -1746,37 +1692,10 @@ class VmapHeadsAttention(nn.Module):
         return per_head.sum(0)
 
 
-class VmapBlock(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(D)
-        self.attn = VmapHeadsAttention()
-        self.ln2 = nn.LayerNorm(D)
-        self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class VmapLM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, D)
-        self.blocks = nn.ModuleList(VmapBlock() for _ in range(L))
-        self.head = nn.Linear(D, VOCAB, bias=False)
-
-    def forward(self, ids):
-        x = self.embed(ids)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
-
-
 @member("vmap-heads")
 def vmap_heads():
     """One head's attention vmapped over stacked [H, dh, d] weights (torch.func.vmap)."""
-    model = VmapLM()
+    model = PreNormLM(VmapHeadsAttention)
     att = []
     for i in range(L):
         m = f"blocks.{i}.attn"

@@ -110,3 +110,40 @@ class Decoder(nn.Module):
         for layer in self.model.layers:
             x = layer(x, rope)
         return self.lm_head(self.model.norm(x))
+
+
+class PreNormBlock(nn.Module):
+    """x + attn(ln1(x)), then x + mlp(ln2(x)) (a GELU MLP of width 4d):
+    the block research code wraps around an attention it writes itself.
+    The attention sits under `attn_name` (its module path is the member's
+    truth)."""
+
+    def __init__(self, attn, attn_name="attn", d=D):
+        super().__init__()
+        self.attn_name = attn_name
+        self.ln1 = nn.LayerNorm(d)
+        setattr(self, attn_name, attn)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + getattr(self, self.attn_name)(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class PreNormLM(nn.Module):
+    """embed -> blocks (PreNormBlock around make_attn(), `layers` of them)
+    -> head, token ids in."""
+
+    def __init__(self, make_attn, attn_name="attn", layers=L, d=D, vocab=VOCAB):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(PreNormBlock(make_attn(), attn_name, d)
+                                    for _ in range(layers))
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
