@@ -24,7 +24,6 @@ series for every head.
 import copy
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -180,12 +179,8 @@ def main(args, workdir):
             def have(name=name, heads=heads):
                 vals = api.values(name, name="qk.d2.erank")
                 return {(int(k[1]), int(k[2])) for k, pts in vals.items() if last in pts} == heads
-            deadline = time.monotonic() + 60
-            while not have():
-                check(time.monotonic() < deadline,
-                      f"{name}: the daemon has no qk series at step {last} for heads "
-                      f"{sorted(heads)}")
-                time.sleep(0.2)
+            fstest.wait_until(have, 60, f"{name}: the daemon's qk series at step {last} for "
+                              f"heads {sorted(heads)}", 0.2)
         check(not failures, "discovery differs from PEFT's merged weights:\n  " +
               "\n  ".join(failures))
         check(daemon.stop() == 0, "daemon did not exit 0")
