@@ -115,7 +115,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 FAMILIES = ("decoders", "encdec", "moe", "research", "holdout", "holdout2", "gaps", "holdout3",
-            "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9")
+            "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9", "holdout10")
 
 _MEMBERS = []
 
