@@ -91,6 +91,27 @@ only:
                             SelfAttention linear_qkv a LayerNormColumnParallel
                             linear applied through an autograd.Function,
                             grouped GQA layout
+
+Score, blind (round 10, 12 members): 8 of 12 right on torch 1.13 and 2.15.
+Wrong (the same on both): te-mha-layernorm-qkv and te-split-fp8-fused-attn
+(the q/k/v GEMM inside an operator: nothing reported and no warning in
+either block; want H=4 Hkv=2 dh=8), flash-attn-qkvpacked-gpt (the score
+inside an operator taking the packed [b, s, 3, h, d] tensor: nothing reported,
+no warning; want H=4 Hkv=4 dh=8), xformers-bmghk-blockdiag (reported as
+layers.i.attention.wqkv H=4 Hkv=2 dh=8, but with query rows 0, 8, 32, 40
+and key rows 16, 48 of wqkv, as if grouped per KV head; the truth is query
+rows 0, 8, 16, 24 and key rows 32, 40: q, k, v are column slices
+[:, :32], [:, 32:48], [:, 48:] of its output). All four in
+test_python_zoo.py's EXPECTED_FAILING with what discovery reported.
+
+Judgement calls (each Truth.note says so): a GEMM inside an operator whose
+inputs are the activations and a [out, in] weight Parameter and whose output
+is [..., out] is a projection like F.linear (TE's, Megatron's and
+bitsandbytes' are such operators); its sites are to be found, and at the
+least named in a warning, never passed over in silence. An FP8-style cast of
+the weight is a quantization (as bitnet-ste-bitlinear): the rows are the
+trainable parameters'. An attention operator's inputs (q, k, v, packed or
+not; k with fewer heads than q: GQA inside the operator) are the heads.
 """
 import contextlib
 import math
