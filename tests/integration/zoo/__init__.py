@@ -49,7 +49,11 @@ another tester: 8 of 8 on both torches, then 9 of 9 more (round 7b). holdout8, a
 eighth blind round (hand-written research code) by another tester: 10 of 11 on
 both torches, then 5 of 8 more (round 8b; holdout8.py says which and why). holdout9, a
 ninth blind round (traced, opaque, stateless and adapter-wrapped code) by another tester:
-9 of 12 on both torches, then 5 of 8 more (round 9b; holdout9.py says which and why).
+9 of 12 on both torches, then 5 of 8 more (round 9b; holdout9.py says which and why). holdout10,
+a tenth blind round (production training stacks: TransformerEngine, flash-attn, xformers,
+Liger, Unsloth, LitGPT, llm-foundry, nanotron, DeepSpeed-Ulysses, Megatron-core MoE) by
+another tester: 8 of 12 on both torches, then 3 of 8 more (round 10b; holdout10.py says which
+and why).
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
@@ -115,7 +119,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 FAMILIES = ("decoders", "encdec", "moe", "research", "holdout", "holdout2", "gaps", "holdout3",
-            "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9")
+            "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9", "holdout10")
 
 _MEMBERS = []
 
