@@ -105,6 +105,7 @@
 #define DETECT_D2_SCALE_REL 0.1            /* Delta2 ranks' z scale floor, x level */
 #define DETECT_ROUTER_SIM_SCALE_REL 0.03   /* router.similarity's, x level */
 #define DETECT_ROUTER_MAXVIO_SCALE_REL 0.2 /* router.maxvio's, x level */
+#define DETECT_ROUTER_ZLOSS_SCALE_REL 0.03 /* router.zloss's, x the trend line */
 #define DETECT_D2_SRANK_FLOOR 1.05
 #define DETECT_D2_ERANK_FLOOR 1.2
 #define DETECT_D2_FLOOR_REL 0.3

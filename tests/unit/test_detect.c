@@ -601,7 +601,8 @@ Test(detect_step, mad_zero_flat_baseline)
 
 /* A rule's own scale_rel: z counts from that share of the level a unit.
  * The Delta2 rules' 10% (DETECT_D2_SCALE_REL): a fall of 25% of a flat
- * level is z -2.5, one of 55% z -5.5; router.similarity's 3%. */
+ * level is z -2.5, one of 55% z -5.5; router.similarity's and
+ * router.zloss's 3%. */
 Test(detect_step, scale_rel_floors_the_z_scale_table)
 {
     static const struct {
@@ -615,6 +616,11 @@ Test(detect_step, scale_rel_floors_the_z_scale_table)
         {"qk.d2.erank", 11.0, 6.6, false, -4.0},
         {"router.similarity", 0.25, 0.2575, false, 1.0},
         {"router.similarity", 0.25, 0.29, true, 5.333333},
+        /* router.zloss's 3% (a trend rule; a flat line is its level): the
+         * fifth held-out look's healthy SGD router, 7% above its line, is
+         * z 2.4 (z 8.7 against its MAD); a 30% jump still breaches z 8. */
+        {"router.zloss", 25.2, 27.0, false, 2.380952},
+        {"router.zloss", 25.2, 32.8, true, 10.052910},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named(cases[c].rule);
