@@ -635,6 +635,38 @@ Test(detect_step, scale_rel_floors_the_z_scale_table)
     }
 }
 
+/* detect_step_within's bound (the learning rate's warm-up peak for `lr`):
+ * a rise at or below it is a normal sample, accepted into the baseline;
+ * above it, or with no bound (NAN), the rule judges as ever; a fall-is-bad
+ * rule ignores it. */
+Test(detect_step, within_bound_a_rise_is_normal_table)
+{
+    static const struct {
+        const char *rule;
+        double probe, ok_max;
+        bool breach;
+    } cases[] = {
+        {"lr", 2e-3, NAN, true},         /* z far beyond 5 */
+        {"lr", 2e-3, 2e-3, false},       /* back at the peak */
+        {"lr", 2e-3, 1.9e-3, true},      /* above it */
+        {"qk.d2.srank", 1.0, 5.0, true}, /* rank one: a fall rule's floor */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named(cases[c].rule);
+        double level = strcmp(cases[c].rule, "lr") == 0 ? 1e-3 : 3.0;
+        struct detect_state st;
+        detect_state_init(&st);
+        struct detect_verdict v;
+        for (int64_t s = 0; s < 30; s++)
+            detect_step_within(&st, &r, 10 * s, level, true, 0, 0, cases[c].ok_max, &v);
+        uint64_t accepted = st.accepted;
+        cr_assert_eq(
+            detect_step_within(&st, &r, 300, cases[c].probe, true, 0, 0, cases[c].ok_max, &v), 0);
+        cr_expect_eq(v.breach, cases[c].breach, "case %zu", c);
+        cr_expect_eq(st.accepted, accepted + (cases[c].breach ? 0 : 1), "case %zu", c);
+    }
+}
+
 Test(detect_step, absent_samples_are_inert)
 {
     struct detect_rule r = rule_named("qk.d2.erank");
