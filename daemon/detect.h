@@ -105,6 +105,7 @@
 #define DETECT_D2_SCALE_REL 0.1            /* Delta2 ranks' z scale floor, x level */
 #define DETECT_ROUTER_SIM_SCALE_REL 0.03   /* router.similarity's, x level */
 #define DETECT_ROUTER_MAXVIO_SCALE_REL 0.2 /* router.maxvio's, x level */
+#define DETECT_ROUTER_ZLOSS_SCALE_REL 0.03 /* router.zloss's, x the trend line */
 #define DETECT_D2_SRANK_FLOOR 1.05
 #define DETECT_D2_ERANK_FLOOR 1.2
 #define DETECT_D2_FLOOR_REL 0.3
@@ -156,6 +157,18 @@ struct detect_rule {
      * schedule sets once the warm-up is over (the update ratio), not for
      * those the fast early phase moves. */
     bool early_baseline;
+    /* Credit a rise of the logged learning rate (evaluate.c, for the
+     * update ratio): the sample is divided by how much the logged rate
+     * over the steps it covers rose above the rate at the baseline's
+     * samples (their median), counting the rate only up to the warm-up's
+     * peak, never below 1. A step the schedule itself made larger (a warm
+     * restart) is no breach; one beyond what the logged rate explains is,
+     * and so is a logged rate above its own peak. */
+    bool per_lr;
+    /* Rise-is-bad only: a value at or below the learning rate's warm-up
+     * peak never breaches (evaluate.c, for the logged rate itself: a warm
+     * restart returns to the peak by design; a rise above it still fires). */
+    bool within_peak;
     uint32_t warmup;       /* samples that only build the baseline */
     uint32_t warmup_steps; /* or: steps they span (0: samples only); see above */
     uint32_t window;       /* baseline samples, 1..DETECT_MAX_WINDOW */
@@ -271,7 +284,8 @@ struct detect_rule *detect_rules_find(struct detect_rules *rules, const char *na
  * (0 or "none" disables), rise_ratio (> 1; 0 or "none" disables), floor_rel
  * (in (0, 1); 0 or "none" disables),
  * persistence, magnitude_persistence (0 disables), resolve_after, severity (warning|critical),
- * enabled, trend and early_baseline (true|false|yes|no|on|off|1|0). Returns 0; -ENOENT for an
+ * enabled, trend, early_baseline, per_lr and within_peak (true|false|yes|no|on|off|1|0).
+ * Returns 0; -ENOENT for an
  * unknown rule, -EINVAL for an unknown key or a bad value (err says which). The rule is unchanged
  * on error. Config thread, before the table is shared. */
 int detect_rules_set(struct detect_rules *rules, const char *rule_name, const char *key,
@@ -307,6 +321,20 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
 int detect_step_from(struct detect_state *st, const struct detect_rule *rule, int64_t step,
                      double value, bool is_present, int64_t baseline_from_step,
                      int64_t detect_from_step, struct detect_verdict *out);
+
+/* detect_step_from with a bound below which a rise-is-bad rule's finite
+ * sample never breaches: at or below ok_max it is a normal sample (scored,
+ * and accepted into the baseline like any other). NAN: no bound, exactly
+ * detect_step_from. (The learning rate's warm-up peak for a within_peak
+ * rule: evaluate.c.) */
+int detect_step_within(struct detect_state *st, const struct detect_rule *rule, int64_t step,
+                       double value, bool is_present, int64_t baseline_from_step,
+                       int64_t detect_from_step, double ok_max, struct detect_verdict *out);
+
+/* The steps of the newest min(window, held) baseline samples of st, newest
+ * first, into steps[] (room for DETECT_MAX_WINDOW); a sample restored
+ * without its step is left out. Returns how many. */
+uint32_t detect_baseline_steps(const struct detect_state *st, uint32_t window, int64_t *steps);
 
 /* Encodes st into buf (len bytes). Returns the number of bytes written
  * (<= DETECT_STATE_ENCODED_MAX), or -ENOSPC if len is too small. */

@@ -281,11 +281,102 @@ void eval_progress_lr(struct eval_run *er, uint64_t step, double lr)
         return;
     if (p->lr_seen && p->warmup_end < 0 && lr <= p->lr_last)
         p->warmup_end = (int64_t)step; /* the first step it did not rise */
+    if (p->warmup_end < 0 && lr > p->lr_peak)
+        p->lr_peak = lr; /* the warm-up's peak: at warmup_end - 1 */
     if (!p->lr_seen)
         p->lr_first_step = (int64_t)step;
     p->lr_seen = true;
     p->lr_last = lr;
     p->lr_last_step = (int64_t)step;
+    p->lr_hist[p->lr_hist_head] = lr;
+    p->lr_hist_step[p->lr_hist_head] = (int64_t)step;
+    p->lr_hist_head = (p->lr_hist_head + 1) % EVAL_LR_HISTORY;
+    if (p->lr_hist_count < EVAL_LR_HISTORY)
+        p->lr_hist_count++;
+}
+
+/* The mean logged LR over steps (from, to] that the history holds; else
+ * the newest one at or before `to`. False when it holds none. */
+static bool lr_over(const struct eval_progress *p, int64_t from, int64_t to, double *mean)
+{
+    double sum = 0, latest = NAN;
+    int64_t latest_step = INT64_MIN;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < p->lr_hist_count; i++) {
+        int64_t s = p->lr_hist_step[i];
+        if (s > to)
+            continue;
+        if (s > from) {
+            sum += p->lr_hist[i];
+            n++;
+        }
+        if (s > latest_step) {
+            latest_step = s;
+            latest = p->lr_hist[i];
+        }
+    }
+    if (n > 0)
+        *mean = sum / n;
+    else if (latest_step != INT64_MIN)
+        *mean = latest;
+    else
+        return false;
+    return true;
+}
+
+/* The logged LR in force at `step` (the newest at or before it) from the
+ * history, whose steps ascend. False when the history holds none. */
+static bool lr_at(const struct eval_progress *p, int64_t step, double *lr)
+{
+    uint32_t oldest = (p->lr_hist_head + EVAL_LR_HISTORY - p->lr_hist_count) % EVAL_LR_HISTORY;
+    uint32_t lo = 0, hi = p->lr_hist_count; /* first logical index with a later step */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (p->lr_hist_step[(oldest + mid) % EVAL_LR_HISTORY] <= step)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return false;
+    *lr = p->lr_hist[(oldest + lo - 1) % EVAL_LR_HISTORY];
+    return true;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* A per_lr rule's sample at step (detect.h) of track t: divided by the
+ * rise of the logged rate, min(logged, peak) / the rate at the baseline's
+ * samples, when above 1; the logged rate averaged over the steps (prev,
+ * step] the update covers (prev: the track's previous sample), peak the
+ * warm-up's. Left as it is for a run that logs no learning rate (none
+ * before this step, or no warm-up peak yet: the baseline has not started
+ * then), and while the history holds no rate of the baseline's steps. */
+static void per_lr(const struct eval_progress *p, const struct eval_track *t, uint64_t step,
+                   double *value)
+{
+    double ref, lr[DETECT_MAX_WINDOW];
+    int64_t steps[DETECT_MAX_WINDOW];
+    if (!p->lr_seen || p->lr_first_step > (int64_t)step || !(p->lr_peak > 0) ||
+        !lr_over(p, t->last_step >= 0 ? t->last_step : (int64_t)step - 1, (int64_t)step, &ref))
+        return;
+    uint32_t n = detect_baseline_steps(&t->ds, t->rule->window, steps), m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (lr_at(p, steps[i], &lr[m]))
+            m++;
+    if (m == 0)
+        return;
+    qsort(lr, m, sizeof(lr[0]), cmp_double);
+    double base = m % 2 ? lr[m / 2] : (lr[m / 2 - 1] + lr[m / 2]) / 2;
+    if (base < EVAL_LR_BASE_MIN_REL * p->lr_peak)
+        base = EVAL_LR_BASE_MIN_REL * p->lr_peak;
+    double now = ref < p->lr_peak ? ref : p->lr_peak;
+    if (now > base)
+        *value *= base / now;
 }
 
 /* The step training progress puts a start at, for a sample at `step`:
@@ -357,7 +448,17 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
                    : eval_start_step(er, step, detect_from_step);
         base_from = from;
     }
-    if (detect_step_from(&t->ds, t->rule, (int64_t)step, value, present, base_from, from, &v) < 0 ||
+    /* The logged rate explains a step up to its warm-up peak (detect.h:
+     * per_lr, within_peak). */
+    const struct eval_progress *p = &er->progress;
+    double ok_max = NAN;
+    if (t->rule->per_lr && present && isfinite(value))
+        per_lr(p, t, step, &value);
+    if (t->rule->within_peak && p->lr_peak > 0 && p->warmup_end >= 0 &&
+        p->warmup_end < (int64_t)step)
+        ok_max = p->lr_peak * (1 + EVAL_LR_PEAK_TOL);
+    if (detect_step_within(&t->ds, t->rule, (int64_t)step, value, present, base_from, from, ok_max,
+                           &v) < 0 ||
         alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now, &tr) < 0)
         return -EINVAL;
     t->last_step = (int64_t)step;

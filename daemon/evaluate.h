@@ -58,12 +58,32 @@
  * explicit detect_from_step, there. */
 #define EVAL_BASELINE_MIN 50
 
+/* The logged learning rates a per_lr rule's sample is judged against
+ * (detect.h): the mean over the steps since the series' previous sample,
+ * and the rates at its baseline samples' steps, from the last
+ * EVAL_LR_HISTORY steps' rates (a sketch every 10 steps and a 64-sample
+ * baseline span 640 steps; an older baseline sample is left out). A
+ * restart rebuilds them from the stored rates. */
+#define EVAL_LR_HISTORY 1024
+/* The baseline's rate counts as at least this share of the warm-up's peak:
+ * a baseline from the end of a decay to zero does not credit every later
+ * rate as a rise of hundreds. */
+#define EVAL_LR_BASE_MIN_REL 0.01
+/* A within_peak rule's bound: the warm-up's peak, give or take this share
+ * (a schedule that returns to its peak recomputes it; rounding may differ). */
+#define EVAL_LR_PEAK_TOL 1e-6
+
 struct eval_progress {
     bool lr_seen;
     int64_t lr_first_step; /* step of the first LR seen */
     double lr_last;
     int64_t lr_last_step;
     int64_t warmup_end; /* first step the LR did not rise (-1: still rising, or none seen) */
+    double lr_peak;     /* the largest LR up to the warm-up end (0: none) */
+    /* The newest EVAL_LR_HISTORY (step, LR), circular. */
+    double lr_hist[EVAL_LR_HISTORY];
+    int64_t lr_hist_step[EVAL_LR_HISTORY];
+    uint32_t lr_hist_head, lr_hist_count;
 };
 
 struct eval_track {
@@ -145,7 +165,10 @@ bool eval_input_rule(const struct detect_rules *rules, const struct store_series
 
 /* Rank 0's learning rate at step (in step order). Progress is judged from
  * the learning rates of earlier steps only, so the order in which a step's
- * series and its LR are fed does not matter. */
+ * series and its LR are fed does not matter for it. A per_lr rule's
+ * sample (detect.h) is judged against the rates of the steps it covers,
+ * its own step's included when fed first: the live stage feeds a report's
+ * LR before its other scalars, store_reader_points a step's LR first. */
 void eval_progress_lr(struct eval_run *er, uint64_t step, double lr);
 
 /* The step detection of a not yet started series starts at, for a sample at

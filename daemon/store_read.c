@@ -191,12 +191,14 @@ int store_reader_points_upto(struct store_reader *r, int64_t run_id, int64_t max
     }
     if (n == 0)
         goto done;
-    /* Points of the run in (step, series id) order. The wanted series are
-     * looked up by id in the sorted ids[] (series ids ascend). */
+    /* Points of the run in (step, series id) order, a step's learning
+     * rates first: as the live stage feeds a report (its LR before the
+     * series judged against it, evaluate.h). The wanted series are looked
+     * up by id in the sorted ids[] (series ids ascend). */
     if (sqlite3_prepare_v2(r->db,
                            "SELECT p.series_id, p.step, p.value FROM points p "
                            "JOIN series s ON s.id = p.series_id WHERE s.run_id = ?1 "
-                           "AND p.step <= ?2 ORDER BY p.step, p.series_id",
+                           "AND p.step <= ?2 ORDER BY p.step, s.name <> 'lr', p.series_id",
                            -1, &q, NULL) != SQLITE_OK) {
         out = fail(r, -EIO, err, "reading points");
         goto done;

@@ -38,7 +38,8 @@ int store_reader_runs(struct store_reader *r,
                       struct fs_err *err);
 
 /* Calls cb for every stored point of run_id's series that `want` accepts
- * (want may be NULL: all), ordered by step, then by series id. present is
+ * (want may be NULL: all), ordered by step, then learning rates ("lr")
+ * before the rest, then by series id. present is
  * false for a NULL value (an absent point: no spectrum, or a non-finite
  * value, which SQLite cannot hold). Returns like store_reader_runs. */
 int store_reader_points(struct store_reader *r, int64_t run_id,

@@ -601,7 +601,8 @@ Test(detect_step, mad_zero_flat_baseline)
 
 /* A rule's own scale_rel: z counts from that share of the level a unit.
  * The Delta2 rules' 10% (DETECT_D2_SCALE_REL): a fall of 25% of a flat
- * level is z -2.5, one of 55% z -5.5; router.similarity's 3%. */
+ * level is z -2.5, one of 55% z -5.5; router.similarity's and
+ * router.zloss's 3%. */
 Test(detect_step, scale_rel_floors_the_z_scale_table)
 {
     static const struct {
@@ -615,6 +616,11 @@ Test(detect_step, scale_rel_floors_the_z_scale_table)
         {"qk.d2.erank", 11.0, 6.6, false, -4.0},
         {"router.similarity", 0.25, 0.2575, false, 1.0},
         {"router.similarity", 0.25, 0.29, true, 5.333333},
+        /* router.zloss's 3% (a trend rule; a flat line is its level): the
+         * fifth held-out look's healthy SGD router, 7% above its line, is
+         * z 2.4 (z 8.7 against its MAD); a 30% jump still breaches z 8. */
+        {"router.zloss", 25.2, 27.0, false, 2.380952},
+        {"router.zloss", 25.2, 32.8, true, 10.052910},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named(cases[c].rule);
@@ -626,6 +632,38 @@ Test(detect_step, scale_rel_floors_the_z_scale_table)
         cr_assert_eq(detect_step(&st, &r, 300, cases[c].probe, true, 0, &v), 0);
         cr_assert_float_eq(v.z, cases[c].z, 1e-6, "case %zu: z %g", c, v.z);
         cr_assert_eq(v.breach, cases[c].breach, "case %zu", c);
+    }
+}
+
+/* detect_step_within's bound (the learning rate's warm-up peak for `lr`):
+ * a rise at or below it is a normal sample, accepted into the baseline;
+ * above it, or with no bound (NAN), the rule judges as ever; a fall-is-bad
+ * rule ignores it. */
+Test(detect_step, within_bound_a_rise_is_normal_table)
+{
+    static const struct {
+        const char *rule;
+        double probe, ok_max;
+        bool breach;
+    } cases[] = {
+        {"lr", 2e-3, NAN, true},         /* z far beyond 5 */
+        {"lr", 2e-3, 2e-3, false},       /* back at the peak */
+        {"lr", 2e-3, 1.9e-3, true},      /* above it */
+        {"qk.d2.srank", 1.0, 5.0, true}, /* rank one: a fall rule's floor */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named(cases[c].rule);
+        double level = strcmp(cases[c].rule, "lr") == 0 ? 1e-3 : 3.0;
+        struct detect_state st;
+        detect_state_init(&st);
+        struct detect_verdict v;
+        for (int64_t s = 0; s < 30; s++)
+            detect_step_within(&st, &r, 10 * s, level, true, 0, 0, cases[c].ok_max, &v);
+        uint64_t accepted = st.accepted;
+        cr_assert_eq(
+            detect_step_within(&st, &r, 300, cases[c].probe, true, 0, 0, cases[c].ok_max, &v), 0);
+        cr_expect_eq(v.breach, cases[c].breach, "case %zu", c);
+        cr_expect_eq(st.accepted, accepted + (cases[c].breach ? 0 : 1), "case %zu", c);
     }
 }
 

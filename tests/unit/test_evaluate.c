@@ -156,6 +156,92 @@ Test(evaluate, early_baseline_rules_detect_once_warm)
     cr_expect_eq(first_firing("grad_norm", "grad_norm", 700), -1);
 }
 
+/* Warm restarts: a 50-step warm-up to 1e-3, then the rate decays
+ * exponentially (e-folding 80 steps) and restarts at the peak every 400
+ * steps (450, 850, 1250, 1650): most of a baseline sits far below the
+ * peak. From step `fault` (0: none) the step is 10 times the schedule's:
+ * hidden (`visible` false: the logged rate is the schedule's) or logged. */
+static double restarts_lr(int64_t s)
+{
+    if (s < 50)
+        return 1e-3 * (double)(s + 1) / 50;
+    return 1e-3 * exp(-(double)((s - 50) % 400) / 80);
+}
+
+struct restart_fires {
+    int64_t update_ratio, lr; /* first firing step (-1: none before 2,000) */
+};
+
+/* Fed as `foreshock backtest` feeds stored points: the logged rate every
+ * step, the update ratio every 10 (40 x the mean step taken over those 10,
+ * 2% noise: the update since the previous sketch). */
+static struct restart_fires run_restarts(int64_t fault, bool visible, bool per_lr)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    struct store_series_key klr = {"lr", -1, -1, 0, 0}, kur = {"update_ratio", 0, -1, 0, 0};
+    struct restart_fires out = {-1, -1};
+    detect_rules_default(&rules);
+    if (!per_lr) /* the defaults otherwise */
+        detect_rules_find(&rules, "update_ratio")->per_lr = false;
+    eval_run_init(&er, &rules);
+    uint64_t seed = 7;
+    double taken = 0;
+    for (int64_t s = 1; s < 2000; s++) {
+        double step = restarts_lr(s) * (fault && s >= fault ? 10 : 1);
+        taken += step;
+        cr_assert_geq(eval_feed_stored(&er, &b, &klr, (uint64_t)s, visible ? step : restarts_lr(s),
+                                       true, 0, 0),
+                      0);
+        if (s % 10 == 0) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            double u = (double)(seed >> 11) / 9007199254740992.0;
+            cr_assert_geq(eval_feed_stored(&er, &b, &kur, (uint64_t)s, 4 * taken * (1 + 0.02 * u),
+                                           true, 0, 0),
+                          0);
+            taken = 0;
+        }
+        eval_label_all(&er, &b);
+        for (size_t i = 0; i < b.n; i++) {
+            if (!b.ev[i].has_event || b.ev[i].tr.change != ALERT_CHANGE_TO_FIRING)
+                continue;
+            int64_t *at = strcmp(b.ev[i].t->key.name, "lr") == 0 ? &out.lr : &out.update_ratio;
+            if (*at < 0)
+                *at = b.ev[i].tr.step;
+        }
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return out;
+}
+
+/* The fifth held-out look's warm restarts paged both step-size rules at
+ * every restart: the logged rate rose (z 75) and the update ratio with it
+ * (3-4.7x its median). A rate back at the warm-up's peak is the schedule
+ * (lr: within_peak), and so is an update that rose with the logged rate
+ * (update_ratio: per_lr); a step 10 times the schedule's from step 1,270,
+ * 20 steps after a restart, hidden or logged above the peak, still fires:
+ * the update ratio at the first sketch whose steps are all faulty (1,280),
+ * a logged rate at its third breach (1,272). */
+Test(evaluate, warm_restarts_are_the_schedule)
+{
+    struct restart_fires healthy = run_restarts(0, false, true);
+    cr_expect_eq(healthy.update_ratio, -1, "update_ratio fired at %lld",
+                 (long long)healthy.update_ratio);
+    cr_expect_eq(healthy.lr, -1, "lr fired at %lld", (long long)healthy.lr);
+    /* Without the credit the first restart pages. */
+    int64_t plain = run_restarts(0, false, false).update_ratio;
+    cr_expect_eq(plain, 460, "%lld", (long long)plain);
+    struct restart_fires hidden = run_restarts(1270, false, true);
+    cr_expect_eq(hidden.update_ratio, 1280, "%lld", (long long)hidden.update_ratio);
+    cr_expect_eq(hidden.lr, -1);
+    struct restart_fires logged = run_restarts(1270, true, true);
+    cr_expect_eq(logged.update_ratio, 1280, "%lld", (long long)logged.update_ratio);
+    cr_expect_eq(logged.lr, 1272);
+}
+
 /* ---- detection inputs ------------------------------------------------------------ */
 
 static const struct {
