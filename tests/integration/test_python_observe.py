@@ -1063,6 +1063,45 @@ def zoo(torch, nn, F):
             m.routers_ = lambda: []
             return m
 
+        # TransformerEngine-like: the layer norm and the qkv GEMM in one
+        # operator (the pass sees x, the norm's weight and the [3d, d]
+        # weight go in, [B, T, 3d] come out), then flash-attn's packed
+        # [B, T, 3, H, D] into another operator.
+        @torch.library.custom_op("foreshock_test::ln_gemm", mutates_args=())
+        def ln_gemm(x: torch.Tensor, ln_w: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return F.linear(F.layer_norm(x, (x.shape[-1],), ln_w), w)
+
+        @torch.library.custom_op("foreshock_test::flash_attn_qkvpacked_func", mutates_args=())
+        def flash_attn_qkvpacked_func(qkv: torch.Tensor) -> torch.Tensor:
+            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+
+        class PackedBlock(nn.Module):
+            def __init__(self, d, h):
+                super().__init__()
+                self.h, self.dh = h, d // h
+                self.ln_w = nn.Parameter(torch.ones(d))
+                self.w_in = nn.Parameter(torch.randn(3 * d, d) * d ** -0.5)
+                self.proj_x = nn.Linear(d, d)
+
+            def forward(self, x):
+                b, t, d = x.shape
+                qkv = torch.ops.foreshock_test.ln_gemm(x, self.ln_w, self.w_in)
+                y = torch.ops.foreshock_test.flash_attn_qkvpacked_func(
+                    qkv.view(b, t, 3, self.h, self.dh))
+                return x + self.proj_x(y.reshape(b, t, d))
+
+        @member("a fused norm + GEMM operator, then q/k/v packed [B, T, 3, H, D] into one",
+                says=["observed (flash_attn_qkvpacked_func)"], not_says=["SKIPPED"],
+                level=logging.INFO)
+        def packed_op():
+            m = Embed([PackedBlock(32, 4) for _ in range(2)])
+            m.expect_ = lambda: [(i, 4, 4, 8, 0, split_rows(b.w_in, 4, 8),
+                                  split_rows(b.w_in, 4, 8, 32))
+                                 for i, b in enumerate(m.blocks)]
+            m.routers_ = lambda: []
+            return m
+
     return members
 
 

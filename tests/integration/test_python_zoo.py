@@ -97,34 +97,7 @@ EXPECTED_FAILING = {
     "vmap-heads": "one head's attention vmapped over stacked [H, dh, d] weights: nothing "
                   "reported and no warning (want H=4 Hkv=4 dh=8 in each of 2 blocks)",
     # held-out round 10 (zoo/holdout10.py), blind: 8 of 12 right on torch 1.13 and 2.15
-    "te-mha-layernorm-qkv": "qkv GEMM inside an operator (TE LayerNormLinear, norm fused): "
-                            "nothing reported and no warning (want H=4 Hkv=2 dh=8, "
-                            "layernorm_qkv.weight per query group, in each of 2 blocks)",
-    "te-split-fp8-fused-attn": "query_/key_/value_weight cat'd, FP8-style cast and GEMM inside "
-                               "an operator, fused-attention operator: nothing reported and no "
-                               "warning (want H=4 Hkv=2 dh=8 in each of 2 blocks)",
-    "flash-attn-qkvpacked-gpt": "the score inside an operator taking the packed [b, s, 3, h, d] "
-                                "qkv: nothing reported and no warning (want H=4 Hkv=4 dh=8, "
-                                "Wqkv [q; k; v], in each of 2 blocks)",
-    "xformers-bmghk-blockdiag": "wqkv's output column-sliced into q/k/v, q viewed [1, M, G, H/G, "
-                                "K]: reported as wqkv H=4 Hkv=2 dh=8 but read per group (q rows "
-                                "0, 8, 32, 40, k rows 16, 48; want q 0-31 by 8, k 32, 40)",
     # round 10b (8 more, written after seeing those): 3 of 8 on torch 1.13 and 2.15
-    "flash-attn-kvpacked-gqa": "q and a packed kv [b, s, 2, hkv, d] into one operator: nothing "
-                               "reported and no warning (want H=4 Hkv=2 dh=8, Wqkv [q; k; v], "
-                               "in each of 2 blocks)",
-    "flash-attn-varlen-qkvpacked-bert": "unpadded [total, 3, h, d] qkv into the varlen packed "
-                                        "operator: nothing reported and no warning (want H=4 "
-                                        "Hkv=4 dh=8 in each of 2 blocks)",
-    "xformers-slice-gqa-bmhk": "q/k column slices of wqkv, regrouped BMGHK for the operator: "
-                               "reported as wqkv H=4 Hkv=2 dh=8 read per group (q rows 0, 8, "
-                               "32, 40, k 16, 48; want q 0-31 by 8, k 32, 40)",
-    "xformers-slice-mha": "q/k column slices of wqkv viewed [1, M, 1, H, K] into the operator: "
-                          "reported as wqkv H=4 Hkv=4 dh=8 read per head [q; k; v] (q rows 0, "
-                          "24, 48, 72, k 8, 32, 56, 80; want q 0-31 by 8, k 32-63 by 8)",
-    "te-layernorm-linear-bshd": "the [q; k; v] GEMM inside an operator with the layer norm "
-                                "fused (the score in Python): nothing reported and no warning "
-                                "(want H=4 Hkv=4 dh=8 in each of 2 blocks)",
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {

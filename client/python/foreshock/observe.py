@@ -200,6 +200,44 @@ _ACTIVATIONS = {"relu", "relu_", "gelu", "silu", "silu_", "tanh", "softplus", "l
                 "elu", "mish", "hardtanh", "relu6", "selu", "celu", "glu", "square"}
 
 
+def _custom_op(func):
+    """True for an operator registered outside torch (torch.library: a
+    namespace other than aten/prims, or a custom_op): the pass sees its
+    inputs and outputs, nothing inside."""
+    ops = getattr(torch, "_ops", None)
+    kinds = tuple(k for k in (getattr(ops, "OpOverloadPacket", None),
+                              getattr(ops, "OpOverload", None)) if k is not None)
+    if kinds and isinstance(func, kinds):
+        ns = str(getattr(func, "_qualified_op_name", "") or getattr(func, "name", lambda: "")())
+        return ns.split("::")[0] not in ("aten", "prims", "")
+    return type(func).__name__ == "CustomOpDef"
+
+
+def _unpack(sh, n):
+    """The n slices of labels sh along the first axis (after the batch
+    axis) of size n whose slices differ (q, k, v stacked: flash-attn's
+    qkvpacked [B, T, 3, H, D], unpadded [total, 3, H, D]); None if none."""
+    for ax in range(1, sh.dim() - 1):
+        if sh.shape[ax] != n:
+            continue
+        parts = sh.unbind(ax)
+        if not any(torch.equal(parts[0], p) for p in parts[1:]):
+            return parts
+    return None
+
+
+def _heads_4d(sh):
+    """Labels of q or k as 4-D [B, *, *, D]: unpadded [total, H, D] gets a
+    batch axis, BMGHK [B, M, G, H, K] merges G and H; None otherwise."""
+    if sh is None:
+        return None
+    if sh.dim() == 3:
+        return sh.unsqueeze(0)
+    if sh.dim() == 5:
+        return sh.reshape(sh.shape[0], sh.shape[1], sh.shape[2] * sh.shape[3], sh.shape[4])
+    return sh if sh.dim() == 4 else None
+
+
 def _fname(func):
     name = getattr(func, "__name__", "")
     if name == "__get__":
@@ -1804,7 +1842,10 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             return
         if name in _NOT_ELEMENTWISE:
             return
-        if ("attn" in name or "attention" in name) and len(args) >= 3:
+        if _custom_op(func) and self._opaque_projection(args, out):
+            return
+        if ("attn" in name or "attention" in name) and \
+                any(isinstance(a, torch.Tensor) for a in args):
             self._fused_attention(name, args, out)
             return
         if name in _MUL:
@@ -1814,12 +1855,33 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             self._threshold(name, args, out)
 
     def _fused_attention(self, name, args, out):
-        """An attention kernel reached as a torch op (flash-attn, xformers):
-        q, k, v first, [B, H, T, D] or [B, T, H, D] (the token axis is the
-        one the labels do not vary along)."""
-        sq, sk = _shadow(args[0]), _shadow(args[1])
-        if sq is None or sk is None or sq.dim() != 4 or sk.dim() != 4:
+        """An attention kernel reached as a torch op (flash-attn, xformers,
+        TransformerEngine's fused attention): q and k are its first
+        floating tensors, [B, H, T, D] or [B, T, H, D] (the token axis is
+        the one the labels do not vary along), also as packed inputs (q, k
+        and v stacked on an axis of 3: flash-attn's qkvpacked; k and v on an
+        axis of 2 after a separate q: kvpacked), unpadded varlen
+        [total, H, D], or xformers' BMGHK [B, M, G, H, K] (heads G * H)."""
+        ts = []
+        for a in args:
+            if not isinstance(a, torch.Tensor) or not a.is_floating_point():
+                break
+            ts.append(a)
+        sh = [_shadow(t) for t in ts[:3]]
+        if not sh or sh[0] is None:
             return
+        if len(ts) == 1:
+            qk = _unpack(sh[0], 3)
+            sq, sk = qk[:2] if qk is not None else (None, None)
+        elif len(ts) == 2 and sh[1] is not None and sh[1].dim() == sh[0].dim() + 1:
+            kv = _unpack(sh[1], 2)
+            sq, sk = sh[0], kv[0] if kv is not None else None
+        else:
+            sq, sk = sh[0], sh[1] if len(sh) > 1 else None
+        sq, sk = _heads_4d(sq), _heads_4d(sk)
+        if sq is None or sk is None:
+            return
+
         def const(t, ax):
             return torch.equal(t.narrow(ax, 0, 1).expand_as(t), t)
         if not (const(sq, 2) and const(sk, 2)) and const(sq, 1) and const(sk, 1):
@@ -1830,6 +1892,31 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         self._candidate(sq, sk, out, name)
         if len(self.candidates) > before:
             self._confirm(self.candidates[-1])
+
+    def _opaque_projection(self, args, out):
+        """An operator the pass cannot see into (a torch.library op: a
+        fused layer norm + GEMM, an FP8 GEMM) taking activations x and a
+        2-D projection weight W, whose output is x's shape with W's rows
+        (or, W stored [in, out], its columns) as the last axis: a
+        projection by W, as F.linear (what it does to x before the GEMM,
+        a norm or a cast, does not change which row makes which output
+        feature). True when it labelled the output."""
+        o = out if isinstance(out, torch.Tensor) else next(
+            (t for t in out if isinstance(t, torch.Tensor)), None) \
+            if isinstance(out, (tuple, list)) else None
+        if o is None or o.dim() < 2:
+            return False
+        ts = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        ws = [w for w in ts if w.dim() == 2 and self._is_weight(w)]
+        xs = [x for x in ts if x.dim() >= 2 and not self._is_weight(x)
+              and x.shape[:-1] == o.shape[:-1]]
+        for w in ws:
+            for x in xs:
+                if x.shape[-1] == w.shape[1] and o.shape[-1] == w.shape[0]:
+                    return self._linear(x, w, o, "linear")
+                if x.shape[-1] == w.shape[0] and o.shape[-1] == w.shape[1]:
+                    return self._linear(x, w, o, "matmul")
+        return False
 
     def _pair_product(self, args, out):
         """q * k elementwise, both sides labelled, each pairing rows of one
