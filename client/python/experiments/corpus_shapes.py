@@ -88,6 +88,8 @@ SCHEDULES = ("constant", "cosine", "wsd")
 # any of them, in place of the alternation, the step tables and the
 # matrix's fault step for that scenario's runs (the manifest's fault_step;
 # train.py still gets the matrix's --fault-step).
+# only (optional): {scenario: [shapes]}, that scenario on those shapes
+# alone (a router fault needs an MoE); the others' schedules stay put.
 MATRIX = {"shapes": SHAPES, "scenarios": SCENARIOS, "seeds": SEEDS, "schedules": SCHEDULES,
           "lr": LR, "common": COMMON, "monitor": MONITOR, "steps": STEPS,
           "healthy_steps": HEALTHY_STEPS, "peak_steps": PEAK_STEPS, "fault_step": FAULT_STEP,
@@ -104,6 +106,8 @@ def plan(shapes=None, scenarios=None, seeds=None, matrix=MATRIX):
             c = m["shapes"][shape]
             fmt = dict(m["fmt"], **c.get("fmt", {}))
             for sc in scenarios or m["scenarios"]:
+                if shape not in m.get("only", {}).get(sc, [shape]):
+                    continue
                 sched = m["schedules"][(names.index(shape) + seed + list(m["scenarios"]).index(sc))
                                        % len(m["schedules"])]
                 steps = {"healthy": m["healthy_steps"], "lr-peak": m["peak_steps"]}.get(

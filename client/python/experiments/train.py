@@ -36,6 +36,15 @@ starts over at step S (a resume that forgot the scheduler's state: warm-up
 again, then the peak) while the logged rate continues; --skip-warmup, the
 optimizer steps at the post-warm-up rate from step 1 while the logged rate
 warms up.
+Router-only faults (MoE layouts): --router-lr-mult M puts the routers'
+weights (each MoE block's `gate`) in their own optimizer group whose rate
+ramps to M times the scheduled one from the fault step over --lr-ramp
+steps (scenario lr with --lr-mult 1: the rest of the model and the logged
+rate are unchanged); --aux-off S drops the load-balancing loss from step S.
+Hard negatives: --corrupt S:N replaces the batches of steps S..S+N-1 with
+uniformly random tokens (a few corrupted batches); --clip-change S:C clips
+at C from step S. --fault-layers restricts the attention fault to some
+layers.
 
 Writes one JSON line per step to --out (step, loss, grad_norm, lr,
 train_s: forward+backward+optimizer, monitor_s: monitor.step()) and a last
@@ -80,6 +89,8 @@ def parse_args(argv=None):
     p.add_argument("--fault-step", type=int, default=200)
     p.add_argument("--bits", type=int, default=5, help="BF16 low bits truncated (1..16)")
     p.add_argument("--fault-on", choices=("o", "do", "both"), default="both")
+    p.add_argument("--fault-layers", default=None,
+                   help="attention fault in these layers only (comma separated; default: all)")
     p.add_argument("--arch", choices=("gpt", "llama", "qwen3moe", "parallel"),
                    default="gpt")
     p.add_argument("--schedule", choices=("constant", "cosine", "wsd", "cosine-restarts"),
@@ -105,6 +116,15 @@ def parse_args(argv=None):
                    help="lr: the optimizer skips the warm-up (the logged rate warms up "
                         "under --lr-hidden)")
     p.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: off)")
+    p.add_argument("--clip-change", default=None,
+                   help="STEP:C: from this step clip at C (0: off)")
+    p.add_argument("--router-lr-mult", type=float, default=1.0,
+                   help="lr: the MoE routers' own group ramps to this multiple of the rate "
+                        "from the fault step over --lr-ramp steps (default 1: one group)")
+    p.add_argument("--aux-off", type=int, default=None,
+                   help="from this step the load-balancing loss is dropped")
+    p.add_argument("--corrupt", default=None,
+                   help="STEP:N: batches of steps STEP..STEP+N-1 are random tokens")
     p.add_argument("--optimizer", choices=("adamw", "lion", "sgd"), default="adamw",
                    help="adamw (betas 0.9/--beta2), lion (Chen et al. 2023: the sign of an "
                         "interpolated momentum, betas 0.9/0.99, decoupled weight decay) or "
@@ -210,6 +230,13 @@ def lr_at(a, step):
     return base
 
 
+def router_mult(a, step):
+    """The routers' group's multiple of the rate (--router-lr-mult)."""
+    if a.scenario not in ("lr", "combined") or step < a.fault_step:
+        return 1.0
+    return 1.0 + (a.router_lr_mult - 1.0) * min(1.0, (step - a.fault_step + 1) / a.lr_ramp)
+
+
 def main(argv=None):
     a = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -228,13 +255,21 @@ def main(argv=None):
     else:
         moe = (a.experts, a.top_k) + ((True,) if a.shared_expert else ()) if a.experts else None
         model = tinygpt.TinyGPT(vocab, d=a.d, n_layer=a.layers, n_head=a.heads, t=a.ctx, moe=moe)
+    params = model.parameters()
+    if a.router_lr_mult != 1.0:
+        routers = [m.gate.weight for m in model.modules() if isinstance(m, tinygpt.MoE)]
+        if not routers:
+            sys.exit("train.py: --router-lr-mult needs an MoE layout (no router found)")
+        ids = {id(w) for w in routers}
+        params = [{"params": [w for w in model.parameters() if id(w) not in ids]},
+                  {"params": routers, "router": True}]
     if a.optimizer == "lion":
-        opt = Lion(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+        opt = Lion(params, lr=a.lr, weight_decay=a.weight_decay)
     elif a.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum,
+        opt = torch.optim.SGD(params, lr=a.lr, momentum=a.momentum,
                               weight_decay=a.weight_decay)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, a.beta2),
+        opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, a.beta2),
                                 weight_decay=a.weight_decay)
     batches = tinygpt.Batches(data, a.batch, a.ctx, a.seed)
     shifted = None
@@ -246,6 +281,23 @@ def main(argv=None):
     if a.batch_change is not None:
         resize_at, n = (int(x) for x in a.batch_change.split(":"))
         resized = tinygpt.Batches(data, n, a.ctx, a.seed)
+
+    clip_at, clip_to = None, None
+    if a.clip_change is not None:
+        clip_at, clip_to = a.clip_change.split(":")
+        clip_at, clip_to = int(clip_at), float(clip_to)
+    corrupt = None
+    if a.corrupt is not None:
+        c0, cn = (int(x) for x in a.corrupt.split(":"))
+        corrupt = range(c0, c0 + cn)
+
+    def get(src, step, i):
+        x, y = src.get(i)
+        if corrupt is not None and step in corrupt:
+            g = torch.Generator().manual_seed(a.seed * 1_000_003 + i + 7)
+            x = torch.randint(vocab, x.shape, generator=g)
+            y = torch.randint(vocab, y.shape, generator=g)
+        return x, y
 
     mon = None
     if a.endpoint or a.record:  # MONITOR (1 of 2)
@@ -264,32 +316,37 @@ def main(argv=None):
     for step in range(1, a.steps + 1):
         if a.scenario in ("attention-numerics", "combined") and step == a.fault_step:
             model.fault.bits, model.fault.on = a.bits, a.fault_on
+            if a.fault_layers is not None:
+                model.fault.layers = {int(x) for x in a.fault_layers.split(",")}
         lr = lr_at(a, step)
         logged = scheduled_lr(a, step) if a.lr_hidden or a.peak_mult != 1.0 else lr
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * router_mult(a, step) if g.get("router") else lr
         t0 = time.perf_counter()
         src = shifted if shifted is not None and step >= a.data_shift else batches
         if resized is not None and step >= resize_at:
             src = resized
         if a.accum == 1:
-            x, y = src.get(step)
+            x, y = get(src, step, step)
             loss, aux = model(x, y)
-            total = loss + a.aux * aux if aux is not None else loss
+            w = 0.0 if a.aux_off is not None and step >= a.aux_off else a.aux
+            total = loss + w * aux if aux is not None else loss
             opt.zero_grad(set_to_none=True)
             total.backward()
         else:
             opt.zero_grad(set_to_none=True)
             losses = []
             for k in range(a.accum):
-                x, y = src.get(step * a.accum + k)
+                x, y = get(src, step, step * a.accum + k)
                 micro, aux = model(x, y)
-                total = micro + a.aux * aux if aux is not None else micro
+                w = 0.0 if a.aux_off is not None and step >= a.aux_off else a.aux
+                total = micro + w * aux if aux is not None else micro
                 (total / a.accum).backward()
                 losses.append(micro.detach())
             loss = torch.stack(losses).mean()
+        clip = clip_to if clip_at is not None and step >= clip_at else a.clip
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                            a.clip if a.clip > 0 else float("inf"))
+                                            clip if clip > 0 else float("inf"))
         opt.step()
         t1 = time.perf_counter()
         if mon is not None:  # MONITOR (2 of 2)
