@@ -13,13 +13,17 @@ Faults at step 700 of 1,200: the MoE routers alone (train.py
 rate over 100 steps, hidden from the logged rate and from the rest of the
 model; and --aux-off: the load-balancing loss switched off), the attention
 fault in one layer only (train.py --fault-layers: layer 3 of the LLaMA's
-8, layer 1 of the MoE's 3) and in every layer of the 8-layer LLaMA. The
-router faults are named lr-router-*, so the scorecard's family() counts
+8, layer 1 of the MoE's 3) and in every layer; a milder router fault
+(10x, lr-router10-hidden) was appended before any result was seen; after
+the first 11 runs, on their divergence alone, a 100x router ramp, the
+attention fault at bits 10 on the LLaMA and a hidden 20x ramp of the whole
+rate on the LLaMA. The router faults are named lr-router-*, so the scorecard's family() counts
 them as learning-rate faults (right label optimizer-hyperparameter).
 Hard negatives, healthy by family (any alert is false): three corrupted
 batches (random tokens, steps 700-702, train.py --corrupt) and a mid-run
 tightening of gradient clipping (1.0 to 0.25 at step 700,
---clip-change). Healthy runs of 2,500 steps, seed 61. Every run is in the
+--clip-change); the corrupted batches meet the loss's divergence
+criterion, so those runs train on to step 1,200. Healthy runs of 2,500 steps, seed 61. Every run is in the
 validation split: the corpus only reports. Not calibrated: a fault that
 does not diverge stays in as recorded.
 
@@ -37,9 +41,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import corpus_shapes  # noqa: E402
 
-MOE = "moe16-top2-dh16-h3-l3"
+MOE, LLAMA = "moe16-top2-dh16-h3-l3", "llama-dh32-h2-kv1-l8"
 SHAPES = {
-    "llama-dh32-h2-kv1-l8": {"args": ["--arch", "llama", "--d", "64", "--heads", "2",
+    LLAMA: {"args": ["--arch", "llama", "--d", "64", "--heads", "2",
                                       "--kv-heads", "1", "--layers", "8", "--warmup", "200"],
                              "split": "validation", "head_dim": 32,
                              "fmt": {"bits": 6, "layer": 3}},
@@ -60,9 +64,26 @@ SCENARIOS = {
     "attn-layer": ("attention-numerics", ["--bits", "{bits}", "--fault-on", "both",
                                           "--fault-layers", "{layer}"]),
     "attn-strong": ("attention-numerics", ["--bits", "{bits}", "--fault-on", "both"]),
+    # Appended while the runs above were recording, before any result was
+    # seen (last, so their schedules stay put): a milder router fault.
+    "lr-router10-hidden": ("lr", ["--lr-hidden", "--lr-mult", "1", "--router-lr-mult", "10",
+                                  "--lr-ramp", "100"]),
+    # Appended after the first 11 runs were recorded, on their divergence
+    # alone (before any scoring): neither the 30x router fault nor the
+    # LLaMA's attention faults (bits 6) had diverged. A 100x router ramp,
+    # the attention fault at the MoE's bits (10) on the LLaMA, and the
+    # earlier looks' hidden 20x ramp on the LLaMA.
+    "lr-router100-hidden": ("lr", ["--lr-hidden", "--lr-mult", "1", "--router-lr-mult", "100",
+                                   "--lr-ramp", "100"]),
+    "attn-strong10": ("attention-numerics", ["--bits", "10", "--fault-on", "both"]),
+    "lr-ramp20-hidden": ("lr", ["--lr-hidden", "--lr-mult", "20", "--lr-ramp", "200"]),
 }
-OVERRIDES = {"lr-router-auxoff": {"fault_step": FAULT_STEP}}
-ONLY = {"lr-router-hidden": [MOE], "lr-router-auxoff": [MOE], "attn-strong": ["llama-dh32-h2-kv1-l8"]}
+# The three random batches lift the 25-step mean loss past 1.2x its best
+# (the divergence criterion; seen on the first recording, which stopped 30
+# steps after): these healthy runs train on to their end.
+OVERRIDES = {"healthy-corrupt": {"post_diverge": -1}}
+ONLY = {"lr-router-hidden": [MOE], "lr-router-auxoff": [MOE], "lr-router10-hidden": [MOE],
+        "lr-router100-hidden": [MOE], "attn-strong10": [LLAMA], "lr-ramp20-hidden": [LLAMA]}
 MATRIX = dict(corpus_shapes.MATRIX, shapes=SHAPES, scenarios=SCENARIOS, seeds=(61,),
               schedules=("cosine", "wsd"), overrides=OVERRIDES, only=ONLY, lr=3e-3,
               common=["--ctx", "32", "--batch", "16", "--clip", "1.0", "--threads", "1"],

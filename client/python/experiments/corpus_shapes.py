@@ -87,7 +87,9 @@ SCHEDULES = ("constant", "cosine", "wsd")
 # overrides (optional): {scenario: {"schedule", "steps", "fault_step"}},
 # any of them, in place of the alternation, the step tables and the
 # matrix's fault step for that scenario's runs (the manifest's fault_step;
-# train.py still gets the matrix's --fault-step).
+# train.py still gets the matrix's --fault-step), and "post_diverge" (-1:
+# train on after a divergence, for a hard negative whose loss spike meets
+# the divergence criterion).
 # only (optional): {scenario: [shapes]}, that scenario on those shapes
 # alone (a router fault needs an MoE); the others' schedules stay put.
 MATRIX = {"shapes": SHAPES, "scenarios": SCENARIOS, "seeds": SEEDS, "schedules": SCHEDULES,
@@ -117,12 +119,13 @@ def plan(shapes=None, scenarios=None, seeds=None, matrix=MATRIX):
                 fault = None if sc == "healthy" else (1 if sc == "lr-peak" else m["fault_step"])
                 o = m.get("overrides", {}).get(sc, {})
                 sched, steps = o.get("schedule", sched), o.get("steps", steps)
+                post = o.get("post_diverge", m["post_diverge"])
                 fault = o.get("fault_step", fault)
                 args = c["args"] + ["--lr", str(c.get("lr", m["lr"]))] + m["common"] + \
                     m["monitor"] + extra + [
                     "--steps", str(steps), "--seed", str(seed), "--schedule", sched,
                     "--scenario", train_sc, "--fault-step", str(m["fault_step"]),
-                    "--stop-after-diverge", str(m["post_diverge"])]
+                    "--stop-after-diverge", str(post)]
                 warmup = m.get("warmup_of", {}).get(sched)
                 if warmup is not None:  # after COMMON's --warmup: the last one counts
                     args += ["--warmup", str(warmup)]
