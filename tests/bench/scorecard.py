@@ -31,6 +31,10 @@ fraction of the time from fault to divergence ((divergence - alert) /
   them diverge, and the right page says to lower the rate.
 Column "wrong": mechanism alerts before divergence with a label outside the
 run's set; a run with any is not ok.
+Healthy runs with corrupted batches (scenario healthy-corrupt*: random
+tokens for a few steps, the loss jumping 3x and recovering) should page a
+loss spike: loss and grad-norm alerts labelled loss-spike are right there;
+any other alert, or a spike alert labelled with a mechanism, is false.
 Per split: faulted runs caught before divergence, label accuracy, median
 lead, healthy runs with any alert and false alerts per 1,000 healthy steps
 (after the start of detection: every healthy alert is false).
@@ -197,6 +201,13 @@ def score_run(meta, incidents):
     row["label"] = first["label"] if first else None
     row["rule"] = first["rule"] if first else None
     if fam == "healthy":
+        if meta["scenario"].startswith("healthy-corrupt"):
+            # A few batches of garbage spike the loss: a loss-spike page is
+            # the right answer, not a false alert; any other alert, or a
+            # spike page naming a mechanism, is.
+            incidents = [x for x in incidents if x["rule"] not in SYMPTOM_RULES
+                         or x["label"] != "loss-spike"]
+            row["n_alerts"] = len(incidents)
         row["ok"] = not incidents
         return row
     div, fault = row["div"], row["fault"]
