@@ -55,7 +55,8 @@ Liger, Unsloth, LitGPT, llm-foundry, nanotron, DeepSpeed-Ulysses, Megatron-core 
 another tester: 8 of 12 on both torches, then 3 of 8 more (round 10b; holdout10.py says which
 and why) holdout11, an eleventh blind round (recent LLM architectures and
 long-context attention: ring and tiled online softmax, NSA, Mamba/attention/MoE hybrids, zero
-experts, KV sharing) by another tester: 12 of 12 on both torches.
+experts, KV sharing) by another tester: 12 of 12 on both torches, then 7 of 8 more (round 11b;
+holdout11.py says which and why).
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
