@@ -53,7 +53,10 @@ ninth blind round (traced, opaque, stateless and adapter-wrapped code) by anothe
 a tenth blind round (production training stacks: TransformerEngine, flash-attn, xformers,
 Liger, Unsloth, LitGPT, llm-foundry, nanotron, DeepSpeed-Ulysses, Megatron-core MoE) by
 another tester: 8 of 12 on both torches, then 3 of 8 more (round 10b; holdout10.py says which
-and why).
+and why) holdout11, an eleventh blind round (recent LLM architectures and
+long-context attention: ring and tiled online softmax, NSA, Mamba/attention/MoE hybrids, zero
+experts, KV sharing) by another tester: 12 of 12 on both torches, then 7 of 8 more (round 11b;
+holdout11.py says which and why).
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
@@ -119,7 +122,8 @@ from dataclasses import dataclass, field
 from typing import List
 
 FAMILIES = ("decoders", "encdec", "moe", "research", "holdout", "holdout2", "gaps", "holdout3",
-            "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9", "holdout10")
+            "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9", "holdout10",
+            "holdout11")
 
 _MEMBERS = []
 
