@@ -1208,6 +1208,8 @@ def check_no_side_effects(torch, nn, foreshock):
     m = Net().train()
     m.bn.running_mean.fill_(0.25)
     before = {k: v.clone() for k, v in m.state_dict().items()}
+    vmaps = [(mod, mod.vmap) for mod in (torch, getattr(torch, "func", None))
+             if mod is not None and hasattr(mod, "vmap")]
     x = torch.randn(2, 8, 16)
     rng = torch.get_rng_state()
     hooks = [len(mod._forward_hooks) + len(mod._forward_pre_hooks) for mod in m.modules()]
@@ -1224,9 +1226,11 @@ def check_no_side_effects(torch, nn, foreshock):
                     for mod in m.modules()], "the observed pass left hooks")
     check(not any(hasattr(p, "_foreshock_obs") for p in m.parameters()),
           "the observed pass left attributes on parameters")
+    check(all(mod.vmap is v for mod, v in vmaps), "the observed pass left vmap replaced")
     from torch.overrides import has_torch_function
     check(not has_torch_function((torch.zeros(1),)), "a torch function mode is still active")
-    print("  side effects: RNG, BatchNorm running stats, train mode, hooks and modes unchanged "
+    print("  side effects: RNG, BatchNorm running stats, train mode, hooks, modes and vmap "
+          "unchanged "
           f"({len(before)} state entries compared)", flush=True)
 
 

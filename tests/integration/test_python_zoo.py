@@ -94,16 +94,10 @@ EXPECTED_FAILING = {
     # round 8b (8 more, written after seeing those): 5 of 8 on both torches
     # held-out round 9 (zoo/holdout9.py), blind: 9 of 12 right on torch 1.13 and 2.15
     # round 9b (8 more, written after seeing those): 5 of 8 on torch 1.13 and 2.15
-    "vmap-heads": "one head's attention vmapped over stacked [H, dh, d] weights: nothing "
-                  "reported and no warning (want H=4 Hkv=4 dh=8 in each of 2 blocks)",
     # held-out round 10 (zoo/holdout10.py), blind: 8 of 12 right on torch 1.13 and 2.15
     # round 10b (8 more, written after seeing those): 3 of 8 on torch 1.13 and 2.15
     # held-out round 11 (zoo/holdout11.py), blind: 12 of 12 right on torch 1.13 and 2.15
     # round 11b (8 more, written after seeing those): 7 of 8 on torch 1.13 and 2.15
-    "nsa-learned-compress": "NSA whose compressed branch's keys are k_compress (Linear(2*dh, dh)) "
-                            "of k_proj's key blocks: reported as q_proj/k_proj H=4 Hkv=1 dh=8 "
-                            "with key rows the 8 rows of k_compress.weight [8, 16] (want Hkv=2, "
-                            "key rows 0-7 and 8-15 of k_proj.weight), in both blocks",
 }
 # member -> why, on torch 1.x only (passes on torch 2.x); checked both ways there.
 EXPECTED_FAILING_TORCH1 = {

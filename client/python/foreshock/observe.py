@@ -446,6 +446,7 @@ class Source:
         # layout between (a router's low-dimensional reduction): None when none, False
         # when the calls seen disagree
         self.after = None
+        self.fed = set()        # indices of the sources this weight's inputs derive from
 
     def current(self):
         """The weight now: a computed weight recomputed (effective.py), or
@@ -630,6 +631,26 @@ def _common_module(names):
             break
         out.append(col[0])
     return ".".join(out)
+
+
+def drop_derived_keys(sites):
+    """Of two scores of the same queries, one whose keys are a projection of
+    the other's keys (Native Sparse Attention's compressed branch: a
+    Linear over blocks of k_proj's output, beside the selected and sliding
+    branches that read k_proj's keys) is a branch of that attention, not
+    its key weight: the score that reads the upstream keys stands."""
+    def qsig(s):
+        return (id(getattr(s, "q_src", None)), str(getattr(s, "q_heads", None)))
+    out = []
+    for s in sites:
+        k = getattr(s, "k_src", None)
+        derived = s.reason is None and k is not None and any(
+            o is not s and o.reason is None and qsig(o) == qsig(s) and
+            getattr(o, "k_src", None) is not None and o.k_src is not k and
+            o.k_src.index in k.fed for o in sites)
+        if not derived:
+            out.append(s)
+    return out
 
 
 def merge_sites(sites, list_prefixes):
@@ -1043,6 +1064,9 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             rows, s_row, s_col, width = w.shape[1], w.stride(1), w.stride(0), w.shape[0]
         src = self._source(pname, param, [base + i * s_row for i in range(rows)], s_col, width,
                            how)
+        r = _flow_of(x) if isinstance(x, torch.Tensor) else None
+        if r is not None:
+            src.fed |= {i for i in r[0] if isinstance(i, int)}
         self._after_projection(x, src)
         self._label_out(out, src, [rows], [out.dim() - 1])
         self._new_src = src.index
@@ -2378,6 +2402,67 @@ class _Restore:
         return False
 
 
+def _looped_vmap(vmap):
+    """vmap(func, in_dims, out_dims) that, for flat positional arguments
+    (in_dims an int, or one int or None per argument) and a tensor or a
+    tuple of tensors out, calls func once per index of the mapped axis and
+    stacks the results: the pass then sees each call's ops on slices of
+    the real weights (one head's attention vmapped over stacked [H, dh, d]
+    weights reads as a loop over heads), which a batched tensor hides.
+    Anything else, or any failure, is the real vmap."""
+    def wrapped(func, in_dims=0, out_dims=0, *vargs, **vkw):
+        real = vmap(func, in_dims, out_dims, *vargs, **vkw)
+
+        def call(*args, **kwargs):
+            dims = [in_dims] * len(args) if isinstance(in_dims, int) else in_dims
+            if kwargs or not isinstance(dims, (tuple, list)) or len(dims) != len(args) or \
+                    not all(d is None or (isinstance(d, int) and isinstance(a, torch.Tensor))
+                            for a, d in zip(args, dims)):
+                return real(*args, **kwargs)
+            sizes = {a.shape[d] for a, d in zip(args, dims) if d is not None}
+            if len(sizes) != 1:
+                return real(*args, **kwargs)
+            try:
+                outs = [func(*[a.select(d, i) if d is not None else a
+                               for a, d in zip(args, dims)]) for i in range(sizes.pop())]
+                if all(isinstance(o, torch.Tensor) for o in outs) and isinstance(out_dims, int):
+                    return torch.stack(outs, out_dims)
+                if all(isinstance(o, tuple) for o in outs):
+                    od = [out_dims] * len(outs[0]) if isinstance(out_dims, int) else out_dims
+                    return tuple(torch.stack([o[j] for o in outs], od[j])
+                                 for j in range(len(outs[0])))
+            except Exception:
+                pass
+            return real(*args, **kwargs)
+        return call
+    return wrapped
+
+
+class _LoopedVmap:
+    """torch.vmap, torch.func.vmap and functorch.vmap replaced by
+    _looped_vmap for the observed pass (module attributes: code that
+    looks vmap up when it runs; a name bound at import keeps the real
+    one), put back on exit."""
+
+    def __enter__(self):
+        self.saved = []
+        homes = [torch, getattr(torch, "func", None), sys.modules.get("functorch")]
+        for m in homes:
+            v = getattr(m, "vmap", None) if m is not None else None
+            if callable(v):
+                self.saved.append((m, v))
+                try:
+                    m.vmap = _looped_vmap(v)
+                except (AttributeError, TypeError):
+                    self.saved.pop()
+        return self
+
+    def __exit__(self, *exc):
+        for m, v in self.saved:
+            m.vmap = v
+        return False
+
+
 def _eager(fn):
     """fn with TorchDynamo off for its whole call (compiled submodules run
     eagerly, so the mode sees their ops and nothing is recompiled)."""
@@ -2472,7 +2557,7 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
         try:
             with _Restore(model, lambda held: kept.extend(
                     r for r in (getattr(t, _FLOW, None) for t in held) if r is not None)), \
-                    torch.no_grad(), _cached(computed), tracker:
+                    torch.no_grad(), _cached(computed), _LoopedVmap(), tracker:
                 result = _eager(target)(*args, **kwargs)
         except Exception as e:  # the model did not take this input: next one
             text = str(e).splitlines()[0][:160] if str(e) else ""
@@ -2535,7 +2620,7 @@ def observe(model, example_input=None, example_kwargs=None, label="example_input
         lists = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList,
                                                                         nn.Sequential))}
         try:
-            trial.attention = merge_sites(trial.attention, lists)
+            trial.attention = merge_sites(drop_derived_keys(trial.attention), lists)
         except Exception:  # keep the sites as seen
             trial.failures += 1
         return trial
