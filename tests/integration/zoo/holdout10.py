@@ -164,7 +164,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import Attn, Router, Rows, Truth, heads_contiguous, heads_grouped, heads_separate, member
-from .parts import (D, DH, H, HAS_SDPA, HKV, L, VOCAB, RMSNorm, RotaryEmbedding,
+from .parts import (D, DH, H, HAS_SDPA, HKV, L, VOCAB, LayersLM, RMSNorm, RotaryEmbedding,
                     apply_rotary_pos_emb, attend, causal_mask, rotate_half, tokens)
 
 # ---- operators Python cannot see into (the C++/CUDA/Triton kernels of these stacks) -------------
@@ -981,22 +981,9 @@ class LigerLlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LigerLlamaForCausalLM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(VOCAB, D)
-        self.model.layers = nn.ModuleList(LigerLlamaDecoderLayer() for _ in range(L))
-        self.model.norm = LigerRMSNorm(D)
-        self.model.rotary_emb = RotaryEmbedding(DH)
-        self.lm_head = nn.Linear(D, VOCAB, bias=False)
-
-    def forward(self, input_ids):
-        x = self.model.embed_tokens(input_ids)
-        pe = self.model.rotary_emb(x, input_ids.shape[1])
-        for layer in self.model.layers:
-            x = layer(x, pe)
-        return self.lm_head(self.model.norm(x))
+def LigerLlamaForCausalLM():
+    return LayersLM([LigerLlamaDecoderLayer() for _ in range(L)], RotaryEmbedding(DH),
+                    norm=LigerRMSNorm)
 
 
 class _LigerModelingLlama(_ModelingLlama):
@@ -1141,22 +1128,8 @@ class UnslothDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class UnslothLlamaForCausalLM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(VOCAB, D)
-        self.model.layers = nn.ModuleList(UnslothDecoderLayer() for _ in range(L))
-        self.model.norm = RMSNorm(D)
-        self.model.rotary_emb = RotaryEmbedding(DH)
-        self.lm_head = nn.Linear(D, VOCAB, bias=False)
-
-    def forward(self, input_ids):
-        x = self.model.embed_tokens(input_ids)
-        pe = self.model.rotary_emb(x, input_ids.shape[1])
-        for layer in self.model.layers:
-            x = layer(x, pe)
-        return self.lm_head(self.model.norm(x))
+def UnslothLlamaForCausalLM():
+    return LayersLM([UnslothDecoderLayer() for _ in range(L)], RotaryEmbedding(DH))
 
 
 class PeftModelForCausalLM(nn.Module):

@@ -148,7 +148,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import Attn, Router, Rows, Truth, heads_contiguous, heads_grouped, heads_separate, member
-from .parts import (D, DH, H, HAS_SDPA, HKV, VOCAB, RMSNorm, RotaryEmbedding,
+from .parts import (D, DH, H, HAS_SDPA, HKV, VOCAB, LayersLM, RMSNorm, RotaryEmbedding,
                     apply_rotary_pos_emb, attend, causal_mask, repeat_kv, rotate_half, tokens)
 
 
@@ -174,26 +174,6 @@ class _MLP(nn.Module):
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class _LM(nn.Module):
-    """model.embed_tokens -> model.layers (each layer(x, rope)) -> norm -> lm_head."""
-
-    def __init__(self, layers, rope=None):
-        super().__init__()
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(VOCAB, D)
-        self.model.layers = nn.ModuleList(layers)
-        self.model.norm = RMSNorm(D)
-        self.model.rotary_emb = rope
-        self.lm_head = nn.Linear(D, VOCAB, bias=False)
-
-    def forward(self, input_ids):
-        x = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary_emb(x, input_ids.shape[1]) if self.model.rotary_emb else None
-        for layer in self.model.layers:
-            x = layer(x, rope)
-        return self.lm_head(self.model.norm(x))
 
 
 def _sep_truth(prefix, blocks, h=H, kv=HKV, dh=DH, q="q_proj", k="k_proj", attn="self_attn"):
@@ -275,7 +255,7 @@ class _PreNormLayer(nn.Module):
 
 @member("ring-attn-lse-merge")
 def ring_attn_lse_merge():
-    model = _init_(_LM([_PreNormLayer(RingLlamaAttention()) for _ in range(2)],
+    model = _init_(LayersLM([_PreNormLayer(RingLlamaAttention()) for _ in range(2)],
                        RotaryEmbedding(DH)))
     return model, tokens(), Truth(_sep_truth("model.layers", range(2)), note=(
         "ring attention: exp(s - logsumexp(s)) per K/V chunk, merged by sigmoid/logsigmoid of "
@@ -335,7 +315,7 @@ class NativeSparseAttention(nn.Module):
 
 @member("nsa-three-branch")
 def nsa_three_branch():
-    model = _init_(_LM([_PreNormLayer(NativeSparseAttention()) for _ in range(2)],
+    model = _init_(LayersLM([_PreNormLayer(NativeSparseAttention()) for _ in range(2)],
                        RotaryEmbedding(DH)))
     return model, tokens(), Truth(
         _sep_truth("model.layers", range(2)),
@@ -441,7 +421,7 @@ class _MoELayer(nn.Module):
 
 @member("minimax-m2-perhead-chunks")
 def minimax_m2():
-    model = _init_(_LM([_MoELayer(MiniMaxM2Attention(), MiniMaxM2SparseMoeBlock())
+    model = _init_(LayersLM([_MoELayer(MiniMaxM2Attention(), MiniMaxM2SparseMoeBlock())
                         for _ in range(2)], RotaryEmbedding(4)))
     routers = [Router(i, 8, 2, Rows(f"model.layers.{i}.block_sparse_moe.gate.weight", range(8)),
                       f"model.layers.{i}.block_sparse_moe") for i in range(2)]
@@ -597,7 +577,7 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
 @member("granite4-hybrid-nope-moe")
 def granite4_hybrid():
     types_ = ["mamba", "attention", "mamba", "attention"]
-    model = _init_(_LM([GraniteMoeHybridDecoderLayer(t) for t in types_]))
+    model = _init_(LayersLM([GraniteMoeHybridDecoderLayer(t) for t in types_]))
     p = "model.layers"
     routers = [Router(i, 8, 2, Rows(f"{p}.{i}.block_sparse_moe.router.layer.weight", range(8)),
                       f"{p}.{i}.block_sparse_moe") for i in range(4)]
@@ -760,7 +740,7 @@ class StreamingMistralAttention(nn.Module):
 
 @member("streaming-sinks-window")
 def streaming_sinks():
-    model = _init_(_LM([_PreNormLayer(StreamingMistralAttention()) for _ in range(2)],
+    model = _init_(LayersLM([_PreNormLayer(StreamingMistralAttention()) for _ in range(2)],
                        RotaryEmbedding(DH)))
     return model, tokens(), Truth(_sep_truth("model.layers", range(2)))
 
@@ -821,7 +801,7 @@ class Phi3MLP(nn.Module):
 @member("phi4-longrope-partial")
 def phi4_longrope():
     rope = Phi3LongRoPEScaledRotaryEmbedding(6, [1.0, 2.5, 7.0])
-    model = _init_(_LM([_PreNormLayer(Phi3Attention(), Phi3MLP()) for _ in range(2)], rope))
+    model = _init_(LayersLM([_PreNormLayer(Phi3Attention(), Phi3MLP()) for _ in range(2)], rope))
     att = []
     for i in range(2):
         qs, ks = heads_contiguous(f"model.layers.{i}.self_attn.qkv_proj.weight", H, HKV, DH)
@@ -1024,7 +1004,7 @@ class LongcatGQAStandIn(nn.Module):
 
 @member("longcat-zero-experts")
 def longcat_zero_experts():
-    model = _init_(_LM([LongcatFlashDecoderLayer() for _ in range(2)], RotaryEmbedding(DH)))
+    model = _init_(LayersLM([LongcatFlashDecoderLayer() for _ in range(2)], RotaryEmbedding(DH)))
     with torch.no_grad():
         for layer in model.model.layers:
             layer.mlp.router.e_score_correction_bias.normal_(0, 0.05)
@@ -1313,7 +1293,7 @@ class HunYuanMoE(nn.Module):
 
 @member("hunyuan-moe-qknorm-post")
 def hunyuan_moe():
-    model = _init_(_LM([_PreNormLayer(HunYuanAttention(), HunYuanMoE()) for _ in range(2)],
+    model = _init_(LayersLM([_PreNormLayer(HunYuanAttention(), HunYuanMoE()) for _ in range(2)],
                        RotaryEmbedding(DH)))
     routers = [Router(i, 8, 2, Rows(f"model.layers.{i}.mlp.gate.wg.weight", range(8)),
                       f"model.layers.{i}.mlp") for i in range(2)]
@@ -1410,7 +1390,7 @@ def torch_cp_headtail():
     """After torch/distributed/tensor/experimental/_attention.py
     (_templated_ring_attention, _SDPAMerger, head-tail load balancing) on one
     process, the block attention torch's CPU flash operator returning lse."""
-    model = _init_(_LM([_PreNormLayer(CPLlamaAttention()) for _ in range(2)],
+    model = _init_(LayersLM([_PreNormLayer(CPLlamaAttention()) for _ in range(2)],
                        RotaryEmbedding(DH)))
     return model, tokens(), Truth(_sep_truth("model.layers", range(2)), note=(
         "context parallelism: the sequence in head-tail chunks, an operator returning (out, "
@@ -1464,7 +1444,7 @@ class NSALearnedCompress(NativeSparseAttention):
 def nsa_learned_compress():
     """After lucidrains/native-sparse-attention-pytorch (k_compress/v_compress
     over flattened blocks) on nsa-three-branch."""
-    model = _init_(_LM([_PreNormLayer(NSALearnedCompress()) for _ in range(2)],
+    model = _init_(LayersLM([_PreNormLayer(NSALearnedCompress()) for _ in range(2)],
                        RotaryEmbedding(DH)))
     nr = [f"model.layers.{i}.self_attn.{n}.weight" for i in range(2)
           for n in ("g_proj", "k_compress")]
@@ -1803,7 +1783,7 @@ def torchtitan_gptoss():
     gpt_oss GptOssTopKRouter (weight and bias Parameters, top-4 then softmax
     over the chosen logits) and GptOssExperts (interleaved gate_up_proj
     [E, d, 2f], clamped swiglu)."""
-    model = _init_(_LM([_PreNormLayer(GptOssLseSinkAttention(), GptOssMLP())
+    model = _init_(LayersLM([_PreNormLayer(GptOssLseSinkAttention(), GptOssMLP())
                         for _ in range(2)], RotaryEmbedding(DH)))
     routers = [Router(i, 8, 4, Rows(f"model.layers.{i}.mlp.router.weight", range(8)),
                       f"model.layers.{i}.mlp") for i in range(2)]
@@ -2174,7 +2154,7 @@ class NSANaiveLoop(NativeSparseAttention):
 
 @member("nsa-naive-gather-loop")
 def nsa_naive_gather():
-    model = _init_(_LM([_PreNormLayer(NSANaiveLoop()) for _ in range(2)], RotaryEmbedding(DH)))
+    model = _init_(LayersLM([_PreNormLayer(NSANaiveLoop()) for _ in range(2)], RotaryEmbedding(DH)))
     return model, tokens(), Truth(
         _sep_truth("model.layers", range(2)),
         not_reported=[f"model.layers.{i}.self_attn.g_proj.weight" for i in range(2)],

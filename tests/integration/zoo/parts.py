@@ -147,3 +147,25 @@ class PreNormLM(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.head(x)
+
+
+class LayersLM(nn.Module):
+    """model.embed_tokens -> model.layers (each layer(x, rope)) ->
+    model.norm -> lm_head, the transformers *ForCausalLM module paths, from
+    built layers (Decoder builds them from a config)."""
+
+    def __init__(self, layers, rope=None, norm=RMSNorm, d=D, vocab=VOCAB):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(vocab, d)
+        self.model.layers = nn.ModuleList(layers)
+        self.model.norm = norm(d)
+        self.model.rotary_emb = rope
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, input_ids):
+        x = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary_emb(x, input_ids.shape[1]) if self.model.rotary_emb else None
+        for layer in self.model.layers:
+            x = layer(x, rope)
+        return self.lm_head(self.model.norm(x))
