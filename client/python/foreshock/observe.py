@@ -208,8 +208,10 @@ def _custom_op(func):
     kinds = tuple(k for k in (getattr(ops, "OpOverloadPacket", None),
                               getattr(ops, "OpOverload", None)) if k is not None)
     if kinds and isinstance(func, kinds):
-        ns = str(getattr(func, "_qualified_op_name", "") or getattr(func, "name", lambda: "")())
-        return ns.split("::")[0] not in ("aten", "prims", "")
+        ns = getattr(func, "namespace", None) or getattr(func, "_qualified_op_name", "")
+        if not ns and callable(getattr(func, "name", None)):
+            ns = func.name()
+        return str(ns).split("::")[0] not in ("aten", "prims", "")
     return type(func).__name__ == "CustomOpDef"
 
 
