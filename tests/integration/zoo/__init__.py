@@ -123,7 +123,7 @@ from typing import List
 
 FAMILIES = ("decoders", "encdec", "moe", "research", "holdout", "holdout2", "gaps", "holdout3",
             "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9", "holdout10",
-            "holdout11")
+            "holdout11", "holdout12")
 
 _MEMBERS = []
 
