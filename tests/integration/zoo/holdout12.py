@@ -68,6 +68,20 @@ weights, own code):
                             to text of another width, cross_attention_dim 24),
                             long skips: skip_norm + skip_linear over
                             [x; skip] in the second half; stacks=True
+  wan21-t2v-lists           Wan-Video/Wan2.1 wan/modules/model.py (WanModel,
+                            T2V): videos and prompts passed as lists of
+                            tensors of different sizes, padded to seq_len;
+                            WanRMSNorm norm_q/norm_k over the whole
+                            projection; 3-D rotary as complex float64
+                            (view_as_complex, torch.polar) per sample over its
+                            own grid; keys masked by k_lens; cross attention
+                            to the padded text (q/k/v/o names); stacks=True
+  fairseq-s2t-bmm           fairseq S2TTransformerEncoder (speech_to_text):
+                            Conv1dSubsampler (stride-2 convs + GLU), time-first
+                            [T, B, C] layers, fairseq MultiheadAttention
+                            (q *= scaling in place, view(T, B * H, dh)
+                            .transpose(0, 1), bmm, key_padding_mask through a
+                            [B, H, T, S] view), a CTC projection
 
 Not written (a truth the zoo's checker cannot state): SD3's MMDiT joint
 attention and Lumina-Next's shared-query cross attention. In MMDiT the text
@@ -1009,7 +1023,7 @@ class SparseMoeBlock(nn.Module):
                 continue
             exp_tok = token_idxs[start:end]
             out = self.experts[i](x[exp_tok]) * flat_expert_weights[idxs[start:end]]
-            cache.scatter_reduce_(0, exp_tok.view(-1, 1).repeat(1, x.shape[-1]), out, reduce="sum")
+            cache.index_add_(0, exp_tok, out)  # DiT-MoE: scatter_reduce_(..., reduce="sum")
         return cache
 
 
@@ -1188,3 +1202,258 @@ def hunyuan_dit_skips():
     inputs = (torch.randn(B, 4, 4, 4), torch.tensor([1, 999]), torch.randn(B, 5, 20))
     return model, inputs, Truth(att, stacks=True, not_reported=[
         f"blocks.{i}.norm1.linear.weight" for i in range(4)])
+
+
+# ---- Wan2.1 T2V: list inputs, whole-projection RMSNorm, complex 3-D rotary ------------------
+
+def _rope_params(max_len, dim, theta=10000):
+    f = torch.outer(torch.arange(max_len).double(),
+                    1.0 / torch.pow(theta, torch.arange(0, dim, 2).double().div(dim)))
+    return torch.polar(torch.ones_like(f), f)
+
+
+def _rope_apply(x, grid_sizes, freqs):
+    n, c = x.size(2), x.size(3) // 2
+    freqs = freqs.split([c - 2 * (c // 3), c // 3, c // 3], dim=1)
+    out = []
+    for i, (f, h, w) in enumerate(grid_sizes.tolist()):
+        seq_len = f * h * w
+        x_i = torch.view_as_complex(x[i, :seq_len].to(torch.float64).reshape(seq_len, n, -1, 2))
+        freqs_i = torch.cat([freqs[0][:f].view(f, 1, 1, -1).expand(f, h, w, -1),
+                             freqs[1][:h].view(1, h, 1, -1).expand(f, h, w, -1),
+                             freqs[2][:w].view(1, 1, w, -1).expand(f, h, w, -1)],
+                            dim=-1).reshape(seq_len, 1, -1)
+        x_i = torch.view_as_real(x_i * freqs_i).flatten(2)
+        out.append(torch.cat([x_i, x[i, seq_len:].double()]))
+    return torch.stack(out).float()
+
+
+def _flash_attention(q, k, v, k_lens=None):
+    """[B, L, N, D] in and out; keys past k_lens masked."""
+    mask = None
+    if k_lens is not None:
+        pad = torch.arange(k.shape[1])[None] >= k_lens[:, None]
+        mask = torch.zeros(pad.shape).masked_fill(pad, float("-inf"))[:, None, None]
+    o = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=False, mask=mask)
+    return o.transpose(1, 2)
+
+
+class WanRMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)).type_as(x) \
+            * self.weight
+
+
+class WanSelfAttention(nn.Module):
+    def __init__(self, dim, num_heads, eps=1e-6):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.q, self.k = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.v, self.o = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.norm_q = WanRMSNorm(dim, eps)
+        self.norm_k = WanRMSNorm(dim, eps)
+
+    def forward(self, x, seq_lens, grid_sizes, freqs):
+        b, s, n, d = *x.shape[:2], self.num_heads, self.head_dim
+        q = self.norm_q(self.q(x)).view(b, s, n, d)
+        k = self.norm_k(self.k(x)).view(b, s, n, d)
+        v = self.v(x).view(b, s, n, d)
+        x = _flash_attention(_rope_apply(q, grid_sizes, freqs), _rope_apply(k, grid_sizes, freqs),
+                             v, k_lens=seq_lens)
+        return self.o(x.flatten(2))
+
+
+class WanT2VCrossAttention(WanSelfAttention):
+    def forward(self, x, context, context_lens):
+        b, n, d = x.size(0), self.num_heads, self.head_dim
+        q = self.norm_q(self.q(x)).view(b, -1, n, d)
+        k = self.norm_k(self.k(context)).view(b, -1, n, d)
+        v = self.v(context).view(b, -1, n, d)
+        return self.o(_flash_attention(q, k, v, k_lens=context_lens).flatten(2))
+
+
+class WanAttentionBlock(nn.Module):
+    def __init__(self, dim, ffn_dim, num_heads, eps=1e-6):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps, elementwise_affine=False)
+        self.self_attn = WanSelfAttention(dim, num_heads, eps)
+        self.norm3 = nn.LayerNorm(dim, eps, elementwise_affine=True)
+        self.cross_attn = WanT2VCrossAttention(dim, num_heads, eps)
+        self.norm2 = nn.LayerNorm(dim, eps, elementwise_affine=False)
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), nn.GELU(approximate="tanh"),
+                                 nn.Linear(ffn_dim, dim))
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim ** 0.5)
+
+    def forward(self, x, e, seq_lens, grid_sizes, freqs, context, context_lens):
+        e = (self.modulation + e).chunk(6, dim=1)
+        y = self.self_attn(self.norm1(x).float() * (1 + e[1]) + e[0], seq_lens, grid_sizes, freqs)
+        x = x + y * e[2]
+        x = x + self.cross_attn(self.norm3(x), context, context_lens)
+        y = self.ffn(self.norm2(x).float() * (1 + e[4]) + e[3])
+        return x + y * e[5]
+
+
+class WanModel(nn.Module):
+    def __init__(self, in_dim=4, dim=48, ffn_dim=96, freq_dim=32, text_dim=16, num_heads=4,
+                 num_layers=2, text_len=6):
+        super().__init__()
+        self.dim, self.freq_dim, self.text_len, self.out_dim = dim, freq_dim, text_len, in_dim
+        self.patch_size = (1, 2, 2)
+        self.patch_embedding = nn.Conv3d(in_dim, dim, self.patch_size, self.patch_size)
+        self.text_embedding = nn.Sequential(nn.Linear(text_dim, dim), nn.GELU(approximate="tanh"),
+                                            nn.Linear(dim, dim))
+        self.time_embedding = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(),
+                                            nn.Linear(dim, dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, dim * 6))
+        self.blocks = nn.ModuleList(WanAttentionBlock(dim, ffn_dim, num_heads)
+                                    for _ in range(num_layers))
+        self.head = nn.Module()
+        self.head.norm = nn.LayerNorm(dim, 1e-6, elementwise_affine=False)
+        self.head.head = nn.Linear(dim, in_dim * 4)
+        self.head.modulation = nn.Parameter(torch.randn(1, 2, dim) / dim ** 0.5)
+        d = dim // num_heads
+        self.freqs = torch.cat([_rope_params(64, d - 4 * (d // 6)), _rope_params(64, 2 * (d // 6)),
+                                _rope_params(64, 2 * (d // 6))], dim=1)
+
+    def forward(self, x, t, context, seq_len):
+        x = [self.patch_embedding(u.unsqueeze(0)) for u in x]
+        grid_sizes = torch.stack([torch.tensor(u.shape[2:], dtype=torch.long) for u in x])
+        x = [u.flatten(2).transpose(1, 2) for u in x]
+        seq_lens = torch.tensor([u.size(1) for u in x], dtype=torch.long)
+        x = torch.cat([torch.cat([u, u.new_zeros(1, seq_len - u.size(1), u.size(2))], dim=1)
+                       for u in x])
+        e = self.time_embedding(_timestep(t, self.freq_dim))
+        e0 = self.time_projection(e).unflatten(1, (6, self.dim))
+        context = self.text_embedding(torch.stack([
+            torch.cat([u, u.new_zeros(self.text_len - u.size(0), u.size(1))]) for u in context]))
+        for blk in self.blocks:
+            x = blk(x, e0, seq_lens, grid_sizes, self.freqs, context, None)
+        m = (self.head.modulation + e.unsqueeze(1)).chunk(2, dim=1)
+        x = self.head.head(self.head.norm(x) * (1 + m[1]) + m[0])
+        return [u[:int(n)] for u, n in zip(x, seq_lens)]
+
+
+@member("wan21-t2v-lists")
+def wan21_t2v_lists():
+    model = WanModel()
+    att = []
+    for i in range(2):
+        for nm, kind in (("self_attn", "self"), ("cross_attn", "cross")):
+            m = f"blocks.{i}.{nm}"
+            att.append(Attn((i, kind), 4, 4, 12, *heads_separate(f"{m}.q.weight", f"{m}.k.weight",
+                                                                 4, 4, 12), m, kind=kind))
+    videos = [torch.randn(4, 2, 4, 4), torch.randn(4, 1, 4, 4)]
+    prompts = [torch.randn(5, 16), torch.randn(3, 16)]
+    return model, (videos, torch.tensor([100, 800]), prompts, 8), Truth(att, stacks=True)
+
+
+# ---- fairseq S2T encoder: conv subsampler, time-first, bmm over B * H ------------------------
+
+class FairseqMultiheadAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=False):
+        tgt_len, bsz, embed_dim = query.size()
+        q = self.q_proj(query)
+        k = self.k_proj(key)
+        v = self.v_proj(value)
+        q *= self.scaling
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        k = k.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        v = v.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        src_len = k.size(1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))
+        if key_padding_mask is not None:
+            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len)
+            attn_weights = attn_weights.masked_fill(
+                key_padding_mask.unsqueeze(1).unsqueeze(2).to(torch.bool), float("-inf"))
+            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
+        attn_probs = F.softmax(attn_weights, dim=-1, dtype=torch.float32).type_as(attn_weights)
+        attn = torch.bmm(attn_probs, v)
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        return self.out_proj(attn), None
+
+
+class FairseqEncoderLayer(nn.Module):
+    def __init__(self, d, ffn, heads):
+        super().__init__()
+        self.self_attn = FairseqMultiheadAttention(d, heads)
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
+        self.final_layer_norm = nn.LayerNorm(d)
+        self.normalize_before = True
+
+    def forward(self, x, encoder_padding_mask):
+        residual = x
+        x = self.self_attn_layer_norm(x)
+        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask)
+        x = residual + x
+        residual = x
+        x = self.fc2(F.relu(self.fc1(self.final_layer_norm(x))))
+        return residual + x
+
+
+class Conv1dSubsampler(nn.Module):
+    def __init__(self, in_channels, mid_channels, out_channels, kernel_sizes=(5, 5)):
+        super().__init__()
+        n = len(kernel_sizes)
+        self.conv_layers = nn.ModuleList(
+            nn.Conv1d(in_channels if i == 0 else mid_channels // 2,
+                      mid_channels if i < n - 1 else out_channels * 2, k, stride=2,
+                      padding=k // 2) for i, k in enumerate(kernel_sizes))
+
+    def forward(self, src_tokens, src_lengths):
+        x = src_tokens.transpose(1, 2).contiguous()  # B x (C x D) x T
+        out = src_lengths.clone()
+        for conv in self.conv_layers:
+            x = F.glu(conv(x), dim=1)
+            out = ((out.float() - 1) / 2 + 1).floor().long()
+        return x.transpose(1, 2).transpose(0, 1).contiguous(), out  # T x B x (C x D)
+
+
+class S2TTransformerEncoder(nn.Module):
+    def __init__(self, feats=8, d=32, ffn=64, heads=4, layers=2, vocab=20):
+        super().__init__()
+        self.embed_scale = math.sqrt(d)
+        self.subsample = Conv1dSubsampler(feats, 32, d)
+        self.transformer_layers = nn.ModuleList(FairseqEncoderLayer(d, ffn, heads)
+                                                for _ in range(layers))
+        self.layer_norm = nn.LayerNorm(d)
+        self.register_buffer("positions", _sinusoid_table(32, d).transpose(0, 1),
+                             persistent=False)  # [T, 1, d]
+        self.ctc_proj = nn.Linear(d, vocab)
+
+    def forward(self, src_tokens, src_lengths):
+        x, input_lengths = self.subsample(src_tokens, src_lengths)
+        x = self.embed_scale * x
+        t = x.shape[0]
+        encoder_padding_mask = torch.arange(t)[None] >= input_lengths[:, None]
+        x = x + self.positions[:t]
+        for layer in self.transformer_layers:
+            x = layer(x, encoder_padding_mask)
+        return self.ctc_proj(self.layer_norm(x)).transpose(0, 1)
+
+
+@member("fairseq-s2t-bmm")
+def fairseq_s2t_bmm():
+    model = S2TTransformerEncoder()
+    att = []
+    for i in range(2):
+        m = f"transformer_layers.{i}.self_attn"
+        att.append(Attn(i, 4, 4, 8, *heads_separate(f"{m}.q_proj.weight", f"{m}.k_proj.weight",
+                                                    4, 4, 8), m))
+    return model, (torch.randn(B, 16, 8), torch.tensor([16, 12])), Truth(att)
