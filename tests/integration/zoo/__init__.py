@@ -56,7 +56,10 @@ another tester: 8 of 12 on both torches, then 3 of 8 more (round 10b; holdout10.
 and why) holdout11, an eleventh blind round (recent LLM architectures and
 long-context attention: ring and tiled online softmax, NSA, Mamba/attention/MoE hybrids, zero
 experts, KV sharing) by another tester: 12 of 12 on both torches, then 7 of 8 more (round 11b;
-holdout11.py says which and why).
+holdout11.py says which and why). holdout12, a twelfth blind round (transformers trained at scale
+beyond text LLMs: diffusion and video DiTs, ViT-22B, LLaVA, Qwen2.5-VL's window vision tower,
+speech, HSTU, TimesFM; Flax-layout kernels, head-major bmm, list inputs) by another tester: 13 of
+13 on both torches.
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
@@ -116,6 +119,11 @@ Judgement calls a discoverer may dispute (each member's Truth.note says so):
                    linear in x: the router is the composed [E, d] weight
                    normalize(wg) @ wg_reduction.weight (Rows.eff); wg's
                    [E, 16] rows against the reduced input would be defensible.
+  hstu-silu-none   (holdout12) HSTU's pointwise silu(q k^T + bias) / n (no
+                   softmax, as sigmoid-attn-none): no site, no warning;
+  llava-clip-llama, stdit3-spatial-temporal, hunyuan-dit-skips, wan21-t2v-lists
+                   (holdout12) two towers, or self and cross attention in one
+                   block: numbered like an encoder-decoder (stacks).
 """
 import importlib
 from dataclasses import dataclass, field
