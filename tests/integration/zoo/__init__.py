@@ -58,8 +58,8 @@ long-context attention: ring and tiled online softmax, NSA, Mamba/attention/MoE 
 experts, KV sharing) by another tester: 12 of 12 on both torches, then 7 of 8 more (round 11b;
 holdout11.py says which and why). holdout12, a twelfth blind round (transformers trained at scale
 beyond text LLMs: diffusion and video DiTs, ViT-22B, LLaVA, Qwen2.5-VL's window vision tower,
-speech, HSTU, TimesFM, Moirai; Flax-layout kernels, head-major bmm, list inputs) by another tester: 14 of
-14 on both torches.
+speech, HSTU, TimesFM, Moirai, Mask2Former; Flax-layout kernels, head-major bmm, list inputs)
+by another tester: 15 of 15 on both torches.
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
