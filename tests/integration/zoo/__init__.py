@@ -57,9 +57,9 @@ and why) holdout11, an eleventh blind round (recent LLM architectures and
 long-context attention: ring and tiled online softmax, NSA, Mamba/attention/MoE hybrids, zero
 experts, KV sharing) by another tester: 12 of 12 on both torches, then 7 of 8 more (round 11b;
 holdout11.py says which and why). holdout12, a twelfth blind round (transformers trained at scale
-beyond text LLMs: diffusion and video DiTs, ViT-22B, LLaVA, Qwen2.5-VL's window vision tower,
-speech, HSTU, TimesFM, Moirai, Mask2Former; Flax-layout kernels, head-major bmm, list inputs)
-by another tester: 15 of 15 on both torches.
+beyond text LLMs: diffusion and video DiTs, ViT-22B, SigLIP's pooling head, LLaVA, Qwen2.5-VL's
+vision, speech, HSTU, TimesFM, Moirai, Mask2Former; Flax-layout kernels, head-major bmm, list
+inputs) by another tester: 16 of 16 on both torches.
 
 Judgement calls a discoverer may dispute (each member's Truth.note says so):
   retnet-no-softmax  retention (q k^T times a decay mask, no softmax) is no
@@ -121,9 +121,11 @@ Judgement calls a discoverer may dispute (each member's Truth.note says so):
                    [E, 16] rows against the reduced input would be defensible.
   hstu-silu-none   (holdout12) HSTU's pointwise silu(q k^T + bias) / n (no
                    softmax, as sigmoid-attn-none): no site, no warning;
-  llava-clip-llama, stdit3-spatial-temporal, hunyuan-dit-skips, wan21-t2v-lists
-                   (holdout12) two towers, or self and cross attention in one
-                   block: numbered like an encoder-decoder (stacks).
+  llava-clip-llama, stdit3-spatial-temporal, hunyuan-dit-skips, wan21-t2v-lists,
+  mask2former-masked-xattn, siglip-map-head
+                   (holdout12) two towers, self and cross attention in one
+                   block, or a pooling head after the blocks: numbered like an
+                   encoder-decoder (stacks).
 """
 import importlib
 from dataclasses import dataclass, field

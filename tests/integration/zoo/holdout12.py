@@ -110,8 +110,15 @@ weights, own code):
                             (sigmoid < 0.5, repeat over heads, fully masked
                             rows cleared), then self-attention among the
                             queries; stacks=True
+  siglip-map-head           transformers SiglipVisionTransformer with
+                            vision_use_head: the encoder (CLIP's layer names,
+                            no CLS) and SiglipMultiheadAttentionPoolingHead: a
+                            learned probe [1, 1, d] repeated over the batch is
+                            the one query of nn.MultiheadAttention
+                            (batch_first=True) over the patch tokens; the
+                            head is a site of its own (stacks=True)
 
-Blind score: 15 of 15 right on torch 1.13 and 2.15 (nothing for EXPECTED_FAILING).
+Blind score: 16 of 16 right on torch 1.13 and 2.15 (nothing for EXPECTED_FAILING).
 
 Not written (a truth the zoo's checker cannot state): SD3's MMDiT joint
 attention and Lumina-Next's shared-query cross attention. In MMDiT the text
@@ -1859,3 +1866,58 @@ def mask2former_masked_xattn():
     feats = [torch.randn(B, 32, 4, 4), torch.randn(B, 32, 2, 2)]
     return model, (feats, torch.randn(B, 32, 8, 8)), Truth(att, stacks=True, not_reported=[
         "class_embed.weight", "mask_embed.2.weight"])
+
+
+# ---- SigLIP: multihead attention pooling head with a learned probe --------------------------
+
+class SiglipMultiheadAttentionPoolingHead(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.probe = nn.Parameter(torch.randn(1, 1, d))
+        self.attention = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.layernorm = nn.LayerNorm(d, eps=1e-6)
+        self.mlp = nn.Module()
+        self.mlp.fc1, self.mlp.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, hidden_state):
+        probe = self.probe.repeat(hidden_state.shape[0], 1, 1)
+        hidden_state = self.attention(probe, hidden_state, hidden_state)[0]
+        residual = hidden_state
+        h = self.mlp.fc1(self.layernorm(hidden_state))
+        hidden_state = residual + self.mlp.fc2(F.gelu(h, approximate="tanh"))
+        return hidden_state[:, 0]
+
+
+class SiglipVisionTransformerWithHead(nn.Module):
+    def __init__(self, d=32, heads=4, layers=2):
+        super().__init__()
+        self.embeddings = nn.Module()
+        self.embeddings.patch_embedding = nn.Conv2d(3, d, 4, 4)
+        self.embeddings.position_embedding = nn.Embedding(4, d)
+        self.encoder = nn.Module()
+        self.encoder.layers = nn.ModuleList(CLIPEncoderLayer(d, heads) for _ in range(layers))
+        self.post_layernorm = nn.LayerNorm(d, eps=1e-6)
+        self.head = SiglipMultiheadAttentionPoolingHead(d, heads)
+
+    def forward(self, pixel_values):
+        x = self.embeddings.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
+        x = x + self.embeddings.position_embedding(torch.arange(x.shape[1]))
+        for layer in self.encoder.layers:
+            x = layer(x)
+        last = self.post_layernorm(x)
+        return last, self.head(last)
+
+
+@member("siglip-map-head")
+def siglip_map_head():
+    model = SiglipVisionTransformerWithHead()
+    att = []
+    for i in range(2):
+        m = f"encoder.layers.{i}.self_attn"
+        att.append(Attn(("encoder", i), 4, 4, 8,
+                        *heads_separate(f"{m}.q_proj.weight", f"{m}.k_proj.weight", 4, 4, 8), m))
+    w = "head.attention.in_proj_weight"
+    att.append(Attn(("head",), 4, 4, 8, [Rows(w, range(h * 8, h * 8 + 8)) for h in range(4)],
+                    [Rows(w, range(32 + h * 8, 40 + h * 8)) for h in range(4)],
+                    "head.attention"))
+    return model, (torch.randn(B, 3, 8, 8),), Truth(att, stacks=True)
