@@ -1025,14 +1025,14 @@ def _unknown_not_attention(model, obs, found, scored_rule=True):
     skipped (head count unknown) is no attention when the pass saw it run
     and saw where all its outputs went: only into ops it sees (none
     escaped to an opaque kernel, which could be attention the pass cannot
-    see), and either never two of them
-    into one matmul/einsum/SDPA (no q.k product), or, as names' q/k pairs
-    are disproved (_unscored_not_attention, the same DTensor guard:
-    scored_rule), products of them that formed no score: the pass's
-    bookkeeping never failed and no score, retention product or unread
-    product that reached a softmax or exp read the weight (vector attention:
-    an MLP of q_i - k_j, its softmax-weighted values summed by an einsum).
-    Its warning becomes a line under "not attention"."""
+    see), and either never two of them into one matmul/einsum/SDPA (no
+    q.k product), or, as names' q/k pairs are disproved
+    (_unscored_not_attention, the same DTensor guard: scored_rule),
+    products of them that formed no score: the pass's bookkeeping never
+    failed and no score, retention product or unread product that reached
+    a softmax or exp read the weight (vector attention: an MLP of
+    q_i - k_j, its softmax-weighted values summed by an einsum). Its
+    warning becomes a line under "not attention"."""
     modules = dict(model.named_modules())
     escaped, met = getattr(obs, "escaped", None), getattr(obs, "met", None)
     if escaped is None or met is None:
