@@ -134,8 +134,8 @@ def _lora_parts(module):
     cannot sum)."""
     owner = _patched_owner(module)
     if owner is not None:
-        return [(lambda: (owner.lora_up.weight @ owner.lora_down.weight) *
-                 (float(owner.multiplier) * float(owner.scale)), None)]
+        return [(_product(owner.lora_up.weight, owner.lora_down.weight,
+                          float(owner.multiplier) * float(owner.scale)), None)]
     a, b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
     if a is None or b is None:
         return None

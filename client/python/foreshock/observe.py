@@ -367,6 +367,13 @@ def _note_view(o, r):
         views.append(r)
 
 
+def _einsum_operands(args):
+    """(equation, operands) of an einsum call: einsum(eq, a, b) or
+    einsum(eq, [a, b])."""
+    ops = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
+    return (args[0] if args else None), list(ops)
+
+
 def _no_ellipsis(eq, ops):
     """eq with each '...' spelled out in letters it does not use (right-
     aligned, as einsum broadcasts them), or eq itself; None when it cannot."""
@@ -1462,8 +1469,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
         Attention: slots compete, each slot's weights then sum the inputs),
         the site stays as found."""
         if name == "einsum":
-            eq, ops = args[0], list(args[1]) if len(args) == 2 and \
-                isinstance(args[1], (list, tuple)) else list(args[1:])
+            eq, ops = _einsum_operands(args)
             if not isinstance(eq, str) or "->" not in eq or "..." in eq:
                 return
             ins, res = eq.replace(" ", "").split("->")
@@ -1779,9 +1785,7 @@ class _Tracker(TorchFunctionMode if TorchFunctionMode is not None else object):
             if self._linear(args[1], args[2], out, "matmul"):
                 return
         if name == "einsum":
-            eq = args[0]
-            ops = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) \
-                else list(args[1:])
+            eq, ops = _einsum_operands(args)
             if isinstance(eq, str) and all(isinstance(o, torch.Tensor) for o in ops):
                 eq = _no_ellipsis(eq, ops)
                 if eq is None:
