@@ -226,6 +226,17 @@ def heads_separate(wq, wk, h, kv, dh, t=False):
             [Rows(wk, range(g * dh, (g + 1) * dh), t) for g in range(kv)])
 
 
+def separate_truth(prefix, blocks, h, kv, dh, q="q_proj.weight", k="k_proj.weight",
+                   attn="self_attn"):
+    """[Attn] of blocks `prefix.{i}` whose attention `attn` has q/k in
+    their own projections (heads_separate), layer i each."""
+    att = []
+    for i in blocks:
+        m = f"{prefix}.{i}.{attn}"
+        att.append(Attn(i, h, kv, dh, *heads_separate(f"{m}.{q}", f"{m}.{k}", h, kv, dh), m))
+    return att
+
+
 def heads_contiguous(w, h, kv, dh, t=False):
     """One fused [q (h*dh); k (kv*dh); v (kv*dh)] projection."""
     return ([Rows(w, range(i * dh, (i + 1) * dh), t) for i in range(h)],

@@ -163,7 +163,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import Attn, Router, Rows, Truth, heads_contiguous, heads_grouped, heads_separate, member
+from . import (Attn, Router, Rows, Truth, heads_contiguous, heads_grouped, member,
+               separate_truth)
 from .parts import (D, DH, H, HAS_SDPA, HKV, L, VOCAB, LayersLM, RMSNorm, RotaryEmbedding,
                     apply_rotary_pos_emb, attend, causal_mask, rotate_half, tokens)
 
@@ -617,12 +618,8 @@ class TESplitFP8MultiheadAttention(nn.Module):
 def te_split_fp8_fused_attn():
     """TE split query_/key_/value_ weights, FP8-style per-tensor cast, fused attention op."""
     model = _init_(TEGPT(TESplitFP8MultiheadAttention))
-    att = []
-    for i in range(L):
-        m = f"layers.{i}.self_attention"
-        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.layernorm_qkv.query_weight",
-                                                       f"{m}.layernorm_qkv.key_weight",
-                                                       H, HKV, DH), m))
+    att = separate_truth("layers", range(L), H, HKV, DH, q="layernorm_qkv.query_weight",
+                         k="layernorm_qkv.key_weight", attn="self_attention")
     return model, tokens(), Truth(att, not_reported=_te_mlp_gates(L), note=(
         "the GEMM multiplies an FP8-style cast of cat(query_weight, key_weight, value_weight) "
         "with one per-tensor scale (as bitnet-ste-bitlinear: the rows are the trainable "
@@ -812,11 +809,8 @@ class OlmoCoreTransformer(nn.Module):
 def olmo_core_flash_gqa():
     """OLMo-core: w_q/w_k, whole-projection qk RMSNorm, flash_attn_func with GQA inside."""
     model = _init_(OlmoCoreTransformer())
-    att = []
-    for i in range(L):
-        m = f"blocks.{i}.attention"
-        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.w_q.weight", f"{m}.w_k.weight",
-                                                       H, HKV, DH), m))
+    att = separate_truth("blocks", range(L), H, HKV, DH, q="w_q.weight", k="w_k.weight",
+                         attn="attention")
     return model, tokens(), Truth(att, not_reported=[
         f"blocks.{i}.feed_forward.w1.weight" for i in range(L)], note=(
         "k reaches the flash operator with 2 heads and q with 4: the operator repeats each "
@@ -999,11 +993,7 @@ def liger_patched_llama():
     # apply_liger_kernel_to_llama: the modeling module's rotary function replaced
     mod._ModelingLlama = _LigerModelingLlama
     _init_(model)
-    att = []
-    for i in range(L):
-        m = f"model.layers.{i}.self_attn"
-        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.q_proj.weight", f"{m}.k_proj.weight",
-                                                       H, HKV, DH), m))
+    att = separate_truth("model.layers", range(L), H, HKV, DH)
     return model, tokens(), Truth(att, not_reported=[
         f"model.layers.{i}.mlp.gate_proj.weight" for i in range(L)], note=(
         "q and k go into one rotary operator and come out of it as a pair; the score is "
@@ -1979,11 +1969,8 @@ class TELinearGPT(nn.Module):
 def te_linear_separate_qkv():
     """Three te.Linear (GEMM inside an operator) for q, k, v; the score in Python. GQA 4/2."""
     model = _init_(TELinearGPT())
-    att = []
-    for i in range(L):
-        m = f"h.{i}.attn"
-        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.query.weight", f"{m}.key.weight",
-                                                       H, HKV, DH), m))
+    att = separate_truth("h", range(L), H, HKV, DH, q="query.weight", k="key.weight",
+                         attn="attn")
     return model, tokens(), Truth(att, not_reported=[f"h.{i}.fc.weight" for i in range(L)], note=(
         "as te-mha-layernorm-qkv, without the fused norm and with the score visible: only "
         "the projections are operators"))
@@ -2263,11 +2250,7 @@ def fsdp_flat_orig_params():
     from .parts import Decoder
     inner = Decoder(llama_config(), LlamaDecoderLayer, rotary_dim=DH)
     model = FullyShardedDataParallel(inner)
-    att = []
-    for i in range(L):
-        m = f"_fsdp_wrapped_module.model.layers.{i}.self_attn"
-        att.append(Attn(i, H, HKV, DH, *heads_separate(f"{m}.q_proj.weight", f"{m}.k_proj.weight",
-                                                       H, HKV, DH), m))
+    att = separate_truth("_fsdp_wrapped_module.model.layers", range(L), H, HKV, DH)
     return model, tokens(), Truth(att, not_reported=[
         f"_fsdp_wrapped_module.model.layers.{i}.mlp.gate_proj.weight" for i in range(L)], note=(
         "the parameters are views of one storage (FSDP's flat parameter); names keep "

@@ -147,7 +147,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import Attn, Router, Rows, Truth, heads_contiguous, heads_grouped, heads_separate, member
+from . import (Attn, Router, Rows, Truth, heads_contiguous, heads_grouped, heads_separate, member,
+               separate_truth)
 from .parts import (D, DH, H, HAS_SDPA, HKV, VOCAB, LayersLM, RMSNorm, RotaryEmbedding,
                     apply_rotary_pos_emb, attend, causal_mask, repeat_kv, rotate_half, tokens)
 
@@ -174,15 +175,6 @@ class _MLP(nn.Module):
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def _sep_truth(prefix, blocks, h=H, kv=HKV, dh=DH, q="q_proj", k="k_proj", attn="self_attn"):
-    att = []
-    for i in blocks:
-        qs, ks = heads_separate(f"{prefix}.{i}.{attn}.{q}.weight",
-                                f"{prefix}.{i}.{attn}.{k}.weight", h, kv, dh)
-        att.append(Attn(i, h, kv, dh, qs, ks, f"{prefix}.{i}.{attn}"))
-    return att
 
 
 # ---- ring attention on one process: chunks of K/V, logsumexp merge -----------------------------
@@ -257,7 +249,7 @@ class _PreNormLayer(nn.Module):
 def ring_attn_lse_merge():
     model = _init_(LayersLM([_PreNormLayer(RingLlamaAttention()) for _ in range(2)],
                        RotaryEmbedding(DH)))
-    return model, tokens(), Truth(_sep_truth("model.layers", range(2)), note=(
+    return model, tokens(), Truth(separate_truth("model.layers", range(2), H, HKV, DH), note=(
         "ring attention: exp(s - logsumexp(s)) per K/V chunk, merged by sigmoid/logsigmoid of "
         "the chunks' lse: a softmax over all keys, so one site per layer (GQA 4/2)"))
 
@@ -318,7 +310,7 @@ def nsa_three_branch():
     model = _init_(LayersLM([_PreNormLayer(NativeSparseAttention()) for _ in range(2)],
                        RotaryEmbedding(DH)))
     return model, tokens(), Truth(
-        _sep_truth("model.layers", range(2)),
+        separate_truth("model.layers", range(2), H, HKV, DH),
         not_reported=[f"model.layers.{i}.self_attn.g_proj.weight" for i in range(2)],
         note=("NSA: the compressed (mean-pooled keys), selected (top-k key blocks) and sliding "
               "branches all read q_proj/k_proj's rows: one site per layer; the top-k over "
@@ -425,7 +417,8 @@ def minimax_m2():
                         for _ in range(2)], RotaryEmbedding(4)))
     routers = [Router(i, 8, 2, Rows(f"model.layers.{i}.block_sparse_moe.gate.weight", range(8)),
                       f"model.layers.{i}.block_sparse_moe") for i in range(2)]
-    return model, tokens(), Truth(_sep_truth("model.layers", range(2)), routers, note=(
+    att = separate_truth("model.layers", range(2), H, HKV, DH)
+    return model, tokens(), Truth(att, routers, note=(
         "MiniMax-M2: the score formed one query head and one query chunk at a time "
         "(q[:, h], kv repeated): still H=4 Hkv=2 per layer; sigmoid + bias router top-2 of 8"))
 
@@ -585,7 +578,7 @@ def granite4_hybrid():
                                                     "mamba.out_proj.weight")]
     nr += [f"{p}.{i}.{n}" for i in range(4) for n in ("shared_mlp.input_linear.weight",
                                                        "block_sparse_moe.input_linear.weight")]
-    return model, tokens(), Truth(_sep_truth(p, (1, 3)), routers, nr, note=(
+    return model, tokens(), Truth(separate_truth(p, (1, 3), H, HKV, DH), routers, nr, note=(
         "Granite 4.0 hybrid: Mamba2 layers 0 and 2 have no attention but count in the block "
         "index (attention at 1 and 3, NoPE); every layer's router top-2 of 8"))
 
@@ -742,7 +735,7 @@ class StreamingMistralAttention(nn.Module):
 def streaming_sinks():
     model = _init_(LayersLM([_PreNormLayer(StreamingMistralAttention()) for _ in range(2)],
                        RotaryEmbedding(DH)))
-    return model, tokens(), Truth(_sep_truth("model.layers", range(2)))
+    return model, tokens(), Truth(separate_truth("model.layers", range(2), H, HKV, DH))
 
 
 # ---- Phi-4-mini: fused qkv_proj, partial rotary 0.75, LongRoPE -----------------------------------
@@ -913,7 +906,7 @@ def nemotron_h():
         for i in (2, 5):
             model.backbone.layers[i].mixer.gate.e_score_correction_bias.normal_(0, 0.1)
     p = "backbone.layers"
-    att = _sep_truth(p, (1, 4), attn="mixer")
+    att = separate_truth(p, (1, 4), H, HKV, DH, attn="mixer")
     routers = [Router(i, 8, 2, Rows(f"{p}.{i}.mixer.gate.weight", range(8)), f"{p}.{i}.mixer")
                for i in (2, 5)]
     nr = [f"{p}.{i}.mixer.in_proj.weight" for i in (0, 3)]
@@ -1297,7 +1290,7 @@ def hunyuan_moe():
                        RotaryEmbedding(DH)))
     routers = [Router(i, 8, 2, Rows(f"model.layers.{i}.mlp.gate.wg.weight", range(8)),
                       f"model.layers.{i}.mlp") for i in range(2)]
-    return model, tokens(), Truth(_sep_truth("model.layers", range(2)), routers)
+    return model, tokens(), Truth(separate_truth("model.layers", range(2), H, HKV, DH), routers)
 
 
 # ==== round 11b: written after seeing round 11's result (12 of 12), aimed at suspected misses ====
@@ -1392,7 +1385,7 @@ def torch_cp_headtail():
     process, the block attention torch's CPU flash operator returning lse."""
     model = _init_(LayersLM([_PreNormLayer(CPLlamaAttention()) for _ in range(2)],
                        RotaryEmbedding(DH)))
-    return model, tokens(), Truth(_sep_truth("model.layers", range(2)), note=(
+    return model, tokens(), Truth(separate_truth("model.layers", range(2), H, HKV, DH), note=(
         "context parallelism: the sequence in head-tail chunks, an operator returning (out, "
         "lse) per K/V block, merged by sigmoid/logsigmoid: one site per layer (GQA 4/2)"))
 
@@ -1448,7 +1441,8 @@ def nsa_learned_compress():
                        RotaryEmbedding(DH)))
     nr = [f"model.layers.{i}.self_attn.{n}.weight" for i in range(2)
           for n in ("g_proj", "k_compress")]
-    return model, tokens(), Truth(_sep_truth("model.layers", range(2)), not_reported=nr, note=(
+    att = separate_truth("model.layers", range(2), H, HKV, DH)
+    return model, tokens(), Truth(att, not_reported=nr, note=(
         "NSA with a learned, linear key compression: the compressed branch's keys are "
         "k_compress of k_proj's rows, but the heads (and the selected and sliding branches) "
         "are q_proj/k_proj's: one site per layer, k_compress is no key projection of its own"))
@@ -1788,7 +1782,8 @@ def torchtitan_gptoss():
     routers = [Router(i, 8, 4, Rows(f"model.layers.{i}.mlp.router.weight", range(8)),
                       f"model.layers.{i}.mlp") for i in range(2)]
     nr = [f"model.layers.{i}.mlp.experts.gate_up_proj" for i in range(2)]
-    return model, tokens(), Truth(_sep_truth("model.layers", range(2)), routers, nr, note=(
+    att = separate_truth("model.layers", range(2), H, HKV, DH)
+    return model, tokens(), Truth(att, routers, nr, note=(
         "sinks applied through the attention's logsumexp (out * sigmoid(lse - sink)): the "
         "score is q.k per head; routers top-4 of 8"))
 
@@ -2156,7 +2151,7 @@ class NSANaiveLoop(NativeSparseAttention):
 def nsa_naive_gather():
     model = _init_(LayersLM([_PreNormLayer(NSANaiveLoop()) for _ in range(2)], RotaryEmbedding(DH)))
     return model, tokens(), Truth(
-        _sep_truth("model.layers", range(2)),
+        separate_truth("model.layers", range(2), H, HKV, DH),
         not_reported=[f"model.layers.{i}.self_attn.g_proj.weight" for i in range(2)],
         note=("NSA's naive reference: scores of one query against keys gathered by index, a "
               "loop over positions; one site per layer (GQA 4/2: the KV heads repeated with "

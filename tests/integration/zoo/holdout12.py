@@ -135,7 +135,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import Attn, Router, Rows, Truth, heads_contiguous, heads_separate, member
+from . import (Attn, Router, Rows, Truth, heads_contiguous, heads_separate, member,
+               separate_truth)
 from .decoders import LlamaDecoderLayer, llama_config
 from .parts import B, Decoder, RMSNorm, attend, causal_mask, rotate_half
 
@@ -330,11 +331,8 @@ class CogVideoXTransformer3DModel(nn.Module):
 @member("cogvideox-joint-3d")
 def cogvideox_joint_3d():
     model = CogVideoXTransformer3DModel()
-    att = []
-    for i in range(2):
-        m = f"transformer_blocks.{i}.attn1"
-        att.append(Attn(i, 4, 4, 16, *heads_separate(f"{m}.to_q.weight", f"{m}.to_k.weight",
-                                                      4, 4, 16), m))
+    att = separate_truth("transformer_blocks", range(2), 4, 4, 16,
+                         q="to_q.weight", k="to_k.weight", attn="attn1")
     inputs = (torch.randn(B, 2, 4, 4, 4), torch.randn(B, 3, 16), torch.tensor([3, 700]))
     return model, inputs, Truth(att, not_reported=[
         f"transformer_blocks.{i}.norm1.linear.weight" for i in range(2)])
@@ -1488,11 +1486,7 @@ class S2TTransformerEncoder(nn.Module):
 @member("fairseq-s2t-bmm")
 def fairseq_s2t_bmm():
     model = S2TTransformerEncoder()
-    att = []
-    for i in range(2):
-        m = f"transformer_layers.{i}.self_attn"
-        att.append(Attn(i, 4, 4, 8, *heads_separate(f"{m}.q_proj.weight", f"{m}.k_proj.weight",
-                                                    4, 4, 8), m))
+    att = separate_truth("transformer_layers", range(2), 4, 4, 8)
     return model, (torch.randn(B, 16, 8), torch.tensor([16, 12])), Truth(att)
 
 
@@ -1732,11 +1726,7 @@ class MoiraiModule(nn.Module):
 @member("moirai-packed-anyvariate")
 def moirai_packed_anyvariate():
     model = MoiraiModule()
-    att = []
-    for i in range(2):
-        m = f"encoder.layers.{i}.self_attn"
-        att.append(Attn(i, 4, 2, 8, *heads_separate(f"{m}.q_proj.weight", f"{m}.k_proj.weight",
-                                                    4, 2, 8), m))
+    att = separate_truth("encoder.layers", range(2), 4, 2, 8)
     sample_id = torch.tensor([[1] * 8, [1, 1, 1, 1, 2, 2, 2, 2]])
     variate_id = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 1, 1]])
     time_id = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3], [0, 1, 2, 3, 0, 1, 0, 1]])
