@@ -62,7 +62,8 @@ static void open_incident(struct alert_state *st, const struct detect_rule *rule
     st->breach_kind = (uint8_t)v->breach_kind;
 }
 
-/* A breach of size: a floor or ceiling, absolute or relative (not a z-score). */
+/* A breach of size: a floor or ceiling, absolute or relative, not a z-score
+ * nor a relative one within the series' noise (DETECT_SIZE_NOISE_Z). */
 static bool of_size(uint8_t kind)
 {
     return kind == DETECT_BREACH_FLOOR || kind == DETECT_BREACH_RELATIVE;

@@ -642,6 +642,28 @@ static double erank_drop2(int64_t s, double u, bool *p)
 {
     return (s == 100 || s == 101) ? 2.0 : erank_healthy(s, u, p);
 }
+/* A noise-wide head (srank 3 +- 1.2, robust SD 0.9) dipping twice to 1.5:
+ * below its relative floor (1 + 0.3 x 2 = 1.6) but within 2.5 robust SDs
+ * of its median (DETECT_SIZE_NOISE_Z), where its own noise reaches: not a
+ * breach of size, so two do not fire. The same dips on a quiet head do
+ * (erank_drop2). */
+static double srank_noisy_dip2(int64_t s, double u, bool *p)
+{
+    (void)p;
+    return (s == 100 || s == 101) ? 1.5 : 3.0 + 1.2 * u;
+}
+/* The gradient norm of a noise-dominated run: a batch halved at step 100
+ * lifts it by sqrt(2) for good (healthy), a fault lifts it 2.5x. */
+static double gn_batch_halved(int64_t s, double u, bool *p)
+{
+    (void)p;
+    return (s >= 100 ? 0.56 * 1.41 : 0.56) * (1 + 0.05 * u);
+}
+static double gn_fault(int64_t s, double u, bool *p)
+{
+    (void)p;
+    return (s >= 100 ? 0.56 * 2.5 : 0.56) * (1 + 0.05 * u);
+}
 static double erank_dip1(int64_t s, double u, bool *p)
 {
     return s == 100 ? 2.0 : erank_healthy(s, u, p);
@@ -865,6 +887,27 @@ static const struct scenario scenarios[] = {
       {1, 81, TI, 0, W},
       {0, 100, TP, 0, W},
       {0, 102, TF, ALERT_ATTR_ROUTER_BALANCE, W}}},
+    {"two dips to the relative floor within a noisy head's own noise do not fire",
+     200,
+     0,
+     1,
+     {{"qk.d2.srank", srank_noisy_dip2}},
+     2,
+     {{0, 100, TP, 0, W}, {0, 102, TI, 0, W}}},
+    {"a batch halved lifts the gradient norm 41% for good: no page",
+     200,
+     0,
+     1,
+     {{"grad_norm", gn_batch_halved}},
+     0,
+     {{0}}},
+    {"a gradient norm 2.5x its level pages on its third step",
+     120,
+     0,
+     1,
+     {{"grad_norm", gn_fault}},
+     2,
+     {{0, 100, TP, 0, W}, {0, 102, TF, ALERT_ATTR_LOSS_SPIKE, W}}},
     {"two samples collapsed to near rank one fire (magnitude_persistence)",
      200,
      0,
