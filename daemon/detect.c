@@ -786,10 +786,10 @@ static void score_finite(const struct detect_state *st, const struct detect_rule
         else if (spike)
             out->breach_kind = DETECT_BREACH_SPIKE;
         else if (rel)
-            out->breach_kind = fabs(value - out->median) >=
-                                       DETECT_SIZE_NOISE_Z * DETECT_MAD_SCALE * out->mad
-                                   ? DETECT_BREACH_RELATIVE
-                                   : DETECT_BREACH_RELATIVE_IN_NOISE;
+            out->breach_kind =
+                fabs(value - out->median) >= DETECT_SIZE_NOISE_Z * DETECT_MAD_SCALE * out->mad
+                    ? DETECT_BREACH_RELATIVE
+                    : DETECT_BREACH_RELATIVE_IN_NOISE;
         else if (zbad)
             out->breach_kind = DETECT_BREACH_Z;
         out->breach = out->breach_kind != DETECT_BREACH_NONE;

@@ -68,8 +68,8 @@
  * corpus's median lead 75% -> 73%, the sixth look's 82% -> 71%, no catch
  * lost (docs/detection.md). */
 #define DETECT_SIZE_NOISE_Z 2.5
-#define DETECT_MAD_REL_FLOOR 1e-3    /* scale floor relative to |median| */
-#define DETECT_MAD_ABS_FLOOR 1e-12   /* scale floor when the median is ~0 */
+#define DETECT_MAD_REL_FLOOR 1e-3  /* scale floor relative to |median| */
+#define DETECT_MAD_ABS_FLOOR 1e-12 /* scale floor when the median is ~0 */
 /* Trend fit: the slope is fitted over at most this many baseline samples
  * (evenly spaced over a longer window), so at most 64 * 63 / 2 = 2016
  * pairwise slopes per scored sample whatever the window. */
