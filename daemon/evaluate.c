@@ -181,7 +181,11 @@ static int key_cmp(const struct store_series_key *a, const struct store_series_k
     return (a->rank > b->rank) - (a->rank < b->rank);
 }
 
-enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size_t whylen)
+/* eval_attribute() from the evidence that opened before step `before`
+ * (finite mechanism evidence; the scalar loss family and non-finite values
+ * count whenever they opened). */
+static enum alert_attribution attribute_before(const struct eval_run *er, int64_t before, char *why,
+                                               size_t whylen)
 {
     struct alert_evidence e;
     const struct eval_track *first[DETECT_FAMILY_COUNT] = {0};
@@ -189,6 +193,8 @@ enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size
     for (size_t i = 0; i < er->n_tracks; i++) {
         const struct eval_track *t = er->tracks[i];
         enum detect_family f = t->rule->family;
+        if (f != DETECT_FAMILY_SCALAR_LOSS && !t->as.nonfinite && t->as.first_breach_step >= before)
+            continue;
         if (alert_evidence_add(&e, &t->as, f))
             first[f] = t;
         else if (alert_is_open(&t->as) && first[f] &&
@@ -245,6 +251,28 @@ enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size
     return attr;
 }
 
+enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size_t whylen)
+{
+    return attribute_before(er, INT64_MAX, why, whylen);
+}
+
+/* The label of event ev. A loss or gradient-norm incident is explained
+ * only by mechanism evidence that opened before it did: one that opens
+ * with it or after may be its consequence. A corrupted batch (the sixth
+ * held-out look: three steps of random tokens) jolts the sketch that holds
+ * it, so c_qk breached at the very sketch the loss spike opened at, and the
+ * spike's page read attention-numerics. Mechanism incidents are labelled
+ * from all open evidence as before (a collapse after a spike is still
+ * attention-numerics). */
+static enum alert_attribution event_attribute(const struct eval_run *er,
+                                              const struct eval_event *ev, char *why, size_t whylen)
+{
+    int64_t before = INT64_MAX;
+    if (ev->t->rule->family == DETECT_FAMILY_SCALAR_LOSS && ev->tr.first_breach_step >= 0)
+        before = ev->tr.first_breach_step;
+    return attribute_before(er, before, why, whylen);
+}
+
 /* Labels the events of b raised before `step` (every sample of their step
  * is in). An incident takes its label when it opens and again when it
  * fires (what was known then); a resolve or a lapse records the label of
@@ -259,7 +287,7 @@ static void label_before(struct eval_run *er, struct eval_batch *b, uint64_t ste
             break;
         if (!ev->has_event)
             continue;
-        ev->attr = eval_attribute(er, ev->why, sizeof(ev->why));
+        ev->attr = event_attribute(er, ev, ev->why, sizeof(ev->why));
         if (ev->tr.change == ALERT_CHANGE_TO_PENDING || ev->tr.change == ALERT_CHANGE_TO_FIRING) {
             ev->t->ev_attr = ev->attr;
             memcpy(ev->t->ev_why, ev->why, sizeof(ev->t->ev_why));

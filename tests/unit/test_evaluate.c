@@ -380,3 +380,64 @@ Test(evaluate, labels_by_mechanism_and_order_of_onset)
         }
     }
 }
+
+/* A loss spike and a mechanism breach: the loss every step (about 2.0), c_qk
+ * (qk.cqk.max) every 10 steps (about 0.1). The loss jumps to 6 for steps
+ * 400-405; c_qk rises to 0.5 from step `cqk_from` on. Returns the label of
+ * the loss incident's firing. */
+static enum alert_attribution loss_page_label(int64_t cqk_from)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    enum alert_attribution got = (enum alert_attribution) - 1;
+    struct store_series_key kl = {"loss", -1, -1, 0, 0};
+    struct store_series_key kc = {"qk.cqk.max", 0, -1, 10, -1};
+    detect_rules_default(&rules);
+    eval_run_init(&er, &rules);
+    struct eval_track *tl = eval_track_get(&er, &kl, "loss");
+    struct eval_track *tc = eval_track_get(&er, &kc, "qk.cqk");
+    cr_assert(tl && tc);
+    uint64_t seed = 777;
+    for (int64_t s = 1; s < 460; s++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(seed >> 11) / 9007199254740992.0;
+        double loss = s >= 400 && s <= 405 ? 6.0 : 2.0 + 0.05 * u;
+        cr_assert_geq(eval_feed(&er, &b, tl, (uint64_t)s, loss, true, -1, 200, 0), 0);
+        if (s % 10 == 0) {
+            double cqk = s >= cqk_from ? 0.5 : 0.1 + 0.005 * u;
+            cr_assert_geq(eval_feed(&er, &b, tc, (uint64_t)s, cqk, true, -1, 200, 0), 0);
+        }
+        eval_label_all(&er, &b);
+        for (size_t i = 0; i < b.n; i++)
+            if (b.ev[i].has_event && b.ev[i].t == tl &&
+                b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING && (int)got < 0)
+                got = b.ev[i].attr;
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return got;
+}
+
+/* A loss or gradient-norm page is explained only by mechanism evidence that
+ * opened before it: a corrupted batch jolts the sketch that holds it, so a
+ * c_qk breach opening with the spike is no cause (loss-spike), while one
+ * open before the spike is (attention-numerics). */
+Test(evaluate, a_spike_is_explained_only_by_earlier_evidence)
+{
+    static const struct {
+        int64_t cqk_from;
+        enum alert_attribution want;
+        const char *why;
+    } cases[] = {
+        {10000, ALERT_ATTR_LOSS_SPIKE, "the spike alone"},
+        {400, ALERT_ATTR_LOSS_SPIKE, "c_qk opens at the spike's own step"},
+        {360, ALERT_ATTR_ATTENTION_NUMERICS, "c_qk open before the spike"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        enum alert_attribution got = loss_page_label(cases[i].cqk_from);
+        cr_expect_eq(got, cases[i].want, "%s: loss page labelled %s", cases[i].why,
+                     (int)got < 0 ? "(no page)" : alert_attribution_name(got));
+    }
+}
