@@ -57,6 +57,16 @@ shifted mid-run as a hard negative; recorded blind after the changes above
 and right at its first look. Asserted as it scored: no healthy alert,
 every diverged faulted run caught before divergence with the right label,
 with and without the `lr` rule.
+tests/data/corpus-holdout5 and corpus-holdout6 (CORPUS.md, "Fifth held-out
+look", "Sixth held-out look"): SGD and AdamW, restarts, a halved batch,
+corrupted batches, router-only rate faults. Blind, they paged 4 of 6 and 2
+of 6 healthy runs; since then grad_norm's z scale is 20% of its level, a
+relative floor within a series' own noise needs the full persistence, and
+a loss or grad-norm page is labelled only by evidence that opened before
+it. Asserted as they score now: no healthy alert (a corrupted batch may
+page loss-spike), every diverged faulted run caught before divergence with
+the right label, except the SGD MoE's combined-late run, asserted to read
+optimizer-hyperparameter (docs/detection.md says why).
 The tuning seeds and shape are printed too, for the record; they are not
 asserted: defaults were chosen on them.
 """
@@ -171,6 +181,36 @@ def main(args, workdir):
     n = check_lr_without_lr_rule(corpus4, ("lr",), 2, "on corpus-holdout4")
     print(f"corpus-holdout4: {len(faulted)}/{len(faulted)} diverged faulted runs caught with the "
           f"right label ({n} LR faults without the lr rule), healthy quiet")
+
+    # The fifth and sixth looks, no longer blind (detect.c: grad_norm's
+    # scale, relative breaches within the noise; evaluate.c: a spike is
+    # explained only by earlier evidence).
+    rows, val = scored(os.path.join(data, "corpus-holdout5"))
+    faulted = check_quiet(rows, val, 6, "corpus-holdout5")
+    missed = [r for r in faulted if not r["caught"]]
+    # Known and documented (docs/detection.md): under SGD the step is the
+    # rate times the gradient, so the attention fault of the SGD MoE's
+    # combined-late run lifts the update ratio as a rate fault would, and
+    # its first mechanism page reads optimizer-hyperparameter.
+    sgd = [r for r in faulted if "sgd" in r["run"] and "combined-late" in r["run"]]
+    check(len(sgd) == 1 and sgd[0]["label"] == "optimizer-hyperparameter",
+          "corpus-holdout5: the SGD combined-late run changed: " + describe(sgd))
+    bad = [r for r in faulted if not r["ok"] and r not in sgd]
+    check(len(faulted) >= 5 and not missed and not bad,
+          "corpus-holdout5: " + describe(missed + bad))
+    print(f"corpus-holdout5: {len(faulted)}/{len(faulted)} diverged faulted runs caught, "
+          f"{len(faulted) - 1} with the right label (the SGD combined-late one reads "
+          "optimizer-hyperparameter), healthy quiet")
+
+    rows, val = scored(os.path.join(data, "corpus-holdout6"))
+    faulted = check_quiet(rows, val, 6, "corpus-holdout6")
+    bad = [r for r in faulted if not r["ok"]]
+    check(len(faulted) >= 3 and not bad, "corpus-holdout6: " + describe(bad))
+    n = check_lr_without_lr_rule(os.path.join(data, "corpus-holdout6"), ("lr",), 1,
+                                 "on corpus-holdout6")
+    print(f"corpus-holdout6: {len(faulted)}/{len(faulted)} diverged faulted runs caught with "
+          f"the right label ({n} LR without the lr rule), healthy quiet (corrupted "
+          "batches page loss-spike only)")
 
 
 if __name__ == "__main__":
