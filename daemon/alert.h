@@ -160,7 +160,8 @@ bool alert_evidence_add(struct alert_evidence *e, const struct alert_state *st,
  *  - symptoms alone: router balance -> router-balance, loss or grad norm ->
  *    loss-spike; weight norms and update ratios name no mechanism (both
  *    faults grow them): none.
- * Pure. */
+ * Pure. The caller picks the evidence: evaluate.c labels a loss or grad-norm
+ * incident from the mechanism evidence that opened before it only. */
 enum alert_attribution alert_attribute(const struct alert_evidence *e);
 
 /* Stable identity. Writes "run=R,rule=N,layer=L,head=H,window=W,rank=K"
