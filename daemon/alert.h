@@ -148,18 +148,19 @@ bool alert_evidence_add(struct alert_evidence *e, const struct alert_state *st,
 /* The label the evidence gives, from the mechanisms and which came first:
  *  - a non-finite value explains everything else: non-finite;
  *  - Delta2 collapse (attention_d2) is attention-numerics evidence; router
- *    weight growth (router_weight) and the learning rate rising after
- *    warm-up (step_size: the `lr` rule) are too-large-step evidence;
+ *    weight growth (router_weight), the learning rate rising after
+ *    warm-up and the update ratio tripling (step_size: the `lr` and
+ *    `update_ratio` rules) are too-large-step evidence;
  *  - both open: step-size evidence first -> optimizer-hyperparameter (a
  *    collapse that follows large steps may be their consequence; nothing
  *    tells it apart); both at the same step -> combined; Delta2 first, then
- *    the learning rate rising -> combined (the trainer's own rate is an
- *    input no attention fault moves); Delta2 first, then router growth
+ *    step-size evidence -> combined (the trainer's own rate is an input
+ *    no attention fault moves); Delta2 first, then router growth
  *    only -> attention-numerics (a degrading model grows router logits);
  *  - one of them alone: attention-numerics or optimizer-hyperparameter;
  *  - symptoms alone: router balance -> router-balance, loss or grad norm ->
- *    loss-spike; weight norms and update ratios name no mechanism (both
- *    faults grow them): none.
+ *    loss-spike; weight norms name no mechanism (both faults grow them):
+ *    none.
  * Pure. The caller picks the evidence: evaluate.c labels a loss or grad-norm
  * incident from the mechanism evidence that opened before it only. */
 enum alert_attribution alert_attribute(const struct alert_evidence *e);
