@@ -153,7 +153,7 @@ bool alert_evidence_add(struct alert_evidence *e, const struct alert_state *st,
  *    `update_ratio` rules) are too-large-step evidence;
  *  - both open: step-size evidence first -> optimizer-hyperparameter (a
  *    collapse that follows large steps may be their consequence; nothing
- *    tells it apart); both at the same step -> combined; Delta2 first, then
+ *    tells it apart), and so do both at the same step; Delta2 first, then
  *    step-size evidence -> combined (the trainer's own rate is an input
  *    no attention fault moves); Delta2 first, then router growth
  *    only -> attention-numerics (a degrading model grows router logits);
