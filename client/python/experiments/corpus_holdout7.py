@@ -15,6 +15,9 @@ Faults at step 1,000 of 1,500, hidden from the logged rate: a 5x jump,
 a 20x ramp over 200 steps (and a 3x ramp over 100 steps on the MoE), the
 earlier looks' attention fault (bits 6 on the LLaMA, 10 on the MoE) and
 combined-late (attention at 1,000, the hidden 20x ramp from 1,100).
+After the first 17 runs, on their divergence alone and before any scoring
+(no MoE fault but combined-late had diverged): a hidden 100x ramp and the
+attention fault at bits 12, on the MoE.
 Hard negatives, healthy by family (any alert is false): a step decay of
 the rate, 10x down at step 1,000 (--schedule step, 2,000 steps); the
 sequence length doubled from 32 to 64 tokens at step 1,000 (--ctx-change;
@@ -65,6 +68,12 @@ SCENARIOS = {
                                    "--lr-fault-step", str(LATE_LR_STEP)]),
     # Last, so the LLaMA's faults alternate schedules without it.
     "lr-ramp3-hidden": ("lr", ["--lr-hidden", "--lr-mult", "3", "--lr-ramp", "100"]),
+    # Appended after the first 17 runs were recorded, on their divergence
+    # alone (before any scoring): on the MoE no LR fault (5x jump, 3x and
+    # 20x ramps) and not the bits-10 attention fault had diverged. A 100x
+    # hidden ramp and the attention fault at bits 12, on the MoE.
+    "lr-ramp100-hidden": ("lr", ["--lr-hidden", "--lr-mult", "100", "--lr-ramp", "200"]),
+    "attn-strong12": ("attention-numerics", ["--bits", "12", "--fault-on", "both"]),
 }
 # The hard negatives train on to their end even if their loss meets the
 # divergence criterion (a longer context's first batches may).
@@ -74,7 +83,7 @@ OVERRIDES = {
     "healthy-accum": {"steps": 1600, "post_diverge": -1},
 }
 # CPU time: the LLaMA (about 0.1 s a step) runs the 3x ramp on the MoE only.
-ONLY = {"lr-ramp3-hidden": [MOE]}
+ONLY = {"lr-ramp3-hidden": [MOE], "lr-ramp100-hidden": [MOE], "attn-strong12": [MOE]}
 MATRIX = dict(corpus_shapes.MATRIX, shapes=SHAPES, scenarios=SCENARIOS, seeds=(71,),
               schedules=("linear", "invsqrt"), overrides=OVERRIDES, only=ONLY,
               common=["--ctx", "32", "--batch", "16", "--min-lr-frac", "0", "--clip", "1.0",
