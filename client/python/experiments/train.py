@@ -9,8 +9,12 @@ optionally a fault.
 Learning rate (--schedule): linear warm-up over --warmup steps, then
 constant, cosine decay to 10% of --lr at the last step (--steps), wsd
 (warmup-stable-decay: constant, then linear decay to 10% over the last 20%
-of the steps), or cosine-restarts (SGDR: cosine decay to 10% over each
---restart-period steps after the warm-up, then back to --lr).
+of the steps), cosine-restarts (SGDR: cosine decay to 10% over each
+--restart-period steps after the warm-up, then back to --lr), linear
+(linear decay to --min-lr-frac at the last step), invsqrt (the rate times
+sqrt(--warmup / step) after the warm-up) or step (the rate times FACTOR
+from STEP on, --step-decay STEP:FACTOR; default 10x down at half the
+steps).
 
 Scenarios (the fault starts at --fault-step; before it every scenario of a
 seed trains identically: same initial weights, same batches):
@@ -43,8 +47,9 @@ steps (scenario lr with --lr-mult 1: the rest of the model and the logged
 rate are unchanged); --aux-off S drops the load-balancing loss from step S.
 Hard negatives: --corrupt S:N replaces the batches of steps S..S+N-1 with
 uniformly random tokens (a few corrupted batches); --clip-change S:C clips
-at C from step S. --fault-layers restricts the attention fault to some
-layers.
+at C from step S; --ctx-change S:T trains on sequences of T tokens from
+step S; --accum-change S:K accumulates K micro-batches a step from step S.
+--fault-layers restricts the attention fault to some layers.
 
 Writes one JSON line per step to --out (step, loss, grad_norm, lr,
 train_s: forward+backward+optimizer, monitor_s: monitor.step()) and a last
@@ -93,9 +98,13 @@ def parse_args(argv=None):
                    help="attention fault in these layers only (comma separated; default: all)")
     p.add_argument("--arch", choices=("gpt", "llama", "qwen3moe", "parallel"),
                    default="gpt")
-    p.add_argument("--schedule", choices=("constant", "cosine", "wsd", "cosine-restarts"),
+    p.add_argument("--schedule", choices=("constant", "cosine", "wsd", "cosine-restarts",
+                                          "linear", "invsqrt", "step"),
                    default="constant",
                    help="after warm-up: constant, or cosine decay to 10%% at --steps")
+    p.add_argument("--step-decay", default=None,
+                   help="step: STEP:FACTOR, the rate times FACTOR from STEP on (default: "
+                        "10x down at half of --steps)")
     p.add_argument("--restart-period", type=int, default=500,
                    help="cosine-restarts: steps from one restart to the next")
     p.add_argument("--lr", type=float, default=3e-3)
@@ -125,16 +134,21 @@ def parse_args(argv=None):
                    help="from this step the load-balancing loss is dropped")
     p.add_argument("--corrupt", default=None,
                    help="STEP:N: batches of steps STEP..STEP+N-1 are random tokens")
-    p.add_argument("--optimizer", choices=("adamw", "lion", "sgd"), default="adamw",
+    p.add_argument("--optimizer", choices=("adamw", "lion", "sgd", "rmsprop"), default="adamw",
                    help="adamw (betas 0.9/--beta2), lion (Chen et al. 2023: the sign of an "
                         "interpolated momentum, betas 0.9/0.99, decoupled weight decay) or "
-                        "sgd (heavy-ball --momentum, L2 weight decay)")
+                        "sgd (heavy-ball --momentum, L2 weight decay) or rmsprop "
+                        "(squared-gradient average --alpha, no momentum, L2 weight decay)")
+    p.add_argument("--alpha", type=float, default=0.99, help="rmsprop: squared-gradient decay")
     p.add_argument("--beta2", type=float, default=0.95, help="adamw: second-moment decay")
     p.add_argument("--momentum", type=float, default=0.9, help="sgd: momentum")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--accum", type=int, default=1,
                    help="gradient accumulation: micro-batches of --batch per optimizer step "
                         "(the logged loss is their mean)")
+    p.add_argument("--accum-change", default=None,
+                   help="STEP:K: from this step K micro-batches a step (the effective batch "
+                        "changes mid-run; the rate is unchanged)")
     p.add_argument("--min-lr-frac", type=float, default=0.1,
                    help="cosine and wsd decay to this fraction of --lr (0: to zero)")
     p.add_argument("--data-shift", type=int, default=None,
@@ -146,6 +160,9 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2, help="llama: key/value heads (GQA)")
     p.add_argument("--ctx", type=int, default=64)
+    p.add_argument("--ctx-change", default=None,
+                   help="STEP:T: from this step sequences of T tokens (a sequence-length "
+                        "change mid-run; the model is built for the longer of --ctx and T)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--batch-change", default=None,
                    help="STEP:N: from this step batches of N sequences (a batch-size change "
@@ -210,6 +227,14 @@ def scheduled_lr(a, step, warm=True):
     if a.schedule == "cosine" and step > a.warmup:
         frac = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
         base *= a.min_lr_frac + (1.0 - a.min_lr_frac) * 0.5 * (1.0 + math.cos(math.pi * frac))
+    if a.schedule == "linear" and step > a.warmup:
+        frac = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
+        base *= 1.0 - (1.0 - a.min_lr_frac) * frac
+    if a.schedule == "invsqrt" and step > a.warmup:
+        base *= math.sqrt(a.warmup / step)
+    if a.schedule == "step":
+        at, factor = (a.step_decay or f"{a.steps // 2}:0.1").split(":")
+        base *= float(factor) if step >= int(at) else 1.0
     if a.schedule == "wsd":
         start = a.steps * (1.0 - WSD_DECAY)
         if step > start:
@@ -244,17 +269,21 @@ def main(argv=None):
     run = a.run or f"{a.scenario}-s{a.seed}"
     torch.manual_seed(a.seed)
     data, vocab = tinygpt.load_corpus(a.corpus)
+    ctx_at, ctx_to = None, None
+    if a.ctx_change is not None:
+        ctx_at, ctx_to = (int(x) for x in a.ctx_change.split(":"))
+    t = max(a.ctx, ctx_to) if ctx_to else a.ctx
     if a.arch == "llama":
         model = llama.TinyLlama(vocab, d=a.d, n_layer=a.layers, n_head=a.heads,
-                                n_kv_head=a.kv_heads, t=a.ctx)
+                                n_kv_head=a.kv_heads, t=t)
     elif a.arch in ("qwen3moe", "parallel"):
         model = qwen3moe.TinyQkModel(vocab, d=a.d, n_layer=a.layers, n_head=a.heads,
-                                     n_kv_head=a.kv_heads, t=a.ctx,
+                                     n_kv_head=a.kv_heads, t=t,
                                      parallel=a.arch == "parallel", experts=a.experts,
                                      top_k=a.top_k)
     else:
         moe = (a.experts, a.top_k) + ((True,) if a.shared_expert else ()) if a.experts else None
-        model = tinygpt.TinyGPT(vocab, d=a.d, n_layer=a.layers, n_head=a.heads, t=a.ctx, moe=moe)
+        model = tinygpt.TinyGPT(vocab, d=a.d, n_layer=a.layers, n_head=a.heads, t=t, moe=moe)
     params = model.parameters()
     if a.router_lr_mult != 1.0:
         routers = [m.gate.weight for m in model.modules() if isinstance(m, tinygpt.MoE)]
@@ -265,6 +294,8 @@ def main(argv=None):
                   {"params": routers, "router": True}]
     if a.optimizer == "lion":
         opt = Lion(params, lr=a.lr, weight_decay=a.weight_decay)
+    elif a.optimizer == "rmsprop":
+        opt = torch.optim.RMSprop(params, lr=a.lr, alpha=a.alpha, weight_decay=a.weight_decay)
     elif a.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=a.lr, momentum=a.momentum,
                               weight_decay=a.weight_decay)
@@ -281,6 +312,11 @@ def main(argv=None):
     if a.batch_change is not None:
         resize_at, n = (int(x) for x in a.batch_change.split(":"))
         resized = tinygpt.Batches(data, n, a.ctx, a.seed)
+    if ctx_at is not None:
+        resize_at, resized = ctx_at, tinygpt.Batches(data, a.batch, ctx_to, a.seed)
+    accum_at, accum_to = None, None
+    if a.accum_change is not None:
+        accum_at, accum_to = (int(x) for x in a.accum_change.split(":"))
 
     clip_at, clip_to = None, None
     if a.clip_change is not None:
@@ -326,7 +362,8 @@ def main(argv=None):
         src = shifted if shifted is not None and step >= a.data_shift else batches
         if resized is not None and step >= resize_at:
             src = resized
-        if a.accum == 1:
+        accum = accum_to if accum_at is not None and step >= accum_at else a.accum
+        if accum == 1:
             x, y = get(src, step, step)
             loss, aux = model(x, y)
             w = 0.0 if a.aux_off is not None and step >= a.aux_off else a.aux
@@ -336,12 +373,12 @@ def main(argv=None):
         else:
             opt.zero_grad(set_to_none=True)
             losses = []
-            for k in range(a.accum):
-                x, y = get(src, step, step * a.accum + k)
+            for k in range(accum):
+                x, y = get(src, step, step * accum + k)
                 micro, aux = model(x, y)
                 w = 0.0 if a.aux_off is not None and step >= a.aux_off else a.aux
                 total = micro + w * aux if aux is not None else micro
-                (total / a.accum).backward()
+                (total / accum).backward()
                 losses.append(micro.detach())
             loss = torch.stack(losses).mean()
         clip = clip_to if clip_at is not None and step >= clip_at else a.clip
