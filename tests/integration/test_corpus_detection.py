@@ -67,6 +67,13 @@ it. Asserted as they score now: no healthy alert (a corrupted batch may
 page loss-spike), every diverged faulted run caught before divergence with
 the right label, except the SGD MoE's combined-late run, asserted to read
 optimizer-hyperparameter (docs/detection.md says why).
+tests/data/corpus-holdout7 (CORPUS.md, "Seventh held-out look"): recorded
+blind after those changes (Adam with beta2 0.99, RMSprop, linear,
+inverse-sqrt and step schedules, sequence-length and accumulation changes).
+Asserted as it scored: every diverged faulted run caught before divergence
+with the right label, with and without the `lr` rule; every healthy run
+quiet but one, asserted as the known exception: the GPT MoE's doubled
+sequence length pages qk.cqk.
 The tuning seeds and shape are printed too, for the record; they are not
 asserted: defaults were chosen on them.
 """
@@ -211,6 +218,26 @@ def main(args, workdir):
     print(f"corpus-holdout6: {len(faulted)}/{len(faulted)} diverged faulted runs caught with "
           f"the right label ({n} LR without the lr rule), healthy quiet (corrupted "
           "batches page loss-spike only)")
+
+    # The seventh look, blind on the defaults of this version (CORPUS.md).
+    # Known and documented (docs/detection.md): a sequence length doubled
+    # mid-run on the GPT MoE, whose learned positions 32-63 were never
+    # trained, lifts layer 0's c_qk 2-3.5x for 40 steps and pages qk.cqk.
+    rows, val = scored(os.path.join(data, "corpus-holdout7"))
+    seqlen = [r for r in rows if r["family"] == "healthy" and not r["ok"]]
+    check([r["run"] for r in seqlen] == ["moe8-top1-rmsprop-dh24-h2-l3.healthy-seqlen.s71"] and
+          seqlen[0]["rule"] == "qk.cqk",
+          "corpus-holdout7: healthy alerts changed: " + describe(seqlen))
+    check(val["healthy"] >= 8 and val["phase_alerts"] == 0,
+          f"corpus-holdout7: healthy runs or phases: {val}")
+    faulted = [r for r in rows if r["family"] != "healthy" and r["diverged"]]
+    bad = [r for r in faulted if not r["ok"]]
+    check(len(faulted) >= 5 and not bad, "corpus-holdout7: " + describe(bad))
+    n = check_lr_without_lr_rule(os.path.join(data, "corpus-holdout7"), ("lr",), 2,
+                                 "on corpus-holdout7")
+    print(f"corpus-holdout7: {len(faulted)}/{len(faulted)} diverged faulted runs caught with "
+          f"the right label ({n} LR without the lr rule); healthy quiet but the MoE's "
+          "sequence-length change (qk.cqk)")
 
 
 if __name__ == "__main__":
