@@ -24,7 +24,9 @@ runs of 2,000 steps.
 Faults at step 1,200 of 1,800, the LR faults hidden from the logged rate:
 a 3x jump, a 10x jump, a 20x ramp over 200 steps, the earlier looks'
 attention fault (bits 10) and combined-late (attention at 1,200, the
-hidden 10x jump at 1,250). Seed 81. Every run is in the validation split:
+hidden 10x jump at 1,250). After the first 20 runs, on their divergence
+alone and before any scoring (the bits-10 attention fault had diverged on
+neither shape): the attention fault at bits 12, on both. Seed 81. Every run is in the validation split:
 the corpus only reports. Not calibrated: a fault that does not diverge
 stays in as recorded.
 
@@ -71,6 +73,10 @@ SCENARIOS = {
     "combined-late": ("combined", ["--bits", "{bits}", "--fault-on", "both", "--lr-hidden",
                                    "--lr-mult", "10", "--lr-ramp", "1",
                                    "--lr-fault-step", str(LATE_LR_STEP)]),
+    # Appended after the first 20 runs were recorded, on their divergence
+    # alone (before any scoring): the bits-10 attention fault had diverged
+    # on neither shape. The attention fault at bits 12.
+    "attn-strong12": ("attention-numerics", ["--bits", "12", "--fault-on", "both"]),
 }
 # The hard negatives train on to their end even if their loss meets the
 # divergence criterion (a resume without the optimizer state may).
