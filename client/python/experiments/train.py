@@ -50,6 +50,17 @@ uniformly random tokens (a few corrupted batches); --clip-change S:C clips
 at C from step S; --ctx-change S:T trains on sequences of T tokens from
 step S; --accum-change S:K accumulates K micro-batches a step from step S.
 --fault-layers restricts the attention fault to some layers.
+More hard negatives, each a change at one step (all healthy): --opt-reset S
+drops the optimizer's state at step S (moments and step counts zeroed, as a
+resume that loads the weights without the optimizer state; the rate is
+unchanged); --freeze-until S trains only the second half of the layers
+(the transformer blocks; embeddings and head always train) until step S,
+the first half with requires_grad False, then all of them; --wd-change S:W
+sets the weight decay to W from step S; --rewarmup S:N warms the rate up
+again from step S over N steps (a resume with a re-warm-up: the logged rate
+shows it).
+--arch qwen3moe with --experts 0: the Qwen3 dense layout (per-head qk-norm,
+a dense SwiGLU MLP in every layer).
 
 Writes one JSON line per step to --out (step, loss, grad_norm, lr,
 train_s: forward+backward+optimizer, monitor_s: monitor.step()) and a last
@@ -140,9 +151,22 @@ def parse_args(argv=None):
                         "sgd (heavy-ball --momentum, L2 weight decay) or rmsprop "
                         "(squared-gradient average --alpha, no momentum, L2 weight decay)")
     p.add_argument("--alpha", type=float, default=0.99, help="rmsprop: squared-gradient decay")
+    p.add_argument("--beta1", type=float, default=0.9, help="adamw: first-moment decay")
     p.add_argument("--beta2", type=float, default=0.95, help="adamw: second-moment decay")
+    p.add_argument("--eps", type=float, default=1e-8, help="adamw: denominator epsilon")
     p.add_argument("--momentum", type=float, default=0.9, help="sgd: momentum")
     p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--wd-change", default=None,
+                   help="STEP:W: from this step the weight decay is W")
+    p.add_argument("--opt-reset", type=int, default=None,
+                   help="at this step the optimizer's state is dropped (a resume without "
+                        "the optimizer state; the rate is unchanged)")
+    p.add_argument("--freeze-until", type=int, default=None,
+                   help="the first half of the layers is frozen (requires_grad False) until "
+                        "this step, then trains")
+    p.add_argument("--rewarmup", default=None,
+                   help="STEP:N: from this step the rate warms up again over N steps (the "
+                        "logged rate too)")
     p.add_argument("--accum", type=int, default=1,
                    help="gradient accumulation: micro-batches of --batch per optimizer step "
                         "(the logged loss is their mean)")
@@ -240,6 +264,9 @@ def scheduled_lr(a, step, warm=True):
         if step > start:
             base *= 1.0 - (1.0 - a.min_lr_frac) * min(1.0, (step - start)
                                                       / max(1.0, a.steps - start))
+    if a.rewarmup is not None:
+        at, n = (int(x) for x in a.rewarmup.split(":"))
+        base *= min(1.0, (step - at + 1) / n) if step >= at else 1.0
     return base
 
 
@@ -276,6 +303,14 @@ def main(argv=None):
     if a.arch == "llama":
         model = llama.TinyLlama(vocab, d=a.d, n_layer=a.layers, n_head=a.heads,
                                 n_kv_head=a.kv_heads, t=t)
+    elif a.arch == "qwen3moe" and a.experts == 0:
+        # Qwen3 dense: the MoE layout built with one expert, each layer's
+        # block then replaced by a dense SwiGLU MLP of the model's width.
+        model = qwen3moe.TinyQkModel(vocab, d=a.d, n_layer=a.layers, n_head=a.heads,
+                                     n_kv_head=a.kv_heads, t=t, experts=1, top_k=1)
+        for lay in model.model.layers:
+            lay.mlp = llama.LlamaMLP(model.config)
+            lay.mlp.apply(model._init)
     elif a.arch in ("qwen3moe", "parallel"):
         model = qwen3moe.TinyQkModel(vocab, d=a.d, n_layer=a.layers, n_head=a.heads,
                                      n_kv_head=a.kv_heads, t=t,
@@ -300,8 +335,18 @@ def main(argv=None):
         opt = torch.optim.SGD(params, lr=a.lr, momentum=a.momentum,
                               weight_decay=a.weight_decay)
     else:
-        opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, a.beta2),
+        opt = torch.optim.AdamW(params, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
                                 weight_decay=a.weight_decay)
+    frozen = []
+    if a.freeze_until is not None:
+        blocks = model.h if a.arch == "gpt" else model.model.layers
+        frozen = [w for b in list(blocks)[:len(blocks) // 2] for w in b.parameters()]
+        for w in frozen:
+            w.requires_grad_(False)
+    wd_at, wd_to = None, None
+    if a.wd_change is not None:
+        wd_at, wd_to = a.wd_change.split(":")
+        wd_at, wd_to = int(wd_at), float(wd_to)
     batches = tinygpt.Batches(data, a.batch, a.ctx, a.seed)
     shifted = None
     if a.data_shift is not None:
@@ -354,6 +399,14 @@ def main(argv=None):
             model.fault.bits, model.fault.on = a.bits, a.fault_on
             if a.fault_layers is not None:
                 model.fault.layers = {int(x) for x in a.fault_layers.split(",")}
+        if frozen and step == a.freeze_until:
+            for w in frozen:
+                w.requires_grad_(True)
+        if a.opt_reset is not None and step == a.opt_reset:
+            opt.state.clear()
+        if wd_at is not None and step == wd_at:
+            for g in opt.param_groups:
+                g["weight_decay"] = wd_to
         lr = lr_at(a, step)
         logged = scheduled_lr(a, step) if a.lr_hidden or a.peak_mult != 1.0 else lr
         for g in opt.param_groups:
