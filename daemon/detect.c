@@ -61,7 +61,8 @@ static const struct detect_rule default_rules[] = {
      * only by the balancing loss held its similarity within 0.1% for
      * 1,700 healthy steps, then drifted 3.6% and scored z 6. */
     {RULE_ROUTER, .name = "router.similarity", .family = DETECT_FAMILY_ROUTER_WEIGHT,
-     .direction = DETECT_RISE_IS_BAD, .trend = true, .scale_rel = DETECT_ROUTER_SIM_SCALE_REL},
+     .direction = DETECT_RISE_IS_BAD, .trend = true, .scale_rel = DETECT_ROUTER_SIM_SCALE_REL,
+     .still_rewarms = true},
     /* Centered energy grows steadily under AdamW, faster or slower as the
      * schedule moves, so it is scored against its local trend (detect.h).
      * By how much, not by a z-score: the series is smooth, so the
@@ -82,7 +83,8 @@ static const struct detect_rule default_rules[] = {
      .name = "router.centered_energy",
      .family = DETECT_FAMILY_ROUTER_WEIGHT,
      .direction = DETECT_RISE_IS_BAD,
-     .trend = true},
+     .trend = true,
+     .still_rewarms = true},
     /* Growing logits (z-loss) are the decision-side face of router weights
      * growing under too large a step, so they share that family. */
     /* z 8: a healthy router's logits wander around their trend like its
@@ -198,7 +200,8 @@ static const struct detect_rule default_rules[] = {
      .family = DETECT_FAMILY_STEP_SIZE,
      .direction = DETECT_RISE_IS_BAD,
      .early_baseline = true,
-     .per_lr = true},
+     .per_lr = true,
+     .still_rewarms = true},
     /* The learning rate itself (rank 0's). After the start of detection
      * (past the warm-up) a healthy schedule holds or decays it; a rise is a
      * step-size fault at its source (a mistyped peak, a schedule or resume
@@ -486,6 +489,10 @@ static const struct detect_key detect_keys[] = {
      .kind = DETECT_KEY_BOOL,
      .off = DETECT_FIELD(within_peak),
      .expect = "true or false"},
+    {.key = "still_rewarms",
+     .kind = DETECT_KEY_BOOL,
+     .off = DETECT_FIELD(still_rewarms),
+     .expect = "true or false"},
 };
 
 /* Parses value into the row's field of *r. Returns 0 or -EINVAL. */
@@ -729,6 +736,33 @@ static bool warming_up(const struct detect_state *st, const struct detect_rule *
     return (uint64_t)(step - first) < rule->warmup_steps;
 }
 
+/* True when the baseline holds at least DETECT_STILL_SAMPLES samples, all
+ * bit-identical, and value differs from them: a still series starts to move. */
+static bool leaves_still(const struct detect_state *st, double value)
+{
+    if (st->ring_count < DETECT_STILL_SAMPLES)
+        return false;
+    uint32_t last = (st->ring_head + DETECT_MAX_WINDOW - 1) % DETECT_MAX_WINDOW;
+    double v0 = st->ring[last];
+    for (uint32_t i = 1; i < st->ring_count; i++)
+        if (memcmp(&st->ring[(last + DETECT_MAX_WINDOW - i) % DETECT_MAX_WINDOW], &v0, sizeof v0) !=
+            0)
+            return false;
+    return memcmp(&value, &v0, sizeof v0) != 0;
+}
+
+/* Forgets the baseline: the rule warms up again from the next sample. */
+static void restart_baseline(struct detect_state *st)
+{
+    st->ring_head = 0;
+    st->ring_count = 0;
+    st->accepted = 0;
+    st->has_max = false;
+    st->running_max = 0;
+    st->open = false;
+    st->normal_run = 0;
+}
+
 static void ring_push(struct detect_state *st, int64_t step, double v)
 {
     st->ring[st->ring_head] = v;
@@ -835,6 +869,8 @@ int detect_step_within(struct detect_state *st, const struct detect_rule *rule, 
     out->present = true;
     st->seen++;
     st->last_step = step;
+    if (rule->still_rewarms && isfinite(value) && leaves_still(st, value))
+        restart_baseline(st);
 
     if (rule->trend)
         out->baseline_n = trend_stats(st, rule->window, rule->direction, step, &out->median,

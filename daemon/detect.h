@@ -68,6 +68,8 @@
  * corpus's median lead 75% -> 73%, the sixth look's 82% -> 71%, no catch
  * lost (docs/detection.md). */
 #define DETECT_SIZE_NOISE_Z 2.5
+/* Bit-identical baseline samples that make a still series (still_rewarms). */
+#define DETECT_STILL_SAMPLES 8
 #define DETECT_MAD_REL_FLOOR 1e-3  /* scale floor relative to |median| */
 #define DETECT_MAD_ABS_FLOOR 1e-12 /* scale floor when the median is ~0 */
 /* Trend fit: the slope is fitted over at most this many baseline samples
@@ -185,6 +187,13 @@ struct detect_rule {
      * peak never breaches (evaluate.c, for the logged rate itself: a warm
      * restart returns to the peak by design; a rise above it still fires). */
     bool within_peak;
+    /* A baseline of DETECT_STILL_SAMPLES or more bit-identical samples is
+     * a layer whose weights did not move (frozen: an update ratio of
+     * exactly 0, a router's weight statistics to the last bit), not a
+     * level: the first sample that differs starts the baseline and its
+     * warm-up over, so unfreezing is no breach. For weight-side series
+     * only; a learning rate held constant is a level (the `lr` rule). */
+    bool still_rewarms;
     uint32_t warmup;       /* samples that only build the baseline */
     uint32_t warmup_steps; /* or: steps they span (0: samples only); see above */
     uint32_t window;       /* baseline samples, 1..DETECT_MAX_WINDOW */

@@ -79,7 +79,7 @@ static void usage(FILE *f)
                "    update_ratio, lr, loss, grad_norm; keys: warmup, warmup_steps, window,\n"
                "    z, floor, ceiling, spike_ratio, rise_ratio, floor_rel, persistence,\n"
                "    magnitude_persistence, scale_rel, resolve_after, severity, enabled,\n"
-               "    trend, early_baseline, per_lr, within_peak.\n"
+               "    trend, early_baseline, per_lr, within_peak, still_rewarms.\n"
                "    Paging targets (up to 16) are sections [target \"NAME\"] with keys type\n"
                "    (alertmanager | pagerduty | webhook), url, routing_key, secret,\n"
                "    min_severity, match, timeout, connect_timeout, backoff_initial,\n"

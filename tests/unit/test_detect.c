@@ -624,6 +624,7 @@ Test(detect_step, scale_rel_floors_the_z_scale_table)
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named(cases[c].rule);
+        r.still_rewarms = false; /* a flat level is still: not what is tested */
         struct detect_state st;
         detect_state_init(&st);
         struct detect_verdict v;
@@ -1523,6 +1524,7 @@ Test(detect_step, relative_bounds_table)
         r.floor_rel = cases[c].floor_rel;
         r.rise_ratio = cases[c].rise_ratio;
         r.rel_origin = cases[c].origin;
+        r.still_rewarms = false; /* a flat baseline is still: not what is tested */
         struct detect_state st;
         detect_state_init(&st);
         struct detect_verdict v;
@@ -1555,4 +1557,50 @@ Test(detect_step, relative_floor_waits_for_warmup)
     cr_assert_eq(detect_step(&st, &r, 60, 1.04, true, 0, &v), 0); /* rank one */
     cr_assert(v.breach);
     cr_assert_eq(v.breach_kind, DETECT_BREACH_FLOOR);
+}
+
+/* ---- still series (still_rewarms) ------------------------------------------------ */
+
+/* A layer frozen for 300 steps (sketch every 10) and then trained: its
+ * update ratio is exactly 0, a frozen router's similarity the same bits,
+ * until the change; the first sample that moves starts the baseline over
+ * (the eighth held-out look's unfreezing runs paged at z 7e9). A constant
+ * learning rate is a level: its rise still breaches. So does a real rise
+ * of a series that was never still. */
+Test(detect_step, a_still_series_that_starts_to_move_warms_up_again)
+{
+    static const struct {
+        const char *rule;
+        bool still_rewarms;   /* as set, overriding the default */
+        double before, after; /* before: noise added unless still */
+        bool still, breach;
+    } cases[] = {
+        {"update_ratio", true, 0.0, 0.04, true, false},
+        {"update_ratio", false, 0.0, 0.04, true, true},
+        {"router.similarity", true, 0.0011, 0.0026, true, false},
+        {"update_ratio", true, 0.04, 0.2, false, true}, /* moving, then 5x: breach */
+        {"lr", false, 1e-3, 1e-2, true, true},          /* constant rate, then 10x */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named(cases[c].rule);
+        cr_assert_eq(r.still_rewarms, strcmp(cases[c].rule, "lr") != 0, "case %zu default", c);
+        r.still_rewarms = cases[c].still_rewarms;
+        r.within_peak = false;
+        struct detect_state st;
+        detect_state_init(&st);
+        struct detect_verdict v;
+        uint64_t seed = 99;
+        for (int64_t s = 0; s <= 300; s += 10) {
+            double x = cases[c].before;
+            if (!cases[c].still)
+                x *= 1 + 0.05 * uniform(&seed);
+            cr_assert_eq(detect_step(&st, &r, s, x, true, 0, &v), 0);
+            cr_assert_not(v.breach, "case %zu step %lld", c, (long long)s);
+        }
+        cr_assert_not(v.in_warmup, "case %zu", c);
+        cr_assert_eq(detect_step(&st, &r, 310, cases[c].after, true, 0, &v), 0);
+        cr_assert_eq(v.breach, cases[c].breach, "case %zu: breach %d", c, v.breach);
+        if (!cases[c].breach)
+            cr_assert(v.in_warmup && v.accepted_into_baseline, "case %zu warms up again", c);
+    }
 }
