@@ -74,6 +74,13 @@ Asserted as it scored: every diverged faulted run caught before divergence
 with the right label, with and without the `lr` rule; every healthy run
 quiet but one, asserted as the known exception: the GPT MoE's doubled
 sequence length pages qk.cqk.
+tests/data/corpus-holdout8 (CORPUS.md, "Eighth held-out look"): qk-norm
+layouts (a 10-layer dense, a 16-expert top-2 MoE), an optimizer-state reset,
+layers unfrozen, a weight-decay change and a re-warm-up as hard negatives.
+Blind it paged both unfreezing runs, quiet since a still series re-warms.
+Asserted: healthy quiet, every diverged faulted run caught before
+divergence with the right label (with and without `lr`), except a 10x jump
+that diverged 9 steps after it, before the next sketch, asserted as missed.
 The tuning seeds and shape are printed too, for the record; they are not
 asserted: defaults were chosen on them.
 """
@@ -106,12 +113,13 @@ def main(args, workdir):
         check(val["median_lead"] is not None and val["median_lead"] >= scorecard.MIN_MEDIAN_LEAD,
               f"{what}median lead {val['median_lead']} below {scorecard.MIN_MEDIAN_LEAD}")
 
-    def check_lr_without_lr_rule(corpus, families, least, what):
-        """Every diverged validation run of `families` right with the lr
-        rule disabled, and at least `least` of them."""
+    def check_lr_without_lr_rule(corpus, families, least, what, exclude=()):
+        """Every diverged validation run of `families` (but the runs named
+        in exclude) right with the lr rule disabled, and at least `least`
+        of them."""
         rows, _, _ = scorecard.run(args.build_dir, corpus, ["lr.enabled=false"])
         lr = [r for r in rows if r["split"] == "validation" and r["family"] in families
-              and r["diverged"]]
+              and r["diverged"] and r["run"] not in exclude]
         check(len(lr) >= least, f"too few diverged LR faults {what}: {len(lr)}")
         bad = [r for r in lr if not r["ok"]]
         check(not bad, "LR faults missed without the lr rule: " + describe(bad))
@@ -189,12 +197,14 @@ def main(args, workdir):
     print(f"corpus-holdout4: {len(faulted)}/{len(faulted)} diverged faulted runs caught with the "
           f"right label ({n} LR faults without the lr rule), healthy quiet")
 
-    def check_look(name, least, healthy_known=(), label_known=(), lr_least=0):
+    def check_look(name, least, healthy_known=(), label_known=(), lr_least=0, missed_known=()):
         """A later look as it scores: every healthy run quiet but the runs
         of healthy_known ((run, rule) of its first alert), no alert in a
         healthy phase, every diverged faulted run caught before divergence
-        with the right label but those of label_known ((run, label)), and
-        at least lr_least diverged LR faults right without the lr rule."""
+        with the right label but those of label_known ((run, label)) and
+        missed_known (runs that diverged before the first sketch after
+        their fault, asserted not caught), and at least lr_least diverged
+        LR faults right without the lr rule."""
         corpus = os.path.join(data, name)
         rows, val = scored(corpus)
         noisy = [r for r in rows if r["family"] == "healthy" and not r["ok"]]
@@ -206,10 +216,16 @@ def main(args, workdir):
         known = [r for r in faulted if (r["run"], r["label"]) in label_known]
         check(len(known) == len(label_known) and all(r["caught"] for r in known),
               f"{name}: known wrong labels changed: " + describe(known))
+        fast = [r for r in faulted if r["run"] in missed_known]
+        check(len(fast) == len(missed_known) and not any(r["caught"] for r in fast) and
+              all(r["div"] - r["fault"] < scorecard.MONITOR_EVERY for r in fast),
+              f"{name}: known misses changed: " + describe(fast))
+        known += fast
         bad = [r for r in faulted if not r["ok"] and r not in known]
         check(len(faulted) >= least and not bad, f"{name}: " + describe(bad))
-        n = check_lr_without_lr_rule(corpus, ("lr",), lr_least, "on " + name) if lr_least else 0
-        print(f"{name}: {len(faulted)}/{len(faulted)} diverged faulted runs caught, "
+        n = check_lr_without_lr_rule(corpus, ("lr",), lr_least, "on " + name,
+                                     missed_known) if lr_least else 0
+        print(f"{name}: {len(faulted) - len(fast)}/{len(faulted)} diverged faulted runs caught, "
               f"{len(faulted) - len(known)} with the right label ({n} LR faults without the "
               f"lr rule), {len(noisy)} known healthy page(s)")
 
@@ -230,6 +246,12 @@ def main(args, workdir):
     # 2-3.5x for 40 steps and pages qk.cqk.
     check_look("corpus-holdout7", 5, lr_least=2, healthy_known=[
         ("moe8-top1-rmsprop-dh24-h2-l3.healthy-seqlen.s71", "qk.cqk")])
+    # The eighth look, blind on the defaults of its day; since then a still
+    # series (a frozen layer) re-warms, which quieted its two unfreezing
+    # runs. Known: the MoE's hidden 10x jump diverged 9 steps after the
+    # fault, before the next sketch, and nothing paged before that.
+    check_look("corpus-holdout8", 5, lr_least=3, missed_known=[
+        "qwen3moe16-top2-dh32-h2-kv2-l3.lr-jump10-hidden.s81"])
 
 if __name__ == "__main__":
     fstest.run_main(main)
