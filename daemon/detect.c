@@ -225,8 +225,11 @@ static const struct detect_rule default_rules[] = {
      * noise scales as 1/sqrt(batch), so a batch halved mid-run lifts a
      * noise-dominated norm by up to 41% for good (0.56 -> 0.78 on the
      * fifth held-out look's MoE, z 5 against the bare MAD), and SGD's warm
-     * restarts lift it too; both paged healthy runs. No fault of the nine
-     * corpora was caught later for it. */
+     * restarts lift it too; both paged healthy runs. No mechanism catch
+     * moved for it; the first symptom page of 33 of the nine corpora's 147
+     * diverged faults comes later (median 8 steps), and a 10x jump of the
+     * eighth look that diverged within a sketch lost its only early page
+     * (docs/detection.md). */
     {RULE_DEFAULTS, .name = "loss", .family = DETECT_FAMILY_SCALAR_LOSS,
      .direction = DETECT_RISE_IS_BAD, .spike_ratio = DETECT_DEFAULT_SPIKE_RATIO},
     {RULE_DEFAULTS, .name = "grad_norm", .family = DETECT_FAMILY_SCALAR_LOSS,

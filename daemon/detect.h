@@ -65,8 +65,8 @@
  * healthy samples span 1.3-4.0 around a median of 2.4: its relative floor
  * (1.41) sat 2.3 robust SDs down, and two dips in a row paged it. The cost
  * is a sketch or more on faults whose first breaches were shallow: the
- * corpus's median lead 75% -> 73%, the sixth look's 82% -> 71%, no catch
- * lost (docs/detection.md). */
+ * first corpus's median lead 75% -> 71% (validation seeds), the sixth
+ * look's 82% -> 71%, no catch or label lost (docs/detection.md). */
 #define DETECT_SIZE_NOISE_Z 2.5
 /* Bit-identical baseline samples that make a still series (still_rewarms). */
 #define DETECT_STILL_SAMPLES 8
