@@ -25,7 +25,10 @@ runs of 2,000 steps, and one of 3,000 on the MoE (healthy-long).
 Faults at step 1,200 of 1,800, the LR faults hidden from the logged rate:
 a 2x jump (subtle), a 5x jump, a 20x ramp over 200 steps, the earlier
 looks' attention fault (bits 10 on the LLaMA, 12 on the MoE) and
-combined-late (attention at 1,200, the hidden 5x jump at 1,250). Seed 91.
+combined-late (attention at 1,200, the hidden 5x jump at 1,250). After
+the first 18 runs, on their divergence alone and before any scoring (on the
+MoE neither hidden jump had diverged): a hidden 10x jump, the MoE only.
+Seed 91.
 Every run is in the validation split: the corpus only reports. Not
 calibrated: a fault that does not diverge stays in as recorded.
 
@@ -68,10 +71,17 @@ SCENARIOS = {
     "combined-late": ("combined", ["--bits", "{bits}", "--fault-on", "both", "--lr-hidden",
                                    "--lr-mult", "5", "--lr-ramp", "1",
                                    "--lr-fault-step", str(LATE_LR_STEP)]),
+    # Appended after the first 18 runs were recorded, on their divergence
+    # alone (before any scoring): on the MoE neither hidden jump (2x, 5x)
+    # had diverged. A hidden 10x jump, the MoE only. (The MoE's attention
+    # fault at bits 12 did not diverge either; more bits change little: at
+    # 12 the truncation already leaves only the sign and the exponent's top
+    # 3 bits, so O and dO of magnitude below 2 read as about 0.)
+    "lr-jump10-hidden": ("lr", ["--lr-hidden", "--lr-mult", "10", "--lr-ramp", "1"]),
 }
 # Dropout is on the MoE only; the 3,000-step healthy run on the MoE only
 # (CPU time).
-ONLY = {"healthy-dropoff": [MOE], "healthy-long": [MOE]}
+ONLY = {"healthy-dropoff": [MOE], "healthy-long": [MOE], "lr-jump10-hidden": [MOE]}
 # The hard negatives train on to their end even if their loss meets the
 # divergence criterion (smoothing and harder data raise the loss).
 HARD = ("healthy-smoothing", "healthy-datahard", "healthy-dropoff")
