@@ -56,6 +56,13 @@ class FlashLikeAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, fault_bits, fault_on):
+        if torch.is_autocast_cpu_enabled():
+            # Under CPU autocast (train.py --autocast bf16) the kernel takes
+            # one dtype, as flash attention does: LLaMA's rotated q/k come
+            # in float32 beside a bfloat16 v, and the backward's matmuls
+            # need their operands alike.
+            lo = torch.get_autocast_cpu_dtype()
+            q, k, v = q.to(lo), k.to(lo), v.to(lo)
         scale = 1.0 / math.sqrt(q.shape[-1])
         s = torch.matmul(q, k.transpose(-1, -2)) * scale
         t = q.shape[-2]

@@ -59,6 +59,15 @@ the first half with requires_grad False, then all of them; --wd-change S:W
 sets the weight decay to W from step S; --rewarmup S:N warms the rate up
 again from step S over N steps (a resume with a re-warm-up: the logged rate
 shows it).
+Mixed precision and regularisers: --autocast bf16 runs the forward and the
+loss under torch.autocast('cpu', bfloat16) (weights, gradients and the
+optimizer's state stay float32); --dropout P drops each block's attention
+and MLP output (residual dropout, forward hooks: the model files have none).
+Hard negatives of those (all healthy): --dropout-change S:P sets the
+dropout to P from step S; --smoothing-change S:E label-smooths the loss by
+E from step S (the logged loss too); --data-hard S switches to harder data
+at step S (each sequence alternates the characters of two places in the
+text, see Interleaved).
 --arch qwen3moe with --experts 0: the Qwen3 dense layout (per-head qk-norm,
 a dense SwiGLU MLP in every layer).
 
@@ -70,6 +79,7 @@ line {"summary": ...} with the client's counters.
         --run demo-attn --scenario attention-numerics --seed 1 --out /tmp/demo.jsonl
 """
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -167,6 +177,20 @@ def parse_args(argv=None):
     p.add_argument("--rewarmup", default=None,
                    help="STEP:N: from this step the rate warms up again over N steps (the "
                         "logged rate too)")
+    p.add_argument("--autocast", choices=("off", "bf16"), default="off",
+                   help="bf16: forward and loss under torch.autocast('cpu', bfloat16) (mixed "
+                        "precision; weights, gradients and optimizer state stay float32)")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="residual dropout on each block's attention and MLP outputs")
+    p.add_argument("--dropout-change", default=None,
+                   help="STEP:P: from this step the residual dropout is P")
+    p.add_argument("--smoothing-change", default=None,
+                   help="STEP:E: from this step the loss is label-smoothed by E (the logged "
+                        "loss too, as a trainer logs its training loss)")
+    p.add_argument("--data-hard", type=int, default=None,
+                   help="from this step each sequence alternates the characters of two "
+                        "places in the text (harder data: each character follows the one two "
+                        "back; same characters, same batch and length)")
     p.add_argument("--accum", type=int, default=1,
                    help="gradient accumulation: micro-batches of --batch per optimizer step "
                         "(the logged loss is their mean)")
@@ -289,6 +313,36 @@ def router_mult(a, step):
     return 1.0 + (a.router_lr_mult - 1.0) * min(1.0, (step - a.fault_step + 1) / a.lr_ramp)
 
 
+class Interleaved:
+    """--data-hard's batches: sequence j of batch i alternates the characters
+    of two random places in the text, so a character's predecessor in its own
+    stream is two tokens back. Deterministic per (seed, i), like
+    tinygpt.Batches."""
+
+    def __init__(self, data, batch, t, seed):
+        self.data, self.batch, self.t, self.seed = data, batch, t, seed
+
+    def get(self, i):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i + 500_009)
+        n = self.t // 2 + 1
+        ix = torch.randint(len(self.data) - n - 1, (2, self.batch), generator=g)
+        seqs = [torch.stack([self.data[u:u + n], self.data[v:v + n]], dim=1).reshape(-1)
+                [:self.t + 1] for u, v in zip(*ix.tolist())]
+        s = torch.stack(seqs)
+        return s[:, :-1].contiguous(), s[:, 1:].contiguous()
+
+
+def add_dropout(model, arch, state):
+    """Residual dropout (--dropout): a forward hook on each block's attention
+    and MLP module drops their output with probability state['p'] (the model
+    files have no dropout of their own)."""
+    blocks = model.h if arch == "gpt" else model.model.layers
+    for b in blocks:
+        for m in (getattr(b, "attn", None) or b.self_attn, b.mlp):
+            m.register_forward_hook(
+                lambda mod, inp, out: torch.nn.functional.dropout(out, state["p"], True))
+
+
 def main(argv=None):
     a = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -343,6 +397,33 @@ def main(argv=None):
         frozen = [w for b in list(blocks)[:len(blocks) // 2] for w in b.parameters()]
         for w in frozen:
             w.requires_grad_(False)
+    drop = {"p": a.dropout}
+    drop_at, drop_to = None, None
+    if a.dropout_change is not None:
+        drop_at, drop_to = a.dropout_change.split(":")
+        drop_at, drop_to = int(drop_at), float(drop_to)
+    if a.dropout > 0 or drop_at is not None:
+        add_dropout(model, a.arch, drop)
+    smooth = {"eps": 0.0}
+    smooth_at, smooth_to = None, None
+    if a.smoothing_change is not None:
+        smooth_at, smooth_to = a.smoothing_change.split(":")
+        smooth_at, smooth_to = int(smooth_at), float(smooth_to)
+        # The model files call F.cross_entropy without smoothing: the trainer
+        # wraps it (this process only) to pass the current epsilon.
+        plain_ce = torch.nn.functional.cross_entropy
+
+        def smoothed_ce(*args, **kw):
+            kw.setdefault("label_smoothing", smooth["eps"])
+            return plain_ce(*args, **kw)
+
+        torch.nn.functional.cross_entropy = smoothed_ce
+
+    def amp():
+        if a.autocast == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     wd_at, wd_to = None, None
     if a.wd_change is not None:
         wd_at, wd_to = a.wd_change.split(":")
@@ -359,6 +440,8 @@ def main(argv=None):
         resized = tinygpt.Batches(data, n, a.ctx, a.seed)
     if ctx_at is not None:
         resize_at, resized = ctx_at, tinygpt.Batches(data, a.batch, ctx_to, a.seed)
+    if a.data_hard is not None:
+        resize_at, resized = a.data_hard, Interleaved(data, a.batch, a.ctx, a.seed)
     accum_at, accum_to = None, None
     if a.accum_change is not None:
         accum_at, accum_to = (int(x) for x in a.accum_change.split(":"))
@@ -404,6 +487,10 @@ def main(argv=None):
                 w.requires_grad_(True)
         if a.opt_reset is not None and step == a.opt_reset:
             opt.state.clear()
+        if drop_at is not None and step == drop_at:
+            drop["p"] = drop_to
+        if smooth_at is not None and step == smooth_at:
+            smooth["eps"] = smooth_to
         if wd_at is not None and step == wd_at:
             for g in opt.param_groups:
                 g["weight_decay"] = wd_to
@@ -418,7 +505,8 @@ def main(argv=None):
         accum = accum_to if accum_at is not None and step >= accum_at else a.accum
         if accum == 1:
             x, y = get(src, step, step)
-            loss, aux = model(x, y)
+            with amp():
+                loss, aux = model(x, y)
             w = 0.0 if a.aux_off is not None and step >= a.aux_off else a.aux
             total = loss + w * aux if aux is not None else loss
             opt.zero_grad(set_to_none=True)
@@ -428,7 +516,8 @@ def main(argv=None):
             losses = []
             for k in range(accum):
                 x, y = get(src, step, step * accum + k)
-                micro, aux = model(x, y)
+                with amp():
+                    micro, aux = model(x, y)
                 w = 0.0 if a.aux_off is not None and step >= a.aux_off else a.aux
                 total = micro + w * aux if aux is not None else micro
                 (total / accum).backward()
