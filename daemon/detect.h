@@ -113,11 +113,12 @@
 #define DETECT_STEP_PERSISTENCE 1 /* update_ratio: breaches to fire (detect.c) */
 /* Delta2 floors (detect.c): rank one, and 30% of the head's own excess over
  * rank one. */
-#define DETECT_D2_SCALE_REL 0.1            /* Delta2 ranks' z scale floor, x level */
-#define DETECT_ROUTER_SIM_SCALE_REL 0.03   /* router.similarity's, x level */
-#define DETECT_ROUTER_MAXVIO_SCALE_REL 0.2 /* router.maxvio's, x level */
-#define DETECT_ROUTER_ZLOSS_SCALE_REL 0.03 /* router.zloss's, x the trend line */
-#define DETECT_GRAD_NORM_SCALE_REL 0.2     /* grad_norm's, x level: z 5 = doubled */
+#define DETECT_D2_SCALE_REL 0.1                   /* Delta2 ranks' z scale floor, x level */
+#define DETECT_ROUTER_SIM_SCALE_REL 0.03          /* router.similarity's, x level */
+#define DETECT_ROUTER_MAXVIO_SCALE_REL 0.2        /* router.maxvio's, x level */
+#define DETECT_ROUTER_ZLOSS_SCALE_REL 0.03        /* router.zloss's, x the trend line */
+#define DETECT_GRAD_NORM_SCALE_REL 0.2            /* grad_norm's, x level: z 5 = doubled */
+#define DETECT_ROUTER_LOAD_ENTROPY_SCALE_REL 0.02 /* router.load_entropy's, x level */
 #define DETECT_D2_SRANK_FLOOR 1.05
 #define DETECT_D2_ERANK_FLOOR 1.2
 #define DETECT_D2_FLOOR_REL 0.3

@@ -621,6 +621,10 @@ Test(detect_step, scale_rel_floors_the_z_scale_table)
          * z 2.4 (z 8.7 against its MAD); a 30% jump still breaches z 8. */
         {"router.zloss", 25.2, 27.0, false, 2.380952},
         {"router.zloss", 25.2, 32.8, true, 10.052910},
+        /* router.load_entropy's 2%: the ninth held-out look's plain healthy
+         * MoE dipped 1.7% (z -8.9 against its MAD); a collapse still fires. */
+        {"router.load_entropy", 2.065, 2.030, false, -0.847458},
+        {"router.load_entropy", 2.065, 1.5, true, -13.680387},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named(cases[c].rule);
