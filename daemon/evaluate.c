@@ -181,19 +181,47 @@ static int key_cmp(const struct store_series_key *a, const struct store_series_k
     return (a->rank > b->rank) - (a->rank < b->rank);
 }
 
+/* The first breach of the run's loss jump: its `loss` incident while it
+ * is firing (INT64_MAX: none). Attention and router-balance evidence that
+ * opens from there on is the jump's consequence, not its cause: a switch
+ * to harder data (the ninth held-out look) lifted the loss z 15-18 at once
+ * and then rewired attention (Delta2, c_qk) and the routers' load, which
+ * read attention-numerics. Only the loss: an attention fault lifts the
+ * gradient norm at once, before Delta2 moves, but in no corpus did its
+ * loss page first. Step-size evidence keeps its meaning (an LR fault's
+ * loss may page before the next sketch shows the step). */
+#define EVAL_LOSS_RULE "loss"
+
+static int64_t loss_jump_from(const struct eval_run *er)
+{
+    int64_t from = INT64_MAX;
+    for (size_t i = 0; i < er->n_tracks; i++) {
+        const struct eval_track *t = er->tracks[i];
+        if (strcmp(t->rule->name, EVAL_LOSS_RULE) == 0 && t->as.state == ALERT_FIRING &&
+            t->as.first_breach_step >= 0 && t->as.first_breach_step < from)
+            from = t->as.first_breach_step;
+    }
+    return from;
+}
+
 /* eval_attribute() from the evidence that opened before step `before`
  * (finite mechanism evidence; the scalar loss family and non-finite values
- * count whenever they opened). */
+ * count whenever they opened), less a loss jump's consequences
+ * (loss_jump_from). */
 static enum alert_attribution attribute_before(const struct eval_run *er, int64_t before, char *why,
                                                size_t whylen)
 {
     struct alert_evidence e;
     const struct eval_track *first[DETECT_FAMILY_COUNT] = {0};
+    int64_t jump = loss_jump_from(er);
     alert_evidence_init(&e);
     for (size_t i = 0; i < er->n_tracks; i++) {
         const struct eval_track *t = er->tracks[i];
         enum detect_family f = t->rule->family;
         if (f != DETECT_FAMILY_SCALAR_LOSS && !t->as.nonfinite && t->as.first_breach_step >= before)
+            continue;
+        if ((f == DETECT_FAMILY_ATTENTION_D2 || f == DETECT_FAMILY_ROUTER_BALANCE) &&
+            !t->as.nonfinite && t->as.first_breach_step >= jump)
             continue;
         if (alert_evidence_add(&e, &t->as, f))
             first[f] = t;

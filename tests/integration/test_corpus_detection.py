@@ -266,7 +266,12 @@ def main(args, workdir):
     # (docs/detection.md): label smoothing switched on steps the loss up
     # (a loss page, no mechanism alert), and a switch to harder data pages
     # the loss and then the mechanisms it rewires (qk.d2.srank on the
-    # LLaMA, router.maxvio on the MoE), read as attention-numerics.
+    # LLaMA, router.maxvio on the MoE), read as the loss jump's consequence
+    # (loss-spike) since they open while the loss incident fires.
+    rows, _, _ = scorecard.run(args.build_dir, os.path.join(data, "corpus-holdout9"))
+    hard = [r for r in rows if "healthy-datahard" in r["run"]]
+    check(len(hard) == 2 and all(r["label"] == "loss-spike" for r in hard),
+          "corpus-holdout9: harder data's first mechanism pages: " + describe(hard))
     check_look("corpus-holdout9", 7, lr_least=4, healthy_known=[
         ("llama-mqa-bf16-dh8-h16-kv1-l4.healthy-smoothing.s91", None),
         ("llama-mqa-bf16-dh8-h16-kv1-l4.healthy-datahard.s91", "qk.d2.srank"),

@@ -420,6 +420,64 @@ static enum alert_attribution loss_page_label(int64_t cqk_from)
     return got;
 }
 
+/* The label of the first c_qk page when the loss jumps for good at step
+ * 400 (2.0 -> 4.0, a switch to harder data) and c_qk rises from
+ * `cqk_from`: -1 when c_qk never fired. */
+static enum alert_attribution cqk_page_label(int64_t cqk_from)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    enum alert_attribution got = (enum alert_attribution) - 1;
+    struct store_series_key kl = {"loss", -1, -1, 0, 0};
+    struct store_series_key kc = {"qk.cqk.max", 0, -1, 10, -1};
+    detect_rules_default(&rules);
+    eval_run_init(&er, &rules);
+    struct eval_track *tl = eval_track_get(&er, &kl, "loss");
+    struct eval_track *tc = eval_track_get(&er, &kc, "qk.cqk");
+    cr_assert(tl && tc);
+    uint64_t seed = 4242;
+    for (int64_t s = 1; s < 500; s++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(seed >> 11) / 9007199254740992.0;
+        double loss = (s >= 400 ? 4.0 : 2.0) + 0.05 * u;
+        cr_assert_geq(eval_feed(&er, &b, tl, (uint64_t)s, loss, true, -1, 200, 0), 0);
+        if (s % 10 == 0) {
+            double cqk = s >= cqk_from ? 0.5 : 0.1 + 0.005 * u;
+            cr_assert_geq(eval_feed(&er, &b, tc, (uint64_t)s, cqk, true, -1, 200, 0), 0);
+        }
+        eval_label_all(&er, &b);
+        for (size_t i = 0; i < b.n; i++)
+            if (b.ev[i].has_event && b.ev[i].t == tc &&
+                b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING && (int)got < 0)
+                got = b.ev[i].attr;
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return got;
+}
+
+/* Attention evidence that opens while the loss has jumped (its incident
+ * firing) is the jump's consequence: loss-spike. Open before the jump, it
+ * is attention-numerics. */
+Test(evaluate, attention_after_a_loss_jump_is_its_consequence)
+{
+    static const struct {
+        int64_t cqk_from;
+        enum alert_attribution want;
+        const char *why;
+    } cases[] = {
+        {420, ALERT_ATTR_LOSS_SPIKE, "c_qk rises 20 steps after the loss jumped"},
+        {360, ALERT_ATTR_ATTENTION_NUMERICS, "c_qk rose before the loss jumped"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        enum alert_attribution got = cqk_page_label(cases[i].cqk_from);
+        cr_expect_eq(got, cases[i].want, "%s: c_qk page labelled %s", cases[i].why,
+                     (int)got < 0 ? "(no page)" : alert_attribution_name(got));
+    }
+}
+
 /* A loss or gradient-norm page is explained only by mechanism evidence that
  * opened before it: a corrupted batch jolts the sketch that holds it, so a
  * c_qk breach opening with the spike is no cause (loss-spike), while one
