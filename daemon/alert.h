@@ -162,7 +162,9 @@ bool alert_evidence_add(struct alert_evidence *e, const struct alert_state *st,
  *    loss-spike; weight norms name no mechanism (both faults grow them):
  *    none.
  * Pure. The caller picks the evidence: evaluate.c labels a loss or grad-norm
- * incident from the mechanism evidence that opened before it only. */
+ * incident from the mechanism evidence that opened before it only, and
+ * leaves out attention and balance evidence that opened while a loss
+ * incident fires (the loss jump's consequence). */
 enum alert_attribution alert_attribute(const struct alert_evidence *e);
 
 /* Stable identity. Writes "run=R,rule=N,layer=L,head=H,window=W,rank=K"
