@@ -381,66 +381,36 @@ Test(evaluate, labels_by_mechanism_and_order_of_onset)
     }
 }
 
-/* A loss spike and a mechanism breach: the loss every step (about 2.0), c_qk
- * (qk.cqk.max) every 10 steps (about 0.1). The loss jumps to 6 for steps
- * 400-405; c_qk rises to 0.5 from step `cqk_from` on. Returns the label of
- * the loss incident's firing. */
-static enum alert_attribution loss_page_label(int64_t cqk_from)
+/* A symptom (`loss` or `grad_norm`) and c_qk (qk.cqk.max): the symptom
+ * every step (about 2.0), c_qk every 10 steps (about 0.1). From step 400
+ * the symptom spikes to 6 for six steps (a corrupted batch) or, `stays_up`,
+ * jumps to 4 for good (harder data); c_qk rises to 0.5 from step `cqk_from`
+ * on. Returns the label of the first firing of the symptom's incident, or
+ * of the c_qk one when `of_cqk`; -1 when it never fired. */
+static enum alert_attribution first_page_label(const char *symptom, bool stays_up, int64_t cqk_from,
+                                               bool of_cqk)
 {
     struct detect_rules rules;
     struct eval_run er;
     struct eval_batch b = {0};
     enum alert_attribution got = (enum alert_attribution) - 1;
-    struct store_series_key kl = {"loss", -1, -1, 0, 0};
+    struct store_series_key kl = {"", -1, -1, 0, 0};
     struct store_series_key kc = {"qk.cqk.max", 0, -1, 10, -1};
+    snprintf(kl.name, sizeof kl.name, "%s", symptom);
     detect_rules_default(&rules);
     eval_run_init(&er, &rules);
-    struct eval_track *tl = eval_track_get(&er, &kl, "loss");
+    struct eval_track *tl = eval_track_get(&er, &kl, symptom);
     struct eval_track *tc = eval_track_get(&er, &kc, "qk.cqk");
     cr_assert(tl && tc);
     uint64_t seed = 777;
-    for (int64_t s = 1; s < 460; s++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        double u = (double)(seed >> 11) / 9007199254740992.0;
-        double loss = s >= 400 && s <= 405 ? 6.0 : 2.0 + 0.05 * u;
-        cr_assert_geq(eval_feed(&er, &b, tl, (uint64_t)s, loss, true, -1, 200, 0), 0);
-        if (s % 10 == 0) {
-            double cqk = s >= cqk_from ? 0.5 : 0.1 + 0.005 * u;
-            cr_assert_geq(eval_feed(&er, &b, tc, (uint64_t)s, cqk, true, -1, 200, 0), 0);
-        }
-        eval_label_all(&er, &b);
-        for (size_t i = 0; i < b.n; i++)
-            if (b.ev[i].has_event && b.ev[i].t == tl &&
-                b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING && (int)got < 0)
-                got = b.ev[i].attr;
-        eval_batch_reset(&b);
-    }
-    eval_batch_free(&b);
-    eval_run_clear(&er);
-    return got;
-}
-
-/* The label of the first c_qk page when the loss jumps for good at step
- * 400 (2.0 -> 4.0, a switch to harder data) and c_qk rises from
- * `cqk_from`: -1 when c_qk never fired. */
-static enum alert_attribution cqk_page_label(int64_t cqk_from)
-{
-    struct detect_rules rules;
-    struct eval_run er;
-    struct eval_batch b = {0};
-    enum alert_attribution got = (enum alert_attribution) - 1;
-    struct store_series_key kl = {"loss", -1, -1, 0, 0};
-    struct store_series_key kc = {"qk.cqk.max", 0, -1, 10, -1};
-    detect_rules_default(&rules);
-    eval_run_init(&er, &rules);
-    struct eval_track *tl = eval_track_get(&er, &kl, "loss");
-    struct eval_track *tc = eval_track_get(&er, &kc, "qk.cqk");
-    cr_assert(tl && tc);
-    uint64_t seed = 4242;
     for (int64_t s = 1; s < 500; s++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         double u = (double)(seed >> 11) / 9007199254740992.0;
-        double loss = (s >= 400 ? 4.0 : 2.0) + 0.05 * u;
+        double loss = 2.0 + 0.05 * u;
+        if (stays_up && s >= 400)
+            loss += 2.0;
+        else if (!stays_up && s >= 400 && s <= 405)
+            loss = 6.0;
         cr_assert_geq(eval_feed(&er, &b, tl, (uint64_t)s, loss, true, -1, 200, 0), 0);
         if (s % 10 == 0) {
             double cqk = s >= cqk_from ? 0.5 : 0.1 + 0.005 * u;
@@ -448,7 +418,7 @@ static enum alert_attribution cqk_page_label(int64_t cqk_from)
         }
         eval_label_all(&er, &b);
         for (size_t i = 0; i < b.n; i++)
-            if (b.ev[i].has_event && b.ev[i].t == tc &&
+            if (b.ev[i].has_event && b.ev[i].t == (of_cqk ? tc : tl) &&
                 b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING && (int)got < 0)
                 got = b.ev[i].attr;
         eval_batch_reset(&b);
@@ -472,7 +442,7 @@ Test(evaluate, attention_after_a_loss_jump_is_its_consequence)
         {360, ALERT_ATTR_ATTENTION_NUMERICS, "c_qk rose before the loss jumped"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        enum alert_attribution got = cqk_page_label(cases[i].cqk_from);
+        enum alert_attribution got = first_page_label("loss", true, cases[i].cqk_from, true);
         cr_expect_eq(got, cases[i].want, "%s: c_qk page labelled %s", cases[i].why,
                      (int)got < 0 ? "(no page)" : alert_attribution_name(got));
     }
@@ -485,17 +455,23 @@ Test(evaluate, attention_after_a_loss_jump_is_its_consequence)
 Test(evaluate, a_spike_is_explained_only_by_earlier_evidence)
 {
     static const struct {
+        const char *symptom;
         int64_t cqk_from;
         enum alert_attribution want;
         const char *why;
     } cases[] = {
-        {10000, ALERT_ATTR_LOSS_SPIKE, "the spike alone"},
-        {400, ALERT_ATTR_LOSS_SPIKE, "c_qk opens at the spike's own step"},
-        {360, ALERT_ATTR_ATTENTION_NUMERICS, "c_qk open before the spike"},
+        {"loss", 10000, ALERT_ATTR_LOSS_SPIKE, "the spike alone"},
+        {"loss", 400, ALERT_ATTR_LOSS_SPIKE, "c_qk opens at the spike's own step"},
+        {"loss", 360, ALERT_ATTR_ATTENTION_NUMERICS, "c_qk open before the spike"},
+        /* The gradient norm alone (no loss incident, so only the rule of
+         * this test decides, not the loss-jump one). */
+        {"grad_norm", 400, ALERT_ATTR_LOSS_SPIKE, "grad-norm spike with c_qk at its step"},
+        {"grad_norm", 360, ALERT_ATTR_ATTENTION_NUMERICS, "c_qk open before the grad-norm spike"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        enum alert_attribution got = loss_page_label(cases[i].cqk_from);
-        cr_expect_eq(got, cases[i].want, "%s: loss page labelled %s", cases[i].why,
+        enum alert_attribution got =
+            first_page_label(cases[i].symptom, false, cases[i].cqk_from, false);
+        cr_expect_eq(got, cases[i].want, "%s: symptom page labelled %s", cases[i].why,
                      (int)got < 0 ? "(no page)" : alert_attribution_name(got));
     }
 }
