@@ -761,16 +761,15 @@ static bool leaves_still(const struct detect_state *st, double value)
     return memcmp(&value, &v0, sizeof v0) != 0;
 }
 
-/* Forgets the baseline: the rule warms up again from the next sample. */
+/* Forgets the baseline, keeping only what was seen: the rule warms up
+ * again from the next sample. */
 static void restart_baseline(struct detect_state *st)
 {
-    st->ring_head = 0;
-    st->ring_count = 0;
-    st->accepted = 0;
-    st->has_max = false;
-    st->running_max = 0;
-    st->open = false;
-    st->normal_run = 0;
+    uint64_t seen = st->seen;
+    int64_t last_step = st->last_step;
+    detect_state_init(st);
+    st->seen = seen;
+    st->last_step = last_step;
 }
 
 static void ring_push(struct detect_state *st, int64_t step, double v)

@@ -204,10 +204,10 @@ static int64_t loss_jump_from(const struct eval_run *er)
     return from;
 }
 
-/* eval_attribute() from the evidence that opened before step `before`
- * (finite mechanism evidence; the scalar loss family and non-finite values
- * count whenever they opened), less a loss jump's consequences
- * (loss_jump_from). */
+/* The label the run's open evidence gives, and into why the series that
+ * decided it: the evidence that opened before step `before` (finite
+ * mechanism evidence; the scalar loss family and non-finite values count
+ * whenever they opened), less a loss jump's consequences (loss_jump_from). */
 static enum alert_attribution attribute_before(const struct eval_run *er, int64_t before, char *why,
                                                size_t whylen)
 {
@@ -277,11 +277,6 @@ static enum alert_attribution attribute_before(const struct eval_run *er, int64_
         }
     }
     return attr;
-}
-
-enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size_t whylen)
-{
-    return attribute_before(er, INT64_MAX, why, whylen);
 }
 
 /* The label of event ev. A loss or gradient-norm incident is explained

@@ -206,10 +206,6 @@ int eval_feed_stored(struct eval_run *er, struct eval_batch *b, const struct sto
  * of their steps). */
 void eval_label_all(struct eval_run *er, struct eval_batch *b);
 
-/* The label the run's open evidence gives now, and into why the series that
- * decided it. */
-enum alert_attribution eval_attribute(const struct eval_run *er, char *why, size_t whylen);
-
 /* Forgets b's events (keeps its memory). */
 void eval_batch_reset(struct eval_batch *b);
 void eval_batch_free(struct eval_batch *b);
