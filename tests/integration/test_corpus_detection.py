@@ -236,6 +236,7 @@ def main(args, workdir):
         print(f"{name}: {len(faulted) - len(fast)}/{len(faulted)} diverged faulted runs caught, "
               f"{len(faulted) - len(known)} with the right label ({n} LR faults without the "
               f"lr rule), {len(noisy)} known healthy page(s)")
+        return rows
 
     # The fifth and sixth looks, no longer blind (detect.c: grad_norm's
     # scale, relative breaches within the noise; evaluate.c: a spike is
@@ -268,14 +269,14 @@ def main(args, workdir):
     # the loss and then the mechanisms it rewires (qk.d2.srank on the
     # LLaMA, router.maxvio on the MoE), read as the loss jump's consequence
     # (loss-spike) since they open while the loss incident fires.
-    rows, _, _ = scorecard.run(args.build_dir, os.path.join(data, "corpus-holdout9"))
-    hard = [r for r in rows if "healthy-datahard" in r["run"]]
-    check(len(hard) == 2 and all(r["label"] == "loss-spike" for r in hard),
-          "corpus-holdout9: harder data's first mechanism pages: " + describe(hard))
-    check_look("corpus-holdout9", 7, lr_least=4, healthy_known=[
+    rows = check_look("corpus-holdout9", 7, lr_least=4, healthy_known=[
         ("llama-mqa-bf16-dh8-h16-kv1-l4.healthy-smoothing.s91", None),
         ("llama-mqa-bf16-dh8-h16-kv1-l4.healthy-datahard.s91", "qk.d2.srank"),
         ("moe8-top2-bf16-drop-dh16-h4-l5.healthy-datahard.s91", "router.maxvio")])
+    hard = [r for r in rows if "healthy-datahard" in r["run"]]
+    check(len(hard) == 2 and all(r["label"] == "loss-spike" for r in hard),
+          "corpus-holdout9: harder data's first mechanism pages: " + describe(hard))
+
 
 if __name__ == "__main__":
     fstest.run_main(main)
