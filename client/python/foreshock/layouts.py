@@ -177,7 +177,14 @@ class RouterSpec:
 
 
 class _Skip(Exception):
-    """A candidate that cannot be monitored: str(e) is the reason."""
+    """A candidate that cannot be monitored: str(e) is the reason.
+    unknown: its head count could not be found (_UNKNOWN); children: the
+    names, attributes of the candidate module, of the projections it was
+    judged from (one fused, or q and k), for _unknown_not_attention."""
+
+    def __init__(self, reason, unknown=False, children=()):
+        super().__init__(reason)
+        self.unknown, self.children = unknown, tuple(children)
 
 
 class Discovery:
@@ -198,6 +205,9 @@ class Discovery:
         self.order = {}         # spec name -> when the observed pass saw it
         self.observation = None
         self.attention_given = self.routers_given = False
+        # (skipped entry, projection attribute names) of attention
+        # candidates skipped for an unknown head count (_Skip.children)
+        self.unknown_heads = []
         self.layers = None
         self.before_filter = (0, 0)
 
@@ -577,7 +587,7 @@ def _fused_heads(rows, o_in, hd):
             h = o_in // dh
             hd.check(h, hd.kv, dh)
             return h, hd.kv, dh, f"Hkv: {hd.kv_at}; H, dh: output projection input {o_in}"
-    raise _Skip(f"{_UNKNOWN}, and {rows} fused rows do not determine it")
+    raise _Skip(f"{_UNKNOWN}, and {rows} fused rows do not determine it", unknown=True)
 
 
 def _separate_heads(q_rows, k_rows, hd):
@@ -595,7 +605,8 @@ def _separate_heads(q_rows, k_rows, hd):
             raise _Skip(f"k rows {k_rows} are not a multiple of Hkv={hd.kv} ({hd.kv_at})")
         dh, how = k_rows // hd.kv, f"Hkv: {hd.kv_at}; dh: k rows / Hkv"
     else:
-        raise _Skip(f"{_UNKNOWN}, and q rows {q_rows}, k rows {k_rows} do not determine it")
+        raise _Skip(f"{_UNKNOWN}, and q rows {q_rows}, k rows {k_rows} do not determine it",
+                    unknown=True)
     if k_rows % dh or q_rows % dh:
         raise _Skip(f"q rows {q_rows}, k rows {k_rows} do not hold heads of dh={dh}")
     h, kv = q_rows // dh, k_rows // dh
@@ -652,7 +663,7 @@ def _match_attention(name, m, modules, fallback):
         try:
             h, kv, dh, how = _fused_heads(rows, o[1] if o else None, hd)
         except _Skip as e:
-            raise _Skip(f"fused {cname} ({rows} rows): {e}") from None
+            raise _Skip(f"fused {cname} ({rows} rows): {e}", e.unknown, (cname,)) from None
         kind = _grouped if cname in _FUSED_GROUPED else _contiguous
         return AttentionSpec(-1, h, kv, dh, kind(get, h, kv, dh), _join(name, cname)), how
     for qn, kn in _SEPARATE:
@@ -667,7 +678,7 @@ def _match_attention(name, m, modules, fallback):
         try:
             h, kv, dh, how = _separate_heads(pq[0], pk[0], hd)
         except _Skip as e:
-            raise _Skip(f"{qn}/{kn}: {e}") from None
+            raise _Skip(f"{qn}/{kn}: {e}", e.unknown, (qn, kn)) from None
         return AttentionSpec(-1, h, kv, dh, lambda a=pq[2], b=pk[2]: (a(), b()),
                              _join(name, f"{qn}/{kn}")), how
     return None
@@ -683,6 +694,8 @@ def _find_attention(model, fallback, found):
             r = _match_attention(name, m, modules, fallback)
         except _Skip as e:
             found.skipped.append(("attention", name, str(e), ATTENTION_FIX))
+            if e.unknown and e.children:
+                found.unknown_heads.append((found.skipped[-1], e.children))
             claimed.append(name)
             continue
         if r is not None:
@@ -1008,18 +1021,6 @@ _NO_PRODUCT = ("observed: its outputs only reach ops the pass sees, and no two o
                "in a product (convolutions, FFT, gating): no attention")
 
 
-def _skipped_children(m, message):
-    """The projection modules a "head count unknown" skip names: "fused
-    NAME: ..." names one, "Q/K: ..." two (attributes of m)."""
-    if m is None:
-        return []
-    head = message.split(":", 1)[0]
-    names = [head.split()[1]] if head.startswith("fused ") else head.split("/")
-    if len(names) not in (1, 2) or any(not n.isidentifier() for n in names):
-        return []
-    return [getattr(m, n, None) for n in names]
-
-
 def _unknown_not_attention(model, obs, found, scored_rule=True):
     """A fused projection (or a q and k pair) names took for attention but
     skipped (head count unknown) is no attention when the pass saw it run
@@ -1044,10 +1045,12 @@ def _unknown_not_attention(model, obs, found, scored_rule=True):
                 for x in site.q_srcs + site.k_srcs}
         read |= {_storage(obs.sources[i].param) for pr in obs.normed for side in pr
                  for i in side if isinstance(i, int) and 0 <= i < len(obs.sources)}
-    for sk in [x for x in found.skipped if x[0] == "attention" and _UNKNOWN in x[2]]:
+    # a skip the observed pass has since replaced is no longer in skipped
+    for sk, names in [(x, n) for x, n in found.unknown_heads if x in found.skipped]:
         m = modules.get(sk[1])
+        children = [getattr(m, n, None) for n in names] if m else []
         keys = [_storage(p[2]()) for p in (_proj_shape(c) if isinstance(c, nn.Module) else None
-                                           for c in _skipped_children(m, sk[2])) if p]
+                                           for c in children) if p]
         if not keys:
             continue
         # Every named projection (the fused one, or q and k) is judged; one
