@@ -20,6 +20,14 @@ fail by replacing one of its functions with one that raises:
              from every call (submit, stats, flush, close, poll_advice):
              step(), flush(), stats(), close() and the context manager
              return; step() after close() and a bad step number too
+  closed     the libforeshock client frees its handle at close: stats(),
+             flush(), poll_advice() and step() on a closed Monitor, and
+             every call on a closed Client, return (the Client's say it is
+             closed: -EBADF, {}, []); four threads calling submit, stats,
+             flush and poll_advice while another closes the Client all
+             finish, every report submitted before close began is acked and
+             stored and every one after is refused -EBADF (under the ASan
+             build a use of the freed handle aborts the run)
 
 In every phase: no exception reaches the loop, the WARNING naming a
 disabled module is logged exactly once, stats()["failures"] and
@@ -39,11 +47,13 @@ trains end to end on both routes: the daemon's per-head qk.d2 erank and
 srank equal the float64 SVD of the test's own Delta2 = dWq^T Wk + Wq^T dWk.
 """
 import argparse
+import errno
 import logging
 import math
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -328,6 +338,91 @@ def phase_transport(env):
           f"trained, flush -> {rc}, failures {fails}", flush=True)
 
 
+def phase_closed(env):
+    """Calls after close, and close racing calls on other threads."""
+    import threading
+    from foreshock._lib import Client
+    from foreshock.report import Report
+    fs = env.foreshock
+    tr = Trainer(env.torch, env.tinygpt, seed=4)
+    mon = fs.Monitor(tr.model, endpoint=env.daemon.endpoint, run="nr-closed",
+                     windows=(WINDOW,), every=EVERY)
+    train(mon, tr, 3)
+    st = mon.close(60)
+    check(st.get("acked") == 3, f"nr-closed: {st}")
+    after = mon.stats()
+    rc = mon.flush(1)
+    advice = mon.poll_advice() if hasattr(mon, "poll_advice") else []
+    mon.step(4, loss=1.0)
+    check("acked" not in after and after["reports"] == 3 and advice == [],
+          f"closed Monitor: stats {after}, flush {rc}, advice {advice}")
+    c = Client("127.0.0.1", env.daemon.ingest_port, "nr-closed-client")
+    check(c.close(30) == 0 and c.close() == 0, "a Client closes once, then returns 0")
+    got = (c.submit(Report(step=1, time_unix=time.time())), c.flush(1), c.stats(),
+           c.poll_advice())
+    check(got == (-errno.EBADF, -errno.EBADF, {}, []), f"closed Client: {got}")
+
+    c = Client("127.0.0.1", env.daemon.ingest_port, "nr-close-race")
+    results = {"submit": [], "seen": {}, "errors": []}
+    closed = threading.Event()
+
+    def hammer(kind):
+        """Calls until it sees the Client closed (submit and flush -EBADF,
+        stats {}), or, for poll_advice, which cannot tell, until 10 calls
+        after close returned."""
+        after = 0
+        try:
+            for i in range(1_000_000):
+                if kind == "submit":
+                    rep = Report(step=i, time_unix=time.time())
+                    rep.scalars["loss"] = 1.0
+                    rc = c.submit(rep)
+                    results["submit"].append(rc)
+                    gone = rc == -errno.EBADF
+                elif kind == "stats":
+                    gone = c.stats() == {}
+                elif kind == "flush":
+                    gone = c.flush(0) == -errno.EBADF
+                else:
+                    c.poll_advice()
+                    after += closed.is_set()
+                    gone = after > 10
+                if gone:
+                    results["seen"][kind] = i
+                    return
+        except Exception as e:  # noqa: BLE001 (the test reports it)
+            results["errors"].append(f"{kind}: {e!r}")
+    threads = [threading.Thread(target=hammer, args=(k,))
+               for k in ("submit", "stats", "flush", "advice")]
+    for t in threads:
+        t.start()
+    fstest.wait_until(lambda: len(results["submit"]) >= 50, timeout=30,
+                      what="50 reports submitted before close")
+    rc = c.close(30)
+    closed.set()
+    for t in threads:
+        t.join(60)
+    codes = results["submit"]
+    ok = codes.count(0)
+    alive = [k for k, t in zip(("submit", "stats", "flush", "advice"), threads) if t.is_alive()]
+    check(not results["errors"] and not alive and len(results["seen"]) == 4,
+          f"close racing calls: errors {results['errors']}, still running {alive}, "
+          f"saw it closed: {results['seen']}")
+    check(ok >= 50 and codes[-1] == -errno.EBADF and codes == [0] * ok + [-errno.EBADF],
+          f"close racing submit: {sorted(set(codes))}, {ok} accepted, then not only -EBADF")
+    check(rc == 0, f"close racing calls: close {rc}")
+
+    api = env.Api(env.daemon.http)
+
+    def stored():
+        pts = [p for k, p in api.values("nr-close-race", prefix="loss").items()
+               if k[0] == "loss"]
+        return len(pts) == 1 and len(pts[0]) == ok
+    fstest.wait_until(stored, timeout=30, what=f"the {ok} accepted reports stored")
+    print(f"  nr-closed: calls after close return; close racing 4 threads: {ok} reports "
+          f"submitted before it, all acked and stored, the next refused -EBADF", flush=True)
+
+
 # ---- shards reduced in the trainer, a failure on one rank ----------------------------------
 
 SH_D, SH_H, SH_DH, SH_E = 32, 4, 8, 6
@@ -522,6 +617,7 @@ def main(args, workdir):
     env.daemon = fstest.Daemon(args.build_dir, workdir, extra=DAEMON_ARGS)
     try:
         phases(env)
+        phase_closed(env)
         phase_sharded(env)
         phase_mha(env)
     finally:

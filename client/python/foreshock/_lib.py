@@ -284,8 +284,13 @@ def build_report(lib, rep):
 
 class Client:
     """One libforeshock client: one (run, attempt, rank) stream. submit()
-    never blocks on the network. Thread-safe as the C library is: submit,
-    flush and stats from any thread; close once."""
+    never blocks on the network. Thread-safe: submit, flush, stats and
+    poll_advice from any thread, close from any thread, any number of
+    times. The C handle is freed by close, so every call holds it as a
+    user (_hold) and close waits for the calls in progress; a call after
+    close does nothing and says so (-EBADF, empty stats, no advice).
+    Once close has begun, submit is refused (-EBADF): close flushes what
+    was queued before it, not a stream another thread keeps feeding."""
 
     def __init__(self, host, port, run_id, rank=0, world_size=1, attempt=0, token=None,
                  detect_from_step=0, replay_max_bytes=0, model=None, client_name=None,
@@ -345,14 +350,37 @@ class Client:
         if rc != 0:
             raise ValueError(f"fsc_open: {err.value.decode(errors='replace')} ({rc})")
         self._h = handle
-        self._closed = False
+        self._cv = threading.Condition()
+        self._users = 0
+        self._closing = False
+
+    def _hold(self, new_reports=False):
+        """The handle, counted as in use until _release(); None once closed
+        (with new_reports, once close has begun)."""
+        with self._cv:
+            if self._h is None or (new_reports and self._closing):
+                return None
+            self._users += 1
+            return self._h
+
+    def _release(self):
+        with self._cv:
+            self._users -= 1
+            if self._users == 0:
+                self._cv.notify_all()
 
     def submit(self, rep):
         """Builds and queues one report. Returns 0, or the negative errno the
         library gave (-ENOBUFS: the replay buffer is full; the report is
-        dropped and counted by the library)."""
-        r = build_report(self.lib, rep)
-        return self.lib.fsc_submit(self._h, r)
+        dropped and counted by the library; -EBADF: closed)."""
+        h = self._hold(new_reports=True)
+        if h is None:
+            return -errno.EBADF
+        try:
+            r = build_report(self.lib, rep)
+            return self.lib.fsc_submit(h, r)
+        finally:
+            self._release()
 
     def poll_advice(self):
         """Takes every advice the daemon sent and this client has not handed
@@ -360,43 +388,83 @@ class Client:
         a list of dicts. Never blocks on the network."""
         out = []
         a = _Advice()
-        while True:
-            a.size = ctypes.sizeof(_Advice)
-            rc = self.lib.fsc_poll_advice(self._h, ctypes.byref(a))
-            if rc <= 0:
-                return out
-            out.append({
-                "advice_id": a.advice_id, "action": ADVICE_ACTIONS.get(a.action, "unknown"),
-                "alert_id": a.alert_id, "rule": a.rule.decode(errors="replace"),
-                "label": a.label.decode(errors="replace") or None,
-                "severity": a.severity.decode(errors="replace") or None,
-                "step": a.step if a.step >= 0 else None,
-                "first_breach_step": a.first_breach_step if a.first_breach_step >= 0 else None,
-                "fired_step": a.fired_step if a.fired_step >= 0 else None,
-                "rollback_step": a.rollback_step if a.rollback_step >= 0 else None,
-                "layer": a.layer if a.layer >= 0 else None,
-                "head": a.head if a.head >= 0 else None,
-                "window": a.window if a.window > 0 else None,
-                "rank": a.rank if a.rank >= 0 else None})
+        h = self._hold()
+        if h is None:
+            return out
+        try:
+            while True:
+                a.size = ctypes.sizeof(_Advice)
+                rc = self.lib.fsc_poll_advice(h, ctypes.byref(a))
+                if rc <= 0:
+                    return out
+                out.append(self._advice_dict(a))
+        finally:
+            self._release()
+
+    @staticmethod
+    def _advice_dict(a):
+        return {
+            "advice_id": a.advice_id, "action": ADVICE_ACTIONS.get(a.action, "unknown"),
+            "alert_id": a.alert_id, "rule": a.rule.decode(errors="replace"),
+            "label": a.label.decode(errors="replace") or None,
+            "severity": a.severity.decode(errors="replace") or None,
+            "step": a.step if a.step >= 0 else None,
+            "first_breach_step": a.first_breach_step if a.first_breach_step >= 0 else None,
+            "fired_step": a.fired_step if a.fired_step >= 0 else None,
+            "rollback_step": a.rollback_step if a.rollback_step >= 0 else None,
+            "layer": a.layer if a.layer >= 0 else None,
+            "head": a.head if a.head >= 0 else None,
+            "window": a.window if a.window > 0 else None,
+            "rank": a.rank if a.rank >= 0 else None}
 
     def flush(self, timeout_s):
         ms = -1 if timeout_s is None else int(timeout_s * 1000)
-        return self.lib.fsc_flush(self._h, ms)
+        h = self._hold()
+        if h is None:
+            return -errno.EBADF
+        try:
+            return self.lib.fsc_flush(h, ms)
+        finally:
+            self._release()
 
     def stats(self):
+        """The library's counters; {} once closed."""
         s = _Stats()
         s.size = ctypes.sizeof(_Stats)
-        self.lib.fsc_stats(self._h, ctypes.byref(s))
+        h = self._hold()
+        if h is None:
+            return {}
+        try:
+            self.lib.fsc_stats(h, ctypes.byref(s))
+        finally:
+            self._release()
         out = {k: getattr(s, k) for k, _ in _Stats._fields_ if k not in ("size", "last_error")}
         out["last_error"] = s.last_error.decode(errors="replace")
         return out
 
     def close(self, timeout_s=0):
-        if self._closed:
-            return 0
-        self._closed = True
+        """Waits up to timeout_s (None: for ever) for the daemon's acks, then
+        closes. The first call closes; later ones return 0. Calls in
+        progress on other threads finish first (a flush(None) among them
+        holds close until the daemon acks or the client fails)."""
         ms = -1 if timeout_s is None else int(timeout_s * 1000)
-        return self.lib.fsc_close_timeout(self._h, ms)
+        with self._cv:
+            self._closing = True
+        h = self._hold()
+        if h is None:
+            return 0
+        try:
+            rc = self.lib.fsc_flush(h, ms) if ms != 0 else 0
+        finally:
+            self._release()
+        with self._cv:
+            h, self._h = self._h, None
+            while self._users:
+                self._cv.wait()
+        if h is None:  # another thread closed it meanwhile
+            return 0
+        rc2 = self.lib.fsc_close_timeout(h, 0)
+        return rc if rc != 0 else rc2
 
 
 ENOBUFS = errno.ENOBUFS
