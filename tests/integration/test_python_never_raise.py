@@ -21,7 +21,7 @@ fail by replacing one of its functions with one that raises:
              step(), flush(), stats(), close() and the context manager
              return; step() after close() and a bad step number too
   closed     the libforeshock client frees its handle at close: stats(),
-             flush(), poll_advice() and step() on a closed Monitor, and
+             flush() and step() on a closed Monitor, and
              every call on a closed Client, return (the Client's say it is
              closed: -EBADF, {}, []); four threads calling submit, stats,
              flush and poll_advice while another closes the Client all
@@ -352,10 +352,9 @@ def phase_closed(env):
     check(st.get("acked") == 3, f"nr-closed: {st}")
     after = mon.stats()
     rc = mon.flush(1)
-    advice = mon.poll_advice() if hasattr(mon, "poll_advice") else []
     mon.step(4, loss=1.0)
-    check("acked" not in after and after["reports"] == 3 and advice == [],
-          f"closed Monitor: stats {after}, flush {rc}, advice {advice}")
+    check("acked" not in after and after["reports"] == 3 and mon.advice == [],
+          f"closed Monitor: stats {after}, flush {rc}, advice {mon.advice}")
     c = Client("127.0.0.1", env.daemon.ingest_port, "nr-closed-client")
     check(c.close(30) == 0 and c.close() == 0, "a Client closes once, then returns 0")
     got = (c.submit(Report(step=1, time_unix=time.time())), c.flush(1), c.stats(),
