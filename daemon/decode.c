@@ -294,6 +294,7 @@ void decode_scalars(const Foreshock__Scalars *s, struct decode_scalars *out)
         [DECODE_SCALAR_LOSS_SCALE] = {s->has_loss_scale, s->loss_scale},
         [DECODE_SCALAR_TOKENS] = {s->has_tokens, (double)s->tokens},
         [DECODE_SCALAR_STEP_TIME] = {s->has_step_time_s, s->step_time_s},
+        [DECODE_SCALAR_STEP_UPDATE_RATIO] = {s->has_step_update_ratio, s->step_update_ratio},
     };
     for (int i = 0; i < DECODE_NSCALARS; i++) {
         out->v[i] = sc[i].v;
@@ -313,6 +314,15 @@ static int check_scalars(const Foreshock__Scalars *s, const struct decode_limits
      * detector exists to see. */
     if ((s->has_loss && !is_finite(s->loss)) || (s->has_grad_norm && !is_finite(s->grad_norm)))
         info->nonfinite_scalars = 1;
+    /* Derived from the weights like the per-layer ratios below: non-finite
+     * accepted and flagged (weights gone NaN), negative refused. */
+    if (s->has_step_update_ratio) {
+        if (!is_finite(s->step_update_ratio))
+            info->nonfinite_scalars = 1;
+        else if (s->step_update_ratio < 0)
+            return fail(err, E_MALFORMED, -EINVAL, "scalars: step_update_ratio = %g is negative",
+                        s->step_update_ratio);
+    }
     if (s->n_layer_weight_norm > lim->max_layers || s->n_layer_update_ratio > lim->max_layers)
         return fail(err, E_LIMIT, -EINVAL, "scalars: more than %u per-layer values",
                     lim->max_layers);

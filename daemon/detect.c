@@ -209,6 +209,35 @@ static const struct detect_rule default_rules[] = {
      .early_baseline = true,
      .per_lr = true,
      .still_rewarms = true},
+    /* The same step size at the resolution of one optimizer step: the
+     * client's step_update_ratio, |W(t) - W(t-1)| / |W(t-1)| over all
+     * monitored weights, sent with every step. update_ratio is sampled
+     * once per sketch, so a step 10x too large that diverges a run within
+     * the 10 steps between two sketches (the third and eighth held-out
+     * looks: 9 steps) was seen only after it; here it is seen from its
+     * first step. Judged like update_ratio (three times the run's own
+     * baseline, the logged rate's rises credited, from the warm-up end,
+     * a still series re-warming), but five breaching steps in a row fire
+     * it (DETECT_STEP_UPDATE_PERSISTENCE), not one: a single step is not a
+     * stretch of training. An optimizer whose moments were reset takes
+     * its first steps at the full rate (Adam: each weight moves by lr) and
+     * settles within a few; a single outsized gradient under SGD moves one
+     * step. A sustained jump holds every step. */
+    {.enabled = true,
+     .severity = DETECT_SEVERITY_WARNING,
+     .warmup = DETECT_DEFAULT_WARMUP,
+     .warmup_steps = DETECT_DEFAULT_WARMUP_STEPS,
+     .window = DETECT_DEFAULT_WINDOW,
+     .z = DETECT_MAX_Z,
+     .rise_ratio = DETECT_DEFAULT_STEP_RATIO,
+     .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
+     .persistence = DETECT_STEP_UPDATE_PERSISTENCE,
+     .name = "step_update_ratio",
+     .family = DETECT_FAMILY_STEP_SIZE,
+     .direction = DETECT_RISE_IS_BAD,
+     .early_baseline = true,
+     .per_lr = true,
+     .still_rewarms = true},
     /* The learning rate itself (rank 0's). After the start of detection
      * (past the warm-up) a healthy schedule holds or decays it; a rise is a
      * step-size fault at its source (a mistyped peak, a schedule or resume

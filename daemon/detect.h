@@ -111,6 +111,8 @@
  * own baseline (Adam: the update-to-weight ratio scales with the rate). */
 #define DETECT_DEFAULT_STEP_RATIO 3.0
 #define DETECT_STEP_PERSISTENCE 1 /* update_ratio: breaches to fire (detect.c) */
+/* step_update_ratio: breaching steps in a row to fire (detect.c). */
+#define DETECT_STEP_UPDATE_PERSISTENCE 5
 /* Delta2 floors (detect.c): rank one, and 30% of the head's own excess over
  * rank one. */
 #define DETECT_D2_SCALE_REL 0.1                   /* Delta2 ranks' z scale floor, x level */

@@ -118,7 +118,7 @@ bool eval_input_rule(const struct detect_rules *rules, const struct store_series
      * minority of heads. */
     static const char *const qk_inputs[] = {"qk.d2.erank.min", "qk.d2.entropy.min",
                                             "qk.d2.srank.min", "qk.cqk.max"};
-    static const char *const lead_scalars[] = {"loss", "grad_norm", "lr"};
+    static const char *const lead_scalars[] = {"loss", "grad_norm", "lr", "step_update_ratio"};
     static const char *const lead_layered[] = {"weight_norm", "update_ratio"};
 
     if (strncmp(k->name, "qk.", 3) == 0) {

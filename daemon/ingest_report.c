@@ -18,7 +18,8 @@ _Static_assert((int)STORE_NSCALARS == (int)DECODE_NSCALARS &&
                    (int)STORE_LR == (int)DECODE_SCALAR_LR &&
                    (int)STORE_LOSS_SCALE == (int)DECODE_SCALAR_LOSS_SCALE &&
                    (int)STORE_TOKENS == (int)DECODE_SCALAR_TOKENS &&
-                   (int)STORE_STEP_TIME == (int)DECODE_SCALAR_STEP_TIME,
+                   (int)STORE_STEP_TIME == (int)DECODE_SCALAR_STEP_TIME &&
+                   (int)STORE_STEP_UPDATE_RATIO == (int)DECODE_SCALAR_STEP_UPDATE_RATIO,
                "store_scalar and decode_scalar disagree");
 
 static void pause_all(struct ingest *ing)

@@ -184,6 +184,8 @@ static void queue_scalars(struct stage *st, struct run *run, const struct stage_
     x->grad = ds.v[DECODE_SCALAR_GRAD_NORM];
     x->has_lr = ds.present & (1u << DECODE_SCALAR_LR);
     x->lr = ds.v[DECODE_SCALAR_LR];
+    x->has_sur = ds.present & (1u << DECODE_SCALAR_STEP_UPDATE_RATIO);
+    x->sur = ds.v[DECODE_SCALAR_STEP_UPDATE_RATIO];
     if (s->n_layer_weight_norm && (x->wn = malloc(s->n_layer_weight_norm * sizeof(float)))) {
         memcpy(x->wn, s->layer_weight_norm, s->n_layer_weight_norm * sizeof(float));
         x->n_wn = (uint32_t)s->n_layer_weight_norm;
@@ -412,8 +414,8 @@ bool stage_wants_spool(struct stage *st, int64_t run_id, uint32_t rank, const Fo
     const struct run *run = run_find(st->reg, run_id);
     struct decode_scalars ds;
     decode_scalars(s, &ds);
-    const unsigned detected =
-        1u << DECODE_SCALAR_LOSS | 1u << DECODE_SCALAR_GRAD_NORM | 1u << DECODE_SCALAR_LR;
+    const unsigned detected = 1u << DECODE_SCALAR_LOSS | 1u << DECODE_SCALAR_GRAD_NORM |
+                              1u << DECODE_SCALAR_LR | 1u << DECODE_SCALAR_STEP_UPDATE_RATIO;
     return rank == (run ? run->lead_rank : 0) && s &&
            ((ds.present & detected) || s->n_layer_weight_norm || s->n_layer_update_ratio);
 }

@@ -98,6 +98,10 @@ void stage_detect_scalars(struct stage *st, struct stage_run *sr, struct run *ru
         build_key(&k, "grad_norm", -1, -1, 0, (int32_t)x->rank);
         build_feed(st, sr, run, bd, &k, "grad_norm", x->step, x->grad, true, -1);
     }
+    if (x->has_sur) {
+        build_key(&k, "step_update_ratio", -1, -1, 0, (int32_t)x->rank);
+        build_feed(st, sr, run, bd, &k, "step_update_ratio", x->step, x->sur, true, -1);
+    }
     for (uint32_t l = 0; l < x->n_wn; l++) {
         build_key(&k, "weight_norm", (int32_t)l, -1, 0, (int32_t)x->rank);
         build_feed(st, sr, run, bd, &k, "weight_norm", x->step, x->wn[l], true, -1);

@@ -40,8 +40,8 @@ struct scalar_sample {
     uint64_t step;
     double time;
     uint32_t rank; /* the run's lead rank when queued */
-    bool has_loss, has_grad, has_lr;
-    double loss, grad, lr;
+    bool has_loss, has_grad, has_lr, has_sur;
+    double loss, grad, lr, sur; /* sur: step_update_ratio */
     uint32_t n_wn, n_ur;
     float *wn, *ur; /* owned */
     struct scalar_sample *next;

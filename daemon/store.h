@@ -75,6 +75,7 @@ enum store_scalar {
     STORE_LOSS_SCALE,
     STORE_TOKENS,
     STORE_STEP_TIME,
+    STORE_STEP_UPDATE_RATIO,
     STORE_NSCALARS
 };
 

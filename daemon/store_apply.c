@@ -19,9 +19,13 @@
 #include "store_stmt.h"
 
 static const char *const scalar_series[STORE_NSCALARS] = {
-    [STORE_LOSS] = "loss",     [STORE_GRAD_NORM] = "grad_norm",
-    [STORE_LR] = "lr",         [STORE_LOSS_SCALE] = "loss_scale",
-    [STORE_TOKENS] = "tokens", [STORE_STEP_TIME] = "step_time",
+    [STORE_LOSS] = "loss",
+    [STORE_GRAD_NORM] = "grad_norm",
+    [STORE_LR] = "lr",
+    [STORE_LOSS_SCALE] = "loss_scale",
+    [STORE_TOKENS] = "tokens",
+    [STORE_STEP_TIME] = "step_time",
+    [STORE_STEP_UPDATE_RATIO] = "step_update_ratio",
 };
 
 /* --- results of the batch being written ----------------------------------------- */

@@ -325,6 +325,9 @@ int fsc_report_set_tokens(fsc_report *r, uint64_t tokens);
  * values >= 0 or non-finite. Replaces an earlier call (n = 0 clears). */
 int fsc_report_set_layer_weight_norms(fsc_report *r, const float *v, size_t n);
 int fsc_report_set_layer_update_ratios(fsc_report *r, const float *v, size_t n);
+/* This step's update-to-weight ratio over all monitored weights,
+ * |W(t) - W(t-1)| / |W(t-1)|: >= 0 or non-finite (-EINVAL when negative). */
+int fsc_report_set_step_update_ratio(fsc_report *r, double ratio);
 
 /* Partial Gram sketch of one attention head (docs/monitors.md 1.1): ga_upper and
  * gb_upper are the upper triangles (row-major, row i holds columns i..n-1)

@@ -117,6 +117,15 @@ int fsc_report_set_loss_scale(fsc_report *r, double loss_scale)
     return 0;
 }
 
+int fsc_report_set_step_update_ratio(fsc_report *r, double ratio)
+{
+    if (!r || ratio < 0) /* NaN compares false: accepted, as the daemon does */
+        return -EINVAL;
+    scalars(r)->has_step_update_ratio = 1;
+    r->scalars.step_update_ratio = ratio;
+    return 0;
+}
+
 int fsc_report_set_step_time(fsc_report *r, double seconds)
 {
     if (!r || !isfinite(seconds))

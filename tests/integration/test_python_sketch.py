@@ -12,7 +12,10 @@ foreshock.Monitor find the heads and sketch one window, and checks:
     hooks equal a float64 recomputation (entropy, logsumexp, top-k loads),
     training forwards only.
 Then one GQA model goes through libforeshock to the real daemon, whose
-per-head qk.d2.erank / qk.d2.entropy / qk.d2.srank must match the SVD.
+per-head qk.d2.erank / qk.d2.entropy / qk.d2.srank must match the SVD, and
+whose step_update_ratio at step 1 must equal |W(1) - W(0)| / |W(0)| over
+every q_proj and k_proj weight, computed here in float64 (none at step 0:
+no step before it).
 """
 import math
 import os
@@ -385,12 +388,20 @@ def check_daemon(args, workdir, torch, nn, foreshock):
     daemon = fstest.Daemon(args.build_dir, workdir)
     try:
         os.environ["FORESHOCK_LIB"] = os.path.join(args.build_dir, "libforeshock.so")
+        def qk():
+            return [p.detach().double().clone() for n, p in model.named_parameters()
+                    if n.endswith(("q_proj.weight", "k_proj.weight"))]
         set_t(0)
+        w0 = qk()
         mon = foreshock.Monitor(model, endpoint=daemon.endpoint, run="sketch-gqa", windows=(1,),
                                 every=1, routers=[])
         mon.step(0, loss=1.0)
         set_t(1)
+        w1 = qk()
         mon.step(1, loss=0.9)
+        check(len(w0) == 2 * len(sets), f"{len(w0)} q/k weights, want {2 * len(sets)}")
+        ref_ratio = math.sqrt(sum(float(((b - a) ** 2).sum()) for a, b in zip(w0, w1)) /
+                              sum(float((a ** 2).sum()) for a in w0))
         st = mon.close(60)
         check(st["acked"] == 2 and st["dropped"] == 0, f"client stats {st}")
         api = Api(daemon.http)
@@ -415,6 +426,13 @@ def check_daemon(args, workdir, torch, nn, foreshock):
             check(err < REL_SPEC, f"daemon {name} layer {layer} head {head}: {v} vs SVD {ref}")
         print(f"  daemon: {len(vals)} per-head values of qk.d2.erank/entropy/srank match the "
               f"float64 SVD (max rel err {worst:.1e})", flush=True)
+        sur = [pts for key, pts in api.values("sketch-gqa", name="step_update_ratio").items()]
+        check(len(sur) == 1 and sorted(sur[0]) == [1],
+              f"step_update_ratio: want one series with step 1 only, got {sur}")
+        err = abs(sur[0][1] - ref_ratio) / ref_ratio
+        check(err < 1e-5, f"step_update_ratio {sur[0][1]} vs float64 {ref_ratio}")
+        print(f"  daemon: step_update_ratio {sur[0][1]:.6g} equals |W(1)-W(0)|/|W(0)| over "
+              f"the q/k weights (rel err {err:.1e})", flush=True)
     finally:
         daemon.stop()
 

@@ -691,6 +691,29 @@ static double ur_rise60(int64_t s, double u, bool *p)
     (void)p;
     return (s >= 100 ? 0.064 : 0.04) * (1 + 0.05 * u);
 }
+/* step_update_ratio, one sample a step. An optimizer whose moments were
+ * reset at step 100: its first steps move at the full rate and settle
+ * (4.5x, 3.6x, 3.2x the baseline, then below 3x). */
+static double sur_reset(int64_t s, double u, bool *p)
+{
+    static const double after[] = {4.5, 3.6, 3.2, 2.5, 2.0, 1.6, 1.3};
+    (void)p;
+    if (s >= 100 && s < 100 + (int64_t)(sizeof after / sizeof after[0]))
+        return 0.004 * after[s - 100];
+    return 0.004 * (1 + 0.05 * u);
+}
+/* One outsized step (a single huge gradient under SGD): 10x, once. */
+static double sur_one(int64_t s, double u, bool *p)
+{
+    (void)p;
+    return s == 100 ? 0.04 : 0.004 * (1 + 0.05 * u);
+}
+/* A hidden 10x jump of the rate at step 100: every later step 10x. */
+static double sur_jump(int64_t s, double u, bool *p)
+{
+    (void)p;
+    return (s >= 100 ? 0.04 : 0.004) * (1 + 0.05 * u);
+}
 static double erank_nan(int64_t s, double u, bool *p)
 {
     return s == 50 ? NAN : erank_healthy(s, u, p);
@@ -856,6 +879,29 @@ static const struct scenario scenarios[] = {
      1,
      /* one breach fires it (DETECT_STEP_PERSISTENCE) */
      {{0, 100, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W}}},
+    /* step_update_ratio: five breaching steps in a row
+     * (DETECT_STEP_UPDATE_PERSISTENCE). */
+    {"a step 10x too large from step 100 fires on its fifth step",
+     130,
+     0,
+     1,
+     {{"step_update_ratio", sur_jump}},
+     2,
+     {{0, 100, TP, 0, W}, {0, 104, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W}}},
+    {"an optimizer reset's three full-rate steps do not page",
+     130,
+     0,
+     1,
+     {{"step_update_ratio", sur_reset}},
+     2,
+     {{0, 100, TP, 0, W}, {0, 103, TI, 0, W}}},
+    {"one outsized step does not page",
+     130,
+     0,
+     1,
+     {{"step_update_ratio", sur_one}},
+     2,
+     {{0, 100, TP, 0, W}, {0, 101, TI, 0, W}}},
     {"the update ratio rising 60% (z far beyond 5) does not alert",
      200,
      0,

@@ -85,6 +85,7 @@ Test(client_report, full_report_round_trips_through_protobuf_c)
     cr_assert_eq(fsc_report_set_time(r, 1.7e9), 0);
     cr_assert_eq(fsc_report_set_layer_weight_norms(r, norms, 3), 0);
     cr_assert_eq(fsc_report_set_layer_update_ratios(r, ratios, 2), 0);
+    cr_assert_eq(fsc_report_set_step_update_ratio(r, 0.0025), 0);
     cr_assert_eq(fsc_report_add_attention_gram(r, 3, 1, FSC_KV_HEAD_NONE, 10, dh, 1, 4, ga, gb), 0);
     cr_assert_eq(fsc_report_add_attention_spectrum(r, 2, 5, 1, 20, &sp), 0);
     cr_assert_eq(fsc_report_add_router_gram(r, 7, 3, 0, 1, rg), 0);
@@ -107,6 +108,7 @@ Test(client_report, full_report_round_trips_through_protobuf_c)
     cr_expect(m->scalars->layer_weight_norm[1] == 2.5f && isnan(m->scalars->layer_weight_norm[2]));
     cr_assert_eq(m->scalars->n_layer_update_ratio, 2);
     cr_expect(m->scalars->layer_update_ratio[1] == 0.02f);
+    cr_expect(m->scalars->has_step_update_ratio && m->scalars->step_update_ratio == 0.0025);
 
     cr_assert_eq(m->n_attention, 2);
     Foreshock__AttentionSketch *a = m->attention[0];
@@ -216,6 +218,9 @@ Test(client_report, setters_validate_values)
         {"lr ok", fsc_report_set_lr(r, 1e-3), 0},
         {"loss_scale inf", fsc_report_set_loss_scale(r, INFINITY), -EINVAL},
         {"step_time nan", fsc_report_set_step_time(r, NAN), -EINVAL},
+        {"step ratio 0", fsc_report_set_step_update_ratio(r, 0), 0},
+        {"step ratio nan accepted", fsc_report_set_step_update_ratio(r, NAN), 0},
+        {"step ratio negative", fsc_report_set_step_update_ratio(r, -1e-3), -EINVAL},
         {"time inf", fsc_report_set_time(r, -INFINITY), -EINVAL},
         {"norms ok", fsc_report_set_layer_weight_norms(r, ok2, 2), 0},
         {"norms inf accepted", fsc_report_set_layer_weight_norms(r, inf2, 2), 0},

@@ -134,6 +134,8 @@ enum mutation {
     M_LOSS_NAN,     /* accepted */
     M_GRAD_INF,     /* accepted */
     M_LR_NAN,       /* rejected */
+    M_SUR_NAN,      /* step_update_ratio NaN: accepted, flagged */
+    M_SUR_NEG,      /* step_update_ratio < 0: rejected */
     M_TIME_NAN,     /* rejected */
     M_TIME_INF,     /* rejected */
     M_SUM_H_INF,    /* rejected */
@@ -167,6 +169,8 @@ static const struct report_case report_cases[] = {
     {"NaN loss accepted", M_LOSS_NAN, 0, 0, 0, 1},
     {"Inf grad_norm accepted", M_GRAD_INF, 0, 0, 0, 1},
     {"NaN lr rejected", M_LR_NAN, -EINVAL, E(MALFORMED), -1, 0},
+    {"NaN step_update_ratio accepted", M_SUR_NAN, 0, 0, 0, 1},
+    {"negative step_update_ratio rejected", M_SUR_NEG, -EINVAL, E(MALFORMED), -1, 0},
     {"NaN time_unix rejected", M_TIME_NAN, -EINVAL, E(MALFORMED), -1, 0},
     {"Inf time_unix rejected", M_TIME_INF, -EINVAL, E(MALFORMED), -1, 0},
     {"Inf sum_h rejected", M_SUM_H_INF, -EINVAL, E(MALFORMED), -1, 0},
@@ -204,6 +208,8 @@ static struct bytes report_bytes(enum mutation m)
     sc.loss = m == M_LOSS_NAN ? NAN : 2.5;
     sc.grad_norm = m == M_GRAD_INF ? INFINITY : 1.0;
     sc.lr = m == M_LR_NAN ? NAN : 1e-4;
+    sc.has_step_update_ratio = 1;
+    sc.step_update_ratio = m == M_SUR_NAN ? NAN : (m == M_SUR_NEG ? -0.5 : 2e-3);
 
     Foreshock__GramSketch g = FORESHOCK__GRAM_SKETCH__INIT;
     g.dh = m == M_GRAM_DH_ZERO ? 0 : DH;

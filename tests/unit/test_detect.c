@@ -53,9 +53,10 @@ Test(detect_rules, defaults_are_sane_and_unique)
         cr_assert_eq(r->warmup_steps, ws, "%s", r->name);
         cr_assert_eq(r->window, DETECT_DEFAULT_WINDOW, "%s", r->name);
         /* Router logits wander around their trend in healthy runs: z 8.
-         * update_ratio and centered energy judge by rise_ratio only. */
-        bool ratio_only =
-            strcmp(r->name, "update_ratio") == 0 || strcmp(r->name, "router.centered_energy") == 0;
+         * The update ratios and centered energy judge by rise_ratio only. */
+        bool ratio_only = strcmp(r->name, "update_ratio") == 0 ||
+                          strcmp(r->name, "step_update_ratio") == 0 ||
+                          strcmp(r->name, "router.centered_energy") == 0;
         double z = strcmp(r->name, "router.zloss") == 0 ? 8.0
                    : ratio_only                         ? DETECT_MAX_Z
                                                         : DETECT_DEFAULT_Z;
@@ -89,6 +90,7 @@ static const struct {
     {"router.load_entropy", DETECT_FAMILY_ROUTER_BALANCE, DETECT_FALL_IS_BAD, false, 0, 3, 0, 0, 0},
     {"weight_norm", DETECT_FAMILY_WEIGHT_NORM, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
     {"update_ratio", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 1, 0, 3.0, 0},
+    {"step_update_ratio", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 5, 0, 3.0, 0},
     {"lr", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
     {"loss", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
     {"grad_norm", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
@@ -509,7 +511,9 @@ Test(detect_step, baseline_starts_apart_from_detection)
     struct detect_rules rules;
     detect_rules_default(&rules);
     for (size_t i = 0; i < rules.n; i++)
-        cr_assert_eq(rules.rule[i].early_baseline, strcmp(rules.rule[i].name, "update_ratio") == 0,
+        cr_assert_eq(rules.rule[i].early_baseline,
+                     strcmp(rules.rule[i].name, "update_ratio") == 0 ||
+                         strcmp(rules.rule[i].name, "step_update_ratio") == 0,
                      "%s", rules.rule[i].name);
 }
 

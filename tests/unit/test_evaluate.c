@@ -262,6 +262,8 @@ static const struct {
     {{"loss", -1, -1, 0, 1}, false, NULL, 0}, /* rank 1's loss: not detected */
     {{"grad_norm", -1, -1, 0, 0}, true, "grad_norm", 0},
     {{"update_ratio", 3, -1, 0, 0}, true, "update_ratio", 0},
+    {{"step_update_ratio", -1, -1, 0, 0}, true, "step_update_ratio", 0},
+    {{"step_update_ratio", -1, -1, 0, 1}, false, NULL, 0}, /* rank 1's: not detected */
     {{"weight_norm", 3, -1, 0, 0}, true, "weight_norm", 0},
     {{"lr", -1, -1, 0, 0}, true, "lr", 0},
     /* A per-node daemon hearing ranks 4-7 detects rank 4's scalars. */

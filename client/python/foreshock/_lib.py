@@ -138,6 +138,7 @@ _SIGNATURES = {
     "fsc_report_set_tokens": (ctypes.c_int, [_vp, _u64]),
     "fsc_report_set_layer_weight_norms": (ctypes.c_int, [_vp, _F32P, _sz]),
     "fsc_report_set_layer_update_ratios": (ctypes.c_int, [_vp, _F32P, _sz]),
+    "fsc_report_set_step_update_ratio": (ctypes.c_int, [_vp, _dbl]),
     "fsc_report_add_attention_gram": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32, _u32, _u32,
                                                      _u32, _F32P, _F32P]),
     "fsc_report_add_attention_spectrum": (ctypes.c_int, [_vp, _u32, _u32, _u32, _u32,
@@ -147,6 +148,10 @@ _SIGNATURES = {
                                                     _U64P, _F64P]),
     "fsc_poll_advice": (ctypes.c_int, [_vp, ctypes.POINTER(_Advice)]),
 }
+
+# Functions added after the first release: a library without them still
+# loads, and what they set is left out of the reports (build_report).
+_LATER = frozenset({"fsc_report_set_step_update_ratio"})
 
 _lib_lock = threading.Lock()
 _lib_cache = {}
@@ -186,8 +191,15 @@ def load(path=None):
             except OSError as e:
                 tried.append(f"{cand} ({e})")
                 continue
+            lib.fs_missing = set()
             for name, (res, args) in _SIGNATURES.items():
-                fn = getattr(lib, name)
+                fn = getattr(lib, name, None)
+                if fn is None and name in _LATER:
+                    lib.fs_missing.add(name)
+                    continue
+                if fn is None:
+                    raise OSError(f"{cand} has no {name}: a libforeshock older than this "
+                                  "client; use the library built with it (FORESHOCK_LIB)")
                 fn.restype, fn.argtypes = res, args
             _lib_cache[path] = lib
             return lib
@@ -245,6 +257,10 @@ def build_report(lib, rep):
                 _check(fn(r, float(s[key])), key)
         if s.get("tokens") is not None:
             _check(lib.fsc_report_set_tokens(r, int(s["tokens"])), "tokens")
+        if s.get("step_update_ratio") is not None and \
+                "fsc_report_set_step_update_ratio" not in lib.fs_missing:
+            _check(lib.fsc_report_set_step_update_ratio(r, float(s["step_update_ratio"])),
+                   "step_update_ratio")
         if rep.time_unix is not None:
             _check(lib.fsc_report_set_time(r, float(rep.time_unix)), "time")
         if rep.layer_weight_norm is not None:

@@ -467,6 +467,14 @@ class Monitor:
                  True: every data-parallel rank sees its own tokens)
     layer_norms  send per-layer |W| and update ratio of the monitored
                  weights (Q, K and router of the layer) at sketch steps
+    step_ratio   send every step's update-to-weight ratio over all monitored
+                 weights, |W(t) - W(t-1)| / |W(t-1)| (default True, on the
+                 rank that sends sketches): a step 10x too large shows in its
+                 first step, not at the next sketch. Costs one copy of the
+                 monitored weights (Q, K, router rows) and a difference norm
+                 per step, on their device. Not on DTensor (FSDP2 / tensor
+                 parallel) weights: reading them whole is a collective, and
+                 a per-step gather is not worth a step's time
     detect_from_step  detection starts at this step; default: the daemon judges by
                  training progress (3x the end of the LR warm-up, so pass lr=
                  or optimizer=)
@@ -505,7 +513,7 @@ class Monitor:
                  windows=(10, 50), every=None, attention=None, routers=None, layers=None,
                  n_heads=None, n_kv_heads=None, head_dim=None, top_k=None, shard_group=None,
                  shard=None, shard_reduce="trainer", send_sketches=None, send_tokens=True,
-                 layer_norms=True, token=None, detect_from_step=None,
+                 layer_norms=True, step_ratio=True, token=None, detect_from_step=None,
                  replay_bytes=DEFAULT_REPLAY_BYTES, queue_reports=DEFAULT_QUEUE_REPORTS,
                  gram_dtype=torch.float32, transport=None, lib=None, client_name=None,
                  backoff_max_s=None, record=None, optimizer=None, route=None,
@@ -624,6 +632,8 @@ class Monitor:
         # DTensor weights are gathered by a collective: every rank reads them (dtensor.py).
         self._dtensors = dtensor.has_dtensors(model)
         self.compute_sketches = self.compute_sketches or self._dtensors
+        self.step_ratio = bool(step_ratio) and self.send_sketches and not self._dtensors
+        self._prev_step = None      # (step, {key: clone}) for step_ratio
 
         # Discovery (layouts.py): one summary record of what is monitored,
         # what was skipped and why, and the argument that fixes it.
@@ -981,8 +991,17 @@ class Monitor:
         job = _Job(step, time.time(), scalars)
         sketch_step = step % self.every == 0
         now = None
-        if sketch_step and self.compute_sketches and not self._sender_busy(step):
+        if self.step_ratio:
             now = self._weights()
+            r = self._guarded("sketch", None, self._step_update_ratio, step, now)
+            if r is _FAILED:  # counted and logged by _guarded; not tried again
+                self.step_ratio, self._prev_step = False, None
+                log.warning("foreshock: the per-step update ratio is off for the rest of "
+                            "the run (it failed at step %d); sketches go on", step)
+            elif r is not None:
+                scalars["step_update_ratio"] = r
+        if sketch_step and self.compute_sketches and not self._sender_busy(step):
+            now = now if now is not None else self._weights()
             self._sketch(job, step, now)
         if sketch_step and self.send_tokens and self.routers:
             with self._tok_lock:
@@ -1079,6 +1098,43 @@ class Monitor:
             for m, f in enumerate(flags):
                 if f:
                     job.flags[m] = 1.0
+
+    def _step_update_ratio(self, step, now):
+        """|W(step) - W(step-1)| / |W(step-1)| over the monitored modules
+        (now: _weights(); live ones, in both steps) as a 0-d float64 tensor
+        on their device,
+        or None: the first step, or a step that does not follow the last
+        one (a resume, a step() skipped). The previous weights are kept as
+        copies, refreshed in place. A failure here disables no module:
+        _step turns the ratio off and the sketches go on."""
+        prev = self._prev_step
+        if prev is None or prev[0] != step - 1:
+            self._prev_step = (step, {k: _clone(v) for k, v in now.items()})
+            return None
+        old = prev[1]
+        d2 = o2 = None
+        for key, cur in now.items():
+            if key not in old:
+                old[key] = _clone(cur)
+                continue
+            pair_c = cur if isinstance(cur, tuple) else (cur,)
+            pair_o = old[key] if isinstance(old[key], tuple) else (old[key],)
+            if any(c.shape != o.shape for c, o in zip(pair_c, pair_o)):
+                old[key] = _clone(cur)
+                continue
+            for c, o in zip(pair_c, pair_o):
+                # In the weights' dtype, accumulated in float64: no float64
+                # copy of a weight is made every step.
+                dd = torch.linalg.vector_norm(c.detach() - o, dtype=torch.float64) ** 2
+                oo = torch.linalg.vector_norm(o, dtype=torch.float64) ** 2
+                d2 = dd if d2 is None else d2 + dd.to(d2.device)
+                o2 = oo if o2 is None else o2 + oo.to(o2.device)
+                o.copy_(c)
+        self._prev_step = (step, old)
+        if d2 is None:
+            return None
+        return torch.where(o2 > 0, torch.sqrt(d2 / torch.where(o2 > 0, o2, torch.ones_like(o2))),
+                           torch.zeros_like(o2))
 
     def _norms(self, now, base):
         """[n_modules, 3]: squared |W(t)|, |W(t)-W(t0)|, |W(t0)| per monitored

@@ -66,7 +66,8 @@ class RouterTokens:
 class Report:
     step: int
     time_unix: Optional[float] = None
-    scalars: dict = field(default_factory=dict)   # loss, grad_norm, lr, loss_scale, tokens, step_time
+    scalars: dict = field(default_factory=dict)   # loss, grad_norm, lr, loss_scale, tokens, step_time,
+    #                                               step_update_ratio
     layer_weight_norm: Optional[np.ndarray] = None
     layer_update_ratio: Optional[np.ndarray] = None
     attention: list = field(default_factory=list)   # AttentionGram or AttentionSpectrum
