@@ -431,10 +431,12 @@ static void per_lr(const struct eval_progress *p, const struct eval_track *t, ui
 }
 
 /* The step training progress puts a start at, for a sample at `step`:
- * `warmups` x the LR warm-up end, at least `min`; `no_lr` for a trainer
- * that reports no learning rate; INT64_MAX while the LR still rises;
- * detect_from_step > 0 wins. Detection's start and an early baseline's
- * differ only in those three numbers. */
+ * `warmups` x the LR warm-up end, at least `min`, both counted from the
+ * run's origin (evaluate.h: step 0, or the first LR's step for a run first
+ * seen late); `no_lr` for a trainer that reports no learning rate;
+ * INT64_MAX while the LR still rises; detect_from_step > 0 wins.
+ * Detection's start and an early baseline's differ only in those three
+ * numbers. */
 static int64_t progress_step(const struct eval_run *er, uint64_t step, int64_t detect_from_step,
                              int64_t warmups, int64_t min, int64_t no_lr)
 {
@@ -444,8 +446,9 @@ static int64_t progress_step(const struct eval_run *er, uint64_t step, int64_t d
     /* Only what earlier steps said: warmup_end == step was learnt from this
      * step's own LR, which may be fed after this sample. */
     if (p->warmup_end >= 0 && p->warmup_end < (int64_t)step) {
-        int64_t start = warmups * p->warmup_end;
-        return start > min ? start : min;
+        int64_t origin = p->lr_first_step >= EVAL_LATE_FIRST_STEP ? p->lr_first_step : 0;
+        int64_t start = origin + warmups * (p->warmup_end - origin);
+        return start > origin + min ? start : origin + min;
     }
     if (!p->lr_seen || p->lr_first_step >= (int64_t)step)
         return no_lr;

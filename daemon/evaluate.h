@@ -43,12 +43,22 @@
  *   detect_from_step, when the run (Hello) or the configuration sets one;
  *   else EVAL_START_WARMUPS x the LR warm-up end, at least EVAL_START_MIN;
  *   else, for a trainer that reports no learning rate, EVAL_START_NO_LR.
+ * Steps count from the run's origin: step 0, or, for a run whose first
+ * learning rate came at step EVAL_LATE_FIRST_STEP or later (a Monitor
+ * attached to a resumed job or a running one), that first step. The
+ * warm-up end is then the first step after the origin that the LR did not
+ * rise (origin + 1 when the warm-up was over before the monitor came):
+ * detection starts at origin + EVAL_START_WARMUPS x (warm-up end -
+ * origin), at least origin + EVAL_START_MIN. Counted from step 0, a job
+ * resumed at step 1,000 with its rate past the warm-up had no detection
+ * until step 3,003 (the tenth held-out look: no attention rule ever ran).
  * Samples before the start neither fire (a non-finite value aside) nor
  * enter the baseline; after it, each rule's `warmup` samples build the
  * baseline. A series already started (restored after a restart) goes on. */
 #define EVAL_START_WARMUPS 3
 #define EVAL_START_MIN 100
 #define EVAL_START_NO_LR 150
+#define EVAL_LATE_FIRST_STEP 100
 /* Where the baseline of an early_baseline rule (detect.h) starts, and its
  * detection once the baseline is warm: at the LR warm-up end (the step
  * size is at its scheduled level from there on, so it needs no

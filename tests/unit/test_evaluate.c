@@ -28,27 +28,40 @@ static double warm2000(int64_t s)
 {
     return 1e-3 * (double)(s + 1) / 2000;
 }
+/* A fine-tune of a trained model from step 1,001: warmed up again over 100
+ * steps, then constant. */
+static double rewarm_at_1001(int64_t s)
+{
+    return s < 1100 ? 1e-3 * (double)(s - 1000) / 100 : 1e-3;
+}
 
 static const struct {
     const char *name;
     double (*lr)(int64_t);
-    int64_t feed_until; /* LR fed for steps 1..feed_until (0: none) */
+    int64_t feed_from, feed_until; /* LR fed for steps feed_from..feed_until (0: none) */
     int64_t detect_from;
     uint64_t at;
     int64_t want;
 } start_cases[] = {
-    {"50-step warm-up, then constant: 3 x 50", warm50_const, 400, 0, 300, 150},
-    {"10-step warm-up, cosine: at least step 100", warm10_cosine, 400, 0, 300, 100},
-    {"constant from step 1", constant, 400, 0, 300, 100},
-    {"still warming up: not yet", warm2000, 400, 0, 300, INT64_MAX},
-    {"no LR reported", NULL, 0, 0, 300, 150},
-    {"detect_from_step wins", warm50_const, 400, 40, 300, 40},
-    {"detect_from_step wins without LR", NULL, 0, 500, 300, 500},
+    {"50-step warm-up, then constant: 3 x 50", warm50_const, 1, 400, 0, 300, 150},
+    {"10-step warm-up, cosine: at least step 100", warm10_cosine, 1, 400, 0, 300, 100},
+    {"constant from step 1", constant, 1, 400, 0, 300, 100},
+    {"still warming up: not yet", warm2000, 1, 400, 0, 300, INT64_MAX},
+    {"no LR reported", NULL, 0, 0, 0, 300, 150},
+    {"detect_from_step wins", warm50_const, 1, 400, 40, 300, 40},
+    {"detect_from_step wins without LR", NULL, 0, 0, 500, 300, 500},
     /* The LR of step 50 is the first that does not rise: the warm-up ends
      * there; a sample of step 50 itself does not know yet (its LR may be
      * fed after it). */
-    {"warm-up end seen at its own step: not yet", warm50_const, 50, 0, 50, INT64_MAX},
-    {"warm-up end seen a step later", warm50_const, 50, 0, 51, 150},
+    {"warm-up end seen at its own step: not yet", warm50_const, 1, 50, 0, 50, INT64_MAX},
+    {"warm-up end seen a step later", warm50_const, 1, 50, 0, 51, 150},
+    /* A Monitor attached to a trained model (evaluate.h: the run's origin
+     * is its first LR's step). Counted from step 0 these started at 3 x
+     * 1,002: no detection for 2,000 steps. */
+    {"attached at 1,001 past the warm-up: 100 steps on", warm10_cosine, 1001, 1400, 0, 1300, 1101},
+    {"re-warmed over 100 steps from 1,001: 3 of those warm-ups", rewarm_at_1001, 1001, 1400, 0,
+     1400, 1301},
+    {"first LR at step 99: seen from the start, 3 x 100", constant, 99, 400, 0, 300, 300},
 };
 
 Test(evaluate, start_of_detection_by_progress)
@@ -58,7 +71,8 @@ Test(evaluate, start_of_detection_by_progress)
         struct eval_run er;
         detect_rules_default(&rules);
         eval_run_init(&er, &rules);
-        for (int64_t s = 1; start_cases[i].lr && s <= start_cases[i].feed_until; s++)
+        for (int64_t s = start_cases[i].feed_from;
+             start_cases[i].lr && s <= start_cases[i].feed_until; s++)
             eval_progress_lr(&er, (uint64_t)s, start_cases[i].lr(s));
         int64_t got = eval_start_step(&er, start_cases[i].at, start_cases[i].detect_from);
         cr_expect_eq(got, start_cases[i].want, "%s: got %lld", start_cases[i].name, (long long)got);
@@ -72,18 +86,22 @@ Test(evaluate, start_of_detection_by_progress)
 static const struct {
     const char *name;
     double (*lr)(int64_t);
-    int64_t feed_until;
+    int64_t feed_from, feed_until;
     int64_t detect_from;
     uint64_t at;
     int64_t want;
 } baseline_cases[] = {
-    {"50-step warm-up: at its end", warm50_const, 400, 0, 300, 50},
-    {"10-step warm-up: not before step 50", warm10_cosine, 400, 0, 300, 50},
-    {"constant from step 1: step 50", constant, 400, 0, 300, 50},
-    {"still warming up: not yet", warm2000, 400, 0, 300, INT64_MAX},
-    {"no LR reported", NULL, 0, 0, 300, 50},
-    {"detect_from_step wins", warm50_const, 400, 40, 300, 40},
-    {"warm-up end seen at its own step: not yet", warm50_const, 50, 0, 50, INT64_MAX},
+    {"50-step warm-up: at its end", warm50_const, 1, 400, 0, 300, 50},
+    {"10-step warm-up: not before step 50", warm10_cosine, 1, 400, 0, 300, 50},
+    {"constant from step 1: step 50", constant, 1, 400, 0, 300, 50},
+    {"still warming up: not yet", warm2000, 1, 400, 0, 300, INT64_MAX},
+    {"no LR reported", NULL, 0, 0, 0, 300, 50},
+    {"detect_from_step wins", warm50_const, 1, 400, 40, 300, 40},
+    {"warm-up end seen at its own step: not yet", warm50_const, 1, 50, 0, 50, INT64_MAX},
+    /* Attached late: not before 50 steps after the first (an optimizer
+     * reset with the attach moves every weight by the full rate). */
+    {"attached at 1,001 past the warm-up: step 1,051", warm10_cosine, 1001, 1400, 0, 1300, 1051},
+    {"re-warmed over 100 steps from 1,001: at its end", rewarm_at_1001, 1001, 1400, 0, 1400, 1101},
 };
 
 Test(evaluate, start_of_early_baselines_by_progress)
@@ -93,7 +111,8 @@ Test(evaluate, start_of_early_baselines_by_progress)
         struct eval_run er;
         detect_rules_default(&rules);
         eval_run_init(&er, &rules);
-        for (int64_t s = 1; baseline_cases[i].lr && s <= baseline_cases[i].feed_until; s++)
+        for (int64_t s = baseline_cases[i].feed_from;
+             baseline_cases[i].lr && s <= baseline_cases[i].feed_until; s++)
             eval_progress_lr(&er, (uint64_t)s, baseline_cases[i].lr(s));
         int64_t got = eval_baseline_step(&er, baseline_cases[i].at, baseline_cases[i].detect_from);
         cr_expect_eq(got, baseline_cases[i].want, "%s: got %lld", baseline_cases[i].name,
