@@ -115,8 +115,11 @@ int alert_step(struct alert_state *st, const struct detect_rule *rule,
                 st->severity = DETECT_SEVERITY_CRITICAL;
             }
             if (st->state != ALERT_FIRING) {
-                /* A non-finite value cannot become "more" confirmed: page now. */
-                if (v->non_finite || persisted(st, rule, scope, v, step))
+                /* A non-finite value cannot become "more" confirmed: page
+                 * now, or after nonfinite_persistence breaches in a row
+                 * (grad_norm: a loss scaler's skipped overflows). */
+                uint32_t nf = rule->nonfinite_persistence > 1 ? rule->nonfinite_persistence : 1;
+                if (v->non_finite ? st->breach_run >= nf : persisted(st, rule, scope, v, step))
                     to = ALERT_FIRING;
                 else
                     to = ALERT_PENDING;

@@ -278,7 +278,8 @@ static const struct detect_rule default_rules[] = {
      .direction = DETECT_RISE_IS_BAD, .spike_ratio = DETECT_DEFAULT_SPIKE_RATIO},
     {RULE_DEFAULTS, .name = "grad_norm", .family = DETECT_FAMILY_SCALAR_LOSS,
      .direction = DETECT_RISE_IS_BAD, .spike_ratio = DETECT_DEFAULT_SPIKE_RATIO,
-     .scale_rel = DETECT_GRAD_NORM_SCALE_REL},
+     .scale_rel = DETECT_GRAD_NORM_SCALE_REL,
+     .nonfinite_persistence = DETECT_GRAD_NONFINITE_PERSISTENCE},
 };
 
 _Static_assert(sizeof default_rules / sizeof default_rules[0] <= DETECT_MAX_RULES,
@@ -503,6 +504,12 @@ static const struct detect_key detect_keys[] = {
     {.key = "magnitude_persistence",
      .kind = DETECT_KEY_U32,
      .off = DETECT_FIELD(magnitude_persistence),
+     .lo = 0,
+     .hi = DETECT_MAX_PERSISTENCE,
+     .expect = "an integer 0..10000"},
+    {.key = "nonfinite_persistence",
+     .kind = DETECT_KEY_U32,
+     .off = DETECT_FIELD(nonfinite_persistence),
      .lo = 0,
      .hi = DETECT_MAX_PERSISTENCE,
      .expect = "an integer 0..10000"},

@@ -113,6 +113,14 @@
 #define DETECT_STEP_PERSISTENCE 1 /* update_ratio: breaches to fire (detect.c) */
 /* step_update_ratio: breaching steps in a row to fire (detect.c). */
 #define DETECT_STEP_UPDATE_PERSISTENCE 5
+/* grad_norm's nonfinite_persistence: fp16 training under dynamic loss
+ * scaling overflows routinely (the scaler skips the step and halves its
+ * scale; PyTorch's recipe then reports an inf gradient norm), a few steps
+ * in a row while the scale calibrates. A blow-up that is not skipped
+ * turns the weights and the next loss non-finite, and `loss` fires at
+ * once. 32 halvings take any starting scale below what a healthy run
+ * needs. */
+#define DETECT_GRAD_NONFINITE_PERSISTENCE 32
 /* Delta2 floors (detect.c): rank one, and 30% of the head's own excess over
  * rank one. */
 #define DETECT_D2_SCALE_REL 0.1                   /* Delta2 ranks' z scale floor, x level */
@@ -233,6 +241,9 @@ struct detect_rule {
      * alert.c persisted(). 0: off. */
     uint32_t magnitude_persistence;
     uint32_t resolve_after; /* consecutive normal samples to resolve */
+    /* Consecutive breaching samples, the current one non-finite, before a
+     * non-finite value fires (alert.c); 0 or 1: at once, critical. */
+    uint32_t nonfinite_persistence;
 };
 
 struct detect_rules {

@@ -158,6 +158,49 @@ Test(alert_lifecycle, windowed_persistence)
     }
 }
 
+/* Non-finite values per rule (nonfinite_persistence): the loss pages at
+ * once; the gradient norm of a loss scaler's skipped overflows (an inf for
+ * a step, a burst of three) does not, 32 in a row does. Letters as above,
+ * one sample a step. */
+static const struct {
+    const char *rule, *in, *out;
+} nonfinite_cases[] = {
+    {"loss", "NX", ".F"},
+    {"grad_norm", "NXN", ".PI"},
+    {"grad_norm", "NXXXNN", ".P..I."},
+    {"grad_norm", "XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX",
+     "P"
+     ".............................."
+     "F"},
+    {"grad_norm", "XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXN",
+     "P"
+     ".............................."
+     "I"},
+};
+
+Test(alert_lifecycle, nonfinite_persistence_by_rule)
+{
+    for (size_t i = 0; i < sizeof nonfinite_cases / sizeof nonfinite_cases[0]; i++) {
+        struct detect_rule r = rule_named(nonfinite_cases[i].rule);
+        struct alert_state st;
+        alert_state_init(&st);
+        struct alert_scope scope = {.layer = -1, .head = -1, .window = 0, .rank = 0};
+        char got[64] = {0};
+        size_t n = strlen(nonfinite_cases[i].in);
+        cr_assert_lt(n, sizeof got);
+        for (size_t k = 0; k < n; k++) {
+            struct detect_verdict v = verdict_for(nonfinite_cases[i].in[k], (double)k);
+            struct alert_transition tr;
+            cr_assert_eq(alert_step(&st, &r, &scope, &v, 100 + (int64_t)k, 0, &tr), 0);
+            got[k] = change_letter(tr.change);
+            if (tr.change == ALERT_CHANGE_TO_FIRING)
+                cr_assert_eq(tr.severity, DETECT_SEVERITY_CRITICAL, "case %zu", i);
+        }
+        cr_assert_str_eq(got, nonfinite_cases[i].out, "case %zu (%s %s)", i,
+                         nonfinite_cases[i].rule, nonfinite_cases[i].in);
+    }
+}
+
 Test(alert_lifecycle, evidence_on_firing_and_resolve)
 {
     struct detect_rule r = rule_named("qk.d2.erank");
@@ -219,7 +262,7 @@ Test(alert_lifecycle, evidence_on_firing_and_resolve)
 
 Test(alert_lifecycle, nonfinite_is_critical_even_for_warning_rules)
 {
-    struct detect_rule r = rule_named("grad_norm");
+    struct detect_rule r = rule_named("loss");
     cr_assert_eq(r.severity, DETECT_SEVERITY_WARNING);
     struct alert_state st;
     alert_state_init(&st);
