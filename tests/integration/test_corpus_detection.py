@@ -204,14 +204,16 @@ def main(args, workdir):
     print(f"corpus-holdout4: {len(faulted)}/{len(faulted)} diverged faulted runs caught with the "
           f"right label ({n} LR faults without the lr rule), healthy quiet")
 
-    def check_look(name, least, healthy_known=(), label_known=(), lr_least=0, missed_known=()):
+    def check_look(name, least, healthy_known=(), label_known=(), lr_least=0, missed_known=(),
+                   unseen_known=()):
         """A later look as it scores: every healthy run quiet but the runs
         of healthy_known ((run, rule) of its first alert), no alert in a
         healthy phase, every diverged faulted run caught before divergence
-        with the right label but those of label_known ((run, label)) and
+        with the right label but those of label_known ((run, label)),
         missed_known (runs that diverged before the first sketch after
-        their fault, asserted not caught), and at least lr_least diverged
-        LR faults right without the lr rule."""
+        their fault, asserted not caught) and unseen_known (runs asserted
+        not caught in time, for a documented reason), and at least
+        lr_least diverged LR faults right without the lr rule."""
         corpus = os.path.join(data, name)
         rows, val = scored(corpus)
         noisy = [r for r in rows if r["family"] == "healthy" and not r["ok"]]
@@ -229,11 +231,16 @@ def main(args, workdir):
               all(r["div"] - r["fault"] < scorecard.MONITOR_EVERY for r in fast),
               f"{name}: known misses changed: " + describe(fast))
         known += fast
+        unseen = [r for r in faulted if r["run"] in unseen_known]
+        check(len(unseen) == len(unseen_known) and not any(r["caught"] for r in unseen),
+              f"{name}: known misses changed: " + describe(unseen))
+        known += unseen
         bad = [r for r in faulted if not r["ok"] and r not in known]
         check(len(faulted) >= least and not bad, f"{name}: " + describe(bad))
         n = check_lr_without_lr_rule(corpus, ("lr",), lr_least, "on " + name,
-                                     missed_known) if lr_least else 0
-        print(f"{name}: {len(faulted) - len(fast)}/{len(faulted)} diverged faulted runs caught, "
+                                     tuple(missed_known) + tuple(unseen_known)) if lr_least else 0
+        print(f"{name}: {len(faulted) - len(fast) - len(unseen)}/{len(faulted)} diverged faulted "
+              f"runs caught, "
               f"{len(faulted) - len(known)} with the right label ({n} LR faults without the "
               f"lr rule), {len(noisy)} known healthy page(s)")
         return rows
@@ -276,6 +283,16 @@ def main(args, workdir):
     hard = [r for r in rows if "healthy-datahard" in r["run"]]
     check(len(hard) == 2 and all(r["label"] == "loss-spike" for r in hard),
           "corpus-holdout9: harder data's first mechanism pages: " + describe(hard))
+    # The tenth look (a Monitor attached at step 1,001 to trained models),
+    # blind on the defaults of its day; since then training progress counts
+    # from the run's first step (every attention fault caught), qk.cqk's z
+    # scale is 10% of its level and a non-finite gradient norm needs 32 in
+    # a row (its healthy runs quiet). Known and documented: a hidden 3x
+    # jump lifts the update ratio 2.5-2.8x, below update_ratio's 3x, and
+    # no rule sees it before divergence.
+    check_look("corpus-holdout10", 12, lr_least=6, unseen_known=[
+        "llama-dh64-h4-kv2-l6.lr-jump3-hidden.s101",
+        "moe16-top4-shared-dh24-h4-l4.lr-jump3-hidden.s101"])
 
 
 if __name__ == "__main__":
