@@ -218,8 +218,9 @@ static const struct detect_rule default_rules[] = {
      .per_lr = true,
      .still_rewarms = true},
     /* The same step size at the resolution of one optimizer step: the
-     * client's step_update_ratio, |W(t) - W(t-1)| / |W(t-1)| over all
-     * monitored weights, sent with every step. update_ratio is sampled
+     * client's step_update_ratio, |W(t) - W(t-1)| / |W(t-1)| over the
+     * monitored weights that moved (frozen ones left out, so unfreezing
+     * is no jump), sent with every step. update_ratio is sampled
      * once per sketch, so a step 10x too large that diverges a run within
      * the 10 steps between two sketches (the third and eighth held-out
      * looks: 9 steps) was seen only after it; here it is seen from its

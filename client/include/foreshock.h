@@ -325,7 +325,7 @@ int fsc_report_set_tokens(fsc_report *r, uint64_t tokens);
  * values >= 0 or non-finite. Replaces an earlier call (n = 0 clears). */
 int fsc_report_set_layer_weight_norms(fsc_report *r, const float *v, size_t n);
 int fsc_report_set_layer_update_ratios(fsc_report *r, const float *v, size_t n);
-/* This step's update-to-weight ratio over all monitored weights,
+/* This step's update-to-weight ratio over the monitored weights that moved,
  * |W(t) - W(t-1)| / |W(t-1)|: >= 0 or non-finite (-EINVAL when negative). */
 int fsc_report_set_step_update_ratio(fsc_report *r, double ratio);
 

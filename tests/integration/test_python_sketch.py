@@ -377,6 +377,54 @@ def check_routers(torch, nn, foreshock):
     print("  routers (Mixtral gate, DeepSeek MoEGate): Grams and token statistics match", flush=True)
 
 
+def check_step_ratio(torch, nn, foreshock):
+    """step_update_ratio over the weights that moved: one layer of two
+    frozen, then both moving, then a step that moved nothing (a skipped
+    step: 0), then a step() skipped (no value: no step before it)."""
+    from foreshock.testing import RecordingTransport
+    rng = np.random.default_rng(5)
+    h, kv, dh, d = 4, 2, 8, 16
+    cases = {c[0]: c for c in build_cases(torch, nn, foreshock)}
+    model, set_t = cases["llama q_proj/k_proj GQA"][1]([HeadSet(rng, h, kv, dh, d)
+                                                        for _ in range(2)])
+    set_t(0)
+    qk = [[p for n, p in model.named_parameters() if n.endswith(("q_proj.weight",
+                                                                  "k_proj.weight"))
+           and f".{layer}." in f".{n}"] for layer in range(2)]
+    check(all(len(ps) == 2 for ps in qk), f"q/k weights by layer: {[len(ps) for ps in qk]}")
+    rec = RecordingTransport()
+    mon = foreshock.Monitor(model, run="ratio", windows=(1,), every=1, transport=rec, routers=[])
+    want = {}
+
+    def move(step, layers, scale):
+        before = [[p.detach().double().clone() for p in qk[i]] for i in range(2)]
+        with torch.no_grad():
+            for i in layers:
+                for p in qk[i]:
+                    p.add_(scale * torch.from_numpy(rng.standard_normal(tuple(p.shape))).float())
+        dn = on = 0.0
+        for i in layers:
+            for p, b in zip(qk[i], before[i]):
+                dn += float(((p.detach().double() - b) ** 2).sum())
+                on += float((b ** 2).sum())
+        want[step] = math.sqrt(dn / on) if on else 0.0
+        mon.step(step, loss=1.0)
+    mon.step(0, loss=1.0)
+    move(1, [0], 0.01)        # layer 1 frozen: the ratio of layer 0 alone
+    move(2, [0, 1], 0.02)     # unfrozen: both
+    move(3, [], 0.0)          # nothing moved: 0
+    mon.step(5, loss=1.0)     # step 4 never reported: no ratio at 5
+    mon.close(10)
+    got = {r.step: r.scalars.get("step_update_ratio") for r in rec.reports}
+    check(got.get(0) is None and got.get(5) is None, f"ratio without a previous step: {got}")
+    for step, w in want.items():
+        g = got.get(step)
+        check(g is not None and abs(g - w) <= 1e-6 * max(w, 1e-12),
+              f"step {step}: step_update_ratio {g}, want {w}")
+    print(f"  step_update_ratio: one layer frozen {got[1]:.5f}, both moving {got[2]:.5f}, none "
+          f"0, no value without the step before (float64 reference)", flush=True)
+
+
 def check_daemon(args, workdir, torch, nn, foreshock):
     """One GQA model through libforeshock into the real daemon."""
     from fsapi import Api
@@ -445,6 +493,7 @@ def main(args, workdir):
     torch.set_num_threads(1)
     check_layouts(torch, nn, foreshock)
     check_routers(torch, nn, foreshock)
+    check_step_ratio(torch, nn, foreshock)
     check_daemon(args, workdir, torch, nn, foreshock)
 
 

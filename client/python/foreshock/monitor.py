@@ -467,8 +467,9 @@ class Monitor:
                  True: every data-parallel rank sees its own tokens)
     layer_norms  send per-layer |W| and update ratio of the monitored
                  weights (Q, K and router of the layer) at sketch steps
-    step_ratio   send every step's update-to-weight ratio over all monitored
-                 weights, |W(t) - W(t-1)| / |W(t-1)| (default True, on the
+    step_ratio   send every step's update-to-weight ratio over the monitored
+                 weights that moved (frozen ones left out; 0 for a step that
+                 moved none), |W(t) - W(t-1)| / |W(t-1)| (default True, on the
                  rank that sends sketches): a step 10x too large shows in its
                  first step, not at the next sketch. Costs one copy of the
                  monitored weights (Q, K, router rows) and a difference norm
@@ -1100,9 +1101,9 @@ class Monitor:
                     job.flags[m] = 1.0
 
     def _step_update_ratio(self, step, now):
-        """|W(step) - W(step-1)| / |W(step-1)| over the monitored modules
-        (now: _weights(); live ones, in both steps) as a 0-d float64 tensor
-        on their device,
+        """|W(step) - W(step-1)| / |W(step-1)| over the monitored weights
+        that moved (now: _weights(); live modules, in both steps) as a 0-d
+        float64 tensor on their device (0 when none moved),
         or None: the first step, or a step that does not follow the last
         one (a resume, a step() skipped). The previous weights are kept as
         copies, refreshed in place. A failure here disables no module:
@@ -1131,11 +1132,17 @@ class Monitor:
         # handful per module: on an 80-layer model the launches of a loop
         # would cost the training thread milliseconds a step. Norms in the
         # weights' dtype, squared and summed in float64.
+        # Weights that did not move at all (frozen) count in neither sum:
+        # unfreezing most of a model would otherwise lift the ratio by
+        # sqrt(all / moving) for good, a step-size page. A step where none
+        # moved (skipped by a loss scaler) is 0.
         d = torch._foreach_norm(torch._foreach_sub(curs, olds))
         o = torch._foreach_norm(olds)
         dev = olds[0].device
-        d2 = torch.stack([x.to(dev, torch.float64) for x in d]).pow(2).sum()
-        o2 = torch.stack([x.to(dev, torch.float64) for x in o]).pow(2).sum()
+        dd = torch.stack([x.to(dev, torch.float64) for x in d]).pow(2)
+        oo = torch.stack([x.to(dev, torch.float64) for x in o]).pow(2)
+        d2 = dd.sum()
+        o2 = torch.where(dd > 0, oo, torch.zeros_like(oo)).sum()
         copy = getattr(torch, "_foreach_copy_", None)
         if copy is not None:
             copy(olds, curs)
