@@ -1604,7 +1604,10 @@ class Monitor:
         the sender thread's CPU time (sender_cpu_s, sender_cpu_per_report_s);
         failures (counts by stage, STAGES) and disabled_modules (the
         modules no longer monitored, name -> why). Never raises: a transport
-        whose stats fail counts as a "send" failure and gives no keys."""
+        whose stats fail counts as a "send" failure and gives no keys. After
+        close(): the final counts close() returned (the connection is gone)."""
+        if self._closed and self._final:
+            return dict(self._final)
         out = self._guarded("send", None, lambda: dict(self.transport.stats()))
         out = {} if out is _FAILED else out
         out.update(self._counts)
