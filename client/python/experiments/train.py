@@ -68,6 +68,17 @@ dropout to P from step S; --smoothing-change S:E label-smooths the loss by
 E from step S (the logged loss too); --data-hard S switches to harder data
 at step S (each sequence alternates the characters of two places in the
 text, see Interleaved).
+Monitoring attached late (--attach-at P): steps 1..P train without a
+Monitor, which is created after step P (a job resumed from a checkpoint,
+or Foreshock added to a running job); the steps it reports continue from
+P+1. With --opt-reset P+1 --rewarmup P+1:N it is a fine-tune of a trained
+model (fresh optimizer state, a re-warm-up); without, a resumed job.
+Skipped optimizer steps (--skip-steps S1,S2,...; all healthy), as dynamic
+loss scaling skips a step whose fp16 gradients overflowed: the loss is
+computed and logged, the gradients are zeroed, the weights and the
+optimizer's state stay as they were, and the monitor is told grad_norm
+inf (what clip_grad_norm_ returns on overflowed gradients in the PyTorch
+AMP recipe; --skip-grad-norm none: no grad_norm that step).
 --arch qwen3moe with --experts 0: the Qwen3 dense layout (per-head qk-norm,
 a dense SwiGLU MLP in every layer).
 
@@ -191,6 +202,16 @@ def parse_args(argv=None):
                    help="from this step each sequence alternates the characters of two "
                         "places in the text (harder data: each character follows the one two "
                         "back; same characters, same batch and length)")
+    p.add_argument("--attach-at", type=int, default=None,
+                   help="P: no Monitor until step P; it is created after step P and reports "
+                        "steps P+1.. (a resumed job, or monitoring added to a running one)")
+    p.add_argument("--skip-steps", default=None,
+                   help="S1,S2,...: at these steps the optimizer step is skipped (as dynamic "
+                        "loss scaling does on overflow): gradients zeroed, weights and "
+                        "optimizer state unchanged, the loss still logged")
+    p.add_argument("--skip-grad-norm", choices=("inf", "none"), default="inf",
+                   help="the grad_norm the monitor is told at a skipped step: inf (overflowed "
+                        "fp16 gradients) or none (not reported)")
     p.add_argument("--accum", type=int, default=1,
                    help="gradient accumulation: micro-batches of --batch per optimizer step "
                         "(the logged loss is their mean)")
@@ -463,11 +484,15 @@ def main(argv=None):
             y = torch.randint(vocab, y.shape, generator=g)
         return x, y
 
+    def monitor():  # MONITOR (1 of 2)
+        return foreshock.Monitor(model, endpoint=a.endpoint, run=run,
+                                 windows=[int(w) for w in a.windows.split(",")], every=a.every,
+                                 detect_from_step=a.detect_from, record=a.record)
+
     mon = None
-    if a.endpoint or a.record:  # MONITOR (1 of 2)
-        mon = foreshock.Monitor(model, endpoint=a.endpoint, run=run,
-                                windows=[int(w) for w in a.windows.split(",")], every=a.every,
-                                detect_from_step=a.detect_from, record=a.record)
+    if (a.endpoint or a.record) and a.attach_at is None:
+        mon = monitor()
+    skips = {int(x) for x in a.skip_steps.split(",")} if a.skip_steps else set()
     watcher = None
     if a.stop_after_alert:
         from fsapi import Api
@@ -526,21 +551,33 @@ def main(argv=None):
         clip = clip_to if clip_at is not None and step >= clip_at else a.clip
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                             clip if clip > 0 else float("inf"))
-        opt.step()
+        told = gn
+        if step in skips:
+            # An overflowed step under dynamic loss scaling: no update at all.
+            for w in model.parameters():
+                if w.grad is not None:
+                    w.grad.zero_()
+            told = math.inf if a.skip_grad_norm == "inf" else None
+        else:
+            opt.step()
         t1 = time.perf_counter()
         if mon is not None:  # MONITOR (2 of 2)
-            mon.step(step, loss=loss, grad_norm=gn, lr=logged)
+            mon.step(step, loss=loss, grad_norm=told, lr=logged)
         t2 = time.perf_counter()
         rec = {"step": step, "loss": loss.item(), "grad_norm": gn.item(), "lr": lr,
                "lr_logged": logged,
                "train_s": t1 - t0, "monitor_s": t2 - t1}
         if out:
+            if step in skips:
+                rec["skipped"] = True
             out.write(json.dumps(rec) + "\n")
         if watcher is not None and step % 25 == 0:
             # Fired, not merely pending: the alert list also holds pending ones.
             if any(f["attribution"] == "attention-numerics" for f in watcher.firings(run)):
                 stopped_at = step
                 break
+        if (a.endpoint or a.record) and a.attach_at is not None and step == a.attach_at:
+            mon = monitor()  # attached late: the next step it sees is P+1
         if not math.isfinite(rec["loss"]):
             logging.warning("loss is not finite at step %d; stopping", step)
             diverged = diverged or step
