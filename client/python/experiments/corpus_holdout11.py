@@ -45,8 +45,11 @@ split: the corpus only reports. Not calibrated.
 
 Recorded in the order PRIORITY gives (healthy runs, the 10x jumps, the
 hard negatives most likely to move the per-step ratio, the other LR
-faults, the other hard negatives, combined-late, the attention faults),
-for at most 25 minutes: a corpus cut short holds the first cells.
+faults, the other hard negatives, combined-late, the attention faults):
+a corpus cut short holds the first cells. As recorded, the trainers the
+recorder started after 25 minutes (the three attention faults) were
+stopped, so they are not in tests/data/corpus-holdout11; the recorder
+resumes them if run again.
 
     FORESHOCK_LIB=$PWD/build/libforeshock.so \\
         /usr/bin/python3 client/python/experiments/corpus_holdout11.py /work/holdout11-out --jobs 2
