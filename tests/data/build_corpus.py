@@ -37,7 +37,8 @@ KEEP_SQL = """
     name IN ('qk.d2.erank.min', 'qk.d2.entropy.min', 'qk.d2.srank.min', 'qk.cqk.max')
         AND head = -1
     OR name LIKE 'router.%'
-    OR name IN ('loss', 'grad_norm', 'lr', 'weight_norm', 'update_ratio') AND rank = 0
+    OR name IN ('loss', 'grad_norm', 'lr', 'weight_norm', 'update_ratio', 'step_update_ratio')
+        AND rank = 0
 """
 META_KEYS = ("name", "arch", "shape", "head_dim", "schedule", "scenario", "seed", "split",
              "fault_step", "divergence_step", "steps", "bits", "lr_mult", "lr_fault_step",
