@@ -51,14 +51,16 @@ static const struct detect_rule default_rules[] = {
      .floor = DETECT_D2_SRANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0,
      .scale_rel = DETECT_D2_SCALE_REL},
     /* c_qk rises when successive Q and K updates line up: the same fault.
-     * Its z counts from 10% of its level a unit (DETECT_QK_CQK_SCALE_REL:
-     * z 5 is a rise of half the level). A healthy 16-expert MoE of the
-     * tenth held-out look, watched from a resume at step 1,001, held layer
-     * 2's window-10 c_qk at 0.159 with a MAD of 0.004 and then rose 27% to
-     * 0.201: z 6.7 against the MAD. 0.07 already quiets it; with 0.1 no
-     * catch or label of the thirteen corpora moves (one held-out corpus's
-     * median lead 66% -> 61%). The attention fault lifts c_qk 2.4-2.8x
-     * (z 14-18 with this scale). */
+     * Its z counts from 7% of its level a unit (DETECT_QK_CQK_SCALE_REL:
+     * z 5 is a rise of 35%). A healthy 16-expert MoE of the tenth held-out
+     * look, watched from a resume at step 1,001, held layer 2's window-10
+     * c_qk at 0.159 with a MAD of 0.004 and then rose 27% to 0.201: z 6.7
+     * against the MAD, 3.8 now. 0.05 still fires there; 0.1 also quiets
+     * it but reads the eleventh look's qk-norm combined-late run
+     * optimizer-hyperparameter (its c_qk breach then comes after the
+     * step-size page). No catch of the fourteen corpora moves; one
+     * held-out corpus's median lead 66% -> 61%. The attention fault lifts
+     * c_qk 2.4-2.8x (z 20-25 with this scale). */
     {RULE_DEFAULTS, .name = "qk.cqk", .family = DETECT_FAMILY_ATTENTION_D2,
      .direction = DETECT_RISE_IS_BAD, .scale_rel = DETECT_QK_CQK_SCALE_REL},
     /* Router weight side: too large a learning rate. Similarity and z-loss

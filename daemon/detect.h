@@ -124,7 +124,7 @@
 /* Delta2 floors (detect.c): rank one, and 30% of the head's own excess over
  * rank one. */
 #define DETECT_D2_SCALE_REL 0.1                   /* Delta2 ranks' z scale floor, x level */
-#define DETECT_QK_CQK_SCALE_REL 0.1               /* qk.cqk's, x level: z 5 = +50% */
+#define DETECT_QK_CQK_SCALE_REL 0.07              /* qk.cqk's, x level: z 5 = +35% */
 #define DETECT_ROUTER_SIM_SCALE_REL 0.03          /* router.similarity's, x level */
 #define DETECT_ROUTER_MAXVIO_SCALE_REL 0.2        /* router.maxvio's, x level */
 #define DETECT_ROUTER_ZLOSS_SCALE_REL 0.03        /* router.zloss's, x the trend line */
