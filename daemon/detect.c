@@ -233,7 +233,13 @@ static const struct detect_rule default_rules[] = {
      * stretch of training. An optimizer whose moments were reset takes
      * its first steps at the full rate (Adam: each weight moves by lr) and
      * settles within a few; a single outsized gradient under SGD moves one
-     * step. A sustained jump holds every step. */
+     * step. A sustained jump holds every step.
+     * A logged warm restart starts its baseline over (lr_rewarms): over a
+     * 64-step baseline the logged rate's credit (per_lr) flips to the new
+     * rate once half the baseline is newer than the restart, while the
+     * baseline still holds the old level, and the eleventh look's SGD
+     * restarts (the rate from about 0 back to 0.3) paged 32 steps after
+     * each. Re-warming costs its 20-step warm-up after a restart. */
     {.enabled = true,
      .severity = DETECT_SEVERITY_WARNING,
      .warmup = DETECT_DEFAULT_WARMUP,
@@ -248,7 +254,8 @@ static const struct detect_rule default_rules[] = {
      .direction = DETECT_RISE_IS_BAD,
      .early_baseline = true,
      .per_lr = true,
-     .still_rewarms = true},
+     .still_rewarms = true,
+     .lr_rewarms = true},
     /* The learning rate itself (rank 0's). After the start of detection
      * (past the warm-up) a healthy schedule holds or decays it; a rise is a
      * step-size fault at its source (a mistyped peak, a schedule or resume
@@ -550,6 +557,10 @@ static const struct detect_key detect_keys[] = {
      .kind = DETECT_KEY_BOOL,
      .off = DETECT_FIELD(still_rewarms),
      .expect = "true or false"},
+    {.key = "lr_rewarms",
+     .kind = DETECT_KEY_BOOL,
+     .off = DETECT_FIELD(lr_rewarms),
+     .expect = "true or false"},
 };
 
 /* Parses value into the row's field of *r. Returns 0 or -EINVAL. */
@@ -810,7 +821,7 @@ static bool leaves_still(const struct detect_state *st, double value)
 
 /* Forgets the baseline, keeping only what was seen: the rule warms up
  * again from the next sample. */
-static void restart_baseline(struct detect_state *st)
+void detect_restart_baseline(struct detect_state *st)
 {
     uint64_t seen = st->seen;
     int64_t last_step = st->last_step;
@@ -926,7 +937,7 @@ int detect_step_within(struct detect_state *st, const struct detect_rule *rule, 
     st->seen++;
     st->last_step = step;
     if (rule->still_rewarms && isfinite(value) && leaves_still(st, value))
-        restart_baseline(st);
+        detect_restart_baseline(st);
 
     if (rule->trend)
         out->baseline_n = trend_stats(st, rule->window, rule->direction, step, &out->median,

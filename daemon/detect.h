@@ -206,6 +206,12 @@ struct detect_rule {
      * warm-up over, so unfreezing is no breach. For weight-side series
      * only; a learning rate held constant is a level (the `lr` rule). */
     bool still_rewarms;
+    /* per_lr rules: a logged rate EVAL_LR_RESTART_RISE times the rate at
+     * the baseline's samples (a warm restart) starts the baseline and its
+     * warm-up over (evaluate.c). For a series sampled every step, whose
+     * warm-up is 20 steps; a rule sampled every sketch would be blind for
+     * its 100-step warm-up after each restart. */
+    bool lr_rewarms;
     uint32_t warmup;       /* samples that only build the baseline */
     uint32_t warmup_steps; /* or: steps they span (0: samples only); see above */
     uint32_t window;       /* baseline samples, 1..DETECT_MAX_WINDOW */
@@ -362,6 +368,11 @@ int detect_step(struct detect_state *st, const struct detect_rule *rule, int64_t
 int detect_step_from(struct detect_state *st, const struct detect_rule *rule, int64_t step,
                      double value, bool is_present, int64_t baseline_from_step,
                      int64_t detect_from_step, struct detect_verdict *out);
+
+/* Forgets st's baseline, keeping what was seen: the rule warms up again
+ * from the next sample (a still series that moves, or a logged warm restart
+ * of a per_lr rule: evaluate.c). */
+void detect_restart_baseline(struct detect_state *st);
 
 /* detect_step_from with a bound below which a rise-is-bad rule's finite
  * sample never breaches: at or below ok_max it is a normal sample (scored,

@@ -406,21 +406,22 @@ static int cmp_double(const void *a, const void *b)
  * step] the update covers (prev: the track's previous sample), peak the
  * warm-up's. Left as it is for a run that logs no learning rate (none
  * before this step, or no warm-up peak yet: the baseline has not started
- * then), and while the history holds no rate of the baseline's steps. */
-static void per_lr(const struct eval_progress *p, const struct eval_track *t, uint64_t step,
-                   double *value)
+ * then), and while the history holds no rate of the baseline's steps.
+ * Returns the rise it divided by (1: none). */
+static double per_lr(const struct eval_progress *p, const struct eval_track *t, uint64_t step,
+                     double *value)
 {
     double ref, lr[DETECT_MAX_WINDOW];
     int64_t steps[DETECT_MAX_WINDOW];
     if (!p->lr_seen || p->lr_first_step > (int64_t)step || !(p->lr_peak > 0) ||
         !lr_over(p, t->last_step >= 0 ? t->last_step : (int64_t)step - 1, (int64_t)step, &ref))
-        return;
+        return 1;
     uint32_t n = detect_baseline_steps(&t->ds, t->rule->window, steps), m = 0;
     for (uint32_t i = 0; i < n; i++)
         if (lr_at(p, steps[i], &lr[m]))
             m++;
     if (m == 0)
-        return;
+        return 1;
     qsort(lr, m, sizeof(lr[0]), cmp_double);
     double base = m % 2 ? lr[m / 2] : (lr[m / 2 - 1] + lr[m / 2]) / 2;
     if (base < EVAL_LR_BASE_MIN_REL * p->lr_peak)
@@ -428,6 +429,7 @@ static void per_lr(const struct eval_progress *p, const struct eval_track *t, ui
     double now = ref < p->lr_peak ? ref : p->lr_peak;
     if (now > base)
         *value *= base / now;
+    return now > base ? now / base : 1;
 }
 
 /* The step training progress puts a start at, for a sample at `step`:
@@ -506,8 +508,20 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
      * per_lr, within_peak). */
     const struct eval_progress *p = &er->progress;
     double ok_max = NAN;
-    if (t->rule->per_lr && present && isfinite(value))
-        per_lr(p, t, step, &value);
+    if (t->rule->per_lr && present && isfinite(value)) {
+        double raw = value;
+        if (per_lr(p, t, step, &value) > EVAL_LR_RESTART_RISE && t->rule->lr_rewarms) {
+            /* A warm restart of the logged rate: the baseline holds samples
+             * credited to the old rate's level, and once half of it is
+             * newer than the restart the credit's reference rate flips to
+             * the new one while those samples stay: the new steps then
+             * read tens of times the baseline (the eleventh look's SGD
+             * restarts, 32 steps after each). Start the baseline over at
+             * the new rate instead. */
+            detect_restart_baseline(&t->ds);
+            value = raw;
+        }
+    }
     if (t->rule->within_peak && p->lr_peak > 0 && p->warmup_end >= 0 &&
         p->warmup_end < (int64_t)step)
         ok_max = p->lr_peak * (1 + EVAL_LR_PEAK_TOL);

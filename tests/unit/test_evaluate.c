@@ -261,6 +261,49 @@ Test(evaluate, warm_restarts_are_the_schedule)
     cr_expect_eq(logged.lr, 1272);
 }
 
+/* The same restarts seen by step_update_ratio, a sample every step (4 x
+ * the step, 2% noise): the credit alone paged each restart of the
+ * eleventh look's SGD run 32 steps after it, once half of the 64-step
+ * baseline was newer than the restart and the credit's reference rate
+ * flipped to the new one while the baseline still held the old level.
+ * The baseline now starts over at a restart (EVAL_LR_RESTART_RISE). A
+ * hidden 10x step from 1,270 fires on its fifth step. */
+static int64_t run_restarts_per_step(int64_t fault)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    struct store_series_key klr = {"lr", -1, -1, 0, 0}, ks = {"step_update_ratio", -1, -1, 0, 0};
+    int64_t fired = -1;
+    detect_rules_default(&rules);
+    eval_run_init(&er, &rules);
+    uint64_t seed = 11;
+    for (int64_t s = 1; s < 2000 && fired < 0; s++) {
+        double step = restarts_lr(s) * (fault && s >= fault ? 10 : 1);
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(seed >> 11) / 9007199254740992.0;
+        cr_assert_geq(eval_feed_stored(&er, &b, &klr, (uint64_t)s, restarts_lr(s), true, 0, 0), 0);
+        cr_assert_geq(
+            eval_feed_stored(&er, &b, &ks, (uint64_t)s, 4 * step * (1 + 0.02 * u), true, 0, 0), 0);
+        eval_label_all(&er, &b);
+        for (size_t i = 0; i < b.n && fired < 0; i++)
+            if (b.ev[i].has_event && b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING)
+                fired = b.ev[i].tr.step;
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return fired;
+}
+
+Test(evaluate, warm_restarts_restart_a_per_step_baseline)
+{
+    int64_t healthy = run_restarts_per_step(0);
+    cr_expect_eq(healthy, -1, "step_update_ratio fired at %lld", (long long)healthy);
+    int64_t hidden = run_restarts_per_step(1270);
+    cr_expect_eq(hidden, 1274, "%lld", (long long)hidden);
+}
+
 /* ---- detection inputs ------------------------------------------------------------ */
 
 static const struct {
