@@ -293,6 +293,17 @@ def main(args, workdir):
     check_look("corpus-holdout10", 12, lr_least=6, unseen_known=[
         "llama-dh64-h4-kv2-l6.lr-jump3-hidden.s101",
         "moe16-top4-shared-dh24-h4-l4.lr-jump3-hidden.s101"])
+    # The eleventh look: the step-size faults and hard negatives of the
+    # third, fifth and eighth looks recorded again with the per-step
+    # update ratio (step_update_ratio; since then its baseline re-warms at
+    # a logged warm restart). Known and documented: under the fifth look's
+    # momentum SGD the attention fault's larger gradients are larger steps
+    # too, so its combined-late run reads optimizer-hyperparameter and its
+    # attention run combined (step_update_ratio opens before the Delta2
+    # collapse).
+    check_look("corpus-holdout11", 13, lr_least=9, label_known=[
+        ("moe32-top4-shared-sgd-dh16-h4-l2.combined-late.s111", "optimizer-hyperparameter"),
+        ("moe32-top4-shared-sgd-dh16-h4-l2.attn-strong.s111", "combined")])
 
 
 if __name__ == "__main__":
