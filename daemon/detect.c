@@ -20,6 +20,16 @@
     .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER, .persistence = DETECT_DEFAULT_PERSISTENCE
 #define RULE_DEFAULTS RULE_BASE, .warmup_steps = DETECT_DEFAULT_WARMUP_STEPS
 #define RULE_ROUTER RULE_BASE, .warmup_steps = DETECT_ROUTER_WARMUP_STEPS
+/* The two step-size rules on the update-to-weight ratio: a multiple of the
+ * run's own baseline (z out of reach), from the LR warm-up end, the logged
+ * rate's rises credited, a still (frozen) series re-warming. Each sets its
+ * own persistence. */
+#define RULE_STEP_RATIO                                                                            \
+    .enabled = true, .severity = DETECT_SEVERITY_WARNING, .warmup = DETECT_DEFAULT_WARMUP,         \
+    .warmup_steps = DETECT_DEFAULT_WARMUP_STEPS, .window = DETECT_DEFAULT_WINDOW,                  \
+    .z = DETECT_MAX_Z, .rise_ratio = DETECT_DEFAULT_STEP_RATIO,                                    \
+    .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER, .family = DETECT_FAMILY_STEP_SIZE,              \
+    .direction = DETECT_RISE_IS_BAD, .early_baseline = true, .per_lr = true, .still_rewarms = true
 
 /* Built-in rules, first match wins (detect_rules_match), so exact names come
  * before any pattern. Directions from docs/monitors.md section 4. */
@@ -204,21 +214,7 @@ static const struct detect_rule default_rules[] = {
      * SGD and under AdamW with beta2 0.999 the update follows the gradient,
      * and a baseline no longer inflated by the decay's earlier, larger
      * steps tripled with it. */
-    {.enabled = true,
-     .severity = DETECT_SEVERITY_WARNING,
-     .warmup = DETECT_DEFAULT_WARMUP,
-     .warmup_steps = DETECT_DEFAULT_WARMUP_STEPS,
-     .window = DETECT_DEFAULT_WINDOW,
-     .z = DETECT_MAX_Z,
-     .rise_ratio = DETECT_DEFAULT_STEP_RATIO,
-     .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
-     .persistence = DETECT_STEP_PERSISTENCE,
-     .name = "update_ratio",
-     .family = DETECT_FAMILY_STEP_SIZE,
-     .direction = DETECT_RISE_IS_BAD,
-     .early_baseline = true,
-     .per_lr = true,
-     .still_rewarms = true},
+    {RULE_STEP_RATIO, .name = "update_ratio", .persistence = DETECT_STEP_PERSISTENCE},
     /* The same step size at the resolution of one optimizer step: the
      * client's step_update_ratio, |W(t) - W(t-1)| / |W(t-1)| over the
      * monitored weights that moved (frozen ones left out, so unfreezing
@@ -240,21 +236,7 @@ static const struct detect_rule default_rules[] = {
      * baseline still holds the old level, and the eleventh look's SGD
      * restarts (the rate from about 0 back to 0.3) paged 32 steps after
      * each. Re-warming costs its 20-step warm-up after a restart. */
-    {.enabled = true,
-     .severity = DETECT_SEVERITY_WARNING,
-     .warmup = DETECT_DEFAULT_WARMUP,
-     .warmup_steps = DETECT_DEFAULT_WARMUP_STEPS,
-     .window = DETECT_DEFAULT_WINDOW,
-     .z = DETECT_MAX_Z,
-     .rise_ratio = DETECT_DEFAULT_STEP_RATIO,
-     .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,
-     .persistence = DETECT_STEP_UPDATE_PERSISTENCE,
-     .name = "step_update_ratio",
-     .family = DETECT_FAMILY_STEP_SIZE,
-     .direction = DETECT_RISE_IS_BAD,
-     .early_baseline = true,
-     .per_lr = true,
-     .still_rewarms = true,
+    {RULE_STEP_RATIO, .name = "step_update_ratio", .persistence = DETECT_STEP_UPDATE_PERSISTENCE,
      .lr_rewarms = true},
     /* The learning rate itself (rank 0's). After the start of detection
      * (past the warm-up) a healthy schedule holds or decays it; a rise is a
