@@ -66,11 +66,13 @@ static const struct detect_rule default_rules[] = {
      * look, watched from a resume at step 1,001, held layer 2's window-10
      * c_qk at 0.159 with a MAD of 0.004 and then rose 27% to 0.201: z 6.7
      * against the MAD, 3.8 now. 0.05 still fires there; 0.1 also quiets
-     * it but reads the eleventh look's qk-norm combined-late run
-     * optimizer-hyperparameter (its c_qk breach then comes after the
-     * step-size page). No catch of the fourteen corpora moves; one
-     * held-out corpus's median lead 66% -> 61%. The attention fault lifts
-     * c_qk 2.4-2.8x (z 20-25 with this scale). */
+     * it, and then the eleventh look's qk-norm combined-late run reads
+     * optimizer-hyperparameter instead of combined (its c_qk breach comes
+     * after the step-size page; both labels count as right there, as that
+     * shape's attention fault alone does not diverge): the smaller scale
+     * keeps more of c_qk's sensitivity. No catch of the fourteen corpora
+     * moves; one held-out corpus's median lead 66% -> 61%. The attention
+     * fault lifts c_qk 2.4-2.8x (z 20-25 with this scale). */
     {RULE_DEFAULTS, .name = "qk.cqk", .family = DETECT_FAMILY_ATTENTION_D2,
      .direction = DETECT_RISE_IS_BAD, .scale_rel = DETECT_QK_CQK_SCALE_REL},
     /* Router weight side: too large a learning rate. Similarity and z-loss
