@@ -10,6 +10,14 @@
 
 /* ---- start of detection ------------------------------------------------------- */
 
+/* The tests' noise: uniform in [0, 1) from a 64-bit LCG (their expected
+ * steps are those of this stream). */
+static double noise01(uint64_t *seed)
+{
+    *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(*seed >> 11) / 9007199254740992.0;
+}
+
 /* LR schedules, one value per step from step 1; start asked for at `at`. */
 static double warm50_const(int64_t s)
 {
@@ -35,14 +43,27 @@ static double rewarm_at_1001(int64_t s)
     return s < 1100 ? 1e-3 * (double)(s - 1000) / 100 : 1e-3;
 }
 
-static const struct {
+/* A run's logged rates and the start asked for at `at`. */
+struct progress_case {
     const char *name;
     double (*lr)(int64_t);
-    int64_t feed_from, feed_until; /* LR fed for steps feed_from..feed_until (0: none) */
+    int64_t feed_from, feed_until; /* LR fed for steps feed_from..feed_until (lr NULL: none) */
     int64_t detect_from;
     uint64_t at;
     int64_t want;
-} start_cases[] = {
+};
+
+/* er, fresh on the default rules, fed c's logged rates. */
+static void progress_of(struct eval_run *er, struct detect_rules *rules,
+                        const struct progress_case *c)
+{
+    detect_rules_default(rules);
+    eval_run_init(er, rules);
+    for (int64_t s = c->feed_from; c->lr && s <= c->feed_until; s++)
+        eval_progress_lr(er, (uint64_t)s, c->lr(s));
+}
+
+static const struct progress_case start_cases[] = {
     {"50-step warm-up, then constant: 3 x 50", warm50_const, 1, 400, 0, 300, 150},
     {"10-step warm-up, cosine: at least step 100", warm10_cosine, 1, 400, 0, 300, 100},
     {"constant from step 1", constant, 1, 400, 0, 300, 100},
@@ -69,11 +90,7 @@ Test(evaluate, start_of_detection_by_progress)
     for (size_t i = 0; i < sizeof(start_cases) / sizeof(start_cases[0]); i++) {
         struct detect_rules rules;
         struct eval_run er;
-        detect_rules_default(&rules);
-        eval_run_init(&er, &rules);
-        for (int64_t s = start_cases[i].feed_from;
-             start_cases[i].lr && s <= start_cases[i].feed_until; s++)
-            eval_progress_lr(&er, (uint64_t)s, start_cases[i].lr(s));
+        progress_of(&er, &rules, &start_cases[i]);
         int64_t got = eval_start_step(&er, start_cases[i].at, start_cases[i].detect_from);
         cr_expect_eq(got, start_cases[i].want, "%s: got %lld", start_cases[i].name, (long long)got);
         eval_run_clear(&er);
@@ -83,14 +100,7 @@ Test(evaluate, start_of_detection_by_progress)
 /* Where an early_baseline rule's baseline starts (update_ratio): at the
  * warm-up end; it detects once that baseline is warm (below), long before
  * the other rules start 3 warm-ups later. */
-static const struct {
-    const char *name;
-    double (*lr)(int64_t);
-    int64_t feed_from, feed_until;
-    int64_t detect_from;
-    uint64_t at;
-    int64_t want;
-} baseline_cases[] = {
+static const struct progress_case baseline_cases[] = {
     {"50-step warm-up: at its end", warm50_const, 1, 400, 0, 300, 50},
     {"10-step warm-up: not before step 50", warm10_cosine, 1, 400, 0, 300, 50},
     {"constant from step 1: step 50", constant, 1, 400, 0, 300, 50},
@@ -109,11 +119,7 @@ Test(evaluate, start_of_early_baselines_by_progress)
     for (size_t i = 0; i < sizeof(baseline_cases) / sizeof(baseline_cases[0]); i++) {
         struct detect_rules rules;
         struct eval_run er;
-        detect_rules_default(&rules);
-        eval_run_init(&er, &rules);
-        for (int64_t s = baseline_cases[i].feed_from;
-             baseline_cases[i].lr && s <= baseline_cases[i].feed_until; s++)
-            eval_progress_lr(&er, (uint64_t)s, baseline_cases[i].lr(s));
+        progress_of(&er, &rules, &baseline_cases[i]);
         int64_t got = eval_baseline_step(&er, baseline_cases[i].at, baseline_cases[i].detect_from);
         cr_expect_eq(got, baseline_cases[i].want, "%s: got %lld", baseline_cases[i].name,
                      (long long)got);
@@ -132,6 +138,15 @@ static double warm300_const(int64_t s)
 /* The first step a series of `rule` fires at, fed a sample every 10 steps
  * from step 10 (level 0.05, tenfold from step `jump`) after the 300-step
  * warm-up's learning rates; -1: never before step 1,000. */
+/* The step of b's first transition to firing, into *fired while that is
+ * still -1. */
+static void note_first_firing(const struct eval_batch *b, int64_t *fired)
+{
+    for (size_t i = 0; i < b->n && *fired < 0; i++)
+        if (b->ev[i].has_event && b->ev[i].tr.change == ALERT_CHANGE_TO_FIRING)
+            *fired = b->ev[i].tr.step;
+}
+
 static int64_t first_firing(const char *series, const char *rule, int64_t jump)
 {
     struct detect_rules rules;
@@ -149,14 +164,11 @@ static int64_t first_firing(const char *series, const char *rule, int64_t jump)
         eval_progress_lr(&er, (uint64_t)s, warm300_const(s));
         if (s % 10)
             continue;
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        double u = (double)(seed >> 11) / 9007199254740992.0;
+        double u = noise01(&seed);
         double v = (s >= jump ? 0.5 : 0.05) * (1 + 0.02 * u);
         cr_assert_geq(eval_feed(&er, &b, t, (uint64_t)s, v, true, -1, 0, 0), 0);
         eval_label_all(&er, &b);
-        for (size_t i = 0; i < b.n && fired < 0; i++)
-            if (b.ev[i].has_event && b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING)
-                fired = b.ev[i].tr.step;
+        note_first_firing(&b, &fired);
         eval_batch_reset(&b);
     }
     eval_batch_free(&b);
@@ -214,8 +226,7 @@ static struct restart_fires run_restarts(int64_t fault, bool visible, bool per_l
                                        true, 0, 0),
                       0);
         if (s % 10 == 0) {
-            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-            double u = (double)(seed >> 11) / 9007199254740992.0;
+            double u = noise01(&seed);
             cr_assert_geq(eval_feed_stored(&er, &b, &kur, (uint64_t)s, 4 * taken * (1 + 0.02 * u),
                                            true, 0, 0),
                           0);
@@ -280,15 +291,12 @@ static int64_t run_restarts_per_step(int64_t fault)
     uint64_t seed = 11;
     for (int64_t s = 1; s < 2000 && fired < 0; s++) {
         double step = restarts_lr(s) * (fault && s >= fault ? 10 : 1);
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        double u = (double)(seed >> 11) / 9007199254740992.0;
+        double u = noise01(&seed);
         cr_assert_geq(eval_feed_stored(&er, &b, &klr, (uint64_t)s, restarts_lr(s), true, 0, 0), 0);
         cr_assert_geq(
             eval_feed_stored(&er, &b, &ks, (uint64_t)s, 4 * step * (1 + 0.02 * u), true, 0, 0), 0);
         eval_label_all(&er, &b);
-        for (size_t i = 0; i < b.n && fired < 0; i++)
-            if (b.ev[i].has_event && b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING)
-                fired = b.ev[i].tr.step;
+        note_first_firing(&b, &fired);
         eval_batch_reset(&b);
     }
     eval_batch_free(&b);
@@ -377,8 +385,7 @@ static struct labels run_pair(int64_t ur_from, bool ur_first, int batch)
     cr_assert(td && tu);
     uint64_t seed = 12345;
     for (int64_t s = 200; s < 700; s += 5) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        double u = (double)(seed >> 11) / 9007199254740992.0;
+        double u = noise01(&seed);
         double d2 = s >= 400 ? 1.4 - 0.002 * (double)(s - 400) / 5 : 3.0 + 0.05 * u;
         /* A too-large step: the learning rate jumps tenfold at once. */
         double ur = ur_from && s >= ur_from ? 0.1 + 0.001 * u : 0.01 + 0.001 * u;
@@ -468,8 +475,7 @@ static enum alert_attribution first_page_label(const char *symptom, bool stays_u
     cr_assert(tl && tc);
     uint64_t seed = 777;
     for (int64_t s = 1; s < 500; s++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        double u = (double)(seed >> 11) / 9007199254740992.0;
+        double u = noise01(&seed);
         double loss = 2.0 + 0.05 * u;
         if (stays_up && s >= 400)
             loss += 2.0;
