@@ -232,14 +232,14 @@ static const struct detect_rule default_rules[] = {
      * its first steps at the full rate (Adam: each weight moves by lr) and
      * settles within a few; a single outsized gradient under SGD moves one
      * step. A sustained jump holds every step.
-     * A logged warm restart starts its baseline over (lr_rewarms): over a
-     * 64-step baseline the logged rate's credit (per_lr) flips to the new
-     * rate once half the baseline is newer than the restart, while the
-     * baseline still holds the old level, and the eleventh look's SGD
-     * restarts (the rate from about 0 back to 0.3) paged 32 steps after
-     * each. Re-warming costs its 20-step warm-up after a restart. */
-    {RULE_STEP_RATIO, .name = "step_update_ratio", .persistence = DETECT_STEP_UPDATE_PERSISTENCE,
-     .lr_rewarms = true},
+     * Warm restarts: the eleventh look's SGD restarts (the rate from about
+     * 0 back to 0.3 every 500 steps) paged 32 steps after each while the
+     * baseline kept credited samples: once half of its 64 samples were
+     * newer than the restart, the credit's reference rate became the new
+     * one while the samples stayed at the old level. The baseline now
+     * keeps samples uncredited (detect.h per_lr), and the restarts are
+     * quiet with no re-warming. */
+    {RULE_STEP_RATIO, .name = "step_update_ratio", .persistence = DETECT_STEP_UPDATE_PERSISTENCE},
     /* The learning rate itself (rank 0's). After the start of detection
      * (past the warm-up) a healthy schedule holds or decays it; a rise is a
      * step-size fault at its source (a mistyped peak, a schedule or resume
@@ -540,10 +540,6 @@ static const struct detect_key detect_keys[] = {
     {.key = "still_rewarms",
      .kind = DETECT_KEY_BOOL,
      .off = DETECT_FIELD(still_rewarms),
-     .expect = "true or false"},
-    {.key = "lr_rewarms",
-     .kind = DETECT_KEY_BOOL,
-     .off = DETECT_FIELD(lr_rewarms),
      .expect = "true or false"},
 };
 
@@ -898,17 +894,20 @@ int detect_step_from(struct detect_state *st, const struct detect_rule *rule, in
                      int64_t detect_from_step, struct detect_verdict *out)
 {
     return detect_step_within(st, rule, step, value, is_present, baseline_from_step,
-                              detect_from_step, NAN, out);
+                              detect_from_step, NAN, 1, out);
 }
 
 int detect_step_within(struct detect_state *st, const struct detect_rule *rule, int64_t step,
                        double value, bool is_present, int64_t baseline_from_step,
-                       int64_t detect_from_step, double ok_max, struct detect_verdict *out)
+                       int64_t detect_from_step, double ok_max, double credit,
+                       struct detect_verdict *out)
 {
     if (!st || !rule || !out)
         return -EINVAL;
     memset(out, 0, sizeof(*out));
-    out->value = value;
+    /* `value` is what the baseline keeps; `judged` is what is scored. */
+    double judged = credit > 0 && credit < 1 ? value * credit : value;
+    out->value = judged;
     out->median = NAN;
     out->mad = NAN;
     if (!is_present || !rule->enabled) {
@@ -944,7 +943,7 @@ int detect_step_within(struct detect_state *st, const struct detect_rule *rule, 
         out->breach = true;
         out->breach_kind = DETECT_BREACH_NONFINITE;
     } else {
-        score_finite(st, rule, step, value, detect_from_step, ok_max, out);
+        score_finite(st, rule, step, judged, detect_from_step, ok_max, out);
     }
 
     if (out->breach) {

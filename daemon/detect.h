@@ -193,7 +193,9 @@ struct detect_rule {
      * samples (their median), counting the rate only up to the warm-up's
      * peak, never below 1. A step the schedule itself made larger (a warm
      * restart) is no breach; one beyond what the logged rate explains is,
-     * and so is a logged rate above its own peak. */
+     * and so is a logged rate above its own peak. The baseline keeps the
+     * samples uncredited (detect_step_within), so a baseline that spans a
+     * rise holds each sample at the level its own rate gave it. */
     bool per_lr;
     /* Rise-is-bad only: a value at or below the learning rate's warm-up
      * peak never breaches (evaluate.c, for the logged rate itself: a warm
@@ -206,12 +208,6 @@ struct detect_rule {
      * warm-up over, so unfreezing is no breach. For weight-side series
      * only; a learning rate held constant is a level (the `lr` rule). */
     bool still_rewarms;
-    /* per_lr rules: a logged rate EVAL_LR_RESTART_RISE times the rate at
-     * the baseline's samples (a warm restart) starts the baseline and its
-     * warm-up over (evaluate.c). For a series sampled every step, whose
-     * warm-up is 20 steps; a rule sampled every sketch would be blind for
-     * its 100-step warm-up after each restart. */
-    bool lr_rewarms;
     uint32_t warmup;       /* samples that only build the baseline */
     uint32_t warmup_steps; /* or: steps they span (0: samples only); see above */
     uint32_t window;       /* baseline samples, 1..DETECT_MAX_WINDOW */
@@ -370,18 +366,25 @@ int detect_step_from(struct detect_state *st, const struct detect_rule *rule, in
                      int64_t detect_from_step, struct detect_verdict *out);
 
 /* Forgets st's baseline, keeping what was seen: the rule warms up again
- * from the next sample (a still series that moves, or a logged warm restart
- * of a per_lr rule: evaluate.c). */
+ * from the next sample (a still series that starts to move). */
 void detect_restart_baseline(struct detect_state *st);
 
-/* detect_step_from with a bound below which a rise-is-bad rule's finite
- * sample never breaches: at or below ok_max it is a normal sample (scored,
- * and accepted into the baseline like any other). NAN: no bound, exactly
- * detect_step_from. (The learning rate's warm-up peak for a within_peak
- * rule: evaluate.c.) */
+/* detect_step_from with two adjustments made by the caller (evaluate.c):
+ * - ok_max: a bound below which a rise-is-bad rule's finite sample never
+ *   breaches: at or below it the sample is a normal one (scored, and
+ *   accepted into the baseline like any other). NAN: no bound. (The
+ *   learning rate's warm-up peak for a within_peak rule.)
+ * - credit, in (0, 1]: the sample is judged as value x credit, and the
+ *   baseline keeps value as it came. (A per_lr rule's credit for a rise of
+ *   the logged rate: the baseline holds samples as the rate at their own
+ *   steps made them, and each judged sample is credited against the rate
+ *   at the baseline's steps, so the two stay consistent when the rate
+ *   moves.) 1, or anything outside (0, 1]: no credit.
+ * NAN and 1 make it exactly detect_step_from. */
 int detect_step_within(struct detect_state *st, const struct detect_rule *rule, int64_t step,
                        double value, bool is_present, int64_t baseline_from_step,
-                       int64_t detect_from_step, double ok_max, struct detect_verdict *out);
+                       int64_t detect_from_step, double ok_max, double credit,
+                       struct detect_verdict *out);
 
 /* The steps of the newest min(window, held) baseline samples of st, newest
  * first, into steps[] (room for DETECT_MAX_WINDOW); a sample restored

@@ -400,16 +400,16 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* A per_lr rule's sample at step (detect.h) of track t: divided by the
- * rise of the logged rate, min(logged, peak) / the rate at the baseline's
- * samples, when above 1; the logged rate averaged over the steps (prev,
- * step] the update covers (prev: the track's previous sample), peak the
- * warm-up's. Left as it is for a run that logs no learning rate (none
- * before this step, or no warm-up peak yet: the baseline has not started
- * then), and while the history holds no rate of the baseline's steps.
- * Returns the rise it divided by (1: none). */
-static double per_lr(const struct eval_progress *p, const struct eval_track *t, uint64_t step,
-                     double *value)
+/* A per_lr rule's credit for its sample at step (detect.h) of track t:
+ * the rate at the baseline's samples (their median) over the logged rate
+ * averaged over the steps (prev, step] the update covers (prev: the
+ * track's previous sample), counting it only up to the warm-up's peak,
+ * when that is below 1: the rise of the logged rate explains that much of
+ * the step. 1 (none) for a run that logs no learning rate (none before
+ * this step, or no warm-up peak yet: the baseline has not started then),
+ * and while the history holds no rate of the baseline's steps. */
+static double per_lr_credit(const struct eval_progress *p, const struct eval_track *t,
+                            uint64_t step)
 {
     double ref, lr[DETECT_MAX_WINDOW];
     int64_t steps[DETECT_MAX_WINDOW];
@@ -427,9 +427,7 @@ static double per_lr(const struct eval_progress *p, const struct eval_track *t, 
     if (base < EVAL_LR_BASE_MIN_REL * p->lr_peak)
         base = EVAL_LR_BASE_MIN_REL * p->lr_peak;
     double now = ref < p->lr_peak ? ref : p->lr_peak;
-    if (now > base)
-        *value *= base / now;
-    return now > base ? now / base : 1;
+    return now > base ? base / now : 1;
 }
 
 /* The step training progress puts a start at, for a sample at `step`:
@@ -507,26 +505,14 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
     /* The logged rate explains a step up to its warm-up peak (detect.h:
      * per_lr, within_peak). */
     const struct eval_progress *p = &er->progress;
-    double ok_max = NAN;
-    if (t->rule->per_lr && present && isfinite(value)) {
-        double raw = value;
-        if (per_lr(p, t, step, &value) > EVAL_LR_RESTART_RISE && t->rule->lr_rewarms) {
-            /* A warm restart of the logged rate: the baseline holds samples
-             * credited to the old rate's level, and once half of it is
-             * newer than the restart the credit's reference rate flips to
-             * the new one while those samples stay: the new steps then
-             * read tens of times the baseline (the eleventh look's SGD
-             * restarts, 32 steps after each). Start the baseline over at
-             * the new rate instead. */
-            detect_restart_baseline(&t->ds);
-            value = raw;
-        }
-    }
+    double ok_max = NAN, credit = 1;
+    if (t->rule->per_lr && present && isfinite(value))
+        credit = per_lr_credit(p, t, step);
     if (t->rule->within_peak && p->lr_peak > 0 && p->warmup_end >= 0 &&
         p->warmup_end < (int64_t)step)
         ok_max = p->lr_peak * (1 + EVAL_LR_PEAK_TOL);
     if (detect_step_within(&t->ds, t->rule, (int64_t)step, value, present, base_from, from, ok_max,
-                           &v) < 0 ||
+                           credit, &v) < 0 ||
         alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now, &tr) < 0)
         return -EINVAL;
     t->last_step = (int64_t)step;

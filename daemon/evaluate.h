@@ -79,11 +79,6 @@
  * a baseline from the end of a decay to zero does not credit every later
  * rate as a rise of hundreds. */
 #define EVAL_LR_BASE_MIN_REL 0.01
-/* An lr_rewarms rule's baseline starts over when the logged rate stands
- * this many times the rate at its baseline's samples (a warm restart,
- * evaluate.c eval_feed): crediting a rise that large leaves a baseline of
- * the old level that the new steps outgrow once the reference flips. */
-#define EVAL_LR_RESTART_RISE 2.0
 /* A within_peak rule's bound: the warm-up's peak, give or take this share
  * (a schedule that returns to its peak recomputes it; rounding may differ). */
 #define EVAL_LR_PEAK_TOL 1e-6

@@ -80,7 +80,7 @@ static void usage(FILE *f)
                "    warmup_steps, window, z, floor, ceiling, spike_ratio, rise_ratio,\n"
                "    floor_rel, persistence, magnitude_persistence, nonfinite_persistence,\n"
                "    scale_rel, resolve_after, severity, enabled, trend, early_baseline,\n"
-               "    per_lr, within_peak, still_rewarms, lr_rewarms.\n"
+               "    per_lr, within_peak, still_rewarms.\n"
                "    Paging targets (up to 16) are sections [target \"NAME\"] with keys type\n"
                "    (alertmanager | pagerduty | webhook), url, routing_key, secret,\n"
                "    min_severity, match, timeout, connect_timeout, backoff_initial,\n"

@@ -671,12 +671,55 @@ Test(detect_step, within_bound_a_rise_is_normal_table)
         detect_state_init(&st);
         struct detect_verdict v;
         for (int64_t s = 0; s < 30; s++)
-            detect_step_within(&st, &r, 10 * s, level, true, 0, 0, cases[c].ok_max, &v);
+            detect_step_within(&st, &r, 10 * s, level, true, 0, 0, cases[c].ok_max, 1, &v);
         uint64_t accepted = st.accepted;
         cr_assert_eq(
-            detect_step_within(&st, &r, 300, cases[c].probe, true, 0, 0, cases[c].ok_max, &v), 0);
+            detect_step_within(&st, &r, 300, cases[c].probe, true, 0, 0, cases[c].ok_max, 1, &v),
+            0);
         cr_expect_eq(v.breach, cases[c].breach, "case %zu", c);
         cr_expect_eq(st.accepted, accepted + (cases[c].breach ? 0 : 1), "case %zu", c);
+    }
+}
+
+/* detect_step_within's credit (a per_lr rule's, for a rise of the logged
+ * rate): the sample is judged as value x credit, and the baseline keeps
+ * value as it came. update_ratio at 1e-3 (+0-2%) for 30 samples, then 10 samples
+ * 5x higher credited by 1/5: none breaches, and the baseline's newest
+ * sample is the raw 5e-3. Credit outside (0, 1] is none. */
+Test(detect_step, credit_judges_the_credited_value_and_keeps_the_raw_table)
+{
+    static const struct {
+        double credit;
+        bool breach; /* the 5x samples */
+    } cases[] = {
+        {1.0 / 5, false},  /* credited to the old level: kept raw */
+        {1, true},         /* no credit: 5x breaches, kept out */
+        {2, true},         /* out of range: none */
+        {0, true},         /* out of range: none */
+        {1.0 / 10, false}, /* credited below the old level: kept raw */
+    };
+    struct detect_rule r = rule_named("update_ratio");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_state st;
+        detect_state_init(&st);
+        struct detect_verdict v;
+        for (int64_t s = 0; s < 30; s++)
+            detect_step_within(&st, &r, 10 * s, 1e-3 * (1 + 0.01 * (double)(s % 3)), true, 0, 0,
+                               NAN, cases[c].credit, &v);
+        cr_assert_not(v.in_warmup, "case %zu", c);
+        for (int64_t s = 30; s < 40; s++) {
+            cr_assert_eq(
+                detect_step_within(&st, &r, 10 * s, 5e-3, true, 0, 0, NAN, cases[c].credit, &v), 0);
+            if (s == 30) {
+                cr_expect_eq(v.breach, cases[c].breach, "case %zu", c);
+                double judged =
+                    cases[c].credit > 0 && cases[c].credit < 1 ? 5e-3 * cases[c].credit : 5e-3;
+                cr_expect_float_eq(v.value, judged, 1e-15, "case %zu", c);
+            }
+        }
+        uint32_t newest = (st.ring_head + DETECT_MAX_WINDOW - 1) % DETECT_MAX_WINDOW;
+        double kept = cases[c].breach ? 1e-3 * (1 + 0.01 * (29 % 3)) : 5e-3;
+        cr_expect_float_eq(st.ring[newest], kept, 1e-15, "case %zu: kept %g", c, st.ring[newest]);
     }
 }
 

@@ -273,12 +273,13 @@ Test(evaluate, warm_restarts_are_the_schedule)
 }
 
 /* The same restarts seen by step_update_ratio, a sample every step (4 x
- * the step, 2% noise): the credit alone paged each restart of the
- * eleventh look's SGD run 32 steps after it, once half of the 64-step
- * baseline was newer than the restart and the credit's reference rate
- * flipped to the new one while the baseline still held the old level.
- * The baseline now starts over at a restart (EVAL_LR_RESTART_RISE). A
- * hidden 10x step from 1,270 fires on its fifth step. */
+ * the step, 2% noise). A baseline of credited samples paged each restart
+ * of the eleventh look's SGD run 32 steps after it (here at 486): once
+ * half of the 64-step baseline was newer than the restart, the credit's
+ * reference rate flipped to the new one while the baseline still held
+ * the old level. The baseline keeps raw samples (detect_step_within's
+ * credit), so the reference rate and the samples move together. A hidden
+ * 10x step from 1,270 fires on its fifth step. */
 static int64_t run_restarts_per_step(int64_t fault)
 {
     struct detect_rules rules;
@@ -304,7 +305,7 @@ static int64_t run_restarts_per_step(int64_t fault)
     return fired;
 }
 
-Test(evaluate, warm_restarts_restart_a_per_step_baseline)
+Test(evaluate, warm_restarts_keep_a_per_step_baseline_consistent)
 {
     int64_t healthy = run_restarts_per_step(0);
     cr_expect_eq(healthy, -1, "step_update_ratio fired at %lld", (long long)healthy);
