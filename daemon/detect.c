@@ -23,13 +23,13 @@
 /* The two step-size rules on the update-to-weight ratio: a multiple of the
  * run's own baseline (z out of reach), from the LR warm-up end, the logged
  * rate's rises credited, a still (frozen) series re-warming. Each sets its
- * own persistence. */
+ * own rise_ratio and persistence. */
 #define RULE_STEP_RATIO                                                                            \
     .enabled = true, .severity = DETECT_SEVERITY_WARNING, .warmup = DETECT_DEFAULT_WARMUP,         \
     .warmup_steps = DETECT_DEFAULT_WARMUP_STEPS, .window = DETECT_DEFAULT_WINDOW,                  \
-    .z = DETECT_MAX_Z, .rise_ratio = DETECT_DEFAULT_STEP_RATIO,                                    \
-    .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER, .family = DETECT_FAMILY_STEP_SIZE,              \
-    .direction = DETECT_RISE_IS_BAD, .early_baseline = true, .per_lr = true, .still_rewarms = true
+    .z = DETECT_MAX_Z, .resolve_after = DETECT_DEFAULT_RESOLVE_AFTER,                              \
+    .family = DETECT_FAMILY_STEP_SIZE, .direction = DETECT_RISE_IS_BAD, .early_baseline = true,    \
+    .per_lr = true, .still_rewarms = true
 
 /* Built-in rules, first match wins (detect_rules_match), so exact names come
  * before any pattern. Directions from docs/monitors.md section 4. */
@@ -216,7 +216,8 @@ static const struct detect_rule default_rules[] = {
      * SGD and under AdamW with beta2 0.999 the update follows the gradient,
      * and a baseline no longer inflated by the decay's earlier, larger
      * steps tripled with it. */
-    {RULE_STEP_RATIO, .name = "update_ratio", .persistence = DETECT_STEP_PERSISTENCE},
+    {RULE_STEP_RATIO, .name = "update_ratio", .rise_ratio = DETECT_DEFAULT_STEP_RATIO,
+     .persistence = DETECT_STEP_PERSISTENCE},
     /* The same step size at the resolution of one optimizer step: the
      * client's step_update_ratio, |W(t) - W(t-1)| / |W(t-1)| over the
      * monitored weights that moved (frozen ones left out, so unfreezing
@@ -239,7 +240,8 @@ static const struct detect_rule default_rules[] = {
      * one while the samples stayed at the old level. The baseline now
      * keeps samples uncredited (detect.h per_lr), and the restarts are
      * quiet with no re-warming. */
-    {RULE_STEP_RATIO, .name = "step_update_ratio", .persistence = DETECT_STEP_UPDATE_PERSISTENCE},
+    {RULE_STEP_RATIO, .name = "step_update_ratio", .persistence = DETECT_STEP_UPDATE_PERSISTENCE,
+     .rise_ratio = DETECT_STEP_UPDATE_RATIO},
     /* The learning rate itself (rank 0's). After the start of detection
      * (past the warm-up) a healthy schedule holds or decays it; a rise is a
      * step-size fault at its source (a mistyped peak, a schedule or resume

@@ -111,8 +111,10 @@
  * own baseline (Adam: the update-to-weight ratio scales with the rate). */
 #define DETECT_DEFAULT_STEP_RATIO 3.0
 #define DETECT_STEP_PERSISTENCE 1 /* update_ratio: breaches to fire (detect.c) */
-/* step_update_ratio: breaching steps in a row to fire (detect.c). */
+/* step_update_ratio: breaching steps in a row to fire, and its rise_ratio
+ * (detect.c). */
 #define DETECT_STEP_UPDATE_PERSISTENCE 5
+#define DETECT_STEP_UPDATE_RATIO 2.5
 /* grad_norm's nonfinite_persistence: fp16 training under dynamic loss
  * scaling overflows routinely (the scaler skips the step and halves its
  * scale; PyTorch's recipe then reports an inf gradient norm), a few steps

@@ -295,15 +295,15 @@ def main(args, workdir):
         "moe16-top4-shared-dh24-h4-l4.lr-jump3-hidden.s101"])
     # The eleventh look: the step-size faults and hard negatives of the
     # third, fifth and eighth looks recorded again with the per-step
-    # update ratio (step_update_ratio; since then its baseline re-warms at
-    # a logged warm restart). Known and documented: under the fifth look's
-    # momentum SGD the attention fault's larger gradients are larger steps
-    # too, so its combined-late run reads optimizer-hyperparameter and its
-    # attention run combined (step_update_ratio opens before the Delta2
-    # collapse).
+    # update ratio (step_update_ratio; since then its baseline keeps raw
+    # samples through a logged warm restart, and it fires at 2.5x).
+    # Known and documented: under the fifth look's momentum SGD the
+    # attention fault's larger gradients are larger steps too (about 3x),
+    # so step_update_ratio opens before the Delta2 collapse and both runs
+    # read optimizer-hyperparameter.
     check_look("corpus-holdout11", 13, lr_least=9, label_known=[
         ("moe32-top4-shared-sgd-dh16-h4-l2.combined-late.s111", "optimizer-hyperparameter"),
-        ("moe32-top4-shared-sgd-dh16-h4-l2.attn-strong.s111", "combined")])
+        ("moe32-top4-shared-sgd-dh16-h4-l2.attn-strong.s111", "optimizer-hyperparameter")])
 
 
 if __name__ == "__main__":

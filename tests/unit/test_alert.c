@@ -736,7 +736,8 @@ static double ur_rise60(int64_t s, double u, bool *p)
 }
 /* step_update_ratio, one sample a step. An optimizer whose moments were
  * reset at step 100: its first steps move at the full rate and settle
- * (4.5x, 3.6x, 3.2x the baseline, then below 3x). */
+ * (4.5x, 3.6x, 3.2x, 2.5x the baseline, then below 2.5x: four breaching
+ * steps, one short of the five that fire). */
 static double sur_reset(int64_t s, double u, bool *p)
 {
     static const double after[] = {4.5, 3.6, 3.2, 2.5, 2.0, 1.6, 1.3};
@@ -750,6 +751,20 @@ static double sur_one(int64_t s, double u, bool *p)
 {
     (void)p;
     return s == 100 ? 0.04 : 0.004 * (1 + 0.05 * u);
+}
+/* A hidden 2.7x jump of the rate at step 100 (a 3x jump's steps under
+ * noise: the eleventh look's AdamW run read 2.7-3.1x). */
+static double sur_jump27(int64_t s, double u, bool *p)
+{
+    (void)p;
+    return (s >= 100 ? 0.0108 : 0.004) * (1 + 0.05 * u);
+}
+/* Steps twice the baseline for good (a logged re-warm-up's peak reached
+ * 2.0x on the eleventh look's AdamW MoE). */
+static double sur_double(int64_t s, double u, bool *p)
+{
+    (void)p;
+    return (s >= 100 ? 0.008 : 0.004) * (1 + 0.05 * u);
 }
 /* A hidden 10x jump of the rate at step 100: every later step 10x. */
 static double sur_jump(int64_t s, double u, bool *p)
@@ -931,13 +946,27 @@ static const struct scenario scenarios[] = {
      {{"step_update_ratio", sur_jump}},
      2,
      {{0, 100, TP, 0, W}, {0, 104, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W}}},
-    {"an optimizer reset's three full-rate steps do not page",
+    {"a step 2.7x too large from step 100 fires on its fifth step",
+     130,
+     0,
+     1,
+     {{"step_update_ratio", sur_jump27}},
+     2,
+     {{0, 100, TP, 0, W}, {0, 104, TF, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, W}}},
+    {"steps held at twice the baseline do not alert",
+     130,
+     0,
+     1,
+     {{"step_update_ratio", sur_double}},
+     0,
+     {{0}}},
+    {"an optimizer reset's four outsized steps do not page",
      130,
      0,
      1,
      {{"step_update_ratio", sur_reset}},
      2,
-     {{0, 100, TP, 0, W}, {0, 103, TI, 0, W}}},
+     {{0, 100, TP, 0, W}, {0, 104, TI, 0, W}}},
     {"one outsized step does not page",
      130,
      0,

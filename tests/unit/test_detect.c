@@ -90,7 +90,7 @@ static const struct {
     {"router.load_entropy", DETECT_FAMILY_ROUTER_BALANCE, DETECT_FALL_IS_BAD, false, 0, 3, 0, 0, 0},
     {"weight_norm", DETECT_FAMILY_WEIGHT_NORM, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
     {"update_ratio", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 1, 0, 3.0, 0},
-    {"step_update_ratio", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 5, 0, 3.0, 0},
+    {"step_update_ratio", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 5, 0, 2.5, 0},
     {"lr", DETECT_FAMILY_STEP_SIZE, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
     {"loss", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
     {"grad_norm", DETECT_FAMILY_SCALAR_LOSS, DETECT_RISE_IS_BAD, false, 0, 3, 0, 0, 0},
