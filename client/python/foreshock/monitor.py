@@ -100,6 +100,10 @@ _SCALARS = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "step_time")
 # transport refused or that could not be built), advice (reading advice).
 STAGES = ("discovery", "sketch", "spectrum", "hook", "pack", "step", "send", "advice")
 _FAILED = object()  # what _guarded returns when fn raised
+# torch._foreach_copy_ (torch >= 2.1), looked up once: a getattr of a name
+# the torch module lacks goes through its module __getattr__ and the import
+# system (file-system stats) on every call, every training step.
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
 
 
 _OMP_SETTERS = None   # omp_set_num_threads of each OpenMP runtime loaded, found once
@@ -337,6 +341,16 @@ def _call_kwargs(module):
             return dict(kw) if isinstance(kw, dict) else None
         f = f.f_back
     return None
+
+
+def _stack64(xs, dev):
+    """0-d tensors xs as one float64 vector on dev: one stack and one
+    conversion when they share a dtype and device (the usual case), one
+    conversion each otherwise."""
+    x0 = xs[0]
+    if all(x.dtype == x0.dtype and x.device == x0.device for x in xs):
+        return torch.stack(xs).to(dev, torch.float64)
+    return torch.stack([x.to(dev, torch.float64) for x in xs])
 
 
 def _clone(w):
@@ -1139,13 +1153,12 @@ class Monitor:
         d = torch._foreach_norm(torch._foreach_sub(curs, olds))
         o = torch._foreach_norm(olds)
         dev = olds[0].device
-        dd = torch.stack([x.to(dev, torch.float64) for x in d]).pow(2)
-        oo = torch.stack([x.to(dev, torch.float64) for x in o]).pow(2)
+        dd = _stack64(d, dev).pow(2)
+        oo = _stack64(o, dev).pow(2)
         d2 = dd.sum()
         o2 = torch.where(dd > 0, oo, torch.zeros_like(oo)).sum()
-        copy = getattr(torch, "_foreach_copy_", None)
-        if copy is not None:
-            copy(olds, curs)
+        if _FOREACH_COPY is not None:
+            _FOREACH_COPY(olds, curs)
         else:  # torch < 2.1
             for x, c in zip(olds, curs):
                 x.copy_(c)
