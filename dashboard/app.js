@@ -35,6 +35,7 @@
   const SCALARS = [
     { name: 'loss', title: 'loss' },
     { name: 'grad_norm', title: 'gradient norm' },
+    { name: 'step_update_ratio', title: 'step size |W(t) − W(t−1)| / |W(t−1)|' },
   ];
   const HEAD_COLORS = ['#4e79a7', '#f28e2b', '#59a14f', '#b07aa1', '#76b7b2', '#edc948',
     '#ff9da7', '#9c755f', '#e15759', '#bab0ac'];
@@ -221,11 +222,23 @@
   }
 
   // Dygraph rows [step, v1, v2, ...] of several series merged on step.
-  function merge(series, bars) {
+  // On a log scale a value <= 0 has no place (a step that moved no weight
+  // sends a step size of 0): it is drawn as a gap (the step stays on the
+  // x axis, and with it any marker there), and a band's low end that
+  // reaches it is drawn from the bucket's mean.
+  const onLog = (v) => (v !== null && v > 0 ? v : null);
+
+  function merge(series, bars, log) {
     const byStep = new Map();
     series.forEach((s, i) => {
       const pts = state.points.get(s.id);
-      for (const [step, mean, lo, hi] of pts ? pts.rows : []) {
+      for (let [step, mean, lo, hi] of pts ? pts.rows : []) {
+        if (log) {
+          mean = onLog(mean);
+          hi = onLog(hi);
+          lo = onLog(lo) ?? mean;
+          if (mean === null) lo = hi = null;
+        }
         let row = byStep.get(step);
         if (!row) {
           row = [step].concat(series.map(() => (bars ? [null, null, null] : null)));
@@ -239,7 +252,7 @@
 
   // Draws (or updates) one plot. lines: [{series, label, bold}]
   function drawPlot(p, lines, opts) {
-    const data = merge(lines.map((l) => l.series), opts.bars);
+    const data = merge(lines.map((l) => l.series), opts.bars, opts.log);
     if (data.length === 0) {
       p.note.textContent = 'no points yet';
       return;

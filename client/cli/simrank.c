@@ -860,6 +860,13 @@ int sim_rank_step(struct sim_rank *r, uint64_t step, const struct sim_sink *sink
     s.loss_scale = SIM_LOSS_SCALE;
     s.tokens = SIM_TRAIN_TOKENS;
     s.step_time = 0.25 + 0.01 * fabs(sim_triangular(&r->rng));
+    /* Sent with the layer norms (the weight side of a step), every step:
+     * the step's update over the weights' expected norm, per element
+     * sd / sqrt(1/d + the updates so far), as norms_step's spectrum route
+     * has it (the same for every layer and rank). */
+    s.step_update_ratio = NAN;
+    if (p->sketches && p->layer_norms)
+        s.step_update_ratio = sim_step_sd(r->sc, p, step) / sqrt(1.0 / p->d + r->acc);
     if (sink->scalars && (rc = sink->scalars(sink->ctx, step, &s)) < 0)
         return rc;
     if (!p->sketches)

@@ -144,7 +144,8 @@ static const struct opt sim_opts[] = {
     {.name = "layer-norms",
      .kind = OPT_FLAG,
      .offset = offsetof(struct sim_settings, layer_norms),
-     .help = "send per-layer |W| and update ratios (default: on except for scenario healthy)"},
+     .help = "send per-layer |W| and update ratios, and every step's step_update_ratio "
+             "(default: on except for scenario healthy)"},
     {.name = "token",
      .kind = OPT_STR,
      .offset = offsetof(struct sim_settings, token),
@@ -277,7 +278,9 @@ static int put_scalars(void *ctx, uint64_t step, const struct sim_scalars *s)
         (rc = fsc_report_set_lr(rep, s->lr)) < 0 ||
         (rc = fsc_report_set_loss_scale(rep, s->loss_scale)) < 0 ||
         (rc = fsc_report_set_tokens(rep, s->tokens)) < 0 ||
-        (rc = fsc_report_set_step_time(rep, s->step_time)) < 0)
+        (rc = fsc_report_set_step_time(rep, s->step_time)) < 0 ||
+        (isfinite(s->step_update_ratio) &&
+         (rc = fsc_report_set_step_update_ratio(rep, s->step_update_ratio)) < 0))
         return rc;
     return fsc_report_set_time(rep, (double)now.tv_sec + (double)now.tv_nsec * 1e-9);
 }

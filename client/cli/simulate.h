@@ -186,6 +186,9 @@ int sim_is_moe(const struct sim_params *p, uint32_t layer);
 
 struct sim_scalars {
     double loss, grad_norm, lr, loss_scale, step_time;
+    /* |W(t) - W(t-1)| / |W(t-1)| over the attention weights, as the
+     * Python client's step_ratio sends it; NAN: not sent (layer norms off). */
+    double step_update_ratio;
     uint64_t tokens;
 };
 

@@ -271,6 +271,8 @@ def check_run_page(args, workdir, d, alerts):
         return key in plots and bool(plots[key].find_all("canvas"))
     check(has_canvas("scalar:loss"), f"no loss plot canvas; plots: {sorted(plots)}")
     check(has_canvas("scalar:grad_norm"), "no grad norm plot canvas")
+    check(has_canvas("scalar:step_update_ratio"),
+          f"no step-size plot canvas (simulate sends step_update_ratio); plots: {sorted(plots)}")
     qk = [k for k in plots if k.startswith("qk:") and has_canvas(k)]
     check(qk, f"no attention monitor plot with a canvas; plots: {sorted(plots)}")
     check(any(k.startswith("qk:qk.d2.erank:") for k in qk), f"no Δ2 erank plot: {qk}")
@@ -372,6 +374,10 @@ def check_empty_states(workdir, d):
     check("scalar:loss" in plots and plots["scalar:loss"].find_all("canvas"),
           "scalars-only run: no loss plot")
     check(not any(k.startswith("qk:") for k in plots), f"scalars-only run has {sorted(plots)}")
+    step = plots.get("scalar:step_update_ratio")
+    check(step is not None and not step.find_all("canvas") and
+          "not reported by this run" in step.all_text(),
+          "scalars-only run: the step-size plot does not say it was not reported")
     check(hidden(dom.find_all(id="router-section")[0]), "scalars-only run shows router plots")
 
     dom, body = load_dom(workdir, d.url("/#run=no-such-run"))
