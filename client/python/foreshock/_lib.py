@@ -14,6 +14,7 @@ build tree of the repository this package sits in (build/libforeshock.so),
 then the system loader (libforeshock.so.0 / libforeshock.so: the
 libforeshock0 package).
 """
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -303,7 +304,7 @@ class Client:
     never blocks on the network. Thread-safe: submit, flush, stats and
     poll_advice from any thread, close from any thread, any number of
     times. The C handle is freed by close, so every call holds it as a
-    user (_hold) and close waits for the calls in progress; a call after
+    user (_held) and close waits for the calls in progress; a call after
     close does nothing and says so (-EBADF, empty stats, no advice).
     Once close has begun, submit is refused (-EBADF): close flushes what
     was queued before it, not a stream another thread keeps feeding."""
@@ -370,33 +371,33 @@ class Client:
         self._users = 0
         self._closing = False
 
-    def _hold(self, new_reports=False):
-        """The handle, counted as in use until _release(); None once closed
-        (with new_reports, once close has begun)."""
+    @contextlib.contextmanager
+    def _held(self, new_reports=False):
+        """The handle, counted as in use for the with block (close waits for
+        it); None once closed (with new_reports, once close has begun)."""
         with self._cv:
             if self._h is None or (new_reports and self._closing):
-                return None
-            self._users += 1
-            return self._h
-
-    def _release(self):
-        with self._cv:
-            self._users -= 1
-            if self._users == 0:
-                self._cv.notify_all()
+                h = None
+            else:
+                self._users += 1
+                h = self._h
+        try:
+            yield h
+        finally:
+            if h is not None:
+                with self._cv:
+                    self._users -= 1
+                    if self._users == 0:
+                        self._cv.notify_all()
 
     def submit(self, rep):
         """Builds and queues one report. Returns 0, or the negative errno the
         library gave (-ENOBUFS: the replay buffer is full; the report is
         dropped and counted by the library; -EBADF: closed)."""
-        h = self._hold(new_reports=True)
-        if h is None:
-            return -errno.EBADF
-        try:
-            r = build_report(self.lib, rep)
-            return self.lib.fsc_submit(h, r)
-        finally:
-            self._release()
+        with self._held(new_reports=True) as h:
+            if h is None:
+                return -errno.EBADF
+            return self.lib.fsc_submit(h, build_report(self.lib, rep))
 
     def poll_advice(self):
         """Takes every advice the daemon sent and this client has not handed
@@ -404,18 +405,13 @@ class Client:
         a list of dicts. Never blocks on the network."""
         out = []
         a = _Advice()
-        h = self._hold()
-        if h is None:
-            return out
-        try:
-            while True:
+        with self._held() as h:
+            while h is not None:
                 a.size = ctypes.sizeof(_Advice)
-                rc = self.lib.fsc_poll_advice(h, ctypes.byref(a))
-                if rc <= 0:
-                    return out
+                if self.lib.fsc_poll_advice(h, ctypes.byref(a)) <= 0:
+                    break
                 out.append(self._advice_dict(a))
-        finally:
-            self._release()
+        return out
 
     @staticmethod
     def _advice_dict(a):
@@ -435,25 +431,17 @@ class Client:
 
     def flush(self, timeout_s):
         ms = -1 if timeout_s is None else int(timeout_s * 1000)
-        h = self._hold()
-        if h is None:
-            return -errno.EBADF
-        try:
-            return self.lib.fsc_flush(h, ms)
-        finally:
-            self._release()
+        with self._held() as h:
+            return -errno.EBADF if h is None else self.lib.fsc_flush(h, ms)
 
     def stats(self):
         """The library's counters; {} once closed."""
         s = _Stats()
         s.size = ctypes.sizeof(_Stats)
-        h = self._hold()
-        if h is None:
-            return {}
-        try:
+        with self._held() as h:
+            if h is None:
+                return {}
             self.lib.fsc_stats(h, ctypes.byref(s))
-        finally:
-            self._release()
         out = {k: getattr(s, k) for k, _ in _Stats._fields_ if k not in ("size", "last_error")}
         out["last_error"] = s.last_error.decode(errors="replace")
         return out
@@ -466,13 +454,10 @@ class Client:
         ms = -1 if timeout_s is None else int(timeout_s * 1000)
         with self._cv:
             self._closing = True
-        h = self._hold()
-        if h is None:
-            return 0
-        try:
+        with self._held() as h:
+            if h is None:
+                return 0
             rc = self.lib.fsc_flush(h, ms) if ms != 0 else 0
-        finally:
-            self._release()
         with self._cv:
             h, self._h = self._h, None
             while self._users:
