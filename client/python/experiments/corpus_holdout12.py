@@ -39,8 +39,17 @@ resume without Lion's momentum) and the weight decay 0.3 to 0.1
 (--wd-change). Seed 121. Every run is in the validation split: the corpus
 only reports. Not calibrated beyond the attention fault's bits.
 
+Added after those sixteen were scored (every diverged fault had diverged
+before the start of detection, 3x the warm-up end, and the MoE's healthy
+run gave its rules 200 steps): attn-strong-late, the same attention fault
+300 steps after the start of detection (LLaMA 1,800 of 2,400, MoE 2,100
+of 2,700), and healthy-long (LLaMA 3,000 steps, linear; MoE 3,600,
+invsqrt). Appended to each table, so the first sixteen's schedules and
+arguments are unchanged and the recorder resumes with these four.
+
 Recorded in the order PRIORITY gives (healthy runs, the 5x jumps, the
-attention faults, the 20x ramps, the hard negatives, combined-late); no
+attention faults, the 20x ramps, the hard negatives, combined-late, then
+the four added runs); no
 trainer starts after --start-until minutes (default 25), so a corpus cut
 short holds the first cells and the recorder resumes the rest if run
 again.
@@ -87,11 +96,25 @@ def scenarios(fault, late_lr):
         "healthy-batchup": ("healthy", ["--batch-change", f"{fault}:32"]),
         "healthy-optreset": ("healthy", ["--opt-reset", str(fault)]),
         "healthy-wdchange": ("healthy", ["--wd-change", f"{fault}:0.1"]),
+        # Added after the first sixteen were scored (appended: the others'
+        # schedules stay put): the attention fault after the start of
+        # detection (LATE), and a healthy run long enough for every rule to
+        # judge 1,000 steps or more of it.
+        "attn-strong-late": ("attention-numerics", ["--bits", "{bits}", "--fault-on", "both"]),
+        "healthy-long": ("healthy", []),
     }
 
 
-def overrides(hard_steps):
-    return {sc: {"steps": hard_steps, "post_diverge": -1} for sc in HARD_NAMES}
+def overrides(hard_steps, long_steps, long_schedule):
+    o = {sc: {"steps": hard_steps, "post_diverge": -1} for sc in HARD_NAMES}
+    o["healthy-long"] = {"steps": long_steps, "fault_step": None, "schedule": long_schedule}
+    return o
+
+
+# attn-strong-late: (fault step, steps), 300 steps after each shape's start
+# of detection (3x the warm-up end: 1,500 and 1,800), so that every rule's
+# baseline is warm at the fault.
+LATE = {"llama-dh8-h8-kv2-l12": (1800, 2400), "moe8-top2-lion-dh48-h2-l3": (2100, 2700)}
 
 
 MATRICES = {
@@ -101,7 +124,7 @@ MATRICES = {
                  "--weight-decay", "0.1"],
         "lr": 2e-3, "split": "validation", "head_dim": 8, "fmt": {"bits": 12}}},
         scenarios=scenarios(850, 950), seeds=(SEED,), schedules=("linear", "cosine"),
-        overrides=overrides(1700),
+        overrides=overrides(1700, 3000, "linear"),
         common=["--ctx", "32", "--batch", "16", "--warmup", "500", "--min-lr-frac", "0",
                 "--clip", "1.0", "--threads", "1"],
         steps=1700, healthy_steps=2000, fault_step=850, late_lr_step=950, fmt={},
@@ -112,7 +135,7 @@ MATRICES = {
                  "--weight-decay", "0.3"],
         "lr": 4e-4, "split": "validation", "head_dim": 48, "fmt": {"bits": 10}}},
         scenarios=scenarios(950, 1050), seeds=(SEED,), schedules=("invsqrt", "linear"),
-        overrides=overrides(1700),
+        overrides=overrides(1700, 3600, "invsqrt"),
         common=["--ctx", "32", "--batch", "16", "--warmup", "600", "--min-lr-frac", "0",
                 "--clip", "1.0", "--threads", "1"],
         # A user's pick of a sparser cadence: a sketch every 20 steps over
@@ -130,6 +153,7 @@ PRIORITY = [
     ("healthy-datashift", (DEEP,)), ("healthy-optreset", (LION,)),
     ("healthy-clipchange", (DEEP,)), ("healthy-wdchange", (LION,)),
     ("combined-late", ALL),
+    ("attn-strong-late", ALL), ("healthy-long", ALL),
 ]
 MATRIX = {"description": "Foreshock twelfth held-out corpus (CORPUS.md)"}
 
@@ -140,7 +164,11 @@ def plan(shapes=None, scenarios=None, seeds=None):
         for shape in on:
             if (shapes and shape not in shapes) or (scenarios and sc not in scenarios):
                 continue
-            runs += corpus_shapes.plan([shape], [sc], seeds, MATRICES[shape])
+            m = MATRICES[shape]
+            if sc == "attn-strong-late":
+                fault, steps = LATE[shape]
+                m = dict(m, fault_step=fault, steps=steps)
+            runs += corpus_shapes.plan([shape], [sc], seeds, m)
             # The windows and cadence the run's Monitor sent (the scorecard
             # replays one pair for a whole corpus).
             mon = MATRICES[shape]["monitor"]
