@@ -203,7 +203,7 @@ def log(msg):
     print(time.strftime("%H:%M:%S ") + msg, flush=True)
 
 
-def run_trainers(out, todo, jobs, finished, clear_stale=True, started=None):
+def run_trainers(out, todo, jobs, finished, clear_stale=True, started=None, start_until=None):
     """Runs train.py once for each run of todo, in order, `jobs` at a time,
     each writing its recording and per-step file where paths(out, name)
     says and its output into runs/NAME.log. clear_stale: first remove the
@@ -212,12 +212,18 @@ def run_trainers(out, todo, jobs, finished, clear_stale=True, started=None):
     exits, a zero exit status writes r's meta file (wall seconds, trainer
     arguments: what complete() compares), then finished(r, returncode,
     wall_s, pending, running) is called, pending and running counting the
-    runs not yet started and still running. Returns None once all exited."""
+    runs not yet started and still running. start_until (a time.monotonic()
+    value), when given: no trainer starts after it. Returns, once every
+    started trainer has exited, the runs of todo never started."""
     train = os.path.join(HERE, "train.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     pending, active = list(todo), []
-    while pending or active:
-        while pending and len(active) < jobs:
+
+    def may_start():
+        return pending and (start_until is None or time.monotonic() < start_until)
+
+    while may_start() or active:
+        while may_start() and len(active) < jobs:
             r = pending.pop(0)
             pt = paths(out, r["name"])
             for k in ("recording", "out", "meta"):
@@ -242,6 +248,7 @@ def run_trainers(out, todo, jobs, finished, clear_stale=True, started=None):
                 with open(paths(out, r["name"])["meta"], "w") as f:
                     json.dump({"wall_s": round(wall, 2), "cmd_args": r["train_args"]}, f)
             finished(r, proc.returncode, wall, len(pending), len(active))
+    return pending
 
 
 def main(argv=None):
