@@ -37,8 +37,10 @@ static const struct detect_rule default_rules[] = {
     /* Delta2 family: the attention-numerics early signal. Two bounds that
      * hold on every head size and phase of training, besides the z-score:
      *  - a rank-one floor (srank <= 1.05, erank_2 <= 1.2): Delta2 of rank
-     *    one is rank one whatever head_dim is. It holds from the start of
-     *    detection, through warm-up, so a collapse already there is caught.
+     *    one is rank one whatever head_dim is. It holds from the LR
+     *    warm-up end (evaluate.c: bounds_from), through the rule's warm-up
+     *    and before the start of detection, so a collapse already there
+     *    is caught, and one soon after a long warm-up too.
      *    (The earlier floors, 1.2 and 1.5, sat inside healthy training:
      *    healthy heads of the corpora dipped to srank 1.09 and erank 1.54.)
      *  - a relative floor (floor_rel): the excess over rank one fell to
@@ -825,7 +827,7 @@ static void ring_push(struct detect_state *st, int64_t step, double v)
  * hold (z, spike ratio, floors, ceilings, relative bounds) and sets
  * out->breach and out->breach_kind, most specific reason first. */
 static void score_finite(const struct detect_state *st, const struct detect_rule *rule,
-                         int64_t step, double value, int64_t detect_from_step, double ok_max,
+                         int64_t step, double value, int64_t bounds_from_step, double ok_max,
                          struct detect_verdict *out)
 {
     if (out->baseline_n > 0) {
@@ -843,10 +845,11 @@ static void score_finite(const struct detect_state *st, const struct detect_rule
     }
     if (rule->spike_ratio > 0 && st->has_max && st->running_max > 0)
         out->spike_ratio = value / st->running_max;
-    /* Absolute floors and ceilings need no baseline: they hold from the
-     * start of detection, through the rule's warm-up, so a collapse that
-     * is already there when detection starts is still caught. */
-    bool started = step >= detect_from_step;
+    /* Absolute floors and ceilings need no baseline: they hold from
+     * bounds_from_step (at or before the start of detection), through the
+     * rule's warm-up, so a collapse that is already there when detection
+     * starts is still caught. */
+    bool started = step >= bounds_from_step;
     bool low = started && rule->has_floor && value <= rule->floor;
     bool high = started && rule->has_ceiling && value >= rule->ceiling;
     if (out->in_warmup && (low || high)) {
@@ -895,17 +898,22 @@ int detect_step_from(struct detect_state *st, const struct detect_rule *rule, in
                      double value, bool is_present, int64_t baseline_from_step,
                      int64_t detect_from_step, struct detect_verdict *out)
 {
-    return detect_step_within(st, rule, step, value, is_present, baseline_from_step,
-                              detect_from_step, NAN, 1, out);
+    struct detect_judging j = {.baseline_from = baseline_from_step,
+                               .detect_from = detect_from_step,
+                               .bounds_from = detect_from_step,
+                               .ok_max = NAN,
+                               .credit = 1};
+    return detect_step_judged(st, rule, step, value, is_present, &j, out);
 }
 
-int detect_step_within(struct detect_state *st, const struct detect_rule *rule, int64_t step,
-                       double value, bool is_present, int64_t baseline_from_step,
-                       int64_t detect_from_step, double ok_max, double credit,
+int detect_step_judged(struct detect_state *st, const struct detect_rule *rule, int64_t step,
+                       double value, bool is_present, const struct detect_judging *j,
                        struct detect_verdict *out)
 {
-    if (!st || !rule || !out)
+    if (!st || !rule || !j || !out)
         return -EINVAL;
+    int64_t baseline_from_step = j->baseline_from, detect_from_step = j->detect_from;
+    double ok_max = j->ok_max, credit = j->credit;
     memset(out, 0, sizeof(*out));
     /* `value` is what the baseline keeps; `judged` is what is scored. */
     double judged = credit > 0 && credit < 1 ? value * credit : value;
@@ -945,7 +953,9 @@ int detect_step_within(struct detect_state *st, const struct detect_rule *rule, 
         out->breach = true;
         out->breach_kind = DETECT_BREACH_NONFINITE;
     } else {
-        score_finite(st, rule, step, judged, detect_from_step, ok_max, out);
+        score_finite(st, rule, step, judged,
+                     j->bounds_from < detect_from_step ? j->bounds_from : detect_from_step, ok_max,
+                     out);
     }
 
     if (out->breach) {

@@ -196,7 +196,7 @@ struct detect_rule {
      * peak, never below 1. A step the schedule itself made larger (a warm
      * restart) is no breach; one beyond what the logged rate explains is,
      * and so is a logged rate above its own peak. The baseline keeps the
-     * samples uncredited (detect_step_within), so a baseline that spans a
+     * samples uncredited (detect_step_judged), so a baseline that spans a
      * rise holds each sample at the level its own rate gave it. */
     bool per_lr;
     /* Rise-is-bad only: a value at or below the learning rate's warm-up
@@ -371,21 +371,33 @@ int detect_step_from(struct detect_state *st, const struct detect_rule *rule, in
  * from the next sample (a still series that starts to move). */
 void detect_restart_baseline(struct detect_state *st);
 
-/* detect_step_from with two adjustments made by the caller (evaluate.c):
- * - ok_max: a bound below which a rise-is-bad rule's finite sample never
- *   breaches: at or below it the sample is a normal one (scored, and
- *   accepted into the baseline like any other). NAN: no bound. (The
- *   learning rate's warm-up peak for a within_peak rule.)
- * - credit, in (0, 1]: the sample is judged as value x credit, and the
- *   baseline keeps value as it came. (A per_lr rule's credit for a rise of
- *   the logged rate: the baseline holds samples as the rate at their own
- *   steps made them, and each judged sample is credited against the rate
- *   at the baseline's steps, so the two stay consistent when the rate
- *   moves.) 1, or anything outside (0, 1]: no credit.
- * NAN and 1 make it exactly detect_step_from. */
-int detect_step_within(struct detect_state *st, const struct detect_rule *rule, int64_t step,
-                       double value, bool is_present, int64_t baseline_from_step,
-                       int64_t detect_from_step, double ok_max, double credit,
+/* How the caller (evaluate.c) has one sample judged, beyond its rule. */
+struct detect_judging {
+    /* As detect_step_from's: samples from baseline_from (<= detect_from)
+     * build the baseline; breaches count from detect_from. */
+    int64_t baseline_from, detect_from;
+    /* The rule's absolute floor and ceiling hold from here (<=
+     * detect_from), with no baseline needed: a value beyond one is no phase
+     * of healthy training, so it need not wait for the start of detection. */
+    int64_t bounds_from;
+    /* A bound below which a rise-is-bad rule's finite sample never
+     * breaches: at or below it the sample is a normal one (scored, and
+     * accepted into the baseline like any other). NAN: no bound. (The
+     * learning rate's warm-up peak for a within_peak rule.) */
+    double ok_max;
+    /* In (0, 1]: the sample is judged as value x credit, and the baseline
+     * keeps value as it came. (A per_lr rule's credit for a rise of the
+     * logged rate: the baseline holds samples as the rate at their own
+     * steps made them, and each judged sample is credited against the rate
+     * at the baseline's steps, so the two stay consistent when the rate
+     * moves.) 1, or anything outside (0, 1]: no credit. */
+    double credit;
+};
+
+/* detect_step_from as *j has it; {from, from, from, NAN, 1} is exactly
+ * detect_step_from(..., from, from, out). */
+int detect_step_judged(struct detect_state *st, const struct detect_rule *rule, int64_t step,
+                       double value, bool is_present, const struct detect_judging *j,
                        struct detect_verdict *out);
 
 /* The steps of the newest min(window, held) baseline samples of st, newest

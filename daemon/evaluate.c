@@ -502,17 +502,28 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
                    : eval_start_step(er, step, detect_from_step);
         base_from = from;
     }
+    /* A rule's absolute floor and ceiling hold from the warm-up end, as an
+     * early baseline starts (evaluate.h EVAL_BASELINE_MIN), not 3 warm-ups
+     * later: a value beyond them (the Delta2 rank-one floors) is no phase
+     * of healthy training, and an attention fault soon after a long
+     * warm-up (the twelfth held-out look: 500 steps, fault at 850, start of
+     * detection 1,500) reached rank one at 1,050 and diverged at 1,090
+     * unjudged. The z-scores and relative bounds still wait for the start:
+     * a baseline of the early phase is too wide. */
+    struct detect_judging j = {.baseline_from = base_from,
+                               .detect_from = from,
+                               .bounds_from = eval_baseline_step(er, step, detect_from_step),
+                               .ok_max = NAN,
+                               .credit = 1};
     /* The logged rate explains a step up to its warm-up peak (detect.h:
      * per_lr, within_peak). */
     const struct eval_progress *p = &er->progress;
-    double ok_max = NAN, credit = 1;
     if (t->rule->per_lr && present && isfinite(value))
-        credit = per_lr_credit(p, t, step);
+        j.credit = per_lr_credit(p, t, step);
     if (t->rule->within_peak && p->lr_peak > 0 && p->warmup_end >= 0 &&
         p->warmup_end < (int64_t)step)
-        ok_max = p->lr_peak * (1 + EVAL_LR_PEAK_TOL);
-    if (detect_step_within(&t->ds, t->rule, (int64_t)step, value, present, base_from, from, ok_max,
-                           credit, &v) < 0 ||
+        j.ok_max = p->lr_peak * (1 + EVAL_LR_PEAK_TOL);
+    if (detect_step_judged(&t->ds, t->rule, (int64_t)step, value, present, &j, &v) < 0 ||
         alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now, &tr) < 0)
         return -EINVAL;
     t->last_step = (int64_t)step;

@@ -648,7 +648,57 @@ Test(detect_step, scale_rel_floors_the_z_scale_table)
     }
 }
 
-/* detect_step_within's bound (the learning rate's warm-up peak for `lr`):
+/* detect_step_judged from step `from` (baseline, detection and bounds)
+ * with an ok_max and a credit. */
+static int judged(struct detect_state *st, const struct detect_rule *r, int64_t step, double v,
+                  int64_t from, double ok_max, double credit, struct detect_verdict *out)
+{
+    struct detect_judging j = {.baseline_from = from,
+                               .detect_from = from,
+                               .bounds_from = from,
+                               .ok_max = ok_max,
+                               .credit = credit};
+    return detect_step_judged(st, r, step, v, true, &j, out);
+}
+
+/* detect_step_judged's bounds_from: a rank-one Delta2 (srank 1.0, under its
+ * 1.05 floor) breaches from bounds_from on, before the start of
+ * detection; before bounds_from, nothing breaches; a z-score collapse
+ * that is no floor breach waits for the start. Steps 10 apart, bounds from
+ * 500, detection from 1,500 (the twelfth held-out look's 500-step
+ * warm-up). */
+Test(detect_step, bounds_hold_from_bounds_from_table)
+{
+    static const struct {
+        int64_t step;
+        double value;
+        bool breach;
+    } cases[] = {
+        {400, 1.0, false},  /* before bounds_from */
+        {500, 1.0, true},   /* at it: the floor */
+        {1000, 1.0, true},  /* before the start: still the floor */
+        {1000, 1.5, false}, /* a fall above the floor: no baseline yet */
+        {1600, 1.0, true},  /* after the start */
+    };
+    struct detect_rule r = rule_named("qk.d2.srank");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_state st;
+        detect_state_init(&st);
+        struct detect_verdict v;
+        struct detect_judging j = {.baseline_from = 1500,
+                                   .detect_from = 1500,
+                                   .bounds_from = 500,
+                                   .ok_max = NAN,
+                                   .credit = 1};
+        cr_assert_eq(detect_step_judged(&st, &r, cases[c].step, cases[c].value, true, &j, &v), 0);
+        cr_expect_eq(v.breach, cases[c].breach, "case %zu", c);
+        if (v.breach)
+            cr_expect_eq(v.breach_kind, DETECT_BREACH_FLOOR, "case %zu", c);
+        cr_expect_not(v.accepted_into_baseline, "case %zu", c);
+    }
+}
+
+/* detect_step_judged's ok_max (the learning rate's warm-up peak for `lr`):
  * a rise at or below it is a normal sample, accepted into the baseline;
  * above it, or with no bound (NAN), the rule judges as ever; a fall-is-bad
  * rule ignores it. */
@@ -671,17 +721,15 @@ Test(detect_step, within_bound_a_rise_is_normal_table)
         detect_state_init(&st);
         struct detect_verdict v;
         for (int64_t s = 0; s < 30; s++)
-            detect_step_within(&st, &r, 10 * s, level, true, 0, 0, cases[c].ok_max, 1, &v);
+            judged(&st, &r, 10 * s, level, 0, cases[c].ok_max, 1, &v);
         uint64_t accepted = st.accepted;
-        cr_assert_eq(
-            detect_step_within(&st, &r, 300, cases[c].probe, true, 0, 0, cases[c].ok_max, 1, &v),
-            0);
+        cr_assert_eq(judged(&st, &r, 300, cases[c].probe, 0, cases[c].ok_max, 1, &v), 0);
         cr_expect_eq(v.breach, cases[c].breach, "case %zu", c);
         cr_expect_eq(st.accepted, accepted + (cases[c].breach ? 0 : 1), "case %zu", c);
     }
 }
 
-/* detect_step_within's credit (a per_lr rule's, for a rise of the logged
+/* detect_step_judged's credit (a per_lr rule's, for a rise of the logged
  * rate): the sample is judged as value x credit, and the baseline keeps
  * value as it came. update_ratio at 1e-3 (+0-2%) for 30 samples, then 10 samples
  * 5x higher credited by 1/5: none breaches, and the baseline's newest
@@ -704,12 +752,11 @@ Test(detect_step, credit_judges_the_credited_value_and_keeps_the_raw_table)
         detect_state_init(&st);
         struct detect_verdict v;
         for (int64_t s = 0; s < 30; s++)
-            detect_step_within(&st, &r, 10 * s, 1e-3 * (1 + 0.01 * (double)(s % 3)), true, 0, 0,
-                               NAN, cases[c].credit, &v);
+            judged(&st, &r, 10 * s, 1e-3 * (1 + 0.01 * (double)(s % 3)), 0, NAN, cases[c].credit,
+                   &v);
         cr_assert_not(v.in_warmup, "case %zu", c);
         for (int64_t s = 30; s < 40; s++) {
-            cr_assert_eq(
-                detect_step_within(&st, &r, 10 * s, 5e-3, true, 0, 0, NAN, cases[c].credit, &v), 0);
+            cr_assert_eq(judged(&st, &r, 10 * s, 5e-3, 0, NAN, cases[c].credit, &v), 0);
             if (s == 30) {
                 cr_expect_eq(v.breach, cases[c].breach, "case %zu", c);
                 double judged =

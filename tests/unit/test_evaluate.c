@@ -187,6 +187,45 @@ Test(evaluate, early_baseline_rules_detect_once_warm)
     cr_expect_eq(first_firing("grad_norm", "grad_norm", 700), -1);
 }
 
+/* The first firing of layer 0's qk.d2.srank.min, a sketch every 10 steps
+ * of a run warmed up over 300 steps: 3 (+-2%) until `at`, `after` from
+ * there. */
+static int64_t srank_first_firing(int64_t at, double after)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    struct store_series_key k = {"qk.d2.srank.min", 0, -1, 10, -1};
+    detect_rules_default(&rules);
+    eval_run_init(&er, &rules);
+    int64_t fired = -1;
+    uint64_t seed = 7;
+    for (int64_t s = 1; s < 1200 && fired < 0; s++) {
+        eval_progress_lr(&er, (uint64_t)s, warm300_const(s));
+        if (s % 10)
+            continue;
+        double v = s >= at ? after : 3 * (1 + 0.02 * noise01(&seed));
+        cr_assert_geq(eval_feed_stored(&er, &b, &k, (uint64_t)s, v, true, 0, 0), 0);
+        eval_label_all(&er, &b);
+        note_first_firing(&b, &fired);
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return fired;
+}
+
+/* A rank-one floor holds from the warm-up end (300), not from the start of
+ * detection (900): Delta2 at rank one at step 500 fires on its second
+ * sample (magnitude_persistence 2). A fall to 1.5, above the floor, waits
+ * for the start, and a baseline built from there holds it as the level. */
+Test(evaluate, rank_one_floors_hold_from_the_warmup_end)
+{
+    cr_expect_eq(srank_first_firing(500, 1.0), 510);
+    cr_expect_eq(srank_first_firing(500, 1.5), -1);
+    cr_expect_eq(srank_first_firing(2000, 0), -1, "healthy: no alert");
+}
+
 /* Warm restarts: a 50-step warm-up to 1e-3, then the rate decays
  * exponentially (e-folding 80 steps) and restarts at the peak every 400
  * steps (450, 850, 1250, 1650): most of a baseline sits far below the
@@ -277,7 +316,7 @@ Test(evaluate, warm_restarts_are_the_schedule)
  * of the eleventh look's SGD run 32 steps after it (here at 486): once
  * half of the 64-step baseline was newer than the restart, the credit's
  * reference rate flipped to the new one while the baseline still held
- * the old level. The baseline keeps raw samples (detect_step_within's
+ * the old level. The baseline keeps raw samples (detect_step_judged's
  * credit), so the reference rate and the samples move together. A hidden
  * 10x step from 1,270 fires on its fifth step. */
 static int64_t run_restarts_per_step(int64_t fault)
