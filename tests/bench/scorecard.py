@@ -300,8 +300,25 @@ DEFAULT_CORPORA = [os.path.join(SOURCE, "tests", "data", d)
                    for d in ("corpus", "corpus-shapes", "corpus-holdout")]
 
 
-def run(build_dir, corpus_dirs=None, sets=(), windows=MONITOR_WINDOWS, every=MONITOR_EVERY):
-    """(rows, per-split summaries, per-shape summaries) over every corpus."""
+def cadence(meta):
+    """(windows, every) a run is replayed at: what a default Monitor sends,
+    when the run's recording holds it (its manifest names no cadence, or
+    one with the default windows at a cadence dividing the default's: a
+    corpus recorded richer), else the windows and cadence it was sent at
+    (a Monitor set to sketch less often: backtest would drop its windows)."""
+    w, e = meta.get("windows"), meta.get("every")
+    if not w or not e:
+        return MONITOR_WINDOWS, MONITOR_EVERY
+    sent = sorted({int(x) for x in str(w).split(",")})
+    default = {int(x) for x in MONITOR_WINDOWS.split(",")}
+    if default <= set(sent) and MONITOR_EVERY % int(e) == 0:
+        return MONITOR_WINDOWS, MONITOR_EVERY
+    return ",".join(str(x) for x in sent), int(e)
+
+
+def run(build_dir, corpus_dirs=None, sets=(), windows=None, every=None):
+    """(rows, per-split summaries, per-shape summaries) over every corpus.
+    windows/every (None: each run's cadence()) replay every run at that."""
     if isinstance(corpus_dirs, str):
         corpus_dirs = [corpus_dirs]
     rows = []
@@ -309,8 +326,11 @@ def run(build_dir, corpus_dirs=None, sets=(), windows=MONITOR_WINDOWS, every=MON
         for d in corpus_dirs or [c for c in DEFAULT_CORPORA if os.path.isdir(c)]:
             db, manifest = load_corpus(d, tmp)
             mark_inert_attention(manifest)
-            by_run = backtest(build_dir, db, sets, windows, every)
-            rows += [score_run(m, by_run.get(m["name"], [])) for m in manifest]
+            at = {m["name"]: cadence(m) for m in manifest}
+            if windows or every:
+                at = {n: (windows or w, every or e) for n, (w, e) in at.items()}
+            by_cadence = {c: backtest(build_dir, db, sets, *c) for c in sorted(set(at.values()))}
+            rows += [score_run(m, by_cadence[at[m["name"]]].get(m["name"], [])) for m in manifest]
     summaries = [summarize(rows, s) for s in ("tuning", "validation", None)]
     shapes = sorted({(r["split"], r["shape"]) for r in rows})
     by_shape = [summarize(rows, sp, sh, f"{sh} ({sp})") for sp, sh in shapes]
@@ -332,10 +352,12 @@ def main():
                          "corpus-holdout)")
     ap.add_argument("--rows", action="store_true", help="print the per-run table too")
     ap.add_argument("--set", action="append", default=[], help="RULE.KEY=VALUE (repeatable)")
-    ap.add_argument("--windows", default=MONITOR_WINDOWS,
-                    help=f"sketch windows sent (default {MONITOR_WINDOWS}: the Monitor's)")
-    ap.add_argument("--every", type=int, default=MONITOR_EVERY,
-                    help=f"sketch cadence (default {MONITOR_EVERY}: the Monitor's)")
+    ap.add_argument("--windows", default=None,
+                    help=f"sketch windows sent, for every run (default: {MONITOR_WINDOWS}, the "
+                         "Monitor's, or a run's own when it was sent at another cadence)")
+    ap.add_argument("--every", type=int, default=None,
+                    help=f"sketch cadence, for every run (default: {MONITOR_EVERY}, the "
+                         "Monitor's, or a run's own as for --windows)")
     ap.add_argument("--split", default="validation", help="split --check judges")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()

@@ -40,9 +40,12 @@ KEEP_SQL = """
     OR name IN ('loss', 'grad_norm', 'lr', 'weight_norm', 'update_ratio', 'step_update_ratio')
         AND rank = 0
 """
+# windows/every: the sketch windows and cadence the run's Monitor sent, when
+# the recorder's manifest says (scorecard.py replays a run sent at other
+# than the default cadence as it was sent).
 META_KEYS = ("name", "arch", "shape", "head_dim", "schedule", "scenario", "seed", "split",
              "fault_step", "divergence_step", "steps", "bits", "lr_mult", "lr_fault_step",
-             "lr_hidden")
+             "lr_hidden", "windows", "every")
 
 
 def start_daemon(build_dir, workdir):
