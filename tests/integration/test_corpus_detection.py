@@ -314,6 +314,10 @@ def main(args, workdir):
     check_look("corpus-holdout12", 6, lr_least=1, label_known=[
         ("moe8-top2-lion-dh48-h2-l3.combined-late.s121", "optimizer-hyperparameter")],
         unseen_known=["moe8-top2-lion-dh48-h2-l3.attn-strong.s121"])
+    # The thirteenth look: batch ramps under AdamW (no step-size change)
+    # and a healthy small-batch MoE whose router.maxvio doubled (quiet
+    # since its scale is 30% of its level).
+    check_look("corpus-holdout13", 1)
 
 
 if __name__ == "__main__":

@@ -633,6 +633,12 @@ Test(detect_step, scale_rel_floors_the_z_scale_table)
          * (z 6.7 against its MAD); the attention fault's 2.4x still fires. */
         {"qk.cqk", 0.159, 0.201, false, 3.773585},
         {"qk.cqk", 0.159, 0.38, true, 19.856244},
+        /* router.maxvio's 30%: a healthy 4-expert top-2 router at 256
+         * tokens a step (the thirteenth held-out look) went from 0.198 to
+         * 0.439 for three sketches (z 5.2 at 20%); a collapse onto one
+         * expert (E - 1 = 3) is z 47. */
+        {"router.maxvio", 0.198, 0.439, false, 4.057239},
+        {"router.maxvio", 0.198, 3.0, true, 47.171717},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct detect_rule r = rule_named(cases[c].rule);
