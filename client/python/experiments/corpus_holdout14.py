@@ -4,7 +4,7 @@ in the decay where the rate is small; a fine-tuning-like low rate; tight
 gradient clipping that clips every step. No earlier look had these: the
 earlier decay-to-zero looks put their faults near the middle of the run,
 every earlier AdamW peak was 1e-3 or more, and every earlier clip norm was
-1.0 or a change of it (0.3 at most).
+1.0 or a change of it (0.25 at the tightest).
 
 Three shapes no earlier look had, AdamW, seed 141, sketches every 10 steps
 over windows 10 and 50 (the Monitor's defaults):
@@ -23,7 +23,7 @@ over windows 10 and 50 (the Monitor's defaults):
   of 3,000 (constant, and last in the order cosine).
 - llama-mqa-dh24-h3-kv1-l3 (LLaMA, d 72, 3 query heads of 24 sharing one
   KV head, 3 layers): gradients clipped at norm 0.05 (--clip 0.05; the
-  gradient's norm stays above 0.3 in a healthy run, so every step is
+  gradient's norm stays above 1.7 from step 300, so every step is
   clipped), peak 1e-3, beta2 0.95, weight decay 0.1, a 100-step warm-up,
   then cosine decay to zero or WSD to zero. Runs of 2,000 steps, faults
   at 1,500 (75%), combined's ramp from 1,600; healthy 3,000 (cosine).
@@ -35,9 +35,15 @@ from 100 steps later). Not calibrated: a fault that does not diverge within
 its run is counted apart by the scorecard. Every run is in the validation
 split: the corpus only reports.
 
+Appended after those seventeen were scored (the first seventeen's
+arguments are unchanged, so the recorder, run again, records only these):
+the MoE's healthy run (constant) at ten times its rate, 2e-3
+(healthy-lr10x), and with seeds 142, 143 and 144, because its healthy
+runs at 2e-4 alerted.
+
 Recorded in the order PRIORITY gives (the healthy runs, the 5x jumps, the
-attention faults, the 20x ramps, combined-late, then the MoE's second
-healthy run); no trainer starts after --start-until minutes (default 20),
+attention faults, the 20x ramps, combined-late, the MoE's second healthy
+run, then the appended runs); no trainer starts after --start-until minutes (default 20),
 so a corpus cut short holds the first cells and the recorder resumes the
 rest if run again.
 
@@ -74,6 +80,10 @@ def scenarios(late_lr):
         "combined-late": ("combined", ["--bits", "{bits}", "--fault-on", "both", "--lr-hidden",
                                        "--lr-mult", "20", "--lr-ramp", "200",
                                        "--lr-fault-step", str(late_lr)]),
+        # Appended after the first seventeen were scored (the others'
+        # arguments stay put): the shape's healthy run at ten times its
+        # rate (the later --lr wins), to tell the low rate from the shape.
+        "healthy-lr10x": ("healthy", ["--lr", "{lr10}"]),
     }
 
 
@@ -81,7 +91,8 @@ def schedules(healthy_steps, a, b):
     """Each scenario's schedule, set rather than alternated: the two
     healthy runs take one schedule each, the faults alternate."""
     o = {"healthy": {"schedule": a, "steps": healthy_steps},
-         "healthy-2": {"schedule": b, "steps": healthy_steps, "fault_step": None}}
+         "healthy-2": {"schedule": b, "steps": healthy_steps, "fault_step": None},
+         "healthy-lr10x": {"schedule": a, "steps": healthy_steps, "fault_step": None}}
     for i, sc in enumerate(("lr-jump5-hidden", "lr-ramp20-hidden", "attn-strong",
                             "combined-late")):
         o[sc] = {"schedule": (a, b)[i % 2]}
@@ -109,8 +120,8 @@ MATRICES = {
         overrides=schedules(3000, "constant", "cosine"),
         common=["--ctx", "32", "--batch", "16", "--warmup", "30", "--min-lr-frac", "0",
                 "--clip", "1.0"] + ADAMW,
-        steps=2000, healthy_steps=3000, fault_step=1500, late_lr_step=1600, fmt={"bits": 12},
-        manifest_lr_mult=True),
+        steps=2000, healthy_steps=3000, fault_step=1500, late_lr_step=1600,
+        fmt={"bits": 12, "lr10": "2e-3"}, manifest_lr_mult=True),
     CLIP: dict(corpus_shapes.MATRIX, shapes={CLIP: {
         "args": ["--arch", "llama", "--experts", "0", "--d", "72", "--heads", "3",
                  "--kv-heads", "1", "--layers", "3", "--beta2", "0.95",
@@ -130,17 +141,24 @@ PRIORITY = [
     ("lr-jump5-hidden", ALL), ("attn-strong", ALL), ("lr-ramp20-hidden", ALL),
     ("combined-late", ALL),
     ("healthy-2", (FT,)),
+    # Appended after the first seventeen were scored: the fine-tuning-like
+    # shape's healthy run (constant) with another seed, and at ten times
+    # its rate.
+    ("healthy", (FT,), (142,)), ("healthy-lr10x", (FT,)),
+    # And, after those two were scored, two more seeds of it.
+    ("healthy", (FT,), (143,)), ("healthy", (FT,), (144,)),
 ]
 MATRIX = {"description": "Foreshock fourteenth held-out corpus (CORPUS.md)"}
 
 
 def plan(shapes=None, scenarios=None, seeds=None):
     runs = []
-    for sc, on in PRIORITY:
+    for sc, on, *seeds_of in PRIORITY:
         for shape in on:
             if (shapes and shape not in shapes) or (scenarios and sc not in scenarios):
                 continue
-            runs += corpus_shapes.plan([shape], [sc], seeds, MATRICES[shape])
+            runs += corpus_shapes.plan([shape], [sc], seeds or (seeds_of or [None])[0],
+                                       MATRICES[shape])
             mon = MATRICES[shape]["monitor"]
             runs[-1]["windows"] = mon[mon.index("--windows") + 1]
             runs[-1]["every"] = int(mon[mon.index("--every") + 1])
