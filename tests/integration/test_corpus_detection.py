@@ -205,10 +205,11 @@ def main(args, workdir):
           f"right label ({n} LR faults without the lr rule), healthy quiet")
 
     def check_look(name, least, healthy_known=(), label_known=(), lr_least=0, missed_known=(),
-                   unseen_known=()):
+                   unseen_known=(), phase_known=()):
         """A later look as it scores: every healthy run quiet but the runs
         of healthy_known ((run, rule) of its first alert), no alert in a
-        healthy phase, every diverged faulted run caught before divergence
+        healthy phase but those of phase_known (faulted runs that page
+        before their fault), every diverged faulted run caught before divergence
         with the right label but those of label_known ((run, label)),
         missed_known (runs that diverged before the first sketch after
         their fault, asserted not caught) and unseen_known (runs asserted
@@ -220,8 +221,9 @@ def main(args, workdir):
         check(sorted((r["run"], r["rule"] or "") for r in noisy) ==
               sorted((run, rule or "") for run, rule in healthy_known),
               f"{name}: healthy alerts changed: " + describe(noisy))
-        check(val["healthy"] >= 6 and val["phase_alerts"] == 0,
-              f"{name}: healthy runs or phases: {val}")
+        phase = sorted(r["run"] for r in rows if r.get("phase_alerts"))
+        check(val["healthy"] >= 6 and phase == sorted(phase_known),
+              f"{name}: healthy runs or phases: {val}, phase alerts on {phase}")
         faulted = [r for r in rows if r["family"] != "healthy" and r["diverged"]]
         known = [r for r in faulted if (r["run"], r["label"]) in label_known]
         check(len(known) == len(label_known) and all(r["caught"] for r in known),
@@ -318,6 +320,18 @@ def main(args, workdir):
     # and a healthy small-batch MoE whose router.maxvio doubled (quiet
     # since its scale is 30% of its level).
     check_look("corpus-holdout13", 1)
+    # The fourteenth look: faults late in a decay to zero and clipping on
+    # every step, all caught. Known and documented: at a fine-tuning-like
+    # rate (2e-4, trained from scratch) the attention patterns form
+    # hundreds of steps after detection starts, and qk.cqk rises 1.7-2.3x
+    # from a baseline built before: seeds 141 and 144 of the MoE page it
+    # on healthy training (141's faulted runs too, before their fault).
+    moe = "qwen3moe4-top2-dh16-h4-kv2-l3"
+    check_look("corpus-holdout14", 4, lr_least=2, healthy_known=[
+        (f"{moe}.healthy.s141", "qk.cqk"), (f"{moe}.healthy-2.s141", "qk.cqk"),
+        (f"{moe}.healthy.s144", "qk.cqk")], phase_known=[
+        f"{moe}.{sc}.s141" for sc in ("lr-jump5-hidden", "attn-strong", "lr-ramp20-hidden",
+                                      "combined-late")])
 
 
 if __name__ == "__main__":
