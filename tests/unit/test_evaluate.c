@@ -147,12 +147,16 @@ static void note_first_firing(const struct eval_batch *b, int64_t *fired)
             *fired = b->ev[i].tr.step;
 }
 
-static int64_t first_firing(const char *series, const char *rule, int64_t jump)
+/* The first firing of rule on layer 0's `series` (window `window`), a
+ * sample every 10 steps of a run warmed up over 300 steps: `before` (+0-2%)
+ * until `at`, `after` (+0-2%) from there; -1 when none fired by `until`. */
+static int64_t first_firing(const char *series, int32_t window, const char *rule, double before,
+                            double after, int64_t at, int64_t until)
 {
     struct detect_rules rules;
     struct eval_run er;
     struct eval_batch b = {0};
-    struct store_series_key k = {"", 0, -1, 0, 0};
+    struct store_series_key k = {"", 0, -1, window, 0};
     snprintf(k.name, sizeof(k.name), "%s", series);
     detect_rules_default(&rules);
     eval_run_init(&er, &rules);
@@ -160,12 +164,11 @@ static int64_t first_firing(const char *series, const char *rule, int64_t jump)
     cr_assert(t);
     int64_t fired = -1;
     uint64_t seed = 99;
-    for (int64_t s = 1; s < 1000 && fired < 0; s++) {
+    for (int64_t s = 1; s < until && fired < 0; s++) {
         eval_progress_lr(&er, (uint64_t)s, warm300_const(s));
         if (s % 10)
             continue;
-        double u = noise01(&seed);
-        double v = (s >= jump ? 0.5 : 0.05) * (1 + 0.02 * u);
+        double v = (s >= at ? after : before) * (1 + 0.02 * noise01(&seed));
         cr_assert_geq(eval_feed(&er, &b, t, (uint64_t)s, v, true, -1, 0, 0), 0);
         eval_label_all(&er, &b);
         note_first_firing(&b, &fired);
@@ -182,48 +185,23 @@ static int64_t first_firing(const char *series, const char *rule, int64_t jump)
  * it start at 3 x 300 = 900: the same jump in grad_norm goes unjudged. */
 Test(evaluate, early_baseline_rules_detect_once_warm)
 {
-    cr_expect_eq(first_firing("update_ratio", "update_ratio", 700), 700);
-    cr_expect_eq(first_firing("update_ratio", "update_ratio", 1000), -1, "healthy: no alert");
-    cr_expect_eq(first_firing("grad_norm", "grad_norm", 700), -1);
-}
-
-/* The first firing of layer 0's qk.d2.srank.min, a sketch every 10 steps
- * of a run warmed up over 300 steps: 3 (+-2%) until `at`, `after` from
- * there. */
-static int64_t srank_first_firing(int64_t at, double after)
-{
-    struct detect_rules rules;
-    struct eval_run er;
-    struct eval_batch b = {0};
-    struct store_series_key k = {"qk.d2.srank.min", 0, -1, 10, -1};
-    detect_rules_default(&rules);
-    eval_run_init(&er, &rules);
-    int64_t fired = -1;
-    uint64_t seed = 7;
-    for (int64_t s = 1; s < 1200 && fired < 0; s++) {
-        eval_progress_lr(&er, (uint64_t)s, warm300_const(s));
-        if (s % 10)
-            continue;
-        double v = s >= at ? after : 3 * (1 + 0.02 * noise01(&seed));
-        cr_assert_geq(eval_feed_stored(&er, &b, &k, (uint64_t)s, v, true, 0, 0), 0);
-        eval_label_all(&er, &b);
-        note_first_firing(&b, &fired);
-        eval_batch_reset(&b);
-    }
-    eval_batch_free(&b);
-    eval_run_clear(&er);
-    return fired;
+    cr_expect_eq(first_firing("update_ratio", 0, "update_ratio", 0.05, 0.5, 700, 1000), 700);
+    cr_expect_eq(first_firing("update_ratio", 0, "update_ratio", 0.05, 0.5, 1000, 1000), -1,
+                 "healthy: no alert");
+    cr_expect_eq(first_firing("grad_norm", 0, "grad_norm", 0.05, 0.5, 700, 1000), -1);
 }
 
 /* A rank-one floor holds from the warm-up end (300), not from the start of
- * detection (900): Delta2 at rank one at step 500 fires on its second
- * sample (magnitude_persistence 2). A fall to 1.5, above the floor, waits
- * for the start, and a baseline built from there holds it as the level. */
+ * detection (900): Delta2 (qk.d2.srank, 3) at rank one (1.0, under the
+ * 1.05 floor with its noise) from step 500 fires on its second sample
+ * (magnitude_persistence 2). A fall to 1.5, above the floor, waits for the
+ * start, and a baseline built from there holds it as the level. */
 Test(evaluate, rank_one_floors_hold_from_the_warmup_end)
 {
-    cr_expect_eq(srank_first_firing(500, 1.0), 510);
-    cr_expect_eq(srank_first_firing(500, 1.5), -1);
-    cr_expect_eq(srank_first_firing(2000, 0), -1, "healthy: no alert");
+    cr_expect_eq(first_firing("qk.d2.srank.min", 10, "qk.d2.srank", 3, 1.0, 500, 1200), 510);
+    cr_expect_eq(first_firing("qk.d2.srank.min", 10, "qk.d2.srank", 3, 1.5, 500, 1200), -1);
+    cr_expect_eq(first_firing("qk.d2.srank.min", 10, "qk.d2.srank", 3, 3, 500, 1200), -1,
+                 "healthy: no alert");
 }
 
 /* Warm restarts: a 50-step warm-up to 1e-3, then the rate decays
