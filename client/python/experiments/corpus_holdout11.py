@@ -59,14 +59,12 @@ fault steps, lengths and schedules differ), and corpus_shapes' manifest.
 Recorded as a default Monitor sends (windows 10 and 50, a sketch every 10
 steps, the per-step update ratio every step).
 """
-import argparse
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import corpus_shapes  # noqa: E402
-from corpus import complete, log, run_trainers  # noqa: E402
 
 Q8, Q3, SGD = ("qwen3moe16-top2-dh32-h2-kv2-l3", "qwen3moe-dh64-h2-kv1-l3",
                "moe32-top4-shared-sgd-dh16-h4-l2")
@@ -178,29 +176,7 @@ def plan(shapes=None, scenarios=None, seeds=None):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
-    p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--manifest-only", action="store_true",
-                   help="only rewrite manifest.json from what OUT holds")
-    a = p.parse_args(argv)
-    runs = plan()
-    os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
-    todo = [] if a.manifest_only else [r for r in runs if not complete(a.out, r)]
-    log(f"{len(runs)} runs, {len(todo)} to run, {a.jobs} at a time")
-    failed = []
-
-    def finished(r, returncode, wall, pending, running):
-        e = corpus_shapes.entry(a.out, r)
-        if not e["complete"]:
-            failed.append(r["name"])
-        log(f"done {r['name']}: rc={returncode} steps={e['steps_recorded']} "
-            f"diverged={e['divergence_step']} ({pending} left)")
-        corpus_shapes.write_manifest(a.out, runs, MATRIX)  # a corpus cut short has one
-
-    run_trainers(a.out, todo, a.jobs, finished)
-    corpus_shapes.write_manifest(a.out, runs, MATRIX)
-    return 1 if failed else 0
+    return corpus_shapes.record_planned(plan(), MATRIX, __doc__, argv)
 
 
 if __name__ == "__main__":

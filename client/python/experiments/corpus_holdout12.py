@@ -61,15 +61,12 @@ The matrix is corpus_shapes.py's planner with one table per shape, and
 corpus_shapes' manifest. Recorded as a Monitor with the given windows and
 cadence sends (the per-step update ratio every step).
 """
-import argparse
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import corpus_shapes  # noqa: E402
-from corpus import complete, log, run_trainers  # noqa: E402
 
 DEEP, LION = "llama-dh8-h8-kv2-l12", "moe8-top2-lion-dh48-h2-l3"
 SEED = 121
@@ -178,34 +175,7 @@ def plan(shapes=None, scenarios=None, seeds=None):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out")
-    p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--start-until", type=float, default=START_UNTIL_MIN,
-                   help="minutes after which no trainer starts")
-    p.add_argument("--manifest-only", action="store_true",
-                   help="only rewrite manifest.json from what OUT holds")
-    a = p.parse_args(argv)
-    runs = plan()
-    os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
-    todo = [] if a.manifest_only else [r for r in runs if not complete(a.out, r)]
-    log(f"{len(runs)} runs, {len(todo)} to run, {a.jobs} at a time")
-    failed = []
-
-    def finished(r, returncode, wall, pending, running):
-        e = corpus_shapes.entry(a.out, r)
-        if not e["complete"]:
-            failed.append(r["name"])
-        log(f"done {r['name']}: rc={returncode} steps={e['steps_recorded']} "
-            f"diverged={e['divergence_step']} wall={wall:.0f}s ({pending} left)")
-        corpus_shapes.write_manifest(a.out, runs, MATRIX)  # a corpus cut short has one
-
-    left = run_trainers(a.out, todo, a.jobs, finished,
-                        start_until=time.monotonic() + 60 * a.start_until)
-    if left:
-        log(f"not started (run again to record them): {', '.join(r['name'] for r in left)}")
-    corpus_shapes.write_manifest(a.out, runs, MATRIX)
-    return 1 if failed or left else 0
+    return corpus_shapes.record_planned(plan(), MATRIX, __doc__, argv, start_until_min=START_UNTIL_MIN)
 
 
 if __name__ == "__main__":

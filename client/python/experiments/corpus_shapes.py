@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -201,6 +202,49 @@ def main(argv=None, matrix=MATRIX, doc=__doc__):
     run_trainers(a.out, todo, a.jobs, finished, clear_stale=False)
     write_manifest(a.out, runs, matrix)
     return 1 if failed else 0
+
+
+def record_planned(runs, matrix, doc, argv=None, start_until_min=None):
+    """Records `runs` (a later look's plan, in its priority order) into the
+    directory argv names: the ones not yet complete, --jobs at a time,
+    rewriting the manifest after each (a corpus cut short has one). With
+    start_until_min, no trainer starts after that many minutes
+    (--start-until). --manifest-only rewrites the manifest from what the
+    directory holds; --list prints the plan. Returns the exit status: 1
+    when a run failed or was not started."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("--jobs", type=int, default=2)
+    if start_until_min is not None:
+        p.add_argument("--start-until", type=float, default=start_until_min,
+                       help="minutes after which no trainer starts")
+    p.add_argument("--manifest-only", action="store_true",
+                   help="only rewrite manifest.json from what OUT holds")
+    p.add_argument("--list", action="store_true", help="print the plan and exit")
+    a = p.parse_args(argv)
+    if a.list:
+        for r in runs:
+            print(r["name"], r["schedule"], r["steps"], r["fault_step"], r.get("lr_fault_step"))
+        return 0
+    os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
+    todo = [] if a.manifest_only else [r for r in runs if not complete(a.out, r)]
+    log(f"{len(runs)} runs, {len(todo)} to run, {a.jobs} at a time")
+    failed = []
+
+    def finished(r, returncode, wall, pending, running):
+        e = entry(a.out, r)
+        if not e["complete"]:
+            failed.append(r["name"])
+        log(f"done {r['name']}: rc={returncode} steps={e['steps_recorded']} "
+            f"diverged={e['divergence_step']} wall={wall:.0f}s ({pending} left)")
+        write_manifest(a.out, runs, matrix)  # a corpus cut short has one
+
+    until = None if start_until_min is None else time.monotonic() + 60 * a.start_until
+    left = run_trainers(a.out, todo, a.jobs, finished, start_until=until)
+    if left:
+        log(f"not started (run again to record them): {', '.join(r['name'] for r in left)}")
+    write_manifest(a.out, runs, matrix)
+    return 1 if failed or left else 0
 
 
 if __name__ == "__main__":
