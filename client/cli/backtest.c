@@ -73,6 +73,12 @@ struct run_ctx {
     struct eval_batch batch;
     int64_t detect_from;
     uint32_t lead_rank; /* whose scalars the daemon detected (store_run_info) */
+    /* Detected series --windows left out, and their distinct windows (the
+     * first BACKTEST_MAX_WINDOWS): said on stderr, since a run sent at
+     * other windows than those asked for loses its attention series. */
+    uint32_t dropped;
+    int32_t dropped_windows[BACKTEST_MAX_WINDOWS];
+    size_t n_dropped_windows;
 };
 
 /* ---- settings ---------------------------------------------------------------- */
@@ -120,6 +126,16 @@ static bool is_lr(const struct run_ctx *rc, const struct store_series_key *k)
     return strcmp(k->name, "lr") == 0 && k->rank == (int32_t)rc->lead_rank && k->layer == -1;
 }
 
+static void note_dropped(struct run_ctx *rc, int32_t window)
+{
+    rc->dropped++;
+    for (size_t i = 0; i < rc->n_dropped_windows; i++)
+        if (rc->dropped_windows[i] == window)
+            return;
+    if (rc->n_dropped_windows < BACKTEST_MAX_WINDOWS)
+        rc->dropped_windows[rc->n_dropped_windows++] = window;
+}
+
 static bool want_series(void *ctx, const struct store_series_key *k)
 {
     struct run_ctx *rc = ctx;
@@ -132,6 +148,8 @@ static bool want_series(void *ctx, const struct store_series_key *k)
         bool kept = false;
         for (size_t i = 0; i < rc->st->n_windows && !kept; i++)
             kept = rc->st->windows[i] == k->window;
+        if (!kept)
+            note_dropped(rc, k->window);
         return kept;
     }
     return true;
@@ -204,6 +222,17 @@ static int backtest_run(struct store_reader *rd, const struct store_run_info *ru
         snprintf(err, errlen, "out of memory");
     if (r < 0)
         goto out;
+    if (rc.dropped) {
+        char list[BACKTEST_MAX_WINDOWS * 12] = "";
+        size_t used = 0;
+        for (size_t i = 0; i < rc.n_dropped_windows && used < sizeof(list); i++)
+            used += (size_t)snprintf(list + used, sizeof(list) - used, "%s%d", i ? "," : "",
+                                     rc.dropped_windows[i]);
+        fprintf(stderr,
+                "foreshock backtest: run %s: %u detected series of window(s) %s left out "
+                "(not in --windows)\n",
+                run->name, rc.dropped, list);
+    }
     eval_label_all(&rc.er, &rc.batch);
     if (rc.batch.oom) {
         snprintf(err, errlen, "run %s: out of memory recording alert events", run->name);

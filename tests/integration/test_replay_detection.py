@@ -98,6 +98,16 @@ def main(args, workdir):
         b = subprocess.run([cli, "backtest", "--db", db, "--json"], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, timeout=EVAL_TIMEOUT_S)
         check(b.returncode == 0, f"backtest: {b.returncode}\n{b.stderr}")
+        check("left out" not in b.stderr, f"backtest without --windows left series out: {b.stderr}")
+        # Asked for fewer windows than the run sent, backtest says what it
+        # left out (a run sent at other windows would lose its attention
+        # series without a word otherwise).
+        w = subprocess.run([cli, "backtest", "--db", db, "--json", "--windows", "10"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=EVAL_TIMEOUT_S)
+        check(w.returncode == 0 and f"run {entry['run']}: " in w.stderr and
+              "of window(s) 50 left out" in w.stderr,
+              f"backtest --windows 10 did not say it left window 50 out: {w.stderr!r}")
         incidents = json.loads(b.stdout)
         live = sorted(key_of(f["rule"], f["labels"], f["step"], f["attribution"])
                       for f in firings)
