@@ -166,16 +166,12 @@ def plan(shapes=None, scenarios=None, seeds=None):
                 fault, steps = LATE[shape]
                 m = dict(m, fault_step=fault, steps=steps)
             runs += corpus_shapes.plan([shape], [sc], seeds, m)
-            # The windows and cadence the run's Monitor sent (the scorecard
-            # replays one pair for a whole corpus).
-            mon = MATRICES[shape]["monitor"]
-            runs[-1]["windows"] = mon[mon.index("--windows") + 1]
-            runs[-1]["every"] = int(mon[mon.index("--every") + 1])
     return runs
 
 
 def main(argv=None):
-    return corpus_shapes.record_planned(plan(), MATRIX, __doc__, argv, start_until_min=START_UNTIL_MIN)
+    return corpus_shapes.record_planned(plan(), MATRIX, __doc__, argv,
+                                        start_until_min=START_UNTIL_MIN)
 
 
 if __name__ == "__main__":

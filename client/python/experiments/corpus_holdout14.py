@@ -156,14 +156,12 @@ def plan(shapes=None, scenarios=None, seeds=None):
                 continue
             runs += corpus_shapes.plan([shape], [sc], seeds or (seeds_of or [None])[0],
                                        MATRICES[shape])
-            mon = MATRICES[shape]["monitor"]
-            runs[-1]["windows"] = mon[mon.index("--windows") + 1]
-            runs[-1]["every"] = int(mon[mon.index("--every") + 1])
     return runs
 
 
 def main(argv=None):
-    return corpus_shapes.record_planned(plan(), MATRIX, __doc__, argv, start_until_min=START_UNTIL_MIN)
+    return corpus_shapes.record_planned(plan(), MATRIX, __doc__, argv,
+                                        start_until_min=START_UNTIL_MIN)
 
 
 if __name__ == "__main__":

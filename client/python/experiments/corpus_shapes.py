@@ -144,6 +144,13 @@ def plan(shapes=None, scenarios=None, seeds=None, matrix=MATRIX):
                              "train_args": args})
                 if warmup is not None:
                     runs[-1]["warmup"] = warmup
+                # The windows and cadence the run's Monitor sends, for the
+                # manifest (scorecard.py replays a run at them when they
+                # are not a default Monitor's).
+                mon = m["monitor"]
+                if "--windows" in mon and "--every" in mon:
+                    runs[-1]["windows"] = mon[mon.index("--windows") + 1]
+                    runs[-1]["every"] = int(mon[mon.index("--every") + 1])
     return runs
 
 
