@@ -484,6 +484,9 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
         .layer = t->key.layer, .head = t->key.head, .window = t->key.window, .rank = t->key.rank};
     /* A series that has started (it holds baseline samples, maybe restored
      * after a restart) is past its start whatever progress says now. */
+    /* The warm-up end as progress has it (EVAL_BASELINE_MIN at least):
+     * where an early baseline starts, and where absolute bounds hold. */
+    int64_t warm_end = eval_baseline_step(er, step, detect_from_step);
     int64_t from, base_from;
     if (t->rule->early_baseline) {
         /* Its baseline starts at the warm-up end and it detects once that
@@ -494,7 +497,7 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
          * unjudged. Holding samples says nothing about the start: it comes
          * from progress, which a restart restores from the stored learning
          * rates (stage_load.c). */
-        base_from = eval_baseline_step(er, step, detect_from_step);
+        base_from = warm_end;
         from = base_from;
     } else {
         from = t->ds.accepted > 0 && detect_from_step <= 0
@@ -512,7 +515,7 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
      * a baseline of the early phase is too wide. */
     struct detect_judging j = {.baseline_from = base_from,
                                .detect_from = from,
-                               .bounds_from = eval_baseline_step(er, step, detect_from_step),
+                               .bounds_from = warm_end,
                                .ok_max = NAN,
                                .credit = 1};
     /* The logged rate explains a step up to its warm-up peak (detect.h:
