@@ -125,8 +125,13 @@
 #define DETECT_GRAD_NONFINITE_PERSISTENCE 32
 /* Delta2 floors (detect.c): rank one, and 30% of the head's own excess over
  * rank one. */
-#define DETECT_D2_SCALE_REL 0.1                   /* Delta2 ranks' z scale floor, x level */
-#define DETECT_QK_CQK_SCALE_REL 0.07              /* qk.cqk's, x level: z 5 = +35% */
+#define DETECT_D2_SCALE_REL 0.1      /* Delta2 ranks' z scale floor, x level */
+#define DETECT_QK_CQK_SCALE_REL 0.07 /* qk.cqk's, x level: z 5 = +35% */
+/* qk.cqk's over a long window (scale_rel_long; detect.c): z 5 = 2.5x. */
+#define DETECT_QK_CQK_SCALE_REL_LONG 0.3
+/* A series over a window of at least this many steps is a long-window one
+ * for scale_rel_long (the Monitor's default windows are 10 and 50). */
+#define DETECT_LONG_WINDOW 50
 #define DETECT_ROUTER_SIM_SCALE_REL 0.03          /* router.similarity's, x level */
 #define DETECT_ROUTER_MAXVIO_SCALE_REL 0.3        /* router.maxvio's, x level */
 #define DETECT_ROUTER_ZLOSS_SCALE_REL 0.03        /* router.zloss's, x the trend line */
@@ -238,6 +243,10 @@ struct detect_rule {
      * place of DETECT_MAD_REL_FLOOR (a smooth series' tiny MAD otherwise
      * turns a few percent of healthy drift into a large z). */
     double scale_rel;
+    /* > 0: scale_rel for a series over a window of DETECT_LONG_WINDOW
+     * steps or more (evaluate.c passes it as detect_judging.scale_rel);
+     * 0: scale_rel for every window. */
+    double scale_rel_long;
     uint32_t persistence; /* consecutive breaching samples to fire */
     /* > 0 and < persistence: fewer breaches fire when the incident opened
      * on, and this sample is, a breach of size (an absolute floor or
@@ -392,6 +401,10 @@ struct detect_judging {
      * at the baseline's steps, so the two stay consistent when the rate
      * moves.) 1, or anything outside (0, 1]: no credit. */
     double credit;
+    /* > 0: the z scale's floor share for this sample, in place of the
+     * rule's scale_rel (a long-window series of a rule with
+     * scale_rel_long); 0: the rule's. */
+    double scale_rel;
 };
 
 /* detect_step_from as *j has it; {from, from, from, NAN, 1} is exactly

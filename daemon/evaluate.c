@@ -518,6 +518,10 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
                                .bounds_from = warm_end,
                                .ok_max = NAN,
                                .credit = 1};
+    /* A long window's series may have its own z scale (detect.h:
+     * scale_rel_long). */
+    if (t->rule->scale_rel_long > 0 && t->key.window >= DETECT_LONG_WINDOW)
+        j.scale_rel = t->rule->scale_rel_long;
     /* The logged rate explains a step up to its warm-up peak (detect.h:
      * per_lr, within_peak). */
     const struct eval_progress *p = &er->progress;

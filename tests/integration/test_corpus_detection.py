@@ -321,17 +321,11 @@ def main(args, workdir):
     # since its scale is 30% of its level).
     check_look("corpus-holdout13", 1)
     # The fourteenth look: faults late in a decay to zero and clipping on
-    # every step, all caught. Known and documented: at a fine-tuning-like
-    # rate (2e-4, trained from scratch) the attention patterns form
-    # hundreds of steps after detection starts, and qk.cqk rises 1.7-2.3x
-    # from a baseline built before: seeds 141 and 144 of the MoE page it
-    # on healthy training (141's faulted runs too, before their fault).
-    moe = "qwen3moe4-top2-dh16-h4-kv2-l3"
-    check_look("corpus-holdout14", 4, lr_least=2, healthy_known=[
-        (f"{moe}.healthy.s141", "qk.cqk"), (f"{moe}.healthy-2.s141", "qk.cqk"),
-        (f"{moe}.healthy.s144", "qk.cqk")], phase_known=[
-        f"{moe}.{sc}.s141" for sc in ("lr-jump5-hidden", "attn-strong", "lr-ramp20-hidden",
-                                      "combined-late")])
+    # every step, all caught. Blind, its MoE trained from scratch at 2e-4
+    # paged qk.cqk on three healthy runs as its attention formed late (the
+    # window-50 c_qk 1.7-2.3x for 100-300 steps); quiet since a long
+    # window's z counts from 30% of its level (scale_rel_long, detect.c).
+    check_look("corpus-holdout14", 4, lr_least=2)
 
 
 if __name__ == "__main__":

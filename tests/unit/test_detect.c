@@ -149,7 +149,8 @@ enum field {
     F_TREND,
     F_WARMUP_STEPS,
     F_RISE_RATIO,
-    F_FLOOR_REL
+    F_FLOOR_REL,
+    F_SCALE_REL_LONG
 };
 
 static const struct override_case {
@@ -188,6 +189,8 @@ static const struct override_case {
     {"update_ratio", "rise_ratio", "0", 0, F_RISE_RATIO, 0, false},
     {"qk.d2.srank", "floor_rel", "0.5", 0, F_FLOOR_REL, 0.5, false},
     {"qk.d2.srank", "floor_rel", "none", 0, F_FLOOR_REL, 0, false},
+    {"qk.cqk", "scale_rel_long", "0.5", 0, F_SCALE_REL_LONG, 0.5, false},
+    {"qk.cqk", "scale_rel_long", "0", 0, F_SCALE_REL_LONG, 0, false},
     /* unknown rule / key */
     {"no.such.series", "z", "3", -ENOENT, F_NONE, 0, false},
     {"qk.d2.erank", "threshold", "3", -EINVAL, F_NONE, 0, false},
@@ -214,6 +217,8 @@ static const struct override_case {
     {"qk.d2.srank", "floor_rel", "1", -EINVAL, F_NONE, 0, false},
     {"qk.d2.srank", "floor_rel", "-0.1", -EINVAL, F_NONE, 0, false},
     {"qk.d2.srank", "floor_rel", "x", -EINVAL, F_NONE, 0, false},
+    {"qk.cqk", "scale_rel_long", "1.5", -EINVAL, F_NONE, 0, false},
+    {"qk.cqk", "scale_rel_long", "-0.1", -EINVAL, F_NONE, 0, false},
     {"loss", "spike_ratio", "0.5", -EINVAL, F_NONE, 0, false},
     {"qk.d2.erank", "persistence", "0", -EINVAL, F_NONE, 0, false},
     {"qk.d2.erank", "persistence", "10001", -EINVAL, F_NONE, 0, false},
@@ -260,6 +265,8 @@ static double field_value(const struct detect_rule *r, enum field f, bool *has)
         return r->rise_ratio;
     case F_FLOOR_REL:
         return r->floor_rel;
+    case F_SCALE_REL_LONG:
+        return r->scale_rel_long;
     case F_NONE:
         break;
     }
@@ -665,6 +672,37 @@ static int judged(struct detect_state *st, const struct detect_rule *r, int64_t 
                                .ok_max = ok_max,
                                .credit = credit};
     return detect_step_judged(st, r, step, v, true, &j, out);
+}
+
+/* detect_judging.scale_rel stands in for the rule's scale_rel (qk.cqk's
+ * 7%; evaluate.c passes its scale_rel_long, 30%, for a long window): a
+ * flat 0.068 and a probe of 0.117 (the fourteenth held-out look's healthy
+ * window-50 c_qk) is z 10.3 with the rule's, 2.4 with 30%; 0 keeps the
+ * rule's. */
+Test(detect_step, judging_scale_rel_overrides_the_rule_table)
+{
+    static const struct {
+        double scale_rel, z;
+        bool breach;
+    } cases[] = {
+        {0, 10.294118, true},
+        {DETECT_QK_CQK_SCALE_REL_LONG, 2.401961, false},
+        {-1, 10.294118, true},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named("qk.cqk");
+        cr_assert_float_eq(r.scale_rel_long, DETECT_QK_CQK_SCALE_REL_LONG, 1e-12);
+        r.still_rewarms = false;
+        struct detect_state st;
+        detect_state_init(&st);
+        struct detect_verdict v;
+        struct detect_judging j = {.ok_max = NAN, .credit = 1, .scale_rel = cases[c].scale_rel};
+        for (int64_t s = 0; s < 30; s++)
+            cr_assert_eq(detect_step_judged(&st, &r, 10 * s, 0.068, true, &j, &v), 0);
+        cr_assert_eq(detect_step_judged(&st, &r, 300, 0.117, true, &j, &v), 0);
+        cr_assert_float_eq(v.z, cases[c].z, 1e-6, "case %zu: z %g", c, v.z);
+        cr_assert_eq(v.breach, cases[c].breach, "case %zu", c);
+    }
 }
 
 /* detect_step_judged's bounds_from: a rank-one Delta2 (srank 1.0, under its

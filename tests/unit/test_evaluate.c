@@ -516,6 +516,62 @@ static enum alert_attribution first_page_label(const char *symptom, bool stays_u
     return got;
 }
 
+/* The first step qk.cqk.max over `window` steps fires when, from step 400,
+ * it rises from about 0.07 to `level` for good (-1: never). */
+static int64_t cqk_fires_at(int32_t window, double level)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    struct store_series_key k = {"qk.cqk.max", 1, -1, window, -1};
+    detect_rules_default(&rules);
+    eval_run_init(&er, &rules);
+    struct eval_track *t = eval_track_get(&er, &k, "qk.cqk");
+    cr_assert(t);
+    uint64_t seed = 4242;
+    int64_t fired = -1;
+    for (int64_t s = 10; s <= 800 && fired < 0; s += 10) {
+        double v = (s >= 400 ? level : 0.07) * (1 + 0.03 * noise01(&seed));
+        cr_assert_geq(eval_feed(&er, &b, t, (uint64_t)s, v, true, -1, 100, 0), 0);
+        eval_label_all(&er, &b);
+        for (size_t i = 0; i < b.n; i++)
+            if (b.ev[i].has_event && b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING)
+                fired = s;
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return fired;
+}
+
+/* qk.cqk over a long window (DETECT_LONG_WINDOW) counts its z from
+ * scale_rel_long: healthy attention forming late doubled a window-50 c_qk
+ * for hundreds of steps (the fourteenth held-out look), while an attention
+ * fault lifts it 3.5-14x. A window-10 series keeps scale_rel: a doubling
+ * fires there. */
+Test(evaluate, cqk_long_window_has_its_own_scale)
+{
+    static const struct {
+        int32_t window;
+        double level;
+        bool fires;
+    } cases[] = {
+        {10, 0.14, true},
+        {DETECT_LONG_WINDOW, 0.14, false},
+        {DETECT_LONG_WINDOW, 0.16, false},
+        {DETECT_LONG_WINDOW, 0.35, true},
+        {100, 0.14, false},
+        {25, 0.14, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t at = cqk_fires_at(cases[i].window, cases[i].level);
+        cr_expect_eq(at >= 0, cases[i].fires, "window %d, level %g: fired at %lld",
+                     (int)cases[i].window, cases[i].level, (long long)at);
+        if (at >= 0)
+            cr_expect_geq(at, 400, "window %d fired before the rise", (int)cases[i].window);
+    }
+}
+
 /* Attention evidence that opens while the loss has jumped (its incident
  * firing) is the jump's consequence: loss-spike. Open before the jump, it
  * is attention-numerics. */
