@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "fs_grow.h"
 
@@ -50,6 +51,7 @@ void eval_run_init(struct eval_run *er, const struct detect_rules *rules)
     er->rules = rules;
     er->progress.warmup_end = -1;
     er->progress.lr_last_step = -1;
+    er->progress.grad_last_step = -1;
 }
 
 void eval_run_clear(struct eval_run *er)
@@ -325,6 +327,16 @@ void eval_label_all(struct eval_run *er, struct eval_batch *b)
 
 /* --- progress ------------------------------------------------------------------------------ */
 
+/* Appends (step, value) to h; the caller keeps steps increasing. */
+static void history_push(struct eval_history *h, int64_t step, double value)
+{
+    h->value[h->head] = value;
+    h->step[h->head] = step;
+    h->head = (h->head + 1) % EVAL_LR_HISTORY;
+    if (h->count < EVAL_LR_HISTORY)
+        h->count++;
+}
+
 void eval_progress_lr(struct eval_run *er, uint64_t step, double lr)
 {
     struct eval_progress *p = &er->progress;
@@ -339,31 +351,51 @@ void eval_progress_lr(struct eval_run *er, uint64_t step, double lr)
     p->lr_seen = true;
     p->lr_last = lr;
     p->lr_last_step = (int64_t)step;
-    p->lr_hist[p->lr_hist_head] = lr;
-    p->lr_hist_step[p->lr_hist_head] = (int64_t)step;
-    p->lr_hist_head = (p->lr_hist_head + 1) % EVAL_LR_HISTORY;
-    if (p->lr_hist_count < EVAL_LR_HISTORY)
-        p->lr_hist_count++;
+    history_push(&p->lr_hist, (int64_t)step, lr);
 }
 
-/* The mean logged LR over steps (from, to] that the history holds; else
- * the newest one at or before `to`. False when it holds none. */
-static bool lr_over(const struct eval_progress *p, int64_t from, int64_t to, double *mean)
+bool eval_optimizer_follows_grad(const char *name)
+{
+    /* Optimizers whose step is the rate times the gradient (or its momentum
+     * average): torch.optim.SGD and ASGD, apex's FusedSGD, SGDW variants.
+     * Adaptive and sign-based ones (Adam, AdamW, Adagrad, RMSprop, Lion,
+     * Adafactor, Muon, ...) normalise the gradient away. */
+    static const char *const names[] = {"SGD", "ASGD", "SGDW", "FusedSGD"};
+    if (!name)
+        return false;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcasecmp(name, names[i]) == 0)
+            return true;
+    return false;
+}
+
+void eval_progress_grad(struct eval_run *er, uint64_t step, double grad_norm)
+{
+    struct eval_progress *p = &er->progress;
+    if (!isfinite(grad_norm) || !(grad_norm > 0) || (int64_t)step <= p->grad_last_step)
+        return;
+    p->grad_last_step = (int64_t)step;
+    history_push(&p->grad_hist, (int64_t)step, grad_norm);
+}
+
+/* The mean value over steps (from, to] that h holds; else the newest one
+ * at or before `to`. False when it holds none. */
+static bool history_over(const struct eval_history *h, int64_t from, int64_t to, double *mean)
 {
     double sum = 0, latest = NAN;
     int64_t latest_step = INT64_MIN;
     uint32_t n = 0;
-    for (uint32_t i = 0; i < p->lr_hist_count; i++) {
-        int64_t s = p->lr_hist_step[i];
+    for (uint32_t i = 0; i < h->count; i++) {
+        int64_t s = h->step[i];
         if (s > to)
             continue;
         if (s > from) {
-            sum += p->lr_hist[i];
+            sum += h->value[i];
             n++;
         }
         if (s > latest_step) {
             latest_step = s;
-            latest = p->lr_hist[i];
+            latest = h->value[i];
         }
     }
     if (n > 0)
@@ -375,22 +407,22 @@ static bool lr_over(const struct eval_progress *p, int64_t from, int64_t to, dou
     return true;
 }
 
-/* The logged LR in force at `step` (the newest at or before it) from the
- * history, whose steps ascend. False when the history holds none. */
-static bool lr_at(const struct eval_progress *p, int64_t step, double *lr)
+/* The value in force at `step` (the newest at or before it) from h, whose
+ * steps ascend. False when h holds none. */
+static bool history_at(const struct eval_history *h, int64_t step, double *value)
 {
-    uint32_t oldest = (p->lr_hist_head + EVAL_LR_HISTORY - p->lr_hist_count) % EVAL_LR_HISTORY;
-    uint32_t lo = 0, hi = p->lr_hist_count; /* first logical index with a later step */
+    uint32_t oldest = (h->head + EVAL_LR_HISTORY - h->count) % EVAL_LR_HISTORY;
+    uint32_t lo = 0, hi = h->count; /* first logical index with a later step */
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        if (p->lr_hist_step[(oldest + mid) % EVAL_LR_HISTORY] <= step)
+        if (h->step[(oldest + mid) % EVAL_LR_HISTORY] <= step)
             lo = mid + 1;
         else
             hi = mid;
     }
     if (lo == 0)
         return false;
-    *lr = p->lr_hist[(oldest + lo - 1) % EVAL_LR_HISTORY];
+    *value = h->value[(oldest + lo - 1) % EVAL_LR_HISTORY];
     return true;
 }
 
@@ -414,11 +446,12 @@ static double per_lr_credit(const struct eval_progress *p, const struct eval_tra
     double ref, lr[DETECT_MAX_WINDOW];
     int64_t steps[DETECT_MAX_WINDOW];
     if (!p->lr_seen || p->lr_first_step > (int64_t)step || !(p->lr_peak > 0) ||
-        !lr_over(p, t->last_step >= 0 ? t->last_step : (int64_t)step - 1, (int64_t)step, &ref))
+        !history_over(&p->lr_hist, t->last_step >= 0 ? t->last_step : (int64_t)step - 1,
+                      (int64_t)step, &ref))
         return 1;
     uint32_t n = detect_baseline_steps(&t->ds, t->rule->window, steps), m = 0;
     for (uint32_t i = 0; i < n; i++)
-        if (lr_at(p, steps[i], &lr[m]))
+        if (history_at(&p->lr_hist, steps[i], &lr[m]))
             m++;
     if (m == 0)
         return 1;
@@ -428,6 +461,36 @@ static double per_lr_credit(const struct eval_progress *p, const struct eval_tra
         base = EVAL_LR_BASE_MIN_REL * p->lr_peak;
     double now = ref < p->lr_peak ? ref : p->lr_peak;
     return now > base ? base / now : 1;
+}
+
+/* A per_lr rule's further credit for its sample at step in a run whose
+ * update follows the gradient (eval_run.update_follows_grad): the square
+ * root (EVAL_GRAD_CREDIT_POWER) of the gradient norm at the baseline's
+ * samples (their median) over the norm averaged over the steps the update
+ * covers, at least the last EVAL_GRAD_SPAN, when that is below 1. Under
+ * SGD the step is the rate times the gradient, so an attention fault that
+ * triples the gradient triples the step as a rate fault would; the rate
+ * fault steps up against an unchanged gradient. 1 while the history holds
+ * no norm of the baseline's steps. */
+static double per_grad_credit(const struct eval_progress *p, const struct eval_track *t,
+                              uint64_t step)
+{
+    double now, g[DETECT_MAX_WINDOW];
+    int64_t steps[DETECT_MAX_WINDOW];
+    int64_t from = t->last_step >= 0 ? t->last_step : (int64_t)step - 1;
+    if ((int64_t)step - from < EVAL_GRAD_SPAN)
+        from = (int64_t)step - EVAL_GRAD_SPAN;
+    if (!history_over(&p->grad_hist, from, (int64_t)step, &now))
+        return 1;
+    uint32_t n = detect_baseline_steps(&t->ds, t->rule->window, steps), m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (history_at(&p->grad_hist, steps[i], &g[m]))
+            m++;
+    if (m == 0)
+        return 1;
+    qsort(g, m, sizeof(g[0]), cmp_double);
+    double base = m % 2 ? g[m / 2] : (g[m / 2 - 1] + g[m / 2]) / 2;
+    return now > base ? pow(base / now, EVAL_GRAD_CREDIT_POWER) : 1;
 }
 
 /* The step training progress puts a start at, for a sample at `step`:
@@ -525,8 +588,11 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
     /* The logged rate explains a step up to its warm-up peak (detect.h:
      * per_lr, within_peak). */
     const struct eval_progress *p = &er->progress;
-    if (t->rule->per_lr && present && isfinite(value))
+    if (t->rule->per_lr && present && isfinite(value)) {
         j.credit = per_lr_credit(p, t, step);
+        if (er->update_follows_grad)
+            j.credit *= per_grad_credit(p, t, step);
+    }
     if (t->rule->within_peak && p->lr_peak > 0 && p->warmup_end >= 0 &&
         p->warmup_end < (int64_t)step)
         j.ok_max = p->lr_peak * (1 + EVAL_LR_PEAK_TOL);
@@ -564,6 +630,9 @@ int eval_feed_stored(struct eval_run *er, struct eval_batch *b, const struct sto
     char rule[DETECT_NAME_MAX];
     if (strcmp(k->name, "lr") == 0 && k->rank == (int32_t)lead_rank && k->layer == -1 && present)
         eval_progress_lr(er, step, value);
+    if (strcmp(k->name, "grad_norm") == 0 && k->rank == (int32_t)lead_rank && k->layer == -1 &&
+        present)
+        eval_progress_grad(er, step, value);
     if (!eval_input_rule(er->rules, k, lead_rank, rule, sizeof(rule)))
         return 0;
     struct eval_track *t = eval_track_get(er, k, rule);

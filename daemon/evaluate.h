@@ -83,6 +83,25 @@
  * (a schedule that returns to its peak recomputes it; rounding may differ). */
 #define EVAL_LR_PEAK_TOL 1e-6
 
+/* A run whose update follows the gradient (eval_run.update_follows_grad):
+ * a per_lr rule credits the square root of the gradient norm's rise
+ * (evaluate.c: per_grad_credit), the norm averaged over at least the last
+ * EVAL_GRAD_SPAN steps. Under momentum SGD the monitored layers' steps do
+ * not rise one for one with the global norm (it counts every parameter;
+ * momentum smooths the step): on the SGD MoE of the fifth and eleventh
+ * held-out looks the full credit, or one over the current step alone,
+ * silenced hidden rate faults that the square root over 5 steps keeps. */
+#define EVAL_GRAD_CREDIT_POWER 0.5
+#define EVAL_GRAD_SPAN 5
+
+/* The newest EVAL_LR_HISTORY (step, value) pairs of one scalar, circular,
+ * steps increasing. */
+struct eval_history {
+    double value[EVAL_LR_HISTORY];
+    int64_t step[EVAL_LR_HISTORY];
+    uint32_t head, count;
+};
+
 struct eval_progress {
     bool lr_seen;
     int64_t lr_first_step; /* step of the first LR seen */
@@ -90,10 +109,11 @@ struct eval_progress {
     int64_t lr_last_step;
     int64_t warmup_end; /* first step the LR did not rise (-1: still rising, or none seen) */
     double lr_peak;     /* the largest LR up to the warm-up end (0: none) */
-    /* The newest EVAL_LR_HISTORY (step, LR), circular. */
-    double lr_hist[EVAL_LR_HISTORY];
-    int64_t lr_hist_step[EVAL_LR_HISTORY];
-    uint32_t lr_hist_head, lr_hist_count;
+    struct eval_history lr_hist;
+    /* The lead rank's gradient norms, for a run whose update follows the
+     * gradient (eval_run.update_follows_grad). */
+    struct eval_history grad_hist;
+    int64_t grad_last_step;
 };
 
 struct eval_track {
@@ -123,6 +143,10 @@ struct eval_run {
      * and counts them in capped. */
     size_t max_tracks;
     uint64_t capped;
+    /* The run's optimizer steps by the rate times the gradient (SGD and its
+     * kin: eval_optimizer_follows_grad), so a per_lr rule also credits a
+     * rise of the gradient norm (evaluate.c: per_grad_credit). */
+    bool update_follows_grad;
 };
 
 /* Bytes one track costs a run (the track, its pointer, its index slots):
@@ -180,6 +204,16 @@ bool eval_input_rule(const struct detect_rules *rules, const struct store_series
  * its own step's included when fed first: the live stage feeds a report's
  * LR before its other scalars, store_reader_points a step's LR first. */
 void eval_progress_lr(struct eval_run *er, uint64_t step, double lr);
+
+/* The lead rank's gradient norm at `step` (steps increasing; a
+ * non-finite or non-positive norm, or an earlier step, is ignored), for
+ * per_grad_credit. */
+void eval_progress_grad(struct eval_run *er, uint64_t step, double grad_norm);
+
+/* Whether an optimizer of this class name (Hello's ModelShape.optimizer,
+ * case-insensitive) steps by the rate times the gradient: SGD and its kin.
+ * NULL or anything else: false. */
+bool eval_optimizer_follows_grad(const char *name);
 
 /* The step detection of a not yet started series starts at, for a sample at
  * `step` (INT64_MAX while the LR is still warming up); detect_from_step > 0

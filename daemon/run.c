@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "evaluate.h"
 #include "fs_grow.h"
 #include "ranks.h"
 #include "run_internal.h"
@@ -380,6 +381,8 @@ int run_hello(struct run *run, const struct run_hello *h)
         run->n_layers = h->n_layers;
     if (h->has_n_heads)
         run->n_heads = h->n_heads;
+    if (h->optimizer)
+        run->update_follows_grad = eval_optimizer_follows_grad(h->optimizer);
     if (h->has_detect_from_step) {
         run->has_detect_from_step = true;
         run->detect_from_step = h->detect_from_step;

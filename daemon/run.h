@@ -147,6 +147,9 @@ struct run {
     char name[FS_MAX_RUN_ID_LEN + 1];
     uint32_t world_size;
     uint32_t n_layers, n_heads; /* 0: not declared */
+    /* The trainer's optimizer steps by the rate times the gradient
+     * (Hello's ModelShape.optimizer: eval_optimizer_follows_grad). */
+    bool update_follows_grad;
     bool has_detect_from_step;
     uint64_t detect_from_step;
     int64_t done_step;          /* last step taken (-1: none); later data at or below it is late */
@@ -197,6 +200,7 @@ struct run_hello {
     size_t n_moe_layers;
     bool has_detect_from_step;
     uint64_t detect_from_step;
+    const char *optimizer;       /* ModelShape.optimizer (validated); NULL: not sent */
     const uint32_t *local_ranks; /* Hello.local_ranks (validated); NULL/0: none */
     size_t n_local_ranks;
 };

@@ -32,7 +32,9 @@ struct stage_run *stage_run_of(const struct stage *st, struct run *run)
         }
         run->user = sr;
     }
-    return run->user;
+    struct stage_run *sr = run->user;
+    sr->ev.update_follows_grad = run->update_follows_grad; /* a later Hello may tell it */
+    return sr;
 }
 
 void stage_sample_free(struct scalar_sample *s)

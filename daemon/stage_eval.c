@@ -94,7 +94,8 @@ void stage_detect_scalars(struct stage *st, struct stage_run *sr, struct run *ru
         build_key(&k, "loss", -1, -1, 0, (int32_t)x->rank);
         build_feed(st, sr, run, bd, &k, "loss", x->step, x->loss, true, -1);
     }
-    if (x->has_grad) {
+    if (x->has_grad) { /* before step_update_ratio: its credit (evaluate.h) */
+        eval_progress_grad(&sr->ev, x->step, x->grad);
         build_key(&k, "grad_norm", -1, -1, 0, (int32_t)x->rank);
         build_feed(st, sr, run, bd, &k, "grad_norm", x->step, x->grad, true, -1);
     }

@@ -54,6 +54,8 @@ static int load_run(void *ctx, const struct store_restart_run *r)
         return -ENOMEM;
     }
     run->world_size = r->world_size;
+    if (r->optimizer[0])
+        run->update_follows_grad = eval_optimizer_follows_grad(r->optimizer);
     if (r->detect_from_step > 0) {
         run->has_detect_from_step = true;
         run->detect_from_step = r->detect_from_step;
@@ -83,6 +85,12 @@ static int load_detected_step(void *ctx, int64_t run_id, int64_t step)
 static int load_lr(void *ctx, uint64_t step, double lr)
 {
     eval_progress_lr(ctx, step, lr);
+    return 0;
+}
+
+static int load_grad(void *ctx, uint64_t step, double grad_norm)
+{
+    eval_progress_grad(ctx, step, grad_norm);
     return 0;
 }
 
@@ -179,7 +187,8 @@ static int load_state(struct stage *st, struct store_restart *db, struct fs_err 
             run_at(st->reg, i)->done_step = -1;
 
     /* Training progress (evaluate.h) from the lead rank's stored learning
-     * rates (rank 0, or a local group's first: run.h).
+     * rates (rank 0, or a local group's first: run.h), and its gradient
+     * norms for a run whose update follows them.
      * Every acked report's scalars are points, so the restart knows the
      * warm-up end the stopped daemon knew, however much it left
      * unevaluated; learnt only from the re-fed sketch steps, it came out
@@ -190,7 +199,12 @@ static int load_state(struct stage *st, struct store_restart *db, struct fs_err 
         struct stage_run *sr = stage_run_of(st, run);
         if (!sr)
             continue;
-        if ((rc = store_restart_lr(db, run->run_id, run->lead_rank, load_lr, &sr->ev, err)) < 0)
+        if ((rc = store_restart_scalar(db, run->run_id, run->lead_rank, "lr", load_lr, &sr->ev,
+                                       err)) < 0)
+            return rc;
+        if (run->update_follows_grad &&
+            (rc = store_restart_scalar(db, run->run_id, run->lead_rank, "grad_norm", load_grad,
+                                       &sr->ev, err)) < 0)
             return rc;
     }
 

@@ -233,6 +233,7 @@ void stage_rewind_rebuild(struct stage *st, struct run *run)
         w->lead_rank = run->lead_rank;
         w->req.data = w;
         eval_run_init(&w->er, st->opts.rules);
+        w->er.update_follows_grad = run->update_follows_grad;
         if (uv_queue_work(st->opts.loop, &w->req, rewind_work_cb, rewind_after_cb) == 0) {
             st->inflight++;
             sr->rebuild_busy = true;

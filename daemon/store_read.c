@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
 #include <sqlite3.h>
 
 #include "fs_grow.h"
@@ -99,6 +100,17 @@ static uint32_t lowest_rank(const char *ranges)
     return low <= UINT32_MAX ? (uint32_t)low : 0;
 }
 
+/* The optimizer's class name in a stored model shape (JSON), else "". */
+static void optimizer_of(const char *model_json, char *out, size_t len)
+{
+    out[0] = '\0';
+    json_t *o = model_json ? json_loads(model_json, 0, NULL) : NULL;
+    const char *name = json_string_value(json_object_get(o, "optimizer"));
+    if (name && strlen(name) < len)
+        snprintf(out, len, "%s", name);
+    json_decref(o);
+}
+
 int store_reader_runs(struct store_reader *r,
                       int (*cb)(void *ctx, const struct store_run_info *run), void *ctx,
                       struct fs_err *err)
@@ -112,8 +124,8 @@ int store_reader_runs(struct store_reader *r,
     const char *sql =
         r->version >= SCHEMA_LOCAL_GROUP_VERSION
             ? "SELECT id, name, detect_from_step, last_step, " SCHEMA_RUN_LOCAL_RANKS_SQL(
-                  "runs.id") " FROM runs ORDER BY id"
-            : "SELECT id, name, detect_from_step, last_step, NULL FROM runs "
+                  "runs.id") ", model_json FROM runs ORDER BY id"
+            : "SELECT id, name, detect_from_step, last_step, NULL, model_json FROM runs "
               "ORDER BY id";
     if (sqlite3_prepare_v2(r->db, sql, -1, &q, NULL) != SQLITE_OK)
         return fail(r, -EIO, err, "reading runs");
@@ -125,6 +137,7 @@ int store_reader_runs(struct store_reader *r,
         run.detect_from_step = from > 0 ? (uint64_t)from : 0;
         run.last_step = sqlite3_column_type(q, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(q, 3);
         run.lead_rank = lowest_rank((const char *)sqlite3_column_text(q, 4));
+        optimizer_of((const char *)sqlite3_column_text(q, 5), run.optimizer, sizeof(run.optimizer));
         if ((out = cb(ctx, &run)) != 0)
             break;
     }

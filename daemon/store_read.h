@@ -21,6 +21,7 @@ struct store_run_info {
     int64_t last_step;         /* -1: none */
     uint32_t lead_rank;        /* whose loss/grad_norm/lr were detected: the lowest rank of
                                   the local group its daemon heard, else 0 */
+    char optimizer[FS_MAX_OPTIMIZER_LEN + 1]; /* the stored model shape's; "": not known */
 };
 
 /* Opens path read-only. Returns 0 and *out, or a negative errno with a

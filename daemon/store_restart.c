@@ -15,7 +15,7 @@
 
 struct store_restart {
     sqlite3 *db;
-    sqlite3_stmt *lr; /* store_restart_lr's, prepared on first use */
+    sqlite3_stmt *scalar; /* store_restart_scalar's, prepared on first use */
 };
 
 static int load_fail(sqlite3 *db, struct fs_err *err, const char *what)
@@ -42,13 +42,13 @@ void store_restart_close(struct store_restart *r)
 {
     if (!r)
         return;
-    sqlite3_finalize(r->lr);
+    sqlite3_finalize(r->scalar);
     sqlite3_close(r->db);
     free(r);
 }
 
 /* The model shape a Hello stored (ingest writes it as JSON): layers and
- * heads within their limits, else 0. */
+ * heads within their limits, else 0; the optimizer's class name, else "". */
 static void model_from_json(struct store_restart_run *run, const char *text)
 {
     if (!text)
@@ -62,6 +62,9 @@ static void model_from_json(struct store_restart_run *run, const char *text)
         run->n_layers = (uint32_t)l;
     if (h > 0 && h <= FS_MAX_HEADS)
         run->n_heads = (uint32_t)h;
+    const char *opt = json_string_value(json_object_get(o, "optimizer"));
+    if (opt && strlen(opt) <= FS_MAX_OPTIMIZER_LEN)
+        snprintf(run->optimizer, sizeof(run->optimizer), "%s", opt);
     json_decref(o);
 }
 
@@ -122,22 +125,24 @@ int store_restart_detected_steps(struct store_restart *r,
     return 0;
 }
 
-int store_restart_lr(struct store_restart *r, int64_t run_id, uint32_t rank,
-                     int (*cb)(void *ctx, uint64_t step, double lr), void *ctx, struct fs_err *err)
+int store_restart_scalar(struct store_restart *r, int64_t run_id, uint32_t rank, const char *name,
+                         int (*cb)(void *ctx, uint64_t step, double value), void *ctx,
+                         struct fs_err *err)
 {
     sqlite3 *db = r->db;
     /* One run at a time, one rank's series only: a 1,024-rank job stores
      * 1,024 learning-rate series and only one of them counts. */
-    if (!r->lr && sqlite3_prepare_v2(db,
-                                     "SELECT p.step, p.value FROM points p "
-                                     "JOIN series s ON s.id = p.series_id WHERE s.run_id = ?1 "
-                                     "AND s.name = 'lr' AND s.rank = ?2 AND s.layer = -1 "
-                                     "AND s.head = -1 ORDER BY p.step",
-                                     -1, &r->lr, NULL) != SQLITE_OK)
-        return load_fail(db, err, "learning rates");
-    sqlite3_stmt *q = r->lr;
+    if (!r->scalar && sqlite3_prepare_v2(db,
+                                         "SELECT p.step, p.value FROM points p "
+                                         "JOIN series s ON s.id = p.series_id WHERE s.run_id = ?1 "
+                                         "AND s.name = ?3 AND s.rank = ?2 AND s.layer = -1 "
+                                         "AND s.head = -1 ORDER BY p.step",
+                                         -1, &r->scalar, NULL) != SQLITE_OK)
+        return load_fail(db, err, name);
+    sqlite3_stmt *q = r->scalar;
     sqlite3_bind_int64(q, 1, run_id);
     sqlite3_bind_int64(q, 2, (int64_t)rank);
+    sqlite3_bind_text(q, 3, name, -1, SQLITE_STATIC);
     int rc, stop = 0;
     while (!stop && (rc = sqlite3_step(q)) == SQLITE_ROW)
         if (sqlite3_column_type(q, 1) != SQLITE_NULL && sqlite3_column_int64(q, 0) >= 0)
@@ -146,7 +151,7 @@ int store_restart_lr(struct store_restart *r, int64_t run_id, uint32_t rank,
     if (stop)
         return stop;
     if (rc != SQLITE_DONE)
-        return load_fail(db, err, "learning rates");
+        return load_fail(db, err, name);
     return 0;
 }
 

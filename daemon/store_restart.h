@@ -35,11 +35,12 @@ struct store_restart_run {
     int64_t id;
     const char *name;
     uint32_t world_size;
-    uint64_t detect_from_step;  /* 0: the run's Hello did not set it */
-    uint32_t n_layers, n_heads; /* from the stored model shape; 0: not known */
-    const char *local_ranks;    /* the latest attempt's local group (ranks.h text); NULL: none */
-    bool has_done_step;         /* false: a database of a version that did not record it */
-    int64_t done_step;          /* every step <= it was evaluated (runs.spool_done_step) */
+    uint64_t detect_from_step;                /* 0: the run's Hello did not set it */
+    uint32_t n_layers, n_heads;               /* from the stored model shape; 0: not known */
+    char optimizer[FS_MAX_OPTIMIZER_LEN + 1]; /* the stored model shape's; "": not known */
+    const char *local_ranks; /* the latest attempt's local group (ranks.h text); NULL: none */
+    bool has_done_step;      /* false: a database of a version that did not record it */
+    int64_t done_step;       /* every step <= it was evaluated (runs.spool_done_step) */
 };
 
 /* Every run. */
@@ -53,10 +54,12 @@ int store_restart_detected_steps(struct store_restart *r,
                                  int (*cb)(void *ctx, int64_t run_id, int64_t step), void *ctx,
                                  struct fs_err *err);
 
-/* The stored learning rates of one run's rank (`lr`, whole-model), by step;
- * points without a value or with a negative step are left out. */
-int store_restart_lr(struct store_restart *r, int64_t run_id, uint32_t rank,
-                     int (*cb)(void *ctx, uint64_t step, double lr), void *ctx, struct fs_err *err);
+/* The stored values of one whole-model scalar (`lr`, `grad_norm`) of one
+ * run's rank, by step; points without a value or with a negative step are
+ * left out. */
+int store_restart_scalar(struct store_restart *r, int64_t run_id, uint32_t rank, const char *name,
+                         int (*cb)(void *ctx, uint64_t step, double value), void *ctx,
+                         struct fs_err *err);
 
 struct store_restart_detector {
     int64_t run_id;

@@ -214,6 +214,7 @@ static int backtest_run(struct store_reader *rd, const struct store_run_info *ru
     int r;
 
     eval_run_init(&rc.er, rules);
+    rc.er.update_follows_grad = eval_optimizer_follows_grad(run->optimizer);
     struct fs_err rerr = {0};
     r = store_reader_points(rd, run->id, want_series, feed_point, &rc, &rerr);
     if (r < 0)

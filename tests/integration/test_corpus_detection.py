@@ -249,14 +249,15 @@ def main(args, workdir):
 
     # The fifth and sixth looks, no longer blind (detect.c: grad_norm's
     # scale, relative breaches within the noise; evaluate.c: a spike is
-    # explained only by earlier evidence). Known and documented
-    # (docs/detection.md): under SGD the step is the rate times the
-    # gradient, so the attention fault of the SGD MoE's combined-late run
-    # lifts the update ratio as a rate fault would, and its first mechanism
-    # page reads optimizer-hyperparameter. The sixth look's corrupted
-    # batches page loss-spike only, which the scorecard counts as right.
-    check_look("corpus-holdout5", 5, label_known=[
-        ("moe32-top4-shared-sgd-dh16-h4-l2.combined-late.s51", "optimizer-hyperparameter")])
+    # explained only by earlier evidence). Under SGD the step is the rate
+    # times the gradient, so the attention fault of the SGD MoE's
+    # combined-late run lifted the update ratio as a rate fault would and
+    # read optimizer-hyperparameter; right since the run's optimizer is
+    # known (stamped into the corpus: tests/data/stamp_optimizer.py) and
+    # its gradient's rise is credited (evaluate.c: per_grad_credit). The
+    # sixth look's corrupted batches page loss-spike only, which the
+    # scorecard counts as right.
+    check_look("corpus-holdout5", 5)
     check_look("corpus-holdout6", 3, lr_least=1)
     # The seventh look, blind on the defaults of this version. Known and
     # documented: a sequence length doubled mid-run on the GPT MoE, whose
@@ -298,13 +299,12 @@ def main(args, workdir):
     # third, fifth and eighth looks recorded again with the per-step
     # update ratio (step_update_ratio; since then its baseline keeps raw
     # samples through a logged warm restart, and it fires at 2.5x).
-    # Known and documented: under the fifth look's momentum SGD the
-    # attention fault's larger gradients are larger steps too (about 3x),
-    # so step_update_ratio opens before the Delta2 collapse and both runs
-    # read optimizer-hyperparameter.
-    check_look("corpus-holdout11", 13, lr_least=9, label_known=[
-        ("moe32-top4-shared-sgd-dh16-h4-l2.combined-late.s111", "optimizer-hyperparameter"),
-        ("moe32-top4-shared-sgd-dh16-h4-l2.attn-strong.s111", "optimizer-hyperparameter")])
+    # Under the fifth look's momentum SGD the attention fault's larger
+    # gradients are larger steps too (about 3x), so step_update_ratio
+    # opened before the Delta2 collapse and both runs read
+    # optimizer-hyperparameter; right since the optimizer is known and the
+    # gradient's rise credited (as the fifth look's, above).
+    check_look("corpus-holdout11", 13, lr_least=9)
     # The twelfth look: 500- and 600-step warm-ups with faults 350 steps
     # after them (before 3x the warm-up end, the start of detection), a
     # 12-layer LLaMA, Lion, one shape sketched every 20 steps (replayed at

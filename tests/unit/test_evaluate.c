@@ -572,6 +572,77 @@ Test(evaluate, cqk_long_window_has_its_own_scale)
     }
 }
 
+/* Whether step_update_ratio fires in a run whose per-step update ratio
+ * (about 0.001) and gradient norm (about 1) are multiplied from step 400 on
+ * by sur_mult and grad_mult, the run's update following the gradient or
+ * not. Both are fed as stored points of the lead rank. */
+static bool sur_fires(bool follows_grad, double grad_mult, double sur_mult)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    struct store_series_key kg = {"grad_norm", -1, -1, 0, 0};
+    struct store_series_key ku = {"step_update_ratio", -1, -1, 0, 0};
+    detect_rules_default(&rules);
+    eval_run_init(&er, &rules);
+    er.update_follows_grad = follows_grad;
+    uint64_t seed = 99;
+    bool fired = false;
+    for (int64_t s = 1; s <= 600 && !fired; s++) {
+        double g = (s >= 400 ? grad_mult : 1.0) * (1 + 0.05 * noise01(&seed));
+        double u = (s >= 400 ? sur_mult : 1.0) * 0.001 * (1 + 0.05 * noise01(&seed));
+        cr_assert_geq(eval_feed_stored(&er, &b, &kg, (uint64_t)s, g, true, 0, 100), 0);
+        cr_assert_geq(eval_feed_stored(&er, &b, &ku, (uint64_t)s, u, true, 0, 100), 0);
+        eval_label_all(&er, &b);
+        for (size_t i = 0; i < b.n; i++)
+            if (b.ev[i].has_event && b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING &&
+                strcmp(b.ev[i].t->key.name, "step_update_ratio") == 0)
+                fired = true;
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return fired;
+}
+
+/* Under SGD (update_follows_grad) the step is the rate times the gradient:
+ * an attention fault that quadruples the gradient quadruples the step, and
+ * the square root of the gradient's rise is credited (4x / 2 = 2x, under
+ * step_update_ratio's 2.5x). A rate fault steps up against a flat
+ * gradient, and one that also lifts the gradient still fires (8x / 2).
+ * An adaptive optimizer's run gets no such credit. */
+Test(evaluate, sgd_credits_the_gradient_rise_table)
+{
+    static const struct {
+        bool follows;
+        double grad_mult, sur_mult;
+        bool fires;
+    } cases[] = {
+        {true, 4, 4, false}, {false, 4, 4, true}, {true, 1, 4, true},
+        {false, 1, 4, true}, {true, 4, 8, true},  {true, 1, 1, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        cr_expect_eq(sur_fires(cases[i].follows, cases[i].grad_mult, cases[i].sur_mult),
+                     cases[i].fires, "case %zu: follows %d, gradient x%g, step x%g", i,
+                     (int)cases[i].follows, cases[i].grad_mult, cases[i].sur_mult);
+}
+
+/* The optimizers whose step follows the gradient, by class name. */
+Test(evaluate, optimizer_follows_grad_table)
+{
+    static const struct {
+        const char *name;
+        bool follows;
+    } cases[] = {
+        {"SGD", true},      {"sgd", true},     {"ASGD", true},  {"FusedSGD", true},
+        {"SGDW", true},     {"AdamW", false},  {"Adam", false}, {"Lion", false},
+        {"RMSprop", false}, {"SGDFoo", false}, {"", false},     {NULL, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        cr_expect_eq(eval_optimizer_follows_grad(cases[i].name), cases[i].follows, "%s",
+                     cases[i].name ? cases[i].name : "(null)");
+}
+
 /* Attention evidence that opens while the loss has jumped (its incident
  * firing) is the jump's consequence: loss-spike. Open before the jump, it
  * is attention-numerics. */

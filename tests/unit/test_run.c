@@ -609,6 +609,29 @@ Test(run, timeout_records_incomplete_with_have_and_want)
     }
 }
 
+/* A Hello's optimizer decides whether the run's update follows the
+ * gradient; a Hello without one leaves what an earlier one said. */
+Test(run, hello_optimizer_table)
+{
+    static const struct {
+        const char *first, *second;
+        bool follows;
+    } cases[] = {
+        {"SGD", NULL, true},     {"AdamW", NULL, false}, {NULL, NULL, false},
+        {"SGD", "AdamW", false}, {"AdamW", "SGD", true}, {"SGD", NULL, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct fixture fx;
+        fx_init(&fx, 1, 1ull << 30);
+        struct run_hello h = {.rank = 0, .world_size = 1, .optimizer = cases[i].first};
+        cr_assert_eq(run_hello(fx.run, &h), 0);
+        h.optimizer = cases[i].second;
+        cr_assert_eq(run_hello(fx.run, &h), 0);
+        cr_expect_eq(fx.run->update_follows_grad, cases[i].follows, "case %zu", i);
+        run_registry_destroy(fx.reg);
+    }
+}
+
 Test(run, declared_shape_waits_for_every_head)
 {
     struct fixture fx;

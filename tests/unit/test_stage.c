@@ -33,14 +33,27 @@
 #define T_FAULT 30
 #define T_RUN "stage-run"
 
-enum fault { F_NONE = 0, F_DIP = 1, F_COLLAPSE = 2, F_RECOVER = 4, F_NAN = 8, F_RAMP = 16 };
+/* F_STEP: the gradient norm and the per-step update ratio both 4x from the
+ * fault on (an attention fault under SGD, or a rate fault that lifts the
+ * gradient); F_SGD: the trainer's Hello names SGD as its optimizer. */
+enum fault {
+    F_NONE = 0,
+    F_DIP = 1,
+    F_COLLAPSE = 2,
+    F_RECOVER = 4,
+    F_NAN = 8,
+    F_RAMP = 16,
+    F_STEP = 32,
+    F_SGD = 64
+};
 
 /* The detection tables run T_STEPS steps with detection from step 1; the
  * progress test runs longer, with an LR warm-up and detection starting by
  * training progress (evaluate.h). Set before a run, per test process. */
 static uint64_t g_steps = T_STEPS, g_fault = T_FAULT;
 static bool g_progress;
-#define T_LR_WARMUP 40 /* progress runs: the LR rises for 40 steps, then stays */
+static const char *g_optimizer; /* the next h_open's Hello names it (NULL: none) */
+#define T_LR_WARMUP 40          /* progress runs: the LR rises for 40 steps, then stays */
 
 struct harness {
     uv_loop_t loop;
@@ -86,6 +99,12 @@ static void h_open(struct harness *h, const char *path)
     struct store_item *it = store_item_new(STORE_ITEM_HELLO);
     snprintf(it->hello.run, sizeof(it->hello.run), "%s", T_RUN);
     it->hello.world_size = 1;
+    if (g_optimizer) { /* as ingest stores the model shape */
+        char json[128];
+        snprintf(json, sizeof(json), "{\"optimizer\":\"%s\"}", g_optimizer);
+        it->hello.model_json = strdup(json);
+        cr_assert_not_null(it->hello.model_json);
+    }
     it->conn_id = 1;
     cr_assert_eq(store_submit(h->store, it), 0);
     store_flush(h->store);
@@ -102,7 +121,8 @@ static void h_open(struct harness *h, const char *path)
                            .has_n_layers = true,
                            .n_layers = 1,
                            .has_n_heads = true,
-                           .n_heads = 2};
+                           .n_heads = 2,
+                           .optimizer = g_optimizer};
     cr_assert_eq(stage_hello(h->stage, h->run_id, T_RUN, h->stream_id, h->seq, &rh), 0);
 }
 
@@ -164,6 +184,13 @@ static void h_step(struct harness *h, int faults, uint64_t step)
     r.scalars = &sc;
     sc.has_loss = 1;
     sc.loss = ((faults & F_NAN) && step == g_fault) ? NAN : 3.0 + 0.01 * noise(step, 99);
+    if (faults & F_STEP) {
+        double m = step >= g_fault ? 4.0 : 1.0;
+        sc.has_grad_norm = 1;
+        sc.grad_norm = m * (1.0 + 0.05 * noise(step, 77));
+        sc.has_step_update_ratio = 1;
+        sc.step_update_ratio = m * 1e-3 * (1.0 + 0.05 * noise(step, 78));
+    }
     if (g_progress) {
         sc.has_lr = 1;
         sc.lr = 1e-3 * (step < T_LR_WARMUP ? (double)(step + 1) / T_LR_WARMUP : 1.0);
@@ -230,6 +257,11 @@ static void h_step(struct harness *h, int faults, uint64_t step)
     if (sc.has_lr) {
         rp->present |= 1u << STORE_LR;
         rp->scalars[STORE_LR] = sc.lr;
+    }
+    if (sc.has_grad_norm) {
+        rp->present |= 1u << STORE_GRAD_NORM | 1u << STORE_STEP_UPDATE_RATIO;
+        rp->scalars[STORE_GRAD_NORM] = sc.grad_norm;
+        rp->scalars[STORE_STEP_UPDATE_RATIO] = sc.step_update_ratio;
     }
     rp->sketch_len = foreshock__frame__get_packed_size(&f);
     rp->sketch_body = malloc(rp->sketch_len);
@@ -429,6 +461,14 @@ static const struct stage_case cases[] = {
     /* Both at once: the step size explains both (alert.c alert_attribute). */
     {"both", F_COLLAPSE | F_RAMP, "qk.d2.erank|0|-1|1|-1|", T_FAULT + 1, "optimizer-hyperparameter",
      NULL, NULL, 0, NULL},
+    /* The step 4x with the gradient 4x: too large a step under an
+     * adaptive optimizer (or one not named); under SGD the gradient's
+     * rise is credited (evaluate.c per_grad_credit: 4x / 2, under 2.5x),
+     * and a restart restores the gradient norms it is judged against. */
+    {"step with the gradient", F_STEP, "step_update_ratio|-1|-1|0|0|", T_FAULT + 4,
+     "optimizer-hyperparameter", NULL, NULL, 0, NULL},
+    {"step with the gradient under SGD", F_STEP | F_SGD, "grad_norm|-1|-1|0|0|", T_FAULT + 2,
+     "loss-spike", NULL, NULL, 0, "step_update_ratio|"},
 };
 
 /* head_points_every thins the per-head series only: the per-layer
@@ -487,6 +527,7 @@ Test(stage, detection_table_and_restarts, .timeout = 240)
 {
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         const struct stage_case *sc = &cases[c];
+        g_optimizer = sc->faults & F_SGD ? "SGD" : NULL;
         char plain[256], term[256], kill[256];
         tmp_db(plain, sizeof(plain), "plain");
         tmp_db(term, sizeof(term), "term");
@@ -536,6 +577,7 @@ Test(stage, detection_table_and_restarts, .timeout = 240)
         rm_db(term);
         rm_db(kill);
     }
+    g_optimizer = NULL;
     /* In the same test, not a Test of its own: two of these forking tests
      * in parallel Criterion workers made Criterion's runner leak 48 bytes
      * under LeakSanitizer (not with -j1). */

@@ -485,9 +485,11 @@ def main(argv=None):
         return x, y
 
     def monitor():  # MONITOR (1 of 2)
+        # optimizer=: its class name goes to Hello (how the daemon reads
+        # the step); the rate still comes from step(lr=), the logged one.
         return foreshock.Monitor(model, endpoint=a.endpoint, run=run,
                                  windows=[int(w) for w in a.windows.split(",")], every=a.every,
-                                 detect_from_step=a.detect_from, record=a.record)
+                                 detect_from_step=a.detect_from, record=a.record, optimizer=opt)
 
     mon = None
     if (a.endpoint or a.record) and a.attach_at is None:
