@@ -12,6 +12,7 @@
 #define FS_MAX_RUN_ID_LEN 128u       /* Hello.run_id bytes, [A-Za-z0-9._:-] */
 #define FS_MAX_TOKEN_LEN 256u        /* Hello.token bytes */
 #define FS_MAX_CLIENT_NAME_LEN 256u  /* Hello.client_name bytes */
+#define FS_MAX_OPTIMIZER_LEN 64u     /* ModelShape.optimizer bytes, printable ASCII */
 #define FS_MAX_WORLD_SIZE (1u << 20) /* Hello.world_size */
 #define FS_MAX_LAYERS 4096u          /* layer index < this */
 #define FS_MAX_HEADS 1024u           /* head / kv_head index < this */
