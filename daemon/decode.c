@@ -342,6 +342,39 @@ static int check_scalars(const Foreshock__Scalars *s, const struct decode_limits
     return 0;
 }
 
+/* ModelShape.optimizer: 1..FS_MAX_OPTIMIZER_LEN bytes of printable ASCII, ' '..'~'
+ * (a class name; it is stored and shown, so no control bytes). */
+static int optimizer_name_valid(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        unsigned char ch = (unsigned char)s[n];
+        if (n >= FS_MAX_OPTIMIZER_LEN || ch < ' ' || ch > '~')
+            return 0;
+    }
+    return n > 0;
+}
+
+static int check_model_shape(const Foreshock__ModelShape *m, const struct decode_limits *lim,
+                             struct fs_err *err)
+{
+    if ((m->has_n_layers && m->n_layers > lim->max_layers) ||
+        (m->has_n_heads && m->n_heads > lim->max_heads) ||
+        (m->has_n_kv_heads && m->n_kv_heads > lim->max_heads) ||
+        (m->has_d_head && m->d_head > lim->max_dh) ||
+        (m->has_n_experts && m->n_experts > lim->max_experts) ||
+        (m->has_top_k && m->top_k > lim->max_experts) || m->n_moe_layers > lim->max_layers)
+        return fail(err, E_MALFORMED, -EINVAL, "model shape beyond limits");
+    for (size_t i = 0; i < m->n_moe_layers; i++)
+        if (m->moe_layers[i] >= lim->max_layers)
+            return fail(err, E_MALFORMED, -EINVAL, "model.moe_layers[%zu] = %u >= %u", i,
+                        m->moe_layers[i], lim->max_layers);
+    if (m->optimizer && !optimizer_name_valid(m->optimizer))
+        return fail(err, E_MALFORMED, -EINVAL,
+                    "model.optimizer must be 1..%u bytes of printable ASCII", FS_MAX_OPTIMIZER_LEN);
+    return 0;
+}
+
 int decode_check_hello(const Foreshock__Hello *h, const struct decode_limits *lim,
                        struct fs_err *err)
 {
@@ -380,20 +413,9 @@ int decode_check_hello(const Foreshock__Hello *h, const struct decode_limits *li
     if (!self)
         return fail(err, E_MALFORMED, -EINVAL, "local_ranks does not include rank %u itself",
                     h->rank);
-    const Foreshock__ModelShape *m = h->model;
-    if (m) {
-        if ((m->has_n_layers && m->n_layers > lim->max_layers) ||
-            (m->has_n_heads && m->n_heads > lim->max_heads) ||
-            (m->has_n_kv_heads && m->n_kv_heads > lim->max_heads) ||
-            (m->has_d_head && m->d_head > lim->max_dh) ||
-            (m->has_n_experts && m->n_experts > lim->max_experts) ||
-            (m->has_top_k && m->top_k > lim->max_experts) || m->n_moe_layers > lim->max_layers)
-            return fail(err, E_MALFORMED, -EINVAL, "model shape beyond limits");
-        for (size_t i = 0; i < m->n_moe_layers; i++)
-            if (m->moe_layers[i] >= lim->max_layers)
-                return fail(err, E_MALFORMED, -EINVAL, "model.moe_layers[%zu] = %u >= %u", i,
-                            m->moe_layers[i], lim->max_layers);
-    }
+    int rc;
+    if (h->model && (rc = check_model_shape(h->model, lim, err)) < 0)
+        return rc;
     if (h->has_resume_step && h->resume_step > INT64_MAX) /* SQLite integers */
         return fail(err, E_MALFORMED, -EINVAL, "resume_step must be below 2^63");
     return 0;

@@ -50,6 +50,9 @@ static char *model_json(const Foreshock__ModelShape *m)
             json_array_append_new(a, json_integer(m->moe_layers[i]));
         json_object_set_new(o, "moe_layers", a);
     }
+    /* Printable ASCII (decode.c checked it): jansson escapes '"' and '\\'. */
+    if (m->optimizer)
+        json_object_set_new(o, "optimizer", json_string(m->optimizer));
     char *s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(o);
     if (s && strlen(s) > FS_STORE_MODEL_JSON_MAX) {

@@ -170,6 +170,7 @@ static int source_open(struct source *s, const struct replay_settings *st)
                                            .top_k = m->top_k,
                                            .moe_layers = m->moe_layers,
                                            .n_moe_layers = m->n_moe_layers};
+        o.optimizer = m->optimizer; /* NULL when the recording has none */
     }
     if (fsc_open(&o, &s->client, err, sizeof(err)) < 0) {
         fprintf(stderr, "replay: %s: %s\n", s->path, err);

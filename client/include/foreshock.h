@@ -52,6 +52,7 @@ extern "C" {
 #define FSC_MAX_TOKEN_LEN 256
 #define FSC_MAX_HOST_LEN 255
 #define FSC_MAX_CLIENT_NAME_LEN 256
+#define FSC_MAX_OPTIMIZER_LEN 64 /* ModelShape.optimizer: 1..64 bytes of printable ASCII */
 #define FSC_MAX_WORLD_SIZE (1u << 20)
 #define FSC_MAX_MOE_LAYERS 4096
 #define FSC_MAX_LOCAL_RANKS 4096 /* Hello.local_ranks values */
@@ -85,7 +86,10 @@ enum fsc_log_level { FSC_LOG_DEBUG = 0, FSC_LOG_INFO = 1, FSC_LOG_WARN = 2, FSC_
  * during the call. */
 typedef void (*fsc_log_fn)(void *ctx, int level, const char *message);
 
-/* Optional model shape sent in Hello. All-zero: not sent. */
+/* Optional model shape sent in Hello. All-zero (and no options.optimizer):
+ * not sent. The optimizer's name travels in the same ModelShape but is set
+ * with options.optimizer: a field added here would move every option after
+ * `model` and break callers built against an older header. */
 struct fsc_model_shape {
     uint32_t n_layers, n_heads, n_kv_heads, d_model, d_head, n_experts, top_k;
     const uint32_t *moe_layers; /* n_moe_layers values, copied by fsc_open */
@@ -146,6 +150,13 @@ struct fsc_options {
                    steps after it as this attempt's, from the run's state at
                    resume_step (docs/alerting.md "Rewind") */
     uint64_t resume_step;
+    /* Added after resume_step (older callers get it as NULL). The training
+     * optimizer's class name as the trainer knows it ("SGD", "AdamW",
+     * "Lion", ...), sent in Hello's ModelShape (alone if no other shape field
+     * is set): 1..FSC_MAX_OPTIMIZER_LEN bytes of printable ASCII (0x20..0x7e),
+     * else fsc_open returns -EINVAL. Copied by fsc_open. NULL: unknown, not
+     * sent. */
+    const char *optimizer;
 };
 
 /* The smallest options struct fsc_open accepts (the 0.1 layout). */

@@ -91,6 +91,19 @@ static int run_id_ok(const char *s)
     return n > 0;
 }
 
+/* options.optimizer: 1..FSC_MAX_OPTIMIZER_LEN bytes of printable ASCII. */
+static int optimizer_ok(const char *s)
+{
+    size_t n = 0;
+
+    for (; s[n]; n++) {
+        unsigned char ch = (unsigned char)s[n];
+        if (n >= FSC_MAX_OPTIMIZER_LEN || ch < ' ' || ch > '~')
+            return 0;
+    }
+    return n > 0;
+}
+
 static int validate(const struct fsc_options *o, char *err, size_t errlen)
 {
     if (!run_id_ok(o->run_id))
@@ -122,6 +135,10 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
         (o->model.n_moe_layers && !o->model.moe_layers))
         return fsc_err(err, errlen, -EINVAL, "model.moe_layers: at most %d values, non-NULL",
                        FSC_MAX_MOE_LAYERS);
+    if (o->optimizer && !optimizer_ok(o->optimizer))
+        return fsc_err(err, errlen, -EINVAL,
+                       "optimizer must be 1..%d bytes of printable ASCII (0x20..0x7e)",
+                       FSC_MAX_OPTIMIZER_LEN);
     if (o->n_local_ranks > FSC_MAX_LOCAL_RANKS || (o->n_local_ranks && !o->local_ranks))
         return fsc_err(err, errlen, -EINVAL, "local_ranks: at most %d values, non-NULL",
                        FSC_MAX_LOCAL_RANKS);
@@ -148,10 +165,12 @@ static int validate(const struct fsc_options *o, char *err, size_t errlen)
     return 0;
 }
 
-static int model_given(const struct fsc_model_shape *m)
+/* Whether Hello carries a ModelShape: any shape field, or the optimizer. */
+static int model_given(const struct fsc_options *o)
 {
+    const struct fsc_model_shape *m = &o->model;
     return m->n_layers || m->n_heads || m->n_kv_heads || m->d_model || m->d_head || m->n_experts ||
-           m->top_k || m->n_moe_layers;
+           m->top_k || m->n_moe_layers || o->optimizer;
 }
 
 /* The Hello frame never changes for a client: packed once here (and once
@@ -186,7 +205,7 @@ static int pack_hello(const struct fsc_options *o, int with_token, uint8_t **out
         h.has_resume_step = 1;
         h.resume_step = o->resume_step;
     }
-    if (model_given(ms)) {
+    if (model_given(o)) {
 #define SET(field)                                                                                 \
     do {                                                                                           \
         if (ms->field) {                                                                           \
@@ -204,6 +223,7 @@ static int pack_hello(const struct fsc_options *o, int with_token, uint8_t **out
 #undef SET
         m.n_moe_layers = ms->n_moe_layers;
         m.moe_layers = (uint32_t *)ms->moe_layers;
+        m.optimizer = (char *)o->optimizer;
         h.model = &m;
     }
     f.body_case = FORESHOCK__FRAME__BODY_HELLO;

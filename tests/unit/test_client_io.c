@@ -317,6 +317,47 @@ Test(client_io, hello_carries_the_stream_identity)
     close(fk.lfd);
 }
 
+/* options.optimizer travels in Hello's ModelShape, also when it is the only
+ * shape field set; without it and without a shape no ModelShape is sent. */
+Test(client_io, hello_carries_the_optimizer)
+{
+    static const struct {
+        const char *optimizer;
+        uint32_t n_layers;
+    } cases[] = {{"AdamW", 0}, {"My \"Lion\" \\ v2", 6}, {NULL, 6}, {NULL, 0}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct fake fk;
+        struct fsc_options o;
+        fsc_client *c;
+        char err[FSC_ERROR_LEN] = "";
+        fake_listen(&fk);
+        fsc_options_init(&o);
+        o.port = fk.port;
+        o.run_id = "opt";
+        o.model.n_layers = cases[i].n_layers;
+        o.optimizer = cases[i].optimizer;
+        cr_assert_eq(fsc_open(&o, &c, err, sizeof(err)), 0, "case %zu: %s", i, err);
+        int fd = fake_accept(&fk);
+        Foreshock__Frame *f = read_frame(fd);
+        cr_assert(f && f->body_case == FORESHOCK__FRAME__BODY_HELLO, "case %zu", i);
+        const Foreshock__ModelShape *m = f->hello->model;
+        if (!cases[i].optimizer && !cases[i].n_layers) {
+            cr_expect_null(m, "case %zu: a ModelShape with nothing in it", i);
+        } else {
+            cr_assert_not_null(m, "case %zu: no ModelShape", i);
+            cr_expect_eq(m->has_n_layers, cases[i].n_layers != 0, "case %zu", i);
+            if (cases[i].optimizer)
+                cr_expect_str_eq(m->optimizer, cases[i].optimizer, "case %zu", i);
+            else
+                cr_expect_null(m->optimizer, "case %zu", i);
+        }
+        foreshock__frame__free_unpacked(f, NULL);
+        close(fd);
+        fsc_close(c);
+        close(fk.lfd);
+    }
+}
+
 /* The replay bound: past replay_max_bytes, fsc_submit drops and counts,
  * and the seqs that reach the daemon stay dense. */
 Test(client_io, replay_bound_drops_and_keeps_seqs_dense)

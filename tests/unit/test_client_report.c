@@ -698,6 +698,47 @@ Test(client_options, open_validates)
     cr_expect_eq(fsc_open(NULL, NULL, NULL, 0), -EINVAL);
 }
 
+/* options.optimizer: 1..FSC_MAX_OPTIMIZER_LEN bytes of printable ASCII,
+ * refused by fsc_open with a reason (nothing started), never a crash. */
+Test(client_options, optimizer_name_validated)
+{
+    static char longest[FSC_MAX_OPTIMIZER_LEN + 1], too_long[FSC_MAX_OPTIMIZER_LEN + 2];
+    memset(longest, 'a', FSC_MAX_OPTIMIZER_LEN);
+    memset(too_long, 'a', FSC_MAX_OPTIMIZER_LEN + 1);
+    const struct {
+        const char *name, *optimizer;
+        int want;
+    } cases[] = {
+        {"unset", NULL, 0},
+        {"class name", "SGD", 0},
+        {"longest", longest, 0},
+        {"quotes and backslash", "My \"Lion\" \\ v2", 0},
+        {"one byte too long", too_long, -EINVAL},
+        {"empty", "", -EINVAL},
+        {"newline", "Adam\n", -EINVAL},
+        {"escape", "\x1b[31mAdam", -EINVAL},
+        {"DEL", "Adam\x7f", -EINVAL},
+        {"UTF-8", "Ad\xc3\xa4m", -EINVAL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct fsc_options o;
+        fsc_client *c = NULL;
+        char err[FSC_ERROR_LEN] = "";
+        fsc_options_init(&o);
+        o.run_id = "run-1";
+        o.port = 1; /* nothing listens there; the client only tries */
+        o.optimizer = cases[i].optimizer;
+        int rc = fsc_open(&o, &c, err, sizeof(err));
+        cr_expect_eq(rc, cases[i].want, "%s: got %d (%s)", cases[i].name, rc, err);
+        if (rc == 0) {
+            fsc_close(c);
+        } else {
+            cr_expect_null(c, "%s", cases[i].name);
+            cr_expect(strstr(err, "optimizer") != NULL, "%s: error '%s'", cases[i].name, err);
+        }
+    }
+}
+
 Test(client_options, defaults_and_version)
 {
     struct fsc_options o;

@@ -109,6 +109,57 @@ Test(decode, hello_table)
     }
 }
 
+/* ModelShape.optimizer: 1..FS_MAX_OPTIMIZER_LEN bytes of printable ASCII. */
+#define OPT_64 "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-"
+static const struct optimizer_case {
+    const char *name, *optimizer;
+    int want_rc;
+} optimizer_cases[] = {
+    {"class name", "AdamW", 0},
+    {"64 bytes", OPT_64, 0},
+    {"quotes, backslash, space", "My \"Lion\" \\ v2", 0},
+    {"65 bytes", OPT_64 "x", -EINVAL},
+    {"empty", "", -EINVAL},
+    {"control character", "Ad\tamW", -EINVAL},
+    {"DEL", "Adam\x7f", -EINVAL},
+    {"not ASCII", "Adam\xc3\xa9", -EINVAL},
+};
+
+Test(decode, model_optimizer_table)
+{
+    struct decode_limits l = lim();
+    cr_assert_eq(strlen(OPT_64), FS_MAX_OPTIMIZER_LEN);
+    for (size_t i = 0; i < sizeof(optimizer_cases) / sizeof(optimizer_cases[0]); i++) {
+        const struct optimizer_case *c = &optimizer_cases[i];
+        Foreshock__ModelShape m = FORESHOCK__MODEL_SHAPE__INIT;
+        m.optimizer = (char *)c->optimizer; /* the only field of the shape */
+        Foreshock__Hello h = FORESHOCK__HELLO__INIT;
+        h.protocol_version = 1;
+        h.run_id = "run";
+        h.world_size = 1;
+        h.model = &m;
+        Foreshock__Frame fr = FORESHOCK__FRAME__INIT;
+        fr.body_case = FORESHOCK__FRAME__BODY_HELLO;
+        fr.hello = &h;
+        struct bytes b = pack(&fr);
+        Foreshock__Frame *f = NULL;
+        struct fs_err err = {0};
+        int rc = decode_frame(b.p, b.n, &l, &f, NULL, &err);
+        cr_expect_eq(rc, c->want_rc, "%s: rc %d (%s)", c->name, rc, err.msg);
+        if (c->want_rc < 0) {
+            cr_expect_null(f, "%s", c->name);
+            cr_expect_eq(err.code, E(MALFORMED), "%s: code %d", c->name, err.code);
+            cr_expect(strstr(err.msg, "optimizer") != NULL, "%s: message '%s'", c->name, err.msg);
+        } else {
+            cr_assert_not_null(f, "%s", c->name);
+            cr_assert_not_null(f->hello->model, "%s", c->name);
+            cr_expect_str_eq(f->hello->model->optimizer, c->optimizer, "%s", c->name);
+        }
+        decode_frame_free(f);
+        free(b.p);
+    }
+}
+
 Test(decode, version_error_names_both_versions)
 {
     struct decode_limits l = lim();

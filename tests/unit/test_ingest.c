@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -422,4 +423,79 @@ Test(ingest, stop_acks_what_it_committed)
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", sv.dir);
     cr_expect_eq(system(cmd), 0);
+}
+
+/* ModelShape.optimizer reaches the run's model_json as a JSON string,
+ * escaped; a shape of nothing but the optimizer is still stored. */
+static void send_hello_model(int fd, const char *run, uint32_t n_layers, const char *optimizer)
+{
+    Foreshock__ModelShape m = FORESHOCK__MODEL_SHAPE__INIT;
+    m.has_n_layers = n_layers != 0;
+    m.n_layers = n_layers;
+    m.optimizer = (char *)optimizer;
+    Foreshock__Hello h = FORESHOCK__HELLO__INIT;
+    h.protocol_version = 1;
+    h.run_id = (char *)run;
+    h.world_size = 1;
+    h.model = &m;
+    Foreshock__Frame f = FORESHOCK__FRAME__INIT;
+    f.body_case = FORESHOCK__FRAME__BODY_HELLO;
+    f.hello = &h;
+    send_frame(fd, &f);
+}
+
+/* The run's model_json, malloc'd; NULL when the row holds NULL. */
+static char *stored_model_json(const char *path, const char *run)
+{
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    struct fs_err err = {0};
+    cr_assert_eq(store_open_readonly(path, &db, &err), 0, "%s", err.msg);
+    cr_assert_eq(
+        sqlite3_prepare_v2(db, "SELECT model_json FROM runs WHERE name = ?1", -1, &st, NULL),
+        SQLITE_OK);
+    sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+    cr_assert_eq(sqlite3_step(st), SQLITE_ROW, "run %s not stored", run);
+    const char *text = (const char *)sqlite3_column_text(st, 0);
+    char *out = text ? strdup(text) : NULL;
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return out;
+}
+
+Test(ingest, model_json_carries_the_optimizer)
+{
+    static const struct {
+        const char *run;
+        uint32_t n_layers; /* 0: not sent */
+        const char *optimizer;
+        const char *want_json;
+    } cases[] = {
+        {"opt-escaped", 2, "My \"Lion\" \\ v2",
+         "{\"n_layers\":2,\"optimizer\":\"My \\\"Lion\\\" \\\\ v2\"}"},
+        {"opt-alone", 0, "SGD", "{\"optimizer\":\"SGD\"}"},
+        {"opt-none", 2, NULL, "{\"n_layers\":2}"},
+    };
+    struct server sv;
+    server_start(&sv, 1000, 64, 16, NULL);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int fd = client(sv.port);
+        send_hello_model(fd, cases[i].run, cases[i].n_layers, cases[i].optimizer);
+        expect_welcome(fd); /* sent once the Hello's run row is committed */
+        close(fd);
+        char *got = stored_model_json(sv.path, cases[i].run);
+        cr_assert_not_null(got, "%s: model_json is NULL", cases[i].run);
+        cr_expect_str_eq(got, cases[i].want_json, "%s", cases[i].run);
+        json_error_t je;
+        json_t *o = json_loads(got, 0, &je);
+        cr_assert_not_null(o, "%s: not JSON: %s", cases[i].run, je.text);
+        json_t *v = json_object_get(o, "optimizer");
+        if (cases[i].optimizer)
+            cr_expect_str_eq(json_string_value(v), cases[i].optimizer, "%s", cases[i].run);
+        else
+            cr_expect_null(v, "%s: an optimizer key without an optimizer", cases[i].run);
+        json_decref(o);
+        free(got);
+    }
+    server_stop(&sv);
 }

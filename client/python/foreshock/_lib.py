@@ -35,6 +35,7 @@ MAX_SHARDS = 65536
 MAX_RUN_ID_LEN = 128
 MIN_REPLAY_BYTES = 64 << 10
 MAX_LOCAL_RANKS = 4096
+MAX_OPTIMIZER_LEN = 64   # ModelShape.optimizer: 1..64 bytes of printable ASCII
 ERROR_LEN = 256
 
 # Where a wheel carries the library, relative to this package (setup.py).
@@ -68,7 +69,15 @@ class _Options(ctypes.Structure):
                 ("tls_ca_file", ctypes.c_char_p), ("tls_cert_file", ctypes.c_char_p),
                 ("tls_key_file", ctypes.c_char_p), ("tls_server_name", ctypes.c_char_p),
                 ("advice", ctypes.c_int), ("resume", ctypes.c_int),
-                ("resume_step", ctypes.c_uint64)]
+                ("resume_step", ctypes.c_uint64), ("optimizer", ctypes.c_char_p)]
+
+
+def optimizer_name_ok(name):
+    """Whether name can go as ModelShape.optimizer: a str of
+    1..MAX_OPTIMIZER_LEN printable ASCII characters (0x20..0x7e), what
+    libforeshock and the daemon accept."""
+    return isinstance(name, str) and 0 < len(name) <= MAX_OPTIMIZER_LEN and \
+        all(" " <= ch <= "~" for ch in name)
 
 
 class _Stats(ctypes.Structure):
@@ -313,7 +322,9 @@ class Client:
                  detect_from_step=0, replay_max_bytes=0, model=None, client_name=None,
                  backoff_max_ms=0, lib_path=None, record_path=None, record_only=False,
                  local_ranks=None, tls=False, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None, advice=False, resume_step=None):
+                 tls_server_name=None, advice=False, resume_step=None, optimizer=None):
+        """optimizer: the training optimizer's class name, sent in Hello's
+        model shape (optimizer_name_ok; fsc_open refuses another)."""
         self.lib = load(lib_path)
         o = _Options()
         o.size = ctypes.sizeof(_Options)
@@ -333,6 +344,12 @@ class Client:
         o.advice = 1 if advice else 0
         if resume_step is not None:
             o.resume, o.resume_step = 1, int(resume_step)
+        if optimizer is not None:
+            if not optimizer_name_ok(optimizer):
+                raise ValueError(f"optimizer {optimizer!r}: 1..{MAX_OPTIMIZER_LEN} printable "
+                                 "ASCII characters")
+            self._keep.append(optimizer.encode("ascii"))
+            o.optimizer = self._keep[-1]
         if record_path:
             self._keep.append(os.fsencode(record_path))
             o.record_path = self._keep[-1]

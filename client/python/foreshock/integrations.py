@@ -98,7 +98,9 @@ class _TrainerHooks(_Guarded):
                                        callbacks=[ForeshockCallback(run="exp-42")])
 
     on_train_begin makes Monitor(model, **monitor_options) from the
-    Trainer's model; on_step_end calls Monitor.step(state.global_step, ...)
+    Trainer's model and optimizer (accelerate's wrapper; Monitor sends the
+    class name of the torch optimizer inside it, unless monitor_options
+    has optimizer_name=); on_step_end calls Monitor.step(state.global_step, ...)
     once per optimizer step with the learning rate used in that step; on a
     step the Trainer logs (logging_steps), the call waits for its on_log and
     carries the logged loss and grad_norm too (the Trainer's loss is the
@@ -152,7 +154,8 @@ class _LightningHooks(_Guarded):
             max_steps=1000, callbacks=[ForeshockLightningCallback(run="exp-42")])
 
     on_train_start makes Monitor(pl_module, optimizer=trainer.optimizers[0],
-    **monitor_options), and under DDP with node_ranks= this node's ranks
+    **monitor_options) (its class name goes to the daemon, unless
+    monitor_options has optimizer_name=), and under DDP with node_ranks= this node's ranks
     (Lightning's launcher sets no LOCAL_WORLD_SIZE for Monitor to find
     them); on_before_optimizer_step takes the gradient norm
     (before clipping, as a device tensor: no sync) and the learning rate of

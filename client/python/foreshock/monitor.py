@@ -79,6 +79,7 @@ from . import sketch as sk
 from .advice import AdviceInbox
 from .layouts import Discovery, discover, ranges_text
 from . import spectra as spx
+from ._lib import MAX_OPTIMIZER_LEN, optimizer_name_ok
 from .report import AttentionGram, AttentionSpectrum, Report, RouterGram, RouterTokens
 
 log = logging.getLogger("foreshock")
@@ -104,6 +105,57 @@ _FAILED = object()  # what _guarded returns when fn raised
 # the torch module lacks goes through its module __getattr__ and the import
 # system (file-system stats) on every call, every training step.
 _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
+
+
+# Wrappers that trainers put around the user's torch optimizer, by the name
+# of a class in the wrapper's MRO (no import of their packages), and the
+# attribute holding the optimizer inside: accelerate's (what the HF Trainer
+# passes its callbacks), Lightning's (a class made per optimizer,
+# "LightningAdamW", whose MRO holds LightningOptimizer), DeepSpeed's ZeRO and
+# mixed-precision optimizers, torch's ZeroRedundancyOptimizer.
+OPTIMIZER_WRAPPERS = {"AcceleratedOptimizer": "optimizer", "LightningOptimizer": "_optimizer",
+                      "DeepSpeedOptimizer": "optimizer", "ZeroRedundancyOptimizer": "optim"}
+MAX_OPTIMIZER_WRAPPING = 8         # wrappers peeled at most (a cycle ends there)
+_optimizer_names_warned = set()    # class names refused once already, for the whole process
+_optimizer_names_lock = threading.Lock()
+
+
+def _unwrapped_optimizer(optimizer):
+    """The optimizer inside the wrappers of OPTIMIZER_WRAPPERS; optimizer
+    itself when it is none of them."""
+    for _ in range(MAX_OPTIMIZER_WRAPPING):
+        attr = next((OPTIMIZER_WRAPPERS[c.__name__] for c in type(optimizer).__mro__
+                     if c.__name__ in OPTIMIZER_WRAPPERS), None)
+        inner = getattr(optimizer, attr, None) if attr else None
+        if inner is None or inner is optimizer:
+            break
+        optimizer = inner
+    return optimizer
+
+
+def optimizer_class_name(optimizer):
+    """The class name of the torch optimizer a trainer steps (inside its
+    wrappers), as Hello's model shape carries it; None when there is none
+    or the name cannot go (over MAX_OPTIMIZER_LEN characters, not printable
+    ASCII: said once per name with a warning). Never raises."""
+    if optimizer is None:
+        return None
+    try:
+        name = type(_unwrapped_optimizer(optimizer)).__name__
+    except Exception as e:  # a wrapper's attribute that raised: the name is not worth a step
+        log.warning("foreshock: the optimizer's class name is not sent: unwrapping %s "
+                    "failed with %s: %s", type(optimizer).__name__, type(e).__name__, e)
+        return None
+    if optimizer_name_ok(name):
+        return name
+    with _optimizer_names_lock:
+        first = name not in _optimizer_names_warned
+        _optimizer_names_warned.add(name)
+    if first:
+        log.warning("foreshock: the optimizer's class name %r is not sent (the daemon takes "
+                    "1..%d printable ASCII characters); pass optimizer_name= to name it",
+                    name, MAX_OPTIMIZER_LEN)
+    return None
 
 
 _OMP_SETTERS = None   # omp_set_num_threads of each OpenMP runtime loaded, found once
@@ -496,7 +548,16 @@ class Monitor:
     optimizer    the training optimizer: when step() gets no lr=, the learning
                  rate of its first param group is sent (what a scheduler set).
                  The daemon needs it to find the end of warm-up and for its
-                 `lr` rule (a rate rising after warm-up)
+                 `lr` rule (a rate rising after warm-up). Its class name
+                 ("SGD", "AdamW"; the torch optimizer inside accelerate's,
+                 Lightning's, DeepSpeed's or ZeroRedundancyOptimizer's
+                 wrapper) goes in the Hello's model shape, so that the daemon
+                 knows a plain rate x gradient update from an adaptive one; a
+                 name the daemon would refuse (over 64 characters, not
+                 printable ASCII) is left out with a warning
+    optimizer_name  the optimizer's name to send instead (a str of 1..64
+                 printable ASCII characters, else ValueError), for an
+                 optimizer= whose class name says little, or without one
     tls, tls_ca, tls_cert, tls_key, tls_server_name
                  TLS to a daemon whose ingest has tls_cert (a daemon for the whole
                  job, reached over the network): tls_ca is the PEM CA its
@@ -536,7 +597,7 @@ class Monitor:
                  tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
                  on_advice=None, advice=True, resume_step=None, example_input=None,
                  observe=True, spectra_on="host", spectra_threads=None,
-                 sketches_in_flight=None, node_ranks=None):
+                 sketches_in_flight=None, node_ranks=None, optimizer_name=None):
         dist = torch.distributed
         ddp = dist.is_available() and dist.is_initialized()
         self._fail_lock = threading.Lock()
@@ -560,6 +621,11 @@ class Monitor:
         if optimizer is not None and not getattr(optimizer, "param_groups", None):
             raise ValueError("optimizer= must be a torch optimizer (it has no param_groups)")
         self.optimizer = optimizer
+        if optimizer_name is not None and not optimizer_name_ok(optimizer_name):
+            raise ValueError(f"optimizer_name must be a str of 1..{MAX_OPTIMIZER_LEN} printable "
+                             f"ASCII characters, not {optimizer_name!r}")
+        # What the Hello's model shape says the optimizer is (None: nothing).
+        self.optimizer_name = optimizer_name or optimizer_class_name(optimizer)
         self.layer_norms = layer_norms
         self.send_tokens = send_tokens
         if shard_reduce not in ("trainer", "daemon"):
@@ -743,6 +809,7 @@ class Monitor:
                                    record_only=bool(self.record_path) and endpoint is None,
                                    local_ranks=self.local_ranks,
                                    advice=bool(advice or on_advice), resume_step=resume_step,
+                                   optimizer=self.optimizer_name,
                                    **_tls_args(tls, tls_ca, tls_cert, tls_key,
                                                tls_server_name)))
             transport = _Deferred(make) if self._later is not None else make()
