@@ -137,6 +137,10 @@ void conn_on_hello(struct conn *c, const Foreshock__Hello *h)
         c->hello.n_layers = h->model->n_layers;
         c->hello.has_n_heads = h->model->has_n_heads;
         c->hello.n_heads = h->model->n_heads;
+        if (h->model->optimizer) { /* decode checked it: 1..FS_MAX_OPTIMIZER_LEN printable */
+            snprintf(c->optimizer, sizeof(c->optimizer), "%s", h->model->optimizer);
+            c->hello.optimizer = c->optimizer;
+        }
         if (h->model->n_moe_layers) {
             uint32_t *moe = malloc(h->model->n_moe_layers * sizeof(*moe));
             if (moe) { /* without it the stage waits for world_size ranks */

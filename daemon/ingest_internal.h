@@ -63,7 +63,8 @@ struct conn {
     Foreshock__Frame *pending_frame;      /* the decoded report of `pending`, for the stage */
     char run_name[FS_MAX_RUN_ID_LEN + 1]; /* from the Hello, for the stage */
     struct run_hello hello;               /* from the Hello until the Welcome; moe_layers owned */
-    uint64_t inflight;                    /* items submitted, result not yet seen */
+    char optimizer[FS_MAX_OPTIMIZER_LEN + 1]; /* hello.optimizer points here when sent */
+    uint64_t inflight;                        /* items submitted, result not yet seen */
     int64_t run_id, stream_id;
     uint64_t stream_key; /* store_stream_key of the Hello's (run, attempt, rank) */
     uint32_t rank;

@@ -541,6 +541,7 @@ int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t 
     if (rc < 0)
         return rc;
     run_set_name(run, run_name);
+    bool follows = run->update_follows_grad;
     if (h && (rc = run_hello(run, h)) < 0) {
         if (rc == -ENOSPC)
             log_limited(&st->rl_err, LOG_LEVEL_ERROR, "stage",
@@ -550,6 +551,11 @@ int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t 
     }
     if (rc == 1)
         stage_log_local_group(run);
+    if (run->update_follows_grad != follows) /* evaluate.h: per_grad_credit */
+        log_info("stage",
+                 "run %s: optimizer %s %s the gradient: the update-ratio rules %s its rise",
+                 run->name, h->optimizer, run->update_follows_grad ? "steps by" : "normalises",
+                 run->update_follows_grad ? "credit" : "no longer credit");
     rc = run_stream_seen(run, stream_id, last_seq);
     /* An announcement may complete waiting token groups. */
     stage_pump(st, run, now_mono());

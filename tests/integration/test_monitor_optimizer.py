@@ -117,6 +117,11 @@ def main(args, workdir):
                     torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9))
         check(got == {"optimizer": "SGD"}, f"optimizer=SGD: model JSON {got}")
         print(f"  optimizer=SGD(...): {got}", flush=True)
+        # Detection learns it too: the update-ratio rules credit SGD's
+        # gradient (docs/detection.md), and the daemon says so once.
+        said = [line for line in daemon.log_text().splitlines()
+                if "run opt-sgd: optimizer SGD steps by the gradient" in line]
+        check(len(said) == 1, f"the daemon's log about opt-sgd's optimizer: {said}")
 
         model = tiny()
         rec = os.path.join(workdir, "named.fsrec")
@@ -124,6 +129,9 @@ def main(args, workdir):
                     torch.optim.Adam(model.parameters(), lr=1e-3), optimizer_name="MyLion",
                     record=rec)
         check(got == {"optimizer": "MyLion"}, f"optimizer_name=: model JSON {got}")
+        check(not any("run opt-named: optimizer" in line
+                      for line in daemon.log_text().splitlines()),
+              "an adaptive optimizer's run logged as stepping by the gradient")
         print(f"  optimizer=Adam(...), optimizer_name='MyLion': {got}", flush=True)
         # The recording's Hello keeps it: `foreshock replay` sends it on.
         r = subprocess.run([os.path.join(args.build_dir, "foreshock"), "replay", rec,
