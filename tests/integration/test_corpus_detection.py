@@ -326,6 +326,14 @@ def main(args, workdir):
     # window-50 c_qk 1.7-2.3x for 100-300 steps); quiet since a long
     # window's z counts from 30% of its level (scale_rel_long, detect.c).
     check_look("corpus-holdout14", 4, lr_least=2)
+    # The fifteenth look, blind on the defaults of this version: SGD with
+    # momentum on three shapes the gradient credit was not set on (a dense
+    # LLaMA, a dense GPT at momentum 0.95 with weight decay, a top-2 MoE).
+    # All ten diverged faults caught with the right label: the attention
+    # faults raised the step ratio 2.5-10x and no update-ratio rule paged
+    # (attention-numerics), the hidden rate faults read
+    # optimizer-hyperparameter; every healthy run quiet.
+    check_look("corpus-holdout15", 10, lr_least=4)
 
 
 if __name__ == "__main__":
