@@ -17,6 +17,19 @@
 #include "store_internal.h"
 #include "store_stmt.h"
 
+/* A Hello's model shape replaces the stored one, but a shape that names no
+ * optimizer keeps the one an earlier Hello named (a rank whose client does
+ * not send it), as the live run does (run.c run_hello): the restart must
+ * judge the run as the daemon that heard it did. No shape: the stored one. */
+#define STORE_MODEL_JSON_MERGE_SQL                                                                 \
+    "CASE WHEN excluded.model_json IS NULL THEN runs.model_json "                                  \
+    "WHEN json_valid(runs.model_json) AND json_valid(excluded.model_json) "                        \
+    "AND json_extract(excluded.model_json, '$.optimizer') IS NULL "                                \
+    "AND json_extract(runs.model_json, '$.optimizer') IS NOT NULL "                                \
+    "THEN json_set(excluded.model_json, '$.optimizer', "                                           \
+    "json_extract(runs.model_json, '$.optimizer')) "                                               \
+    "ELSE excluded.model_json END"
+
 static const char *const stmt_sql[ST_COUNT] = {
     [ST_BEGIN] = "BEGIN IMMEDIATE",
     [ST_COMMIT] = "COMMIT",
@@ -35,7 +48,7 @@ static const char *const stmt_sql[ST_COUNT] = {
                     "ended_at = NULL, "
                     "world_size = excluded.world_size, "
                     "detect_from_step = COALESCE(?4, runs.detect_from_step), "
-                    "model_json = COALESCE(excluded.model_json, runs.model_json) RETURNING id",
+                    "model_json = " STORE_MODEL_JSON_MERGE_SQL " RETURNING id",
     [ST_STREAM_UPSERT] =
         "INSERT INTO streams (id, run_id, attempt, rank, created_at, last_seen_at, local_ranks) "
         "VALUES (" STORE_NEXT_ID_SQL(

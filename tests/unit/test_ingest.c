@@ -497,5 +497,26 @@ Test(ingest, model_json_carries_the_optimizer)
         json_decref(o);
         free(got);
     }
+    /* One run, Hellos in turn: a shape without an optimizer keeps the one
+     * an earlier Hello named (the live run keeps it too); another name
+     * replaces it. */
+    static const struct {
+        uint32_t n_layers;
+        const char *optimizer, *want_json;
+    } seq[] = {
+        {2, "SGD", "{\"n_layers\":2,\"optimizer\":\"SGD\"}"},
+        {3, NULL, "{\"n_layers\":3,\"optimizer\":\"SGD\"}"},
+        {3, "AdamW", "{\"n_layers\":3,\"optimizer\":\"AdamW\"}"},
+    };
+    for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
+        int fd = client(sv.port);
+        send_hello_model(fd, "opt-kept", seq[i].n_layers, seq[i].optimizer);
+        expect_welcome(fd);
+        close(fd);
+        char *got = stored_model_json(sv.path, "opt-kept");
+        cr_assert_not_null(got, "Hello %zu: model_json is NULL", i);
+        cr_expect_str_eq(got, seq[i].want_json, "Hello %zu", i);
+        free(got);
+    }
     server_stop(&sv);
 }
