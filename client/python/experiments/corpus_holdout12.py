@@ -155,18 +155,17 @@ PRIORITY = [
 MATRIX = {"description": "Foreshock twelfth held-out corpus (CORPUS.md)"}
 
 
+def matrix_of(sc, shape):
+    """The shape's matrix; the late attention fault moves its fault step
+    and length."""
+    if sc != "attn-strong-late":
+        return MATRICES[shape]
+    fault, steps = LATE[shape]
+    return dict(MATRICES[shape], fault_step=fault, steps=steps)
+
+
 def plan(shapes=None, scenarios=None, seeds=None):
-    runs = []
-    for sc, on in PRIORITY:
-        for shape in on:
-            if (shapes and shape not in shapes) or (scenarios and sc not in scenarios):
-                continue
-            m = MATRICES[shape]
-            if sc == "attn-strong-late":
-                fault, steps = LATE[shape]
-                m = dict(m, fault_step=fault, steps=steps)
-            runs += corpus_shapes.plan([shape], [sc], seeds, m)
-    return runs
+    return corpus_shapes.plan_priority(PRIORITY, MATRICES, shapes, scenarios, seeds, matrix_of)
 
 
 def main(argv=None):

@@ -125,13 +125,7 @@ MATRIX = {"description": "Foreshock fifteenth held-out corpus (CORPUS.md)"}
 
 
 def plan(shapes=None, scenarios=None, seeds=None):
-    runs = []
-    for sc, on in PRIORITY:
-        for shape in on:
-            if (shapes and shape not in shapes) or (scenarios and sc not in scenarios):
-                continue
-            runs += corpus_shapes.plan([shape], [sc], seeds, MATRICES[shape])
-    return runs
+    return corpus_shapes.plan_priority(PRIORITY, MATRICES, shapes, scenarios, seeds)
 
 
 def main(argv=None):

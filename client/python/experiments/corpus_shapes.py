@@ -211,6 +211,22 @@ def main(argv=None, matrix=MATRIX, doc=__doc__):
     return 1 if failed else 0
 
 
+def plan_priority(priority, matrices, shapes=None, scenarios=None, seeds=None, matrix_of=None):
+    """A later look's plan in its recording order: priority is a list of
+    (scenario, shapes) or (scenario, shapes, seeds), each shape planned
+    with its own matrix (matrices[shape], or matrix_of(scenario, shape) when
+    given: a scenario that changes the matrix); shapes, scenarios and seeds
+    narrow it (seeds wins over an entry's own)."""
+    runs = []
+    for sc, on, *seeds_of in priority:
+        for shape in on:
+            if (shapes and shape not in shapes) or (scenarios and sc not in scenarios):
+                continue
+            m = matrix_of(sc, shape) if matrix_of else matrices[shape]
+            runs += plan([shape], [sc], seeds or (seeds_of or [None])[0], m)
+    return runs
+
+
 def record_planned(runs, matrix, doc, argv=None, start_until_min=None):
     """Records `runs` (a later look's plan, in its priority order) into the
     directory argv names: the ones not yet complete, --jobs at a time,
