@@ -9,6 +9,7 @@ Run a test directly:  /usr/bin/python3 tests/integration/test_x.py --build-dir b
 import argparse
 import importlib
 import json
+import logging
 import os
 import re
 import signal
@@ -264,6 +265,22 @@ def cmake_install(build_dir, prefix, destdir=None, component=None, timeout=300, 
                        env=env, timeout=timeout, cwd=cwd)
     check(p.returncode == 0, f"{' '.join(cmd)}: exit {p.returncode}:\n{p.stdout[-3000:]}")
     return p.stdout
+
+
+class CapturedWarnings(logging.Handler):
+    """The WARNING (and worse) records of a logger, as messages: add it
+    with logging.getLogger("foreshock").addHandler(...)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+    def count(self, *parts):
+        """How many messages hold every one of parts."""
+        return sum(all(p in m for p in parts) for m in self.messages)
 
 
 def run_main(fn):

@@ -34,16 +34,6 @@ STEPS = 5
 LONG_NAME = "A" * 65
 
 
-class Captured(logging.Handler):
-    """The foreshock logger's WARNING records."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
 
 def train(torch, foreshock, daemon, run, model, opt, step_opt=None, **kw):
     """STEPS real optimizer steps under a Monitor given optimizer=opt (the
@@ -104,7 +94,7 @@ def main(args, workdir):
     import foreshock
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    logs = Captured()
+    logs = fstest.CapturedWarnings()
     logging.getLogger("foreshock").addHandler(logs)
 
     def tiny():

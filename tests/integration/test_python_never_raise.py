@@ -75,17 +75,6 @@ REL_SPEC = 1e-3
 DAEMON_ARGS = ["--set", "reduce_timeout_s=2"]
 
 
-class Captured(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-    def count(self, *parts):
-        return sum(all(p in m for p in parts) for m in self.messages)
-
 
 class Trainer:
     """A tiny MoE GPT on a slice of text: real steps, real weights."""
@@ -163,7 +152,7 @@ def run_phase(env, run, patch, expect, **mon_kw):
     disabled module name parts, the layers still stored."""
     torch, foreshock = env.torch, env.foreshock
     tr = Trainer(torch, env.tinygpt)
-    cap = Captured()
+    cap = fstest.CapturedWarnings()
     logging.getLogger("foreshock").addHandler(cap)
     undo = []
     try:

@@ -65,14 +65,6 @@ def loss_steps(api, run):
     return [s for s, _ in pts]
 
 
-class Captured(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
 
 def phase_reconnect(args, workdir, torch, foreshock, tinygpt, Api):
     port, http_port = fstest.free_port(), fstest.free_port()
@@ -154,7 +146,7 @@ def phase_overflow(args, workdir, torch, foreshock, tinygpt, Api):
     tr = Trainer(torch, tinygpt, seed=1)
     client = RecordingClient(Client("127.0.0.1", port, "overflow",
                                     replay_max_bytes=MIN_REPLAY_BYTES, backoff_max_ms=200))
-    cap = Captured()
+    cap = fstest.CapturedWarnings()
     logging.getLogger("foreshock").addHandler(cap)
     # Every step carries 4 head sketches (dh 16: ~4 KiB each): the 64 KiB
     # bound holds a few steps of a daemon outage.
