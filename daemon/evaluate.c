@@ -440,23 +440,33 @@ static int cmp_double(const void *a, const void *b)
  * the step. 1 (none) for a run that logs no learning rate (none before
  * this step, or no warm-up peak yet: the baseline has not started then),
  * and while the history holds no rate of the baseline's steps. */
+/* The median of h's values at the steps of t's baseline samples (those
+ * h still holds). False when it holds none of them. */
+static bool baseline_median(const struct eval_history *h, const struct eval_track *t,
+                            double *median)
+{
+    double v[DETECT_MAX_WINDOW];
+    int64_t steps[DETECT_MAX_WINDOW];
+    uint32_t n = detect_baseline_steps(&t->ds, t->rule->window, steps), m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (history_at(h, steps[i], &v[m]))
+            m++;
+    if (m == 0)
+        return false;
+    qsort(v, m, sizeof(v[0]), cmp_double);
+    *median = m % 2 ? v[m / 2] : (v[m / 2 - 1] + v[m / 2]) / 2;
+    return true;
+}
+
 static double per_lr_credit(const struct eval_progress *p, const struct eval_track *t,
                             uint64_t step)
 {
-    double ref, lr[DETECT_MAX_WINDOW];
-    int64_t steps[DETECT_MAX_WINDOW];
+    double ref, base;
     if (!p->lr_seen || p->lr_first_step > (int64_t)step || !(p->lr_peak > 0) ||
         !history_over(&p->lr_hist, t->last_step >= 0 ? t->last_step : (int64_t)step - 1,
-                      (int64_t)step, &ref))
+                      (int64_t)step, &ref) ||
+        !baseline_median(&p->lr_hist, t, &base))
         return 1;
-    uint32_t n = detect_baseline_steps(&t->ds, t->rule->window, steps), m = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (history_at(&p->lr_hist, steps[i], &lr[m]))
-            m++;
-    if (m == 0)
-        return 1;
-    qsort(lr, m, sizeof(lr[0]), cmp_double);
-    double base = m % 2 ? lr[m / 2] : (lr[m / 2 - 1] + lr[m / 2]) / 2;
     if (base < EVAL_LR_BASE_MIN_REL * p->lr_peak)
         base = EVAL_LR_BASE_MIN_REL * p->lr_peak;
     double now = ref < p->lr_peak ? ref : p->lr_peak;
@@ -475,21 +485,13 @@ static double per_lr_credit(const struct eval_progress *p, const struct eval_tra
 static double per_grad_credit(const struct eval_progress *p, const struct eval_track *t,
                               uint64_t step)
 {
-    double now, g[DETECT_MAX_WINDOW];
-    int64_t steps[DETECT_MAX_WINDOW];
+    double now, base;
     int64_t from = t->last_step >= 0 ? t->last_step : (int64_t)step - 1;
     if ((int64_t)step - from < EVAL_GRAD_SPAN)
         from = (int64_t)step - EVAL_GRAD_SPAN;
-    if (!history_over(&p->grad_hist, from, (int64_t)step, &now))
+    if (!history_over(&p->grad_hist, from, (int64_t)step, &now) ||
+        !baseline_median(&p->grad_hist, t, &base))
         return 1;
-    uint32_t n = detect_baseline_steps(&t->ds, t->rule->window, steps), m = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (history_at(&p->grad_hist, steps[i], &g[m]))
-            m++;
-    if (m == 0)
-        return 1;
-    qsort(g, m, sizeof(g[0]), cmp_double);
-    double base = m % 2 ? g[m / 2] : (g[m / 2 - 1] + g[m / 2]) / 2;
     return now > base ? pow(base / now, EVAL_GRAD_CREDIT_POWER) : 1;
 }
 
