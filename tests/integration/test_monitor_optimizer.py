@@ -136,6 +136,22 @@ def main(args, workdir):
         check(got is None or "optimizer" not in got, f"no optimizer: model JSON {got}")
         print(f"  no optimizer: model {got}", flush=True)
 
+        # Not given, found: the optimizer made before the Monitor that steps
+        # the model's parameters names the run; optimizers of two classes
+        # over it name nothing.
+        model = tiny()
+        sgd = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+        got = train(torch, foreshock, daemon, "opt-found", model, None, step_opt=sgd)
+        check(got == {"optimizer": "SGD"}, f"an SGD made before the Monitor: model JSON {got}")
+        print(f"  not given, an SGD over the model found: {got}", flush=True)
+        model = tiny()
+        both = [torch.optim.SGD(model[0].parameters(), lr=1e-2),
+                torch.optim.Adam(model[2].parameters(), lr=1e-3)]
+        got = train(torch, foreshock, daemon, "opt-two", model, None, step_opt=both[0])
+        check(got is None or "optimizer" not in got, f"SGD and Adam over it: model JSON {got}")
+        print(f"  not given, SGD and Adam over the model: model {got}", flush=True)
+        del sgd, both
+
         # Names the daemon would refuse: left out, one warning per name.
         for i, name in enumerate((LONG_NAME, "Adâm")):
             cls = type(name, (torch.optim.SGD,), {})

@@ -63,6 +63,7 @@ exception that still propagates is the user's own on_advice handler's
 """
 import ctypes
 import errno
+import gc
 import logging
 import os
 import queue
@@ -156,6 +157,31 @@ def optimizer_class_name(optimizer):
                     "1..%d printable ASCII characters); pass optimizer_name= to name it",
                     name, MAX_OPTIMIZER_LEN)
     return None
+
+
+def optimizer_of_model(model):
+    """The class name of the torch optimizer that steps model's parameters,
+    found among the live objects when the Monitor is given no optimizer=
+    (an optimizer made before the Monitor, as most loops make it); None
+    when there is none, or when optimizers of different classes share the
+    parameters (Muon for matrices and AdamW for the rest: nothing is said
+    rather than half of it). One pass over gc.get_objects(), at
+    construction only. Never raises."""
+    try:
+        ids = {id(p) for p in model.parameters()}
+        names = set()
+        for o in gc.get_objects():
+            if isinstance(o, torch.optim.Optimizer) and any(
+                    id(p) in ids for g in o.param_groups for p in g.get("params", ())):
+                names.add(optimizer_class_name(o))
+    except Exception as e:  # a foreign object's param_groups that raised
+        log.info("foreshock: the optimizer was not looked for: %s: %s", type(e).__name__, e)
+        return None
+    names.discard(None)
+    if len(names) > 1:
+        log.info("foreshock: optimizers of classes %s step the model: none is named "
+                 "(optimizer= or optimizer_name= says which)", sorted(names))
+    return names.pop() if len(names) == 1 else None
 
 
 _OMP_SETTERS = None   # omp_set_num_threads of each OpenMP runtime loaded, found once
@@ -557,7 +583,10 @@ class Monitor:
                  printable ASCII) is left out with a warning
     optimizer_name  the optimizer's name to send instead (a str of 1..64
                  printable ASCII characters, else ValueError), for an
-                 optimizer= whose class name says little, or without one
+                 optimizer= whose class name says little, or without one.
+                 Neither given: the class of the torch optimizer already
+                 stepping the model's parameters is sent, when one class
+                 does (looked for once, among the live objects)
     tls, tls_ca, tls_cert, tls_key, tls_server_name
                  TLS to a daemon whose ingest has tls_cert (a daemon for the whole
                  job, reached over the network): tls_ca is the PEM CA its
@@ -624,8 +653,10 @@ class Monitor:
         if optimizer_name is not None and not optimizer_name_ok(optimizer_name):
             raise ValueError(f"optimizer_name must be a str of 1..{MAX_OPTIMIZER_LEN} printable "
                              f"ASCII characters, not {optimizer_name!r}")
-        # What the Hello's model shape says the optimizer is (None: nothing).
-        self.optimizer_name = optimizer_name or optimizer_class_name(optimizer)
+        # What the Hello's model shape says the optimizer is (None: nothing):
+        # the one named, given, or found stepping the model's parameters.
+        self.optimizer_name = (optimizer_name or optimizer_class_name(optimizer) or
+                               (optimizer_of_model(model) if optimizer is None else None))
         self.layer_norms = layer_norms
         self.send_tokens = send_tokens
         if shard_reduce not in ("trainer", "daemon"):
