@@ -130,15 +130,17 @@ static const struct detect_rule default_rules[] = {
      * growing under too large a step, so they share that family. */
     /* z 8: a healthy router's logits wander around their trend like its
      * energy does (healthy runs of both corpora breached z 5-7). Its z
-     * counts from 3% of the line's level a unit
-     * (DETECT_ROUTER_ZLOSS_SCALE_REL): the z-loss of a healthy 32-expert
-     * top-4 router under SGD without weight decay (the fifth held-out look)
-     * grew ever faster, 14 to 26 over steps 150-700, and at 780 stood 7%
-     * above its line (27.0 against 25.2) while the residuals' MAD was 0.14
-     * (0.6%): z 8.7. 0.015 is the least that quiets that run (0.01 still
-     * fired, at 10% above the line); no catch of the eight corpora moves
-     * even with 0.1. A too-large step grows the logits by tens of
-     * percent: z 10 and more still. */
+     * counts from 10% of the line's level a unit
+     * (DETECT_ROUTER_ZLOSS_SCALE_REL: z 8 is 80% above the line). Under SGD
+     * without weight decay healthy router logits grow ever faster: a
+     * 32-expert top-4 router (the fifth held-out look) stood 7% above its
+     * line at 780 (z 8.7 against its MAD; 1.5% quieted it), and an 8-expert
+     * top-2 router at rate 0.3 (the sixteenth look) went from 9.5 to 18.9
+     * over steps 200-350 and stood 38% above its line (18.87 against 13.71:
+     * z 12.6 at the earlier 3%). 5% is the least that quiets it; at 10% no
+     * catch, label or lead of the nineteen corpora moves (z-loss was never
+     * a diverged run's first alert). A rate fault that doubles the logits
+     * is still z 10. */
     {.enabled = true,
      .severity = DETECT_SEVERITY_WARNING,
      .warmup = DETECT_DEFAULT_WARMUP,

@@ -344,15 +344,13 @@ def main(args, workdir):
     # rules paged (attention-numerics; no update-ratio rule fired), a label
     # outside the combined family's; the MoE's constant-rate runs share one
     # healthy phase (same seed and schedule up to 1,000), in which
-    # router.zloss pages at 350 (optimizer-hyperparameter, never resolved),
-    # so its healthy run pages and its attention and combined-late runs
-    # (both diverged at 1,038, before the ramp) page before their fault and
-    # have no mechanism alert between fault and divergence. No 5x ramp
-    # diverged, so no LR fault is counted.
+    # router.zloss paged at 350 blind (optimizer-hyperparameter, never
+    # resolved): quiet since its z scale is 10% of the line (detect.c). Its
+    # attention and combined-late runs (both diverged at 1,038, 38 steps
+    # after the fault, before the ramp) have no mechanism alert before
+    # divergence (the Delta2 rules at 1,040). No 5x ramp diverged, so no LR
+    # fault is counted.
     check_look("corpus-holdout16", 9, healthy_least=3,
-               healthy_known=[("moe8-top2-sgd-dh32-h2-l3.healthy.s161", "router.zloss")],
-               phase_known=["moe8-top2-sgd-dh32-h2-l3.attn-weak.s161",
-                            "moe8-top2-sgd-dh32-h2-l3.combined-late-weak.s161"],
                label_known=[("llama-sgd-dh24-h4-kv2-l3.combined-now.s161",
                              "attention-numerics")],
                unseen_known=["moe8-top2-sgd-dh32-h2-l3.attn-weak.s161",

@@ -612,8 +612,8 @@ Test(detect_step, mad_zero_flat_baseline)
 
 /* A rule's own scale_rel: z counts from that share of the level a unit.
  * The Delta2 rules' 10% (DETECT_D2_SCALE_REL): a fall of 25% of a flat
- * level is z -2.5, one of 55% z -5.5; router.similarity's and
- * router.zloss's 3%. */
+ * level is z -2.5, one of 55% z -5.5; router.similarity's 3%,
+ * router.zloss's 10%. */
 Test(detect_step, scale_rel_floors_the_z_scale_table)
 {
     static const struct {
@@ -627,11 +627,13 @@ Test(detect_step, scale_rel_floors_the_z_scale_table)
         {"qk.d2.erank", 11.0, 6.6, false, -4.0},
         {"router.similarity", 0.25, 0.2575, false, 1.0},
         {"router.similarity", 0.25, 0.29, true, 5.333333},
-        /* router.zloss's 3% (a trend rule; a flat line is its level): the
+        /* router.zloss's 10% (a trend rule; a flat line is its level): the
          * fifth held-out look's healthy SGD router, 7% above its line, is
-         * z 2.4 (z 8.7 against its MAD); a 30% jump still breaches z 8. */
-        {"router.zloss", 25.2, 27.0, false, 2.380952},
-        {"router.zloss", 25.2, 32.8, true, 10.052910},
+         * z 0.7 (z 8.7 against its MAD); the sixteenth's, 38% above, z 3.8
+         * (12.6 at the earlier 3%); logits doubled still breach z 8. */
+        {"router.zloss", 25.2, 27.0, false, 0.714286},
+        {"router.zloss", 13.706, 18.874, false, 3.770612},
+        {"router.zloss", 25.2, 50.4, true, 10.0},
         /* router.load_entropy's 2%: the ninth held-out look's plain healthy
          * MoE dipped 1.7% (z -8.9 against its MAD); a collapse still fires. */
         {"router.load_entropy", 2.065, 2.030, false, -0.847458},
