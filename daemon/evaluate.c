@@ -378,32 +378,51 @@ void eval_progress_grad(struct eval_run *er, uint64_t step, double grad_norm)
     history_push(&p->grad_hist, (int64_t)step, grad_norm);
 }
 
+/* h's slot of logical index k (0: the oldest held). */
+static uint32_t history_slot(const struct eval_history *h, uint32_t k)
+{
+    return (h->head + EVAL_LR_HISTORY - h->count + k) % EVAL_LR_HISTORY;
+}
+
+/* The first logical index of h whose step is after `step` (h->count: none);
+ * h's steps ascend. */
+static uint32_t history_after(const struct eval_history *h, int64_t step)
+{
+    uint32_t lo = 0, hi = h->count;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (h->step[history_slot(h, mid)] <= step)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* The mean value over steps (from, to] that h holds; else the newest one
- * at or before `to`. False when it holds none. */
+ * at or before `to`. False when it holds none. Found by binary search: a
+ * per-step series asks this every step, and only its last few steps count
+ * (the whole history used to be scanned). The values are summed in slot
+ * order, as that scan summed them. */
 static bool history_over(const struct eval_history *h, int64_t from, int64_t to, double *mean)
 {
-    double sum = 0, latest = NAN;
-    int64_t latest_step = INT64_MIN;
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < h->count; i++) {
-        int64_t s = h->step[i];
-        if (s > to)
-            continue;
-        if (s > from) {
-            sum += h->value[i];
-            n++;
-        }
-        if (s > latest_step) {
-            latest_step = s;
-            latest = h->value[i];
-        }
-    }
-    if (n > 0)
-        *mean = sum / n;
-    else if (latest_step != INT64_MIN)
-        *mean = latest;
-    else
+    uint32_t end = history_after(h, to), begin = history_after(h, from);
+    if (end == 0)
         return false;
+    if (begin >= end) {
+        *mean = h->value[history_slot(h, end - 1)];
+        return true;
+    }
+    /* Slots begin..end-1, in slot order: a range that wraps past the last
+     * slot starts again at slot 0, which the old scan reached first. */
+    uint32_t first = history_slot(h, begin), n = end - begin;
+    uint32_t tail = first + n > EVAL_LR_HISTORY ? EVAL_LR_HISTORY - first : n;
+    double sum = 0;
+    for (uint32_t i = 0; i < n - tail; i++)
+        sum += h->value[i];
+    for (uint32_t i = 0; i < tail; i++)
+        sum += h->value[first + i];
+    *mean = sum / n;
     return true;
 }
 
@@ -411,18 +430,10 @@ static bool history_over(const struct eval_history *h, int64_t from, int64_t to,
  * steps ascend. False when h holds none. */
 static bool history_at(const struct eval_history *h, int64_t step, double *value)
 {
-    uint32_t oldest = (h->head + EVAL_LR_HISTORY - h->count) % EVAL_LR_HISTORY;
-    uint32_t lo = 0, hi = h->count; /* first logical index with a later step */
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (h->step[(oldest + mid) % EVAL_LR_HISTORY] <= step)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo == 0)
+    uint32_t k = history_after(h, step);
+    if (k == 0)
         return false;
-    *value = h->value[(oldest + lo - 1) % EVAL_LR_HISTORY];
+    *value = h->value[history_slot(h, k - 1)];
     return true;
 }
 
