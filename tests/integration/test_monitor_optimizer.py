@@ -9,7 +9,9 @@ shape as the run's model JSON; GET /api/v1/runs/{run} shows it:
     the model shape: such a shape must still be sent;
   - optimizer=Adam plus optimizer_name="MyLion": the explicit name wins,
     and `foreshock replay` of that Monitor's recording sends it too;
-  - no optimizer: no "optimizer" key;
+  - none given, an SGD made before the Monitor or after it (the
+    connection then waits for the first report): "SGD"; SGD and Adam over
+    one model: nothing; no torch optimizer at all: no "optimizer" key;
   - an optimizer class whose name the daemon would refuse (65 characters;
     not ASCII): training goes on, the name is left out, one warning per
     name however many Monitors see it;
@@ -53,6 +55,22 @@ def train(torch, foreshock, daemon, run, model, opt, step_opt=None, **kw):
     st = mon.close(30)
     check(st["acked"] == STEPS and st["dropped"] == 0, f"{run}: client counters {st}")
     return daemon.get(f"/api/v1/runs/{run}")["run"]["model"]
+
+
+class HandStep:
+    """Plain gradient descent written by hand: no torch.optim object."""
+
+    def __init__(self, torch, model, lr=1e-2):
+        self.torch, self.params, self.lr = torch, list(model.parameters()), lr
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        with self.torch.no_grad():
+            for p in self.params:
+                p -= self.lr * p.grad
 
 
 def wrapped_sgds(torch, params, workdir):
@@ -132,7 +150,16 @@ def main(args, workdir):
         check(got == {"optimizer": "MyLion"}, f"replayed: model JSON {got}")
         print(f"  its recording replayed: {got}", flush=True)
 
-        got = train(torch, foreshock, daemon, "opt-none", tiny(), None)
+        # Not given, made after the Monitor (train() makes its SGD then): the
+        # connection waits for the first report, whose Hello names it.
+        got = train(torch, foreshock, daemon, "opt-after", tiny(), None)
+        check(got == {"optimizer": "SGD"}, f"an SGD made after the Monitor: model JSON {got}")
+        print(f"  not given, an SGD made after the Monitor found: {got}", flush=True)
+
+        # No torch optimizer at all (the update written by hand): nothing.
+        model = tiny()
+        got = train(torch, foreshock, daemon, "opt-none", model, None,
+                    step_opt=HandStep(torch, model))
         check(got is None or "optimizer" not in got, f"no optimizer: model JSON {got}")
         print(f"  no optimizer: model {got}", flush=True)
 

@@ -166,12 +166,15 @@ def optimizer_of_model(model):
     when there is none, or when optimizers of different classes share the
     parameters (Muon for matrices and AdamW for the rest: nothing is said
     rather than half of it). One pass over gc.get_objects(), at
-    construction only. Never raises."""
+    construction and, when that found none, once more at the first step().
+    Never raises."""
     try:
         ids = {id(p) for p in model.parameters()}
         names = set()
         for o in gc.get_objects():
-            if isinstance(o, torch.optim.Optimizer) and any(
+            # type(), not isinstance(): isinstance reads o.__class__, which
+            # some lazy or deprecated objects answer with a warning.
+            if issubclass(type(o), torch.optim.Optimizer) and any(
                     id(p) in ids for g in o.param_groups for p in g.get("params", ())):
                 names.add(optimizer_class_name(o))
     except Exception as e:  # a foreign object's param_groups that raised
@@ -584,9 +587,12 @@ class Monitor:
     optimizer_name  the optimizer's name to send instead (a str of 1..64
                  printable ASCII characters, else ValueError), for an
                  optimizer= whose class name says little, or without one.
-                 Neither given: the class of the torch optimizer already
-                 stepping the model's parameters is sent, when one class
-                 does (looked for once, among the live objects)
+                 Neither given: the class of the torch optimizer stepping
+                 the model's parameters is sent, when one class does (looked
+                 for among the live objects at construction; when none is
+                 found there, the connection opens at the first report and
+                 it is looked for once more then, so an optimizer made
+                 after the Monitor is found too)
     tls, tls_ca, tls_cert, tls_key, tls_server_name
                  TLS to a daemon whose ingest has tls_cert (a daemon for the whole
                  job, reached over the network): tls_ca is the PEM CA its
@@ -657,6 +663,12 @@ class Monitor:
         # the one named, given, or found stepping the model's parameters.
         self.optimizer_name = (optimizer_name or optimizer_class_name(optimizer) or
                                (optimizer_of_model(model) if optimizer is None else None))
+        # None found and none given: most loops make the optimizer after the
+        # Monitor. The connection then opens at the first report, after the
+        # first optimizer step, and its Hello names what is found by then
+        # (_find_optimizer_late).
+        self._optimizer_model = (model if self.optimizer_name is None and optimizer is None
+                                 and optimizer_name is None else None)
         self.layer_norms = layer_norms
         self.send_tokens = send_tokens
         if shard_reduce not in ("trainer", "daemon"):
@@ -843,7 +855,8 @@ class Monitor:
                                    optimizer=self.optimizer_name,
                                    **_tls_args(tls, tls_ca, tls_cert, tls_key,
                                                tls_server_name)))
-            transport = _Deferred(make) if self._later is not None else make()
+            later = self._later is not None or self._optimizer_model is not None
+            transport = _Deferred(make) if later else make()
             if self.local_ranks:
                 log.info("foreshock: run %s rank %d: the daemon at %s hears local group %s of "
                          "%d ranks: its router token statistics are this group's, its "
@@ -859,6 +872,20 @@ class Monitor:
         self._sender = threading.Thread(target=self._send_loop, name="foreshock-sender",
                                         daemon=True)
         self._sender.start()
+
+    def _find_optimizer_late(self):
+        """At the first step(), when construction found no optimizer and
+        none was given: the optimizer stepping the model is looked for once
+        more (an optimizer made after the Monitor, which has stepped by
+        now). On the training thread, as at construction: the scan holds
+        references to every live object, which must not race the step's
+        own frees. The connection, deferred until the first report, then
+        names it in its Hello. Never raises (optimizer_of_model)."""
+        model, self._optimizer_model = self._optimizer_model, None
+        self.optimizer_name = optimizer_of_model(model)
+        if self.optimizer_name is not None:
+            log.info("foreshock: run %s: optimizer %s found stepping the model at the first "
+                     "step", self.run, self.optimizer_name)
 
     # ---- failures ------------------------------------------------------------------------
 
@@ -1073,6 +1100,8 @@ class Monitor:
         if self._later is not None:
             # The observed pass on the first batch (construction had none).
             self._guarded("discovery", None, self._observe_first)
+        if self._optimizer_model is not None:
+            self._guarded("discovery", None, self._find_optimizer_late)
         sketched = self._guarded("step", None, self._step, t0, step, loss, grad_norm, lr,
                                  loss_scale, tokens, step_time)
         dt = time.perf_counter() - t0
