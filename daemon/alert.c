@@ -80,6 +80,10 @@ static bool persisted(const struct alert_state *st, const struct detect_rule *ru
                       const struct alert_scope *scope, const struct detect_verdict *v, int64_t step)
 {
     uint32_t need = rule->persistence;
+    /* Another layer's breach of size confirms this one (evaluate.c:
+     * cross_layer_confirms): the evidence persistence waits for is there. */
+    if (v->confirmed && of_size((uint8_t)v->breach_kind))
+        return true;
     /* Breaches of size (detect.h: magnitude_persistence) at both ends of
      * the run: the incident opened on one and this sample is one. */
     if (rule->magnitude_persistence > 0 && rule->magnitude_persistence < need &&

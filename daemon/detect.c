@@ -51,17 +51,26 @@ static const struct detect_rule default_rules[] = {
      * to a new, noisier level 15-45% lower in healthy training (held-out
      * LLaMA runs: entropy 2.41 -> 1.86, erank 11 -> 6.4), which the bare
      * MAD scored beyond z 5. A fault's collapse is larger and also
-     * crosses the floors. */
+     * crosses the floors.
+     * A breach of size fires on its second sample (magnitude_persistence),
+     * or at once when another layer breached by size within the last two
+     * windows (cross_layer_windows): the fault biases every layer's
+     * attention, and under SGD it can diverge a run within four window-10
+     * sketches of its start while its collapse moves between layers (the
+     * sixteenth held-out look's MoE: layer 1 at 1,010, layer 0 at 1,030,
+     * divergence at 1,038; caught at 1,030 since). At five windows no
+     * healthy run or healthy phase of the nineteen corpora alerts either
+     * (docs/detection.md, "Confirmed across layers"). */
     {RULE_DEFAULTS, .name = "qk.d2.erank", .family = DETECT_FAMILY_ATTENTION_D2,
-     .magnitude_persistence = 2, .direction = DETECT_FALL_IS_BAD, .has_floor = true,
-     .floor = DETECT_D2_ERANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0,
-     .scale_rel = DETECT_D2_SCALE_REL},
+     .magnitude_persistence = 2, .cross_layer_windows = DETECT_D2_CROSS_LAYER_WINDOWS,
+     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = DETECT_D2_ERANK_FLOOR,
+     .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0, .scale_rel = DETECT_D2_SCALE_REL},
     {RULE_DEFAULTS, .name = "qk.d2.entropy", .family = DETECT_FAMILY_ATTENTION_D2,
      .direction = DETECT_FALL_IS_BAD, .scale_rel = DETECT_D2_SCALE_REL},
     {RULE_DEFAULTS, .name = "qk.d2.srank", .family = DETECT_FAMILY_ATTENTION_D2,
-     .magnitude_persistence = 2, .direction = DETECT_FALL_IS_BAD, .has_floor = true,
-     .floor = DETECT_D2_SRANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0,
-     .scale_rel = DETECT_D2_SCALE_REL},
+     .magnitude_persistence = 2, .cross_layer_windows = DETECT_D2_CROSS_LAYER_WINDOWS,
+     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = DETECT_D2_SRANK_FLOOR,
+     .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0, .scale_rel = DETECT_D2_SCALE_REL},
     /* c_qk rises when successive Q and K updates line up: the same fault.
      * Its z counts from 7% of its level a unit (DETECT_QK_CQK_SCALE_REL:
      * z 5 is a rise of 35%). A healthy 16-expert MoE of the tenth held-out
@@ -532,6 +541,12 @@ static const struct detect_key detect_keys[] = {
      .lo = 0,
      .hi = DETECT_MAX_PERSISTENCE,
      .expect = "an integer 0..10000"},
+    {.key = "cross_layer_windows",
+     .kind = DETECT_KEY_U32,
+     .off = DETECT_FIELD(cross_layer_windows),
+     .lo = 0,
+     .hi = DETECT_MAX_CROSS_LAYER_WINDOWS,
+     .expect = "an integer 0..16"},
     {.key = "nonfinite_persistence",
      .kind = DETECT_KEY_U32,
      .off = DETECT_FIELD(nonfinite_persistence),

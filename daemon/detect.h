@@ -140,6 +140,10 @@
 #define DETECT_D2_SRANK_FLOOR 1.05
 #define DETECT_D2_ERANK_FLOOR 1.2
 #define DETECT_D2_FLOOR_REL 0.3
+/* A Delta2 breach of size in one layer confirms one in another layer of
+ * the same window within this many windows (cross_layer_windows; detect.c). */
+#define DETECT_D2_CROSS_LAYER_WINDOWS 2
+#define DETECT_MAX_CROSS_LAYER_WINDOWS 16
 
 /* Families, for attribution (alert_attribute). Values are pinned: they are
  * bit positions in attribution masks and may be stored. */
@@ -253,6 +257,13 @@ struct detect_rule {
      * ceiling, or a relative one beyond the series' noise; not a z-score):
      * alert.c persisted(). 0: off. */
     uint32_t magnitude_persistence;
+    /* > 0: a breach of size fires at once when another layer's series of a
+     * rule with cross_layer_windows (the same window, the same rank) had a
+     * breach of size in the last cross_layer_windows windows before this
+     * step (evaluate.c: cross_layer_confirms; alert.c persisted()). A
+     * fault that reaches every layer shows in several; a healthy dip is one
+     * layer's. 0: off. */
+    uint32_t cross_layer_windows;
     uint32_t resolve_after; /* consecutive normal samples to resolve */
     /* Consecutive breaching samples, the current one non-finite, before a
      * non-finite value fires (alert.c); 0 or 1: at once, critical. */
@@ -298,6 +309,9 @@ struct detect_verdict {
     double z;            /* signed robust z (0 when the baseline is empty) */
     double spike_ratio;  /* value / running max (0 when not computed) */
     uint32_t baseline_n; /* samples the median/MAD were computed over */
+    /* Set by the caller, not detect_step: another layer's breach of size
+     * confirms this one (detect_rule.cross_layer_windows). */
+    bool confirmed;
 };
 
 /* Blob layout (little-endian), version 2:
@@ -337,7 +351,8 @@ struct detect_rule *detect_rules_find(struct detect_rules *rules, const char *na
  * warmup_steps, window, z, floor, ceiling (a number or "none"), spike_ratio
  * (0 or "none" disables), rise_ratio (> 1; 0 or "none" disables), floor_rel
  * (in (0, 1); 0 or "none" disables),
- * persistence, magnitude_persistence (0 disables), resolve_after, severity (warning|critical),
+ * persistence, magnitude_persistence (0 disables), cross_layer_windows (0 disables),
+ * resolve_after, severity (warning|critical),
  * enabled, trend, early_baseline, per_lr and within_peak (true|false|yes|no|on|off|1|0).
  * Returns 0; -ENOENT for an
  * unknown rule, -EINVAL for an unknown key or a bad value (err says which). The rule is unchanged

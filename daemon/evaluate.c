@@ -52,6 +52,8 @@ void eval_run_init(struct eval_run *er, const struct detect_rules *rules)
     er->progress.warmup_end = -1;
     er->progress.lr_last_step = -1;
     er->progress.grad_last_step = -1;
+    for (size_t i = 0; i < EVAL_CROSS_LAYER_MAX; i++)
+        er->size_breach[i].step = -1;
 }
 
 void eval_run_clear(struct eval_run *er)
@@ -544,6 +546,38 @@ int64_t eval_baseline_step(const struct eval_run *er, uint64_t step, int64_t det
 
 /* --- feeding ------------------------------------------------------------------------------- */
 
+/* Does another layer confirm this sample's breach (detect.h:
+ * cross_layer_windows)? True when the sample is a breach of size and the
+ * last breach of size of any rule with cross_layer_windows, over the same
+ * window and rank, was at another layer, at most cross_layer_windows
+ * windows before this step (not at it: two layers at one sample may share
+ * one odd batch). Remembers this breach as the last. */
+static bool cross_layer_confirms(struct eval_run *er, const struct eval_track *t, int64_t step,
+                                 const struct detect_verdict *v)
+{
+    const struct store_series_key *k = &t->key;
+    if (t->rule->cross_layer_windows == 0 || !v->present || !v->breach || k->window <= 0 ||
+        k->layer < 0 ||
+        (v->breach_kind != DETECT_BREACH_FLOOR && v->breach_kind != DETECT_BREACH_RELATIVE))
+        return false;
+    struct eval_size_breach *slot = NULL, *oldest = &er->size_breach[0];
+    for (size_t i = 0; i < EVAL_CROSS_LAYER_MAX && !slot; i++) {
+        struct eval_size_breach *b = &er->size_breach[i];
+        if (b->step >= 0 && b->window == k->window && b->rank == k->rank)
+            slot = b;
+        else if (b->step < oldest->step)
+            oldest = b;
+    }
+    int64_t reach = (int64_t)t->rule->cross_layer_windows * k->window;
+    bool confirmed =
+        slot && slot->layer != k->layer && slot->step < step && step - slot->step <= reach;
+    if (!slot)
+        slot = oldest;
+    *slot = (struct eval_size_breach){
+        .window = k->window, .rank = k->rank, .layer = k->layer, .step = step};
+    return confirmed;
+}
+
 int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, uint64_t step,
               double value, bool present, int32_t argmin_head, int64_t detect_from_step, double now)
 {
@@ -609,8 +643,10 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
     if (t->rule->within_peak && p->lr_peak > 0 && p->warmup_end >= 0 &&
         p->warmup_end < (int64_t)step)
         j.ok_max = p->lr_peak * (1 + EVAL_LR_PEAK_TOL);
-    if (detect_step_judged(&t->ds, t->rule, (int64_t)step, value, present, &j, &v) < 0 ||
-        alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now, &tr) < 0)
+    if (detect_step_judged(&t->ds, t->rule, (int64_t)step, value, present, &j, &v) < 0)
+        return -EINVAL;
+    v.confirmed = cross_layer_confirms(er, t, (int64_t)step, &v);
+    if (alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now, &tr) < 0)
         return -EINVAL;
     t->last_step = (int64_t)step;
     uint8_t blob[ALERT_STATE_ENCODED_BYTES];

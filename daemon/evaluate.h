@@ -132,6 +132,14 @@ struct eval_track {
     uint64_t hash;
 };
 
+/* The last breach of size of a rule with cross_layer_windows, per window
+ * and rank of the run (evaluate.c: cross_layer_confirms). */
+#define EVAL_CROSS_LAYER_MAX 8 /* windows x ranks remembered; the oldest goes */
+struct eval_size_breach {
+    int32_t window, rank, layer;
+    int64_t step; /* -1: the slot is free */
+};
+
 struct eval_run {
     const struct detect_rules *rules; /* read-only, outlives the run */
     struct eval_track **tracks;
@@ -147,6 +155,9 @@ struct eval_run {
      * kin: eval_optimizer_follows_grad), so a per_lr rule also credits a
      * rise of the gradient norm (evaluate.c: per_grad_credit). */
     bool update_follows_grad;
+    /* Not persisted: after a restart or a rewind a breach waits for its own
+     * persistence once. */
+    struct eval_size_breach size_breach[EVAL_CROSS_LAYER_MAX];
 };
 
 /* Bytes one track costs a run (the track, its pointer, its index slots):

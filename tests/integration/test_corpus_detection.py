@@ -347,14 +347,21 @@ def main(args, workdir):
     # router.zloss paged at 350 blind (optimizer-hyperparameter, never
     # resolved): quiet since its z scale is 10% of the line (detect.c). Its
     # attention and combined-late runs (both diverged at 1,038, 38 steps
-    # after the fault, before the ramp) have no mechanism alert before
-    # divergence (the Delta2 rules at 1,040). No 5x ramp diverged, so no LR
-    # fault is counted.
-    check_look("corpus-holdout16", 9, healthy_least=3,
-               label_known=[("llama-sgd-dh24-h4-kv2-l3.combined-now.s161",
-                             "attention-numerics")],
-               unseen_known=["moe8-top2-sgd-dh32-h2-l3.attn-weak.s161",
-                             "moe8-top2-sgd-dh32-h2-l3.combined-late-weak.s161"])
+    # after the fault, before the ramp) had no mechanism alert before
+    # divergence blind: the collapse moved between layers (layer 1 at
+    # 1,010, layer 0 at 1,030) and each layer waited for its own second
+    # sample (1,040). Caught at 1,030 since a breach of size is confirmed
+    # by another layer's within two windows (cross_layer_windows). No 5x
+    # ramp diverged, so no LR fault is counted.
+    rows = check_look("corpus-holdout16", 9, healthy_least=3,
+                      label_known=[("llama-sgd-dh24-h4-kv2-l3.combined-now.s161",
+                                    "attention-numerics")])
+    moe = [r for r in rows if r["run"] in ("moe8-top2-sgd-dh32-h2-l3.attn-weak.s161",
+                                           "moe8-top2-sgd-dh32-h2-l3.combined-late-weak.s161")]
+    check(len(moe) == 2 and all(r["caught"] and r["label"] == "attention-numerics"
+                                for r in moe),
+          "corpus-holdout16: the SGD MoE's attention faults, confirmed across layers: "
+          + describe(moe))
 
 
 if __name__ == "__main__":

@@ -1183,3 +1183,38 @@ Test(alert_scenarios, restart_anywhere_changes_nothing)
         }
     }
 }
+
+/* A breach of size that another layer confirms (detect_verdict.confirmed,
+ * set by evaluate.c from cross_layer_windows) fires on its first sample;
+ * the flag does not shorten a z-score breach, and without it a breach of
+ * size waits for its second sample (magnitude_persistence). */
+Test(alert_lifecycle, confirmed_breach_of_size_fires_at_once)
+{
+    static const struct {
+        enum detect_breach_kind kind;
+        bool confirmed;
+        enum alert_state_id want;
+    } cases[] = {
+        {DETECT_BREACH_RELATIVE, true, ALERT_FIRING},
+        {DETECT_BREACH_FLOOR, true, ALERT_FIRING},
+        {DETECT_BREACH_RELATIVE, false, ALERT_PENDING},
+        {DETECT_BREACH_Z, true, ALERT_PENDING},
+        {DETECT_BREACH_RELATIVE_IN_NOISE, true, ALERT_PENDING},
+    };
+    struct detect_rule rule = rule_named("qk.d2.srank");
+    struct alert_scope scope = {.layer = 1, .head = -1, .window = 10, .rank = 0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct alert_state st;
+        struct alert_transition tr;
+        alert_state_init(&st);
+        struct detect_verdict v = {.present = true,
+                                   .breach = true,
+                                   .breach_kind = cases[i].kind,
+                                   .confirmed = cases[i].confirmed,
+                                   .value = 1.3,
+                                   .median = 3,
+                                   .mad = 0.05};
+        cr_assert_eq(alert_step(&st, &rule, &scope, &v, 500, 0, &tr), 0);
+        cr_expect_eq(st.state, cases[i].want, "case %zu: state %d", i, (int)st.state);
+    }
+}

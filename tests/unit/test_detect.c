@@ -150,7 +150,8 @@ enum field {
     F_WARMUP_STEPS,
     F_RISE_RATIO,
     F_FLOOR_REL,
-    F_SCALE_REL_LONG
+    F_SCALE_REL_LONG,
+    F_CROSS_LAYER
 };
 
 static const struct override_case {
@@ -191,6 +192,8 @@ static const struct override_case {
     {"qk.d2.srank", "floor_rel", "none", 0, F_FLOOR_REL, 0, false},
     {"qk.cqk", "scale_rel_long", "0.5", 0, F_SCALE_REL_LONG, 0.5, false},
     {"qk.cqk", "scale_rel_long", "0", 0, F_SCALE_REL_LONG, 0, false},
+    {"qk.d2.srank", "cross_layer_windows", "0", 0, F_CROSS_LAYER, 0, false},
+    {"qk.d2.erank", "cross_layer_windows", "16", 0, F_CROSS_LAYER, 16, false},
     /* unknown rule / key */
     {"no.such.series", "z", "3", -ENOENT, F_NONE, 0, false},
     {"qk.d2.erank", "threshold", "3", -EINVAL, F_NONE, 0, false},
@@ -219,6 +222,8 @@ static const struct override_case {
     {"qk.d2.srank", "floor_rel", "x", -EINVAL, F_NONE, 0, false},
     {"qk.cqk", "scale_rel_long", "1.5", -EINVAL, F_NONE, 0, false},
     {"qk.cqk", "scale_rel_long", "-0.1", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.srank", "cross_layer_windows", "17", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.srank", "cross_layer_windows", "-1", -EINVAL, F_NONE, 0, false},
     {"loss", "spike_ratio", "0.5", -EINVAL, F_NONE, 0, false},
     {"qk.d2.erank", "persistence", "0", -EINVAL, F_NONE, 0, false},
     {"qk.d2.erank", "persistence", "10001", -EINVAL, F_NONE, 0, false},
@@ -267,6 +272,8 @@ static double field_value(const struct detect_rule *r, enum field f, bool *has)
         return r->floor_rel;
     case F_SCALE_REL_LONG:
         return r->scale_rel_long;
+    case F_CROSS_LAYER:
+        return r->cross_layer_windows;
     case F_NONE:
         break;
     }

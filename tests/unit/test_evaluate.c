@@ -690,3 +690,125 @@ Test(evaluate, a_spike_is_explained_only_by_earlier_evidence)
                      (int)got < 0 ? "(no page)" : alert_attribution_name(got));
     }
 }
+
+/* One single-sample fall of a Delta2 rank series to 1.3 (a relative breach
+ * of size: the excess over rank one falls from about 2 to 0.3, under 30%
+ * of it, above the rank-one floors). */
+struct d2_dip {
+    const char *rule; /* qk.d2.srank or qk.d2.erank */
+    int32_t layer, window, rank;
+    int64_t step;
+};
+
+/* The first step any Delta2 series fires at when every series of `dips`
+ * (and layers 0 and 1's window-10 srank of rank 0) holds about 3 every 10
+ * steps, except its one dip; -1: none by step 800. cross_layer_windows
+ * `windows` on both rules. */
+static int64_t dips_fire_at(const struct d2_dip *dips, size_t n, uint32_t windows)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    struct eval_track *t[8];
+    const struct d2_dip *dip[8];
+    size_t nt = 0;
+    char v[16];
+    detect_rules_default(&rules);
+    snprintf(v, sizeof v, "%u", windows);
+    cr_assert_eq(detect_rules_set(&rules, "qk.d2.srank", "cross_layer_windows", v, NULL), 0);
+    cr_assert_eq(detect_rules_set(&rules, "qk.d2.erank", "cross_layer_windows", v, NULL), 0);
+    eval_run_init(&er, &rules);
+    static const struct d2_dip background[] = {{"qk.d2.srank", 0, 10, 0, -1},
+                                               {"qk.d2.srank", 1, 10, 0, -1}};
+    for (size_t i = 0; i < n + 2; i++) {
+        const struct d2_dip *d = i < n ? &dips[i] : &background[i - n];
+        struct store_series_key k = {"", d->layer, -1, d->window, d->rank};
+        snprintf(k.name, sizeof k.name, "%s.min", d->rule);
+        cr_assert_lt(nt, 8);
+        dip[nt] = d;
+        t[nt++] = eval_track_get(&er, &k, d->rule);
+        cr_assert(t[nt - 1]);
+    }
+    uint64_t seed = 2718;
+    int64_t fired = -1;
+    for (int64_t s = 10; s <= 800 && fired < 0; s += 10) {
+        for (size_t i = 0; i < nt; i++) {
+            double x = dip[i]->step == s ? 1.3 : 3 * (1 + 0.02 * noise01(&seed));
+            cr_assert_geq(eval_feed(&er, &b, t[i], (uint64_t)s, x, true, -1, 100, 0), 0);
+        }
+        eval_label_all(&er, &b);
+        note_first_firing(&b, &fired);
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return fired;
+}
+
+/* A Delta2 breach of size confirmed by another layer's within two windows
+ * fires at once (cross_layer_windows); a single one waits for its own
+ * second sample, which a one-sample dip never gives. Nothing else
+ * confirms: the same layer, the same sample, another window or rank, three
+ * windows back, or the key set to 0. */
+Test(evaluate, d2_breaches_confirmed_across_layers)
+{
+    static const struct {
+        const char *why;
+        struct d2_dip dips[2];
+        size_t n;
+        uint32_t windows;
+        int64_t want;
+    } cases[] = {
+        {"one layer's dip", {{"qk.d2.srank", 1, 10, 0, 500}}, 1, 2, -1},
+        {"layer 1, then layer 0 two windows later",
+         {{"qk.d2.srank", 1, 10, 0, 500}, {"qk.d2.srank", 0, 10, 0, 520}},
+         2,
+         2,
+         520},
+        {"layer 1, then layer 0 three windows later",
+         {{"qk.d2.srank", 1, 10, 0, 500}, {"qk.d2.srank", 0, 10, 0, 530}},
+         2,
+         2,
+         -1},
+        {"three windows, the key at 3",
+         {{"qk.d2.srank", 1, 10, 0, 500}, {"qk.d2.srank", 0, 10, 0, 530}},
+         2,
+         3,
+         530},
+        {"srank confirms erank",
+         {{"qk.d2.srank", 1, 10, 0, 500}, {"qk.d2.erank", 2, 10, 0, 510}},
+         2,
+         2,
+         510},
+        {"two layers at one sample",
+         {{"qk.d2.srank", 1, 10, 0, 500}, {"qk.d2.srank", 0, 10, 0, 500}},
+         2,
+         2,
+         -1},
+        {"the same layer twice, not in a row",
+         {{"qk.d2.srank", 1, 10, 0, 500}, {"qk.d2.erank", 1, 10, 0, 520}},
+         2,
+         2,
+         -1},
+        {"another window",
+         {{"qk.d2.srank", 1, 10, 0, 500}, {"qk.d2.srank", 0, 50, 0, 510}},
+         2,
+         2,
+         -1},
+        {"another rank",
+         {{"qk.d2.srank", 1, 10, 0, 500}, {"qk.d2.srank", 0, 10, 1, 510}},
+         2,
+         2,
+         -1},
+        {"the key at 0",
+         {{"qk.d2.srank", 1, 10, 0, 500}, {"qk.d2.srank", 0, 10, 0, 510}},
+         2,
+         0,
+         -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t got = dips_fire_at(cases[i].dips, cases[i].n, cases[i].windows);
+        cr_expect_eq(got, cases[i].want, "%s: fired at %lld, want %lld", cases[i].why,
+                     (long long)got, (long long)cases[i].want);
+    }
+}
