@@ -82,6 +82,13 @@ AMP recipe; --skip-grad-norm none: no grad_norm that step).
 --arch qwen3moe with --experts 0: the Qwen3 dense layout (per-head qk-norm,
 a dense SwiGLU MLP in every layer).
 
+Optimizer (--optimizer): AdamW, our Lion, SGD, RMSprop, or our Muon (one
+optimizer, class name "Muon": orthogonalized Nesterov momentum for every
+2-D matrix inside the transformer blocks, MLP experts and routers too,
+AdamW for embeddings, head, norms and biases; see the Muon class). Every
+parameter group steps at the rate lr_at() gives, so a rate fault scales
+all of them (the routers' group by --router-lr-mult besides).
+
 Writes one JSON line per step to --out (step, loss, grad_norm, lr,
 train_s: forward+backward+optimizer, monitor_s: monitor.step()) and a last
 line {"summary": ...} with the client's counters.
@@ -166,11 +173,15 @@ def parse_args(argv=None):
                    help="from this step the load-balancing loss is dropped")
     p.add_argument("--corrupt", default=None,
                    help="STEP:N: batches of steps STEP..STEP+N-1 are random tokens")
-    p.add_argument("--optimizer", choices=("adamw", "lion", "sgd", "rmsprop"), default="adamw",
+    p.add_argument("--optimizer", choices=("adamw", "lion", "sgd", "rmsprop", "muon"),
+                   default="adamw",
                    help="adamw (betas 0.9/--beta2), lion (Chen et al. 2023: the sign of an "
                         "interpolated momentum, betas 0.9/0.99, decoupled weight decay) or "
                         "sgd (heavy-ball --momentum, L2 weight decay) or rmsprop "
-                        "(squared-gradient average --alpha, no momentum, L2 weight decay)")
+                        "(squared-gradient average --alpha, no momentum, L2 weight decay) or "
+                        "muon (orthogonalized Nesterov momentum 0.95 for the blocks' 2-D "
+                        "matrices, AdamW betas 0.9/--beta2 for the rest, one optimizer; "
+                        "decoupled weight decay on both)")
     p.add_argument("--alpha", type=float, default=0.99, help="rmsprop: squared-gradient decay")
     p.add_argument("--beta1", type=float, default=0.9, help="adamw: first-moment decay")
     p.add_argument("--beta2", type=float, default=0.95, help="adamw: second-moment decay")
@@ -281,6 +292,102 @@ class Lion(torch.optim.Optimizer):
                 p.mul_(1.0 - lr * wd)
                 p.add_(torch.sign(m * b1 + p.grad * (1.0 - b1)), alpha=-lr)
                 m.mul_(b2).add_(p.grad, alpha=1.0 - b2)
+
+
+def newton_schulz5(g, steps=5, eps=1e-7):
+    """The nearest semi-orthogonal matrix to g, approximately: the quintic
+    Newton-Schulz iteration X <- a X + (b A + c A^2) X with A = X X^T and
+    (a, b, c) = (3.4445, -4.7750, 2.0315), on g normalised by its Frobenius
+    norm (every singular value then at most 1), in float32. A wide X (rows
+    <= cols) keeps A small; a tall one is transposed first and back after.
+    These coefficients drive every singular value into roughly [0.7, 1.2]
+    in 5 steps rather than exactly to 1: near-orthogonal is enough. g may
+    be a stack of matrices of one shape (..., rows, cols), each normalised
+    and iterated on its own (one batched matmul for all: the MoE's experts)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.float()
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.transpose(-2, -1)
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        s = x @ x.transpose(-2, -1)
+        x = a * x + (b * s + c * (s @ s)) @ x
+    return x.transpose(-2, -1) if tall else x
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for the transformer blocks' 2-D weight matrices, AdamW for every
+    other parameter, in one optimizer (as Moonlight's and Kimi's
+    implementations step both; the Monitor's Hello then names "Muon").
+
+    A group with use_muon True: the momentum buffer m = beta m + (1 - beta) g
+    (beta 0.95), the Nesterov update u = beta m + (1 - beta) g, orthogonalized
+    by newton_schulz5, scaled by 0.2 sqrt(max(rows, cols)) so that its RMS is
+    about 0.2 (an AdamW update's at the same rate), then p -= lr * that.
+    Other groups: AdamW (betas, eps, bias-corrected moments). Weight decay is
+    decoupled on both (p *= 1 - lr * wd). Every group steps at its own "lr",
+    which the trainer sets each step, so a rate fault scales both parts."""
+
+    def __init__(self, muon_params, adamw_params, lr, momentum=0.95, ns_steps=5,
+                 betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, extra=None):
+        extra = extra or {}
+        groups = [dict(extra, params=list(muon_params), use_muon=True),
+                  dict(extra, params=list(adamw_params), use_muon=False)]
+        groups = [g for g in groups if g["params"]]
+        super().__init__(groups, {"lr": lr, "momentum": momentum, "ns_steps": ns_steps,
+                                  "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            ps = [p for p in group["params"] if p.grad is not None]
+            if group["use_muon"]:
+                beta = group["momentum"]
+                by_shape = {}
+                for p in ps:
+                    m = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                    m.mul_(beta).add_(p.grad, alpha=1.0 - beta)
+                    by_shape.setdefault(tuple(p.shape), []).append(p)
+                # The Nesterov updates of one shape orthogonalized together
+                # (the same arithmetic as one by one, fewer calls).
+                for shape, same in by_shape.items():
+                    u = torch.stack([self.state[p]["momentum_buffer"] * beta
+                                     + p.grad * (1.0 - beta) for p in same])
+                    o = newton_schulz5(u, group["ns_steps"])
+                    for p, op in zip(same, o):
+                        p.mul_(1.0 - lr * wd)
+                        p.add_(op.to(p.dtype), alpha=-lr * 0.2 * math.sqrt(max(shape)))
+                continue
+            b1, b2 = group["betas"]
+            for p in ps:
+                g, st = p.grad, self.state[p]
+                n = st["step"] = st.get("step", 0) + 1
+                m = st.setdefault("exp_avg", torch.zeros_like(p))
+                v = st.setdefault("exp_avg_sq", torch.zeros_like(p))
+                p.mul_(1.0 - lr * wd)
+                m.mul_(b1).add_(g, alpha=1.0 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+                denom = (v / (1.0 - b2 ** n)).sqrt_().add_(group["eps"])
+                p.addcdiv_(m, denom, value=-lr / (1.0 - b1 ** n))
+
+
+def muon_split(model, arch, params):
+    """Muon's two parameter sets, for each group of params (a list of
+    parameters, or of groups as --router-lr-mult makes): the 2-D matrices
+    inside the transformer blocks (attention, MLP, experts, routers) and
+    everything else (embeddings, the output head, norms, biases). Returns
+    (muon params, adamw params, the group's other keys) per group."""
+    blocks = model.h if arch == "gpt" else model.model.layers
+    hidden = {id(w) for b in blocks for w in b.parameters() if w.dim() == 2}
+    groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+    out = []
+    for g in groups:
+        ws = list(g["params"])
+        out.append(([w for w in ws if id(w) in hidden], [w for w in ws if id(w) not in hidden],
+                    {k: v for k, v in g.items() if k != "params"}))
+    return out
 
 
 WSD_DECAY = 0.2  # wsd: share of the steps spent decaying, at the end
@@ -402,7 +509,17 @@ def main(argv=None):
         ids = {id(w) for w in routers}
         params = [{"params": [w for w in model.parameters() if id(w) not in ids]},
                   {"params": routers, "router": True}]
-    if a.optimizer == "lion":
+    if a.optimizer == "muon":
+        opt = None
+        for hid, rest, extra in muon_split(model, a.arch, list(params)):
+            if opt is None:
+                opt = Muon(hid, rest, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
+                           weight_decay=a.weight_decay, extra=extra)
+            else:  # --router-lr-mult: the routers' group, Muon's part and AdamW's
+                for g in Muon(hid, rest, lr=a.lr, weight_decay=a.weight_decay,
+                              betas=(a.beta1, a.beta2), eps=a.eps, extra=extra).param_groups:
+                    opt.add_param_group(g)
+    elif a.optimizer == "lion":
         opt = Lion(params, lr=a.lr, weight_decay=a.weight_decay)
     elif a.optimizer == "rmsprop":
         opt = torch.optim.RMSprop(params, lr=a.lr, alpha=a.alpha, weight_decay=a.weight_decay)
