@@ -60,17 +60,27 @@ static const struct detect_rule default_rules[] = {
      * sixteenth held-out look's MoE: layer 1 at 1,010, layer 0 at 1,030,
      * divergence at 1,038; caught at 1,030 since). At five windows no
      * healthy run or healthy phase of the nineteen corpora alerts either
-     * (docs/detection.md, "Confirmed across layers"). */
+     * (docs/detection.md, "Confirmed across layers").
+     * Before the start of detection (3 warm-ups) the relative floor holds
+     * from the warm-up end when the gradient norm confirms it
+     * (early_grad_rise, 2x its level since the warm-up end): an attention
+     * fault 350 steps after a 600-step warm-up (the twelfth look's Lion
+     * MoE) diverged its run at 1,196 with Delta2's excess at 20-30% of its
+     * level from 1,100 and the gradient 13x, and a sequence length doubled
+     * on learned positions (the same look's LLaMA) took Delta2 as low with
+     * the gradient unmoved. */
     {RULE_DEFAULTS, .name = "qk.d2.erank", .family = DETECT_FAMILY_ATTENTION_D2,
      .magnitude_persistence = 2, .cross_layer_windows = DETECT_D2_CROSS_LAYER_WINDOWS,
-     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = DETECT_D2_ERANK_FLOOR,
-     .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0, .scale_rel = DETECT_D2_SCALE_REL},
+     .early_grad_rise = DETECT_D2_EARLY_GRAD_RISE, .direction = DETECT_FALL_IS_BAD,
+     .has_floor = true, .floor = DETECT_D2_ERANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL,
+     .rel_origin = 1.0, .scale_rel = DETECT_D2_SCALE_REL},
     {RULE_DEFAULTS, .name = "qk.d2.entropy", .family = DETECT_FAMILY_ATTENTION_D2,
      .direction = DETECT_FALL_IS_BAD, .scale_rel = DETECT_D2_SCALE_REL},
     {RULE_DEFAULTS, .name = "qk.d2.srank", .family = DETECT_FAMILY_ATTENTION_D2,
      .magnitude_persistence = 2, .cross_layer_windows = DETECT_D2_CROSS_LAYER_WINDOWS,
-     .direction = DETECT_FALL_IS_BAD, .has_floor = true, .floor = DETECT_D2_SRANK_FLOOR,
-     .floor_rel = DETECT_D2_FLOOR_REL, .rel_origin = 1.0, .scale_rel = DETECT_D2_SCALE_REL},
+     .early_grad_rise = DETECT_D2_EARLY_GRAD_RISE, .direction = DETECT_FALL_IS_BAD,
+     .has_floor = true, .floor = DETECT_D2_SRANK_FLOOR, .floor_rel = DETECT_D2_FLOOR_REL,
+     .rel_origin = 1.0, .scale_rel = DETECT_D2_SCALE_REL},
     /* c_qk rises when successive Q and K updates line up: the same fault.
      * Its z counts from 7% of its level a unit (DETECT_QK_CQK_SCALE_REL:
      * z 5 is a rise of 35%). A healthy 16-expert MoE of the tenth held-out
@@ -450,6 +460,11 @@ static bool below_one(double v)
     return v < 1;
 }
 
+static bool off_or_at_least_one(double v)
+{
+    return v == 0 || v >= 1;
+}
+
 static bool positive(double v)
 {
     return v > 0;
@@ -547,6 +562,14 @@ static const struct detect_key detect_keys[] = {
      .lo = 0,
      .hi = DETECT_MAX_CROSS_LAYER_WINDOWS,
      .expect = "an integer 0..16"},
+    {.key = "early_grad_rise",
+     .kind = DETECT_KEY_DOUBLE,
+     .off = DETECT_FIELD(early_grad_rise),
+     .lo = 0,
+     .hi = DETECT_MAX_EARLY_GRAD_RISE,
+     .none_is_zero = true,
+     .validate = off_or_at_least_one,
+     .expect = "a number >= 1, or 0/none to disable"},
     {.key = "nonfinite_persistence",
      .kind = DETECT_KEY_U32,
      .off = DETECT_FIELD(nonfinite_persistence),

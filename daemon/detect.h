@@ -144,6 +144,11 @@
  * the same window within this many windows (cross_layer_windows; detect.c). */
 #define DETECT_D2_CROSS_LAYER_WINDOWS 2
 #define DETECT_MAX_CROSS_LAYER_WINDOWS 16
+/* Before the start of detection, a Delta2 rank's relative floor holds from
+ * the LR warm-up end while the gradient norm stands this many times its
+ * level since then (early_grad_rise; detect.c, evaluate.c). */
+#define DETECT_D2_EARLY_GRAD_RISE 2.0
+#define DETECT_MAX_EARLY_GRAD_RISE 1000.0
 
 /* Families, for attribution (alert_attribute). Values are pinned: they are
  * bit positions in attribution masks and may be stored. */
@@ -264,6 +269,14 @@ struct detect_rule {
      * fault that reaches every layer shows in several; a healthy dip is one
      * layer's. 0: off. */
     uint32_t cross_layer_windows;
+    /* > 0 (fall-is-bad rules with floor_rel): between the LR warm-up end
+     * and the start of detection, the relative floor is judged against a
+     * baseline of the series' samples since the warm-up end, and a sample
+     * under it is a breach of size only while the run's gradient norm
+     * stands at least this many times its level since the warm-up end
+     * (evaluate.c: early_relative). Nothing from the start on changes. 0:
+     * the relative floor waits for the start. */
+    double early_grad_rise;
     uint32_t resolve_after; /* consecutive normal samples to resolve */
     /* Consecutive breaching samples, the current one non-finite, before a
      * non-finite value fires (alert.c); 0 or 1: at once, critical. */
@@ -352,6 +365,7 @@ struct detect_rule *detect_rules_find(struct detect_rules *rules, const char *na
  * (0 or "none" disables), rise_ratio (> 1; 0 or "none" disables), floor_rel
  * (in (0, 1); 0 or "none" disables),
  * persistence, magnitude_persistence (0 disables), cross_layer_windows (0 disables),
+ * early_grad_rise (>= 1; 0 or "none" disables),
  * resolve_after, severity (warning|critical),
  * enabled, trend, early_baseline, per_lr and within_peak (true|false|yes|no|on|off|1|0).
  * Returns 0; -ENOENT for an

@@ -371,6 +371,15 @@ bool eval_optimizer_follows_grad(const char *name)
     return false;
 }
 
+bool eval_optimizer_orthogonalizes(const char *name)
+{
+    static const char needle[] = "muon";
+    for (const char *p = name; p && *p; p++)
+        if (strncasecmp(p, needle, sizeof needle - 1) == 0)
+            return true;
+    return false;
+}
+
 void eval_progress_grad(struct eval_run *er, uint64_t step, double grad_norm)
 {
     struct eval_progress *p = &er->progress;
@@ -546,6 +555,73 @@ int64_t eval_baseline_step(const struct eval_run *er, uint64_t step, int64_t det
 
 /* --- feeding ------------------------------------------------------------------------------- */
 
+static double median_sorted(double *v, uint32_t n)
+{
+    qsort(v, n, sizeof(v[0]), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The median of h's values over steps (from, to]; false when it holds
+ * fewer than `least` of them (and none). */
+static bool history_median(const struct eval_history *h, int64_t from, int64_t to, uint32_t least,
+                           double *median)
+{
+    double v[EVAL_LR_HISTORY];
+    uint32_t begin = history_after(h, from), end = history_after(h, to), n = 0;
+    for (uint32_t k = begin; k < end; k++)
+        v[n++] = h->value[history_slot(h, k)];
+    if (n == 0 || n < least)
+        return false;
+    *median = median_sorted(v, n);
+    return true;
+}
+
+/* Before the start of detection, from the LR warm-up end (detect.h:
+ * early_grad_rise): t's relative floor against a baseline of its own
+ * samples since the warm-up end, a breach of size only while the gradient
+ * norm (the median of the last EVAL_GRAD_SPAN steps) stands at least
+ * early_grad_rise times its median since the warm-up end (up to a window
+ * before this sample). An attention fault corrupts the backward pass: the
+ * gradient jumps with the collapse. A healthy change of the data (a
+ * sequence length doubled on learned positions, the twelfth held-out look)
+ * moves Delta2 as far but leaves the gradient where it was. Sets *v to the
+ * breach; a sample below the floor never joins the baseline. */
+static void early_relative(const struct eval_run *er, struct eval_track *t, int64_t step,
+                           double value, int64_t warm_end, struct detect_verdict *v)
+{
+    const struct detect_rule *r = t->rule;
+    struct eval_early *e = &t->early;
+    if (e->count >= EVAL_EARLY_MIN && step - e->first_step >= (int64_t)r->warmup_steps) {
+        double sorted[EVAL_EARLY_RING], dev[EVAL_EARLY_RING];
+        memcpy(sorted, e->value, e->count * sizeof(double));
+        double m = median_sorted(sorted, e->count);
+        for (uint32_t i = 0; i < e->count; i++)
+            dev[i] = fabs(e->value[i] - m);
+        double mad = median_sorted(dev, e->count), o = r->rel_origin;
+        if (m - o > 0 && value - o <= r->floor_rel * (m - o)) {
+            int64_t lag = t->key.window > 0 ? t->key.window : 1;
+            double now, base;
+            if (m - value >= DETECT_SIZE_NOISE_Z * DETECT_MAD_SCALE * mad &&
+                history_median(&er->progress.grad_hist, step - EVAL_GRAD_SPAN, step, 1, &now) &&
+                history_median(&er->progress.grad_hist, warm_end, step - lag, EVAL_GRAD_SPAN,
+                               &base) &&
+                now >= r->early_grad_rise * base) {
+                v->breach = true;
+                v->breach_kind = DETECT_BREACH_RELATIVE;
+                v->median = m;
+                v->mad = mad;
+            }
+            return;
+        }
+    }
+    if (e->count == 0)
+        e->first_step = step;
+    e->value[e->head] = value;
+    e->head = (e->head + 1) % EVAL_EARLY_RING;
+    if (e->count < EVAL_EARLY_RING)
+        e->count++;
+}
+
 /* Does another layer confirm this sample's breach (detect.h:
  * cross_layer_windows)? True when the sample is a breach of size and the
  * last breach of size of any rule with cross_layer_windows, over the same
@@ -645,6 +721,9 @@ int eval_feed(struct eval_run *er, struct eval_batch *b, struct eval_track *t, u
         j.ok_max = p->lr_peak * (1 + EVAL_LR_PEAK_TOL);
     if (detect_step_judged(&t->ds, t->rule, (int64_t)step, value, present, &j, &v) < 0)
         return -EINVAL;
+    if (t->rule->early_grad_rise > 0 && present && isfinite(value) && !v.breach &&
+        warm_end < from && (int64_t)step > warm_end && (int64_t)step < from)
+        early_relative(er, t, (int64_t)step, value, warm_end, &v);
     v.confirmed = cross_layer_confirms(er, t, (int64_t)step, &v);
     if (alert_step(&t->as, t->rule, &scope, &v, (int64_t)step, now, &tr) < 0)
         return -EINVAL;

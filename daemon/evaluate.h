@@ -94,6 +94,19 @@
 #define EVAL_GRAD_CREDIT_POWER 0.5
 #define EVAL_GRAD_SPAN 5
 
+/* A rule with early_grad_rise (detect.h) keeps, between the LR warm-up end
+ * and the start of detection, its own baseline of the samples since the
+ * warm-up end (evaluate.c: early_relative): the latest EVAL_EARLY_RING of
+ * them, judged once at least EVAL_EARLY_MIN of them span the rule's
+ * warmup_steps. */
+#define EVAL_EARLY_RING 32
+#define EVAL_EARLY_MIN 8
+struct eval_early {
+    double value[EVAL_EARLY_RING];
+    uint32_t head, count;
+    int64_t first_step; /* of the first sample kept (while count > 0) */
+};
+
 /* The newest EVAL_LR_HISTORY (step, value) pairs of one scalar, circular,
  * steps increasing. */
 struct eval_history {
@@ -130,6 +143,7 @@ struct eval_track {
     enum alert_attribution ev_attr;
     char ev_why[EVAL_WHY_MAX];
     uint64_t hash;
+    struct eval_early early; /* before the start (early_grad_rise); not persisted */
 };
 
 /* The last breach of size of a rule with cross_layer_windows, per window
@@ -225,6 +239,12 @@ void eval_progress_grad(struct eval_run *er, uint64_t step, double grad_norm);
  * case-insensitive) steps by the rate times the gradient: SGD and its kin.
  * NULL or anything else: false. */
 bool eval_optimizer_follows_grad(const char *name);
+
+/* Whether an optimizer of this class name orthogonalizes each matrix's
+ * update (Muon and its variants: the name holds "muon", any case). The
+ * Delta2 attention rules see little of an attention fault under it
+ * (docs/detection.md, the seventeenth held-out look). NULL: false. */
+bool eval_optimizer_orthogonalizes(const char *name);
 
 /* The step detection of a not yet started series starts at, for a sample at
  * `step` (INT64_MAX while the LR is still warming up); detect_from_step > 0

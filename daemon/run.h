@@ -150,6 +150,9 @@ struct run {
     /* The trainer's optimizer steps by the rate times the gradient
      * (Hello's ModelShape.optimizer: eval_optimizer_follows_grad). */
     bool update_follows_grad;
+    /* Its orthogonalized update was said once in the log (stage_hello:
+     * eval_optimizer_orthogonalizes). */
+    bool orthogonal_said;
     bool has_detect_from_step;
     uint64_t detect_from_step;
     int64_t done_step;          /* last step taken (-1: none); later data at or below it is late */

@@ -556,6 +556,14 @@ int stage_hello(struct stage *st, int64_t run_id, const char *run_name, int64_t 
                  "run %s: optimizer %s %s the gradient: the update-ratio rules %s its rise",
                  run->name, h->optimizer, run->update_follows_grad ? "steps by" : "normalises",
                  run->update_follows_grad ? "credit" : "no longer credit");
+    if (h && eval_optimizer_orthogonalizes(h->optimizer) && !run->orthogonal_said) {
+        run->orthogonal_said = true;
+        log_warn("stage",
+                 "run %s: optimizer %s orthogonalizes each matrix's update: the Delta2 attention "
+                 "rules see little of an attention fault under it (docs/detection.md, the "
+                 "seventeenth held-out look); a grad_norm page with a flat loss may be one",
+                 run->name, h->optimizer);
+    }
     rc = run_stream_seen(run, stream_id, last_seq);
     /* An announcement may complete waiting token groups. */
     stage_pump(st, run, now_mono());

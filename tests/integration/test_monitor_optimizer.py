@@ -7,6 +7,8 @@ shape as the run's model JSON; GET /api/v1/runs/{run} shows it:
   - optimizer=torch.optim.SGD(...): "optimizer": "SGD". The Monitor here
     monitors no attention or router, so the optimizer is the only field of
     the model shape: such a shape must still be sent;
+  - optimizer_name="Muon": the daemon warns once per run (two Monitors)
+    that the Delta2 rules see little under an orthogonalized update;
   - optimizer=Adam plus optimizer_name="MyLion": the explicit name wins,
     and `foreshock replay` of that Monitor's recording sends it too;
   - none given, an SGD made before the Monitor or after it (the
@@ -130,6 +132,18 @@ def main(args, workdir):
         said = [line for line in daemon.log_text().splitlines()
                 if "run opt-sgd: optimizer SGD steps by the gradient" in line]
         check(len(said) == 1, f"the daemon's log about opt-sgd's optimizer: {said}")
+
+        # Muon: the daemon warns once per run that the Delta2 rules see
+        # little under an orthogonalized update, however many Hellos.
+        for _ in range(2):
+            model = tiny()
+            got = train(torch, foreshock, daemon, "opt-muon", model,
+                        torch.optim.AdamW(model.parameters(), lr=1e-3), optimizer_name="Muon")
+        check(got == {"optimizer": "Muon"}, f"optimizer_name='Muon': model JSON {got}")
+        said = [line for line in daemon.log_text().splitlines()
+                if "run opt-muon: optimizer Muon orthogonalizes" in line]
+        check(len(said) == 1, f"the daemon's log about opt-muon's optimizer: {said}")
+        print(f"  optimizer_name='Muon': {got}, warned once", flush=True)
 
         model = tiny()
         rec = os.path.join(workdir, "named.fsrec")

@@ -151,7 +151,8 @@ enum field {
     F_RISE_RATIO,
     F_FLOOR_REL,
     F_SCALE_REL_LONG,
-    F_CROSS_LAYER
+    F_CROSS_LAYER,
+    F_EARLY_GRAD
 };
 
 static const struct override_case {
@@ -194,6 +195,9 @@ static const struct override_case {
     {"qk.cqk", "scale_rel_long", "0", 0, F_SCALE_REL_LONG, 0, false},
     {"qk.d2.srank", "cross_layer_windows", "0", 0, F_CROSS_LAYER, 0, false},
     {"qk.d2.erank", "cross_layer_windows", "16", 0, F_CROSS_LAYER, 16, false},
+    {"qk.d2.srank", "early_grad_rise", "3", 0, F_EARLY_GRAD, 3, false},
+    {"qk.d2.srank", "early_grad_rise", "none", 0, F_EARLY_GRAD, 0, false},
+    {"qk.d2.erank", "early_grad_rise", "1", 0, F_EARLY_GRAD, 1, false},
     /* unknown rule / key */
     {"no.such.series", "z", "3", -ENOENT, F_NONE, 0, false},
     {"qk.d2.erank", "threshold", "3", -EINVAL, F_NONE, 0, false},
@@ -224,6 +228,8 @@ static const struct override_case {
     {"qk.cqk", "scale_rel_long", "-0.1", -EINVAL, F_NONE, 0, false},
     {"qk.d2.srank", "cross_layer_windows", "17", -EINVAL, F_NONE, 0, false},
     {"qk.d2.srank", "cross_layer_windows", "-1", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.srank", "early_grad_rise", "0.5", -EINVAL, F_NONE, 0, false},
+    {"qk.d2.srank", "early_grad_rise", "1e9", -EINVAL, F_NONE, 0, false},
     {"loss", "spike_ratio", "0.5", -EINVAL, F_NONE, 0, false},
     {"qk.d2.erank", "persistence", "0", -EINVAL, F_NONE, 0, false},
     {"qk.d2.erank", "persistence", "10001", -EINVAL, F_NONE, 0, false},
@@ -274,6 +280,8 @@ static double field_value(const struct detect_rule *r, enum field f, bool *has)
         return r->scale_rel_long;
     case F_CROSS_LAYER:
         return r->cross_layer_windows;
+    case F_EARLY_GRAD:
+        return r->early_grad_rise;
     case F_NONE:
         break;
     }

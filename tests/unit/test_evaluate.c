@@ -643,6 +643,29 @@ Test(evaluate, optimizer_follows_grad_table)
                      cases[i].name ? cases[i].name : "(null)");
 }
 
+/* Muon and its variants orthogonalize each matrix's update (stage_hello
+ * warns once per run: the Delta2 rules see little under it). */
+Test(evaluate, optimizer_orthogonalizes_table)
+{
+    static const struct {
+        const char *name;
+        bool orthogonal;
+    } cases[] = {
+        {"Muon", true},
+        {"muon", true},
+        {"MuonWithAuxAdam", true},
+        {"DistributedMuon", true},
+        {"AdamW", false},
+        {"SGD", false},
+        {"Mu", false},
+        {"", false},
+        {NULL, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        cr_expect_eq(eval_optimizer_orthogonalizes(cases[i].name), cases[i].orthogonal, "%s",
+                     cases[i].name ? cases[i].name : "(null)");
+}
+
 /* Attention evidence that opens while the loss has jumped (its incident
  * firing) is the jump's consequence: loss-spike. Open before the jump, it
  * is attention-numerics. */
@@ -808,6 +831,74 @@ Test(evaluate, d2_breaches_confirmed_across_layers)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int64_t got = dips_fire_at(cases[i].dips, cases[i].n, cases[i].windows);
+        cr_expect_eq(got, cases[i].want, "%s: fired at %lld, want %lld", cases[i].why,
+                     (long long)got, (long long)cases[i].want);
+    }
+}
+
+/* The first step qk.d2.srank (layer 0, window 10, a sample every 10 steps
+ * of a run warmed up over 300 steps: the start of detection at 900) fires
+ * at, its Delta2 about 3 until `fall` and 1.3 from there (a relative
+ * breach of size: the excess over rank one from 2 to 0.3), the gradient
+ * norm about 1 every step until `rise` and `grad` from there, the rule's
+ * early_grad_rise set to `key`; -1 when none fired by `until`. */
+static int64_t early_fires_at(int64_t fall, int64_t rise, double grad, const char *key,
+                              int64_t until)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    struct store_series_key k = {"qk.d2.srank.min", 0, -1, 10, 0};
+    detect_rules_default(&rules);
+    cr_assert_eq(detect_rules_set(&rules, "qk.d2.srank", "early_grad_rise", key, NULL), 0);
+    eval_run_init(&er, &rules);
+    struct eval_track *t = eval_track_get(&er, &k, "qk.d2.srank");
+    cr_assert(t);
+    uint64_t seed = 1618;
+    int64_t fired = -1;
+    for (int64_t s = 1; s < until && fired < 0; s++) {
+        eval_progress_lr(&er, (uint64_t)s, warm300_const(s));
+        eval_progress_grad(&er, (uint64_t)s, (s >= rise ? grad : 1) * (1 + 0.1 * noise01(&seed)));
+        if (s % 10)
+            continue;
+        double v = s >= fall ? 1.3 : 3 * (1 + 0.02 * noise01(&seed));
+        cr_assert_geq(eval_feed(&er, &b, t, (uint64_t)s, v, true, -1, 0, 0), 0);
+        eval_label_all(&er, &b);
+        note_first_firing(&b, &fired);
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return fired;
+}
+
+/* Between the warm-up end (300) and the start (900) a Delta2 rank's
+ * relative floor holds against its samples since the warm-up end, but
+ * only while the gradient norm stands early_grad_rise (2) times its level
+ * since then: an attention fault corrupts the backward pass, a healthy
+ * change of the data (a longer sequence) moves Delta2 and not the
+ * gradient. The gradient counts as risen once most of the last 5 steps
+ * are (their median), and the breach fires on its second sample
+ * (magnitude_persistence): the fall and the rise at 500 fire at 520. */
+Test(evaluate, early_relative_floor_needs_the_gradient)
+{
+    static const struct {
+        const char *why;
+        int64_t fall, rise;
+        double grad;
+        const char *key;
+        int64_t until, want;
+    } cases[] = {
+        {"collapse, gradient 4x", 500, 500, 4, "2", 1200, 520},
+        {"collapse, gradient 4x two sketches later", 500, 520, 4, "2", 1200, 540},
+        {"collapse, the gradient where it was", 500, 10000, 1, "2", 880, -1},
+        {"collapse, gradient 1.5x", 500, 500, 1.5, "2", 880, -1},
+        {"collapse, gradient 4x, the key off", 500, 500, 4, "none", 880, -1},
+        {"no collapse, gradient 4x", 10000, 500, 4, "2", 1200, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t got = early_fires_at(cases[i].fall, cases[i].rise, cases[i].grad, cases[i].key,
+                                     cases[i].until);
         cr_expect_eq(got, cases[i].want, "%s: fired at %lld, want %lld", cases[i].why,
                      (long long)got, (long long)cases[i].want);
     }
