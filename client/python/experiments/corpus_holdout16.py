@@ -43,9 +43,11 @@ Then, if time is left, one healthy 3,000-step run per shape. Not
 calibrated: a fault that does not diverge within its run is counted apart
 by the scorecard. Every run is in the validation split.
 
-corpus_shapes writes lr_fault_step into the manifest only for a scenario
-named exactly "combined-late"; plan() sets it here for combined-now
-(1,000) and combined-late-weak (1,050), the steps the trainer is given.
+corpus_shapes writes lr_fault_step into the manifest for the
+combined-late scenarios from the matrix's late_lr_step (when this look was
+recorded, only for one named exactly "combined-late"); plan() sets it
+here for combined-now (1,000) and combined-late-weak (1,050), the steps
+the trainer is given.
 
     FORESHOCK_LIB=$PWD/build/libforeshock.so \\
         /usr/bin/python3 client/python/experiments/corpus_holdout16.py /work/holdout16-out --jobs 2

@@ -134,7 +134,10 @@ def plan(shapes=None, scenarios=None, seeds=None, matrix=MATRIX):
                              "head_dim": c["head_dim"], "scenario": sc, "schedule": sched,
                              "seed": seed, "split": c["split"], "steps": steps,
                              "fault_step": fault,
-                             "lr_fault_step": m["late_lr_step"] if sc == "combined-late" else None,
+                             # Every combined-late variant (-ft, -weak): where
+                             # its hidden LR fault begins (scorecard.score_run).
+                             "lr_fault_step": (m.get("late_lr_step")
+                                               if sc.startswith("combined-late") else None),
                              "bits": int(fmt["bits"]) if "--bits" in extra else None,
                              "lr_mult": (float(extra[extra.index("--lr-mult") + 1])
                                          if m.get("manifest_lr_mult") and "--lr-mult" in extra
