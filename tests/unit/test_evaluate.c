@@ -147,28 +147,46 @@ static void note_first_firing(const struct eval_batch *b, int64_t *fired)
             *fired = b->ev[i].tr.step;
 }
 
-/* The first firing of rule on layer 0's `series` (window `window`), a
- * sample every 10 steps of a run warmed up over 300 steps: `before` (+0-2%)
- * until `at`, `after` (+0-2%) from there; -1 when none fired by `until`. */
-static int64_t first_firing(const char *series, int32_t window, const char *rule, double before,
-                            double after, int64_t at, int64_t until)
+/* One series of rule on layer 0 (window `window`), a sample every 10 steps
+ * of a run warmed up over 300 steps: `before` (+0-2%) until `at`, `after`
+ * (+0-2%) from there. With grad_from >= 0 the gradient norm is fed every
+ * step too: about 1 (+0-10%) until grad_from, `grad` times that from there.
+ * early_grad_rise: the rule's key set so (NULL: the default). */
+struct firing_run {
+    const char *series, *rule;
+    int32_t window;
+    double before, after;
+    int64_t at, until;
+    int64_t grad_from;
+    double grad;
+    const char *early_grad_rise;
+};
+
+/* The first step such a run fires at; -1 when none fired by `until`. */
+static int64_t first_firing_of(const struct firing_run *r)
 {
     struct detect_rules rules;
     struct eval_run er;
     struct eval_batch b = {0};
-    struct store_series_key k = {"", 0, -1, window, 0};
-    snprintf(k.name, sizeof(k.name), "%s", series);
+    struct store_series_key k = {"", 0, -1, r->window, 0};
+    snprintf(k.name, sizeof(k.name), "%s", r->series);
     detect_rules_default(&rules);
+    if (r->early_grad_rise)
+        cr_assert_eq(detect_rules_set(&rules, r->rule, "early_grad_rise", r->early_grad_rise, NULL),
+                     0);
     eval_run_init(&er, &rules);
-    struct eval_track *t = eval_track_get(&er, &k, rule);
+    struct eval_track *t = eval_track_get(&er, &k, r->rule);
     cr_assert(t);
     int64_t fired = -1;
     uint64_t seed = 99;
-    for (int64_t s = 1; s < until && fired < 0; s++) {
+    for (int64_t s = 1; s < r->until && fired < 0; s++) {
         eval_progress_lr(&er, (uint64_t)s, warm300_const(s));
+        if (r->grad_from >= 0)
+            eval_progress_grad(&er, (uint64_t)s,
+                               (s >= r->grad_from ? r->grad : 1) * (1 + 0.1 * noise01(&seed)));
         if (s % 10)
             continue;
-        double v = (s >= at ? after : before) * (1 + 0.02 * noise01(&seed));
+        double v = (s >= r->at ? r->after : r->before) * (1 + 0.02 * noise01(&seed));
         cr_assert_geq(eval_feed(&er, &b, t, (uint64_t)s, v, true, -1, 0, 0), 0);
         eval_label_all(&er, &b);
         note_first_firing(&b, &fired);
@@ -177,6 +195,14 @@ static int64_t first_firing(const char *series, int32_t window, const char *rule
     eval_batch_free(&b);
     eval_run_clear(&er);
     return fired;
+}
+
+/* first_firing_of without a gradient norm, the rule's defaults. */
+static int64_t first_firing(const char *series, int32_t window, const char *rule, double before,
+                            double after, int64_t at, int64_t until)
+{
+    struct firing_run r = {series, rule, window, before, after, at, until, -1, 1, NULL};
+    return first_firing_of(&r);
 }
 
 /* An early_baseline rule detects as soon as its baseline (from the warm-up
@@ -836,40 +862,18 @@ Test(evaluate, d2_breaches_confirmed_across_layers)
     }
 }
 
-/* The first step qk.d2.srank (layer 0, window 10, a sample every 10 steps
- * of a run warmed up over 300 steps: the start of detection at 900) fires
- * at, its Delta2 about 3 until `fall` and 1.3 from there (a relative
- * breach of size: the excess over rank one from 2 to 0.3), the gradient
- * norm about 1 every step until `rise` and `grad` from there, the rule's
- * early_grad_rise set to `key`; -1 when none fired by `until`. */
+/* The first step qk.d2.srank (layer 0, window 10) fires at in
+ * first_firing_of's run: its Delta2 about 3 until `fall` and 1.3 from
+ * there (a relative breach of size: the excess over rank one from 2 to
+ * 0.3), the gradient norm about 1 until `rise` and `grad` times that from
+ * there, early_grad_rise set to `key`; -1 when none fired by `until`. The
+ * start of detection is at 900 (3 x the warm-up end). */
 static int64_t early_fires_at(int64_t fall, int64_t rise, double grad, const char *key,
                               int64_t until)
 {
-    struct detect_rules rules;
-    struct eval_run er;
-    struct eval_batch b = {0};
-    struct store_series_key k = {"qk.d2.srank.min", 0, -1, 10, 0};
-    detect_rules_default(&rules);
-    cr_assert_eq(detect_rules_set(&rules, "qk.d2.srank", "early_grad_rise", key, NULL), 0);
-    eval_run_init(&er, &rules);
-    struct eval_track *t = eval_track_get(&er, &k, "qk.d2.srank");
-    cr_assert(t);
-    uint64_t seed = 1618;
-    int64_t fired = -1;
-    for (int64_t s = 1; s < until && fired < 0; s++) {
-        eval_progress_lr(&er, (uint64_t)s, warm300_const(s));
-        eval_progress_grad(&er, (uint64_t)s, (s >= rise ? grad : 1) * (1 + 0.1 * noise01(&seed)));
-        if (s % 10)
-            continue;
-        double v = s >= fall ? 1.3 : 3 * (1 + 0.02 * noise01(&seed));
-        cr_assert_geq(eval_feed(&er, &b, t, (uint64_t)s, v, true, -1, 0, 0), 0);
-        eval_label_all(&er, &b);
-        note_first_firing(&b, &fired);
-        eval_batch_reset(&b);
-    }
-    eval_batch_free(&b);
-    eval_run_clear(&er);
-    return fired;
+    struct firing_run r = {
+        "qk.d2.srank.min", "qk.d2.srank", 10, 3, 1.3, fall, until, rise, grad, key};
+    return first_firing_of(&r);
 }
 
 /* Between the warm-up end (300) and the start (900) a Delta2 rank's
