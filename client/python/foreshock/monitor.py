@@ -590,9 +590,9 @@ class Monitor:
                  Neither given: the class of the torch optimizer stepping
                  the model's parameters is sent, when one class does (looked
                  for among the live objects at construction; when none is
-                 found there, the connection opens at the first report and
-                 it is looked for once more then, so an optimizer made
-                 after the Monitor is found too)
+                 found there, once more at the first step(), and the
+                 connection then opens at the first report: an optimizer
+                 made after the Monitor is found too)
     tls, tls_ca, tls_cert, tls_key, tls_server_name
                  TLS to a daemon whose ingest has tls_cert (a daemon for the whole
                  job, reached over the network): tls_ca is the PEM CA its
