@@ -54,7 +54,8 @@ static const struct detect_rule default_rules[] = {
      * crosses the floors.
      * A breach of size fires on its second sample (magnitude_persistence),
      * or at once when another layer breached by size within the last two
-     * windows (cross_layer_windows): the fault biases every layer's
+     * windows (cross_layer_windows; one more layer per 16 layers of the
+     * run, evaluate.c: cross_layer_confirms): the fault biases every layer's
      * attention, and under SGD it can diverge a run within four window-10
      * sketches of its start while its collapse moves between layers (the
      * sixteenth held-out look's MoE: layer 1 at 1,010, layer 0 at 1,030,

@@ -262,12 +262,13 @@ struct detect_rule {
      * ceiling, or a relative one beyond the series' noise; not a z-score):
      * alert.c persisted(). 0: off. */
     uint32_t magnitude_persistence;
-    /* > 0: a breach of size fires at once when another layer's series of a
-     * rule with cross_layer_windows (the same window, the same rank) had a
-     * breach of size in the last cross_layer_windows windows before this
-     * step (evaluate.c: cross_layer_confirms; alert.c persisted()). A
-     * fault that reaches every layer shows in several; a healthy dip is one
-     * layer's. 0: off. */
+    /* > 0: a breach of size fires at once when other layers' series of
+     * rules with cross_layer_windows (the same window, the same rank) had
+     * breaches of size in the last cross_layer_windows windows before this
+     * step: one other layer, one more for every EVAL_CROSS_LAYER_PER
+     * layers of the run (evaluate.c: cross_layer_confirms; alert.c
+     * persisted()). A fault that reaches every layer shows in several; a
+     * healthy dip is one layer's. 0: off. */
     uint32_t cross_layer_windows;
     /* > 0 (fall-is-bad rules with floor_rel): between the LR warm-up end
      * and the start of detection, the relative floor is judged against a

@@ -146,9 +146,13 @@ struct eval_track {
     struct eval_early early; /* before the start (early_grad_rise); not persisted */
 };
 
-/* The last breach of size of a rule with cross_layer_windows, per window
- * and rank of the run (evaluate.c: cross_layer_confirms). */
-#define EVAL_CROSS_LAYER_MAX 8 /* windows x ranks remembered; the oldest goes */
+/* The run's latest breaches of size of rules with cross_layer_windows
+ * (evaluate.c: cross_layer_confirms), a ring of EVAL_CROSS_LAYER_MAX; the
+ * oldest goes. A breach is confirmed by breaches of other layers, one more
+ * for every EVAL_CROSS_LAYER_PER layers the run has: chance dips of
+ * separate layers coincide more often in a deeper model. */
+#define EVAL_CROSS_LAYER_MAX 32
+#define EVAL_CROSS_LAYER_PER 16
 struct eval_size_breach {
     int32_t window, rank, layer;
     int64_t step; /* -1: the slot is free */
@@ -172,6 +176,7 @@ struct eval_run {
     /* Not persisted: after a restart or a rewind a breach waits for its own
      * persistence once. */
     struct eval_size_breach size_breach[EVAL_CROSS_LAYER_MAX];
+    uint32_t size_breach_next; /* the ring's next slot */
 };
 
 /* Bytes one track costs a run (the track, its pointer, its index slots):

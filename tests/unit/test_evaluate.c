@@ -758,8 +758,8 @@ static int64_t dips_fire_at(const struct d2_dip *dips, size_t n, uint32_t window
     struct detect_rules rules;
     struct eval_run er;
     struct eval_batch b = {0};
-    struct eval_track *t[8];
-    const struct d2_dip *dip[8];
+    struct eval_track *t[12];
+    const struct d2_dip *dip[12];
     size_t nt = 0;
     char v[16];
     detect_rules_default(&rules);
@@ -773,7 +773,7 @@ static int64_t dips_fire_at(const struct d2_dip *dips, size_t n, uint32_t window
         const struct d2_dip *d = i < n ? &dips[i] : &background[i - n];
         struct store_series_key k = {"", d->layer, -1, d->window, d->rank};
         snprintf(k.name, sizeof k.name, "%s.min", d->rule);
-        cr_assert_lt(nt, 8);
+        cr_assert_lt(nt, 12);
         dip[nt] = d;
         t[nt++] = eval_track_get(&er, &k, d->rule);
         cr_assert(t[nt - 1]);
@@ -798,12 +798,13 @@ static int64_t dips_fire_at(const struct d2_dip *dips, size_t n, uint32_t window
  * fires at once (cross_layer_windows); a single one waits for its own
  * second sample, which a one-sample dip never gives. Nothing else
  * confirms: the same layer, the same sample, another window or rank, three
- * windows back, or the key set to 0. */
+ * windows back, or the key set to 0. A deeper run needs one more other
+ * layer for every 16 layers (EVAL_CROSS_LAYER_PER). */
 Test(evaluate, d2_breaches_confirmed_across_layers)
 {
     static const struct {
         const char *why;
-        struct d2_dip dips[2];
+        struct d2_dip dips[6];
         size_t n;
         uint32_t windows;
         int64_t want;
@@ -854,6 +855,24 @@ Test(evaluate, d2_breaches_confirmed_across_layers)
          2,
          0,
          -1},
+        /* A 32-layer run (a series at layer 31 that never dips): three
+         * other layers confirm, not one. */
+        {"32 layers, one other layer",
+         {{"qk.d2.srank", 31, 10, 0, -1},
+          {"qk.d2.srank", 1, 10, 0, 500},
+          {"qk.d2.srank", 0, 10, 0, 510}},
+         3,
+         2,
+         -1},
+        {"32 layers, three other layers",
+         {{"qk.d2.srank", 31, 10, 0, -1},
+          {"qk.d2.srank", 1, 10, 0, 500},
+          {"qk.d2.srank", 2, 10, 0, 500},
+          {"qk.d2.srank", 3, 10, 0, 510},
+          {"qk.d2.srank", 0, 10, 0, 520}},
+         5,
+         2,
+         520},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int64_t got = dips_fire_at(cases[i].dips, cases[i].n, cases[i].windows);
