@@ -147,6 +147,15 @@ static void note_first_firing(const struct eval_batch *b, int64_t *fired)
             *fired = b->ev[i].tr.step;
 }
 
+/* Labels b's events, notes its first firing into *fired (note_first_firing)
+ * and empties it for the next step. */
+static void label_and_note(struct eval_run *er, struct eval_batch *b, int64_t *fired)
+{
+    eval_label_all(er, b);
+    note_first_firing(b, fired);
+    eval_batch_reset(b);
+}
+
 /* One series of rule on layer 0 (window `window`), a sample every 10 steps
  * of a run warmed up over 300 steps: `before` (+0-2%) until `at`, `after`
  * (+0-2%) from there. With grad_from >= 0 the gradient norm is fed every
@@ -188,9 +197,7 @@ static int64_t first_firing_of(const struct firing_run *r)
             continue;
         double v = (s >= r->at ? r->after : r->before) * (1 + 0.02 * noise01(&seed));
         cr_assert_geq(eval_feed(&er, &b, t, (uint64_t)s, v, true, -1, 0, 0), 0);
-        eval_label_all(&er, &b);
-        note_first_firing(&b, &fired);
-        eval_batch_reset(&b);
+        label_and_note(&er, &b, &fired);
     }
     eval_batch_free(&b);
     eval_run_clear(&er);
@@ -339,9 +346,7 @@ static int64_t run_restarts_per_step(int64_t fault)
         cr_assert_geq(eval_feed_stored(&er, &b, &klr, (uint64_t)s, restarts_lr(s), true, 0, 0), 0);
         cr_assert_geq(
             eval_feed_stored(&er, &b, &ks, (uint64_t)s, 4 * step * (1 + 0.02 * u), true, 0, 0), 0);
-        eval_label_all(&er, &b);
-        note_first_firing(&b, &fired);
-        eval_batch_reset(&b);
+        label_and_note(&er, &b, &fired);
     }
     eval_batch_free(&b);
     eval_run_clear(&er);
@@ -785,9 +790,7 @@ static int64_t dips_fire_at(const struct d2_dip *dips, size_t n, uint32_t window
             double x = dip[i]->step == s ? 1.3 : 3 * (1 + 0.02 * noise01(&seed));
             cr_assert_geq(eval_feed(&er, &b, t[i], (uint64_t)s, x, true, -1, 100, 0), 0);
         }
-        eval_label_all(&er, &b);
-        note_first_firing(&b, &fired);
-        eval_batch_reset(&b);
+        label_and_note(&er, &b, &fired);
     }
     eval_batch_free(&b);
     eval_run_clear(&er);
