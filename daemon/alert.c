@@ -62,13 +62,6 @@ static void open_incident(struct alert_state *st, const struct detect_rule *rule
     st->breach_kind = (uint8_t)v->breach_kind;
 }
 
-/* A breach of size: a floor or ceiling, absolute or relative, not a z-score
- * nor a relative one within the series' noise (DETECT_SIZE_NOISE_Z). */
-static bool of_size(uint8_t kind)
-{
-    return kind == DETECT_BREACH_FLOOR || kind == DETECT_BREACH_RELATIVE;
-}
-
 /* Has the open breach persisted long enough to fire? persistence counts
  * consecutive breaching samples; for a windowed series (a Delta over
  * `window` steps) they must also span (persistence - 1) windows, because
@@ -82,12 +75,12 @@ static bool persisted(const struct alert_state *st, const struct detect_rule *ru
     uint32_t need = rule->persistence;
     /* Another layer's breach of size confirms this one (evaluate.c:
      * cross_layer_confirms): the evidence persistence waits for is there. */
-    if (v->confirmed && of_size((uint8_t)v->breach_kind))
+    if (v->confirmed && detect_breach_of_size(v->breach_kind))
         return true;
     /* Breaches of size (detect.h: magnitude_persistence) at both ends of
      * the run: the incident opened on one and this sample is one. */
     if (rule->magnitude_persistence > 0 && rule->magnitude_persistence < need &&
-        of_size(st->breach_kind) && of_size((uint8_t)v->breach_kind))
+        detect_breach_of_size(st->breach_kind) && detect_breach_of_size(v->breach_kind))
         need = rule->magnitude_persistence;
     if (st->breach_run < need)
         return false;

@@ -730,6 +730,15 @@ static double median_of(double *a, uint32_t n)
     return lo + (hi - lo) / 2;
 }
 
+double detect_median_mad(double *a, uint32_t n, double *mad)
+{
+    double med = median_of(a, n);
+    for (uint32_t i = 0; i < n; i++)
+        a[i] = fabs(a[i] - med);
+    *mad = median_of(a, n);
+    return med;
+}
+
 /* Median and raw MAD of the last `window` accepted samples. */
 static uint32_t baseline_stats(const struct detect_state *st, uint32_t window, double *median,
                                double *mad)
@@ -745,11 +754,7 @@ static uint32_t baseline_stats(const struct detect_state *st, uint32_t window, d
         uint32_t idx = (st->ring_head + DETECT_MAX_WINDOW - 1 - i) % DETECT_MAX_WINDOW;
         tmp[i] = st->ring[idx];
     }
-    double med = median_of(tmp, n);
-    for (uint32_t i = 0; i < n; i++)
-        tmp[i] = fabs(tmp[i] - med);
-    *median = med;
-    *mad = median_of(tmp, n);
+    *median = detect_median_mad(tmp, n, mad);
     return n;
 }
 

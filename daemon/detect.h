@@ -443,6 +443,20 @@ int detect_step_judged(struct detect_state *st, const struct detect_rule *rule, 
                        double value, bool is_present, const struct detect_judging *j,
                        struct detect_verdict *out);
 
+/* The median of a[0..n) and, into *mad, the raw median absolute deviation
+ * from it (1 <= n <= DETECT_MAX_WINDOW; a is overwritten). What a level
+ * baseline is judged by (baseline_stats). */
+double detect_median_mad(double *a, uint32_t n, double *mad);
+
+/* A breach of size: a floor or ceiling, absolute or relative, not a
+ * z-score nor a relative one within the series' noise
+ * (DETECT_SIZE_NOISE_Z). magnitude_persistence and cross_layer_windows
+ * count only these. */
+static inline bool detect_breach_of_size(int kind)
+{
+    return kind == DETECT_BREACH_FLOOR || kind == DETECT_BREACH_RELATIVE;
+}
+
 /* The steps of the newest min(window, held) baseline samples of st, newest
  * first, into steps[] (room for DETECT_MAX_WINDOW); a sample restored
  * without its step is left out. Returns how many. */

@@ -454,6 +454,13 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The median of v[0..n), n >= 1, sorting v. */
+static double median_sorted(double *v, uint32_t n)
+{
+    qsort(v, n, sizeof(v[0]), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /* A per_lr rule's credit for its sample at step (detect.h) of track t:
  * the rate at the baseline's samples (their median) over the logged rate
  * averaged over the steps (prev, step] the update covers (prev: the
@@ -475,8 +482,7 @@ static bool baseline_median(const struct eval_history *h, const struct eval_trac
             m++;
     if (m == 0)
         return false;
-    qsort(v, m, sizeof(v[0]), cmp_double);
-    *median = m % 2 ? v[m / 2] : (v[m / 2 - 1] + v[m / 2]) / 2;
+    *median = median_sorted(v, m);
     return true;
 }
 
@@ -555,12 +561,6 @@ int64_t eval_baseline_step(const struct eval_run *er, uint64_t step, int64_t det
 
 /* --- feeding ------------------------------------------------------------------------------- */
 
-static double median_sorted(double *v, uint32_t n)
-{
-    qsort(v, n, sizeof(v[0]), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* The median of h's values over steps (from, to]; false when it holds
  * fewer than `least` of them (and none). */
 static bool history_median(const struct eval_history *h, int64_t from, int64_t to, uint32_t least,
@@ -592,12 +592,9 @@ static void early_relative(const struct eval_run *er, struct eval_track *t, int6
     const struct detect_rule *r = t->rule;
     struct eval_early *e = &t->early;
     if (e->count >= EVAL_EARLY_MIN && step - e->first_step >= (int64_t)r->warmup_steps) {
-        double sorted[EVAL_EARLY_RING], dev[EVAL_EARLY_RING];
-        memcpy(sorted, e->value, e->count * sizeof(double));
-        double m = median_sorted(sorted, e->count);
-        for (uint32_t i = 0; i < e->count; i++)
-            dev[i] = fabs(e->value[i] - m);
-        double mad = median_sorted(dev, e->count), o = r->rel_origin;
+        double tmp[EVAL_EARLY_RING], mad;
+        memcpy(tmp, e->value, e->count * sizeof(double));
+        double m = detect_median_mad(tmp, e->count, &mad), o = r->rel_origin;
         if (m - o > 0 && value - o <= r->floor_rel * (m - o)) {
             int64_t lag = t->key.window > 0 ? t->key.window : 1;
             double now, base;
@@ -651,8 +648,7 @@ static bool cross_layer_confirms(struct eval_run *er, const struct eval_track *t
 {
     const struct store_series_key *k = &t->key;
     if (t->rule->cross_layer_windows == 0 || !v->present || !v->breach || k->window <= 0 ||
-        k->layer < 0 ||
-        (v->breach_kind != DETECT_BREACH_FLOOR && v->breach_kind != DETECT_BREACH_RELATIVE))
+        k->layer < 0 || !detect_breach_of_size(v->breach_kind))
         return false;
     int64_t reach = (int64_t)t->rule->cross_layer_windows * k->window;
     int32_t seen[EVAL_CROSS_LAYER_MAX];
