@@ -510,15 +510,15 @@ def main(argv=None):
         params = [{"params": [w for w in model.parameters() if id(w) not in ids]},
                   {"params": routers, "router": True}]
     if a.optimizer == "muon":
-        opt = None
-        for hid, rest, extra in muon_split(model, a.arch, list(params)):
-            if opt is None:
-                opt = Muon(hid, rest, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
-                           weight_decay=a.weight_decay, extra=extra)
-            else:  # --router-lr-mult: the routers' group, Muon's part and AdamW's
-                for g in Muon(hid, rest, lr=a.lr, weight_decay=a.weight_decay,
-                              betas=(a.beta1, a.beta2), eps=a.eps, extra=extra).param_groups:
-                    opt.add_param_group(g)
+        # One Muon per group (--router-lr-mult makes two); the first takes
+        # the others' param groups, Muon's part and AdamW's each.
+        opts = [Muon(hid, rest, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
+                     weight_decay=a.weight_decay, extra=extra)
+                for hid, rest, extra in muon_split(model, a.arch, list(params))]
+        opt = opts[0]
+        for other in opts[1:]:
+            for g in other.param_groups:
+                opt.add_param_group(g)
     elif a.optimizer == "lion":
         opt = Lion(params, lr=a.lr, weight_decay=a.weight_decay)
     elif a.optimizer == "rmsprop":
