@@ -398,6 +398,11 @@ def main(args, workdir):
     # Without early_grad_rise it scores 6/7 caught, 4/7 right.
     check_look("corpus-holdout18", 7, lr_least=1, healthy_least=9)
 
+    # The twentieth look: three healthy runs of 10,000 steps (every earlier
+    # healthy run stopped by 3,000), into the slow phase where the rate
+    # decays to 10% or to zero. No alert at any step.
+    check_look("corpus-holdout20", 0, healthy_least=3)
+
 
 if __name__ == "__main__":
     fstest.run_main(main)
