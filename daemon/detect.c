@@ -303,16 +303,22 @@ static const struct detect_rule default_rules[] = {
      * they need three consecutive breaching steps like every other rule,
      * which delays a real spike by two steps. A non-finite value still
      * fires at once (alert.c).
-     * The gradient norm's z counts from 20% of its level a unit
-     * (DETECT_GRAD_NORM_SCALE_REL): z 5 is a doubled norm. Its minibatch
-     * noise scales as 1/sqrt(batch), so a batch halved mid-run lifts a
-     * noise-dominated norm by up to 41% for good (0.56 -> 0.78 on the
-     * fifth held-out look's MoE, z 5 against the bare MAD), and SGD's warm
-     * restarts lift it too; both paged healthy runs. No mechanism catch
-     * moved for it; the first symptom page of 33 of the nine corpora's 147
-     * diverged faults comes later (median 8 steps), and a 10x jump of the
-     * eighth look that diverged within a sketch lost its only early page
-     * (docs/detection.md). */
+     * The gradient norm's z counts from 25% of its level a unit
+     * (DETECT_GRAD_NORM_SCALE_REL): z 5 is 2.25 times the norm. Its
+     * minibatch noise scales as 1/sqrt(batch), so a batch halved mid-run
+     * lifts a noise-dominated norm by up to 41% for good (0.56 -> 0.78 on
+     * the fifth held-out look's MoE, z 5 against the bare MAD), and SGD's
+     * warm restarts lift it too; both paged healthy runs. No mechanism
+     * catch moved for it; the first symptom page of 33 of the nine
+     * corpora's 147 diverged faults comes later (median 8 steps), and a
+     * 10x jump of the eighth look that diverged within a sketch lost its
+     * only early page (docs/detection.md). 20% (z 5 a doubled norm) paged
+     * the healthy phase of a 24-layer GPT (the nineteenth look): three
+     * steps at 2.3-2.7x (0.55 to 1.27, 1.51, 1.37) with the loss flat; a
+     * deep stack's gradient norm is spikier. At 25% no first mechanism
+     * alert of the twenty-two corpora moves, and the first page of 26
+     * diverged runs comes 1-35 steps later (median 5; still before
+     * divergence). */
     {RULE_DEFAULTS, .name = "loss", .family = DETECT_FAMILY_SCALAR_LOSS,
      .direction = DETECT_RISE_IS_BAD, .spike_ratio = DETECT_DEFAULT_SPIKE_RATIO},
     {RULE_DEFAULTS, .name = "grad_norm", .family = DETECT_FAMILY_SCALAR_LOSS,

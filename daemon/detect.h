@@ -135,7 +135,7 @@
 #define DETECT_ROUTER_SIM_SCALE_REL 0.03          /* router.similarity's, x level */
 #define DETECT_ROUTER_MAXVIO_SCALE_REL 0.3        /* router.maxvio's, x level */
 #define DETECT_ROUTER_ZLOSS_SCALE_REL 0.1         /* router.zloss's, x the trend line */
-#define DETECT_GRAD_NORM_SCALE_REL 0.2            /* grad_norm's, x level: z 5 = doubled */
+#define DETECT_GRAD_NORM_SCALE_REL 0.25           /* grad_norm's, x level: z 5 = 2.25x */
 #define DETECT_ROUTER_LOAD_ENTROPY_SCALE_REL 0.02 /* router.load_entropy's, x level */
 #define DETECT_D2_SRANK_FLOOR 1.05
 #define DETECT_D2_ERANK_FLOOR 1.2

@@ -863,6 +863,33 @@ Test(detect_step, disabled_rule_never_breaches)
     cr_assert(memcmp(&st, &before, sizeof st) == 0);
 }
 
+/* grad_norm's default z unit is 25% of its level (DETECT_GRAD_NORM_SCALE_REL):
+ * against a steady norm of 1.0 (MAD far below 0.25) z 5 is 2.25x. A
+ * 24-layer GPT's healthy three-step spikes of 2.3-2.7x would breach at
+ * 20% from 2.0x; they need more than 2.25x now. */
+Test(detect_step, grad_norm_breaches_above_2_25x_its_level)
+{
+    static const struct {
+        double probe;
+        bool breach;
+    } cases[] = {
+        {1.9, false}, {2.0, false}, {2.2, false}, {2.3, true}, {2.7, true},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct detect_rule r = rule_named("grad_norm");
+        struct detect_state st;
+        detect_state_init(&st);
+        uint64_t seed = 5;
+        struct detect_verdict v;
+        int64_t s = 0;
+        for (; s < 40; s++)
+            detect_step(&st, &r, s, 1.0 + 0.01 * uniform(&seed), true, 0, &v);
+        cr_assert_not(v.in_warmup);
+        detect_step(&st, &r, s, cases[c].probe, true, 0, &v);
+        cr_assert_eq(v.breach, cases[c].breach, "probe %.2f: z %.2f", cases[c].probe, v.z);
+    }
+}
+
 Test(detect_step, spike_ratio_to_running_max)
 {
     static const struct {
