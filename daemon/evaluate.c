@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "fs_grow.h"
+#include "fs_limits.h"
 
 /* --- track table: an fs_index on an FNV-1a hash of the series key ---------------------- */
 
@@ -208,24 +209,69 @@ static int64_t loss_jump_from(const struct eval_run *er)
     return from;
 }
 
+/* Is t's open incident evidence for a label given before step `before`
+ * and a loss jump from `jump`? Finite mechanism evidence counts when it
+ * opened before `before`; the scalar loss family and non-finite values
+ * whenever they opened; attention and router-balance evidence not from the
+ * loss jump on (loss_jump_from). */
+static bool evidence_in_time(const struct eval_track *t, int64_t before, int64_t jump)
+{
+    enum detect_family f = t->rule->family;
+    if (f != DETECT_FAMILY_SCALAR_LOSS && !t->as.nonfinite && t->as.first_breach_step >= before)
+        return false;
+    return !((f == DETECT_FAMILY_ATTENTION_D2 || f == DETECT_FAMILY_ROUTER_BALANCE) &&
+             !t->as.nonfinite && t->as.first_breach_step >= jump);
+}
+
+/* Does a pending (not yet fired) Delta2 incident count as evidence? An
+ * unfired incident is one breaching sample of one layer, and a deep
+ * narrow model holds one somewhere much of the time: the nineteenth look's
+ * healthy 24-layer GPT (heads of 16) kept each layer's srank at 1.3-2.5 on
+ * average, dipping to 1.04-1.67, and its hidden 5x LR jump at step 500
+ * found layer 3's window-50 srank pending since 490 alone, so its
+ * step-size page read combined. Pending Delta2 evidence counts when
+ * open Delta2 incidents span at least 1 + layers / EVAL_CROSS_LAYER_PER
+ * layers, what cross_layer_confirms asks of a breach: any one up to 15
+ * layers (every corpus before that look: nothing changes), two from 16. A
+ * fired incident always counts. */
+static bool d2_pending_counts(const struct eval_run *er, int64_t before, int64_t jump)
+{
+    uint8_t seen[FS_MAX_LAYERS / 8] = {0};
+    uint32_t layers = 0, open = 0;
+    for (size_t i = 0; i < er->n_tracks; i++) {
+        const struct eval_track *t = er->tracks[i];
+        int32_t l = t->key.layer;
+        if (t->rule->family != DETECT_FAMILY_ATTENTION_D2 || l < 0 || l >= (int32_t)FS_MAX_LAYERS)
+            continue;
+        if ((uint32_t)l + 1 > layers)
+            layers = (uint32_t)l + 1;
+        if (!alert_is_open(&t->as) || !evidence_in_time(t, before, jump) ||
+            (seen[l / 8] & (1u << (l % 8))))
+            continue;
+        seen[l / 8] |= (uint8_t)(1u << (l % 8));
+        open++;
+    }
+    return open >= 1 + layers / EVAL_CROSS_LAYER_PER;
+}
+
 /* The label the run's open evidence gives, and into why the series that
- * decided it: the evidence that opened before step `before` (finite
- * mechanism evidence; the scalar loss family and non-finite values count
- * whenever they opened), less a loss jump's consequences (loss_jump_from). */
+ * decided it: the evidence in time (evidence_in_time), pending Delta2
+ * incidents only when corroborated (d2_pending_counts). */
 static enum alert_attribution attribute_before(const struct eval_run *er, int64_t before, char *why,
                                                size_t whylen)
 {
     struct alert_evidence e;
     const struct eval_track *first[DETECT_FAMILY_COUNT] = {0};
     int64_t jump = loss_jump_from(er);
+    bool d2_pending = d2_pending_counts(er, before, jump);
     alert_evidence_init(&e);
     for (size_t i = 0; i < er->n_tracks; i++) {
         const struct eval_track *t = er->tracks[i];
         enum detect_family f = t->rule->family;
-        if (f != DETECT_FAMILY_SCALAR_LOSS && !t->as.nonfinite && t->as.first_breach_step >= before)
+        if (!evidence_in_time(t, before, jump))
             continue;
-        if ((f == DETECT_FAMILY_ATTENTION_D2 || f == DETECT_FAMILY_ROUTER_BALANCE) &&
-            !t->as.nonfinite && t->as.first_breach_step >= jump)
+        if (f == DETECT_FAMILY_ATTENTION_D2 && !d2_pending && !t->as.nonfinite &&
+            t->as.state == ALERT_PENDING)
             continue;
         if (alert_evidence_add(&e, &t->as, f))
             first[f] = t;

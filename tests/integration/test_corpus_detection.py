@@ -398,6 +398,17 @@ def main(args, workdir):
     # Without early_grad_rise it scores 6/7 caught, 4/7 right.
     check_look("corpus-holdout18", 7, lr_least=1, healthy_least=9)
 
+    # The nineteenth look, blind: depth (a 16-layer LLaMA, a 24-layer GPT,
+    # a 16-layer top-1 MoE), faults at 500 after 100-step warm-ups, a few
+    # corrupted batches, a doubled context and shifted data. Every diverged
+    # fault caught with the right label, every healthy run quiet. Blind,
+    # the 24-layer GPT paged a healthy-phase gradient spike (grad_norm's
+    # scale is 25% of its level since), and its hidden 5x jump read
+    # combined from one layer's pending Delta2 breach (pending evidence
+    # needs 1 + layers/16 layers since); that jump did not diverge, so it
+    # is not asserted here (unit test: test_evaluate).
+    check_look("corpus-holdout19", 6, healthy_least=6)
+
     # The twentieth look: three healthy runs of 10,000 steps (every earlier
     # healthy run stopped by 3,000), into the slow phase where the rate
     # decays to 10% or to zero. No alert at any step.

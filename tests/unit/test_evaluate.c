@@ -929,3 +929,82 @@ Test(evaluate, early_relative_floor_needs_the_gradient)
                      (long long)got, (long long)cases[i].want);
     }
 }
+
+/* The label of the first `lr` page of a run with `layers` layers of Delta2
+ * (qk.d2.srank.min, window 10, about 3 every 10 steps) whose logged rate
+ * jumps 5x at step 401 for good (the page fires at 403, before the next
+ * sketch), when the layers of `dips` fall to 1.3 (a breach of size) at
+ * step 400, and with `twice` at 390 too (so their incidents fired at 400;
+ * else they are pending). -1: no page by 450. */
+static enum alert_attribution lr_page_label(int32_t layers, const int32_t *dips, size_t n_dips,
+                                            bool twice)
+{
+    struct detect_rules rules;
+    struct eval_run er;
+    struct eval_batch b = {0};
+    struct eval_track *d2[32];
+    enum alert_attribution got = (enum alert_attribution) - 1;
+    cr_assert_leq(layers, 32);
+    detect_rules_default(&rules);
+    eval_run_init(&er, &rules);
+    struct store_series_key kl = {"lr", -1, -1, 0, 0};
+    struct eval_track *tl = eval_track_get(&er, &kl, "lr");
+    cr_assert(tl);
+    for (int32_t l = 0; l < layers; l++) {
+        struct store_series_key k = {"qk.d2.srank.min", l, -1, 10, -1};
+        d2[l] = eval_track_get(&er, &k, "qk.d2.srank");
+        cr_assert(d2[l]);
+    }
+    uint64_t seed = 4242;
+    for (int64_t s = 1; s <= 450 && (int)got < 0; s++) {
+        double lr = s <= 400 ? 1e-3 : 5e-3;
+        cr_assert_geq(eval_feed(&er, &b, tl, (uint64_t)s, lr, true, -1, 200, 0), 0);
+        for (int32_t l = 0; l < layers && s % 10 == 0; l++) {
+            bool dip = false;
+            for (size_t i = 0; i < n_dips; i++)
+                dip = dip || (dips[i] == l && (s == 400 || (twice && s == 390)));
+            double x = dip ? 1.3 : 3 * (1 + 0.02 * noise01(&seed));
+            cr_assert_geq(eval_feed(&er, &b, d2[l], (uint64_t)s, x, true, -1, 200, 0), 0);
+        }
+        eval_label_all(&er, &b);
+        for (size_t i = 0; i < b.n; i++)
+            if (b.ev[i].has_event && b.ev[i].t == tl &&
+                b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING && (int)got < 0)
+                got = b.ev[i].attr;
+        eval_batch_reset(&b);
+    }
+    eval_batch_free(&b);
+    eval_run_clear(&er);
+    return got;
+}
+
+/* A pending (unfired) Delta2 incident names a step-size page combined only
+ * when open Delta2 incidents span 1 + layers / 16 layers (evaluate.c:
+ * d2_pending_counts): one layer's lone dip in a deep model is noise. A
+ * fired one always counts. */
+Test(evaluate, pending_d2_evidence_needs_more_layers_at_depth)
+{
+    static const int32_t one[] = {3}, two[] = {3, 9};
+    static const struct {
+        int32_t layers;
+        const int32_t *dips;
+        size_t n;
+        bool twice;
+        enum alert_attribution want;
+        const char *why;
+    } cases[] = {
+        {4, NULL, 0, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "no dip"},
+        {4, one, 1, false, ALERT_ATTR_COMBINED, "4 layers: one pending layer counts"},
+        {15, one, 1, false, ALERT_ATTR_COMBINED, "15 layers: still one"},
+        {24, one, 1, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "24 layers: one is not enough"},
+        {24, two, 2, false, ALERT_ATTR_COMBINED, "24 layers: two pending layers"},
+        {24, one, 1, true, ALERT_ATTR_COMBINED, "24 layers: one fired incident"},
+        {32, two, 2, false, ALERT_ATTR_OPTIMIZER_HYPERPARAMETER, "32 layers: three needed"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        enum alert_attribution got =
+            lr_page_label(cases[i].layers, cases[i].dips, cases[i].n, cases[i].twice);
+        cr_expect_eq(got, cases[i].want, "%s: lr page labelled %s", cases[i].why,
+                     (int)got < 0 ? "(no page)" : alert_attribution_name(got));
+    }
+}
