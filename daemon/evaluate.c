@@ -224,8 +224,8 @@ static bool evidence_in_time(const struct eval_track *t, int64_t before, int64_t
 }
 
 /* Does a pending (not yet fired) Delta2 incident count as evidence? An
- * unfired incident is one breaching sample of one layer, and a deep
- * narrow model holds one somewhere much of the time: the nineteenth look's
+ * unfired incident is a breaching sample or two of one layer, and a
+ * deep narrow model holds one somewhere much of the time: the nineteenth look's
  * healthy 24-layer GPT (heads of 16) kept each layer's srank at 1.3-2.5 on
  * average, dipping to 1.04-1.67, and its hidden 5x LR jump at step 500
  * found layer 3's window-50 srank pending since 490 alone, so its

@@ -501,6 +501,16 @@ Test(evaluate, labels_by_mechanism_and_order_of_onset)
     }
 }
 
+/* The label of t's first transition to firing in b, into *got while that
+ * is still -1. */
+static void note_first_label(const struct eval_batch *b, const struct eval_track *t,
+                             enum alert_attribution *got)
+{
+    for (size_t i = 0; i < b->n && (int)*got < 0; i++)
+        if (b->ev[i].has_event && b->ev[i].t == t && b->ev[i].tr.change == ALERT_CHANGE_TO_FIRING)
+            *got = b->ev[i].attr;
+}
+
 /* A symptom (`loss` or `grad_norm`) and c_qk (qk.cqk.max): the symptom
  * every step (about 2.0), c_qk every 10 steps (about 0.1). From step 400
  * the symptom spikes to 6 for six steps (a corrupted batch) or, `stays_up`,
@@ -536,10 +546,7 @@ static enum alert_attribution first_page_label(const char *symptom, bool stays_u
             cr_assert_geq(eval_feed(&er, &b, tc, (uint64_t)s, cqk, true, -1, 200, 0), 0);
         }
         eval_label_all(&er, &b);
-        for (size_t i = 0; i < b.n; i++)
-            if (b.ev[i].has_event && b.ev[i].t == (of_cqk ? tc : tl) &&
-                b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING && (int)got < 0)
-                got = b.ev[i].attr;
+        note_first_label(&b, of_cqk ? tc : tl, &got);
         eval_batch_reset(&b);
     }
     eval_batch_free(&b);
@@ -967,10 +974,7 @@ static enum alert_attribution lr_page_label(int32_t layers, const int32_t *dips,
             cr_assert_geq(eval_feed(&er, &b, d2[l], (uint64_t)s, x, true, -1, 200, 0), 0);
         }
         eval_label_all(&er, &b);
-        for (size_t i = 0; i < b.n; i++)
-            if (b.ev[i].has_event && b.ev[i].t == tl &&
-                b.ev[i].tr.change == ALERT_CHANGE_TO_FIRING && (int)got < 0)
-                got = b.ev[i].attr;
+        note_first_label(&b, tl, &got);
         eval_batch_reset(&b);
     }
     eval_batch_free(&b);

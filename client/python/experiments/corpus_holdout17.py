@@ -128,13 +128,7 @@ PRIORITY = [
 MATRIX = {"description": "Foreshock seventeenth held-out corpus (CORPUS.md)"}
 
 
-def plan(shapes=None, scenarios=None, seeds=None):
-    return corpus_shapes.plan_priority(PRIORITY, MATRICES, shapes, scenarios, seeds)
-
-
-def main(argv=None):
-    return corpus_shapes.record_planned(plan(), MATRIX, __doc__, argv,
-                                        start_until_min=START_UNTIL_MIN)
+plan, main = corpus_shapes.recorder(PRIORITY, MATRICES, MATRIX, __doc__, START_UNTIL_MIN)
 
 
 if __name__ == "__main__":

@@ -273,5 +273,19 @@ def record_planned(runs, matrix, doc, argv=None, start_until_min=None):
     return 1 if failed or left else 0
 
 
+
+def recorder(priority, matrices, matrix, doc, start_until_min):
+    """A later look's plan() and main(): plan(shapes, scenarios, seeds) is
+    plan_priority over its priority order, main(argv) records it with
+    record_planned (the recorders from the fourteenth look on)."""
+    def plan(shapes=None, scenarios=None, seeds=None):
+        return plan_priority(priority, matrices, shapes, scenarios, seeds)
+
+    def main(argv=None):
+        return record_planned(plan(), matrix, doc, argv, start_until_min=start_until_min)
+
+    return plan, main
+
+
 if __name__ == "__main__":
     sys.exit(main())
