@@ -414,6 +414,15 @@ def main(args, workdir):
     # decays to 10% or to zero. No alert at any step.
     check_look("corpus-holdout20", 0, healthy_least=3)
 
+    # The twenty-first look, blind: the twentieth look's shapes faulted at
+    # step 6,000 of 10,000 (its healthy runs are the twins). Every diverged
+    # fault caught before divergence; the LLaMA's attention fault, at 42%
+    # of the peak rate, took 130 steps to show in Delta2 (2,758 to diverge
+    # alone), so in its combined-late run the hidden ramp 100 steps after
+    # it paged first, optimizer-hyperparameter (documented).
+    check_look("corpus-holdout21", 9, lr_least=3, healthy_least=3, label_known=[
+        ("llama-dh16-h4-kv2-l4.combined-late.s201", "optimizer-hyperparameter")])
+
 
 if __name__ == "__main__":
     fstest.run_main(main)
