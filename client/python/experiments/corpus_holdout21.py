@@ -102,7 +102,8 @@ MATRICES = {
                       "--heads", "4", "--layers", "3", "--beta2", "0.95",
                       "--weight-decay", "0.1"], 1e-3, 16, 300, "wsd", 0.1),
     GD: matrix(GD, ["--arch", "gpt", "--experts", "0", "--d", "96", "--heads", "4",
-                    "--layers", "3", "--beta2", "0.999", "--weight-decay", "0.01"], 2e-3, 24, 100, "linear", 0),
+                    "--layers", "3", "--beta2", "0.999", "--weight-decay", "0.01"],
+               2e-3, 24, 100, "linear", 0),
 }
 ALL = (LL, MOE, GD)
 # Recording order: the attention faults, combined-late, the 5x jumps, the
