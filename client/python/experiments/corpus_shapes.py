@@ -273,7 +273,6 @@ def record_planned(runs, matrix, doc, argv=None, start_until_min=None):
     return 1 if failed or left else 0
 
 
-
 def recorder(priority, matrices, matrix, doc, start_until_min):
     """A later look's plan() and main(): plan(shapes, scenarios, seeds) is
     plan_priority over its priority order, main(argv) records it with
