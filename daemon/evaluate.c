@@ -223,6 +223,15 @@ static bool evidence_in_time(const struct eval_track *t, int64_t before, int64_t
              !t->as.nonfinite && t->as.first_breach_step >= jump);
 }
 
+/* How many layers corroborate a Delta2 breach in a run of `layers` layers:
+ * one up to 15, one more for every EVAL_CROSS_LAYER_PER (evaluate.h).
+ * cross_layer_confirms asks it of other layers' breaches of size,
+ * d2_pending_counts of layers with open incidents. */
+static uint32_t layers_to_corroborate(uint32_t layers)
+{
+    return 1 + layers / EVAL_CROSS_LAYER_PER;
+}
+
 /* Does a pending (not yet fired) Delta2 incident count as evidence? An
  * unfired incident is a breaching sample or two of one layer, and a
  * deep narrow model holds one somewhere much of the time: the nineteenth look's
@@ -251,7 +260,7 @@ static bool d2_pending_counts(const struct eval_run *er, int64_t before, int64_t
         seen[l / 8] |= (uint8_t)(1u << (l % 8));
         open++;
     }
-    return open >= 1 + layers / EVAL_CROSS_LAYER_PER;
+    return open >= layers_to_corroborate(layers);
 }
 
 /* The label the run's open evidence gives, and into why the series that
@@ -710,8 +719,7 @@ static bool cross_layer_confirms(struct eval_run *er, const struct eval_track *t
         if (!dup)
             seen[others++] = b->layer;
     }
-    bool confirmed = others > 0 && others >= 1 + (uint32_t)(cross_layer_layers(er, k->window) /
-                                                            EVAL_CROSS_LAYER_PER);
+    bool confirmed = others >= layers_to_corroborate((uint32_t)cross_layer_layers(er, k->window));
     er->size_breach[er->size_breach_next] = (struct eval_size_breach){
         .window = k->window, .rank = k->rank, .layer = k->layer, .step = step};
     er->size_breach_next = (er->size_breach_next + 1) % EVAL_CROSS_LAYER_MAX;
