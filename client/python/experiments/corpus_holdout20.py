@@ -47,28 +47,40 @@ START_UNTIL_MIN = 30  # no trainer starts later than this
 STEPS = 10000
 
 
+# Each shape's train.py arguments, peak rate, head_dim, warm-up, schedule
+# and final rate fraction. The twenty-first look's recorder faults these
+# same runs and takes them from here.
+SHAPES = {
+    LL: (["--arch", "llama", "--experts", "0", "--d", "64", "--heads", "4", "--kv-heads", "2",
+          "--layers", "4", "--beta2", "0.95", "--weight-decay", "0.1"],
+         1.5e-3, 16, 200, "cosine", 0.1),
+    MOE: (["--arch", "gpt", "--experts", "8", "--top-k", "2", "--d", "64", "--heads", "4",
+           "--layers", "3", "--beta2", "0.95", "--weight-decay", "0.1"],
+          1e-3, 16, 300, "wsd", 0.1),
+    GD: (["--arch", "gpt", "--experts", "0", "--d", "96", "--heads", "4", "--layers", "3",
+          "--beta2", "0.999", "--weight-decay", "0.01"],
+         2e-3, 24, 100, "linear", 0),
+}
+ALL = (LL, MOE, GD)
+
+
+def common(warmup, min_lr_frac):
+    """The train.py arguments every run of a shape shares, its twins' too."""
+    return ["--ctx", "32", "--batch", "8", "--warmup", str(warmup), "--min-lr-frac",
+            str(min_lr_frac), "--clip", "1.0", "--threads", "1"]
+
+
 def matrix(shape, args, lr, head_dim, warmup, schedule, min_lr_frac):
     return dict(corpus_shapes.MATRIX, shapes={shape: {
         "args": args, "lr": lr, "split": "validation", "head_dim": head_dim}},
         scenarios={"healthy": ("healthy", [])}, seeds=(SEED,), schedules=(schedule,),
         overrides={"healthy": {"schedule": schedule, "steps": STEPS, "fault_step": None,
                                "post_diverge": -1}},
-        common=["--ctx", "32", "--batch", "8", "--warmup", str(warmup), "--min-lr-frac",
-                str(min_lr_frac), "--clip", "1.0", "--threads", "1"],
+        common=common(warmup, min_lr_frac),
         steps=STEPS, healthy_steps=STEPS, fault_step=STEPS, late_lr_step=None, fmt={})
 
 
-MATRICES = {
-    LL: matrix(LL, ["--arch", "llama", "--experts", "0", "--d", "64", "--heads", "4",
-                    "--kv-heads", "2", "--layers", "4", "--beta2", "0.95",
-                    "--weight-decay", "0.1"], 1.5e-3, 16, 200, "cosine", 0.1),
-    MOE: matrix(MOE, ["--arch", "gpt", "--experts", "8", "--top-k", "2", "--d", "64",
-                      "--heads", "4", "--layers", "3", "--beta2", "0.95",
-                      "--weight-decay", "0.1"], 1e-3, 16, 300, "wsd", 0.1),
-    GD: matrix(GD, ["--arch", "gpt", "--experts", "0", "--d", "96", "--heads", "4",
-                    "--layers", "3", "--beta2", "0.999", "--weight-decay", "0.01"], 2e-3, 24, 100, "linear", 0),
-}
-ALL = (LL, MOE, GD)
+MATRICES = {shape: matrix(shape, *SHAPES[shape]) for shape in ALL}
 PRIORITY = [("healthy", ALL)]
 MATRIX = {"description": "Foreshock twentieth held-out corpus (CORPUS.md)"}
 

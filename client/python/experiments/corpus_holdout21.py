@@ -11,18 +11,12 @@ into that phase, on the twentieth look's three shapes with its arguments
 and schedules, seed 201: each faulted run trains exactly like its healthy
 twin in tests/data/corpus-holdout20 until the fault at step 6,000.
 
-Three shapes, a sketch every 10 steps over windows 10 and 50 (the
-Monitor's defaults), gradients clipped at 1.0, --ctx 32 --batch 8:
-
-- llama-dh16-h4-kv2-l4: LLaMA, d 64, 4 query heads of 16 over 2 KV heads,
-  4 layers; AdamW 0.9/0.95, weight decay 0.1, peak 1.5e-3, 200-step
-  warm-up, cosine decay to 10% at step 10,000.
-- moe8-top2-dh16-h4-l3: GPT MoE, 8 experts top-2, d 64, 4 heads of 16, 3
-  layers; AdamW 0.9/0.95, weight decay 0.1, peak 1e-3, 300-step warm-up,
-  warmup-stable-decay (the last 20% linear to 10%).
-- gpt-dense-dh24-h4-l3: GPT, dense, d 96, 4 heads of 24, 3 layers; AdamW
-  0.9/0.999, weight decay 0.01, peak 2e-3, 100-step warm-up, linear decay
-  to zero at step 10,000.
+The three shapes, their arguments and schedules are corpus_holdout20.py's
+(SHAPES, common(): taken from there, so the twins cannot drift apart): a
+LLaMA under cosine decay to 10%, an 8-expert top-2 MoE under
+warmup-stable-decay, a dense GPT with heads of 24 decaying linearly to
+zero, a sketch every 10 steps over windows 10 and 50 (the Monitor's
+defaults).
 
 Scenarios per shape, the fault at step 6,000, the LR faults hidden from
 the logged rate:
@@ -58,12 +52,13 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import corpus_holdout20 as twins  # noqa: E402
 import corpus_shapes  # noqa: E402
 
-LL, MOE, GD = "llama-dh16-h4-kv2-l4", "moe8-top2-dh16-h4-l3", "gpt-dense-dh24-h4-l3"
-SEED = 201
+LL, MOE, GD = twins.LL, twins.MOE, twins.GD
+SEED = twins.SEED
 START_UNTIL_MIN = 28  # no trainer starts later than this
-STEPS = 10000  # the schedule's length, as the healthy twins'
+STEPS = twins.STEPS  # the schedule's length, as the healthy twins'
 FAULT = 6000
 LATE_AFTER = 100  # combined-late: the hidden ramp starts this many steps after the fault
 ATTN = ["--bits", "{bits}", "--fault-on", "both"]
@@ -88,24 +83,13 @@ def matrix(shape, args, lr, head_dim, warmup, schedule, min_lr_frac):
     return dict(corpus_shapes.MATRIX, shapes={shape: {
         "args": args, "lr": lr, "split": "validation", "head_dim": head_dim}},
         scenarios=SCENARIOS, seeds=(SEED,), schedules=(schedule,), overrides=o,
-        common=["--ctx", "32", "--batch", "8", "--warmup", str(warmup), "--min-lr-frac",
-                str(min_lr_frac), "--clip", "1.0", "--threads", "1"],
+        common=twins.common(warmup, min_lr_frac),
         steps=STEPS, healthy_steps=STEPS, fault_step=FAULT, late_lr_step=FAULT + LATE_AFTER,
         fmt={"bits": 12}, manifest_lr_mult=True)
 
 
-MATRICES = {
-    LL: matrix(LL, ["--arch", "llama", "--experts", "0", "--d", "64", "--heads", "4",
-                    "--kv-heads", "2", "--layers", "4", "--beta2", "0.95",
-                    "--weight-decay", "0.1"], 1.5e-3, 16, 200, "cosine", 0.1),
-    MOE: matrix(MOE, ["--arch", "gpt", "--experts", "8", "--top-k", "2", "--d", "64",
-                      "--heads", "4", "--layers", "3", "--beta2", "0.95",
-                      "--weight-decay", "0.1"], 1e-3, 16, 300, "wsd", 0.1),
-    GD: matrix(GD, ["--arch", "gpt", "--experts", "0", "--d", "96", "--heads", "4",
-                    "--layers", "3", "--beta2", "0.999", "--weight-decay", "0.01"],
-               2e-3, 24, 100, "linear", 0),
-}
-ALL = (LL, MOE, GD)
+ALL = twins.ALL
+MATRICES = {shape: matrix(shape, *twins.SHAPES[shape]) for shape in ALL}
 # Recording order: the attention faults, combined-late, the 5x jumps, the
 # hard negatives.
 PRIORITY = [("attn-strong", ALL), ("combined-late", ALL), ("lr-jump5-hidden", ALL),
