@@ -76,26 +76,13 @@ LL, GD, MOE = "llama-dh16-h4-kv1-l4", "gpt-dense-dh12-h8-l2", "moe8-top2-rmsprop
 SEED = 181
 START_UNTIL_MIN = 13  # no trainer starts later than this
 STEPS, HEALTHY_STEPS, HARD_STEPS = 1400, 2000, 1400
-ATTN = ["--bits", "{bits}", "--fault-on", "both"]
+BATCH = 16  # sequences a step (healthy-batchhalf: half of it)
 LATE_AFTER = 100  # combined-late: the hidden ramp starts this many steps after the fault
 
 
 def scenarios(fault):
     """One shape's table (its hard negatives are filtered by PRIORITY)."""
-    return {
-        "healthy": ("healthy", []),
-        "attn-strong": ("attention-numerics", list(ATTN)),
-        "combined-late": ("combined", ATTN + ["--lr-hidden", "--lr-mult", "20", "--lr-ramp",
-                                              "200", "--lr-fault-step",
-                                              str(fault + LATE_AFTER)]),
-        "lr-jump5-hidden": ("lr", ["--lr-hidden", "--lr-mult", "5", "--lr-ramp", "1"]),
-        # Hard negatives: train.py's healthy scenario, any alert is false.
-        "healthy-seqlen": ("healthy", ["--ctx-change", f"{fault}:64"]),
-        "healthy-corrupt": ("healthy", ["--corrupt", f"{fault}:3"]),
-        "healthy-datashift": ("healthy", ["--data-shift", str(fault)]),
-        "healthy-batchhalf": ("healthy", ["--batch-change", f"{fault}:8"]),
-        "healthy-datahard": ("healthy", ["--data-hard", str(fault)]),
-    }
+    return corpus_shapes.late_look_scenarios(fault, LATE_AFTER, BATCH)
 
 
 HARD = {LL: ("healthy-seqlen", "healthy-corrupt"),
@@ -119,7 +106,7 @@ def matrix(shape, args, lr, head_dim, warmup, fault, bits, scheds):
         "args": args, "lr": lr, "split": "validation", "head_dim": head_dim}},
         scenarios=scenarios(fault), seeds=(SEED,), schedules=scheds,
         overrides=overrides(*scheds, HARD[shape]),
-        common=["--ctx", "32", "--batch", "16", "--warmup", str(warmup), "--min-lr-frac", "0",
+        common=["--ctx", "32", "--batch", str(BATCH), "--warmup", str(warmup), "--min-lr-frac", "0",
                 "--clip", "1.0", "--threads", "1"],
         steps=STEPS, healthy_steps=HEALTHY_STEPS, fault_step=fault,
         late_lr_step=fault + LATE_AFTER, fmt={"bits": bits}, manifest_lr_mult=True)

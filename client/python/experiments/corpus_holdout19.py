@@ -64,24 +64,13 @@ SEED = 191
 START_UNTIL_MIN = 30  # no trainer starts later than this
 STEPS, HEALTHY_STEPS, HARD_STEPS = 1300, 2000, 1300
 WARMUP, FAULT = 100, 500
-ATTN = ["--bits", "{bits}", "--fault-on", "both"]
+BATCH = 16  # sequences a step (healthy-batchhalf: half of it)
 LATE_AFTER = 100  # combined-late: the hidden ramp starts this many steps after the fault
 
 
 def scenarios(fault):
     """One shape's table (its hard negative is filtered by PRIORITY)."""
-    return {
-        "healthy": ("healthy", []),
-        "attn-strong": ("attention-numerics", list(ATTN)),
-        "combined-late": ("combined", ATTN + ["--lr-hidden", "--lr-mult", "20", "--lr-ramp",
-                                              "200", "--lr-fault-step",
-                                              str(fault + LATE_AFTER)]),
-        "lr-jump5-hidden": ("lr", ["--lr-hidden", "--lr-mult", "5", "--lr-ramp", "1"]),
-        # Hard negatives: train.py's healthy scenario, any alert is false.
-        "healthy-corrupt": ("healthy", ["--corrupt", f"{fault}:3"]),
-        "healthy-seqlen": ("healthy", ["--ctx-change", f"{fault}:64"]),
-        "healthy-datashift": ("healthy", ["--data-shift", str(fault)]),
-    }
+    return corpus_shapes.late_look_scenarios(fault, LATE_AFTER, BATCH)
 
 
 HARD = {LL: "healthy-corrupt", GD: "healthy-seqlen", MOE: "healthy-datashift"}
@@ -102,7 +91,7 @@ def matrix(shape, args, lr, bits, scheds):
         "args": args, "lr": lr, "split": "validation", "head_dim": 16}},
         scenarios=scenarios(FAULT), seeds=(SEED,), schedules=scheds,
         overrides=overrides(*scheds, HARD[shape]),
-        common=["--ctx", "32", "--batch", "16", "--warmup", str(WARMUP), "--min-lr-frac", "0",
+        common=["--ctx", "32", "--batch", str(BATCH), "--warmup", str(WARMUP), "--min-lr-frac", "0",
                 "--clip", "1.0", "--threads", "1"],
         steps=STEPS, healthy_steps=HEALTHY_STEPS, fault_step=FAULT,
         late_lr_step=FAULT + LATE_AFTER, fmt={"bits": bits}, manifest_lr_mult=True)

@@ -45,6 +45,7 @@ LL, MOE, GD = "llama-dh16-h4-kv2-l4", "moe8-top2-dh16-h4-l3", "gpt-dense-dh24-h4
 SEED = 201
 START_UNTIL_MIN = 30  # no trainer starts later than this
 STEPS = 10000
+BATCH = 8  # sequences a step
 
 
 # Each shape's train.py arguments, peak rate, head_dim, warm-up, schedule
@@ -66,7 +67,7 @@ ALL = (LL, MOE, GD)
 
 def common(warmup, min_lr_frac):
     """The train.py arguments every run of a shape shares, its twins' too."""
-    return ["--ctx", "32", "--batch", "8", "--warmup", str(warmup), "--min-lr-frac",
+    return ["--ctx", "32", "--batch", str(BATCH), "--warmup", str(warmup), "--min-lr-frac",
             str(min_lr_frac), "--clip", "1.0", "--threads", "1"]
 
 

@@ -61,18 +61,10 @@ START_UNTIL_MIN = 28  # no trainer starts later than this
 STEPS = twins.STEPS  # the schedule's length, as the healthy twins'
 FAULT = 6000
 LATE_AFTER = 100  # combined-late: the hidden ramp starts this many steps after the fault
-ATTN = ["--bits", "{bits}", "--fault-on", "both"]
 
-SCENARIOS = {
-    "attn-strong": ("attention-numerics", list(ATTN)),
-    "combined-late": ("combined", ATTN + ["--lr-hidden", "--lr-mult", "20", "--lr-ramp", "200",
-                                          "--lr-fault-step", str(FAULT + LATE_AFTER)]),
-    "lr-jump5-hidden": ("lr", ["--lr-hidden", "--lr-mult", "5", "--lr-ramp", "1"]),
-    # Hard negatives: train.py's healthy scenario, any alert is false.
-    "healthy-corrupt": ("healthy", ["--corrupt", f"{FAULT}:3"]),
-    "healthy-datashift": ("healthy", ["--data-shift", str(FAULT)]),
-    "healthy-batchhalf": ("healthy", ["--batch-change", f"{FAULT}:4"]),
-}
+SCENARIOS = {sc: t for sc, t in
+             corpus_shapes.late_look_scenarios(FAULT, LATE_AFTER, twins.BATCH).items()
+             if sc != "healthy"}
 HARD = {LL: "healthy-corrupt", MOE: "healthy-datashift", GD: "healthy-batchhalf"}
 
 

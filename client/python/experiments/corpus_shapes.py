@@ -273,6 +273,31 @@ def record_planned(runs, matrix, doc, argv=None, start_until_min=None):
     return 1 if failed or left else 0
 
 
+def late_look_scenarios(fault, late_after, batch):
+    """The scenario table the eighteenth, nineteenth and twenty-first looks
+    share, faults and healthy disturbances at step `fault` (each look plans
+    the ones its PRIORITY names): the attention fault (bits from fmt, O and
+    dO); combined-late, that fault and a hidden 20x ramp over 200 steps
+    from fault + late_after; a hidden 5x jump; and hard negatives, train.py's
+    healthy scenario with one change (any alert false, a loss-spike page
+    right for healthy-corrupt): a context of 64, three batches of random
+    tokens, shifted data, the batch of `batch` sequences halved, harder
+    data."""
+    attn = ["--bits", "{bits}", "--fault-on", "both"]
+    return {
+        "healthy": ("healthy", []),
+        "attn-strong": ("attention-numerics", list(attn)),
+        "combined-late": ("combined", attn + ["--lr-hidden", "--lr-mult", "20", "--lr-ramp",
+                                              "200", "--lr-fault-step",
+                                              str(fault + late_after)]),
+        "lr-jump5-hidden": ("lr", ["--lr-hidden", "--lr-mult", "5", "--lr-ramp", "1"]),
+        "healthy-seqlen": ("healthy", ["--ctx-change", f"{fault}:64"]),
+        "healthy-corrupt": ("healthy", ["--corrupt", f"{fault}:3"]),
+        "healthy-datashift": ("healthy", ["--data-shift", str(fault)]),
+        "healthy-batchhalf": ("healthy", ["--batch-change", f"{fault}:{batch // 2}"]),
+        "healthy-datahard": ("healthy", ["--data-hard", str(fault)]),
+    }
+
 def recorder(priority, matrices, matrix, doc, start_until_min):
     """A later look's plan() and main(): plan(shapes, scenarios, seeds) is
     plan_priority over its priority order, main(argv) records it with
